@@ -1,0 +1,75 @@
+// partrain/comm/detail/host_reduce.hpp: element-wise reduction kernels on host memory, shared
+// by the local and gloo backends. 16-bit floats are reduced in float and rounded back.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <partrain/comm/reduce_op.hpp>
+#include <partrain/core/dtype.hpp>
+#include <partrain/core/error.hpp>
+
+namespace partrain::inline v0::detail {
+
+template <class T>
+inline void reduce_typed(T* dst, const T* src, std::size_t n, reduce_op op) noexcept {
+  auto apply = [&](auto f) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = f(dst[i], src[i]);
+  };
+  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
+    auto wrap = [](auto g) { return [g](T a, T b) { return T(g(float(a), float(b))); }; };
+    switch (op) {
+      case reduce_op::sum: case reduce_op::avg: apply(wrap([](float a, float b) { return a + b; })); break;
+      case reduce_op::prod: apply(wrap([](float a, float b) { return a * b; })); break;
+      case reduce_op::min: apply(wrap([](float a, float b) { return std::min(a, b); })); break;
+      case reduce_op::max: apply(wrap([](float a, float b) { return std::max(a, b); })); break;
+    }
+  } else {
+    switch (op) {
+      case reduce_op::sum: case reduce_op::avg: apply([](T a, T b) { return static_cast<T>(a + b); }); break;
+      case reduce_op::prod: apply([](T a, T b) { return static_cast<T>(a * b); }); break;
+      case reduce_op::min: apply([](T a, T b) { return std::min(a, b); }); break;
+      case reduce_op::max: apply([](T a, T b) { return std::max(a, b); }); break;
+    }
+  }
+}
+
+template <class T>
+inline void divide_typed(T* data, std::size_t n, int divisor) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
+      data[i] = T(float(data[i]) / static_cast<float>(divisor));
+    } else {
+      data[i] = static_cast<T>(data[i] / static_cast<T>(divisor));
+    }
+  }
+}
+
+// Calls f with a null pointer of the C++ type for t.
+template <class F>
+inline decltype(auto) visit_dtype(dtype t, F&& f) {
+  switch (t) {
+    case dtype::float32: return f(static_cast<float*>(nullptr));
+    case dtype::float64: return f(static_cast<double*>(nullptr));
+    case dtype::int32: return f(static_cast<std::int32_t*>(nullptr));
+    case dtype::int64: return f(static_cast<std::int64_t*>(nullptr));
+    case dtype::uint8: return f(static_cast<std::uint8_t*>(nullptr));
+    case dtype::float16: return f(static_cast<half*>(nullptr));
+    case dtype::bfloat16: return f(static_cast<bfloat16*>(nullptr));
+  }
+  throw invalid_argument_error("unknown dtype code " + std::to_string(static_cast<int>(t)));
+}
+
+// dst[i] = dst[i] op src[i]
+inline void host_reduce(void* dst, const void* src, std::size_t n, dtype t, reduce_op op) {
+  visit_dtype(t, [&]<class T>(T*) { reduce_typed(static_cast<T*>(dst), static_cast<const T*>(src), n, op); });
+}
+
+// Finishes an avg: data[i] /= divisor (after a sum).
+inline void host_divide(void* data, std::size_t n, dtype t, int divisor) {
+  visit_dtype(t, [&]<class T>(T*) { divide_typed(static_cast<T*>(data), n, divisor); });
+}
+
+}  // namespace partrain::inline v0::detail

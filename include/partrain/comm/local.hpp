@@ -1,0 +1,329 @@
+// partrain/comm/local.hpp: the `local` backend, a shared-memory group of threads in one
+// process. data_parallel and the fast tests use it. Each rank's collectives run on that
+// rank's own worker thread; ranks meet at a barrier with a deadline, so a rank that never
+// comes (or threw) makes the others fail with an error naming it, never a hang.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <partrain/comm/detail/host_reduce.hpp>
+#include <partrain/comm/detail/op_worker.hpp>
+#include <partrain/comm/process_group.hpp>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+// State shared by the ranks of one local world.
+class local_world_state {
+ public:
+  struct slot {
+    const void* in = nullptr;  // what the rank contributes
+    void* out = nullptr;       // where its result goes
+    std::size_t count = 0;     // elements of in
+    dtype type = dtype::float32;
+    reduce_op op = reduce_op::sum;
+    int root = -1;
+    collective kind = collective::barrier;
+  };
+
+  local_world_state(int n, std::chrono::milliseconds timeout)
+      : n_(n), timeout_(timeout), slots_(static_cast<std::size_t>(n)), arrivals_(static_cast<std::size_t>(n), 0) {}
+
+  [[nodiscard]] int size() const noexcept { return n_; }
+  [[nodiscard]] slot& at(int r) noexcept { return slots_[static_cast<std::size_t>(r)]; }
+
+  // All ranks meet here. Throws timeout_error naming the ranks that never arrived, or
+  // communication_error when the world was aborted (a rank failed).
+  void arrive_and_wait(int rank, collective c, std::string_view phase) {
+    std::unique_lock lock(mutex_);
+    throw_if_aborted(rank, c);
+    const std::uint64_t gen = generation_;
+    arrivals_[static_cast<std::size_t>(rank)] = gen + 1;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    if (!cv_.wait_until(lock, deadline, [&] { return generation_ != gen || aborted_; })) {
+      std::string missing;
+      for (int q = 0; q < n_; ++q) {
+        if (arrivals_[static_cast<std::size_t>(q)] != gen + 1) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+      }
+      std::string msg = "rank " + std::to_string(rank) + " " + std::string(to_string(c)) + " (local, " +
+                        std::string(phase) + "): timed out after " + std::to_string(timeout_.count()) +
+                        " ms waiting for rank(s) " + missing;
+      abort_locked(msg);
+      throw timeout_error(msg);
+    }
+    if (generation_ == gen) throw_if_aborted(rank, c);
+  }
+
+  void abort(const std::string& why) {
+    std::lock_guard lock(mutex_);
+    abort_locked(why);
+  }
+
+  // Point-to-point: eager, the sender's bytes are copied into a mailbox.
+  void post(int src, int dst, int tag, const void* data, std::size_t bytes) {
+    std::vector<std::byte> msg(bytes);
+    if (bytes) std::memcpy(msg.data(), data, bytes);
+    {
+      std::lock_guard lock(mutex_);
+      mail_[{src, dst, tag}].push_back(std::move(msg));
+    }
+    cv_.notify_all();
+  }
+  void take(int src, int dst, int tag, void* data, std::size_t bytes) {
+    std::unique_lock lock(mutex_);
+    auto& box = mail_[{src, dst, tag}];
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    if (!cv_.wait_until(lock, deadline, [&] { return !box.empty() || aborted_; })) {
+      std::string msg = "rank " + std::to_string(dst) + " recv (local) from rank " + std::to_string(src) + " tag " +
+                        std::to_string(tag) + ": timed out after " + std::to_string(timeout_.count()) + " ms";
+      abort_locked(msg);
+      throw timeout_error(msg);
+    }
+    if (box.empty()) throw_if_aborted(dst, collective::recv);
+    auto msg = std::move(box.front());
+    box.pop_front();
+    if (msg.size() != bytes) {
+      throw communication_error("rank " + std::to_string(dst) + " recv (local) from rank " + std::to_string(src) +
+                                ": message has " + std::to_string(msg.size()) + " bytes, the receive buffer " +
+                                std::to_string(bytes));
+    }
+    if (bytes) std::memcpy(data, msg.data(), bytes);
+  }
+
+ private:
+  void throw_if_aborted(int rank, collective c) const {
+    if (aborted_) {
+      throw communication_error("rank " + std::to_string(rank) + " " + std::string(to_string(c)) +
+                                " (local): group aborted: " + abort_reason_);
+    }
+  }
+  void abort_locked(const std::string& why) {
+    if (!aborted_) {
+      aborted_ = true;
+      abort_reason_ = why;
+    }
+    cv_.notify_all();
+  }
+
+  int n_;
+  std::chrono::milliseconds timeout_;
+  std::vector<slot> slots_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  std::uint64_t generation_ = 0;
+  std::vector<std::uint64_t> arrivals_;
+  bool aborted_ = false;
+  std::string abort_reason_;
+  std::map<std::tuple<int, int, int>, std::deque<std::vector<std::byte>>> mail_;
+};
+
+// Reduces elements [first, last) of every rank's `in` (in rank order, so every run and every
+// rank sees the same rounding) into out (which receives element `first` at its start), a block
+// at a time so the accumulator stays in cache.
+inline void reduce_ranks_into(local_world_state& w, void* out, std::size_t first, std::size_t last, dtype t,
+                              reduce_op op) {
+  constexpr std::size_t block = 4096;
+  alignas(64) std::byte acc[block * 8];
+  const std::size_t es = size_of(t);
+  for (std::size_t b = first; b < last; b += block) {
+    const std::size_t n = std::min(block, last - b);
+    std::memcpy(acc, static_cast<const std::byte*>(w.at(0).in) + b * es, n * es);
+    for (int q = 1; q < w.size(); ++q) host_reduce(acc, static_cast<const std::byte*>(w.at(q).in) + b * es, n, t, op);
+    if (op == reduce_op::avg) host_divide(acc, n, t, w.size());
+    std::memcpy(static_cast<std::byte*>(out) + (b - first) * es, acc, n * es);
+  }
+}
+
+}  // namespace detail
+
+class local_group final : public process_group {
+ public:
+  local_group(std::shared_ptr<detail::local_world_state> world, int rank, process_group_options opts)
+      : process_group(rank, world->size(), opts), world_(std::move(world)) {}
+
+  [[nodiscard]] std::string_view backend() const noexcept override { return "local"; }
+  // Marks the world failed, so peers blocked in a collective stop waiting (used when a rank throws).
+  void abort(const std::string& why) { world_->abort(why); }
+
+ protected:
+  work do_all_reduce(raw_tensor t, reduce_op op) override {
+    return run(collective::all_reduce, t.data, t.data, t, -1, op, [this, t, op](detail::local_world_state& w) {
+      // Phase 1: rank r reduces chunk r of all inputs into a scratch copy of its chunk.
+      // (Writing in place would race with peers still reading that chunk of our buffer.)
+      const auto [lo, hi] = chunk(t.count, rank());
+      std::vector<std::byte> mine((hi - lo) * size_of(t.type));
+      detail::reduce_ranks_into(w, mine.data(), lo, hi, t.type, op);
+      w.arrive_and_wait(rank(), collective::all_reduce, "reduce");
+      // Phase 2: publish our chunk, then copy every peer's finished chunk.
+      std::memcpy(static_cast<std::byte*>(t.data) + lo * size_of(t.type), mine.data(), mine.size());
+      w.arrive_and_wait(rank(), collective::all_reduce, "publish");
+      for (int q = 0; q < size(); ++q) {
+        if (q == rank()) continue;
+        const auto [qlo, qhi] = chunk(t.count, q);
+        const std::size_t off = qlo * size_of(t.type);
+        std::memcpy(static_cast<std::byte*>(t.data) + off, static_cast<const std::byte*>(w.at(q).out) + off,
+                    (qhi - qlo) * size_of(t.type));
+      }
+    });
+  }
+  work do_broadcast(raw_tensor t, int root) override {
+    return run(collective::broadcast, t.data, t.data, t, root, reduce_op::sum, [this, t, root](detail::local_world_state& w) {
+      if (rank() != root && t.count) std::memcpy(t.data, w.at(root).in, t.bytes());
+    });
+  }
+  work do_reduce(raw_tensor t, int root, reduce_op op) override {
+    // The root reduces into scratch first: its own input must stay readable until all are done.
+    return run(collective::reduce, t.data, nullptr, t, root, op, [this, t, root, op](detail::local_world_state& w) {
+      if (rank() != root) return;
+      std::vector<std::byte> result(t.bytes());
+      detail::reduce_ranks_into(w, result.data(), 0, t.count, t.type, op);
+      w.arrive_and_wait(rank(), collective::reduce, "reduce");
+      if (t.count) std::memcpy(t.data, result.data(), result.size());
+    }, /*root_only_phase=*/true);
+  }
+  work do_all_gather(raw_tensor in, raw_tensor out) override {
+    return run(collective::all_gather, in.data, out.data, in, -1, reduce_op::sum, [this, in, out](detail::local_world_state& w) {
+      for (int q = 0; q < size(); ++q) {
+        if (in.count) {
+          std::memcpy(static_cast<std::byte*>(out.data) + static_cast<std::size_t>(q) * in.bytes(), w.at(q).in, in.bytes());
+        }
+      }
+    });
+  }
+  work do_reduce_scatter(raw_tensor in, raw_tensor out, reduce_op op) override {
+    return run(collective::reduce_scatter, in.data, out.data, out, -1, op, [this, out, op](detail::local_world_state& w) {
+      const std::size_t lo = static_cast<std::size_t>(rank()) * out.count;
+      detail::reduce_ranks_into(w, out.data, lo, lo + out.count, out.type, op);
+    });
+  }
+  work do_barrier() override {
+    return run(collective::barrier, nullptr, nullptr, raw_tensor{nullptr, 0, dtype::uint8, false}, -1, reduce_op::sum,
+               [](detail::local_world_state&) {});
+  }
+  work do_send(raw_tensor t, int dst, int tag) override {
+    return worker_.submit([w = world_, src = rank(), t, dst, tag] { w->post(src, dst, tag, t.data, t.bytes()); });
+  }
+  work do_recv(raw_tensor t, int src, int tag) override {
+    return worker_.submit([w = world_, dst = rank(), t, src, tag] { w->take(src, dst, tag, t.data, t.bytes()); });
+  }
+
+ private:
+  [[nodiscard]] std::pair<std::size_t, std::size_t> chunk(std::size_t n, int r) const noexcept {
+    const auto p = static_cast<std::size_t>(size());
+    const auto q = static_cast<std::size_t>(r);
+    return {n * q / p, n * (q + 1) / p};
+  }
+
+  // Publish the slot, meet, check that every rank called the same thing, run body, meet again
+  // (nobody may reuse a buffer a peer still reads).
+  template <class Body>
+  work run(collective c, const void* in, void* out, raw_tensor t, int root, reduce_op op, Body body,
+           bool root_only_phase = false) {
+    return worker_.submit([this, c, in, out, t, root, op, body, root_only_phase] {
+      auto& w = *world_;
+      w.at(rank()) = {in, out, t.count, t.type, op, root, c};
+      w.arrive_and_wait(rank(), c, "enter");
+      check_matching(w, c);
+      body(w);
+      // reduce: the root met the others once more inside body; keep the count of meetings equal.
+      if (root_only_phase && rank() != root) w.arrive_and_wait(rank(), c, "reduce");
+      w.arrive_and_wait(rank(), c, "exit");
+    });
+  }
+
+  void check_matching(detail::local_world_state& w, collective c) const {
+    const auto& me = w.at(rank());
+    for (int q = 0; q < size(); ++q) {
+      const auto& o = w.at(q);
+      if (o.kind != me.kind || o.count != me.count || o.type != me.type || o.root != me.root || o.op != me.op) {
+        auto describe = [](const detail::local_world_state::slot& s) {
+          return std::string(to_string(s.kind)) + "(" + std::string(to_string(s.type)) + " x " +
+                 std::to_string(s.count) + ", root " + std::to_string(s.root) + ", op " +
+                 std::string(to_string(s.op)) + ")";
+        };
+        throw communication_error(where(c) + ": rank " + std::to_string(rank()) + " called " + describe(me) +
+                                  " but rank " + std::to_string(q) + " called " + describe(o) +
+                                  " (every rank must issue the same collectives with the same sizes)");
+      }
+    }
+  }
+
+  std::shared_ptr<detail::local_world_state> world_;
+  detail::op_worker worker_;  // last: joined before world_ goes away
+};
+
+// Creates the ranks of a local world, for callers that manage their own threads.
+[[nodiscard]] inline std::vector<std::unique_ptr<local_group>> make_local_world(int world_size,
+                                                                               process_group_options opts = {}) {
+  if (world_size <= 0) throw config_error("world size must be at least 1, got " + std::to_string(world_size));
+  auto state = std::make_shared<detail::local_world_state>(world_size, opts.timeout);
+  std::vector<std::unique_ptr<local_group>> ranks;
+  for (int r = 0; r < world_size; ++r) ranks.push_back(std::make_unique<local_group>(state, r, opts));
+  return ranks;
+}
+
+// Runs fn(group) on world_size threads, one rank each, and waits for all. If a rank throws, the
+// world is aborted (peers stop waiting) and the first failure is rethrown, naming its rank.
+template <class F>
+  requires std::invocable<F&, local_group&>
+void run_local(int world_size, F fn, process_group_options opts = {}) {
+  auto ranks = make_local_world(world_size, opts);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world_size));
+  {
+    std::vector<std::jthread> threads;
+    for (int r = 0; r < world_size; ++r) {
+      threads.emplace_back([&, r] {
+        auto& g = *ranks[static_cast<std::size_t>(r)];
+        try {
+          fn(g);
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(r)] = std::current_exception();
+          g.abort("rank " + std::to_string(r) + " failed: " + e.what());
+        } catch (...) {
+          errors[static_cast<std::size_t>(r)] = std::current_exception();
+          g.abort("rank " + std::to_string(r) + " failed");
+        }
+      });
+    }
+  }
+  // Prefer the root cause: a rank whose error is not the "group aborted" echo of another's.
+  std::exception_ptr first, first_echo;
+  for (auto& e : errors) {
+    if (!e) continue;
+    bool echo = false;
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      echo = std::string_view(ex.what()).find("group aborted") != std::string_view::npos;
+    } catch (...) {
+    }
+    if (!echo && !first) first = e;
+    if (echo && !first_echo) first_echo = e;
+  }
+  if (!first) first = first_echo;
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace partrain::inline v0

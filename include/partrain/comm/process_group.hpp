@@ -1,0 +1,255 @@
+// partrain/comm/process_group.hpp: the polymorphic base of the backends (local, gloo, nccl).
+// The typed front checks arguments and, in checking mode, that every rank issues the same
+// collective with the same size and dtype; the backend implements the type-erased hooks.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <partrain/comm/reduce_op.hpp>
+#include <partrain/comm/work.hpp>
+#include <partrain/core/device.hpp>
+#include <partrain/core/dtype.hpp>
+#include <partrain/core/error.hpp>
+#include <partrain/core/tensor_view.hpp>
+
+namespace partrain::inline v0 {
+
+inline constexpr std::chrono::milliseconds default_timeout{300'000};
+
+struct process_group_options {
+  // Bound on every blocking operation; a missing or stalled peer fails within it.
+  std::chrono::milliseconds timeout = default_timeout;
+  // Verify op, dtype, size and root across ranks before each collective (like
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL). Also switched on by PARTRAIN_DEBUG=detail.
+  bool check_collectives = false;
+};
+
+[[nodiscard]] inline bool debug_detail_from_env() {
+  const char* v = std::getenv("PARTRAIN_DEBUG");
+  return v && std::string_view(v) == "detail";
+}
+
+enum class collective { all_reduce, broadcast, reduce, all_gather, reduce_scatter, barrier, send, recv };
+
+[[nodiscard]] constexpr std::string_view to_string(collective c) noexcept {
+  switch (c) {
+    case collective::all_reduce: return "all_reduce";
+    case collective::broadcast: return "broadcast";
+    case collective::reduce: return "reduce";
+    case collective::all_gather: return "all_gather";
+    case collective::reduce_scatter: return "reduce_scatter";
+    case collective::barrier: return "barrier";
+    case collective::send: return "send";
+    case collective::recv: return "recv";
+  }
+  return "unknown";
+}
+
+// A type-erased contiguous buffer: what backends see.
+struct raw_tensor {
+  void* data = nullptr;
+  std::size_t count = 0;
+  partrain::dtype type = dtype::float32;
+  bool on_cuda = false;
+
+  [[nodiscard]] std::size_t bytes() const noexcept { return count * size_of(type); }
+};
+
+template <class T, memory_space S>
+[[nodiscard]] raw_tensor erase(tensor_view<T, S> t) noexcept {
+  return {const_cast<std::remove_const_t<T>*>(t.data()), t.size(), dtype_of<T>, std::same_as<S, cuda>};
+}
+
+class process_group {
+ public:
+  process_group(int rank, int size, process_group_options opts) : rank_(rank), size_(size), opts_(opts) {
+    if (size <= 0) throw config_error("world size must be at least 1, got " + std::to_string(size));
+    if (rank < 0 || rank >= size) {
+      throw config_error("rank " + std::to_string(rank) + " is out of range for world size " + std::to_string(size) +
+                         " (expected 0 <= rank < world size)");
+    }
+    if (debug_detail_from_env()) opts_.check_collectives = true;
+  }
+  process_group(const process_group&) = delete;
+  process_group& operator=(const process_group&) = delete;
+  virtual ~process_group() = default;
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return opts_.timeout; }
+  [[nodiscard]] const process_group_options& options() const noexcept { return opts_; }
+  [[nodiscard]] virtual std::string_view backend() const noexcept = 0;
+  // Which memory the backend's collectives take (host for local and gloo, cuda for nccl).
+  [[nodiscard]] virtual bool accepts(device_kind k) const noexcept { return k == device_kind::cpu; }
+
+  template <element_type T, memory_space S>
+  [[nodiscard]] work all_reduce(tensor_view<T, S> t, reduce_op op = reduce_op::sum) {
+    auto r = prepare(collective::all_reduce, t, -1, op);
+    return do_all_reduce(r, op);
+  }
+  template <element_type T, memory_space S>
+  [[nodiscard]] work broadcast(tensor_view<T, S> t, int root = 0) {
+    auto r = prepare(collective::broadcast, t, root, reduce_op::sum);
+    return do_broadcast(r, root);
+  }
+  // The result lands in root's buffer; other ranks' buffers are left as they were.
+  template <element_type T, memory_space S>
+  [[nodiscard]] work reduce(tensor_view<T, S> t, int root = 0, reduce_op op = reduce_op::sum) {
+    auto r = prepare(collective::reduce, t, root, op);
+    return do_reduce(r, root, op);
+  }
+  // out holds size() blocks of in.size() elements, rank q's input in block q.
+  template <element_type T, memory_space S>
+  [[nodiscard]] work all_gather(tensor_view<const T, S> in, tensor_view<T, S> out) {
+    check_blocks(collective::all_gather, in.size(), out.size(), "out", "in");
+    auto r = prepare(collective::all_gather, in, -1, reduce_op::sum);
+    return do_all_gather(r, erase(out));
+  }
+  // in holds size() blocks of out.size() elements; rank r gets the reduction of block r.
+  template <element_type T, memory_space S>
+  [[nodiscard]] work reduce_scatter(tensor_view<const T, S> in, tensor_view<T, S> out, reduce_op op = reduce_op::sum) {
+    check_blocks(collective::reduce_scatter, out.size(), in.size(), "in", "out");
+    auto r = prepare(collective::reduce_scatter, out, -1, op);
+    return do_reduce_scatter(erase(in), r, op);
+  }
+  [[nodiscard]] work barrier() {
+    if (opts_.check_collectives) check_across_ranks(collective::barrier, dtype::uint8, 0, -1, reduce_op::sum);
+    return do_barrier();
+  }
+  template <element_type T, memory_space S>
+  [[nodiscard]] work send(tensor_view<const T, S> t, int dst, int tag = 0) {
+    check_peer(collective::send, dst, "dst");
+    check_space(collective::send, std::same_as<S, cuda>);
+    return do_send(erase(t), dst, tag);
+  }
+  template <element_type T, memory_space S>
+  [[nodiscard]] work recv(tensor_view<T, S> t, int src, int tag = 0) {
+    check_peer(collective::recv, src, "src");
+    check_space(collective::recv, std::same_as<S, cuda>);
+    return do_recv(erase(t), src, tag);
+  }
+
+  // Forwarding overloads so a non-const view can be passed where a const one is expected.
+  template <element_type T, memory_space S>
+  [[nodiscard]] work all_gather(tensor_view<T, S> in, tensor_view<T, S> out)
+    requires(!std::is_const_v<T>)
+  {
+    return all_gather(tensor_view<const T, S>(in), out);
+  }
+  template <element_type T, memory_space S>
+  [[nodiscard]] work reduce_scatter(tensor_view<T, S> in, tensor_view<T, S> out, reduce_op op = reduce_op::sum)
+    requires(!std::is_const_v<T>)
+  {
+    return reduce_scatter(tensor_view<const T, S>(in), out, op);
+  }
+  template <element_type T, memory_space S>
+  [[nodiscard]] work send(tensor_view<T, S> t, int dst, int tag = 0)
+    requires(!std::is_const_v<T>)
+  {
+    return send(tensor_view<const T, S>(t), dst, tag);
+  }
+
+  [[nodiscard]] std::string where(collective c) const {
+    return "rank " + std::to_string(rank_) + " " + std::string(to_string(c)) + " (" + std::string(backend()) +
+           ", world size " + std::to_string(size_) + ")";
+  }
+
+ protected:
+  virtual work do_all_reduce(raw_tensor t, reduce_op op) = 0;
+  virtual work do_broadcast(raw_tensor t, int root) = 0;
+  virtual work do_reduce(raw_tensor t, int root, reduce_op op) = 0;
+  virtual work do_all_gather(raw_tensor in, raw_tensor out) = 0;
+  virtual work do_reduce_scatter(raw_tensor in, raw_tensor out, reduce_op op) = 0;
+  virtual work do_barrier() = 0;
+  virtual work do_send(raw_tensor t, int dst, int tag) = 0;
+  virtual work do_recv(raw_tensor t, int src, int tag) = 0;
+
+  // Checking mode: exchange a fingerprint of the call and compare. The default all_gathers
+  // host int64s through the backend; a backend without host collectives overrides it.
+  virtual std::vector<std::int64_t> gather_fingerprints(std::span<const std::int64_t> mine) {
+    std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(size_));
+    raw_tensor in{const_cast<std::int64_t*>(mine.data()), mine.size(), dtype::int64, false};
+    raw_tensor out{all.data(), all.size(), dtype::int64, false};
+    do_all_gather(in, out).wait();
+    return all;
+  }
+
+ private:
+  template <class T, memory_space S>
+  raw_tensor prepare(collective c, tensor_view<T, S> t, int root, reduce_op op) {
+    check_space(c, std::same_as<S, cuda>);
+    if (root != -1) check_peer(c, root, "root");
+    if (opts_.check_collectives) check_across_ranks(c, dtype_of<T>, t.size(), root, op);
+    return erase(t);
+  }
+  void check_space(collective c, bool on_cuda) const {
+    const auto k = on_cuda ? device_kind::cuda : device_kind::cpu;
+    if (!accepts(k)) {
+      throw invalid_argument_error(where(c) + ": the " + std::string(backend()) + " backend does not take " +
+                                   (on_cuda ? "CUDA" : "host") + " tensors");
+    }
+  }
+  void check_peer(collective c, int peer, const char* what) const {
+    if (peer < 0 || peer >= size_) {
+      throw invalid_argument_error(where(c) + ": " + what + " " + std::to_string(peer) +
+                                   " is out of range (expected 0 <= " + what + " < " + std::to_string(size_) + ")");
+    }
+  }
+  void check_blocks(collective c, std::size_t block, std::size_t total, const char* big, const char* small) const {
+    if (block * static_cast<std::size_t>(size_) != total) {
+      throw invalid_argument_error(where(c) + ": '" + big + "' has " + std::to_string(total) + " elements, expected " +
+                                   std::to_string(size_) + " x " + std::to_string(block) + " (world size x '" + small +
+                                   "')");
+    }
+  }
+  void check_across_ranks(collective c, dtype t, std::size_t count, int root, reduce_op op) {
+    const std::array<std::int64_t, 6> mine{static_cast<std::int64_t>(seq_++), static_cast<std::int64_t>(c),
+                                           static_cast<std::int64_t>(t), static_cast<std::int64_t>(count), root,
+                                           static_cast<std::int64_t>(op)};
+    const auto all = gather_fingerprints(mine);
+    for (int q = 0; q < size_; ++q) {
+      const auto* theirs = all.data() + static_cast<std::size_t>(q) * mine.size();
+      if (!std::equal(mine.begin(), mine.end(), theirs)) {
+        auto describe = [](const std::int64_t* f) {
+          return "#" + std::to_string(f[0]) + " " + std::string(to_string(static_cast<collective>(f[1]))) + "(" +
+                 std::string(to_string(static_cast<dtype>(f[2]))) + " x " + std::to_string(f[3]) +
+                 ", root " + std::to_string(f[4]) + ", op " + std::string(to_string(static_cast<reduce_op>(f[5]))) + ")";
+        };
+        throw communication_error("collective mismatch: rank " + std::to_string(rank_) + " called " +
+                                  describe(mine.data()) + " but rank " + std::to_string(q) + " called " +
+                                  describe(theirs));
+      }
+    }
+  }
+
+  int rank_;
+  int size_;
+  process_group_options opts_;
+  std::uint64_t seq_ = 0;
+};
+
+// What a communicator offers, whatever its engine: the process_group backends meet it, and so
+// can a user's own type (a mock in a test, a wrapper that records a trace).
+template <class C>
+concept communicator = requires(C& c, tensor_view<float> t, tensor_view<const float> ct) {
+  { c.rank() } -> std::convertible_to<int>;
+  { c.size() } -> std::convertible_to<int>;
+  { c.all_reduce(t, reduce_op::sum) } -> awaitable_work;
+  { c.broadcast(t, 0) } -> awaitable_work;
+  { c.reduce(t, 0, reduce_op::sum) } -> awaitable_work;
+  { c.all_gather(ct, t) } -> awaitable_work;
+  { c.reduce_scatter(ct, t, reduce_op::sum) } -> awaitable_work;
+  { c.barrier() } -> awaitable_work;
+  { c.send(ct, 0, 0) } -> awaitable_work;
+  { c.recv(t, 0, 0) } -> awaitable_work;
+};
+
+static_assert(communicator<process_group>);
+
+}  // namespace partrain::inline v0

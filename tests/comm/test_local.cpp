@@ -1,0 +1,161 @@
+#include <catch2/catch.hpp>
+
+#include <partrain/comm/local.hpp>
+
+#include "collective_reference.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+using namespace partrain;
+using namespace std::chrono_literals;
+using partrain::testing::make_input;
+using partrain::testing::reference_reduce;
+
+namespace {
+template <class T>
+bool close(T got, T want) {
+  const double g = static_cast<double>(static_cast<float>(got));
+  const double w = static_cast<double>(static_cast<float>(want));
+  return std::abs(g - w) <= 1e-2 * std::max(1.0, std::abs(w));
+}
+
+template <class T>
+void check_all_collectives(int world, std::size_t n) {
+  std::atomic<int> failures{0};
+  auto expect = [&](bool ok) {
+    if (!ok) ++failures;
+  };
+  run_local(world, [&](local_group& g) {
+    const int r = g.rank();
+    for (auto op : partrain::testing::all_reduce_ops) {
+      auto v = make_input<T>(r, n);
+      g.all_reduce(tensor_view<T>(v), op).wait();
+      for (std::size_t i = 0; i < n; ++i) expect(close(v[i], reference_reduce<T>(world, i, op)));
+    }
+    for (int root = 0; root < world; ++root) {
+      auto v = make_input<T>(r, n);
+      g.broadcast(tensor_view<T>(v), root).wait();
+      expect(v == make_input<T>(root, n));
+      auto red = make_input<T>(r, n);
+      g.reduce(tensor_view<T>(red), root, reduce_op::sum).wait();
+      if (r == root) {
+        for (std::size_t i = 0; i < n; ++i) expect(close(red[i], reference_reduce<T>(world, i, reduce_op::sum)));
+      } else {
+        expect(red == make_input<T>(r, n));  // non-root buffers untouched
+      }
+    }
+    {
+      auto in = make_input<T>(r, n);
+      std::vector<T> out(n * static_cast<std::size_t>(world));
+      g.all_gather(tensor_view<T>(in), tensor_view<T>(out)).wait();
+      for (int q = 0; q < world; ++q) {
+        auto want = make_input<T>(q, n);
+        expect(std::equal(want.begin(), want.end(), out.begin() + static_cast<std::ptrdiff_t>(q * n)));
+      }
+    }
+    {
+      const std::size_t total = n * static_cast<std::size_t>(world);
+      auto in = make_input<T>(r, total);
+      std::vector<T> out(n);
+      g.reduce_scatter(tensor_view<T>(in), tensor_view<T>(out), reduce_op::sum).wait();
+      for (std::size_t i = 0; i < n; ++i) {
+        expect(close(out[i], reference_reduce<T>(world, static_cast<std::size_t>(r) * n + i, reduce_op::sum)));
+      }
+    }
+    g.barrier().wait();
+    if (world > 1) {  // a ring of send/recv
+      auto mine = make_input<T>(r, n);
+      std::vector<T> got(n);
+      auto s = g.send(tensor_view<T>(mine), (r + 1) % world, 7);
+      g.recv(tensor_view<T>(got), (r + world - 1) % world, 7).wait();
+      s.wait();
+      expect(got == make_input<T>((r + world - 1) % world, n));
+    }
+  });
+  CHECK(failures == 0);
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("local: every collective matches the sequential reference", "[comm][local]", float, double, half,
+                   bfloat16) {
+  for (int world = 1; world <= 4; ++world) {
+    for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{10001}}) {
+      INFO("world " << world << " n " << n);
+      check_all_collectives<TestType>(world, n);
+    }
+  }
+}
+
+TEST_CASE("local: all_reduce is bit-identical on every rank and across runs", "[comm][local]") {
+  std::vector<std::vector<float>> results(3);
+  for (int run = 0; run < 2; ++run) {
+    run_local(3, [&](local_group& g) {
+      std::vector<float> v(5000);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.1f * static_cast<float>(i % 13) / static_cast<float>(g.rank() + 1);
+      g.all_reduce(tensor_view<float>(v), reduce_op::avg).wait();
+      if (run == 0) results[static_cast<std::size_t>(g.rank())] = v;
+      else CHECK(results[static_cast<std::size_t>(g.rank())] == v);
+    });
+  }
+  CHECK(results[0] == results[1]);
+  CHECK(results[1] == results[2]);
+}
+
+TEST_CASE("local: mismatched sizes across ranks are reported, naming both", "[comm][local][errors]") {
+  CHECK_THROWS_WITH(run_local(2, [](local_group& g) {
+                      std::vector<float> v(g.rank() == 0 ? 10 : 11);
+                      g.all_reduce(tensor_view<float>(v)).wait();
+                    }),
+                    Catch::Contains("float32 x 10") && Catch::Contains("float32 x 11"));
+}
+
+TEST_CASE("local: a missing rank times out with an error naming it", "[comm][local][errors]") {
+  process_group_options opts;
+  opts.timeout = 300ms;
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(run_local(3, [](local_group& g) {
+                      if (g.rank() == 2) return;  // never joins
+                      std::vector<float> v(4);
+                      g.all_reduce(tensor_view<float>(v)).wait();
+                    }, opts),
+                    Catch::Contains("timed out") && Catch::Contains("rank(s) 2") && Catch::Contains("all_reduce"));
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+}
+
+TEST_CASE("local: a rank that throws releases its peers at once", "[comm][local][errors]") {
+  process_group_options opts;
+  opts.timeout = 60s;  // far longer than the test may take: release must come from the abort
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(run_local(2, [](local_group& g) {
+                      if (g.rank() == 1) throw std::runtime_error("model exploded");
+                      std::vector<float> v(4);
+                      g.all_reduce(tensor_view<float>(v)).wait();
+                    }, opts),
+                    Catch::Contains("model exploded"));
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+}
+
+TEST_CASE("local: bad arguments are refused before any communication", "[comm][local][errors]") {
+  run_local(2, [](local_group& g) {
+    std::vector<float> v(4), out(7);
+    CHECK_THROWS_WITH(g.broadcast(tensor_view<float>(v), 2), Catch::Contains("root 2 is out of range"));
+    CHECK_THROWS_WITH(g.all_gather(tensor_view<float>(v), tensor_view<float>(out)),
+                      Catch::Contains("expected 2 x 4"));
+    CHECK_THROWS_AS(g.send(tensor_view<float>(v), -1), invalid_argument_error);
+  });
+  CHECK_THROWS_AS(make_local_world(0), config_error);
+}
+
+TEST_CASE("local: checking mode reports a different collective on another rank", "[comm][local][errors]") {
+  process_group_options opts;
+  opts.check_collectives = true;
+  opts.timeout = 2s;
+  CHECK_THROWS_WITH(run_local(2, [](local_group& g) {
+                      std::vector<float> v(4);
+                      if (g.rank() == 0) g.all_reduce(tensor_view<float>(v)).wait();
+                      else g.broadcast(tensor_view<float>(v), 0).wait();
+                    }, opts),
+                    Catch::Contains("collective mismatch") && Catch::Contains("broadcast"));
+}
