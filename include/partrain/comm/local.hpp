@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -140,10 +141,10 @@ class local_world_state {
 };
 
 // Reduces elements [first, last) of every rank's `in` (in rank order, so every run and every
-// rank sees the same rounding) into out (which receives element `first` at its start), a block
-// at a time so the accumulator stays in cache.
-inline void reduce_ranks_into(local_world_state& w, void* out, std::size_t first, std::size_t last, dtype t,
-                              reduce_op op) {
+// rank sees the same rounding) into each of outs (each receives element `first` at its start),
+// a block at a time so the accumulator stays in cache.
+inline void reduce_ranks_into(local_world_state& w, std::span<void* const> outs, std::size_t first,
+                              std::size_t last, dtype t, reduce_op op) {
   constexpr std::size_t block = 4096;
   alignas(64) std::byte acc[block * 8];
   const std::size_t es = size_of(t);
@@ -152,7 +153,7 @@ inline void reduce_ranks_into(local_world_state& w, void* out, std::size_t first
     std::memcpy(acc, static_cast<const std::byte*>(w.at(0).in) + b * es, n * es);
     for (int q = 1; q < w.size(); ++q) host_reduce(acc, static_cast<const std::byte*>(w.at(q).in) + b * es, n, t, op);
     if (op == reduce_op::avg) host_divide(acc, n, t, w.size());
-    std::memcpy(static_cast<std::byte*>(out) + (b - first) * es, acc, n * es);
+    for (void* out : outs) std::memcpy(static_cast<std::byte*>(out) + (b - first) * es, acc, n * es);
   }
 }
 
@@ -170,22 +171,13 @@ class local_group final : public process_group {
  protected:
   work do_all_reduce(raw_tensor t, reduce_op op) override {
     return run(collective::all_reduce, t.data, t.data, t, -1, op, [this, t, op](detail::local_world_state& w) {
-      // Phase 1: rank r reduces chunk r of all inputs into a scratch copy of its chunk.
-      // (Writing in place would race with peers still reading that chunk of our buffer.)
+      // Rank r reduces chunk r of every input and writes the result into chunk r of every
+      // rank's buffer: one pass, no second copy phase. Safe because nobody else reads or
+      // writes chunk r, and each block is read from all ranks before it is overwritten.
       const auto [lo, hi] = chunk(t.count, rank());
-      std::vector<std::byte> mine((hi - lo) * size_of(t.type));
-      detail::reduce_ranks_into(w, mine.data(), lo, hi, t.type, op);
-      w.arrive_and_wait(rank(), collective::all_reduce, "reduce");
-      // Phase 2: publish our chunk, then copy every peer's finished chunk.
-      std::memcpy(static_cast<std::byte*>(t.data) + lo * size_of(t.type), mine.data(), mine.size());
-      w.arrive_and_wait(rank(), collective::all_reduce, "publish");
-      for (int q = 0; q < size(); ++q) {
-        if (q == rank()) continue;
-        const auto [qlo, qhi] = chunk(t.count, q);
-        const std::size_t off = qlo * size_of(t.type);
-        std::memcpy(static_cast<std::byte*>(t.data) + off, static_cast<const std::byte*>(w.at(q).out) + off,
-                    (qhi - qlo) * size_of(t.type));
-      }
+      std::vector<void*> outs;
+      for (int q = 0; q < size(); ++q) outs.push_back(static_cast<std::byte*>(w.at(q).out) + lo * size_of(t.type));
+      detail::reduce_ranks_into(w, outs, lo, hi, t.type, op);
     });
   }
   work do_broadcast(raw_tensor t, int root) override {
@@ -198,7 +190,8 @@ class local_group final : public process_group {
     return run(collective::reduce, t.data, nullptr, t, root, op, [this, t, root, op](detail::local_world_state& w) {
       if (rank() != root) return;
       std::vector<std::byte> result(t.bytes());
-      detail::reduce_ranks_into(w, result.data(), 0, t.count, t.type, op);
+      void* out = result.data();
+      detail::reduce_ranks_into(w, std::span(&out, 1), 0, t.count, t.type, op);
       w.arrive_and_wait(rank(), collective::reduce, "reduce");
       if (t.count) std::memcpy(t.data, result.data(), result.size());
     }, /*root_only_phase=*/true);
@@ -215,7 +208,7 @@ class local_group final : public process_group {
   work do_reduce_scatter(raw_tensor in, raw_tensor out, reduce_op op) override {
     return run(collective::reduce_scatter, in.data, out.data, out, -1, op, [this, out, op](detail::local_world_state& w) {
       const std::size_t lo = static_cast<std::size_t>(rank()) * out.count;
-      detail::reduce_ranks_into(w, out.data, lo, lo + out.count, out.type, op);
+      detail::reduce_ranks_into(w, std::span(&out.data, 1), lo, lo + out.count, out.type, op);
     });
   }
   work do_barrier() override {
