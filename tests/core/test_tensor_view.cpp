@@ -59,3 +59,13 @@ TEST_CASE("device parses torch spellings", "[core][device]") {
   CHECK_THROWS_WITH(device::parse("tpu"), Catch::Contains("expected 'cpu'"));
   CHECK_THROWS_AS(device::parse("cuda:x"), config_error);
 }
+
+TEST_CASE("default views and buffers are empty, not scalars", "[core][buffer]") {
+  CHECK(tensor_view<float>().size() == 0);
+  CHECK(tensor_view<float>().empty());
+  host_buffer<float> b;
+  CHECK(b.size() == 0);
+  host_buffer<float> copy = b;  // copying an empty buffer touches no memory
+  CHECK(copy.size() == 0);
+  CHECK(shape{}.numel() == 1);  // a rank-0 shape is a scalar, as in PyTorch
+}

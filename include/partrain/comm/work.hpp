@@ -19,20 +19,31 @@ namespace detail {
 // Shared between the issuing thread and the thread that runs the operation.
 class work_state {
  public:
-  // Marks the operation finished (with an error, if any), wakes waiters, runs callbacks and
-  // resumes an awaiting coroutine. The continuation runs on the completing thread.
+  // Runs the then() callbacks, then marks the operation finished (with an error, if any), wakes
+  // waiters and resumes an awaiting coroutine (on this, the completing thread). Callbacks run
+  // first so that whatever they do (a comm hook's copy back, a trace span's end) happens before
+  // wait() returns anywhere.
+  // The error is recorded first: a callback may read it (then_work passes it on).
   void complete(std::exception_ptr err = nullptr) noexcept {
     std::coroutine_handle<> cont;
-    std::vector<std::function<void()>> callbacks;
     {
       std::lock_guard lock(mutex_);
-      done_ = true;
       error_ = std::move(err);
-      cont = std::exchange(continuation_, {});
-      callbacks.swap(callbacks_);
+    }
+    for (;;) {
+      std::vector<std::function<void()>> callbacks;
+      {
+        std::lock_guard lock(mutex_);
+        if (callbacks_.empty()) {
+          done_ = true;
+          cont = std::exchange(continuation_, {});
+          break;
+        }
+        callbacks.swap(callbacks_);
+      }
+      for (auto& cb : callbacks) cb();  // one registered meanwhile is taken on the next turn
     }
     cv_.notify_all();
-    for (auto& cb : callbacks) cb();
     if (cont) cont.resume();
   }
   [[nodiscard]] bool done() const {
@@ -82,7 +93,9 @@ class work_state {
 
 }  // namespace detail
 
-class [[nodiscard]] work {
+// Not [[nodiscard]] on the class: the functions returning a work are, and nvcc would also flag
+// every assignment (operator= returns work&).
+class work {
  public:
   work() : state_(std::make_shared<detail::work_state>()) {}
   explicit work(std::shared_ptr<detail::work_state> s) noexcept : state_(std::move(s)) {}

@@ -60,7 +60,7 @@ class host_buffer {
 
  private:
   std::unique_ptr<T, detail::aligned_free> data_;
-  partrain::shape shape_{};
+  partrain::shape shape_{0};  // empty: one dimension of extent 0 (a rank-0 shape is a scalar)
 };
 
 }  // namespace partrain::inline v0

@@ -74,7 +74,9 @@ class tensor_view {
   // From a contiguous host range (std::vector, std::array, span).
   template <std::ranges::contiguous_range R>
     requires std::same_as<Space, host> && std::convertible_to<std::ranges::range_reference_t<R>, T&> &&
-             std::ranges::sized_range<R>
+             std::ranges::sized_range<R> &&
+             // Not from another view: copying a non-const view must keep its shape, not flatten it.
+             (!requires { typename std::remove_cvref_t<R>::space_type; })
   constexpr tensor_view(R&& r) noexcept  // NOLINT: implicit, like span
       : data_(std::ranges::data(r)), shape_{static_cast<std::size_t>(std::ranges::size(r))} {}
   // tensor_view<T> -> tensor_view<const T>
@@ -142,7 +144,7 @@ class tensor_view {
 
  private:
   T* data_ = nullptr;
-  partrain::shape shape_{};
+  partrain::shape shape_{0};  // empty: one dimension of extent 0 (a rank-0 shape is a scalar)
 };
 
 template <std::ranges::contiguous_range R>

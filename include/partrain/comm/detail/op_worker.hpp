@@ -23,7 +23,12 @@ class op_worker {
   op_worker(const op_worker&) = delete;
   op_worker& operator=(const op_worker&) = delete;
   ~op_worker() {
-    thread_.request_stop();
+    {
+      // Under the mutex: otherwise the stop can land between the worker's predicate check and
+      // its wait, the notify is lost and join() blocks forever.
+      std::lock_guard lock(mutex_);
+      thread_.request_stop();
+    }
     cv_.notify_all();
     thread_.join();
     // Operations never started are failed, so nobody waits on them forever.

@@ -1,0 +1,388 @@
+// bench_collectives: time, algbw and busbw (nccl-tests definitions) of all_reduce, all_gather,
+// reduce_scatter and broadcast for the local backend (2 threads), the gloo backend (2 processes
+// over loopback) next to the same calls made on Gloo directly, a single-thread memcpy of the same
+// bytes, and NCCL over the visible GPUs when there are any.
+//
+//   size S = bytes of the whole buffer (for all_gather/reduce_scatter: count per rank x ranks)
+//   algbw = S / t;  busbw = algbw x {all_reduce 2(n-1)/n, all_gather/reduce_scatter (n-1)/n, broadcast 1}
+//
+// Usage: bench_collectives [--quick]   (--quick: two small sizes, one iteration; the smoke test)
+#include <partrain/comm/local.hpp>
+
+#if defined(PARTRAIN_WITH_GLOO)
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/reduce_scatter.h>
+
+#include <partrain/comm/file_store.hpp>
+#include <partrain/comm/gloo.hpp>
+#endif
+
+#if defined(PARTRAIN_WITH_NCCL)
+#include <cuda_runtime.h>
+#include <nccl.h>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+using namespace partrain;
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int world = 2;
+constexpr double KiB = 1024.0, MiB = 1024.0 * 1024.0;
+
+enum class op_kind { all_reduce, all_gather, reduce_scatter, broadcast };
+constexpr op_kind all_ops[] = {op_kind::all_reduce, op_kind::all_gather, op_kind::reduce_scatter, op_kind::broadcast};
+
+const char* name(op_kind k) {
+  switch (k) {
+    case op_kind::all_reduce: return "all_reduce";
+    case op_kind::all_gather: return "all_gather";
+    case op_kind::reduce_scatter: return "reduce_scatter";
+    case op_kind::broadcast: return "broadcast";
+  }
+  return "?";
+}
+
+double bus_factor(op_kind k, int n) {
+  switch (k) {
+    case op_kind::all_reduce: return 2.0 * (n - 1) / n;
+    case op_kind::all_gather: case op_kind::reduce_scatter: return static_cast<double>(n - 1) / n;
+    case op_kind::broadcast: return 1.0;
+  }
+  return 1.0;
+}
+
+struct plan {
+  std::vector<std::size_t> sizes;  // bytes S
+  bool quick = false;
+  // Fewer repetitions as buffers grow: about 64 MiB moved per size, at least one.
+  [[nodiscard]] int iters(std::size_t bytes) const {
+    if (quick) return 1;
+    return static_cast<int>(std::clamp<std::size_t>((64u << 20) / bytes, 1, 20));
+  }
+  [[nodiscard]] bool warmup(std::size_t bytes) const { return !quick && bytes <= (16u << 20); }
+};
+
+std::string human(std::size_t bytes) {
+  char b[32];
+  if (bytes >= (1u << 20)) std::snprintf(b, sizeof b, "%g MiB", static_cast<double>(bytes) / MiB);
+  else std::snprintf(b, sizeof b, "%g KiB", static_cast<double>(bytes) / KiB);
+  return b;
+}
+
+// Seconds per call of f (all ranks call it the same number of times).
+template <class F>
+double time_calls(const plan& p, std::size_t bytes, F&& f) {
+  if (p.warmup(bytes)) f();
+  const int n = p.iters(bytes);
+  const auto t0 = clk::now();
+  for (int i = 0; i < n; ++i) f();
+  return std::chrono::duration<double>(clk::now() - t0).count() / n;
+}
+
+double gbps(std::size_t bytes, double seconds) { return static_cast<double>(bytes) / seconds / 1e9; }
+
+void print_header(const char* title) {
+  std::printf("\n%s\n", title);
+  std::printf("%-10s %-15s %10s %12s %10s %10s\n", "backend", "op", "size", "time_us", "algbw", "busbw");
+}
+void print_row(const char* backend, const char* op, std::size_t bytes, double t, double factor) {
+  std::printf("%-10s %-15s %10s %12.1f %10.3f %10.3f\n", backend, op, human(bytes).c_str(), t * 1e6, gbps(bytes, t),
+              gbps(bytes, t) * factor);
+  std::fflush(stdout);
+}
+
+// Buffers for one op at total size S per rank, float elements, touched before timing.
+struct buffers {
+  std::vector<float> a, b;
+  buffers(op_kind k, std::size_t bytes, int n, int rank) {
+    const std::size_t total = bytes / sizeof(float), block = total / static_cast<std::size_t>(n);
+    switch (k) {
+      case op_kind::all_reduce: case op_kind::broadcast: a.assign(total, 1.0f + static_cast<float>(rank)); break;
+      case op_kind::all_gather: a.assign(block, 1.0f); b.assign(total, 0.0f); break;
+      case op_kind::reduce_scatter: a.assign(total, 1.0f); b.assign(block, 0.0f); break;
+    }
+  }
+};
+
+template <class G>
+void run_op(G& g, op_kind k, buffers& buf) {
+  switch (k) {
+    case op_kind::all_reduce: g.all_reduce(tensor_view<float>(buf.a)).wait(); break;
+    case op_kind::all_gather: g.all_gather(tensor_view<float>(buf.a), tensor_view<float>(buf.b)).wait(); break;
+    case op_kind::reduce_scatter: g.reduce_scatter(tensor_view<float>(buf.a), tensor_view<float>(buf.b)).wait(); break;
+    case op_kind::broadcast: g.broadcast(tensor_view<float>(buf.a), 0).wait(); break;
+  }
+}
+
+// ---- memcpy -------------------------------------------------------------------------------
+std::map<std::size_t, double> bench_memcpy(const plan& p) {
+  std::printf("\nmemcpy (one thread): GB/s = S / t\n%-10s %-15s %10s %12s %10s\n", "backend", "op", "size", "time_us", "GB/s");
+  std::map<std::size_t, double> out;
+  for (auto bytes : p.sizes) {
+    std::vector<char> src(bytes, 1), dst(bytes, 0);
+    const double t = time_calls(p, bytes, [&] {
+      std::memcpy(dst.data(), src.data(), bytes);
+      asm volatile("" : : "r"(dst.data()) : "memory");  // keep the copy
+    });
+    out[bytes] = gbps(bytes, t);
+    std::printf("%-10s %-15s %10s %12.1f %10.3f\n", "memcpy", "copy", human(bytes).c_str(), t * 1e6, out[bytes]);
+  }
+  return out;
+}
+
+// ---- local ---------------------------------------------------------------------------------
+std::map<std::pair<int, std::size_t>, double> bench_local(const plan& p) {
+  print_header("local (2 threads of one process)");
+  std::map<std::pair<int, std::size_t>, double> busbw;
+  for (auto k : all_ops) {
+    for (auto bytes : p.sizes) {
+      double t0 = 0;
+      run_local(world, [&](local_group& g) {
+        buffers buf(k, bytes, world, g.rank());
+        g.barrier().wait();
+        const double t = time_calls(p, bytes, [&] { run_op(g, k, buf); });
+        if (g.rank() == 0) t0 = t;
+      });
+      print_row("local", name(k), bytes, t0, bus_factor(k, world));
+      busbw[{static_cast<int>(k), bytes}] = gbps(bytes, t0) * bus_factor(k, world);
+    }
+  }
+  return busbw;
+}
+
+// ---- gloo ----------------------------------------------------------------------------------
+#if defined(PARTRAIN_WITH_GLOO)
+// The same operation issued on Gloo directly, on a context built the same way.
+void raw_gloo(const std::shared_ptr<gloo::Context>& ctx, op_kind k, buffers& buf, std::chrono::milliseconds timeout) {
+  switch (k) {
+    case op_kind::all_reduce: {
+      gloo::AllreduceOptions o(ctx);
+      o.setOutput(buf.a.data(), buf.a.size());
+      o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<float>));
+      o.setTimeout(timeout);
+      gloo::allreduce(o);
+      break;
+    }
+    case op_kind::all_gather: {
+      gloo::AllgatherOptions o(ctx);
+      o.setInput(buf.a.data(), buf.a.size());
+      o.setOutput(buf.b.data(), buf.b.size());
+      o.setTimeout(timeout);
+      gloo::allgather(o);
+      break;
+    }
+    case op_kind::reduce_scatter: {  // Gloo's own algorithm (in place; our block lands first)
+      std::vector<float> scratch(buf.a);
+      std::vector<int> counts(static_cast<std::size_t>(ctx->size), static_cast<int>(buf.b.size()));
+      gloo::ReduceScatterHalvingDoubling<float> rs(ctx, {scratch.data()}, static_cast<int>(scratch.size()), counts);
+      rs.run();
+      std::memcpy(buf.b.data(), scratch.data(), buf.b.size() * sizeof(float));
+      break;
+    }
+    case op_kind::broadcast: {
+      gloo::BroadcastOptions o(ctx);
+      o.setOutput(buf.a.data(), buf.a.size());
+      o.setRoot(0);
+      o.setTimeout(timeout);
+      gloo::broadcast(o);
+      break;
+    }
+  }
+}
+
+// Returns the lowest wrapper/raw busbw ratio at sizes >= 1 MiB (or -1 when no such size ran).
+double bench_gloo(const plan& p) {
+  std::printf("\ngloo (2 processes, loopback TCP): partrain wrapper vs the same call on Gloo directly\n");
+  std::printf("%-10s %-15s %10s %12s %10s %10s %12s %10s %8s\n", "backend", "op", "size", "time_us", "algbw", "busbw",
+              "raw_us", "raw_busbw", "ratio");
+  std::fflush(stdout);
+  const auto dir = std::filesystem::temp_directory_path() / ("partrain-bench-gloo-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto result_file = dir / "ratio";
+  const auto timeout = std::chrono::milliseconds(120'000);
+  pid_t pids[world];
+  for (int r = 0; r < world; ++r) {
+    pids[r] = ::fork();
+    if (pids[r] == 0) {
+      int code = 0;
+      try {
+        auto st = std::make_shared<file_store>((dir / "store").string(), timeout);
+        process_group_options opts;
+        opts.timeout = timeout;
+        gloo_options gopts;
+        gopts.prefix = "wrapper/";
+        gloo_group g(st, r, world, opts, gopts);
+        auto raw = detail::connect_gloo(st, "raw/", r, world, timeout, detail::gloo_device_attr("", ""));
+        double worst = -1;
+        for (auto k : all_ops) {
+          for (auto bytes : p.sizes) {
+            buffers buf(k, bytes, world, r);
+            g.barrier().wait();
+            const double tw = time_calls(p, bytes, [&] { run_op(g, k, buf); });
+            g.barrier().wait();
+            const double tr = time_calls(p, bytes, [&] { raw_gloo(raw, k, buf, timeout); });
+            if (r == 0) {
+              const double f = bus_factor(k, world), bw = gbps(bytes, tw) * f, rbw = gbps(bytes, tr) * f;
+              std::printf("%-10s %-15s %10s %12.1f %10.3f %10.3f %12.1f %10.3f %8.3f\n", "gloo", name(k),
+                          human(bytes).c_str(), tw * 1e6, gbps(bytes, tw), bw, tr * 1e6, rbw, bw / rbw);
+              std::fflush(stdout);
+              if (bytes >= (1u << 20)) worst = worst < 0 ? bw / rbw : std::min(worst, bw / rbw);
+            }
+          }
+        }
+        if (r == 0) std::ofstream(result_file) << worst << "\n";
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "gloo rank %d failed: %s\n", r, e.what());
+        code = 1;
+      }
+      std::fflush(nullptr);
+      ::_exit(code);
+    }
+  }
+  bool ok = true;
+  for (int r = 0; r < world; ++r) {
+    int st = 0;
+    ::waitpid(pids[r], &st, 0);
+    ok = ok && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  }
+  double worst = -1;
+  if (ok) std::ifstream(result_file) >> worst;
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return worst;
+}
+#endif
+
+// ---- nccl ----------------------------------------------------------------------------------
+#if defined(PARTRAIN_WITH_NCCL)
+void bench_nccl(const plan& p) {
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    std::printf("\nnccl: skipped (no GPU visible)\n");
+    return;
+  }
+  std::vector<int> devs(static_cast<std::size_t>(ndev));
+  for (int d = 0; d < ndev; ++d) devs[static_cast<std::size_t>(d)] = d;
+  std::vector<ncclComm_t> comms(static_cast<std::size_t>(ndev));
+  if (ncclCommInitAll(comms.data(), ndev, devs.data()) != ncclSuccess) {
+    std::printf("\nnccl: skipped (ncclCommInitAll failed)\n");
+    return;
+  }
+  char title[96];
+  std::snprintf(title, sizeof title, "nccl (%d GPU%s, one process, ncclCommInitAll)", ndev, ndev > 1 ? "s" : "");
+  print_header(title);
+  std::vector<cudaStream_t> streams(static_cast<std::size_t>(ndev));
+  for (int d = 0; d < ndev; ++d) {
+    cudaSetDevice(d);
+    cudaStreamCreate(&streams[static_cast<std::size_t>(d)]);
+  }
+  for (auto k : all_ops) {
+    for (auto bytes : p.sizes) {
+      const std::size_t total = bytes / sizeof(float), block = total / static_cast<std::size_t>(ndev);
+      std::vector<float*> a(static_cast<std::size_t>(ndev)), b(static_cast<std::size_t>(ndev));
+      for (int d = 0; d < ndev; ++d) {
+        cudaSetDevice(d);
+        cudaMalloc(&a[static_cast<std::size_t>(d)], bytes);
+        cudaMalloc(&b[static_cast<std::size_t>(d)], bytes);
+        cudaMemset(a[static_cast<std::size_t>(d)], 0, bytes);
+      }
+      auto once = [&] {
+        ncclGroupStart();
+        for (int d = 0; d < ndev; ++d) {
+          const auto i = static_cast<std::size_t>(d);
+          switch (k) {
+            case op_kind::all_reduce: ncclAllReduce(a[i], a[i], total, ncclFloat, ncclSum, comms[i], streams[i]); break;
+            case op_kind::all_gather: ncclAllGather(a[i], b[i], block, ncclFloat, comms[i], streams[i]); break;
+            case op_kind::reduce_scatter: ncclReduceScatter(a[i], b[i], block, ncclFloat, ncclSum, comms[i], streams[i]); break;
+            case op_kind::broadcast: ncclBroadcast(a[i], a[i], total, ncclFloat, 0, comms[i], streams[i]); break;
+          }
+        }
+        ncclGroupEnd();
+        for (int d = 0; d < ndev; ++d) {
+          cudaSetDevice(d);
+          cudaStreamSynchronize(streams[static_cast<std::size_t>(d)]);
+        }
+      };
+      const double t = time_calls(p, bytes, once);
+      print_row("nccl", name(k), bytes, t, bus_factor(k, ndev));
+      for (int d = 0; d < ndev; ++d) {
+        cudaSetDevice(d);
+        cudaFree(a[static_cast<std::size_t>(d)]);
+        cudaFree(b[static_cast<std::size_t>(d)]);
+      }
+    }
+  }
+  for (int d = 0; d < ndev; ++d) {
+    cudaStreamDestroy(streams[static_cast<std::size_t>(d)]);
+    ncclCommDestroy(comms[static_cast<std::size_t>(d)]);
+  }
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  plan p;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--quick") {
+      p.quick = true;
+    } else {
+      std::fprintf(stderr, "bench_collectives: unknown argument '%s' (expected --quick or nothing)\n", argv[i]);
+      return 2;
+    }
+  }
+  if (p.quick) {
+    p.sizes = {4u << 10, 1u << 20};
+  } else {
+    for (std::size_t s = 4u << 10; s <= (256u << 20); s *= 4) p.sizes.push_back(s);
+  }
+  std::printf("bench_collectives: %d ranks, float32, sizes %s .. %s%s\n", world, human(p.sizes.front()).c_str(),
+              human(p.sizes.back()).c_str(), p.quick ? " (--quick: 1 iteration)" : "");
+
+  // Processes first: fork before this process has started any thread.
+  double gloo_vs_raw = -1;
+#if defined(PARTRAIN_WITH_GLOO)
+  gloo_vs_raw = bench_gloo(p);
+#else
+  std::printf("\ngloo: skipped (built without Gloo)\n");
+#endif
+  const auto local_bw = bench_local(p);
+  const auto copy_bw = bench_memcpy(p);
+#if defined(PARTRAIN_WITH_NCCL)
+  bench_nccl(p);
+#else
+  std::printf("\nnccl: skipped (built without NCCL)\n");
+#endif
+
+  // local all_reduce busbw vs memcpy at 64 MiB (the largest size run when --quick)
+  const std::size_t ref = p.quick ? p.sizes.back() : (64u << 20);
+  const double local_vs_memcpy = local_bw.at({static_cast<int>(op_kind::all_reduce), ref}) / copy_bw.at(ref);
+  std::printf("\nsummary: gloo_vs_raw=%.3f local_vs_memcpy=%.3f\n", gloo_vs_raw, local_vs_memcpy);
+#if defined(PARTRAIN_WITH_GLOO)
+  if (gloo_vs_raw < 0) {
+    std::fprintf(stderr, "bench_collectives: the gloo part failed (see above)\n");
+    return 1;
+  }
+#endif
+  return 0;
+}

@@ -1,0 +1,195 @@
+// examples/fashion_mnist/options.hpp: the example's command line, parsed in one place. Later
+// parallel modes (--parallel dp|pipeline, --devices, --stages, --micro-batches, --precision)
+// are already accepted here so that adding them touches this file and the code that uses them.
+#pragma once
+
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace example {
+
+// A bad command line: main prints the message and the usage, and exits with status 2.
+class usage_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct options {
+  std::string device = "cpu";      // cpu | cuda
+  std::string backend = "gloo";    // gloo | nccl | local
+  std::string parallel = "ddp";    // ddp | dp (one process, --devices) | pipeline (--stages ranks)
+  std::string loop = "ranges";     // ranges | coroutine | plain: three spellings of the same loop
+  std::string precision = "fp32";  // fp32 (bf16, fp16: later issues)
+  std::size_t epochs = 8;
+  std::size_t batch_size = 64;     // per rank
+  double lr = 0.05;
+  double momentum = 0.9;
+  std::uint64_t seed = 0;
+  int nproc = 0;                   // 0: take rank and world size from the environment
+  int devices = 2;                 // dp: host devices (worker threads) in this process
+  int stages = 2;                  // pipeline: stages, one rank each
+  int micro_batches = 4;           // pipeline: micro-batches per batch
+  std::string schedule = "1f1b";   // pipeline: gpipe | 1f1b
+  std::string checkpoint;          // directory; saved each epoch, resumed from when present
+  std::string metrics;             // file of JSON lines, one per epoch
+  std::string data;                // Fashion-MNIST directory (default: partrain::fashion_mnist_dir())
+  std::size_t limit_train = 0;     // 0 = all 60,000
+  std::size_t limit_test = 0;      // 0 = all 10,000
+  std::size_t log_every = 200;     // steps between progress lines (rank 0)
+  bool overlap = true;             // DDP: start bucket all_reduces during backward
+  bool help = false;
+};
+
+inline constexpr std::string_view usage_text =
+    "usage: fashion_mnist [options]\n"
+    "  --device cpu|cuda         where the model runs (default cpu)\n"
+    "  --backend gloo|nccl|local communication backend (default gloo; local = threads of this process)\n"
+    "  --nproc N                 start N ranks here (processes, or threads with --backend local);\n"
+    "                            without it, rank and world size come from the environment (partrun, torchrun, Slurm)\n"
+    "  --epochs N                (default 8)\n"
+    "  --batch-size N            per rank (default 64)\n"
+    "  --lr X                    SGD learning rate (default 0.05, momentum 0.9)\n"
+    "  --momentum X              (default 0.9)\n"
+    "  --seed N                  weights and shuffling (default 0)\n"
+    "  --loop ranges|coroutine|plain  how the loop is written (same result)\n"
+    "  --no-overlap              reduce gradients after backward instead of during it\n"
+    "  --checkpoint DIR          save every epoch; resume from DIR when it holds a checkpoint\n"
+    "  --metrics FILE            one JSON object per epoch: epoch, step, train_loss, test_loss,\n"
+    "                            test_accuracy, samples_per_s\n"
+    "  --data DIR                Fashion-MNIST IDX files (default /usr/share/datasets/fashion-mnist)\n"
+    "  --limit-train N, --limit-test N  use only the first N examples (quick runs)\n"
+    "  --log-every N             progress line every N steps (default 200, 0 = never)\n"
+    "  --parallel ddp|dp|pipeline  distributed data parallel over ranks (default); data parallel over\n"
+    "                            --devices N host devices of one process; or the MLP split into\n"
+    "                            --stages S pipeline stages (one rank each) with --micro-batches M\n"
+    "  --devices N               dp: host devices (worker threads; default 2)\n"
+    "  --stages S                pipeline: stages (default 2); --nproc defaults to S\n"
+    "  --micro-batches M         pipeline: micro-batches per batch (default 4)\n"
+    "  --schedule gpipe|1f1b     pipeline schedule (default 1f1b)\n"
+    "  --precision fp32          (bf16 and fp16 come with mixed precision)\n";
+
+namespace detail {
+
+template <class T>
+T parse_number(std::string_view flag, std::string_view text) {
+  T v{};
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, v);
+  if (ec != std::errc{} || p != end) {
+    throw usage_error(std::string(flag) + ": '" + std::string(text) + "' is not a valid " +
+                      (std::is_floating_point_v<T> ? "number" : "non-negative integer"));
+  }
+  return v;
+}
+
+inline void check_choice(std::string_view flag, const std::string& v, std::initializer_list<std::string_view> allowed) {
+  for (auto a : allowed) {
+    if (v == a) return;
+  }
+  std::string list;
+  for (auto a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
+  throw usage_error(std::string(flag) + ": '" + v + "' is not one of: " + list);
+}
+
+}  // namespace detail
+
+// Parses argv[1..]; throws usage_error naming the flag and what was expected.
+[[nodiscard]] inline options parse_options(const std::vector<std::string>& args) {
+  options o;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& flag = args[i];
+    auto value = [&]() -> std::string_view {
+      if (i + 1 >= args.size()) throw usage_error(flag + ": needs a value");
+      return args[++i];
+    };
+    auto positive = [&](auto v) {
+      if (v <= 0) throw usage_error(flag + ": must be greater than 0");
+      return v;
+    };
+    if (flag == "--help" || flag == "-h") {
+      o.help = true;
+    } else if (flag == "--device") {
+      o.device = value();
+      detail::check_choice(flag, o.device, {"cpu", "cuda"});
+    } else if (flag == "--backend") {
+      o.backend = value();
+      detail::check_choice(flag, o.backend, {"gloo", "nccl", "local"});
+    } else if (flag == "--parallel") {
+      o.parallel = value();
+      detail::check_choice(flag, o.parallel, {"ddp", "dp", "pipeline"});
+    } else if (flag == "--loop") {
+      o.loop = value();
+      detail::check_choice(flag, o.loop, {"ranges", "coroutine", "plain"});
+    } else if (flag == "--precision") {
+      o.precision = value();
+      detail::check_choice(flag, o.precision, {"fp32", "bf16", "fp16"});
+    } else if (flag == "--epochs") {
+      o.epochs = positive(detail::parse_number<std::size_t>(flag, value()));
+    } else if (flag == "--batch-size") {
+      o.batch_size = positive(detail::parse_number<std::size_t>(flag, value()));
+    } else if (flag == "--lr") {
+      o.lr = positive(detail::parse_number<double>(flag, value()));
+    } else if (flag == "--momentum") {
+      o.momentum = detail::parse_number<double>(flag, value());
+      if (o.momentum < 0 || o.momentum >= 1) throw usage_error(flag + ": expected a value in [0, 1)");
+    } else if (flag == "--seed") {
+      o.seed = detail::parse_number<std::uint64_t>(flag, value());
+    } else if (flag == "--nproc") {
+      o.nproc = positive(detail::parse_number<int>(flag, value()));
+    } else if (flag == "--devices") {
+      o.devices = positive(detail::parse_number<int>(flag, value()));
+    } else if (flag == "--stages") {
+      o.stages = positive(detail::parse_number<int>(flag, value()));
+    } else if (flag == "--micro-batches") {
+      o.micro_batches = positive(detail::parse_number<int>(flag, value()));
+    } else if (flag == "--schedule") {
+      o.schedule = value();
+      detail::check_choice(flag, o.schedule, {"gpipe", "1f1b"});
+    } else if (flag == "--checkpoint") {
+      o.checkpoint = value();
+    } else if (flag == "--metrics") {
+      o.metrics = value();
+    } else if (flag == "--data") {
+      o.data = value();
+    } else if (flag == "--limit-train") {
+      o.limit_train = positive(detail::parse_number<std::size_t>(flag, value()));
+    } else if (flag == "--limit-test") {
+      o.limit_test = positive(detail::parse_number<std::size_t>(flag, value()));
+    } else if (flag == "--log-every") {
+      o.log_every = detail::parse_number<std::size_t>(flag, value());
+    } else if (flag == "--no-overlap") {
+      o.overlap = false;
+    } else {
+      throw usage_error("unknown option '" + flag + "'");
+    }
+  }
+  // Combinations this program cannot run (yet), refused before anything starts.
+  if (o.parallel != "ddp") {
+    if (o.device != "cpu") throw usage_error("--parallel " + o.parallel + ": this example runs it on the host (--device cpu)");
+    if (!o.checkpoint.empty()) throw usage_error("--checkpoint: supported with --parallel ddp only");
+  }
+  if (o.parallel == "dp" && o.nproc > 1) {
+    throw usage_error("--parallel dp drives --devices N from one process; --nproc " + std::to_string(o.nproc) +
+                      " asks for several ranks (use --parallel ddp for that)");
+  }
+  if (o.parallel == "pipeline") {
+    if (o.nproc != 0 && o.nproc != o.stages) {
+      throw usage_error("--parallel pipeline: --nproc " + std::to_string(o.nproc) + " must equal --stages " +
+                        std::to_string(o.stages) + " (one rank per stage)");
+    }
+  }
+  if (o.precision != "fp32") throw usage_error("--precision " + o.precision + ": not available yet (use fp32)");
+  if (o.backend == "nccl" && o.device != "cuda") throw usage_error("--backend nccl needs --device cuda");
+  if (o.backend == "local" && o.device == "cuda") throw usage_error("--backend local runs host ranks; use --device cpu");
+  if (o.backend == "local" && o.nproc == 0) o.nproc = o.parallel == "pipeline" ? o.stages : 1;
+  return o;
+}
+
+}  // namespace example

@@ -1,0 +1,238 @@
+// partrain/comm/detail/socket.hpp: the few POSIX socket pieces the TCP store needs, with RAII
+// descriptors and a deadline on every blocking step (connect, send, receive).
+#pragma once
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include <partrain/core/error.hpp>
+
+namespace partrain::inline v0::detail {
+
+using deadline_clock = std::chrono::steady_clock;
+
+// An owned file descriptor; closed on destruction.
+class unique_fd {
+ public:
+  unique_fd() noexcept = default;
+  explicit unique_fd(int fd) noexcept : fd_(fd) {}
+  unique_fd(unique_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  unique_fd& operator=(unique_fd&& o) noexcept {
+    if (this != &o) reset(std::exchange(o.fd_, -1));
+    return *this;
+  }
+  unique_fd(const unique_fd&) = delete;
+  unique_fd& operator=(const unique_fd&) = delete;
+  ~unique_fd() { reset(); }
+
+  [[nodiscard]] int get() const noexcept { return fd_; }
+  [[nodiscard]] explicit operator bool() const noexcept { return fd_ >= 0; }
+  [[nodiscard]] int release() noexcept { return std::exchange(fd_, -1); }
+  void reset(int fd = -1) noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+[[nodiscard]] inline std::string errno_text(int err) { return std::string(std::strerror(err)); }
+
+// "host:port", with brackets around an IPv6 literal.
+[[nodiscard]] inline std::string endpoint_name(const std::string& host, std::uint16_t port) {
+  const bool v6 = host.find(':') != std::string::npos;
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+inline void set_nonblocking(int fd, bool on) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK)) < 0) {
+    throw communication_error("fcntl(O_NONBLOCK) failed: " + errno_text(errno));
+  }
+}
+
+// getaddrinfo as a RAII list.
+class address_list {
+ public:
+  address_list(const std::string& host, std::uint16_t port, bool passive) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = passive ? AI_PASSIVE : 0;
+    const std::string service = std::to_string(port);
+    const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &list_);
+    if (rc != 0) {
+      throw config_error("cannot resolve host '" + host + "': " + ::gai_strerror(rc) +
+                         " (expected a host name or an IPv4/IPv6 address)");
+    }
+  }
+  address_list(const address_list&) = delete;
+  address_list& operator=(const address_list&) = delete;
+  ~address_list() {
+    if (list_) ::freeaddrinfo(list_);
+  }
+  [[nodiscard]] const addrinfo* begin() const noexcept { return list_; }
+
+ private:
+  addrinfo* list_ = nullptr;
+};
+
+[[nodiscard]] inline std::uint16_t local_port(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+    throw communication_error("getsockname failed: " + errno_text(errno));
+  }
+  if (ss.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);
+  return ntohs(reinterpret_cast<const sockaddr_in*>(&ss)->sin_port);
+}
+
+// A listening socket on host:port (port 0 = the kernel picks one; read it with local_port).
+[[nodiscard]] inline unique_fd listen_tcp(const std::string& host, std::uint16_t port, int backlog = 512) {
+  address_list addrs(host, port, true);
+  int last_err = 0;
+  for (const addrinfo* a = addrs.begin(); a; a = a->ai_next) {
+    unique_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    if (!fd) {
+      last_err = errno;
+      continue;
+    }
+    const int one = 1;
+    // SO_REUSEADDR lets a restarted job rebind a port in TIME_WAIT; it does not allow two
+    // live listeners on one port, so "port in use" is still reported.
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0) {
+      last_err = errno;
+      continue;
+    }
+    if (::listen(fd.get(), backlog) != 0) {
+      last_err = errno;
+      continue;
+    }
+    return fd;
+  }
+  if (last_err == EADDRINUSE) {
+    throw communication_error("cannot listen on " + endpoint_name(host, port) + ": port " + std::to_string(port) +
+                              " is already in use (choose another MASTER_PORT, or 0 for a free one)");
+  }
+  throw communication_error("cannot listen on " + endpoint_name(host, port) + ": " + errno_text(last_err));
+}
+
+// A port that was free a moment ago on host (bind to 0, read, close). Another process may
+// still take it before it is used: callers that can, pass port 0 to the server instead.
+[[nodiscard]] inline std::uint16_t find_free_port(const std::string& host = "127.0.0.1") {
+  unique_fd fd = listen_tcp(host, 0, 1);
+  return local_port(fd.get());
+}
+
+// Waits for events on fd until deadline; false on timeout.
+[[nodiscard]] inline bool wait_fd(int fd, short events, deadline_clock::time_point deadline) {
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - deadline_clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{fd, events, 0};
+    const int rc = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000)));
+    if (rc > 0) return true;
+    if (rc < 0 && errno != EINTR) throw communication_error("poll failed: " + errno_text(errno));
+  }
+}
+
+// Connects to host:port, retrying (the server may not be up yet) until deadline.
+// who (e.g. "rank 3: ") prefixes the error.
+[[nodiscard]] inline unique_fd connect_tcp(const std::string& host, std::uint16_t port, deadline_clock::time_point deadline,
+                                           const std::string& who = {}) {
+  std::string last = "no address";
+  auto backoff = std::chrono::milliseconds(10);
+  for (;;) {
+    {
+      address_list addrs(host, port, false);
+      for (const addrinfo* a = addrs.begin(); a; a = a->ai_next) {
+        unique_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
+        if (!fd) {
+          last = errno_text(errno);
+          continue;
+        }
+        int rc = ::connect(fd.get(), a->ai_addr, a->ai_addrlen);
+        if (rc != 0 && errno == EINPROGRESS) {
+          if (!wait_fd(fd.get(), POLLOUT, deadline)) {
+            last = "connect timed out";
+            continue;
+          }
+          int err = 0;
+          socklen_t len = sizeof err;
+          ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+          rc = err == 0 ? 0 : -1;
+          errno = err;
+        }
+        if (rc == 0) {
+          const int one = 1;
+          ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+          return fd;
+        }
+        last = errno_text(errno);
+      }
+    }
+    const auto now = deadline_clock::now();
+    if (now >= deadline) break;
+    std::this_thread::sleep_for(std::min<deadline_clock::duration>(backoff, deadline - now));
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+  }
+  throw timeout_error(who + "cannot connect to the store at " + endpoint_name(host, port) + " (" + last +
+                      "); is the master (rank 0 or the launcher) running and reachable?");
+}
+
+// Writes all bytes or throws; the socket is non-blocking, so a stuck peer hits the deadline.
+inline void send_all(int fd, std::span<const std::byte> data, deadline_clock::time_point deadline, const std::string& what) {
+  while (!data.empty()) {
+    const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+    if (n > 0) {
+      data = data.subspan(static_cast<std::size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (!wait_fd(fd, POLLOUT, deadline)) throw timeout_error(what + ": timed out sending");
+      continue;
+    }
+    throw communication_error(what + ": send failed: " + errno_text(errno));
+  }
+}
+
+// Reads exactly out.size() bytes or throws (timeout_error at the deadline, communication_error
+// when the peer closed).
+inline void recv_all(int fd, std::span<std::byte> out, deadline_clock::time_point deadline, const std::string& what) {
+  while (!out.empty()) {
+    const ssize_t n = ::recv(fd, out.data(), out.size(), 0);
+    if (n > 0) {
+      out = out.subspan(static_cast<std::size_t>(n));
+      continue;
+    }
+    if (n == 0) throw communication_error(what + ": connection closed by the store");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (!wait_fd(fd, POLLIN, deadline)) throw timeout_error(what + ": timed out waiting for the store's reply");
+      continue;
+    }
+    throw communication_error(what + ": receive failed: " + errno_text(errno));
+  }
+}
+
+}  // namespace partrain::inline v0::detail

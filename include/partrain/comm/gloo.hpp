@@ -1,0 +1,303 @@
+// partrain/comm/gloo.hpp: the `gloo` backend, processes (on one host or several) over TCP with
+// Gloo, the engine torch uses for CPU tensors. Collectives run in issue order on one worker
+// thread; send/recv are posted at once and each is waited on its own pooled thread, so a rank
+// may post sends and receives to a peer in any order before waiting on them. Every operation carries the
+// group's timeout. After Gloo fails (a peer died, or stalled past the timeout) its context is
+// not reusable: later calls fail at once saying so, and the caller builds a new group.
+#pragma once
+
+#if !__has_include(<gloo/allreduce.h>)
+#error "partrain/comm/gloo.hpp needs Gloo (Debian libgloo-dev); link partrain::gloo"
+#endif
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/context.h>
+#include <gloo/reduce.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <partrain/comm/detail/gloo_context.hpp>
+#include <partrain/comm/detail/host_reduce.hpp>
+#include <partrain/comm/detail/op_worker.hpp>
+#include <partrain/comm/detail/wait_pool.hpp>
+#include <partrain/comm/process_group.hpp>
+#include <partrain/comm/store.hpp>
+
+namespace partrain::inline v0 {
+
+// Transport choices of a gloo_group; empty fields fall back to the environment, then loopback.
+struct gloo_options {
+  std::string ifname;    // interface to listen on, e.g. "eth0" (env PARTRAIN_GLOO_IFNAME)
+  std::string hostname;  // local address or host name to listen on (env PARTRAIN_GLOO_HOST)
+  // Store key prefix of this group's rendezvous. Empty: "gloo/<n>/", n counting the groups this
+  // rank built on the same store (ranks must then build their groups in the same order).
+  std::string prefix;
+};
+
+class gloo_group final : public process_group {
+ public:
+  gloo_group(std::shared_ptr<store> s, int rank, int size, process_group_options opts)
+      : gloo_group(std::move(s), rank, size, opts, gloo_options{}) {}
+
+  gloo_group(std::shared_ptr<store> s, int rank, int size, process_group_options opts, gloo_options gopts)
+      : process_group(rank, size, opts) {
+    if (!s) throw invalid_argument_error("gloo_group: the store is null (expected a connected rendezvous store)");
+    if (opts.timeout.count() <= 0) {
+      throw config_error("gloo_group: timeout must be positive, got " + std::to_string(opts.timeout.count()) + " ms");
+    }
+    const std::string prefix = gopts.prefix.empty() ? detail::next_gloo_prefix(s, rank) : gopts.prefix;
+    context_ = detail::connect_gloo(s, prefix, rank, size, opts.timeout,
+                                    detail::gloo_device_attr(gopts.ifname, gopts.hostname));
+  }
+
+  ~gloo_group() override {
+    // Stop the threads first: they use the context.
+    p2p_.reset();
+    worker_.reset();
+  }
+
+  [[nodiscard]] std::string_view backend() const noexcept override { return "gloo"; }
+  // The connected Gloo context, for code that calls Gloo directly (only while no op is pending).
+  [[nodiscard]] const std::shared_ptr<gloo::Context>& context() const noexcept { return context_; }
+  // Empty while the group is usable; else why it is not.
+  [[nodiscard]] std::string failure() const {
+    std::lock_guard lock(mutex_);
+    return failure_;
+  }
+
+ protected:
+  work do_all_reduce(raw_tensor t, reduce_op op) override {
+    if (t.count == 0) return work::completed();
+    return run(collective::all_reduce, "", [this, t, op] {
+      gloo::AllreduceOptions o(context_);
+      with_type(t.type, [&]<class T>(T*) { o.setOutput(static_cast<T*>(t.data), t.count); });
+      o.setReduceFunction(detail::make_gloo_reduce_fn(t.type, op));
+      o.setTag(kCollectiveTag);
+      o.setTimeout(timeout());
+      gloo::allreduce(o);
+      if (op == reduce_op::avg) detail::host_divide(t.data, t.count, t.type, size());
+    });
+  }
+
+  work do_broadcast(raw_tensor t, int root) override {
+    if (t.count == 0) return work::completed();
+    return run(collective::broadcast, "root " + std::to_string(root), [this, t, root] {
+      gloo::BroadcastOptions o(context_);
+      with_type(t.type, [&]<class T>(T*) { o.setOutput(static_cast<T*>(t.data), t.count); });
+      o.setRoot(root);
+      o.setTag(kCollectiveTag);
+      o.setTimeout(timeout());
+      gloo::broadcast(o);
+    });
+  }
+
+  work do_reduce(raw_tensor t, int root, reduce_op op) override {
+    if (t.count == 0) return work::completed();
+    return run(collective::reduce, "root " + std::to_string(root), [this, t, root, op] {
+      // Gloo's ring reduce uses the output as scratch on every rank; non-roots reduce into a
+      // scratch copy so their buffers stay as they were (our contract, and torch's).
+      std::byte* scratch = rank() == root ? nullptr : worker_scratch(t.bytes());
+      gloo::ReduceOptions o(context_);
+      with_type(t.type, [&]<class T>(T*) {
+        if (rank() == root) {
+          o.setOutput(static_cast<T*>(t.data), t.count);
+        } else {
+          o.setInput(static_cast<T*>(t.data), t.count);
+          o.setOutput(reinterpret_cast<T*>(scratch), t.count);
+        }
+      });
+      o.setRoot(root);
+      o.setReduceFunction(detail::make_gloo_reduce_fn(t.type, op));
+      o.setTag(kCollectiveTag);
+      o.setTimeout(timeout());
+      gloo::reduce(o);
+      if (op == reduce_op::avg && rank() == root) detail::host_divide(t.data, t.count, t.type, size());
+    });
+  }
+
+  work do_all_gather(raw_tensor in, raw_tensor out) override {
+    if (in.count == 0) return work::completed();
+    return run(collective::all_gather, "", [this, in, out] {
+      gloo::AllgatherOptions o(context_);
+      with_type(in.type, [&]<class T>(T*) {
+        o.setInput(static_cast<T*>(in.data), in.count);
+        o.setOutput(static_cast<T*>(out.data), out.count);
+      });
+      o.setTag(kCollectiveTag);
+      o.setTimeout(timeout());
+      gloo::allgather(o);
+    });
+  }
+
+  // Gloo's new-style API has no reduce_scatter (only the old templated halving-doubling
+  // algorithm, which allocates its own pairs per call): all_reduce a copy, keep our block.
+  work do_reduce_scatter(raw_tensor in, raw_tensor out, reduce_op op) override {
+    if (out.count == 0) return work::completed();
+    return run(collective::reduce_scatter, "", [this, in, out, op] {
+      std::byte* scratch = worker_scratch(in.bytes());
+      std::memcpy(scratch, in.data, in.bytes());
+      gloo::AllreduceOptions o(context_);
+      with_type(in.type, [&]<class T>(T*) { o.setOutput(reinterpret_cast<T*>(scratch), in.count); });
+      o.setReduceFunction(detail::make_gloo_reduce_fn(in.type, op));
+      o.setTag(kCollectiveTag);
+      o.setTimeout(timeout());
+      gloo::allreduce(o);
+      std::memcpy(out.data, scratch + static_cast<std::size_t>(rank()) * out.bytes(), out.bytes());
+      if (op == reduce_op::avg) detail::host_divide(out.data, out.count, out.type, size());
+    });
+  }
+
+  work do_barrier() override {
+    return run(collective::barrier, "", [this] {
+      gloo::BarrierOptions o(context_);
+      o.setTag(kCollectiveTag);
+      o.setTimeout(timeout());
+      gloo::barrier(o);
+    });
+  }
+
+  work do_send(raw_tensor t, int dst, int tag) override {
+    return post_p2p(collective::send, t, dst, tag);
+  }
+  work do_recv(raw_tensor t, int src, int tag) override {
+    return post_p2p(collective::recv, t, src, tag);
+  }
+
+ private:
+  // One collective runs at a time (one worker), so one tag is enough. Point-to-point slots are
+  // the user's tags; Gloo's collective slots carry a prefix in their top byte, so they never meet.
+  static constexpr std::uint32_t kCollectiveTag = 0;
+
+  // Scratch reused across calls (a fresh buffer per call costs page faults and a memset at
+  // large sizes). Only the worker thread touches it.
+  std::byte* worker_scratch(std::size_t bytes) {
+    if (scratch_.size() < bytes) scratch_.resize(bytes);
+    return scratch_.data();
+  }
+
+  template <class F>
+  static void with_type(dtype t, F&& f) {
+    detail::visit_dtype(t, std::forward<F>(f));
+  }
+
+  // Runs body on the worker, in issue order, translating Gloo's failures.
+  template <class Body>
+  work run(collective c, std::string peers, Body body) {
+    return worker_->submit([this, c, peers = std::move(peers), body = std::move(body)] {
+      throw_if_failed(c, peers);
+      guarded(c, peers, body);
+    });
+  }
+
+  template <class Body>
+  void guarded(collective c, const std::string& peers, Body& body) {
+    try {
+      body();
+    } catch (const partrain::error&) {
+      throw;
+    } catch (const gloo::IoException& e) {
+      fail(c, peers, e.what());
+    } catch (const std::exception& e) {  // gloo::EnforceNotMet and Gloo's other errors
+      fail(c, peers, e.what());
+    }
+  }
+
+  [[nodiscard]] std::string describe(collective c, const std::string& peers) const {
+    return where(c) + (peers.empty() ? "" : " " + peers);
+  }
+
+  [[noreturn]] void fail(collective c, const std::string& peers, std::string_view gloo_what) {
+    const bool timed_out = gloo_what.find("Timed out") != std::string_view::npos;
+    std::string msg = describe(c, peers) + ": ";
+    msg += timed_out ? "timed out after " + std::to_string(timeout().count()) +
+                           " ms (a peer is stalled or never joined this operation): "
+                     : "Gloo failed (a peer died or its connection broke): ";
+    msg += gloo_what;
+    {
+      std::lock_guard lock(mutex_);
+      if (failure_.empty()) failure_ = msg;
+    }
+    if (timed_out) throw timeout_error(msg);
+    throw communication_error(msg);
+  }
+
+  void throw_if_failed(collective c, const std::string& peers) const {
+    std::lock_guard lock(mutex_);
+    if (!failure_.empty()) {
+      throw communication_error(describe(c, peers) +
+                                ": the Gloo context is unusable after an earlier failure; build a new gloo_group "
+                                "(earlier failure: " + failure_ + ")");
+    }
+  }
+
+  // Posts the transfer now (so exchanges in any order work) and waits for it on p2p_.
+  work post_p2p(collective c, raw_tensor t, int peer, int tag) {
+    const std::string peers = (c == collective::send ? "to rank " : "from rank ") + std::to_string(peer) + " tag " +
+                              std::to_string(tag);
+    if (tag < 0) {
+      throw invalid_argument_error(describe(c, peers) + ": tag must be >= 0, got " + std::to_string(tag));
+    }
+    if (peer == rank()) {
+      throw invalid_argument_error(describe(c, peers) + ": a rank cannot " + std::string(to_string(c)) +
+                                   " to itself with the gloo backend");
+    }
+    if (t.count == 0) return work::completed();
+    try {
+      throw_if_failed(c, peers);
+    } catch (...) {
+      return work::completed(std::current_exception());
+    }
+    std::shared_ptr<gloo::transport::UnboundBuffer> buf;
+    try {
+      buf = context_->createUnboundBuffer(t.data, t.bytes());
+      if (c == collective::send) {
+        buf->send(peer, static_cast<std::uint64_t>(tag));
+      } else {
+        buf->recv(peer, static_cast<std::uint64_t>(tag));
+      }
+    } catch (const std::exception& e) {
+      try {
+        fail(c, peers, e.what());
+      } catch (...) {
+        return work::completed(std::current_exception());
+      }
+    }
+    return p2p_->submit([this, c, peers, buf] {
+      auto body = [&] {
+        if (c == collective::send) {
+          buf->waitSend(timeout());
+        } else {
+          buf->waitRecv(timeout());
+        }
+      };
+      guarded(c, peers, body);
+    });
+  }
+
+  mutable std::mutex mutex_;
+  std::string failure_;
+  std::vector<std::byte> scratch_;
+  std::shared_ptr<gloo::Context> context_;
+  // Destroyed (joined) before context_; each blocking call inside is bounded by the timeout.
+  std::unique_ptr<detail::op_worker> worker_ = std::make_unique<detail::op_worker>();
+  std::unique_ptr<detail::wait_pool> p2p_ = std::make_unique<detail::wait_pool>();
+};
+
+static_assert(communicator<gloo_group>);
+
+}  // namespace partrain::inline v0

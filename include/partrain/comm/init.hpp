@@ -1,0 +1,478 @@
+// partrain/comm/init.hpp: init_process_group(url, options), as torch.distributed's.
+//   env://           MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (+ LOCAL_RANK, LOCAL_WORLD_SIZE),
+//                    as torchrun and partrun set them; else Slurm's (SLURM_PROCID, SLURM_NTASKS,
+//                    SLURM_LOCALID, ...), Open MPI's (OMPI_COMM_WORLD_*) or PMI's (PMI_RANK, PMI_SIZE)
+//   tcp://host:port  rank and world size from the options (or ?rank=R&world_size=N)
+//   file://path      a file_store at path; rank and world size as for tcp://
+// Rank 0 hosts the TCP store (bound to the master address) unless PARTRAIN_USE_AGENT_STORE=1
+// says a launcher hosts it; then every rank is a client and keys live under the attempt's
+// prefix (PARTRAIN_RESTART_COUNT), so a restarted group never reads the last attempt's keys.
+// The parsing is separate (parse_rendezvous, rendezvous_from_env) for launchers and examples.
+#pragma once
+
+#include <charconv>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <partrain/comm/file_store.hpp>
+#include <partrain/comm/prefix_store.hpp>
+#include <partrain/comm/process_group.hpp>
+#include <partrain/comm/store.hpp>
+#include <partrain/comm/tcp_store.hpp>
+#include <partrain/core/device.hpp>
+#include <partrain/core/error.hpp>
+
+#if defined(PARTRAIN_WITH_GLOO) && __has_include(<partrain/comm/gloo.hpp>)
+#include <partrain/comm/gloo.hpp>
+#define PARTRAIN_INIT_HAS_GLOO 1
+#else
+#define PARTRAIN_INIT_HAS_GLOO 0
+#endif
+#if defined(PARTRAIN_WITH_NCCL) && __has_include(<partrain/comm/nccl.hpp>)
+#include <partrain/comm/nccl.hpp>
+#define PARTRAIN_INIT_HAS_NCCL 1
+#else
+#define PARTRAIN_INIT_HAS_NCCL 0
+#endif
+
+namespace partrain::inline v0 {
+
+struct init_options {
+  // "gloo" or "nccl"; empty = "nccl" when device is a GPU, else "gloo".
+  std::string backend{};
+  // Bound on every blocking step. Unset: PARTRAIN_TIMEOUT_MS from the environment, else 300 s.
+  std::optional<std::chrono::milliseconds> timeout{};
+  // For tcp:// and file:// (env:// reads them from the environment); -1 = not given.
+  int rank = -1;
+  int world_size = -1;
+  // nccl: the GPU of this rank; unset = cuda:LOCAL_RANK.
+  std::optional<partrain::device> device{};
+  bool check_collectives = false;
+  // The store's job token; empty = PARTRAIN_STORE_TOKEN from the environment (may be empty).
+  std::string token{};
+};
+
+// What a rendezvous URL and the environment say, and (after connect_store) the store.
+struct rendezvous_info {
+  std::string scheme;  // "env", "tcp" or "file"
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr;  // env, tcp
+  std::uint16_t port = 0;   // env, tcp
+  std::string path;         // file
+  std::string source;       // where rank and world size came from: torchrun, slurm, openmpi, pmi, url, options
+  std::string token;
+  std::string bind_address;  // PARTRAIN_STORE_BIND: what rank 0's server binds (default: master_addr)
+  bool agent_store = false;  // a launcher hosts the store; every rank is a client
+  int restart_count = 0;
+  std::chrono::milliseconds timeout = default_timeout;
+  std::shared_ptr<partrain::store> store;  // set by connect_store
+};
+
+// Looks up an environment variable; tests pass their own.
+using env_lookup = std::function<std::optional<std::string>(const std::string&)>;
+
+[[nodiscard]] inline std::optional<std::string> process_env(const std::string& name) {
+  const char* v = std::getenv(name.c_str());
+  if (!v) return std::nullopt;
+  return std::string(v);
+}
+
+namespace detail {
+
+[[nodiscard]] inline std::optional<long long> parse_integer(std::string_view s) {
+  long long v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+// Reads an integer variable within [lo, hi]; nullopt when it is not set.
+[[nodiscard]] inline std::optional<int> int_var(const env_lookup& env, const std::string& name, long long lo, long long hi,
+                                                std::string_view context, std::string_view expected) {
+  auto v = env(name);
+  if (!v) return std::nullopt;
+  auto n = parse_integer(*v);
+  if (!n) {
+    throw config_error(std::string(context) + ": " + name + "='" + *v + "' is not an integer (expected " +
+                       std::string(expected) + ")");
+  }
+  if (*n < lo || *n > hi) {
+    throw config_error(std::string(context) + ": " + name + "=" + *v + " is out of range (expected " + std::string(expected) +
+                       ")");
+  }
+  return static_cast<int>(*n);
+}
+
+[[nodiscard]] inline int require_int(const env_lookup& env, const std::string& name, long long lo, long long hi,
+                                     std::string_view context, std::string_view expected, std::string_view how) {
+  auto v = int_var(env, name, lo, hi, context, expected);
+  if (!v) throw config_error(std::string(context) + ": " + name + " is not set (" + std::string(how) + ")");
+  return *v;
+}
+
+// The first host of a Slurm hostlist: "node[03-05,9],gpu1" -> "node03".
+[[nodiscard]] inline std::string first_slurm_host(std::string_view list) {
+  const auto bracket = list.find('[');
+  const auto comma = list.find(',');
+  if (bracket == std::string_view::npos || (comma != std::string_view::npos && comma < bracket)) {
+    return std::string(list.substr(0, comma));
+  }
+  const auto close = list.find(']', bracket);
+  if (close == std::string_view::npos) return std::string(list.substr(0, bracket));
+  auto range = list.substr(bracket + 1, close - bracket - 1);
+  range = range.substr(0, std::min(range.find(','), range.find('-')));
+  auto suffix = list.substr(close + 1);
+  suffix = suffix.substr(0, suffix.find(','));
+  return std::string(list.substr(0, bracket)) + std::string(range) + std::string(suffix);
+}
+
+// Tasks on node `node` from SLURM_STEP_TASKS_PER_NODE's "2(x3),1" form.
+[[nodiscard]] inline std::optional<int> slurm_tasks_on_node(std::string_view spec, int node) {
+  int seen = 0;
+  while (!spec.empty()) {
+    auto item = spec.substr(0, spec.find(','));
+    spec.remove_prefix(std::min(spec.size(), item.size() + 1));
+    int repeat = 1;
+    if (auto paren = item.find("(x"); paren != std::string_view::npos && item.back() == ')') {
+      auto r = parse_integer(item.substr(paren + 2, item.size() - paren - 3));
+      if (!r || *r < 1) return std::nullopt;
+      repeat = static_cast<int>(*r);
+      item = item.substr(0, paren);
+    }
+    auto n = parse_integer(item);
+    if (!n || *n < 1) return std::nullopt;
+    if (node < seen + repeat) return static_cast<int>(*n);
+    seen += repeat;
+  }
+  return std::nullopt;
+}
+
+// "host:port" or "[v6]:port" -> (host, port); the URL's query is already cut off.
+inline void parse_host_port(std::string_view url, std::string_view hp, std::string& host, std::uint16_t& port) {
+  const std::string expected = " (expected tcp://host:port, e.g. tcp://10.0.0.1:29500 or tcp://[::1]:29500)";
+  std::string_view port_text;
+  if (hp.starts_with('[')) {
+    const auto close = hp.find(']');
+    if (close == std::string_view::npos || close + 1 >= hp.size() || hp[close + 1] != ':') {
+      throw config_error("malformed URL '" + std::string(url) + "': bad IPv6 address" + expected);
+    }
+    host = std::string(hp.substr(1, close - 1));
+    port_text = hp.substr(close + 2);
+  } else {
+    const auto colon = hp.rfind(':');
+    if (colon == std::string_view::npos) throw config_error("malformed URL '" + std::string(url) + "': no port" + expected);
+    host = std::string(hp.substr(0, colon));
+    port_text = hp.substr(colon + 1);
+  }
+  if (host.empty()) throw config_error("malformed URL '" + std::string(url) + "': empty host" + expected);
+  auto p = parse_integer(port_text);
+  if (!p || *p < 1 || *p > 65535) {
+    throw config_error("malformed URL '" + std::string(url) + "': port '" + std::string(port_text) +
+                       "' is not in 1..65535" + expected);
+  }
+  port = static_cast<std::uint16_t>(*p);
+}
+
+// "?rank=1&world_size=4" into info (only those two keys are known).
+inline void parse_query(std::string_view url, std::string_view query, int& rank, int& world) {
+  while (!query.empty()) {
+    auto item = query.substr(0, query.find('&'));
+    query.remove_prefix(std::min(query.size(), item.size() + 1));
+    const auto eq = item.find('=');
+    const auto key = item.substr(0, eq);
+    // value_or keeps GCC 12 at -O3 from a false "may be used uninitialized" on the optional.
+    const long long value =
+        eq == std::string_view::npos ? -1 : parse_integer(item.substr(eq + 1)).value_or(-1);
+    if ((key != "rank" && key != "world_size") || value < 0 || value > std::numeric_limits<int>::max()) {
+      throw config_error("malformed URL '" + std::string(url) + "': bad query item '" + std::string(item) +
+                         "' (expected rank=<int> and/or world_size=<int>)");
+    }
+    (key == "rank" ? rank : world) = static_cast<int>(value);
+  }
+}
+
+inline void check_rank(std::string_view context, int rank, int world) {
+  if (world < 1) {
+    throw config_error(std::string(context) + ": world size must be at least 1, got " + std::to_string(world));
+  }
+  if (rank < 0 || rank >= world) {
+    throw config_error(std::string(context) + ": rank " + std::to_string(rank) + " is out of range for world size " +
+                       std::to_string(world) + " (expected 0 <= rank < world size)");
+  }
+}
+
+// The rank variables of env://, from the first launcher whose variables are present.
+inline void read_rank_env(rendezvous_info& info, const env_lookup& env) {
+  constexpr long long big = std::numeric_limits<int>::max();
+  const std::string ctx = "env://";
+  const std::string how =
+      "expected RANK and WORLD_SIZE as torchrun/partrun set them, or Slurm's SLURM_PROCID/SLURM_NTASKS, or Open "
+      "MPI's OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE";
+  auto read = [&](const char* rank, const char* size, const char* local_rank, const char* local_size, const char* source) {
+    info.world_size = require_int(env, size, 1, big, ctx, std::string(size) + " >= 1", how);
+    info.rank = require_int(env, rank, 0, big, ctx, "0 <= " + std::string(rank) + " < " + size, how);
+    check_rank(ctx + " (" + rank + ", " + size + ")", info.rank, info.world_size);
+    info.source = source;
+    auto lr = local_rank ? int_var(env, local_rank, 0, big, ctx, "a non-negative integer") : std::nullopt;
+    auto lws = local_size ? int_var(env, local_size, 1, big, ctx, "a positive integer") : std::nullopt;
+    // Without local variables assume one node (what mp.spawn-style single-node runs mean).
+    info.local_rank = lr.value_or(info.rank);
+    info.local_world_size = lws.value_or(lr ? info.local_rank + 1 : info.world_size);
+    if (lr && !lws) info.local_world_size = std::max(info.local_world_size, info.local_rank + 1);
+  };
+  if (env("RANK") || env("WORLD_SIZE")) {
+    read("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "torchrun");
+  } else if (env("SLURM_PROCID")) {
+    read("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, "slurm");
+    const int node = int_var(env, "SLURM_NODEID", 0, big, ctx, "a non-negative integer").value_or(0);
+    std::optional<int> local;
+    if (auto per = env("SLURM_STEP_TASKS_PER_NODE")) local = slurm_tasks_on_node(*per, node);
+    if (!local) {
+      if (auto per = env("SLURM_TASKS_PER_NODE")) local = slurm_tasks_on_node(*per, node);
+    }
+    if (!local) {
+      if (auto per = env("SLURM_NTASKS_PER_NODE")) local = slurm_tasks_on_node(*per, 0);
+    }
+    if (local) info.local_world_size = *local;
+  } else if (env("OMPI_COMM_WORLD_RANK")) {
+    read("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+         "openmpi");
+  } else if (env("PMI_RANK")) {
+    read("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "pmi");
+  } else {
+    throw config_error(ctx + ": RANK is not set (" + how + ")");
+  }
+  if (info.local_rank >= info.local_world_size) {
+    throw config_error(ctx + ": local rank " + std::to_string(info.local_rank) + " is out of range for local world size " +
+                       std::to_string(info.local_world_size) + " (expected 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE)");
+  }
+}
+
+}  // namespace detail
+
+// Parses url and the environment; connects nothing. Throws config_error naming what is
+// wrong and what was expected.
+[[nodiscard]] inline rendezvous_info parse_rendezvous(std::string_view url, const init_options& opts = {},
+                                                      const env_lookup& env = process_env) {
+  rendezvous_info info;
+  constexpr long long big = std::numeric_limits<int>::max();
+  const auto sep = url.find("://");
+  if (sep == std::string_view::npos) {
+    throw config_error("malformed URL '" + std::string(url) + "' (expected env://, tcp://host:port or file://path)");
+  }
+  info.scheme = std::string(url.substr(0, sep));
+  std::string_view rest = url.substr(sep + 3);
+
+  // Timeout and token: options, then the environment.
+  if (opts.timeout) {
+    if (opts.timeout->count() <= 0) {
+      throw config_error("init_process_group: timeout must be positive, got " + std::to_string(opts.timeout->count()) + " ms");
+    }
+    info.timeout = *opts.timeout;
+  } else if (auto t = detail::int_var(env, "PARTRAIN_TIMEOUT_MS", 1, big, "init_process_group",
+                                      "a positive number of milliseconds")) {
+    info.timeout = std::chrono::milliseconds(*t);
+  }
+  info.token = !opts.token.empty() ? opts.token : env("PARTRAIN_STORE_TOKEN").value_or("");
+  info.bind_address = env("PARTRAIN_STORE_BIND").value_or("");
+  info.agent_store = env("PARTRAIN_USE_AGENT_STORE").value_or("0") == "1";
+  info.restart_count = detail::int_var(env, "PARTRAIN_RESTART_COUNT", 0, big, "init_process_group", "a non-negative integer")
+                           .value_or(0);
+
+  if (info.scheme == "env") {
+    if (!rest.empty()) {
+      throw config_error("malformed URL '" + std::string(url) + "': env:// takes nothing after '//' (the environment says it all)");
+    }
+    detail::read_rank_env(info, env);
+    if (opts.rank >= 0 && opts.rank != info.rank) {
+      throw config_error("env://: options.rank " + std::to_string(opts.rank) + " disagrees with the environment's rank " +
+                         std::to_string(info.rank));
+    }
+    if (opts.world_size >= 0 && opts.world_size != info.world_size) {
+      throw config_error("env://: options.world_size " + std::to_string(opts.world_size) +
+                         " disagrees with the environment's world size " + std::to_string(info.world_size));
+    }
+    auto addr = env("MASTER_ADDR");
+    if (!addr && info.source == "slurm") {
+      if (auto nodes = env("SLURM_STEP_NODELIST") ? env("SLURM_STEP_NODELIST") : env("SLURM_JOB_NODELIST")) {
+        addr = detail::first_slurm_host(*nodes);
+      }
+    }
+    if (!addr || addr->empty()) {
+      throw config_error("env://: MASTER_ADDR is not set (expected the address or host name of the rank 0 host, e.g. "
+                         "MASTER_ADDR=127.0.0.1 on one machine)");
+    }
+    info.master_addr = *addr;
+    auto port = detail::int_var(env, "MASTER_PORT", 0, 65535, "env://", "a port number in 1..65535");
+    if (!port && info.source == "slurm") {
+      // Every rank of the job derives the same port from the job id (torch users usually
+      // compute one this way in their sbatch script).
+      if (auto job = detail::int_var(env, "SLURM_JOB_ID", 0, big, "env://", "an integer")) port = 20000 + *job % 20000;
+    }
+    if (!port) {
+      throw config_error("env://: MASTER_PORT is not set (expected a free TCP port on the master, e.g. MASTER_PORT=29500)");
+    }
+    if (*port == 0 && (info.world_size > 1 || info.agent_store)) {
+      throw config_error("env://: MASTER_PORT=0 only works for a world of one rank (expected 1..65535)");
+    }
+    info.port = static_cast<std::uint16_t>(*port);
+  } else if (info.scheme == "tcp" || info.scheme == "file") {
+    const auto q = rest.find('?');
+    int rank = -1, world = -1;
+    if (q != std::string_view::npos) detail::parse_query(url, rest.substr(q + 1), rank, world);
+    rest = rest.substr(0, q);
+    if (info.scheme == "tcp") {
+      detail::parse_host_port(url, rest, info.master_addr, info.port);
+    } else {
+      if (rest.empty()) {
+        throw config_error("malformed URL '" + std::string(url) + "': empty path (expected file:///path/on/a/shared/filesystem)");
+      }
+      info.path = std::string(rest);
+    }
+    auto pick = [&](int from_opts, int from_url, const char* what) {
+      if (from_opts >= 0 && from_url >= 0 && from_opts != from_url) {
+        throw config_error(info.scheme + "://: options." + what + " " + std::to_string(from_opts) + " disagrees with the URL's " +
+                           std::to_string(from_url));
+      }
+      const int v = from_opts >= 0 ? from_opts : from_url;
+      if (v < 0) {
+        throw config_error(info.scheme + "://: " + what + " is not given (expected init_options::" + what + " or ?" + what +
+                           "=N in the URL)");
+      }
+      return v;
+    };
+    info.world_size = pick(opts.world_size, world, "world_size");
+    info.rank = pick(opts.rank, rank, "rank");
+    detail::check_rank(info.scheme + "://", info.rank, info.world_size);
+    info.source = opts.rank >= 0 ? "options" : "url";
+    info.local_rank = detail::int_var(env, "LOCAL_RANK", 0, big, info.scheme + "://", "a non-negative integer").value_or(info.rank);
+    info.local_world_size =
+        detail::int_var(env, "LOCAL_WORLD_SIZE", 1, big, info.scheme + "://", "a positive integer").value_or(info.world_size);
+    if (info.local_rank >= info.local_world_size) {
+      throw config_error(info.scheme + "://: local rank " + std::to_string(info.local_rank) + " is out of range for local world size " +
+                         std::to_string(info.local_world_size));
+    }
+  } else {
+    throw config_error("malformed URL '" + std::string(url) + "': unknown scheme '" + info.scheme +
+                       "' (expected env://, tcp://host:port or file://path)");
+  }
+  return info;
+}
+
+// The environment's rendezvous (what torchrun, partrun, Slurm or mpirun set).
+[[nodiscard]] inline rendezvous_info rendezvous_from_env(const init_options& opts = {}) {
+  return parse_rendezvous("env://", opts, process_env);
+}
+
+// Creates info.store: rank 0 hosts the TCP server (unless a launcher's agent does), the
+// others connect to it with retries until the timeout; or opens the file store.
+inline void connect_store(rendezvous_info& info) {
+  const std::string who = "rank " + std::to_string(info.rank);
+  if (info.scheme == "file") {
+    info.store = std::make_shared<file_store>(info.path, info.timeout, who);
+  } else {
+    tcp_store_options o;
+    o.host = info.master_addr;
+    o.port = info.port;
+    o.is_server = info.rank == 0 && !info.agent_store;
+    o.bind_address = info.bind_address;
+    o.token = info.token;
+    o.timeout = info.timeout;
+    o.who = who;
+    auto s = std::make_shared<tcp_store>(o);
+    info.port = s->port();
+    info.store = std::move(s);
+  }
+  if (info.agent_store) {
+    info.store = std::make_shared<prefix_store>("/worker/attempt_" + std::to_string(info.restart_count), info.store);
+  }
+}
+
+// parse_rendezvous + connect_store.
+[[nodiscard]] inline rendezvous_info rendezvous(std::string_view url, const init_options& opts = {},
+                                                const env_lookup& env = process_env) {
+  auto info = parse_rendezvous(url, opts, env);
+  connect_store(info);
+  return info;
+}
+
+// Builds the backend's group on an already connected rendezvous.
+[[nodiscard]] inline std::unique_ptr<process_group> make_process_group(const rendezvous_info& info, const init_options& opts = {}) {
+  if (!info.store) throw invalid_argument_error("make_process_group: the rendezvous has no store (call connect_store first)");
+  std::string backend = opts.backend;
+  if (backend.empty()) backend = opts.device && opts.device->is_cuda() ? "nccl" : "gloo";
+  process_group_options po;
+  po.timeout = info.timeout;
+  po.check_collectives = opts.check_collectives;
+  if (backend == "gloo") {
+#if PARTRAIN_INIT_HAS_GLOO
+    return std::make_unique<gloo_group>(info.store, info.rank, info.world_size, po);
+#else
+    throw config_error("backend 'gloo' is not compiled in: install Debian libgloo-dev and link partrain::gloo "
+                       "(which defines PARTRAIN_WITH_GLOO)");
+#endif
+  }
+  if (backend == "nccl") {
+#if PARTRAIN_INIT_HAS_NCCL
+    const partrain::device dev = opts.device.value_or(partrain::device::cuda(info.local_rank));
+    if (!dev.is_cuda()) throw config_error("backend 'nccl' needs a cuda device, got " + dev.to_string());
+    return std::make_unique<nccl_group>(info.store, info.rank, info.world_size, dev, po);
+#else
+    throw config_error("backend 'nccl' is not compiled in: it needs CUDA and NCCL; link partrain::nccl "
+                       "(which defines PARTRAIN_WITH_NCCL)");
+#endif
+  }
+  throw config_error("unknown backend '" + backend + "' (expected 'gloo' or 'nccl')");
+}
+
+namespace detail {
+
+// The store dies with init_process_group's rendezvous_info; when rank 0 hosts it, rank 0 must
+// not close it while a peer may still be using it. Each other rank reports that it is done with
+// the store (its last store call), and rank 0 leaves only after all have.
+inline void release_store_host(const rendezvous_info& info) {
+  if (info.world_size == 1 || info.agent_store || info.scheme == "file") return;
+  if (info.rank != 0) {
+    if (info.store->add("partrain/init/done", 1) == info.world_size - 1) info.store->set("partrain/init/all_done", "1");
+    return;
+  }
+  try {
+    info.store->wait({"partrain/init/all_done"}, info.timeout);
+  } catch (const timeout_error&) {
+    throw timeout_error("rank 0 init_process_group: not every rank finished initialising within " +
+                        std::to_string(info.timeout.count()) + " ms (" +
+                        std::to_string(info.store->add("partrain/init/done", 0)) + " of " +
+                        std::to_string(info.world_size - 1) + " other ranks did)");
+  }
+}
+
+}  // namespace detail
+
+// torch.distributed.init_process_group: rendezvous on url, then the backend's group. The
+// store is not kept; to build more groups on it, use rendezvous() + make_process_group()
+// and keep rendezvous_info::store alive (on rank 0, until every rank is done with it).
+[[nodiscard]] inline std::unique_ptr<process_group> init_process_group(std::string_view url = "env://",
+                                                                       const init_options& opts = {}) {
+  // Check the backend name before anyone binds a port or waits on a peer.
+  if (!opts.backend.empty() && opts.backend != "gloo" && opts.backend != "nccl") {
+    throw config_error("unknown backend '" + opts.backend + "' (expected 'gloo' or 'nccl')");
+  }
+  auto info = rendezvous(url, opts);
+  auto group = make_process_group(info, opts);
+  detail::release_store_host(info);
+  return group;
+}
+
+}  // namespace partrain::inline v0

@@ -1,0 +1,460 @@
+// partrain/comm/nccl.hpp: the NCCL backend, one rank per GPU (link partrain::nccl).
+//
+// - Rendezvous: rank 0 makes the ncclUniqueId and publishes it through the store; the others
+//   read it with the group's timeout. The communicator is created non-blocking, so even its
+//   initialisation is bounded by the timeout.
+// - Asynchrony: collectives are queued on the group's own stream, after an event that orders them
+//   behind the input stream (the legacy default stream unless set_input_stream says otherwise).
+//   A completion event is recorded after each; the returned work completes when the GPU has
+//   finished it, not when the host has queued it.
+// - Watchdog: NCCL has no per-collective timeout. One thread per group polls the completion
+//   events and ncclCommGetAsyncError; an operation past the timeout, or an asynchronous NCCL
+//   error, aborts the communicator (ncclCommAbort) and fails every pending work with an error
+//   naming the rank and the operation. Later calls fail at once: make a new group to go on.
+// - Point to point: NCCL matches send/recv per peer in issue order; the tag is not used.
+#pragma once
+
+#include <partrain/config.hpp>
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/comm/nccl.hpp needs the CUDA runtime and NCCL: link partrain::nccl"
+#endif
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <partrain/comm/process_group.hpp>
+#include <partrain/comm/store.hpp>
+#include <partrain/comm/work.hpp>
+#include <partrain/core/device.hpp>
+#include <partrain/core/error.hpp>
+#include <partrain/cuda/check.hpp>
+#include <partrain/cuda/device_buffer.hpp>
+#include <partrain/cuda/device_guard.hpp>
+#include <partrain/cuda/event.hpp>
+#include <partrain/cuda/stream.hpp>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+[[nodiscard]] inline ncclDataType_t to_nccl(dtype t) {
+  switch (t) {
+    case dtype::float32: return ncclFloat32;
+    case dtype::float64: return ncclFloat64;
+    case dtype::int32: return ncclInt32;
+    case dtype::int64: return ncclInt64;
+    case dtype::uint8: return ncclUint8;
+    case dtype::float16: return ncclFloat16;
+    case dtype::bfloat16: return ncclBfloat16;
+  }
+  throw invalid_argument_error("nccl: dtype " + std::to_string(static_cast<int>(t)) + " has no NCCL type");
+}
+
+[[nodiscard]] inline ncclRedOp_t to_nccl(reduce_op op) {
+  switch (op) {
+    case reduce_op::sum: return ncclSum;
+    case reduce_op::avg: return ncclAvg;  // NCCL divides by the world size itself
+    case reduce_op::min: return ncclMin;
+    case reduce_op::max: return ncclMax;
+    case reduce_op::prod: return ncclProd;
+  }
+  throw invalid_argument_error("nccl: reduce_op " + std::to_string(static_cast<int>(op)) + " has no NCCL operator");
+}
+
+[[nodiscard]] inline std::string nccl_failure(ncclResult_t rc, ncclComm_t comm) {
+  std::string s = std::string(ncclGetErrorString(rc));
+  if (comm) {
+    const char* last = ncclGetLastError(comm);
+    if (last && *last) s += " (" + std::string(last) + ")";
+  }
+  return s;
+}
+
+// An owned NCCL communicator. Destroyed cleanly (finalize, then destroy) when healthy, aborted
+// when it failed or finalizing does not finish in time.
+class nccl_comm {
+ public:
+  nccl_comm() = default;
+  explicit nccl_comm(ncclComm_t c) noexcept : comm_(c) {}
+  nccl_comm(nccl_comm&& o) noexcept : comm_(std::exchange(o.comm_, nullptr)) {}
+  nccl_comm& operator=(nccl_comm&& o) noexcept {
+    if (this != &o) {
+      abort();
+      comm_ = std::exchange(o.comm_, nullptr);
+    }
+    return *this;
+  }
+  nccl_comm(const nccl_comm&) = delete;
+  nccl_comm& operator=(const nccl_comm&) = delete;
+  ~nccl_comm() { abort(); }
+
+  [[nodiscard]] ncclComm_t get() const noexcept { return comm_; }
+  [[nodiscard]] explicit operator bool() const noexcept { return comm_ != nullptr; }
+
+  // Ends in-flight kernels and frees the communicator; safe from another thread (the watchdog).
+  void abort() noexcept {
+    if (comm_) (void)ncclCommAbort(std::exchange(comm_, nullptr));
+  }
+  // Flushes outstanding work, then destroys; aborts instead if that fails or passes the deadline.
+  void close(std::chrono::steady_clock::time_point deadline) noexcept {
+    if (!comm_) return;
+    const ncclResult_t rc = ncclCommFinalize(comm_);
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+      abort();
+      return;
+    }
+    ncclResult_t st = ncclInProgress;
+    while (st == ncclInProgress) {
+      if (ncclCommGetAsyncError(comm_, &st) != ncclSuccess || std::chrono::steady_clock::now() > deadline) {
+        abort();
+        return;
+      }
+      if (st == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    if (st != ncclSuccess) {
+      abort();
+      return;
+    }
+    (void)ncclCommDestroy(std::exchange(comm_, nullptr));
+  }
+
+ private:
+  ncclComm_t comm_ = nullptr;
+};
+
+}  // namespace detail
+
+class nccl_group final : public process_group {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  nccl_group(std::shared_ptr<store> s, int rank, int size, device dev, process_group_options opts = {})
+      : process_group(rank, size, opts),
+        store_(std::move(s)),
+        device_(checked_device(dev, rank)),
+        stream_(device_.index),
+        input_ready_(event_on(device_.index)) {
+    if (!store_) throw config_error("nccl_group (rank " + std::to_string(rank) + "): the store is null");
+    cuda_device_guard guard(device_.index);
+    comm_ = make_comm();
+    scratch_ = device_buffer<float>(1, device_.index);
+    watchdog_ = std::jthread([this](std::stop_token st) { watch(st); });
+  }
+  nccl_group(const nccl_group&) = delete;
+  nccl_group& operator=(const nccl_group&) = delete;
+
+  ~nccl_group() override {
+    {
+      // Pending work finishes or is failed by the watchdog within the timeout.
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [&] { return pending_.empty(); });
+    }
+    watchdog_.request_stop();
+    cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    std::lock_guard lock(mutex_);
+    comm_.close(clock::now() + timeout());
+  }
+
+  [[nodiscard]] std::string_view backend() const noexcept override { return "nccl"; }
+  [[nodiscard]] bool accepts(device_kind k) const noexcept override { return k == device_kind::cuda; }
+  [[nodiscard]] const partrain::device& device() const noexcept { return device_; }
+  // The stream the collectives run on: a consumer of their results may wait on it.
+  [[nodiscard]] cudaStream_t stream() const noexcept { return stream_.get(); }
+  // Collectives start after the work queued so far on this stream (where the inputs are made).
+  void set_input_stream(cudaStream_t s) {
+    std::lock_guard lock(mutex_);
+    input_stream_ = s;
+  }
+  // Aborts the communicator now; pending and later operations fail naming `why`.
+  void abort(const std::string& why) { fail_all(why, false); }
+
+ protected:
+  work do_all_reduce(raw_tensor t, reduce_op op) override {
+    return issue(collective::all_reduce, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclAllReduce(t.data, t.data, t.count, detail::to_nccl(t.type), detail::to_nccl(op), c, s);
+    });
+  }
+  work do_broadcast(raw_tensor t, int root) override {
+    return issue(collective::broadcast, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclBroadcast(t.data, t.data, t.count, detail::to_nccl(t.type), root, c, s);
+    });
+  }
+  work do_reduce(raw_tensor t, int root, reduce_op op) override {
+    return issue(collective::reduce, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclReduce(t.data, t.data, t.count, detail::to_nccl(t.type), detail::to_nccl(op), root, c, s);
+    });
+  }
+  work do_all_gather(raw_tensor in, raw_tensor out) override {
+    return issue(collective::all_gather, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclAllGather(in.data, out.data, in.count, detail::to_nccl(in.type), c, s);
+    });
+  }
+  work do_reduce_scatter(raw_tensor in, raw_tensor out, reduce_op op) override {
+    return issue(collective::reduce_scatter, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclReduceScatter(in.data, out.data, out.count, detail::to_nccl(out.type), detail::to_nccl(op), c, s);
+    });
+  }
+  // NCCL has no barrier: an all_reduce of one float, as torch does.
+  work do_barrier() override {
+    return issue(collective::barrier, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclAllReduce(scratch_.data(), scratch_.data(), 1, ncclFloat32, ncclSum, c, s);
+    });
+  }
+  work do_send(raw_tensor t, int dst, int /*tag: NCCL matches per peer in order*/) override {
+    return issue(collective::send, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclSend(t.data, t.count, detail::to_nccl(t.type), dst, c, s);
+    });
+  }
+  work do_recv(raw_tensor t, int src, int /*tag*/) override {
+    return issue(collective::recv, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclRecv(t.data, t.count, detail::to_nccl(t.type), src, c, s);
+    });
+  }
+
+  // Checking mode: the fingerprints travel through device memory (NCCL takes no host buffers).
+  std::vector<std::int64_t> gather_fingerprints(std::span<const std::int64_t> mine) override {
+    const std::size_t n = mine.size();
+    std::vector<std::int64_t> all(n * static_cast<std::size_t>(size()));
+    device_buffer<std::int64_t> in(n, device_.index);
+    device_buffer<std::int64_t> out(all.size(), device_.index);
+    in.copy_from(tensor_view<const std::int64_t>(mine.data(), n), stream_.get());
+    work w = issue(collective::all_gather, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclAllGather(in.data(), out.data(), n, ncclInt64, c, s);
+    });
+    w.wait();
+    out.copy_to(tensor_view<std::int64_t>(all), stream_.get());
+    stream_.synchronize();
+    return all;
+  }
+
+ private:
+  struct pending_op {
+    cuda_event done;
+    std::shared_ptr<detail::work_state> state;
+    collective op;
+    clock::time_point deadline;
+  };
+
+  [[nodiscard]] static partrain::device checked_device(partrain::device dev, int rank) {
+    if (!dev.is_cuda()) {
+      throw config_error("nccl_group (rank " + std::to_string(rank) + "): device " + dev.to_string() +
+                         " is not a CUDA device (expected cuda:N, one GPU per rank)");
+    }
+    const int devices = cuda_device_count();
+    if (dev.index < 0 || dev.index >= devices) {
+      throw config_error("nccl_group (rank " + std::to_string(rank) + "): device " + dev.to_string() +
+                         " does not exist (this process sees " + std::to_string(devices) + " CUDA devices)");
+    }
+    return dev;
+  }
+  // Events belong to the device current when they are made.
+  [[nodiscard]] static cuda_event event_on(int device_index) {
+    cuda_device_guard guard(device_index);
+    return cuda_event();
+  }
+
+  [[nodiscard]] detail::nccl_comm make_comm() {
+    // Each rank counts the groups it made on this store; every rank makes them in the same order,
+    // so the n-th group of each rank meets under the n-th key (threads or processes alike).
+    const std::int64_t n = store_->add("partrain/nccl/groups_made_by_rank_" + std::to_string(rank()), 1);
+    const std::string key = "partrain/nccl/" + std::to_string(n) + "/unique_id";
+    ncclUniqueId id{};
+    if (rank() == 0) {
+      const ncclResult_t rc = ncclGetUniqueId(&id);
+      if (rc != ncclSuccess) {
+        throw communication_error("rank 0 nccl init: ncclGetUniqueId failed: " + detail::nccl_failure(rc, nullptr));
+      }
+      store_->set(key, std::span(reinterpret_cast<const std::byte*>(&id), sizeof(id)));
+    } else {
+      std::vector<std::byte> bytes;
+      try {
+        bytes = store_->get(key, timeout());
+      } catch (const timeout_error& e) {
+        throw timeout_error("rank " + std::to_string(rank()) + " nccl init: rank 0's unique id ('" + key +
+                            "') did not arrive within " + std::to_string(timeout().count()) + " ms: " + e.what());
+      }
+      if (bytes.size() != sizeof(id)) {
+        throw communication_error("rank " + std::to_string(rank()) + " nccl init: the unique id under '" + key +
+                                  "' has " + std::to_string(bytes.size()) + " bytes, expected " +
+                                  std::to_string(sizeof(id)));
+      }
+      std::memcpy(&id, bytes.data(), sizeof(id));
+    }
+
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // so the wait below, not NCCL, decides how long init may take
+    ncclComm_t raw = nullptr;
+    const ncclResult_t rc = ncclCommInitRankConfig(&raw, size(), id, rank(), &config);
+    detail::nccl_comm comm(raw);
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+      throw communication_error("rank " + std::to_string(rank()) + " nccl init: ncclCommInitRankConfig failed: " +
+                                detail::nccl_failure(rc, raw));
+    }
+    wait_ready(comm.get(), clock::now() + timeout(), "nccl init (ncclCommInitRankConfig)");
+    return comm;
+  }
+
+  // A non-blocking communicator answers ncclInProgress until the call has been taken in.
+  void wait_ready(ncclComm_t comm, clock::time_point deadline, std::string_view what) {
+    for (;;) {
+      ncclResult_t st = ncclSuccess;
+      const ncclResult_t rc = ncclCommGetAsyncError(comm, &st);
+      if (rc != ncclSuccess) st = rc;
+      if (st == ncclSuccess) return;
+      if (st != ncclInProgress) {
+        throw communication_error("rank " + std::to_string(rank()) + " " + std::string(what) + ": " +
+                                  detail::nccl_failure(st, comm));
+      }
+      if (clock::now() > deadline) {
+        throw timeout_error("rank " + std::to_string(rank()) + " " + std::string(what) + ": not done after " +
+                            std::to_string(timeout().count()) + " ms (are all " + std::to_string(size()) +
+                            " ranks running, one GPU each?)");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+  template <class Launch>
+  work issue(collective c, Launch&& launch) {
+    std::unique_lock lock(mutex_);
+    if (!failure_.empty()) throw communication_error(where(c) + ": the NCCL communicator was aborted: " + failure_);
+    cuda_device_guard guard(device_.index);
+    input_ready_.record(input_stream_);
+    input_ready_.block(stream_.get());
+    const ncclResult_t rc = launch(comm_.get(), stream_.get());
+    if (rc == ncclInProgress) {
+      try {
+        wait_ready(comm_.get(), clock::now() + timeout(), where(c));
+      } catch (const error& e) {
+        lock.unlock();
+        fail_all(e.what(), true);
+        throw;
+      }
+    } else if (rc != ncclSuccess) {
+      const std::string why = where(c) + ": " + detail::nccl_failure(rc, comm_.get());
+      lock.unlock();
+      fail_all(why, true);
+      throw communication_error(why);
+    }
+    pending_op p{cuda_event(), std::make_shared<detail::work_state>(), c, clock::now() + timeout()};
+    p.done.record(stream_.get());
+    work w(p.state);
+    pending_.push_back(std::move(p));
+    lock.unlock();
+    cv_.notify_all();
+    return w;
+  }
+
+  // Aborts the communicator and fails every pending work; from_error: an NCCL call failed.
+  void fail_all(const std::string& why, bool from_error) {
+    std::deque<pending_op> failed;
+    {
+      std::lock_guard lock(mutex_);
+      if (failure_.empty()) failure_ = why;
+      comm_.abort();
+      failed.swap(pending_);
+    }
+    cv_.notify_all();
+    for (auto& p : failed) {
+      const std::string msg = where(p.op) + ": " + (from_error ? "failed: " : "aborted: ") + why;
+      p.state->complete(std::make_exception_ptr(communication_error(msg)));
+    }
+  }
+
+  void watch(std::stop_token st) {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, st, [&] { return !pending_.empty(); });
+      if (pending_.empty()) {
+        if (st.stop_requested()) return;
+        continue;
+      }
+      pending_op& front = pending_.front();
+      bool ready = false;
+      std::string failure;
+      bool timed_out = false;
+      try {
+        ready = front.done.query();
+      } catch (const error& e) {
+        failure = where(front.op) + ": the GPU work failed: " + e.what();
+      }
+      if (!ready && failure.empty() && comm_) {
+        ncclResult_t async = ncclSuccess;
+        if (ncclCommGetAsyncError(comm_.get(), &async) == ncclSuccess && async != ncclSuccess &&
+            async != ncclInProgress) {
+          failure = where(front.op) + ": NCCL reported an asynchronous error: " +
+                    detail::nccl_failure(async, comm_.get());
+        }
+      }
+      if (!ready && failure.empty() && clock::now() > front.deadline) {
+        timed_out = true;
+        failure = where(front.op) + ": not finished after " + std::to_string(timeout().count()) +
+                  " ms (a peer is missing, dead or stalled); the NCCL communicator was aborted";
+      }
+      if (ready) {
+        auto state = std::move(front.state);
+        pending_.pop_front();
+        lock.unlock();
+        cv_.notify_all();
+        state->complete();
+        lock.lock();
+        continue;
+      }
+      if (!failure.empty()) {
+        if (failure_.empty()) failure_ = failure;
+        comm_.abort();
+        std::deque<pending_op> failed;
+        failed.swap(pending_);
+        lock.unlock();
+        cv_.notify_all();
+        bool first = true;
+        for (auto& p : failed) {
+          const std::string msg = first ? failure : where(p.op) + ": aborted after an earlier failure: " + failure;
+          first = false;
+          p.state->complete(timed_out ? std::make_exception_ptr(timeout_error(msg))
+                                      : std::make_exception_ptr(communication_error(msg)));
+        }
+        lock.lock();
+        continue;
+      }
+      // GPU work in flight: poll again shortly (events have no host callback we could wait on).
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      lock.lock();
+    }
+  }
+
+  std::shared_ptr<store> store_;
+  partrain::device device_;
+  cuda_stream stream_;
+  cuda_event input_ready_;
+  cudaStream_t input_stream_ = cudaStreamLegacy;
+  detail::nccl_comm comm_;
+  device_buffer<float> scratch_;
+
+  std::mutex mutex_;
+  std::condition_variable_any cv_;
+  std::deque<pending_op> pending_;
+  std::string failure_;
+  std::jthread watchdog_;
+};
+
+}  // namespace partrain::inline v0

@@ -1,0 +1,594 @@
+// partrain/comm/tcp_store.hpp: the TCP rendezvous store (torch's TCPStore). One process hosts
+// the server (rank 0, or the launcher's agent) on a background thread; every rank, the host
+// included, talks to it as a client. Every call has a deadline, a server with a job token
+// refuses peers that do not present it, and a malformed or oversized message closes only
+// that connection.
+#pragma once
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <partrain/comm/detail/socket.hpp>
+#include <partrain/comm/detail/store_protocol.hpp>
+#include <partrain/comm/store.hpp>
+#include <partrain/core/error.hpp>
+
+namespace partrain::inline v0 {
+
+struct tcp_store_server_options {
+  // Address to bind. Loopback by default: reaching the store from other hosts is opt-in.
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 0;  // 0 = a free port, chosen by the kernel (read it with port())
+  // When set, a connection's first message must be auth with this token, or it is closed.
+  std::string token{};
+  std::size_t max_message_bytes = detail::default_max_store_message;
+  // A connection that has not presented the token by then is closed (token servers only), so
+  // idle strangers cannot hold the server's descriptors.
+  std::chrono::milliseconds auth_timeout{10'000};
+};
+
+// The server alone: the launcher hosts one without being a client itself.
+class tcp_store_server {
+ public:
+  explicit tcp_store_server(tcp_store_server_options opts = {})
+      : opts_(std::move(opts)), listener_(detail::listen_tcp(opts_.host, opts_.port)) {
+    port_ = detail::local_port(listener_.get());
+    detail::set_nonblocking(listener_.get(), true);
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) throw communication_error("pipe2 failed: " + detail::errno_text(errno));
+    wake_read_.reset(p[0]);
+    wake_write_.reset(p[1]);
+    thread_ = std::jthread([this](std::stop_token st) { run(st); });
+  }
+  tcp_store_server(const tcp_store_server&) = delete;
+  tcp_store_server& operator=(const tcp_store_server&) = delete;
+  ~tcp_store_server() {
+    thread_.request_stop();
+    const char b = 1;
+    [[maybe_unused]] auto n = ::write(wake_write_.get(), &b, 1);
+    thread_.join();
+  }
+
+  [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
+  [[nodiscard]] const std::string& host() const noexcept { return opts_.host; }
+  // Connections closed for a protocol error or a missing/wrong token (for tests and logs).
+  [[nodiscard]] std::size_t rejected_connections() const {
+    std::lock_guard lock(stats_mutex_);
+    return rejected_;
+  }
+
+ private:
+  struct connection {
+    detail::unique_fd fd;
+    std::vector<std::byte> in;
+    std::vector<std::byte> out;
+    std::size_t out_sent = 0;
+    bool authed = false;
+    bool closing = false;  // close once out is flushed
+    bool blocked = false;  // a get/wait is pending; later frames wait their turn
+    detail::deadline_clock::time_point auth_deadline{};
+  };
+  struct waiter {
+    int conn = 0;
+    detail::store_request req;
+    detail::deadline_clock::time_point deadline;
+  };
+
+  void run(std::stop_token st) {
+    std::vector<pollfd> fds;
+    std::vector<int> ids;
+    while (!st.stop_requested()) {
+      fds.clear();
+      ids.clear();
+      fds.push_back({wake_read_.get(), POLLIN, 0});
+      // After EMFILE the pending connection keeps the listener readable: pause accepting a
+      // little instead of spinning.
+      const bool accepting = detail::deadline_clock::now() >= accept_paused_until_;
+      fds.push_back({listener_.get(), static_cast<short>(accepting ? POLLIN : 0), 0});
+      for (auto& [id, c] : conns_) {
+        // A connection whose get/wait is pending is not read past one more frame.
+        const bool full = c.blocked && c.in.size() > limit(c) + detail::frame_header_bytes;
+        short ev = c.closing || full ? 0 : POLLIN;
+        if (c.out_sent < c.out.size()) ev |= POLLOUT;
+        fds.push_back({c.fd.get(), ev, 0});
+        ids.push_back(id);
+      }
+      int timeout_ms = -1;
+      auto next = detail::deadline_clock::time_point::max();
+      for (const auto& w : waiters_) next = std::min(next, w.deadline);
+      for (const auto& [id, c] : conns_) {
+        if (!c.authed) next = std::min(next, c.auth_deadline);
+      }
+      if (!accepting) next = std::min(next, accept_paused_until_);
+      if (next != detail::deadline_clock::time_point::max()) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(next - detail::deadline_clock::now()).count();
+        timeout_ms = static_cast<int>(std::clamp<long long>(left, 0, 60'000));
+      }
+      const int rc = ::poll(fds.data(), fds.size(), timeout_ms);
+      if (rc < 0 && errno != EINTR) return;  // nothing sensible left to do; clients see EOF
+      if (rc > 0) {
+        if (fds[1].revents & POLLIN) accept_all();
+        for (std::size_t i = 2; i < fds.size(); ++i) {
+          if (fds[i].revents == 0) continue;
+          auto it = conns_.find(ids[i - 2]);
+          if (it == conns_.end()) continue;
+          if (fds[i].revents & (POLLIN | POLLERR | POLLHUP)) on_readable(it->first);
+          if (auto jt = conns_.find(ids[i - 2]); jt != conns_.end() && (fds[i].revents & POLLOUT)) flush(jt->first);
+        }
+      }
+      resume_waiters();
+      expire_waiters();
+      resume_waiters();
+      drop_unauthenticated();
+    }
+  }
+
+  void accept_all() {
+    for (;;) {
+      const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          accept_paused_until_ = detail::deadline_clock::now() + std::chrono::milliseconds(100);
+        }
+        return;  // EAGAIN: all accepted
+      }
+      const int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      connection c;
+      c.fd.reset(fd);
+      c.authed = opts_.token.empty();
+      c.auth_deadline = detail::deadline_clock::now() + opts_.auth_timeout;
+      conns_.emplace(next_id_++, std::move(c));
+    }
+  }
+
+  void on_readable(int id) {
+    auto& c = conns_.at(id);
+    std::byte chunk[65536];
+    for (;;) {
+      const ssize_t n = ::recv(c.fd.get(), chunk, sizeof chunk, 0);
+      if (n > 0) {
+        c.in.insert(c.in.end(), chunk, chunk + n);
+        // Check the announced size as soon as the header is there, before buffering a body.
+        if (detail::peek_frame(c.in, limit(c)).status == detail::frame_status::oversized) break;
+        if (c.blocked && c.in.size() > limit(c) + detail::frame_header_bytes) break;
+        if (static_cast<std::size_t>(n) < sizeof chunk) break;
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      // EOF or error: what was sent before still counts, then the peer is gone.
+      process(id);
+      drop(id);
+      return;
+    }
+    process(id);
+  }
+
+  [[nodiscard]] std::size_t limit(const connection& c) const noexcept {
+    return c.authed ? opts_.max_message_bytes : std::min(opts_.max_message_bytes, detail::max_unauthenticated_message);
+  }
+
+  // Handles the complete frames buffered on a connection, in order.
+  void process(int id) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    auto& c = it->second;
+    std::size_t used = 0;
+    while (!c.blocked && !c.closing) {
+      const auto rest = std::span<const std::byte>(c.in).subspan(used);
+      const auto f = detail::peek_frame(rest, limit(c));
+      if (f.status == detail::frame_status::incomplete) break;
+      if (f.status == detail::frame_status::oversized) {
+        reject(c, "message of " + std::to_string(f.payload_bytes) + " bytes exceeds the limit of " +
+                      std::to_string(limit(c)) + " bytes" + (c.authed ? "" : " before authentication"));
+        break;
+      }
+      const auto payload = rest.subspan(detail::frame_header_bytes, f.payload_bytes);
+      used += detail::frame_header_bytes + f.payload_bytes;
+      auto parsed = detail::parse_request(payload);
+      if (auto* err = std::get_if<detail::protocol_error>(&parsed)) {
+        reject(c, "protocol error: " + err->what);
+        break;
+      }
+      handle(id, c, std::get<detail::store_request>(std::move(parsed)));
+    }
+    if (c.closing) {
+      c.in.clear();  // nothing after a rejected message is read
+    } else {
+      c.in.erase(c.in.begin(), c.in.begin() + static_cast<std::ptrdiff_t>(used));
+    }
+    flush(id);
+  }
+
+  void reject(connection& c, const std::string& why) {
+    reply(c, detail::store_response{.type = detail::response_type::error, .message = why});
+    c.closing = true;
+    std::lock_guard lock(stats_mutex_);
+    ++rejected_;
+  }
+
+  void reply(connection& c, const detail::store_response& r) {
+    auto frame = detail::encode(r);
+    c.out.insert(c.out.end(), frame.begin(), frame.end());
+  }
+
+  void handle(int id, connection& c, detail::store_request req) {
+    using detail::request_type;
+    using detail::response_type;
+    if (!c.authed) {
+      if (req.type == request_type::auth && detail::constant_time_equal(req.key, opts_.token)) {
+        c.authed = true;
+        reply(c, {.type = response_type::ok});
+      } else {
+        reject(c, req.type == request_type::auth ? "unauthorized: wrong job token"
+                                                 : "unauthorized: this store requires the job token first");
+      }
+      return;
+    }
+    switch (req.type) {
+      case request_type::auth: reply(c, {.type = response_type::ok}); break;
+      case request_type::set:
+        data_[req.key] = std::move(req.value);
+        reply(c, {.type = response_type::ok});
+        wake_waiters();
+        break;
+      case request_type::add: {
+        std::int64_t cur = 0;
+        if (auto f = data_.find(req.key); f != data_.end()) {
+          const auto* p = reinterpret_cast<const char*>(f->second.data());
+          auto [end, ec] = std::from_chars(p, p + f->second.size(), cur);
+          if (ec != std::errc{} || end != p + f->second.size()) {
+            reply(c, {.type = response_type::error, .message = "add('" + req.key + "'): the key holds a non-integer value"});
+            break;
+          }
+        }
+        std::int64_t next = 0;
+        if (__builtin_add_overflow(cur, req.number, &next)) {
+          reply(c, {.type = response_type::error, .message = "add('" + req.key + "'): int64 overflow"});
+          break;
+        }
+        const std::string s = std::to_string(next);  // decimal text, as torch's TCPStore keeps it
+        const auto* b = reinterpret_cast<const std::byte*>(s.data());
+        data_[req.key].assign(b, b + s.size());
+        reply(c, {.type = response_type::integer, .number = next});
+        wake_waiters();
+        break;
+      }
+      case request_type::get:
+      case request_type::wait:
+        if (satisfied(req)) {
+          answer(c, req);
+        } else if (req.number == 0) {
+          reply(c, {.type = response_type::timeout, .keys = missing(req)});
+        } else {
+          c.blocked = true;
+          const auto deadline = detail::deadline_clock::now() + std::chrono::milliseconds(req.number);
+          waiters_.push_back({id, std::move(req), deadline});
+        }
+        break;
+      case request_type::check:
+        reply(c, {.type = response_type::boolean, .number = satisfied(req) ? 1 : 0});
+        break;
+      case request_type::delete_key:
+        reply(c, {.type = response_type::boolean, .number = data_.erase(req.key) ? 1 : 0});
+        break;
+      case request_type::num_keys:
+        reply(c, {.type = response_type::integer, .number = static_cast<std::int64_t>(data_.size())});
+        break;
+    }
+  }
+
+  [[nodiscard]] bool satisfied(const detail::store_request& r) const {
+    if (r.type == detail::request_type::get) return data_.contains(r.key);
+    return std::ranges::all_of(r.keys, [&](const std::string& k) { return data_.contains(k); });
+  }
+  [[nodiscard]] std::vector<std::string> missing(const detail::store_request& r) const {
+    if (r.type == detail::request_type::get) return {r.key};
+    std::vector<std::string> m;
+    for (const auto& k : r.keys) {
+      if (!data_.contains(k)) m.push_back(k);
+    }
+    return m;
+  }
+  void answer(connection& c, const detail::store_request& r) {
+    if (r.type == detail::request_type::get) {
+      reply(c, {.type = detail::response_type::value, .value = data_.at(r.key)});
+    } else {
+      reply(c, {.type = detail::response_type::ok});
+    }
+  }
+
+  // Answers the waiters whose keys now exist; their connections may then go on.
+  void wake_waiters() {
+    std::erase_if(waiters_, [&](waiter& w) {
+      if (!satisfied(w.req)) return false;
+      auto& c = conns_.at(w.conn);
+      answer(c, w.req);
+      c.blocked = false;
+      resumed_.push_back(w.conn);
+      return true;
+    });
+  }
+
+  void expire_waiters() {
+    const auto now = detail::deadline_clock::now();
+    std::erase_if(waiters_, [&](waiter& w) {
+      if (w.deadline > now) return false;
+      auto& c = conns_.at(w.conn);
+      reply(c, {.type = detail::response_type::timeout, .keys = missing(w.req)});
+      c.blocked = false;
+      resumed_.push_back(w.conn);
+      return true;
+    });
+  }
+
+  // Connections whose get/wait was answered: send the reply, then go on with their next frames.
+  // Done from the loop rather than recursively, so a chain of waiters cannot deepen the stack.
+  void resume_waiters() {
+    while (!resumed_.empty()) {
+      const int id = resumed_.back();
+      resumed_.pop_back();
+      process(id);
+    }
+  }
+
+  void drop_unauthenticated() {
+    const auto now = detail::deadline_clock::now();
+    std::vector<int> late;
+    for (const auto& [id, c] : conns_) {
+      if (!c.authed && !c.closing && c.auth_deadline <= now) late.push_back(id);
+    }
+    for (int id : late) {
+      {
+        std::lock_guard lock(stats_mutex_);
+        ++rejected_;
+      }
+      drop(id);
+    }
+  }
+
+  void flush(int id) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    auto& c = it->second;
+    while (c.out_sent < c.out.size()) {
+      const ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_sent, c.out.size() - c.out_sent, MSG_NOSIGNAL);
+      if (n > 0) {
+        c.out_sent += static_cast<std::size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        // A peer that stops reading cannot make the server hold unbounded replies.
+        if (c.out.size() - c.out_sent > 2 * opts_.max_message_bytes + 1024) drop(id);
+        return;
+      }
+      drop(id);
+      return;
+    }
+    c.out.clear();
+    c.out_sent = 0;
+    if (c.closing) drop(id);
+  }
+
+  void drop(int id) {
+    std::erase_if(waiters_, [&](const waiter& w) { return w.conn == id; });
+    conns_.erase(id);
+  }
+
+  tcp_store_server_options opts_;
+  detail::unique_fd listener_;
+  detail::unique_fd wake_read_, wake_write_;
+  std::uint16_t port_ = 0;
+  // Touched only by the server thread.
+  std::map<int, connection> conns_;
+  std::unordered_map<std::string, std::vector<std::byte>> data_;
+  std::vector<waiter> waiters_;
+  std::vector<int> resumed_;
+  detail::deadline_clock::time_point accept_paused_until_{};
+  int next_id_ = 0;
+  mutable std::mutex stats_mutex_;
+  std::size_t rejected_ = 0;
+  std::jthread thread_;  // last: started after, and joined before, everything above
+};
+
+struct tcp_store_options {
+  // Where the server is (clients) or what it binds (the host, unless bind_address is set).
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 0;  // the host may pass 0 for a free port; read it back with port()
+  bool is_server = false;  // host the server in this process (rank 0)
+  std::string bind_address{};
+  std::string token{};  // the job token; must match the server's
+  // Connecting (with retries while the server comes up) and set/add/check are bounded by this.
+  std::chrono::milliseconds timeout = std::chrono::milliseconds(300'000);
+  std::size_t max_message_bytes = detail::default_max_store_message;
+  std::string who{};  // names the caller in errors, e.g. "rank 3"
+};
+
+class tcp_store final : public store {
+ public:
+  explicit tcp_store(tcp_store_options opts) : opts_(std::move(opts)) {
+    if (opts_.is_server) {
+      server_ = std::make_unique<tcp_store_server>(tcp_store_server_options{
+          .host = opts_.bind_address.empty() ? opts_.host : opts_.bind_address,
+          .port = opts_.port,
+          .token = opts_.token,
+          .max_message_bytes = opts_.max_message_bytes});
+      opts_.port = server_->port();
+    } else if (opts_.port == 0) {
+      throw config_error(prefix() + "a tcp_store client needs the server's port (got 0; expected 1..65535)");
+    }
+    std::lock_guard lock(mutex_);
+    connect_locked();
+  }
+
+  [[nodiscard]] std::uint16_t port() const noexcept { return opts_.port; }
+  [[nodiscard]] const std::string& host() const noexcept { return opts_.host; }
+  [[nodiscard]] bool is_server() const noexcept { return server_ != nullptr; }
+  [[nodiscard]] tcp_store_server* server() noexcept { return server_.get(); }
+
+  using store::set;
+  void set(const std::string& key, std::span<const std::byte> value) override {
+    detail::store_request r{.type = detail::request_type::set, .key = key};
+    r.value.assign(value.begin(), value.end());
+    expect(call(r, opts_.timeout), detail::response_type::ok, r);
+  }
+
+  [[nodiscard]] std::vector<std::byte> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    detail::store_request r{.type = detail::request_type::get, .key = key, .number = timeout.count()};
+    auto resp = call(r, timeout);
+    if (resp.type == detail::response_type::timeout) {
+      throw timeout_error(prefix() + "store get('" + key + "') timed out after " + std::to_string(timeout.count()) +
+                          " ms at " + endpoint() + ": the key was never set");
+    }
+    expect(resp, detail::response_type::value, r);
+    return std::move(resp.value);
+  }
+
+  std::int64_t add(const std::string& key, std::int64_t delta) override {
+    detail::store_request r{.type = detail::request_type::add, .key = key, .number = delta};
+    auto resp = call(r, opts_.timeout);
+    expect(resp, detail::response_type::integer, r);
+    return resp.number;
+  }
+
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    detail::store_request r{.type = detail::request_type::wait, .keys = keys, .number = timeout.count()};
+    auto resp = call(r, timeout);
+    if (resp.type == detail::response_type::timeout) {
+      std::string names;
+      for (const auto& k : resp.keys) names += (names.empty() ? "'" : ", '") + k + "'";
+      throw timeout_error(prefix() + "store wait timed out after " + std::to_string(timeout.count()) + " ms at " +
+                          endpoint() + ": still missing " + names);
+    }
+    expect(resp, detail::response_type::ok, r);
+  }
+
+  [[nodiscard]] bool check(const std::vector<std::string>& keys) override {
+    detail::store_request r{.type = detail::request_type::check, .keys = keys};
+    auto resp = call(r, opts_.timeout);
+    expect(resp, detail::response_type::boolean, r);
+    return resp.number != 0;
+  }
+
+  // Removes key; false when it did not exist.
+  bool delete_key(const std::string& key) {
+    detail::store_request r{.type = detail::request_type::delete_key, .key = key};
+    auto resp = call(r, opts_.timeout);
+    expect(resp, detail::response_type::boolean, r);
+    return resp.number != 0;
+  }
+
+  [[nodiscard]] std::int64_t num_keys() {
+    detail::store_request r{.type = detail::request_type::num_keys};
+    auto resp = call(r, opts_.timeout);
+    expect(resp, detail::response_type::integer, r);
+    return resp.number;
+  }
+
+ private:
+  [[nodiscard]] std::string prefix() const { return opts_.who.empty() ? std::string() : opts_.who + ": "; }
+  [[nodiscard]] std::string endpoint() const { return detail::endpoint_name(opts_.host, opts_.port); }
+
+  void connect_locked() {
+    const auto deadline = detail::deadline_clock::now() + opts_.timeout;
+    fd_ = detail::connect_tcp(opts_.host, opts_.port, deadline, prefix());
+    // With a token: authenticate. Without: an empty check, so a server that wants a token
+    // says so now, at connect time, rather than at the first real operation.
+    detail::store_request hello = opts_.token.empty() ? detail::store_request{.type = detail::request_type::check}
+                                                      : detail::store_request{.type = detail::request_type::auth, .key = opts_.token};
+    detail::store_response resp;
+    try {
+      resp = round_trip_locked(hello, deadline);
+    } catch (...) {
+      fd_.reset();
+      throw;
+    }
+    if (resp.type == detail::response_type::error) {
+      fd_.reset();
+      throw communication_error(prefix() + "the store at " + endpoint() + " refused the connection: " + resp.message +
+                                " (every rank needs the job's token, e.g. from PARTRAIN_STORE_TOKEN)");
+    }
+  }
+
+  // One request, one reply. server_wait is how long the server itself may hold the reply
+  // (get/wait); the socket deadline adds the I/O allowance on top.
+  detail::store_response call(const detail::store_request& r, std::chrono::milliseconds server_wait) {
+    if (server_wait.count() < 0) {
+      throw invalid_argument_error(prefix() + "store " + std::string(to_string(r.type)) + ": negative timeout");
+    }
+    std::lock_guard lock(mutex_);
+    if (!fd_) connect_locked();
+    const auto deadline = detail::deadline_clock::now() + server_wait + std::min(opts_.timeout, std::chrono::milliseconds(30'000));
+    try {
+      return round_trip_locked(r, deadline);
+    } catch (...) {
+      fd_.reset();  // the stream may be mid-message: never reuse it
+      throw;
+    }
+  }
+
+  detail::store_response round_trip_locked(const detail::store_request& r, detail::deadline_clock::time_point deadline) {
+    const std::string what = prefix() + "store " + std::string(to_string(r.type)) +
+                             (r.key.empty() || r.type == detail::request_type::auth ? "" : "('" + r.key + "')") + " at " +
+                             endpoint();
+    auto frame = detail::encode(r);
+    if (frame.size() - detail::frame_header_bytes > opts_.max_message_bytes) {
+      throw invalid_argument_error(what + ": message of " + std::to_string(frame.size()) + " bytes exceeds the limit of " +
+                                   std::to_string(opts_.max_message_bytes) + " bytes");
+    }
+    detail::send_all(fd_.get(), frame, deadline, what);
+    std::byte header[detail::frame_header_bytes];
+    detail::recv_all(fd_.get(), header, deadline, what);
+    const auto f = detail::peek_frame(header, opts_.max_message_bytes + 64);
+    if (f.status == detail::frame_status::oversized) throw communication_error(what + ": reply too large");
+    std::vector<std::byte> payload(f.payload_bytes);
+    detail::recv_all(fd_.get(), payload, deadline, what);
+    auto parsed = detail::parse_response(payload);
+    if (auto* err = std::get_if<detail::protocol_error>(&parsed)) throw communication_error(what + ": " + err->what);
+    auto resp = std::get<detail::store_response>(std::move(parsed));
+    if (resp.type == detail::response_type::error && resp.message.starts_with("unauthorized")) fd_.reset();
+    return resp;
+  }
+
+  void expect(const detail::store_response& resp, detail::response_type want, const detail::store_request& r) {
+    if (resp.type == want) return;
+    const std::string what = prefix() + "store " + std::string(to_string(r.type)) + (r.key.empty() ? "" : "('" + r.key + "')") +
+                             " at " + endpoint();
+    if (resp.type == detail::response_type::error) {
+      if (resp.message.starts_with("unauthorized")) {
+        throw communication_error(what + " refused: " + resp.message +
+                                  " (set the same token on every rank, e.g. PARTRAIN_STORE_TOKEN)");
+      }
+      throw communication_error(what + " failed: " + resp.message);
+    }
+    throw communication_error(what + ": unexpected reply type " + std::to_string(static_cast<int>(resp.type)));
+  }
+
+  tcp_store_options opts_;
+  std::unique_ptr<tcp_store_server> server_;  // before fd_: the client closes first
+  std::mutex mutex_;
+  detail::unique_fd fd_;
+};
+
+}  // namespace partrain::inline v0

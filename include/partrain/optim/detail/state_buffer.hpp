@@ -1,0 +1,63 @@
+// partrain/optim/detail/state_buffer.hpp: optimizer state beside the parameters (momentum,
+// Adam moments) and the element loops on the host. The CUDA twins live in
+// partrain/cuda/optim_kernels.cuh and are picked by overload on the memory space.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include <partrain/core/memory_space.hpp>
+#include <partrain/core/tensor_view.hpp>
+#include <partrain/optim/detail/update_rules.hpp>
+
+namespace partrain::inline v0::detail {
+
+template <class T, class Space>
+class state_buffer;
+
+template <class T>
+class state_buffer<T, host> {
+ public:
+  void assign_zero(std::size_t n) { v_.assign(n, T(0)); }
+  [[nodiscard]] T* data() noexcept { return v_.data(); }
+  [[nodiscard]] std::size_t size() const noexcept { return v_.size(); }
+  void copy_to_host(std::span<T> out) const {
+    if (!v_.empty()) std::memcpy(out.data(), v_.data(), v_.size() * sizeof(T));
+  }
+  void copy_from_host(std::span<const T> in) { v_.assign(in.begin(), in.end()); }
+
+ private:
+  std::vector<T> v_;
+};
+
+template <class T>
+void sgd_update(tensor_view<T, host> v, tensor_view<const T, host> g, T* buf, const sgd_coeffs<T>& c, bool first) {
+  for (std::size_t i = 0; i < v.size(); ++i) sgd_element(v[i], g[i], buf ? buf + i : nullptr, c, first);
+}
+
+template <class T>
+void adamw_update(tensor_view<T, host> v, tensor_view<const T, host> g, T* m, T* s, const adamw_coeffs<T>& c) {
+  for (std::size_t i = 0; i < v.size(); ++i) adamw_element(v[i], g[i], m[i], s[i], c);
+}
+
+// Σ g² accumulated in double, in index order (deterministic).
+template <class T>
+[[nodiscard]] double sum_squares(tensor_view<const T, host> g) {
+  double acc = 0;
+  for (const T x : g) acc += static_cast<double>(x) * static_cast<double>(x);
+  return acc;
+}
+
+template <class T>
+void scale_in_place(tensor_view<T, host> g, T coef) {
+  for (T& x : g) x = x * coef;
+}
+
+template <class T>
+void fill_zero(tensor_view<T, host> g) {
+  for (T& x : g) x = T(0);
+}
+
+}  // namespace partrain::inline v0::detail

@@ -1,0 +1,145 @@
+// partrain/optim/sgd.hpp: stochastic gradient descent with momentum, dampening, weight decay and
+// Nesterov momentum, following torch.optim.SGD's update rule step for step.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <partrain/core/error.hpp>
+#include <partrain/model/concepts.hpp>
+#include <partrain/optim/detail/state_buffer.hpp>
+#include <partrain/optim/detail/update_rules.hpp>
+#include <partrain/optim/optimizer.hpp>
+#include <partrain/optim/state_io.hpp>
+
+#if defined(__CUDACC__)
+#include <partrain/cuda/optim_kernels.cuh>
+#endif
+
+namespace partrain::inline v0 {
+
+struct sgd_options {
+  double lr = 0.01;
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;
+  bool nesterov = false;
+};
+
+namespace detail {
+inline void validate(const sgd_options& o) {
+  auto bad = [](const std::string& what) { throw invalid_argument_error("sgd_options: " + what); };
+  if (!(o.lr >= 0)) bad("lr must be >= 0, got " + std::to_string(o.lr));
+  if (!(o.momentum >= 0)) bad("momentum must be >= 0, got " + std::to_string(o.momentum));
+  if (!(o.weight_decay >= 0)) bad("weight_decay must be >= 0, got " + std::to_string(o.weight_decay));
+  if (o.nesterov && (o.momentum <= 0 || o.dampening != 0)) {
+    bad("nesterov momentum requires momentum > 0 and dampening == 0 (got momentum " + std::to_string(o.momentum) +
+        ", dampening " + std::to_string(o.dampening) + ")");
+  }
+}
+}  // namespace detail
+
+template <model M>
+class sgd {
+  using T = detail::model_element_t<M>;
+  using S = detail::model_space_t<M>;
+  static_assert(detail::check_optimizable<T, S>());
+
+ public:
+  sgd(M& m, sgd_options o) : model_(&m), opts_(o) {
+    detail::validate(o);
+    const auto n = detail::parameter_count(m);
+    buffers_.resize(n);
+    has_buffer_.assign(n, 0);
+  }
+
+  void step() {
+    const detail::sgd_coeffs<T> c{T(opts_.lr),           T(opts_.momentum),
+                                  T(1 - opts_.dampening), T(opts_.weight_decay),
+                                  opts_.nesterov,         opts_.momentum != 0,
+                                  opts_.weight_decay != 0};
+    std::size_t i = 0;
+    for (auto&& p : model_->parameters()) {
+      check_index(i);
+      auto v = p.value();
+      tensor_view<const T, S> g = p.grad();
+      detail::check_same_size(v, g, i, "sgd");
+      T* buf = nullptr;
+      const bool first = !has_buffer_[i];
+      if (c.has_momentum) {
+        if (first) buffers_[i].assign_zero(v.size());
+        buf = buffers_[i].data();
+        has_buffer_[i] = 1;
+      }
+      detail::sgd_update(v, g, buf, c, first);
+      ++i;
+    }
+    ++steps_;
+  }
+
+  void zero_grad() {
+    for (auto&& p : model_->parameters()) detail::fill_zero(p.grad());
+  }
+
+  [[nodiscard]] const sgd_options& options() const noexcept { return opts_; }
+  void set_lr(double lr) {
+    if (!(lr >= 0)) throw invalid_argument_error("sgd::set_lr: lr must be >= 0, got " + std::to_string(lr));
+    opts_.lr = lr;
+  }
+  [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
+
+  // State: kind tag, step count, then per parameter whether a momentum buffer exists and its values.
+  void save_state(state_writer& w) const {
+    w.put_string("sgd");
+    w.put(steps_);
+    w.put(static_cast<std::uint64_t>(buffers_.size()));
+    std::vector<T> host;
+    for (std::size_t i = 0; i < buffers_.size(); ++i) {
+      w.put(has_buffer_[i]);
+      if (!has_buffer_[i]) continue;
+      host.resize(buffers_[i].size());
+      buffers_[i].copy_to_host(host);
+      w.put_array(std::span<const T>(host));
+    }
+  }
+  void load_state(state_reader& r) {
+    const auto kind = r.get_string("optimizer kind");
+    if (kind != "sgd") throw checkpoint_error("optimizer state is for '" + kind + "', expected 'sgd'");
+    const auto steps = r.get<std::int64_t>("sgd step count");
+    const auto n = r.get<std::uint64_t>("sgd parameter count");
+    if (n != buffers_.size()) {
+      throw checkpoint_error("sgd state has " + std::to_string(n) + " parameters, the model has " +
+                             std::to_string(buffers_.size()));
+    }
+    std::vector<std::size_t> sizes;
+    for (auto&& p : model_->parameters()) sizes.push_back(p.value().size());
+    std::vector<T> host;
+    for (std::size_t i = 0; i < n; ++i) {
+      has_buffer_[i] = r.get<std::uint8_t>("sgd momentum flag");
+      if (!has_buffer_[i]) continue;
+      host.resize(sizes[i]);
+      r.get_array(std::span<T>(host), "sgd momentum of parameter #" + std::to_string(i));
+      buffers_[i].copy_from_host(host);
+    }
+    steps_ = steps;
+  }
+
+ private:
+  void check_index(std::size_t i) const {
+    if (i >= buffers_.size()) {
+      throw invalid_argument_error("sgd: the model now has more than " + std::to_string(buffers_.size()) +
+                                   " parameters (its parameter list must not change after the optimizer is made)");
+    }
+  }
+
+  M* model_;
+  sgd_options opts_;
+  std::vector<detail::state_buffer<T, S>> buffers_;
+  std::vector<std::uint8_t> has_buffer_;
+  std::int64_t steps_ = 0;
+};
+
+}  // namespace partrain::inline v0

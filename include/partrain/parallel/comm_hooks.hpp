@@ -1,0 +1,202 @@
+// partrain/parallel/comm_hooks.hpp: how DDP reduces one gradient bucket (PyTorch's DDP
+// communication hooks). A hook gets the bucket, divides and communicates, and returns a work
+// that completes once the bucket holds the averaged gradient. Like PyTorch's built-in hooks,
+// ours divide BEFORE the all_reduce (keeps fp16 sums in range).
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <partrain/comm/process_group.hpp>
+#include <partrain/comm/work.hpp>
+#include <partrain/core/dtype.hpp>
+#include <partrain/core/error.hpp>
+#include <partrain/core/half.hpp>
+#include <partrain/core/memory_space.hpp>
+#include <partrain/core/tensor_view.hpp>
+
+#if defined(__CUDACC__)
+#include <partrain/cuda/ddp_kernels.cuh>
+#endif
+
+namespace partrain::inline v0 {
+
+// One bucket as a hook sees it: a flat buffer of gradients (host memory, or CUDA memory when a
+// CUDA model meets a backend that reduces CUDA memory), the number to divide by, and the
+// all_reduce of the DDP's communicator. It lives as long as the DDP, so a hook's completion
+// callbacks may refer to it.
+class grad_bucket {
+ public:
+  using all_reduce_fn = std::function<work(raw_tensor)>;
+
+  grad_bucket(std::size_t index, raw_tensor buffer, all_reduce_fn all_reduce, int world_size)
+      : index_(index), buffer_(buffer), all_reduce_(std::move(all_reduce)), world_size_(world_size) {}
+
+  [[nodiscard]] std::size_t index() const noexcept { return index_; }
+  [[nodiscard]] raw_tensor buffer() const noexcept { return buffer_; }
+  [[nodiscard]] bool on_cuda() const noexcept { return buffer_.on_cuda; }
+  // The bucket as a typed view; asking for the wrong type or memory space is an error naming both.
+  template <element_type T, memory_space Space = host>
+  [[nodiscard]] tensor_view<T, Space> buffer_as() const {
+    if (buffer_.type != dtype_of<T> || buffer_.on_cuda != std::same_as<Space, cuda>) {
+      throw invalid_argument_error("grad_bucket " + std::to_string(index_) + ": buffer holds " +
+                                   std::string(to_string(buffer_.type)) + " in " + (buffer_.on_cuda ? "cuda" : "host") +
+                                   " memory, asked for " + std::string(to_string(dtype_of<T>)) + " in " +
+                                   std::string(Space::name) + " memory");
+    }
+    return {static_cast<T*>(buffer_.data), buffer_.count};
+  }
+  // What the sum over ranks must be divided by: the world size (or the active ranks under
+  // join), times the accumulated micro-steps when no_sync averages them.
+  [[nodiscard]] double divisor() const noexcept { return divisor_; }
+  [[nodiscard]] int world_size() const noexcept { return world_size_; }
+  // Host memory the hook may keep across the asynchronous operation (e.g. a 16-bit copy).
+  [[nodiscard]] std::vector<std::byte>& scratch() noexcept { return scratch_; }
+  // Anything else a hook keeps from step to step (device scratch, error feedback, ...).
+  [[nodiscard]] std::shared_ptr<void>& hook_state() noexcept { return hook_state_; }
+
+  // The DDP's communicator's all_reduce (sum) on any view (the bucket, or a scratch copy).
+  template <element_type T, memory_space Space>
+  [[nodiscard]] work all_reduce(tensor_view<T, Space> t) const {
+    return all_reduce_(erase(t));
+  }
+  [[nodiscard]] work all_reduce(raw_tensor t) const { return all_reduce_(t); }
+
+  void set_divisor(double d) noexcept { divisor_ = d; }
+
+ private:
+  std::size_t index_;
+  raw_tensor buffer_;
+  all_reduce_fn all_reduce_;
+  int world_size_;
+  double divisor_ = 1;
+  std::vector<std::byte> scratch_;
+  std::shared_ptr<void> hook_state_;
+};
+
+using comm_hook = std::function<work(grad_bucket&)>;
+
+namespace detail {
+
+// A work that completes after `w` did and `after` ran (on w's completing thread); an error of
+// w or of after completes it with that error.
+[[nodiscard]] inline work then_work(const work& w, std::function<void()> after) {
+  work out;
+  w.then([src = w.state(), dst = out.state(), after = std::move(after)]() mutable {
+    std::exception_ptr err = src->error();
+    if (!err && after) {
+      try {
+        after();
+      } catch (...) {
+        err = std::current_exception();
+      }
+    }
+    after = nullptr;
+    dst->complete(err);
+  });
+  return out;
+}
+
+template <class F>
+decltype(auto) visit_float_bucket(const grad_bucket& b, F&& f) {
+  switch (b.buffer().type) {
+    case dtype::float32: return f(b.buffer_as<float>());
+    case dtype::float64: return f(b.buffer_as<double>());
+    default:
+      throw invalid_argument_error("comm hook: bucket " + std::to_string(b.index()) + " holds " +
+                                   std::string(to_string(b.buffer().type)) + ", expected float32 or float64");
+  }
+}
+
+[[noreturn]] inline void needs_nvcc(const grad_bucket& b, const char* hook) {
+  throw invalid_argument_error(std::string("comm hook ") + hook + ": bucket " + std::to_string(b.index()) +
+                               " is in CUDA memory; the translation unit that constructs the DDP must be compiled by "
+                               "nvcc (the kernels are in partrain/cuda/ddp_kernels.cuh)");
+}
+
+template <class H>
+work compressed_all_reduce(grad_bucket& b) {
+  if (b.on_cuda()) {
+#if defined(__CUDACC__)
+    const raw_tensor buf = b.buffer();
+    auto& state = b.hook_state();
+    // The 16-bit copy lives in device memory kept in hook_state (element count in front).
+    struct scratch {
+      std::size_t count;
+      std::shared_ptr<void> mem;
+    };
+    auto* s = static_cast<scratch*>(state.get());
+    if (!s || s->count != buf.count) {
+      state = std::make_shared<scratch>(scratch{buf.count, device_alloc(buf.count * sizeof(H))});
+      s = static_cast<scratch*>(state.get());
+    }
+    void* h = s->mem.get();
+    device_to_16(buf, h, dtype_of<H>, static_cast<float>(b.divisor()));
+    work w = b.all_reduce(tensor_view<H, cuda>(static_cast<H*>(h), buf.count));
+    return then_work(w, [buf, h] { device_from_16(h, buf, dtype_of<H>); });
+#else
+    needs_nvcc(b, "fp16/bf16 compress");
+#endif
+  }
+  return visit_float_bucket(b, [&b](auto buf) {
+    using T = typename decltype(buf)::value_type;
+    auto& s = b.scratch();
+    s.resize(buf.size() * sizeof(H));
+    auto* h = reinterpret_cast<H*>(s.data());
+    const float div = static_cast<float>(b.divisor());
+    // buffer.to(fp16).div_(world_size): cast, then divide in the 16-bit type.
+    for (std::size_t i = 0; i < buf.size(); ++i) h[i] = H(static_cast<float>(H(static_cast<float>(buf[i]))) / div);
+    work w = b.all_reduce(tensor_view<H>(h, buf.size()));
+    return then_work(w, [buf, h] {
+      for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<T>(static_cast<float>(h[i]));
+    });
+  });
+}
+
+}  // namespace detail
+
+namespace comm_hooks {
+
+// PyTorch's allreduce_hook: divide the bucket in place, then all_reduce (sum) it.
+[[nodiscard]] inline comm_hook allreduce() {
+  return [](grad_bucket& b) {
+    if (b.on_cuda()) {
+#if defined(__CUDACC__)
+      if (b.divisor() != 1.0) detail::device_divide(b.buffer(), b.divisor());
+      return b.all_reduce(b.buffer());
+#else
+      detail::needs_nvcc(b, "allreduce");
+#endif
+    }
+    if (b.divisor() != 1.0) {
+      detail::visit_float_bucket(b, [&b](auto buf) {
+        using T = typename decltype(buf)::value_type;
+        const T div = static_cast<T>(b.divisor());
+        for (T& x : buf) x = x / div;
+        return 0;
+      });
+    }
+    return detail::visit_float_bucket(b, [&b](auto buf) { return b.all_reduce(buf); });
+  };
+}
+
+// PyTorch's fp16_compress_hook: the bucket travels as IEEE half (half the bytes), then is cast
+// back. Gradients above 65504 / world size overflow; use bf16 for those.
+[[nodiscard]] inline comm_hook fp16_compress() {
+  return [](grad_bucket& b) { return detail::compressed_all_reduce<half>(b); };
+}
+
+// PyTorch's bf16_compress_hook: float's range with 8 bits of mantissa.
+[[nodiscard]] inline comm_hook bf16_compress() {
+  return [](grad_bucket& b) { return detail::compressed_all_reduce<bfloat16>(b); };
+}
+
+}  // namespace comm_hooks
+
+}  // namespace partrain::inline v0

@@ -1,0 +1,44 @@
+// partrain/parallel/detail/buckets.hpp: assignment of parameters to gradient buckets.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+namespace partrain::inline v0 {
+
+// One bucket of the layout DDP uses (what ddp_stats reports).
+struct ddp_bucket_info {
+  std::vector<std::size_t> params;  // parameter indices, in the bucket's memory order
+  std::size_t elements = 0;
+  std::size_t bytes = 0;
+};
+
+namespace detail {
+
+// Walks the parameters in REVERSE order (backward finishes the last ones first) and closes a
+// bucket once it holds at least its limit: first_bytes for the first bucket, cap_bytes for
+// every later one. This is PyTorch's layout after its first-iteration rebuild, where the small
+// first bucket holds the first-ready gradients so communication starts early. Buckets are
+// reduced in this order.
+[[nodiscard]] inline std::vector<ddp_bucket_info> assign_buckets(const std::vector<std::size_t>& numels,
+                                                                 std::size_t element_bytes, std::size_t first_bytes,
+                                                                 std::size_t cap_bytes) {
+  std::vector<ddp_bucket_info> out;
+  ddp_bucket_info open;
+  for (std::size_t k = numels.size(); k-- > 0;) {
+    open.params.push_back(k);
+    open.elements += numels[k];
+    open.bytes += numels[k] * element_bytes;
+    const std::size_t limit = out.empty() ? first_bytes : cap_bytes;
+    if (open.bytes >= limit) {
+      out.push_back(std::move(open));
+      open = {};
+    }
+  }
+  if (!open.params.empty()) out.push_back(std::move(open));
+  return out;
+}
+
+}  // namespace detail
+
+}  // namespace partrain::inline v0

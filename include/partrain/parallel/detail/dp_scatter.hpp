@@ -1,0 +1,149 @@
+// partrain/parallel/detail/dp_scatter.hpp: how data_parallel cuts a batch along its first
+// dimension, and how it turns shares into whole examples per device.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <numeric>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <partrain/core/error.hpp>
+#include <partrain/core/tensor_view.hpp>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+template <class T>
+inline constexpr bool is_tensor_view_v = false;
+template <class T, class S>
+inline constexpr bool is_tensor_view_v<tensor_view<T, S>> = true;
+
+// A batch that slices itself: b.slice(first, last) -> rows [first, last).
+template <class B>
+concept member_sliceable_batch = requires(const B& b, std::size_t i) {
+  { b.size() } -> std::convertible_to<std::size_t>;
+  b.slice(i, i);
+};
+
+// A batch found by ADL customisation: slice_batch(b, first, last).
+template <class B>
+concept adl_sliceable_batch = requires(const B& b, std::size_t i) {
+  { b.size() } -> std::convertible_to<std::size_t>;
+  slice_batch(b, i, i);
+};
+
+// The shape of partrain::batch (data/batch.hpp): features [n, ...], labels [n], optional
+// indices (a span). A copy with every member cut to the same rows is a valid sub-batch.
+template <class B>
+concept feature_label_batch = std::copy_constructible<B> && requires(const B& b, std::size_t i) {
+  { b.size() } -> std::convertible_to<std::size_t>;
+  { b.features.slice(i, i) } -> std::convertible_to<decltype(b.features)>;
+  { b.labels.slice(i, i) } -> std::convertible_to<decltype(b.labels)>;
+};
+
+template <class B>
+concept has_indices_span = requires(B& b, std::size_t i) { b.indices = b.indices.subspan(i, i); };
+
+}  // namespace detail
+
+// What data_parallel can scatter: a tensor_view (rows of its first dimension), a type with
+// `size()` and `slice(first, last)`, one with `size()` and an ADL `slice_batch(b, first, last)`,
+// or a partrain::batch-shaped aggregate (`features`, `labels`, optional `indices`).
+template <class B>
+concept splittable_batch = detail::is_tensor_view_v<B> || detail::member_sliceable_batch<B> ||
+                           detail::adl_sliceable_batch<B> || detail::feature_label_batch<B>;
+
+// Examples in a batch (its first dimension).
+template <splittable_batch B>
+[[nodiscard]] std::size_t batch_size_of(const B& b) {
+  if constexpr (detail::is_tensor_view_v<B>) {
+    return b.rank() == 0 ? 0 : b.extent(0);
+  } else {
+    return static_cast<std::size_t>(b.size());
+  }
+}
+
+// Rows [first, last) of a batch, as a batch of the same kind (a view, no copy of the data).
+template <splittable_batch B>
+[[nodiscard]] auto split_batch(const B& b, std::size_t first, std::size_t last) {
+  if constexpr (detail::is_tensor_view_v<B>) {
+    return b.slice(first, last);
+  } else if constexpr (detail::member_sliceable_batch<B>) {
+    return b.slice(first, last);
+  } else if constexpr (detail::adl_sliceable_batch<B>) {
+    return slice_batch(b, first, last);
+  } else {
+    const std::size_t n = batch_size_of(b);
+    if (first > last || last > n) {
+      throw invalid_argument_error("split_batch(" + std::to_string(first) + ", " + std::to_string(last) +
+                                   "): out of range for a batch of " + std::to_string(n) + " examples");
+    }
+    B part = b;
+    part.features = b.features.slice(first, last);
+    part.labels = b.labels.slice(first, last);
+    if constexpr (detail::has_indices_span<B>) {
+      if (!b.indices.empty()) part.indices = b.indices.subspan(first, last - first);
+    }
+    return part;
+  }
+}
+
+namespace detail {
+
+// Whole examples per device from non-negative weights: floor of the exact share, then the
+// remaining examples one each to the largest fractional parts (ties to the lower index), so
+// counts always sum to n and follow the weights as closely as integers can. With n smaller
+// than the device count, the devices with the largest weights get one each; the rest idle.
+[[nodiscard]] inline std::vector<std::size_t> split_counts(std::size_t n, std::span<const double> weights) {
+  if (weights.empty()) throw invalid_argument_error("data_parallel: no devices to split a batch over");
+  double total = 0;
+  for (double w : weights) {
+    if (!(w >= 0) || !std::isfinite(w)) {
+      throw invalid_argument_error("data_parallel: device weights must be finite and non-negative, got " +
+                                   std::to_string(w));
+    }
+    total += w;
+  }
+  if (total <= 0) throw invalid_argument_error("data_parallel: at least one device weight must be positive");
+  std::vector<std::size_t> counts(weights.size());
+  std::vector<std::pair<double, std::size_t>> frac;  // (fractional part, device)
+  std::size_t given = 0;
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    const double exact = static_cast<double>(n) * weights[i] / total;
+    counts[i] = std::min(n, static_cast<std::size_t>(std::floor(exact)));
+    given += counts[i];
+    frac.emplace_back(exact - std::floor(exact), i);
+  }
+  // Floating-point slack can over-assign by one in pathological cases: take it back from the largest.
+  while (given > n) {
+    auto it = std::max_element(counts.begin(), counts.end());
+    --*it;
+    --given;
+  }
+  std::stable_sort(frac.begin(), frac.end(), [&](const auto& a, const auto& b) {
+    if (a.first != b.first) return a.first > b.first;
+    return weights[a.second] > weights[b.second];
+  });
+  for (std::size_t k = 0; given < n; k = (k + 1) % frac.size()) {
+    if (weights[frac[k].second] <= 0) continue;
+    ++counts[frac[k].second];
+    ++given;
+  }
+  return counts;
+}
+
+// Prefix sums: device i takes rows [offsets[i], offsets[i + 1]).
+[[nodiscard]] inline std::vector<std::size_t> split_offsets(std::span<const std::size_t> counts) {
+  std::vector<std::size_t> off(counts.size() + 1, 0);
+  std::partial_sum(counts.begin(), counts.end(), off.begin() + 1);
+  return off;
+}
+
+}  // namespace detail
+
+}  // namespace partrain::inline v0

@@ -1,0 +1,321 @@
+// partrain/parallel/detail/reducer.hpp: DDP's gradient reducer. Gradients are copied into flat
+// per-bucket buffers as they become final; a bucket whose last gradient arrived is handed to
+// the comm hook, strictly in bucket order so every rank issues the same all_reduces in the same
+// order; at the end of the step the averaged buckets are copied back into the gradients.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <partrain/comm/process_group.hpp>
+#include <partrain/comm/work.hpp>
+#include <partrain/core/buffer.hpp>
+#include <partrain/core/error.hpp>
+#include <partrain/core/tensor_view.hpp>
+#include <partrain/parallel/comm_hooks.hpp>
+#include <partrain/parallel/ddp_stats.hpp>
+#include <partrain/parallel/detail/buckets.hpp>
+
+#if PARTRAIN_HAS_CUDA
+#include <partrain/cuda/ddp_staging.hpp>
+#include <partrain/cuda/device_buffer.hpp>
+#endif
+#if defined(__CUDACC__)
+#include <partrain/cuda/ddp_kernels.cuh>
+#endif
+
+namespace partrain::inline v0::detail {
+
+// Gradients to and from the host buckets (the CUDA overloads are in cuda/ddp_staging.hpp).
+template <class T>
+void stage_in(T* dst, tensor_view<const T, host> g, bool add, std::vector<T>&) {
+  if (add) {
+    for (std::size_t k = 0; k < g.size(); ++k) dst[k] += g[k];
+  } else if (!g.empty()) {
+    std::memcpy(dst, g.data(), g.size_bytes());
+  }
+}
+template <class T>
+void stage_out(tensor_view<T, host> g, const T* src) {
+  if (!g.empty()) std::memcpy(g.data(), src, g.size_bytes());
+}
+
+// The communicator's all_reduce behind the type-erased signature hooks use.
+template <class C>
+[[nodiscard]] grad_bucket::all_reduce_fn make_all_reduce_fn(C& comm) {
+  return [&comm](raw_tensor t) -> work {
+    auto run = [&](auto* p) -> work {
+      using E = std::remove_pointer_t<decltype(p)>;
+      if (t.on_cuda) return comm.all_reduce(tensor_view<E, cuda>(static_cast<E*>(t.data), t.count), reduce_op::sum);
+      return comm.all_reduce(tensor_view<E>(static_cast<E*>(t.data), t.count), reduce_op::sum);
+    };
+    switch (t.type) {
+      case dtype::float32: return run(static_cast<float*>(nullptr));
+      case dtype::float64: return run(static_cast<double*>(nullptr));
+      case dtype::float16: return run(static_cast<half*>(nullptr));
+      case dtype::bfloat16: return run(static_cast<bfloat16*>(nullptr));
+      case dtype::int64: return run(static_cast<std::int64_t*>(nullptr));
+      case dtype::int32: return run(static_cast<std::int32_t*>(nullptr));
+      case dtype::uint8: return run(static_cast<std::uint8_t*>(nullptr));
+    }
+    throw invalid_argument_error("grad_bucket::all_reduce: unknown dtype");
+  };
+}
+
+// Buckets live in host memory (CUDA gradients are staged through it), or, in device mode (CUDA
+// parameters and a backend that reduces CUDA memory, i.e. NCCL), in CUDA memory.
+template <class T, class S = host>
+class reducer {
+  using clock = std::chrono::steady_clock;
+
+ public:
+  reducer(std::vector<std::size_t> numels, std::size_t first_bytes, std::size_t cap_bytes, comm_hook hook,
+          grad_bucket::all_reduce_fn all_reduce, int rank, int world_size, ddp_stats& stats, bool device = false)
+      : numels_(std::move(numels)), hook_(std::move(hook)), rank_(rank), stats_(&stats), device_(device) {
+    if (!hook_) throw invalid_argument_error("ddp_options::hook is empty (expected a comm_hook, e.g. comm_hooks::allreduce())");
+#if !defined(__CUDACC__)
+    if (device_) {
+      throw config_error("rank " + std::to_string(rank) + " DDP: CUDA parameters on a backend that reduces CUDA "
+                         "memory need the kernels of partrain/cuda/ddp_kernels.cuh: compile the translation unit that "
+                         "constructs the DDP with nvcc");
+    }
+#endif
+    const auto layout = assign_buckets(numels_, sizeof(T), first_bytes, cap_bytes);
+    bucket_of_.resize(numels_.size());
+    offset_of_.resize(numels_.size());
+    ready_.assign(numels_.size(), 0);
+    for (std::size_t b = 0; b < layout.size(); ++b) {
+      auto& bk = buckets_.emplace_back();
+      bk.info = layout[b];
+#if PARTRAIN_HAS_CUDA
+      if (device_) {
+        bk.dev = device_buffer<T>(bk.info.elements);
+      } else {
+        bk.data = host_buffer<T>(bk.info.elements);
+      }
+#else
+      bk.data = host_buffer<T>(bk.info.elements);
+#endif
+      std::size_t off = 0;
+      for (std::size_t p : bk.info.params) {
+        bucket_of_[p] = b;
+        offset_of_[p] = off;
+        off += numels_[p];
+      }
+      bk.gb = std::make_unique<grad_bucket>(b, raw_tensor{bucket_ptr(bk), bk.info.elements, dtype_of<T>, device_},
+                                            all_reduce, world_size);
+    }
+    stats_->buckets = layout;
+  }
+  reducer(const reducer&) = delete;
+  reducer& operator=(const reducer&) = delete;
+  ~reducer() { drain(); }
+
+  [[nodiscard]] std::size_t size() const noexcept { return numels_.size(); }
+
+  // Starts a synchronizing step. `add`: the buckets already hold accumulated micro-steps.
+  void begin(double divisor, bool add) {
+    divisor_ = divisor;
+    add_ = add;
+    next_ = 0;
+    std::fill(ready_.begin(), ready_.end(), 0);
+    for (auto& b : buckets_) {
+      b.pending = b.info.params.size();
+      b.done.reset();
+    }
+  }
+
+  // Parameter i's gradient is final: copy it into its bucket; launch whatever is now launchable.
+  void mark_ready(std::size_t i, tensor_view<const T, S> g) {
+    if (i >= numels_.size()) {
+      throw invalid_argument_error("DDP grad-ready notification for parameter index " + std::to_string(i) +
+                                   ", but the model has " + std::to_string(numels_.size()) + " parameters");
+    }
+    if (ready_[i]) {
+      throw invalid_argument_error("DDP grad-ready notification for parameter " + std::to_string(i) +
+                                   " came twice in one step (each gradient must be reported once, when final)");
+    }
+    if (g.size() != numels_[i]) {
+      throw invalid_argument_error("DDP: parameter " + std::to_string(i) + "'s gradient has " +
+                                   std::to_string(g.size()) + " elements, it had " + std::to_string(numels_[i]) +
+                                   " at construction");
+    }
+    ready_[i] = 1;
+    auto& b = buckets_[bucket_of_[i]];
+    copy_in(bucket_ptr(b) + offset_of_[i], g, add_);
+    if (--b.pending == 0) launch_ready();
+  }
+
+  // End of the model's step: gradients never reported are taken now (last parameter first),
+  // then every bucket is waited for and copied back into the gradients.
+  void finish(const std::vector<tensor_view<T, S>>& grads) {
+    for (std::size_t k = numels_.size(); k-- > 0;) {
+      if (!ready_[k]) mark_ready(k, grads[k]);
+    }
+    if (buckets_.empty()) return;
+    const auto t0 = clock::now();
+    wait_all_buckets("gradient all_reduce");
+    const auto t1 = clock::now();
+    clock::time_point first = buckets_.front().launched, last = buckets_.front().finished;
+    for (auto& b : buckets_) {
+      first = std::min(first, b.launched);
+      last = std::max(last, b.finished);
+    }
+    stats_->record(std::chrono::duration<double>(last - first).count(), std::chrono::duration<double>(t1 - t0).count());
+    for (std::size_t p = 0; p < numels_.size(); ++p) copy_out(grads[p], bucket_ptr(buckets_[bucket_of_[p]]) + offset_of_[p]);
+  }
+
+  // A no_sync micro-step: the gradients are added into the buckets, nothing is communicated.
+  void accumulate(const std::vector<tensor_view<T, S>>& grads, bool add) {
+    for (std::size_t p = 0; p < numels_.size(); ++p) {
+      copy_in(bucket_ptr(buckets_[bucket_of_[p]]) + offset_of_[p], tensor_view<const T, S>(grads[p]), add);
+    }
+  }
+
+  // A joined rank's part of an active rank's step: zero buckets through the hook, in order.
+  void shadow(double divisor) {
+    begin(divisor, false);
+    for (auto& b : buckets_) {
+#if PARTRAIN_HAS_CUDA
+      if (device_) {
+        if (b.info.elements) {
+          cuda_check(cudaMemsetAsync(b.dev.data(), 0, b.dev.size_bytes(), nullptr), "cudaMemsetAsync (shadow bucket)",
+                     __FILE__, __LINE__);
+        }
+      } else {
+        std::fill(b.data.begin(), b.data.end(), T(0));
+      }
+#else
+      std::fill(b.data.begin(), b.data.end(), T(0));
+#endif
+      b.pending = 0;
+    }
+    launch_ready();
+    wait_all_buckets("gradient all_reduce (shadowing for ranks that still have data)");
+  }
+
+  // Waits for whatever is in flight, ignoring errors (used when a step is abandoned).
+  void drain() noexcept {
+    for (auto& b : buckets_) {
+      if (b.done) {
+        try {
+          b.done->wait();
+        } catch (...) {
+        }
+        b.done.reset();
+      }
+    }
+  }
+
+ private:
+  struct bucket {
+    ddp_bucket_info info;
+    host_buffer<T> data;
+#if PARTRAIN_HAS_CUDA
+    device_buffer<T> dev;  // device mode only
+#endif
+    std::unique_ptr<grad_bucket> gb;  // stable address: hook callbacks may hold it
+    std::size_t pending = 0;
+    std::optional<work> done;
+    clock::time_point launched{}, finished{};
+  };
+
+  [[nodiscard]] T* bucket_ptr(bucket& b) noexcept {
+#if PARTRAIN_HAS_CUDA
+    if (device_) return b.dev.data();
+#endif
+    return b.data.data();
+  }
+  void copy_in(T* dst, tensor_view<const T, S> g, bool add) {
+#if defined(__CUDACC__)
+    if constexpr (std::same_as<S, cuda>) {
+      if (device_) {
+        device_stage_in(dst, g, add);
+        return;
+      }
+    }
+#endif
+    stage_in(dst, g, add, tmp_);
+  }
+  void copy_out(tensor_view<T, S> g, const T* src) {
+#if defined(__CUDACC__)
+    if constexpr (std::same_as<S, cuda>) {
+      if (device_) {
+        device_stage_out(g, src);
+        return;
+      }
+    }
+#endif
+    stage_out(g, src);
+  }
+
+  void launch_ready() {
+    while (next_ < buckets_.size() && buckets_[next_].pending == 0) {
+      auto& b = buckets_[next_++];
+      b.gb->set_divisor(divisor_);
+      b.launched = clock::now();
+      work w = hook_(*b.gb);
+      b.done = then_work(w, [&b] { b.finished = clock::now(); });
+    }
+  }
+
+  void wait_all_buckets(std::string_view what) {
+    std::exception_ptr first;
+    std::size_t failed = 0;
+    for (std::size_t k = 0; k < buckets_.size(); ++k) {
+      auto& b = buckets_[k];
+      if (!b.done) continue;
+      try {
+        b.done->wait();
+      } catch (...) {
+        if (!first) {
+          first = std::current_exception();
+          failed = k;
+        }
+      }
+      b.done.reset();
+    }
+    if (!first) return;
+    try {
+      std::rethrow_exception(first);
+    } catch (const timeout_error& e) {
+      throw timeout_error(describe(what, failed, e.what()) +
+                          ". If ranks run out of batches at different steps, construct DDP with "
+                          "ddp_options{.join = true} and call join() on a rank once its data ends");
+    } catch (const communication_error& e) {
+      throw communication_error(describe(what, failed, e.what()) +
+                                ". (If a rank stopped because it ran out of batches, use ddp_options{.join = true} "
+                                "and join())");
+    }
+  }
+
+  [[nodiscard]] std::string describe(std::string_view what, std::size_t bucket, std::string_view inner) const {
+    constexpr std::string_view prefix = "partrain: ";
+    if (inner.starts_with(prefix)) inner.remove_prefix(prefix.size());
+    return "rank " + std::to_string(rank_) + " DDP " + std::string(what) + " of bucket " + std::to_string(bucket) +
+           " (of " + std::to_string(buckets_.size()) + ") failed: " + std::string(inner);
+  }
+
+  std::vector<std::size_t> numels_;
+  comm_hook hook_;
+  int rank_;
+  ddp_stats* stats_;
+  std::vector<bucket> buckets_;
+  std::vector<std::size_t> bucket_of_, offset_of_;
+  std::vector<char> ready_;
+  std::size_t next_ = 0;
+  double divisor_ = 1;
+  bool add_ = false;
+  bool device_ = false;
+  std::vector<T> tmp_;
+};
+
+}  // namespace partrain::inline v0::detail

@@ -1,0 +1,242 @@
+// partrain/train/checkpoint.hpp: training checkpoints. One file holds the model's parameters
+// (with names and shapes), the optimizer's state and where training stood (epoch, step, sampler
+// position, RNG and scaler state as bytes). It is written atomically with a CRC-32 of its
+// contents; a file that is truncated, corrupted, of another format version, or made for other
+// parameter shapes is refused with a checkpoint_error saying which.
+//
+// Layout (little-endian): "PTRNCKPT" | u32 version | u32 crc32(payload) | u64 payload bytes |
+// payload = u8 dtype, u64 count, per parameter (name, u8 rank, u64 extents), per parameter its
+// values, the optimizer state, then the extra fields.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <partrain/comm/process_group.hpp>
+#include <partrain/core/dtype.hpp>
+#include <partrain/core/error.hpp>
+#include <partrain/core/memory_space.hpp>
+#include <partrain/model/concepts.hpp>
+#include <partrain/optim/optimizer.hpp>
+#include <partrain/optim/state_io.hpp>
+#include <partrain/train/detail/atomic_file.hpp>
+#include <partrain/train/detail/crc32.hpp>
+
+namespace partrain::inline v0 {
+
+// Where training stood; the byte fields are opaque to partrain (an RNG's or a scaler's state).
+struct checkpoint_extra {
+  std::uint64_t epoch = 0;
+  std::uint64_t step = 0;
+  std::uint64_t sampler_position = 0;  // samples of the current epoch already consumed
+  std::vector<std::byte> rng_state{};
+  std::vector<std::byte> scaler_state{};
+  std::vector<std::byte> user{};
+
+  friend bool operator==(const checkpoint_extra&, const checkpoint_extra&) = default;
+};
+
+inline constexpr std::array<char, 8> checkpoint_magic{'P', 'T', 'R', 'N', 'C', 'K', 'P', 'T'};
+inline constexpr std::uint32_t checkpoint_version = 1;
+inline constexpr std::size_t checkpoint_header_bytes = 8 + 4 + 4 + 8;
+
+namespace detail {
+
+template <model M>
+consteval bool check_checkpointable() {
+  static_assert(std::same_as<model_space_t<M>, host>,
+                "partrain: checkpoints read and write host parameters (copy CUDA parameters to the host first)");
+  static_assert(element_type<model_element_t<M>>, "partrain: checkpoint parameters must have a partrain dtype");
+  return true;
+}
+
+template <std::size_t N>
+void put_raw(std::vector<std::byte>& out, const void* p) {
+  const auto* b = static_cast<const std::byte*>(p);
+  out.insert(out.end(), b, b + N);
+}
+
+}  // namespace detail
+
+// Serializes model, optimizer and extra into checkpoint bytes (what save_checkpoint writes).
+template <model M, stateful_optimizer O>
+[[nodiscard]] std::vector<std::byte> checkpoint_bytes(M& m, const O& opt, const checkpoint_extra& extra = {}) {
+  static_assert(detail::check_checkpointable<M>());
+  using T = detail::model_element_t<M>;
+  state_writer w;
+  w.put(static_cast<std::uint8_t>(dtype_of<T>));
+  w.put(static_cast<std::uint64_t>(detail::parameter_count(m)));
+  std::size_t i = 0;
+  for (auto&& p : m.parameters()) {
+    const auto v = p.value();
+    w.put_string(detail::param_name(p, i++));
+    w.put(static_cast<std::uint8_t>(v.rank()));
+    for (std::size_t d = 0; d < v.rank(); ++d) w.put(static_cast<std::uint64_t>(v.extent(d)));
+  }
+  for (auto&& p : m.parameters()) {
+    const auto v = p.value();
+    w.put_array(std::span<const T>(v.data(), v.size()));
+  }
+  state_writer ow;
+  opt.save_state(ow);
+  w.put_bytes(ow.bytes());
+  w.put(extra.epoch);
+  w.put(extra.step);
+  w.put(extra.sampler_position);
+  w.put_bytes(extra.rng_state);
+  w.put_bytes(extra.scaler_state);
+  w.put_bytes(extra.user);
+
+  const auto& payload = w.bytes();
+  const std::uint32_t version = checkpoint_version;
+  const std::uint32_t crc = detail::crc32(payload);
+  const std::uint64_t size = payload.size();
+  std::vector<std::byte> out;
+  out.reserve(checkpoint_header_bytes + payload.size());
+  detail::put_raw<8>(out, checkpoint_magic.data());
+  detail::put_raw<4>(out, &version);
+  detail::put_raw<4>(out, &crc);
+  detail::put_raw<8>(out, &size);
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+// Writes the checkpoint to `path` atomically (temporary file, fsync, rename). Call it on one rank.
+template <model M, stateful_optimizer O>
+void save_checkpoint(const std::filesystem::path& path, M& m, const O& opt, const checkpoint_extra& extra = {}) {
+  detail::write_file_atomically(path, checkpoint_bytes(m, opt, extra));
+}
+
+// Every rank calls it: rank 0 writes, then all meet at a barrier, so no rank reads the file
+// before it is complete.
+template <model M, stateful_optimizer O>
+void save_checkpoint(process_group& comm, const std::filesystem::path& path, M& m, const O& opt,
+                     const checkpoint_extra& extra = {}) {
+  std::exception_ptr err;
+  if (comm.rank() == 0) {
+    try {
+      save_checkpoint(path, m, opt, extra);
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  // The barrier runs even when rank 0 failed, so the others are not left waiting for it.
+  comm.barrier().wait();
+  if (err) std::rethrow_exception(err);
+}
+
+// Restores model parameters and optimizer state from checkpoint bytes; returns the extra fields.
+// The header, checksum and every parameter's name and shape are checked before anything is
+// changed. `source` names the file in messages.
+template <model M, stateful_optimizer O>
+checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O& opt, std::string_view source = "<memory>") {
+  static_assert(detail::check_checkpointable<M>());
+  using T = detail::model_element_t<M>;
+  const std::string where = "checkpoint '" + std::string(source) + "'";
+  if (file.size() < checkpoint_header_bytes) {
+    throw checkpoint_error(where + " is truncated: " + std::to_string(file.size()) + " bytes, less than the " +
+                           std::to_string(checkpoint_header_bytes) + "-byte header");
+  }
+  if (std::memcmp(file.data(), checkpoint_magic.data(), checkpoint_magic.size()) != 0) {
+    throw checkpoint_error(where + " is not a partrain checkpoint (bad magic; expected \"PTRNCKPT\")");
+  }
+  std::uint32_t version = 0, crc = 0;
+  std::uint64_t size = 0;
+  std::memcpy(&version, file.data() + 8, 4);
+  std::memcpy(&crc, file.data() + 12, 4);
+  std::memcpy(&size, file.data() + 16, 8);
+  if (version != checkpoint_version) {
+    throw checkpoint_error(where + " has format version " + std::to_string(version) + "; this build reads version " +
+                           std::to_string(checkpoint_version));
+  }
+  const std::size_t have = file.size() - checkpoint_header_bytes;
+  if (size != have) {
+    throw checkpoint_error(where + (have < size ? " is truncated" : " has trailing bytes") + ": the header says " +
+                           std::to_string(size) + " payload bytes, the file has " + std::to_string(have));
+  }
+  const auto payload = file.subspan(checkpoint_header_bytes);
+  if (const auto got = detail::crc32(payload); got != crc) {
+    throw checkpoint_error(where + " is corrupted: the payload's CRC-32 is " + std::to_string(got) +
+                           ", the header says " + std::to_string(crc));
+  }
+
+  state_reader r(payload);
+  const auto mismatch = [&](const std::string& what) {
+    return checkpoint_error(where + " does not match the model: " + what);
+  };
+  const auto stored_type = static_cast<dtype>(r.get<std::uint8_t>("parameter dtype"));
+  if (stored_type != dtype_of<T>) {
+    throw mismatch("parameters are " + std::string(to_string(stored_type)) + " in the checkpoint, " +
+                   std::string(to_string(dtype_of<T>)) + " in the model");
+  }
+  const auto count = r.get<std::uint64_t>("parameter count");
+  const auto have_count = detail::parameter_count(m);
+  if (count != have_count) {
+    throw mismatch(std::to_string(count) + " parameters in the checkpoint, " + std::to_string(have_count) +
+                   " in the model");
+  }
+  std::size_t i = 0;
+  for (auto&& p : m.parameters()) {
+    const auto name = r.get_string("parameter name");
+    const auto rank = r.get<std::uint8_t>("parameter rank");
+    if (rank > max_rank) throw checkpoint_error(where + " is malformed: parameter " + name + " has rank " + std::to_string(rank));
+    shape stored;
+    std::array<std::size_t, max_rank> dims{};
+    for (std::size_t d = 0; d < rank; ++d) dims[d] = static_cast<std::size_t>(r.get<std::uint64_t>("parameter extent"));
+    stored = shape(std::span<const std::size_t>(dims.data(), rank));
+    const auto v = p.value();
+    const auto mine = detail::param_name(p, i);
+    if (name != mine) throw mismatch("parameter #" + std::to_string(i) + " is '" + name + "' in the checkpoint, '" + mine + "' in the model");
+    if (stored != v.shape()) {
+      throw mismatch("parameter #" + std::to_string(i) + " (" + name + ") has shape " + stored.to_string() +
+                     " in the checkpoint, " + v.shape().to_string() + " in the model");
+    }
+    ++i;
+  }
+  // Values go to a staging copy first: the model is changed only once everything parsed.
+  std::vector<std::vector<T>> values;
+  for (auto&& p : m.parameters()) {
+    auto& dst = values.emplace_back(p.value().size());
+    r.get_array(std::span<T>(dst), "values of parameter #" + std::to_string(values.size() - 1));
+  }
+  const auto opt_state = r.get_bytes("optimizer state");
+  checkpoint_extra extra;
+  extra.epoch = r.get<std::uint64_t>("epoch");
+  extra.step = r.get<std::uint64_t>("step");
+  extra.sampler_position = r.get<std::uint64_t>("sampler position");
+  auto bytes = [&](const char* what) {
+    const auto b = r.get_bytes(what);
+    return std::vector<std::byte>(b.begin(), b.end());
+  };
+  extra.rng_state = bytes("rng state");
+  extra.scaler_state = bytes("scaler state");
+  extra.user = bytes("user bytes");
+  if (r.remaining() != 0) throw checkpoint_error(where + " is malformed: " + std::to_string(r.remaining()) + " unread bytes");
+
+  state_reader orr(opt_state);
+  opt.load_state(orr);
+  std::size_t k = 0;
+  for (auto&& p : m.parameters()) {
+    auto v = p.value();
+    if (v.size()) std::memcpy(v.data(), values[k].data(), v.size_bytes());
+    ++k;
+  }
+  return extra;
+}
+
+// Reads `path` (every rank does) and restores model and optimizer; returns the extra fields.
+template <model M, stateful_optimizer O>
+checkpoint_extra load_checkpoint(const std::filesystem::path& path, M& m, O& opt) {
+  const auto file = detail::read_whole_file(path);
+  return load_checkpoint_bytes(file, m, opt, path.string());
+}
+
+}  // namespace partrain::inline v0

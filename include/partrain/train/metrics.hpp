@@ -1,0 +1,211 @@
+// partrain/train/metrics.hpp: a JSON-lines metrics file any loop can use. Each call writes one
+// record ({"kind":"step",...} or {"kind":"epoch",...}) as one line. Fields marked mean, sum, min
+// or max are reduced across ranks first (mean loss, total samples/s); the others are rank 0's.
+// Only rank 0 writes. The file is opened with O_APPEND and each record goes out in one write(),
+// so a record is never torn by a restart appending to the same file, and it is on disk
+// (in the kernel's page cache) as soon as the call returns: a crash loses no finished record.
+#pragma once
+
+#include <cerrno>
+#include <chrono>
+#include <concepts>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <initializer_list>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <partrain/comm/process_group.hpp>
+#include <partrain/comm/reduce_op.hpp>
+#include <partrain/core/error.hpp>
+#include <partrain/core/tensor_view.hpp>
+#include <partrain/train/detail/json_text.hpp>
+
+namespace partrain::inline v0 {
+
+// How a field combines across ranks before rank 0 writes it.
+enum class across_ranks { rank0, mean, sum, min, max };
+
+// One named value of a record. Numbers given with a reduction are reduced as doubles.
+struct metric_field {
+  using value_type = std::variant<double, std::int64_t, bool, std::string>;
+
+  template <std::floating_point F>
+  metric_field(std::string k, F v, across_ranks how = across_ranks::rank0)
+      : key(std::move(k)), value(static_cast<double>(v)), reduce(how) {}
+  template <std::integral I>
+    requires(!std::same_as<I, bool>)
+  metric_field(std::string k, I v, across_ranks how = across_ranks::rank0)
+      : key(std::move(k)), value(static_cast<std::int64_t>(v)), reduce(how) {}
+  metric_field(std::string k, bool v) : key(std::move(k)), value(v) {}
+  metric_field(std::string k, std::string v) : key(std::move(k)), value(std::move(v)) {}
+  metric_field(std::string k, const char* v) : key(std::move(k)), value(std::string(v)) {}
+
+  std::string key;
+  value_type value;
+  across_ranks reduce = across_ranks::rank0;
+};
+
+namespace detail {
+
+// Reduces the fields marked for it in place: one all_reduce(sum) for mean and sum fields, one
+// all_reduce(max) for max and (negated) min fields. Every rank must pass the same keys in the
+// same order (like any collective).
+template <class C>
+void reduce_metric_fields(C& comm, std::vector<metric_field>& fields) {
+  std::vector<double> sums, maxes;
+  for (auto& f : fields) {
+    if (f.reduce == across_ranks::rank0) continue;
+    double v = 0;
+    if (auto* d = std::get_if<double>(&f.value)) v = *d;
+    else if (auto* i = std::get_if<std::int64_t>(&f.value)) v = static_cast<double>(*i);
+    else throw invalid_argument_error("metrics: field '" + f.key + "' is reduced across ranks but is not a number");
+    if (f.reduce == across_ranks::mean || f.reduce == across_ranks::sum) sums.push_back(v);
+    else maxes.push_back(f.reduce == across_ranks::min ? -v : v);
+  }
+  auto run = [&](std::vector<double>& xs, reduce_op op, const char* what) {
+    if (xs.empty()) return;
+    auto w = comm.all_reduce(tensor_view<double>(xs.data(), shape{xs.size()}), op);
+    if constexpr (requires { comm.timeout(); }) {
+      if (!w.wait_for(comm.timeout())) {
+        throw timeout_error("rank " + std::to_string(comm.rank()) + " metrics " + what + " all_reduce: timed out after " +
+                            std::to_string(comm.timeout().count()) + " ms");
+      }
+    } else {
+      w.wait();
+    }
+  };
+  run(sums, reduce_op::sum, "sum");
+  run(maxes, reduce_op::max, "max");
+  std::size_t is = 0, im = 0;
+  const double n = static_cast<double>(comm.size());
+  for (auto& f : fields) {
+    switch (f.reduce) {
+      case across_ranks::rank0: break;
+      case across_ranks::mean: f.value = sums[is++] / n; break;
+      case across_ranks::sum: {
+        const double s = sums[is++];
+        if (std::holds_alternative<std::int64_t>(f.value)) f.value = static_cast<std::int64_t>(s);
+        else f.value = s;
+        break;
+      }
+      case across_ranks::max: f.value = maxes[im++]; break;
+      case across_ranks::min: f.value = -maxes[im++]; break;
+    }
+  }
+}
+
+inline void append_field(std::string& out, const metric_field& f) {
+  out += ',';
+  append_json_string(out, f.key);
+  out += ':';
+  std::visit(
+      [&](const auto& v) {
+        using V = std::decay_t<decltype(v)>;
+        if constexpr (std::same_as<V, bool>) out += v ? "true" : "false";
+        else if constexpr (std::same_as<V, std::string>) append_json_string(out, v);
+        else append_json_number(out, v);
+      },
+      f.value);
+}
+
+}  // namespace detail
+
+// Builds one record's text: {"kind":..., "<counter>":n, "time":unix seconds, fields...}.
+[[nodiscard]] inline std::string metrics_record(std::string_view kind, std::string_view counter, std::int64_t n,
+                                                double unix_time, std::span<const metric_field> fields) {
+  std::string out = "{\"kind\":";
+  detail::append_json_string(out, kind);
+  out += ',';
+  detail::append_json_string(out, counter);
+  out += ':';
+  detail::append_json_number(out, n);
+  out += ",\"time\":";
+  detail::append_json_number(out, unix_time);
+  for (const auto& f : fields) detail::append_field(out, f);
+  out += "}\n";
+  return out;
+}
+
+class metrics_writer {
+ public:
+  // Single process (or rank 0 of a job that reduces its values itself).
+  explicit metrics_writer(std::filesystem::path path) : metrics_writer(std::move(path), 0) {}
+  // rank: only rank 0 opens and writes the file.
+  metrics_writer(std::filesystem::path path, int rank) : path_(std::move(path)), rank_(rank) {
+    if (path_.empty()) throw invalid_argument_error("metrics_writer: the metrics path is empty (expected a file name)");
+    if (rank_ != 0) return;
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd_ < 0) {
+      throw config_error("metrics_writer: cannot open '" + path_.string() + "' for appending: " + std::strerror(errno));
+    }
+  }
+  metrics_writer(const metrics_writer&) = delete;
+  metrics_writer& operator=(const metrics_writer&) = delete;
+  metrics_writer(metrics_writer&& o) noexcept : path_(std::move(o.path_)), rank_(o.rank_), fd_(std::exchange(o.fd_, -1)) {}
+  metrics_writer& operator=(metrics_writer&& o) noexcept {
+    if (this != &o) {
+      close();
+      path_ = std::move(o.path_);
+      rank_ = o.rank_;
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  ~metrics_writer() { close(); }
+
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
+  [[nodiscard]] bool writes() const noexcept { return fd_ >= 0; }
+
+  // Local values only (no communicator): rank 0 writes what it was given.
+  void step(std::int64_t step, std::vector<metric_field> fields) { write("step", "step", step, fields); }
+  void epoch(std::int64_t epoch, std::vector<metric_field> fields) { write("epoch", "epoch", epoch, fields); }
+
+  // Collective: every rank calls it with the same keys; reduced fields are combined first.
+  template <class C>
+    requires communicator<C>
+  void step(C& comm, std::int64_t step, std::vector<metric_field> fields) {
+    detail::reduce_metric_fields(comm, fields);
+    write("step", "step", step, fields);
+  }
+  template <class C>
+    requires communicator<C>
+  void epoch(C& comm, std::int64_t epoch, std::vector<metric_field> fields) {
+    detail::reduce_metric_fields(comm, fields);
+    write("epoch", "epoch", epoch, fields);
+  }
+
+ private:
+  void write(std::string_view kind, std::string_view counter, std::int64_t n, const std::vector<metric_field>& fields) {
+    if (fd_ < 0) return;
+    const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    const std::string line = metrics_record(kind, counter, n, now, fields);
+    // O_APPEND: each write lands at the current end; loop only on a short write (disk full).
+    std::size_t done = 0;
+    while (done < line.size()) {
+      const ::ssize_t k = ::write(fd_, line.data() + done, line.size() - done);
+      if (k < 0) {
+        if (errno == EINTR) continue;
+        throw config_error("metrics_writer: cannot write to '" + path_.string() + "': " + std::strerror(errno));
+      }
+      done += static_cast<std::size_t>(k);
+    }
+  }
+  void close() noexcept {
+    if (fd_ >= 0) ::close(std::exchange(fd_, -1));
+  }
+
+  std::filesystem::path path_;
+  int rank_ = 0;
+  int fd_ = -1;
+};
+
+}  // namespace partrain::inline v0

@@ -1,0 +1,352 @@
+#include <catch2/catch.hpp>
+
+#include <partrain/comm/detail/socket.hpp>
+#include <partrain/comm/init.hpp>
+#include <partrain/comm/spawn.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+using namespace partrain;
+using namespace std::chrono_literals;
+
+namespace {
+
+env_lookup fake_env(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const std::string& name) -> std::optional<std::string> {
+    if (auto it = vars.find(name); it != vars.end()) return it->second;
+    return std::nullopt;
+  };
+}
+
+std::map<std::string, std::string> torchrun_vars() {
+  return {{"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "29500"}, {"RANK", "5"},
+          {"WORLD_SIZE", "8"},         {"LOCAL_RANK", "1"},      {"LOCAL_WORLD_SIZE", "4"}};
+}
+
+std::string config_message(std::string_view url, const init_options& o, std::map<std::string, std::string> vars) {
+  try {
+    (void)parse_rendezvous(url, o, fake_env(std::move(vars)));
+  } catch (const config_error& e) {
+    return e.what();
+  }
+  FAIL("no config_error for '" << url << "'");
+  return {};
+}
+
+init_options ranks(int rank, int world) {
+  init_options o;
+  o.rank = rank;
+  o.world_size = world;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("env:// reads the torchrun variables", "[comm][init]") {
+  auto info = parse_rendezvous("env://", {}, fake_env(torchrun_vars()));
+  CHECK(info.scheme == "env");
+  CHECK(info.rank == 5);
+  CHECK(info.world_size == 8);
+  CHECK(info.local_rank == 1);
+  CHECK(info.local_world_size == 4);
+  CHECK(info.master_addr == "10.1.2.3");
+  CHECK(info.port == 29500);
+  CHECK(info.source == "torchrun");
+  CHECK(info.timeout == default_timeout);
+  CHECK(info.token.empty());
+  CHECK_FALSE(info.agent_store);
+  CHECK(info.store == nullptr);
+
+  // Without the local variables: one node.
+  auto vars = torchrun_vars();
+  vars.erase("LOCAL_RANK");
+  vars.erase("LOCAL_WORLD_SIZE");
+  auto one_node = parse_rendezvous("env://", {}, fake_env(vars));
+  CHECK(one_node.local_rank == 5);
+  CHECK(one_node.local_world_size == 8);
+
+  // The launcher's extras.
+  vars = torchrun_vars();
+  vars["PARTRAIN_TIMEOUT_MS"] = "1500";
+  vars["PARTRAIN_STORE_TOKEN"] = "tok";
+  vars["PARTRAIN_USE_AGENT_STORE"] = "1";
+  vars["PARTRAIN_RESTART_COUNT"] = "2";
+  auto launched = parse_rendezvous("env://", {}, fake_env(vars));
+  CHECK(launched.timeout == 1500ms);
+  CHECK(launched.token == "tok");
+  CHECK(launched.agent_store);
+  CHECK(launched.restart_count == 2);
+  init_options explicit_timeout;
+  explicit_timeout.timeout = 20ms;
+  explicit_timeout.token = "mine";
+  auto overridden = parse_rendezvous("env://", explicit_timeout, fake_env(vars));
+  CHECK(overridden.timeout == 20ms);
+  CHECK(overridden.token == "mine");
+}
+
+TEST_CASE("env:// falls back to Slurm, Open MPI and PMI variables", "[comm][init]") {
+  auto slurm = parse_rendezvous("env://", {}, fake_env({{"SLURM_PROCID", "5"},
+                                                        {"SLURM_NTASKS", "8"},
+                                                        {"SLURM_LOCALID", "1"},
+                                                        {"SLURM_NODEID", "1"},
+                                                        {"SLURM_STEP_TASKS_PER_NODE", "4(x2)"},
+                                                        {"SLURM_STEP_NODELIST", "gpu[03-04]"},
+                                                        {"SLURM_JOB_ID", "123456"}}));
+  CHECK(slurm.source == "slurm");
+  CHECK(slurm.rank == 5);
+  CHECK(slurm.world_size == 8);
+  CHECK(slurm.local_rank == 1);
+  CHECK(slurm.local_world_size == 4);
+  CHECK(slurm.master_addr == "gpu03");
+  CHECK(slurm.port == 20000 + 123456 % 20000);
+
+  // MASTER_ADDR/MASTER_PORT set by the batch script win; uneven tasks per node are read per node.
+  auto uneven = parse_rendezvous("env://", {}, fake_env({{"SLURM_PROCID", "4"},
+                                                         {"SLURM_NTASKS", "5"},
+                                                         {"SLURM_LOCALID", "0"},
+                                                         {"SLURM_NODEID", "2"},
+                                                         {"SLURM_TASKS_PER_NODE", "2(x2),1"},
+                                                         {"MASTER_ADDR", "head"},
+                                                         {"MASTER_PORT", "1234"}}));
+  CHECK(uneven.local_world_size == 1);
+  CHECK(uneven.master_addr == "head");
+  CHECK(uneven.port == 1234);
+
+  auto ompi = parse_rendezvous("env://", {}, fake_env({{"OMPI_COMM_WORLD_RANK", "3"},
+                                                       {"OMPI_COMM_WORLD_SIZE", "4"},
+                                                       {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                                       {"MASTER_ADDR", "h0"},
+                                                       {"MASTER_PORT", "29400"}}));
+  CHECK(ompi.source == "openmpi");
+  CHECK(ompi.rank == 3);
+  CHECK(ompi.world_size == 4);
+  CHECK(ompi.local_rank == 1);
+  CHECK(ompi.local_world_size == 2);
+
+  auto pmi = parse_rendezvous("env://", {}, fake_env({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "9"}}));
+  CHECK(pmi.source == "pmi");
+  CHECK(pmi.rank == 1);
+
+  // torchrun's variables win over the others when both are present.
+  auto both = torchrun_vars();
+  both["SLURM_PROCID"] = "0";
+  both["SLURM_NTASKS"] = "1";
+  CHECK(parse_rendezvous("env://", {}, fake_env(both)).source == "torchrun");
+
+  CHECK(detail::first_slurm_host("node1,node2") == "node1");
+  CHECK(detail::first_slurm_host("node[009-012,20]-ib,x") == "node009-ib");
+  CHECK(detail::first_slurm_host("single") == "single");
+  CHECK(detail::slurm_tasks_on_node("3", 0) == 3);
+  CHECK(detail::slurm_tasks_on_node("2(x3),1", 2) == 2);
+  CHECK(detail::slurm_tasks_on_node("2(x3),1", 3) == 1);
+  CHECK_FALSE(detail::slurm_tasks_on_node("2(x3),1", 4).has_value());
+  CHECK_FALSE(detail::slurm_tasks_on_node("x(", 0).has_value());
+}
+
+TEST_CASE("env:// rejects missing and malformed variables", "[comm][init][errors]") {
+  auto without = [](const std::string& name) {
+    auto v = torchrun_vars();
+    v.erase(name);
+    return v;
+  };
+  auto with = [](const std::string& name, const std::string& value) {
+    auto v = torchrun_vars();
+    v[name] = value;
+    return v;
+  };
+  CHECK_THAT(config_message("env://", {}, {}), Catch::Contains("RANK is not set") && Catch::Contains("SLURM_PROCID"));
+  CHECK_THAT(config_message("env://", {}, without("WORLD_SIZE")), Catch::Contains("WORLD_SIZE is not set"));
+  CHECK_THAT(config_message("env://", {}, without("RANK")), Catch::Contains("RANK is not set"));
+  CHECK_THAT(config_message("env://", {}, without("MASTER_ADDR")), Catch::Contains("MASTER_ADDR is not set"));
+  CHECK_THAT(config_message("env://", {}, without("MASTER_PORT")), Catch::Contains("MASTER_PORT is not set"));
+  CHECK_THAT(config_message("env://", {}, with("RANK", "two")), Catch::Contains("RANK='two' is not an integer"));
+  CHECK_THAT(config_message("env://", {}, with("RANK", "8")),
+             Catch::Contains("rank 8 is out of range for world size 8") && Catch::Contains("expected 0 <= rank < world size"));
+  CHECK_THAT(config_message("env://", {}, with("RANK", "-1")), Catch::Contains("RANK=-1 is out of range"));
+  CHECK_THAT(config_message("env://", {}, with("WORLD_SIZE", "0")), Catch::Contains("WORLD_SIZE=0 is out of range"));
+  CHECK_THAT(config_message("env://", {}, with("MASTER_PORT", "70000")), Catch::Contains("MASTER_PORT=70000 is out of range"));
+  CHECK_THAT(config_message("env://", {}, with("MASTER_PORT", "0")), Catch::Contains("MASTER_PORT=0 only works"));
+  CHECK_THAT(config_message("env://", {}, with("LOCAL_RANK", "4")), Catch::Contains("local rank 4 is out of range"));
+  CHECK_THAT(config_message("env://", {}, with("PARTRAIN_TIMEOUT_MS", "soon")), Catch::Contains("PARTRAIN_TIMEOUT_MS='soon'"));
+  CHECK_THAT(config_message("env://", ranks(2, 8), torchrun_vars()), Catch::Contains("options.rank 2 disagrees"));
+  CHECK_THAT(config_message("env://extra", {}, torchrun_vars()), Catch::Contains("env:// takes nothing"));
+  init_options zero_timeout;
+  zero_timeout.timeout = 0ms;
+  CHECK_THAT(config_message("env://", zero_timeout, torchrun_vars()), Catch::Contains("timeout must be positive"));
+}
+
+TEST_CASE("tcp:// and file:// URLs", "[comm][init]") {
+  auto tcp = parse_rendezvous("tcp://10.0.0.7:29501", ranks(1, 3), fake_env({}));
+  CHECK(tcp.scheme == "tcp");
+  CHECK(tcp.master_addr == "10.0.0.7");
+  CHECK(tcp.port == 29501);
+  CHECK(tcp.rank == 1);
+  CHECK(tcp.world_size == 3);
+  CHECK(tcp.local_rank == 1);
+  CHECK(tcp.local_world_size == 3);
+  auto v6 = parse_rendezvous("tcp://[::1]:80?rank=0&world_size=2", {}, fake_env({}));
+  CHECK(v6.master_addr == "::1");
+  CHECK(v6.port == 80);
+  CHECK(v6.world_size == 2);
+  CHECK(v6.source == "url");
+  auto file = parse_rendezvous("file:///shared/job/store", ranks(0, 2), fake_env({{"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}}));
+  CHECK(file.scheme == "file");
+  CHECK(file.path == "/shared/job/store");
+  CHECK(file.local_world_size == 1);
+
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"tcp://host", "no port"},
+      {"tcp://:29500", "empty host"},
+      {"tcp://host:0", "port '0' is not in 1..65535"},
+      {"tcp://host:http", "port 'http'"},
+      {"tcp://host:99999", "port '99999'"},
+      {"tcp://[::1:80", "bad IPv6"},
+      {"tcp://host:1?rank=x", "bad query item 'rank=x'"},
+      {"tcp://host:1?color=red", "bad query item 'color=red'"},
+      {"file://", "empty path"},
+      {"udp://host:1", "unknown scheme 'udp'"},
+      {"localhost:29500", "expected env://, tcp://host:port or file://path"},
+      {"", "malformed URL"},
+  };
+  for (const auto& [url, what] : bad) {
+    INFO(url);
+    CHECK_THAT(config_message(url, ranks(0, 1), {}), Catch::Contains(what));
+  }
+  CHECK_THAT(config_message("tcp://h:1", {}, {}), Catch::Contains("world_size is not given"));
+  CHECK_THAT(config_message("tcp://h:1", ranks(-1, 2), {}), Catch::Contains("rank is not given"));
+  CHECK_THAT(config_message("tcp://h:1", ranks(2, 2), {}), Catch::Contains("rank 2 is out of range for world size 2"));
+  CHECK_THAT(config_message("tcp://h:1", ranks(0, 0), {}), Catch::Contains("world size must be at least 1, got 0"));
+  CHECK_THAT(config_message("tcp://h:1?rank=1", ranks(0, 2), {}), Catch::Contains("options.rank 0 disagrees with the URL's 1"));
+  CHECK_THAT(config_message("file:///x", ranks(0, 1), {{"LOCAL_RANK", "3"}, {"LOCAL_WORLD_SIZE", "2"}}),
+             Catch::Contains("local rank 3 is out of range"));
+}
+
+TEST_CASE("rendezvous connects a store for one rank", "[comm][init][store]") {
+  const auto port = detail::find_free_port();
+  init_options o = ranks(0, 1);
+  o.timeout = 5s;
+  auto info = rendezvous("tcp://127.0.0.1:" + std::to_string(port), o, fake_env({}));
+  REQUIRE(info.store);
+  info.store->set("k", "v");
+  CHECK(info.store->get_string("k", 1s) == "v");
+
+  const auto path = std::filesystem::temp_directory_path() / ("partrain_init_" + std::to_string(::getpid()));
+  std::filesystem::remove(path);
+  auto finfo = rendezvous("file://" + path.string(), o, fake_env({}));
+  finfo.store->set("k", "file");
+  CHECK(finfo.store->get_string("k", 1s) == "file");
+  std::filesystem::remove(path);
+
+  // A launcher's store: every rank a client, keys under the attempt's prefix.
+  tcp_store_server agent({.host = "127.0.0.1", .port = 0, .token = "job-token", .max_message_bytes = 1 << 20});
+  auto vars = std::map<std::string, std::string>{{"MASTER_ADDR", "127.0.0.1"},
+                                                 {"MASTER_PORT", std::to_string(agent.port())},
+                                                 {"RANK", "0"},
+                                                 {"WORLD_SIZE", "2"},
+                                                 {"PARTRAIN_USE_AGENT_STORE", "1"},
+                                                 {"PARTRAIN_RESTART_COUNT", "1"},
+                                                 {"PARTRAIN_STORE_TOKEN", "job-token"},
+                                                 {"PARTRAIN_TIMEOUT_MS", "5000"}};
+  auto ainfo = rendezvous("env://", {}, fake_env(vars));
+  ainfo.store->set("k", "agent");
+  tcp_store_options raw;
+  raw.port = agent.port();
+  raw.token = "job-token";
+  raw.timeout = 5s;
+  tcp_store direct(raw);
+  CHECK(direct.get_string("/worker/attempt_1/k", 1s) == "agent");
+  // Without the token the agent refuses.
+  vars.erase("PARTRAIN_STORE_TOKEN");
+  CHECK_THROWS_WITH(rendezvous("env://", {}, fake_env(vars)), Catch::Contains("unauthorized"));
+}
+
+TEST_CASE("init_process_group rejects backends that are unknown or not compiled in", "[comm][init][errors]") {
+  init_options o = ranks(0, 1);
+  o.backend = "mpi";
+  CHECK_THROWS_WITH(init_process_group("tcp://127.0.0.1:1", o), Catch::Contains("unknown backend 'mpi'"));
+  CHECK_THROWS_AS(init_process_group("bogus", ranks(0, 1)), config_error);
+#if !PARTRAIN_INIT_HAS_NCCL
+  o.backend = "nccl";
+  o.timeout = 5s;
+  CHECK_THROWS_WITH(init_process_group("tcp://127.0.0.1:" + std::to_string(detail::find_free_port()), o),
+                    Catch::Contains("backend 'nccl' is not compiled in") && Catch::Contains("partrain::nccl"));
+#endif
+#if !PARTRAIN_INIT_HAS_GLOO
+  o.backend = "gloo";
+  o.timeout = 5s;
+  CHECK_THROWS_WITH(init_process_group("tcp://127.0.0.1:" + std::to_string(detail::find_free_port()), o),
+                    Catch::Contains("backend 'gloo' is not compiled in") && Catch::Contains("libgloo-dev"));
+#endif
+}
+
+TEST_CASE("init_process_group: an unreachable master is a timeout naming host and port", "[comm][init][errors]") {
+  init_options o = ranks(1, 2);
+  o.timeout = 300ms;
+  const auto port = detail::find_free_port();
+  CHECK_THROWS_WITH(init_process_group("tcp://127.0.0.1:" + std::to_string(port), o),
+                    Catch::Contains("rank 1") && Catch::Contains("127.0.0.1:" + std::to_string(port)));
+}
+
+TEST_CASE("init_process_group: rank 0 names a master port already in use", "[comm][init][errors]") {
+  tcp_store_server taken({.host = "127.0.0.1", .port = 0});
+  init_options o = ranks(0, 2);
+  o.timeout = 2s;
+  CHECK_THROWS_WITH(init_process_group("tcp://127.0.0.1:" + std::to_string(taken.port()), o),
+                    Catch::Contains("port " + std::to_string(taken.port()) + " is already in use"));
+}
+
+#if PARTRAIN_INIT_HAS_GLOO
+TEST_CASE("init_process_group(env://) builds a gloo group in spawned processes", "[comm][init][gloo][processes]") {
+  const int n = GENERATE(2, 3);
+  spawn_options so;
+  so.timeout = 60s;
+  so.grace = 1s;
+  so.echo_output = false;
+  so.env = {{"PARTRAIN_TIMEOUT_MS", "20000"}};
+  spawn(n, [n](int rank) {
+    auto pg = init_process_group("env://");
+    if (pg->rank() != rank || pg->size() != n || pg->backend() != "gloo") throw std::runtime_error("wrong group");
+    if (pg->timeout() != 20s) throw std::runtime_error("PARTRAIN_TIMEOUT_MS not applied");
+    std::vector<float> v(5, static_cast<float>(rank + 1));
+    pg->all_reduce(tensor_view<float>(v)).wait();
+    const float want = static_cast<float>(n * (n + 1) / 2);
+    for (float x : v) {
+      if (x != want) throw std::runtime_error("all_reduce gave " + std::to_string(x));
+    }
+    pg->barrier().wait();
+  }, so);
+  SUCCEED();
+}
+
+TEST_CASE("init_process_group(file://) builds a gloo group", "[comm][init][gloo][processes]") {
+  const auto path = std::filesystem::temp_directory_path() / ("partrain_init_file_" + std::to_string(::getpid()));
+  std::filesystem::remove(path);
+  spawn_options so;
+  so.timeout = 60s;
+  so.echo_output = false;
+  spawn(2, [&](int rank) {
+    init_options o;
+    o.rank = rank;
+    o.world_size = 2;
+    o.timeout = 20s;
+    auto pg = init_process_group("file://" + path.string(), o);
+    std::vector<double> v{static_cast<double>(rank)};
+    pg->all_reduce(tensor_view<double>(v), reduce_op::max).wait();
+    if (v[0] != 1.0) throw std::runtime_error("max gave " + std::to_string(v[0]));
+  }, so);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("init_process_group: a missing peer is a timeout, not a hang", "[comm][init][gloo][timeout]") {
+  init_options o = ranks(0, 2);
+  o.timeout = 500ms;
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(init_process_group("tcp://127.0.0.1:" + std::to_string(detail::find_free_port()), o), timeout_error);
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+}
+#endif

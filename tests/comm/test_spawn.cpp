@@ -1,0 +1,248 @@
+#include <catch2/catch.hpp>
+
+#include <partrain/comm/detail/process.hpp>
+#include <partrain/comm/spawn.hpp>
+#include <partrain/comm/tcp_store.hpp>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace partrain;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string env_or(const char* name, const char* fallback = "") {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+// Alive = exists and is not a zombie (in a container nobody may reap a reparented zombie).
+bool alive(pid_t pid) {
+  if (::kill(pid, 0) != 0) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const auto close = line.rfind(')');
+  return close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'Z';
+}
+
+bool eventually_dead(pid_t pid) {
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (alive(pid)) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+  return true;
+}
+
+std::filesystem::path scratch(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / ("partrain_spawn_" + std::to_string(::getpid()) + "_" + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+spawn_options quick() {
+  spawn_options o;
+  o.timeout = 30s;
+  o.grace = 500ms;
+  o.echo_output = false;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("spawn runs n ranks that see the torchrun variables", "[comm][spawn][processes]") {
+  const int n = GENERATE(1, 2, 4);
+  const auto dir = scratch("env" + std::to_string(n));
+  auto res = spawn(n, [&](int rank) {
+    std::ofstream(dir / std::to_string(rank)) << env_or("RANK") << ' ' << env_or("WORLD_SIZE") << ' ' << env_or("LOCAL_RANK")
+                                              << ' ' << env_or("LOCAL_WORLD_SIZE") << ' ' << env_or("MASTER_ADDR") << ' '
+                                              << env_or("MASTER_PORT") << ' ' << ::getpid();
+  }, quick());
+  REQUIRE(res.pids.size() == static_cast<std::size_t>(n));
+  CHECK(res.master_port != 0);
+  for (int r = 0; r < n; ++r) {
+    std::ifstream in(dir / std::to_string(r));
+    REQUIRE(in);
+    std::string rank, world, local, local_world, addr, port;
+    pid_t pid = 0;
+    in >> rank >> world >> local >> local_world >> addr >> port >> pid;
+    CHECK(rank == std::to_string(r));
+    CHECK(world == std::to_string(n));
+    CHECK(local == std::to_string(r));
+    CHECK(local_world == std::to_string(n));
+    CHECK(addr == "127.0.0.1");
+    CHECK(port == std::to_string(res.master_port));
+    CHECK(pid == res.pids[static_cast<std::size_t>(r)]);
+    CHECK_FALSE(alive(pid));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("spawned ranks rendezvous through a tcp_store on MASTER_PORT", "[comm][spawn][store][processes]") {
+  const int n = 3;
+  spawn(n, [&](int rank) {
+    tcp_store_options o;
+    o.host = env_or("MASTER_ADDR");
+    o.port = static_cast<std::uint16_t>(std::stoi(env_or("MASTER_PORT")));
+    o.is_server = rank == 0;
+    o.timeout = 10s;
+    tcp_store s(o);
+    s.add("arrived", 1);
+    s.set("rank/" + std::to_string(rank), std::to_string(rank * rank));
+    s.wait({"rank/0", "rank/1", "rank/2"}, 10s);
+    if (s.get_string("rank/" + std::to_string((rank + 1) % n), 1s) != std::to_string(((rank + 1) % n) * ((rank + 1) % n))) {
+      throw std::runtime_error("wrong value");
+    }
+    // Rank 0 hosts the server: it leaves only after everyone has read.
+    s.add("finished", 1);
+    if (rank == 0) {
+      while (s.get_string("finished", 1s) != std::to_string(n)) std::this_thread::sleep_for(5ms);
+    }
+  }, quick());
+  SUCCEED("all ranks exited 0");
+}
+
+TEST_CASE("spawn names a rank that exits non-zero and stops the others", "[comm][spawn][processes]") {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<pid_t> pids;
+  try {
+    spawn(3, [](int rank) {
+      if (rank == 1) {
+        std::printf("about to fail\n");
+        return 3;
+      }
+      std::this_thread::sleep_for(60s);
+      return 0;
+    }, quick());
+    FAIL("spawn did not throw");
+  } catch (const process_error& e) {
+    CHECK(e.rank() == 1);
+    CHECK_FALSE(e.status().signaled);
+    CHECK(e.status().code == 3);
+    CHECK_THAT(e.what(), Catch::Contains("rank 1") && Catch::Contains("exited with code 3"));
+    CHECK_THAT(e.what(), Catch::Contains("about to fail"));
+    pids = e.pids();
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+  REQUIRE(pids.size() == 3);
+  for (pid_t p : pids) CHECK_FALSE(alive(p));
+}
+
+TEST_CASE("spawn names a rank killed by a signal", "[comm][spawn][processes]") {
+  std::vector<pid_t> pids;
+  try {
+    spawn(4, [](int rank) {
+      if (rank == 2) ::raise(SIGKILL);
+      std::this_thread::sleep_for(60s);
+    }, quick());
+    FAIL("spawn did not throw");
+  } catch (const process_error& e) {
+    CHECK(e.rank() == 2);
+    CHECK(e.status().signaled);
+    CHECK(e.status().signal == SIGKILL);
+    CHECK_THAT(e.what(), Catch::Contains("rank 2") && Catch::Contains("SIGKILL"));
+    pids = e.pids();
+  }
+  REQUIRE(pids.size() == 4);
+  for (pid_t p : pids) CHECK_FALSE(alive(p));
+}
+
+TEST_CASE("spawn reports a rank's exception with its message", "[comm][spawn][processes]") {
+  CHECK_THROWS_WITH(spawn(2, [](int rank) {
+    if (rank == 0) throw config_error("bad thing on rank zero");
+  }, quick()),
+                    Catch::Contains("rank 0") && Catch::Contains("exited with code 1") &&
+                        Catch::Contains("bad thing on rank zero"));
+}
+
+TEST_CASE("spawn leaves no process behind: grandchildren and SIGTERM-ignoring ranks", "[comm][spawn][processes]") {
+  const auto dir = scratch("orphans");
+  std::vector<pid_t> pids;
+  try {
+    spawn(3, [&](int rank) {
+      if (rank == 0) {
+        // A grandchild that would outlive its parent if only the parent were killed.
+        const pid_t g = ::fork();
+        if (g == 0) {
+          ::signal(SIGTERM, SIG_IGN);
+          std::this_thread::sleep_for(60s);
+          ::_exit(0);
+        }
+        std::ofstream(dir / "grandchild") << g;
+      }
+      if (rank == 1) ::signal(SIGTERM, SIG_IGN);  // needs the SIGKILL after the grace period
+      if (rank == 2) {
+        while (!std::filesystem::exists(dir / "grandchild")) std::this_thread::sleep_for(5ms);
+        std::this_thread::sleep_for(50ms);
+        std::exit(7);
+      }
+      std::this_thread::sleep_for(60s);
+    }, quick());
+    FAIL("spawn did not throw");
+  } catch (const process_error& e) {
+    CHECK(e.rank() == 2);
+    CHECK(e.status().code == 7);
+    pids = e.pids();
+  }
+  pid_t grandchild = 0;
+  std::ifstream(dir / "grandchild") >> grandchild;
+  REQUIRE(grandchild > 0);
+  CHECK(eventually_dead(grandchild));
+  for (pid_t p : pids) CHECK_FALSE(alive(p));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("spawn times out with the ranks still running", "[comm][spawn][processes][timeout]") {
+  auto o = quick();
+  o.timeout = 300ms;
+  CHECK_THROWS_WITH(spawn(2, [](int rank) {
+    if (rank == 1) std::this_thread::sleep_for(60s);
+  }, o),
+                    Catch::Contains("rank(s) 1 still running"));
+  CHECK_THROWS_AS(spawn(0, [](int) {}), config_error);
+}
+
+TEST_CASE("child_process runs a program with an environment and keeps its last lines", "[comm][spawn][processes]") {
+  std::vector<std::string> lines;
+  detail::child_options co;
+  co.capture_output = true;
+  co.keep_lines = 2;
+  co.on_line = [&](std::string_view l) { lines.emplace_back(l); };
+  std::vector<detail::child_process> kids;
+  kids.push_back(detail::child_process::exec("sh", {"-c", "echo one; echo two; echo \"$FOO\"; printf tail; exit 4"},
+                                             {"FOO=bar"}, co));
+  auto out = detail::supervise(kids, {.timeout = 10s, .grace = 500ms, .poll_interval = 20ms, .stop = nullptr});
+  CHECK(out.how == detail::supervise_outcome::result::failed);
+  CHECK(out.statuses[0].code == 4);
+  CHECK(out.statuses[0].shell_code() == 4);
+  CHECK(lines == std::vector<std::string>{"one", "two", "bar", "tail"});
+  CHECK(kids[0].last_lines() == std::deque<std::string>{"bar", "tail"});
+
+  CHECK_THROWS_WITH(detail::child_process::exec("/no/such/program", {}, {}),
+                    Catch::Contains("cannot execute '/no/such/program'"));
+
+  // stop flag: an interrupted supervisor stops everything.
+  std::atomic<bool> stop{false};
+  std::vector<detail::child_process> sleepers;
+  sleepers.push_back(detail::child_process::exec("sleep", {"60"}, {"PATH=/usr/bin:/bin"}));
+  sleepers.push_back(detail::child_process::exec("sleep", {"60"}, {"PATH=/usr/bin:/bin"}));
+  std::jthread later([&] {
+    std::this_thread::sleep_for(100ms);
+    stop = true;
+  });
+  auto st = detail::supervise(sleepers, {.timeout = 10s, .grace = 500ms, .poll_interval = 20ms, .stop = &stop});
+  CHECK(st.how == detail::supervise_outcome::result::interrupted);
+  CHECK(st.statuses[0].signaled);
+  CHECK(st.statuses[0].signal == SIGTERM);
+  CHECK(st.stopped_by_us[1]);
+  CHECK_FALSE(alive(sleepers[0].pid()));
+}

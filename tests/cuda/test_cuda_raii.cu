@@ -1,0 +1,140 @@
+// The CUDA RAII pieces: streams, events, device and pinned buffers, cuBLAS handles, error checks.
+#include <catch2/catch.hpp>
+
+#include <partrain/cuda/check.hpp>
+#include <partrain/cuda/cublas.hpp>
+#include <partrain/cuda/device_buffer.hpp>
+#include <partrain/cuda/event.hpp>
+#include <partrain/cuda/pinned_buffer.hpp>
+#include <partrain/cuda/stream.hpp>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+using namespace partrain;
+
+namespace {
+
+__global__ void scale_add(float* x, std::size_t n, float a, float b) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) x[i] = a * x[i] + b;
+}
+
+// Keeps a stream busy for about `ns` nanoseconds.
+__global__ void spin(unsigned long long ns) {
+  const unsigned long long start = clock64();
+  while (clock64() - start < ns) {
+  }
+}
+
+void launch_scale_add(float* x, std::size_t n, float a, float b, cudaStream_t s) {
+  const unsigned blocks = static_cast<unsigned>((n + 255) / 256);
+  scale_add<<<blocks, 256, 0, s>>>(x, n, a, b);
+  PARTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+TEST_CASE("cuda_stream and cuda_event are RAII handles with noexcept moves", "[cuda][raii]") {
+  static_assert(std::is_nothrow_move_constructible_v<cuda_stream>);
+  static_assert(std::is_nothrow_move_assignable_v<cuda_stream>);
+  static_assert(std::is_nothrow_move_constructible_v<cuda_event>);
+  static_assert(!std::is_copy_constructible_v<cuda_stream>);
+  static_assert(!std::is_copy_constructible_v<device_buffer<float>>);
+
+  cuda_stream a(0);
+  REQUIRE(a);
+  cudaStream_t raw = a.get();
+  cuda_stream b = std::move(a);
+  CHECK(b.get() == raw);
+  CHECK_FALSE(a);  // NOLINT: moved-from is empty by contract
+  CHECK(b.query());
+
+  cuda_event start(true), stop(true);
+  start.record(b.get());
+  spin<<<1, 1, 0, b.get()>>>(20'000'000);
+  stop.record(b.get());
+  stop.synchronize();
+  CHECK(stop.query());
+  CHECK(stop.elapsed_ms(start) > 0.0f);
+
+  cuda_event untimed;
+  untimed.record(b.get());
+  CHECK_THROWS_AS(untimed.elapsed_ms(start), invalid_argument_error);
+}
+
+TEST_CASE("an event orders one stream behind another", "[cuda][raii]") {
+  cuda_stream producer(0), consumer(0);
+  device_buffer<float> x(std::size_t{1 << 16});
+  std::vector<float> host(x.size(), 1.0f);
+  x.copy_from(tensor_view<const float>(host));
+  spin<<<1, 1, 0, producer.get()>>>(10'000'000);
+  launch_scale_add(x.data(), x.size(), 2.0f, 0.0f, producer.get());  // 2
+  cuda_event ready;
+  ready.record(producer.get());
+  ready.block(consumer.get());
+  launch_scale_add(x.data(), x.size(), 1.0f, 1.0f, consumer.get());  // 3, only after the 2
+  consumer.synchronize();
+  x.copy_to(tensor_view<float>(host));
+  for (float v : host) REQUIRE(v == 3.0f);
+}
+
+TEST_CASE("device and pinned buffers round-trip through a kernel", "[cuda][buffer]") {
+  for (std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{1} << 20}) {
+    pinned_buffer<float> in(n), out(n);
+    for (std::size_t i = 0; i < n; ++i) in[i] = static_cast<float>(i % 1024);
+    device_buffer<float> d(shape{n});
+    CHECK(d.view().size() == n);
+    static_assert(std::same_as<decltype(d.view()), tensor_view<float, cuda>>);
+    cuda_stream s(0);
+    d.copy_from(in.view(), s.get());
+    launch_scale_add(d.data(), n, 3.0f, -1.0f, s.get());
+    d.copy_to(out.view(), s.get());
+    s.synchronize();
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(out[i] == 3.0f * static_cast<float>(i % 1024) - 1.0f);
+  }
+  device_buffer<double> zeros(std::size_t{17});
+  std::vector<double> back(17, 5.0);
+  zeros.copy_to(tensor_view<double>(back));
+  for (double v : back) CHECK(v == 0.0);  // zero-initialised
+  std::vector<double> wrong(3);
+  CHECK_THROWS_AS(zeros.copy_to(tensor_view<double>(wrong)), invalid_argument_error);
+  device_buffer<double> moved = std::move(zeros);
+  CHECK(moved.size() == 17);
+  CHECK(zeros.data() == nullptr);  // NOLINT: moved-from is empty by contract
+}
+
+TEST_CASE("PARTRAIN_CUDA_CHECK names the call, the place and CUDA's error", "[cuda][error]") {
+  try {
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(12345));
+    FAIL("cudaSetDevice(12345) should fail");
+  } catch (const cuda_error& e) {
+    const std::string what = e.what();
+    CHECK(what.find("cudaSetDevice(12345)") != std::string::npos);
+    CHECK(what.find("test_cuda_raii.cu") != std::string::npos);
+    CHECK(what.find("cudaErrorInvalidDevice") != std::string::npos);
+    CHECK(e.code() == cudaErrorInvalidDevice);
+    CHECK(e.kind() == error_kind::internal);
+  }
+  CHECK(cudaGetLastError() == cudaSuccess);  // the failure did not stick
+}
+
+TEST_CASE("cublas_handle runs on the stream it is given", "[cuda][cublas]") {
+  cuda_stream s(0);
+  cublas_handle h(0);
+  h.set_stream(s.get());
+  const std::size_t n = 1000;
+  std::vector<float> x(n, 2.0f), y(n, 1.0f);
+  device_buffer<float> dx(n), dy(n);
+  dx.copy_from(tensor_view<const float>(x));
+  dy.copy_from(tensor_view<const float>(y));
+  const float alpha = 3.0f;
+  PARTRAIN_CUBLAS_CHECK(cublasSaxpy(h.get(), static_cast<int>(n), &alpha, dx.data(), 1, dy.data(), 1));
+  s.synchronize();
+  dy.copy_to(tensor_view<float>(y));
+  for (float v : y) REQUIRE(v == 7.0f);
+  cublas_handle moved = std::move(h);
+  CHECK(moved.get() != nullptr);
+  CHECK(h.get() == nullptr);  // NOLINT: moved-from is empty by contract
+}

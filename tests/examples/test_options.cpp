@@ -1,0 +1,51 @@
+// The example's command line: defaults, every option, and clear errors for bad input.
+#include <catch2/catch.hpp>
+
+#include "options.hpp"
+
+using example::parse_options;
+using example::usage_error;
+
+TEST_CASE("example options: defaults and values", "[examples][options]") {
+  const auto d = parse_options({});
+  CHECK(d.device == "cpu");
+  CHECK(d.backend == "gloo");
+  CHECK(d.nproc == 0);
+  CHECK(d.loop == "ranges");
+  const auto o = parse_options({"--backend", "local", "--nproc", "4", "--epochs", "3", "--batch-size", "32", "--lr",
+                                "0.1", "--seed", "9", "--checkpoint", "/tmp/c", "--metrics", "m.jsonl", "--data", "/d",
+                                "--limit-train", "100", "--limit-test", "50", "--loop", "coroutine", "--no-overlap"});
+  CHECK(o.backend == "local");
+  CHECK(o.nproc == 4);
+  CHECK(o.epochs == 3);
+  CHECK(o.batch_size == 32);
+  CHECK(o.lr == 0.1);
+  CHECK(o.seed == 9);
+  CHECK(o.checkpoint == "/tmp/c");
+  CHECK(o.metrics == "m.jsonl");
+  CHECK(o.data == "/d");
+  CHECK(o.limit_train == 100);
+  CHECK(o.limit_test == 50);
+  CHECK(o.loop == "coroutine");
+  CHECK_FALSE(o.overlap);
+  CHECK(parse_options({"--backend", "local"}).nproc == 1);  // local without --nproc: one thread
+}
+
+TEST_CASE("example options: bad input names the flag and what was expected", "[examples][options]") {
+  CHECK_THROWS_WITH(parse_options({"--epochs"}), Catch::Contains("--epochs: needs a value"));
+  CHECK_THROWS_WITH(parse_options({"--epochs", "0"}), Catch::Contains("--epochs: must be greater than 0"));
+  CHECK_THROWS_WITH(parse_options({"--batch-size", "12x"}), Catch::Contains("'12x' is not a valid"));
+  CHECK_THROWS_WITH(parse_options({"--lr", "-1"}), Catch::Contains("--lr: must be greater than 0"));
+  CHECK_THROWS_WITH(parse_options({"--device", "tpu"}), Catch::Contains("'tpu' is not one of: cpu, cuda"));
+  CHECK_THROWS_WITH(parse_options({"--backend", "mpi"}), Catch::Contains("not one of: gloo, nccl, local"));
+  CHECK_THROWS_WITH(parse_options({"--backend", "nccl"}), Catch::Contains("needs --device cuda"));
+  CHECK_THROWS_WITH(parse_options({"--parallel", "dp", "--nproc", "2"}), Catch::Contains("use --parallel ddp"));
+  CHECK_THROWS_WITH(parse_options({"--parallel", "pipeline", "--stages", "2", "--nproc", "3"}),
+                    Catch::Contains("must equal --stages 2"));
+  CHECK_THROWS_WITH(parse_options({"--parallel", "dp", "--checkpoint", "d"}), Catch::Contains("--parallel ddp only"));
+  CHECK_THROWS_WITH(parse_options({"--schedule", "zb"}), Catch::Contains("not one of: gpipe, 1f1b"));
+  CHECK(parse_options({"--parallel", "dp", "--devices", "3"}).devices == 3);
+  CHECK_THROWS_WITH(parse_options({"--momentum", "1.5"}), Catch::Contains("[0, 1)"));
+  CHECK_THROWS_WITH(parse_options({"--frobnicate"}), Catch::Contains("unknown option '--frobnicate'"));
+  CHECK_THROWS_AS(parse_options({"--nproc", "-2"}), usage_error);
+}

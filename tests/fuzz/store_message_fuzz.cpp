@@ -1,0 +1,80 @@
+// libFuzzer target for the TCP store's wire format: the input is what a peer might send on a
+// connection, a stream of frames. Every frame either parses or is rejected with a reason;
+// nothing may crash, read out of bounds or allocate past the frame, and what parses must
+// re-encode to exactly the bytes it came from (the encoding is canonical, so the parser
+// cannot accept two spellings of one message). Build and run: see tests/fuzz/store.cmake.
+// With PARTRAIN_FUZZ_REPLAY_MAIN it is a plain program that replays files (the seed corpus in
+// the normal test suite, where clang's libFuzzer is not used).
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include <partrain/comm/detail/store_protocol.hpp>
+
+namespace {
+
+namespace d = partrain::detail;
+
+void check_frame(std::span<const std::byte> frame, std::span<const std::byte> payload) {
+  auto req = d::parse_request(payload);
+  if (auto* r = std::get_if<d::store_request>(&req)) {
+    const auto again = d::encode(*r);
+    if (!std::equal(again.begin(), again.end(), frame.begin(), frame.end())) __builtin_trap();
+  } else if (std::get<d::protocol_error>(req).what.empty()) {
+    __builtin_trap();  // a rejection always says why
+  }
+  auto resp = d::parse_response(payload);
+  if (auto* r = std::get_if<d::store_response>(&resp)) {
+    const auto again = d::encode(*r);
+    if (!std::equal(again.begin(), again.end(), frame.begin(), frame.end())) __builtin_trap();
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  std::span<const std::byte> stream(reinterpret_cast<const std::byte*>(data), size);
+  // The authenticated limit is lowered so that "oversized" is reachable with small inputs.
+  constexpr std::size_t limit = 1 << 16;
+  while (!stream.empty()) {
+    const auto f = d::peek_frame(stream, limit);
+    if (f.status != d::frame_status::ready) break;  // the server waits for more, or closes
+    const auto frame = stream.first(d::frame_header_bytes + f.payload_bytes);
+    check_frame(frame, frame.subspan(d::frame_header_bytes));
+    stream = stream.subspan(frame.size());
+  }
+  const auto head = std::string_view(reinterpret_cast<const char*>(data), std::min<std::size_t>(size, 16));
+  if (d::constant_time_equal(head, head) != true) __builtin_trap();
+  return 0;
+}
+
+#ifdef PARTRAIN_FUZZ_REPLAY_MAIN
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+
+// Replays every file named (or in every directory named) on the command line.
+int main(int argc, char** argv) {
+  std::size_t n = 0;
+  auto run = [&](const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    LLVMFuzzerTestOneInput(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size());
+    ++n;
+  };
+  for (int i = 1; i < argc; ++i) {
+    if (std::filesystem::is_directory(argv[i])) {
+      for (const auto& e : std::filesystem::directory_iterator(argv[i])) run(e.path());
+    } else {
+      run(argv[i]);
+    }
+  }
+  std::cout << "replayed " << n << " input(s)\n";
+  return n > 0 ? 0 : 1;
+}
+#endif

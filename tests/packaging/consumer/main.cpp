@@ -1,0 +1,28 @@
+// A user's program: one include, two ranks on threads, an all_reduce checked against the sum.
+#include <partrain/partrain.hpp>
+
+#include <atomic>
+#include <cstdio>
+#include <vector>
+
+#ifndef PARTRAIN_CONSUMER_MODE
+#define PARTRAIN_CONSUMER_MODE "unknown"
+#endif
+
+int main() {
+  std::atomic<int> wrong{0};
+  partrain::run_local(2, [&](partrain::process_group& g) {
+    std::vector<float> v(5, static_cast<float>(g.rank() + 1));
+    g.all_reduce(partrain::tensor_view<float>(v), partrain::reduce_op::sum).wait();
+    for (float x : v) {
+      if (x != 3.0f) ++wrong;  // 1 + 2
+    }
+  });
+  if (wrong != 0) {
+    std::printf("consumer FAILED (%s): %d wrong elements\n", PARTRAIN_CONSUMER_MODE, wrong.load());
+    return 1;
+  }
+  std::printf("consumer ok (%s): partrain %d.%d.%d, all_reduce over 2 ranks\n", PARTRAIN_CONSUMER_MODE,
+              PARTRAIN_VERSION_MAJOR, PARTRAIN_VERSION_MINOR, PARTRAIN_VERSION_PATCH);
+  return 0;
+}

@@ -1,0 +1,194 @@
+// partrun end to end: the launcher is run as a child process (under a hang guard) with the
+// probe program as its ranks.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <partrain/comm/detail/process.hpp>
+
+#include "../../tools/partrun/options.hpp"
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct run_result {
+  partrain::exit_status status;
+  std::string output;
+  std::chrono::milliseconds took{};
+};
+
+std::vector<std::string> base_env(const std::vector<std::string>& extra) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  env.insert(env.end(), extra.begin(), extra.end());
+  return env;
+}
+
+run_result launch(std::vector<std::string> args, const std::vector<std::string>& env = {},
+                  std::chrono::milliseconds guard = 60s) {
+  run_result r;
+  partrain::detail::child_options co;
+  co.capture_output = true;
+  co.on_line = [&](std::string_view l) { r.output.append(l).push_back('\n'); };
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<partrain::detail::child_process> kids;
+  kids.push_back(partrain::detail::child_process::exec(PARTRUN_EXE, args, base_env(env), co));
+  partrain::detail::supervise_options so;
+  so.timeout = guard;  // a hung launcher fails the test instead of hanging it
+  so.grace = 2s;
+  auto out = partrain::detail::supervise(kids, so);
+  r.took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  r.status = out.statuses[0];
+  REQUIRE(out.how != partrain::detail::supervise_outcome::result::timed_out);
+  return r;
+}
+
+struct pid_dir {
+  fs::path path = fs::temp_directory_path() / ("partrun_pids_" + std::to_string(::getpid()) + "_" +
+                                               std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  pid_dir() { fs::create_directories(path); }
+  ~pid_dir() { fs::remove_all(path); }
+  // Every pid a rank recorded is gone (not running, not a zombie of ours).
+  [[nodiscard]] int survivors() const {
+    int alive = 0;
+    for (const auto& f : fs::directory_iterator(path)) {
+      pid_t pid = 0;
+      std::ifstream(f.path()) >> pid;
+      if (pid > 0 && ::kill(pid, 0) == 0) {
+        std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+        std::string a, b, state;
+        stat >> a >> b >> state;
+        if (state != "Z") ++alive;
+      }
+    }
+    return alive;
+  }
+  [[nodiscard]] std::size_t count() const {
+    return static_cast<std::size_t>(std::distance(fs::directory_iterator(path), fs::directory_iterator{}));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("partrun: ranks agree on rank and world size and see the torchrun variables", "[tools][partrun]") {
+  for (int n : {1, 2, 4}) {
+    auto r = launch({"--standalone", "--nproc-per-node", std::to_string(n), PROBE_EXE});
+    INFO(r.output);
+    CHECK(r.status.ok());
+    for (int rank = 0; rank < n; ++rank) {
+      CHECK_THAT(r.output, Catch::Contains("[rank " + std::to_string(rank) + "] probe rank=" + std::to_string(rank) +
+                                           " world=" + std::to_string(n) + " local_rank=" + std::to_string(rank) +
+                                           " sum_ranks=" + std::to_string(n * (n - 1) / 2) +
+                                           " count=" + std::to_string(n) + " restart=0"));
+    }
+  }
+}
+
+TEST_CASE("partrun: a rank that exits 3 stops the job, is named, and leaves nothing behind", "[tools][partrun]") {
+  pid_dir pids;
+  auto r = launch({"--standalone", "--nproc-per-node", "3", "--grace", "2", PROBE_EXE},
+                  {"PROBE_PID_DIR=" + pids.path.string(), "PROBE_FAIL_RANK=1", "PROBE_FAIL_MODE=exit3",
+                   "PROBE_STEPS=1000000"});
+  INFO(r.output);
+  CHECK_FALSE(r.status.ok());
+  CHECK(r.took < 10s);
+  CHECK_THAT(r.output, Catch::Contains("rank 1 (local rank 1") && Catch::Contains("exited with code 3"));
+  CHECK_THAT(r.output, Catch::Contains("rank 1 misbehaving"));  // its last lines are shown
+  CHECK(pids.count() == 3);
+  CHECK(pids.survivors() == 0);
+}
+
+TEST_CASE("partrun: a rank killed by SIGKILL stops the job", "[tools][partrun]") {
+  pid_dir pids;
+  auto r = launch({"--standalone", "--nproc-per-node", "2", "--grace", "2", PROBE_EXE},
+                  {"PROBE_PID_DIR=" + pids.path.string(), "PROBE_FAIL_RANK=0", "PROBE_FAIL_MODE=sigkill",
+                   "PROBE_STEPS=1000000"});
+  INFO(r.output);
+  CHECK_FALSE(r.status.ok());
+  CHECK(r.took < 10s);
+  CHECK_THAT(r.output, Catch::Contains("rank 0") && Catch::Contains("SIGKILL"));
+  CHECK(pids.survivors() == 0);
+}
+
+TEST_CASE("partrun: a rank stalled outside a collective is caught by its peers' timeout", "[tools][partrun]") {
+  pid_dir pids;
+  auto r = launch({"--standalone", "--nproc-per-node", "2", "--grace", "1", PROBE_EXE},
+                  {"PROBE_PID_DIR=" + pids.path.string(), "PROBE_FAIL_RANK=1", "PROBE_FAIL_MODE=stall",
+                   "PROBE_STEPS=1000000", "PARTRAIN_TIMEOUT_MS=2000"});
+  INFO(r.output);
+  CHECK_FALSE(r.status.ok());
+  CHECK(r.took < 20s);
+  CHECK_THAT(r.output, Catch::Contains("rank 0") && Catch::Contains("all_reduce"));
+  CHECK(pids.survivors() == 0);
+}
+
+TEST_CASE("partrun: restarts the whole group while restarts remain", "[tools][partrun]") {
+  // Rank 1 fails in attempt 0 only (PROBE_FAIL_RANK is read per attempt through the restart count).
+  auto r = launch({"--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--grace", "1", "sh", "-c",
+                   std::string("if [ \"$PARTRAIN_RESTART_COUNT\" = 0 ]; then PROBE_FAIL_RANK=1 PROBE_FAIL_MODE=exit3 exec ") +
+                       PROBE_EXE + "; else exec " + PROBE_EXE + "; fi"},
+                  {"PROBE_STEPS=5"});
+  INFO(r.output);
+  CHECK(r.status.ok());
+  CHECK_THAT(r.output, Catch::Contains("restarting every rank (restart 1 of 1)"));
+  CHECK_THAT(r.output, Catch::Contains("restart=1"));
+}
+
+TEST_CASE("partrun: two agents with --nnodes 2 form one world", "[tools][partrun]") {
+  const std::string port = std::to_string(20000 + ::getpid() % 20000);
+  partrain::detail::child_options co;
+  std::string out1;
+  co.capture_output = true;
+  co.on_line = [&](std::string_view l) { out1.append(l).push_back('\n'); };
+  std::vector<partrain::detail::child_process> node1;
+  node1.push_back(partrain::detail::child_process::exec(
+      PARTRUN_EXE, {"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-port", port, PROBE_EXE},
+      base_env({"PARTRAIN_JOB_TOKEN=t0ken"}), co));
+  auto r = launch({"--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1", "--master-port", port, PROBE_EXE},
+                  {"PARTRAIN_JOB_TOKEN=t0ken"});
+  partrain::detail::supervise_options so;
+  so.timeout = 30s;
+  auto o1 = partrain::detail::supervise(node1, so);
+  INFO(r.output << "\n--- node 1 ---\n" << out1);
+  CHECK(r.status.ok());
+  CHECK(o1.ok());
+  CHECK_THAT(r.output, Catch::Contains("probe rank=0 world=3 local_rank=0 sum_ranks=3"));
+  CHECK_THAT(out1, Catch::Contains("probe rank=2 world=3 local_rank=1 sum_ranks=3"));
+}
+
+TEST_CASE("partrun: a node that never comes is named within the rendezvous timeout", "[tools][partrun]") {
+  auto r = launch({"--nnodes", "2", "--master-port", std::to_string(20000 + (::getpid() + 7) % 20000), "--rdzv-timeout",
+                   "1", PROBE_EXE},
+                  {"PARTRAIN_JOB_TOKEN=x"});
+  CHECK_FALSE(r.status.ok());
+  CHECK_THAT(r.output, Catch::Contains("node(s) 1 never joined"));
+}
+
+TEST_CASE("partrun: options follow torchrun and bad ones are refused clearly", "[tools][partrun]") {
+  auto o = partrun::parse({"--nproc_per_node=4", "--nnodes", "2:2", "--node-rank", "1", "--max-restarts", "3",
+                           "--monitor-interval", "0.5", "prog", "--lr", "0.1"});
+  REQUIRE(o);
+  CHECK(o->nproc_per_node == 4);
+  CHECK(o->nnodes == 2);
+  CHECK(o->node_rank == 1);
+  CHECK(o->max_restarts == 3);
+  CHECK(o->monitor_interval == 500ms);
+  CHECK(o->program == "prog");
+  CHECK(o->args == std::vector<std::string>{"--lr", "0.1"});
+  CHECK(partrun::parse({"--standalone", "p"})->master_port == 0);
+  CHECK_THROWS_WITH(partrun::parse({"--node-rank", "2", "p"}), Catch::Contains("out of range for --nnodes 1"));
+  CHECK_THROWS_WITH(partrun::parse({"--nnodes", "1:4", "p"}), Catch::Contains("not supported"));
+  CHECK_THROWS_WITH(partrun::parse({"--nnodes", "2", "--master-port", "0", "p"}), Catch::Contains("one node"));
+  CHECK_THROWS_WITH(partrun::parse({"--nproc-per-node", "x", "p"}), Catch::Contains("expected an integer"));
+  CHECK_THROWS_WITH(partrun::parse({"--frobnicate"}), Catch::Contains("unknown option"));
+  CHECK_THROWS_WITH(partrun::parse({}), Catch::Contains("no PROGRAM"));
+  CHECK_FALSE(partrun::parse({"--help"}));
+}

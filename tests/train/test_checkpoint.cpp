@@ -1,0 +1,225 @@
+#include <catch2/catch.hpp>
+
+#include <partrain/comm/local.hpp>
+#include <partrain/optim/adamw.hpp>
+#include <partrain/optim/sgd.hpp>
+#include <partrain/parallel/ddp.hpp>
+#include <partrain/train/checkpoint.hpp>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "toy_models.hpp"
+
+using namespace partrain;
+using partrain::testing::make_toy_batch;
+using partrain::testing::toy_mlp;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh folder per test, removed afterwards.
+struct temp_dir {
+  fs::path path;
+  temp_dir() {
+    static std::atomic<int> n{0};
+    path = fs::temp_directory_path() / ("partrain_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
+    fs::create_directories(path);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+std::vector<std::byte> read(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::vector<char> c((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> b(c.size());
+  std::memcpy(b.data(), c.data(), c.size());
+  return b;
+}
+void write(const fs::path& p, const std::vector<std::byte>& b) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+}
+
+template <class T, class Opt, class MakeOpt>
+void train(toy_mlp<T, false>& m, Opt& opt, int from, int to, MakeOpt&&) {
+  for (int s = from; s < to; ++s) {
+    m.train_step(make_toy_batch<T>(static_cast<std::size_t>(s) * 8, 8));
+    opt.step();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("crc32 matches the standard check value", "[train][checkpoint]") {
+  const std::string_view s = "123456789";
+  CHECK(detail::crc32(std::as_bytes(std::span(s.data(), s.size()))) == 0xCBF43926u);
+  CHECK(detail::crc32({}) == 0u);
+}
+
+TEST_CASE("checkpoint: resuming gives bit-identical parameters to an uninterrupted run", "[train][checkpoint]") {
+  temp_dir dir;
+  const auto file = dir.path / "ckpt.bin";
+  SECTION("float, SGD with Nesterov momentum") {
+    const sgd_options o{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3, .nesterov = true};
+    toy_mlp<float, false> straight(7);
+    sgd so(straight, o);
+    train(straight, so, 0, 10, 0);
+
+    toy_mlp<float, false> first(7);
+    sgd fo(first, o);
+    train(first, fo, 0, 4, 0);
+    save_checkpoint(file, first, fo, {.epoch = 1, .step = 4, .sampler_position = 32, .rng_state = {std::byte{42}}});
+
+    toy_mlp<float, false> resumed(99);  // other initial weights: the checkpoint must overwrite them
+    sgd ro(resumed, o);
+    const auto extra = load_checkpoint(file, resumed, ro);
+    CHECK(extra.epoch == 1);
+    CHECK(extra.step == 4);
+    CHECK(extra.sampler_position == 32);
+    CHECK(extra.rng_state == std::vector<std::byte>{std::byte{42}});
+    CHECK(resumed.flat_values() == first.flat_values());
+    train(resumed, ro, 4, 10, 0);
+    CHECK(resumed.flat_values() == straight.flat_values());
+  }
+  SECTION("double, AdamW") {
+    const adamw_options o{.lr = 0.01, .weight_decay = 0.05};
+    toy_mlp<double, false> straight(7);
+    adamw so(straight, o);
+    train(straight, so, 0, 10, 0);
+
+    toy_mlp<double, false> first(7);
+    adamw fo(first, o);
+    train(first, fo, 0, 6, 0);
+    save_checkpoint(file, first, fo);
+
+    toy_mlp<double, false> resumed(3);
+    adamw ro(resumed, o);
+    load_checkpoint(file, resumed, ro);
+    CHECK(ro.steps() == 6);
+    train(resumed, ro, 6, 10, 0);
+    CHECK(resumed.flat_values() == straight.flat_values());
+  }
+  // The temporary file was renamed away: only the checkpoint is left.
+  std::size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir.path)) files += e.is_regular_file() ? 1 : 0;
+  CHECK(files == 1);
+}
+
+TEST_CASE("checkpoint: DDP ranks resume from rank 0's file bit for bit", "[train][checkpoint][threads]") {
+  temp_dir dir;
+  const auto file = dir.path / "ddp.ckpt";
+  const sgd_options o{.lr = 0.05, .momentum = 0.9};
+  auto run = [&](bool interrupt) {
+    std::vector<std::vector<float>> out(2);
+    run_local(2, [&](local_group& g) {
+      auto batch = [&](int s) { return make_toy_batch<float>(static_cast<std::size_t>(s * 2 + g.rank()) * 4, 4); };
+      toy_mlp<float> m(7);
+      distributed_data_parallel ddp(m, g);
+      sgd opt(m, o);
+      int s = 0;
+      for (; s < 3; ++s) {
+        ddp.train_step(batch(s));
+        opt.step();
+      }
+      if (interrupt) {
+        save_checkpoint(g, file, m, opt, {.step = 3});
+        toy_mlp<float> m2(50 + static_cast<std::uint64_t>(g.rank()));
+        sgd opt2(m2, o);
+        const auto extra = load_checkpoint(file, m2, opt2);
+        distributed_data_parallel ddp2(m2, g, {.broadcast_parameters = false});
+        for (s = static_cast<int>(extra.step); s < 8; ++s) {
+          ddp2.train_step(batch(s));
+          opt2.step();
+        }
+        out[static_cast<std::size_t>(g.rank())] = m2.flat_values();
+      } else {
+        for (; s < 8; ++s) {
+          ddp.train_step(batch(s));
+          opt.step();
+        }
+        out[static_cast<std::size_t>(g.rank())] = m.flat_values();
+      }
+    });
+    CHECK(out[0] == out[1]);
+    return out[0];
+  };
+  CHECK(run(true) == run(false));
+}
+
+TEST_CASE("checkpoint: bad files are refused with the reason", "[train][checkpoint]") {
+  temp_dir dir;
+  const auto file = dir.path / "ckpt.bin";
+  toy_mlp<float, false> m(7);
+  sgd opt(m, {.lr = 0.1, .momentum = 0.9});
+  m.train_step(make_toy_batch<float>(0, 8));
+  opt.step();
+  save_checkpoint(file, m, opt, {.user = {std::byte{1}, std::byte{2}}});
+  const auto good = read(file);
+  toy_mlp<float, false> target(5);
+  sgd topt(target, {.lr = 0.1, .momentum = 0.9});
+  const auto before = target.flat_values();
+  auto refused = [&](const std::vector<std::byte>& bytes, const std::string& why) {
+    write(file, bytes);
+    CHECK_THROWS_WITH(load_checkpoint(file, target, topt), Catch::Contains(why));
+    CHECK(target.flat_values() == before);  // nothing was changed
+  };
+
+  SECTION("a corrupted byte") {
+    auto b = good;
+    b[b.size() / 2] ^= std::byte{0x10};
+    refused(b, "is corrupted: the payload's CRC-32");
+  }
+  SECTION("a truncated file") {
+    refused({good.begin(), good.end() - 5}, "is truncated: the header says");
+    refused({good.begin(), good.begin() + 10}, "less than the 24-byte header");
+  }
+  SECTION("trailing bytes") {
+    auto b = good;
+    b.push_back(std::byte{0});
+    refused(b, "has trailing bytes");
+  }
+  SECTION("wrong magic") {
+    auto b = good;
+    b[0] = std::byte{'X'};
+    refused(b, "is not a partrain checkpoint (bad magic");
+  }
+  SECTION("wrong version") {
+    auto b = good;
+    b[8] = std::byte{7};
+    refused(b, "has format version 7; this build reads version 1");
+  }
+  SECTION("a missing file") {
+    CHECK_THROWS_WITH(load_checkpoint(dir.path / "nope.bin", target, topt), Catch::Contains("cannot open checkpoint"));
+  }
+  SECTION("other model shapes") {
+    toy_mlp<float, false> wide(7, 6, 8);
+    sgd wopt(wide, {});
+    CHECK_THROWS_WITH(load_checkpoint(file, wide, wopt),
+                      Catch::Contains("does not match the model: parameter #0 (fc1.weight) has shape [5, 6] in the "
+                                      "checkpoint, [8, 6] in the model"));
+  }
+  SECTION("other parameter dtype") {
+    toy_mlp<double, false> d(7);
+    sgd dopt(d, {});
+    CHECK_THROWS_WITH(load_checkpoint(file, d, dopt), Catch::Contains("parameters are float32 in the checkpoint, float64"));
+  }
+  SECTION("another optimizer") {
+    adamw aopt(target, {});
+    CHECK_THROWS_WITH(load_checkpoint(file, target, aopt), Catch::Contains("expected 'adamw'"));
+    CHECK(target.flat_values() == before);
+  }
+  SECTION("the good file loads") {
+    write(file, good);
+    const auto extra = load_checkpoint(file, target, topt);
+    CHECK(extra.user == std::vector<std::byte>{std::byte{1}, std::byte{2}});
+    CHECK(target.flat_values() == m.flat_values());
+  }
+}

@@ -1,0 +1,320 @@
+// partrun: launches, supervises and restarts a distributed job, like torchrun.
+// The agent on node 0 hosts the job's rendezvous store (token-protected); every agent starts
+// its local ranks with the torchrun variables, prefixes their output with the rank, and when a
+// rank fails stops every rank of the job (on all nodes) and restarts while restarts remain.
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <partrain/comm/detail/process.hpp>
+#include <partrain/comm/tcp_store.hpp>
+
+#include "options.hpp"
+
+extern char** environ;
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+volatile std::sig_atomic_t g_signal = 0;
+
+extern "C" void on_signal(int sig) {
+  g_signal = sig;
+  g_stop.store(true);
+}
+
+void install_signal_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+std::string random_token() {
+  unsigned char bytes[16];
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  if (!urandom.read(reinterpret_cast<char*>(bytes), sizeof bytes)) {
+    throw partrain::config_error("partrun: cannot read /dev/urandom to make the job token");
+  }
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string t;
+  for (unsigned char b : bytes) {
+    t += hex[b >> 4];
+    t += hex[b & 15];
+  }
+  return t;
+}
+
+void log(const std::string& line) {
+  std::fprintf(stderr, "partrun: %s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+std::string key(int attempt, const std::string& rest) { return "partrun/attempt_" + std::to_string(attempt) + "/" + rest; }
+
+// The environment of every rank: ours, with the torchrun variables set on top.
+std::vector<std::string> child_env(const partrun::options& o, int rank, int local_rank, int world_size, int attempt,
+                                   std::uint16_t port, const std::string& token) {
+  const std::vector<std::pair<std::string, std::string>> ours = {
+      {"RANK", std::to_string(rank)},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"WORLD_SIZE", std::to_string(world_size)},
+      {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
+      {"GROUP_RANK", std::to_string(o.node_rank)},
+      {"GROUP_WORLD_SIZE", std::to_string(o.nnodes)},
+      {"ROLE_RANK", std::to_string(rank)},
+      {"ROLE_WORLD_SIZE", std::to_string(world_size)},
+      {"MASTER_ADDR", o.master_addr},
+      {"MASTER_PORT", std::to_string(port)},
+      {"PARTRAIN_RESTART_COUNT", std::to_string(attempt)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt)},
+      {"PARTRAIN_MAX_RESTARTS", std::to_string(o.max_restarts)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
+      // Ranks are clients of the agent's store; init_process_group keys each attempt apart
+      // by PARTRAIN_RESTART_COUNT.
+      {"PARTRAIN_USE_AGENT_STORE", "1"},
+      {"PARTRAIN_STORE_TOKEN", token},
+  };
+  std::vector<std::string> env;
+  bool omp_set = false;
+  for (char** e = environ; *e; ++e) {
+    std::string_view kv(*e);
+    const auto name = kv.substr(0, kv.find('='));
+    if (name == "OMP_NUM_THREADS") omp_set = true;
+    bool replaced = false;
+    for (const auto& [k, v] : ours) replaced |= (name == k);
+    if (!replaced) env.emplace_back(kv);
+  }
+  for (const auto& [k, v] : ours) env.push_back(k + "=" + v);
+  // As torchrun: several ranks on a node each get one OpenMP thread unless told otherwise.
+  if (!omp_set && o.nproc_per_node > 1) env.emplace_back("OMP_NUM_THREADS=1");
+  return env;
+}
+
+struct node_layout {
+  int world_size = 0;
+  int first_rank = 0;  // global rank of this node's local rank 0
+};
+
+// Every agent announces its process count and waits for all nodes (bounded by --rdzv-timeout).
+node_layout rendezvous(partrain::tcp_store& store, const partrun::options& o, int attempt) {
+  store.set(key(attempt, "node_" + std::to_string(o.node_rank)), std::to_string(o.nproc_per_node));
+  std::vector<std::string> keys;
+  for (int n = 0; n < o.nnodes; ++n) keys.push_back(key(attempt, "node_" + std::to_string(n)));
+  try {
+    store.wait(keys, o.rdzv_timeout);
+  } catch (const partrain::timeout_error&) {
+    std::string missing;
+    for (int n = 0; n < o.nnodes; ++n) {
+      if (!store.check({keys[static_cast<std::size_t>(n)]})) missing += (missing.empty() ? "" : ", ") + std::to_string(n);
+    }
+    throw partrain::timeout_error("node " + std::to_string(o.node_rank) + " rendezvous: node(s) " + missing +
+                                  " never joined within " + std::to_string(o.rdzv_timeout.count() / 1000) +
+                                  " s (check --nnodes, --master-addr/--master-port and that every node was started)");
+  }
+  node_layout l;
+  for (int n = 0; n < o.nnodes; ++n) {
+    const int np = std::stoi(store.get_string(keys[static_cast<std::size_t>(n)], o.rdzv_timeout));
+    if (n < o.node_rank) l.first_rank += np;
+    l.world_size += np;
+  }
+  return l;
+}
+
+enum class attempt_result { success, failed, interrupted };
+
+attempt_result run_attempt(partrain::tcp_store& store, const partrun::options& o, int attempt, std::uint16_t port,
+                           const std::string& token) {
+  const auto layout = rendezvous(store, o, attempt);
+  std::mutex out_mutex;
+  std::vector<partrain::detail::child_process> children;
+  children.reserve(static_cast<std::size_t>(o.nproc_per_node));
+  if (o.tee) std::filesystem::create_directories(o.log_dir / ("attempt_" + std::to_string(attempt)));
+  for (int l = 0; l < o.nproc_per_node; ++l) {
+    const int rank = layout.first_rank + l;
+    std::shared_ptr<std::ofstream> tee;
+    if (o.tee) {
+      tee = std::make_shared<std::ofstream>(o.log_dir / ("attempt_" + std::to_string(attempt)) /
+                                            ("rank_" + std::to_string(rank) + ".log"));
+    }
+    partrain::detail::child_options co;
+    co.capture_output = true;
+    co.keep_lines = 10;
+    co.on_line = [rank, tee, &out_mutex](std::string_view line) {
+      std::lock_guard lock(out_mutex);
+      std::printf("[rank %d] %.*s\n", rank, static_cast<int>(line.size()), line.data());
+      std::fflush(stdout);
+      if (tee) *tee << line << '\n' << std::flush;
+    };
+    children.push_back(partrain::detail::child_process::exec(
+        o.program, o.args, child_env(o, rank, l, layout.world_size, attempt, port, token), std::move(co)));
+  }
+
+  // Another node's failure (or the end of the whole job) reaches us through the store.
+  const std::string failed_key = key(attempt, "failed");
+  std::atomic<bool> remote_failure{false};
+  std::atomic<bool> stop{false};
+  std::jthread watcher([&](std::stop_token st) {
+    while (!st.stop_requested()) {
+      if (g_stop.load()) stop = true;
+      try {
+        if (o.nnodes > 1 && store.check({failed_key})) {
+          remote_failure = true;
+          stop = true;
+        }
+      } catch (const std::exception&) {
+        remote_failure = true;  // the store (node 0) is gone: the job cannot go on
+        stop = true;
+      }
+      std::this_thread::sleep_for(o.monitor_interval);
+    }
+  });
+
+  partrain::detail::supervise_options so;
+  so.grace = o.grace;
+  so.poll_interval = o.monitor_interval;
+  so.stop = &stop;
+  auto outcome = partrain::detail::supervise(children, so);
+  watcher.request_stop();
+  watcher.join();
+
+  if (outcome.ok()) {
+    if (o.nnodes == 1) return attempt_result::success;
+    // Every node waits for the job's outcome: a node whose ranks finished must still restart
+    // with the others if another node fails. Node 0 hosts the store, so it announces success
+    // only when all nodes are done and leaves only after every node has read it.
+    store.add(key(attempt, "done"), 1);
+    const std::string success_key = key(attempt, "success");
+    for (;;) {
+      if (store.check({failed_key})) break;
+      if (o.node_rank == 0) {
+        if (store.add(key(attempt, "done"), 0) >= o.nnodes) {
+          store.set(success_key, "1");
+          const auto until = std::chrono::steady_clock::now() + o.rdzv_timeout;
+          while (store.add(key(attempt, "acked"), 0) < o.nnodes - 1 && std::chrono::steady_clock::now() < until &&
+                 !g_stop.load()) {
+            std::this_thread::sleep_for(o.monitor_interval);
+          }
+          return attempt_result::success;
+        }
+      } else if (store.check({success_key})) {
+        store.add(key(attempt, "acked"), 1);
+        return attempt_result::success;
+      }
+      if (g_stop.load()) return attempt_result::interrupted;
+      std::this_thread::sleep_for(o.monitor_interval);
+    }
+    log("node " + std::to_string(o.node_rank) + ": another node failed: " + store.get_string(failed_key, o.rdzv_timeout));
+    return attempt_result::failed;
+  }
+  if (outcome.how == partrain::detail::supervise_outcome::result::failed) {
+    // Report every rank that ended on its own: the one noticed first is not always the cause
+    // (a rank that exits makes its peers' collectives fail a moment later).
+    std::string summary;
+    for (std::size_t i = 0; i < children.size(); ++i) {
+      if (outcome.statuses[i].ok() || outcome.stopped_by_us[i]) continue;
+      const int rank = layout.first_rank + static_cast<int>(i);
+      std::string msg = "rank " + std::to_string(rank) + " (local rank " + std::to_string(i) + " on node " +
+                        std::to_string(o.node_rank) + ", pid " + std::to_string(children[i].pid()) + ") " +
+                        outcome.statuses[i].describe();
+      summary += (summary.empty() ? "" : "; ") + msg;
+      std::string report = msg;
+      if (!children[i].last_lines().empty()) {
+        report += "; its last lines:";
+        for (const auto& l : children[i].last_lines()) report += "\n    " + l;
+      }
+      log(report);
+    }
+    log("the other ranks were stopped");
+    if (o.nnodes > 1) {
+      try {
+        store.set(failed_key, "node " + std::to_string(o.node_rank) + ": " + summary);
+      } catch (const std::exception&) {
+      }
+    }
+    return attempt_result::failed;
+  }
+  if (remote_failure && !g_stop.load()) {
+    std::string why = "the store of node 0 is unreachable";
+    try {
+      why = store.get_string(failed_key, std::chrono::milliseconds(2000));
+    } catch (const std::exception&) {
+    }
+    log("node " + std::to_string(o.node_rank) + ": stopped local ranks because " + why);
+    return attempt_result::failed;
+  }
+  return attempt_result::interrupted;
+}
+
+int run(const partrun::options& o) {
+  install_signal_handlers();
+  std::string token = o.token;
+  if (token.empty()) {
+    if (const char* t = std::getenv("PARTRAIN_JOB_TOKEN")) token = t;
+  }
+  if (token.empty()) {
+    if (o.nnodes > 1) {
+      throw partrain::config_error(
+          "partrun: a multi-node job needs the same job token on every node: set PARTRAIN_JOB_TOKEN or --token "
+          "(e.g. to the output of `openssl rand -hex 16`)");
+    }
+    token = random_token();
+  }
+  // Node 0 hosts the store; binding to the master address (loopback unless told otherwise).
+  std::unique_ptr<partrain::tcp_store_server> server;
+  auto port = static_cast<std::uint16_t>(o.master_port);
+  if (o.node_rank == 0) {
+    server = std::make_unique<partrain::tcp_store_server>(
+        partrain::tcp_store_server_options{.host = o.master_addr, .port = port, .token = token});
+    port = server->port();
+  }
+  partrain::tcp_store store(partrain::tcp_store_options{.host = o.master_addr,
+                                                        .port = port,
+                                                        .token = token,
+                                                        .timeout = o.rdzv_timeout,
+                                                        .who = "partrun node " + std::to_string(o.node_rank)});
+  for (int attempt = 0;; ++attempt) {
+    const auto r = run_attempt(store, o, attempt, port, token);
+    if (r == attempt_result::success) return 0;
+    if (r == attempt_result::interrupted) {
+      log("interrupted by " + partrain::signal_name(g_signal) + "; every rank was stopped");
+      return 128 + (g_signal ? static_cast<int>(g_signal) : SIGTERM);
+    }
+    if (attempt >= o.max_restarts) {
+      log(o.max_restarts ? "no restarts left (--max-restarts " + std::to_string(o.max_restarts) + "); giving up"
+                         : "the job failed");
+      return 1;
+    }
+    log("restarting every rank (restart " + std::to_string(attempt + 1) + " of " + std::to_string(o.max_restarts) + ")");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    auto o = partrun::parse(std::vector<std::string>(argv + 1, argv + argc));
+    if (!o) {
+      std::fputs(partrun::usage.data(), stdout);
+      return 0;
+    }
+    return run(*o);
+  } catch (const partrain::config_error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "partrun: %s\n", e.what());
+    return 1;
+  }
+}
