@@ -1,6 +1,8 @@
 // DDP across processes: forked ranks, each with a gloo_group over a file store.
 #include <catch2/catch.hpp>
 
+#include "temp_dir.hpp"
+
 #include <partrain/comm/file_store.hpp>
 #include <partrain/comm/gloo.hpp>
 #include <partrain/comm/init.hpp>
@@ -29,17 +31,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    static std::atomic<int> n{0};
-    path = fs::temp_directory_path() / ("partrain_ddp_gloo_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct temp_dir : partrain::testing::temp_dir {
+  temp_dir() : partrain::testing::temp_dir("partrain_ddp_gloo") {}
 };
 
 const sgd_options opt_options{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3};

@@ -3,6 +3,8 @@
 // trained in the same process; a mismatch makes the rank fail, and spawn reports which.
 #include <catch2/catch.hpp>
 
+#include "temp_dir.hpp"
+
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -33,17 +35,8 @@ constexpr std::uint32_t model_seed = 42;
 constexpr float lr = 0.1f;
 constexpr int steps = 10;
 
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    static std::atomic<int> n{0};
-    path = fs::temp_directory_path() / ("partrain_pipeline_gloo_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct temp_dir : partrain::testing::temp_dir {
+  temp_dir() : partrain::testing::temp_dir("partrain_pipeline_gloo") {}
 };
 
 std::vector<test::synthetic_batch> make_batches(std::size_t rows) {

@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include "temp_dir.hpp"
+
 #include <partrain/comm/local.hpp>
 #include <partrain/optim/adamw.hpp>
 #include <partrain/optim/sgd.hpp>
@@ -22,18 +24,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh folder per test, removed afterwards.
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    static std::atomic<int> n{0};
-    path = fs::temp_directory_path() / ("partrain_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct temp_dir : partrain::testing::temp_dir {
+  temp_dir() : partrain::testing::temp_dir("partrain_ckpt") {}
 };
 
 std::vector<std::byte> read(const fs::path& p) {
