@@ -3,7 +3,8 @@
 //   1. a plain loop without partrain's policy: model.train_step + sgd.step
 //   2. DDP at world size 1 (local backend): the policy's own overhead
 //   3. DDP at 2 ranks over Gloo (two processes on this machine), overlap on and off
-// then the scaling at 2 ranks and how much gradient communication overlap hid.
+//   4. the same 2-rank run with the timeline on (trace spans for every step and bucket all_reduce)
+// then the scaling at 2 ranks, how much gradient communication overlap hid, and what tracing costs.
 //   bench_ddp [--quick] [--batch-size N] [--steps N]
 #include <algorithm>
 #include <chrono>
@@ -27,6 +28,7 @@
 #include <partrain/data/fashion_mnist.hpp>
 #include <partrain/optim/sgd.hpp>
 #include <partrain/parallel/ddp.hpp>
+#include <partrain/train/trace.hpp>
 
 #include "mlp_host.hpp"
 
@@ -84,21 +86,28 @@ struct ddp_result {
 };
 
 template <class Group>
-ddp_result ddp_loop(Group& pg, const std::vector<batch>& batches, const config& c, bool overlap) {
+ddp_result ddp_loop(Group& pg, const std::vector<batch>& batches, const config& c, bool overlap,
+                    trace_recorder* trace = nullptr) {
   example::mlp_host model({}, 0);
-  distributed_data_parallel ddp(model, pg, {.overlap = overlap});
+  ddp_options o{.overlap = overlap};
+  if (trace) o.on_bucket_launch = trace->bucket_spans();  // what the example does with --trace
+  distributed_data_parallel ddp(model, pg, o);
   sgd opt(model, {.lr = 0.05, .momentum = 0.9});
-  for (std::size_t i = 0; i < c.warmup; ++i) {
-    (void)ddp.train_step(batches[i]);
+  trace_recorder off;
+  trace_recorder& rec = trace ? *trace : off;
+  auto one_step = [&](const batch& b, std::size_t i) {
+    auto step = rec.span("step", trace_track::step, "step", static_cast<std::int64_t>(i));
+    auto fb = rec.span("forward_backward");
+    (void)ddp.train_step(b);
+    fb.end();
+    auto os = rec.span("optimizer");
     opt.step();
-  }
+  };
+  for (std::size_t i = 0; i < c.warmup; ++i) one_step(batches[i], i);
   pg.barrier().wait();
   ddp.stats().reset_timing();
   const auto t0 = clock_type::now();
-  for (std::size_t i = 0; i < c.steps; ++i) {
-    (void)ddp.train_step(batches[c.warmup + i]);
-    opt.step();
-  }
+  for (std::size_t i = 0; i < c.steps; ++i) one_step(batches[c.warmup + i], c.warmup + i);
   pg.barrier().wait();  // the slowest rank decides the rate
   const double s = seconds_since(t0);
   const auto& st = ddp.stats();
@@ -192,31 +201,49 @@ int main(int argc, char** argv) {
     // 3: two processes; rank 0 writes its figures for this process to print.
     const std::filesystem::path result_file =
         std::filesystem::temp_directory_path() / ("bench_ddp_" + std::to_string(::getpid()) + ".txt");
+    const std::filesystem::path trace_file =
+        std::filesystem::temp_directory_path() / ("bench_ddp_" + std::to_string(::getpid()) + "_trace.json");
     spawn(2, [&](int rank) {
       auto pg = init_process_group("env://", {.backend = "gloo"});
       const auto mine = make_batches(train, c.batch, need, static_cast<std::size_t>(rank) * need);
-      const ddp_result on = ddp_loop(*pg, mine, c, true);
+      // Overlap on, untraced and traced, interleaved (medians of the repeats); then overlap off.
+      std::vector<ddp_result> ons, traceds;
+      for (int r = 0; r < c.repeats; ++r) {
+        ons.push_back(ddp_loop(*pg, mine, c, true));
+        trace_recorder rec(trace_file);
+        rec.start(*pg);
+        traceds.push_back(ddp_loop(*pg, mine, c, true, &rec));
+        (void)rec.finish(*pg);  // the merge is not timed
+      }
+      auto by_rate = [](const ddp_result& a, const ddp_result& b) { return a.samples_per_s < b.samples_per_s; };
+      std::sort(ons.begin(), ons.end(), by_rate);
+      std::sort(traceds.begin(), traceds.end(), by_rate);
+      const ddp_result on = ons[ons.size() / 2];
+      const ddp_result traced = traceds[traceds.size() / 2];
       const ddp_result off = ddp_loop(*pg, mine, c, false);
       if (rank == 0) {
         const auto tmp = result_file.string() + ".tmp";
         {
           std::ofstream out(tmp);
           out << on.samples_per_s << ' ' << on.comm_ms << ' ' << on.wait_ms << ' ' << on.hidden << '\n'
-              << off.samples_per_s << ' ' << off.comm_ms << ' ' << off.wait_ms << ' ' << off.hidden << '\n';
+              << off.samples_per_s << ' ' << off.comm_ms << ' ' << off.wait_ms << ' ' << off.hidden << '\n'
+              << traced.samples_per_s << ' ' << traced.comm_ms << ' ' << traced.wait_ms << ' ' << traced.hidden << '\n';
         }
         std::filesystem::rename(tmp, result_file);
       }
     });
-    ddp_result on, off;
+    ddp_result on, off, traced;
     {
       std::ifstream in(result_file);
       in >> on.samples_per_s >> on.comm_ms >> on.wait_ms >> on.hidden >> off.samples_per_s >> off.comm_ms >>
-          off.wait_ms >> off.hidden;
+          off.wait_ms >> off.hidden >> traced.samples_per_s >> traced.comm_ms >> traced.wait_ms >> traced.hidden;
       if (!in) throw error(error_kind::internal, "bench_ddp: rank 0 left no readable results in " + result_file.string());
     }
     std::filesystem::remove(result_file);
+    std::filesystem::remove(trace_file);
     row("DDP 2 ranks gloo, overlap on", 2, c, on.samples_per_s, &on);
     row("DDP 2 ranks gloo, overlap off", 2, c, off.samples_per_s, &off);
+    row("DDP 2 ranks gloo, on, traced", 2, c, traced.samples_per_s, &traced);
     // A second view of overlap that does not rely on DDP's own timers: the step time it saved,
     // against the communication time per step measured with overlap off.
     const double step_ms_on = 1e3 * 2.0 * static_cast<double>(c.batch) / on.samples_per_s;
@@ -228,8 +255,13 @@ int main(int argc, char** argv) {
     } else {
       std::printf("cuda and PyTorch rows: skipped: no GPU\n");
     }
-    std::printf("summary: ddp1_vs_plain=%.3f scaling_2=%.3f overlap_hidden=%.3f\n", ddp1_sps / plain_sps,
-                on.samples_per_s / (2.0 * ddp1_sps), on.hidden);
+    // Tracing's cost as a fraction of the untraced step time (step time = 1 / rate); noise on a
+    // busy machine can make it slightly negative.
+    const double trace_overhead = on.samples_per_s / traced.samples_per_s - 1.0;
+    std::printf("tracing: step %.3f ms (off) vs %.3f ms (on): overhead %.4f of the step\n", step_ms_on,
+                1e3 * 2.0 * static_cast<double>(c.batch) / traced.samples_per_s, trace_overhead);
+    std::printf("summary: ddp1_vs_plain=%.3f scaling_2=%.3f overlap_hidden=%.3f trace_overhead=%.4f\n",
+                ddp1_sps / plain_sps, on.samples_per_s / (2.0 * ddp1_sps), on.hidden, trace_overhead);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_ddp: %s\n", e.what());
     return 1;

@@ -5,10 +5,13 @@
 //   fashion_mnist --backend local --nproc 2     # 2 threads of this process
 //   partrun --nproc 2 fashion_mnist             # ranks from the launcher's environment
 //
-// Rank 0 prints one line per epoch (train loss, test loss, test accuracy, samples/s) and, with
-// --metrics FILE, writes the same as JSON lines. The learning rate follows a cosine from --lr down
-// to 0 over the epochs (per epoch, so a resumed run continues on the same schedule).
+// Rank 0 prints a progress line every --log-every steps and one line per epoch (train loss, test
+// loss, test accuracy, samples/s); with --metrics FILE it writes the same as JSON lines, and with
+// --trace FILE (or PARTRAIN_TRACE=FILE) every rank records a timeline that rank 0 merges. The
+// learning rate follows a cosine from --lr down to 0 over the epochs (per epoch, so a resumed run
+// continues on the same schedule).
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -17,12 +20,11 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <numbers>
+#include <optional>
 #include <ranges>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,10 +41,14 @@
 #include <partrain/parallel/data_parallel.hpp>
 #include <partrain/parallel/ddp.hpp>
 #include <partrain/parallel/pipeline/pipeline.hpp>
+#include <partrain/precision/mixed_precision.hpp>
 #include <partrain/train/checkpoint.hpp>
 #include <partrain/train/epochs.hpp>
 #include <partrain/train/every.hpp>
+#include <partrain/train/metrics.hpp>
+#include <partrain/train/progress.hpp>
 #include <partrain/train/steps.hpp>
+#include <partrain/train/trace.hpp>
 
 #include "mlp_host.hpp"
 #include "mlp_layers.hpp"
@@ -81,43 +87,6 @@ struct epoch_summary {
   std::size_t samples = 0;  // this rank's
 };
 
-// Rank 0 keeps the metrics file whole: every epoch rewrites it to a temporary and renames it,
-// so a reader (or a crash) never sees half a line.
-class metrics_file {
- public:
-  metrics_file(std::string path, bool resume) : path_(std::move(path)) {
-    if (path_.empty() || !resume) return;
-    std::ifstream in(path_);
-    for (std::string line; std::getline(in, line);) {
-      if (!line.empty()) lines_.push_back(line);
-    }
-  }
-  void append(const std::string& json) {
-    if (path_.empty()) return;
-    lines_.push_back(json);
-    const std::string tmp = path_ + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      for (const auto& l : lines_) out << l << '\n';
-      out.flush();
-      if (!out) throw data_error("cannot write the metrics file '" + tmp + "'");
-    }
-    std::filesystem::rename(tmp, path_);
-  }
-
- private:
-  std::string path_;
-  std::vector<std::string> lines_;
-};
-
-std::string fixed(double v, int digits) {
-  std::ostringstream s;
-  s.setf(std::ios::fixed);
-  s.precision(digits);
-  s << v;
-  return s.str();
-}
-
 // What the loop needs from a parallel mode: one training step (optimizer included) returning the
 // mean loss, evaluation over the test batches, and the learning rate. DDP, data_parallel and the
 // pipeline each get a small adapter, and the same loop below runs any of them.
@@ -125,8 +94,22 @@ template <class Ddp, class Opt>
 struct ddp_mode {
   Ddp& ddp;
   Opt& opt;
+  trace_recorder* trace = nullptr;  // timeline spans (--trace); off when null
+  grad_scaler* scaler = nullptr;    // mixed precision (--precision fp16|bf16); fp32 when null
+  std::size_t skipped = 0;          // steps the scaler skipped (inf/NaN gradients on some rank)
   double step(const batch& b) {
+    if (scaler) {
+      // Scale the loss, train, unscale + check (agreed across ranks), step the fp32 masters
+      // unless a gradient overflowed, refresh the 16-bit weights, update the scale.
+      auto fb = trace ? trace->span("amp_step") : trace_span{};
+      const amp_step_result r = amp_step(ddp, opt, *scaler, b);
+      skipped += r.skipped ? 1 : 0;
+      return r.loss;
+    }
+    auto fb = trace ? trace->span("forward_backward") : trace_span{};
     const double loss = ddp.train_step(b);  // gradients averaged over the ranks
+    fb.end();
+    auto os = trace ? trace->span("optimizer") : trace_span{};
     opt.step();
     return loss;
   }
@@ -189,9 +172,15 @@ struct trainer {
   bool leader;  // prints progress lines
   const options& o;
   std::size_t& global_step;
+  trace_recorder& trace;
+  progress& prog;                          // rank 0's progress line
+  std::optional<metrics_writer>& metrics;  // --metrics: rank 0 writes, every rank takes part
+  std::size_t epoch = 0;                   // the running epoch (0-based)
+  std::size_t epoch_first_step = 0;        // global step at its start
 
   double one_step(const batch& b, epoch_summary& s) {
     maybe_inject_failure();
+    auto span = trace.span("step", trace_track::step, "step", static_cast<std::int64_t>(global_step));
     const double loss = mode.step(b);
     s.samples += b.size();
     return loss;
@@ -212,8 +201,22 @@ struct trainer {
       ::raise(SIGKILL);
     }
   }
-  void log_step(std::size_t step, double loss) const {
-    if (leader) std::printf("  step %zu  loss %.4f (rank 0)\n", step + 1, loss);
+  // The progress line: fed every step (it decides when to print); nothing with --log-every 0.
+  void show(std::size_t step, double loss, std::size_t samples) {
+    if (o.log_every) prog.update(static_cast<std::int64_t>(epoch), static_cast<std::int64_t>(step - epoch_first_step), loss,
+                                 static_cast<std::int64_t>(samples));
+  }
+  // A metrics step record every --log-every steps. `reduced`: loss is already the mean over the
+  // ranks; otherwise the record is collective (every rank calls it) and averages it.
+  void log_step(std::size_t step, double loss, bool reduced = false) {
+    if (!metrics) return;
+    std::vector<metric_field> f{{"epoch", static_cast<std::int64_t>(epoch + 1)},
+                                {"loss", loss, reduced ? across_ranks::rank0 : across_ranks::mean}};
+    if (reduced) {
+      metrics->step(static_cast<std::int64_t>(step + 1), std::move(f));
+    } else {
+      metrics->step(pg, static_cast<std::int64_t>(step + 1), std::move(f));
+    }
   }
   // Sums this rank's loss total and step count over all ranks.
   void reduce_loss(epoch_summary& s) {
@@ -227,10 +230,11 @@ struct trainer {
   template <class Loader>
   epoch_summary epoch_plain(Loader& train) {
     epoch_summary s;
-    for (const batch& b : train) {
+    for (const batch& b : traced_batches(train, trace)) {  // traced: the time each batch took to arrive
       const double loss = one_step(b, s);
       s.loss_sum += loss;
       s.steps += 1;
+      show(global_step, loss, b.size());
       if (o.log_every && (global_step + 1) % o.log_every == 0) log_step(global_step, loss);
       ++global_step;
     }
@@ -242,11 +246,17 @@ struct trainer {
   template <class Loader>
   epoch_summary epoch_ranges(Loader& train) {
     epoch_summary s;
-    auto step = [&](const batch& b) { return one_step(b, s); };
+    std::size_t samples = 0;
+    auto step = [&](const batch& b) {
+      samples = b.size();
+      return one_step(b, s);
+    };
     auto log = [&](const step_result<double>& r) { log_step(r.step, r.value); };
-    for (const auto& r : train | views::steps(step, global_step) | views::every(o.log_every ? o.log_every : ~std::size_t{0}, log)) {
+    for (const auto& r : traced_batches(train, trace) | views::steps(step, global_step) |
+                             views::every(o.log_every ? o.log_every : ~std::size_t{0}, log)) {
       s.loss_sum += r.value;
       s.steps += 1;
+      show(r.step, r.value, samples);
     }
     reduce_loss(s);
     return s;
@@ -260,8 +270,9 @@ struct trainer {
     epoch_summary s;
     std::array<std::array<double, 2>, 2> slots{};  // [loss, 1] of the two steps in flight
     work pending = work::completed();
-    std::size_t k = 0;
-    for (const batch& b : train) {
+    std::size_t k = 0, samples = 0;
+    for (const batch& b : traced_batches(train, trace)) {
+      samples = b.size();
       const double loss = one_step(b, s);
       auto& slot = slots[k % 2];
       slot = {loss, 1.0};
@@ -271,7 +282,8 @@ struct trainer {
         const auto& prev = slots[(k - 1) % 2];
         s.loss_sum += prev[0];
         s.steps += prev[1];
-        if (o.log_every && global_step % o.log_every == 0) log_step(global_step - 1, prev[0] / prev[1]);
+        show(global_step - 1, prev[0] / prev[1], samples);  // the mean over the ranks
+        if (o.log_every && global_step % o.log_every == 0) log_step(global_step - 1, prev[0] / prev[1], true);
       }
       pending = std::move(w);
       ++k;
@@ -282,10 +294,35 @@ struct trainer {
       const auto& last = slots[(k - 1) % 2];
       s.loss_sum += last[0];
       s.steps += last[1];
+      show(global_step - 1, last[0] / last[1], samples);
+      if (o.log_every && global_step % o.log_every == 0) log_step(global_step - 1, last[0] / last[1], true);
     }
     co_return s;
   }
 };
+
+// The timeline: on with --trace FILE or PARTRAIN_TRACE=FILE (every rank sees the same options and
+// environment, so all of them agree).
+trace_recorder make_trace(const options& o) {
+  return o.trace.empty() ? trace_recorder::from_env() : trace_recorder(std::filesystem::path(o.trace));
+}
+// Collective: aligns the ranks' clocks. The exchange needs a host group (not NCCL's).
+void start_trace(trace_recorder& trace, process_group& pg) {
+  if (!trace.enabled()) return;
+  if (!pg.accepts(device_kind::cpu)) {
+    if (pg.rank() == 0) std::printf("trace: the %s backend carries device memory only; tracing is off\n", std::string(pg.backend()).c_str());
+    trace.disable();
+    return;
+  }
+  trace.start(pg);
+}
+// Collective: rank 0 merges every rank's spans into one Chrome-trace file.
+void finish_trace(trace_recorder& trace, process_group& pg) {
+  if (trace.enabled() && trace.finish(pg)) {
+    std::printf("trace written to %s (open it in https://ui.perfetto.dev or chrome://tracing)\n", trace.path().c_str());
+    std::fflush(stdout);
+  }
+}
 
 // FNV-1a over every parameter's bytes: equal checksums mean bit-identical parameters (what the
 // restart test compares between an interrupted and an uninterrupted run).
@@ -308,13 +345,27 @@ std::uint64_t parameter_checksum(Model& model) {
 // `samples_scale` turns this rank's sample count into the job's (the number of data-parallel ranks).
 template <class Mode, class Train, class Test, class Save>
 double run_epochs(Mode& mode, process_group& pg, bool leader, Train& train, Test& test, const options& o,
-                  std::size_t first_epoch, std::size_t& global_step, int samples_scale, Save save) {
-  metrics_file metrics(leader ? o.metrics : std::string{}, first_epoch > 0);
-  trainer<Mode> t{mode, pg, leader, o, global_step};
+                  std::size_t first_epoch, std::size_t& global_step, int samples_scale, Save save,
+                  trace_recorder& trace) {
+  std::optional<metrics_writer> metrics;
+  if (!o.metrics.empty()) {
+    // A fresh run starts a fresh file; a resumed one appends to what the earlier run wrote.
+    if (leader && first_epoch == 0) std::filesystem::remove(o.metrics);
+    metrics.emplace(o.metrics, leader ? 0 : 1);
+  }
+  progress prog(leader ? 0 : 1, {.out = &std::cout,
+                                 .terminal_fd = STDOUT_FILENO,
+                                 .epochs = static_cast<std::int64_t>(o.epochs),
+                                 .steps_per_epoch = static_cast<std::int64_t>(train.size()),
+                                 .world_size = samples_scale,
+                                 .plain_every_steps = static_cast<std::int64_t>(o.log_every)});
+  trainer<Mode> t{mode, pg, leader, o, global_step, trace, prog, metrics};
   double last_accuracy = 0;
   for (std::size_t epoch : views::epochs(first_epoch, o.epochs)) {
     mode.set_lr(o.lr * 0.5 * (1 + std::cos(std::numbers::pi * static_cast<double>(epoch) / static_cast<double>(o.epochs))));
     train.set_epoch(epoch);
+    t.epoch = epoch;
+    t.epoch_first_step = global_step;
     const auto t0 = std::chrono::steady_clock::now();
     epoch_summary s;
     if (o.loop == "plain") {
@@ -325,19 +376,28 @@ double run_epochs(Mode& mode, process_group& pg, bool leader, Train& train, Test
       s = t.epoch_ranges(train);
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    prog.finish();
+    auto eval_span = trace.span("evaluate");
     const eval_result ev = mode.evaluate(test);
+    eval_span.end();
     const double samples_per_s = static_cast<double>(s.samples) * samples_scale / seconds;
     const double train_loss = s.steps > 0 ? s.loss_sum / s.steps : 0.0;
     last_accuracy = ev.accuracy();
-    save(epoch, global_step);
+    {
+      auto ck = o.checkpoint.empty() ? trace_span{} : trace.span("checkpoint");
+      save(epoch, global_step);
+    }
+    if (metrics) {  // already summed over the ranks: rank 0 writes its values
+      metrics->epoch(static_cast<std::int64_t>(epoch + 1), {{"step", static_cast<std::int64_t>(global_step)},
+                                                            {"train_loss", train_loss},
+                                                            {"test_loss", ev.mean_loss()},
+                                                            {"test_accuracy", ev.accuracy()},
+                                                            {"samples_per_s", samples_per_s}});
+    }
     if (leader) {
       std::printf("epoch %zu/%zu  train_loss %.4f  test_loss %.4f  test_accuracy %.4f  samples/s %.0f  (%.1f s)\n",
                   epoch + 1, o.epochs, train_loss, ev.mean_loss(), ev.accuracy(), samples_per_s, seconds);
       std::fflush(stdout);
-      metrics.append("{\"epoch\": " + std::to_string(epoch + 1) + ", \"step\": " + std::to_string(global_step) +
-                     ", \"train_loss\": " + fixed(train_loss, 6) + ", \"test_loss\": " + fixed(ev.mean_loss(), 6) +
-                     ", \"test_accuracy\": " + fixed(ev.accuracy(), 6) + ", \"samples_per_s\": " +
-                     fixed(samples_per_s, 1) + "}");
     }
   }
   if (leader) std::printf("final test_accuracy %.4f\n", last_accuracy);
@@ -349,7 +409,16 @@ template <class Model>
 void train_ddp(Model& model, process_group& pg, const options& o, const datasets& data) {
   const int rank = pg.rank(), world = pg.size();
   constexpr bool host_model = std::same_as<detail::model_space_t<Model>, host>;
-  distributed_data_parallel ddp(model, pg, {.overlap = o.overlap});
+  mixed_precision_policy mp{.compute = parse_precision(o.precision), .reduce_in_low_precision = o.reduce_16bit};
+  ddp_options dopts;
+  dopts.overlap = o.overlap;
+  dopts.hook = mp.ddp_hook();
+  trace_recorder trace = make_trace(o);  // before the DDP: its bucket callbacks point here
+  start_trace(trace, pg);
+  if (trace.enabled()) dopts.on_bucket_launch = trace.bucket_spans();
+  if (o.bucket_kb) dopts.bucket_cap_bytes = dopts.first_bucket_bytes = o.bucket_kb << 10;
+  distributed_data_parallel ddp(model, pg, dopts);
+  grad_scaler scaler = mp.make_scaler();
   sgd opt(model, {.lr = o.lr, .momentum = o.momentum});
 
   loader train(data.train, views::distributed(data.n_train, world, rank, {.shuffle = true, .seed = o.seed}),
@@ -368,6 +437,8 @@ void train_ddp(Model& model, process_group& pg, const options& o, const datasets
   if constexpr (host_model) {
     if (!ckpt.empty() && std::filesystem::exists(ckpt)) {
       const checkpoint_extra extra = load_checkpoint(ckpt, model, opt);
+      if (scaler.enabled()) scaler.load_state_bytes(extra.scaler_state);
+      if constexpr (has_low_precision_copy<Model>) model.refresh_low_precision();  // the loaded masters
       first_epoch = static_cast<std::size_t>(extra.epoch);
       global_step = static_cast<std::size_t>(extra.step);
       if (first_epoch > o.epochs) {
@@ -378,11 +449,14 @@ void train_ddp(Model& model, process_group& pg, const options& o, const datasets
     }
   }
   if (rank == 0) {
-    std::printf("fashion_mnist: ddp, %d rank(s) over %s, MLP 784-256-128-10, batch %zu per rank, lr %g, %zu epochs, %zu/%zu examples, loop %s\n",
+    std::printf("fashion_mnist: ddp, %d rank(s) over %s, MLP 784-256-128-10, batch %zu per rank, lr %g, %zu epochs, %zu/%zu examples, loop %s, precision %s%s\n",
                 world, std::string(pg.backend()).c_str(), o.batch_size, o.lr, o.epochs, data.n_train, data.n_test,
-                o.loop.c_str());
+                o.loop.c_str(), o.precision.c_str(),
+                mp.compute == precision::fp32 ? "" : (o.reduce_16bit ? " (gradients reduced in 16 bits)" : " (gradients reduced in fp32)"));
   }
   ddp_mode<decltype(ddp), decltype(opt)> mode{ddp, opt};
+  mode.trace = &trace;
+  if (mp.compute != precision::fp32) mode.scaler = &scaler;
   auto save = [&](std::size_t epoch, std::size_t step) {
     if constexpr (host_model) {
       if (ckpt.empty()) return;
@@ -391,10 +465,16 @@ void train_ddp(Model& model, process_group& pg, const options& o, const datasets
       checkpoint_extra extra;
       extra.epoch = epoch + 1;  // epochs finished: where a resumed run starts
       extra.step = step;
+      if (scaler.enabled()) extra.scaler_state = scaler.state_bytes();
       save_checkpoint(pg, ckpt, model, opt, extra);
     }
   };
-  run_epochs(mode, pg, rank == 0, train, test, o, first_epoch, global_step, world, save);
+  run_epochs(mode, pg, rank == 0, train, test, o, first_epoch, global_step, world, save, trace);
+  finish_trace(trace, pg);
+  if (rank == 0 && mode.scaler) {
+    std::printf("mixed precision: %zu step(s) skipped for inf/NaN gradients, loss scale now %g\n", mode.skipped,
+                static_cast<double>(scaler.scale()));
+  }
   if (rank == 0) {
     std::printf("final parameter checksum %016llx\n", static_cast<unsigned long long>(parameter_checksum(model)));
     std::fflush(stdout);
@@ -417,7 +497,10 @@ void train_dp(const options& o, const datasets& data) {
               o.devices, o.batch_size, o.lr, o.epochs, data.n_train, data.n_test);
   std::size_t global_step = 0;
   dp_mode<decltype(dp)> mode{dp};
-  run_epochs(mode, *solo[0], true, train, test, o, 0, global_step, 1, [](std::size_t, std::size_t) {});
+  trace_recorder trace = make_trace(o);
+  start_trace(trace, *solo[0]);
+  run_epochs(mode, *solo[0], true, train, test, o, 0, global_step, 1, [](std::size_t, std::size_t) {}, trace);
+  finish_trace(trace, *solo[0]);
   std::printf("final parameter checksum %016llx\n", static_cast<unsigned long long>(parameter_checksum(model)));
 }
 
@@ -447,7 +530,10 @@ void train_pipeline(process_group& pg, const options& o, const datasets& data) {
   }
   std::size_t global_step = 0;
   pipeline_mode<decltype(stage)> mode{stage, opt};
-  run_epochs(mode, *solo[0], leader, train, test, o, 0, global_step, 1, [](std::size_t, std::size_t) {});
+  trace_recorder trace = make_trace(o);
+  start_trace(trace, pg);
+  run_epochs(mode, *solo[0], leader, train, test, o, 0, global_step, 1, [](std::size_t, std::size_t) {}, trace);
+  finish_trace(trace, pg);
 }
 
 // The model lives on the device the options name: the host MLP, or (in the nvcc build of this
@@ -456,7 +542,7 @@ void run_rank(process_group& pg, const options& o, const datasets& data) {
   if (o.device == "cuda") {
 #if defined(__CUDACC__)
     const char* local = std::getenv("LOCAL_RANK");
-    example::mlp_cuda model({}, o.seed, device::cuda(local ? std::atoi(local) : 0));
+    example::mlp_cuda model({}, o.seed, device::cuda(local ? std::atoi(local) : 0), parse_precision(o.precision));
     train_ddp(model, pg, o, data);
 #else
     throw config_error("--device cuda: this is the host build; run fashion_mnist_cuda (built where nvcc is found)");
@@ -464,7 +550,7 @@ void run_rank(process_group& pg, const options& o, const datasets& data) {
   } else if (o.parallel == "pipeline") {
     train_pipeline(pg, o, data);
   } else {
-    example::mlp_host model({}, o.seed);
+    example::mlp_host model({}, o.seed, parse_precision(o.precision));
     train_ddp(model, pg, o, data);
   }
 }

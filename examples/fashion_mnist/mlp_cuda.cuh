@@ -2,6 +2,12 @@
 // the GEMMs and this example's own kernels for the bias, ReLU, softmax cross-entropy and their
 // backward. Same layout, same initial weights for the same seed, so its gradients can be checked
 // against the host model's. Compiled by nvcc only.
+//
+// Mixed precision (precision fp16 or bf16) follows mlp_host.hpp step for step: fp32 master
+// weights and gradients (what parameters() exposes), a 16-bit copy of the weights refreshed after
+// each optimizer step, the input and every stored activation and backward gradient rounded to 16
+// bits, each GEMM on cublasGemmEx with 16-bit inputs and fp32 accumulation (tensor cores), logits
+// and the softmax cross-entropy in fp32.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -17,11 +23,15 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <library_types.h>
 
 #include <partrain/core/device.hpp>
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
+#include <partrain/cuda/precision_kernels.cuh>
 #include <partrain/model/concepts.hpp>
+#include <partrain/precision/low_precision_copy.hpp>
+#include <partrain/precision/precision.hpp>
 
 #include "mlp_host.hpp"
 
@@ -55,6 +65,9 @@ class device_array {
       EXAMPLE_CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
       p_.reset(static_cast<T*>(p));
       EXAMPLE_CUDA_CHECK(cudaMemset(p, 0, n * sizeof(T)));
+      // The memset runs on the legacy default stream, which the model's non-blocking stream does
+      // not wait for: let it finish before any kernel there writes the array.
+      EXAMPLE_CUDA_CHECK(cudaStreamSynchronize(nullptr));
     }
   }
   [[nodiscard]] T* data() const noexcept { return p_.get(); }
@@ -108,10 +121,11 @@ __global__ void bias_activation(float* h, const float* b, std::size_t rows, std:
   h[i] = relu && v < 0.0f ? 0.0f : v;
 }
 
-// One thread per example: loss = logsumexp(z) - z[y]; delta = (softmax(z) - onehot(y)) * scale;
-// correct = argmax(z) == y. (Ten classes: a row fits one thread comfortably.)
+// One thread per example: loss = logsumexp(z) - z[y]; delta = (softmax(z) - onehot(y)) * scale
+// * loss_scale (in that order, as the host model); correct = argmax(z) == y. (Ten classes: a row
+// fits one thread comfortably.)
 __global__ void softmax_cross_entropy(const float* logits, const std::int32_t* labels, std::size_t rows,
-                                      std::size_t classes, float scale, float* delta, float* loss,
+                                      std::size_t classes, float scale, float loss_scale, float* delta, float* loss,
                                       std::int32_t* correct) {
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
   if (i >= rows) return;
@@ -130,6 +144,7 @@ __global__ void softmax_cross_entropy(const float* logits, const std::int32_t* l
     float* d = delta + i * classes;
     for (std::size_t j = 0; j < classes; ++j) d[j] = expf(z[j] - m) / s * scale;
     d[y] -= scale;
+    for (std::size_t j = 0; j < classes; ++j) d[j] *= loss_scale;
   }
 }
 
@@ -148,6 +163,60 @@ __global__ void relu_backward(float* d, const float* a, std::size_t n) {
   if (i < n && a[i] <= 0.0f) d[i] = 0.0f;
 }
 
+// The 16-bit kernels of mixed precision. `bf16` picks the type (bfloat16, else half); the
+// conversions are partrain's (round to nearest even, bit for bit the host's), so a value stored
+// here is the value mlp_host stores.
+__device__ inline std::uint16_t to16(float v, bool bf16) {
+  return bf16 ? partrain::detail::device_float_to_bfloat16_bits(v) : partrain::detail::device_float_to_half_bits(v);
+}
+__device__ inline float from16(std::uint16_t b, bool bf16) {
+  return bf16 ? partrain::detail::device_bfloat16_bits_to_float(b) : partrain::detail::device_half_bits_to_float(b);
+}
+
+// y = x rounded to 16 bits.
+__global__ void to_16(const float* x, std::uint16_t* y, std::size_t n, bool bf16) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) y[i] = to16(x[i], bf16);
+}
+
+// x = x rounded to 16 bits, kept as float (the parameters' gradients: an fp16 overflow becomes inf).
+__global__ void round_16(float* x, std::size_t n, bool bf16) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) x[i] = from16(to16(x[i], bf16), bf16);
+}
+
+// v = h[i, j] + b16[j] in fp32, then ReLU when asked; stored as 16 bits in out16 (hidden layers),
+// or as float in h when out16 is null (the logits).
+__global__ void bias_activation16(float* h, const std::uint16_t* b16, std::size_t rows, std::size_t cols, bool relu,
+                                  std::uint16_t* out16, bool bf16) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i >= rows * cols) return;
+  float v = h[i] + from16(b16[i % cols], bf16);
+  if (relu && !(v > 0.0f)) v = 0.0f;  // as the host's ReLU (v > 0 ? v : 0)
+  if (out16) {
+    out16[i] = to16(v, bf16);
+  } else {
+    h[i] = v;
+  }
+}
+
+// gb[j] = sum over rows of delta16[i, j], in fp32 and row order (as the host), rounded to 16 bits.
+__global__ void column_sums16(const std::uint16_t* delta16, std::size_t rows, std::size_t cols, float* gb, bool bf16) {
+  const std::size_t j = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (j >= cols) return;
+  float s = 0.0f;
+  for (std::size_t i = 0; i < rows; ++i) s += from16(delta16[i * cols + j], bf16);
+  gb[j] = from16(to16(s, bf16), bf16);
+}
+
+// out16[i] = (a16[i] > 0 ? d[i] : 0) rounded to 16 bits: the gradient reaching the layer below,
+// masked by its ReLU (a16 is that layer's stored 16-bit output).
+__global__ void relu_backward16(const float* d, const std::uint16_t* a16, std::size_t n, std::uint16_t* out16,
+                                bool bf16) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out16[i] = to16(from16(a16[i], bf16) <= 0.0f ? 0.0f : d[i], bf16);
+}
+
 }  // namespace cuda_detail
 
 struct cuda_parameter {
@@ -160,8 +229,10 @@ struct cuda_parameter {
 
 class mlp_cuda {
  public:
-  explicit mlp_cuda(mlp_layout layout = {}, std::uint64_t seed = 0, partrain::device dev = partrain::device::cuda(0))
-      : layout_(std::move(layout)), dev_(dev) {
+  // precision fp16 or bf16: mixed precision (see the top of this file); fp32: plain fp32 training.
+  explicit mlp_cuda(mlp_layout layout = {}, std::uint64_t seed = 0, partrain::device dev = partrain::device::cuda(0),
+                    partrain::precision p = partrain::precision::fp32)
+      : layout_(std::move(layout)), dev_(dev), precision_(p) {
     layout_.validate();
     if (!dev.is_cuda()) {
       throw partrain::invalid_argument_error("mlp_cuda: device " + dev.to_string() +
@@ -171,14 +242,41 @@ class mlp_cuda {
     state_ = std::make_unique<state>(layout_.parameter_count());
     set_values(layout_.initial_values(seed));
     bind();
+    // On dev (current now): the copy's storage goes to the current device.
+    if (low_precision()) low_ = partrain::make_low_precision_copy(precision_, *this);
   }
   mlp_cuda(mlp_cuda&&) noexcept = default;
   mlp_cuda& operator=(mlp_cuda&&) noexcept = default;
 
   [[nodiscard]] const mlp_layout& layout() const noexcept { return layout_; }
   [[nodiscard]] partrain::device device() const noexcept { return dev_; }
+  [[nodiscard]] partrain::precision precision() const noexcept { return precision_; }
   [[nodiscard]] std::vector<cuda_parameter>& parameters() noexcept { return params_; }
   [[nodiscard]] cudaStream_t stream() const noexcept { return state_->compute.get(); }
+
+  // Mixed precision (partrain::amp_step calls these): the loss's gradient is multiplied by s in
+  // backward (every precision); the 16-bit copy is re-cast from the masters after each optimizer
+  // step (on the default stream, after this model's stream has drained).
+  void set_loss_scale(float s) noexcept { loss_scale_ = s; }
+  void refresh_low_precision() {
+    if (!low_precision()) return;
+    EXAMPLE_CUDA_CHECK(cudaSetDevice(dev_.index));
+    EXAMPLE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    low_.refresh();
+  }
+  // Bytes of every device buffer the model holds now (they only grow): masters, gradients, the
+  // 16-bit copy, the batch, stored activations and scratch. What the benchmark reports as peak
+  // model memory (cuBLAS's own workspace is not counted).
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    const auto& s = *state_;
+    std::size_t b = low_.bytes();
+    for (const auto* a : {&s.values, &s.grads, &s.x, &s.delta, &s.prev, &s.loss}) b += a->size() * sizeof(float);
+    for (const auto* a : {&s.labels, &s.correct}) b += a->size() * sizeof(std::int32_t);
+    for (const auto& a : s.acts) b += a.size() * sizeof(float);
+    for (const auto* a : {&s.x16, &s.delta16, &s.prev16}) b += a->size() * sizeof(std::uint16_t);
+    for (const auto& a : s.acts16) b += a.size() * sizeof(std::uint16_t);
+    return b;
+  }
 
   void set_values(std::span<const float> v) {
     if (v.size() != layout_.parameter_count()) {
@@ -186,6 +284,7 @@ class mlp_cuda {
                                              std::to_string(layout_.parameter_count()));
     }
     EXAMPLE_CUDA_CHECK(cudaMemcpy(state_->values.data(), v.data(), v.size_bytes(), cudaMemcpyHostToDevice));
+    refresh_low_precision();  // the copy follows the new masters (nothing to do before it exists)
   }
   [[nodiscard]] std::vector<float> values_to_host() const { return to_host(state_->values); }
   [[nodiscard]] std::vector<float> grads_to_host() const { return to_host(state_->grads); }
@@ -209,10 +308,10 @@ class mlp_cuda {
     partrain::eval_result r;
     if (n == 0) return r;
     upload(b);
-    forward(n);
+    const float* logits = forward(n);
     auto& s = *state_;
     cuda_detail::softmax_cross_entropy<<<cuda_detail::blocks_for(n), 256, 0, stream()>>>(
-        s.acts.back().data(), s.labels.data(), n, layout_.classes(), 0.0f, nullptr, s.loss.data(), s.correct.data());
+        logits, s.labels.data(), n, layout_.classes(), 0.0f, 1.0f, nullptr, s.loss.data(), s.correct.data());
     EXAMPLE_CUDA_CHECK(cudaGetLastError());
     std::vector<float> loss(n);
     std::vector<std::int32_t> correct(n);
@@ -229,8 +328,9 @@ class mlp_cuda {
   }
 
   [[nodiscard]] mlp_cuda replicate_to(partrain::device d) const {
-    mlp_cuda copy(layout_, 0, d);
+    mlp_cuda copy(layout_, 0, d, precision_);
     copy.set_values(values_to_host());
+    copy.loss_scale_ = loss_scale_;
     return copy;
   }
 
@@ -245,7 +345,14 @@ class mlp_cuda {
     cuda_detail::device_array<float> x, delta, prev, loss;
     cuda_detail::device_array<std::int32_t> labels, correct;
     std::vector<cuda_detail::device_array<float>> acts;
+    // Mixed precision only: the input, the hidden activations and the flowing gradient in 16 bits.
+    cuda_detail::device_array<std::uint16_t> x16, delta16, prev16;
+    std::vector<cuda_detail::device_array<std::uint16_t>> acts16;
   };
+
+  [[nodiscard]] bool low_precision() const noexcept { return precision_ != partrain::precision::fp32; }
+  [[nodiscard]] bool bf16() const noexcept { return precision_ == partrain::precision::bf16; }
+  [[nodiscard]] const std::uint16_t* low16(std::size_t i) const { return static_cast<const std::uint16_t*>(low_.data(i)); }
 
   void bind() {
     params_.clear();
@@ -282,7 +389,10 @@ class mlp_cuda {
                                        cudaMemcpyHostToDevice, stream()));
   }
 
-  void forward(std::size_t n) {
+  // Forward pass on the uploaded batch; returns the logits [n, classes] (fp32 in every precision).
+  const float* forward(std::size_t n) { return low_precision() ? forward16(n) : forward32(n); }
+
+  const float* forward32(std::size_t n) {
     auto& s = *state_;
     s.acts.resize(layout_.layers());
     const float* in = s.x.data();
@@ -301,6 +411,59 @@ class mlp_cuda {
       EXAMPLE_CUDA_CHECK(cudaGetLastError());
       in = h.data();
     }
+    return s.acts.back().data();
+  }
+
+  // C[m, n] (column-major, fp32) = op(A) . op(B) with A and B in the run's 16-bit type, fp32
+  // accumulation (products of 16-bit values are exact in fp32: only the summation order differs
+  // from the host's sgemm on the widened values).
+  void gemm16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const std::uint16_t* a, int lda,
+              const std::uint16_t* b, int ldb, float* c, int ldc) {
+    const float one = 1.0f, zero = 0.0f;
+    const cudaDataType_t t = bf16() ? CUDA_R_16BF : CUDA_R_16F;
+    EXAMPLE_CUDA_CHECK(cublasGemmEx(state_->blas.get(), ta, tb, m, n, k, &one, a, t, lda, b, t, ldb, &zero, c,
+                                    CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+
+  // Input rounded to 16 bits (x16); each layer's GEMM from the 16-bit input and weights into fp32,
+  // plus the 16-bit bias in fp32, ReLU, stored as 16 bits (acts16); the last layer's logits stay
+  // fp32 (acts.back()). The hidden layers' fp32 GEMM output is scratch (prev).
+  const float* forward16(std::size_t n) {
+    auto& s = *state_;
+    const std::size_t layers = layout_.layers();
+    s.acts.resize(layers);
+    s.acts16.resize(layers - 1);
+    const std::size_t in_count = n * layout_.inputs();
+    s.x16.reserve(in_count);
+    cuda_detail::to_16<<<cuda_detail::blocks_for(in_count), 256, 0, stream()>>>(s.x.data(), s.x16.data(), in_count, bf16());
+    EXAMPLE_CUDA_CHECK(cudaGetLastError());
+    const std::uint16_t* in = s.x16.data();
+    for (std::size_t l = 0; l < layers; ++l) {
+      const int out_w = static_cast<int>(layout_.widths[l + 1]);
+      const int in_w = static_cast<int>(layout_.widths[l]);
+      const std::size_t count = n * static_cast<std::size_t>(out_w);
+      const bool last = l + 1 == layers;
+      auto& h = last ? s.acts[l] : s.prev;
+      h.reserve(count);
+      std::uint16_t* out16 = nullptr;
+      if (!last) {
+        s.acts16[l].reserve(count);
+        out16 = s.acts16[l].data();
+      }
+      gemm16(CUBLAS_OP_T, CUBLAS_OP_N, out_w, static_cast<int>(n), in_w, low16(2 * l), in_w, in, in_w, h.data(), out_w);
+      cuda_detail::bias_activation16<<<cuda_detail::blocks_for(count), 256, 0, stream()>>>(
+          h.data(), low16(2 * l + 1), n, static_cast<std::size_t>(out_w), !last, out16, bf16());
+      EXAMPLE_CUDA_CHECK(cudaGetLastError());
+      in = out16;
+    }
+    return s.acts.back().data();
+  }
+
+  void notify(const partrain::grad_ready_fn* ready, std::size_t l) {
+    if (!ready) return;
+    EXAMPLE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    (*ready)(2 * l + 1);
+    (*ready)(2 * l);
   }
 
   template <class B>
@@ -309,17 +472,30 @@ class mlp_cuda {
     const std::size_t n = b.labels.size();
     if (n == 0) throw partrain::invalid_argument_error("mlp_cuda::train_step: the batch is empty");
     upload(b);
-    forward(n);
+    const float* logits = forward(n);
     auto& s = *state_;
     const std::size_t c = layout_.classes();
     s.delta.reserve(n * c);
+    // d(mean loss)/d(logits) = (softmax - onehot) / n, times the loss scale
     cuda_detail::softmax_cross_entropy<<<cuda_detail::blocks_for(n), 256, 0, stream()>>>(
-        s.acts.back().data(), s.labels.data(), n, c, 1.0f / static_cast<float>(n), s.delta.data(), s.loss.data(),
+        logits, s.labels.data(), n, c, 1.0f / static_cast<float>(n), loss_scale_, s.delta.data(), s.loss.data(),
         nullptr);
     EXAMPLE_CUDA_CHECK(cudaGetLastError());
     std::vector<float> loss(n);
     EXAMPLE_CUDA_CHECK(cudaMemcpyAsync(loss.data(), s.loss.data(), n * sizeof(float), cudaMemcpyDeviceToHost, stream()));
+    if (low_precision()) {
+      backward16(n, ready);
+    } else {
+      backward32(n, ready);
+    }
+    EXAMPLE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    double total = 0;
+    for (float v : loss) total += v;
+    return total / static_cast<double>(n);
+  }
 
+  void backward32(std::size_t n, const partrain::grad_ready_fn* ready) {
+    auto& s = *state_;
     const float one = 1.0f, zero = 0.0f;
     for (std::size_t l = layout_.layers(); l-- > 0;) {
       const int out_w = static_cast<int>(layout_.widths[l + 1]);
@@ -333,11 +509,7 @@ class mlp_cuda {
       // dW[out, in] = delta^T . X: column-major dW^T[in, out] = X^T[in, n] . delta[n, out].
       EXAMPLE_CUDA_CHECK(cublasSgemm(s.blas.get(), CUBLAS_OP_N, CUBLAS_OP_T, in_w, out_w, static_cast<int>(n), &one, in,
                                      in_w, s.delta.data(), out_w, &zero, gw, in_w));
-      if (ready) {
-        EXAMPLE_CUDA_CHECK(cudaStreamSynchronize(stream()));
-        (*ready)(2 * l + 1);
-        (*ready)(2 * l);
-      }
+      notify(ready, l);
       if (l == 0) break;
       // dX[n, in] = delta[n, out] . W[out, in]: column-major dX^T = W^T(as stored) . delta^T.
       s.prev.reserve(n * static_cast<std::size_t>(in_w));
@@ -349,16 +521,52 @@ class mlp_cuda {
       EXAMPLE_CUDA_CHECK(cudaGetLastError());
       std::swap(s.delta, s.prev);
     }
-    EXAMPLE_CUDA_CHECK(cudaStreamSynchronize(stream()));
-    double total = 0;
-    for (float v : loss) total += v;
-    return total / static_cast<double>(n);
+  }
+
+  // The same GEMMs on 16-bit operands: delta (already scaled) rounded to 16 bits; db = column sums
+  // of delta16 in fp32 and dW = delta16^T . in16 with fp32 accumulation, both rounded to 16 bits
+  // and written to the fp32 gradients (an fp16 overflow shows up as inf, for the gradient scaler);
+  // delta_prev = delta16 . W16, ReLU mask, rounded to 16 bits.
+  void backward16(std::size_t n, const partrain::grad_ready_fn* ready) {
+    auto& s = *state_;
+    const std::size_t c = layout_.classes();
+    s.delta16.reserve(n * c);
+    cuda_detail::to_16<<<cuda_detail::blocks_for(n * c), 256, 0, stream()>>>(s.delta.data(), s.delta16.data(), n * c, bf16());
+    EXAMPLE_CUDA_CHECK(cudaGetLastError());
+    for (std::size_t l = layout_.layers(); l-- > 0;) {
+      const int out_w = static_cast<int>(layout_.widths[l + 1]);
+      const int in_w = static_cast<int>(layout_.widths[l]);
+      const std::uint16_t* in = l == 0 ? s.x16.data() : s.acts16[l - 1].data();
+      float* gw = s.grads.data() + layout_.weight_offset(l);
+      float* gb = s.grads.data() + layout_.bias_offset(l);
+      cuda_detail::column_sums16<<<cuda_detail::blocks_for(static_cast<std::size_t>(out_w)), 256, 0, stream()>>>(
+          s.delta16.data(), n, static_cast<std::size_t>(out_w), gb, bf16());
+      EXAMPLE_CUDA_CHECK(cudaGetLastError());
+      gemm16(CUBLAS_OP_N, CUBLAS_OP_T, in_w, out_w, static_cast<int>(n), in, in_w, s.delta16.data(), out_w, gw, in_w);
+      const std::size_t wcount = static_cast<std::size_t>(out_w) * static_cast<std::size_t>(in_w);
+      cuda_detail::round_16<<<cuda_detail::blocks_for(wcount), 256, 0, stream()>>>(gw, wcount, bf16());
+      EXAMPLE_CUDA_CHECK(cudaGetLastError());
+      notify(ready, l);
+      if (l == 0) break;
+      const std::size_t count = n * static_cast<std::size_t>(in_w);
+      s.prev.reserve(count);
+      gemm16(CUBLAS_OP_N, CUBLAS_OP_N, in_w, static_cast<int>(n), out_w, low16(2 * l), in_w, s.delta16.data(), out_w,
+             s.prev.data(), in_w);
+      s.prev16.reserve(count);
+      cuda_detail::relu_backward16<<<cuda_detail::blocks_for(count), 256, 0, stream()>>>(s.prev.data(), in, count,
+                                                                                        s.prev16.data(), bf16());
+      EXAMPLE_CUDA_CHECK(cudaGetLastError());
+      std::swap(s.delta16, s.prev16);
+    }
   }
 
   mlp_layout layout_;
   partrain::device dev_;
+  partrain::precision precision_ = partrain::precision::fp32;
+  float loss_scale_ = 1.0f;
   std::unique_ptr<state> state_;  // on the heap: the parameter views stay valid when the model moves
   std::vector<cuda_parameter> params_;
+  partrain::low_precision_copy<partrain::cuda> low_;  // the 16-bit weights (fp16/bf16 only)
 };
 
 }  // namespace example

@@ -26,7 +26,8 @@ struct options {
   std::string backend = "gloo";    // gloo | nccl | local
   std::string parallel = "ddp";    // ddp | dp (one process, --devices) | pipeline (--stages ranks)
   std::string loop = "ranges";     // ranges | coroutine | plain: three spellings of the same loop
-  std::string precision = "fp32";  // fp32 (bf16, fp16: later issues)
+  std::string precision = "fp32";  // fp32 | fp16 | bf16 (mixed precision: fp32 master weights)
+  bool reduce_16bit = false;       // mixed precision: all_reduce gradients in the 16-bit type
   std::size_t epochs = 8;
   std::size_t batch_size = 64;     // per rank
   double lr = 0.05;
@@ -38,12 +39,14 @@ struct options {
   int micro_batches = 4;           // pipeline: micro-batches per batch
   std::string schedule = "1f1b";   // pipeline: gpipe | 1f1b
   std::string checkpoint;          // directory; saved each epoch, resumed from when present
-  std::string metrics;             // file of JSON lines, one per epoch
+  std::string metrics;             // file of JSON lines: step records (every --log-every) and epoch records
+  std::string trace;               // Chrome-trace JSON written by rank 0 (default: $PARTRAIN_TRACE)
   std::string data;                // Fashion-MNIST directory (default: partrain::fashion_mnist_dir())
   std::size_t limit_train = 0;     // 0 = all 60,000
   std::size_t limit_test = 0;      // 0 = all 10,000
   std::size_t log_every = 200;     // steps between progress lines (rank 0)
   bool overlap = true;             // DDP: start bucket all_reduces during backward
+  std::size_t bucket_kb = 0;       // DDP: bucket size limit in KiB (0: PyTorch's 1 MiB first, 25 MiB after)
   bool help = false;
 };
 
@@ -60,12 +63,16 @@ inline constexpr std::string_view usage_text =
     "  --seed N                  weights and shuffling (default 0)\n"
     "  --loop ranges|coroutine|plain  how the loop is written (same result)\n"
     "  --no-overlap              reduce gradients after backward instead of during it\n"
+    "  --bucket-kb N             DDP gradient buckets of at most N KiB (default: 1 MiB first, 25 MiB after)\n"
     "  --checkpoint DIR          save every epoch; resume from DIR when it holds a checkpoint\n"
-    "  --metrics FILE            one JSON object per epoch: epoch, step, train_loss, test_loss,\n"
-    "                            test_accuracy, samples_per_s\n"
+    "  --metrics FILE            JSON lines: a step record (loss) every --log-every steps and an epoch\n"
+    "                            record: epoch, step, train_loss, test_loss, test_accuracy, samples_per_s\n"
+    "  --trace FILE              timeline of every rank (Chrome trace JSON, for Perfetto or chrome://tracing);\n"
+    "                            PARTRAIN_TRACE=FILE does the same\n"
     "  --data DIR                Fashion-MNIST IDX files (default /usr/share/datasets/fashion-mnist)\n"
     "  --limit-train N, --limit-test N  use only the first N examples (quick runs)\n"
-    "  --log-every N             progress line every N steps (default 200, 0 = never)\n"
+    "  --log-every N             progress line and metrics step record every N steps (default 200,\n"
+    "                            0 = none); on a terminal the progress line is redrawn in place\n"
     "  --parallel ddp|dp|pipeline  distributed data parallel over ranks (default); data parallel over\n"
     "                            --devices N host devices of one process; or the MLP split into\n"
     "                            --stages S pipeline stages (one rank each) with --micro-batches M\n"
@@ -73,7 +80,9 @@ inline constexpr std::string_view usage_text =
     "  --stages S                pipeline: stages (default 2); --nproc defaults to S\n"
     "  --micro-batches M         pipeline: micro-batches per batch (default 4)\n"
     "  --schedule gpipe|1f1b     pipeline schedule (default 1f1b)\n"
-    "  --precision fp32          (bf16 and fp16 come with mixed precision)\n";
+    "  --precision fp32|fp16|bf16  compute precision (default fp32); fp16 and bf16 keep fp32 master\n"
+    "                            weights and a 16-bit copy; fp16 scales the loss dynamically (GradScaler)\n"
+    "  --reduce-16bit            with fp16/bf16: all_reduce gradients in 16 bits (default fp32)\n";
 
 namespace detail {
 
@@ -156,6 +165,8 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
       o.checkpoint = value();
     } else if (flag == "--metrics") {
       o.metrics = value();
+    } else if (flag == "--trace") {
+      o.trace = value();
     } else if (flag == "--data") {
       o.data = value();
     } else if (flag == "--limit-train") {
@@ -164,8 +175,12 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
       o.limit_test = positive(detail::parse_number<std::size_t>(flag, value()));
     } else if (flag == "--log-every") {
       o.log_every = detail::parse_number<std::size_t>(flag, value());
+    } else if (flag == "--reduce-16bit") {
+      o.reduce_16bit = true;
     } else if (flag == "--no-overlap") {
       o.overlap = false;
+    } else if (flag == "--bucket-kb") {
+      o.bucket_kb = positive(detail::parse_number<std::size_t>(flag, value()));
     } else {
       throw usage_error("unknown option '" + flag + "'");
     }
@@ -185,7 +200,11 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
                         std::to_string(o.stages) + " (one rank per stage)");
     }
   }
-  if (o.precision != "fp32") throw usage_error("--precision " + o.precision + ": not available yet (use fp32)");
+  if (o.precision != "fp32" && o.parallel != "ddp") {
+    throw usage_error("--precision " + o.precision + ": mixed precision runs with --parallel ddp (this example's dp "
+                      "and pipeline modes train in fp32)");
+  }
+  if (o.reduce_16bit && o.precision == "fp32") throw usage_error("--reduce-16bit needs --precision fp16 or bf16");
   if (o.backend == "nccl" && o.device != "cuda") throw usage_error("--backend nccl needs --device cuda");
   if (o.backend == "local" && o.device == "cuda") throw usage_error("--backend local runs host ranks; use --device cpu");
   if (o.backend == "local" && o.nproc == 0) o.nproc = o.parallel == "pipeline" ? o.stages : 1;

@@ -102,6 +102,18 @@
 #endif
 #if PARTRAIN_HAS_CUDA
 #include <partrain/cuda/pinned_buffer.hpp>
+#endif
+#if defined(__CUDACC__)
+#include <partrain/cuda/precision_kernels.cuh>
+#endif
+#if PARTRAIN_HAS_CUDA
 #include <partrain/cuda/staging.hpp>
 #include <partrain/cuda/stream.hpp>
 #endif
+
+// precision/
+#include <partrain/precision/cast.hpp>
+#include <partrain/precision/grad_scaler.hpp>
+#include <partrain/precision/low_precision_copy.hpp>
+#include <partrain/precision/mixed_precision.hpp>
+#include <partrain/precision/precision.hpp>

@@ -12728,6 +12728,7 @@ template <class M, class B>
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -12837,6 +12838,7 @@ struct ddp_stats {
 #include <cstddef>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13326,8 +13328,10 @@ class reducer {
 
  public:
   reducer(std::vector<std::size_t> numels, std::size_t first_bytes, std::size_t cap_bytes, comm_hook hook,
-          grad_bucket::all_reduce_fn all_reduce, int rank, int world_size, ddp_stats& stats, bool device = false)
-      : numels_(std::move(numels)), hook_(std::move(hook)), rank_(rank), stats_(&stats), device_(device) {
+          grad_bucket::all_reduce_fn all_reduce, int rank, int world_size, ddp_stats& stats, bool device = false,
+          std::function<void(const work&, std::size_t)> on_launch = {})
+      : numels_(std::move(numels)), hook_(std::move(hook)), on_launch_(std::move(on_launch)), rank_(rank),
+        stats_(&stats), device_(device) {
     if (!hook_) throw invalid_argument_error("ddp_options::hook is empty (expected a comm_hook, e.g. comm_hooks::allreduce())");
 #if !defined(__CUDACC__)
     if (device_) {
@@ -13512,6 +13516,8 @@ class reducer {
       b.launched = clock::now();
       work w = hook_(*b.gb);
       b.done = then_work(w, [&b] { b.finished = clock::now(); });
+      // The observer sees b.done: its callbacks run before the step's wait returns.
+      if (on_launch_) on_launch_(*b.done, next_ - 1);
     }
   }
 
@@ -13554,6 +13560,7 @@ class reducer {
 
   std::vector<std::size_t> numels_;
   comm_hook hook_;
+  std::function<void(const work&, std::size_t)> on_launch_;  // ddp_options::on_bucket_launch
   int rank_;
   ddp_stats* stats_;
   std::vector<bucket> buckets_;
@@ -13789,6 +13796,10 @@ struct ddp_options {
   // returns mean gradients); false sums them, as PyTorch's .grad accumulation does.
   bool average_accumulated = true;
   comm_hook hook = comm_hooks::allreduce();
+  // Called on the training thread right after each bucket's reduction was launched, with a work
+  // that completes once the bucket is reduced (hook included) and the bucket's index; e.g.
+  // trace_recorder::bucket_spans() draws each bucket's all_reduce on the timeline. Empty: off.
+  std::function<void(const work&, std::size_t bucket)> on_bucket_launch = {};
 };
 
 namespace detail {
@@ -13835,7 +13846,8 @@ class distributed_data_parallel {
     reducer_ = std::make_unique<detail::reducer<T, S>>(std::move(numels), opts_.first_bucket_bytes,
                                                     opts_.bucket_cap_bytes, opts_.hook,
                                                     detail::make_all_reduce_fn(comm), comm.rank(), comm.size(), stats_,
-                                                    std::same_as<S, cuda> && comm_accepts(device_kind::cuda));
+                                                    std::same_as<S, cuda> && comm_accepts(device_kind::cuda),
+                                                    opts_.on_bucket_launch);
   }
   distributed_data_parallel(const distributed_data_parallel&) = delete;
   distributed_data_parallel& operator=(const distributed_data_parallel&) = delete;
@@ -16308,9 +16320,12 @@ inline constexpr steps_t steps{};
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <ranges>
 #include <set>
 #include <span>
 #include <string>
@@ -16477,6 +16492,16 @@ class trace_recorder {
       --pending_;
       idle_.notify_all();
     });
+  }
+
+  // A ddp_options::on_bucket_launch that draws each bucket's reduction, from launch to
+  // completion, as an "all_reduce" span on trace_track::bucket(i):
+  //   distributed_data_parallel ddp(model, pg, {.on_bucket_launch = trace.bucket_spans()});
+  // The recorder must outlive the DDP's steps (it is not movable once spans point to it).
+  [[nodiscard]] std::function<void(const work&, std::size_t)> bucket_spans() {
+    return [this](const work& w, std::size_t bucket) {
+      trace_work(w, "all_reduce", trace_track::bucket(bucket), "bucket", static_cast<std::int64_t>(bucket));
+    };
   }
 
   // Adds a finished span (timestamps from detail::steady_ns()). Thread-safe.
@@ -16659,6 +16684,55 @@ class trace_recorder {
 };
 
 inline trace_span::~trace_span() { end(); }
+
+// A view of a range of batches (a loader) that records how long each batch took to arrive, as
+// "data_wait" spans on trace_track::data (the time spent in begin() and in each ++):
+//   for (const batch& b : traced_batches(train, trace)) ...
+// When the recorder is off it costs one relaxed load per batch. Single pass, like the loader.
+template <std::ranges::input_range R>
+class traced_batches : public std::ranges::view_interface<traced_batches<R>> {
+  using base_iterator = std::ranges::iterator_t<R>;
+  using base_sentinel = std::ranges::sentinel_t<R>;
+
+ public:
+  struct sentinel {
+    base_sentinel end;
+  };
+  class iterator {
+   public:
+    using value_type = std::ranges::range_value_t<R>;
+    using difference_type = std::ptrdiff_t;
+    using iterator_concept = std::input_iterator_tag;
+
+    iterator() = default;
+    iterator(base_iterator it, trace_recorder* rec) : it_(std::move(it)), rec_(rec) {}
+    [[nodiscard]] decltype(auto) operator*() const { return *it_; }
+    iterator& operator++() {
+      auto wait = rec_->span("data_wait", trace_track::data);
+      ++it_;
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    [[nodiscard]] friend bool operator==(const iterator& i, const sentinel& s) { return i.it_ == s.end; }
+
+   private:
+    base_iterator it_{};
+    trace_recorder* rec_ = nullptr;
+  };
+
+  traced_batches() = default;
+  traced_batches(R& r, trace_recorder& rec) noexcept : r_(&r), rec_(&rec) {}
+
+  [[nodiscard]] iterator begin() {
+    auto wait = rec_->span("data_wait", trace_track::data);
+    return iterator(std::ranges::begin(*r_), rec_);
+  }
+  [[nodiscard]] sentinel end() { return sentinel{std::ranges::end(*r_)}; }
+
+ private:
+  R* r_ = nullptr;
+  trace_recorder* rec_ = nullptr;
+};
 
 inline void trace_span::end() noexcept {
   if (!rec_) return;
@@ -17657,6 +17731,342 @@ class pinned_buffer {
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_CUDA_PINNED_BUFFER_HPP
+#endif
+#if defined(__CUDACC__)
+// #include <partrain/cuda/precision_kernels.cuh>
+#ifndef PARTRAIN_SI_CUDA_PRECISION_KERNELS_CUH
+#define PARTRAIN_SI_CUDA_PRECISION_KERNELS_CUH
+// partrain/cuda/precision_kernels.cuh: the element loops of mixed precision for views in CUDA
+// memory: casts between fp32 and the 16-bit types, and the fused unscale + inf/NaN check over all
+// gradients. These are the overloads of precision/detail/host_kernels.hpp's functions for
+// tensor_view<T, cuda>; each call is one kernel launch over all its tensors (a table of segments
+// passed by value; more than precision_segments_per_launch tensors take one launch per table),
+// on the legacy default stream, and has finished on return (as the optimizers' kernels). nvcc only.
+
+#if !defined(__CUDACC__)
+#error "partrain/cuda/precision_kernels.cuh must be compiled by nvcc"
+#endif
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+// #include <partrain/cuda/check.hpp>
+#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
+#define PARTRAIN_SI_CUDA_CHECK_HPP
+// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
+// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <string_view>
+
+namespace partrain::inline v0 {
+
+// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
+class cuda_error : public error {
+ public:
+  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
+  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
+
+ private:
+  cudaError_t code_;
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
+                                                      int line) {
+  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
+         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+}
+
+inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
+  if (rc != cudaSuccess) {
+    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
+    (void)cudaGetLastError();
+    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
+  }
+}
+
+}  // namespace detail
+
+}  // namespace partrain::inline v0
+
+// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
+#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
+#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+// #include <partrain/precision/detail/host_kernels.hpp>
+#ifndef PARTRAIN_SI_PRECISION_DETAIL_HOST_KERNELS_HPP
+#define PARTRAIN_SI_PRECISION_DETAIL_HOST_KERNELS_HPP
+// partrain/precision/detail/host_kernels.hpp: the element loops of mixed precision for views in
+// host memory: casts between fp32 and the 16-bit types (round to nearest even), and the fused
+// unscale + inf/NaN check over all gradients. partrain/cuda/precision_kernels.cuh has the same
+// functions for views in CUDA memory (one kernel launch over all the tensors).
+
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <string>
+
+namespace partrain::inline v0::detail {
+
+#if defined(__CUDACC__)
+inline constexpr bool is_nvcc_compiled = true;
+#else
+inline constexpr bool is_nvcc_compiled = false;
+#endif
+
+// One destination per source, each the source's size (shared by the host and CUDA casts).
+template <class Src, class Dst>
+void check_cast_pairs(std::span<const Src> src, std::span<const Dst> dst) {
+  if (src.size() != dst.size()) {
+    throw invalid_argument_error("cast: " + std::to_string(src.size()) + " source views but " +
+                                 std::to_string(dst.size()) + " destinations (expected one destination per source)");
+  }
+  for (std::size_t k = 0; k < src.size(); ++k) {
+    if (src[k].size() != dst[k].size()) {
+      throw invalid_argument_error("cast: view #" + std::to_string(k) + " has " + std::to_string(src[k].size()) +
+                                   " source elements but " + std::to_string(dst[k].size()) +
+                                   " destination elements (expected the same size)");
+    }
+  }
+}
+
+// dst[k][j] = To(src[k][j]) for every pair of views.
+template <class From, class To>
+void cast_views(std::span<const tensor_view<const From>> src, std::span<const tensor_view<To>> dst) {
+  check_cast_pairs(src, dst);
+  for (std::size_t k = 0; k < src.size(); ++k) {
+    const From* s = src[k].data();
+    To* d = dst[k].data();
+    const std::size_t n = src[k].size();
+    for (std::size_t j = 0; j < n; ++j) d[j] = static_cast<To>(static_cast<float>(s[j]));
+  }
+}
+
+// g *= inv_scale over every gradient, in one pass; true when any element is inf or NaN
+// (PyTorch's _amp_foreach_non_finite_check_and_unscale_). Non-finite values stay non-finite.
+[[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float>> grads, float inv_scale) {
+  bool found = false;
+  for (const auto& g : grads) {
+    float* p = g.data();
+    const std::size_t n = g.size();
+    bool local = false;
+    for (std::size_t j = 0; j < n; ++j) {
+      const float v = p[j];
+      local |= !std::isfinite(v);
+      p[j] = v * inv_scale;
+    }
+    found |= local;
+  }
+  return found;
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_PRECISION_DETAIL_HOST_KERNELS_HPP
+
+namespace partrain::inline v0::detail {
+
+// One tensor of a fused launch: its elements are [start, start + n) of the launch's index space.
+struct precision_segment {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  std::size_t n = 0;
+  std::size_t start = 0;
+};
+
+inline constexpr unsigned precision_segments_per_launch = 64;
+
+// Passed by value to the kernel: 64 * 32 + 16 bytes, well inside the 4 KiB of kernel parameters
+// every architecture accepts.
+struct precision_segment_table {
+  precision_segment seg[precision_segments_per_launch];
+  std::size_t total = 0;  // elements over all segments
+  unsigned count = 0;
+};
+static_assert(sizeof(precision_segment_table) <= 4096, "kernel parameters are limited to 4 KiB");
+
+inline constexpr unsigned precision_block = 256;
+inline constexpr std::size_t precision_max_blocks = 2048;
+
+[[nodiscard]] inline unsigned precision_blocks(std::size_t n) {
+  const std::size_t b = (n + precision_block - 1) / precision_block;
+  return static_cast<unsigned>(b == 0 ? 1 : (b < precision_max_blocks ? b : precision_max_blocks));
+}
+
+// The conversions, bit for bit those of core/half.hpp: the hardware's round-to-nearest-even
+// conversions for every number; NaN by hand, because the hardware returns one canonical NaN
+// while the host keeps the sign and the top payload bits (and quiets the NaN).
+__device__ inline std::uint16_t device_float_to_half_bits(float f) {
+  const std::uint32_t x = __float_as_uint(f);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) {
+    return static_cast<std::uint16_t>(((x >> 16) & 0x8000u) | 0x7C00u | 0x0200u | ((x >> 13) & 0x3FFu));
+  }
+  return __half_as_ushort(__float2half_rn(f));
+}
+__device__ inline std::uint16_t device_float_to_bfloat16_bits(float f) {
+  const std::uint32_t x = __float_as_uint(f);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x0040u);
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+__device__ inline float device_half_bits_to_float(std::uint16_t h) {
+  if ((h & 0x7C00u) == 0x7C00u && (h & 0x03FFu) != 0) {  // NaN: keep sign and payload, as the host
+    return __uint_as_float((static_cast<std::uint32_t>(h & 0x8000u) << 16) | 0x7F800000u |
+                           (static_cast<std::uint32_t>(h & 0x03FFu) << 13));
+  }
+  return __half2float(__ushort_as_half(h));
+}
+__device__ inline float device_bfloat16_bits_to_float(std::uint16_t b) {
+  return __uint_as_float(static_cast<std::uint32_t>(b) << 16);  // exact, NaN included
+}
+
+// Element j of one segment, From -> To (one side float, the other half or bfloat16; the 16-bit
+// side is read and written as its bits, which partrain::half/bfloat16 share with __half/__nv_bfloat16).
+template <class From, class To>
+__device__ void precision_cast_element(const void* src, void* dst, std::size_t j) {
+  if constexpr (std::is_same_v<To, half>) {
+    static_cast<std::uint16_t*>(dst)[j] = device_float_to_half_bits(static_cast<const float*>(src)[j]);
+  } else if constexpr (std::is_same_v<To, bfloat16>) {
+    static_cast<std::uint16_t*>(dst)[j] = device_float_to_bfloat16_bits(static_cast<const float*>(src)[j]);
+  } else if constexpr (std::is_same_v<From, half>) {
+    static_cast<float*>(dst)[j] = device_half_bits_to_float(static_cast<const std::uint16_t*>(src)[j]);
+  } else {
+    static_cast<float*>(dst)[j] = device_bfloat16_bits_to_float(static_cast<const std::uint16_t*>(src)[j]);
+  }
+}
+
+// A grid-stride loop over the launch's index space. A thread's indices only grow, so the segment
+// it is in is found by walking forward from the previous one (segments are never empty).
+template <class From, class To>
+__global__ void precision_cast_kernel(precision_segment_table t) {
+  unsigned k = 0;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < t.total;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+    while (i >= t.seg[k].start + t.seg[k].n) ++k;
+    precision_cast_element<From, To>(t.seg[k].src, t.seg[k].dst, i - t.seg[k].start);
+  }
+}
+
+// g *= inv_scale; *found = 1 when any element was inf or NaN (it stays non-finite after the
+// multiplication, as on the host). A template only so that the header defines it in every
+// translation unit without breaking the one-definition rule.
+template <class T>
+__global__ void precision_unscale_kernel(precision_segment_table t, T inv_scale, int* found) {
+  bool bad = false;
+  unsigned k = 0;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < t.total;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+    while (i >= t.seg[k].start + t.seg[k].n) ++k;
+    T* g = static_cast<T*>(t.seg[k].dst) + (i - t.seg[k].start);
+    const T v = *g;
+    bad |= !isfinite(v);
+    *g = v * inv_scale;
+  }
+  // Every thread of the block reaches this barrier (the loop has no early exit).
+  if (__syncthreads_or(bad ? 1 : 0) && threadIdx.x == 0) atomicExch(found, 1);
+}
+
+// Fills tables with the non-empty segments seg(0) .. seg(count - 1) and calls launch(table) for
+// each full table and for the last one.
+template <class Seg, class Launch>
+void for_each_precision_table(std::size_t count, Seg&& seg, Launch&& launch) {
+  precision_segment_table t{};
+  for (std::size_t k = 0; k < count; ++k) {
+    precision_segment s = seg(k);
+    if (s.n == 0) continue;
+    s.start = t.total;
+    t.seg[t.count++] = s;
+    t.total += s.n;
+    if (t.count == precision_segments_per_launch) {
+      launch(t);
+      t = precision_segment_table{};
+    }
+  }
+  if (t.count != 0) launch(t);
+}
+
+// dst[k][j] = To(src[k][j]) for every pair of views in CUDA memory (on the current device),
+// rounding to nearest even; bit for bit the host cast.
+template <class From, class To>
+void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<const tensor_view<To, cuda>> dst) {
+  static_assert((std::is_same_v<From, float> && (std::is_same_v<To, half> || std::is_same_v<To, bfloat16>)) ||
+                    ((std::is_same_v<From, half> || std::is_same_v<From, bfloat16>) && std::is_same_v<To, float>),
+                "partrain: the CUDA cast converts float to half/bfloat16 or half/bfloat16 to float");
+  check_cast_pairs(src, dst);
+  bool launched = false;
+  for_each_precision_table(
+      src.size(),
+      [&](std::size_t k) {
+        return precision_segment{src[k].data(), dst[k].data(), src[k].size(), 0};
+      },
+      [&](const precision_segment_table& t) {
+        precision_cast_kernel<From, To><<<precision_blocks(t.total), precision_block>>>(t);
+        cuda_check(cudaGetLastError(), "cast_views: precision_cast_kernel launch", __FILE__, __LINE__);
+        launched = true;
+      });
+  if (launched) cuda_check(cudaStreamSynchronize(nullptr), "cast_views: cudaStreamSynchronize", __FILE__, __LINE__);
+}
+
+// A device int from the stream-ordered pool (no device-wide synchronisation, unlike cudaFree).
+class precision_device_flag {
+ public:
+  precision_device_flag() {
+    cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&p_), sizeof(int), nullptr),
+               "unscale_and_check: cudaMallocAsync (overflow flag)", __FILE__, __LINE__);
+    const cudaError_t rc = cudaMemsetAsync(p_, 0, sizeof(int), nullptr);
+    if (rc != cudaSuccess) {
+      release();
+      cuda_check(rc, "unscale_and_check: cudaMemsetAsync (overflow flag)", __FILE__, __LINE__);
+    }
+  }
+  precision_device_flag(const precision_device_flag&) = delete;
+  precision_device_flag& operator=(const precision_device_flag&) = delete;
+  ~precision_device_flag() { release(); }
+  [[nodiscard]] int* get() const noexcept { return p_; }
+
+ private:
+  void release() noexcept {
+    if (p_) (void)cudaFreeAsync(p_, nullptr);
+    p_ = nullptr;
+  }
+  int* p_ = nullptr;
+};
+
+// g *= inv_scale over every gradient in CUDA memory, in one pass; true when any element is inf or
+// NaN (PyTorch's _amp_foreach_non_finite_check_and_unscale_). One copy of the flag to the host.
+[[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float, cuda>> grads, float inv_scale) {
+  std::size_t total = 0;
+  for (const auto& g : grads) total += g.size();
+  if (total == 0) return false;
+  precision_device_flag flag;
+  for_each_precision_table(
+      grads.size(), [&](std::size_t k) { return precision_segment{grads[k].data(), grads[k].data(), grads[k].size(), 0}; },
+      [&](const precision_segment_table& t) {
+        precision_unscale_kernel<float><<<precision_blocks(t.total), precision_block>>>(t, inv_scale, flag.get());
+        cuda_check(cudaGetLastError(), "unscale_and_check: precision_unscale_kernel launch", __FILE__, __LINE__);
+      });
+  int found = 0;
+  cuda_check(cudaMemcpyAsync(&found, flag.get(), sizeof(int), cudaMemcpyDeviceToHost, nullptr),
+             "unscale_and_check: cudaMemcpyAsync (overflow flag to host)", __FILE__, __LINE__);
+  cuda_check(cudaStreamSynchronize(nullptr), "unscale_and_check: cudaStreamSynchronize", __FILE__, __LINE__);
+  return found != 0;
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_CUDA_PRECISION_KERNELS_CUH
+#endif
+#if PARTRAIN_HAS_CUDA
 // #include <partrain/cuda/staging.hpp>
 #ifndef PARTRAIN_SI_CUDA_STAGING_HPP
 #define PARTRAIN_SI_CUDA_STAGING_HPP
@@ -17911,6 +18321,56 @@ class device_stager {
 
 #include <utility>
 
+// #include <partrain/cuda/check.hpp>
+#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
+#define PARTRAIN_SI_CUDA_CHECK_HPP
+// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
+// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <string_view>
+
+namespace partrain::inline v0 {
+
+// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
+class cuda_error : public error {
+ public:
+  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
+  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
+
+ private:
+  cudaError_t code_;
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
+                                                      int line) {
+  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
+         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+}
+
+inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
+  if (rc != cudaSuccess) {
+    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
+    (void)cudaGetLastError();
+    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
+  }
+}
+
+}  // namespace detail
+
+}  // namespace partrain::inline v0
+
+// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
+#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
+#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
 // #include <partrain/cuda/device_guard.hpp>
 #ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
 #define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
@@ -18004,3 +18464,1592 @@ class cuda_stream {
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_CUDA_STREAM_HPP
 #endif
+
+// precision/
+// #include <partrain/precision/cast.hpp>
+#ifndef PARTRAIN_SI_PRECISION_CAST_HPP
+#define PARTRAIN_SI_PRECISION_CAST_HPP
+// partrain/precision/cast.hpp: element-wise conversion between fp32 and the 16-bit types
+// (half, bfloat16), rounding to nearest even, for views in host memory and, in translation units
+// compiled by nvcc, in CUDA memory.
+
+#include <span>
+
+// #include <partrain/precision/detail/host_kernels.hpp>
+#ifndef PARTRAIN_SI_PRECISION_DETAIL_HOST_KERNELS_HPP
+#define PARTRAIN_SI_PRECISION_DETAIL_HOST_KERNELS_HPP
+// partrain/precision/detail/host_kernels.hpp: the element loops of mixed precision for views in
+// host memory: casts between fp32 and the 16-bit types (round to nearest even), and the fused
+// unscale + inf/NaN check over all gradients. partrain/cuda/precision_kernels.cuh has the same
+// functions for views in CUDA memory (one kernel launch over all the tensors).
+
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <string>
+
+namespace partrain::inline v0::detail {
+
+#if defined(__CUDACC__)
+inline constexpr bool is_nvcc_compiled = true;
+#else
+inline constexpr bool is_nvcc_compiled = false;
+#endif
+
+// One destination per source, each the source's size (shared by the host and CUDA casts).
+template <class Src, class Dst>
+void check_cast_pairs(std::span<const Src> src, std::span<const Dst> dst) {
+  if (src.size() != dst.size()) {
+    throw invalid_argument_error("cast: " + std::to_string(src.size()) + " source views but " +
+                                 std::to_string(dst.size()) + " destinations (expected one destination per source)");
+  }
+  for (std::size_t k = 0; k < src.size(); ++k) {
+    if (src[k].size() != dst[k].size()) {
+      throw invalid_argument_error("cast: view #" + std::to_string(k) + " has " + std::to_string(src[k].size()) +
+                                   " source elements but " + std::to_string(dst[k].size()) +
+                                   " destination elements (expected the same size)");
+    }
+  }
+}
+
+// dst[k][j] = To(src[k][j]) for every pair of views.
+template <class From, class To>
+void cast_views(std::span<const tensor_view<const From>> src, std::span<const tensor_view<To>> dst) {
+  check_cast_pairs(src, dst);
+  for (std::size_t k = 0; k < src.size(); ++k) {
+    const From* s = src[k].data();
+    To* d = dst[k].data();
+    const std::size_t n = src[k].size();
+    for (std::size_t j = 0; j < n; ++j) d[j] = static_cast<To>(static_cast<float>(s[j]));
+  }
+}
+
+// g *= inv_scale over every gradient, in one pass; true when any element is inf or NaN
+// (PyTorch's _amp_foreach_non_finite_check_and_unscale_). Non-finite values stay non-finite.
+[[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float>> grads, float inv_scale) {
+  bool found = false;
+  for (const auto& g : grads) {
+    float* p = g.data();
+    const std::size_t n = g.size();
+    bool local = false;
+    for (std::size_t j = 0; j < n; ++j) {
+      const float v = p[j];
+      local |= !std::isfinite(v);
+      p[j] = v * inv_scale;
+    }
+    found |= local;
+  }
+  return found;
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_PRECISION_DETAIL_HOST_KERNELS_HPP
+// #include <partrain/precision/precision.hpp>
+#ifndef PARTRAIN_SI_PRECISION_PRECISION_HPP
+#define PARTRAIN_SI_PRECISION_PRECISION_HPP
+// partrain/precision/precision.hpp: the three compute precisions a model can train in, and the
+// 16-bit storage type behind each. fp32 is plain training; fp16 and bf16 are mixed precision:
+// fp32 master weights, a 16-bit copy for the model's compute (precision/low_precision_copy.hpp).
+
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+namespace partrain::inline v0 {
+
+enum class precision : std::uint8_t { fp32, fp16, bf16 };
+
+[[nodiscard]] constexpr std::string_view to_string(precision p) noexcept {
+  switch (p) {
+    case precision::fp32: return "fp32";
+    case precision::fp16: return "fp16";
+    case precision::bf16: return "bf16";
+  }
+  return "?";
+}
+
+// "fp32" | "fp16" | "bf16" (also PyTorch's spellings "float32", "float16", "half", "bfloat16").
+[[nodiscard]] inline precision parse_precision(std::string_view s) {
+  if (s == "fp32" || s == "float32" || s == "float") return precision::fp32;
+  if (s == "fp16" || s == "float16" || s == "half") return precision::fp16;
+  if (s == "bf16" || s == "bfloat16") return precision::bf16;
+  throw invalid_argument_error("precision: '" + std::string(s) + "' is not one of fp32, fp16, bf16");
+}
+
+// The two 16-bit storage types of mixed precision.
+template <class T>
+concept low_precision_element = std::same_as<T, half> || std::same_as<T, bfloat16>;
+
+// The element type a precision stores its compute copy in.
+template <precision P>
+using storage_t = std::conditional_t<P == precision::fp16, half, std::conditional_t<P == precision::bf16, bfloat16, float>>;
+
+// Calls f with a value of the precision's storage type (float, half or bfloat16): the one place a
+// runtime precision becomes a template argument.
+template <class F>
+decltype(auto) visit_precision(precision p, F&& f) {
+  switch (p) {
+    case precision::fp16: return f(half{});
+    case precision::bf16: return f(bfloat16{});
+    case precision::fp32: break;
+  }
+  return f(float{});
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_PRECISION_PRECISION_HPP
+
+#if defined(__CUDACC__)
+// #include <partrain/cuda/precision_kernels.cuh>
+#ifndef PARTRAIN_SI_CUDA_PRECISION_KERNELS_CUH
+#define PARTRAIN_SI_CUDA_PRECISION_KERNELS_CUH
+// partrain/cuda/precision_kernels.cuh: the element loops of mixed precision for views in CUDA
+// memory: casts between fp32 and the 16-bit types, and the fused unscale + inf/NaN check over all
+// gradients. These are the overloads of precision/detail/host_kernels.hpp's functions for
+// tensor_view<T, cuda>; each call is one kernel launch over all its tensors (a table of segments
+// passed by value; more than precision_segments_per_launch tensors take one launch per table),
+// on the legacy default stream, and has finished on return (as the optimizers' kernels). nvcc only.
+
+#if !defined(__CUDACC__)
+#error "partrain/cuda/precision_kernels.cuh must be compiled by nvcc"
+#endif
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+// #include <partrain/cuda/check.hpp>
+#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
+#define PARTRAIN_SI_CUDA_CHECK_HPP
+// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
+// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <string_view>
+
+namespace partrain::inline v0 {
+
+// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
+class cuda_error : public error {
+ public:
+  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
+  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
+
+ private:
+  cudaError_t code_;
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
+                                                      int line) {
+  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
+         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+}
+
+inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
+  if (rc != cudaSuccess) {
+    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
+    (void)cudaGetLastError();
+    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
+  }
+}
+
+}  // namespace detail
+
+}  // namespace partrain::inline v0
+
+// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
+#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
+#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+
+namespace partrain::inline v0::detail {
+
+// One tensor of a fused launch: its elements are [start, start + n) of the launch's index space.
+struct precision_segment {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  std::size_t n = 0;
+  std::size_t start = 0;
+};
+
+inline constexpr unsigned precision_segments_per_launch = 64;
+
+// Passed by value to the kernel: 64 * 32 + 16 bytes, well inside the 4 KiB of kernel parameters
+// every architecture accepts.
+struct precision_segment_table {
+  precision_segment seg[precision_segments_per_launch];
+  std::size_t total = 0;  // elements over all segments
+  unsigned count = 0;
+};
+static_assert(sizeof(precision_segment_table) <= 4096, "kernel parameters are limited to 4 KiB");
+
+inline constexpr unsigned precision_block = 256;
+inline constexpr std::size_t precision_max_blocks = 2048;
+
+[[nodiscard]] inline unsigned precision_blocks(std::size_t n) {
+  const std::size_t b = (n + precision_block - 1) / precision_block;
+  return static_cast<unsigned>(b == 0 ? 1 : (b < precision_max_blocks ? b : precision_max_blocks));
+}
+
+// The conversions, bit for bit those of core/half.hpp: the hardware's round-to-nearest-even
+// conversions for every number; NaN by hand, because the hardware returns one canonical NaN
+// while the host keeps the sign and the top payload bits (and quiets the NaN).
+__device__ inline std::uint16_t device_float_to_half_bits(float f) {
+  const std::uint32_t x = __float_as_uint(f);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) {
+    return static_cast<std::uint16_t>(((x >> 16) & 0x8000u) | 0x7C00u | 0x0200u | ((x >> 13) & 0x3FFu));
+  }
+  return __half_as_ushort(__float2half_rn(f));
+}
+__device__ inline std::uint16_t device_float_to_bfloat16_bits(float f) {
+  const std::uint32_t x = __float_as_uint(f);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x0040u);
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+__device__ inline float device_half_bits_to_float(std::uint16_t h) {
+  if ((h & 0x7C00u) == 0x7C00u && (h & 0x03FFu) != 0) {  // NaN: keep sign and payload, as the host
+    return __uint_as_float((static_cast<std::uint32_t>(h & 0x8000u) << 16) | 0x7F800000u |
+                           (static_cast<std::uint32_t>(h & 0x03FFu) << 13));
+  }
+  return __half2float(__ushort_as_half(h));
+}
+__device__ inline float device_bfloat16_bits_to_float(std::uint16_t b) {
+  return __uint_as_float(static_cast<std::uint32_t>(b) << 16);  // exact, NaN included
+}
+
+// Element j of one segment, From -> To (one side float, the other half or bfloat16; the 16-bit
+// side is read and written as its bits, which partrain::half/bfloat16 share with __half/__nv_bfloat16).
+template <class From, class To>
+__device__ void precision_cast_element(const void* src, void* dst, std::size_t j) {
+  if constexpr (std::is_same_v<To, half>) {
+    static_cast<std::uint16_t*>(dst)[j] = device_float_to_half_bits(static_cast<const float*>(src)[j]);
+  } else if constexpr (std::is_same_v<To, bfloat16>) {
+    static_cast<std::uint16_t*>(dst)[j] = device_float_to_bfloat16_bits(static_cast<const float*>(src)[j]);
+  } else if constexpr (std::is_same_v<From, half>) {
+    static_cast<float*>(dst)[j] = device_half_bits_to_float(static_cast<const std::uint16_t*>(src)[j]);
+  } else {
+    static_cast<float*>(dst)[j] = device_bfloat16_bits_to_float(static_cast<const std::uint16_t*>(src)[j]);
+  }
+}
+
+// A grid-stride loop over the launch's index space. A thread's indices only grow, so the segment
+// it is in is found by walking forward from the previous one (segments are never empty).
+template <class From, class To>
+__global__ void precision_cast_kernel(precision_segment_table t) {
+  unsigned k = 0;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < t.total;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+    while (i >= t.seg[k].start + t.seg[k].n) ++k;
+    precision_cast_element<From, To>(t.seg[k].src, t.seg[k].dst, i - t.seg[k].start);
+  }
+}
+
+// g *= inv_scale; *found = 1 when any element was inf or NaN (it stays non-finite after the
+// multiplication, as on the host). A template only so that the header defines it in every
+// translation unit without breaking the one-definition rule.
+template <class T>
+__global__ void precision_unscale_kernel(precision_segment_table t, T inv_scale, int* found) {
+  bool bad = false;
+  unsigned k = 0;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < t.total;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+    while (i >= t.seg[k].start + t.seg[k].n) ++k;
+    T* g = static_cast<T*>(t.seg[k].dst) + (i - t.seg[k].start);
+    const T v = *g;
+    bad |= !isfinite(v);
+    *g = v * inv_scale;
+  }
+  // Every thread of the block reaches this barrier (the loop has no early exit).
+  if (__syncthreads_or(bad ? 1 : 0) && threadIdx.x == 0) atomicExch(found, 1);
+}
+
+// Fills tables with the non-empty segments seg(0) .. seg(count - 1) and calls launch(table) for
+// each full table and for the last one.
+template <class Seg, class Launch>
+void for_each_precision_table(std::size_t count, Seg&& seg, Launch&& launch) {
+  precision_segment_table t{};
+  for (std::size_t k = 0; k < count; ++k) {
+    precision_segment s = seg(k);
+    if (s.n == 0) continue;
+    s.start = t.total;
+    t.seg[t.count++] = s;
+    t.total += s.n;
+    if (t.count == precision_segments_per_launch) {
+      launch(t);
+      t = precision_segment_table{};
+    }
+  }
+  if (t.count != 0) launch(t);
+}
+
+// dst[k][j] = To(src[k][j]) for every pair of views in CUDA memory (on the current device),
+// rounding to nearest even; bit for bit the host cast.
+template <class From, class To>
+void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<const tensor_view<To, cuda>> dst) {
+  static_assert((std::is_same_v<From, float> && (std::is_same_v<To, half> || std::is_same_v<To, bfloat16>)) ||
+                    ((std::is_same_v<From, half> || std::is_same_v<From, bfloat16>) && std::is_same_v<To, float>),
+                "partrain: the CUDA cast converts float to half/bfloat16 or half/bfloat16 to float");
+  check_cast_pairs(src, dst);
+  bool launched = false;
+  for_each_precision_table(
+      src.size(),
+      [&](std::size_t k) {
+        return precision_segment{src[k].data(), dst[k].data(), src[k].size(), 0};
+      },
+      [&](const precision_segment_table& t) {
+        precision_cast_kernel<From, To><<<precision_blocks(t.total), precision_block>>>(t);
+        cuda_check(cudaGetLastError(), "cast_views: precision_cast_kernel launch", __FILE__, __LINE__);
+        launched = true;
+      });
+  if (launched) cuda_check(cudaStreamSynchronize(nullptr), "cast_views: cudaStreamSynchronize", __FILE__, __LINE__);
+}
+
+// A device int from the stream-ordered pool (no device-wide synchronisation, unlike cudaFree).
+class precision_device_flag {
+ public:
+  precision_device_flag() {
+    cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&p_), sizeof(int), nullptr),
+               "unscale_and_check: cudaMallocAsync (overflow flag)", __FILE__, __LINE__);
+    const cudaError_t rc = cudaMemsetAsync(p_, 0, sizeof(int), nullptr);
+    if (rc != cudaSuccess) {
+      release();
+      cuda_check(rc, "unscale_and_check: cudaMemsetAsync (overflow flag)", __FILE__, __LINE__);
+    }
+  }
+  precision_device_flag(const precision_device_flag&) = delete;
+  precision_device_flag& operator=(const precision_device_flag&) = delete;
+  ~precision_device_flag() { release(); }
+  [[nodiscard]] int* get() const noexcept { return p_; }
+
+ private:
+  void release() noexcept {
+    if (p_) (void)cudaFreeAsync(p_, nullptr);
+    p_ = nullptr;
+  }
+  int* p_ = nullptr;
+};
+
+// g *= inv_scale over every gradient in CUDA memory, in one pass; true when any element is inf or
+// NaN (PyTorch's _amp_foreach_non_finite_check_and_unscale_). One copy of the flag to the host.
+[[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float, cuda>> grads, float inv_scale) {
+  std::size_t total = 0;
+  for (const auto& g : grads) total += g.size();
+  if (total == 0) return false;
+  precision_device_flag flag;
+  for_each_precision_table(
+      grads.size(), [&](std::size_t k) { return precision_segment{grads[k].data(), grads[k].data(), grads[k].size(), 0}; },
+      [&](const precision_segment_table& t) {
+        precision_unscale_kernel<float><<<precision_blocks(t.total), precision_block>>>(t, inv_scale, flag.get());
+        cuda_check(cudaGetLastError(), "unscale_and_check: precision_unscale_kernel launch", __FILE__, __LINE__);
+      });
+  int found = 0;
+  cuda_check(cudaMemcpyAsync(&found, flag.get(), sizeof(int), cudaMemcpyDeviceToHost, nullptr),
+             "unscale_and_check: cudaMemcpyAsync (overflow flag to host)", __FILE__, __LINE__);
+  cuda_check(cudaStreamSynchronize(nullptr), "unscale_and_check: cudaStreamSynchronize", __FILE__, __LINE__);
+  return found != 0;
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_CUDA_PRECISION_KERNELS_CUH
+#endif
+
+namespace partrain::inline v0 {
+
+namespace detail {
+template <class From, class To>
+concept castable_pair = (std::same_as<From, float> && low_precision_element<To>) ||
+                        (low_precision_element<From> && std::same_as<To, float>);
+}  // namespace detail
+
+// dst = src converted element by element; both views the same size and in the same memory.
+template <class From, class To, class S>
+  requires detail::castable_pair<std::remove_const_t<From>, To>
+void cast(tensor_view<From, S> src, tensor_view<To, S> dst) {
+  using F = std::remove_const_t<From>;
+  static_assert(std::same_as<S, host> || detail::is_nvcc_compiled,
+                "partrain: casting CUDA memory needs the translation unit compiled by nvcc "
+                "(the kernels are in partrain/cuda/precision_kernels.cuh)");
+  const tensor_view<const F, S> s(src);
+  detail::cast_views<F, To>(std::span<const tensor_view<const F, S>>(&s, 1), std::span<const tensor_view<To, S>>(&dst, 1));
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_PRECISION_CAST_HPP
+// #include <partrain/precision/grad_scaler.hpp>
+#ifndef PARTRAIN_SI_PRECISION_GRAD_SCALER_HPP
+#define PARTRAIN_SI_PRECISION_GRAD_SCALER_HPP
+// partrain/precision/grad_scaler.hpp: dynamic loss scaling for fp16 training, with the semantics
+// of PyTorch's torch.amp.GradScaler. The loss's gradient is multiplied by scale() so that small
+// gradients survive fp16; before the optimizer steps, the gradients are divided back (unscale)
+// and checked for inf/NaN in the same pass. A step with an overflow is skipped and the scale
+// halved; after growth_interval good steps in a row it doubles. In data-parallel training the
+// overflow flag is agreed across ranks (one small all_reduce), so every rank skips the same steps.
+//
+// Per iteration: model.set_loss_scale(scaler.scale()); train step; [scaler.unscale(...); clip;]
+// scaler.step(opt, ...); scaler.update(). precision/amp_step.hpp does all of it in one call.
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#if defined(__CUDACC__)
+// #include <partrain/cuda/precision_kernels.cuh>
+#ifndef PARTRAIN_SI_CUDA_PRECISION_KERNELS_CUH
+#define PARTRAIN_SI_CUDA_PRECISION_KERNELS_CUH
+// partrain/cuda/precision_kernels.cuh: the element loops of mixed precision for views in CUDA
+// memory: casts between fp32 and the 16-bit types, and the fused unscale + inf/NaN check over all
+// gradients. These are the overloads of precision/detail/host_kernels.hpp's functions for
+// tensor_view<T, cuda>; each call is one kernel launch over all its tensors (a table of segments
+// passed by value; more than precision_segments_per_launch tensors take one launch per table),
+// on the legacy default stream, and has finished on return (as the optimizers' kernels). nvcc only.
+
+#if !defined(__CUDACC__)
+#error "partrain/cuda/precision_kernels.cuh must be compiled by nvcc"
+#endif
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+// #include <partrain/cuda/check.hpp>
+#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
+#define PARTRAIN_SI_CUDA_CHECK_HPP
+// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
+// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <string_view>
+
+namespace partrain::inline v0 {
+
+// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
+class cuda_error : public error {
+ public:
+  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
+  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
+
+ private:
+  cudaError_t code_;
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
+                                                      int line) {
+  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
+         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+}
+
+inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
+  if (rc != cudaSuccess) {
+    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
+    (void)cudaGetLastError();
+    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
+  }
+}
+
+}  // namespace detail
+
+}  // namespace partrain::inline v0
+
+// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
+#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
+#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+
+namespace partrain::inline v0::detail {
+
+// One tensor of a fused launch: its elements are [start, start + n) of the launch's index space.
+struct precision_segment {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  std::size_t n = 0;
+  std::size_t start = 0;
+};
+
+inline constexpr unsigned precision_segments_per_launch = 64;
+
+// Passed by value to the kernel: 64 * 32 + 16 bytes, well inside the 4 KiB of kernel parameters
+// every architecture accepts.
+struct precision_segment_table {
+  precision_segment seg[precision_segments_per_launch];
+  std::size_t total = 0;  // elements over all segments
+  unsigned count = 0;
+};
+static_assert(sizeof(precision_segment_table) <= 4096, "kernel parameters are limited to 4 KiB");
+
+inline constexpr unsigned precision_block = 256;
+inline constexpr std::size_t precision_max_blocks = 2048;
+
+[[nodiscard]] inline unsigned precision_blocks(std::size_t n) {
+  const std::size_t b = (n + precision_block - 1) / precision_block;
+  return static_cast<unsigned>(b == 0 ? 1 : (b < precision_max_blocks ? b : precision_max_blocks));
+}
+
+// The conversions, bit for bit those of core/half.hpp: the hardware's round-to-nearest-even
+// conversions for every number; NaN by hand, because the hardware returns one canonical NaN
+// while the host keeps the sign and the top payload bits (and quiets the NaN).
+__device__ inline std::uint16_t device_float_to_half_bits(float f) {
+  const std::uint32_t x = __float_as_uint(f);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) {
+    return static_cast<std::uint16_t>(((x >> 16) & 0x8000u) | 0x7C00u | 0x0200u | ((x >> 13) & 0x3FFu));
+  }
+  return __half_as_ushort(__float2half_rn(f));
+}
+__device__ inline std::uint16_t device_float_to_bfloat16_bits(float f) {
+  const std::uint32_t x = __float_as_uint(f);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x0040u);
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+__device__ inline float device_half_bits_to_float(std::uint16_t h) {
+  if ((h & 0x7C00u) == 0x7C00u && (h & 0x03FFu) != 0) {  // NaN: keep sign and payload, as the host
+    return __uint_as_float((static_cast<std::uint32_t>(h & 0x8000u) << 16) | 0x7F800000u |
+                           (static_cast<std::uint32_t>(h & 0x03FFu) << 13));
+  }
+  return __half2float(__ushort_as_half(h));
+}
+__device__ inline float device_bfloat16_bits_to_float(std::uint16_t b) {
+  return __uint_as_float(static_cast<std::uint32_t>(b) << 16);  // exact, NaN included
+}
+
+// Element j of one segment, From -> To (one side float, the other half or bfloat16; the 16-bit
+// side is read and written as its bits, which partrain::half/bfloat16 share with __half/__nv_bfloat16).
+template <class From, class To>
+__device__ void precision_cast_element(const void* src, void* dst, std::size_t j) {
+  if constexpr (std::is_same_v<To, half>) {
+    static_cast<std::uint16_t*>(dst)[j] = device_float_to_half_bits(static_cast<const float*>(src)[j]);
+  } else if constexpr (std::is_same_v<To, bfloat16>) {
+    static_cast<std::uint16_t*>(dst)[j] = device_float_to_bfloat16_bits(static_cast<const float*>(src)[j]);
+  } else if constexpr (std::is_same_v<From, half>) {
+    static_cast<float*>(dst)[j] = device_half_bits_to_float(static_cast<const std::uint16_t*>(src)[j]);
+  } else {
+    static_cast<float*>(dst)[j] = device_bfloat16_bits_to_float(static_cast<const std::uint16_t*>(src)[j]);
+  }
+}
+
+// A grid-stride loop over the launch's index space. A thread's indices only grow, so the segment
+// it is in is found by walking forward from the previous one (segments are never empty).
+template <class From, class To>
+__global__ void precision_cast_kernel(precision_segment_table t) {
+  unsigned k = 0;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < t.total;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+    while (i >= t.seg[k].start + t.seg[k].n) ++k;
+    precision_cast_element<From, To>(t.seg[k].src, t.seg[k].dst, i - t.seg[k].start);
+  }
+}
+
+// g *= inv_scale; *found = 1 when any element was inf or NaN (it stays non-finite after the
+// multiplication, as on the host). A template only so that the header defines it in every
+// translation unit without breaking the one-definition rule.
+template <class T>
+__global__ void precision_unscale_kernel(precision_segment_table t, T inv_scale, int* found) {
+  bool bad = false;
+  unsigned k = 0;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < t.total;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+    while (i >= t.seg[k].start + t.seg[k].n) ++k;
+    T* g = static_cast<T*>(t.seg[k].dst) + (i - t.seg[k].start);
+    const T v = *g;
+    bad |= !isfinite(v);
+    *g = v * inv_scale;
+  }
+  // Every thread of the block reaches this barrier (the loop has no early exit).
+  if (__syncthreads_or(bad ? 1 : 0) && threadIdx.x == 0) atomicExch(found, 1);
+}
+
+// Fills tables with the non-empty segments seg(0) .. seg(count - 1) and calls launch(table) for
+// each full table and for the last one.
+template <class Seg, class Launch>
+void for_each_precision_table(std::size_t count, Seg&& seg, Launch&& launch) {
+  precision_segment_table t{};
+  for (std::size_t k = 0; k < count; ++k) {
+    precision_segment s = seg(k);
+    if (s.n == 0) continue;
+    s.start = t.total;
+    t.seg[t.count++] = s;
+    t.total += s.n;
+    if (t.count == precision_segments_per_launch) {
+      launch(t);
+      t = precision_segment_table{};
+    }
+  }
+  if (t.count != 0) launch(t);
+}
+
+// dst[k][j] = To(src[k][j]) for every pair of views in CUDA memory (on the current device),
+// rounding to nearest even; bit for bit the host cast.
+template <class From, class To>
+void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<const tensor_view<To, cuda>> dst) {
+  static_assert((std::is_same_v<From, float> && (std::is_same_v<To, half> || std::is_same_v<To, bfloat16>)) ||
+                    ((std::is_same_v<From, half> || std::is_same_v<From, bfloat16>) && std::is_same_v<To, float>),
+                "partrain: the CUDA cast converts float to half/bfloat16 or half/bfloat16 to float");
+  check_cast_pairs(src, dst);
+  bool launched = false;
+  for_each_precision_table(
+      src.size(),
+      [&](std::size_t k) {
+        return precision_segment{src[k].data(), dst[k].data(), src[k].size(), 0};
+      },
+      [&](const precision_segment_table& t) {
+        precision_cast_kernel<From, To><<<precision_blocks(t.total), precision_block>>>(t);
+        cuda_check(cudaGetLastError(), "cast_views: precision_cast_kernel launch", __FILE__, __LINE__);
+        launched = true;
+      });
+  if (launched) cuda_check(cudaStreamSynchronize(nullptr), "cast_views: cudaStreamSynchronize", __FILE__, __LINE__);
+}
+
+// A device int from the stream-ordered pool (no device-wide synchronisation, unlike cudaFree).
+class precision_device_flag {
+ public:
+  precision_device_flag() {
+    cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&p_), sizeof(int), nullptr),
+               "unscale_and_check: cudaMallocAsync (overflow flag)", __FILE__, __LINE__);
+    const cudaError_t rc = cudaMemsetAsync(p_, 0, sizeof(int), nullptr);
+    if (rc != cudaSuccess) {
+      release();
+      cuda_check(rc, "unscale_and_check: cudaMemsetAsync (overflow flag)", __FILE__, __LINE__);
+    }
+  }
+  precision_device_flag(const precision_device_flag&) = delete;
+  precision_device_flag& operator=(const precision_device_flag&) = delete;
+  ~precision_device_flag() { release(); }
+  [[nodiscard]] int* get() const noexcept { return p_; }
+
+ private:
+  void release() noexcept {
+    if (p_) (void)cudaFreeAsync(p_, nullptr);
+    p_ = nullptr;
+  }
+  int* p_ = nullptr;
+};
+
+// g *= inv_scale over every gradient in CUDA memory, in one pass; true when any element is inf or
+// NaN (PyTorch's _amp_foreach_non_finite_check_and_unscale_). One copy of the flag to the host.
+[[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float, cuda>> grads, float inv_scale) {
+  std::size_t total = 0;
+  for (const auto& g : grads) total += g.size();
+  if (total == 0) return false;
+  precision_device_flag flag;
+  for_each_precision_table(
+      grads.size(), [&](std::size_t k) { return precision_segment{grads[k].data(), grads[k].data(), grads[k].size(), 0}; },
+      [&](const precision_segment_table& t) {
+        precision_unscale_kernel<float><<<precision_blocks(t.total), precision_block>>>(t, inv_scale, flag.get());
+        cuda_check(cudaGetLastError(), "unscale_and_check: precision_unscale_kernel launch", __FILE__, __LINE__);
+      });
+  int found = 0;
+  cuda_check(cudaMemcpyAsync(&found, flag.get(), sizeof(int), cudaMemcpyDeviceToHost, nullptr),
+             "unscale_and_check: cudaMemcpyAsync (overflow flag to host)", __FILE__, __LINE__);
+  cuda_check(cudaStreamSynchronize(nullptr), "unscale_and_check: cudaStreamSynchronize", __FILE__, __LINE__);
+  return found != 0;
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_CUDA_PRECISION_KERNELS_CUH
+#endif
+#if PARTRAIN_HAS_CUDA
+// #include <partrain/cuda/device_buffer.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+// partrain/cuda/device_buffer.hpp: owned device memory (cudaMalloc, RAII) with a shape, seen as
+// tensor_view<T, cuda>, and copies to and from host views (blocking, or queued on a stream).
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_buffer.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+// #include <partrain/cuda/check.hpp>
+#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
+#define PARTRAIN_SI_CUDA_CHECK_HPP
+// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
+// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <string_view>
+
+namespace partrain::inline v0 {
+
+// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
+class cuda_error : public error {
+ public:
+  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
+  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
+
+ private:
+  cudaError_t code_;
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
+                                                      int line) {
+  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
+         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+}
+
+inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
+  if (rc != cudaSuccess) {
+    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
+    (void)cudaGetLastError();
+    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
+  }
+}
+
+}  // namespace detail
+
+}  // namespace partrain::inline v0
+
+// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
+#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
+#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+// #include <partrain/cuda/device_guard.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
+// previous one after (torch.cuda.device as a context manager).
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+namespace partrain::inline v0 {
+
+class [[nodiscard]] cuda_device_guard {
+ public:
+  explicit cuda_device_guard(int index) {
+    PARTRAIN_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (index != previous_) PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
+  }
+  cuda_device_guard(const cuda_device_guard&) = delete;
+  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
+  ~cuda_device_guard() { (void)cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+
+// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
+[[nodiscard]] inline int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+
+namespace partrain::inline v0 {
+
+// A zero-initialised device array of trivially copyable T with a shape, on one device.
+template <class T>
+  requires std::is_trivially_copyable_v<T>
+class device_buffer {
+ public:
+  device_buffer() = default;
+  explicit device_buffer(partrain::shape s, int device_index = 0) : shape_(s), device_(device_index) {
+    if (s.numel() == 0) return;
+    cuda_device_guard guard(device_index);
+    void* p = nullptr;
+    const cudaError_t rc = cudaMalloc(&p, size_bytes());
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw cuda_error(rc, "device_buffer: cudaMalloc of " + std::to_string(size_bytes()) + " bytes on cuda:" +
+                               std::to_string(device_index) + " failed: " + cudaGetErrorString(rc));
+    }
+    data_ = static_cast<T*>(p);
+    const cudaError_t rc2 = cudaMemset(data_, 0, size_bytes());
+    if (rc2 != cudaSuccess) {
+      reset();
+      detail::cuda_check(rc2, "cudaMemset(data_, 0, size_bytes())", __FILE__, __LINE__);
+    }
+  }
+  explicit device_buffer(std::size_t n, int device_index = 0) : device_buffer(partrain::shape{n}, device_index) {}
+
+  device_buffer(device_buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})), device_(o.device_) {}
+  device_buffer& operator=(device_buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      data_ = std::exchange(o.data_, nullptr);
+      shape_ = std::exchange(o.shape_, {});
+      device_ = o.device_;
+    }
+    return *this;
+  }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() { reset(); }
+
+  [[nodiscard]] T* data() noexcept { return data_; }
+  [[nodiscard]] const T* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
+  [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
+  [[nodiscard]] int device_index() const noexcept { return device_; }
+
+  [[nodiscard]] tensor_view<T, cuda> view() noexcept { return {data_, shape_}; }
+  [[nodiscard]] tensor_view<const T, cuda> view() const noexcept { return {data_, shape_}; }
+
+  // Host -> device. With a stream the copy is queued (the host memory must stay alive and, to be
+  // truly asynchronous, be pinned); without one it has finished on return.
+  void copy_from(tensor_view<const T, host> src, cudaStream_t stream = nullptr) {
+    check_size("copy_from", src.size());
+    copy(data_, src.data(), cudaMemcpyHostToDevice, stream);
+  }
+  // Device -> host, same rules.
+  void copy_to(tensor_view<T, host> dst, cudaStream_t stream = nullptr) const {
+    check_size("copy_to", dst.size());
+    copy(dst.data(), data_, cudaMemcpyDeviceToHost, stream);
+  }
+
+ private:
+  void check_size(const char* what, std::size_t n) const {
+    if (n != size()) {
+      throw invalid_argument_error("device_buffer::" + std::string(what) + ": the host view has " + std::to_string(n) +
+                                   " elements, the buffer " + std::to_string(size()) + " (expected equal sizes)");
+    }
+  }
+  void copy(void* dst, const void* src, cudaMemcpyKind kind, cudaStream_t stream) const {
+    if (size() == 0) return;
+    if (stream) {
+      PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, stream));
+    } else {
+      PARTRAIN_CUDA_CHECK(cudaMemcpy(dst, src, size_bytes(), kind));
+    }
+  }
+  void reset() noexcept {
+    if (data_) (void)cudaFree(std::exchange(data_, nullptr));
+  }
+
+  T* data_ = nullptr;
+  partrain::shape shape_{};
+  int device_ = 0;
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+#endif
+
+namespace partrain::inline v0 {
+
+// GradScaler's constructor arguments and defaults.
+struct grad_scaler_options {
+  float init_scale = 65536.0f;  // 2^16
+  float growth_factor = 2.0f;
+  float backoff_factor = 0.5f;
+  std::int64_t growth_interval = 2000;
+  bool enabled = true;  // false: scale() is 1, nothing is checked, every step runs
+};
+
+class grad_scaler {
+ public:
+  explicit grad_scaler(grad_scaler_options o = {}) : opts_(o), scale_(o.init_scale) { validate(opts_); }
+
+  // The scaler a precision wants by default: scaling for fp16; none for bf16 (float's exponent
+  // range) and fp32.
+  [[nodiscard]] static grad_scaler for_precision(precision p, grad_scaler_options o = {}) {
+    o.enabled = o.enabled && p == precision::fp16;
+    return grad_scaler(o);
+  }
+
+  [[nodiscard]] bool enabled() const noexcept { return opts_.enabled; }
+  // What the loss (its gradient) is multiplied by this iteration; 1 when disabled.
+  [[nodiscard]] float scale() const noexcept { return opts_.enabled ? scale_ : 1.0f; }
+  // Good steps since the last change of scale.
+  [[nodiscard]] std::int64_t growth_tracker() const noexcept { return growth_tracker_; }
+  [[nodiscard]] const grad_scaler_options& options() const noexcept { return opts_; }
+  [[nodiscard]] double scale_loss(double loss) const noexcept { return loss * static_cast<double>(scale()); }
+
+  // Divides every gradient of the model by scale() and reports whether any was inf or NaN, in
+  // one pass over all of them. At most once per iteration (the next update() ends it).
+  template <model M>
+  [[nodiscard]] bool unscale(M& m) {
+    return unscale_impl(m, [](bool found) { return found; });
+  }
+  // The same, with the flag agreed across the ranks of `comm` (max over ranks): every rank sees
+  // an overflow when any rank had one, and skips the step with the others.
+  template <model M, class C>
+  [[nodiscard]] bool unscale(M& m, C& comm) {
+    return unscale_impl(m, [&comm, this](bool found) { return agree(comm, found); });
+  }
+
+  // Steps the optimizer unless this iteration's gradients overflowed; unscales first when
+  // unscale() was not called. Returns true when the optimizer stepped.
+  template <optimizer O, model M>
+  bool step(O& opt, M& m) {
+    if (!opts_.enabled) return run_step(opt);
+    if (!unscaled_) (void)unscale(m);
+    return found_inf_ ? false : run_step(opt);
+  }
+  template <optimizer O, model M, class C>
+  bool step(O& opt, M& m, C& comm) {
+    if (!opts_.enabled) return run_step(opt);
+    if (!unscaled_) (void)unscale(m, comm);
+    return found_inf_ ? false : run_step(opt);
+  }
+
+  // Ends the iteration: halves the scale after an overflow (and restarts the count of good
+  // steps), doubles it after growth_interval good steps in a row (if the result is finite).
+  void update() {
+    if (!opts_.enabled) return;
+    if (!unscaled_) {
+      throw invalid_argument_error("grad_scaler::update: no inf/NaN check was recorded this iteration (call "
+                                   "unscale() or step() before update())");
+    }
+    update(found_inf_);
+  }
+  // The same with the overflow decision given (what update() applies; handy for a caller that
+  // checks gradients itself).
+  void update(bool found_inf) {
+    unscaled_ = false;
+    found_inf_ = false;
+    if (!opts_.enabled) return;
+    if (found_inf) {
+      scale_ *= opts_.backoff_factor;
+      growth_tracker_ = 0;
+      return;
+    }
+    if (++growth_tracker_ == opts_.growth_interval) {
+      const float grown = scale_ * opts_.growth_factor;
+      if (std::isfinite(grown)) scale_ = grown;
+      growth_tracker_ = 0;
+    }
+  }
+  // Whether this iteration's unscale found an overflow.
+  [[nodiscard]] bool found_inf() const noexcept { return found_inf_; }
+
+  // State for checkpoint_extra::scaler_state: scale, growth tracker and the options.
+  [[nodiscard]] std::vector<std::byte> state_bytes() const {
+    state_writer w;
+    w.put(state_magic);
+    w.put(state_version);
+    w.put(scale_);
+    w.put(growth_tracker_);
+    w.put(opts_.growth_factor);
+    w.put(opts_.backoff_factor);
+    w.put(opts_.growth_interval);
+    w.put(static_cast<std::uint8_t>(opts_.enabled ? 1 : 0));
+    return w.release();
+  }
+  // Restores what state_bytes() saved; refuses empty, truncated or implausible state by name.
+  void load_state_bytes(std::span<const std::byte> bytes) {
+    if (bytes.empty()) {
+      throw checkpoint_error("grad_scaler: the checkpoint holds no scaler state (was it saved by a run without "
+                             "a gradient scaler, e.g. fp32 or bf16?)");
+    }
+    state_reader r(bytes);
+    if (r.get<std::uint32_t>("grad_scaler magic") != state_magic) {
+      throw checkpoint_error("grad_scaler: the scaler state does not start with the grad_scaler marker");
+    }
+    const auto version = r.get<std::uint32_t>("grad_scaler version");
+    if (version != state_version) {
+      throw checkpoint_error("grad_scaler: scaler state version " + std::to_string(version) + ", expected " +
+                             std::to_string(state_version));
+    }
+    grad_scaler_options o;
+    const auto scale = r.get<float>("grad_scaler scale");
+    const auto tracker = r.get<std::int64_t>("grad_scaler growth tracker");
+    o.init_scale = scale;
+    o.growth_factor = r.get<float>("grad_scaler growth factor");
+    o.backoff_factor = r.get<float>("grad_scaler backoff factor");
+    o.growth_interval = r.get<std::int64_t>("grad_scaler growth interval");
+    o.enabled = r.get<std::uint8_t>("grad_scaler enabled") != 0;
+    if (r.remaining() != 0) throw checkpoint_error("grad_scaler: " + std::to_string(r.remaining()) + " unexpected bytes after the scaler state");
+    try {
+      validate(o);
+    } catch (const invalid_argument_error& e) {
+      throw checkpoint_error(std::string("grad_scaler: the saved state is not valid: ") + e.what());
+    }
+    if (tracker < 0 || tracker >= o.growth_interval) {
+      throw checkpoint_error("grad_scaler: saved growth tracker " + std::to_string(tracker) + " is outside [0, " +
+                             std::to_string(o.growth_interval) + ")");
+    }
+    opts_ = o;
+    scale_ = scale;
+    growth_tracker_ = tracker;
+    unscaled_ = false;
+    found_inf_ = false;
+  }
+
+ private:
+  static constexpr std::uint32_t state_magic = 0x4c435347u;  // "GSCL"
+  static constexpr std::uint32_t state_version = 1;
+
+  static void validate(const grad_scaler_options& o) {
+    auto bad = [](const std::string& what) { throw invalid_argument_error("grad_scaler_options: " + what); };
+    if (!(o.init_scale > 0) || !std::isfinite(o.init_scale)) bad("init_scale must be finite and > 0, got " + std::to_string(o.init_scale));
+    if (!(o.growth_factor > 1) || !std::isfinite(o.growth_factor)) bad("growth_factor must be finite and > 1, got " + std::to_string(o.growth_factor));
+    if (!(o.backoff_factor > 0 && o.backoff_factor < 1)) bad("backoff_factor must be in (0, 1), got " + std::to_string(o.backoff_factor));
+    if (o.growth_interval <= 0) bad("growth_interval must be > 0, got " + std::to_string(o.growth_interval));
+  }
+
+  template <optimizer O>
+  static bool run_step(O& opt) {
+    opt.step();
+    return true;
+  }
+
+  template <model M, class Agree>
+  bool unscale_impl(M& m, Agree&& agree_fn) {
+    if (!opts_.enabled) return false;
+    if (unscaled_) {
+      throw invalid_argument_error("grad_scaler::unscale: already called this iteration (call update() to end it)");
+    }
+    using S = detail::model_space_t<M>;
+    using T = detail::model_element_t<M>;
+    static_assert(std::same_as<T, float>, "partrain: grad_scaler unscales fp32 gradients (the master weights' gradients)");
+    static_assert(std::same_as<S, host> || detail::is_nvcc_compiled,
+                  "partrain: unscaling CUDA gradients needs the translation unit compiled by nvcc "
+                  "(the kernel is in partrain/cuda/precision_kernels.cuh)");
+    std::vector<tensor_view<float, S>> grads;
+    for (auto&& p : m.parameters()) grads.push_back(p.grad());
+    // 1/scale in double, rounded once to float (as GradScaler computes it).
+    const auto inv = static_cast<float>(1.0 / static_cast<double>(scale_));
+    const bool local = detail::unscale_and_check(std::span<const tensor_view<float, S>>(grads), inv);
+    found_inf_ = agree_fn(local);
+    unscaled_ = true;
+    return found_inf_;
+  }
+
+  // A stalled or dead rank surfaces as the backend's timeout; say which operation it was.
+  template <class C>
+  static void wait_named(C& comm, work w) {
+    try {
+      w.wait();
+    } catch (const timeout_error& e) {
+      throw timeout_error("rank " + std::to_string(comm.rank()) + " grad_scaler: the overflow-flag all_reduce failed: " +
+                          e.what());
+    } catch (const communication_error& e) {
+      throw communication_error("rank " + std::to_string(comm.rank()) +
+                                " grad_scaler: the overflow-flag all_reduce failed: " + e.what());
+    }
+  }
+
+  // Max over ranks of the flag. A backend that takes only CUDA memory (NCCL) gets a device copy.
+  template <class C>
+  bool agree(C& comm, bool found) {
+    float flag = found ? 1.0f : 0.0f;
+    bool host_ok = true;
+    if constexpr (requires(const C& c) { { c.accepts(device_kind::cpu) } -> std::convertible_to<bool>; }) {
+      host_ok = comm.accepts(device_kind::cpu);
+    }
+    if (host_ok) {
+      wait_named(comm, comm.all_reduce(tensor_view<float>(&flag, 1), reduce_op::max));
+      return flag != 0.0f;
+    }
+#if PARTRAIN_HAS_CUDA
+    device_buffer<float> dev(1);
+    dev.copy_from(tensor_view<const float>(&flag, 1));
+    wait_named(comm, comm.all_reduce(dev.view(), reduce_op::max));
+    dev.copy_to(tensor_view<float>(&flag, 1));
+    return flag != 0.0f;
+#else
+    throw config_error("grad_scaler: the communicator takes neither host nor (in this build) CUDA memory");
+#endif
+  }
+
+  grad_scaler_options opts_;
+  float scale_;
+  std::int64_t growth_tracker_ = 0;
+  bool unscaled_ = false;   // unscale() ran this iteration
+  bool found_inf_ = false;  // and found an overflow (on any rank, when agreed)
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_PRECISION_GRAD_SCALER_HPP
+// #include <partrain/precision/low_precision_copy.hpp>
+#ifndef PARTRAIN_SI_PRECISION_LOW_PRECISION_COPY_HPP
+#define PARTRAIN_SI_PRECISION_LOW_PRECISION_COPY_HPP
+// partrain/precision/low_precision_copy.hpp: the 16-bit copy of a model's fp32 master weights
+// that its forward and backward compute with. One contiguous buffer holds every parameter's copy;
+// refresh() re-casts all masters into it (after each optimizer step) in one pass, rounding to
+// nearest even. The precision is chosen at run time (fp16 or bf16), as a command-line flag would.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#if PARTRAIN_HAS_CUDA
+// #include <partrain/cuda/device_buffer.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+// partrain/cuda/device_buffer.hpp: owned device memory (cudaMalloc, RAII) with a shape, seen as
+// tensor_view<T, cuda>, and copies to and from host views (blocking, or queued on a stream).
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_buffer.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+// #include <partrain/cuda/check.hpp>
+#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
+#define PARTRAIN_SI_CUDA_CHECK_HPP
+// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
+// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <string_view>
+
+namespace partrain::inline v0 {
+
+// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
+class cuda_error : public error {
+ public:
+  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
+  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
+
+ private:
+  cudaError_t code_;
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
+                                                      int line) {
+  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
+         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+}
+
+inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
+  if (rc != cudaSuccess) {
+    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
+    (void)cudaGetLastError();
+    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
+  }
+}
+
+}  // namespace detail
+
+}  // namespace partrain::inline v0
+
+// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
+#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
+#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+// #include <partrain/cuda/device_guard.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
+// previous one after (torch.cuda.device as a context manager).
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+namespace partrain::inline v0 {
+
+class [[nodiscard]] cuda_device_guard {
+ public:
+  explicit cuda_device_guard(int index) {
+    PARTRAIN_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (index != previous_) PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
+  }
+  cuda_device_guard(const cuda_device_guard&) = delete;
+  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
+  ~cuda_device_guard() { (void)cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+
+// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
+[[nodiscard]] inline int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+
+namespace partrain::inline v0 {
+
+// A zero-initialised device array of trivially copyable T with a shape, on one device.
+template <class T>
+  requires std::is_trivially_copyable_v<T>
+class device_buffer {
+ public:
+  device_buffer() = default;
+  explicit device_buffer(partrain::shape s, int device_index = 0) : shape_(s), device_(device_index) {
+    if (s.numel() == 0) return;
+    cuda_device_guard guard(device_index);
+    void* p = nullptr;
+    const cudaError_t rc = cudaMalloc(&p, size_bytes());
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw cuda_error(rc, "device_buffer: cudaMalloc of " + std::to_string(size_bytes()) + " bytes on cuda:" +
+                               std::to_string(device_index) + " failed: " + cudaGetErrorString(rc));
+    }
+    data_ = static_cast<T*>(p);
+    const cudaError_t rc2 = cudaMemset(data_, 0, size_bytes());
+    if (rc2 != cudaSuccess) {
+      reset();
+      detail::cuda_check(rc2, "cudaMemset(data_, 0, size_bytes())", __FILE__, __LINE__);
+    }
+  }
+  explicit device_buffer(std::size_t n, int device_index = 0) : device_buffer(partrain::shape{n}, device_index) {}
+
+  device_buffer(device_buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})), device_(o.device_) {}
+  device_buffer& operator=(device_buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      data_ = std::exchange(o.data_, nullptr);
+      shape_ = std::exchange(o.shape_, {});
+      device_ = o.device_;
+    }
+    return *this;
+  }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() { reset(); }
+
+  [[nodiscard]] T* data() noexcept { return data_; }
+  [[nodiscard]] const T* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
+  [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
+  [[nodiscard]] int device_index() const noexcept { return device_; }
+
+  [[nodiscard]] tensor_view<T, cuda> view() noexcept { return {data_, shape_}; }
+  [[nodiscard]] tensor_view<const T, cuda> view() const noexcept { return {data_, shape_}; }
+
+  // Host -> device. With a stream the copy is queued (the host memory must stay alive and, to be
+  // truly asynchronous, be pinned); without one it has finished on return.
+  void copy_from(tensor_view<const T, host> src, cudaStream_t stream = nullptr) {
+    check_size("copy_from", src.size());
+    copy(data_, src.data(), cudaMemcpyHostToDevice, stream);
+  }
+  // Device -> host, same rules.
+  void copy_to(tensor_view<T, host> dst, cudaStream_t stream = nullptr) const {
+    check_size("copy_to", dst.size());
+    copy(dst.data(), data_, cudaMemcpyDeviceToHost, stream);
+  }
+
+ private:
+  void check_size(const char* what, std::size_t n) const {
+    if (n != size()) {
+      throw invalid_argument_error("device_buffer::" + std::string(what) + ": the host view has " + std::to_string(n) +
+                                   " elements, the buffer " + std::to_string(size()) + " (expected equal sizes)");
+    }
+  }
+  void copy(void* dst, const void* src, cudaMemcpyKind kind, cudaStream_t stream) const {
+    if (size() == 0) return;
+    if (stream) {
+      PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, stream));
+    } else {
+      PARTRAIN_CUDA_CHECK(cudaMemcpy(dst, src, size_bytes(), kind));
+    }
+  }
+  void reset() noexcept {
+    if (data_) (void)cudaFree(std::exchange(data_, nullptr));
+  }
+
+  T* data_ = nullptr;
+  partrain::shape shape_{};
+  int device_ = 0;
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+#endif
+
+namespace partrain::inline v0 {
+
+template <class S = host>
+class low_precision_copy {
+#if !PARTRAIN_HAS_CUDA
+  static_assert(std::same_as<S, host>, "partrain: a low_precision_copy in CUDA memory needs the CUDA runtime (link partrain::cuda)");
+#endif
+
+ public:
+  low_precision_copy() = default;
+  // A copy of each master (their order kept), made at once.
+  low_precision_copy(precision p, std::vector<tensor_view<float, S>> masters) : kind_(p), masters_(std::move(masters)) {
+    if (p == precision::fp32) {
+      throw invalid_argument_error("low_precision_copy: precision fp32 has no 16-bit copy (expected fp16 or bf16)");
+    }
+    std::size_t total = 0;
+    for (const auto& m : masters_) {
+      offsets_.push_back(total);
+      total += m.size();
+    }
+    storage_ = make_storage(total);
+    refresh();
+  }
+
+  [[nodiscard]] precision kind() const noexcept { return kind_; }
+  [[nodiscard]] std::size_t size() const noexcept { return masters_.size(); }
+  [[nodiscard]] std::size_t bytes() const noexcept { return storage_.size() * sizeof(std::uint16_t); }
+
+  // Casts every master into its copy.
+  void refresh() {
+    if (masters_.empty()) return;
+    visit_precision(kind_, [this](auto tag) {
+      using T16 = decltype(tag);
+      if constexpr (!std::same_as<T16, float>) {
+        std::vector<tensor_view<const float, S>> src(masters_.begin(), masters_.end());
+        std::vector<tensor_view<T16, S>> dst;
+        dst.reserve(masters_.size());
+        for (std::size_t i = 0; i < masters_.size(); ++i) dst.push_back(view_of<T16>(i));
+        static_assert(std::same_as<S, host> || detail::is_nvcc_compiled,
+                      "partrain: refreshing a CUDA low_precision_copy needs the translation unit compiled by nvcc");
+        detail::cast_views<float, T16>(std::span<const tensor_view<const float, S>>(src),
+                                       std::span<const tensor_view<T16, S>>(dst));
+      }
+      return 0;
+    });
+  }
+
+  // Parameter i's copy as T (half for fp16, bfloat16 for bf16; anything else is refused).
+  template <low_precision_element T>
+  [[nodiscard]] tensor_view<const T, S> get(std::size_t i) const {
+    if ((std::same_as<T, half> && kind_ != precision::fp16) || (std::same_as<T, bfloat16> && kind_ != precision::bf16)) {
+      throw invalid_argument_error(std::string("low_precision_copy::get: the copy holds ") + std::string(to_string(kind_)) +
+                                   ", asked for " + (std::same_as<T, half> ? "half" : "bfloat16"));
+    }
+    return const_cast<low_precision_copy*>(this)->template view_of<T>(i);
+  }
+  // Parameter i's copy as raw 16-bit words (for libraries that take a data-type tag, as cuBLAS).
+  [[nodiscard]] const void* data(std::size_t i) const {
+    check_index(i);
+    return storage_.data() + offsets_[i];
+  }
+
+ private:
+#if PARTRAIN_HAS_CUDA
+  using storage_t = std::conditional_t<std::same_as<S, host>, host_buffer<std::uint16_t>, device_buffer<std::uint16_t>>;
+#else
+  using storage_t = host_buffer<std::uint16_t>;
+#endif
+
+  // CUDA storage on the device current now (where the masters are), not device 0.
+  [[nodiscard]] static storage_t make_storage(std::size_t n) {
+#if PARTRAIN_HAS_CUDA
+    if constexpr (std::same_as<S, cuda>) {
+      int dev = 0;
+      PARTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
+      return storage_t(n, dev);
+    } else {
+      return storage_t(n);
+    }
+#else
+    return storage_t(n);
+#endif
+  }
+
+  void check_index(std::size_t i) const {
+    if (i >= masters_.size()) {
+      throw invalid_argument_error("low_precision_copy: parameter " + std::to_string(i) + " out of range (the copy has " +
+                                   std::to_string(masters_.size()) + ")");
+    }
+  }
+  template <class T>
+  [[nodiscard]] tensor_view<T, S> view_of(std::size_t i) {
+    check_index(i);
+    static_assert(sizeof(T) == sizeof(std::uint16_t));
+    return tensor_view<T, S>(reinterpret_cast<T*>(storage_.data() + offsets_[i]), masters_[i].shape());
+  }
+
+  precision kind_ = precision::fp16;
+  std::vector<tensor_view<float, S>> masters_;
+  std::vector<std::size_t> offsets_;
+  storage_t storage_;
+};
+
+// The copy of a model's parameter values (fp32 masters), in parameters() order.
+template <model M>
+[[nodiscard]] auto make_low_precision_copy(precision p, M& m) {
+  using S = detail::model_space_t<M>;
+  static_assert(std::same_as<detail::model_element_t<M>, float>, "partrain: mixed precision keeps fp32 master weights");
+  std::vector<tensor_view<float, S>> masters;
+  for (auto&& prm : m.parameters()) masters.push_back(prm.value());
+  return low_precision_copy<S>(p, std::move(masters));
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_PRECISION_LOW_PRECISION_COPY_HPP
+// #include <partrain/precision/mixed_precision.hpp>
+#ifndef PARTRAIN_SI_PRECISION_MIXED_PRECISION_HPP
+#define PARTRAIN_SI_PRECISION_MIXED_PRECISION_HPP
+// partrain/precision/mixed_precision.hpp: the mixed-precision policy and the step that applies it.
+//
+// The policy (PyTorch's autocast + GradScaler, or FSDP's MixedPrecision, as one value): the model
+// keeps fp32 master weights and computes with a 16-bit copy; gradients reach the masters in fp32
+// and are reduced in fp32 or, through DDP's communication hooks, in 16 bits; the optimizer steps
+// the masters; the copy is refreshed after each step. fp16 needs loss scaling, bf16 does not.
+//
+// What the model offers (both optional for fp32, see the concepts below):
+//   void set_loss_scale(float s);   // multiply the gradient of the loss by s in backward
+//   void refresh_low_precision();   // re-cast the masters into the 16-bit copy
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+#include <type_traits>
+
+namespace partrain::inline v0 {
+
+// A model that applies a loss scale in its backward (what `scaler.scale(loss).backward()` does).
+template <class M>
+concept loss_scalable = requires(M& m, float s) { m.set_loss_scale(s); };
+
+// A model with a 16-bit copy of its weights to refresh after the masters change.
+template <class M>
+concept has_low_precision_copy = requires(M& m) { m.refresh_low_precision(); };
+
+struct mixed_precision_policy {
+  precision compute = precision::fp32;
+  // false: DDP all_reduces fp32 gradients; true: in the compute's 16-bit type (comm hook).
+  bool reduce_in_low_precision = false;
+  // Loss scaling: by default on for fp16 only.
+  std::optional<bool> loss_scaling{};
+  grad_scaler_options scaler{};
+
+  [[nodiscard]] bool scales_loss() const noexcept { return loss_scaling.value_or(compute == precision::fp16); }
+  [[nodiscard]] grad_scaler make_scaler() const {
+    grad_scaler_options o = scaler;
+    o.enabled = o.enabled && scales_loss();
+    return grad_scaler(o);
+  }
+  // The ddp_options::hook that reduces as configured.
+  [[nodiscard]] comm_hook ddp_hook() const {
+    if (!reduce_in_low_precision || compute == precision::fp32) return comm_hooks::allreduce();
+    return compute == precision::fp16 ? comm_hooks::fp16_compress() : comm_hooks::bf16_compress();
+  }
+};
+
+struct amp_step_options {
+  double max_grad_norm = 0;  // > 0: clip the unscaled gradients to this global norm
+};
+
+struct amp_step_result {
+  double loss = 0;       // the model's (unscaled) mean loss
+  bool skipped = false;  // inf/NaN gradients (on some rank): the optimizer did not step
+  float scale = 1;       // the loss scale this step used
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();  // before clipping, when clipped
+};
+
+namespace detail {
+
+template <class T>
+concept ddp_like = requires(T& t) {
+  t.module();
+  t.comm();
+};
+
+template <class T>
+decltype(auto) module_of(T& t) {
+  if constexpr (ddp_like<T>) {
+    return (t.module());
+  } else {
+    return (t);
+  }
+}
+
+}  // namespace detail
+
+// One mixed-precision training step on `trainer`, a distributed_data_parallel (gradients averaged
+// across ranks, the overflow flag agreed across ranks) or a bare model (one process):
+// set the loss scale, forward + backward, unscale and check, optionally clip, step the masters
+// unless some gradient overflowed, refresh the 16-bit copy, update the scale.
+template <class Trainer, optimizer O, class B>
+amp_step_result amp_step(Trainer& trainer, O& opt, grad_scaler& scaler, const B& batch, amp_step_options o = {}) {
+  auto& m = detail::module_of(trainer);
+  using M = std::remove_cvref_t<decltype(m)>;
+  amp_step_result r;
+  r.scale = scaler.scale();
+  if constexpr (loss_scalable<M>) {
+    m.set_loss_scale(r.scale);
+  } else if (scaler.enabled()) {
+    throw config_error("amp_step: the gradient scaler is enabled but the model has no `void set_loss_scale(float)` "
+                       "to apply it in backward (add it, or disable loss scaling)");
+  }
+  r.loss = trainer.train_step(batch);
+  bool found = false;
+  if (scaler.enabled()) {
+    if constexpr (detail::ddp_like<Trainer>) {
+      found = scaler.unscale(m, trainer.comm());
+    } else {
+      found = scaler.unscale(m);
+    }
+  }
+  if (!found && o.max_grad_norm > 0) r.grad_norm = clip_grad_norm(m, o.max_grad_norm);
+  const bool stepped = scaler.enabled() ? scaler.step(opt, m) : (opt.step(), true);
+  if (stepped) {
+    if constexpr (has_low_precision_copy<M>) m.refresh_low_precision();
+  }
+  if (scaler.enabled()) scaler.update();
+  r.skipped = !stepped;
+  return r;
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_PRECISION_MIXED_PRECISION_HPP

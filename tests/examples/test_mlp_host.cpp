@@ -9,27 +9,14 @@
 #include <partrain/model/concepts.hpp>
 
 #include "mlp_host.hpp"
+#include "mlp_test_data.hpp"
 
 namespace {
 
-struct test_batch {
-  partrain::tensor_view<const float> features;
-  partrain::tensor_view<const std::int32_t> labels;
-};
+using example::testing::test_batch;
 
-struct data {
-  std::vector<float> x;
-  std::vector<std::int32_t> y;
-  test_batch batch(std::size_t in) const { return {{x.data(), {y.size(), in}}, {y.data(), y.size()}}; }
-};
-
-data make_data(std::size_t n, std::size_t in, std::size_t classes, std::uint64_t seed = 3) {
-  example::splitmix64 rng(seed);
-  data d;
-  d.x.resize(n * in);
-  for (auto& v : d.x) v = rng.uniform(-1.0f, 1.0f);
-  for (std::size_t i = 0; i < n; ++i) d.y.push_back(static_cast<std::int32_t>(rng.next() % classes));
-  return d;
+example::testing::data make_data(std::size_t n, std::size_t in, std::size_t classes, std::uint64_t seed = 3) {
+  return example::testing::make_data(n, in, classes, seed);
 }
 
 }  // namespace

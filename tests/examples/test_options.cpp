@@ -31,6 +31,17 @@ TEST_CASE("example options: defaults and values", "[examples][options]") {
   CHECK(parse_options({"--backend", "local"}).nproc == 1);  // local without --nproc: one thread
 }
 
+TEST_CASE("example options: timeline and bucket size", "[examples][options]") {
+  const auto d = parse_options({});
+  CHECK(d.trace.empty());  // off unless --trace or PARTRAIN_TRACE
+  CHECK(d.bucket_kb == 0);  // DDP's defaults
+  const auto o = parse_options({"--trace", "t.json", "--bucket-kb", "64"});
+  CHECK(o.trace == "t.json");
+  CHECK(o.bucket_kb == 64);
+  CHECK_THROWS_WITH(parse_options({"--trace"}), Catch::Contains("--trace: needs a value"));
+  CHECK_THROWS_WITH(parse_options({"--bucket-kb", "0"}), Catch::Contains("--bucket-kb: must be greater than 0"));
+}
+
 TEST_CASE("example options: bad input names the flag and what was expected", "[examples][options]") {
   CHECK_THROWS_WITH(parse_options({"--epochs"}), Catch::Contains("--epochs: needs a value"));
   CHECK_THROWS_WITH(parse_options({"--epochs", "0"}), Catch::Contains("--epochs: must be greater than 0"));
@@ -48,4 +59,15 @@ TEST_CASE("example options: bad input names the flag and what was expected", "[e
   CHECK_THROWS_WITH(parse_options({"--momentum", "1.5"}), Catch::Contains("[0, 1)"));
   CHECK_THROWS_WITH(parse_options({"--frobnicate"}), Catch::Contains("unknown option '--frobnicate'"));
   CHECK_THROWS_AS(parse_options({"--nproc", "-2"}), usage_error);
+}
+
+TEST_CASE("example options: --precision and --reduce-16bit", "[examples][options][precision]") {
+  CHECK(parse_options({"--precision", "fp16"}).precision == "fp16");
+  const auto o = parse_options({"--precision", "bf16", "--reduce-16bit"});
+  CHECK(o.precision == "bf16");
+  CHECK(o.reduce_16bit);
+  CHECK_THROWS_WITH(parse_options({"--precision", "fp8"}), Catch::Contains("'fp8' is not one of: fp32, bf16, fp16"));
+  CHECK_THROWS_WITH(parse_options({"--precision", "fp16", "--parallel", "dp"}),
+                    Catch::Contains("mixed precision runs with --parallel ddp"));
+  CHECK_THROWS_WITH(parse_options({"--reduce-16bit"}), Catch::Contains("--reduce-16bit needs --precision fp16 or bf16"));
 }

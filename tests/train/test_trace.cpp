@@ -14,11 +14,14 @@
 
 #include <partrain/comm/local.hpp>
 #include <partrain/core/buffer.hpp>
+#include <partrain/parallel/ddp.hpp>
 #include <partrain/train/trace.hpp>
 
 #include "mini_json.hpp"
+#include "toy_models.hpp"
 
 using namespace partrain;
+using namespace partrain::testing;
 namespace fs = std::filesystem;
 
 namespace {
@@ -185,6 +188,70 @@ TEST_CASE("merged trace: one process per rank, nested spans, every bucket on eve
     CHECK(std::count_if(main.begin(), main.end(), [](auto& s) { return s.name == "optimizer"; }) == steps);
     CHECK(std::count_if(main.begin(), main.end(), [](auto& s) { return s.name == "checkpoint"; }) == 1);
     CHECK(tracks[{r, trace_track::data}].size() == steps);
+  }
+  fs::remove(path);
+}
+
+TEST_CASE("DDP bucket spans and data waits from a real DDP loop", "[train][trace][threads]") {
+  const auto path = temp_path("ddp_trace.json");
+  fs::remove(path);
+  constexpr int world = 2, steps = 3;
+  std::vector<std::size_t> bucket_counts(world);
+  run_local(world, [&](local_group& pg) {
+    trace_recorder rec(path);
+    rec.start(pg);
+    toy_mlp<float> model(7);
+    // 16-byte buckets: several buckets for the 4 parameters (30, 5, 15, 3 floats).
+    distributed_data_parallel ddp(model, pg,
+                                  {.bucket_cap_bytes = 16, .first_bucket_bytes = 16, .on_bucket_launch = rec.bucket_spans()});
+    bucket_counts[static_cast<std::size_t>(pg.rank())] = ddp.stats().buckets.size();
+    std::vector<toy_batch<float>> batches;
+    for (int s = 0; s < steps; ++s) batches.push_back(make_toy_batch<float>(static_cast<std::size_t>(s * world + pg.rank()) * 4, 4));
+    int s = 0;
+    for (const auto& b : traced_batches(batches, rec)) {
+      auto step = rec.span("step", trace_track::step, "step", s++);
+      auto fb = rec.span("forward_backward");
+      (void)ddp.train_step(b);
+    }
+    CHECK(s == steps);
+    (void)rec.finish(pg);
+  }, {std::chrono::milliseconds(10'000)});
+  REQUIRE(bucket_counts[0] >= 2);
+  const auto doc = mini_json::parse(slurp(path));
+  // pid -> step spans, and pid -> bucket -> all_reduce spans
+  std::map<int, std::vector<span_rec>> step_spans;
+  std::map<int, std::map<int, std::vector<span_rec>>> bucket_spans;
+  std::map<int, int> waits;
+  for (const auto& e : doc["traceEvents"].arr()) {
+    if (e["ph"].str() != "X") continue;
+    const int pid = static_cast<int>(e["pid"].num());
+    const int tid = static_cast<int>(e["tid"].num());
+    const span_rec r{e["ts"].num(), e["dur"].num(), e["name"].str()};
+    if (r.name == "step") step_spans[pid].push_back(r);
+    if (r.name == "data_wait") {
+      CHECK(tid == trace_track::data);
+      ++waits[pid];
+    }
+    if (r.name == "all_reduce") {
+      const int b = static_cast<int>(e["args"]["bucket"].num());
+      CHECK(tid == trace_track::bucket(static_cast<std::size_t>(b)));
+      bucket_spans[pid][b].push_back(r);
+    }
+  }
+  for (int r = 0; r < world; ++r) {
+    REQUIRE(step_spans[r].size() == steps);
+    CHECK(waits[r] == steps + 1);  // begin() and each ++, the last one finding the end
+    REQUIRE(bucket_spans[r].size() == bucket_counts[0]);
+    // Each step holds exactly one all_reduce of every bucket (launched and completed inside it).
+    for (const auto& st : step_spans[r]) {
+      for (const auto& [b, spans] : bucket_spans[r]) {
+        const auto inside = std::count_if(spans.begin(), spans.end(), [&](const span_rec& x) {
+          return x.ts >= st.ts - 1e-3 && x.ts + x.dur <= st.ts + st.dur + 1e-3;
+        });
+        INFO("rank " << r << " bucket " << b);
+        CHECK(inside == 1);
+      }
+    }
   }
   fs::remove(path);
 }

@@ -9,6 +9,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -52,6 +53,10 @@ struct ddp_options {
   // returns mean gradients); false sums them, as PyTorch's .grad accumulation does.
   bool average_accumulated = true;
   comm_hook hook = comm_hooks::allreduce();
+  // Called on the training thread right after each bucket's reduction was launched, with a work
+  // that completes once the bucket is reduced (hook included) and the bucket's index; e.g.
+  // trace_recorder::bucket_spans() draws each bucket's all_reduce on the timeline. Empty: off.
+  std::function<void(const work&, std::size_t bucket)> on_bucket_launch = {};
 };
 
 namespace detail {
@@ -98,7 +103,8 @@ class distributed_data_parallel {
     reducer_ = std::make_unique<detail::reducer<T, S>>(std::move(numels), opts_.first_bucket_bytes,
                                                     opts_.bucket_cap_bytes, opts_.hook,
                                                     detail::make_all_reduce_fn(comm), comm.rank(), comm.size(), stats_,
-                                                    std::same_as<S, cuda> && comm_accepts(device_kind::cuda));
+                                                    std::same_as<S, cuda> && comm_accepts(device_kind::cuda),
+                                                    opts_.on_bucket_launch);
   }
   distributed_data_parallel(const distributed_data_parallel&) = delete;
   distributed_data_parallel& operator=(const distributed_data_parallel&) = delete;

@@ -20,9 +20,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <ranges>
 #include <set>
 #include <span>
 #include <string>
@@ -197,6 +200,16 @@ class trace_recorder {
       --pending_;
       idle_.notify_all();
     });
+  }
+
+  // A ddp_options::on_bucket_launch that draws each bucket's reduction, from launch to
+  // completion, as an "all_reduce" span on trace_track::bucket(i):
+  //   distributed_data_parallel ddp(model, pg, {.on_bucket_launch = trace.bucket_spans()});
+  // The recorder must outlive the DDP's steps (it is not movable once spans point to it).
+  [[nodiscard]] std::function<void(const work&, std::size_t)> bucket_spans() {
+    return [this](const work& w, std::size_t bucket) {
+      trace_work(w, "all_reduce", trace_track::bucket(bucket), "bucket", static_cast<std::int64_t>(bucket));
+    };
   }
 
   // Adds a finished span (timestamps from detail::steady_ns()). Thread-safe.
@@ -379,6 +392,55 @@ class trace_recorder {
 };
 
 inline trace_span::~trace_span() { end(); }
+
+// A view of a range of batches (a loader) that records how long each batch took to arrive, as
+// "data_wait" spans on trace_track::data (the time spent in begin() and in each ++):
+//   for (const batch& b : traced_batches(train, trace)) ...
+// When the recorder is off it costs one relaxed load per batch. Single pass, like the loader.
+template <std::ranges::input_range R>
+class traced_batches : public std::ranges::view_interface<traced_batches<R>> {
+  using base_iterator = std::ranges::iterator_t<R>;
+  using base_sentinel = std::ranges::sentinel_t<R>;
+
+ public:
+  struct sentinel {
+    base_sentinel end;
+  };
+  class iterator {
+   public:
+    using value_type = std::ranges::range_value_t<R>;
+    using difference_type = std::ptrdiff_t;
+    using iterator_concept = std::input_iterator_tag;
+
+    iterator() = default;
+    iterator(base_iterator it, trace_recorder* rec) : it_(std::move(it)), rec_(rec) {}
+    [[nodiscard]] decltype(auto) operator*() const { return *it_; }
+    iterator& operator++() {
+      auto wait = rec_->span("data_wait", trace_track::data);
+      ++it_;
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    [[nodiscard]] friend bool operator==(const iterator& i, const sentinel& s) { return i.it_ == s.end; }
+
+   private:
+    base_iterator it_{};
+    trace_recorder* rec_ = nullptr;
+  };
+
+  traced_batches() = default;
+  traced_batches(R& r, trace_recorder& rec) noexcept : r_(&r), rec_(&rec) {}
+
+  [[nodiscard]] iterator begin() {
+    auto wait = rec_->span("data_wait", trace_track::data);
+    return iterator(std::ranges::begin(*r_), rec_);
+  }
+  [[nodiscard]] sentinel end() { return sentinel{std::ranges::end(*r_)}; }
+
+ private:
+  R* r_ = nullptr;
+  trace_recorder* rec_ = nullptr;
+};
 
 inline void trace_span::end() noexcept {
   if (!rec_) return;

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -78,8 +79,10 @@ class reducer {
 
  public:
   reducer(std::vector<std::size_t> numels, std::size_t first_bytes, std::size_t cap_bytes, comm_hook hook,
-          grad_bucket::all_reduce_fn all_reduce, int rank, int world_size, ddp_stats& stats, bool device = false)
-      : numels_(std::move(numels)), hook_(std::move(hook)), rank_(rank), stats_(&stats), device_(device) {
+          grad_bucket::all_reduce_fn all_reduce, int rank, int world_size, ddp_stats& stats, bool device = false,
+          std::function<void(const work&, std::size_t)> on_launch = {})
+      : numels_(std::move(numels)), hook_(std::move(hook)), on_launch_(std::move(on_launch)), rank_(rank),
+        stats_(&stats), device_(device) {
     if (!hook_) throw invalid_argument_error("ddp_options::hook is empty (expected a comm_hook, e.g. comm_hooks::allreduce())");
 #if !defined(__CUDACC__)
     if (device_) {
@@ -264,6 +267,8 @@ class reducer {
       b.launched = clock::now();
       work w = hook_(*b.gb);
       b.done = then_work(w, [&b] { b.finished = clock::now(); });
+      // The observer sees b.done: its callbacks run before the step's wait returns.
+      if (on_launch_) on_launch_(*b.done, next_ - 1);
     }
   }
 
@@ -306,6 +311,7 @@ class reducer {
 
   std::vector<std::size_t> numels_;
   comm_hook hook_;
+  std::function<void(const work&, std::size_t)> on_launch_;  // ddp_options::on_bucket_launch
   int rank_;
   ddp_stats* stats_;
   std::vector<bucket> buckets_;
