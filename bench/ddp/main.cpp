@@ -30,6 +30,7 @@
 #include <partrain/parallel/ddp.hpp>
 #include <partrain/train/trace.hpp>
 
+#include "fashion_batches.hpp"
 #include "mlp_host.hpp"
 
 namespace {
@@ -44,20 +45,8 @@ struct config {
   int repeats = 3;
 };
 
-// Batches as views straight into the dataset (no loader): every mode sees the same rows and
-// only the training step is measured. Rank r starts r * steps batches in.
-std::vector<batch> make_batches(const in_memory_dataset& ds, std::size_t bs, std::size_t count, std::size_t first) {
-  std::vector<batch> out;
-  const auto features = ds.features();
-  const auto labels = ds.labels();
-  const std::size_t per_epoch = ds.size() / bs;
-  for (std::size_t i = 0; i < count; ++i) {
-    const std::size_t k = (first + i) % per_epoch;
-    out.push_back({features.slice(k * bs, (k + 1) * bs),
-                   tensor_view<const std::int32_t>(labels.data() + k * bs, bs), {}});
-  }
-  return out;
-}
+// Rank r starts r * steps batches in.
+using partrain::bench::dataset_batches;
 
 double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
@@ -171,10 +160,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    normalize_options norm;
-    norm.mean = 0.2860f;
-    norm.std = 0.3530f;
-    const in_memory_dataset train = load_fashion_mnist(fashion_mnist_split::train, norm);
+    const in_memory_dataset train = partrain::bench::load_fashion_train();
     const std::size_t need = c.warmup + c.steps;
 
     std::printf("bench_ddp: MLP 784-256-128-10 on Fashion-MNIST, OpenBLAS 1 thread per rank, %u cores\n",
@@ -183,7 +169,7 @@ int main(int argc, char** argv) {
                 "comm ms/step", "wait ms/step", "hidden");
 
     // 1 and 2, interleaved so that drift in the machine's load hits both alike.
-    const auto batches0 = make_batches(train, c.batch, need, 0);
+    const auto batches0 = dataset_batches(train, c.batch, need, 0);
     std::vector<double> plain, ddp1;
     ddp_result d1;
     auto world1 = make_local_world(1);
@@ -205,7 +191,7 @@ int main(int argc, char** argv) {
         std::filesystem::temp_directory_path() / ("bench_ddp_" + std::to_string(::getpid()) + "_trace.json");
     spawn(2, [&](int rank) {
       auto pg = init_process_group("env://", {.backend = "gloo"});
-      const auto mine = make_batches(train, c.batch, need, static_cast<std::size_t>(rank) * need);
+      const auto mine = dataset_batches(train, c.batch, need, static_cast<std::size_t>(rank) * need);
       // Overlap on, untraced and traced, interleaved (medians of the repeats); then overlap off.
       std::vector<ddp_result> ons, traceds;
       for (int r = 0; r < c.repeats; ++r) {

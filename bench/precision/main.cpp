@@ -21,6 +21,7 @@
 #include <partrain/optim/sgd.hpp>
 #include <partrain/precision/mixed_precision.hpp>
 
+#include "fashion_batches.hpp"
 #include "mlp_host.hpp"
 #if defined(__CUDACC__)
 #include "mlp_cuda.cuh"
@@ -53,18 +54,7 @@ std::vector<std::size_t> parse_widths(std::string_view s) {
   return w;
 }
 
-// Batches as views into the dataset, the same rows for every precision.
-std::vector<batch> make_batches(const in_memory_dataset& ds, std::size_t bs, std::size_t count) {
-  std::vector<batch> out;
-  const auto features = ds.features();
-  const auto labels = ds.labels();
-  const std::size_t per_epoch = ds.size() / bs;
-  for (std::size_t i = 0; i < count; ++i) {
-    const std::size_t k = i % per_epoch;
-    out.push_back({features.slice(k * bs, (k + 1) * bs), tensor_view<const std::int32_t>(labels.data() + k * bs, bs), {}});
-  }
-  return out;
-}
+using partrain::bench::dataset_batches;
 
 struct measurement {
   double samples_per_s = 0;
@@ -182,16 +172,13 @@ int main(int argc, char** argv) {
     c.cuda_steps = 20;
   }
   try {
-    normalize_options norm;
-    norm.mean = 0.2860f;
-    norm.std = 0.3530f;
-    const in_memory_dataset train = load_fashion_mnist(fashion_mnist_split::train, norm);
+    const in_memory_dataset train = partrain::bench::load_fashion_train();
     std::printf("bench_precision: the example MLP trained with amp_step (sgd, momentum 0.9); samples/s is the median "
                 "of %d interleaved runs; memory is the model's buffers (masters, grads, 16-bit copy, activations)\n",
                 c.repeats);
     std::printf("%-6s %-6s %-18s %7s %6s %12s %9s %12s %8s %10s %9s\n", "where", "prec", "widths", "batch", "steps",
                 "samples/s", "vs_fp32", "model_MiB", "skipped", "scale", "loss");
-    const auto host_batches = make_batches(train, c.batch, c.warmup + c.steps);
+    const auto host_batches = dataset_batches(train, c.batch, c.warmup + c.steps);
     const table_rows host = measure(
         "host", host_batches, c.widths, c.batch, c.warmup, c.steps, c.repeats,
         [&](precision p) { return std::make_unique<example::mlp_host>(example::mlp_layout{c.widths}, 0, p); }, [] {});
@@ -207,7 +194,7 @@ int main(int argc, char** argv) {
       for (char& ch : device_name) {
         if (ch == ' ') ch = '_';
       }
-      const auto cuda_batches = make_batches(train, c.cuda_batch, 8);
+      const auto cuda_batches = dataset_batches(train, c.cuda_batch, 8);
       const table_rows gpu = measure(
           "cuda", cuda_batches, c.cuda_widths, c.cuda_batch, c.warmup, c.cuda_steps, c.repeats,
           [&](precision p) {
