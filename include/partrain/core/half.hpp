@@ -11,35 +11,45 @@ namespace partrain::inline v0 {
 
 namespace detail {
 
+// The binary16 conversions are written without branches (each case computed, then picked by a
+// mask) so a loop over an array vectorizes: ReLU activations are half zeros, and a branch per
+// element on "is it subnormal" mispredicts on them. Exhaustively checked against the plain
+// per-case rules in tests/core/test_half.cpp.
+[[nodiscard]] constexpr std::uint32_t mask_if(bool c) noexcept { return 0u - static_cast<std::uint32_t>(c); }
+[[nodiscard]] constexpr std::uint32_t pick(std::uint32_t m, std::uint32_t a, std::uint32_t b) noexcept {
+  return (a & m) | (b & ~m);
+}
+
 [[nodiscard]] constexpr std::uint16_t float_to_half_bits(float f) noexcept {
   const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
   const std::uint32_t sign = (x >> 16) & 0x8000u;
-  std::uint32_t abs = x & 0x7FFFFFFFu;
-  if (abs >= 0x7F800000u) {  // inf or NaN; NaN keeps its top payload bits and is made quiet
-    return static_cast<std::uint16_t>(sign | 0x7C00u | (abs > 0x7F800000u ? 0x0200u | ((abs >> 13) & 0x3FFu) : 0u));
-  }
-  if (abs >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);  // >= 65520 rounds to inf
-  if (abs < 0x38800000u) {
-    // Below 2^-14: a half subnormal. Adding 0.5 puts the 2^-24 unit in the float's last
-    // mantissa bit, so the FPU's own round-to-nearest-even does the rounding.
-    const float shifted = std::bit_cast<float>(abs) + 0.5f;
-    return static_cast<std::uint16_t>(sign | (std::bit_cast<std::uint32_t>(shifted) - 0x3F000000u));
-  }
-  const std::uint32_t odd = (abs >> 13) & 1u;
-  abs += 0xC8000FFFu + odd;  // rebias exponent by -112 and add the rounding bias
-  return static_cast<std::uint16_t>(sign | (abs >> 13));
+  const std::uint32_t abs = x & 0x7FFFFFFFu;
+  const auto sabs = static_cast<std::int32_t>(abs);  // < 2^31: signed compares vectorize on SSE2
+  // Normal range: rebias the exponent by -112 and add the round-to-nearest-even bias.
+  const std::uint32_t normal = (abs + 0xC8000FFFu + ((abs >> 13) & 1u)) >> 13;
+  // Below 2^-14, a half subnormal: adding 0.5 puts the 2^-24 unit in the float's last mantissa
+  // bit, so the FPU's own round-to-nearest-even does the rounding. Masked to stay finite.
+  const std::uint32_t is_subnormal = mask_if(sabs < 0x38800000);
+  const float shifted = std::bit_cast<float>(abs & is_subnormal) + 0.5f;
+  const std::uint32_t subnormal = std::bit_cast<std::uint32_t>(shifted) - 0x3F000000u;
+  std::uint32_t r = pick(is_subnormal, subnormal, normal);
+  r = pick(mask_if(sabs >= 0x477FF000), 0x7C00u, r);  // >= 65520 (and inf) rounds to inf
+  // NaN keeps its top payload bits and is made quiet.
+  r = pick(mask_if(sabs > 0x7F800000), 0x7E00u | ((abs >> 13) & 0x3FFu), r);
+  return static_cast<std::uint16_t>(sign | r);
 }
 
 [[nodiscard]] constexpr float half_bits_to_float(std::uint16_t h) noexcept {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t exp = (h >> 10) & 0x1Fu;
+  const std::int32_t exp = (h >> 10) & 0x1F;
   const std::uint32_t mant = h & 0x3FFu;
-  if (exp == 0) {
-    const float mag = static_cast<float>(mant) * 5.9604644775390625e-8f;  // mant * 2^-24, exact
-    return std::bit_cast<float>(sign | std::bit_cast<std::uint32_t>(mag));
-  }
-  if (exp == 31) return std::bit_cast<float>(sign | 0x7F800000u | (mant << 13));
-  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
+  // exp 0: mant * 2^-24, exact in float.
+  const std::uint32_t subnormal =
+      std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<std::int32_t>(mant)) * 5.9604644775390625e-8f);
+  const std::uint32_t normal = (static_cast<std::uint32_t>(exp + 112) << 23) | (mant << 13);
+  std::uint32_t r = pick(mask_if(exp == 0), subnormal, normal);
+  r = pick(mask_if(exp == 31), 0x7F800000u | (mant << 13), r);  // inf and NaN
+  return std::bit_cast<float>(sign | r);
 }
 
 [[nodiscard]] constexpr std::uint16_t float_to_bfloat16_bits(float f) noexcept {
