@@ -13,10 +13,10 @@ namespace detail {
 
 // The binary16 conversions are written without branches (each case computed, then picked by a
 // mask) so a loop over an array vectorizes: ReLU activations are half zeros, and a branch per
-// element on "is it subnormal" mispredicts on them. Exhaustively checked against the plain
-// per-case rules in tests/core/test_half.cpp.
-[[nodiscard]] constexpr std::uint32_t mask_if(bool c) noexcept { return 0u - static_cast<std::uint32_t>(c); }
-[[nodiscard]] constexpr std::uint32_t pick(std::uint32_t m, std::uint32_t a, std::uint32_t b) noexcept {
+// element on "is it subnormal" mispredicts on them. Checked against a case-by-case
+// reference over a stride of all floats and every float near the edges (tests/core/test_half.cpp).
+[[nodiscard]] constexpr std::uint32_t all_ones_if(bool c) noexcept { return 0u - static_cast<std::uint32_t>(c); }
+[[nodiscard]] constexpr std::uint32_t select_bits(std::uint32_t m, std::uint32_t a, std::uint32_t b) noexcept {
   return (a & m) | (b & ~m);
 }
 
@@ -29,13 +29,13 @@ namespace detail {
   const std::uint32_t normal = (abs + 0xC8000FFFu + ((abs >> 13) & 1u)) >> 13;
   // Below 2^-14, a half subnormal: adding 0.5 puts the 2^-24 unit in the float's last mantissa
   // bit, so the FPU's own round-to-nearest-even does the rounding. Masked to stay finite.
-  const std::uint32_t is_subnormal = mask_if(sabs < 0x38800000);
+  const std::uint32_t is_subnormal = all_ones_if(sabs < 0x38800000);
   const float shifted = std::bit_cast<float>(abs & is_subnormal) + 0.5f;
   const std::uint32_t subnormal = std::bit_cast<std::uint32_t>(shifted) - 0x3F000000u;
-  std::uint32_t r = pick(is_subnormal, subnormal, normal);
-  r = pick(mask_if(sabs >= 0x477FF000), 0x7C00u, r);  // >= 65520 (and inf) rounds to inf
+  std::uint32_t r = select_bits(is_subnormal, subnormal, normal);
+  r = select_bits(all_ones_if(sabs >= 0x477FF000), 0x7C00u, r);  // >= 65520 (and inf) rounds to inf
   // NaN keeps its top payload bits and is made quiet.
-  r = pick(mask_if(sabs > 0x7F800000), 0x7E00u | ((abs >> 13) & 0x3FFu), r);
+  r = select_bits(all_ones_if(sabs > 0x7F800000), 0x7E00u | ((abs >> 13) & 0x3FFu), r);
   return static_cast<std::uint16_t>(sign | r);
 }
 
@@ -47,8 +47,8 @@ namespace detail {
   const std::uint32_t subnormal =
       std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<std::int32_t>(mant)) * 5.9604644775390625e-8f);
   const std::uint32_t normal = (static_cast<std::uint32_t>(exp + 112) << 23) | (mant << 13);
-  std::uint32_t r = pick(mask_if(exp == 0), subnormal, normal);
-  r = pick(mask_if(exp == 31), 0x7F800000u | (mant << 13), r);  // inf and NaN
+  std::uint32_t r = select_bits(all_ones_if(exp == 0), subnormal, normal);
+  r = select_bits(all_ones_if(exp == 31), 0x7F800000u | (mant << 13), r);  // inf and NaN
   return std::bit_cast<float>(sign | r);
 }
 
