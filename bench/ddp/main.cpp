@@ -45,7 +45,6 @@ struct config {
   int repeats = 3;
 };
 
-// Rank r starts r * steps batches in.
 using partrain::bench::dataset_batches;
 
 double seconds_since(clock_type::time_point t0) {
@@ -191,6 +190,7 @@ int main(int argc, char** argv) {
         std::filesystem::temp_directory_path() / ("bench_ddp_" + std::to_string(::getpid()) + "_trace.json");
     spawn(2, [&](int rank) {
       auto pg = init_process_group("env://", {.backend = "gloo"});
+      // Rank r starts r * need batches in, so the ranks train on different rows.
       const auto mine = dataset_batches(train, c.batch, need, static_cast<std::size_t>(rank) * need);
       // Overlap on, untraced and traced, interleaved (medians of the repeats); then overlap off.
       std::vector<ddp_result> ons, traceds;

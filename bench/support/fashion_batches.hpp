@@ -13,12 +13,9 @@
 
 namespace partrain::bench {
 
-// The training split, scaled by Fashion-MNIST's own mean and standard deviation.
+// The training split, normalized as the example normalizes it.
 [[nodiscard]] inline in_memory_dataset load_fashion_train() {
-  normalize_options norm;
-  norm.mean = 0.2860f;
-  norm.std = 0.3530f;
-  return load_fashion_mnist(fashion_mnist_split::train, norm);
+  return load_fashion_mnist(fashion_mnist_split::train, fashion_mnist_normalization());
 }
 
 // `count` batches of `bs` rows, starting `first` batches in and wrapping around the epoch.

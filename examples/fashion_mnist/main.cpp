@@ -69,10 +69,7 @@ struct datasets {
 };
 
 datasets load_data(const options& o) {
-  // Fashion-MNIST's own mean and standard deviation of the scaled pixels.
-  normalize_options norm;
-  norm.mean = 0.2860f;
-  norm.std = 0.3530f;
+  const normalize_options norm = fashion_mnist_normalization();
   const std::filesystem::path dir = o.data.empty() ? fashion_mnist_dir() : std::filesystem::path(o.data);
   datasets d{load_fashion_mnist(fashion_mnist_split::train, norm, dir),
              load_fashion_mnist(fashion_mnist_split::test, norm, dir)};

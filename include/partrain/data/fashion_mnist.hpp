@@ -20,6 +20,15 @@ namespace partrain::inline v0 {
 
 enum class fashion_mnist_split { train, test };
 
+// Pixels scaled to [0, 1], then standardized by the training split's own mean and standard
+// deviation: the usual inputs for a model trained on Fashion-MNIST.
+[[nodiscard]] inline normalize_options fashion_mnist_normalization() {
+  normalize_options norm;
+  norm.mean = 0.2860f;
+  norm.std = 0.3530f;
+  return norm;
+}
+
 // 60,000 training or 10,000 test examples, features [N, 784].
 [[nodiscard]] inline in_memory_dataset load_fashion_mnist(fashion_mnist_split split, const normalize_options& options = {},
                                                           const std::filesystem::path& dir = fashion_mnist_dir()) {

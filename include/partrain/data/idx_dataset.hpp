@@ -21,7 +21,7 @@ namespace partrain::inline v0 {
 
 struct normalize_options {
   bool scale = true;            // ubyte pixels / 255 (other element types are taken as they are)
-  std::optional<float> mean{};  // then (x - mean) / std, e.g. 0.2860 and 0.3530 for Fashion-MNIST
+  std::optional<float> mean{};  // then (x - mean) / std (fashion_mnist_normalization() has Fashion-MNIST's)
   std::optional<float> std{};
   std::int32_t num_classes = 10;  // labels must lie in [0, num_classes)
 };
