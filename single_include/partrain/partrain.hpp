@@ -1789,7 +1789,8 @@ class file_store final : public store {
 // thread; send/recv are posted at once and each is waited on its own pooled thread, so a rank
 // may post sends and receives to a peer in any order before waiting on them. Every operation carries the
 // group's timeout. After Gloo fails (a peer died, or stalled past the timeout) its context is
-// not reusable: later calls fail at once saying so, and the caller builds a new group.
+// not reusable: later calls fail at once saying so, and the caller builds a new group. Building
+// one makes SIGPIPE harmless where it still has its default action (see detail/sigpipe.hpp).
 
 #if !__has_include(<gloo/allreduce.h>)
 #error "partrain/comm/gloo.hpp needs Gloo (Debian libgloo-dev); link partrain::gloo"
@@ -2348,6 +2349,38 @@ class op_worker {
 
 }  // namespace partrain::inline v0::detail
 #endif  // PARTRAIN_SI_COMM_DETAIL_OP_WORKER_HPP
+// #include <partrain/comm/detail/sigpipe.hpp>
+#ifndef PARTRAIN_SI_COMM_DETAIL_SIGPIPE_HPP
+#define PARTRAIN_SI_COMM_DETAIL_SIGPIPE_HPP
+// partrain/comm/detail/sigpipe.hpp: keeps a write to a dead peer's socket from killing the rank.
+// Gloo writes with writev(), which cannot pass MSG_NOSIGNAL: when the peer has just died, the
+// kernel raises SIGPIPE, whose default action ends the process before Gloo can report the broken
+// connection (and before our error can name the rank and operation). Python ignores SIGPIPE at
+// start-up, so torch.distributed never meets this; a C++ program must opt out itself.
+
+#include <signal.h>
+
+namespace partrain::inline v0::detail {
+
+inline void swallow_signal(int) noexcept {}
+
+// Where SIGPIPE still has its default action, installs a handler that does nothing: the write
+// then fails with EPIPE. A user's own choice (SIG_IGN or a handler) is kept. A handler rather
+// than SIG_IGN because exec resets handlers but keeps SIG_IGN: programs the rank starts later
+// still get the default behaviour. Returns whether it installed the handler.
+inline bool survive_sigpipe() noexcept {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) != 0) return false;
+  if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) return false;
+  struct sigaction mine {};
+  mine.sa_handler = &swallow_signal;
+  mine.sa_flags = SA_RESTART;  // other system calls of the writing thread go on undisturbed
+  ::sigemptyset(&mine.sa_mask);
+  return ::sigaction(SIGPIPE, &mine, nullptr) == 0;
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_COMM_DETAIL_SIGPIPE_HPP
 // #include <partrain/comm/detail/wait_pool.hpp>
 #ifndef PARTRAIN_SI_COMM_DETAIL_WAIT_POOL_HPP
 #define PARTRAIN_SI_COMM_DETAIL_WAIT_POOL_HPP
@@ -2705,6 +2738,8 @@ class gloo_group final : public process_group {
     if (opts.timeout.count() <= 0) {
       throw config_error("gloo_group: timeout must be positive, got " + std::to_string(opts.timeout.count()) + " ms");
     }
+    // A peer that dies mid-write must fail this rank with our error, not kill it with SIGPIPE.
+    (void)detail::survive_sigpipe();
     const std::string prefix = gopts.prefix.empty() ? detail::next_gloo_prefix(s, rank) : gopts.prefix;
     context_ = detail::connect_gloo(s, prefix, rank, size, opts.timeout,
                                     detail::gloo_device_attr(gopts.ifname, gopts.hostname));
@@ -4367,7 +4402,8 @@ class tcp_store final : public store {
 // thread; send/recv are posted at once and each is waited on its own pooled thread, so a rank
 // may post sends and receives to a peer in any order before waiting on them. Every operation carries the
 // group's timeout. After Gloo fails (a peer died, or stalled past the timeout) its context is
-// not reusable: later calls fail at once saying so, and the caller builds a new group.
+// not reusable: later calls fail at once saying so, and the caller builds a new group. Building
+// one makes SIGPIPE harmless where it still has its default action (see detail/sigpipe.hpp).
 
 #if !__has_include(<gloo/allreduce.h>)
 #error "partrain/comm/gloo.hpp needs Gloo (Debian libgloo-dev); link partrain::gloo"
@@ -4741,6 +4777,38 @@ class op_worker {
 
 }  // namespace partrain::inline v0::detail
 #endif  // PARTRAIN_SI_COMM_DETAIL_OP_WORKER_HPP
+// #include <partrain/comm/detail/sigpipe.hpp>
+#ifndef PARTRAIN_SI_COMM_DETAIL_SIGPIPE_HPP
+#define PARTRAIN_SI_COMM_DETAIL_SIGPIPE_HPP
+// partrain/comm/detail/sigpipe.hpp: keeps a write to a dead peer's socket from killing the rank.
+// Gloo writes with writev(), which cannot pass MSG_NOSIGNAL: when the peer has just died, the
+// kernel raises SIGPIPE, whose default action ends the process before Gloo can report the broken
+// connection (and before our error can name the rank and operation). Python ignores SIGPIPE at
+// start-up, so torch.distributed never meets this; a C++ program must opt out itself.
+
+#include <signal.h>
+
+namespace partrain::inline v0::detail {
+
+inline void swallow_signal(int) noexcept {}
+
+// Where SIGPIPE still has its default action, installs a handler that does nothing: the write
+// then fails with EPIPE. A user's own choice (SIG_IGN or a handler) is kept. A handler rather
+// than SIG_IGN because exec resets handlers but keeps SIG_IGN: programs the rank starts later
+// still get the default behaviour. Returns whether it installed the handler.
+inline bool survive_sigpipe() noexcept {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) != 0) return false;
+  if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) return false;
+  struct sigaction mine {};
+  mine.sa_handler = &swallow_signal;
+  mine.sa_flags = SA_RESTART;  // other system calls of the writing thread go on undisturbed
+  ::sigemptyset(&mine.sa_mask);
+  return ::sigaction(SIGPIPE, &mine, nullptr) == 0;
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_COMM_DETAIL_SIGPIPE_HPP
 // #include <partrain/comm/detail/wait_pool.hpp>
 #ifndef PARTRAIN_SI_COMM_DETAIL_WAIT_POOL_HPP
 #define PARTRAIN_SI_COMM_DETAIL_WAIT_POOL_HPP
@@ -4847,6 +4915,8 @@ class gloo_group final : public process_group {
     if (opts.timeout.count() <= 0) {
       throw config_error("gloo_group: timeout must be positive, got " + std::to_string(opts.timeout.count()) + " ms");
     }
+    // A peer that dies mid-write must fail this rank with our error, not kill it with SIGPIPE.
+    (void)detail::survive_sigpipe();
     const std::string prefix = gopts.prefix.empty() ? detail::next_gloo_prefix(s, rank) : gopts.prefix;
     context_ = detail::connect_gloo(s, prefix, rank, size, opts.timeout,
                                     detail::gloo_device_attr(gopts.ifname, gopts.hostname));

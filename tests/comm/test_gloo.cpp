@@ -20,6 +20,9 @@
 #include <thread>
 #include <vector>
 
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 using namespace partrain;
@@ -336,6 +339,41 @@ TEST_CASE("gloo processes: a dead peer fails the survivor at once, and the group
   CHECK(out[0].ok);
   INFO(out[0].message);
   CHECK(out[1].ok);  // exited 0 on purpose
+}
+
+// Gloo writes with writev(), which raises SIGPIPE when the peer has just gone; with the default
+// action that killed the surviving rank (seen in CI: a pipeline rank died of SIGPIPE instead of
+// reporting its peer). The write itself is done directly here, as Gloo does it, because the
+// race inside Gloo is too narrow to hit on demand.
+TEST_CASE("gloo processes: a write to a dead peer's socket fails with EPIPE instead of killing the rank",
+          "[comm][gloo][processes]") {
+  temp_dir dir;
+  const auto out = partrain::testing::fork_ranks(2, [&](int r) {
+    if (r == 0) {
+      ::signal(SIGPIPE, SIG_DFL);  // a C++ program's start-up state
+    } else {
+      ::signal(SIGPIPE, SIG_IGN);  // a program that chose for itself
+    }
+    gloo_group g(std::make_shared<partrain::testing::directory_store>(dir.path), r, 2, quick_timeout());
+    struct sigaction now {};
+    ::sigaction(SIGPIPE, nullptr, &now);
+    if (r == 1) {
+      expect(now.sa_handler == SIG_IGN, "the group replaced the program's own SIGPIPE choice");
+      return;
+    }
+    int fds[2];
+    expect(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0, "socketpair");
+    ::close(fds[1]);  // the peer is gone
+    char byte = 'x';
+    iovec iov{&byte, 1};
+    const ssize_t n = ::writev(fds[0], &iov, 1);  // kills the process here without the handler
+    const int err = errno;
+    ::close(fds[0]);
+    expect(n == -1 && err == EPIPE, "writev to a closed peer returned " + std::to_string(n) + ", errno " + std::to_string(err));
+    expect(now.sa_handler != SIG_DFL && now.sa_handler != SIG_IGN,
+           "SIGPIPE still has its default action (or is ignored, which exec would pass on)");
+  }, 60s);
+  CHECK(failures_of(out) == "");
 }
 
 TEST_CASE("gloo processes: a stalled peer fails the others with a timeout naming the op", "[comm][gloo][processes]") {

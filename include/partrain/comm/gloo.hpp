@@ -3,7 +3,8 @@
 // thread; send/recv are posted at once and each is waited on its own pooled thread, so a rank
 // may post sends and receives to a peer in any order before waiting on them. Every operation carries the
 // group's timeout. After Gloo fails (a peer died, or stalled past the timeout) its context is
-// not reusable: later calls fail at once saying so, and the caller builds a new group.
+// not reusable: later calls fail at once saying so, and the caller builds a new group. Building
+// one makes SIGPIPE harmless where it still has its default action (see detail/sigpipe.hpp).
 #pragma once
 
 #if !__has_include(<gloo/allreduce.h>)
@@ -34,6 +35,7 @@
 #include <partrain/comm/detail/gloo_context.hpp>
 #include <partrain/comm/detail/host_reduce.hpp>
 #include <partrain/comm/detail/op_worker.hpp>
+#include <partrain/comm/detail/sigpipe.hpp>
 #include <partrain/comm/detail/wait_pool.hpp>
 #include <partrain/comm/process_group.hpp>
 #include <partrain/comm/store.hpp>
@@ -60,6 +62,8 @@ class gloo_group final : public process_group {
     if (opts.timeout.count() <= 0) {
       throw config_error("gloo_group: timeout must be positive, got " + std::to_string(opts.timeout.count()) + " ms");
     }
+    // A peer that dies mid-write must fail this rank with our error, not kill it with SIGPIPE.
+    (void)detail::survive_sigpipe();
     const std::string prefix = gopts.prefix.empty() ? detail::next_gloo_prefix(s, rank) : gopts.prefix;
     context_ = detail::connect_gloo(s, prefix, rank, size, opts.timeout,
                                     detail::gloo_device_attr(gopts.ifname, gopts.hostname));
