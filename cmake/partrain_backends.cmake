@@ -2,6 +2,46 @@
 # nothing fails to configure for lack of CUDA, a GPU, NCCL or Gloo.
 include(GNUInstallDirs)
 
+# CMAKE_CUDA_ARCHITECTURES when the user set neither it (-DCMAKE_CUDA_ARCHITECTURES=...) nor
+# CUDAARCHS: `native` when nvidia-smi -L lists a GPU at configure time (code for exactly this
+# machine's GPUs), otherwise real code for sm_80 (A100) and sm_90 (H100) plus sm_100 with its
+# PTX, which the driver JIT-compiles for anything newer (PTX only runs on its own architecture
+# and later ones, so the PTX comes from the oldest architecture not covered by real code, not
+# from nvcc's newest, e.g. compute_121, which no sm_100 could run). Architectures the installed
+# nvcc does not list (nvcc --list-gpu-arch) are left out; the PTX then comes from the newest kept.
+function(partrain_default_cuda_architectures)
+  if(DEFINED CMAKE_CUDA_ARCHITECTURES OR DEFINED ENV{CUDAARCHS})
+    return()
+  endif()
+  find_program(PARTRAIN_NVIDIA_SMI nvidia-smi)
+  mark_as_advanced(PARTRAIN_NVIDIA_SMI)
+  if(PARTRAIN_NVIDIA_SMI)
+    execute_process(COMMAND ${PARTRAIN_NVIDIA_SMI} -L RESULT_VARIABLE rc OUTPUT_VARIABLE gpus ERROR_QUIET TIMEOUT 30)
+    if(rc EQUAL 0 AND gpus MATCHES "GPU [0-9]+:")
+      set(CMAKE_CUDA_ARCHITECTURES native CACHE STRING "CUDA architectures (partrain: a GPU was visible at configure time)")
+      message(STATUS "partrain: CUDA architectures: native (nvidia-smi lists a GPU)")
+      return()
+    endif()
+  endif()
+  execute_process(COMMAND ${CMAKE_CUDA_COMPILER} --list-gpu-arch RESULT_VARIABLE rc OUTPUT_VARIABLE listed ERROR_QUIET
+                  TIMEOUT 60)
+  set(archs "")
+  foreach(a 80 90 100)
+    if(NOT rc EQUAL 0 OR listed MATCHES "compute_${a}[^0-9]|compute_${a}$")
+      list(APPEND archs ${a})
+    endif()
+  endforeach()
+  if(NOT archs)
+    message(WARNING "partrain: nvcc lists none of compute_80/90/100; leaving CMAKE_CUDA_ARCHITECTURES to CMake")
+    return()
+  endif()
+  list(POP_BACK archs newest)
+  list(TRANSFORM archs APPEND "-real")
+  list(APPEND archs ${newest})  # real code and PTX
+  set(CMAKE_CUDA_ARCHITECTURES "${archs}" CACHE STRING "CUDA architectures (partrain default: no GPU visible at configure time)")
+  message(STATUS "partrain: CUDA architectures: ${archs} (no GPU visible; override with -DCMAKE_CUDA_ARCHITECTURES)")
+endfunction()
+
 macro(partrain_add_backend_targets)
   # Gloo: CPU processes and hosts over TCP (Debian libgloo-dev).
   find_package(Gloo CONFIG QUIET)
@@ -28,6 +68,9 @@ macro(partrain_add_backend_targets)
     endif()
     check_language(CUDA)
     if(CMAKE_CUDA_COMPILER)
+      # Must be decided before enable_language(CUDA), which otherwise settles on nvcc's own
+      # default (compute_75 only with nvcc 13: PTX JIT and software bf16 on an H100).
+      partrain_default_cuda_architectures()
       enable_language(CUDA)
       find_package(CUDAToolkit QUIET)
     endif()

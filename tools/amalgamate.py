@@ -31,7 +31,7 @@ FACADE = pathlib.Path("include/partrain/partrain.hpp")
 SINGLE = pathlib.Path("single_include/partrain/partrain.hpp")
 
 # Layers bottom up; folders not listed come after, alphabetically.
-LAYER_ORDER = ["core", "comm", "data", "model", "optim", "parallel", "train", "cuda"]
+LAYER_ORDER = ["core", "cuda", "comm", "data", "model", "rendezvous", "launch", "optim", "parallel", "precision", "train"]
 
 INCLUDE_RE = re.compile(r"^\s*#\s*include\s*<(partrain/[^>]+)>")
 PRAGMA_ONCE_RE = re.compile(r"^\s*#\s*pragma\s+once\b")

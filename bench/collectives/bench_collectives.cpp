@@ -16,8 +16,8 @@
 #include <gloo/math.h>
 #include <gloo/reduce_scatter.h>
 
-#include <partrain/comm/file_store.hpp>
 #include <partrain/comm/gloo.hpp>
+#include <partrain/rendezvous/file_store.hpp>
 #endif
 
 #if defined(PARTRAIN_WITH_NCCL)

@@ -21,13 +21,13 @@
 #include <cuda_runtime.h>
 #endif
 
-#include <partrain/comm/init.hpp>
 #include <partrain/comm/local.hpp>
-#include <partrain/comm/spawn.hpp>
 #include <partrain/data/batch.hpp>
 #include <partrain/data/fashion_mnist.hpp>
+#include <partrain/launch/spawn.hpp>
 #include <partrain/optim/sgd.hpp>
 #include <partrain/parallel/ddp.hpp>
+#include <partrain/rendezvous/init.hpp>
 #include <partrain/train/trace.hpp>
 
 #include "fashion_batches.hpp"

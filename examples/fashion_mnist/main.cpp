@@ -29,19 +29,19 @@
 #include <utility>
 #include <vector>
 
-#include <partrain/comm/init.hpp>
 #include <partrain/comm/local.hpp>
-#include <partrain/comm/spawn.hpp>
 #include <partrain/core/task.hpp>
 #include <partrain/data/distributed.hpp>
 #include <partrain/data/fashion_mnist.hpp>
 #include <partrain/data/loader.hpp>
-#include <partrain/optim/sgd.hpp>
 #include <partrain/data/shuffled.hpp>
+#include <partrain/launch/spawn.hpp>
+#include <partrain/optim/sgd.hpp>
 #include <partrain/parallel/data_parallel.hpp>
 #include <partrain/parallel/ddp.hpp>
 #include <partrain/parallel/pipeline/pipeline.hpp>
 #include <partrain/precision/mixed_precision.hpp>
+#include <partrain/rendezvous/init.hpp>
 #include <partrain/train/checkpoint.hpp>
 #include <partrain/train/epochs.hpp>
 #include <partrain/train/every.hpp>
@@ -405,7 +405,7 @@ double run_epochs(Mode& mode, process_group& pg, bool leader, Train& train, Test
 template <class Model>
 void train_ddp(Model& model, process_group& pg, const options& o, const datasets& data) {
   const int rank = pg.rank(), world = pg.size();
-  constexpr bool host_model = std::same_as<detail::model_space_t<Model>, host>;
+  constexpr bool host_model = std::same_as<model_space_t<Model>, host>;
   mixed_precision_policy mp{.compute = parse_precision(o.precision), .reduce_in_low_precision = o.reduce_16bit};
   ddp_options dopts;
   dopts.overlap = o.overlap;

@@ -28,8 +28,8 @@
 #include <partrain/core/device.hpp>
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
-#include <partrain/cuda/precision_kernels.cuh>
 #include <partrain/model/concepts.hpp>
+#include <partrain/precision/detail/kernels.cuh>
 #include <partrain/precision/low_precision_copy.hpp>
 #include <partrain/precision/precision.hpp>
 

@@ -12,35 +12,47 @@
 #include <partrain/core/device.hpp>
 #include <partrain/core/dtype.hpp>
 #include <partrain/core/error.hpp>
+#include <partrain/core/executor.hpp>
 #include <partrain/core/generator.hpp>
 #include <partrain/core/half.hpp>
 #include <partrain/core/log.hpp>
 #include <partrain/core/memory_space.hpp>
+#include <partrain/core/range_closure.hpp>
 #include <partrain/core/task.hpp>
 #include <partrain/core/tensor_view.hpp>
+#include <partrain/core/weighted_shares.hpp>
+#include <partrain/core/work.hpp>
+
+// cuda/
+#if PARTRAIN_HAS_CUDA
+#include <partrain/cuda/check.hpp>
+#include <partrain/cuda/cublas.hpp>
+#include <partrain/cuda/device_buffer.hpp>
+#include <partrain/cuda/device_guard.hpp>
+#include <partrain/cuda/event.hpp>
+#include <partrain/cuda/pinned_buffer.hpp>
+#include <partrain/cuda/stream.hpp>
+#endif
 
 // comm/
-#include <partrain/comm/file_store.hpp>
 #if defined(PARTRAIN_WITH_GLOO)
 #include <partrain/comm/gloo.hpp>
 #endif
-#include <partrain/comm/init.hpp>
 #include <partrain/comm/local.hpp>
 #if defined(PARTRAIN_WITH_NCCL) && PARTRAIN_HAS_CUDA
 #include <partrain/comm/nccl.hpp>
 #endif
-#include <partrain/comm/prefix_store.hpp>
 #include <partrain/comm/process_group.hpp>
 #include <partrain/comm/reduce_op.hpp>
-#include <partrain/comm/spawn.hpp>
 #include <partrain/comm/store.hpp>
-#include <partrain/comm/tcp_store.hpp>
-#include <partrain/comm/work.hpp>
 
 // data/
 #include <partrain/data/batch.hpp>
 #include <partrain/data/batched.hpp>
 #include <partrain/data/dataset.hpp>
+#if PARTRAIN_HAS_CUDA
+#include <partrain/data/device_stager.hpp>
+#endif
 #include <partrain/data/distributed.hpp>
 #include <partrain/data/fashion_mnist.hpp>
 #include <partrain/data/idx.hpp>
@@ -53,6 +65,19 @@
 
 // model/
 #include <partrain/model/concepts.hpp>
+#include <partrain/model/traits.hpp>
+
+// rendezvous/
+#include <partrain/rendezvous/file_store.hpp>
+#include <partrain/rendezvous/init.hpp>
+#include <partrain/rendezvous/prefix_store.hpp>
+#include <partrain/rendezvous/rendezvous.hpp>
+#include <partrain/rendezvous/tcp_store.hpp>
+#include <partrain/rendezvous/tcp_store_server.hpp>
+
+// launch/
+#include <partrain/launch/process.hpp>
+#include <partrain/launch/spawn.hpp>
 
 // optim/
 #include <partrain/optim/adamw.hpp>
@@ -74,6 +99,13 @@
 #include <partrain/parallel/pipeline/stage.hpp>
 #include <partrain/parallel/policy.hpp>
 
+// precision/
+#include <partrain/precision/cast.hpp>
+#include <partrain/precision/grad_scaler.hpp>
+#include <partrain/precision/low_precision_copy.hpp>
+#include <partrain/precision/mixed_precision.hpp>
+#include <partrain/precision/precision.hpp>
+
 // train/
 #include <partrain/train/checkpoint.hpp>
 #include <partrain/train/epochs.hpp>
@@ -82,38 +114,3 @@
 #include <partrain/train/progress.hpp>
 #include <partrain/train/steps.hpp>
 #include <partrain/train/trace.hpp>
-
-// cuda/
-#if PARTRAIN_HAS_CUDA
-#include <partrain/cuda/check.hpp>
-#include <partrain/cuda/cublas.hpp>
-#endif
-#if defined(__CUDACC__)
-#include <partrain/cuda/ddp_kernels.cuh>
-#endif
-#if PARTRAIN_HAS_CUDA
-#include <partrain/cuda/ddp_staging.hpp>
-#include <partrain/cuda/device_buffer.hpp>
-#include <partrain/cuda/device_guard.hpp>
-#include <partrain/cuda/event.hpp>
-#endif
-#if defined(__CUDACC__)
-#include <partrain/cuda/optim_kernels.cuh>
-#endif
-#if PARTRAIN_HAS_CUDA
-#include <partrain/cuda/pinned_buffer.hpp>
-#endif
-#if defined(__CUDACC__)
-#include <partrain/cuda/precision_kernels.cuh>
-#endif
-#if PARTRAIN_HAS_CUDA
-#include <partrain/cuda/staging.hpp>
-#include <partrain/cuda/stream.hpp>
-#endif
-
-// precision/
-#include <partrain/precision/cast.hpp>
-#include <partrain/precision/grad_scaler.hpp>
-#include <partrain/precision/low_precision_copy.hpp>
-#include <partrain/precision/mixed_precision.hpp>
-#include <partrain/precision/precision.hpp>

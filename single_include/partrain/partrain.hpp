@@ -72,9 +72,170 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <type_traits>
 
+// #include <partrain/core/error.hpp>
+#ifndef PARTRAIN_SI_CORE_ERROR_HPP
+#define PARTRAIN_SI_CORE_ERROR_HPP
+// partrain/core/error.hpp: one error hierarchy. Messages say what was wrong, where
+// (rank, operation, name) and what was expected; where the place is known it is also kept in
+// fields (error_site), so callers test the type and read e.rank(), never search the text.
+
+#include <chrono>
+#include <exception>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace partrain::inline v0 {
+
+enum class error_kind { config, communication, timeout, data, checkpoint, invalid_argument, internal };
+
+[[nodiscard]] constexpr std::string_view to_string(error_kind k) noexcept {
+  switch (k) {
+    case error_kind::config: return "config";
+    case error_kind::communication: return "communication";
+    case error_kind::timeout: return "timeout";
+    case error_kind::data: return "data";
+    case error_kind::checkpoint: return "checkpoint";
+    case error_kind::invalid_argument: return "invalid_argument";
+    case error_kind::internal: return "internal";
+  }
+  return "unknown";
+}
+
+// Where an error happened, as far as the thrower knows: -1, empty or zero where unknown.
+struct error_site {
+  int rank = -1;           // the rank that raised it
+  std::string operation;   // "all_reduce", "recv", "store get", ...
+  int peer = -1;           // the peer it was waiting on or talking to
+  std::chrono::milliseconds timeout{0};  // the deadline that ran out (timeouts)
+};
+
+namespace detail {
+// The one place a sited message is built: "rank 2 all_reduce (peer 1): <detail>".
+[[nodiscard]] inline std::string site_message(const error_site& s, std::string_view detail) {
+  std::string out;
+  if (s.rank >= 0) out = "rank " + std::to_string(s.rank);
+  if (!s.operation.empty()) out += (out.empty() ? "" : " ") + s.operation;
+  if (s.peer >= 0) out += " (peer " + std::to_string(s.peer) + ")";
+  if (!out.empty()) out += ": ";
+  return out + std::string(detail);
+}
+}  // namespace detail
+
+// Base of every exception partrain throws.
+class error : public std::runtime_error {
+ public:
+  error(error_kind kind, const std::string& what) : std::runtime_error("partrain: " + what), kind_(kind) {}
+  error(error_kind kind, error_site site, std::string_view detail)
+      : std::runtime_error("partrain: " + detail::site_message(site, detail)), kind_(kind), site_(std::move(site)) {}
+  // A whole message, with the fields of the error it wraps.
+  error(error_kind kind, const std::string& what, error_site site)
+      : std::runtime_error("partrain: " + what), kind_(kind), site_(std::move(site)) {}
+  [[nodiscard]] error_kind kind() const noexcept { return kind_; }
+  [[nodiscard]] const error_site& site() const noexcept { return site_; }
+  [[nodiscard]] int rank() const noexcept { return site_.rank; }
+  [[nodiscard]] const std::string& operation() const noexcept { return site_.operation; }
+  [[nodiscard]] int peer() const noexcept { return site_.peer; }
+
+ private:
+  error_kind kind_;
+  error_site site_{};
+};
+
+// Bad configuration: a malformed URL, a missing environment variable, world size 0.
+class config_error : public error {
+ public:
+  explicit config_error(const std::string& what) : error(error_kind::config, what) {}
+};
+
+// Bad arguments to a call: mismatched sizes, rank out of range.
+class invalid_argument_error : public error {
+ public:
+  explicit invalid_argument_error(const std::string& what) : error(error_kind::invalid_argument, what) {}
+};
+
+// A collective or point-to-point operation failed: a peer died, sizes disagree across ranks.
+class communication_error : public error {
+ public:
+  explicit communication_error(const std::string& what) : error(error_kind::communication, what) {}
+  communication_error(error_site site, std::string_view detail) : error(error_kind::communication, std::move(site), detail) {}
+
+ protected:
+  communication_error(error_kind k, const std::string& what) : error(k, what) {}
+  communication_error(error_kind k, error_site site, std::string_view detail) : error(k, std::move(site), detail) {}
+  communication_error(error_kind k, const std::string& what, error_site site) : error(k, what, std::move(site)) {}
+};
+
+// A blocking wait ran past its deadline: a peer is missing or stalled. site().timeout says
+// which deadline (where the thrower knew it).
+class timeout_error : public communication_error {
+ public:
+  explicit timeout_error(const std::string& what) : communication_error(error_kind::timeout, what) {}
+  timeout_error(error_site site, std::string_view detail) : communication_error(error_kind::timeout, std::move(site), detail) {}
+  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return site().timeout; }
+};
+
+// This rank stopped because its group was aborted after another rank failed: an echo, not the
+// root cause. origin() names the rank whose failure aborted the group (-1 when unknown).
+class aborted_error : public communication_error {
+ public:
+  aborted_error(error_site site, int origin, std::string_view reason)
+      : communication_error(std::move(site), "group aborted: " + std::string(reason)), origin_(origin) {}
+  // The same echo seen from a layer above: "<context>: <inner's message>", inner's fields.
+  aborted_error(std::string_view context, const aborted_error& inner)
+      : communication_error(error_kind::communication, std::string(context) + ": " + unprefixed(inner.what()), inner.site()),
+        origin_(inner.origin()) {}
+  [[nodiscard]] int origin() const noexcept { return origin_; }
+
+ private:
+  static std::string unprefixed(std::string_view what) {
+    if (what.starts_with("partrain: ")) what.remove_prefix(10);
+    return std::string(what);
+  }
+  int origin_;
+};
+
+// A dataset file or sample is unreadable or malformed.
+class data_error : public error {
+ public:
+  explicit data_error(const std::string& what) : error(error_kind::data, what) {}
+};
+
+// A checkpoint is corrupted, truncated or does not match the model.
+class checkpoint_error : public error {
+ public:
+  explicit checkpoint_error(const std::string& what) : error(error_kind::checkpoint, what) {}
+};
+
+namespace detail {
+// Of the errors some ranks raised (null where a rank raised none), the one to report: the first
+// that is not an aborted_error echo of another's failure, else the first echo; null when none.
+[[nodiscard]] inline std::exception_ptr root_cause(std::span<const std::exception_ptr> errors) {
+  std::exception_ptr first, first_echo;
+  for (const auto& e : errors) {
+    if (!e) continue;
+    bool echo = false;
+    try {
+      std::rethrow_exception(e);
+    } catch (const aborted_error&) {
+      echo = true;
+    } catch (...) {
+    }
+    if (!echo && !first) first = e;
+    if (echo && !first_echo) first_echo = e;
+  }
+  return first ? first : first_echo;
+}
+}  // namespace detail
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CORE_ERROR_HPP
 // #include <partrain/core/half.hpp>
 #ifndef PARTRAIN_SI_CORE_HALF_HPP
 #define PARTRAIN_SI_CORE_HALF_HPP
@@ -222,86 +383,26 @@ concept element_type = requires { detail::dtype_of_impl<std::remove_cv_t<T>>::va
 template <element_type T>
 inline constexpr dtype dtype_of = detail::dtype_of_impl<std::remove_cv_t<T>>::value;
 
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_CORE_DTYPE_HPP
-// #include <partrain/core/error.hpp>
-#ifndef PARTRAIN_SI_CORE_ERROR_HPP
-#define PARTRAIN_SI_CORE_ERROR_HPP
-// partrain/core/error.hpp: one error hierarchy. Messages say what was wrong, where
-// (rank, operation, name) and what was expected.
-
-#include <stdexcept>
-#include <string>
-#include <string_view>
-
-namespace partrain::inline v0 {
-
-enum class error_kind { config, communication, timeout, data, checkpoint, invalid_argument, internal };
-
-[[nodiscard]] constexpr std::string_view to_string(error_kind k) noexcept {
-  switch (k) {
-    case error_kind::config: return "config";
-    case error_kind::communication: return "communication";
-    case error_kind::timeout: return "timeout";
-    case error_kind::data: return "data";
-    case error_kind::checkpoint: return "checkpoint";
-    case error_kind::invalid_argument: return "invalid_argument";
-    case error_kind::internal: return "internal";
+// The one switch from a runtime dtype to its C++ type: calls f(std::type_identity<T>{}) and
+// returns what f returns (every branch must return the same type).
+//   visit_dtype(t, [&]<class T>(std::type_identity<T>) { reduce(static_cast<T*>(p), n); });
+template <class F>
+decltype(auto) visit_dtype(dtype t, F&& f) {
+  switch (t) {
+    case dtype::float32: return f(std::type_identity<float>{});
+    case dtype::float64: return f(std::type_identity<double>{});
+    case dtype::int32: return f(std::type_identity<std::int32_t>{});
+    case dtype::int64: return f(std::type_identity<std::int64_t>{});
+    case dtype::uint8: return f(std::type_identity<std::uint8_t>{});
+    case dtype::float16: return f(std::type_identity<half>{});
+    case dtype::bfloat16: return f(std::type_identity<bfloat16>{});
   }
-  return "unknown";
+  throw invalid_argument_error("unknown dtype code " + std::to_string(static_cast<int>(t)) +
+                               " (expected float32, float64, int32, int64, uint8, float16 or bfloat16)");
 }
 
-// Base of every exception partrain throws.
-class error : public std::runtime_error {
- public:
-  error(error_kind kind, const std::string& what) : std::runtime_error("partrain: " + what), kind_(kind) {}
-  [[nodiscard]] error_kind kind() const noexcept { return kind_; }
-
- private:
-  error_kind kind_;
-};
-
-// Bad configuration: a malformed URL, a missing environment variable, world size 0.
-class config_error : public error {
- public:
-  explicit config_error(const std::string& what) : error(error_kind::config, what) {}
-};
-
-// Bad arguments to a call: mismatched sizes, rank out of range.
-class invalid_argument_error : public error {
- public:
-  explicit invalid_argument_error(const std::string& what) : error(error_kind::invalid_argument, what) {}
-};
-
-// A collective or point-to-point operation failed: a peer died, sizes disagree across ranks.
-class communication_error : public error {
- public:
-  explicit communication_error(const std::string& what) : error(error_kind::communication, what) {}
-
- protected:
-  communication_error(error_kind k, const std::string& what) : error(k, what) {}
-};
-
-// A blocking wait ran past its deadline: a peer is missing or stalled.
-class timeout_error : public communication_error {
- public:
-  explicit timeout_error(const std::string& what) : communication_error(error_kind::timeout, what) {}
-};
-
-// A dataset file or sample is unreadable or malformed.
-class data_error : public error {
- public:
-  explicit data_error(const std::string& what) : error(error_kind::data, what) {}
-};
-
-// A checkpoint is corrupted, truncated or does not match the model.
-class checkpoint_error : public error {
- public:
-  explicit checkpoint_error(const std::string& what) : error(error_kind::checkpoint, what) {}
-};
-
 }  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_CORE_ERROR_HPP
+#endif  // PARTRAIN_SI_CORE_DTYPE_HPP
 // #include <partrain/core/memory_space.hpp>
 #ifndef PARTRAIN_SI_CORE_MEMORY_SPACE_HPP
 #define PARTRAIN_SI_CORE_MEMORY_SPACE_HPP
@@ -582,6 +683,259 @@ struct device {
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_CORE_DEVICE_HPP
+// #include <partrain/core/executor.hpp>
+#ifndef PARTRAIN_SI_CORE_EXECUTOR_HPP
+#define PARTRAIN_SI_CORE_EXECUTOR_HPP
+// partrain/core/executor.hpp: background threads that run submitted functions and complete a
+// work for each. With one thread (the default) functions run in submission order, which is what
+// a process group needs (collectives must be issued in the same order on every rank); with more,
+// no function queues behind a blocked one (a receive can complete while an earlier send still
+// waits for its peer): threads are started as needed, up to the limit, and reused.
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+// #include <partrain/core/work.hpp>
+#ifndef PARTRAIN_SI_CORE_WORK_HPP
+#define PARTRAIN_SI_CORE_WORK_HPP
+// partrain/core/work.hpp: the handle a collective returns. It can be waited on, polled,
+// chained with then(), or co_awaited, so communication can overlap compute.
+
+#include <chrono>
+#include <condition_variable>
+#include <coroutine>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+// Shared between the issuing thread and the thread that runs the operation.
+class work_state {
+ public:
+  // Runs the then() callbacks, then marks the operation finished (with an error, if any), wakes
+  // waiters and resumes an awaiting coroutine (on this, the completing thread). Callbacks run
+  // first so that whatever they do (a comm hook's copy back, a trace span's end) happens before
+  // wait() returns anywhere.
+  // The error is recorded first: a callback may read it (then_work passes it on).
+  void complete(std::exception_ptr err = nullptr) noexcept {
+    std::coroutine_handle<> cont;
+    {
+      std::lock_guard lock(mutex_);
+      error_ = std::move(err);
+    }
+    for (;;) {
+      std::vector<std::function<void()>> callbacks;
+      {
+        std::lock_guard lock(mutex_);
+        if (callbacks_.empty()) {
+          done_ = true;
+          cont = std::exchange(continuation_, {});
+          break;
+        }
+        callbacks.swap(callbacks_);
+      }
+      for (auto& cb : callbacks) cb();  // one registered meanwhile is taken on the next turn
+    }
+    cv_.notify_all();
+    if (cont) cont.resume();
+  }
+  [[nodiscard]] bool done() const {
+    std::lock_guard lock(mutex_);
+    return done_;
+  }
+  void wait() const {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [&] { return done_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+  [[nodiscard]] bool wait_for(std::chrono::nanoseconds d) const {
+    std::unique_lock lock(mutex_);
+    if (!cv_.wait_for(lock, d, [&] { return done_; })) return false;
+    if (error_) std::rethrow_exception(error_);
+    return true;
+  }
+  [[nodiscard]] bool set_continuation(std::coroutine_handle<> h) {
+    std::lock_guard lock(mutex_);
+    if (done_) return false;
+    continuation_ = h;
+    return true;
+  }
+  void on_complete(std::function<void()> f) {
+    {
+      std::lock_guard lock(mutex_);
+      if (!done_) {
+        callbacks_.push_back(std::move(f));
+        return;
+      }
+    }
+    f();
+  }
+  [[nodiscard]] std::exception_ptr error() const {
+    std::lock_guard lock(mutex_);
+    return error_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  std::coroutine_handle<> continuation_;
+  std::vector<std::function<void()>> callbacks_;
+};
+
+}  // namespace detail
+
+// Not [[nodiscard]] on the class: the functions returning a work are, and nvcc would also flag
+// every assignment (operator= returns work&).
+class work {
+ public:
+  work() : state_(std::make_shared<detail::work_state>()) {}
+  explicit work(std::shared_ptr<detail::work_state> s) noexcept : state_(std::move(s)) {}
+
+  // A work that is already finished (a no-op collective, or one the backend ran inline).
+  [[nodiscard]] static work completed(std::exception_ptr err = nullptr) {
+    work w;
+    w.state_->complete(std::move(err));
+    return w;
+  }
+
+  [[nodiscard]] bool is_completed() const { return state_->done(); }
+  // Blocks until the operation finishes; rethrows its error. Backends bound every operation
+  // with their timeout, so this never waits forever.
+  void wait() const { state_->wait(); }
+  // False when d passed first; rethrows the operation's error if it finished with one.
+  [[nodiscard]] bool wait_for(std::chrono::nanoseconds d) const { return state_->wait_for(d); }
+  // Runs f (on the completing thread, or now if already done) once the operation finished.
+  void then(std::function<void()> f) const { state_->on_complete(std::move(f)); }
+  [[nodiscard]] std::exception_ptr error() const { return state_->error(); }
+  [[nodiscard]] const std::shared_ptr<detail::work_state>& state() const noexcept { return state_; }
+
+  // Awaitable: a coroutine suspends until completion and resumes on the completing thread.
+  [[nodiscard]] bool await_ready() const noexcept { return state_->done(); }
+  [[nodiscard]] bool await_suspend(std::coroutine_handle<> h) { return state_->set_continuation(h); }
+  void await_resume() const {
+    if (auto e = state_->error()) std::rethrow_exception(e);
+  }
+
+ private:
+  std::shared_ptr<detail::work_state> state_;
+};
+
+// Anything a collective may return: waitable and co_awaitable.
+template <class W>
+concept awaitable_work = requires(W& w, std::coroutine_handle<> h) {
+  w.wait();
+  { w.is_completed() } -> std::convertible_to<bool>;
+  { w.await_ready() } -> std::convertible_to<bool>;
+  w.await_suspend(h);
+  w.await_resume();
+};
+
+// Waits for every work in the range (or list), rethrowing the first error after all finished.
+template <class R>
+void wait_all(R&& works) {
+  std::exception_ptr first;
+  for (auto& w : works) {
+    try {
+      w.wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CORE_WORK_HPP
+
+namespace partrain::inline v0::detail {
+
+class executor {
+ public:
+  static constexpr std::size_t unbounded = std::numeric_limits<std::size_t>::max();
+
+  // `abandoned` ends the error message of the functions never started when the executor goes.
+  explicit executor(std::size_t max_threads = 1, std::string abandoned = "process group destroyed before the operation ran")
+      : max_threads_(max_threads == 0 ? 1 : max_threads), abandoned_(std::move(abandoned)) {}
+  executor(const executor&) = delete;
+  executor& operator=(const executor&) = delete;
+  ~executor() {
+    {
+      // Under the mutex: otherwise the stop can land between a thread's predicate check and its
+      // wait, the notify is lost and the join blocks forever.
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();  // each running function is bounded by its own timeout
+    // Functions never started are failed, so nobody waits on them forever.
+    for (auto& [state, fn] : queue_) state->complete(std::make_exception_ptr(communication_error(abandoned_)));
+  }
+
+  // Queues fn; the returned work completes when fn returns (or with what fn threw).
+  [[nodiscard]] work submit(std::function<void()> fn) {
+    auto state = std::make_shared<work_state>();
+    {
+      std::lock_guard lock(mutex_);
+      queue_.emplace_back(state, std::move(fn));
+      if (idle_ < queue_.size() && threads_.size() < max_threads_) threads_.emplace_back([this] { run(); });
+    }
+    cv_.notify_one();
+    return work(state);
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      ++idle_;
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      --idle_;
+      if (stopping_) return;
+      auto item = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      std::exception_ptr err;
+      try {
+        item.second();
+      } catch (...) {
+        err = std::current_exception();
+      }
+      item.second = nullptr;
+      item.first->complete(err);
+      lock.lock();
+    }
+  }
+
+  std::size_t max_threads_;
+  std::string abandoned_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::pair<std::shared_ptr<work_state>, std::function<void()>>> queue_;
+  std::size_t idle_ = 0;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_CORE_EXECUTOR_HPP
 // #include <partrain/core/generator.hpp>
 #ifndef PARTRAIN_SI_CORE_GENERATOR_HPP
 #define PARTRAIN_SI_CORE_GENERATOR_HPP
@@ -886,6 +1240,47 @@ inline void log_debug(std::string_view m) { log(log_level::debug, m); }
       ::partrain::log(::partrain::log_level::level, __VA_ARGS__);                        \
   } while (false)
 #endif  // PARTRAIN_SI_CORE_LOG_HPP
+// #include <partrain/core/range_closure.hpp>
+#ifndef PARTRAIN_SI_CORE_RANGE_CLOSURE_HPP
+#define PARTRAIN_SI_CORE_RANGE_CLOSURE_HPP
+// partrain/core/range_closure.hpp: the pipe machinery for partrain's range adaptors.
+// C++20 has no std::ranges::range_adaptor_closure, so adaptors wrap their bound arguments in
+// range_closure: `r | views::batched(256)` calls the stored function with r, and two closures
+// compose (`views::batched(8) | views::weighted_split(w, rank)`) into one that applies both.
+
+#include <concepts>
+#include <ranges>
+#include <type_traits>
+#include <utility>
+
+namespace partrain::inline v0::detail {
+
+template <class Fn>
+struct range_closure {
+  Fn fn;
+
+  template <std::ranges::viewable_range R>
+    requires std::invocable<const Fn&, R>
+  [[nodiscard]] friend constexpr auto operator|(R&& r, const range_closure& c) {
+    return c.fn(std::forward<R>(r));
+  }
+};
+
+template <class Fn>
+[[nodiscard]] constexpr range_closure<std::decay_t<Fn>> make_range_closure(Fn&& fn) {
+  return {std::forward<Fn>(fn)};
+}
+
+// left | right: a closure that applies left, then right.
+template <class A, class B>
+[[nodiscard]] constexpr auto operator|(range_closure<A> left, range_closure<B> right) {
+  return make_range_closure([left = std::move(left), right = std::move(right)]<class R>(R&& r) {
+    return std::forward<R>(r) | left | right;
+  });
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_CORE_RANGE_CLOSURE_HPP
 // #include <partrain/core/task.hpp>
 #ifndef PARTRAIN_SI_CORE_TASK_HPP
 #define PARTRAIN_SI_CORE_TASK_HPP
@@ -1217,569 +1612,657 @@ T sync_wait(task<T>&& t) {
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_CORE_TASK_HPP
-
-// comm/
-// #include <partrain/comm/file_store.hpp>
-#ifndef PARTRAIN_SI_COMM_FILE_STORE_HPP
-#define PARTRAIN_SI_COMM_FILE_STORE_HPP
-// partrain/comm/file_store.hpp: a rendezvous store in one file on a filesystem every rank can
-// see (torch's FileStore; the file:// init method). The file is an append-only log of
-// records, guarded by an open-file-description lock (fcntl F_OFD_SETLK), so processes and
-// threads of one process exclude each other alike. Like torch's, the file must be new (or
-// empty) for each job: the caller removes it afterwards.
-//
-// Record: u32 key length, key, u32 value length (0xFFFFFFFF = the key was deleted), value;
-// little endian. A writer appends whole records under the exclusive lock; a record cut short
-// by a writer that died mid-append is dropped by the next writer.
-
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
+// #include <partrain/core/weighted_shares.hpp>
+#ifndef PARTRAIN_SI_CORE_WEIGHTED_SHARES_HPP
+#define PARTRAIN_SI_CORE_WEIGHTED_SHARES_HPP
+// partrain/core/weighted_shares.hpp: the one apportionment rule partrain uses wherever whole rows
+// are shared out by weight (the weighted sampler's ranks, data_parallel's devices): the floor of
+// each exact quota, then one more row each to the largest fractional remainders, ties to the
+// lower index; a zero weight never gets a row. Shares sum to `total` exactly and each is within
+// one row of total * weight / sum(weights) (the largest-remainder, or Hamilton, method).
 
 #include <algorithm>
-#include <cerrno>
-#include <charconv>
-#include <chrono>
+#include <cmath>
 #include <cstddef>
-#include <cstdint>
-#include <map>
-#include <mutex>
+#include <numeric>
 #include <span>
 #include <string>
-#include <thread>
-#include <vector>
-
-// #include <partrain/comm/detail/socket.hpp>
-#ifndef PARTRAIN_SI_COMM_DETAIL_SOCKET_HPP
-#define PARTRAIN_SI_COMM_DETAIL_SOCKET_HPP
-// partrain/comm/detail/socket.hpp: the few POSIX socket pieces the TCP store needs, with RAII
-// descriptors and a deadline on every blocking step (connect, send, receive).
-
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <chrono>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <span>
-#include <string>
-#include <thread>
-#include <utility>
-
-namespace partrain::inline v0::detail {
-
-using deadline_clock = std::chrono::steady_clock;
-
-// An owned file descriptor; closed on destruction.
-class unique_fd {
- public:
-  unique_fd() noexcept = default;
-  explicit unique_fd(int fd) noexcept : fd_(fd) {}
-  unique_fd(unique_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  unique_fd& operator=(unique_fd&& o) noexcept {
-    if (this != &o) reset(std::exchange(o.fd_, -1));
-    return *this;
-  }
-  unique_fd(const unique_fd&) = delete;
-  unique_fd& operator=(const unique_fd&) = delete;
-  ~unique_fd() { reset(); }
-
-  [[nodiscard]] int get() const noexcept { return fd_; }
-  [[nodiscard]] explicit operator bool() const noexcept { return fd_ >= 0; }
-  [[nodiscard]] int release() noexcept { return std::exchange(fd_, -1); }
-  void reset(int fd = -1) noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-[[nodiscard]] inline std::string errno_text(int err) { return std::string(std::strerror(err)); }
-
-// "host:port", with brackets around an IPv6 literal.
-[[nodiscard]] inline std::string endpoint_name(const std::string& host, std::uint16_t port) {
-  const bool v6 = host.find(':') != std::string::npos;
-  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-}
-
-inline void set_nonblocking(int fd, bool on) {
-  const int flags = ::fcntl(fd, F_GETFL, 0);
-  if (flags < 0 || ::fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK)) < 0) {
-    throw communication_error("fcntl(O_NONBLOCK) failed: " + errno_text(errno));
-  }
-}
-
-// getaddrinfo as a RAII list.
-class address_list {
- public:
-  address_list(const std::string& host, std::uint16_t port, bool passive) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = passive ? AI_PASSIVE : 0;
-    const std::string service = std::to_string(port);
-    const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &list_);
-    if (rc != 0) {
-      throw config_error("cannot resolve host '" + host + "': " + ::gai_strerror(rc) +
-                         " (expected a host name or an IPv4/IPv6 address)");
-    }
-  }
-  address_list(const address_list&) = delete;
-  address_list& operator=(const address_list&) = delete;
-  ~address_list() {
-    if (list_) ::freeaddrinfo(list_);
-  }
-  [[nodiscard]] const addrinfo* begin() const noexcept { return list_; }
-
- private:
-  addrinfo* list_ = nullptr;
-};
-
-[[nodiscard]] inline std::uint16_t local_port(int fd) {
-  sockaddr_storage ss{};
-  socklen_t len = sizeof ss;
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
-    throw communication_error("getsockname failed: " + errno_text(errno));
-  }
-  if (ss.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);
-  return ntohs(reinterpret_cast<const sockaddr_in*>(&ss)->sin_port);
-}
-
-// A listening socket on host:port (port 0 = the kernel picks one; read it with local_port).
-[[nodiscard]] inline unique_fd listen_tcp(const std::string& host, std::uint16_t port, int backlog = 512) {
-  address_list addrs(host, port, true);
-  int last_err = 0;
-  for (const addrinfo* a = addrs.begin(); a; a = a->ai_next) {
-    unique_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
-    if (!fd) {
-      last_err = errno;
-      continue;
-    }
-    const int one = 1;
-    // SO_REUSEADDR lets a restarted job rebind a port in TIME_WAIT; it does not allow two
-    // live listeners on one port, so "port in use" is still reported.
-    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0) {
-      last_err = errno;
-      continue;
-    }
-    if (::listen(fd.get(), backlog) != 0) {
-      last_err = errno;
-      continue;
-    }
-    return fd;
-  }
-  if (last_err == EADDRINUSE) {
-    throw communication_error("cannot listen on " + endpoint_name(host, port) + ": port " + std::to_string(port) +
-                              " is already in use (choose another MASTER_PORT, or 0 for a free one)");
-  }
-  throw communication_error("cannot listen on " + endpoint_name(host, port) + ": " + errno_text(last_err));
-}
-
-// A port that was free a moment ago on host (bind to 0, read, close). Another process may
-// still take it before it is used: callers that can, pass port 0 to the server instead.
-[[nodiscard]] inline std::uint16_t find_free_port(const std::string& host = "127.0.0.1") {
-  unique_fd fd = listen_tcp(host, 0, 1);
-  return local_port(fd.get());
-}
-
-// Waits for events on fd until deadline; false on timeout.
-[[nodiscard]] inline bool wait_fd(int fd, short events, deadline_clock::time_point deadline) {
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - deadline_clock::now()).count();
-    if (left <= 0) return false;
-    pollfd p{fd, events, 0};
-    const int rc = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000)));
-    if (rc > 0) return true;
-    if (rc < 0 && errno != EINTR) throw communication_error("poll failed: " + errno_text(errno));
-  }
-}
-
-// Connects to host:port, retrying (the server may not be up yet) until deadline.
-// who (e.g. "rank 3: ") prefixes the error.
-[[nodiscard]] inline unique_fd connect_tcp(const std::string& host, std::uint16_t port, deadline_clock::time_point deadline,
-                                           const std::string& who = {}) {
-  std::string last = "no address";
-  auto backoff = std::chrono::milliseconds(10);
-  for (;;) {
-    {
-      address_list addrs(host, port, false);
-      for (const addrinfo* a = addrs.begin(); a; a = a->ai_next) {
-        unique_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
-        if (!fd) {
-          last = errno_text(errno);
-          continue;
-        }
-        int rc = ::connect(fd.get(), a->ai_addr, a->ai_addrlen);
-        if (rc != 0 && errno == EINPROGRESS) {
-          if (!wait_fd(fd.get(), POLLOUT, deadline)) {
-            last = "connect timed out";
-            continue;
-          }
-          int err = 0;
-          socklen_t len = sizeof err;
-          ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-          rc = err == 0 ? 0 : -1;
-          errno = err;
-        }
-        if (rc == 0) {
-          const int one = 1;
-          ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-          return fd;
-        }
-        last = errno_text(errno);
-      }
-    }
-    const auto now = deadline_clock::now();
-    if (now >= deadline) break;
-    std::this_thread::sleep_for(std::min<deadline_clock::duration>(backoff, deadline - now));
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
-  }
-  throw timeout_error(who + "cannot connect to the store at " + endpoint_name(host, port) + " (" + last +
-                      "); is the master (rank 0 or the launcher) running and reachable?");
-}
-
-// Writes all bytes or throws; the socket is non-blocking, so a stuck peer hits the deadline.
-inline void send_all(int fd, std::span<const std::byte> data, deadline_clock::time_point deadline, const std::string& what) {
-  while (!data.empty()) {
-    const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
-    if (n > 0) {
-      data = data.subspan(static_cast<std::size_t>(n));
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (!wait_fd(fd, POLLOUT, deadline)) throw timeout_error(what + ": timed out sending");
-      continue;
-    }
-    throw communication_error(what + ": send failed: " + errno_text(errno));
-  }
-}
-
-// Reads exactly out.size() bytes or throws (timeout_error at the deadline, communication_error
-// when the peer closed).
-inline void recv_all(int fd, std::span<std::byte> out, deadline_clock::time_point deadline, const std::string& what) {
-  while (!out.empty()) {
-    const ssize_t n = ::recv(fd, out.data(), out.size(), 0);
-    if (n > 0) {
-      out = out.subspan(static_cast<std::size_t>(n));
-      continue;
-    }
-    if (n == 0) throw communication_error(what + ": connection closed by the store");
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (!wait_fd(fd, POLLIN, deadline)) throw timeout_error(what + ": timed out waiting for the store's reply");
-      continue;
-    }
-    throw communication_error(what + ": receive failed: " + errno_text(errno));
-  }
-}
-
-}  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_COMM_DETAIL_SOCKET_HPP
-// #include <partrain/comm/store.hpp>
-#ifndef PARTRAIN_SI_COMM_STORE_HPP
-#define PARTRAIN_SI_COMM_STORE_HPP
-// partrain/comm/store.hpp: the rendezvous key-value store (torch's c10d Store). Ranks exchange
-// bootstrap data through it: Gloo's addresses, the NCCL unique id. Every call has a deadline.
-
-#include <chrono>
-#include <cstdint>
-#include <memory>
-#include <span>
-#include <string>
+#include <string_view>
 #include <vector>
 
 namespace partrain::inline v0 {
 
-class store {
+// `who` names the caller in errors ("weighted_split", "data_parallel").
+[[nodiscard]] inline std::vector<std::size_t> weighted_shares(std::size_t total, std::span<const double> weights,
+                                                              std::string_view who = "weighted_shares") {
+  const std::string w(who);
+  if (weights.empty()) throw invalid_argument_error(w + ": no weights given, expected one per rank or device");
+  double sum = 0;
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    if (!std::isfinite(weights[i]) || weights[i] < 0) {
+      throw invalid_argument_error(w + ": weight " + std::to_string(i) + " is " + std::to_string(weights[i]) +
+                                   ", expected a finite value >= 0");
+    }
+    sum += weights[i];
+  }
+  if (!(sum > 0) || !std::isfinite(sum)) {
+    throw invalid_argument_error(w + ": the weights sum to " + std::to_string(sum) + ", expected a positive finite sum");
+  }
+  std::vector<std::size_t> share(weights.size());
+  std::vector<double> remainder(weights.size());
+  std::size_t given = 0;
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    const double quota = static_cast<double>(total) * (weights[i] / sum);
+    // min(): rounding can push a floor past what is left.
+    share[i] = std::min(static_cast<std::size_t>(std::floor(quota)), total - given);
+    remainder[i] = weights[i] > 0 ? quota - static_cast<double>(share[i]) : -1.0;
+    given += share[i];
+  }
+  std::vector<std::size_t> order(weights.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return remainder[a] > remainder[b]; });
+  const auto positive = static_cast<std::size_t>(std::count_if(weights.begin(), weights.end(), [](double x) { return x > 0; }));
+  for (std::size_t k = 0; given < total; k = (k + 1) % positive, ++given) ++share[order[k]];
+  return share;
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CORE_WEIGHTED_SHARES_HPP
+
+// cuda/
+#if PARTRAIN_HAS_CUDA
+// #include <partrain/cuda/check.hpp>
+#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
+#define PARTRAIN_SI_CUDA_CHECK_HPP
+// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
+// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <string_view>
+
+namespace partrain::inline v0 {
+
+// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
+class cuda_error : public error {
  public:
-  store() = default;
-  store(const store&) = delete;
-  store& operator=(const store&) = delete;
-  virtual ~store() = default;
+  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
+  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
 
-  virtual void set(const std::string& key, std::span<const std::byte> value) = 0;
-  // Blocks until key exists (or the timeout passes: timeout_error naming the key).
-  [[nodiscard]] virtual std::vector<std::byte> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
-  // Atomically adds delta to the integer at key (0 if absent) and returns the new value.
-  virtual std::int64_t add(const std::string& key, std::int64_t delta) = 0;
-  // Blocks until every key exists; timeout_error names the keys still missing.
-  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
-  [[nodiscard]] virtual bool check(const std::vector<std::string>& keys) = 0;
+ private:
+  cudaError_t code_;
+};
 
-  // Conveniences over the byte interface.
-  void set(const std::string& key, const std::string& value) {
-    set(key, std::span(reinterpret_cast<const std::byte*>(value.data()), value.size()));
+namespace detail {
+
+[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
+                                                      int line) {
+  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
+         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+}
+
+inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
+  if (rc != cudaSuccess) {
+    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
+    (void)cudaGetLastError();
+    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
   }
-  [[nodiscard]] std::string get_string(const std::string& key, std::chrono::milliseconds timeout) {
-    auto v = get(key, timeout);
-    return {reinterpret_cast<const char*>(v.data()), v.size()};
+}
+
+}  // namespace detail
+
+}  // namespace partrain::inline v0
+
+// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
+#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
+#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+// #include <partrain/cuda/cublas.hpp>
+#ifndef PARTRAIN_SI_CUDA_CUBLAS_HPP
+#define PARTRAIN_SI_CUDA_CUBLAS_HPP
+// partrain/cuda/cublas.hpp: an owned cuBLAS handle (RAII) and PARTRAIN_CUBLAS_CHECK.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/cublas.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <string>
+#include <utility>
+
+// #include <partrain/cuda/device_guard.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
+// previous one after (torch.cuda.device as a context manager), without ever creating a context
+// on a device nobody asked for.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda.h>  // CUcontext and the driver's function type only: nothing links libcuda
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+// Whether this thread has a current CUDA context, i.e. someone already made a device current on
+// it (cudaSetDevice, or a runtime call that initialised one). cudaGetDevice answers 0 on a fresh
+// thread, and cudaSetDevice(0) would then create device 0's context (CUDA 12+): restoring must
+// not do that. The driver's cuCtxGetCurrent is reached through the runtime, so nothing links
+// libcuda. Unknown (entry point missing): true, i.e. restore as a plain guard would.
+[[nodiscard]] inline bool thread_has_cuda_context() noexcept {
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
+  using get_current_fn = CUresult(CUDAAPI*)(CUcontext*);
+  static const get_current_fn get_current = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return get_current_fn{nullptr};
+    }
+    return reinterpret_cast<get_current_fn>(fn);
+  }();
+  if (!get_current) return true;
+  CUcontext ctx = nullptr;
+  if (get_current(&ctx) != CUDA_SUCCESS) return true;
+  return ctx != nullptr;
+#else
+  return true;
+#endif
+}
+
+[[nodiscard]] inline int checked_cuda_index(const device& d, const char* who) {
+  if (!d.is_cuda()) {
+    throw invalid_argument_error(std::string(who) + ": device " + d.to_string() + " is not a CUDA device (expected cuda:N)");
   }
+  return d.index;
+}
+
+}  // namespace detail
+
+// The device current on this thread (cudaGetDevice: it does not create a context; 0 when none
+// was ever set).
+[[nodiscard]] inline int cuda_current_device() {
+  int d = 0;
+  PARTRAIN_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+class [[nodiscard]] cuda_device_guard {
+ public:
+  // Makes `index` current unless it already is. The destructor restores the previous device only
+  // when this guard changed it and the thread had a context before (someone had set a device).
+  explicit cuda_device_guard(int index) {
+    const int current = cuda_current_device();
+    if (current == index) return;
+    const bool restore = detail::thread_has_cuda_context();
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
+    if (restore) previous_ = current;
+  }
+  explicit cuda_device_guard(const device& d) : cuda_device_guard(detail::checked_cuda_index(d, "cuda_device_guard")) {}
+  cuda_device_guard(const cuda_device_guard&) = delete;
+  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
+  ~cuda_device_guard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;  // -1: leave the device as it is at the end of the scope
+};
+
+// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
+[[nodiscard]] inline int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// The device whose memory `p` is (cudaPointerGetAttributes): device memory and managed memory
+// report their device. Host memory (pageable or pinned) has no device: config_error naming `who`.
+[[nodiscard]] inline device cuda_device_of(const void* p, const char* who) {
+  cudaPointerAttributes a{};
+  const cudaError_t rc = cudaPointerGetAttributes(&a, p);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw cuda_error(rc, std::string(who) + ": cudaPointerGetAttributes failed: " + cudaGetErrorString(rc));
+  }
+  if ((a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) || a.device < 0) {
+    throw config_error(std::string(who) + ": a pointer expected in CUDA device memory is host memory (a tensor_view<T, "
+                                          "cuda> must point into device memory)");
+  }
+  return device::cuda(a.device);
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+
+namespace partrain::inline v0 {
+
+// A cuBLAS call failed. kind() is internal; status() is cuBLAS's code.
+class cublas_error : public error {
+ public:
+  cublas_error(cublasStatus_t status, const std::string& what) : error(error_kind::internal, what), status_(status) {}
+  [[nodiscard]] cublasStatus_t status() const noexcept { return status_; }
+
+ private:
+  cublasStatus_t status_;
+};
+
+namespace detail {
+inline void cublas_check(cublasStatus_t st, const char* call, const char* file, int line) {
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    throw cublas_error(st, "cuBLAS call '" + std::string(call) + "' failed at " + file + ":" + std::to_string(line) +
+                               ": " + cublasGetStatusName(st) + " (" + cublasGetStatusString(st) + ")");
+  }
+}
+}  // namespace detail
+
+}  // namespace partrain::inline v0
+
+#define PARTRAIN_CUBLAS_CHECK(call) ::partrain::detail::cublas_check((call), #call, __FILE__, __LINE__)
+
+namespace partrain::inline v0 {
+
+class cublas_handle {
+ public:
+  // A handle bound to device `device_index` (cuBLAS handles belong to the device current at creation).
+  explicit cublas_handle(int device_index) : device_(device_index) {
+    cuda_device_guard guard(device_index);
+    PARTRAIN_CUBLAS_CHECK(cublasCreate(&handle_));
+  }
+  cublas_handle(cublas_handle&& o) noexcept : handle_(std::exchange(o.handle_, nullptr)), device_(o.device_) {}
+  cublas_handle& operator=(cublas_handle&& o) noexcept {
+    if (this != &o) {
+      reset();
+      handle_ = std::exchange(o.handle_, nullptr);
+      device_ = o.device_;
+    }
+    return *this;
+  }
+  cublas_handle(const cublas_handle&) = delete;
+  cublas_handle& operator=(const cublas_handle&) = delete;
+  ~cublas_handle() { reset(); }
+
+  [[nodiscard]] cublasHandle_t get() const noexcept { return handle_; }
+  [[nodiscard]] int device_index() const noexcept { return device_; }
+  // Later calls through this handle queue on `stream`.
+  void set_stream(cudaStream_t stream) { PARTRAIN_CUBLAS_CHECK(cublasSetStream(handle_, stream)); }
+
+ private:
+  void reset() noexcept {
+    if (handle_) (void)cublasDestroy(std::exchange(handle_, nullptr));
+  }
+
+  cublasHandle_t handle_ = nullptr;
+  int device_ = -1;
 };
 
 }  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_COMM_STORE_HPP
+#endif  // PARTRAIN_SI_CUDA_CUBLAS_HPP
+// #include <partrain/cuda/device_buffer.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+// partrain/cuda/device_buffer.hpp: owned device memory (cudaMalloc, RAII) with a shape, seen as
+// tensor_view<T, cuda>, and copies to and from host views (finished on return, or queued on a stream).
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_buffer.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <utility>
 
 namespace partrain::inline v0 {
 
-class file_store final : public store {
+// A zero-initialised device array of trivially copyable T with a shape, on one device. The device
+// is always named: there is no default, so a buffer cannot land on GPU 0 by omission.
+template <class T>
+  requires std::is_trivially_copyable_v<T>
+class device_buffer {
  public:
-  // timeout bounds taking the file lock (and set/add/check, which take it).
-  // who (e.g. "rank 3") names the caller in errors.
-  explicit file_store(std::string path, std::chrono::milliseconds timeout = std::chrono::milliseconds(300'000),
-                      std::string who = {})
-      : path_(std::move(path)), timeout_(timeout), who_(who.empty() ? std::string() : std::move(who) + ": ") {
-    if (path_.empty()) throw config_error("file_store: empty path (expected a file on a filesystem all ranks share)");
-    fd_.reset(::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-    if (!fd_) {
-      throw config_error("file_store: cannot open '" + path_ + "': " + detail::errno_text(errno) +
-                         " (expected a writable path on a filesystem all ranks share)");
+  device_buffer() = default;
+  // Zero-filled before the constructor returns (queued on the legacy stream of `dev`, then that
+  // stream is synchronised), so work on any stream afterwards sees zeros.
+  device_buffer(partrain::shape s, const partrain::device& dev)
+      : device_buffer(s, detail::checked_cuda_index(dev, "device_buffer"), nullptr) {}
+  device_buffer(partrain::shape s, int device_index) : device_buffer(s, device_index, nullptr) {}
+  device_buffer(std::size_t n, const partrain::device& dev) : device_buffer(partrain::shape{n}, dev) {}
+  device_buffer(std::size_t n, int device_index) : device_buffer(partrain::shape{n}, device_index) {}
+  // Zero-fill queued on `stream` (of `device_index`) and not waited for: work queued on that
+  // stream afterwards sees zeros; other streams must wait on it (an event) first.
+  device_buffer(partrain::shape s, int device_index, cudaStream_t stream) : shape_(s), device_(device_index) {
+    if (device_index < 0) {
+      throw invalid_argument_error("device_buffer: device index " + std::to_string(device_index) +
+                                   " (expected a CUDA device index >= 0)");
+    }
+    if (s.numel() == 0) return;
+    cuda_device_guard guard(device_index);
+    void* p = nullptr;
+    const cudaError_t rc = cudaMalloc(&p, size_bytes());
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw cuda_error(rc, "device_buffer: cudaMalloc of " + std::to_string(size_bytes()) + " bytes on cuda:" +
+                               std::to_string(device_index) + " failed: " + cudaGetErrorString(rc));
+    }
+    data_ = static_cast<T*>(p);
+    // cudaMemset would return before the fill ran and order it only on the legacy stream.
+    const cudaStream_t fill = stream ? stream : cudaStreamLegacy;
+    cudaError_t rc2 = cudaMemsetAsync(data_, 0, size_bytes(), fill);
+    if (rc2 == cudaSuccess && !stream) rc2 = cudaStreamSynchronize(fill);
+    if (rc2 != cudaSuccess) {
+      reset();
+      detail::cuda_check(rc2, "device_buffer: cudaMemsetAsync + cudaStreamSynchronize (zero fill)", __FILE__, __LINE__);
     }
   }
 
-  [[nodiscard]] const std::string& path() const noexcept { return path_; }
-
-  using store::set;
-  void set(const std::string& key, std::span<const std::byte> value) override {
-    std::lock_guard g(mutex_);
-    file_lock lock(*this, F_WRLCK, "set('" + key + "')");
-    append(key, value, false);
-  }
-
-  [[nodiscard]] std::vector<std::byte> get(const std::string& key, std::chrono::milliseconds timeout) override {
-    std::vector<std::byte> out;
-    poll_until(timeout, [&] {
-      if (auto it = cache_.find(key); it != cache_.end()) {
-        out = it->second;
-        return true;
-      }
-      return false;
-    }, [&] { return "file_store get('" + key + "') on '" + path_ + "' timed out after " + std::to_string(timeout.count()) +
-                    " ms: the key was never set"; });
-    return out;
-  }
-
-  std::int64_t add(const std::string& key, std::int64_t delta) override {
-    std::lock_guard g(mutex_);
-    file_lock lock(*this, F_WRLCK, "add('" + key + "')");
-    std::int64_t cur = 0;
-    if (auto it = cache_.find(key); it != cache_.end()) {
-      const auto* p = reinterpret_cast<const char*>(it->second.data());
-      auto [end, ec] = std::from_chars(p, p + it->second.size(), cur);
-      if (ec != std::errc{} || end != p + it->second.size()) {
-        throw invalid_argument_error("file_store add('" + key + "'): the key holds a non-integer value");
-      }
+  device_buffer(device_buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})), device_(o.device_) {}
+  device_buffer& operator=(device_buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      data_ = std::exchange(o.data_, nullptr);
+      shape_ = std::exchange(o.shape_, {});
+      device_ = o.device_;
     }
-    std::int64_t next = 0;
-    if (__builtin_add_overflow(cur, delta, &next)) throw invalid_argument_error("file_store add('" + key + "'): int64 overflow");
-    const std::string s = std::to_string(next);
-    append(key, std::as_bytes(std::span(s.data(), s.size())), false);
-    return next;
+    return *this;
+  }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() { reset(); }
+
+  [[nodiscard]] T* data() noexcept { return data_; }
+  [[nodiscard]] const T* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
+  [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
+  [[nodiscard]] int device_index() const noexcept { return device_; }
+  [[nodiscard]] partrain::device device() const noexcept { return partrain::device::cuda(device_); }
+
+  [[nodiscard]] tensor_view<T, cuda> view() noexcept { return {data_, shape_}; }
+  [[nodiscard]] tensor_view<const T, cuda> view() const noexcept { return {data_, shape_}; }
+
+  // Host -> device. With a stream the copy is queued on it (the host memory must stay alive until
+  // it ran and, to be truly asynchronous, be pinned). Without one it is queued on the legacy
+  // stream of the buffer's device, which is then synchronised: the copy has finished on return
+  // (cudaMemcpy alone does not promise that for pageable host memory). Either way it is ordered
+  // after earlier work on that stream only: data made on another stream needs that stream.
+  void copy_from(tensor_view<const T, host> src, cudaStream_t stream = nullptr) {
+    check_size("copy_from", src.size());
+    copy(data_, src.data(), cudaMemcpyHostToDevice, stream);
+  }
+  // Device -> host, same rules.
+  void copy_to(tensor_view<T, host> dst, cudaStream_t stream = nullptr) const {
+    check_size("copy_to", dst.size());
+    copy(dst.data(), data_, cudaMemcpyDeviceToHost, stream);
   }
 
-  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
-    poll_until(timeout, [&] { return all_present(keys); }, [&] {
-      std::string names;
-      for (const auto& k : keys) {
-        if (!cache_.contains(k)) names += (names.empty() ? "'" : ", '") + k + "'";
-      }
-      return "file_store wait on '" + path_ + "' timed out after " + std::to_string(timeout.count()) +
-             " ms: still missing " + names;
-    });
+ private:
+  void check_size(const char* what, std::size_t n) const {
+    if (n != size()) {
+      throw invalid_argument_error("device_buffer::" + std::string(what) + ": the host view has " + std::to_string(n) +
+                                   " elements, the buffer " + std::to_string(size()) + " (expected equal sizes)");
+    }
+  }
+  void copy(void* dst, const void* src, cudaMemcpyKind kind, cudaStream_t stream) const {
+    if (size() == 0) return;
+    if (stream) {
+      PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, stream));
+      return;
+    }
+    cuda_device_guard guard(device_);  // the legacy stream of the buffer's device
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, cudaStreamLegacy));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+  }
+  void reset() noexcept {
+    if (data_) (void)cudaFree(std::exchange(data_, nullptr));  // cudaFree frees on any current device
   }
 
-  [[nodiscard]] bool check(const std::vector<std::string>& keys) override {
-    std::lock_guard g(mutex_);
-    file_lock lock(*this, F_RDLCK, "check");
-    return all_present(keys);
+  T* data_ = nullptr;
+  partrain::shape shape_{};
+  int device_ = -1;  // -1: an empty default-constructed buffer
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+// #include <partrain/cuda/event.hpp>
+#ifndef PARTRAIN_SI_CUDA_EVENT_HPP
+#define PARTRAIN_SI_CUDA_EVENT_HPP
+// partrain/cuda/event.hpp: an owned CUDA event (RAII). Recorded on a stream, it marks "all work
+// queued before this point"; another stream can wait on it without blocking the host.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/event.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace partrain::inline v0 {
+
+class cuda_event {
+ public:
+  // Without timing the event is cheaper (no timestamp); ask for it to measure elapsed_ms.
+  explicit cuda_event(bool timing = false) : timing_(timing) {
+    PARTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
+  }
+  cuda_event(cuda_event&& o) noexcept : event_(std::exchange(o.event_, nullptr)), timing_(o.timing_) {}
+  cuda_event& operator=(cuda_event&& o) noexcept {
+    if (this != &o) {
+      reset();
+      event_ = std::exchange(o.event_, nullptr);
+      timing_ = o.timing_;
+    }
+    return *this;
+  }
+  cuda_event(const cuda_event&) = delete;
+  cuda_event& operator=(const cuda_event&) = delete;
+  ~cuda_event() { reset(); }
+
+  [[nodiscard]] cudaEvent_t get() const noexcept { return event_; }
+
+  void record(cudaStream_t stream) { PARTRAIN_CUDA_CHECK(cudaEventRecord(event_, stream)); }
+  // Work queued on `stream` after this call starts only once the event has completed.
+  void block(cudaStream_t stream) const { PARTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0)); }
+  void synchronize() const { PARTRAIN_CUDA_CHECK(cudaEventSynchronize(event_)); }
+  // True once the work before the record point has finished (or if never recorded).
+  [[nodiscard]] bool query() const {
+    const cudaError_t rc = cudaEventQuery(event_);
+    if (rc == cudaErrorNotReady) return false;
+    PARTRAIN_CUDA_CHECK(rc);
+    return true;
+  }
+  // Milliseconds from `start` to this event; both need timing and must have completed.
+  [[nodiscard]] float elapsed_ms(const cuda_event& start) const {
+    if (!timing_ || !start.timing_) {
+      throw invalid_argument_error("cuda_event::elapsed_ms: both events must be created with timing = true");
+    }
+    float ms = 0.0f;
+    PARTRAIN_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, event_));
+    return ms;
   }
 
-  bool delete_key(const std::string& key) {
-    std::lock_guard g(mutex_);
-    file_lock lock(*this, F_WRLCK, "delete_key('" + key + "')");
-    if (!cache_.contains(key)) return false;
-    append(key, {}, true);
+ private:
+  void reset() noexcept {
+    if (event_) (void)cudaEventDestroy(std::exchange(event_, nullptr));
+  }
+
+  cudaEvent_t event_ = nullptr;
+  bool timing_ = false;
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_EVENT_HPP
+// #include <partrain/cuda/pinned_buffer.hpp>
+#ifndef PARTRAIN_SI_CUDA_PINNED_BUFFER_HPP
+#define PARTRAIN_SI_CUDA_PINNED_BUFFER_HPP
+// partrain/cuda/pinned_buffer.hpp: page-locked host memory (cudaHostAlloc, RAII). Copies between
+// it and the device run asynchronously on a stream and at full PCIe/NVLink speed.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/pinned_buffer.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace partrain::inline v0 {
+
+// A zero-initialised pinned host array of trivially copyable T with a shape. Portable (usable with
+// every device); the allocation is made with `dev` current, so it creates no context elsewhere.
+template <class T>
+  requires std::is_trivially_copyable_v<T>
+class pinned_buffer {
+ public:
+  pinned_buffer() = default;
+  pinned_buffer(partrain::shape s, const device& dev) : pinned_buffer(s, detail::checked_cuda_index(dev, "pinned_buffer")) {}
+  pinned_buffer(partrain::shape s, int device_index) : shape_(s) {
+    if (s.numel() == 0) return;
+    cuda_device_guard guard(device_index);
+    void* p = nullptr;
+    const cudaError_t rc = cudaHostAlloc(&p, size_bytes(), cudaHostAllocPortable);
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw cuda_error(rc, "pinned_buffer: cudaHostAlloc of " + std::to_string(size_bytes()) +
+                               " bytes failed: " + cudaGetErrorString(rc));
+    }
+    data_ = static_cast<T*>(p);
+    std::memset(p, 0, size_bytes());
+  }
+  pinned_buffer(std::size_t n, const device& dev) : pinned_buffer(partrain::shape{n}, dev) {}
+  pinned_buffer(std::size_t n, int device_index) : pinned_buffer(partrain::shape{n}, device_index) {}
+
+  pinned_buffer(pinned_buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})) {}
+  pinned_buffer& operator=(pinned_buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      data_ = std::exchange(o.data_, nullptr);
+      shape_ = std::exchange(o.shape_, {});
+    }
+    return *this;
+  }
+  pinned_buffer(const pinned_buffer&) = delete;
+  pinned_buffer& operator=(const pinned_buffer&) = delete;
+  ~pinned_buffer() { reset(); }
+
+  [[nodiscard]] T* data() noexcept { return data_; }
+  [[nodiscard]] const T* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
+  [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
+  [[nodiscard]] T& operator[](std::size_t i) noexcept { return data_[i]; }
+  [[nodiscard]] const T& operator[](std::size_t i) const noexcept { return data_[i]; }
+  [[nodiscard]] T* begin() noexcept { return data_; }
+  [[nodiscard]] T* end() noexcept { return data_ + size(); }
+
+  [[nodiscard]] tensor_view<T, host> view() noexcept { return {data_, shape_}; }
+  [[nodiscard]] tensor_view<const T, host> view() const noexcept { return {data_, shape_}; }
+
+ private:
+  void reset() noexcept {
+    if (data_) (void)cudaFreeHost(std::exchange(data_, nullptr));
+  }
+
+  T* data_ = nullptr;
+  partrain::shape shape_{};
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_PINNED_BUFFER_HPP
+// #include <partrain/cuda/stream.hpp>
+#ifndef PARTRAIN_SI_CUDA_STREAM_HPP
+#define PARTRAIN_SI_CUDA_STREAM_HPP
+// partrain/cuda/stream.hpp: an owned CUDA stream (RAII). Non-blocking with respect to the legacy
+// default stream, so work on it overlaps work elsewhere unless an event orders it.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/stream.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace partrain::inline v0 {
+
+class cuda_stream {
+ public:
+  // A new stream on device `device_index`; priority as cudaStreamCreateWithPriority (0: default).
+  // No default device: a stream made on GPU 0 by omission is what D1 of the GPU review was about.
+  explicit cuda_stream(int device_index, int priority = 0) : device_(device_index) {
+    cuda_device_guard guard(device_index);
+    PARTRAIN_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority));
+  }
+  cuda_stream(cuda_stream&& o) noexcept
+      : stream_(std::exchange(o.stream_, nullptr)), device_(o.device_) {}
+  cuda_stream& operator=(cuda_stream&& o) noexcept {
+    if (this != &o) {
+      reset();
+      stream_ = std::exchange(o.stream_, nullptr);
+      device_ = o.device_;
+    }
+    return *this;
+  }
+  cuda_stream(const cuda_stream&) = delete;
+  cuda_stream& operator=(const cuda_stream&) = delete;
+  ~cuda_stream() { reset(); }
+
+  [[nodiscard]] cudaStream_t get() const noexcept { return stream_; }
+  [[nodiscard]] int device_index() const noexcept { return device_; }
+  [[nodiscard]] explicit operator bool() const noexcept { return stream_ != nullptr; }
+
+  // Blocks the host until every operation queued so far has finished.
+  void synchronize() const { PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  // True when the stream has no unfinished work.
+  [[nodiscard]] bool query() const {
+    const cudaError_t rc = cudaStreamQuery(stream_);
+    if (rc == cudaErrorNotReady) return false;
+    PARTRAIN_CUDA_CHECK(rc);
     return true;
   }
 
-  [[nodiscard]] std::int64_t num_keys() {
-    std::lock_guard g(mutex_);
-    file_lock lock(*this, F_RDLCK, "num_keys");
-    return static_cast<std::int64_t>(cache_.size());
-  }
-
  private:
-  static constexpr std::uint32_t tombstone = 0xFFFFFFFFu;
-
-  // Holds the whole-file lock and brings the cache up to date with the file.
-  class file_lock {
-   public:
-    file_lock(file_store& s, short type, const std::string& op) : s_(s) {
-      const auto deadline = detail::deadline_clock::now() + s.timeout_;
-      auto pause = std::chrono::microseconds(200);
-      for (;;) {
-        struct flock fl {};
-        fl.l_type = type;
-        fl.l_whence = SEEK_SET;
-        if (::fcntl(s.fd_.get(), F_OFD_SETLK, &fl) == 0) break;
-        if (errno != EAGAIN && errno != EACCES && errno != EINTR) {
-          throw communication_error("file_store " + op + ": cannot lock '" + s.path_ + "': " + detail::errno_text(errno) +
-                                    " (the filesystem must support fcntl locks)");
-        }
-        if (detail::deadline_clock::now() >= deadline) {
-          throw timeout_error(s.who_ + "file_store " + op + ": timed out after " + std::to_string(s.timeout_.count()) +
-                              " ms waiting for the lock on '" + s.path_ + "'");
-        }
-        std::this_thread::sleep_for(pause);
-        pause = std::min(pause * 2, std::chrono::microseconds(10'000));
-      }
-      try {
-        s.refresh(type == F_WRLCK);
-      } catch (...) {
-        unlock();
-        throw;
-      }
-    }
-    file_lock(const file_lock&) = delete;
-    file_lock& operator=(const file_lock&) = delete;
-    ~file_lock() { unlock(); }
-
-   private:
-    void unlock() noexcept {
-      struct flock fl {};
-      fl.l_type = F_UNLCK;
-      fl.l_whence = SEEK_SET;
-      ::fcntl(s_.fd_.get(), F_OFD_SETLK, &fl);
-    }
-    file_store& s_;
-  };
-
-  // Reads the records appended since the last look. A writer (exclusive lock) also cuts off
-  // a torn record left by a writer that died, so its own record starts on a boundary.
-  void refresh(bool writer) {
-    struct stat st {};
-    if (::fstat(fd_.get(), &st) != 0) throw communication_error("file_store: fstat '" + path_ + "': " + detail::errno_text(errno));
-    const auto size = static_cast<std::uint64_t>(st.st_size);
-    if (size < offset_) {
-      // The file was truncated or replaced under us: start over.
-      offset_ = 0;
-      cache_.clear();
-    }
-    std::vector<std::byte> buf(size - offset_);
-    std::size_t got = 0;
-    while (got < buf.size()) {
-      const ssize_t n = ::pread(fd_.get(), buf.data() + got, buf.size() - got, static_cast<off_t>(offset_ + got));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) throw communication_error("file_store: read '" + path_ + "': " + detail::errno_text(errno));
-      got += static_cast<std::size_t>(n);
-    }
-    std::size_t pos = 0;
-    auto u32 = [&](std::uint32_t& v) {
-      if (buf.size() - pos < 4) return false;
-      v = 0;
-      for (std::size_t i = 0; i < 4; ++i) v |= std::uint32_t(std::to_integer<std::uint8_t>(buf[pos + i])) << (8 * i);
-      pos += 4;
-      return true;
-    };
-    for (;;) {
-      const std::size_t start = pos;
-      std::uint32_t klen = 0, vlen = 0;
-      if (!u32(klen) || buf.size() - pos < klen) {
-        pos = start;
-        break;
-      }
-      std::string key(reinterpret_cast<const char*>(buf.data() + pos), klen);
-      pos += klen;
-      if (!u32(vlen) || (vlen != tombstone && buf.size() - pos < vlen)) {
-        pos = start;
-        break;
-      }
-      if (vlen == tombstone) {
-        cache_.erase(key);
-      } else {
-        cache_[std::move(key)].assign(buf.begin() + static_cast<std::ptrdiff_t>(pos),
-                                      buf.begin() + static_cast<std::ptrdiff_t>(pos + vlen));
-        pos += vlen;
-      }
-    }
-    offset_ += pos;
-    if (writer && offset_ < size && ::ftruncate(fd_.get(), static_cast<off_t>(offset_)) != 0) {
-      throw communication_error("file_store: truncate '" + path_ + "': " + detail::errno_text(errno));
+  void reset() noexcept {
+    if (stream_) {
+      // Destruction must not throw; a stream of a torn-down context is gone anyway.
+      (void)cudaStreamDestroy(std::exchange(stream_, nullptr));
     }
   }
 
-  // Under the exclusive lock, after refresh: offset_ is the end of the file.
-  void append(const std::string& key, std::span<const std::byte> value, bool erase) {
-    if (key.size() >= tombstone || value.size() >= tombstone) {
-      throw invalid_argument_error("file_store: key or value of key '" + key + "' is too large (limit 4 GiB)");
-    }
-    std::vector<std::byte> rec;
-    rec.reserve(8 + key.size() + value.size());
-    auto put = [&](std::uint32_t v) {
-      for (int i = 0; i < 4; ++i) rec.push_back(std::byte(static_cast<std::uint8_t>(v >> (8 * i))));
-    };
-    put(static_cast<std::uint32_t>(key.size()));
-    const auto* k = reinterpret_cast<const std::byte*>(key.data());
-    rec.insert(rec.end(), k, k + key.size());
-    put(erase ? tombstone : static_cast<std::uint32_t>(value.size()));
-    rec.insert(rec.end(), value.begin(), value.end());
-    std::size_t done = 0;
-    while (done < rec.size()) {
-      const ssize_t n = ::pwrite(fd_.get(), rec.data() + done, rec.size() - done, static_cast<off_t>(offset_ + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) throw communication_error("file_store: write '" + path_ + "': " + detail::errno_text(errno));
-      done += static_cast<std::size_t>(n);
-    }
-    // Not added to the cache here: the next refresh reads it back like any other writer's.
-  }
-
-  [[nodiscard]] bool all_present(const std::vector<std::string>& keys) const {
-    return std::ranges::all_of(keys, [&](const std::string& k) { return cache_.contains(k); });
-  }
-
-  // Re-reads the file (shared lock) until ready() or the timeout.
-  template <class Ready, class Message>
-  void poll_until(std::chrono::milliseconds timeout, Ready ready, Message message) {
-    if (timeout.count() < 0) throw invalid_argument_error("file_store: negative timeout");
-    const auto deadline = detail::deadline_clock::now() + timeout;
-    auto pause = std::chrono::microseconds(500);
-    for (;;) {
-      {
-        std::lock_guard g(mutex_);
-        {
-          file_lock lock(*this, F_RDLCK, "read");
-        }
-        if (ready()) return;
-        if (detail::deadline_clock::now() >= deadline) throw timeout_error(who_ + message());
-      }
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(20'000));
-    }
-  }
-
-  std::string path_;
-  std::chrono::milliseconds timeout_;
-  std::string who_;
-  detail::unique_fd fd_;
-  std::mutex mutex_;  // one thread at a time uses the descriptor and the cache
-  std::map<std::string, std::vector<std::byte>> cache_;
-  std::uint64_t offset_ = 0;  // how much of the file the cache reflects
+  cudaStream_t stream_ = nullptr;
+  int device_ = -1;
 };
 
 }  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_COMM_FILE_STORE_HPP
+#endif  // PARTRAIN_SI_CUDA_STREAM_HPP
+#endif
+
+// comm/
 #if defined(PARTRAIN_WITH_GLOO)
 // #include <partrain/comm/gloo.hpp>
 #ifndef PARTRAIN_SI_COMM_GLOO_HPP
@@ -1868,6 +2351,50 @@ class file_store final : public store {
 
 #include <gloo/rendezvous/store.h>
 
+// #include <partrain/comm/store.hpp>
+#ifndef PARTRAIN_SI_COMM_STORE_HPP
+#define PARTRAIN_SI_COMM_STORE_HPP
+// partrain/comm/store.hpp: the rendezvous key-value store (torch's c10d Store). Ranks exchange
+// bootstrap data through it: Gloo's addresses, the NCCL unique id. Every call has a deadline.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace partrain::inline v0 {
+
+class store {
+ public:
+  store() = default;
+  store(const store&) = delete;
+  store& operator=(const store&) = delete;
+  virtual ~store() = default;
+
+  virtual void set(const std::string& key, std::span<const std::byte> value) = 0;
+  // Blocks until key exists (or the timeout passes: timeout_error naming the key).
+  [[nodiscard]] virtual std::vector<std::byte> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // Atomically adds delta to the integer at key (0 if absent) and returns the new value.
+  virtual std::int64_t add(const std::string& key, std::int64_t delta) = 0;
+  // Blocks until every key exists; timeout_error names the keys still missing.
+  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+  [[nodiscard]] virtual bool check(const std::vector<std::string>& keys) = 0;
+
+  // Conveniences over the byte interface.
+  void set(const std::string& key, const std::string& value) {
+    set(key, std::span(reinterpret_cast<const std::byte*>(value.data()), value.size()));
+  }
+  [[nodiscard]] std::string get_string(const std::string& key, std::chrono::milliseconds timeout) {
+    auto v = get(key, timeout);
+    return {reinterpret_cast<const char*>(v.data()), v.size()};
+  }
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_COMM_STORE_HPP
+
 namespace partrain::inline v0::detail {
 
 class gloo_store_adapter final : public gloo::rendezvous::Store {
@@ -1975,29 +2502,14 @@ inline void divide_typed(T* data, std::size_t n, int divisor) noexcept {
   }
 }
 
-// Calls f with a null pointer of the C++ type for t.
-template <class F>
-inline decltype(auto) visit_dtype(dtype t, F&& f) {
-  switch (t) {
-    case dtype::float32: return f(static_cast<float*>(nullptr));
-    case dtype::float64: return f(static_cast<double*>(nullptr));
-    case dtype::int32: return f(static_cast<std::int32_t*>(nullptr));
-    case dtype::int64: return f(static_cast<std::int64_t*>(nullptr));
-    case dtype::uint8: return f(static_cast<std::uint8_t*>(nullptr));
-    case dtype::float16: return f(static_cast<half*>(nullptr));
-    case dtype::bfloat16: return f(static_cast<bfloat16*>(nullptr));
-  }
-  throw invalid_argument_error("unknown dtype code " + std::to_string(static_cast<int>(t)));
-}
-
 // dst[i] = dst[i] op src[i]
 inline void host_reduce(void* dst, const void* src, std::size_t n, dtype t, reduce_op op) {
-  visit_dtype(t, [&]<class T>(T*) { reduce_typed(static_cast<T*>(dst), static_cast<const T*>(src), n, op); });
+  visit_dtype(t, [&]<class T>(std::type_identity<T>) { reduce_typed(static_cast<T*>(dst), static_cast<const T*>(src), n, op); });
 }
 
 // Finishes an avg: data[i] /= divisor (after a sum).
 inline void host_divide(void* data, std::size_t n, dtype t, int divisor) {
-  visit_dtype(t, [&]<class T>(T*) { divide_typed(static_cast<T*>(data), n, divisor); });
+  visit_dtype(t, [&]<class T>(std::type_identity<T>) { divide_typed(static_cast<T*>(data), n, divisor); });
 }
 
 }  // namespace partrain::inline v0::detail
@@ -2093,7 +2605,7 @@ using gloo_reduce_fn = gloo::AllreduceOptions::Func;
       }
     };
   }
-  return visit_dtype(t, [op]<class T>(T*) -> gloo_reduce_fn {
+  return visit_dtype(t, [op]<class T>(std::type_identity<T>) -> gloo_reduce_fn {
     if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
       throw invalid_argument_error("internal: 16-bit types take the host_reduce path");
     } else {
@@ -2110,245 +2622,6 @@ using gloo_reduce_fn = gloo::AllreduceOptions::Func;
 
 }  // namespace partrain::inline v0::detail
 #endif  // PARTRAIN_SI_COMM_DETAIL_GLOO_CONTEXT_HPP
-// #include <partrain/comm/detail/op_worker.hpp>
-#ifndef PARTRAIN_SI_COMM_DETAIL_OP_WORKER_HPP
-#define PARTRAIN_SI_COMM_DETAIL_OP_WORKER_HPP
-// partrain/comm/detail/op_worker.hpp: one background thread per process group that runs its
-// operations in issue order (collectives must be issued in the same order on every rank).
-// This is what makes collectives asynchronous: the caller gets a work and goes on computing.
-
-#include <condition_variable>
-#include <deque>
-#include <functional>
-#include <memory>
-#include <mutex>
-#include <stop_token>
-#include <thread>
-#include <utility>
-
-// #include <partrain/comm/work.hpp>
-#ifndef PARTRAIN_SI_COMM_WORK_HPP
-#define PARTRAIN_SI_COMM_WORK_HPP
-// partrain/comm/work.hpp: the handle a collective returns. It can be waited on, polled,
-// chained with then(), or co_awaited, so communication can overlap compute.
-
-#include <chrono>
-#include <condition_variable>
-#include <coroutine>
-#include <exception>
-#include <functional>
-#include <memory>
-#include <mutex>
-#include <utility>
-#include <vector>
-
-namespace partrain::inline v0 {
-
-namespace detail {
-
-// Shared between the issuing thread and the thread that runs the operation.
-class work_state {
- public:
-  // Runs the then() callbacks, then marks the operation finished (with an error, if any), wakes
-  // waiters and resumes an awaiting coroutine (on this, the completing thread). Callbacks run
-  // first so that whatever they do (a comm hook's copy back, a trace span's end) happens before
-  // wait() returns anywhere.
-  // The error is recorded first: a callback may read it (then_work passes it on).
-  void complete(std::exception_ptr err = nullptr) noexcept {
-    std::coroutine_handle<> cont;
-    {
-      std::lock_guard lock(mutex_);
-      error_ = std::move(err);
-    }
-    for (;;) {
-      std::vector<std::function<void()>> callbacks;
-      {
-        std::lock_guard lock(mutex_);
-        if (callbacks_.empty()) {
-          done_ = true;
-          cont = std::exchange(continuation_, {});
-          break;
-        }
-        callbacks.swap(callbacks_);
-      }
-      for (auto& cb : callbacks) cb();  // one registered meanwhile is taken on the next turn
-    }
-    cv_.notify_all();
-    if (cont) cont.resume();
-  }
-  [[nodiscard]] bool done() const {
-    std::lock_guard lock(mutex_);
-    return done_;
-  }
-  void wait() const {
-    std::unique_lock lock(mutex_);
-    cv_.wait(lock, [&] { return done_; });
-    if (error_) std::rethrow_exception(error_);
-  }
-  [[nodiscard]] bool wait_for(std::chrono::nanoseconds d) const {
-    std::unique_lock lock(mutex_);
-    if (!cv_.wait_for(lock, d, [&] { return done_; })) return false;
-    if (error_) std::rethrow_exception(error_);
-    return true;
-  }
-  [[nodiscard]] bool set_continuation(std::coroutine_handle<> h) {
-    std::lock_guard lock(mutex_);
-    if (done_) return false;
-    continuation_ = h;
-    return true;
-  }
-  void on_complete(std::function<void()> f) {
-    {
-      std::lock_guard lock(mutex_);
-      if (!done_) {
-        callbacks_.push_back(std::move(f));
-        return;
-      }
-    }
-    f();
-  }
-  [[nodiscard]] std::exception_ptr error() const {
-    std::lock_guard lock(mutex_);
-    return error_;
-  }
-
- private:
-  mutable std::mutex mutex_;
-  mutable std::condition_variable cv_;
-  bool done_ = false;
-  std::exception_ptr error_;
-  std::coroutine_handle<> continuation_;
-  std::vector<std::function<void()>> callbacks_;
-};
-
-}  // namespace detail
-
-// Not [[nodiscard]] on the class: the functions returning a work are, and nvcc would also flag
-// every assignment (operator= returns work&).
-class work {
- public:
-  work() : state_(std::make_shared<detail::work_state>()) {}
-  explicit work(std::shared_ptr<detail::work_state> s) noexcept : state_(std::move(s)) {}
-
-  // A work that is already finished (a no-op collective, or one the backend ran inline).
-  [[nodiscard]] static work completed(std::exception_ptr err = nullptr) {
-    work w;
-    w.state_->complete(std::move(err));
-    return w;
-  }
-
-  [[nodiscard]] bool is_completed() const { return state_->done(); }
-  // Blocks until the operation finishes; rethrows its error. Backends bound every operation
-  // with their timeout, so this never waits forever.
-  void wait() const { state_->wait(); }
-  // False when d passed first; rethrows the operation's error if it finished with one.
-  [[nodiscard]] bool wait_for(std::chrono::nanoseconds d) const { return state_->wait_for(d); }
-  // Runs f (on the completing thread, or now if already done) once the operation finished.
-  void then(std::function<void()> f) const { state_->on_complete(std::move(f)); }
-  [[nodiscard]] std::exception_ptr error() const { return state_->error(); }
-  [[nodiscard]] const std::shared_ptr<detail::work_state>& state() const noexcept { return state_; }
-
-  // Awaitable: a coroutine suspends until completion and resumes on the completing thread.
-  [[nodiscard]] bool await_ready() const noexcept { return state_->done(); }
-  [[nodiscard]] bool await_suspend(std::coroutine_handle<> h) { return state_->set_continuation(h); }
-  void await_resume() const {
-    if (auto e = state_->error()) std::rethrow_exception(e);
-  }
-
- private:
-  std::shared_ptr<detail::work_state> state_;
-};
-
-// Anything a collective may return: waitable and co_awaitable.
-template <class W>
-concept awaitable_work = requires(W& w, std::coroutine_handle<> h) {
-  w.wait();
-  { w.is_completed() } -> std::convertible_to<bool>;
-  { w.await_ready() } -> std::convertible_to<bool>;
-  w.await_suspend(h);
-  w.await_resume();
-};
-
-// Waits for every work in the range (or list), rethrowing the first error after all finished.
-template <class R>
-void wait_all(R&& works) {
-  std::exception_ptr first;
-  for (auto& w : works) {
-    try {
-      w.wait();
-    } catch (...) {
-      if (!first) first = std::current_exception();
-    }
-  }
-  if (first) std::rethrow_exception(first);
-}
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_COMM_WORK_HPP
-
-namespace partrain::inline v0::detail {
-
-class op_worker {
- public:
-  op_worker() : thread_([this](std::stop_token st) { run(st); }) {}
-  op_worker(const op_worker&) = delete;
-  op_worker& operator=(const op_worker&) = delete;
-  ~op_worker() {
-    {
-      // Under the mutex: otherwise the stop can land between the worker's predicate check and
-      // its wait, the notify is lost and join() blocks forever.
-      std::lock_guard lock(mutex_);
-      thread_.request_stop();
-    }
-    cv_.notify_all();
-    thread_.join();
-    // Operations never started are failed, so nobody waits on them forever.
-    for (auto& [state, fn] : queue_) {
-      state->complete(std::make_exception_ptr(communication_error("process group destroyed before the operation ran")));
-    }
-  }
-
-  // Queues fn; the returned work completes when fn returns (or with what fn threw).
-  [[nodiscard]] work submit(std::function<void()> fn) {
-    auto state = std::make_shared<work_state>();
-    {
-      std::lock_guard lock(mutex_);
-      queue_.emplace_back(state, std::move(fn));
-    }
-    cv_.notify_one();
-    return work(state);
-  }
-
- private:
-  void run(std::stop_token st) {
-    for (;;) {
-      std::pair<std::shared_ptr<work_state>, std::function<void()>> item;
-      {
-        std::unique_lock lock(mutex_);
-        cv_.wait(lock, [&] { return st.stop_requested() || !queue_.empty(); });
-        if (st.stop_requested()) return;
-        item = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      std::exception_ptr err;
-      try {
-        item.second();
-      } catch (...) {
-        err = std::current_exception();
-      }
-      item.second = nullptr;
-      item.first->complete(err);
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::pair<std::shared_ptr<work_state>, std::function<void()>>> queue_;
-  std::jthread thread_;
-};
-
-}  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_COMM_DETAIL_OP_WORKER_HPP
 // #include <partrain/comm/detail/sigpipe.hpp>
 #ifndef PARTRAIN_SI_COMM_DETAIL_SIGPIPE_HPP
 #define PARTRAIN_SI_COMM_DETAIL_SIGPIPE_HPP
@@ -2381,89 +2654,6 @@ inline bool survive_sigpipe() noexcept {
 
 }  // namespace partrain::inline v0::detail
 #endif  // PARTRAIN_SI_COMM_DETAIL_SIGPIPE_HPP
-// #include <partrain/comm/detail/wait_pool.hpp>
-#ifndef PARTRAIN_SI_COMM_DETAIL_WAIT_POOL_HPP
-#define PARTRAIN_SI_COMM_DETAIL_WAIT_POOL_HPP
-// partrain/comm/detail/wait_pool.hpp: threads that each block on one pending transfer. Unlike
-// op_worker (one thread, issue order), a wait here never queues behind another: a receive can
-// complete while an earlier send still waits for its peer. Threads are reused and the pool grows
-// to the number of transfers pending at once.
-
-#include <condition_variable>
-#include <cstddef>
-#include <deque>
-#include <exception>
-#include <functional>
-#include <memory>
-#include <mutex>
-#include <thread>
-#include <utility>
-#include <vector>
-
-namespace partrain::inline v0::detail {
-
-class wait_pool {
- public:
-  wait_pool() = default;
-  wait_pool(const wait_pool&) = delete;
-  wait_pool& operator=(const wait_pool&) = delete;
-  ~wait_pool() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    threads_.clear();  // joins; each running wait is bounded by its own timeout
-    for (auto& [state, fn] : queue_) {
-      state->complete(std::make_exception_ptr(communication_error("process group destroyed before the transfer was waited on")));
-    }
-  }
-
-  // Runs fn on a free thread (starting one if none is idle); the work completes when fn returns.
-  [[nodiscard]] work submit(std::function<void()> fn) {
-    auto state = std::make_shared<work_state>();
-    {
-      std::lock_guard lock(mutex_);
-      queue_.emplace_back(state, std::move(fn));
-      if (idle_ < queue_.size()) threads_.emplace_back([this] { run(); });
-    }
-    cv_.notify_one();
-    return work(state);
-  }
-
- private:
-  void run() {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      ++idle_;
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      --idle_;
-      if (stopping_) return;
-      auto item = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      std::exception_ptr err;
-      try {
-        item.second();
-      } catch (...) {
-        err = std::current_exception();
-      }
-      item.second = nullptr;
-      item.first->complete(err);
-      lock.lock();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::pair<std::shared_ptr<work_state>, std::function<void()>>> queue_;
-  std::size_t idle_ = 0;
-  bool stopping_ = false;
-  std::vector<std::jthread> threads_;  // last: joined first
-};
-
-}  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_COMM_DETAIL_WAIT_POOL_HPP
 // #include <partrain/comm/process_group.hpp>
 #ifndef PARTRAIN_SI_COMM_PROCESS_GROUP_HPP
 #define PARTRAIN_SI_COMM_PROCESS_GROUP_HPP
@@ -2548,6 +2738,12 @@ class process_group {
   [[nodiscard]] virtual std::string_view backend() const noexcept = 0;
   // Which memory the backend's collectives take (host for local and gloo, cuda for nccl).
   [[nodiscard]] virtual bool accepts(device_kind k) const noexcept { return k == device_kind::cpu; }
+  // Backends whose collectives run on a CUDA device (nccl): the device's index, and the stream
+  // (a cudaStream_t, type-erased so this header needs no CUDA) that device work feeding a
+  // collective must be queued on, since the collective starts after the work queued on it.
+  // -1 and nullptr (the default stream) for the host backends.
+  [[nodiscard]] virtual int cuda_device_index() const noexcept { return -1; }
+  [[nodiscard]] virtual void* input_stream() const noexcept { return nullptr; }
 
   template <element_type T, memory_space S>
   [[nodiscard]] work all_reduce(tensor_view<T, S> t, reduce_op op = reduce_op::sum) {
@@ -2765,7 +2961,7 @@ class gloo_group final : public process_group {
     if (t.count == 0) return work::completed();
     return run(collective::all_reduce, "", [this, t, op] {
       gloo::AllreduceOptions o(context_);
-      with_type(t.type, [&]<class T>(T*) { o.setOutput(static_cast<T*>(t.data), t.count); });
+      visit_dtype(t.type, [&]<class T>(std::type_identity<T>) { o.setOutput(static_cast<T*>(t.data), t.count); });
       o.setReduceFunction(detail::make_gloo_reduce_fn(t.type, op));
       o.setTag(kCollectiveTag);
       o.setTimeout(timeout());
@@ -2778,7 +2974,7 @@ class gloo_group final : public process_group {
     if (t.count == 0) return work::completed();
     return run(collective::broadcast, "root " + std::to_string(root), [this, t, root] {
       gloo::BroadcastOptions o(context_);
-      with_type(t.type, [&]<class T>(T*) { o.setOutput(static_cast<T*>(t.data), t.count); });
+      visit_dtype(t.type, [&]<class T>(std::type_identity<T>) { o.setOutput(static_cast<T*>(t.data), t.count); });
       o.setRoot(root);
       o.setTag(kCollectiveTag);
       o.setTimeout(timeout());
@@ -2793,7 +2989,7 @@ class gloo_group final : public process_group {
       // scratch copy so their buffers stay as they were (our contract, and torch's).
       std::byte* scratch = rank() == root ? nullptr : worker_scratch(t.bytes());
       gloo::ReduceOptions o(context_);
-      with_type(t.type, [&]<class T>(T*) {
+      visit_dtype(t.type, [&]<class T>(std::type_identity<T>) {
         if (rank() == root) {
           o.setOutput(static_cast<T*>(t.data), t.count);
         } else {
@@ -2814,7 +3010,7 @@ class gloo_group final : public process_group {
     if (in.count == 0) return work::completed();
     return run(collective::all_gather, "", [this, in, out] {
       gloo::AllgatherOptions o(context_);
-      with_type(in.type, [&]<class T>(T*) {
+      visit_dtype(in.type, [&]<class T>(std::type_identity<T>) {
         o.setInput(static_cast<T*>(in.data), in.count);
         o.setOutput(static_cast<T*>(out.data), out.count);
       });
@@ -2832,7 +3028,7 @@ class gloo_group final : public process_group {
       std::byte* scratch = worker_scratch(in.bytes());
       std::memcpy(scratch, in.data, in.bytes());
       gloo::AllreduceOptions o(context_);
-      with_type(in.type, [&]<class T>(T*) { o.setOutput(reinterpret_cast<T*>(scratch), in.count); });
+      visit_dtype(in.type, [&]<class T>(std::type_identity<T>) { o.setOutput(reinterpret_cast<T*>(scratch), in.count); });
       o.setReduceFunction(detail::make_gloo_reduce_fn(in.type, op));
       o.setTag(kCollectiveTag);
       o.setTimeout(timeout());
@@ -2868,11 +3064,6 @@ class gloo_group final : public process_group {
   std::byte* worker_scratch(std::size_t bytes) {
     if (scratch_.size() < bytes) scratch_.resize(bytes);
     return scratch_.data();
-  }
-
-  template <class F>
-  static void with_type(dtype t, F&& f) {
-    detail::visit_dtype(t, std::forward<F>(f));
   }
 
   // Runs body on the worker, in issue order, translating Gloo's failures.
@@ -2974,8 +3165,9 @@ class gloo_group final : public process_group {
   std::vector<std::byte> scratch_;
   std::shared_ptr<gloo::Context> context_;
   // Destroyed (joined) before context_; each blocking call inside is bounded by the timeout.
-  std::unique_ptr<detail::op_worker> worker_ = std::make_unique<detail::op_worker>();
-  std::unique_ptr<detail::wait_pool> p2p_ = std::make_unique<detail::wait_pool>();
+  std::unique_ptr<detail::executor> worker_ = std::make_unique<detail::executor>();
+  std::unique_ptr<detail::executor> p2p_ =
+      std::make_unique<detail::executor>(detail::executor::unbounded, "process group destroyed before the transfer was waited on");
 };
 
 static_assert(communicator<gloo_group>);
@@ -2983,3408 +3175,6 @@ static_assert(communicator<gloo_group>);
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_COMM_GLOO_HPP
 #endif
-// #include <partrain/comm/init.hpp>
-#ifndef PARTRAIN_SI_COMM_INIT_HPP
-#define PARTRAIN_SI_COMM_INIT_HPP
-// partrain/comm/init.hpp: init_process_group(url, options), as torch.distributed's.
-//   env://           MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (+ LOCAL_RANK, LOCAL_WORLD_SIZE),
-//                    as torchrun and partrun set them; else Slurm's (SLURM_PROCID, SLURM_NTASKS,
-//                    SLURM_LOCALID, ...), Open MPI's (OMPI_COMM_WORLD_*) or PMI's (PMI_RANK, PMI_SIZE)
-//   tcp://host:port  rank and world size from the options (or ?rank=R&world_size=N)
-//   file://path      a file_store at path; rank and world size as for tcp://
-// Rank 0 hosts the TCP store (bound to the master address) unless PARTRAIN_USE_AGENT_STORE=1
-// says a launcher hosts it; then every rank is a client and keys live under the attempt's
-// prefix (PARTRAIN_RESTART_COUNT), so a restarted group never reads the last attempt's keys.
-// The parsing is separate (parse_rendezvous, rendezvous_from_env) for launchers and examples.
-
-#include <charconv>
-#include <chrono>
-#include <cstdint>
-#include <cstdlib>
-#include <functional>
-#include <limits>
-#include <memory>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
-
-// #include <partrain/comm/prefix_store.hpp>
-#ifndef PARTRAIN_SI_COMM_PREFIX_STORE_HPP
-#define PARTRAIN_SI_COMM_PREFIX_STORE_HPP
-// partrain/comm/prefix_store.hpp: a view of another store whose keys all live under
-// "<prefix>/" (torch's PrefixStore). A restarted job uses a prefix per attempt, and
-// sub-groups one per group, so their keys never meet.
-
-#include <chrono>
-#include <cstdint>
-#include <memory>
-#include <span>
-#include <string>
-#include <utility>
-#include <vector>
-
-namespace partrain::inline v0 {
-
-class prefix_store final : public store {
- public:
-  prefix_store(std::string prefix, std::shared_ptr<store> base) : prefix_(std::move(prefix)), base_(std::move(base)) {
-    if (!base_) throw invalid_argument_error("prefix_store '" + prefix_ + "': the underlying store is null");
-  }
-
-  [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
-  [[nodiscard]] const std::shared_ptr<store>& underlying() const noexcept { return base_; }
-
-  using store::set;
-  void set(const std::string& key, std::span<const std::byte> value) override { base_->set(full(key), value); }
-  [[nodiscard]] std::vector<std::byte> get(const std::string& key, std::chrono::milliseconds timeout) override {
-    return base_->get(full(key), timeout);
-  }
-  std::int64_t add(const std::string& key, std::int64_t delta) override { return base_->add(full(key), delta); }
-  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
-    base_->wait(full(keys), timeout);
-  }
-  [[nodiscard]] bool check(const std::vector<std::string>& keys) override { return base_->check(full(keys)); }
-
- private:
-  [[nodiscard]] std::string full(const std::string& key) const { return prefix_ + "/" + key; }
-  [[nodiscard]] std::vector<std::string> full(const std::vector<std::string>& keys) const {
-    std::vector<std::string> out;
-    out.reserve(keys.size());
-    for (const auto& k : keys) out.push_back(full(k));
-    return out;
-  }
-
-  std::string prefix_;
-  std::shared_ptr<store> base_;
-};
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_COMM_PREFIX_STORE_HPP
-// #include <partrain/comm/process_group.hpp>
-#ifndef PARTRAIN_SI_COMM_PROCESS_GROUP_HPP
-#define PARTRAIN_SI_COMM_PROCESS_GROUP_HPP
-// partrain/comm/process_group.hpp: the polymorphic base of the backends (local, gloo, nccl).
-// The typed front checks arguments and, in checking mode, that every rank issues the same
-// collective with the same size and dtype; the backend implements the type-erased hooks.
-
-#include <array>
-#include <chrono>
-#include <cstdint>
-#include <cstdlib>
-#include <string>
-#include <string_view>
-#include <vector>
-
-// #include <partrain/comm/reduce_op.hpp>
-#ifndef PARTRAIN_SI_COMM_REDUCE_OP_HPP
-#define PARTRAIN_SI_COMM_REDUCE_OP_HPP
-// partrain/comm/reduce_op.hpp: reduction operators of the collectives (torch ReduceOp names).
-
-#include <string_view>
-
-namespace partrain::inline v0 {
-
-enum class reduce_op { sum, avg, min, max, prod };
-
-[[nodiscard]] constexpr std::string_view to_string(reduce_op op) noexcept {
-  switch (op) {
-    case reduce_op::sum: return "sum";
-    case reduce_op::avg: return "avg";
-    case reduce_op::min: return "min";
-    case reduce_op::max: return "max";
-    case reduce_op::prod: return "prod";
-  }
-  return "unknown";
-}
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_COMM_REDUCE_OP_HPP
-// #include <partrain/comm/work.hpp>
-#ifndef PARTRAIN_SI_COMM_WORK_HPP
-#define PARTRAIN_SI_COMM_WORK_HPP
-// partrain/comm/work.hpp: the handle a collective returns. It can be waited on, polled,
-// chained with then(), or co_awaited, so communication can overlap compute.
-
-#include <chrono>
-#include <condition_variable>
-#include <coroutine>
-#include <exception>
-#include <functional>
-#include <memory>
-#include <mutex>
-#include <utility>
-#include <vector>
-
-namespace partrain::inline v0 {
-
-namespace detail {
-
-// Shared between the issuing thread and the thread that runs the operation.
-class work_state {
- public:
-  // Runs the then() callbacks, then marks the operation finished (with an error, if any), wakes
-  // waiters and resumes an awaiting coroutine (on this, the completing thread). Callbacks run
-  // first so that whatever they do (a comm hook's copy back, a trace span's end) happens before
-  // wait() returns anywhere.
-  // The error is recorded first: a callback may read it (then_work passes it on).
-  void complete(std::exception_ptr err = nullptr) noexcept {
-    std::coroutine_handle<> cont;
-    {
-      std::lock_guard lock(mutex_);
-      error_ = std::move(err);
-    }
-    for (;;) {
-      std::vector<std::function<void()>> callbacks;
-      {
-        std::lock_guard lock(mutex_);
-        if (callbacks_.empty()) {
-          done_ = true;
-          cont = std::exchange(continuation_, {});
-          break;
-        }
-        callbacks.swap(callbacks_);
-      }
-      for (auto& cb : callbacks) cb();  // one registered meanwhile is taken on the next turn
-    }
-    cv_.notify_all();
-    if (cont) cont.resume();
-  }
-  [[nodiscard]] bool done() const {
-    std::lock_guard lock(mutex_);
-    return done_;
-  }
-  void wait() const {
-    std::unique_lock lock(mutex_);
-    cv_.wait(lock, [&] { return done_; });
-    if (error_) std::rethrow_exception(error_);
-  }
-  [[nodiscard]] bool wait_for(std::chrono::nanoseconds d) const {
-    std::unique_lock lock(mutex_);
-    if (!cv_.wait_for(lock, d, [&] { return done_; })) return false;
-    if (error_) std::rethrow_exception(error_);
-    return true;
-  }
-  [[nodiscard]] bool set_continuation(std::coroutine_handle<> h) {
-    std::lock_guard lock(mutex_);
-    if (done_) return false;
-    continuation_ = h;
-    return true;
-  }
-  void on_complete(std::function<void()> f) {
-    {
-      std::lock_guard lock(mutex_);
-      if (!done_) {
-        callbacks_.push_back(std::move(f));
-        return;
-      }
-    }
-    f();
-  }
-  [[nodiscard]] std::exception_ptr error() const {
-    std::lock_guard lock(mutex_);
-    return error_;
-  }
-
- private:
-  mutable std::mutex mutex_;
-  mutable std::condition_variable cv_;
-  bool done_ = false;
-  std::exception_ptr error_;
-  std::coroutine_handle<> continuation_;
-  std::vector<std::function<void()>> callbacks_;
-};
-
-}  // namespace detail
-
-// Not [[nodiscard]] on the class: the functions returning a work are, and nvcc would also flag
-// every assignment (operator= returns work&).
-class work {
- public:
-  work() : state_(std::make_shared<detail::work_state>()) {}
-  explicit work(std::shared_ptr<detail::work_state> s) noexcept : state_(std::move(s)) {}
-
-  // A work that is already finished (a no-op collective, or one the backend ran inline).
-  [[nodiscard]] static work completed(std::exception_ptr err = nullptr) {
-    work w;
-    w.state_->complete(std::move(err));
-    return w;
-  }
-
-  [[nodiscard]] bool is_completed() const { return state_->done(); }
-  // Blocks until the operation finishes; rethrows its error. Backends bound every operation
-  // with their timeout, so this never waits forever.
-  void wait() const { state_->wait(); }
-  // False when d passed first; rethrows the operation's error if it finished with one.
-  [[nodiscard]] bool wait_for(std::chrono::nanoseconds d) const { return state_->wait_for(d); }
-  // Runs f (on the completing thread, or now if already done) once the operation finished.
-  void then(std::function<void()> f) const { state_->on_complete(std::move(f)); }
-  [[nodiscard]] std::exception_ptr error() const { return state_->error(); }
-  [[nodiscard]] const std::shared_ptr<detail::work_state>& state() const noexcept { return state_; }
-
-  // Awaitable: a coroutine suspends until completion and resumes on the completing thread.
-  [[nodiscard]] bool await_ready() const noexcept { return state_->done(); }
-  [[nodiscard]] bool await_suspend(std::coroutine_handle<> h) { return state_->set_continuation(h); }
-  void await_resume() const {
-    if (auto e = state_->error()) std::rethrow_exception(e);
-  }
-
- private:
-  std::shared_ptr<detail::work_state> state_;
-};
-
-// Anything a collective may return: waitable and co_awaitable.
-template <class W>
-concept awaitable_work = requires(W& w, std::coroutine_handle<> h) {
-  w.wait();
-  { w.is_completed() } -> std::convertible_to<bool>;
-  { w.await_ready() } -> std::convertible_to<bool>;
-  w.await_suspend(h);
-  w.await_resume();
-};
-
-// Waits for every work in the range (or list), rethrowing the first error after all finished.
-template <class R>
-void wait_all(R&& works) {
-  std::exception_ptr first;
-  for (auto& w : works) {
-    try {
-      w.wait();
-    } catch (...) {
-      if (!first) first = std::current_exception();
-    }
-  }
-  if (first) std::rethrow_exception(first);
-}
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_COMM_WORK_HPP
-
-namespace partrain::inline v0 {
-
-inline constexpr std::chrono::milliseconds default_timeout{300'000};
-
-struct process_group_options {
-  // Bound on every blocking operation; a missing or stalled peer fails within it.
-  std::chrono::milliseconds timeout = default_timeout;
-  // Verify op, dtype, size and root across ranks before each collective (like
-  // TORCH_DISTRIBUTED_DEBUG=DETAIL). Also switched on by PARTRAIN_DEBUG=detail.
-  bool check_collectives = false;
-};
-
-[[nodiscard]] inline bool debug_detail_from_env() {
-  const char* v = std::getenv("PARTRAIN_DEBUG");
-  return v && std::string_view(v) == "detail";
-}
-
-enum class collective { all_reduce, broadcast, reduce, all_gather, reduce_scatter, barrier, send, recv };
-
-[[nodiscard]] constexpr std::string_view to_string(collective c) noexcept {
-  switch (c) {
-    case collective::all_reduce: return "all_reduce";
-    case collective::broadcast: return "broadcast";
-    case collective::reduce: return "reduce";
-    case collective::all_gather: return "all_gather";
-    case collective::reduce_scatter: return "reduce_scatter";
-    case collective::barrier: return "barrier";
-    case collective::send: return "send";
-    case collective::recv: return "recv";
-  }
-  return "unknown";
-}
-
-// A type-erased contiguous buffer: what backends see.
-struct raw_tensor {
-  void* data = nullptr;
-  std::size_t count = 0;
-  partrain::dtype type = dtype::float32;
-  bool on_cuda = false;
-
-  [[nodiscard]] std::size_t bytes() const noexcept { return count * size_of(type); }
-};
-
-template <class T, memory_space S>
-[[nodiscard]] raw_tensor erase(tensor_view<T, S> t) noexcept {
-  return {const_cast<std::remove_const_t<T>*>(t.data()), t.size(), dtype_of<T>, std::same_as<S, cuda>};
-}
-
-class process_group {
- public:
-  process_group(int rank, int size, process_group_options opts) : rank_(rank), size_(size), opts_(opts) {
-    if (size <= 0) throw config_error("world size must be at least 1, got " + std::to_string(size));
-    if (rank < 0 || rank >= size) {
-      throw config_error("rank " + std::to_string(rank) + " is out of range for world size " + std::to_string(size) +
-                         " (expected 0 <= rank < world size)");
-    }
-    if (debug_detail_from_env()) opts_.check_collectives = true;
-  }
-  process_group(const process_group&) = delete;
-  process_group& operator=(const process_group&) = delete;
-  virtual ~process_group() = default;
-
-  [[nodiscard]] int rank() const noexcept { return rank_; }
-  [[nodiscard]] int size() const noexcept { return size_; }
-  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return opts_.timeout; }
-  [[nodiscard]] const process_group_options& options() const noexcept { return opts_; }
-  [[nodiscard]] virtual std::string_view backend() const noexcept = 0;
-  // Which memory the backend's collectives take (host for local and gloo, cuda for nccl).
-  [[nodiscard]] virtual bool accepts(device_kind k) const noexcept { return k == device_kind::cpu; }
-
-  template <element_type T, memory_space S>
-  [[nodiscard]] work all_reduce(tensor_view<T, S> t, reduce_op op = reduce_op::sum) {
-    auto r = prepare(collective::all_reduce, t, -1, op);
-    return do_all_reduce(r, op);
-  }
-  template <element_type T, memory_space S>
-  [[nodiscard]] work broadcast(tensor_view<T, S> t, int root = 0) {
-    auto r = prepare(collective::broadcast, t, root, reduce_op::sum);
-    return do_broadcast(r, root);
-  }
-  // The result lands in root's buffer; other ranks' buffers are left as they were.
-  template <element_type T, memory_space S>
-  [[nodiscard]] work reduce(tensor_view<T, S> t, int root = 0, reduce_op op = reduce_op::sum) {
-    auto r = prepare(collective::reduce, t, root, op);
-    return do_reduce(r, root, op);
-  }
-  // out holds size() blocks of in.size() elements, rank q's input in block q.
-  template <element_type T, memory_space S>
-  [[nodiscard]] work all_gather(tensor_view<const T, S> in, tensor_view<T, S> out) {
-    check_blocks(collective::all_gather, in.size(), out.size(), "out", "in");
-    auto r = prepare(collective::all_gather, in, -1, reduce_op::sum);
-    return do_all_gather(r, erase(out));
-  }
-  // in holds size() blocks of out.size() elements; rank r gets the reduction of block r.
-  template <element_type T, memory_space S>
-  [[nodiscard]] work reduce_scatter(tensor_view<const T, S> in, tensor_view<T, S> out, reduce_op op = reduce_op::sum) {
-    check_blocks(collective::reduce_scatter, out.size(), in.size(), "in", "out");
-    auto r = prepare(collective::reduce_scatter, out, -1, op);
-    return do_reduce_scatter(erase(in), r, op);
-  }
-  [[nodiscard]] work barrier() {
-    if (opts_.check_collectives) check_across_ranks(collective::barrier, dtype::uint8, 0, -1, reduce_op::sum);
-    return do_barrier();
-  }
-  template <element_type T, memory_space S>
-  [[nodiscard]] work send(tensor_view<const T, S> t, int dst, int tag = 0) {
-    check_peer(collective::send, dst, "dst");
-    check_space(collective::send, std::same_as<S, cuda>);
-    return do_send(erase(t), dst, tag);
-  }
-  template <element_type T, memory_space S>
-  [[nodiscard]] work recv(tensor_view<T, S> t, int src, int tag = 0) {
-    check_peer(collective::recv, src, "src");
-    check_space(collective::recv, std::same_as<S, cuda>);
-    return do_recv(erase(t), src, tag);
-  }
-
-  // Forwarding overloads so a non-const view can be passed where a const one is expected.
-  template <element_type T, memory_space S>
-  [[nodiscard]] work all_gather(tensor_view<T, S> in, tensor_view<T, S> out)
-    requires(!std::is_const_v<T>)
-  {
-    return all_gather(tensor_view<const T, S>(in), out);
-  }
-  template <element_type T, memory_space S>
-  [[nodiscard]] work reduce_scatter(tensor_view<T, S> in, tensor_view<T, S> out, reduce_op op = reduce_op::sum)
-    requires(!std::is_const_v<T>)
-  {
-    return reduce_scatter(tensor_view<const T, S>(in), out, op);
-  }
-  template <element_type T, memory_space S>
-  [[nodiscard]] work send(tensor_view<T, S> t, int dst, int tag = 0)
-    requires(!std::is_const_v<T>)
-  {
-    return send(tensor_view<const T, S>(t), dst, tag);
-  }
-
-  [[nodiscard]] std::string where(collective c) const {
-    return "rank " + std::to_string(rank_) + " " + std::string(to_string(c)) + " (" + std::string(backend()) +
-           ", world size " + std::to_string(size_) + ")";
-  }
-
- protected:
-  virtual work do_all_reduce(raw_tensor t, reduce_op op) = 0;
-  virtual work do_broadcast(raw_tensor t, int root) = 0;
-  virtual work do_reduce(raw_tensor t, int root, reduce_op op) = 0;
-  virtual work do_all_gather(raw_tensor in, raw_tensor out) = 0;
-  virtual work do_reduce_scatter(raw_tensor in, raw_tensor out, reduce_op op) = 0;
-  virtual work do_barrier() = 0;
-  virtual work do_send(raw_tensor t, int dst, int tag) = 0;
-  virtual work do_recv(raw_tensor t, int src, int tag) = 0;
-
-  // Checking mode: exchange a fingerprint of the call and compare. The default all_gathers
-  // host int64s through the backend; a backend without host collectives overrides it.
-  virtual std::vector<std::int64_t> gather_fingerprints(std::span<const std::int64_t> mine) {
-    std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(size_));
-    raw_tensor in{const_cast<std::int64_t*>(mine.data()), mine.size(), dtype::int64, false};
-    raw_tensor out{all.data(), all.size(), dtype::int64, false};
-    do_all_gather(in, out).wait();
-    return all;
-  }
-
- private:
-  template <class T, memory_space S>
-  raw_tensor prepare(collective c, tensor_view<T, S> t, int root, reduce_op op) {
-    check_space(c, std::same_as<S, cuda>);
-    if (root != -1) check_peer(c, root, "root");
-    if (opts_.check_collectives) check_across_ranks(c, dtype_of<T>, t.size(), root, op);
-    return erase(t);
-  }
-  void check_space(collective c, bool on_cuda) const {
-    const auto k = on_cuda ? device_kind::cuda : device_kind::cpu;
-    if (!accepts(k)) {
-      throw invalid_argument_error(where(c) + ": the " + std::string(backend()) + " backend does not take " +
-                                   (on_cuda ? "CUDA" : "host") + " tensors");
-    }
-  }
-  void check_peer(collective c, int peer, const char* what) const {
-    if (peer < 0 || peer >= size_) {
-      throw invalid_argument_error(where(c) + ": " + what + " " + std::to_string(peer) +
-                                   " is out of range (expected 0 <= " + what + " < " + std::to_string(size_) + ")");
-    }
-  }
-  void check_blocks(collective c, std::size_t block, std::size_t total, const char* big, const char* small) const {
-    if (block * static_cast<std::size_t>(size_) != total) {
-      throw invalid_argument_error(where(c) + ": '" + big + "' has " + std::to_string(total) + " elements, expected " +
-                                   std::to_string(size_) + " x " + std::to_string(block) + " (world size x '" + small +
-                                   "')");
-    }
-  }
-  void check_across_ranks(collective c, dtype t, std::size_t count, int root, reduce_op op) {
-    const std::array<std::int64_t, 6> mine{static_cast<std::int64_t>(seq_++), static_cast<std::int64_t>(c),
-                                           static_cast<std::int64_t>(t), static_cast<std::int64_t>(count), root,
-                                           static_cast<std::int64_t>(op)};
-    const auto all = gather_fingerprints(mine);
-    for (int q = 0; q < size_; ++q) {
-      const auto* theirs = all.data() + static_cast<std::size_t>(q) * mine.size();
-      if (!std::equal(mine.begin(), mine.end(), theirs)) {
-        auto describe = [](const std::int64_t* f) {
-          return "#" + std::to_string(f[0]) + " " + std::string(to_string(static_cast<collective>(f[1]))) + "(" +
-                 std::string(to_string(static_cast<dtype>(f[2]))) + " x " + std::to_string(f[3]) +
-                 ", root " + std::to_string(f[4]) + ", op " + std::string(to_string(static_cast<reduce_op>(f[5]))) + ")";
-        };
-        throw communication_error("collective mismatch: rank " + std::to_string(rank_) + " called " +
-                                  describe(mine.data()) + " but rank " + std::to_string(q) + " called " +
-                                  describe(theirs));
-      }
-    }
-  }
-
-  int rank_;
-  int size_;
-  process_group_options opts_;
-  std::uint64_t seq_ = 0;
-};
-
-// What a communicator offers, whatever its engine: the process_group backends meet it, and so
-// can a user's own type (a mock in a test, a wrapper that records a trace).
-template <class C>
-concept communicator = requires(C& c, tensor_view<float> t, tensor_view<const float> ct) {
-  { c.rank() } -> std::convertible_to<int>;
-  { c.size() } -> std::convertible_to<int>;
-  { c.all_reduce(t, reduce_op::sum) } -> awaitable_work;
-  { c.broadcast(t, 0) } -> awaitable_work;
-  { c.reduce(t, 0, reduce_op::sum) } -> awaitable_work;
-  { c.all_gather(ct, t) } -> awaitable_work;
-  { c.reduce_scatter(ct, t, reduce_op::sum) } -> awaitable_work;
-  { c.barrier() } -> awaitable_work;
-  { c.send(ct, 0, 0) } -> awaitable_work;
-  { c.recv(t, 0, 0) } -> awaitable_work;
-};
-
-static_assert(communicator<process_group>);
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_COMM_PROCESS_GROUP_HPP
-// #include <partrain/comm/tcp_store.hpp>
-#ifndef PARTRAIN_SI_COMM_TCP_STORE_HPP
-#define PARTRAIN_SI_COMM_TCP_STORE_HPP
-// partrain/comm/tcp_store.hpp: the TCP rendezvous store (torch's TCPStore). One process hosts
-// the server (rank 0, or the launcher's agent) on a background thread; every rank, the host
-// included, talks to it as a client. Every call has a deadline, a server with a job token
-// refuses peers that do not present it, and a malformed or oversized message closes only
-// that connection.
-
-#include <poll.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <charconv>
-#include <chrono>
-#include <cstddef>
-#include <cstdint>
-#include <limits>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <optional>
-#include <span>
-#include <stop_token>
-#include <string>
-#include <thread>
-#include <unordered_map>
-#include <utility>
-#include <variant>
-#include <vector>
-
-// #include <partrain/comm/detail/store_protocol.hpp>
-#ifndef PARTRAIN_SI_COMM_DETAIL_STORE_PROTOCOL_HPP
-#define PARTRAIN_SI_COMM_DETAIL_STORE_PROTOCOL_HPP
-// partrain/comm/detail/store_protocol.hpp: the TCP store's wire format, as pure functions
-// (bytes in, parsed message or error out) so the server, the client and the libFuzzer target
-// all go through the same code and nothing here touches a socket.
-//
-// Frame:    u32 payload length (little endian), then the payload.
-// Payload:  u8 type, then the fields of that type:
-//   string = u32 length + bytes; bytes = u32 length + bytes; int = i64 little endian;
-//   list   = u32 count + count strings.
-// Requests:  auth(string token) set(string key, bytes value) get(string key, int timeout_ms)
-//            add(string key, int delta) wait(list keys, int timeout_ms) check(list keys)
-//            delete_key(string key) num_keys()
-// Responses: ok() value(bytes) integer(int) boolean(u8 0|1) timeout(list missing) error(string)
-// A payload must be consumed exactly: trailing bytes are an error, like any other malformation.
-
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <span>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <variant>
-#include <vector>
-
-namespace partrain::inline v0::detail {
-
-// Default bound on one message; a larger length prefix closes the connection unread.
-inline constexpr std::size_t default_max_store_message = std::size_t{64} << 20;
-// Before a connection has authenticated, only this much is accepted (an auth frame is tiny),
-// so an unauthenticated peer cannot make the server allocate a large buffer.
-inline constexpr std::size_t max_unauthenticated_message = 4096;
-inline constexpr std::size_t frame_header_bytes = 4;
-
-enum class request_type : std::uint8_t {
-  auth = 1,
-  set = 2,
-  get = 3,
-  add = 4,
-  wait = 5,
-  check = 6,
-  delete_key = 7,
-  num_keys = 8,
-};
-
-enum class response_type : std::uint8_t {
-  ok = 0x80,
-  value = 0x81,
-  integer = 0x82,
-  boolean = 0x83,
-  timeout = 0x84,
-  error = 0x85,
-};
-
-[[nodiscard]] constexpr std::string_view to_string(request_type t) noexcept {
-  switch (t) {
-    case request_type::auth: return "auth";
-    case request_type::set: return "set";
-    case request_type::get: return "get";
-    case request_type::add: return "add";
-    case request_type::wait: return "wait";
-    case request_type::check: return "check";
-    case request_type::delete_key: return "delete_key";
-    case request_type::num_keys: return "num_keys";
-  }
-  return "unknown";
-}
-
-struct store_request {
-  request_type type = request_type::num_keys;
-  std::string key{};              // auth: the token
-  std::vector<std::byte> value{}; // set
-  std::vector<std::string> keys{};  // wait, check
-  std::int64_t number = 0;        // add: delta; get, wait: timeout in ms
-  friend bool operator==(const store_request&, const store_request&) = default;
-};
-
-struct store_response {
-  response_type type = response_type::ok;
-  std::vector<std::byte> value{};   // value
-  std::int64_t number = 0;        // integer, boolean
-  std::vector<std::string> keys{};  // timeout: the keys still missing
-  std::string message{};           // error
-  friend bool operator==(const store_response&, const store_response&) = default;
-};
-
-struct protocol_error {
-  std::string what;
-};
-
-template <class T>
-using parse_result = std::variant<T, protocol_error>;
-
-// ---- framing ----
-
-enum class frame_status { incomplete, ready, oversized };
-
-struct frame_view {
-  frame_status status = frame_status::incomplete;
-  std::size_t payload_bytes = 0;  // ready/oversized: the announced payload length
-};
-
-// Looks at the front of buf: is a whole frame there, and may it be read at all?
-[[nodiscard]] inline frame_view peek_frame(std::span<const std::byte> buf, std::size_t max_payload) noexcept {
-  if (buf.size() < frame_header_bytes) return {};
-  std::uint32_t len = 0;
-  for (std::size_t i = 0; i < 4; ++i) len |= std::uint32_t(std::to_integer<std::uint8_t>(buf[i])) << (8 * i);
-  if (len > max_payload) return {frame_status::oversized, len};
-  if (buf.size() - frame_header_bytes < len) return {frame_status::incomplete, len};
-  return {frame_status::ready, len};
-}
-
-// ---- encoding ----
-
-class byte_writer {
- public:
-  byte_writer() { out_.resize(frame_header_bytes); }  // room for the length prefix
-  void u8(std::uint8_t v) { out_.push_back(std::byte{v}); }
-  void u32(std::uint32_t v) {
-    for (int i = 0; i < 4; ++i) out_.push_back(std::byte(static_cast<std::uint8_t>(v >> (8 * i))));
-  }
-  void i64(std::int64_t v) {
-    const auto u = static_cast<std::uint64_t>(v);
-    for (int i = 0; i < 8; ++i) out_.push_back(std::byte(static_cast<std::uint8_t>(u >> (8 * i))));
-  }
-  void bytes(std::span<const std::byte> b) {
-    u32(static_cast<std::uint32_t>(b.size()));
-    out_.insert(out_.end(), b.begin(), b.end());
-  }
-  void str(std::string_view s) { bytes(std::as_bytes(std::span(s.data(), s.size()))); }
-  void list(const std::vector<std::string>& l) {
-    u32(static_cast<std::uint32_t>(l.size()));
-    for (const auto& s : l) str(s);
-  }
-  // The finished frame, length prefix filled in.
-  [[nodiscard]] std::vector<std::byte> finish() && {
-    const auto len = static_cast<std::uint32_t>(out_.size() - frame_header_bytes);
-    for (std::size_t i = 0; i < 4; ++i) out_[i] = std::byte(static_cast<std::uint8_t>(len >> (8 * i)));
-    return std::move(out_);
-  }
-
- private:
-  std::vector<std::byte> out_;
-};
-
-// A whole frame (length prefix included) for a request.
-[[nodiscard]] inline std::vector<std::byte> encode(const store_request& r) {
-  byte_writer w;
-  w.u8(static_cast<std::uint8_t>(r.type));
-  switch (r.type) {
-    case request_type::auth: w.str(r.key); break;
-    case request_type::set: w.str(r.key); w.bytes(r.value); break;
-    case request_type::get: w.str(r.key); w.i64(r.number); break;
-    case request_type::add: w.str(r.key); w.i64(r.number); break;
-    case request_type::wait: w.list(r.keys); w.i64(r.number); break;
-    case request_type::check: w.list(r.keys); break;
-    case request_type::delete_key: w.str(r.key); break;
-    case request_type::num_keys: break;
-  }
-  return std::move(w).finish();
-}
-
-[[nodiscard]] inline std::vector<std::byte> encode(const store_response& r) {
-  byte_writer w;
-  w.u8(static_cast<std::uint8_t>(r.type));
-  switch (r.type) {
-    case response_type::ok: break;
-    case response_type::value: w.bytes(r.value); break;
-    case response_type::integer: w.i64(r.number); break;
-    case response_type::boolean: w.u8(r.number != 0 ? 1 : 0); break;
-    case response_type::timeout: w.list(r.keys); break;
-    case response_type::error: w.str(r.message); break;
-  }
-  return std::move(w).finish();
-}
-
-// ---- decoding ----
-
-// Bounds-checked reads from a payload; every getter returns false instead of reading past the end.
-class byte_reader {
- public:
-  explicit byte_reader(std::span<const std::byte> in) noexcept : in_(in) {}
-  [[nodiscard]] bool u8(std::uint8_t& v) noexcept {
-    if (in_.empty()) return false;
-    v = std::to_integer<std::uint8_t>(in_[0]);
-    in_ = in_.subspan(1);
-    return true;
-  }
-  [[nodiscard]] bool u32(std::uint32_t& v) noexcept {
-    if (in_.size() < 4) return false;
-    v = 0;
-    for (std::size_t i = 0; i < 4; ++i) v |= std::uint32_t(std::to_integer<std::uint8_t>(in_[i])) << (8 * i);
-    in_ = in_.subspan(4);
-    return true;
-  }
-  [[nodiscard]] bool i64(std::int64_t& v) noexcept {
-    if (in_.size() < 8) return false;
-    std::uint64_t u = 0;
-    for (std::size_t i = 0; i < 8; ++i) u |= std::uint64_t(std::to_integer<std::uint8_t>(in_[i])) << (8 * i);
-    v = static_cast<std::int64_t>(u);
-    in_ = in_.subspan(8);
-    return true;
-  }
-  [[nodiscard]] bool bytes(std::vector<std::byte>& v) {
-    std::uint32_t n = 0;
-    if (!u32(n) || in_.size() < n) return false;
-    v.assign(in_.begin(), in_.begin() + n);
-    in_ = in_.subspan(n);
-    return true;
-  }
-  [[nodiscard]] bool str(std::string& s) {
-    std::uint32_t n = 0;
-    if (!u32(n) || in_.size() < n) return false;
-    s.assign(reinterpret_cast<const char*>(in_.data()), n);
-    in_ = in_.subspan(n);
-    return true;
-  }
-  [[nodiscard]] bool list(std::vector<std::string>& l) {
-    std::uint32_t n = 0;
-    // Each string needs at least its 4-byte length: a count the payload cannot hold is
-    // rejected before anything is reserved.
-    if (!u32(n) || n > in_.size() / 4) return false;
-    l.clear();
-    l.reserve(n);
-    for (std::uint32_t i = 0; i < n; ++i) {
-      if (!str(l.emplace_back())) return false;
-    }
-    return true;
-  }
-  [[nodiscard]] bool done() const noexcept { return in_.empty(); }
-  [[nodiscard]] std::size_t left() const noexcept { return in_.size(); }
-
- private:
-  std::span<const std::byte> in_;
-};
-
-// Parses one request payload (the bytes after the length prefix).
-[[nodiscard]] inline parse_result<store_request> parse_request(std::span<const std::byte> payload) {
-  byte_reader rd(payload);
-  std::uint8_t type = 0;
-  if (!rd.u8(type)) return protocol_error{"empty message"};
-  store_request r;
-  r.type = static_cast<request_type>(type);
-  bool ok = false;
-  switch (r.type) {
-    case request_type::auth: ok = rd.str(r.key); break;
-    case request_type::set: ok = rd.str(r.key) && rd.bytes(r.value); break;
-    case request_type::get: ok = rd.str(r.key) && rd.i64(r.number) && r.number >= 0; break;
-    case request_type::add: ok = rd.str(r.key) && rd.i64(r.number); break;
-    case request_type::wait: ok = rd.list(r.keys) && rd.i64(r.number) && r.number >= 0; break;
-    case request_type::check: ok = rd.list(r.keys); break;
-    case request_type::delete_key: ok = rd.str(r.key); break;
-    case request_type::num_keys: ok = true; break;
-    default: return protocol_error{"unknown request type " + std::to_string(type)};
-  }
-  if (!ok) return protocol_error{"malformed " + std::string(to_string(r.type)) + " request (truncated field or bad value)"};
-  if (!rd.done()) {
-    return protocol_error{std::to_string(rd.left()) + " trailing byte(s) after a " + std::string(to_string(r.type)) +
-                          " request"};
-  }
-  return r;
-}
-
-[[nodiscard]] inline parse_result<store_response> parse_response(std::span<const std::byte> payload) {
-  byte_reader rd(payload);
-  std::uint8_t type = 0;
-  if (!rd.u8(type)) return protocol_error{"empty reply"};
-  store_response r;
-  r.type = static_cast<response_type>(type);
-  bool ok = false;
-  switch (r.type) {
-    case response_type::ok: ok = true; break;
-    case response_type::value: ok = rd.bytes(r.value); break;
-    case response_type::integer: ok = rd.i64(r.number); break;
-    case response_type::boolean: {
-      std::uint8_t b = 0;
-      ok = rd.u8(b) && b <= 1;
-      r.number = b;
-      break;
-    }
-    case response_type::timeout: ok = rd.list(r.keys); break;
-    case response_type::error: ok = rd.str(r.message); break;
-    default: return protocol_error{"unknown reply type " + std::to_string(type)};
-  }
-  if (!ok || !rd.done()) return protocol_error{"malformed reply of type " + std::to_string(type)};
-  return r;
-}
-
-// Compares secrets in time independent of where they differ (only the length leaks).
-[[nodiscard]] inline bool constant_time_equal(std::string_view a, std::string_view b) noexcept {
-  unsigned diff = a.size() == b.size() ? 0u : 1u;
-  if (b.empty()) return a.empty();
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff |= static_cast<unsigned>(static_cast<unsigned char>(a[i]) ^ static_cast<unsigned char>(b[i % b.size()]));
-  }
-  return diff == 0;
-}
-
-}  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_COMM_DETAIL_STORE_PROTOCOL_HPP
-
-namespace partrain::inline v0 {
-
-struct tcp_store_server_options {
-  // Address to bind. Loopback by default: reaching the store from other hosts is opt-in.
-  std::string host = "127.0.0.1";
-  std::uint16_t port = 0;  // 0 = a free port, chosen by the kernel (read it with port())
-  // When set, a connection's first message must be auth with this token, or it is closed.
-  std::string token{};
-  std::size_t max_message_bytes = detail::default_max_store_message;
-  // A connection that has not presented the token by then is closed (token servers only), so
-  // idle strangers cannot hold the server's descriptors.
-  std::chrono::milliseconds auth_timeout{10'000};
-};
-
-// The server alone: the launcher hosts one without being a client itself.
-class tcp_store_server {
- public:
-  explicit tcp_store_server(tcp_store_server_options opts = {})
-      : opts_(std::move(opts)), listener_(detail::listen_tcp(opts_.host, opts_.port)) {
-    port_ = detail::local_port(listener_.get());
-    detail::set_nonblocking(listener_.get(), true);
-    int p[2];
-    if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) throw communication_error("pipe2 failed: " + detail::errno_text(errno));
-    wake_read_.reset(p[0]);
-    wake_write_.reset(p[1]);
-    thread_ = std::jthread([this](std::stop_token st) { run(st); });
-  }
-  tcp_store_server(const tcp_store_server&) = delete;
-  tcp_store_server& operator=(const tcp_store_server&) = delete;
-  ~tcp_store_server() {
-    thread_.request_stop();
-    const char b = 1;
-    [[maybe_unused]] auto n = ::write(wake_write_.get(), &b, 1);
-    thread_.join();
-  }
-
-  [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
-  [[nodiscard]] const std::string& host() const noexcept { return opts_.host; }
-  // Connections closed for a protocol error or a missing/wrong token (for tests and logs).
-  [[nodiscard]] std::size_t rejected_connections() const {
-    std::lock_guard lock(stats_mutex_);
-    return rejected_;
-  }
-
- private:
-  struct connection {
-    detail::unique_fd fd;
-    std::vector<std::byte> in;
-    std::vector<std::byte> out;
-    std::size_t out_sent = 0;
-    bool authed = false;
-    bool closing = false;  // close once out is flushed
-    bool blocked = false;  // a get/wait is pending; later frames wait their turn
-    detail::deadline_clock::time_point auth_deadline{};
-  };
-  struct waiter {
-    int conn = 0;
-    detail::store_request req;
-    detail::deadline_clock::time_point deadline;
-  };
-
-  void run(std::stop_token st) {
-    std::vector<pollfd> fds;
-    std::vector<int> ids;
-    while (!st.stop_requested()) {
-      fds.clear();
-      ids.clear();
-      fds.push_back({wake_read_.get(), POLLIN, 0});
-      // After EMFILE the pending connection keeps the listener readable: pause accepting a
-      // little instead of spinning.
-      const bool accepting = detail::deadline_clock::now() >= accept_paused_until_;
-      fds.push_back({listener_.get(), static_cast<short>(accepting ? POLLIN : 0), 0});
-      for (auto& [id, c] : conns_) {
-        // A connection whose get/wait is pending is not read past one more frame.
-        const bool full = c.blocked && c.in.size() > limit(c) + detail::frame_header_bytes;
-        short ev = c.closing || full ? 0 : POLLIN;
-        if (c.out_sent < c.out.size()) ev |= POLLOUT;
-        fds.push_back({c.fd.get(), ev, 0});
-        ids.push_back(id);
-      }
-      int timeout_ms = -1;
-      auto next = detail::deadline_clock::time_point::max();
-      for (const auto& w : waiters_) next = std::min(next, w.deadline);
-      for (const auto& [id, c] : conns_) {
-        if (!c.authed) next = std::min(next, c.auth_deadline);
-      }
-      if (!accepting) next = std::min(next, accept_paused_until_);
-      if (next != detail::deadline_clock::time_point::max()) {
-        const auto left = std::chrono::ceil<std::chrono::milliseconds>(next - detail::deadline_clock::now()).count();
-        timeout_ms = static_cast<int>(std::clamp<long long>(left, 0, 60'000));
-      }
-      const int rc = ::poll(fds.data(), fds.size(), timeout_ms);
-      if (rc < 0 && errno != EINTR) return;  // nothing sensible left to do; clients see EOF
-      if (rc > 0) {
-        if (fds[1].revents & POLLIN) accept_all();
-        for (std::size_t i = 2; i < fds.size(); ++i) {
-          if (fds[i].revents == 0) continue;
-          auto it = conns_.find(ids[i - 2]);
-          if (it == conns_.end()) continue;
-          if (fds[i].revents & (POLLIN | POLLERR | POLLHUP)) on_readable(it->first);
-          if (auto jt = conns_.find(ids[i - 2]); jt != conns_.end() && (fds[i].revents & POLLOUT)) flush(jt->first);
-        }
-      }
-      resume_waiters();
-      expire_waiters();
-      resume_waiters();
-      drop_unauthenticated();
-    }
-  }
-
-  void accept_all() {
-    for (;;) {
-      const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-          accept_paused_until_ = detail::deadline_clock::now() + std::chrono::milliseconds(100);
-        }
-        return;  // EAGAIN: all accepted
-      }
-      const int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      connection c;
-      c.fd.reset(fd);
-      c.authed = opts_.token.empty();
-      c.auth_deadline = detail::deadline_clock::now() + opts_.auth_timeout;
-      conns_.emplace(next_id_++, std::move(c));
-    }
-  }
-
-  void on_readable(int id) {
-    auto& c = conns_.at(id);
-    std::byte chunk[65536];
-    for (;;) {
-      const ssize_t n = ::recv(c.fd.get(), chunk, sizeof chunk, 0);
-      if (n > 0) {
-        c.in.insert(c.in.end(), chunk, chunk + n);
-        // Check the announced size as soon as the header is there, before buffering a body.
-        if (detail::peek_frame(c.in, limit(c)).status == detail::frame_status::oversized) break;
-        if (c.blocked && c.in.size() > limit(c) + detail::frame_header_bytes) break;
-        if (static_cast<std::size_t>(n) < sizeof chunk) break;
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-      // EOF or error: what was sent before still counts, then the peer is gone.
-      process(id);
-      drop(id);
-      return;
-    }
-    process(id);
-  }
-
-  [[nodiscard]] std::size_t limit(const connection& c) const noexcept {
-    return c.authed ? opts_.max_message_bytes : std::min(opts_.max_message_bytes, detail::max_unauthenticated_message);
-  }
-
-  // Handles the complete frames buffered on a connection, in order.
-  void process(int id) {
-    auto it = conns_.find(id);
-    if (it == conns_.end()) return;
-    auto& c = it->second;
-    std::size_t used = 0;
-    while (!c.blocked && !c.closing) {
-      const auto rest = std::span<const std::byte>(c.in).subspan(used);
-      const auto f = detail::peek_frame(rest, limit(c));
-      if (f.status == detail::frame_status::incomplete) break;
-      if (f.status == detail::frame_status::oversized) {
-        reject(c, "message of " + std::to_string(f.payload_bytes) + " bytes exceeds the limit of " +
-                      std::to_string(limit(c)) + " bytes" + (c.authed ? "" : " before authentication"));
-        break;
-      }
-      const auto payload = rest.subspan(detail::frame_header_bytes, f.payload_bytes);
-      used += detail::frame_header_bytes + f.payload_bytes;
-      auto parsed = detail::parse_request(payload);
-      if (auto* err = std::get_if<detail::protocol_error>(&parsed)) {
-        reject(c, "protocol error: " + err->what);
-        break;
-      }
-      handle(id, c, std::get<detail::store_request>(std::move(parsed)));
-    }
-    if (c.closing) {
-      c.in.clear();  // nothing after a rejected message is read
-    } else {
-      c.in.erase(c.in.begin(), c.in.begin() + static_cast<std::ptrdiff_t>(used));
-    }
-    flush(id);
-  }
-
-  void reject(connection& c, const std::string& why) {
-    reply(c, detail::store_response{.type = detail::response_type::error, .message = why});
-    c.closing = true;
-    std::lock_guard lock(stats_mutex_);
-    ++rejected_;
-  }
-
-  void reply(connection& c, const detail::store_response& r) {
-    auto frame = detail::encode(r);
-    c.out.insert(c.out.end(), frame.begin(), frame.end());
-  }
-
-  void handle(int id, connection& c, detail::store_request req) {
-    using detail::request_type;
-    using detail::response_type;
-    if (!c.authed) {
-      if (req.type == request_type::auth && detail::constant_time_equal(req.key, opts_.token)) {
-        c.authed = true;
-        reply(c, {.type = response_type::ok});
-      } else {
-        reject(c, req.type == request_type::auth ? "unauthorized: wrong job token"
-                                                 : "unauthorized: this store requires the job token first");
-      }
-      return;
-    }
-    switch (req.type) {
-      case request_type::auth: reply(c, {.type = response_type::ok}); break;
-      case request_type::set:
-        data_[req.key] = std::move(req.value);
-        reply(c, {.type = response_type::ok});
-        wake_waiters();
-        break;
-      case request_type::add: {
-        std::int64_t cur = 0;
-        if (auto f = data_.find(req.key); f != data_.end()) {
-          const auto* p = reinterpret_cast<const char*>(f->second.data());
-          auto [end, ec] = std::from_chars(p, p + f->second.size(), cur);
-          if (ec != std::errc{} || end != p + f->second.size()) {
-            reply(c, {.type = response_type::error, .message = "add('" + req.key + "'): the key holds a non-integer value"});
-            break;
-          }
-        }
-        std::int64_t next = 0;
-        if (__builtin_add_overflow(cur, req.number, &next)) {
-          reply(c, {.type = response_type::error, .message = "add('" + req.key + "'): int64 overflow"});
-          break;
-        }
-        const std::string s = std::to_string(next);  // decimal text, as torch's TCPStore keeps it
-        const auto* b = reinterpret_cast<const std::byte*>(s.data());
-        data_[req.key].assign(b, b + s.size());
-        reply(c, {.type = response_type::integer, .number = next});
-        wake_waiters();
-        break;
-      }
-      case request_type::get:
-      case request_type::wait:
-        if (satisfied(req)) {
-          answer(c, req);
-        } else if (req.number == 0) {
-          reply(c, {.type = response_type::timeout, .keys = missing(req)});
-        } else {
-          c.blocked = true;
-          const auto deadline = detail::deadline_clock::now() + std::chrono::milliseconds(req.number);
-          waiters_.push_back({id, std::move(req), deadline});
-        }
-        break;
-      case request_type::check:
-        reply(c, {.type = response_type::boolean, .number = satisfied(req) ? 1 : 0});
-        break;
-      case request_type::delete_key:
-        reply(c, {.type = response_type::boolean, .number = data_.erase(req.key) ? 1 : 0});
-        break;
-      case request_type::num_keys:
-        reply(c, {.type = response_type::integer, .number = static_cast<std::int64_t>(data_.size())});
-        break;
-    }
-  }
-
-  [[nodiscard]] bool satisfied(const detail::store_request& r) const {
-    if (r.type == detail::request_type::get) return data_.contains(r.key);
-    return std::ranges::all_of(r.keys, [&](const std::string& k) { return data_.contains(k); });
-  }
-  [[nodiscard]] std::vector<std::string> missing(const detail::store_request& r) const {
-    if (r.type == detail::request_type::get) return {r.key};
-    std::vector<std::string> m;
-    for (const auto& k : r.keys) {
-      if (!data_.contains(k)) m.push_back(k);
-    }
-    return m;
-  }
-  void answer(connection& c, const detail::store_request& r) {
-    if (r.type == detail::request_type::get) {
-      reply(c, {.type = detail::response_type::value, .value = data_.at(r.key)});
-    } else {
-      reply(c, {.type = detail::response_type::ok});
-    }
-  }
-
-  // Answers the waiters whose keys now exist; their connections may then go on.
-  void wake_waiters() {
-    std::erase_if(waiters_, [&](waiter& w) {
-      if (!satisfied(w.req)) return false;
-      auto& c = conns_.at(w.conn);
-      answer(c, w.req);
-      c.blocked = false;
-      resumed_.push_back(w.conn);
-      return true;
-    });
-  }
-
-  void expire_waiters() {
-    const auto now = detail::deadline_clock::now();
-    std::erase_if(waiters_, [&](waiter& w) {
-      if (w.deadline > now) return false;
-      auto& c = conns_.at(w.conn);
-      reply(c, {.type = detail::response_type::timeout, .keys = missing(w.req)});
-      c.blocked = false;
-      resumed_.push_back(w.conn);
-      return true;
-    });
-  }
-
-  // Connections whose get/wait was answered: send the reply, then go on with their next frames.
-  // Done from the loop rather than recursively, so a chain of waiters cannot deepen the stack.
-  void resume_waiters() {
-    while (!resumed_.empty()) {
-      const int id = resumed_.back();
-      resumed_.pop_back();
-      process(id);
-    }
-  }
-
-  void drop_unauthenticated() {
-    const auto now = detail::deadline_clock::now();
-    std::vector<int> late;
-    for (const auto& [id, c] : conns_) {
-      if (!c.authed && !c.closing && c.auth_deadline <= now) late.push_back(id);
-    }
-    for (int id : late) {
-      {
-        std::lock_guard lock(stats_mutex_);
-        ++rejected_;
-      }
-      drop(id);
-    }
-  }
-
-  void flush(int id) {
-    auto it = conns_.find(id);
-    if (it == conns_.end()) return;
-    auto& c = it->second;
-    while (c.out_sent < c.out.size()) {
-      const ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_sent, c.out.size() - c.out_sent, MSG_NOSIGNAL);
-      if (n > 0) {
-        c.out_sent += static_cast<std::size_t>(n);
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        // A peer that stops reading cannot make the server hold unbounded replies.
-        if (c.out.size() - c.out_sent > 2 * opts_.max_message_bytes + 1024) drop(id);
-        return;
-      }
-      drop(id);
-      return;
-    }
-    c.out.clear();
-    c.out_sent = 0;
-    if (c.closing) drop(id);
-  }
-
-  void drop(int id) {
-    std::erase_if(waiters_, [&](const waiter& w) { return w.conn == id; });
-    conns_.erase(id);
-  }
-
-  tcp_store_server_options opts_;
-  detail::unique_fd listener_;
-  detail::unique_fd wake_read_, wake_write_;
-  std::uint16_t port_ = 0;
-  // Touched only by the server thread.
-  std::map<int, connection> conns_;
-  std::unordered_map<std::string, std::vector<std::byte>> data_;
-  std::vector<waiter> waiters_;
-  std::vector<int> resumed_;
-  detail::deadline_clock::time_point accept_paused_until_{};
-  int next_id_ = 0;
-  mutable std::mutex stats_mutex_;
-  std::size_t rejected_ = 0;
-  std::jthread thread_;  // last: started after, and joined before, everything above
-};
-
-struct tcp_store_options {
-  // Where the server is (clients) or what it binds (the host, unless bind_address is set).
-  std::string host = "127.0.0.1";
-  std::uint16_t port = 0;  // the host may pass 0 for a free port; read it back with port()
-  bool is_server = false;  // host the server in this process (rank 0)
-  std::string bind_address{};
-  std::string token{};  // the job token; must match the server's
-  // Connecting (with retries while the server comes up) and set/add/check are bounded by this.
-  std::chrono::milliseconds timeout = std::chrono::milliseconds(300'000);
-  std::size_t max_message_bytes = detail::default_max_store_message;
-  std::string who{};  // names the caller in errors, e.g. "rank 3"
-};
-
-class tcp_store final : public store {
- public:
-  explicit tcp_store(tcp_store_options opts) : opts_(std::move(opts)) {
-    if (opts_.is_server) {
-      server_ = std::make_unique<tcp_store_server>(tcp_store_server_options{
-          .host = opts_.bind_address.empty() ? opts_.host : opts_.bind_address,
-          .port = opts_.port,
-          .token = opts_.token,
-          .max_message_bytes = opts_.max_message_bytes});
-      opts_.port = server_->port();
-    } else if (opts_.port == 0) {
-      throw config_error(prefix() + "a tcp_store client needs the server's port (got 0; expected 1..65535)");
-    }
-    std::lock_guard lock(mutex_);
-    connect_locked();
-  }
-
-  [[nodiscard]] std::uint16_t port() const noexcept { return opts_.port; }
-  [[nodiscard]] const std::string& host() const noexcept { return opts_.host; }
-  [[nodiscard]] bool is_server() const noexcept { return server_ != nullptr; }
-  [[nodiscard]] tcp_store_server* server() noexcept { return server_.get(); }
-
-  using store::set;
-  void set(const std::string& key, std::span<const std::byte> value) override {
-    detail::store_request r{.type = detail::request_type::set, .key = key};
-    r.value.assign(value.begin(), value.end());
-    expect(call(r, opts_.timeout), detail::response_type::ok, r);
-  }
-
-  [[nodiscard]] std::vector<std::byte> get(const std::string& key, std::chrono::milliseconds timeout) override {
-    detail::store_request r{.type = detail::request_type::get, .key = key, .number = timeout.count()};
-    auto resp = call(r, timeout);
-    if (resp.type == detail::response_type::timeout) {
-      throw timeout_error(prefix() + "store get('" + key + "') timed out after " + std::to_string(timeout.count()) +
-                          " ms at " + endpoint() + ": the key was never set");
-    }
-    expect(resp, detail::response_type::value, r);
-    return std::move(resp.value);
-  }
-
-  std::int64_t add(const std::string& key, std::int64_t delta) override {
-    detail::store_request r{.type = detail::request_type::add, .key = key, .number = delta};
-    auto resp = call(r, opts_.timeout);
-    expect(resp, detail::response_type::integer, r);
-    return resp.number;
-  }
-
-  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
-    detail::store_request r{.type = detail::request_type::wait, .keys = keys, .number = timeout.count()};
-    auto resp = call(r, timeout);
-    if (resp.type == detail::response_type::timeout) {
-      std::string names;
-      for (const auto& k : resp.keys) names += (names.empty() ? "'" : ", '") + k + "'";
-      throw timeout_error(prefix() + "store wait timed out after " + std::to_string(timeout.count()) + " ms at " +
-                          endpoint() + ": still missing " + names);
-    }
-    expect(resp, detail::response_type::ok, r);
-  }
-
-  [[nodiscard]] bool check(const std::vector<std::string>& keys) override {
-    detail::store_request r{.type = detail::request_type::check, .keys = keys};
-    auto resp = call(r, opts_.timeout);
-    expect(resp, detail::response_type::boolean, r);
-    return resp.number != 0;
-  }
-
-  // Removes key; false when it did not exist.
-  bool delete_key(const std::string& key) {
-    detail::store_request r{.type = detail::request_type::delete_key, .key = key};
-    auto resp = call(r, opts_.timeout);
-    expect(resp, detail::response_type::boolean, r);
-    return resp.number != 0;
-  }
-
-  [[nodiscard]] std::int64_t num_keys() {
-    detail::store_request r{.type = detail::request_type::num_keys};
-    auto resp = call(r, opts_.timeout);
-    expect(resp, detail::response_type::integer, r);
-    return resp.number;
-  }
-
- private:
-  [[nodiscard]] std::string prefix() const { return opts_.who.empty() ? std::string() : opts_.who + ": "; }
-  [[nodiscard]] std::string endpoint() const { return detail::endpoint_name(opts_.host, opts_.port); }
-
-  void connect_locked() {
-    const auto deadline = detail::deadline_clock::now() + opts_.timeout;
-    fd_ = detail::connect_tcp(opts_.host, opts_.port, deadline, prefix());
-    // With a token: authenticate. Without: an empty check, so a server that wants a token
-    // says so now, at connect time, rather than at the first real operation.
-    detail::store_request hello = opts_.token.empty() ? detail::store_request{.type = detail::request_type::check}
-                                                      : detail::store_request{.type = detail::request_type::auth, .key = opts_.token};
-    detail::store_response resp;
-    try {
-      resp = round_trip_locked(hello, deadline);
-    } catch (...) {
-      fd_.reset();
-      throw;
-    }
-    if (resp.type == detail::response_type::error) {
-      fd_.reset();
-      throw communication_error(prefix() + "the store at " + endpoint() + " refused the connection: " + resp.message +
-                                " (every rank needs the job's token, e.g. from PARTRAIN_STORE_TOKEN)");
-    }
-  }
-
-  // One request, one reply. server_wait is how long the server itself may hold the reply
-  // (get/wait); the socket deadline adds the I/O allowance on top.
-  detail::store_response call(const detail::store_request& r, std::chrono::milliseconds server_wait) {
-    if (server_wait.count() < 0) {
-      throw invalid_argument_error(prefix() + "store " + std::string(to_string(r.type)) + ": negative timeout");
-    }
-    std::lock_guard lock(mutex_);
-    if (!fd_) connect_locked();
-    const auto deadline = detail::deadline_clock::now() + server_wait + std::min(opts_.timeout, std::chrono::milliseconds(30'000));
-    try {
-      return round_trip_locked(r, deadline);
-    } catch (...) {
-      fd_.reset();  // the stream may be mid-message: never reuse it
-      throw;
-    }
-  }
-
-  detail::store_response round_trip_locked(const detail::store_request& r, detail::deadline_clock::time_point deadline) {
-    const std::string what = prefix() + "store " + std::string(to_string(r.type)) +
-                             (r.key.empty() || r.type == detail::request_type::auth ? "" : "('" + r.key + "')") + " at " +
-                             endpoint();
-    auto frame = detail::encode(r);
-    if (frame.size() - detail::frame_header_bytes > opts_.max_message_bytes) {
-      throw invalid_argument_error(what + ": message of " + std::to_string(frame.size()) + " bytes exceeds the limit of " +
-                                   std::to_string(opts_.max_message_bytes) + " bytes");
-    }
-    detail::send_all(fd_.get(), frame, deadline, what);
-    std::byte header[detail::frame_header_bytes];
-    detail::recv_all(fd_.get(), header, deadline, what);
-    const auto f = detail::peek_frame(header, opts_.max_message_bytes + 64);
-    if (f.status == detail::frame_status::oversized) throw communication_error(what + ": reply too large");
-    std::vector<std::byte> payload(f.payload_bytes);
-    detail::recv_all(fd_.get(), payload, deadline, what);
-    auto parsed = detail::parse_response(payload);
-    if (auto* err = std::get_if<detail::protocol_error>(&parsed)) throw communication_error(what + ": " + err->what);
-    auto resp = std::get<detail::store_response>(std::move(parsed));
-    if (resp.type == detail::response_type::error && resp.message.starts_with("unauthorized")) fd_.reset();
-    return resp;
-  }
-
-  void expect(const detail::store_response& resp, detail::response_type want, const detail::store_request& r) {
-    if (resp.type == want) return;
-    const std::string what = prefix() + "store " + std::string(to_string(r.type)) + (r.key.empty() ? "" : "('" + r.key + "')") +
-                             " at " + endpoint();
-    if (resp.type == detail::response_type::error) {
-      if (resp.message.starts_with("unauthorized")) {
-        throw communication_error(what + " refused: " + resp.message +
-                                  " (set the same token on every rank, e.g. PARTRAIN_STORE_TOKEN)");
-      }
-      throw communication_error(what + " failed: " + resp.message);
-    }
-    throw communication_error(what + ": unexpected reply type " + std::to_string(static_cast<int>(resp.type)));
-  }
-
-  tcp_store_options opts_;
-  std::unique_ptr<tcp_store_server> server_;  // before fd_: the client closes first
-  std::mutex mutex_;
-  detail::unique_fd fd_;
-};
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_COMM_TCP_STORE_HPP
-
-#if defined(PARTRAIN_WITH_GLOO) && __has_include(<partrain/comm/gloo.hpp>)
-// #include <partrain/comm/gloo.hpp>
-#ifndef PARTRAIN_SI_COMM_GLOO_HPP
-#define PARTRAIN_SI_COMM_GLOO_HPP
-// partrain/comm/gloo.hpp: the `gloo` backend, processes (on one host or several) over TCP with
-// Gloo, the engine torch uses for CPU tensors. Collectives run in issue order on one worker
-// thread; send/recv are posted at once and each is waited on its own pooled thread, so a rank
-// may post sends and receives to a peer in any order before waiting on them. Every operation carries the
-// group's timeout. After Gloo fails (a peer died, or stalled past the timeout) its context is
-// not reusable: later calls fail at once saying so, and the caller builds a new group. Building
-// one makes SIGPIPE harmless where it still has its default action (see detail/sigpipe.hpp).
-
-#if !__has_include(<gloo/allreduce.h>)
-#error "partrain/comm/gloo.hpp needs Gloo (Debian libgloo-dev); link partrain::gloo"
-#endif
-
-#include <chrono>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <exception>
-#include <memory>
-#include <mutex>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
-
-#include <gloo/allgather.h>
-#include <gloo/allreduce.h>
-#include <gloo/barrier.h>
-#include <gloo/broadcast.h>
-#include <gloo/common/error.h>
-#include <gloo/context.h>
-#include <gloo/reduce.h>
-#include <gloo/transport/unbound_buffer.h>
-
-// #include <partrain/comm/detail/gloo_context.hpp>
-#ifndef PARTRAIN_SI_COMM_DETAIL_GLOO_CONTEXT_HPP
-#define PARTRAIN_SI_COMM_DETAIL_GLOO_CONTEXT_HPP
-// partrain/comm/detail/gloo_context.hpp: building a connected Gloo context (TCP device,
-// full mesh through our store, timeouts) and the element-wise reduce functions Gloo calls.
-// Shared by gloo_group and by bench_collectives, which times raw Gloo on the same setup.
-
-#if !__has_include(<gloo/rendezvous/context.h>)
-#error "partrain/comm/detail/gloo_context.hpp needs Gloo (Debian libgloo-dev); link partrain::gloo"
-#endif
-
-#include <chrono>
-#include <cstdlib>
-#include <cstring>
-#include <exception>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <string>
-#include <type_traits>
-#include <utility>
-
-#include <gloo/allreduce.h>
-#include <gloo/common/error.h>
-#include <gloo/math.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/transport/tcp/device.h>
-
-// #include <partrain/comm/detail/gloo_store.hpp>
-#ifndef PARTRAIN_SI_COMM_DETAIL_GLOO_STORE_HPP
-#define PARTRAIN_SI_COMM_DETAIL_GLOO_STORE_HPP
-// partrain/comm/detail/gloo_store.hpp: Gloo's rendezvous Store implemented over partrain's
-// store, so Gloo's full-mesh connect exchanges its addresses through whatever store the job
-// uses (TCP, file, in-memory). Keys get a prefix so several groups can share one store.
-
-#if !__has_include(<gloo/rendezvous/store.h>)
-#error "partrain/comm/detail/gloo_store.hpp needs Gloo (Debian libgloo-dev); link partrain::gloo"
-#endif
-
-#include <algorithm>
-#include <chrono>
-#include <cstddef>
-#include <cstring>
-#include <memory>
-#include <span>
-#include <string>
-#include <utility>
-#include <vector>
-
-#include <gloo/rendezvous/store.h>
-
-namespace partrain::inline v0::detail {
-
-class gloo_store_adapter final : public gloo::rendezvous::Store {
- public:
-  gloo_store_adapter(std::shared_ptr<store> s, std::string prefix, std::chrono::milliseconds timeout)
-      : store_(std::move(s)), prefix_(std::move(prefix)), timeout_(timeout) {
-    if (!store_) throw invalid_argument_error("gloo rendezvous: the store is null (expected a connected store)");
-  }
-
-  void set(const std::string& key, const std::vector<char>& data) override {
-    store_->set(prefix_ + key, std::span(reinterpret_cast<const std::byte*>(data.data()), data.size()));
-  }
-  std::vector<char> get(const std::string& key) override {
-    auto bytes = store_->get(prefix_ + key, timeout_);
-    std::vector<char> out(bytes.size());
-    if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
-    return out;
-  }
-  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
-    std::vector<std::string> full;
-    full.reserve(keys.size());
-    for (const auto& k : keys) full.push_back(prefix_ + k);
-    // Gloo passes its context timeout; never wait longer than the group's own bound.
-    store_->wait(full, timeout.count() > 0 ? std::min(timeout, timeout_) : timeout_);
-  }
-
- private:
-  std::shared_ptr<store> store_;
-  std::string prefix_;
-  std::chrono::milliseconds timeout_;
-};
-
-}  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_COMM_DETAIL_GLOO_STORE_HPP
-// #include <partrain/comm/detail/host_reduce.hpp>
-#ifndef PARTRAIN_SI_COMM_DETAIL_HOST_REDUCE_HPP
-#define PARTRAIN_SI_COMM_DETAIL_HOST_REDUCE_HPP
-// partrain/comm/detail/host_reduce.hpp: element-wise reduction kernels on host memory, shared
-// by the local and gloo backends. 16-bit floats are reduced in float and rounded back.
-
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <string>
-
-namespace partrain::inline v0::detail {
-
-template <class T>
-inline void reduce_typed(T* dst, const T* src, std::size_t n, reduce_op op) noexcept {
-  auto apply = [&](auto f) {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = f(dst[i], src[i]);
-  };
-  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
-    auto wrap = [](auto g) { return [g](T a, T b) { return T(g(float(a), float(b))); }; };
-    switch (op) {
-      case reduce_op::sum: case reduce_op::avg: apply(wrap([](float a, float b) { return a + b; })); break;
-      case reduce_op::prod: apply(wrap([](float a, float b) { return a * b; })); break;
-      case reduce_op::min: apply(wrap([](float a, float b) { return std::min(a, b); })); break;
-      case reduce_op::max: apply(wrap([](float a, float b) { return std::max(a, b); })); break;
-    }
-  } else {
-    switch (op) {
-      case reduce_op::sum: case reduce_op::avg: apply([](T a, T b) { return static_cast<T>(a + b); }); break;
-      case reduce_op::prod: apply([](T a, T b) { return static_cast<T>(a * b); }); break;
-      case reduce_op::min: apply([](T a, T b) { return std::min(a, b); }); break;
-      case reduce_op::max: apply([](T a, T b) { return std::max(a, b); }); break;
-    }
-  }
-}
-
-template <class T>
-inline void divide_typed(T* data, std::size_t n, int divisor) noexcept {
-  for (std::size_t i = 0; i < n; ++i) {
-    if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
-      data[i] = T(float(data[i]) / static_cast<float>(divisor));
-    } else {
-      data[i] = static_cast<T>(data[i] / static_cast<T>(divisor));
-    }
-  }
-}
-
-// Calls f with a null pointer of the C++ type for t.
-template <class F>
-inline decltype(auto) visit_dtype(dtype t, F&& f) {
-  switch (t) {
-    case dtype::float32: return f(static_cast<float*>(nullptr));
-    case dtype::float64: return f(static_cast<double*>(nullptr));
-    case dtype::int32: return f(static_cast<std::int32_t*>(nullptr));
-    case dtype::int64: return f(static_cast<std::int64_t*>(nullptr));
-    case dtype::uint8: return f(static_cast<std::uint8_t*>(nullptr));
-    case dtype::float16: return f(static_cast<half*>(nullptr));
-    case dtype::bfloat16: return f(static_cast<bfloat16*>(nullptr));
-  }
-  throw invalid_argument_error("unknown dtype code " + std::to_string(static_cast<int>(t)));
-}
-
-// dst[i] = dst[i] op src[i]
-inline void host_reduce(void* dst, const void* src, std::size_t n, dtype t, reduce_op op) {
-  visit_dtype(t, [&]<class T>(T*) { reduce_typed(static_cast<T*>(dst), static_cast<const T*>(src), n, op); });
-}
-
-// Finishes an avg: data[i] /= divisor (after a sum).
-inline void host_divide(void* data, std::size_t n, dtype t, int divisor) {
-  visit_dtype(t, [&]<class T>(T*) { divide_typed(static_cast<T*>(data), n, divisor); });
-}
-
-}  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_COMM_DETAIL_HOST_REDUCE_HPP
-
-namespace partrain::inline v0::detail {
-
-[[nodiscard]] inline std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return (v && *v) ? std::string(v) : fallback;
-}
-
-// Where the TCP device listens: an explicit interface or host wins, then the environment
-// (PARTRAIN_GLOO_IFNAME, PARTRAIN_GLOO_HOST), then loopback (single-host default).
-[[nodiscard]] inline gloo::transport::tcp::attr gloo_device_attr(const std::string& ifname, const std::string& hostname) {
-  gloo::transport::tcp::attr attr;
-  if (!ifname.empty() || !hostname.empty()) {
-    attr.iface = ifname;
-    attr.hostname = hostname;
-    return attr;
-  }
-  attr.iface = env_or("PARTRAIN_GLOO_IFNAME", "");
-  attr.hostname = env_or("PARTRAIN_GLOO_HOST", "");
-  if (attr.iface.empty() && attr.hostname.empty()) attr.hostname = "127.0.0.1";
-  return attr;
-}
-
-// "gloo/<n>/" where n counts the groups this rank built on this store: every rank builds its
-// groups in the same order (as in torch), so the n-th group meets under the same prefix.
-[[nodiscard]] inline std::string next_gloo_prefix(const std::shared_ptr<store>& s, int rank) {
-  static std::mutex m;
-  static std::map<std::pair<const store*, int>, std::pair<std::weak_ptr<store>, int>> counters;
-  std::lock_guard lock(m);
-  auto& [owner, n] = counters[{s.get(), rank}];
-  if (owner.expired()) {  // a new store at a recycled address starts over
-    owner = s;
-    n = 0;
-  }
-  return "gloo/" + std::to_string(n++) + "/";
-}
-
-[[nodiscard]] inline std::string describe_attr(const gloo::transport::tcp::attr& a) {
-  std::string s;
-  if (!a.iface.empty()) s += "interface '" + a.iface + "'";
-  if (!a.hostname.empty()) s += (s.empty() ? "" : ", ") + std::string("host '") + a.hostname + "'";
-  return s.empty() ? "default address" : s;
-}
-
-// Creates the TCP device and a full-mesh context with the timeout on it. Every rank must call
-// this concurrently with the same prefix; it returns once all pairs are connected.
-[[nodiscard]] inline std::shared_ptr<gloo::Context> connect_gloo(const std::shared_ptr<store>& s, const std::string& prefix,
-                                                               int rank, int size, std::chrono::milliseconds timeout,
-                                                               const gloo::transport::tcp::attr& attr) {
-  const std::string where = "rank " + std::to_string(rank) + " gloo rendezvous (world size " + std::to_string(size) +
-                            ", store prefix '" + prefix + "', " + describe_attr(attr) + ")";
-  std::shared_ptr<gloo::transport::Device> dev;
-  try {
-    dev = gloo::transport::tcp::CreateDevice(attr);
-  } catch (const std::exception& e) {
-    throw config_error(where + ": cannot create the TCP device: " + e.what() +
-                       " (set PARTRAIN_GLOO_IFNAME to an interface or PARTRAIN_GLOO_HOST to a local address)");
-  }
-  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
-  ctx->setTimeout(timeout);  // connectFullMesh waits on the store with this timeout
-  gloo_store_adapter adapter(s, prefix, timeout);
-  try {
-    ctx->connectFullMesh(adapter, dev);
-  } catch (const timeout_error& e) {
-    throw timeout_error(where + ": " + e.what());
-  } catch (const partrain::error&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw communication_error(where + ": connecting to the peers failed: " + e.what());
-  }
-  return ctx;
-}
-
-using gloo_reduce_fn = gloo::AllreduceOptions::Func;
-
-// Gloo's typed kernels where it has them; the 16-bit types reduce through float via
-// host_reduce. Gloo calls fn(out, a, b, n) with out == a allowed.
-[[nodiscard]] inline gloo_reduce_fn make_gloo_reduce_fn(dtype t, reduce_op op) {
-  if (t == dtype::float16 || t == dtype::bfloat16) {
-    return [t, op](void* c, const void* a, const void* b, std::size_t n) {
-      const std::size_t bytes = n * size_of(t);
-      if (c == a) {
-        host_reduce(c, b, n, t, op);
-      } else if (c == b) {
-        host_reduce(c, a, n, t, op);  // every op here is commutative
-      } else {
-        std::memcpy(c, a, bytes);
-        host_reduce(c, b, n, t, op);
-      }
-    };
-  }
-  return visit_dtype(t, [op]<class T>(T*) -> gloo_reduce_fn {
-    if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
-      throw invalid_argument_error("internal: 16-bit types take the host_reduce path");
-    } else {
-    switch (op) {
-      case reduce_op::sum: case reduce_op::avg: return [](void* c, const void* a, const void* b, std::size_t n) { gloo::sum<T>(c, a, b, n); };
-      case reduce_op::prod: return [](void* c, const void* a, const void* b, std::size_t n) { gloo::product<T>(c, a, b, n); };
-      case reduce_op::min: return [](void* c, const void* a, const void* b, std::size_t n) { gloo::min<T>(c, a, b, n); };
-      case reduce_op::max: return [](void* c, const void* a, const void* b, std::size_t n) { gloo::max<T>(c, a, b, n); };
-    }
-    throw invalid_argument_error("unknown reduce_op code " + std::to_string(static_cast<int>(op)));
-    }
-  });
-}
-
-}  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_COMM_DETAIL_GLOO_CONTEXT_HPP
-// #include <partrain/comm/detail/op_worker.hpp>
-#ifndef PARTRAIN_SI_COMM_DETAIL_OP_WORKER_HPP
-#define PARTRAIN_SI_COMM_DETAIL_OP_WORKER_HPP
-// partrain/comm/detail/op_worker.hpp: one background thread per process group that runs its
-// operations in issue order (collectives must be issued in the same order on every rank).
-// This is what makes collectives asynchronous: the caller gets a work and goes on computing.
-
-#include <condition_variable>
-#include <deque>
-#include <functional>
-#include <memory>
-#include <mutex>
-#include <stop_token>
-#include <thread>
-#include <utility>
-
-namespace partrain::inline v0::detail {
-
-class op_worker {
- public:
-  op_worker() : thread_([this](std::stop_token st) { run(st); }) {}
-  op_worker(const op_worker&) = delete;
-  op_worker& operator=(const op_worker&) = delete;
-  ~op_worker() {
-    {
-      // Under the mutex: otherwise the stop can land between the worker's predicate check and
-      // its wait, the notify is lost and join() blocks forever.
-      std::lock_guard lock(mutex_);
-      thread_.request_stop();
-    }
-    cv_.notify_all();
-    thread_.join();
-    // Operations never started are failed, so nobody waits on them forever.
-    for (auto& [state, fn] : queue_) {
-      state->complete(std::make_exception_ptr(communication_error("process group destroyed before the operation ran")));
-    }
-  }
-
-  // Queues fn; the returned work completes when fn returns (or with what fn threw).
-  [[nodiscard]] work submit(std::function<void()> fn) {
-    auto state = std::make_shared<work_state>();
-    {
-      std::lock_guard lock(mutex_);
-      queue_.emplace_back(state, std::move(fn));
-    }
-    cv_.notify_one();
-    return work(state);
-  }
-
- private:
-  void run(std::stop_token st) {
-    for (;;) {
-      std::pair<std::shared_ptr<work_state>, std::function<void()>> item;
-      {
-        std::unique_lock lock(mutex_);
-        cv_.wait(lock, [&] { return st.stop_requested() || !queue_.empty(); });
-        if (st.stop_requested()) return;
-        item = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      std::exception_ptr err;
-      try {
-        item.second();
-      } catch (...) {
-        err = std::current_exception();
-      }
-      item.second = nullptr;
-      item.first->complete(err);
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::pair<std::shared_ptr<work_state>, std::function<void()>>> queue_;
-  std::jthread thread_;
-};
-
-}  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_COMM_DETAIL_OP_WORKER_HPP
-// #include <partrain/comm/detail/sigpipe.hpp>
-#ifndef PARTRAIN_SI_COMM_DETAIL_SIGPIPE_HPP
-#define PARTRAIN_SI_COMM_DETAIL_SIGPIPE_HPP
-// partrain/comm/detail/sigpipe.hpp: keeps a write to a dead peer's socket from killing the rank.
-// Gloo writes with writev(), which cannot pass MSG_NOSIGNAL: when the peer has just died, the
-// kernel raises SIGPIPE, whose default action ends the process before Gloo can report the broken
-// connection (and before our error can name the rank and operation). Python ignores SIGPIPE at
-// start-up, so torch.distributed never meets this; a C++ program must opt out itself.
-
-#include <signal.h>
-
-namespace partrain::inline v0::detail {
-
-inline void swallow_signal(int) noexcept {}
-
-// Where SIGPIPE still has its default action, installs a handler that does nothing: the write
-// then fails with EPIPE. A user's own choice (SIG_IGN or a handler) is kept. A handler rather
-// than SIG_IGN because exec resets handlers but keeps SIG_IGN: programs the rank starts later
-// still get the default behaviour. Returns whether it installed the handler.
-inline bool survive_sigpipe() noexcept {
-  struct sigaction current {};
-  if (::sigaction(SIGPIPE, nullptr, &current) != 0) return false;
-  if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) return false;
-  struct sigaction mine {};
-  mine.sa_handler = &swallow_signal;
-  mine.sa_flags = SA_RESTART;  // other system calls of the writing thread go on undisturbed
-  ::sigemptyset(&mine.sa_mask);
-  return ::sigaction(SIGPIPE, &mine, nullptr) == 0;
-}
-
-}  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_COMM_DETAIL_SIGPIPE_HPP
-// #include <partrain/comm/detail/wait_pool.hpp>
-#ifndef PARTRAIN_SI_COMM_DETAIL_WAIT_POOL_HPP
-#define PARTRAIN_SI_COMM_DETAIL_WAIT_POOL_HPP
-// partrain/comm/detail/wait_pool.hpp: threads that each block on one pending transfer. Unlike
-// op_worker (one thread, issue order), a wait here never queues behind another: a receive can
-// complete while an earlier send still waits for its peer. Threads are reused and the pool grows
-// to the number of transfers pending at once.
-
-#include <condition_variable>
-#include <cstddef>
-#include <deque>
-#include <exception>
-#include <functional>
-#include <memory>
-#include <mutex>
-#include <thread>
-#include <utility>
-#include <vector>
-
-namespace partrain::inline v0::detail {
-
-class wait_pool {
- public:
-  wait_pool() = default;
-  wait_pool(const wait_pool&) = delete;
-  wait_pool& operator=(const wait_pool&) = delete;
-  ~wait_pool() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    threads_.clear();  // joins; each running wait is bounded by its own timeout
-    for (auto& [state, fn] : queue_) {
-      state->complete(std::make_exception_ptr(communication_error("process group destroyed before the transfer was waited on")));
-    }
-  }
-
-  // Runs fn on a free thread (starting one if none is idle); the work completes when fn returns.
-  [[nodiscard]] work submit(std::function<void()> fn) {
-    auto state = std::make_shared<work_state>();
-    {
-      std::lock_guard lock(mutex_);
-      queue_.emplace_back(state, std::move(fn));
-      if (idle_ < queue_.size()) threads_.emplace_back([this] { run(); });
-    }
-    cv_.notify_one();
-    return work(state);
-  }
-
- private:
-  void run() {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      ++idle_;
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      --idle_;
-      if (stopping_) return;
-      auto item = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      std::exception_ptr err;
-      try {
-        item.second();
-      } catch (...) {
-        err = std::current_exception();
-      }
-      item.second = nullptr;
-      item.first->complete(err);
-      lock.lock();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::pair<std::shared_ptr<work_state>, std::function<void()>>> queue_;
-  std::size_t idle_ = 0;
-  bool stopping_ = false;
-  std::vector<std::jthread> threads_;  // last: joined first
-};
-
-}  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_COMM_DETAIL_WAIT_POOL_HPP
-
-namespace partrain::inline v0 {
-
-// Transport choices of a gloo_group; empty fields fall back to the environment, then loopback.
-struct gloo_options {
-  std::string ifname;    // interface to listen on, e.g. "eth0" (env PARTRAIN_GLOO_IFNAME)
-  std::string hostname;  // local address or host name to listen on (env PARTRAIN_GLOO_HOST)
-  // Store key prefix of this group's rendezvous. Empty: "gloo/<n>/", n counting the groups this
-  // rank built on the same store (ranks must then build their groups in the same order).
-  std::string prefix;
-};
-
-class gloo_group final : public process_group {
- public:
-  gloo_group(std::shared_ptr<store> s, int rank, int size, process_group_options opts)
-      : gloo_group(std::move(s), rank, size, opts, gloo_options{}) {}
-
-  gloo_group(std::shared_ptr<store> s, int rank, int size, process_group_options opts, gloo_options gopts)
-      : process_group(rank, size, opts) {
-    if (!s) throw invalid_argument_error("gloo_group: the store is null (expected a connected rendezvous store)");
-    if (opts.timeout.count() <= 0) {
-      throw config_error("gloo_group: timeout must be positive, got " + std::to_string(opts.timeout.count()) + " ms");
-    }
-    // A peer that dies mid-write must fail this rank with our error, not kill it with SIGPIPE.
-    (void)detail::survive_sigpipe();
-    const std::string prefix = gopts.prefix.empty() ? detail::next_gloo_prefix(s, rank) : gopts.prefix;
-    context_ = detail::connect_gloo(s, prefix, rank, size, opts.timeout,
-                                    detail::gloo_device_attr(gopts.ifname, gopts.hostname));
-  }
-
-  ~gloo_group() override {
-    // Stop the threads first: they use the context.
-    p2p_.reset();
-    worker_.reset();
-  }
-
-  [[nodiscard]] std::string_view backend() const noexcept override { return "gloo"; }
-  // The connected Gloo context, for code that calls Gloo directly (only while no op is pending).
-  [[nodiscard]] const std::shared_ptr<gloo::Context>& context() const noexcept { return context_; }
-  // Empty while the group is usable; else why it is not.
-  [[nodiscard]] std::string failure() const {
-    std::lock_guard lock(mutex_);
-    return failure_;
-  }
-
- protected:
-  work do_all_reduce(raw_tensor t, reduce_op op) override {
-    if (t.count == 0) return work::completed();
-    return run(collective::all_reduce, "", [this, t, op] {
-      gloo::AllreduceOptions o(context_);
-      with_type(t.type, [&]<class T>(T*) { o.setOutput(static_cast<T*>(t.data), t.count); });
-      o.setReduceFunction(detail::make_gloo_reduce_fn(t.type, op));
-      o.setTag(kCollectiveTag);
-      o.setTimeout(timeout());
-      gloo::allreduce(o);
-      if (op == reduce_op::avg) detail::host_divide(t.data, t.count, t.type, size());
-    });
-  }
-
-  work do_broadcast(raw_tensor t, int root) override {
-    if (t.count == 0) return work::completed();
-    return run(collective::broadcast, "root " + std::to_string(root), [this, t, root] {
-      gloo::BroadcastOptions o(context_);
-      with_type(t.type, [&]<class T>(T*) { o.setOutput(static_cast<T*>(t.data), t.count); });
-      o.setRoot(root);
-      o.setTag(kCollectiveTag);
-      o.setTimeout(timeout());
-      gloo::broadcast(o);
-    });
-  }
-
-  work do_reduce(raw_tensor t, int root, reduce_op op) override {
-    if (t.count == 0) return work::completed();
-    return run(collective::reduce, "root " + std::to_string(root), [this, t, root, op] {
-      // Gloo's ring reduce uses the output as scratch on every rank; non-roots reduce into a
-      // scratch copy so their buffers stay as they were (our contract, and torch's).
-      std::byte* scratch = rank() == root ? nullptr : worker_scratch(t.bytes());
-      gloo::ReduceOptions o(context_);
-      with_type(t.type, [&]<class T>(T*) {
-        if (rank() == root) {
-          o.setOutput(static_cast<T*>(t.data), t.count);
-        } else {
-          o.setInput(static_cast<T*>(t.data), t.count);
-          o.setOutput(reinterpret_cast<T*>(scratch), t.count);
-        }
-      });
-      o.setRoot(root);
-      o.setReduceFunction(detail::make_gloo_reduce_fn(t.type, op));
-      o.setTag(kCollectiveTag);
-      o.setTimeout(timeout());
-      gloo::reduce(o);
-      if (op == reduce_op::avg && rank() == root) detail::host_divide(t.data, t.count, t.type, size());
-    });
-  }
-
-  work do_all_gather(raw_tensor in, raw_tensor out) override {
-    if (in.count == 0) return work::completed();
-    return run(collective::all_gather, "", [this, in, out] {
-      gloo::AllgatherOptions o(context_);
-      with_type(in.type, [&]<class T>(T*) {
-        o.setInput(static_cast<T*>(in.data), in.count);
-        o.setOutput(static_cast<T*>(out.data), out.count);
-      });
-      o.setTag(kCollectiveTag);
-      o.setTimeout(timeout());
-      gloo::allgather(o);
-    });
-  }
-
-  // Gloo's new-style API has no reduce_scatter (only the old templated halving-doubling
-  // algorithm, which allocates its own pairs per call): all_reduce a copy, keep our block.
-  work do_reduce_scatter(raw_tensor in, raw_tensor out, reduce_op op) override {
-    if (out.count == 0) return work::completed();
-    return run(collective::reduce_scatter, "", [this, in, out, op] {
-      std::byte* scratch = worker_scratch(in.bytes());
-      std::memcpy(scratch, in.data, in.bytes());
-      gloo::AllreduceOptions o(context_);
-      with_type(in.type, [&]<class T>(T*) { o.setOutput(reinterpret_cast<T*>(scratch), in.count); });
-      o.setReduceFunction(detail::make_gloo_reduce_fn(in.type, op));
-      o.setTag(kCollectiveTag);
-      o.setTimeout(timeout());
-      gloo::allreduce(o);
-      std::memcpy(out.data, scratch + static_cast<std::size_t>(rank()) * out.bytes(), out.bytes());
-      if (op == reduce_op::avg) detail::host_divide(out.data, out.count, out.type, size());
-    });
-  }
-
-  work do_barrier() override {
-    return run(collective::barrier, "", [this] {
-      gloo::BarrierOptions o(context_);
-      o.setTag(kCollectiveTag);
-      o.setTimeout(timeout());
-      gloo::barrier(o);
-    });
-  }
-
-  work do_send(raw_tensor t, int dst, int tag) override {
-    return post_p2p(collective::send, t, dst, tag);
-  }
-  work do_recv(raw_tensor t, int src, int tag) override {
-    return post_p2p(collective::recv, t, src, tag);
-  }
-
- private:
-  // One collective runs at a time (one worker), so one tag is enough. Point-to-point slots are
-  // the user's tags; Gloo's collective slots carry a prefix in their top byte, so they never meet.
-  static constexpr std::uint32_t kCollectiveTag = 0;
-
-  // Scratch reused across calls (a fresh buffer per call costs page faults and a memset at
-  // large sizes). Only the worker thread touches it.
-  std::byte* worker_scratch(std::size_t bytes) {
-    if (scratch_.size() < bytes) scratch_.resize(bytes);
-    return scratch_.data();
-  }
-
-  template <class F>
-  static void with_type(dtype t, F&& f) {
-    detail::visit_dtype(t, std::forward<F>(f));
-  }
-
-  // Runs body on the worker, in issue order, translating Gloo's failures.
-  template <class Body>
-  work run(collective c, std::string peers, Body body) {
-    return worker_->submit([this, c, peers = std::move(peers), body = std::move(body)] {
-      throw_if_failed(c, peers);
-      guarded(c, peers, body);
-    });
-  }
-
-  template <class Body>
-  void guarded(collective c, const std::string& peers, Body& body) {
-    try {
-      body();
-    } catch (const partrain::error&) {
-      throw;
-    } catch (const gloo::IoException& e) {
-      fail(c, peers, e.what());
-    } catch (const std::exception& e) {  // gloo::EnforceNotMet and Gloo's other errors
-      fail(c, peers, e.what());
-    }
-  }
-
-  [[nodiscard]] std::string describe(collective c, const std::string& peers) const {
-    return where(c) + (peers.empty() ? "" : " " + peers);
-  }
-
-  [[noreturn]] void fail(collective c, const std::string& peers, std::string_view gloo_what) {
-    const bool timed_out = gloo_what.find("Timed out") != std::string_view::npos;
-    std::string msg = describe(c, peers) + ": ";
-    msg += timed_out ? "timed out after " + std::to_string(timeout().count()) +
-                           " ms (a peer is stalled or never joined this operation): "
-                     : "Gloo failed (a peer died or its connection broke): ";
-    msg += gloo_what;
-    {
-      std::lock_guard lock(mutex_);
-      if (failure_.empty()) failure_ = msg;
-    }
-    if (timed_out) throw timeout_error(msg);
-    throw communication_error(msg);
-  }
-
-  void throw_if_failed(collective c, const std::string& peers) const {
-    std::lock_guard lock(mutex_);
-    if (!failure_.empty()) {
-      throw communication_error(describe(c, peers) +
-                                ": the Gloo context is unusable after an earlier failure; build a new gloo_group "
-                                "(earlier failure: " + failure_ + ")");
-    }
-  }
-
-  // Posts the transfer now (so exchanges in any order work) and waits for it on p2p_.
-  work post_p2p(collective c, raw_tensor t, int peer, int tag) {
-    const std::string peers = (c == collective::send ? "to rank " : "from rank ") + std::to_string(peer) + " tag " +
-                              std::to_string(tag);
-    if (tag < 0) {
-      throw invalid_argument_error(describe(c, peers) + ": tag must be >= 0, got " + std::to_string(tag));
-    }
-    if (peer == rank()) {
-      throw invalid_argument_error(describe(c, peers) + ": a rank cannot " + std::string(to_string(c)) +
-                                   " to itself with the gloo backend");
-    }
-    if (t.count == 0) return work::completed();
-    try {
-      throw_if_failed(c, peers);
-    } catch (...) {
-      return work::completed(std::current_exception());
-    }
-    std::shared_ptr<gloo::transport::UnboundBuffer> buf;
-    try {
-      buf = context_->createUnboundBuffer(t.data, t.bytes());
-      if (c == collective::send) {
-        buf->send(peer, static_cast<std::uint64_t>(tag));
-      } else {
-        buf->recv(peer, static_cast<std::uint64_t>(tag));
-      }
-    } catch (const std::exception& e) {
-      try {
-        fail(c, peers, e.what());
-      } catch (...) {
-        return work::completed(std::current_exception());
-      }
-    }
-    return p2p_->submit([this, c, peers, buf] {
-      auto body = [&] {
-        if (c == collective::send) {
-          buf->waitSend(timeout());
-        } else {
-          buf->waitRecv(timeout());
-        }
-      };
-      guarded(c, peers, body);
-    });
-  }
-
-  mutable std::mutex mutex_;
-  std::string failure_;
-  std::vector<std::byte> scratch_;
-  std::shared_ptr<gloo::Context> context_;
-  // Destroyed (joined) before context_; each blocking call inside is bounded by the timeout.
-  std::unique_ptr<detail::op_worker> worker_ = std::make_unique<detail::op_worker>();
-  std::unique_ptr<detail::wait_pool> p2p_ = std::make_unique<detail::wait_pool>();
-};
-
-static_assert(communicator<gloo_group>);
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_COMM_GLOO_HPP
-#define PARTRAIN_INIT_HAS_GLOO 1
-#else
-#define PARTRAIN_INIT_HAS_GLOO 0
-#endif
-#if defined(PARTRAIN_WITH_NCCL) && __has_include(<partrain/comm/nccl.hpp>)
-// #include <partrain/comm/nccl.hpp>
-#ifndef PARTRAIN_SI_COMM_NCCL_HPP
-#define PARTRAIN_SI_COMM_NCCL_HPP
-// partrain/comm/nccl.hpp: the NCCL backend, one rank per GPU (link partrain::nccl).
-//
-// - Rendezvous: rank 0 makes the ncclUniqueId and publishes it through the store; the others
-//   read it with the group's timeout. The communicator is created non-blocking, so even its
-//   initialisation is bounded by the timeout.
-// - Asynchrony: collectives are queued on the group's own stream, after an event that orders them
-//   behind the input stream (the legacy default stream unless set_input_stream says otherwise).
-//   A completion event is recorded after each; the returned work completes when the GPU has
-//   finished it, not when the host has queued it.
-// - Watchdog: NCCL has no per-collective timeout. One thread per group polls the completion
-//   events and ncclCommGetAsyncError; an operation past the timeout, or an asynchronous NCCL
-//   error, aborts the communicator (ncclCommAbort) and fails every pending work with an error
-//   naming the rank and the operation. Later calls fail at once: make a new group to go on.
-// - Point to point: NCCL matches send/recv per peer in issue order; the tag is not used.
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/comm/nccl.hpp needs the CUDA runtime and NCCL: link partrain::nccl"
-#endif
-
-#include <cuda_runtime.h>
-#include <nccl.h>
-
-#include <chrono>
-#include <condition_variable>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <deque>
-#include <memory>
-#include <mutex>
-#include <span>
-#include <stop_token>
-#include <string>
-#include <string_view>
-#include <thread>
-#include <utility>
-#include <vector>
-
-// #include <partrain/cuda/check.hpp>
-#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
-#define PARTRAIN_SI_CUDA_CHECK_HPP
-// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
-// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <string>
-#include <string_view>
-
-namespace partrain::inline v0 {
-
-// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
-class cuda_error : public error {
- public:
-  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
-  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
-
- private:
-  cudaError_t code_;
-};
-
-namespace detail {
-
-[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
-                                                      int line) {
-  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
-         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
-}
-
-inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
-  if (rc != cudaSuccess) {
-    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
-    (void)cudaGetLastError();
-    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
-  }
-}
-
-}  // namespace detail
-
-}  // namespace partrain::inline v0
-
-// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
-#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
-#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
-// #include <partrain/cuda/device_buffer.hpp>
-#ifndef PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
-#define PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
-// partrain/cuda/device_buffer.hpp: owned device memory (cudaMalloc, RAII) with a shape, seen as
-// tensor_view<T, cuda>, and copies to and from host views (blocking, or queued on a stream).
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/device_buffer.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <cstddef>
-#include <string>
-#include <type_traits>
-#include <utility>
-
-// #include <partrain/cuda/device_guard.hpp>
-#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
-// previous one after (torch.cuda.device as a context manager).
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-namespace partrain::inline v0 {
-
-class [[nodiscard]] cuda_device_guard {
- public:
-  explicit cuda_device_guard(int index) {
-    PARTRAIN_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (index != previous_) PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
-  }
-  cuda_device_guard(const cuda_device_guard&) = delete;
-  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
-  ~cuda_device_guard() { (void)cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
-};
-
-// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
-[[nodiscard]] inline int cuda_device_count() noexcept {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-
-namespace partrain::inline v0 {
-
-// A zero-initialised device array of trivially copyable T with a shape, on one device.
-template <class T>
-  requires std::is_trivially_copyable_v<T>
-class device_buffer {
- public:
-  device_buffer() = default;
-  explicit device_buffer(partrain::shape s, int device_index = 0) : shape_(s), device_(device_index) {
-    if (s.numel() == 0) return;
-    cuda_device_guard guard(device_index);
-    void* p = nullptr;
-    const cudaError_t rc = cudaMalloc(&p, size_bytes());
-    if (rc != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw cuda_error(rc, "device_buffer: cudaMalloc of " + std::to_string(size_bytes()) + " bytes on cuda:" +
-                               std::to_string(device_index) + " failed: " + cudaGetErrorString(rc));
-    }
-    data_ = static_cast<T*>(p);
-    const cudaError_t rc2 = cudaMemset(data_, 0, size_bytes());
-    if (rc2 != cudaSuccess) {
-      reset();
-      detail::cuda_check(rc2, "cudaMemset(data_, 0, size_bytes())", __FILE__, __LINE__);
-    }
-  }
-  explicit device_buffer(std::size_t n, int device_index = 0) : device_buffer(partrain::shape{n}, device_index) {}
-
-  device_buffer(device_buffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})), device_(o.device_) {}
-  device_buffer& operator=(device_buffer&& o) noexcept {
-    if (this != &o) {
-      reset();
-      data_ = std::exchange(o.data_, nullptr);
-      shape_ = std::exchange(o.shape_, {});
-      device_ = o.device_;
-    }
-    return *this;
-  }
-  device_buffer(const device_buffer&) = delete;
-  device_buffer& operator=(const device_buffer&) = delete;
-  ~device_buffer() { reset(); }
-
-  [[nodiscard]] T* data() noexcept { return data_; }
-  [[nodiscard]] const T* data() const noexcept { return data_; }
-  [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
-  [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
-  [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
-  [[nodiscard]] int device_index() const noexcept { return device_; }
-
-  [[nodiscard]] tensor_view<T, cuda> view() noexcept { return {data_, shape_}; }
-  [[nodiscard]] tensor_view<const T, cuda> view() const noexcept { return {data_, shape_}; }
-
-  // Host -> device. With a stream the copy is queued (the host memory must stay alive and, to be
-  // truly asynchronous, be pinned); without one it has finished on return.
-  void copy_from(tensor_view<const T, host> src, cudaStream_t stream = nullptr) {
-    check_size("copy_from", src.size());
-    copy(data_, src.data(), cudaMemcpyHostToDevice, stream);
-  }
-  // Device -> host, same rules.
-  void copy_to(tensor_view<T, host> dst, cudaStream_t stream = nullptr) const {
-    check_size("copy_to", dst.size());
-    copy(dst.data(), data_, cudaMemcpyDeviceToHost, stream);
-  }
-
- private:
-  void check_size(const char* what, std::size_t n) const {
-    if (n != size()) {
-      throw invalid_argument_error("device_buffer::" + std::string(what) + ": the host view has " + std::to_string(n) +
-                                   " elements, the buffer " + std::to_string(size()) + " (expected equal sizes)");
-    }
-  }
-  void copy(void* dst, const void* src, cudaMemcpyKind kind, cudaStream_t stream) const {
-    if (size() == 0) return;
-    if (stream) {
-      PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, stream));
-    } else {
-      PARTRAIN_CUDA_CHECK(cudaMemcpy(dst, src, size_bytes(), kind));
-    }
-  }
-  void reset() noexcept {
-    if (data_) (void)cudaFree(std::exchange(data_, nullptr));
-  }
-
-  T* data_ = nullptr;
-  partrain::shape shape_{};
-  int device_ = 0;
-};
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
-// #include <partrain/cuda/event.hpp>
-#ifndef PARTRAIN_SI_CUDA_EVENT_HPP
-#define PARTRAIN_SI_CUDA_EVENT_HPP
-// partrain/cuda/event.hpp: an owned CUDA event (RAII). Recorded on a stream, it marks "all work
-// queued before this point"; another stream can wait on it without blocking the host.
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/event.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <utility>
-
-namespace partrain::inline v0 {
-
-class cuda_event {
- public:
-  // Without timing the event is cheaper (no timestamp); ask for it to measure elapsed_ms.
-  explicit cuda_event(bool timing = false) : timing_(timing) {
-    PARTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
-  }
-  cuda_event(cuda_event&& o) noexcept : event_(std::exchange(o.event_, nullptr)), timing_(o.timing_) {}
-  cuda_event& operator=(cuda_event&& o) noexcept {
-    if (this != &o) {
-      reset();
-      event_ = std::exchange(o.event_, nullptr);
-      timing_ = o.timing_;
-    }
-    return *this;
-  }
-  cuda_event(const cuda_event&) = delete;
-  cuda_event& operator=(const cuda_event&) = delete;
-  ~cuda_event() { reset(); }
-
-  [[nodiscard]] cudaEvent_t get() const noexcept { return event_; }
-
-  void record(cudaStream_t stream) { PARTRAIN_CUDA_CHECK(cudaEventRecord(event_, stream)); }
-  // Work queued on `stream` after this call starts only once the event has completed.
-  void block(cudaStream_t stream) const { PARTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0)); }
-  void synchronize() const { PARTRAIN_CUDA_CHECK(cudaEventSynchronize(event_)); }
-  // True once the work before the record point has finished (or if never recorded).
-  [[nodiscard]] bool query() const {
-    const cudaError_t rc = cudaEventQuery(event_);
-    if (rc == cudaErrorNotReady) return false;
-    PARTRAIN_CUDA_CHECK(rc);
-    return true;
-  }
-  // Milliseconds from `start` to this event; both need timing and must have completed.
-  [[nodiscard]] float elapsed_ms(const cuda_event& start) const {
-    if (!timing_ || !start.timing_) {
-      throw invalid_argument_error("cuda_event::elapsed_ms: both events must be created with timing = true");
-    }
-    float ms = 0.0f;
-    PARTRAIN_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, event_));
-    return ms;
-  }
-
- private:
-  void reset() noexcept {
-    if (event_) (void)cudaEventDestroy(std::exchange(event_, nullptr));
-  }
-
-  cudaEvent_t event_ = nullptr;
-  bool timing_ = false;
-};
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_CUDA_EVENT_HPP
-// #include <partrain/cuda/stream.hpp>
-#ifndef PARTRAIN_SI_CUDA_STREAM_HPP
-#define PARTRAIN_SI_CUDA_STREAM_HPP
-// partrain/cuda/stream.hpp: an owned CUDA stream (RAII). Non-blocking with respect to the legacy
-// default stream, so work on it overlaps work elsewhere unless an event orders it.
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/stream.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <utility>
-
-namespace partrain::inline v0 {
-
-class cuda_stream {
- public:
-  // A new stream on device `device_index`; priority as cudaStreamCreateWithPriority (0: default).
-  explicit cuda_stream(int device_index = 0, int priority = 0) : device_(device_index) {
-    cuda_device_guard guard(device_index);
-    PARTRAIN_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority));
-  }
-  cuda_stream(cuda_stream&& o) noexcept
-      : stream_(std::exchange(o.stream_, nullptr)), device_(o.device_) {}
-  cuda_stream& operator=(cuda_stream&& o) noexcept {
-    if (this != &o) {
-      reset();
-      stream_ = std::exchange(o.stream_, nullptr);
-      device_ = o.device_;
-    }
-    return *this;
-  }
-  cuda_stream(const cuda_stream&) = delete;
-  cuda_stream& operator=(const cuda_stream&) = delete;
-  ~cuda_stream() { reset(); }
-
-  [[nodiscard]] cudaStream_t get() const noexcept { return stream_; }
-  [[nodiscard]] int device_index() const noexcept { return device_; }
-  [[nodiscard]] explicit operator bool() const noexcept { return stream_ != nullptr; }
-
-  // Blocks the host until every operation queued so far has finished.
-  void synchronize() const { PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
-  // True when the stream has no unfinished work.
-  [[nodiscard]] bool query() const {
-    const cudaError_t rc = cudaStreamQuery(stream_);
-    if (rc == cudaErrorNotReady) return false;
-    PARTRAIN_CUDA_CHECK(rc);
-    return true;
-  }
-
- private:
-  void reset() noexcept {
-    if (stream_) {
-      // Destruction must not throw; a stream of a torn-down context is gone anyway.
-      (void)cudaStreamDestroy(std::exchange(stream_, nullptr));
-    }
-  }
-
-  cudaStream_t stream_ = nullptr;
-  int device_ = 0;
-};
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_CUDA_STREAM_HPP
-
-namespace partrain::inline v0 {
-
-namespace detail {
-
-[[nodiscard]] inline ncclDataType_t to_nccl(dtype t) {
-  switch (t) {
-    case dtype::float32: return ncclFloat32;
-    case dtype::float64: return ncclFloat64;
-    case dtype::int32: return ncclInt32;
-    case dtype::int64: return ncclInt64;
-    case dtype::uint8: return ncclUint8;
-    case dtype::float16: return ncclFloat16;
-    case dtype::bfloat16: return ncclBfloat16;
-  }
-  throw invalid_argument_error("nccl: dtype " + std::to_string(static_cast<int>(t)) + " has no NCCL type");
-}
-
-[[nodiscard]] inline ncclRedOp_t to_nccl(reduce_op op) {
-  switch (op) {
-    case reduce_op::sum: return ncclSum;
-    case reduce_op::avg: return ncclAvg;  // NCCL divides by the world size itself
-    case reduce_op::min: return ncclMin;
-    case reduce_op::max: return ncclMax;
-    case reduce_op::prod: return ncclProd;
-  }
-  throw invalid_argument_error("nccl: reduce_op " + std::to_string(static_cast<int>(op)) + " has no NCCL operator");
-}
-
-[[nodiscard]] inline std::string nccl_failure(ncclResult_t rc, ncclComm_t comm) {
-  std::string s = std::string(ncclGetErrorString(rc));
-  if (comm) {
-    const char* last = ncclGetLastError(comm);
-    if (last && *last) s += " (" + std::string(last) + ")";
-  }
-  return s;
-}
-
-// An owned NCCL communicator. Destroyed cleanly (finalize, then destroy) when healthy, aborted
-// when it failed or finalizing does not finish in time.
-class nccl_comm {
- public:
-  nccl_comm() = default;
-  explicit nccl_comm(ncclComm_t c) noexcept : comm_(c) {}
-  nccl_comm(nccl_comm&& o) noexcept : comm_(std::exchange(o.comm_, nullptr)) {}
-  nccl_comm& operator=(nccl_comm&& o) noexcept {
-    if (this != &o) {
-      abort();
-      comm_ = std::exchange(o.comm_, nullptr);
-    }
-    return *this;
-  }
-  nccl_comm(const nccl_comm&) = delete;
-  nccl_comm& operator=(const nccl_comm&) = delete;
-  ~nccl_comm() { abort(); }
-
-  [[nodiscard]] ncclComm_t get() const noexcept { return comm_; }
-  [[nodiscard]] explicit operator bool() const noexcept { return comm_ != nullptr; }
-
-  // Ends in-flight kernels and frees the communicator; safe from another thread (the watchdog).
-  void abort() noexcept {
-    if (comm_) (void)ncclCommAbort(std::exchange(comm_, nullptr));
-  }
-  // Flushes outstanding work, then destroys; aborts instead if that fails or passes the deadline.
-  void close(std::chrono::steady_clock::time_point deadline) noexcept {
-    if (!comm_) return;
-    const ncclResult_t rc = ncclCommFinalize(comm_);
-    if (rc != ncclSuccess && rc != ncclInProgress) {
-      abort();
-      return;
-    }
-    ncclResult_t st = ncclInProgress;
-    while (st == ncclInProgress) {
-      if (ncclCommGetAsyncError(comm_, &st) != ncclSuccess || std::chrono::steady_clock::now() > deadline) {
-        abort();
-        return;
-      }
-      if (st == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    if (st != ncclSuccess) {
-      abort();
-      return;
-    }
-    (void)ncclCommDestroy(std::exchange(comm_, nullptr));
-  }
-
- private:
-  ncclComm_t comm_ = nullptr;
-};
-
-}  // namespace detail
-
-class nccl_group final : public process_group {
- public:
-  using clock = std::chrono::steady_clock;
-
-  nccl_group(std::shared_ptr<store> s, int rank, int size, device dev, process_group_options opts = {})
-      : process_group(rank, size, opts),
-        store_(std::move(s)),
-        device_(checked_device(dev, rank)),
-        stream_(device_.index),
-        input_ready_(event_on(device_.index)) {
-    if (!store_) throw config_error("nccl_group (rank " + std::to_string(rank) + "): the store is null");
-    cuda_device_guard guard(device_.index);
-    comm_ = make_comm();
-    scratch_ = device_buffer<float>(1, device_.index);
-    watchdog_ = std::jthread([this](std::stop_token st) { watch(st); });
-  }
-  nccl_group(const nccl_group&) = delete;
-  nccl_group& operator=(const nccl_group&) = delete;
-
-  ~nccl_group() override {
-    {
-      // Pending work finishes or is failed by the watchdog within the timeout.
-      std::unique_lock lock(mutex_);
-      cv_.wait(lock, [&] { return pending_.empty(); });
-    }
-    watchdog_.request_stop();
-    cv_.notify_all();
-    if (watchdog_.joinable()) watchdog_.join();
-    std::lock_guard lock(mutex_);
-    comm_.close(clock::now() + timeout());
-  }
-
-  [[nodiscard]] std::string_view backend() const noexcept override { return "nccl"; }
-  [[nodiscard]] bool accepts(device_kind k) const noexcept override { return k == device_kind::cuda; }
-  [[nodiscard]] const partrain::device& device() const noexcept { return device_; }
-  // The stream the collectives run on: a consumer of their results may wait on it.
-  [[nodiscard]] cudaStream_t stream() const noexcept { return stream_.get(); }
-  // Collectives start after the work queued so far on this stream (where the inputs are made).
-  void set_input_stream(cudaStream_t s) {
-    std::lock_guard lock(mutex_);
-    input_stream_ = s;
-  }
-  // Aborts the communicator now; pending and later operations fail naming `why`.
-  void abort(const std::string& why) { fail_all(why, false); }
-
- protected:
-  work do_all_reduce(raw_tensor t, reduce_op op) override {
-    return issue(collective::all_reduce, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclAllReduce(t.data, t.data, t.count, detail::to_nccl(t.type), detail::to_nccl(op), c, s);
-    });
-  }
-  work do_broadcast(raw_tensor t, int root) override {
-    return issue(collective::broadcast, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclBroadcast(t.data, t.data, t.count, detail::to_nccl(t.type), root, c, s);
-    });
-  }
-  work do_reduce(raw_tensor t, int root, reduce_op op) override {
-    return issue(collective::reduce, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclReduce(t.data, t.data, t.count, detail::to_nccl(t.type), detail::to_nccl(op), root, c, s);
-    });
-  }
-  work do_all_gather(raw_tensor in, raw_tensor out) override {
-    return issue(collective::all_gather, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclAllGather(in.data, out.data, in.count, detail::to_nccl(in.type), c, s);
-    });
-  }
-  work do_reduce_scatter(raw_tensor in, raw_tensor out, reduce_op op) override {
-    return issue(collective::reduce_scatter, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclReduceScatter(in.data, out.data, out.count, detail::to_nccl(out.type), detail::to_nccl(op), c, s);
-    });
-  }
-  // NCCL has no barrier: an all_reduce of one float, as torch does.
-  work do_barrier() override {
-    return issue(collective::barrier, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclAllReduce(scratch_.data(), scratch_.data(), 1, ncclFloat32, ncclSum, c, s);
-    });
-  }
-  work do_send(raw_tensor t, int dst, int /*tag: NCCL matches per peer in order*/) override {
-    return issue(collective::send, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclSend(t.data, t.count, detail::to_nccl(t.type), dst, c, s);
-    });
-  }
-  work do_recv(raw_tensor t, int src, int /*tag*/) override {
-    return issue(collective::recv, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclRecv(t.data, t.count, detail::to_nccl(t.type), src, c, s);
-    });
-  }
-
-  // Checking mode: the fingerprints travel through device memory (NCCL takes no host buffers).
-  std::vector<std::int64_t> gather_fingerprints(std::span<const std::int64_t> mine) override {
-    const std::size_t n = mine.size();
-    std::vector<std::int64_t> all(n * static_cast<std::size_t>(size()));
-    device_buffer<std::int64_t> in(n, device_.index);
-    device_buffer<std::int64_t> out(all.size(), device_.index);
-    in.copy_from(tensor_view<const std::int64_t>(mine.data(), n), stream_.get());
-    work w = issue(collective::all_gather, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclAllGather(in.data(), out.data(), n, ncclInt64, c, s);
-    });
-    w.wait();
-    out.copy_to(tensor_view<std::int64_t>(all), stream_.get());
-    stream_.synchronize();
-    return all;
-  }
-
- private:
-  struct pending_op {
-    cuda_event done;
-    std::shared_ptr<detail::work_state> state;
-    collective op;
-    clock::time_point deadline;
-  };
-
-  [[nodiscard]] static partrain::device checked_device(partrain::device dev, int rank) {
-    if (!dev.is_cuda()) {
-      throw config_error("nccl_group (rank " + std::to_string(rank) + "): device " + dev.to_string() +
-                         " is not a CUDA device (expected cuda:N, one GPU per rank)");
-    }
-    const int devices = cuda_device_count();
-    if (dev.index < 0 || dev.index >= devices) {
-      throw config_error("nccl_group (rank " + std::to_string(rank) + "): device " + dev.to_string() +
-                         " does not exist (this process sees " + std::to_string(devices) + " CUDA devices)");
-    }
-    return dev;
-  }
-  // Events belong to the device current when they are made.
-  [[nodiscard]] static cuda_event event_on(int device_index) {
-    cuda_device_guard guard(device_index);
-    return cuda_event();
-  }
-
-  [[nodiscard]] detail::nccl_comm make_comm() {
-    // Each rank counts the groups it made on this store; every rank makes them in the same order,
-    // so the n-th group of each rank meets under the n-th key (threads or processes alike).
-    const std::int64_t n = store_->add("partrain/nccl/groups_made_by_rank_" + std::to_string(rank()), 1);
-    const std::string key = "partrain/nccl/" + std::to_string(n) + "/unique_id";
-    ncclUniqueId id{};
-    if (rank() == 0) {
-      const ncclResult_t rc = ncclGetUniqueId(&id);
-      if (rc != ncclSuccess) {
-        throw communication_error("rank 0 nccl init: ncclGetUniqueId failed: " + detail::nccl_failure(rc, nullptr));
-      }
-      store_->set(key, std::span(reinterpret_cast<const std::byte*>(&id), sizeof(id)));
-    } else {
-      std::vector<std::byte> bytes;
-      try {
-        bytes = store_->get(key, timeout());
-      } catch (const timeout_error& e) {
-        throw timeout_error("rank " + std::to_string(rank()) + " nccl init: rank 0's unique id ('" + key +
-                            "') did not arrive within " + std::to_string(timeout().count()) + " ms: " + e.what());
-      }
-      if (bytes.size() != sizeof(id)) {
-        throw communication_error("rank " + std::to_string(rank()) + " nccl init: the unique id under '" + key +
-                                  "' has " + std::to_string(bytes.size()) + " bytes, expected " +
-                                  std::to_string(sizeof(id)));
-      }
-      std::memcpy(&id, bytes.data(), sizeof(id));
-    }
-
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;  // so the wait below, not NCCL, decides how long init may take
-    ncclComm_t raw = nullptr;
-    const ncclResult_t rc = ncclCommInitRankConfig(&raw, size(), id, rank(), &config);
-    detail::nccl_comm comm(raw);
-    if (rc != ncclSuccess && rc != ncclInProgress) {
-      throw communication_error("rank " + std::to_string(rank()) + " nccl init: ncclCommInitRankConfig failed: " +
-                                detail::nccl_failure(rc, raw));
-    }
-    wait_ready(comm.get(), clock::now() + timeout(), "nccl init (ncclCommInitRankConfig)");
-    return comm;
-  }
-
-  // A non-blocking communicator answers ncclInProgress until the call has been taken in.
-  void wait_ready(ncclComm_t comm, clock::time_point deadline, std::string_view what) {
-    for (;;) {
-      ncclResult_t st = ncclSuccess;
-      const ncclResult_t rc = ncclCommGetAsyncError(comm, &st);
-      if (rc != ncclSuccess) st = rc;
-      if (st == ncclSuccess) return;
-      if (st != ncclInProgress) {
-        throw communication_error("rank " + std::to_string(rank()) + " " + std::string(what) + ": " +
-                                  detail::nccl_failure(st, comm));
-      }
-      if (clock::now() > deadline) {
-        throw timeout_error("rank " + std::to_string(rank()) + " " + std::string(what) + ": not done after " +
-                            std::to_string(timeout().count()) + " ms (are all " + std::to_string(size()) +
-                            " ranks running, one GPU each?)");
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-  }
-
-  template <class Launch>
-  work issue(collective c, Launch&& launch) {
-    std::unique_lock lock(mutex_);
-    if (!failure_.empty()) throw communication_error(where(c) + ": the NCCL communicator was aborted: " + failure_);
-    cuda_device_guard guard(device_.index);
-    input_ready_.record(input_stream_);
-    input_ready_.block(stream_.get());
-    const ncclResult_t rc = launch(comm_.get(), stream_.get());
-    if (rc == ncclInProgress) {
-      try {
-        wait_ready(comm_.get(), clock::now() + timeout(), where(c));
-      } catch (const error& e) {
-        lock.unlock();
-        fail_all(e.what(), true);
-        throw;
-      }
-    } else if (rc != ncclSuccess) {
-      const std::string why = where(c) + ": " + detail::nccl_failure(rc, comm_.get());
-      lock.unlock();
-      fail_all(why, true);
-      throw communication_error(why);
-    }
-    pending_op p{cuda_event(), std::make_shared<detail::work_state>(), c, clock::now() + timeout()};
-    p.done.record(stream_.get());
-    work w(p.state);
-    pending_.push_back(std::move(p));
-    lock.unlock();
-    cv_.notify_all();
-    return w;
-  }
-
-  // Aborts the communicator and fails every pending work; from_error: an NCCL call failed.
-  void fail_all(const std::string& why, bool from_error) {
-    std::deque<pending_op> failed;
-    {
-      std::lock_guard lock(mutex_);
-      if (failure_.empty()) failure_ = why;
-      comm_.abort();
-      failed.swap(pending_);
-    }
-    cv_.notify_all();
-    for (auto& p : failed) {
-      const std::string msg = where(p.op) + ": " + (from_error ? "failed: " : "aborted: ") + why;
-      p.state->complete(std::make_exception_ptr(communication_error(msg)));
-    }
-  }
-
-  void watch(std::stop_token st) {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      cv_.wait(lock, st, [&] { return !pending_.empty(); });
-      if (pending_.empty()) {
-        if (st.stop_requested()) return;
-        continue;
-      }
-      pending_op& front = pending_.front();
-      bool ready = false;
-      std::string failure;
-      bool timed_out = false;
-      try {
-        ready = front.done.query();
-      } catch (const error& e) {
-        failure = where(front.op) + ": the GPU work failed: " + e.what();
-      }
-      if (!ready && failure.empty() && comm_) {
-        ncclResult_t async = ncclSuccess;
-        if (ncclCommGetAsyncError(comm_.get(), &async) == ncclSuccess && async != ncclSuccess &&
-            async != ncclInProgress) {
-          failure = where(front.op) + ": NCCL reported an asynchronous error: " +
-                    detail::nccl_failure(async, comm_.get());
-        }
-      }
-      if (!ready && failure.empty() && clock::now() > front.deadline) {
-        timed_out = true;
-        failure = where(front.op) + ": not finished after " + std::to_string(timeout().count()) +
-                  " ms (a peer is missing, dead or stalled); the NCCL communicator was aborted";
-      }
-      if (ready) {
-        auto state = std::move(front.state);
-        pending_.pop_front();
-        lock.unlock();
-        cv_.notify_all();
-        state->complete();
-        lock.lock();
-        continue;
-      }
-      if (!failure.empty()) {
-        if (failure_.empty()) failure_ = failure;
-        comm_.abort();
-        std::deque<pending_op> failed;
-        failed.swap(pending_);
-        lock.unlock();
-        cv_.notify_all();
-        bool first = true;
-        for (auto& p : failed) {
-          const std::string msg = first ? failure : where(p.op) + ": aborted after an earlier failure: " + failure;
-          first = false;
-          p.state->complete(timed_out ? std::make_exception_ptr(timeout_error(msg))
-                                      : std::make_exception_ptr(communication_error(msg)));
-        }
-        lock.lock();
-        continue;
-      }
-      // GPU work in flight: poll again shortly (events have no host callback we could wait on).
-      lock.unlock();
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-      lock.lock();
-    }
-  }
-
-  std::shared_ptr<store> store_;
-  partrain::device device_;
-  cuda_stream stream_;
-  cuda_event input_ready_;
-  cudaStream_t input_stream_ = cudaStreamLegacy;
-  detail::nccl_comm comm_;
-  device_buffer<float> scratch_;
-
-  std::mutex mutex_;
-  std::condition_variable_any cv_;
-  std::deque<pending_op> pending_;
-  std::string failure_;
-  std::jthread watchdog_;
-};
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_COMM_NCCL_HPP
-#define PARTRAIN_INIT_HAS_NCCL 1
-#else
-#define PARTRAIN_INIT_HAS_NCCL 0
-#endif
-
-namespace partrain::inline v0 {
-
-struct init_options {
-  // "gloo" or "nccl"; empty = "nccl" when device is a GPU, else "gloo".
-  std::string backend{};
-  // Bound on every blocking step. Unset: PARTRAIN_TIMEOUT_MS from the environment, else 300 s.
-  std::optional<std::chrono::milliseconds> timeout{};
-  // For tcp:// and file:// (env:// reads them from the environment); -1 = not given.
-  int rank = -1;
-  int world_size = -1;
-  // nccl: the GPU of this rank; unset = cuda:LOCAL_RANK.
-  std::optional<partrain::device> device{};
-  bool check_collectives = false;
-  // The store's job token; empty = PARTRAIN_STORE_TOKEN from the environment (may be empty).
-  std::string token{};
-};
-
-// What a rendezvous URL and the environment say, and (after connect_store) the store.
-struct rendezvous_info {
-  std::string scheme;  // "env", "tcp" or "file"
-  int rank = 0;
-  int world_size = 1;
-  int local_rank = 0;
-  int local_world_size = 1;
-  std::string master_addr;  // env, tcp
-  std::uint16_t port = 0;   // env, tcp
-  std::string path;         // file
-  std::string source;       // where rank and world size came from: torchrun, slurm, openmpi, pmi, url, options
-  std::string token;
-  std::string bind_address;  // PARTRAIN_STORE_BIND: what rank 0's server binds (default: master_addr)
-  bool agent_store = false;  // a launcher hosts the store; every rank is a client
-  int restart_count = 0;
-  std::chrono::milliseconds timeout = default_timeout;
-  std::shared_ptr<partrain::store> store;  // set by connect_store
-};
-
-// Looks up an environment variable; tests pass their own.
-using env_lookup = std::function<std::optional<std::string>(const std::string&)>;
-
-[[nodiscard]] inline std::optional<std::string> process_env(const std::string& name) {
-  const char* v = std::getenv(name.c_str());
-  if (!v) return std::nullopt;
-  return std::string(v);
-}
-
-namespace detail {
-
-[[nodiscard]] inline std::optional<long long> parse_integer(std::string_view s) {
-  long long v = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
-  return v;
-}
-
-// Reads an integer variable within [lo, hi]; nullopt when it is not set.
-[[nodiscard]] inline std::optional<int> int_var(const env_lookup& env, const std::string& name, long long lo, long long hi,
-                                                std::string_view context, std::string_view expected) {
-  auto v = env(name);
-  if (!v) return std::nullopt;
-  auto n = parse_integer(*v);
-  if (!n) {
-    throw config_error(std::string(context) + ": " + name + "='" + *v + "' is not an integer (expected " +
-                       std::string(expected) + ")");
-  }
-  if (*n < lo || *n > hi) {
-    throw config_error(std::string(context) + ": " + name + "=" + *v + " is out of range (expected " + std::string(expected) +
-                       ")");
-  }
-  return static_cast<int>(*n);
-}
-
-[[nodiscard]] inline int require_int(const env_lookup& env, const std::string& name, long long lo, long long hi,
-                                     std::string_view context, std::string_view expected, std::string_view how) {
-  auto v = int_var(env, name, lo, hi, context, expected);
-  if (!v) throw config_error(std::string(context) + ": " + name + " is not set (" + std::string(how) + ")");
-  return *v;
-}
-
-// The first host of a Slurm hostlist: "node[03-05,9],gpu1" -> "node03".
-[[nodiscard]] inline std::string first_slurm_host(std::string_view list) {
-  const auto bracket = list.find('[');
-  const auto comma = list.find(',');
-  if (bracket == std::string_view::npos || (comma != std::string_view::npos && comma < bracket)) {
-    return std::string(list.substr(0, comma));
-  }
-  const auto close = list.find(']', bracket);
-  if (close == std::string_view::npos) return std::string(list.substr(0, bracket));
-  auto range = list.substr(bracket + 1, close - bracket - 1);
-  range = range.substr(0, std::min(range.find(','), range.find('-')));
-  auto suffix = list.substr(close + 1);
-  suffix = suffix.substr(0, suffix.find(','));
-  return std::string(list.substr(0, bracket)) + std::string(range) + std::string(suffix);
-}
-
-// Tasks on node `node` from SLURM_STEP_TASKS_PER_NODE's "2(x3),1" form.
-[[nodiscard]] inline std::optional<int> slurm_tasks_on_node(std::string_view spec, int node) {
-  int seen = 0;
-  while (!spec.empty()) {
-    auto item = spec.substr(0, spec.find(','));
-    spec.remove_prefix(std::min(spec.size(), item.size() + 1));
-    int repeat = 1;
-    if (auto paren = item.find("(x"); paren != std::string_view::npos && item.back() == ')') {
-      auto r = parse_integer(item.substr(paren + 2, item.size() - paren - 3));
-      if (!r || *r < 1) return std::nullopt;
-      repeat = static_cast<int>(*r);
-      item = item.substr(0, paren);
-    }
-    auto n = parse_integer(item);
-    if (!n || *n < 1) return std::nullopt;
-    if (node < seen + repeat) return static_cast<int>(*n);
-    seen += repeat;
-  }
-  return std::nullopt;
-}
-
-// "host:port" or "[v6]:port" -> (host, port); the URL's query is already cut off.
-inline void parse_host_port(std::string_view url, std::string_view hp, std::string& host, std::uint16_t& port) {
-  const std::string expected = " (expected tcp://host:port, e.g. tcp://10.0.0.1:29500 or tcp://[::1]:29500)";
-  std::string_view port_text;
-  if (hp.starts_with('[')) {
-    const auto close = hp.find(']');
-    if (close == std::string_view::npos || close + 1 >= hp.size() || hp[close + 1] != ':') {
-      throw config_error("malformed URL '" + std::string(url) + "': bad IPv6 address" + expected);
-    }
-    host = std::string(hp.substr(1, close - 1));
-    port_text = hp.substr(close + 2);
-  } else {
-    const auto colon = hp.rfind(':');
-    if (colon == std::string_view::npos) throw config_error("malformed URL '" + std::string(url) + "': no port" + expected);
-    host = std::string(hp.substr(0, colon));
-    port_text = hp.substr(colon + 1);
-  }
-  if (host.empty()) throw config_error("malformed URL '" + std::string(url) + "': empty host" + expected);
-  auto p = parse_integer(port_text);
-  if (!p || *p < 1 || *p > 65535) {
-    throw config_error("malformed URL '" + std::string(url) + "': port '" + std::string(port_text) +
-                       "' is not in 1..65535" + expected);
-  }
-  port = static_cast<std::uint16_t>(*p);
-}
-
-// "?rank=1&world_size=4" into info (only those two keys are known).
-inline void parse_query(std::string_view url, std::string_view query, int& rank, int& world) {
-  while (!query.empty()) {
-    auto item = query.substr(0, query.find('&'));
-    query.remove_prefix(std::min(query.size(), item.size() + 1));
-    const auto eq = item.find('=');
-    const auto key = item.substr(0, eq);
-    // value_or keeps GCC 12 at -O3 from a false "may be used uninitialized" on the optional.
-    const long long value =
-        eq == std::string_view::npos ? -1 : parse_integer(item.substr(eq + 1)).value_or(-1);
-    if ((key != "rank" && key != "world_size") || value < 0 || value > std::numeric_limits<int>::max()) {
-      throw config_error("malformed URL '" + std::string(url) + "': bad query item '" + std::string(item) +
-                         "' (expected rank=<int> and/or world_size=<int>)");
-    }
-    (key == "rank" ? rank : world) = static_cast<int>(value);
-  }
-}
-
-inline void check_rank(std::string_view context, int rank, int world) {
-  if (world < 1) {
-    throw config_error(std::string(context) + ": world size must be at least 1, got " + std::to_string(world));
-  }
-  if (rank < 0 || rank >= world) {
-    throw config_error(std::string(context) + ": rank " + std::to_string(rank) + " is out of range for world size " +
-                       std::to_string(world) + " (expected 0 <= rank < world size)");
-  }
-}
-
-// The rank variables of env://, from the first launcher whose variables are present.
-inline void read_rank_env(rendezvous_info& info, const env_lookup& env) {
-  constexpr long long big = std::numeric_limits<int>::max();
-  const std::string ctx = "env://";
-  const std::string how =
-      "expected RANK and WORLD_SIZE as torchrun/partrun set them, or Slurm's SLURM_PROCID/SLURM_NTASKS, or Open "
-      "MPI's OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE";
-  auto read = [&](const char* rank, const char* size, const char* local_rank, const char* local_size, const char* source) {
-    info.world_size = require_int(env, size, 1, big, ctx, std::string(size) + " >= 1", how);
-    info.rank = require_int(env, rank, 0, big, ctx, "0 <= " + std::string(rank) + " < " + size, how);
-    check_rank(ctx + " (" + rank + ", " + size + ")", info.rank, info.world_size);
-    info.source = source;
-    auto lr = local_rank ? int_var(env, local_rank, 0, big, ctx, "a non-negative integer") : std::nullopt;
-    auto lws = local_size ? int_var(env, local_size, 1, big, ctx, "a positive integer") : std::nullopt;
-    // Without local variables assume one node (what mp.spawn-style single-node runs mean).
-    info.local_rank = lr.value_or(info.rank);
-    info.local_world_size = lws.value_or(lr ? info.local_rank + 1 : info.world_size);
-    if (lr && !lws) info.local_world_size = std::max(info.local_world_size, info.local_rank + 1);
-  };
-  if (env("RANK") || env("WORLD_SIZE")) {
-    read("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "torchrun");
-  } else if (env("SLURM_PROCID")) {
-    read("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, "slurm");
-    const int node = int_var(env, "SLURM_NODEID", 0, big, ctx, "a non-negative integer").value_or(0);
-    std::optional<int> local;
-    if (auto per = env("SLURM_STEP_TASKS_PER_NODE")) local = slurm_tasks_on_node(*per, node);
-    if (!local) {
-      if (auto per = env("SLURM_TASKS_PER_NODE")) local = slurm_tasks_on_node(*per, node);
-    }
-    if (!local) {
-      if (auto per = env("SLURM_NTASKS_PER_NODE")) local = slurm_tasks_on_node(*per, 0);
-    }
-    if (local) info.local_world_size = *local;
-  } else if (env("OMPI_COMM_WORLD_RANK")) {
-    read("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-         "openmpi");
-  } else if (env("PMI_RANK")) {
-    read("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "pmi");
-  } else {
-    throw config_error(ctx + ": RANK is not set (" + how + ")");
-  }
-  if (info.local_rank >= info.local_world_size) {
-    throw config_error(ctx + ": local rank " + std::to_string(info.local_rank) + " is out of range for local world size " +
-                       std::to_string(info.local_world_size) + " (expected 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE)");
-  }
-}
-
-}  // namespace detail
-
-// Parses url and the environment; connects nothing. Throws config_error naming what is
-// wrong and what was expected.
-[[nodiscard]] inline rendezvous_info parse_rendezvous(std::string_view url, const init_options& opts = {},
-                                                      const env_lookup& env = process_env) {
-  rendezvous_info info;
-  constexpr long long big = std::numeric_limits<int>::max();
-  const auto sep = url.find("://");
-  if (sep == std::string_view::npos) {
-    throw config_error("malformed URL '" + std::string(url) + "' (expected env://, tcp://host:port or file://path)");
-  }
-  info.scheme = std::string(url.substr(0, sep));
-  std::string_view rest = url.substr(sep + 3);
-
-  // Timeout and token: options, then the environment.
-  if (opts.timeout) {
-    if (opts.timeout->count() <= 0) {
-      throw config_error("init_process_group: timeout must be positive, got " + std::to_string(opts.timeout->count()) + " ms");
-    }
-    info.timeout = *opts.timeout;
-  } else if (auto t = detail::int_var(env, "PARTRAIN_TIMEOUT_MS", 1, big, "init_process_group",
-                                      "a positive number of milliseconds")) {
-    info.timeout = std::chrono::milliseconds(*t);
-  }
-  info.token = !opts.token.empty() ? opts.token : env("PARTRAIN_STORE_TOKEN").value_or("");
-  info.bind_address = env("PARTRAIN_STORE_BIND").value_or("");
-  info.agent_store = env("PARTRAIN_USE_AGENT_STORE").value_or("0") == "1";
-  info.restart_count = detail::int_var(env, "PARTRAIN_RESTART_COUNT", 0, big, "init_process_group", "a non-negative integer")
-                           .value_or(0);
-
-  if (info.scheme == "env") {
-    if (!rest.empty()) {
-      throw config_error("malformed URL '" + std::string(url) + "': env:// takes nothing after '//' (the environment says it all)");
-    }
-    detail::read_rank_env(info, env);
-    if (opts.rank >= 0 && opts.rank != info.rank) {
-      throw config_error("env://: options.rank " + std::to_string(opts.rank) + " disagrees with the environment's rank " +
-                         std::to_string(info.rank));
-    }
-    if (opts.world_size >= 0 && opts.world_size != info.world_size) {
-      throw config_error("env://: options.world_size " + std::to_string(opts.world_size) +
-                         " disagrees with the environment's world size " + std::to_string(info.world_size));
-    }
-    auto addr = env("MASTER_ADDR");
-    if (!addr && info.source == "slurm") {
-      if (auto nodes = env("SLURM_STEP_NODELIST") ? env("SLURM_STEP_NODELIST") : env("SLURM_JOB_NODELIST")) {
-        addr = detail::first_slurm_host(*nodes);
-      }
-    }
-    if (!addr || addr->empty()) {
-      throw config_error("env://: MASTER_ADDR is not set (expected the address or host name of the rank 0 host, e.g. "
-                         "MASTER_ADDR=127.0.0.1 on one machine)");
-    }
-    info.master_addr = *addr;
-    auto port = detail::int_var(env, "MASTER_PORT", 0, 65535, "env://", "a port number in 1..65535");
-    if (!port && info.source == "slurm") {
-      // Every rank of the job derives the same port from the job id (torch users usually
-      // compute one this way in their sbatch script).
-      if (auto job = detail::int_var(env, "SLURM_JOB_ID", 0, big, "env://", "an integer")) port = 20000 + *job % 20000;
-    }
-    if (!port) {
-      throw config_error("env://: MASTER_PORT is not set (expected a free TCP port on the master, e.g. MASTER_PORT=29500)");
-    }
-    if (*port == 0 && (info.world_size > 1 || info.agent_store)) {
-      throw config_error("env://: MASTER_PORT=0 only works for a world of one rank (expected 1..65535)");
-    }
-    info.port = static_cast<std::uint16_t>(*port);
-  } else if (info.scheme == "tcp" || info.scheme == "file") {
-    const auto q = rest.find('?');
-    int rank = -1, world = -1;
-    if (q != std::string_view::npos) detail::parse_query(url, rest.substr(q + 1), rank, world);
-    rest = rest.substr(0, q);
-    if (info.scheme == "tcp") {
-      detail::parse_host_port(url, rest, info.master_addr, info.port);
-    } else {
-      if (rest.empty()) {
-        throw config_error("malformed URL '" + std::string(url) + "': empty path (expected file:///path/on/a/shared/filesystem)");
-      }
-      info.path = std::string(rest);
-    }
-    auto pick = [&](int from_opts, int from_url, const char* what) {
-      if (from_opts >= 0 && from_url >= 0 && from_opts != from_url) {
-        throw config_error(info.scheme + "://: options." + what + " " + std::to_string(from_opts) + " disagrees with the URL's " +
-                           std::to_string(from_url));
-      }
-      const int v = from_opts >= 0 ? from_opts : from_url;
-      if (v < 0) {
-        throw config_error(info.scheme + "://: " + what + " is not given (expected init_options::" + what + " or ?" + what +
-                           "=N in the URL)");
-      }
-      return v;
-    };
-    info.world_size = pick(opts.world_size, world, "world_size");
-    info.rank = pick(opts.rank, rank, "rank");
-    detail::check_rank(info.scheme + "://", info.rank, info.world_size);
-    info.source = opts.rank >= 0 ? "options" : "url";
-    info.local_rank = detail::int_var(env, "LOCAL_RANK", 0, big, info.scheme + "://", "a non-negative integer").value_or(info.rank);
-    info.local_world_size =
-        detail::int_var(env, "LOCAL_WORLD_SIZE", 1, big, info.scheme + "://", "a positive integer").value_or(info.world_size);
-    if (info.local_rank >= info.local_world_size) {
-      throw config_error(info.scheme + "://: local rank " + std::to_string(info.local_rank) + " is out of range for local world size " +
-                         std::to_string(info.local_world_size));
-    }
-  } else {
-    throw config_error("malformed URL '" + std::string(url) + "': unknown scheme '" + info.scheme +
-                       "' (expected env://, tcp://host:port or file://path)");
-  }
-  return info;
-}
-
-// The environment's rendezvous (what torchrun, partrun, Slurm or mpirun set).
-[[nodiscard]] inline rendezvous_info rendezvous_from_env(const init_options& opts = {}) {
-  return parse_rendezvous("env://", opts, process_env);
-}
-
-// Creates info.store: rank 0 hosts the TCP server (unless a launcher's agent does), the
-// others connect to it with retries until the timeout; or opens the file store.
-inline void connect_store(rendezvous_info& info) {
-  const std::string who = "rank " + std::to_string(info.rank);
-  if (info.scheme == "file") {
-    info.store = std::make_shared<file_store>(info.path, info.timeout, who);
-  } else {
-    tcp_store_options o;
-    o.host = info.master_addr;
-    o.port = info.port;
-    o.is_server = info.rank == 0 && !info.agent_store;
-    o.bind_address = info.bind_address;
-    o.token = info.token;
-    o.timeout = info.timeout;
-    o.who = who;
-    auto s = std::make_shared<tcp_store>(o);
-    info.port = s->port();
-    info.store = std::move(s);
-  }
-  if (info.agent_store) {
-    info.store = std::make_shared<prefix_store>("/worker/attempt_" + std::to_string(info.restart_count), info.store);
-  }
-}
-
-// parse_rendezvous + connect_store.
-[[nodiscard]] inline rendezvous_info rendezvous(std::string_view url, const init_options& opts = {},
-                                                const env_lookup& env = process_env) {
-  auto info = parse_rendezvous(url, opts, env);
-  connect_store(info);
-  return info;
-}
-
-// Builds the backend's group on an already connected rendezvous.
-[[nodiscard]] inline std::unique_ptr<process_group> make_process_group(const rendezvous_info& info, const init_options& opts = {}) {
-  if (!info.store) throw invalid_argument_error("make_process_group: the rendezvous has no store (call connect_store first)");
-  std::string backend = opts.backend;
-  if (backend.empty()) backend = opts.device && opts.device->is_cuda() ? "nccl" : "gloo";
-  process_group_options po;
-  po.timeout = info.timeout;
-  po.check_collectives = opts.check_collectives;
-  if (backend == "gloo") {
-#if PARTRAIN_INIT_HAS_GLOO
-    return std::make_unique<gloo_group>(info.store, info.rank, info.world_size, po);
-#else
-    throw config_error("backend 'gloo' is not compiled in: install Debian libgloo-dev and link partrain::gloo "
-                       "(which defines PARTRAIN_WITH_GLOO)");
-#endif
-  }
-  if (backend == "nccl") {
-#if PARTRAIN_INIT_HAS_NCCL
-    const partrain::device dev = opts.device.value_or(partrain::device::cuda(info.local_rank));
-    if (!dev.is_cuda()) throw config_error("backend 'nccl' needs a cuda device, got " + dev.to_string());
-    return std::make_unique<nccl_group>(info.store, info.rank, info.world_size, dev, po);
-#else
-    throw config_error("backend 'nccl' is not compiled in: it needs CUDA and NCCL; link partrain::nccl "
-                       "(which defines PARTRAIN_WITH_NCCL)");
-#endif
-  }
-  throw config_error("unknown backend '" + backend + "' (expected 'gloo' or 'nccl')");
-}
-
-namespace detail {
-
-// The store dies with init_process_group's rendezvous_info; when rank 0 hosts it, rank 0 must
-// not close it while a peer may still be using it. Each other rank reports that it is done with
-// the store (its last store call), and rank 0 leaves only after all have.
-inline void release_store_host(const rendezvous_info& info) {
-  if (info.world_size == 1 || info.agent_store || info.scheme == "file") return;
-  if (info.rank != 0) {
-    if (info.store->add("partrain/init/done", 1) == info.world_size - 1) info.store->set("partrain/init/all_done", "1");
-    return;
-  }
-  try {
-    info.store->wait({"partrain/init/all_done"}, info.timeout);
-  } catch (const timeout_error&) {
-    throw timeout_error("rank 0 init_process_group: not every rank finished initialising within " +
-                        std::to_string(info.timeout.count()) + " ms (" +
-                        std::to_string(info.store->add("partrain/init/done", 0)) + " of " +
-                        std::to_string(info.world_size - 1) + " other ranks did)");
-  }
-}
-
-}  // namespace detail
-
-// torch.distributed.init_process_group: rendezvous on url, then the backend's group. The
-// store is not kept; to build more groups on it, use rendezvous() + make_process_group()
-// and keep rendezvous_info::store alive (on rank 0, until every rank is done with it).
-[[nodiscard]] inline std::unique_ptr<process_group> init_process_group(std::string_view url = "env://",
-                                                                       const init_options& opts = {}) {
-  // Check the backend name before anyone binds a port or waits on a peer.
-  if (!opts.backend.empty() && opts.backend != "gloo" && opts.backend != "nccl") {
-    throw config_error("unknown backend '" + opts.backend + "' (expected 'gloo' or 'nccl')");
-  }
-  auto info = rendezvous(url, opts);
-  auto group = make_process_group(info, opts);
-  detail::release_store_host(info);
-  return group;
-}
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_COMM_INIT_HPP
 // #include <partrain/comm/local.hpp>
 #ifndef PARTRAIN_SI_COMM_LOCAL_HPP
 #define PARTRAIN_SI_COMM_LOCAL_HPP
@@ -6421,6 +3211,31 @@ inline void release_store_host(const rendezvous_info& info) {
 #include <cstdint>
 #include <string>
 
+// #include <partrain/comm/reduce_op.hpp>
+#ifndef PARTRAIN_SI_COMM_REDUCE_OP_HPP
+#define PARTRAIN_SI_COMM_REDUCE_OP_HPP
+// partrain/comm/reduce_op.hpp: reduction operators of the collectives (torch ReduceOp names).
+
+#include <string_view>
+
+namespace partrain::inline v0 {
+
+enum class reduce_op { sum, avg, min, max, prod };
+
+[[nodiscard]] constexpr std::string_view to_string(reduce_op op) noexcept {
+  switch (op) {
+    case reduce_op::sum: return "sum";
+    case reduce_op::avg: return "avg";
+    case reduce_op::min: return "min";
+    case reduce_op::max: return "max";
+    case reduce_op::prod: return "prod";
+  }
+  return "unknown";
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_COMM_REDUCE_OP_HPP
+
 namespace partrain::inline v0::detail {
 
 template <class T>
@@ -6457,112 +3272,275 @@ inline void divide_typed(T* data, std::size_t n, int divisor) noexcept {
   }
 }
 
-// Calls f with a null pointer of the C++ type for t.
-template <class F>
-inline decltype(auto) visit_dtype(dtype t, F&& f) {
-  switch (t) {
-    case dtype::float32: return f(static_cast<float*>(nullptr));
-    case dtype::float64: return f(static_cast<double*>(nullptr));
-    case dtype::int32: return f(static_cast<std::int32_t*>(nullptr));
-    case dtype::int64: return f(static_cast<std::int64_t*>(nullptr));
-    case dtype::uint8: return f(static_cast<std::uint8_t*>(nullptr));
-    case dtype::float16: return f(static_cast<half*>(nullptr));
-    case dtype::bfloat16: return f(static_cast<bfloat16*>(nullptr));
-  }
-  throw invalid_argument_error("unknown dtype code " + std::to_string(static_cast<int>(t)));
-}
-
 // dst[i] = dst[i] op src[i]
 inline void host_reduce(void* dst, const void* src, std::size_t n, dtype t, reduce_op op) {
-  visit_dtype(t, [&]<class T>(T*) { reduce_typed(static_cast<T*>(dst), static_cast<const T*>(src), n, op); });
+  visit_dtype(t, [&]<class T>(std::type_identity<T>) { reduce_typed(static_cast<T*>(dst), static_cast<const T*>(src), n, op); });
 }
 
 // Finishes an avg: data[i] /= divisor (after a sum).
 inline void host_divide(void* data, std::size_t n, dtype t, int divisor) {
-  visit_dtype(t, [&]<class T>(T*) { divide_typed(static_cast<T*>(data), n, divisor); });
+  visit_dtype(t, [&]<class T>(std::type_identity<T>) { divide_typed(static_cast<T*>(data), n, divisor); });
 }
 
 }  // namespace partrain::inline v0::detail
 #endif  // PARTRAIN_SI_COMM_DETAIL_HOST_REDUCE_HPP
-// #include <partrain/comm/detail/op_worker.hpp>
-#ifndef PARTRAIN_SI_COMM_DETAIL_OP_WORKER_HPP
-#define PARTRAIN_SI_COMM_DETAIL_OP_WORKER_HPP
-// partrain/comm/detail/op_worker.hpp: one background thread per process group that runs its
-// operations in issue order (collectives must be issued in the same order on every rank).
-// This is what makes collectives asynchronous: the caller gets a work and goes on computing.
+// #include <partrain/comm/process_group.hpp>
+#ifndef PARTRAIN_SI_COMM_PROCESS_GROUP_HPP
+#define PARTRAIN_SI_COMM_PROCESS_GROUP_HPP
+// partrain/comm/process_group.hpp: the polymorphic base of the backends (local, gloo, nccl).
+// The typed front checks arguments and, in checking mode, that every rank issues the same
+// collective with the same size and dtype; the backend implements the type-erased hooks.
 
-#include <condition_variable>
-#include <deque>
-#include <functional>
-#include <memory>
-#include <mutex>
-#include <stop_token>
-#include <thread>
-#include <utility>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <vector>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0 {
 
-class op_worker {
+inline constexpr std::chrono::milliseconds default_timeout{300'000};
+
+struct process_group_options {
+  // Bound on every blocking operation; a missing or stalled peer fails within it.
+  std::chrono::milliseconds timeout = default_timeout;
+  // Verify op, dtype, size and root across ranks before each collective (like
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL). Also switched on by PARTRAIN_DEBUG=detail.
+  bool check_collectives = false;
+};
+
+[[nodiscard]] inline bool debug_detail_from_env() {
+  const char* v = std::getenv("PARTRAIN_DEBUG");
+  return v && std::string_view(v) == "detail";
+}
+
+enum class collective { all_reduce, broadcast, reduce, all_gather, reduce_scatter, barrier, send, recv };
+
+[[nodiscard]] constexpr std::string_view to_string(collective c) noexcept {
+  switch (c) {
+    case collective::all_reduce: return "all_reduce";
+    case collective::broadcast: return "broadcast";
+    case collective::reduce: return "reduce";
+    case collective::all_gather: return "all_gather";
+    case collective::reduce_scatter: return "reduce_scatter";
+    case collective::barrier: return "barrier";
+    case collective::send: return "send";
+    case collective::recv: return "recv";
+  }
+  return "unknown";
+}
+
+// A type-erased contiguous buffer: what backends see.
+struct raw_tensor {
+  void* data = nullptr;
+  std::size_t count = 0;
+  partrain::dtype type = dtype::float32;
+  bool on_cuda = false;
+
+  [[nodiscard]] std::size_t bytes() const noexcept { return count * size_of(type); }
+};
+
+template <class T, memory_space S>
+[[nodiscard]] raw_tensor erase(tensor_view<T, S> t) noexcept {
+  return {const_cast<std::remove_const_t<T>*>(t.data()), t.size(), dtype_of<T>, std::same_as<S, cuda>};
+}
+
+class process_group {
  public:
-  op_worker() : thread_([this](std::stop_token st) { run(st); }) {}
-  op_worker(const op_worker&) = delete;
-  op_worker& operator=(const op_worker&) = delete;
-  ~op_worker() {
-    {
-      // Under the mutex: otherwise the stop can land between the worker's predicate check and
-      // its wait, the notify is lost and join() blocks forever.
-      std::lock_guard lock(mutex_);
-      thread_.request_stop();
+  process_group(int rank, int size, process_group_options opts) : rank_(rank), size_(size), opts_(opts) {
+    if (size <= 0) throw config_error("world size must be at least 1, got " + std::to_string(size));
+    if (rank < 0 || rank >= size) {
+      throw config_error("rank " + std::to_string(rank) + " is out of range for world size " + std::to_string(size) +
+                         " (expected 0 <= rank < world size)");
     }
-    cv_.notify_all();
-    thread_.join();
-    // Operations never started are failed, so nobody waits on them forever.
-    for (auto& [state, fn] : queue_) {
-      state->complete(std::make_exception_ptr(communication_error("process group destroyed before the operation ran")));
-    }
+    if (debug_detail_from_env()) opts_.check_collectives = true;
+  }
+  process_group(const process_group&) = delete;
+  process_group& operator=(const process_group&) = delete;
+  virtual ~process_group() = default;
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return opts_.timeout; }
+  [[nodiscard]] const process_group_options& options() const noexcept { return opts_; }
+  [[nodiscard]] virtual std::string_view backend() const noexcept = 0;
+  // Which memory the backend's collectives take (host for local and gloo, cuda for nccl).
+  [[nodiscard]] virtual bool accepts(device_kind k) const noexcept { return k == device_kind::cpu; }
+  // Backends whose collectives run on a CUDA device (nccl): the device's index, and the stream
+  // (a cudaStream_t, type-erased so this header needs no CUDA) that device work feeding a
+  // collective must be queued on, since the collective starts after the work queued on it.
+  // -1 and nullptr (the default stream) for the host backends.
+  [[nodiscard]] virtual int cuda_device_index() const noexcept { return -1; }
+  [[nodiscard]] virtual void* input_stream() const noexcept { return nullptr; }
+
+  template <element_type T, memory_space S>
+  [[nodiscard]] work all_reduce(tensor_view<T, S> t, reduce_op op = reduce_op::sum) {
+    auto r = prepare(collective::all_reduce, t, -1, op);
+    return do_all_reduce(r, op);
+  }
+  template <element_type T, memory_space S>
+  [[nodiscard]] work broadcast(tensor_view<T, S> t, int root = 0) {
+    auto r = prepare(collective::broadcast, t, root, reduce_op::sum);
+    return do_broadcast(r, root);
+  }
+  // The result lands in root's buffer; other ranks' buffers are left as they were.
+  template <element_type T, memory_space S>
+  [[nodiscard]] work reduce(tensor_view<T, S> t, int root = 0, reduce_op op = reduce_op::sum) {
+    auto r = prepare(collective::reduce, t, root, op);
+    return do_reduce(r, root, op);
+  }
+  // out holds size() blocks of in.size() elements, rank q's input in block q.
+  template <element_type T, memory_space S>
+  [[nodiscard]] work all_gather(tensor_view<const T, S> in, tensor_view<T, S> out) {
+    check_blocks(collective::all_gather, in.size(), out.size(), "out", "in");
+    auto r = prepare(collective::all_gather, in, -1, reduce_op::sum);
+    return do_all_gather(r, erase(out));
+  }
+  // in holds size() blocks of out.size() elements; rank r gets the reduction of block r.
+  template <element_type T, memory_space S>
+  [[nodiscard]] work reduce_scatter(tensor_view<const T, S> in, tensor_view<T, S> out, reduce_op op = reduce_op::sum) {
+    check_blocks(collective::reduce_scatter, out.size(), in.size(), "in", "out");
+    auto r = prepare(collective::reduce_scatter, out, -1, op);
+    return do_reduce_scatter(erase(in), r, op);
+  }
+  [[nodiscard]] work barrier() {
+    if (opts_.check_collectives) check_across_ranks(collective::barrier, dtype::uint8, 0, -1, reduce_op::sum);
+    return do_barrier();
+  }
+  template <element_type T, memory_space S>
+  [[nodiscard]] work send(tensor_view<const T, S> t, int dst, int tag = 0) {
+    check_peer(collective::send, dst, "dst");
+    check_space(collective::send, std::same_as<S, cuda>);
+    return do_send(erase(t), dst, tag);
+  }
+  template <element_type T, memory_space S>
+  [[nodiscard]] work recv(tensor_view<T, S> t, int src, int tag = 0) {
+    check_peer(collective::recv, src, "src");
+    check_space(collective::recv, std::same_as<S, cuda>);
+    return do_recv(erase(t), src, tag);
   }
 
-  // Queues fn; the returned work completes when fn returns (or with what fn threw).
-  [[nodiscard]] work submit(std::function<void()> fn) {
-    auto state = std::make_shared<work_state>();
-    {
-      std::lock_guard lock(mutex_);
-      queue_.emplace_back(state, std::move(fn));
-    }
-    cv_.notify_one();
-    return work(state);
+  // Forwarding overloads so a non-const view can be passed where a const one is expected.
+  template <element_type T, memory_space S>
+  [[nodiscard]] work all_gather(tensor_view<T, S> in, tensor_view<T, S> out)
+    requires(!std::is_const_v<T>)
+  {
+    return all_gather(tensor_view<const T, S>(in), out);
+  }
+  template <element_type T, memory_space S>
+  [[nodiscard]] work reduce_scatter(tensor_view<T, S> in, tensor_view<T, S> out, reduce_op op = reduce_op::sum)
+    requires(!std::is_const_v<T>)
+  {
+    return reduce_scatter(tensor_view<const T, S>(in), out, op);
+  }
+  template <element_type T, memory_space S>
+  [[nodiscard]] work send(tensor_view<T, S> t, int dst, int tag = 0)
+    requires(!std::is_const_v<T>)
+  {
+    return send(tensor_view<const T, S>(t), dst, tag);
+  }
+
+  [[nodiscard]] std::string where(collective c) const {
+    return "rank " + std::to_string(rank_) + " " + std::string(to_string(c)) + " (" + std::string(backend()) +
+           ", world size " + std::to_string(size_) + ")";
+  }
+
+ protected:
+  virtual work do_all_reduce(raw_tensor t, reduce_op op) = 0;
+  virtual work do_broadcast(raw_tensor t, int root) = 0;
+  virtual work do_reduce(raw_tensor t, int root, reduce_op op) = 0;
+  virtual work do_all_gather(raw_tensor in, raw_tensor out) = 0;
+  virtual work do_reduce_scatter(raw_tensor in, raw_tensor out, reduce_op op) = 0;
+  virtual work do_barrier() = 0;
+  virtual work do_send(raw_tensor t, int dst, int tag) = 0;
+  virtual work do_recv(raw_tensor t, int src, int tag) = 0;
+
+  // Checking mode: exchange a fingerprint of the call and compare. The default all_gathers
+  // host int64s through the backend; a backend without host collectives overrides it.
+  virtual std::vector<std::int64_t> gather_fingerprints(std::span<const std::int64_t> mine) {
+    std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(size_));
+    raw_tensor in{const_cast<std::int64_t*>(mine.data()), mine.size(), dtype::int64, false};
+    raw_tensor out{all.data(), all.size(), dtype::int64, false};
+    do_all_gather(in, out).wait();
+    return all;
   }
 
  private:
-  void run(std::stop_token st) {
-    for (;;) {
-      std::pair<std::shared_ptr<work_state>, std::function<void()>> item;
-      {
-        std::unique_lock lock(mutex_);
-        cv_.wait(lock, [&] { return st.stop_requested() || !queue_.empty(); });
-        if (st.stop_requested()) return;
-        item = std::move(queue_.front());
-        queue_.pop_front();
+  template <class T, memory_space S>
+  raw_tensor prepare(collective c, tensor_view<T, S> t, int root, reduce_op op) {
+    check_space(c, std::same_as<S, cuda>);
+    if (root != -1) check_peer(c, root, "root");
+    if (opts_.check_collectives) check_across_ranks(c, dtype_of<T>, t.size(), root, op);
+    return erase(t);
+  }
+  void check_space(collective c, bool on_cuda) const {
+    const auto k = on_cuda ? device_kind::cuda : device_kind::cpu;
+    if (!accepts(k)) {
+      throw invalid_argument_error(where(c) + ": the " + std::string(backend()) + " backend does not take " +
+                                   (on_cuda ? "CUDA" : "host") + " tensors");
+    }
+  }
+  void check_peer(collective c, int peer, const char* what) const {
+    if (peer < 0 || peer >= size_) {
+      throw invalid_argument_error(where(c) + ": " + what + " " + std::to_string(peer) +
+                                   " is out of range (expected 0 <= " + what + " < " + std::to_string(size_) + ")");
+    }
+  }
+  void check_blocks(collective c, std::size_t block, std::size_t total, const char* big, const char* small) const {
+    if (block * static_cast<std::size_t>(size_) != total) {
+      throw invalid_argument_error(where(c) + ": '" + big + "' has " + std::to_string(total) + " elements, expected " +
+                                   std::to_string(size_) + " x " + std::to_string(block) + " (world size x '" + small +
+                                   "')");
+    }
+  }
+  void check_across_ranks(collective c, dtype t, std::size_t count, int root, reduce_op op) {
+    const std::array<std::int64_t, 6> mine{static_cast<std::int64_t>(seq_++), static_cast<std::int64_t>(c),
+                                           static_cast<std::int64_t>(t), static_cast<std::int64_t>(count), root,
+                                           static_cast<std::int64_t>(op)};
+    const auto all = gather_fingerprints(mine);
+    for (int q = 0; q < size_; ++q) {
+      const auto* theirs = all.data() + static_cast<std::size_t>(q) * mine.size();
+      if (!std::equal(mine.begin(), mine.end(), theirs)) {
+        auto describe = [](const std::int64_t* f) {
+          return "#" + std::to_string(f[0]) + " " + std::string(to_string(static_cast<collective>(f[1]))) + "(" +
+                 std::string(to_string(static_cast<dtype>(f[2]))) + " x " + std::to_string(f[3]) +
+                 ", root " + std::to_string(f[4]) + ", op " + std::string(to_string(static_cast<reduce_op>(f[5]))) + ")";
+        };
+        throw communication_error("collective mismatch: rank " + std::to_string(rank_) + " called " +
+                                  describe(mine.data()) + " but rank " + std::to_string(q) + " called " +
+                                  describe(theirs));
       }
-      std::exception_ptr err;
-      try {
-        item.second();
-      } catch (...) {
-        err = std::current_exception();
-      }
-      item.second = nullptr;
-      item.first->complete(err);
     }
   }
 
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::pair<std::shared_ptr<work_state>, std::function<void()>>> queue_;
-  std::jthread thread_;
+  int rank_;
+  int size_;
+  process_group_options opts_;
+  std::uint64_t seq_ = 0;
 };
 
-}  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_COMM_DETAIL_OP_WORKER_HPP
+// What a communicator offers, whatever its engine: the process_group backends meet it, and so
+// can a user's own type (a mock in a test, a wrapper that records a trace).
+template <class C>
+concept communicator = requires(C& c, tensor_view<float> t, tensor_view<const float> ct) {
+  { c.rank() } -> std::convertible_to<int>;
+  { c.size() } -> std::convertible_to<int>;
+  { c.all_reduce(t, reduce_op::sum) } -> awaitable_work;
+  { c.broadcast(t, 0) } -> awaitable_work;
+  { c.reduce(t, 0, reduce_op::sum) } -> awaitable_work;
+  { c.all_gather(ct, t) } -> awaitable_work;
+  { c.reduce_scatter(ct, t, reduce_op::sum) } -> awaitable_work;
+  { c.barrier() } -> awaitable_work;
+  { c.send(ct, 0, 0) } -> awaitable_work;
+  { c.recv(t, 0, 0) } -> awaitable_work;
+};
+
+static_assert(communicator<process_group>);
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_COMM_PROCESS_GROUP_HPP
 
 namespace partrain::inline v0 {
 
@@ -6615,9 +3593,9 @@ class local_world_state {
     if (generation_ == gen) throw_if_aborted(rank, c);
   }
 
-  void abort(const std::string& why) {
+  void abort(const std::string& why, int origin = -1) {
     std::lock_guard lock(mutex_);
-    abort_locked(why);
+    abort_locked(why, origin);
   }
 
   // Point-to-point: eager, the sender's bytes are copied into a mailbox.
@@ -6653,15 +3631,13 @@ class local_world_state {
 
  private:
   void throw_if_aborted(int rank, collective c) const {
-    if (aborted_) {
-      throw communication_error("rank " + std::to_string(rank) + " " + std::string(to_string(c)) +
-                                " (local): group aborted: " + abort_reason_);
-    }
+    if (aborted_) throw aborted_error({.rank = rank, .operation = std::string(to_string(c)) + " (local)"}, abort_origin_, abort_reason_);
   }
-  void abort_locked(const std::string& why) {
+  void abort_locked(const std::string& why, int origin = -1) {
     if (!aborted_) {
       aborted_ = true;
       abort_reason_ = why;
+      abort_origin_ = origin;
     }
     cv_.notify_all();
   }
@@ -6676,6 +3652,7 @@ class local_world_state {
   std::vector<std::uint64_t> arrivals_;
   bool aborted_ = false;
   std::string abort_reason_;
+  int abort_origin_ = -1;
   std::map<std::tuple<int, int, int>, std::deque<std::vector<std::byte>>> mail_;
 };
 
@@ -6705,7 +3682,8 @@ class local_group final : public process_group {
 
   [[nodiscard]] std::string_view backend() const noexcept override { return "local"; }
   // Marks the world failed, so peers blocked in a collective stop waiting (used when a rank throws).
-  void abort(const std::string& why) { world_->abort(why); }
+  // `origin` is the rank whose failure this is (aborted_error::origin() in the peers).
+  void abort(const std::string& why, int origin = -1) { world_->abort(why, origin); }
 
  protected:
   work do_all_reduce(raw_tensor t, reduce_op op) override {
@@ -6803,7 +3781,7 @@ class local_group final : public process_group {
   }
 
   std::shared_ptr<detail::local_world_state> world_;
-  detail::op_worker worker_;  // last: joined before world_ goes away
+  detail::executor worker_;  // last: joined before world_ goes away
 };
 
 // Creates the ranks of a local world, for callers that manage their own threads.
@@ -6832,30 +3810,16 @@ void run_local(int world_size, F fn, process_group_options opts = {}) {
           fn(g);
         } catch (const std::exception& e) {
           errors[static_cast<std::size_t>(r)] = std::current_exception();
-          g.abort("rank " + std::to_string(r) + " failed: " + e.what());
+          g.abort("rank " + std::to_string(r) + " failed: " + e.what(), r);
         } catch (...) {
           errors[static_cast<std::size_t>(r)] = std::current_exception();
-          g.abort("rank " + std::to_string(r) + " failed");
+          g.abort("rank " + std::to_string(r) + " failed", r);
         }
       });
     }
   }
-  // Prefer the root cause: a rank whose error is not the "group aborted" echo of another's.
-  std::exception_ptr first, first_echo;
-  for (auto& e : errors) {
-    if (!e) continue;
-    bool echo = false;
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      echo = std::string_view(ex.what()).find("group aborted") != std::string_view::npos;
-    } catch (...) {
-    }
-    if (!echo && !first) first = e;
-    if (echo && !first_echo) first_echo = e;
-  }
-  if (!first) first = first_echo;
-  if (first) std::rethrow_exception(first);
+  // Prefer the root cause: a rank whose error is not an aborted_error echo of another's.
+  if (auto first = detail::root_cause(errors)) std::rethrow_exception(first);
 }
 
 }  // namespace partrain::inline v0
@@ -6872,12 +3836,18 @@ void run_local(int world_size, F fn, process_group_options opts = {}) {
 // - Asynchrony: collectives are queued on the group's own stream, after an event that orders them
 //   behind the input stream (the legacy default stream unless set_input_stream says otherwise).
 //   A completion event is recorded after each; the returned work completes when the GPU has
-//   finished it, not when the host has queued it.
+//   finished it, not when the host has queued it. input_stream() tells device work that feeds
+//   the collectives (DDP's buckets and hooks) which stream to queue on.
 // - Watchdog: NCCL has no per-collective timeout. One thread per group polls the completion
-//   events and ncclCommGetAsyncError; an operation past the timeout, or an asynchronous NCCL
+//   events and ncclCommGetAsyncError; an operation running longer than the timeout (counted from
+//   when the GPU started it, not from when it was queued behind compute), or an asynchronous NCCL
 //   error, aborts the communicator (ncclCommAbort) and fails every pending work with an error
 //   naming the rank and the operation. Later calls fail at once: make a new group to go on.
-// - Point to point: NCCL matches send/recv per peer in issue order; the tag is not used.
+// - Threads: the watchdog makes the group's device current before its first CUDA call, and
+//   work::then callbacks run on it with that device current.
+// - Point to point: NCCL matches send/recv per peer in issue order; the tag is not used. Each
+//   is issued inside ncclGroupStart/End. An exchange where both peers send first can still block
+//   for large messages (each send waits for its receive): use send_recv, one group for both.
 
 #if !PARTRAIN_HAS_CUDA
 #error "partrain/comm/nccl.hpp needs the CUDA runtime and NCCL: link partrain::nccl"
@@ -6887,6 +3857,7 @@ void run_local(int world_size, F fn, process_group_options opts = {}) {
 #include <nccl.h>
 
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -6894,6 +3865,7 @@ void run_local(int world_size, F fn, process_group_options opts = {}) {
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <stop_token>
 #include <string>
@@ -6902,6 +3874,49 @@ void run_local(int world_size, F fn, process_group_options opts = {}) {
 #include <utility>
 #include <vector>
 
+// #include <partrain/comm/store.hpp>
+#ifndef PARTRAIN_SI_COMM_STORE_HPP
+#define PARTRAIN_SI_COMM_STORE_HPP
+// partrain/comm/store.hpp: the rendezvous key-value store (torch's c10d Store). Ranks exchange
+// bootstrap data through it: Gloo's addresses, the NCCL unique id. Every call has a deadline.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace partrain::inline v0 {
+
+class store {
+ public:
+  store() = default;
+  store(const store&) = delete;
+  store& operator=(const store&) = delete;
+  virtual ~store() = default;
+
+  virtual void set(const std::string& key, std::span<const std::byte> value) = 0;
+  // Blocks until key exists (or the timeout passes: timeout_error naming the key).
+  [[nodiscard]] virtual std::vector<std::byte> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // Atomically adds delta to the integer at key (0 if absent) and returns the new value.
+  virtual std::int64_t add(const std::string& key, std::int64_t delta) = 0;
+  // Blocks until every key exists; timeout_error names the keys still missing.
+  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+  [[nodiscard]] virtual bool check(const std::vector<std::string>& keys) = 0;
+
+  // Conveniences over the byte interface.
+  void set(const std::string& key, const std::string& value) {
+    set(key, std::span(reinterpret_cast<const std::byte*>(value.data()), value.size()));
+  }
+  [[nodiscard]] std::string get_string(const std::string& key, std::chrono::milliseconds timeout) {
+    auto v = get(key, timeout);
+    return {reinterpret_cast<const char*>(v.data()), v.size()};
+  }
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_COMM_STORE_HPP
 // #include <partrain/cuda/check.hpp>
 #ifndef PARTRAIN_SI_CUDA_CHECK_HPP
 #define PARTRAIN_SI_CUDA_CHECK_HPP
@@ -6956,7 +3971,7 @@ inline void cuda_check(cudaError_t rc, const char* call, const char* file, int l
 #ifndef PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
 #define PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
 // partrain/cuda/device_buffer.hpp: owned device memory (cudaMalloc, RAII) with a shape, seen as
-// tensor_view<T, cuda>, and copies to and from host views (blocking, or queued on a stream).
+// tensor_view<T, cuda>, and copies to and from host views (finished on return, or queued on a stream).
 
 #if !PARTRAIN_HAS_CUDA
 #error "partrain/cuda/device_buffer.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
@@ -6973,28 +3988,86 @@ inline void cuda_check(cudaError_t rc, const char* call, const char* file, int l
 #ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
 #define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
 // partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
-// previous one after (torch.cuda.device as a context manager).
+// previous one after (torch.cuda.device as a context manager), without ever creating a context
+// on a device nobody asked for.
 
 #if !PARTRAIN_HAS_CUDA
 #error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
 #endif
 
+#include <cuda.h>  // CUcontext and the driver's function type only: nothing links libcuda
 #include <cuda_runtime.h>
+
+#include <string>
 
 namespace partrain::inline v0 {
 
+namespace detail {
+
+// Whether this thread has a current CUDA context, i.e. someone already made a device current on
+// it (cudaSetDevice, or a runtime call that initialised one). cudaGetDevice answers 0 on a fresh
+// thread, and cudaSetDevice(0) would then create device 0's context (CUDA 12+): restoring must
+// not do that. The driver's cuCtxGetCurrent is reached through the runtime, so nothing links
+// libcuda. Unknown (entry point missing): true, i.e. restore as a plain guard would.
+[[nodiscard]] inline bool thread_has_cuda_context() noexcept {
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
+  using get_current_fn = CUresult(CUDAAPI*)(CUcontext*);
+  static const get_current_fn get_current = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return get_current_fn{nullptr};
+    }
+    return reinterpret_cast<get_current_fn>(fn);
+  }();
+  if (!get_current) return true;
+  CUcontext ctx = nullptr;
+  if (get_current(&ctx) != CUDA_SUCCESS) return true;
+  return ctx != nullptr;
+#else
+  return true;
+#endif
+}
+
+[[nodiscard]] inline int checked_cuda_index(const device& d, const char* who) {
+  if (!d.is_cuda()) {
+    throw invalid_argument_error(std::string(who) + ": device " + d.to_string() + " is not a CUDA device (expected cuda:N)");
+  }
+  return d.index;
+}
+
+}  // namespace detail
+
+// The device current on this thread (cudaGetDevice: it does not create a context; 0 when none
+// was ever set).
+[[nodiscard]] inline int cuda_current_device() {
+  int d = 0;
+  PARTRAIN_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
 class [[nodiscard]] cuda_device_guard {
  public:
+  // Makes `index` current unless it already is. The destructor restores the previous device only
+  // when this guard changed it and the thread had a context before (someone had set a device).
   explicit cuda_device_guard(int index) {
-    PARTRAIN_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (index != previous_) PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
+    const int current = cuda_current_device();
+    if (current == index) return;
+    const bool restore = detail::thread_has_cuda_context();
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
+    if (restore) previous_ = current;
   }
+  explicit cuda_device_guard(const device& d) : cuda_device_guard(detail::checked_cuda_index(d, "cuda_device_guard")) {}
   cuda_device_guard(const cuda_device_guard&) = delete;
   cuda_device_guard& operator=(const cuda_device_guard&) = delete;
-  ~cuda_device_guard() { (void)cudaSetDevice(previous_); }
+  ~cuda_device_guard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
 
  private:
-  int previous_ = 0;
+  int previous_ = -1;  // -1: leave the device as it is at the end of the scope
 };
 
 // How many CUDA devices this process sees (0 without a driver or GPU; never throws).
@@ -7007,18 +4080,48 @@ class [[nodiscard]] cuda_device_guard {
   return n;
 }
 
+// The device whose memory `p` is (cudaPointerGetAttributes): device memory and managed memory
+// report their device. Host memory (pageable or pinned) has no device: config_error naming `who`.
+[[nodiscard]] inline device cuda_device_of(const void* p, const char* who) {
+  cudaPointerAttributes a{};
+  const cudaError_t rc = cudaPointerGetAttributes(&a, p);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw cuda_error(rc, std::string(who) + ": cudaPointerGetAttributes failed: " + cudaGetErrorString(rc));
+  }
+  if ((a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) || a.device < 0) {
+    throw config_error(std::string(who) + ": a pointer expected in CUDA device memory is host memory (a tensor_view<T, "
+                                          "cuda> must point into device memory)");
+  }
+  return device::cuda(a.device);
+}
+
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
 
 namespace partrain::inline v0 {
 
-// A zero-initialised device array of trivially copyable T with a shape, on one device.
+// A zero-initialised device array of trivially copyable T with a shape, on one device. The device
+// is always named: there is no default, so a buffer cannot land on GPU 0 by omission.
 template <class T>
   requires std::is_trivially_copyable_v<T>
 class device_buffer {
  public:
   device_buffer() = default;
-  explicit device_buffer(partrain::shape s, int device_index = 0) : shape_(s), device_(device_index) {
+  // Zero-filled before the constructor returns (queued on the legacy stream of `dev`, then that
+  // stream is synchronised), so work on any stream afterwards sees zeros.
+  device_buffer(partrain::shape s, const partrain::device& dev)
+      : device_buffer(s, detail::checked_cuda_index(dev, "device_buffer"), nullptr) {}
+  device_buffer(partrain::shape s, int device_index) : device_buffer(s, device_index, nullptr) {}
+  device_buffer(std::size_t n, const partrain::device& dev) : device_buffer(partrain::shape{n}, dev) {}
+  device_buffer(std::size_t n, int device_index) : device_buffer(partrain::shape{n}, device_index) {}
+  // Zero-fill queued on `stream` (of `device_index`) and not waited for: work queued on that
+  // stream afterwards sees zeros; other streams must wait on it (an event) first.
+  device_buffer(partrain::shape s, int device_index, cudaStream_t stream) : shape_(s), device_(device_index) {
+    if (device_index < 0) {
+      throw invalid_argument_error("device_buffer: device index " + std::to_string(device_index) +
+                                   " (expected a CUDA device index >= 0)");
+    }
     if (s.numel() == 0) return;
     cuda_device_guard guard(device_index);
     void* p = nullptr;
@@ -7029,13 +4132,15 @@ class device_buffer {
                                std::to_string(device_index) + " failed: " + cudaGetErrorString(rc));
     }
     data_ = static_cast<T*>(p);
-    const cudaError_t rc2 = cudaMemset(data_, 0, size_bytes());
+    // cudaMemset would return before the fill ran and order it only on the legacy stream.
+    const cudaStream_t fill = stream ? stream : cudaStreamLegacy;
+    cudaError_t rc2 = cudaMemsetAsync(data_, 0, size_bytes(), fill);
+    if (rc2 == cudaSuccess && !stream) rc2 = cudaStreamSynchronize(fill);
     if (rc2 != cudaSuccess) {
       reset();
-      detail::cuda_check(rc2, "cudaMemset(data_, 0, size_bytes())", __FILE__, __LINE__);
+      detail::cuda_check(rc2, "device_buffer: cudaMemsetAsync + cudaStreamSynchronize (zero fill)", __FILE__, __LINE__);
     }
   }
-  explicit device_buffer(std::size_t n, int device_index = 0) : device_buffer(partrain::shape{n}, device_index) {}
 
   device_buffer(device_buffer&& o) noexcept
       : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})), device_(o.device_) {}
@@ -7058,12 +4163,16 @@ class device_buffer {
   [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
   [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
   [[nodiscard]] int device_index() const noexcept { return device_; }
+  [[nodiscard]] partrain::device device() const noexcept { return partrain::device::cuda(device_); }
 
   [[nodiscard]] tensor_view<T, cuda> view() noexcept { return {data_, shape_}; }
   [[nodiscard]] tensor_view<const T, cuda> view() const noexcept { return {data_, shape_}; }
 
-  // Host -> device. With a stream the copy is queued (the host memory must stay alive and, to be
-  // truly asynchronous, be pinned); without one it has finished on return.
+  // Host -> device. With a stream the copy is queued on it (the host memory must stay alive until
+  // it ran and, to be truly asynchronous, be pinned). Without one it is queued on the legacy
+  // stream of the buffer's device, which is then synchronised: the copy has finished on return
+  // (cudaMemcpy alone does not promise that for pageable host memory). Either way it is ordered
+  // after earlier work on that stream only: data made on another stream needs that stream.
   void copy_from(tensor_view<const T, host> src, cudaStream_t stream = nullptr) {
     check_size("copy_from", src.size());
     copy(data_, src.data(), cudaMemcpyHostToDevice, stream);
@@ -7085,17 +4194,19 @@ class device_buffer {
     if (size() == 0) return;
     if (stream) {
       PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, stream));
-    } else {
-      PARTRAIN_CUDA_CHECK(cudaMemcpy(dst, src, size_bytes(), kind));
+      return;
     }
+    cuda_device_guard guard(device_);  // the legacy stream of the buffer's device
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, cudaStreamLegacy));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   }
   void reset() noexcept {
-    if (data_) (void)cudaFree(std::exchange(data_, nullptr));
+    if (data_) (void)cudaFree(std::exchange(data_, nullptr));  // cudaFree frees on any current device
   }
 
   T* data_ = nullptr;
   partrain::shape shape_{};
-  int device_ = 0;
+  int device_ = -1;  // -1: an empty default-constructed buffer
 };
 
 }  // namespace partrain::inline v0
@@ -7188,7 +4299,8 @@ namespace partrain::inline v0 {
 class cuda_stream {
  public:
   // A new stream on device `device_index`; priority as cudaStreamCreateWithPriority (0: default).
-  explicit cuda_stream(int device_index = 0, int priority = 0) : device_(device_index) {
+  // No default device: a stream made on GPU 0 by omission is what D1 of the GPU review was about.
+  explicit cuda_stream(int device_index, int priority = 0) : device_(device_index) {
     cuda_device_guard guard(device_index);
     PARTRAIN_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority));
   }
@@ -7229,7 +4341,7 @@ class cuda_stream {
   }
 
   cudaStream_t stream_ = nullptr;
-  int device_ = 0;
+  int device_ = -1;
 };
 
 }  // namespace partrain::inline v0
@@ -7270,6 +4382,19 @@ namespace detail {
     if (last && *last) s += " (" + std::string(last) + ")";
   }
   return s;
+}
+
+// f() (ncclSend / ncclRecv calls) inside ncclGroupStart/End: NCCL launches the grouped
+// point-to-point calls together, so a send and a receive of one group cannot wait on each other.
+// On a non-blocking communicator ncclGroupEnd may answer ncclInProgress (the caller polls).
+template <class F>
+[[nodiscard]] ncclResult_t nccl_grouped(F&& f) {
+  ncclResult_t rc = ncclGroupStart();
+  if (rc != ncclSuccess) return rc;
+  const ncclResult_t inner = f();
+  const ncclResult_t end = ncclGroupEnd();
+  if (inner != ncclSuccess && inner != ncclInProgress) return inner;
+  return end;
 }
 
 // An owned NCCL communicator. Destroyed cleanly (finalize, then destroy) when healthy, aborted
@@ -7338,8 +4463,11 @@ class nccl_group final : public process_group {
         input_ready_(event_on(device_.index)) {
     if (!store_) throw config_error("nccl_group (rank " + std::to_string(rank) + "): the store is null");
     cuda_device_guard guard(device_.index);
-    comm_ = make_comm();
-    scratch_ = device_buffer<float>(1, device_.index);
+    {
+      std::unique_lock lock(mutex_);  // no other thread yet: wait_ready's protocol wants the lock
+      comm_ = make_comm(lock);
+    }
+    scratch_ = device_buffer<float>(std::size_t{1}, device_.index);
     watchdog_ = std::jthread([this](std::stop_token st) { watch(st); });
   }
   nccl_group(const nccl_group&) = delete;
@@ -7364,9 +4492,30 @@ class nccl_group final : public process_group {
   // The stream the collectives run on: a consumer of their results may wait on it.
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_.get(); }
   // Collectives start after the work queued so far on this stream (where the inputs are made).
-  void set_input_stream(cudaStream_t s) {
-    std::lock_guard lock(mutex_);
-    input_stream_ = s;
+  // It must belong to device(); the legacy default stream (cudaStreamLegacy) until set.
+  void set_input_stream(cudaStream_t s) { input_stream_.store(s); }
+  [[nodiscard]] cudaStream_t cuda_input_stream() const noexcept { return input_stream_.load(); }
+  [[nodiscard]] void* input_stream() const noexcept override { return static_cast<void*>(input_stream_.load()); }
+  [[nodiscard]] int cuda_device_index() const noexcept override { return device_.index; }
+
+  // Sends `out` to dst and receives `in` from src in one NCCL group, so two peers that exchange
+  // (both sending first) cannot block each other. dst == src == rank() copies to itself.
+  template <element_type T>
+  [[nodiscard]] work send_recv(tensor_view<const T, cuda> out, int dst, tensor_view<T, cuda> in, int src) {
+    for (const auto& [peer, what] : {std::pair{dst, "dst"}, std::pair{src, "src"}}) {
+      if (peer < 0 || peer >= size()) {
+        throw invalid_argument_error("rank " + std::to_string(rank()) + " nccl send_recv: " + what + " " +
+                                     std::to_string(peer) + " is out of range (expected 0 <= " + what + " < " +
+                                     std::to_string(size()) + ")");
+      }
+    }
+    return issue(collective::send, [&](ncclComm_t c, cudaStream_t s) {
+      return detail::nccl_grouped([&] {
+        const ncclResult_t a = ncclSend(out.data(), out.size(), detail::to_nccl(dtype_of<T>), dst, c, s);
+        if (a != ncclSuccess && a != ncclInProgress) return a;
+        return ncclRecv(in.data(), in.size(), detail::to_nccl(dtype_of<T>), src, c, s);
+      });
+    });
   }
   // Aborts the communicator now; pending and later operations fail naming `why`.
   void abort(const std::string& why) { fail_all(why, false); }
@@ -7405,12 +4554,12 @@ class nccl_group final : public process_group {
   }
   work do_send(raw_tensor t, int dst, int /*tag: NCCL matches per peer in order*/) override {
     return issue(collective::send, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclSend(t.data, t.count, detail::to_nccl(t.type), dst, c, s);
+      return detail::nccl_grouped([&] { return ncclSend(t.data, t.count, detail::to_nccl(t.type), dst, c, s); });
     });
   }
   work do_recv(raw_tensor t, int src, int /*tag*/) override {
     return issue(collective::recv, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclRecv(t.data, t.count, detail::to_nccl(t.type), src, c, s);
+      return detail::nccl_grouped([&] { return ncclRecv(t.data, t.count, detail::to_nccl(t.type), src, c, s); });
     });
   }
 
@@ -7418,6 +4567,7 @@ class nccl_group final : public process_group {
   std::vector<std::int64_t> gather_fingerprints(std::span<const std::int64_t> mine) override {
     const std::size_t n = mine.size();
     std::vector<std::int64_t> all(n * static_cast<std::size_t>(size()));
+    // Zero-filled and finished before the copies below (queued on the NCCL stream) run.
     device_buffer<std::int64_t> in(n, device_.index);
     device_buffer<std::int64_t> out(all.size(), device_.index);
     in.copy_from(tensor_view<const std::int64_t>(mine.data(), n), stream_.get());
@@ -7432,10 +4582,11 @@ class nccl_group final : public process_group {
 
  private:
   struct pending_op {
+    cuda_event started;  // recorded just before the NCCL kernel: the GPU reached it
     cuda_event done;
     std::shared_ptr<detail::work_state> state;
     collective op;
-    clock::time_point deadline;
+    std::optional<clock::time_point> deadline;  // set once `started` completed
   };
 
   [[nodiscard]] static partrain::device checked_device(partrain::device dev, int rank) {
@@ -7456,7 +4607,7 @@ class nccl_group final : public process_group {
     return cuda_event();
   }
 
-  [[nodiscard]] detail::nccl_comm make_comm() {
+  [[nodiscard]] detail::nccl_comm make_comm(std::unique_lock<std::mutex>& lock) {
     // Each rank counts the groups it made on this store; every rank makes them in the same order,
     // so the n-th group of each rank meets under the n-th key (threads or processes alike).
     const std::int64_t n = store_->add("partrain/nccl/groups_made_by_rank_" + std::to_string(rank()), 1);
@@ -7493,13 +4644,20 @@ class nccl_group final : public process_group {
       throw communication_error("rank " + std::to_string(rank()) + " nccl init: ncclCommInitRankConfig failed: " +
                                 detail::nccl_failure(rc, raw));
     }
-    wait_ready(comm.get(), clock::now() + timeout(), "nccl init (ncclCommInitRankConfig)");
+    wait_ready(lock, comm.get(), clock::now() + timeout(), "nccl init (ncclCommInitRankConfig)");
     return comm;
   }
 
-  // A non-blocking communicator answers ncclInProgress until the call has been taken in.
-  void wait_ready(ncclComm_t comm, clock::time_point deadline, std::string_view what) {
+  // A non-blocking communicator answers ncclInProgress until the call has been taken in. `lock`
+  // (on mutex_) is released between polls, so the watchdog and abort() are not held up for the
+  // whole timeout; issuing_ keeps other issuers out meanwhile. An abort while waiting ends it.
+  void wait_ready(std::unique_lock<std::mutex>& lock, ncclComm_t comm, clock::time_point deadline,
+                  std::string_view what) {
     for (;;) {
+      if (!failure_.empty()) {
+        throw communication_error("rank " + std::to_string(rank()) + " " + std::string(what) +
+                                  ": the NCCL communicator was aborted meanwhile: " + failure_);
+      }
       ncclResult_t st = ncclSuccess;
       const ncclResult_t rc = ncclCommGetAsyncError(comm, &st);
       if (rc != ncclSuccess) st = rc;
@@ -7513,36 +4671,54 @@ class nccl_group final : public process_group {
                             std::to_string(timeout().count()) + " ms (are all " + std::to_string(size()) +
                             " ranks running, one GPU each?)");
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      cv_.wait_for(lock, std::chrono::microseconds(100));
     }
   }
 
   template <class Launch>
   work issue(collective c, Launch&& launch) {
     std::unique_lock lock(mutex_);
+    // One issuer at a time, also while wait_ready has released the lock.
+    cv_.wait(lock, [&] { return !issuing_; });
+    issuing_ = true;
+    struct issuing_reset {
+      explicit issuing_reset(nccl_group* group) noexcept : g(group) {}
+      issuing_reset(const issuing_reset&) = delete;
+      issuing_reset& operator=(const issuing_reset&) = delete;
+      nccl_group* g;
+      ~issuing_reset() {
+        g->issuing_ = false;  // under the lock: every exit path below holds it or re-took it
+        g->cv_.notify_all();
+      }
+    };
+    std::optional<issuing_reset> reset_issuing(std::in_place, this);
     if (!failure_.empty()) throw communication_error(where(c) + ": the NCCL communicator was aborted: " + failure_);
     cuda_device_guard guard(device_.index);
-    input_ready_.record(input_stream_);
+    input_ready_.record(input_stream_.load());
     input_ready_.block(stream_.get());
+    pending_op p{cuda_event(), cuda_event(), std::make_shared<detail::work_state>(), c, std::nullopt};
+    p.started.record(stream_.get());
     const ncclResult_t rc = launch(comm_.get(), stream_.get());
     if (rc == ncclInProgress) {
       try {
-        wait_ready(comm_.get(), clock::now() + timeout(), where(c));
+        wait_ready(lock, comm_.get(), clock::now() + timeout(), where(c));
       } catch (const error& e) {
+        reset_issuing.reset();
         lock.unlock();
         fail_all(e.what(), true);
         throw;
       }
     } else if (rc != ncclSuccess) {
       const std::string why = where(c) + ": " + detail::nccl_failure(rc, comm_.get());
+      reset_issuing.reset();
       lock.unlock();
       fail_all(why, true);
       throw communication_error(why);
     }
-    pending_op p{cuda_event(), std::make_shared<detail::work_state>(), c, clock::now() + timeout()};
     p.done.record(stream_.get());
     work w(p.state);
     pending_.push_back(std::move(p));
+    reset_issuing.reset();
     lock.unlock();
     cv_.notify_all();
     return w;
@@ -7565,6 +4741,14 @@ class nccl_group final : public process_group {
   }
 
   void watch(std::stop_token st) {
+    // This thread's current device is 0 until set: without this, cudaEventQuery below and the
+    // work::then callbacks run here (hook kernels) would use, and create, a context on GPU 0.
+    std::string setup_failure;
+    if (const cudaError_t rc = cudaSetDevice(device_.index); rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      setup_failure = "the watchdog thread could not make " + device_.to_string() + " current: " +
+                      std::string(cudaGetErrorString(rc));
+    }
     std::unique_lock lock(mutex_);
     for (;;) {
       cv_.wait(lock, st, [&] { return !pending_.empty(); });
@@ -7576,10 +4760,17 @@ class nccl_group final : public process_group {
       bool ready = false;
       std::string failure;
       bool timed_out = false;
-      try {
-        ready = front.done.query();
-      } catch (const error& e) {
-        failure = where(front.op) + ": the GPU work failed: " + e.what();
+      if (!setup_failure.empty()) {
+        failure = where(front.op) + ": " + setup_failure;
+      } else {
+        try {
+          ready = front.done.query();
+          // The deadline counts from when the GPU reached the collective (observed within one
+          // polling interval), not from when it was queued, possibly behind long compute.
+          if (!ready && !front.deadline && front.started.query()) front.deadline = clock::now() + timeout();
+        } catch (const error& e) {
+          failure = where(front.op) + ": the GPU work failed: " + e.what();
+        }
       }
       if (!ready && failure.empty() && comm_) {
         ncclResult_t async = ncclSuccess;
@@ -7589,10 +4780,10 @@ class nccl_group final : public process_group {
                     detail::nccl_failure(async, comm_.get());
         }
       }
-      if (!ready && failure.empty() && clock::now() > front.deadline) {
+      if (!ready && failure.empty() && front.deadline && clock::now() > *front.deadline) {
         timed_out = true;
-        failure = where(front.op) + ": not finished after " + std::to_string(timeout().count()) +
-                  " ms (a peer is missing, dead or stalled); the NCCL communicator was aborted";
+        failure = where(front.op) + ": not finished " + std::to_string(timeout().count()) +
+                  " ms after the GPU started it (a peer is missing, dead or stalled); the NCCL communicator was aborted";
       }
       if (ready) {
         auto state = std::move(front.state);
@@ -7631,7 +4822,7 @@ class nccl_group final : public process_group {
   partrain::device device_;
   cuda_stream stream_;
   cuda_event input_ready_;
-  cudaStream_t input_stream_ = cudaStreamLegacy;
+  std::atomic<cudaStream_t> input_stream_{cudaStreamLegacy};
   detail::nccl_comm comm_;
   device_buffer<float> scratch_;
 
@@ -7639,657 +4830,56 @@ class nccl_group final : public process_group {
   std::condition_variable_any cv_;
   std::deque<pending_op> pending_;
   std::string failure_;
+  bool issuing_ = false;  // an issue() is between its NCCL call and its pending_op (see wait_ready)
   std::jthread watchdog_;
 };
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_COMM_NCCL_HPP
 #endif
-// #include <partrain/comm/spawn.hpp>
-#ifndef PARTRAIN_SI_COMM_SPAWN_HPP
-#define PARTRAIN_SI_COMM_SPAWN_HPP
-// partrain/comm/spawn.hpp: partrain::spawn(n, fn), like torch.multiprocessing.spawn. Starts n
-// processes of the current program (fork), each calling fn(rank) with the torchrun variables
-// set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so fn can
-// call init_process_group("env://"). When one rank fails the others are stopped and the
-// error names the rank and how it ended.
-
-#include <sys/types.h>
+// #include <partrain/comm/store.hpp>
+#ifndef PARTRAIN_SI_COMM_STORE_HPP
+#define PARTRAIN_SI_COMM_STORE_HPP
+// partrain/comm/store.hpp: the rendezvous key-value store (torch's c10d Store). Ranks exchange
+// bootstrap data through it: Gloo's addresses, the NCCL unique id. Every call has a deadline.
 
 #include <chrono>
-#include <concepts>
-#include <cstdio>
-#include <cstdlib>
-#include <exception>
-#include <string>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
-// #include <partrain/comm/detail/process.hpp>
-#ifndef PARTRAIN_SI_COMM_DETAIL_PROCESS_HPP
-#define PARTRAIN_SI_COMM_DETAIL_PROCESS_HPP
-// partrain/comm/detail/process.hpp: child-process supervision shared by partrain::spawn and
-// the partrun launcher. A child_process is a forked function or an exec'd program in its own
-// process group, optionally with its output captured line by line; supervise() watches a set
-// of them and, when one fails, stops the rest (SIGTERM, then SIGKILL after a grace period).
-// Nothing a child started outlives it: its whole process group is killed when it is reaped,
-// and PR_SET_PDEATHSIG takes the child down if the supervisor itself dies.
-
-#include <fcntl.h>
-#include <poll.h>
-#include <pthread.h>
-#include <sys/prctl.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <cerrno>
-#include <chrono>
-#include <csignal>
-#include <cstdio>
-#include <cstring>
-#include <deque>
-#include <functional>
-#include <optional>
+#include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
-#include <string_view>
-#include <thread>
-#include <utility>
 #include <vector>
 
 namespace partrain::inline v0 {
 
-// "SIGKILL", "SIGSEGV", ... ("signal 42" for one without a name here).
-[[nodiscard]] inline std::string signal_name(int sig) {
-  switch (sig) {
-    case SIGHUP: return "SIGHUP";
-    case SIGINT: return "SIGINT";
-    case SIGQUIT: return "SIGQUIT";
-    case SIGILL: return "SIGILL";
-    case SIGTRAP: return "SIGTRAP";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGKILL: return "SIGKILL";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGUSR2: return "SIGUSR2";
-    case SIGPIPE: return "SIGPIPE";
-    case SIGALRM: return "SIGALRM";
-    case SIGTERM: return "SIGTERM";
-    case SIGXCPU: return "SIGXCPU";
-    case SIGXFSZ: return "SIGXFSZ";
-    case SIGSYS: return "SIGSYS";
-    default: return "signal " + std::to_string(sig);
-  }
-}
+class store {
+ public:
+  store() = default;
+  store(const store&) = delete;
+  store& operator=(const store&) = delete;
+  virtual ~store() = default;
 
-// How a process ended.
-struct exit_status {
-  bool signaled = false;
-  int code = 0;    // exit code, when !signaled
-  int signal = 0;  // terminating signal, when signaled
-  bool core_dumped = false;
+  virtual void set(const std::string& key, std::span<const std::byte> value) = 0;
+  // Blocks until key exists (or the timeout passes: timeout_error naming the key).
+  [[nodiscard]] virtual std::vector<std::byte> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // Atomically adds delta to the integer at key (0 if absent) and returns the new value.
+  virtual std::int64_t add(const std::string& key, std::int64_t delta) = 0;
+  // Blocks until every key exists; timeout_error names the keys still missing.
+  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+  [[nodiscard]] virtual bool check(const std::vector<std::string>& keys) = 0;
 
-  [[nodiscard]] bool ok() const noexcept { return !signaled && code == 0; }
-  [[nodiscard]] static exit_status from_wait(int status) noexcept {
-    exit_status s;
-    if (WIFSIGNALED(status)) {
-      s.signaled = true;
-      s.signal = WTERMSIG(status);
-      s.core_dumped = WCOREDUMP(status);
-    } else {
-      s.code = WEXITSTATUS(status);
-    }
-    return s;
+  // Conveniences over the byte interface.
+  void set(const std::string& key, const std::string& value) {
+    set(key, std::span(reinterpret_cast<const std::byte*>(value.data()), value.size()));
   }
-  // "exited with code 3", "was killed by signal SIGKILL (9)".
-  [[nodiscard]] std::string describe() const {
-    if (!signaled) return "exited with code " + std::to_string(code);
-    return "was killed by signal " + signal_name(signal) + " (" + std::to_string(signal) + ")" +
-           (core_dumped ? ", core dumped" : "");
+  [[nodiscard]] std::string get_string(const std::string& key, std::chrono::milliseconds timeout) {
+    auto v = get(key, timeout);
+    return {reinterpret_cast<const char*>(v.data()), v.size()};
   }
-  // The shell's convention: 128 + signal for a signaled process.
-  [[nodiscard]] int shell_code() const noexcept { return signaled ? 128 + signal : code; }
 };
 
 }  // namespace partrain::inline v0
-
-namespace partrain::inline v0::detail {
-
-struct child_options {
-  // Capture stdout and stderr (merged) through a pipe; otherwise the child shares ours.
-  bool capture_output = false;
-  std::size_t keep_lines = 20;  // the tail kept for error messages
-  // Called for every complete captured line (without the newline), in the supervisor.
-  std::function<void(std::string_view)> on_line;
-};
-
-class child_process {
- public:
-  // Forks; the child runs fn and _exits with its result (exceptions are fn's business).
-  [[nodiscard]] static child_process fork(const std::function<int()>& fn, child_options opts = {}) {
-    pipe_pair out = make_output_pipe(opts.capture_output);
-    std::fflush(nullptr);  // or buffered output would be written twice, by parent and child
-    const pid_t parent = ::getpid();
-    signal_block block;
-    const pid_t pid = ::fork();
-    if (pid < 0) throw communication_error("fork failed: " + errno_text(errno));
-    if (pid == 0) {
-      enter_child(parent, out, block);
-      int code = 1;
-      try {
-        code = fn();
-      } catch (...) {
-      }
-      std::fflush(nullptr);
-      ::_exit(code);
-    }
-    return child_process(pid, std::move(out.read), std::move(opts));
-  }
-
-  // Forks and runs program (found on PATH when it has no '/') with argv and exactly env
-  // ("NAME=value" entries). A program that cannot be executed is reported here, by errno.
-  [[nodiscard]] static child_process exec(const std::string& program, const std::vector<std::string>& args,
-                                          const std::vector<std::string>& env, child_options opts = {}) {
-    // Everything the child needs is built before fork: after it, only async-signal-safe calls.
-    std::vector<char*> argv, envp;
-    argv.push_back(const_cast<char*>(program.c_str()));
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
-    envp.push_back(nullptr);
-    const char* path_env = std::getenv("PATH");
-    const std::string path = path_env ? path_env : "/usr/local/bin:/usr/bin:/bin";
-    std::vector<std::string> candidates;
-    if (program.find('/') != std::string::npos) {
-      candidates.push_back(program);
-    } else {
-      std::size_t start = 0;
-      for (;;) {
-        const auto colon = path.find(':', start);
-        const auto dir = path.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
-        candidates.push_back((dir.empty() ? "." : dir) + "/" + program);
-        if (colon == std::string::npos) break;
-        start = colon + 1;
-      }
-    }
-
-    pipe_pair out = make_output_pipe(opts.capture_output);
-    int err_pipe[2];  // carries exec's errno; closed by a successful exec (CLOEXEC)
-    if (::pipe2(err_pipe, O_CLOEXEC) != 0) throw communication_error("pipe2 failed: " + errno_text(errno));
-    unique_fd err_read(err_pipe[0]), err_write(err_pipe[1]);
-    std::fflush(nullptr);
-    const pid_t parent = ::getpid();
-    signal_block block;
-    const pid_t pid = ::fork();
-    if (pid < 0) throw communication_error("fork failed: " + errno_text(errno));
-    if (pid == 0) {
-      enter_child(parent, out, block);
-      int e = ENOENT;
-      for (const auto& c : candidates) {
-        ::execve(c.c_str(), argv.data(), envp.data());
-        if (errno != ENOENT) e = errno;  // remember "permission denied" over "not found"
-      }
-      [[maybe_unused]] auto n = ::write(err_write.get(), &e, sizeof e);
-      ::_exit(127);
-    }
-    err_write.reset();
-    child_process child(pid, std::move(out.read), std::move(opts));
-    int e = 0;
-    ssize_t n;
-    do {
-      n = ::read(err_read.get(), &e, sizeof e);
-    } while (n < 0 && errno == EINTR);
-    if (n == static_cast<ssize_t>(sizeof e)) {
-      child.wait_blocking();
-      throw config_error("cannot execute '" + program + "': " + errno_text(e) +
-                         " (expected an executable file, or a program on PATH)");
-    }
-    return child;
-  }
-
-  child_process(child_process&& o) noexcept
-      : pid_(std::exchange(o.pid_, -1)),
-        status_(std::exchange(o.status_, std::nullopt)),
-        out_(std::move(o.out_)),
-        opts_(std::move(o.opts_)),
-        partial_(std::move(o.partial_)),
-        tail_(std::move(o.tail_)) {}
-  child_process& operator=(child_process&&) = delete;
-  child_process(const child_process&) = delete;
-  child_process& operator=(const child_process&) = delete;
-  ~child_process() {
-    if (pid_ > 0 && !status_) {
-      signal_group(SIGKILL);
-      wait_blocking();
-    }
-  }
-
-  [[nodiscard]] pid_t pid() const noexcept { return pid_; }
-  [[nodiscard]] bool running() const noexcept { return !status_.has_value(); }
-  [[nodiscard]] const std::optional<exit_status>& status() const noexcept { return status_; }
-  [[nodiscard]] int output_fd() const noexcept { return out_.get(); }
-  [[nodiscard]] const std::deque<std::string>& last_lines() const noexcept { return tail_; }
-
-  // Sends sig to the child's whole process group (the child and whatever it started).
-  void signal_group(int sig) noexcept {
-    if (pid_ > 0 && !status_) {
-      if (::kill(-pid_, sig) != 0) ::kill(pid_, sig);  // before the child's setpgid took effect
-    }
-  }
-
-  // Non-blocking: the exit status once the child has ended (and is reaped), else nullopt.
-  std::optional<exit_status> poll() {
-    if (status_) return status_;
-    siginfo_t info{};
-    // WNOWAIT: look without reaping, so the pid (and with it the process group id) stays
-    // ours while the group's leftovers are killed below.
-    if (::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0) {
-      return std::nullopt;
-    }
-    reap();
-    return status_;
-  }
-
-  // Blocks until the child ends (callers kill it first, or know it is ending).
-  exit_status wait_blocking() {
-    if (!status_) {
-      siginfo_t info{};
-      while (::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOWAIT) != 0 && errno == EINTR) {
-      }
-      reap();
-    }
-    return *status_;
-  }
-
-  // After the child ended: reads the rest of its output, until EOF or (when something that
-  // escaped its process group still holds the pipe) until the deadline.
-  void finish_output(std::chrono::milliseconds limit = std::chrono::milliseconds(500)) {
-    const auto deadline = deadline_clock::now() + limit;
-    while (drain_output()) {
-      if (!wait_fd(out_.get(), POLLIN, deadline)) {
-        drain_output();
-        if (!partial_.empty()) line(partial_);
-        partial_.clear();
-        out_.reset();
-        return;
-      }
-    }
-  }
-
-  // Reads what the child has written so far; returns false once the pipe is at EOF.
-  bool drain_output() {
-    if (!out_) return false;
-    char buf[4096];
-    for (;;) {
-      const ssize_t n = ::read(out_.get(), buf, sizeof buf);
-      if (n > 0) {
-        take(std::string_view(buf, static_cast<std::size_t>(n)));
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-      // EOF (or a read error): flush the last partial line.
-      if (!partial_.empty()) {
-        line(partial_);
-        partial_.clear();
-      }
-      out_.reset();
-      return false;
-    }
-  }
-
- private:
-  struct pipe_pair {
-    unique_fd read, write;
-  };
-
-  child_process(pid_t pid, unique_fd out, child_options opts) : pid_(pid), out_(std::move(out)), opts_(std::move(opts)) {
-    ::setpgid(pid_, pid_);  // also done in the child: whichever runs first wins the race
-  }
-
-  static pipe_pair make_output_pipe(bool capture) {
-    if (!capture) return {};
-    int p[2];
-    if (::pipe2(p, O_CLOEXEC) != 0) throw communication_error("pipe2 failed: " + errno_text(errno));
-    pipe_pair pp{unique_fd(p[0]), unique_fd(p[1])};
-    set_nonblocking(pp.read.get(), true);
-    return pp;
-  }
-
-  // Signals are blocked across fork, so none reaches the child while it still runs the
-  // supervisor's handlers (a test framework's SIGTERM handler, say); the child resets them first.
-  class signal_block {
-   public:
-    signal_block() noexcept {
-      sigset_t all;
-      sigfillset(&all);
-      ::pthread_sigmask(SIG_SETMASK, &all, &saved_);
-    }
-    signal_block(const signal_block&) = delete;
-    signal_block& operator=(const signal_block&) = delete;
-    ~signal_block() { restore(); }
-    void restore() noexcept { ::pthread_sigmask(SIG_SETMASK, &saved_, nullptr); }
-
-   private:
-    sigset_t saved_{};
-  };
-
-  // In the child, right after fork: default signal handling, own process group, death with
-  // the supervisor, output to the pipe.
-  static void enter_child(pid_t parent, pipe_pair& out, signal_block& block) noexcept {
-    // What exec does: caught signals go back to their default, ignored ones stay ignored.
-    for (int sig = 1; sig < NSIG; ++sig) {
-      struct sigaction sa {};
-      if (sig == SIGKILL || sig == SIGSTOP || ::sigaction(sig, nullptr, &sa) != 0) continue;
-      if (!(sa.sa_flags & SA_SIGINFO) && (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN)) continue;
-      ::signal(sig, SIG_DFL);
-    }
-    block.restore();
-    ::setpgid(0, 0);
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(126);  // the supervisor died before prctl took effect
-    if (out.write) {
-      ::dup2(out.write.get(), STDOUT_FILENO);
-      ::dup2(out.write.get(), STDERR_FILENO);
-      static_cast<void>(out.read.release());  // closed by exec (CLOEXEC) or by _exit; no destructor runs
-      static_cast<void>(out.write.release());
-    }
-  }
-
-  void reap() {
-    // The leader is a zombie now, so -pid_ still names only its own group: end the stragglers.
-    ::kill(-pid_, SIGKILL);
-    int st = 0;
-    pid_t r;
-    do {
-      r = ::waitpid(pid_, &st, 0);
-    } while (r < 0 && errno == EINTR);
-    status_ = exit_status::from_wait(st);
-  }
-
-  void take(std::string_view chunk) {
-    for (;;) {
-      const auto nl = chunk.find('\n');
-      if (nl == std::string_view::npos) {
-        partial_.append(chunk);
-        // One endless line cannot grow without bound.
-        if (partial_.size() > 64 * 1024) {
-          line(partial_);
-          partial_.clear();
-        }
-        return;
-      }
-      partial_.append(chunk.substr(0, nl));
-      line(partial_);
-      partial_.clear();
-      chunk.remove_prefix(nl + 1);
-    }
-  }
-
-  void line(const std::string& l) {
-    if (opts_.on_line) opts_.on_line(l);
-    if (opts_.keep_lines == 0) return;
-    tail_.push_back(l);
-    while (tail_.size() > opts_.keep_lines) tail_.pop_front();
-  }
-
-  pid_t pid_ = -1;
-  std::optional<exit_status> status_;
-  unique_fd out_;
-  child_options opts_;
-  std::string partial_;
-  std::deque<std::string> tail_;
-};
-
-struct supervise_options {
-  std::chrono::milliseconds timeout{0};     // 0 = no limit on the whole run
-  std::chrono::milliseconds grace{5'000};   // SIGTERM to SIGKILL
-  // After the first failure, how long the others may take to end on their own before they are
-  // stopped. A rank that fails makes its peers fail a moment later, and the rank noticed first
-  // may be such a peer while the real cause is still running its exit path: the window lets
-  // the cause be reported as failed by itself rather than as stopped by us.
-  std::chrono::milliseconds settle{2'000};
-  std::chrono::milliseconds poll_interval{20};
-  const std::atomic<bool>* stop = nullptr;  // set (e.g. by a SIGINT handler) to stop every child
-};
-
-struct supervise_outcome {
-  enum class result { success, failed, timed_out, interrupted };
-  result how = result::success;
-  int first_failed = -1;  // index of the child whose failure stopped the others
-  std::vector<exit_status> statuses;
-  std::vector<bool> stopped_by_us;  // ended by our SIGTERM/SIGKILL rather than by itself
-  [[nodiscard]] bool ok() const noexcept { return how == result::success; }
-};
-
-// Waits on every child's output pipe (up to poll_interval) and drains what arrived.
-inline void pump_output(std::span<child_process> children, std::chrono::milliseconds wait) {
-  std::vector<pollfd> fds;
-  std::vector<std::size_t> idx;
-  for (std::size_t i = 0; i < children.size(); ++i) {
-    if (children[i].output_fd() >= 0) {
-      fds.push_back({children[i].output_fd(), POLLIN, 0});
-      idx.push_back(i);
-    }
-  }
-  if (fds.empty()) {
-    std::this_thread::sleep_for(wait);
-    return;
-  }
-  const int rc = ::poll(fds.data(), fds.size(), static_cast<int>(wait.count()));
-  if (rc <= 0) return;
-  for (std::size_t k = 0; k < fds.size(); ++k) {
-    if (fds[k].revents) children[idx[k]].drain_output();
-  }
-}
-
-// SIGTERM to every running child's group, SIGKILL to those still there after grace; all reaped.
-inline void stop_all(std::span<child_process> children, std::chrono::milliseconds grace, std::vector<bool>* stopped = nullptr,
-                     std::chrono::milliseconds poll_interval = std::chrono::milliseconds(20)) {
-  for (std::size_t i = 0; i < children.size(); ++i) {
-    // poll() first: a child that already ended on its own (not yet reaped) was not stopped by us.
-    if (!children[i].poll().has_value()) {
-      children[i].signal_group(SIGTERM);
-      if (stopped) (*stopped)[i] = true;
-    }
-  }
-  const auto deadline = deadline_clock::now() + grace;
-  for (;;) {
-    bool any = false;
-    for (auto& c : children) any |= !c.poll().has_value();
-    if (!any || deadline_clock::now() >= deadline) break;
-    pump_output(children, poll_interval);
-  }
-  for (auto& c : children) {
-    if (c.running()) c.signal_group(SIGKILL);
-  }
-  for (auto& c : children) {
-    c.wait_blocking();
-    c.finish_output();
-  }
-}
-
-// Watches children until all exit 0, one fails (the rest are stopped), the timeout passes or
-// stop is set. Every child is reaped, with its output drained, when this returns.
-[[nodiscard]] inline supervise_outcome supervise(std::span<child_process> children, const supervise_options& opts = {}) {
-  supervise_outcome out;
-  out.statuses.resize(children.size());
-  out.stopped_by_us.assign(children.size(), false);
-  const auto deadline = opts.timeout.count() > 0 ? deadline_clock::now() + opts.timeout : deadline_clock::time_point::max();
-  for (;;) {
-    std::size_t done = 0;
-    for (std::size_t i = 0; i < children.size(); ++i) {
-      const bool was_running = children[i].running();
-      auto st = children[i].poll();
-      if (!st) continue;
-      ++done;
-      if (was_running && !st->ok() && out.first_failed < 0) {
-        out.first_failed = static_cast<int>(i);
-        out.how = supervise_outcome::result::failed;
-      }
-    }
-    if (out.how == supervise_outcome::result::success && done == children.size()) break;
-    if (out.how == supervise_outcome::result::success) {
-      if (opts.stop && opts.stop->load()) {
-        out.how = supervise_outcome::result::interrupted;
-      } else if (deadline_clock::now() >= deadline) {
-        out.how = supervise_outcome::result::timed_out;
-      }
-    }
-    if (out.how != supervise_outcome::result::success) {
-      if (out.how == supervise_outcome::result::failed) {
-        const auto settle_end = deadline_clock::now() + opts.settle;
-        while (deadline_clock::now() < settle_end && !(opts.stop && opts.stop->load())) {
-          bool any = false;
-          for (auto& c : children) any |= !c.poll().has_value();
-          if (!any) break;
-          pump_output(children, opts.poll_interval);
-        }
-      }
-      stop_all(children, opts.grace, &out.stopped_by_us, opts.poll_interval);
-      break;
-    }
-    pump_output(children, opts.poll_interval);
-  }
-  for (std::size_t i = 0; i < children.size(); ++i) {
-    children[i].finish_output();
-    out.statuses[i] = *children[i].status();
-  }
-  return out;
-}
-
-}  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_COMM_DETAIL_PROCESS_HPP
-
-namespace partrain::inline v0 {
-
-struct spawn_options {
-  // All ranks must have finished within this; then the rest are stopped and timeout_error thrown.
-  std::chrono::milliseconds timeout{300'000};
-  std::chrono::milliseconds grace{5'000};  // SIGTERM, then SIGKILL after this
-  std::string master_addr = "127.0.0.1";
-  std::uint16_t master_port = 0;  // 0 = a port that is free now
-  std::vector<std::pair<std::string, std::string>> env;  // more variables for every rank
-  // Capture each rank's output: echoed with a "[rank r] " prefix, and its last lines kept
-  // for the error. Off: ranks write straight to our stdout/stderr.
-  bool capture_output = true;
-  bool echo_output = true;
-  std::size_t keep_lines = 20;
-};
-
-// A rank of spawn() failed (or several did: the first one is named).
-class process_error : public communication_error {
- public:
-  process_error(const std::string& what, int rank, exit_status status, std::vector<std::string> last_lines, std::vector<pid_t> pids)
-      : communication_error(what), rank_(rank), status_(status), last_lines_(std::move(last_lines)), pids_(std::move(pids)) {}
-  [[nodiscard]] int rank() const noexcept { return rank_; }
-  [[nodiscard]] const exit_status& status() const noexcept { return status_; }
-  [[nodiscard]] const std::vector<std::string>& last_lines() const noexcept { return last_lines_; }
-  [[nodiscard]] const std::vector<pid_t>& pids() const noexcept { return pids_; }
-
- private:
-  int rank_;
-  exit_status status_;
-  std::vector<std::string> last_lines_;
-  std::vector<pid_t> pids_;
-};
-
-struct spawn_result {
-  std::vector<pid_t> pids;  // one per rank, all reaped
-  std::uint16_t master_port = 0;
-};
-
-namespace detail {
-
-// Runs in the child: the rank's environment, then fn; an exception is printed and becomes exit 1.
-template <class F>
-int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16_t port) {
-  ::setenv("RANK", std::to_string(rank).c_str(), 1);
-  ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-  ::setenv("WORLD_SIZE", std::to_string(nprocs).c_str(), 1);
-  ::setenv("LOCAL_WORLD_SIZE", std::to_string(nprocs).c_str(), 1);
-  ::setenv("GROUP_RANK", "0", 1);
-  ::setenv("MASTER_ADDR", opts.master_addr.c_str(), 1);
-  ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-  for (const auto& [k, v] : opts.env) ::setenv(k.c_str(), v.c_str(), 1);
-  try {
-    if constexpr (std::is_void_v<std::invoke_result_t<F&, int>>) {
-      fn(rank);
-      return 0;
-    } else {
-      return static_cast<int>(fn(rank));
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "rank %d failed: %s\n", rank, e.what());
-  } catch (...) {
-    std::fprintf(stderr, "rank %d failed: an exception not derived from std::exception\n", rank);
-  }
-  return 1;
-}
-
-}  // namespace detail
-
-// fn(rank) runs in n forked processes; its return value (if an int) is the exit code.
-// Returns when every rank exited 0; otherwise throws process_error naming the first rank that
-// failed (exit code or signal, and its last output lines), or timeout_error naming the ranks
-// still running. No rank survives the call either way.
-template <class F>
-spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
-  static_assert(std::invocable<F&, int>, "partrain::spawn: fn must be callable as fn(int rank)");
-  static_assert(std::is_void_v<std::invoke_result_t<F&, int>> || std::convertible_to<std::invoke_result_t<F&, int>, int>,
-                "partrain::spawn: fn(rank) must return void or an exit code convertible to int");
-  if (nprocs < 1) throw config_error("spawn: nprocs must be at least 1, got " + std::to_string(nprocs));
-  const std::uint16_t port = opts.master_port != 0 ? opts.master_port : detail::find_free_port(opts.master_addr);
-
-  std::vector<detail::child_process> children;
-  children.reserve(static_cast<std::size_t>(nprocs));
-  spawn_result result{.pids = {}, .master_port = port};
-  for (int r = 0; r < nprocs; ++r) {
-    detail::child_options co;
-    co.capture_output = opts.capture_output;
-    co.keep_lines = opts.keep_lines;
-    if (opts.capture_output && opts.echo_output) {
-      co.on_line = [r](std::string_view line) {
-        std::fprintf(stderr, "[rank %d] %.*s\n", r, static_cast<int>(line.size()), line.data());
-      };
-    }
-    children.push_back(detail::child_process::fork([&, r] { return detail::run_rank(fn, r, nprocs, opts, port); }, std::move(co)));
-    result.pids.push_back(children.back().pid());
-  }
-
-  detail::supervise_options so;
-  so.timeout = opts.timeout;
-  so.grace = opts.grace;
-  const auto out = detail::supervise(children, so);
-  if (out.ok()) return result;
-
-  if (out.how == detail::supervise_outcome::result::timed_out) {
-    std::string running;
-    for (int r = 0; r < nprocs; ++r) {
-      if (out.stopped_by_us[static_cast<std::size_t>(r)]) running += (running.empty() ? "" : ", ") + std::to_string(r);
-    }
-    throw timeout_error("spawn: rank(s) " + running + " still running after " + std::to_string(opts.timeout.count()) +
-                        " ms; all ranks were stopped");
-  }
-  const int bad = out.first_failed;
-  const auto& st = out.statuses[static_cast<std::size_t>(bad)];
-  const auto& tail = children[static_cast<std::size_t>(bad)].last_lines();
-  std::string msg = "spawn: rank " + std::to_string(bad) + " (pid " + std::to_string(result.pids[static_cast<std::size_t>(bad)]) +
-                    ") " + st.describe() + "; the other ranks were stopped";
-  if (!tail.empty()) {
-    msg += "\nlast output of rank " + std::to_string(bad) + ":";
-    for (const auto& l : tail) msg += "\n  " + l;
-  }
-  throw process_error(msg, bad, st, {tail.begin(), tail.end()}, result.pids);
-}
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_COMM_SPAWN_HPP
+#endif  // PARTRAIN_SI_COMM_STORE_HPP
 
 // data/
 // #include <partrain/data/batch.hpp>
@@ -8411,47 +5001,6 @@ class indexed_view_base : public std::ranges::view_interface<Derived> {
 
 }  // namespace partrain::inline v0::detail
 #endif  // PARTRAIN_SI_DATA_DETAIL_INDEXED_VIEW_HPP
-// #include <partrain/data/detail/range_closure.hpp>
-#ifndef PARTRAIN_SI_DATA_DETAIL_RANGE_CLOSURE_HPP
-#define PARTRAIN_SI_DATA_DETAIL_RANGE_CLOSURE_HPP
-// partrain/data/detail/range_closure.hpp: the pipe machinery for partrain's range adaptors.
-// C++20 has no std::ranges::range_adaptor_closure, so adaptors wrap their bound arguments in
-// range_closure: `r | views::batched(256)` calls the stored function with r, and two closures
-// compose (`views::batched(8) | views::weighted_split(w, rank)`) into one that applies both.
-
-#include <concepts>
-#include <ranges>
-#include <type_traits>
-#include <utility>
-
-namespace partrain::inline v0::detail {
-
-template <class Fn>
-struct range_closure {
-  Fn fn;
-
-  template <std::ranges::viewable_range R>
-    requires std::invocable<const Fn&, R>
-  [[nodiscard]] friend constexpr auto operator|(R&& r, const range_closure& c) {
-    return c.fn(std::forward<R>(r));
-  }
-};
-
-template <class Fn>
-[[nodiscard]] constexpr range_closure<std::decay_t<Fn>> make_range_closure(Fn&& fn) {
-  return {std::forward<Fn>(fn)};
-}
-
-// left | right: a closure that applies left, then right.
-template <class A, class B>
-[[nodiscard]] constexpr auto operator|(range_closure<A> left, range_closure<B> right) {
-  return make_range_closure([left = std::move(left), right = std::move(right)]<class R>(R&& r) {
-    return std::forward<R>(r) | left | right;
-  });
-}
-
-}  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_DATA_DETAIL_RANGE_CLOSURE_HPP
 // #include <partrain/data/detail/set_epoch.hpp>
 #ifndef PARTRAIN_SI_DATA_DETAIL_SET_EPOCH_HPP
 #define PARTRAIN_SI_DATA_DETAIL_SET_EPOCH_HPP
@@ -8620,6 +5169,404 @@ constexpr bool check_dataset() {
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_DATA_DATASET_HPP
+#if PARTRAIN_HAS_CUDA
+// #include <partrain/data/device_stager.hpp>
+#ifndef PARTRAIN_SI_DATA_DEVICE_STAGER_HPP
+#define PARTRAIN_SI_DATA_DEVICE_STAGER_HPP
+// partrain/data/device_stager.hpp: moves the loader's host batches to a GPU without stalling compute.
+// Each batch is copied into pinned (page-locked) host memory, then to the device with
+// cudaMemcpyAsync on the stager's own stream; the compute stream waits on an event, not the host,
+// so the copy of batch k+1 runs while kernels work on batch k.
+//
+//   device_stager stage(device_id, {.max_rows = 256, .example_shape = ds.example_shape()});
+//   for (const batch& b : loader) {
+//     const device_batch& d = stage(b, compute_stream);  // enqueued; compute_stream waits for it
+//     launch_train_step(d.features, d.labels, compute_stream);
+//   }
+//
+// A device_batch stays valid until `depth` further calls (slots are reused in a ring; reuse waits
+// on the GPU for the compute work issued between the stage() calls). Needs the CUDA runtime
+// (link partrain::cuda); the loader could fill pinned memory directly, which would save the
+// host-side copy: not done yet.
+// partrain-facade: if PARTRAIN_HAS_CUDA
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/data/device_stager.hpp needs the CUDA runtime: link partrain::cuda or compile with nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+// #include <partrain/cuda/device_guard.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
+// previous one after (torch.cuda.device as a context manager), without ever creating a context
+// on a device nobody asked for.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda.h>  // CUcontext and the driver's function type only: nothing links libcuda
+#include <cuda_runtime.h>
+
+#include <string>
+
+// #include <partrain/cuda/check.hpp>
+#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
+#define PARTRAIN_SI_CUDA_CHECK_HPP
+// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
+// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <string_view>
+
+namespace partrain::inline v0 {
+
+// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
+class cuda_error : public error {
+ public:
+  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
+  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
+
+ private:
+  cudaError_t code_;
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
+                                                      int line) {
+  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
+         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+}
+
+inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
+  if (rc != cudaSuccess) {
+    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
+    (void)cudaGetLastError();
+    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
+  }
+}
+
+}  // namespace detail
+
+}  // namespace partrain::inline v0
+
+// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
+#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
+#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+// Whether this thread has a current CUDA context, i.e. someone already made a device current on
+// it (cudaSetDevice, or a runtime call that initialised one). cudaGetDevice answers 0 on a fresh
+// thread, and cudaSetDevice(0) would then create device 0's context (CUDA 12+): restoring must
+// not do that. The driver's cuCtxGetCurrent is reached through the runtime, so nothing links
+// libcuda. Unknown (entry point missing): true, i.e. restore as a plain guard would.
+[[nodiscard]] inline bool thread_has_cuda_context() noexcept {
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
+  using get_current_fn = CUresult(CUDAAPI*)(CUcontext*);
+  static const get_current_fn get_current = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return get_current_fn{nullptr};
+    }
+    return reinterpret_cast<get_current_fn>(fn);
+  }();
+  if (!get_current) return true;
+  CUcontext ctx = nullptr;
+  if (get_current(&ctx) != CUDA_SUCCESS) return true;
+  return ctx != nullptr;
+#else
+  return true;
+#endif
+}
+
+[[nodiscard]] inline int checked_cuda_index(const device& d, const char* who) {
+  if (!d.is_cuda()) {
+    throw invalid_argument_error(std::string(who) + ": device " + d.to_string() + " is not a CUDA device (expected cuda:N)");
+  }
+  return d.index;
+}
+
+}  // namespace detail
+
+// The device current on this thread (cudaGetDevice: it does not create a context; 0 when none
+// was ever set).
+[[nodiscard]] inline int cuda_current_device() {
+  int d = 0;
+  PARTRAIN_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+class [[nodiscard]] cuda_device_guard {
+ public:
+  // Makes `index` current unless it already is. The destructor restores the previous device only
+  // when this guard changed it and the thread had a context before (someone had set a device).
+  explicit cuda_device_guard(int index) {
+    const int current = cuda_current_device();
+    if (current == index) return;
+    const bool restore = detail::thread_has_cuda_context();
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
+    if (restore) previous_ = current;
+  }
+  explicit cuda_device_guard(const device& d) : cuda_device_guard(detail::checked_cuda_index(d, "cuda_device_guard")) {}
+  cuda_device_guard(const cuda_device_guard&) = delete;
+  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
+  ~cuda_device_guard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;  // -1: leave the device as it is at the end of the scope
+};
+
+// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
+[[nodiscard]] inline int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// The device whose memory `p` is (cudaPointerGetAttributes): device memory and managed memory
+// report their device. Host memory (pageable or pinned) has no device: config_error naming `who`.
+[[nodiscard]] inline device cuda_device_of(const void* p, const char* who) {
+  cudaPointerAttributes a{};
+  const cudaError_t rc = cudaPointerGetAttributes(&a, p);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw cuda_error(rc, std::string(who) + ": cudaPointerGetAttributes failed: " + cudaGetErrorString(rc));
+  }
+  if ((a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) || a.device < 0) {
+    throw config_error(std::string(who) + ": a pointer expected in CUDA device memory is host memory (a tensor_view<T, "
+                                          "cuda> must point into device memory)");
+  }
+  return device::cuda(a.device);
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+inline void staging_check(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess) {
+    throw error(error_kind::internal, std::string("device_stager: ") + what + " failed: " + cudaGetErrorString(rc));
+  }
+}
+
+// RAII for the four CUDA handles the stager owns. Destruction never throws (errors are ignored:
+// the context may already be torn down at exit).
+template <class T>
+class pinned_block {
+ public:
+  pinned_block() = default;
+  explicit pinned_block(std::size_t n) : n_(n) {
+    if (n) staging_check(cudaHostAlloc(reinterpret_cast<void**>(&p_), n * sizeof(T), cudaHostAllocDefault), "cudaHostAlloc");
+  }
+  pinned_block(pinned_block&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  pinned_block& operator=(pinned_block&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  ~pinned_block() {
+    if (p_) (void)cudaFreeHost(p_);
+  }
+  [[nodiscard]] T* data() const noexcept { return p_; }
+
+ private:
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+template <class T>
+class device_block {
+ public:
+  device_block() = default;
+  explicit device_block(std::size_t n) {
+    if (n) staging_check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc");
+  }
+  device_block(device_block&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+  device_block& operator=(device_block&& o) noexcept {
+    std::swap(p_, o.p_);
+    return *this;
+  }
+  ~device_block() {
+    if (p_) (void)cudaFree(p_);
+  }
+  [[nodiscard]] T* data() const noexcept { return p_; }
+
+ private:
+  T* p_ = nullptr;
+};
+
+class staging_stream {
+ public:
+  staging_stream() { staging_check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate"); }
+  staging_stream(const staging_stream&) = delete;
+  staging_stream& operator=(const staging_stream&) = delete;
+  ~staging_stream() { (void)cudaStreamDestroy(s_); }
+  [[nodiscard]] cudaStream_t get() const noexcept { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+class staging_event {
+ public:
+  staging_event() { staging_check(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming), "cudaEventCreate"); }
+  staging_event(staging_event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+  staging_event& operator=(staging_event&& o) noexcept {
+    std::swap(e_, o.e_);
+    return *this;
+  }
+  ~staging_event() {
+    if (e_) (void)cudaEventDestroy(e_);
+  }
+  [[nodiscard]] cudaEvent_t get() const noexcept { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+// The library's guard: it does not switch when the device is already current, and does not
+// restore a device that nobody had set (that would create a context on GPU 0).
+using device_guard = cuda_device_guard;
+
+}  // namespace detail
+
+// A batch on the device. Labels and features are device pointers; indices stay on the host.
+struct device_batch {
+  tensor_view<const float, cuda> features;        // [n, example dims...]
+  tensor_view<const std::int32_t, cuda> labels;   // [n]
+  std::span<const std::size_t> indices;           // the host batch's indices (valid as it is)
+  cudaEvent_t ready = nullptr;                    // recorded on the copy stream after the copy
+  [[nodiscard]] std::size_t size() const noexcept { return labels.size(); }
+};
+
+struct staging_options {
+  std::size_t max_rows = 256;  // the largest batch to stage
+  shape example_shape{};       // one example's features, e.g. {784}
+  std::size_t depth = 2;       // batches in flight: 2 lets the copy of k+1 overlap compute on k
+};
+
+class device_stager {
+ public:
+  device_stager(int device, staging_options options) : device_(device), options_(options) {
+    if (options_.depth < 1) throw invalid_argument_error("device_stager: depth is 0, expected at least 1");
+    if (options_.example_shape.rank() + 1 > max_rank) {
+      throw invalid_argument_error("device_stager: example_shape " + options_.example_shape.to_string() +
+                                   " has too many dimensions");
+    }
+    row_ = options_.example_shape.numel();
+    detail::device_guard guard(device_);
+    stream_ = std::make_unique<detail::staging_stream>();
+    for (std::size_t i = 0; i < options_.depth; ++i) slots_.emplace_back(options_.max_rows, row_);
+  }
+  device_stager(const device_stager&) = delete;
+  device_stager& operator=(const device_stager&) = delete;
+  ~device_stager() {
+    if (stream_) (void)cudaStreamSynchronize(stream_->get());  // no copy may outlive its buffers
+  }
+
+  // Enqueues the copy of `b` and makes `compute` wait for it (on the GPU; the host goes on).
+  const device_batch& operator()(const batch& b, cudaStream_t compute) {
+    if (b.size() > options_.max_rows) {
+      throw invalid_argument_error("device_stager: batch of " + std::to_string(b.size()) + " rows, expected at most " +
+                                   std::to_string(options_.max_rows) + " (staging_options::max_rows)");
+    }
+    if (b.features.size() != b.size() * row_) {
+      throw invalid_argument_error("device_stager: batch features have shape " + b.features.shape().to_string() +
+                                   ", expected rows of " + options_.example_shape.to_string());
+    }
+    detail::device_guard guard(device_);
+    // Work issued on `compute` since the last call used the previous batch: mark its slot's release.
+    if (count_ > 0) {
+      slot& prev = slots_[(count_ - 1) % slots_.size()];
+      detail::staging_check(cudaEventRecord(prev.released.get(), compute), "cudaEventRecord");
+      prev.has_release = true;
+    }
+    slot& s = slots_[count_ % slots_.size()];
+    // The pinned buffer is free once its previous copy finished (host wait, usually already done);
+    // the device buffer is free once compute on its previous batch finished (GPU wait).
+    if (s.used) detail::staging_check(cudaEventSynchronize(s.copied.get()), "cudaEventSynchronize");
+    if (s.has_release) {
+      detail::staging_check(cudaStreamWaitEvent(stream_->get(), s.released.get(), 0), "cudaStreamWaitEvent");
+    }
+    const std::size_t n = b.size();
+    std::memcpy(s.host_features.data(), b.features.data(), b.features.size_bytes());
+    std::memcpy(s.host_labels.data(), b.labels.data(), b.labels.size_bytes());
+    detail::staging_check(cudaMemcpyAsync(s.dev_features.data(), s.host_features.data(), b.features.size_bytes(),
+                                          cudaMemcpyHostToDevice, stream_->get()),
+                          "cudaMemcpyAsync (features)");
+    detail::staging_check(cudaMemcpyAsync(s.dev_labels.data(), s.host_labels.data(), b.labels.size_bytes(),
+                                          cudaMemcpyHostToDevice, stream_->get()),
+                          "cudaMemcpyAsync (labels)");
+    detail::staging_check(cudaEventRecord(s.copied.get(), stream_->get()), "cudaEventRecord");
+    detail::staging_check(cudaStreamWaitEvent(compute, s.copied.get(), 0), "cudaStreamWaitEvent");
+    s.used = true;
+    ++count_;
+    s.view = device_batch{tensor_view<const float, cuda>(s.dev_features.data(), b.features.shape()),
+                          tensor_view<const std::int32_t, cuda>(s.dev_labels.data(), n), b.indices, s.copied.get()};
+    return s.view;
+  }
+
+  [[nodiscard]] cudaStream_t copy_stream() const noexcept { return stream_->get(); }
+  [[nodiscard]] int device() const noexcept { return device_; }
+
+ private:
+  struct slot {
+    slot(std::size_t rows, std::size_t row)
+        : host_features(rows * row), host_labels(rows), dev_features(rows * row), dev_labels(rows) {}
+    detail::pinned_block<float> host_features;
+    detail::pinned_block<std::int32_t> host_labels;
+    detail::device_block<float> dev_features;
+    detail::device_block<std::int32_t> dev_labels;
+    detail::staging_event copied;
+    detail::staging_event released;
+    bool used = false;
+    bool has_release = false;
+    device_batch view{};
+  };
+
+  int device_;
+  staging_options options_;
+  std::size_t row_ = 0;
+  std::unique_ptr<detail::staging_stream> stream_;
+  std::vector<slot> slots_;
+  std::size_t count_ = 0;
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_DATA_DEVICE_STAGER_HPP
+#endif
 // #include <partrain/data/distributed.hpp>
 #ifndef PARTRAIN_SI_DATA_DISTRIBUTED_HPP
 #define PARTRAIN_SI_DATA_DISTRIBUTED_HPP
@@ -9880,8 +6827,8 @@ inline constexpr shuffled_t shuffled{};
 // partrain/data/weighted_split.hpp: load balancing for uneven devices. Every rank walks the same
 // global batches (same sampler, same seed) and takes a contiguous share of each batch in
 // proportion to its speed, so a device twice as fast gets twice the rows and all ranks finish a
-// step together. Shares are whole rows by the largest-remainder rule (ties to the lower rank),
-// so each share is within one row of batch_size * weight / sum(weights) and the shares add up
+// step together. Shares are whole rows by core/weighted_shares.hpp (ties to the lower rank), so
+// each share is within one row of batch_size * weight / sum(weights) and the shares add up
 // to the batch exactly. Weights are plain doubles; every rank must pass the same ones.
 //
 //   auto mine = views::shuffled(n, seed).set_epoch(e) | views::batched(512)
@@ -9901,42 +6848,6 @@ inline constexpr shuffled_t shuffled{};
 
 namespace partrain::inline v0 {
 
-namespace detail {
-inline void check_weights(std::span<const double> weights) {
-  if (weights.empty()) throw invalid_argument_error("weighted_split: no weights given, expected one per rank");
-  double sum = 0;
-  for (std::size_t i = 0; i < weights.size(); ++i) {
-    if (!std::isfinite(weights[i]) || weights[i] < 0) {
-      throw invalid_argument_error("weighted_split: weight " + std::to_string(i) + " is " +
-                                   std::to_string(weights[i]) + ", expected a finite value >= 0");
-    }
-    sum += weights[i];
-  }
-  if (!(sum > 0)) throw invalid_argument_error("weighted_split: the weights sum to 0, expected a positive sum");
-}
-}  // namespace detail
-
-// Rows of a batch of `total` for each weight: floor of the exact quota, then one more row to the
-// largest fractional remainders (ties to the lower index) until the shares sum to `total`.
-[[nodiscard]] inline std::vector<std::size_t> weighted_shares(std::size_t total, std::span<const double> weights) {
-  detail::check_weights(weights);
-  const double sum = std::accumulate(weights.begin(), weights.end(), 0.0);
-  std::vector<std::size_t> share(weights.size());
-  std::vector<double> remainder(weights.size());
-  std::size_t given = 0;
-  for (std::size_t i = 0; i < weights.size(); ++i) {
-    const double quota = static_cast<double>(total) * (weights[i] / sum);
-    share[i] = std::min(static_cast<std::size_t>(std::floor(quota)), total - given);
-    remainder[i] = quota - static_cast<double>(share[i]);
-    given += share[i];
-  }
-  std::vector<std::size_t> order(weights.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return remainder[a] > remainder[b]; });
-  for (std::size_t k = 0; given < total; k = (k + 1) % order.size(), ++given) ++share[order[k]];
-  return share;
-}
-
 template <std::ranges::view V>
   requires std::ranges::random_access_range<const V> && std::ranges::sized_range<const V> &&
            std::ranges::random_access_range<std::ranges::range_reference_t<const V>> &&
@@ -9948,7 +6859,7 @@ class weighted_split_view : public detail::indexed_view_base<weighted_split_view
   weighted_split_view() = default;
   weighted_split_view(V base, std::vector<double> weights, int rank)
       : base_(std::move(base)), weights_(std::make_shared<const std::vector<double>>(std::move(weights))), rank_(rank) {
-    detail::check_weights(*weights_);
+    (void)weighted_shares(0, *weights_, "weighted_split");  // validates the weights now, not at the first batch
     if (rank < 0 || static_cast<std::size_t>(rank) >= weights_->size()) {
       throw invalid_argument_error("views::weighted_split: rank " + std::to_string(rank) +
                                    " is out of range, expected 0 <= rank < " + std::to_string(weights_->size()) +
@@ -9959,7 +6870,7 @@ class weighted_split_view : public detail::indexed_view_base<weighted_split_view
   [[nodiscard]] std::size_t size() const noexcept { return static_cast<std::size_t>(std::ranges::size(base_)); }
   [[nodiscard]] auto element(std::size_t k) const {
     auto batch = std::ranges::begin(base_)[static_cast<std::ranges::range_difference_t<const V>>(k)];
-    const auto shares = weighted_shares(static_cast<std::size_t>(std::ranges::size(batch)), *weights_);
+    const auto shares = weighted_shares(static_cast<std::size_t>(std::ranges::size(batch)), *weights_, "weighted_split");
     const auto r = static_cast<std::size_t>(rank_);
     const std::size_t offset = std::accumulate(shares.begin(), shares.begin() + static_cast<std::ptrdiff_t>(r), std::size_t{0});
     const auto b = std::ranges::begin(batch);
@@ -9999,7 +6910,7 @@ struct weighted_split_t {
     return weighted_split_view<V>(std::views::all(std::forward<R>(batches)), std::move(weights), rank);
   }
   [[nodiscard]] auto operator()(std::vector<double> weights, int rank) const {
-    detail::check_weights(weights);
+    (void)weighted_shares(0, weights, "weighted_split");
     return detail::make_range_closure([weights = std::move(weights), rank]<std::ranges::viewable_range R>(R&& r) {
       return weighted_split_t{}(std::forward<R>(r), weights, rank);
     });
@@ -10112,6 +7023,4229 @@ consteval bool check_trainable() {
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_MODEL_CONCEPTS_HPP
+// #include <partrain/model/traits.hpp>
+#ifndef PARTRAIN_SI_MODEL_TRAITS_HPP
+#define PARTRAIN_SI_MODEL_TRAITS_HPP
+// partrain/model/traits.hpp: the types a model's parameters reveal, named once for every layer
+// above (optimizers, DDP, data_parallel, mixed precision, checkpoints):
+//   param_t<M>           the parameter type          param_range_t<M>  what parameters() returns
+//   param_view_t<P>      the tensor_view of a value  param_grad_view_t<P>  of a gradient
+//   param_element_t<P>, param_space_t<P>             a value's element type and memory space
+//   model_element_t<M>   float, double, ...          model_space_t<M>  host or cuda
+
+#include <ranges>
+#include <type_traits>
+#include <utility>
+
+namespace partrain::inline v0 {
+
+template <model M>
+using param_range_t = decltype(std::declval<M&>().parameters());
+template <model M>
+using param_t = std::ranges::range_value_t<param_range_t<M>>;
+template <class P>
+using param_view_t = std::remove_cvref_t<decltype(std::declval<P&>().value())>;
+template <class P>
+using param_grad_view_t = std::remove_cvref_t<decltype(std::declval<P&>().grad())>;
+template <class P>
+using param_element_t = std::remove_cv_t<typename param_view_t<P>::value_type>;
+template <class P>
+using param_space_t = typename param_view_t<P>::space_type;
+
+template <model M>
+using model_element_t = param_element_t<param_t<M>>;
+template <model M>
+using model_space_t = param_space_t<param_t<M>>;
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_MODEL_TRAITS_HPP
+
+// rendezvous/
+// #include <partrain/rendezvous/file_store.hpp>
+#ifndef PARTRAIN_SI_RENDEZVOUS_FILE_STORE_HPP
+#define PARTRAIN_SI_RENDEZVOUS_FILE_STORE_HPP
+// partrain/rendezvous/file_store.hpp: a rendezvous store in one file on a filesystem every rank can
+// see (torch's FileStore; the file:// init method). The file is an append-only log of
+// records, guarded by an open-file-description lock (fcntl F_OFD_SETLK), so processes and
+// threads of one process exclude each other alike. Like torch's, the file must be new (or
+// empty) for each job: the caller removes it afterwards.
+//
+// Record: u32 key length, key, u32 value length (0xFFFFFFFF = the key was deleted), value;
+// little endian. A writer appends whole records under the exclusive lock; a record cut short
+// by a writer that died mid-append is dropped by the next writer.
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+// #include <partrain/core/detail/fd.hpp>
+#ifndef PARTRAIN_SI_CORE_DETAIL_FD_HPP
+#define PARTRAIN_SI_CORE_DETAIL_FD_HPP
+// partrain/core/detail/fd.hpp: an owned POSIX file descriptor and the small helpers around it
+// (errno text, non-blocking mode, the clock every deadline is counted on).
+
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <utility>
+
+namespace partrain::inline v0::detail {
+
+using deadline_clock = std::chrono::steady_clock;
+
+// An owned file descriptor; closed on destruction.
+class unique_fd {
+ public:
+  unique_fd() noexcept = default;
+  explicit unique_fd(int fd) noexcept : fd_(fd) {}
+  unique_fd(unique_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  unique_fd& operator=(unique_fd&& o) noexcept {
+    if (this != &o) reset(std::exchange(o.fd_, -1));
+    return *this;
+  }
+  unique_fd(const unique_fd&) = delete;
+  unique_fd& operator=(const unique_fd&) = delete;
+  ~unique_fd() { reset(); }
+
+  [[nodiscard]] int get() const noexcept { return fd_; }
+  [[nodiscard]] explicit operator bool() const noexcept { return fd_ >= 0; }
+  [[nodiscard]] int release() noexcept { return std::exchange(fd_, -1); }
+  void reset(int fd = -1) noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+[[nodiscard]] inline std::string errno_text(int err) { return std::string(std::strerror(err)); }
+
+inline void set_nonblocking(int fd, bool on) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK)) < 0) {
+    throw communication_error("fcntl(O_NONBLOCK) failed: " + errno_text(errno));
+  }
+}
+
+// Waits for events on fd until deadline; false on timeout.
+[[nodiscard]] inline bool wait_fd(int fd, short events, deadline_clock::time_point deadline) {
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - deadline_clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{fd, events, 0};
+    const int rc = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000)));
+    if (rc > 0) return true;
+    if (rc < 0 && errno != EINTR) throw communication_error("poll failed: " + errno_text(errno));
+  }
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_CORE_DETAIL_FD_HPP
+
+namespace partrain::inline v0 {
+
+class file_store final : public store {
+ public:
+  // timeout bounds taking the file lock (and set/add/check, which take it).
+  // who (e.g. "rank 3") names the caller in errors.
+  explicit file_store(std::string path, std::chrono::milliseconds timeout = std::chrono::milliseconds(300'000),
+                      std::string who = {})
+      : path_(std::move(path)), timeout_(timeout), who_(who.empty() ? std::string() : std::move(who) + ": ") {
+    if (path_.empty()) throw config_error("file_store: empty path (expected a file on a filesystem all ranks share)");
+    fd_.reset(::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+    if (!fd_) {
+      throw config_error("file_store: cannot open '" + path_ + "': " + detail::errno_text(errno) +
+                         " (expected a writable path on a filesystem all ranks share)");
+    }
+  }
+
+  [[nodiscard]] const std::string& path() const noexcept { return path_; }
+
+  using store::set;
+  void set(const std::string& key, std::span<const std::byte> value) override {
+    std::lock_guard g(mutex_);
+    file_lock lock(*this, F_WRLCK, "set('" + key + "')");
+    append(key, value, false);
+  }
+
+  [[nodiscard]] std::vector<std::byte> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    std::vector<std::byte> out;
+    poll_until(timeout, [&] {
+      if (auto it = cache_.find(key); it != cache_.end()) {
+        out = it->second;
+        return true;
+      }
+      return false;
+    }, [&] { return "file_store get('" + key + "') on '" + path_ + "' timed out after " + std::to_string(timeout.count()) +
+                    " ms: the key was never set"; });
+    return out;
+  }
+
+  std::int64_t add(const std::string& key, std::int64_t delta) override {
+    std::lock_guard g(mutex_);
+    file_lock lock(*this, F_WRLCK, "add('" + key + "')");
+    std::int64_t cur = 0;
+    if (auto it = cache_.find(key); it != cache_.end()) {
+      const auto* p = reinterpret_cast<const char*>(it->second.data());
+      auto [end, ec] = std::from_chars(p, p + it->second.size(), cur);
+      if (ec != std::errc{} || end != p + it->second.size()) {
+        throw invalid_argument_error("file_store add('" + key + "'): the key holds a non-integer value");
+      }
+    }
+    std::int64_t next = 0;
+    if (__builtin_add_overflow(cur, delta, &next)) throw invalid_argument_error("file_store add('" + key + "'): int64 overflow");
+    const std::string s = std::to_string(next);
+    append(key, std::as_bytes(std::span(s.data(), s.size())), false);
+    return next;
+  }
+
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    poll_until(timeout, [&] { return all_present(keys); }, [&] {
+      std::string names;
+      for (const auto& k : keys) {
+        if (!cache_.contains(k)) names += (names.empty() ? "'" : ", '") + k + "'";
+      }
+      return "file_store wait on '" + path_ + "' timed out after " + std::to_string(timeout.count()) +
+             " ms: still missing " + names;
+    });
+  }
+
+  [[nodiscard]] bool check(const std::vector<std::string>& keys) override {
+    std::lock_guard g(mutex_);
+    file_lock lock(*this, F_RDLCK, "check");
+    return all_present(keys);
+  }
+
+  bool delete_key(const std::string& key) {
+    std::lock_guard g(mutex_);
+    file_lock lock(*this, F_WRLCK, "delete_key('" + key + "')");
+    if (!cache_.contains(key)) return false;
+    append(key, {}, true);
+    return true;
+  }
+
+  [[nodiscard]] std::int64_t num_keys() {
+    std::lock_guard g(mutex_);
+    file_lock lock(*this, F_RDLCK, "num_keys");
+    return static_cast<std::int64_t>(cache_.size());
+  }
+
+ private:
+  static constexpr std::uint32_t tombstone = 0xFFFFFFFFu;
+
+  // Holds the whole-file lock and brings the cache up to date with the file.
+  class file_lock {
+   public:
+    file_lock(file_store& s, short type, const std::string& op) : s_(s) {
+      const auto deadline = detail::deadline_clock::now() + s.timeout_;
+      auto pause = std::chrono::microseconds(200);
+      for (;;) {
+        struct flock fl {};
+        fl.l_type = type;
+        fl.l_whence = SEEK_SET;
+        if (::fcntl(s.fd_.get(), F_OFD_SETLK, &fl) == 0) break;
+        if (errno != EAGAIN && errno != EACCES && errno != EINTR) {
+          throw communication_error("file_store " + op + ": cannot lock '" + s.path_ + "': " + detail::errno_text(errno) +
+                                    " (the filesystem must support fcntl locks)");
+        }
+        if (detail::deadline_clock::now() >= deadline) {
+          throw timeout_error(s.who_ + "file_store " + op + ": timed out after " + std::to_string(s.timeout_.count()) +
+                              " ms waiting for the lock on '" + s.path_ + "'");
+        }
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::microseconds(10'000));
+      }
+      try {
+        s.refresh(type == F_WRLCK);
+      } catch (...) {
+        unlock();
+        throw;
+      }
+    }
+    file_lock(const file_lock&) = delete;
+    file_lock& operator=(const file_lock&) = delete;
+    ~file_lock() { unlock(); }
+
+   private:
+    void unlock() noexcept {
+      struct flock fl {};
+      fl.l_type = F_UNLCK;
+      fl.l_whence = SEEK_SET;
+      ::fcntl(s_.fd_.get(), F_OFD_SETLK, &fl);
+    }
+    file_store& s_;
+  };
+
+  // Reads the records appended since the last look. A writer (exclusive lock) also cuts off
+  // a torn record left by a writer that died, so its own record starts on a boundary.
+  void refresh(bool writer) {
+    struct stat st {};
+    if (::fstat(fd_.get(), &st) != 0) throw communication_error("file_store: fstat '" + path_ + "': " + detail::errno_text(errno));
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    if (size < offset_) {
+      // The file was truncated or replaced under us: start over.
+      offset_ = 0;
+      cache_.clear();
+    }
+    std::vector<std::byte> buf(size - offset_);
+    std::size_t got = 0;
+    while (got < buf.size()) {
+      const ssize_t n = ::pread(fd_.get(), buf.data() + got, buf.size() - got, static_cast<off_t>(offset_ + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) throw communication_error("file_store: read '" + path_ + "': " + detail::errno_text(errno));
+      got += static_cast<std::size_t>(n);
+    }
+    std::size_t pos = 0;
+    auto u32 = [&](std::uint32_t& v) {
+      if (buf.size() - pos < 4) return false;
+      v = 0;
+      for (std::size_t i = 0; i < 4; ++i) v |= std::uint32_t(std::to_integer<std::uint8_t>(buf[pos + i])) << (8 * i);
+      pos += 4;
+      return true;
+    };
+    for (;;) {
+      const std::size_t start = pos;
+      std::uint32_t klen = 0, vlen = 0;
+      if (!u32(klen) || buf.size() - pos < klen) {
+        pos = start;
+        break;
+      }
+      std::string key(reinterpret_cast<const char*>(buf.data() + pos), klen);
+      pos += klen;
+      if (!u32(vlen) || (vlen != tombstone && buf.size() - pos < vlen)) {
+        pos = start;
+        break;
+      }
+      if (vlen == tombstone) {
+        cache_.erase(key);
+      } else {
+        cache_[std::move(key)].assign(buf.begin() + static_cast<std::ptrdiff_t>(pos),
+                                      buf.begin() + static_cast<std::ptrdiff_t>(pos + vlen));
+        pos += vlen;
+      }
+    }
+    offset_ += pos;
+    if (writer && offset_ < size && ::ftruncate(fd_.get(), static_cast<off_t>(offset_)) != 0) {
+      throw communication_error("file_store: truncate '" + path_ + "': " + detail::errno_text(errno));
+    }
+  }
+
+  // Under the exclusive lock, after refresh: offset_ is the end of the file.
+  void append(const std::string& key, std::span<const std::byte> value, bool erase) {
+    if (key.size() >= tombstone || value.size() >= tombstone) {
+      throw invalid_argument_error("file_store: key or value of key '" + key + "' is too large (limit 4 GiB)");
+    }
+    std::vector<std::byte> rec;
+    rec.reserve(8 + key.size() + value.size());
+    auto put = [&](std::uint32_t v) {
+      for (int i = 0; i < 4; ++i) rec.push_back(std::byte(static_cast<std::uint8_t>(v >> (8 * i))));
+    };
+    put(static_cast<std::uint32_t>(key.size()));
+    const auto* k = reinterpret_cast<const std::byte*>(key.data());
+    rec.insert(rec.end(), k, k + key.size());
+    put(erase ? tombstone : static_cast<std::uint32_t>(value.size()));
+    rec.insert(rec.end(), value.begin(), value.end());
+    std::size_t done = 0;
+    while (done < rec.size()) {
+      const ssize_t n = ::pwrite(fd_.get(), rec.data() + done, rec.size() - done, static_cast<off_t>(offset_ + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) throw communication_error("file_store: write '" + path_ + "': " + detail::errno_text(errno));
+      done += static_cast<std::size_t>(n);
+    }
+    // Not added to the cache here: the next refresh reads it back like any other writer's.
+  }
+
+  [[nodiscard]] bool all_present(const std::vector<std::string>& keys) const {
+    return std::ranges::all_of(keys, [&](const std::string& k) { return cache_.contains(k); });
+  }
+
+  // Re-reads the file (shared lock) until ready() or the timeout.
+  template <class Ready, class Message>
+  void poll_until(std::chrono::milliseconds timeout, Ready ready, Message message) {
+    if (timeout.count() < 0) throw invalid_argument_error("file_store: negative timeout");
+    const auto deadline = detail::deadline_clock::now() + timeout;
+    auto pause = std::chrono::microseconds(500);
+    for (;;) {
+      {
+        std::lock_guard g(mutex_);
+        {
+          file_lock lock(*this, F_RDLCK, "read");
+        }
+        if (ready()) return;
+        if (detail::deadline_clock::now() >= deadline) throw timeout_error(who_ + message());
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(20'000));
+    }
+  }
+
+  std::string path_;
+  std::chrono::milliseconds timeout_;
+  std::string who_;
+  detail::unique_fd fd_;
+  std::mutex mutex_;  // one thread at a time uses the descriptor and the cache
+  std::map<std::string, std::vector<std::byte>> cache_;
+  std::uint64_t offset_ = 0;  // how much of the file the cache reflects
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_RENDEZVOUS_FILE_STORE_HPP
+// #include <partrain/rendezvous/init.hpp>
+#ifndef PARTRAIN_SI_RENDEZVOUS_INIT_HPP
+#define PARTRAIN_SI_RENDEZVOUS_INIT_HPP
+// partrain/rendezvous/init.hpp: init_process_group(url, options), as torch.distributed's: the
+// rendezvous (rendezvous/rendezvous.hpp), then the backend's process group on its store.
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+// #include <partrain/rendezvous/rendezvous.hpp>
+#ifndef PARTRAIN_SI_RENDEZVOUS_RENDEZVOUS_HPP
+#define PARTRAIN_SI_RENDEZVOUS_RENDEZVOUS_HPP
+// partrain/rendezvous/rendezvous.hpp: where a job's processes meet, as torch.distributed's
+// rendezvous handlers: a URL and the environment give rank, world size and a store.
+//   env://           MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (+ LOCAL_RANK, LOCAL_WORLD_SIZE),
+//                    as torchrun and partrun set them; else Slurm's (SLURM_PROCID, SLURM_NTASKS,
+//                    SLURM_LOCALID, ...), Open MPI's (OMPI_COMM_WORLD_*) or PMI's (PMI_RANK, PMI_SIZE)
+//   tcp://host:port  rank and world size from the options (or ?rank=R&world_size=N)
+//   file://path      a file_store at path; rank and world size as for tcp://
+// Rank 0 hosts the TCP store (bound to the master address) unless PARTRAIN_USE_AGENT_STORE=1
+// says a launcher hosts it; then every rank is a client and keys live under the attempt's
+// prefix (PARTRAIN_RESTART_COUNT), so a restarted group never reads the last attempt's keys.
+// The parsing is separate (parse_rendezvous, rendezvous_from_env) for launchers and examples;
+// init_process_group (rendezvous/init.hpp) is this plus a backend.
+
+#include <charconv>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+// #include <partrain/rendezvous/prefix_store.hpp>
+#ifndef PARTRAIN_SI_RENDEZVOUS_PREFIX_STORE_HPP
+#define PARTRAIN_SI_RENDEZVOUS_PREFIX_STORE_HPP
+// partrain/rendezvous/prefix_store.hpp: a view of another store whose keys all live under
+// "<prefix>/" (torch's PrefixStore). A restarted job uses a prefix per attempt, and
+// sub-groups one per group, so their keys never meet.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace partrain::inline v0 {
+
+class prefix_store final : public store {
+ public:
+  prefix_store(std::string prefix, std::shared_ptr<store> base) : prefix_(std::move(prefix)), base_(std::move(base)) {
+    if (!base_) throw invalid_argument_error("prefix_store '" + prefix_ + "': the underlying store is null");
+  }
+
+  [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
+  [[nodiscard]] const std::shared_ptr<store>& underlying() const noexcept { return base_; }
+
+  using store::set;
+  void set(const std::string& key, std::span<const std::byte> value) override { base_->set(full(key), value); }
+  [[nodiscard]] std::vector<std::byte> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    return base_->get(full(key), timeout);
+  }
+  std::int64_t add(const std::string& key, std::int64_t delta) override { return base_->add(full(key), delta); }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    base_->wait(full(keys), timeout);
+  }
+  [[nodiscard]] bool check(const std::vector<std::string>& keys) override { return base_->check(full(keys)); }
+
+ private:
+  [[nodiscard]] std::string full(const std::string& key) const { return prefix_ + "/" + key; }
+  [[nodiscard]] std::vector<std::string> full(const std::vector<std::string>& keys) const {
+    std::vector<std::string> out;
+    out.reserve(keys.size());
+    for (const auto& k : keys) out.push_back(full(k));
+    return out;
+  }
+
+  std::string prefix_;
+  std::shared_ptr<store> base_;
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_RENDEZVOUS_PREFIX_STORE_HPP
+// #include <partrain/rendezvous/tcp_store.hpp>
+#ifndef PARTRAIN_SI_RENDEZVOUS_TCP_STORE_HPP
+#define PARTRAIN_SI_RENDEZVOUS_TCP_STORE_HPP
+// partrain/rendezvous/tcp_store.hpp: the client of the TCP rendezvous store (torch's TCPStore).
+// Every rank, the host included, talks to the server (rendezvous/tcp_store_server.hpp) through
+// one; `is_server` makes this process host the server too. Every call has a deadline.
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <variant>
+#include <vector>
+
+// #include <partrain/rendezvous/detail/socket.hpp>
+#ifndef PARTRAIN_SI_RENDEZVOUS_DETAIL_SOCKET_HPP
+#define PARTRAIN_SI_RENDEZVOUS_DETAIL_SOCKET_HPP
+// partrain/rendezvous/detail/socket.hpp: the few POSIX socket pieces the TCP store needs (built on
+// core/detail/fd.hpp), with a deadline on every blocking step (connect, send, receive).
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+
+namespace partrain::inline v0::detail {
+
+// "host:port", with brackets around an IPv6 literal.
+[[nodiscard]] inline std::string endpoint_name(const std::string& host, std::uint16_t port) {
+  const bool v6 = host.find(':') != std::string::npos;
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+// getaddrinfo as a RAII list.
+class address_list {
+ public:
+  address_list(const std::string& host, std::uint16_t port, bool passive) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = passive ? AI_PASSIVE : 0;
+    const std::string service = std::to_string(port);
+    const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &list_);
+    if (rc != 0) {
+      throw config_error("cannot resolve host '" + host + "': " + ::gai_strerror(rc) +
+                         " (expected a host name or an IPv4/IPv6 address)");
+    }
+  }
+  address_list(const address_list&) = delete;
+  address_list& operator=(const address_list&) = delete;
+  ~address_list() {
+    if (list_) ::freeaddrinfo(list_);
+  }
+  [[nodiscard]] const addrinfo* begin() const noexcept { return list_; }
+
+ private:
+  addrinfo* list_ = nullptr;
+};
+
+[[nodiscard]] inline std::uint16_t local_port(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+    throw communication_error("getsockname failed: " + errno_text(errno));
+  }
+  if (ss.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);
+  return ntohs(reinterpret_cast<const sockaddr_in*>(&ss)->sin_port);
+}
+
+// A listening socket on host:port (port 0 = the kernel picks one; read it with local_port).
+[[nodiscard]] inline unique_fd listen_tcp(const std::string& host, std::uint16_t port, int backlog = 512) {
+  address_list addrs(host, port, true);
+  int last_err = 0;
+  for (const addrinfo* a = addrs.begin(); a; a = a->ai_next) {
+    unique_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    if (!fd) {
+      last_err = errno;
+      continue;
+    }
+    const int one = 1;
+    // SO_REUSEADDR lets a restarted job rebind a port in TIME_WAIT; it does not allow two
+    // live listeners on one port, so "port in use" is still reported.
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0) {
+      last_err = errno;
+      continue;
+    }
+    if (::listen(fd.get(), backlog) != 0) {
+      last_err = errno;
+      continue;
+    }
+    return fd;
+  }
+  if (last_err == EADDRINUSE) {
+    throw communication_error("cannot listen on " + endpoint_name(host, port) + ": port " + std::to_string(port) +
+                              " is already in use (choose another MASTER_PORT, or 0 for a free one)");
+  }
+  throw communication_error("cannot listen on " + endpoint_name(host, port) + ": " + errno_text(last_err));
+}
+
+// A port that was free a moment ago on host (bind to 0, read, close). Another process may
+// still take it before it is used: callers that can, pass port 0 to the server instead.
+[[nodiscard]] inline std::uint16_t find_free_port(const std::string& host = "127.0.0.1") {
+  unique_fd fd = listen_tcp(host, 0, 1);
+  return local_port(fd.get());
+}
+
+// Connects to host:port, retrying (the server may not be up yet) until deadline.
+// who (e.g. "rank 3: ") prefixes the error.
+[[nodiscard]] inline unique_fd connect_tcp(const std::string& host, std::uint16_t port, deadline_clock::time_point deadline,
+                                           const std::string& who = {}) {
+  std::string last = "no address";
+  auto backoff = std::chrono::milliseconds(10);
+  for (;;) {
+    {
+      address_list addrs(host, port, false);
+      for (const addrinfo* a = addrs.begin(); a; a = a->ai_next) {
+        unique_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
+        if (!fd) {
+          last = errno_text(errno);
+          continue;
+        }
+        int rc = ::connect(fd.get(), a->ai_addr, a->ai_addrlen);
+        if (rc != 0 && errno == EINPROGRESS) {
+          if (!wait_fd(fd.get(), POLLOUT, deadline)) {
+            last = "connect timed out";
+            continue;
+          }
+          int err = 0;
+          socklen_t len = sizeof err;
+          ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+          rc = err == 0 ? 0 : -1;
+          errno = err;
+        }
+        if (rc == 0) {
+          const int one = 1;
+          ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+          return fd;
+        }
+        last = errno_text(errno);
+      }
+    }
+    const auto now = deadline_clock::now();
+    if (now >= deadline) break;
+    std::this_thread::sleep_for(std::min<deadline_clock::duration>(backoff, deadline - now));
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+  }
+  throw timeout_error(who + "cannot connect to the store at " + endpoint_name(host, port) + " (" + last +
+                      "); is the master (rank 0 or the launcher) running and reachable?");
+}
+
+// Writes all bytes or throws; the socket is non-blocking, so a stuck peer hits the deadline.
+inline void send_all(int fd, std::span<const std::byte> data, deadline_clock::time_point deadline, const std::string& what) {
+  while (!data.empty()) {
+    const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+    if (n > 0) {
+      data = data.subspan(static_cast<std::size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (!wait_fd(fd, POLLOUT, deadline)) throw timeout_error(what + ": timed out sending");
+      continue;
+    }
+    throw communication_error(what + ": send failed: " + errno_text(errno));
+  }
+}
+
+// Reads exactly out.size() bytes or throws (timeout_error at the deadline, communication_error
+// when the peer closed).
+inline void recv_all(int fd, std::span<std::byte> out, deadline_clock::time_point deadline, const std::string& what) {
+  while (!out.empty()) {
+    const ssize_t n = ::recv(fd, out.data(), out.size(), 0);
+    if (n > 0) {
+      out = out.subspan(static_cast<std::size_t>(n));
+      continue;
+    }
+    if (n == 0) throw communication_error(what + ": connection closed by the store");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (!wait_fd(fd, POLLIN, deadline)) throw timeout_error(what + ": timed out waiting for the store's reply");
+      continue;
+    }
+    throw communication_error(what + ": receive failed: " + errno_text(errno));
+  }
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_RENDEZVOUS_DETAIL_SOCKET_HPP
+// #include <partrain/rendezvous/detail/store_protocol.hpp>
+#ifndef PARTRAIN_SI_RENDEZVOUS_DETAIL_STORE_PROTOCOL_HPP
+#define PARTRAIN_SI_RENDEZVOUS_DETAIL_STORE_PROTOCOL_HPP
+// partrain/rendezvous/detail/store_protocol.hpp: the TCP store's wire format, as pure functions
+// (bytes in, parsed message or error out) so the server, the client and the libFuzzer target
+// all go through the same code and nothing here touches a socket.
+//
+// Frame:    u32 payload length (little endian), then the payload.
+// Payload:  u8 type, then the fields of that type:
+//   string = u32 length + bytes; bytes = u32 length + bytes; int = i64 little endian;
+//   list   = u32 count + count strings.
+// Requests:  auth(string token) set(string key, bytes value) get(string key, int timeout_ms)
+//            add(string key, int delta) wait(list keys, int timeout_ms) check(list keys)
+//            delete_key(string key) num_keys()
+// Responses: ok() value(bytes) integer(int) boolean(u8 0|1) timeout(list missing) error(string)
+// A payload must be consumed exactly: trailing bytes are an error, like any other malformation.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace partrain::inline v0::detail {
+
+// Default bound on one message; a larger length prefix closes the connection unread.
+inline constexpr std::size_t default_max_store_message = std::size_t{64} << 20;
+// Before a connection has authenticated, only this much is accepted (an auth frame is tiny),
+// so an unauthenticated peer cannot make the server allocate a large buffer.
+inline constexpr std::size_t max_unauthenticated_message = 4096;
+inline constexpr std::size_t frame_header_bytes = 4;
+
+enum class request_type : std::uint8_t {
+  auth = 1,
+  set = 2,
+  get = 3,
+  add = 4,
+  wait = 5,
+  check = 6,
+  delete_key = 7,
+  num_keys = 8,
+};
+
+enum class response_type : std::uint8_t {
+  ok = 0x80,
+  value = 0x81,
+  integer = 0x82,
+  boolean = 0x83,
+  timeout = 0x84,
+  error = 0x85,
+};
+
+[[nodiscard]] constexpr std::string_view to_string(request_type t) noexcept {
+  switch (t) {
+    case request_type::auth: return "auth";
+    case request_type::set: return "set";
+    case request_type::get: return "get";
+    case request_type::add: return "add";
+    case request_type::wait: return "wait";
+    case request_type::check: return "check";
+    case request_type::delete_key: return "delete_key";
+    case request_type::num_keys: return "num_keys";
+  }
+  return "unknown";
+}
+
+struct store_request {
+  request_type type = request_type::num_keys;
+  std::string key{};              // auth: the token
+  std::vector<std::byte> value{}; // set
+  std::vector<std::string> keys{};  // wait, check
+  std::int64_t number = 0;        // add: delta; get, wait: timeout in ms
+  friend bool operator==(const store_request&, const store_request&) = default;
+};
+
+struct store_response {
+  response_type type = response_type::ok;
+  std::vector<std::byte> value{};   // value
+  std::int64_t number = 0;        // integer, boolean
+  std::vector<std::string> keys{};  // timeout: the keys still missing
+  std::string message{};           // error
+  friend bool operator==(const store_response&, const store_response&) = default;
+};
+
+struct protocol_error {
+  std::string what;
+};
+
+template <class T>
+using parse_result = std::variant<T, protocol_error>;
+
+// ---- framing ----
+
+enum class frame_status { incomplete, ready, oversized };
+
+struct frame_view {
+  frame_status status = frame_status::incomplete;
+  std::size_t payload_bytes = 0;  // ready/oversized: the announced payload length
+};
+
+// Looks at the front of buf: is a whole frame there, and may it be read at all?
+[[nodiscard]] inline frame_view peek_frame(std::span<const std::byte> buf, std::size_t max_payload) noexcept {
+  if (buf.size() < frame_header_bytes) return {};
+  std::uint32_t len = 0;
+  for (std::size_t i = 0; i < 4; ++i) len |= std::uint32_t(std::to_integer<std::uint8_t>(buf[i])) << (8 * i);
+  if (len > max_payload) return {frame_status::oversized, len};
+  if (buf.size() - frame_header_bytes < len) return {frame_status::incomplete, len};
+  return {frame_status::ready, len};
+}
+
+// ---- encoding ----
+
+class byte_writer {
+ public:
+  byte_writer() { out_.resize(frame_header_bytes); }  // room for the length prefix
+  void u8(std::uint8_t v) { out_.push_back(std::byte{v}); }
+  void u32(std::uint32_t v) {
+    for (int i = 0; i < 4; ++i) out_.push_back(std::byte(static_cast<std::uint8_t>(v >> (8 * i))));
+  }
+  void i64(std::int64_t v) {
+    const auto u = static_cast<std::uint64_t>(v);
+    for (int i = 0; i < 8; ++i) out_.push_back(std::byte(static_cast<std::uint8_t>(u >> (8 * i))));
+  }
+  void bytes(std::span<const std::byte> b) {
+    u32(static_cast<std::uint32_t>(b.size()));
+    out_.insert(out_.end(), b.begin(), b.end());
+  }
+  void str(std::string_view s) { bytes(std::as_bytes(std::span(s.data(), s.size()))); }
+  void list(const std::vector<std::string>& l) {
+    u32(static_cast<std::uint32_t>(l.size()));
+    for (const auto& s : l) str(s);
+  }
+  // The finished frame, length prefix filled in.
+  [[nodiscard]] std::vector<std::byte> finish() && {
+    const auto len = static_cast<std::uint32_t>(out_.size() - frame_header_bytes);
+    for (std::size_t i = 0; i < 4; ++i) out_[i] = std::byte(static_cast<std::uint8_t>(len >> (8 * i)));
+    return std::move(out_);
+  }
+
+ private:
+  std::vector<std::byte> out_;
+};
+
+// A whole frame (length prefix included) for a request.
+[[nodiscard]] inline std::vector<std::byte> encode(const store_request& r) {
+  byte_writer w;
+  w.u8(static_cast<std::uint8_t>(r.type));
+  switch (r.type) {
+    case request_type::auth: w.str(r.key); break;
+    case request_type::set: w.str(r.key); w.bytes(r.value); break;
+    case request_type::get: w.str(r.key); w.i64(r.number); break;
+    case request_type::add: w.str(r.key); w.i64(r.number); break;
+    case request_type::wait: w.list(r.keys); w.i64(r.number); break;
+    case request_type::check: w.list(r.keys); break;
+    case request_type::delete_key: w.str(r.key); break;
+    case request_type::num_keys: break;
+  }
+  return std::move(w).finish();
+}
+
+[[nodiscard]] inline std::vector<std::byte> encode(const store_response& r) {
+  byte_writer w;
+  w.u8(static_cast<std::uint8_t>(r.type));
+  switch (r.type) {
+    case response_type::ok: break;
+    case response_type::value: w.bytes(r.value); break;
+    case response_type::integer: w.i64(r.number); break;
+    case response_type::boolean: w.u8(r.number != 0 ? 1 : 0); break;
+    case response_type::timeout: w.list(r.keys); break;
+    case response_type::error: w.str(r.message); break;
+  }
+  return std::move(w).finish();
+}
+
+// ---- decoding ----
+
+// Bounds-checked reads from a payload; every getter returns false instead of reading past the end.
+class byte_reader {
+ public:
+  explicit byte_reader(std::span<const std::byte> in) noexcept : in_(in) {}
+  [[nodiscard]] bool u8(std::uint8_t& v) noexcept {
+    if (in_.empty()) return false;
+    v = std::to_integer<std::uint8_t>(in_[0]);
+    in_ = in_.subspan(1);
+    return true;
+  }
+  [[nodiscard]] bool u32(std::uint32_t& v) noexcept {
+    if (in_.size() < 4) return false;
+    v = 0;
+    for (std::size_t i = 0; i < 4; ++i) v |= std::uint32_t(std::to_integer<std::uint8_t>(in_[i])) << (8 * i);
+    in_ = in_.subspan(4);
+    return true;
+  }
+  [[nodiscard]] bool i64(std::int64_t& v) noexcept {
+    if (in_.size() < 8) return false;
+    std::uint64_t u = 0;
+    for (std::size_t i = 0; i < 8; ++i) u |= std::uint64_t(std::to_integer<std::uint8_t>(in_[i])) << (8 * i);
+    v = static_cast<std::int64_t>(u);
+    in_ = in_.subspan(8);
+    return true;
+  }
+  [[nodiscard]] bool bytes(std::vector<std::byte>& v) {
+    std::uint32_t n = 0;
+    if (!u32(n) || in_.size() < n) return false;
+    v.assign(in_.begin(), in_.begin() + n);
+    in_ = in_.subspan(n);
+    return true;
+  }
+  [[nodiscard]] bool str(std::string& s) {
+    std::uint32_t n = 0;
+    if (!u32(n) || in_.size() < n) return false;
+    s.assign(reinterpret_cast<const char*>(in_.data()), n);
+    in_ = in_.subspan(n);
+    return true;
+  }
+  [[nodiscard]] bool list(std::vector<std::string>& l) {
+    std::uint32_t n = 0;
+    // Each string needs at least its 4-byte length: a count the payload cannot hold is
+    // rejected before anything is reserved.
+    if (!u32(n) || n > in_.size() / 4) return false;
+    l.clear();
+    l.reserve(n);
+    for (std::uint32_t i = 0; i < n; ++i) {
+      if (!str(l.emplace_back())) return false;
+    }
+    return true;
+  }
+  [[nodiscard]] bool done() const noexcept { return in_.empty(); }
+  [[nodiscard]] std::size_t left() const noexcept { return in_.size(); }
+
+ private:
+  std::span<const std::byte> in_;
+};
+
+// Parses one request payload (the bytes after the length prefix).
+[[nodiscard]] inline parse_result<store_request> parse_request(std::span<const std::byte> payload) {
+  byte_reader rd(payload);
+  std::uint8_t type = 0;
+  if (!rd.u8(type)) return protocol_error{"empty message"};
+  store_request r;
+  r.type = static_cast<request_type>(type);
+  bool ok = false;
+  switch (r.type) {
+    case request_type::auth: ok = rd.str(r.key); break;
+    case request_type::set: ok = rd.str(r.key) && rd.bytes(r.value); break;
+    case request_type::get: ok = rd.str(r.key) && rd.i64(r.number) && r.number >= 0; break;
+    case request_type::add: ok = rd.str(r.key) && rd.i64(r.number); break;
+    case request_type::wait: ok = rd.list(r.keys) && rd.i64(r.number) && r.number >= 0; break;
+    case request_type::check: ok = rd.list(r.keys); break;
+    case request_type::delete_key: ok = rd.str(r.key); break;
+    case request_type::num_keys: ok = true; break;
+    default: return protocol_error{"unknown request type " + std::to_string(type)};
+  }
+  if (!ok) return protocol_error{"malformed " + std::string(to_string(r.type)) + " request (truncated field or bad value)"};
+  if (!rd.done()) {
+    return protocol_error{std::to_string(rd.left()) + " trailing byte(s) after a " + std::string(to_string(r.type)) +
+                          " request"};
+  }
+  return r;
+}
+
+[[nodiscard]] inline parse_result<store_response> parse_response(std::span<const std::byte> payload) {
+  byte_reader rd(payload);
+  std::uint8_t type = 0;
+  if (!rd.u8(type)) return protocol_error{"empty reply"};
+  store_response r;
+  r.type = static_cast<response_type>(type);
+  bool ok = false;
+  switch (r.type) {
+    case response_type::ok: ok = true; break;
+    case response_type::value: ok = rd.bytes(r.value); break;
+    case response_type::integer: ok = rd.i64(r.number); break;
+    case response_type::boolean: {
+      std::uint8_t b = 0;
+      ok = rd.u8(b) && b <= 1;
+      r.number = b;
+      break;
+    }
+    case response_type::timeout: ok = rd.list(r.keys); break;
+    case response_type::error: ok = rd.str(r.message); break;
+    default: return protocol_error{"unknown reply type " + std::to_string(type)};
+  }
+  if (!ok || !rd.done()) return protocol_error{"malformed reply of type " + std::to_string(type)};
+  return r;
+}
+
+// Compares secrets in time independent of where they differ (only the length leaks).
+[[nodiscard]] inline bool constant_time_equal(std::string_view a, std::string_view b) noexcept {
+  unsigned diff = a.size() == b.size() ? 0u : 1u;
+  if (b.empty()) return a.empty();
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned>(static_cast<unsigned char>(a[i]) ^ static_cast<unsigned char>(b[i % b.size()]));
+  }
+  return diff == 0;
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_RENDEZVOUS_DETAIL_STORE_PROTOCOL_HPP
+// #include <partrain/rendezvous/tcp_store_server.hpp>
+#ifndef PARTRAIN_SI_RENDEZVOUS_TCP_STORE_SERVER_HPP
+#define PARTRAIN_SI_RENDEZVOUS_TCP_STORE_SERVER_HPP
+// partrain/rendezvous/tcp_store_server.hpp: the server half of the TCP rendezvous store (torch's
+// TCPStore). It runs on a background thread of the process that hosts it (rank 0, or the
+// launcher's agent, which hosts one without being a client). A server with a job token refuses
+// peers that do not present it, and a malformed or oversized message closes only that
+// connection.
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace partrain::inline v0 {
+
+struct tcp_store_server_options {
+  // Address to bind. Loopback by default: reaching the store from other hosts is opt-in.
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 0;  // 0 = a free port, chosen by the kernel (read it with port())
+  // When set, a connection's first message must be auth with this token, or it is closed.
+  std::string token{};
+  std::size_t max_message_bytes = detail::default_max_store_message;
+  // A connection that has not presented the token by then is closed (token servers only), so
+  // idle strangers cannot hold the server's descriptors.
+  std::chrono::milliseconds auth_timeout{10'000};
+};
+
+// The server alone: the launcher hosts one without being a client itself.
+class tcp_store_server {
+ public:
+  explicit tcp_store_server(tcp_store_server_options opts = {})
+      : opts_(std::move(opts)), listener_(detail::listen_tcp(opts_.host, opts_.port)) {
+    port_ = detail::local_port(listener_.get());
+    detail::set_nonblocking(listener_.get(), true);
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) throw communication_error("pipe2 failed: " + detail::errno_text(errno));
+    wake_read_.reset(p[0]);
+    wake_write_.reset(p[1]);
+    thread_ = std::jthread([this](std::stop_token st) { run(st); });
+  }
+  tcp_store_server(const tcp_store_server&) = delete;
+  tcp_store_server& operator=(const tcp_store_server&) = delete;
+  ~tcp_store_server() {
+    thread_.request_stop();
+    const char b = 1;
+    [[maybe_unused]] auto n = ::write(wake_write_.get(), &b, 1);
+    thread_.join();
+  }
+
+  [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
+  [[nodiscard]] const std::string& host() const noexcept { return opts_.host; }
+  // Connections closed for a protocol error or a missing/wrong token (for tests and logs).
+  [[nodiscard]] std::size_t rejected_connections() const {
+    std::lock_guard lock(stats_mutex_);
+    return rejected_;
+  }
+
+ private:
+  struct connection {
+    detail::unique_fd fd;
+    std::vector<std::byte> in;
+    std::vector<std::byte> out;
+    std::size_t out_sent = 0;
+    bool authed = false;
+    bool closing = false;  // close once out is flushed
+    bool blocked = false;  // a get/wait is pending; later frames wait their turn
+    detail::deadline_clock::time_point auth_deadline{};
+  };
+  struct waiter {
+    int conn = 0;
+    detail::store_request req;
+    detail::deadline_clock::time_point deadline;
+  };
+
+  void run(std::stop_token st) {
+    std::vector<pollfd> fds;
+    std::vector<int> ids;
+    while (!st.stop_requested()) {
+      fds.clear();
+      ids.clear();
+      fds.push_back({wake_read_.get(), POLLIN, 0});
+      // After EMFILE the pending connection keeps the listener readable: pause accepting a
+      // little instead of spinning.
+      const bool accepting = detail::deadline_clock::now() >= accept_paused_until_;
+      fds.push_back({listener_.get(), static_cast<short>(accepting ? POLLIN : 0), 0});
+      for (auto& [id, c] : conns_) {
+        // A connection whose get/wait is pending is not read past one more frame.
+        const bool full = c.blocked && c.in.size() > limit(c) + detail::frame_header_bytes;
+        short ev = c.closing || full ? 0 : POLLIN;
+        if (c.out_sent < c.out.size()) ev |= POLLOUT;
+        fds.push_back({c.fd.get(), ev, 0});
+        ids.push_back(id);
+      }
+      int timeout_ms = -1;
+      auto next = detail::deadline_clock::time_point::max();
+      for (const auto& w : waiters_) next = std::min(next, w.deadline);
+      for (const auto& [id, c] : conns_) {
+        if (!c.authed) next = std::min(next, c.auth_deadline);
+      }
+      if (!accepting) next = std::min(next, accept_paused_until_);
+      if (next != detail::deadline_clock::time_point::max()) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(next - detail::deadline_clock::now()).count();
+        timeout_ms = static_cast<int>(std::clamp<long long>(left, 0, 60'000));
+      }
+      const int rc = ::poll(fds.data(), fds.size(), timeout_ms);
+      if (rc < 0 && errno != EINTR) return;  // nothing sensible left to do; clients see EOF
+      if (rc > 0) {
+        if (fds[1].revents & POLLIN) accept_all();
+        for (std::size_t i = 2; i < fds.size(); ++i) {
+          if (fds[i].revents == 0) continue;
+          auto it = conns_.find(ids[i - 2]);
+          if (it == conns_.end()) continue;
+          if (fds[i].revents & (POLLIN | POLLERR | POLLHUP)) on_readable(it->first);
+          if (auto jt = conns_.find(ids[i - 2]); jt != conns_.end() && (fds[i].revents & POLLOUT)) flush(jt->first);
+        }
+      }
+      resume_waiters();
+      expire_waiters();
+      resume_waiters();
+      drop_unauthenticated();
+    }
+  }
+
+  void accept_all() {
+    for (;;) {
+      const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          accept_paused_until_ = detail::deadline_clock::now() + std::chrono::milliseconds(100);
+        }
+        return;  // EAGAIN: all accepted
+      }
+      const int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      connection c;
+      c.fd.reset(fd);
+      c.authed = opts_.token.empty();
+      c.auth_deadline = detail::deadline_clock::now() + opts_.auth_timeout;
+      conns_.emplace(next_id_++, std::move(c));
+    }
+  }
+
+  void on_readable(int id) {
+    auto& c = conns_.at(id);
+    std::byte chunk[65536];
+    for (;;) {
+      const ssize_t n = ::recv(c.fd.get(), chunk, sizeof chunk, 0);
+      if (n > 0) {
+        c.in.insert(c.in.end(), chunk, chunk + n);
+        // Check the announced size as soon as the header is there, before buffering a body.
+        if (detail::peek_frame(c.in, limit(c)).status == detail::frame_status::oversized) break;
+        if (c.blocked && c.in.size() > limit(c) + detail::frame_header_bytes) break;
+        if (static_cast<std::size_t>(n) < sizeof chunk) break;
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      // EOF or error: what was sent before still counts, then the peer is gone.
+      process(id);
+      drop(id);
+      return;
+    }
+    process(id);
+  }
+
+  [[nodiscard]] std::size_t limit(const connection& c) const noexcept {
+    return c.authed ? opts_.max_message_bytes : std::min(opts_.max_message_bytes, detail::max_unauthenticated_message);
+  }
+
+  // Handles the complete frames buffered on a connection, in order.
+  void process(int id) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    auto& c = it->second;
+    std::size_t used = 0;
+    while (!c.blocked && !c.closing) {
+      const auto rest = std::span<const std::byte>(c.in).subspan(used);
+      const auto f = detail::peek_frame(rest, limit(c));
+      if (f.status == detail::frame_status::incomplete) break;
+      if (f.status == detail::frame_status::oversized) {
+        reject(c, "message of " + std::to_string(f.payload_bytes) + " bytes exceeds the limit of " +
+                      std::to_string(limit(c)) + " bytes" + (c.authed ? "" : " before authentication"));
+        break;
+      }
+      const auto payload = rest.subspan(detail::frame_header_bytes, f.payload_bytes);
+      used += detail::frame_header_bytes + f.payload_bytes;
+      auto parsed = detail::parse_request(payload);
+      if (auto* err = std::get_if<detail::protocol_error>(&parsed)) {
+        reject(c, "protocol error: " + err->what);
+        break;
+      }
+      handle(id, c, std::get<detail::store_request>(std::move(parsed)));
+    }
+    if (c.closing) {
+      c.in.clear();  // nothing after a rejected message is read
+    } else {
+      c.in.erase(c.in.begin(), c.in.begin() + static_cast<std::ptrdiff_t>(used));
+    }
+    flush(id);
+  }
+
+  void reject(connection& c, const std::string& why) {
+    reply(c, detail::store_response{.type = detail::response_type::error, .message = why});
+    c.closing = true;
+    std::lock_guard lock(stats_mutex_);
+    ++rejected_;
+  }
+
+  void reply(connection& c, const detail::store_response& r) {
+    auto frame = detail::encode(r);
+    c.out.insert(c.out.end(), frame.begin(), frame.end());
+  }
+
+  void handle(int id, connection& c, detail::store_request req) {
+    using detail::request_type;
+    using detail::response_type;
+    if (!c.authed) {
+      if (req.type == request_type::auth && detail::constant_time_equal(req.key, opts_.token)) {
+        c.authed = true;
+        reply(c, {.type = response_type::ok});
+      } else {
+        reject(c, req.type == request_type::auth ? "unauthorized: wrong job token"
+                                                 : "unauthorized: this store requires the job token first");
+      }
+      return;
+    }
+    switch (req.type) {
+      case request_type::auth: reply(c, {.type = response_type::ok}); break;
+      case request_type::set:
+        data_[req.key] = std::move(req.value);
+        reply(c, {.type = response_type::ok});
+        wake_waiters();
+        break;
+      case request_type::add: {
+        std::int64_t cur = 0;
+        if (auto f = data_.find(req.key); f != data_.end()) {
+          const auto* p = reinterpret_cast<const char*>(f->second.data());
+          auto [end, ec] = std::from_chars(p, p + f->second.size(), cur);
+          if (ec != std::errc{} || end != p + f->second.size()) {
+            reply(c, {.type = response_type::error, .message = "add('" + req.key + "'): the key holds a non-integer value"});
+            break;
+          }
+        }
+        std::int64_t next = 0;
+        if (__builtin_add_overflow(cur, req.number, &next)) {
+          reply(c, {.type = response_type::error, .message = "add('" + req.key + "'): int64 overflow"});
+          break;
+        }
+        const std::string s = std::to_string(next);  // decimal text, as torch's TCPStore keeps it
+        const auto* b = reinterpret_cast<const std::byte*>(s.data());
+        data_[req.key].assign(b, b + s.size());
+        reply(c, {.type = response_type::integer, .number = next});
+        wake_waiters();
+        break;
+      }
+      case request_type::get:
+      case request_type::wait:
+        if (satisfied(req)) {
+          answer(c, req);
+        } else if (req.number == 0) {
+          reply(c, {.type = response_type::timeout, .keys = missing(req)});
+        } else {
+          c.blocked = true;
+          const auto deadline = detail::deadline_clock::now() + std::chrono::milliseconds(req.number);
+          waiters_.push_back({id, std::move(req), deadline});
+        }
+        break;
+      case request_type::check:
+        reply(c, {.type = response_type::boolean, .number = satisfied(req) ? 1 : 0});
+        break;
+      case request_type::delete_key:
+        reply(c, {.type = response_type::boolean, .number = data_.erase(req.key) ? 1 : 0});
+        break;
+      case request_type::num_keys:
+        reply(c, {.type = response_type::integer, .number = static_cast<std::int64_t>(data_.size())});
+        break;
+    }
+  }
+
+  [[nodiscard]] bool satisfied(const detail::store_request& r) const {
+    if (r.type == detail::request_type::get) return data_.contains(r.key);
+    return std::ranges::all_of(r.keys, [&](const std::string& k) { return data_.contains(k); });
+  }
+  [[nodiscard]] std::vector<std::string> missing(const detail::store_request& r) const {
+    if (r.type == detail::request_type::get) return {r.key};
+    std::vector<std::string> m;
+    for (const auto& k : r.keys) {
+      if (!data_.contains(k)) m.push_back(k);
+    }
+    return m;
+  }
+  void answer(connection& c, const detail::store_request& r) {
+    if (r.type == detail::request_type::get) {
+      reply(c, {.type = detail::response_type::value, .value = data_.at(r.key)});
+    } else {
+      reply(c, {.type = detail::response_type::ok});
+    }
+  }
+
+  // Answers the waiters whose keys now exist; their connections may then go on.
+  void wake_waiters() {
+    std::erase_if(waiters_, [&](waiter& w) {
+      if (!satisfied(w.req)) return false;
+      auto& c = conns_.at(w.conn);
+      answer(c, w.req);
+      c.blocked = false;
+      resumed_.push_back(w.conn);
+      return true;
+    });
+  }
+
+  void expire_waiters() {
+    const auto now = detail::deadline_clock::now();
+    std::erase_if(waiters_, [&](waiter& w) {
+      if (w.deadline > now) return false;
+      auto& c = conns_.at(w.conn);
+      reply(c, {.type = detail::response_type::timeout, .keys = missing(w.req)});
+      c.blocked = false;
+      resumed_.push_back(w.conn);
+      return true;
+    });
+  }
+
+  // Connections whose get/wait was answered: send the reply, then go on with their next frames.
+  // Done from the loop rather than recursively, so a chain of waiters cannot deepen the stack.
+  void resume_waiters() {
+    while (!resumed_.empty()) {
+      const int id = resumed_.back();
+      resumed_.pop_back();
+      process(id);
+    }
+  }
+
+  void drop_unauthenticated() {
+    const auto now = detail::deadline_clock::now();
+    std::vector<int> late;
+    for (const auto& [id, c] : conns_) {
+      if (!c.authed && !c.closing && c.auth_deadline <= now) late.push_back(id);
+    }
+    for (int id : late) {
+      {
+        std::lock_guard lock(stats_mutex_);
+        ++rejected_;
+      }
+      drop(id);
+    }
+  }
+
+  void flush(int id) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    auto& c = it->second;
+    while (c.out_sent < c.out.size()) {
+      const ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_sent, c.out.size() - c.out_sent, MSG_NOSIGNAL);
+      if (n > 0) {
+        c.out_sent += static_cast<std::size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        // A peer that stops reading cannot make the server hold unbounded replies.
+        if (c.out.size() - c.out_sent > 2 * opts_.max_message_bytes + 1024) drop(id);
+        return;
+      }
+      drop(id);
+      return;
+    }
+    c.out.clear();
+    c.out_sent = 0;
+    if (c.closing) drop(id);
+  }
+
+  void drop(int id) {
+    std::erase_if(waiters_, [&](const waiter& w) { return w.conn == id; });
+    conns_.erase(id);
+  }
+
+  tcp_store_server_options opts_;
+  detail::unique_fd listener_;
+  detail::unique_fd wake_read_, wake_write_;
+  std::uint16_t port_ = 0;
+  // Touched only by the server thread.
+  std::map<int, connection> conns_;
+  std::unordered_map<std::string, std::vector<std::byte>> data_;
+  std::vector<waiter> waiters_;
+  std::vector<int> resumed_;
+  detail::deadline_clock::time_point accept_paused_until_{};
+  int next_id_ = 0;
+  mutable std::mutex stats_mutex_;
+  std::size_t rejected_ = 0;
+  std::jthread thread_;  // last: started after, and joined before, everything above
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_RENDEZVOUS_TCP_STORE_SERVER_HPP
+
+namespace partrain::inline v0 {
+
+struct tcp_store_options {
+  // Where the server is (clients) or what it binds (the host, unless bind_address is set).
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 0;  // the host may pass 0 for a free port; read it back with port()
+  bool is_server = false;  // host the server in this process (rank 0)
+  std::string bind_address{};
+  std::string token{};  // the job token; must match the server's
+  // Connecting (with retries while the server comes up) and set/add/check are bounded by this.
+  std::chrono::milliseconds timeout = std::chrono::milliseconds(300'000);
+  std::size_t max_message_bytes = detail::default_max_store_message;
+  std::string who{};  // names the caller in errors, e.g. "rank 3"
+};
+
+class tcp_store final : public store {
+ public:
+  explicit tcp_store(tcp_store_options opts) : opts_(std::move(opts)) {
+    if (opts_.is_server) {
+      server_ = std::make_unique<tcp_store_server>(tcp_store_server_options{
+          .host = opts_.bind_address.empty() ? opts_.host : opts_.bind_address,
+          .port = opts_.port,
+          .token = opts_.token,
+          .max_message_bytes = opts_.max_message_bytes});
+      opts_.port = server_->port();
+    } else if (opts_.port == 0) {
+      throw config_error(prefix() + "a tcp_store client needs the server's port (got 0; expected 1..65535)");
+    }
+    std::lock_guard lock(mutex_);
+    connect_locked();
+  }
+
+  [[nodiscard]] std::uint16_t port() const noexcept { return opts_.port; }
+  [[nodiscard]] const std::string& host() const noexcept { return opts_.host; }
+  [[nodiscard]] bool is_server() const noexcept { return server_ != nullptr; }
+  [[nodiscard]] tcp_store_server* server() noexcept { return server_.get(); }
+
+  using store::set;
+  void set(const std::string& key, std::span<const std::byte> value) override {
+    detail::store_request r{.type = detail::request_type::set, .key = key};
+    r.value.assign(value.begin(), value.end());
+    expect(call(r, opts_.timeout), detail::response_type::ok, r);
+  }
+
+  [[nodiscard]] std::vector<std::byte> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    detail::store_request r{.type = detail::request_type::get, .key = key, .number = timeout.count()};
+    auto resp = call(r, timeout);
+    if (resp.type == detail::response_type::timeout) {
+      throw timeout_error(prefix() + "store get('" + key + "') timed out after " + std::to_string(timeout.count()) +
+                          " ms at " + endpoint() + ": the key was never set");
+    }
+    expect(resp, detail::response_type::value, r);
+    return std::move(resp.value);
+  }
+
+  std::int64_t add(const std::string& key, std::int64_t delta) override {
+    detail::store_request r{.type = detail::request_type::add, .key = key, .number = delta};
+    auto resp = call(r, opts_.timeout);
+    expect(resp, detail::response_type::integer, r);
+    return resp.number;
+  }
+
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    detail::store_request r{.type = detail::request_type::wait, .keys = keys, .number = timeout.count()};
+    auto resp = call(r, timeout);
+    if (resp.type == detail::response_type::timeout) {
+      std::string names;
+      for (const auto& k : resp.keys) names += (names.empty() ? "'" : ", '") + k + "'";
+      throw timeout_error(prefix() + "store wait timed out after " + std::to_string(timeout.count()) + " ms at " +
+                          endpoint() + ": still missing " + names);
+    }
+    expect(resp, detail::response_type::ok, r);
+  }
+
+  [[nodiscard]] bool check(const std::vector<std::string>& keys) override {
+    detail::store_request r{.type = detail::request_type::check, .keys = keys};
+    auto resp = call(r, opts_.timeout);
+    expect(resp, detail::response_type::boolean, r);
+    return resp.number != 0;
+  }
+
+  // Removes key; false when it did not exist.
+  bool delete_key(const std::string& key) {
+    detail::store_request r{.type = detail::request_type::delete_key, .key = key};
+    auto resp = call(r, opts_.timeout);
+    expect(resp, detail::response_type::boolean, r);
+    return resp.number != 0;
+  }
+
+  [[nodiscard]] std::int64_t num_keys() {
+    detail::store_request r{.type = detail::request_type::num_keys};
+    auto resp = call(r, opts_.timeout);
+    expect(resp, detail::response_type::integer, r);
+    return resp.number;
+  }
+
+ private:
+  [[nodiscard]] std::string prefix() const { return opts_.who.empty() ? std::string() : opts_.who + ": "; }
+  [[nodiscard]] std::string endpoint() const { return detail::endpoint_name(opts_.host, opts_.port); }
+
+  void connect_locked() {
+    const auto deadline = detail::deadline_clock::now() + opts_.timeout;
+    fd_ = detail::connect_tcp(opts_.host, opts_.port, deadline, prefix());
+    // With a token: authenticate. Without: an empty check, so a server that wants a token
+    // says so now, at connect time, rather than at the first real operation.
+    detail::store_request hello = opts_.token.empty() ? detail::store_request{.type = detail::request_type::check}
+                                                      : detail::store_request{.type = detail::request_type::auth, .key = opts_.token};
+    detail::store_response resp;
+    try {
+      resp = round_trip_locked(hello, deadline);
+    } catch (...) {
+      fd_.reset();
+      throw;
+    }
+    if (resp.type == detail::response_type::error) {
+      fd_.reset();
+      throw communication_error(prefix() + "the store at " + endpoint() + " refused the connection: " + resp.message +
+                                " (every rank needs the job's token, e.g. from PARTRAIN_STORE_TOKEN)");
+    }
+  }
+
+  // One request, one reply. server_wait is how long the server itself may hold the reply
+  // (get/wait); the socket deadline adds the I/O allowance on top.
+  detail::store_response call(const detail::store_request& r, std::chrono::milliseconds server_wait) {
+    if (server_wait.count() < 0) {
+      throw invalid_argument_error(prefix() + "store " + std::string(to_string(r.type)) + ": negative timeout");
+    }
+    std::lock_guard lock(mutex_);
+    if (!fd_) connect_locked();
+    const auto deadline = detail::deadline_clock::now() + server_wait + std::min(opts_.timeout, std::chrono::milliseconds(30'000));
+    try {
+      return round_trip_locked(r, deadline);
+    } catch (...) {
+      fd_.reset();  // the stream may be mid-message: never reuse it
+      throw;
+    }
+  }
+
+  detail::store_response round_trip_locked(const detail::store_request& r, detail::deadline_clock::time_point deadline) {
+    const std::string what = prefix() + "store " + std::string(to_string(r.type)) +
+                             (r.key.empty() || r.type == detail::request_type::auth ? "" : "('" + r.key + "')") + " at " +
+                             endpoint();
+    auto frame = detail::encode(r);
+    if (frame.size() - detail::frame_header_bytes > opts_.max_message_bytes) {
+      throw invalid_argument_error(what + ": message of " + std::to_string(frame.size()) + " bytes exceeds the limit of " +
+                                   std::to_string(opts_.max_message_bytes) + " bytes");
+    }
+    detail::send_all(fd_.get(), frame, deadline, what);
+    std::byte header[detail::frame_header_bytes];
+    detail::recv_all(fd_.get(), header, deadline, what);
+    const auto f = detail::peek_frame(header, opts_.max_message_bytes + 64);
+    if (f.status == detail::frame_status::oversized) throw communication_error(what + ": reply too large");
+    std::vector<std::byte> payload(f.payload_bytes);
+    detail::recv_all(fd_.get(), payload, deadline, what);
+    auto parsed = detail::parse_response(payload);
+    if (auto* err = std::get_if<detail::protocol_error>(&parsed)) throw communication_error(what + ": " + err->what);
+    auto resp = std::get<detail::store_response>(std::move(parsed));
+    if (resp.type == detail::response_type::error && resp.message.starts_with("unauthorized")) fd_.reset();
+    return resp;
+  }
+
+  void expect(const detail::store_response& resp, detail::response_type want, const detail::store_request& r) {
+    if (resp.type == want) return;
+    const std::string what = prefix() + "store " + std::string(to_string(r.type)) + (r.key.empty() ? "" : "('" + r.key + "')") +
+                             " at " + endpoint();
+    if (resp.type == detail::response_type::error) {
+      if (resp.message.starts_with("unauthorized")) {
+        throw communication_error(what + " refused: " + resp.message +
+                                  " (set the same token on every rank, e.g. PARTRAIN_STORE_TOKEN)");
+      }
+      throw communication_error(what + " failed: " + resp.message);
+    }
+    throw communication_error(what + ": unexpected reply type " + std::to_string(static_cast<int>(resp.type)));
+  }
+
+  tcp_store_options opts_;
+  std::unique_ptr<tcp_store_server> server_;  // before fd_: the client closes first
+  std::mutex mutex_;
+  detail::unique_fd fd_;
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_RENDEZVOUS_TCP_STORE_HPP
+
+namespace partrain::inline v0 {
+
+struct init_options {
+  // "gloo" or "nccl"; empty = "nccl" when device is a GPU, else "gloo".
+  std::string backend{};
+  // Bound on every blocking step. Unset: PARTRAIN_TIMEOUT_MS from the environment, else 300 s.
+  std::optional<std::chrono::milliseconds> timeout{};
+  // For tcp:// and file:// (env:// reads them from the environment); -1 = not given.
+  int rank = -1;
+  int world_size = -1;
+  // nccl: the GPU of this rank; unset = cuda:LOCAL_RANK.
+  std::optional<partrain::device> device{};
+  bool check_collectives = false;
+  // The store's job token; empty = PARTRAIN_STORE_TOKEN from the environment (may be empty).
+  std::string token{};
+};
+
+// What a rendezvous URL and the environment say, and (after connect_store) the store.
+struct rendezvous_info {
+  std::string scheme;  // "env", "tcp" or "file"
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr;  // env, tcp
+  std::uint16_t port = 0;   // env, tcp
+  std::string path;         // file
+  std::string source;       // where rank and world size came from: torchrun, slurm, openmpi, pmi, url, options
+  std::string token;
+  std::string bind_address;  // PARTRAIN_STORE_BIND: what rank 0's server binds (default: master_addr)
+  bool agent_store = false;  // a launcher hosts the store; every rank is a client
+  int restart_count = 0;
+  std::chrono::milliseconds timeout = default_timeout;
+  std::shared_ptr<partrain::store> store;  // set by connect_store
+};
+
+// Looks up an environment variable; tests pass their own.
+using env_lookup = std::function<std::optional<std::string>(const std::string&)>;
+
+[[nodiscard]] inline std::optional<std::string> process_env(const std::string& name) {
+  const char* v = std::getenv(name.c_str());
+  if (!v) return std::nullopt;
+  return std::string(v);
+}
+
+namespace detail {
+
+[[nodiscard]] inline std::optional<long long> parse_integer(std::string_view s) {
+  long long v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+// Reads an integer variable within [lo, hi]; nullopt when it is not set.
+[[nodiscard]] inline std::optional<int> int_var(const env_lookup& env, const std::string& name, long long lo, long long hi,
+                                                std::string_view context, std::string_view expected) {
+  auto v = env(name);
+  if (!v) return std::nullopt;
+  auto n = parse_integer(*v);
+  if (!n) {
+    throw config_error(std::string(context) + ": " + name + "='" + *v + "' is not an integer (expected " +
+                       std::string(expected) + ")");
+  }
+  if (*n < lo || *n > hi) {
+    throw config_error(std::string(context) + ": " + name + "=" + *v + " is out of range (expected " + std::string(expected) +
+                       ")");
+  }
+  return static_cast<int>(*n);
+}
+
+[[nodiscard]] inline int require_int(const env_lookup& env, const std::string& name, long long lo, long long hi,
+                                     std::string_view context, std::string_view expected, std::string_view how) {
+  auto v = int_var(env, name, lo, hi, context, expected);
+  if (!v) throw config_error(std::string(context) + ": " + name + " is not set (" + std::string(how) + ")");
+  return *v;
+}
+
+// The first host of a Slurm hostlist: "node[03-05,9],gpu1" -> "node03".
+[[nodiscard]] inline std::string first_slurm_host(std::string_view list) {
+  const auto bracket = list.find('[');
+  const auto comma = list.find(',');
+  if (bracket == std::string_view::npos || (comma != std::string_view::npos && comma < bracket)) {
+    return std::string(list.substr(0, comma));
+  }
+  const auto close = list.find(']', bracket);
+  if (close == std::string_view::npos) return std::string(list.substr(0, bracket));
+  auto range = list.substr(bracket + 1, close - bracket - 1);
+  range = range.substr(0, std::min(range.find(','), range.find('-')));
+  auto suffix = list.substr(close + 1);
+  suffix = suffix.substr(0, suffix.find(','));
+  return std::string(list.substr(0, bracket)) + std::string(range) + std::string(suffix);
+}
+
+// Tasks on node `node` from SLURM_STEP_TASKS_PER_NODE's "2(x3),1" form.
+[[nodiscard]] inline std::optional<int> slurm_tasks_on_node(std::string_view spec, int node) {
+  int seen = 0;
+  while (!spec.empty()) {
+    auto item = spec.substr(0, spec.find(','));
+    spec.remove_prefix(std::min(spec.size(), item.size() + 1));
+    int repeat = 1;
+    if (auto paren = item.find("(x"); paren != std::string_view::npos && item.back() == ')') {
+      auto r = parse_integer(item.substr(paren + 2, item.size() - paren - 3));
+      if (!r || *r < 1) return std::nullopt;
+      repeat = static_cast<int>(*r);
+      item = item.substr(0, paren);
+    }
+    auto n = parse_integer(item);
+    if (!n || *n < 1) return std::nullopt;
+    if (node < seen + repeat) return static_cast<int>(*n);
+    seen += repeat;
+  }
+  return std::nullopt;
+}
+
+// "host:port" or "[v6]:port" -> (host, port); the URL's query is already cut off.
+inline void parse_host_port(std::string_view url, std::string_view hp, std::string& host, std::uint16_t& port) {
+  const std::string expected = " (expected tcp://host:port, e.g. tcp://10.0.0.1:29500 or tcp://[::1]:29500)";
+  std::string_view port_text;
+  if (hp.starts_with('[')) {
+    const auto close = hp.find(']');
+    if (close == std::string_view::npos || close + 1 >= hp.size() || hp[close + 1] != ':') {
+      throw config_error("malformed URL '" + std::string(url) + "': bad IPv6 address" + expected);
+    }
+    host = std::string(hp.substr(1, close - 1));
+    port_text = hp.substr(close + 2);
+  } else {
+    const auto colon = hp.rfind(':');
+    if (colon == std::string_view::npos) throw config_error("malformed URL '" + std::string(url) + "': no port" + expected);
+    host = std::string(hp.substr(0, colon));
+    port_text = hp.substr(colon + 1);
+  }
+  if (host.empty()) throw config_error("malformed URL '" + std::string(url) + "': empty host" + expected);
+  auto p = parse_integer(port_text);
+  if (!p || *p < 1 || *p > 65535) {
+    throw config_error("malformed URL '" + std::string(url) + "': port '" + std::string(port_text) +
+                       "' is not in 1..65535" + expected);
+  }
+  port = static_cast<std::uint16_t>(*p);
+}
+
+// "?rank=1&world_size=4" into info (only those two keys are known).
+inline void parse_query(std::string_view url, std::string_view query, int& rank, int& world) {
+  while (!query.empty()) {
+    auto item = query.substr(0, query.find('&'));
+    query.remove_prefix(std::min(query.size(), item.size() + 1));
+    const auto eq = item.find('=');
+    const auto key = item.substr(0, eq);
+    // value_or keeps GCC 12 at -O3 from a false "may be used uninitialized" on the optional.
+    const long long value =
+        eq == std::string_view::npos ? -1 : parse_integer(item.substr(eq + 1)).value_or(-1);
+    if ((key != "rank" && key != "world_size") || value < 0 || value > std::numeric_limits<int>::max()) {
+      throw config_error("malformed URL '" + std::string(url) + "': bad query item '" + std::string(item) +
+                         "' (expected rank=<int> and/or world_size=<int>)");
+    }
+    (key == "rank" ? rank : world) = static_cast<int>(value);
+  }
+}
+
+inline void check_rank(std::string_view context, int rank, int world) {
+  if (world < 1) {
+    throw config_error(std::string(context) + ": world size must be at least 1, got " + std::to_string(world));
+  }
+  if (rank < 0 || rank >= world) {
+    throw config_error(std::string(context) + ": rank " + std::to_string(rank) + " is out of range for world size " +
+                       std::to_string(world) + " (expected 0 <= rank < world size)");
+  }
+}
+
+// The rank variables of env://, from the first launcher whose variables are present.
+inline void read_rank_env(rendezvous_info& info, const env_lookup& env) {
+  constexpr long long big = std::numeric_limits<int>::max();
+  const std::string ctx = "env://";
+  const std::string how =
+      "expected RANK and WORLD_SIZE as torchrun/partrun set them, or Slurm's SLURM_PROCID/SLURM_NTASKS, or Open "
+      "MPI's OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE";
+  auto read = [&](const char* rank, const char* size, const char* local_rank, const char* local_size, const char* source) {
+    info.world_size = require_int(env, size, 1, big, ctx, std::string(size) + " >= 1", how);
+    info.rank = require_int(env, rank, 0, big, ctx, "0 <= " + std::string(rank) + " < " + size, how);
+    check_rank(ctx + " (" + rank + ", " + size + ")", info.rank, info.world_size);
+    info.source = source;
+    auto lr = local_rank ? int_var(env, local_rank, 0, big, ctx, "a non-negative integer") : std::nullopt;
+    auto lws = local_size ? int_var(env, local_size, 1, big, ctx, "a positive integer") : std::nullopt;
+    // Without local variables assume one node (what mp.spawn-style single-node runs mean).
+    info.local_rank = lr.value_or(info.rank);
+    info.local_world_size = lws.value_or(lr ? info.local_rank + 1 : info.world_size);
+    if (lr && !lws) info.local_world_size = std::max(info.local_world_size, info.local_rank + 1);
+  };
+  if (env("RANK") || env("WORLD_SIZE")) {
+    read("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "torchrun");
+  } else if (env("SLURM_PROCID")) {
+    read("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, "slurm");
+    const int node = int_var(env, "SLURM_NODEID", 0, big, ctx, "a non-negative integer").value_or(0);
+    std::optional<int> local;
+    if (auto per = env("SLURM_STEP_TASKS_PER_NODE")) local = slurm_tasks_on_node(*per, node);
+    if (!local) {
+      if (auto per = env("SLURM_TASKS_PER_NODE")) local = slurm_tasks_on_node(*per, node);
+    }
+    if (!local) {
+      if (auto per = env("SLURM_NTASKS_PER_NODE")) local = slurm_tasks_on_node(*per, 0);
+    }
+    if (local) info.local_world_size = *local;
+  } else if (env("OMPI_COMM_WORLD_RANK")) {
+    read("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+         "openmpi");
+  } else if (env("PMI_RANK")) {
+    read("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "pmi");
+  } else {
+    throw config_error(ctx + ": RANK is not set (" + how + ")");
+  }
+  if (info.local_rank >= info.local_world_size) {
+    throw config_error(ctx + ": local rank " + std::to_string(info.local_rank) + " is out of range for local world size " +
+                       std::to_string(info.local_world_size) + " (expected 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE)");
+  }
+}
+
+}  // namespace detail
+
+// Parses url and the environment; connects nothing. Throws config_error naming what is
+// wrong and what was expected.
+[[nodiscard]] inline rendezvous_info parse_rendezvous(std::string_view url, const init_options& opts = {},
+                                                      const env_lookup& env = process_env) {
+  rendezvous_info info;
+  constexpr long long big = std::numeric_limits<int>::max();
+  const auto sep = url.find("://");
+  if (sep == std::string_view::npos) {
+    throw config_error("malformed URL '" + std::string(url) + "' (expected env://, tcp://host:port or file://path)");
+  }
+  info.scheme = std::string(url.substr(0, sep));
+  std::string_view rest = url.substr(sep + 3);
+
+  // Timeout and token: options, then the environment.
+  if (opts.timeout) {
+    if (opts.timeout->count() <= 0) {
+      throw config_error("init_process_group: timeout must be positive, got " + std::to_string(opts.timeout->count()) + " ms");
+    }
+    info.timeout = *opts.timeout;
+  } else if (auto t = detail::int_var(env, "PARTRAIN_TIMEOUT_MS", 1, big, "init_process_group",
+                                      "a positive number of milliseconds")) {
+    info.timeout = std::chrono::milliseconds(*t);
+  }
+  info.token = !opts.token.empty() ? opts.token : env("PARTRAIN_STORE_TOKEN").value_or("");
+  info.bind_address = env("PARTRAIN_STORE_BIND").value_or("");
+  info.agent_store = env("PARTRAIN_USE_AGENT_STORE").value_or("0") == "1";
+  info.restart_count = detail::int_var(env, "PARTRAIN_RESTART_COUNT", 0, big, "init_process_group", "a non-negative integer")
+                           .value_or(0);
+
+  if (info.scheme == "env") {
+    if (!rest.empty()) {
+      throw config_error("malformed URL '" + std::string(url) + "': env:// takes nothing after '//' (the environment says it all)");
+    }
+    detail::read_rank_env(info, env);
+    if (opts.rank >= 0 && opts.rank != info.rank) {
+      throw config_error("env://: options.rank " + std::to_string(opts.rank) + " disagrees with the environment's rank " +
+                         std::to_string(info.rank));
+    }
+    if (opts.world_size >= 0 && opts.world_size != info.world_size) {
+      throw config_error("env://: options.world_size " + std::to_string(opts.world_size) +
+                         " disagrees with the environment's world size " + std::to_string(info.world_size));
+    }
+    auto addr = env("MASTER_ADDR");
+    if (!addr && info.source == "slurm") {
+      if (auto nodes = env("SLURM_STEP_NODELIST") ? env("SLURM_STEP_NODELIST") : env("SLURM_JOB_NODELIST")) {
+        addr = detail::first_slurm_host(*nodes);
+      }
+    }
+    if (!addr || addr->empty()) {
+      throw config_error("env://: MASTER_ADDR is not set (expected the address or host name of the rank 0 host, e.g. "
+                         "MASTER_ADDR=127.0.0.1 on one machine)");
+    }
+    info.master_addr = *addr;
+    auto port = detail::int_var(env, "MASTER_PORT", 0, 65535, "env://", "a port number in 1..65535");
+    if (!port && info.source == "slurm") {
+      // Every rank of the job derives the same port from the job id (torch users usually
+      // compute one this way in their sbatch script).
+      if (auto job = detail::int_var(env, "SLURM_JOB_ID", 0, big, "env://", "an integer")) port = 20000 + *job % 20000;
+    }
+    if (!port) {
+      throw config_error("env://: MASTER_PORT is not set (expected a free TCP port on the master, e.g. MASTER_PORT=29500)");
+    }
+    if (*port == 0 && (info.world_size > 1 || info.agent_store)) {
+      throw config_error("env://: MASTER_PORT=0 only works for a world of one rank (expected 1..65535)");
+    }
+    info.port = static_cast<std::uint16_t>(*port);
+  } else if (info.scheme == "tcp" || info.scheme == "file") {
+    const auto q = rest.find('?');
+    int rank = -1, world = -1;
+    if (q != std::string_view::npos) detail::parse_query(url, rest.substr(q + 1), rank, world);
+    rest = rest.substr(0, q);
+    if (info.scheme == "tcp") {
+      detail::parse_host_port(url, rest, info.master_addr, info.port);
+    } else {
+      if (rest.empty()) {
+        throw config_error("malformed URL '" + std::string(url) + "': empty path (expected file:///path/on/a/shared/filesystem)");
+      }
+      info.path = std::string(rest);
+    }
+    auto pick = [&](int from_opts, int from_url, const char* what) {
+      if (from_opts >= 0 && from_url >= 0 && from_opts != from_url) {
+        throw config_error(info.scheme + "://: options." + what + " " + std::to_string(from_opts) + " disagrees with the URL's " +
+                           std::to_string(from_url));
+      }
+      const int v = from_opts >= 0 ? from_opts : from_url;
+      if (v < 0) {
+        throw config_error(info.scheme + "://: " + what + " is not given (expected init_options::" + what + " or ?" + what +
+                           "=N in the URL)");
+      }
+      return v;
+    };
+    info.world_size = pick(opts.world_size, world, "world_size");
+    info.rank = pick(opts.rank, rank, "rank");
+    detail::check_rank(info.scheme + "://", info.rank, info.world_size);
+    info.source = opts.rank >= 0 ? "options" : "url";
+    info.local_rank = detail::int_var(env, "LOCAL_RANK", 0, big, info.scheme + "://", "a non-negative integer").value_or(info.rank);
+    info.local_world_size =
+        detail::int_var(env, "LOCAL_WORLD_SIZE", 1, big, info.scheme + "://", "a positive integer").value_or(info.world_size);
+    if (info.local_rank >= info.local_world_size) {
+      throw config_error(info.scheme + "://: local rank " + std::to_string(info.local_rank) + " is out of range for local world size " +
+                         std::to_string(info.local_world_size));
+    }
+  } else {
+    throw config_error("malformed URL '" + std::string(url) + "': unknown scheme '" + info.scheme +
+                       "' (expected env://, tcp://host:port or file://path)");
+  }
+  return info;
+}
+
+// The environment's rendezvous (what torchrun, partrun, Slurm or mpirun set).
+[[nodiscard]] inline rendezvous_info rendezvous_from_env(const init_options& opts = {}) {
+  return parse_rendezvous("env://", opts, process_env);
+}
+
+// Creates info.store: rank 0 hosts the TCP server (unless a launcher's agent does), the
+// others connect to it with retries until the timeout; or opens the file store.
+inline void connect_store(rendezvous_info& info) {
+  const std::string who = "rank " + std::to_string(info.rank);
+  if (info.scheme == "file") {
+    info.store = std::make_shared<file_store>(info.path, info.timeout, who);
+  } else {
+    tcp_store_options o;
+    o.host = info.master_addr;
+    o.port = info.port;
+    o.is_server = info.rank == 0 && !info.agent_store;
+    o.bind_address = info.bind_address;
+    o.token = info.token;
+    o.timeout = info.timeout;
+    o.who = who;
+    auto s = std::make_shared<tcp_store>(o);
+    info.port = s->port();
+    info.store = std::move(s);
+  }
+  if (info.agent_store) {
+    info.store = std::make_shared<prefix_store>("/worker/attempt_" + std::to_string(info.restart_count), info.store);
+  }
+}
+
+// parse_rendezvous + connect_store.
+[[nodiscard]] inline rendezvous_info rendezvous(std::string_view url, const init_options& opts = {},
+                                                const env_lookup& env = process_env) {
+  auto info = parse_rendezvous(url, opts, env);
+  connect_store(info);
+  return info;
+}
+
+namespace detail {
+
+// The store dies with init_process_group's rendezvous_info; when rank 0 hosts it, rank 0 must
+// not close it while a peer may still be using it. Each other rank reports that it is done with
+// the store (its last store call), and rank 0 leaves only after all have.
+inline void release_store_host(const rendezvous_info& info) {
+  if (info.world_size == 1 || info.agent_store || info.scheme == "file") return;
+  if (info.rank != 0) {
+    if (info.store->add("partrain/init/done", 1) == info.world_size - 1) info.store->set("partrain/init/all_done", "1");
+    return;
+  }
+  try {
+    info.store->wait({"partrain/init/all_done"}, info.timeout);
+  } catch (const timeout_error&) {
+    throw timeout_error("rank 0 init_process_group: not every rank finished initialising within " +
+                        std::to_string(info.timeout.count()) + " ms (" +
+                        std::to_string(info.store->add("partrain/init/done", 0)) + " of " +
+                        std::to_string(info.world_size - 1) + " other ranks did)");
+  }
+}
+
+}  // namespace detail
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_RENDEZVOUS_RENDEZVOUS_HPP
+
+// Plain macro tests (no __has_include): the single header carries these backends inline.
+#if defined(PARTRAIN_WITH_GLOO)
+// #include <partrain/comm/gloo.hpp>
+#ifndef PARTRAIN_SI_COMM_GLOO_HPP
+#define PARTRAIN_SI_COMM_GLOO_HPP
+// partrain/comm/gloo.hpp: the `gloo` backend, processes (on one host or several) over TCP with
+// Gloo, the engine torch uses for CPU tensors. Collectives run in issue order on one worker
+// thread; send/recv are posted at once and each is waited on its own pooled thread, so a rank
+// may post sends and receives to a peer in any order before waiting on them. Every operation carries the
+// group's timeout. After Gloo fails (a peer died, or stalled past the timeout) its context is
+// not reusable: later calls fail at once saying so, and the caller builds a new group. Building
+// one makes SIGPIPE harmless where it still has its default action (see detail/sigpipe.hpp).
+
+#if !__has_include(<gloo/allreduce.h>)
+#error "partrain/comm/gloo.hpp needs Gloo (Debian libgloo-dev); link partrain::gloo"
+#endif
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/context.h>
+#include <gloo/reduce.h>
+#include <gloo/transport/unbound_buffer.h>
+
+// #include <partrain/comm/detail/gloo_context.hpp>
+#ifndef PARTRAIN_SI_COMM_DETAIL_GLOO_CONTEXT_HPP
+#define PARTRAIN_SI_COMM_DETAIL_GLOO_CONTEXT_HPP
+// partrain/comm/detail/gloo_context.hpp: building a connected Gloo context (TCP device,
+// full mesh through our store, timeouts) and the element-wise reduce functions Gloo calls.
+// Shared by gloo_group and by bench_collectives, which times raw Gloo on the same setup.
+
+#if !__has_include(<gloo/rendezvous/context.h>)
+#error "partrain/comm/detail/gloo_context.hpp needs Gloo (Debian libgloo-dev); link partrain::gloo"
+#endif
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include <gloo/allreduce.h>
+#include <gloo/common/error.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
+// #include <partrain/comm/detail/gloo_store.hpp>
+#ifndef PARTRAIN_SI_COMM_DETAIL_GLOO_STORE_HPP
+#define PARTRAIN_SI_COMM_DETAIL_GLOO_STORE_HPP
+// partrain/comm/detail/gloo_store.hpp: Gloo's rendezvous Store implemented over partrain's
+// store, so Gloo's full-mesh connect exchanges its addresses through whatever store the job
+// uses (TCP, file, in-memory). Keys get a prefix so several groups can share one store.
+
+#if !__has_include(<gloo/rendezvous/store.h>)
+#error "partrain/comm/detail/gloo_store.hpp needs Gloo (Debian libgloo-dev); link partrain::gloo"
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gloo/rendezvous/store.h>
+
+namespace partrain::inline v0::detail {
+
+class gloo_store_adapter final : public gloo::rendezvous::Store {
+ public:
+  gloo_store_adapter(std::shared_ptr<store> s, std::string prefix, std::chrono::milliseconds timeout)
+      : store_(std::move(s)), prefix_(std::move(prefix)), timeout_(timeout) {
+    if (!store_) throw invalid_argument_error("gloo rendezvous: the store is null (expected a connected store)");
+  }
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(prefix_ + key, std::span(reinterpret_cast<const std::byte*>(data.data()), data.size()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    auto bytes = store_->get(prefix_ + key, timeout_);
+    std::vector<char> out(bytes.size());
+    if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+    return out;
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const auto& k : keys) full.push_back(prefix_ + k);
+    // Gloo passes its context timeout; never wait longer than the group's own bound.
+    store_->wait(full, timeout.count() > 0 ? std::min(timeout, timeout_) : timeout_);
+  }
+
+ private:
+  std::shared_ptr<store> store_;
+  std::string prefix_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_COMM_DETAIL_GLOO_STORE_HPP
+
+namespace partrain::inline v0::detail {
+
+[[nodiscard]] inline std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? std::string(v) : fallback;
+}
+
+// Where the TCP device listens: an explicit interface or host wins, then the environment
+// (PARTRAIN_GLOO_IFNAME, PARTRAIN_GLOO_HOST), then loopback (single-host default).
+[[nodiscard]] inline gloo::transport::tcp::attr gloo_device_attr(const std::string& ifname, const std::string& hostname) {
+  gloo::transport::tcp::attr attr;
+  if (!ifname.empty() || !hostname.empty()) {
+    attr.iface = ifname;
+    attr.hostname = hostname;
+    return attr;
+  }
+  attr.iface = env_or("PARTRAIN_GLOO_IFNAME", "");
+  attr.hostname = env_or("PARTRAIN_GLOO_HOST", "");
+  if (attr.iface.empty() && attr.hostname.empty()) attr.hostname = "127.0.0.1";
+  return attr;
+}
+
+// "gloo/<n>/" where n counts the groups this rank built on this store: every rank builds its
+// groups in the same order (as in torch), so the n-th group meets under the same prefix.
+[[nodiscard]] inline std::string next_gloo_prefix(const std::shared_ptr<store>& s, int rank) {
+  static std::mutex m;
+  static std::map<std::pair<const store*, int>, std::pair<std::weak_ptr<store>, int>> counters;
+  std::lock_guard lock(m);
+  auto& [owner, n] = counters[{s.get(), rank}];
+  if (owner.expired()) {  // a new store at a recycled address starts over
+    owner = s;
+    n = 0;
+  }
+  return "gloo/" + std::to_string(n++) + "/";
+}
+
+[[nodiscard]] inline std::string describe_attr(const gloo::transport::tcp::attr& a) {
+  std::string s;
+  if (!a.iface.empty()) s += "interface '" + a.iface + "'";
+  if (!a.hostname.empty()) s += (s.empty() ? "" : ", ") + std::string("host '") + a.hostname + "'";
+  return s.empty() ? "default address" : s;
+}
+
+// Creates the TCP device and a full-mesh context with the timeout on it. Every rank must call
+// this concurrently with the same prefix; it returns once all pairs are connected.
+[[nodiscard]] inline std::shared_ptr<gloo::Context> connect_gloo(const std::shared_ptr<store>& s, const std::string& prefix,
+                                                               int rank, int size, std::chrono::milliseconds timeout,
+                                                               const gloo::transport::tcp::attr& attr) {
+  const std::string where = "rank " + std::to_string(rank) + " gloo rendezvous (world size " + std::to_string(size) +
+                            ", store prefix '" + prefix + "', " + describe_attr(attr) + ")";
+  std::shared_ptr<gloo::transport::Device> dev;
+  try {
+    dev = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    throw config_error(where + ": cannot create the TCP device: " + e.what() +
+                       " (set PARTRAIN_GLOO_IFNAME to an interface or PARTRAIN_GLOO_HOST to a local address)");
+  }
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  ctx->setTimeout(timeout);  // connectFullMesh waits on the store with this timeout
+  gloo_store_adapter adapter(s, prefix, timeout);
+  try {
+    ctx->connectFullMesh(adapter, dev);
+  } catch (const timeout_error& e) {
+    throw timeout_error(where + ": " + e.what());
+  } catch (const partrain::error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw communication_error(where + ": connecting to the peers failed: " + e.what());
+  }
+  return ctx;
+}
+
+using gloo_reduce_fn = gloo::AllreduceOptions::Func;
+
+// Gloo's typed kernels where it has them; the 16-bit types reduce through float via
+// host_reduce. Gloo calls fn(out, a, b, n) with out == a allowed.
+[[nodiscard]] inline gloo_reduce_fn make_gloo_reduce_fn(dtype t, reduce_op op) {
+  if (t == dtype::float16 || t == dtype::bfloat16) {
+    return [t, op](void* c, const void* a, const void* b, std::size_t n) {
+      const std::size_t bytes = n * size_of(t);
+      if (c == a) {
+        host_reduce(c, b, n, t, op);
+      } else if (c == b) {
+        host_reduce(c, a, n, t, op);  // every op here is commutative
+      } else {
+        std::memcpy(c, a, bytes);
+        host_reduce(c, b, n, t, op);
+      }
+    };
+  }
+  return visit_dtype(t, [op]<class T>(std::type_identity<T>) -> gloo_reduce_fn {
+    if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
+      throw invalid_argument_error("internal: 16-bit types take the host_reduce path");
+    } else {
+    switch (op) {
+      case reduce_op::sum: case reduce_op::avg: return [](void* c, const void* a, const void* b, std::size_t n) { gloo::sum<T>(c, a, b, n); };
+      case reduce_op::prod: return [](void* c, const void* a, const void* b, std::size_t n) { gloo::product<T>(c, a, b, n); };
+      case reduce_op::min: return [](void* c, const void* a, const void* b, std::size_t n) { gloo::min<T>(c, a, b, n); };
+      case reduce_op::max: return [](void* c, const void* a, const void* b, std::size_t n) { gloo::max<T>(c, a, b, n); };
+    }
+    throw invalid_argument_error("unknown reduce_op code " + std::to_string(static_cast<int>(op)));
+    }
+  });
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_COMM_DETAIL_GLOO_CONTEXT_HPP
+// #include <partrain/comm/detail/sigpipe.hpp>
+#ifndef PARTRAIN_SI_COMM_DETAIL_SIGPIPE_HPP
+#define PARTRAIN_SI_COMM_DETAIL_SIGPIPE_HPP
+// partrain/comm/detail/sigpipe.hpp: keeps a write to a dead peer's socket from killing the rank.
+// Gloo writes with writev(), which cannot pass MSG_NOSIGNAL: when the peer has just died, the
+// kernel raises SIGPIPE, whose default action ends the process before Gloo can report the broken
+// connection (and before our error can name the rank and operation). Python ignores SIGPIPE at
+// start-up, so torch.distributed never meets this; a C++ program must opt out itself.
+
+#include <signal.h>
+
+namespace partrain::inline v0::detail {
+
+inline void swallow_signal(int) noexcept {}
+
+// Where SIGPIPE still has its default action, installs a handler that does nothing: the write
+// then fails with EPIPE. A user's own choice (SIG_IGN or a handler) is kept. A handler rather
+// than SIG_IGN because exec resets handlers but keeps SIG_IGN: programs the rank starts later
+// still get the default behaviour. Returns whether it installed the handler.
+inline bool survive_sigpipe() noexcept {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) != 0) return false;
+  if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) return false;
+  struct sigaction mine {};
+  mine.sa_handler = &swallow_signal;
+  mine.sa_flags = SA_RESTART;  // other system calls of the writing thread go on undisturbed
+  ::sigemptyset(&mine.sa_mask);
+  return ::sigaction(SIGPIPE, &mine, nullptr) == 0;
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_COMM_DETAIL_SIGPIPE_HPP
+
+namespace partrain::inline v0 {
+
+// Transport choices of a gloo_group; empty fields fall back to the environment, then loopback.
+struct gloo_options {
+  std::string ifname;    // interface to listen on, e.g. "eth0" (env PARTRAIN_GLOO_IFNAME)
+  std::string hostname;  // local address or host name to listen on (env PARTRAIN_GLOO_HOST)
+  // Store key prefix of this group's rendezvous. Empty: "gloo/<n>/", n counting the groups this
+  // rank built on the same store (ranks must then build their groups in the same order).
+  std::string prefix;
+};
+
+class gloo_group final : public process_group {
+ public:
+  gloo_group(std::shared_ptr<store> s, int rank, int size, process_group_options opts)
+      : gloo_group(std::move(s), rank, size, opts, gloo_options{}) {}
+
+  gloo_group(std::shared_ptr<store> s, int rank, int size, process_group_options opts, gloo_options gopts)
+      : process_group(rank, size, opts) {
+    if (!s) throw invalid_argument_error("gloo_group: the store is null (expected a connected rendezvous store)");
+    if (opts.timeout.count() <= 0) {
+      throw config_error("gloo_group: timeout must be positive, got " + std::to_string(opts.timeout.count()) + " ms");
+    }
+    // A peer that dies mid-write must fail this rank with our error, not kill it with SIGPIPE.
+    (void)detail::survive_sigpipe();
+    const std::string prefix = gopts.prefix.empty() ? detail::next_gloo_prefix(s, rank) : gopts.prefix;
+    context_ = detail::connect_gloo(s, prefix, rank, size, opts.timeout,
+                                    detail::gloo_device_attr(gopts.ifname, gopts.hostname));
+  }
+
+  ~gloo_group() override {
+    // Stop the threads first: they use the context.
+    p2p_.reset();
+    worker_.reset();
+  }
+
+  [[nodiscard]] std::string_view backend() const noexcept override { return "gloo"; }
+  // The connected Gloo context, for code that calls Gloo directly (only while no op is pending).
+  [[nodiscard]] const std::shared_ptr<gloo::Context>& context() const noexcept { return context_; }
+  // Empty while the group is usable; else why it is not.
+  [[nodiscard]] std::string failure() const {
+    std::lock_guard lock(mutex_);
+    return failure_;
+  }
+
+ protected:
+  work do_all_reduce(raw_tensor t, reduce_op op) override {
+    if (t.count == 0) return work::completed();
+    return run(collective::all_reduce, "", [this, t, op] {
+      gloo::AllreduceOptions o(context_);
+      visit_dtype(t.type, [&]<class T>(std::type_identity<T>) { o.setOutput(static_cast<T*>(t.data), t.count); });
+      o.setReduceFunction(detail::make_gloo_reduce_fn(t.type, op));
+      o.setTag(kCollectiveTag);
+      o.setTimeout(timeout());
+      gloo::allreduce(o);
+      if (op == reduce_op::avg) detail::host_divide(t.data, t.count, t.type, size());
+    });
+  }
+
+  work do_broadcast(raw_tensor t, int root) override {
+    if (t.count == 0) return work::completed();
+    return run(collective::broadcast, "root " + std::to_string(root), [this, t, root] {
+      gloo::BroadcastOptions o(context_);
+      visit_dtype(t.type, [&]<class T>(std::type_identity<T>) { o.setOutput(static_cast<T*>(t.data), t.count); });
+      o.setRoot(root);
+      o.setTag(kCollectiveTag);
+      o.setTimeout(timeout());
+      gloo::broadcast(o);
+    });
+  }
+
+  work do_reduce(raw_tensor t, int root, reduce_op op) override {
+    if (t.count == 0) return work::completed();
+    return run(collective::reduce, "root " + std::to_string(root), [this, t, root, op] {
+      // Gloo's ring reduce uses the output as scratch on every rank; non-roots reduce into a
+      // scratch copy so their buffers stay as they were (our contract, and torch's).
+      std::byte* scratch = rank() == root ? nullptr : worker_scratch(t.bytes());
+      gloo::ReduceOptions o(context_);
+      visit_dtype(t.type, [&]<class T>(std::type_identity<T>) {
+        if (rank() == root) {
+          o.setOutput(static_cast<T*>(t.data), t.count);
+        } else {
+          o.setInput(static_cast<T*>(t.data), t.count);
+          o.setOutput(reinterpret_cast<T*>(scratch), t.count);
+        }
+      });
+      o.setRoot(root);
+      o.setReduceFunction(detail::make_gloo_reduce_fn(t.type, op));
+      o.setTag(kCollectiveTag);
+      o.setTimeout(timeout());
+      gloo::reduce(o);
+      if (op == reduce_op::avg && rank() == root) detail::host_divide(t.data, t.count, t.type, size());
+    });
+  }
+
+  work do_all_gather(raw_tensor in, raw_tensor out) override {
+    if (in.count == 0) return work::completed();
+    return run(collective::all_gather, "", [this, in, out] {
+      gloo::AllgatherOptions o(context_);
+      visit_dtype(in.type, [&]<class T>(std::type_identity<T>) {
+        o.setInput(static_cast<T*>(in.data), in.count);
+        o.setOutput(static_cast<T*>(out.data), out.count);
+      });
+      o.setTag(kCollectiveTag);
+      o.setTimeout(timeout());
+      gloo::allgather(o);
+    });
+  }
+
+  // Gloo's new-style API has no reduce_scatter (only the old templated halving-doubling
+  // algorithm, which allocates its own pairs per call): all_reduce a copy, keep our block.
+  work do_reduce_scatter(raw_tensor in, raw_tensor out, reduce_op op) override {
+    if (out.count == 0) return work::completed();
+    return run(collective::reduce_scatter, "", [this, in, out, op] {
+      std::byte* scratch = worker_scratch(in.bytes());
+      std::memcpy(scratch, in.data, in.bytes());
+      gloo::AllreduceOptions o(context_);
+      visit_dtype(in.type, [&]<class T>(std::type_identity<T>) { o.setOutput(reinterpret_cast<T*>(scratch), in.count); });
+      o.setReduceFunction(detail::make_gloo_reduce_fn(in.type, op));
+      o.setTag(kCollectiveTag);
+      o.setTimeout(timeout());
+      gloo::allreduce(o);
+      std::memcpy(out.data, scratch + static_cast<std::size_t>(rank()) * out.bytes(), out.bytes());
+      if (op == reduce_op::avg) detail::host_divide(out.data, out.count, out.type, size());
+    });
+  }
+
+  work do_barrier() override {
+    return run(collective::barrier, "", [this] {
+      gloo::BarrierOptions o(context_);
+      o.setTag(kCollectiveTag);
+      o.setTimeout(timeout());
+      gloo::barrier(o);
+    });
+  }
+
+  work do_send(raw_tensor t, int dst, int tag) override {
+    return post_p2p(collective::send, t, dst, tag);
+  }
+  work do_recv(raw_tensor t, int src, int tag) override {
+    return post_p2p(collective::recv, t, src, tag);
+  }
+
+ private:
+  // One collective runs at a time (one worker), so one tag is enough. Point-to-point slots are
+  // the user's tags; Gloo's collective slots carry a prefix in their top byte, so they never meet.
+  static constexpr std::uint32_t kCollectiveTag = 0;
+
+  // Scratch reused across calls (a fresh buffer per call costs page faults and a memset at
+  // large sizes). Only the worker thread touches it.
+  std::byte* worker_scratch(std::size_t bytes) {
+    if (scratch_.size() < bytes) scratch_.resize(bytes);
+    return scratch_.data();
+  }
+
+  // Runs body on the worker, in issue order, translating Gloo's failures.
+  template <class Body>
+  work run(collective c, std::string peers, Body body) {
+    return worker_->submit([this, c, peers = std::move(peers), body = std::move(body)] {
+      throw_if_failed(c, peers);
+      guarded(c, peers, body);
+    });
+  }
+
+  template <class Body>
+  void guarded(collective c, const std::string& peers, Body& body) {
+    try {
+      body();
+    } catch (const partrain::error&) {
+      throw;
+    } catch (const gloo::IoException& e) {
+      fail(c, peers, e.what());
+    } catch (const std::exception& e) {  // gloo::EnforceNotMet and Gloo's other errors
+      fail(c, peers, e.what());
+    }
+  }
+
+  [[nodiscard]] std::string describe(collective c, const std::string& peers) const {
+    return where(c) + (peers.empty() ? "" : " " + peers);
+  }
+
+  [[noreturn]] void fail(collective c, const std::string& peers, std::string_view gloo_what) {
+    const bool timed_out = gloo_what.find("Timed out") != std::string_view::npos;
+    std::string msg = describe(c, peers) + ": ";
+    msg += timed_out ? "timed out after " + std::to_string(timeout().count()) +
+                           " ms (a peer is stalled or never joined this operation): "
+                     : "Gloo failed (a peer died or its connection broke): ";
+    msg += gloo_what;
+    {
+      std::lock_guard lock(mutex_);
+      if (failure_.empty()) failure_ = msg;
+    }
+    if (timed_out) throw timeout_error(msg);
+    throw communication_error(msg);
+  }
+
+  void throw_if_failed(collective c, const std::string& peers) const {
+    std::lock_guard lock(mutex_);
+    if (!failure_.empty()) {
+      throw communication_error(describe(c, peers) +
+                                ": the Gloo context is unusable after an earlier failure; build a new gloo_group "
+                                "(earlier failure: " + failure_ + ")");
+    }
+  }
+
+  // Posts the transfer now (so exchanges in any order work) and waits for it on p2p_.
+  work post_p2p(collective c, raw_tensor t, int peer, int tag) {
+    const std::string peers = (c == collective::send ? "to rank " : "from rank ") + std::to_string(peer) + " tag " +
+                              std::to_string(tag);
+    if (tag < 0) {
+      throw invalid_argument_error(describe(c, peers) + ": tag must be >= 0, got " + std::to_string(tag));
+    }
+    if (peer == rank()) {
+      throw invalid_argument_error(describe(c, peers) + ": a rank cannot " + std::string(to_string(c)) +
+                                   " to itself with the gloo backend");
+    }
+    if (t.count == 0) return work::completed();
+    try {
+      throw_if_failed(c, peers);
+    } catch (...) {
+      return work::completed(std::current_exception());
+    }
+    std::shared_ptr<gloo::transport::UnboundBuffer> buf;
+    try {
+      buf = context_->createUnboundBuffer(t.data, t.bytes());
+      if (c == collective::send) {
+        buf->send(peer, static_cast<std::uint64_t>(tag));
+      } else {
+        buf->recv(peer, static_cast<std::uint64_t>(tag));
+      }
+    } catch (const std::exception& e) {
+      try {
+        fail(c, peers, e.what());
+      } catch (...) {
+        return work::completed(std::current_exception());
+      }
+    }
+    return p2p_->submit([this, c, peers, buf] {
+      auto body = [&] {
+        if (c == collective::send) {
+          buf->waitSend(timeout());
+        } else {
+          buf->waitRecv(timeout());
+        }
+      };
+      guarded(c, peers, body);
+    });
+  }
+
+  mutable std::mutex mutex_;
+  std::string failure_;
+  std::vector<std::byte> scratch_;
+  std::shared_ptr<gloo::Context> context_;
+  // Destroyed (joined) before context_; each blocking call inside is bounded by the timeout.
+  std::unique_ptr<detail::executor> worker_ = std::make_unique<detail::executor>();
+  std::unique_ptr<detail::executor> p2p_ =
+      std::make_unique<detail::executor>(detail::executor::unbounded, "process group destroyed before the transfer was waited on");
+};
+
+static_assert(communicator<gloo_group>);
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_COMM_GLOO_HPP
+#define PARTRAIN_INIT_HAS_GLOO 1
+#else
+#define PARTRAIN_INIT_HAS_GLOO 0
+#endif
+#if defined(PARTRAIN_WITH_NCCL) && PARTRAIN_HAS_CUDA
+// #include <partrain/comm/nccl.hpp>
+#ifndef PARTRAIN_SI_COMM_NCCL_HPP
+#define PARTRAIN_SI_COMM_NCCL_HPP
+// partrain/comm/nccl.hpp: the NCCL backend, one rank per GPU (link partrain::nccl).
+//
+// - Rendezvous: rank 0 makes the ncclUniqueId and publishes it through the store; the others
+//   read it with the group's timeout. The communicator is created non-blocking, so even its
+//   initialisation is bounded by the timeout.
+// - Asynchrony: collectives are queued on the group's own stream, after an event that orders them
+//   behind the input stream (the legacy default stream unless set_input_stream says otherwise).
+//   A completion event is recorded after each; the returned work completes when the GPU has
+//   finished it, not when the host has queued it. input_stream() tells device work that feeds
+//   the collectives (DDP's buckets and hooks) which stream to queue on.
+// - Watchdog: NCCL has no per-collective timeout. One thread per group polls the completion
+//   events and ncclCommGetAsyncError; an operation running longer than the timeout (counted from
+//   when the GPU started it, not from when it was queued behind compute), or an asynchronous NCCL
+//   error, aborts the communicator (ncclCommAbort) and fails every pending work with an error
+//   naming the rank and the operation. Later calls fail at once: make a new group to go on.
+// - Threads: the watchdog makes the group's device current before its first CUDA call, and
+//   work::then callbacks run on it with that device current.
+// - Point to point: NCCL matches send/recv per peer in issue order; the tag is not used. Each
+//   is issued inside ncclGroupStart/End. An exchange where both peers send first can still block
+//   for large messages (each send waits for its receive): use send_recv, one group for both.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/comm/nccl.hpp needs the CUDA runtime and NCCL: link partrain::nccl"
+#endif
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+// #include <partrain/cuda/check.hpp>
+#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
+#define PARTRAIN_SI_CUDA_CHECK_HPP
+// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
+// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <string_view>
+
+namespace partrain::inline v0 {
+
+// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
+class cuda_error : public error {
+ public:
+  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
+  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
+
+ private:
+  cudaError_t code_;
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
+                                                      int line) {
+  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
+         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+}
+
+inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
+  if (rc != cudaSuccess) {
+    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
+    (void)cudaGetLastError();
+    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
+  }
+}
+
+}  // namespace detail
+
+}  // namespace partrain::inline v0
+
+// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
+#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
+#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+// #include <partrain/cuda/device_buffer.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+// partrain/cuda/device_buffer.hpp: owned device memory (cudaMalloc, RAII) with a shape, seen as
+// tensor_view<T, cuda>, and copies to and from host views (finished on return, or queued on a stream).
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_buffer.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+// #include <partrain/cuda/device_guard.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
+// previous one after (torch.cuda.device as a context manager), without ever creating a context
+// on a device nobody asked for.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda.h>  // CUcontext and the driver's function type only: nothing links libcuda
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+// Whether this thread has a current CUDA context, i.e. someone already made a device current on
+// it (cudaSetDevice, or a runtime call that initialised one). cudaGetDevice answers 0 on a fresh
+// thread, and cudaSetDevice(0) would then create device 0's context (CUDA 12+): restoring must
+// not do that. The driver's cuCtxGetCurrent is reached through the runtime, so nothing links
+// libcuda. Unknown (entry point missing): true, i.e. restore as a plain guard would.
+[[nodiscard]] inline bool thread_has_cuda_context() noexcept {
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
+  using get_current_fn = CUresult(CUDAAPI*)(CUcontext*);
+  static const get_current_fn get_current = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return get_current_fn{nullptr};
+    }
+    return reinterpret_cast<get_current_fn>(fn);
+  }();
+  if (!get_current) return true;
+  CUcontext ctx = nullptr;
+  if (get_current(&ctx) != CUDA_SUCCESS) return true;
+  return ctx != nullptr;
+#else
+  return true;
+#endif
+}
+
+[[nodiscard]] inline int checked_cuda_index(const device& d, const char* who) {
+  if (!d.is_cuda()) {
+    throw invalid_argument_error(std::string(who) + ": device " + d.to_string() + " is not a CUDA device (expected cuda:N)");
+  }
+  return d.index;
+}
+
+}  // namespace detail
+
+// The device current on this thread (cudaGetDevice: it does not create a context; 0 when none
+// was ever set).
+[[nodiscard]] inline int cuda_current_device() {
+  int d = 0;
+  PARTRAIN_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+class [[nodiscard]] cuda_device_guard {
+ public:
+  // Makes `index` current unless it already is. The destructor restores the previous device only
+  // when this guard changed it and the thread had a context before (someone had set a device).
+  explicit cuda_device_guard(int index) {
+    const int current = cuda_current_device();
+    if (current == index) return;
+    const bool restore = detail::thread_has_cuda_context();
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
+    if (restore) previous_ = current;
+  }
+  explicit cuda_device_guard(const device& d) : cuda_device_guard(detail::checked_cuda_index(d, "cuda_device_guard")) {}
+  cuda_device_guard(const cuda_device_guard&) = delete;
+  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
+  ~cuda_device_guard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;  // -1: leave the device as it is at the end of the scope
+};
+
+// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
+[[nodiscard]] inline int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// The device whose memory `p` is (cudaPointerGetAttributes): device memory and managed memory
+// report their device. Host memory (pageable or pinned) has no device: config_error naming `who`.
+[[nodiscard]] inline device cuda_device_of(const void* p, const char* who) {
+  cudaPointerAttributes a{};
+  const cudaError_t rc = cudaPointerGetAttributes(&a, p);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw cuda_error(rc, std::string(who) + ": cudaPointerGetAttributes failed: " + cudaGetErrorString(rc));
+  }
+  if ((a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) || a.device < 0) {
+    throw config_error(std::string(who) + ": a pointer expected in CUDA device memory is host memory (a tensor_view<T, "
+                                          "cuda> must point into device memory)");
+  }
+  return device::cuda(a.device);
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+
+namespace partrain::inline v0 {
+
+// A zero-initialised device array of trivially copyable T with a shape, on one device. The device
+// is always named: there is no default, so a buffer cannot land on GPU 0 by omission.
+template <class T>
+  requires std::is_trivially_copyable_v<T>
+class device_buffer {
+ public:
+  device_buffer() = default;
+  // Zero-filled before the constructor returns (queued on the legacy stream of `dev`, then that
+  // stream is synchronised), so work on any stream afterwards sees zeros.
+  device_buffer(partrain::shape s, const partrain::device& dev)
+      : device_buffer(s, detail::checked_cuda_index(dev, "device_buffer"), nullptr) {}
+  device_buffer(partrain::shape s, int device_index) : device_buffer(s, device_index, nullptr) {}
+  device_buffer(std::size_t n, const partrain::device& dev) : device_buffer(partrain::shape{n}, dev) {}
+  device_buffer(std::size_t n, int device_index) : device_buffer(partrain::shape{n}, device_index) {}
+  // Zero-fill queued on `stream` (of `device_index`) and not waited for: work queued on that
+  // stream afterwards sees zeros; other streams must wait on it (an event) first.
+  device_buffer(partrain::shape s, int device_index, cudaStream_t stream) : shape_(s), device_(device_index) {
+    if (device_index < 0) {
+      throw invalid_argument_error("device_buffer: device index " + std::to_string(device_index) +
+                                   " (expected a CUDA device index >= 0)");
+    }
+    if (s.numel() == 0) return;
+    cuda_device_guard guard(device_index);
+    void* p = nullptr;
+    const cudaError_t rc = cudaMalloc(&p, size_bytes());
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw cuda_error(rc, "device_buffer: cudaMalloc of " + std::to_string(size_bytes()) + " bytes on cuda:" +
+                               std::to_string(device_index) + " failed: " + cudaGetErrorString(rc));
+    }
+    data_ = static_cast<T*>(p);
+    // cudaMemset would return before the fill ran and order it only on the legacy stream.
+    const cudaStream_t fill = stream ? stream : cudaStreamLegacy;
+    cudaError_t rc2 = cudaMemsetAsync(data_, 0, size_bytes(), fill);
+    if (rc2 == cudaSuccess && !stream) rc2 = cudaStreamSynchronize(fill);
+    if (rc2 != cudaSuccess) {
+      reset();
+      detail::cuda_check(rc2, "device_buffer: cudaMemsetAsync + cudaStreamSynchronize (zero fill)", __FILE__, __LINE__);
+    }
+  }
+
+  device_buffer(device_buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})), device_(o.device_) {}
+  device_buffer& operator=(device_buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      data_ = std::exchange(o.data_, nullptr);
+      shape_ = std::exchange(o.shape_, {});
+      device_ = o.device_;
+    }
+    return *this;
+  }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() { reset(); }
+
+  [[nodiscard]] T* data() noexcept { return data_; }
+  [[nodiscard]] const T* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
+  [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
+  [[nodiscard]] int device_index() const noexcept { return device_; }
+  [[nodiscard]] partrain::device device() const noexcept { return partrain::device::cuda(device_); }
+
+  [[nodiscard]] tensor_view<T, cuda> view() noexcept { return {data_, shape_}; }
+  [[nodiscard]] tensor_view<const T, cuda> view() const noexcept { return {data_, shape_}; }
+
+  // Host -> device. With a stream the copy is queued on it (the host memory must stay alive until
+  // it ran and, to be truly asynchronous, be pinned). Without one it is queued on the legacy
+  // stream of the buffer's device, which is then synchronised: the copy has finished on return
+  // (cudaMemcpy alone does not promise that for pageable host memory). Either way it is ordered
+  // after earlier work on that stream only: data made on another stream needs that stream.
+  void copy_from(tensor_view<const T, host> src, cudaStream_t stream = nullptr) {
+    check_size("copy_from", src.size());
+    copy(data_, src.data(), cudaMemcpyHostToDevice, stream);
+  }
+  // Device -> host, same rules.
+  void copy_to(tensor_view<T, host> dst, cudaStream_t stream = nullptr) const {
+    check_size("copy_to", dst.size());
+    copy(dst.data(), data_, cudaMemcpyDeviceToHost, stream);
+  }
+
+ private:
+  void check_size(const char* what, std::size_t n) const {
+    if (n != size()) {
+      throw invalid_argument_error("device_buffer::" + std::string(what) + ": the host view has " + std::to_string(n) +
+                                   " elements, the buffer " + std::to_string(size()) + " (expected equal sizes)");
+    }
+  }
+  void copy(void* dst, const void* src, cudaMemcpyKind kind, cudaStream_t stream) const {
+    if (size() == 0) return;
+    if (stream) {
+      PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, stream));
+      return;
+    }
+    cuda_device_guard guard(device_);  // the legacy stream of the buffer's device
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, cudaStreamLegacy));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+  }
+  void reset() noexcept {
+    if (data_) (void)cudaFree(std::exchange(data_, nullptr));  // cudaFree frees on any current device
+  }
+
+  T* data_ = nullptr;
+  partrain::shape shape_{};
+  int device_ = -1;  // -1: an empty default-constructed buffer
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+// #include <partrain/cuda/event.hpp>
+#ifndef PARTRAIN_SI_CUDA_EVENT_HPP
+#define PARTRAIN_SI_CUDA_EVENT_HPP
+// partrain/cuda/event.hpp: an owned CUDA event (RAII). Recorded on a stream, it marks "all work
+// queued before this point"; another stream can wait on it without blocking the host.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/event.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace partrain::inline v0 {
+
+class cuda_event {
+ public:
+  // Without timing the event is cheaper (no timestamp); ask for it to measure elapsed_ms.
+  explicit cuda_event(bool timing = false) : timing_(timing) {
+    PARTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
+  }
+  cuda_event(cuda_event&& o) noexcept : event_(std::exchange(o.event_, nullptr)), timing_(o.timing_) {}
+  cuda_event& operator=(cuda_event&& o) noexcept {
+    if (this != &o) {
+      reset();
+      event_ = std::exchange(o.event_, nullptr);
+      timing_ = o.timing_;
+    }
+    return *this;
+  }
+  cuda_event(const cuda_event&) = delete;
+  cuda_event& operator=(const cuda_event&) = delete;
+  ~cuda_event() { reset(); }
+
+  [[nodiscard]] cudaEvent_t get() const noexcept { return event_; }
+
+  void record(cudaStream_t stream) { PARTRAIN_CUDA_CHECK(cudaEventRecord(event_, stream)); }
+  // Work queued on `stream` after this call starts only once the event has completed.
+  void block(cudaStream_t stream) const { PARTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0)); }
+  void synchronize() const { PARTRAIN_CUDA_CHECK(cudaEventSynchronize(event_)); }
+  // True once the work before the record point has finished (or if never recorded).
+  [[nodiscard]] bool query() const {
+    const cudaError_t rc = cudaEventQuery(event_);
+    if (rc == cudaErrorNotReady) return false;
+    PARTRAIN_CUDA_CHECK(rc);
+    return true;
+  }
+  // Milliseconds from `start` to this event; both need timing and must have completed.
+  [[nodiscard]] float elapsed_ms(const cuda_event& start) const {
+    if (!timing_ || !start.timing_) {
+      throw invalid_argument_error("cuda_event::elapsed_ms: both events must be created with timing = true");
+    }
+    float ms = 0.0f;
+    PARTRAIN_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, event_));
+    return ms;
+  }
+
+ private:
+  void reset() noexcept {
+    if (event_) (void)cudaEventDestroy(std::exchange(event_, nullptr));
+  }
+
+  cudaEvent_t event_ = nullptr;
+  bool timing_ = false;
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_EVENT_HPP
+// #include <partrain/cuda/stream.hpp>
+#ifndef PARTRAIN_SI_CUDA_STREAM_HPP
+#define PARTRAIN_SI_CUDA_STREAM_HPP
+// partrain/cuda/stream.hpp: an owned CUDA stream (RAII). Non-blocking with respect to the legacy
+// default stream, so work on it overlaps work elsewhere unless an event orders it.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/stream.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace partrain::inline v0 {
+
+class cuda_stream {
+ public:
+  // A new stream on device `device_index`; priority as cudaStreamCreateWithPriority (0: default).
+  // No default device: a stream made on GPU 0 by omission is what D1 of the GPU review was about.
+  explicit cuda_stream(int device_index, int priority = 0) : device_(device_index) {
+    cuda_device_guard guard(device_index);
+    PARTRAIN_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority));
+  }
+  cuda_stream(cuda_stream&& o) noexcept
+      : stream_(std::exchange(o.stream_, nullptr)), device_(o.device_) {}
+  cuda_stream& operator=(cuda_stream&& o) noexcept {
+    if (this != &o) {
+      reset();
+      stream_ = std::exchange(o.stream_, nullptr);
+      device_ = o.device_;
+    }
+    return *this;
+  }
+  cuda_stream(const cuda_stream&) = delete;
+  cuda_stream& operator=(const cuda_stream&) = delete;
+  ~cuda_stream() { reset(); }
+
+  [[nodiscard]] cudaStream_t get() const noexcept { return stream_; }
+  [[nodiscard]] int device_index() const noexcept { return device_; }
+  [[nodiscard]] explicit operator bool() const noexcept { return stream_ != nullptr; }
+
+  // Blocks the host until every operation queued so far has finished.
+  void synchronize() const { PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  // True when the stream has no unfinished work.
+  [[nodiscard]] bool query() const {
+    const cudaError_t rc = cudaStreamQuery(stream_);
+    if (rc == cudaErrorNotReady) return false;
+    PARTRAIN_CUDA_CHECK(rc);
+    return true;
+  }
+
+ private:
+  void reset() noexcept {
+    if (stream_) {
+      // Destruction must not throw; a stream of a torn-down context is gone anyway.
+      (void)cudaStreamDestroy(std::exchange(stream_, nullptr));
+    }
+  }
+
+  cudaStream_t stream_ = nullptr;
+  int device_ = -1;
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_STREAM_HPP
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+[[nodiscard]] inline ncclDataType_t to_nccl(dtype t) {
+  switch (t) {
+    case dtype::float32: return ncclFloat32;
+    case dtype::float64: return ncclFloat64;
+    case dtype::int32: return ncclInt32;
+    case dtype::int64: return ncclInt64;
+    case dtype::uint8: return ncclUint8;
+    case dtype::float16: return ncclFloat16;
+    case dtype::bfloat16: return ncclBfloat16;
+  }
+  throw invalid_argument_error("nccl: dtype " + std::to_string(static_cast<int>(t)) + " has no NCCL type");
+}
+
+[[nodiscard]] inline ncclRedOp_t to_nccl(reduce_op op) {
+  switch (op) {
+    case reduce_op::sum: return ncclSum;
+    case reduce_op::avg: return ncclAvg;  // NCCL divides by the world size itself
+    case reduce_op::min: return ncclMin;
+    case reduce_op::max: return ncclMax;
+    case reduce_op::prod: return ncclProd;
+  }
+  throw invalid_argument_error("nccl: reduce_op " + std::to_string(static_cast<int>(op)) + " has no NCCL operator");
+}
+
+[[nodiscard]] inline std::string nccl_failure(ncclResult_t rc, ncclComm_t comm) {
+  std::string s = std::string(ncclGetErrorString(rc));
+  if (comm) {
+    const char* last = ncclGetLastError(comm);
+    if (last && *last) s += " (" + std::string(last) + ")";
+  }
+  return s;
+}
+
+// f() (ncclSend / ncclRecv calls) inside ncclGroupStart/End: NCCL launches the grouped
+// point-to-point calls together, so a send and a receive of one group cannot wait on each other.
+// On a non-blocking communicator ncclGroupEnd may answer ncclInProgress (the caller polls).
+template <class F>
+[[nodiscard]] ncclResult_t nccl_grouped(F&& f) {
+  ncclResult_t rc = ncclGroupStart();
+  if (rc != ncclSuccess) return rc;
+  const ncclResult_t inner = f();
+  const ncclResult_t end = ncclGroupEnd();
+  if (inner != ncclSuccess && inner != ncclInProgress) return inner;
+  return end;
+}
+
+// An owned NCCL communicator. Destroyed cleanly (finalize, then destroy) when healthy, aborted
+// when it failed or finalizing does not finish in time.
+class nccl_comm {
+ public:
+  nccl_comm() = default;
+  explicit nccl_comm(ncclComm_t c) noexcept : comm_(c) {}
+  nccl_comm(nccl_comm&& o) noexcept : comm_(std::exchange(o.comm_, nullptr)) {}
+  nccl_comm& operator=(nccl_comm&& o) noexcept {
+    if (this != &o) {
+      abort();
+      comm_ = std::exchange(o.comm_, nullptr);
+    }
+    return *this;
+  }
+  nccl_comm(const nccl_comm&) = delete;
+  nccl_comm& operator=(const nccl_comm&) = delete;
+  ~nccl_comm() { abort(); }
+
+  [[nodiscard]] ncclComm_t get() const noexcept { return comm_; }
+  [[nodiscard]] explicit operator bool() const noexcept { return comm_ != nullptr; }
+
+  // Ends in-flight kernels and frees the communicator; safe from another thread (the watchdog).
+  void abort() noexcept {
+    if (comm_) (void)ncclCommAbort(std::exchange(comm_, nullptr));
+  }
+  // Flushes outstanding work, then destroys; aborts instead if that fails or passes the deadline.
+  void close(std::chrono::steady_clock::time_point deadline) noexcept {
+    if (!comm_) return;
+    const ncclResult_t rc = ncclCommFinalize(comm_);
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+      abort();
+      return;
+    }
+    ncclResult_t st = ncclInProgress;
+    while (st == ncclInProgress) {
+      if (ncclCommGetAsyncError(comm_, &st) != ncclSuccess || std::chrono::steady_clock::now() > deadline) {
+        abort();
+        return;
+      }
+      if (st == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    if (st != ncclSuccess) {
+      abort();
+      return;
+    }
+    (void)ncclCommDestroy(std::exchange(comm_, nullptr));
+  }
+
+ private:
+  ncclComm_t comm_ = nullptr;
+};
+
+}  // namespace detail
+
+class nccl_group final : public process_group {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  nccl_group(std::shared_ptr<store> s, int rank, int size, device dev, process_group_options opts = {})
+      : process_group(rank, size, opts),
+        store_(std::move(s)),
+        device_(checked_device(dev, rank)),
+        stream_(device_.index),
+        input_ready_(event_on(device_.index)) {
+    if (!store_) throw config_error("nccl_group (rank " + std::to_string(rank) + "): the store is null");
+    cuda_device_guard guard(device_.index);
+    {
+      std::unique_lock lock(mutex_);  // no other thread yet: wait_ready's protocol wants the lock
+      comm_ = make_comm(lock);
+    }
+    scratch_ = device_buffer<float>(std::size_t{1}, device_.index);
+    watchdog_ = std::jthread([this](std::stop_token st) { watch(st); });
+  }
+  nccl_group(const nccl_group&) = delete;
+  nccl_group& operator=(const nccl_group&) = delete;
+
+  ~nccl_group() override {
+    {
+      // Pending work finishes or is failed by the watchdog within the timeout.
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [&] { return pending_.empty(); });
+    }
+    watchdog_.request_stop();
+    cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    std::lock_guard lock(mutex_);
+    comm_.close(clock::now() + timeout());
+  }
+
+  [[nodiscard]] std::string_view backend() const noexcept override { return "nccl"; }
+  [[nodiscard]] bool accepts(device_kind k) const noexcept override { return k == device_kind::cuda; }
+  [[nodiscard]] const partrain::device& device() const noexcept { return device_; }
+  // The stream the collectives run on: a consumer of their results may wait on it.
+  [[nodiscard]] cudaStream_t stream() const noexcept { return stream_.get(); }
+  // Collectives start after the work queued so far on this stream (where the inputs are made).
+  // It must belong to device(); the legacy default stream (cudaStreamLegacy) until set.
+  void set_input_stream(cudaStream_t s) { input_stream_.store(s); }
+  [[nodiscard]] cudaStream_t cuda_input_stream() const noexcept { return input_stream_.load(); }
+  [[nodiscard]] void* input_stream() const noexcept override { return static_cast<void*>(input_stream_.load()); }
+  [[nodiscard]] int cuda_device_index() const noexcept override { return device_.index; }
+
+  // Sends `out` to dst and receives `in` from src in one NCCL group, so two peers that exchange
+  // (both sending first) cannot block each other. dst == src == rank() copies to itself.
+  template <element_type T>
+  [[nodiscard]] work send_recv(tensor_view<const T, cuda> out, int dst, tensor_view<T, cuda> in, int src) {
+    for (const auto& [peer, what] : {std::pair{dst, "dst"}, std::pair{src, "src"}}) {
+      if (peer < 0 || peer >= size()) {
+        throw invalid_argument_error("rank " + std::to_string(rank()) + " nccl send_recv: " + what + " " +
+                                     std::to_string(peer) + " is out of range (expected 0 <= " + what + " < " +
+                                     std::to_string(size()) + ")");
+      }
+    }
+    return issue(collective::send, [&](ncclComm_t c, cudaStream_t s) {
+      return detail::nccl_grouped([&] {
+        const ncclResult_t a = ncclSend(out.data(), out.size(), detail::to_nccl(dtype_of<T>), dst, c, s);
+        if (a != ncclSuccess && a != ncclInProgress) return a;
+        return ncclRecv(in.data(), in.size(), detail::to_nccl(dtype_of<T>), src, c, s);
+      });
+    });
+  }
+  // Aborts the communicator now; pending and later operations fail naming `why`.
+  void abort(const std::string& why) { fail_all(why, false); }
+
+ protected:
+  work do_all_reduce(raw_tensor t, reduce_op op) override {
+    return issue(collective::all_reduce, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclAllReduce(t.data, t.data, t.count, detail::to_nccl(t.type), detail::to_nccl(op), c, s);
+    });
+  }
+  work do_broadcast(raw_tensor t, int root) override {
+    return issue(collective::broadcast, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclBroadcast(t.data, t.data, t.count, detail::to_nccl(t.type), root, c, s);
+    });
+  }
+  work do_reduce(raw_tensor t, int root, reduce_op op) override {
+    return issue(collective::reduce, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclReduce(t.data, t.data, t.count, detail::to_nccl(t.type), detail::to_nccl(op), root, c, s);
+    });
+  }
+  work do_all_gather(raw_tensor in, raw_tensor out) override {
+    return issue(collective::all_gather, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclAllGather(in.data, out.data, in.count, detail::to_nccl(in.type), c, s);
+    });
+  }
+  work do_reduce_scatter(raw_tensor in, raw_tensor out, reduce_op op) override {
+    return issue(collective::reduce_scatter, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclReduceScatter(in.data, out.data, out.count, detail::to_nccl(out.type), detail::to_nccl(op), c, s);
+    });
+  }
+  // NCCL has no barrier: an all_reduce of one float, as torch does.
+  work do_barrier() override {
+    return issue(collective::barrier, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclAllReduce(scratch_.data(), scratch_.data(), 1, ncclFloat32, ncclSum, c, s);
+    });
+  }
+  work do_send(raw_tensor t, int dst, int /*tag: NCCL matches per peer in order*/) override {
+    return issue(collective::send, [&](ncclComm_t c, cudaStream_t s) {
+      return detail::nccl_grouped([&] { return ncclSend(t.data, t.count, detail::to_nccl(t.type), dst, c, s); });
+    });
+  }
+  work do_recv(raw_tensor t, int src, int /*tag*/) override {
+    return issue(collective::recv, [&](ncclComm_t c, cudaStream_t s) {
+      return detail::nccl_grouped([&] { return ncclRecv(t.data, t.count, detail::to_nccl(t.type), src, c, s); });
+    });
+  }
+
+  // Checking mode: the fingerprints travel through device memory (NCCL takes no host buffers).
+  std::vector<std::int64_t> gather_fingerprints(std::span<const std::int64_t> mine) override {
+    const std::size_t n = mine.size();
+    std::vector<std::int64_t> all(n * static_cast<std::size_t>(size()));
+    // Zero-filled and finished before the copies below (queued on the NCCL stream) run.
+    device_buffer<std::int64_t> in(n, device_.index);
+    device_buffer<std::int64_t> out(all.size(), device_.index);
+    in.copy_from(tensor_view<const std::int64_t>(mine.data(), n), stream_.get());
+    work w = issue(collective::all_gather, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclAllGather(in.data(), out.data(), n, ncclInt64, c, s);
+    });
+    w.wait();
+    out.copy_to(tensor_view<std::int64_t>(all), stream_.get());
+    stream_.synchronize();
+    return all;
+  }
+
+ private:
+  struct pending_op {
+    cuda_event started;  // recorded just before the NCCL kernel: the GPU reached it
+    cuda_event done;
+    std::shared_ptr<detail::work_state> state;
+    collective op;
+    std::optional<clock::time_point> deadline;  // set once `started` completed
+  };
+
+  [[nodiscard]] static partrain::device checked_device(partrain::device dev, int rank) {
+    if (!dev.is_cuda()) {
+      throw config_error("nccl_group (rank " + std::to_string(rank) + "): device " + dev.to_string() +
+                         " is not a CUDA device (expected cuda:N, one GPU per rank)");
+    }
+    const int devices = cuda_device_count();
+    if (dev.index < 0 || dev.index >= devices) {
+      throw config_error("nccl_group (rank " + std::to_string(rank) + "): device " + dev.to_string() +
+                         " does not exist (this process sees " + std::to_string(devices) + " CUDA devices)");
+    }
+    return dev;
+  }
+  // Events belong to the device current when they are made.
+  [[nodiscard]] static cuda_event event_on(int device_index) {
+    cuda_device_guard guard(device_index);
+    return cuda_event();
+  }
+
+  [[nodiscard]] detail::nccl_comm make_comm(std::unique_lock<std::mutex>& lock) {
+    // Each rank counts the groups it made on this store; every rank makes them in the same order,
+    // so the n-th group of each rank meets under the n-th key (threads or processes alike).
+    const std::int64_t n = store_->add("partrain/nccl/groups_made_by_rank_" + std::to_string(rank()), 1);
+    const std::string key = "partrain/nccl/" + std::to_string(n) + "/unique_id";
+    ncclUniqueId id{};
+    if (rank() == 0) {
+      const ncclResult_t rc = ncclGetUniqueId(&id);
+      if (rc != ncclSuccess) {
+        throw communication_error("rank 0 nccl init: ncclGetUniqueId failed: " + detail::nccl_failure(rc, nullptr));
+      }
+      store_->set(key, std::span(reinterpret_cast<const std::byte*>(&id), sizeof(id)));
+    } else {
+      std::vector<std::byte> bytes;
+      try {
+        bytes = store_->get(key, timeout());
+      } catch (const timeout_error& e) {
+        throw timeout_error("rank " + std::to_string(rank()) + " nccl init: rank 0's unique id ('" + key +
+                            "') did not arrive within " + std::to_string(timeout().count()) + " ms: " + e.what());
+      }
+      if (bytes.size() != sizeof(id)) {
+        throw communication_error("rank " + std::to_string(rank()) + " nccl init: the unique id under '" + key +
+                                  "' has " + std::to_string(bytes.size()) + " bytes, expected " +
+                                  std::to_string(sizeof(id)));
+      }
+      std::memcpy(&id, bytes.data(), sizeof(id));
+    }
+
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // so the wait below, not NCCL, decides how long init may take
+    ncclComm_t raw = nullptr;
+    const ncclResult_t rc = ncclCommInitRankConfig(&raw, size(), id, rank(), &config);
+    detail::nccl_comm comm(raw);
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+      throw communication_error("rank " + std::to_string(rank()) + " nccl init: ncclCommInitRankConfig failed: " +
+                                detail::nccl_failure(rc, raw));
+    }
+    wait_ready(lock, comm.get(), clock::now() + timeout(), "nccl init (ncclCommInitRankConfig)");
+    return comm;
+  }
+
+  // A non-blocking communicator answers ncclInProgress until the call has been taken in. `lock`
+  // (on mutex_) is released between polls, so the watchdog and abort() are not held up for the
+  // whole timeout; issuing_ keeps other issuers out meanwhile. An abort while waiting ends it.
+  void wait_ready(std::unique_lock<std::mutex>& lock, ncclComm_t comm, clock::time_point deadline,
+                  std::string_view what) {
+    for (;;) {
+      if (!failure_.empty()) {
+        throw communication_error("rank " + std::to_string(rank()) + " " + std::string(what) +
+                                  ": the NCCL communicator was aborted meanwhile: " + failure_);
+      }
+      ncclResult_t st = ncclSuccess;
+      const ncclResult_t rc = ncclCommGetAsyncError(comm, &st);
+      if (rc != ncclSuccess) st = rc;
+      if (st == ncclSuccess) return;
+      if (st != ncclInProgress) {
+        throw communication_error("rank " + std::to_string(rank()) + " " + std::string(what) + ": " +
+                                  detail::nccl_failure(st, comm));
+      }
+      if (clock::now() > deadline) {
+        throw timeout_error("rank " + std::to_string(rank()) + " " + std::string(what) + ": not done after " +
+                            std::to_string(timeout().count()) + " ms (are all " + std::to_string(size()) +
+                            " ranks running, one GPU each?)");
+      }
+      cv_.wait_for(lock, std::chrono::microseconds(100));
+    }
+  }
+
+  template <class Launch>
+  work issue(collective c, Launch&& launch) {
+    std::unique_lock lock(mutex_);
+    // One issuer at a time, also while wait_ready has released the lock.
+    cv_.wait(lock, [&] { return !issuing_; });
+    issuing_ = true;
+    struct issuing_reset {
+      explicit issuing_reset(nccl_group* group) noexcept : g(group) {}
+      issuing_reset(const issuing_reset&) = delete;
+      issuing_reset& operator=(const issuing_reset&) = delete;
+      nccl_group* g;
+      ~issuing_reset() {
+        g->issuing_ = false;  // under the lock: every exit path below holds it or re-took it
+        g->cv_.notify_all();
+      }
+    };
+    std::optional<issuing_reset> reset_issuing(std::in_place, this);
+    if (!failure_.empty()) throw communication_error(where(c) + ": the NCCL communicator was aborted: " + failure_);
+    cuda_device_guard guard(device_.index);
+    input_ready_.record(input_stream_.load());
+    input_ready_.block(stream_.get());
+    pending_op p{cuda_event(), cuda_event(), std::make_shared<detail::work_state>(), c, std::nullopt};
+    p.started.record(stream_.get());
+    const ncclResult_t rc = launch(comm_.get(), stream_.get());
+    if (rc == ncclInProgress) {
+      try {
+        wait_ready(lock, comm_.get(), clock::now() + timeout(), where(c));
+      } catch (const error& e) {
+        reset_issuing.reset();
+        lock.unlock();
+        fail_all(e.what(), true);
+        throw;
+      }
+    } else if (rc != ncclSuccess) {
+      const std::string why = where(c) + ": " + detail::nccl_failure(rc, comm_.get());
+      reset_issuing.reset();
+      lock.unlock();
+      fail_all(why, true);
+      throw communication_error(why);
+    }
+    p.done.record(stream_.get());
+    work w(p.state);
+    pending_.push_back(std::move(p));
+    reset_issuing.reset();
+    lock.unlock();
+    cv_.notify_all();
+    return w;
+  }
+
+  // Aborts the communicator and fails every pending work; from_error: an NCCL call failed.
+  void fail_all(const std::string& why, bool from_error) {
+    std::deque<pending_op> failed;
+    {
+      std::lock_guard lock(mutex_);
+      if (failure_.empty()) failure_ = why;
+      comm_.abort();
+      failed.swap(pending_);
+    }
+    cv_.notify_all();
+    for (auto& p : failed) {
+      const std::string msg = where(p.op) + ": " + (from_error ? "failed: " : "aborted: ") + why;
+      p.state->complete(std::make_exception_ptr(communication_error(msg)));
+    }
+  }
+
+  void watch(std::stop_token st) {
+    // This thread's current device is 0 until set: without this, cudaEventQuery below and the
+    // work::then callbacks run here (hook kernels) would use, and create, a context on GPU 0.
+    std::string setup_failure;
+    if (const cudaError_t rc = cudaSetDevice(device_.index); rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      setup_failure = "the watchdog thread could not make " + device_.to_string() + " current: " +
+                      std::string(cudaGetErrorString(rc));
+    }
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, st, [&] { return !pending_.empty(); });
+      if (pending_.empty()) {
+        if (st.stop_requested()) return;
+        continue;
+      }
+      pending_op& front = pending_.front();
+      bool ready = false;
+      std::string failure;
+      bool timed_out = false;
+      if (!setup_failure.empty()) {
+        failure = where(front.op) + ": " + setup_failure;
+      } else {
+        try {
+          ready = front.done.query();
+          // The deadline counts from when the GPU reached the collective (observed within one
+          // polling interval), not from when it was queued, possibly behind long compute.
+          if (!ready && !front.deadline && front.started.query()) front.deadline = clock::now() + timeout();
+        } catch (const error& e) {
+          failure = where(front.op) + ": the GPU work failed: " + e.what();
+        }
+      }
+      if (!ready && failure.empty() && comm_) {
+        ncclResult_t async = ncclSuccess;
+        if (ncclCommGetAsyncError(comm_.get(), &async) == ncclSuccess && async != ncclSuccess &&
+            async != ncclInProgress) {
+          failure = where(front.op) + ": NCCL reported an asynchronous error: " +
+                    detail::nccl_failure(async, comm_.get());
+        }
+      }
+      if (!ready && failure.empty() && front.deadline && clock::now() > *front.deadline) {
+        timed_out = true;
+        failure = where(front.op) + ": not finished " + std::to_string(timeout().count()) +
+                  " ms after the GPU started it (a peer is missing, dead or stalled); the NCCL communicator was aborted";
+      }
+      if (ready) {
+        auto state = std::move(front.state);
+        pending_.pop_front();
+        lock.unlock();
+        cv_.notify_all();
+        state->complete();
+        lock.lock();
+        continue;
+      }
+      if (!failure.empty()) {
+        if (failure_.empty()) failure_ = failure;
+        comm_.abort();
+        std::deque<pending_op> failed;
+        failed.swap(pending_);
+        lock.unlock();
+        cv_.notify_all();
+        bool first = true;
+        for (auto& p : failed) {
+          const std::string msg = first ? failure : where(p.op) + ": aborted after an earlier failure: " + failure;
+          first = false;
+          p.state->complete(timed_out ? std::make_exception_ptr(timeout_error(msg))
+                                      : std::make_exception_ptr(communication_error(msg)));
+        }
+        lock.lock();
+        continue;
+      }
+      // GPU work in flight: poll again shortly (events have no host callback we could wait on).
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      lock.lock();
+    }
+  }
+
+  std::shared_ptr<store> store_;
+  partrain::device device_;
+  cuda_stream stream_;
+  cuda_event input_ready_;
+  std::atomic<cudaStream_t> input_stream_{cudaStreamLegacy};
+  detail::nccl_comm comm_;
+  device_buffer<float> scratch_;
+
+  std::mutex mutex_;
+  std::condition_variable_any cv_;
+  std::deque<pending_op> pending_;
+  std::string failure_;
+  bool issuing_ = false;  // an issue() is between its NCCL call and its pending_op (see wait_ready)
+  std::jthread watchdog_;
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_COMM_NCCL_HPP
+#define PARTRAIN_INIT_HAS_NCCL 1
+#else
+#define PARTRAIN_INIT_HAS_NCCL 0
+#endif
+
+namespace partrain::inline v0 {
+
+// Builds the backend's group on an already connected rendezvous.
+[[nodiscard]] inline std::unique_ptr<process_group> make_process_group(const rendezvous_info& info, const init_options& opts = {}) {
+  if (!info.store) throw invalid_argument_error("make_process_group: the rendezvous has no store (call connect_store first)");
+  std::string backend = opts.backend;
+  if (backend.empty()) backend = opts.device && opts.device->is_cuda() ? "nccl" : "gloo";
+  process_group_options po;
+  po.timeout = info.timeout;
+  po.check_collectives = opts.check_collectives;
+  if (backend == "gloo") {
+#if PARTRAIN_INIT_HAS_GLOO
+    return std::make_unique<gloo_group>(info.store, info.rank, info.world_size, po);
+#else
+    throw config_error("backend 'gloo' is not compiled in: install Debian libgloo-dev and link partrain::gloo "
+                       "(which defines PARTRAIN_WITH_GLOO)");
+#endif
+  }
+  if (backend == "nccl") {
+#if PARTRAIN_INIT_HAS_NCCL
+    const partrain::device dev = opts.device.value_or(partrain::device::cuda(info.local_rank));
+    if (!dev.is_cuda()) throw config_error("backend 'nccl' needs a cuda device, got " + dev.to_string());
+    return std::make_unique<nccl_group>(info.store, info.rank, info.world_size, dev, po);
+#else
+    throw config_error("backend 'nccl' is not compiled in: it needs CUDA and NCCL; link partrain::nccl "
+                       "(which defines PARTRAIN_WITH_NCCL)");
+#endif
+  }
+  throw config_error("unknown backend '" + backend + "' (expected 'gloo' or 'nccl')");
+}
+
+// torch.distributed.init_process_group: rendezvous on url, then the backend's group. The
+// store is not kept; to build more groups on it, use rendezvous() + make_process_group()
+// and keep rendezvous_info::store alive (on rank 0, until every rank is done with it).
+[[nodiscard]] inline std::unique_ptr<process_group> init_process_group(std::string_view url = "env://",
+                                                                       const init_options& opts = {}) {
+  // Check the backend name before anyone binds a port or waits on a peer.
+  if (!opts.backend.empty() && opts.backend != "gloo" && opts.backend != "nccl") {
+    throw config_error("unknown backend '" + opts.backend + "' (expected 'gloo' or 'nccl')");
+  }
+  auto info = rendezvous(url, opts);
+  auto group = make_process_group(info, opts);
+  detail::release_store_host(info);
+  return group;
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_RENDEZVOUS_INIT_HPP
+
+// launch/
+// #include <partrain/launch/process.hpp>
+#ifndef PARTRAIN_SI_LAUNCH_PROCESS_HPP
+#define PARTRAIN_SI_LAUNCH_PROCESS_HPP
+// partrain/launch/process.hpp: child-process supervision shared by partrain::spawn and
+// the partrun launcher. A child_process is a forked function or an exec'd program in its own
+// process group, optionally with its output captured line by line; supervise() watches a set
+// of them and, when one fails, stops the rest (SIGTERM, then SIGKILL after a grace period).
+// Nothing a child started outlives it: its whole process group is killed when it is reaped,
+// and PR_SET_PDEATHSIG takes the child down if the supervisor itself dies.
+
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/prctl.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+// Whether a /proc/<pid>/maps text maps the CUDA driver (libcuda.so*; libcudart is not the driver).
+[[nodiscard]] inline bool maps_show_cuda_driver(std::string_view maps) noexcept {
+  for (std::size_t at = maps.find("libcuda.so"); at != std::string_view::npos; at = maps.find("libcuda.so", at + 1)) {
+    if (at == 0 || maps[at - 1] == '/' || maps[at - 1] == ' ') return true;
+  }
+  return false;
+}
+
+// Whether the CUDA driver is loaded in this process: the runtime loads libcuda when CUDA is first
+// initialised, so a host-only build answers without linking CUDA. (A program linked against
+// libcuda directly is counted too, though it may not have called cuInit yet.) An unreadable maps
+// file (not Linux): false.
+[[nodiscard]] inline bool cuda_driver_loaded(const char* maps_path = "/proc/self/maps") {
+  std::FILE* f = std::fopen(maps_path, "r");
+  if (!f) return false;
+  std::string text;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+  std::fclose(f);
+  return maps_show_cuda_driver(text);
+}
+
+// A forked child of a process with CUDA initialised inherits a driver state that does not work
+// there (every CUDA call fails, or hangs): refuse before forking, saying what to do instead.
+inline void refuse_fork_after_cuda(const char* maps_path = "/proc/self/maps") {
+  if (cuda_driver_loaded(maps_path)) {
+    throw config_error(
+        "spawn (child_process::fork): CUDA is already initialised in this process (the CUDA driver, libcuda.so, is "
+        "loaded), and a forked child cannot use CUDA. Launch the ranks with exec instead (partrun, or "
+        "child_process::exec), or make no CUDA call in the parent before spawn and initialise CUDA in each rank");
+  }
+}
+
+}  // namespace detail
+
+// "SIGKILL", "SIGSEGV", ... ("signal 42" for one without a name here).
+[[nodiscard]] inline std::string signal_name(int sig) {
+  switch (sig) {
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGILL: return "SIGILL";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGKILL: return "SIGKILL";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGALRM: return "SIGALRM";
+    case SIGTERM: return "SIGTERM";
+    case SIGXCPU: return "SIGXCPU";
+    case SIGXFSZ: return "SIGXFSZ";
+    case SIGSYS: return "SIGSYS";
+    default: return "signal " + std::to_string(sig);
+  }
+}
+
+// How a process ended.
+struct exit_status {
+  bool signaled = false;
+  int code = 0;    // exit code, when !signaled
+  int signal = 0;  // terminating signal, when signaled
+  bool core_dumped = false;
+
+  [[nodiscard]] bool ok() const noexcept { return !signaled && code == 0; }
+  [[nodiscard]] static exit_status from_wait(int status) noexcept {
+    exit_status s;
+    if (WIFSIGNALED(status)) {
+      s.signaled = true;
+      s.signal = WTERMSIG(status);
+      s.core_dumped = WCOREDUMP(status);
+    } else {
+      s.code = WEXITSTATUS(status);
+    }
+    return s;
+  }
+  // "exited with code 3", "was killed by signal SIGKILL (9)".
+  [[nodiscard]] std::string describe() const {
+    if (!signaled) return "exited with code " + std::to_string(code);
+    return "was killed by signal " + signal_name(signal) + " (" + std::to_string(signal) + ")" +
+           (core_dumped ? ", core dumped" : "");
+  }
+  // The shell's convention: 128 + signal for a signaled process.
+  [[nodiscard]] int shell_code() const noexcept { return signaled ? 128 + signal : code; }
+};
+
+struct child_options {
+  // Capture stdout and stderr (merged) through a pipe; otherwise the child shares ours.
+  bool capture_output = false;
+  std::size_t keep_lines = 20;  // the tail kept for error messages
+  // Called for every complete captured line (without the newline), in the supervisor.
+  std::function<void(std::string_view)> on_line;
+};
+
+class child_process {
+ public:
+  // Forks; the child runs fn and _exits with its result (exceptions are fn's business). Refused
+  // (config_error) once CUDA is initialised in this process: see detail::refuse_fork_after_cuda.
+  [[nodiscard]] static child_process fork(const std::function<int()>& fn, child_options opts = {}) {
+    detail::refuse_fork_after_cuda();
+    pipe_pair out = make_output_pipe(opts.capture_output);
+    std::fflush(nullptr);  // or buffered output would be written twice, by parent and child
+    const pid_t parent = ::getpid();
+    signal_block block;
+    const pid_t pid = ::fork();
+    if (pid < 0) throw communication_error("fork failed: " + detail::errno_text(errno));
+    if (pid == 0) {
+      enter_child(parent, out, block);
+      int code = 1;
+      try {
+        code = fn();
+      } catch (...) {
+      }
+      std::fflush(nullptr);
+      ::_exit(code);
+    }
+    return child_process(pid, std::move(out.read), std::move(opts));
+  }
+
+  // Forks and runs program (found on PATH when it has no '/') with argv and exactly env
+  // ("NAME=value" entries). A program that cannot be executed is reported here, by errno.
+  [[nodiscard]] static child_process exec(const std::string& program, const std::vector<std::string>& args,
+                                          const std::vector<std::string>& env, child_options opts = {}) {
+    // Everything the child needs is built before fork: after it, only async-signal-safe calls.
+    std::vector<char*> argv, envp;
+    argv.push_back(const_cast<char*>(program.c_str()));
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+    envp.push_back(nullptr);
+    const char* path_env = std::getenv("PATH");
+    const std::string path = path_env ? path_env : "/usr/local/bin:/usr/bin:/bin";
+    std::vector<std::string> candidates;
+    if (program.find('/') != std::string::npos) {
+      candidates.push_back(program);
+    } else {
+      std::size_t start = 0;
+      for (;;) {
+        const auto colon = path.find(':', start);
+        const auto dir = path.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+        candidates.push_back((dir.empty() ? "." : dir) + "/" + program);
+        if (colon == std::string::npos) break;
+        start = colon + 1;
+      }
+    }
+
+    pipe_pair out = make_output_pipe(opts.capture_output);
+    int err_pipe[2];  // carries exec's errno; closed by a successful exec (CLOEXEC)
+    if (::pipe2(err_pipe, O_CLOEXEC) != 0) throw communication_error("pipe2 failed: " + detail::errno_text(errno));
+    detail::unique_fd err_read(err_pipe[0]), err_write(err_pipe[1]);
+    std::fflush(nullptr);
+    const pid_t parent = ::getpid();
+    signal_block block;
+    const pid_t pid = ::fork();
+    if (pid < 0) throw communication_error("fork failed: " + detail::errno_text(errno));
+    if (pid == 0) {
+      enter_child(parent, out, block);
+      int e = ENOENT;
+      for (const auto& c : candidates) {
+        ::execve(c.c_str(), argv.data(), envp.data());
+        if (errno != ENOENT) e = errno;  // remember "permission denied" over "not found"
+      }
+      [[maybe_unused]] auto n = ::write(err_write.get(), &e, sizeof e);
+      ::_exit(127);
+    }
+    err_write.reset();
+    child_process child(pid, std::move(out.read), std::move(opts));
+    int e = 0;
+    ssize_t n;
+    do {
+      n = ::read(err_read.get(), &e, sizeof e);
+    } while (n < 0 && errno == EINTR);
+    if (n == static_cast<ssize_t>(sizeof e)) {
+      child.wait_blocking();
+      throw config_error("cannot execute '" + program + "': " + detail::errno_text(e) +
+                         " (expected an executable file, or a program on PATH)");
+    }
+    return child;
+  }
+
+  child_process(child_process&& o) noexcept
+      : pid_(std::exchange(o.pid_, -1)),
+        status_(std::exchange(o.status_, std::nullopt)),
+        out_(std::move(o.out_)),
+        opts_(std::move(o.opts_)),
+        partial_(std::move(o.partial_)),
+        tail_(std::move(o.tail_)) {}
+  child_process& operator=(child_process&&) = delete;
+  child_process(const child_process&) = delete;
+  child_process& operator=(const child_process&) = delete;
+  ~child_process() {
+    if (pid_ > 0 && !status_) {
+      signal_group(SIGKILL);
+      wait_blocking();
+    }
+  }
+
+  [[nodiscard]] pid_t pid() const noexcept { return pid_; }
+  [[nodiscard]] bool running() const noexcept { return !status_.has_value(); }
+  [[nodiscard]] const std::optional<exit_status>& status() const noexcept { return status_; }
+  [[nodiscard]] int output_fd() const noexcept { return out_.get(); }
+  [[nodiscard]] const std::deque<std::string>& last_lines() const noexcept { return tail_; }
+
+  // Sends sig to the child's whole process group (the child and whatever it started).
+  void signal_group(int sig) noexcept {
+    if (pid_ > 0 && !status_) {
+      if (::kill(-pid_, sig) != 0) ::kill(pid_, sig);  // before the child's setpgid took effect
+    }
+  }
+
+  // Non-blocking: the exit status once the child has ended (and is reaped), else nullopt.
+  std::optional<exit_status> poll() {
+    if (status_) return status_;
+    siginfo_t info{};
+    // WNOWAIT: look without reaping, so the pid (and with it the process group id) stays
+    // ours while the group's leftovers are killed below.
+    if (::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0) {
+      return std::nullopt;
+    }
+    reap();
+    return status_;
+  }
+
+  // Blocks until the child ends (callers kill it first, or know it is ending).
+  exit_status wait_blocking() {
+    if (!status_) {
+      siginfo_t info{};
+      while (::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOWAIT) != 0 && errno == EINTR) {
+      }
+      reap();
+    }
+    return *status_;
+  }
+
+  // After the child ended: reads the rest of its output, until EOF or (when something that
+  // escaped its process group still holds the pipe) until the deadline.
+  void finish_output(std::chrono::milliseconds limit = std::chrono::milliseconds(500)) {
+    const auto deadline = detail::deadline_clock::now() + limit;
+    while (drain_output()) {
+      if (!detail::wait_fd(out_.get(), POLLIN, deadline)) {
+        drain_output();
+        if (!partial_.empty()) line(partial_);
+        partial_.clear();
+        out_.reset();
+        return;
+      }
+    }
+  }
+
+  // Reads what the child has written so far; returns false once the pipe is at EOF.
+  bool drain_output() {
+    if (!out_) return false;
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = ::read(out_.get(), buf, sizeof buf);
+      if (n > 0) {
+        take(std::string_view(buf, static_cast<std::size_t>(n)));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+      // EOF (or a read error): flush the last partial line.
+      if (!partial_.empty()) {
+        line(partial_);
+        partial_.clear();
+      }
+      out_.reset();
+      return false;
+    }
+  }
+
+ private:
+  struct pipe_pair {
+    detail::unique_fd read, write;
+  };
+
+  child_process(pid_t pid, detail::unique_fd out, child_options opts) : pid_(pid), out_(std::move(out)), opts_(std::move(opts)) {
+    ::setpgid(pid_, pid_);  // also done in the child: whichever runs first wins the race
+  }
+
+  static pipe_pair make_output_pipe(bool capture) {
+    if (!capture) return {};
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) throw communication_error("pipe2 failed: " + detail::errno_text(errno));
+    pipe_pair pp{detail::unique_fd(p[0]), detail::unique_fd(p[1])};
+    detail::set_nonblocking(pp.read.get(), true);
+    return pp;
+  }
+
+  // Signals are blocked across fork, so none reaches the child while it still runs the
+  // supervisor's handlers (a test framework's SIGTERM handler, say); the child resets them first.
+  class signal_block {
+   public:
+    signal_block() noexcept {
+      sigset_t all;
+      sigfillset(&all);
+      ::pthread_sigmask(SIG_SETMASK, &all, &saved_);
+    }
+    signal_block(const signal_block&) = delete;
+    signal_block& operator=(const signal_block&) = delete;
+    ~signal_block() { restore(); }
+    void restore() noexcept { ::pthread_sigmask(SIG_SETMASK, &saved_, nullptr); }
+
+   private:
+    sigset_t saved_{};
+  };
+
+  // In the child, right after fork: default signal handling, own process group, death with
+  // the supervisor, output to the pipe.
+  static void enter_child(pid_t parent, pipe_pair& out, signal_block& block) noexcept {
+    // What exec does: caught signals go back to their default, ignored ones stay ignored.
+    for (int sig = 1; sig < NSIG; ++sig) {
+      struct sigaction sa {};
+      if (sig == SIGKILL || sig == SIGSTOP || ::sigaction(sig, nullptr, &sa) != 0) continue;
+      if (!(sa.sa_flags & SA_SIGINFO) && (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN)) continue;
+      ::signal(sig, SIG_DFL);
+    }
+    block.restore();
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(126);  // the supervisor died before prctl took effect
+    if (out.write) {
+      ::dup2(out.write.get(), STDOUT_FILENO);
+      ::dup2(out.write.get(), STDERR_FILENO);
+      static_cast<void>(out.read.release());  // closed by exec (CLOEXEC) or by _exit; no destructor runs
+      static_cast<void>(out.write.release());
+    }
+  }
+
+  void reap() {
+    // The leader is a zombie now, so -pid_ still names only its own group: end the stragglers.
+    ::kill(-pid_, SIGKILL);
+    int st = 0;
+    pid_t r;
+    do {
+      r = ::waitpid(pid_, &st, 0);
+    } while (r < 0 && errno == EINTR);
+    status_ = exit_status::from_wait(st);
+  }
+
+  void take(std::string_view chunk) {
+    for (;;) {
+      const auto nl = chunk.find('\n');
+      if (nl == std::string_view::npos) {
+        partial_.append(chunk);
+        // One endless line cannot grow without bound.
+        if (partial_.size() > 64 * 1024) {
+          line(partial_);
+          partial_.clear();
+        }
+        return;
+      }
+      partial_.append(chunk.substr(0, nl));
+      line(partial_);
+      partial_.clear();
+      chunk.remove_prefix(nl + 1);
+    }
+  }
+
+  void line(const std::string& l) {
+    if (opts_.on_line) opts_.on_line(l);
+    if (opts_.keep_lines == 0) return;
+    tail_.push_back(l);
+    while (tail_.size() > opts_.keep_lines) tail_.pop_front();
+  }
+
+  pid_t pid_ = -1;
+  std::optional<exit_status> status_;
+  detail::unique_fd out_;
+  child_options opts_;
+  std::string partial_;
+  std::deque<std::string> tail_;
+};
+
+struct supervise_options {
+  std::chrono::milliseconds timeout{0};     // 0 = no limit on the whole run
+  std::chrono::milliseconds grace{5'000};   // SIGTERM to SIGKILL
+  // After the first failure, how long the others may take to end on their own before they are
+  // stopped. A rank that fails makes its peers fail a moment later, and the rank noticed first
+  // may be such a peer while the real cause is still running its exit path: the window lets
+  // the cause be reported as failed by itself rather than as stopped by us.
+  std::chrono::milliseconds settle{2'000};
+  std::chrono::milliseconds poll_interval{20};
+  const std::atomic<bool>* stop = nullptr;  // set (e.g. by a SIGINT handler) to stop every child
+};
+
+struct supervise_outcome {
+  enum class result { success, failed, timed_out, interrupted };
+  result how = result::success;
+  int first_failed = -1;  // index of the child whose failure stopped the others
+  std::vector<exit_status> statuses;
+  std::vector<bool> stopped_by_us;  // ended by our SIGTERM/SIGKILL rather than by itself
+  [[nodiscard]] bool ok() const noexcept { return how == result::success; }
+};
+
+// Waits on every child's output pipe (up to poll_interval) and drains what arrived.
+inline void pump_output(std::span<child_process> children, std::chrono::milliseconds wait) {
+  std::vector<pollfd> fds;
+  std::vector<std::size_t> idx;
+  for (std::size_t i = 0; i < children.size(); ++i) {
+    if (children[i].output_fd() >= 0) {
+      fds.push_back({children[i].output_fd(), POLLIN, 0});
+      idx.push_back(i);
+    }
+  }
+  if (fds.empty()) {
+    std::this_thread::sleep_for(wait);
+    return;
+  }
+  const int rc = ::poll(fds.data(), fds.size(), static_cast<int>(wait.count()));
+  if (rc <= 0) return;
+  for (std::size_t k = 0; k < fds.size(); ++k) {
+    if (fds[k].revents) children[idx[k]].drain_output();
+  }
+}
+
+// SIGTERM to every running child's group, SIGKILL to those still there after grace; all reaped.
+inline void stop_all(std::span<child_process> children, std::chrono::milliseconds grace, std::vector<bool>* stopped = nullptr,
+                     std::chrono::milliseconds poll_interval = std::chrono::milliseconds(20)) {
+  for (std::size_t i = 0; i < children.size(); ++i) {
+    // poll() first: a child that already ended on its own (not yet reaped) was not stopped by us.
+    if (!children[i].poll().has_value()) {
+      children[i].signal_group(SIGTERM);
+      if (stopped) (*stopped)[i] = true;
+    }
+  }
+  const auto deadline = detail::deadline_clock::now() + grace;
+  for (;;) {
+    bool any = false;
+    for (auto& c : children) any |= !c.poll().has_value();
+    if (!any || detail::deadline_clock::now() >= deadline) break;
+    pump_output(children, poll_interval);
+  }
+  for (auto& c : children) {
+    if (c.running()) c.signal_group(SIGKILL);
+  }
+  for (auto& c : children) {
+    c.wait_blocking();
+    c.finish_output();
+  }
+}
+
+// Watches children until all exit 0, one fails (the rest are stopped), the timeout passes or
+// stop is set. Every child is reaped, with its output drained, when this returns.
+[[nodiscard]] inline supervise_outcome supervise(std::span<child_process> children, const supervise_options& opts = {}) {
+  supervise_outcome out;
+  out.statuses.resize(children.size());
+  out.stopped_by_us.assign(children.size(), false);
+  const auto deadline = opts.timeout.count() > 0 ? detail::deadline_clock::now() + opts.timeout : detail::deadline_clock::time_point::max();
+  for (;;) {
+    std::size_t done = 0;
+    for (std::size_t i = 0; i < children.size(); ++i) {
+      const bool was_running = children[i].running();
+      auto st = children[i].poll();
+      if (!st) continue;
+      ++done;
+      if (was_running && !st->ok() && out.first_failed < 0) {
+        out.first_failed = static_cast<int>(i);
+        out.how = supervise_outcome::result::failed;
+      }
+    }
+    if (out.how == supervise_outcome::result::success && done == children.size()) break;
+    if (out.how == supervise_outcome::result::success) {
+      if (opts.stop && opts.stop->load()) {
+        out.how = supervise_outcome::result::interrupted;
+      } else if (detail::deadline_clock::now() >= deadline) {
+        out.how = supervise_outcome::result::timed_out;
+      }
+    }
+    if (out.how != supervise_outcome::result::success) {
+      if (out.how == supervise_outcome::result::failed) {
+        const auto settle_end = detail::deadline_clock::now() + opts.settle;
+        while (detail::deadline_clock::now() < settle_end && !(opts.stop && opts.stop->load())) {
+          bool any = false;
+          for (auto& c : children) any |= !c.poll().has_value();
+          if (!any) break;
+          pump_output(children, opts.poll_interval);
+        }
+      }
+      stop_all(children, opts.grace, &out.stopped_by_us, opts.poll_interval);
+      break;
+    }
+    pump_output(children, opts.poll_interval);
+  }
+  for (std::size_t i = 0; i < children.size(); ++i) {
+    children[i].finish_output();
+    out.statuses[i] = *children[i].status();
+  }
+  return out;
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_LAUNCH_PROCESS_HPP
+// #include <partrain/launch/spawn.hpp>
+#ifndef PARTRAIN_SI_LAUNCH_SPAWN_HPP
+#define PARTRAIN_SI_LAUNCH_SPAWN_HPP
+// partrain/launch/spawn.hpp: partrain::spawn(n, fn), like torch.multiprocessing.spawn. Starts n
+// processes of the current program (fork), each calling fn(rank) with the torchrun variables
+// set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so fn can
+// call init_process_group("env://"). When one rank fails the others are stopped and the
+// error names the rank and how it ended.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <concepts>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace partrain::inline v0 {
+
+struct spawn_options {
+  // All ranks must have finished within this; then the rest are stopped and timeout_error thrown.
+  std::chrono::milliseconds timeout{300'000};
+  std::chrono::milliseconds grace{5'000};  // SIGTERM, then SIGKILL after this
+  std::string master_addr = "127.0.0.1";
+  std::uint16_t master_port = 0;  // 0 = a port that is free now
+  std::vector<std::pair<std::string, std::string>> env;  // more variables for every rank
+  // Capture each rank's output: echoed with a "[rank r] " prefix, and its last lines kept
+  // for the error. Off: ranks write straight to our stdout/stderr.
+  bool capture_output = true;
+  bool echo_output = true;
+  std::size_t keep_lines = 20;
+};
+
+// A rank of spawn() failed (or several did: the first one is named).
+class process_error : public communication_error {
+ public:
+  process_error(const std::string& what, int rank, exit_status status, std::vector<std::string> last_lines, std::vector<pid_t> pids)
+      : communication_error(what), rank_(rank), status_(status), last_lines_(std::move(last_lines)), pids_(std::move(pids)) {}
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] const exit_status& status() const noexcept { return status_; }
+  [[nodiscard]] const std::vector<std::string>& last_lines() const noexcept { return last_lines_; }
+  [[nodiscard]] const std::vector<pid_t>& pids() const noexcept { return pids_; }
+
+ private:
+  int rank_;
+  exit_status status_;
+  std::vector<std::string> last_lines_;
+  std::vector<pid_t> pids_;
+};
+
+struct spawn_result {
+  std::vector<pid_t> pids;  // one per rank, all reaped
+  std::uint16_t master_port = 0;
+};
+
+namespace detail {
+
+// Runs in the child: the rank's environment, then fn; an exception is printed and becomes exit 1.
+template <class F>
+int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16_t port) {
+  ::setenv("RANK", std::to_string(rank).c_str(), 1);
+  ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+  ::setenv("WORLD_SIZE", std::to_string(nprocs).c_str(), 1);
+  ::setenv("LOCAL_WORLD_SIZE", std::to_string(nprocs).c_str(), 1);
+  ::setenv("GROUP_RANK", "0", 1);
+  ::setenv("MASTER_ADDR", opts.master_addr.c_str(), 1);
+  ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  for (const auto& [k, v] : opts.env) ::setenv(k.c_str(), v.c_str(), 1);
+  try {
+    if constexpr (std::is_void_v<std::invoke_result_t<F&, int>>) {
+      fn(rank);
+      return 0;
+    } else {
+      return static_cast<int>(fn(rank));
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d failed: %s\n", rank, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "rank %d failed: an exception not derived from std::exception\n", rank);
+  }
+  return 1;
+}
+
+}  // namespace detail
+
+// fn(rank) runs in n forked processes; its return value (if an int) is the exit code. Refused
+// with a config_error when CUDA is already initialised in this process (use partrun then).
+// Returns when every rank exited 0; otherwise throws process_error naming the first rank that
+// failed (exit code or signal, and its last output lines), or timeout_error naming the ranks
+// still running. No rank survives the call either way.
+template <class F>
+spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
+  static_assert(std::invocable<F&, int>, "partrain::spawn: fn must be callable as fn(int rank)");
+  static_assert(std::is_void_v<std::invoke_result_t<F&, int>> || std::convertible_to<std::invoke_result_t<F&, int>, int>,
+                "partrain::spawn: fn(rank) must return void or an exit code convertible to int");
+  if (nprocs < 1) throw config_error("spawn: nprocs must be at least 1, got " + std::to_string(nprocs));
+  detail::refuse_fork_after_cuda();  // before any rank starts: forked ranks cannot use CUDA
+  const std::uint16_t port = opts.master_port != 0 ? opts.master_port : detail::find_free_port(opts.master_addr);
+
+  std::vector<child_process> children;
+  children.reserve(static_cast<std::size_t>(nprocs));
+  spawn_result result{.pids = {}, .master_port = port};
+  for (int r = 0; r < nprocs; ++r) {
+    child_options co;
+    co.capture_output = opts.capture_output;
+    co.keep_lines = opts.keep_lines;
+    if (opts.capture_output && opts.echo_output) {
+      co.on_line = [r](std::string_view line) {
+        std::fprintf(stderr, "[rank %d] %.*s\n", r, static_cast<int>(line.size()), line.data());
+      };
+    }
+    children.push_back(child_process::fork([&, r] { return detail::run_rank(fn, r, nprocs, opts, port); }, std::move(co)));
+    result.pids.push_back(children.back().pid());
+  }
+
+  supervise_options so;
+  so.timeout = opts.timeout;
+  so.grace = opts.grace;
+  const auto out = supervise(children, so);
+  if (out.ok()) return result;
+
+  if (out.how == supervise_outcome::result::timed_out) {
+    std::string running;
+    for (int r = 0; r < nprocs; ++r) {
+      if (out.stopped_by_us[static_cast<std::size_t>(r)]) running += (running.empty() ? "" : ", ") + std::to_string(r);
+    }
+    throw timeout_error("spawn: rank(s) " + running + " still running after " + std::to_string(opts.timeout.count()) +
+                        " ms; all ranks were stopped");
+  }
+  const int bad = out.first_failed;
+  const auto& st = out.statuses[static_cast<std::size_t>(bad)];
+  const auto& tail = children[static_cast<std::size_t>(bad)].last_lines();
+  std::string msg = "spawn: rank " + std::to_string(bad) + " (pid " + std::to_string(result.pids[static_cast<std::size_t>(bad)]) +
+                    ") " + st.describe() + "; the other ranks were stopped";
+  if (!tail.empty()) {
+    msg += "\nlast output of rank " + std::to_string(bad) + ":";
+    for (const auto& l : tail) msg += "\n  " + l;
+  }
+  throw process_error(msg, bad, st, {tail.begin(), tail.end()}, result.pids);
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_LAUNCH_SPAWN_HPP
 
 // optim/
 // #include <partrain/optim/adamw.hpp>
@@ -10132,7 +11266,7 @@ consteval bool check_trainable() {
 #define PARTRAIN_SI_OPTIM_DETAIL_STATE_BUFFER_HPP
 // partrain/optim/detail/state_buffer.hpp: optimizer state beside the parameters (momentum,
 // Adam moments) and the element loops on the host. The CUDA twins live in
-// partrain/cuda/optim_kernels.cuh and are picked by overload on the memory space.
+// partrain/optim/detail/kernels.cuh and are picked by overload on the memory space.
 
 #include <cstddef>
 #include <cstring>
@@ -10382,22 +11516,6 @@ concept stateful_optimizer = optimizer<O> && requires(const O& co, O& o, state_w
 
 namespace detail {
 
-template <model M>
-using param_range_t = decltype(std::declval<M&>().parameters());
-template <model M>
-using param_t = std::ranges::range_value_t<param_range_t<M>>;
-template <class P>
-using param_view_t = std::remove_cvref_t<decltype(std::declval<P&>().value())>;
-template <class P>
-using param_element_t = std::remove_cv_t<typename param_view_t<P>::value_type>;
-template <class P>
-using param_space_t = typename param_view_t<P>::space_type;
-
-template <model M>
-using model_element_t = param_element_t<param_t<M>>;
-template <model M>
-using model_space_t = param_space_t<param_t<M>>;
-
 // The optimizers update in the parameters' own precision, as PyTorch does; 16-bit models keep
 // fp32 master weights and step those.
 template <class T>
@@ -10411,7 +11529,7 @@ consteval bool check_optimizable() {
 #if !defined(__CUDACC__)
   static_assert(!std::same_as<S, cuda>,
                 "partrain: optimizing CUDA parameters needs the translation unit compiled by nvcc (the kernels are "
-                "in partrain/cuda/optim_kernels.cuh)");
+                "in partrain/optim/detail/kernels.cuh)");
 #endif
   return true;
 }
@@ -10451,15 +11569,17 @@ template <class P>
 #endif  // PARTRAIN_SI_OPTIM_OPTIMIZER_HPP
 
 #if defined(__CUDACC__)
-// #include <partrain/cuda/optim_kernels.cuh>
-#ifndef PARTRAIN_SI_CUDA_OPTIM_KERNELS_CUH
-#define PARTRAIN_SI_CUDA_OPTIM_KERNELS_CUH
-// partrain/cuda/optim_kernels.cuh: the optimizers' and clipping's element loops for parameters
+// #include <partrain/optim/detail/kernels.cuh>
+#ifndef PARTRAIN_SI_OPTIM_DETAIL_KERNELS_CUH
+#define PARTRAIN_SI_OPTIM_DETAIL_KERNELS_CUH
+// partrain/optim/detail/kernels.cuh: the optimizers' and clipping's element loops for parameters
 // in CUDA memory. The arithmetic is the same detail::*_element functions the host loops use;
-// these are the overloads the optimizers pick for tensor_view<T, cuda>. nvcc only.
+// these are the overloads the optimizers pick for tensor_view<T, cuda>. Every function takes the
+// stream to queue on (default: the legacy stream, which the optimizers' callers use today) and
+// has finished its work on return, so whatever stream reads the parameters next sees it. nvcc only.
 
 #if !defined(__CUDACC__)
-#error "partrain/cuda/optim_kernels.cuh must be compiled by nvcc"
+#error "partrain/optim/detail/kernels.cuh must be compiled by nvcc"
 #endif
 
 #include <cuda_runtime.h>
@@ -10515,7 +11635,11 @@ class state_buffer<T, cuda> {
       if (n) optim_cuda_check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc (optimizer state)");
       n_ = n;
     }
-    if (n_) optim_cuda_check(cudaMemset(p_, 0, n_ * sizeof(T)), "cudaMemset (optimizer state)");
+    // cudaMemset returns before the fill ran: queue it, then wait, so the zeros are there for any stream.
+    if (n_) {
+      optim_cuda_check(cudaMemsetAsync(p_, 0, n_ * sizeof(T), cudaStreamLegacy), "cudaMemsetAsync (optimizer state)");
+      optim_cuda_check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize (optimizer state)");
+    }
   }
   [[nodiscard]] T* data() noexcept { return p_; }
   [[nodiscard]] std::size_t size() const noexcept { return n_; }
@@ -10580,53 +11704,61 @@ __global__ void scale_kernel(T* g, std::size_t n, T coef) {
   }
 }
 
-// The launches run on the legacy default stream and are waited for: the optimizer step is a
-// synchronization point, as the host path is.
+// The launches are queued on `stream` and waited for: the optimizer step is a synchronization
+// point, as the host path is. Pass the stream that made the gradients (a non-blocking stream is
+// not ordered with the legacy one).
 template <class T>
-void sgd_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* buf, const sgd_coeffs<T>& c, bool first) {
+void sgd_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* buf, const sgd_coeffs<T>& c, bool first,
+                cudaStream_t stream = cudaStreamLegacy) {
   if (v.empty()) return;
-  sgd_kernel<T><<<optim_blocks(v.size()), optim_block>>>(v.data(), g.data(), buf, v.size(), c, first);
+  sgd_kernel<T><<<optim_blocks(v.size()), optim_block, 0, stream>>>(v.data(), g.data(), buf, v.size(), c, first);
   optim_cuda_check(cudaGetLastError(), "launch (sgd)");
-  optim_cuda_check(cudaDeviceSynchronize(), "sgd step");
+  optim_cuda_check(cudaStreamSynchronize(stream), "sgd step");
 }
 
 template <class T>
-void adamw_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* m, T* s, const adamw_coeffs<T>& c) {
+void adamw_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* m, T* s, const adamw_coeffs<T>& c,
+                  cudaStream_t stream = cudaStreamLegacy) {
   if (v.empty()) return;
-  adamw_kernel<T><<<optim_blocks(v.size()), optim_block>>>(v.data(), g.data(), m, s, v.size(), c);
+  adamw_kernel<T><<<optim_blocks(v.size()), optim_block, 0, stream>>>(v.data(), g.data(), m, s, v.size(), c);
   optim_cuda_check(cudaGetLastError(), "launch (adamw)");
-  optim_cuda_check(cudaDeviceSynchronize(), "adamw step");
+  optim_cuda_check(cudaStreamSynchronize(stream), "adamw step");
 }
 
 template <class T>
-[[nodiscard]] double sum_squares(tensor_view<const T, cuda> g) {
+[[nodiscard]] double sum_squares(tensor_view<const T, cuda> g, cudaStream_t stream = cudaStreamLegacy) {
   if (g.empty()) return 0;
   const unsigned blocks = optim_blocks(g.size());
   state_buffer<double, cuda> partial;
   partial.assign_zero(blocks);
-  sum_squares_kernel<T><<<blocks, optim_block>>>(g.data(), g.size(), partial.data());
+  sum_squares_kernel<T><<<blocks, optim_block, 0, stream>>>(g.data(), g.size(), partial.data());
   optim_cuda_check(cudaGetLastError(), "launch (sum of squares)");
   std::vector<double> host(blocks);
-  partial.copy_to_host(host);
+  optim_cuda_check(cudaMemcpyAsync(host.data(), partial.data(), blocks * sizeof(double), cudaMemcpyDeviceToHost, stream),
+                   "cudaMemcpyAsync (sum of squares)");
+  optim_cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (sum of squares)");
   return std::accumulate(host.begin(), host.end(), 0.0);
 }
 
 template <class T>
-void scale_in_place(tensor_view<T, cuda> g, T coef) {
+void scale_in_place(tensor_view<T, cuda> g, T coef, cudaStream_t stream = cudaStreamLegacy) {
   if (g.empty()) return;
-  scale_kernel<T><<<optim_blocks(g.size()), optim_block>>>(g.data(), g.size(), coef);
+  scale_kernel<T><<<optim_blocks(g.size()), optim_block, 0, stream>>>(g.data(), g.size(), coef);
   optim_cuda_check(cudaGetLastError(), "launch (scale)");
-  optim_cuda_check(cudaDeviceSynchronize(), "gradient scale");
+  optim_cuda_check(cudaStreamSynchronize(stream), "gradient scale");
 }
 
+// zero_grad: finished on return (cudaMemset alone returns before the fill ran), so a backward on
+// any stream afterwards writes into zeros.
 template <class T>
-void fill_zero(tensor_view<T, cuda> g) {
+void fill_zero(tensor_view<T, cuda> g, cudaStream_t stream = cudaStreamLegacy) {
   if (g.empty()) return;
-  optim_cuda_check(cudaMemset(g.data(), 0, g.size_bytes()), "cudaMemset (zero_grad)");
+  optim_cuda_check(cudaMemsetAsync(g.data(), 0, g.size_bytes(), stream), "cudaMemsetAsync (zero_grad)");
+  optim_cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (zero_grad)");
 }
 
 }  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_CUDA_OPTIM_KERNELS_CUH
+#endif  // PARTRAIN_SI_OPTIM_DETAIL_KERNELS_CUH
 #endif
 
 namespace partrain::inline v0 {
@@ -10652,8 +11784,8 @@ inline void validate(const adamw_options& o) {
 
 template <model M>
 class adamw {
-  using T = detail::model_element_t<M>;
-  using S = detail::model_space_t<M>;
+  using T = model_element_t<M>;
+  using S = model_space_t<M>;
   static_assert(detail::check_optimizable<T, S>());
 
  public:
@@ -10779,15 +11911,17 @@ class adamw {
 #include <type_traits>
 
 #if defined(__CUDACC__)
-// #include <partrain/cuda/optim_kernels.cuh>
-#ifndef PARTRAIN_SI_CUDA_OPTIM_KERNELS_CUH
-#define PARTRAIN_SI_CUDA_OPTIM_KERNELS_CUH
-// partrain/cuda/optim_kernels.cuh: the optimizers' and clipping's element loops for parameters
+// #include <partrain/optim/detail/kernels.cuh>
+#ifndef PARTRAIN_SI_OPTIM_DETAIL_KERNELS_CUH
+#define PARTRAIN_SI_OPTIM_DETAIL_KERNELS_CUH
+// partrain/optim/detail/kernels.cuh: the optimizers' and clipping's element loops for parameters
 // in CUDA memory. The arithmetic is the same detail::*_element functions the host loops use;
-// these are the overloads the optimizers pick for tensor_view<T, cuda>. nvcc only.
+// these are the overloads the optimizers pick for tensor_view<T, cuda>. Every function takes the
+// stream to queue on (default: the legacy stream, which the optimizers' callers use today) and
+// has finished its work on return, so whatever stream reads the parameters next sees it. nvcc only.
 
 #if !defined(__CUDACC__)
-#error "partrain/cuda/optim_kernels.cuh must be compiled by nvcc"
+#error "partrain/optim/detail/kernels.cuh must be compiled by nvcc"
 #endif
 
 #include <cuda_runtime.h>
@@ -10843,7 +11977,11 @@ class state_buffer<T, cuda> {
       if (n) optim_cuda_check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc (optimizer state)");
       n_ = n;
     }
-    if (n_) optim_cuda_check(cudaMemset(p_, 0, n_ * sizeof(T)), "cudaMemset (optimizer state)");
+    // cudaMemset returns before the fill ran: queue it, then wait, so the zeros are there for any stream.
+    if (n_) {
+      optim_cuda_check(cudaMemsetAsync(p_, 0, n_ * sizeof(T), cudaStreamLegacy), "cudaMemsetAsync (optimizer state)");
+      optim_cuda_check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize (optimizer state)");
+    }
   }
   [[nodiscard]] T* data() noexcept { return p_; }
   [[nodiscard]] std::size_t size() const noexcept { return n_; }
@@ -10908,53 +12046,61 @@ __global__ void scale_kernel(T* g, std::size_t n, T coef) {
   }
 }
 
-// The launches run on the legacy default stream and are waited for: the optimizer step is a
-// synchronization point, as the host path is.
+// The launches are queued on `stream` and waited for: the optimizer step is a synchronization
+// point, as the host path is. Pass the stream that made the gradients (a non-blocking stream is
+// not ordered with the legacy one).
 template <class T>
-void sgd_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* buf, const sgd_coeffs<T>& c, bool first) {
+void sgd_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* buf, const sgd_coeffs<T>& c, bool first,
+                cudaStream_t stream = cudaStreamLegacy) {
   if (v.empty()) return;
-  sgd_kernel<T><<<optim_blocks(v.size()), optim_block>>>(v.data(), g.data(), buf, v.size(), c, first);
+  sgd_kernel<T><<<optim_blocks(v.size()), optim_block, 0, stream>>>(v.data(), g.data(), buf, v.size(), c, first);
   optim_cuda_check(cudaGetLastError(), "launch (sgd)");
-  optim_cuda_check(cudaDeviceSynchronize(), "sgd step");
+  optim_cuda_check(cudaStreamSynchronize(stream), "sgd step");
 }
 
 template <class T>
-void adamw_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* m, T* s, const adamw_coeffs<T>& c) {
+void adamw_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* m, T* s, const adamw_coeffs<T>& c,
+                  cudaStream_t stream = cudaStreamLegacy) {
   if (v.empty()) return;
-  adamw_kernel<T><<<optim_blocks(v.size()), optim_block>>>(v.data(), g.data(), m, s, v.size(), c);
+  adamw_kernel<T><<<optim_blocks(v.size()), optim_block, 0, stream>>>(v.data(), g.data(), m, s, v.size(), c);
   optim_cuda_check(cudaGetLastError(), "launch (adamw)");
-  optim_cuda_check(cudaDeviceSynchronize(), "adamw step");
+  optim_cuda_check(cudaStreamSynchronize(stream), "adamw step");
 }
 
 template <class T>
-[[nodiscard]] double sum_squares(tensor_view<const T, cuda> g) {
+[[nodiscard]] double sum_squares(tensor_view<const T, cuda> g, cudaStream_t stream = cudaStreamLegacy) {
   if (g.empty()) return 0;
   const unsigned blocks = optim_blocks(g.size());
   state_buffer<double, cuda> partial;
   partial.assign_zero(blocks);
-  sum_squares_kernel<T><<<blocks, optim_block>>>(g.data(), g.size(), partial.data());
+  sum_squares_kernel<T><<<blocks, optim_block, 0, stream>>>(g.data(), g.size(), partial.data());
   optim_cuda_check(cudaGetLastError(), "launch (sum of squares)");
   std::vector<double> host(blocks);
-  partial.copy_to_host(host);
+  optim_cuda_check(cudaMemcpyAsync(host.data(), partial.data(), blocks * sizeof(double), cudaMemcpyDeviceToHost, stream),
+                   "cudaMemcpyAsync (sum of squares)");
+  optim_cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (sum of squares)");
   return std::accumulate(host.begin(), host.end(), 0.0);
 }
 
 template <class T>
-void scale_in_place(tensor_view<T, cuda> g, T coef) {
+void scale_in_place(tensor_view<T, cuda> g, T coef, cudaStream_t stream = cudaStreamLegacy) {
   if (g.empty()) return;
-  scale_kernel<T><<<optim_blocks(g.size()), optim_block>>>(g.data(), g.size(), coef);
+  scale_kernel<T><<<optim_blocks(g.size()), optim_block, 0, stream>>>(g.data(), g.size(), coef);
   optim_cuda_check(cudaGetLastError(), "launch (scale)");
-  optim_cuda_check(cudaDeviceSynchronize(), "gradient scale");
+  optim_cuda_check(cudaStreamSynchronize(stream), "gradient scale");
 }
 
+// zero_grad: finished on return (cudaMemset alone returns before the fill ran), so a backward on
+// any stream afterwards writes into zeros.
 template <class T>
-void fill_zero(tensor_view<T, cuda> g) {
+void fill_zero(tensor_view<T, cuda> g, cudaStream_t stream = cudaStreamLegacy) {
   if (g.empty()) return;
-  optim_cuda_check(cudaMemset(g.data(), 0, g.size_bytes()), "cudaMemset (zero_grad)");
+  optim_cuda_check(cudaMemsetAsync(g.data(), 0, g.size_bytes(), stream), "cudaMemsetAsync (zero_grad)");
+  optim_cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (zero_grad)");
 }
 
 }  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_CUDA_OPTIM_KERNELS_CUH
+#endif  // PARTRAIN_SI_OPTIM_DETAIL_KERNELS_CUH
 #endif
 
 namespace partrain::inline v0 {
@@ -11036,15 +12182,17 @@ double clip_grad_norm(X&& model_or_params, double max_norm) {
 #include <vector>
 
 #if defined(__CUDACC__)
-// #include <partrain/cuda/optim_kernels.cuh>
-#ifndef PARTRAIN_SI_CUDA_OPTIM_KERNELS_CUH
-#define PARTRAIN_SI_CUDA_OPTIM_KERNELS_CUH
-// partrain/cuda/optim_kernels.cuh: the optimizers' and clipping's element loops for parameters
+// #include <partrain/optim/detail/kernels.cuh>
+#ifndef PARTRAIN_SI_OPTIM_DETAIL_KERNELS_CUH
+#define PARTRAIN_SI_OPTIM_DETAIL_KERNELS_CUH
+// partrain/optim/detail/kernels.cuh: the optimizers' and clipping's element loops for parameters
 // in CUDA memory. The arithmetic is the same detail::*_element functions the host loops use;
-// these are the overloads the optimizers pick for tensor_view<T, cuda>. nvcc only.
+// these are the overloads the optimizers pick for tensor_view<T, cuda>. Every function takes the
+// stream to queue on (default: the legacy stream, which the optimizers' callers use today) and
+// has finished its work on return, so whatever stream reads the parameters next sees it. nvcc only.
 
 #if !defined(__CUDACC__)
-#error "partrain/cuda/optim_kernels.cuh must be compiled by nvcc"
+#error "partrain/optim/detail/kernels.cuh must be compiled by nvcc"
 #endif
 
 #include <cuda_runtime.h>
@@ -11100,7 +12248,11 @@ class state_buffer<T, cuda> {
       if (n) optim_cuda_check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc (optimizer state)");
       n_ = n;
     }
-    if (n_) optim_cuda_check(cudaMemset(p_, 0, n_ * sizeof(T)), "cudaMemset (optimizer state)");
+    // cudaMemset returns before the fill ran: queue it, then wait, so the zeros are there for any stream.
+    if (n_) {
+      optim_cuda_check(cudaMemsetAsync(p_, 0, n_ * sizeof(T), cudaStreamLegacy), "cudaMemsetAsync (optimizer state)");
+      optim_cuda_check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize (optimizer state)");
+    }
   }
   [[nodiscard]] T* data() noexcept { return p_; }
   [[nodiscard]] std::size_t size() const noexcept { return n_; }
@@ -11165,53 +12317,61 @@ __global__ void scale_kernel(T* g, std::size_t n, T coef) {
   }
 }
 
-// The launches run on the legacy default stream and are waited for: the optimizer step is a
-// synchronization point, as the host path is.
+// The launches are queued on `stream` and waited for: the optimizer step is a synchronization
+// point, as the host path is. Pass the stream that made the gradients (a non-blocking stream is
+// not ordered with the legacy one).
 template <class T>
-void sgd_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* buf, const sgd_coeffs<T>& c, bool first) {
+void sgd_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* buf, const sgd_coeffs<T>& c, bool first,
+                cudaStream_t stream = cudaStreamLegacy) {
   if (v.empty()) return;
-  sgd_kernel<T><<<optim_blocks(v.size()), optim_block>>>(v.data(), g.data(), buf, v.size(), c, first);
+  sgd_kernel<T><<<optim_blocks(v.size()), optim_block, 0, stream>>>(v.data(), g.data(), buf, v.size(), c, first);
   optim_cuda_check(cudaGetLastError(), "launch (sgd)");
-  optim_cuda_check(cudaDeviceSynchronize(), "sgd step");
+  optim_cuda_check(cudaStreamSynchronize(stream), "sgd step");
 }
 
 template <class T>
-void adamw_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* m, T* s, const adamw_coeffs<T>& c) {
+void adamw_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* m, T* s, const adamw_coeffs<T>& c,
+                  cudaStream_t stream = cudaStreamLegacy) {
   if (v.empty()) return;
-  adamw_kernel<T><<<optim_blocks(v.size()), optim_block>>>(v.data(), g.data(), m, s, v.size(), c);
+  adamw_kernel<T><<<optim_blocks(v.size()), optim_block, 0, stream>>>(v.data(), g.data(), m, s, v.size(), c);
   optim_cuda_check(cudaGetLastError(), "launch (adamw)");
-  optim_cuda_check(cudaDeviceSynchronize(), "adamw step");
+  optim_cuda_check(cudaStreamSynchronize(stream), "adamw step");
 }
 
 template <class T>
-[[nodiscard]] double sum_squares(tensor_view<const T, cuda> g) {
+[[nodiscard]] double sum_squares(tensor_view<const T, cuda> g, cudaStream_t stream = cudaStreamLegacy) {
   if (g.empty()) return 0;
   const unsigned blocks = optim_blocks(g.size());
   state_buffer<double, cuda> partial;
   partial.assign_zero(blocks);
-  sum_squares_kernel<T><<<blocks, optim_block>>>(g.data(), g.size(), partial.data());
+  sum_squares_kernel<T><<<blocks, optim_block, 0, stream>>>(g.data(), g.size(), partial.data());
   optim_cuda_check(cudaGetLastError(), "launch (sum of squares)");
   std::vector<double> host(blocks);
-  partial.copy_to_host(host);
+  optim_cuda_check(cudaMemcpyAsync(host.data(), partial.data(), blocks * sizeof(double), cudaMemcpyDeviceToHost, stream),
+                   "cudaMemcpyAsync (sum of squares)");
+  optim_cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (sum of squares)");
   return std::accumulate(host.begin(), host.end(), 0.0);
 }
 
 template <class T>
-void scale_in_place(tensor_view<T, cuda> g, T coef) {
+void scale_in_place(tensor_view<T, cuda> g, T coef, cudaStream_t stream = cudaStreamLegacy) {
   if (g.empty()) return;
-  scale_kernel<T><<<optim_blocks(g.size()), optim_block>>>(g.data(), g.size(), coef);
+  scale_kernel<T><<<optim_blocks(g.size()), optim_block, 0, stream>>>(g.data(), g.size(), coef);
   optim_cuda_check(cudaGetLastError(), "launch (scale)");
-  optim_cuda_check(cudaDeviceSynchronize(), "gradient scale");
+  optim_cuda_check(cudaStreamSynchronize(stream), "gradient scale");
 }
 
+// zero_grad: finished on return (cudaMemset alone returns before the fill ran), so a backward on
+// any stream afterwards writes into zeros.
 template <class T>
-void fill_zero(tensor_view<T, cuda> g) {
+void fill_zero(tensor_view<T, cuda> g, cudaStream_t stream = cudaStreamLegacy) {
   if (g.empty()) return;
-  optim_cuda_check(cudaMemset(g.data(), 0, g.size_bytes()), "cudaMemset (zero_grad)");
+  optim_cuda_check(cudaMemsetAsync(g.data(), 0, g.size_bytes(), stream), "cudaMemsetAsync (zero_grad)");
+  optim_cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (zero_grad)");
 }
 
 }  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_CUDA_OPTIM_KERNELS_CUH
+#endif  // PARTRAIN_SI_OPTIM_DETAIL_KERNELS_CUH
 #endif
 
 namespace partrain::inline v0 {
@@ -11239,8 +12399,8 @@ inline void validate(const sgd_options& o) {
 
 template <model M>
 class sgd {
-  using T = detail::model_element_t<M>;
-  using S = detail::model_space_t<M>;
+  using T = model_element_t<M>;
+  using S = model_space_t<M>;
   static_assert(detail::check_optimizable<T, S>());
 
  public:
@@ -11359,25 +12519,20 @@ class sgd {
 #include <vector>
 
 #if defined(__CUDACC__)
-// #include <partrain/cuda/ddp_kernels.cuh>
-#ifndef PARTRAIN_SI_CUDA_DDP_KERNELS_CUH
-#define PARTRAIN_SI_CUDA_DDP_KERNELS_CUH
-// partrain/cuda/ddp_kernels.cuh: the element work of DDP's device buckets (used when the
-// parameters are in CUDA memory and the backend reduces CUDA memory, i.e. NCCL): division
-// before the all_reduce, accumulation for no_sync, and the 16-bit casts of the compression
-// hooks. Everything runs on the legacy default stream, which the NCCL group orders its
-// collectives after. nvcc only.
+// #include <partrain/cuda/device_guard.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
+// previous one after (torch.cuda.device as a context manager), without ever creating a context
+// on a device nobody asked for.
 
-#if !defined(__CUDACC__)
-#error "partrain/cuda/ddp_kernels.cuh must be compiled by nvcc"
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
 #endif
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include <cuda.h>  // CUcontext and the driver's function type only: nothing links libcuda
 #include <cuda_runtime.h>
 
-#include <cstddef>
-#include <memory>
 #include <string>
 
 // #include <partrain/cuda/check.hpp>
@@ -11430,6 +12585,127 @@ inline void cuda_check(cudaError_t rc, const char* call, const char* file, int l
 // Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
 #define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
 #endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+// Whether this thread has a current CUDA context, i.e. someone already made a device current on
+// it (cudaSetDevice, or a runtime call that initialised one). cudaGetDevice answers 0 on a fresh
+// thread, and cudaSetDevice(0) would then create device 0's context (CUDA 12+): restoring must
+// not do that. The driver's cuCtxGetCurrent is reached through the runtime, so nothing links
+// libcuda. Unknown (entry point missing): true, i.e. restore as a plain guard would.
+[[nodiscard]] inline bool thread_has_cuda_context() noexcept {
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
+  using get_current_fn = CUresult(CUDAAPI*)(CUcontext*);
+  static const get_current_fn get_current = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return get_current_fn{nullptr};
+    }
+    return reinterpret_cast<get_current_fn>(fn);
+  }();
+  if (!get_current) return true;
+  CUcontext ctx = nullptr;
+  if (get_current(&ctx) != CUDA_SUCCESS) return true;
+  return ctx != nullptr;
+#else
+  return true;
+#endif
+}
+
+[[nodiscard]] inline int checked_cuda_index(const device& d, const char* who) {
+  if (!d.is_cuda()) {
+    throw invalid_argument_error(std::string(who) + ": device " + d.to_string() + " is not a CUDA device (expected cuda:N)");
+  }
+  return d.index;
+}
+
+}  // namespace detail
+
+// The device current on this thread (cudaGetDevice: it does not create a context; 0 when none
+// was ever set).
+[[nodiscard]] inline int cuda_current_device() {
+  int d = 0;
+  PARTRAIN_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+class [[nodiscard]] cuda_device_guard {
+ public:
+  // Makes `index` current unless it already is. The destructor restores the previous device only
+  // when this guard changed it and the thread had a context before (someone had set a device).
+  explicit cuda_device_guard(int index) {
+    const int current = cuda_current_device();
+    if (current == index) return;
+    const bool restore = detail::thread_has_cuda_context();
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
+    if (restore) previous_ = current;
+  }
+  explicit cuda_device_guard(const device& d) : cuda_device_guard(detail::checked_cuda_index(d, "cuda_device_guard")) {}
+  cuda_device_guard(const cuda_device_guard&) = delete;
+  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
+  ~cuda_device_guard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;  // -1: leave the device as it is at the end of the scope
+};
+
+// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
+[[nodiscard]] inline int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// The device whose memory `p` is (cudaPointerGetAttributes): device memory and managed memory
+// report their device. Host memory (pageable or pinned) has no device: config_error naming `who`.
+[[nodiscard]] inline device cuda_device_of(const void* p, const char* who) {
+  cudaPointerAttributes a{};
+  const cudaError_t rc = cudaPointerGetAttributes(&a, p);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw cuda_error(rc, std::string(who) + ": cudaPointerGetAttributes failed: " + cudaGetErrorString(rc));
+  }
+  if ((a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) || a.device < 0) {
+    throw config_error(std::string(who) + ": a pointer expected in CUDA device memory is host memory (a tensor_view<T, "
+                                          "cuda> must point into device memory)");
+  }
+  return device::cuda(a.device);
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+// #include <partrain/parallel/detail/ddp_kernels.cuh>
+#ifndef PARTRAIN_SI_PARALLEL_DETAIL_DDP_KERNELS_CUH
+#define PARTRAIN_SI_PARALLEL_DETAIL_DDP_KERNELS_CUH
+// partrain/parallel/detail/ddp_kernels.cuh: the element work of DDP's device buckets (used when the
+// parameters are in CUDA memory and the backend reduces CUDA memory, i.e. NCCL): division
+// before the all_reduce, accumulation for no_sync, and the 16-bit casts of the compression
+// hooks. Every function takes the stream to queue on: DDP passes the communicator's input stream
+// (nccl_group::set_input_stream), which the group orders its collectives after, so the bucket
+// work is ordered after the gradients the model made there and before the all_reduce. The
+// caller makes the bucket's device current. nvcc only.
+
+#if !defined(__CUDACC__)
+#error "partrain/parallel/detail/ddp_kernels.cuh must be compiled by nvcc"
+#endif
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
 
 namespace partrain::inline v0::detail {
 
@@ -11487,67 +12763,72 @@ void visit_device_float(raw_tensor t, const char* who, F&& f) {
   }
 }
 
-inline void device_divide(raw_tensor t, double d) {
+inline void device_divide(raw_tensor t, double d, cudaStream_t stream) {
   if (t.count == 0) return;
   visit_device_float(t, "device_divide", [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
-    ddp_divide_kernel<T><<<ddp_blocks(t.count), ddp_block>>>(p, t.count, static_cast<T>(d));
+    ddp_divide_kernel<T><<<ddp_blocks(t.count), ddp_block, 0, stream>>>(p, t.count, static_cast<T>(d));
     ddp_launch_check("ddp_divide_kernel launch");
   });
 }
 
 // dst (device bucket) = g, or += g.
 template <class T>
-void device_stage_in(T* dst, tensor_view<const T, cuda> g, bool add) {
+void device_stage_in(T* dst, tensor_view<const T, cuda> g, bool add, cudaStream_t stream) {
   if (g.empty()) return;
   if (add) {
-    ddp_add_kernel<T><<<ddp_blocks(g.size()), ddp_block>>>(dst, g.data(), g.size());
+    ddp_add_kernel<T><<<ddp_blocks(g.size()), ddp_block, 0, stream>>>(dst, g.data(), g.size());
     ddp_launch_check("ddp_add_kernel launch");
   } else {
-    cuda_check(cudaMemcpyAsync(dst, g.data(), g.size_bytes(), cudaMemcpyDeviceToDevice, nullptr),
+    cuda_check(cudaMemcpyAsync(dst, g.data(), g.size_bytes(), cudaMemcpyDeviceToDevice, stream),
                "cudaMemcpyAsync (gradient to bucket)", __FILE__, __LINE__);
   }
 }
 template <class T>
-void device_stage_out(tensor_view<T, cuda> g, const T* src) {
+void device_stage_out(tensor_view<T, cuda> g, const T* src, cudaStream_t stream) {
   if (g.empty()) return;
-  cuda_check(cudaMemcpyAsync(g.data(), src, g.size_bytes(), cudaMemcpyDeviceToDevice, nullptr),
+  cuda_check(cudaMemcpyAsync(g.data(), src, g.size_bytes(), cudaMemcpyDeviceToDevice, stream),
              "cudaMemcpyAsync (bucket to gradient)", __FILE__, __LINE__);
 }
 
-// Device memory owned through a shared_ptr (what a hook keeps in grad_bucket::hook_state()).
-[[nodiscard]] inline std::shared_ptr<void> device_alloc(std::size_t bytes) {
+// Device memory on device `device_index`, owned through a shared_ptr (what a hook keeps in
+// grad_bucket::hook_state()).
+[[nodiscard]] inline std::shared_ptr<void> device_alloc(std::size_t bytes, int device_index) {
+  cuda_device_guard guard(device_index);
   void* p = nullptr;
   cuda_check(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc (hook scratch)", __FILE__, __LINE__);
   return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
 }
 
 // src (float/double bucket) -> dst 16-bit (divided by d), and back.
-inline void device_to_16(raw_tensor src, void* dst, dtype h, float d) {
+inline void device_to_16(raw_tensor src, void* dst, dtype h, float d, cudaStream_t stream) {
   visit_device_float(src, "fp16/bf16 hook", [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
     if (h == dtype::float16) {
-      ddp_to_half_kernel<T><<<ddp_blocks(src.count), ddp_block>>>(p, static_cast<__half*>(dst), src.count, d);
+      ddp_to_half_kernel<T><<<ddp_blocks(src.count), ddp_block, 0, stream>>>(p, static_cast<__half*>(dst), src.count, d);
     } else {
-      ddp_to_bf16_kernel<T><<<ddp_blocks(src.count), ddp_block>>>(p, static_cast<__nv_bfloat16*>(dst), src.count, d);
+      ddp_to_bf16_kernel<T><<<ddp_blocks(src.count), ddp_block, 0, stream>>>(p, static_cast<__nv_bfloat16*>(dst),
+                                                                              src.count, d);
     }
     ddp_launch_check("16-bit cast kernel launch");
   });
 }
-inline void device_from_16(const void* src, raw_tensor dst, dtype h) {
+inline void device_from_16(const void* src, raw_tensor dst, dtype h, cudaStream_t stream) {
   visit_device_float(dst, "fp16/bf16 hook", [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
     if (h == dtype::float16) {
-      ddp_from_half_kernel<T><<<ddp_blocks(dst.count), ddp_block>>>(static_cast<const __half*>(src), p, dst.count);
+      ddp_from_half_kernel<T><<<ddp_blocks(dst.count), ddp_block, 0, stream>>>(static_cast<const __half*>(src), p,
+                                                                              dst.count);
     } else {
-      ddp_from_bf16_kernel<T><<<ddp_blocks(dst.count), ddp_block>>>(static_cast<const __nv_bfloat16*>(src), p, dst.count);
+      ddp_from_bf16_kernel<T><<<ddp_blocks(dst.count), ddp_block, 0, stream>>>(static_cast<const __nv_bfloat16*>(src), p,
+                                                                              dst.count);
     }
     ddp_launch_check("16-bit cast kernel launch");
   });
 }
 
 }  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_CUDA_DDP_KERNELS_CUH
+#endif  // PARTRAIN_SI_PARALLEL_DETAIL_DDP_KERNELS_CUH
 #endif
 
 namespace partrain::inline v0 {
@@ -11566,6 +12847,12 @@ class grad_bucket {
   [[nodiscard]] std::size_t index() const noexcept { return index_; }
   [[nodiscard]] raw_tensor buffer() const noexcept { return buffer_; }
   [[nodiscard]] bool on_cuda() const noexcept { return buffer_.on_cuda; }
+  // A CUDA bucket's device, and the stream its device work must be queued on (a cudaStream_t,
+  // type-erased; the communicator's input stream, which its collectives start after). A hook
+  // makes that device current itself: its then() callbacks may run on another thread.
+  // -1 and nullptr for a host bucket.
+  [[nodiscard]] int cuda_device() const noexcept { return cuda_device_; }
+  [[nodiscard]] void* cuda_stream() const noexcept { return cuda_stream_; }
   // The bucket as a typed view; asking for the wrong type or memory space is an error naming both.
   template <element_type T, memory_space Space = host>
   [[nodiscard]] tensor_view<T, Space> buffer_as() const {
@@ -11594,6 +12881,10 @@ class grad_bucket {
   [[nodiscard]] work all_reduce(raw_tensor t) const { return all_reduce_(t); }
 
   void set_divisor(double d) noexcept { divisor_ = d; }
+  void set_cuda_placement(int device_index, void* stream) noexcept {
+    cuda_device_ = device_index;
+    cuda_stream_ = stream;
+  }
 
  private:
   std::size_t index_;
@@ -11601,6 +12892,8 @@ class grad_bucket {
   all_reduce_fn all_reduce_;
   int world_size_;
   double divisor_ = 1;
+  int cuda_device_ = -1;
+  void* cuda_stream_ = nullptr;
   std::vector<std::byte> scratch_;
   std::shared_ptr<void> hook_state_;
 };
@@ -11642,7 +12935,7 @@ decltype(auto) visit_float_bucket(const grad_bucket& b, F&& f) {
 [[noreturn]] inline void needs_nvcc(const grad_bucket& b, const char* hook) {
   throw invalid_argument_error(std::string("comm hook ") + hook + ": bucket " + std::to_string(b.index()) +
                                " is in CUDA memory; the translation unit that constructs the DDP must be compiled by "
-                               "nvcc (the kernels are in partrain/cuda/ddp_kernels.cuh)");
+                               "nvcc (the kernels are in partrain/parallel/detail/ddp_kernels.cuh)");
 }
 
 template <class H>
@@ -11650,6 +12943,9 @@ work compressed_all_reduce(grad_bucket& b) {
   if (b.on_cuda()) {
 #if defined(__CUDACC__)
     const raw_tensor buf = b.buffer();
+    const int dev = b.cuda_device();
+    const auto stream = static_cast<cudaStream_t>(b.cuda_stream());
+    cuda_device_guard guard(dev);
     auto& state = b.hook_state();
     // The 16-bit copy lives in device memory kept in hook_state (element count in front).
     struct scratch {
@@ -11658,13 +12954,17 @@ work compressed_all_reduce(grad_bucket& b) {
     };
     auto* s = static_cast<scratch*>(state.get());
     if (!s || s->count != buf.count) {
-      state = std::make_shared<scratch>(scratch{buf.count, device_alloc(buf.count * sizeof(H))});
+      state = std::make_shared<scratch>(scratch{buf.count, device_alloc(buf.count * sizeof(H), dev)});
       s = static_cast<scratch*>(state.get());
     }
     void* h = s->mem.get();
-    device_to_16(buf, h, dtype_of<H>, static_cast<float>(b.divisor()));
+    device_to_16(buf, h, dtype_of<H>, static_cast<float>(b.divisor()), stream);
     work w = b.all_reduce(tensor_view<H, cuda>(static_cast<H*>(h), buf.count));
-    return then_work(w, [buf, h] { device_from_16(h, buf, dtype_of<H>); });
+    // Runs on the thread that completes w (NCCL's watchdog), whose current device is not ours.
+    return then_work(w, [buf, h, dev, stream] {
+      cuda_device_guard cb_guard(dev);
+      device_from_16(h, buf, dtype_of<H>, stream);
+    });
 #else
     needs_nvcc(b, "fp16/bf16 compress");
 #endif
@@ -11693,7 +12993,10 @@ namespace comm_hooks {
   return [](grad_bucket& b) {
     if (b.on_cuda()) {
 #if defined(__CUDACC__)
-      if (b.divisor() != 1.0) detail::device_divide(b.buffer(), b.divisor());
+      if (b.divisor() != 1.0) {
+        cuda_device_guard guard(b.cuda_device());
+        detail::device_divide(b.buffer(), b.divisor(), static_cast<cudaStream_t>(b.cuda_stream()));
+      }
       return b.all_reduce(b.buffer());
 #else
       detail::needs_nvcc(b, "allreduce");
@@ -12078,46 +13381,11 @@ template <splittable_batch B>
 
 namespace detail {
 
-// Whole examples per device from non-negative weights: floor of the exact share, then the
-// remaining examples one each to the largest fractional parts (ties to the lower index), so
-// counts always sum to n and follow the weights as closely as integers can. With n smaller
-// than the device count, the devices with the largest weights get one each; the rest idle.
+// Whole examples per device: core/weighted_shares.hpp's rule (with n smaller than the device
+// count, the devices with the largest weights get one each; the rest idle).
 [[nodiscard]] inline std::vector<std::size_t> split_counts(std::size_t n, std::span<const double> weights) {
   if (weights.empty()) throw invalid_argument_error("data_parallel: no devices to split a batch over");
-  double total = 0;
-  for (double w : weights) {
-    if (!(w >= 0) || !std::isfinite(w)) {
-      throw invalid_argument_error("data_parallel: device weights must be finite and non-negative, got " +
-                                   std::to_string(w));
-    }
-    total += w;
-  }
-  if (total <= 0) throw invalid_argument_error("data_parallel: at least one device weight must be positive");
-  std::vector<std::size_t> counts(weights.size());
-  std::vector<std::pair<double, std::size_t>> frac;  // (fractional part, device)
-  std::size_t given = 0;
-  for (std::size_t i = 0; i < weights.size(); ++i) {
-    const double exact = static_cast<double>(n) * weights[i] / total;
-    counts[i] = std::min(n, static_cast<std::size_t>(std::floor(exact)));
-    given += counts[i];
-    frac.emplace_back(exact - std::floor(exact), i);
-  }
-  // Floating-point slack can over-assign by one in pathological cases: take it back from the largest.
-  while (given > n) {
-    auto it = std::max_element(counts.begin(), counts.end());
-    --*it;
-    --given;
-  }
-  std::stable_sort(frac.begin(), frac.end(), [&](const auto& a, const auto& b) {
-    if (a.first != b.first) return a.first > b.first;
-    return weights[a.second] > weights[b.second];
-  });
-  for (std::size_t k = 0; given < n; k = (k + 1) % frac.size()) {
-    if (weights[frac[k].second] <= 0) continue;
-    ++counts[frac[k].second];
-    ++given;
-  }
-  return counts;
+  return weighted_shares(n, weights, "data_parallel");
 }
 
 // Prefix sums: device i takes rows [offsets[i], offsets[i + 1]).
@@ -12202,19 +13470,6 @@ concept has_output_size = requires(const M& m) {
 namespace detail {
 
 template <class M>
-using dp_param_range_t = decltype(std::declval<M&>().parameters());
-template <class M>
-using dp_param_ref_t = std::ranges::range_reference_t<dp_param_range_t<M>>;
-template <class M>
-using dp_grad_view_t = std::remove_cvref_t<decltype(std::declval<dp_param_ref_t<M>>().grad())>;
-template <class M>
-using dp_value_view_t = std::remove_cvref_t<decltype(std::declval<dp_param_ref_t<M>>().value())>;
-template <class M>
-using dp_element_t = std::remove_cv_t<typename dp_grad_view_t<M>::value_type>;
-template <class M>
-using dp_space_t = typename dp_grad_view_t<M>::space_type;
-
-template <class M>
 consteval bool check_data_parallel_model() {
   static_assert(detail::has_parameters_member<M>,
                 "partrain: data_parallel needs a model with `parameters()` returning its parameters in a stable order");
@@ -12244,10 +13499,10 @@ template <class T>
 template <class M, class Opt>
 class data_parallel {
   static_assert(detail::check_data_parallel_model<M>());
-  using T = detail::dp_element_t<M>;
-  using S = detail::dp_space_t<M>;
-  static_assert(std::same_as<std::remove_cv_t<typename detail::dp_value_view_t<M>::value_type>, T> &&
-                    std::same_as<typename detail::dp_value_view_t<M>::space_type, S>,
+  using T = model_element_t<M>;
+  using S = model_space_t<M>;
+  static_assert(std::same_as<std::remove_cv_t<typename param_grad_view_t<param_t<M>>::value_type>, T> &&
+                    std::same_as<typename param_grad_view_t<param_t<M>>::space_type, S>,
                 "partrain: a parameter's value() and grad() must have the same element type and memory space");
 
  public:
@@ -12277,7 +13532,7 @@ class data_parallel {
     flat_.resize(n);
     held_.resize(n);
     for (std::size_t i = 0; i < n; ++i) contexts_.push_back(std::make_unique<detail::dp_device_context>(devices_[i]));
-    for (std::size_t i = 0; i < n; ++i) workers_.push_back(std::make_unique<detail::op_worker>());
+    for (std::size_t i = 0; i < n; ++i) workers_.push_back(std::make_unique<detail::executor>());
     // Replicate and make optimizers on each device's own thread (CUDA: with that device current);
     // the user's factory is called one replica at a time, so it need not be thread-safe.
     std::mutex factory_mutex;
@@ -12725,7 +13980,7 @@ class data_parallel {
   // while a device thread or the caller still reads it.
   std::vector<std::optional<work>> held_;
   // Last: the worker threads are joined before anything they use goes away.
-  std::vector<std::unique_ptr<detail::op_worker>> workers_;
+  std::vector<std::unique_ptr<detail::executor>> workers_;
 };
 
 template <class M, class F>
@@ -12936,21 +14191,22 @@ struct ddp_stats {
 #include <vector>
 
 #if PARTRAIN_HAS_CUDA
-// #include <partrain/cuda/ddp_staging.hpp>
-#ifndef PARTRAIN_SI_CUDA_DDP_STAGING_HPP
-#define PARTRAIN_SI_CUDA_DDP_STAGING_HPP
-// partrain/cuda/ddp_staging.hpp: DDP with parameters in CUDA memory over a host backend (local,
-// gloo): gradients are copied into the host bucket as they become final and copied back after
-// the reduction; parameter broadcasts go through a host copy too. Needs the CUDA runtime.
+// #include <partrain/cuda/device_buffer.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+// partrain/cuda/device_buffer.hpp: owned device memory (cudaMalloc, RAII) with a shape, seen as
+// tensor_view<T, cuda>, and copies to and from host views (finished on return, or queued on a stream).
 
 #if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/ddp_staging.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#error "partrain/cuda/device_buffer.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
 #endif
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
-#include <vector>
+#include <string>
+#include <type_traits>
+#include <utility>
 
 // #include <partrain/cuda/check.hpp>
 #ifndef PARTRAIN_SI_CUDA_CHECK_HPP
@@ -13002,6 +14258,248 @@ inline void cuda_check(cudaError_t rc, const char* call, const char* file, int l
 // Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
 #define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
 #endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+// #include <partrain/cuda/device_guard.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
+// previous one after (torch.cuda.device as a context manager), without ever creating a context
+// on a device nobody asked for.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda.h>  // CUcontext and the driver's function type only: nothing links libcuda
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+// Whether this thread has a current CUDA context, i.e. someone already made a device current on
+// it (cudaSetDevice, or a runtime call that initialised one). cudaGetDevice answers 0 on a fresh
+// thread, and cudaSetDevice(0) would then create device 0's context (CUDA 12+): restoring must
+// not do that. The driver's cuCtxGetCurrent is reached through the runtime, so nothing links
+// libcuda. Unknown (entry point missing): true, i.e. restore as a plain guard would.
+[[nodiscard]] inline bool thread_has_cuda_context() noexcept {
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
+  using get_current_fn = CUresult(CUDAAPI*)(CUcontext*);
+  static const get_current_fn get_current = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return get_current_fn{nullptr};
+    }
+    return reinterpret_cast<get_current_fn>(fn);
+  }();
+  if (!get_current) return true;
+  CUcontext ctx = nullptr;
+  if (get_current(&ctx) != CUDA_SUCCESS) return true;
+  return ctx != nullptr;
+#else
+  return true;
+#endif
+}
+
+[[nodiscard]] inline int checked_cuda_index(const device& d, const char* who) {
+  if (!d.is_cuda()) {
+    throw invalid_argument_error(std::string(who) + ": device " + d.to_string() + " is not a CUDA device (expected cuda:N)");
+  }
+  return d.index;
+}
+
+}  // namespace detail
+
+// The device current on this thread (cudaGetDevice: it does not create a context; 0 when none
+// was ever set).
+[[nodiscard]] inline int cuda_current_device() {
+  int d = 0;
+  PARTRAIN_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+class [[nodiscard]] cuda_device_guard {
+ public:
+  // Makes `index` current unless it already is. The destructor restores the previous device only
+  // when this guard changed it and the thread had a context before (someone had set a device).
+  explicit cuda_device_guard(int index) {
+    const int current = cuda_current_device();
+    if (current == index) return;
+    const bool restore = detail::thread_has_cuda_context();
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
+    if (restore) previous_ = current;
+  }
+  explicit cuda_device_guard(const device& d) : cuda_device_guard(detail::checked_cuda_index(d, "cuda_device_guard")) {}
+  cuda_device_guard(const cuda_device_guard&) = delete;
+  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
+  ~cuda_device_guard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;  // -1: leave the device as it is at the end of the scope
+};
+
+// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
+[[nodiscard]] inline int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// The device whose memory `p` is (cudaPointerGetAttributes): device memory and managed memory
+// report their device. Host memory (pageable or pinned) has no device: config_error naming `who`.
+[[nodiscard]] inline device cuda_device_of(const void* p, const char* who) {
+  cudaPointerAttributes a{};
+  const cudaError_t rc = cudaPointerGetAttributes(&a, p);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw cuda_error(rc, std::string(who) + ": cudaPointerGetAttributes failed: " + cudaGetErrorString(rc));
+  }
+  if ((a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) || a.device < 0) {
+    throw config_error(std::string(who) + ": a pointer expected in CUDA device memory is host memory (a tensor_view<T, "
+                                          "cuda> must point into device memory)");
+  }
+  return device::cuda(a.device);
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+
+namespace partrain::inline v0 {
+
+// A zero-initialised device array of trivially copyable T with a shape, on one device. The device
+// is always named: there is no default, so a buffer cannot land on GPU 0 by omission.
+template <class T>
+  requires std::is_trivially_copyable_v<T>
+class device_buffer {
+ public:
+  device_buffer() = default;
+  // Zero-filled before the constructor returns (queued on the legacy stream of `dev`, then that
+  // stream is synchronised), so work on any stream afterwards sees zeros.
+  device_buffer(partrain::shape s, const partrain::device& dev)
+      : device_buffer(s, detail::checked_cuda_index(dev, "device_buffer"), nullptr) {}
+  device_buffer(partrain::shape s, int device_index) : device_buffer(s, device_index, nullptr) {}
+  device_buffer(std::size_t n, const partrain::device& dev) : device_buffer(partrain::shape{n}, dev) {}
+  device_buffer(std::size_t n, int device_index) : device_buffer(partrain::shape{n}, device_index) {}
+  // Zero-fill queued on `stream` (of `device_index`) and not waited for: work queued on that
+  // stream afterwards sees zeros; other streams must wait on it (an event) first.
+  device_buffer(partrain::shape s, int device_index, cudaStream_t stream) : shape_(s), device_(device_index) {
+    if (device_index < 0) {
+      throw invalid_argument_error("device_buffer: device index " + std::to_string(device_index) +
+                                   " (expected a CUDA device index >= 0)");
+    }
+    if (s.numel() == 0) return;
+    cuda_device_guard guard(device_index);
+    void* p = nullptr;
+    const cudaError_t rc = cudaMalloc(&p, size_bytes());
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw cuda_error(rc, "device_buffer: cudaMalloc of " + std::to_string(size_bytes()) + " bytes on cuda:" +
+                               std::to_string(device_index) + " failed: " + cudaGetErrorString(rc));
+    }
+    data_ = static_cast<T*>(p);
+    // cudaMemset would return before the fill ran and order it only on the legacy stream.
+    const cudaStream_t fill = stream ? stream : cudaStreamLegacy;
+    cudaError_t rc2 = cudaMemsetAsync(data_, 0, size_bytes(), fill);
+    if (rc2 == cudaSuccess && !stream) rc2 = cudaStreamSynchronize(fill);
+    if (rc2 != cudaSuccess) {
+      reset();
+      detail::cuda_check(rc2, "device_buffer: cudaMemsetAsync + cudaStreamSynchronize (zero fill)", __FILE__, __LINE__);
+    }
+  }
+
+  device_buffer(device_buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})), device_(o.device_) {}
+  device_buffer& operator=(device_buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      data_ = std::exchange(o.data_, nullptr);
+      shape_ = std::exchange(o.shape_, {});
+      device_ = o.device_;
+    }
+    return *this;
+  }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() { reset(); }
+
+  [[nodiscard]] T* data() noexcept { return data_; }
+  [[nodiscard]] const T* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
+  [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
+  [[nodiscard]] int device_index() const noexcept { return device_; }
+  [[nodiscard]] partrain::device device() const noexcept { return partrain::device::cuda(device_); }
+
+  [[nodiscard]] tensor_view<T, cuda> view() noexcept { return {data_, shape_}; }
+  [[nodiscard]] tensor_view<const T, cuda> view() const noexcept { return {data_, shape_}; }
+
+  // Host -> device. With a stream the copy is queued on it (the host memory must stay alive until
+  // it ran and, to be truly asynchronous, be pinned). Without one it is queued on the legacy
+  // stream of the buffer's device, which is then synchronised: the copy has finished on return
+  // (cudaMemcpy alone does not promise that for pageable host memory). Either way it is ordered
+  // after earlier work on that stream only: data made on another stream needs that stream.
+  void copy_from(tensor_view<const T, host> src, cudaStream_t stream = nullptr) {
+    check_size("copy_from", src.size());
+    copy(data_, src.data(), cudaMemcpyHostToDevice, stream);
+  }
+  // Device -> host, same rules.
+  void copy_to(tensor_view<T, host> dst, cudaStream_t stream = nullptr) const {
+    check_size("copy_to", dst.size());
+    copy(dst.data(), data_, cudaMemcpyDeviceToHost, stream);
+  }
+
+ private:
+  void check_size(const char* what, std::size_t n) const {
+    if (n != size()) {
+      throw invalid_argument_error("device_buffer::" + std::string(what) + ": the host view has " + std::to_string(n) +
+                                   " elements, the buffer " + std::to_string(size()) + " (expected equal sizes)");
+    }
+  }
+  void copy(void* dst, const void* src, cudaMemcpyKind kind, cudaStream_t stream) const {
+    if (size() == 0) return;
+    if (stream) {
+      PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, stream));
+      return;
+    }
+    cuda_device_guard guard(device_);  // the legacy stream of the buffer's device
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, cudaStreamLegacy));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+  }
+  void reset() noexcept {
+    if (data_) (void)cudaFree(std::exchange(data_, nullptr));  // cudaFree frees on any current device
+  }
+
+  T* data_ = nullptr;
+  partrain::shape shape_{};
+  int device_ = -1;  // -1: an empty default-constructed buffer
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+// #include <partrain/parallel/detail/ddp_staging.hpp>
+#ifndef PARTRAIN_SI_PARALLEL_DETAIL_DDP_STAGING_HPP
+#define PARTRAIN_SI_PARALLEL_DETAIL_DDP_STAGING_HPP
+// partrain/parallel/detail/ddp_staging.hpp: DDP with parameters in CUDA memory over a host backend (local,
+// gloo): gradients are copied into the host bucket as they become final and copied back after
+// the reduction; parameter broadcasts go through a host copy too. Needs the CUDA runtime.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/parallel/detail/ddp_staging.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <vector>
 
 namespace partrain::inline v0::detail {
 
@@ -13029,168 +14527,22 @@ void stage_out(tensor_view<T, cuda> g, const T* src) {
 }
 
 }  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_CUDA_DDP_STAGING_HPP
-// #include <partrain/cuda/device_buffer.hpp>
-#ifndef PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
-#define PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
-// partrain/cuda/device_buffer.hpp: owned device memory (cudaMalloc, RAII) with a shape, seen as
-// tensor_view<T, cuda>, and copies to and from host views (blocking, or queued on a stream).
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/device_buffer.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <cstddef>
-#include <string>
-#include <type_traits>
-#include <utility>
-
-// #include <partrain/cuda/device_guard.hpp>
-#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
-// previous one after (torch.cuda.device as a context manager).
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-namespace partrain::inline v0 {
-
-class [[nodiscard]] cuda_device_guard {
- public:
-  explicit cuda_device_guard(int index) {
-    PARTRAIN_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (index != previous_) PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
-  }
-  cuda_device_guard(const cuda_device_guard&) = delete;
-  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
-  ~cuda_device_guard() { (void)cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
-};
-
-// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
-[[nodiscard]] inline int cuda_device_count() noexcept {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-
-namespace partrain::inline v0 {
-
-// A zero-initialised device array of trivially copyable T with a shape, on one device.
-template <class T>
-  requires std::is_trivially_copyable_v<T>
-class device_buffer {
- public:
-  device_buffer() = default;
-  explicit device_buffer(partrain::shape s, int device_index = 0) : shape_(s), device_(device_index) {
-    if (s.numel() == 0) return;
-    cuda_device_guard guard(device_index);
-    void* p = nullptr;
-    const cudaError_t rc = cudaMalloc(&p, size_bytes());
-    if (rc != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw cuda_error(rc, "device_buffer: cudaMalloc of " + std::to_string(size_bytes()) + " bytes on cuda:" +
-                               std::to_string(device_index) + " failed: " + cudaGetErrorString(rc));
-    }
-    data_ = static_cast<T*>(p);
-    const cudaError_t rc2 = cudaMemset(data_, 0, size_bytes());
-    if (rc2 != cudaSuccess) {
-      reset();
-      detail::cuda_check(rc2, "cudaMemset(data_, 0, size_bytes())", __FILE__, __LINE__);
-    }
-  }
-  explicit device_buffer(std::size_t n, int device_index = 0) : device_buffer(partrain::shape{n}, device_index) {}
-
-  device_buffer(device_buffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})), device_(o.device_) {}
-  device_buffer& operator=(device_buffer&& o) noexcept {
-    if (this != &o) {
-      reset();
-      data_ = std::exchange(o.data_, nullptr);
-      shape_ = std::exchange(o.shape_, {});
-      device_ = o.device_;
-    }
-    return *this;
-  }
-  device_buffer(const device_buffer&) = delete;
-  device_buffer& operator=(const device_buffer&) = delete;
-  ~device_buffer() { reset(); }
-
-  [[nodiscard]] T* data() noexcept { return data_; }
-  [[nodiscard]] const T* data() const noexcept { return data_; }
-  [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
-  [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
-  [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
-  [[nodiscard]] int device_index() const noexcept { return device_; }
-
-  [[nodiscard]] tensor_view<T, cuda> view() noexcept { return {data_, shape_}; }
-  [[nodiscard]] tensor_view<const T, cuda> view() const noexcept { return {data_, shape_}; }
-
-  // Host -> device. With a stream the copy is queued (the host memory must stay alive and, to be
-  // truly asynchronous, be pinned); without one it has finished on return.
-  void copy_from(tensor_view<const T, host> src, cudaStream_t stream = nullptr) {
-    check_size("copy_from", src.size());
-    copy(data_, src.data(), cudaMemcpyHostToDevice, stream);
-  }
-  // Device -> host, same rules.
-  void copy_to(tensor_view<T, host> dst, cudaStream_t stream = nullptr) const {
-    check_size("copy_to", dst.size());
-    copy(dst.data(), data_, cudaMemcpyDeviceToHost, stream);
-  }
-
- private:
-  void check_size(const char* what, std::size_t n) const {
-    if (n != size()) {
-      throw invalid_argument_error("device_buffer::" + std::string(what) + ": the host view has " + std::to_string(n) +
-                                   " elements, the buffer " + std::to_string(size()) + " (expected equal sizes)");
-    }
-  }
-  void copy(void* dst, const void* src, cudaMemcpyKind kind, cudaStream_t stream) const {
-    if (size() == 0) return;
-    if (stream) {
-      PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, stream));
-    } else {
-      PARTRAIN_CUDA_CHECK(cudaMemcpy(dst, src, size_bytes(), kind));
-    }
-  }
-  void reset() noexcept {
-    if (data_) (void)cudaFree(std::exchange(data_, nullptr));
-  }
-
-  T* data_ = nullptr;
-  partrain::shape shape_{};
-  int device_ = 0;
-};
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+#endif  // PARTRAIN_SI_PARALLEL_DETAIL_DDP_STAGING_HPP
 #endif
 #if defined(__CUDACC__)
-// #include <partrain/cuda/ddp_kernels.cuh>
-#ifndef PARTRAIN_SI_CUDA_DDP_KERNELS_CUH
-#define PARTRAIN_SI_CUDA_DDP_KERNELS_CUH
-// partrain/cuda/ddp_kernels.cuh: the element work of DDP's device buckets (used when the
+// #include <partrain/parallel/detail/ddp_kernels.cuh>
+#ifndef PARTRAIN_SI_PARALLEL_DETAIL_DDP_KERNELS_CUH
+#define PARTRAIN_SI_PARALLEL_DETAIL_DDP_KERNELS_CUH
+// partrain/parallel/detail/ddp_kernels.cuh: the element work of DDP's device buckets (used when the
 // parameters are in CUDA memory and the backend reduces CUDA memory, i.e. NCCL): division
 // before the all_reduce, accumulation for no_sync, and the 16-bit casts of the compression
-// hooks. Everything runs on the legacy default stream, which the NCCL group orders its
-// collectives after. nvcc only.
+// hooks. Every function takes the stream to queue on: DDP passes the communicator's input stream
+// (nccl_group::set_input_stream), which the group orders its collectives after, so the bucket
+// work is ordered after the gradients the model made there and before the all_reduce. The
+// caller makes the bucket's device current. nvcc only.
 
 #if !defined(__CUDACC__)
-#error "partrain/cuda/ddp_kernels.cuh must be compiled by nvcc"
+#error "partrain/parallel/detail/ddp_kernels.cuh must be compiled by nvcc"
 #endif
 
 #include <cuda_bf16.h>
@@ -13251,6 +14603,120 @@ inline void cuda_check(cudaError_t rc, const char* call, const char* file, int l
 // Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
 #define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
 #endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+// #include <partrain/cuda/device_guard.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
+// previous one after (torch.cuda.device as a context manager), without ever creating a context
+// on a device nobody asked for.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda.h>  // CUcontext and the driver's function type only: nothing links libcuda
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+// Whether this thread has a current CUDA context, i.e. someone already made a device current on
+// it (cudaSetDevice, or a runtime call that initialised one). cudaGetDevice answers 0 on a fresh
+// thread, and cudaSetDevice(0) would then create device 0's context (CUDA 12+): restoring must
+// not do that. The driver's cuCtxGetCurrent is reached through the runtime, so nothing links
+// libcuda. Unknown (entry point missing): true, i.e. restore as a plain guard would.
+[[nodiscard]] inline bool thread_has_cuda_context() noexcept {
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
+  using get_current_fn = CUresult(CUDAAPI*)(CUcontext*);
+  static const get_current_fn get_current = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return get_current_fn{nullptr};
+    }
+    return reinterpret_cast<get_current_fn>(fn);
+  }();
+  if (!get_current) return true;
+  CUcontext ctx = nullptr;
+  if (get_current(&ctx) != CUDA_SUCCESS) return true;
+  return ctx != nullptr;
+#else
+  return true;
+#endif
+}
+
+[[nodiscard]] inline int checked_cuda_index(const device& d, const char* who) {
+  if (!d.is_cuda()) {
+    throw invalid_argument_error(std::string(who) + ": device " + d.to_string() + " is not a CUDA device (expected cuda:N)");
+  }
+  return d.index;
+}
+
+}  // namespace detail
+
+// The device current on this thread (cudaGetDevice: it does not create a context; 0 when none
+// was ever set).
+[[nodiscard]] inline int cuda_current_device() {
+  int d = 0;
+  PARTRAIN_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+class [[nodiscard]] cuda_device_guard {
+ public:
+  // Makes `index` current unless it already is. The destructor restores the previous device only
+  // when this guard changed it and the thread had a context before (someone had set a device).
+  explicit cuda_device_guard(int index) {
+    const int current = cuda_current_device();
+    if (current == index) return;
+    const bool restore = detail::thread_has_cuda_context();
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
+    if (restore) previous_ = current;
+  }
+  explicit cuda_device_guard(const device& d) : cuda_device_guard(detail::checked_cuda_index(d, "cuda_device_guard")) {}
+  cuda_device_guard(const cuda_device_guard&) = delete;
+  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
+  ~cuda_device_guard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;  // -1: leave the device as it is at the end of the scope
+};
+
+// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
+[[nodiscard]] inline int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// The device whose memory `p` is (cudaPointerGetAttributes): device memory and managed memory
+// report their device. Host memory (pageable or pinned) has no device: config_error naming `who`.
+[[nodiscard]] inline device cuda_device_of(const void* p, const char* who) {
+  cudaPointerAttributes a{};
+  const cudaError_t rc = cudaPointerGetAttributes(&a, p);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw cuda_error(rc, std::string(who) + ": cudaPointerGetAttributes failed: " + cudaGetErrorString(rc));
+  }
+  if ((a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) || a.device < 0) {
+    throw config_error(std::string(who) + ": a pointer expected in CUDA device memory is host memory (a tensor_view<T, "
+                                          "cuda> must point into device memory)");
+  }
+  return device::cuda(a.device);
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
 
 namespace partrain::inline v0::detail {
 
@@ -13308,72 +14774,77 @@ void visit_device_float(raw_tensor t, const char* who, F&& f) {
   }
 }
 
-inline void device_divide(raw_tensor t, double d) {
+inline void device_divide(raw_tensor t, double d, cudaStream_t stream) {
   if (t.count == 0) return;
   visit_device_float(t, "device_divide", [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
-    ddp_divide_kernel<T><<<ddp_blocks(t.count), ddp_block>>>(p, t.count, static_cast<T>(d));
+    ddp_divide_kernel<T><<<ddp_blocks(t.count), ddp_block, 0, stream>>>(p, t.count, static_cast<T>(d));
     ddp_launch_check("ddp_divide_kernel launch");
   });
 }
 
 // dst (device bucket) = g, or += g.
 template <class T>
-void device_stage_in(T* dst, tensor_view<const T, cuda> g, bool add) {
+void device_stage_in(T* dst, tensor_view<const T, cuda> g, bool add, cudaStream_t stream) {
   if (g.empty()) return;
   if (add) {
-    ddp_add_kernel<T><<<ddp_blocks(g.size()), ddp_block>>>(dst, g.data(), g.size());
+    ddp_add_kernel<T><<<ddp_blocks(g.size()), ddp_block, 0, stream>>>(dst, g.data(), g.size());
     ddp_launch_check("ddp_add_kernel launch");
   } else {
-    cuda_check(cudaMemcpyAsync(dst, g.data(), g.size_bytes(), cudaMemcpyDeviceToDevice, nullptr),
+    cuda_check(cudaMemcpyAsync(dst, g.data(), g.size_bytes(), cudaMemcpyDeviceToDevice, stream),
                "cudaMemcpyAsync (gradient to bucket)", __FILE__, __LINE__);
   }
 }
 template <class T>
-void device_stage_out(tensor_view<T, cuda> g, const T* src) {
+void device_stage_out(tensor_view<T, cuda> g, const T* src, cudaStream_t stream) {
   if (g.empty()) return;
-  cuda_check(cudaMemcpyAsync(g.data(), src, g.size_bytes(), cudaMemcpyDeviceToDevice, nullptr),
+  cuda_check(cudaMemcpyAsync(g.data(), src, g.size_bytes(), cudaMemcpyDeviceToDevice, stream),
              "cudaMemcpyAsync (bucket to gradient)", __FILE__, __LINE__);
 }
 
-// Device memory owned through a shared_ptr (what a hook keeps in grad_bucket::hook_state()).
-[[nodiscard]] inline std::shared_ptr<void> device_alloc(std::size_t bytes) {
+// Device memory on device `device_index`, owned through a shared_ptr (what a hook keeps in
+// grad_bucket::hook_state()).
+[[nodiscard]] inline std::shared_ptr<void> device_alloc(std::size_t bytes, int device_index) {
+  cuda_device_guard guard(device_index);
   void* p = nullptr;
   cuda_check(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc (hook scratch)", __FILE__, __LINE__);
   return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
 }
 
 // src (float/double bucket) -> dst 16-bit (divided by d), and back.
-inline void device_to_16(raw_tensor src, void* dst, dtype h, float d) {
+inline void device_to_16(raw_tensor src, void* dst, dtype h, float d, cudaStream_t stream) {
   visit_device_float(src, "fp16/bf16 hook", [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
     if (h == dtype::float16) {
-      ddp_to_half_kernel<T><<<ddp_blocks(src.count), ddp_block>>>(p, static_cast<__half*>(dst), src.count, d);
+      ddp_to_half_kernel<T><<<ddp_blocks(src.count), ddp_block, 0, stream>>>(p, static_cast<__half*>(dst), src.count, d);
     } else {
-      ddp_to_bf16_kernel<T><<<ddp_blocks(src.count), ddp_block>>>(p, static_cast<__nv_bfloat16*>(dst), src.count, d);
+      ddp_to_bf16_kernel<T><<<ddp_blocks(src.count), ddp_block, 0, stream>>>(p, static_cast<__nv_bfloat16*>(dst),
+                                                                              src.count, d);
     }
     ddp_launch_check("16-bit cast kernel launch");
   });
 }
-inline void device_from_16(const void* src, raw_tensor dst, dtype h) {
+inline void device_from_16(const void* src, raw_tensor dst, dtype h, cudaStream_t stream) {
   visit_device_float(dst, "fp16/bf16 hook", [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
     if (h == dtype::float16) {
-      ddp_from_half_kernel<T><<<ddp_blocks(dst.count), ddp_block>>>(static_cast<const __half*>(src), p, dst.count);
+      ddp_from_half_kernel<T><<<ddp_blocks(dst.count), ddp_block, 0, stream>>>(static_cast<const __half*>(src), p,
+                                                                              dst.count);
     } else {
-      ddp_from_bf16_kernel<T><<<ddp_blocks(dst.count), ddp_block>>>(static_cast<const __nv_bfloat16*>(src), p, dst.count);
+      ddp_from_bf16_kernel<T><<<ddp_blocks(dst.count), ddp_block, 0, stream>>>(static_cast<const __nv_bfloat16*>(src), p,
+                                                                              dst.count);
     }
     ddp_launch_check("16-bit cast kernel launch");
   });
 }
 
 }  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_CUDA_DDP_KERNELS_CUH
+#endif  // PARTRAIN_SI_PARALLEL_DETAIL_DDP_KERNELS_CUH
 #endif
 
 namespace partrain::inline v0::detail {
 
-// Gradients to and from the host buckets (the CUDA overloads are in cuda/ddp_staging.hpp).
+// Gradients to and from the host buckets (the CUDA overloads are in parallel/detail/ddp_staging.hpp).
 template <class T>
 void stage_in(T* dst, tensor_view<const T, host> g, bool add, std::vector<T>&) {
   if (add) {
@@ -13409,6 +14880,14 @@ template <class C>
   };
 }
 
+// Device mode: the buckets live in CUDA memory on device `index` (where the parameters are), and
+// their copies and kernels are queued on the stream `stream()` returns (a cudaStream_t,
+// type-erased: the communicator's input stream, asked at each step since it may change).
+struct device_placement {
+  int index = -1;                 // -1: host buckets
+  std::function<void*()> stream;  // empty: the default stream
+};
+
 // Buckets live in host memory (CUDA gradients are staged through it), or, in device mode (CUDA
 // parameters and a backend that reduces CUDA memory, i.e. NCCL), in CUDA memory.
 template <class T, class S = host>
@@ -13417,15 +14896,15 @@ class reducer {
 
  public:
   reducer(std::vector<std::size_t> numels, std::size_t first_bytes, std::size_t cap_bytes, comm_hook hook,
-          grad_bucket::all_reduce_fn all_reduce, int rank, int world_size, ddp_stats& stats, bool device = false,
-          std::function<void(const work&, std::size_t)> on_launch = {})
+          grad_bucket::all_reduce_fn all_reduce, int rank, int world_size, ddp_stats& stats,
+          device_placement placement = {}, std::function<void(const work&, std::size_t)> on_launch = {})
       : numels_(std::move(numels)), hook_(std::move(hook)), on_launch_(std::move(on_launch)), rank_(rank),
-        stats_(&stats), device_(device) {
+        stats_(&stats), placement_(std::move(placement)), device_(placement_.index >= 0) {
     if (!hook_) throw invalid_argument_error("ddp_options::hook is empty (expected a comm_hook, e.g. comm_hooks::allreduce())");
 #if !defined(__CUDACC__)
     if (device_) {
       throw config_error("rank " + std::to_string(rank) + " DDP: CUDA parameters on a backend that reduces CUDA "
-                         "memory need the kernels of partrain/cuda/ddp_kernels.cuh: compile the translation unit that "
+                         "memory need the kernels of partrain/parallel/detail/ddp_kernels.cuh: compile the translation unit that "
                          "constructs the DDP with nvcc");
     }
 #endif
@@ -13438,7 +14917,7 @@ class reducer {
       bk.info = layout[b];
 #if PARTRAIN_HAS_CUDA
       if (device_) {
-        bk.dev = device_buffer<T>(bk.info.elements);
+        bk.dev = device_buffer<T>(bk.info.elements, placement_.index);
       } else {
         bk.data = host_buffer<T>(bk.info.elements);
       }
@@ -13454,6 +14933,7 @@ class reducer {
       bk.gb = std::make_unique<grad_bucket>(b, raw_tensor{bucket_ptr(bk), bk.info.elements, dtype_of<T>, device_},
                                             all_reduce, world_size);
     }
+    refresh_stream();
     stats_->buckets = layout;
   }
   reducer(const reducer&) = delete;
@@ -13467,6 +14947,7 @@ class reducer {
     divisor_ = divisor;
     add_ = add;
     next_ = 0;
+    refresh_stream();
     std::fill(ready_.begin(), ready_.end(), 0);
     for (auto& b : buckets_) {
       b.pending = b.info.params.size();
@@ -13512,10 +14993,20 @@ class reducer {
     }
     stats_->record(std::chrono::duration<double>(last - first).count(), std::chrono::duration<double>(t1 - t0).count());
     for (std::size_t p = 0; p < numels_.size(); ++p) copy_out(grads[p], bucket_ptr(buckets_[bucket_of_[p]]) + offset_of_[p]);
+#if PARTRAIN_HAS_CUDA
+    if (device_) {
+      // The step returns with the gradients in place, as on the host: the optimizer (or any
+      // stream) may read them without knowing which stream the copies ran on.
+      cuda_device_guard guard(placement_.index);
+      cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (DDP buckets to gradients)", __FILE__,
+                 __LINE__);
+    }
+#endif
   }
 
   // A no_sync micro-step: the gradients are added into the buckets, nothing is communicated.
   void accumulate(const std::vector<tensor_view<T, S>>& grads, bool add) {
+    refresh_stream();
     for (std::size_t p = 0; p < numels_.size(); ++p) {
       copy_in(bucket_ptr(buckets_[bucket_of_[p]]) + offset_of_[p], tensor_view<const T, S>(grads[p]), add);
     }
@@ -13528,7 +15019,8 @@ class reducer {
 #if PARTRAIN_HAS_CUDA
       if (device_) {
         if (b.info.elements) {
-          cuda_check(cudaMemsetAsync(b.dev.data(), 0, b.dev.size_bytes(), nullptr), "cudaMemsetAsync (shadow bucket)",
+          cuda_device_guard guard(placement_.index);
+          cuda_check(cudaMemsetAsync(b.dev.data(), 0, b.dev.size_bytes(), stream()), "cudaMemsetAsync (shadow bucket)",
                      __FILE__, __LINE__);
         }
       } else {
@@ -13569,6 +15061,17 @@ class reducer {
     clock::time_point launched{}, finished{};
   };
 
+  // Asks the placement for the stream now (set_input_stream may have changed it) and tells the
+  // hooks' buckets.
+  void refresh_stream() {
+    if (!device_) return;
+    stream_ = placement_.stream ? placement_.stream() : nullptr;
+    for (auto& b : buckets_) b.gb->set_cuda_placement(placement_.index, stream_);
+  }
+#if PARTRAIN_HAS_CUDA
+  [[nodiscard]] cudaStream_t stream() const noexcept { return static_cast<cudaStream_t>(stream_); }
+#endif
+
   [[nodiscard]] T* bucket_ptr(bucket& b) noexcept {
 #if PARTRAIN_HAS_CUDA
     if (device_) return b.dev.data();
@@ -13579,7 +15082,8 @@ class reducer {
 #if defined(__CUDACC__)
     if constexpr (std::same_as<S, cuda>) {
       if (device_) {
-        device_stage_in(dst, g, add);
+        cuda_device_guard guard(placement_.index);
+        device_stage_in(dst, g, add, stream());
         return;
       }
     }
@@ -13590,7 +15094,8 @@ class reducer {
 #if defined(__CUDACC__)
     if constexpr (std::same_as<S, cuda>) {
       if (device_) {
-        device_stage_out(g, src);
+        cuda_device_guard guard(placement_.index);
+        device_stage_out(g, src, stream());
         return;
       }
     }
@@ -13629,6 +15134,8 @@ class reducer {
     if (!first) return;
     try {
       std::rethrow_exception(first);
+    } catch (const aborted_error& e) {
+      throw aborted_error(describe(what, failed, "aborted"), e);  // stays an echo of the failed rank
     } catch (const timeout_error& e) {
       throw timeout_error(describe(what, failed, e.what()) +
                           ". If ranks run out of batches at different steps, construct DDP with "
@@ -13658,7 +15165,9 @@ class reducer {
   std::size_t next_ = 0;
   double divisor_ = 1;
   bool add_ = false;
-  bool device_ = false;
+  device_placement placement_;
+  bool device_ = false;  // placement_.index >= 0
+  void* stream_ = nullptr;
   std::vector<T> tmp_;
 };
 
@@ -13670,7 +15179,7 @@ class reducer {
 #ifndef PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
 #define PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
 // partrain/cuda/device_buffer.hpp: owned device memory (cudaMalloc, RAII) with a shape, seen as
-// tensor_view<T, cuda>, and copies to and from host views (blocking, or queued on a stream).
+// tensor_view<T, cuda>, and copies to and from host views (finished on return, or queued on a stream).
 
 #if !PARTRAIN_HAS_CUDA
 #error "partrain/cuda/device_buffer.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
@@ -13737,28 +15246,86 @@ inline void cuda_check(cudaError_t rc, const char* call, const char* file, int l
 #ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
 #define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
 // partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
-// previous one after (torch.cuda.device as a context manager).
+// previous one after (torch.cuda.device as a context manager), without ever creating a context
+// on a device nobody asked for.
 
 #if !PARTRAIN_HAS_CUDA
 #error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
 #endif
 
+#include <cuda.h>  // CUcontext and the driver's function type only: nothing links libcuda
 #include <cuda_runtime.h>
+
+#include <string>
 
 namespace partrain::inline v0 {
 
+namespace detail {
+
+// Whether this thread has a current CUDA context, i.e. someone already made a device current on
+// it (cudaSetDevice, or a runtime call that initialised one). cudaGetDevice answers 0 on a fresh
+// thread, and cudaSetDevice(0) would then create device 0's context (CUDA 12+): restoring must
+// not do that. The driver's cuCtxGetCurrent is reached through the runtime, so nothing links
+// libcuda. Unknown (entry point missing): true, i.e. restore as a plain guard would.
+[[nodiscard]] inline bool thread_has_cuda_context() noexcept {
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
+  using get_current_fn = CUresult(CUDAAPI*)(CUcontext*);
+  static const get_current_fn get_current = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return get_current_fn{nullptr};
+    }
+    return reinterpret_cast<get_current_fn>(fn);
+  }();
+  if (!get_current) return true;
+  CUcontext ctx = nullptr;
+  if (get_current(&ctx) != CUDA_SUCCESS) return true;
+  return ctx != nullptr;
+#else
+  return true;
+#endif
+}
+
+[[nodiscard]] inline int checked_cuda_index(const device& d, const char* who) {
+  if (!d.is_cuda()) {
+    throw invalid_argument_error(std::string(who) + ": device " + d.to_string() + " is not a CUDA device (expected cuda:N)");
+  }
+  return d.index;
+}
+
+}  // namespace detail
+
+// The device current on this thread (cudaGetDevice: it does not create a context; 0 when none
+// was ever set).
+[[nodiscard]] inline int cuda_current_device() {
+  int d = 0;
+  PARTRAIN_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
 class [[nodiscard]] cuda_device_guard {
  public:
+  // Makes `index` current unless it already is. The destructor restores the previous device only
+  // when this guard changed it and the thread had a context before (someone had set a device).
   explicit cuda_device_guard(int index) {
-    PARTRAIN_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (index != previous_) PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
+    const int current = cuda_current_device();
+    if (current == index) return;
+    const bool restore = detail::thread_has_cuda_context();
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
+    if (restore) previous_ = current;
   }
+  explicit cuda_device_guard(const device& d) : cuda_device_guard(detail::checked_cuda_index(d, "cuda_device_guard")) {}
   cuda_device_guard(const cuda_device_guard&) = delete;
   cuda_device_guard& operator=(const cuda_device_guard&) = delete;
-  ~cuda_device_guard() { (void)cudaSetDevice(previous_); }
+  ~cuda_device_guard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
 
  private:
-  int previous_ = 0;
+  int previous_ = -1;  // -1: leave the device as it is at the end of the scope
 };
 
 // How many CUDA devices this process sees (0 without a driver or GPU; never throws).
@@ -13771,18 +15338,48 @@ class [[nodiscard]] cuda_device_guard {
   return n;
 }
 
+// The device whose memory `p` is (cudaPointerGetAttributes): device memory and managed memory
+// report their device. Host memory (pageable or pinned) has no device: config_error naming `who`.
+[[nodiscard]] inline device cuda_device_of(const void* p, const char* who) {
+  cudaPointerAttributes a{};
+  const cudaError_t rc = cudaPointerGetAttributes(&a, p);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw cuda_error(rc, std::string(who) + ": cudaPointerGetAttributes failed: " + cudaGetErrorString(rc));
+  }
+  if ((a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) || a.device < 0) {
+    throw config_error(std::string(who) + ": a pointer expected in CUDA device memory is host memory (a tensor_view<T, "
+                                          "cuda> must point into device memory)");
+  }
+  return device::cuda(a.device);
+}
+
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
 
 namespace partrain::inline v0 {
 
-// A zero-initialised device array of trivially copyable T with a shape, on one device.
+// A zero-initialised device array of trivially copyable T with a shape, on one device. The device
+// is always named: there is no default, so a buffer cannot land on GPU 0 by omission.
 template <class T>
   requires std::is_trivially_copyable_v<T>
 class device_buffer {
  public:
   device_buffer() = default;
-  explicit device_buffer(partrain::shape s, int device_index = 0) : shape_(s), device_(device_index) {
+  // Zero-filled before the constructor returns (queued on the legacy stream of `dev`, then that
+  // stream is synchronised), so work on any stream afterwards sees zeros.
+  device_buffer(partrain::shape s, const partrain::device& dev)
+      : device_buffer(s, detail::checked_cuda_index(dev, "device_buffer"), nullptr) {}
+  device_buffer(partrain::shape s, int device_index) : device_buffer(s, device_index, nullptr) {}
+  device_buffer(std::size_t n, const partrain::device& dev) : device_buffer(partrain::shape{n}, dev) {}
+  device_buffer(std::size_t n, int device_index) : device_buffer(partrain::shape{n}, device_index) {}
+  // Zero-fill queued on `stream` (of `device_index`) and not waited for: work queued on that
+  // stream afterwards sees zeros; other streams must wait on it (an event) first.
+  device_buffer(partrain::shape s, int device_index, cudaStream_t stream) : shape_(s), device_(device_index) {
+    if (device_index < 0) {
+      throw invalid_argument_error("device_buffer: device index " + std::to_string(device_index) +
+                                   " (expected a CUDA device index >= 0)");
+    }
     if (s.numel() == 0) return;
     cuda_device_guard guard(device_index);
     void* p = nullptr;
@@ -13793,13 +15390,15 @@ class device_buffer {
                                std::to_string(device_index) + " failed: " + cudaGetErrorString(rc));
     }
     data_ = static_cast<T*>(p);
-    const cudaError_t rc2 = cudaMemset(data_, 0, size_bytes());
+    // cudaMemset would return before the fill ran and order it only on the legacy stream.
+    const cudaStream_t fill = stream ? stream : cudaStreamLegacy;
+    cudaError_t rc2 = cudaMemsetAsync(data_, 0, size_bytes(), fill);
+    if (rc2 == cudaSuccess && !stream) rc2 = cudaStreamSynchronize(fill);
     if (rc2 != cudaSuccess) {
       reset();
-      detail::cuda_check(rc2, "cudaMemset(data_, 0, size_bytes())", __FILE__, __LINE__);
+      detail::cuda_check(rc2, "device_buffer: cudaMemsetAsync + cudaStreamSynchronize (zero fill)", __FILE__, __LINE__);
     }
   }
-  explicit device_buffer(std::size_t n, int device_index = 0) : device_buffer(partrain::shape{n}, device_index) {}
 
   device_buffer(device_buffer&& o) noexcept
       : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})), device_(o.device_) {}
@@ -13822,12 +15421,16 @@ class device_buffer {
   [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
   [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
   [[nodiscard]] int device_index() const noexcept { return device_; }
+  [[nodiscard]] partrain::device device() const noexcept { return partrain::device::cuda(device_); }
 
   [[nodiscard]] tensor_view<T, cuda> view() noexcept { return {data_, shape_}; }
   [[nodiscard]] tensor_view<const T, cuda> view() const noexcept { return {data_, shape_}; }
 
-  // Host -> device. With a stream the copy is queued (the host memory must stay alive and, to be
-  // truly asynchronous, be pinned); without one it has finished on return.
+  // Host -> device. With a stream the copy is queued on it (the host memory must stay alive until
+  // it ran and, to be truly asynchronous, be pinned). Without one it is queued on the legacy
+  // stream of the buffer's device, which is then synchronised: the copy has finished on return
+  // (cudaMemcpy alone does not promise that for pageable host memory). Either way it is ordered
+  // after earlier work on that stream only: data made on another stream needs that stream.
   void copy_from(tensor_view<const T, host> src, cudaStream_t stream = nullptr) {
     check_size("copy_from", src.size());
     copy(data_, src.data(), cudaMemcpyHostToDevice, stream);
@@ -13849,17 +15452,19 @@ class device_buffer {
     if (size() == 0) return;
     if (stream) {
       PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, stream));
-    } else {
-      PARTRAIN_CUDA_CHECK(cudaMemcpy(dst, src, size_bytes(), kind));
+      return;
     }
+    cuda_device_guard guard(device_);  // the legacy stream of the buffer's device
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, cudaStreamLegacy));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   }
   void reset() noexcept {
-    if (data_) (void)cudaFree(std::exchange(data_, nullptr));
+    if (data_) (void)cudaFree(std::exchange(data_, nullptr));  // cudaFree frees on any current device
   }
 
   T* data_ = nullptr;
   partrain::shape shape_{};
-  int device_ = 0;
+  int device_ = -1;  // -1: an empty default-constructed buffer
 };
 
 }  // namespace partrain::inline v0
@@ -13907,9 +15512,9 @@ inline constexpr std::size_t meta_width = 2 + max_rank;
 
 template <model M, communicator C = process_group>
 class distributed_data_parallel {
-  using P = detail::param_t<M>;
-  using T = detail::param_element_t<P>;
-  using S = detail::param_space_t<P>;
+  using P = param_t<M>;
+  using T = param_element_t<P>;
+  using S = param_space_t<P>;
 #if !PARTRAIN_HAS_CUDA
   static_assert(std::same_as<S, host>,
                 "partrain: distributed_data_parallel over CUDA parameters needs the CUDA runtime (link partrain::cuda)");
@@ -13930,13 +15535,13 @@ class distributed_data_parallel {
     plain_hook_ = opts_.hook.target_type() == comm_hooks::allreduce().target_type();
     std::vector<std::size_t> numels;
     for (auto&& p : model_->parameters()) numels.push_back(p.value().size());
+    cuda_device_ = resolve_cuda_device();
     verify_parameters();
     if (opts_.broadcast_parameters) broadcast_parameters_from(0);
     reducer_ = std::make_unique<detail::reducer<T, S>>(std::move(numels), opts_.first_bucket_bytes,
                                                     opts_.bucket_cap_bytes, opts_.hook,
                                                     detail::make_all_reduce_fn(comm), comm.rank(), comm.size(), stats_,
-                                                    std::same_as<S, cuda> && comm_accepts(device_kind::cuda),
-                                                    opts_.on_bucket_launch);
+                                                    device_placement(), opts_.on_bucket_launch);
   }
   distributed_data_parallel(const distributed_data_parallel&) = delete;
   distributed_data_parallel& operator=(const distributed_data_parallel&) = delete;
@@ -14109,8 +15714,64 @@ class distributed_data_parallel {
     }
   }
 
+  // Device mode (CUDA parameters, a backend that reduces CUDA memory): buckets on the parameters'
+  // device, their work on the communicator's input stream.
+  [[nodiscard]] detail::device_placement device_placement() {
+    if (!(std::same_as<S, cuda> && comm_accepts(device_kind::cuda))) return {};
+    detail::device_placement p{cuda_device_, {}};
+    if constexpr (requires(const C& c) { { c.input_stream() } -> std::convertible_to<void*>; }) {
+      p.stream = [c = comm_] { return c->input_stream(); };
+    }
+    return p;
+  }
+
+  // The CUDA device DDP's own device memory goes on (buckets, the staging of its small
+  // collectives): the device of the parameters' memory, asked with cudaPointerGetAttributes.
+  // The model concepts expose no device and a process_group& may hide NCCL, so the memory
+  // itself is the one source that every model and communicator has; the buckets must sit where
+  // the gradients are. A communicator bound to a device (nccl_group) must agree. Without CUDA
+  // parameters: the communicator's device, else the current one. -1: no CUDA in this build.
+  [[nodiscard]] int resolve_cuda_device() const {
+#if PARTRAIN_HAS_CUDA
+    int comm_dev = -1;
+    if constexpr (requires(const C& c) { { c.cuda_device_index() } -> std::convertible_to<int>; }) {
+      comm_dev = comm_->cuda_device_index();
+    }
+    int dev = -1;
+    if constexpr (std::same_as<S, cuda>) {
+      std::size_t index = 0;
+      std::string first_name;
+      for (auto&& p : model_->parameters()) {
+        const auto v = p.value();
+        if (!v.empty()) {
+          const int d = cuda_device_of(v.data(), "DDP (parameter placement)").index;
+          if (dev < 0) {
+            dev = d;
+            first_name = detail::param_name(p, index);
+          } else if (d != dev) {
+            throw config_error(where() + "parameter " + detail::param_name(p, index) + " is on cuda:" +
+                               std::to_string(d) + " but " + first_name + " on cuda:" + std::to_string(dev) +
+                               " (DDP expects every parameter of a rank on one device)");
+          }
+        }
+        ++index;
+      }
+      if (dev >= 0 && comm_dev >= 0 && dev != comm_dev) {
+        throw config_error(where() + "the parameters are on cuda:" + std::to_string(dev) +
+                           " but the communicator runs on cuda:" + std::to_string(comm_dev) +
+                           " (expected the same device: make the group with the model's device)");
+      }
+    }
+    if (dev >= 0) return dev;
+    if (comm_dev >= 0) return comm_dev;
+    return comm_accepts(device_kind::cpu) ? -1 : cuda_current_device();
+#else
+    return -1;
+#endif
+  }
+
   // The few small host collectives DDP needs (shape check, join flags, evaluation sums); on a
-  // backend that only takes CUDA memory (NCCL) they go through a device copy.
+  // backend that only takes CUDA memory (NCCL) they go through a device copy on cuda_device_.
   template <class E, class Op>
   void small_collective(std::span<E> host_data, Op&& op, const char* what) {
     if (host_data.empty()) return;
@@ -14119,7 +15780,9 @@ class distributed_data_parallel {
       return;
     }
 #if PARTRAIN_HAS_CUDA
-    device_buffer<E> dev(host_data.size());
+    // Both copies are finished on return (device_buffer's streamless copies), so the collective
+    // reads the input and the host the result whatever stream the backend runs on.
+    device_buffer<E> dev(host_data.size(), cuda_device_);
     dev.copy_from(tensor_view<const E>(host_data.data(), host_data.size()));
     wait_named(op(dev.view()), what);
     dev.copy_to(tensor_view<E>(host_data.data(), host_data.size()));
@@ -14255,6 +15918,7 @@ class distributed_data_parallel {
   bool require_sync_ = true;
   bool joined_ = false;
   bool plain_hook_ = false;  // ddp_options::hook is comm_hooks::allreduce()
+  int cuda_device_ = -1;     // resolve_cuda_device()
 };
 
 }  // namespace partrain::inline v0
@@ -14417,21 +16081,8 @@ void run_local_grid(int stages, int replicas, F fn, process_group_options opts =
       }
     }
   }
-  std::exception_ptr first, echo;
-  for (auto& e : errors) {
-    if (!e) continue;
-    bool is_echo = false;
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      is_echo = std::string_view(ex.what()).find("group aborted") != std::string_view::npos;
-    } catch (...) {
-    }
-    if (!is_echo && !first) first = e;
-    if (is_echo && !echo) echo = e;
-  }
-  if (!first) first = echo;
-  if (first) std::rethrow_exception(first);
+  // Prefer the root cause: a rank whose error is not an aborted_error echo of another's.
+  if (auto first = detail::root_cause(errors)) std::rethrow_exception(first);
 }
 
 }  // namespace partrain::inline v0
@@ -15332,6 +16983,11 @@ class pipeline_stage {
       host_buffer<float> b{shape{std::span<const std::size_t>(dims)}};
       pp_.recv(b.view(), src, tg + 1).wait();
       return b;
+    } catch (const aborted_error& e) {
+      // An echo of another rank's failure stays one (run_local_grid reports the root cause).
+      throw aborted_error(where("recv") + ": " + what + " of micro-batch " + std::to_string(mb) + " for global stage " +
+                              std::to_string(g) + " from rank " + std::to_string(src) + " failed",
+                          e);
     } catch (const timeout_error& e) {
       throw timeout_error(where("recv") + ": " + what + " of micro-batch " + std::to_string(mb) + " for global stage " +
                           std::to_string(g) + " from rank " + std::to_string(src) + ": " + e.what());
@@ -15356,6 +17012,9 @@ class pipeline_stage {
     }
     try {
       wait_all(all);
+    } catch (const aborted_error& e) {
+      sends_.clear();
+      throw aborted_error(where("send") + " failed", e);
     } catch (const timeout_error& e) {
       sends_.clear();
       throw timeout_error(where("send") + " timed out: " + e.what());
@@ -15420,6 +17079,1839 @@ concept parallel_policy = requires(P& p, const B& b, std::span<const B> batches)
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_PARALLEL_POLICY_HPP
+
+// precision/
+// #include <partrain/precision/cast.hpp>
+#ifndef PARTRAIN_SI_PRECISION_CAST_HPP
+#define PARTRAIN_SI_PRECISION_CAST_HPP
+// partrain/precision/cast.hpp: element-wise conversion between fp32 and the 16-bit types
+// (half, bfloat16), rounding to nearest even, for views in host memory and, in translation units
+// compiled by nvcc, in CUDA memory.
+
+#include <span>
+
+// #include <partrain/precision/detail/host_kernels.hpp>
+#ifndef PARTRAIN_SI_PRECISION_DETAIL_HOST_KERNELS_HPP
+#define PARTRAIN_SI_PRECISION_DETAIL_HOST_KERNELS_HPP
+// partrain/precision/detail/host_kernels.hpp: the element loops of mixed precision for views in
+// host memory: casts between fp32 and the 16-bit types (round to nearest even), and the fused
+// unscale + inf/NaN check over all gradients. partrain/precision/detail/kernels.cuh has the same
+// functions for views in CUDA memory (one kernel launch over all the tensors).
+
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <string>
+
+namespace partrain::inline v0::detail {
+
+#if defined(__CUDACC__)
+inline constexpr bool is_nvcc_compiled = true;
+#else
+inline constexpr bool is_nvcc_compiled = false;
+#endif
+
+// One destination per source, each the source's size (shared by the host and CUDA casts).
+template <class Src, class Dst>
+void check_cast_pairs(std::span<const Src> src, std::span<const Dst> dst) {
+  if (src.size() != dst.size()) {
+    throw invalid_argument_error("cast: " + std::to_string(src.size()) + " source views but " +
+                                 std::to_string(dst.size()) + " destinations (expected one destination per source)");
+  }
+  for (std::size_t k = 0; k < src.size(); ++k) {
+    if (src[k].size() != dst[k].size()) {
+      throw invalid_argument_error("cast: view #" + std::to_string(k) + " has " + std::to_string(src[k].size()) +
+                                   " source elements but " + std::to_string(dst[k].size()) +
+                                   " destination elements (expected the same size)");
+    }
+  }
+}
+
+// dst[k][j] = To(src[k][j]) for every pair of views.
+template <class From, class To>
+void cast_views(std::span<const tensor_view<const From>> src, std::span<const tensor_view<To>> dst) {
+  check_cast_pairs(src, dst);
+  for (std::size_t k = 0; k < src.size(); ++k) {
+    const From* s = src[k].data();
+    To* d = dst[k].data();
+    const std::size_t n = src[k].size();
+    for (std::size_t j = 0; j < n; ++j) d[j] = static_cast<To>(static_cast<float>(s[j]));
+  }
+}
+
+// g *= inv_scale over every gradient, in one pass; true when any element is inf or NaN
+// (PyTorch's _amp_foreach_non_finite_check_and_unscale_). Non-finite values stay non-finite.
+[[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float>> grads, float inv_scale) {
+  bool found = false;
+  for (const auto& g : grads) {
+    float* p = g.data();
+    const std::size_t n = g.size();
+    bool local = false;
+    for (std::size_t j = 0; j < n; ++j) {
+      const float v = p[j];
+      local |= !std::isfinite(v);
+      p[j] = v * inv_scale;
+    }
+    found |= local;
+  }
+  return found;
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_PRECISION_DETAIL_HOST_KERNELS_HPP
+// #include <partrain/precision/precision.hpp>
+#ifndef PARTRAIN_SI_PRECISION_PRECISION_HPP
+#define PARTRAIN_SI_PRECISION_PRECISION_HPP
+// partrain/precision/precision.hpp: the three compute precisions a model can train in, and the
+// 16-bit storage type behind each. fp32 is plain training; fp16 and bf16 are mixed precision:
+// fp32 master weights, a 16-bit copy for the model's compute (precision/low_precision_copy.hpp).
+
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+namespace partrain::inline v0 {
+
+enum class precision : std::uint8_t { fp32, fp16, bf16 };
+
+[[nodiscard]] constexpr std::string_view to_string(precision p) noexcept {
+  switch (p) {
+    case precision::fp32: return "fp32";
+    case precision::fp16: return "fp16";
+    case precision::bf16: return "bf16";
+  }
+  return "?";
+}
+
+// "fp32" | "fp16" | "bf16" (also PyTorch's spellings "float32", "float16", "half", "bfloat16").
+[[nodiscard]] inline precision parse_precision(std::string_view s) {
+  if (s == "fp32" || s == "float32" || s == "float") return precision::fp32;
+  if (s == "fp16" || s == "float16" || s == "half") return precision::fp16;
+  if (s == "bf16" || s == "bfloat16") return precision::bf16;
+  throw invalid_argument_error("precision: '" + std::string(s) + "' is not one of fp32, fp16, bf16");
+}
+
+// The two 16-bit storage types of mixed precision.
+template <class T>
+concept low_precision_element = std::same_as<T, half> || std::same_as<T, bfloat16>;
+
+// The element type a precision stores its compute copy in.
+template <precision P>
+using storage_t = std::conditional_t<P == precision::fp16, half, std::conditional_t<P == precision::bf16, bfloat16, float>>;
+
+// Calls f with a value of the precision's storage type (float, half or bfloat16): the one place a
+// runtime precision becomes a template argument.
+template <class F>
+decltype(auto) visit_precision(precision p, F&& f) {
+  switch (p) {
+    case precision::fp16: return f(half{});
+    case precision::bf16: return f(bfloat16{});
+    case precision::fp32: break;
+  }
+  return f(float{});
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_PRECISION_PRECISION_HPP
+
+#if defined(__CUDACC__)
+// #include <partrain/precision/detail/kernels.cuh>
+#ifndef PARTRAIN_SI_PRECISION_DETAIL_KERNELS_CUH
+#define PARTRAIN_SI_PRECISION_DETAIL_KERNELS_CUH
+// partrain/precision/detail/kernels.cuh: the element loops of mixed precision for views in CUDA
+// memory: casts between fp32 and the 16-bit types, and the fused unscale + inf/NaN check over all
+// gradients. These are the overloads of precision/detail/host_kernels.hpp's functions for
+// tensor_view<T, cuda>; each call is one kernel launch over all its tensors (a table of segments
+// passed by value; more than precision_segments_per_launch tensors take one launch per table),
+// on the legacy default stream, and has finished on return (as the optimizers' kernels). nvcc only.
+
+#if !defined(__CUDACC__)
+#error "partrain/precision/detail/kernels.cuh must be compiled by nvcc"
+#endif
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+// #include <partrain/cuda/check.hpp>
+#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
+#define PARTRAIN_SI_CUDA_CHECK_HPP
+// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
+// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <string_view>
+
+namespace partrain::inline v0 {
+
+// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
+class cuda_error : public error {
+ public:
+  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
+  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
+
+ private:
+  cudaError_t code_;
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
+                                                      int line) {
+  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
+         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+}
+
+inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
+  if (rc != cudaSuccess) {
+    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
+    (void)cudaGetLastError();
+    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
+  }
+}
+
+}  // namespace detail
+
+}  // namespace partrain::inline v0
+
+// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
+#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
+#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+
+namespace partrain::inline v0::detail {
+
+// One tensor of a fused launch: its elements are [start, start + n) of the launch's index space.
+struct precision_segment {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  std::size_t n = 0;
+  std::size_t start = 0;
+};
+
+inline constexpr unsigned precision_segments_per_launch = 64;
+
+// Passed by value to the kernel: 64 * 32 + 16 bytes, well inside the 4 KiB of kernel parameters
+// every architecture accepts.
+struct precision_segment_table {
+  precision_segment seg[precision_segments_per_launch];
+  std::size_t total = 0;  // elements over all segments
+  unsigned count = 0;
+};
+static_assert(sizeof(precision_segment_table) <= 4096, "kernel parameters are limited to 4 KiB");
+
+inline constexpr unsigned precision_block = 256;
+inline constexpr std::size_t precision_max_blocks = 2048;
+
+[[nodiscard]] inline unsigned precision_blocks(std::size_t n) {
+  const std::size_t b = (n + precision_block - 1) / precision_block;
+  return static_cast<unsigned>(b == 0 ? 1 : (b < precision_max_blocks ? b : precision_max_blocks));
+}
+
+// The conversions, bit for bit those of core/half.hpp: the hardware's round-to-nearest-even
+// conversions for every number; NaN by hand, because the hardware returns one canonical NaN
+// while the host keeps the sign and the top payload bits (and quiets the NaN).
+__device__ inline std::uint16_t device_float_to_half_bits(float f) {
+  const std::uint32_t x = __float_as_uint(f);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) {
+    return static_cast<std::uint16_t>(((x >> 16) & 0x8000u) | 0x7C00u | 0x0200u | ((x >> 13) & 0x3FFu));
+  }
+  return __half_as_ushort(__float2half_rn(f));
+}
+__device__ inline std::uint16_t device_float_to_bfloat16_bits(float f) {
+  const std::uint32_t x = __float_as_uint(f);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x0040u);
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+__device__ inline float device_half_bits_to_float(std::uint16_t h) {
+  if ((h & 0x7C00u) == 0x7C00u && (h & 0x03FFu) != 0) {  // NaN: keep sign and payload, as the host
+    return __uint_as_float((static_cast<std::uint32_t>(h & 0x8000u) << 16) | 0x7F800000u |
+                           (static_cast<std::uint32_t>(h & 0x03FFu) << 13));
+  }
+  return __half2float(__ushort_as_half(h));
+}
+__device__ inline float device_bfloat16_bits_to_float(std::uint16_t b) {
+  return __uint_as_float(static_cast<std::uint32_t>(b) << 16);  // exact, NaN included
+}
+
+// Element j of one segment, From -> To (one side float, the other half or bfloat16; the 16-bit
+// side is read and written as its bits, which partrain::half/bfloat16 share with __half/__nv_bfloat16).
+template <class From, class To>
+__device__ void precision_cast_element(const void* src, void* dst, std::size_t j) {
+  if constexpr (std::is_same_v<To, half>) {
+    static_cast<std::uint16_t*>(dst)[j] = device_float_to_half_bits(static_cast<const float*>(src)[j]);
+  } else if constexpr (std::is_same_v<To, bfloat16>) {
+    static_cast<std::uint16_t*>(dst)[j] = device_float_to_bfloat16_bits(static_cast<const float*>(src)[j]);
+  } else if constexpr (std::is_same_v<From, half>) {
+    static_cast<float*>(dst)[j] = device_half_bits_to_float(static_cast<const std::uint16_t*>(src)[j]);
+  } else {
+    static_cast<float*>(dst)[j] = device_bfloat16_bits_to_float(static_cast<const std::uint16_t*>(src)[j]);
+  }
+}
+
+// A grid-stride loop over the launch's index space. A thread's indices only grow, so the segment
+// it is in is found by walking forward from the previous one (segments are never empty).
+template <class From, class To>
+__global__ void precision_cast_kernel(precision_segment_table t) {
+  unsigned k = 0;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < t.total;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+    while (i >= t.seg[k].start + t.seg[k].n) ++k;
+    precision_cast_element<From, To>(t.seg[k].src, t.seg[k].dst, i - t.seg[k].start);
+  }
+}
+
+// g *= inv_scale; *found = 1 when any element was inf or NaN (it stays non-finite after the
+// multiplication, as on the host). A template only so that the header defines it in every
+// translation unit without breaking the one-definition rule.
+template <class T>
+__global__ void precision_unscale_kernel(precision_segment_table t, T inv_scale, int* found) {
+  bool bad = false;
+  unsigned k = 0;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < t.total;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+    while (i >= t.seg[k].start + t.seg[k].n) ++k;
+    T* g = static_cast<T*>(t.seg[k].dst) + (i - t.seg[k].start);
+    const T v = *g;
+    bad |= !isfinite(v);
+    *g = v * inv_scale;
+  }
+  // Every thread of the block reaches this barrier (the loop has no early exit).
+  if (__syncthreads_or(bad ? 1 : 0) && threadIdx.x == 0) atomicExch(found, 1);
+}
+
+// Fills tables with the non-empty segments seg(0) .. seg(count - 1) and calls launch(table) for
+// each full table and for the last one.
+template <class Seg, class Launch>
+void for_each_precision_table(std::size_t count, Seg&& seg, Launch&& launch) {
+  precision_segment_table t{};
+  for (std::size_t k = 0; k < count; ++k) {
+    precision_segment s = seg(k);
+    if (s.n == 0) continue;
+    s.start = t.total;
+    t.seg[t.count++] = s;
+    t.total += s.n;
+    if (t.count == precision_segments_per_launch) {
+      launch(t);
+      t = precision_segment_table{};
+    }
+  }
+  if (t.count != 0) launch(t);
+}
+
+// dst[k][j] = To(src[k][j]) for every pair of views in CUDA memory (on the current device),
+// rounding to nearest even; bit for bit the host cast. Queued on `stream` (pass the one that made
+// src: a non-blocking stream is not ordered with the legacy default) and finished on return.
+template <class From, class To>
+void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<const tensor_view<To, cuda>> dst,
+                cudaStream_t stream = cudaStreamLegacy) {
+  static_assert((std::is_same_v<From, float> && (std::is_same_v<To, half> || std::is_same_v<To, bfloat16>)) ||
+                    ((std::is_same_v<From, half> || std::is_same_v<From, bfloat16>) && std::is_same_v<To, float>),
+                "partrain: the CUDA cast converts float to half/bfloat16 or half/bfloat16 to float");
+  check_cast_pairs(src, dst);
+  bool launched = false;
+  for_each_precision_table(
+      src.size(),
+      [&](std::size_t k) {
+        return precision_segment{src[k].data(), dst[k].data(), src[k].size(), 0};
+      },
+      [&](const precision_segment_table& t) {
+        precision_cast_kernel<From, To><<<precision_blocks(t.total), precision_block, 0, stream>>>(t);
+        cuda_check(cudaGetLastError(), "cast_views: precision_cast_kernel launch", __FILE__, __LINE__);
+        launched = true;
+      });
+  if (launched) cuda_check(cudaStreamSynchronize(stream), "cast_views: cudaStreamSynchronize", __FILE__, __LINE__);
+}
+
+// A device int from the stream-ordered pool (no device-wide synchronisation, unlike cudaFree),
+// allocated, zeroed and freed in the order of `stream`.
+class precision_device_flag {
+ public:
+  explicit precision_device_flag(cudaStream_t stream) : stream_(stream) {
+    cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&p_), sizeof(int), stream_),
+               "unscale_and_check: cudaMallocAsync (overflow flag)", __FILE__, __LINE__);
+    const cudaError_t rc = cudaMemsetAsync(p_, 0, sizeof(int), stream_);
+    if (rc != cudaSuccess) {
+      release();
+      cuda_check(rc, "unscale_and_check: cudaMemsetAsync (overflow flag)", __FILE__, __LINE__);
+    }
+  }
+  precision_device_flag(const precision_device_flag&) = delete;
+  precision_device_flag& operator=(const precision_device_flag&) = delete;
+  ~precision_device_flag() { release(); }
+  [[nodiscard]] int* get() const noexcept { return p_; }
+
+ private:
+  void release() noexcept {
+    if (p_) (void)cudaFreeAsync(p_, stream_);
+    p_ = nullptr;
+  }
+  cudaStream_t stream_;
+  int* p_ = nullptr;
+};
+
+// g *= inv_scale over every gradient in CUDA memory, in one pass; true when any element is inf or
+// NaN (PyTorch's _amp_foreach_non_finite_check_and_unscale_). One copy of the flag to the host.
+// Queued on `stream` (the one that made the gradients) and finished on return.
+[[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float, cuda>> grads, float inv_scale,
+                                            cudaStream_t stream = cudaStreamLegacy) {
+  std::size_t total = 0;
+  for (const auto& g : grads) total += g.size();
+  if (total == 0) return false;
+  precision_device_flag flag(stream);
+  for_each_precision_table(
+      grads.size(), [&](std::size_t k) { return precision_segment{grads[k].data(), grads[k].data(), grads[k].size(), 0}; },
+      [&](const precision_segment_table& t) {
+        precision_unscale_kernel<float><<<precision_blocks(t.total), precision_block, 0, stream>>>(t, inv_scale,
+                                                                                                   flag.get());
+        cuda_check(cudaGetLastError(), "unscale_and_check: precision_unscale_kernel launch", __FILE__, __LINE__);
+      });
+  int found = 0;
+  cuda_check(cudaMemcpyAsync(&found, flag.get(), sizeof(int), cudaMemcpyDeviceToHost, stream),
+             "unscale_and_check: cudaMemcpyAsync (overflow flag to host)", __FILE__, __LINE__);
+  cuda_check(cudaStreamSynchronize(stream), "unscale_and_check: cudaStreamSynchronize", __FILE__, __LINE__);
+  return found != 0;
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_PRECISION_DETAIL_KERNELS_CUH
+#endif
+
+namespace partrain::inline v0 {
+
+namespace detail {
+template <class From, class To>
+concept castable_pair = (std::same_as<From, float> && low_precision_element<To>) ||
+                        (low_precision_element<From> && std::same_as<To, float>);
+}  // namespace detail
+
+// dst = src converted element by element; both views the same size and in the same memory.
+template <class From, class To, class S>
+  requires detail::castable_pair<std::remove_const_t<From>, To>
+void cast(tensor_view<From, S> src, tensor_view<To, S> dst) {
+  using F = std::remove_const_t<From>;
+  static_assert(std::same_as<S, host> || detail::is_nvcc_compiled,
+                "partrain: casting CUDA memory needs the translation unit compiled by nvcc "
+                "(the kernels are in partrain/precision/detail/kernels.cuh)");
+  const tensor_view<const F, S> s(src);
+  detail::cast_views<F, To>(std::span<const tensor_view<const F, S>>(&s, 1), std::span<const tensor_view<To, S>>(&dst, 1));
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_PRECISION_CAST_HPP
+// #include <partrain/precision/grad_scaler.hpp>
+#ifndef PARTRAIN_SI_PRECISION_GRAD_SCALER_HPP
+#define PARTRAIN_SI_PRECISION_GRAD_SCALER_HPP
+// partrain/precision/grad_scaler.hpp: dynamic loss scaling for fp16 training, with the semantics
+// of PyTorch's torch.amp.GradScaler. The loss's gradient is multiplied by scale() so that small
+// gradients survive fp16; before the optimizer steps, the gradients are divided back (unscale)
+// and checked for inf/NaN in the same pass. A step with an overflow is skipped and the scale
+// halved; after growth_interval good steps in a row it doubles. In data-parallel training the
+// overflow flag is agreed across ranks (one small all_reduce), so every rank skips the same steps.
+//
+// Per iteration: model.set_loss_scale(scaler.scale()); train step; [scaler.unscale(...); clip;]
+// scaler.step(opt, ...); scaler.update(). precision/amp_step.hpp does all of it in one call.
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#if defined(__CUDACC__)
+// #include <partrain/precision/detail/kernels.cuh>
+#ifndef PARTRAIN_SI_PRECISION_DETAIL_KERNELS_CUH
+#define PARTRAIN_SI_PRECISION_DETAIL_KERNELS_CUH
+// partrain/precision/detail/kernels.cuh: the element loops of mixed precision for views in CUDA
+// memory: casts between fp32 and the 16-bit types, and the fused unscale + inf/NaN check over all
+// gradients. These are the overloads of precision/detail/host_kernels.hpp's functions for
+// tensor_view<T, cuda>; each call is one kernel launch over all its tensors (a table of segments
+// passed by value; more than precision_segments_per_launch tensors take one launch per table),
+// on the legacy default stream, and has finished on return (as the optimizers' kernels). nvcc only.
+
+#if !defined(__CUDACC__)
+#error "partrain/precision/detail/kernels.cuh must be compiled by nvcc"
+#endif
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+// #include <partrain/cuda/check.hpp>
+#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
+#define PARTRAIN_SI_CUDA_CHECK_HPP
+// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
+// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <string_view>
+
+namespace partrain::inline v0 {
+
+// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
+class cuda_error : public error {
+ public:
+  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
+  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
+
+ private:
+  cudaError_t code_;
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
+                                                      int line) {
+  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
+         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+}
+
+inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
+  if (rc != cudaSuccess) {
+    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
+    (void)cudaGetLastError();
+    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
+  }
+}
+
+}  // namespace detail
+
+}  // namespace partrain::inline v0
+
+// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
+#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
+#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+
+namespace partrain::inline v0::detail {
+
+// One tensor of a fused launch: its elements are [start, start + n) of the launch's index space.
+struct precision_segment {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  std::size_t n = 0;
+  std::size_t start = 0;
+};
+
+inline constexpr unsigned precision_segments_per_launch = 64;
+
+// Passed by value to the kernel: 64 * 32 + 16 bytes, well inside the 4 KiB of kernel parameters
+// every architecture accepts.
+struct precision_segment_table {
+  precision_segment seg[precision_segments_per_launch];
+  std::size_t total = 0;  // elements over all segments
+  unsigned count = 0;
+};
+static_assert(sizeof(precision_segment_table) <= 4096, "kernel parameters are limited to 4 KiB");
+
+inline constexpr unsigned precision_block = 256;
+inline constexpr std::size_t precision_max_blocks = 2048;
+
+[[nodiscard]] inline unsigned precision_blocks(std::size_t n) {
+  const std::size_t b = (n + precision_block - 1) / precision_block;
+  return static_cast<unsigned>(b == 0 ? 1 : (b < precision_max_blocks ? b : precision_max_blocks));
+}
+
+// The conversions, bit for bit those of core/half.hpp: the hardware's round-to-nearest-even
+// conversions for every number; NaN by hand, because the hardware returns one canonical NaN
+// while the host keeps the sign and the top payload bits (and quiets the NaN).
+__device__ inline std::uint16_t device_float_to_half_bits(float f) {
+  const std::uint32_t x = __float_as_uint(f);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) {
+    return static_cast<std::uint16_t>(((x >> 16) & 0x8000u) | 0x7C00u | 0x0200u | ((x >> 13) & 0x3FFu));
+  }
+  return __half_as_ushort(__float2half_rn(f));
+}
+__device__ inline std::uint16_t device_float_to_bfloat16_bits(float f) {
+  const std::uint32_t x = __float_as_uint(f);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x0040u);
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+__device__ inline float device_half_bits_to_float(std::uint16_t h) {
+  if ((h & 0x7C00u) == 0x7C00u && (h & 0x03FFu) != 0) {  // NaN: keep sign and payload, as the host
+    return __uint_as_float((static_cast<std::uint32_t>(h & 0x8000u) << 16) | 0x7F800000u |
+                           (static_cast<std::uint32_t>(h & 0x03FFu) << 13));
+  }
+  return __half2float(__ushort_as_half(h));
+}
+__device__ inline float device_bfloat16_bits_to_float(std::uint16_t b) {
+  return __uint_as_float(static_cast<std::uint32_t>(b) << 16);  // exact, NaN included
+}
+
+// Element j of one segment, From -> To (one side float, the other half or bfloat16; the 16-bit
+// side is read and written as its bits, which partrain::half/bfloat16 share with __half/__nv_bfloat16).
+template <class From, class To>
+__device__ void precision_cast_element(const void* src, void* dst, std::size_t j) {
+  if constexpr (std::is_same_v<To, half>) {
+    static_cast<std::uint16_t*>(dst)[j] = device_float_to_half_bits(static_cast<const float*>(src)[j]);
+  } else if constexpr (std::is_same_v<To, bfloat16>) {
+    static_cast<std::uint16_t*>(dst)[j] = device_float_to_bfloat16_bits(static_cast<const float*>(src)[j]);
+  } else if constexpr (std::is_same_v<From, half>) {
+    static_cast<float*>(dst)[j] = device_half_bits_to_float(static_cast<const std::uint16_t*>(src)[j]);
+  } else {
+    static_cast<float*>(dst)[j] = device_bfloat16_bits_to_float(static_cast<const std::uint16_t*>(src)[j]);
+  }
+}
+
+// A grid-stride loop over the launch's index space. A thread's indices only grow, so the segment
+// it is in is found by walking forward from the previous one (segments are never empty).
+template <class From, class To>
+__global__ void precision_cast_kernel(precision_segment_table t) {
+  unsigned k = 0;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < t.total;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+    while (i >= t.seg[k].start + t.seg[k].n) ++k;
+    precision_cast_element<From, To>(t.seg[k].src, t.seg[k].dst, i - t.seg[k].start);
+  }
+}
+
+// g *= inv_scale; *found = 1 when any element was inf or NaN (it stays non-finite after the
+// multiplication, as on the host). A template only so that the header defines it in every
+// translation unit without breaking the one-definition rule.
+template <class T>
+__global__ void precision_unscale_kernel(precision_segment_table t, T inv_scale, int* found) {
+  bool bad = false;
+  unsigned k = 0;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < t.total;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+    while (i >= t.seg[k].start + t.seg[k].n) ++k;
+    T* g = static_cast<T*>(t.seg[k].dst) + (i - t.seg[k].start);
+    const T v = *g;
+    bad |= !isfinite(v);
+    *g = v * inv_scale;
+  }
+  // Every thread of the block reaches this barrier (the loop has no early exit).
+  if (__syncthreads_or(bad ? 1 : 0) && threadIdx.x == 0) atomicExch(found, 1);
+}
+
+// Fills tables with the non-empty segments seg(0) .. seg(count - 1) and calls launch(table) for
+// each full table and for the last one.
+template <class Seg, class Launch>
+void for_each_precision_table(std::size_t count, Seg&& seg, Launch&& launch) {
+  precision_segment_table t{};
+  for (std::size_t k = 0; k < count; ++k) {
+    precision_segment s = seg(k);
+    if (s.n == 0) continue;
+    s.start = t.total;
+    t.seg[t.count++] = s;
+    t.total += s.n;
+    if (t.count == precision_segments_per_launch) {
+      launch(t);
+      t = precision_segment_table{};
+    }
+  }
+  if (t.count != 0) launch(t);
+}
+
+// dst[k][j] = To(src[k][j]) for every pair of views in CUDA memory (on the current device),
+// rounding to nearest even; bit for bit the host cast. Queued on `stream` (pass the one that made
+// src: a non-blocking stream is not ordered with the legacy default) and finished on return.
+template <class From, class To>
+void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<const tensor_view<To, cuda>> dst,
+                cudaStream_t stream = cudaStreamLegacy) {
+  static_assert((std::is_same_v<From, float> && (std::is_same_v<To, half> || std::is_same_v<To, bfloat16>)) ||
+                    ((std::is_same_v<From, half> || std::is_same_v<From, bfloat16>) && std::is_same_v<To, float>),
+                "partrain: the CUDA cast converts float to half/bfloat16 or half/bfloat16 to float");
+  check_cast_pairs(src, dst);
+  bool launched = false;
+  for_each_precision_table(
+      src.size(),
+      [&](std::size_t k) {
+        return precision_segment{src[k].data(), dst[k].data(), src[k].size(), 0};
+      },
+      [&](const precision_segment_table& t) {
+        precision_cast_kernel<From, To><<<precision_blocks(t.total), precision_block, 0, stream>>>(t);
+        cuda_check(cudaGetLastError(), "cast_views: precision_cast_kernel launch", __FILE__, __LINE__);
+        launched = true;
+      });
+  if (launched) cuda_check(cudaStreamSynchronize(stream), "cast_views: cudaStreamSynchronize", __FILE__, __LINE__);
+}
+
+// A device int from the stream-ordered pool (no device-wide synchronisation, unlike cudaFree),
+// allocated, zeroed and freed in the order of `stream`.
+class precision_device_flag {
+ public:
+  explicit precision_device_flag(cudaStream_t stream) : stream_(stream) {
+    cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&p_), sizeof(int), stream_),
+               "unscale_and_check: cudaMallocAsync (overflow flag)", __FILE__, __LINE__);
+    const cudaError_t rc = cudaMemsetAsync(p_, 0, sizeof(int), stream_);
+    if (rc != cudaSuccess) {
+      release();
+      cuda_check(rc, "unscale_and_check: cudaMemsetAsync (overflow flag)", __FILE__, __LINE__);
+    }
+  }
+  precision_device_flag(const precision_device_flag&) = delete;
+  precision_device_flag& operator=(const precision_device_flag&) = delete;
+  ~precision_device_flag() { release(); }
+  [[nodiscard]] int* get() const noexcept { return p_; }
+
+ private:
+  void release() noexcept {
+    if (p_) (void)cudaFreeAsync(p_, stream_);
+    p_ = nullptr;
+  }
+  cudaStream_t stream_;
+  int* p_ = nullptr;
+};
+
+// g *= inv_scale over every gradient in CUDA memory, in one pass; true when any element is inf or
+// NaN (PyTorch's _amp_foreach_non_finite_check_and_unscale_). One copy of the flag to the host.
+// Queued on `stream` (the one that made the gradients) and finished on return.
+[[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float, cuda>> grads, float inv_scale,
+                                            cudaStream_t stream = cudaStreamLegacy) {
+  std::size_t total = 0;
+  for (const auto& g : grads) total += g.size();
+  if (total == 0) return false;
+  precision_device_flag flag(stream);
+  for_each_precision_table(
+      grads.size(), [&](std::size_t k) { return precision_segment{grads[k].data(), grads[k].data(), grads[k].size(), 0}; },
+      [&](const precision_segment_table& t) {
+        precision_unscale_kernel<float><<<precision_blocks(t.total), precision_block, 0, stream>>>(t, inv_scale,
+                                                                                                   flag.get());
+        cuda_check(cudaGetLastError(), "unscale_and_check: precision_unscale_kernel launch", __FILE__, __LINE__);
+      });
+  int found = 0;
+  cuda_check(cudaMemcpyAsync(&found, flag.get(), sizeof(int), cudaMemcpyDeviceToHost, stream),
+             "unscale_and_check: cudaMemcpyAsync (overflow flag to host)", __FILE__, __LINE__);
+  cuda_check(cudaStreamSynchronize(stream), "unscale_and_check: cudaStreamSynchronize", __FILE__, __LINE__);
+  return found != 0;
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_PRECISION_DETAIL_KERNELS_CUH
+#endif
+#if PARTRAIN_HAS_CUDA
+// #include <partrain/cuda/device_buffer.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+// partrain/cuda/device_buffer.hpp: owned device memory (cudaMalloc, RAII) with a shape, seen as
+// tensor_view<T, cuda>, and copies to and from host views (finished on return, or queued on a stream).
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_buffer.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+// #include <partrain/cuda/check.hpp>
+#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
+#define PARTRAIN_SI_CUDA_CHECK_HPP
+// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
+// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <string_view>
+
+namespace partrain::inline v0 {
+
+// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
+class cuda_error : public error {
+ public:
+  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
+  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
+
+ private:
+  cudaError_t code_;
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
+                                                      int line) {
+  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
+         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+}
+
+inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
+  if (rc != cudaSuccess) {
+    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
+    (void)cudaGetLastError();
+    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
+  }
+}
+
+}  // namespace detail
+
+}  // namespace partrain::inline v0
+
+// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
+#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
+#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+// #include <partrain/cuda/device_guard.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
+// previous one after (torch.cuda.device as a context manager), without ever creating a context
+// on a device nobody asked for.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda.h>  // CUcontext and the driver's function type only: nothing links libcuda
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+// Whether this thread has a current CUDA context, i.e. someone already made a device current on
+// it (cudaSetDevice, or a runtime call that initialised one). cudaGetDevice answers 0 on a fresh
+// thread, and cudaSetDevice(0) would then create device 0's context (CUDA 12+): restoring must
+// not do that. The driver's cuCtxGetCurrent is reached through the runtime, so nothing links
+// libcuda. Unknown (entry point missing): true, i.e. restore as a plain guard would.
+[[nodiscard]] inline bool thread_has_cuda_context() noexcept {
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
+  using get_current_fn = CUresult(CUDAAPI*)(CUcontext*);
+  static const get_current_fn get_current = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return get_current_fn{nullptr};
+    }
+    return reinterpret_cast<get_current_fn>(fn);
+  }();
+  if (!get_current) return true;
+  CUcontext ctx = nullptr;
+  if (get_current(&ctx) != CUDA_SUCCESS) return true;
+  return ctx != nullptr;
+#else
+  return true;
+#endif
+}
+
+[[nodiscard]] inline int checked_cuda_index(const device& d, const char* who) {
+  if (!d.is_cuda()) {
+    throw invalid_argument_error(std::string(who) + ": device " + d.to_string() + " is not a CUDA device (expected cuda:N)");
+  }
+  return d.index;
+}
+
+}  // namespace detail
+
+// The device current on this thread (cudaGetDevice: it does not create a context; 0 when none
+// was ever set).
+[[nodiscard]] inline int cuda_current_device() {
+  int d = 0;
+  PARTRAIN_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+class [[nodiscard]] cuda_device_guard {
+ public:
+  // Makes `index` current unless it already is. The destructor restores the previous device only
+  // when this guard changed it and the thread had a context before (someone had set a device).
+  explicit cuda_device_guard(int index) {
+    const int current = cuda_current_device();
+    if (current == index) return;
+    const bool restore = detail::thread_has_cuda_context();
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
+    if (restore) previous_ = current;
+  }
+  explicit cuda_device_guard(const device& d) : cuda_device_guard(detail::checked_cuda_index(d, "cuda_device_guard")) {}
+  cuda_device_guard(const cuda_device_guard&) = delete;
+  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
+  ~cuda_device_guard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;  // -1: leave the device as it is at the end of the scope
+};
+
+// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
+[[nodiscard]] inline int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// The device whose memory `p` is (cudaPointerGetAttributes): device memory and managed memory
+// report their device. Host memory (pageable or pinned) has no device: config_error naming `who`.
+[[nodiscard]] inline device cuda_device_of(const void* p, const char* who) {
+  cudaPointerAttributes a{};
+  const cudaError_t rc = cudaPointerGetAttributes(&a, p);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw cuda_error(rc, std::string(who) + ": cudaPointerGetAttributes failed: " + cudaGetErrorString(rc));
+  }
+  if ((a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) || a.device < 0) {
+    throw config_error(std::string(who) + ": a pointer expected in CUDA device memory is host memory (a tensor_view<T, "
+                                          "cuda> must point into device memory)");
+  }
+  return device::cuda(a.device);
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+
+namespace partrain::inline v0 {
+
+// A zero-initialised device array of trivially copyable T with a shape, on one device. The device
+// is always named: there is no default, so a buffer cannot land on GPU 0 by omission.
+template <class T>
+  requires std::is_trivially_copyable_v<T>
+class device_buffer {
+ public:
+  device_buffer() = default;
+  // Zero-filled before the constructor returns (queued on the legacy stream of `dev`, then that
+  // stream is synchronised), so work on any stream afterwards sees zeros.
+  device_buffer(partrain::shape s, const partrain::device& dev)
+      : device_buffer(s, detail::checked_cuda_index(dev, "device_buffer"), nullptr) {}
+  device_buffer(partrain::shape s, int device_index) : device_buffer(s, device_index, nullptr) {}
+  device_buffer(std::size_t n, const partrain::device& dev) : device_buffer(partrain::shape{n}, dev) {}
+  device_buffer(std::size_t n, int device_index) : device_buffer(partrain::shape{n}, device_index) {}
+  // Zero-fill queued on `stream` (of `device_index`) and not waited for: work queued on that
+  // stream afterwards sees zeros; other streams must wait on it (an event) first.
+  device_buffer(partrain::shape s, int device_index, cudaStream_t stream) : shape_(s), device_(device_index) {
+    if (device_index < 0) {
+      throw invalid_argument_error("device_buffer: device index " + std::to_string(device_index) +
+                                   " (expected a CUDA device index >= 0)");
+    }
+    if (s.numel() == 0) return;
+    cuda_device_guard guard(device_index);
+    void* p = nullptr;
+    const cudaError_t rc = cudaMalloc(&p, size_bytes());
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw cuda_error(rc, "device_buffer: cudaMalloc of " + std::to_string(size_bytes()) + " bytes on cuda:" +
+                               std::to_string(device_index) + " failed: " + cudaGetErrorString(rc));
+    }
+    data_ = static_cast<T*>(p);
+    // cudaMemset would return before the fill ran and order it only on the legacy stream.
+    const cudaStream_t fill = stream ? stream : cudaStreamLegacy;
+    cudaError_t rc2 = cudaMemsetAsync(data_, 0, size_bytes(), fill);
+    if (rc2 == cudaSuccess && !stream) rc2 = cudaStreamSynchronize(fill);
+    if (rc2 != cudaSuccess) {
+      reset();
+      detail::cuda_check(rc2, "device_buffer: cudaMemsetAsync + cudaStreamSynchronize (zero fill)", __FILE__, __LINE__);
+    }
+  }
+
+  device_buffer(device_buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})), device_(o.device_) {}
+  device_buffer& operator=(device_buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      data_ = std::exchange(o.data_, nullptr);
+      shape_ = std::exchange(o.shape_, {});
+      device_ = o.device_;
+    }
+    return *this;
+  }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() { reset(); }
+
+  [[nodiscard]] T* data() noexcept { return data_; }
+  [[nodiscard]] const T* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
+  [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
+  [[nodiscard]] int device_index() const noexcept { return device_; }
+  [[nodiscard]] partrain::device device() const noexcept { return partrain::device::cuda(device_); }
+
+  [[nodiscard]] tensor_view<T, cuda> view() noexcept { return {data_, shape_}; }
+  [[nodiscard]] tensor_view<const T, cuda> view() const noexcept { return {data_, shape_}; }
+
+  // Host -> device. With a stream the copy is queued on it (the host memory must stay alive until
+  // it ran and, to be truly asynchronous, be pinned). Without one it is queued on the legacy
+  // stream of the buffer's device, which is then synchronised: the copy has finished on return
+  // (cudaMemcpy alone does not promise that for pageable host memory). Either way it is ordered
+  // after earlier work on that stream only: data made on another stream needs that stream.
+  void copy_from(tensor_view<const T, host> src, cudaStream_t stream = nullptr) {
+    check_size("copy_from", src.size());
+    copy(data_, src.data(), cudaMemcpyHostToDevice, stream);
+  }
+  // Device -> host, same rules.
+  void copy_to(tensor_view<T, host> dst, cudaStream_t stream = nullptr) const {
+    check_size("copy_to", dst.size());
+    copy(dst.data(), data_, cudaMemcpyDeviceToHost, stream);
+  }
+
+ private:
+  void check_size(const char* what, std::size_t n) const {
+    if (n != size()) {
+      throw invalid_argument_error("device_buffer::" + std::string(what) + ": the host view has " + std::to_string(n) +
+                                   " elements, the buffer " + std::to_string(size()) + " (expected equal sizes)");
+    }
+  }
+  void copy(void* dst, const void* src, cudaMemcpyKind kind, cudaStream_t stream) const {
+    if (size() == 0) return;
+    if (stream) {
+      PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, stream));
+      return;
+    }
+    cuda_device_guard guard(device_);  // the legacy stream of the buffer's device
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, cudaStreamLegacy));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+  }
+  void reset() noexcept {
+    if (data_) (void)cudaFree(std::exchange(data_, nullptr));  // cudaFree frees on any current device
+  }
+
+  T* data_ = nullptr;
+  partrain::shape shape_{};
+  int device_ = -1;  // -1: an empty default-constructed buffer
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+#endif
+
+namespace partrain::inline v0 {
+
+// GradScaler's constructor arguments and defaults.
+struct grad_scaler_options {
+  float init_scale = 65536.0f;  // 2^16
+  float growth_factor = 2.0f;
+  float backoff_factor = 0.5f;
+  std::int64_t growth_interval = 2000;
+  bool enabled = true;  // false: scale() is 1, nothing is checked, every step runs
+};
+
+class grad_scaler {
+ public:
+  explicit grad_scaler(grad_scaler_options o = {}) : opts_(o), scale_(o.init_scale) { validate(opts_); }
+
+  // The scaler a precision wants by default: scaling for fp16; none for bf16 (float's exponent
+  // range) and fp32.
+  [[nodiscard]] static grad_scaler for_precision(precision p, grad_scaler_options o = {}) {
+    o.enabled = o.enabled && p == precision::fp16;
+    return grad_scaler(o);
+  }
+
+  [[nodiscard]] bool enabled() const noexcept { return opts_.enabled; }
+  // What the loss (its gradient) is multiplied by this iteration; 1 when disabled.
+  [[nodiscard]] float scale() const noexcept { return opts_.enabled ? scale_ : 1.0f; }
+  // Good steps since the last change of scale.
+  [[nodiscard]] std::int64_t growth_tracker() const noexcept { return growth_tracker_; }
+  [[nodiscard]] const grad_scaler_options& options() const noexcept { return opts_; }
+  [[nodiscard]] double scale_loss(double loss) const noexcept { return loss * static_cast<double>(scale()); }
+
+  // Divides every gradient of the model by scale() and reports whether any was inf or NaN, in
+  // one pass over all of them. At most once per iteration (the next update() ends it).
+  template <model M>
+  [[nodiscard]] bool unscale(M& m) {
+    return unscale_impl(m, [](bool found) { return found; });
+  }
+  // The same, with the flag agreed across the ranks of `comm` (max over ranks): every rank sees
+  // an overflow when any rank had one, and skips the step with the others.
+  template <model M, class C>
+  [[nodiscard]] bool unscale(M& m, C& comm) {
+    return unscale_impl(m, [&comm, &m, this](bool found) { return agree(comm, found, flag_device(comm, m)); });
+  }
+
+  // Steps the optimizer unless this iteration's gradients overflowed; unscales first when
+  // unscale() was not called. Returns true when the optimizer stepped.
+  template <optimizer O, model M>
+  bool step(O& opt, M& m) {
+    if (!opts_.enabled) return run_step(opt);
+    if (!unscaled_) (void)unscale(m);
+    return found_inf_ ? false : run_step(opt);
+  }
+  template <optimizer O, model M, class C>
+  bool step(O& opt, M& m, C& comm) {
+    if (!opts_.enabled) return run_step(opt);
+    if (!unscaled_) (void)unscale(m, comm);
+    return found_inf_ ? false : run_step(opt);
+  }
+
+  // Ends the iteration: halves the scale after an overflow (and restarts the count of good
+  // steps), doubles it after growth_interval good steps in a row (if the result is finite).
+  void update() {
+    if (!opts_.enabled) return;
+    if (!unscaled_) {
+      throw invalid_argument_error("grad_scaler::update: no inf/NaN check was recorded this iteration (call "
+                                   "unscale() or step() before update())");
+    }
+    update(found_inf_);
+  }
+  // The same with the overflow decision given (what update() applies; handy for a caller that
+  // checks gradients itself).
+  void update(bool found_inf) {
+    unscaled_ = false;
+    found_inf_ = false;
+    if (!opts_.enabled) return;
+    if (found_inf) {
+      scale_ *= opts_.backoff_factor;
+      growth_tracker_ = 0;
+      return;
+    }
+    if (++growth_tracker_ == opts_.growth_interval) {
+      const float grown = scale_ * opts_.growth_factor;
+      if (std::isfinite(grown)) scale_ = grown;
+      growth_tracker_ = 0;
+    }
+  }
+  // Whether this iteration's unscale found an overflow.
+  [[nodiscard]] bool found_inf() const noexcept { return found_inf_; }
+
+  // State for checkpoint_extra::scaler_state: scale, growth tracker and the options.
+  [[nodiscard]] std::vector<std::byte> state_bytes() const {
+    state_writer w;
+    w.put(state_magic);
+    w.put(state_version);
+    w.put(scale_);
+    w.put(growth_tracker_);
+    w.put(opts_.growth_factor);
+    w.put(opts_.backoff_factor);
+    w.put(opts_.growth_interval);
+    w.put(static_cast<std::uint8_t>(opts_.enabled ? 1 : 0));
+    return w.release();
+  }
+  // Restores what state_bytes() saved; refuses empty, truncated or implausible state by name.
+  void load_state_bytes(std::span<const std::byte> bytes) {
+    if (bytes.empty()) {
+      throw checkpoint_error("grad_scaler: the checkpoint holds no scaler state (was it saved by a run without "
+                             "a gradient scaler, e.g. fp32 or bf16?)");
+    }
+    state_reader r(bytes);
+    if (r.get<std::uint32_t>("grad_scaler magic") != state_magic) {
+      throw checkpoint_error("grad_scaler: the scaler state does not start with the grad_scaler marker");
+    }
+    const auto version = r.get<std::uint32_t>("grad_scaler version");
+    if (version != state_version) {
+      throw checkpoint_error("grad_scaler: scaler state version " + std::to_string(version) + ", expected " +
+                             std::to_string(state_version));
+    }
+    grad_scaler_options o;
+    const auto scale = r.get<float>("grad_scaler scale");
+    const auto tracker = r.get<std::int64_t>("grad_scaler growth tracker");
+    o.init_scale = scale;
+    o.growth_factor = r.get<float>("grad_scaler growth factor");
+    o.backoff_factor = r.get<float>("grad_scaler backoff factor");
+    o.growth_interval = r.get<std::int64_t>("grad_scaler growth interval");
+    o.enabled = r.get<std::uint8_t>("grad_scaler enabled") != 0;
+    if (r.remaining() != 0) throw checkpoint_error("grad_scaler: " + std::to_string(r.remaining()) + " unexpected bytes after the scaler state");
+    try {
+      validate(o);
+    } catch (const invalid_argument_error& e) {
+      throw checkpoint_error(std::string("grad_scaler: the saved state is not valid: ") + e.what());
+    }
+    if (tracker < 0 || tracker >= o.growth_interval) {
+      throw checkpoint_error("grad_scaler: saved growth tracker " + std::to_string(tracker) + " is outside [0, " +
+                             std::to_string(o.growth_interval) + ")");
+    }
+    opts_ = o;
+    scale_ = scale;
+    growth_tracker_ = tracker;
+    unscaled_ = false;
+    found_inf_ = false;
+  }
+
+ private:
+  static constexpr std::uint32_t state_magic = 0x4c435347u;  // "GSCL"
+  static constexpr std::uint32_t state_version = 1;
+
+  static void validate(const grad_scaler_options& o) {
+    auto bad = [](const std::string& what) { throw invalid_argument_error("grad_scaler_options: " + what); };
+    if (!(o.init_scale > 0) || !std::isfinite(o.init_scale)) bad("init_scale must be finite and > 0, got " + std::to_string(o.init_scale));
+    if (!(o.growth_factor > 1) || !std::isfinite(o.growth_factor)) bad("growth_factor must be finite and > 1, got " + std::to_string(o.growth_factor));
+    if (!(o.backoff_factor > 0 && o.backoff_factor < 1)) bad("backoff_factor must be in (0, 1), got " + std::to_string(o.backoff_factor));
+    if (o.growth_interval <= 0) bad("growth_interval must be > 0, got " + std::to_string(o.growth_interval));
+  }
+
+  template <optimizer O>
+  static bool run_step(O& opt) {
+    opt.step();
+    return true;
+  }
+
+  template <model M, class Agree>
+  bool unscale_impl(M& m, Agree&& agree_fn) {
+    if (!opts_.enabled) return false;
+    if (unscaled_) {
+      throw invalid_argument_error("grad_scaler::unscale: already called this iteration (call update() to end it)");
+    }
+    using S = model_space_t<M>;
+    using T = model_element_t<M>;
+    static_assert(std::same_as<T, float>, "partrain: grad_scaler unscales fp32 gradients (the master weights' gradients)");
+    static_assert(std::same_as<S, host> || detail::is_nvcc_compiled,
+                  "partrain: unscaling CUDA gradients needs the translation unit compiled by nvcc "
+                  "(the kernel is in partrain/precision/detail/kernels.cuh)");
+    std::vector<tensor_view<float, S>> grads;
+    for (auto&& p : m.parameters()) grads.push_back(p.grad());
+    // 1/scale in double, rounded once to float (as GradScaler computes it).
+    const auto inv = static_cast<float>(1.0 / static_cast<double>(scale_));
+    const bool local = detail::unscale_and_check(std::span<const tensor_view<float, S>>(grads), inv);
+    found_inf_ = agree_fn(local);
+    unscaled_ = true;
+    return found_inf_;
+  }
+
+  // A stalled or dead rank surfaces as the backend's timeout; say which operation it was.
+  template <class C>
+  static void wait_named(C& comm, work w) {
+    try {
+      w.wait();
+    } catch (const aborted_error& e) {
+      throw aborted_error("rank " + std::to_string(comm.rank()) + " grad_scaler: the overflow-flag all_reduce failed", e);
+    } catch (const timeout_error& e) {
+      throw timeout_error("rank " + std::to_string(comm.rank()) + " grad_scaler: the overflow-flag all_reduce failed: " +
+                          e.what());
+    } catch (const communication_error& e) {
+      throw communication_error("rank " + std::to_string(comm.rank()) +
+                                " grad_scaler: the overflow-flag all_reduce failed: " + e.what());
+    }
+  }
+
+  // The device for the flag's device copy: that of the gradients' memory (cudaPointerGetAttributes;
+  // the model concepts expose no device), else the communicator's (nccl_group), else the
+  // current one. Never device 0 by omission: on rank N that is another GPU than NCCL's.
+  template <class C, model M>
+  [[nodiscard]] static int flag_device(C& comm, M& m) {
+    (void)m;
+#if PARTRAIN_HAS_CUDA
+    if constexpr (std::same_as<model_space_t<M>, cuda>) {
+      for (auto&& p : m.parameters()) {
+        const auto g = p.grad();
+        if (!g.empty()) return cuda_device_of(g.data(), "grad_scaler (overflow flag placement)").index;
+      }
+    }
+    if constexpr (requires(const C& c) { { c.cuda_device_index() } -> std::convertible_to<int>; }) {
+      if (comm.cuda_device_index() >= 0) return comm.cuda_device_index();
+    }
+    return cuda_current_device();
+#else
+    (void)comm;
+    return -1;
+#endif
+  }
+
+  // Max over ranks of the flag. A backend that takes only CUDA memory (NCCL) gets a device copy
+  // on `cuda_device`.
+  template <class C>
+  bool agree(C& comm, bool found, int cuda_device) {
+    float flag = found ? 1.0f : 0.0f;
+    bool host_ok = true;
+    if constexpr (requires(const C& c) { { c.accepts(device_kind::cpu) } -> std::convertible_to<bool>; }) {
+      host_ok = comm.accepts(device_kind::cpu);
+    }
+    if (host_ok) {
+      wait_named(comm, comm.all_reduce(tensor_view<float>(&flag, 1), reduce_op::max));
+      return flag != 0.0f;
+    }
+#if PARTRAIN_HAS_CUDA
+    device_buffer<float> dev(std::size_t{1}, cuda_device);
+    dev.copy_from(tensor_view<const float>(&flag, 1));
+    wait_named(comm, comm.all_reduce(dev.view(), reduce_op::max));
+    dev.copy_to(tensor_view<float>(&flag, 1));
+    return flag != 0.0f;
+#else
+    (void)cuda_device;
+    throw config_error("grad_scaler: the communicator takes neither host nor (in this build) CUDA memory");
+#endif
+  }
+
+  grad_scaler_options opts_;
+  float scale_;
+  std::int64_t growth_tracker_ = 0;
+  bool unscaled_ = false;   // unscale() ran this iteration
+  bool found_inf_ = false;  // and found an overflow (on any rank, when agreed)
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_PRECISION_GRAD_SCALER_HPP
+// #include <partrain/precision/low_precision_copy.hpp>
+#ifndef PARTRAIN_SI_PRECISION_LOW_PRECISION_COPY_HPP
+#define PARTRAIN_SI_PRECISION_LOW_PRECISION_COPY_HPP
+// partrain/precision/low_precision_copy.hpp: the 16-bit copy of a model's fp32 master weights
+// that its forward and backward compute with. One contiguous buffer holds every parameter's copy;
+// refresh() re-casts all masters into it (after each optimizer step) in one pass, rounding to
+// nearest even. The precision is chosen at run time (fp16 or bf16), as a command-line flag would.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#if PARTRAIN_HAS_CUDA
+// #include <partrain/cuda/device_buffer.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+// partrain/cuda/device_buffer.hpp: owned device memory (cudaMalloc, RAII) with a shape, seen as
+// tensor_view<T, cuda>, and copies to and from host views (finished on return, or queued on a stream).
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_buffer.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+// #include <partrain/cuda/check.hpp>
+#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
+#define PARTRAIN_SI_CUDA_CHECK_HPP
+// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
+// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <string_view>
+
+namespace partrain::inline v0 {
+
+// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
+class cuda_error : public error {
+ public:
+  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
+  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
+
+ private:
+  cudaError_t code_;
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
+                                                      int line) {
+  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
+         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+}
+
+inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
+  if (rc != cudaSuccess) {
+    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
+    (void)cudaGetLastError();
+    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
+  }
+}
+
+}  // namespace detail
+
+}  // namespace partrain::inline v0
+
+// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
+#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
+#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+// #include <partrain/cuda/device_guard.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
+// previous one after (torch.cuda.device as a context manager), without ever creating a context
+// on a device nobody asked for.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda.h>  // CUcontext and the driver's function type only: nothing links libcuda
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+// Whether this thread has a current CUDA context, i.e. someone already made a device current on
+// it (cudaSetDevice, or a runtime call that initialised one). cudaGetDevice answers 0 on a fresh
+// thread, and cudaSetDevice(0) would then create device 0's context (CUDA 12+): restoring must
+// not do that. The driver's cuCtxGetCurrent is reached through the runtime, so nothing links
+// libcuda. Unknown (entry point missing): true, i.e. restore as a plain guard would.
+[[nodiscard]] inline bool thread_has_cuda_context() noexcept {
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
+  using get_current_fn = CUresult(CUDAAPI*)(CUcontext*);
+  static const get_current_fn get_current = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return get_current_fn{nullptr};
+    }
+    return reinterpret_cast<get_current_fn>(fn);
+  }();
+  if (!get_current) return true;
+  CUcontext ctx = nullptr;
+  if (get_current(&ctx) != CUDA_SUCCESS) return true;
+  return ctx != nullptr;
+#else
+  return true;
+#endif
+}
+
+[[nodiscard]] inline int checked_cuda_index(const device& d, const char* who) {
+  if (!d.is_cuda()) {
+    throw invalid_argument_error(std::string(who) + ": device " + d.to_string() + " is not a CUDA device (expected cuda:N)");
+  }
+  return d.index;
+}
+
+}  // namespace detail
+
+// The device current on this thread (cudaGetDevice: it does not create a context; 0 when none
+// was ever set).
+[[nodiscard]] inline int cuda_current_device() {
+  int d = 0;
+  PARTRAIN_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+class [[nodiscard]] cuda_device_guard {
+ public:
+  // Makes `index` current unless it already is. The destructor restores the previous device only
+  // when this guard changed it and the thread had a context before (someone had set a device).
+  explicit cuda_device_guard(int index) {
+    const int current = cuda_current_device();
+    if (current == index) return;
+    const bool restore = detail::thread_has_cuda_context();
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
+    if (restore) previous_ = current;
+  }
+  explicit cuda_device_guard(const device& d) : cuda_device_guard(detail::checked_cuda_index(d, "cuda_device_guard")) {}
+  cuda_device_guard(const cuda_device_guard&) = delete;
+  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
+  ~cuda_device_guard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;  // -1: leave the device as it is at the end of the scope
+};
+
+// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
+[[nodiscard]] inline int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// The device whose memory `p` is (cudaPointerGetAttributes): device memory and managed memory
+// report their device. Host memory (pageable or pinned) has no device: config_error naming `who`.
+[[nodiscard]] inline device cuda_device_of(const void* p, const char* who) {
+  cudaPointerAttributes a{};
+  const cudaError_t rc = cudaPointerGetAttributes(&a, p);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw cuda_error(rc, std::string(who) + ": cudaPointerGetAttributes failed: " + cudaGetErrorString(rc));
+  }
+  if ((a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) || a.device < 0) {
+    throw config_error(std::string(who) + ": a pointer expected in CUDA device memory is host memory (a tensor_view<T, "
+                                          "cuda> must point into device memory)");
+  }
+  return device::cuda(a.device);
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+
+namespace partrain::inline v0 {
+
+// A zero-initialised device array of trivially copyable T with a shape, on one device. The device
+// is always named: there is no default, so a buffer cannot land on GPU 0 by omission.
+template <class T>
+  requires std::is_trivially_copyable_v<T>
+class device_buffer {
+ public:
+  device_buffer() = default;
+  // Zero-filled before the constructor returns (queued on the legacy stream of `dev`, then that
+  // stream is synchronised), so work on any stream afterwards sees zeros.
+  device_buffer(partrain::shape s, const partrain::device& dev)
+      : device_buffer(s, detail::checked_cuda_index(dev, "device_buffer"), nullptr) {}
+  device_buffer(partrain::shape s, int device_index) : device_buffer(s, device_index, nullptr) {}
+  device_buffer(std::size_t n, const partrain::device& dev) : device_buffer(partrain::shape{n}, dev) {}
+  device_buffer(std::size_t n, int device_index) : device_buffer(partrain::shape{n}, device_index) {}
+  // Zero-fill queued on `stream` (of `device_index`) and not waited for: work queued on that
+  // stream afterwards sees zeros; other streams must wait on it (an event) first.
+  device_buffer(partrain::shape s, int device_index, cudaStream_t stream) : shape_(s), device_(device_index) {
+    if (device_index < 0) {
+      throw invalid_argument_error("device_buffer: device index " + std::to_string(device_index) +
+                                   " (expected a CUDA device index >= 0)");
+    }
+    if (s.numel() == 0) return;
+    cuda_device_guard guard(device_index);
+    void* p = nullptr;
+    const cudaError_t rc = cudaMalloc(&p, size_bytes());
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw cuda_error(rc, "device_buffer: cudaMalloc of " + std::to_string(size_bytes()) + " bytes on cuda:" +
+                               std::to_string(device_index) + " failed: " + cudaGetErrorString(rc));
+    }
+    data_ = static_cast<T*>(p);
+    // cudaMemset would return before the fill ran and order it only on the legacy stream.
+    const cudaStream_t fill = stream ? stream : cudaStreamLegacy;
+    cudaError_t rc2 = cudaMemsetAsync(data_, 0, size_bytes(), fill);
+    if (rc2 == cudaSuccess && !stream) rc2 = cudaStreamSynchronize(fill);
+    if (rc2 != cudaSuccess) {
+      reset();
+      detail::cuda_check(rc2, "device_buffer: cudaMemsetAsync + cudaStreamSynchronize (zero fill)", __FILE__, __LINE__);
+    }
+  }
+
+  device_buffer(device_buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})), device_(o.device_) {}
+  device_buffer& operator=(device_buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      data_ = std::exchange(o.data_, nullptr);
+      shape_ = std::exchange(o.shape_, {});
+      device_ = o.device_;
+    }
+    return *this;
+  }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() { reset(); }
+
+  [[nodiscard]] T* data() noexcept { return data_; }
+  [[nodiscard]] const T* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
+  [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
+  [[nodiscard]] int device_index() const noexcept { return device_; }
+  [[nodiscard]] partrain::device device() const noexcept { return partrain::device::cuda(device_); }
+
+  [[nodiscard]] tensor_view<T, cuda> view() noexcept { return {data_, shape_}; }
+  [[nodiscard]] tensor_view<const T, cuda> view() const noexcept { return {data_, shape_}; }
+
+  // Host -> device. With a stream the copy is queued on it (the host memory must stay alive until
+  // it ran and, to be truly asynchronous, be pinned). Without one it is queued on the legacy
+  // stream of the buffer's device, which is then synchronised: the copy has finished on return
+  // (cudaMemcpy alone does not promise that for pageable host memory). Either way it is ordered
+  // after earlier work on that stream only: data made on another stream needs that stream.
+  void copy_from(tensor_view<const T, host> src, cudaStream_t stream = nullptr) {
+    check_size("copy_from", src.size());
+    copy(data_, src.data(), cudaMemcpyHostToDevice, stream);
+  }
+  // Device -> host, same rules.
+  void copy_to(tensor_view<T, host> dst, cudaStream_t stream = nullptr) const {
+    check_size("copy_to", dst.size());
+    copy(dst.data(), data_, cudaMemcpyDeviceToHost, stream);
+  }
+
+ private:
+  void check_size(const char* what, std::size_t n) const {
+    if (n != size()) {
+      throw invalid_argument_error("device_buffer::" + std::string(what) + ": the host view has " + std::to_string(n) +
+                                   " elements, the buffer " + std::to_string(size()) + " (expected equal sizes)");
+    }
+  }
+  void copy(void* dst, const void* src, cudaMemcpyKind kind, cudaStream_t stream) const {
+    if (size() == 0) return;
+    if (stream) {
+      PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, stream));
+      return;
+    }
+    cuda_device_guard guard(device_);  // the legacy stream of the buffer's device
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, cudaStreamLegacy));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+  }
+  void reset() noexcept {
+    if (data_) (void)cudaFree(std::exchange(data_, nullptr));  // cudaFree frees on any current device
+  }
+
+  T* data_ = nullptr;
+  partrain::shape shape_{};
+  int device_ = -1;  // -1: an empty default-constructed buffer
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+#endif
+
+namespace partrain::inline v0 {
+
+template <class S = host>
+class low_precision_copy {
+#if !PARTRAIN_HAS_CUDA
+  static_assert(std::same_as<S, host>, "partrain: a low_precision_copy in CUDA memory needs the CUDA runtime (link partrain::cuda)");
+#endif
+
+ public:
+  low_precision_copy() = default;
+  // A copy of each master (their order kept), made at once.
+  low_precision_copy(precision p, std::vector<tensor_view<float, S>> masters) : kind_(p), masters_(std::move(masters)) {
+    if (p == precision::fp32) {
+      throw invalid_argument_error("low_precision_copy: precision fp32 has no 16-bit copy (expected fp16 or bf16)");
+    }
+    std::size_t total = 0;
+    for (const auto& m : masters_) {
+      offsets_.push_back(total);
+      total += m.size();
+    }
+    storage_ = make_storage(total);
+    refresh();
+  }
+
+  [[nodiscard]] precision kind() const noexcept { return kind_; }
+  [[nodiscard]] std::size_t size() const noexcept { return masters_.size(); }
+  [[nodiscard]] std::size_t bytes() const noexcept { return storage_.size() * sizeof(std::uint16_t); }
+
+  // Casts every master into its copy.
+  void refresh() {
+    if (masters_.empty()) return;
+    visit_precision(kind_, [this](auto tag) {
+      using T16 = decltype(tag);
+      if constexpr (!std::same_as<T16, float>) {
+        std::vector<tensor_view<const float, S>> src(masters_.begin(), masters_.end());
+        std::vector<tensor_view<T16, S>> dst;
+        dst.reserve(masters_.size());
+        for (std::size_t i = 0; i < masters_.size(); ++i) dst.push_back(view_of<T16>(i));
+        static_assert(std::same_as<S, host> || detail::is_nvcc_compiled,
+                      "partrain: refreshing a CUDA low_precision_copy needs the translation unit compiled by nvcc");
+        detail::cast_views<float, T16>(std::span<const tensor_view<const float, S>>(src),
+                                       std::span<const tensor_view<T16, S>>(dst));
+      }
+      return 0;
+    });
+  }
+
+  // Parameter i's copy as T (half for fp16, bfloat16 for bf16; anything else is refused).
+  template <low_precision_element T>
+  [[nodiscard]] tensor_view<const T, S> get(std::size_t i) const {
+    if ((std::same_as<T, half> && kind_ != precision::fp16) || (std::same_as<T, bfloat16> && kind_ != precision::bf16)) {
+      throw invalid_argument_error(std::string("low_precision_copy::get: the copy holds ") + std::string(to_string(kind_)) +
+                                   ", asked for " + (std::same_as<T, half> ? "half" : "bfloat16"));
+    }
+    return const_cast<low_precision_copy*>(this)->template view_of<T>(i);
+  }
+  // Parameter i's copy as raw 16-bit words (for libraries that take a data-type tag, as cuBLAS).
+  [[nodiscard]] const void* data(std::size_t i) const {
+    check_index(i);
+    return storage_.data() + offsets_[i];
+  }
+
+ private:
+#if PARTRAIN_HAS_CUDA
+  using storage_t = std::conditional_t<std::same_as<S, host>, host_buffer<std::uint16_t>, device_buffer<std::uint16_t>>;
+#else
+  using storage_t = host_buffer<std::uint16_t>;
+#endif
+
+  // CUDA storage on the masters' device (their memory says which: cudaPointerGetAttributes),
+  // not on whatever device is current, nor device 0. Every master must be on that one device.
+  [[nodiscard]] storage_t make_storage(std::size_t n) const {
+#if PARTRAIN_HAS_CUDA
+    if constexpr (std::same_as<S, cuda>) {
+      int dev = -1;
+      for (std::size_t i = 0; i < masters_.size(); ++i) {
+        if (masters_[i].empty()) continue;
+        const int d = cuda_device_of(masters_[i].data(), "low_precision_copy").index;
+        if (dev >= 0 && d != dev) {
+          throw invalid_argument_error("low_precision_copy: master " + std::to_string(i) + " is on cuda:" +
+                                       std::to_string(d) + ", the earlier ones on cuda:" + std::to_string(dev) +
+                                       " (expected every master on one device)");
+        }
+        dev = d;
+      }
+      if (dev < 0) return storage_t();  // no elements: nothing to allocate
+      return storage_t(n, dev);
+    } else {
+      return storage_t(n);
+    }
+#else
+    return storage_t(n);
+#endif
+  }
+
+  void check_index(std::size_t i) const {
+    if (i >= masters_.size()) {
+      throw invalid_argument_error("low_precision_copy: parameter " + std::to_string(i) + " out of range (the copy has " +
+                                   std::to_string(masters_.size()) + ")");
+    }
+  }
+  template <class T>
+  [[nodiscard]] tensor_view<T, S> view_of(std::size_t i) {
+    check_index(i);
+    static_assert(sizeof(T) == sizeof(std::uint16_t));
+    return tensor_view<T, S>(reinterpret_cast<T*>(storage_.data() + offsets_[i]), masters_[i].shape());
+  }
+
+  precision kind_ = precision::fp16;
+  std::vector<tensor_view<float, S>> masters_;
+  std::vector<std::size_t> offsets_;
+  storage_t storage_;
+};
+
+// The copy of a model's parameter values (fp32 masters), in parameters() order.
+template <model M>
+[[nodiscard]] auto make_low_precision_copy(precision p, M& m) {
+  using S = model_space_t<M>;
+  static_assert(std::same_as<model_element_t<M>, float>, "partrain: mixed precision keeps fp32 master weights");
+  std::vector<tensor_view<float, S>> masters;
+  for (auto&& prm : m.parameters()) masters.push_back(prm.value());
+  return low_precision_copy<S>(p, std::move(masters));
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_PRECISION_LOW_PRECISION_COPY_HPP
+// #include <partrain/precision/mixed_precision.hpp>
+#ifndef PARTRAIN_SI_PRECISION_MIXED_PRECISION_HPP
+#define PARTRAIN_SI_PRECISION_MIXED_PRECISION_HPP
+// partrain/precision/mixed_precision.hpp: the mixed-precision policy and the step that applies it.
+//
+// The policy (PyTorch's autocast + GradScaler, or FSDP's MixedPrecision, as one value): the model
+// keeps fp32 master weights and computes with a 16-bit copy; gradients reach the masters in fp32
+// and are reduced in fp32 or, through DDP's communication hooks, in 16 bits; the optimizer steps
+// the masters; the copy is refreshed after each step. fp16 needs loss scaling, bf16 does not.
+//
+// What the model offers (both optional for fp32, see the concepts below):
+//   void set_loss_scale(float s);   // multiply the gradient of the loss by s in backward
+//   void refresh_low_precision();   // re-cast the masters into the 16-bit copy
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+#include <type_traits>
+
+namespace partrain::inline v0 {
+
+// A model that applies a loss scale in its backward (what `scaler.scale(loss).backward()` does).
+template <class M>
+concept loss_scalable = requires(M& m, float s) { m.set_loss_scale(s); };
+
+// A model with a 16-bit copy of its weights to refresh after the masters change.
+template <class M>
+concept has_low_precision_copy = requires(M& m) { m.refresh_low_precision(); };
+
+struct mixed_precision_policy {
+  precision compute = precision::fp32;
+  // false: DDP all_reduces fp32 gradients; true: in the compute's 16-bit type (comm hook).
+  bool reduce_in_low_precision = false;
+  // Loss scaling: by default on for fp16 only.
+  std::optional<bool> loss_scaling{};
+  grad_scaler_options scaler{};
+
+  [[nodiscard]] bool scales_loss() const noexcept { return loss_scaling.value_or(compute == precision::fp16); }
+  [[nodiscard]] grad_scaler make_scaler() const {
+    grad_scaler_options o = scaler;
+    o.enabled = o.enabled && scales_loss();
+    return grad_scaler(o);
+  }
+  // The ddp_options::hook that reduces as configured.
+  [[nodiscard]] comm_hook ddp_hook() const {
+    if (!reduce_in_low_precision || compute == precision::fp32) return comm_hooks::allreduce();
+    return compute == precision::fp16 ? comm_hooks::fp16_compress() : comm_hooks::bf16_compress();
+  }
+};
+
+struct amp_step_options {
+  double max_grad_norm = 0;  // > 0: clip the unscaled gradients to this global norm
+};
+
+struct amp_step_result {
+  double loss = 0;       // the model's (unscaled) mean loss
+  bool skipped = false;  // inf/NaN gradients (on some rank): the optimizer did not step
+  float scale = 1;       // the loss scale this step used
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();  // before clipping, when clipped
+};
+
+namespace detail {
+
+template <class T>
+concept ddp_like = requires(T& t) {
+  t.module();
+  t.comm();
+};
+
+template <class T>
+decltype(auto) module_of(T& t) {
+  if constexpr (ddp_like<T>) {
+    return (t.module());
+  } else {
+    return (t);
+  }
+}
+
+}  // namespace detail
+
+// One mixed-precision training step on `trainer`, a distributed_data_parallel (gradients averaged
+// across ranks, the overflow flag agreed across ranks) or a bare model (one process):
+// set the loss scale, forward + backward, unscale and check, optionally clip, step the masters
+// unless some gradient overflowed, refresh the 16-bit copy, update the scale.
+template <class Trainer, optimizer O, class B>
+amp_step_result amp_step(Trainer& trainer, O& opt, grad_scaler& scaler, const B& batch, amp_step_options o = {}) {
+  auto& m = detail::module_of(trainer);
+  using M = std::remove_cvref_t<decltype(m)>;
+  amp_step_result r;
+  r.scale = scaler.scale();
+  if constexpr (loss_scalable<M>) {
+    m.set_loss_scale(r.scale);
+  } else if (scaler.enabled()) {
+    throw config_error("amp_step: the gradient scaler is enabled but the model has no `void set_loss_scale(float)` "
+                       "to apply it in backward (add it, or disable loss scaling)");
+  }
+  r.loss = trainer.train_step(batch);
+  bool found = false;
+  if (scaler.enabled()) {
+    if constexpr (detail::ddp_like<Trainer>) {
+      found = scaler.unscale(m, trainer.comm());
+    } else {
+      found = scaler.unscale(m);
+    }
+  }
+  if (!found && o.max_grad_norm > 0) r.grad_norm = clip_grad_norm(m, o.max_grad_norm);
+  const bool stepped = scaler.enabled() ? scaler.step(opt, m) : (opt.step(), true);
+  if (stepped) {
+    if constexpr (has_low_precision_copy<M>) m.refresh_low_precision();
+  }
+  if (scaler.enabled()) scaler.update();
+  r.skipped = !stepped;
+  return r;
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_PRECISION_MIXED_PRECISION_HPP
 
 // train/
 // #include <partrain/train/checkpoint.hpp>
@@ -15605,7 +19097,7 @@ void put_raw(std::vector<std::byte>& out, const void* p) {
 template <model M, stateful_optimizer O>
 [[nodiscard]] std::vector<std::byte> checkpoint_bytes(M& m, const O& opt, const checkpoint_extra& extra = {}) {
   static_assert(detail::check_checkpointable<M>());
-  using T = detail::model_element_t<M>;
+  using T = model_element_t<M>;
   state_writer w;
   w.put(static_cast<std::uint8_t>(dtype_of<T>));
   w.put(static_cast<std::uint64_t>(detail::parameter_count(m)));
@@ -15674,7 +19166,7 @@ void save_checkpoint(process_group& comm, const std::filesystem::path& path, M& 
 template <model M, stateful_optimizer O>
 checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O& opt, std::string_view source = "<memory>") {
   static_assert(detail::check_checkpointable<M>());
-  using T = detail::model_element_t<M>;
+  using T = model_element_t<M>;
   const std::string where = "checkpoint '" + std::string(source) + "'";
   if (file.size() < checkpoint_header_bytes) {
     throw checkpoint_error(where + " is truncated: " + std::to_string(file.size()) + " bytes, less than the " +
@@ -16835,3310 +20327,3 @@ inline void trace_span::end() noexcept {
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_TRAIN_TRACE_HPP
-
-// cuda/
-#if PARTRAIN_HAS_CUDA
-// #include <partrain/cuda/check.hpp>
-#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
-#define PARTRAIN_SI_CUDA_CHECK_HPP
-// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
-// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <string>
-#include <string_view>
-
-namespace partrain::inline v0 {
-
-// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
-class cuda_error : public error {
- public:
-  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
-  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
-
- private:
-  cudaError_t code_;
-};
-
-namespace detail {
-
-[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
-                                                      int line) {
-  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
-         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
-}
-
-inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
-  if (rc != cudaSuccess) {
-    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
-    (void)cudaGetLastError();
-    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
-  }
-}
-
-}  // namespace detail
-
-}  // namespace partrain::inline v0
-
-// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
-#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
-#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
-// #include <partrain/cuda/cublas.hpp>
-#ifndef PARTRAIN_SI_CUDA_CUBLAS_HPP
-#define PARTRAIN_SI_CUDA_CUBLAS_HPP
-// partrain/cuda/cublas.hpp: an owned cuBLAS handle (RAII) and PARTRAIN_CUBLAS_CHECK.
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/cublas.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
-
-#include <string>
-#include <utility>
-
-// #include <partrain/cuda/device_guard.hpp>
-#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
-// previous one after (torch.cuda.device as a context manager).
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-namespace partrain::inline v0 {
-
-class [[nodiscard]] cuda_device_guard {
- public:
-  explicit cuda_device_guard(int index) {
-    PARTRAIN_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (index != previous_) PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
-  }
-  cuda_device_guard(const cuda_device_guard&) = delete;
-  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
-  ~cuda_device_guard() { (void)cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
-};
-
-// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
-[[nodiscard]] inline int cuda_device_count() noexcept {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-
-namespace partrain::inline v0 {
-
-// A cuBLAS call failed. kind() is internal; status() is cuBLAS's code.
-class cublas_error : public error {
- public:
-  cublas_error(cublasStatus_t status, const std::string& what) : error(error_kind::internal, what), status_(status) {}
-  [[nodiscard]] cublasStatus_t status() const noexcept { return status_; }
-
- private:
-  cublasStatus_t status_;
-};
-
-namespace detail {
-inline void cublas_check(cublasStatus_t st, const char* call, const char* file, int line) {
-  if (st != CUBLAS_STATUS_SUCCESS) {
-    throw cublas_error(st, "cuBLAS call '" + std::string(call) + "' failed at " + file + ":" + std::to_string(line) +
-                               ": " + cublasGetStatusName(st) + " (" + cublasGetStatusString(st) + ")");
-  }
-}
-}  // namespace detail
-
-}  // namespace partrain::inline v0
-
-#define PARTRAIN_CUBLAS_CHECK(call) ::partrain::detail::cublas_check((call), #call, __FILE__, __LINE__)
-
-namespace partrain::inline v0 {
-
-class cublas_handle {
- public:
-  // A handle bound to device `device_index` (cuBLAS handles belong to the device current at creation).
-  explicit cublas_handle(int device_index = 0) : device_(device_index) {
-    cuda_device_guard guard(device_index);
-    PARTRAIN_CUBLAS_CHECK(cublasCreate(&handle_));
-  }
-  cublas_handle(cublas_handle&& o) noexcept : handle_(std::exchange(o.handle_, nullptr)), device_(o.device_) {}
-  cublas_handle& operator=(cublas_handle&& o) noexcept {
-    if (this != &o) {
-      reset();
-      handle_ = std::exchange(o.handle_, nullptr);
-      device_ = o.device_;
-    }
-    return *this;
-  }
-  cublas_handle(const cublas_handle&) = delete;
-  cublas_handle& operator=(const cublas_handle&) = delete;
-  ~cublas_handle() { reset(); }
-
-  [[nodiscard]] cublasHandle_t get() const noexcept { return handle_; }
-  [[nodiscard]] int device_index() const noexcept { return device_; }
-  // Later calls through this handle queue on `stream`.
-  void set_stream(cudaStream_t stream) { PARTRAIN_CUBLAS_CHECK(cublasSetStream(handle_, stream)); }
-
- private:
-  void reset() noexcept {
-    if (handle_) (void)cublasDestroy(std::exchange(handle_, nullptr));
-  }
-
-  cublasHandle_t handle_ = nullptr;
-  int device_ = 0;
-};
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_CUDA_CUBLAS_HPP
-#endif
-#if defined(__CUDACC__)
-// #include <partrain/cuda/ddp_kernels.cuh>
-#ifndef PARTRAIN_SI_CUDA_DDP_KERNELS_CUH
-#define PARTRAIN_SI_CUDA_DDP_KERNELS_CUH
-// partrain/cuda/ddp_kernels.cuh: the element work of DDP's device buckets (used when the
-// parameters are in CUDA memory and the backend reduces CUDA memory, i.e. NCCL): division
-// before the all_reduce, accumulation for no_sync, and the 16-bit casts of the compression
-// hooks. Everything runs on the legacy default stream, which the NCCL group orders its
-// collectives after. nvcc only.
-
-#if !defined(__CUDACC__)
-#error "partrain/cuda/ddp_kernels.cuh must be compiled by nvcc"
-#endif
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
-#include <cstddef>
-#include <memory>
-#include <string>
-
-// #include <partrain/cuda/check.hpp>
-#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
-#define PARTRAIN_SI_CUDA_CHECK_HPP
-// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
-// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <string>
-#include <string_view>
-
-namespace partrain::inline v0 {
-
-// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
-class cuda_error : public error {
- public:
-  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
-  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
-
- private:
-  cudaError_t code_;
-};
-
-namespace detail {
-
-[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
-                                                      int line) {
-  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
-         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
-}
-
-inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
-  if (rc != cudaSuccess) {
-    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
-    (void)cudaGetLastError();
-    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
-  }
-}
-
-}  // namespace detail
-
-}  // namespace partrain::inline v0
-
-// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
-#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
-#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
-
-namespace partrain::inline v0::detail {
-
-inline constexpr unsigned ddp_block = 256;
-
-[[nodiscard]] inline unsigned ddp_blocks(std::size_t n) {
-  const std::size_t b = (n + ddp_block - 1) / ddp_block;
-  return static_cast<unsigned>(b == 0 ? 1 : (b < 4096 ? b : 4096));
-}
-
-#define PARTRAIN_DDP_GRID_LOOP(i, n)                                                                      \
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x)
-
-template <class T>
-__global__ void ddp_divide_kernel(T* x, std::size_t n, T d) {
-  PARTRAIN_DDP_GRID_LOOP(i, n) x[i] = x[i] / d;
-}
-template <class T>
-__global__ void ddp_add_kernel(T* dst, const T* src, std::size_t n) {
-  PARTRAIN_DDP_GRID_LOOP(i, n) dst[i] = dst[i] + src[i];
-}
-// buffer.to(fp16).div_(world_size), as the host hook does.
-template <class T>
-__global__ void ddp_to_half_kernel(const T* x, __half* h, std::size_t n, float d) {
-  PARTRAIN_DDP_GRID_LOOP(i, n) h[i] = __float2half_rn(__half2float(__float2half_rn(static_cast<float>(x[i]))) / d);
-}
-template <class T>
-__global__ void ddp_from_half_kernel(const __half* h, T* x, std::size_t n) {
-  PARTRAIN_DDP_GRID_LOOP(i, n) x[i] = static_cast<T>(__half2float(h[i]));
-}
-template <class T>
-__global__ void ddp_to_bf16_kernel(const T* x, __nv_bfloat16* h, std::size_t n, float d) {
-  PARTRAIN_DDP_GRID_LOOP(i, n) {
-    h[i] = __float2bfloat16_rn(__bfloat162float(__float2bfloat16_rn(static_cast<float>(x[i]))) / d);
-  }
-}
-template <class T>
-__global__ void ddp_from_bf16_kernel(const __nv_bfloat16* h, T* x, std::size_t n) {
-  PARTRAIN_DDP_GRID_LOOP(i, n) x[i] = static_cast<T>(__bfloat162float(h[i]));
-}
-
-#undef PARTRAIN_DDP_GRID_LOOP
-
-inline void ddp_launch_check(const char* what) { cuda_check(cudaGetLastError(), what, __FILE__, __LINE__); }
-
-template <class F>
-void visit_device_float(raw_tensor t, const char* who, F&& f) {
-  switch (t.type) {
-    case dtype::float32: f(static_cast<float*>(t.data)); return;
-    case dtype::float64: f(static_cast<double*>(t.data)); return;
-    default:
-      throw invalid_argument_error(std::string(who) + ": bucket holds " + std::string(to_string(t.type)) +
-                                   ", expected float32 or float64");
-  }
-}
-
-inline void device_divide(raw_tensor t, double d) {
-  if (t.count == 0) return;
-  visit_device_float(t, "device_divide", [&](auto* p) {
-    using T = std::remove_pointer_t<decltype(p)>;
-    ddp_divide_kernel<T><<<ddp_blocks(t.count), ddp_block>>>(p, t.count, static_cast<T>(d));
-    ddp_launch_check("ddp_divide_kernel launch");
-  });
-}
-
-// dst (device bucket) = g, or += g.
-template <class T>
-void device_stage_in(T* dst, tensor_view<const T, cuda> g, bool add) {
-  if (g.empty()) return;
-  if (add) {
-    ddp_add_kernel<T><<<ddp_blocks(g.size()), ddp_block>>>(dst, g.data(), g.size());
-    ddp_launch_check("ddp_add_kernel launch");
-  } else {
-    cuda_check(cudaMemcpyAsync(dst, g.data(), g.size_bytes(), cudaMemcpyDeviceToDevice, nullptr),
-               "cudaMemcpyAsync (gradient to bucket)", __FILE__, __LINE__);
-  }
-}
-template <class T>
-void device_stage_out(tensor_view<T, cuda> g, const T* src) {
-  if (g.empty()) return;
-  cuda_check(cudaMemcpyAsync(g.data(), src, g.size_bytes(), cudaMemcpyDeviceToDevice, nullptr),
-             "cudaMemcpyAsync (bucket to gradient)", __FILE__, __LINE__);
-}
-
-// Device memory owned through a shared_ptr (what a hook keeps in grad_bucket::hook_state()).
-[[nodiscard]] inline std::shared_ptr<void> device_alloc(std::size_t bytes) {
-  void* p = nullptr;
-  cuda_check(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc (hook scratch)", __FILE__, __LINE__);
-  return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
-}
-
-// src (float/double bucket) -> dst 16-bit (divided by d), and back.
-inline void device_to_16(raw_tensor src, void* dst, dtype h, float d) {
-  visit_device_float(src, "fp16/bf16 hook", [&](auto* p) {
-    using T = std::remove_pointer_t<decltype(p)>;
-    if (h == dtype::float16) {
-      ddp_to_half_kernel<T><<<ddp_blocks(src.count), ddp_block>>>(p, static_cast<__half*>(dst), src.count, d);
-    } else {
-      ddp_to_bf16_kernel<T><<<ddp_blocks(src.count), ddp_block>>>(p, static_cast<__nv_bfloat16*>(dst), src.count, d);
-    }
-    ddp_launch_check("16-bit cast kernel launch");
-  });
-}
-inline void device_from_16(const void* src, raw_tensor dst, dtype h) {
-  visit_device_float(dst, "fp16/bf16 hook", [&](auto* p) {
-    using T = std::remove_pointer_t<decltype(p)>;
-    if (h == dtype::float16) {
-      ddp_from_half_kernel<T><<<ddp_blocks(dst.count), ddp_block>>>(static_cast<const __half*>(src), p, dst.count);
-    } else {
-      ddp_from_bf16_kernel<T><<<ddp_blocks(dst.count), ddp_block>>>(static_cast<const __nv_bfloat16*>(src), p, dst.count);
-    }
-    ddp_launch_check("16-bit cast kernel launch");
-  });
-}
-
-}  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_CUDA_DDP_KERNELS_CUH
-#endif
-#if PARTRAIN_HAS_CUDA
-// #include <partrain/cuda/ddp_staging.hpp>
-#ifndef PARTRAIN_SI_CUDA_DDP_STAGING_HPP
-#define PARTRAIN_SI_CUDA_DDP_STAGING_HPP
-// partrain/cuda/ddp_staging.hpp: DDP with parameters in CUDA memory over a host backend (local,
-// gloo): gradients are copied into the host bucket as they become final and copied back after
-// the reduction; parameter broadcasts go through a host copy too. Needs the CUDA runtime.
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/ddp_staging.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <cstddef>
-#include <vector>
-
-// #include <partrain/cuda/check.hpp>
-#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
-#define PARTRAIN_SI_CUDA_CHECK_HPP
-// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
-// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <string>
-#include <string_view>
-
-namespace partrain::inline v0 {
-
-// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
-class cuda_error : public error {
- public:
-  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
-  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
-
- private:
-  cudaError_t code_;
-};
-
-namespace detail {
-
-[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
-                                                      int line) {
-  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
-         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
-}
-
-inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
-  if (rc != cudaSuccess) {
-    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
-    (void)cudaGetLastError();
-    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
-  }
-}
-
-}  // namespace detail
-
-}  // namespace partrain::inline v0
-
-// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
-#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
-#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
-
-namespace partrain::inline v0::detail {
-
-// dst (host) = g, or dst += g when `add`; tmp is reused scratch.
-template <class T>
-void stage_in(T* dst, tensor_view<const T, cuda> g, bool add, std::vector<T>& tmp) {
-  if (g.empty()) return;
-  if (!add) {
-    cuda_check(cudaMemcpy(dst, g.data(), g.size_bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy (DDP gradient to host)",
-               __FILE__, __LINE__);
-    return;
-  }
-  tmp.resize(g.size());
-  cuda_check(cudaMemcpy(tmp.data(), g.data(), g.size_bytes(), cudaMemcpyDeviceToHost),
-             "cudaMemcpy (DDP gradient to host)", __FILE__, __LINE__);
-  for (std::size_t i = 0; i < g.size(); ++i) dst[i] += tmp[i];
-}
-
-// g = src (host).
-template <class T>
-void stage_out(tensor_view<T, cuda> g, const T* src) {
-  if (g.empty()) return;
-  cuda_check(cudaMemcpy(g.data(), src, g.size_bytes(), cudaMemcpyHostToDevice), "cudaMemcpy (DDP gradient to device)",
-             __FILE__, __LINE__);
-}
-
-}  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_CUDA_DDP_STAGING_HPP
-// #include <partrain/cuda/device_buffer.hpp>
-#ifndef PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
-#define PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
-// partrain/cuda/device_buffer.hpp: owned device memory (cudaMalloc, RAII) with a shape, seen as
-// tensor_view<T, cuda>, and copies to and from host views (blocking, or queued on a stream).
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/device_buffer.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <cstddef>
-#include <string>
-#include <type_traits>
-#include <utility>
-
-// #include <partrain/cuda/device_guard.hpp>
-#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
-// previous one after (torch.cuda.device as a context manager).
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-namespace partrain::inline v0 {
-
-class [[nodiscard]] cuda_device_guard {
- public:
-  explicit cuda_device_guard(int index) {
-    PARTRAIN_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (index != previous_) PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
-  }
-  cuda_device_guard(const cuda_device_guard&) = delete;
-  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
-  ~cuda_device_guard() { (void)cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
-};
-
-// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
-[[nodiscard]] inline int cuda_device_count() noexcept {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-
-namespace partrain::inline v0 {
-
-// A zero-initialised device array of trivially copyable T with a shape, on one device.
-template <class T>
-  requires std::is_trivially_copyable_v<T>
-class device_buffer {
- public:
-  device_buffer() = default;
-  explicit device_buffer(partrain::shape s, int device_index = 0) : shape_(s), device_(device_index) {
-    if (s.numel() == 0) return;
-    cuda_device_guard guard(device_index);
-    void* p = nullptr;
-    const cudaError_t rc = cudaMalloc(&p, size_bytes());
-    if (rc != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw cuda_error(rc, "device_buffer: cudaMalloc of " + std::to_string(size_bytes()) + " bytes on cuda:" +
-                               std::to_string(device_index) + " failed: " + cudaGetErrorString(rc));
-    }
-    data_ = static_cast<T*>(p);
-    const cudaError_t rc2 = cudaMemset(data_, 0, size_bytes());
-    if (rc2 != cudaSuccess) {
-      reset();
-      detail::cuda_check(rc2, "cudaMemset(data_, 0, size_bytes())", __FILE__, __LINE__);
-    }
-  }
-  explicit device_buffer(std::size_t n, int device_index = 0) : device_buffer(partrain::shape{n}, device_index) {}
-
-  device_buffer(device_buffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})), device_(o.device_) {}
-  device_buffer& operator=(device_buffer&& o) noexcept {
-    if (this != &o) {
-      reset();
-      data_ = std::exchange(o.data_, nullptr);
-      shape_ = std::exchange(o.shape_, {});
-      device_ = o.device_;
-    }
-    return *this;
-  }
-  device_buffer(const device_buffer&) = delete;
-  device_buffer& operator=(const device_buffer&) = delete;
-  ~device_buffer() { reset(); }
-
-  [[nodiscard]] T* data() noexcept { return data_; }
-  [[nodiscard]] const T* data() const noexcept { return data_; }
-  [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
-  [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
-  [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
-  [[nodiscard]] int device_index() const noexcept { return device_; }
-
-  [[nodiscard]] tensor_view<T, cuda> view() noexcept { return {data_, shape_}; }
-  [[nodiscard]] tensor_view<const T, cuda> view() const noexcept { return {data_, shape_}; }
-
-  // Host -> device. With a stream the copy is queued (the host memory must stay alive and, to be
-  // truly asynchronous, be pinned); without one it has finished on return.
-  void copy_from(tensor_view<const T, host> src, cudaStream_t stream = nullptr) {
-    check_size("copy_from", src.size());
-    copy(data_, src.data(), cudaMemcpyHostToDevice, stream);
-  }
-  // Device -> host, same rules.
-  void copy_to(tensor_view<T, host> dst, cudaStream_t stream = nullptr) const {
-    check_size("copy_to", dst.size());
-    copy(dst.data(), data_, cudaMemcpyDeviceToHost, stream);
-  }
-
- private:
-  void check_size(const char* what, std::size_t n) const {
-    if (n != size()) {
-      throw invalid_argument_error("device_buffer::" + std::string(what) + ": the host view has " + std::to_string(n) +
-                                   " elements, the buffer " + std::to_string(size()) + " (expected equal sizes)");
-    }
-  }
-  void copy(void* dst, const void* src, cudaMemcpyKind kind, cudaStream_t stream) const {
-    if (size() == 0) return;
-    if (stream) {
-      PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, stream));
-    } else {
-      PARTRAIN_CUDA_CHECK(cudaMemcpy(dst, src, size_bytes(), kind));
-    }
-  }
-  void reset() noexcept {
-    if (data_) (void)cudaFree(std::exchange(data_, nullptr));
-  }
-
-  T* data_ = nullptr;
-  partrain::shape shape_{};
-  int device_ = 0;
-};
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
-// #include <partrain/cuda/event.hpp>
-#ifndef PARTRAIN_SI_CUDA_EVENT_HPP
-#define PARTRAIN_SI_CUDA_EVENT_HPP
-// partrain/cuda/event.hpp: an owned CUDA event (RAII). Recorded on a stream, it marks "all work
-// queued before this point"; another stream can wait on it without blocking the host.
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/event.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <utility>
-
-namespace partrain::inline v0 {
-
-class cuda_event {
- public:
-  // Without timing the event is cheaper (no timestamp); ask for it to measure elapsed_ms.
-  explicit cuda_event(bool timing = false) : timing_(timing) {
-    PARTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
-  }
-  cuda_event(cuda_event&& o) noexcept : event_(std::exchange(o.event_, nullptr)), timing_(o.timing_) {}
-  cuda_event& operator=(cuda_event&& o) noexcept {
-    if (this != &o) {
-      reset();
-      event_ = std::exchange(o.event_, nullptr);
-      timing_ = o.timing_;
-    }
-    return *this;
-  }
-  cuda_event(const cuda_event&) = delete;
-  cuda_event& operator=(const cuda_event&) = delete;
-  ~cuda_event() { reset(); }
-
-  [[nodiscard]] cudaEvent_t get() const noexcept { return event_; }
-
-  void record(cudaStream_t stream) { PARTRAIN_CUDA_CHECK(cudaEventRecord(event_, stream)); }
-  // Work queued on `stream` after this call starts only once the event has completed.
-  void block(cudaStream_t stream) const { PARTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0)); }
-  void synchronize() const { PARTRAIN_CUDA_CHECK(cudaEventSynchronize(event_)); }
-  // True once the work before the record point has finished (or if never recorded).
-  [[nodiscard]] bool query() const {
-    const cudaError_t rc = cudaEventQuery(event_);
-    if (rc == cudaErrorNotReady) return false;
-    PARTRAIN_CUDA_CHECK(rc);
-    return true;
-  }
-  // Milliseconds from `start` to this event; both need timing and must have completed.
-  [[nodiscard]] float elapsed_ms(const cuda_event& start) const {
-    if (!timing_ || !start.timing_) {
-      throw invalid_argument_error("cuda_event::elapsed_ms: both events must be created with timing = true");
-    }
-    float ms = 0.0f;
-    PARTRAIN_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, event_));
-    return ms;
-  }
-
- private:
-  void reset() noexcept {
-    if (event_) (void)cudaEventDestroy(std::exchange(event_, nullptr));
-  }
-
-  cudaEvent_t event_ = nullptr;
-  bool timing_ = false;
-};
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_CUDA_EVENT_HPP
-#endif
-#if defined(__CUDACC__)
-// #include <partrain/cuda/optim_kernels.cuh>
-#ifndef PARTRAIN_SI_CUDA_OPTIM_KERNELS_CUH
-#define PARTRAIN_SI_CUDA_OPTIM_KERNELS_CUH
-// partrain/cuda/optim_kernels.cuh: the optimizers' and clipping's element loops for parameters
-// in CUDA memory. The arithmetic is the same detail::*_element functions the host loops use;
-// these are the overloads the optimizers pick for tensor_view<T, cuda>. nvcc only.
-
-#if !defined(__CUDACC__)
-#error "partrain/cuda/optim_kernels.cuh must be compiled by nvcc"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <cstddef>
-#include <numeric>
-#include <span>
-#include <string>
-#include <vector>
-
-namespace partrain::inline v0::detail {
-
-inline void optim_cuda_check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    throw error(error_kind::internal, std::string("CUDA ") + what + " failed: " + cudaGetErrorString(e));
-  }
-}
-
-// Launch geometry: a grid-stride loop over at most this many blocks.
-inline constexpr unsigned optim_block = 256;
-inline constexpr unsigned optim_max_blocks = 1024;
-
-[[nodiscard]] inline unsigned optim_blocks(std::size_t n) {
-  const std::size_t b = (n + optim_block - 1) / optim_block;
-  return static_cast<unsigned>(b < optim_max_blocks ? (b ? b : 1) : optim_max_blocks);
-}
-
-template <class T>
-class state_buffer<T, cuda> {
- public:
-  state_buffer() = default;
-  state_buffer(const state_buffer&) = delete;
-  state_buffer& operator=(const state_buffer&) = delete;
-  state_buffer(state_buffer&& o) noexcept : p_(o.p_), n_(o.n_) {
-    o.p_ = nullptr;
-    o.n_ = 0;
-  }
-  state_buffer& operator=(state_buffer&& o) noexcept {
-    if (this != &o) {
-      release();
-      p_ = o.p_;
-      n_ = o.n_;
-      o.p_ = nullptr;
-      o.n_ = 0;
-    }
-    return *this;
-  }
-  ~state_buffer() { release(); }
-
-  void assign_zero(std::size_t n) {
-    if (n != n_) {
-      release();
-      if (n) optim_cuda_check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc (optimizer state)");
-      n_ = n;
-    }
-    if (n_) optim_cuda_check(cudaMemset(p_, 0, n_ * sizeof(T)), "cudaMemset (optimizer state)");
-  }
-  [[nodiscard]] T* data() noexcept { return p_; }
-  [[nodiscard]] std::size_t size() const noexcept { return n_; }
-  void copy_to_host(std::span<T> out) const {
-    if (n_) optim_cuda_check(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy (state save)");
-  }
-  void copy_from_host(std::span<const T> in) {
-    assign_zero(in.size());
-    if (n_) optim_cuda_check(cudaMemcpy(p_, in.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy (state load)");
-  }
-
- private:
-  void release() noexcept {
-    if (p_) cudaFree(p_);
-    p_ = nullptr;
-    n_ = 0;
-  }
-  T* p_ = nullptr;
-  std::size_t n_ = 0;
-};
-
-template <class T>
-__global__ void sgd_kernel(T* v, const T* g, T* buf, std::size_t n, sgd_coeffs<T> c, bool first) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    sgd_element(v[i], g[i], buf ? buf + i : nullptr, c, first);
-  }
-}
-
-template <class T>
-__global__ void adamw_kernel(T* v, const T* g, T* m, T* s, std::size_t n, adamw_coeffs<T> c) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    adamw_element(v[i], g[i], m[i], s[i], c);
-  }
-}
-
-// One partial sum per block, in a fixed order, so the total is the same on every run.
-template <class T>
-__global__ void sum_squares_kernel(const T* g, std::size_t n, double* partial) {
-  __shared__ double tile[optim_block];
-  double acc = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    const double x = static_cast<double>(g[i]);
-    acc += x * x;
-  }
-  tile[threadIdx.x] = acc;
-  __syncthreads();
-  for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s) tile[threadIdx.x] += tile[threadIdx.x + s];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partial[blockIdx.x] = tile[0];
-}
-
-template <class T>
-__global__ void scale_kernel(T* g, std::size_t n, T coef) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    g[i] = g[i] * coef;
-  }
-}
-
-// The launches run on the legacy default stream and are waited for: the optimizer step is a
-// synchronization point, as the host path is.
-template <class T>
-void sgd_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* buf, const sgd_coeffs<T>& c, bool first) {
-  if (v.empty()) return;
-  sgd_kernel<T><<<optim_blocks(v.size()), optim_block>>>(v.data(), g.data(), buf, v.size(), c, first);
-  optim_cuda_check(cudaGetLastError(), "launch (sgd)");
-  optim_cuda_check(cudaDeviceSynchronize(), "sgd step");
-}
-
-template <class T>
-void adamw_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* m, T* s, const adamw_coeffs<T>& c) {
-  if (v.empty()) return;
-  adamw_kernel<T><<<optim_blocks(v.size()), optim_block>>>(v.data(), g.data(), m, s, v.size(), c);
-  optim_cuda_check(cudaGetLastError(), "launch (adamw)");
-  optim_cuda_check(cudaDeviceSynchronize(), "adamw step");
-}
-
-template <class T>
-[[nodiscard]] double sum_squares(tensor_view<const T, cuda> g) {
-  if (g.empty()) return 0;
-  const unsigned blocks = optim_blocks(g.size());
-  state_buffer<double, cuda> partial;
-  partial.assign_zero(blocks);
-  sum_squares_kernel<T><<<blocks, optim_block>>>(g.data(), g.size(), partial.data());
-  optim_cuda_check(cudaGetLastError(), "launch (sum of squares)");
-  std::vector<double> host(blocks);
-  partial.copy_to_host(host);
-  return std::accumulate(host.begin(), host.end(), 0.0);
-}
-
-template <class T>
-void scale_in_place(tensor_view<T, cuda> g, T coef) {
-  if (g.empty()) return;
-  scale_kernel<T><<<optim_blocks(g.size()), optim_block>>>(g.data(), g.size(), coef);
-  optim_cuda_check(cudaGetLastError(), "launch (scale)");
-  optim_cuda_check(cudaDeviceSynchronize(), "gradient scale");
-}
-
-template <class T>
-void fill_zero(tensor_view<T, cuda> g) {
-  if (g.empty()) return;
-  optim_cuda_check(cudaMemset(g.data(), 0, g.size_bytes()), "cudaMemset (zero_grad)");
-}
-
-}  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_CUDA_OPTIM_KERNELS_CUH
-#endif
-#if PARTRAIN_HAS_CUDA
-// #include <partrain/cuda/pinned_buffer.hpp>
-#ifndef PARTRAIN_SI_CUDA_PINNED_BUFFER_HPP
-#define PARTRAIN_SI_CUDA_PINNED_BUFFER_HPP
-// partrain/cuda/pinned_buffer.hpp: page-locked host memory (cudaHostAlloc, RAII). Copies between
-// it and the device run asynchronously on a stream and at full PCIe/NVLink speed.
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/pinned_buffer.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <cstddef>
-#include <cstring>
-#include <string>
-#include <type_traits>
-#include <utility>
-
-// #include <partrain/cuda/check.hpp>
-#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
-#define PARTRAIN_SI_CUDA_CHECK_HPP
-// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
-// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <string>
-#include <string_view>
-
-namespace partrain::inline v0 {
-
-// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
-class cuda_error : public error {
- public:
-  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
-  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
-
- private:
-  cudaError_t code_;
-};
-
-namespace detail {
-
-[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
-                                                      int line) {
-  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
-         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
-}
-
-inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
-  if (rc != cudaSuccess) {
-    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
-    (void)cudaGetLastError();
-    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
-  }
-}
-
-}  // namespace detail
-
-}  // namespace partrain::inline v0
-
-// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
-#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
-#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
-
-namespace partrain::inline v0 {
-
-// A zero-initialised pinned host array of trivially copyable T with a shape.
-template <class T>
-  requires std::is_trivially_copyable_v<T>
-class pinned_buffer {
- public:
-  pinned_buffer() = default;
-  explicit pinned_buffer(partrain::shape s) : shape_(s) {
-    if (s.numel() == 0) return;
-    void* p = nullptr;
-    const cudaError_t rc = cudaHostAlloc(&p, size_bytes(), cudaHostAllocPortable);
-    if (rc != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw cuda_error(rc, "pinned_buffer: cudaHostAlloc of " + std::to_string(size_bytes()) +
-                               " bytes failed: " + cudaGetErrorString(rc));
-    }
-    data_ = static_cast<T*>(p);
-    std::memset(p, 0, size_bytes());
-  }
-  explicit pinned_buffer(std::size_t n) : pinned_buffer(partrain::shape{n}) {}
-
-  pinned_buffer(pinned_buffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})) {}
-  pinned_buffer& operator=(pinned_buffer&& o) noexcept {
-    if (this != &o) {
-      reset();
-      data_ = std::exchange(o.data_, nullptr);
-      shape_ = std::exchange(o.shape_, {});
-    }
-    return *this;
-  }
-  pinned_buffer(const pinned_buffer&) = delete;
-  pinned_buffer& operator=(const pinned_buffer&) = delete;
-  ~pinned_buffer() { reset(); }
-
-  [[nodiscard]] T* data() noexcept { return data_; }
-  [[nodiscard]] const T* data() const noexcept { return data_; }
-  [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
-  [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
-  [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
-  [[nodiscard]] T& operator[](std::size_t i) noexcept { return data_[i]; }
-  [[nodiscard]] const T& operator[](std::size_t i) const noexcept { return data_[i]; }
-  [[nodiscard]] T* begin() noexcept { return data_; }
-  [[nodiscard]] T* end() noexcept { return data_ + size(); }
-
-  [[nodiscard]] tensor_view<T, host> view() noexcept { return {data_, shape_}; }
-  [[nodiscard]] tensor_view<const T, host> view() const noexcept { return {data_, shape_}; }
-
- private:
-  void reset() noexcept {
-    if (data_) (void)cudaFreeHost(std::exchange(data_, nullptr));
-  }
-
-  T* data_ = nullptr;
-  partrain::shape shape_{};
-};
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_CUDA_PINNED_BUFFER_HPP
-#endif
-#if defined(__CUDACC__)
-// #include <partrain/cuda/precision_kernels.cuh>
-#ifndef PARTRAIN_SI_CUDA_PRECISION_KERNELS_CUH
-#define PARTRAIN_SI_CUDA_PRECISION_KERNELS_CUH
-// partrain/cuda/precision_kernels.cuh: the element loops of mixed precision for views in CUDA
-// memory: casts between fp32 and the 16-bit types, and the fused unscale + inf/NaN check over all
-// gradients. These are the overloads of precision/detail/host_kernels.hpp's functions for
-// tensor_view<T, cuda>; each call is one kernel launch over all its tensors (a table of segments
-// passed by value; more than precision_segments_per_launch tensors take one launch per table),
-// on the legacy default stream, and has finished on return (as the optimizers' kernels). nvcc only.
-
-#if !defined(__CUDACC__)
-#error "partrain/cuda/precision_kernels.cuh must be compiled by nvcc"
-#endif
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
-#include <cstddef>
-#include <cstdint>
-#include <span>
-#include <type_traits>
-
-// #include <partrain/cuda/check.hpp>
-#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
-#define PARTRAIN_SI_CUDA_CHECK_HPP
-// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
-// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <string>
-#include <string_view>
-
-namespace partrain::inline v0 {
-
-// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
-class cuda_error : public error {
- public:
-  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
-  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
-
- private:
-  cudaError_t code_;
-};
-
-namespace detail {
-
-[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
-                                                      int line) {
-  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
-         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
-}
-
-inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
-  if (rc != cudaSuccess) {
-    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
-    (void)cudaGetLastError();
-    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
-  }
-}
-
-}  // namespace detail
-
-}  // namespace partrain::inline v0
-
-// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
-#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
-#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
-// #include <partrain/precision/detail/host_kernels.hpp>
-#ifndef PARTRAIN_SI_PRECISION_DETAIL_HOST_KERNELS_HPP
-#define PARTRAIN_SI_PRECISION_DETAIL_HOST_KERNELS_HPP
-// partrain/precision/detail/host_kernels.hpp: the element loops of mixed precision for views in
-// host memory: casts between fp32 and the 16-bit types (round to nearest even), and the fused
-// unscale + inf/NaN check over all gradients. partrain/cuda/precision_kernels.cuh has the same
-// functions for views in CUDA memory (one kernel launch over all the tensors).
-
-#include <cmath>
-#include <cstddef>
-#include <span>
-#include <string>
-
-namespace partrain::inline v0::detail {
-
-#if defined(__CUDACC__)
-inline constexpr bool is_nvcc_compiled = true;
-#else
-inline constexpr bool is_nvcc_compiled = false;
-#endif
-
-// One destination per source, each the source's size (shared by the host and CUDA casts).
-template <class Src, class Dst>
-void check_cast_pairs(std::span<const Src> src, std::span<const Dst> dst) {
-  if (src.size() != dst.size()) {
-    throw invalid_argument_error("cast: " + std::to_string(src.size()) + " source views but " +
-                                 std::to_string(dst.size()) + " destinations (expected one destination per source)");
-  }
-  for (std::size_t k = 0; k < src.size(); ++k) {
-    if (src[k].size() != dst[k].size()) {
-      throw invalid_argument_error("cast: view #" + std::to_string(k) + " has " + std::to_string(src[k].size()) +
-                                   " source elements but " + std::to_string(dst[k].size()) +
-                                   " destination elements (expected the same size)");
-    }
-  }
-}
-
-// dst[k][j] = To(src[k][j]) for every pair of views.
-template <class From, class To>
-void cast_views(std::span<const tensor_view<const From>> src, std::span<const tensor_view<To>> dst) {
-  check_cast_pairs(src, dst);
-  for (std::size_t k = 0; k < src.size(); ++k) {
-    const From* s = src[k].data();
-    To* d = dst[k].data();
-    const std::size_t n = src[k].size();
-    for (std::size_t j = 0; j < n; ++j) d[j] = static_cast<To>(static_cast<float>(s[j]));
-  }
-}
-
-// g *= inv_scale over every gradient, in one pass; true when any element is inf or NaN
-// (PyTorch's _amp_foreach_non_finite_check_and_unscale_). Non-finite values stay non-finite.
-[[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float>> grads, float inv_scale) {
-  bool found = false;
-  for (const auto& g : grads) {
-    float* p = g.data();
-    const std::size_t n = g.size();
-    bool local = false;
-    for (std::size_t j = 0; j < n; ++j) {
-      const float v = p[j];
-      local |= !std::isfinite(v);
-      p[j] = v * inv_scale;
-    }
-    found |= local;
-  }
-  return found;
-}
-
-}  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_PRECISION_DETAIL_HOST_KERNELS_HPP
-
-namespace partrain::inline v0::detail {
-
-// One tensor of a fused launch: its elements are [start, start + n) of the launch's index space.
-struct precision_segment {
-  const void* src = nullptr;
-  void* dst = nullptr;
-  std::size_t n = 0;
-  std::size_t start = 0;
-};
-
-inline constexpr unsigned precision_segments_per_launch = 64;
-
-// Passed by value to the kernel: 64 * 32 + 16 bytes, well inside the 4 KiB of kernel parameters
-// every architecture accepts.
-struct precision_segment_table {
-  precision_segment seg[precision_segments_per_launch];
-  std::size_t total = 0;  // elements over all segments
-  unsigned count = 0;
-};
-static_assert(sizeof(precision_segment_table) <= 4096, "kernel parameters are limited to 4 KiB");
-
-inline constexpr unsigned precision_block = 256;
-inline constexpr std::size_t precision_max_blocks = 2048;
-
-[[nodiscard]] inline unsigned precision_blocks(std::size_t n) {
-  const std::size_t b = (n + precision_block - 1) / precision_block;
-  return static_cast<unsigned>(b == 0 ? 1 : (b < precision_max_blocks ? b : precision_max_blocks));
-}
-
-// The conversions, bit for bit those of core/half.hpp: the hardware's round-to-nearest-even
-// conversions for every number; NaN by hand, because the hardware returns one canonical NaN
-// while the host keeps the sign and the top payload bits (and quiets the NaN).
-__device__ inline std::uint16_t device_float_to_half_bits(float f) {
-  const std::uint32_t x = __float_as_uint(f);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) {
-    return static_cast<std::uint16_t>(((x >> 16) & 0x8000u) | 0x7C00u | 0x0200u | ((x >> 13) & 0x3FFu));
-  }
-  return __half_as_ushort(__float2half_rn(f));
-}
-__device__ inline std::uint16_t device_float_to_bfloat16_bits(float f) {
-  const std::uint32_t x = __float_as_uint(f);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x0040u);
-  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-}
-__device__ inline float device_half_bits_to_float(std::uint16_t h) {
-  if ((h & 0x7C00u) == 0x7C00u && (h & 0x03FFu) != 0) {  // NaN: keep sign and payload, as the host
-    return __uint_as_float((static_cast<std::uint32_t>(h & 0x8000u) << 16) | 0x7F800000u |
-                           (static_cast<std::uint32_t>(h & 0x03FFu) << 13));
-  }
-  return __half2float(__ushort_as_half(h));
-}
-__device__ inline float device_bfloat16_bits_to_float(std::uint16_t b) {
-  return __uint_as_float(static_cast<std::uint32_t>(b) << 16);  // exact, NaN included
-}
-
-// Element j of one segment, From -> To (one side float, the other half or bfloat16; the 16-bit
-// side is read and written as its bits, which partrain::half/bfloat16 share with __half/__nv_bfloat16).
-template <class From, class To>
-__device__ void precision_cast_element(const void* src, void* dst, std::size_t j) {
-  if constexpr (std::is_same_v<To, half>) {
-    static_cast<std::uint16_t*>(dst)[j] = device_float_to_half_bits(static_cast<const float*>(src)[j]);
-  } else if constexpr (std::is_same_v<To, bfloat16>) {
-    static_cast<std::uint16_t*>(dst)[j] = device_float_to_bfloat16_bits(static_cast<const float*>(src)[j]);
-  } else if constexpr (std::is_same_v<From, half>) {
-    static_cast<float*>(dst)[j] = device_half_bits_to_float(static_cast<const std::uint16_t*>(src)[j]);
-  } else {
-    static_cast<float*>(dst)[j] = device_bfloat16_bits_to_float(static_cast<const std::uint16_t*>(src)[j]);
-  }
-}
-
-// A grid-stride loop over the launch's index space. A thread's indices only grow, so the segment
-// it is in is found by walking forward from the previous one (segments are never empty).
-template <class From, class To>
-__global__ void precision_cast_kernel(precision_segment_table t) {
-  unsigned k = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < t.total;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    while (i >= t.seg[k].start + t.seg[k].n) ++k;
-    precision_cast_element<From, To>(t.seg[k].src, t.seg[k].dst, i - t.seg[k].start);
-  }
-}
-
-// g *= inv_scale; *found = 1 when any element was inf or NaN (it stays non-finite after the
-// multiplication, as on the host). A template only so that the header defines it in every
-// translation unit without breaking the one-definition rule.
-template <class T>
-__global__ void precision_unscale_kernel(precision_segment_table t, T inv_scale, int* found) {
-  bool bad = false;
-  unsigned k = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < t.total;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    while (i >= t.seg[k].start + t.seg[k].n) ++k;
-    T* g = static_cast<T*>(t.seg[k].dst) + (i - t.seg[k].start);
-    const T v = *g;
-    bad |= !isfinite(v);
-    *g = v * inv_scale;
-  }
-  // Every thread of the block reaches this barrier (the loop has no early exit).
-  if (__syncthreads_or(bad ? 1 : 0) && threadIdx.x == 0) atomicExch(found, 1);
-}
-
-// Fills tables with the non-empty segments seg(0) .. seg(count - 1) and calls launch(table) for
-// each full table and for the last one.
-template <class Seg, class Launch>
-void for_each_precision_table(std::size_t count, Seg&& seg, Launch&& launch) {
-  precision_segment_table t{};
-  for (std::size_t k = 0; k < count; ++k) {
-    precision_segment s = seg(k);
-    if (s.n == 0) continue;
-    s.start = t.total;
-    t.seg[t.count++] = s;
-    t.total += s.n;
-    if (t.count == precision_segments_per_launch) {
-      launch(t);
-      t = precision_segment_table{};
-    }
-  }
-  if (t.count != 0) launch(t);
-}
-
-// dst[k][j] = To(src[k][j]) for every pair of views in CUDA memory (on the current device),
-// rounding to nearest even; bit for bit the host cast.
-template <class From, class To>
-void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<const tensor_view<To, cuda>> dst) {
-  static_assert((std::is_same_v<From, float> && (std::is_same_v<To, half> || std::is_same_v<To, bfloat16>)) ||
-                    ((std::is_same_v<From, half> || std::is_same_v<From, bfloat16>) && std::is_same_v<To, float>),
-                "partrain: the CUDA cast converts float to half/bfloat16 or half/bfloat16 to float");
-  check_cast_pairs(src, dst);
-  bool launched = false;
-  for_each_precision_table(
-      src.size(),
-      [&](std::size_t k) {
-        return precision_segment{src[k].data(), dst[k].data(), src[k].size(), 0};
-      },
-      [&](const precision_segment_table& t) {
-        precision_cast_kernel<From, To><<<precision_blocks(t.total), precision_block>>>(t);
-        cuda_check(cudaGetLastError(), "cast_views: precision_cast_kernel launch", __FILE__, __LINE__);
-        launched = true;
-      });
-  if (launched) cuda_check(cudaStreamSynchronize(nullptr), "cast_views: cudaStreamSynchronize", __FILE__, __LINE__);
-}
-
-// A device int from the stream-ordered pool (no device-wide synchronisation, unlike cudaFree).
-class precision_device_flag {
- public:
-  precision_device_flag() {
-    cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&p_), sizeof(int), nullptr),
-               "unscale_and_check: cudaMallocAsync (overflow flag)", __FILE__, __LINE__);
-    const cudaError_t rc = cudaMemsetAsync(p_, 0, sizeof(int), nullptr);
-    if (rc != cudaSuccess) {
-      release();
-      cuda_check(rc, "unscale_and_check: cudaMemsetAsync (overflow flag)", __FILE__, __LINE__);
-    }
-  }
-  precision_device_flag(const precision_device_flag&) = delete;
-  precision_device_flag& operator=(const precision_device_flag&) = delete;
-  ~precision_device_flag() { release(); }
-  [[nodiscard]] int* get() const noexcept { return p_; }
-
- private:
-  void release() noexcept {
-    if (p_) (void)cudaFreeAsync(p_, nullptr);
-    p_ = nullptr;
-  }
-  int* p_ = nullptr;
-};
-
-// g *= inv_scale over every gradient in CUDA memory, in one pass; true when any element is inf or
-// NaN (PyTorch's _amp_foreach_non_finite_check_and_unscale_). One copy of the flag to the host.
-[[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float, cuda>> grads, float inv_scale) {
-  std::size_t total = 0;
-  for (const auto& g : grads) total += g.size();
-  if (total == 0) return false;
-  precision_device_flag flag;
-  for_each_precision_table(
-      grads.size(), [&](std::size_t k) { return precision_segment{grads[k].data(), grads[k].data(), grads[k].size(), 0}; },
-      [&](const precision_segment_table& t) {
-        precision_unscale_kernel<float><<<precision_blocks(t.total), precision_block>>>(t, inv_scale, flag.get());
-        cuda_check(cudaGetLastError(), "unscale_and_check: precision_unscale_kernel launch", __FILE__, __LINE__);
-      });
-  int found = 0;
-  cuda_check(cudaMemcpyAsync(&found, flag.get(), sizeof(int), cudaMemcpyDeviceToHost, nullptr),
-             "unscale_and_check: cudaMemcpyAsync (overflow flag to host)", __FILE__, __LINE__);
-  cuda_check(cudaStreamSynchronize(nullptr), "unscale_and_check: cudaStreamSynchronize", __FILE__, __LINE__);
-  return found != 0;
-}
-
-}  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_CUDA_PRECISION_KERNELS_CUH
-#endif
-#if PARTRAIN_HAS_CUDA
-// #include <partrain/cuda/staging.hpp>
-#ifndef PARTRAIN_SI_CUDA_STAGING_HPP
-#define PARTRAIN_SI_CUDA_STAGING_HPP
-// partrain/cuda/staging.hpp: moves the loader's host batches to a GPU without stalling compute.
-// Each batch is copied into pinned (page-locked) host memory, then to the device with
-// cudaMemcpyAsync on the stager's own stream; the compute stream waits on an event, not the host,
-// so the copy of batch k+1 runs while kernels work on batch k.
-//
-//   device_stager stage(device_id, {.max_rows = 256, .example_shape = ds.example_shape()});
-//   for (const batch& b : loader) {
-//     const device_batch& d = stage(b, compute_stream);  // enqueued; compute_stream waits for it
-//     launch_train_step(d.features, d.labels, compute_stream);
-//   }
-//
-// A device_batch stays valid until `depth` further calls (slots are reused in a ring; reuse waits
-// on the GPU for the compute work issued between the stage() calls). Needs the CUDA runtime
-// (link partrain::cuda); the loader could fill pinned memory directly, which would save the
-// host-side copy: not done yet.
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/staging.hpp needs the CUDA runtime: link partrain::cuda or compile with nvcc"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <memory>
-#include <span>
-#include <string>
-#include <utility>
-#include <vector>
-
-namespace partrain::inline v0 {
-
-namespace detail {
-
-inline void staging_check(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess) {
-    throw error(error_kind::internal, std::string("device_stager: ") + what + " failed: " + cudaGetErrorString(rc));
-  }
-}
-
-// RAII for the four CUDA handles the stager owns. Destruction never throws (errors are ignored:
-// the context may already be torn down at exit).
-template <class T>
-class pinned_block {
- public:
-  pinned_block() = default;
-  explicit pinned_block(std::size_t n) : n_(n) {
-    if (n) staging_check(cudaHostAlloc(reinterpret_cast<void**>(&p_), n * sizeof(T), cudaHostAllocDefault), "cudaHostAlloc");
-  }
-  pinned_block(pinned_block&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  pinned_block& operator=(pinned_block&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(n_, o.n_);
-    return *this;
-  }
-  ~pinned_block() {
-    if (p_) (void)cudaFreeHost(p_);
-  }
-  [[nodiscard]] T* data() const noexcept { return p_; }
-
- private:
-  T* p_ = nullptr;
-  std::size_t n_ = 0;
-};
-
-template <class T>
-class device_block {
- public:
-  device_block() = default;
-  explicit device_block(std::size_t n) {
-    if (n) staging_check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc");
-  }
-  device_block(device_block&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
-  device_block& operator=(device_block&& o) noexcept {
-    std::swap(p_, o.p_);
-    return *this;
-  }
-  ~device_block() {
-    if (p_) (void)cudaFree(p_);
-  }
-  [[nodiscard]] T* data() const noexcept { return p_; }
-
- private:
-  T* p_ = nullptr;
-};
-
-class staging_stream {
- public:
-  staging_stream() { staging_check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate"); }
-  staging_stream(const staging_stream&) = delete;
-  staging_stream& operator=(const staging_stream&) = delete;
-  ~staging_stream() { (void)cudaStreamDestroy(s_); }
-  [[nodiscard]] cudaStream_t get() const noexcept { return s_; }
-
- private:
-  cudaStream_t s_ = nullptr;
-};
-
-class staging_event {
- public:
-  staging_event() { staging_check(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming), "cudaEventCreate"); }
-  staging_event(staging_event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
-  staging_event& operator=(staging_event&& o) noexcept {
-    std::swap(e_, o.e_);
-    return *this;
-  }
-  ~staging_event() {
-    if (e_) (void)cudaEventDestroy(e_);
-  }
-  [[nodiscard]] cudaEvent_t get() const noexcept { return e_; }
-
- private:
-  cudaEvent_t e_ = nullptr;
-};
-
-// RAII: makes `device` current for a scope and restores the previous one.
-class device_guard {
- public:
-  explicit device_guard(int device) {
-    staging_check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (device != previous_) staging_check(cudaSetDevice(device), "cudaSetDevice");
-  }
-  device_guard(const device_guard&) = delete;
-  device_guard& operator=(const device_guard&) = delete;
-  ~device_guard() { (void)cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
-};
-
-}  // namespace detail
-
-// A batch on the device. Labels and features are device pointers; indices stay on the host.
-struct device_batch {
-  tensor_view<const float, cuda> features;        // [n, example dims...]
-  tensor_view<const std::int32_t, cuda> labels;   // [n]
-  std::span<const std::size_t> indices;           // the host batch's indices (valid as it is)
-  cudaEvent_t ready = nullptr;                    // recorded on the copy stream after the copy
-  [[nodiscard]] std::size_t size() const noexcept { return labels.size(); }
-};
-
-struct staging_options {
-  std::size_t max_rows = 256;  // the largest batch to stage
-  shape example_shape{};       // one example's features, e.g. {784}
-  std::size_t depth = 2;       // batches in flight: 2 lets the copy of k+1 overlap compute on k
-};
-
-class device_stager {
- public:
-  device_stager(int device, staging_options options) : device_(device), options_(options) {
-    if (options_.depth < 1) throw invalid_argument_error("device_stager: depth is 0, expected at least 1");
-    if (options_.example_shape.rank() + 1 > max_rank) {
-      throw invalid_argument_error("device_stager: example_shape " + options_.example_shape.to_string() +
-                                   " has too many dimensions");
-    }
-    row_ = options_.example_shape.numel();
-    detail::device_guard guard(device_);
-    stream_ = std::make_unique<detail::staging_stream>();
-    for (std::size_t i = 0; i < options_.depth; ++i) slots_.emplace_back(options_.max_rows, row_);
-  }
-  device_stager(const device_stager&) = delete;
-  device_stager& operator=(const device_stager&) = delete;
-  ~device_stager() {
-    if (stream_) (void)cudaStreamSynchronize(stream_->get());  // no copy may outlive its buffers
-  }
-
-  // Enqueues the copy of `b` and makes `compute` wait for it (on the GPU; the host goes on).
-  const device_batch& operator()(const batch& b, cudaStream_t compute) {
-    if (b.size() > options_.max_rows) {
-      throw invalid_argument_error("device_stager: batch of " + std::to_string(b.size()) + " rows, expected at most " +
-                                   std::to_string(options_.max_rows) + " (staging_options::max_rows)");
-    }
-    if (b.features.size() != b.size() * row_) {
-      throw invalid_argument_error("device_stager: batch features have shape " + b.features.shape().to_string() +
-                                   ", expected rows of " + options_.example_shape.to_string());
-    }
-    detail::device_guard guard(device_);
-    // Work issued on `compute` since the last call used the previous batch: mark its slot's release.
-    if (count_ > 0) {
-      slot& prev = slots_[(count_ - 1) % slots_.size()];
-      detail::staging_check(cudaEventRecord(prev.released.get(), compute), "cudaEventRecord");
-      prev.has_release = true;
-    }
-    slot& s = slots_[count_ % slots_.size()];
-    // The pinned buffer is free once its previous copy finished (host wait, usually already done);
-    // the device buffer is free once compute on its previous batch finished (GPU wait).
-    if (s.used) detail::staging_check(cudaEventSynchronize(s.copied.get()), "cudaEventSynchronize");
-    if (s.has_release) {
-      detail::staging_check(cudaStreamWaitEvent(stream_->get(), s.released.get(), 0), "cudaStreamWaitEvent");
-    }
-    const std::size_t n = b.size();
-    std::memcpy(s.host_features.data(), b.features.data(), b.features.size_bytes());
-    std::memcpy(s.host_labels.data(), b.labels.data(), b.labels.size_bytes());
-    detail::staging_check(cudaMemcpyAsync(s.dev_features.data(), s.host_features.data(), b.features.size_bytes(),
-                                          cudaMemcpyHostToDevice, stream_->get()),
-                          "cudaMemcpyAsync (features)");
-    detail::staging_check(cudaMemcpyAsync(s.dev_labels.data(), s.host_labels.data(), b.labels.size_bytes(),
-                                          cudaMemcpyHostToDevice, stream_->get()),
-                          "cudaMemcpyAsync (labels)");
-    detail::staging_check(cudaEventRecord(s.copied.get(), stream_->get()), "cudaEventRecord");
-    detail::staging_check(cudaStreamWaitEvent(compute, s.copied.get(), 0), "cudaStreamWaitEvent");
-    s.used = true;
-    ++count_;
-    s.view = device_batch{tensor_view<const float, cuda>(s.dev_features.data(), b.features.shape()),
-                          tensor_view<const std::int32_t, cuda>(s.dev_labels.data(), n), b.indices, s.copied.get()};
-    return s.view;
-  }
-
-  [[nodiscard]] cudaStream_t copy_stream() const noexcept { return stream_->get(); }
-  [[nodiscard]] int device() const noexcept { return device_; }
-
- private:
-  struct slot {
-    slot(std::size_t rows, std::size_t row)
-        : host_features(rows * row), host_labels(rows), dev_features(rows * row), dev_labels(rows) {}
-    detail::pinned_block<float> host_features;
-    detail::pinned_block<std::int32_t> host_labels;
-    detail::device_block<float> dev_features;
-    detail::device_block<std::int32_t> dev_labels;
-    detail::staging_event copied;
-    detail::staging_event released;
-    bool used = false;
-    bool has_release = false;
-    device_batch view{};
-  };
-
-  int device_;
-  staging_options options_;
-  std::size_t row_ = 0;
-  std::unique_ptr<detail::staging_stream> stream_;
-  std::vector<slot> slots_;
-  std::size_t count_ = 0;
-};
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_CUDA_STAGING_HPP
-// #include <partrain/cuda/stream.hpp>
-#ifndef PARTRAIN_SI_CUDA_STREAM_HPP
-#define PARTRAIN_SI_CUDA_STREAM_HPP
-// partrain/cuda/stream.hpp: an owned CUDA stream (RAII). Non-blocking with respect to the legacy
-// default stream, so work on it overlaps work elsewhere unless an event orders it.
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/stream.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <utility>
-
-// #include <partrain/cuda/check.hpp>
-#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
-#define PARTRAIN_SI_CUDA_CHECK_HPP
-// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
-// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <string>
-#include <string_view>
-
-namespace partrain::inline v0 {
-
-// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
-class cuda_error : public error {
- public:
-  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
-  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
-
- private:
-  cudaError_t code_;
-};
-
-namespace detail {
-
-[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
-                                                      int line) {
-  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
-         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
-}
-
-inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
-  if (rc != cudaSuccess) {
-    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
-    (void)cudaGetLastError();
-    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
-  }
-}
-
-}  // namespace detail
-
-}  // namespace partrain::inline v0
-
-// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
-#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
-#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
-// #include <partrain/cuda/device_guard.hpp>
-#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
-// previous one after (torch.cuda.device as a context manager).
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-namespace partrain::inline v0 {
-
-class [[nodiscard]] cuda_device_guard {
- public:
-  explicit cuda_device_guard(int index) {
-    PARTRAIN_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (index != previous_) PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
-  }
-  cuda_device_guard(const cuda_device_guard&) = delete;
-  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
-  ~cuda_device_guard() { (void)cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
-};
-
-// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
-[[nodiscard]] inline int cuda_device_count() noexcept {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-
-namespace partrain::inline v0 {
-
-class cuda_stream {
- public:
-  // A new stream on device `device_index`; priority as cudaStreamCreateWithPriority (0: default).
-  explicit cuda_stream(int device_index = 0, int priority = 0) : device_(device_index) {
-    cuda_device_guard guard(device_index);
-    PARTRAIN_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority));
-  }
-  cuda_stream(cuda_stream&& o) noexcept
-      : stream_(std::exchange(o.stream_, nullptr)), device_(o.device_) {}
-  cuda_stream& operator=(cuda_stream&& o) noexcept {
-    if (this != &o) {
-      reset();
-      stream_ = std::exchange(o.stream_, nullptr);
-      device_ = o.device_;
-    }
-    return *this;
-  }
-  cuda_stream(const cuda_stream&) = delete;
-  cuda_stream& operator=(const cuda_stream&) = delete;
-  ~cuda_stream() { reset(); }
-
-  [[nodiscard]] cudaStream_t get() const noexcept { return stream_; }
-  [[nodiscard]] int device_index() const noexcept { return device_; }
-  [[nodiscard]] explicit operator bool() const noexcept { return stream_ != nullptr; }
-
-  // Blocks the host until every operation queued so far has finished.
-  void synchronize() const { PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
-  // True when the stream has no unfinished work.
-  [[nodiscard]] bool query() const {
-    const cudaError_t rc = cudaStreamQuery(stream_);
-    if (rc == cudaErrorNotReady) return false;
-    PARTRAIN_CUDA_CHECK(rc);
-    return true;
-  }
-
- private:
-  void reset() noexcept {
-    if (stream_) {
-      // Destruction must not throw; a stream of a torn-down context is gone anyway.
-      (void)cudaStreamDestroy(std::exchange(stream_, nullptr));
-    }
-  }
-
-  cudaStream_t stream_ = nullptr;
-  int device_ = 0;
-};
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_CUDA_STREAM_HPP
-#endif
-
-// precision/
-// #include <partrain/precision/cast.hpp>
-#ifndef PARTRAIN_SI_PRECISION_CAST_HPP
-#define PARTRAIN_SI_PRECISION_CAST_HPP
-// partrain/precision/cast.hpp: element-wise conversion between fp32 and the 16-bit types
-// (half, bfloat16), rounding to nearest even, for views in host memory and, in translation units
-// compiled by nvcc, in CUDA memory.
-
-#include <span>
-
-// #include <partrain/precision/detail/host_kernels.hpp>
-#ifndef PARTRAIN_SI_PRECISION_DETAIL_HOST_KERNELS_HPP
-#define PARTRAIN_SI_PRECISION_DETAIL_HOST_KERNELS_HPP
-// partrain/precision/detail/host_kernels.hpp: the element loops of mixed precision for views in
-// host memory: casts between fp32 and the 16-bit types (round to nearest even), and the fused
-// unscale + inf/NaN check over all gradients. partrain/cuda/precision_kernels.cuh has the same
-// functions for views in CUDA memory (one kernel launch over all the tensors).
-
-#include <cmath>
-#include <cstddef>
-#include <span>
-#include <string>
-
-namespace partrain::inline v0::detail {
-
-#if defined(__CUDACC__)
-inline constexpr bool is_nvcc_compiled = true;
-#else
-inline constexpr bool is_nvcc_compiled = false;
-#endif
-
-// One destination per source, each the source's size (shared by the host and CUDA casts).
-template <class Src, class Dst>
-void check_cast_pairs(std::span<const Src> src, std::span<const Dst> dst) {
-  if (src.size() != dst.size()) {
-    throw invalid_argument_error("cast: " + std::to_string(src.size()) + " source views but " +
-                                 std::to_string(dst.size()) + " destinations (expected one destination per source)");
-  }
-  for (std::size_t k = 0; k < src.size(); ++k) {
-    if (src[k].size() != dst[k].size()) {
-      throw invalid_argument_error("cast: view #" + std::to_string(k) + " has " + std::to_string(src[k].size()) +
-                                   " source elements but " + std::to_string(dst[k].size()) +
-                                   " destination elements (expected the same size)");
-    }
-  }
-}
-
-// dst[k][j] = To(src[k][j]) for every pair of views.
-template <class From, class To>
-void cast_views(std::span<const tensor_view<const From>> src, std::span<const tensor_view<To>> dst) {
-  check_cast_pairs(src, dst);
-  for (std::size_t k = 0; k < src.size(); ++k) {
-    const From* s = src[k].data();
-    To* d = dst[k].data();
-    const std::size_t n = src[k].size();
-    for (std::size_t j = 0; j < n; ++j) d[j] = static_cast<To>(static_cast<float>(s[j]));
-  }
-}
-
-// g *= inv_scale over every gradient, in one pass; true when any element is inf or NaN
-// (PyTorch's _amp_foreach_non_finite_check_and_unscale_). Non-finite values stay non-finite.
-[[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float>> grads, float inv_scale) {
-  bool found = false;
-  for (const auto& g : grads) {
-    float* p = g.data();
-    const std::size_t n = g.size();
-    bool local = false;
-    for (std::size_t j = 0; j < n; ++j) {
-      const float v = p[j];
-      local |= !std::isfinite(v);
-      p[j] = v * inv_scale;
-    }
-    found |= local;
-  }
-  return found;
-}
-
-}  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_PRECISION_DETAIL_HOST_KERNELS_HPP
-// #include <partrain/precision/precision.hpp>
-#ifndef PARTRAIN_SI_PRECISION_PRECISION_HPP
-#define PARTRAIN_SI_PRECISION_PRECISION_HPP
-// partrain/precision/precision.hpp: the three compute precisions a model can train in, and the
-// 16-bit storage type behind each. fp32 is plain training; fp16 and bf16 are mixed precision:
-// fp32 master weights, a 16-bit copy for the model's compute (precision/low_precision_copy.hpp).
-
-#include <concepts>
-#include <cstdint>
-#include <string>
-#include <string_view>
-#include <type_traits>
-
-namespace partrain::inline v0 {
-
-enum class precision : std::uint8_t { fp32, fp16, bf16 };
-
-[[nodiscard]] constexpr std::string_view to_string(precision p) noexcept {
-  switch (p) {
-    case precision::fp32: return "fp32";
-    case precision::fp16: return "fp16";
-    case precision::bf16: return "bf16";
-  }
-  return "?";
-}
-
-// "fp32" | "fp16" | "bf16" (also PyTorch's spellings "float32", "float16", "half", "bfloat16").
-[[nodiscard]] inline precision parse_precision(std::string_view s) {
-  if (s == "fp32" || s == "float32" || s == "float") return precision::fp32;
-  if (s == "fp16" || s == "float16" || s == "half") return precision::fp16;
-  if (s == "bf16" || s == "bfloat16") return precision::bf16;
-  throw invalid_argument_error("precision: '" + std::string(s) + "' is not one of fp32, fp16, bf16");
-}
-
-// The two 16-bit storage types of mixed precision.
-template <class T>
-concept low_precision_element = std::same_as<T, half> || std::same_as<T, bfloat16>;
-
-// The element type a precision stores its compute copy in.
-template <precision P>
-using storage_t = std::conditional_t<P == precision::fp16, half, std::conditional_t<P == precision::bf16, bfloat16, float>>;
-
-// Calls f with a value of the precision's storage type (float, half or bfloat16): the one place a
-// runtime precision becomes a template argument.
-template <class F>
-decltype(auto) visit_precision(precision p, F&& f) {
-  switch (p) {
-    case precision::fp16: return f(half{});
-    case precision::bf16: return f(bfloat16{});
-    case precision::fp32: break;
-  }
-  return f(float{});
-}
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_PRECISION_PRECISION_HPP
-
-#if defined(__CUDACC__)
-// #include <partrain/cuda/precision_kernels.cuh>
-#ifndef PARTRAIN_SI_CUDA_PRECISION_KERNELS_CUH
-#define PARTRAIN_SI_CUDA_PRECISION_KERNELS_CUH
-// partrain/cuda/precision_kernels.cuh: the element loops of mixed precision for views in CUDA
-// memory: casts between fp32 and the 16-bit types, and the fused unscale + inf/NaN check over all
-// gradients. These are the overloads of precision/detail/host_kernels.hpp's functions for
-// tensor_view<T, cuda>; each call is one kernel launch over all its tensors (a table of segments
-// passed by value; more than precision_segments_per_launch tensors take one launch per table),
-// on the legacy default stream, and has finished on return (as the optimizers' kernels). nvcc only.
-
-#if !defined(__CUDACC__)
-#error "partrain/cuda/precision_kernels.cuh must be compiled by nvcc"
-#endif
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
-#include <cstddef>
-#include <cstdint>
-#include <span>
-#include <type_traits>
-
-// #include <partrain/cuda/check.hpp>
-#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
-#define PARTRAIN_SI_CUDA_CHECK_HPP
-// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
-// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <string>
-#include <string_view>
-
-namespace partrain::inline v0 {
-
-// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
-class cuda_error : public error {
- public:
-  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
-  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
-
- private:
-  cudaError_t code_;
-};
-
-namespace detail {
-
-[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
-                                                      int line) {
-  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
-         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
-}
-
-inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
-  if (rc != cudaSuccess) {
-    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
-    (void)cudaGetLastError();
-    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
-  }
-}
-
-}  // namespace detail
-
-}  // namespace partrain::inline v0
-
-// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
-#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
-#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
-
-namespace partrain::inline v0::detail {
-
-// One tensor of a fused launch: its elements are [start, start + n) of the launch's index space.
-struct precision_segment {
-  const void* src = nullptr;
-  void* dst = nullptr;
-  std::size_t n = 0;
-  std::size_t start = 0;
-};
-
-inline constexpr unsigned precision_segments_per_launch = 64;
-
-// Passed by value to the kernel: 64 * 32 + 16 bytes, well inside the 4 KiB of kernel parameters
-// every architecture accepts.
-struct precision_segment_table {
-  precision_segment seg[precision_segments_per_launch];
-  std::size_t total = 0;  // elements over all segments
-  unsigned count = 0;
-};
-static_assert(sizeof(precision_segment_table) <= 4096, "kernel parameters are limited to 4 KiB");
-
-inline constexpr unsigned precision_block = 256;
-inline constexpr std::size_t precision_max_blocks = 2048;
-
-[[nodiscard]] inline unsigned precision_blocks(std::size_t n) {
-  const std::size_t b = (n + precision_block - 1) / precision_block;
-  return static_cast<unsigned>(b == 0 ? 1 : (b < precision_max_blocks ? b : precision_max_blocks));
-}
-
-// The conversions, bit for bit those of core/half.hpp: the hardware's round-to-nearest-even
-// conversions for every number; NaN by hand, because the hardware returns one canonical NaN
-// while the host keeps the sign and the top payload bits (and quiets the NaN).
-__device__ inline std::uint16_t device_float_to_half_bits(float f) {
-  const std::uint32_t x = __float_as_uint(f);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) {
-    return static_cast<std::uint16_t>(((x >> 16) & 0x8000u) | 0x7C00u | 0x0200u | ((x >> 13) & 0x3FFu));
-  }
-  return __half_as_ushort(__float2half_rn(f));
-}
-__device__ inline std::uint16_t device_float_to_bfloat16_bits(float f) {
-  const std::uint32_t x = __float_as_uint(f);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x0040u);
-  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-}
-__device__ inline float device_half_bits_to_float(std::uint16_t h) {
-  if ((h & 0x7C00u) == 0x7C00u && (h & 0x03FFu) != 0) {  // NaN: keep sign and payload, as the host
-    return __uint_as_float((static_cast<std::uint32_t>(h & 0x8000u) << 16) | 0x7F800000u |
-                           (static_cast<std::uint32_t>(h & 0x03FFu) << 13));
-  }
-  return __half2float(__ushort_as_half(h));
-}
-__device__ inline float device_bfloat16_bits_to_float(std::uint16_t b) {
-  return __uint_as_float(static_cast<std::uint32_t>(b) << 16);  // exact, NaN included
-}
-
-// Element j of one segment, From -> To (one side float, the other half or bfloat16; the 16-bit
-// side is read and written as its bits, which partrain::half/bfloat16 share with __half/__nv_bfloat16).
-template <class From, class To>
-__device__ void precision_cast_element(const void* src, void* dst, std::size_t j) {
-  if constexpr (std::is_same_v<To, half>) {
-    static_cast<std::uint16_t*>(dst)[j] = device_float_to_half_bits(static_cast<const float*>(src)[j]);
-  } else if constexpr (std::is_same_v<To, bfloat16>) {
-    static_cast<std::uint16_t*>(dst)[j] = device_float_to_bfloat16_bits(static_cast<const float*>(src)[j]);
-  } else if constexpr (std::is_same_v<From, half>) {
-    static_cast<float*>(dst)[j] = device_half_bits_to_float(static_cast<const std::uint16_t*>(src)[j]);
-  } else {
-    static_cast<float*>(dst)[j] = device_bfloat16_bits_to_float(static_cast<const std::uint16_t*>(src)[j]);
-  }
-}
-
-// A grid-stride loop over the launch's index space. A thread's indices only grow, so the segment
-// it is in is found by walking forward from the previous one (segments are never empty).
-template <class From, class To>
-__global__ void precision_cast_kernel(precision_segment_table t) {
-  unsigned k = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < t.total;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    while (i >= t.seg[k].start + t.seg[k].n) ++k;
-    precision_cast_element<From, To>(t.seg[k].src, t.seg[k].dst, i - t.seg[k].start);
-  }
-}
-
-// g *= inv_scale; *found = 1 when any element was inf or NaN (it stays non-finite after the
-// multiplication, as on the host). A template only so that the header defines it in every
-// translation unit without breaking the one-definition rule.
-template <class T>
-__global__ void precision_unscale_kernel(precision_segment_table t, T inv_scale, int* found) {
-  bool bad = false;
-  unsigned k = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < t.total;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    while (i >= t.seg[k].start + t.seg[k].n) ++k;
-    T* g = static_cast<T*>(t.seg[k].dst) + (i - t.seg[k].start);
-    const T v = *g;
-    bad |= !isfinite(v);
-    *g = v * inv_scale;
-  }
-  // Every thread of the block reaches this barrier (the loop has no early exit).
-  if (__syncthreads_or(bad ? 1 : 0) && threadIdx.x == 0) atomicExch(found, 1);
-}
-
-// Fills tables with the non-empty segments seg(0) .. seg(count - 1) and calls launch(table) for
-// each full table and for the last one.
-template <class Seg, class Launch>
-void for_each_precision_table(std::size_t count, Seg&& seg, Launch&& launch) {
-  precision_segment_table t{};
-  for (std::size_t k = 0; k < count; ++k) {
-    precision_segment s = seg(k);
-    if (s.n == 0) continue;
-    s.start = t.total;
-    t.seg[t.count++] = s;
-    t.total += s.n;
-    if (t.count == precision_segments_per_launch) {
-      launch(t);
-      t = precision_segment_table{};
-    }
-  }
-  if (t.count != 0) launch(t);
-}
-
-// dst[k][j] = To(src[k][j]) for every pair of views in CUDA memory (on the current device),
-// rounding to nearest even; bit for bit the host cast.
-template <class From, class To>
-void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<const tensor_view<To, cuda>> dst) {
-  static_assert((std::is_same_v<From, float> && (std::is_same_v<To, half> || std::is_same_v<To, bfloat16>)) ||
-                    ((std::is_same_v<From, half> || std::is_same_v<From, bfloat16>) && std::is_same_v<To, float>),
-                "partrain: the CUDA cast converts float to half/bfloat16 or half/bfloat16 to float");
-  check_cast_pairs(src, dst);
-  bool launched = false;
-  for_each_precision_table(
-      src.size(),
-      [&](std::size_t k) {
-        return precision_segment{src[k].data(), dst[k].data(), src[k].size(), 0};
-      },
-      [&](const precision_segment_table& t) {
-        precision_cast_kernel<From, To><<<precision_blocks(t.total), precision_block>>>(t);
-        cuda_check(cudaGetLastError(), "cast_views: precision_cast_kernel launch", __FILE__, __LINE__);
-        launched = true;
-      });
-  if (launched) cuda_check(cudaStreamSynchronize(nullptr), "cast_views: cudaStreamSynchronize", __FILE__, __LINE__);
-}
-
-// A device int from the stream-ordered pool (no device-wide synchronisation, unlike cudaFree).
-class precision_device_flag {
- public:
-  precision_device_flag() {
-    cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&p_), sizeof(int), nullptr),
-               "unscale_and_check: cudaMallocAsync (overflow flag)", __FILE__, __LINE__);
-    const cudaError_t rc = cudaMemsetAsync(p_, 0, sizeof(int), nullptr);
-    if (rc != cudaSuccess) {
-      release();
-      cuda_check(rc, "unscale_and_check: cudaMemsetAsync (overflow flag)", __FILE__, __LINE__);
-    }
-  }
-  precision_device_flag(const precision_device_flag&) = delete;
-  precision_device_flag& operator=(const precision_device_flag&) = delete;
-  ~precision_device_flag() { release(); }
-  [[nodiscard]] int* get() const noexcept { return p_; }
-
- private:
-  void release() noexcept {
-    if (p_) (void)cudaFreeAsync(p_, nullptr);
-    p_ = nullptr;
-  }
-  int* p_ = nullptr;
-};
-
-// g *= inv_scale over every gradient in CUDA memory, in one pass; true when any element is inf or
-// NaN (PyTorch's _amp_foreach_non_finite_check_and_unscale_). One copy of the flag to the host.
-[[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float, cuda>> grads, float inv_scale) {
-  std::size_t total = 0;
-  for (const auto& g : grads) total += g.size();
-  if (total == 0) return false;
-  precision_device_flag flag;
-  for_each_precision_table(
-      grads.size(), [&](std::size_t k) { return precision_segment{grads[k].data(), grads[k].data(), grads[k].size(), 0}; },
-      [&](const precision_segment_table& t) {
-        precision_unscale_kernel<float><<<precision_blocks(t.total), precision_block>>>(t, inv_scale, flag.get());
-        cuda_check(cudaGetLastError(), "unscale_and_check: precision_unscale_kernel launch", __FILE__, __LINE__);
-      });
-  int found = 0;
-  cuda_check(cudaMemcpyAsync(&found, flag.get(), sizeof(int), cudaMemcpyDeviceToHost, nullptr),
-             "unscale_and_check: cudaMemcpyAsync (overflow flag to host)", __FILE__, __LINE__);
-  cuda_check(cudaStreamSynchronize(nullptr), "unscale_and_check: cudaStreamSynchronize", __FILE__, __LINE__);
-  return found != 0;
-}
-
-}  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_CUDA_PRECISION_KERNELS_CUH
-#endif
-
-namespace partrain::inline v0 {
-
-namespace detail {
-template <class From, class To>
-concept castable_pair = (std::same_as<From, float> && low_precision_element<To>) ||
-                        (low_precision_element<From> && std::same_as<To, float>);
-}  // namespace detail
-
-// dst = src converted element by element; both views the same size and in the same memory.
-template <class From, class To, class S>
-  requires detail::castable_pair<std::remove_const_t<From>, To>
-void cast(tensor_view<From, S> src, tensor_view<To, S> dst) {
-  using F = std::remove_const_t<From>;
-  static_assert(std::same_as<S, host> || detail::is_nvcc_compiled,
-                "partrain: casting CUDA memory needs the translation unit compiled by nvcc "
-                "(the kernels are in partrain/cuda/precision_kernels.cuh)");
-  const tensor_view<const F, S> s(src);
-  detail::cast_views<F, To>(std::span<const tensor_view<const F, S>>(&s, 1), std::span<const tensor_view<To, S>>(&dst, 1));
-}
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_PRECISION_CAST_HPP
-// #include <partrain/precision/grad_scaler.hpp>
-#ifndef PARTRAIN_SI_PRECISION_GRAD_SCALER_HPP
-#define PARTRAIN_SI_PRECISION_GRAD_SCALER_HPP
-// partrain/precision/grad_scaler.hpp: dynamic loss scaling for fp16 training, with the semantics
-// of PyTorch's torch.amp.GradScaler. The loss's gradient is multiplied by scale() so that small
-// gradients survive fp16; before the optimizer steps, the gradients are divided back (unscale)
-// and checked for inf/NaN in the same pass. A step with an overflow is skipped and the scale
-// halved; after growth_interval good steps in a row it doubles. In data-parallel training the
-// overflow flag is agreed across ranks (one small all_reduce), so every rank skips the same steps.
-//
-// Per iteration: model.set_loss_scale(scaler.scale()); train step; [scaler.unscale(...); clip;]
-// scaler.step(opt, ...); scaler.update(). precision/amp_step.hpp does all of it in one call.
-
-#include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <span>
-#include <string>
-#include <type_traits>
-#include <vector>
-
-#if defined(__CUDACC__)
-// #include <partrain/cuda/precision_kernels.cuh>
-#ifndef PARTRAIN_SI_CUDA_PRECISION_KERNELS_CUH
-#define PARTRAIN_SI_CUDA_PRECISION_KERNELS_CUH
-// partrain/cuda/precision_kernels.cuh: the element loops of mixed precision for views in CUDA
-// memory: casts between fp32 and the 16-bit types, and the fused unscale + inf/NaN check over all
-// gradients. These are the overloads of precision/detail/host_kernels.hpp's functions for
-// tensor_view<T, cuda>; each call is one kernel launch over all its tensors (a table of segments
-// passed by value; more than precision_segments_per_launch tensors take one launch per table),
-// on the legacy default stream, and has finished on return (as the optimizers' kernels). nvcc only.
-
-#if !defined(__CUDACC__)
-#error "partrain/cuda/precision_kernels.cuh must be compiled by nvcc"
-#endif
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
-#include <cstddef>
-#include <cstdint>
-#include <span>
-#include <type_traits>
-
-// #include <partrain/cuda/check.hpp>
-#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
-#define PARTRAIN_SI_CUDA_CHECK_HPP
-// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
-// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <string>
-#include <string_view>
-
-namespace partrain::inline v0 {
-
-// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
-class cuda_error : public error {
- public:
-  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
-  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
-
- private:
-  cudaError_t code_;
-};
-
-namespace detail {
-
-[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
-                                                      int line) {
-  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
-         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
-}
-
-inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
-  if (rc != cudaSuccess) {
-    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
-    (void)cudaGetLastError();
-    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
-  }
-}
-
-}  // namespace detail
-
-}  // namespace partrain::inline v0
-
-// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
-#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
-#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
-
-namespace partrain::inline v0::detail {
-
-// One tensor of a fused launch: its elements are [start, start + n) of the launch's index space.
-struct precision_segment {
-  const void* src = nullptr;
-  void* dst = nullptr;
-  std::size_t n = 0;
-  std::size_t start = 0;
-};
-
-inline constexpr unsigned precision_segments_per_launch = 64;
-
-// Passed by value to the kernel: 64 * 32 + 16 bytes, well inside the 4 KiB of kernel parameters
-// every architecture accepts.
-struct precision_segment_table {
-  precision_segment seg[precision_segments_per_launch];
-  std::size_t total = 0;  // elements over all segments
-  unsigned count = 0;
-};
-static_assert(sizeof(precision_segment_table) <= 4096, "kernel parameters are limited to 4 KiB");
-
-inline constexpr unsigned precision_block = 256;
-inline constexpr std::size_t precision_max_blocks = 2048;
-
-[[nodiscard]] inline unsigned precision_blocks(std::size_t n) {
-  const std::size_t b = (n + precision_block - 1) / precision_block;
-  return static_cast<unsigned>(b == 0 ? 1 : (b < precision_max_blocks ? b : precision_max_blocks));
-}
-
-// The conversions, bit for bit those of core/half.hpp: the hardware's round-to-nearest-even
-// conversions for every number; NaN by hand, because the hardware returns one canonical NaN
-// while the host keeps the sign and the top payload bits (and quiets the NaN).
-__device__ inline std::uint16_t device_float_to_half_bits(float f) {
-  const std::uint32_t x = __float_as_uint(f);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) {
-    return static_cast<std::uint16_t>(((x >> 16) & 0x8000u) | 0x7C00u | 0x0200u | ((x >> 13) & 0x3FFu));
-  }
-  return __half_as_ushort(__float2half_rn(f));
-}
-__device__ inline std::uint16_t device_float_to_bfloat16_bits(float f) {
-  const std::uint32_t x = __float_as_uint(f);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x0040u);
-  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-}
-__device__ inline float device_half_bits_to_float(std::uint16_t h) {
-  if ((h & 0x7C00u) == 0x7C00u && (h & 0x03FFu) != 0) {  // NaN: keep sign and payload, as the host
-    return __uint_as_float((static_cast<std::uint32_t>(h & 0x8000u) << 16) | 0x7F800000u |
-                           (static_cast<std::uint32_t>(h & 0x03FFu) << 13));
-  }
-  return __half2float(__ushort_as_half(h));
-}
-__device__ inline float device_bfloat16_bits_to_float(std::uint16_t b) {
-  return __uint_as_float(static_cast<std::uint32_t>(b) << 16);  // exact, NaN included
-}
-
-// Element j of one segment, From -> To (one side float, the other half or bfloat16; the 16-bit
-// side is read and written as its bits, which partrain::half/bfloat16 share with __half/__nv_bfloat16).
-template <class From, class To>
-__device__ void precision_cast_element(const void* src, void* dst, std::size_t j) {
-  if constexpr (std::is_same_v<To, half>) {
-    static_cast<std::uint16_t*>(dst)[j] = device_float_to_half_bits(static_cast<const float*>(src)[j]);
-  } else if constexpr (std::is_same_v<To, bfloat16>) {
-    static_cast<std::uint16_t*>(dst)[j] = device_float_to_bfloat16_bits(static_cast<const float*>(src)[j]);
-  } else if constexpr (std::is_same_v<From, half>) {
-    static_cast<float*>(dst)[j] = device_half_bits_to_float(static_cast<const std::uint16_t*>(src)[j]);
-  } else {
-    static_cast<float*>(dst)[j] = device_bfloat16_bits_to_float(static_cast<const std::uint16_t*>(src)[j]);
-  }
-}
-
-// A grid-stride loop over the launch's index space. A thread's indices only grow, so the segment
-// it is in is found by walking forward from the previous one (segments are never empty).
-template <class From, class To>
-__global__ void precision_cast_kernel(precision_segment_table t) {
-  unsigned k = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < t.total;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    while (i >= t.seg[k].start + t.seg[k].n) ++k;
-    precision_cast_element<From, To>(t.seg[k].src, t.seg[k].dst, i - t.seg[k].start);
-  }
-}
-
-// g *= inv_scale; *found = 1 when any element was inf or NaN (it stays non-finite after the
-// multiplication, as on the host). A template only so that the header defines it in every
-// translation unit without breaking the one-definition rule.
-template <class T>
-__global__ void precision_unscale_kernel(precision_segment_table t, T inv_scale, int* found) {
-  bool bad = false;
-  unsigned k = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < t.total;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    while (i >= t.seg[k].start + t.seg[k].n) ++k;
-    T* g = static_cast<T*>(t.seg[k].dst) + (i - t.seg[k].start);
-    const T v = *g;
-    bad |= !isfinite(v);
-    *g = v * inv_scale;
-  }
-  // Every thread of the block reaches this barrier (the loop has no early exit).
-  if (__syncthreads_or(bad ? 1 : 0) && threadIdx.x == 0) atomicExch(found, 1);
-}
-
-// Fills tables with the non-empty segments seg(0) .. seg(count - 1) and calls launch(table) for
-// each full table and for the last one.
-template <class Seg, class Launch>
-void for_each_precision_table(std::size_t count, Seg&& seg, Launch&& launch) {
-  precision_segment_table t{};
-  for (std::size_t k = 0; k < count; ++k) {
-    precision_segment s = seg(k);
-    if (s.n == 0) continue;
-    s.start = t.total;
-    t.seg[t.count++] = s;
-    t.total += s.n;
-    if (t.count == precision_segments_per_launch) {
-      launch(t);
-      t = precision_segment_table{};
-    }
-  }
-  if (t.count != 0) launch(t);
-}
-
-// dst[k][j] = To(src[k][j]) for every pair of views in CUDA memory (on the current device),
-// rounding to nearest even; bit for bit the host cast.
-template <class From, class To>
-void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<const tensor_view<To, cuda>> dst) {
-  static_assert((std::is_same_v<From, float> && (std::is_same_v<To, half> || std::is_same_v<To, bfloat16>)) ||
-                    ((std::is_same_v<From, half> || std::is_same_v<From, bfloat16>) && std::is_same_v<To, float>),
-                "partrain: the CUDA cast converts float to half/bfloat16 or half/bfloat16 to float");
-  check_cast_pairs(src, dst);
-  bool launched = false;
-  for_each_precision_table(
-      src.size(),
-      [&](std::size_t k) {
-        return precision_segment{src[k].data(), dst[k].data(), src[k].size(), 0};
-      },
-      [&](const precision_segment_table& t) {
-        precision_cast_kernel<From, To><<<precision_blocks(t.total), precision_block>>>(t);
-        cuda_check(cudaGetLastError(), "cast_views: precision_cast_kernel launch", __FILE__, __LINE__);
-        launched = true;
-      });
-  if (launched) cuda_check(cudaStreamSynchronize(nullptr), "cast_views: cudaStreamSynchronize", __FILE__, __LINE__);
-}
-
-// A device int from the stream-ordered pool (no device-wide synchronisation, unlike cudaFree).
-class precision_device_flag {
- public:
-  precision_device_flag() {
-    cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&p_), sizeof(int), nullptr),
-               "unscale_and_check: cudaMallocAsync (overflow flag)", __FILE__, __LINE__);
-    const cudaError_t rc = cudaMemsetAsync(p_, 0, sizeof(int), nullptr);
-    if (rc != cudaSuccess) {
-      release();
-      cuda_check(rc, "unscale_and_check: cudaMemsetAsync (overflow flag)", __FILE__, __LINE__);
-    }
-  }
-  precision_device_flag(const precision_device_flag&) = delete;
-  precision_device_flag& operator=(const precision_device_flag&) = delete;
-  ~precision_device_flag() { release(); }
-  [[nodiscard]] int* get() const noexcept { return p_; }
-
- private:
-  void release() noexcept {
-    if (p_) (void)cudaFreeAsync(p_, nullptr);
-    p_ = nullptr;
-  }
-  int* p_ = nullptr;
-};
-
-// g *= inv_scale over every gradient in CUDA memory, in one pass; true when any element is inf or
-// NaN (PyTorch's _amp_foreach_non_finite_check_and_unscale_). One copy of the flag to the host.
-[[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float, cuda>> grads, float inv_scale) {
-  std::size_t total = 0;
-  for (const auto& g : grads) total += g.size();
-  if (total == 0) return false;
-  precision_device_flag flag;
-  for_each_precision_table(
-      grads.size(), [&](std::size_t k) { return precision_segment{grads[k].data(), grads[k].data(), grads[k].size(), 0}; },
-      [&](const precision_segment_table& t) {
-        precision_unscale_kernel<float><<<precision_blocks(t.total), precision_block>>>(t, inv_scale, flag.get());
-        cuda_check(cudaGetLastError(), "unscale_and_check: precision_unscale_kernel launch", __FILE__, __LINE__);
-      });
-  int found = 0;
-  cuda_check(cudaMemcpyAsync(&found, flag.get(), sizeof(int), cudaMemcpyDeviceToHost, nullptr),
-             "unscale_and_check: cudaMemcpyAsync (overflow flag to host)", __FILE__, __LINE__);
-  cuda_check(cudaStreamSynchronize(nullptr), "unscale_and_check: cudaStreamSynchronize", __FILE__, __LINE__);
-  return found != 0;
-}
-
-}  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_CUDA_PRECISION_KERNELS_CUH
-#endif
-#if PARTRAIN_HAS_CUDA
-// #include <partrain/cuda/device_buffer.hpp>
-#ifndef PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
-#define PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
-// partrain/cuda/device_buffer.hpp: owned device memory (cudaMalloc, RAII) with a shape, seen as
-// tensor_view<T, cuda>, and copies to and from host views (blocking, or queued on a stream).
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/device_buffer.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <cstddef>
-#include <string>
-#include <type_traits>
-#include <utility>
-
-// #include <partrain/cuda/check.hpp>
-#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
-#define PARTRAIN_SI_CUDA_CHECK_HPP
-// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
-// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <string>
-#include <string_view>
-
-namespace partrain::inline v0 {
-
-// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
-class cuda_error : public error {
- public:
-  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
-  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
-
- private:
-  cudaError_t code_;
-};
-
-namespace detail {
-
-[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
-                                                      int line) {
-  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
-         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
-}
-
-inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
-  if (rc != cudaSuccess) {
-    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
-    (void)cudaGetLastError();
-    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
-  }
-}
-
-}  // namespace detail
-
-}  // namespace partrain::inline v0
-
-// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
-#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
-#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
-// #include <partrain/cuda/device_guard.hpp>
-#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
-// previous one after (torch.cuda.device as a context manager).
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-namespace partrain::inline v0 {
-
-class [[nodiscard]] cuda_device_guard {
- public:
-  explicit cuda_device_guard(int index) {
-    PARTRAIN_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (index != previous_) PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
-  }
-  cuda_device_guard(const cuda_device_guard&) = delete;
-  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
-  ~cuda_device_guard() { (void)cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
-};
-
-// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
-[[nodiscard]] inline int cuda_device_count() noexcept {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-
-namespace partrain::inline v0 {
-
-// A zero-initialised device array of trivially copyable T with a shape, on one device.
-template <class T>
-  requires std::is_trivially_copyable_v<T>
-class device_buffer {
- public:
-  device_buffer() = default;
-  explicit device_buffer(partrain::shape s, int device_index = 0) : shape_(s), device_(device_index) {
-    if (s.numel() == 0) return;
-    cuda_device_guard guard(device_index);
-    void* p = nullptr;
-    const cudaError_t rc = cudaMalloc(&p, size_bytes());
-    if (rc != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw cuda_error(rc, "device_buffer: cudaMalloc of " + std::to_string(size_bytes()) + " bytes on cuda:" +
-                               std::to_string(device_index) + " failed: " + cudaGetErrorString(rc));
-    }
-    data_ = static_cast<T*>(p);
-    const cudaError_t rc2 = cudaMemset(data_, 0, size_bytes());
-    if (rc2 != cudaSuccess) {
-      reset();
-      detail::cuda_check(rc2, "cudaMemset(data_, 0, size_bytes())", __FILE__, __LINE__);
-    }
-  }
-  explicit device_buffer(std::size_t n, int device_index = 0) : device_buffer(partrain::shape{n}, device_index) {}
-
-  device_buffer(device_buffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})), device_(o.device_) {}
-  device_buffer& operator=(device_buffer&& o) noexcept {
-    if (this != &o) {
-      reset();
-      data_ = std::exchange(o.data_, nullptr);
-      shape_ = std::exchange(o.shape_, {});
-      device_ = o.device_;
-    }
-    return *this;
-  }
-  device_buffer(const device_buffer&) = delete;
-  device_buffer& operator=(const device_buffer&) = delete;
-  ~device_buffer() { reset(); }
-
-  [[nodiscard]] T* data() noexcept { return data_; }
-  [[nodiscard]] const T* data() const noexcept { return data_; }
-  [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
-  [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
-  [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
-  [[nodiscard]] int device_index() const noexcept { return device_; }
-
-  [[nodiscard]] tensor_view<T, cuda> view() noexcept { return {data_, shape_}; }
-  [[nodiscard]] tensor_view<const T, cuda> view() const noexcept { return {data_, shape_}; }
-
-  // Host -> device. With a stream the copy is queued (the host memory must stay alive and, to be
-  // truly asynchronous, be pinned); without one it has finished on return.
-  void copy_from(tensor_view<const T, host> src, cudaStream_t stream = nullptr) {
-    check_size("copy_from", src.size());
-    copy(data_, src.data(), cudaMemcpyHostToDevice, stream);
-  }
-  // Device -> host, same rules.
-  void copy_to(tensor_view<T, host> dst, cudaStream_t stream = nullptr) const {
-    check_size("copy_to", dst.size());
-    copy(dst.data(), data_, cudaMemcpyDeviceToHost, stream);
-  }
-
- private:
-  void check_size(const char* what, std::size_t n) const {
-    if (n != size()) {
-      throw invalid_argument_error("device_buffer::" + std::string(what) + ": the host view has " + std::to_string(n) +
-                                   " elements, the buffer " + std::to_string(size()) + " (expected equal sizes)");
-    }
-  }
-  void copy(void* dst, const void* src, cudaMemcpyKind kind, cudaStream_t stream) const {
-    if (size() == 0) return;
-    if (stream) {
-      PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, stream));
-    } else {
-      PARTRAIN_CUDA_CHECK(cudaMemcpy(dst, src, size_bytes(), kind));
-    }
-  }
-  void reset() noexcept {
-    if (data_) (void)cudaFree(std::exchange(data_, nullptr));
-  }
-
-  T* data_ = nullptr;
-  partrain::shape shape_{};
-  int device_ = 0;
-};
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
-#endif
-
-namespace partrain::inline v0 {
-
-// GradScaler's constructor arguments and defaults.
-struct grad_scaler_options {
-  float init_scale = 65536.0f;  // 2^16
-  float growth_factor = 2.0f;
-  float backoff_factor = 0.5f;
-  std::int64_t growth_interval = 2000;
-  bool enabled = true;  // false: scale() is 1, nothing is checked, every step runs
-};
-
-class grad_scaler {
- public:
-  explicit grad_scaler(grad_scaler_options o = {}) : opts_(o), scale_(o.init_scale) { validate(opts_); }
-
-  // The scaler a precision wants by default: scaling for fp16; none for bf16 (float's exponent
-  // range) and fp32.
-  [[nodiscard]] static grad_scaler for_precision(precision p, grad_scaler_options o = {}) {
-    o.enabled = o.enabled && p == precision::fp16;
-    return grad_scaler(o);
-  }
-
-  [[nodiscard]] bool enabled() const noexcept { return opts_.enabled; }
-  // What the loss (its gradient) is multiplied by this iteration; 1 when disabled.
-  [[nodiscard]] float scale() const noexcept { return opts_.enabled ? scale_ : 1.0f; }
-  // Good steps since the last change of scale.
-  [[nodiscard]] std::int64_t growth_tracker() const noexcept { return growth_tracker_; }
-  [[nodiscard]] const grad_scaler_options& options() const noexcept { return opts_; }
-  [[nodiscard]] double scale_loss(double loss) const noexcept { return loss * static_cast<double>(scale()); }
-
-  // Divides every gradient of the model by scale() and reports whether any was inf or NaN, in
-  // one pass over all of them. At most once per iteration (the next update() ends it).
-  template <model M>
-  [[nodiscard]] bool unscale(M& m) {
-    return unscale_impl(m, [](bool found) { return found; });
-  }
-  // The same, with the flag agreed across the ranks of `comm` (max over ranks): every rank sees
-  // an overflow when any rank had one, and skips the step with the others.
-  template <model M, class C>
-  [[nodiscard]] bool unscale(M& m, C& comm) {
-    return unscale_impl(m, [&comm, this](bool found) { return agree(comm, found); });
-  }
-
-  // Steps the optimizer unless this iteration's gradients overflowed; unscales first when
-  // unscale() was not called. Returns true when the optimizer stepped.
-  template <optimizer O, model M>
-  bool step(O& opt, M& m) {
-    if (!opts_.enabled) return run_step(opt);
-    if (!unscaled_) (void)unscale(m);
-    return found_inf_ ? false : run_step(opt);
-  }
-  template <optimizer O, model M, class C>
-  bool step(O& opt, M& m, C& comm) {
-    if (!opts_.enabled) return run_step(opt);
-    if (!unscaled_) (void)unscale(m, comm);
-    return found_inf_ ? false : run_step(opt);
-  }
-
-  // Ends the iteration: halves the scale after an overflow (and restarts the count of good
-  // steps), doubles it after growth_interval good steps in a row (if the result is finite).
-  void update() {
-    if (!opts_.enabled) return;
-    if (!unscaled_) {
-      throw invalid_argument_error("grad_scaler::update: no inf/NaN check was recorded this iteration (call "
-                                   "unscale() or step() before update())");
-    }
-    update(found_inf_);
-  }
-  // The same with the overflow decision given (what update() applies; handy for a caller that
-  // checks gradients itself).
-  void update(bool found_inf) {
-    unscaled_ = false;
-    found_inf_ = false;
-    if (!opts_.enabled) return;
-    if (found_inf) {
-      scale_ *= opts_.backoff_factor;
-      growth_tracker_ = 0;
-      return;
-    }
-    if (++growth_tracker_ == opts_.growth_interval) {
-      const float grown = scale_ * opts_.growth_factor;
-      if (std::isfinite(grown)) scale_ = grown;
-      growth_tracker_ = 0;
-    }
-  }
-  // Whether this iteration's unscale found an overflow.
-  [[nodiscard]] bool found_inf() const noexcept { return found_inf_; }
-
-  // State for checkpoint_extra::scaler_state: scale, growth tracker and the options.
-  [[nodiscard]] std::vector<std::byte> state_bytes() const {
-    state_writer w;
-    w.put(state_magic);
-    w.put(state_version);
-    w.put(scale_);
-    w.put(growth_tracker_);
-    w.put(opts_.growth_factor);
-    w.put(opts_.backoff_factor);
-    w.put(opts_.growth_interval);
-    w.put(static_cast<std::uint8_t>(opts_.enabled ? 1 : 0));
-    return w.release();
-  }
-  // Restores what state_bytes() saved; refuses empty, truncated or implausible state by name.
-  void load_state_bytes(std::span<const std::byte> bytes) {
-    if (bytes.empty()) {
-      throw checkpoint_error("grad_scaler: the checkpoint holds no scaler state (was it saved by a run without "
-                             "a gradient scaler, e.g. fp32 or bf16?)");
-    }
-    state_reader r(bytes);
-    if (r.get<std::uint32_t>("grad_scaler magic") != state_magic) {
-      throw checkpoint_error("grad_scaler: the scaler state does not start with the grad_scaler marker");
-    }
-    const auto version = r.get<std::uint32_t>("grad_scaler version");
-    if (version != state_version) {
-      throw checkpoint_error("grad_scaler: scaler state version " + std::to_string(version) + ", expected " +
-                             std::to_string(state_version));
-    }
-    grad_scaler_options o;
-    const auto scale = r.get<float>("grad_scaler scale");
-    const auto tracker = r.get<std::int64_t>("grad_scaler growth tracker");
-    o.init_scale = scale;
-    o.growth_factor = r.get<float>("grad_scaler growth factor");
-    o.backoff_factor = r.get<float>("grad_scaler backoff factor");
-    o.growth_interval = r.get<std::int64_t>("grad_scaler growth interval");
-    o.enabled = r.get<std::uint8_t>("grad_scaler enabled") != 0;
-    if (r.remaining() != 0) throw checkpoint_error("grad_scaler: " + std::to_string(r.remaining()) + " unexpected bytes after the scaler state");
-    try {
-      validate(o);
-    } catch (const invalid_argument_error& e) {
-      throw checkpoint_error(std::string("grad_scaler: the saved state is not valid: ") + e.what());
-    }
-    if (tracker < 0 || tracker >= o.growth_interval) {
-      throw checkpoint_error("grad_scaler: saved growth tracker " + std::to_string(tracker) + " is outside [0, " +
-                             std::to_string(o.growth_interval) + ")");
-    }
-    opts_ = o;
-    scale_ = scale;
-    growth_tracker_ = tracker;
-    unscaled_ = false;
-    found_inf_ = false;
-  }
-
- private:
-  static constexpr std::uint32_t state_magic = 0x4c435347u;  // "GSCL"
-  static constexpr std::uint32_t state_version = 1;
-
-  static void validate(const grad_scaler_options& o) {
-    auto bad = [](const std::string& what) { throw invalid_argument_error("grad_scaler_options: " + what); };
-    if (!(o.init_scale > 0) || !std::isfinite(o.init_scale)) bad("init_scale must be finite and > 0, got " + std::to_string(o.init_scale));
-    if (!(o.growth_factor > 1) || !std::isfinite(o.growth_factor)) bad("growth_factor must be finite and > 1, got " + std::to_string(o.growth_factor));
-    if (!(o.backoff_factor > 0 && o.backoff_factor < 1)) bad("backoff_factor must be in (0, 1), got " + std::to_string(o.backoff_factor));
-    if (o.growth_interval <= 0) bad("growth_interval must be > 0, got " + std::to_string(o.growth_interval));
-  }
-
-  template <optimizer O>
-  static bool run_step(O& opt) {
-    opt.step();
-    return true;
-  }
-
-  template <model M, class Agree>
-  bool unscale_impl(M& m, Agree&& agree_fn) {
-    if (!opts_.enabled) return false;
-    if (unscaled_) {
-      throw invalid_argument_error("grad_scaler::unscale: already called this iteration (call update() to end it)");
-    }
-    using S = detail::model_space_t<M>;
-    using T = detail::model_element_t<M>;
-    static_assert(std::same_as<T, float>, "partrain: grad_scaler unscales fp32 gradients (the master weights' gradients)");
-    static_assert(std::same_as<S, host> || detail::is_nvcc_compiled,
-                  "partrain: unscaling CUDA gradients needs the translation unit compiled by nvcc "
-                  "(the kernel is in partrain/cuda/precision_kernels.cuh)");
-    std::vector<tensor_view<float, S>> grads;
-    for (auto&& p : m.parameters()) grads.push_back(p.grad());
-    // 1/scale in double, rounded once to float (as GradScaler computes it).
-    const auto inv = static_cast<float>(1.0 / static_cast<double>(scale_));
-    const bool local = detail::unscale_and_check(std::span<const tensor_view<float, S>>(grads), inv);
-    found_inf_ = agree_fn(local);
-    unscaled_ = true;
-    return found_inf_;
-  }
-
-  // A stalled or dead rank surfaces as the backend's timeout; say which operation it was.
-  template <class C>
-  static void wait_named(C& comm, work w) {
-    try {
-      w.wait();
-    } catch (const timeout_error& e) {
-      throw timeout_error("rank " + std::to_string(comm.rank()) + " grad_scaler: the overflow-flag all_reduce failed: " +
-                          e.what());
-    } catch (const communication_error& e) {
-      throw communication_error("rank " + std::to_string(comm.rank()) +
-                                " grad_scaler: the overflow-flag all_reduce failed: " + e.what());
-    }
-  }
-
-  // Max over ranks of the flag. A backend that takes only CUDA memory (NCCL) gets a device copy.
-  template <class C>
-  bool agree(C& comm, bool found) {
-    float flag = found ? 1.0f : 0.0f;
-    bool host_ok = true;
-    if constexpr (requires(const C& c) { { c.accepts(device_kind::cpu) } -> std::convertible_to<bool>; }) {
-      host_ok = comm.accepts(device_kind::cpu);
-    }
-    if (host_ok) {
-      wait_named(comm, comm.all_reduce(tensor_view<float>(&flag, 1), reduce_op::max));
-      return flag != 0.0f;
-    }
-#if PARTRAIN_HAS_CUDA
-    device_buffer<float> dev(1);
-    dev.copy_from(tensor_view<const float>(&flag, 1));
-    wait_named(comm, comm.all_reduce(dev.view(), reduce_op::max));
-    dev.copy_to(tensor_view<float>(&flag, 1));
-    return flag != 0.0f;
-#else
-    throw config_error("grad_scaler: the communicator takes neither host nor (in this build) CUDA memory");
-#endif
-  }
-
-  grad_scaler_options opts_;
-  float scale_;
-  std::int64_t growth_tracker_ = 0;
-  bool unscaled_ = false;   // unscale() ran this iteration
-  bool found_inf_ = false;  // and found an overflow (on any rank, when agreed)
-};
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_PRECISION_GRAD_SCALER_HPP
-// #include <partrain/precision/low_precision_copy.hpp>
-#ifndef PARTRAIN_SI_PRECISION_LOW_PRECISION_COPY_HPP
-#define PARTRAIN_SI_PRECISION_LOW_PRECISION_COPY_HPP
-// partrain/precision/low_precision_copy.hpp: the 16-bit copy of a model's fp32 master weights
-// that its forward and backward compute with. One contiguous buffer holds every parameter's copy;
-// refresh() re-casts all masters into it (after each optimizer step) in one pass, rounding to
-// nearest even. The precision is chosen at run time (fp16 or bf16), as a command-line flag would.
-
-#include <cstddef>
-#include <cstdint>
-#include <span>
-#include <string>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
-#if PARTRAIN_HAS_CUDA
-// #include <partrain/cuda/device_buffer.hpp>
-#ifndef PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
-#define PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
-// partrain/cuda/device_buffer.hpp: owned device memory (cudaMalloc, RAII) with a shape, seen as
-// tensor_view<T, cuda>, and copies to and from host views (blocking, or queued on a stream).
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/device_buffer.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <cstddef>
-#include <string>
-#include <type_traits>
-#include <utility>
-
-// #include <partrain/cuda/check.hpp>
-#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
-#define PARTRAIN_SI_CUDA_CHECK_HPP
-// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
-// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <string>
-#include <string_view>
-
-namespace partrain::inline v0 {
-
-// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
-class cuda_error : public error {
- public:
-  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
-  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
-
- private:
-  cudaError_t code_;
-};
-
-namespace detail {
-
-[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
-                                                      int line) {
-  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
-         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
-}
-
-inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
-  if (rc != cudaSuccess) {
-    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
-    (void)cudaGetLastError();
-    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
-  }
-}
-
-}  // namespace detail
-
-}  // namespace partrain::inline v0
-
-// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
-#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
-#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
-// #include <partrain/cuda/device_guard.hpp>
-#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
-// previous one after (torch.cuda.device as a context manager).
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda_runtime.h>
-
-namespace partrain::inline v0 {
-
-class [[nodiscard]] cuda_device_guard {
- public:
-  explicit cuda_device_guard(int index) {
-    PARTRAIN_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (index != previous_) PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
-  }
-  cuda_device_guard(const cuda_device_guard&) = delete;
-  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
-  ~cuda_device_guard() { (void)cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
-};
-
-// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
-[[nodiscard]] inline int cuda_device_count() noexcept {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-
-namespace partrain::inline v0 {
-
-// A zero-initialised device array of trivially copyable T with a shape, on one device.
-template <class T>
-  requires std::is_trivially_copyable_v<T>
-class device_buffer {
- public:
-  device_buffer() = default;
-  explicit device_buffer(partrain::shape s, int device_index = 0) : shape_(s), device_(device_index) {
-    if (s.numel() == 0) return;
-    cuda_device_guard guard(device_index);
-    void* p = nullptr;
-    const cudaError_t rc = cudaMalloc(&p, size_bytes());
-    if (rc != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw cuda_error(rc, "device_buffer: cudaMalloc of " + std::to_string(size_bytes()) + " bytes on cuda:" +
-                               std::to_string(device_index) + " failed: " + cudaGetErrorString(rc));
-    }
-    data_ = static_cast<T*>(p);
-    const cudaError_t rc2 = cudaMemset(data_, 0, size_bytes());
-    if (rc2 != cudaSuccess) {
-      reset();
-      detail::cuda_check(rc2, "cudaMemset(data_, 0, size_bytes())", __FILE__, __LINE__);
-    }
-  }
-  explicit device_buffer(std::size_t n, int device_index = 0) : device_buffer(partrain::shape{n}, device_index) {}
-
-  device_buffer(device_buffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})), device_(o.device_) {}
-  device_buffer& operator=(device_buffer&& o) noexcept {
-    if (this != &o) {
-      reset();
-      data_ = std::exchange(o.data_, nullptr);
-      shape_ = std::exchange(o.shape_, {});
-      device_ = o.device_;
-    }
-    return *this;
-  }
-  device_buffer(const device_buffer&) = delete;
-  device_buffer& operator=(const device_buffer&) = delete;
-  ~device_buffer() { reset(); }
-
-  [[nodiscard]] T* data() noexcept { return data_; }
-  [[nodiscard]] const T* data() const noexcept { return data_; }
-  [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
-  [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
-  [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
-  [[nodiscard]] int device_index() const noexcept { return device_; }
-
-  [[nodiscard]] tensor_view<T, cuda> view() noexcept { return {data_, shape_}; }
-  [[nodiscard]] tensor_view<const T, cuda> view() const noexcept { return {data_, shape_}; }
-
-  // Host -> device. With a stream the copy is queued (the host memory must stay alive and, to be
-  // truly asynchronous, be pinned); without one it has finished on return.
-  void copy_from(tensor_view<const T, host> src, cudaStream_t stream = nullptr) {
-    check_size("copy_from", src.size());
-    copy(data_, src.data(), cudaMemcpyHostToDevice, stream);
-  }
-  // Device -> host, same rules.
-  void copy_to(tensor_view<T, host> dst, cudaStream_t stream = nullptr) const {
-    check_size("copy_to", dst.size());
-    copy(dst.data(), data_, cudaMemcpyDeviceToHost, stream);
-  }
-
- private:
-  void check_size(const char* what, std::size_t n) const {
-    if (n != size()) {
-      throw invalid_argument_error("device_buffer::" + std::string(what) + ": the host view has " + std::to_string(n) +
-                                   " elements, the buffer " + std::to_string(size()) + " (expected equal sizes)");
-    }
-  }
-  void copy(void* dst, const void* src, cudaMemcpyKind kind, cudaStream_t stream) const {
-    if (size() == 0) return;
-    if (stream) {
-      PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, stream));
-    } else {
-      PARTRAIN_CUDA_CHECK(cudaMemcpy(dst, src, size_bytes(), kind));
-    }
-  }
-  void reset() noexcept {
-    if (data_) (void)cudaFree(std::exchange(data_, nullptr));
-  }
-
-  T* data_ = nullptr;
-  partrain::shape shape_{};
-  int device_ = 0;
-};
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
-#endif
-
-namespace partrain::inline v0 {
-
-template <class S = host>
-class low_precision_copy {
-#if !PARTRAIN_HAS_CUDA
-  static_assert(std::same_as<S, host>, "partrain: a low_precision_copy in CUDA memory needs the CUDA runtime (link partrain::cuda)");
-#endif
-
- public:
-  low_precision_copy() = default;
-  // A copy of each master (their order kept), made at once.
-  low_precision_copy(precision p, std::vector<tensor_view<float, S>> masters) : kind_(p), masters_(std::move(masters)) {
-    if (p == precision::fp32) {
-      throw invalid_argument_error("low_precision_copy: precision fp32 has no 16-bit copy (expected fp16 or bf16)");
-    }
-    std::size_t total = 0;
-    for (const auto& m : masters_) {
-      offsets_.push_back(total);
-      total += m.size();
-    }
-    storage_ = make_storage(total);
-    refresh();
-  }
-
-  [[nodiscard]] precision kind() const noexcept { return kind_; }
-  [[nodiscard]] std::size_t size() const noexcept { return masters_.size(); }
-  [[nodiscard]] std::size_t bytes() const noexcept { return storage_.size() * sizeof(std::uint16_t); }
-
-  // Casts every master into its copy.
-  void refresh() {
-    if (masters_.empty()) return;
-    visit_precision(kind_, [this](auto tag) {
-      using T16 = decltype(tag);
-      if constexpr (!std::same_as<T16, float>) {
-        std::vector<tensor_view<const float, S>> src(masters_.begin(), masters_.end());
-        std::vector<tensor_view<T16, S>> dst;
-        dst.reserve(masters_.size());
-        for (std::size_t i = 0; i < masters_.size(); ++i) dst.push_back(view_of<T16>(i));
-        static_assert(std::same_as<S, host> || detail::is_nvcc_compiled,
-                      "partrain: refreshing a CUDA low_precision_copy needs the translation unit compiled by nvcc");
-        detail::cast_views<float, T16>(std::span<const tensor_view<const float, S>>(src),
-                                       std::span<const tensor_view<T16, S>>(dst));
-      }
-      return 0;
-    });
-  }
-
-  // Parameter i's copy as T (half for fp16, bfloat16 for bf16; anything else is refused).
-  template <low_precision_element T>
-  [[nodiscard]] tensor_view<const T, S> get(std::size_t i) const {
-    if ((std::same_as<T, half> && kind_ != precision::fp16) || (std::same_as<T, bfloat16> && kind_ != precision::bf16)) {
-      throw invalid_argument_error(std::string("low_precision_copy::get: the copy holds ") + std::string(to_string(kind_)) +
-                                   ", asked for " + (std::same_as<T, half> ? "half" : "bfloat16"));
-    }
-    return const_cast<low_precision_copy*>(this)->template view_of<T>(i);
-  }
-  // Parameter i's copy as raw 16-bit words (for libraries that take a data-type tag, as cuBLAS).
-  [[nodiscard]] const void* data(std::size_t i) const {
-    check_index(i);
-    return storage_.data() + offsets_[i];
-  }
-
- private:
-#if PARTRAIN_HAS_CUDA
-  using storage_t = std::conditional_t<std::same_as<S, host>, host_buffer<std::uint16_t>, device_buffer<std::uint16_t>>;
-#else
-  using storage_t = host_buffer<std::uint16_t>;
-#endif
-
-  // CUDA storage on the device current now (where the masters are), not device 0.
-  [[nodiscard]] static storage_t make_storage(std::size_t n) {
-#if PARTRAIN_HAS_CUDA
-    if constexpr (std::same_as<S, cuda>) {
-      int dev = 0;
-      PARTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
-      return storage_t(n, dev);
-    } else {
-      return storage_t(n);
-    }
-#else
-    return storage_t(n);
-#endif
-  }
-
-  void check_index(std::size_t i) const {
-    if (i >= masters_.size()) {
-      throw invalid_argument_error("low_precision_copy: parameter " + std::to_string(i) + " out of range (the copy has " +
-                                   std::to_string(masters_.size()) + ")");
-    }
-  }
-  template <class T>
-  [[nodiscard]] tensor_view<T, S> view_of(std::size_t i) {
-    check_index(i);
-    static_assert(sizeof(T) == sizeof(std::uint16_t));
-    return tensor_view<T, S>(reinterpret_cast<T*>(storage_.data() + offsets_[i]), masters_[i].shape());
-  }
-
-  precision kind_ = precision::fp16;
-  std::vector<tensor_view<float, S>> masters_;
-  std::vector<std::size_t> offsets_;
-  storage_t storage_;
-};
-
-// The copy of a model's parameter values (fp32 masters), in parameters() order.
-template <model M>
-[[nodiscard]] auto make_low_precision_copy(precision p, M& m) {
-  using S = detail::model_space_t<M>;
-  static_assert(std::same_as<detail::model_element_t<M>, float>, "partrain: mixed precision keeps fp32 master weights");
-  std::vector<tensor_view<float, S>> masters;
-  for (auto&& prm : m.parameters()) masters.push_back(prm.value());
-  return low_precision_copy<S>(p, std::move(masters));
-}
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_PRECISION_LOW_PRECISION_COPY_HPP
-// #include <partrain/precision/mixed_precision.hpp>
-#ifndef PARTRAIN_SI_PRECISION_MIXED_PRECISION_HPP
-#define PARTRAIN_SI_PRECISION_MIXED_PRECISION_HPP
-// partrain/precision/mixed_precision.hpp: the mixed-precision policy and the step that applies it.
-//
-// The policy (PyTorch's autocast + GradScaler, or FSDP's MixedPrecision, as one value): the model
-// keeps fp32 master weights and computes with a 16-bit copy; gradients reach the masters in fp32
-// and are reduced in fp32 or, through DDP's communication hooks, in 16 bits; the optimizer steps
-// the masters; the copy is refreshed after each step. fp16 needs loss scaling, bf16 does not.
-//
-// What the model offers (both optional for fp32, see the concepts below):
-//   void set_loss_scale(float s);   // multiply the gradient of the loss by s in backward
-//   void refresh_low_precision();   // re-cast the masters into the 16-bit copy
-
-#include <cmath>
-#include <limits>
-#include <optional>
-#include <string>
-#include <type_traits>
-
-namespace partrain::inline v0 {
-
-// A model that applies a loss scale in its backward (what `scaler.scale(loss).backward()` does).
-template <class M>
-concept loss_scalable = requires(M& m, float s) { m.set_loss_scale(s); };
-
-// A model with a 16-bit copy of its weights to refresh after the masters change.
-template <class M>
-concept has_low_precision_copy = requires(M& m) { m.refresh_low_precision(); };
-
-struct mixed_precision_policy {
-  precision compute = precision::fp32;
-  // false: DDP all_reduces fp32 gradients; true: in the compute's 16-bit type (comm hook).
-  bool reduce_in_low_precision = false;
-  // Loss scaling: by default on for fp16 only.
-  std::optional<bool> loss_scaling{};
-  grad_scaler_options scaler{};
-
-  [[nodiscard]] bool scales_loss() const noexcept { return loss_scaling.value_or(compute == precision::fp16); }
-  [[nodiscard]] grad_scaler make_scaler() const {
-    grad_scaler_options o = scaler;
-    o.enabled = o.enabled && scales_loss();
-    return grad_scaler(o);
-  }
-  // The ddp_options::hook that reduces as configured.
-  [[nodiscard]] comm_hook ddp_hook() const {
-    if (!reduce_in_low_precision || compute == precision::fp32) return comm_hooks::allreduce();
-    return compute == precision::fp16 ? comm_hooks::fp16_compress() : comm_hooks::bf16_compress();
-  }
-};
-
-struct amp_step_options {
-  double max_grad_norm = 0;  // > 0: clip the unscaled gradients to this global norm
-};
-
-struct amp_step_result {
-  double loss = 0;       // the model's (unscaled) mean loss
-  bool skipped = false;  // inf/NaN gradients (on some rank): the optimizer did not step
-  float scale = 1;       // the loss scale this step used
-  double grad_norm = std::numeric_limits<double>::quiet_NaN();  // before clipping, when clipped
-};
-
-namespace detail {
-
-template <class T>
-concept ddp_like = requires(T& t) {
-  t.module();
-  t.comm();
-};
-
-template <class T>
-decltype(auto) module_of(T& t) {
-  if constexpr (ddp_like<T>) {
-    return (t.module());
-  } else {
-    return (t);
-  }
-}
-
-}  // namespace detail
-
-// One mixed-precision training step on `trainer`, a distributed_data_parallel (gradients averaged
-// across ranks, the overflow flag agreed across ranks) or a bare model (one process):
-// set the loss scale, forward + backward, unscale and check, optionally clip, step the masters
-// unless some gradient overflowed, refresh the 16-bit copy, update the scale.
-template <class Trainer, optimizer O, class B>
-amp_step_result amp_step(Trainer& trainer, O& opt, grad_scaler& scaler, const B& batch, amp_step_options o = {}) {
-  auto& m = detail::module_of(trainer);
-  using M = std::remove_cvref_t<decltype(m)>;
-  amp_step_result r;
-  r.scale = scaler.scale();
-  if constexpr (loss_scalable<M>) {
-    m.set_loss_scale(r.scale);
-  } else if (scaler.enabled()) {
-    throw config_error("amp_step: the gradient scaler is enabled but the model has no `void set_loss_scale(float)` "
-                       "to apply it in backward (add it, or disable loss scaling)");
-  }
-  r.loss = trainer.train_step(batch);
-  bool found = false;
-  if (scaler.enabled()) {
-    if constexpr (detail::ddp_like<Trainer>) {
-      found = scaler.unscale(m, trainer.comm());
-    } else {
-      found = scaler.unscale(m);
-    }
-  }
-  if (!found && o.max_grad_norm > 0) r.grad_norm = clip_grad_norm(m, o.max_grad_norm);
-  const bool stepped = scaler.enabled() ? scaler.step(opt, m) : (opt.step(), true);
-  if (stepped) {
-    if constexpr (has_low_precision_copy<M>) m.refresh_low_precision();
-  }
-  if (scaler.enabled()) scaler.update();
-  r.skipped = !stepped;
-  return r;
-}
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_PRECISION_MIXED_PRECISION_HPP

@@ -1,5 +1,7 @@
-// Catch2 main for the GPU tests: exits with 77 (ctest SKIP_RETURN_CODE) and says why when this
-// machine has no CUDA device, so ctest reports "Skipped", never a false pass or a failure.
+// Catch2 main for every gpu-labelled test executable (tests/cuda/gpu_test.cmake): exits with 77
+// (ctest SKIP_RETURN_CODE, reported as Skipped) and says why when this machine has no usable CUDA
+// device or driver, so a test never passes with nothing checked. Test cases do not check for a
+// GPU themselves: once main runs them, a CUDA failure is a failure.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -9,10 +11,19 @@
 
 int main(int argc, char** argv) {
   int devices = 0;
-  const cudaError_t rc = cudaGetDeviceCount(&devices);
+  cudaError_t rc = cudaGetDeviceCount(&devices);  // an old driver answers cudaErrorInsufficientDriver
   if (rc != cudaSuccess || devices == 0) {
-    std::printf("skipped: no CUDA device (cudaGetDeviceCount: %s, %d devices)\n",
+    std::printf("skipped: no usable CUDA device (cudaGetDeviceCount: %s, %d devices)\n",
                 rc == cudaSuccess ? "ok" : cudaGetErrorString(rc), devices);
+    return 77;
+  }
+  // A device that is listed but cannot take a context (exclusive mode taken, MIG without an
+  // instance, a driver/runtime mismatch) is not usable either: creating the context says so.
+  rc = cudaSetDevice(0);
+  if (rc == cudaSuccess) rc = cudaFree(nullptr);
+  if (rc != cudaSuccess) {
+    std::printf("skipped: CUDA device 0 is listed but unusable (%s: %s)\n", cudaGetErrorName(rc),
+                cudaGetErrorString(rc));
     return 77;
   }
   return Catch::Session().run(argc, argv);

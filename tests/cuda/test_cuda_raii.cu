@@ -9,6 +9,7 @@
 #include <partrain/cuda/stream.hpp>
 
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -66,7 +67,7 @@ TEST_CASE("cuda_stream and cuda_event are RAII handles with noexcept moves", "[c
 
 TEST_CASE("an event orders one stream behind another", "[cuda][raii]") {
   cuda_stream producer(0), consumer(0);
-  device_buffer<float> x(std::size_t{1 << 16});
+  device_buffer<float> x(std::size_t{1 << 16}, 0);
   std::vector<float> host(x.size(), 1.0f);
   x.copy_from(tensor_view<const float>(host));
   spin<<<1, 1, 0, producer.get()>>>(10'000'000);
@@ -82,9 +83,9 @@ TEST_CASE("an event orders one stream behind another", "[cuda][raii]") {
 
 TEST_CASE("device and pinned buffers round-trip through a kernel", "[cuda][buffer]") {
   for (std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{1} << 20}) {
-    pinned_buffer<float> in(n), out(n);
+    pinned_buffer<float> in(n, 0), out(n, 0);
     for (std::size_t i = 0; i < n; ++i) in[i] = static_cast<float>(i % 1024);
-    device_buffer<float> d(shape{n});
+    device_buffer<float> d(shape{n}, device::cuda(0));
     CHECK(d.view().size() == n);
     static_assert(std::same_as<decltype(d.view()), tensor_view<float, cuda>>);
     cuda_stream s(0);
@@ -94,7 +95,7 @@ TEST_CASE("device and pinned buffers round-trip through a kernel", "[cuda][buffe
     s.synchronize();
     for (std::size_t i = 0; i < n; ++i) REQUIRE(out[i] == 3.0f * static_cast<float>(i % 1024) - 1.0f);
   }
-  device_buffer<double> zeros(std::size_t{17});
+  device_buffer<double> zeros(std::size_t{17}, 0);
   std::vector<double> back(17, 5.0);
   zeros.copy_to(tensor_view<double>(back));
   for (double v : back) CHECK(v == 0.0);  // zero-initialised
@@ -126,7 +127,7 @@ TEST_CASE("cublas_handle runs on the stream it is given", "[cuda][cublas]") {
   h.set_stream(s.get());
   const std::size_t n = 1000;
   std::vector<float> x(n, 2.0f), y(n, 1.0f);
-  device_buffer<float> dx(n), dy(n);
+  device_buffer<float> dx(n, 0), dy(n, 0);
   dx.copy_from(tensor_view<const float>(x));
   dy.copy_from(tensor_view<const float>(y));
   const float alpha = 3.0f;
@@ -137,4 +138,48 @@ TEST_CASE("cublas_handle runs on the stream it is given", "[cuda][cublas]") {
   cublas_handle moved = std::move(h);
   CHECK(moved.get() != nullptr);
   CHECK(h.get() == nullptr);  // NOLINT: moved-from is empty by contract
+}
+
+TEST_CASE("cuda_device_guard switches only when needed and never restores an unset device", "[cuda][raii]") {
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  {
+    cuda_device_guard same(0);  // already current: nothing switched, nothing to restore
+    CHECK(cuda_current_device() == 0);
+  }
+  CHECK(cuda_current_device() == 0);
+  if (cuda_device_count() > 1) {
+    {
+      cuda_device_guard other(1);
+      CHECK(cuda_current_device() == 1);
+    }
+    CHECK(cuda_current_device() == 0);  // this thread had set 0: restored
+  }
+  // A fresh thread has no context: cudaGetDevice says 0 without making one, and only a real
+  // cudaSetDevice gives the thread a context (what the guard asks before restoring anything).
+  bool before = true, after = false;
+  int other_after = -1;
+  std::thread t([&] {
+    before = detail::thread_has_cuda_context();
+    if (cuda_device_count() > 1) {
+      { cuda_device_guard g(1); }
+      other_after = cuda_current_device();  // stays 1: restoring "0" would create device 0's context
+    }
+    (void)cudaSetDevice(0);
+    after = detail::thread_has_cuda_context();
+  });
+  t.join();
+  CHECK_FALSE(before);
+  CHECK(after);
+  if (cuda_device_count() > 1) CHECK(other_after == 1);
+}
+
+TEST_CASE("device memory says which device it is on; host memory is refused", "[cuda][raii]") {
+  device_buffer<float> d(std::size_t{8}, device::cuda(0));
+  // Fields, not ==: nvcc 13 does not define the operator== that device's defaulted <=> implies.
+  CHECK((d.device().is_cuda() && d.device().index == 0));
+  const device where = cuda_device_of(d.data(), "test");
+  CHECK((where.is_cuda() && where.index == 0));
+  std::vector<float> host(8);
+  CHECK_THROWS_AS(cuda_device_of(host.data(), "test"), config_error);
+  CHECK_THROWS_AS(device_buffer<float>(std::size_t{8}, device::cpu()), invalid_argument_error);
 }

@@ -14,11 +14,6 @@
 
 namespace {
 
-bool have_device() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
 struct test_batch {
   partrain::tensor_view<const float> features;
   partrain::tensor_view<const std::int32_t> labels;
@@ -79,19 +74,11 @@ static_assert(partrain::evaluable_on<example::mlp_cuda, test_batch>);
 static_assert(partrain::replicable<example::mlp_cuda>);
 
 TEST_CASE("CUDA MLP gradients equal the host MLP's on the same weights and batch", "[cuda][gpu][examples]") {
-  if (!have_device()) {
-    WARN("skipped: no CUDA device");
-    return;
-  }
   SECTION("small layout") { compare(example::mlp_layout{{20, 16, 12, 5}}, 9); }
   SECTION("the example's 784-256-128-10 at batch 64") { compare(example::mlp_layout{}, 64); }
 }
 
 TEST_CASE("CUDA MLP refuses a host device and a bad batch", "[cuda][gpu][examples]") {
-  if (!have_device()) {
-    WARN("skipped: no CUDA device");
-    return;
-  }
   CHECK_THROWS_WITH(example::mlp_cuda({}, 0, partrain::device::cpu()), Catch::Contains("not a CUDA device"));
   example::mlp_cuda m(example::mlp_layout{{4, 3, 2}}, 0);
   std::vector<float> x(8, 0.5f);

@@ -1,6 +1,12 @@
 // The NCCL backend at world size 1 (one GPU is enough): every collective and dtype against the
 // sequential reference (which, for one rank, is the input itself, and avg is exact), works that
 // complete only when the GPU is done, checking mode, bad input, and bounded initialisation.
+//
+// World size >= 2 cannot run here: NCCL refuses two ranks of one communicator on the same GPU
+// ("Duplicate GPU detected"), and CI has at most one. At world size 1 every collective is the
+// identity, so a wrong ncclAvg, dtype mapping or peer order passes: those need a multi-GPU
+// machine. What one GPU proves is covered below, including send_recv to self (one NCCL group)
+// and a collective queued behind long compute that must not time out.
 #include <catch2/catch.hpp>
 
 #include <partrain/comm/nccl.hpp>
@@ -18,6 +24,8 @@ using namespace partrain;
 using namespace std::chrono_literals;
 
 namespace {
+
+constexpr int gpu = 0;  // the one device these tests use (every buffer names its device)
 
 __global__ void spin(unsigned long long cycles) {
   const unsigned long long start = clock64();
@@ -55,7 +63,7 @@ bool same(const std::vector<T>& a, const std::vector<T>& b) {
 template <class T>
 void every_collective(nccl_group& g, std::size_t n) {
   const auto input = iota_values<T>(n);
-  device_buffer<T> d(n);
+  device_buffer<T> d(n, gpu);
   for (auto op : {reduce_op::sum, reduce_op::avg, reduce_op::min, reduce_op::max, reduce_op::prod}) {
     d.copy_from(tensor_view<const T>(input));
     g.all_reduce(d.view(), op).wait();
@@ -68,10 +76,10 @@ void every_collective(nccl_group& g, std::size_t n) {
   g.reduce(d.view(), 0, reduce_op::sum).wait();
   CHECK(same(to_host(d), input));
 
-  device_buffer<T> out(n);
+  device_buffer<T> out(n, gpu);
   g.all_gather(d.view(), out.view()).wait();
   CHECK(same(to_host(out), input));
-  device_buffer<T> scattered(n);
+  device_buffer<T> scattered(n, gpu);
   g.reduce_scatter(out.view(), scattered.view(), reduce_op::sum).wait();
   CHECK(same(to_host(scattered), input));
   g.barrier().wait();
@@ -98,7 +106,7 @@ TEST_CASE("nccl work completes when the GPU work completes", "[comm][nccl]") {
   auto g = make_world_of_one();
   cuda_stream producer(0);
   g->set_input_stream(producer.get());
-  device_buffer<float> d(std::size_t{1024});
+  device_buffer<float> d(std::size_t{1024}, gpu);
   spin<<<1, 1, 0, producer.get()>>>(2'000'000'000ULL);  // about a second on any GPU
   work w = g->all_reduce(d.view());
   CHECK_FALSE(w.is_completed());  // queued behind the spinning kernel
@@ -109,21 +117,57 @@ TEST_CASE("nccl work completes when the GPU work completes", "[comm][nccl]") {
 
 TEST_CASE("nccl in checking mode compares through device memory", "[comm][nccl]") {
   auto g = make_world_of_one({.timeout = 60s, .check_collectives = true});
-  device_buffer<float> d(std::size_t{10});
-  g->all_reduce(d.view()).wait();
-  g->barrier().wait();
-  device_buffer<double> e(std::size_t{3});
-  g->broadcast(e.view(), 0).wait();
+  REQUIRE(g->options().check_collectives);
+  // Each call below first all_gathers its fingerprint through device memory; a fingerprint read
+  // before its zero fill or copy finished would throw "collective mismatch" here.
+  const auto input = iota_values<float>(10);
+  device_buffer<float> d(std::size_t{10}, gpu);
+  d.copy_from(tensor_view<const float>(input));
+  CHECK_NOTHROW(g->all_reduce(d.view()).wait());
+  CHECK(same(to_host(d), input));
+  CHECK_NOTHROW(g->barrier().wait());
+  const std::vector<double> values{1.5, -2.25, 1e300};
+  device_buffer<double> e(std::size_t{3}, gpu);
+  e.copy_from(tensor_view<const double>(values));
+  CHECK_NOTHROW(g->broadcast(e.view(), 0).wait());
+  CHECK(to_host(e) == values);
+  // The checks still reject what the typed front can see on one rank.
+  CHECK_THROWS_WITH(g->broadcast(e.view(), 1), Catch::Contains("root 1 is out of range"));
+}
+
+TEST_CASE("nccl send_recv to itself moves the data in one group", "[comm][nccl]") {
+  auto g = make_world_of_one();
+  const auto input = iota_values<float>(257);
+  device_buffer<float> out(input.size(), gpu), in(input.size(), gpu);
+  out.copy_from(tensor_view<const float>(input));
+  g->send_recv(tensor_view<const float, cuda>(out.view()), 0, in.view(), 0).wait();
+  CHECK(same(to_host(in), input));
+  CHECK_THROWS_WITH(g->send_recv(tensor_view<const float, cuda>(out.view()), 1, in.view(), 0),
+                    Catch::Contains("dst 1 is out of range"));
+}
+
+TEST_CASE("an nccl collective queued behind long compute is not timed out", "[comm][nccl][timeout]") {
+  // The deadline counts from when the GPU starts the collective: here it waits behind about two
+  // seconds of compute on the input stream, twice the timeout, and must still complete.
+  auto g = make_world_of_one({.timeout = 1s});
+  cuda_stream producer(gpu);
+  g->set_input_stream(producer.get());
+  device_buffer<float> d(std::size_t{64}, gpu);
+  spin<<<1, 1, 0, producer.get()>>>(4'000'000'000ULL);
+  REQUIRE(cudaGetLastError() == cudaSuccess);
+  work w = g->all_reduce(d.view());
+  CHECK_NOTHROW(w.wait());
+  CHECK(producer.query());
 }
 
 TEST_CASE("nccl rejects bad input with clear errors", "[comm][nccl]") {
   auto g = make_world_of_one();
   std::vector<float> host(4);
   CHECK_THROWS_WITH(g->all_reduce(tensor_view<float>(host)), Catch::Contains("does not take host tensors"));
-  device_buffer<float> d(std::size_t{4});
+  device_buffer<float> d(std::size_t{4}, gpu);
   CHECK_THROWS_WITH(g->broadcast(d.view(), 1), Catch::Contains("root 1 is out of range"));
   CHECK_THROWS_WITH(g->send(d.view(), 3), Catch::Contains("dst 3 is out of range"));
-  device_buffer<float> small(std::size_t{3});
+  device_buffer<float> small(std::size_t{3}, gpu);
   CHECK_THROWS_AS(g->all_gather(d.view(), small.view()), invalid_argument_error);
 
   auto store = std::make_shared<testing::memory_store>();
@@ -147,7 +191,7 @@ TEST_CASE("nccl init is bounded by the timeout when a peer never comes", "[comm]
 TEST_CASE("an aborted nccl group fails pending and later work naming the rank and operation",
           "[comm][nccl][timeout]") {
   auto g = make_world_of_one();
-  device_buffer<float> d(std::size_t{16});
+  device_buffer<float> d(std::size_t{16}, gpu);
   g->all_reduce(d.view()).wait();
   g->abort("test asked for it");
   CHECK_THROWS_WITH(g->all_reduce(d.view()), Catch::Contains("rank 0 all_reduce") && Catch::Contains("aborted"));
@@ -158,7 +202,7 @@ TEST_CASE("several nccl groups on one store each meet under their own unique id"
   nccl_group a(store, 0, 1, device::cuda(0), {.timeout = 60s});
   nccl_group b(store, 0, 1, device::cuda(0), {.timeout = 60s});
   CHECK(store->check({"partrain/nccl/1/unique_id", "partrain/nccl/2/unique_id"}));
-  device_buffer<float> d(std::size_t{8});
+  device_buffer<float> d(std::size_t{8}, gpu);
   a.all_reduce(d.view()).wait();
   b.all_reduce(d.view()).wait();
 }

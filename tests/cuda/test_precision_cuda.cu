@@ -1,5 +1,5 @@
 // Mixed precision on a CUDA device against the host path: the fused casts and the fused unscale +
-// inf check (partrain/cuda/precision_kernels.cuh) give bit for bit what the host loops give, and
+// inf check (partrain/precision/detail/kernels.cuh) give bit for bit what the host loops give, and
 // the example's CUDA MLP in fp16/bf16 computes the loss and gradients the host MLP computes in the
 // same precision. The main (gpu_main.cpp) skips, saying so, when no CUDA device is present.
 #include <catch2/catch.hpp>
@@ -16,9 +16,9 @@
 
 #include <partrain/core/half.hpp>
 #include <partrain/cuda/device_buffer.hpp>
-#include <partrain/cuda/precision_kernels.cuh>
 #include <partrain/precision/cast.hpp>
 #include <partrain/precision/detail/host_kernels.hpp>
+#include <partrain/precision/detail/kernels.cuh>
 #include <partrain/precision/grad_scaler.hpp>
 #include <partrain/precision/low_precision_copy.hpp>
 
@@ -92,7 +92,7 @@ std::vector<T> to_host(const device_buffer<T>& d) {
 
 template <class T>
 device_buffer<T> to_device(const std::vector<T>& h) {
-  device_buffer<T> d(h.size());
+  device_buffer<T> d(h.size(), 0);
   d.copy_from(tensor_view<const T>(h.data(), h.size()));
   return d;
 }
@@ -103,7 +103,7 @@ template <class T16>
 void check_cast_bits() {
   const auto src = cast_inputs();
   auto d_src = to_device(src);
-  device_buffer<T16> d_low(src.size());
+  device_buffer<T16> d_low(src.size(), 0);
   cast(tensor_view<const float, cuda>(d_src.data(), src.size()), d_low.view());
   const auto low = to_host(d_low);
   std::size_t mismatches = 0;
@@ -118,7 +118,7 @@ void check_cast_bits() {
   std::vector<T16> all(65536);
   for (std::uint32_t b = 0; b < 65536; ++b) all[b] = T16::from_bits(static_cast<std::uint16_t>(b));
   auto d_all = to_device(all);
-  device_buffer<float> d_wide(all.size());
+  device_buffer<float> d_wide(all.size(), 0);
   cast(tensor_view<const T16, cuda>(d_all.data(), all.size()), d_wide.view());
   const auto wide = to_host(d_wide);
   mismatches = 0;

@@ -1,4 +1,4 @@
-# Fuzzing the TCP store's message parser (comm/detail/store_protocol.hpp) with libFuzzer.
+# Fuzzing the TCP store's message parser (rendezvous/detail/store_protocol.hpp) with libFuzzer.
 # Included by tests/fuzz/CMakeLists.txt (its own project, clang only):
 #   CC=clang CXX=clang++ cmake -S tests/fuzz -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 #   cmake --build build-fuzz --target store_message_fuzz

@@ -13,7 +13,7 @@
 #include <variant>
 #include <vector>
 
-#include <partrain/comm/detail/store_protocol.hpp>
+#include <partrain/rendezvous/detail/store_protocol.hpp>
 
 namespace {
 

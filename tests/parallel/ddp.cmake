@@ -10,8 +10,9 @@ if(PARTRAIN_HAVE_CUDA)
   if(TARGET partrain::nccl)
     set(_ddp_cuda_libs partrain::nccl)  # adds the NCCL world-size-1 test
   endif()
-  partrain_add_test(test_ddp_cuda SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_ddp_cuda.cu LIBS ${_ddp_cuda_libs}
-                    LABELS "parallel;gpu")
+  include(${PROJECT_SOURCE_DIR}/tests/cuda/gpu_test.cmake)
+  partrain_add_gpu_test(test_ddp_cuda SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_ddp_cuda.cu LIBS ${_ddp_cuda_libs}
+                        LABELS parallel gpu)
 endif()
 
 # Concept failures read as one sentence: each snippet must fail to compile with its message.

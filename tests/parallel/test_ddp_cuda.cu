@@ -15,8 +15,8 @@
 #include <vector>
 
 #if defined(PARTRAIN_WITH_NCCL)
-#include <partrain/comm/file_store.hpp>
 #include <partrain/comm/nccl.hpp>
+#include <partrain/rendezvous/file_store.hpp>
 #include <unistd.h>
 #endif
 
@@ -28,15 +28,6 @@ using partrain::testing::toy_batch;
 using partrain::testing::toy_mlp;
 
 namespace {
-
-bool have_gpu() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    std::printf("skipped: no CUDA device present\n");
-    return false;
-  }
-  return true;
-}
 
 struct device_param {
   float* v = nullptr;
@@ -99,7 +90,6 @@ class device_mlp {
 }  // namespace
 
 TEST_CASE("ddp with CUDA parameters equals the host run (staged through host buckets)", "[parallel][ddp][cuda][gpu]") {
-  if (!have_gpu()) return;
   for (int world : {1, 2}) {
     std::vector<std::vector<float>> dev(static_cast<std::size_t>(world)), host(static_cast<std::size_t>(world));
     const sgd_options o{.lr = 0.05, .momentum = 0.9};
@@ -144,7 +134,6 @@ TEST_CASE("ddp with CUDA parameters equals the host run (staged through host buc
 #if defined(PARTRAIN_WITH_NCCL)
 TEST_CASE("ddp with NCCL at world size 1 trains (device buckets; plain, fp16, bf16 hooks; no_sync; join)",
           "[parallel][ddp][cuda][nccl][gpu]") {
-  if (!have_gpu()) return;
   const auto store_path = std::filesystem::temp_directory_path() / ("partrain_ddp_nccl_" + std::to_string(::getpid()));
   std::filesystem::remove(store_path);
   const sgd_options o{.lr = 0.05, .momentum = 0.9};

@@ -3,12 +3,12 @@
 
 #include "temp_dir.hpp"
 
-#include <partrain/comm/file_store.hpp>
 #include <partrain/comm/gloo.hpp>
-#include <partrain/comm/init.hpp>
-#include <partrain/comm/spawn.hpp>
+#include <partrain/launch/spawn.hpp>
 #include <partrain/optim/sgd.hpp>
 #include <partrain/parallel/ddp.hpp>
+#include <partrain/rendezvous/file_store.hpp>
+#include <partrain/rendezvous/init.hpp>
 
 #include <atomic>
 #include <chrono>

@@ -15,11 +15,11 @@
 #include <unistd.h>
 #include <vector>
 
-#include <partrain/comm/file_store.hpp>
 #include <partrain/comm/gloo.hpp>
-#include <partrain/comm/prefix_store.hpp>
-#include <partrain/comm/spawn.hpp>
+#include <partrain/launch/spawn.hpp>
 #include <partrain/parallel/pipeline/pipeline.hpp>
+#include <partrain/rendezvous/file_store.hpp>
+#include <partrain/rendezvous/prefix_store.hpp>
 
 #include "pipeline_layers.hpp"
 

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include <partrain/comm/init.hpp>
+#include <partrain/rendezvous/init.hpp>
 
 namespace {
 int env_int(const char* name, int fallback) {

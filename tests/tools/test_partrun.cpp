@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include <partrain/comm/detail/process.hpp>
+#include <partrain/launch/process.hpp>
 
 #include "../../tools/partrun/options.hpp"
 
@@ -35,19 +35,19 @@ std::vector<std::string> base_env(const std::vector<std::string>& extra) {
 run_result launch(std::vector<std::string> args, const std::vector<std::string>& env = {},
                   std::chrono::milliseconds guard = 60s) {
   run_result r;
-  partrain::detail::child_options co;
+  partrain::child_options co;
   co.capture_output = true;
   co.on_line = [&](std::string_view l) { r.output.append(l).push_back('\n'); };
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<partrain::detail::child_process> kids;
-  kids.push_back(partrain::detail::child_process::exec(PARTRUN_EXE, args, base_env(env), co));
-  partrain::detail::supervise_options so;
+  std::vector<partrain::child_process> kids;
+  kids.push_back(partrain::child_process::exec(PARTRUN_EXE, args, base_env(env), co));
+  partrain::supervise_options so;
   so.timeout = guard;  // a hung launcher fails the test instead of hanging it
   so.grace = 2s;
-  auto out = partrain::detail::supervise(kids, so);
+  auto out = partrain::supervise(kids, so);
   r.took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
   r.status = out.statuses[0];
-  REQUIRE(out.how != partrain::detail::supervise_outcome::result::timed_out);
+  REQUIRE(out.how != partrain::supervise_outcome::result::timed_out);
   return r;
 }
 
@@ -144,19 +144,19 @@ TEST_CASE("partrun: restarts the whole group while restarts remain", "[tools][pa
 
 TEST_CASE("partrun: two agents with --nnodes 2 form one world", "[tools][partrun]") {
   const std::string port = std::to_string(20000 + ::getpid() % 20000);
-  partrain::detail::child_options co;
+  partrain::child_options co;
   std::string out1;
   co.capture_output = true;
   co.on_line = [&](std::string_view l) { out1.append(l).push_back('\n'); };
-  std::vector<partrain::detail::child_process> node1;
-  node1.push_back(partrain::detail::child_process::exec(
+  std::vector<partrain::child_process> node1;
+  node1.push_back(partrain::child_process::exec(
       PARTRUN_EXE, {"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-port", port, PROBE_EXE},
       base_env({"PARTRAIN_JOB_TOKEN=t0ken"}), co));
   auto r = launch({"--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1", "--master-port", port, PROBE_EXE},
                   {"PARTRAIN_JOB_TOKEN=t0ken"});
-  partrain::detail::supervise_options so;
+  partrain::supervise_options so;
   so.timeout = 30s;
-  auto o1 = partrain::detail::supervise(node1, so);
+  auto o1 = partrain::supervise(node1, so);
   INFO(r.output << "\n--- node 1 ---\n" << out1);
   CHECK(r.status.ok());
   CHECK(o1.ok());

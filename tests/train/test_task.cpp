@@ -11,8 +11,8 @@
 #include <vector>
 
 #include <partrain/comm/local.hpp>
-#include <partrain/comm/work.hpp>
 #include <partrain/core/task.hpp>
+#include <partrain/core/work.hpp>
 
 using namespace partrain;
 

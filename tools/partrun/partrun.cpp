@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include <partrain/comm/detail/process.hpp>
-#include <partrain/comm/tcp_store.hpp>
+#include <partrain/launch/process.hpp>
+#include <partrain/rendezvous/tcp_store.hpp>
 
 #include "options.hpp"
 
@@ -138,7 +138,7 @@ attempt_result run_attempt(partrain::tcp_store& store, const partrun::options& o
                            const std::string& token) {
   const auto layout = rendezvous(store, o, attempt);
   std::mutex out_mutex;
-  std::vector<partrain::detail::child_process> children;
+  std::vector<partrain::child_process> children;
   children.reserve(static_cast<std::size_t>(o.nproc_per_node));
   if (o.tee) std::filesystem::create_directories(o.log_dir / ("attempt_" + std::to_string(attempt)));
   for (int l = 0; l < o.nproc_per_node; ++l) {
@@ -148,7 +148,7 @@ attempt_result run_attempt(partrain::tcp_store& store, const partrun::options& o
       tee = std::make_shared<std::ofstream>(o.log_dir / ("attempt_" + std::to_string(attempt)) /
                                             ("rank_" + std::to_string(rank) + ".log"));
     }
-    partrain::detail::child_options co;
+    partrain::child_options co;
     co.capture_output = true;
     co.keep_lines = 10;
     co.on_line = [rank, tee, &out_mutex](std::string_view line) {
@@ -157,7 +157,7 @@ attempt_result run_attempt(partrain::tcp_store& store, const partrun::options& o
       std::fflush(stdout);
       if (tee) *tee << line << '\n' << std::flush;
     };
-    children.push_back(partrain::detail::child_process::exec(
+    children.push_back(partrain::child_process::exec(
         o.program, o.args, child_env(o, rank, l, layout.world_size, attempt, port, token), std::move(co)));
   }
 
@@ -181,11 +181,11 @@ attempt_result run_attempt(partrain::tcp_store& store, const partrun::options& o
     }
   });
 
-  partrain::detail::supervise_options so;
+  partrain::supervise_options so;
   so.grace = o.grace;
   so.poll_interval = o.monitor_interval;
   so.stop = &stop;
-  auto outcome = partrain::detail::supervise(children, so);
+  auto outcome = partrain::supervise(children, so);
   watcher.request_stop();
   watcher.join();
 
@@ -218,7 +218,7 @@ attempt_result run_attempt(partrain::tcp_store& store, const partrun::options& o
     log("node " + std::to_string(o.node_rank) + ": another node failed: " + store.get_string(failed_key, o.rdzv_timeout));
     return attempt_result::failed;
   }
-  if (outcome.how == partrain::detail::supervise_outcome::result::failed) {
+  if (outcome.how == partrain::supervise_outcome::result::failed) {
     // Report every rank that ended on its own: the one noticed first is not always the cause
     // (a rank that exits makes its peers' collectives fail a moment later).
     std::string summary;

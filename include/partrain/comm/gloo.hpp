@@ -34,11 +34,10 @@
 
 #include <partrain/comm/detail/gloo_context.hpp>
 #include <partrain/comm/detail/host_reduce.hpp>
-#include <partrain/comm/detail/op_worker.hpp>
 #include <partrain/comm/detail/sigpipe.hpp>
-#include <partrain/comm/detail/wait_pool.hpp>
 #include <partrain/comm/process_group.hpp>
 #include <partrain/comm/store.hpp>
+#include <partrain/core/executor.hpp>
 
 namespace partrain::inline v0 {
 
@@ -89,7 +88,7 @@ class gloo_group final : public process_group {
     if (t.count == 0) return work::completed();
     return run(collective::all_reduce, "", [this, t, op] {
       gloo::AllreduceOptions o(context_);
-      with_type(t.type, [&]<class T>(T*) { o.setOutput(static_cast<T*>(t.data), t.count); });
+      visit_dtype(t.type, [&]<class T>(std::type_identity<T>) { o.setOutput(static_cast<T*>(t.data), t.count); });
       o.setReduceFunction(detail::make_gloo_reduce_fn(t.type, op));
       o.setTag(kCollectiveTag);
       o.setTimeout(timeout());
@@ -102,7 +101,7 @@ class gloo_group final : public process_group {
     if (t.count == 0) return work::completed();
     return run(collective::broadcast, "root " + std::to_string(root), [this, t, root] {
       gloo::BroadcastOptions o(context_);
-      with_type(t.type, [&]<class T>(T*) { o.setOutput(static_cast<T*>(t.data), t.count); });
+      visit_dtype(t.type, [&]<class T>(std::type_identity<T>) { o.setOutput(static_cast<T*>(t.data), t.count); });
       o.setRoot(root);
       o.setTag(kCollectiveTag);
       o.setTimeout(timeout());
@@ -117,7 +116,7 @@ class gloo_group final : public process_group {
       // scratch copy so their buffers stay as they were (our contract, and torch's).
       std::byte* scratch = rank() == root ? nullptr : worker_scratch(t.bytes());
       gloo::ReduceOptions o(context_);
-      with_type(t.type, [&]<class T>(T*) {
+      visit_dtype(t.type, [&]<class T>(std::type_identity<T>) {
         if (rank() == root) {
           o.setOutput(static_cast<T*>(t.data), t.count);
         } else {
@@ -138,7 +137,7 @@ class gloo_group final : public process_group {
     if (in.count == 0) return work::completed();
     return run(collective::all_gather, "", [this, in, out] {
       gloo::AllgatherOptions o(context_);
-      with_type(in.type, [&]<class T>(T*) {
+      visit_dtype(in.type, [&]<class T>(std::type_identity<T>) {
         o.setInput(static_cast<T*>(in.data), in.count);
         o.setOutput(static_cast<T*>(out.data), out.count);
       });
@@ -156,7 +155,7 @@ class gloo_group final : public process_group {
       std::byte* scratch = worker_scratch(in.bytes());
       std::memcpy(scratch, in.data, in.bytes());
       gloo::AllreduceOptions o(context_);
-      with_type(in.type, [&]<class T>(T*) { o.setOutput(reinterpret_cast<T*>(scratch), in.count); });
+      visit_dtype(in.type, [&]<class T>(std::type_identity<T>) { o.setOutput(reinterpret_cast<T*>(scratch), in.count); });
       o.setReduceFunction(detail::make_gloo_reduce_fn(in.type, op));
       o.setTag(kCollectiveTag);
       o.setTimeout(timeout());
@@ -192,11 +191,6 @@ class gloo_group final : public process_group {
   std::byte* worker_scratch(std::size_t bytes) {
     if (scratch_.size() < bytes) scratch_.resize(bytes);
     return scratch_.data();
-  }
-
-  template <class F>
-  static void with_type(dtype t, F&& f) {
-    detail::visit_dtype(t, std::forward<F>(f));
   }
 
   // Runs body on the worker, in issue order, translating Gloo's failures.
@@ -298,8 +292,9 @@ class gloo_group final : public process_group {
   std::vector<std::byte> scratch_;
   std::shared_ptr<gloo::Context> context_;
   // Destroyed (joined) before context_; each blocking call inside is bounded by the timeout.
-  std::unique_ptr<detail::op_worker> worker_ = std::make_unique<detail::op_worker>();
-  std::unique_ptr<detail::wait_pool> p2p_ = std::make_unique<detail::wait_pool>();
+  std::unique_ptr<detail::executor> worker_ = std::make_unique<detail::executor>();
+  std::unique_ptr<detail::executor> p2p_ =
+      std::make_unique<detail::executor>(detail::executor::unbounded, "process group destroyed before the transfer was waited on");
 };
 
 static_assert(communicator<gloo_group>);

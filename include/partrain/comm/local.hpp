@@ -22,8 +22,8 @@
 #include <vector>
 
 #include <partrain/comm/detail/host_reduce.hpp>
-#include <partrain/comm/detail/op_worker.hpp>
 #include <partrain/comm/process_group.hpp>
+#include <partrain/core/executor.hpp>
 
 namespace partrain::inline v0 {
 
@@ -76,9 +76,9 @@ class local_world_state {
     if (generation_ == gen) throw_if_aborted(rank, c);
   }
 
-  void abort(const std::string& why) {
+  void abort(const std::string& why, int origin = -1) {
     std::lock_guard lock(mutex_);
-    abort_locked(why);
+    abort_locked(why, origin);
   }
 
   // Point-to-point: eager, the sender's bytes are copied into a mailbox.
@@ -114,15 +114,13 @@ class local_world_state {
 
  private:
   void throw_if_aborted(int rank, collective c) const {
-    if (aborted_) {
-      throw communication_error("rank " + std::to_string(rank) + " " + std::string(to_string(c)) +
-                                " (local): group aborted: " + abort_reason_);
-    }
+    if (aborted_) throw aborted_error({.rank = rank, .operation = std::string(to_string(c)) + " (local)"}, abort_origin_, abort_reason_);
   }
-  void abort_locked(const std::string& why) {
+  void abort_locked(const std::string& why, int origin = -1) {
     if (!aborted_) {
       aborted_ = true;
       abort_reason_ = why;
+      abort_origin_ = origin;
     }
     cv_.notify_all();
   }
@@ -137,6 +135,7 @@ class local_world_state {
   std::vector<std::uint64_t> arrivals_;
   bool aborted_ = false;
   std::string abort_reason_;
+  int abort_origin_ = -1;
   std::map<std::tuple<int, int, int>, std::deque<std::vector<std::byte>>> mail_;
 };
 
@@ -166,7 +165,8 @@ class local_group final : public process_group {
 
   [[nodiscard]] std::string_view backend() const noexcept override { return "local"; }
   // Marks the world failed, so peers blocked in a collective stop waiting (used when a rank throws).
-  void abort(const std::string& why) { world_->abort(why); }
+  // `origin` is the rank whose failure this is (aborted_error::origin() in the peers).
+  void abort(const std::string& why, int origin = -1) { world_->abort(why, origin); }
 
  protected:
   work do_all_reduce(raw_tensor t, reduce_op op) override {
@@ -264,7 +264,7 @@ class local_group final : public process_group {
   }
 
   std::shared_ptr<detail::local_world_state> world_;
-  detail::op_worker worker_;  // last: joined before world_ goes away
+  detail::executor worker_;  // last: joined before world_ goes away
 };
 
 // Creates the ranks of a local world, for callers that manage their own threads.
@@ -293,30 +293,16 @@ void run_local(int world_size, F fn, process_group_options opts = {}) {
           fn(g);
         } catch (const std::exception& e) {
           errors[static_cast<std::size_t>(r)] = std::current_exception();
-          g.abort("rank " + std::to_string(r) + " failed: " + e.what());
+          g.abort("rank " + std::to_string(r) + " failed: " + e.what(), r);
         } catch (...) {
           errors[static_cast<std::size_t>(r)] = std::current_exception();
-          g.abort("rank " + std::to_string(r) + " failed");
+          g.abort("rank " + std::to_string(r) + " failed", r);
         }
       });
     }
   }
-  // Prefer the root cause: a rank whose error is not the "group aborted" echo of another's.
-  std::exception_ptr first, first_echo;
-  for (auto& e : errors) {
-    if (!e) continue;
-    bool echo = false;
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      echo = std::string_view(ex.what()).find("group aborted") != std::string_view::npos;
-    } catch (...) {
-    }
-    if (!echo && !first) first = e;
-    if (echo && !first_echo) first_echo = e;
-  }
-  if (!first) first = first_echo;
-  if (first) std::rethrow_exception(first);
+  // Prefer the root cause: a rank whose error is not an aborted_error echo of another's.
+  if (auto first = detail::root_cause(errors)) std::rethrow_exception(first);
 }
 
 }  // namespace partrain::inline v0

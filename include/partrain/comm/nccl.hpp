@@ -6,12 +6,18 @@
 // - Asynchrony: collectives are queued on the group's own stream, after an event that orders them
 //   behind the input stream (the legacy default stream unless set_input_stream says otherwise).
 //   A completion event is recorded after each; the returned work completes when the GPU has
-//   finished it, not when the host has queued it.
+//   finished it, not when the host has queued it. input_stream() tells device work that feeds
+//   the collectives (DDP's buckets and hooks) which stream to queue on.
 // - Watchdog: NCCL has no per-collective timeout. One thread per group polls the completion
-//   events and ncclCommGetAsyncError; an operation past the timeout, or an asynchronous NCCL
+//   events and ncclCommGetAsyncError; an operation running longer than the timeout (counted from
+//   when the GPU started it, not from when it was queued behind compute), or an asynchronous NCCL
 //   error, aborts the communicator (ncclCommAbort) and fails every pending work with an error
 //   naming the rank and the operation. Later calls fail at once: make a new group to go on.
-// - Point to point: NCCL matches send/recv per peer in issue order; the tag is not used.
+// - Threads: the watchdog makes the group's device current before its first CUDA call, and
+//   work::then callbacks run on it with that device current.
+// - Point to point: NCCL matches send/recv per peer in issue order; the tag is not used. Each
+//   is issued inside ncclGroupStart/End. An exchange where both peers send first can still block
+//   for large messages (each send waits for its receive): use send_recv, one group for both.
 #pragma once
 
 #include <partrain/config.hpp>
@@ -24,6 +30,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -31,6 +38,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <stop_token>
 #include <string>
@@ -41,9 +49,10 @@
 
 #include <partrain/comm/process_group.hpp>
 #include <partrain/comm/store.hpp>
-#include <partrain/comm/work.hpp>
 #include <partrain/core/device.hpp>
 #include <partrain/core/error.hpp>
+#include <partrain/core/tensor_view.hpp>
+#include <partrain/core/work.hpp>
 #include <partrain/cuda/check.hpp>
 #include <partrain/cuda/device_buffer.hpp>
 #include <partrain/cuda/device_guard.hpp>
@@ -85,6 +94,19 @@ namespace detail {
     if (last && *last) s += " (" + std::string(last) + ")";
   }
   return s;
+}
+
+// f() (ncclSend / ncclRecv calls) inside ncclGroupStart/End: NCCL launches the grouped
+// point-to-point calls together, so a send and a receive of one group cannot wait on each other.
+// On a non-blocking communicator ncclGroupEnd may answer ncclInProgress (the caller polls).
+template <class F>
+[[nodiscard]] ncclResult_t nccl_grouped(F&& f) {
+  ncclResult_t rc = ncclGroupStart();
+  if (rc != ncclSuccess) return rc;
+  const ncclResult_t inner = f();
+  const ncclResult_t end = ncclGroupEnd();
+  if (inner != ncclSuccess && inner != ncclInProgress) return inner;
+  return end;
 }
 
 // An owned NCCL communicator. Destroyed cleanly (finalize, then destroy) when healthy, aborted
@@ -153,8 +175,11 @@ class nccl_group final : public process_group {
         input_ready_(event_on(device_.index)) {
     if (!store_) throw config_error("nccl_group (rank " + std::to_string(rank) + "): the store is null");
     cuda_device_guard guard(device_.index);
-    comm_ = make_comm();
-    scratch_ = device_buffer<float>(1, device_.index);
+    {
+      std::unique_lock lock(mutex_);  // no other thread yet: wait_ready's protocol wants the lock
+      comm_ = make_comm(lock);
+    }
+    scratch_ = device_buffer<float>(std::size_t{1}, device_.index);
     watchdog_ = std::jthread([this](std::stop_token st) { watch(st); });
   }
   nccl_group(const nccl_group&) = delete;
@@ -179,9 +204,30 @@ class nccl_group final : public process_group {
   // The stream the collectives run on: a consumer of their results may wait on it.
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_.get(); }
   // Collectives start after the work queued so far on this stream (where the inputs are made).
-  void set_input_stream(cudaStream_t s) {
-    std::lock_guard lock(mutex_);
-    input_stream_ = s;
+  // It must belong to device(); the legacy default stream (cudaStreamLegacy) until set.
+  void set_input_stream(cudaStream_t s) { input_stream_.store(s); }
+  [[nodiscard]] cudaStream_t cuda_input_stream() const noexcept { return input_stream_.load(); }
+  [[nodiscard]] void* input_stream() const noexcept override { return static_cast<void*>(input_stream_.load()); }
+  [[nodiscard]] int cuda_device_index() const noexcept override { return device_.index; }
+
+  // Sends `out` to dst and receives `in` from src in one NCCL group, so two peers that exchange
+  // (both sending first) cannot block each other. dst == src == rank() copies to itself.
+  template <element_type T>
+  [[nodiscard]] work send_recv(tensor_view<const T, cuda> out, int dst, tensor_view<T, cuda> in, int src) {
+    for (const auto& [peer, what] : {std::pair{dst, "dst"}, std::pair{src, "src"}}) {
+      if (peer < 0 || peer >= size()) {
+        throw invalid_argument_error("rank " + std::to_string(rank()) + " nccl send_recv: " + what + " " +
+                                     std::to_string(peer) + " is out of range (expected 0 <= " + what + " < " +
+                                     std::to_string(size()) + ")");
+      }
+    }
+    return issue(collective::send, [&](ncclComm_t c, cudaStream_t s) {
+      return detail::nccl_grouped([&] {
+        const ncclResult_t a = ncclSend(out.data(), out.size(), detail::to_nccl(dtype_of<T>), dst, c, s);
+        if (a != ncclSuccess && a != ncclInProgress) return a;
+        return ncclRecv(in.data(), in.size(), detail::to_nccl(dtype_of<T>), src, c, s);
+      });
+    });
   }
   // Aborts the communicator now; pending and later operations fail naming `why`.
   void abort(const std::string& why) { fail_all(why, false); }
@@ -220,12 +266,12 @@ class nccl_group final : public process_group {
   }
   work do_send(raw_tensor t, int dst, int /*tag: NCCL matches per peer in order*/) override {
     return issue(collective::send, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclSend(t.data, t.count, detail::to_nccl(t.type), dst, c, s);
+      return detail::nccl_grouped([&] { return ncclSend(t.data, t.count, detail::to_nccl(t.type), dst, c, s); });
     });
   }
   work do_recv(raw_tensor t, int src, int /*tag*/) override {
     return issue(collective::recv, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclRecv(t.data, t.count, detail::to_nccl(t.type), src, c, s);
+      return detail::nccl_grouped([&] { return ncclRecv(t.data, t.count, detail::to_nccl(t.type), src, c, s); });
     });
   }
 
@@ -233,6 +279,7 @@ class nccl_group final : public process_group {
   std::vector<std::int64_t> gather_fingerprints(std::span<const std::int64_t> mine) override {
     const std::size_t n = mine.size();
     std::vector<std::int64_t> all(n * static_cast<std::size_t>(size()));
+    // Zero-filled and finished before the copies below (queued on the NCCL stream) run.
     device_buffer<std::int64_t> in(n, device_.index);
     device_buffer<std::int64_t> out(all.size(), device_.index);
     in.copy_from(tensor_view<const std::int64_t>(mine.data(), n), stream_.get());
@@ -247,10 +294,11 @@ class nccl_group final : public process_group {
 
  private:
   struct pending_op {
+    cuda_event started;  // recorded just before the NCCL kernel: the GPU reached it
     cuda_event done;
     std::shared_ptr<detail::work_state> state;
     collective op;
-    clock::time_point deadline;
+    std::optional<clock::time_point> deadline;  // set once `started` completed
   };
 
   [[nodiscard]] static partrain::device checked_device(partrain::device dev, int rank) {
@@ -271,7 +319,7 @@ class nccl_group final : public process_group {
     return cuda_event();
   }
 
-  [[nodiscard]] detail::nccl_comm make_comm() {
+  [[nodiscard]] detail::nccl_comm make_comm(std::unique_lock<std::mutex>& lock) {
     // Each rank counts the groups it made on this store; every rank makes them in the same order,
     // so the n-th group of each rank meets under the n-th key (threads or processes alike).
     const std::int64_t n = store_->add("partrain/nccl/groups_made_by_rank_" + std::to_string(rank()), 1);
@@ -308,13 +356,20 @@ class nccl_group final : public process_group {
       throw communication_error("rank " + std::to_string(rank()) + " nccl init: ncclCommInitRankConfig failed: " +
                                 detail::nccl_failure(rc, raw));
     }
-    wait_ready(comm.get(), clock::now() + timeout(), "nccl init (ncclCommInitRankConfig)");
+    wait_ready(lock, comm.get(), clock::now() + timeout(), "nccl init (ncclCommInitRankConfig)");
     return comm;
   }
 
-  // A non-blocking communicator answers ncclInProgress until the call has been taken in.
-  void wait_ready(ncclComm_t comm, clock::time_point deadline, std::string_view what) {
+  // A non-blocking communicator answers ncclInProgress until the call has been taken in. `lock`
+  // (on mutex_) is released between polls, so the watchdog and abort() are not held up for the
+  // whole timeout; issuing_ keeps other issuers out meanwhile. An abort while waiting ends it.
+  void wait_ready(std::unique_lock<std::mutex>& lock, ncclComm_t comm, clock::time_point deadline,
+                  std::string_view what) {
     for (;;) {
+      if (!failure_.empty()) {
+        throw communication_error("rank " + std::to_string(rank()) + " " + std::string(what) +
+                                  ": the NCCL communicator was aborted meanwhile: " + failure_);
+      }
       ncclResult_t st = ncclSuccess;
       const ncclResult_t rc = ncclCommGetAsyncError(comm, &st);
       if (rc != ncclSuccess) st = rc;
@@ -328,36 +383,54 @@ class nccl_group final : public process_group {
                             std::to_string(timeout().count()) + " ms (are all " + std::to_string(size()) +
                             " ranks running, one GPU each?)");
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      cv_.wait_for(lock, std::chrono::microseconds(100));
     }
   }
 
   template <class Launch>
   work issue(collective c, Launch&& launch) {
     std::unique_lock lock(mutex_);
+    // One issuer at a time, also while wait_ready has released the lock.
+    cv_.wait(lock, [&] { return !issuing_; });
+    issuing_ = true;
+    struct issuing_reset {
+      explicit issuing_reset(nccl_group* group) noexcept : g(group) {}
+      issuing_reset(const issuing_reset&) = delete;
+      issuing_reset& operator=(const issuing_reset&) = delete;
+      nccl_group* g;
+      ~issuing_reset() {
+        g->issuing_ = false;  // under the lock: every exit path below holds it or re-took it
+        g->cv_.notify_all();
+      }
+    };
+    std::optional<issuing_reset> reset_issuing(std::in_place, this);
     if (!failure_.empty()) throw communication_error(where(c) + ": the NCCL communicator was aborted: " + failure_);
     cuda_device_guard guard(device_.index);
-    input_ready_.record(input_stream_);
+    input_ready_.record(input_stream_.load());
     input_ready_.block(stream_.get());
+    pending_op p{cuda_event(), cuda_event(), std::make_shared<detail::work_state>(), c, std::nullopt};
+    p.started.record(stream_.get());
     const ncclResult_t rc = launch(comm_.get(), stream_.get());
     if (rc == ncclInProgress) {
       try {
-        wait_ready(comm_.get(), clock::now() + timeout(), where(c));
+        wait_ready(lock, comm_.get(), clock::now() + timeout(), where(c));
       } catch (const error& e) {
+        reset_issuing.reset();
         lock.unlock();
         fail_all(e.what(), true);
         throw;
       }
     } else if (rc != ncclSuccess) {
       const std::string why = where(c) + ": " + detail::nccl_failure(rc, comm_.get());
+      reset_issuing.reset();
       lock.unlock();
       fail_all(why, true);
       throw communication_error(why);
     }
-    pending_op p{cuda_event(), std::make_shared<detail::work_state>(), c, clock::now() + timeout()};
     p.done.record(stream_.get());
     work w(p.state);
     pending_.push_back(std::move(p));
+    reset_issuing.reset();
     lock.unlock();
     cv_.notify_all();
     return w;
@@ -380,6 +453,14 @@ class nccl_group final : public process_group {
   }
 
   void watch(std::stop_token st) {
+    // This thread's current device is 0 until set: without this, cudaEventQuery below and the
+    // work::then callbacks run here (hook kernels) would use, and create, a context on GPU 0.
+    std::string setup_failure;
+    if (const cudaError_t rc = cudaSetDevice(device_.index); rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      setup_failure = "the watchdog thread could not make " + device_.to_string() + " current: " +
+                      std::string(cudaGetErrorString(rc));
+    }
     std::unique_lock lock(mutex_);
     for (;;) {
       cv_.wait(lock, st, [&] { return !pending_.empty(); });
@@ -391,10 +472,17 @@ class nccl_group final : public process_group {
       bool ready = false;
       std::string failure;
       bool timed_out = false;
-      try {
-        ready = front.done.query();
-      } catch (const error& e) {
-        failure = where(front.op) + ": the GPU work failed: " + e.what();
+      if (!setup_failure.empty()) {
+        failure = where(front.op) + ": " + setup_failure;
+      } else {
+        try {
+          ready = front.done.query();
+          // The deadline counts from when the GPU reached the collective (observed within one
+          // polling interval), not from when it was queued, possibly behind long compute.
+          if (!ready && !front.deadline && front.started.query()) front.deadline = clock::now() + timeout();
+        } catch (const error& e) {
+          failure = where(front.op) + ": the GPU work failed: " + e.what();
+        }
       }
       if (!ready && failure.empty() && comm_) {
         ncclResult_t async = ncclSuccess;
@@ -404,10 +492,10 @@ class nccl_group final : public process_group {
                     detail::nccl_failure(async, comm_.get());
         }
       }
-      if (!ready && failure.empty() && clock::now() > front.deadline) {
+      if (!ready && failure.empty() && front.deadline && clock::now() > *front.deadline) {
         timed_out = true;
-        failure = where(front.op) + ": not finished after " + std::to_string(timeout().count()) +
-                  " ms (a peer is missing, dead or stalled); the NCCL communicator was aborted";
+        failure = where(front.op) + ": not finished " + std::to_string(timeout().count()) +
+                  " ms after the GPU started it (a peer is missing, dead or stalled); the NCCL communicator was aborted";
       }
       if (ready) {
         auto state = std::move(front.state);
@@ -446,7 +534,7 @@ class nccl_group final : public process_group {
   partrain::device device_;
   cuda_stream stream_;
   cuda_event input_ready_;
-  cudaStream_t input_stream_ = cudaStreamLegacy;
+  std::atomic<cudaStream_t> input_stream_{cudaStreamLegacy};
   detail::nccl_comm comm_;
   device_buffer<float> scratch_;
 
@@ -454,6 +542,7 @@ class nccl_group final : public process_group {
   std::condition_variable_any cv_;
   std::deque<pending_op> pending_;
   std::string failure_;
+  bool issuing_ = false;  // an issue() is between its NCCL call and its pending_op (see wait_ready)
   std::jthread watchdog_;
 };
 

@@ -12,11 +12,11 @@
 #include <vector>
 
 #include <partrain/comm/reduce_op.hpp>
-#include <partrain/comm/work.hpp>
 #include <partrain/core/device.hpp>
 #include <partrain/core/dtype.hpp>
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
+#include <partrain/core/work.hpp>
 
 namespace partrain::inline v0 {
 
@@ -87,6 +87,12 @@ class process_group {
   [[nodiscard]] virtual std::string_view backend() const noexcept = 0;
   // Which memory the backend's collectives take (host for local and gloo, cuda for nccl).
   [[nodiscard]] virtual bool accepts(device_kind k) const noexcept { return k == device_kind::cpu; }
+  // Backends whose collectives run on a CUDA device (nccl): the device's index, and the stream
+  // (a cudaStream_t, type-erased so this header needs no CUDA) that device work feeding a
+  // collective must be queued on, since the collective starts after the work queued on it.
+  // -1 and nullptr (the default stream) for the host backends.
+  [[nodiscard]] virtual int cuda_device_index() const noexcept { return -1; }
+  [[nodiscard]] virtual void* input_stream() const noexcept { return nullptr; }
 
   template <element_type T, memory_space S>
   [[nodiscard]] work all_reduce(tensor_view<T, S> t, reduce_op op = reduce_op::sum) {

@@ -3,9 +3,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <type_traits>
 
+#include <partrain/core/error.hpp>
 #include <partrain/core/half.hpp>
 
 namespace partrain::inline v0 {
@@ -52,5 +54,23 @@ concept element_type = requires { detail::dtype_of_impl<std::remove_cv_t<T>>::va
 
 template <element_type T>
 inline constexpr dtype dtype_of = detail::dtype_of_impl<std::remove_cv_t<T>>::value;
+
+// The one switch from a runtime dtype to its C++ type: calls f(std::type_identity<T>{}) and
+// returns what f returns (every branch must return the same type).
+//   visit_dtype(t, [&]<class T>(std::type_identity<T>) { reduce(static_cast<T*>(p), n); });
+template <class F>
+decltype(auto) visit_dtype(dtype t, F&& f) {
+  switch (t) {
+    case dtype::float32: return f(std::type_identity<float>{});
+    case dtype::float64: return f(std::type_identity<double>{});
+    case dtype::int32: return f(std::type_identity<std::int32_t>{});
+    case dtype::int64: return f(std::type_identity<std::int64_t>{});
+    case dtype::uint8: return f(std::type_identity<std::uint8_t>{});
+    case dtype::float16: return f(std::type_identity<half>{});
+    case dtype::bfloat16: return f(std::type_identity<bfloat16>{});
+  }
+  throw invalid_argument_error("unknown dtype code " + std::to_string(static_cast<int>(t)) +
+                               " (expected float32, float64, int32, int64, uint8, float16 or bfloat16)");
+}
 
 }  // namespace partrain::inline v0

@@ -46,7 +46,7 @@ namespace partrain::inline v0 {
 class cublas_handle {
  public:
   // A handle bound to device `device_index` (cuBLAS handles belong to the device current at creation).
-  explicit cublas_handle(int device_index = 0) : device_(device_index) {
+  explicit cublas_handle(int device_index) : device_(device_index) {
     cuda_device_guard guard(device_index);
     PARTRAIN_CUBLAS_CHECK(cublasCreate(&handle_));
   }
@@ -74,7 +74,7 @@ class cublas_handle {
   }
 
   cublasHandle_t handle_ = nullptr;
-  int device_ = 0;
+  int device_ = -1;
 };
 
 }  // namespace partrain::inline v0

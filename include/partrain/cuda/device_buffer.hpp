@@ -1,5 +1,5 @@
 // partrain/cuda/device_buffer.hpp: owned device memory (cudaMalloc, RAII) with a shape, seen as
-// tensor_view<T, cuda>, and copies to and from host views (blocking, or queued on a stream).
+// tensor_view<T, cuda>, and copies to and from host views (finished on return, or queued on a stream).
 #pragma once
 
 #include <partrain/config.hpp>
@@ -22,13 +22,27 @@
 
 namespace partrain::inline v0 {
 
-// A zero-initialised device array of trivially copyable T with a shape, on one device.
+// A zero-initialised device array of trivially copyable T with a shape, on one device. The device
+// is always named: there is no default, so a buffer cannot land on GPU 0 by omission.
 template <class T>
   requires std::is_trivially_copyable_v<T>
 class device_buffer {
  public:
   device_buffer() = default;
-  explicit device_buffer(partrain::shape s, int device_index = 0) : shape_(s), device_(device_index) {
+  // Zero-filled before the constructor returns (queued on the legacy stream of `dev`, then that
+  // stream is synchronised), so work on any stream afterwards sees zeros.
+  device_buffer(partrain::shape s, const partrain::device& dev)
+      : device_buffer(s, detail::checked_cuda_index(dev, "device_buffer"), nullptr) {}
+  device_buffer(partrain::shape s, int device_index) : device_buffer(s, device_index, nullptr) {}
+  device_buffer(std::size_t n, const partrain::device& dev) : device_buffer(partrain::shape{n}, dev) {}
+  device_buffer(std::size_t n, int device_index) : device_buffer(partrain::shape{n}, device_index) {}
+  // Zero-fill queued on `stream` (of `device_index`) and not waited for: work queued on that
+  // stream afterwards sees zeros; other streams must wait on it (an event) first.
+  device_buffer(partrain::shape s, int device_index, cudaStream_t stream) : shape_(s), device_(device_index) {
+    if (device_index < 0) {
+      throw invalid_argument_error("device_buffer: device index " + std::to_string(device_index) +
+                                   " (expected a CUDA device index >= 0)");
+    }
     if (s.numel() == 0) return;
     cuda_device_guard guard(device_index);
     void* p = nullptr;
@@ -39,13 +53,15 @@ class device_buffer {
                                std::to_string(device_index) + " failed: " + cudaGetErrorString(rc));
     }
     data_ = static_cast<T*>(p);
-    const cudaError_t rc2 = cudaMemset(data_, 0, size_bytes());
+    // cudaMemset would return before the fill ran and order it only on the legacy stream.
+    const cudaStream_t fill = stream ? stream : cudaStreamLegacy;
+    cudaError_t rc2 = cudaMemsetAsync(data_, 0, size_bytes(), fill);
+    if (rc2 == cudaSuccess && !stream) rc2 = cudaStreamSynchronize(fill);
     if (rc2 != cudaSuccess) {
       reset();
-      detail::cuda_check(rc2, "cudaMemset(data_, 0, size_bytes())", __FILE__, __LINE__);
+      detail::cuda_check(rc2, "device_buffer: cudaMemsetAsync + cudaStreamSynchronize (zero fill)", __FILE__, __LINE__);
     }
   }
-  explicit device_buffer(std::size_t n, int device_index = 0) : device_buffer(partrain::shape{n}, device_index) {}
 
   device_buffer(device_buffer&& o) noexcept
       : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})), device_(o.device_) {}
@@ -68,12 +84,16 @@ class device_buffer {
   [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
   [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
   [[nodiscard]] int device_index() const noexcept { return device_; }
+  [[nodiscard]] partrain::device device() const noexcept { return partrain::device::cuda(device_); }
 
   [[nodiscard]] tensor_view<T, cuda> view() noexcept { return {data_, shape_}; }
   [[nodiscard]] tensor_view<const T, cuda> view() const noexcept { return {data_, shape_}; }
 
-  // Host -> device. With a stream the copy is queued (the host memory must stay alive and, to be
-  // truly asynchronous, be pinned); without one it has finished on return.
+  // Host -> device. With a stream the copy is queued on it (the host memory must stay alive until
+  // it ran and, to be truly asynchronous, be pinned). Without one it is queued on the legacy
+  // stream of the buffer's device, which is then synchronised: the copy has finished on return
+  // (cudaMemcpy alone does not promise that for pageable host memory). Either way it is ordered
+  // after earlier work on that stream only: data made on another stream needs that stream.
   void copy_from(tensor_view<const T, host> src, cudaStream_t stream = nullptr) {
     check_size("copy_from", src.size());
     copy(data_, src.data(), cudaMemcpyHostToDevice, stream);
@@ -95,17 +115,19 @@ class device_buffer {
     if (size() == 0) return;
     if (stream) {
       PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, stream));
-    } else {
-      PARTRAIN_CUDA_CHECK(cudaMemcpy(dst, src, size_bytes(), kind));
+      return;
     }
+    cuda_device_guard guard(device_);  // the legacy stream of the buffer's device
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, cudaStreamLegacy));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   }
   void reset() noexcept {
-    if (data_) (void)cudaFree(std::exchange(data_, nullptr));
+    if (data_) (void)cudaFree(std::exchange(data_, nullptr));  // cudaFree frees on any current device
   }
 
   T* data_ = nullptr;
   partrain::shape shape_{};
-  int device_ = 0;
+  int device_ = -1;  // -1: an empty default-constructed buffer
 };
 
 }  // namespace partrain::inline v0

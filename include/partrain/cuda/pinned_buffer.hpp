@@ -17,18 +17,23 @@
 #include <utility>
 
 #include <partrain/core/tensor_view.hpp>
+#include <partrain/core/device.hpp>
 #include <partrain/cuda/check.hpp>
+#include <partrain/cuda/device_guard.hpp>
 
 namespace partrain::inline v0 {
 
-// A zero-initialised pinned host array of trivially copyable T with a shape.
+// A zero-initialised pinned host array of trivially copyable T with a shape. Portable (usable with
+// every device); the allocation is made with `dev` current, so it creates no context elsewhere.
 template <class T>
   requires std::is_trivially_copyable_v<T>
 class pinned_buffer {
  public:
   pinned_buffer() = default;
-  explicit pinned_buffer(partrain::shape s) : shape_(s) {
+  pinned_buffer(partrain::shape s, const device& dev) : pinned_buffer(s, detail::checked_cuda_index(dev, "pinned_buffer")) {}
+  pinned_buffer(partrain::shape s, int device_index) : shape_(s) {
     if (s.numel() == 0) return;
+    cuda_device_guard guard(device_index);
     void* p = nullptr;
     const cudaError_t rc = cudaHostAlloc(&p, size_bytes(), cudaHostAllocPortable);
     if (rc != cudaSuccess) {
@@ -39,7 +44,8 @@ class pinned_buffer {
     data_ = static_cast<T*>(p);
     std::memset(p, 0, size_bytes());
   }
-  explicit pinned_buffer(std::size_t n) : pinned_buffer(partrain::shape{n}) {}
+  pinned_buffer(std::size_t n, const device& dev) : pinned_buffer(partrain::shape{n}, dev) {}
+  pinned_buffer(std::size_t n, int device_index) : pinned_buffer(partrain::shape{n}, device_index) {}
 
   pinned_buffer(pinned_buffer&& o) noexcept
       : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})) {}

@@ -20,7 +20,8 @@ namespace partrain::inline v0 {
 class cuda_stream {
  public:
   // A new stream on device `device_index`; priority as cudaStreamCreateWithPriority (0: default).
-  explicit cuda_stream(int device_index = 0, int priority = 0) : device_(device_index) {
+  // No default device: a stream made on GPU 0 by omission is what D1 of the GPU review was about.
+  explicit cuda_stream(int device_index, int priority = 0) : device_(device_index) {
     cuda_device_guard guard(device_index);
     PARTRAIN_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority));
   }
@@ -61,7 +62,7 @@ class cuda_stream {
   }
 
   cudaStream_t stream_ = nullptr;
-  int device_ = 0;
+  int device_ = -1;
 };
 
 }  // namespace partrain::inline v0

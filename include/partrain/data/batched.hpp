@@ -15,8 +15,8 @@
 #include <utility>
 
 #include <partrain/core/error.hpp>
+#include <partrain/core/range_closure.hpp>
 #include <partrain/data/detail/indexed_view.hpp>
-#include <partrain/data/detail/range_closure.hpp>
 #include <partrain/data/detail/set_epoch.hpp>
 
 namespace partrain::inline v0 {

@@ -17,7 +17,7 @@
 #include <partrain/optim/state_io.hpp>
 
 #if defined(__CUDACC__)
-#include <partrain/cuda/optim_kernels.cuh>
+#include <partrain/optim/detail/kernels.cuh>
 #endif
 
 namespace partrain::inline v0 {
@@ -43,8 +43,8 @@ inline void validate(const adamw_options& o) {
 
 template <model M>
 class adamw {
-  using T = detail::model_element_t<M>;
-  using S = detail::model_space_t<M>;
+  using T = model_element_t<M>;
+  using S = model_space_t<M>;
   static_assert(detail::check_optimizable<T, S>());
 
  public:

@@ -15,7 +15,7 @@
 #include <partrain/optim/optimizer.hpp>
 
 #if defined(__CUDACC__)
-#include <partrain/cuda/optim_kernels.cuh>
+#include <partrain/optim/detail/kernels.cuh>
 #endif
 
 namespace partrain::inline v0 {

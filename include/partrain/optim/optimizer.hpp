@@ -12,6 +12,7 @@
 #include <partrain/core/error.hpp>
 #include <partrain/core/memory_space.hpp>
 #include <partrain/model/concepts.hpp>
+#include <partrain/model/traits.hpp>
 #include <partrain/optim/state_io.hpp>
 
 namespace partrain::inline v0 {
@@ -32,22 +33,6 @@ concept stateful_optimizer = optimizer<O> && requires(const O& co, O& o, state_w
 
 namespace detail {
 
-template <model M>
-using param_range_t = decltype(std::declval<M&>().parameters());
-template <model M>
-using param_t = std::ranges::range_value_t<param_range_t<M>>;
-template <class P>
-using param_view_t = std::remove_cvref_t<decltype(std::declval<P&>().value())>;
-template <class P>
-using param_element_t = std::remove_cv_t<typename param_view_t<P>::value_type>;
-template <class P>
-using param_space_t = typename param_view_t<P>::space_type;
-
-template <model M>
-using model_element_t = param_element_t<param_t<M>>;
-template <model M>
-using model_space_t = param_space_t<param_t<M>>;
-
 // The optimizers update in the parameters' own precision, as PyTorch does; 16-bit models keep
 // fp32 master weights and step those.
 template <class T>
@@ -61,7 +46,7 @@ consteval bool check_optimizable() {
 #if !defined(__CUDACC__)
   static_assert(!std::same_as<S, cuda>,
                 "partrain: optimizing CUDA parameters needs the translation unit compiled by nvcc (the kernels are "
-                "in partrain/cuda/optim_kernels.cuh)");
+                "in partrain/optim/detail/kernels.cuh)");
 #endif
   return true;
 }

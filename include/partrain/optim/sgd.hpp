@@ -16,7 +16,7 @@
 #include <partrain/optim/state_io.hpp>
 
 #if defined(__CUDACC__)
-#include <partrain/cuda/optim_kernels.cuh>
+#include <partrain/optim/detail/kernels.cuh>
 #endif
 
 namespace partrain::inline v0 {
@@ -44,8 +44,8 @@ inline void validate(const sgd_options& o) {
 
 template <model M>
 class sgd {
-  using T = detail::model_element_t<M>;
-  using S = detail::model_space_t<M>;
+  using T = model_element_t<M>;
+  using S = model_space_t<M>;
   static_assert(detail::check_optimizable<T, S>());
 
  public:

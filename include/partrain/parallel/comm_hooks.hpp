@@ -14,15 +14,16 @@
 #include <vector>
 
 #include <partrain/comm/process_group.hpp>
-#include <partrain/comm/work.hpp>
 #include <partrain/core/dtype.hpp>
 #include <partrain/core/error.hpp>
 #include <partrain/core/half.hpp>
 #include <partrain/core/memory_space.hpp>
 #include <partrain/core/tensor_view.hpp>
+#include <partrain/core/work.hpp>
 
 #if defined(__CUDACC__)
-#include <partrain/cuda/ddp_kernels.cuh>
+#include <partrain/cuda/device_guard.hpp>
+#include <partrain/parallel/detail/ddp_kernels.cuh>
 #endif
 
 namespace partrain::inline v0 {
@@ -41,6 +42,12 @@ class grad_bucket {
   [[nodiscard]] std::size_t index() const noexcept { return index_; }
   [[nodiscard]] raw_tensor buffer() const noexcept { return buffer_; }
   [[nodiscard]] bool on_cuda() const noexcept { return buffer_.on_cuda; }
+  // A CUDA bucket's device, and the stream its device work must be queued on (a cudaStream_t,
+  // type-erased; the communicator's input stream, which its collectives start after). A hook
+  // makes that device current itself: its then() callbacks may run on another thread.
+  // -1 and nullptr for a host bucket.
+  [[nodiscard]] int cuda_device() const noexcept { return cuda_device_; }
+  [[nodiscard]] void* cuda_stream() const noexcept { return cuda_stream_; }
   // The bucket as a typed view; asking for the wrong type or memory space is an error naming both.
   template <element_type T, memory_space Space = host>
   [[nodiscard]] tensor_view<T, Space> buffer_as() const {
@@ -69,6 +76,10 @@ class grad_bucket {
   [[nodiscard]] work all_reduce(raw_tensor t) const { return all_reduce_(t); }
 
   void set_divisor(double d) noexcept { divisor_ = d; }
+  void set_cuda_placement(int device_index, void* stream) noexcept {
+    cuda_device_ = device_index;
+    cuda_stream_ = stream;
+  }
 
  private:
   std::size_t index_;
@@ -76,6 +87,8 @@ class grad_bucket {
   all_reduce_fn all_reduce_;
   int world_size_;
   double divisor_ = 1;
+  int cuda_device_ = -1;
+  void* cuda_stream_ = nullptr;
   std::vector<std::byte> scratch_;
   std::shared_ptr<void> hook_state_;
 };
@@ -117,7 +130,7 @@ decltype(auto) visit_float_bucket(const grad_bucket& b, F&& f) {
 [[noreturn]] inline void needs_nvcc(const grad_bucket& b, const char* hook) {
   throw invalid_argument_error(std::string("comm hook ") + hook + ": bucket " + std::to_string(b.index()) +
                                " is in CUDA memory; the translation unit that constructs the DDP must be compiled by "
-                               "nvcc (the kernels are in partrain/cuda/ddp_kernels.cuh)");
+                               "nvcc (the kernels are in partrain/parallel/detail/ddp_kernels.cuh)");
 }
 
 template <class H>
@@ -125,6 +138,9 @@ work compressed_all_reduce(grad_bucket& b) {
   if (b.on_cuda()) {
 #if defined(__CUDACC__)
     const raw_tensor buf = b.buffer();
+    const int dev = b.cuda_device();
+    const auto stream = static_cast<cudaStream_t>(b.cuda_stream());
+    cuda_device_guard guard(dev);
     auto& state = b.hook_state();
     // The 16-bit copy lives in device memory kept in hook_state (element count in front).
     struct scratch {
@@ -133,13 +149,17 @@ work compressed_all_reduce(grad_bucket& b) {
     };
     auto* s = static_cast<scratch*>(state.get());
     if (!s || s->count != buf.count) {
-      state = std::make_shared<scratch>(scratch{buf.count, device_alloc(buf.count * sizeof(H))});
+      state = std::make_shared<scratch>(scratch{buf.count, device_alloc(buf.count * sizeof(H), dev)});
       s = static_cast<scratch*>(state.get());
     }
     void* h = s->mem.get();
-    device_to_16(buf, h, dtype_of<H>, static_cast<float>(b.divisor()));
+    device_to_16(buf, h, dtype_of<H>, static_cast<float>(b.divisor()), stream);
     work w = b.all_reduce(tensor_view<H, cuda>(static_cast<H*>(h), buf.count));
-    return then_work(w, [buf, h] { device_from_16(h, buf, dtype_of<H>); });
+    // Runs on the thread that completes w (NCCL's watchdog), whose current device is not ours.
+    return then_work(w, [buf, h, dev, stream] {
+      cuda_device_guard cb_guard(dev);
+      device_from_16(h, buf, dtype_of<H>, stream);
+    });
 #else
     needs_nvcc(b, "fp16/bf16 compress");
 #endif
@@ -168,7 +188,10 @@ namespace comm_hooks {
   return [](grad_bucket& b) {
     if (b.on_cuda()) {
 #if defined(__CUDACC__)
-      if (b.divisor() != 1.0) detail::device_divide(b.buffer(), b.divisor());
+      if (b.divisor() != 1.0) {
+        cuda_device_guard guard(b.cuda_device());
+        detail::device_divide(b.buffer(), b.divisor(), static_cast<cudaStream_t>(b.cuda_stream()));
+      }
       return b.all_reduce(b.buffer());
 #else
       detail::needs_nvcc(b, "allreduce");

@@ -63,14 +63,15 @@
 #include <utility>
 #include <vector>
 
-#include <partrain/comm/detail/op_worker.hpp>
 #include <partrain/comm/local.hpp>
 #include <partrain/comm/process_group.hpp>
 #include <partrain/core/buffer.hpp>
 #include <partrain/core/device.hpp>
 #include <partrain/core/error.hpp>
+#include <partrain/core/executor.hpp>
 #include <partrain/core/tensor_view.hpp>
 #include <partrain/model/concepts.hpp>
+#include <partrain/model/traits.hpp>
 #include <partrain/optim/optimizer.hpp>
 #include <partrain/optim/state_io.hpp>
 #include <partrain/parallel/detail/dp_balance.hpp>
@@ -147,19 +148,6 @@ concept has_output_size = requires(const M& m) {
 namespace detail {
 
 template <class M>
-using dp_param_range_t = decltype(std::declval<M&>().parameters());
-template <class M>
-using dp_param_ref_t = std::ranges::range_reference_t<dp_param_range_t<M>>;
-template <class M>
-using dp_grad_view_t = std::remove_cvref_t<decltype(std::declval<dp_param_ref_t<M>>().grad())>;
-template <class M>
-using dp_value_view_t = std::remove_cvref_t<decltype(std::declval<dp_param_ref_t<M>>().value())>;
-template <class M>
-using dp_element_t = std::remove_cv_t<typename dp_grad_view_t<M>::value_type>;
-template <class M>
-using dp_space_t = typename dp_grad_view_t<M>::space_type;
-
-template <class M>
 consteval bool check_data_parallel_model() {
   static_assert(detail::has_parameters_member<M>,
                 "partrain: data_parallel needs a model with `parameters()` returning its parameters in a stable order");
@@ -189,10 +177,10 @@ template <class T>
 template <class M, class Opt>
 class data_parallel {
   static_assert(detail::check_data_parallel_model<M>());
-  using T = detail::dp_element_t<M>;
-  using S = detail::dp_space_t<M>;
-  static_assert(std::same_as<std::remove_cv_t<typename detail::dp_value_view_t<M>::value_type>, T> &&
-                    std::same_as<typename detail::dp_value_view_t<M>::space_type, S>,
+  using T = model_element_t<M>;
+  using S = model_space_t<M>;
+  static_assert(std::same_as<std::remove_cv_t<typename param_grad_view_t<param_t<M>>::value_type>, T> &&
+                    std::same_as<typename param_grad_view_t<param_t<M>>::space_type, S>,
                 "partrain: a parameter's value() and grad() must have the same element type and memory space");
 
  public:
@@ -222,7 +210,7 @@ class data_parallel {
     flat_.resize(n);
     held_.resize(n);
     for (std::size_t i = 0; i < n; ++i) contexts_.push_back(std::make_unique<detail::dp_device_context>(devices_[i]));
-    for (std::size_t i = 0; i < n; ++i) workers_.push_back(std::make_unique<detail::op_worker>());
+    for (std::size_t i = 0; i < n; ++i) workers_.push_back(std::make_unique<detail::executor>());
     // Replicate and make optimizers on each device's own thread (CUDA: with that device current);
     // the user's factory is called one replica at a time, so it need not be thread-safe.
     std::mutex factory_mutex;
@@ -670,7 +658,7 @@ class data_parallel {
   // while a device thread or the caller still reads it.
   std::vector<std::optional<work>> held_;
   // Last: the worker threads are joined before anything they use goes away.
-  std::vector<std::unique_ptr<detail::op_worker>> workers_;
+  std::vector<std::unique_ptr<detail::executor>> workers_;
 };
 
 template <class M, class F>

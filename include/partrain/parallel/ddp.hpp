@@ -20,9 +20,9 @@
 #include <partrain/comm/process_group.hpp>
 #include <partrain/config.hpp>
 #include <partrain/core/device.hpp>
-#include <partrain/comm/work.hpp>
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
+#include <partrain/core/work.hpp>
 #include <partrain/model/concepts.hpp>
 #include <partrain/optim/clip.hpp>
 #include <partrain/optim/optimizer.hpp>
@@ -32,6 +32,7 @@
 
 #if PARTRAIN_HAS_CUDA
 #include <partrain/cuda/device_buffer.hpp>
+#include <partrain/cuda/device_guard.hpp>
 #endif
 
 namespace partrain::inline v0 {
@@ -75,9 +76,9 @@ inline constexpr std::size_t meta_width = 2 + max_rank;
 
 template <model M, communicator C = process_group>
 class distributed_data_parallel {
-  using P = detail::param_t<M>;
-  using T = detail::param_element_t<P>;
-  using S = detail::param_space_t<P>;
+  using P = param_t<M>;
+  using T = param_element_t<P>;
+  using S = param_space_t<P>;
 #if !PARTRAIN_HAS_CUDA
   static_assert(std::same_as<S, host>,
                 "partrain: distributed_data_parallel over CUDA parameters needs the CUDA runtime (link partrain::cuda)");
@@ -98,13 +99,13 @@ class distributed_data_parallel {
     plain_hook_ = opts_.hook.target_type() == comm_hooks::allreduce().target_type();
     std::vector<std::size_t> numels;
     for (auto&& p : model_->parameters()) numels.push_back(p.value().size());
+    cuda_device_ = resolve_cuda_device();
     verify_parameters();
     if (opts_.broadcast_parameters) broadcast_parameters_from(0);
     reducer_ = std::make_unique<detail::reducer<T, S>>(std::move(numels), opts_.first_bucket_bytes,
                                                     opts_.bucket_cap_bytes, opts_.hook,
                                                     detail::make_all_reduce_fn(comm), comm.rank(), comm.size(), stats_,
-                                                    std::same_as<S, cuda> && comm_accepts(device_kind::cuda),
-                                                    opts_.on_bucket_launch);
+                                                    device_placement(), opts_.on_bucket_launch);
   }
   distributed_data_parallel(const distributed_data_parallel&) = delete;
   distributed_data_parallel& operator=(const distributed_data_parallel&) = delete;
@@ -277,8 +278,64 @@ class distributed_data_parallel {
     }
   }
 
+  // Device mode (CUDA parameters, a backend that reduces CUDA memory): buckets on the parameters'
+  // device, their work on the communicator's input stream.
+  [[nodiscard]] detail::device_placement device_placement() {
+    if (!(std::same_as<S, cuda> && comm_accepts(device_kind::cuda))) return {};
+    detail::device_placement p{cuda_device_, {}};
+    if constexpr (requires(const C& c) { { c.input_stream() } -> std::convertible_to<void*>; }) {
+      p.stream = [c = comm_] { return c->input_stream(); };
+    }
+    return p;
+  }
+
+  // The CUDA device DDP's own device memory goes on (buckets, the staging of its small
+  // collectives): the device of the parameters' memory, asked with cudaPointerGetAttributes.
+  // The model concepts expose no device and a process_group& may hide NCCL, so the memory
+  // itself is the one source that every model and communicator has; the buckets must sit where
+  // the gradients are. A communicator bound to a device (nccl_group) must agree. Without CUDA
+  // parameters: the communicator's device, else the current one. -1: no CUDA in this build.
+  [[nodiscard]] int resolve_cuda_device() const {
+#if PARTRAIN_HAS_CUDA
+    int comm_dev = -1;
+    if constexpr (requires(const C& c) { { c.cuda_device_index() } -> std::convertible_to<int>; }) {
+      comm_dev = comm_->cuda_device_index();
+    }
+    int dev = -1;
+    if constexpr (std::same_as<S, cuda>) {
+      std::size_t index = 0;
+      std::string first_name;
+      for (auto&& p : model_->parameters()) {
+        const auto v = p.value();
+        if (!v.empty()) {
+          const int d = cuda_device_of(v.data(), "DDP (parameter placement)").index;
+          if (dev < 0) {
+            dev = d;
+            first_name = detail::param_name(p, index);
+          } else if (d != dev) {
+            throw config_error(where() + "parameter " + detail::param_name(p, index) + " is on cuda:" +
+                               std::to_string(d) + " but " + first_name + " on cuda:" + std::to_string(dev) +
+                               " (DDP expects every parameter of a rank on one device)");
+          }
+        }
+        ++index;
+      }
+      if (dev >= 0 && comm_dev >= 0 && dev != comm_dev) {
+        throw config_error(where() + "the parameters are on cuda:" + std::to_string(dev) +
+                           " but the communicator runs on cuda:" + std::to_string(comm_dev) +
+                           " (expected the same device: make the group with the model's device)");
+      }
+    }
+    if (dev >= 0) return dev;
+    if (comm_dev >= 0) return comm_dev;
+    return comm_accepts(device_kind::cpu) ? -1 : cuda_current_device();
+#else
+    return -1;
+#endif
+  }
+
   // The few small host collectives DDP needs (shape check, join flags, evaluation sums); on a
-  // backend that only takes CUDA memory (NCCL) they go through a device copy.
+  // backend that only takes CUDA memory (NCCL) they go through a device copy on cuda_device_.
   template <class E, class Op>
   void small_collective(std::span<E> host_data, Op&& op, const char* what) {
     if (host_data.empty()) return;
@@ -287,7 +344,9 @@ class distributed_data_parallel {
       return;
     }
 #if PARTRAIN_HAS_CUDA
-    device_buffer<E> dev(host_data.size());
+    // Both copies are finished on return (device_buffer's streamless copies), so the collective
+    // reads the input and the host the result whatever stream the backend runs on.
+    device_buffer<E> dev(host_data.size(), cuda_device_);
     dev.copy_from(tensor_view<const E>(host_data.data(), host_data.size()));
     wait_named(op(dev.view()), what);
     dev.copy_to(tensor_view<E>(host_data.data(), host_data.size()));
@@ -423,6 +482,7 @@ class distributed_data_parallel {
   bool require_sync_ = true;
   bool joined_ = false;
   bool plain_hook_ = false;  // ddp_options::hook is comm_hooks::allreduce()
+  int cuda_device_ = -1;     // resolve_cuda_device()
 };
 
 }  // namespace partrain::inline v0

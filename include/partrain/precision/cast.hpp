@@ -12,7 +12,7 @@
 #include <partrain/precision/precision.hpp>
 
 #if defined(__CUDACC__)
-#include <partrain/cuda/precision_kernels.cuh>
+#include <partrain/precision/detail/kernels.cuh>
 #endif
 
 namespace partrain::inline v0 {
@@ -30,7 +30,7 @@ void cast(tensor_view<From, S> src, tensor_view<To, S> dst) {
   using F = std::remove_const_t<From>;
   static_assert(std::same_as<S, host> || detail::is_nvcc_compiled,
                 "partrain: casting CUDA memory needs the translation unit compiled by nvcc "
-                "(the kernels are in partrain/cuda/precision_kernels.cuh)");
+                "(the kernels are in partrain/precision/detail/kernels.cuh)");
   const tensor_view<const F, S> s(src);
   detail::cast_views<F, To>(std::span<const tensor_view<const F, S>>(&s, 1), std::span<const tensor_view<To, S>>(&dst, 1));
 }

@@ -18,11 +18,11 @@
 #include <vector>
 
 #include <partrain/comm/reduce_op.hpp>
-#include <partrain/comm/work.hpp>
 #include <partrain/core/device.hpp>
 #include <partrain/core/error.hpp>
 #include <partrain/core/memory_space.hpp>
 #include <partrain/core/tensor_view.hpp>
+#include <partrain/core/work.hpp>
 #include <partrain/model/concepts.hpp>
 #include <partrain/optim/optimizer.hpp>
 #include <partrain/optim/state_io.hpp>
@@ -30,10 +30,11 @@
 #include <partrain/precision/precision.hpp>
 
 #if defined(__CUDACC__)
-#include <partrain/cuda/precision_kernels.cuh>
+#include <partrain/precision/detail/kernels.cuh>
 #endif
 #if PARTRAIN_HAS_CUDA
 #include <partrain/cuda/device_buffer.hpp>
+#include <partrain/cuda/device_guard.hpp>
 #endif
 
 namespace partrain::inline v0 {
@@ -76,7 +77,7 @@ class grad_scaler {
   // an overflow when any rank had one, and skips the step with the others.
   template <model M, class C>
   [[nodiscard]] bool unscale(M& m, C& comm) {
-    return unscale_impl(m, [&comm, this](bool found) { return agree(comm, found); });
+    return unscale_impl(m, [&comm, &m, this](bool found) { return agree(comm, found, flag_device(comm, m)); });
   }
 
   // Steps the optimizer unless this iteration's gradients overflowed; unscales first when
@@ -201,12 +202,12 @@ class grad_scaler {
     if (unscaled_) {
       throw invalid_argument_error("grad_scaler::unscale: already called this iteration (call update() to end it)");
     }
-    using S = detail::model_space_t<M>;
-    using T = detail::model_element_t<M>;
+    using S = model_space_t<M>;
+    using T = model_element_t<M>;
     static_assert(std::same_as<T, float>, "partrain: grad_scaler unscales fp32 gradients (the master weights' gradients)");
     static_assert(std::same_as<S, host> || detail::is_nvcc_compiled,
                   "partrain: unscaling CUDA gradients needs the translation unit compiled by nvcc "
-                  "(the kernel is in partrain/cuda/precision_kernels.cuh)");
+                  "(the kernel is in partrain/precision/detail/kernels.cuh)");
     std::vector<tensor_view<float, S>> grads;
     for (auto&& p : m.parameters()) grads.push_back(p.grad());
     // 1/scale in double, rounded once to float (as GradScaler computes it).
@@ -222,6 +223,8 @@ class grad_scaler {
   static void wait_named(C& comm, work w) {
     try {
       w.wait();
+    } catch (const aborted_error& e) {
+      throw aborted_error("rank " + std::to_string(comm.rank()) + " grad_scaler: the overflow-flag all_reduce failed", e);
     } catch (const timeout_error& e) {
       throw timeout_error("rank " + std::to_string(comm.rank()) + " grad_scaler: the overflow-flag all_reduce failed: " +
                           e.what());
@@ -231,9 +234,33 @@ class grad_scaler {
     }
   }
 
-  // Max over ranks of the flag. A backend that takes only CUDA memory (NCCL) gets a device copy.
+  // The device for the flag's device copy: that of the gradients' memory (cudaPointerGetAttributes;
+  // the model concepts expose no device), else the communicator's (nccl_group), else the
+  // current one. Never device 0 by omission: on rank N that is another GPU than NCCL's.
+  template <class C, model M>
+  [[nodiscard]] static int flag_device(C& comm, M& m) {
+    (void)m;
+#if PARTRAIN_HAS_CUDA
+    if constexpr (std::same_as<model_space_t<M>, cuda>) {
+      for (auto&& p : m.parameters()) {
+        const auto g = p.grad();
+        if (!g.empty()) return cuda_device_of(g.data(), "grad_scaler (overflow flag placement)").index;
+      }
+    }
+    if constexpr (requires(const C& c) { { c.cuda_device_index() } -> std::convertible_to<int>; }) {
+      if (comm.cuda_device_index() >= 0) return comm.cuda_device_index();
+    }
+    return cuda_current_device();
+#else
+    (void)comm;
+    return -1;
+#endif
+  }
+
+  // Max over ranks of the flag. A backend that takes only CUDA memory (NCCL) gets a device copy
+  // on `cuda_device`.
   template <class C>
-  bool agree(C& comm, bool found) {
+  bool agree(C& comm, bool found, int cuda_device) {
     float flag = found ? 1.0f : 0.0f;
     bool host_ok = true;
     if constexpr (requires(const C& c) { { c.accepts(device_kind::cpu) } -> std::convertible_to<bool>; }) {
@@ -244,12 +271,13 @@ class grad_scaler {
       return flag != 0.0f;
     }
 #if PARTRAIN_HAS_CUDA
-    device_buffer<float> dev(1);
+    device_buffer<float> dev(std::size_t{1}, cuda_device);
     dev.copy_from(tensor_view<const float>(&flag, 1));
     wait_named(comm, comm.all_reduce(dev.view(), reduce_op::max));
     dev.copy_to(tensor_view<float>(&flag, 1));
     return flag != 0.0f;
 #else
+    (void)cuda_device;
     throw config_error("grad_scaler: the communicator takes neither host nor (in this build) CUDA memory");
 #endif
   }

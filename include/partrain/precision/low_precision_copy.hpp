@@ -24,6 +24,7 @@
 
 #if PARTRAIN_HAS_CUDA
 #include <partrain/cuda/device_buffer.hpp>
+#include <partrain/cuda/device_guard.hpp>
 #endif
 
 namespace partrain::inline v0 {
@@ -95,12 +96,23 @@ class low_precision_copy {
   using storage_t = host_buffer<std::uint16_t>;
 #endif
 
-  // CUDA storage on the device current now (where the masters are), not device 0.
-  [[nodiscard]] static storage_t make_storage(std::size_t n) {
+  // CUDA storage on the masters' device (their memory says which: cudaPointerGetAttributes),
+  // not on whatever device is current, nor device 0. Every master must be on that one device.
+  [[nodiscard]] storage_t make_storage(std::size_t n) const {
 #if PARTRAIN_HAS_CUDA
     if constexpr (std::same_as<S, cuda>) {
-      int dev = 0;
-      PARTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
+      int dev = -1;
+      for (std::size_t i = 0; i < masters_.size(); ++i) {
+        if (masters_[i].empty()) continue;
+        const int d = cuda_device_of(masters_[i].data(), "low_precision_copy").index;
+        if (dev >= 0 && d != dev) {
+          throw invalid_argument_error("low_precision_copy: master " + std::to_string(i) + " is on cuda:" +
+                                       std::to_string(d) + ", the earlier ones on cuda:" + std::to_string(dev) +
+                                       " (expected every master on one device)");
+        }
+        dev = d;
+      }
+      if (dev < 0) return storage_t();  // no elements: nothing to allocate
       return storage_t(n, dev);
     } else {
       return storage_t(n);
@@ -132,8 +144,8 @@ class low_precision_copy {
 // The copy of a model's parameter values (fp32 masters), in parameters() order.
 template <model M>
 [[nodiscard]] auto make_low_precision_copy(precision p, M& m) {
-  using S = detail::model_space_t<M>;
-  static_assert(std::same_as<detail::model_element_t<M>, float>, "partrain: mixed precision keeps fp32 master weights");
+  using S = model_space_t<M>;
+  static_assert(std::same_as<model_element_t<M>, float>, "partrain: mixed precision keeps fp32 master weights");
   std::vector<tensor_view<float, S>> masters;
   for (auto&& prm : m.parameters()) masters.push_back(prm.value());
   return low_precision_copy<S>(p, std::move(masters));

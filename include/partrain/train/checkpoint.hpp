@@ -70,7 +70,7 @@ void put_raw(std::vector<std::byte>& out, const void* p) {
 template <model M, stateful_optimizer O>
 [[nodiscard]] std::vector<std::byte> checkpoint_bytes(M& m, const O& opt, const checkpoint_extra& extra = {}) {
   static_assert(detail::check_checkpointable<M>());
-  using T = detail::model_element_t<M>;
+  using T = model_element_t<M>;
   state_writer w;
   w.put(static_cast<std::uint8_t>(dtype_of<T>));
   w.put(static_cast<std::uint64_t>(detail::parameter_count(m)));
@@ -139,7 +139,7 @@ void save_checkpoint(process_group& comm, const std::filesystem::path& path, M& 
 template <model M, stateful_optimizer O>
 checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O& opt, std::string_view source = "<memory>") {
   static_assert(detail::check_checkpointable<M>());
-  using T = detail::model_element_t<M>;
+  using T = model_element_t<M>;
   const std::string where = "checkpoint '" + std::string(source) + "'";
   if (file.size() < checkpoint_header_bytes) {
     throw checkpoint_error(where + " is truncated: " + std::to_string(file.size()) + " bytes, less than the " +

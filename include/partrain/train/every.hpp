@@ -19,7 +19,7 @@
 
 #include <partrain/core/error.hpp>
 #include <partrain/core/generator.hpp>
-#include <partrain/data/detail/range_closure.hpp>
+#include <partrain/core/range_closure.hpp>
 
 namespace partrain::inline v0 {
 

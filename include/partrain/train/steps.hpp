@@ -18,7 +18,7 @@
 #include <utility>
 
 #include <partrain/core/generator.hpp>
-#include <partrain/data/detail/range_closure.hpp>
+#include <partrain/core/range_closure.hpp>
 
 namespace partrain::inline v0 {
 

@@ -34,10 +34,10 @@
 #include <vector>
 
 #include <partrain/comm/process_group.hpp>
-#include <partrain/comm/work.hpp>
 #include <partrain/core/device.hpp>
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
+#include <partrain/core/work.hpp>
 #include <partrain/train/detail/atomic_file.hpp>
 #include <partrain/train/detail/json_text.hpp>
 

@@ -121,7 +121,7 @@ using gloo_reduce_fn = gloo::AllreduceOptions::Func;
       }
     };
   }
-  return visit_dtype(t, [op]<class T>(T*) -> gloo_reduce_fn {
+  return visit_dtype(t, [op]<class T>(std::type_identity<T>) -> gloo_reduce_fn {
     if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
       throw invalid_argument_error("internal: 16-bit types take the host_reduce path");
     } else {

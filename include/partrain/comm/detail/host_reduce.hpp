@@ -47,29 +47,14 @@ inline void divide_typed(T* data, std::size_t n, int divisor) noexcept {
   }
 }
 
-// Calls f with a null pointer of the C++ type for t.
-template <class F>
-inline decltype(auto) visit_dtype(dtype t, F&& f) {
-  switch (t) {
-    case dtype::float32: return f(static_cast<float*>(nullptr));
-    case dtype::float64: return f(static_cast<double*>(nullptr));
-    case dtype::int32: return f(static_cast<std::int32_t*>(nullptr));
-    case dtype::int64: return f(static_cast<std::int64_t*>(nullptr));
-    case dtype::uint8: return f(static_cast<std::uint8_t*>(nullptr));
-    case dtype::float16: return f(static_cast<half*>(nullptr));
-    case dtype::bfloat16: return f(static_cast<bfloat16*>(nullptr));
-  }
-  throw invalid_argument_error("unknown dtype code " + std::to_string(static_cast<int>(t)));
-}
-
 // dst[i] = dst[i] op src[i]
 inline void host_reduce(void* dst, const void* src, std::size_t n, dtype t, reduce_op op) {
-  visit_dtype(t, [&]<class T>(T*) { reduce_typed(static_cast<T*>(dst), static_cast<const T*>(src), n, op); });
+  visit_dtype(t, [&]<class T>(std::type_identity<T>) { reduce_typed(static_cast<T*>(dst), static_cast<const T*>(src), n, op); });
 }
 
 // Finishes an avg: data[i] /= divisor (after a sum).
 inline void host_divide(void* data, std::size_t n, dtype t, int divisor) {
-  visit_dtype(t, [&]<class T>(T*) { divide_typed(static_cast<T*>(data), n, divisor); });
+  visit_dtype(t, [&]<class T>(std::type_identity<T>) { divide_typed(static_cast<T*>(data), n, divisor); });
 }
 
 }  // namespace partrain::inline v0::detail

@@ -1,6 +1,6 @@
 // partrain/optim/detail/state_buffer.hpp: optimizer state beside the parameters (momentum,
 // Adam moments) and the element loops on the host. The CUDA twins live in
-// partrain/cuda/optim_kernels.cuh and are picked by overload on the memory space.
+// partrain/optim/detail/kernels.cuh and are picked by overload on the memory space.
 #pragma once
 
 #include <cstddef>

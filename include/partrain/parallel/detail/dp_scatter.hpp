@@ -13,6 +13,7 @@
 
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
+#include <partrain/core/weighted_shares.hpp>
 
 namespace partrain::inline v0 {
 
@@ -95,46 +96,11 @@ template <splittable_batch B>
 
 namespace detail {
 
-// Whole examples per device from non-negative weights: floor of the exact share, then the
-// remaining examples one each to the largest fractional parts (ties to the lower index), so
-// counts always sum to n and follow the weights as closely as integers can. With n smaller
-// than the device count, the devices with the largest weights get one each; the rest idle.
+// Whole examples per device: core/weighted_shares.hpp's rule (with n smaller than the device
+// count, the devices with the largest weights get one each; the rest idle).
 [[nodiscard]] inline std::vector<std::size_t> split_counts(std::size_t n, std::span<const double> weights) {
   if (weights.empty()) throw invalid_argument_error("data_parallel: no devices to split a batch over");
-  double total = 0;
-  for (double w : weights) {
-    if (!(w >= 0) || !std::isfinite(w)) {
-      throw invalid_argument_error("data_parallel: device weights must be finite and non-negative, got " +
-                                   std::to_string(w));
-    }
-    total += w;
-  }
-  if (total <= 0) throw invalid_argument_error("data_parallel: at least one device weight must be positive");
-  std::vector<std::size_t> counts(weights.size());
-  std::vector<std::pair<double, std::size_t>> frac;  // (fractional part, device)
-  std::size_t given = 0;
-  for (std::size_t i = 0; i < weights.size(); ++i) {
-    const double exact = static_cast<double>(n) * weights[i] / total;
-    counts[i] = std::min(n, static_cast<std::size_t>(std::floor(exact)));
-    given += counts[i];
-    frac.emplace_back(exact - std::floor(exact), i);
-  }
-  // Floating-point slack can over-assign by one in pathological cases: take it back from the largest.
-  while (given > n) {
-    auto it = std::max_element(counts.begin(), counts.end());
-    --*it;
-    --given;
-  }
-  std::stable_sort(frac.begin(), frac.end(), [&](const auto& a, const auto& b) {
-    if (a.first != b.first) return a.first > b.first;
-    return weights[a.second] > weights[b.second];
-  });
-  for (std::size_t k = 0; given < n; k = (k + 1) % frac.size()) {
-    if (weights[frac[k].second] <= 0) continue;
-    ++counts[frac[k].second];
-    ++given;
-  }
-  return counts;
+  return weighted_shares(n, weights, "data_parallel");
 }
 
 // Prefix sums: device i takes rows [offsets[i], offsets[i + 1]).

@@ -17,25 +17,26 @@
 #include <vector>
 
 #include <partrain/comm/process_group.hpp>
-#include <partrain/comm/work.hpp>
 #include <partrain/core/buffer.hpp>
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
+#include <partrain/core/work.hpp>
 #include <partrain/parallel/comm_hooks.hpp>
 #include <partrain/parallel/ddp_stats.hpp>
 #include <partrain/parallel/detail/buckets.hpp>
 
 #if PARTRAIN_HAS_CUDA
-#include <partrain/cuda/ddp_staging.hpp>
 #include <partrain/cuda/device_buffer.hpp>
+#include <partrain/cuda/device_guard.hpp>
+#include <partrain/parallel/detail/ddp_staging.hpp>
 #endif
 #if defined(__CUDACC__)
-#include <partrain/cuda/ddp_kernels.cuh>
+#include <partrain/parallel/detail/ddp_kernels.cuh>
 #endif
 
 namespace partrain::inline v0::detail {
 
-// Gradients to and from the host buckets (the CUDA overloads are in cuda/ddp_staging.hpp).
+// Gradients to and from the host buckets (the CUDA overloads are in parallel/detail/ddp_staging.hpp).
 template <class T>
 void stage_in(T* dst, tensor_view<const T, host> g, bool add, std::vector<T>&) {
   if (add) {
@@ -71,6 +72,14 @@ template <class C>
   };
 }
 
+// Device mode: the buckets live in CUDA memory on device `index` (where the parameters are), and
+// their copies and kernels are queued on the stream `stream()` returns (a cudaStream_t,
+// type-erased: the communicator's input stream, asked at each step since it may change).
+struct device_placement {
+  int index = -1;                 // -1: host buckets
+  std::function<void*()> stream;  // empty: the default stream
+};
+
 // Buckets live in host memory (CUDA gradients are staged through it), or, in device mode (CUDA
 // parameters and a backend that reduces CUDA memory, i.e. NCCL), in CUDA memory.
 template <class T, class S = host>
@@ -79,15 +88,15 @@ class reducer {
 
  public:
   reducer(std::vector<std::size_t> numels, std::size_t first_bytes, std::size_t cap_bytes, comm_hook hook,
-          grad_bucket::all_reduce_fn all_reduce, int rank, int world_size, ddp_stats& stats, bool device = false,
-          std::function<void(const work&, std::size_t)> on_launch = {})
+          grad_bucket::all_reduce_fn all_reduce, int rank, int world_size, ddp_stats& stats,
+          device_placement placement = {}, std::function<void(const work&, std::size_t)> on_launch = {})
       : numels_(std::move(numels)), hook_(std::move(hook)), on_launch_(std::move(on_launch)), rank_(rank),
-        stats_(&stats), device_(device) {
+        stats_(&stats), placement_(std::move(placement)), device_(placement_.index >= 0) {
     if (!hook_) throw invalid_argument_error("ddp_options::hook is empty (expected a comm_hook, e.g. comm_hooks::allreduce())");
 #if !defined(__CUDACC__)
     if (device_) {
       throw config_error("rank " + std::to_string(rank) + " DDP: CUDA parameters on a backend that reduces CUDA "
-                         "memory need the kernels of partrain/cuda/ddp_kernels.cuh: compile the translation unit that "
+                         "memory need the kernels of partrain/parallel/detail/ddp_kernels.cuh: compile the translation unit that "
                          "constructs the DDP with nvcc");
     }
 #endif
@@ -100,7 +109,7 @@ class reducer {
       bk.info = layout[b];
 #if PARTRAIN_HAS_CUDA
       if (device_) {
-        bk.dev = device_buffer<T>(bk.info.elements);
+        bk.dev = device_buffer<T>(bk.info.elements, placement_.index);
       } else {
         bk.data = host_buffer<T>(bk.info.elements);
       }
@@ -116,6 +125,7 @@ class reducer {
       bk.gb = std::make_unique<grad_bucket>(b, raw_tensor{bucket_ptr(bk), bk.info.elements, dtype_of<T>, device_},
                                             all_reduce, world_size);
     }
+    refresh_stream();
     stats_->buckets = layout;
   }
   reducer(const reducer&) = delete;
@@ -129,6 +139,7 @@ class reducer {
     divisor_ = divisor;
     add_ = add;
     next_ = 0;
+    refresh_stream();
     std::fill(ready_.begin(), ready_.end(), 0);
     for (auto& b : buckets_) {
       b.pending = b.info.params.size();
@@ -174,10 +185,20 @@ class reducer {
     }
     stats_->record(std::chrono::duration<double>(last - first).count(), std::chrono::duration<double>(t1 - t0).count());
     for (std::size_t p = 0; p < numels_.size(); ++p) copy_out(grads[p], bucket_ptr(buckets_[bucket_of_[p]]) + offset_of_[p]);
+#if PARTRAIN_HAS_CUDA
+    if (device_) {
+      // The step returns with the gradients in place, as on the host: the optimizer (or any
+      // stream) may read them without knowing which stream the copies ran on.
+      cuda_device_guard guard(placement_.index);
+      cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (DDP buckets to gradients)", __FILE__,
+                 __LINE__);
+    }
+#endif
   }
 
   // A no_sync micro-step: the gradients are added into the buckets, nothing is communicated.
   void accumulate(const std::vector<tensor_view<T, S>>& grads, bool add) {
+    refresh_stream();
     for (std::size_t p = 0; p < numels_.size(); ++p) {
       copy_in(bucket_ptr(buckets_[bucket_of_[p]]) + offset_of_[p], tensor_view<const T, S>(grads[p]), add);
     }
@@ -190,7 +211,8 @@ class reducer {
 #if PARTRAIN_HAS_CUDA
       if (device_) {
         if (b.info.elements) {
-          cuda_check(cudaMemsetAsync(b.dev.data(), 0, b.dev.size_bytes(), nullptr), "cudaMemsetAsync (shadow bucket)",
+          cuda_device_guard guard(placement_.index);
+          cuda_check(cudaMemsetAsync(b.dev.data(), 0, b.dev.size_bytes(), stream()), "cudaMemsetAsync (shadow bucket)",
                      __FILE__, __LINE__);
         }
       } else {
@@ -231,6 +253,17 @@ class reducer {
     clock::time_point launched{}, finished{};
   };
 
+  // Asks the placement for the stream now (set_input_stream may have changed it) and tells the
+  // hooks' buckets.
+  void refresh_stream() {
+    if (!device_) return;
+    stream_ = placement_.stream ? placement_.stream() : nullptr;
+    for (auto& b : buckets_) b.gb->set_cuda_placement(placement_.index, stream_);
+  }
+#if PARTRAIN_HAS_CUDA
+  [[nodiscard]] cudaStream_t stream() const noexcept { return static_cast<cudaStream_t>(stream_); }
+#endif
+
   [[nodiscard]] T* bucket_ptr(bucket& b) noexcept {
 #if PARTRAIN_HAS_CUDA
     if (device_) return b.dev.data();
@@ -241,7 +274,8 @@ class reducer {
 #if defined(__CUDACC__)
     if constexpr (std::same_as<S, cuda>) {
       if (device_) {
-        device_stage_in(dst, g, add);
+        cuda_device_guard guard(placement_.index);
+        device_stage_in(dst, g, add, stream());
         return;
       }
     }
@@ -252,7 +286,8 @@ class reducer {
 #if defined(__CUDACC__)
     if constexpr (std::same_as<S, cuda>) {
       if (device_) {
-        device_stage_out(g, src);
+        cuda_device_guard guard(placement_.index);
+        device_stage_out(g, src, stream());
         return;
       }
     }
@@ -291,6 +326,8 @@ class reducer {
     if (!first) return;
     try {
       std::rethrow_exception(first);
+    } catch (const aborted_error& e) {
+      throw aborted_error(describe(what, failed, "aborted"), e);  // stays an echo of the failed rank
     } catch (const timeout_error& e) {
       throw timeout_error(describe(what, failed, e.what()) +
                           ". If ranks run out of batches at different steps, construct DDP with "
@@ -320,7 +357,9 @@ class reducer {
   std::size_t next_ = 0;
   double divisor_ = 1;
   bool add_ = false;
-  bool device_ = false;
+  device_placement placement_;
+  bool device_ = false;  // placement_.index >= 0
+  void* stream_ = nullptr;
   std::vector<T> tmp_;
 };
 

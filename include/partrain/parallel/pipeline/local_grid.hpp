@@ -56,21 +56,8 @@ void run_local_grid(int stages, int replicas, F fn, process_group_options opts =
       }
     }
   }
-  std::exception_ptr first, echo;
-  for (auto& e : errors) {
-    if (!e) continue;
-    bool is_echo = false;
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      is_echo = std::string_view(ex.what()).find("group aborted") != std::string_view::npos;
-    } catch (...) {
-    }
-    if (!is_echo && !first) first = e;
-    if (is_echo && !echo) echo = e;
-  }
-  if (!first) first = echo;
-  if (first) std::rethrow_exception(first);
+  // Prefer the root cause: a rank whose error is not an aborted_error echo of another's.
+  if (auto first = detail::root_cause(errors)) std::rethrow_exception(first);
 }
 
 }  // namespace partrain::inline v0

@@ -20,10 +20,10 @@
 #include <vector>
 
 #include <partrain/comm/process_group.hpp>
-#include <partrain/comm/work.hpp>
 #include <partrain/core/buffer.hpp>
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
+#include <partrain/core/work.hpp>
 #include <partrain/model/concepts.hpp>
 #include <partrain/parallel/pipeline/layer.hpp>
 #include <partrain/parallel/pipeline/partition.hpp>
@@ -380,6 +380,11 @@ class pipeline_stage {
       host_buffer<float> b{shape{std::span<const std::size_t>(dims)}};
       pp_.recv(b.view(), src, tg + 1).wait();
       return b;
+    } catch (const aborted_error& e) {
+      // An echo of another rank's failure stays one (run_local_grid reports the root cause).
+      throw aborted_error(where("recv") + ": " + what + " of micro-batch " + std::to_string(mb) + " for global stage " +
+                              std::to_string(g) + " from rank " + std::to_string(src) + " failed",
+                          e);
     } catch (const timeout_error& e) {
       throw timeout_error(where("recv") + ": " + what + " of micro-batch " + std::to_string(mb) + " for global stage " +
                           std::to_string(g) + " from rank " + std::to_string(src) + ": " + e.what());
@@ -404,6 +409,9 @@ class pipeline_stage {
     }
     try {
       wait_all(all);
+    } catch (const aborted_error& e) {
+      sends_.clear();
+      throw aborted_error(where("send") + " failed", e);
     } catch (const timeout_error& e) {
       sends_.clear();
       throw timeout_error(where("send") + " timed out: " + e.what());

@@ -1,6 +1,6 @@
 // partrain/precision/detail/host_kernels.hpp: the element loops of mixed precision for views in
 // host memory: casts between fp32 and the 16-bit types (round to nearest even), and the fused
-// unscale + inf/NaN check over all gradients. partrain/cuda/precision_kernels.cuh has the same
+// unscale + inf/NaN check over all gradients. partrain/precision/detail/kernels.cuh has the same
 // functions for views in CUDA memory (one kernel launch over all the tensors).
 #pragma once
 

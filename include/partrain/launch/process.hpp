@@ -1,4 +1,4 @@
-// partrain/comm/detail/process.hpp: child-process supervision shared by partrain::spawn and
+// partrain/launch/process.hpp: child-process supervision shared by partrain::spawn and
 // the partrun launcher. A child_process is a forked function or an exec'd program in its own
 // process group, optionally with its output captured line by line; supervise() watches a set
 // of them and, when one fails, stops the rest (SIGTERM, then SIGKILL after a grace period).
@@ -30,10 +30,47 @@
 #include <utility>
 #include <vector>
 
-#include <partrain/comm/detail/socket.hpp>
+#include <partrain/core/detail/fd.hpp>
 #include <partrain/core/error.hpp>
 
 namespace partrain::inline v0 {
+
+namespace detail {
+
+// Whether a /proc/<pid>/maps text maps the CUDA driver (libcuda.so*; libcudart is not the driver).
+[[nodiscard]] inline bool maps_show_cuda_driver(std::string_view maps) noexcept {
+  for (std::size_t at = maps.find("libcuda.so"); at != std::string_view::npos; at = maps.find("libcuda.so", at + 1)) {
+    if (at == 0 || maps[at - 1] == '/' || maps[at - 1] == ' ') return true;
+  }
+  return false;
+}
+
+// Whether the CUDA driver is loaded in this process: the runtime loads libcuda when CUDA is first
+// initialised, so a host-only build answers without linking CUDA. (A program linked against
+// libcuda directly is counted too, though it may not have called cuInit yet.) An unreadable maps
+// file (not Linux): false.
+[[nodiscard]] inline bool cuda_driver_loaded(const char* maps_path = "/proc/self/maps") {
+  std::FILE* f = std::fopen(maps_path, "r");
+  if (!f) return false;
+  std::string text;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+  std::fclose(f);
+  return maps_show_cuda_driver(text);
+}
+
+// A forked child of a process with CUDA initialised inherits a driver state that does not work
+// there (every CUDA call fails, or hangs): refuse before forking, saying what to do instead.
+inline void refuse_fork_after_cuda(const char* maps_path = "/proc/self/maps") {
+  if (cuda_driver_loaded(maps_path)) {
+    throw config_error(
+        "spawn (child_process::fork): CUDA is already initialised in this process (the CUDA driver, libcuda.so, is "
+        "loaded), and a forked child cannot use CUDA. Launch the ranks with exec instead (partrun, or "
+        "child_process::exec), or make no CUDA call in the parent before spawn and initialise CUDA in each rank");
+  }
+}
+
+}  // namespace detail
 
 // "SIGKILL", "SIGSEGV", ... ("signal 42" for one without a name here).
 [[nodiscard]] inline std::string signal_name(int sig) {
@@ -89,10 +126,6 @@ struct exit_status {
   [[nodiscard]] int shell_code() const noexcept { return signaled ? 128 + signal : code; }
 };
 
-}  // namespace partrain::inline v0
-
-namespace partrain::inline v0::detail {
-
 struct child_options {
   // Capture stdout and stderr (merged) through a pipe; otherwise the child shares ours.
   bool capture_output = false;
@@ -103,14 +136,16 @@ struct child_options {
 
 class child_process {
  public:
-  // Forks; the child runs fn and _exits with its result (exceptions are fn's business).
+  // Forks; the child runs fn and _exits with its result (exceptions are fn's business). Refused
+  // (config_error) once CUDA is initialised in this process: see detail::refuse_fork_after_cuda.
   [[nodiscard]] static child_process fork(const std::function<int()>& fn, child_options opts = {}) {
+    detail::refuse_fork_after_cuda();
     pipe_pair out = make_output_pipe(opts.capture_output);
     std::fflush(nullptr);  // or buffered output would be written twice, by parent and child
     const pid_t parent = ::getpid();
     signal_block block;
     const pid_t pid = ::fork();
-    if (pid < 0) throw communication_error("fork failed: " + errno_text(errno));
+    if (pid < 0) throw communication_error("fork failed: " + detail::errno_text(errno));
     if (pid == 0) {
       enter_child(parent, out, block);
       int code = 1;
@@ -153,13 +188,13 @@ class child_process {
 
     pipe_pair out = make_output_pipe(opts.capture_output);
     int err_pipe[2];  // carries exec's errno; closed by a successful exec (CLOEXEC)
-    if (::pipe2(err_pipe, O_CLOEXEC) != 0) throw communication_error("pipe2 failed: " + errno_text(errno));
-    unique_fd err_read(err_pipe[0]), err_write(err_pipe[1]);
+    if (::pipe2(err_pipe, O_CLOEXEC) != 0) throw communication_error("pipe2 failed: " + detail::errno_text(errno));
+    detail::unique_fd err_read(err_pipe[0]), err_write(err_pipe[1]);
     std::fflush(nullptr);
     const pid_t parent = ::getpid();
     signal_block block;
     const pid_t pid = ::fork();
-    if (pid < 0) throw communication_error("fork failed: " + errno_text(errno));
+    if (pid < 0) throw communication_error("fork failed: " + detail::errno_text(errno));
     if (pid == 0) {
       enter_child(parent, out, block);
       int e = ENOENT;
@@ -179,7 +214,7 @@ class child_process {
     } while (n < 0 && errno == EINTR);
     if (n == static_cast<ssize_t>(sizeof e)) {
       child.wait_blocking();
-      throw config_error("cannot execute '" + program + "': " + errno_text(e) +
+      throw config_error("cannot execute '" + program + "': " + detail::errno_text(e) +
                          " (expected an executable file, or a program on PATH)");
     }
     return child;
@@ -242,9 +277,9 @@ class child_process {
   // After the child ended: reads the rest of its output, until EOF or (when something that
   // escaped its process group still holds the pipe) until the deadline.
   void finish_output(std::chrono::milliseconds limit = std::chrono::milliseconds(500)) {
-    const auto deadline = deadline_clock::now() + limit;
+    const auto deadline = detail::deadline_clock::now() + limit;
     while (drain_output()) {
-      if (!wait_fd(out_.get(), POLLIN, deadline)) {
+      if (!detail::wait_fd(out_.get(), POLLIN, deadline)) {
         drain_output();
         if (!partial_.empty()) line(partial_);
         partial_.clear();
@@ -278,19 +313,19 @@ class child_process {
 
  private:
   struct pipe_pair {
-    unique_fd read, write;
+    detail::unique_fd read, write;
   };
 
-  child_process(pid_t pid, unique_fd out, child_options opts) : pid_(pid), out_(std::move(out)), opts_(std::move(opts)) {
+  child_process(pid_t pid, detail::unique_fd out, child_options opts) : pid_(pid), out_(std::move(out)), opts_(std::move(opts)) {
     ::setpgid(pid_, pid_);  // also done in the child: whichever runs first wins the race
   }
 
   static pipe_pair make_output_pipe(bool capture) {
     if (!capture) return {};
     int p[2];
-    if (::pipe2(p, O_CLOEXEC) != 0) throw communication_error("pipe2 failed: " + errno_text(errno));
-    pipe_pair pp{unique_fd(p[0]), unique_fd(p[1])};
-    set_nonblocking(pp.read.get(), true);
+    if (::pipe2(p, O_CLOEXEC) != 0) throw communication_error("pipe2 failed: " + detail::errno_text(errno));
+    pipe_pair pp{detail::unique_fd(p[0]), detail::unique_fd(p[1])};
+    detail::set_nonblocking(pp.read.get(), true);
     return pp;
   }
 
@@ -373,7 +408,7 @@ class child_process {
 
   pid_t pid_ = -1;
   std::optional<exit_status> status_;
-  unique_fd out_;
+  detail::unique_fd out_;
   child_options opts_;
   std::string partial_;
   std::deque<std::string> tail_;
@@ -431,11 +466,11 @@ inline void stop_all(std::span<child_process> children, std::chrono::millisecond
       if (stopped) (*stopped)[i] = true;
     }
   }
-  const auto deadline = deadline_clock::now() + grace;
+  const auto deadline = detail::deadline_clock::now() + grace;
   for (;;) {
     bool any = false;
     for (auto& c : children) any |= !c.poll().has_value();
-    if (!any || deadline_clock::now() >= deadline) break;
+    if (!any || detail::deadline_clock::now() >= deadline) break;
     pump_output(children, poll_interval);
   }
   for (auto& c : children) {
@@ -453,7 +488,7 @@ inline void stop_all(std::span<child_process> children, std::chrono::millisecond
   supervise_outcome out;
   out.statuses.resize(children.size());
   out.stopped_by_us.assign(children.size(), false);
-  const auto deadline = opts.timeout.count() > 0 ? deadline_clock::now() + opts.timeout : deadline_clock::time_point::max();
+  const auto deadline = opts.timeout.count() > 0 ? detail::deadline_clock::now() + opts.timeout : detail::deadline_clock::time_point::max();
   for (;;) {
     std::size_t done = 0;
     for (std::size_t i = 0; i < children.size(); ++i) {
@@ -470,14 +505,14 @@ inline void stop_all(std::span<child_process> children, std::chrono::millisecond
     if (out.how == supervise_outcome::result::success) {
       if (opts.stop && opts.stop->load()) {
         out.how = supervise_outcome::result::interrupted;
-      } else if (deadline_clock::now() >= deadline) {
+      } else if (detail::deadline_clock::now() >= deadline) {
         out.how = supervise_outcome::result::timed_out;
       }
     }
     if (out.how != supervise_outcome::result::success) {
       if (out.how == supervise_outcome::result::failed) {
-        const auto settle_end = deadline_clock::now() + opts.settle;
-        while (deadline_clock::now() < settle_end && !(opts.stop && opts.stop->load())) {
+        const auto settle_end = detail::deadline_clock::now() + opts.settle;
+        while (detail::deadline_clock::now() < settle_end && !(opts.stop && opts.stop->load())) {
           bool any = false;
           for (auto& c : children) any |= !c.poll().has_value();
           if (!any) break;
@@ -496,4 +531,4 @@ inline void stop_all(std::span<child_process> children, std::chrono::millisecond
   return out;
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0

@@ -1,4 +1,4 @@
-// partrain/cuda/precision_kernels.cuh: the element loops of mixed precision for views in CUDA
+// partrain/precision/detail/kernels.cuh: the element loops of mixed precision for views in CUDA
 // memory: casts between fp32 and the 16-bit types, and the fused unscale + inf/NaN check over all
 // gradients. These are the overloads of precision/detail/host_kernels.hpp's functions for
 // tensor_view<T, cuda>; each call is one kernel launch over all its tensors (a table of segments
@@ -7,7 +7,7 @@
 #pragma once
 
 #if !defined(__CUDACC__)
-#error "partrain/cuda/precision_kernels.cuh must be compiled by nvcc"
+#error "partrain/precision/detail/kernels.cuh must be compiled by nvcc"
 #endif
 
 #include <cuda_bf16.h>
@@ -147,9 +147,11 @@ void for_each_precision_table(std::size_t count, Seg&& seg, Launch&& launch) {
 }
 
 // dst[k][j] = To(src[k][j]) for every pair of views in CUDA memory (on the current device),
-// rounding to nearest even; bit for bit the host cast.
+// rounding to nearest even; bit for bit the host cast. Queued on `stream` (pass the one that made
+// src: a non-blocking stream is not ordered with the legacy default) and finished on return.
 template <class From, class To>
-void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<const tensor_view<To, cuda>> dst) {
+void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<const tensor_view<To, cuda>> dst,
+                cudaStream_t stream = cudaStreamLegacy) {
   static_assert((std::is_same_v<From, float> && (std::is_same_v<To, half> || std::is_same_v<To, bfloat16>)) ||
                     ((std::is_same_v<From, half> || std::is_same_v<From, bfloat16>) && std::is_same_v<To, float>),
                 "partrain: the CUDA cast converts float to half/bfloat16 or half/bfloat16 to float");
@@ -161,20 +163,21 @@ void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<co
         return precision_segment{src[k].data(), dst[k].data(), src[k].size(), 0};
       },
       [&](const precision_segment_table& t) {
-        precision_cast_kernel<From, To><<<precision_blocks(t.total), precision_block>>>(t);
+        precision_cast_kernel<From, To><<<precision_blocks(t.total), precision_block, 0, stream>>>(t);
         cuda_check(cudaGetLastError(), "cast_views: precision_cast_kernel launch", __FILE__, __LINE__);
         launched = true;
       });
-  if (launched) cuda_check(cudaStreamSynchronize(nullptr), "cast_views: cudaStreamSynchronize", __FILE__, __LINE__);
+  if (launched) cuda_check(cudaStreamSynchronize(stream), "cast_views: cudaStreamSynchronize", __FILE__, __LINE__);
 }
 
-// A device int from the stream-ordered pool (no device-wide synchronisation, unlike cudaFree).
+// A device int from the stream-ordered pool (no device-wide synchronisation, unlike cudaFree),
+// allocated, zeroed and freed in the order of `stream`.
 class precision_device_flag {
  public:
-  precision_device_flag() {
-    cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&p_), sizeof(int), nullptr),
+  explicit precision_device_flag(cudaStream_t stream) : stream_(stream) {
+    cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&p_), sizeof(int), stream_),
                "unscale_and_check: cudaMallocAsync (overflow flag)", __FILE__, __LINE__);
-    const cudaError_t rc = cudaMemsetAsync(p_, 0, sizeof(int), nullptr);
+    const cudaError_t rc = cudaMemsetAsync(p_, 0, sizeof(int), stream_);
     if (rc != cudaSuccess) {
       release();
       cuda_check(rc, "unscale_and_check: cudaMemsetAsync (overflow flag)", __FILE__, __LINE__);
@@ -187,29 +190,33 @@ class precision_device_flag {
 
  private:
   void release() noexcept {
-    if (p_) (void)cudaFreeAsync(p_, nullptr);
+    if (p_) (void)cudaFreeAsync(p_, stream_);
     p_ = nullptr;
   }
+  cudaStream_t stream_;
   int* p_ = nullptr;
 };
 
 // g *= inv_scale over every gradient in CUDA memory, in one pass; true when any element is inf or
 // NaN (PyTorch's _amp_foreach_non_finite_check_and_unscale_). One copy of the flag to the host.
-[[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float, cuda>> grads, float inv_scale) {
+// Queued on `stream` (the one that made the gradients) and finished on return.
+[[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float, cuda>> grads, float inv_scale,
+                                            cudaStream_t stream = cudaStreamLegacy) {
   std::size_t total = 0;
   for (const auto& g : grads) total += g.size();
   if (total == 0) return false;
-  precision_device_flag flag;
+  precision_device_flag flag(stream);
   for_each_precision_table(
       grads.size(), [&](std::size_t k) { return precision_segment{grads[k].data(), grads[k].data(), grads[k].size(), 0}; },
       [&](const precision_segment_table& t) {
-        precision_unscale_kernel<float><<<precision_blocks(t.total), precision_block>>>(t, inv_scale, flag.get());
+        precision_unscale_kernel<float><<<precision_blocks(t.total), precision_block, 0, stream>>>(t, inv_scale,
+                                                                                                   flag.get());
         cuda_check(cudaGetLastError(), "unscale_and_check: precision_unscale_kernel launch", __FILE__, __LINE__);
       });
   int found = 0;
-  cuda_check(cudaMemcpyAsync(&found, flag.get(), sizeof(int), cudaMemcpyDeviceToHost, nullptr),
+  cuda_check(cudaMemcpyAsync(&found, flag.get(), sizeof(int), cudaMemcpyDeviceToHost, stream),
              "unscale_and_check: cudaMemcpyAsync (overflow flag to host)", __FILE__, __LINE__);
-  cuda_check(cudaStreamSynchronize(nullptr), "unscale_and_check: cudaStreamSynchronize", __FILE__, __LINE__);
+  cuda_check(cudaStreamSynchronize(stream), "unscale_and_check: cudaStreamSynchronize", __FILE__, __LINE__);
   return found != 0;
 }
 

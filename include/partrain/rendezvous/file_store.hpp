@@ -1,4 +1,4 @@
-// partrain/comm/file_store.hpp: a rendezvous store in one file on a filesystem every rank can
+// partrain/rendezvous/file_store.hpp: a rendezvous store in one file on a filesystem every rank can
 // see (torch's FileStore; the file:// init method). The file is an append-only log of
 // records, guarded by an open-file-description lock (fcntl F_OFD_SETLK), so processes and
 // threads of one process exclude each other alike. Like torch's, the file must be new (or
@@ -26,8 +26,8 @@
 #include <thread>
 #include <vector>
 
-#include <partrain/comm/detail/socket.hpp>
 #include <partrain/comm/store.hpp>
+#include <partrain/core/detail/fd.hpp>
 #include <partrain/core/error.hpp>
 
 namespace partrain::inline v0 {

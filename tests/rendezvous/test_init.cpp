@@ -1,8 +1,8 @@
 #include <catch2/catch.hpp>
 
-#include <partrain/comm/detail/socket.hpp>
-#include <partrain/comm/init.hpp>
-#include <partrain/comm/spawn.hpp>
+#include <partrain/launch/spawn.hpp>
+#include <partrain/rendezvous/detail/socket.hpp>
+#include <partrain/rendezvous/init.hpp>
 
 #include <chrono>
 #include <filesystem>

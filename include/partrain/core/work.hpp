@@ -1,4 +1,4 @@
-// partrain/comm/work.hpp: the handle a collective returns. It can be waited on, polled,
+// partrain/core/work.hpp: the handle a collective returns. It can be waited on, polled,
 // chained with then(), or co_awaited, so communication can overlap compute.
 #pragma once
 

@@ -1,10 +1,12 @@
-// partrain/cuda/optim_kernels.cuh: the optimizers' and clipping's element loops for parameters
+// partrain/optim/detail/kernels.cuh: the optimizers' and clipping's element loops for parameters
 // in CUDA memory. The arithmetic is the same detail::*_element functions the host loops use;
-// these are the overloads the optimizers pick for tensor_view<T, cuda>. nvcc only.
+// these are the overloads the optimizers pick for tensor_view<T, cuda>. Every function takes the
+// stream to queue on (default: the legacy stream, which the optimizers' callers use today) and
+// has finished its work on return, so whatever stream reads the parameters next sees it. nvcc only.
 #pragma once
 
 #if !defined(__CUDACC__)
-#error "partrain/cuda/optim_kernels.cuh must be compiled by nvcc"
+#error "partrain/optim/detail/kernels.cuh must be compiled by nvcc"
 #endif
 
 #include <cuda_runtime.h>
@@ -66,7 +68,11 @@ class state_buffer<T, cuda> {
       if (n) optim_cuda_check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc (optimizer state)");
       n_ = n;
     }
-    if (n_) optim_cuda_check(cudaMemset(p_, 0, n_ * sizeof(T)), "cudaMemset (optimizer state)");
+    // cudaMemset returns before the fill ran: queue it, then wait, so the zeros are there for any stream.
+    if (n_) {
+      optim_cuda_check(cudaMemsetAsync(p_, 0, n_ * sizeof(T), cudaStreamLegacy), "cudaMemsetAsync (optimizer state)");
+      optim_cuda_check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize (optimizer state)");
+    }
   }
   [[nodiscard]] T* data() noexcept { return p_; }
   [[nodiscard]] std::size_t size() const noexcept { return n_; }
@@ -131,49 +137,57 @@ __global__ void scale_kernel(T* g, std::size_t n, T coef) {
   }
 }
 
-// The launches run on the legacy default stream and are waited for: the optimizer step is a
-// synchronization point, as the host path is.
+// The launches are queued on `stream` and waited for: the optimizer step is a synchronization
+// point, as the host path is. Pass the stream that made the gradients (a non-blocking stream is
+// not ordered with the legacy one).
 template <class T>
-void sgd_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* buf, const sgd_coeffs<T>& c, bool first) {
+void sgd_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* buf, const sgd_coeffs<T>& c, bool first,
+                cudaStream_t stream = cudaStreamLegacy) {
   if (v.empty()) return;
-  sgd_kernel<T><<<optim_blocks(v.size()), optim_block>>>(v.data(), g.data(), buf, v.size(), c, first);
+  sgd_kernel<T><<<optim_blocks(v.size()), optim_block, 0, stream>>>(v.data(), g.data(), buf, v.size(), c, first);
   optim_cuda_check(cudaGetLastError(), "launch (sgd)");
-  optim_cuda_check(cudaDeviceSynchronize(), "sgd step");
+  optim_cuda_check(cudaStreamSynchronize(stream), "sgd step");
 }
 
 template <class T>
-void adamw_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* m, T* s, const adamw_coeffs<T>& c) {
+void adamw_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* m, T* s, const adamw_coeffs<T>& c,
+                  cudaStream_t stream = cudaStreamLegacy) {
   if (v.empty()) return;
-  adamw_kernel<T><<<optim_blocks(v.size()), optim_block>>>(v.data(), g.data(), m, s, v.size(), c);
+  adamw_kernel<T><<<optim_blocks(v.size()), optim_block, 0, stream>>>(v.data(), g.data(), m, s, v.size(), c);
   optim_cuda_check(cudaGetLastError(), "launch (adamw)");
-  optim_cuda_check(cudaDeviceSynchronize(), "adamw step");
+  optim_cuda_check(cudaStreamSynchronize(stream), "adamw step");
 }
 
 template <class T>
-[[nodiscard]] double sum_squares(tensor_view<const T, cuda> g) {
+[[nodiscard]] double sum_squares(tensor_view<const T, cuda> g, cudaStream_t stream = cudaStreamLegacy) {
   if (g.empty()) return 0;
   const unsigned blocks = optim_blocks(g.size());
   state_buffer<double, cuda> partial;
   partial.assign_zero(blocks);
-  sum_squares_kernel<T><<<blocks, optim_block>>>(g.data(), g.size(), partial.data());
+  sum_squares_kernel<T><<<blocks, optim_block, 0, stream>>>(g.data(), g.size(), partial.data());
   optim_cuda_check(cudaGetLastError(), "launch (sum of squares)");
   std::vector<double> host(blocks);
-  partial.copy_to_host(host);
+  optim_cuda_check(cudaMemcpyAsync(host.data(), partial.data(), blocks * sizeof(double), cudaMemcpyDeviceToHost, stream),
+                   "cudaMemcpyAsync (sum of squares)");
+  optim_cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (sum of squares)");
   return std::accumulate(host.begin(), host.end(), 0.0);
 }
 
 template <class T>
-void scale_in_place(tensor_view<T, cuda> g, T coef) {
+void scale_in_place(tensor_view<T, cuda> g, T coef, cudaStream_t stream = cudaStreamLegacy) {
   if (g.empty()) return;
-  scale_kernel<T><<<optim_blocks(g.size()), optim_block>>>(g.data(), g.size(), coef);
+  scale_kernel<T><<<optim_blocks(g.size()), optim_block, 0, stream>>>(g.data(), g.size(), coef);
   optim_cuda_check(cudaGetLastError(), "launch (scale)");
-  optim_cuda_check(cudaDeviceSynchronize(), "gradient scale");
+  optim_cuda_check(cudaStreamSynchronize(stream), "gradient scale");
 }
 
+// zero_grad: finished on return (cudaMemset alone returns before the fill ran), so a backward on
+// any stream afterwards writes into zeros.
 template <class T>
-void fill_zero(tensor_view<T, cuda> g) {
+void fill_zero(tensor_view<T, cuda> g, cudaStream_t stream = cudaStreamLegacy) {
   if (g.empty()) return;
-  optim_cuda_check(cudaMemset(g.data(), 0, g.size_bytes()), "cudaMemset (zero_grad)");
+  optim_cuda_check(cudaMemsetAsync(g.data(), 0, g.size_bytes(), stream), "cudaMemsetAsync (zero_grad)");
+  optim_cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (zero_grad)");
 }
 
 }  // namespace partrain::inline v0::detail

@@ -1,4 +1,4 @@
-// partrain/cuda/staging.hpp: moves the loader's host batches to a GPU without stalling compute.
+// partrain/data/device_stager.hpp: moves the loader's host batches to a GPU without stalling compute.
 // Each batch is copied into pinned (page-locked) host memory, then to the device with
 // cudaMemcpyAsync on the stager's own stream; the compute stream waits on an event, not the host,
 // so the copy of batch k+1 runs while kernels work on batch k.
@@ -13,12 +13,13 @@
 // on the GPU for the compute work issued between the stage() calls). Needs the CUDA runtime
 // (link partrain::cuda); the loader could fill pinned memory directly, which would save the
 // host-side copy: not done yet.
+// partrain-facade: if PARTRAIN_HAS_CUDA
 #pragma once
 
 #include <partrain/config.hpp>
 
 #if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/staging.hpp needs the CUDA runtime: link partrain::cuda or compile with nvcc"
+#error "partrain/data/device_stager.hpp needs the CUDA runtime: link partrain::cuda or compile with nvcc"
 #endif
 
 #include <cuda_runtime.h>
@@ -34,6 +35,7 @@
 
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
+#include <partrain/cuda/device_guard.hpp>
 #include <partrain/data/batch.hpp>
 
 namespace partrain::inline v0 {
@@ -121,20 +123,9 @@ class staging_event {
   cudaEvent_t e_ = nullptr;
 };
 
-// RAII: makes `device` current for a scope and restores the previous one.
-class device_guard {
- public:
-  explicit device_guard(int device) {
-    staging_check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (device != previous_) staging_check(cudaSetDevice(device), "cudaSetDevice");
-  }
-  device_guard(const device_guard&) = delete;
-  device_guard& operator=(const device_guard&) = delete;
-  ~device_guard() { (void)cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
-};
+// The library's guard: it does not switch when the device is already current, and does not
+// restore a device that nobody had set (that would create a context on GPU 0).
+using device_guard = cuda_device_guard;
 
 }  // namespace detail
 

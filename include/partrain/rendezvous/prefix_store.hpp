@@ -1,4 +1,4 @@
-// partrain/comm/prefix_store.hpp: a view of another store whose keys all live under
+// partrain/rendezvous/prefix_store.hpp: a view of another store whose keys all live under
 // "<prefix>/" (torch's PrefixStore). A restarted job uses a prefix per attempt, and
 // sub-groups one per group, so their keys never meet.
 #pragma once

@@ -1,4 +1,5 @@
-// partrain/comm/init.hpp: init_process_group(url, options), as torch.distributed's.
+// partrain/rendezvous/rendezvous.hpp: where a job's processes meet, as torch.distributed's
+// rendezvous handlers: a URL and the environment give rank, world size and a store.
 //   env://           MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (+ LOCAL_RANK, LOCAL_WORLD_SIZE),
 //                    as torchrun and partrun set them; else Slurm's (SLURM_PROCID, SLURM_NTASKS,
 //                    SLURM_LOCALID, ...), Open MPI's (OMPI_COMM_WORLD_*) or PMI's (PMI_RANK, PMI_SIZE)
@@ -7,8 +8,10 @@
 // Rank 0 hosts the TCP store (bound to the master address) unless PARTRAIN_USE_AGENT_STORE=1
 // says a launcher hosts it; then every rank is a client and keys live under the attempt's
 // prefix (PARTRAIN_RESTART_COUNT), so a restarted group never reads the last attempt's keys.
-// The parsing is separate (parse_rendezvous, rendezvous_from_env) for launchers and examples.
+// The parsing is separate (parse_rendezvous, rendezvous_from_env) for launchers and examples;
+// init_process_group (rendezvous/init.hpp) is this plus a backend.
 #pragma once
+
 
 #include <charconv>
 #include <chrono>
@@ -23,26 +26,13 @@
 #include <utility>
 #include <vector>
 
-#include <partrain/comm/file_store.hpp>
-#include <partrain/comm/prefix_store.hpp>
 #include <partrain/comm/process_group.hpp>
 #include <partrain/comm/store.hpp>
-#include <partrain/comm/tcp_store.hpp>
 #include <partrain/core/device.hpp>
 #include <partrain/core/error.hpp>
-
-#if defined(PARTRAIN_WITH_GLOO) && __has_include(<partrain/comm/gloo.hpp>)
-#include <partrain/comm/gloo.hpp>
-#define PARTRAIN_INIT_HAS_GLOO 1
-#else
-#define PARTRAIN_INIT_HAS_GLOO 0
-#endif
-#if defined(PARTRAIN_WITH_NCCL) && __has_include(<partrain/comm/nccl.hpp>)
-#include <partrain/comm/nccl.hpp>
-#define PARTRAIN_INIT_HAS_NCCL 1
-#else
-#define PARTRAIN_INIT_HAS_NCCL 0
-#endif
+#include <partrain/rendezvous/file_store.hpp>
+#include <partrain/rendezvous/prefix_store.hpp>
+#include <partrain/rendezvous/tcp_store.hpp>
 
 namespace partrain::inline v0 {
 
@@ -408,35 +398,6 @@ inline void connect_store(rendezvous_info& info) {
   return info;
 }
 
-// Builds the backend's group on an already connected rendezvous.
-[[nodiscard]] inline std::unique_ptr<process_group> make_process_group(const rendezvous_info& info, const init_options& opts = {}) {
-  if (!info.store) throw invalid_argument_error("make_process_group: the rendezvous has no store (call connect_store first)");
-  std::string backend = opts.backend;
-  if (backend.empty()) backend = opts.device && opts.device->is_cuda() ? "nccl" : "gloo";
-  process_group_options po;
-  po.timeout = info.timeout;
-  po.check_collectives = opts.check_collectives;
-  if (backend == "gloo") {
-#if PARTRAIN_INIT_HAS_GLOO
-    return std::make_unique<gloo_group>(info.store, info.rank, info.world_size, po);
-#else
-    throw config_error("backend 'gloo' is not compiled in: install Debian libgloo-dev and link partrain::gloo "
-                       "(which defines PARTRAIN_WITH_GLOO)");
-#endif
-  }
-  if (backend == "nccl") {
-#if PARTRAIN_INIT_HAS_NCCL
-    const partrain::device dev = opts.device.value_or(partrain::device::cuda(info.local_rank));
-    if (!dev.is_cuda()) throw config_error("backend 'nccl' needs a cuda device, got " + dev.to_string());
-    return std::make_unique<nccl_group>(info.store, info.rank, info.world_size, dev, po);
-#else
-    throw config_error("backend 'nccl' is not compiled in: it needs CUDA and NCCL; link partrain::nccl "
-                       "(which defines PARTRAIN_WITH_NCCL)");
-#endif
-  }
-  throw config_error("unknown backend '" + backend + "' (expected 'gloo' or 'nccl')");
-}
-
 namespace detail {
 
 // The store dies with init_process_group's rendezvous_info; when rank 0 hosts it, rank 0 must
@@ -459,20 +420,5 @@ inline void release_store_host(const rendezvous_info& info) {
 }
 
 }  // namespace detail
-
-// torch.distributed.init_process_group: rendezvous on url, then the backend's group. The
-// store is not kept; to build more groups on it, use rendezvous() + make_process_group()
-// and keep rendezvous_info::store alive (on rank 0, until every rank is done with it).
-[[nodiscard]] inline std::unique_ptr<process_group> init_process_group(std::string_view url = "env://",
-                                                                       const init_options& opts = {}) {
-  // Check the backend name before anyone binds a port or waits on a peer.
-  if (!opts.backend.empty() && opts.backend != "gloo" && opts.backend != "nccl") {
-    throw config_error("unknown backend '" + opts.backend + "' (expected 'gloo' or 'nccl')");
-  }
-  auto info = rendezvous(url, opts);
-  auto group = make_process_group(info, opts);
-  detail::release_store_host(info);
-  return group;
-}
 
 }  // namespace partrain::inline v0

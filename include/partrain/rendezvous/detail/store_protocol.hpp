@@ -1,4 +1,4 @@
-// partrain/comm/detail/store_protocol.hpp: the TCP store's wire format, as pure functions
+// partrain/rendezvous/detail/store_protocol.hpp: the TCP store's wire format, as pure functions
 // (bytes in, parsed message or error out) so the server, the client and the libFuzzer target
 // all go through the same code and nothing here touches a socket.
 //

@@ -1,7 +1,7 @@
 #include <catch2/catch.hpp>
 
-#include <partrain/comm/detail/op_worker.hpp>
-#include <partrain/comm/work.hpp>
+#include <partrain/core/executor.hpp>
+#include <partrain/core/work.hpp>
 
 #include <atomic>
 #include <coroutine>
@@ -56,11 +56,11 @@ TEST_CASE("a coroutine co_awaits a work and resumes on completion", "[comm][work
   CHECK(stage == 2);
 }
 
-TEST_CASE("op_worker runs operations in order and fails the unstarted ones on destruction", "[comm][work]") {
+TEST_CASE("an executor runs operations in order and fails the unstarted ones on destruction", "[comm][work]") {
   std::vector<int> order;
   std::vector<work> ws;
   {
-    detail::op_worker worker;
+    detail::executor worker;
     for (int i = 0; i < 5; ++i) ws.push_back(worker.submit([&order, i] { order.push_back(i); }));
     ws.back().wait();
     auto failing = worker.submit([] { throw std::runtime_error("boom"); });

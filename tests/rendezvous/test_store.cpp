@@ -1,10 +1,10 @@
 #include <catch2/catch.hpp>
 
-#include <partrain/comm/detail/socket.hpp>
-#include <partrain/comm/detail/store_protocol.hpp>
-#include <partrain/comm/file_store.hpp>
-#include <partrain/comm/prefix_store.hpp>
-#include <partrain/comm/tcp_store.hpp>
+#include <partrain/rendezvous/detail/socket.hpp>
+#include <partrain/rendezvous/detail/store_protocol.hpp>
+#include <partrain/rendezvous/file_store.hpp>
+#include <partrain/rendezvous/prefix_store.hpp>
+#include <partrain/rendezvous/tcp_store.hpp>
 
 #include "fork_ranks.hpp"
 

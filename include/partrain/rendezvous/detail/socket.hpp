@@ -1,5 +1,5 @@
-// partrain/comm/detail/socket.hpp: the few POSIX socket pieces the TCP store needs, with RAII
-// descriptors and a deadline on every blocking step (connect, send, receive).
+// partrain/rendezvous/detail/socket.hpp: the few POSIX socket pieces the TCP store needs (built on
+// core/detail/fd.hpp), with a deadline on every blocking step (connect, send, receive).
 #pragma once
 
 #include <arpa/inet.h>
@@ -22,51 +22,15 @@
 #include <thread>
 #include <utility>
 
+#include <partrain/core/detail/fd.hpp>
 #include <partrain/core/error.hpp>
 
 namespace partrain::inline v0::detail {
-
-using deadline_clock = std::chrono::steady_clock;
-
-// An owned file descriptor; closed on destruction.
-class unique_fd {
- public:
-  unique_fd() noexcept = default;
-  explicit unique_fd(int fd) noexcept : fd_(fd) {}
-  unique_fd(unique_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  unique_fd& operator=(unique_fd&& o) noexcept {
-    if (this != &o) reset(std::exchange(o.fd_, -1));
-    return *this;
-  }
-  unique_fd(const unique_fd&) = delete;
-  unique_fd& operator=(const unique_fd&) = delete;
-  ~unique_fd() { reset(); }
-
-  [[nodiscard]] int get() const noexcept { return fd_; }
-  [[nodiscard]] explicit operator bool() const noexcept { return fd_ >= 0; }
-  [[nodiscard]] int release() noexcept { return std::exchange(fd_, -1); }
-  void reset(int fd = -1) noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-[[nodiscard]] inline std::string errno_text(int err) { return std::string(std::strerror(err)); }
 
 // "host:port", with brackets around an IPv6 literal.
 [[nodiscard]] inline std::string endpoint_name(const std::string& host, std::uint16_t port) {
   const bool v6 = host.find(':') != std::string::npos;
   return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-}
-
-inline void set_nonblocking(int fd, bool on) {
-  const int flags = ::fcntl(fd, F_GETFL, 0);
-  if (flags < 0 || ::fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK)) < 0) {
-    throw communication_error("fcntl(O_NONBLOCK) failed: " + errno_text(errno));
-  }
 }
 
 // getaddrinfo as a RAII list.
@@ -141,18 +105,6 @@ class address_list {
 [[nodiscard]] inline std::uint16_t find_free_port(const std::string& host = "127.0.0.1") {
   unique_fd fd = listen_tcp(host, 0, 1);
   return local_port(fd.get());
-}
-
-// Waits for events on fd until deadline; false on timeout.
-[[nodiscard]] inline bool wait_fd(int fd, short events, deadline_clock::time_point deadline) {
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - deadline_clock::now()).count();
-    if (left <= 0) return false;
-    pollfd p{fd, events, 0};
-    const int rc = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000)));
-    if (rc > 0) return true;
-    if (rc < 0 && errno != EINTR) throw communication_error("poll failed: " + errno_text(errno));
-  }
 }
 
 // Connects to host:port, retrying (the server may not be up yet) until deadline.

@@ -1,8 +1,8 @@
 #include <catch2/catch.hpp>
 
-#include <partrain/comm/detail/process.hpp>
-#include <partrain/comm/spawn.hpp>
-#include <partrain/comm/tcp_store.hpp>
+#include <partrain/launch/process.hpp>
+#include <partrain/launch/spawn.hpp>
+#include <partrain/rendezvous/tcp_store.hpp>
 
 #include <chrono>
 #include <csignal>
@@ -213,36 +213,73 @@ TEST_CASE("spawn times out with the ranks still running", "[comm][spawn][process
 
 TEST_CASE("child_process runs a program with an environment and keeps its last lines", "[comm][spawn][processes]") {
   std::vector<std::string> lines;
-  detail::child_options co;
+  child_options co;
   co.capture_output = true;
   co.keep_lines = 2;
   co.on_line = [&](std::string_view l) { lines.emplace_back(l); };
-  std::vector<detail::child_process> kids;
-  kids.push_back(detail::child_process::exec("sh", {"-c", "echo one; echo two; echo \"$FOO\"; printf tail; exit 4"},
+  std::vector<child_process> kids;
+  kids.push_back(child_process::exec("sh", {"-c", "echo one; echo two; echo \"$FOO\"; printf tail; exit 4"},
                                              {"FOO=bar"}, co));
-  auto out = detail::supervise(kids, {.timeout = 10s, .grace = 500ms, .poll_interval = 20ms, .stop = nullptr});
-  CHECK(out.how == detail::supervise_outcome::result::failed);
+  auto out = supervise(kids, {.timeout = 10s, .grace = 500ms, .poll_interval = 20ms, .stop = nullptr});
+  CHECK(out.how == supervise_outcome::result::failed);
   CHECK(out.statuses[0].code == 4);
   CHECK(out.statuses[0].shell_code() == 4);
   CHECK(lines == std::vector<std::string>{"one", "two", "bar", "tail"});
   CHECK(kids[0].last_lines() == std::deque<std::string>{"bar", "tail"});
 
-  CHECK_THROWS_WITH(detail::child_process::exec("/no/such/program", {}, {}),
+  CHECK_THROWS_WITH(child_process::exec("/no/such/program", {}, {}),
                     Catch::Contains("cannot execute '/no/such/program'"));
 
   // stop flag: an interrupted supervisor stops everything.
   std::atomic<bool> stop{false};
-  std::vector<detail::child_process> sleepers;
-  sleepers.push_back(detail::child_process::exec("sleep", {"60"}, {"PATH=/usr/bin:/bin"}));
-  sleepers.push_back(detail::child_process::exec("sleep", {"60"}, {"PATH=/usr/bin:/bin"}));
+  std::vector<child_process> sleepers;
+  sleepers.push_back(child_process::exec("sleep", {"60"}, {"PATH=/usr/bin:/bin"}));
+  sleepers.push_back(child_process::exec("sleep", {"60"}, {"PATH=/usr/bin:/bin"}));
   std::jthread later([&] {
     std::this_thread::sleep_for(100ms);
     stop = true;
   });
-  auto st = detail::supervise(sleepers, {.timeout = 10s, .grace = 500ms, .poll_interval = 20ms, .stop = &stop});
-  CHECK(st.how == detail::supervise_outcome::result::interrupted);
+  auto st = supervise(sleepers, {.timeout = 10s, .grace = 500ms, .poll_interval = 20ms, .stop = &stop});
+  CHECK(st.how == supervise_outcome::result::interrupted);
   CHECK(st.statuses[0].signaled);
   CHECK(st.statuses[0].signal == SIGTERM);
   CHECK(st.stopped_by_us[1]);
   CHECK_FALSE(alive(sleepers[0].pid()));
+}
+
+// The real condition (the CUDA driver loaded in the test process) cannot be made on a host
+// without a driver; the check reads a maps file, so a fake one stands in for /proc/self/maps.
+TEST_CASE("spawn refuses to fork once CUDA is initialised and says to use an exec launch", "[comm][spawn][cuda]") {
+  constexpr std::string_view with_driver =
+      "55d0c0a00000-55d0c0a01000 r--p 00000000 08:01 1 /usr/bin/trainer\n"
+      "7f0000000000-7f0000100000 r-xp 00000000 08:01 2 /usr/local/cuda/lib64/libcudart.so.13.0.88\n"
+      "7f0000200000-7f0000300000 r-xp 00000000 08:01 3 /usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06\n";
+  constexpr std::string_view runtime_only =
+      "7f0000000000-7f0000100000 r-xp 00000000 08:01 2 /usr/local/cuda/lib64/libcudart.so.13.0.88\n"
+      "7f0000400000-7f0000500000 r-xp 00000000 08:01 4 /opt/x/mylibcuda.so.1\n";
+  CHECK(detail::maps_show_cuda_driver(with_driver));
+  CHECK_FALSE(detail::maps_show_cuda_driver(runtime_only));  // the runtime alone initialises nothing
+  CHECK_FALSE(detail::maps_show_cuda_driver(""));
+
+  const auto dir = scratch("maps");
+  const auto fake = (dir / "maps").string();
+  std::ofstream(fake) << with_driver;
+  CHECK(detail::cuda_driver_loaded(fake.c_str()));
+  try {
+    detail::refuse_fork_after_cuda(fake.c_str());
+    FAIL("refuse_fork_after_cuda accepted a process with libcuda.so loaded");
+  } catch (const config_error& e) {
+    const std::string what = e.what();
+    CHECK(what.find("spawn") != std::string::npos);
+    CHECK(what.find("CUDA is already initialised") != std::string::npos);
+    CHECK(what.find("partrun") != std::string::npos);
+  }
+  std::ofstream(fake) << runtime_only;
+  CHECK_FALSE(detail::cuda_driver_loaded(fake.c_str()));
+  CHECK_NOTHROW(detail::refuse_fork_after_cuda(fake.c_str()));
+  CHECK_FALSE(detail::cuda_driver_loaded((dir / "missing").c_str()));  // unreadable: not refused
+
+  // This host test process never loads the driver, so its own check passes and spawn runs.
+  CHECK_FALSE(detail::cuda_driver_loaded());
+  std::filesystem::remove_all(dir);
 }

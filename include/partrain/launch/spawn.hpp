@@ -1,4 +1,4 @@
-// partrain/comm/spawn.hpp: partrain::spawn(n, fn), like torch.multiprocessing.spawn. Starts n
+// partrain/launch/spawn.hpp: partrain::spawn(n, fn), like torch.multiprocessing.spawn. Starts n
 // processes of the current program (fork), each calling fn(rank) with the torchrun variables
 // set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so fn can
 // call init_process_group("env://"). When one rank fails the others are stopped and the
@@ -17,9 +17,9 @@
 #include <utility>
 #include <vector>
 
-#include <partrain/comm/detail/process.hpp>
-#include <partrain/comm/detail/socket.hpp>
 #include <partrain/core/error.hpp>
+#include <partrain/launch/process.hpp>
+#include <partrain/rendezvous/detail/socket.hpp>
 
 namespace partrain::inline v0 {
 
@@ -89,7 +89,8 @@ int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16
 
 }  // namespace detail
 
-// fn(rank) runs in n forked processes; its return value (if an int) is the exit code.
+// fn(rank) runs in n forked processes; its return value (if an int) is the exit code. Refused
+// with a config_error when CUDA is already initialised in this process (use partrun then).
 // Returns when every rank exited 0; otherwise throws process_error naming the first rank that
 // failed (exit code or signal, and its last output lines), or timeout_error naming the ranks
 // still running. No rank survives the call either way.
@@ -99,13 +100,14 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
   static_assert(std::is_void_v<std::invoke_result_t<F&, int>> || std::convertible_to<std::invoke_result_t<F&, int>, int>,
                 "partrain::spawn: fn(rank) must return void or an exit code convertible to int");
   if (nprocs < 1) throw config_error("spawn: nprocs must be at least 1, got " + std::to_string(nprocs));
+  detail::refuse_fork_after_cuda();  // before any rank starts: forked ranks cannot use CUDA
   const std::uint16_t port = opts.master_port != 0 ? opts.master_port : detail::find_free_port(opts.master_addr);
 
-  std::vector<detail::child_process> children;
+  std::vector<child_process> children;
   children.reserve(static_cast<std::size_t>(nprocs));
   spawn_result result{.pids = {}, .master_port = port};
   for (int r = 0; r < nprocs; ++r) {
-    detail::child_options co;
+    child_options co;
     co.capture_output = opts.capture_output;
     co.keep_lines = opts.keep_lines;
     if (opts.capture_output && opts.echo_output) {
@@ -113,17 +115,17 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
         std::fprintf(stderr, "[rank %d] %.*s\n", r, static_cast<int>(line.size()), line.data());
       };
     }
-    children.push_back(detail::child_process::fork([&, r] { return detail::run_rank(fn, r, nprocs, opts, port); }, std::move(co)));
+    children.push_back(child_process::fork([&, r] { return detail::run_rank(fn, r, nprocs, opts, port); }, std::move(co)));
     result.pids.push_back(children.back().pid());
   }
 
-  detail::supervise_options so;
+  supervise_options so;
   so.timeout = opts.timeout;
   so.grace = opts.grace;
-  const auto out = detail::supervise(children, so);
+  const auto out = supervise(children, so);
   if (out.ok()) return result;
 
-  if (out.how == detail::supervise_outcome::result::timed_out) {
+  if (out.how == supervise_outcome::result::timed_out) {
     std::string running;
     for (int r = 0; r < nprocs; ++r) {
       if (out.stopped_by_us[static_cast<std::size_t>(r)]) running += (running.empty() ? "" : ", ") + std::to_string(r);

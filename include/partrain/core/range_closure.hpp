@@ -1,4 +1,4 @@
-// partrain/data/detail/range_closure.hpp: the pipe machinery for partrain's range adaptors.
+// partrain/core/range_closure.hpp: the pipe machinery for partrain's range adaptors.
 // C++20 has no std::ranges::range_adaptor_closure, so adaptors wrap their bound arguments in
 // range_closure: `r | views::batched(256)` calls the stored function with r, and two closures
 // compose (`views::batched(8) | views::weighted_split(w, rank)`) into one that applies both.

@@ -1,4 +1,4 @@
-// partrain/cuda/ddp_staging.hpp: DDP with parameters in CUDA memory over a host backend (local,
+// partrain/parallel/detail/ddp_staging.hpp: DDP with parameters in CUDA memory over a host backend (local,
 // gloo): gradients are copied into the host bucket as they become final and copied back after
 // the reduction; parameter broadcasts go through a host copy too. Needs the CUDA runtime.
 #pragma once
@@ -6,7 +6,7 @@
 #include <partrain/config.hpp>
 
 #if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/ddp_staging.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#error "partrain/parallel/detail/ddp_staging.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
 #endif
 
 #include <cuda_runtime.h>

@@ -1,12 +1,14 @@
-// partrain/cuda/ddp_kernels.cuh: the element work of DDP's device buckets (used when the
+// partrain/parallel/detail/ddp_kernels.cuh: the element work of DDP's device buckets (used when the
 // parameters are in CUDA memory and the backend reduces CUDA memory, i.e. NCCL): division
 // before the all_reduce, accumulation for no_sync, and the 16-bit casts of the compression
-// hooks. Everything runs on the legacy default stream, which the NCCL group orders its
-// collectives after. nvcc only.
+// hooks. Every function takes the stream to queue on: DDP passes the communicator's input stream
+// (nccl_group::set_input_stream), which the group orders its collectives after, so the bucket
+// work is ordered after the gradients the model made there and before the all_reduce. The
+// caller makes the bucket's device current. nvcc only.
 #pragma once
 
 #if !defined(__CUDACC__)
-#error "partrain/cuda/ddp_kernels.cuh must be compiled by nvcc"
+#error "partrain/parallel/detail/ddp_kernels.cuh must be compiled by nvcc"
 #endif
 
 #include <cuda_bf16.h>
@@ -22,6 +24,7 @@
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
 #include <partrain/cuda/check.hpp>
+#include <partrain/cuda/device_guard.hpp>
 
 namespace partrain::inline v0::detail {
 
@@ -79,60 +82,65 @@ void visit_device_float(raw_tensor t, const char* who, F&& f) {
   }
 }
 
-inline void device_divide(raw_tensor t, double d) {
+inline void device_divide(raw_tensor t, double d, cudaStream_t stream) {
   if (t.count == 0) return;
   visit_device_float(t, "device_divide", [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
-    ddp_divide_kernel<T><<<ddp_blocks(t.count), ddp_block>>>(p, t.count, static_cast<T>(d));
+    ddp_divide_kernel<T><<<ddp_blocks(t.count), ddp_block, 0, stream>>>(p, t.count, static_cast<T>(d));
     ddp_launch_check("ddp_divide_kernel launch");
   });
 }
 
 // dst (device bucket) = g, or += g.
 template <class T>
-void device_stage_in(T* dst, tensor_view<const T, cuda> g, bool add) {
+void device_stage_in(T* dst, tensor_view<const T, cuda> g, bool add, cudaStream_t stream) {
   if (g.empty()) return;
   if (add) {
-    ddp_add_kernel<T><<<ddp_blocks(g.size()), ddp_block>>>(dst, g.data(), g.size());
+    ddp_add_kernel<T><<<ddp_blocks(g.size()), ddp_block, 0, stream>>>(dst, g.data(), g.size());
     ddp_launch_check("ddp_add_kernel launch");
   } else {
-    cuda_check(cudaMemcpyAsync(dst, g.data(), g.size_bytes(), cudaMemcpyDeviceToDevice, nullptr),
+    cuda_check(cudaMemcpyAsync(dst, g.data(), g.size_bytes(), cudaMemcpyDeviceToDevice, stream),
                "cudaMemcpyAsync (gradient to bucket)", __FILE__, __LINE__);
   }
 }
 template <class T>
-void device_stage_out(tensor_view<T, cuda> g, const T* src) {
+void device_stage_out(tensor_view<T, cuda> g, const T* src, cudaStream_t stream) {
   if (g.empty()) return;
-  cuda_check(cudaMemcpyAsync(g.data(), src, g.size_bytes(), cudaMemcpyDeviceToDevice, nullptr),
+  cuda_check(cudaMemcpyAsync(g.data(), src, g.size_bytes(), cudaMemcpyDeviceToDevice, stream),
              "cudaMemcpyAsync (bucket to gradient)", __FILE__, __LINE__);
 }
 
-// Device memory owned through a shared_ptr (what a hook keeps in grad_bucket::hook_state()).
-[[nodiscard]] inline std::shared_ptr<void> device_alloc(std::size_t bytes) {
+// Device memory on device `device_index`, owned through a shared_ptr (what a hook keeps in
+// grad_bucket::hook_state()).
+[[nodiscard]] inline std::shared_ptr<void> device_alloc(std::size_t bytes, int device_index) {
+  cuda_device_guard guard(device_index);
   void* p = nullptr;
   cuda_check(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc (hook scratch)", __FILE__, __LINE__);
   return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
 }
 
 // src (float/double bucket) -> dst 16-bit (divided by d), and back.
-inline void device_to_16(raw_tensor src, void* dst, dtype h, float d) {
+inline void device_to_16(raw_tensor src, void* dst, dtype h, float d, cudaStream_t stream) {
   visit_device_float(src, "fp16/bf16 hook", [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
     if (h == dtype::float16) {
-      ddp_to_half_kernel<T><<<ddp_blocks(src.count), ddp_block>>>(p, static_cast<__half*>(dst), src.count, d);
+      ddp_to_half_kernel<T><<<ddp_blocks(src.count), ddp_block, 0, stream>>>(p, static_cast<__half*>(dst), src.count, d);
     } else {
-      ddp_to_bf16_kernel<T><<<ddp_blocks(src.count), ddp_block>>>(p, static_cast<__nv_bfloat16*>(dst), src.count, d);
+      ddp_to_bf16_kernel<T><<<ddp_blocks(src.count), ddp_block, 0, stream>>>(p, static_cast<__nv_bfloat16*>(dst),
+                                                                              src.count, d);
     }
     ddp_launch_check("16-bit cast kernel launch");
   });
 }
-inline void device_from_16(const void* src, raw_tensor dst, dtype h) {
+inline void device_from_16(const void* src, raw_tensor dst, dtype h, cudaStream_t stream) {
   visit_device_float(dst, "fp16/bf16 hook", [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
     if (h == dtype::float16) {
-      ddp_from_half_kernel<T><<<ddp_blocks(dst.count), ddp_block>>>(static_cast<const __half*>(src), p, dst.count);
+      ddp_from_half_kernel<T><<<ddp_blocks(dst.count), ddp_block, 0, stream>>>(static_cast<const __half*>(src), p,
+                                                                              dst.count);
     } else {
-      ddp_from_bf16_kernel<T><<<ddp_blocks(dst.count), ddp_block>>>(static_cast<const __nv_bfloat16*>(src), p, dst.count);
+      ddp_from_bf16_kernel<T><<<ddp_blocks(dst.count), ddp_block, 0, stream>>>(static_cast<const __nv_bfloat16*>(src), p,
+                                                                              dst.count);
     }
     ddp_launch_check("16-bit cast kernel launch");
   });

@@ -1,9 +1,10 @@
-// partrain/comm/tcp_store.hpp: the TCP rendezvous store (torch's TCPStore). One process hosts
-// the server (rank 0, or the launcher's agent) on a background thread; every rank, the host
-// included, talks to it as a client. Every call has a deadline, a server with a job token
-// refuses peers that do not present it, and a malformed or oversized message closes only
-// that connection.
+// partrain/rendezvous/tcp_store_server.hpp: the server half of the TCP rendezvous store (torch's
+// TCPStore). It runs on a background thread of the process that hosts it (rank 0, or the
+// launcher's agent, which hosts one without being a client). A server with a job token refuses
+// peers that do not present it, and a malformed or oversized message closes only that
+// connection.
 #pragma once
+
 
 #include <poll.h>
 #include <unistd.h>
@@ -27,10 +28,9 @@
 #include <variant>
 #include <vector>
 
-#include <partrain/comm/detail/socket.hpp>
-#include <partrain/comm/detail/store_protocol.hpp>
-#include <partrain/comm/store.hpp>
 #include <partrain/core/error.hpp>
+#include <partrain/rendezvous/detail/socket.hpp>
+#include <partrain/rendezvous/detail/store_protocol.hpp>
 
 namespace partrain::inline v0 {
 
@@ -410,185 +410,6 @@ class tcp_store_server {
   mutable std::mutex stats_mutex_;
   std::size_t rejected_ = 0;
   std::jthread thread_;  // last: started after, and joined before, everything above
-};
-
-struct tcp_store_options {
-  // Where the server is (clients) or what it binds (the host, unless bind_address is set).
-  std::string host = "127.0.0.1";
-  std::uint16_t port = 0;  // the host may pass 0 for a free port; read it back with port()
-  bool is_server = false;  // host the server in this process (rank 0)
-  std::string bind_address{};
-  std::string token{};  // the job token; must match the server's
-  // Connecting (with retries while the server comes up) and set/add/check are bounded by this.
-  std::chrono::milliseconds timeout = std::chrono::milliseconds(300'000);
-  std::size_t max_message_bytes = detail::default_max_store_message;
-  std::string who{};  // names the caller in errors, e.g. "rank 3"
-};
-
-class tcp_store final : public store {
- public:
-  explicit tcp_store(tcp_store_options opts) : opts_(std::move(opts)) {
-    if (opts_.is_server) {
-      server_ = std::make_unique<tcp_store_server>(tcp_store_server_options{
-          .host = opts_.bind_address.empty() ? opts_.host : opts_.bind_address,
-          .port = opts_.port,
-          .token = opts_.token,
-          .max_message_bytes = opts_.max_message_bytes});
-      opts_.port = server_->port();
-    } else if (opts_.port == 0) {
-      throw config_error(prefix() + "a tcp_store client needs the server's port (got 0; expected 1..65535)");
-    }
-    std::lock_guard lock(mutex_);
-    connect_locked();
-  }
-
-  [[nodiscard]] std::uint16_t port() const noexcept { return opts_.port; }
-  [[nodiscard]] const std::string& host() const noexcept { return opts_.host; }
-  [[nodiscard]] bool is_server() const noexcept { return server_ != nullptr; }
-  [[nodiscard]] tcp_store_server* server() noexcept { return server_.get(); }
-
-  using store::set;
-  void set(const std::string& key, std::span<const std::byte> value) override {
-    detail::store_request r{.type = detail::request_type::set, .key = key};
-    r.value.assign(value.begin(), value.end());
-    expect(call(r, opts_.timeout), detail::response_type::ok, r);
-  }
-
-  [[nodiscard]] std::vector<std::byte> get(const std::string& key, std::chrono::milliseconds timeout) override {
-    detail::store_request r{.type = detail::request_type::get, .key = key, .number = timeout.count()};
-    auto resp = call(r, timeout);
-    if (resp.type == detail::response_type::timeout) {
-      throw timeout_error(prefix() + "store get('" + key + "') timed out after " + std::to_string(timeout.count()) +
-                          " ms at " + endpoint() + ": the key was never set");
-    }
-    expect(resp, detail::response_type::value, r);
-    return std::move(resp.value);
-  }
-
-  std::int64_t add(const std::string& key, std::int64_t delta) override {
-    detail::store_request r{.type = detail::request_type::add, .key = key, .number = delta};
-    auto resp = call(r, opts_.timeout);
-    expect(resp, detail::response_type::integer, r);
-    return resp.number;
-  }
-
-  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
-    detail::store_request r{.type = detail::request_type::wait, .keys = keys, .number = timeout.count()};
-    auto resp = call(r, timeout);
-    if (resp.type == detail::response_type::timeout) {
-      std::string names;
-      for (const auto& k : resp.keys) names += (names.empty() ? "'" : ", '") + k + "'";
-      throw timeout_error(prefix() + "store wait timed out after " + std::to_string(timeout.count()) + " ms at " +
-                          endpoint() + ": still missing " + names);
-    }
-    expect(resp, detail::response_type::ok, r);
-  }
-
-  [[nodiscard]] bool check(const std::vector<std::string>& keys) override {
-    detail::store_request r{.type = detail::request_type::check, .keys = keys};
-    auto resp = call(r, opts_.timeout);
-    expect(resp, detail::response_type::boolean, r);
-    return resp.number != 0;
-  }
-
-  // Removes key; false when it did not exist.
-  bool delete_key(const std::string& key) {
-    detail::store_request r{.type = detail::request_type::delete_key, .key = key};
-    auto resp = call(r, opts_.timeout);
-    expect(resp, detail::response_type::boolean, r);
-    return resp.number != 0;
-  }
-
-  [[nodiscard]] std::int64_t num_keys() {
-    detail::store_request r{.type = detail::request_type::num_keys};
-    auto resp = call(r, opts_.timeout);
-    expect(resp, detail::response_type::integer, r);
-    return resp.number;
-  }
-
- private:
-  [[nodiscard]] std::string prefix() const { return opts_.who.empty() ? std::string() : opts_.who + ": "; }
-  [[nodiscard]] std::string endpoint() const { return detail::endpoint_name(opts_.host, opts_.port); }
-
-  void connect_locked() {
-    const auto deadline = detail::deadline_clock::now() + opts_.timeout;
-    fd_ = detail::connect_tcp(opts_.host, opts_.port, deadline, prefix());
-    // With a token: authenticate. Without: an empty check, so a server that wants a token
-    // says so now, at connect time, rather than at the first real operation.
-    detail::store_request hello = opts_.token.empty() ? detail::store_request{.type = detail::request_type::check}
-                                                      : detail::store_request{.type = detail::request_type::auth, .key = opts_.token};
-    detail::store_response resp;
-    try {
-      resp = round_trip_locked(hello, deadline);
-    } catch (...) {
-      fd_.reset();
-      throw;
-    }
-    if (resp.type == detail::response_type::error) {
-      fd_.reset();
-      throw communication_error(prefix() + "the store at " + endpoint() + " refused the connection: " + resp.message +
-                                " (every rank needs the job's token, e.g. from PARTRAIN_STORE_TOKEN)");
-    }
-  }
-
-  // One request, one reply. server_wait is how long the server itself may hold the reply
-  // (get/wait); the socket deadline adds the I/O allowance on top.
-  detail::store_response call(const detail::store_request& r, std::chrono::milliseconds server_wait) {
-    if (server_wait.count() < 0) {
-      throw invalid_argument_error(prefix() + "store " + std::string(to_string(r.type)) + ": negative timeout");
-    }
-    std::lock_guard lock(mutex_);
-    if (!fd_) connect_locked();
-    const auto deadline = detail::deadline_clock::now() + server_wait + std::min(opts_.timeout, std::chrono::milliseconds(30'000));
-    try {
-      return round_trip_locked(r, deadline);
-    } catch (...) {
-      fd_.reset();  // the stream may be mid-message: never reuse it
-      throw;
-    }
-  }
-
-  detail::store_response round_trip_locked(const detail::store_request& r, detail::deadline_clock::time_point deadline) {
-    const std::string what = prefix() + "store " + std::string(to_string(r.type)) +
-                             (r.key.empty() || r.type == detail::request_type::auth ? "" : "('" + r.key + "')") + " at " +
-                             endpoint();
-    auto frame = detail::encode(r);
-    if (frame.size() - detail::frame_header_bytes > opts_.max_message_bytes) {
-      throw invalid_argument_error(what + ": message of " + std::to_string(frame.size()) + " bytes exceeds the limit of " +
-                                   std::to_string(opts_.max_message_bytes) + " bytes");
-    }
-    detail::send_all(fd_.get(), frame, deadline, what);
-    std::byte header[detail::frame_header_bytes];
-    detail::recv_all(fd_.get(), header, deadline, what);
-    const auto f = detail::peek_frame(header, opts_.max_message_bytes + 64);
-    if (f.status == detail::frame_status::oversized) throw communication_error(what + ": reply too large");
-    std::vector<std::byte> payload(f.payload_bytes);
-    detail::recv_all(fd_.get(), payload, deadline, what);
-    auto parsed = detail::parse_response(payload);
-    if (auto* err = std::get_if<detail::protocol_error>(&parsed)) throw communication_error(what + ": " + err->what);
-    auto resp = std::get<detail::store_response>(std::move(parsed));
-    if (resp.type == detail::response_type::error && resp.message.starts_with("unauthorized")) fd_.reset();
-    return resp;
-  }
-
-  void expect(const detail::store_response& resp, detail::response_type want, const detail::store_request& r) {
-    if (resp.type == want) return;
-    const std::string what = prefix() + "store " + std::string(to_string(r.type)) + (r.key.empty() ? "" : "('" + r.key + "')") +
-                             " at " + endpoint();
-    if (resp.type == detail::response_type::error) {
-      if (resp.message.starts_with("unauthorized")) {
-        throw communication_error(what + " refused: " + resp.message +
-                                  " (set the same token on every rank, e.g. PARTRAIN_STORE_TOKEN)");
-      }
-      throw communication_error(what + " failed: " + resp.message);
-    }
-    throw communication_error(what + ": unexpected reply type " + std::to_string(static_cast<int>(resp.type)));
-  }
-
-  tcp_store_options opts_;
-  std::unique_ptr<tcp_store_server> server_;  // before fd_: the client closes first
-  std::mutex mutex_;
-  detail::unique_fd fd_;
 };
 
 }  // namespace partrain::inline v0
