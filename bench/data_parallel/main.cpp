@@ -25,7 +25,7 @@
 #include "mlp_host.hpp"
 
 using namespace partrain;
-using model_t = example::mlp_host;
+using model_t = models::mlp_host;
 using clock_type = std::chrono::steady_clock;
 
 namespace {

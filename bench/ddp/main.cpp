@@ -52,7 +52,7 @@ double seconds_since(clock_type::time_point t0) {
 }
 
 double plain_loop(const std::vector<batch>& batches, const config& c) {
-  example::mlp_host model({}, 0);
+  models::mlp_host model({}, 0);
   sgd opt(model, {.lr = 0.05, .momentum = 0.9});
   for (std::size_t i = 0; i < c.warmup; ++i) {
     (void)model.train_step(batches[i]);
@@ -76,7 +76,7 @@ struct ddp_result {
 template <class Group>
 ddp_result ddp_loop(Group& pg, const std::vector<batch>& batches, const config& c, bool overlap,
                     trace_recorder* trace = nullptr) {
-  example::mlp_host model({}, 0);
+  models::mlp_host model({}, 0);
   ddp_options o{.overlap = overlap};
   if (trace) o.on_bucket_launch = trace->bucket_spans();  // what the example does with --trace
   distributed_data_parallel ddp(model, pg, o);

@@ -181,7 +181,7 @@ int main(int argc, char** argv) {
     const auto host_batches = dataset_batches(train, c.batch, c.warmup + c.steps);
     const table_rows host = measure(
         "host", host_batches, c.widths, c.batch, c.warmup, c.steps, c.repeats,
-        [&](precision p) { return std::make_unique<example::mlp_host>(example::mlp_layout{c.widths}, 0, p); }, [] {});
+        [&](precision p) { return std::make_unique<models::mlp_host>(models::mlp_layout{c.widths}, 0, p); }, [] {});
     double fp16_ratio = host.sps[1] / host.sps[0];
     double bf16_ratio = host.sps[2] / host.sps[0];
     std::string device_name = "cpu";
@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
       const table_rows gpu = measure(
           "cuda", cuda_batches, c.cuda_widths, c.cuda_batch, c.warmup, c.cuda_steps, c.repeats,
           [&](precision p) {
-            return std::make_unique<example::mlp_cuda>(example::mlp_layout{c.cuda_widths}, 0, device::cuda(0), p);
+            return std::make_unique<models::mlp_cuda>(models::mlp_layout{c.cuda_widths}, 0, device::cuda(0), p);
           },
           [] { (void)cudaDeviceSynchronize(); });
       fp16_ratio = gpu.sps[1] / gpu.sps[0];

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <charconv>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -95,6 +96,10 @@ T parse_number(std::string_view flag, std::string_view text) {
     throw usage_error(std::string(flag) + ": '" + std::string(text) + "' is not a valid " +
                       (std::is_floating_point_v<T> ? "number" : "non-negative integer"));
   }
+  if constexpr (std::is_floating_point_v<T>) {
+    // from_chars reads "inf" and "nan": neither is a learning rate or a momentum.
+    if (!std::isfinite(v)) throw usage_error(std::string(flag) + ": '" + std::string(text) + "' is not a finite number");
+  }
   return v;
 }
 
@@ -181,6 +186,8 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
       o.overlap = false;
     } else if (flag == "--bucket-kb") {
       o.bucket_kb = positive(detail::parse_number<std::size_t>(flag, value()));
+      // KiB to bytes must not overflow (2^54 + 1 KiB would wrap to 1 KiB buckets): at most 1 TiB.
+      if (o.bucket_kb > (std::size_t{1} << 30)) throw usage_error(flag + ": at most 1073741824 (1 TiB)");
     } else {
       throw usage_error("unknown option '" + flag + "'");
     }

@@ -13,6 +13,7 @@
 #include <partrain/core/dtype.hpp>
 #include <partrain/core/error.hpp>
 #include <partrain/core/executor.hpp>
+#include <partrain/core/for_each_index.hpp>
 #include <partrain/core/generator.hpp>
 #include <partrain/core/half.hpp>
 #include <partrain/core/log.hpp>
@@ -30,6 +31,11 @@
 #include <partrain/cuda/device_buffer.hpp>
 #include <partrain/cuda/device_guard.hpp>
 #include <partrain/cuda/event.hpp>
+#endif
+#if defined(__CUDACC__)
+#include <partrain/cuda/launch.cuh>
+#endif
+#if PARTRAIN_HAS_CUDA
 #include <partrain/cuda/pinned_buffer.hpp>
 #include <partrain/cuda/stream.hpp>
 #endif
@@ -77,6 +83,7 @@
 
 // launch/
 #include <partrain/launch/process.hpp>
+#include <partrain/launch/run_ranks.hpp>
 #include <partrain/launch/spawn.hpp>
 
 // optim/
@@ -110,7 +117,10 @@
 #include <partrain/train/checkpoint.hpp>
 #include <partrain/train/epochs.hpp>
 #include <partrain/train/every.hpp>
+#include <partrain/train/lr_schedule.hpp>
 #include <partrain/train/metrics.hpp>
+#include <partrain/train/policies.hpp>
 #include <partrain/train/progress.hpp>
 #include <partrain/train/steps.hpp>
 #include <partrain/train/trace.hpp>
+#include <partrain/train/trainer.hpp>

@@ -111,7 +111,7 @@ enum class error_kind { config, communication, timeout, data, checkpoint, invali
 // Where an error happened, as far as the thrower knows: -1, empty or zero where unknown.
 struct error_site {
   int rank = -1;           // the rank that raised it
-  std::string operation;   // "all_reduce", "recv", "store get", ...
+  std::string operation{};  // "all_reduce", "recv", "store get", ...
   int peer = -1;           // the peer it was waiting on or talking to
   std::chrono::milliseconds timeout{0};  // the deadline that ran out (timeouts)
 };
@@ -165,6 +165,7 @@ class communication_error : public error {
  public:
   explicit communication_error(const std::string& what) : error(error_kind::communication, what) {}
   communication_error(error_site site, std::string_view detail) : error(error_kind::communication, std::move(site), detail) {}
+  communication_error(const std::string& what, error_site site) : error(error_kind::communication, what, std::move(site)) {}
 
  protected:
   communication_error(error_kind k, const std::string& what) : error(k, what) {}
@@ -178,6 +179,7 @@ class timeout_error : public communication_error {
  public:
   explicit timeout_error(const std::string& what) : communication_error(error_kind::timeout, what) {}
   timeout_error(error_site site, std::string_view detail) : communication_error(error_kind::timeout, std::move(site), detail) {}
+  timeout_error(const std::string& what, error_site site) : communication_error(error_kind::timeout, what, std::move(site)) {}
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return site().timeout; }
 };
 
@@ -239,27 +241,35 @@ namespace detail {
 // #include <partrain/core/half.hpp>
 #ifndef PARTRAIN_SI_CORE_HALF_HPP
 #define PARTRAIN_SI_CORE_HALF_HPP
-// partrain/core/half.hpp: 16-bit float storage types for the host (IEEE binary16 and
-// bfloat16). Conversions from float round to nearest, ties to even; NaN stays NaN.
+// partrain/core/half.hpp: 16-bit float storage types (IEEE binary16 and bfloat16). Conversions
+// from float round to nearest, ties to even; NaN stays NaN. The one float <-> 16-bit conversion of
+// the library: host loops, CUDA kernels (through the element functors) and the CPU tier all call
+// these, so the device's results are the host's bit for bit.
 
-#include <bit>
 #include <cstdint>
 
 namespace partrain::inline v0 {
 
 namespace detail {
 
+// std::bit_cast is a host function (nvcc refuses it in device code without
+// --expt-relaxed-constexpr); the builtin behind it is callable on both sides.
+template <class To, class From>
+[[nodiscard]] PARTRAIN_HOST_DEVICE constexpr To bits_as(From f) noexcept {
+  return __builtin_bit_cast(To, f);
+}
+
 // The binary16 conversions are written without branches (each case computed, then picked by a
 // mask) so a loop over an array vectorizes: ReLU activations are half zeros, and a branch per
 // element on "is it subnormal" mispredicts on them. Checked against a case-by-case
 // reference over a stride of all floats and every float near the edges (tests/core/test_half.cpp).
-[[nodiscard]] constexpr std::uint32_t all_ones_if(bool c) noexcept { return 0u - static_cast<std::uint32_t>(c); }
-[[nodiscard]] constexpr std::uint32_t select_bits(std::uint32_t m, std::uint32_t a, std::uint32_t b) noexcept {
+[[nodiscard]] PARTRAIN_HOST_DEVICE constexpr std::uint32_t all_ones_if(bool c) noexcept { return 0u - static_cast<std::uint32_t>(c); }
+[[nodiscard]] PARTRAIN_HOST_DEVICE constexpr std::uint32_t select_bits(std::uint32_t m, std::uint32_t a, std::uint32_t b) noexcept {
   return (a & m) | (b & ~m);
 }
 
-[[nodiscard]] constexpr std::uint16_t float_to_half_bits(float f) noexcept {
-  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+[[nodiscard]] PARTRAIN_HOST_DEVICE constexpr std::uint16_t float_to_half_bits(float f) noexcept {
+  const std::uint32_t x = bits_as<std::uint32_t>(f);
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   const std::uint32_t abs = x & 0x7FFFFFFFu;
   const auto sabs = static_cast<std::int32_t>(abs);  // < 2^31: signed compares vectorize on SSE2
@@ -268,8 +278,8 @@ namespace detail {
   // Below 2^-14, a half subnormal: adding 0.5 puts the 2^-24 unit in the float's last mantissa
   // bit, so the FPU's own round-to-nearest-even does the rounding. Masked to stay finite.
   const std::uint32_t is_subnormal = all_ones_if(sabs < 0x38800000);
-  const float shifted = std::bit_cast<float>(abs & is_subnormal) + 0.5f;
-  const std::uint32_t subnormal = std::bit_cast<std::uint32_t>(shifted) - 0x3F000000u;
+  const float shifted = bits_as<float>(abs & is_subnormal) + 0.5f;
+  const std::uint32_t subnormal = bits_as<std::uint32_t>(shifted) - 0x3F000000u;
   std::uint32_t r = select_bits(is_subnormal, subnormal, normal);
   r = select_bits(all_ones_if(sabs >= 0x477FF000), 0x7C00u, r);  // >= 65520 (and inf) rounds to inf
   // NaN keeps its top payload bits and is made quiet.
@@ -277,28 +287,28 @@ namespace detail {
   return static_cast<std::uint16_t>(sign | r);
 }
 
-[[nodiscard]] constexpr float half_bits_to_float(std::uint16_t h) noexcept {
+[[nodiscard]] PARTRAIN_HOST_DEVICE constexpr float half_bits_to_float(std::uint16_t h) noexcept {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::int32_t exp = (h >> 10) & 0x1F;
   const std::uint32_t mant = h & 0x3FFu;
   // exp 0: mant * 2^-24, exact in float.
   const std::uint32_t subnormal =
-      std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<std::int32_t>(mant)) * 5.9604644775390625e-8f);
+      bits_as<std::uint32_t>(static_cast<float>(static_cast<std::int32_t>(mant)) * 5.9604644775390625e-8f);
   const std::uint32_t normal = (static_cast<std::uint32_t>(exp + 112) << 23) | (mant << 13);
   std::uint32_t r = select_bits(all_ones_if(exp == 0), subnormal, normal);
   r = select_bits(all_ones_if(exp == 31), 0x7F800000u | (mant << 13), r);  // inf and NaN
-  return std::bit_cast<float>(sign | r);
+  return bits_as<float>(sign | r);
 }
 
-[[nodiscard]] constexpr std::uint16_t float_to_bfloat16_bits(float f) noexcept {
-  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+[[nodiscard]] PARTRAIN_HOST_DEVICE constexpr std::uint16_t float_to_bfloat16_bits(float f) noexcept {
+  const std::uint32_t x = bits_as<std::uint32_t>(f);
   if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x0040u);  // quiet NaN
   const std::uint32_t bias = 0x7FFFu + ((x >> 16) & 1u);
   return static_cast<std::uint16_t>((x + bias) >> 16);
 }
 
-[[nodiscard]] constexpr float bfloat16_bits_to_float(std::uint16_t b) noexcept {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
+[[nodiscard]] PARTRAIN_HOST_DEVICE constexpr float bfloat16_bits_to_float(std::uint16_t b) noexcept {
+  return bits_as<float>(static_cast<std::uint32_t>(b) << 16);
 }
 
 }  // namespace detail
@@ -308,14 +318,14 @@ struct half {
   std::uint16_t bits = 0;
 
   constexpr half() noexcept = default;
-  constexpr explicit half(float f) noexcept : bits(detail::float_to_half_bits(f)) {}
-  [[nodiscard]] static constexpr half from_bits(std::uint16_t b) noexcept {
+  PARTRAIN_HOST_DEVICE constexpr explicit half(float f) noexcept : bits(detail::float_to_half_bits(f)) {}
+  [[nodiscard]] PARTRAIN_HOST_DEVICE static constexpr half from_bits(std::uint16_t b) noexcept {
     half h;
     h.bits = b;
     return h;
   }
-  constexpr explicit operator float() const noexcept { return detail::half_bits_to_float(bits); }
-  friend constexpr bool operator==(half a, half b) noexcept { return float(a) == float(b); }
+  PARTRAIN_HOST_DEVICE constexpr explicit operator float() const noexcept { return detail::half_bits_to_float(bits); }
+  friend PARTRAIN_HOST_DEVICE constexpr bool operator==(half a, half b) noexcept { return float(a) == float(b); }
 };
 
 // bfloat16: float's exponent range with 8 bits of mantissa.
@@ -323,14 +333,14 @@ struct bfloat16 {
   std::uint16_t bits = 0;
 
   constexpr bfloat16() noexcept = default;
-  constexpr explicit bfloat16(float f) noexcept : bits(detail::float_to_bfloat16_bits(f)) {}
-  [[nodiscard]] static constexpr bfloat16 from_bits(std::uint16_t b) noexcept {
+  PARTRAIN_HOST_DEVICE constexpr explicit bfloat16(float f) noexcept : bits(detail::float_to_bfloat16_bits(f)) {}
+  [[nodiscard]] PARTRAIN_HOST_DEVICE static constexpr bfloat16 from_bits(std::uint16_t b) noexcept {
     bfloat16 h;
     h.bits = b;
     return h;
   }
-  constexpr explicit operator float() const noexcept { return detail::bfloat16_bits_to_float(bits); }
-  friend constexpr bool operator==(bfloat16 a, bfloat16 b) noexcept { return float(a) == float(b); }
+  PARTRAIN_HOST_DEVICE constexpr explicit operator float() const noexcept { return detail::bfloat16_bits_to_float(bits); }
+  friend PARTRAIN_HOST_DEVICE constexpr bool operator==(bfloat16 a, bfloat16 b) noexcept { return float(a) == float(b); }
 };
 
 static_assert(sizeof(half) == 2 && sizeof(bfloat16) == 2);
@@ -936,6 +946,56 @@ class executor {
 
 }  // namespace partrain::inline v0::detail
 #endif  // PARTRAIN_SI_CORE_EXECUTOR_HPP
+// #include <partrain/core/for_each_index.hpp>
+#ifndef PARTRAIN_SI_CORE_FOR_EACH_INDEX_HPP
+#define PARTRAIN_SI_CORE_FOR_EACH_INDEX_HPP
+// partrain/core/for_each_index.hpp: the host half of the one launch helper. An element loop is a
+// function object f with `PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const`;
+// for_each_index(exec, n, f) runs f(i) for every i in [0, n). With host_exec it is a plain loop
+// (GCC vectorizes it once f is inlined); partrain/cuda/launch.cuh gives the same call with
+// cuda_exec a grid-stride kernel. Every device kernel's element logic is written once this way,
+// so the host path and the CPU tier run the code the GPU runs.
+
+#include <cstddef>
+
+namespace partrain::inline v0::detail {
+
+// Runs on the calling thread; finished on return.
+struct host_exec {};
+
+template <class F>
+inline void for_each_index(host_exec, std::size_t n, const F& f) {
+  for (std::size_t i = 0; i < n; ++i) f(i);
+}
+
+// combine(...combine(combine(init, map(0)), map(1))..., map(n - 1)): a left fold in index order,
+// so the result is the same on every run. map may also write (the fused unscale + check does).
+// The CUDA twin folds per block, then the blocks' partials in block order: deterministic too,
+// though not bit for bit the host's order for a non-associative combine (floating-point sums).
+template <class T, class Map, class Combine>
+[[nodiscard]] inline T transform_reduce_index(host_exec, std::size_t n, T init, const Map& map,
+                                              const Combine& combine) {
+  T acc = init;
+  for (std::size_t i = 0; i < n; ++i) acc = combine(acc, map(i));
+  return acc;
+}
+
+// The combines the library uses, callable in device code.
+struct plus_fn {
+  template <class T>
+  PARTRAIN_HOST_DEVICE constexpr T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+struct bit_or_fn {
+  template <class T>
+  PARTRAIN_HOST_DEVICE constexpr T operator()(T a, T b) const {
+    return a | b;
+  }
+};
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_CORE_FOR_EACH_INDEX_HPP
 // #include <partrain/core/generator.hpp>
 #ifndef PARTRAIN_SI_CORE_GENERATOR_HPP
 #define PARTRAIN_SI_CORE_GENERATOR_HPP
@@ -2112,6 +2172,317 @@ class cuda_event {
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_CUDA_EVENT_HPP
+#endif
+#if defined(__CUDACC__)
+// #include <partrain/cuda/launch.cuh>
+#ifndef PARTRAIN_SI_CUDA_LAUNCH_CUH
+#define PARTRAIN_SI_CUDA_LAUNCH_CUH
+// partrain/cuda/launch.cuh: the CUDA half of the one launch helper (the host half is
+// partrain/core/for_each_index.hpp). for_each_index(cuda_exec{stream, device}, n, f) queues a
+// grid-stride kernel that calls f(i) for every i in [0, n) on `stream` of `device`;
+// transform_reduce_index folds per block, then the blocks' partials in block order on the host, so
+// its result is the same on every run. The element functors are the library's plain headers
+// (optim/detail/elements.hpp, ...), the ones the host path and the CPU tier run. nvcc only.
+
+#if !defined(__CUDACC__)
+#error "partrain/cuda/launch.cuh must be compiled by nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+// #include <partrain/cuda/check.hpp>
+#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
+#define PARTRAIN_SI_CUDA_CHECK_HPP
+// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
+// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <string_view>
+
+namespace partrain::inline v0 {
+
+// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
+class cuda_error : public error {
+ public:
+  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
+  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
+
+ private:
+  cudaError_t code_;
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
+                                                      int line) {
+  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
+         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+}
+
+inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
+  if (rc != cudaSuccess) {
+    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
+    (void)cudaGetLastError();
+    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
+  }
+}
+
+}  // namespace detail
+
+}  // namespace partrain::inline v0
+
+// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
+#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
+#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+// #include <partrain/cuda/device_guard.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
+// previous one after (torch.cuda.device as a context manager), without ever creating a context
+// on a device nobody asked for.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda.h>  // CUcontext and the driver's function type only: nothing links libcuda
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+// Whether this thread has a current CUDA context, i.e. someone already made a device current on
+// it (cudaSetDevice, or a runtime call that initialised one). cudaGetDevice answers 0 on a fresh
+// thread, and cudaSetDevice(0) would then create device 0's context (CUDA 12+): restoring must
+// not do that. The driver's cuCtxGetCurrent is reached through the runtime, so nothing links
+// libcuda. Unknown (entry point missing): true, i.e. restore as a plain guard would.
+[[nodiscard]] inline bool thread_has_cuda_context() noexcept {
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
+  using get_current_fn = CUresult(CUDAAPI*)(CUcontext*);
+  static const get_current_fn get_current = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return get_current_fn{nullptr};
+    }
+    return reinterpret_cast<get_current_fn>(fn);
+  }();
+  if (!get_current) return true;
+  CUcontext ctx = nullptr;
+  if (get_current(&ctx) != CUDA_SUCCESS) return true;
+  return ctx != nullptr;
+#else
+  return true;
+#endif
+}
+
+[[nodiscard]] inline int checked_cuda_index(const device& d, const char* who) {
+  if (!d.is_cuda()) {
+    throw invalid_argument_error(std::string(who) + ": device " + d.to_string() + " is not a CUDA device (expected cuda:N)");
+  }
+  return d.index;
+}
+
+}  // namespace detail
+
+// The device current on this thread (cudaGetDevice: it does not create a context; 0 when none
+// was ever set).
+[[nodiscard]] inline int cuda_current_device() {
+  int d = 0;
+  PARTRAIN_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+class [[nodiscard]] cuda_device_guard {
+ public:
+  // Makes `index` current unless it already is. The destructor restores the previous device only
+  // when this guard changed it and the thread had a context before (someone had set a device).
+  explicit cuda_device_guard(int index) {
+    const int current = cuda_current_device();
+    if (current == index) return;
+    const bool restore = detail::thread_has_cuda_context();
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
+    if (restore) previous_ = current;
+  }
+  explicit cuda_device_guard(const device& d) : cuda_device_guard(detail::checked_cuda_index(d, "cuda_device_guard")) {}
+  cuda_device_guard(const cuda_device_guard&) = delete;
+  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
+  ~cuda_device_guard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;  // -1: leave the device as it is at the end of the scope
+};
+
+// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
+[[nodiscard]] inline int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// The device whose memory `p` is (cudaPointerGetAttributes): device memory and managed memory
+// report their device. Host memory (pageable or pinned) has no device: config_error naming `who`.
+[[nodiscard]] inline device cuda_device_of(const void* p, const char* who) {
+  cudaPointerAttributes a{};
+  const cudaError_t rc = cudaPointerGetAttributes(&a, p);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw cuda_error(rc, std::string(who) + ": cudaPointerGetAttributes failed: " + cudaGetErrorString(rc));
+  }
+  if ((a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) || a.device < 0) {
+    throw config_error(std::string(who) + ": a pointer expected in CUDA device memory is host memory (a tensor_view<T, "
+                                          "cuda> must point into device memory)");
+  }
+  return device::cuda(a.device);
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+
+namespace partrain::inline v0::detail {
+
+// Where a launch goes. device < 0 leaves the calling thread's current device as it is (for
+// callers that already hold a cuda_device_guard); otherwise it is made current for the launch.
+struct cuda_exec {
+  cudaStream_t stream = cudaStreamLegacy;
+  int device = -1;
+};
+
+// The one launch geometry: 256 threads a block (a power of two: the block reduce halves it), at
+// most 2048 blocks (16 per SM on a 132-SM H100, enough to cover the latency of a grid-stride
+// loop), never 0 blocks.
+inline constexpr unsigned launch_block = 256;
+inline constexpr std::size_t launch_max_blocks = 2048;
+
+[[nodiscard]] constexpr unsigned launch_blocks(std::size_t n) noexcept {
+  const std::size_t b = (n + launch_block - 1) / launch_block;
+  return static_cast<unsigned>(b == 0 ? 1 : (b < launch_max_blocks ? b : launch_max_blocks));
+}
+static_assert(launch_blocks(0) == 1 && launch_blocks(257) == 2 && launch_blocks(std::size_t{1} << 40) == 2048);
+
+template <class F>
+__global__ void for_each_index_kernel(std::size_t n, F f) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+    f(i);
+  }
+}
+
+// Thread t of the grid folds map(t), map(t + stride), ... starting from its first element (no
+// identity is needed); a block then folds its threads pairwise in shared memory. Indices below
+// n are a prefix, so after each halving the threads holding a value are still a prefix of the
+// block: `valid` tracks its length. Every block has at least one index (launch_blocks).
+template <class T, class Map, class Combine>
+__global__ void transform_reduce_index_kernel(std::size_t n, Map map, Combine combine, T* partial) {
+  __shared__ T tile[launch_block];
+  const std::size_t first = blockIdx.x * static_cast<std::size_t>(blockDim.x);
+  const std::size_t stride = static_cast<std::size_t>(blockDim.x) * gridDim.x;
+  const std::size_t start = first + threadIdx.x;
+  if (start < n) {
+    T acc = map(start);
+    for (std::size_t i = start + stride; i < n; i += stride) acc = combine(acc, map(i));
+    tile[threadIdx.x] = acc;
+  }
+  __syncthreads();
+  unsigned valid = n - first < blockDim.x ? static_cast<unsigned>(n - first) : blockDim.x;
+  for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s && threadIdx.x + s < valid) tile[threadIdx.x] = combine(tile[threadIdx.x], tile[threadIdx.x + s]);
+    __syncthreads();
+    if (valid > s) valid = s;
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = tile[0];
+}
+
+// The kernel's name in a launch failure: the functor's type, which says which element loop it was.
+template <class F>
+void check_launch(std::size_t n, unsigned blocks) {
+  const cudaError_t rc = cudaGetLastError();
+  if (rc == cudaSuccess) return;
+  const std::string call = std::string("launch of ") + __PRETTY_FUNCTION__ + " over " + std::to_string(n) +
+                           " elements in " + std::to_string(blocks) + " blocks";
+  cuda_check(rc, call.c_str(), __FILE__, __LINE__);
+}
+
+template <class F>
+inline constexpr bool launchable_functor = std::is_trivially_copyable_v<F>;
+
+// Queued on exec.stream; not waited for (the caller synchronises, or orders later work on the
+// same stream). n == 0 launches nothing.
+template <class F>
+void for_each_index(cuda_exec exec, std::size_t n, const F& f) {
+  static_assert(launchable_functor<F>,
+                "partrain: an element functor passed to a CUDA launch must be trivially copyable (it is copied into "
+                "the kernel's parameters): hold pointers and values, not containers");
+  if (n == 0) return;
+  cuda_device_guard guard(exec.device >= 0 ? exec.device : cuda_current_device());
+  const unsigned blocks = launch_blocks(n);
+  for_each_index_kernel<F><<<blocks, launch_block, 0, exec.stream>>>(n, f);
+  check_launch<F>(n, blocks);
+}
+
+// The partials live in stream-ordered memory (cudaMallocAsync: no device-wide synchronisation,
+// unlike cudaFree); returns with exec.stream synchronised.
+template <class T, class Map, class Combine>
+[[nodiscard]] T transform_reduce_index(cuda_exec exec, std::size_t n, T init, const Map& map, const Combine& combine) {
+  static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_default_constructible_v<T>,
+                "partrain: transform_reduce_index on CUDA needs a trivially copyable, trivially constructible "
+                "result type (it lives in shared memory)");
+  static_assert(launchable_functor<Map> && launchable_functor<Combine>,
+                "partrain: the map and combine of a CUDA reduction must be trivially copyable");
+  if (n == 0) return init;
+  cuda_device_guard guard(exec.device >= 0 ? exec.device : cuda_current_device());
+  const unsigned blocks = launch_blocks(n);
+  T* partial = nullptr;
+  PARTRAIN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial), blocks * sizeof(T), exec.stream));
+  std::vector<T> host(blocks);
+  cudaError_t rc = cudaSuccess;
+  transform_reduce_index_kernel<T, Map, Combine><<<blocks, launch_block, 0, exec.stream>>>(n, map, combine, partial);
+  rc = cudaGetLastError();
+  if (rc == cudaSuccess) {
+    rc = cudaMemcpyAsync(host.data(), partial, blocks * sizeof(T), cudaMemcpyDeviceToHost, exec.stream);
+  }
+  (void)cudaFreeAsync(partial, exec.stream);
+  if (rc == cudaSuccess) rc = cudaStreamSynchronize(exec.stream);
+  if (rc != cudaSuccess) {
+    const std::string call = std::string("transform_reduce_index (") + __PRETTY_FUNCTION__ + ") over " +
+                             std::to_string(n) + " elements";
+    cuda_check(rc, call.c_str(), __FILE__, __LINE__);
+  }
+  T acc = init;
+  for (const T& p : host) acc = combine(acc, p);
+  return acc;
+}
+
+// Waits until everything queued on exec.stream has run (errors of the kernels surface here).
+inline void synchronize(cuda_exec exec, const char* what) {
+  cuda_check(cudaStreamSynchronize(exec.stream), what, __FILE__, __LINE__);
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_CUDA_LAUNCH_CUH
+#endif
+#if PARTRAIN_HAS_CUDA
 // #include <partrain/cuda/pinned_buffer.hpp>
 #ifndef PARTRAIN_SI_CUDA_PINNED_BUFFER_HPP
 #define PARTRAIN_SI_CUDA_PINNED_BUFFER_HPP
@@ -2129,6 +2500,171 @@ class cuda_event {
 #include <string>
 #include <type_traits>
 #include <utility>
+
+// #include <partrain/cuda/check.hpp>
+#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
+#define PARTRAIN_SI_CUDA_CHECK_HPP
+// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
+// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <string_view>
+
+namespace partrain::inline v0 {
+
+// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
+class cuda_error : public error {
+ public:
+  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
+  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
+
+ private:
+  cudaError_t code_;
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
+                                                      int line) {
+  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
+         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+}
+
+inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
+  if (rc != cudaSuccess) {
+    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
+    (void)cudaGetLastError();
+    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
+  }
+}
+
+}  // namespace detail
+
+}  // namespace partrain::inline v0
+
+// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
+#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
+#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+// #include <partrain/cuda/device_guard.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
+// previous one after (torch.cuda.device as a context manager), without ever creating a context
+// on a device nobody asked for.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda.h>  // CUcontext and the driver's function type only: nothing links libcuda
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+// Whether this thread has a current CUDA context, i.e. someone already made a device current on
+// it (cudaSetDevice, or a runtime call that initialised one). cudaGetDevice answers 0 on a fresh
+// thread, and cudaSetDevice(0) would then create device 0's context (CUDA 12+): restoring must
+// not do that. The driver's cuCtxGetCurrent is reached through the runtime, so nothing links
+// libcuda. Unknown (entry point missing): true, i.e. restore as a plain guard would.
+[[nodiscard]] inline bool thread_has_cuda_context() noexcept {
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
+  using get_current_fn = CUresult(CUDAAPI*)(CUcontext*);
+  static const get_current_fn get_current = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return get_current_fn{nullptr};
+    }
+    return reinterpret_cast<get_current_fn>(fn);
+  }();
+  if (!get_current) return true;
+  CUcontext ctx = nullptr;
+  if (get_current(&ctx) != CUDA_SUCCESS) return true;
+  return ctx != nullptr;
+#else
+  return true;
+#endif
+}
+
+[[nodiscard]] inline int checked_cuda_index(const device& d, const char* who) {
+  if (!d.is_cuda()) {
+    throw invalid_argument_error(std::string(who) + ": device " + d.to_string() + " is not a CUDA device (expected cuda:N)");
+  }
+  return d.index;
+}
+
+}  // namespace detail
+
+// The device current on this thread (cudaGetDevice: it does not create a context; 0 when none
+// was ever set).
+[[nodiscard]] inline int cuda_current_device() {
+  int d = 0;
+  PARTRAIN_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+class [[nodiscard]] cuda_device_guard {
+ public:
+  // Makes `index` current unless it already is. The destructor restores the previous device only
+  // when this guard changed it and the thread had a context before (someone had set a device).
+  explicit cuda_device_guard(int index) {
+    const int current = cuda_current_device();
+    if (current == index) return;
+    const bool restore = detail::thread_has_cuda_context();
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
+    if (restore) previous_ = current;
+  }
+  explicit cuda_device_guard(const device& d) : cuda_device_guard(detail::checked_cuda_index(d, "cuda_device_guard")) {}
+  cuda_device_guard(const cuda_device_guard&) = delete;
+  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
+  ~cuda_device_guard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;  // -1: leave the device as it is at the end of the scope
+};
+
+// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
+[[nodiscard]] inline int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// The device whose memory `p` is (cudaPointerGetAttributes): device memory and managed memory
+// report their device. Host memory (pageable or pinned) has no device: config_error naming `who`.
+[[nodiscard]] inline device cuda_device_of(const void* p, const char* who) {
+  cudaPointerAttributes a{};
+  const cudaError_t rc = cudaPointerGetAttributes(&a, p);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw cuda_error(rc, std::string(who) + ": cudaPointerGetAttributes failed: " + cudaGetErrorString(rc));
+  }
+  if ((a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) || a.device < 0) {
+    throw config_error(std::string(who) + ": a pointer expected in CUDA device memory is host memory (a tensor_view<T, "
+                                          "cuda> must point into device memory)");
+  }
+  return device::cuda(a.device);
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
 
 namespace partrain::inline v0 {
 
@@ -2916,11 +3452,11 @@ namespace partrain::inline v0 {
 
 // Transport choices of a gloo_group; empty fields fall back to the environment, then loopback.
 struct gloo_options {
-  std::string ifname;    // interface to listen on, e.g. "eth0" (env PARTRAIN_GLOO_IFNAME)
-  std::string hostname;  // local address or host name to listen on (env PARTRAIN_GLOO_HOST)
+  std::string ifname{};    // interface to listen on, e.g. "eth0" (env PARTRAIN_GLOO_IFNAME)
+  std::string hostname{};  // local address or host name to listen on (env PARTRAIN_GLOO_HOST)
   // Store key prefix of this group's rendezvous. Empty: "gloo/<n>/", n counting the groups this
   // rank built on the same store (ranks must then build their groups in the same order).
-  std::string prefix;
+  std::string prefix{};
 };
 
 class gloo_group final : public process_group {
@@ -3076,15 +3612,15 @@ class gloo_group final : public process_group {
   }
 
   template <class Body>
-  void guarded(collective c, const std::string& peers, Body& body) {
+  void guarded(collective c, const std::string& peers, Body& body, int peer = -1) {
     try {
       body();
     } catch (const partrain::error&) {
       throw;
     } catch (const gloo::IoException& e) {
-      fail(c, peers, e.what());
+      fail(c, peers, e.what(), peer);
     } catch (const std::exception& e) {  // gloo::EnforceNotMet and Gloo's other errors
-      fail(c, peers, e.what());
+      fail(c, peers, e.what(), peer);
     }
   }
 
@@ -3092,7 +3628,8 @@ class gloo_group final : public process_group {
     return where(c) + (peers.empty() ? "" : " " + peers);
   }
 
-  [[noreturn]] void fail(collective c, const std::string& peers, std::string_view gloo_what) {
+  // `peer`: the other rank of a send or recv (-1 for collectives).
+  [[noreturn]] void fail(collective c, const std::string& peers, std::string_view gloo_what, int peer = -1) {
     const bool timed_out = gloo_what.find("Timed out") != std::string_view::npos;
     std::string msg = describe(c, peers) + ": ";
     msg += timed_out ? "timed out after " + std::to_string(timeout().count()) +
@@ -3103,8 +3640,12 @@ class gloo_group final : public process_group {
       std::lock_guard lock(mutex_);
       if (failure_.empty()) failure_ = msg;
     }
-    if (timed_out) throw timeout_error(msg);
-    throw communication_error(msg);
+    error_site site{.rank = rank(), .operation = std::string(to_string(c)), .peer = peer};
+    if (timed_out) {
+      site.timeout = timeout();
+      throw timeout_error(msg, std::move(site));
+    }
+    throw communication_error(msg, std::move(site));
   }
 
   void throw_if_failed(collective c, const std::string& peers) const {
@@ -3143,12 +3684,12 @@ class gloo_group final : public process_group {
       }
     } catch (const std::exception& e) {
       try {
-        fail(c, peers, e.what());
+        fail(c, peers, e.what(), peer);
       } catch (...) {
         return work::completed(std::current_exception());
       }
     }
-    return p2p_->submit([this, c, peers, buf] {
+    return p2p_->submit([this, c, peers, buf, peer] {
       auto body = [&] {
         if (c == collective::send) {
           buf->waitSend(timeout());
@@ -3156,7 +3697,7 @@ class gloo_group final : public process_group {
           buf->waitRecv(timeout());
         }
       };
-      guarded(c, peers, body);
+      guarded(c, peers, body, peer);
     });
   }
 
@@ -3581,14 +4122,17 @@ class local_world_state {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     if (!cv_.wait_until(lock, deadline, [&] { return generation_ != gen || aborted_; })) {
       std::string missing;
+      int first_missing = -1;
       for (int q = 0; q < n_; ++q) {
-        if (arrivals_[static_cast<std::size_t>(q)] != gen + 1) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+        if (arrivals_[static_cast<std::size_t>(q)] == gen + 1) continue;
+        missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+        if (first_missing < 0) first_missing = q;
       }
       std::string msg = "rank " + std::to_string(rank) + " " + std::string(to_string(c)) + " (local, " +
                         std::string(phase) + "): timed out after " + std::to_string(timeout_.count()) +
                         " ms waiting for rank(s) " + missing;
       abort_locked(msg);
-      throw timeout_error(msg);
+      throw timeout_error(msg, {.rank = rank, .operation = std::string(to_string(c)), .peer = first_missing, .timeout = timeout_});
     }
     if (generation_ == gen) throw_if_aborted(rank, c);
   }
@@ -3616,7 +4160,7 @@ class local_world_state {
       std::string msg = "rank " + std::to_string(dst) + " recv (local) from rank " + std::to_string(src) + " tag " +
                         std::to_string(tag) + ": timed out after " + std::to_string(timeout_.count()) + " ms";
       abort_locked(msg);
-      throw timeout_error(msg);
+      throw timeout_error(msg, {.rank = dst, .operation = "recv", .peer = src, .timeout = timeout_});
     }
     if (box.empty()) throw_if_aborted(dst, collective::recv);
     auto msg = std::move(box.front());
@@ -9279,11 +9823,11 @@ namespace partrain::inline v0 {
 
 // Transport choices of a gloo_group; empty fields fall back to the environment, then loopback.
 struct gloo_options {
-  std::string ifname;    // interface to listen on, e.g. "eth0" (env PARTRAIN_GLOO_IFNAME)
-  std::string hostname;  // local address or host name to listen on (env PARTRAIN_GLOO_HOST)
+  std::string ifname{};    // interface to listen on, e.g. "eth0" (env PARTRAIN_GLOO_IFNAME)
+  std::string hostname{};  // local address or host name to listen on (env PARTRAIN_GLOO_HOST)
   // Store key prefix of this group's rendezvous. Empty: "gloo/<n>/", n counting the groups this
   // rank built on the same store (ranks must then build their groups in the same order).
-  std::string prefix;
+  std::string prefix{};
 };
 
 class gloo_group final : public process_group {
@@ -9439,15 +9983,15 @@ class gloo_group final : public process_group {
   }
 
   template <class Body>
-  void guarded(collective c, const std::string& peers, Body& body) {
+  void guarded(collective c, const std::string& peers, Body& body, int peer = -1) {
     try {
       body();
     } catch (const partrain::error&) {
       throw;
     } catch (const gloo::IoException& e) {
-      fail(c, peers, e.what());
+      fail(c, peers, e.what(), peer);
     } catch (const std::exception& e) {  // gloo::EnforceNotMet and Gloo's other errors
-      fail(c, peers, e.what());
+      fail(c, peers, e.what(), peer);
     }
   }
 
@@ -9455,7 +9999,8 @@ class gloo_group final : public process_group {
     return where(c) + (peers.empty() ? "" : " " + peers);
   }
 
-  [[noreturn]] void fail(collective c, const std::string& peers, std::string_view gloo_what) {
+  // `peer`: the other rank of a send or recv (-1 for collectives).
+  [[noreturn]] void fail(collective c, const std::string& peers, std::string_view gloo_what, int peer = -1) {
     const bool timed_out = gloo_what.find("Timed out") != std::string_view::npos;
     std::string msg = describe(c, peers) + ": ";
     msg += timed_out ? "timed out after " + std::to_string(timeout().count()) +
@@ -9466,8 +10011,12 @@ class gloo_group final : public process_group {
       std::lock_guard lock(mutex_);
       if (failure_.empty()) failure_ = msg;
     }
-    if (timed_out) throw timeout_error(msg);
-    throw communication_error(msg);
+    error_site site{.rank = rank(), .operation = std::string(to_string(c)), .peer = peer};
+    if (timed_out) {
+      site.timeout = timeout();
+      throw timeout_error(msg, std::move(site));
+    }
+    throw communication_error(msg, std::move(site));
   }
 
   void throw_if_failed(collective c, const std::string& peers) const {
@@ -9506,12 +10055,12 @@ class gloo_group final : public process_group {
       }
     } catch (const std::exception& e) {
       try {
-        fail(c, peers, e.what());
+        fail(c, peers, e.what(), peer);
       } catch (...) {
         return work::completed(std::current_exception());
       }
     }
-    return p2p_->submit([this, c, peers, buf] {
+    return p2p_->submit([this, c, peers, buf, peer] {
       auto body = [&] {
         if (c == collective::send) {
           buf->waitSend(timeout());
@@ -9519,7 +10068,7 @@ class gloo_group final : public process_group {
           buf->waitRecv(timeout());
         }
       };
-      guarded(c, peers, body);
+      guarded(c, peers, body, peer);
     });
   }
 
@@ -11099,6 +11648,23 @@ inline void stop_all(std::span<child_process> children, std::chrono::millisecond
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_LAUNCH_PROCESS_HPP
+// #include <partrain/launch/run_ranks.hpp>
+#ifndef PARTRAIN_SI_LAUNCH_RUN_RANKS_HPP
+#define PARTRAIN_SI_LAUNCH_RUN_RANKS_HPP
+// partrain/launch/run_ranks.hpp: runs a function on every rank of a job, the three ways a
+// program usually starts its ranks, with one call:
+//   {.nproc = N, .backend = "local"}  N threads of this process over the local backend
+//   {.nproc = N, .backend = "gloo"}   N forked processes (spawn), each joining through
+//                                     init_process_group("env://") (what torch.multiprocessing
+//                                     .spawn plus init_process_group do)
+//   {.nproc = 0}                      this process is one rank of a job a launcher started
+//                                     (partrun, torchrun, Slurm, mpirun): env:// says which
+//
+//   run_ranks({.nproc = 2}, [](process_group& pg) { ... DDP over pg ... });
+
+#include <string>
+#include <utility>
+
 // #include <partrain/launch/spawn.hpp>
 #ifndef PARTRAIN_SI_LAUNCH_SPAWN_HPP
 #define PARTRAIN_SI_LAUNCH_SPAWN_HPP
@@ -11128,7 +11694,7 @@ struct spawn_options {
   std::chrono::milliseconds grace{5'000};  // SIGTERM, then SIGKILL after this
   std::string master_addr = "127.0.0.1";
   std::uint16_t master_port = 0;  // 0 = a port that is free now
-  std::vector<std::pair<std::string, std::string>> env;  // more variables for every rank
+  std::vector<std::pair<std::string, std::string>> env{};  // more variables for every rank
   // Capture each rank's output: echoed with a "[rank r] " prefix, and its last lines kept
   // for the error. Off: ranks write straight to our stdout/stderr.
   bool capture_output = true;
@@ -11247,6 +11813,40 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_LAUNCH_SPAWN_HPP
 
+namespace partrain::inline v0 {
+
+struct run_ranks_options {
+  int nproc = 0;                  // ranks to start here; 0: take rank and world size from the environment
+  std::string backend = "gloo";   // "local" (threads), or a process backend for init_process_group
+  spawn_options spawn{};          // how forked ranks are supervised (nproc > 0, process backends)
+  process_group_options local{};  // the local backend's options (timeout, checking mode)
+};
+
+// Returns when every rank's fn returned; a failing rank's error is rethrown here (threads: the
+// root cause, not its peers' echoes; processes: spawn's process_error naming the rank).
+template <class F>
+void run_ranks(run_ranks_options o, F fn) {
+  static_assert(std::invocable<F&, process_group&>, "partrain::run_ranks: fn must be callable as fn(process_group&)");
+  if (o.nproc < 0) throw config_error("run_ranks: nproc must be >= 0 (0: ranks from the environment), got " + std::to_string(o.nproc));
+  if (o.backend == "local") {
+    if (o.nproc == 0) throw config_error("run_ranks: the local backend needs nproc >= 1 (its ranks are threads of this process)");
+    run_local(o.nproc, [&](local_group& g) { fn(g); }, o.local);
+    return;
+  }
+  auto rank_main = [&] {
+    auto pg = init_process_group("env://", {.backend = o.backend});
+    fn(*pg);
+  };
+  if (o.nproc > 0) {
+    spawn(o.nproc, [&](int) { rank_main(); }, std::move(o.spawn));
+  } else {
+    rank_main();
+  }
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_LAUNCH_RUN_RANKS_HPP
+
 // optim/
 // #include <partrain/optim/adamw.hpp>
 #ifndef PARTRAIN_SI_OPTIM_ADAMW_HPP
@@ -11265,13 +11865,24 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
 #ifndef PARTRAIN_SI_OPTIM_DETAIL_STATE_BUFFER_HPP
 #define PARTRAIN_SI_OPTIM_DETAIL_STATE_BUFFER_HPP
 // partrain/optim/detail/state_buffer.hpp: optimizer state beside the parameters (momentum,
-// Adam moments) and the element loops on the host. The CUDA twins live in
+// Adam moments) and the element loops on the host: the functors of optim/detail/elements.hpp run
+// through for_each_index(host_exec). The CUDA twins (the same functors, launched) live in
 // partrain/optim/detail/kernels.cuh and are picked by overload on the memory space.
 
 #include <cstddef>
 #include <cstring>
 #include <span>
 #include <vector>
+
+// #include <partrain/optim/detail/elements.hpp>
+#ifndef PARTRAIN_SI_OPTIM_DETAIL_ELEMENTS_HPP
+#define PARTRAIN_SI_OPTIM_DETAIL_ELEMENTS_HPP
+// partrain/optim/detail/elements.hpp: the optimizers' and clipping's element loops as functors
+// (one call per index), written once for every path: the host overloads in state_buffer.hpp run
+// them through for_each_index(host_exec), optim/detail/kernels.cuh launches the same functors on
+// CUDA, and the CPU tier (tests/cpu_tier) checks them against references of its own.
+
+#include <cstddef>
 
 // #include <partrain/optim/detail/update_rules.hpp>
 #ifndef PARTRAIN_SI_OPTIM_DETAIL_UPDATE_RULES_HPP
@@ -11341,6 +11952,57 @@ PARTRAIN_HOST_DEVICE inline void adamw_element(T& v, T g, T& m, T& s, const adam
 
 namespace partrain::inline v0::detail {
 
+// torch.optim.SGD on element i; buf is null without momentum.
+template <class T>
+struct sgd_update_fn {
+  T* v;
+  const T* g;
+  T* buf;
+  sgd_coeffs<T> c;
+  bool first;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const { sgd_element(v[i], g[i], buf ? buf + i : nullptr, c, first); }
+};
+
+// torch.optim.AdamW on element i.
+template <class T>
+struct adamw_update_fn {
+  T* v;
+  const T* g;
+  T* m;
+  T* s;
+  adamw_coeffs<T> c;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const { adamw_element(v[i], g[i], m[i], s[i], c); }
+};
+
+// g[i]² in double: the map of clipping's sum of squares (combined with plus_fn).
+template <class T>
+struct square_as_double_fn {
+  const T* g;
+  PARTRAIN_HOST_DEVICE double operator()(std::size_t i) const {
+    const double x = static_cast<double>(g[i]);
+    return x * x;
+  }
+};
+
+// g[i] *= coef: clipping's rescale.
+template <class T>
+struct scale_fn {
+  T* g;
+  T coef;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const { g[i] = g[i] * coef; }
+};
+
+template <class T>
+struct fill_zero_fn {
+  T* g;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const { g[i] = T(0); }
+};
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_OPTIM_DETAIL_ELEMENTS_HPP
+
+namespace partrain::inline v0::detail {
+
 template <class T, class Space>
 class state_buffer;
 
@@ -11361,30 +12023,28 @@ class state_buffer<T, host> {
 
 template <class T>
 void sgd_update(tensor_view<T, host> v, tensor_view<const T, host> g, T* buf, const sgd_coeffs<T>& c, bool first) {
-  for (std::size_t i = 0; i < v.size(); ++i) sgd_element(v[i], g[i], buf ? buf + i : nullptr, c, first);
+  for_each_index(host_exec{}, v.size(), sgd_update_fn<T>{v.data(), g.data(), buf, c, first});
 }
 
 template <class T>
 void adamw_update(tensor_view<T, host> v, tensor_view<const T, host> g, T* m, T* s, const adamw_coeffs<T>& c) {
-  for (std::size_t i = 0; i < v.size(); ++i) adamw_element(v[i], g[i], m[i], s[i], c);
+  for_each_index(host_exec{}, v.size(), adamw_update_fn<T>{v.data(), g.data(), m, s, c});
 }
 
 // Σ g² accumulated in double, in index order (deterministic).
 template <class T>
 [[nodiscard]] double sum_squares(tensor_view<const T, host> g) {
-  double acc = 0;
-  for (const T x : g) acc += static_cast<double>(x) * static_cast<double>(x);
-  return acc;
+  return transform_reduce_index(host_exec{}, g.size(), 0.0, square_as_double_fn<T>{g.data()}, plus_fn{});
 }
 
 template <class T>
 void scale_in_place(tensor_view<T, host> g, T coef) {
-  for (T& x : g) x = x * coef;
+  for_each_index(host_exec{}, g.size(), scale_fn<T>{g.data(), coef});
 }
 
 template <class T>
 void fill_zero(tensor_view<T, host> g) {
-  for (T& x : g) x = T(0);
+  for_each_index(host_exec{}, g.size(), fill_zero_fn<T>{g.data()});
 }
 
 }  // namespace partrain::inline v0::detail
@@ -11573,10 +12233,12 @@ template <class P>
 #ifndef PARTRAIN_SI_OPTIM_DETAIL_KERNELS_CUH
 #define PARTRAIN_SI_OPTIM_DETAIL_KERNELS_CUH
 // partrain/optim/detail/kernels.cuh: the optimizers' and clipping's element loops for parameters
-// in CUDA memory. The arithmetic is the same detail::*_element functions the host loops use;
-// these are the overloads the optimizers pick for tensor_view<T, cuda>. Every function takes the
-// stream to queue on (default: the legacy stream, which the optimizers' callers use today) and
-// has finished its work on return, so whatever stream reads the parameters next sees it. nvcc only.
+// in CUDA memory: the functors of optim/detail/elements.hpp (the ones the host loops and the CPU
+// tier run) launched through partrain/cuda/launch.cuh; these are the overloads the optimizers pick
+// for tensor_view<T, cuda>. Every function takes the stream to queue on (default: the legacy
+// stream, which the optimizers' callers use today) and has finished its work on return, so
+// whatever stream reads the parameters next sees it. Launched on the calling thread's current
+// device (the one holding the parameters). nvcc only.
 
 #if !defined(__CUDACC__)
 #error "partrain/optim/detail/kernels.cuh must be compiled by nvcc"
@@ -11585,27 +12247,317 @@ template <class P>
 #include <cuda_runtime.h>
 
 #include <cstddef>
-#include <numeric>
 #include <span>
+
+// #include <partrain/cuda/check.hpp>
+#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
+#define PARTRAIN_SI_CUDA_CHECK_HPP
+// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
+// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
 #include <string>
-#include <vector>
+#include <string_view>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0 {
 
-inline void optim_cuda_check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    throw error(error_kind::internal, std::string("CUDA ") + what + " failed: " + cudaGetErrorString(e));
+// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
+class cuda_error : public error {
+ public:
+  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
+  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
+
+ private:
+  cudaError_t code_;
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
+                                                      int line) {
+  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
+         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+}
+
+inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
+  if (rc != cudaSuccess) {
+    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
+    (void)cudaGetLastError();
+    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
   }
 }
 
-// Launch geometry: a grid-stride loop over at most this many blocks.
-inline constexpr unsigned optim_block = 256;
-inline constexpr unsigned optim_max_blocks = 1024;
+}  // namespace detail
 
-[[nodiscard]] inline unsigned optim_blocks(std::size_t n) {
-  const std::size_t b = (n + optim_block - 1) / optim_block;
-  return static_cast<unsigned>(b < optim_max_blocks ? (b ? b : 1) : optim_max_blocks);
+}  // namespace partrain::inline v0
+
+// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
+#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
+#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+// #include <partrain/cuda/launch.cuh>
+#ifndef PARTRAIN_SI_CUDA_LAUNCH_CUH
+#define PARTRAIN_SI_CUDA_LAUNCH_CUH
+// partrain/cuda/launch.cuh: the CUDA half of the one launch helper (the host half is
+// partrain/core/for_each_index.hpp). for_each_index(cuda_exec{stream, device}, n, f) queues a
+// grid-stride kernel that calls f(i) for every i in [0, n) on `stream` of `device`;
+// transform_reduce_index folds per block, then the blocks' partials in block order on the host, so
+// its result is the same on every run. The element functors are the library's plain headers
+// (optim/detail/elements.hpp, ...), the ones the host path and the CPU tier run. nvcc only.
+
+#if !defined(__CUDACC__)
+#error "partrain/cuda/launch.cuh must be compiled by nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+// #include <partrain/cuda/device_guard.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
+// previous one after (torch.cuda.device as a context manager), without ever creating a context
+// on a device nobody asked for.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda.h>  // CUcontext and the driver's function type only: nothing links libcuda
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+// Whether this thread has a current CUDA context, i.e. someone already made a device current on
+// it (cudaSetDevice, or a runtime call that initialised one). cudaGetDevice answers 0 on a fresh
+// thread, and cudaSetDevice(0) would then create device 0's context (CUDA 12+): restoring must
+// not do that. The driver's cuCtxGetCurrent is reached through the runtime, so nothing links
+// libcuda. Unknown (entry point missing): true, i.e. restore as a plain guard would.
+[[nodiscard]] inline bool thread_has_cuda_context() noexcept {
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
+  using get_current_fn = CUresult(CUDAAPI*)(CUcontext*);
+  static const get_current_fn get_current = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return get_current_fn{nullptr};
+    }
+    return reinterpret_cast<get_current_fn>(fn);
+  }();
+  if (!get_current) return true;
+  CUcontext ctx = nullptr;
+  if (get_current(&ctx) != CUDA_SUCCESS) return true;
+  return ctx != nullptr;
+#else
+  return true;
+#endif
 }
+
+[[nodiscard]] inline int checked_cuda_index(const device& d, const char* who) {
+  if (!d.is_cuda()) {
+    throw invalid_argument_error(std::string(who) + ": device " + d.to_string() + " is not a CUDA device (expected cuda:N)");
+  }
+  return d.index;
+}
+
+}  // namespace detail
+
+// The device current on this thread (cudaGetDevice: it does not create a context; 0 when none
+// was ever set).
+[[nodiscard]] inline int cuda_current_device() {
+  int d = 0;
+  PARTRAIN_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+class [[nodiscard]] cuda_device_guard {
+ public:
+  // Makes `index` current unless it already is. The destructor restores the previous device only
+  // when this guard changed it and the thread had a context before (someone had set a device).
+  explicit cuda_device_guard(int index) {
+    const int current = cuda_current_device();
+    if (current == index) return;
+    const bool restore = detail::thread_has_cuda_context();
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
+    if (restore) previous_ = current;
+  }
+  explicit cuda_device_guard(const device& d) : cuda_device_guard(detail::checked_cuda_index(d, "cuda_device_guard")) {}
+  cuda_device_guard(const cuda_device_guard&) = delete;
+  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
+  ~cuda_device_guard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;  // -1: leave the device as it is at the end of the scope
+};
+
+// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
+[[nodiscard]] inline int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// The device whose memory `p` is (cudaPointerGetAttributes): device memory and managed memory
+// report their device. Host memory (pageable or pinned) has no device: config_error naming `who`.
+[[nodiscard]] inline device cuda_device_of(const void* p, const char* who) {
+  cudaPointerAttributes a{};
+  const cudaError_t rc = cudaPointerGetAttributes(&a, p);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw cuda_error(rc, std::string(who) + ": cudaPointerGetAttributes failed: " + cudaGetErrorString(rc));
+  }
+  if ((a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) || a.device < 0) {
+    throw config_error(std::string(who) + ": a pointer expected in CUDA device memory is host memory (a tensor_view<T, "
+                                          "cuda> must point into device memory)");
+  }
+  return device::cuda(a.device);
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+
+namespace partrain::inline v0::detail {
+
+// Where a launch goes. device < 0 leaves the calling thread's current device as it is (for
+// callers that already hold a cuda_device_guard); otherwise it is made current for the launch.
+struct cuda_exec {
+  cudaStream_t stream = cudaStreamLegacy;
+  int device = -1;
+};
+
+// The one launch geometry: 256 threads a block (a power of two: the block reduce halves it), at
+// most 2048 blocks (16 per SM on a 132-SM H100, enough to cover the latency of a grid-stride
+// loop), never 0 blocks.
+inline constexpr unsigned launch_block = 256;
+inline constexpr std::size_t launch_max_blocks = 2048;
+
+[[nodiscard]] constexpr unsigned launch_blocks(std::size_t n) noexcept {
+  const std::size_t b = (n + launch_block - 1) / launch_block;
+  return static_cast<unsigned>(b == 0 ? 1 : (b < launch_max_blocks ? b : launch_max_blocks));
+}
+static_assert(launch_blocks(0) == 1 && launch_blocks(257) == 2 && launch_blocks(std::size_t{1} << 40) == 2048);
+
+template <class F>
+__global__ void for_each_index_kernel(std::size_t n, F f) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+    f(i);
+  }
+}
+
+// Thread t of the grid folds map(t), map(t + stride), ... starting from its first element (no
+// identity is needed); a block then folds its threads pairwise in shared memory. Indices below
+// n are a prefix, so after each halving the threads holding a value are still a prefix of the
+// block: `valid` tracks its length. Every block has at least one index (launch_blocks).
+template <class T, class Map, class Combine>
+__global__ void transform_reduce_index_kernel(std::size_t n, Map map, Combine combine, T* partial) {
+  __shared__ T tile[launch_block];
+  const std::size_t first = blockIdx.x * static_cast<std::size_t>(blockDim.x);
+  const std::size_t stride = static_cast<std::size_t>(blockDim.x) * gridDim.x;
+  const std::size_t start = first + threadIdx.x;
+  if (start < n) {
+    T acc = map(start);
+    for (std::size_t i = start + stride; i < n; i += stride) acc = combine(acc, map(i));
+    tile[threadIdx.x] = acc;
+  }
+  __syncthreads();
+  unsigned valid = n - first < blockDim.x ? static_cast<unsigned>(n - first) : blockDim.x;
+  for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s && threadIdx.x + s < valid) tile[threadIdx.x] = combine(tile[threadIdx.x], tile[threadIdx.x + s]);
+    __syncthreads();
+    if (valid > s) valid = s;
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = tile[0];
+}
+
+// The kernel's name in a launch failure: the functor's type, which says which element loop it was.
+template <class F>
+void check_launch(std::size_t n, unsigned blocks) {
+  const cudaError_t rc = cudaGetLastError();
+  if (rc == cudaSuccess) return;
+  const std::string call = std::string("launch of ") + __PRETTY_FUNCTION__ + " over " + std::to_string(n) +
+                           " elements in " + std::to_string(blocks) + " blocks";
+  cuda_check(rc, call.c_str(), __FILE__, __LINE__);
+}
+
+template <class F>
+inline constexpr bool launchable_functor = std::is_trivially_copyable_v<F>;
+
+// Queued on exec.stream; not waited for (the caller synchronises, or orders later work on the
+// same stream). n == 0 launches nothing.
+template <class F>
+void for_each_index(cuda_exec exec, std::size_t n, const F& f) {
+  static_assert(launchable_functor<F>,
+                "partrain: an element functor passed to a CUDA launch must be trivially copyable (it is copied into "
+                "the kernel's parameters): hold pointers and values, not containers");
+  if (n == 0) return;
+  cuda_device_guard guard(exec.device >= 0 ? exec.device : cuda_current_device());
+  const unsigned blocks = launch_blocks(n);
+  for_each_index_kernel<F><<<blocks, launch_block, 0, exec.stream>>>(n, f);
+  check_launch<F>(n, blocks);
+}
+
+// The partials live in stream-ordered memory (cudaMallocAsync: no device-wide synchronisation,
+// unlike cudaFree); returns with exec.stream synchronised.
+template <class T, class Map, class Combine>
+[[nodiscard]] T transform_reduce_index(cuda_exec exec, std::size_t n, T init, const Map& map, const Combine& combine) {
+  static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_default_constructible_v<T>,
+                "partrain: transform_reduce_index on CUDA needs a trivially copyable, trivially constructible "
+                "result type (it lives in shared memory)");
+  static_assert(launchable_functor<Map> && launchable_functor<Combine>,
+                "partrain: the map and combine of a CUDA reduction must be trivially copyable");
+  if (n == 0) return init;
+  cuda_device_guard guard(exec.device >= 0 ? exec.device : cuda_current_device());
+  const unsigned blocks = launch_blocks(n);
+  T* partial = nullptr;
+  PARTRAIN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial), blocks * sizeof(T), exec.stream));
+  std::vector<T> host(blocks);
+  cudaError_t rc = cudaSuccess;
+  transform_reduce_index_kernel<T, Map, Combine><<<blocks, launch_block, 0, exec.stream>>>(n, map, combine, partial);
+  rc = cudaGetLastError();
+  if (rc == cudaSuccess) {
+    rc = cudaMemcpyAsync(host.data(), partial, blocks * sizeof(T), cudaMemcpyDeviceToHost, exec.stream);
+  }
+  (void)cudaFreeAsync(partial, exec.stream);
+  if (rc == cudaSuccess) rc = cudaStreamSynchronize(exec.stream);
+  if (rc != cudaSuccess) {
+    const std::string call = std::string("transform_reduce_index (") + __PRETTY_FUNCTION__ + ") over " +
+                             std::to_string(n) + " elements";
+    cuda_check(rc, call.c_str(), __FILE__, __LINE__);
+  }
+  T acc = init;
+  for (const T& p : host) acc = combine(acc, p);
+  return acc;
+}
+
+// Waits until everything queued on exec.stream has run (errors of the kernels surface here).
+inline void synchronize(cuda_exec exec, const char* what) {
+  cuda_check(cudaStreamSynchronize(exec.stream), what, __FILE__, __LINE__);
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_CUDA_LAUNCH_CUH
+
+namespace partrain::inline v0::detail {
 
 template <class T>
 class state_buffer<T, cuda> {
@@ -11632,23 +12584,23 @@ class state_buffer<T, cuda> {
   void assign_zero(std::size_t n) {
     if (n != n_) {
       release();
-      if (n) optim_cuda_check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc (optimizer state)");
+      if (n) PARTRAIN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)));
       n_ = n;
     }
     // cudaMemset returns before the fill ran: queue it, then wait, so the zeros are there for any stream.
     if (n_) {
-      optim_cuda_check(cudaMemsetAsync(p_, 0, n_ * sizeof(T), cudaStreamLegacy), "cudaMemsetAsync (optimizer state)");
-      optim_cuda_check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize (optimizer state)");
+      PARTRAIN_CUDA_CHECK(cudaMemsetAsync(p_, 0, n_ * sizeof(T), cudaStreamLegacy));
+      PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
     }
   }
   [[nodiscard]] T* data() noexcept { return p_; }
   [[nodiscard]] std::size_t size() const noexcept { return n_; }
   void copy_to_host(std::span<T> out) const {
-    if (n_) optim_cuda_check(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy (state save)");
+    if (n_) PARTRAIN_CUDA_CHECK(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
   }
   void copy_from_host(std::span<const T> in) {
     assign_zero(in.size());
-    if (n_) optim_cuda_check(cudaMemcpy(p_, in.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy (state load)");
+    if (n_) PARTRAIN_CUDA_CHECK(cudaMemcpy(p_, in.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
   }
 
  private:
@@ -11661,49 +12613,6 @@ class state_buffer<T, cuda> {
   std::size_t n_ = 0;
 };
 
-template <class T>
-__global__ void sgd_kernel(T* v, const T* g, T* buf, std::size_t n, sgd_coeffs<T> c, bool first) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    sgd_element(v[i], g[i], buf ? buf + i : nullptr, c, first);
-  }
-}
-
-template <class T>
-__global__ void adamw_kernel(T* v, const T* g, T* m, T* s, std::size_t n, adamw_coeffs<T> c) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    adamw_element(v[i], g[i], m[i], s[i], c);
-  }
-}
-
-// One partial sum per block, in a fixed order, so the total is the same on every run.
-template <class T>
-__global__ void sum_squares_kernel(const T* g, std::size_t n, double* partial) {
-  __shared__ double tile[optim_block];
-  double acc = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    const double x = static_cast<double>(g[i]);
-    acc += x * x;
-  }
-  tile[threadIdx.x] = acc;
-  __syncthreads();
-  for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s) tile[threadIdx.x] += tile[threadIdx.x + s];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partial[blockIdx.x] = tile[0];
-}
-
-template <class T>
-__global__ void scale_kernel(T* g, std::size_t n, T coef) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    g[i] = g[i] * coef;
-  }
-}
-
 // The launches are queued on `stream` and waited for: the optimizer step is a synchronization
 // point, as the host path is. Pass the stream that made the gradients (a non-blocking stream is
 // not ordered with the legacy one).
@@ -11711,41 +12620,32 @@ template <class T>
 void sgd_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* buf, const sgd_coeffs<T>& c, bool first,
                 cudaStream_t stream = cudaStreamLegacy) {
   if (v.empty()) return;
-  sgd_kernel<T><<<optim_blocks(v.size()), optim_block, 0, stream>>>(v.data(), g.data(), buf, v.size(), c, first);
-  optim_cuda_check(cudaGetLastError(), "launch (sgd)");
-  optim_cuda_check(cudaStreamSynchronize(stream), "sgd step");
+  const cuda_exec exec{stream, -1};
+  for_each_index(exec, v.size(), sgd_update_fn<T>{v.data(), g.data(), buf, c, first});
+  synchronize(exec, "sgd step: cudaStreamSynchronize");
 }
 
 template <class T>
 void adamw_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* m, T* s, const adamw_coeffs<T>& c,
                   cudaStream_t stream = cudaStreamLegacy) {
   if (v.empty()) return;
-  adamw_kernel<T><<<optim_blocks(v.size()), optim_block, 0, stream>>>(v.data(), g.data(), m, s, v.size(), c);
-  optim_cuda_check(cudaGetLastError(), "launch (adamw)");
-  optim_cuda_check(cudaStreamSynchronize(stream), "adamw step");
+  const cuda_exec exec{stream, -1};
+  for_each_index(exec, v.size(), adamw_update_fn<T>{v.data(), g.data(), m, s, c});
+  synchronize(exec, "adamw step: cudaStreamSynchronize");
 }
 
+// One partial per block, folded in block order: the same total on every run.
 template <class T>
 [[nodiscard]] double sum_squares(tensor_view<const T, cuda> g, cudaStream_t stream = cudaStreamLegacy) {
-  if (g.empty()) return 0;
-  const unsigned blocks = optim_blocks(g.size());
-  state_buffer<double, cuda> partial;
-  partial.assign_zero(blocks);
-  sum_squares_kernel<T><<<blocks, optim_block, 0, stream>>>(g.data(), g.size(), partial.data());
-  optim_cuda_check(cudaGetLastError(), "launch (sum of squares)");
-  std::vector<double> host(blocks);
-  optim_cuda_check(cudaMemcpyAsync(host.data(), partial.data(), blocks * sizeof(double), cudaMemcpyDeviceToHost, stream),
-                   "cudaMemcpyAsync (sum of squares)");
-  optim_cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (sum of squares)");
-  return std::accumulate(host.begin(), host.end(), 0.0);
+  return transform_reduce_index(cuda_exec{stream, -1}, g.size(), 0.0, square_as_double_fn<T>{g.data()}, plus_fn{});
 }
 
 template <class T>
 void scale_in_place(tensor_view<T, cuda> g, T coef, cudaStream_t stream = cudaStreamLegacy) {
   if (g.empty()) return;
-  scale_kernel<T><<<optim_blocks(g.size()), optim_block, 0, stream>>>(g.data(), g.size(), coef);
-  optim_cuda_check(cudaGetLastError(), "launch (scale)");
-  optim_cuda_check(cudaStreamSynchronize(stream), "gradient scale");
+  const cuda_exec exec{stream, -1};
+  for_each_index(exec, g.size(), scale_fn<T>{g.data(), coef});
+  synchronize(exec, "gradient scale: cudaStreamSynchronize");
 }
 
 // zero_grad: finished on return (cudaMemset alone returns before the fill ran), so a backward on
@@ -11753,8 +12653,8 @@ void scale_in_place(tensor_view<T, cuda> g, T coef, cudaStream_t stream = cudaSt
 template <class T>
 void fill_zero(tensor_view<T, cuda> g, cudaStream_t stream = cudaStreamLegacy) {
   if (g.empty()) return;
-  optim_cuda_check(cudaMemsetAsync(g.data(), 0, g.size_bytes(), stream), "cudaMemsetAsync (zero_grad)");
-  optim_cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (zero_grad)");
+  PARTRAIN_CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.size_bytes(), stream));
+  PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 }  // namespace partrain::inline v0::detail
@@ -11915,10 +12815,12 @@ class adamw {
 #ifndef PARTRAIN_SI_OPTIM_DETAIL_KERNELS_CUH
 #define PARTRAIN_SI_OPTIM_DETAIL_KERNELS_CUH
 // partrain/optim/detail/kernels.cuh: the optimizers' and clipping's element loops for parameters
-// in CUDA memory. The arithmetic is the same detail::*_element functions the host loops use;
-// these are the overloads the optimizers pick for tensor_view<T, cuda>. Every function takes the
-// stream to queue on (default: the legacy stream, which the optimizers' callers use today) and
-// has finished its work on return, so whatever stream reads the parameters next sees it. nvcc only.
+// in CUDA memory: the functors of optim/detail/elements.hpp (the ones the host loops and the CPU
+// tier run) launched through partrain/cuda/launch.cuh; these are the overloads the optimizers pick
+// for tensor_view<T, cuda>. Every function takes the stream to queue on (default: the legacy
+// stream, which the optimizers' callers use today) and has finished its work on return, so
+// whatever stream reads the parameters next sees it. Launched on the calling thread's current
+// device (the one holding the parameters). nvcc only.
 
 #if !defined(__CUDACC__)
 #error "partrain/optim/detail/kernels.cuh must be compiled by nvcc"
@@ -11927,27 +12829,317 @@ class adamw {
 #include <cuda_runtime.h>
 
 #include <cstddef>
-#include <numeric>
 #include <span>
+
+// #include <partrain/cuda/check.hpp>
+#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
+#define PARTRAIN_SI_CUDA_CHECK_HPP
+// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
+// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
 #include <string>
-#include <vector>
+#include <string_view>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0 {
 
-inline void optim_cuda_check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    throw error(error_kind::internal, std::string("CUDA ") + what + " failed: " + cudaGetErrorString(e));
+// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
+class cuda_error : public error {
+ public:
+  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
+  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
+
+ private:
+  cudaError_t code_;
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
+                                                      int line) {
+  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
+         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+}
+
+inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
+  if (rc != cudaSuccess) {
+    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
+    (void)cudaGetLastError();
+    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
   }
 }
 
-// Launch geometry: a grid-stride loop over at most this many blocks.
-inline constexpr unsigned optim_block = 256;
-inline constexpr unsigned optim_max_blocks = 1024;
+}  // namespace detail
 
-[[nodiscard]] inline unsigned optim_blocks(std::size_t n) {
-  const std::size_t b = (n + optim_block - 1) / optim_block;
-  return static_cast<unsigned>(b < optim_max_blocks ? (b ? b : 1) : optim_max_blocks);
+}  // namespace partrain::inline v0
+
+// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
+#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
+#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+// #include <partrain/cuda/launch.cuh>
+#ifndef PARTRAIN_SI_CUDA_LAUNCH_CUH
+#define PARTRAIN_SI_CUDA_LAUNCH_CUH
+// partrain/cuda/launch.cuh: the CUDA half of the one launch helper (the host half is
+// partrain/core/for_each_index.hpp). for_each_index(cuda_exec{stream, device}, n, f) queues a
+// grid-stride kernel that calls f(i) for every i in [0, n) on `stream` of `device`;
+// transform_reduce_index folds per block, then the blocks' partials in block order on the host, so
+// its result is the same on every run. The element functors are the library's plain headers
+// (optim/detail/elements.hpp, ...), the ones the host path and the CPU tier run. nvcc only.
+
+#if !defined(__CUDACC__)
+#error "partrain/cuda/launch.cuh must be compiled by nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+// #include <partrain/cuda/device_guard.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
+// previous one after (torch.cuda.device as a context manager), without ever creating a context
+// on a device nobody asked for.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda.h>  // CUcontext and the driver's function type only: nothing links libcuda
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+// Whether this thread has a current CUDA context, i.e. someone already made a device current on
+// it (cudaSetDevice, or a runtime call that initialised one). cudaGetDevice answers 0 on a fresh
+// thread, and cudaSetDevice(0) would then create device 0's context (CUDA 12+): restoring must
+// not do that. The driver's cuCtxGetCurrent is reached through the runtime, so nothing links
+// libcuda. Unknown (entry point missing): true, i.e. restore as a plain guard would.
+[[nodiscard]] inline bool thread_has_cuda_context() noexcept {
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
+  using get_current_fn = CUresult(CUDAAPI*)(CUcontext*);
+  static const get_current_fn get_current = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return get_current_fn{nullptr};
+    }
+    return reinterpret_cast<get_current_fn>(fn);
+  }();
+  if (!get_current) return true;
+  CUcontext ctx = nullptr;
+  if (get_current(&ctx) != CUDA_SUCCESS) return true;
+  return ctx != nullptr;
+#else
+  return true;
+#endif
 }
+
+[[nodiscard]] inline int checked_cuda_index(const device& d, const char* who) {
+  if (!d.is_cuda()) {
+    throw invalid_argument_error(std::string(who) + ": device " + d.to_string() + " is not a CUDA device (expected cuda:N)");
+  }
+  return d.index;
+}
+
+}  // namespace detail
+
+// The device current on this thread (cudaGetDevice: it does not create a context; 0 when none
+// was ever set).
+[[nodiscard]] inline int cuda_current_device() {
+  int d = 0;
+  PARTRAIN_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+class [[nodiscard]] cuda_device_guard {
+ public:
+  // Makes `index` current unless it already is. The destructor restores the previous device only
+  // when this guard changed it and the thread had a context before (someone had set a device).
+  explicit cuda_device_guard(int index) {
+    const int current = cuda_current_device();
+    if (current == index) return;
+    const bool restore = detail::thread_has_cuda_context();
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
+    if (restore) previous_ = current;
+  }
+  explicit cuda_device_guard(const device& d) : cuda_device_guard(detail::checked_cuda_index(d, "cuda_device_guard")) {}
+  cuda_device_guard(const cuda_device_guard&) = delete;
+  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
+  ~cuda_device_guard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;  // -1: leave the device as it is at the end of the scope
+};
+
+// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
+[[nodiscard]] inline int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// The device whose memory `p` is (cudaPointerGetAttributes): device memory and managed memory
+// report their device. Host memory (pageable or pinned) has no device: config_error naming `who`.
+[[nodiscard]] inline device cuda_device_of(const void* p, const char* who) {
+  cudaPointerAttributes a{};
+  const cudaError_t rc = cudaPointerGetAttributes(&a, p);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw cuda_error(rc, std::string(who) + ": cudaPointerGetAttributes failed: " + cudaGetErrorString(rc));
+  }
+  if ((a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) || a.device < 0) {
+    throw config_error(std::string(who) + ": a pointer expected in CUDA device memory is host memory (a tensor_view<T, "
+                                          "cuda> must point into device memory)");
+  }
+  return device::cuda(a.device);
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+
+namespace partrain::inline v0::detail {
+
+// Where a launch goes. device < 0 leaves the calling thread's current device as it is (for
+// callers that already hold a cuda_device_guard); otherwise it is made current for the launch.
+struct cuda_exec {
+  cudaStream_t stream = cudaStreamLegacy;
+  int device = -1;
+};
+
+// The one launch geometry: 256 threads a block (a power of two: the block reduce halves it), at
+// most 2048 blocks (16 per SM on a 132-SM H100, enough to cover the latency of a grid-stride
+// loop), never 0 blocks.
+inline constexpr unsigned launch_block = 256;
+inline constexpr std::size_t launch_max_blocks = 2048;
+
+[[nodiscard]] constexpr unsigned launch_blocks(std::size_t n) noexcept {
+  const std::size_t b = (n + launch_block - 1) / launch_block;
+  return static_cast<unsigned>(b == 0 ? 1 : (b < launch_max_blocks ? b : launch_max_blocks));
+}
+static_assert(launch_blocks(0) == 1 && launch_blocks(257) == 2 && launch_blocks(std::size_t{1} << 40) == 2048);
+
+template <class F>
+__global__ void for_each_index_kernel(std::size_t n, F f) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+    f(i);
+  }
+}
+
+// Thread t of the grid folds map(t), map(t + stride), ... starting from its first element (no
+// identity is needed); a block then folds its threads pairwise in shared memory. Indices below
+// n are a prefix, so after each halving the threads holding a value are still a prefix of the
+// block: `valid` tracks its length. Every block has at least one index (launch_blocks).
+template <class T, class Map, class Combine>
+__global__ void transform_reduce_index_kernel(std::size_t n, Map map, Combine combine, T* partial) {
+  __shared__ T tile[launch_block];
+  const std::size_t first = blockIdx.x * static_cast<std::size_t>(blockDim.x);
+  const std::size_t stride = static_cast<std::size_t>(blockDim.x) * gridDim.x;
+  const std::size_t start = first + threadIdx.x;
+  if (start < n) {
+    T acc = map(start);
+    for (std::size_t i = start + stride; i < n; i += stride) acc = combine(acc, map(i));
+    tile[threadIdx.x] = acc;
+  }
+  __syncthreads();
+  unsigned valid = n - first < blockDim.x ? static_cast<unsigned>(n - first) : blockDim.x;
+  for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s && threadIdx.x + s < valid) tile[threadIdx.x] = combine(tile[threadIdx.x], tile[threadIdx.x + s]);
+    __syncthreads();
+    if (valid > s) valid = s;
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = tile[0];
+}
+
+// The kernel's name in a launch failure: the functor's type, which says which element loop it was.
+template <class F>
+void check_launch(std::size_t n, unsigned blocks) {
+  const cudaError_t rc = cudaGetLastError();
+  if (rc == cudaSuccess) return;
+  const std::string call = std::string("launch of ") + __PRETTY_FUNCTION__ + " over " + std::to_string(n) +
+                           " elements in " + std::to_string(blocks) + " blocks";
+  cuda_check(rc, call.c_str(), __FILE__, __LINE__);
+}
+
+template <class F>
+inline constexpr bool launchable_functor = std::is_trivially_copyable_v<F>;
+
+// Queued on exec.stream; not waited for (the caller synchronises, or orders later work on the
+// same stream). n == 0 launches nothing.
+template <class F>
+void for_each_index(cuda_exec exec, std::size_t n, const F& f) {
+  static_assert(launchable_functor<F>,
+                "partrain: an element functor passed to a CUDA launch must be trivially copyable (it is copied into "
+                "the kernel's parameters): hold pointers and values, not containers");
+  if (n == 0) return;
+  cuda_device_guard guard(exec.device >= 0 ? exec.device : cuda_current_device());
+  const unsigned blocks = launch_blocks(n);
+  for_each_index_kernel<F><<<blocks, launch_block, 0, exec.stream>>>(n, f);
+  check_launch<F>(n, blocks);
+}
+
+// The partials live in stream-ordered memory (cudaMallocAsync: no device-wide synchronisation,
+// unlike cudaFree); returns with exec.stream synchronised.
+template <class T, class Map, class Combine>
+[[nodiscard]] T transform_reduce_index(cuda_exec exec, std::size_t n, T init, const Map& map, const Combine& combine) {
+  static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_default_constructible_v<T>,
+                "partrain: transform_reduce_index on CUDA needs a trivially copyable, trivially constructible "
+                "result type (it lives in shared memory)");
+  static_assert(launchable_functor<Map> && launchable_functor<Combine>,
+                "partrain: the map and combine of a CUDA reduction must be trivially copyable");
+  if (n == 0) return init;
+  cuda_device_guard guard(exec.device >= 0 ? exec.device : cuda_current_device());
+  const unsigned blocks = launch_blocks(n);
+  T* partial = nullptr;
+  PARTRAIN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial), blocks * sizeof(T), exec.stream));
+  std::vector<T> host(blocks);
+  cudaError_t rc = cudaSuccess;
+  transform_reduce_index_kernel<T, Map, Combine><<<blocks, launch_block, 0, exec.stream>>>(n, map, combine, partial);
+  rc = cudaGetLastError();
+  if (rc == cudaSuccess) {
+    rc = cudaMemcpyAsync(host.data(), partial, blocks * sizeof(T), cudaMemcpyDeviceToHost, exec.stream);
+  }
+  (void)cudaFreeAsync(partial, exec.stream);
+  if (rc == cudaSuccess) rc = cudaStreamSynchronize(exec.stream);
+  if (rc != cudaSuccess) {
+    const std::string call = std::string("transform_reduce_index (") + __PRETTY_FUNCTION__ + ") over " +
+                             std::to_string(n) + " elements";
+    cuda_check(rc, call.c_str(), __FILE__, __LINE__);
+  }
+  T acc = init;
+  for (const T& p : host) acc = combine(acc, p);
+  return acc;
+}
+
+// Waits until everything queued on exec.stream has run (errors of the kernels surface here).
+inline void synchronize(cuda_exec exec, const char* what) {
+  cuda_check(cudaStreamSynchronize(exec.stream), what, __FILE__, __LINE__);
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_CUDA_LAUNCH_CUH
+
+namespace partrain::inline v0::detail {
 
 template <class T>
 class state_buffer<T, cuda> {
@@ -11974,23 +13166,23 @@ class state_buffer<T, cuda> {
   void assign_zero(std::size_t n) {
     if (n != n_) {
       release();
-      if (n) optim_cuda_check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc (optimizer state)");
+      if (n) PARTRAIN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)));
       n_ = n;
     }
     // cudaMemset returns before the fill ran: queue it, then wait, so the zeros are there for any stream.
     if (n_) {
-      optim_cuda_check(cudaMemsetAsync(p_, 0, n_ * sizeof(T), cudaStreamLegacy), "cudaMemsetAsync (optimizer state)");
-      optim_cuda_check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize (optimizer state)");
+      PARTRAIN_CUDA_CHECK(cudaMemsetAsync(p_, 0, n_ * sizeof(T), cudaStreamLegacy));
+      PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
     }
   }
   [[nodiscard]] T* data() noexcept { return p_; }
   [[nodiscard]] std::size_t size() const noexcept { return n_; }
   void copy_to_host(std::span<T> out) const {
-    if (n_) optim_cuda_check(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy (state save)");
+    if (n_) PARTRAIN_CUDA_CHECK(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
   }
   void copy_from_host(std::span<const T> in) {
     assign_zero(in.size());
-    if (n_) optim_cuda_check(cudaMemcpy(p_, in.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy (state load)");
+    if (n_) PARTRAIN_CUDA_CHECK(cudaMemcpy(p_, in.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
   }
 
  private:
@@ -12003,49 +13195,6 @@ class state_buffer<T, cuda> {
   std::size_t n_ = 0;
 };
 
-template <class T>
-__global__ void sgd_kernel(T* v, const T* g, T* buf, std::size_t n, sgd_coeffs<T> c, bool first) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    sgd_element(v[i], g[i], buf ? buf + i : nullptr, c, first);
-  }
-}
-
-template <class T>
-__global__ void adamw_kernel(T* v, const T* g, T* m, T* s, std::size_t n, adamw_coeffs<T> c) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    adamw_element(v[i], g[i], m[i], s[i], c);
-  }
-}
-
-// One partial sum per block, in a fixed order, so the total is the same on every run.
-template <class T>
-__global__ void sum_squares_kernel(const T* g, std::size_t n, double* partial) {
-  __shared__ double tile[optim_block];
-  double acc = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    const double x = static_cast<double>(g[i]);
-    acc += x * x;
-  }
-  tile[threadIdx.x] = acc;
-  __syncthreads();
-  for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s) tile[threadIdx.x] += tile[threadIdx.x + s];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partial[blockIdx.x] = tile[0];
-}
-
-template <class T>
-__global__ void scale_kernel(T* g, std::size_t n, T coef) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    g[i] = g[i] * coef;
-  }
-}
-
 // The launches are queued on `stream` and waited for: the optimizer step is a synchronization
 // point, as the host path is. Pass the stream that made the gradients (a non-blocking stream is
 // not ordered with the legacy one).
@@ -12053,41 +13202,32 @@ template <class T>
 void sgd_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* buf, const sgd_coeffs<T>& c, bool first,
                 cudaStream_t stream = cudaStreamLegacy) {
   if (v.empty()) return;
-  sgd_kernel<T><<<optim_blocks(v.size()), optim_block, 0, stream>>>(v.data(), g.data(), buf, v.size(), c, first);
-  optim_cuda_check(cudaGetLastError(), "launch (sgd)");
-  optim_cuda_check(cudaStreamSynchronize(stream), "sgd step");
+  const cuda_exec exec{stream, -1};
+  for_each_index(exec, v.size(), sgd_update_fn<T>{v.data(), g.data(), buf, c, first});
+  synchronize(exec, "sgd step: cudaStreamSynchronize");
 }
 
 template <class T>
 void adamw_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* m, T* s, const adamw_coeffs<T>& c,
                   cudaStream_t stream = cudaStreamLegacy) {
   if (v.empty()) return;
-  adamw_kernel<T><<<optim_blocks(v.size()), optim_block, 0, stream>>>(v.data(), g.data(), m, s, v.size(), c);
-  optim_cuda_check(cudaGetLastError(), "launch (adamw)");
-  optim_cuda_check(cudaStreamSynchronize(stream), "adamw step");
+  const cuda_exec exec{stream, -1};
+  for_each_index(exec, v.size(), adamw_update_fn<T>{v.data(), g.data(), m, s, c});
+  synchronize(exec, "adamw step: cudaStreamSynchronize");
 }
 
+// One partial per block, folded in block order: the same total on every run.
 template <class T>
 [[nodiscard]] double sum_squares(tensor_view<const T, cuda> g, cudaStream_t stream = cudaStreamLegacy) {
-  if (g.empty()) return 0;
-  const unsigned blocks = optim_blocks(g.size());
-  state_buffer<double, cuda> partial;
-  partial.assign_zero(blocks);
-  sum_squares_kernel<T><<<blocks, optim_block, 0, stream>>>(g.data(), g.size(), partial.data());
-  optim_cuda_check(cudaGetLastError(), "launch (sum of squares)");
-  std::vector<double> host(blocks);
-  optim_cuda_check(cudaMemcpyAsync(host.data(), partial.data(), blocks * sizeof(double), cudaMemcpyDeviceToHost, stream),
-                   "cudaMemcpyAsync (sum of squares)");
-  optim_cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (sum of squares)");
-  return std::accumulate(host.begin(), host.end(), 0.0);
+  return transform_reduce_index(cuda_exec{stream, -1}, g.size(), 0.0, square_as_double_fn<T>{g.data()}, plus_fn{});
 }
 
 template <class T>
 void scale_in_place(tensor_view<T, cuda> g, T coef, cudaStream_t stream = cudaStreamLegacy) {
   if (g.empty()) return;
-  scale_kernel<T><<<optim_blocks(g.size()), optim_block, 0, stream>>>(g.data(), g.size(), coef);
-  optim_cuda_check(cudaGetLastError(), "launch (scale)");
-  optim_cuda_check(cudaStreamSynchronize(stream), "gradient scale");
+  const cuda_exec exec{stream, -1};
+  for_each_index(exec, g.size(), scale_fn<T>{g.data(), coef});
+  synchronize(exec, "gradient scale: cudaStreamSynchronize");
 }
 
 // zero_grad: finished on return (cudaMemset alone returns before the fill ran), so a backward on
@@ -12095,8 +13235,8 @@ void scale_in_place(tensor_view<T, cuda> g, T coef, cudaStream_t stream = cudaSt
 template <class T>
 void fill_zero(tensor_view<T, cuda> g, cudaStream_t stream = cudaStreamLegacy) {
   if (g.empty()) return;
-  optim_cuda_check(cudaMemsetAsync(g.data(), 0, g.size_bytes(), stream), "cudaMemsetAsync (zero_grad)");
-  optim_cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (zero_grad)");
+  PARTRAIN_CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.size_bytes(), stream));
+  PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 }  // namespace partrain::inline v0::detail
@@ -12186,10 +13326,12 @@ double clip_grad_norm(X&& model_or_params, double max_norm) {
 #ifndef PARTRAIN_SI_OPTIM_DETAIL_KERNELS_CUH
 #define PARTRAIN_SI_OPTIM_DETAIL_KERNELS_CUH
 // partrain/optim/detail/kernels.cuh: the optimizers' and clipping's element loops for parameters
-// in CUDA memory. The arithmetic is the same detail::*_element functions the host loops use;
-// these are the overloads the optimizers pick for tensor_view<T, cuda>. Every function takes the
-// stream to queue on (default: the legacy stream, which the optimizers' callers use today) and
-// has finished its work on return, so whatever stream reads the parameters next sees it. nvcc only.
+// in CUDA memory: the functors of optim/detail/elements.hpp (the ones the host loops and the CPU
+// tier run) launched through partrain/cuda/launch.cuh; these are the overloads the optimizers pick
+// for tensor_view<T, cuda>. Every function takes the stream to queue on (default: the legacy
+// stream, which the optimizers' callers use today) and has finished its work on return, so
+// whatever stream reads the parameters next sees it. Launched on the calling thread's current
+// device (the one holding the parameters). nvcc only.
 
 #if !defined(__CUDACC__)
 #error "partrain/optim/detail/kernels.cuh must be compiled by nvcc"
@@ -12198,27 +13340,317 @@ double clip_grad_norm(X&& model_or_params, double max_norm) {
 #include <cuda_runtime.h>
 
 #include <cstddef>
-#include <numeric>
 #include <span>
+
+// #include <partrain/cuda/check.hpp>
+#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
+#define PARTRAIN_SI_CUDA_CHECK_HPP
+// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
+// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
 #include <string>
-#include <vector>
+#include <string_view>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0 {
 
-inline void optim_cuda_check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    throw error(error_kind::internal, std::string("CUDA ") + what + " failed: " + cudaGetErrorString(e));
+// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
+class cuda_error : public error {
+ public:
+  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
+  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
+
+ private:
+  cudaError_t code_;
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
+                                                      int line) {
+  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
+         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+}
+
+inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
+  if (rc != cudaSuccess) {
+    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
+    (void)cudaGetLastError();
+    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
   }
 }
 
-// Launch geometry: a grid-stride loop over at most this many blocks.
-inline constexpr unsigned optim_block = 256;
-inline constexpr unsigned optim_max_blocks = 1024;
+}  // namespace detail
 
-[[nodiscard]] inline unsigned optim_blocks(std::size_t n) {
-  const std::size_t b = (n + optim_block - 1) / optim_block;
-  return static_cast<unsigned>(b < optim_max_blocks ? (b ? b : 1) : optim_max_blocks);
+}  // namespace partrain::inline v0
+
+// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
+#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
+#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+// #include <partrain/cuda/launch.cuh>
+#ifndef PARTRAIN_SI_CUDA_LAUNCH_CUH
+#define PARTRAIN_SI_CUDA_LAUNCH_CUH
+// partrain/cuda/launch.cuh: the CUDA half of the one launch helper (the host half is
+// partrain/core/for_each_index.hpp). for_each_index(cuda_exec{stream, device}, n, f) queues a
+// grid-stride kernel that calls f(i) for every i in [0, n) on `stream` of `device`;
+// transform_reduce_index folds per block, then the blocks' partials in block order on the host, so
+// its result is the same on every run. The element functors are the library's plain headers
+// (optim/detail/elements.hpp, ...), the ones the host path and the CPU tier run. nvcc only.
+
+#if !defined(__CUDACC__)
+#error "partrain/cuda/launch.cuh must be compiled by nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+// #include <partrain/cuda/device_guard.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
+// previous one after (torch.cuda.device as a context manager), without ever creating a context
+// on a device nobody asked for.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda.h>  // CUcontext and the driver's function type only: nothing links libcuda
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+// Whether this thread has a current CUDA context, i.e. someone already made a device current on
+// it (cudaSetDevice, or a runtime call that initialised one). cudaGetDevice answers 0 on a fresh
+// thread, and cudaSetDevice(0) would then create device 0's context (CUDA 12+): restoring must
+// not do that. The driver's cuCtxGetCurrent is reached through the runtime, so nothing links
+// libcuda. Unknown (entry point missing): true, i.e. restore as a plain guard would.
+[[nodiscard]] inline bool thread_has_cuda_context() noexcept {
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
+  using get_current_fn = CUresult(CUDAAPI*)(CUcontext*);
+  static const get_current_fn get_current = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return get_current_fn{nullptr};
+    }
+    return reinterpret_cast<get_current_fn>(fn);
+  }();
+  if (!get_current) return true;
+  CUcontext ctx = nullptr;
+  if (get_current(&ctx) != CUDA_SUCCESS) return true;
+  return ctx != nullptr;
+#else
+  return true;
+#endif
 }
+
+[[nodiscard]] inline int checked_cuda_index(const device& d, const char* who) {
+  if (!d.is_cuda()) {
+    throw invalid_argument_error(std::string(who) + ": device " + d.to_string() + " is not a CUDA device (expected cuda:N)");
+  }
+  return d.index;
+}
+
+}  // namespace detail
+
+// The device current on this thread (cudaGetDevice: it does not create a context; 0 when none
+// was ever set).
+[[nodiscard]] inline int cuda_current_device() {
+  int d = 0;
+  PARTRAIN_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+class [[nodiscard]] cuda_device_guard {
+ public:
+  // Makes `index` current unless it already is. The destructor restores the previous device only
+  // when this guard changed it and the thread had a context before (someone had set a device).
+  explicit cuda_device_guard(int index) {
+    const int current = cuda_current_device();
+    if (current == index) return;
+    const bool restore = detail::thread_has_cuda_context();
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
+    if (restore) previous_ = current;
+  }
+  explicit cuda_device_guard(const device& d) : cuda_device_guard(detail::checked_cuda_index(d, "cuda_device_guard")) {}
+  cuda_device_guard(const cuda_device_guard&) = delete;
+  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
+  ~cuda_device_guard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;  // -1: leave the device as it is at the end of the scope
+};
+
+// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
+[[nodiscard]] inline int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// The device whose memory `p` is (cudaPointerGetAttributes): device memory and managed memory
+// report their device. Host memory (pageable or pinned) has no device: config_error naming `who`.
+[[nodiscard]] inline device cuda_device_of(const void* p, const char* who) {
+  cudaPointerAttributes a{};
+  const cudaError_t rc = cudaPointerGetAttributes(&a, p);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw cuda_error(rc, std::string(who) + ": cudaPointerGetAttributes failed: " + cudaGetErrorString(rc));
+  }
+  if ((a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) || a.device < 0) {
+    throw config_error(std::string(who) + ": a pointer expected in CUDA device memory is host memory (a tensor_view<T, "
+                                          "cuda> must point into device memory)");
+  }
+  return device::cuda(a.device);
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+
+namespace partrain::inline v0::detail {
+
+// Where a launch goes. device < 0 leaves the calling thread's current device as it is (for
+// callers that already hold a cuda_device_guard); otherwise it is made current for the launch.
+struct cuda_exec {
+  cudaStream_t stream = cudaStreamLegacy;
+  int device = -1;
+};
+
+// The one launch geometry: 256 threads a block (a power of two: the block reduce halves it), at
+// most 2048 blocks (16 per SM on a 132-SM H100, enough to cover the latency of a grid-stride
+// loop), never 0 blocks.
+inline constexpr unsigned launch_block = 256;
+inline constexpr std::size_t launch_max_blocks = 2048;
+
+[[nodiscard]] constexpr unsigned launch_blocks(std::size_t n) noexcept {
+  const std::size_t b = (n + launch_block - 1) / launch_block;
+  return static_cast<unsigned>(b == 0 ? 1 : (b < launch_max_blocks ? b : launch_max_blocks));
+}
+static_assert(launch_blocks(0) == 1 && launch_blocks(257) == 2 && launch_blocks(std::size_t{1} << 40) == 2048);
+
+template <class F>
+__global__ void for_each_index_kernel(std::size_t n, F f) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+    f(i);
+  }
+}
+
+// Thread t of the grid folds map(t), map(t + stride), ... starting from its first element (no
+// identity is needed); a block then folds its threads pairwise in shared memory. Indices below
+// n are a prefix, so after each halving the threads holding a value are still a prefix of the
+// block: `valid` tracks its length. Every block has at least one index (launch_blocks).
+template <class T, class Map, class Combine>
+__global__ void transform_reduce_index_kernel(std::size_t n, Map map, Combine combine, T* partial) {
+  __shared__ T tile[launch_block];
+  const std::size_t first = blockIdx.x * static_cast<std::size_t>(blockDim.x);
+  const std::size_t stride = static_cast<std::size_t>(blockDim.x) * gridDim.x;
+  const std::size_t start = first + threadIdx.x;
+  if (start < n) {
+    T acc = map(start);
+    for (std::size_t i = start + stride; i < n; i += stride) acc = combine(acc, map(i));
+    tile[threadIdx.x] = acc;
+  }
+  __syncthreads();
+  unsigned valid = n - first < blockDim.x ? static_cast<unsigned>(n - first) : blockDim.x;
+  for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s && threadIdx.x + s < valid) tile[threadIdx.x] = combine(tile[threadIdx.x], tile[threadIdx.x + s]);
+    __syncthreads();
+    if (valid > s) valid = s;
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = tile[0];
+}
+
+// The kernel's name in a launch failure: the functor's type, which says which element loop it was.
+template <class F>
+void check_launch(std::size_t n, unsigned blocks) {
+  const cudaError_t rc = cudaGetLastError();
+  if (rc == cudaSuccess) return;
+  const std::string call = std::string("launch of ") + __PRETTY_FUNCTION__ + " over " + std::to_string(n) +
+                           " elements in " + std::to_string(blocks) + " blocks";
+  cuda_check(rc, call.c_str(), __FILE__, __LINE__);
+}
+
+template <class F>
+inline constexpr bool launchable_functor = std::is_trivially_copyable_v<F>;
+
+// Queued on exec.stream; not waited for (the caller synchronises, or orders later work on the
+// same stream). n == 0 launches nothing.
+template <class F>
+void for_each_index(cuda_exec exec, std::size_t n, const F& f) {
+  static_assert(launchable_functor<F>,
+                "partrain: an element functor passed to a CUDA launch must be trivially copyable (it is copied into "
+                "the kernel's parameters): hold pointers and values, not containers");
+  if (n == 0) return;
+  cuda_device_guard guard(exec.device >= 0 ? exec.device : cuda_current_device());
+  const unsigned blocks = launch_blocks(n);
+  for_each_index_kernel<F><<<blocks, launch_block, 0, exec.stream>>>(n, f);
+  check_launch<F>(n, blocks);
+}
+
+// The partials live in stream-ordered memory (cudaMallocAsync: no device-wide synchronisation,
+// unlike cudaFree); returns with exec.stream synchronised.
+template <class T, class Map, class Combine>
+[[nodiscard]] T transform_reduce_index(cuda_exec exec, std::size_t n, T init, const Map& map, const Combine& combine) {
+  static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_default_constructible_v<T>,
+                "partrain: transform_reduce_index on CUDA needs a trivially copyable, trivially constructible "
+                "result type (it lives in shared memory)");
+  static_assert(launchable_functor<Map> && launchable_functor<Combine>,
+                "partrain: the map and combine of a CUDA reduction must be trivially copyable");
+  if (n == 0) return init;
+  cuda_device_guard guard(exec.device >= 0 ? exec.device : cuda_current_device());
+  const unsigned blocks = launch_blocks(n);
+  T* partial = nullptr;
+  PARTRAIN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial), blocks * sizeof(T), exec.stream));
+  std::vector<T> host(blocks);
+  cudaError_t rc = cudaSuccess;
+  transform_reduce_index_kernel<T, Map, Combine><<<blocks, launch_block, 0, exec.stream>>>(n, map, combine, partial);
+  rc = cudaGetLastError();
+  if (rc == cudaSuccess) {
+    rc = cudaMemcpyAsync(host.data(), partial, blocks * sizeof(T), cudaMemcpyDeviceToHost, exec.stream);
+  }
+  (void)cudaFreeAsync(partial, exec.stream);
+  if (rc == cudaSuccess) rc = cudaStreamSynchronize(exec.stream);
+  if (rc != cudaSuccess) {
+    const std::string call = std::string("transform_reduce_index (") + __PRETTY_FUNCTION__ + ") over " +
+                             std::to_string(n) + " elements";
+    cuda_check(rc, call.c_str(), __FILE__, __LINE__);
+  }
+  T acc = init;
+  for (const T& p : host) acc = combine(acc, p);
+  return acc;
+}
+
+// Waits until everything queued on exec.stream has run (errors of the kernels surface here).
+inline void synchronize(cuda_exec exec, const char* what) {
+  cuda_check(cudaStreamSynchronize(exec.stream), what, __FILE__, __LINE__);
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_CUDA_LAUNCH_CUH
+
+namespace partrain::inline v0::detail {
 
 template <class T>
 class state_buffer<T, cuda> {
@@ -12245,23 +13677,23 @@ class state_buffer<T, cuda> {
   void assign_zero(std::size_t n) {
     if (n != n_) {
       release();
-      if (n) optim_cuda_check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc (optimizer state)");
+      if (n) PARTRAIN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)));
       n_ = n;
     }
     // cudaMemset returns before the fill ran: queue it, then wait, so the zeros are there for any stream.
     if (n_) {
-      optim_cuda_check(cudaMemsetAsync(p_, 0, n_ * sizeof(T), cudaStreamLegacy), "cudaMemsetAsync (optimizer state)");
-      optim_cuda_check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize (optimizer state)");
+      PARTRAIN_CUDA_CHECK(cudaMemsetAsync(p_, 0, n_ * sizeof(T), cudaStreamLegacy));
+      PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
     }
   }
   [[nodiscard]] T* data() noexcept { return p_; }
   [[nodiscard]] std::size_t size() const noexcept { return n_; }
   void copy_to_host(std::span<T> out) const {
-    if (n_) optim_cuda_check(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy (state save)");
+    if (n_) PARTRAIN_CUDA_CHECK(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
   }
   void copy_from_host(std::span<const T> in) {
     assign_zero(in.size());
-    if (n_) optim_cuda_check(cudaMemcpy(p_, in.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy (state load)");
+    if (n_) PARTRAIN_CUDA_CHECK(cudaMemcpy(p_, in.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
   }
 
  private:
@@ -12274,49 +13706,6 @@ class state_buffer<T, cuda> {
   std::size_t n_ = 0;
 };
 
-template <class T>
-__global__ void sgd_kernel(T* v, const T* g, T* buf, std::size_t n, sgd_coeffs<T> c, bool first) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    sgd_element(v[i], g[i], buf ? buf + i : nullptr, c, first);
-  }
-}
-
-template <class T>
-__global__ void adamw_kernel(T* v, const T* g, T* m, T* s, std::size_t n, adamw_coeffs<T> c) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    adamw_element(v[i], g[i], m[i], s[i], c);
-  }
-}
-
-// One partial sum per block, in a fixed order, so the total is the same on every run.
-template <class T>
-__global__ void sum_squares_kernel(const T* g, std::size_t n, double* partial) {
-  __shared__ double tile[optim_block];
-  double acc = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    const double x = static_cast<double>(g[i]);
-    acc += x * x;
-  }
-  tile[threadIdx.x] = acc;
-  __syncthreads();
-  for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s) tile[threadIdx.x] += tile[threadIdx.x + s];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partial[blockIdx.x] = tile[0];
-}
-
-template <class T>
-__global__ void scale_kernel(T* g, std::size_t n, T coef) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    g[i] = g[i] * coef;
-  }
-}
-
 // The launches are queued on `stream` and waited for: the optimizer step is a synchronization
 // point, as the host path is. Pass the stream that made the gradients (a non-blocking stream is
 // not ordered with the legacy one).
@@ -12324,41 +13713,32 @@ template <class T>
 void sgd_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* buf, const sgd_coeffs<T>& c, bool first,
                 cudaStream_t stream = cudaStreamLegacy) {
   if (v.empty()) return;
-  sgd_kernel<T><<<optim_blocks(v.size()), optim_block, 0, stream>>>(v.data(), g.data(), buf, v.size(), c, first);
-  optim_cuda_check(cudaGetLastError(), "launch (sgd)");
-  optim_cuda_check(cudaStreamSynchronize(stream), "sgd step");
+  const cuda_exec exec{stream, -1};
+  for_each_index(exec, v.size(), sgd_update_fn<T>{v.data(), g.data(), buf, c, first});
+  synchronize(exec, "sgd step: cudaStreamSynchronize");
 }
 
 template <class T>
 void adamw_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* m, T* s, const adamw_coeffs<T>& c,
                   cudaStream_t stream = cudaStreamLegacy) {
   if (v.empty()) return;
-  adamw_kernel<T><<<optim_blocks(v.size()), optim_block, 0, stream>>>(v.data(), g.data(), m, s, v.size(), c);
-  optim_cuda_check(cudaGetLastError(), "launch (adamw)");
-  optim_cuda_check(cudaStreamSynchronize(stream), "adamw step");
+  const cuda_exec exec{stream, -1};
+  for_each_index(exec, v.size(), adamw_update_fn<T>{v.data(), g.data(), m, s, c});
+  synchronize(exec, "adamw step: cudaStreamSynchronize");
 }
 
+// One partial per block, folded in block order: the same total on every run.
 template <class T>
 [[nodiscard]] double sum_squares(tensor_view<const T, cuda> g, cudaStream_t stream = cudaStreamLegacy) {
-  if (g.empty()) return 0;
-  const unsigned blocks = optim_blocks(g.size());
-  state_buffer<double, cuda> partial;
-  partial.assign_zero(blocks);
-  sum_squares_kernel<T><<<blocks, optim_block, 0, stream>>>(g.data(), g.size(), partial.data());
-  optim_cuda_check(cudaGetLastError(), "launch (sum of squares)");
-  std::vector<double> host(blocks);
-  optim_cuda_check(cudaMemcpyAsync(host.data(), partial.data(), blocks * sizeof(double), cudaMemcpyDeviceToHost, stream),
-                   "cudaMemcpyAsync (sum of squares)");
-  optim_cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (sum of squares)");
-  return std::accumulate(host.begin(), host.end(), 0.0);
+  return transform_reduce_index(cuda_exec{stream, -1}, g.size(), 0.0, square_as_double_fn<T>{g.data()}, plus_fn{});
 }
 
 template <class T>
 void scale_in_place(tensor_view<T, cuda> g, T coef, cudaStream_t stream = cudaStreamLegacy) {
   if (g.empty()) return;
-  scale_kernel<T><<<optim_blocks(g.size()), optim_block, 0, stream>>>(g.data(), g.size(), coef);
-  optim_cuda_check(cudaGetLastError(), "launch (scale)");
-  optim_cuda_check(cudaStreamSynchronize(stream), "gradient scale");
+  const cuda_exec exec{stream, -1};
+  for_each_index(exec, g.size(), scale_fn<T>{g.data(), coef});
+  synchronize(exec, "gradient scale: cudaStreamSynchronize");
 }
 
 // zero_grad: finished on return (cudaMemset alone returns before the fill ran), so a backward on
@@ -12366,8 +13746,8 @@ void scale_in_place(tensor_view<T, cuda> g, T coef, cudaStream_t stream = cudaSt
 template <class T>
 void fill_zero(tensor_view<T, cuda> g, cudaStream_t stream = cudaStreamLegacy) {
   if (g.empty()) return;
-  optim_cuda_check(cudaMemsetAsync(g.data(), 0, g.size_bytes(), stream), "cudaMemsetAsync (zero_grad)");
-  optim_cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (zero_grad)");
+  PARTRAIN_CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.size_bytes(), stream));
+  PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 }  // namespace partrain::inline v0::detail
@@ -12517,6 +13897,59 @@ class sgd {
 #include <string>
 #include <utility>
 #include <vector>
+
+// #include <partrain/parallel/detail/ddp_elements.hpp>
+#ifndef PARTRAIN_SI_PARALLEL_DETAIL_DDP_ELEMENTS_HPP
+#define PARTRAIN_SI_PARALLEL_DETAIL_DDP_ELEMENTS_HPP
+// partrain/parallel/detail/ddp_elements.hpp: the element work of DDP's buckets as functors,
+// written once for every path: the division before the all_reduce, the accumulation of gradients
+// under no_sync, and the 16-bit casts of the fp16/bf16 compression hooks (core/half.hpp's
+// conversion). The host buckets run them through for_each_index(host_exec) (reducer.hpp,
+// comm_hooks.hpp, ddp_staging.hpp), the CUDA buckets through parallel/detail/ddp_kernels.cuh,
+// and the CPU tier checks them.
+
+#include <cstddef>
+
+namespace partrain::inline v0::detail {
+
+// x[i] /= d: PyTorch's hooks divide before the all_reduce (keeps 16-bit sums in range).
+template <class T>
+struct divide_fn {
+  T* x;
+  T d;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const { x[i] = x[i] / d; }
+};
+
+// dst[i] += src[i]: a gradient accumulated into its bucket slot (no_sync, or staged from a GPU).
+template <class T>
+struct accumulate_fn {
+  T* dst;
+  const T* src;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const { dst[i] = dst[i] + src[i]; }
+};
+
+// h[i] = H(x[i]) / d in H: buffer.to(fp16).div_(world_size), cast first, then the division
+// rounded to H again, as PyTorch's fp16_compress_hook does.
+template <class T, class H>
+struct compress_16_fn {
+  const T* x;
+  H* h;
+  float d;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    h[i] = H(static_cast<float>(H(static_cast<float>(x[i]))) / d);
+  }
+};
+
+// x[i] = T(h[i]): the reduced 16-bit bucket back into the gradients' type.
+template <class H, class T>
+struct decompress_16_fn {
+  const H* h;
+  T* x;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const { x[i] = static_cast<T>(static_cast<float>(h[i])); }
+};
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_PARALLEL_DETAIL_DDP_ELEMENTS_HPP
 
 #if defined(__CUDACC__)
 // #include <partrain/cuda/device_guard.hpp>
@@ -12690,67 +14123,166 @@ class [[nodiscard]] cuda_device_guard {
 // partrain/parallel/detail/ddp_kernels.cuh: the element work of DDP's device buckets (used when the
 // parameters are in CUDA memory and the backend reduces CUDA memory, i.e. NCCL): division
 // before the all_reduce, accumulation for no_sync, and the 16-bit casts of the compression
-// hooks. Every function takes the stream to queue on: DDP passes the communicator's input stream
-// (nccl_group::set_input_stream), which the group orders its collectives after, so the bucket
-// work is ordered after the gradients the model made there and before the all_reduce. The
-// caller makes the bucket's device current. nvcc only.
+// hooks; the functors of parallel/detail/ddp_elements.hpp (the host buckets and the CPU tier run
+// the same code) launched through partrain/cuda/launch.cuh. Every function takes the stream to
+// queue on: DDP passes the communicator's input stream (nccl_group::set_input_stream), which the
+// group orders its collectives after, so the bucket work is ordered after the gradients the model
+// made there and before the all_reduce. The caller makes the bucket's device current. nvcc only.
 
 #if !defined(__CUDACC__)
 #error "partrain/parallel/detail/ddp_kernels.cuh must be compiled by nvcc"
 #endif
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <memory>
 #include <string>
 
+// #include <partrain/cuda/launch.cuh>
+#ifndef PARTRAIN_SI_CUDA_LAUNCH_CUH
+#define PARTRAIN_SI_CUDA_LAUNCH_CUH
+// partrain/cuda/launch.cuh: the CUDA half of the one launch helper (the host half is
+// partrain/core/for_each_index.hpp). for_each_index(cuda_exec{stream, device}, n, f) queues a
+// grid-stride kernel that calls f(i) for every i in [0, n) on `stream` of `device`;
+// transform_reduce_index folds per block, then the blocks' partials in block order on the host, so
+// its result is the same on every run. The element functors are the library's plain headers
+// (optim/detail/elements.hpp, ...), the ones the host path and the CPU tier run. nvcc only.
+
+#if !defined(__CUDACC__)
+#error "partrain/cuda/launch.cuh must be compiled by nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <vector>
+
 namespace partrain::inline v0::detail {
 
-inline constexpr unsigned ddp_block = 256;
+// Where a launch goes. device < 0 leaves the calling thread's current device as it is (for
+// callers that already hold a cuda_device_guard); otherwise it is made current for the launch.
+struct cuda_exec {
+  cudaStream_t stream = cudaStreamLegacy;
+  int device = -1;
+};
 
-[[nodiscard]] inline unsigned ddp_blocks(std::size_t n) {
-  const std::size_t b = (n + ddp_block - 1) / ddp_block;
-  return static_cast<unsigned>(b == 0 ? 1 : (b < 4096 ? b : 4096));
-}
+// The one launch geometry: 256 threads a block (a power of two: the block reduce halves it), at
+// most 2048 blocks (16 per SM on a 132-SM H100, enough to cover the latency of a grid-stride
+// loop), never 0 blocks.
+inline constexpr unsigned launch_block = 256;
+inline constexpr std::size_t launch_max_blocks = 2048;
 
-#define PARTRAIN_DDP_GRID_LOOP(i, n)                                                                      \
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x)
+[[nodiscard]] constexpr unsigned launch_blocks(std::size_t n) noexcept {
+  const std::size_t b = (n + launch_block - 1) / launch_block;
+  return static_cast<unsigned>(b == 0 ? 1 : (b < launch_max_blocks ? b : launch_max_blocks));
+}
+static_assert(launch_blocks(0) == 1 && launch_blocks(257) == 2 && launch_blocks(std::size_t{1} << 40) == 2048);
 
-template <class T>
-__global__ void ddp_divide_kernel(T* x, std::size_t n, T d) {
-  PARTRAIN_DDP_GRID_LOOP(i, n) x[i] = x[i] / d;
-}
-template <class T>
-__global__ void ddp_add_kernel(T* dst, const T* src, std::size_t n) {
-  PARTRAIN_DDP_GRID_LOOP(i, n) dst[i] = dst[i] + src[i];
-}
-// buffer.to(fp16).div_(world_size), as the host hook does.
-template <class T>
-__global__ void ddp_to_half_kernel(const T* x, __half* h, std::size_t n, float d) {
-  PARTRAIN_DDP_GRID_LOOP(i, n) h[i] = __float2half_rn(__half2float(__float2half_rn(static_cast<float>(x[i]))) / d);
-}
-template <class T>
-__global__ void ddp_from_half_kernel(const __half* h, T* x, std::size_t n) {
-  PARTRAIN_DDP_GRID_LOOP(i, n) x[i] = static_cast<T>(__half2float(h[i]));
-}
-template <class T>
-__global__ void ddp_to_bf16_kernel(const T* x, __nv_bfloat16* h, std::size_t n, float d) {
-  PARTRAIN_DDP_GRID_LOOP(i, n) {
-    h[i] = __float2bfloat16_rn(__bfloat162float(__float2bfloat16_rn(static_cast<float>(x[i]))) / d);
+template <class F>
+__global__ void for_each_index_kernel(std::size_t n, F f) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+    f(i);
   }
 }
-template <class T>
-__global__ void ddp_from_bf16_kernel(const __nv_bfloat16* h, T* x, std::size_t n) {
-  PARTRAIN_DDP_GRID_LOOP(i, n) x[i] = static_cast<T>(__bfloat162float(h[i]));
+
+// Thread t of the grid folds map(t), map(t + stride), ... starting from its first element (no
+// identity is needed); a block then folds its threads pairwise in shared memory. Indices below
+// n are a prefix, so after each halving the threads holding a value are still a prefix of the
+// block: `valid` tracks its length. Every block has at least one index (launch_blocks).
+template <class T, class Map, class Combine>
+__global__ void transform_reduce_index_kernel(std::size_t n, Map map, Combine combine, T* partial) {
+  __shared__ T tile[launch_block];
+  const std::size_t first = blockIdx.x * static_cast<std::size_t>(blockDim.x);
+  const std::size_t stride = static_cast<std::size_t>(blockDim.x) * gridDim.x;
+  const std::size_t start = first + threadIdx.x;
+  if (start < n) {
+    T acc = map(start);
+    for (std::size_t i = start + stride; i < n; i += stride) acc = combine(acc, map(i));
+    tile[threadIdx.x] = acc;
+  }
+  __syncthreads();
+  unsigned valid = n - first < blockDim.x ? static_cast<unsigned>(n - first) : blockDim.x;
+  for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s && threadIdx.x + s < valid) tile[threadIdx.x] = combine(tile[threadIdx.x], tile[threadIdx.x + s]);
+    __syncthreads();
+    if (valid > s) valid = s;
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = tile[0];
 }
 
-#undef PARTRAIN_DDP_GRID_LOOP
+// The kernel's name in a launch failure: the functor's type, which says which element loop it was.
+template <class F>
+void check_launch(std::size_t n, unsigned blocks) {
+  const cudaError_t rc = cudaGetLastError();
+  if (rc == cudaSuccess) return;
+  const std::string call = std::string("launch of ") + __PRETTY_FUNCTION__ + " over " + std::to_string(n) +
+                           " elements in " + std::to_string(blocks) + " blocks";
+  cuda_check(rc, call.c_str(), __FILE__, __LINE__);
+}
 
-inline void ddp_launch_check(const char* what) { cuda_check(cudaGetLastError(), what, __FILE__, __LINE__); }
+template <class F>
+inline constexpr bool launchable_functor = std::is_trivially_copyable_v<F>;
+
+// Queued on exec.stream; not waited for (the caller synchronises, or orders later work on the
+// same stream). n == 0 launches nothing.
+template <class F>
+void for_each_index(cuda_exec exec, std::size_t n, const F& f) {
+  static_assert(launchable_functor<F>,
+                "partrain: an element functor passed to a CUDA launch must be trivially copyable (it is copied into "
+                "the kernel's parameters): hold pointers and values, not containers");
+  if (n == 0) return;
+  cuda_device_guard guard(exec.device >= 0 ? exec.device : cuda_current_device());
+  const unsigned blocks = launch_blocks(n);
+  for_each_index_kernel<F><<<blocks, launch_block, 0, exec.stream>>>(n, f);
+  check_launch<F>(n, blocks);
+}
+
+// The partials live in stream-ordered memory (cudaMallocAsync: no device-wide synchronisation,
+// unlike cudaFree); returns with exec.stream synchronised.
+template <class T, class Map, class Combine>
+[[nodiscard]] T transform_reduce_index(cuda_exec exec, std::size_t n, T init, const Map& map, const Combine& combine) {
+  static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_default_constructible_v<T>,
+                "partrain: transform_reduce_index on CUDA needs a trivially copyable, trivially constructible "
+                "result type (it lives in shared memory)");
+  static_assert(launchable_functor<Map> && launchable_functor<Combine>,
+                "partrain: the map and combine of a CUDA reduction must be trivially copyable");
+  if (n == 0) return init;
+  cuda_device_guard guard(exec.device >= 0 ? exec.device : cuda_current_device());
+  const unsigned blocks = launch_blocks(n);
+  T* partial = nullptr;
+  PARTRAIN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial), blocks * sizeof(T), exec.stream));
+  std::vector<T> host(blocks);
+  cudaError_t rc = cudaSuccess;
+  transform_reduce_index_kernel<T, Map, Combine><<<blocks, launch_block, 0, exec.stream>>>(n, map, combine, partial);
+  rc = cudaGetLastError();
+  if (rc == cudaSuccess) {
+    rc = cudaMemcpyAsync(host.data(), partial, blocks * sizeof(T), cudaMemcpyDeviceToHost, exec.stream);
+  }
+  (void)cudaFreeAsync(partial, exec.stream);
+  if (rc == cudaSuccess) rc = cudaStreamSynchronize(exec.stream);
+  if (rc != cudaSuccess) {
+    const std::string call = std::string("transform_reduce_index (") + __PRETTY_FUNCTION__ + ") over " +
+                             std::to_string(n) + " elements";
+    cuda_check(rc, call.c_str(), __FILE__, __LINE__);
+  }
+  T acc = init;
+  for (const T& p : host) acc = combine(acc, p);
+  return acc;
+}
+
+// Waits until everything queued on exec.stream has run (errors of the kernels surface here).
+inline void synchronize(cuda_exec exec, const char* what) {
+  cuda_check(cudaStreamSynchronize(exec.stream), what, __FILE__, __LINE__);
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_CUDA_LAUNCH_CUH
+
+namespace partrain::inline v0::detail {
 
 template <class F>
 void visit_device_float(raw_tensor t, const char* who, F&& f) {
@@ -12767,8 +14299,7 @@ inline void device_divide(raw_tensor t, double d, cudaStream_t stream) {
   if (t.count == 0) return;
   visit_device_float(t, "device_divide", [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
-    ddp_divide_kernel<T><<<ddp_blocks(t.count), ddp_block, 0, stream>>>(p, t.count, static_cast<T>(d));
-    ddp_launch_check("ddp_divide_kernel launch");
+    for_each_index(cuda_exec{stream, -1}, t.count, divide_fn<T>{p, static_cast<T>(d)});
   });
 }
 
@@ -12777,8 +14308,7 @@ template <class T>
 void device_stage_in(T* dst, tensor_view<const T, cuda> g, bool add, cudaStream_t stream) {
   if (g.empty()) return;
   if (add) {
-    ddp_add_kernel<T><<<ddp_blocks(g.size()), ddp_block, 0, stream>>>(dst, g.data(), g.size());
-    ddp_launch_check("ddp_add_kernel launch");
+    for_each_index(cuda_exec{stream, -1}, g.size(), accumulate_fn<T>{dst, g.data()});
   } else {
     cuda_check(cudaMemcpyAsync(dst, g.data(), g.size_bytes(), cudaMemcpyDeviceToDevice, stream),
                "cudaMemcpyAsync (gradient to bucket)", __FILE__, __LINE__);
@@ -12804,26 +14334,23 @@ void device_stage_out(tensor_view<T, cuda> g, const T* src, cudaStream_t stream)
 inline void device_to_16(raw_tensor src, void* dst, dtype h, float d, cudaStream_t stream) {
   visit_device_float(src, "fp16/bf16 hook", [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
+    const cuda_exec exec{stream, -1};
     if (h == dtype::float16) {
-      ddp_to_half_kernel<T><<<ddp_blocks(src.count), ddp_block, 0, stream>>>(p, static_cast<__half*>(dst), src.count, d);
+      for_each_index(exec, src.count, compress_16_fn<T, half>{p, static_cast<half*>(dst), d});
     } else {
-      ddp_to_bf16_kernel<T><<<ddp_blocks(src.count), ddp_block, 0, stream>>>(p, static_cast<__nv_bfloat16*>(dst),
-                                                                              src.count, d);
+      for_each_index(exec, src.count, compress_16_fn<T, bfloat16>{p, static_cast<bfloat16*>(dst), d});
     }
-    ddp_launch_check("16-bit cast kernel launch");
   });
 }
 inline void device_from_16(const void* src, raw_tensor dst, dtype h, cudaStream_t stream) {
   visit_device_float(dst, "fp16/bf16 hook", [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
+    const cuda_exec exec{stream, -1};
     if (h == dtype::float16) {
-      ddp_from_half_kernel<T><<<ddp_blocks(dst.count), ddp_block, 0, stream>>>(static_cast<const __half*>(src), p,
-                                                                              dst.count);
+      for_each_index(exec, dst.count, decompress_16_fn<half, T>{static_cast<const half*>(src), p});
     } else {
-      ddp_from_bf16_kernel<T><<<ddp_blocks(dst.count), ddp_block, 0, stream>>>(static_cast<const __nv_bfloat16*>(src), p,
-                                                                              dst.count);
+      for_each_index(exec, dst.count, decompress_16_fn<bfloat16, T>{static_cast<const bfloat16*>(src), p});
     }
-    ddp_launch_check("16-bit cast kernel launch");
   });
 }
 
@@ -12975,12 +14502,9 @@ work compressed_all_reduce(grad_bucket& b) {
     s.resize(buf.size() * sizeof(H));
     auto* h = reinterpret_cast<H*>(s.data());
     const float div = static_cast<float>(b.divisor());
-    // buffer.to(fp16).div_(world_size): cast, then divide in the 16-bit type.
-    for (std::size_t i = 0; i < buf.size(); ++i) h[i] = H(static_cast<float>(H(static_cast<float>(buf[i]))) / div);
+    for_each_index(host_exec{}, buf.size(), compress_16_fn<T, H>{buf.data(), h, div});
     work w = b.all_reduce(tensor_view<H>(h, buf.size()));
-    return then_work(w, [buf, h] {
-      for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<T>(static_cast<float>(h[i]));
-    });
+    return then_work(w, [buf, h] { for_each_index(host_exec{}, buf.size(), decompress_16_fn<H, T>{h, buf.data()}); });
   });
 }
 
@@ -13005,8 +14529,7 @@ namespace comm_hooks {
     if (b.divisor() != 1.0) {
       detail::visit_float_bucket(b, [&b](auto buf) {
         using T = typename decltype(buf)::value_type;
-        const T div = static_cast<T>(b.divisor());
-        for (T& x : buf) x = x / div;
+        detail::for_each_index(detail::host_exec{}, buf.size(), detail::divide_fn<T>{buf.data(), static_cast<T>(b.divisor())});
         return 0;
       });
     }
@@ -14515,7 +16038,7 @@ void stage_in(T* dst, tensor_view<const T, cuda> g, bool add, std::vector<T>& tm
   tmp.resize(g.size());
   cuda_check(cudaMemcpy(tmp.data(), g.data(), g.size_bytes(), cudaMemcpyDeviceToHost),
              "cudaMemcpy (DDP gradient to host)", __FILE__, __LINE__);
-  for (std::size_t i = 0; i < g.size(); ++i) dst[i] += tmp[i];
+  for_each_index(host_exec{}, g.size(), accumulate_fn<T>{dst, tmp.data()});
 }
 
 // g = src (host).
@@ -14536,17 +16059,16 @@ void stage_out(tensor_view<T, cuda> g, const T* src) {
 // partrain/parallel/detail/ddp_kernels.cuh: the element work of DDP's device buckets (used when the
 // parameters are in CUDA memory and the backend reduces CUDA memory, i.e. NCCL): division
 // before the all_reduce, accumulation for no_sync, and the 16-bit casts of the compression
-// hooks. Every function takes the stream to queue on: DDP passes the communicator's input stream
-// (nccl_group::set_input_stream), which the group orders its collectives after, so the bucket
-// work is ordered after the gradients the model made there and before the all_reduce. The
-// caller makes the bucket's device current. nvcc only.
+// hooks; the functors of parallel/detail/ddp_elements.hpp (the host buckets and the CPU tier run
+// the same code) launched through partrain/cuda/launch.cuh. Every function takes the stream to
+// queue on: DDP passes the communicator's input stream (nccl_group::set_input_stream), which the
+// group orders its collectives after, so the bucket work is ordered after the gradients the model
+// made there and before the all_reduce. The caller makes the bucket's device current. nvcc only.
 
 #if !defined(__CUDACC__)
 #error "partrain/parallel/detail/ddp_kernels.cuh must be compiled by nvcc"
 #endif
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -14717,51 +16239,150 @@ class [[nodiscard]] cuda_device_guard {
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+// #include <partrain/cuda/launch.cuh>
+#ifndef PARTRAIN_SI_CUDA_LAUNCH_CUH
+#define PARTRAIN_SI_CUDA_LAUNCH_CUH
+// partrain/cuda/launch.cuh: the CUDA half of the one launch helper (the host half is
+// partrain/core/for_each_index.hpp). for_each_index(cuda_exec{stream, device}, n, f) queues a
+// grid-stride kernel that calls f(i) for every i in [0, n) on `stream` of `device`;
+// transform_reduce_index folds per block, then the blocks' partials in block order on the host, so
+// its result is the same on every run. The element functors are the library's plain headers
+// (optim/detail/elements.hpp, ...), the ones the host path and the CPU tier run. nvcc only.
+
+#if !defined(__CUDACC__)
+#error "partrain/cuda/launch.cuh must be compiled by nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <vector>
 
 namespace partrain::inline v0::detail {
 
-inline constexpr unsigned ddp_block = 256;
+// Where a launch goes. device < 0 leaves the calling thread's current device as it is (for
+// callers that already hold a cuda_device_guard); otherwise it is made current for the launch.
+struct cuda_exec {
+  cudaStream_t stream = cudaStreamLegacy;
+  int device = -1;
+};
 
-[[nodiscard]] inline unsigned ddp_blocks(std::size_t n) {
-  const std::size_t b = (n + ddp_block - 1) / ddp_block;
-  return static_cast<unsigned>(b == 0 ? 1 : (b < 4096 ? b : 4096));
-}
+// The one launch geometry: 256 threads a block (a power of two: the block reduce halves it), at
+// most 2048 blocks (16 per SM on a 132-SM H100, enough to cover the latency of a grid-stride
+// loop), never 0 blocks.
+inline constexpr unsigned launch_block = 256;
+inline constexpr std::size_t launch_max_blocks = 2048;
 
-#define PARTRAIN_DDP_GRID_LOOP(i, n)                                                                      \
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x)
+[[nodiscard]] constexpr unsigned launch_blocks(std::size_t n) noexcept {
+  const std::size_t b = (n + launch_block - 1) / launch_block;
+  return static_cast<unsigned>(b == 0 ? 1 : (b < launch_max_blocks ? b : launch_max_blocks));
+}
+static_assert(launch_blocks(0) == 1 && launch_blocks(257) == 2 && launch_blocks(std::size_t{1} << 40) == 2048);
 
-template <class T>
-__global__ void ddp_divide_kernel(T* x, std::size_t n, T d) {
-  PARTRAIN_DDP_GRID_LOOP(i, n) x[i] = x[i] / d;
-}
-template <class T>
-__global__ void ddp_add_kernel(T* dst, const T* src, std::size_t n) {
-  PARTRAIN_DDP_GRID_LOOP(i, n) dst[i] = dst[i] + src[i];
-}
-// buffer.to(fp16).div_(world_size), as the host hook does.
-template <class T>
-__global__ void ddp_to_half_kernel(const T* x, __half* h, std::size_t n, float d) {
-  PARTRAIN_DDP_GRID_LOOP(i, n) h[i] = __float2half_rn(__half2float(__float2half_rn(static_cast<float>(x[i]))) / d);
-}
-template <class T>
-__global__ void ddp_from_half_kernel(const __half* h, T* x, std::size_t n) {
-  PARTRAIN_DDP_GRID_LOOP(i, n) x[i] = static_cast<T>(__half2float(h[i]));
-}
-template <class T>
-__global__ void ddp_to_bf16_kernel(const T* x, __nv_bfloat16* h, std::size_t n, float d) {
-  PARTRAIN_DDP_GRID_LOOP(i, n) {
-    h[i] = __float2bfloat16_rn(__bfloat162float(__float2bfloat16_rn(static_cast<float>(x[i]))) / d);
+template <class F>
+__global__ void for_each_index_kernel(std::size_t n, F f) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+    f(i);
   }
 }
-template <class T>
-__global__ void ddp_from_bf16_kernel(const __nv_bfloat16* h, T* x, std::size_t n) {
-  PARTRAIN_DDP_GRID_LOOP(i, n) x[i] = static_cast<T>(__bfloat162float(h[i]));
+
+// Thread t of the grid folds map(t), map(t + stride), ... starting from its first element (no
+// identity is needed); a block then folds its threads pairwise in shared memory. Indices below
+// n are a prefix, so after each halving the threads holding a value are still a prefix of the
+// block: `valid` tracks its length. Every block has at least one index (launch_blocks).
+template <class T, class Map, class Combine>
+__global__ void transform_reduce_index_kernel(std::size_t n, Map map, Combine combine, T* partial) {
+  __shared__ T tile[launch_block];
+  const std::size_t first = blockIdx.x * static_cast<std::size_t>(blockDim.x);
+  const std::size_t stride = static_cast<std::size_t>(blockDim.x) * gridDim.x;
+  const std::size_t start = first + threadIdx.x;
+  if (start < n) {
+    T acc = map(start);
+    for (std::size_t i = start + stride; i < n; i += stride) acc = combine(acc, map(i));
+    tile[threadIdx.x] = acc;
+  }
+  __syncthreads();
+  unsigned valid = n - first < blockDim.x ? static_cast<unsigned>(n - first) : blockDim.x;
+  for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s && threadIdx.x + s < valid) tile[threadIdx.x] = combine(tile[threadIdx.x], tile[threadIdx.x + s]);
+    __syncthreads();
+    if (valid > s) valid = s;
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = tile[0];
 }
 
-#undef PARTRAIN_DDP_GRID_LOOP
+// The kernel's name in a launch failure: the functor's type, which says which element loop it was.
+template <class F>
+void check_launch(std::size_t n, unsigned blocks) {
+  const cudaError_t rc = cudaGetLastError();
+  if (rc == cudaSuccess) return;
+  const std::string call = std::string("launch of ") + __PRETTY_FUNCTION__ + " over " + std::to_string(n) +
+                           " elements in " + std::to_string(blocks) + " blocks";
+  cuda_check(rc, call.c_str(), __FILE__, __LINE__);
+}
 
-inline void ddp_launch_check(const char* what) { cuda_check(cudaGetLastError(), what, __FILE__, __LINE__); }
+template <class F>
+inline constexpr bool launchable_functor = std::is_trivially_copyable_v<F>;
+
+// Queued on exec.stream; not waited for (the caller synchronises, or orders later work on the
+// same stream). n == 0 launches nothing.
+template <class F>
+void for_each_index(cuda_exec exec, std::size_t n, const F& f) {
+  static_assert(launchable_functor<F>,
+                "partrain: an element functor passed to a CUDA launch must be trivially copyable (it is copied into "
+                "the kernel's parameters): hold pointers and values, not containers");
+  if (n == 0) return;
+  cuda_device_guard guard(exec.device >= 0 ? exec.device : cuda_current_device());
+  const unsigned blocks = launch_blocks(n);
+  for_each_index_kernel<F><<<blocks, launch_block, 0, exec.stream>>>(n, f);
+  check_launch<F>(n, blocks);
+}
+
+// The partials live in stream-ordered memory (cudaMallocAsync: no device-wide synchronisation,
+// unlike cudaFree); returns with exec.stream synchronised.
+template <class T, class Map, class Combine>
+[[nodiscard]] T transform_reduce_index(cuda_exec exec, std::size_t n, T init, const Map& map, const Combine& combine) {
+  static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_default_constructible_v<T>,
+                "partrain: transform_reduce_index on CUDA needs a trivially copyable, trivially constructible "
+                "result type (it lives in shared memory)");
+  static_assert(launchable_functor<Map> && launchable_functor<Combine>,
+                "partrain: the map and combine of a CUDA reduction must be trivially copyable");
+  if (n == 0) return init;
+  cuda_device_guard guard(exec.device >= 0 ? exec.device : cuda_current_device());
+  const unsigned blocks = launch_blocks(n);
+  T* partial = nullptr;
+  PARTRAIN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial), blocks * sizeof(T), exec.stream));
+  std::vector<T> host(blocks);
+  cudaError_t rc = cudaSuccess;
+  transform_reduce_index_kernel<T, Map, Combine><<<blocks, launch_block, 0, exec.stream>>>(n, map, combine, partial);
+  rc = cudaGetLastError();
+  if (rc == cudaSuccess) {
+    rc = cudaMemcpyAsync(host.data(), partial, blocks * sizeof(T), cudaMemcpyDeviceToHost, exec.stream);
+  }
+  (void)cudaFreeAsync(partial, exec.stream);
+  if (rc == cudaSuccess) rc = cudaStreamSynchronize(exec.stream);
+  if (rc != cudaSuccess) {
+    const std::string call = std::string("transform_reduce_index (") + __PRETTY_FUNCTION__ + ") over " +
+                             std::to_string(n) + " elements";
+    cuda_check(rc, call.c_str(), __FILE__, __LINE__);
+  }
+  T acc = init;
+  for (const T& p : host) acc = combine(acc, p);
+  return acc;
+}
+
+// Waits until everything queued on exec.stream has run (errors of the kernels surface here).
+inline void synchronize(cuda_exec exec, const char* what) {
+  cuda_check(cudaStreamSynchronize(exec.stream), what, __FILE__, __LINE__);
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_CUDA_LAUNCH_CUH
+
+namespace partrain::inline v0::detail {
 
 template <class F>
 void visit_device_float(raw_tensor t, const char* who, F&& f) {
@@ -14778,8 +16399,7 @@ inline void device_divide(raw_tensor t, double d, cudaStream_t stream) {
   if (t.count == 0) return;
   visit_device_float(t, "device_divide", [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
-    ddp_divide_kernel<T><<<ddp_blocks(t.count), ddp_block, 0, stream>>>(p, t.count, static_cast<T>(d));
-    ddp_launch_check("ddp_divide_kernel launch");
+    for_each_index(cuda_exec{stream, -1}, t.count, divide_fn<T>{p, static_cast<T>(d)});
   });
 }
 
@@ -14788,8 +16408,7 @@ template <class T>
 void device_stage_in(T* dst, tensor_view<const T, cuda> g, bool add, cudaStream_t stream) {
   if (g.empty()) return;
   if (add) {
-    ddp_add_kernel<T><<<ddp_blocks(g.size()), ddp_block, 0, stream>>>(dst, g.data(), g.size());
-    ddp_launch_check("ddp_add_kernel launch");
+    for_each_index(cuda_exec{stream, -1}, g.size(), accumulate_fn<T>{dst, g.data()});
   } else {
     cuda_check(cudaMemcpyAsync(dst, g.data(), g.size_bytes(), cudaMemcpyDeviceToDevice, stream),
                "cudaMemcpyAsync (gradient to bucket)", __FILE__, __LINE__);
@@ -14815,26 +16434,23 @@ void device_stage_out(tensor_view<T, cuda> g, const T* src, cudaStream_t stream)
 inline void device_to_16(raw_tensor src, void* dst, dtype h, float d, cudaStream_t stream) {
   visit_device_float(src, "fp16/bf16 hook", [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
+    const cuda_exec exec{stream, -1};
     if (h == dtype::float16) {
-      ddp_to_half_kernel<T><<<ddp_blocks(src.count), ddp_block, 0, stream>>>(p, static_cast<__half*>(dst), src.count, d);
+      for_each_index(exec, src.count, compress_16_fn<T, half>{p, static_cast<half*>(dst), d});
     } else {
-      ddp_to_bf16_kernel<T><<<ddp_blocks(src.count), ddp_block, 0, stream>>>(p, static_cast<__nv_bfloat16*>(dst),
-                                                                              src.count, d);
+      for_each_index(exec, src.count, compress_16_fn<T, bfloat16>{p, static_cast<bfloat16*>(dst), d});
     }
-    ddp_launch_check("16-bit cast kernel launch");
   });
 }
 inline void device_from_16(const void* src, raw_tensor dst, dtype h, cudaStream_t stream) {
   visit_device_float(dst, "fp16/bf16 hook", [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
+    const cuda_exec exec{stream, -1};
     if (h == dtype::float16) {
-      ddp_from_half_kernel<T><<<ddp_blocks(dst.count), ddp_block, 0, stream>>>(static_cast<const __half*>(src), p,
-                                                                              dst.count);
+      for_each_index(exec, dst.count, decompress_16_fn<half, T>{static_cast<const half*>(src), p});
     } else {
-      ddp_from_bf16_kernel<T><<<ddp_blocks(dst.count), ddp_block, 0, stream>>>(static_cast<const __nv_bfloat16*>(src), p,
-                                                                              dst.count);
+      for_each_index(exec, dst.count, decompress_16_fn<bfloat16, T>{static_cast<const bfloat16*>(src), p});
     }
-    ddp_launch_check("16-bit cast kernel launch");
   });
 }
 
@@ -14848,7 +16464,7 @@ namespace partrain::inline v0::detail {
 template <class T>
 void stage_in(T* dst, tensor_view<const T, host> g, bool add, std::vector<T>&) {
   if (add) {
-    for (std::size_t k = 0; k < g.size(); ++k) dst[k] += g[k];
+    for_each_index(host_exec{}, g.size(), accumulate_fn<T>{dst, g.data()});
   } else if (!g.empty()) {
     std::memcpy(dst, g.data(), g.size_bytes());
   }
@@ -16641,9 +18257,9 @@ struct pipeline_options {
   int micro_batches = 1;
   int virtual_stages = 1;  // chunks per rank; more than 1 only with interleaved_1f1b
   // A user's own order (overrides kind, micro_batches and virtual_stages when set).
-  std::optional<pipeline_schedule> schedule;
+  std::optional<pipeline_schedule> schedule{};
   // Layers per global stage (stages x virtual stages parts); uniform by count when unset.
-  std::optional<partition> layout;
+  std::optional<partition> layout{};
   // The replicas of this stage, for pipeline x data parallel; gradients are averaged over it.
   process_group* data_parallel = nullptr;
 };
@@ -16748,6 +18364,24 @@ class pipeline_stage {
     for (auto i : owned_layers()) {
       for (auto&& prm : layer(i).parameters()) f(prm);
     }
+  }
+
+  // This rank's layers' parameters as a model (what partrain::sgd or adamw takes): references
+  // into the layers, valid as long as the stage and its layers.
+  template <class Prm>
+  struct parameter_ref {
+    Prm* p;
+    [[nodiscard]] auto value() const { return p->value(); }
+    [[nodiscard]] auto grad() const { return p->grad(); }
+  };
+  [[nodiscard]] auto parameters() {
+    using prm = std::remove_reference_t<decltype(*std::ranges::begin(layer(0).parameters()))>;
+    struct stage_parameters {
+      std::vector<parameter_ref<prm>> refs;
+      std::vector<parameter_ref<prm>>& parameters() { return refs; }
+    } out;
+    for_each_parameter([&](prm& x) { out.refs.push_back({&x}); });
+    return out;
   }
 
   // One training step on a batch: split into m micro-batches along the first dimension, run
@@ -17095,13 +18729,132 @@ concept parallel_policy = requires(P& p, const B& b, std::span<const B> batches)
 #define PARTRAIN_SI_PRECISION_DETAIL_HOST_KERNELS_HPP
 // partrain/precision/detail/host_kernels.hpp: the element loops of mixed precision for views in
 // host memory: casts between fp32 and the 16-bit types (round to nearest even), and the fused
-// unscale + inf/NaN check over all gradients. partrain/precision/detail/kernels.cuh has the same
-// functions for views in CUDA memory (one kernel launch over all the tensors).
+// unscale + inf/NaN check over all gradients, each the functor of precision/detail/elements.hpp
+// run per tensor through for_each_index(host_exec). partrain/precision/detail/kernels.cuh has the
+// same functions for views in CUDA memory (the same functors, one launch over all the tensors).
 
-#include <cmath>
 #include <cstddef>
 #include <span>
 #include <string>
+
+// #include <partrain/precision/detail/elements.hpp>
+#ifndef PARTRAIN_SI_PRECISION_DETAIL_ELEMENTS_HPP
+#define PARTRAIN_SI_PRECISION_DETAIL_ELEMENTS_HPP
+// partrain/precision/detail/elements.hpp: mixed precision's element loops as functors, written
+// once for every path: casts between fp32 and the 16-bit types (core/half.hpp's conversion, round
+// to nearest even) and the fused unscale + inf/NaN check. The host loops (host_kernels.hpp) run
+// the per-tensor functors through for_each_index(host_exec); the CUDA launches (kernels.cuh) run
+// the segmented ones, which cover up to precision_segments_per_launch tensors in one launch; the
+// CPU tier runs both kinds.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace partrain::inline v0::detail {
+
+// dst[i] = To(src[i]) through float (one side float, the other half or bfloat16).
+template <class From, class To>
+struct cast_fn {
+  const From* src;
+  To* dst;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    dst[i] = static_cast<To>(static_cast<float>(src[i]));
+  }
+};
+
+// Not inf and not NaN, from the bits: the same test on host and device, and branch-free (the
+// host loop stays vectorized).
+[[nodiscard]] PARTRAIN_HOST_DEVICE constexpr bool finite_bits(float v) noexcept {
+  return (bits_as<std::uint32_t>(v) & 0x7F800000u) != 0x7F800000u;
+}
+
+// g[i] *= inv_scale; the map of the fused unscale + check, 1 when g[i] was inf or NaN (it stays
+// non-finite after the multiplication). Combined with bit_or_fn: PyTorch's
+// _amp_foreach_non_finite_check_and_unscale_.
+struct unscale_check_fn {
+  float* g;
+  float inv_scale;
+  PARTRAIN_HOST_DEVICE int operator()(std::size_t i) const {
+    const float v = g[i];
+    g[i] = v * inv_scale;
+    return finite_bits(v) ? 0 : 1;
+  }
+};
+
+// One tensor of a fused launch: its elements are [start, start + n) of the launch's index space.
+struct precision_segment {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  std::size_t n = 0;
+  std::size_t start = 0;
+};
+
+inline constexpr unsigned precision_segments_per_launch = 64;
+
+// Copied into the kernel's parameters: 64 * 32 + 16 bytes, inside the 4 KiB every architecture
+// accepts with room for the functor's other members.
+struct precision_segment_table {
+  precision_segment seg[precision_segments_per_launch];
+  std::size_t total = 0;  // elements over all segments
+  unsigned count = 0;
+};
+static_assert(sizeof(precision_segment_table) <= 3072, "kernel parameters are limited to 4 KiB");
+
+// The segment holding launch index i < t.total: the last one starting at or before i (segments are
+// non-empty and in index order). A binary search, so any thread finds it in 6 steps.
+[[nodiscard]] PARTRAIN_HOST_DEVICE inline unsigned segment_of(const precision_segment_table& t, std::size_t i) {
+  unsigned lo = 0;
+  unsigned hi = t.count;  // invariant: seg[lo].start <= i < seg[hi].start (seg[count] = total)
+  while (hi - lo > 1) {
+    const unsigned mid = (lo + hi) / 2;
+    if (t.seg[mid].start <= i) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+template <class From, class To>
+struct segmented_cast_fn {
+  precision_segment_table t;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const precision_segment& s = t.seg[segment_of(t, i)];
+    cast_fn<From, To>{static_cast<const From*>(s.src), static_cast<To*>(s.dst)}(i - s.start);
+  }
+};
+
+struct segmented_unscale_check_fn {
+  precision_segment_table t;
+  float inv_scale;
+  PARTRAIN_HOST_DEVICE int operator()(std::size_t i) const {
+    const precision_segment& s = t.seg[segment_of(t, i)];
+    return unscale_check_fn{static_cast<float*>(s.dst), inv_scale}(i - s.start);
+  }
+};
+
+// Fills tables with the non-empty segments seg(0) .. seg(count - 1) and calls launch(table) for
+// each full table and for the last one.
+template <class Seg, class Launch>
+void for_each_precision_table(std::size_t count, Seg&& seg, Launch&& launch) {
+  precision_segment_table t{};
+  for (std::size_t k = 0; k < count; ++k) {
+    precision_segment s = seg(k);
+    if (s.n == 0) continue;
+    s.start = t.total;
+    t.seg[t.count++] = s;
+    t.total += s.n;
+    if (t.count == precision_segments_per_launch) {
+      launch(t);
+      t = precision_segment_table{};
+    }
+  }
+  if (t.count != 0) launch(t);
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_PRECISION_DETAIL_ELEMENTS_HPP
 
 namespace partrain::inline v0::detail {
 
@@ -17132,29 +18885,18 @@ template <class From, class To>
 void cast_views(std::span<const tensor_view<const From>> src, std::span<const tensor_view<To>> dst) {
   check_cast_pairs(src, dst);
   for (std::size_t k = 0; k < src.size(); ++k) {
-    const From* s = src[k].data();
-    To* d = dst[k].data();
-    const std::size_t n = src[k].size();
-    for (std::size_t j = 0; j < n; ++j) d[j] = static_cast<To>(static_cast<float>(s[j]));
+    for_each_index(host_exec{}, src[k].size(), cast_fn<From, To>{src[k].data(), dst[k].data()});
   }
 }
 
 // g *= inv_scale over every gradient, in one pass; true when any element is inf or NaN
 // (PyTorch's _amp_foreach_non_finite_check_and_unscale_). Non-finite values stay non-finite.
 [[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float>> grads, float inv_scale) {
-  bool found = false;
+  int found = 0;
   for (const auto& g : grads) {
-    float* p = g.data();
-    const std::size_t n = g.size();
-    bool local = false;
-    for (std::size_t j = 0; j < n; ++j) {
-      const float v = p[j];
-      local |= !std::isfinite(v);
-      p[j] = v * inv_scale;
-    }
-    found |= local;
+    found |= transform_reduce_index(host_exec{}, g.size(), 0, unscale_check_fn{g.data(), inv_scale}, bit_or_fn{});
   }
-  return found;
+  return found != 0;
 }
 
 }  // namespace partrain::inline v0::detail
@@ -17223,20 +18965,19 @@ decltype(auto) visit_precision(precision p, F&& f) {
 // partrain/precision/detail/kernels.cuh: the element loops of mixed precision for views in CUDA
 // memory: casts between fp32 and the 16-bit types, and the fused unscale + inf/NaN check over all
 // gradients. These are the overloads of precision/detail/host_kernels.hpp's functions for
-// tensor_view<T, cuda>; each call is one kernel launch over all its tensors (a table of segments
-// passed by value; more than precision_segments_per_launch tensors take one launch per table),
-// on the legacy default stream, and has finished on return (as the optimizers' kernels). nvcc only.
+// tensor_view<T, cuda>; the element work is the segmented functors of precision/detail/elements.hpp
+// (the host path and the CPU tier run the same code, so the casts are the host's bit for bit),
+// launched through partrain/cuda/launch.cuh: one launch over up to precision_segments_per_launch
+// tensors (more take one launch per table), on the calling thread's current device, finished on
+// return. nvcc only.
 
 #if !defined(__CUDACC__)
 #error "partrain/precision/detail/kernels.cuh must be compiled by nvcc"
 #endif
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
-#include <cstdint>
 #include <span>
 #include <type_traits>
 
@@ -17290,130 +19031,269 @@ inline void cuda_check(cudaError_t rc, const char* call, const char* file, int l
 // Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
 #define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
 #endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+// #include <partrain/cuda/launch.cuh>
+#ifndef PARTRAIN_SI_CUDA_LAUNCH_CUH
+#define PARTRAIN_SI_CUDA_LAUNCH_CUH
+// partrain/cuda/launch.cuh: the CUDA half of the one launch helper (the host half is
+// partrain/core/for_each_index.hpp). for_each_index(cuda_exec{stream, device}, n, f) queues a
+// grid-stride kernel that calls f(i) for every i in [0, n) on `stream` of `device`;
+// transform_reduce_index folds per block, then the blocks' partials in block order on the host, so
+// its result is the same on every run. The element functors are the library's plain headers
+// (optim/detail/elements.hpp, ...), the ones the host path and the CPU tier run. nvcc only.
+
+#if !defined(__CUDACC__)
+#error "partrain/cuda/launch.cuh must be compiled by nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+// #include <partrain/cuda/device_guard.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
+// previous one after (torch.cuda.device as a context manager), without ever creating a context
+// on a device nobody asked for.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda.h>  // CUcontext and the driver's function type only: nothing links libcuda
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+// Whether this thread has a current CUDA context, i.e. someone already made a device current on
+// it (cudaSetDevice, or a runtime call that initialised one). cudaGetDevice answers 0 on a fresh
+// thread, and cudaSetDevice(0) would then create device 0's context (CUDA 12+): restoring must
+// not do that. The driver's cuCtxGetCurrent is reached through the runtime, so nothing links
+// libcuda. Unknown (entry point missing): true, i.e. restore as a plain guard would.
+[[nodiscard]] inline bool thread_has_cuda_context() noexcept {
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
+  using get_current_fn = CUresult(CUDAAPI*)(CUcontext*);
+  static const get_current_fn get_current = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return get_current_fn{nullptr};
+    }
+    return reinterpret_cast<get_current_fn>(fn);
+  }();
+  if (!get_current) return true;
+  CUcontext ctx = nullptr;
+  if (get_current(&ctx) != CUDA_SUCCESS) return true;
+  return ctx != nullptr;
+#else
+  return true;
+#endif
+}
+
+[[nodiscard]] inline int checked_cuda_index(const device& d, const char* who) {
+  if (!d.is_cuda()) {
+    throw invalid_argument_error(std::string(who) + ": device " + d.to_string() + " is not a CUDA device (expected cuda:N)");
+  }
+  return d.index;
+}
+
+}  // namespace detail
+
+// The device current on this thread (cudaGetDevice: it does not create a context; 0 when none
+// was ever set).
+[[nodiscard]] inline int cuda_current_device() {
+  int d = 0;
+  PARTRAIN_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+class [[nodiscard]] cuda_device_guard {
+ public:
+  // Makes `index` current unless it already is. The destructor restores the previous device only
+  // when this guard changed it and the thread had a context before (someone had set a device).
+  explicit cuda_device_guard(int index) {
+    const int current = cuda_current_device();
+    if (current == index) return;
+    const bool restore = detail::thread_has_cuda_context();
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
+    if (restore) previous_ = current;
+  }
+  explicit cuda_device_guard(const device& d) : cuda_device_guard(detail::checked_cuda_index(d, "cuda_device_guard")) {}
+  cuda_device_guard(const cuda_device_guard&) = delete;
+  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
+  ~cuda_device_guard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;  // -1: leave the device as it is at the end of the scope
+};
+
+// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
+[[nodiscard]] inline int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// The device whose memory `p` is (cudaPointerGetAttributes): device memory and managed memory
+// report their device. Host memory (pageable or pinned) has no device: config_error naming `who`.
+[[nodiscard]] inline device cuda_device_of(const void* p, const char* who) {
+  cudaPointerAttributes a{};
+  const cudaError_t rc = cudaPointerGetAttributes(&a, p);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw cuda_error(rc, std::string(who) + ": cudaPointerGetAttributes failed: " + cudaGetErrorString(rc));
+  }
+  if ((a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) || a.device < 0) {
+    throw config_error(std::string(who) + ": a pointer expected in CUDA device memory is host memory (a tensor_view<T, "
+                                          "cuda> must point into device memory)");
+  }
+  return device::cuda(a.device);
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
 
 namespace partrain::inline v0::detail {
 
-// One tensor of a fused launch: its elements are [start, start + n) of the launch's index space.
-struct precision_segment {
-  const void* src = nullptr;
-  void* dst = nullptr;
-  std::size_t n = 0;
-  std::size_t start = 0;
+// Where a launch goes. device < 0 leaves the calling thread's current device as it is (for
+// callers that already hold a cuda_device_guard); otherwise it is made current for the launch.
+struct cuda_exec {
+  cudaStream_t stream = cudaStreamLegacy;
+  int device = -1;
 };
 
-inline constexpr unsigned precision_segments_per_launch = 64;
+// The one launch geometry: 256 threads a block (a power of two: the block reduce halves it), at
+// most 2048 blocks (16 per SM on a 132-SM H100, enough to cover the latency of a grid-stride
+// loop), never 0 blocks.
+inline constexpr unsigned launch_block = 256;
+inline constexpr std::size_t launch_max_blocks = 2048;
 
-// Passed by value to the kernel: 64 * 32 + 16 bytes, well inside the 4 KiB of kernel parameters
-// every architecture accepts.
-struct precision_segment_table {
-  precision_segment seg[precision_segments_per_launch];
-  std::size_t total = 0;  // elements over all segments
-  unsigned count = 0;
-};
-static_assert(sizeof(precision_segment_table) <= 4096, "kernel parameters are limited to 4 KiB");
+[[nodiscard]] constexpr unsigned launch_blocks(std::size_t n) noexcept {
+  const std::size_t b = (n + launch_block - 1) / launch_block;
+  return static_cast<unsigned>(b == 0 ? 1 : (b < launch_max_blocks ? b : launch_max_blocks));
+}
+static_assert(launch_blocks(0) == 1 && launch_blocks(257) == 2 && launch_blocks(std::size_t{1} << 40) == 2048);
 
-inline constexpr unsigned precision_block = 256;
-inline constexpr std::size_t precision_max_blocks = 2048;
-
-[[nodiscard]] inline unsigned precision_blocks(std::size_t n) {
-  const std::size_t b = (n + precision_block - 1) / precision_block;
-  return static_cast<unsigned>(b == 0 ? 1 : (b < precision_max_blocks ? b : precision_max_blocks));
-}
-
-// The conversions, bit for bit those of core/half.hpp: the hardware's round-to-nearest-even
-// conversions for every number; NaN by hand, because the hardware returns one canonical NaN
-// while the host keeps the sign and the top payload bits (and quiets the NaN).
-__device__ inline std::uint16_t device_float_to_half_bits(float f) {
-  const std::uint32_t x = __float_as_uint(f);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) {
-    return static_cast<std::uint16_t>(((x >> 16) & 0x8000u) | 0x7C00u | 0x0200u | ((x >> 13) & 0x3FFu));
-  }
-  return __half_as_ushort(__float2half_rn(f));
-}
-__device__ inline std::uint16_t device_float_to_bfloat16_bits(float f) {
-  const std::uint32_t x = __float_as_uint(f);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x0040u);
-  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-}
-__device__ inline float device_half_bits_to_float(std::uint16_t h) {
-  if ((h & 0x7C00u) == 0x7C00u && (h & 0x03FFu) != 0) {  // NaN: keep sign and payload, as the host
-    return __uint_as_float((static_cast<std::uint32_t>(h & 0x8000u) << 16) | 0x7F800000u |
-                           (static_cast<std::uint32_t>(h & 0x03FFu) << 13));
-  }
-  return __half2float(__ushort_as_half(h));
-}
-__device__ inline float device_bfloat16_bits_to_float(std::uint16_t b) {
-  return __uint_as_float(static_cast<std::uint32_t>(b) << 16);  // exact, NaN included
-}
-
-// Element j of one segment, From -> To (one side float, the other half or bfloat16; the 16-bit
-// side is read and written as its bits, which partrain::half/bfloat16 share with __half/__nv_bfloat16).
-template <class From, class To>
-__device__ void precision_cast_element(const void* src, void* dst, std::size_t j) {
-  if constexpr (std::is_same_v<To, half>) {
-    static_cast<std::uint16_t*>(dst)[j] = device_float_to_half_bits(static_cast<const float*>(src)[j]);
-  } else if constexpr (std::is_same_v<To, bfloat16>) {
-    static_cast<std::uint16_t*>(dst)[j] = device_float_to_bfloat16_bits(static_cast<const float*>(src)[j]);
-  } else if constexpr (std::is_same_v<From, half>) {
-    static_cast<float*>(dst)[j] = device_half_bits_to_float(static_cast<const std::uint16_t*>(src)[j]);
-  } else {
-    static_cast<float*>(dst)[j] = device_bfloat16_bits_to_float(static_cast<const std::uint16_t*>(src)[j]);
-  }
-}
-
-// A grid-stride loop over the launch's index space. A thread's indices only grow, so the segment
-// it is in is found by walking forward from the previous one (segments are never empty).
-template <class From, class To>
-__global__ void precision_cast_kernel(precision_segment_table t) {
-  unsigned k = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < t.total;
+template <class F>
+__global__ void for_each_index_kernel(std::size_t n, F f) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    while (i >= t.seg[k].start + t.seg[k].n) ++k;
-    precision_cast_element<From, To>(t.seg[k].src, t.seg[k].dst, i - t.seg[k].start);
+    f(i);
   }
 }
 
-// g *= inv_scale; *found = 1 when any element was inf or NaN (it stays non-finite after the
-// multiplication, as on the host). A template only so that the header defines it in every
-// translation unit without breaking the one-definition rule.
-template <class T>
-__global__ void precision_unscale_kernel(precision_segment_table t, T inv_scale, int* found) {
-  bool bad = false;
-  unsigned k = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < t.total;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    while (i >= t.seg[k].start + t.seg[k].n) ++k;
-    T* g = static_cast<T*>(t.seg[k].dst) + (i - t.seg[k].start);
-    const T v = *g;
-    bad |= !isfinite(v);
-    *g = v * inv_scale;
+// Thread t of the grid folds map(t), map(t + stride), ... starting from its first element (no
+// identity is needed); a block then folds its threads pairwise in shared memory. Indices below
+// n are a prefix, so after each halving the threads holding a value are still a prefix of the
+// block: `valid` tracks its length. Every block has at least one index (launch_blocks).
+template <class T, class Map, class Combine>
+__global__ void transform_reduce_index_kernel(std::size_t n, Map map, Combine combine, T* partial) {
+  __shared__ T tile[launch_block];
+  const std::size_t first = blockIdx.x * static_cast<std::size_t>(blockDim.x);
+  const std::size_t stride = static_cast<std::size_t>(blockDim.x) * gridDim.x;
+  const std::size_t start = first + threadIdx.x;
+  if (start < n) {
+    T acc = map(start);
+    for (std::size_t i = start + stride; i < n; i += stride) acc = combine(acc, map(i));
+    tile[threadIdx.x] = acc;
   }
-  // Every thread of the block reaches this barrier (the loop has no early exit).
-  if (__syncthreads_or(bad ? 1 : 0) && threadIdx.x == 0) atomicExch(found, 1);
+  __syncthreads();
+  unsigned valid = n - first < blockDim.x ? static_cast<unsigned>(n - first) : blockDim.x;
+  for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s && threadIdx.x + s < valid) tile[threadIdx.x] = combine(tile[threadIdx.x], tile[threadIdx.x + s]);
+    __syncthreads();
+    if (valid > s) valid = s;
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = tile[0];
 }
 
-// Fills tables with the non-empty segments seg(0) .. seg(count - 1) and calls launch(table) for
-// each full table and for the last one.
-template <class Seg, class Launch>
-void for_each_precision_table(std::size_t count, Seg&& seg, Launch&& launch) {
-  precision_segment_table t{};
-  for (std::size_t k = 0; k < count; ++k) {
-    precision_segment s = seg(k);
-    if (s.n == 0) continue;
-    s.start = t.total;
-    t.seg[t.count++] = s;
-    t.total += s.n;
-    if (t.count == precision_segments_per_launch) {
-      launch(t);
-      t = precision_segment_table{};
-    }
-  }
-  if (t.count != 0) launch(t);
+// The kernel's name in a launch failure: the functor's type, which says which element loop it was.
+template <class F>
+void check_launch(std::size_t n, unsigned blocks) {
+  const cudaError_t rc = cudaGetLastError();
+  if (rc == cudaSuccess) return;
+  const std::string call = std::string("launch of ") + __PRETTY_FUNCTION__ + " over " + std::to_string(n) +
+                           " elements in " + std::to_string(blocks) + " blocks";
+  cuda_check(rc, call.c_str(), __FILE__, __LINE__);
 }
+
+template <class F>
+inline constexpr bool launchable_functor = std::is_trivially_copyable_v<F>;
+
+// Queued on exec.stream; not waited for (the caller synchronises, or orders later work on the
+// same stream). n == 0 launches nothing.
+template <class F>
+void for_each_index(cuda_exec exec, std::size_t n, const F& f) {
+  static_assert(launchable_functor<F>,
+                "partrain: an element functor passed to a CUDA launch must be trivially copyable (it is copied into "
+                "the kernel's parameters): hold pointers and values, not containers");
+  if (n == 0) return;
+  cuda_device_guard guard(exec.device >= 0 ? exec.device : cuda_current_device());
+  const unsigned blocks = launch_blocks(n);
+  for_each_index_kernel<F><<<blocks, launch_block, 0, exec.stream>>>(n, f);
+  check_launch<F>(n, blocks);
+}
+
+// The partials live in stream-ordered memory (cudaMallocAsync: no device-wide synchronisation,
+// unlike cudaFree); returns with exec.stream synchronised.
+template <class T, class Map, class Combine>
+[[nodiscard]] T transform_reduce_index(cuda_exec exec, std::size_t n, T init, const Map& map, const Combine& combine) {
+  static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_default_constructible_v<T>,
+                "partrain: transform_reduce_index on CUDA needs a trivially copyable, trivially constructible "
+                "result type (it lives in shared memory)");
+  static_assert(launchable_functor<Map> && launchable_functor<Combine>,
+                "partrain: the map and combine of a CUDA reduction must be trivially copyable");
+  if (n == 0) return init;
+  cuda_device_guard guard(exec.device >= 0 ? exec.device : cuda_current_device());
+  const unsigned blocks = launch_blocks(n);
+  T* partial = nullptr;
+  PARTRAIN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial), blocks * sizeof(T), exec.stream));
+  std::vector<T> host(blocks);
+  cudaError_t rc = cudaSuccess;
+  transform_reduce_index_kernel<T, Map, Combine><<<blocks, launch_block, 0, exec.stream>>>(n, map, combine, partial);
+  rc = cudaGetLastError();
+  if (rc == cudaSuccess) {
+    rc = cudaMemcpyAsync(host.data(), partial, blocks * sizeof(T), cudaMemcpyDeviceToHost, exec.stream);
+  }
+  (void)cudaFreeAsync(partial, exec.stream);
+  if (rc == cudaSuccess) rc = cudaStreamSynchronize(exec.stream);
+  if (rc != cudaSuccess) {
+    const std::string call = std::string("transform_reduce_index (") + __PRETTY_FUNCTION__ + ") over " +
+                             std::to_string(n) + " elements";
+    cuda_check(rc, call.c_str(), __FILE__, __LINE__);
+  }
+  T acc = init;
+  for (const T& p : host) acc = combine(acc, p);
+  return acc;
+}
+
+// Waits until everything queued on exec.stream has run (errors of the kernels surface here).
+inline void synchronize(cuda_exec exec, const char* what) {
+  cuda_check(cudaStreamSynchronize(exec.stream), what, __FILE__, __LINE__);
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_CUDA_LAUNCH_CUH
+
+namespace partrain::inline v0::detail {
 
 // dst[k][j] = To(src[k][j]) for every pair of views in CUDA memory (on the current device),
-// rounding to nearest even; bit for bit the host cast. Queued on `stream` (pass the one that made
-// src: a non-blocking stream is not ordered with the legacy default) and finished on return.
+// rounding to nearest even. Queued on `stream` (pass the one that made src: a non-blocking stream
+// is not ordered with the legacy default) and finished on return.
 template <class From, class To>
 void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<const tensor_view<To, cuda>> dst,
                 cudaStream_t stream = cudaStreamLegacy) {
@@ -17421,67 +19301,29 @@ void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<co
                     ((std::is_same_v<From, half> || std::is_same_v<From, bfloat16>) && std::is_same_v<To, float>),
                 "partrain: the CUDA cast converts float to half/bfloat16 or half/bfloat16 to float");
   check_cast_pairs(src, dst);
+  const cuda_exec exec{stream, -1};
   bool launched = false;
   for_each_precision_table(
-      src.size(),
-      [&](std::size_t k) {
-        return precision_segment{src[k].data(), dst[k].data(), src[k].size(), 0};
-      },
+      src.size(), [&](std::size_t k) { return precision_segment{src[k].data(), dst[k].data(), src[k].size(), 0}; },
       [&](const precision_segment_table& t) {
-        precision_cast_kernel<From, To><<<precision_blocks(t.total), precision_block, 0, stream>>>(t);
-        cuda_check(cudaGetLastError(), "cast_views: precision_cast_kernel launch", __FILE__, __LINE__);
+        for_each_index(exec, t.total, segmented_cast_fn<From, To>{t});
         launched = true;
       });
-  if (launched) cuda_check(cudaStreamSynchronize(stream), "cast_views: cudaStreamSynchronize", __FILE__, __LINE__);
+  if (launched) synchronize(exec, "cast_views: cudaStreamSynchronize");
 }
 
-// A device int from the stream-ordered pool (no device-wide synchronisation, unlike cudaFree),
-// allocated, zeroed and freed in the order of `stream`.
-class precision_device_flag {
- public:
-  explicit precision_device_flag(cudaStream_t stream) : stream_(stream) {
-    cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&p_), sizeof(int), stream_),
-               "unscale_and_check: cudaMallocAsync (overflow flag)", __FILE__, __LINE__);
-    const cudaError_t rc = cudaMemsetAsync(p_, 0, sizeof(int), stream_);
-    if (rc != cudaSuccess) {
-      release();
-      cuda_check(rc, "unscale_and_check: cudaMemsetAsync (overflow flag)", __FILE__, __LINE__);
-    }
-  }
-  precision_device_flag(const precision_device_flag&) = delete;
-  precision_device_flag& operator=(const precision_device_flag&) = delete;
-  ~precision_device_flag() { release(); }
-  [[nodiscard]] int* get() const noexcept { return p_; }
-
- private:
-  void release() noexcept {
-    if (p_) (void)cudaFreeAsync(p_, stream_);
-    p_ = nullptr;
-  }
-  cudaStream_t stream_;
-  int* p_ = nullptr;
-};
-
-// g *= inv_scale over every gradient in CUDA memory, in one pass; true when any element is inf or
-// NaN (PyTorch's _amp_foreach_non_finite_check_and_unscale_). One copy of the flag to the host.
-// Queued on `stream` (the one that made the gradients) and finished on return.
+// g *= inv_scale over every gradient in CUDA memory, in one pass per table; true when any element
+// is inf or NaN (PyTorch's _amp_foreach_non_finite_check_and_unscale_). Queued on `stream` (the
+// one that made the gradients) and finished on return.
 [[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float, cuda>> grads, float inv_scale,
                                             cudaStream_t stream = cudaStreamLegacy) {
-  std::size_t total = 0;
-  for (const auto& g : grads) total += g.size();
-  if (total == 0) return false;
-  precision_device_flag flag(stream);
+  int found = 0;
   for_each_precision_table(
       grads.size(), [&](std::size_t k) { return precision_segment{grads[k].data(), grads[k].data(), grads[k].size(), 0}; },
       [&](const precision_segment_table& t) {
-        precision_unscale_kernel<float><<<precision_blocks(t.total), precision_block, 0, stream>>>(t, inv_scale,
-                                                                                                   flag.get());
-        cuda_check(cudaGetLastError(), "unscale_and_check: precision_unscale_kernel launch", __FILE__, __LINE__);
+        found |= transform_reduce_index(cuda_exec{stream, -1}, t.total, 0, segmented_unscale_check_fn{t, inv_scale},
+                                        bit_or_fn{});
       });
-  int found = 0;
-  cuda_check(cudaMemcpyAsync(&found, flag.get(), sizeof(int), cudaMemcpyDeviceToHost, stream),
-             "unscale_and_check: cudaMemcpyAsync (overflow flag to host)", __FILE__, __LINE__);
-  cuda_check(cudaStreamSynchronize(stream), "unscale_and_check: cudaStreamSynchronize", __FILE__, __LINE__);
   return found != 0;
 }
 
@@ -17539,20 +19381,19 @@ void cast(tensor_view<From, S> src, tensor_view<To, S> dst) {
 // partrain/precision/detail/kernels.cuh: the element loops of mixed precision for views in CUDA
 // memory: casts between fp32 and the 16-bit types, and the fused unscale + inf/NaN check over all
 // gradients. These are the overloads of precision/detail/host_kernels.hpp's functions for
-// tensor_view<T, cuda>; each call is one kernel launch over all its tensors (a table of segments
-// passed by value; more than precision_segments_per_launch tensors take one launch per table),
-// on the legacy default stream, and has finished on return (as the optimizers' kernels). nvcc only.
+// tensor_view<T, cuda>; the element work is the segmented functors of precision/detail/elements.hpp
+// (the host path and the CPU tier run the same code, so the casts are the host's bit for bit),
+// launched through partrain/cuda/launch.cuh: one launch over up to precision_segments_per_launch
+// tensors (more take one launch per table), on the calling thread's current device, finished on
+// return. nvcc only.
 
 #if !defined(__CUDACC__)
 #error "partrain/precision/detail/kernels.cuh must be compiled by nvcc"
 #endif
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
-#include <cstdint>
 #include <span>
 #include <type_traits>
 
@@ -17606,130 +19447,269 @@ inline void cuda_check(cudaError_t rc, const char* call, const char* file, int l
 // Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
 #define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
 #endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+// #include <partrain/cuda/launch.cuh>
+#ifndef PARTRAIN_SI_CUDA_LAUNCH_CUH
+#define PARTRAIN_SI_CUDA_LAUNCH_CUH
+// partrain/cuda/launch.cuh: the CUDA half of the one launch helper (the host half is
+// partrain/core/for_each_index.hpp). for_each_index(cuda_exec{stream, device}, n, f) queues a
+// grid-stride kernel that calls f(i) for every i in [0, n) on `stream` of `device`;
+// transform_reduce_index folds per block, then the blocks' partials in block order on the host, so
+// its result is the same on every run. The element functors are the library's plain headers
+// (optim/detail/elements.hpp, ...), the ones the host path and the CPU tier run. nvcc only.
+
+#if !defined(__CUDACC__)
+#error "partrain/cuda/launch.cuh must be compiled by nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+// #include <partrain/cuda/device_guard.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
+// previous one after (torch.cuda.device as a context manager), without ever creating a context
+// on a device nobody asked for.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda.h>  // CUcontext and the driver's function type only: nothing links libcuda
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+// Whether this thread has a current CUDA context, i.e. someone already made a device current on
+// it (cudaSetDevice, or a runtime call that initialised one). cudaGetDevice answers 0 on a fresh
+// thread, and cudaSetDevice(0) would then create device 0's context (CUDA 12+): restoring must
+// not do that. The driver's cuCtxGetCurrent is reached through the runtime, so nothing links
+// libcuda. Unknown (entry point missing): true, i.e. restore as a plain guard would.
+[[nodiscard]] inline bool thread_has_cuda_context() noexcept {
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
+  using get_current_fn = CUresult(CUDAAPI*)(CUcontext*);
+  static const get_current_fn get_current = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return get_current_fn{nullptr};
+    }
+    return reinterpret_cast<get_current_fn>(fn);
+  }();
+  if (!get_current) return true;
+  CUcontext ctx = nullptr;
+  if (get_current(&ctx) != CUDA_SUCCESS) return true;
+  return ctx != nullptr;
+#else
+  return true;
+#endif
+}
+
+[[nodiscard]] inline int checked_cuda_index(const device& d, const char* who) {
+  if (!d.is_cuda()) {
+    throw invalid_argument_error(std::string(who) + ": device " + d.to_string() + " is not a CUDA device (expected cuda:N)");
+  }
+  return d.index;
+}
+
+}  // namespace detail
+
+// The device current on this thread (cudaGetDevice: it does not create a context; 0 when none
+// was ever set).
+[[nodiscard]] inline int cuda_current_device() {
+  int d = 0;
+  PARTRAIN_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+class [[nodiscard]] cuda_device_guard {
+ public:
+  // Makes `index` current unless it already is. The destructor restores the previous device only
+  // when this guard changed it and the thread had a context before (someone had set a device).
+  explicit cuda_device_guard(int index) {
+    const int current = cuda_current_device();
+    if (current == index) return;
+    const bool restore = detail::thread_has_cuda_context();
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
+    if (restore) previous_ = current;
+  }
+  explicit cuda_device_guard(const device& d) : cuda_device_guard(detail::checked_cuda_index(d, "cuda_device_guard")) {}
+  cuda_device_guard(const cuda_device_guard&) = delete;
+  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
+  ~cuda_device_guard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;  // -1: leave the device as it is at the end of the scope
+};
+
+// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
+[[nodiscard]] inline int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// The device whose memory `p` is (cudaPointerGetAttributes): device memory and managed memory
+// report their device. Host memory (pageable or pinned) has no device: config_error naming `who`.
+[[nodiscard]] inline device cuda_device_of(const void* p, const char* who) {
+  cudaPointerAttributes a{};
+  const cudaError_t rc = cudaPointerGetAttributes(&a, p);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw cuda_error(rc, std::string(who) + ": cudaPointerGetAttributes failed: " + cudaGetErrorString(rc));
+  }
+  if ((a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) || a.device < 0) {
+    throw config_error(std::string(who) + ": a pointer expected in CUDA device memory is host memory (a tensor_view<T, "
+                                          "cuda> must point into device memory)");
+  }
+  return device::cuda(a.device);
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
 
 namespace partrain::inline v0::detail {
 
-// One tensor of a fused launch: its elements are [start, start + n) of the launch's index space.
-struct precision_segment {
-  const void* src = nullptr;
-  void* dst = nullptr;
-  std::size_t n = 0;
-  std::size_t start = 0;
+// Where a launch goes. device < 0 leaves the calling thread's current device as it is (for
+// callers that already hold a cuda_device_guard); otherwise it is made current for the launch.
+struct cuda_exec {
+  cudaStream_t stream = cudaStreamLegacy;
+  int device = -1;
 };
 
-inline constexpr unsigned precision_segments_per_launch = 64;
+// The one launch geometry: 256 threads a block (a power of two: the block reduce halves it), at
+// most 2048 blocks (16 per SM on a 132-SM H100, enough to cover the latency of a grid-stride
+// loop), never 0 blocks.
+inline constexpr unsigned launch_block = 256;
+inline constexpr std::size_t launch_max_blocks = 2048;
 
-// Passed by value to the kernel: 64 * 32 + 16 bytes, well inside the 4 KiB of kernel parameters
-// every architecture accepts.
-struct precision_segment_table {
-  precision_segment seg[precision_segments_per_launch];
-  std::size_t total = 0;  // elements over all segments
-  unsigned count = 0;
-};
-static_assert(sizeof(precision_segment_table) <= 4096, "kernel parameters are limited to 4 KiB");
+[[nodiscard]] constexpr unsigned launch_blocks(std::size_t n) noexcept {
+  const std::size_t b = (n + launch_block - 1) / launch_block;
+  return static_cast<unsigned>(b == 0 ? 1 : (b < launch_max_blocks ? b : launch_max_blocks));
+}
+static_assert(launch_blocks(0) == 1 && launch_blocks(257) == 2 && launch_blocks(std::size_t{1} << 40) == 2048);
 
-inline constexpr unsigned precision_block = 256;
-inline constexpr std::size_t precision_max_blocks = 2048;
-
-[[nodiscard]] inline unsigned precision_blocks(std::size_t n) {
-  const std::size_t b = (n + precision_block - 1) / precision_block;
-  return static_cast<unsigned>(b == 0 ? 1 : (b < precision_max_blocks ? b : precision_max_blocks));
-}
-
-// The conversions, bit for bit those of core/half.hpp: the hardware's round-to-nearest-even
-// conversions for every number; NaN by hand, because the hardware returns one canonical NaN
-// while the host keeps the sign and the top payload bits (and quiets the NaN).
-__device__ inline std::uint16_t device_float_to_half_bits(float f) {
-  const std::uint32_t x = __float_as_uint(f);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) {
-    return static_cast<std::uint16_t>(((x >> 16) & 0x8000u) | 0x7C00u | 0x0200u | ((x >> 13) & 0x3FFu));
-  }
-  return __half_as_ushort(__float2half_rn(f));
-}
-__device__ inline std::uint16_t device_float_to_bfloat16_bits(float f) {
-  const std::uint32_t x = __float_as_uint(f);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x0040u);
-  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-}
-__device__ inline float device_half_bits_to_float(std::uint16_t h) {
-  if ((h & 0x7C00u) == 0x7C00u && (h & 0x03FFu) != 0) {  // NaN: keep sign and payload, as the host
-    return __uint_as_float((static_cast<std::uint32_t>(h & 0x8000u) << 16) | 0x7F800000u |
-                           (static_cast<std::uint32_t>(h & 0x03FFu) << 13));
-  }
-  return __half2float(__ushort_as_half(h));
-}
-__device__ inline float device_bfloat16_bits_to_float(std::uint16_t b) {
-  return __uint_as_float(static_cast<std::uint32_t>(b) << 16);  // exact, NaN included
-}
-
-// Element j of one segment, From -> To (one side float, the other half or bfloat16; the 16-bit
-// side is read and written as its bits, which partrain::half/bfloat16 share with __half/__nv_bfloat16).
-template <class From, class To>
-__device__ void precision_cast_element(const void* src, void* dst, std::size_t j) {
-  if constexpr (std::is_same_v<To, half>) {
-    static_cast<std::uint16_t*>(dst)[j] = device_float_to_half_bits(static_cast<const float*>(src)[j]);
-  } else if constexpr (std::is_same_v<To, bfloat16>) {
-    static_cast<std::uint16_t*>(dst)[j] = device_float_to_bfloat16_bits(static_cast<const float*>(src)[j]);
-  } else if constexpr (std::is_same_v<From, half>) {
-    static_cast<float*>(dst)[j] = device_half_bits_to_float(static_cast<const std::uint16_t*>(src)[j]);
-  } else {
-    static_cast<float*>(dst)[j] = device_bfloat16_bits_to_float(static_cast<const std::uint16_t*>(src)[j]);
-  }
-}
-
-// A grid-stride loop over the launch's index space. A thread's indices only grow, so the segment
-// it is in is found by walking forward from the previous one (segments are never empty).
-template <class From, class To>
-__global__ void precision_cast_kernel(precision_segment_table t) {
-  unsigned k = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < t.total;
+template <class F>
+__global__ void for_each_index_kernel(std::size_t n, F f) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    while (i >= t.seg[k].start + t.seg[k].n) ++k;
-    precision_cast_element<From, To>(t.seg[k].src, t.seg[k].dst, i - t.seg[k].start);
+    f(i);
   }
 }
 
-// g *= inv_scale; *found = 1 when any element was inf or NaN (it stays non-finite after the
-// multiplication, as on the host). A template only so that the header defines it in every
-// translation unit without breaking the one-definition rule.
-template <class T>
-__global__ void precision_unscale_kernel(precision_segment_table t, T inv_scale, int* found) {
-  bool bad = false;
-  unsigned k = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < t.total;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    while (i >= t.seg[k].start + t.seg[k].n) ++k;
-    T* g = static_cast<T*>(t.seg[k].dst) + (i - t.seg[k].start);
-    const T v = *g;
-    bad |= !isfinite(v);
-    *g = v * inv_scale;
+// Thread t of the grid folds map(t), map(t + stride), ... starting from its first element (no
+// identity is needed); a block then folds its threads pairwise in shared memory. Indices below
+// n are a prefix, so after each halving the threads holding a value are still a prefix of the
+// block: `valid` tracks its length. Every block has at least one index (launch_blocks).
+template <class T, class Map, class Combine>
+__global__ void transform_reduce_index_kernel(std::size_t n, Map map, Combine combine, T* partial) {
+  __shared__ T tile[launch_block];
+  const std::size_t first = blockIdx.x * static_cast<std::size_t>(blockDim.x);
+  const std::size_t stride = static_cast<std::size_t>(blockDim.x) * gridDim.x;
+  const std::size_t start = first + threadIdx.x;
+  if (start < n) {
+    T acc = map(start);
+    for (std::size_t i = start + stride; i < n; i += stride) acc = combine(acc, map(i));
+    tile[threadIdx.x] = acc;
   }
-  // Every thread of the block reaches this barrier (the loop has no early exit).
-  if (__syncthreads_or(bad ? 1 : 0) && threadIdx.x == 0) atomicExch(found, 1);
+  __syncthreads();
+  unsigned valid = n - first < blockDim.x ? static_cast<unsigned>(n - first) : blockDim.x;
+  for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s && threadIdx.x + s < valid) tile[threadIdx.x] = combine(tile[threadIdx.x], tile[threadIdx.x + s]);
+    __syncthreads();
+    if (valid > s) valid = s;
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = tile[0];
 }
 
-// Fills tables with the non-empty segments seg(0) .. seg(count - 1) and calls launch(table) for
-// each full table and for the last one.
-template <class Seg, class Launch>
-void for_each_precision_table(std::size_t count, Seg&& seg, Launch&& launch) {
-  precision_segment_table t{};
-  for (std::size_t k = 0; k < count; ++k) {
-    precision_segment s = seg(k);
-    if (s.n == 0) continue;
-    s.start = t.total;
-    t.seg[t.count++] = s;
-    t.total += s.n;
-    if (t.count == precision_segments_per_launch) {
-      launch(t);
-      t = precision_segment_table{};
-    }
-  }
-  if (t.count != 0) launch(t);
+// The kernel's name in a launch failure: the functor's type, which says which element loop it was.
+template <class F>
+void check_launch(std::size_t n, unsigned blocks) {
+  const cudaError_t rc = cudaGetLastError();
+  if (rc == cudaSuccess) return;
+  const std::string call = std::string("launch of ") + __PRETTY_FUNCTION__ + " over " + std::to_string(n) +
+                           " elements in " + std::to_string(blocks) + " blocks";
+  cuda_check(rc, call.c_str(), __FILE__, __LINE__);
 }
+
+template <class F>
+inline constexpr bool launchable_functor = std::is_trivially_copyable_v<F>;
+
+// Queued on exec.stream; not waited for (the caller synchronises, or orders later work on the
+// same stream). n == 0 launches nothing.
+template <class F>
+void for_each_index(cuda_exec exec, std::size_t n, const F& f) {
+  static_assert(launchable_functor<F>,
+                "partrain: an element functor passed to a CUDA launch must be trivially copyable (it is copied into "
+                "the kernel's parameters): hold pointers and values, not containers");
+  if (n == 0) return;
+  cuda_device_guard guard(exec.device >= 0 ? exec.device : cuda_current_device());
+  const unsigned blocks = launch_blocks(n);
+  for_each_index_kernel<F><<<blocks, launch_block, 0, exec.stream>>>(n, f);
+  check_launch<F>(n, blocks);
+}
+
+// The partials live in stream-ordered memory (cudaMallocAsync: no device-wide synchronisation,
+// unlike cudaFree); returns with exec.stream synchronised.
+template <class T, class Map, class Combine>
+[[nodiscard]] T transform_reduce_index(cuda_exec exec, std::size_t n, T init, const Map& map, const Combine& combine) {
+  static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_default_constructible_v<T>,
+                "partrain: transform_reduce_index on CUDA needs a trivially copyable, trivially constructible "
+                "result type (it lives in shared memory)");
+  static_assert(launchable_functor<Map> && launchable_functor<Combine>,
+                "partrain: the map and combine of a CUDA reduction must be trivially copyable");
+  if (n == 0) return init;
+  cuda_device_guard guard(exec.device >= 0 ? exec.device : cuda_current_device());
+  const unsigned blocks = launch_blocks(n);
+  T* partial = nullptr;
+  PARTRAIN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial), blocks * sizeof(T), exec.stream));
+  std::vector<T> host(blocks);
+  cudaError_t rc = cudaSuccess;
+  transform_reduce_index_kernel<T, Map, Combine><<<blocks, launch_block, 0, exec.stream>>>(n, map, combine, partial);
+  rc = cudaGetLastError();
+  if (rc == cudaSuccess) {
+    rc = cudaMemcpyAsync(host.data(), partial, blocks * sizeof(T), cudaMemcpyDeviceToHost, exec.stream);
+  }
+  (void)cudaFreeAsync(partial, exec.stream);
+  if (rc == cudaSuccess) rc = cudaStreamSynchronize(exec.stream);
+  if (rc != cudaSuccess) {
+    const std::string call = std::string("transform_reduce_index (") + __PRETTY_FUNCTION__ + ") over " +
+                             std::to_string(n) + " elements";
+    cuda_check(rc, call.c_str(), __FILE__, __LINE__);
+  }
+  T acc = init;
+  for (const T& p : host) acc = combine(acc, p);
+  return acc;
+}
+
+// Waits until everything queued on exec.stream has run (errors of the kernels surface here).
+inline void synchronize(cuda_exec exec, const char* what) {
+  cuda_check(cudaStreamSynchronize(exec.stream), what, __FILE__, __LINE__);
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_CUDA_LAUNCH_CUH
+
+namespace partrain::inline v0::detail {
 
 // dst[k][j] = To(src[k][j]) for every pair of views in CUDA memory (on the current device),
-// rounding to nearest even; bit for bit the host cast. Queued on `stream` (pass the one that made
-// src: a non-blocking stream is not ordered with the legacy default) and finished on return.
+// rounding to nearest even. Queued on `stream` (pass the one that made src: a non-blocking stream
+// is not ordered with the legacy default) and finished on return.
 template <class From, class To>
 void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<const tensor_view<To, cuda>> dst,
                 cudaStream_t stream = cudaStreamLegacy) {
@@ -17737,67 +19717,29 @@ void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<co
                     ((std::is_same_v<From, half> || std::is_same_v<From, bfloat16>) && std::is_same_v<To, float>),
                 "partrain: the CUDA cast converts float to half/bfloat16 or half/bfloat16 to float");
   check_cast_pairs(src, dst);
+  const cuda_exec exec{stream, -1};
   bool launched = false;
   for_each_precision_table(
-      src.size(),
-      [&](std::size_t k) {
-        return precision_segment{src[k].data(), dst[k].data(), src[k].size(), 0};
-      },
+      src.size(), [&](std::size_t k) { return precision_segment{src[k].data(), dst[k].data(), src[k].size(), 0}; },
       [&](const precision_segment_table& t) {
-        precision_cast_kernel<From, To><<<precision_blocks(t.total), precision_block, 0, stream>>>(t);
-        cuda_check(cudaGetLastError(), "cast_views: precision_cast_kernel launch", __FILE__, __LINE__);
+        for_each_index(exec, t.total, segmented_cast_fn<From, To>{t});
         launched = true;
       });
-  if (launched) cuda_check(cudaStreamSynchronize(stream), "cast_views: cudaStreamSynchronize", __FILE__, __LINE__);
+  if (launched) synchronize(exec, "cast_views: cudaStreamSynchronize");
 }
 
-// A device int from the stream-ordered pool (no device-wide synchronisation, unlike cudaFree),
-// allocated, zeroed and freed in the order of `stream`.
-class precision_device_flag {
- public:
-  explicit precision_device_flag(cudaStream_t stream) : stream_(stream) {
-    cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&p_), sizeof(int), stream_),
-               "unscale_and_check: cudaMallocAsync (overflow flag)", __FILE__, __LINE__);
-    const cudaError_t rc = cudaMemsetAsync(p_, 0, sizeof(int), stream_);
-    if (rc != cudaSuccess) {
-      release();
-      cuda_check(rc, "unscale_and_check: cudaMemsetAsync (overflow flag)", __FILE__, __LINE__);
-    }
-  }
-  precision_device_flag(const precision_device_flag&) = delete;
-  precision_device_flag& operator=(const precision_device_flag&) = delete;
-  ~precision_device_flag() { release(); }
-  [[nodiscard]] int* get() const noexcept { return p_; }
-
- private:
-  void release() noexcept {
-    if (p_) (void)cudaFreeAsync(p_, stream_);
-    p_ = nullptr;
-  }
-  cudaStream_t stream_;
-  int* p_ = nullptr;
-};
-
-// g *= inv_scale over every gradient in CUDA memory, in one pass; true when any element is inf or
-// NaN (PyTorch's _amp_foreach_non_finite_check_and_unscale_). One copy of the flag to the host.
-// Queued on `stream` (the one that made the gradients) and finished on return.
+// g *= inv_scale over every gradient in CUDA memory, in one pass per table; true when any element
+// is inf or NaN (PyTorch's _amp_foreach_non_finite_check_and_unscale_). Queued on `stream` (the
+// one that made the gradients) and finished on return.
 [[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float, cuda>> grads, float inv_scale,
                                             cudaStream_t stream = cudaStreamLegacy) {
-  std::size_t total = 0;
-  for (const auto& g : grads) total += g.size();
-  if (total == 0) return false;
-  precision_device_flag flag(stream);
+  int found = 0;
   for_each_precision_table(
       grads.size(), [&](std::size_t k) { return precision_segment{grads[k].data(), grads[k].data(), grads[k].size(), 0}; },
       [&](const precision_segment_table& t) {
-        precision_unscale_kernel<float><<<precision_blocks(t.total), precision_block, 0, stream>>>(t, inv_scale,
-                                                                                                   flag.get());
-        cuda_check(cudaGetLastError(), "unscale_and_check: precision_unscale_kernel launch", __FILE__, __LINE__);
+        found |= transform_reduce_index(cuda_exec{stream, -1}, t.total, 0, segmented_unscale_check_fn{t, inv_scale},
+                                        bit_or_fn{});
       });
-  int found = 0;
-  cuda_check(cudaMemcpyAsync(&found, flag.get(), sizeof(int), cudaMemcpyDeviceToHost, stream),
-             "unscale_and_check: cudaMemcpyAsync (overflow flag to host)", __FILE__, __LINE__);
-  cuda_check(cudaStreamSynchronize(stream), "unscale_and_check: cudaStreamSynchronize", __FILE__, __LINE__);
   return found != 0;
 }
 
@@ -19067,12 +21009,15 @@ struct checkpoint_extra {
   std::vector<std::byte> rng_state{};
   std::vector<std::byte> scaler_state{};
   std::vector<std::byte> user{};
+  // The trainer's record (train/trainer.hpp): the last epoch's results, so resuming a finished run
+  // reports them instead of training nothing. Format version 2; empty in version 1 files.
+  std::vector<std::byte> trainer_state{};
 
   friend bool operator==(const checkpoint_extra&, const checkpoint_extra&) = default;
 };
 
 inline constexpr std::array<char, 8> checkpoint_magic{'P', 'T', 'R', 'N', 'C', 'K', 'P', 'T'};
-inline constexpr std::uint32_t checkpoint_version = 1;
+inline constexpr std::uint32_t checkpoint_version = 2;  // 2 added trainer_state; 1 is still read
 inline constexpr std::size_t checkpoint_header_bytes = 8 + 4 + 4 + 8;
 
 namespace detail {
@@ -19121,6 +21066,7 @@ template <model M, stateful_optimizer O>
   w.put_bytes(extra.rng_state);
   w.put_bytes(extra.scaler_state);
   w.put_bytes(extra.user);
+  w.put_bytes(extra.trainer_state);
 
   const auto& payload = w.bytes();
   const std::uint32_t version = checkpoint_version;
@@ -19180,8 +21126,8 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
   std::memcpy(&version, file.data() + 8, 4);
   std::memcpy(&crc, file.data() + 12, 4);
   std::memcpy(&size, file.data() + 16, 8);
-  if (version != checkpoint_version) {
-    throw checkpoint_error(where + " has format version " + std::to_string(version) + "; this build reads version " +
+  if (version != checkpoint_version && version != 1) {
+    throw checkpoint_error(where + " has format version " + std::to_string(version) + "; this build reads versions 1 to " +
                            std::to_string(checkpoint_version));
   }
   const std::size_t have = file.size() - checkpoint_header_bytes;
@@ -19246,6 +21192,7 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
   extra.rng_state = bytes("rng state");
   extra.scaler_state = bytes("scaler state");
   extra.user = bytes("user bytes");
+  if (version >= 2) extra.trainer_state = bytes("trainer state");
   if (r.remaining() != 0) throw checkpoint_error(where + " is malformed: " + std::to_string(r.remaining()) + " unread bytes");
 
   state_reader orr(opt_state);
@@ -19264,6 +21211,23 @@ template <model M, stateful_optimizer O>
 checkpoint_extra load_checkpoint(const std::filesystem::path& path, M& m, O& opt) {
   const auto file = detail::read_whole_file(path);
   return load_checkpoint_bytes(file, m, opt, path.string());
+}
+
+// FNV-1a over every host parameter's bytes: equal checksums mean bit-identical parameters (what
+// a restart test compares between an interrupted and an uninterrupted run); 0 for device models.
+template <model M>
+[[nodiscard]] std::uint64_t parameter_checksum(M& m) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  if constexpr (!std::same_as<model_space_t<M>, host>) {
+    return 0;
+  } else {
+    for (auto&& p : m.parameters()) {
+      const auto v = p.value();
+      const auto* bytes = reinterpret_cast<const unsigned char*>(v.data());
+      for (std::size_t i = 0; i < v.size_bytes(); ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
+    }
+    return h;
+  }
 }
 
 }  // namespace partrain::inline v0
@@ -19362,6 +21326,50 @@ inline constexpr every_t every{};
 }  // namespace views
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_TRAIN_EVERY_HPP
+// #include <partrain/train/lr_schedule.hpp>
+#ifndef PARTRAIN_SI_TRAIN_LR_SCHEDULE_HPP
+#define PARTRAIN_SI_TRAIN_LR_SCHEDULE_HPP
+// partrain/train/lr_schedule.hpp: learning-rate schedules as functions of the epoch, which the
+// trainer calls before each epoch (so a resumed run continues on the same curve).
+//   cosine_lr{.base = 0.05, .epochs = 8}   base * (1 + cos(pi * epoch / epochs)) / 2, down to 0
+//   constant_lr{.base = 0.01}
+
+#include <cmath>
+#include <cstddef>
+#include <numbers>
+#include <string>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+inline void check_base_lr(double base, const char* who) {
+  if (!std::isfinite(base) || base <= 0) {
+    throw invalid_argument_error(std::string(who) + ": the learning rate must be a finite number > 0, got " +
+                                 std::to_string(base));
+  }
+}
+}  // namespace detail
+
+struct cosine_lr {
+  double base = 0;
+  std::size_t epochs = 0;
+  [[nodiscard]] double operator()(std::size_t epoch) const {
+    detail::check_base_lr(base, "cosine_lr");
+    if (epochs == 0) throw invalid_argument_error("cosine_lr: epochs must be at least 1, got 0");
+    return base * 0.5 * (1 + std::cos(std::numbers::pi * static_cast<double>(epoch) / static_cast<double>(epochs)));
+  }
+};
+
+struct constant_lr {
+  double base = 0;
+  [[nodiscard]] double operator()(std::size_t) const {
+    detail::check_base_lr(base, "constant_lr");
+    return base;
+  }
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_TRAIN_LR_SCHEDULE_HPP
 // #include <partrain/train/metrics.hpp>
 #ifndef PARTRAIN_SI_TRAIN_METRICS_HPP
 #define PARTRAIN_SI_TRAIN_METRICS_HPP
@@ -19652,231 +21660,28 @@ class metrics_writer {
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_TRAIN_METRICS_HPP
-// #include <partrain/train/progress.hpp>
-#ifndef PARTRAIN_SI_TRAIN_PROGRESS_HPP
-#define PARTRAIN_SI_TRAIN_PROGRESS_HPP
-// partrain/train/progress.hpp: the progress line of a training run, printed by rank 0:
-// epoch, step, loss, samples/s of the whole job, ETA. On a terminal it is one live line redrawn
-// in place ('\r', at most 10 times a second, one finished line kept per epoch); otherwise
-// (a log file, a pipe, a batch job) it prints plain key=value lines now and then, so logs stay
-// clean and grep-able:
-//   progress rank=0 epoch=1/3 step=100/468 loss=0.61234 samples/s=10234.5 eta=0:01:23
-// Other ranks print nothing unless all_ranks is set.
-
-#include <chrono>
-#include <cstdint>
-#include <cstdio>
-#include <iostream>
-#include <ostream>
-#include <string>
-
-#include <unistd.h>
-
-namespace partrain::inline v0 {
-
-enum class progress_mode { automatic, terminal, plain };
-
-struct progress_options {
-  std::ostream* out = nullptr;  // std::cerr when null
-  int terminal_fd = STDERR_FILENO;  // automatic mode: a terminal when isatty(terminal_fd)
-  progress_mode mode = progress_mode::automatic;
-  bool all_ranks = false;            // ranks other than 0 print too
-  std::int64_t epochs = 0;           // 0: unknown (no ETA)
-  std::int64_t steps_per_epoch = 0;  // 0: unknown (no ETA)
-  // samples/s of the whole job = this rank's samples x world_size (ranks take equal batches,
-  // which the distributed sampler guarantees), so no collective is needed per step.
-  int world_size = 1;
-  std::chrono::milliseconds plain_interval{10'000};     // plain: a line at most this often (0: off)
-  std::int64_t plain_every_steps = 0;                    // plain: and every N steps (0: off)
-  std::chrono::milliseconds terminal_interval{100};     // terminal: redraw at most this often
-  std::chrono::steady_clock::time_point (*now)() = &std::chrono::steady_clock::now;  // tests inject a clock
-};
-
-class progress {
- public:
-  progress(int rank, progress_options opts = {}) : rank_(rank), opts_(opts) {
-    if (!opts_.out) opts_.out = &std::cerr;
-    if (opts_.world_size < 1) opts_.world_size = 1;
-    terminal_ = opts_.mode == progress_mode::terminal ||
-                (opts_.mode == progress_mode::automatic && ::isatty(opts_.terminal_fd) == 1);
-    active_ = rank_ == 0 || opts_.all_ranks;
-  }
-  progress(const progress&) = delete;
-  progress& operator=(const progress&) = delete;
-  ~progress() { finish(); }
-
-  [[nodiscard]] bool terminal() const noexcept { return terminal_; }
-  [[nodiscard]] bool active() const noexcept { return active_; }
-
-  // After each step. epoch and step are 0-based (step within the epoch) and printed 1-based;
-  // samples: what this rank processed in the step.
-  void update(std::int64_t epoch, std::int64_t step, double loss, std::int64_t samples) {
-    if (!active_) return;
-    const auto t = opts_.now();
-    last_ = t;
-    if (updates_++ == 0) {
-      first_ = t;  // the reference point: rates count what happened after it
-    } else {
-      samples_ += samples * opts_.world_size;
-    }
-    const bool epoch_end = opts_.steps_per_epoch > 0 && step + 1 == opts_.steps_per_epoch;
-    if (terminal_) {
-      if (!epoch_end && updates_ > 1 && t - last_print_ < opts_.terminal_interval) return;
-      last_print_ = t;
-      *opts_.out << '\r' << format(epoch, step, loss, t) << "\x1b[K";
-      if (epoch_end) *opts_.out << '\n';
-      open_line_ = !epoch_end;
-      opts_.out->flush();
-      return;
-    }
-    const bool every = opts_.plain_every_steps > 0 && (step + 1) % opts_.plain_every_steps == 0;
-    const bool timed = opts_.plain_interval.count() > 0 && t - last_print_ >= opts_.plain_interval;
-    if (updates_ == 1 || every || timed || epoch_end) {
-      last_print_ = t;
-      *opts_.out << format(epoch, step, loss, t) << '\n';
-      opts_.out->flush();
-    }
-  }
-
-  // Ends a live line (the destructor does it too).
-  void finish() {
-    if (open_line_) {
-      *opts_.out << '\n';
-      opts_.out->flush();
-      open_line_ = false;
-    }
-  }
-
-  // Whole-job samples per second since the first update (0 before the second one).
-  [[nodiscard]] double samples_per_second() const {
-    const double s = std::chrono::duration<double>(last_ - first_).count();
-    return s > 0 ? static_cast<double>(samples_) / s : 0.0;
-  }
-
- private:
-  [[nodiscard]] std::string format(std::int64_t epoch, std::int64_t step, double loss,
-                                   std::chrono::steady_clock::time_point t) const {
-    auto of = [](std::int64_t i, std::int64_t n) {
-      return std::to_string(i + 1) + (n > 0 ? "/" + std::to_string(n) : std::string());
-    };
-    std::string line = "progress rank=" + std::to_string(rank_) + " epoch=" + of(epoch, opts_.epochs) +
-                       " step=" + of(step, opts_.steps_per_epoch);
-    char buf[64];
-    std::snprintf(buf, sizeof buf, " loss=%.5g", loss);
-    line += buf;
-    const double rate = samples_per_second();
-    if (rate > 0) {
-      std::snprintf(buf, sizeof buf, " samples/s=%.1f", rate);
-      line += buf;
-    } else {
-      line += " samples/s=-";
-    }
-    line += " eta=" + eta(epoch, step, t);
-    return line;
-  }
-
-  std::string eta(std::int64_t epoch, std::int64_t step, std::chrono::steady_clock::time_point t) const {
-    if (opts_.epochs <= 0 || opts_.steps_per_epoch <= 0 || updates_ < 2) return "-";
-    const std::int64_t total = opts_.epochs * opts_.steps_per_epoch;
-    const std::int64_t done = epoch * opts_.steps_per_epoch + step + 1;
-    const double per_step = std::chrono::duration<double>(t - first_).count() / static_cast<double>(updates_ - 1);
-    const auto left = static_cast<std::int64_t>(per_step * static_cast<double>(total > done ? total - done : 0) + 0.5);
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", static_cast<long long>(left / 3600),
-                  static_cast<long long>(left / 60 % 60), static_cast<long long>(left % 60));
-    return buf;
-  }
-
-  int rank_;
-  progress_options opts_;
-  bool terminal_ = false;
-  bool active_ = false;
-  bool open_line_ = false;
-  std::int64_t updates_ = 0;
-  std::int64_t samples_ = 0;
-  std::chrono::steady_clock::time_point first_{}, last_{}, last_print_{};
-};
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_TRAIN_PROGRESS_HPP
-// #include <partrain/train/steps.hpp>
-#ifndef PARTRAIN_SI_TRAIN_STEPS_HPP
-#define PARTRAIN_SI_TRAIN_STEPS_HPP
-// partrain/train/steps.hpp: `views::steps(fn)`, the step adaptor of the training loop. Over a
-// range of batches it runs `fn(batch)` once per batch, as the consumer advances, and yields a
-// `step_result` with the step number and what fn returned (typically the loss):
+// #include <partrain/train/policies.hpp>
+#ifndef PARTRAIN_SI_TRAIN_POLICIES_HPP
+#define PARTRAIN_SI_TRAIN_POLICIES_HPP
+// partrain/train/policies.hpp: one face for the three parallel modes, so one trainer drives any
+// of them. A training policy takes a whole step (forward, backward, gradient reduction, optimizer
+// step, mixed precision where set), evaluates over a range of batches, sets the learning rate,
+// names its groups, and (DDP) saves and restores its state:
 //
-//   std::size_t step = 0;
-//   for (const auto& s : loader | views::steps(train_one, step)) log(s.step, s.value);
-//
-// Without a counter steps are numbered from 0; with a std::size_t& counter they are numbered
-// globally across epochs (the counter advances as steps run, so a checkpoint reads the step from
-// it, and a resumed run sets it to the checkpoint's step). The range is single pass, like the loader under it.
+//   ddp_policy policy(ddp, opt);                        // optionally {.scaler = &s, .trace = &t}
+//   data_parallel_policy policy(dp);                    // every replica steps its own optimizer
+//   pipeline_policy policy(stage, opt, loss);           // the same partrain::batch as DDP
+//   fit(policy, train_loader, test_loader, {...});      // train/trainer.hpp
 
 #include <concepts>
 #include <cstddef>
-#include <functional>
-#include <ranges>
-#include <type_traits>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
 #include <utility>
+#include <vector>
 
-namespace partrain::inline v0 {
-
-template <class R>
-struct step_result {
-  std::size_t step = 0;  // 0-based, counted over every range the same counter numbered
-  R value{};
-};
-
-namespace detail {
-
-template <std::ranges::view V, class F>
-generator<const step_result<std::invoke_result_t<F&, std::ranges::range_reference_t<V>>>&> run_steps(
-    V base, F fn, std::size_t* counter, std::size_t first) {
-  using result = std::invoke_result_t<F&, std::ranges::range_reference_t<V>>;
-  std::size_t own = first;
-  std::size_t& n = counter ? *counter : own;
-  for (auto&& item : base) {
-    step_result<result> s{n, std::invoke(fn, std::forward<decltype(item)>(item))};
-    ++n;  // counted once the step ran, so a checkpoint taken in the body sees the finished count
-    co_yield s;
-  }
-}
-
-template <class F>
-[[nodiscard]] auto make_steps_closure(F&& fn, std::size_t* counter, std::size_t first) {
-  return make_range_closure([fn = std::forward<F>(fn), counter, first]<std::ranges::viewable_range R>(R&& r) {
-    using V = std::views::all_t<R>;
-    static_assert(std::invocable<std::decay_t<F>&, std::ranges::range_reference_t<V>>,
-                  "partrain: views::steps(fn) needs fn callable with an element of the range (a batch)");
-    static_assert(!std::is_void_v<std::invoke_result_t<std::decay_t<F>&, std::ranges::range_reference_t<V>>>,
-                  "partrain: views::steps(fn): fn must return what the step produced (e.g. the loss), not void");
-    return run_steps<V, std::decay_t<F>>(std::views::all(std::forward<R>(r)), fn, counter, first);
-  });
-}
-
-}  // namespace detail
-
-namespace views {
-
-struct steps_t {
-  // Numbers steps through `counter`, which it advances (a global step across epochs).
-  template <class F>
-  [[nodiscard]] auto operator()(F&& fn, std::size_t& counter) const {
-    return detail::make_steps_closure(std::forward<F>(fn), &counter, 0);
-  }
-  // Numbers steps from 0.
-  template <class F>
-  [[nodiscard]] auto operator()(F&& fn) const {
-    return detail::make_steps_closure(std::forward<F>(fn), nullptr, 0);
-  }
-};
-
-inline constexpr steps_t steps{};
-
-}  // namespace views
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_TRAIN_STEPS_HPP
 // #include <partrain/train/trace.hpp>
 #ifndef PARTRAIN_SI_TRAIN_TRACE_HPP
 #define PARTRAIN_SI_TRAIN_TRACE_HPP
@@ -20327,3 +22132,759 @@ inline void trace_span::end() noexcept {
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_TRAIN_TRACE_HPP
+
+namespace partrain::inline v0 {
+
+// What the trainer needs from a parallel mode on batches of type B.
+//   train_step(b)  one synchronised step, the optimizer's included; the mean loss of b
+//   evaluate(bs)   summed over every rank's part of the test batches
+//   set_lr(lr)     the optimizer hook the schedule uses
+//   group()        every rank of the job (trace, checkpoint barrier); loss_group(): the ranks
+//                  whose losses differ and are averaged (DDP's group; a group of one where
+//                  every rank already sees the whole batch's loss)
+//   replicas()     how many data-parallel copies consume distinct samples (samples/s of the job)
+template <class P, class B>
+concept training_policy = requires(P& p, const B& b, std::span<const B> batches, double lr) {
+  { p.train_step(b) } -> std::convertible_to<double>;
+  { p.evaluate(batches) } -> std::convertible_to<eval_result>;
+  p.set_lr(lr);
+  { p.group() } -> std::same_as<process_group&>;
+  { p.loss_group() } -> std::same_as<process_group&>;
+  { p.replicas() } -> std::convertible_to<int>;
+};
+
+// Optional: the policy can checkpoint (collectively) and resume.
+template <class P>
+concept checkpointable_policy = requires(P& p, const std::filesystem::path& f, const checkpoint_extra& e) {
+  p.save_checkpoint(f, e);
+  { p.load_checkpoint(f) } -> std::same_as<checkpoint_extra>;
+};
+
+struct ddp_policy_options {
+  grad_scaler* scaler = nullptr;    // mixed precision (fp16/bf16): amp_step with it; null: plain fp32 steps
+  trace_recorder* trace = nullptr;  // spans forward_backward / optimizer / amp_step
+  double max_grad_norm = 0;         // > 0: clip the global gradient norm before the step
+};
+
+// distributed_data_parallel plus its optimizer (and grad scaler): a step is DDP's train_step
+// (gradients averaged over the ranks) and opt.step(), or amp_step when a scaler is given.
+template <class Ddp, class Opt>
+class ddp_policy {
+  using model_type = std::remove_cvref_t<decltype(std::declval<Ddp&>().module())>;
+  static constexpr bool host_model = std::same_as<model_space_t<model_type>, host>;
+
+ public:
+  ddp_policy(Ddp& ddp, Opt& opt, ddp_policy_options o = {}) : ddp_(&ddp), opt_(&opt), o_(o) {
+    if (o_.max_grad_norm < 0 || !(o_.max_grad_norm == o_.max_grad_norm)) {
+      throw invalid_argument_error("ddp_policy: max_grad_norm must be >= 0 (0 = no clipping), got " +
+                                   std::to_string(o_.max_grad_norm));
+    }
+  }
+
+  template <class B>
+  double train_step(const B& b) {
+    if (o_.scaler) {  // amp_step also when the scaler is off (bf16): it refreshes the 16-bit copy
+      auto span = o_.trace ? o_.trace->span("amp_step") : trace_span{};
+      const amp_step_result r = amp_step(*ddp_, *opt_, *o_.scaler, b, {.max_grad_norm = o_.max_grad_norm});
+      skipped_ += r.skipped ? 1 : 0;
+      return r.loss;
+    }
+    auto fb = o_.trace ? o_.trace->span("forward_backward") : trace_span{};
+    const double loss = ddp_->train_step(b);
+    fb.end();
+    auto os = o_.trace ? o_.trace->span("optimizer") : trace_span{};
+    if (o_.max_grad_norm > 0) (void)ddp_->clip_grad_norm(o_.max_grad_norm);
+    opt_->step();
+    return loss;
+  }
+  template <class R>
+  eval_result evaluate(R&& batches) {
+    return ddp_->evaluate(std::forward<R>(batches));
+  }
+  void set_lr(double lr) { opt_->set_lr(lr); }
+  process_group& group() { return ddp_->comm(); }
+  process_group& loss_group() { return ddp_->comm(); }
+  [[nodiscard]] int replicas() { return ddp_->comm().size(); }
+  auto parameters() { return ddp_->module().parameters(); }
+  [[nodiscard]] std::size_t skipped_steps() const noexcept { return skipped_; }
+
+  // Rank 0 writes the file atomically while the others wait; the scaler's state goes with it.
+  // Host parameters only (a checkpoint holds host memory): a CUDA model's policy cannot checkpoint.
+  void save_checkpoint(const std::filesystem::path& file, checkpoint_extra extra)
+    requires host_model
+  {
+    if (o_.scaler && o_.scaler->enabled()) extra.scaler_state = o_.scaler->state_bytes();
+    if (group().rank() == 0 && file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+    partrain::save_checkpoint(group(), file, ddp_->module(), *opt_, extra);
+  }
+  checkpoint_extra load_checkpoint(const std::filesystem::path& file)
+    requires host_model
+  {
+    checkpoint_extra extra = partrain::load_checkpoint(file, ddp_->module(), *opt_);
+    if (o_.scaler && o_.scaler->enabled()) o_.scaler->load_state_bytes(extra.scaler_state);
+    if constexpr (has_low_precision_copy<std::remove_cvref_t<decltype(ddp_->module())>>) {
+      ddp_->module().refresh_low_precision();  // the 16-bit copy of the loaded masters
+    }
+    return extra;
+  }
+
+ private:
+  Ddp* ddp_;
+  Opt* opt_;
+  ddp_policy_options o_;
+  std::size_t skipped_ = 0;
+};
+
+// data_parallel: its train_step already steps every replica's optimizer and sees the whole
+// batch, so its losses are summed over a group of one.
+template <class Dp>
+class data_parallel_policy {
+ public:
+  explicit data_parallel_policy(Dp& dp) : dp_(&dp), solo_(std::move(make_local_world(1).front())) {}
+
+  template <class B>
+  double train_step(const B& b) {
+    return dp_->train_step(b);
+  }
+  template <class R>
+  eval_result evaluate(R&& batches) {
+    return dp_->evaluate(std::forward<R>(batches));
+  }
+  void set_lr(double lr) {
+    dp_->for_each_optimizer([lr](auto& opt) { opt.set_lr(lr); });
+  }
+  process_group& group() { return *solo_; }
+  process_group& loss_group() { return *solo_; }
+  [[nodiscard]] int replicas() const noexcept { return 1; }  // one process: its samples are the job's
+  auto parameters() { return dp_->module().parameters(); }
+
+ private:
+  Dp* dp_;
+  std::unique_ptr<local_group> solo_;
+};
+
+// A pipeline stage with the optimizer of its own layers' parameters, on the same batch type as
+// DDP (features and labels): every stage reads the same batches, the first uses the features,
+// the last the labels; every stage returns the batch's loss.
+template <class Stage, class Opt, class Loss>
+class pipeline_policy {
+ public:
+  pipeline_policy(Stage& stage, process_group& pg, Opt& opt, Loss loss = {})
+      : stage_(&stage), pg_(&pg), opt_(&opt), loss_(std::move(loss)), solo_(std::move(make_local_world(1).front())) {}
+
+  double train_step(const batch& b) {
+    const double l = stage_->train_step(loss_, b.features, b.labels);
+    opt_->step();
+    return l;
+  }
+  template <class R>
+  eval_result evaluate(R&& batches) {
+    eval_result r;
+    for (const batch& b : batches) r += stage_->eval_step(loss_, b.features, b.labels);  // forward only
+    return r;
+  }
+  void set_lr(double lr) { opt_->set_lr(lr); }
+  process_group& group() { return *pg_; }
+  process_group& loss_group() { return *solo_; }  // every stage returns the whole batch's loss
+  [[nodiscard]] int replicas() const noexcept { return 1; }
+
+ private:
+  Stage* stage_;
+  process_group* pg_;
+  Opt* opt_;
+  Loss loss_;
+  std::unique_ptr<local_group> solo_;
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_TRAIN_POLICIES_HPP
+// #include <partrain/train/progress.hpp>
+#ifndef PARTRAIN_SI_TRAIN_PROGRESS_HPP
+#define PARTRAIN_SI_TRAIN_PROGRESS_HPP
+// partrain/train/progress.hpp: the progress line of a training run, printed by rank 0:
+// epoch, step, loss, samples/s of the whole job, ETA. On a terminal it is one live line redrawn
+// in place ('\r', at most 10 times a second, one finished line kept per epoch); otherwise
+// (a log file, a pipe, a batch job) it prints plain key=value lines now and then, so logs stay
+// clean and grep-able:
+//   progress rank=0 epoch=1/3 step=100/468 loss=0.61234 samples/s=10234.5 eta=0:01:23
+// Other ranks print nothing unless all_ranks is set.
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <ostream>
+#include <string>
+
+#include <unistd.h>
+
+namespace partrain::inline v0 {
+
+enum class progress_mode { automatic, terminal, plain };
+
+struct progress_options {
+  std::ostream* out = nullptr;  // std::cerr when null
+  int terminal_fd = STDERR_FILENO;  // automatic mode: a terminal when isatty(terminal_fd)
+  progress_mode mode = progress_mode::automatic;
+  bool all_ranks = false;            // ranks other than 0 print too
+  std::int64_t epochs = 0;           // 0: unknown (no ETA)
+  std::int64_t steps_per_epoch = 0;  // 0: unknown (no ETA)
+  // samples/s of the whole job = this rank's samples x world_size (ranks take equal batches,
+  // which the distributed sampler guarantees), so no collective is needed per step.
+  int world_size = 1;
+  std::chrono::milliseconds plain_interval{10'000};     // plain: a line at most this often (0: off)
+  std::int64_t plain_every_steps = 0;                    // plain: and every N steps (0: off)
+  std::chrono::milliseconds terminal_interval{100};     // terminal: redraw at most this often
+  std::chrono::steady_clock::time_point (*now)() = &std::chrono::steady_clock::now;  // tests inject a clock
+};
+
+class progress {
+ public:
+  progress(int rank, progress_options opts = {}) : rank_(rank), opts_(opts) {
+    if (!opts_.out) opts_.out = &std::cerr;
+    if (opts_.world_size < 1) opts_.world_size = 1;
+    terminal_ = opts_.mode == progress_mode::terminal ||
+                (opts_.mode == progress_mode::automatic && ::isatty(opts_.terminal_fd) == 1);
+    active_ = rank_ == 0 || opts_.all_ranks;
+  }
+  progress(const progress&) = delete;
+  progress& operator=(const progress&) = delete;
+  ~progress() { finish(); }
+
+  [[nodiscard]] bool terminal() const noexcept { return terminal_; }
+  [[nodiscard]] bool active() const noexcept { return active_; }
+
+  // After each step. epoch and step are 0-based (step within the epoch) and printed 1-based;
+  // samples: what this rank processed in the step.
+  void update(std::int64_t epoch, std::int64_t step, double loss, std::int64_t samples) {
+    if (!active_) return;
+    const auto t = opts_.now();
+    last_ = t;
+    if (updates_++ == 0) {
+      first_ = t;  // the reference point: rates count what happened after it
+    } else {
+      samples_ += samples * opts_.world_size;
+    }
+    const bool epoch_end = opts_.steps_per_epoch > 0 && step + 1 == opts_.steps_per_epoch;
+    if (terminal_) {
+      if (!epoch_end && updates_ > 1 && t - last_print_ < opts_.terminal_interval) return;
+      last_print_ = t;
+      *opts_.out << '\r' << format(epoch, step, loss, t) << "\x1b[K";
+      if (epoch_end) *opts_.out << '\n';
+      open_line_ = !epoch_end;
+      opts_.out->flush();
+      return;
+    }
+    const bool every = opts_.plain_every_steps > 0 && (step + 1) % opts_.plain_every_steps == 0;
+    const bool timed = opts_.plain_interval.count() > 0 && t - last_print_ >= opts_.plain_interval;
+    if (updates_ == 1 || every || timed || epoch_end) {
+      last_print_ = t;
+      *opts_.out << format(epoch, step, loss, t) << '\n';
+      opts_.out->flush();
+    }
+  }
+
+  // Ends a live line (the destructor does it too).
+  void finish() {
+    if (open_line_) {
+      *opts_.out << '\n';
+      opts_.out->flush();
+      open_line_ = false;
+    }
+  }
+
+  // Whole-job samples per second since the first update (0 before the second one).
+  [[nodiscard]] double samples_per_second() const {
+    const double s = std::chrono::duration<double>(last_ - first_).count();
+    return s > 0 ? static_cast<double>(samples_) / s : 0.0;
+  }
+
+ private:
+  [[nodiscard]] std::string format(std::int64_t epoch, std::int64_t step, double loss,
+                                   std::chrono::steady_clock::time_point t) const {
+    auto of = [](std::int64_t i, std::int64_t n) {
+      return std::to_string(i + 1) + (n > 0 ? "/" + std::to_string(n) : std::string());
+    };
+    std::string line = "progress rank=" + std::to_string(rank_) + " epoch=" + of(epoch, opts_.epochs) +
+                       " step=" + of(step, opts_.steps_per_epoch);
+    char buf[64];
+    std::snprintf(buf, sizeof buf, " loss=%.5g", loss);
+    line += buf;
+    const double rate = samples_per_second();
+    if (rate > 0) {
+      std::snprintf(buf, sizeof buf, " samples/s=%.1f", rate);
+      line += buf;
+    } else {
+      line += " samples/s=-";
+    }
+    line += " eta=" + eta(epoch, step, t);
+    return line;
+  }
+
+  std::string eta(std::int64_t epoch, std::int64_t step, std::chrono::steady_clock::time_point t) const {
+    if (opts_.epochs <= 0 || opts_.steps_per_epoch <= 0 || updates_ < 2) return "-";
+    const std::int64_t total = opts_.epochs * opts_.steps_per_epoch;
+    const std::int64_t done = epoch * opts_.steps_per_epoch + step + 1;
+    const double per_step = std::chrono::duration<double>(t - first_).count() / static_cast<double>(updates_ - 1);
+    const auto left = static_cast<std::int64_t>(per_step * static_cast<double>(total > done ? total - done : 0) + 0.5);
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", static_cast<long long>(left / 3600),
+                  static_cast<long long>(left / 60 % 60), static_cast<long long>(left % 60));
+    return buf;
+  }
+
+  int rank_;
+  progress_options opts_;
+  bool terminal_ = false;
+  bool active_ = false;
+  bool open_line_ = false;
+  std::int64_t updates_ = 0;
+  std::int64_t samples_ = 0;
+  std::chrono::steady_clock::time_point first_{}, last_{}, last_print_{};
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_TRAIN_PROGRESS_HPP
+// #include <partrain/train/steps.hpp>
+#ifndef PARTRAIN_SI_TRAIN_STEPS_HPP
+#define PARTRAIN_SI_TRAIN_STEPS_HPP
+// partrain/train/steps.hpp: `views::steps(fn)`, the step adaptor of the training loop. Over a
+// range of batches it runs `fn(batch)` once per batch, as the consumer advances, and yields a
+// `step_result` with the step number and what fn returned (typically the loss):
+//
+//   std::size_t step = 0;
+//   for (const auto& s : loader | views::steps(train_one, step)) log(s.step, s.value);
+//
+// Without a counter steps are numbered from 0; with a std::size_t& counter they are numbered
+// globally across epochs (the counter advances as steps run, so a checkpoint reads the step from
+// it, and a resumed run sets it to the checkpoint's step). The range is single pass, like the loader under it.
+
+#include <concepts>
+#include <cstddef>
+#include <functional>
+#include <ranges>
+#include <type_traits>
+#include <utility>
+
+namespace partrain::inline v0 {
+
+template <class R>
+struct step_result {
+  std::size_t step = 0;  // 0-based, counted over every range the same counter numbered
+  R value{};
+};
+
+namespace detail {
+
+template <std::ranges::view V, class F>
+generator<const step_result<std::invoke_result_t<F&, std::ranges::range_reference_t<V>>>&> run_steps(
+    V base, F fn, std::size_t* counter, std::size_t first) {
+  using result = std::invoke_result_t<F&, std::ranges::range_reference_t<V>>;
+  std::size_t own = first;
+  std::size_t& n = counter ? *counter : own;
+  for (auto&& item : base) {
+    step_result<result> s{n, std::invoke(fn, std::forward<decltype(item)>(item))};
+    ++n;  // counted once the step ran, so a checkpoint taken in the body sees the finished count
+    co_yield s;
+  }
+}
+
+template <class F>
+[[nodiscard]] auto make_steps_closure(F&& fn, std::size_t* counter, std::size_t first) {
+  return make_range_closure([fn = std::forward<F>(fn), counter, first]<std::ranges::viewable_range R>(R&& r) {
+    using V = std::views::all_t<R>;
+    static_assert(std::invocable<std::decay_t<F>&, std::ranges::range_reference_t<V>>,
+                  "partrain: views::steps(fn) needs fn callable with an element of the range (a batch)");
+    static_assert(!std::is_void_v<std::invoke_result_t<std::decay_t<F>&, std::ranges::range_reference_t<V>>>,
+                  "partrain: views::steps(fn): fn must return what the step produced (e.g. the loss), not void");
+    return run_steps<V, std::decay_t<F>>(std::views::all(std::forward<R>(r)), fn, counter, first);
+  });
+}
+
+}  // namespace detail
+
+namespace views {
+
+struct steps_t {
+  // Numbers steps through `counter`, which it advances (a global step across epochs).
+  template <class F>
+  [[nodiscard]] auto operator()(F&& fn, std::size_t& counter) const {
+    return detail::make_steps_closure(std::forward<F>(fn), &counter, 0);
+  }
+  // Numbers steps from 0.
+  template <class F>
+  [[nodiscard]] auto operator()(F&& fn) const {
+    return detail::make_steps_closure(std::forward<F>(fn), nullptr, 0);
+  }
+};
+
+inline constexpr steps_t steps{};
+
+}  // namespace views
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_TRAIN_STEPS_HPP
+// #include <partrain/train/trainer.hpp>
+#ifndef PARTRAIN_SI_TRAIN_TRAINER_HPP
+#define PARTRAIN_SI_TRAIN_TRAINER_HPP
+// partrain/train/trainer.hpp: the training loop every program would otherwise write again. For
+// any training_policy (train/policies.hpp) it runs the epochs: learning rate from a schedule,
+// training steps (the loop written as ranges, as a coroutine or as a plain for), evaluation,
+// checkpoint save and resume (the grad scaler's state included), metrics, the progress line and
+// trace spans; rank 0 prints one line per epoch.
+//
+//   ddp_policy policy(ddp, opt);
+//   const train_result r = fit(policy, train_loader, test_loader,
+//                              {.epochs = 8, .lr = cosine_lr{.base = 0.05, .epochs = 8},
+//                               .checkpoint = "run/model.ckpt", .metrics = "run/metrics.jsonl"});
+//
+// Resuming from a checkpoint of a run that already finished (its epoch = epochs) trains nothing
+// and reports the saved results.
+
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace partrain::inline v0 {
+
+// Three spellings of the same epoch; they give the same numbers.
+enum class loop_style {
+  ranges,     // batches | views::steps | views::every
+  coroutine,  // each step's loss all_reduced while the next step trains, co_awaited one step later
+  plain,      // a for-loop
+};
+
+struct trainer_options {
+  std::size_t epochs = 1;
+  std::function<double(std::size_t epoch)> lr{};  // before each epoch (train/lr_schedule.hpp); empty: untouched
+  std::filesystem::path checkpoint{};             // saved after every epoch; resumed from when it exists
+  std::filesystem::path metrics{};                // JSON lines: step records every log_every steps, epoch records
+  std::size_t log_every = 0;                      // progress line and step records (0: off)
+  loop_style loop = loop_style::ranges;
+  trace_recorder* trace = nullptr;                // spans step, data_wait, evaluate, checkpoint; started and
+                                                  // merged (rank 0 writes the file) by fit
+  std::ostream* out = &std::cout;                 // rank 0's epoch lines (null: silent)
+  int terminal_fd = STDOUT_FILENO;                // the progress line redraws in place on a terminal
+  std::function<void(std::size_t global_step)> before_step{};  // e.g. fault injection, profiling
+};
+
+struct train_result {
+  double train_loss = 0;     // the last epoch's, averaged over every step of every rank
+  double test_loss = 0;
+  double test_accuracy = 0;
+  std::size_t epochs = 0;    // finished, counting those of the run resumed from
+  std::size_t steps = 0;     // global steps
+  std::size_t first_epoch = 0;  // where this call started (> 0 when resumed)
+  bool resumed_finished = false;  // the checkpoint was already at `epochs`: nothing trained
+};
+
+namespace detail::trainer {
+
+struct epoch_sums {
+  double loss_sum = 0;       // over all ranks' steps (after reduce)
+  double steps = 0;          // steps counted in loss_sum
+  std::size_t samples = 0;   // this rank's
+};
+
+// The record kept in checkpoint_extra::trainer_state.
+inline std::vector<std::byte> encode(const train_result& r) {
+  state_writer w;
+  w.put(r.train_loss);
+  w.put(r.test_loss);
+  w.put(r.test_accuracy);
+  return w.release();
+}
+inline void decode(std::span<const std::byte> bytes, train_result& r) {
+  if (bytes.empty()) return;  // a checkpoint written without the trainer
+  state_reader rd(bytes);
+  r.train_loss = rd.get<double>("train loss");
+  r.test_loss = rd.get<double>("test loss");
+  r.test_accuracy = rd.get<double>("test accuracy");
+}
+
+inline void check(const trainer_options& o) {
+  if (o.epochs == 0) throw invalid_argument_error("fit: epochs must be at least 1, got 0");
+}
+
+}  // namespace detail::trainer
+
+template <class Policy, class Train, class Test>
+class trainer {
+ public:
+  trainer(Policy& policy, Train& train, Test& test, trainer_options o)
+      : p_(policy), train_(train), test_(test), o_(std::move(o)), leader_(policy.group().rank() == 0),
+        prog_(leader_ ? 0 : 1, {.out = o_.out ? o_.out : &std::cout,
+                                .terminal_fd = o_.terminal_fd,
+                                .epochs = static_cast<std::int64_t>(o_.epochs),
+                                .steps_per_epoch = static_cast<std::int64_t>(train.size()),
+                                .world_size = policy.replicas(),
+                                .plain_every_steps = static_cast<std::int64_t>(o_.log_every)}) {
+    detail::trainer::check(o_);
+  }
+
+  train_result run() {
+    train_result result;
+    resume(result);
+    start_trace();
+    if (result.resumed_finished) return report_finished(result);
+    if (!o_.metrics.empty()) {
+      // A fresh run starts a fresh file; a resumed one appends to what the earlier run wrote.
+      if (leader_ && result.first_epoch == 0) std::filesystem::remove(o_.metrics);
+      metrics_.emplace(o_.metrics, leader_ ? 0 : 1);
+    }
+    for (std::size_t e : views::epochs(result.first_epoch, o_.epochs)) {
+      epoch_ = e;
+      if (o_.lr) p_.set_lr(o_.lr(e));
+      train_.set_epoch(e);
+      epoch_first_step_ = step_;
+      const auto t0 = std::chrono::steady_clock::now();
+      detail::trainer::epoch_sums s;
+      switch (o_.loop) {
+        case loop_style::plain: s = epoch_plain(); break;
+        case loop_style::coroutine: s = sync_wait(epoch_coroutine()); break;
+        case loop_style::ranges: s = epoch_ranges(); break;
+      }
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      prog_.finish();
+      auto eval_span = span("evaluate");
+      const eval_result ev = p_.evaluate(test_);
+      eval_span.end();
+      result.train_loss = s.steps > 0 ? s.loss_sum / s.steps : 0.0;
+      result.test_loss = ev.mean_loss();
+      result.test_accuracy = ev.accuracy();
+      result.epochs = e + 1;
+      result.steps = step_;
+      save(result);
+      const double samples_per_s = static_cast<double>(s.samples) * p_.replicas() / seconds;
+      if (metrics_) {  // already summed over the ranks: rank 0 writes its values
+        metrics_->epoch(static_cast<std::int64_t>(e + 1), {{"step", static_cast<std::int64_t>(step_)},
+                                                          {"train_loss", result.train_loss},
+                                                          {"test_loss", result.test_loss},
+                                                          {"test_accuracy", result.test_accuracy},
+                                                          {"samples_per_s", samples_per_s}});
+      }
+      print("epoch %zu/%zu  train_loss %.4f  test_loss %.4f  test_accuracy %.4f  samples/s %.0f  (%.1f s)\n", e + 1,
+            o_.epochs, result.train_loss, result.test_loss, result.test_accuracy, samples_per_s, seconds);
+    }
+    print("final test_accuracy %.4f\n", result.test_accuracy);
+    finish_trace();
+    return result;
+  }
+
+ private:
+  // Collective: aligns the ranks' clocks. The exchange needs a host group (not NCCL's).
+  void start_trace() {
+    if (!o_.trace || !o_.trace->enabled()) return;
+    if (!p_.group().accepts(device_kind::cpu)) {
+      print("trace: the %s backend carries device memory only; tracing is off\n", std::string(p_.group().backend()).c_str());
+      o_.trace->disable();
+      return;
+    }
+    o_.trace->start(p_.group());
+  }
+  // Collective: rank 0 merges every rank's spans into one Chrome-trace file.
+  void finish_trace() {
+    if (o_.trace && o_.trace->enabled() && o_.trace->finish(p_.group())) {
+      print("trace written to %s (open it in https://ui.perfetto.dev or chrome://tracing)\n", o_.trace->path().c_str());
+    }
+  }
+
+  template <class... A>
+  void print(const char* fmt, A... a) {
+    if (!leader_ || !o_.out) return;
+    char line[512];
+    std::snprintf(line, sizeof line, fmt, a...);
+    *o_.out << line << std::flush;
+  }
+  trace_span span(const char* name) { return o_.trace ? o_.trace->span(name) : trace_span{}; }
+
+  void resume(train_result& r) {
+    if (o_.checkpoint.empty()) return;
+    if constexpr (!checkpointable_policy<Policy>) {
+      throw config_error("fit: checkpoints (" + o_.checkpoint.string() +
+                         ") are not supported by this parallel mode; supported: DDP (ddp_policy)");
+    } else {
+      // Fail before training, not after the first epoch: the folder must be writable.
+      check_writable(o_.checkpoint.has_parent_path() ? o_.checkpoint.parent_path() : std::filesystem::path("."));
+      if (!std::filesystem::exists(o_.checkpoint)) return;
+      const checkpoint_extra extra = p_.load_checkpoint(o_.checkpoint);
+      r.first_epoch = static_cast<std::size_t>(extra.epoch);
+      step_ = static_cast<std::size_t>(extra.step);
+      r.steps = step_;
+      r.epochs = r.first_epoch;
+      detail::trainer::decode(extra.trainer_state, r);
+      if (r.first_epoch > o_.epochs) {
+        throw config_error("fit: the checkpoint " + o_.checkpoint.string() + " is at epoch " + std::to_string(r.first_epoch) +
+                           ", past epochs = " + std::to_string(o_.epochs));
+      }
+      r.resumed_finished = r.first_epoch == o_.epochs;
+      print("resumed from %s at epoch %zu, step %zu\n", o_.checkpoint.c_str(), r.first_epoch, step_);
+    }
+  }
+  void check_writable(const std::filesystem::path& dir) {
+    if (!leader_) return;
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec || ::access(dir.c_str(), W_OK) != 0) {
+      throw config_error("fit: cannot write checkpoints in " + dir.string() + " (" +
+                         (ec ? ec.message() : std::string("not writable")) + "); expected a writable folder");
+    }
+  }
+  train_result report_finished(train_result& r) {
+    if (r.first_epoch > 0 && !o_.checkpoint.empty()) {
+      print("the run in %s had already finished (epoch %zu of %zu): nothing to train\n", o_.checkpoint.c_str(),
+            r.first_epoch, o_.epochs);
+    }
+    print("final test_accuracy %.4f\n", r.test_accuracy);
+    return r;
+  }
+  void save(const train_result& r) {
+    if constexpr (checkpointable_policy<Policy>) {
+      if (o_.checkpoint.empty()) return;
+      auto ck = span("checkpoint");
+      checkpoint_extra extra;
+      extra.epoch = epoch_ + 1;  // epochs finished: where a resumed run starts
+      extra.step = step_;
+      extra.trainer_state = detail::trainer::encode(r);
+      p_.save_checkpoint(o_.checkpoint, extra);
+    }
+  }
+
+  double one_step(const auto& b, detail::trainer::epoch_sums& s) {
+    if (o_.before_step) o_.before_step(step_);
+    auto sp = o_.trace ? o_.trace->span("step", trace_track::step, "step", static_cast<std::int64_t>(step_)) : trace_span{};
+    const double loss = p_.train_step(b);
+    if (!std::isfinite(loss)) {  // every rank sees it: DDP's loss is its own, the others' the batch's
+      throw invalid_argument_error("fit: the training loss at step " + std::to_string(step_ + 1) + " (epoch " +
+                                   std::to_string(epoch_ + 1) + ") is " + std::to_string(loss) +
+                                   ": training diverged (lower the learning rate, or clip the gradients)");
+    }
+    s.samples += b.size();
+    return loss;
+  }
+  // The progress line: fed every step (it decides when to print).
+  void show(std::size_t step, double loss, std::size_t samples) {
+    if (o_.log_every) {
+      prog_.update(static_cast<std::int64_t>(epoch_), static_cast<std::int64_t>(step - epoch_first_step_), loss,
+                   static_cast<std::int64_t>(samples));
+    }
+  }
+  // A step record every log_every steps. `reduced`: loss is already the mean over the ranks;
+  // otherwise the record is collective (every rank calls it) and averages it.
+  void log_step(std::size_t step, double loss, bool reduced = false) {
+    if (!metrics_) return;
+    std::vector<metric_field> f{{"epoch", static_cast<std::int64_t>(epoch_ + 1)},
+                                {"loss", loss, reduced ? across_ranks::rank0 : across_ranks::mean}};
+    if (reduced) {
+      metrics_->step(static_cast<std::int64_t>(step + 1), std::move(f));
+    } else {
+      metrics_->step(p_.loss_group(), static_cast<std::int64_t>(step + 1), std::move(f));
+    }
+  }
+  void reduce_loss(detail::trainer::epoch_sums& s) {
+    std::array<double, 2> sums{s.loss_sum, s.steps};
+    p_.loss_group().all_reduce(tensor_view<double>(sums), reduce_op::sum).wait();
+    s.loss_sum = sums[0];
+    s.steps = sums[1];
+  }
+  auto batches() { return traced_batches(train_, o_.trace ? *o_.trace : untraced_); }
+
+  detail::trainer::epoch_sums epoch_plain() {
+    detail::trainer::epoch_sums s;
+    for (const auto& b : batches()) {
+      const double loss = one_step(b, s);
+      s.loss_sum += loss;
+      s.steps += 1;
+      show(step_, loss, b.size());
+      if (o_.log_every && (step_ + 1) % o_.log_every == 0) log_step(step_, loss);
+      ++step_;
+    }
+    reduce_loss(s);
+    return s;
+  }
+
+  detail::trainer::epoch_sums epoch_ranges() {
+    detail::trainer::epoch_sums s;
+    std::size_t samples = 0;
+    auto step = [&](const auto& b) {
+      samples = b.size();
+      return one_step(b, s);
+    };
+    auto log = [&](const step_result<double>& r) { log_step(r.step, r.value); };
+    for (const auto& r : batches() | views::steps(step, step_) | views::every(o_.log_every ? o_.log_every : ~std::size_t{0}, log)) {
+      s.loss_sum += r.value;
+      s.steps += 1;
+      show(r.step, r.value, samples);
+    }
+    reduce_loss(s);
+    return s;
+  }
+
+  // Each step's loss is summed over the ranks by an all_reduce that runs while the next batch
+  // trains; the loop co_awaits it one step later (a global running loss without blocking a step).
+  task<detail::trainer::epoch_sums> epoch_coroutine() {
+    detail::trainer::epoch_sums s;
+    std::array<std::array<double, 2>, 2> slots{};  // [loss, 1] of the two steps in flight
+    work pending = work::completed();
+    std::size_t k = 0, samples = 0;
+    auto settle = [&](const std::array<double, 2>& done) {
+      s.loss_sum += done[0];
+      s.steps += done[1];
+      show(step_ - 1, done[0] / done[1], samples);  // the mean over the ranks
+      if (o_.log_every && step_ % o_.log_every == 0) log_step(step_ - 1, done[0] / done[1], true);
+    };
+    for (const auto& b : batches()) {
+      samples = b.size();
+      auto& slot = slots[k % 2];
+      slot = {one_step(b, s), 1.0};
+      work w = p_.loss_group().all_reduce(tensor_view<double>(slot), reduce_op::sum);
+      if (k > 0) {
+        co_await pending;  // the previous step's sums, reduced while this step computed
+        settle(slots[(k - 1) % 2]);
+      }
+      pending = std::move(w);
+      ++k;
+      ++step_;
+    }
+    if (k > 0) {
+      co_await pending;
+      settle(slots[(k - 1) % 2]);
+    }
+    co_return s;
+  }
+
+  Policy& p_;
+  Train& train_;
+  Test& test_;
+  trainer_options o_;
+  bool leader_;
+  progress prog_;
+  std::optional<metrics_writer> metrics_;
+  trace_recorder untraced_;  // traced_batches needs a recorder; a disabled one records nothing
+  std::size_t epoch_ = 0, epoch_first_step_ = 0, step_ = 0;
+};
+
+// Runs the epochs of `o` for `policy` over the train and test batch ranges (the train range
+// needs set_epoch(e) and size(), as partrain::loader has). Collective: every rank calls it.
+template <class Policy, class Train, class Test>
+train_result fit(Policy& policy, Train& train, Test& test, trainer_options o) {
+  static_assert(training_policy<Policy, std::ranges::range_value_t<Train>>,
+                "partrain::fit: the policy needs train_step(batch), evaluate(batches), set_lr(lr), group(), "
+                "loss_group() and replicas() (wrap DDP, data_parallel or a pipeline stage in train/policies.hpp's "
+                "ddp_policy, data_parallel_policy or pipeline_policy)");
+  return trainer<Policy, Train, Test>(policy, train, test, std::move(o)).run();
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_TRAIN_TRAINER_HPP

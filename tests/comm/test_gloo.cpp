@@ -393,6 +393,9 @@ TEST_CASE("gloo processes: a stalled peer fails the others with a timeout naming
       const std::string what = e.what();
       expect(what.find("all_reduce") != std::string::npos && what.find("timed out after 1500 ms") != std::string::npos,
              "message: " + what);
+      // The same facts as fields, for callers that must not parse the text.
+      expect(e.rank() == g.rank() && e.operation() == "all_reduce" && e.timeout() == timeout,
+             "fields: rank " + std::to_string(e.rank()) + " operation " + e.operation());
     }
     expect(std::chrono::steady_clock::now() - t0 < 3500ms, "the timeout did not bound the wait");
   }, quick_timeout(timeout));
@@ -417,6 +420,8 @@ TEST_CASE("gloo processes: a receive nobody sends to times out naming the peer a
       const std::string what = e.what();
       expect(what.find("rank 0 recv") != std::string::npos && what.find("from rank 1 tag 5") != std::string::npos,
              "message: " + what);
+      expect(e.rank() == 0 && e.operation() == "recv" && e.peer() == 1 && e.timeout() == std::chrono::seconds(1),
+             "fields: rank " + std::to_string(e.rank()) + " peer " + std::to_string(e.peer()));
     }
   }, quick_timeout(1s));
   CHECK(failures_of(out) == "");

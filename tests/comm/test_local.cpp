@@ -122,6 +122,19 @@ TEST_CASE("local: a missing rank times out with an error naming it", "[comm][loc
                     }, opts),
                     Catch::Contains("timed out") && Catch::Contains("rank(s) 2") && Catch::Contains("all_reduce"));
   CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  // The same facts as fields: the rank that timed out, the operation, the missing peer, the deadline.
+  try {
+    run_local(2, [](local_group& g) {
+      if (g.rank() == 1) return;
+      g.barrier().wait();
+    }, opts);
+    FAIL("the barrier without rank 1 completed");
+  } catch (const timeout_error& e) {
+    CHECK(e.rank() == 0);
+    CHECK(e.operation() == "barrier");
+    CHECK(e.peer() == 1);
+    CHECK(e.timeout() == 300ms);
+  }
 }
 
 TEST_CASE("local: a rank that throws releases its peers at once", "[comm][local][errors]") {

@@ -21,21 +21,21 @@ struct test_batch {
 
 // Deterministic inputs in [0, 1) and labels 0..classes-1.
 void fill(std::vector<float>& x, std::vector<std::int32_t>& y, std::size_t n, std::size_t in, std::size_t classes) {
-  example::splitmix64 rng(42);
+  models::splitmix64 rng(42);
   x.resize(n * in);
   y.resize(n);
   for (auto& v : x) v = rng.uniform(0.0f, 1.0f);
   for (std::size_t i = 0; i < n; ++i) y[i] = static_cast<std::int32_t>(rng.next() % classes);
 }
 
-void compare(const example::mlp_layout& layout, std::size_t n) {
+void compare(const models::mlp_layout& layout, std::size_t n) {
   std::vector<float> x;
   std::vector<std::int32_t> y;
   fill(x, y, n, layout.inputs(), layout.classes());
   test_batch b{{x.data(), {n, layout.inputs()}}, {y.data(), n}};
 
-  example::mlp_host host(layout, 7);
-  example::mlp_cuda gpu(layout, 7);
+  models::mlp_host host(layout, 7);
+  models::mlp_cuda gpu(layout, 7);
   REQUIRE(gpu.values_to_host() == std::vector<float>(host.flat_values().begin(), host.flat_values().end()));
 
   std::vector<std::size_t> ready_order;
@@ -68,19 +68,19 @@ void compare(const example::mlp_layout& layout, std::size_t n) {
 
 }  // namespace
 
-static_assert(partrain::trainable_on<example::mlp_cuda, test_batch>);
-static_assert(partrain::notifies_grad_ready<example::mlp_cuda, test_batch>);
-static_assert(partrain::evaluable_on<example::mlp_cuda, test_batch>);
-static_assert(partrain::replicable<example::mlp_cuda>);
+static_assert(partrain::trainable_on<models::mlp_cuda, test_batch>);
+static_assert(partrain::notifies_grad_ready<models::mlp_cuda, test_batch>);
+static_assert(partrain::evaluable_on<models::mlp_cuda, test_batch>);
+static_assert(partrain::replicable<models::mlp_cuda>);
 
 TEST_CASE("CUDA MLP gradients equal the host MLP's on the same weights and batch", "[cuda][gpu][examples]") {
-  SECTION("small layout") { compare(example::mlp_layout{{20, 16, 12, 5}}, 9); }
-  SECTION("the example's 784-256-128-10 at batch 64") { compare(example::mlp_layout{}, 64); }
+  SECTION("small layout") { compare(models::mlp_layout{{20, 16, 12, 5}}, 9); }
+  SECTION("the example's 784-256-128-10 at batch 64") { compare(models::mlp_layout{}, 64); }
 }
 
 TEST_CASE("CUDA MLP refuses a host device and a bad batch", "[cuda][gpu][examples]") {
-  CHECK_THROWS_WITH(example::mlp_cuda({}, 0, partrain::device::cpu()), Catch::Contains("not a CUDA device"));
-  example::mlp_cuda m(example::mlp_layout{{4, 3, 2}}, 0);
+  CHECK_THROWS_WITH(models::mlp_cuda({}, 0, partrain::device::cpu()), Catch::Contains("not a CUDA device"));
+  models::mlp_cuda m(models::mlp_layout{{4, 3, 2}}, 0);
   std::vector<float> x(8, 0.5f);
   std::vector<std::int32_t> y{0, 5};
   test_batch b{{x.data(), {2, 4}}, {y.data(), 2}};

@@ -289,7 +289,7 @@ struct test_batch {
 struct batch_data {
   std::vector<float> x;
   std::vector<std::int32_t> y;
-  batch_data(std::size_t n, const example::mlp_layout& layout, std::uint64_t seed) : x(n * layout.inputs()), y(n) {
+  batch_data(std::size_t n, const models::mlp_layout& layout, std::uint64_t seed) : x(n * layout.inputs()), y(n) {
     test_rng r{seed};
     for (auto& v : x) v = r.uniform(0.0f, 1.0f);
     for (auto& l : y) l = static_cast<std::int32_t>(r.next() % layout.classes());
@@ -330,10 +330,10 @@ grad_diff diff(const std::vector<float>& gpu, tensor_view<float> host) {
 }
 
 void compare_one_step(precision p, float loss_scale) {
-  const example::mlp_layout layout{{784, 256, 128, 10}};
+  const models::mlp_layout layout{{784, 256, 128, 10}};
   const batch_data data(64, layout, 21);
-  example::mlp_host host(layout, 7, p);
-  example::mlp_cuda gpu(layout, 7, device::cuda(0), p);
+  models::mlp_host host(layout, 7, p);
+  models::mlp_cuda gpu(layout, 7, device::cuda(0), p);
   REQUIRE(gpu.values_to_host() == std::vector<float>(host.flat_values().begin(), host.flat_values().end()));
   host.set_loss_scale(loss_scale);
   gpu.set_loss_scale(loss_scale);
@@ -354,7 +354,7 @@ void compare_one_step(precision p, float loss_scale) {
 
   // The 16-bit rounding is really there: nearly every gradient of the fp32 model differs from
   // these, while the two 16-bit models differ only where a summation order flipped a rounding.
-  example::mlp_host fp32(layout, 7);
+  models::mlp_host fp32(layout, 7);
   fp32.set_loss_scale(loss_scale);
   (void)fp32.train_step(data.batch());
   const auto d32 = diff(gpu.grads_to_host(), fp32.flat_grads());
@@ -370,8 +370,8 @@ void compare_one_step(precision p, float loss_scale) {
 
 }  // namespace
 
-static_assert(loss_scalable<example::mlp_cuda>);
-static_assert(has_low_precision_copy<example::mlp_cuda>);
+static_assert(loss_scalable<models::mlp_cuda>);
+static_assert(has_low_precision_copy<models::mlp_cuda>);
 
 TEST_CASE("the fp16/bf16 CUDA MLP computes the loss and gradients of the host MLP", "[cuda][precision][gpu][examples]") {
   SECTION("fp16, unscaled") { compare_one_step(precision::fp16, 1.0f); }
@@ -385,11 +385,11 @@ TEST_CASE("the fp16/bf16 CUDA MLP computes the loss and gradients of the host ML
 // gradient exactly, so the scaled CUDA gradients are the unscaled ones times the scale, and agree
 // with the host's as in test_mlp_cuda (summation order only: 1e-4 of the largest gradient).
 TEST_CASE("the fp32 CUDA MLP applies the loss scale as the host MLP does", "[cuda][precision][gpu][examples]") {
-  const example::mlp_layout layout{{784, 64, 10}};
+  const models::mlp_layout layout{{784, 64, 10}};
   const batch_data data(32, layout, 12);
-  example::mlp_host host(layout, 9);
-  example::mlp_cuda plain(layout, 9);
-  example::mlp_cuda scaled(layout, 9);
+  models::mlp_host host(layout, 9);
+  models::mlp_cuda plain(layout, 9);
+  models::mlp_cuda scaled(layout, 9);
   host.set_loss_scale(1024.0f);
   scaled.set_loss_scale(1024.0f);
   (void)host.train_step(data.batch());
@@ -407,10 +407,10 @@ TEST_CASE("the fp32 CUDA MLP applies the loss scale as the host MLP does", "[cud
 
 TEST_CASE("an fp16 overflow in the CUDA MLP's backward reaches its fp32 gradients as inf/NaN",
           "[cuda][precision][gpu][examples]") {
-  const example::mlp_layout layout{{784, 32, 10}};
+  const models::mlp_layout layout{{784, 32, 10}};
   const batch_data data(16, layout, 4);
-  example::mlp_host host(layout, 3, precision::fp16);
-  example::mlp_cuda gpu(layout, 3, device::cuda(0), precision::fp16);
+  models::mlp_host host(layout, 3, precision::fp16);
+  models::mlp_cuda gpu(layout, 3, device::cuda(0), precision::fp16);
   // (softmax - onehot) / 16 * 2^30 is far beyond fp16's 65504.
   host.set_loss_scale(std::ldexp(1.0f, 30));
   gpu.set_loss_scale(std::ldexp(1.0f, 30));
@@ -420,7 +420,7 @@ TEST_CASE("an fp16 overflow in the CUDA MLP's backward reaches its fp32 gradient
   CHECK(hs.unscale(host));
   CHECK(gs.unscale(gpu));
   // bf16 has float's range: the same scale does not overflow.
-  example::mlp_cuda wide(layout, 3, device::cuda(0), precision::bf16);
+  models::mlp_cuda wide(layout, 3, device::cuda(0), precision::bf16);
   wide.set_loss_scale(std::ldexp(1.0f, 30));
   (void)wide.train_step(data.batch());
   grad_scaler ws;
@@ -428,13 +428,13 @@ TEST_CASE("an fp16 overflow in the CUDA MLP's backward reaches its fp32 gradient
 }
 
 TEST_CASE("amp_step trains the fp16 CUDA MLP as it trains the host MLP", "[cuda][precision][gpu][examples]") {
-  const example::mlp_layout layout{{784, 64, 10}};
+  const models::mlp_layout layout{{784, 64, 10}};
   const batch_data data(32, layout, 8);
-  example::mlp_host host(layout, 5, precision::fp16);
-  example::mlp_cuda gpu(layout, 5, device::cuda(0), precision::fp16);
+  models::mlp_host host(layout, 5, precision::fp16);
+  models::mlp_cuda gpu(layout, 5, device::cuda(0), precision::fp16);
   const std::vector<float> initial(host.flat_values().begin(), host.flat_values().end());
-  sgd<example::mlp_host> host_opt(host, {.lr = 0.1});
-  sgd<example::mlp_cuda> gpu_opt(gpu, {.lr = 0.1});
+  sgd<models::mlp_host> host_opt(host, {.lr = 0.1});
+  sgd<models::mlp_cuda> gpu_opt(gpu, {.lr = 0.1});
   // A small growth interval so the scale changes within the test.
   grad_scaler host_scaler({.init_scale = 1024.0f, .growth_interval = 2});
   grad_scaler gpu_scaler({.init_scale = 1024.0f, .growth_interval = 2});

@@ -25,7 +25,7 @@ struct data {
 
 // n examples of `in` features uniform in [-1, 1) and labels in [0, classes).
 inline data make_data(std::size_t n, std::size_t in, std::size_t classes, std::uint64_t seed) {
-  example::splitmix64 rng(seed);
+  models::splitmix64 rng(seed);
   data d;
   d.x.resize(n * in);
   for (auto& v : d.x) v = rng.uniform(-1.0f, 1.0f);

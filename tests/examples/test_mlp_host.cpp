@@ -21,16 +21,16 @@ example::testing::data make_data(std::size_t n, std::size_t in, std::size_t clas
 
 }  // namespace
 
-static_assert(partrain::trainable_on<example::mlp_host, test_batch>);
-static_assert(partrain::notifies_grad_ready<example::mlp_host, test_batch>);
-static_assert(partrain::evaluable_on<example::mlp_host, test_batch>);
-static_assert(partrain::replicable<example::mlp_host>);
+static_assert(partrain::trainable_on<models::mlp_host, test_batch>);
+static_assert(partrain::notifies_grad_ready<models::mlp_host, test_batch>);
+static_assert(partrain::evaluable_on<models::mlp_host, test_batch>);
+static_assert(partrain::replicable<models::mlp_host>);
 
 TEST_CASE("host MLP gradients match finite differences", "[examples][mlp]") {
-  const example::mlp_layout layout{{6, 5, 4, 3}};
+  const models::mlp_layout layout{{6, 5, 4, 3}};
   const auto d = make_data(7, 6, 3);
   const auto b = d.batch(6);
-  example::mlp_host m(layout, 11);
+  models::mlp_host m(layout, 11);
   m.train_step(b);
   const std::vector<float> analytic(m.flat_grads().begin(), m.flat_grads().end());
 
@@ -55,9 +55,9 @@ TEST_CASE("host MLP gradients match finite differences", "[examples][mlp]") {
 }
 
 TEST_CASE("host MLP reports gradients ready last layer first, each once, after they are final", "[examples][mlp]") {
-  const example::mlp_layout layout{{6, 5, 4, 3}};
+  const models::mlp_layout layout{{6, 5, 4, 3}};
   const auto d = make_data(5, 6, 3);
-  example::mlp_host m(layout, 1);
+  models::mlp_host m(layout, 1);
   std::vector<std::size_t> order;
   std::vector<float> seen_at_ready;
   auto& params = m.parameters();
@@ -69,13 +69,13 @@ TEST_CASE("host MLP reports gradients ready last layer first, each once, after t
   // The values reported at notification time are the final ones.
   for (std::size_t k = 0; k < order.size(); ++k) CHECK(seen_at_ready[k] == params[order[k]].grad()[0]);
   // The plain step gives the same loss and gradients.
-  example::mlp_host m2(layout, 1);
+  models::mlp_host m2(layout, 1);
   CHECK(m2.train_step(d.batch(6)) == loss);
   CHECK(std::equal(m2.flat_grads().begin(), m2.flat_grads().end(), m.flat_grads().begin()));
 }
 
 TEST_CASE("host MLP parameters are in a stable, named order with matching shapes", "[examples][mlp]") {
-  example::mlp_host m;
+  models::mlp_host m;
   const auto& p = m.parameters();
   REQUIRE(p.size() == 6);
   CHECK(p[0].name == "fc1.weight");
@@ -88,10 +88,10 @@ TEST_CASE("host MLP parameters are in a stable, named order with matching shapes
 }
 
 TEST_CASE("host MLP: same seed same weights, a copy is independent, replicate_to refuses CUDA", "[examples][mlp]") {
-  example::mlp_host a({}, 5), b({}, 5), c({}, 6);
+  models::mlp_host a({}, 5), b({}, 5), c({}, 6);
   CHECK(std::equal(a.flat_values().begin(), a.flat_values().end(), b.flat_values().begin()));
   CHECK_FALSE(std::equal(a.flat_values().begin(), a.flat_values().end(), c.flat_values().begin()));
-  example::mlp_host copy = a.replicate_to(partrain::device::cpu());
+  models::mlp_host copy = a.replicate_to(partrain::device::cpu());
   copy.flat_values()[0] += 1.0f;
   CHECK(copy.flat_values()[0] != a.flat_values()[0]);
   CHECK(copy.parameters()[0].value().data() == copy.flat_values().data());  // views point into the copy
@@ -99,10 +99,10 @@ TEST_CASE("host MLP: same seed same weights, a copy is independent, replicate_to
 }
 
 TEST_CASE("host MLP training lowers the loss and evaluation counts correctly", "[examples][mlp]") {
-  const example::mlp_layout layout{{6, 16, 3}};
+  const models::mlp_layout layout{{6, 16, 3}};
   const auto d = make_data(32, 6, 3);
   const auto b = d.batch(6);
-  example::mlp_host m(layout, 2);
+  models::mlp_host m(layout, 2);
   const double first = m.train_step(b);
   double last = first;
   for (int i = 0; i < 200; ++i) {
@@ -119,7 +119,7 @@ TEST_CASE("host MLP training lowers the loss and evaluation counts correctly", "
 }
 
 TEST_CASE("host MLP refuses malformed batches with a clear message", "[examples][mlp]") {
-  example::mlp_host m(example::mlp_layout{{4, 3, 2}}, 0);
+  models::mlp_host m(models::mlp_layout{{4, 3, 2}}, 0);
   std::vector<float> x(8, 0.1f);
   std::vector<std::int32_t> bad_label{0, 2};
   CHECK_THROWS_WITH(m.train_step(test_batch{{x.data(), {2, 4}}, {bad_label.data(), 2}}),
@@ -129,5 +129,5 @@ TEST_CASE("host MLP refuses malformed batches with a clear message", "[examples]
                     Catch::Contains("expected 4 features per example"));
   CHECK_THROWS_WITH(m.train_step(test_batch{{x.data(), std::size_t{0}}, {three.data(), std::size_t{0}}}),
                     Catch::Contains("empty"));
-  CHECK_THROWS_WITH(example::mlp_host(example::mlp_layout{{4}}), Catch::Contains("at least an input and an output"));
+  CHECK_THROWS_WITH(models::mlp_host(models::mlp_layout{{4}}), Catch::Contains("at least an input and an output"));
 }

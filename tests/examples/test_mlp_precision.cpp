@@ -20,9 +20,9 @@ example::testing::data make_data(std::size_t n, std::size_t in, std::size_t clas
   return example::testing::make_data(n, in, classes, seed);
 }
 
-const example::mlp_layout layout{{20, 16, 12, 5}};
+const models::mlp_layout layout{{20, 16, 12, 5}};
 
-std::vector<float> grads_of(example::mlp_host& m) { return {m.flat_grads().begin(), m.flat_grads().end()}; }
+std::vector<float> grads_of(models::mlp_host& m) { return {m.flat_grads().begin(), m.flat_grads().end()}; }
 
 // ||a - b|| / ||b||
 double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
@@ -41,13 +41,13 @@ bool representable(float v) {
 
 }  // namespace
 
-static_assert(partrain::loss_scalable<example::mlp_host>);
-static_assert(partrain::has_low_precision_copy<example::mlp_host>);
+static_assert(partrain::loss_scalable<models::mlp_host>);
+static_assert(partrain::has_low_precision_copy<models::mlp_host>);
 
 TEST_CASE("fp16 and bf16 gradients of the host MLP are fp32's within 16-bit rounding", "[examples][precision]") {
   const auto d = make_data(32, 20, 5);
   const auto b = d.batch(20);
-  example::mlp_host f32(layout, 3);
+  models::mlp_host f32(layout, 3);
   const double loss32 = f32.train_step(b);
   const auto g32 = grads_of(f32);
 
@@ -62,7 +62,7 @@ TEST_CASE("fp16 and bf16 gradients of the host MLP are fp32's within 16-bit roun
   };
   for (const row r : {row{partrain::precision::fp16, 4e-3, 2e-3}, row{partrain::precision::bf16, 0.2, 2e-2}}) {
     INFO(partrain::to_string(r.p));
-    example::mlp_host m(layout, 3, r.p);
+    models::mlp_host m(layout, 3, r.p);
     const double loss = m.train_step(b);
     const auto g = grads_of(m);
     CHECK(std::abs(loss - loss32) < r.loss_tol * loss32);
@@ -86,11 +86,11 @@ TEST_CASE("fp16 and bf16 gradients of the host MLP are fp32's within 16-bit roun
 TEST_CASE("the loss scale multiplies the gradients; fp16 overflows where bf16 does not", "[examples][precision]") {
   const auto d = make_data(16, 20, 5);
   const auto b = d.batch(20);
-  example::mlp_host plain(layout, 4, partrain::precision::fp16);
+  models::mlp_host plain(layout, 4, partrain::precision::fp16);
   plain.train_step(b);
   const auto g1 = grads_of(plain);
 
-  example::mlp_host scaled(layout, 4, partrain::precision::fp16);
+  models::mlp_host scaled(layout, 4, partrain::precision::fp16);
   scaled.set_loss_scale(1024.0f);
   const double loss = scaled.train_step(b);
   CHECK(loss == Approx(plain.eval_step(b).mean_loss()).epsilon(1e-6));  // the loss is returned unscaled
@@ -104,7 +104,7 @@ TEST_CASE("the loss scale multiplies the gradients; fp16 overflows where bf16 do
   for (float v : grads_of(scaled)) any_non_finite |= !std::isfinite(v);
   CHECK(any_non_finite);  // above 65504: what the gradient scaler detects and backs off from
 
-  example::mlp_host brain(layout, 4, partrain::precision::bf16);
+  models::mlp_host brain(layout, 4, partrain::precision::bf16);
   brain.set_loss_scale(1e9f);
   brain.train_step(b);
   for (float v : grads_of(brain)) REQUIRE(std::isfinite(v));
@@ -113,14 +113,14 @@ TEST_CASE("the loss scale multiplies the gradients; fp16 overflows where bf16 do
 TEST_CASE("the 16-bit copy follows the masters when refreshed, and copies get their own", "[examples][precision]") {
   const auto d = make_data(8, 20, 5);
   const auto b = d.batch(20);
-  example::mlp_host m(layout, 6, partrain::precision::bf16);
+  models::mlp_host m(layout, 6, partrain::precision::bf16);
   const double before = m.eval_step(b).loss_sum;
   for (auto& v : m.flat_values()) v *= 0.5f;
   CHECK(m.eval_step(b).loss_sum == before);  // still computing with the old copy
   m.refresh_low_precision();
   CHECK(m.eval_step(b).loss_sum != before);
 
-  example::mlp_host copy = m;
+  models::mlp_host copy = m;
   const double copy_loss = copy.eval_step(b).loss_sum;
   for (auto& v : m.flat_values()) v = 0.0f;
   m.refresh_low_precision();
@@ -128,7 +128,7 @@ TEST_CASE("the 16-bit copy follows the masters when refreshed, and copies get th
   CHECK(copy.eval_step(b).loss_sum == copy_loss);  // its copy mirrors its own masters
   CHECK(copy.precision() == partrain::precision::bf16);
 
-  example::mlp_host f32(layout, 6);
+  models::mlp_host f32(layout, 6);
   (void)f32.train_step(b);
   (void)m.train_step(b);
   CHECK(m.memory_bytes() > 0);

@@ -71,3 +71,11 @@ TEST_CASE("example options: --precision and --reduce-16bit", "[examples][options
                     Catch::Contains("mixed precision runs with --parallel ddp"));
   CHECK_THROWS_WITH(parse_options({"--reduce-16bit"}), Catch::Contains("--reduce-16bit needs --precision fp16 or bf16"));
 }
+
+TEST_CASE("example options: non-finite numbers and overflowing sizes are refused", "[examples][options]") {
+  CHECK_THROWS_WITH(parse_options({"--lr", "inf"}), Catch::Contains("--lr: 'inf' is not a finite number"));
+  CHECK_THROWS_WITH(parse_options({"--lr", "nan"}), Catch::Contains("--lr: 'nan' is not a finite number"));
+  CHECK_THROWS_WITH(parse_options({"--momentum", "nan"}), Catch::Contains("not a finite number"));
+  CHECK_THROWS_WITH(parse_options({"--bucket-kb", "18014398509481985"}), Catch::Contains("--bucket-kb: at most"));
+  CHECK(parse_options({"--bucket-kb", "1073741824"}).bucket_kb == (std::size_t{1} << 30));
+}

@@ -10,6 +10,6 @@ endif()
 # The layered MLP the tests split into stages is the example's (a user model).
 foreach(t test_pipeline_threads test_pipeline_gloo)
   if(TARGET ${t})
-    target_include_directories(${t} PRIVATE ${PROJECT_SOURCE_DIR}/examples/fashion_mnist)
+    target_include_directories(${t} PRIVATE ${PROJECT_SOURCE_DIR}/models)
   endif()
 endforeach()

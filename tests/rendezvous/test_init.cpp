@@ -308,7 +308,7 @@ TEST_CASE("init_process_group(env://) builds a gloo group in spawned processes",
   so.grace = 1s;
   so.echo_output = false;
   so.env = {{"PARTRAIN_TIMEOUT_MS", "20000"}};
-  spawn(n, [n](int rank) {
+  const auto result = spawn(n, [n](int rank) {
     auto pg = init_process_group("env://");
     if (pg->rank() != rank || pg->size() != n || pg->backend() != "gloo") throw std::runtime_error("wrong group");
     if (pg->timeout() != 20s) throw std::runtime_error("PARTRAIN_TIMEOUT_MS not applied");
@@ -320,7 +320,7 @@ TEST_CASE("init_process_group(env://) builds a gloo group in spawned processes",
     }
     pg->barrier().wait();
   }, so);
-  SUCCEED();
+  CHECK(result.pids.size() == static_cast<std::size_t>(n));  // every rank exited 0, or spawn threw
 }
 
 TEST_CASE("init_process_group(file://) builds a gloo group", "[comm][init][gloo][processes]") {
@@ -329,7 +329,7 @@ TEST_CASE("init_process_group(file://) builds a gloo group", "[comm][init][gloo]
   spawn_options so;
   so.timeout = 60s;
   so.echo_output = false;
-  spawn(2, [&](int rank) {
+  const auto result = spawn(2, [&](int rank) {
     init_options o;
     o.rank = rank;
     o.world_size = 2;
@@ -339,6 +339,7 @@ TEST_CASE("init_process_group(file://) builds a gloo group", "[comm][init][gloo]
     pg->all_reduce(tensor_view<double>(v), reduce_op::max).wait();
     if (v[0] != 1.0) throw std::runtime_error("max gave " + std::to_string(v[0]));
   }, so);
+  CHECK(result.pids.size() == 2);  // both ranks exited 0, or spawn threw
   std::filesystem::remove(path);
 }
 

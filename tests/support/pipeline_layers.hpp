@@ -1,5 +1,5 @@
 // tests/support/pipeline_layers.hpp: for the pipeline tests and benchmark, the example's layered
-// MLP (examples/fashion_mnist/mlp_layers.hpp) plus the single-device reference (forward, loss,
+// MLP (models/mlp_layers.hpp) plus the single-device reference (forward, loss,
 // backward over the whole batch; plain SGD) and a synthetic batch.
 #pragma once
 
@@ -22,7 +22,7 @@
 
 namespace partrain::test {
 
-using namespace ::example::layers;
+using namespace ::models::layers;
 
 // One step on one device over the whole batch: gradients written (zeroed first), mean loss back.
 inline double reference_step(host_model& m, const softmax_cross_entropy& loss, tensor_view<const float> x,

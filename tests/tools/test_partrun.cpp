@@ -190,5 +190,13 @@ TEST_CASE("partrun: options follow torchrun and bad ones are refused clearly", "
   CHECK_THROWS_WITH(partrun::parse({"--nproc-per-node", "x", "p"}), Catch::Contains("expected an integer"));
   CHECK_THROWS_WITH(partrun::parse({"--frobnicate"}), Catch::Contains("unknown option"));
   CHECK_THROWS_WITH(partrun::parse({}), Catch::Contains("no PROGRAM"));
+  // Durations: finite and bounded; a rendezvous timeout of 0 could never succeed.
+  for (const char* bad : {"nan", "inf", "-1", "1e300"}) {
+    CHECK_THROWS_WITH(partrun::parse({"--monitor-interval", bad, "p"}), Catch::Contains("--monitor-interval"));
+    CHECK_THROWS_WITH(partrun::parse({"--grace", bad, "p"}), Catch::Contains("at most 604800"));
+  }
+  CHECK_THROWS_WITH(partrun::parse({"--rdzv-timeout", "0", "p"}), Catch::Contains("greater than 0"));
+  CHECK_THROWS_WITH(partrun::parse({"--rdzv-timeout", "nan", "p"}), Catch::Contains("--rdzv-timeout"));
+  CHECK(partrun::parse({"--grace", "0.5", "p"})->grace == std::chrono::milliseconds(500));
   CHECK_FALSE(partrun::parse({"--help"}));
 }

@@ -9,6 +9,9 @@
 #include <partrain/train/checkpoint.hpp>
 
 #include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <span>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -186,7 +189,7 @@ TEST_CASE("checkpoint: bad files are refused with the reason", "[train][checkpoi
   SECTION("wrong version") {
     auto b = good;
     b[8] = std::byte{7};
-    refused(b, "has format version 7; this build reads version 1");
+    refused(b, "has format version 7; this build reads versions 1 to 2");
   }
   SECTION("a missing file") {
     CHECK_THROWS_WITH(load_checkpoint(dir.path / "nope.bin", target, topt), Catch::Contains("cannot open checkpoint"));
@@ -214,4 +217,34 @@ TEST_CASE("checkpoint: bad files are refused with the reason", "[train][checkpoi
     CHECK(extra.user == std::vector<std::byte>{std::byte{1}, std::byte{2}});
     CHECK(target.flat_values() == m.flat_values());
   }
+}
+
+TEST_CASE("checkpoint: a version 1 file (no trainer state) is still read", "[train][checkpoint]") {
+  temp_dir dir;
+  const auto file = dir.path / "ckpt.bin";
+  toy_mlp<float, false> m(7);
+  sgd opt(m, {.lr = 0.1, .momentum = 0.9});
+  m.train_step(make_toy_batch<float>(0, 8));
+  opt.step();
+  save_checkpoint(file, m, opt, {.epoch = 3, .user = {std::byte{9}}, .trainer_state = {std::byte{4}, std::byte{5}}});
+  toy_mlp<float, false> back(5);
+  sgd bopt(back, {.lr = 0.1, .momentum = 0.9});
+  CHECK(load_checkpoint(file, back, bopt).trainer_state == std::vector<std::byte>{std::byte{4}, std::byte{5}});
+  // Version 1 is version 2 without the trailing trainer-state field (a u64 length and its bytes).
+  auto v1 = read(file);
+  v1.resize(v1.size() - 8 - 2);
+  const std::uint32_t version = 1;
+  const std::uint64_t size = v1.size() - checkpoint_header_bytes;
+  const std::uint32_t crc = detail::crc32(std::span<const std::byte>(v1).subspan(checkpoint_header_bytes));
+  std::memcpy(v1.data() + 8, &version, 4);
+  std::memcpy(v1.data() + 12, &crc, 4);
+  std::memcpy(v1.data() + 16, &size, 8);
+  write(file, v1);
+  toy_mlp<float, false> old(5);
+  sgd oopt(old, {.lr = 0.1, .momentum = 0.9});
+  const auto extra = load_checkpoint(file, old, oopt);
+  CHECK(extra.epoch == 3);
+  CHECK(extra.user == std::vector<std::byte>{std::byte{9}});
+  CHECK(extra.trainer_state.empty());
+  CHECK(old.flat_values() == m.flat_values());
 }

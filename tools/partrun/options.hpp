@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <cmath>
 #include <chrono>
 #include <filesystem>
 #include <optional>
@@ -69,15 +70,18 @@ inline int to_int(std::string_view flag, std::string_view v, int lo) {
   return x;
 }
 
-inline std::chrono::milliseconds to_seconds(std::string_view flag, std::string_view v) {
+// A duration in seconds: finite, within [min_s, one week] (nan, inf and overflowing values would
+// otherwise become nonsense durations: a busy loop, or a wait that never ends).
+inline std::chrono::milliseconds to_seconds(std::string_view flag, std::string_view v, double min_s = 0) {
+  constexpr double max_s = 7 * 24 * 3600.0;
   double s = 0;
   try {
     std::size_t used = 0;
     s = std::stod(std::string(v), &used);
-    if (used != v.size() || s < 0) throw 0;
+    if (used != v.size() || !std::isfinite(s) || s < min_s || s > max_s) throw 0;
   } catch (...) {
-    throw partrain::config_error("partrun: " + std::string(flag) + " '" + std::string(v) +
-                                 "': expected a non-negative number of seconds");
+    throw partrain::config_error("partrun: " + std::string(flag) + " '" + std::string(v) + "': expected a number of seconds " +
+                                 (min_s > 0 ? "greater than 0" : "at least 0") + " and at most 604800 (a week)");
   }
   return std::chrono::milliseconds(static_cast<long long>(s * 1000.0 + 0.5));
 }
@@ -156,7 +160,7 @@ inline int nproc_from(std::string_view v) {
       o.monitor_interval = detail::to_seconds("--monitor-interval", value(flag, inl, has_inline));
       if (o.monitor_interval.count() == 0) o.monitor_interval = std::chrono::milliseconds(1);
     } else if (f == "--rdzv-timeout") {
-      o.rdzv_timeout = detail::to_seconds("--rdzv-timeout", value(flag, inl, has_inline));
+      o.rdzv_timeout = detail::to_seconds("--rdzv-timeout", value(flag, inl, has_inline), 0.001);
     } else if (f == "--grace") {
       o.grace = detail::to_seconds("--grace", value(flag, inl, has_inline));
     } else if (f == "--standalone") {

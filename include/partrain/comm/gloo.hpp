@@ -43,11 +43,11 @@ namespace partrain::inline v0 {
 
 // Transport choices of a gloo_group; empty fields fall back to the environment, then loopback.
 struct gloo_options {
-  std::string ifname;    // interface to listen on, e.g. "eth0" (env PARTRAIN_GLOO_IFNAME)
-  std::string hostname;  // local address or host name to listen on (env PARTRAIN_GLOO_HOST)
+  std::string ifname{};    // interface to listen on, e.g. "eth0" (env PARTRAIN_GLOO_IFNAME)
+  std::string hostname{};  // local address or host name to listen on (env PARTRAIN_GLOO_HOST)
   // Store key prefix of this group's rendezvous. Empty: "gloo/<n>/", n counting the groups this
   // rank built on the same store (ranks must then build their groups in the same order).
-  std::string prefix;
+  std::string prefix{};
 };
 
 class gloo_group final : public process_group {
@@ -203,15 +203,15 @@ class gloo_group final : public process_group {
   }
 
   template <class Body>
-  void guarded(collective c, const std::string& peers, Body& body) {
+  void guarded(collective c, const std::string& peers, Body& body, int peer = -1) {
     try {
       body();
     } catch (const partrain::error&) {
       throw;
     } catch (const gloo::IoException& e) {
-      fail(c, peers, e.what());
+      fail(c, peers, e.what(), peer);
     } catch (const std::exception& e) {  // gloo::EnforceNotMet and Gloo's other errors
-      fail(c, peers, e.what());
+      fail(c, peers, e.what(), peer);
     }
   }
 
@@ -219,7 +219,8 @@ class gloo_group final : public process_group {
     return where(c) + (peers.empty() ? "" : " " + peers);
   }
 
-  [[noreturn]] void fail(collective c, const std::string& peers, std::string_view gloo_what) {
+  // `peer`: the other rank of a send or recv (-1 for collectives).
+  [[noreturn]] void fail(collective c, const std::string& peers, std::string_view gloo_what, int peer = -1) {
     const bool timed_out = gloo_what.find("Timed out") != std::string_view::npos;
     std::string msg = describe(c, peers) + ": ";
     msg += timed_out ? "timed out after " + std::to_string(timeout().count()) +
@@ -230,8 +231,12 @@ class gloo_group final : public process_group {
       std::lock_guard lock(mutex_);
       if (failure_.empty()) failure_ = msg;
     }
-    if (timed_out) throw timeout_error(msg);
-    throw communication_error(msg);
+    error_site site{.rank = rank(), .operation = std::string(to_string(c)), .peer = peer};
+    if (timed_out) {
+      site.timeout = timeout();
+      throw timeout_error(msg, std::move(site));
+    }
+    throw communication_error(msg, std::move(site));
   }
 
   void throw_if_failed(collective c, const std::string& peers) const {
@@ -270,12 +275,12 @@ class gloo_group final : public process_group {
       }
     } catch (const std::exception& e) {
       try {
-        fail(c, peers, e.what());
+        fail(c, peers, e.what(), peer);
       } catch (...) {
         return work::completed(std::current_exception());
       }
     }
-    return p2p_->submit([this, c, peers, buf] {
+    return p2p_->submit([this, c, peers, buf, peer] {
       auto body = [&] {
         if (c == collective::send) {
           buf->waitSend(timeout());
@@ -283,7 +288,7 @@ class gloo_group final : public process_group {
           buf->waitRecv(timeout());
         }
       };
-      guarded(c, peers, body);
+      guarded(c, peers, body, peer);
     });
   }
 

@@ -64,14 +64,17 @@ class local_world_state {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     if (!cv_.wait_until(lock, deadline, [&] { return generation_ != gen || aborted_; })) {
       std::string missing;
+      int first_missing = -1;
       for (int q = 0; q < n_; ++q) {
-        if (arrivals_[static_cast<std::size_t>(q)] != gen + 1) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+        if (arrivals_[static_cast<std::size_t>(q)] == gen + 1) continue;
+        missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+        if (first_missing < 0) first_missing = q;
       }
       std::string msg = "rank " + std::to_string(rank) + " " + std::string(to_string(c)) + " (local, " +
                         std::string(phase) + "): timed out after " + std::to_string(timeout_.count()) +
                         " ms waiting for rank(s) " + missing;
       abort_locked(msg);
-      throw timeout_error(msg);
+      throw timeout_error(msg, {.rank = rank, .operation = std::string(to_string(c)), .peer = first_missing, .timeout = timeout_});
     }
     if (generation_ == gen) throw_if_aborted(rank, c);
   }
@@ -99,7 +102,7 @@ class local_world_state {
       std::string msg = "rank " + std::to_string(dst) + " recv (local) from rank " + std::to_string(src) + " tag " +
                         std::to_string(tag) + ": timed out after " + std::to_string(timeout_.count()) + " ms";
       abort_locked(msg);
-      throw timeout_error(msg);
+      throw timeout_error(msg, {.rank = dst, .operation = "recv", .peer = src, .timeout = timeout_});
     }
     if (box.empty()) throw_if_aborted(dst, collective::recv);
     auto msg = std::move(box.front());

@@ -31,7 +31,7 @@ enum class error_kind { config, communication, timeout, data, checkpoint, invali
 // Where an error happened, as far as the thrower knows: -1, empty or zero where unknown.
 struct error_site {
   int rank = -1;           // the rank that raised it
-  std::string operation;   // "all_reduce", "recv", "store get", ...
+  std::string operation{};  // "all_reduce", "recv", "store get", ...
   int peer = -1;           // the peer it was waiting on or talking to
   std::chrono::milliseconds timeout{0};  // the deadline that ran out (timeouts)
 };
@@ -85,6 +85,7 @@ class communication_error : public error {
  public:
   explicit communication_error(const std::string& what) : error(error_kind::communication, what) {}
   communication_error(error_site site, std::string_view detail) : error(error_kind::communication, std::move(site), detail) {}
+  communication_error(const std::string& what, error_site site) : error(error_kind::communication, what, std::move(site)) {}
 
  protected:
   communication_error(error_kind k, const std::string& what) : error(k, what) {}
@@ -98,6 +99,7 @@ class timeout_error : public communication_error {
  public:
   explicit timeout_error(const std::string& what) : communication_error(error_kind::timeout, what) {}
   timeout_error(error_site site, std::string_view detail) : communication_error(error_kind::timeout, std::move(site), detail) {}
+  timeout_error(const std::string& what, error_site site) : communication_error(error_kind::timeout, what, std::move(site)) {}
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return site().timeout; }
 };
 

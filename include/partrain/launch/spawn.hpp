@@ -29,7 +29,7 @@ struct spawn_options {
   std::chrono::milliseconds grace{5'000};  // SIGTERM, then SIGKILL after this
   std::string master_addr = "127.0.0.1";
   std::uint16_t master_port = 0;  // 0 = a port that is free now
-  std::vector<std::pair<std::string, std::string>> env;  // more variables for every rank
+  std::vector<std::pair<std::string, std::string>> env{};  // more variables for every rank
   // Capture each rank's output: echoed with a "[rank r] " prefix, and its last lines kept
   // for the error. Off: ranks write straight to our stdout/stderr.
   bool capture_output = true;

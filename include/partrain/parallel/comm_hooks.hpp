@@ -16,10 +16,12 @@
 #include <partrain/comm/process_group.hpp>
 #include <partrain/core/dtype.hpp>
 #include <partrain/core/error.hpp>
+#include <partrain/core/for_each_index.hpp>
 #include <partrain/core/half.hpp>
 #include <partrain/core/memory_space.hpp>
 #include <partrain/core/tensor_view.hpp>
 #include <partrain/core/work.hpp>
+#include <partrain/parallel/detail/ddp_elements.hpp>
 
 #if defined(__CUDACC__)
 #include <partrain/cuda/device_guard.hpp>
@@ -170,12 +172,9 @@ work compressed_all_reduce(grad_bucket& b) {
     s.resize(buf.size() * sizeof(H));
     auto* h = reinterpret_cast<H*>(s.data());
     const float div = static_cast<float>(b.divisor());
-    // buffer.to(fp16).div_(world_size): cast, then divide in the 16-bit type.
-    for (std::size_t i = 0; i < buf.size(); ++i) h[i] = H(static_cast<float>(H(static_cast<float>(buf[i]))) / div);
+    for_each_index(host_exec{}, buf.size(), compress_16_fn<T, H>{buf.data(), h, div});
     work w = b.all_reduce(tensor_view<H>(h, buf.size()));
-    return then_work(w, [buf, h] {
-      for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<T>(static_cast<float>(h[i]));
-    });
+    return then_work(w, [buf, h] { for_each_index(host_exec{}, buf.size(), decompress_16_fn<H, T>{h, buf.data()}); });
   });
 }
 
@@ -200,8 +199,7 @@ namespace comm_hooks {
     if (b.divisor() != 1.0) {
       detail::visit_float_bucket(b, [&b](auto buf) {
         using T = typename decltype(buf)::value_type;
-        const T div = static_cast<T>(b.divisor());
-        for (T& x : buf) x = x / div;
+        detail::for_each_index(detail::host_exec{}, buf.size(), detail::divide_fn<T>{buf.data(), static_cast<T>(b.divisor())});
         return 0;
       });
     }

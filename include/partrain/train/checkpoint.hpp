@@ -40,12 +40,15 @@ struct checkpoint_extra {
   std::vector<std::byte> rng_state{};
   std::vector<std::byte> scaler_state{};
   std::vector<std::byte> user{};
+  // The trainer's record (train/trainer.hpp): the last epoch's results, so resuming a finished run
+  // reports them instead of training nothing. Format version 2; empty in version 1 files.
+  std::vector<std::byte> trainer_state{};
 
   friend bool operator==(const checkpoint_extra&, const checkpoint_extra&) = default;
 };
 
 inline constexpr std::array<char, 8> checkpoint_magic{'P', 'T', 'R', 'N', 'C', 'K', 'P', 'T'};
-inline constexpr std::uint32_t checkpoint_version = 1;
+inline constexpr std::uint32_t checkpoint_version = 2;  // 2 added trainer_state; 1 is still read
 inline constexpr std::size_t checkpoint_header_bytes = 8 + 4 + 4 + 8;
 
 namespace detail {
@@ -94,6 +97,7 @@ template <model M, stateful_optimizer O>
   w.put_bytes(extra.rng_state);
   w.put_bytes(extra.scaler_state);
   w.put_bytes(extra.user);
+  w.put_bytes(extra.trainer_state);
 
   const auto& payload = w.bytes();
   const std::uint32_t version = checkpoint_version;
@@ -153,8 +157,8 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
   std::memcpy(&version, file.data() + 8, 4);
   std::memcpy(&crc, file.data() + 12, 4);
   std::memcpy(&size, file.data() + 16, 8);
-  if (version != checkpoint_version) {
-    throw checkpoint_error(where + " has format version " + std::to_string(version) + "; this build reads version " +
+  if (version != checkpoint_version && version != 1) {
+    throw checkpoint_error(where + " has format version " + std::to_string(version) + "; this build reads versions 1 to " +
                            std::to_string(checkpoint_version));
   }
   const std::size_t have = file.size() - checkpoint_header_bytes;
@@ -219,6 +223,7 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
   extra.rng_state = bytes("rng state");
   extra.scaler_state = bytes("scaler state");
   extra.user = bytes("user bytes");
+  if (version >= 2) extra.trainer_state = bytes("trainer state");
   if (r.remaining() != 0) throw checkpoint_error(where + " is malformed: " + std::to_string(r.remaining()) + " unread bytes");
 
   state_reader orr(opt_state);
@@ -237,6 +242,23 @@ template <model M, stateful_optimizer O>
 checkpoint_extra load_checkpoint(const std::filesystem::path& path, M& m, O& opt) {
   const auto file = detail::read_whole_file(path);
   return load_checkpoint_bytes(file, m, opt, path.string());
+}
+
+// FNV-1a over every host parameter's bytes: equal checksums mean bit-identical parameters (what
+// a restart test compares between an interrupted and an uninterrupted run); 0 for device models.
+template <model M>
+[[nodiscard]] std::uint64_t parameter_checksum(M& m) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  if constexpr (!std::same_as<model_space_t<M>, host>) {
+    return 0;
+  } else {
+    for (auto&& p : m.parameters()) {
+      const auto v = p.value();
+      const auto* bytes = reinterpret_cast<const unsigned char*>(v.data());
+      for (std::size_t i = 0; i < v.size_bytes(); ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
+    }
+    return h;
+  }
 }
 
 }  // namespace partrain::inline v0

@@ -1,5 +1,6 @@
 // partrain/optim/detail/state_buffer.hpp: optimizer state beside the parameters (momentum,
-// Adam moments) and the element loops on the host. The CUDA twins live in
+// Adam moments) and the element loops on the host: the functors of optim/detail/elements.hpp run
+// through for_each_index(host_exec). The CUDA twins (the same functors, launched) live in
 // partrain/optim/detail/kernels.cuh and are picked by overload on the memory space.
 #pragma once
 
@@ -10,6 +11,8 @@
 
 #include <partrain/core/memory_space.hpp>
 #include <partrain/core/tensor_view.hpp>
+#include <partrain/core/for_each_index.hpp>
+#include <partrain/optim/detail/elements.hpp>
 #include <partrain/optim/detail/update_rules.hpp>
 
 namespace partrain::inline v0::detail {
@@ -34,30 +37,28 @@ class state_buffer<T, host> {
 
 template <class T>
 void sgd_update(tensor_view<T, host> v, tensor_view<const T, host> g, T* buf, const sgd_coeffs<T>& c, bool first) {
-  for (std::size_t i = 0; i < v.size(); ++i) sgd_element(v[i], g[i], buf ? buf + i : nullptr, c, first);
+  for_each_index(host_exec{}, v.size(), sgd_update_fn<T>{v.data(), g.data(), buf, c, first});
 }
 
 template <class T>
 void adamw_update(tensor_view<T, host> v, tensor_view<const T, host> g, T* m, T* s, const adamw_coeffs<T>& c) {
-  for (std::size_t i = 0; i < v.size(); ++i) adamw_element(v[i], g[i], m[i], s[i], c);
+  for_each_index(host_exec{}, v.size(), adamw_update_fn<T>{v.data(), g.data(), m, s, c});
 }
 
 // Σ g² accumulated in double, in index order (deterministic).
 template <class T>
 [[nodiscard]] double sum_squares(tensor_view<const T, host> g) {
-  double acc = 0;
-  for (const T x : g) acc += static_cast<double>(x) * static_cast<double>(x);
-  return acc;
+  return transform_reduce_index(host_exec{}, g.size(), 0.0, square_as_double_fn<T>{g.data()}, plus_fn{});
 }
 
 template <class T>
 void scale_in_place(tensor_view<T, host> g, T coef) {
-  for (T& x : g) x = x * coef;
+  for_each_index(host_exec{}, g.size(), scale_fn<T>{g.data(), coef});
 }
 
 template <class T>
 void fill_zero(tensor_view<T, host> g) {
-  for (T& x : g) x = T(0);
+  for_each_index(host_exec{}, g.size(), fill_zero_fn<T>{g.data()});
 }
 
 }  // namespace partrain::inline v0::detail

@@ -16,7 +16,9 @@
 
 #include <partrain/core/memory_space.hpp>
 #include <partrain/core/tensor_view.hpp>
+#include <partrain/core/for_each_index.hpp>
 #include <partrain/cuda/check.hpp>
+#include <partrain/parallel/detail/ddp_elements.hpp>
 
 namespace partrain::inline v0::detail {
 
@@ -32,7 +34,7 @@ void stage_in(T* dst, tensor_view<const T, cuda> g, bool add, std::vector<T>& tm
   tmp.resize(g.size());
   cuda_check(cudaMemcpy(tmp.data(), g.data(), g.size_bytes(), cudaMemcpyDeviceToHost),
              "cudaMemcpy (DDP gradient to host)", __FILE__, __LINE__);
-  for (std::size_t i = 0; i < g.size(); ++i) dst[i] += tmp[i];
+  for_each_index(host_exec{}, g.size(), accumulate_fn<T>{dst, tmp.data()});
 }
 
 // g = src (host).

@@ -19,11 +19,13 @@
 #include <partrain/comm/process_group.hpp>
 #include <partrain/core/buffer.hpp>
 #include <partrain/core/error.hpp>
+#include <partrain/core/for_each_index.hpp>
 #include <partrain/core/tensor_view.hpp>
 #include <partrain/core/work.hpp>
 #include <partrain/parallel/comm_hooks.hpp>
 #include <partrain/parallel/ddp_stats.hpp>
 #include <partrain/parallel/detail/buckets.hpp>
+#include <partrain/parallel/detail/ddp_elements.hpp>
 
 #if PARTRAIN_HAS_CUDA
 #include <partrain/cuda/device_buffer.hpp>
@@ -40,7 +42,7 @@ namespace partrain::inline v0::detail {
 template <class T>
 void stage_in(T* dst, tensor_view<const T, host> g, bool add, std::vector<T>&) {
   if (add) {
-    for (std::size_t k = 0; k < g.size(); ++k) dst[k] += g[k];
+    for_each_index(host_exec{}, g.size(), accumulate_fn<T>{dst, g.data()});
   } else if (!g.empty()) {
     std::memcpy(dst, g.data(), g.size_bytes());
   }

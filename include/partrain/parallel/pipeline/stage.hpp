@@ -38,9 +38,9 @@ struct pipeline_options {
   int micro_batches = 1;
   int virtual_stages = 1;  // chunks per rank; more than 1 only with interleaved_1f1b
   // A user's own order (overrides kind, micro_batches and virtual_stages when set).
-  std::optional<pipeline_schedule> schedule;
+  std::optional<pipeline_schedule> schedule{};
   // Layers per global stage (stages x virtual stages parts); uniform by count when unset.
-  std::optional<partition> layout;
+  std::optional<partition> layout{};
   // The replicas of this stage, for pipeline x data parallel; gradients are averaged over it.
   process_group* data_parallel = nullptr;
 };
@@ -145,6 +145,24 @@ class pipeline_stage {
     for (auto i : owned_layers()) {
       for (auto&& prm : layer(i).parameters()) f(prm);
     }
+  }
+
+  // This rank's layers' parameters as a model (what partrain::sgd or adamw takes): references
+  // into the layers, valid as long as the stage and its layers.
+  template <class Prm>
+  struct parameter_ref {
+    Prm* p;
+    [[nodiscard]] auto value() const { return p->value(); }
+    [[nodiscard]] auto grad() const { return p->grad(); }
+  };
+  [[nodiscard]] auto parameters() {
+    using prm = std::remove_reference_t<decltype(*std::ranges::begin(layer(0).parameters()))>;
+    struct stage_parameters {
+      std::vector<parameter_ref<prm>> refs;
+      std::vector<parameter_ref<prm>>& parameters() { return refs; }
+    } out;
+    for_each_parameter([&](prm& x) { out.refs.push_back({&x}); });
+    return out;
   }
 
   // One training step on a batch: split into m micro-batches along the first dimension, run

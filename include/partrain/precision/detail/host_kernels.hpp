@@ -1,18 +1,20 @@
 // partrain/precision/detail/host_kernels.hpp: the element loops of mixed precision for views in
 // host memory: casts between fp32 and the 16-bit types (round to nearest even), and the fused
-// unscale + inf/NaN check over all gradients. partrain/precision/detail/kernels.cuh has the same
-// functions for views in CUDA memory (one kernel launch over all the tensors).
+// unscale + inf/NaN check over all gradients, each the functor of precision/detail/elements.hpp
+// run per tensor through for_each_index(host_exec). partrain/precision/detail/kernels.cuh has the
+// same functions for views in CUDA memory (the same functors, one launch over all the tensors).
 #pragma once
 
-#include <cmath>
 #include <cstddef>
 #include <span>
 #include <string>
 
 #include <partrain/core/error.hpp>
+#include <partrain/core/for_each_index.hpp>
 #include <partrain/core/half.hpp>
 #include <partrain/core/memory_space.hpp>
 #include <partrain/core/tensor_view.hpp>
+#include <partrain/precision/detail/elements.hpp>
 
 namespace partrain::inline v0::detail {
 
@@ -43,29 +45,18 @@ template <class From, class To>
 void cast_views(std::span<const tensor_view<const From>> src, std::span<const tensor_view<To>> dst) {
   check_cast_pairs(src, dst);
   for (std::size_t k = 0; k < src.size(); ++k) {
-    const From* s = src[k].data();
-    To* d = dst[k].data();
-    const std::size_t n = src[k].size();
-    for (std::size_t j = 0; j < n; ++j) d[j] = static_cast<To>(static_cast<float>(s[j]));
+    for_each_index(host_exec{}, src[k].size(), cast_fn<From, To>{src[k].data(), dst[k].data()});
   }
 }
 
 // g *= inv_scale over every gradient, in one pass; true when any element is inf or NaN
 // (PyTorch's _amp_foreach_non_finite_check_and_unscale_). Non-finite values stay non-finite.
 [[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float>> grads, float inv_scale) {
-  bool found = false;
+  int found = 0;
   for (const auto& g : grads) {
-    float* p = g.data();
-    const std::size_t n = g.size();
-    bool local = false;
-    for (std::size_t j = 0; j < n; ++j) {
-      const float v = p[j];
-      local |= !std::isfinite(v);
-      p[j] = v * inv_scale;
-    }
-    found |= local;
+    found |= transform_reduce_index(host_exec{}, g.size(), 0, unscale_check_fn{g.data(), inv_scale}, bit_or_fn{});
   }
-  return found;
+  return found != 0;
 }
 
 }  // namespace partrain::inline v0::detail

@@ -1,6 +1,6 @@
-// examples/fashion_mnist/mlp_cuda.cuh: the same MLP as mlp_host.hpp, on a CUDA device: cuBLAS for
-// the GEMMs and this example's own kernels for the bias, ReLU, softmax cross-entropy and their
-// backward. Same layout, same initial weights for the same seed, so its gradients can be checked
+// models/mlp_cuda.cuh: the same MLP as mlp_host.hpp, on a CUDA device: cuBLAS for
+// the GEMMs and this example's own element loops for the bias, ReLU, softmax cross-entropy and
+// their backward (the functors of mlp_elements.hpp, which the CPU tier runs). Same layout, same initial weights for the same seed, so its gradients can be checked
 // against the host model's. Compiled by nvcc only.
 //
 // Mixed precision (precision fp16 or bf16) follows mlp_host.hpp step for step: fp32 master
@@ -29,13 +29,15 @@
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
 #include <partrain/model/concepts.hpp>
+#include <partrain/cuda/launch.cuh>
 #include <partrain/precision/detail/kernels.cuh>
 #include <partrain/precision/low_precision_copy.hpp>
 #include <partrain/precision/precision.hpp>
 
+#include "mlp_elements.hpp"
 #include "mlp_host.hpp"
 
-namespace example {
+namespace models {
 
 namespace cuda_detail {
 
@@ -52,7 +54,7 @@ inline void check(cublasStatus_t s, const char* call, const char* file, int line
                                                               std::to_string(static_cast<int>(s)));
   }
 }
-#define EXAMPLE_CUDA_CHECK(call) ::example::cuda_detail::check((call), #call, __FILE__, __LINE__)
+#define EXAMPLE_CUDA_CHECK(call) ::models::cuda_detail::check((call), #call, __FILE__, __LINE__)
 
 // Device memory for n elements of T; freed on destruction.
 template <class T>
@@ -109,112 +111,11 @@ class stream {
   cudaStream_t s_{};
 };
 
-inline unsigned blocks_for(std::size_t n, unsigned threads = 256) {
-  return static_cast<unsigned>((n + threads - 1) / threads);
-}
-
-// h[i, j] += b[j], then ReLU when asked.
-__global__ void bias_activation(float* h, const float* b, std::size_t rows, std::size_t cols, bool relu) {
-  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
-  if (i >= rows * cols) return;
-  float v = h[i] + b[i % cols];
-  h[i] = relu && v < 0.0f ? 0.0f : v;
-}
-
-// One thread per example: loss = logsumexp(z) - z[y]; delta = (softmax(z) - onehot(y)) * scale
-// * loss_scale (in that order, as the host model); correct = argmax(z) == y. (Ten classes: a row
-// fits one thread comfortably.)
-__global__ void softmax_cross_entropy(const float* logits, const std::int32_t* labels, std::size_t rows,
-                                      std::size_t classes, float scale, float loss_scale, float* delta, float* loss,
-                                      std::int32_t* correct) {
-  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
-  if (i >= rows) return;
-  const float* z = logits + i * classes;
-  const auto y = static_cast<std::size_t>(labels[i]);
-  float m = z[0];
-  std::size_t best = 0;
-  for (std::size_t j = 1; j < classes; ++j) {
-    if (z[j] > m) m = z[j], best = j;
-  }
-  float s = 0.0f;
-  for (std::size_t j = 0; j < classes; ++j) s += expf(z[j] - m);
-  loss[i] = logf(s) - (z[y] - m);
-  if (correct) correct[i] = best == y ? 1 : 0;
-  if (delta) {
-    float* d = delta + i * classes;
-    for (std::size_t j = 0; j < classes; ++j) d[j] = expf(z[j] - m) / s * scale;
-    d[y] -= scale;
-    for (std::size_t j = 0; j < classes; ++j) d[j] *= loss_scale;
-  }
-}
-
-// gb[j] = sum over rows of delta[i, j]; one thread per column (reads are coalesced across threads).
-__global__ void column_sums(const float* delta, std::size_t rows, std::size_t cols, float* gb) {
-  const std::size_t j = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
-  if (j >= cols) return;
-  float s = 0.0f;
-  for (std::size_t i = 0; i < rows; ++i) s += delta[i * cols + j];
-  gb[j] = s;
-}
-
-// d[i] = 0 where the layer's ReLU output a[i] was 0 (its input was not positive).
-__global__ void relu_backward(float* d, const float* a, std::size_t n) {
-  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
-  if (i < n && a[i] <= 0.0f) d[i] = 0.0f;
-}
-
-// The 16-bit kernels of mixed precision. `bf16` picks the type (bfloat16, else half); the
-// conversions are partrain's (round to nearest even, bit for bit the host's), so a value stored
-// here is the value mlp_host stores.
-__device__ inline std::uint16_t to16(float v, bool bf16) {
-  return bf16 ? partrain::detail::device_float_to_bfloat16_bits(v) : partrain::detail::device_float_to_half_bits(v);
-}
-__device__ inline float from16(std::uint16_t b, bool bf16) {
-  return bf16 ? partrain::detail::device_bfloat16_bits_to_float(b) : partrain::detail::device_half_bits_to_float(b);
-}
-
-// y = x rounded to 16 bits.
-__global__ void to_16(const float* x, std::uint16_t* y, std::size_t n, bool bf16) {
-  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
-  if (i < n) y[i] = to16(x[i], bf16);
-}
-
-// x = x rounded to 16 bits, kept as float (the parameters' gradients: an fp16 overflow becomes inf).
-__global__ void round_16(float* x, std::size_t n, bool bf16) {
-  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
-  if (i < n) x[i] = from16(to16(x[i], bf16), bf16);
-}
-
-// v = h[i, j] + b16[j] in fp32, then ReLU when asked; stored as 16 bits in out16 (hidden layers),
-// or as float in h when out16 is null (the logits).
-__global__ void bias_activation16(float* h, const std::uint16_t* b16, std::size_t rows, std::size_t cols, bool relu,
-                                  std::uint16_t* out16, bool bf16) {
-  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
-  if (i >= rows * cols) return;
-  float v = h[i] + from16(b16[i % cols], bf16);
-  if (relu && !(v > 0.0f)) v = 0.0f;  // as the host's ReLU (v > 0 ? v : 0)
-  if (out16) {
-    out16[i] = to16(v, bf16);
-  } else {
-    h[i] = v;
-  }
-}
-
-// gb[j] = sum over rows of delta16[i, j], in fp32 and row order (as the host), rounded to 16 bits.
-__global__ void column_sums16(const std::uint16_t* delta16, std::size_t rows, std::size_t cols, float* gb, bool bf16) {
-  const std::size_t j = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
-  if (j >= cols) return;
-  float s = 0.0f;
-  for (std::size_t i = 0; i < rows; ++i) s += from16(delta16[i * cols + j], bf16);
-  gb[j] = from16(to16(s, bf16), bf16);
-}
-
-// out16[i] = (a16[i] > 0 ? d[i] : 0) rounded to 16 bits: the gradient reaching the layer below,
-// masked by its ReLU (a16 is that layer's stored 16-bit output).
-__global__ void relu_backward16(const float* d, const std::uint16_t* a16, std::size_t n, std::uint16_t* out16,
-                                bool bf16) {
-  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
-  if (i < n) out16[i] = to16(from16(a16[i], bf16) <= 0.0f ? 0.0f : d[i], bf16);
+// Every element loop of the step is a functor of mlp_elements.hpp (run on the CPU by the CPU
+// tier), launched on the model's stream.
+template <class F>
+void launch(cudaStream_t stream, std::size_t n, const F& f) {
+  partrain::detail::for_each_index(partrain::detail::cuda_exec{stream, -1}, n, f);
 }
 
 }  // namespace cuda_detail
@@ -310,9 +211,9 @@ class mlp_cuda {
     upload(b);
     const float* logits = forward(n);
     auto& s = *state_;
-    cuda_detail::softmax_cross_entropy<<<cuda_detail::blocks_for(n), 256, 0, stream()>>>(
-        logits, s.labels.data(), n, layout_.classes(), 0.0f, 1.0f, nullptr, s.loss.data(), s.correct.data());
-    EXAMPLE_CUDA_CHECK(cudaGetLastError());
+    cuda_detail::launch(stream(), n,
+                        elements::softmax_cross_entropy_fn{logits, s.labels.data(), layout_.classes(), 0.0f, 1.0f,
+                                                           nullptr, s.loss.data(), s.correct.data()});
     std::vector<float> loss(n);
     std::vector<std::int32_t> correct(n);
     EXAMPLE_CUDA_CHECK(cudaMemcpyAsync(loss.data(), s.loss.data(), n * sizeof(float), cudaMemcpyDeviceToHost, stream()));
@@ -406,9 +307,9 @@ class mlp_cuda {
       EXAMPLE_CUDA_CHECK(cublasSgemm(s.blas.get(), CUBLAS_OP_T, CUBLAS_OP_N, out_w, static_cast<int>(n), in_w, &one,
                                      s.values.data() + layout_.weight_offset(l), in_w, in, in_w, &zero, h.data(), out_w));
       const std::size_t count = n * static_cast<std::size_t>(out_w);
-      cuda_detail::bias_activation<<<cuda_detail::blocks_for(count), 256, 0, stream()>>>(
-          h.data(), s.values.data() + layout_.bias_offset(l), n, static_cast<std::size_t>(out_w), l + 1 < layout_.layers());
-      EXAMPLE_CUDA_CHECK(cudaGetLastError());
+      cuda_detail::launch(stream(), count,
+                          elements::bias_activation_fn{h.data(), s.values.data() + layout_.bias_offset(l),
+                                                       static_cast<std::size_t>(out_w), l + 1 < layout_.layers()});
       in = h.data();
     }
     return s.acts.back().data();
@@ -435,8 +336,7 @@ class mlp_cuda {
     s.acts16.resize(layers - 1);
     const std::size_t in_count = n * layout_.inputs();
     s.x16.reserve(in_count);
-    cuda_detail::to_16<<<cuda_detail::blocks_for(in_count), 256, 0, stream()>>>(s.x.data(), s.x16.data(), in_count, bf16());
-    EXAMPLE_CUDA_CHECK(cudaGetLastError());
+    cuda_detail::launch(stream(), in_count, elements::to_16_fn{s.x.data(), s.x16.data(), bf16()});
     const std::uint16_t* in = s.x16.data();
     for (std::size_t l = 0; l < layers; ++l) {
       const int out_w = static_cast<int>(layout_.widths[l + 1]);
@@ -451,9 +351,9 @@ class mlp_cuda {
         out16 = s.acts16[l].data();
       }
       gemm16(CUBLAS_OP_T, CUBLAS_OP_N, out_w, static_cast<int>(n), in_w, low16(2 * l), in_w, in, in_w, h.data(), out_w);
-      cuda_detail::bias_activation16<<<cuda_detail::blocks_for(count), 256, 0, stream()>>>(
-          h.data(), low16(2 * l + 1), n, static_cast<std::size_t>(out_w), !last, out16, bf16());
-      EXAMPLE_CUDA_CHECK(cudaGetLastError());
+      cuda_detail::launch(stream(), count,
+                          elements::bias_activation16_fn{h.data(), low16(2 * l + 1), static_cast<std::size_t>(out_w),
+                                                         !last, out16, bf16()});
       in = out16;
     }
     return s.acts.back().data();
@@ -477,10 +377,9 @@ class mlp_cuda {
     const std::size_t c = layout_.classes();
     s.delta.reserve(n * c);
     // d(mean loss)/d(logits) = (softmax - onehot) / n, times the loss scale
-    cuda_detail::softmax_cross_entropy<<<cuda_detail::blocks_for(n), 256, 0, stream()>>>(
-        logits, s.labels.data(), n, c, 1.0f / static_cast<float>(n), loss_scale_, s.delta.data(), s.loss.data(),
-        nullptr);
-    EXAMPLE_CUDA_CHECK(cudaGetLastError());
+    cuda_detail::launch(stream(), n,
+                        elements::softmax_cross_entropy_fn{logits, s.labels.data(), c, 1.0f / static_cast<float>(n),
+                                                           loss_scale_, s.delta.data(), s.loss.data(), nullptr});
     std::vector<float> loss(n);
     EXAMPLE_CUDA_CHECK(cudaMemcpyAsync(loss.data(), s.loss.data(), n * sizeof(float), cudaMemcpyDeviceToHost, stream()));
     if (low_precision()) {
@@ -503,9 +402,8 @@ class mlp_cuda {
       const float* in = l == 0 ? s.x.data() : s.acts[l - 1].data();
       float* gw = s.grads.data() + layout_.weight_offset(l);
       float* gb = s.grads.data() + layout_.bias_offset(l);
-      cuda_detail::column_sums<<<cuda_detail::blocks_for(static_cast<std::size_t>(out_w)), 256, 0, stream()>>>(
-          s.delta.data(), n, static_cast<std::size_t>(out_w), gb);
-      EXAMPLE_CUDA_CHECK(cudaGetLastError());
+      cuda_detail::launch(stream(), static_cast<std::size_t>(out_w),
+                          elements::column_sums_fn{s.delta.data(), n, static_cast<std::size_t>(out_w), gb});
       // dW[out, in] = delta^T . X: column-major dW^T[in, out] = X^T[in, n] . delta[n, out].
       EXAMPLE_CUDA_CHECK(cublasSgemm(s.blas.get(), CUBLAS_OP_N, CUBLAS_OP_T, in_w, out_w, static_cast<int>(n), &one, in,
                                      in_w, s.delta.data(), out_w, &zero, gw, in_w));
@@ -517,8 +415,7 @@ class mlp_cuda {
                                      s.values.data() + layout_.weight_offset(l), in_w, s.delta.data(), out_w, &zero,
                                      s.prev.data(), in_w));
       const std::size_t count = n * static_cast<std::size_t>(in_w);
-      cuda_detail::relu_backward<<<cuda_detail::blocks_for(count), 256, 0, stream()>>>(s.prev.data(), in, count);
-      EXAMPLE_CUDA_CHECK(cudaGetLastError());
+      cuda_detail::launch(stream(), count, elements::relu_backward_fn{s.prev.data(), in});
       std::swap(s.delta, s.prev);
     }
   }
@@ -531,21 +428,18 @@ class mlp_cuda {
     auto& s = *state_;
     const std::size_t c = layout_.classes();
     s.delta16.reserve(n * c);
-    cuda_detail::to_16<<<cuda_detail::blocks_for(n * c), 256, 0, stream()>>>(s.delta.data(), s.delta16.data(), n * c, bf16());
-    EXAMPLE_CUDA_CHECK(cudaGetLastError());
+    cuda_detail::launch(stream(), n * c, elements::to_16_fn{s.delta.data(), s.delta16.data(), bf16()});
     for (std::size_t l = layout_.layers(); l-- > 0;) {
       const int out_w = static_cast<int>(layout_.widths[l + 1]);
       const int in_w = static_cast<int>(layout_.widths[l]);
       const std::uint16_t* in = l == 0 ? s.x16.data() : s.acts16[l - 1].data();
       float* gw = s.grads.data() + layout_.weight_offset(l);
       float* gb = s.grads.data() + layout_.bias_offset(l);
-      cuda_detail::column_sums16<<<cuda_detail::blocks_for(static_cast<std::size_t>(out_w)), 256, 0, stream()>>>(
-          s.delta16.data(), n, static_cast<std::size_t>(out_w), gb, bf16());
-      EXAMPLE_CUDA_CHECK(cudaGetLastError());
+      cuda_detail::launch(stream(), static_cast<std::size_t>(out_w),
+                          elements::column_sums16_fn{s.delta16.data(), n, static_cast<std::size_t>(out_w), gb, bf16()});
       gemm16(CUBLAS_OP_N, CUBLAS_OP_T, in_w, out_w, static_cast<int>(n), in, in_w, s.delta16.data(), out_w, gw, in_w);
       const std::size_t wcount = static_cast<std::size_t>(out_w) * static_cast<std::size_t>(in_w);
-      cuda_detail::round_16<<<cuda_detail::blocks_for(wcount), 256, 0, stream()>>>(gw, wcount, bf16());
-      EXAMPLE_CUDA_CHECK(cudaGetLastError());
+      cuda_detail::launch(stream(), wcount, elements::round_16_fn{gw, bf16()});
       notify(ready, l);
       if (l == 0) break;
       const std::size_t count = n * static_cast<std::size_t>(in_w);
@@ -553,9 +447,7 @@ class mlp_cuda {
       gemm16(CUBLAS_OP_N, CUBLAS_OP_N, in_w, static_cast<int>(n), out_w, low16(2 * l), in_w, s.delta16.data(), out_w,
              s.prev.data(), in_w);
       s.prev16.reserve(count);
-      cuda_detail::relu_backward16<<<cuda_detail::blocks_for(count), 256, 0, stream()>>>(s.prev.data(), in, count,
-                                                                                        s.prev16.data(), bf16());
-      EXAMPLE_CUDA_CHECK(cudaGetLastError());
+      cuda_detail::launch(stream(), count, elements::relu_backward16_fn{s.prev.data(), in, s.prev16.data(), bf16()});
       std::swap(s.delta16, s.prev16);
     }
   }
@@ -569,4 +461,4 @@ class mlp_cuda {
   partrain::low_precision_copy<partrain::cuda> low_;  // the 16-bit weights (fp16/bf16 only)
 };
 
-}  // namespace example
+}  // namespace models

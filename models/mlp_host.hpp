@@ -1,4 +1,4 @@
-// examples/fashion_mnist/mlp_host.hpp: a user-defined model, written the way a partrain user
+// models/mlp_host.hpp: a user-defined model, written the way a partrain user
 // would: a multi-layer perceptron (784-256-128-10 by default), ReLU between layers, softmax
 // cross-entropy, its GEMMs on OpenBLAS. partrain never sees inside: it only uses the members
 // the model concepts ask for (parameters(), train_step(), eval_step(), replicate_to()).
@@ -28,7 +28,7 @@
 #include <partrain/precision/low_precision_copy.hpp>
 #include <partrain/precision/precision.hpp>
 
-namespace example {
+namespace models {
 
 // What the model reads from a batch: features [n, inputs] float, labels [n] int32. partrain's
 // data::batch has these members; so can a user's own batch type.
@@ -454,4 +454,4 @@ class mlp_host {
   std::vector<float> delta_, prev_, input_, scratch_, weights_;
 };
 
-}  // namespace example
+}  // namespace models

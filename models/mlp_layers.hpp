@@ -1,4 +1,4 @@
-// examples/fashion_mnist/mlp_layers.hpp: the same MLP as mlp_host.hpp, written as a sequence of
+// models/mlp_layers.hpp: the same MLP as mlp_host.hpp, written as a sequence of
 // stage-able layers (each with forward, backward given the output gradient, and parameters), the
 // shape partrain's pipeline splits into stages. Small float layers on the host: linear, relu,
 // softmax cross-entropy, and an MLP factory.
@@ -19,7 +19,7 @@
 #include <partrain/model/concepts.hpp>
 #include <partrain/parallel/pipeline/layer.hpp>
 
-namespace example::layers {
+namespace models::layers {
 
 using namespace partrain;
 
@@ -194,4 +194,4 @@ static_assert(pipeline_layer<host_layer>);
 static_assert(layer_sequence<host_model>);
 static_assert(pipeline_loss<softmax_cross_entropy, std::int32_t>);
 
-}  // namespace example::layers
+}  // namespace models::layers

@@ -1,0 +1,53 @@
+// partrain/launch/run_ranks.hpp: runs a function on every rank of a job, the three ways a
+// program usually starts its ranks, with one call:
+//   {.nproc = N, .backend = "local"}  N threads of this process over the local backend
+//   {.nproc = N, .backend = "gloo"}   N forked processes (spawn), each joining through
+//                                     init_process_group("env://") (what torch.multiprocessing
+//                                     .spawn plus init_process_group do)
+//   {.nproc = 0}                      this process is one rank of a job a launcher started
+//                                     (partrun, torchrun, Slurm, mpirun): env:// says which
+//
+//   run_ranks({.nproc = 2}, [](process_group& pg) { ... DDP over pg ... });
+#pragma once
+
+#include <string>
+#include <utility>
+
+#include <partrain/comm/local.hpp>
+#include <partrain/comm/process_group.hpp>
+#include <partrain/core/error.hpp>
+#include <partrain/launch/spawn.hpp>
+#include <partrain/rendezvous/init.hpp>
+
+namespace partrain::inline v0 {
+
+struct run_ranks_options {
+  int nproc = 0;                  // ranks to start here; 0: take rank and world size from the environment
+  std::string backend = "gloo";   // "local" (threads), or a process backend for init_process_group
+  spawn_options spawn{};          // how forked ranks are supervised (nproc > 0, process backends)
+  process_group_options local{};  // the local backend's options (timeout, checking mode)
+};
+
+// Returns when every rank's fn returned; a failing rank's error is rethrown here (threads: the
+// root cause, not its peers' echoes; processes: spawn's process_error naming the rank).
+template <class F>
+void run_ranks(run_ranks_options o, F fn) {
+  static_assert(std::invocable<F&, process_group&>, "partrain::run_ranks: fn must be callable as fn(process_group&)");
+  if (o.nproc < 0) throw config_error("run_ranks: nproc must be >= 0 (0: ranks from the environment), got " + std::to_string(o.nproc));
+  if (o.backend == "local") {
+    if (o.nproc == 0) throw config_error("run_ranks: the local backend needs nproc >= 1 (its ranks are threads of this process)");
+    run_local(o.nproc, [&](local_group& g) { fn(g); }, o.local);
+    return;
+  }
+  auto rank_main = [&] {
+    auto pg = init_process_group("env://", {.backend = o.backend});
+    fn(*pg);
+  };
+  if (o.nproc > 0) {
+    spawn(o.nproc, [&](int) { rank_main(); }, std::move(o.spawn));
+  } else {
+    rank_main();
+  }
+}
+
+}  // namespace partrain::inline v0

@@ -1,0 +1,83 @@
+// DDP's bucket functors (parallel/detail/ddp_elements.hpp) through the launch helper: the division
+// before the all_reduce, no_sync accumulation, and the fp16/bf16 compression hooks' casts.
+#include <catch2/catch.hpp>
+
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include <partrain/parallel/detail/ddp_elements.hpp>
+
+#include "reference_16.hpp"
+#include "tier.hpp"
+
+namespace ddp_cases {
+namespace pd = partrain::detail;
+
+template <class T>
+void check_divide_accumulate() {
+  for (const std::size_t n : tier::ragged_sizes) {
+    CAPTURE(n, tier::name);
+    const auto in = tier::awkward_floats(n, 3);
+    tier::vec<T> x(n), y(n);
+    for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<T>(in[i]), y[i] = static_cast<T>(i % 7);
+    pd::for_each_index(tier::exec(), n, pd::divide_fn<T>{x.data(), T(3)});
+    tier::finish();
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < n; ++i) bad += x[i] != static_cast<T>(in[i]) / T(3);
+    CHECK(bad == 0);
+    pd::for_each_index(tier::exec(), n, pd::accumulate_fn<T>{y.data(), x.data()});
+    tier::finish();
+    bad = 0;
+    for (std::size_t i = 0; i < n; ++i) bad += y[i] != static_cast<T>(i % 7) + static_cast<T>(in[i]) / T(3);
+    CHECK(bad == 0);
+  }
+}
+
+// buffer.to(H).div_(d) then back, with the reference conversions.
+template <class T, class H>
+void check_compress(std::uint16_t (*to16)(float), float (*from16)(std::uint16_t)) {
+  for (const std::size_t n : tier::ragged_sizes) {
+    CAPTURE(n, tier::name);
+    auto in = tier::awkward_floats(n, 9);
+    if (n > 2) in[1] = std::numeric_limits<float>::quiet_NaN(), in[2] = -std::numeric_limits<float>::infinity();
+    tier::vec<T> x(n), out(n);
+    tier::vec<H> h(n);
+    for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<T>(in[i]);
+    const float d = 3.0f;
+    pd::for_each_index(tier::exec(), n, pd::compress_16_fn<T, H>{x.data(), h.data(), d});
+    tier::finish();
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint16_t want = to16(from16(to16(static_cast<float>(static_cast<T>(in[i])))) / d);
+      bad += h[i].bits != want;
+    }
+    CHECK(bad == 0);
+    pd::for_each_index(tier::exec(), n, pd::decompress_16_fn<H, T>{h.data(), out.data()});
+    tier::finish();
+    bad = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const T want = static_cast<T>(from16(h[i].bits));
+      bad += !(std::isnan(want) ? std::isnan(out[i]) : out[i] == want);
+    }
+    CHECK(bad == 0);
+  }
+}
+
+}  // namespace ddp_cases
+
+TEST_CASE("divide_fn and accumulate_fn on float and double buckets", "[cpu_tier][parallel][ddp]") {
+  ddp_cases::check_divide_accumulate<float>();
+  ddp_cases::check_divide_accumulate<double>();
+}
+
+TEST_CASE("compress_16_fn / decompress_16_fn: fp16 and bf16 hooks, cast then divide", "[cpu_tier][parallel][ddp]") {
+  using partrain::bfloat16;
+  using partrain::half;
+  ddp_cases::check_compress<float, half>(tier::ref::float_to_half, tier::ref::half_to_float);
+  ddp_cases::check_compress<double, half>(tier::ref::float_to_half, tier::ref::half_to_float);
+  ddp_cases::check_compress<float, bfloat16>(tier::ref::float_to_bfloat16, tier::ref::bfloat16_to_float);
+  ddp_cases::check_compress<double, bfloat16>(tier::ref::float_to_bfloat16, tier::ref::bfloat16_to_float);
+}

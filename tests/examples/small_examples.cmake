@@ -1,0 +1,58 @@
+# The small examples (examples/<name>/, one idea each) as tests: each program runs at its own small
+# size and must exit 0 and print the lines that prove it worked (a final loss below a threshold,
+# ranks that agree bit for bit, ...). None of them needs OpenBLAS. Included by CMakeLists.txt here.
+if(NOT PARTRAIN_BUILD_EXAMPLES)
+  return()  # ends this file only
+endif()
+
+# small_example_test(name LABELS ... [PROGRAM exe] [ARGS ...] REGEX first second)
+function(small_example_test name)
+  cmake_parse_arguments(ARG "" "PROGRAM" "LABELS;ARGS;REGEX" ${ARGN})
+  if(NOT ARG_PROGRAM)
+    set(ARG_PROGRAM $<TARGET_FILE:${name}>)
+  endif()
+  list(GET ARG_REGEX 0 regex1)
+  list(GET ARG_REGEX 1 regex2)
+  add_test(NAME example_${name}
+           COMMAND ${CMAKE_COMMAND} -DPROGRAM=${ARG_PROGRAM} "-DARGS=${ARG_ARGS}" -DEXPECT_RC=0
+                   "-DEXPECT_REGEX=${regex1}" "-DEXPECT_REGEX2=${regex2}"
+                   -P ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/run_example.cmake)
+  set_tests_properties(example_${name} PROPERTIES LABELS "examples;${ARG_LABELS}" TIMEOUT 120)
+  if(COMMAND partrain_register_test_target)  # CI builds a label's executables
+    partrain_register_test_target(${name} ${ARG_LABELS})
+  endif()
+endfunction()
+
+small_example_test(ddp LABELS threads
+  REGEX "final loss 0\\.000[0-9]+" "parameters bit-identical on all 2 ranks")
+small_example_test(data_parallel LABELS threads
+  REGEX "final loss 0\\.000[0-9]+ on 2 devices" "largest difference from one device")
+small_example_test(pipeline LABELS threads
+  REGEX "stage 0: F0 F1 B0 F2 B1 F3 B2 B3" "final loss 0\\.0[0-4][0-9]* \\(from [1-9]")
+small_example_test(mixed_precision LABELS threads precision
+  REGEX "step +0 +skipped: a gradient overflowed fp16 at scale 65536, scale now 32768"
+        "final loss 0\\.000[0-9]+, loss scale [0-9]+, [1-9][0-9]* step\\(s\\) skipped")
+
+# The same program as two processes started by the launcher, as a user runs it.
+if(TARGET partrain::gloo AND TARGET partrun)
+  add_test(NAME example_ddp_partrun
+           COMMAND ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:partrun>
+                   "-DARGS=--standalone;--nproc-per-node;2;$<TARGET_FILE:ddp>" -DEXPECT_RC=0
+                   "-DEXPECT_REGEX=\\[rank 0\\] final loss 0\\.000[0-9]+"
+                   "-DEXPECT_REGEX2=parameters bit-identical on all 2 ranks"
+                   -P ${CMAKE_CURRENT_LIST_DIR}/run_example.cmake)
+  set_tests_properties(example_ddp_partrun PROPERTIES LABELS "examples;processes" TIMEOUT 120)
+  if(COMMAND partrain_register_test_target)
+    partrain_register_test_target(partrun processes)
+  endif()
+else()
+  message(STATUS "partrain: example_ddp_partrun left out (it needs Gloo and the partrun launcher)")
+endif()
+
+# The CUDA skeleton: Skipped, never Passed, where no GPU answers (the program says so and exits 77).
+if(TARGET custom_cuda_model)
+  small_example_test(custom_cuda_model LABELS gpu
+    REGEX "final loss 0\\.000[0-9]+" "rank\\(s\\) over (local|nccl|gloo)")
+  set_tests_properties(example_custom_cuda_model PROPERTIES
+    SKIP_REGULAR_EXPRESSION "no CUDA-capable device|driver version is insufficient")
+endif()

@@ -1,0 +1,156 @@
+#include <catch2/catch.hpp>
+
+#include <partrain/comm/local.hpp>
+#include <partrain/optim/sgd.hpp>
+#include <partrain/parallel/data_parallel.hpp>
+#include <partrain/parallel/ddp.hpp>
+#include <partrain/train/lr_schedule.hpp>
+#include <partrain/train/trainer.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <mutex>
+#include <sstream>
+#include <vector>
+
+#include "dp_models.hpp"
+#include "temp_dir.hpp"
+
+using namespace partrain;
+using partrain::test::dp_dataset;
+using partrain::test::dp_softmax_model;
+
+namespace {
+
+// What fit needs of a batch source: a range of batches with set_epoch and size (a loader's face).
+struct batch_list {
+  std::vector<batch> batches;
+  std::size_t epoch = 0;
+  void set_epoch(std::size_t e) { epoch = e; }
+  [[nodiscard]] std::size_t size() const noexcept { return batches.size(); }
+  [[nodiscard]] auto begin() const { return batches.begin(); }
+  [[nodiscard]] auto end() const { return batches.end(); }
+};
+
+// Rank r of w takes every w-th batch of 8 rows, as a distributed sampler would.
+batch_list shard(const dp_dataset& d, int r, int w) {
+  batch_list l;
+  for (std::size_t first = static_cast<std::size_t>(r) * 8; first + 8 <= d.size(); first += static_cast<std::size_t>(w) * 8) {
+    l.batches.push_back(d.rows(first, 8));
+  }
+  return l;
+}
+
+struct run_out {
+  std::uint64_t checksum = 0;
+  train_result result;
+};
+
+// fit on `ranks` local ranks over DDP; rank 0's result and parameter checksum.
+run_out run_ddp(int ranks, trainer_options base, double lr = 0.2) {
+  const dp_dataset data(96, 5, 3);
+  run_out out;
+  std::mutex m;
+  run_local(ranks, [&](local_group& g) {
+    dp_softmax_model model(5, 3);
+    distributed_data_parallel ddp(model, g);
+    sgd opt(model, {.lr = lr, .momentum = 0.9});
+    ddp_policy policy(ddp, opt);
+    auto train = shard(data, g.rank(), g.size());
+    auto test = shard(data, g.rank(), g.size());
+    trainer_options o = base;
+    std::ostringstream sink;
+    o.out = &sink;
+    const train_result r = fit(policy, train, test, o);
+    if (g.rank() == 0) {
+      std::lock_guard lock(m);
+      out = {parameter_checksum(model), r};
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+static_assert(training_policy<ddp_policy<distributed_data_parallel<dp_softmax_model>, sgd<dp_softmax_model>>, batch>);
+static_assert(checkpointable_policy<ddp_policy<distributed_data_parallel<dp_softmax_model>, sgd<dp_softmax_model>>>);
+static_assert(training_policy<data_parallel_policy<data_parallel<dp_softmax_model, sgd<dp_softmax_model>>>, batch>);
+static_assert(!checkpointable_policy<data_parallel_policy<data_parallel<dp_softmax_model, sgd<dp_softmax_model>>>>);
+
+TEST_CASE("fit: the three loop styles train the same parameters", "[train][trainer][threads]") {
+  const auto ranges = run_ddp(2, {.epochs = 2, .lr = cosine_lr{.base = 0.2, .epochs = 2}, .log_every = 3});
+  const auto plain = run_ddp(2, {.epochs = 2, .lr = cosine_lr{.base = 0.2, .epochs = 2}, .log_every = 3, .loop = loop_style::plain});
+  const auto coro = run_ddp(2, {.epochs = 2, .lr = cosine_lr{.base = 0.2, .epochs = 2}, .log_every = 3, .loop = loop_style::coroutine});
+  CHECK(ranges.result.epochs == 2);
+  CHECK(ranges.result.steps == 12);  // 96 rows, 8 per batch, 2 ranks: 6 steps an epoch
+  CHECK(plain.checksum == ranges.checksum);
+  CHECK(coro.checksum == ranges.checksum);
+  CHECK(plain.result.train_loss == ranges.result.train_loss);
+  CHECK(coro.result.train_loss == Approx(ranges.result.train_loss).epsilon(1e-12));
+  CHECK(ranges.result.test_accuracy > 0.0);
+}
+
+TEST_CASE("fit: a resumed run continues bit for bit, and a finished one reports its saved result", "[train][trainer][threads]") {
+  partrain::testing::temp_dir dir;
+  const auto ck = dir.path / "sub" / "run.ckpt";
+  const trainer_options two{.epochs = 2, .lr = cosine_lr{.base = 0.2, .epochs = 2}};
+  const auto straight = run_ddp(2, two);
+  trainer_options first = two;
+  first.checkpoint = ck;
+  first.epochs = 1;  // the schedule stays the 2-epoch one
+  (void)run_ddp(2, first);
+  REQUIRE(std::filesystem::exists(ck));
+  trainer_options rest = two;
+  rest.checkpoint = ck;
+  const auto resumed = run_ddp(2, rest);
+  CHECK(resumed.result.first_epoch == 1);
+  CHECK(resumed.checksum == straight.checksum);
+  CHECK(resumed.result.test_accuracy == straight.result.test_accuracy);
+  // Again: the checkpoint is at epoch 2 of 2, so nothing trains and the saved numbers come back.
+  const auto again = run_ddp(2, rest);
+  CHECK(again.result.resumed_finished);
+  CHECK(again.checksum == straight.checksum);
+  CHECK(again.result.test_accuracy == straight.result.test_accuracy);
+  CHECK(again.result.test_accuracy > 0.0);
+  CHECK(again.result.train_loss == resumed.result.train_loss);
+}
+
+TEST_CASE("fit: bad settings fail before training, with the reason", "[train][trainer][threads]") {
+  partrain::testing::temp_dir dir;
+  std::ofstream(dir.path / "a_file") << "x";
+  trainer_options o{.epochs = 1};
+  o.checkpoint = dir.path / "a_file" / "run.ckpt";  // its folder cannot exist: a file is in the way
+  CHECK_THROWS_WITH(run_ddp(1, o), Catch::Contains("cannot write checkpoints in") && Catch::Contains("a_file"));
+  CHECK_THROWS_WITH(run_ddp(1, {.epochs = 0}), Catch::Contains("epochs must be at least 1"));
+  // A diverging run stops at the step whose loss is not finite instead of reporting NaN.
+  CHECK_THROWS_WITH(run_ddp(1, {.epochs = 1}, std::numeric_limits<double>::infinity()),
+                    Catch::Contains("training loss at step 2 (epoch 1) is") && Catch::Contains("diverged"));
+}
+
+TEST_CASE("fit: a policy that cannot checkpoint refuses a checkpoint path", "[train][trainer][threads]") {
+  const dp_dataset data(32, 5, 3);
+  dp_softmax_model model(5, 3);
+  data_parallel dp(model, {device::cpu(0), device::cpu(1)},
+                   [](dp_softmax_model& m) { return sgd<dp_softmax_model>(m, {.lr = 0.1}); });
+  data_parallel_policy policy(dp);
+  auto train = shard(data, 0, 1);
+  std::ostringstream sink;
+  const auto r = fit(policy, train, train, {.epochs = 1, .out = &sink});
+  CHECK(r.steps == 4);
+  CHECK(sink.str().find("final test_accuracy") != std::string::npos);
+  CHECK_THROWS_WITH(fit(policy, train, train, {.epochs = 1, .checkpoint = "x.ckpt", .out = &sink}),
+                    Catch::Contains("not supported by this parallel mode"));
+}
+
+TEST_CASE("learning-rate schedules", "[train][trainer]") {
+  const cosine_lr c{.base = 0.1, .epochs = 4};
+  CHECK(c(0) == Approx(0.1));
+  CHECK(c(2) == Approx(0.05));
+  CHECK(c(4) == Approx(0.0).margin(1e-12));
+  CHECK(constant_lr{.base = 0.3}(7) == 0.3);
+  CHECK_THROWS_WITH((cosine_lr{.base = std::nan(""), .epochs = 4})(0), Catch::Contains("finite number > 0"));
+  CHECK_THROWS_WITH((cosine_lr{.base = 0.1, .epochs = 0})(0), Catch::Contains("epochs must be at least 1"));
+}

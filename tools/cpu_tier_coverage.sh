@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# tools/cpu_tier_coverage.sh: how much of the device code the CPU tier executes. Builds only the
+# cpu_tier tests with gcov instrumentation (g++ --coverage, -O0), runs them (ctest -L cpu_tier),
+# and counts, per functor header (the element logic every CUDA kernel runs), the lines gcov saw
+# executed in any test over the lines it instrumented. The kernels' own bodies in
+# partrain/cuda/launch.cuh (the grid-stride loop and the block reduce) run only on a GPU: they are
+# counted as device lines the CPU tier cannot execute. Prints a table and a `summary:` line.
+#   tools/cpu_tier_coverage.sh [build-dir]      (default: build-cov; JOBS=n parallel build jobs)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+build=${1:-$root/build-cov}
+jobs=${JOBS:-1}
+
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="--coverage -O0" \
+  -DCMAKE_EXE_LINKER_FLAGS=--coverage -DPARTRAIN_WITH_CUDA=OFF -DPARTRAIN_BUILD_EXAMPLES=OFF \
+  -DPARTRAIN_BUILD_BENCH=OFF -DPARTRAIN_INSTALL=OFF -DPARTRAIN_PACKAGING_TESTS=OFF -DPARTRAIN_HEADER_TESTS=OFF >/dev/null
+cmake --build "$build" -j "$jobs" --target partrain_label_cpu_tier >/dev/null
+find "$build" -name '*.gcda' -delete
+ctest --test-dir "$build" -L cpu_tier --output-on-failure --no-tests=error -j "$jobs" >/dev/null
+
+python3 - "$root" "$build" <<'PY'
+import gzip, json, pathlib, re, subprocess, sys, tempfile
+
+root, build = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+functor_headers = [
+    "include/partrain/core/for_each_index.hpp",
+    "include/partrain/core/half.hpp",
+    "include/partrain/optim/detail/update_rules.hpp",
+    "include/partrain/optim/detail/elements.hpp",
+    "include/partrain/precision/detail/elements.hpp",
+    "include/partrain/parallel/detail/ddp_elements.hpp",
+    "models/mlp_elements.hpp",
+]
+executed = {h: set() for h in functor_headers}
+instrumented = {h: set() for h in functor_headers}
+gcdas = sorted((build / "tests" / "cpu_tier").rglob("*.gcda"))
+if not gcdas:
+    sys.exit("cpu_tier_coverage: no .gcda files under " + str(build / "tests/cpu_tier") + " (did the tests run?)")
+with tempfile.TemporaryDirectory() as tmp:
+    for gcda in gcdas:
+        subprocess.run(["gcov", "--json-format", "-o", str(gcda.parent), str(gcda)], cwd=tmp, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for out in pathlib.Path(tmp).glob("*.gcov.json.gz"):
+            data = json.loads(gzip.decompress(out.read_bytes()))
+            out.unlink()
+            for f in data["files"]:
+                path = pathlib.Path(f["file"])
+                path = path if path.is_absolute() else (pathlib.Path(data.get("current_working_directory", ".")) / path)
+                try:
+                    rel = str(path.resolve().relative_to(root))
+                except ValueError:
+                    continue
+                if rel not in executed:
+                    continue
+                for line in f["lines"]:
+                    instrumented[rel].add(line["line_number"])
+                    if line["count"] > 0:
+                        executed[rel].add(line["line_number"])
+
+# Device-only lines: the statements of the __global__ kernels in cuda/launch.cuh.
+launch = (root / "include/partrain/cuda/launch.cuh").read_text().splitlines()
+kernel_lines, depth, inside = 0, 0, False
+for text in launch:
+    if "__global__" in text:
+        inside, depth = True, 0
+    if inside:
+        code = text.split("//")[0].strip()
+        if code and code not in ("{", "}") and "__global__" not in code and not code.startswith("template"):
+            kernel_lines += 1
+        depth += text.count("{") - text.count("}")
+        if depth == 0 and "}" in text:
+            inside = False
+
+print(f"{'file':<52} {'executed':>9} {'lines':>6} {'share':>7}")
+tot_e = tot_i = 0
+for h in functor_headers:
+    e, i = len(executed[h]), len(instrumented[h])
+    tot_e, tot_i = tot_e + e, tot_i + i
+    print(f"{h:<52} {e:>9} {i:>6} {100.0 * e / i if i else 0:>6.1f}%")
+print(f"{'include/partrain/cuda/launch.cuh (kernels, GPU only)':<52} {0:>9} {kernel_lines:>6} {0:>6.1f}%")
+share = tot_e / (tot_i + kernel_lines) if tot_i + kernel_lines else 0
+print(f"summary: cpu_tier_line_share={share:.3f} functor_lines_executed={tot_e}/{tot_i} "
+      f"gpu_only_kernel_lines={kernel_lines}")
+PY

@@ -1,0 +1,281 @@
+#!/usr/bin/env bash
+# tools/gpu_check.sh: everything partrain can only prove on a GPU, in one command, for the day a
+# GPU machine is lent (nvcc, CMake, NCCL, maybe PyTorch; no apt, no internet). It configures for
+# the native architecture, builds what the checks need, runs every gpu-labelled test (each runs
+# with -w NoAssertions: a case that checks nothing fails), trains the example on one GPU in fp32,
+# fp16 and bf16 to full accuracy, runs the CUDA rows of the benchmarks, trains the same MLP in
+# PyTorch eager when torch imports, and prints one table and a `summary:` line. Exit 1 when any
+# step failed; a step that cannot run here (no GPU, no nvcc, no torch) is SKIP with the reason.
+#
+#   tools/gpu_check.sh --prepare     copy what the GPU machine lacks (Catch2's header and CMake
+#                                    files, the Fashion-MNIST files) into .device/ (git-ignored),
+#                                    which travels with the working tree to the device machine
+#   tools/gpu_check.sh [--only steps] [--build DIR] [--data DIR] [--jobs N]
+#        steps: configure,build,tests,example,bench,torch (comma-separated; default all). The
+#        build folder persists on a warm machine, so a run may be split to fit a command's limit:
+#        --only configure,build   then   --only tests,example,bench,torch
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+device_dir=$root/.device
+build=$root/build-gpu
+data=""
+jobs=$(nproc 2>/dev/null || echo 2)
+only="configure,build,tests,example,bench,torch"
+accuracy_floor=0.85     # the host example reaches 0.89 after 8 epochs; a wrong gradient stays far below
+precision_slack=0.01    # fp16/bf16 within this of fp32 (as the host mixed-precision test)
+
+while [ $# -gt 0 ]; do
+  case $1 in
+    --prepare) prepare=1 ;;
+    --only) only=$2; shift ;;
+    --build) build=$2; shift ;;
+    --data) data=$2; shift ;;
+    --jobs) jobs=$2; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "gpu_check: unknown argument '$1' (expected --prepare, --only, --build, --data, --jobs)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+if [ -n "${prepare:-}" ]; then
+  set -e
+  mkdir -p "$device_dir/catch2/include" "$device_dir/catch2/lib/cmake"
+  cp -r /usr/include/catch2 "$device_dir/catch2/include/"
+  cp -r /usr/lib/cmake/Catch2 "$device_dir/catch2/lib/cmake/"
+  rm -rf "$device_dir/fashion-mnist"
+  cp -r /usr/share/datasets/fashion-mnist "$device_dir/fashion-mnist"
+  echo "gpu_check: prepared $device_dir ($(du -sh "$device_dir" | cut -f1)): Catch2 header and CMake package, Fashion-MNIST"
+  echo "gpu_check: on the device machine: tools/gpu_check.sh (it finds them there)"
+  exit 0
+fi
+
+mkdir -p "$build"
+out=$build/gpu_check
+mkdir -p "$out"
+rows=()
+failed=0
+skipped=0
+passed=0
+record() {  # step status detail
+  rows+=("$(printf '%-24s %-5s %s' "$1" "$2" "$3")")
+  case $2 in
+    ok) passed=$((passed + 1)) ;;
+    SKIP) skipped=$((skipped + 1)) ;;
+    *) failed=$((failed + 1)) ;;
+  esac
+  echo "gpu_check: $1: $2 $3"
+}
+wants() { [[ ",$only," == *",$1,"* ]]; }
+
+# What this machine has.
+nvcc=${CUDACXX:-}
+[ -z "$nvcc" ] && nvcc=$(command -v nvcc || true)
+[ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc=/usr/local/cuda/bin/nvcc
+gpu_name=""
+if command -v nvidia-smi >/dev/null 2>&1; then
+  gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+fi
+gpu=${gpu_name:-none}
+echo "gpu_check: nvcc ${nvcc:-none}, GPU $gpu, build $build, $jobs jobs"
+if [ -z "$data" ]; then
+  if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+    data=/usr/share/datasets/fashion-mnist
+  else
+    data=$device_dir/fashion-mnist
+  fi
+fi
+
+# 1. Configure: CUDA on, the native architecture where a GPU is (the default list otherwise).
+if wants configure; then
+  if [ -z "$nvcc" ]; then
+    record configure SKIP "no nvcc: nothing CUDA can be built here"
+  else
+    args=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DPARTRAIN_WITH_CUDA=ON "-DCMAKE_CUDA_COMPILER=$nvcc"
+          -DFETCHCONTENT_FULLY_DISCONNECTED=ON)
+    command -v ninja >/dev/null 2>&1 || args=("${args[@]:2}")
+    [ -n "$gpu_name" ] && args+=(-DCMAKE_CUDA_ARCHITECTURES=native)
+    if [ ! -f /usr/include/catch2/catch.hpp ] && [ -d "$device_dir/catch2/lib/cmake/Catch2" ]; then
+      args+=("-DCatch2_DIR=$device_dir/catch2/lib/cmake/Catch2")
+    fi
+    if cmake -S "$root" -B "$build" "${args[@]}" >"$out/configure.log" 2>&1; then
+      archs=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build/CMakeCache.txt")
+      record configure ok "CUDA architectures ${archs:-?}; $(grep -c 'left out' "$out/configure.log") part(s) left out ($out/configure.log)"
+    else
+      record configure FAIL "cmake failed: $out/configure.log (Catch2 missing? run tools/gpu_check.sh --prepare where it is)"
+    fi
+  fi
+fi
+
+# 2. Build only what the checks run: the gpu-labelled tests, the example, the benchmarks.
+targets=(partrain_label_gpu fashion_mnist_cuda bench_collectives bench_precision_cuda)
+if wants build; then
+  if [ -z "$nvcc" ]; then
+    record build SKIP "no nvcc"
+  elif [ ! -f "$build/CMakeCache.txt" ]; then
+    record build FAIL "not configured ($build)"
+  else
+    have=()
+    for t in "${targets[@]}"; do
+      cmake --build "$build" --target help 2>/dev/null | grep -q "^$t\\b\\|[ /]$t:" && have+=("$t")
+    done
+    start=$SECONDS
+    keep_going=()  # build every target that can be built, so one failure does not hide the others' results
+    grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja' "$build/CMakeCache.txt" && keep_going=(-- -k 0)
+    if cmake --build "$build" -j "$jobs" --target "${have[@]}" "${keep_going[@]}" >"$out/build.log" 2>&1; then
+      record build ok "${have[*]} in $((SECONDS - start)) s"
+    else
+      record build FAIL "$(grep -m1 -E 'error|FAILED' "$out/build.log" | cut -c1-150) ($out/build.log)"
+    fi
+  fi
+fi
+
+# 3. Every gpu-labelled test. Skipped tests on a machine with a GPU are failures: a test that
+# could not use the GPU there proved nothing.
+if wants tests; then
+  if [ ! -f "$build/CTestTestfile.cmake" ]; then
+    record gpu_tests SKIP "no build folder with tests"
+  else
+    ctest --test-dir "$build" -L gpu --output-on-failure --timeout 300 >"$out/tests.log" 2>&1
+    rc=$?
+    total=$(grep -oE 'out of [0-9]+' "$out/tests.log" | tail -n 1 | grep -oE '[0-9]+')
+    nskip=$(grep -cE '\*\*\*Skipped|Not Run' "$out/tests.log")
+    nfail=$(grep -oE '[0-9]+ tests failed' "$out/tests.log" | grep -oE '[0-9]+')
+    detail="${total:-0} tests, ${nfail:-0} failed, $nskip skipped ($out/tests.log)"
+    if [ "${total:-0}" = 0 ]; then
+      record gpu_tests FAIL "no gpu-labelled tests found"
+    elif [ $rc -ne 0 ]; then
+      record gpu_tests FAIL "$detail"
+    elif [ -n "$gpu_name" ] && [ "$nskip" -gt 0 ]; then
+      record gpu_tests FAIL "$detail: skipped with a GPU present"
+    elif [ -z "$gpu_name" ]; then
+      record gpu_tests SKIP "no GPU: $detail"
+    else
+      record gpu_tests ok "$detail"
+    fi
+  fi
+fi
+
+# 4. The example on one GPU, full data and epochs, in each precision.
+example=$build/examples/fashion_mnist/fashion_mnist_cuda
+backend=gloo
+grep -q 'PARTRAIN_WITH_NCCL:BOOL=ON\|NCCL_LIBRARY:FILEPATH=/' "$build/CMakeCache.txt" 2>/dev/null && backend=nccl
+if wants example; then
+  fp32_acc=""
+  for p in fp32 fp16 bf16; do
+    if [ -z "$gpu_name" ]; then
+      record "example_$p" SKIP "no GPU"
+      continue
+    elif [ ! -x "$example" ]; then
+      record "example_$p" FAIL "fashion_mnist_cuda not built"
+      continue
+    elif [ ! -f "$data/train-images-idx3-ubyte.gz" ]; then
+      record "example_$p" FAIL "no Fashion-MNIST in $data (run --prepare where it is, or pass --data)"
+      continue
+    fi
+    rm -f "$out/example_$p.jsonl"
+    if "$example" --device cuda --backend "$backend" --nproc 1 --precision "$p" --data "$data" --log-every 0 \
+         --metrics "$out/example_$p.jsonl" >"$out/example_$p.log" 2>&1; then
+      read -r acc sps < <(python3 - "$out/example_$p.jsonl" <<'PY'
+import json, sys
+epochs = [json.loads(l) for l in open(sys.argv[1]) if '"test_accuracy"' in l]
+print(epochs[-1]["test_accuracy"], epochs[-1].get("samples_per_s", 0)) if epochs else print("none 0")
+PY
+      )
+      [ "$p" = fp32 ] && fp32_acc=$acc
+      verdict=$(python3 -c "
+a='$acc'; f='$fp32_acc'
+if a == 'none': print('FAIL no epoch record')
+elif float(a) < $accuracy_floor: print('FAIL below $accuracy_floor')
+elif f and abs(float(a) - float(f)) > $precision_slack: print('FAIL more than $precision_slack from fp32')
+else: print('ok')")
+      record "example_$p" "${verdict%% *}" "test_accuracy $acc, $sps samples/s over $backend ${verdict#* }"
+    else
+      record "example_$p" FAIL "exit status $? ($out/example_$p.log)"
+    fi
+  done
+fi
+
+# 5. The benchmarks' CUDA rows. bench_ddp has none yet (it says so itself); bench_collectives'
+# NCCL rows and bench_precision_cuda's cuda rows are recorded.
+if wants bench; then
+  record bench_ddp SKIP "bench_ddp has no CUDA rows (the CUDA MLP step is timed by bench_precision_cuda)"
+  if [ -z "$gpu_name" ]; then
+    record bench_collectives SKIP "no GPU"
+    record bench_precision_cuda SKIP "no GPU"
+  else
+    if [ -x "$build/bench/collectives/bench_collectives" ] &&
+       timeout 600 "$build/bench/collectives/bench_collectives" >"$out/bench_collectives.log" 2>&1; then
+      if grep -qi '^nccl' "$out/bench_collectives.log" && ! grep -qi 'nccl: skipped' "$out/bench_collectives.log"; then
+        record bench_collectives ok "$(grep -ci 'nccl' "$out/bench_collectives.log") nccl lines ($out/bench_collectives.log)"
+      else
+        record bench_collectives FAIL "no NCCL rows (built without NCCL?) ($out/bench_collectives.log)"
+      fi
+    else
+      record bench_collectives FAIL "did not run to the end ($out/bench_collectives.log)"
+    fi
+    if [ -x "$build/bench/precision/bench_precision_cuda" ] &&
+       PARTRAIN_FASHION_MNIST_DIR=$data timeout 600 "$build/bench/precision/bench_precision_cuda" \
+         >"$out/bench_precision.log" 2>&1 && grep -q '^summary:' "$out/bench_precision.log" &&
+       ! grep -q 'no GPU visible' "$out/bench_precision.log"; then
+      record bench_precision_cuda ok "$(grep -m1 '^summary:' "$out/bench_precision.log")"
+    else
+      record bench_precision_cuda FAIL "did not run to the end ($out/bench_precision.log)"
+    fi
+  fi
+fi
+
+# 6. The same MLP (784-256-128-10, SGD lr 0.05 momentum 0.9, batch 64, 8 epochs) in PyTorch eager.
+if wants torch; then
+  if ! python3 -c 'import torch' >/dev/null 2>&1; then
+    record torch_eager SKIP "torch does not import"
+  elif ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+    record torch_eager SKIP "torch imports, but sees no CUDA device"
+  elif [ ! -f "$data/train-images-idx3-ubyte.gz" ]; then
+    record torch_eager FAIL "no Fashion-MNIST in $data"
+  else
+    line=$(timeout 600 python3 - "$data" <<'PY' 2>"$out/torch.log"
+import gzip, sys, time, torch
+d = sys.argv[1]
+def idx(name, offset):
+    return torch.frombuffer(bytearray(gzip.open(f"{d}/{name}").read()[offset:]), dtype=torch.uint8)
+mean, std = 0.2860, 0.3530  # partrain's fashion_mnist_normalization()
+xs = ((idx("train-images-idx3-ubyte.gz", 16).view(-1, 784).float() / 255 - mean) / std).cuda()
+ys = idx("train-labels-idx1-ubyte.gz", 8).long().cuda()
+xt = ((idx("t10k-images-idx3-ubyte.gz", 16).view(-1, 784).float() / 255 - mean) / std).cuda()
+yt = idx("t10k-labels-idx1-ubyte.gz", 8).long().cuda()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128), torch.nn.ReLU(),
+                            torch.nn.Linear(128, 10)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+loss_fn = torch.nn.CrossEntropyLoss()
+start, seen = time.perf_counter(), 0
+for epoch in range(8):
+    perm = torch.randperm(xs.shape[0], device="cuda")
+    for i in range(0, xs.shape[0] - 63, 64):
+        b = perm[i:i + 64]
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(xs[b]), ys[b]).backward()
+        opt.step()
+        seen += 64
+torch.cuda.synchronize()
+sps = seen / (time.perf_counter() - start)
+with torch.no_grad():
+    acc = (model(xt).argmax(1) == yt).float().mean().item()
+print(f"{acc:.4f} {sps:.0f}")
+PY
+    )
+    if [ -n "$line" ]; then
+      record torch_eager ok "test_accuracy ${line% *}, ${line#* } samples/s (torch $(python3 -c 'import torch; print(torch.__version__)'))"
+    else
+      record torch_eager FAIL "the PyTorch run failed ($out/torch.log)"
+    fi
+  fi
+fi
+
+echo
+echo "gpu_check: $gpu"
+printf '%-24s %-5s %s\n' step status detail
+for r in "${rows[@]}"; do echo "$r"; done
+echo "summary: gpu_check passed=$passed failed=$failed skipped=$skipped gpu=\"$gpu\" nvcc=$([ -n "$nvcc" ] && echo yes || echo no)"
+[ "$failed" -eq 0 ]
