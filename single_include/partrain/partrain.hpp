@@ -3286,6 +3286,13 @@ class process_group {
     auto r = prepare(collective::all_reduce, t, -1, op);
     return do_all_reduce(r, op);
   }
+  // The same all_reduce on a dtype-tagged buffer (what DDP's gradient buckets hold): the one type
+  // erasure between a bucket and the backend, with the same checks as the typed call.
+  [[nodiscard]] work all_reduce(raw_tensor t, reduce_op op = reduce_op::sum) {
+    check_space(collective::all_reduce, t.on_cuda);
+    if (opts_.check_collectives) check_across_ranks(collective::all_reduce, t.type, t.count, -1, op);
+    return do_all_reduce(t, op);
+  }
   template <element_type T, memory_space S>
   [[nodiscard]] work broadcast(tensor_view<T, S> t, int root = 0) {
     auto r = prepare(collective::broadcast, t, root, reduce_op::sum);
@@ -3920,6 +3927,13 @@ class process_group {
   [[nodiscard]] work all_reduce(tensor_view<T, S> t, reduce_op op = reduce_op::sum) {
     auto r = prepare(collective::all_reduce, t, -1, op);
     return do_all_reduce(r, op);
+  }
+  // The same all_reduce on a dtype-tagged buffer (what DDP's gradient buckets hold): the one type
+  // erasure between a bucket and the backend, with the same checks as the typed call.
+  [[nodiscard]] work all_reduce(raw_tensor t, reduce_op op = reduce_op::sum) {
+    check_space(collective::all_reduce, t.on_cuda);
+    if (opts_.check_collectives) check_across_ranks(collective::all_reduce, t.type, t.count, -1, op);
+    return do_all_reduce(t, op);
   }
   template <element_type T, memory_space S>
   [[nodiscard]] work broadcast(tensor_view<T, S> t, int root = 0) {
@@ -13889,12 +13903,14 @@ class sgd {
 // that completes once the bucket holds the averaged gradient. Like PyTorch's built-in hooks,
 // ours divide BEFORE the all_reduce (keeps fp16 sums in range).
 
+#include <concepts>
 #include <cstddef>
 #include <cstring>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -14135,9 +14151,11 @@ class [[nodiscard]] cuda_device_guard {
 
 #include <cuda_runtime.h>
 
+#include <concepts>
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 // #include <partrain/cuda/launch.cuh>
 #ifndef PARTRAIN_SI_CUDA_LAUNCH_CUH
@@ -14286,13 +14304,14 @@ namespace partrain::inline v0::detail {
 
 template <class F>
 void visit_device_float(raw_tensor t, const char* who, F&& f) {
-  switch (t.type) {
-    case dtype::float32: f(static_cast<float*>(t.data)); return;
-    case dtype::float64: f(static_cast<double*>(t.data)); return;
-    default:
+  visit_dtype(t.type, [&]<class T>(std::type_identity<T>) {
+    if constexpr (std::same_as<T, float> || std::same_as<T, double>) {
+      f(static_cast<T*>(t.data));
+    } else {
       throw invalid_argument_error(std::string(who) + ": bucket holds " + std::string(to_string(t.type)) +
                                    ", expected float32 or float64");
-  }
+    }
+  });
 }
 
 inline void device_divide(raw_tensor t, double d, cudaStream_t stream) {
@@ -14450,13 +14469,15 @@ namespace detail {
 
 template <class F>
 decltype(auto) visit_float_bucket(const grad_bucket& b, F&& f) {
-  switch (b.buffer().type) {
-    case dtype::float32: return f(b.buffer_as<float>());
-    case dtype::float64: return f(b.buffer_as<double>());
-    default:
+  using R = decltype(f(b.buffer_as<float>()));
+  return visit_dtype(b.buffer().type, [&]<class T>(std::type_identity<T>) -> R {
+    if constexpr (std::same_as<T, float> || std::same_as<T, double>) {
+      return f(b.buffer_as<T>());
+    } else {
       throw invalid_argument_error("comm hook: bucket " + std::to_string(b.index()) + " holds " +
                                    std::string(to_string(b.buffer().type)) + ", expected float32 or float64");
-  }
+    }
+  });
 }
 
 [[noreturn]] inline void needs_nvcc(const grad_bucket& b, const char* hook) {
@@ -15702,6 +15723,7 @@ struct ddp_stats {
 // order; at the end of the step the averaged buckets are copied back into the gradients.
 
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstring>
 #include <exception>
@@ -15710,6 +15732,7 @@ struct ddp_stats {
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -16071,9 +16094,11 @@ void stage_out(tensor_view<T, cuda> g, const T* src) {
 
 #include <cuda_runtime.h>
 
+#include <concepts>
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 // #include <partrain/cuda/check.hpp>
 #ifndef PARTRAIN_SI_CUDA_CHECK_HPP
@@ -16386,13 +16411,14 @@ namespace partrain::inline v0::detail {
 
 template <class F>
 void visit_device_float(raw_tensor t, const char* who, F&& f) {
-  switch (t.type) {
-    case dtype::float32: f(static_cast<float*>(t.data)); return;
-    case dtype::float64: f(static_cast<double*>(t.data)); return;
-    default:
+  visit_dtype(t.type, [&]<class T>(std::type_identity<T>) {
+    if constexpr (std::same_as<T, float> || std::same_as<T, double>) {
+      f(static_cast<T*>(t.data));
+    } else {
       throw invalid_argument_error(std::string(who) + ": bucket holds " + std::string(to_string(t.type)) +
                                    ", expected float32 or float64");
-  }
+    }
+  });
 }
 
 inline void device_divide(raw_tensor t, double d, cudaStream_t stream) {
@@ -16474,25 +16500,20 @@ void stage_out(tensor_view<T, host> g, const T* src) {
   if (!g.empty()) std::memcpy(g.data(), src, g.size_bytes());
 }
 
-// The communicator's all_reduce behind the type-erased signature hooks use.
+// The communicator's all_reduce behind the type-erased signature hooks use. A process_group takes
+// the bucket's dtype-tagged buffer as it is (one type erasure from bucket to backend); any other
+// communicator gets it back as a typed view.
 template <class C>
 [[nodiscard]] grad_bucket::all_reduce_fn make_all_reduce_fn(C& comm) {
   return [&comm](raw_tensor t) -> work {
-    auto run = [&](auto* p) -> work {
-      using E = std::remove_pointer_t<decltype(p)>;
-      if (t.on_cuda) return comm.all_reduce(tensor_view<E, cuda>(static_cast<E*>(t.data), t.count), reduce_op::sum);
-      return comm.all_reduce(tensor_view<E>(static_cast<E*>(t.data), t.count), reduce_op::sum);
-    };
-    switch (t.type) {
-      case dtype::float32: return run(static_cast<float*>(nullptr));
-      case dtype::float64: return run(static_cast<double*>(nullptr));
-      case dtype::float16: return run(static_cast<half*>(nullptr));
-      case dtype::bfloat16: return run(static_cast<bfloat16*>(nullptr));
-      case dtype::int64: return run(static_cast<std::int64_t*>(nullptr));
-      case dtype::int32: return run(static_cast<std::int32_t*>(nullptr));
-      case dtype::uint8: return run(static_cast<std::uint8_t*>(nullptr));
+    if constexpr (requires { comm.all_reduce(t, reduce_op::sum); }) {
+      return comm.all_reduce(t, reduce_op::sum);
+    } else {
+      return visit_dtype(t.type, [&]<class E>(std::type_identity<E>) -> work {
+        if (t.on_cuda) return comm.all_reduce(tensor_view<E, cuda>(static_cast<E*>(t.data), t.count), reduce_op::sum);
+        return comm.all_reduce(tensor_view<E>(static_cast<E*>(t.data), t.count), reduce_op::sum);
+      });
     }
-    throw invalid_argument_error("grad_bucket::all_reduce: unknown dtype");
   };
 }
 

@@ -99,6 +99,13 @@ class process_group {
     auto r = prepare(collective::all_reduce, t, -1, op);
     return do_all_reduce(r, op);
   }
+  // The same all_reduce on a dtype-tagged buffer (what DDP's gradient buckets hold): the one type
+  // erasure between a bucket and the backend, with the same checks as the typed call.
+  [[nodiscard]] work all_reduce(raw_tensor t, reduce_op op = reduce_op::sum) {
+    check_space(collective::all_reduce, t.on_cuda);
+    if (opts_.check_collectives) check_across_ranks(collective::all_reduce, t.type, t.count, -1, op);
+    return do_all_reduce(t, op);
+  }
   template <element_type T, memory_space S>
   [[nodiscard]] work broadcast(tensor_view<T, S> t, int root = 0) {
     auto r = prepare(collective::broadcast, t, root, reduce_op::sum);

@@ -4,12 +4,14 @@
 // ours divide BEFORE the all_reduce (keeps fp16 sums in range).
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <cstring>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -120,13 +122,15 @@ namespace detail {
 
 template <class F>
 decltype(auto) visit_float_bucket(const grad_bucket& b, F&& f) {
-  switch (b.buffer().type) {
-    case dtype::float32: return f(b.buffer_as<float>());
-    case dtype::float64: return f(b.buffer_as<double>());
-    default:
+  using R = decltype(f(b.buffer_as<float>()));
+  return visit_dtype(b.buffer().type, [&]<class T>(std::type_identity<T>) -> R {
+    if constexpr (std::same_as<T, float> || std::same_as<T, double>) {
+      return f(b.buffer_as<T>());
+    } else {
       throw invalid_argument_error("comm hook: bucket " + std::to_string(b.index()) + " holds " +
                                    std::string(to_string(b.buffer().type)) + ", expected float32 or float64");
-  }
+    }
+  });
 }
 
 [[noreturn]] inline void needs_nvcc(const grad_bucket& b, const char* hook) {

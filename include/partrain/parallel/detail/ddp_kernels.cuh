@@ -14,9 +14,11 @@
 
 #include <cuda_runtime.h>
 
+#include <concepts>
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include <partrain/comm/process_group.hpp>
 #include <partrain/core/dtype.hpp>
@@ -32,13 +34,14 @@ namespace partrain::inline v0::detail {
 
 template <class F>
 void visit_device_float(raw_tensor t, const char* who, F&& f) {
-  switch (t.type) {
-    case dtype::float32: f(static_cast<float*>(t.data)); return;
-    case dtype::float64: f(static_cast<double*>(t.data)); return;
-    default:
+  visit_dtype(t.type, [&]<class T>(std::type_identity<T>) {
+    if constexpr (std::same_as<T, float> || std::same_as<T, double>) {
+      f(static_cast<T*>(t.data));
+    } else {
       throw invalid_argument_error(std::string(who) + ": bucket holds " + std::string(to_string(t.type)) +
                                    ", expected float32 or float64");
-  }
+    }
+  });
 }
 
 inline void device_divide(raw_tensor t, double d, cudaStream_t stream) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstring>
 #include <exception>
@@ -13,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -52,25 +54,20 @@ void stage_out(tensor_view<T, host> g, const T* src) {
   if (!g.empty()) std::memcpy(g.data(), src, g.size_bytes());
 }
 
-// The communicator's all_reduce behind the type-erased signature hooks use.
+// The communicator's all_reduce behind the type-erased signature hooks use. A process_group takes
+// the bucket's dtype-tagged buffer as it is (one type erasure from bucket to backend); any other
+// communicator gets it back as a typed view.
 template <class C>
 [[nodiscard]] grad_bucket::all_reduce_fn make_all_reduce_fn(C& comm) {
   return [&comm](raw_tensor t) -> work {
-    auto run = [&](auto* p) -> work {
-      using E = std::remove_pointer_t<decltype(p)>;
-      if (t.on_cuda) return comm.all_reduce(tensor_view<E, cuda>(static_cast<E*>(t.data), t.count), reduce_op::sum);
-      return comm.all_reduce(tensor_view<E>(static_cast<E*>(t.data), t.count), reduce_op::sum);
-    };
-    switch (t.type) {
-      case dtype::float32: return run(static_cast<float*>(nullptr));
-      case dtype::float64: return run(static_cast<double*>(nullptr));
-      case dtype::float16: return run(static_cast<half*>(nullptr));
-      case dtype::bfloat16: return run(static_cast<bfloat16*>(nullptr));
-      case dtype::int64: return run(static_cast<std::int64_t*>(nullptr));
-      case dtype::int32: return run(static_cast<std::int32_t*>(nullptr));
-      case dtype::uint8: return run(static_cast<std::uint8_t*>(nullptr));
+    if constexpr (requires { comm.all_reduce(t, reduce_op::sum); }) {
+      return comm.all_reduce(t, reduce_op::sum);
+    } else {
+      return visit_dtype(t.type, [&]<class E>(std::type_identity<E>) -> work {
+        if (t.on_cuda) return comm.all_reduce(tensor_view<E, cuda>(static_cast<E*>(t.data), t.count), reduce_op::sum);
+        return comm.all_reduce(tensor_view<E>(static_cast<E*>(t.data), t.count), reduce_op::sum);
+      });
     }
-    throw invalid_argument_error("grad_bucket::all_reduce: unknown dtype");
   };
 }
 
