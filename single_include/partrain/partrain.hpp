@@ -5763,22 +5763,6 @@ constexpr bool check_dataset() {
 #include <utility>
 #include <vector>
 
-// #include <partrain/cuda/device_guard.hpp>
-#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
-// previous one after (torch.cuda.device as a context manager), without ever creating a context
-// on a device nobody asked for.
-
-#if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
-#endif
-
-#include <cuda.h>  // CUcontext and the driver's function type only: nothing links libcuda
-#include <cuda_runtime.h>
-
-#include <string>
-
 // #include <partrain/cuda/check.hpp>
 #ifndef PARTRAIN_SI_CUDA_CHECK_HPP
 #define PARTRAIN_SI_CUDA_CHECK_HPP
@@ -5829,6 +5813,38 @@ inline void cuda_check(cudaError_t rc, const char* call, const char* file, int l
 // Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
 #define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
 #endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+// #include <partrain/cuda/device_buffer.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+// partrain/cuda/device_buffer.hpp: owned device memory (cudaMalloc, RAII) with a shape, seen as
+// tensor_view<T, cuda>, and copies to and from host views (finished on return, or queued on a stream).
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_buffer.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+// #include <partrain/cuda/device_guard.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
+// previous one after (torch.cuda.device as a context manager), without ever creating a context
+// on a device nobody asked for.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda.h>  // CUcontext and the driver's function type only: nothing links libcuda
+#include <cuda_runtime.h>
+
+#include <string>
 
 namespace partrain::inline v0 {
 
@@ -5931,94 +5947,335 @@ class [[nodiscard]] cuda_device_guard {
 
 namespace partrain::inline v0 {
 
-namespace detail {
-
-inline void staging_check(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess) {
-    throw error(error_kind::internal, std::string("device_stager: ") + what + " failed: " + cudaGetErrorString(rc));
-  }
-}
-
-// RAII for the four CUDA handles the stager owns. Destruction never throws (errors are ignored:
-// the context may already be torn down at exit).
+// A zero-initialised device array of trivially copyable T with a shape, on one device. The device
+// is always named: there is no default, so a buffer cannot land on GPU 0 by omission.
 template <class T>
-class pinned_block {
+  requires std::is_trivially_copyable_v<T>
+class device_buffer {
  public:
-  pinned_block() = default;
-  explicit pinned_block(std::size_t n) : n_(n) {
-    if (n) staging_check(cudaHostAlloc(reinterpret_cast<void**>(&p_), n * sizeof(T), cudaHostAllocDefault), "cudaHostAlloc");
+  device_buffer() = default;
+  // Zero-filled before the constructor returns (queued on the legacy stream of `dev`, then that
+  // stream is synchronised), so work on any stream afterwards sees zeros.
+  device_buffer(partrain::shape s, const partrain::device& dev)
+      : device_buffer(s, detail::checked_cuda_index(dev, "device_buffer"), nullptr) {}
+  device_buffer(partrain::shape s, int device_index) : device_buffer(s, device_index, nullptr) {}
+  device_buffer(std::size_t n, const partrain::device& dev) : device_buffer(partrain::shape{n}, dev) {}
+  device_buffer(std::size_t n, int device_index) : device_buffer(partrain::shape{n}, device_index) {}
+  // Zero-fill queued on `stream` (of `device_index`) and not waited for: work queued on that
+  // stream afterwards sees zeros; other streams must wait on it (an event) first.
+  device_buffer(partrain::shape s, int device_index, cudaStream_t stream) : shape_(s), device_(device_index) {
+    if (device_index < 0) {
+      throw invalid_argument_error("device_buffer: device index " + std::to_string(device_index) +
+                                   " (expected a CUDA device index >= 0)");
+    }
+    if (s.numel() == 0) return;
+    cuda_device_guard guard(device_index);
+    void* p = nullptr;
+    const cudaError_t rc = cudaMalloc(&p, size_bytes());
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw cuda_error(rc, "device_buffer: cudaMalloc of " + std::to_string(size_bytes()) + " bytes on cuda:" +
+                               std::to_string(device_index) + " failed: " + cudaGetErrorString(rc));
+    }
+    data_ = static_cast<T*>(p);
+    // cudaMemset would return before the fill ran and order it only on the legacy stream.
+    const cudaStream_t fill = stream ? stream : cudaStreamLegacy;
+    cudaError_t rc2 = cudaMemsetAsync(data_, 0, size_bytes(), fill);
+    if (rc2 == cudaSuccess && !stream) rc2 = cudaStreamSynchronize(fill);
+    if (rc2 != cudaSuccess) {
+      reset();
+      detail::cuda_check(rc2, "device_buffer: cudaMemsetAsync + cudaStreamSynchronize (zero fill)", __FILE__, __LINE__);
+    }
   }
-  pinned_block(pinned_block&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  pinned_block& operator=(pinned_block&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(n_, o.n_);
+
+  device_buffer(device_buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})), device_(o.device_) {}
+  device_buffer& operator=(device_buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      data_ = std::exchange(o.data_, nullptr);
+      shape_ = std::exchange(o.shape_, {});
+      device_ = o.device_;
+    }
     return *this;
   }
-  ~pinned_block() {
-    if (p_) (void)cudaFreeHost(p_);
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() { reset(); }
+
+  [[nodiscard]] T* data() noexcept { return data_; }
+  [[nodiscard]] const T* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
+  [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
+  [[nodiscard]] int device_index() const noexcept { return device_; }
+  [[nodiscard]] partrain::device device() const noexcept { return partrain::device::cuda(device_); }
+
+  [[nodiscard]] tensor_view<T, cuda> view() noexcept { return {data_, shape_}; }
+  [[nodiscard]] tensor_view<const T, cuda> view() const noexcept { return {data_, shape_}; }
+
+  // Host -> device. With a stream the copy is queued on it (the host memory must stay alive until
+  // it ran and, to be truly asynchronous, be pinned). Without one it is queued on the legacy
+  // stream of the buffer's device, which is then synchronised: the copy has finished on return
+  // (cudaMemcpy alone does not promise that for pageable host memory). Either way it is ordered
+  // after earlier work on that stream only: data made on another stream needs that stream.
+  void copy_from(tensor_view<const T, host> src, cudaStream_t stream = nullptr) {
+    check_size("copy_from", src.size());
+    copy(data_, src.data(), cudaMemcpyHostToDevice, stream);
   }
-  [[nodiscard]] T* data() const noexcept { return p_; }
+  // Device -> host, same rules.
+  void copy_to(tensor_view<T, host> dst, cudaStream_t stream = nullptr) const {
+    check_size("copy_to", dst.size());
+    copy(dst.data(), data_, cudaMemcpyDeviceToHost, stream);
+  }
 
  private:
-  T* p_ = nullptr;
-  std::size_t n_ = 0;
+  void check_size(const char* what, std::size_t n) const {
+    if (n != size()) {
+      throw invalid_argument_error("device_buffer::" + std::string(what) + ": the host view has " + std::to_string(n) +
+                                   " elements, the buffer " + std::to_string(size()) + " (expected equal sizes)");
+    }
+  }
+  void copy(void* dst, const void* src, cudaMemcpyKind kind, cudaStream_t stream) const {
+    if (size() == 0) return;
+    if (stream) {
+      PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, stream));
+      return;
+    }
+    cuda_device_guard guard(device_);  // the legacy stream of the buffer's device
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, cudaStreamLegacy));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+  }
+  void reset() noexcept {
+    if (data_) (void)cudaFree(std::exchange(data_, nullptr));  // cudaFree frees on any current device
+  }
+
+  T* data_ = nullptr;
+  partrain::shape shape_{};
+  int device_ = -1;  // -1: an empty default-constructed buffer
 };
 
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+// #include <partrain/cuda/event.hpp>
+#ifndef PARTRAIN_SI_CUDA_EVENT_HPP
+#define PARTRAIN_SI_CUDA_EVENT_HPP
+// partrain/cuda/event.hpp: an owned CUDA event (RAII). Recorded on a stream, it marks "all work
+// queued before this point"; another stream can wait on it without blocking the host.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/event.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace partrain::inline v0 {
+
+class cuda_event {
+ public:
+  // Without timing the event is cheaper (no timestamp); ask for it to measure elapsed_ms.
+  explicit cuda_event(bool timing = false) : timing_(timing) {
+    PARTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
+  }
+  cuda_event(cuda_event&& o) noexcept : event_(std::exchange(o.event_, nullptr)), timing_(o.timing_) {}
+  cuda_event& operator=(cuda_event&& o) noexcept {
+    if (this != &o) {
+      reset();
+      event_ = std::exchange(o.event_, nullptr);
+      timing_ = o.timing_;
+    }
+    return *this;
+  }
+  cuda_event(const cuda_event&) = delete;
+  cuda_event& operator=(const cuda_event&) = delete;
+  ~cuda_event() { reset(); }
+
+  [[nodiscard]] cudaEvent_t get() const noexcept { return event_; }
+
+  void record(cudaStream_t stream) { PARTRAIN_CUDA_CHECK(cudaEventRecord(event_, stream)); }
+  // Work queued on `stream` after this call starts only once the event has completed.
+  void block(cudaStream_t stream) const { PARTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0)); }
+  void synchronize() const { PARTRAIN_CUDA_CHECK(cudaEventSynchronize(event_)); }
+  // True once the work before the record point has finished (or if never recorded).
+  [[nodiscard]] bool query() const {
+    const cudaError_t rc = cudaEventQuery(event_);
+    if (rc == cudaErrorNotReady) return false;
+    PARTRAIN_CUDA_CHECK(rc);
+    return true;
+  }
+  // Milliseconds from `start` to this event; both need timing and must have completed.
+  [[nodiscard]] float elapsed_ms(const cuda_event& start) const {
+    if (!timing_ || !start.timing_) {
+      throw invalid_argument_error("cuda_event::elapsed_ms: both events must be created with timing = true");
+    }
+    float ms = 0.0f;
+    PARTRAIN_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, event_));
+    return ms;
+  }
+
+ private:
+  void reset() noexcept {
+    if (event_) (void)cudaEventDestroy(std::exchange(event_, nullptr));
+  }
+
+  cudaEvent_t event_ = nullptr;
+  bool timing_ = false;
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_EVENT_HPP
+// #include <partrain/cuda/pinned_buffer.hpp>
+#ifndef PARTRAIN_SI_CUDA_PINNED_BUFFER_HPP
+#define PARTRAIN_SI_CUDA_PINNED_BUFFER_HPP
+// partrain/cuda/pinned_buffer.hpp: page-locked host memory (cudaHostAlloc, RAII). Copies between
+// it and the device run asynchronously on a stream and at full PCIe/NVLink speed.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/pinned_buffer.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace partrain::inline v0 {
+
+// A zero-initialised pinned host array of trivially copyable T with a shape. Portable (usable with
+// every device); the allocation is made with `dev` current, so it creates no context elsewhere.
 template <class T>
-class device_block {
+  requires std::is_trivially_copyable_v<T>
+class pinned_buffer {
  public:
-  device_block() = default;
-  explicit device_block(std::size_t n) {
-    if (n) staging_check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc");
+  pinned_buffer() = default;
+  pinned_buffer(partrain::shape s, const device& dev) : pinned_buffer(s, detail::checked_cuda_index(dev, "pinned_buffer")) {}
+  pinned_buffer(partrain::shape s, int device_index) : shape_(s) {
+    if (s.numel() == 0) return;
+    cuda_device_guard guard(device_index);
+    void* p = nullptr;
+    const cudaError_t rc = cudaHostAlloc(&p, size_bytes(), cudaHostAllocPortable);
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw cuda_error(rc, "pinned_buffer: cudaHostAlloc of " + std::to_string(size_bytes()) +
+                               " bytes failed: " + cudaGetErrorString(rc));
+    }
+    data_ = static_cast<T*>(p);
+    std::memset(p, 0, size_bytes());
   }
-  device_block(device_block&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
-  device_block& operator=(device_block&& o) noexcept {
-    std::swap(p_, o.p_);
+  pinned_buffer(std::size_t n, const device& dev) : pinned_buffer(partrain::shape{n}, dev) {}
+  pinned_buffer(std::size_t n, int device_index) : pinned_buffer(partrain::shape{n}, device_index) {}
+
+  pinned_buffer(pinned_buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})) {}
+  pinned_buffer& operator=(pinned_buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      data_ = std::exchange(o.data_, nullptr);
+      shape_ = std::exchange(o.shape_, {});
+    }
     return *this;
   }
-  ~device_block() {
-    if (p_) (void)cudaFree(p_);
+  pinned_buffer(const pinned_buffer&) = delete;
+  pinned_buffer& operator=(const pinned_buffer&) = delete;
+  ~pinned_buffer() { reset(); }
+
+  [[nodiscard]] T* data() noexcept { return data_; }
+  [[nodiscard]] const T* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
+  [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
+  [[nodiscard]] T& operator[](std::size_t i) noexcept { return data_[i]; }
+  [[nodiscard]] const T& operator[](std::size_t i) const noexcept { return data_[i]; }
+  [[nodiscard]] T* begin() noexcept { return data_; }
+  [[nodiscard]] T* end() noexcept { return data_ + size(); }
+
+  [[nodiscard]] tensor_view<T, host> view() noexcept { return {data_, shape_}; }
+  [[nodiscard]] tensor_view<const T, host> view() const noexcept { return {data_, shape_}; }
+
+ private:
+  void reset() noexcept {
+    if (data_) (void)cudaFreeHost(std::exchange(data_, nullptr));
   }
-  [[nodiscard]] T* data() const noexcept { return p_; }
 
- private:
-  T* p_ = nullptr;
+  T* data_ = nullptr;
+  partrain::shape shape_{};
 };
 
-class staging_stream {
- public:
-  staging_stream() { staging_check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate"); }
-  staging_stream(const staging_stream&) = delete;
-  staging_stream& operator=(const staging_stream&) = delete;
-  ~staging_stream() { (void)cudaStreamDestroy(s_); }
-  [[nodiscard]] cudaStream_t get() const noexcept { return s_; }
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_PINNED_BUFFER_HPP
+// #include <partrain/cuda/stream.hpp>
+#ifndef PARTRAIN_SI_CUDA_STREAM_HPP
+#define PARTRAIN_SI_CUDA_STREAM_HPP
+// partrain/cuda/stream.hpp: an owned CUDA stream (RAII). Non-blocking with respect to the legacy
+// default stream, so work on it overlaps work elsewhere unless an event orders it.
 
- private:
-  cudaStream_t s_ = nullptr;
-};
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/stream.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
 
-class staging_event {
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace partrain::inline v0 {
+
+class cuda_stream {
  public:
-  staging_event() { staging_check(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming), "cudaEventCreate"); }
-  staging_event(staging_event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
-  staging_event& operator=(staging_event&& o) noexcept {
-    std::swap(e_, o.e_);
+  // A new stream on device `device_index`; priority as cudaStreamCreateWithPriority (0: default).
+  // No default device: a stream made on GPU 0 by omission is what D1 of the GPU review was about.
+  explicit cuda_stream(int device_index, int priority = 0) : device_(device_index) {
+    cuda_device_guard guard(device_index);
+    PARTRAIN_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority));
+  }
+  cuda_stream(cuda_stream&& o) noexcept
+      : stream_(std::exchange(o.stream_, nullptr)), device_(o.device_) {}
+  cuda_stream& operator=(cuda_stream&& o) noexcept {
+    if (this != &o) {
+      reset();
+      stream_ = std::exchange(o.stream_, nullptr);
+      device_ = o.device_;
+    }
     return *this;
   }
-  ~staging_event() {
-    if (e_) (void)cudaEventDestroy(e_);
+  cuda_stream(const cuda_stream&) = delete;
+  cuda_stream& operator=(const cuda_stream&) = delete;
+  ~cuda_stream() { reset(); }
+
+  [[nodiscard]] cudaStream_t get() const noexcept { return stream_; }
+  [[nodiscard]] int device_index() const noexcept { return device_; }
+  [[nodiscard]] explicit operator bool() const noexcept { return stream_ != nullptr; }
+
+  // Blocks the host until every operation queued so far has finished.
+  void synchronize() const { PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  // True when the stream has no unfinished work.
+  [[nodiscard]] bool query() const {
+    const cudaError_t rc = cudaStreamQuery(stream_);
+    if (rc == cudaErrorNotReady) return false;
+    PARTRAIN_CUDA_CHECK(rc);
+    return true;
   }
-  [[nodiscard]] cudaEvent_t get() const noexcept { return e_; }
 
  private:
-  cudaEvent_t e_ = nullptr;
+  void reset() noexcept {
+    if (stream_) {
+      // Destruction must not throw; a stream of a torn-down context is gone anyway.
+      (void)cudaStreamDestroy(std::exchange(stream_, nullptr));
+    }
+  }
+
+  cudaStream_t stream_ = nullptr;
+  int device_ = -1;
 };
 
-// The library's guard: it does not switch when the device is already current, and does not
-// restore a device that nobody had set (that would create a context on GPU 0).
-using device_guard = cuda_device_guard;
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_STREAM_HPP
 
-}  // namespace detail
+namespace partrain::inline v0 {
 
 // A batch on the device. Labels and features are device pointers; indices stay on the host.
 struct device_batch {
@@ -6044,9 +6301,9 @@ class device_stager {
                                    " has too many dimensions");
     }
     row_ = options_.example_shape.numel();
-    detail::device_guard guard(device_);
-    stream_ = std::make_unique<detail::staging_stream>();
-    for (std::size_t i = 0; i < options_.depth; ++i) slots_.emplace_back(options_.max_rows, row_);
+    cuda_device_guard guard(device_);
+    stream_ = std::make_unique<cuda_stream>(device_);
+    for (std::size_t i = 0; i < options_.depth; ++i) slots_.emplace_back(options_.max_rows, row_, device_);
   }
   device_stager(const device_stager&) = delete;
   device_stager& operator=(const device_stager&) = delete;
@@ -6064,31 +6321,27 @@ class device_stager {
       throw invalid_argument_error("device_stager: batch features have shape " + b.features.shape().to_string() +
                                    ", expected rows of " + options_.example_shape.to_string());
     }
-    detail::device_guard guard(device_);
+    cuda_device_guard guard(device_);
     // Work issued on `compute` since the last call used the previous batch: mark its slot's release.
     if (count_ > 0) {
       slot& prev = slots_[(count_ - 1) % slots_.size()];
-      detail::staging_check(cudaEventRecord(prev.released.get(), compute), "cudaEventRecord");
+      prev.released.record(compute);
       prev.has_release = true;
     }
     slot& s = slots_[count_ % slots_.size()];
     // The pinned buffer is free once its previous copy finished (host wait, usually already done);
     // the device buffer is free once compute on its previous batch finished (GPU wait).
-    if (s.used) detail::staging_check(cudaEventSynchronize(s.copied.get()), "cudaEventSynchronize");
-    if (s.has_release) {
-      detail::staging_check(cudaStreamWaitEvent(stream_->get(), s.released.get(), 0), "cudaStreamWaitEvent");
-    }
+    if (s.used) PARTRAIN_CUDA_CHECK(cudaEventSynchronize(s.copied.get()));
+    if (s.has_release) PARTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream_->get(), s.released.get(), 0));
     const std::size_t n = b.size();
     std::memcpy(s.host_features.data(), b.features.data(), b.features.size_bytes());
     std::memcpy(s.host_labels.data(), b.labels.data(), b.labels.size_bytes());
-    detail::staging_check(cudaMemcpyAsync(s.dev_features.data(), s.host_features.data(), b.features.size_bytes(),
-                                          cudaMemcpyHostToDevice, stream_->get()),
-                          "cudaMemcpyAsync (features)");
-    detail::staging_check(cudaMemcpyAsync(s.dev_labels.data(), s.host_labels.data(), b.labels.size_bytes(),
-                                          cudaMemcpyHostToDevice, stream_->get()),
-                          "cudaMemcpyAsync (labels)");
-    detail::staging_check(cudaEventRecord(s.copied.get(), stream_->get()), "cudaEventRecord");
-    detail::staging_check(cudaStreamWaitEvent(compute, s.copied.get(), 0), "cudaStreamWaitEvent");
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(s.dev_features.data(), s.host_features.data(), b.features.size_bytes(),
+                                        cudaMemcpyHostToDevice, stream_->get()));
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(s.dev_labels.data(), s.host_labels.data(), b.labels.size_bytes(),
+                                        cudaMemcpyHostToDevice, stream_->get()));
+    s.copied.record(stream_->get());
+    PARTRAIN_CUDA_CHECK(cudaStreamWaitEvent(compute, s.copied.get(), 0));
     s.used = true;
     ++count_;
     s.view = device_batch{tensor_view<const float, cuda>(s.dev_features.data(), b.features.shape()),
@@ -6101,14 +6354,14 @@ class device_stager {
 
  private:
   struct slot {
-    slot(std::size_t rows, std::size_t row)
-        : host_features(rows * row), host_labels(rows), dev_features(rows * row), dev_labels(rows) {}
-    detail::pinned_block<float> host_features;
-    detail::pinned_block<std::int32_t> host_labels;
-    detail::device_block<float> dev_features;
-    detail::device_block<std::int32_t> dev_labels;
-    detail::staging_event copied;
-    detail::staging_event released;
+    slot(std::size_t rows, std::size_t row, int dev)
+        : host_features(rows * row, dev), host_labels(rows, dev), dev_features(rows * row, dev), dev_labels(rows, dev) {}
+    pinned_buffer<float> host_features;
+    pinned_buffer<std::int32_t> host_labels;
+    device_buffer<float> dev_features;
+    device_buffer<std::int32_t> dev_labels;
+    cuda_event copied;
+    cuda_event released;
     bool used = false;
     bool has_release = false;
     device_batch view{};
@@ -6117,7 +6370,7 @@ class device_stager {
   int device_;
   staging_options options_;
   std::size_t row_ = 0;
-  std::unique_ptr<detail::staging_stream> stream_;
+  std::unique_ptr<cuda_stream> stream_;
   std::vector<slot> slots_;
   std::size_t count_ = 0;
 };
@@ -14715,38 +14968,251 @@ class dp_balancer {
 
 #if PARTRAIN_HAS_CUDA
 #include <cuda_runtime.h>
+
+#include <optional>
+
+// #include <partrain/cuda/check.hpp>
+#ifndef PARTRAIN_SI_CUDA_CHECK_HPP
+#define PARTRAIN_SI_CUDA_CHECK_HPP
+// partrain/cuda/check.hpp: CUDA runtime errors as partrain errors. PARTRAIN_CUDA_CHECK(call)
+// throws cuda_error naming the call, the file and line, and CUDA's own name and text of the code.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/check.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <string_view>
+
+namespace partrain::inline v0 {
+
+// A CUDA runtime call failed. kind() is internal; code() is the runtime's error.
+class cuda_error : public error {
+ public:
+  cuda_error(cudaError_t code, const std::string& what) : error(error_kind::internal, what), code_(code) {}
+  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
+
+ private:
+  cudaError_t code_;
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::string cuda_failure_message(cudaError_t rc, std::string_view call, std::string_view file,
+                                                      int line) {
+  return "CUDA call '" + std::string(call) + "' failed at " + std::string(file) + ":" + std::to_string(line) + ": " +
+         cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+}
+
+inline void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
+  if (rc != cudaSuccess) {
+    // Clear the sticky "last error" of a non-fatal failure so later calls report their own.
+    (void)cudaGetLastError();
+    throw cuda_error(rc, cuda_failure_message(rc, call, file, line));
+  }
+}
+
+}  // namespace detail
+
+}  // namespace partrain::inline v0
+
+// Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
+#define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
+#endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+// #include <partrain/cuda/stream.hpp>
+#ifndef PARTRAIN_SI_CUDA_STREAM_HPP
+#define PARTRAIN_SI_CUDA_STREAM_HPP
+// partrain/cuda/stream.hpp: an owned CUDA stream (RAII). Non-blocking with respect to the legacy
+// default stream, so work on it overlaps work elsewhere unless an event orders it.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/stream.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+// #include <partrain/cuda/device_guard.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
+// previous one after (torch.cuda.device as a context manager), without ever creating a context
+// on a device nobody asked for.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda.h>  // CUcontext and the driver's function type only: nothing links libcuda
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+// Whether this thread has a current CUDA context, i.e. someone already made a device current on
+// it (cudaSetDevice, or a runtime call that initialised one). cudaGetDevice answers 0 on a fresh
+// thread, and cudaSetDevice(0) would then create device 0's context (CUDA 12+): restoring must
+// not do that. The driver's cuCtxGetCurrent is reached through the runtime, so nothing links
+// libcuda. Unknown (entry point missing): true, i.e. restore as a plain guard would.
+[[nodiscard]] inline bool thread_has_cuda_context() noexcept {
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
+  using get_current_fn = CUresult(CUDAAPI*)(CUcontext*);
+  static const get_current_fn get_current = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return get_current_fn{nullptr};
+    }
+    return reinterpret_cast<get_current_fn>(fn);
+  }();
+  if (!get_current) return true;
+  CUcontext ctx = nullptr;
+  if (get_current(&ctx) != CUDA_SUCCESS) return true;
+  return ctx != nullptr;
+#else
+  return true;
+#endif
+}
+
+[[nodiscard]] inline int checked_cuda_index(const device& d, const char* who) {
+  if (!d.is_cuda()) {
+    throw invalid_argument_error(std::string(who) + ": device " + d.to_string() + " is not a CUDA device (expected cuda:N)");
+  }
+  return d.index;
+}
+
+}  // namespace detail
+
+// The device current on this thread (cudaGetDevice: it does not create a context; 0 when none
+// was ever set).
+[[nodiscard]] inline int cuda_current_device() {
+  int d = 0;
+  PARTRAIN_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+class [[nodiscard]] cuda_device_guard {
+ public:
+  // Makes `index` current unless it already is. The destructor restores the previous device only
+  // when this guard changed it and the thread had a context before (someone had set a device).
+  explicit cuda_device_guard(int index) {
+    const int current = cuda_current_device();
+    if (current == index) return;
+    const bool restore = detail::thread_has_cuda_context();
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(index));
+    if (restore) previous_ = current;
+  }
+  explicit cuda_device_guard(const device& d) : cuda_device_guard(detail::checked_cuda_index(d, "cuda_device_guard")) {}
+  cuda_device_guard(const cuda_device_guard&) = delete;
+  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
+  ~cuda_device_guard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;  // -1: leave the device as it is at the end of the scope
+};
+
+// How many CUDA devices this process sees (0 without a driver or GPU; never throws).
+[[nodiscard]] inline int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// The device whose memory `p` is (cudaPointerGetAttributes): device memory and managed memory
+// report their device. Host memory (pageable or pinned) has no device: config_error naming `who`.
+[[nodiscard]] inline device cuda_device_of(const void* p, const char* who) {
+  cudaPointerAttributes a{};
+  const cudaError_t rc = cudaPointerGetAttributes(&a, p);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw cuda_error(rc, std::string(who) + ": cudaPointerGetAttributes failed: " + cudaGetErrorString(rc));
+  }
+  if ((a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) || a.device < 0) {
+    throw config_error(std::string(who) + ": a pointer expected in CUDA device memory is host memory (a tensor_view<T, "
+                                          "cuda> must point into device memory)");
+  }
+  return device::cuda(a.device);
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+
+namespace partrain::inline v0 {
+
+class cuda_stream {
+ public:
+  // A new stream on device `device_index`; priority as cudaStreamCreateWithPriority (0: default).
+  // No default device: a stream made on GPU 0 by omission is what D1 of the GPU review was about.
+  explicit cuda_stream(int device_index, int priority = 0) : device_(device_index) {
+    cuda_device_guard guard(device_index);
+    PARTRAIN_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority));
+  }
+  cuda_stream(cuda_stream&& o) noexcept
+      : stream_(std::exchange(o.stream_, nullptr)), device_(o.device_) {}
+  cuda_stream& operator=(cuda_stream&& o) noexcept {
+    if (this != &o) {
+      reset();
+      stream_ = std::exchange(o.stream_, nullptr);
+      device_ = o.device_;
+    }
+    return *this;
+  }
+  cuda_stream(const cuda_stream&) = delete;
+  cuda_stream& operator=(const cuda_stream&) = delete;
+  ~cuda_stream() { reset(); }
+
+  [[nodiscard]] cudaStream_t get() const noexcept { return stream_; }
+  [[nodiscard]] int device_index() const noexcept { return device_; }
+  [[nodiscard]] explicit operator bool() const noexcept { return stream_ != nullptr; }
+
+  // Blocks the host until every operation queued so far has finished.
+  void synchronize() const { PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  // True when the stream has no unfinished work.
+  [[nodiscard]] bool query() const {
+    const cudaError_t rc = cudaStreamQuery(stream_);
+    if (rc == cudaErrorNotReady) return false;
+    PARTRAIN_CUDA_CHECK(rc);
+    return true;
+  }
+
+ private:
+  void reset() noexcept {
+    if (stream_) {
+      // Destruction must not throw; a stream of a torn-down context is gone anyway.
+      (void)cudaStreamDestroy(std::exchange(stream_, nullptr));
+    }
+  }
+
+  cudaStream_t stream_ = nullptr;
+  int device_ = -1;
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_STREAM_HPP
 #endif
 
 namespace partrain::inline v0::detail {
 
-#if PARTRAIN_HAS_CUDA
-inline void dp_cuda_check(cudaError_t e, const device& d, const char* what) {
-  if (e != cudaSuccess) {
-    throw communication_error("data_parallel: device " + d.to_string() + ": " + what + " failed: " +
-                              cudaGetErrorString(e));
-  }
-}
-#endif
-
 // One device's execution context: for CUDA, the device is made current on the worker thread and
-// owns a non-blocking stream for data_parallel's copies (RAII: destroyed on the same device).
+// owns a non-blocking stream (cuda/stream.hpp) for data_parallel's copies.
 class dp_device_context {
  public:
   explicit dp_device_context(device d) : dev_(d) {}
   dp_device_context(const dp_device_context&) = delete;
   dp_device_context& operator=(const dp_device_context&) = delete;
-  ~dp_device_context() {
-#if PARTRAIN_HAS_CUDA
-    if (stream_) {
-      // Destroyed from the owner's thread: leave its current device as it was.
-      int prev = 0;
-      const bool had = cudaGetDevice(&prev) == cudaSuccess;
-      cudaSetDevice(dev_.index);
-      cudaStreamDestroy(stream_);
-      if (had) cudaSetDevice(prev);
-    }
-#endif
-  }
 
   [[nodiscard]] const device& dev() const noexcept { return dev_; }
 
@@ -14754,8 +15220,8 @@ class dp_device_context {
   void activate() {
     if (!dev_.is_cuda()) return;
 #if PARTRAIN_HAS_CUDA
-    dp_cuda_check(cudaSetDevice(dev_.index), dev_, "cudaSetDevice");
-    if (!stream_) dp_cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), dev_, "cudaStreamCreate");
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(dev_.index));  // the worker thread works on its device only
+    if (!stream_) stream_.emplace(dev_.index);
 #else
     throw config_error("data_parallel: device " + dev_.to_string() +
                        " needs CUDA, but partrain was compiled without it (link partrain::cuda or compile with nvcc)");
@@ -14769,8 +15235,7 @@ class dp_device_context {
       if (n) std::memcpy(static_cast<void*>(dst.data()), src, n * sizeof(T));
     } else {
 #if PARTRAIN_HAS_CUDA
-      dp_cuda_check(cudaMemcpyAsync(dst.data(), src, n * sizeof(T), cudaMemcpyHostToDevice, stream_), dev_,
-                    "cudaMemcpyAsync (host to device)");
+      PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, n * sizeof(T), cudaMemcpyHostToDevice, stream()));
 #else
       static_assert(std::same_as<S, host>, "partrain: CUDA parameters need partrain compiled with CUDA");
 #endif
@@ -14784,8 +15249,7 @@ class dp_device_context {
       if (src.size()) std::memcpy(static_cast<void*>(dst), src.data(), src.size_bytes());
     } else {
 #if PARTRAIN_HAS_CUDA
-      dp_cuda_check(cudaMemcpyAsync(dst, src.data(), src.size_bytes(), cudaMemcpyDeviceToHost, stream_), dev_,
-                    "cudaMemcpyAsync (device to host)");
+      PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), src.size_bytes(), cudaMemcpyDeviceToHost, stream()));
 #else
       static_assert(std::same_as<S, host>, "partrain: CUDA parameters need partrain compiled with CUDA");
 #endif
@@ -14798,7 +15262,7 @@ class dp_device_context {
       for (auto& x : v) x = T{};
     } else {
 #if PARTRAIN_HAS_CUDA
-      dp_cuda_check(cudaMemsetAsync(v.data(), 0, v.size_bytes(), stream_), dev_, "cudaMemsetAsync");
+      PARTRAIN_CUDA_CHECK(cudaMemsetAsync(v.data(), 0, v.size_bytes(), stream()));
 #else
       static_assert(std::same_as<S, host>, "partrain: CUDA parameters need partrain compiled with CUDA");
 #endif
@@ -14811,9 +15275,9 @@ class dp_device_context {
     if (!dev_.is_cuda()) return;
 #if PARTRAIN_HAS_CUDA
     if (whole_device) {
-      dp_cuda_check(cudaDeviceSynchronize(), dev_, "cudaDeviceSynchronize");
+      PARTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
     } else {
-      dp_cuda_check(cudaStreamSynchronize(stream_), dev_, "cudaStreamSynchronize");
+      PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream()));
     }
 #else
     (void)whole_device;
@@ -14821,9 +15285,16 @@ class dp_device_context {
   }
 
  private:
+#if PARTRAIN_HAS_CUDA
+  [[nodiscard]] cudaStream_t stream() const {
+    if (!stream_) throw invalid_argument_error("data_parallel: device " + dev_.to_string() + " was used before activate()");
+    return stream_->get();
+  }
+#endif
+
   device dev_;
 #if PARTRAIN_HAS_CUDA
-  cudaStream_t stream_ = nullptr;
+  std::optional<cuda_stream> stream_;  // made on the worker thread, on dev_
 #endif
 };
 

@@ -35,99 +35,15 @@
 
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
+#include <partrain/cuda/check.hpp>
+#include <partrain/cuda/device_buffer.hpp>
 #include <partrain/cuda/device_guard.hpp>
+#include <partrain/cuda/event.hpp>
+#include <partrain/cuda/pinned_buffer.hpp>
+#include <partrain/cuda/stream.hpp>
 #include <partrain/data/batch.hpp>
 
 namespace partrain::inline v0 {
-
-namespace detail {
-
-inline void staging_check(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess) {
-    throw error(error_kind::internal, std::string("device_stager: ") + what + " failed: " + cudaGetErrorString(rc));
-  }
-}
-
-// RAII for the four CUDA handles the stager owns. Destruction never throws (errors are ignored:
-// the context may already be torn down at exit).
-template <class T>
-class pinned_block {
- public:
-  pinned_block() = default;
-  explicit pinned_block(std::size_t n) : n_(n) {
-    if (n) staging_check(cudaHostAlloc(reinterpret_cast<void**>(&p_), n * sizeof(T), cudaHostAllocDefault), "cudaHostAlloc");
-  }
-  pinned_block(pinned_block&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  pinned_block& operator=(pinned_block&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(n_, o.n_);
-    return *this;
-  }
-  ~pinned_block() {
-    if (p_) (void)cudaFreeHost(p_);
-  }
-  [[nodiscard]] T* data() const noexcept { return p_; }
-
- private:
-  T* p_ = nullptr;
-  std::size_t n_ = 0;
-};
-
-template <class T>
-class device_block {
- public:
-  device_block() = default;
-  explicit device_block(std::size_t n) {
-    if (n) staging_check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc");
-  }
-  device_block(device_block&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
-  device_block& operator=(device_block&& o) noexcept {
-    std::swap(p_, o.p_);
-    return *this;
-  }
-  ~device_block() {
-    if (p_) (void)cudaFree(p_);
-  }
-  [[nodiscard]] T* data() const noexcept { return p_; }
-
- private:
-  T* p_ = nullptr;
-};
-
-class staging_stream {
- public:
-  staging_stream() { staging_check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate"); }
-  staging_stream(const staging_stream&) = delete;
-  staging_stream& operator=(const staging_stream&) = delete;
-  ~staging_stream() { (void)cudaStreamDestroy(s_); }
-  [[nodiscard]] cudaStream_t get() const noexcept { return s_; }
-
- private:
-  cudaStream_t s_ = nullptr;
-};
-
-class staging_event {
- public:
-  staging_event() { staging_check(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming), "cudaEventCreate"); }
-  staging_event(staging_event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
-  staging_event& operator=(staging_event&& o) noexcept {
-    std::swap(e_, o.e_);
-    return *this;
-  }
-  ~staging_event() {
-    if (e_) (void)cudaEventDestroy(e_);
-  }
-  [[nodiscard]] cudaEvent_t get() const noexcept { return e_; }
-
- private:
-  cudaEvent_t e_ = nullptr;
-};
-
-// The library's guard: it does not switch when the device is already current, and does not
-// restore a device that nobody had set (that would create a context on GPU 0).
-using device_guard = cuda_device_guard;
-
-}  // namespace detail
 
 // A batch on the device. Labels and features are device pointers; indices stay on the host.
 struct device_batch {
@@ -153,9 +69,9 @@ class device_stager {
                                    " has too many dimensions");
     }
     row_ = options_.example_shape.numel();
-    detail::device_guard guard(device_);
-    stream_ = std::make_unique<detail::staging_stream>();
-    for (std::size_t i = 0; i < options_.depth; ++i) slots_.emplace_back(options_.max_rows, row_);
+    cuda_device_guard guard(device_);
+    stream_ = std::make_unique<cuda_stream>(device_);
+    for (std::size_t i = 0; i < options_.depth; ++i) slots_.emplace_back(options_.max_rows, row_, device_);
   }
   device_stager(const device_stager&) = delete;
   device_stager& operator=(const device_stager&) = delete;
@@ -173,31 +89,27 @@ class device_stager {
       throw invalid_argument_error("device_stager: batch features have shape " + b.features.shape().to_string() +
                                    ", expected rows of " + options_.example_shape.to_string());
     }
-    detail::device_guard guard(device_);
+    cuda_device_guard guard(device_);
     // Work issued on `compute` since the last call used the previous batch: mark its slot's release.
     if (count_ > 0) {
       slot& prev = slots_[(count_ - 1) % slots_.size()];
-      detail::staging_check(cudaEventRecord(prev.released.get(), compute), "cudaEventRecord");
+      prev.released.record(compute);
       prev.has_release = true;
     }
     slot& s = slots_[count_ % slots_.size()];
     // The pinned buffer is free once its previous copy finished (host wait, usually already done);
     // the device buffer is free once compute on its previous batch finished (GPU wait).
-    if (s.used) detail::staging_check(cudaEventSynchronize(s.copied.get()), "cudaEventSynchronize");
-    if (s.has_release) {
-      detail::staging_check(cudaStreamWaitEvent(stream_->get(), s.released.get(), 0), "cudaStreamWaitEvent");
-    }
+    if (s.used) PARTRAIN_CUDA_CHECK(cudaEventSynchronize(s.copied.get()));
+    if (s.has_release) PARTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream_->get(), s.released.get(), 0));
     const std::size_t n = b.size();
     std::memcpy(s.host_features.data(), b.features.data(), b.features.size_bytes());
     std::memcpy(s.host_labels.data(), b.labels.data(), b.labels.size_bytes());
-    detail::staging_check(cudaMemcpyAsync(s.dev_features.data(), s.host_features.data(), b.features.size_bytes(),
-                                          cudaMemcpyHostToDevice, stream_->get()),
-                          "cudaMemcpyAsync (features)");
-    detail::staging_check(cudaMemcpyAsync(s.dev_labels.data(), s.host_labels.data(), b.labels.size_bytes(),
-                                          cudaMemcpyHostToDevice, stream_->get()),
-                          "cudaMemcpyAsync (labels)");
-    detail::staging_check(cudaEventRecord(s.copied.get(), stream_->get()), "cudaEventRecord");
-    detail::staging_check(cudaStreamWaitEvent(compute, s.copied.get(), 0), "cudaStreamWaitEvent");
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(s.dev_features.data(), s.host_features.data(), b.features.size_bytes(),
+                                        cudaMemcpyHostToDevice, stream_->get()));
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(s.dev_labels.data(), s.host_labels.data(), b.labels.size_bytes(),
+                                        cudaMemcpyHostToDevice, stream_->get()));
+    s.copied.record(stream_->get());
+    PARTRAIN_CUDA_CHECK(cudaStreamWaitEvent(compute, s.copied.get(), 0));
     s.used = true;
     ++count_;
     s.view = device_batch{tensor_view<const float, cuda>(s.dev_features.data(), b.features.shape()),
@@ -210,14 +122,14 @@ class device_stager {
 
  private:
   struct slot {
-    slot(std::size_t rows, std::size_t row)
-        : host_features(rows * row), host_labels(rows), dev_features(rows * row), dev_labels(rows) {}
-    detail::pinned_block<float> host_features;
-    detail::pinned_block<std::int32_t> host_labels;
-    detail::device_block<float> dev_features;
-    detail::device_block<std::int32_t> dev_labels;
-    detail::staging_event copied;
-    detail::staging_event released;
+    slot(std::size_t rows, std::size_t row, int dev)
+        : host_features(rows * row, dev), host_labels(rows, dev), dev_features(rows * row, dev), dev_labels(rows, dev) {}
+    pinned_buffer<float> host_features;
+    pinned_buffer<std::int32_t> host_labels;
+    device_buffer<float> dev_features;
+    device_buffer<std::int32_t> dev_labels;
+    cuda_event copied;
+    cuda_event released;
     bool used = false;
     bool has_release = false;
     device_batch view{};
@@ -226,7 +138,7 @@ class device_stager {
   int device_;
   staging_options options_;
   std::size_t row_ = 0;
-  std::unique_ptr<detail::staging_stream> stream_;
+  std::unique_ptr<cuda_stream> stream_;
   std::vector<slot> slots_;
   std::size_t count_ = 0;
 };

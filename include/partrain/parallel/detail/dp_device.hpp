@@ -17,38 +17,22 @@
 
 #if PARTRAIN_HAS_CUDA
 #include <cuda_runtime.h>
+
+#include <optional>
+
+#include <partrain/cuda/check.hpp>
+#include <partrain/cuda/stream.hpp>
 #endif
 
 namespace partrain::inline v0::detail {
 
-#if PARTRAIN_HAS_CUDA
-inline void dp_cuda_check(cudaError_t e, const device& d, const char* what) {
-  if (e != cudaSuccess) {
-    throw communication_error("data_parallel: device " + d.to_string() + ": " + what + " failed: " +
-                              cudaGetErrorString(e));
-  }
-}
-#endif
-
 // One device's execution context: for CUDA, the device is made current on the worker thread and
-// owns a non-blocking stream for data_parallel's copies (RAII: destroyed on the same device).
+// owns a non-blocking stream (cuda/stream.hpp) for data_parallel's copies.
 class dp_device_context {
  public:
   explicit dp_device_context(device d) : dev_(d) {}
   dp_device_context(const dp_device_context&) = delete;
   dp_device_context& operator=(const dp_device_context&) = delete;
-  ~dp_device_context() {
-#if PARTRAIN_HAS_CUDA
-    if (stream_) {
-      // Destroyed from the owner's thread: leave its current device as it was.
-      int prev = 0;
-      const bool had = cudaGetDevice(&prev) == cudaSuccess;
-      cudaSetDevice(dev_.index);
-      cudaStreamDestroy(stream_);
-      if (had) cudaSetDevice(prev);
-    }
-#endif
-  }
 
   [[nodiscard]] const device& dev() const noexcept { return dev_; }
 
@@ -56,8 +40,8 @@ class dp_device_context {
   void activate() {
     if (!dev_.is_cuda()) return;
 #if PARTRAIN_HAS_CUDA
-    dp_cuda_check(cudaSetDevice(dev_.index), dev_, "cudaSetDevice");
-    if (!stream_) dp_cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), dev_, "cudaStreamCreate");
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(dev_.index));  // the worker thread works on its device only
+    if (!stream_) stream_.emplace(dev_.index);
 #else
     throw config_error("data_parallel: device " + dev_.to_string() +
                        " needs CUDA, but partrain was compiled without it (link partrain::cuda or compile with nvcc)");
@@ -71,8 +55,7 @@ class dp_device_context {
       if (n) std::memcpy(static_cast<void*>(dst.data()), src, n * sizeof(T));
     } else {
 #if PARTRAIN_HAS_CUDA
-      dp_cuda_check(cudaMemcpyAsync(dst.data(), src, n * sizeof(T), cudaMemcpyHostToDevice, stream_), dev_,
-                    "cudaMemcpyAsync (host to device)");
+      PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, n * sizeof(T), cudaMemcpyHostToDevice, stream()));
 #else
       static_assert(std::same_as<S, host>, "partrain: CUDA parameters need partrain compiled with CUDA");
 #endif
@@ -86,8 +69,7 @@ class dp_device_context {
       if (src.size()) std::memcpy(static_cast<void*>(dst), src.data(), src.size_bytes());
     } else {
 #if PARTRAIN_HAS_CUDA
-      dp_cuda_check(cudaMemcpyAsync(dst, src.data(), src.size_bytes(), cudaMemcpyDeviceToHost, stream_), dev_,
-                    "cudaMemcpyAsync (device to host)");
+      PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), src.size_bytes(), cudaMemcpyDeviceToHost, stream()));
 #else
       static_assert(std::same_as<S, host>, "partrain: CUDA parameters need partrain compiled with CUDA");
 #endif
@@ -100,7 +82,7 @@ class dp_device_context {
       for (auto& x : v) x = T{};
     } else {
 #if PARTRAIN_HAS_CUDA
-      dp_cuda_check(cudaMemsetAsync(v.data(), 0, v.size_bytes(), stream_), dev_, "cudaMemsetAsync");
+      PARTRAIN_CUDA_CHECK(cudaMemsetAsync(v.data(), 0, v.size_bytes(), stream()));
 #else
       static_assert(std::same_as<S, host>, "partrain: CUDA parameters need partrain compiled with CUDA");
 #endif
@@ -113,9 +95,9 @@ class dp_device_context {
     if (!dev_.is_cuda()) return;
 #if PARTRAIN_HAS_CUDA
     if (whole_device) {
-      dp_cuda_check(cudaDeviceSynchronize(), dev_, "cudaDeviceSynchronize");
+      PARTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
     } else {
-      dp_cuda_check(cudaStreamSynchronize(stream_), dev_, "cudaStreamSynchronize");
+      PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream()));
     }
 #else
     (void)whole_device;
@@ -123,9 +105,16 @@ class dp_device_context {
   }
 
  private:
+#if PARTRAIN_HAS_CUDA
+  [[nodiscard]] cudaStream_t stream() const {
+    if (!stream_) throw invalid_argument_error("data_parallel: device " + dev_.to_string() + " was used before activate()");
+    return stream_->get();
+  }
+#endif
+
   device dev_;
 #if PARTRAIN_HAS_CUDA
-  cudaStream_t stream_ = nullptr;
+  std::optional<cuda_stream> stream_;  // made on the worker thread, on dev_
 #endif
 };
 
