@@ -123,8 +123,8 @@ class trainer {
   train_result run() {
     train_result result;
     resume(result);
-    start_trace();
     if (result.resumed_finished) return report_finished(result);
+    start_trace();  // after the check above: a finished run records nothing, so it merges nothing
     if (!o_.metrics.empty()) {
       // A fresh run starts a fresh file; a resumed one appends to what the earlier run wrote.
       if (leader_ && result.first_epoch == 0) std::filesystem::remove(o_.metrics);
