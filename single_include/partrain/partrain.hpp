@@ -12032,7 +12032,6 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
   static_assert(std::is_void_v<std::invoke_result_t<F&, int>> || std::convertible_to<std::invoke_result_t<F&, int>, int>,
                 "partrain::spawn: fn(rank) must return void or an exit code convertible to int");
   if (nprocs < 1) throw config_error("spawn: nprocs must be at least 1, got " + std::to_string(nprocs));
-  detail::refuse_fork_after_cuda();  // before any rank starts: forked ranks cannot use CUDA
   const std::uint16_t port = opts.master_port != 0 ? opts.master_port : detail::find_free_port(opts.master_addr);
 
   std::vector<child_process> children;
