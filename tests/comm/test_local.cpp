@@ -172,3 +172,28 @@ TEST_CASE("local: checking mode reports a different collective on another rank",
                     }, opts),
                     Catch::Contains("collective mismatch") && Catch::Contains("broadcast"));
 }
+
+TEST_CASE("traffic: every rank counts the bytes a ring algorithm sends", "[comm][local][traffic]") {
+  constexpr int world = 4;
+  std::atomic<int> failures{0};
+  run_local(world, [&](local_group& g) {
+    std::vector<float> v(1000, 1.0f);             // 4000 bytes
+    std::vector<float> all(4000);                 // 16000 bytes
+    g.all_reduce(tensor_view<float>(v)).wait();   // 2 * 3/4 * 4000 = 6000
+    g.all_gather(tensor_view<float>(v), tensor_view<float>(all)).wait();      // 3/4 * 16000 = 12000
+    g.reduce_scatter(tensor_view<float>(all), tensor_view<float>(v)).wait();  // 12000
+    g.broadcast(tensor_view<float>(v), 0).wait();                              // 4000
+    g.barrier().wait();                                                        // nothing
+    const auto t = g.traffic();
+    if (t.calls != 4 || t.bytes_sent != 6000 + 12000 + 12000 + 4000) ++failures;
+    g.reset_traffic();
+    if (g.traffic().calls != 0 || g.traffic().bytes_sent != 0) ++failures;
+  });
+  CHECK(failures == 0);
+  run_local(1, [&](local_group& g) {
+    std::vector<float> v(10);
+    g.all_reduce(tensor_view<float>(v)).wait();
+    if (g.traffic().calls != 1 || g.traffic().bytes_sent != 0) ++failures;
+  });
+  CHECK(failures == 0);
+}

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -66,6 +67,17 @@ template <class T, memory_space S>
   return {const_cast<std::remove_const_t<T>*>(t.data()), t.size(), dtype_of<T>, std::same_as<S, cuda>};
 }
 
+// What a group's collectives moved from this rank since the last reset: `bytes_sent` counts the
+// bytes a bandwidth-optimal (ring) algorithm sends per rank, whatever the engine really does, so
+// that policies compare by the same measure: an all_reduce of N bytes sends 2(n-1)/n N, a
+// reduce_scatter or all_gather (n-1)/n of its whole buffer, a broadcast or reduce N (a pipelined
+// chain), a send N; a recv or barrier nothing. `calls` counts the calls that move data (not recv
+// or barrier). No bytes are counted on a group of one.
+struct comm_traffic {
+  std::uint64_t calls = 0;
+  std::uint64_t bytes_sent = 0;
+};
+
 class process_group {
  public:
   process_group(int rank, int size, process_group_options opts) : rank_(rank), size_(size), opts_(opts) {
@@ -84,6 +96,13 @@ class process_group {
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return opts_.timeout; }
   [[nodiscard]] const process_group_options& options() const noexcept { return opts_; }
+  [[nodiscard]] comm_traffic traffic() const noexcept {
+    return {calls_.load(std::memory_order_relaxed), bytes_sent_.load(std::memory_order_relaxed)};
+  }
+  void reset_traffic() noexcept {
+    calls_.store(0, std::memory_order_relaxed);
+    bytes_sent_.store(0, std::memory_order_relaxed);
+  }
   [[nodiscard]] virtual std::string_view backend() const noexcept = 0;
   // Which memory the backend's collectives take (host for local and gloo, cuda for nccl).
   [[nodiscard]] virtual bool accepts(device_kind k) const noexcept { return k == device_kind::cpu; }
@@ -97,6 +116,7 @@ class process_group {
   template <element_type T, memory_space S>
   [[nodiscard]] work all_reduce(tensor_view<T, S> t, reduce_op op = reduce_op::sum) {
     auto r = prepare(collective::all_reduce, t, -1, op);
+    count(collective::all_reduce, r.bytes());
     return do_all_reduce(r, op);
   }
   // The same all_reduce on a dtype-tagged buffer (what DDP's gradient buckets hold): the one type
@@ -104,17 +124,20 @@ class process_group {
   [[nodiscard]] work all_reduce(raw_tensor t, reduce_op op = reduce_op::sum) {
     check_space(collective::all_reduce, t.on_cuda);
     if (opts_.check_collectives) check_across_ranks(collective::all_reduce, t.type, t.count, -1, op);
+    count(collective::all_reduce, t.bytes());
     return do_all_reduce(t, op);
   }
   template <element_type T, memory_space S>
   [[nodiscard]] work broadcast(tensor_view<T, S> t, int root = 0) {
     auto r = prepare(collective::broadcast, t, root, reduce_op::sum);
+    count(collective::broadcast, r.bytes());
     return do_broadcast(r, root);
   }
   // The result lands in root's buffer; other ranks' buffers are left as they were.
   template <element_type T, memory_space S>
   [[nodiscard]] work reduce(tensor_view<T, S> t, int root = 0, reduce_op op = reduce_op::sum) {
     auto r = prepare(collective::reduce, t, root, op);
+    count(collective::reduce, r.bytes());
     return do_reduce(r, root, op);
   }
   // out holds size() blocks of in.size() elements, rank q's input in block q.
@@ -122,6 +145,7 @@ class process_group {
   [[nodiscard]] work all_gather(tensor_view<const T, S> in, tensor_view<T, S> out) {
     check_blocks(collective::all_gather, in.size(), out.size(), "out", "in");
     auto r = prepare(collective::all_gather, in, -1, reduce_op::sum);
+    count(collective::all_gather, r.bytes() * static_cast<std::size_t>(size_));
     return do_all_gather(r, erase(out));
   }
   // in holds size() blocks of out.size() elements; rank r gets the reduction of block r.
@@ -129,6 +153,7 @@ class process_group {
   [[nodiscard]] work reduce_scatter(tensor_view<const T, S> in, tensor_view<T, S> out, reduce_op op = reduce_op::sum) {
     check_blocks(collective::reduce_scatter, out.size(), in.size(), "in", "out");
     auto r = prepare(collective::reduce_scatter, out, -1, op);
+    count(collective::reduce_scatter, r.bytes() * static_cast<std::size_t>(size_));
     return do_reduce_scatter(erase(in), r, op);
   }
   [[nodiscard]] work barrier() {
@@ -139,6 +164,7 @@ class process_group {
   [[nodiscard]] work send(tensor_view<const T, S> t, int dst, int tag = 0) {
     check_peer(collective::send, dst, "dst");
     check_space(collective::send, std::same_as<S, cuda>);
+    count(collective::send, t.size_bytes());
     return do_send(erase(t), dst, tag);
   }
   template <element_type T, memory_space S>
@@ -194,6 +220,26 @@ class process_group {
   }
 
  private:
+  // Ring-algorithm bytes this rank sends for a collective over `bytes` (see comm_traffic).
+  void count(collective c, std::size_t bytes) noexcept {
+    calls_.fetch_add(1, std::memory_order_relaxed);
+    if (size_ == 1) return;
+    const auto n = static_cast<std::uint64_t>(size_);
+    const auto b = static_cast<std::uint64_t>(bytes);
+    std::uint64_t sent = 0;
+    switch (c) {
+      case collective::all_reduce: sent = 2 * (n - 1) * b / n; break;
+      case collective::all_gather:
+      case collective::reduce_scatter: sent = (n - 1) * b / n; break;
+      case collective::broadcast:
+      case collective::reduce:
+      case collective::send: sent = b; break;
+      case collective::barrier:
+      case collective::recv: break;
+    }
+    bytes_sent_.fetch_add(sent, std::memory_order_relaxed);
+  }
+
   template <class T, memory_space S>
   raw_tensor prepare(collective c, tensor_view<T, S> t, int root, reduce_op op) {
     check_space(c, std::same_as<S, cuda>);
@@ -245,6 +291,8 @@ class process_group {
   int size_;
   process_group_options opts_;
   std::uint64_t seq_ = 0;
+  std::atomic<std::uint64_t> calls_{0};
+  std::atomic<std::uint64_t> bytes_sent_{0};
 };
 
 // What a communicator offers, whatever its engine: the process_group backends meet it, and so
