@@ -58,6 +58,31 @@ macro(partrain_add_backend_targets)
     message(STATUS "partrain: Gloo not found, the gloo backend is left out (install libgloo-dev)")
   endif()
 
+  # MPI: processes launched by mpirun/srun, shared memory on a host (Debian libopenmpi-dev).
+  # Only MPI's C API is used; it is found through the CXX component (a C++-only project has no C
+  # compiler to find MPI_C with), without the deprecated C++ bindings' headers.
+  set(MPI_CXX_SKIP_MPICXX TRUE)
+  find_package(MPI QUIET COMPONENTS CXX)
+  if(MPI_CXX_FOUND AND TARGET MPI::MPI_CXX)
+    add_library(partrain_mpi INTERFACE)
+    add_library(partrain::mpi ALIAS partrain_mpi)
+    set_target_properties(partrain_mpi PROPERTIES EXPORT_NAME mpi)
+    target_link_libraries(partrain_mpi INTERFACE partrain MPI::MPI_CXX)
+    target_compile_definitions(partrain_mpi INTERFACE PARTRAIN_WITH_MPI=1)
+    set(PARTRAIN_HAVE_MPI ON)
+    # How our tests and benchmarks start jobs on this machine: more ranks than cores may run
+    # (--oversubscribe), and Open MPI's mpirun refuses root (containers, CI) unless told.
+    set(PARTRAIN_MPIEXEC_FLAGS --oversubscribe)
+    execute_process(COMMAND id -u OUTPUT_VARIABLE _partrain_uid OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    if(_partrain_uid STREQUAL "0")
+      list(APPEND PARTRAIN_MPIEXEC_FLAGS --allow-run-as-root)
+    endif()
+    message(STATUS "partrain: MPI backend enabled (MPI ${MPI_CXX_VERSION}, ${MPIEXEC_EXECUTABLE})")
+  else()
+    set(PARTRAIN_HAVE_MPI OFF)
+    message(STATUS "partrain: MPI not found, the mpi backend is left out (install libopenmpi-dev)")
+  endif()
+
   # CUDA: nvcc compiles the CUDA parts; no GPU is needed to configure or build.
   set(PARTRAIN_HAVE_CUDA OFF)
   set(PARTRAIN_HAVE_NCCL OFF)
@@ -104,6 +129,7 @@ macro(partrain_add_backend_targets)
   endif()
   # For scripts (.ci/run) that ask the cache what this configure found.
   set(PARTRAIN_HAVE_GLOO ${PARTRAIN_HAVE_GLOO} CACHE INTERNAL "")
+  set(PARTRAIN_HAVE_MPI ${PARTRAIN_HAVE_MPI} CACHE INTERNAL "")
   set(PARTRAIN_HAVE_CUDA ${PARTRAIN_HAVE_CUDA} CACHE INTERNAL "")
   set(PARTRAIN_HAVE_NCCL ${PARTRAIN_HAVE_NCCL} CACHE INTERNAL "")
 

@@ -11,7 +11,7 @@ install(TARGETS partrain EXPORT partrain-targets)
 install(EXPORT partrain-targets NAMESPACE partrain:: DESTINATION ${partrain_cmake_dir})
 export(EXPORT partrain-targets NAMESPACE partrain:: FILE ${CMAKE_CURRENT_BINARY_DIR}/partrain-targets.cmake)
 set(PARTRAIN_INSTALLED_COMPONENTS "")
-foreach(part data gloo cuda nccl)
+foreach(part data gloo mpi cuda nccl)
   if(TARGET partrain_${part})
     set_target_properties(partrain_${part} PROPERTIES EXPORT_NAME ${part})  # partrain::${part}
     install(TARGETS partrain_${part} EXPORT partrain-${part}-targets)

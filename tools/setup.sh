@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build g++ git
   clang libclang-rt-14-dev          # clang -fsanitize=fuzzer (libFuzzer) for the fuzz job
   libgloo-dev                       # the gloo backend (CPU processes over TCP)
+  libopenmpi-dev openmpi-bin        # the mpi backend (shared memory on a host, mpirun/srun clusters)
   catch2                            # Catch2 2.13, found by FetchContent's FIND_PACKAGE_ARGS
   libopenblas-dev                   # host GEMMs of the examples
   zlib1g-dev                        # gzip IDX files

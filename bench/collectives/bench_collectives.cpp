@@ -1,12 +1,16 @@
 // bench_collectives: time, algbw and busbw (nccl-tests definitions) of all_reduce, all_gather,
 // reduce_scatter and broadcast for the local backend (2 threads), the gloo backend (2 processes
 // over loopback) next to the same calls made on Gloo directly, a single-thread memcpy of the same
-// bytes, and NCCL over the visible GPUs when there are any.
+// bytes, the mpi backend (2 processes under mpirun, shared memory) next to the same calls made on
+// MPI directly, and NCCL over the visible GPUs when there are any. Wrapper and raw engine are timed
+// in alternating rounds and each row reports the median round, so that one slow round (another
+// process on the core) does not decide a ratio.
 //
 //   size S = bytes of the whole buffer (for all_gather/reduce_scatter: count per rank x ranks)
 //   algbw = S / t;  busbw = algbw x {all_reduce 2(n-1)/n, all_gather/reduce_scatter (n-1)/n, broadcast 1}
 //
 // Usage: bench_collectives [--quick]   (--quick: two small sizes, one iteration; the smoke test)
+//        (bench_collectives --mpi-rank [--quick] is what it runs under mpirun for the mpi rows)
 #include <partrain/comm/local.hpp>
 
 #if defined(PARTRAIN_WITH_GLOO)
@@ -18,6 +22,10 @@
 
 #include <partrain/comm/gloo.hpp>
 #include <partrain/rendezvous/file_store.hpp>
+#endif
+
+#if defined(PARTRAIN_WITH_MPI)
+#include <partrain/comm/mpi.hpp>
 #endif
 
 #if defined(PARTRAIN_WITH_NCCL)
@@ -96,6 +104,32 @@ double time_calls(const plan& p, std::size_t bytes, F&& f) {
   const auto t0 = clk::now();
   for (int i = 0; i < n; ++i) f();
   return std::chrono::duration<double>(clk::now() - t0).count() / n;
+}
+
+// Median seconds per call of a (our wrapper) and of b (the engine called directly), timed in
+// alternating rounds of several calls each (every rank runs the same rounds).
+template <class A, class B>
+std::pair<double, double> time_pair(const plan& p, std::size_t bytes, A&& a, B&& b) {
+  if (p.quick) return {time_calls(p, bytes, a), time_calls(p, bytes, b)};
+  if (p.warmup(bytes)) {
+    a();
+    b();
+  }
+  const int calls = static_cast<int>(std::clamp<std::size_t>((8u << 20) / bytes, 2, 50));
+  const int rounds = bytes >= (64u << 20) ? 3 : 7;
+  std::vector<double> ta, tb;
+  auto round = [&](auto& f) {
+    const auto t0 = clk::now();
+    for (int i = 0; i < calls; ++i) f();
+    return std::chrono::duration<double>(clk::now() - t0).count() / calls;
+  };
+  for (int r = 0; r < rounds; ++r) {
+    ta.push_back(round(a));
+    tb.push_back(round(b));
+  }
+  std::nth_element(ta.begin(), ta.begin() + rounds / 2, ta.end());
+  std::nth_element(tb.begin(), tb.begin() + rounds / 2, tb.end());
+  return {ta[static_cast<std::size_t>(rounds / 2)], tb[static_cast<std::size_t>(rounds / 2)]};
 }
 
 double gbps(std::size_t bytes, double seconds) { return static_cast<double>(bytes) / seconds / 1e9; }
@@ -209,8 +243,12 @@ void raw_gloo(const std::shared_ptr<gloo::Context>& ctx, op_kind k, buffers& buf
   }
 }
 
-// Returns the lowest wrapper/raw busbw ratio at sizes >= 1 MiB (or -1 when no such size ran).
-double bench_gloo(const plan& p) {
+struct engine_result {
+  double worst_vs_raw = -1;  // lowest wrapper/raw busbw ratio at sizes >= 1 MiB (-1: none ran)
+  double all_reduce_1mib_busbw = -1;
+};
+
+engine_result bench_gloo(const plan& p) {
   std::printf("\ngloo (2 processes, loopback TCP): partrain wrapper vs the same call on Gloo directly\n");
   std::printf("%-10s %-15s %10s %12s %10s %10s %12s %10s %8s\n", "backend", "op", "size", "time_us", "algbw", "busbw",
               "raw_us", "raw_busbw", "ratio");
@@ -232,15 +270,14 @@ double bench_gloo(const plan& p) {
         gopts.prefix = "wrapper/";
         gloo_group g(st, r, world, opts, gopts);
         auto raw = detail::connect_gloo(st, "raw/", r, world, timeout, detail::gloo_device_attr("", ""));
-        double worst = -1;
+        double worst = -1, ar_1mib = -1;
         for (auto k : all_ops) {
           for (auto bytes : p.sizes) {
             buffers buf(k, bytes, world, r);
             g.barrier().wait();
-            const double tw = time_calls(p, bytes, [&] { run_op(g, k, buf); });
-            g.barrier().wait();
-            const double tr = time_calls(p, bytes, [&] { raw_gloo(raw, k, buf, timeout); });
+            const auto [tw, tr] = time_pair(p, bytes, [&] { run_op(g, k, buf); }, [&] { raw_gloo(raw, k, buf, timeout); });
             if (r == 0) {
+              if (k == op_kind::all_reduce && bytes == (1u << 20)) ar_1mib = gbps(bytes, tw) * bus_factor(k, world);
               const double f = bus_factor(k, world), bw = gbps(bytes, tw) * f, rbw = gbps(bytes, tr) * f;
               std::printf("%-10s %-15s %10s %12.1f %10.3f %10.3f %12.1f %10.3f %8.3f\n", "gloo", name(k),
                           human(bytes).c_str(), tw * 1e6, gbps(bytes, tw), bw, tr * 1e6, rbw, bw / rbw);
@@ -249,7 +286,7 @@ double bench_gloo(const plan& p) {
             }
           }
         }
-        if (r == 0) std::ofstream(result_file) << worst << "\n";
+        if (r == 0) std::ofstream(result_file) << worst << " " << ar_1mib << "\n";
       } catch (const std::exception& e) {
         std::fprintf(stderr, "gloo rank %d failed: %s\n", r, e.what());
         code = 1;
@@ -264,11 +301,86 @@ double bench_gloo(const plan& p) {
     ::waitpid(pids[r], &st, 0);
     ok = ok && WIFEXITED(st) && WEXITSTATUS(st) == 0;
   }
-  double worst = -1;
-  if (ok) std::ifstream(result_file) >> worst;
+  engine_result res;
+  if (ok) std::ifstream(result_file) >> res.worst_vs_raw >> res.all_reduce_1mib_busbw;
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
-  return worst;
+  return res;
+}
+#endif
+
+// ---- mpi -----------------------------------------------------------------------------------
+#if defined(PARTRAIN_WITH_MPI)
+void raw_mpi(MPI_Comm comm, op_kind k, buffers& buf) {
+  switch (k) {
+    case op_kind::all_reduce:
+      MPI_Allreduce(MPI_IN_PLACE, buf.a.data(), static_cast<int>(buf.a.size()), MPI_FLOAT, MPI_SUM, comm);
+      break;
+    case op_kind::all_gather:
+      MPI_Allgather(buf.a.data(), static_cast<int>(buf.a.size()), MPI_FLOAT, buf.b.data(), static_cast<int>(buf.a.size()),
+                    MPI_FLOAT, comm);
+      break;
+    case op_kind::reduce_scatter:
+      MPI_Reduce_scatter_block(buf.a.data(), buf.b.data(), static_cast<int>(buf.b.size()), MPI_FLOAT, MPI_SUM, comm);
+      break;
+    case op_kind::broadcast: MPI_Bcast(buf.a.data(), static_cast<int>(buf.a.size()), MPI_FLOAT, 0, comm); break;
+  }
+}
+
+// One rank of the mpi part (this program under mpirun): rank 0 prints the rows and, last, a
+// line `mpi-result <worst wrapper/raw ratio >= 1 MiB> <all_reduce busbw at 1 MiB>`.
+int mpi_rank(const plan& p) {
+  mpi_group g(process_group_options{.timeout = std::chrono::milliseconds(120'000)});
+  MPI_Comm raw = MPI_COMM_NULL;
+  {
+    std::lock_guard lock(detail::mpi_runtime::instance().mutex());
+    MPI_Comm_dup(MPI_COMM_WORLD, &raw);
+  }
+  const int n = g.size();
+  double worst = -1, ar_1mib = -1;
+  for (auto k : all_ops) {
+    for (auto bytes : p.sizes) {
+      buffers buf(k, bytes, n, g.rank());
+      g.barrier().wait();
+      // The raw calls run on this thread while the group's progress thread sleeps (nothing pending).
+      const auto [tw, tr] = time_pair(p, bytes, [&] { run_op(g, k, buf); }, [&] {
+        std::lock_guard lock(detail::mpi_runtime::instance().mutex());
+        raw_mpi(raw, k, buf);
+      });
+      if (g.rank() == 0) {
+        const double f = bus_factor(k, n), bw = gbps(bytes, tw) * f, rbw = gbps(bytes, tr) * f;
+        std::printf("%-10s %-15s %10s %12.1f %10.3f %10.3f %12.1f %10.3f %8.3f\n", "mpi", name(k), human(bytes).c_str(),
+                    tw * 1e6, gbps(bytes, tw), bw, tr * 1e6, rbw, bw / rbw);
+        std::fflush(stdout);
+        if (bytes >= (1u << 20)) worst = worst < 0 ? bw / rbw : std::min(worst, bw / rbw);
+        if (k == op_kind::all_reduce && bytes == (1u << 20)) ar_1mib = bw;
+      }
+    }
+  }
+  if (g.rank() == 0) std::printf("mpi-result %.6f %.6f\n", worst, ar_1mib);
+  std::lock_guard lock(detail::mpi_runtime::instance().mutex());
+  MPI_Comm_free(&raw);
+  return 0;
+}
+
+// Runs this program under mpirun for the mpi rows (2 ranks, shared memory between them).
+engine_result bench_mpi(const plan& p, const char* self) {
+  std::printf("\nmpi (2 processes under mpirun, Open MPI's shared memory): partrain wrapper vs the same call on MPI directly\n");
+  std::printf("%-10s %-15s %10s %12s %10s %10s %12s %10s %8s\n", "backend", "op", "size", "time_us", "algbw", "busbw",
+              "mpi_us", "mpi_busbw", "ratio");
+  std::fflush(stdout);
+  std::string cmd = std::string(PARTRAIN_MPIEXEC) + " -np 2 " + self + " --mpi-rank" + (p.quick ? " --quick" : "") + " 2>&1";
+  engine_result res;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (!pipe) return res;
+  char line[512];
+  while (std::fgets(line, sizeof line, pipe)) {
+    if (std::sscanf(line, "mpi-result %lf %lf", &res.worst_vs_raw, &res.all_reduce_1mib_busbw) == 2) continue;
+    std::fputs(line, stdout);
+  }
+  std::fflush(stdout);
+  if (::pclose(pipe) != 0) return engine_result{};
+  return res;
 }
 #endif
 
@@ -342,10 +454,13 @@ void bench_nccl(const plan& p) {
 
 int main(int argc, char** argv) {
   plan p;
+  bool as_mpi_rank = false;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     if (a == "--quick") {
       p.quick = true;
+    } else if (a == "--mpi-rank") {
+      as_mpi_rank = true;
     } else {
       std::fprintf(stderr, "bench_collectives: unknown argument '%s' (expected --quick or nothing)\n", argv[i]);
       return 2;
@@ -356,16 +471,33 @@ int main(int argc, char** argv) {
   } else {
     for (std::size_t s = 4u << 10; s <= (256u << 20); s *= 4) p.sizes.push_back(s);
   }
+  if (as_mpi_rank) {
+#if defined(PARTRAIN_WITH_MPI)
+    return mpi_rank(p);
+#else
+    std::fprintf(stderr, "bench_collectives: --mpi-rank needs a build with MPI\n");
+    return 2;
+#endif
+  }
   std::printf("bench_collectives: %d ranks, float32, sizes %s .. %s%s\n", world, human(p.sizes.front()).c_str(),
               human(p.sizes.back()).c_str(), p.quick ? " (--quick: 1 iteration)" : "");
 
   // Processes first: fork before this process has started any thread.
-  double gloo_vs_raw = -1;
+  engine_result gloo, mpi;
 #if defined(PARTRAIN_WITH_GLOO)
-  gloo_vs_raw = bench_gloo(p);
+  gloo = bench_gloo(p);
 #else
   std::printf("\ngloo: skipped (built without Gloo)\n");
 #endif
+#if defined(PARTRAIN_WITH_MPI)
+  mpi = bench_mpi(p, argv[0]);
+#else
+  std::printf("\nmpi: skipped (built without MPI)\n");
+#endif
+  const double gloo_vs_raw = gloo.worst_vs_raw;
+  const double mpi_vs_gloo = mpi.all_reduce_1mib_busbw > 0 && gloo.all_reduce_1mib_busbw > 0
+                                 ? mpi.all_reduce_1mib_busbw / gloo.all_reduce_1mib_busbw
+                                 : -1;
   const auto local_bw = bench_local(p);
   const auto copy_bw = bench_memcpy(p);
 #if defined(PARTRAIN_WITH_NCCL)
@@ -377,10 +509,17 @@ int main(int argc, char** argv) {
   // local all_reduce busbw vs memcpy at 64 MiB (the largest size run when --quick)
   const std::size_t ref = p.quick ? p.sizes.back() : (64u << 20);
   const double local_vs_memcpy = local_bw.at({static_cast<int>(op_kind::all_reduce), ref}) / copy_bw.at(ref);
-  std::printf("\nsummary: gloo_vs_raw=%.3f local_vs_memcpy=%.3f\n", gloo_vs_raw, local_vs_memcpy);
+  std::printf("\nsummary: gloo_vs_raw=%.3f local_vs_memcpy=%.3f mpi_vs_gloo=%.3f mpi_vs_raw=%.3f\n", gloo_vs_raw,
+              local_vs_memcpy, mpi_vs_gloo, mpi.worst_vs_raw);
 #if defined(PARTRAIN_WITH_GLOO)
   if (gloo_vs_raw < 0) {
     std::fprintf(stderr, "bench_collectives: the gloo part failed (see above)\n");
+    return 1;
+  }
+#endif
+#if defined(PARTRAIN_WITH_MPI)
+  if (mpi.worst_vs_raw < 0) {
+    std::fprintf(stderr, "bench_collectives: the mpi part failed (see above)\n");
     return 1;
   }
 #endif

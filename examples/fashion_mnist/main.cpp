@@ -170,7 +170,7 @@ int run(options o) {
     return 0;
   }
   // A pipeline started by hand (not under a launcher) starts one rank per stage itself.
-  if (o.parallel == "pipeline" && o.nproc == 0 && !std::getenv("WORLD_SIZE")) o.nproc = o.stages;
+  if (o.parallel == "pipeline" && o.nproc == 0 && o.backend != "mpi" && !std::getenv("WORLD_SIZE")) o.nproc = o.stages;
   // Forks share the loaded data; the timeout only guards the whole run (collectives have their own).
   run_ranks({.nproc = o.nproc, .backend = o.backend, .spawn = {.timeout = std::chrono::hours(2)}},
             [&](process_group& pg) { run_rank(pg, o, data); });

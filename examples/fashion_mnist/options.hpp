@@ -24,7 +24,7 @@ class usage_error : public std::runtime_error {
 
 struct options {
   std::string device = "cpu";      // cpu | cuda
-  std::string backend = "gloo";    // gloo | nccl | local
+  std::string backend = "gloo";    // gloo | mpi | nccl | local
   std::string parallel = "ddp";    // ddp | dp (one process, --devices) | pipeline (--stages ranks)
   std::string loop = "ranges";     // ranges | coroutine | plain: three spellings of the same loop
   std::string precision = "fp32";  // fp32 | fp16 | bf16 (mixed precision: fp32 master weights)
@@ -54,7 +54,8 @@ struct options {
 inline constexpr std::string_view usage_text =
     "usage: fashion_mnist [options]\n"
     "  --device cpu|cuda         where the model runs (default cpu)\n"
-    "  --backend gloo|nccl|local communication backend (default gloo; local = threads of this process)\n"
+    "  --backend gloo|mpi|nccl|local  communication backend (default gloo; local = threads of this process;\n"
+    "                            mpi = ranks started by mpirun or srun, e.g. mpirun -np 2 fashion_mnist --backend mpi)\n"
     "  --nproc N                 start N ranks here (processes, or threads with --backend local);\n"
     "                            without it, rank and world size come from the environment (partrun, torchrun, Slurm)\n"
     "  --epochs N                (default 8)\n"
@@ -134,7 +135,7 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
       detail::check_choice(flag, o.device, {"cpu", "cuda"});
     } else if (flag == "--backend") {
       o.backend = value();
-      detail::check_choice(flag, o.backend, {"gloo", "nccl", "local"});
+      detail::check_choice(flag, o.backend, {"gloo", "mpi", "nccl", "local"});
     } else if (flag == "--parallel") {
       o.parallel = value();
       detail::check_choice(flag, o.parallel, {"ddp", "dp", "pipeline"});
@@ -213,6 +214,10 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
   }
   if (o.reduce_16bit && o.precision == "fp32") throw usage_error("--reduce-16bit needs --precision fp16 or bf16");
   if (o.backend == "nccl" && o.device != "cuda") throw usage_error("--backend nccl needs --device cuda");
+  if (o.backend == "mpi" && o.nproc != 0) {
+    throw usage_error("--backend mpi: mpirun or srun starts the ranks; run `mpirun -np " + std::to_string(o.nproc) +
+                      " fashion_mnist --backend mpi ...` without --nproc");
+  }
   if (o.backend == "local" && o.device == "cuda") throw usage_error("--backend local runs host ranks; use --device cpu");
   if (o.backend == "local" && o.nproc == 0) o.nproc = o.parallel == "pipeline" ? o.stages : 1;
   return o;

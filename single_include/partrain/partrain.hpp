@@ -3198,6 +3198,7 @@ inline bool survive_sigpipe() noexcept {
 // collective with the same size and dtype; the backend implements the type-erased hooks.
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -3253,6 +3254,17 @@ template <class T, memory_space S>
   return {const_cast<std::remove_const_t<T>*>(t.data()), t.size(), dtype_of<T>, std::same_as<S, cuda>};
 }
 
+// What a group's collectives moved from this rank since the last reset: `bytes_sent` counts the
+// bytes a bandwidth-optimal (ring) algorithm sends per rank, whatever the engine really does, so
+// that policies compare by the same measure: an all_reduce of N bytes sends 2(n-1)/n N, a
+// reduce_scatter or all_gather (n-1)/n of its whole buffer, a broadcast or reduce N (a pipelined
+// chain), a send N; a recv or barrier nothing. `calls` counts the calls that move data (not recv
+// or barrier). No bytes are counted on a group of one.
+struct comm_traffic {
+  std::uint64_t calls = 0;
+  std::uint64_t bytes_sent = 0;
+};
+
 class process_group {
  public:
   process_group(int rank, int size, process_group_options opts) : rank_(rank), size_(size), opts_(opts) {
@@ -3271,6 +3283,13 @@ class process_group {
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return opts_.timeout; }
   [[nodiscard]] const process_group_options& options() const noexcept { return opts_; }
+  [[nodiscard]] comm_traffic traffic() const noexcept {
+    return {calls_.load(std::memory_order_relaxed), bytes_sent_.load(std::memory_order_relaxed)};
+  }
+  void reset_traffic() noexcept {
+    calls_.store(0, std::memory_order_relaxed);
+    bytes_sent_.store(0, std::memory_order_relaxed);
+  }
   [[nodiscard]] virtual std::string_view backend() const noexcept = 0;
   // Which memory the backend's collectives take (host for local and gloo, cuda for nccl).
   [[nodiscard]] virtual bool accepts(device_kind k) const noexcept { return k == device_kind::cpu; }
@@ -3284,6 +3303,7 @@ class process_group {
   template <element_type T, memory_space S>
   [[nodiscard]] work all_reduce(tensor_view<T, S> t, reduce_op op = reduce_op::sum) {
     auto r = prepare(collective::all_reduce, t, -1, op);
+    count(collective::all_reduce, r.bytes());
     return do_all_reduce(r, op);
   }
   // The same all_reduce on a dtype-tagged buffer (what DDP's gradient buckets hold): the one type
@@ -3291,17 +3311,20 @@ class process_group {
   [[nodiscard]] work all_reduce(raw_tensor t, reduce_op op = reduce_op::sum) {
     check_space(collective::all_reduce, t.on_cuda);
     if (opts_.check_collectives) check_across_ranks(collective::all_reduce, t.type, t.count, -1, op);
+    count(collective::all_reduce, t.bytes());
     return do_all_reduce(t, op);
   }
   template <element_type T, memory_space S>
   [[nodiscard]] work broadcast(tensor_view<T, S> t, int root = 0) {
     auto r = prepare(collective::broadcast, t, root, reduce_op::sum);
+    count(collective::broadcast, r.bytes());
     return do_broadcast(r, root);
   }
   // The result lands in root's buffer; other ranks' buffers are left as they were.
   template <element_type T, memory_space S>
   [[nodiscard]] work reduce(tensor_view<T, S> t, int root = 0, reduce_op op = reduce_op::sum) {
     auto r = prepare(collective::reduce, t, root, op);
+    count(collective::reduce, r.bytes());
     return do_reduce(r, root, op);
   }
   // out holds size() blocks of in.size() elements, rank q's input in block q.
@@ -3309,6 +3332,7 @@ class process_group {
   [[nodiscard]] work all_gather(tensor_view<const T, S> in, tensor_view<T, S> out) {
     check_blocks(collective::all_gather, in.size(), out.size(), "out", "in");
     auto r = prepare(collective::all_gather, in, -1, reduce_op::sum);
+    count(collective::all_gather, r.bytes() * static_cast<std::size_t>(size_));
     return do_all_gather(r, erase(out));
   }
   // in holds size() blocks of out.size() elements; rank r gets the reduction of block r.
@@ -3316,6 +3340,7 @@ class process_group {
   [[nodiscard]] work reduce_scatter(tensor_view<const T, S> in, tensor_view<T, S> out, reduce_op op = reduce_op::sum) {
     check_blocks(collective::reduce_scatter, out.size(), in.size(), "in", "out");
     auto r = prepare(collective::reduce_scatter, out, -1, op);
+    count(collective::reduce_scatter, r.bytes() * static_cast<std::size_t>(size_));
     return do_reduce_scatter(erase(in), r, op);
   }
   [[nodiscard]] work barrier() {
@@ -3326,6 +3351,7 @@ class process_group {
   [[nodiscard]] work send(tensor_view<const T, S> t, int dst, int tag = 0) {
     check_peer(collective::send, dst, "dst");
     check_space(collective::send, std::same_as<S, cuda>);
+    count(collective::send, t.size_bytes());
     return do_send(erase(t), dst, tag);
   }
   template <element_type T, memory_space S>
@@ -3381,6 +3407,26 @@ class process_group {
   }
 
  private:
+  // Ring-algorithm bytes this rank sends for a collective over `bytes` (see comm_traffic).
+  void count(collective c, std::size_t bytes) noexcept {
+    calls_.fetch_add(1, std::memory_order_relaxed);
+    if (size_ == 1) return;
+    const auto n = static_cast<std::uint64_t>(size_);
+    const auto b = static_cast<std::uint64_t>(bytes);
+    std::uint64_t sent = 0;
+    switch (c) {
+      case collective::all_reduce: sent = 2 * (n - 1) * b / n; break;
+      case collective::all_gather:
+      case collective::reduce_scatter: sent = (n - 1) * b / n; break;
+      case collective::broadcast:
+      case collective::reduce:
+      case collective::send: sent = b; break;
+      case collective::barrier:
+      case collective::recv: break;
+    }
+    bytes_sent_.fetch_add(sent, std::memory_order_relaxed);
+  }
+
   template <class T, memory_space S>
   raw_tensor prepare(collective c, tensor_view<T, S> t, int root, reduce_op op) {
     check_space(c, std::same_as<S, cuda>);
@@ -3432,6 +3478,8 @@ class process_group {
   int size_;
   process_group_options opts_;
   std::uint64_t seq_ = 0;
+  std::atomic<std::uint64_t> calls_{0};
+  std::atomic<std::uint64_t> bytes_sent_{0};
 };
 
 // What a communicator offers, whatever its engine: the process_group backends meet it, and so
@@ -3840,6 +3888,7 @@ inline void host_divide(void* data, std::size_t n, dtype t, int divisor) {
 // collective with the same size and dtype; the backend implements the type-erased hooks.
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -3895,6 +3944,17 @@ template <class T, memory_space S>
   return {const_cast<std::remove_const_t<T>*>(t.data()), t.size(), dtype_of<T>, std::same_as<S, cuda>};
 }
 
+// What a group's collectives moved from this rank since the last reset: `bytes_sent` counts the
+// bytes a bandwidth-optimal (ring) algorithm sends per rank, whatever the engine really does, so
+// that policies compare by the same measure: an all_reduce of N bytes sends 2(n-1)/n N, a
+// reduce_scatter or all_gather (n-1)/n of its whole buffer, a broadcast or reduce N (a pipelined
+// chain), a send N; a recv or barrier nothing. `calls` counts the calls that move data (not recv
+// or barrier). No bytes are counted on a group of one.
+struct comm_traffic {
+  std::uint64_t calls = 0;
+  std::uint64_t bytes_sent = 0;
+};
+
 class process_group {
  public:
   process_group(int rank, int size, process_group_options opts) : rank_(rank), size_(size), opts_(opts) {
@@ -3913,6 +3973,13 @@ class process_group {
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return opts_.timeout; }
   [[nodiscard]] const process_group_options& options() const noexcept { return opts_; }
+  [[nodiscard]] comm_traffic traffic() const noexcept {
+    return {calls_.load(std::memory_order_relaxed), bytes_sent_.load(std::memory_order_relaxed)};
+  }
+  void reset_traffic() noexcept {
+    calls_.store(0, std::memory_order_relaxed);
+    bytes_sent_.store(0, std::memory_order_relaxed);
+  }
   [[nodiscard]] virtual std::string_view backend() const noexcept = 0;
   // Which memory the backend's collectives take (host for local and gloo, cuda for nccl).
   [[nodiscard]] virtual bool accepts(device_kind k) const noexcept { return k == device_kind::cpu; }
@@ -3926,6 +3993,7 @@ class process_group {
   template <element_type T, memory_space S>
   [[nodiscard]] work all_reduce(tensor_view<T, S> t, reduce_op op = reduce_op::sum) {
     auto r = prepare(collective::all_reduce, t, -1, op);
+    count(collective::all_reduce, r.bytes());
     return do_all_reduce(r, op);
   }
   // The same all_reduce on a dtype-tagged buffer (what DDP's gradient buckets hold): the one type
@@ -3933,17 +4001,20 @@ class process_group {
   [[nodiscard]] work all_reduce(raw_tensor t, reduce_op op = reduce_op::sum) {
     check_space(collective::all_reduce, t.on_cuda);
     if (opts_.check_collectives) check_across_ranks(collective::all_reduce, t.type, t.count, -1, op);
+    count(collective::all_reduce, t.bytes());
     return do_all_reduce(t, op);
   }
   template <element_type T, memory_space S>
   [[nodiscard]] work broadcast(tensor_view<T, S> t, int root = 0) {
     auto r = prepare(collective::broadcast, t, root, reduce_op::sum);
+    count(collective::broadcast, r.bytes());
     return do_broadcast(r, root);
   }
   // The result lands in root's buffer; other ranks' buffers are left as they were.
   template <element_type T, memory_space S>
   [[nodiscard]] work reduce(tensor_view<T, S> t, int root = 0, reduce_op op = reduce_op::sum) {
     auto r = prepare(collective::reduce, t, root, op);
+    count(collective::reduce, r.bytes());
     return do_reduce(r, root, op);
   }
   // out holds size() blocks of in.size() elements, rank q's input in block q.
@@ -3951,6 +4022,7 @@ class process_group {
   [[nodiscard]] work all_gather(tensor_view<const T, S> in, tensor_view<T, S> out) {
     check_blocks(collective::all_gather, in.size(), out.size(), "out", "in");
     auto r = prepare(collective::all_gather, in, -1, reduce_op::sum);
+    count(collective::all_gather, r.bytes() * static_cast<std::size_t>(size_));
     return do_all_gather(r, erase(out));
   }
   // in holds size() blocks of out.size() elements; rank r gets the reduction of block r.
@@ -3958,6 +4030,7 @@ class process_group {
   [[nodiscard]] work reduce_scatter(tensor_view<const T, S> in, tensor_view<T, S> out, reduce_op op = reduce_op::sum) {
     check_blocks(collective::reduce_scatter, out.size(), in.size(), "in", "out");
     auto r = prepare(collective::reduce_scatter, out, -1, op);
+    count(collective::reduce_scatter, r.bytes() * static_cast<std::size_t>(size_));
     return do_reduce_scatter(erase(in), r, op);
   }
   [[nodiscard]] work barrier() {
@@ -3968,6 +4041,7 @@ class process_group {
   [[nodiscard]] work send(tensor_view<const T, S> t, int dst, int tag = 0) {
     check_peer(collective::send, dst, "dst");
     check_space(collective::send, std::same_as<S, cuda>);
+    count(collective::send, t.size_bytes());
     return do_send(erase(t), dst, tag);
   }
   template <element_type T, memory_space S>
@@ -4023,6 +4097,26 @@ class process_group {
   }
 
  private:
+  // Ring-algorithm bytes this rank sends for a collective over `bytes` (see comm_traffic).
+  void count(collective c, std::size_t bytes) noexcept {
+    calls_.fetch_add(1, std::memory_order_relaxed);
+    if (size_ == 1) return;
+    const auto n = static_cast<std::uint64_t>(size_);
+    const auto b = static_cast<std::uint64_t>(bytes);
+    std::uint64_t sent = 0;
+    switch (c) {
+      case collective::all_reduce: sent = 2 * (n - 1) * b / n; break;
+      case collective::all_gather:
+      case collective::reduce_scatter: sent = (n - 1) * b / n; break;
+      case collective::broadcast:
+      case collective::reduce:
+      case collective::send: sent = b; break;
+      case collective::barrier:
+      case collective::recv: break;
+    }
+    bytes_sent_.fetch_add(sent, std::memory_order_relaxed);
+  }
+
   template <class T, memory_space S>
   raw_tensor prepare(collective c, tensor_view<T, S> t, int root, reduce_op op) {
     check_space(c, std::same_as<S, cuda>);
@@ -4074,6 +4168,8 @@ class process_group {
   int size_;
   process_group_options opts_;
   std::uint64_t seq_ = 0;
+  std::atomic<std::uint64_t> calls_{0};
+  std::atomic<std::uint64_t> bytes_sent_{0};
 };
 
 // What a communicator offers, whatever its engine: the process_group backends meet it, and so
@@ -4382,6 +4478,509 @@ void run_local(int world_size, F fn, process_group_options opts = {}) {
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_COMM_LOCAL_HPP
+#if defined(PARTRAIN_WITH_MPI)
+// #include <partrain/comm/mpi.hpp>
+#ifndef PARTRAIN_SI_COMM_MPI_HPP
+#define PARTRAIN_SI_COMM_MPI_HPP
+// partrain/comm/mpi.hpp: the `mpi` backend, processes launched by mpirun or srun (shared memory
+// between the ranks of a host, TCP/InfiniBand/UCX between hosts, whatever Open MPI chooses).
+// Every operation is posted at once as a non-blocking MPI call (MPI_Iallreduce, MPI_Isend, ...)
+// by one progress thread per group, which then drives them with MPI_Test: it polls while an
+// operation is young (MPI progresses only inside MPI calls), then backs off to short sleeps, and
+// sleeps on a condition variable while nothing is pending, so a slow collective does not burn the
+// core the compute needs. Collectives may be outstanding together (MPI matches them in issue
+// order), so DDP's buckets overlap each other and the backward pass.
+//
+// MPI cannot cancel a collective that a peer never joins, and its communicator is unusable after
+// one fails, so a timeout ends the job: the error (rank, operation, timeout) is printed and
+// MPI_Abort tears every rank down, as mpirun does when a rank dies. abort_on_timeout = false
+// throws a timeout_error instead and leaves the group unusable (for tests and callers that exit).
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+// #include <partrain/comm/detail/mpi_runtime.hpp>
+#ifndef PARTRAIN_SI_COMM_DETAIL_MPI_RUNTIME_HPP
+#define PARTRAIN_SI_COMM_DETAIL_MPI_RUNTIME_HPP
+// partrain/comm/detail/mpi_runtime.hpp: MPI itself, once per process. Initialises MPI on first
+// use (at least MPI_THREAD_SERIALIZED: every group calls MPI from its own progress thread, and
+// one process-wide mutex keeps those calls apart), finalises it at exit when partrain was the one
+// that initialised it, maps dtypes to MPI types and makes the reduction MPI lacks (16-bit floats).
+
+#if !__has_include(<mpi.h>)
+#error "partrain/comm/mpi.hpp needs MPI (Debian libopenmpi-dev); link partrain::mpi"
+#endif
+
+#include <array>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include <mpi.h>
+
+namespace partrain::inline v0::detail {
+
+// Set by the launchers a rank of an MPI job runs under: mpirun (Open MPI), srun and other PMI
+// launchers, PMIx servers.
+[[nodiscard]] inline bool mpi_launched() noexcept {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"}) {
+    if (std::getenv(v)) return true;
+  }
+  return false;
+}
+
+[[nodiscard]] inline std::string mpi_error_string(int code) {
+  std::array<char, MPI_MAX_ERROR_STRING> text{};
+  int len = 0;
+  if (MPI_Error_string(code, text.data(), &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(text.data(), static_cast<std::size_t>(len));
+}
+
+template <class T, reduce_op Op>
+void mpi_user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  reduce_typed(static_cast<T*>(inout), static_cast<const T*>(in), static_cast<std::size_t>(*len), Op);
+}
+
+class mpi_runtime {
+ public:
+  // The process's runtime; initialises MPI on the first call.
+  [[nodiscard]] static mpi_runtime& instance() {
+    static mpi_runtime r;
+    return r;
+  }
+  mpi_runtime(const mpi_runtime&) = delete;
+  mpi_runtime& operator=(const mpi_runtime&) = delete;
+
+  // Every MPI call of partrain holds it (the thread level may be only SERIALIZED).
+  [[nodiscard]] std::mutex& mutex() noexcept { return mutex_; }
+
+  [[nodiscard]] static MPI_Datatype type_of(dtype t) noexcept {
+    switch (t) {
+      case dtype::float32: return MPI_FLOAT;
+      case dtype::float64: return MPI_DOUBLE;
+      case dtype::int32: return MPI_INT32_T;
+      case dtype::int64: return MPI_INT64_T;
+      case dtype::uint8: return MPI_UINT8_T;
+      case dtype::float16: case dtype::bfloat16: return MPI_UINT16_T;  // moved as bits, reduced by our ops
+    }
+    return MPI_DATATYPE_NULL;
+  }
+
+  // MPI's op, or ours where MPI has no type for the data (avg: a sum, divided afterwards).
+  [[nodiscard]] MPI_Op op_of(dtype t, reduce_op op) const noexcept {
+    const bool is16 = t == dtype::float16 || t == dtype::bfloat16;
+    const std::size_t k = op_index(op);
+    if (is16) return t == dtype::float16 ? half_ops_[k] : bf16_ops_[k];
+    constexpr std::array<MPI_Op, 4> builtin{MPI_SUM, MPI_PROD, MPI_MIN, MPI_MAX};
+    return builtin[k];
+  }
+
+  // Ends the whole job: every rank of MPI_COMM_WORLD, as mpirun tears it down.
+  [[noreturn]] static void abort_job(std::string_view why) noexcept {
+    std::fprintf(stderr, "partrain: %.*s\npartrain: aborting the MPI job (MPI_Abort) so that no rank hangs\n",
+                 static_cast<int>(why.size()), why.data());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::abort();  // MPI_Abort does not return; this is for the compiler
+  }
+
+ private:
+  mpi_runtime() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    int provided = MPI_THREAD_SINGLE;
+    if (initialized) {
+      MPI_Query_thread(&provided);  // the user's MPI: theirs to finalise
+    } else {
+      // Open MPI's non-blocking all_reduce (libnbc) picks a binomial tree for few ranks, which
+      // measured 0.45-0.5 of the blocking MPI_Allreduce at every size here (bench_collectives);
+      // Rabenseifner's reduce-scatter + all-gather reaches 0.9-1.0 of it. A user's own setting
+      // (environment or mpirun --mca) wins.
+      ::setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", 0);
+      if (int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided); rc != MPI_SUCCESS) {
+        throw config_error("MPI_Init_thread failed: " + mpi_error_string(rc));
+      }
+      owned_ = true;
+    }
+    if (provided < MPI_THREAD_SERIALIZED) {
+      throw config_error("the mpi backend needs MPI at MPI_THREAD_SERIALIZED or higher (it calls MPI from a "
+                         "progress thread), but MPI was initialised at level " + std::to_string(provided) +
+                         (initialized ? "; call MPI_Init_thread with MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE"
+                                      : ""));
+    }
+    // Errors come back as codes, so they reach our error types instead of aborting in MPI.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    make_ops<half>(half_ops_);
+    make_ops<bfloat16>(bf16_ops_);
+  }
+  ~mpi_runtime() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    for (auto* ops : {&half_ops_, &bf16_ops_}) {
+      for (auto& o : *ops) MPI_Op_free(&o);
+    }
+    if (owned_) MPI_Finalize();
+  }
+
+  static constexpr std::size_t op_index(reduce_op op) noexcept {
+    switch (op) {
+      case reduce_op::sum: case reduce_op::avg: return 0;
+      case reduce_op::prod: return 1;
+      case reduce_op::min: return 2;
+      case reduce_op::max: return 3;
+    }
+    return 0;
+  }
+  template <class T>
+  static void make_ops(std::array<MPI_Op, 4>& ops) {
+    MPI_Op_create(&mpi_user_reduce<T, reduce_op::sum>, 1, &ops[0]);
+    MPI_Op_create(&mpi_user_reduce<T, reduce_op::prod>, 1, &ops[1]);
+    MPI_Op_create(&mpi_user_reduce<T, reduce_op::min>, 1, &ops[2]);
+    MPI_Op_create(&mpi_user_reduce<T, reduce_op::max>, 1, &ops[3]);
+  }
+
+  std::mutex mutex_;
+  bool owned_ = false;
+  std::array<MPI_Op, 4> half_ops_{};
+  std::array<MPI_Op, 4> bf16_ops_{};
+};
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_COMM_DETAIL_MPI_RUNTIME_HPP
+
+namespace partrain::inline v0 {
+
+struct mpi_options {
+  // How long the progress thread polls MPI_Test without sleeping after an operation is posted or
+  // makes progress; then it sleeps, doubling from 10 us up to max_sleep. Env
+  // PARTRAIN_MPI_SPIN_US and PARTRAIN_MPI_MAX_SLEEP_US override them.
+  std::chrono::microseconds spin{200};
+  std::chrono::microseconds max_sleep{200};
+  // A timed-out operation aborts the MPI job (the only way no rank hangs); false throws
+  // timeout_error and leaves this group unusable.
+  bool abort_on_timeout = true;
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::chrono::microseconds mpi_env_us(const char* name, std::chrono::microseconds fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  if (*end != '\0' || n < 0 || n > 1'000'000) {
+    throw config_error(std::string(name) + "='" + v + "' is not a number of microseconds in [0, 1000000]");
+  }
+  return std::chrono::microseconds(n);
+}
+
+// MPI_COMM_WORLD duplicated for one group (its collectives never meet another group's).
+struct mpi_comm {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0;
+  int size = 1;
+  int tag_ub = 32767;
+
+  static mpi_comm duplicate_world() {
+    auto& rt = mpi_runtime::instance();
+    std::lock_guard lock(rt.mutex());
+    mpi_comm c;
+    if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c.comm); rc != MPI_SUCCESS) {
+      throw communication_error("mpi_group: MPI_Comm_dup failed: " + mpi_error_string(rc));
+    }
+    MPI_Comm_set_errhandler(c.comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(c.comm, &c.rank);
+    MPI_Comm_size(c.comm, &c.size);
+    void* ub = nullptr;
+    int found = 0;
+    MPI_Comm_get_attr(c.comm, MPI_TAG_UB, &ub, &found);
+    if (found && ub) c.tag_ub = *static_cast<int*>(ub);
+    return c;
+  }
+};
+
+}  // namespace detail
+
+class mpi_group final : public process_group {
+ public:
+  explicit mpi_group(process_group_options opts = {}, mpi_options mopts = {})
+      : mpi_group(detail::mpi_comm::duplicate_world(), opts, mopts) {}
+
+  ~mpi_group() override {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (progress_.joinable()) progress_.join();  // pending operations end by completion or timeout
+    std::lock_guard lock(detail::mpi_runtime::instance().mutex());
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    // A request MPI never finished (abort_on_timeout = false) still uses the communicator.
+    if (!finalized && !abandoned_) MPI_Comm_free(&comm_.comm);
+  }
+
+  [[nodiscard]] std::string_view backend() const noexcept override { return "mpi"; }
+  // The group's own communicator (a duplicate of MPI_COMM_WORLD), for code that calls MPI itself.
+  [[nodiscard]] MPI_Comm native_handle() const noexcept { return comm_.comm; }
+  // Empty while the group is usable; else why it is not.
+  [[nodiscard]] std::string failure() const {
+    std::lock_guard lock(mutex_);
+    return failure_;
+  }
+
+ protected:
+  work do_all_reduce(raw_tensor t, reduce_op op) override {
+    if (t.count == 0) return work::completed();
+    const int n = count_of(collective::all_reduce, t);
+    return post(collective::all_reduce, "", [this, t, op, n](MPI_Request* r) {
+      return MPI_Iallreduce(MPI_IN_PLACE, t.data, n, type(t), rt_->op_of(t.type, op), comm_.comm, r);
+    }, [this, t, op] { if (op == reduce_op::avg) detail::host_divide(t.data, t.count, t.type, size()); });
+  }
+
+  work do_broadcast(raw_tensor t, int root) override {
+    if (t.count == 0) return work::completed();
+    const int n = count_of(collective::broadcast, t);
+    return post(collective::broadcast, "root " + std::to_string(root), [this, t, root, n](MPI_Request* r) {
+      return MPI_Ibcast(t.data, n, type(t), root, comm_.comm, r);
+    });
+  }
+
+  work do_reduce(raw_tensor t, int root, reduce_op op) override {
+    if (t.count == 0) return work::completed();
+    const int n = count_of(collective::reduce, t);
+    const bool is_root = rank() == root;
+    return post(collective::reduce, "root " + std::to_string(root), [this, t, root, op, n, is_root](MPI_Request* r) {
+      // Non-roots only send: their buffers stay as they were (our contract, and torch's).
+      return MPI_Ireduce(is_root ? MPI_IN_PLACE : t.data, is_root ? t.data : nullptr, n, type(t),
+                         rt_->op_of(t.type, op), root, comm_.comm, r);
+    }, [this, t, op, is_root] {
+      if (op == reduce_op::avg && is_root) detail::host_divide(t.data, t.count, t.type, size());
+    });
+  }
+
+  work do_all_gather(raw_tensor in, raw_tensor out) override {
+    if (in.count == 0) return work::completed();
+    const int n = count_of(collective::all_gather, out) / size();
+    return post(collective::all_gather, "", [this, in, out, n](MPI_Request* r) {
+      return MPI_Iallgather(in.data, n, type(in), out.data, n, type(out), comm_.comm, r);
+    });
+  }
+
+  work do_reduce_scatter(raw_tensor in, raw_tensor out, reduce_op op) override {
+    if (out.count == 0) return work::completed();
+    (void)count_of(collective::reduce_scatter, in);
+    const int n = count_of(collective::reduce_scatter, out);
+    return post(collective::reduce_scatter, "", [this, in, out, op, n](MPI_Request* r) {
+      return MPI_Ireduce_scatter_block(in.data, out.data, n, type(out), rt_->op_of(out.type, op), comm_.comm, r);
+    }, [this, out, op] { if (op == reduce_op::avg) detail::host_divide(out.data, out.count, out.type, size()); });
+  }
+
+  work do_barrier() override {
+    return post(collective::barrier, "", [this](MPI_Request* r) { return MPI_Ibarrier(comm_.comm, r); });
+  }
+
+  work do_send(raw_tensor t, int dst, int tag) override { return post_p2p(collective::send, t, dst, tag); }
+  work do_recv(raw_tensor t, int src, int tag) override { return post_p2p(collective::recv, t, src, tag); }
+
+ private:
+  using poster = std::function<int(MPI_Request*)>;
+
+  struct op {
+    collective what;
+    std::string peers;
+    int peer = -1;
+    poster start;
+    std::function<void()> finish;  // on the progress thread, after MPI completed it
+    std::shared_ptr<detail::work_state> state;
+    MPI_Request request = MPI_REQUEST_NULL;
+    std::chrono::steady_clock::time_point deadline{};
+    std::exception_ptr error{};
+  };
+
+  mpi_group(detail::mpi_comm c, process_group_options opts, mpi_options mopts)
+      : process_group(c.rank, c.size, opts), comm_(c), rt_(&detail::mpi_runtime::instance()) {
+    if (opts.timeout.count() <= 0) {
+      throw config_error("mpi_group: timeout must be positive, got " + std::to_string(opts.timeout.count()) + " ms");
+    }
+    mopts.spin = detail::mpi_env_us("PARTRAIN_MPI_SPIN_US", mopts.spin);
+    mopts.max_sleep = detail::mpi_env_us("PARTRAIN_MPI_MAX_SLEEP_US", mopts.max_sleep);
+    if (mopts.spin.count() < 0 || mopts.max_sleep.count() < 0) {
+      throw config_error("mpi_options: spin and max_sleep must be >= 0 microseconds");
+    }
+    mopts_ = mopts;
+    progress_ = std::thread([this] { progress_loop(); });
+  }
+
+  [[nodiscard]] static MPI_Datatype type(raw_tensor t) noexcept { return detail::mpi_runtime::type_of(t.type); }
+
+  [[nodiscard]] std::string describe(collective c, const std::string& peers) const {
+    return where(c) + (peers.empty() ? "" : " " + peers);
+  }
+
+  // MPI counts are ints.
+  [[nodiscard]] int count_of(collective c, raw_tensor t) const {
+    if (t.count > static_cast<std::size_t>(INT_MAX)) {
+      throw invalid_argument_error(describe(c, "") + ": " + std::to_string(t.count) +
+                                   " elements is more than MPI's int count takes (at most " +
+                                   std::to_string(INT_MAX) + "); split the buffer");
+    }
+    return static_cast<int>(t.count);
+  }
+
+  work post_p2p(collective c, raw_tensor t, int peer, int tag) {
+    const std::string peers = (c == collective::send ? "to rank " : "from rank ") + std::to_string(peer) + " tag " +
+                              std::to_string(tag);
+    if (tag < 0 || tag > comm_.tag_ub) {
+      throw invalid_argument_error(describe(c, peers) + ": tag must be in [0, " + std::to_string(comm_.tag_ub) +
+                                   "] (MPI_TAG_UB), got " + std::to_string(tag));
+    }
+    if (t.count == 0) return work::completed();
+    const int n = count_of(c, t);
+    poster start = c == collective::send
+                       ? poster([this, t, n, peer, tag](MPI_Request* r) {
+                           return MPI_Isend(t.data, n, type(t), peer, tag, comm_.comm, r);
+                         })
+                       : poster([this, t, n, peer, tag](MPI_Request* r) {
+                           return MPI_Irecv(t.data, n, type(t), peer, tag, comm_.comm, r);
+                         });
+    return post(c, peers, std::move(start), {}, peer);
+  }
+
+  work post(collective c, std::string peers, poster start, std::function<void()> finish = {}, int peer = -1) {
+    auto state = std::make_shared<detail::work_state>();
+    {
+      std::lock_guard lock(mutex_);
+      if (!failure_.empty()) {
+        return work::completed(std::make_exception_ptr(communication_error(
+            describe(c, peers) + ": the MPI communicator is unusable after an earlier failure (" + failure_ + ")",
+            error_site{.rank = rank(), .operation = std::string(to_string(c)), .peer = peer})));
+      }
+      queue_.push_back(op{c, std::move(peers), peer, std::move(start), std::move(finish), state});
+    }
+    cv_.notify_one();
+    return work(state);
+  }
+
+  // The progress thread: posts queued operations in issue order, tests the active ones, completes
+  // the finished ones outside the MPI lock (their callbacks may issue more operations).
+  void progress_loop() {
+    std::vector<op> active;
+    std::vector<op> done;
+    auto last_progress = std::chrono::steady_clock::now();
+    std::chrono::microseconds sleep{10};
+    for (;;) {
+      std::deque<op> fresh;
+      {
+        std::unique_lock lock(mutex_);
+        if (active.empty()) {
+          cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        } else if (std::chrono::steady_clock::now() - last_progress > mopts_.spin) {
+          cv_.wait_for(lock, sleep, [&] { return stopping_ || !queue_.empty(); });
+          sleep = std::min<std::chrono::microseconds>(sleep * 2, std::max(mopts_.max_sleep, std::chrono::microseconds{1}));
+        }
+        if (stopping_ && queue_.empty() && active.empty()) return;
+        fresh.swap(queue_);
+      }
+      const auto now = std::chrono::steady_clock::now();
+      {
+        std::lock_guard mpi_lock(rt_->mutex());
+        for (auto& o : fresh) {
+          o.deadline = now + timeout();
+          if (int rc = o.start(&o.request); rc != MPI_SUCCESS) {
+            fail(o, "MPI failed to start it: " + detail::mpi_error_string(rc), false);
+            done.push_back(std::move(o));
+          } else {
+            active.push_back(std::move(o));
+          }
+        }
+        for (auto it = active.begin(); it != active.end();) {
+          int flag = 0;
+          const int rc = MPI_Test(&it->request, &flag, MPI_STATUS_IGNORE);
+          if (rc != MPI_SUCCESS) {
+            fail(*it, "MPI failed (a peer died or its connection broke): " + detail::mpi_error_string(rc), false);
+          } else if (!flag && now > it->deadline) {
+            fail(*it, "timed out after " + std::to_string(timeout().count()) +
+                          " ms (a peer is stalled, died, or never joined this operation)", true);
+          } else if (!flag) {
+            ++it;
+            continue;
+          }
+          done.push_back(std::move(*it));
+          it = active.erase(it);
+        }
+      }
+      if (!fresh.empty() || !done.empty()) {
+        last_progress = now;
+        sleep = std::chrono::microseconds{10};
+      }
+      for (auto& o : done) {
+        std::exception_ptr err = o.error;
+        if (!err && o.finish) {
+          try {
+            o.finish();
+          } catch (...) {
+            err = std::current_exception();
+          }
+        }
+        o.state->complete(err);
+      }
+      done.clear();
+    }
+  }
+
+  // Called by the progress thread, under the MPI lock: records why `o` failed. The request, if any,
+  // stays with MPI (nothing can cancel a collective), so the communicator is never freed.
+  void fail(op& o, const std::string& why, bool timed_out) {
+    const std::string msg = describe(o.what, o.peers) + ": " + why;
+    error_site site{.rank = rank(), .operation = std::string(to_string(o.what)), .peer = o.peer};
+    if (timed_out) {
+      if (mopts_.abort_on_timeout) detail::mpi_runtime::abort_job(msg);
+      site.timeout = timeout();
+      o.error = std::make_exception_ptr(timeout_error(msg, std::move(site)));
+    } else {
+      o.error = std::make_exception_ptr(communication_error(msg, std::move(site)));
+    }
+    std::lock_guard lock(mutex_);
+    if (failure_.empty()) failure_ = msg;
+    if (o.request != MPI_REQUEST_NULL) abandoned_ = true;
+  }
+
+  mpi_options mopts_{};
+  detail::mpi_comm comm_;
+  detail::mpi_runtime* rt_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<op> queue_;
+  bool stopping_ = false;
+  bool abandoned_ = false;
+  std::string failure_;
+  std::thread progress_;
+};
+
+static_assert(communicator<mpi_group>);
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_COMM_MPI_HPP
+#endif
 #if defined(PARTRAIN_WITH_NCCL) && PARTRAIN_HAS_CUDA
 // #include <partrain/comm/nccl.hpp>
 #ifndef PARTRAIN_SI_COMM_NCCL_HPP
@@ -9434,7 +10033,8 @@ class tcp_store final : public store {
 namespace partrain::inline v0 {
 
 struct init_options {
-  // "gloo" or "nccl"; empty = "nccl" when device is a GPU, else "gloo".
+  // "gloo", "mpi" or "nccl"; empty = "nccl" when device is a GPU, else "gloo". "mpi" meets its
+  // peers through MPI (ranks started by mpirun or srun), not through a store.
   std::string backend{};
   // Bound on every blocking step. Unset: PARTRAIN_TIMEOUT_MS from the environment, else 300 s.
   std::optional<std::chrono::milliseconds> timeout{};
@@ -9649,6 +10249,26 @@ inline void read_rank_env(rendezvous_info& info, const env_lookup& env) {
 
 }  // namespace detail
 
+namespace detail {
+
+// init_options::timeout, else PARTRAIN_TIMEOUT_MS, else `fallback`.
+[[nodiscard]] inline std::chrono::milliseconds timeout_option(const init_options& opts, const env_lookup& env,
+                                                              std::chrono::milliseconds fallback) {
+  if (opts.timeout) {
+    if (opts.timeout->count() <= 0) {
+      throw config_error("init_process_group: timeout must be positive, got " + std::to_string(opts.timeout->count()) + " ms");
+    }
+    return *opts.timeout;
+  }
+  if (auto t = int_var(env, "PARTRAIN_TIMEOUT_MS", 1, std::numeric_limits<int>::max(), "init_process_group",
+                       "a positive number of milliseconds")) {
+    return std::chrono::milliseconds(*t);
+  }
+  return fallback;
+}
+
+}  // namespace detail
+
 // Parses url and the environment; connects nothing. Throws config_error naming what is
 // wrong and what was expected.
 [[nodiscard]] inline rendezvous_info parse_rendezvous(std::string_view url, const init_options& opts = {},
@@ -9663,15 +10283,7 @@ inline void read_rank_env(rendezvous_info& info, const env_lookup& env) {
   std::string_view rest = url.substr(sep + 3);
 
   // Timeout and token: options, then the environment.
-  if (opts.timeout) {
-    if (opts.timeout->count() <= 0) {
-      throw config_error("init_process_group: timeout must be positive, got " + std::to_string(opts.timeout->count()) + " ms");
-    }
-    info.timeout = *opts.timeout;
-  } else if (auto t = detail::int_var(env, "PARTRAIN_TIMEOUT_MS", 1, big, "init_process_group",
-                                      "a positive number of milliseconds")) {
-    info.timeout = std::chrono::milliseconds(*t);
-  }
+  info.timeout = detail::timeout_option(opts, env, info.timeout);
   info.token = !opts.token.empty() ? opts.token : env("PARTRAIN_STORE_TOKEN").value_or("");
   info.bind_address = env("PARTRAIN_STORE_BIND").value_or("");
   info.agent_store = env("PARTRAIN_USE_AGENT_STORE").value_or("0") == "1";
@@ -10356,6 +10968,512 @@ static_assert(communicator<gloo_group>);
 #define PARTRAIN_INIT_HAS_GLOO 1
 #else
 #define PARTRAIN_INIT_HAS_GLOO 0
+#endif
+#if defined(PARTRAIN_WITH_MPI)
+// #include <partrain/comm/mpi.hpp>
+#ifndef PARTRAIN_SI_COMM_MPI_HPP
+#define PARTRAIN_SI_COMM_MPI_HPP
+// partrain/comm/mpi.hpp: the `mpi` backend, processes launched by mpirun or srun (shared memory
+// between the ranks of a host, TCP/InfiniBand/UCX between hosts, whatever Open MPI chooses).
+// Every operation is posted at once as a non-blocking MPI call (MPI_Iallreduce, MPI_Isend, ...)
+// by one progress thread per group, which then drives them with MPI_Test: it polls while an
+// operation is young (MPI progresses only inside MPI calls), then backs off to short sleeps, and
+// sleeps on a condition variable while nothing is pending, so a slow collective does not burn the
+// core the compute needs. Collectives may be outstanding together (MPI matches them in issue
+// order), so DDP's buckets overlap each other and the backward pass.
+//
+// MPI cannot cancel a collective that a peer never joins, and its communicator is unusable after
+// one fails, so a timeout ends the job: the error (rank, operation, timeout) is printed and
+// MPI_Abort tears every rank down, as mpirun does when a rank dies. abort_on_timeout = false
+// throws a timeout_error instead and leaves the group unusable (for tests and callers that exit).
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+// #include <partrain/comm/detail/mpi_runtime.hpp>
+#ifndef PARTRAIN_SI_COMM_DETAIL_MPI_RUNTIME_HPP
+#define PARTRAIN_SI_COMM_DETAIL_MPI_RUNTIME_HPP
+// partrain/comm/detail/mpi_runtime.hpp: MPI itself, once per process. Initialises MPI on first
+// use (at least MPI_THREAD_SERIALIZED: every group calls MPI from its own progress thread, and
+// one process-wide mutex keeps those calls apart), finalises it at exit when partrain was the one
+// that initialised it, maps dtypes to MPI types and makes the reduction MPI lacks (16-bit floats).
+
+#if !__has_include(<mpi.h>)
+#error "partrain/comm/mpi.hpp needs MPI (Debian libopenmpi-dev); link partrain::mpi"
+#endif
+
+#include <array>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include <mpi.h>
+
+namespace partrain::inline v0::detail {
+
+// Set by the launchers a rank of an MPI job runs under: mpirun (Open MPI), srun and other PMI
+// launchers, PMIx servers.
+[[nodiscard]] inline bool mpi_launched() noexcept {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"}) {
+    if (std::getenv(v)) return true;
+  }
+  return false;
+}
+
+[[nodiscard]] inline std::string mpi_error_string(int code) {
+  std::array<char, MPI_MAX_ERROR_STRING> text{};
+  int len = 0;
+  if (MPI_Error_string(code, text.data(), &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(text.data(), static_cast<std::size_t>(len));
+}
+
+template <class T, reduce_op Op>
+void mpi_user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  reduce_typed(static_cast<T*>(inout), static_cast<const T*>(in), static_cast<std::size_t>(*len), Op);
+}
+
+class mpi_runtime {
+ public:
+  // The process's runtime; initialises MPI on the first call.
+  [[nodiscard]] static mpi_runtime& instance() {
+    static mpi_runtime r;
+    return r;
+  }
+  mpi_runtime(const mpi_runtime&) = delete;
+  mpi_runtime& operator=(const mpi_runtime&) = delete;
+
+  // Every MPI call of partrain holds it (the thread level may be only SERIALIZED).
+  [[nodiscard]] std::mutex& mutex() noexcept { return mutex_; }
+
+  [[nodiscard]] static MPI_Datatype type_of(dtype t) noexcept {
+    switch (t) {
+      case dtype::float32: return MPI_FLOAT;
+      case dtype::float64: return MPI_DOUBLE;
+      case dtype::int32: return MPI_INT32_T;
+      case dtype::int64: return MPI_INT64_T;
+      case dtype::uint8: return MPI_UINT8_T;
+      case dtype::float16: case dtype::bfloat16: return MPI_UINT16_T;  // moved as bits, reduced by our ops
+    }
+    return MPI_DATATYPE_NULL;
+  }
+
+  // MPI's op, or ours where MPI has no type for the data (avg: a sum, divided afterwards).
+  [[nodiscard]] MPI_Op op_of(dtype t, reduce_op op) const noexcept {
+    const bool is16 = t == dtype::float16 || t == dtype::bfloat16;
+    const std::size_t k = op_index(op);
+    if (is16) return t == dtype::float16 ? half_ops_[k] : bf16_ops_[k];
+    constexpr std::array<MPI_Op, 4> builtin{MPI_SUM, MPI_PROD, MPI_MIN, MPI_MAX};
+    return builtin[k];
+  }
+
+  // Ends the whole job: every rank of MPI_COMM_WORLD, as mpirun tears it down.
+  [[noreturn]] static void abort_job(std::string_view why) noexcept {
+    std::fprintf(stderr, "partrain: %.*s\npartrain: aborting the MPI job (MPI_Abort) so that no rank hangs\n",
+                 static_cast<int>(why.size()), why.data());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::abort();  // MPI_Abort does not return; this is for the compiler
+  }
+
+ private:
+  mpi_runtime() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    int provided = MPI_THREAD_SINGLE;
+    if (initialized) {
+      MPI_Query_thread(&provided);  // the user's MPI: theirs to finalise
+    } else {
+      // Open MPI's non-blocking all_reduce (libnbc) picks a binomial tree for few ranks, which
+      // measured 0.45-0.5 of the blocking MPI_Allreduce at every size here (bench_collectives);
+      // Rabenseifner's reduce-scatter + all-gather reaches 0.9-1.0 of it. A user's own setting
+      // (environment or mpirun --mca) wins.
+      ::setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", 0);
+      if (int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided); rc != MPI_SUCCESS) {
+        throw config_error("MPI_Init_thread failed: " + mpi_error_string(rc));
+      }
+      owned_ = true;
+    }
+    if (provided < MPI_THREAD_SERIALIZED) {
+      throw config_error("the mpi backend needs MPI at MPI_THREAD_SERIALIZED or higher (it calls MPI from a "
+                         "progress thread), but MPI was initialised at level " + std::to_string(provided) +
+                         (initialized ? "; call MPI_Init_thread with MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE"
+                                      : ""));
+    }
+    // Errors come back as codes, so they reach our error types instead of aborting in MPI.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    make_ops<half>(half_ops_);
+    make_ops<bfloat16>(bf16_ops_);
+  }
+  ~mpi_runtime() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    for (auto* ops : {&half_ops_, &bf16_ops_}) {
+      for (auto& o : *ops) MPI_Op_free(&o);
+    }
+    if (owned_) MPI_Finalize();
+  }
+
+  static constexpr std::size_t op_index(reduce_op op) noexcept {
+    switch (op) {
+      case reduce_op::sum: case reduce_op::avg: return 0;
+      case reduce_op::prod: return 1;
+      case reduce_op::min: return 2;
+      case reduce_op::max: return 3;
+    }
+    return 0;
+  }
+  template <class T>
+  static void make_ops(std::array<MPI_Op, 4>& ops) {
+    MPI_Op_create(&mpi_user_reduce<T, reduce_op::sum>, 1, &ops[0]);
+    MPI_Op_create(&mpi_user_reduce<T, reduce_op::prod>, 1, &ops[1]);
+    MPI_Op_create(&mpi_user_reduce<T, reduce_op::min>, 1, &ops[2]);
+    MPI_Op_create(&mpi_user_reduce<T, reduce_op::max>, 1, &ops[3]);
+  }
+
+  std::mutex mutex_;
+  bool owned_ = false;
+  std::array<MPI_Op, 4> half_ops_{};
+  std::array<MPI_Op, 4> bf16_ops_{};
+};
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_COMM_DETAIL_MPI_RUNTIME_HPP
+
+namespace partrain::inline v0 {
+
+struct mpi_options {
+  // How long the progress thread polls MPI_Test without sleeping after an operation is posted or
+  // makes progress; then it sleeps, doubling from 10 us up to max_sleep. Env
+  // PARTRAIN_MPI_SPIN_US and PARTRAIN_MPI_MAX_SLEEP_US override them.
+  std::chrono::microseconds spin{200};
+  std::chrono::microseconds max_sleep{200};
+  // A timed-out operation aborts the MPI job (the only way no rank hangs); false throws
+  // timeout_error and leaves this group unusable.
+  bool abort_on_timeout = true;
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::chrono::microseconds mpi_env_us(const char* name, std::chrono::microseconds fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  if (*end != '\0' || n < 0 || n > 1'000'000) {
+    throw config_error(std::string(name) + "='" + v + "' is not a number of microseconds in [0, 1000000]");
+  }
+  return std::chrono::microseconds(n);
+}
+
+// MPI_COMM_WORLD duplicated for one group (its collectives never meet another group's).
+struct mpi_comm {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0;
+  int size = 1;
+  int tag_ub = 32767;
+
+  static mpi_comm duplicate_world() {
+    auto& rt = mpi_runtime::instance();
+    std::lock_guard lock(rt.mutex());
+    mpi_comm c;
+    if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c.comm); rc != MPI_SUCCESS) {
+      throw communication_error("mpi_group: MPI_Comm_dup failed: " + mpi_error_string(rc));
+    }
+    MPI_Comm_set_errhandler(c.comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(c.comm, &c.rank);
+    MPI_Comm_size(c.comm, &c.size);
+    void* ub = nullptr;
+    int found = 0;
+    MPI_Comm_get_attr(c.comm, MPI_TAG_UB, &ub, &found);
+    if (found && ub) c.tag_ub = *static_cast<int*>(ub);
+    return c;
+  }
+};
+
+}  // namespace detail
+
+class mpi_group final : public process_group {
+ public:
+  explicit mpi_group(process_group_options opts = {}, mpi_options mopts = {})
+      : mpi_group(detail::mpi_comm::duplicate_world(), opts, mopts) {}
+
+  ~mpi_group() override {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (progress_.joinable()) progress_.join();  // pending operations end by completion or timeout
+    std::lock_guard lock(detail::mpi_runtime::instance().mutex());
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    // A request MPI never finished (abort_on_timeout = false) still uses the communicator.
+    if (!finalized && !abandoned_) MPI_Comm_free(&comm_.comm);
+  }
+
+  [[nodiscard]] std::string_view backend() const noexcept override { return "mpi"; }
+  // The group's own communicator (a duplicate of MPI_COMM_WORLD), for code that calls MPI itself.
+  [[nodiscard]] MPI_Comm native_handle() const noexcept { return comm_.comm; }
+  // Empty while the group is usable; else why it is not.
+  [[nodiscard]] std::string failure() const {
+    std::lock_guard lock(mutex_);
+    return failure_;
+  }
+
+ protected:
+  work do_all_reduce(raw_tensor t, reduce_op op) override {
+    if (t.count == 0) return work::completed();
+    const int n = count_of(collective::all_reduce, t);
+    return post(collective::all_reduce, "", [this, t, op, n](MPI_Request* r) {
+      return MPI_Iallreduce(MPI_IN_PLACE, t.data, n, type(t), rt_->op_of(t.type, op), comm_.comm, r);
+    }, [this, t, op] { if (op == reduce_op::avg) detail::host_divide(t.data, t.count, t.type, size()); });
+  }
+
+  work do_broadcast(raw_tensor t, int root) override {
+    if (t.count == 0) return work::completed();
+    const int n = count_of(collective::broadcast, t);
+    return post(collective::broadcast, "root " + std::to_string(root), [this, t, root, n](MPI_Request* r) {
+      return MPI_Ibcast(t.data, n, type(t), root, comm_.comm, r);
+    });
+  }
+
+  work do_reduce(raw_tensor t, int root, reduce_op op) override {
+    if (t.count == 0) return work::completed();
+    const int n = count_of(collective::reduce, t);
+    const bool is_root = rank() == root;
+    return post(collective::reduce, "root " + std::to_string(root), [this, t, root, op, n, is_root](MPI_Request* r) {
+      // Non-roots only send: their buffers stay as they were (our contract, and torch's).
+      return MPI_Ireduce(is_root ? MPI_IN_PLACE : t.data, is_root ? t.data : nullptr, n, type(t),
+                         rt_->op_of(t.type, op), root, comm_.comm, r);
+    }, [this, t, op, is_root] {
+      if (op == reduce_op::avg && is_root) detail::host_divide(t.data, t.count, t.type, size());
+    });
+  }
+
+  work do_all_gather(raw_tensor in, raw_tensor out) override {
+    if (in.count == 0) return work::completed();
+    const int n = count_of(collective::all_gather, out) / size();
+    return post(collective::all_gather, "", [this, in, out, n](MPI_Request* r) {
+      return MPI_Iallgather(in.data, n, type(in), out.data, n, type(out), comm_.comm, r);
+    });
+  }
+
+  work do_reduce_scatter(raw_tensor in, raw_tensor out, reduce_op op) override {
+    if (out.count == 0) return work::completed();
+    (void)count_of(collective::reduce_scatter, in);
+    const int n = count_of(collective::reduce_scatter, out);
+    return post(collective::reduce_scatter, "", [this, in, out, op, n](MPI_Request* r) {
+      return MPI_Ireduce_scatter_block(in.data, out.data, n, type(out), rt_->op_of(out.type, op), comm_.comm, r);
+    }, [this, out, op] { if (op == reduce_op::avg) detail::host_divide(out.data, out.count, out.type, size()); });
+  }
+
+  work do_barrier() override {
+    return post(collective::barrier, "", [this](MPI_Request* r) { return MPI_Ibarrier(comm_.comm, r); });
+  }
+
+  work do_send(raw_tensor t, int dst, int tag) override { return post_p2p(collective::send, t, dst, tag); }
+  work do_recv(raw_tensor t, int src, int tag) override { return post_p2p(collective::recv, t, src, tag); }
+
+ private:
+  using poster = std::function<int(MPI_Request*)>;
+
+  struct op {
+    collective what;
+    std::string peers;
+    int peer = -1;
+    poster start;
+    std::function<void()> finish;  // on the progress thread, after MPI completed it
+    std::shared_ptr<detail::work_state> state;
+    MPI_Request request = MPI_REQUEST_NULL;
+    std::chrono::steady_clock::time_point deadline{};
+    std::exception_ptr error{};
+  };
+
+  mpi_group(detail::mpi_comm c, process_group_options opts, mpi_options mopts)
+      : process_group(c.rank, c.size, opts), comm_(c), rt_(&detail::mpi_runtime::instance()) {
+    if (opts.timeout.count() <= 0) {
+      throw config_error("mpi_group: timeout must be positive, got " + std::to_string(opts.timeout.count()) + " ms");
+    }
+    mopts.spin = detail::mpi_env_us("PARTRAIN_MPI_SPIN_US", mopts.spin);
+    mopts.max_sleep = detail::mpi_env_us("PARTRAIN_MPI_MAX_SLEEP_US", mopts.max_sleep);
+    if (mopts.spin.count() < 0 || mopts.max_sleep.count() < 0) {
+      throw config_error("mpi_options: spin and max_sleep must be >= 0 microseconds");
+    }
+    mopts_ = mopts;
+    progress_ = std::thread([this] { progress_loop(); });
+  }
+
+  [[nodiscard]] static MPI_Datatype type(raw_tensor t) noexcept { return detail::mpi_runtime::type_of(t.type); }
+
+  [[nodiscard]] std::string describe(collective c, const std::string& peers) const {
+    return where(c) + (peers.empty() ? "" : " " + peers);
+  }
+
+  // MPI counts are ints.
+  [[nodiscard]] int count_of(collective c, raw_tensor t) const {
+    if (t.count > static_cast<std::size_t>(INT_MAX)) {
+      throw invalid_argument_error(describe(c, "") + ": " + std::to_string(t.count) +
+                                   " elements is more than MPI's int count takes (at most " +
+                                   std::to_string(INT_MAX) + "); split the buffer");
+    }
+    return static_cast<int>(t.count);
+  }
+
+  work post_p2p(collective c, raw_tensor t, int peer, int tag) {
+    const std::string peers = (c == collective::send ? "to rank " : "from rank ") + std::to_string(peer) + " tag " +
+                              std::to_string(tag);
+    if (tag < 0 || tag > comm_.tag_ub) {
+      throw invalid_argument_error(describe(c, peers) + ": tag must be in [0, " + std::to_string(comm_.tag_ub) +
+                                   "] (MPI_TAG_UB), got " + std::to_string(tag));
+    }
+    if (t.count == 0) return work::completed();
+    const int n = count_of(c, t);
+    poster start = c == collective::send
+                       ? poster([this, t, n, peer, tag](MPI_Request* r) {
+                           return MPI_Isend(t.data, n, type(t), peer, tag, comm_.comm, r);
+                         })
+                       : poster([this, t, n, peer, tag](MPI_Request* r) {
+                           return MPI_Irecv(t.data, n, type(t), peer, tag, comm_.comm, r);
+                         });
+    return post(c, peers, std::move(start), {}, peer);
+  }
+
+  work post(collective c, std::string peers, poster start, std::function<void()> finish = {}, int peer = -1) {
+    auto state = std::make_shared<detail::work_state>();
+    {
+      std::lock_guard lock(mutex_);
+      if (!failure_.empty()) {
+        return work::completed(std::make_exception_ptr(communication_error(
+            describe(c, peers) + ": the MPI communicator is unusable after an earlier failure (" + failure_ + ")",
+            error_site{.rank = rank(), .operation = std::string(to_string(c)), .peer = peer})));
+      }
+      queue_.push_back(op{c, std::move(peers), peer, std::move(start), std::move(finish), state});
+    }
+    cv_.notify_one();
+    return work(state);
+  }
+
+  // The progress thread: posts queued operations in issue order, tests the active ones, completes
+  // the finished ones outside the MPI lock (their callbacks may issue more operations).
+  void progress_loop() {
+    std::vector<op> active;
+    std::vector<op> done;
+    auto last_progress = std::chrono::steady_clock::now();
+    std::chrono::microseconds sleep{10};
+    for (;;) {
+      std::deque<op> fresh;
+      {
+        std::unique_lock lock(mutex_);
+        if (active.empty()) {
+          cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        } else if (std::chrono::steady_clock::now() - last_progress > mopts_.spin) {
+          cv_.wait_for(lock, sleep, [&] { return stopping_ || !queue_.empty(); });
+          sleep = std::min<std::chrono::microseconds>(sleep * 2, std::max(mopts_.max_sleep, std::chrono::microseconds{1}));
+        }
+        if (stopping_ && queue_.empty() && active.empty()) return;
+        fresh.swap(queue_);
+      }
+      const auto now = std::chrono::steady_clock::now();
+      {
+        std::lock_guard mpi_lock(rt_->mutex());
+        for (auto& o : fresh) {
+          o.deadline = now + timeout();
+          if (int rc = o.start(&o.request); rc != MPI_SUCCESS) {
+            fail(o, "MPI failed to start it: " + detail::mpi_error_string(rc), false);
+            done.push_back(std::move(o));
+          } else {
+            active.push_back(std::move(o));
+          }
+        }
+        for (auto it = active.begin(); it != active.end();) {
+          int flag = 0;
+          const int rc = MPI_Test(&it->request, &flag, MPI_STATUS_IGNORE);
+          if (rc != MPI_SUCCESS) {
+            fail(*it, "MPI failed (a peer died or its connection broke): " + detail::mpi_error_string(rc), false);
+          } else if (!flag && now > it->deadline) {
+            fail(*it, "timed out after " + std::to_string(timeout().count()) +
+                          " ms (a peer is stalled, died, or never joined this operation)", true);
+          } else if (!flag) {
+            ++it;
+            continue;
+          }
+          done.push_back(std::move(*it));
+          it = active.erase(it);
+        }
+      }
+      if (!fresh.empty() || !done.empty()) {
+        last_progress = now;
+        sleep = std::chrono::microseconds{10};
+      }
+      for (auto& o : done) {
+        std::exception_ptr err = o.error;
+        if (!err && o.finish) {
+          try {
+            o.finish();
+          } catch (...) {
+            err = std::current_exception();
+          }
+        }
+        o.state->complete(err);
+      }
+      done.clear();
+    }
+  }
+
+  // Called by the progress thread, under the MPI lock: records why `o` failed. The request, if any,
+  // stays with MPI (nothing can cancel a collective), so the communicator is never freed.
+  void fail(op& o, const std::string& why, bool timed_out) {
+    const std::string msg = describe(o.what, o.peers) + ": " + why;
+    error_site site{.rank = rank(), .operation = std::string(to_string(o.what)), .peer = o.peer};
+    if (timed_out) {
+      if (mopts_.abort_on_timeout) detail::mpi_runtime::abort_job(msg);
+      site.timeout = timeout();
+      o.error = std::make_exception_ptr(timeout_error(msg, std::move(site)));
+    } else {
+      o.error = std::make_exception_ptr(communication_error(msg, std::move(site)));
+    }
+    std::lock_guard lock(mutex_);
+    if (failure_.empty()) failure_ = msg;
+    if (o.request != MPI_REQUEST_NULL) abandoned_ = true;
+  }
+
+  mpi_options mopts_{};
+  detail::mpi_comm comm_;
+  detail::mpi_runtime* rt_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<op> queue_;
+  bool stopping_ = false;
+  bool abandoned_ = false;
+  std::string failure_;
+  std::thread progress_;
+};
+
+static_assert(communicator<mpi_group>);
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_COMM_MPI_HPP
+#define PARTRAIN_INIT_HAS_MPI 1
+#else
+#define PARTRAIN_INIT_HAS_MPI 0
 #endif
 #if defined(PARTRAIN_WITH_NCCL) && PARTRAIN_HAS_CUDA
 // #include <partrain/comm/nccl.hpp>
@@ -11333,6 +12451,48 @@ class nccl_group final : public process_group {
 
 namespace partrain::inline v0 {
 
+namespace detail {
+
+inline void check_backend_name(const std::string& backend) {
+  if (!backend.empty() && backend != "gloo" && backend != "nccl" && backend != "mpi") {
+    throw config_error("unknown backend '" + backend + "' (expected 'gloo', 'mpi' or 'nccl')");
+  }
+}
+
+// The mpi backend meets its peers through MPI (mpirun/srun started them), not through a store.
+// What the URL, the options and a torchrun-style environment say must agree with MPI.
+[[nodiscard]] inline std::unique_ptr<process_group> make_mpi_group(const init_options& opts, std::chrono::milliseconds timeout) {
+#if PARTRAIN_INIT_HAS_MPI
+  process_group_options po;
+  po.timeout = timeout;
+  po.check_collectives = opts.check_collectives;
+  auto g = std::make_unique<mpi_group>(po);
+  auto check = [&](const char* what, int given, int mpi) {
+    if (given >= 0 && given != mpi) {
+      throw config_error("backend 'mpi': " + std::string(what) + " " + std::to_string(given) + " disagrees with MPI's " +
+                         std::to_string(mpi) + " (mpirun/srun decide ranks for the mpi backend; leave " + what +
+                         " unset or make it match)");
+    }
+  };
+  check("rank", opts.rank, g->rank());
+  check("world size", opts.world_size, g->size());
+  for (auto [var, mpi] : {std::pair{"RANK", g->rank()}, std::pair{"WORLD_SIZE", g->size()}}) {
+    if (const char* v = std::getenv(var); v && *v && std::string(v) != std::to_string(mpi)) {
+      throw config_error("backend 'mpi': " + std::string(var) + "=" + v + " in the environment disagrees with MPI's " +
+                         std::to_string(mpi) + " (another launcher's variables under mpirun?)");
+    }
+  }
+  return g;
+#else
+  (void)opts;
+  (void)timeout;
+  throw config_error("backend 'mpi' is not compiled in: install Debian libopenmpi-dev and link partrain::mpi "
+                     "(which defines PARTRAIN_WITH_MPI)");
+#endif
+}
+
+}  // namespace detail
+
 // Builds the backend's group on an already connected rendezvous.
 [[nodiscard]] inline std::unique_ptr<process_group> make_process_group(const rendezvous_info& info, const init_options& opts = {}) {
   if (!info.store) throw invalid_argument_error("make_process_group: the rendezvous has no store (call connect_store first)");
@@ -11359,7 +12519,8 @@ namespace partrain::inline v0 {
                        "(which defines PARTRAIN_WITH_NCCL)");
 #endif
   }
-  throw config_error("unknown backend '" + backend + "' (expected 'gloo' or 'nccl')");
+  if (backend == "mpi") return detail::make_mpi_group(opts, info.timeout);
+  throw config_error("unknown backend '" + backend + "' (expected 'gloo', 'mpi' or 'nccl')");
 }
 
 // torch.distributed.init_process_group: rendezvous on url, then the backend's group. The
@@ -11368,8 +12529,17 @@ namespace partrain::inline v0 {
 [[nodiscard]] inline std::unique_ptr<process_group> init_process_group(std::string_view url = "env://",
                                                                        const init_options& opts = {}) {
   // Check the backend name before anyone binds a port or waits on a peer.
-  if (!opts.backend.empty() && opts.backend != "gloo" && opts.backend != "nccl") {
-    throw config_error("unknown backend '" + opts.backend + "' (expected 'gloo' or 'nccl')");
+  detail::check_backend_name(opts.backend);
+  // mpi:// (or backend "mpi" on env://): MPI's own rendezvous, no store.
+  if (url.starts_with("mpi://") || opts.backend == "mpi") {
+    if (!opts.backend.empty() && opts.backend != "mpi") {
+      throw config_error("mpi:// needs backend 'mpi' (or none), got '" + opts.backend + "'");
+    }
+    if (url != "mpi://" && url != "env://") {
+      throw config_error("backend 'mpi' takes the URL 'mpi://' or 'env://' (MPI's launcher is the rendezvous), got '" +
+                         std::string(url) + "'");
+    }
+    return detail::make_mpi_group(opts, detail::timeout_option(opts, process_env, default_timeout));
   }
   auto info = rendezvous(url, opts);
   auto group = make_process_group(info, opts);
@@ -11926,9 +13096,13 @@ inline void stop_all(std::span<child_process> children, std::chrono::millisecond
 //                                     .spawn plus init_process_group do)
 //   {.nproc = 0}                      this process is one rank of a job a launcher started
 //                                     (partrun, torchrun, Slurm, mpirun): env:// says which
+//   {.nproc = 0, .backend = "mpi"}    a rank of an MPI job (mpirun -np N, srun): a rank that
+//                                     fails aborts the whole job at once (MPI_Abort), since its
+//                                     peers would otherwise wait in MPI until their timeout
 //
 //   run_ranks({.nproc = 2}, [](process_group& pg) { ... DDP over pg ... });
 
+#include <exception>
 #include <string>
 #include <utility>
 
@@ -12097,6 +13271,21 @@ void run_ranks(run_ranks_options o, F fn) {
   if (o.backend == "local") {
     if (o.nproc == 0) throw config_error("run_ranks: the local backend needs nproc >= 1 (its ranks are threads of this process)");
     run_local(o.nproc, [&](local_group& g) { fn(g); }, o.local);
+    return;
+  }
+  if (o.backend == "mpi") {
+    if (o.nproc > 0) {
+      throw config_error("run_ranks: the mpi backend's ranks are started by MPI's launcher, not forked here: run "
+                         "`mpirun -np " + std::to_string(o.nproc) + " <program>` (or srun) with nproc 0");
+    }
+    auto pg = init_process_group("mpi://", {.backend = "mpi"});
+#if PARTRAIN_INIT_HAS_MPI
+    try {
+      fn(*pg);
+    } catch (const std::exception& e) {
+      detail::mpi_runtime::abort_job("rank " + std::to_string(pg->rank()) + " failed: " + e.what());
+    }
+#endif
     return;
   }
   auto rank_main = [&] {

@@ -267,8 +267,15 @@ TEST_CASE("rendezvous connects a store for one rank", "[comm][init][store]") {
 
 TEST_CASE("init_process_group rejects backends that are unknown or not compiled in", "[comm][init][errors]") {
   init_options o = ranks(0, 1);
-  o.backend = "mpi";
-  CHECK_THROWS_WITH(init_process_group("tcp://127.0.0.1:1", o), Catch::Contains("unknown backend 'mpi'"));
+  o.backend = "mpl";
+  CHECK_THROWS_WITH(init_process_group("tcp://127.0.0.1:1", o),
+                    Catch::Contains("unknown backend 'mpl'") && Catch::Contains("'gloo', 'mpi' or 'nccl'"));
+  o.backend = "mpi";  // MPI's launcher is its rendezvous: no store URL
+  CHECK_THROWS_WITH(init_process_group("tcp://127.0.0.1:1", o), Catch::Contains("'mpi://' or 'env://'"));
+#if !PARTRAIN_INIT_HAS_MPI
+  CHECK_THROWS_WITH(init_process_group("mpi://"), Catch::Contains("backend 'mpi' is not compiled in") &&
+                                                      Catch::Contains("partrain::mpi"));
+#endif
   CHECK_THROWS_AS(init_process_group("bogus", ranks(0, 1)), config_error);
 #if !PARTRAIN_INIT_HAS_NCCL
   o.backend = "nccl";

@@ -6,10 +6,14 @@
 //                                     .spawn plus init_process_group do)
 //   {.nproc = 0}                      this process is one rank of a job a launcher started
 //                                     (partrun, torchrun, Slurm, mpirun): env:// says which
+//   {.nproc = 0, .backend = "mpi"}    a rank of an MPI job (mpirun -np N, srun): a rank that
+//                                     fails aborts the whole job at once (MPI_Abort), since its
+//                                     peers would otherwise wait in MPI until their timeout
 //
 //   run_ranks({.nproc = 2}, [](process_group& pg) { ... DDP over pg ... });
 #pragma once
 
+#include <exception>
 #include <string>
 #include <utility>
 
@@ -37,6 +41,21 @@ void run_ranks(run_ranks_options o, F fn) {
   if (o.backend == "local") {
     if (o.nproc == 0) throw config_error("run_ranks: the local backend needs nproc >= 1 (its ranks are threads of this process)");
     run_local(o.nproc, [&](local_group& g) { fn(g); }, o.local);
+    return;
+  }
+  if (o.backend == "mpi") {
+    if (o.nproc > 0) {
+      throw config_error("run_ranks: the mpi backend's ranks are started by MPI's launcher, not forked here: run "
+                         "`mpirun -np " + std::to_string(o.nproc) + " <program>` (or srun) with nproc 0");
+    }
+    auto pg = init_process_group("mpi://", {.backend = "mpi"});
+#if PARTRAIN_INIT_HAS_MPI
+    try {
+      fn(*pg);
+    } catch (const std::exception& e) {
+      detail::mpi_runtime::abort_job("rank " + std::to_string(pg->rank()) + " failed: " + e.what());
+    }
+#endif
     return;
   }
   auto rank_main = [&] {

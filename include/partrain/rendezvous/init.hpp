@@ -19,6 +19,12 @@
 #else
 #define PARTRAIN_INIT_HAS_GLOO 0
 #endif
+#if defined(PARTRAIN_WITH_MPI)
+#include <partrain/comm/mpi.hpp>
+#define PARTRAIN_INIT_HAS_MPI 1
+#else
+#define PARTRAIN_INIT_HAS_MPI 0
+#endif
 #if defined(PARTRAIN_WITH_NCCL) && PARTRAIN_HAS_CUDA
 #include <partrain/comm/nccl.hpp>
 #define PARTRAIN_INIT_HAS_NCCL 1
@@ -27,6 +33,48 @@
 #endif
 
 namespace partrain::inline v0 {
+
+namespace detail {
+
+inline void check_backend_name(const std::string& backend) {
+  if (!backend.empty() && backend != "gloo" && backend != "nccl" && backend != "mpi") {
+    throw config_error("unknown backend '" + backend + "' (expected 'gloo', 'mpi' or 'nccl')");
+  }
+}
+
+// The mpi backend meets its peers through MPI (mpirun/srun started them), not through a store.
+// What the URL, the options and a torchrun-style environment say must agree with MPI.
+[[nodiscard]] inline std::unique_ptr<process_group> make_mpi_group(const init_options& opts, std::chrono::milliseconds timeout) {
+#if PARTRAIN_INIT_HAS_MPI
+  process_group_options po;
+  po.timeout = timeout;
+  po.check_collectives = opts.check_collectives;
+  auto g = std::make_unique<mpi_group>(po);
+  auto check = [&](const char* what, int given, int mpi) {
+    if (given >= 0 && given != mpi) {
+      throw config_error("backend 'mpi': " + std::string(what) + " " + std::to_string(given) + " disagrees with MPI's " +
+                         std::to_string(mpi) + " (mpirun/srun decide ranks for the mpi backend; leave " + what +
+                         " unset or make it match)");
+    }
+  };
+  check("rank", opts.rank, g->rank());
+  check("world size", opts.world_size, g->size());
+  for (auto [var, mpi] : {std::pair{"RANK", g->rank()}, std::pair{"WORLD_SIZE", g->size()}}) {
+    if (const char* v = std::getenv(var); v && *v && std::string(v) != std::to_string(mpi)) {
+      throw config_error("backend 'mpi': " + std::string(var) + "=" + v + " in the environment disagrees with MPI's " +
+                         std::to_string(mpi) + " (another launcher's variables under mpirun?)");
+    }
+  }
+  return g;
+#else
+  (void)opts;
+  (void)timeout;
+  throw config_error("backend 'mpi' is not compiled in: install Debian libopenmpi-dev and link partrain::mpi "
+                     "(which defines PARTRAIN_WITH_MPI)");
+#endif
+}
+
+}  // namespace detail
 
 // Builds the backend's group on an already connected rendezvous.
 [[nodiscard]] inline std::unique_ptr<process_group> make_process_group(const rendezvous_info& info, const init_options& opts = {}) {
@@ -54,7 +102,8 @@ namespace partrain::inline v0 {
                        "(which defines PARTRAIN_WITH_NCCL)");
 #endif
   }
-  throw config_error("unknown backend '" + backend + "' (expected 'gloo' or 'nccl')");
+  if (backend == "mpi") return detail::make_mpi_group(opts, info.timeout);
+  throw config_error("unknown backend '" + backend + "' (expected 'gloo', 'mpi' or 'nccl')");
 }
 
 // torch.distributed.init_process_group: rendezvous on url, then the backend's group. The
@@ -63,8 +112,17 @@ namespace partrain::inline v0 {
 [[nodiscard]] inline std::unique_ptr<process_group> init_process_group(std::string_view url = "env://",
                                                                        const init_options& opts = {}) {
   // Check the backend name before anyone binds a port or waits on a peer.
-  if (!opts.backend.empty() && opts.backend != "gloo" && opts.backend != "nccl") {
-    throw config_error("unknown backend '" + opts.backend + "' (expected 'gloo' or 'nccl')");
+  detail::check_backend_name(opts.backend);
+  // mpi:// (or backend "mpi" on env://): MPI's own rendezvous, no store.
+  if (url.starts_with("mpi://") || opts.backend == "mpi") {
+    if (!opts.backend.empty() && opts.backend != "mpi") {
+      throw config_error("mpi:// needs backend 'mpi' (or none), got '" + opts.backend + "'");
+    }
+    if (url != "mpi://" && url != "env://") {
+      throw config_error("backend 'mpi' takes the URL 'mpi://' or 'env://' (MPI's launcher is the rendezvous), got '" +
+                         std::string(url) + "'");
+    }
+    return detail::make_mpi_group(opts, detail::timeout_option(opts, process_env, default_timeout));
   }
   auto info = rendezvous(url, opts);
   auto group = make_process_group(info, opts);

@@ -37,7 +37,8 @@
 namespace partrain::inline v0 {
 
 struct init_options {
-  // "gloo" or "nccl"; empty = "nccl" when device is a GPU, else "gloo".
+  // "gloo", "mpi" or "nccl"; empty = "nccl" when device is a GPU, else "gloo". "mpi" meets its
+  // peers through MPI (ranks started by mpirun or srun), not through a store.
   std::string backend{};
   // Bound on every blocking step. Unset: PARTRAIN_TIMEOUT_MS from the environment, else 300 s.
   std::optional<std::chrono::milliseconds> timeout{};
@@ -252,6 +253,26 @@ inline void read_rank_env(rendezvous_info& info, const env_lookup& env) {
 
 }  // namespace detail
 
+namespace detail {
+
+// init_options::timeout, else PARTRAIN_TIMEOUT_MS, else `fallback`.
+[[nodiscard]] inline std::chrono::milliseconds timeout_option(const init_options& opts, const env_lookup& env,
+                                                              std::chrono::milliseconds fallback) {
+  if (opts.timeout) {
+    if (opts.timeout->count() <= 0) {
+      throw config_error("init_process_group: timeout must be positive, got " + std::to_string(opts.timeout->count()) + " ms");
+    }
+    return *opts.timeout;
+  }
+  if (auto t = int_var(env, "PARTRAIN_TIMEOUT_MS", 1, std::numeric_limits<int>::max(), "init_process_group",
+                       "a positive number of milliseconds")) {
+    return std::chrono::milliseconds(*t);
+  }
+  return fallback;
+}
+
+}  // namespace detail
+
 // Parses url and the environment; connects nothing. Throws config_error naming what is
 // wrong and what was expected.
 [[nodiscard]] inline rendezvous_info parse_rendezvous(std::string_view url, const init_options& opts = {},
@@ -266,15 +287,7 @@ inline void read_rank_env(rendezvous_info& info, const env_lookup& env) {
   std::string_view rest = url.substr(sep + 3);
 
   // Timeout and token: options, then the environment.
-  if (opts.timeout) {
-    if (opts.timeout->count() <= 0) {
-      throw config_error("init_process_group: timeout must be positive, got " + std::to_string(opts.timeout->count()) + " ms");
-    }
-    info.timeout = *opts.timeout;
-  } else if (auto t = detail::int_var(env, "PARTRAIN_TIMEOUT_MS", 1, big, "init_process_group",
-                                      "a positive number of milliseconds")) {
-    info.timeout = std::chrono::milliseconds(*t);
-  }
+  info.timeout = detail::timeout_option(opts, env, info.timeout);
   info.token = !opts.token.empty() ? opts.token : env("PARTRAIN_STORE_TOKEN").value_or("");
   info.bind_address = env("PARTRAIN_STORE_BIND").value_or("");
   info.agent_store = env("PARTRAIN_USE_AGENT_STORE").value_or("0") == "1";

@@ -1,0 +1,350 @@
+// partrain/comm/mpi.hpp: the `mpi` backend, processes launched by mpirun or srun (shared memory
+// between the ranks of a host, TCP/InfiniBand/UCX between hosts, whatever Open MPI chooses).
+// Every operation is posted at once as a non-blocking MPI call (MPI_Iallreduce, MPI_Isend, ...)
+// by one progress thread per group, which then drives them with MPI_Test: it polls while an
+// operation is young (MPI progresses only inside MPI calls), then backs off to short sleeps, and
+// sleeps on a condition variable while nothing is pending, so a slow collective does not burn the
+// core the compute needs. Collectives may be outstanding together (MPI matches them in issue
+// order), so DDP's buckets overlap each other and the backward pass.
+//
+// MPI cannot cancel a collective that a peer never joins, and its communicator is unusable after
+// one fails, so a timeout ends the job: the error (rank, operation, timeout) is printed and
+// MPI_Abort tears every rank down, as mpirun does when a rank dies. abort_on_timeout = false
+// throws a timeout_error instead and leaves the group unusable (for tests and callers that exit).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <partrain/comm/detail/host_reduce.hpp>
+#include <partrain/comm/detail/mpi_runtime.hpp>
+#include <partrain/comm/process_group.hpp>
+#include <partrain/core/error.hpp>
+
+namespace partrain::inline v0 {
+
+struct mpi_options {
+  // How long the progress thread polls MPI_Test without sleeping after an operation is posted or
+  // makes progress; then it sleeps, doubling from 10 us up to max_sleep. Env
+  // PARTRAIN_MPI_SPIN_US and PARTRAIN_MPI_MAX_SLEEP_US override them.
+  std::chrono::microseconds spin{200};
+  std::chrono::microseconds max_sleep{200};
+  // A timed-out operation aborts the MPI job (the only way no rank hangs); false throws
+  // timeout_error and leaves this group unusable.
+  bool abort_on_timeout = true;
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::chrono::microseconds mpi_env_us(const char* name, std::chrono::microseconds fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  if (*end != '\0' || n < 0 || n > 1'000'000) {
+    throw config_error(std::string(name) + "='" + v + "' is not a number of microseconds in [0, 1000000]");
+  }
+  return std::chrono::microseconds(n);
+}
+
+// MPI_COMM_WORLD duplicated for one group (its collectives never meet another group's).
+struct mpi_comm {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0;
+  int size = 1;
+  int tag_ub = 32767;
+
+  static mpi_comm duplicate_world() {
+    auto& rt = mpi_runtime::instance();
+    std::lock_guard lock(rt.mutex());
+    mpi_comm c;
+    if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c.comm); rc != MPI_SUCCESS) {
+      throw communication_error("mpi_group: MPI_Comm_dup failed: " + mpi_error_string(rc));
+    }
+    MPI_Comm_set_errhandler(c.comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(c.comm, &c.rank);
+    MPI_Comm_size(c.comm, &c.size);
+    void* ub = nullptr;
+    int found = 0;
+    MPI_Comm_get_attr(c.comm, MPI_TAG_UB, &ub, &found);
+    if (found && ub) c.tag_ub = *static_cast<int*>(ub);
+    return c;
+  }
+};
+
+}  // namespace detail
+
+class mpi_group final : public process_group {
+ public:
+  explicit mpi_group(process_group_options opts = {}, mpi_options mopts = {})
+      : mpi_group(detail::mpi_comm::duplicate_world(), opts, mopts) {}
+
+  ~mpi_group() override {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (progress_.joinable()) progress_.join();  // pending operations end by completion or timeout
+    std::lock_guard lock(detail::mpi_runtime::instance().mutex());
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    // A request MPI never finished (abort_on_timeout = false) still uses the communicator.
+    if (!finalized && !abandoned_) MPI_Comm_free(&comm_.comm);
+  }
+
+  [[nodiscard]] std::string_view backend() const noexcept override { return "mpi"; }
+  // The group's own communicator (a duplicate of MPI_COMM_WORLD), for code that calls MPI itself.
+  [[nodiscard]] MPI_Comm native_handle() const noexcept { return comm_.comm; }
+  // Empty while the group is usable; else why it is not.
+  [[nodiscard]] std::string failure() const {
+    std::lock_guard lock(mutex_);
+    return failure_;
+  }
+
+ protected:
+  work do_all_reduce(raw_tensor t, reduce_op op) override {
+    if (t.count == 0) return work::completed();
+    const int n = count_of(collective::all_reduce, t);
+    return post(collective::all_reduce, "", [this, t, op, n](MPI_Request* r) {
+      return MPI_Iallreduce(MPI_IN_PLACE, t.data, n, type(t), rt_->op_of(t.type, op), comm_.comm, r);
+    }, [this, t, op] { if (op == reduce_op::avg) detail::host_divide(t.data, t.count, t.type, size()); });
+  }
+
+  work do_broadcast(raw_tensor t, int root) override {
+    if (t.count == 0) return work::completed();
+    const int n = count_of(collective::broadcast, t);
+    return post(collective::broadcast, "root " + std::to_string(root), [this, t, root, n](MPI_Request* r) {
+      return MPI_Ibcast(t.data, n, type(t), root, comm_.comm, r);
+    });
+  }
+
+  work do_reduce(raw_tensor t, int root, reduce_op op) override {
+    if (t.count == 0) return work::completed();
+    const int n = count_of(collective::reduce, t);
+    const bool is_root = rank() == root;
+    return post(collective::reduce, "root " + std::to_string(root), [this, t, root, op, n, is_root](MPI_Request* r) {
+      // Non-roots only send: their buffers stay as they were (our contract, and torch's).
+      return MPI_Ireduce(is_root ? MPI_IN_PLACE : t.data, is_root ? t.data : nullptr, n, type(t),
+                         rt_->op_of(t.type, op), root, comm_.comm, r);
+    }, [this, t, op, is_root] {
+      if (op == reduce_op::avg && is_root) detail::host_divide(t.data, t.count, t.type, size());
+    });
+  }
+
+  work do_all_gather(raw_tensor in, raw_tensor out) override {
+    if (in.count == 0) return work::completed();
+    const int n = count_of(collective::all_gather, out) / size();
+    return post(collective::all_gather, "", [this, in, out, n](MPI_Request* r) {
+      return MPI_Iallgather(in.data, n, type(in), out.data, n, type(out), comm_.comm, r);
+    });
+  }
+
+  work do_reduce_scatter(raw_tensor in, raw_tensor out, reduce_op op) override {
+    if (out.count == 0) return work::completed();
+    (void)count_of(collective::reduce_scatter, in);
+    const int n = count_of(collective::reduce_scatter, out);
+    return post(collective::reduce_scatter, "", [this, in, out, op, n](MPI_Request* r) {
+      return MPI_Ireduce_scatter_block(in.data, out.data, n, type(out), rt_->op_of(out.type, op), comm_.comm, r);
+    }, [this, out, op] { if (op == reduce_op::avg) detail::host_divide(out.data, out.count, out.type, size()); });
+  }
+
+  work do_barrier() override {
+    return post(collective::barrier, "", [this](MPI_Request* r) { return MPI_Ibarrier(comm_.comm, r); });
+  }
+
+  work do_send(raw_tensor t, int dst, int tag) override { return post_p2p(collective::send, t, dst, tag); }
+  work do_recv(raw_tensor t, int src, int tag) override { return post_p2p(collective::recv, t, src, tag); }
+
+ private:
+  using poster = std::function<int(MPI_Request*)>;
+
+  struct op {
+    collective what;
+    std::string peers;
+    int peer = -1;
+    poster start;
+    std::function<void()> finish;  // on the progress thread, after MPI completed it
+    std::shared_ptr<detail::work_state> state;
+    MPI_Request request = MPI_REQUEST_NULL;
+    std::chrono::steady_clock::time_point deadline{};
+    std::exception_ptr error{};
+  };
+
+  mpi_group(detail::mpi_comm c, process_group_options opts, mpi_options mopts)
+      : process_group(c.rank, c.size, opts), comm_(c), rt_(&detail::mpi_runtime::instance()) {
+    if (opts.timeout.count() <= 0) {
+      throw config_error("mpi_group: timeout must be positive, got " + std::to_string(opts.timeout.count()) + " ms");
+    }
+    mopts.spin = detail::mpi_env_us("PARTRAIN_MPI_SPIN_US", mopts.spin);
+    mopts.max_sleep = detail::mpi_env_us("PARTRAIN_MPI_MAX_SLEEP_US", mopts.max_sleep);
+    if (mopts.spin.count() < 0 || mopts.max_sleep.count() < 0) {
+      throw config_error("mpi_options: spin and max_sleep must be >= 0 microseconds");
+    }
+    mopts_ = mopts;
+    progress_ = std::thread([this] { progress_loop(); });
+  }
+
+  [[nodiscard]] static MPI_Datatype type(raw_tensor t) noexcept { return detail::mpi_runtime::type_of(t.type); }
+
+  [[nodiscard]] std::string describe(collective c, const std::string& peers) const {
+    return where(c) + (peers.empty() ? "" : " " + peers);
+  }
+
+  // MPI counts are ints.
+  [[nodiscard]] int count_of(collective c, raw_tensor t) const {
+    if (t.count > static_cast<std::size_t>(INT_MAX)) {
+      throw invalid_argument_error(describe(c, "") + ": " + std::to_string(t.count) +
+                                   " elements is more than MPI's int count takes (at most " +
+                                   std::to_string(INT_MAX) + "); split the buffer");
+    }
+    return static_cast<int>(t.count);
+  }
+
+  work post_p2p(collective c, raw_tensor t, int peer, int tag) {
+    const std::string peers = (c == collective::send ? "to rank " : "from rank ") + std::to_string(peer) + " tag " +
+                              std::to_string(tag);
+    if (tag < 0 || tag > comm_.tag_ub) {
+      throw invalid_argument_error(describe(c, peers) + ": tag must be in [0, " + std::to_string(comm_.tag_ub) +
+                                   "] (MPI_TAG_UB), got " + std::to_string(tag));
+    }
+    if (t.count == 0) return work::completed();
+    const int n = count_of(c, t);
+    poster start = c == collective::send
+                       ? poster([this, t, n, peer, tag](MPI_Request* r) {
+                           return MPI_Isend(t.data, n, type(t), peer, tag, comm_.comm, r);
+                         })
+                       : poster([this, t, n, peer, tag](MPI_Request* r) {
+                           return MPI_Irecv(t.data, n, type(t), peer, tag, comm_.comm, r);
+                         });
+    return post(c, peers, std::move(start), {}, peer);
+  }
+
+  work post(collective c, std::string peers, poster start, std::function<void()> finish = {}, int peer = -1) {
+    auto state = std::make_shared<detail::work_state>();
+    {
+      std::lock_guard lock(mutex_);
+      if (!failure_.empty()) {
+        return work::completed(std::make_exception_ptr(communication_error(
+            describe(c, peers) + ": the MPI communicator is unusable after an earlier failure (" + failure_ + ")",
+            error_site{.rank = rank(), .operation = std::string(to_string(c)), .peer = peer})));
+      }
+      queue_.push_back(op{c, std::move(peers), peer, std::move(start), std::move(finish), state});
+    }
+    cv_.notify_one();
+    return work(state);
+  }
+
+  // The progress thread: posts queued operations in issue order, tests the active ones, completes
+  // the finished ones outside the MPI lock (their callbacks may issue more operations).
+  void progress_loop() {
+    std::vector<op> active;
+    std::vector<op> done;
+    auto last_progress = std::chrono::steady_clock::now();
+    std::chrono::microseconds sleep{10};
+    for (;;) {
+      std::deque<op> fresh;
+      {
+        std::unique_lock lock(mutex_);
+        if (active.empty()) {
+          cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        } else if (std::chrono::steady_clock::now() - last_progress > mopts_.spin) {
+          cv_.wait_for(lock, sleep, [&] { return stopping_ || !queue_.empty(); });
+          sleep = std::min<std::chrono::microseconds>(sleep * 2, std::max(mopts_.max_sleep, std::chrono::microseconds{1}));
+        }
+        if (stopping_ && queue_.empty() && active.empty()) return;
+        fresh.swap(queue_);
+      }
+      const auto now = std::chrono::steady_clock::now();
+      {
+        std::lock_guard mpi_lock(rt_->mutex());
+        for (auto& o : fresh) {
+          o.deadline = now + timeout();
+          if (int rc = o.start(&o.request); rc != MPI_SUCCESS) {
+            fail(o, "MPI failed to start it: " + detail::mpi_error_string(rc), false);
+            done.push_back(std::move(o));
+          } else {
+            active.push_back(std::move(o));
+          }
+        }
+        for (auto it = active.begin(); it != active.end();) {
+          int flag = 0;
+          const int rc = MPI_Test(&it->request, &flag, MPI_STATUS_IGNORE);
+          if (rc != MPI_SUCCESS) {
+            fail(*it, "MPI failed (a peer died or its connection broke): " + detail::mpi_error_string(rc), false);
+          } else if (!flag && now > it->deadline) {
+            fail(*it, "timed out after " + std::to_string(timeout().count()) +
+                          " ms (a peer is stalled, died, or never joined this operation)", true);
+          } else if (!flag) {
+            ++it;
+            continue;
+          }
+          done.push_back(std::move(*it));
+          it = active.erase(it);
+        }
+      }
+      if (!fresh.empty() || !done.empty()) {
+        last_progress = now;
+        sleep = std::chrono::microseconds{10};
+      }
+      for (auto& o : done) {
+        std::exception_ptr err = o.error;
+        if (!err && o.finish) {
+          try {
+            o.finish();
+          } catch (...) {
+            err = std::current_exception();
+          }
+        }
+        o.state->complete(err);
+      }
+      done.clear();
+    }
+  }
+
+  // Called by the progress thread, under the MPI lock: records why `o` failed. The request, if any,
+  // stays with MPI (nothing can cancel a collective), so the communicator is never freed.
+  void fail(op& o, const std::string& why, bool timed_out) {
+    const std::string msg = describe(o.what, o.peers) + ": " + why;
+    error_site site{.rank = rank(), .operation = std::string(to_string(o.what)), .peer = o.peer};
+    if (timed_out) {
+      if (mopts_.abort_on_timeout) detail::mpi_runtime::abort_job(msg);
+      site.timeout = timeout();
+      o.error = std::make_exception_ptr(timeout_error(msg, std::move(site)));
+    } else {
+      o.error = std::make_exception_ptr(communication_error(msg, std::move(site)));
+    }
+    std::lock_guard lock(mutex_);
+    if (failure_.empty()) failure_ = msg;
+    if (o.request != MPI_REQUEST_NULL) abandoned_ = true;
+  }
+
+  mpi_options mopts_{};
+  detail::mpi_comm comm_;
+  detail::mpi_runtime* rt_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<op> queue_;
+  bool stopping_ = false;
+  bool abandoned_ = false;
+  std::string failure_;
+  std::thread progress_;
+};
+
+static_assert(communicator<mpi_group>);
+
+}  // namespace partrain::inline v0
