@@ -1,15 +1,20 @@
 // bench_ddp: what distributed_data_parallel costs and gains on the example's host MLP
 // (784-256-128-10, OpenBLAS with one thread per rank), in samples/s over the same batches:
+//   0. the GEMM-bound limit: the step's eight GEMMs alone (same shapes, one thread)
 //   1. a plain loop without partrain's policy: model.train_step + sgd.step
 //   2. DDP at world size 1 (local backend): the policy's own overhead
-//   3. DDP at 2 ranks over Gloo (two processes on this machine), overlap on and off
-//   4. the same 2-rank run with the timeline on (trace spans for every step and bucket all_reduce)
-// then the scaling at 2 ranks, how much gradient communication overlap hid, and what tracing costs.
+//   3. DDP at 2 ranks over each backend built in: gloo (two forked processes), mpi (two processes
+//      under mpirun, shared memory), local (two threads of one process); overlap on and off
+//   4. the gloo run with the timeline on (trace spans for every step and bucket all_reduce)
+// then where a step's time goes (compute, optimizer, waiting for communication, the rest), the
+// scaling at 2 ranks per backend, how much communication overlap hid, and what tracing costs.
 //   bench_ddp [--quick] [--batch-size N] [--steps N]
+//   (bench_ddp --mpi-rank FILE ... is what it runs under mpirun for the mpi rows)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -20,6 +25,8 @@
 #if defined(PARTRAIN_WITH_CUDA)
 #include <cuda_runtime.h>
 #endif
+
+#include <cblas.h>
 
 #include <partrain/comm/local.hpp>
 #include <partrain/data/batch.hpp>
@@ -43,6 +50,7 @@ struct config {
   std::size_t steps = 300;
   std::size_t warmup = 20;
   int repeats = 3;
+  bool quick = false;
 };
 
 using partrain::bench::dataset_batches;
@@ -71,6 +79,17 @@ struct ddp_result {
   double comm_ms = 0;  // per step: first bucket launch to last completion
   double wait_ms = 0;  // per step: what train_step waited for after the model's step
   double hidden = 0;   // fraction of communication time hidden by overlap
+  double step_ms = 0;  // per step, wall
+  double train_step_ms = 0;  // per step: ddp.train_step (forward, backward, launches, the wait)
+  double opt_ms = 0;         // per step: the optimizer
+
+  void write(std::ostream& out) const {
+    out << samples_per_s << ' ' << comm_ms << ' ' << wait_ms << ' ' << hidden << ' ' << step_ms << ' ' << train_step_ms
+        << ' ' << opt_ms << '\n';
+  }
+  bool read(std::istream& in) {
+    return static_cast<bool>(in >> samples_per_s >> comm_ms >> wait_ms >> hidden >> step_ms >> train_step_ms >> opt_ms);
+  }
 };
 
 template <class Group>
@@ -83,30 +102,136 @@ ddp_result ddp_loop(Group& pg, const std::vector<batch>& batches, const config& 
   sgd opt(model, {.lr = 0.05, .momentum = 0.9});
   trace_recorder off;
   trace_recorder& rec = trace ? *trace : off;
+  double train_s = 0, opt_s = 0;
   auto one_step = [&](const batch& b, std::size_t i) {
     auto step = rec.span("step", trace_track::step, "step", static_cast<std::int64_t>(i));
     auto fb = rec.span("forward_backward");
+    const auto t0 = clock_type::now();
     (void)ddp.train_step(b);
+    const auto t1 = clock_type::now();
     fb.end();
     auto os = rec.span("optimizer");
     opt.step();
+    train_s += std::chrono::duration<double>(t1 - t0).count();
+    opt_s += seconds_since(t1);
   };
   for (std::size_t i = 0; i < c.warmup; ++i) one_step(batches[i], i);
   pg.barrier().wait();
   ddp.stats().reset_timing();
+  train_s = opt_s = 0;
   const auto t0 = clock_type::now();
   for (std::size_t i = 0; i < c.steps; ++i) one_step(batches[c.warmup + i], c.warmup + i);
   pg.barrier().wait();  // the slowest rank decides the rate
   const double s = seconds_since(t0);
   const auto& st = ddp.stats();
   const double steps = static_cast<double>(std::max<std::size_t>(st.synced_steps, 1));
+  const double n = static_cast<double>(c.steps);
   return {static_cast<double>(c.steps * c.batch * static_cast<std::size_t>(pg.size())) / s,
-          1e3 * st.comm_s / steps, 1e3 * st.wait_s / steps, st.hidden_fraction()};
+          1e3 * st.comm_s / steps,
+          1e3 * st.wait_s / steps,
+          st.hidden_fraction(),
+          1e3 * s / n,
+          1e3 * train_s / n,
+          1e3 * opt_s / n};
+}
+
+// The GEMM-bound limit of one step: the eight sgemm calls the MLP makes for a batch (forward:
+// three; backward: three weight gradients and the two input gradients below the top), same
+// shapes, one OpenBLAS thread. Returns milliseconds per step (median of rounds).
+double gemm_ms_per_step(std::size_t batch, const config& c) {
+  const int n = static_cast<int>(batch);
+  const int w[] = {784, 256, 128, 10};
+  std::vector<std::vector<float>> act(4), wt(3), gw(3), delta(4);
+  for (int l = 0; l < 4; ++l) {
+    act[static_cast<std::size_t>(l)].assign(batch * static_cast<std::size_t>(w[l]), 0.5f);
+    delta[static_cast<std::size_t>(l)].assign(batch * static_cast<std::size_t>(w[l]), 0.25f);
+  }
+  for (int l = 0; l < 3; ++l) {
+    wt[static_cast<std::size_t>(l)].assign(static_cast<std::size_t>(w[l] * w[l + 1]), 0.01f);
+    gw[static_cast<std::size_t>(l)].assign(static_cast<std::size_t>(w[l] * w[l + 1]), 0.0f);
+  }
+  auto step = [&] {
+    for (int l = 0; l < 3; ++l) {  // out[n, w1] = in[n, w0] . W[w1, w0]^T
+      const auto L = static_cast<std::size_t>(l);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, w[l + 1], w[l], 1.0f, act[L].data(), w[l], wt[L].data(),
+                  w[l], 1.0f, act[L + 1].data(), w[l + 1]);
+    }
+    for (int l = 2; l >= 0; --l) {
+      const auto L = static_cast<std::size_t>(l);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, w[l + 1], w[l], n, 1.0f, delta[L + 1].data(), w[l + 1],
+                  act[L].data(), w[l], 0.0f, gw[L].data(), w[l]);
+      if (l > 0) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, w[l], w[l + 1], 1.0f, delta[L + 1].data(), w[l + 1],
+                    wt[L].data(), w[l], 0.0f, delta[L].data(), w[l]);
+      }
+    }
+  };
+  openblas_set_num_threads(1);
+  for (std::size_t i = 0; i < c.warmup; ++i) step();
+  std::vector<double> rounds;
+  for (int r = 0; r < std::max(3, c.repeats); ++r) {
+    const auto t0 = clock_type::now();
+    for (std::size_t i = 0; i < c.steps; ++i) step();
+    rounds.push_back(1e3 * seconds_since(t0) / static_cast<double>(c.steps));
+  }
+  std::sort(rounds.begin(), rounds.end());
+  return rounds[rounds.size() / 2];
 }
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// Every rank of a 2-rank job, whatever its backend: overlap on (median of the repeats; traced
+// runs interleaved when asked), then off. Rank 0 writes on, off and traced to result_file.
+void measure_two_ranks(process_group& pg, const in_memory_dataset& train, const config& c, bool with_trace,
+                       const std::filesystem::path& result_file, const std::filesystem::path& trace_file) {
+  const std::size_t need = c.warmup + c.steps;
+  // Rank r starts r * need batches in, so the ranks train on different rows.
+  const auto mine = dataset_batches(train, c.batch, need, static_cast<std::size_t>(pg.rank()) * need);
+  std::vector<ddp_result> ons, traceds;
+  for (int r = 0; r < c.repeats; ++r) {
+    ons.push_back(ddp_loop(pg, mine, c, true));
+    if (with_trace) {
+      trace_recorder rec(trace_file);
+      rec.start(pg);
+      traceds.push_back(ddp_loop(pg, mine, c, true, &rec));
+      (void)rec.finish(pg);  // the merge is not timed
+    }
+  }
+  auto by_rate = [](const ddp_result& a, const ddp_result& b) { return a.samples_per_s < b.samples_per_s; };
+  std::sort(ons.begin(), ons.end(), by_rate);
+  std::sort(traceds.begin(), traceds.end(), by_rate);
+  const ddp_result on = ons[ons.size() / 2];
+  const ddp_result traced = with_trace ? traceds[traceds.size() / 2] : ddp_result{};
+  const ddp_result off = ddp_loop(pg, mine, c, false);
+  if (pg.rank() == 0) {
+    const auto tmp = result_file.string() + ".tmp";
+    {
+      std::ofstream out(tmp);
+      on.write(out);
+      off.write(out);
+      traced.write(out);
+    }
+    std::filesystem::rename(tmp, result_file);
+  }
+}
+
+struct two_rank_results {
+  ddp_result on, off, traced;
+};
+
+two_rank_results read_results(const std::filesystem::path& result_file, const char* backend) {
+  two_rank_results r;
+  std::ifstream in(result_file);
+  if (!r.on.read(in) || !r.off.read(in) || !r.traced.read(in)) {
+    throw error(error_kind::internal, std::string("bench_ddp: the ") + backend + " job's rank 0 left no readable results in " +
+                                          result_file.string());
+  }
+  in.close();
+  std::filesystem::remove(result_file);
+  return r;
 }
 
 void row(const char* mode, int ranks, const config& c, double sps, const ddp_result* d) {
@@ -131,6 +256,8 @@ bool gpu_present() {
 
 int main(int argc, char** argv) {
   config c;
+  const char* mpi_result = nullptr;  // --mpi-rank FILE: one rank of the mpi rows, under mpirun
+  std::string forwarded;             // the options, for the mpirun command line
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto next = [&]() -> std::size_t {
@@ -149,10 +276,16 @@ int main(int argc, char** argv) {
       c.steps = 60;
       c.warmup = 5;
       c.repeats = 1;
+      c.quick = true;
+      forwarded += " --quick";
     } else if (a == "--batch-size") {
       c.batch = next();
+      forwarded += " --batch-size " + std::to_string(c.batch);
     } else if (a == "--steps") {
       c.steps = next();
+      forwarded += " --steps " + std::to_string(c.steps);
+    } else if (a == "--mpi-rank" && i + 1 < argc) {
+      mpi_result = argv[++i];
     } else {
       std::fprintf(stderr, "bench_ddp: unknown option '%s' (expected --quick, --batch-size N, --steps N)\n", argv[i]);
       return 2;
@@ -161,9 +294,30 @@ int main(int argc, char** argv) {
   try {
     const in_memory_dataset train = partrain::bench::load_fashion_train();
     const std::size_t need = c.warmup + c.steps;
+    const auto tmp = std::filesystem::temp_directory_path();
+    const std::string tag = "bench_ddp_" + std::to_string(::getpid());
+
+    if (mpi_result) {
+#if defined(PARTRAIN_WITH_MPI)
+      auto pg = init_process_group("mpi://");
+      measure_two_ranks(*pg, train, c, false, mpi_result, {});
+      return 0;
+#else
+      std::fprintf(stderr, "bench_ddp: --mpi-rank needs a build with MPI\n");
+      return 2;
+#endif
+    }
 
     std::printf("bench_ddp: MLP 784-256-128-10 on Fashion-MNIST, OpenBLAS 1 thread per rank, %u cores\n",
                 std::max(1u, static_cast<unsigned>(sysconf(_SC_NPROCESSORS_ONLN))));
+
+    // 0: the GEMMs alone.
+    const double gemm_ms = gemm_ms_per_step(c.batch, c);
+    const double gemm_sps = 1e3 * static_cast<double>(c.batch) / gemm_ms;
+    std::printf("GEMM-bound limit: the step's 8 GEMMs take %.3f ms at batch %zu (one thread): %.0f samples/s per core, "
+                "%.0f on 2 cores\n\n",
+                gemm_ms, c.batch, gemm_sps, 2 * gemm_sps);
+
     std::printf("%-30s %5s %10s %7s %11s %13s %13s %8s\n", "mode", "ranks", "batch/rank", "steps", "samples/s",
                 "comm ms/step", "wait ms/step", "hidden");
 
@@ -183,71 +337,96 @@ int main(int argc, char** argv) {
     row("DDP world 1 (local)", 1, c, ddp1_sps, &d1);
     std::fflush(stdout);
 
-    // 3: two processes; rank 0 writes its figures for this process to print.
-    const std::filesystem::path result_file =
-        std::filesystem::temp_directory_path() / ("bench_ddp_" + std::to_string(::getpid()) + ".txt");
-    const std::filesystem::path trace_file =
-        std::filesystem::temp_directory_path() / ("bench_ddp_" + std::to_string(::getpid()) + "_trace.json");
-    spawn(2, [&](int rank) {
-      auto pg = init_process_group("env://", {.backend = "gloo"});
-      // Rank r starts r * need batches in, so the ranks train on different rows.
-      const auto mine = dataset_batches(train, c.batch, need, static_cast<std::size_t>(rank) * need);
-      // Overlap on, untraced and traced, interleaved (medians of the repeats); then overlap off.
-      std::vector<ddp_result> ons, traceds;
-      for (int r = 0; r < c.repeats; ++r) {
-        ons.push_back(ddp_loop(*pg, mine, c, true));
-        trace_recorder rec(trace_file);
-        rec.start(*pg);
-        traceds.push_back(ddp_loop(*pg, mine, c, true, &rec));
-        (void)rec.finish(*pg);  // the merge is not timed
-      }
-      auto by_rate = [](const ddp_result& a, const ddp_result& b) { return a.samples_per_s < b.samples_per_s; };
-      std::sort(ons.begin(), ons.end(), by_rate);
-      std::sort(traceds.begin(), traceds.end(), by_rate);
-      const ddp_result on = ons[ons.size() / 2];
-      const ddp_result traced = traceds[traceds.size() / 2];
-      const ddp_result off = ddp_loop(*pg, mine, c, false);
-      if (rank == 0) {
-        const auto tmp = result_file.string() + ".tmp";
-        {
-          std::ofstream out(tmp);
-          out << on.samples_per_s << ' ' << on.comm_ms << ' ' << on.wait_ms << ' ' << on.hidden << '\n'
-              << off.samples_per_s << ' ' << off.comm_ms << ' ' << off.wait_ms << ' ' << off.hidden << '\n'
-              << traced.samples_per_s << ' ' << traced.comm_ms << ' ' << traced.wait_ms << ' ' << traced.hidden << '\n';
-        }
-        std::filesystem::rename(tmp, result_file);
-      }
-    });
-    ddp_result on, off, traced;
+    // 3: two ranks on each backend; rank 0 writes its figures for this process to print.
+    struct backend_run {
+      const char* name;
+      two_rank_results r;
+      bool ran = false;
+    };
+    std::vector<backend_run> runs;
+    const std::filesystem::path trace_file = tmp / (tag + "_trace.json");
     {
-      std::ifstream in(result_file);
-      in >> on.samples_per_s >> on.comm_ms >> on.wait_ms >> on.hidden >> off.samples_per_s >> off.comm_ms >>
-          off.wait_ms >> off.hidden >> traced.samples_per_s >> traced.comm_ms >> traced.wait_ms >> traced.hidden;
-      if (!in) throw error(error_kind::internal, "bench_ddp: rank 0 left no readable results in " + result_file.string());
+      const auto file = tmp / (tag + "_gloo.txt");
+      spawn(2, [&](int) {
+        auto pg = init_process_group("env://", {.backend = "gloo"});
+        measure_two_ranks(*pg, train, c, true, file, trace_file);
+      });
+      runs.push_back({"gloo", read_results(file, "gloo"), true});
+      std::filesystem::remove(trace_file);
     }
-    std::filesystem::remove(result_file);
-    std::filesystem::remove(trace_file);
-    row("DDP 2 ranks gloo, overlap on", 2, c, on.samples_per_s, &on);
-    row("DDP 2 ranks gloo, overlap off", 2, c, off.samples_per_s, &off);
-    row("DDP 2 ranks gloo, on, traced", 2, c, traced.samples_per_s, &traced);
+#if defined(PARTRAIN_WITH_MPI)
+    {
+      const auto file = tmp / (tag + "_mpi.txt");
+      const std::string cmd = std::string(PARTRAIN_MPIEXEC) + " -np 2 " + argv[0] + forwarded + " --mpi-rank " +
+                              file.string() + " 2>&1";
+      if (std::system(cmd.c_str()) != 0) throw error(error_kind::internal, "bench_ddp: the mpi job failed: " + cmd);
+      runs.push_back({"mpi", read_results(file, "mpi"), true});
+    }
+#endif
+    {
+      const auto file = tmp / (tag + "_local.txt");
+      run_local(2, [&](local_group& g) { measure_two_ranks(g, train, c, false, file, {}); });
+      runs.push_back({"local", read_results(file, "local"), true});
+    }
+    for (auto& b : runs) {
+      const std::string on = std::string("DDP 2 ranks ") + b.name + ", overlap on";
+      const std::string off = std::string("DDP 2 ranks ") + b.name + ", overlap off";
+      row(on.c_str(), 2, c, b.r.on.samples_per_s, &b.r.on);
+      row(off.c_str(), 2, c, b.r.off.samples_per_s, &b.r.off);
+    }
+    const auto& gloo = runs.front().r;
+    row("DDP 2 ranks gloo, on, traced", 2, c, gloo.traced.samples_per_s, &gloo.traced);
+
+    // Where a step's time goes (rank 0, overlap on): the model's forward and backward (train_step
+    // less the wait for the last buckets), the optimizer, the wait, and the rest of the loop.
+    std::printf("\nwhere a step's time goes (ms per step, rank 0, overlap on)\n%-22s %8s %9s %9s %9s %8s %9s\n", "run",
+                "step", "compute", "optimizer", "comm wait", "other", "vs GEMMs");
+    auto split = [&](const char* name, const ddp_result& d) {
+      const double compute = d.train_step_ms - d.wait_ms;
+      std::printf("%-22s %8.3f %9.3f %9.3f %9.3f %8.3f %9.2f\n", name, d.step_ms, compute, d.opt_ms, d.wait_ms,
+                  d.step_ms - d.train_step_ms - d.opt_ms, d.step_ms / gemm_ms);
+    };
+    split("DDP world 1 (local)", d1);
+    for (auto& b : runs) split((std::string("DDP 2 ranks ") + b.name).c_str(), b.r.on);
+
     // A second view of overlap that does not rely on DDP's own timers: the step time it saved,
     // against the communication time per step measured with overlap off.
-    const double step_ms_on = 1e3 * 2.0 * static_cast<double>(c.batch) / on.samples_per_s;
-    const double step_ms_off = 1e3 * 2.0 * static_cast<double>(c.batch) / off.samples_per_s;
-    std::printf("overlap: step %.3f ms (on) vs %.3f ms (off); saved %.3f ms of %.3f ms communication per step\n",
-                step_ms_on, step_ms_off, step_ms_off - step_ms_on, off.comm_ms);
+    std::printf("\n");
+    for (auto& b : runs) {
+      const double step_ms_on = 1e3 * 2.0 * static_cast<double>(c.batch) / b.r.on.samples_per_s;
+      const double step_ms_off = 1e3 * 2.0 * static_cast<double>(c.batch) / b.r.off.samples_per_s;
+      std::printf("overlap %-6s step %.3f ms (on) vs %.3f ms (off); saved %.3f ms of %.3f ms communication per step\n",
+                  b.name, step_ms_on, step_ms_off, step_ms_off - step_ms_on, b.r.off.comm_ms);
+    }
     if (gpu_present()) {
       std::printf("cuda: a GPU is present, but this bench has no CUDA rows yet (mlp_cuda is tested by test_mlp_cuda)\n");
     } else {
-      std::printf("cuda and PyTorch rows: skipped: no GPU\n");
+      std::printf("cuda rows: skipped: no GPU\n");
     }
     // Tracing's cost as a fraction of the untraced step time (step time = 1 / rate); noise on a
     // busy machine can make it slightly negative.
-    const double trace_overhead = on.samples_per_s / traced.samples_per_s - 1.0;
-    std::printf("tracing: step %.3f ms (off) vs %.3f ms (on): overhead %.4f of the step\n", step_ms_on,
-                1e3 * 2.0 * static_cast<double>(c.batch) / traced.samples_per_s, trace_overhead);
-    std::printf("summary: ddp1_vs_plain=%.3f scaling_2=%.3f overlap_hidden=%.3f trace_overhead=%.4f\n",
-                ddp1_sps / plain_sps, on.samples_per_s / (2.0 * ddp1_sps), on.hidden, trace_overhead);
+    const double trace_overhead = gloo.on.samples_per_s / gloo.traced.samples_per_s - 1.0;
+    std::printf("tracing (gloo): overhead %.4f of the step\n", trace_overhead);
+    // scaling_2 = 2-rank samples/s / (2 x one rank's), at the same per-rank batch.
+    std::string keys;
+    double best = 0;
+    const char* best_name = "";
+    for (auto& b : runs) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, " scaling_2_%s=%.3f overlap_hidden_%s=%.3f", b.name,
+                    b.r.on.samples_per_s / (2.0 * ddp1_sps), b.name, b.r.on.hidden);
+      keys += buf;
+      if (b.r.on.samples_per_s > best) {
+        best = b.r.on.samples_per_s;
+        best_name = b.name;
+      }
+    }
+    std::printf("fastest 2-rank backend here: %s, %.0f samples/s = %.3f of the 2-core GEMM-bound limit\n", best_name,
+                best, best / (2 * gemm_sps));
+    std::printf("summary: ddp1_vs_plain=%.3f scaling_2=%.3f overlap_hidden=%.3f trace_overhead=%.4f%s "
+                "step_vs_gemm=%.3f best_vs_gemm_limit=%.3f\n",
+                ddp1_sps / plain_sps, gloo.on.samples_per_s / (2.0 * ddp1_sps), gloo.on.hidden, trace_overhead,
+                keys.c_str(), (1e3 * static_cast<double>(c.batch) / plain_sps) / gemm_ms, best / (2 * gemm_sps));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_ddp: %s\n", e.what());
     return 1;
