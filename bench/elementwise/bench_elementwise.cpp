@@ -1,0 +1,157 @@
+// bench_elementwise: the host element-wise paths of a training step against memcpy of the same
+// bytes, on the example MLP's parameters (235,146 floats: what one rank touches every step).
+//   GB/s = bytes read + bytes written / time; memcpy moves 2 x 4N bytes for N floats.
+// Rows: SGD (plain, momentum), AdamW, clipping (norm + scale), the grad scaler's unscale and
+// finite check, fp32 <-> fp16/bf16 casts, DDP's bucket division and no_sync accumulation.
+// Each row is the median of alternating rounds (row, memcpy, row, ...).
+//   bench_elementwise [--quick] [--params N]   (N floats instead of the MLP's layout)
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <partrain/core/for_each_index.hpp>
+#include <partrain/optim/adamw.hpp>
+#include <partrain/optim/clip.hpp>
+#include <partrain/optim/sgd.hpp>
+#include <partrain/parallel/detail/ddp_elements.hpp>
+#include <partrain/precision/cast.hpp>
+#include <partrain/precision/grad_scaler.hpp>
+
+#include "mlp_host.hpp"
+
+namespace {
+
+using namespace partrain;
+using clk = std::chrono::steady_clock;
+
+struct plan {
+  int calls = 200;
+  int rounds = 7;
+};
+
+// Median seconds per call of f over rounds, with memcpy's rounds alternating.
+std::pair<double, double> time_against(const plan& p, const std::function<void()>& f, const std::function<void()>& copy) {
+  std::vector<double> tf, tc;
+  f();
+  copy();
+  auto round = [&](const std::function<void()>& g) {
+    const auto t0 = clk::now();
+    for (int i = 0; i < p.calls; ++i) g();
+    return std::chrono::duration<double>(clk::now() - t0).count() / p.calls;
+  };
+  for (int r = 0; r < p.rounds; ++r) {
+    tf.push_back(round(f));
+    tc.push_back(round(copy));
+  }
+  std::nth_element(tf.begin(), tf.begin() + p.rounds / 2, tf.end());
+  std::nth_element(tc.begin(), tc.begin() + p.rounds / 2, tc.end());
+  return {tf[static_cast<std::size_t>(p.rounds / 2)], tc[static_cast<std::size_t>(p.rounds / 2)]};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  plan p;
+  std::size_t flat = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--quick") {
+      p.calls = 20;
+      p.rounds = 3;
+    } else if (a == "--params" && i + 1 < argc) {
+      const long long v = std::atoll(argv[++i]);
+      if (v <= 0 || v > (1ll << 31)) {
+        std::fprintf(stderr, "bench_elementwise: --params must be in [1, 2^31], got '%s'\n", argv[i]);
+        return 2;
+      }
+      flat = static_cast<std::size_t>(v);
+    } else {
+      std::fprintf(stderr, "bench_elementwise: unknown argument '%s' (expected --quick or --params N)\n", argv[i]);
+      return 2;
+    }
+  }
+  models::mlp_layout layout;
+  if (flat) layout.widths = {flat, 1};  // one weight of N floats (and a bias of 1)
+  models::mlp_host model(layout, 0);
+  const std::size_t n = layout.parameter_count();
+  for (auto& q : model.parameters()) {
+    auto g = q.grad();
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = 1e-3f * static_cast<float>(i % 7);
+  }
+  std::vector<float> src(n, 1.0f), dst(n), acc(n, 0.5f);
+  std::vector<half> h(n);
+  std::vector<partrain::bfloat16> bf(n);
+  auto copy = [&] {
+    std::memcpy(dst.data(), src.data(), n * sizeof(float));
+    asm volatile("" : : "r"(dst.data()) : "memory");
+  };
+
+  sgd plain(model, {.lr = 1e-6});
+  sgd momentum(model, {.lr = 1e-6, .momentum = 0.9});
+  adamw adam(model, {.lr = 1e-6});
+  auto scaler = grad_scaler::for_precision(precision::fp16);
+  float* flat_grad = model.parameters().front().grad().data();
+  volatile float one = 1.0f;  // a divisor the compiler cannot see (x / 1 would be folded away)
+  const float divisor = one;
+  const std::size_t first = model.parameters().front().grad().size();
+
+  struct row_def {
+    const char* name;
+    double bytes_per_float;  // read + written
+    std::function<void()> f;
+  };
+  const std::vector<row_def> rows = {
+      {"sgd (lr only)", 12, [&] { plain.step(); }},
+      {"sgd momentum", 20, [&] { momentum.step(); }},
+      {"adamw", 28, [&] { adam.step(); }},
+      {"clip_grad_norm (scales)", 12, [&] { (void)clip_grad_norm(model, 1e-9); }},
+      {"grad_scaler unscale", 8, [&] {
+         (void)scaler.unscale(model);
+         scaler.update();
+       }},
+      {"cast fp32 -> fp16", 6, [&] { cast(tensor_view<const float>(src), tensor_view<half>(h)); }},
+      {"cast fp16 -> fp32", 6, [&] { cast(tensor_view<const half>(h), tensor_view<float>(dst)); }},
+      {"cast fp32 -> bf16", 6, [&] { cast(tensor_view<const float>(src), tensor_view<partrain::bfloat16>(bf)); }},
+      {"ddp bucket divide", 8,
+       [&] { detail::for_each_index(detail::host_exec{}, first, detail::divide_fn<float>{flat_grad, divisor}); }},
+      {"ddp no_sync accumulate", 12,
+       [&] { detail::for_each_index(detail::host_exec{}, n, detail::accumulate_fn<float>{acc.data(), src.data()}); }},
+  };
+
+  std::printf("bench_elementwise: %zu floats (%.2f MB per buffer), %d calls x %d rounds, median\n", n,
+              static_cast<double>(n * sizeof(float)) / 1e6, p.calls, p.rounds);
+  std::printf("%-26s %10s %10s %12s %10s\n", "path", "time_us", "GB/s", "memcpy GB/s", "vs memcpy");
+  double worst = 1e9;
+  std::string worst_name, keys;
+  for (const auto& r : rows) {
+    // Rows over one parameter tensor (the DDP divide) move fewer floats.
+    const double floats = std::string_view(r.name) == "ddp bucket divide" ? static_cast<double>(first) : static_cast<double>(n);
+    const auto [t, tc] = time_against(p, r.f, copy);
+    const double gbs = r.bytes_per_float * floats / t / 1e9;
+    const double copy_gbs = 8.0 * static_cast<double>(n) / tc / 1e9;
+    const double ratio = gbs / copy_gbs;
+    std::printf("%-26s %10.1f %10.2f %12.2f %10.3f\n", r.name, t * 1e6, gbs, copy_gbs, ratio);
+    if (ratio < worst) {
+      worst = ratio;
+      worst_name = r.name;
+    }
+    std::string key(r.name);
+    key = key.substr(0, key.find(' '));
+    if (key == "sgd" || key == "adamw") {
+      if (std::string_view(r.name) == "sgd momentum" || key == "adamw") {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, " %s_vs_memcpy=%.3f", key == "sgd" ? "sgd_momentum" : "adamw", ratio);
+        keys += buf;
+      }
+    }
+  }
+  std::printf("slowest: %s\n", worst_name.c_str());
+  std::printf("summary: slowest_vs_memcpy=%.3f%s\n", worst, keys.c_str());
+  return 0;
+}
