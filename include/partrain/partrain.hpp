@@ -79,6 +79,7 @@
 // rendezvous/
 #include <partrain/rendezvous/file_store.hpp>
 #include <partrain/rendezvous/init.hpp>
+#include <partrain/rendezvous/job.hpp>
 #include <partrain/rendezvous/prefix_store.hpp>
 #include <partrain/rendezvous/rendezvous.hpp>
 #include <partrain/rendezvous/tcp_store.hpp>

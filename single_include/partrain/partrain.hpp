@@ -8830,6 +8830,25 @@ class file_store final : public store {
 #include <string>
 #include <string_view>
 
+// #include <partrain/rendezvous/job.hpp>
+#ifndef PARTRAIN_SI_RENDEZVOUS_JOB_HPP
+#define PARTRAIN_SI_RENDEZVOUS_JOB_HPP
+// partrain/rendezvous/job.hpp: what makes the ranks on a store one job. Its identity is the
+// store's token: spawn and partrun make a random one (random_token), a batch system's job id
+// stands in where the launcher sets no token (rendezvous.hpp: Slurm, Open MPI, torchrun's run
+// id), and a store with a token refuses a client without the same one, so a second job started
+// on the same MASTER_PORT cannot join the first. Then every rank passes one check on joining (join_job): the same world size as
+// rank 0, and a rank number no other process has claimed. A rank that fails it tells the others
+// through the store, so every rank stops at once with both sides named, not after a timeout.
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include <unistd.h>
+
 // #include <partrain/rendezvous/rendezvous.hpp>
 #ifndef PARTRAIN_SI_RENDEZVOUS_RENDEZVOUS_HPP
 #define PARTRAIN_SI_RENDEZVOUS_RENDEZVOUS_HPP
@@ -10251,6 +10270,34 @@ inline void read_rank_env(rendezvous_info& info, const env_lookup& env) {
 
 namespace detail {
 
+// A job identity a batch system gives every rank of one job (and no rank of another): the token
+// when the launcher set none. Empty when there is none.
+[[nodiscard]] inline std::string launcher_job_id(const env_lookup& env) {
+  if (auto job = env("SLURM_JOB_ID")) return "slurm-" + *job + "." + env("SLURM_STEP_ID").value_or("0");
+  for (const char* v : {"OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid"}) {
+    if (auto job = env(v)) return "ompi-" + *job;
+  }
+  if (auto job = env("PMIX_NAMESPACE")) return "pmix-" + *job;
+  if (auto run = env("TORCHELASTIC_RUN_ID"); run && *run != "none") return "torchelastic-" + *run;
+  return {};
+}
+
+// The token a rank presents to its store when neither init_options::token nor
+// PARTRAIN_STORE_TOKEN gave one: the batch system's job id. Warns (once per process) when a job
+// of several ranks has no identity at all.
+inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
+  if (!info.token.empty() || info.agent_store || info.scheme == "file") return;
+  info.token = launcher_job_id(env);
+  if (info.token.empty() && info.world_size > 1) {
+    static bool warned = false;
+    if (!std::exchange(warned, true)) {
+      log(log_level::warn, "init_process_group: this job has no identity (no PARTRAIN_STORE_TOKEN and no Slurm, "
+                           "Open MPI or torchrun job id), so a second job started on the same MASTER_PORT could join "
+                           "it; set PARTRAIN_STORE_TOKEN to the same random value on every rank of a job");
+    }
+  }
+}
+
 // init_options::timeout, else PARTRAIN_TIMEOUT_MS, else `fallback`.
 [[nodiscard]] inline std::chrono::milliseconds timeout_option(const init_options& opts, const env_lookup& env,
                                                               std::chrono::milliseconds fallback) {
@@ -10367,6 +10414,7 @@ namespace detail {
     throw config_error("malformed URL '" + std::string(url) + "': unknown scheme '" + info.scheme +
                        "' (expected env://, tcp://host:port or file://path)");
   }
+  detail::default_job_token(info, env);
   return info;
 }
 
@@ -10432,6 +10480,87 @@ inline void release_store_host(const rendezvous_info& info) {
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_RENDEZVOUS_RENDEZVOUS_HPP
+
+namespace partrain::inline v0::detail {
+
+// 32 hex digits from /dev/urandom.
+[[nodiscard]] inline std::string random_token() {
+  unsigned char bytes[16];
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  if (!urandom.read(reinterpret_cast<char*>(bytes), sizeof bytes)) {
+    throw config_error("cannot read /dev/urandom to make a job token");
+  }
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string t;
+  for (unsigned char b : bytes) {
+    t += hex[b >> 4];
+    t += hex[b & 15];
+  }
+  return t;
+}
+
+[[nodiscard]] inline std::string this_process() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  return "pid " + std::to_string(::getpid()) + " on " + host;
+}
+
+// The check every rank passes once connected, before building its backend (see the top).
+inline void join_job(const rendezvous_info& info) {
+  if (info.world_size == 1 || !info.store) return;
+  auto& s = *info.store;
+  const std::string me = "rank " + std::to_string(info.rank);
+  const std::string failed_key = "partrain/join/failed";
+  auto fail = [&](const std::string& msg) {
+    s.set(failed_key, msg);
+    throw config_error(msg);
+  };
+
+  // A rank number claimed twice: a duplicated RANK, or a rank of another job on this store.
+  const std::string claim = "partrain/join/rank/" + std::to_string(info.rank);
+  if (s.add(claim, 1) != 1) {
+    std::string other = "another process";
+    try {
+      other = s.get_string(claim + "/by", std::chrono::milliseconds(2000));
+    } catch (const timeout_error&) {
+    }
+    fail(me + " (" + this_process() + ") joined the store at " + info.master_addr + ":" + std::to_string(info.port) +
+         ", but rank " + std::to_string(info.rank) + " was already claimed by " + other +
+         ": two processes were given the same RANK, or two jobs share one MASTER_PORT (give each job its own port, "
+         "and a job token: PARTRAIN_STORE_TOKEN)");
+  }
+  s.set(claim + "/by", this_process());
+
+  const std::string size_key = "partrain/join/world_size";
+  if (info.rank == 0) {
+    s.set(size_key, std::to_string(info.world_size));
+    // Wait until every other rank compared its world size with this one (or one failed).
+    const auto deadline = std::chrono::steady_clock::now() + info.timeout;
+    for (auto pause = std::chrono::milliseconds(1);; pause = std::min(pause * 2, std::chrono::milliseconds(50))) {
+      if (s.check({failed_key})) throw config_error(s.get_string(failed_key, info.timeout));
+      const auto joined = s.add("partrain/join/checked", 0);
+      if (joined >= info.world_size - 1) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        throw timeout_error(me + " init_process_group: only " + std::to_string(joined) + " of the " +
+                                std::to_string(info.world_size - 1) + " other ranks joined within " +
+                                std::to_string(info.timeout.count()) + " ms",
+                            error_site{.rank = 0, .operation = "join", .peer = -1, .timeout = info.timeout});
+      }
+      std::this_thread::sleep_for(pause);
+    }
+    return;
+  }
+  const std::string theirs = s.get_string(size_key, info.timeout);
+  if (theirs != std::to_string(info.world_size)) {
+    fail(me + " was started with world size " + std::to_string(info.world_size) + ", but rank 0 with world size " +
+         theirs + " (every rank of a job needs the same WORLD_SIZE)");
+  }
+  if (s.check({failed_key})) throw config_error(s.get_string(failed_key, info.timeout));
+  (void)s.add("partrain/join/checked", 1);
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_RENDEZVOUS_JOB_HPP
 
 // Plain macro tests (no __has_include): the single header carries these backends inline.
 #if defined(PARTRAIN_WITH_GLOO)
@@ -12542,6 +12671,7 @@ inline void check_backend_name(const std::string& backend) {
     return detail::make_mpi_group(opts, detail::timeout_option(opts, process_env, default_timeout));
   }
   auto info = rendezvous(url, opts);
+  detail::join_job(info);  // one job: same world size everywhere, no rank claimed twice
   auto group = make_process_group(info, opts);
   detail::release_store_host(info);
   return group;
@@ -13111,8 +13241,8 @@ inline void stop_all(std::span<child_process> children, std::chrono::millisecond
 #define PARTRAIN_SI_LAUNCH_SPAWN_HPP
 // partrain/launch/spawn.hpp: partrain::spawn(n, fn), like torch.multiprocessing.spawn. Starts n
 // processes of the current program (fork), each calling fn(rank) with the torchrun variables
-// set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so fn can
-// call init_process_group("env://"). When one rank fails the others are stopped and the
+// set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and a fresh
+// PARTRAIN_STORE_TOKEN: the job's identity), so fn can call init_process_group("env://"). When one rank fails the others are stopped and the
 // error names the rank and how it ended.
 
 #include <sys/types.h>
@@ -13169,7 +13299,7 @@ namespace detail {
 
 // Runs in the child: the rank's environment, then fn; an exception is printed and becomes exit 1.
 template <class F>
-int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16_t port) {
+int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16_t port, const std::string& token) {
   ::setenv("RANK", std::to_string(rank).c_str(), 1);
   ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
   ::setenv("WORLD_SIZE", std::to_string(nprocs).c_str(), 1);
@@ -13177,6 +13307,11 @@ int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16
   ::setenv("GROUP_RANK", "0", 1);
   ::setenv("MASTER_ADDR", opts.master_addr.c_str(), 1);
   ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  // A job of its own, even inside a rank some launcher started: rank 0 hosts the store (not the
+  // outer launcher's agent), and its token keeps other jobs on this port out.
+  ::setenv("PARTRAIN_USE_AGENT_STORE", "0", 1);
+  ::setenv("PARTRAIN_STORE_TOKEN", token.c_str(), 1);
+  ::unsetenv("PARTRAIN_RESTART_COUNT");
   for (const auto& [k, v] : opts.env) ::setenv(k.c_str(), v.c_str(), 1);
   try {
     if constexpr (std::is_void_v<std::invoke_result_t<F&, int>>) {
@@ -13207,6 +13342,7 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
                 "partrain::spawn: fn(rank) must return void or an exit code convertible to int");
   if (nprocs < 1) throw config_error("spawn: nprocs must be at least 1, got " + std::to_string(nprocs));
   const std::uint16_t port = opts.master_port != 0 ? opts.master_port : detail::find_free_port(opts.master_addr);
+  const std::string token = detail::random_token();
 
   std::vector<child_process> children;
   children.reserve(static_cast<std::size_t>(nprocs));
@@ -13220,7 +13356,8 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
         std::fprintf(stderr, "[rank %d] %.*s\n", r, static_cast<int>(line.size()), line.data());
       };
     }
-    children.push_back(child_process::fork([&, r] { return detail::run_rank(fn, r, nprocs, opts, port); }, std::move(co)));
+    children.push_back(
+        child_process::fork([&, r] { return detail::run_rank(fn, r, nprocs, opts, port, token); }, std::move(co)));
     result.pids.push_back(children.back().pid());
   }
 
@@ -13264,6 +13401,26 @@ struct run_ranks_options {
 
 // Returns when every rank's fn returned; a failing rank's error is rethrown here (threads: the
 // root cause, not its peers' echoes; processes: spawn's process_error naming the rank).
+namespace detail {
+
+// "" when this process is not a rank of a job some launcher started with several ranks; else
+// who started it and as which rank.
+[[nodiscard]] inline std::string launched_rank(const env_lookup& env = process_env) {
+  auto several = [&](const char* var) {
+    const auto v = env(var);
+    return v && v->find_first_not_of("0123456789") == std::string::npos && !v->empty() && std::stoll(*v) > 1 ? v : std::nullopt;
+  };
+  if (auto w = several("OMPI_COMM_WORLD_SIZE")) return "rank " + env("OMPI_COMM_WORLD_RANK").value_or("?") + " of " + *w + " (mpirun)";
+  if (auto w = several("SLURM_NTASKS")) return "rank " + env("SLURM_PROCID").value_or("?") + " of " + *w + " (srun)";
+  if (auto w = several("WORLD_SIZE"); w && env("RANK")) {
+    const bool partrun = env("PARTRAIN_USE_AGENT_STORE").value_or("0") == "1";
+    return "rank " + *env("RANK") + " of " + *w + (partrun ? " (partrun)" : " (WORLD_SIZE and RANK are set)");
+  }
+  return {};
+}
+
+}  // namespace detail
+
 template <class F>
 void run_ranks(run_ranks_options o, F fn) {
   static_assert(std::invocable<F&, process_group&>, "partrain::run_ranks: fn must be callable as fn(process_group&)");
@@ -13272,6 +13429,14 @@ void run_ranks(run_ranks_options o, F fn) {
     if (o.nproc == 0) throw config_error("run_ranks: the local backend needs nproc >= 1 (its ranks are threads of this process)");
     run_local(o.nproc, [&](local_group& g) { fn(g); }, o.local);
     return;
+  }
+  if (o.nproc > 0) {
+    // Starting ranks inside a rank would make a second job, and its ranks would wait for peers
+    // of the outer one; say so at once.
+    if (auto outer = detail::launched_rank(); !outer.empty()) {
+      throw config_error("run_ranks: nproc " + std::to_string(o.nproc) + " asks to start ranks here, but this process is "
+                         "already " + outer + "; let the launcher start the ranks (nproc 0, e.g. drop --nproc)");
+    }
   }
   if (o.backend == "mpi") {
     if (o.nproc > 0) {

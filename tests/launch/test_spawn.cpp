@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <partrain/launch/process.hpp>
+#include <partrain/launch/run_ranks.hpp>
 #include <partrain/launch/spawn.hpp>
 #include <partrain/rendezvous/tcp_store.hpp>
 
@@ -9,6 +10,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -282,4 +285,33 @@ TEST_CASE("spawn refuses to fork once CUDA is initialised and says to use an exe
   // This host test process never loads the driver, so its own check passes and spawn runs.
   CHECK_FALSE(detail::cuda_driver_loaded());
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("run_ranks refuses to start ranks inside a rank a launcher started", "[comm][spawn][errors]") {
+  const auto env_of = [](std::map<std::string, std::string> vars) {
+    return [vars = std::move(vars)](const std::string& k) -> std::optional<std::string> {
+      if (auto it = vars.find(k); it != vars.end()) return it->second;
+      return std::nullopt;
+    };
+  };
+  CHECK(detail::launched_rank(env_of({})).empty());
+  CHECK(detail::launched_rank(env_of({{"WORLD_SIZE", "1"}, {"RANK", "0"}})).empty());  // a job of one
+  CHECK(detail::launched_rank(env_of({{"SLURM_NTASKS", "1"}, {"SLURM_PROCID", "0"}})).empty());
+  CHECK(detail::launched_rank(env_of({{"WORLD_SIZE", "4"}, {"RANK", "2"}, {"PARTRAIN_USE_AGENT_STORE", "1"}})) ==
+        "rank 2 of 4 (partrun)");
+  CHECK(detail::launched_rank(env_of({{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"}})) ==
+        "rank 1 of 2 (mpirun)");
+  // The whole call, in a child whose environment says it is rank 1 of 2 under partrun.
+  auto child = child_process::fork([] {
+    ::setenv("WORLD_SIZE", "2", 1);
+    ::setenv("RANK", "1", 1);
+    ::setenv("PARTRAIN_USE_AGENT_STORE", "1", 1);
+    try {
+      run_ranks({.nproc = 2}, [](process_group&) {});
+    } catch (const config_error& e) {
+      return std::string(e.what()).find("already rank 1 of 2 (partrun)") != std::string::npos ? 0 : 3;
+    }
+    return 4;
+  });
+  CHECK(child.wait_blocking().ok());
 }

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace partrain;
@@ -358,3 +359,68 @@ TEST_CASE("init_process_group: a missing peer is a timeout, not a hang", "[comm]
   CHECK(std::chrono::steady_clock::now() - t0 < 10s);
 }
 #endif
+
+TEST_CASE("a job's identity: the token falls back to the batch system's job id", "[comm][init][job]") {
+  auto vars = torchrun_vars();
+  CHECK(parse_rendezvous("env://", {}, fake_env(vars)).token.empty());
+  vars["SLURM_JOB_ID"] = "4242";
+  vars["SLURM_STEP_ID"] = "3";
+  CHECK(parse_rendezvous("env://", {}, fake_env(vars)).token == "slurm-4242.3");
+  vars["PARTRAIN_STORE_TOKEN"] = "given";  // the launcher's own token wins
+  CHECK(parse_rendezvous("env://", {}, fake_env(vars)).token == "given");
+  auto ompi = std::map<std::string, std::string>{{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                                                 {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"},
+                                                 {"OMPI_MCA_ess_base_jobid", "123456"}};
+  CHECK(parse_rendezvous("env://", {}, fake_env(ompi)).token == "ompi-123456");
+}
+
+namespace {
+
+// Each thread rendezvous on one tcp:// store and joins; returns every thread's error ("" if none).
+std::vector<std::string> join_threads(const std::vector<std::pair<int, int>>& rank_world) {
+  const auto port = detail::find_free_port();
+  std::vector<std::string> errors(rank_world.size());
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < rank_world.size(); ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        init_options o = ranks(rank_world[i].first, rank_world[i].second);
+        o.timeout = 20s;
+        auto info = rendezvous("tcp://127.0.0.1:" + std::to_string(port), o, fake_env({}));
+        detail::join_job(info);
+        // Rank 0 hosts the store: it stays until the others are done with it.
+        if (info.store->add("done", 1) == static_cast<std::int64_t>(rank_world.size())) info.store->set("release", "1");
+        if (info.rank == 0) info.store->wait({"release"}, 20s);
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+    if (i == 0) std::this_thread::sleep_for(100ms);  // rank 0's server first
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+}  // namespace
+
+TEST_CASE("join_job: ranks that agree on the world size join", "[comm][init][job]") {
+  const auto errors = join_threads({{0, 3}, {1, 3}, {2, 3}});
+  CHECK(errors == std::vector<std::string>(3));
+}
+
+TEST_CASE("join_job: world sizes that differ fail every rank at once, naming both", "[comm][init][job][errors]") {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto errors = join_threads({{0, 2}, {1, 3}});
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);  // not the 20 s timeout
+  for (const auto& e : errors) {
+    CHECK_THAT(e, Catch::Contains("rank 1 was started with world size 3, but rank 0 with world size 2"));
+  }
+}
+
+TEST_CASE("join_job: a rank claimed twice is refused, naming the process that has it", "[comm][init][job][errors]") {
+  const auto errors = join_threads({{0, 3}, {1, 3}, {1, 3}});
+  CHECK(errors[0].find("rank 1 was already claimed by pid") != std::string::npos);
+  const int refused = static_cast<int>((errors[1].find("already claimed") != std::string::npos)) +
+                      static_cast<int>((errors[2].find("already claimed") != std::string::npos));
+  CHECK(refused >= 1);
+}

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <partrain/launch/process.hpp>
+#include <partrain/rendezvous/job.hpp>
 #include <partrain/rendezvous/tcp_store.hpp>
 
 #include "options.hpp"
@@ -41,20 +42,6 @@ void install_signal_handlers() {
   signal(SIGPIPE, SIG_IGN);
 }
 
-std::string random_token() {
-  unsigned char bytes[16];
-  std::ifstream urandom("/dev/urandom", std::ios::binary);
-  if (!urandom.read(reinterpret_cast<char*>(bytes), sizeof bytes)) {
-    throw partrain::config_error("partrun: cannot read /dev/urandom to make the job token");
-  }
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string t;
-  for (unsigned char b : bytes) {
-    t += hex[b >> 4];
-    t += hex[b & 15];
-  }
-  return t;
-}
 
 void log(const std::string& line) {
   std::fprintf(stderr, "partrun: %s\n", line.c_str());
@@ -269,7 +256,7 @@ int run(const partrun::options& o) {
           "partrun: a multi-node job needs the same job token on every node: set PARTRAIN_JOB_TOKEN or --token "
           "(e.g. to the output of `openssl rand -hex 16`)");
     }
-    token = random_token();
+    token = partrain::detail::random_token();
   }
   // Node 0 hosts the store; binding to the master address (loopback unless told otherwise).
   std::unique_ptr<partrain::tcp_store_server> server;

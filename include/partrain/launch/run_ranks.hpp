@@ -34,6 +34,26 @@ struct run_ranks_options {
 
 // Returns when every rank's fn returned; a failing rank's error is rethrown here (threads: the
 // root cause, not its peers' echoes; processes: spawn's process_error naming the rank).
+namespace detail {
+
+// "" when this process is not a rank of a job some launcher started with several ranks; else
+// who started it and as which rank.
+[[nodiscard]] inline std::string launched_rank(const env_lookup& env = process_env) {
+  auto several = [&](const char* var) {
+    const auto v = env(var);
+    return v && v->find_first_not_of("0123456789") == std::string::npos && !v->empty() && std::stoll(*v) > 1 ? v : std::nullopt;
+  };
+  if (auto w = several("OMPI_COMM_WORLD_SIZE")) return "rank " + env("OMPI_COMM_WORLD_RANK").value_or("?") + " of " + *w + " (mpirun)";
+  if (auto w = several("SLURM_NTASKS")) return "rank " + env("SLURM_PROCID").value_or("?") + " of " + *w + " (srun)";
+  if (auto w = several("WORLD_SIZE"); w && env("RANK")) {
+    const bool partrun = env("PARTRAIN_USE_AGENT_STORE").value_or("0") == "1";
+    return "rank " + *env("RANK") + " of " + *w + (partrun ? " (partrun)" : " (WORLD_SIZE and RANK are set)");
+  }
+  return {};
+}
+
+}  // namespace detail
+
 template <class F>
 void run_ranks(run_ranks_options o, F fn) {
   static_assert(std::invocable<F&, process_group&>, "partrain::run_ranks: fn must be callable as fn(process_group&)");
@@ -42,6 +62,14 @@ void run_ranks(run_ranks_options o, F fn) {
     if (o.nproc == 0) throw config_error("run_ranks: the local backend needs nproc >= 1 (its ranks are threads of this process)");
     run_local(o.nproc, [&](local_group& g) { fn(g); }, o.local);
     return;
+  }
+  if (o.nproc > 0) {
+    // Starting ranks inside a rank would make a second job, and its ranks would wait for peers
+    // of the outer one; say so at once.
+    if (auto outer = detail::launched_rank(); !outer.empty()) {
+      throw config_error("run_ranks: nproc " + std::to_string(o.nproc) + " asks to start ranks here, but this process is "
+                         "already " + outer + "; let the launcher start the ranks (nproc 0, e.g. drop --nproc)");
+    }
   }
   if (o.backend == "mpi") {
     if (o.nproc > 0) {

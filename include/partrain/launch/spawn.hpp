@@ -1,7 +1,7 @@
 // partrain/launch/spawn.hpp: partrain::spawn(n, fn), like torch.multiprocessing.spawn. Starts n
 // processes of the current program (fork), each calling fn(rank) with the torchrun variables
-// set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so fn can
-// call init_process_group("env://"). When one rank fails the others are stopped and the
+// set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and a fresh
+// PARTRAIN_STORE_TOKEN: the job's identity), so fn can call init_process_group("env://"). When one rank fails the others are stopped and the
 // error names the rank and how it ended.
 #pragma once
 
@@ -20,6 +20,7 @@
 #include <partrain/core/error.hpp>
 #include <partrain/launch/process.hpp>
 #include <partrain/rendezvous/detail/socket.hpp>
+#include <partrain/rendezvous/job.hpp>
 
 namespace partrain::inline v0 {
 
@@ -63,7 +64,7 @@ namespace detail {
 
 // Runs in the child: the rank's environment, then fn; an exception is printed and becomes exit 1.
 template <class F>
-int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16_t port) {
+int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16_t port, const std::string& token) {
   ::setenv("RANK", std::to_string(rank).c_str(), 1);
   ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
   ::setenv("WORLD_SIZE", std::to_string(nprocs).c_str(), 1);
@@ -71,6 +72,11 @@ int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16
   ::setenv("GROUP_RANK", "0", 1);
   ::setenv("MASTER_ADDR", opts.master_addr.c_str(), 1);
   ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  // A job of its own, even inside a rank some launcher started: rank 0 hosts the store (not the
+  // outer launcher's agent), and its token keeps other jobs on this port out.
+  ::setenv("PARTRAIN_USE_AGENT_STORE", "0", 1);
+  ::setenv("PARTRAIN_STORE_TOKEN", token.c_str(), 1);
+  ::unsetenv("PARTRAIN_RESTART_COUNT");
   for (const auto& [k, v] : opts.env) ::setenv(k.c_str(), v.c_str(), 1);
   try {
     if constexpr (std::is_void_v<std::invoke_result_t<F&, int>>) {
@@ -101,6 +107,7 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
                 "partrain::spawn: fn(rank) must return void or an exit code convertible to int");
   if (nprocs < 1) throw config_error("spawn: nprocs must be at least 1, got " + std::to_string(nprocs));
   const std::uint16_t port = opts.master_port != 0 ? opts.master_port : detail::find_free_port(opts.master_addr);
+  const std::string token = detail::random_token();
 
   std::vector<child_process> children;
   children.reserve(static_cast<std::size_t>(nprocs));
@@ -114,7 +121,8 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
         std::fprintf(stderr, "[rank %d] %.*s\n", r, static_cast<int>(line.size()), line.data());
       };
     }
-    children.push_back(child_process::fork([&, r] { return detail::run_rank(fn, r, nprocs, opts, port); }, std::move(co)));
+    children.push_back(
+        child_process::fork([&, r] { return detail::run_rank(fn, r, nprocs, opts, port, token); }, std::move(co)));
     result.pids.push_back(children.back().pid());
   }
 

@@ -10,6 +10,7 @@
 #include <partrain/config.hpp>
 #include <partrain/core/device.hpp>
 #include <partrain/core/error.hpp>
+#include <partrain/rendezvous/job.hpp>
 #include <partrain/rendezvous/rendezvous.hpp>
 
 // Plain macro tests (no __has_include): the single header carries these backends inline.
@@ -125,6 +126,7 @@ inline void check_backend_name(const std::string& backend) {
     return detail::make_mpi_group(opts, detail::timeout_option(opts, process_env, default_timeout));
   }
   auto info = rendezvous(url, opts);
+  detail::join_job(info);  // one job: same world size everywhere, no rank claimed twice
   auto group = make_process_group(info, opts);
   detail::release_store_host(info);
   return group;

@@ -30,6 +30,7 @@
 #include <partrain/comm/store.hpp>
 #include <partrain/core/device.hpp>
 #include <partrain/core/error.hpp>
+#include <partrain/core/log.hpp>
 #include <partrain/rendezvous/file_store.hpp>
 #include <partrain/rendezvous/prefix_store.hpp>
 #include <partrain/rendezvous/tcp_store.hpp>
@@ -255,6 +256,34 @@ inline void read_rank_env(rendezvous_info& info, const env_lookup& env) {
 
 namespace detail {
 
+// A job identity a batch system gives every rank of one job (and no rank of another): the token
+// when the launcher set none. Empty when there is none.
+[[nodiscard]] inline std::string launcher_job_id(const env_lookup& env) {
+  if (auto job = env("SLURM_JOB_ID")) return "slurm-" + *job + "." + env("SLURM_STEP_ID").value_or("0");
+  for (const char* v : {"OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid"}) {
+    if (auto job = env(v)) return "ompi-" + *job;
+  }
+  if (auto job = env("PMIX_NAMESPACE")) return "pmix-" + *job;
+  if (auto run = env("TORCHELASTIC_RUN_ID"); run && *run != "none") return "torchelastic-" + *run;
+  return {};
+}
+
+// The token a rank presents to its store when neither init_options::token nor
+// PARTRAIN_STORE_TOKEN gave one: the batch system's job id. Warns (once per process) when a job
+// of several ranks has no identity at all.
+inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
+  if (!info.token.empty() || info.agent_store || info.scheme == "file") return;
+  info.token = launcher_job_id(env);
+  if (info.token.empty() && info.world_size > 1) {
+    static bool warned = false;
+    if (!std::exchange(warned, true)) {
+      log(log_level::warn, "init_process_group: this job has no identity (no PARTRAIN_STORE_TOKEN and no Slurm, "
+                           "Open MPI or torchrun job id), so a second job started on the same MASTER_PORT could join "
+                           "it; set PARTRAIN_STORE_TOKEN to the same random value on every rank of a job");
+    }
+  }
+}
+
 // init_options::timeout, else PARTRAIN_TIMEOUT_MS, else `fallback`.
 [[nodiscard]] inline std::chrono::milliseconds timeout_option(const init_options& opts, const env_lookup& env,
                                                               std::chrono::milliseconds fallback) {
@@ -371,6 +400,7 @@ namespace detail {
     throw config_error("malformed URL '" + std::string(url) + "': unknown scheme '" + info.scheme +
                        "' (expected env://, tcp://host:port or file://path)");
   }
+  detail::default_job_token(info, env);
   return info;
 }
 
