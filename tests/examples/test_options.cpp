@@ -48,7 +48,10 @@ TEST_CASE("example options: bad input names the flag and what was expected", "[e
   CHECK_THROWS_WITH(parse_options({"--batch-size", "12x"}), Catch::Contains("'12x' is not a valid"));
   CHECK_THROWS_WITH(parse_options({"--lr", "-1"}), Catch::Contains("--lr: must be greater than 0"));
   CHECK_THROWS_WITH(parse_options({"--device", "tpu"}), Catch::Contains("'tpu' is not one of: cpu, cuda"));
-  CHECK_THROWS_WITH(parse_options({"--backend", "mpi"}), Catch::Contains("not one of: gloo, nccl, local"));
+  CHECK_THROWS_WITH(parse_options({"--backend", "mpl"}), Catch::Contains("not one of: gloo, mpi, nccl, local"));
+  CHECK_THROWS_WITH(parse_options({"--backend", "mpi", "--nproc", "2"}),
+                    Catch::Contains("mpirun or srun starts the ranks") && Catch::Contains("mpirun -np 2"));
+  CHECK(parse_options({"--backend", "mpi"}).backend == "mpi");
   CHECK_THROWS_WITH(parse_options({"--backend", "nccl"}), Catch::Contains("needs --device cuda"));
   CHECK_THROWS_WITH(parse_options({"--parallel", "dp", "--nproc", "2"}), Catch::Contains("use --parallel ddp"));
   CHECK_THROWS_WITH(parse_options({"--parallel", "pipeline", "--stages", "2", "--nproc", "3"}),
