@@ -204,6 +204,22 @@ TEST_CASE("spawn leaves no process behind: grandchildren and SIGTERM-ignoring ra
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("spawn's teardown does not wait the grace period for a stopped (SIGSTOP) rank", "[comm][spawn][processes]") {
+  auto o = quick();
+  o.grace = 30s;  // far longer than the test may take: the stopped rank must end at SIGTERM
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(spawn(2, [](int rank) {
+    if (rank == 1) {
+      ::raise(SIGSTOP);
+      std::this_thread::sleep_for(60s);
+    }
+    std::this_thread::sleep_for(200ms);
+    std::exit(5);
+  }, o),
+                    Catch::Contains("rank 0") && Catch::Contains("exited with code 5"));
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+}
+
 TEST_CASE("spawn times out with the ranks still running", "[comm][spawn][processes][timeout]") {
   auto o = quick();
   o.timeout = 300ms;

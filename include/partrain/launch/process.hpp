@@ -457,12 +457,15 @@ inline void pump_output(std::span<child_process> children, std::chrono::millisec
 }
 
 // SIGTERM to every running child's group, SIGKILL to those still there after grace; all reaped.
+// SIGCONT follows the SIGTERM (as a shell's kill does): a stopped process (SIGSTOP, a debugger's
+// stop) acts on no signal but SIGKILL, and would otherwise hold the teardown for its whole grace.
 inline void stop_all(std::span<child_process> children, std::chrono::milliseconds grace, std::vector<bool>* stopped = nullptr,
                      std::chrono::milliseconds poll_interval = std::chrono::milliseconds(20)) {
   for (std::size_t i = 0; i < children.size(); ++i) {
     // poll() first: a child that already ended on its own (not yet reaped) was not stopped by us.
     if (!children[i].poll().has_value()) {
       children[i].signal_group(SIGTERM);
+      children[i].signal_group(SIGCONT);
       if (stopped) (*stopped)[i] = true;
     }
   }
