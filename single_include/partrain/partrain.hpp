@@ -7563,6 +7563,10 @@ struct file_closer {
 };
 
 [[nodiscard]] inline std::vector<std::byte> read_file(const std::filesystem::path& path, std::size_t max_bytes) {
+  // fopen opens a directory for reading on Linux; its reads then fail with only EISDIR.
+  if (std::error_code ec; std::filesystem::is_directory(path, ec)) {
+    throw data_error("'" + path.string() + "' is a directory, expected an IDX file (e.g. train-images-idx3-ubyte.gz)");
+  }
   std::unique_ptr<std::FILE, file_closer> f(std::fopen(path.c_str(), "rb"));
   if (!f) {
     const int e = errno;
@@ -7581,7 +7585,10 @@ struct file_closer {
     out.insert(out.end(), chunk, chunk + n);
     if (n < sizeof chunk) break;
   }
-  if (std::ferror(f.get())) throw data_error("read error on '" + path.string() + "'");
+  if (std::ferror(f.get())) {
+    const int e = errno;
+    throw data_error("cannot read '" + path.string() + "': " + std::generic_category().message(e));
+  }
   return out;
 }
 }  // namespace detail
@@ -7974,7 +7981,9 @@ class loader_epoch {
     const std::size_t n = s.indices.size();
     const std::size_t row = example_shape_.numel();
     if (n > s.capacity) {
-      const std::size_t rows = std::max(n, options_.batch_size);
+      // Room for a whole batch at once, but never more rows than the data set has (a batch_size
+      // of a billion is a request for the whole set, not for gigabytes).
+      const std::size_t rows = std::max(n, std::min(options_.batch_size, dataset_->size()));
       s.features = host_buffer<float>(rows * row);
       s.labels.assign(rows, 0);
       s.capacity = rows;
@@ -9055,7 +9064,8 @@ class address_list {
   }
   if (last_err == EADDRINUSE) {
     throw communication_error("cannot listen on " + endpoint_name(host, port) + ": port " + std::to_string(port) +
-                              " is already in use (choose another MASTER_PORT, or 0 for a free one)");
+                              " is already in use (another job or program holds it: choose another MASTER_PORT; "
+                              "a single process may also pass 0 for a free one)");
   }
   throw communication_error("cannot listen on " + endpoint_name(host, port) + ": " + errno_text(last_err));
 }

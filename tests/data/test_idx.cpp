@@ -128,6 +128,8 @@ TEST_CASE("idx: each kind of bad file gets an error naming the file and the prob
     CHECK_THROWS_WITH(read_idx(p), Catch::Contains(p.filename().string()) && Catch::Contains(what));
   };
   expect_error(dir / "missing.idx", "cannot open");
+  fs::create_directories(dir / "a_directory");
+  expect_error(dir / "a_directory", "is a directory, expected an IDX file");
   write_bytes(dir / "magic", {0x12, 0x34, 0x08, 0x01, 0, 0, 0, 1, 7});
   expect_error(dir / "magic", "wrong magic 0x12340801");
   write_bytes(dir / "dtype", {0, 0, 0x0A, 0x01, 0, 0, 0, 1, 7});

@@ -114,6 +114,18 @@ TEST_CASE("loader yields exactly the sampler's examples in order", "[data][loade
   }
 }
 
+TEST_CASE("a batch_size far beyond the data set is one batch of all of it, not a huge allocation", "[data][loader]") {
+  const auto ds = make_dataset(37);
+  // 10^12 rows of 5 floats would be 20 TB: the loader must size its slots by the data set.
+  loader l(ds, views::sequential(ds.size()), {.batch_size = std::size_t{1'000'000'000'000}, .prefetch = 2});
+  std::size_t batches = 0;
+  for (const batch& b : l) {
+    CHECK(b.size() == 37);
+    ++batches;
+  }
+  CHECK(batches == 1);
+}
+
 TEST_CASE("loader over a distributed sampler, with set_epoch passed through", "[data][loader]") {
   const auto ds = make_dataset(50);
   const distributed_options o{.shuffle = true, .seed = 3};

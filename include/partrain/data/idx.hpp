@@ -249,6 +249,10 @@ struct file_closer {
 };
 
 [[nodiscard]] inline std::vector<std::byte> read_file(const std::filesystem::path& path, std::size_t max_bytes) {
+  // fopen opens a directory for reading on Linux; its reads then fail with only EISDIR.
+  if (std::error_code ec; std::filesystem::is_directory(path, ec)) {
+    throw data_error("'" + path.string() + "' is a directory, expected an IDX file (e.g. train-images-idx3-ubyte.gz)");
+  }
   std::unique_ptr<std::FILE, file_closer> f(std::fopen(path.c_str(), "rb"));
   if (!f) {
     const int e = errno;
@@ -267,7 +271,10 @@ struct file_closer {
     out.insert(out.end(), chunk, chunk + n);
     if (n < sizeof chunk) break;
   }
-  if (std::ferror(f.get())) throw data_error("read error on '" + path.string() + "'");
+  if (std::ferror(f.get())) {
+    const int e = errno;
+    throw data_error("cannot read '" + path.string() + "': " + std::generic_category().message(e));
+  }
   return out;
 }
 }  // namespace detail

@@ -165,7 +165,9 @@ class loader_epoch {
     const std::size_t n = s.indices.size();
     const std::size_t row = example_shape_.numel();
     if (n > s.capacity) {
-      const std::size_t rows = std::max(n, options_.batch_size);
+      // Room for a whole batch at once, but never more rows than the data set has (a batch_size
+      // of a billion is a request for the whole set, not for gigabytes).
+      const std::size_t rows = std::max(n, std::min(options_.batch_size, dataset_->size()));
       s.features = host_buffer<float>(rows * row);
       s.labels.assign(rows, 0);
       s.capacity = rows;

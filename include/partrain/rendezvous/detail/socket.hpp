@@ -95,7 +95,8 @@ class address_list {
   }
   if (last_err == EADDRINUSE) {
     throw communication_error("cannot listen on " + endpoint_name(host, port) + ": port " + std::to_string(port) +
-                              " is already in use (choose another MASTER_PORT, or 0 for a free one)");
+                              " is already in use (another job or program holds it: choose another MASTER_PORT; "
+                              "a single process may also pass 0 for a free one)");
   }
   throw communication_error("cannot listen on " + endpoint_name(host, port) + ": " + errno_text(last_err));
 }
