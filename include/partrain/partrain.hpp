@@ -80,6 +80,7 @@
 #include <partrain/rendezvous/file_store.hpp>
 #include <partrain/rendezvous/init.hpp>
 #include <partrain/rendezvous/job.hpp>
+#include <partrain/rendezvous/liveness.hpp>
 #include <partrain/rendezvous/prefix_store.hpp>
 #include <partrain/rendezvous/rendezvous.hpp>
 #include <partrain/rendezvous/tcp_store.hpp>

@@ -3202,6 +3202,7 @@ inline bool survive_sigpipe() noexcept {
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -3290,6 +3291,16 @@ class process_group {
     calls_.store(0, std::memory_order_relaxed);
     bytes_sent_.store(0, std::memory_order_relaxed);
   }
+  // The last operation issued on this group and how many came before it ("all_reduce #42";
+  // "none" before the first), for errors that name what a rank was doing (liveness.hpp).
+  [[nodiscard]] std::string last_operation() const {
+    const auto v = last_op_.load(std::memory_order_relaxed);
+    if (v == 0) return "none";
+    return std::string(to_string(static_cast<collective>(v & 0xff))) + " #" + std::to_string(v >> 8);
+  }
+  // Keeps p alive as long as the group (what init_process_group starts beside it: the liveness
+  // watch). Destroyed after the backend's own members.
+  void attach(std::shared_ptr<void> p) { attachments_.push_back(std::move(p)); }
   [[nodiscard]] virtual std::string_view backend() const noexcept = 0;
   // Which memory the backend's collectives take (host for local and gloo, cuda for nccl).
   [[nodiscard]] virtual bool accepts(device_kind k) const noexcept { return k == device_kind::cpu; }
@@ -3344,6 +3355,7 @@ class process_group {
     return do_reduce_scatter(erase(in), r, op);
   }
   [[nodiscard]] work barrier() {
+    note(collective::barrier);
     if (opts_.check_collectives) check_across_ranks(collective::barrier, dtype::uint8, 0, -1, reduce_op::sum);
     return do_barrier();
   }
@@ -3358,6 +3370,7 @@ class process_group {
   [[nodiscard]] work recv(tensor_view<T, S> t, int src, int tag = 0) {
     check_peer(collective::recv, src, "src");
     check_space(collective::recv, std::same_as<S, cuda>);
+    note(collective::recv);
     return do_recv(erase(t), src, tag);
   }
 
@@ -3408,7 +3421,12 @@ class process_group {
 
  private:
   // Ring-algorithm bytes this rank sends for a collective over `bytes` (see comm_traffic).
+  void note(collective c) noexcept {
+    const auto n = ops_.fetch_add(1, std::memory_order_relaxed) + 1;
+    last_op_.store((n << 8) | static_cast<std::uint64_t>(c), std::memory_order_relaxed);
+  }
   void count(collective c, std::size_t bytes) noexcept {
+    note(c);
     calls_.fetch_add(1, std::memory_order_relaxed);
     if (size_ == 1) return;
     const auto n = static_cast<std::uint64_t>(size_);
@@ -3480,6 +3498,9 @@ class process_group {
   std::uint64_t seq_ = 0;
   std::atomic<std::uint64_t> calls_{0};
   std::atomic<std::uint64_t> bytes_sent_{0};
+  std::atomic<std::uint64_t> ops_{0};
+  std::atomic<std::uint64_t> last_op_{0};
+  std::vector<std::shared_ptr<void>> attachments_;
 };
 
 // What a communicator offers, whatever its engine: the process_group backends meet it, and so
@@ -3892,6 +3913,7 @@ inline void host_divide(void* data, std::size_t n, dtype t, int divisor) {
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -3980,6 +4002,16 @@ class process_group {
     calls_.store(0, std::memory_order_relaxed);
     bytes_sent_.store(0, std::memory_order_relaxed);
   }
+  // The last operation issued on this group and how many came before it ("all_reduce #42";
+  // "none" before the first), for errors that name what a rank was doing (liveness.hpp).
+  [[nodiscard]] std::string last_operation() const {
+    const auto v = last_op_.load(std::memory_order_relaxed);
+    if (v == 0) return "none";
+    return std::string(to_string(static_cast<collective>(v & 0xff))) + " #" + std::to_string(v >> 8);
+  }
+  // Keeps p alive as long as the group (what init_process_group starts beside it: the liveness
+  // watch). Destroyed after the backend's own members.
+  void attach(std::shared_ptr<void> p) { attachments_.push_back(std::move(p)); }
   [[nodiscard]] virtual std::string_view backend() const noexcept = 0;
   // Which memory the backend's collectives take (host for local and gloo, cuda for nccl).
   [[nodiscard]] virtual bool accepts(device_kind k) const noexcept { return k == device_kind::cpu; }
@@ -4034,6 +4066,7 @@ class process_group {
     return do_reduce_scatter(erase(in), r, op);
   }
   [[nodiscard]] work barrier() {
+    note(collective::barrier);
     if (opts_.check_collectives) check_across_ranks(collective::barrier, dtype::uint8, 0, -1, reduce_op::sum);
     return do_barrier();
   }
@@ -4048,6 +4081,7 @@ class process_group {
   [[nodiscard]] work recv(tensor_view<T, S> t, int src, int tag = 0) {
     check_peer(collective::recv, src, "src");
     check_space(collective::recv, std::same_as<S, cuda>);
+    note(collective::recv);
     return do_recv(erase(t), src, tag);
   }
 
@@ -4098,7 +4132,12 @@ class process_group {
 
  private:
   // Ring-algorithm bytes this rank sends for a collective over `bytes` (see comm_traffic).
+  void note(collective c) noexcept {
+    const auto n = ops_.fetch_add(1, std::memory_order_relaxed) + 1;
+    last_op_.store((n << 8) | static_cast<std::uint64_t>(c), std::memory_order_relaxed);
+  }
   void count(collective c, std::size_t bytes) noexcept {
+    note(c);
     calls_.fetch_add(1, std::memory_order_relaxed);
     if (size_ == 1) return;
     const auto n = static_cast<std::uint64_t>(size_);
@@ -4170,6 +4209,9 @@ class process_group {
   std::uint64_t seq_ = 0;
   std::atomic<std::uint64_t> calls_{0};
   std::atomic<std::uint64_t> bytes_sent_{0};
+  std::atomic<std::uint64_t> ops_{0};
+  std::atomic<std::uint64_t> last_op_{0};
+  std::vector<std::shared_ptr<void>> attachments_;
 };
 
 // What a communicator offers, whatever its engine: the process_group backends meet it, and so
@@ -10433,28 +10475,42 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
   return parse_rendezvous("env://", opts, process_env);
 }
 
-// Creates info.store: rank 0 hosts the TCP server (unless a launcher's agent does), the
-// others connect to it with retries until the timeout; or opens the file store.
-inline void connect_store(rendezvous_info& info) {
-  const std::string who = "rank " + std::to_string(info.rank);
+namespace detail {
+
+// A connection to the job's store: rank 0's hosts the TCP server when `host` (unless a
+// launcher's agent does), the others connect with retries until the timeout; or the file store.
+// `port`, when given, receives the TCP port (the one the server bound when rank 0 asked for 0).
+[[nodiscard]] inline std::shared_ptr<store> open_store(const rendezvous_info& info, bool host,
+                                                      std::chrono::milliseconds timeout, const std::string& who,
+                                                      std::uint16_t* port = nullptr) {
+  std::shared_ptr<store> s;
   if (info.scheme == "file") {
-    info.store = std::make_shared<file_store>(info.path, info.timeout, who);
+    s = std::make_shared<file_store>(info.path, timeout, who);
   } else {
     tcp_store_options o;
     o.host = info.master_addr;
     o.port = info.port;
-    o.is_server = info.rank == 0 && !info.agent_store;
+    o.is_server = host && info.rank == 0 && !info.agent_store;
     o.bind_address = info.bind_address;
     o.token = info.token;
-    o.timeout = info.timeout;
+    o.timeout = timeout;
     o.who = who;
-    auto s = std::make_shared<tcp_store>(o);
-    info.port = s->port();
-    info.store = std::move(s);
+    auto tcp = std::make_shared<tcp_store>(o);
+    if (port) *port = tcp->port();
+    s = std::move(tcp);
   }
   if (info.agent_store) {
-    info.store = std::make_shared<prefix_store>("/worker/attempt_" + std::to_string(info.restart_count), info.store);
+    s = std::make_shared<prefix_store>("/worker/attempt_" + std::to_string(info.restart_count), std::move(s));
   }
+  return s;
+}
+
+}  // namespace detail
+
+// Creates info.store: rank 0 hosts the TCP server (unless a launcher's agent does), the
+// others connect to it with retries until the timeout; or opens the file store.
+inline void connect_store(rendezvous_info& info) {
+  info.store = detail::open_store(info, true, info.timeout, "rank " + std::to_string(info.rank), &info.port);
 }
 
 // parse_rendezvous + connect_store.
@@ -10571,6 +10627,184 @@ inline void join_job(const rendezvous_info& info) {
 
 }  // namespace partrain::inline v0::detail
 #endif  // PARTRAIN_SI_RENDEZVOUS_JOB_HPP
+// #include <partrain/rendezvous/liveness.hpp>
+#ifndef PARTRAIN_SI_RENDEZVOUS_LIVENESS_HPP
+#define PARTRAIN_SI_RENDEZVOUS_LIVENESS_HPP
+// partrain/rendezvous/liveness.hpp: a stalled or lost rank is noticed in seconds, not at the
+// collective timeout. Beside each rank's process group, a thread of its own (on its own store
+// connection) writes a heartbeat to the job's store every interval: a counter, the process, its
+// host and the group's last operation (as of that heartbeat). It also reads the heartbeats of the ranks it watches (all
+// of them up to 32 ranks, else its ring neighbour) and one job-wide stop key. A heartbeat that
+// has not changed for `silence` means the whole process is stopped or gone (SIGSTOP, a hung
+// machine, a lost node: a rank merely busy in a long step keeps beating, since the thread runs
+// beside it). The watcher then sets the stop key with a message naming the silent rank, its host
+// and last operation, prints it and ends its own process, and every other watcher does the same
+// within an interval: blocked collectives cannot be interrupted, so ending the processes is what
+// releases them (the launcher or spawn then reports the exit). A rank that finishes marks its
+// heartbeat done, so ranks ending at different times are not mistaken for silent ones (rank 0's
+// watch keeps the store it hosts open until rank 0's group ends); a store
+// that cannot be reached for `silence` (its host, rank 0 or the launcher's agent, is stopped
+// or gone) counts as silence of its host. Collective timeouts stay the last resort.
+//   PARTRAIN_SILENCE_MS=n   silence that ends the job (default 5000; 0 turns the watch off)
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+namespace partrain::inline v0 {
+
+struct liveness_options {
+  std::chrono::milliseconds silence{5000};  // no heartbeat for this long ends the job
+  std::chrono::milliseconds interval{500};  // how often a rank beats and looks
+};
+
+// PARTRAIN_SILENCE_MS, validated; silence 0 means off.
+[[nodiscard]] inline liveness_options liveness_options_from_env(const env_lookup& env = process_env) {
+  liveness_options o;
+  if (auto ms = detail::int_var(env, "PARTRAIN_SILENCE_MS", 0, 3'600'000, "PARTRAIN_SILENCE_MS",
+                                "milliseconds in [0, 3600000] (0 turns the liveness watch off)")) {
+    o.silence = std::chrono::milliseconds(*ms);
+  }
+  o.interval = std::clamp(o.silence / 5, std::chrono::milliseconds(50), std::chrono::milliseconds(1000));
+  return o;
+}
+
+class liveness_watch {
+ public:
+  // Starts watching for `group`'s rank on the job's store (a connection of its own).
+  liveness_watch(const rendezvous_info& info, const process_group& group, liveness_options o)
+      : info_(info), group_(&group), o_(o) {
+    // info_.store keeps the store alive (on rank 0 it owns the server, which init_process_group
+    // would otherwise close once it returns); the watch talks through a connection of its own.
+    const auto call_timeout = std::min<std::chrono::milliseconds>(o_.silence / 2, std::chrono::milliseconds(3000));
+    store_ = detail::open_store(info_, false, call_timeout, "rank " + std::to_string(info.rank) + " liveness watch");
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    host_ = host;
+    const int n = info.world_size;
+    for (int k = 1; k < n && (n <= 32 || k == 1); ++k) watched_.push_back((info.rank + k) % n);
+    beat();
+    thread_ = std::thread([this] { run(); });
+  }
+  liveness_watch(const liveness_watch&) = delete;
+  liveness_watch& operator=(const liveness_watch&) = delete;
+  ~liveness_watch() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    if (store_host_done_) return;  // its host ended first: nobody is left to tell
+    try {
+      store_->set(key(info_.rank), std::string("done"));  // finished, not silent
+    } catch (const std::exception&) {
+    }
+  }
+
+ private:
+  static std::string key(int rank) { return "partrain/live/" + std::to_string(rank); }
+  static constexpr const char* stop_key = "partrain/live/stop";
+
+  void beat() {
+    store_->set(key(info_.rank), std::to_string(++beats_) + " pid " + std::to_string(::getpid()) + " on " + host_ +
+                                     ", last operation " + group_->last_operation());
+  }
+
+  // `tell`: the store still answers, so the other ranks learn why at once.
+  [[noreturn]] void end_job(const std::string& msg, bool tell = true) {
+    if (tell) {
+      try {
+        store_->set(stop_key, msg);
+      } catch (const std::exception&) {
+      }
+    }
+    std::fprintf(stderr, "partrain: %s\npartrain: rank %d stops (its collectives cannot be interrupted)\n", msg.c_str(),
+                 info_.rank);
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+
+  void run() {
+    struct seen {
+      std::string value;
+      std::chrono::steady_clock::time_point since;
+    };
+    std::map<int, seen> last;
+    const auto start = std::chrono::steady_clock::now();
+    auto store_ok = start;
+    std::unique_lock lock(mutex_);
+    while (!cv_.wait_for(lock, o_.interval, [&] { return stopping_; })) {
+      lock.unlock();
+      const auto now = std::chrono::steady_clock::now();
+      try {
+        beat();
+        if (store_->check({stop_key})) end_job(store_->get_string(stop_key, o_.silence));
+        for (int r : watched_) {
+          if (!store_->check({key(r)})) continue;  // not started yet: init_process_group's own timeout covers it
+          const std::string v = store_->get_string(key(r), o_.silence);
+          if (v == "done") {
+            if (r == 0 && !info_.agent_store) store_host_done_ = true;
+            last.erase(r);
+            continue;
+          }
+          auto& s = last[r];
+          if (s.value != v) {
+            s = {v, now};
+          } else if (now - s.since > o_.silence) {
+            end_job("rank " + std::to_string(r) + " has been silent for " +
+                    std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - s.since).count()) +
+                    " ms (stopped, hung or lost; its last heartbeat: " + v + "); noticed by rank " +
+                    std::to_string(info_.rank));
+          }
+        }
+        store_ok = now;
+      } catch (const std::exception& e) {
+        // The store's host is gone: after a normal end of rank 0 that is expected; otherwise it
+        // is the silence of rank 0 (or of the launcher's agent hosting the store).
+        if (store_host_done_) return;
+        const auto failed_at = std::chrono::steady_clock::now();
+        if (failed_at - store_ok > o_.silence) {
+          end_job("the job's store at " + info_.master_addr + ":" + std::to_string(info_.port) + " (hosted by " +
+                  (info_.agent_store ? std::string("the launcher's agent") : std::string("rank 0")) +
+                  ") has not answered for " +
+                  std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(failed_at - store_ok).count()) +
+                  " ms: its host is stopped, hung or lost (" + e.what() + "); noticed by rank " +
+                  std::to_string(info_.rank),
+                  false);
+        }
+      }
+      lock.lock();
+    }
+  }
+
+  rendezvous_info info_;
+  const process_group* group_;
+  liveness_options o_;
+  std::shared_ptr<store> store_;
+  std::string host_;
+  std::vector<int> watched_;
+  std::uint64_t beats_ = 0;
+  std::atomic<bool> store_host_done_ = false;  // rank 0, the store's host, finished normally
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_RENDEZVOUS_LIVENESS_HPP
 
 // Plain macro tests (no __has_include): the single header carries these backends inline.
 #if defined(PARTRAIN_WITH_GLOO)
@@ -12683,6 +12917,10 @@ inline void check_backend_name(const std::string& backend) {
   auto info = rendezvous(url, opts);
   detail::join_job(info);  // one job: same world size everywhere, no rank claimed twice
   auto group = make_process_group(info, opts);
+  // A stalled or lost rank ends the job within seconds (liveness.hpp), not at the collective timeout.
+  if (const auto lo = liveness_options_from_env(); info.world_size > 1 && lo.silence.count() > 0) {
+    group->attach(std::make_shared<liveness_watch>(info, *group, lo));
+  }
   detail::release_store_host(info);
   return group;
 }

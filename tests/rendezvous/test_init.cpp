@@ -5,6 +5,8 @@
 #include <partrain/rendezvous/init.hpp>
 
 #include <chrono>
+#include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -329,6 +331,91 @@ TEST_CASE("init_process_group(env://) builds a gloo group in spawned processes",
     pg->barrier().wait();
   }, so);
   CHECK(result.pids.size() == static_cast<std::size_t>(n));  // every rank exited 0, or spawn threw
+}
+
+namespace {
+
+// Runs a 2-rank gloo job in which `stop_rank` stops itself (SIGSTOP) after a first all_reduce and
+// the other rank all_reduces again with a 120 s timeout; returns the failure and the seconds to it
+// (counted from the start of the job: about 1.5 s of it pass before the rank stops).
+std::pair<process_error, double> job_with_a_stopped_rank(int stop_rank, const char* silence_ms) {
+  spawn_options so;
+  so.timeout = 90s;
+  so.grace = 30s;  // the stopped rank must end at SIGTERM (SIGCONT follows), not after this
+  so.echo_output = false;
+  so.env = {{"PARTRAIN_TIMEOUT_MS", "120000"}};
+  if (silence_ms) so.env.emplace_back("PARTRAIN_SILENCE_MS", silence_ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    (void)spawn(2, [stop_rank](int rank) {
+      auto pg = init_process_group("env://", {.backend = "gloo"});
+      std::vector<float> v(4, 1.0f);
+      pg->all_reduce(tensor_view<float>(v)).wait();
+      if (rank == stop_rank) {
+        std::this_thread::sleep_for(1500ms);  // a heartbeat after the all_reduce (they come every second)
+        ::raise(SIGSTOP);
+      }
+      pg->all_reduce(tensor_view<float>(v)).wait();  // only the liveness watch can end this wait
+    }, so);
+  } catch (const process_error& e) {
+    return {e, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+  }
+  FAIL("the job with a stopped rank ended without an error");
+  throw;
+}
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string all;
+  for (const auto& l : lines) all += l + "\n";
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("liveness: a stopped rank ends the whole job within 10 s, naming it and its last operation",
+          "[comm][init][gloo][processes][liveness]") {
+  const auto [e, seconds] = job_with_a_stopped_rank(1, nullptr);  // the default silence (5 s)
+  std::printf("liveness: the job with a SIGSTOPped rank 1 ended %.2f s after the stop (default PARTRAIN_SILENCE_MS)\n",
+              seconds - 1.5);
+  const std::string out = joined(e.last_lines());
+  INFO(e.what() << "\n" << out);
+  CHECK(seconds - 1.5 < 10);
+  CHECK(e.rank() == 0);
+  CHECK_THAT(out, Catch::Contains("rank 1 has been silent for") && Catch::Contains("last operation all_reduce #1") &&
+                      Catch::Contains("noticed by rank 0"));
+}
+
+TEST_CASE("liveness: a stopped store host (rank 0) ends the job within 10 s", "[comm][init][gloo][processes][liveness]") {
+  const auto [e, seconds] = job_with_a_stopped_rank(0, "3000");
+  std::printf("liveness: the job with a SIGSTOPped rank 0 (the store's host) ended %.2f s after the stop (silence 3 s)\n",
+              seconds - 1.5);
+  const std::string out = joined(e.last_lines());
+  INFO(e.what() << "\n" << out);
+  CHECK(seconds - 1.5 < 10);
+  CHECK(e.rank() == 1);
+  CHECK_THAT(out, Catch::Contains("hosted by rank 0) has not answered for") && Catch::Contains("noticed by rank 1"));
+}
+
+TEST_CASE("liveness: ranks that finish at different times are not taken for silent ones",
+          "[comm][init][gloo][processes][liveness]") {
+  spawn_options so;
+  so.timeout = 60s;
+  so.echo_output = false;
+  so.env = {{"PARTRAIN_SILENCE_MS", "500"}};
+  const auto result = spawn(3, [](int rank) {
+    {
+      auto pg = init_process_group("env://", {.backend = "gloo"});
+      std::vector<float> v(4, 1.0f);
+      pg->all_reduce(tensor_view<float>(v)).wait();
+    }  // the group, and its watch, end here: rank 0 first, the others later
+    std::this_thread::sleep_for(std::chrono::milliseconds(600 * rank));
+  }, so);
+  CHECK(result.pids.size() == 3);
+  CHECK_THROWS_WITH(liveness_options_from_env([](const std::string& k) -> std::optional<std::string> {
+                      if (k == "PARTRAIN_SILENCE_MS") return "-1";
+                      return std::nullopt;
+                    }),
+                    Catch::Contains("PARTRAIN_SILENCE_MS") && Catch::Contains("[0, 3600000]"));
 }
 
 TEST_CASE("init_process_group(file://) builds a gloo group", "[comm][init][gloo][processes]") {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -103,6 +104,16 @@ class process_group {
     calls_.store(0, std::memory_order_relaxed);
     bytes_sent_.store(0, std::memory_order_relaxed);
   }
+  // The last operation issued on this group and how many came before it ("all_reduce #42";
+  // "none" before the first), for errors that name what a rank was doing (liveness.hpp).
+  [[nodiscard]] std::string last_operation() const {
+    const auto v = last_op_.load(std::memory_order_relaxed);
+    if (v == 0) return "none";
+    return std::string(to_string(static_cast<collective>(v & 0xff))) + " #" + std::to_string(v >> 8);
+  }
+  // Keeps p alive as long as the group (what init_process_group starts beside it: the liveness
+  // watch). Destroyed after the backend's own members.
+  void attach(std::shared_ptr<void> p) { attachments_.push_back(std::move(p)); }
   [[nodiscard]] virtual std::string_view backend() const noexcept = 0;
   // Which memory the backend's collectives take (host for local and gloo, cuda for nccl).
   [[nodiscard]] virtual bool accepts(device_kind k) const noexcept { return k == device_kind::cpu; }
@@ -157,6 +168,7 @@ class process_group {
     return do_reduce_scatter(erase(in), r, op);
   }
   [[nodiscard]] work barrier() {
+    note(collective::barrier);
     if (opts_.check_collectives) check_across_ranks(collective::barrier, dtype::uint8, 0, -1, reduce_op::sum);
     return do_barrier();
   }
@@ -171,6 +183,7 @@ class process_group {
   [[nodiscard]] work recv(tensor_view<T, S> t, int src, int tag = 0) {
     check_peer(collective::recv, src, "src");
     check_space(collective::recv, std::same_as<S, cuda>);
+    note(collective::recv);
     return do_recv(erase(t), src, tag);
   }
 
@@ -221,7 +234,12 @@ class process_group {
 
  private:
   // Ring-algorithm bytes this rank sends for a collective over `bytes` (see comm_traffic).
+  void note(collective c) noexcept {
+    const auto n = ops_.fetch_add(1, std::memory_order_relaxed) + 1;
+    last_op_.store((n << 8) | static_cast<std::uint64_t>(c), std::memory_order_relaxed);
+  }
   void count(collective c, std::size_t bytes) noexcept {
+    note(c);
     calls_.fetch_add(1, std::memory_order_relaxed);
     if (size_ == 1) return;
     const auto n = static_cast<std::uint64_t>(size_);
@@ -293,6 +311,9 @@ class process_group {
   std::uint64_t seq_ = 0;
   std::atomic<std::uint64_t> calls_{0};
   std::atomic<std::uint64_t> bytes_sent_{0};
+  std::atomic<std::uint64_t> ops_{0};
+  std::atomic<std::uint64_t> last_op_{0};
+  std::vector<std::shared_ptr<void>> attachments_;
 };
 
 // What a communicator offers, whatever its engine: the process_group backends meet it, and so

@@ -11,6 +11,7 @@
 #include <partrain/core/device.hpp>
 #include <partrain/core/error.hpp>
 #include <partrain/rendezvous/job.hpp>
+#include <partrain/rendezvous/liveness.hpp>
 #include <partrain/rendezvous/rendezvous.hpp>
 
 // Plain macro tests (no __has_include): the single header carries these backends inline.
@@ -128,6 +129,10 @@ inline void check_backend_name(const std::string& backend) {
   auto info = rendezvous(url, opts);
   detail::join_job(info);  // one job: same world size everywhere, no rank claimed twice
   auto group = make_process_group(info, opts);
+  // A stalled or lost rank ends the job within seconds (liveness.hpp), not at the collective timeout.
+  if (const auto lo = liveness_options_from_env(); info.world_size > 1 && lo.silence.count() > 0) {
+    group->attach(std::make_shared<liveness_watch>(info, *group, lo));
+  }
   detail::release_store_host(info);
   return group;
 }

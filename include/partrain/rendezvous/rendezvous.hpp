@@ -409,28 +409,42 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
   return parse_rendezvous("env://", opts, process_env);
 }
 
-// Creates info.store: rank 0 hosts the TCP server (unless a launcher's agent does), the
-// others connect to it with retries until the timeout; or opens the file store.
-inline void connect_store(rendezvous_info& info) {
-  const std::string who = "rank " + std::to_string(info.rank);
+namespace detail {
+
+// A connection to the job's store: rank 0's hosts the TCP server when `host` (unless a
+// launcher's agent does), the others connect with retries until the timeout; or the file store.
+// `port`, when given, receives the TCP port (the one the server bound when rank 0 asked for 0).
+[[nodiscard]] inline std::shared_ptr<store> open_store(const rendezvous_info& info, bool host,
+                                                      std::chrono::milliseconds timeout, const std::string& who,
+                                                      std::uint16_t* port = nullptr) {
+  std::shared_ptr<store> s;
   if (info.scheme == "file") {
-    info.store = std::make_shared<file_store>(info.path, info.timeout, who);
+    s = std::make_shared<file_store>(info.path, timeout, who);
   } else {
     tcp_store_options o;
     o.host = info.master_addr;
     o.port = info.port;
-    o.is_server = info.rank == 0 && !info.agent_store;
+    o.is_server = host && info.rank == 0 && !info.agent_store;
     o.bind_address = info.bind_address;
     o.token = info.token;
-    o.timeout = info.timeout;
+    o.timeout = timeout;
     o.who = who;
-    auto s = std::make_shared<tcp_store>(o);
-    info.port = s->port();
-    info.store = std::move(s);
+    auto tcp = std::make_shared<tcp_store>(o);
+    if (port) *port = tcp->port();
+    s = std::move(tcp);
   }
   if (info.agent_store) {
-    info.store = std::make_shared<prefix_store>("/worker/attempt_" + std::to_string(info.restart_count), info.store);
+    s = std::make_shared<prefix_store>("/worker/attempt_" + std::to_string(info.restart_count), std::move(s));
   }
+  return s;
+}
+
+}  // namespace detail
+
+// Creates info.store: rank 0 hosts the TCP server (unless a launcher's agent does), the
+// others connect to it with retries until the timeout; or opens the file store.
+inline void connect_store(rendezvous_info& info) {
+  info.store = detail::open_store(info, true, info.timeout, "rank " + std::to_string(info.rank), &info.port);
 }
 
 // parse_rendezvous + connect_store.
