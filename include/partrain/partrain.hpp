@@ -103,6 +103,8 @@
 #include <partrain/parallel/data_parallel.hpp>
 #include <partrain/parallel/ddp.hpp>
 #include <partrain/parallel/ddp_stats.hpp>
+#include <partrain/parallel/diloco.hpp>
+#include <partrain/parallel/local_sgd.hpp>
 #include <partrain/parallel/pipeline/layer.hpp>
 #include <partrain/parallel/pipeline/local_grid.hpp>
 #include <partrain/parallel/pipeline/partition.hpp>
@@ -110,6 +112,9 @@
 #include <partrain/parallel/pipeline/schedule.hpp>
 #include <partrain/parallel/pipeline/stage.hpp>
 #include <partrain/parallel/policy.hpp>
+#include <partrain/parallel/powersgd.hpp>
+#include <partrain/parallel/streaming_diloco.hpp>
+#include <partrain/parallel/zero.hpp>
 
 // precision/
 #include <partrain/precision/cast.hpp>
@@ -117,15 +122,19 @@
 #include <partrain/precision/low_precision_copy.hpp>
 #include <partrain/precision/mixed_precision.hpp>
 #include <partrain/precision/precision.hpp>
+#include <partrain/precision/sharded_amp.hpp>
 
 // train/
 #include <partrain/train/checkpoint.hpp>
 #include <partrain/train/epochs.hpp>
 #include <partrain/train/every.hpp>
+#include <partrain/train/local_sgd_policy.hpp>
 #include <partrain/train/lr_schedule.hpp>
 #include <partrain/train/metrics.hpp>
 #include <partrain/train/policies.hpp>
 #include <partrain/train/progress.hpp>
+#include <partrain/train/sharded_checkpoint.hpp>
 #include <partrain/train/steps.hpp>
 #include <partrain/train/trace.hpp>
 #include <partrain/train/trainer.hpp>
+#include <partrain/train/zero_policy.hpp>

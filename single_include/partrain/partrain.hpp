@@ -14551,6 +14551,32 @@ inline void validate(const adamw_options& o) {
   if (!(o.eps >= 0)) bad("eps must be >= 0, got " + std::to_string(o.eps));
   if (!(o.weight_decay >= 0)) bad("weight_decay must be >= 0, got " + std::to_string(o.weight_decay));
 }
+
+// The element rule's coefficients for step `step` (1-based), in the parameters' precision (also
+// what a sharded optimizer steps its slice with, so both paths run the same arithmetic).
+template <class T>
+[[nodiscard]] adamw_coeffs<T> adamw_coeffs_of(const adamw_options& o, std::int64_t step) {
+  // PyTorch computes the bias corrections as Python floats (double), then the tensor ops take
+  // them in the parameter's precision.
+  const double bc1 = 1 - std::pow(o.beta1, static_cast<double>(step));
+  const double bc2 = 1 - std::pow(o.beta2, static_cast<double>(step));
+  return {T(1 - o.lr * o.weight_decay), T(1 - o.beta1),      T(1) - T(1 - o.beta1), T(o.beta2),
+          T(1 - o.beta2),               T(std::sqrt(bc2)),   T(o.eps),              T(-(o.lr / bc1))};
+}
+
+// save_state's layout, in one place for whoever writes it (a sharded checkpoint loaded into a
+// replicated adamw too): kind tag, step count, parameter count, then (once a step was taken)
+// both moments of every parameter.
+inline void put_adamw_state_header(state_writer& w, std::int64_t steps, std::size_t params) {
+  w.put_string("adamw");
+  w.put(steps);
+  w.put(static_cast<std::uint64_t>(params));
+}
+template <class T>
+void put_adamw_state_entry(state_writer& w, std::span<const T> exp_avg, std::span<const T> exp_avg_sq) {
+  w.put_array(exp_avg);
+  w.put_array(exp_avg_sq);
+}
 }  // namespace detail
 
 template <model M>
@@ -14578,18 +14604,7 @@ class adamw {
       }
     }
     ++step_;
-    // PyTorch computes the bias corrections as Python floats (double), then the tensor ops
-    // take them in the parameter's precision.
-    const double bc1 = 1 - std::pow(opts_.beta1, static_cast<double>(step_));
-    const double bc2 = 1 - std::pow(opts_.beta2, static_cast<double>(step_));
-    const detail::adamw_coeffs<T> c{T(1 - opts_.lr * opts_.weight_decay),
-                                    T(1 - opts_.beta1),
-                                    T(1) - T(1 - opts_.beta1),
-                                    T(opts_.beta2),
-                                    T(1 - opts_.beta2),
-                                    T(std::sqrt(bc2)),
-                                    T(opts_.eps),
-                                    T(-(opts_.lr / bc1))};
+    const auto c = detail::adamw_coeffs_of<T>(opts_, step_);
     std::size_t i = 0;
     for (auto&& p : model_->parameters()) {
       check_index(i);
@@ -14614,17 +14629,15 @@ class adamw {
 
   // State: kind tag, step count, then both moments of every parameter (once a step was taken).
   void save_state(state_writer& w) const {
-    w.put_string("adamw");
-    w.put(step_);
-    w.put(static_cast<std::uint64_t>(exp_avg_.size()));
+    detail::put_adamw_state_header(w, step_, exp_avg_.size());
     if (step_ == 0) return;
-    std::vector<T> host;
+    std::vector<T> m, s;
     for (std::size_t i = 0; i < exp_avg_.size(); ++i) {
-      host.resize(exp_avg_[i].size());
-      exp_avg_[i].copy_to_host(host);
-      w.put_array(std::span<const T>(host));
-      exp_avg_sq_[i].copy_to_host(host);
-      w.put_array(std::span<const T>(host));
+      m.resize(exp_avg_[i].size());
+      s.resize(exp_avg_sq_[i].size());
+      exp_avg_[i].copy_to_host(m);
+      exp_avg_sq_[i].copy_to_host(s);
+      detail::put_adamw_state_entry(w, std::span<const T>(m), std::span<const T>(s));
     }
   }
   void load_state(state_reader& r) {
@@ -15646,6 +15659,28 @@ inline void validate(const sgd_options& o) {
         ", dampening " + std::to_string(o.dampening) + ")");
   }
 }
+
+// The element rule's coefficients in the parameters' precision (also what a sharded optimizer
+// steps its slice with, so both paths run the same arithmetic).
+template <class T>
+[[nodiscard]] sgd_coeffs<T> sgd_coeffs_of(const sgd_options& o) {
+  return {T(o.lr), T(o.momentum), T(1 - o.dampening), T(o.weight_decay), o.nesterov, o.momentum != 0,
+          o.weight_decay != 0};
+}
+
+// save_state's layout, in one place for whoever writes it (a sharded checkpoint loaded into a
+// replicated sgd too): kind tag, step count, parameter count, then per parameter whether a
+// momentum buffer exists and its values.
+inline void put_sgd_state_header(state_writer& w, std::int64_t steps, std::size_t params) {
+  w.put_string("sgd");
+  w.put(steps);
+  w.put(static_cast<std::uint64_t>(params));
+}
+template <class T>
+void put_sgd_state_entry(state_writer& w, bool has_momentum, std::span<const T> momentum) {
+  w.put(static_cast<std::uint8_t>(has_momentum ? 1 : 0));
+  if (has_momentum) w.put_array(momentum);
+}
 }  // namespace detail
 
 template <model M>
@@ -15663,10 +15698,7 @@ class sgd {
   }
 
   void step() {
-    const detail::sgd_coeffs<T> c{T(opts_.lr),           T(opts_.momentum),
-                                  T(1 - opts_.dampening), T(opts_.weight_decay),
-                                  opts_.nesterov,         opts_.momentum != 0,
-                                  opts_.weight_decay != 0};
+    const auto c = detail::sgd_coeffs_of<T>(opts_);
     std::size_t i = 0;
     for (auto&& p : model_->parameters()) {
       check_index(i);
@@ -15699,16 +15731,12 @@ class sgd {
 
   // State: kind tag, step count, then per parameter whether a momentum buffer exists and its values.
   void save_state(state_writer& w) const {
-    w.put_string("sgd");
-    w.put(steps_);
-    w.put(static_cast<std::uint64_t>(buffers_.size()));
+    detail::put_sgd_state_header(w, steps_, buffers_.size());
     std::vector<T> host;
     for (std::size_t i = 0; i < buffers_.size(); ++i) {
-      w.put(has_buffer_[i]);
-      if (!has_buffer_[i]) continue;
-      host.resize(buffers_[i].size());
-      buffers_[i].copy_to_host(host);
-      w.put_array(std::span<const T>(host));
+      host.resize(has_buffer_[i] ? buffers_[i].size() : 0);
+      if (has_buffer_[i]) buffers_[i].copy_to_host(host);
+      detail::put_sgd_state_entry(w, has_buffer_[i] != 0, std::span<const T>(host));
     }
   }
   void load_state(state_reader& r) {
@@ -15766,6 +15794,7 @@ class sgd {
 #include <exception>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -16271,6 +16300,10 @@ class grad_bucket {
   // join), times the accumulated micro-steps when no_sync averages them.
   [[nodiscard]] double divisor() const noexcept { return divisor_; }
   [[nodiscard]] int world_size() const noexcept { return world_size_; }
+  // The shapes of the bucket's parameters, in the order they lie in buffer() (DDP sets them), so
+  // a hook can see matrices where the buffer is flat (PowerSGD). Empty: the owner did not say.
+  [[nodiscard]] std::span<const shape> param_shapes() const noexcept { return param_shapes_; }
+  void set_param_shapes(std::vector<shape> s) { param_shapes_ = std::move(s); }
   // Host memory the hook may keep across the asynchronous operation (e.g. a 16-bit copy).
   [[nodiscard]] std::vector<std::byte>& scratch() noexcept { return scratch_; }
   // Anything else a hook keeps from step to step (device scratch, error feedback, ...).
@@ -16299,6 +16332,7 @@ class grad_bucket {
   void* cuda_stream_ = nullptr;
   std::vector<std::byte> scratch_;
   std::shared_ptr<void> hook_state_;
+  std::vector<shape> param_shapes_;
 };
 
 using comm_hook = std::function<work(grad_bucket&)>;
@@ -18654,6 +18688,15 @@ class reducer {
 
   [[nodiscard]] std::size_t size() const noexcept { return numels_.size(); }
 
+  // Tells every bucket the shapes of its parameters (in bucket memory order), for the hooks.
+  void set_param_shapes(const std::vector<shape>& shapes) {
+    for (auto& b : buckets_) {
+      std::vector<shape> mine;
+      for (std::size_t p : b.info.params) mine.push_back(shapes.at(p));
+      b.gb->set_param_shapes(std::move(mine));
+    }
+  }
+
   // Starts a synchronizing step. `add`: the buckets already hold accumulated micro-steps.
   void begin(double divisor, bool add) {
     divisor_ = divisor;
@@ -19246,7 +19289,11 @@ class distributed_data_parallel {
     }
     plain_hook_ = opts_.hook.target_type() == comm_hooks::allreduce().target_type();
     std::vector<std::size_t> numels;
-    for (auto&& p : model_->parameters()) numels.push_back(p.value().size());
+    std::vector<shape> shapes;
+    for (auto&& p : model_->parameters()) {
+      numels.push_back(p.value().size());
+      shapes.push_back(p.value().shape());
+    }
     cuda_device_ = resolve_cuda_device();
     verify_parameters();
     if (opts_.broadcast_parameters) broadcast_parameters_from(0);
@@ -19254,6 +19301,7 @@ class distributed_data_parallel {
                                                     opts_.bucket_cap_bytes, opts_.hook,
                                                     detail::make_all_reduce_fn(comm), comm.rank(), comm.size(), stats_,
                                                     device_placement(), opts_.on_bucket_launch);
+    reducer_->set_param_shapes(shapes);
   }
   distributed_data_parallel(const distributed_data_parallel&) = delete;
   distributed_data_parallel& operator=(const distributed_data_parallel&) = delete;
@@ -19635,6 +19683,612 @@ class distributed_data_parallel {
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_PARALLEL_DDP_HPP
+// #include <partrain/parallel/diloco.hpp>
+#ifndef PARTRAIN_SI_PARALLEL_DILOCO_HPP
+#define PARTRAIN_SI_PARALLEL_DILOCO_HPP
+// partrain/parallel/diloco.hpp: DiLoCo (Douillard et al., arXiv:2311.08105) over any inner
+// optimizer and any communicator: every rank runs `inner_steps` (H) steps of its own optimizer
+// on its own data, then the outer gradient (the parameters at the start of the round minus this
+// rank's parameters now, averaged over ranks) drives an outer optimizer, Nesterov SGD with lr 0.7
+// and momentum 0.9 by default. One parameter-sized exchange per H steps instead of one gradient
+// all_reduce per step; optionally in 16 bits or in 8 bits (per-tensor scaled int8).
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace partrain::inline v0 {
+
+// How the outer gradients travel.
+enum class outer_compression : std::uint8_t {
+  none,  // the parameters' type (fp32 or fp64), one all_reduce
+  fp16,  // IEEE half, one all_reduce (divided by the world size first, so sums stay in range)
+  bf16,  // bfloat16, one all_reduce
+  int8,  // per-tensor scaled int8: an all_gather of the codes and scales, summed locally
+};
+
+[[nodiscard]] constexpr std::string_view to_string(outer_compression c) noexcept {
+  switch (c) {
+    case outer_compression::none: return "none";
+    case outer_compression::fp16: return "fp16";
+    case outer_compression::bf16: return "bf16";
+    case outer_compression::int8: return "int8";
+  }
+  return "unknown";
+}
+
+struct diloco_options {
+  // H: inner steps between two outer steps.
+  std::int64_t inner_steps = 500;
+  // The outer optimizer: torch.optim.SGD(lr, momentum, nesterov) on the outer gradient.
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
+  bool nesterov = true;
+  outer_compression compression = outer_compression::none;
+  // Copy rank 0's parameters to every rank at construction (every rank must start a round from
+  // the same point; false: the caller guarantees they are equal).
+  bool broadcast_parameters = true;
+};
+
+namespace detail::diloco {
+
+inline void validate(const diloco_options& o) {
+  auto bad = [](const std::string& what) { throw invalid_argument_error("diloco_options: " + what); };
+  if (o.inner_steps < 1) bad("inner_steps must be >= 1 (local steps between outer steps), got " + std::to_string(o.inner_steps));
+  if (!(o.outer_lr >= 0)) bad("outer_lr must be >= 0, got " + std::to_string(o.outer_lr));
+  if (!(o.outer_momentum >= 0 && o.outer_momentum < 1)) {
+    bad("outer_momentum must be in [0, 1), got " + std::to_string(o.outer_momentum));
+  }
+  if (o.nesterov && o.outer_momentum == 0) {
+    bad("nesterov needs outer_momentum > 0 (set nesterov = false for plain outer SGD)");
+  }
+}
+
+// The outer optimizer's view of the model: the model's own values, and the outer gradients as
+// the gradients, so partrain::sgd (torch.optim.SGD's rule, its state save/load) does the step.
+template <class T>
+struct outer_param {
+  tensor_view<T> v, g;
+  [[nodiscard]] tensor_view<T> value() const noexcept { return v; }
+  [[nodiscard]] tensor_view<T> grad() const noexcept { return g; }
+};
+template <class T>
+struct outer_model {
+  std::vector<outer_param<T>> params;
+  [[nodiscard]] std::vector<outer_param<T>>& parameters() noexcept { return params; }
+};
+
+// The int8 code of x with scale s = max|x| / 127: round to nearest even, clamp to +-127 (-128 is
+// never used, so the code is symmetric), stored as the byte's bits.
+template <class T>
+[[nodiscard]] inline std::uint8_t quantize(T x, T inv_scale) noexcept {
+  const T q = std::nearbyint(x * inv_scale);
+  if (!(q == q)) return 0;  // NaN has no code (and casting it is undefined)
+  const auto c = static_cast<std::int8_t>(std::clamp(q, T(-127), T(127)));
+  return static_cast<std::uint8_t>(c);
+}
+[[nodiscard]] inline float code_value(std::uint8_t b) noexcept {
+  return static_cast<float>(static_cast<std::int8_t>(b));
+}
+
+// The mean over ranks of an outer gradient, every rank getting the same bytes: start() issues
+// the collectives on a copy (so the caller may go on training while they run), finish() waits and
+// writes the mean. One exchange in flight at a time.
+template <class T>
+class outer_exchange {
+ public:
+  explicit outer_exchange(outer_compression c) noexcept : c_(c) {}
+  outer_exchange(const outer_exchange&) = delete;
+  outer_exchange& operator=(const outer_exchange&) = delete;
+  // The collectives write into this object's buffers: they must be done before it goes.
+  ~outer_exchange() {
+    for (auto& w : works_) {
+      try {
+        w.wait();
+      } catch (...) {
+      }
+    }
+  }
+  [[nodiscard]] bool in_flight() const noexcept { return !works_.empty(); }
+
+  // `offsets`/`sizes`: the tensors within `delta` (int8 scales them one by one).
+  template <class C>
+  void start(C& comm, std::span<const T> delta, std::span<const std::size_t> offsets, std::span<const std::size_t> sizes) {
+    world_ = comm.size();
+    n_ = delta.size();
+    works_.clear();
+    if (world_ == 1) {
+      plain_.assign(delta.begin(), delta.end());
+      return;
+    }
+    switch (c_) {
+      case outer_compression::none: {
+        plain_.resize(n_);
+        for (std::size_t i = 0; i < n_; ++i) plain_[i] = delta[i] / static_cast<T>(world_);
+        works_.push_back(comm.all_reduce(tensor_view<T>(plain_), reduce_op::sum));
+        return;
+      }
+      case outer_compression::fp16: return start_16<half>(comm, delta, half_);
+      case outer_compression::bf16: return start_16<bfloat16>(comm, delta, bf16_);
+      case outer_compression::int8: return start_int8(comm, delta, offsets, sizes);
+    }
+  }
+
+  void finish(std::span<T> out) {
+    for (auto& w : works_) w.wait();
+    works_.clear();
+    if (world_ == 1 || c_ == outer_compression::none) {
+      std::copy(plain_.begin(), plain_.end(), out.begin());
+      return;
+    }
+    switch (c_) {
+      case outer_compression::none: break;
+      case outer_compression::fp16:
+        for_each_index(host_exec{}, n_, decompress_16_fn<half, T>{half_.data(), out.data()});
+        break;
+      case outer_compression::bf16:
+        for_each_index(host_exec{}, n_, decompress_16_fn<bfloat16, T>{bf16_.data(), out.data()});
+        break;
+      case outer_compression::int8: finish_int8(out); break;
+    }
+  }
+
+ private:
+  // The fp16/bf16 hooks' casts (one home for them): H(x) / world in H, summed in H.
+  template <class H, class C>
+  void start_16(C& comm, std::span<const T> delta, std::vector<H>& h) {
+    h.resize(n_);
+    for_each_index(host_exec{}, n_, compress_16_fn<T, H>{delta.data(), h.data(), static_cast<float>(world_)});
+    works_.push_back(comm.all_reduce(tensor_view<H>(h), reduce_op::sum));
+  }
+
+  // int8 codes cannot be summed by the all_reduce itself: the sum of n codes leaves int8 at two
+  // ranks, and each rank's code means something else under its own scale. So every rank's codes
+  // and scales are all-gathered (world x (N bytes + one float per tensor)) and every rank
+  // decodes and sums them itself, in rank order, in T: the same operations on the same bytes, so
+  // the same result everywhere. What a rank sends, (n-1) * N bytes, beats the fp32 all_reduce's
+  // 8 (n-1)/n * N while n < 8; beyond that use fp16/bf16.
+  template <class C>
+  void start_int8(C& comm, std::span<const T> delta, std::span<const std::size_t> offsets,
+                  std::span<const std::size_t> sizes) {
+    offsets_.assign(offsets.begin(), offsets.end());
+    sizes_.assign(sizes.begin(), sizes.end());
+    const std::size_t tensors = sizes_.size();
+    const auto world = static_cast<std::size_t>(world_);
+    codes_.resize(n_);
+    scales_.resize(tensors);
+    for (std::size_t k = 0; k < tensors; ++k) {
+      const T* d = delta.data() + offsets_[k];
+      T amax = 0;
+      for (std::size_t i = 0; i < sizes_[k]; ++i) amax = std::max(amax, std::abs(d[i]));
+      const float scale = static_cast<float>(amax / T(127));
+      scales_[k] = scale;
+      const T inv = scale > 0 ? T(1) / static_cast<T>(scale) : T(0);
+      std::uint8_t* c = codes_.data() + offsets_[k];
+      for (std::size_t i = 0; i < sizes_[k]; ++i) c[i] = quantize(d[i], inv);
+    }
+    all_codes_.resize(n_ * world);
+    all_scales_.resize(tensors * world);
+    works_.push_back(comm.all_gather(tensor_view<const std::uint8_t>(codes_), tensor_view<std::uint8_t>(all_codes_)));
+    works_.push_back(comm.all_gather(tensor_view<const float>(scales_), tensor_view<float>(all_scales_)));
+  }
+  void finish_int8(std::span<T> out) {
+    const std::size_t tensors = sizes_.size();
+    const auto world = static_cast<std::size_t>(world_);
+    std::fill(out.begin(), out.end(), T(0));
+    for (std::size_t r = 0; r < world; ++r) {
+      for (std::size_t k = 0; k < tensors; ++k) {
+        const T s = static_cast<T>(all_scales_[r * tensors + k]);
+        const std::uint8_t* c = all_codes_.data() + r * n_ + offsets_[k];
+        T* d = out.data() + offsets_[k];
+        for (std::size_t i = 0; i < sizes_[k]; ++i) d[i] += static_cast<T>(code_value(c[i])) * s;
+      }
+    }
+    const T inv_world = T(1) / static_cast<T>(world);
+    for (auto& x : out) x *= inv_world;
+  }
+
+  outer_compression c_;
+  int world_ = 1;
+  std::size_t n_ = 0;
+  std::vector<work> works_;
+  std::vector<T> plain_;
+  std::vector<half> half_;
+  std::vector<bfloat16> bf16_;
+  std::vector<std::size_t> offsets_, sizes_;
+  std::vector<std::uint8_t> codes_, all_codes_;
+  std::vector<float> scales_, all_scales_;
+};
+
+// Rank 0's parameters to every rank, after checking that every rank has as many parameters and
+// values (a rank with another model would otherwise receive garbage).
+template <class C, class M>
+void broadcast_parameters(C& comm, M& model, const char* who) {
+  std::vector<std::int64_t> mine{0, 0};
+  for (auto&& p : model.parameters()) {
+    ++mine[0];
+    mine[1] += static_cast<std::int64_t>(p.value().size());
+  }
+  std::vector<std::int64_t> root = mine;
+  comm.broadcast(tensor_view<std::int64_t>(root), 0).wait();
+  if (root != mine) {
+    throw config_error("rank " + std::to_string(comm.rank()) + " " + who + ": this rank's model has " +
+                       std::to_string(mine[0]) + " parameters with " + std::to_string(mine[1]) + " values, rank 0's has " +
+                       std::to_string(root[0]) + " with " + std::to_string(root[1]) +
+                       " (expected the same model on every rank)");
+  }
+  std::vector<work> works;
+  for (auto&& p : model.parameters()) works.push_back(comm.broadcast(p.value(), 0));
+  for (auto& w : works) w.wait();
+}
+
+}  // namespace detail::diloco
+
+template <model M, optimizer Inner, communicator C = process_group>
+class diloco {
+  using P = param_t<M>;
+  using T = param_element_t<P>;
+  static_assert(std::same_as<param_space_t<P>, host>,
+                "partrain: diloco keeps its outer state on the host (CUDA parameters are not supported yet)");
+  static_assert(std::same_as<T, float> || std::same_as<T, double>, "partrain: diloco steps float or double parameters");
+
+ public:
+  diloco(M& m, Inner& inner, C& comm, diloco_options o = {})
+      : opts_((detail::diloco::validate(o), o)), model_(&m), inner_(&inner), comm_(&comm),
+        outer_model_(make_outer_model()), outer_(outer_model_, outer_sgd_options()) {
+    if (opts_.broadcast_parameters) detail::diloco::broadcast_parameters(*comm_, *model_, "diloco");
+    snapshot();
+  }
+  diloco(const diloco&) = delete;
+  diloco& operator=(const diloco&) = delete;
+
+  // One inner step on this rank's batch (no communication), then the outer step when the round
+  // of H inner steps is complete. Returns this rank's loss.
+  template <class B>
+  double train_step(const B& batch) {
+    static_assert(check_trainable<M, B>());
+    const double loss = model_->train_step(batch);
+    inner_->step();
+    ++steps_;
+    if (++inner_step_ == opts_.inner_steps) sync();
+    return loss;
+  }
+
+  // The outer step now (train_step calls it every H steps): outer gradient = start - current,
+  // averaged over ranks; back to the start; the outer optimizer steps; a new round starts there.
+  void sync() {
+    std::size_t k = 0;
+    for (auto&& p : model_->parameters()) {
+      const auto v = p.value();
+      const T* s = start_.data() + offsets_[k];
+      T* d = delta_.data() + offsets_[k];
+      for (std::size_t i = 0; i < v.size(); ++i) d[i] = s[i] - v[i];  // old minus new: the sign SGD expects
+      ++k;
+    }
+    exchange_.start(*comm_, std::span<const T>(delta_), offsets_, sizes_);
+    exchange_.finish(std::span<T>(delta_));
+    k = 0;
+    for (auto&& p : model_->parameters()) {
+      auto v = p.value();
+      std::memcpy(v.data(), start_.data() + offsets_[k], v.size_bytes());
+      ++k;
+    }
+    outer_.step();
+    snapshot();
+    inner_step_ = 0;
+    ++outer_steps_;
+  }
+
+  [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
+  [[nodiscard]] std::int64_t outer_steps() const noexcept { return outer_steps_; }
+  // Inner steps taken in the current round (0 right after an outer step).
+  [[nodiscard]] std::int64_t inner_step() const noexcept { return inner_step_; }
+  // The parameters every rank agrees on: where the current round started.
+  [[nodiscard]] std::span<const T> global_parameters() const noexcept { return start_; }
+  [[nodiscard]] const diloco_options& options() const noexcept { return opts_; }
+  [[nodiscard]] M& module() noexcept { return *model_; }
+  [[nodiscard]] C& comm() noexcept { return *comm_; }
+  [[nodiscard]] Inner& optimizer() noexcept { return *inner_; }
+  [[nodiscard]] sgd<detail::diloco::outer_model<T>>& outer_optimizer() noexcept { return outer_; }
+
+  // Each rank evaluates its own current parameters on its batches; the sums over all ranks (as
+  // DDP's evaluate). Inside a round the ranks' models differ: call sync() first for the one model.
+  template <class Range>
+  [[nodiscard]] eval_result evaluate(Range&& batches) {
+    eval_result local;
+    for (auto&& b : batches) {
+      static_assert(evaluable_on<M, std::remove_cvref_t<decltype(b)>>,
+                    "partrain: evaluate needs `eval_result eval_step(const Batch&)` on the model");
+      local += model_->eval_step(b);
+    }
+    std::vector<double> sums{local.loss_sum, static_cast<double>(local.correct), static_cast<double>(local.count)};
+    comm_->all_reduce(tensor_view<double>(sums), reduce_op::sum).wait();
+    return {sums[0], static_cast<std::size_t>(sums[1]), static_cast<std::size_t>(sums[2])};
+  }
+
+  // State: kind tag, options, counters, the round's start parameters, the outer optimizer's
+  // momentum, then the inner optimizer's state when it has one. The model's parameters are the
+  // caller's to save (they differ across ranks inside a round).
+  void save_state(state_writer& w) const {
+    w.put_string("diloco");
+    w.put(opts_.inner_steps);
+    w.put(static_cast<std::uint8_t>(opts_.compression));
+    w.put(steps_);
+    w.put(inner_step_);
+    w.put(outer_steps_);
+    w.put_array(std::span<const T>(start_));
+    outer_.save_state(w);
+    if constexpr (stateful_optimizer<Inner>) inner_->save_state(w);
+  }
+  void load_state(state_reader& r) {
+    const auto kind = r.get_string("DiLoCo state kind");
+    if (kind != "diloco") throw checkpoint_error("DiLoCo state is for '" + kind + "', expected 'diloco'");
+    const auto h = r.get<std::int64_t>("DiLoCo inner_steps");
+    const auto comp = r.get<std::uint8_t>("DiLoCo compression");
+    if (h != opts_.inner_steps || comp != static_cast<std::uint8_t>(opts_.compression)) {
+      throw checkpoint_error("DiLoCo state was saved with inner_steps " + std::to_string(h) + " and compression " +
+                             std::string(to_string(static_cast<outer_compression>(comp))) + ", this run has " +
+                             std::to_string(opts_.inner_steps) + " and " + std::string(to_string(opts_.compression)) +
+                             " (expected the same)");
+    }
+    const auto steps = r.get<std::int64_t>("DiLoCo step count");
+    const auto inner_step = r.get<std::int64_t>("DiLoCo position in the round");
+    const auto outer_steps = r.get<std::int64_t>("DiLoCo outer step count");
+    std::vector<T> start(start_.size());
+    r.get_array(std::span<T>(start), "DiLoCo start parameters");
+    outer_.load_state(r);
+    if constexpr (stateful_optimizer<Inner>) inner_->load_state(r);
+    start_ = std::move(start);
+    steps_ = steps;
+    inner_step_ = inner_step;
+    outer_steps_ = outer_steps;
+  }
+
+ private:
+  [[nodiscard]] sgd_options outer_sgd_options() const {
+    return {.lr = opts_.outer_lr, .momentum = opts_.outer_momentum, .dampening = 0, .weight_decay = 0,
+            .nesterov = opts_.nesterov};
+  }
+
+  // Offsets of every parameter in the flat buffers; the outer model's views into delta_.
+  detail::diloco::outer_model<T> make_outer_model() {
+    std::size_t total = 0;
+    for (auto&& p : model_->parameters()) {
+      offsets_.push_back(total);
+      sizes_.push_back(p.value().size());
+      total += p.value().size();
+    }
+    start_.resize(total);
+    delta_.resize(total);
+    detail::diloco::outer_model<T> om;
+    std::size_t k = 0;
+    for (auto&& p : model_->parameters()) {
+      om.params.push_back({p.value(), tensor_view<T>(delta_.data() + offsets_[k], p.value().shape())});
+      ++k;
+    }
+    return om;
+  }
+
+  void snapshot() {
+    std::size_t k = 0;
+    for (auto&& p : model_->parameters()) {
+      const auto v = p.value();
+      if (v.size() != sizes_[k]) {
+        throw invalid_argument_error("diloco: parameter #" + std::to_string(k) + " now has " + std::to_string(v.size()) +
+                                     " elements, it had " + std::to_string(sizes_[k]) + " at construction");
+      }
+      std::memcpy(start_.data() + offsets_[k], v.data(), v.size_bytes());
+      ++k;
+    }
+  }
+
+  diloco_options opts_;
+  M* model_;
+  Inner* inner_;
+  C* comm_;
+  std::vector<std::size_t> offsets_, sizes_;
+  std::vector<T> start_;  // the round's start: the parameters every rank agrees on
+  std::vector<T> delta_;  // the outer gradient (the outer optimizer's grads view it)
+  detail::diloco::outer_model<T> outer_model_;
+  sgd<detail::diloco::outer_model<T>> outer_;
+  detail::diloco::outer_exchange<T> exchange_{opts_.compression};
+  std::int64_t steps_ = 0, inner_step_ = 0, outer_steps_ = 0;
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_PARALLEL_DILOCO_HPP
+// #include <partrain/parallel/local_sgd.hpp>
+#ifndef PARTRAIN_SI_PARALLEL_LOCAL_SGD_HPP
+#define PARTRAIN_SI_PARALLEL_LOCAL_SGD_HPP
+// partrain/parallel/local_sgd.hpp: post-local SGD (PyTorch's PostLocalSGDState hook,
+// PeriodicModelAverager and PostLocalSGDOptimizer in one policy): synchronous DDP for
+// `warmup_steps` steps, then every rank steps alone on its own gradients (no gradient
+// all_reduce) and the parameters are averaged over all ranks every `period` steps.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace partrain::inline v0 {
+
+struct local_sgd_options {
+  // Average the parameters every `period` steps once local SGD has started.
+  std::int64_t period = 4;
+  // Steps of ordinary DDP (gradients all-reduced) before local SGD starts; PyTorch's
+  // start_localSGD_iter, which must equal its averager's warmup_steps (one number here).
+  std::int64_t warmup_steps = 0;
+  // The DDP that runs the warm-up; its hook (allreduce, fp16_compress, ...) is used during the
+  // warm-up only.
+  ddp_options ddp = {};
+};
+
+namespace detail::local_sgd {
+
+inline void validate(const local_sgd_options& o) {
+  if (o.period < 1) {
+    throw invalid_argument_error("local_sgd_options: period must be >= 1 (steps between parameter averages), got " +
+                                 std::to_string(o.period));
+  }
+  if (o.warmup_steps < 0) {
+    throw invalid_argument_error("local_sgd_options: warmup_steps must be >= 0 (synchronous DDP steps before local "
+                                 "SGD starts), got " + std::to_string(o.warmup_steps));
+  }
+  if (!o.ddp.hook) {
+    throw invalid_argument_error("local_sgd_options: ddp.hook is empty (expected the warm-up's comm_hook, e.g. "
+                                 "comm_hooks::allreduce())");
+  }
+}
+
+// The warm-up's hook while `*sync` is true; afterwards the bucket keeps this rank's own gradient
+// (PyTorch's post_local_gradient_allreduce=False: nothing is communicated, nothing divided).
+[[nodiscard]] inline comm_hook gated(comm_hook inner, std::shared_ptr<const bool> sync) {
+  return [inner = std::move(inner), sync = std::move(sync)](grad_bucket& b) -> work {
+    if (*sync) return inner(b);
+    return work::completed();
+  };
+}
+
+}  // namespace detail::local_sgd
+
+// One training step = the DDP step (gradients averaged during the warm-up, local afterwards),
+// the optimizer's step, then the parameter average when one is due. Only parameters are
+// averaged; each rank keeps its own optimizer state (momentum), as in PyTorch.
+template <model M, optimizer O, communicator C = process_group>
+class post_local_sgd {
+  using P = param_t<M>;
+  using T = param_element_t<P>;
+  static_assert(std::same_as<param_space_t<P>, host>,
+                "partrain: post_local_sgd averages host parameters (CUDA parameters are not supported yet)");
+
+ public:
+  post_local_sgd(M& m, O& opt, C& comm, local_sgd_options o = {})
+      : opts_((detail::local_sgd::validate(o), std::move(o))),
+        opt_(&opt),
+        sync_(std::make_shared<bool>(true)),
+        ddp_(m, comm, with_gate(opts_.ddp, sync_)) {}
+  post_local_sgd(const post_local_sgd&) = delete;
+  post_local_sgd& operator=(const post_local_sgd&) = delete;
+
+  // Returns this rank's loss.
+  template <class B>
+  double train_step(const B& batch) {
+    *sync_ = step_ < opts_.warmup_steps;
+    const double loss = ddp_.train_step(batch);
+    opt_->step();
+    average_if_due();
+    return loss;
+  }
+
+  // Steps taken (PyTorch's averager step counter); the position in the period follows from it.
+  [[nodiscard]] std::int64_t steps() const noexcept { return step_; }
+  // Whether the last train_step ended with a parameter average (or was a synchronous warm-up
+  // step): every rank then holds the same parameters, bit for bit.
+  [[nodiscard]] bool synced_last_step() const noexcept { return synced_last_; }
+  [[nodiscard]] bool in_warmup() const noexcept { return step_ < opts_.warmup_steps; }
+
+  // Averages the parameters now (e.g. before evaluating or saving a final model).
+  void average_parameters() {
+    auto& comm = ddp_.comm();
+    const int world = comm.size();
+    flat_.clear();
+    for (auto&& p : ddp_.module().parameters()) {
+      const auto v = p.value();
+      flat_.insert(flat_.end(), v.begin(), v.end());
+    }
+    // PyTorch's average_parameters: divide first, then one all_reduce (sum) of the flat buffer.
+    const T inv = T(1) / static_cast<T>(world);
+    if (world > 1) {
+      for (auto& x : flat_) x *= inv;
+      comm.all_reduce(tensor_view<T>(flat_), reduce_op::sum).wait();
+    }
+    std::size_t off = 0;
+    for (auto&& p : ddp_.module().parameters()) {
+      auto v = p.value();
+      std::copy(flat_.begin() + static_cast<std::ptrdiff_t>(off), flat_.begin() + static_cast<std::ptrdiff_t>(off + v.size()),
+                v.begin());
+      off += v.size();
+    }
+  }
+
+  // Each rank evaluates its own current parameters on its batches; the sums over all ranks (as
+  // DDP's evaluate). Between averages the ranks' models differ: average_parameters() first for
+  // the one model.
+  template <class Range>
+  [[nodiscard]] eval_result evaluate(Range&& batches) {
+    return ddp_.evaluate(std::forward<Range>(batches));
+  }
+
+  // State: kind tag, options, step counter, then the optimizer's own state when it has one.
+  void save_state(state_writer& w) const {
+    w.put_string("post_local_sgd");
+    w.put(opts_.period);
+    w.put(opts_.warmup_steps);
+    w.put(step_);
+    w.put(static_cast<std::uint8_t>(synced_last_));
+    if constexpr (stateful_optimizer<O>) opt_->save_state(w);
+  }
+  void load_state(state_reader& r) {
+    const auto kind = r.get_string("local SGD state kind");
+    if (kind != "post_local_sgd") throw checkpoint_error("local SGD state is for '" + kind + "', expected 'post_local_sgd'");
+    const auto period = r.get<std::int64_t>("local SGD period");
+    const auto warmup = r.get<std::int64_t>("local SGD warmup_steps");
+    if (period != opts_.period || warmup != opts_.warmup_steps) {
+      throw checkpoint_error("local SGD state was saved with period " + std::to_string(period) + " and warmup_steps " +
+                             std::to_string(warmup) + ", this run has period " + std::to_string(opts_.period) +
+                             " and warmup_steps " + std::to_string(opts_.warmup_steps) + " (expected the same)");
+    }
+    const auto step = r.get<std::int64_t>("local SGD step counter");
+    const auto synced = r.get<std::uint8_t>("local SGD sync flag");
+    if constexpr (stateful_optimizer<O>) opt_->load_state(r);
+    step_ = step;
+    synced_last_ = synced != 0;
+  }
+
+  [[nodiscard]] distributed_data_parallel<M, C>& ddp() noexcept { return ddp_; }
+  [[nodiscard]] O& optimizer() noexcept { return *opt_; }
+  [[nodiscard]] M& module() noexcept { return ddp_.module(); }
+  [[nodiscard]] C& comm() noexcept { return ddp_.comm(); }
+  [[nodiscard]] const local_sgd_options& options() const noexcept { return opts_; }
+
+ private:
+  [[nodiscard]] static ddp_options with_gate(ddp_options o, const std::shared_ptr<bool>& sync) {
+    o.hook = detail::local_sgd::gated(std::move(o.hook), sync);
+    return o;
+  }
+
+  // PeriodicModelAverager.average_parameters: average when step >= warmup_steps and
+  // (step - warmup_steps) % period == 0, then count the step.
+  void average_if_due() {
+    const bool warmup = step_ < opts_.warmup_steps;
+    const bool due = !warmup && (step_ - opts_.warmup_steps) % opts_.period == 0;
+    if (due) average_parameters();
+    synced_last_ = warmup || due;
+    ++step_;
+  }
+
+  local_sgd_options opts_;
+  O* opt_;
+  std::shared_ptr<bool> sync_;  // read by the gated hook, on the training thread
+  distributed_data_parallel<M, C> ddp_;
+  std::int64_t step_ = 0;
+  bool synced_last_ = false;
+  std::vector<T> flat_;
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_PARALLEL_LOCAL_SGD_HPP
 // #include <partrain/parallel/pipeline/layer.hpp>
 #ifndef PARTRAIN_SI_PARALLEL_PIPELINE_LAYER_HPP
 #define PARTRAIN_SI_PARALLEL_PIPELINE_LAYER_HPP
@@ -20809,6 +21463,1538 @@ concept parallel_policy = requires(P& p, const B& b, std::span<const B> batches)
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_PARALLEL_POLICY_HPP
+// #include <partrain/parallel/powersgd.hpp>
+#ifndef PARTRAIN_SI_PARALLEL_POWERSGD_HPP
+#define PARTRAIN_SI_PARALLEL_POWERSGD_HPP
+// partrain/parallel/powersgd.hpp: PowerSGD gradient compression as a DDP comm hook (Vogels,
+// Karimireddy, Jaggi, NeurIPS 2019; PyTorch's powerSGD_hook): every matrix gradient M (n x m,
+// the parameter viewed as [dim0, -1]) travels as a rank-r product P Q^T (one power iteration,
+// warm-started from last step's Q), with error feedback; vectors and matrices too small to gain
+// are all-reduced as they are. Host buckets only. The state (error feedback, Q, step counters)
+// saves and loads, so a resumed run compresses exactly as the uninterrupted one would.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace partrain::inline v0 {
+
+// PyTorch's PowerSGDState knobs, same names and defaults.
+struct powersgd_options {
+  std::size_t matrix_approximation_rank = 1;
+  // Steps of plain all_reduce before compression starts (PyTorch's start_powerSGD_iter). Our
+  // buckets are never rebuilt, so unlike PyTorch any value >= 0 is safe with error feedback.
+  std::int64_t start_iter = 1000;
+  // Compress an n x m matrix only if (n + m) r * min_compression_rate < n m; 0 compresses every
+  // matrix (at full rank that reproduces the all_reduce: the tests use it).
+  double min_compression_rate = 2;
+  bool use_error_feedback = true;
+  bool warm_start = true;
+  // Added to each column's norm in Gram-Schmidt; a small value guards vanishing gradients.
+  double orthogonalization_epsilon = 0;
+  std::uint64_t random_seed = 0;
+};
+
+namespace detail::powersgd {
+
+inline void validate(const powersgd_options& o) {
+  auto bad = [](const std::string& what) { throw invalid_argument_error("powersgd_options: " + what); };
+  if (o.matrix_approximation_rank < 1) bad("matrix_approximation_rank must be >= 1, got 0");
+  if (o.start_iter < 0) bad("start_iter must be >= 0, got " + std::to_string(o.start_iter));
+  if (!(o.min_compression_rate >= 0)) bad("min_compression_rate must be >= 0, got " + std::to_string(o.min_compression_rate));
+  if (!(o.orthogonalization_epsilon >= 0)) {
+    bad("orthogonalization_epsilon must be >= 0, got " + std::to_string(o.orthogonalization_epsilon));
+  }
+}
+
+// One matrix of a bucket: where it lies, its n x m view and the rank used for it.
+struct matrix {
+  std::size_t offset, n, m, r;
+};
+
+// Splits a bucket into compressed matrices and the rest (offset, count) by PyTorch's rule. With
+// no shapes (a bucket whose owner did not say), the whole bucket is one matrix n x m with n the
+// largest divisor of its size not above its square root (PyTorch's batched hook pads to a
+// square instead; a divisor keeps the buffer as it is, at some loss of shape for odd sizes).
+struct layout {
+  std::vector<matrix> matrices;
+  std::vector<std::pair<std::size_t, std::size_t>> rest;
+  std::size_t p_elements = 0, q_elements = 0, rest_elements = 0;
+};
+
+[[nodiscard]] inline layout plan(std::span<const shape> shapes, std::size_t bucket_elements, const powersgd_options& o) {
+  layout l;
+  auto add = [&](std::size_t off, std::size_t n, std::size_t m) {
+    const std::size_t numel = n * m;
+    const std::size_t r = std::min({n, m, o.matrix_approximation_rank});
+    const bool worth = n > 1 && m > 1 &&
+                       static_cast<double>((n + m) * r) * o.min_compression_rate < static_cast<double>(numel);
+    if (worth) {
+      l.matrices.push_back({off, n, m, r});
+      l.p_elements += n * r;
+      l.q_elements += m * r;
+    } else if (numel) {
+      l.rest.emplace_back(off, numel);
+      l.rest_elements += numel;
+    }
+  };
+  if (shapes.empty()) {
+    std::size_t n = static_cast<std::size_t>(std::sqrt(static_cast<double>(bucket_elements)));
+    while (n > 1 && bucket_elements % n) --n;
+    if (n == 0) n = 1;
+    add(0, n, bucket_elements / n);
+    return l;
+  }
+  std::size_t off = 0;
+  for (const auto& s : shapes) {
+    const std::size_t numel = s.numel();
+    if (s.rank() >= 2 && numel) {
+      add(off, s[0], numel / s[0]);
+    } else if (numel) {
+      l.rest.emplace_back(off, numel);
+      l.rest_elements += numel;
+    }
+    off += numel;
+  }
+  if (off != bucket_elements) {
+    throw invalid_argument_error("powersgd hook: the bucket's parameter shapes hold " + std::to_string(off) +
+                                 " elements but the bucket has " + std::to_string(bucket_elements) +
+                                 " (expected the shapes of exactly the bucket's parameters)");
+  }
+  return l;
+}
+
+// A reproducible N(0, 1) stream (splitmix64 + Box-Muller): every rank draws the same Q for the
+// same (seed, step, bucket), which the sum of the ranks' P = M Q needs.
+class normal_stream {
+ public:
+  explicit normal_stream(std::uint64_t seed) noexcept : s_(seed) {}
+  double next() noexcept {
+    if (has_spare_) {
+      has_spare_ = false;
+      return spare_;
+    }
+    const double u1 = (static_cast<double>(bits() >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+    const double u2 = static_cast<double>(bits() >> 11) * 0x1.0p-53;
+    const double rad = std::sqrt(-2.0 * std::log(u1));
+    constexpr double two_pi = 6.283185307179586;
+    spare_ = rad * std::sin(two_pi * u2);
+    has_spare_ = true;
+    return rad * std::cos(two_pi * u2);
+  }
+
+ private:
+  std::uint64_t bits() noexcept {
+    std::uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  std::uint64_t s_;
+  double spare_ = 0;
+  bool has_spare_ = false;
+};
+
+// Gram-Schmidt on the r columns of a row-major rows x r matrix (PyTorch's _orthogonalize_gram_schmidt):
+// each column loses its projections on the earlier ones, then is divided by its norm (+ eps).
+template <class T>
+void orthogonalize(T* a, std::size_t rows, std::size_t r, T eps) {
+  for (std::size_t j = 0; j < r; ++j) {
+    for (std::size_t k = 0; k < j; ++k) {
+      T dot = 0;
+      for (std::size_t i = 0; i < rows; ++i) dot += a[i * r + k] * a[i * r + j];
+      for (std::size_t i = 0; i < rows; ++i) a[i * r + j] -= dot * a[i * r + k];
+    }
+    T norm = 0;
+    for (std::size_t i = 0; i < rows; ++i) norm += a[i * r + j] * a[i * r + j];
+    const T div = std::sqrt(norm) + eps;
+    for (std::size_t i = 0; i < rows; ++i) a[i * r + j] /= div;
+  }
+}
+
+// p (n x r) = m (n x k) q (k x r)
+template <class T>
+void matmul(const T* m, const T* q, T* p, std::size_t n, std::size_t k, std::size_t r) {
+  std::fill(p, p + n * r, T(0));
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t l = 0; l < k; ++l) {
+      const T a = m[i * k + l];
+      for (std::size_t j = 0; j < r; ++j) p[i * r + j] += a * q[l * r + j];
+    }
+  }
+}
+// q (m x r) = M^T (m x n) p (n x r)
+template <class T>
+void matmul_t(const T* m, const T* p, T* q, std::size_t n, std::size_t cols, std::size_t r) {
+  std::fill(q, q + cols * r, T(0));
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t l = 0; l < cols; ++l) {
+      const T a = m[i * cols + l];
+      for (std::size_t j = 0; j < r; ++j) q[l * r + j] += a * p[i * r + j];
+    }
+  }
+}
+// out (n x m) = p (n x r) q^T (r x m)
+template <class T>
+void outer(const T* p, const T* q, T* out, std::size_t n, std::size_t m, std::size_t r) {
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t l = 0; l < m; ++l) {
+      T s = 0;
+      for (std::size_t j = 0; j < r; ++j) s += p[i * r + j] * q[l * r + j];
+      out[i * m + l] = s;
+    }
+  }
+}
+
+}  // namespace detail::powersgd
+
+// The hook's memory across steps, one per rank (make it with std::make_shared and hand it to
+// comm_hooks::powersgd). Keyed by bucket index; DDP's buckets never change, so neither do the
+// sizes it keeps.
+class powersgd_state {
+ public:
+  explicit powersgd_state(powersgd_options o = {}) : opts_((detail::powersgd::validate(o), o)) {}
+
+  [[nodiscard]] const powersgd_options& options() const noexcept { return opts_; }
+  // Steps bucket `b` went through (PyTorch's iter; every bucket counts each step once).
+  [[nodiscard]] std::int64_t iteration(std::size_t bucket) const {
+    const auto it = buckets_.find(bucket);
+    return it == buckets_.end() ? 0 : it->second.iter;
+  }
+  // The error feedback of bucket `b` (what the compression left out, added to the next step's
+  // gradient); empty before its first compressed step.
+  template <class T>
+  [[nodiscard]] std::span<const T> error(std::size_t bucket) const {
+    const auto it = buckets_.find(bucket);
+    if (it == buckets_.end()) return {};
+    return it->second.template error<T>();
+  }
+  // Elements a plain all_reduce would send over what this hook sent, all buckets' last step (1
+  // before compression starts).
+  [[nodiscard]] double compression_rate() const noexcept {
+    std::size_t full = 0, sent = 0;
+    for (const auto& [k, b] : buckets_) {
+      full += b.full_elements;
+      sent += b.sent_elements;
+    }
+    return sent ? static_cast<double>(full) / static_cast<double>(sent) : 1.0;
+  }
+
+  // State: options that shape it, then per bucket its counter, error feedback and Q.
+  void save_state(state_writer& w) const {
+    w.put_string("powersgd");
+    w.put(static_cast<std::uint64_t>(opts_.matrix_approximation_rank));
+    w.put(static_cast<std::uint64_t>(buckets_.size()));
+    for (const auto& [k, b] : buckets_) {
+      w.put(static_cast<std::uint64_t>(k));
+      w.put(b.iter);
+      w.put(static_cast<std::uint64_t>(b.full_elements));
+      w.put(static_cast<std::uint64_t>(b.sent_elements));
+      w.put(static_cast<std::uint8_t>(b.is_double));
+      if (b.is_double) {
+        put(w, b.error_d);
+        put(w, b.q_d);
+      } else {
+        put(w, b.error_f);
+        put(w, b.q_f);
+      }
+    }
+  }
+  void load_state(state_reader& r) {
+    const auto kind = r.get_string("PowerSGD state kind");
+    if (kind != "powersgd") throw checkpoint_error("PowerSGD state is for '" + kind + "', expected 'powersgd'");
+    const auto rank = r.get<std::uint64_t>("PowerSGD matrix_approximation_rank");
+    if (rank != opts_.matrix_approximation_rank) {
+      throw checkpoint_error("PowerSGD state was saved with matrix_approximation_rank " + std::to_string(rank) +
+                             ", this run has " + std::to_string(opts_.matrix_approximation_rank) + " (expected the same)");
+    }
+    const auto count = r.get<std::uint64_t>("PowerSGD bucket count");
+    std::map<std::size_t, bucket_state> loaded;
+    for (std::uint64_t i = 0; i < count; ++i) {
+      const auto k = static_cast<std::size_t>(r.get<std::uint64_t>("PowerSGD bucket index"));
+      auto& b = loaded[k];
+      b.iter = r.get<std::int64_t>("PowerSGD bucket iteration");
+      b.full_elements = static_cast<std::size_t>(r.get<std::uint64_t>("PowerSGD bucket elements"));
+      b.sent_elements = static_cast<std::size_t>(r.get<std::uint64_t>("PowerSGD bucket elements sent"));
+      b.is_double = r.get<std::uint8_t>("PowerSGD bucket dtype") != 0;
+      if (b.is_double) {
+        get(r, b.error_d, "PowerSGD error feedback of bucket " + std::to_string(k));
+        get(r, b.q_d, "PowerSGD Q of bucket " + std::to_string(k));
+      } else {
+        get(r, b.error_f, "PowerSGD error feedback of bucket " + std::to_string(k));
+        get(r, b.q_f, "PowerSGD Q of bucket " + std::to_string(k));
+      }
+    }
+    buckets_ = std::move(loaded);
+  }
+
+  // One bucket through PowerSGD (what comm_hooks::powersgd calls). Waits for its collectives:
+  // the two all_reduces of a bucket are sequential (Q needs the summed P), and issuing the second
+  // from the first's completion callback would race with the next bucket's launch on the
+  // training thread, while every rank must issue its collectives in one order.
+  template <class T>
+  void reduce(grad_bucket& gb, tensor_view<T> buf) {
+    namespace ps = detail::powersgd;
+    auto& st = buckets_[gb.index()];
+    st.is_double = std::same_as<T, double>;
+    const std::int64_t iter = st.iter++;
+    const auto world = static_cast<T>(gb.world_size());
+    // Our bucket holds the sum over micro-steps when divisor = world x micro; work in units of
+    // one rank's mean gradient so that the algorithm below is PyTorch's.
+    const T pre = world / static_cast<T>(gb.divisor());
+    if (pre != T(1)) {
+      for (auto& x : buf) x *= pre;
+    }
+    st.full_elements = buf.size();
+    if (iter < opts_.start_iter) {
+      st.sent_elements = buf.size();
+      for (auto& x : buf) x /= world;
+      gb.all_reduce(buf).wait();
+      return;
+    }
+    const auto l = ps::plan(gb.param_shapes(), buf.size(), opts_);
+    st.sent_elements = l.rest_elements + l.p_elements + l.q_elements;
+    auto& err = st.template error<T>();
+    if (opts_.use_error_feedback) {
+      if (err.size() != buf.size()) err.assign(buf.size(), T(0));
+      for (std::size_t i = 0; i < buf.size(); ++i) buf[i] += err[i];
+    }
+    // The rest: all-reduced (mean) as it is, while the matrices are compressed.
+    std::vector<T> rest(l.rest_elements);
+    {
+      std::size_t o = 0;
+      for (auto [off, cnt] : l.rest) {
+        for (std::size_t i = 0; i < cnt; ++i) rest[o + i] = buf[off + i] / world;
+        o += cnt;
+      }
+    }
+    work rest_done = rest.empty() ? work::completed() : gb.all_reduce(tensor_view<T>(rest));
+    if (!l.matrices.empty()) compress(gb, buf, l, st, iter);
+    rest_done.wait();
+    std::size_t o = 0;
+    for (auto [off, cnt] : l.rest) {
+      for (std::size_t i = 0; i < cnt; ++i) buf[off + i] = rest[o + i];
+      o += cnt;
+    }
+  }
+
+ private:
+  struct bucket_state {
+    std::int64_t iter = 0;
+    std::size_t full_elements = 0, sent_elements = 0;
+    bool is_double = false;
+    std::vector<float> error_f, q_f;
+    std::vector<double> error_d, q_d;
+    template <class T>
+    [[nodiscard]] std::vector<T>& error() noexcept {
+      if constexpr (std::same_as<T, double>) return error_d; else return error_f;
+    }
+    template <class T>
+    [[nodiscard]] const std::vector<T>& error() const noexcept {
+      if constexpr (std::same_as<T, double>) return error_d; else return error_f;
+    }
+    template <class T>
+    [[nodiscard]] std::vector<T>& q() noexcept {
+      if constexpr (std::same_as<T, double>) return q_d; else return q_f;
+    }
+  };
+
+  template <class T>
+  static void put(state_writer& w, const std::vector<T>& v) {
+    w.put(static_cast<std::uint64_t>(v.size()));
+    w.put_array(std::span<const T>(v));
+  }
+  template <class T>
+  static void get(state_reader& r, std::vector<T>& v, const std::string& what) {
+    v.resize(static_cast<std::size_t>(r.get<std::uint64_t>(what)));
+    r.get_array(std::span<T>(v), what);
+  }
+
+  // The matrices of a bucket: P = M Q summed, orthogonalized; Q = M^T P averaged; M ~ P Q^T.
+  // Error feedback keeps M + e - P Q_local^T (this rank's own residual: the paper's rule, where
+  // PyTorch keeps M + e - P Q^T with the averaged Q, which also carries each rank's distance to
+  // the mean into its next step; the mean of the errors, and so the updates, are the same).
+  template <class T>
+  void compress(grad_bucket& gb, tensor_view<T> buf, const detail::powersgd::layout& l, bucket_state& st,
+                std::int64_t iter) {
+    namespace ps = detail::powersgd;
+    const auto world = static_cast<T>(gb.world_size());
+    const T eps = static_cast<T>(opts_.orthogonalization_epsilon);
+    auto& q = st.template q<T>();
+    const bool fresh = !opts_.warm_start || q.size() != l.q_elements;
+    if (fresh) {
+      q.resize(l.q_elements);
+      ps::normal_stream rng(opts_.random_seed ^ (0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(iter + 1)) ^
+                            (static_cast<std::uint64_t>(gb.index()) << 48));
+      for (auto& x : q) x = static_cast<T>(rng.next());
+    }
+    {
+      std::size_t qo = 0;
+      for (const auto& mx : l.matrices) {
+        ps::orthogonalize(q.data() + qo, mx.m, mx.r, eps);
+        qo += mx.m * mx.r;
+      }
+    }
+    std::vector<T> p(l.p_elements);
+    {
+      std::size_t po = 0, qo = 0;
+      for (const auto& mx : l.matrices) {
+        ps::matmul(buf.data() + mx.offset, q.data() + qo, p.data() + po, mx.n, mx.m, mx.r);
+        po += mx.n * mx.r;
+        qo += mx.m * mx.r;
+      }
+    }
+    gb.all_reduce(tensor_view<T>(p)).wait();  // summed, not averaged: P is orthogonalized next
+    {
+      std::size_t po = 0, qo = 0;
+      for (const auto& mx : l.matrices) {
+        ps::orthogonalize(p.data() + po, mx.n, mx.r, eps);
+        ps::matmul_t(buf.data() + mx.offset, p.data() + po, q.data() + qo, mx.n, mx.m, mx.r);
+        po += mx.n * mx.r;
+        qo += mx.m * mx.r;
+      }
+    }
+    const bool feedback = opts_.use_error_feedback;
+    std::vector<T> q_local;
+    if (feedback) q_local = q;
+    gb.all_reduce(tensor_view<T>(q)).wait();
+    for (auto& x : q) x /= world;
+    auto& err = st.template error<T>();
+    std::vector<T> local;
+    std::size_t po = 0, qo = 0;
+    for (const auto& mx : l.matrices) {
+      T* mm = buf.data() + mx.offset;
+      if (feedback) {
+        local.resize(mx.n * mx.m);
+        ps::outer(p.data() + po, q_local.data() + qo, local.data(), mx.n, mx.m, mx.r);
+        for (std::size_t i = 0; i < local.size(); ++i) err[mx.offset + i] = mm[i] - local[i];
+      }
+      ps::outer(p.data() + po, q.data() + qo, mm, mx.n, mx.m, mx.r);
+      po += mx.n * mx.r;
+      qo += mx.m * mx.r;
+    }
+    if (feedback) {
+      // What is all-reduced exactly leaves no error.
+      for (auto [off, cnt] : l.rest) std::fill(err.begin() + static_cast<std::ptrdiff_t>(off),
+                                               err.begin() + static_cast<std::ptrdiff_t>(off + cnt), T(0));
+    }
+  }
+
+  powersgd_options opts_;
+  std::map<std::size_t, bucket_state> buckets_;
+};
+
+namespace comm_hooks {
+
+// PowerSGD on each bucket (see powersgd_state); the state is this rank's, shared with the caller
+// so it can be saved and loaded. Host float/double buckets.
+[[nodiscard]] inline comm_hook powersgd(std::shared_ptr<powersgd_state> state) {
+  if (!state) throw invalid_argument_error("comm_hooks::powersgd: the state is null (expected std::make_shared<powersgd_state>(options))");
+  return [state = std::move(state)](grad_bucket& b) -> work {
+    if (b.on_cuda()) {
+      throw invalid_argument_error("comm hook powersgd: bucket " + std::to_string(b.index()) +
+                                   " is in CUDA memory; PowerSGD runs on host buckets only for now");
+    }
+    detail::visit_float_bucket(b, [&](auto buf) {
+      state->reduce(b, buf);
+      return 0;
+    });
+    return work::completed();
+  };
+}
+
+}  // namespace comm_hooks
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_PARALLEL_POWERSGD_HPP
+// #include <partrain/parallel/streaming_diloco.hpp>
+#ifndef PARTRAIN_SI_PARALLEL_STREAMING_DILOCO_HPP
+#define PARTRAIN_SI_PARALLEL_STREAMING_DILOCO_HPP
+// partrain/parallel/streaming_diloco.hpp: Streaming DiLoCo (Douillard et al., arXiv:2501.18512;
+// torchft's DiLoCo over model fragments): the parameters are cut into F fragments (parameter k
+// in fragment k % F, strided as in the paper), and each fragment has its own DiLoCo round of H
+// inner steps, the rounds staggered by H / F steps, so only 1/F of the parameters travels at a
+// time. A fragment's exchange starts `fragment_sync_delay` (tau) inner steps before its outer
+// step and runs while those steps train: training does not wait for the network, at the price of
+// the tau steps of local progress on that fragment, which the outer step replaces.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace partrain::inline v0 {
+
+struct streaming_diloco_options {
+  // H: inner steps between two outer steps of one fragment.
+  std::int64_t inner_steps = 500;
+  // F: fragments; H must be a multiple of F (fragment f's outer step is at step (f + 1) H / F of
+  // each round).
+  std::int64_t fragments = 2;
+  // tau: inner steps a fragment's exchange overlaps, 0 <= tau < H / F (so at most one exchange
+  // is in flight). 0: exchange and outer step in the same step, no overlap.
+  std::int64_t fragment_sync_delay = 1;
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
+  bool nesterov = true;
+  outer_compression compression = outer_compression::none;
+  bool broadcast_parameters = true;
+};
+
+namespace detail::diloco {
+
+inline void validate(const streaming_diloco_options& o, std::size_t params) {
+  validate(diloco_options{.inner_steps = o.inner_steps, .outer_lr = o.outer_lr, .outer_momentum = o.outer_momentum,
+                          .nesterov = o.nesterov});
+  auto bad = [](const std::string& what) { throw invalid_argument_error("streaming_diloco_options: " + what); };
+  if (o.fragments < 1) bad("fragments must be >= 1, got " + std::to_string(o.fragments));
+  if (o.inner_steps % o.fragments != 0) {
+    bad("inner_steps (" + std::to_string(o.inner_steps) + ") must be a multiple of fragments (" +
+        std::to_string(o.fragments) + "): the fragments' outer steps are H / F steps apart");
+  }
+  if (static_cast<std::uint64_t>(o.fragments) > params) {
+    bad("fragments (" + std::to_string(o.fragments) + ") must not exceed the model's " + std::to_string(params) +
+        " parameters (a fragment holds whole parameters)");
+  }
+  const std::int64_t gap = o.inner_steps / o.fragments;
+  if (o.fragment_sync_delay < 0 || o.fragment_sync_delay >= gap) {
+    bad("fragment_sync_delay must be in [0, inner_steps / fragments) = [0, " + std::to_string(gap) + "), got " +
+        std::to_string(o.fragment_sync_delay) + " (one exchange in flight at a time)");
+  }
+}
+
+}  // namespace detail::diloco
+
+template <model M, optimizer Inner, communicator C = process_group>
+class streaming_diloco {
+  using P = param_t<M>;
+  using T = param_element_t<P>;
+  static_assert(std::same_as<param_space_t<P>, host>,
+                "partrain: streaming_diloco keeps its outer state on the host (CUDA parameters are not supported yet)");
+  static_assert(std::same_as<T, float> || std::same_as<T, double>,
+                "partrain: streaming_diloco steps float or double parameters");
+
+ public:
+  streaming_diloco(M& m, Inner& inner, C& comm, streaming_diloco_options o = {})
+      : opts_(o), model_(&m), inner_(&inner), comm_(&comm), exchange_(o.compression) {
+    for (auto&& p : m.parameters()) values_.push_back(p.value());
+    detail::diloco::validate(opts_, values_.size());
+    build_fragments();
+    if (opts_.broadcast_parameters) detail::diloco::broadcast_parameters(*comm_, *model_, "streaming_diloco");
+    for (auto& f : fragments_) snapshot(*f);
+  }
+  streaming_diloco(const streaming_diloco&) = delete;
+  streaming_diloco& operator=(const streaming_diloco&) = delete;
+
+  // One inner step on this rank's batch; then, when due, a fragment's exchange starts or ends
+  // with its outer step. Returns this rank's loss.
+  template <class B>
+  double train_step(const B& batch) {
+    static_assert(check_trainable<M, B>());
+    const double loss = model_->train_step(batch);
+    inner_->step();
+    ++steps_;
+    const std::int64_t h = opts_.inner_steps, gap = h / opts_.fragments;
+    const std::int64_t u = steps_ % h;
+    for (std::int64_t f = 0; f < opts_.fragments; ++f) {
+      // Start before end, so that tau = 0 exchanges and steps in one go.
+      if (u == ((f + 1) * gap - opts_.fragment_sync_delay) % h) prepare(static_cast<std::size_t>(f));
+      if (u == ((f + 1) * gap) % h) perform(static_cast<std::size_t>(f));
+    }
+    return loss;
+  }
+
+  [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
+  [[nodiscard]] std::int64_t outer_steps() const noexcept { return outer_steps_; }
+  // The fragment whose exchange is running (-1: none).
+  [[nodiscard]] std::int64_t in_flight() const noexcept { return pending_; }
+  // The parameter indices of fragment f.
+  [[nodiscard]] std::span<const std::size_t> fragment(std::size_t f) const { return fragments_.at(f)->params; }
+  [[nodiscard]] const streaming_diloco_options& options() const noexcept { return opts_; }
+  [[nodiscard]] M& module() noexcept { return *model_; }
+  [[nodiscard]] C& comm() noexcept { return *comm_; }
+  [[nodiscard]] Inner& optimizer() noexcept { return *inner_; }
+
+  template <class Range>
+  [[nodiscard]] eval_result evaluate(Range&& batches) {
+    eval_result local;
+    for (auto&& b : batches) local += model_->eval_step(b);
+    std::vector<double> sums{local.loss_sum, static_cast<double>(local.correct), static_cast<double>(local.count)};
+    comm_->all_reduce(tensor_view<double>(sums), reduce_op::sum).wait();
+    return {sums[0], static_cast<std::size_t>(sums[1]), static_cast<std::size_t>(sums[2])};
+  }
+
+  // State: options, counters, the exchange in flight (its input: load_state starts it again, on
+  // every rank at the same step, so the resumed run receives the same bytes), then per fragment
+  // its round's start and outer momentum, then the inner optimizer's state.
+  void save_state(state_writer& w) const {
+    w.put_string("streaming_diloco");
+    w.put(opts_.inner_steps);
+    w.put(opts_.fragments);
+    w.put(opts_.fragment_sync_delay);
+    w.put(static_cast<std::uint8_t>(opts_.compression));
+    w.put(steps_);
+    w.put(outer_steps_);
+    w.put(pending_);
+    if (pending_ >= 0) w.put_array(std::span<const T>(pending_delta_));
+    for (const auto& f : fragments_) {
+      w.put_array(std::span<const T>(f->start));
+      f->outer->save_state(w);
+    }
+    if constexpr (stateful_optimizer<Inner>) inner_->save_state(w);
+  }
+  void load_state(state_reader& r) {
+    const auto kind = r.get_string("streaming DiLoCo state kind");
+    if (kind != "streaming_diloco") {
+      throw checkpoint_error("streaming DiLoCo state is for '" + kind + "', expected 'streaming_diloco'");
+    }
+    const auto h = r.get<std::int64_t>("streaming DiLoCo inner_steps");
+    const auto nf = r.get<std::int64_t>("streaming DiLoCo fragments");
+    const auto tau = r.get<std::int64_t>("streaming DiLoCo fragment_sync_delay");
+    const auto comp = r.get<std::uint8_t>("streaming DiLoCo compression");
+    if (h != opts_.inner_steps || nf != opts_.fragments || tau != opts_.fragment_sync_delay ||
+        comp != static_cast<std::uint8_t>(opts_.compression)) {
+      throw checkpoint_error("streaming DiLoCo state was saved with inner_steps " + std::to_string(h) + ", fragments " +
+                             std::to_string(nf) + ", fragment_sync_delay " + std::to_string(tau) + ", compression " +
+                             std::string(to_string(static_cast<outer_compression>(comp))) + "; this run has " +
+                             std::to_string(opts_.inner_steps) + ", " + std::to_string(opts_.fragments) + ", " +
+                             std::to_string(opts_.fragment_sync_delay) + ", " +
+                             std::string(to_string(opts_.compression)) + " (expected the same)");
+    }
+    if (exchange_.in_flight()) {
+      throw invalid_argument_error("streaming_diloco::load_state: an exchange of this run is still in flight (load "
+                                   "into a freshly constructed streaming_diloco)");
+    }
+    steps_ = r.get<std::int64_t>("streaming DiLoCo step count");
+    outer_steps_ = r.get<std::int64_t>("streaming DiLoCo outer step count");
+    pending_ = r.get<std::int64_t>("streaming DiLoCo fragment in flight");
+    if (pending_ >= opts_.fragments) {
+      throw checkpoint_error("streaming DiLoCo state has fragment " + std::to_string(pending_) +
+                             " in flight, but there are " + std::to_string(opts_.fragments));
+    }
+    if (pending_ >= 0) {
+      pending_delta_.resize(fragments_[static_cast<std::size_t>(pending_)]->start.size());
+      r.get_array(std::span<T>(pending_delta_), "streaming DiLoCo outer gradient in flight");
+    }
+    for (std::size_t i = 0; i < fragments_.size(); ++i) {
+      r.get_array(std::span<T>(fragments_[i]->start), "streaming DiLoCo start of fragment " + std::to_string(i));
+      fragments_[i]->outer->load_state(r);
+    }
+    if constexpr (stateful_optimizer<Inner>) inner_->load_state(r);
+    if (pending_ >= 0) start_exchange(*fragments_[static_cast<std::size_t>(pending_)]);
+  }
+
+ private:
+  struct fragment_state {
+    std::vector<std::size_t> params;           // indices into the model's parameters
+    std::vector<std::size_t> offsets, sizes;   // within the fragment's flat buffers
+    std::vector<T> start;                      // its round's start, the same on every rank
+    std::vector<T> grad;                       // its outer gradient (the outer optimizer's grads)
+    detail::diloco::outer_model<T> view;       // the model's values and `grad`, for the outer sgd
+    std::unique_ptr<sgd<detail::diloco::outer_model<T>>> outer;
+  };
+
+  void build_fragments() {
+    const auto nf = static_cast<std::size_t>(opts_.fragments);
+    for (std::size_t f = 0; f < nf; ++f) fragments_.push_back(std::make_unique<fragment_state>());
+    for (std::size_t k = 0; k < values_.size(); ++k) {
+      auto& f = *fragments_[k % nf];
+      f.params.push_back(k);
+      f.offsets.push_back(f.start.size());
+      f.sizes.push_back(values_[k].size());
+      f.start.resize(f.start.size() + values_[k].size());
+    }
+    const sgd_options so{.lr = opts_.outer_lr, .momentum = opts_.outer_momentum, .dampening = 0, .weight_decay = 0,
+                         .nesterov = opts_.nesterov};
+    for (auto& fp : fragments_) {
+      auto& f = *fp;
+      f.grad.resize(f.start.size());
+      for (std::size_t i = 0; i < f.params.size(); ++i) {
+        const auto& v = values_[f.params[i]];
+        f.view.params.push_back({v, tensor_view<T>(f.grad.data() + f.offsets[i], v.shape())});
+      }
+      f.outer = std::make_unique<sgd<detail::diloco::outer_model<T>>>(f.view, so);
+    }
+  }
+
+  void snapshot(fragment_state& f) {
+    for (std::size_t i = 0; i < f.params.size(); ++i) {
+      const auto& v = values_[f.params[i]];
+      std::memcpy(f.start.data() + f.offsets[i], v.data(), v.size_bytes());
+    }
+  }
+
+  // The fragment's outer gradient (start - current) goes out; training goes on meanwhile.
+  void prepare(std::size_t fi) {
+    auto& f = *fragments_[fi];
+    pending_delta_.resize(f.start.size());
+    for (std::size_t i = 0; i < f.params.size(); ++i) {
+      const auto& v = values_[f.params[i]];
+      const T* s = f.start.data() + f.offsets[i];
+      T* d = pending_delta_.data() + f.offsets[i];
+      for (std::size_t j = 0; j < v.size(); ++j) d[j] = s[j] - v[j];
+    }
+    pending_ = static_cast<std::int64_t>(fi);
+    start_exchange(f);
+  }
+  void start_exchange(fragment_state& f) {
+    exchange_.start(*comm_, std::span<const T>(pending_delta_), f.offsets, f.sizes);
+  }
+
+  // The exchange's mean arrives; the fragment goes back to its start and takes the outer step
+  // (the local steps it made meanwhile are replaced), and its next round starts there.
+  void perform(std::size_t fi) {
+    if (pending_ != static_cast<std::int64_t>(fi)) {
+      throw invalid_argument_error("streaming_diloco: fragment " + std::to_string(fi) + " ends its round but fragment " +
+                                   std::to_string(pending_) + " is in flight (internal schedule error)");
+    }
+    auto& f = *fragments_[fi];
+    exchange_.finish(std::span<T>(f.grad));
+    for (std::size_t i = 0; i < f.params.size(); ++i) {
+      auto& v = values_[f.params[i]];
+      std::memcpy(v.data(), f.start.data() + f.offsets[i], v.size_bytes());
+    }
+    f.outer->step();
+    snapshot(f);
+    pending_ = -1;
+    ++outer_steps_;
+  }
+
+  streaming_diloco_options opts_;
+  M* model_;
+  Inner* inner_;
+  C* comm_;
+  std::vector<tensor_view<T>> values_;
+  std::vector<std::unique_ptr<fragment_state>> fragments_;
+  std::vector<T> pending_delta_;  // the outer gradient in flight (kept for save_state)
+  std::int64_t pending_ = -1;
+  std::int64_t steps_ = 0, outer_steps_ = 0;
+  detail::diloco::outer_exchange<T> exchange_;  // last: its destructor waits for what it sent
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_PARALLEL_STREAMING_DILOCO_HPP
+// #include <partrain/parallel/zero.hpp>
+#ifndef PARTRAIN_SI_PARALLEL_ZERO_HPP
+#define PARTRAIN_SI_PARALLEL_ZERO_HPP
+// partrain/parallel/zero.hpp: sharded data parallel, ZeRO stages 1 and 2 (DeepSpeed's ZeRO-1/2,
+// PyTorch's ZeroRedundancyOptimizer without its extra broadcast). Every rank trains the whole
+// model on its batch, as under DDP; the flat parameter space is cut into contiguous shards, one
+// per rank (they need not divide evenly); gradients are averaged with a reduce_scatter bucket by
+// bucket, so each rank receives only its shard's; each rank keeps the optimizer state of its
+// shard only and steps its shard; the updated shards are all_gathered. That moves what one
+// all_reduce moves (reduce_scatter + all_gather), i.e. DDP's traffic, plus at most n-1 padding
+// elements. The whole step, optimizer included, is train_step (as data_parallel's); no_sync
+// accumulates, global-norm clipping spans the shards, join() handles uneven inputs.
+//
+//   sharded_data_parallel zero(model, group, adamw_options{.lr = 1e-3}, {.stage = 2});
+//   for (auto& b : batches) zero.train_step(b);
+//
+// Host parameters only in this release; the model's own parameters and gradients stay whole
+// (the model owns them), so ZeRO-1/2 save optimizer state (and, stage 2, gradient buffers), not
+// parameter memory; see docs/sharding.md.
+
+#include <array>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+// #include <partrain/parallel/detail/zero_layout.hpp>
+#ifndef PARTRAIN_SI_PARALLEL_DETAIL_ZERO_LAYOUT_HPP
+#define PARTRAIN_SI_PARALLEL_DETAIL_ZERO_LAYOUT_HPP
+// partrain/parallel/detail/zero_layout.hpp: where sharded data parallel's elements live. The flat
+// parameter space (every parameter concatenated in model order, N elements) is cut into n
+// contiguous shards, rank r owning [floor(r*N/n), floor((r+1)*N/n)); the shards differ by at most
+// one element. Communication runs over a padded, bucket-major space: each shard is padded to
+// L = ceil(N/n) and cut into windows of c elements; bucket k holds window k of every shard, rank
+// q's window as block q, so one reduce_scatter or all_gather per bucket moves equal blocks.
+// Padding elements are zero on the way in and dropped on the way out: they never reach a
+// parameter.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <vector>
+
+namespace partrain::inline v0::detail::zero {
+
+// [begin, end) of the flat parameter space.
+struct flat_range {
+  std::size_t begin = 0;
+  std::size_t end = 0;
+  [[nodiscard]] constexpr std::size_t size() const noexcept { return end - begin; }
+  friend constexpr bool operator==(flat_range, flat_range) = default;
+};
+
+// Rank r's shard of N elements over n ranks: [floor(r*N/n), floor((r+1)*N/n)), written so that
+// r*N cannot overflow.
+[[nodiscard]] constexpr std::size_t shard_begin(std::size_t total, std::size_t world, std::size_t r) noexcept {
+  return r * (total / world) + r * (total % world) / world;
+}
+[[nodiscard]] constexpr flat_range shard_of(std::size_t total, std::size_t world, std::size_t r) noexcept {
+  return {shard_begin(total, world, r), shard_begin(total, world, r + 1)};
+}
+
+// The shards and buckets of one model over one world.
+class layout {
+ public:
+  layout() = default;
+  // total: N; world: n; window: c, the elements of one rank's block in a bucket (>= 1).
+  layout(std::size_t total, std::size_t world, std::size_t window)
+      : total_(total), world_(world), padded_shard_((total + world - 1) / world),
+        window_(std::max<std::size_t>(window, 1)) {}
+
+  [[nodiscard]] constexpr std::size_t total() const noexcept { return total_; }
+  [[nodiscard]] constexpr std::size_t world() const noexcept { return world_; }
+  [[nodiscard]] flat_range shard(std::size_t r) const noexcept { return shard_of(total_, world_, r); }
+  // L = ceil(N/n): every shard's padded length.
+  [[nodiscard]] constexpr std::size_t padded_shard() const noexcept { return padded_shard_; }
+  // n*L: the padded flat space; padded() - total() elements are padding.
+  [[nodiscard]] constexpr std::size_t padded() const noexcept { return padded_shard_ * world_; }
+  [[nodiscard]] constexpr std::size_t window() const noexcept { return window_; }
+  [[nodiscard]] constexpr std::size_t buckets() const noexcept { return (padded_shard_ + window_ - 1) / window_; }
+  // Bucket k's window within every shard: [k*c, min((k+1)*c, L)).
+  [[nodiscard]] constexpr std::size_t window_begin(std::size_t k) const noexcept { return k * window_; }
+  [[nodiscard]] constexpr std::size_t window_size(std::size_t k) const noexcept {
+    return std::min(window_, padded_shard_ - k * window_);
+  }
+  // Bucket k in the bucket-major padded space: n blocks of window_size(k), starting here.
+  [[nodiscard]] constexpr std::size_t bucket_offset(std::size_t k) const noexcept { return world_ * k * window_; }
+  // The real (unpadded) part of rank q's block in bucket k, as a flat range.
+  [[nodiscard]] flat_range real_block(std::size_t k, std::size_t q) const noexcept {
+    const auto s = shard(q);
+    const std::size_t from = std::min(s.begin + window_begin(k), s.end);
+    const std::size_t to = std::min(from + window_size(k), s.end);
+    return {from, to};
+  }
+
+ private:
+  std::size_t total_ = 0;
+  std::size_t world_ = 1;
+  std::size_t padded_shard_ = 0;
+  std::size_t window_ = 1;
+};
+
+// The model's tensors (values or gradients) seen as one flat space, without copying them.
+template <class T>
+class flat_views {
+ public:
+  flat_views() = default;
+  explicit flat_views(std::vector<tensor_view<T>> views) : views_(std::move(views)) {
+    starts_.reserve(views_.size() + 1);
+    std::size_t at = 0;
+    for (const auto& v : views_) {
+      starts_.push_back(at);
+      at += v.size();
+    }
+    starts_.push_back(at);
+  }
+  [[nodiscard]] std::size_t total() const noexcept { return starts_.empty() ? 0 : starts_.back(); }
+
+  // Calls fn(T* piece, std::size_t offset_in_range, std::size_t length) for each tensor's part of
+  // the flat range r, in order.
+  template <class F>
+  void for_each_piece(flat_range r, F&& fn) const {
+    if (r.size() == 0) return;
+    // The tensor holding r.begin: the last start <= r.begin (empty tensors share a start).
+    auto it = std::upper_bound(starts_.begin(), starts_.end() - 1, r.begin);
+    std::size_t t = static_cast<std::size_t>(it - starts_.begin()) - 1;
+    std::size_t at = r.begin;
+    while (at < r.end) {
+      const std::size_t in_tensor = at - starts_[t];
+      const std::size_t len = std::min(views_[t].size() - in_tensor, r.end - at);
+      if (len) fn(views_[t].data() + in_tensor, at - r.begin, len);
+      at += len;
+      ++t;
+    }
+  }
+
+  // dst[0, r.size()) = the flat range r (add: +=).
+  void read(flat_range r, T* dst, bool add) const {
+    for_each_piece(r, [&](const T* p, std::size_t off, std::size_t len) {
+      if (add) {
+        for_each_index(host_exec{}, len, accumulate_fn<T>{dst + off, p});
+      } else {
+        std::memcpy(dst + off, p, len * sizeof(T));
+      }
+    });
+  }
+  // The flat range r = src[0, r.size()).
+  void write(flat_range r, const T* src) const {
+    for_each_piece(r, [&](T* p, std::size_t off, std::size_t len) { std::memcpy(p, src + off, len * sizeof(T)); });
+  }
+
+ private:
+  std::vector<tensor_view<T>> views_;
+  std::vector<std::size_t> starts_;
+};
+
+// Bucket k of the flat space into `dst` (n blocks of window_size(k), bucket-major), padding
+// zeroed; add: accumulate into what dst holds (padding stays zero).
+template <class T>
+void pack_bucket(const layout& l, std::size_t k, const flat_views<T>& src, T* dst, bool add) {
+  const std::size_t w = l.window_size(k);
+  for (std::size_t q = 0; q < l.world(); ++q) {
+    const auto real = l.real_block(k, q);
+    T* block = dst + q * w;
+    src.read(real, block, add);
+    if (!add) std::fill(block + real.size(), block + w, T(0));
+  }
+}
+
+// Bucket k's blocks (as an all_gather leaves them) back into the flat space, except rank `skip`'s
+// (already in place); padding is dropped.
+template <class T>
+void unpack_bucket(const layout& l, std::size_t k, const T* src, const flat_views<T>& dst, std::size_t skip) {
+  const std::size_t w = l.window_size(k);
+  for (std::size_t q = 0; q < l.world(); ++q) {
+    if (q == skip) continue;
+    dst.write(l.real_block(k, q), src + q * w);
+  }
+}
+
+}  // namespace partrain::inline v0::detail::zero
+#endif  // PARTRAIN_SI_PARALLEL_DETAIL_ZERO_LAYOUT_HPP
+// #include <partrain/parallel/detail/zero_optimizer.hpp>
+#ifndef PARTRAIN_SI_PARALLEL_DETAIL_ZERO_OPTIMIZER_HPP
+#define PARTRAIN_SI_PARALLEL_DETAIL_ZERO_OPTIMIZER_HPP
+// partrain/parallel/detail/zero_optimizer.hpp: the optimizer state of one rank's shard (SGD's
+// momentum or AdamW's moments over the shard's elements only) and its update, through the same
+// coefficients and element functions as optim/sgd.hpp and optim/adamw.hpp, so a sharded step is
+// the replicated step's arithmetic on a slice.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace partrain::inline v0 {
+
+// The optimizer a sharded data parallel steps its shard with (PyTorch's ZeroRedundancyOptimizer
+// takes the optimizer class the same way).
+using shard_optimizer_options = std::variant<sgd_options, adamw_options>;
+
+// One rank's optimizer state, as flat arrays over its shard (what a sharded checkpoint stores).
+template <class T>
+struct shard_optimizer_state {
+  std::string kind;                   // "sgd" or "adamw"
+  std::int64_t steps = 0;
+  std::vector<std::vector<T>> arrays;  // sgd: {momentum} once it exists; adamw: {exp_avg, exp_avg_sq} once stepped
+};
+
+namespace detail::zero {
+
+template <class T>
+class shard_optimizer {
+ public:
+  shard_optimizer(shard_optimizer_options o, std::size_t elements) : opts_(o), elements_(elements) {
+    std::visit([](const auto& x) { validate(x); }, opts_);
+  }
+
+  [[nodiscard]] bool is_sgd() const noexcept { return std::holds_alternative<sgd_options>(opts_); }
+  [[nodiscard]] std::string kind() const { return is_sgd() ? "sgd" : "adamw"; }
+  [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
+  [[nodiscard]] double lr() const noexcept { return std::visit([](const auto& x) { return x.lr; }, opts_); }
+  void set_lr(double lr) {
+    if (!(lr >= 0)) throw invalid_argument_error("sharded_data_parallel::set_lr: lr must be >= 0, got " + std::to_string(lr));
+    std::visit([lr](auto& x) { x.lr = lr; }, opts_);
+  }
+  [[nodiscard]] const shard_optimizer_options& options() const noexcept { return opts_; }
+
+  // Starts a step: allocates the state the first step needs and fixes the coefficients.
+  void begin_step() {
+    first_ = !has_state_;
+    if (!has_state_) {
+      if (is_sgd()) {
+        if (std::get<sgd_options>(opts_).momentum != 0) {
+          a_.assign_zero(elements_);
+          has_state_ = true;
+        }
+      } else {
+        a_.assign_zero(elements_);
+        b_.assign_zero(elements_);
+        has_state_ = true;
+      }
+    }
+    ++steps_;
+    if (is_sgd()) {
+      sgd_ = sgd_coeffs_of<T>(std::get<sgd_options>(opts_));
+    } else {
+      adamw_ = adamw_coeffs_of<T>(std::get<adamw_options>(opts_), steps_);
+    }
+  }
+  // Updates the values v (n elements) at shard offset `at`, with their gradients g.
+  void update(T* v, const T* g, std::size_t at, std::size_t n) {
+    const tensor_view<T> vv(v, n);
+    const tensor_view<const T> gv(g, n);
+    if (is_sgd()) {
+      sgd_update(vv, gv, has_state_ ? a_.data() + at : nullptr, sgd_, first_);
+    } else {
+      adamw_update(vv, gv, a_.data() + at, b_.data() + at, adamw_);
+    }
+  }
+
+  [[nodiscard]] std::size_t state_bytes() const noexcept { return (a_.size() + b_.size()) * sizeof(T); }
+
+  [[nodiscard]] shard_optimizer_state<T> state() const {
+    shard_optimizer_state<T> s{kind(), steps_, {}};
+    if (!has_state_) return s;
+    s.arrays.emplace_back(elements_);
+    a_.copy_to_host(s.arrays.back());
+    if (!is_sgd()) {
+      s.arrays.emplace_back(elements_);
+      b_.copy_to_host(s.arrays.back());
+    }
+    return s;
+  }
+  // Restores what state() returned (possibly assembled from other shards: same kind, arrays of
+  // this shard's length). `source` names where it came from in messages.
+  void load(const shard_optimizer_state<T>& s, const std::string& source) {
+    if (s.kind != kind()) {
+      throw checkpoint_error(source + " holds " + s.kind + " optimizer state, this run steps with " + kind());
+    }
+    const bool momentum = is_sgd() && std::get<sgd_options>(opts_).momentum != 0;
+    const std::size_t want = is_sgd() ? (momentum ? 1 : 0) : 2;
+    if (!s.arrays.empty() && s.arrays.size() != want) {
+      throw checkpoint_error(source + " holds " + std::to_string(s.arrays.size()) + " " + s.kind +
+                             " state arrays, expected " + std::to_string(want));
+    }
+    for (const auto& a : s.arrays) {
+      if (a.size() != elements_) {
+        throw checkpoint_error(source + " holds optimizer state of " + std::to_string(a.size()) +
+                               " elements for this rank's shard of " + std::to_string(elements_));
+      }
+    }
+    has_state_ = !s.arrays.empty();
+    a_ = {};
+    b_ = {};
+    if (has_state_) {
+      a_.copy_from_host(s.arrays[0]);
+      if (s.arrays.size() > 1) b_.copy_from_host(s.arrays[1]);
+    }
+    steps_ = s.steps;
+  }
+
+ private:
+  shard_optimizer_options opts_;
+  std::size_t elements_;
+  state_buffer<T, host> a_, b_;  // momentum | exp_avg, exp_avg_sq
+  bool has_state_ = false;
+  bool first_ = false;  // this step creates the momentum (SGD clones the gradient into it)
+  std::int64_t steps_ = 0;
+  sgd_coeffs<T> sgd_{};
+  adamw_coeffs<T> adamw_{};
+};
+
+}  // namespace detail::zero
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_PARALLEL_DETAIL_ZERO_OPTIMIZER_HPP
+
+namespace partrain::inline v0 {
+
+struct zero_options {
+  // 1: optimizer state sharded; the gradients are kept whole (bucket-major) between backward and
+  // the reduce_scatter. 2: gradients sharded too; only the reduced shard and two bucket slots are
+  // kept (a whole copy only while no_sync accumulates, as FSDP's no_sync).
+  int stage = 2;
+  // All ranks' blocks of one bucket together (PyTorch's bucket_cap_mb = 25).
+  std::size_t bucket_cap_bytes = std::size_t{25} << 20;
+  // Step each bucket's slice of the shard and launch its all_gather as soon as its reduce_scatter
+  // landed, while later buckets still reduce. (The reduce_scatters start after backward: a
+  // contiguous shard of the first layers is final last, see docs/sharding.md.) Clipping needs
+  // the global norm first, so it waits for every bucket either way.
+  bool overlap = true;
+  // Copy rank 0's parameter values to every rank at construction.
+  bool broadcast_parameters = true;
+  // > 0: clip the global gradient norm (over every shard) to this before the step.
+  double max_grad_norm = 0;
+  // no_sync accumulation: true averages the k micro-steps, false sums them (as ddp_options).
+  bool average_accumulated = true;
+  // Uneven inputs: ranks that ran out of data call join() and shadow the others (PyTorch Join).
+  // A joined rank still owns its shard, so it takes part in every step with zero gradients and
+  // steps its shard: the parameters stay equal everywhere, no broadcast is needed afterwards.
+  bool join = false;
+  // Under join: divide by the world size even when some ranks already joined (PyTorch's
+  // divide_by_initial_world_size=True); false divides by the number of ranks still active.
+  bool divide_by_initial_world_size = true;
+};
+
+// What one rank holds, in bytes (so a benchmark can print it beside DDP's).
+struct sharded_memory {
+  std::size_t parameter_bytes = 0;        // the model's parameters: whole on every rank under ZeRO-1/2
+  std::size_t model_gradient_bytes = 0;   // the model's own gradients (its backward writes them whole)
+  std::size_t gradient_bytes = 0;         // gradient buffers the policy holds (see zero_options::stage)
+  std::size_t optimizer_state_bytes = 0;  // this rank's shard of momentum / Adam moments
+  std::size_t communication_bytes = 0;    // all_gather slots
+  std::size_t shard_elements = 0;         // this rank's shard
+  std::size_t padding_elements = 0;       // n * ceil(N/n) - N: communicated, never stored in a parameter
+};
+
+template <model M, communicator C = process_group>
+class sharded_data_parallel {
+  using P = param_t<M>;
+  using T = param_element_t<P>;
+  using S = param_space_t<P>;
+  static_assert(std::same_as<S, host>,
+                "partrain: sharded_data_parallel runs host parameters in this release (for CUDA parameters use "
+                "distributed_data_parallel)");
+  static_assert(std::same_as<T, float> || std::same_as<T, double>,
+                "partrain: sharded_data_parallel averages and steps float or double parameters");
+
+ public:
+  sharded_data_parallel(M& m, C& comm, shard_optimizer_options optimizer, zero_options o = {})
+      : model_(&m), comm_(&comm), opts_(o), rank_(static_cast<std::size_t>(comm.rank())),
+        world_(static_cast<std::size_t>(comm.size())) {
+    if (opts_.stage != 1 && opts_.stage != 2) {
+      throw invalid_argument_error(where() + "zero_options::stage must be 1 or 2, got " + std::to_string(opts_.stage) +
+                                   " (stage 3, sharded parameters, is not in this release)");
+    }
+    if (opts_.bucket_cap_bytes == 0) throw invalid_argument_error(where() + "zero_options::bucket_cap_bytes must be > 0");
+    if (!(opts_.max_grad_norm >= 0) || !std::isfinite(opts_.max_grad_norm)) {
+      throw invalid_argument_error(where() + "zero_options::max_grad_norm must be a finite number >= 0 (0: no clipping), got " +
+                                   std::to_string(opts_.max_grad_norm));
+    }
+    collect_views();
+    verify_parameters();
+    if (opts_.broadcast_parameters) broadcast_parameters();
+    const std::size_t window = opts_.bucket_cap_bytes / sizeof(T) / world_;
+    layout_ = detail::zero::layout(values_.total(), world_, window);
+    shard_ = layout_.shard(rank_);
+    optimizer_.emplace(optimizer, shard_.size());
+    shard_grad_.assign(layout_.padded_shard(), T(0));
+    // Two buckets in flight need two slots; a model that fits one bucket needs one.
+    const std::size_t slot = std::min(layout_.window(), layout_.padded_shard());
+    const std::size_t slots = std::min<std::size_t>(2, layout_.buckets());
+    for (std::size_t i = 0; i < slots; ++i) {
+      gather_[i].assign(world_ * slot, T(0));
+      send_[i].assign(slot, T(0));
+      if (opts_.stage == 2) scatter_[i].assign(world_ * slot, T(0));
+    }
+    if (opts_.stage == 1) whole_.assign(layout_.padded(), T(0));
+  }
+  sharded_data_parallel(const sharded_data_parallel&) = delete;
+  sharded_data_parallel& operator=(const sharded_data_parallel&) = delete;
+  ~sharded_data_parallel() { drain(); }
+
+  // The model's step on this rank's batch, then (outside no_sync) the gradients averaged into
+  // each rank's shard, clipped, the shard stepped and the parameters all_gathered. Returns this
+  // rank's loss.
+  template <class B>
+  double train_step(const B& batch) {
+    static_assert(check_trainable<M, B>());
+    if (joined_) throw invalid_argument_error(where() + "train_step after join() on this rank (join() ends this rank's steps until every rank joined)");
+    ranks_ = static_cast<double>(world_);
+    if (opts_.join) {
+      std::array<std::int64_t, 2> flag{1, require_sync_ ? 1 : 0};
+      agree_flag(flag, "active-rank all_reduce");
+      if (flag[1] != 0 && flag[1] != flag[0]) {
+        throw invalid_argument_error(where() + std::to_string(flag[0] - flag[1]) + " of " + std::to_string(flag[0]) +
+                                     " active ranks are inside no_sync and the others are not (all ranks must "
+                                     "accumulate the same micro-steps)");
+      }
+      if (!opts_.divide_by_initial_world_size) ranks_ = static_cast<double>(flag[0]);
+    }
+    const double loss = model_->train_step(batch);
+    collect_views();
+    if (!require_sync_) {
+      if (whole_.empty()) whole_.assign(layout_.padded(), T(0));
+      for (std::size_t k = 0; k < layout_.buckets(); ++k) {
+        detail::zero::pack_bucket(layout_, k, grads_, whole_.data() + layout_.bucket_offset(k), accumulated_ > 0);
+      }
+      ++accumulated_;
+      return loss;
+    }
+    try {
+      reduce_step_gather();
+    } catch (...) {
+      drain();
+      accumulated_ = 0;
+      throw;
+    }
+    accumulated_ = 0;
+    if (opts_.stage == 2) std::vector<T>().swap(whole_);
+    ++steps_;
+    return loss;
+  }
+
+  // Uneven inputs (needs zero_options::join): call once this rank has no more batches. Until
+  // every rank joined, it takes part in each synchronizing step of the others with zero
+  // gradients, and steps its shard with the reduced gradient. Returns true when it shadowed at
+  // least one step. Afterwards the ranks are ready for the next epoch.
+  bool join() {
+    if (!opts_.join) {
+      throw config_error(where() + "join() needs join enabled: construct with zero_options{.join = true} (every "
+                                   "rank then agrees each step on which ranks still have data)");
+    }
+    if (accumulated_ > 0) {
+      throw invalid_argument_error(where() + "join() with " + std::to_string(accumulated_) +
+                                   " no_sync micro-steps not yet reduced (finish them with a synchronizing step first)");
+    }
+    joined_ = true;
+    bool shadowed = false;
+    try {
+      for (;;) {
+        std::array<std::int64_t, 2> flag{0, 0};
+        agree_flag(flag, "join all_reduce");
+        if (flag[0] == 0) break;
+        shadowed = true;
+        if (flag[1] == 0) continue;  // the active ranks accumulate: nothing is communicated
+        if (zeros_.size() != values_.total()) zeros_.assign(values_.total(), T(0));
+        const auto real = grads_;
+        grads_ = detail::zero::flat_views<T>({tensor_view<T>(zeros_.data(), zeros_.size())});
+        ranks_ = opts_.divide_by_initial_world_size ? static_cast<double>(world_) : static_cast<double>(flag[0]);
+        try {
+          reduce_step_gather();
+        } catch (...) {
+          grads_ = real;
+          drain();
+          throw;
+        }
+        grads_ = real;
+        if (opts_.stage == 2) std::vector<T>().swap(whole_);
+        ++steps_;
+        ++shadow_steps_;
+      }
+    } catch (...) {
+      joined_ = false;
+      throw;
+    }
+    joined_ = false;
+    std::vector<T>().swap(zeros_);
+    return shadowed;
+  }
+  // Steps this rank took part in after join() (all joins so far).
+  [[nodiscard]] std::size_t shadow_steps() const noexcept { return shadow_steps_; }
+
+  // RAII: steps inside accumulate gradients locally; the first step after it reduces them all.
+  class no_sync_guard {
+   public:
+    explicit no_sync_guard(sharded_data_parallel& d) noexcept : d_(&d), prev_(std::exchange(d.require_sync_, false)) {}
+    no_sync_guard(const no_sync_guard&) = delete;
+    no_sync_guard& operator=(const no_sync_guard&) = delete;
+    ~no_sync_guard() { d_->require_sync_ = prev_; }
+
+   private:
+    sharded_data_parallel* d_;
+    bool prev_;
+  };
+  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(*this); }
+
+  // This rank's batches evaluated, loss, correct and count summed over all ranks.
+  template <class Range>
+  [[nodiscard]] eval_result evaluate(Range&& batches) {
+    eval_result local;
+    for (auto&& b : batches) {
+      static_assert(evaluable_on<M, std::remove_cvref_t<decltype(b)>>,
+                    "partrain: evaluate needs `eval_result eval_step(const Batch&)` on the model");
+      local += model_->eval_step(b);
+    }
+    std::array<double, 3> sums{local.loss_sum, static_cast<double>(local.correct), static_cast<double>(local.count)};
+    wait_named(comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()), reduce_op::sum), "evaluation all_reduce");
+    return {sums[0], static_cast<std::size_t>(sums[1]), static_cast<std::size_t>(sums[2])};
+  }
+
+  // Called on every rank with its reduced gradient slice after the reduce_scatters, before
+  // clipping and the step; returning false skips this step's update and all_gather (every rank
+  // must decide alike, e.g. by agreeing across ranks). What mixed precision's unscale and
+  // overflow check plug into (precision/sharded_amp.hpp). Empty: none.
+  using gradient_hook = std::function<bool(tensor_view<T>)>;
+  void set_gradient_hook(gradient_hook h) { hook_ = std::move(h); }
+  // Whether the last synchronizing step's update was skipped by the gradient hook.
+  [[nodiscard]] bool last_step_skipped() const noexcept { return skipped_; }
+
+  void set_lr(double lr) { optimizer_->set_lr(lr); }
+  [[nodiscard]] double lr() const noexcept { return optimizer_->lr(); }
+  // The global gradient norm of the last synchronizing step, before clipping (NaN without clipping).
+  [[nodiscard]] double last_grad_norm() const noexcept { return last_norm_; }
+  [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
+
+  [[nodiscard]] M& module() noexcept { return *model_; }
+  [[nodiscard]] C& comm() noexcept { return *comm_; }
+  [[nodiscard]] const zero_options& options() const noexcept { return opts_; }
+  // This rank's shard of the flat parameter space, and the whole space's size.
+  [[nodiscard]] detail::zero::flat_range shard() const noexcept { return shard_; }
+  [[nodiscard]] std::size_t total_elements() const noexcept { return layout_.total(); }
+  [[nodiscard]] std::size_t buckets() const noexcept { return layout_.buckets(); }
+
+  [[nodiscard]] sharded_memory memory() const noexcept {
+    const auto bytes = [](const auto& v) { return v.size() * sizeof(T); };
+    sharded_memory r;
+    r.parameter_bytes = layout_.total() * sizeof(T);
+    r.model_gradient_bytes = layout_.total() * sizeof(T);
+    r.gradient_bytes = bytes(shard_grad_) + bytes(whole_) + bytes(scatter_[0]) + bytes(scatter_[1]);
+    r.optimizer_state_bytes = optimizer_->state_bytes();
+    r.communication_bytes = bytes(gather_[0]) + bytes(gather_[1]) + bytes(send_[0]) + bytes(send_[1]);
+    r.shard_elements = shard_.size();
+    r.padding_elements = layout_.padded() - layout_.total();
+    return r;
+  }
+
+  // This rank's optimizer state over its shard (what a sharded checkpoint writes), and back.
+  [[nodiscard]] shard_optimizer_state<T> optimizer_state() const { return optimizer_->state(); }
+  void load_optimizer_state(const shard_optimizer_state<T>& s, const std::string& source) {
+    optimizer_->load(s, source);
+  }
+  [[nodiscard]] std::string optimizer_kind() const { return optimizer_->kind(); }
+
+ private:
+  [[nodiscard]] std::string where() const { return "rank " + std::to_string(rank_) + " sharded_data_parallel: "; }
+
+  void collect_views() {
+    std::vector<tensor_view<T>> values, grads;
+    std::size_t i = 0;
+    for (auto&& p : model_->parameters()) {
+      tensor_view<T> v = p.value();
+      tensor_view<T> g = p.grad();
+      if (v.size() != g.size()) {
+        throw invalid_argument_error(where() + "parameter " + detail::param_name(p, i) + " has " +
+                                     std::to_string(v.size()) + " values but " + std::to_string(g.size()) +
+                                     " gradient elements (expected the same shape)");
+      }
+      values.push_back(v);
+      grads.push_back(g);
+      ++i;
+    }
+    const std::size_t before = values_.total();
+    values_ = detail::zero::flat_views<T>(std::move(values));
+    grads_ = detail::zero::flat_views<T>(std::move(grads));
+    if (optimizer_ && values_.total() != before) {
+      throw invalid_argument_error(where() + "the model now has " + std::to_string(values_.total()) +
+                                   " parameter elements, it had " + std::to_string(before) + " at construction");
+    }
+  }
+
+  // Every rank must see the same parameter count, elements and shapes (a hash of them): each
+  // rank's three numbers gathered through one all_reduce, so all ranks fail together.
+  void verify_parameters() {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    std::int64_t count = 0;
+    for (auto&& p : model_->parameters()) {
+      const auto v = p.value();
+      for (std::size_t d = 0; d < v.rank(); ++d) h = (h ^ v.extent(d)) * 0x100000001b3ull;
+      h = (h ^ 0xffu) * 0x100000001b3ull;
+      ++count;
+    }
+    std::vector<std::int64_t> all(3 * world_, 0);
+    all[3 * rank_] = count;
+    all[3 * rank_ + 1] = static_cast<std::int64_t>(values_.total());
+    all[3 * rank_ + 2] = static_cast<std::int64_t>(h >> 1);
+    wait_named(comm_->all_reduce(tensor_view<std::int64_t>(all.data(), all.size()), reduce_op::sum),
+               "parameter check all_reduce");
+    for (std::size_t q = 1; q < world_; ++q) {
+      if (std::equal(all.begin(), all.begin() + 3, all.begin() + static_cast<std::ptrdiff_t>(3 * q))) continue;
+      throw config_error(where() + "rank " + std::to_string(q) + " has " + std::to_string(all[3 * q]) +
+                         " parameters of " + std::to_string(all[3 * q + 1]) + " elements" +
+                         (all[3 * q + 2] != all[2] ? " (other shapes)" : "") + ", rank 0 has " + std::to_string(all[0]) +
+                         " of " + std::to_string(all[1]) +
+                         " (sharded_data_parallel expects the same model on every rank)");
+    }
+  }
+
+  void agree_flag(std::array<std::int64_t, 2>& flag, const char* what) {
+    wait_named(comm_->all_reduce(tensor_view<std::int64_t>(flag.data(), flag.size()), reduce_op::sum), what);
+  }
+
+  void broadcast_parameters() {
+    std::vector<work> works;
+    for (auto&& p : model_->parameters()) {
+      tensor_view<T> v = p.value();
+      if (!v.empty()) works.push_back(comm_->broadcast(v, 0));
+    }
+    wait_all(works, "parameter broadcast");
+  }
+
+  // The reduce_scatters, the shard's step and the all_gathers of one synchronizing step.
+  void reduce_step_gather() {
+    const std::size_t nb = layout_.buckets();
+    rs_.assign(nb, std::nullopt);
+    ag_.assign(nb, std::nullopt);
+    const T divisor = static_cast<T>(ranks_ * (opts_.average_accumulated ? static_cast<double>(accumulated_ + 1) : 1.0));
+    const bool from_whole = !whole_.empty();  // stage 1, or stage 2 after no_sync micro-steps
+    if (from_whole) {
+      for (std::size_t k = 0; k < nb; ++k) {
+        detail::zero::pack_bucket(layout_, k, grads_, whole_.data() + layout_.bucket_offset(k), accumulated_ > 0);
+      }
+    }
+    for (std::size_t k = 0; k < nb; ++k) {
+      const std::size_t w = layout_.window_size(k);
+      T* in = nullptr;
+      if (from_whole) {
+        in = whole_.data() + layout_.bucket_offset(k);
+      } else {
+        if (k >= 2) wait_bucket(rs_[k - 2], "gradient reduce_scatter", k - 2);  // its slot is free again
+        in = scatter_[k % 2].data();
+        detail::zero::pack_bucket(layout_, k, grads_, in, false);
+      }
+      // Divided before the reduction, as DDP's hooks do (keeps the sum in range).
+      if (divisor != T(1)) detail::for_each_index(detail::host_exec{}, world_ * w, detail::divide_fn<T>{in, divisor});
+      rs_[k] = comm_->reduce_scatter(tensor_view<const T>(in, world_ * w),
+                                     tensor_view<T>(shard_grad_.data() + layout_.window_begin(k), w), reduce_op::sum);
+    }
+    last_norm_ = std::nan("");
+    skipped_ = false;
+    if (opts_.max_grad_norm > 0 || !opts_.overlap || hook_) {
+      for (std::size_t k = 0; k < nb; ++k) wait_bucket(rs_[k], "gradient reduce_scatter", k);
+    }
+    if (hook_ && !hook_(tensor_view<T>(shard_grad_.data(), shard_.size()))) {
+      skipped_ = true;  // the parameters stay as they are on every rank: nothing to gather
+      return;
+    }
+    if (opts_.max_grad_norm > 0) clip_shard();
+    optimizer_->begin_step();
+    for (std::size_t k = 0; k < nb; ++k) {
+      wait_bucket(rs_[k], "gradient reduce_scatter", k);
+      step_bucket(k);
+      if (k >= 2) finish_gather(k - 2);
+      const std::size_t w = layout_.window_size(k);
+      T* send = send_[k % 2].data();
+      const auto mine = layout_.real_block(k, rank_);
+      values_.read(mine, send, false);
+      std::fill(send + mine.size(), send + w, T(0));
+      ag_[k] = comm_->all_gather(tensor_view<const T>(send, w), tensor_view<T>(gather_[k % 2].data(), world_ * w));
+    }
+    for (std::size_t k = nb >= 2 ? nb - 2 : 0; k < nb; ++k) finish_gather(k);
+  }
+
+  // Global-norm clipping across shards: Σg² of this shard, summed over ranks (one double
+  // all_reduce), then clip_grad_norm's rule on the shard.
+  void clip_shard() {
+    struct shard_param {
+      tensor_view<T> g;
+      [[nodiscard]] tensor_view<T> value() const { return g; }
+      [[nodiscard]] tensor_view<T> grad() const { return g; }
+    };
+    const std::array<shard_param, 1> mine{shard_param{tensor_view<T>(shard_grad_.data(), shard_.size())}};
+    std::array<double, 1> sum{detail::grad_sum_squares(mine)};
+    wait_named(comm_->all_reduce(tensor_view<double>(sum.data(), 1), reduce_op::sum), "gradient-norm all_reduce");
+    last_norm_ = std::sqrt(sum[0]);
+    detail::clip_to_norm(mine, last_norm_, opts_.max_grad_norm);
+  }
+
+  // The optimizer on this rank's real elements of bucket k (they may span several parameters).
+  void step_bucket(std::size_t k) {
+    const auto mine = layout_.real_block(k, rank_);
+    const std::size_t at = mine.begin - shard_.begin;
+    values_.for_each_piece(mine, [&](T* v, std::size_t off, std::size_t len) {
+      optimizer_->update(v, shard_grad_.data() + at + off, at + off, len);
+    });
+  }
+
+  void finish_gather(std::size_t k) {
+    if (!ag_[k]) return;
+    wait_bucket(ag_[k], "parameter all_gather", k);
+    detail::zero::unpack_bucket(layout_, k, gather_[k % 2].data(), values_, rank_);
+  }
+
+  void wait_bucket(std::optional<work>& w, std::string_view what, std::size_t k) {
+    if (!w) return;
+    work done = std::move(*w);
+    w.reset();
+    wait_named(done, std::string(what) + " of bucket " + std::to_string(k) + " (of " +
+                         std::to_string(layout_.buckets()) + ")");
+  }
+
+  void wait_all(std::vector<work>& works, const std::string& what) {
+    std::exception_ptr first;
+    for (auto& w : works) {
+      try {
+        wait_named(w, what);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
+  }
+
+  // Waits, and names this rank and the operation in a communication failure (keeping its type).
+  void wait_named(const work& w, const std::string& what) {
+    try {
+      w.wait();
+    } catch (const aborted_error& e) {
+      throw aborted_error(where() + what, e);
+    } catch (const timeout_error& e) {
+      throw timeout_error(where() + what + " failed: " + strip(e.what()) +
+                              (opts_.join ? std::string()
+                                          : std::string(". If ranks run out of batches at different steps, construct "
+                                                        "with zero_options{.join = true} and call join() on a rank once "
+                                                        "its data ends")),
+                          e.site());
+    } catch (const communication_error& e) {
+      throw communication_error(where() + what + " failed: " + strip(e.what()), e.site());
+    }
+  }
+  [[nodiscard]] static std::string strip(std::string_view s) {
+    if (s.starts_with("partrain: ")) s.remove_prefix(10);
+    return std::string(s);
+  }
+
+  // Waits for whatever is in flight, ignoring errors: the buffers must outlive the backend's use.
+  void drain() noexcept {
+    for (auto* list : {&rs_, &ag_}) {
+      for (auto& w : *list) {
+        if (!w) continue;
+        try {
+          w->wait();
+        } catch (...) {
+        }
+        w.reset();
+      }
+    }
+  }
+
+  M* model_;
+  C* comm_;
+  zero_options opts_;
+  std::size_t rank_, world_;
+  detail::zero::flat_views<T> values_, grads_;
+  detail::zero::layout layout_;
+  detail::zero::flat_range shard_;
+  std::optional<detail::zero::shard_optimizer<T>> optimizer_;
+  std::vector<T> shard_grad_;              // the reduced gradient of this shard (padded to L)
+  std::vector<T> whole_;                   // bucket-major gradients: stage 1, or accumulation
+  std::array<std::vector<T>, 2> scatter_;  // stage 2: the reduce_scatter inputs, two buckets in flight
+  std::array<std::vector<T>, 2> gather_;   // all_gather outputs, two buckets in flight
+  std::array<std::vector<T>, 2> send_;     // all_gather inputs
+  std::vector<std::optional<work>> rs_, ag_;
+  gradient_hook hook_;
+  bool skipped_ = false;
+  std::vector<T> zeros_;                   // a joined rank's gradients while it shadows
+  std::size_t accumulated_ = 0;
+  std::size_t shadow_steps_ = 0;
+  double ranks_ = 1;                       // what the step's gradients are divided by (times micro-steps)
+  bool joined_ = false;
+  std::int64_t steps_ = 0;
+  double last_norm_ = std::nan("");
+  bool require_sync_ = true;
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_PARALLEL_ZERO_HPP
 
 // precision/
 // #include <partrain/precision/cast.hpp>
@@ -22950,6 +25136,96 @@ amp_step_result amp_step(Trainer& trainer, O& opt, grad_scaler& scaler, const B&
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_PRECISION_MIXED_PRECISION_HPP
+// #include <partrain/precision/sharded_amp.hpp>
+#ifndef PARTRAIN_SI_PRECISION_SHARDED_AMP_HPP
+#define PARTRAIN_SI_PRECISION_SHARDED_AMP_HPP
+// partrain/precision/sharded_amp.hpp: mixed precision under sharded data parallel
+// (parallel/zero.hpp): amp_step's loss scaling, unscale and overflow check applied to each rank's
+// reduced gradient slice, the overflow flag agreed across ranks, so every rank skips a step that
+// overflowed anywhere. The model keeps fp32 masters (whole, as the model owns them; the
+// optimizer state is sharded) and a 16-bit copy that is refreshed after each update.
+//
+//   grad_scaler scaler = mp.make_scaler();
+//   for (auto& b : batches) amp_step(zero, scaler, b);   // zero: a sharded_data_parallel
+
+#include <array>
+#include <limits>
+#include <type_traits>
+#include <utility>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+template <class Z>
+concept sharded_trainer = requires(Z& z) {
+  z.module();
+  z.comm();
+  { z.last_step_skipped() } -> std::convertible_to<bool>;
+  z.set_gradient_hook({});
+};
+
+// One rank's reduced gradient slice as a model of one parameter, so the scaler's unscale (one
+// fused pass, flag agreed across ranks) runs on it unchanged.
+struct gradient_slice {
+  struct param {
+    tensor_view<float> g;
+    [[nodiscard]] tensor_view<float> value() const { return g; }
+    [[nodiscard]] tensor_view<float> grad() const { return g; }
+  };
+  std::array<param, 1> ps;
+  [[nodiscard]] std::array<param, 1>& parameters() noexcept { return ps; }
+};
+
+}  // namespace detail
+
+// One mixed-precision step of a sharded data parallel: set the loss scale, forward + backward,
+// reduce_scatter, unscale and check this rank's slice (agreed across ranks), clip (the
+// zero_options' max_grad_norm), step the slice and all_gather unless some gradient overflowed,
+// refresh the 16-bit copy, update the scale. Outside no_sync only.
+template <detail::sharded_trainer Z, class B>
+amp_step_result amp_step(Z& zero, grad_scaler& scaler, const B& batch) {
+  auto& m = zero.module();
+  using M = std::remove_cvref_t<decltype(m)>;
+  amp_step_result r;
+  r.scale = scaler.scale();
+  if constexpr (loss_scalable<M>) {
+    m.set_loss_scale(r.scale);
+  } else if (scaler.enabled()) {
+    throw config_error("amp_step: the gradient scaler is enabled but the model has no `void set_loss_scale(float)` "
+                       "to apply it in backward (add it, or disable loss scaling)");
+  }
+  bool checked = false;
+  if (scaler.enabled()) {
+    zero.set_gradient_hook([&](tensor_view<float> slice) {
+      detail::gradient_slice s;
+      s.ps[0].g = slice;
+      checked = true;
+      return !scaler.unscale(s, zero.comm());
+    });
+  }
+  try {
+    r.loss = zero.train_step(batch);
+  } catch (...) {
+    zero.set_gradient_hook({});
+    throw;
+  }
+  zero.set_gradient_hook({});
+  if (scaler.enabled() && !checked) {
+    throw invalid_argument_error("amp_step: the sharded data parallel did not synchronize this step (inside "
+                                 "no_sync?); amp_step runs whole steps only");
+  }
+  r.skipped = zero.last_step_skipped();
+  r.grad_norm = zero.last_grad_norm();
+  if (!r.skipped) {
+    if constexpr (has_low_precision_copy<M>) m.refresh_low_precision();
+  }
+  if (scaler.enabled()) scaler.update();
+  return r;
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_PRECISION_SHARDED_AMP_HPP
 
 // train/
 // #include <partrain/train/checkpoint.hpp>
@@ -23422,6 +25698,54 @@ inline constexpr every_t every{};
 }  // namespace views
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_TRAIN_EVERY_HPP
+// #include <partrain/train/local_sgd_policy.hpp>
+#ifndef PARTRAIN_SI_TRAIN_LOCAL_SGD_POLICY_HPP
+#define PARTRAIN_SI_TRAIN_LOCAL_SGD_POLICY_HPP
+// partrain/train/local_sgd_policy.hpp: post-local SGD and (streaming) DiLoCo as training
+// policies, so fit() (train/trainer.hpp) drives them like DDP:
+//
+//   post_local_sgd lsgd(model, opt, group, {.period = 8, .warmup_steps = 100});
+//   local_sgd_policy policy(lsgd);             // or: diloco dl(...); local_sgd_policy policy(dl);
+//   fit(policy, train_loader, test_loader, {...});
+//
+// The learning-rate schedule sets the inner optimizer's lr (DiLoCo's outer lr stays fixed, as in
+// the paper). Evaluation sums each rank's current model over its batches. Checkpoints are not
+// offered yet: between syncs every rank holds other parameters and optimizer state, which one
+// file written by rank 0 cannot carry (each policy's save_state/load_state has them per rank).
+
+#include <utility>
+
+namespace partrain::inline v0 {
+
+template <class Algo>
+class local_sgd_policy {
+  static_assert(std::derived_from<std::remove_cvref_t<decltype(std::declval<Algo&>().comm())>, process_group>,
+                "partrain: local_sgd_policy needs the algorithm's communicator to be a process_group (fit's group())");
+
+ public:
+  explicit local_sgd_policy(Algo& a) noexcept : a_(&a) {}
+
+  template <class B>
+  double train_step(const B& b) {
+    return a_->train_step(b);
+  }
+  template <class R>
+  eval_result evaluate(R&& batches) {
+    return a_->evaluate(std::forward<R>(batches));
+  }
+  void set_lr(double lr) { a_->optimizer().set_lr(lr); }
+  process_group& group() { return a_->comm(); }
+  process_group& loss_group() { return a_->comm(); }  // every rank's loss is of its own batch
+  [[nodiscard]] int replicas() { return a_->comm().size(); }
+  auto parameters() { return a_->module().parameters(); }
+  [[nodiscard]] Algo& algorithm() noexcept { return *a_; }
+
+ private:
+  Algo* a_;
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_TRAIN_LOCAL_SGD_POLICY_HPP
 // #include <partrain/train/lr_schedule.hpp>
 #ifndef PARTRAIN_SI_TRAIN_LR_SCHEDULE_HPP
 #define PARTRAIN_SI_TRAIN_LR_SCHEDULE_HPP
@@ -24541,6 +26865,586 @@ class progress {
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_TRAIN_PROGRESS_HPP
+// #include <partrain/train/sharded_checkpoint.hpp>
+#ifndef PARTRAIN_SI_TRAIN_SHARDED_CHECKPOINT_HPP
+#define PARTRAIN_SI_TRAIN_SHARDED_CHECKPOINT_HPP
+// partrain/train/sharded_checkpoint.hpp: checkpoints of a sharded_data_parallel without a trip
+// through rank 0. Every rank writes its own shard file (its slice of the flat parameters and of
+// the optimizer state, atomically, CRC'd); then rank 0 writes a small index at the checkpoint's
+// path naming the shards, their slices and CRCs, the model's fingerprint and where training
+// stood. Loading reads the index and the shards and works at any world size: the slices are
+// contiguous ranges of the flat parameter space, so each rank takes the parameters from every
+// shard and the optimizer state from the shards that overlap its new slice (resharding). A
+// replicated model and optimizer (plain DDP, or one process) load it too: the state of the whole
+// flat space, cut per parameter; consolidate_sharded_checkpoint writes one ordinary checkpoint
+// file from it (names and shapes are in the index, no model type needed).
+//
+// Files: <path> (index) and <path>.step-<S>.shard-<r>-of-<n>. Shards are named by step, so a
+// crash while saving leaves the previous index and its shards intact; the shards of older saves
+// are removed once the new index is in place.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <system_error>
+#include <type_traits>
+#include <vector>
+
+// #include <partrain/train/detail/framed_file.hpp>
+#ifndef PARTRAIN_SI_TRAIN_DETAIL_FRAMED_FILE_HPP
+#define PARTRAIN_SI_TRAIN_DETAIL_FRAMED_FILE_HPP
+// partrain/train/detail/framed_file.hpp: the frame of partrain's binary files: an 8-byte magic,
+// a format version, the payload's CRC-32 and size, then the payload. Reading checks all four
+// before a byte of the payload is trusted, naming the file in every refusal.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace partrain::inline v0::detail {
+
+inline constexpr std::size_t file_frame_header_bytes = 8 + 4 + 4 + 8;
+
+[[nodiscard]] inline std::vector<std::byte> frame(const std::array<char, 8>& magic, std::uint32_t version,
+                                                  std::span<const std::byte> payload) {
+  const std::uint32_t crc = crc32(payload);
+  const std::uint64_t size = payload.size();
+  std::vector<std::byte> out(file_frame_header_bytes + payload.size());
+  std::memcpy(out.data(), magic.data(), 8);
+  std::memcpy(out.data() + 8, &version, 4);
+  std::memcpy(out.data() + 12, &crc, 4);
+  std::memcpy(out.data() + 16, &size, 8);
+  if (!payload.empty()) std::memcpy(out.data() + file_frame_header_bytes, payload.data(), payload.size());
+  return out;
+}
+
+// The payload of a framed file; `what` names it ("sharded checkpoint index 'run/m.ckpt'").
+[[nodiscard]] inline std::span<const std::byte> unframe(std::span<const std::byte> file, const std::array<char, 8>& magic,
+                                                        std::uint32_t version, std::string_view what,
+                                                        std::uint32_t* crc_out = nullptr) {
+  const std::string w(what);
+  if (file.size() < file_frame_header_bytes) {
+    throw checkpoint_error(w + " is truncated: " + std::to_string(file.size()) + " bytes, less than the " +
+                           std::to_string(file_frame_header_bytes) + "-byte header");
+  }
+  if (std::memcmp(file.data(), magic.data(), 8) != 0) {
+    throw checkpoint_error(w + " has the wrong magic (expected \"" + std::string(magic.data(), 8) + "\")");
+  }
+  std::uint32_t v = 0, crc = 0;
+  std::uint64_t size = 0;
+  std::memcpy(&v, file.data() + 8, 4);
+  std::memcpy(&crc, file.data() + 12, 4);
+  std::memcpy(&size, file.data() + 16, 8);
+  if (v != version) {
+    throw checkpoint_error(w + " has format version " + std::to_string(v) + ", this build reads version " +
+                           std::to_string(version));
+  }
+  const std::size_t have = file.size() - file_frame_header_bytes;
+  if (size != have) {
+    throw checkpoint_error(w + (have < size ? " is truncated" : " has trailing bytes") + ": the header says " +
+                           std::to_string(size) + " payload bytes, the file has " + std::to_string(have));
+  }
+  const auto payload = file.subspan(file_frame_header_bytes);
+  if (const auto got = crc32(payload); got != crc) {
+    throw checkpoint_error(w + " is corrupted: the payload's CRC-32 is " + std::to_string(got) + ", the header says " +
+                           std::to_string(crc));
+  }
+  if (crc_out) *crc_out = crc;
+  return payload;
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_TRAIN_DETAIL_FRAMED_FILE_HPP
+
+namespace partrain::inline v0 {
+
+inline constexpr std::array<char, 8> sharded_index_magic{'P', 'T', 'R', 'N', 'Z', 'I', 'D', 'X'};
+inline constexpr std::array<char, 8> shard_file_magic{'P', 'T', 'R', 'N', 'Z', 'S', 'H', 'D'};
+inline constexpr std::uint32_t sharded_checkpoint_version = 1;
+
+namespace detail::zero_ckpt {
+
+// FNV-1a over every parameter's name and shape: "the same model" for a checkpoint.
+template <class M>
+[[nodiscard]] std::uint64_t model_fingerprint(M& m) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  const auto mix = [&h](std::uint64_t x) {
+    for (int b = 0; b < 8; ++b) h = (h ^ ((x >> (8 * b)) & 0xffu)) * 0x100000001b3ull;
+  };
+  std::size_t i = 0;
+  for (auto&& p : m.parameters()) {
+    for (const char c : param_name(p, i++)) mix(static_cast<unsigned char>(c));
+    const auto v = p.value();
+    mix(v.rank());
+    for (std::size_t d = 0; d < v.rank(); ++d) mix(v.extent(d));
+  }
+  return h;
+}
+
+template <class M>
+[[nodiscard]] zero::flat_views<model_element_t<M>> value_views(M& m) {
+  std::vector<tensor_view<model_element_t<M>>> v;
+  for (auto&& p : m.parameters()) v.push_back(p.value());
+  return zero::flat_views<model_element_t<M>>(std::move(v));
+}
+
+[[nodiscard]] inline std::filesystem::path shard_path(const std::filesystem::path& index, std::uint64_t step, int rank,
+                                                      int world) {
+  return index.parent_path() / (index.filename().string() + ".step-" + std::to_string(step) + ".shard-" +
+                                std::to_string(rank) + "-of-" + std::to_string(world));
+}
+
+struct shard_entry {
+  std::string file;  // relative to the index's folder
+  std::uint64_t begin = 0, end = 0;
+  std::uint32_t crc = 0;
+};
+
+struct param_entry {
+  std::string name;
+  shape dims;
+};
+
+struct index_record {
+  std::uint8_t type = 0;
+  std::uint64_t total = 0, params = 0, fingerprint = 0, world = 0, step = 0;
+  std::string optimizer;
+  std::vector<shard_entry> shards;
+  checkpoint_extra extra;
+  std::vector<param_entry> names;  // every parameter's name and shape (what consolidation writes)
+};
+
+template <class M>
+[[nodiscard]] std::vector<param_entry> param_entries(M& m) {
+  std::vector<param_entry> out;
+  std::size_t i = 0;
+  for (auto&& p : m.parameters()) out.push_back({param_name(p, i++), p.value().shape()});
+  return out;
+}
+
+inline void put_extra(state_writer& w, const checkpoint_extra& e) {
+  w.put(e.epoch);
+  w.put(e.step);
+  w.put(e.sampler_position);
+  w.put_bytes(e.rng_state);
+  w.put_bytes(e.scaler_state);
+  w.put_bytes(e.user);
+  w.put_bytes(e.trainer_state);
+}
+inline checkpoint_extra get_extra(state_reader& r) {
+  checkpoint_extra e;
+  e.epoch = r.get<std::uint64_t>("epoch");
+  e.step = r.get<std::uint64_t>("step");
+  e.sampler_position = r.get<std::uint64_t>("sampler position");
+  const auto bytes = [&](const char* what) {
+    const auto b = r.get_bytes(what);
+    return std::vector<std::byte>(b.begin(), b.end());
+  };
+  e.rng_state = bytes("rng state");
+  e.scaler_state = bytes("scaler state");
+  e.user = bytes("user bytes");
+  e.trainer_state = bytes("trainer state");
+  return e;
+}
+
+[[nodiscard]] inline std::vector<std::byte> encode(const index_record& x) {
+  state_writer w;
+  w.put(x.type);
+  w.put(x.total);
+  w.put(x.params);
+  w.put(x.fingerprint);
+  w.put(x.world);
+  w.put(x.step);
+  w.put_string(x.optimizer);
+  for (const auto& s : x.shards) {
+    w.put_string(s.file);
+    w.put(s.begin);
+    w.put(s.end);
+    w.put(s.crc);
+  }
+  put_extra(w, x.extra);
+  for (const auto& e : x.names) {
+    w.put_string(e.name);
+    w.put(static_cast<std::uint8_t>(e.dims.rank()));
+    for (std::size_t d = 0; d < e.dims.rank(); ++d) w.put(static_cast<std::uint64_t>(e.dims[d]));
+  }
+  return w.release();
+}
+[[nodiscard]] inline index_record decode_index(std::span<const std::byte> payload, const std::string& where) {
+  state_reader r(payload);
+  index_record x;
+  x.type = r.get<std::uint8_t>("dtype");
+  x.total = r.get<std::uint64_t>("element count");
+  x.params = r.get<std::uint64_t>("parameter count");
+  x.fingerprint = r.get<std::uint64_t>("model fingerprint");
+  x.world = r.get<std::uint64_t>("world size");
+  x.step = r.get<std::uint64_t>("save step");
+  x.optimizer = r.get_string("optimizer kind");
+  if (x.world == 0 || x.world > (1u << 20)) throw checkpoint_error(where + " is malformed: world size " + std::to_string(x.world));
+  for (std::uint64_t q = 0; q < x.world; ++q) {
+    shard_entry s;
+    s.file = r.get_string("shard file");
+    s.begin = r.get<std::uint64_t>("shard begin");
+    s.end = r.get<std::uint64_t>("shard end");
+    s.crc = r.get<std::uint32_t>("shard crc");
+    x.shards.push_back(std::move(s));
+  }
+  x.extra = get_extra(r);
+  if (x.params > (1u << 24)) throw checkpoint_error(where + " is malformed: " + std::to_string(x.params) + " parameters");
+  for (std::uint64_t i = 0; i < x.params; ++i) {
+    param_entry e;
+    e.name = r.get_string("parameter name");
+    const auto rank = r.get<std::uint8_t>("parameter rank");
+    if (rank > max_rank) throw checkpoint_error(where + " is malformed: parameter " + e.name + " has rank " + std::to_string(rank));
+    std::array<std::size_t, max_rank> dims{};
+    for (std::size_t d = 0; d < rank; ++d) dims[d] = static_cast<std::size_t>(r.get<std::uint64_t>("parameter extent"));
+    e.dims = shape(std::span<const std::size_t>(dims.data(), rank));
+    x.names.push_back(std::move(e));
+  }
+  if (r.remaining() != 0) throw checkpoint_error(where + " is malformed: " + std::to_string(r.remaining()) + " unread bytes");
+  return x;
+}
+
+// The replicated optimizer's own state layout (optim/sgd.hpp, optim/adamw.hpp), cut per parameter
+// from the flat state of the whole space.
+template <class T>
+void put_replicated_state(state_writer& w, const shard_optimizer_state<T>& st, const std::vector<std::size_t>& sizes) {
+  const auto& a = st.arrays;
+  std::size_t at = 0;
+  if (st.kind == "sgd") {
+    put_sgd_state_header(w, st.steps, sizes.size());
+    for (const auto n : sizes) {
+      put_sgd_state_entry(w, !a.empty(), a.empty() ? std::span<const T>() : std::span<const T>(a[0]).subspan(at, n));
+      at += n;
+    }
+  } else {
+    put_adamw_state_header(w, st.steps, sizes.size());
+    if (a.size() != 2) return;
+    for (const auto n : sizes) {
+      put_adamw_state_entry(w, std::span<const T>(a[0]).subspan(at, n), std::span<const T>(a[1]).subspan(at, n));
+      at += n;
+    }
+  }
+}
+
+// A model made of the index's names and shapes (what consolidation hands checkpoint_bytes).
+template <class T>
+struct flat_model {
+  struct param {
+    flat_model* m;
+    std::size_t i;
+    [[nodiscard]] tensor_view<T> value() const { return {m->values.data() + m->starts[i], m->entries[i].dims}; }
+    [[nodiscard]] tensor_view<T> grad() const { return value(); }
+    [[nodiscard]] const std::string& name() const { return m->entries[i].name; }
+  };
+  explicit flat_model(std::vector<param_entry> e) : entries(std::move(e)) {
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      starts.push_back(at);
+      at += entries[i].dims.numel();
+      ps.push_back({this, i});
+    }
+    values.assign(at, T(0));
+  }
+  flat_model(const flat_model&) = delete;
+  flat_model& operator=(const flat_model&) = delete;
+  [[nodiscard]] std::vector<param>& parameters() { return ps; }
+  [[nodiscard]] std::size_t total() const noexcept { return values.size(); }
+  [[nodiscard]] std::vector<std::size_t> sizes() const {
+    std::vector<std::size_t> out;
+    for (const auto& e : entries) out.push_back(e.dims.numel());
+    return out;
+  }
+  std::vector<param_entry> entries;
+  std::vector<std::size_t> starts;
+  std::vector<param> ps;
+  std::vector<T> values;
+};
+
+// Loaded optimizer state as a stateful_optimizer, so checkpoint_bytes writes it as the
+// replicated optimizer would.
+template <class T>
+struct state_of {
+  const shard_optimizer_state<T>* st;
+  std::vector<std::size_t> sizes;
+  void step() {}
+  void zero_grad() {}
+  void save_state(state_writer& w) const { put_replicated_state<T>(w, *st, sizes); }
+  void load_state(state_reader&) {}
+};
+
+// Every rank's failure flag through one all_reduce, so all ranks fail together: the rank that
+// failed rethrows its own error, the others name it.
+inline void agree(process_group& g, std::exception_ptr mine, const std::string& what) {
+  std::vector<std::int64_t> flags(static_cast<std::size_t>(g.size()), 0);
+  flags[static_cast<std::size_t>(g.rank())] = mine ? 1 : 0;
+  g.all_reduce(tensor_view<std::int64_t>(flags.data(), flags.size()), reduce_op::sum).wait();
+  if (mine) std::rethrow_exception(mine);
+  for (std::size_t q = 0; q < flags.size(); ++q) {
+    if (flags[q]) throw checkpoint_error("rank " + std::to_string(q) + " failed to " + what + " (see its error)");
+  }
+}
+
+}  // namespace detail::zero_ckpt
+
+// Every rank calls it. `extra.step` names the save (the shard files carry it).
+template <class Zero>
+void save_sharded_checkpoint(Zero& z, const std::filesystem::path& index, const checkpoint_extra& extra = {}) {
+  namespace ck = detail::zero_ckpt;
+  auto& m = z.module();
+  using T = model_element_t<std::remove_cvref_t<decltype(m)>>;
+  process_group& g = z.comm();
+  const int rank = g.rank(), world = g.size();
+  const auto shard = z.shard();
+  const auto fingerprint = ck::model_fingerprint(m);
+  const auto path = ck::shard_path(index, extra.step, rank, world);
+  std::uint32_t crc = 0;
+  std::exception_ptr err;
+  try {
+    if (rank == 0 && index.has_parent_path()) std::filesystem::create_directories(index.parent_path());
+    state_writer w;
+    w.put(static_cast<std::uint8_t>(dtype_of<T>));
+    w.put(static_cast<std::uint64_t>(z.total_elements()));
+    w.put(fingerprint);
+    w.put(static_cast<std::uint64_t>(world));
+    w.put(static_cast<std::uint64_t>(rank));
+    w.put(static_cast<std::uint64_t>(shard.begin));
+    w.put(static_cast<std::uint64_t>(shard.end));
+    w.put(extra.step);
+    std::vector<T> values(shard.size());
+    ck::value_views(m).read(shard, values.data(), false);
+    w.put_array(std::span<const T>(values));
+    const auto state = z.optimizer_state();
+    w.put_string(state.kind);
+    w.put(state.steps);
+    w.put(static_cast<std::uint64_t>(state.arrays.size()));
+    for (const auto& a : state.arrays) w.put_array(std::span<const T>(a));
+    crc = detail::crc32(w.bytes());
+    detail::write_file_atomically(path, detail::frame(shard_file_magic, sharded_checkpoint_version, w.bytes()));
+  } catch (...) {
+    err = std::current_exception();
+  }
+  // Directory creation on rank 0 happens before the others write: the agreement is a barrier.
+  ck::agree(g, err, "write its shard of " + index.string());
+  std::vector<std::int64_t> crcs(static_cast<std::size_t>(world), 0);
+  crcs[static_cast<std::size_t>(rank)] = crc;
+  g.all_reduce(tensor_view<std::int64_t>(crcs.data(), crcs.size()), reduce_op::sum).wait();
+  err = nullptr;
+  if (rank == 0) {
+    try {
+      ck::index_record x{static_cast<std::uint8_t>(dtype_of<T>), z.total_elements(), detail::parameter_count(m), fingerprint,
+                         static_cast<std::uint64_t>(world), extra.step, z.optimizer_kind(), {}, extra,
+                         ck::param_entries(m)};
+      for (int q = 0; q < world; ++q) {
+        const auto s = detail::zero::shard_of(z.total_elements(), static_cast<std::size_t>(world), static_cast<std::size_t>(q));
+        x.shards.push_back({ck::shard_path(index, extra.step, q, world).filename().string(), s.begin, s.end,
+                            static_cast<std::uint32_t>(crcs[static_cast<std::size_t>(q)])});
+      }
+      detail::write_file_atomically(index, detail::frame(sharded_index_magic, sharded_checkpoint_version, ck::encode(x)));
+      // The new index is in place: shards of older saves are garbage now (best effort).
+      const auto dir = index.has_parent_path() ? index.parent_path() : std::filesystem::path(".");
+      const std::string prefix = index.filename().string() + ".step-";
+      std::error_code ec;
+      for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+        const auto name = e.path().filename().string();
+        const bool ours = name.starts_with(prefix) && name.find(".shard-") != std::string::npos &&
+                          name.find(".tmp") == std::string::npos;
+        const bool current = std::any_of(x.shards.begin(), x.shards.end(), [&](const auto& s) { return s.file == name; });
+        if (ours && !current) std::filesystem::remove(e.path(), ec);
+      }
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  ck::agree(g, err, "write the index " + index.string());
+}
+
+namespace detail::zero_ckpt {
+
+template <class T>
+struct loaded {
+  index_record index;
+  std::vector<T> values;             // the whole flat parameter space
+  shard_optimizer_state<T> state;    // over the slice asked for
+};
+
+// Reads and checks the index and every shard it names, for model m stepped by a `kind`
+// optimizer: all parameter values, and the optimizer state of the flat slice `mine`.
+template <class M>
+[[nodiscard]] loaded<model_element_t<M>> read(const std::filesystem::path& index, M& m, zero::flat_range mine,
+                                               const std::string& kind) {
+  using T = model_element_t<M>;
+  const std::string where = "sharded checkpoint index '" + index.string() + "'";
+  loaded<T> out;
+  auto& x = out.index;
+  const auto file = detail::read_whole_file(index);
+  x = decode_index(unframe(file, sharded_index_magic, sharded_checkpoint_version, where), where);
+  const auto fingerprint = model_fingerprint(m);
+  const auto params = parameter_count(m);
+  const auto total = value_views(m).total();
+  if (x.type != static_cast<std::uint8_t>(dtype_of<T>) || x.total != total || x.params != params ||
+      x.fingerprint != fingerprint) {
+    throw checkpoint_error(where + " was written for another model: " + std::to_string(x.params) + " parameters of " +
+                           std::to_string(x.total) + " " + std::string(to_string(static_cast<dtype>(x.type))) +
+                           " elements (names and shapes fingerprint " + std::to_string(x.fingerprint) +
+                           "), this model has " + std::to_string(params) + " of " + std::to_string(total) + " " +
+                           std::string(to_string(dtype_of<T>)) + " (fingerprint " + std::to_string(fingerprint) + ")");
+  }
+  if (x.optimizer != kind) {
+    throw checkpoint_error(where + " holds " + x.optimizer + " optimizer state, this run steps with " + kind);
+  }
+  out.values.resize(total);
+  const auto values_view = std::span<T>(out.values);
+  auto& state = out.state;
+  state.kind = x.optimizer;
+  const auto dir = index.parent_path();
+  std::uint64_t expect_begin = 0;
+  for (std::size_t q = 0; q < x.shards.size(); ++q) {
+    const auto& e = x.shards[q];
+    const auto path = dir / e.file;
+    const std::string sw = "shard '" + path.string() + "' (rank " + std::to_string(q) + " of " + std::to_string(x.world) + ")";
+    if (e.begin != expect_begin || e.end < e.begin || e.end > x.total) {
+      throw checkpoint_error(where + " is malformed: shard " + std::to_string(q) + " covers [" + std::to_string(e.begin) +
+                             ", " + std::to_string(e.end) + ")");
+    }
+    expect_begin = e.end;
+    if (!std::filesystem::exists(path)) {
+      throw checkpoint_error(where + " names " + sw + ", which is missing (expected one shard file per rank of the "
+                             "saving run)");
+    }
+    const auto bytes = detail::read_whole_file(path);
+    std::uint32_t crc = 0;
+    state_reader r(unframe(bytes, shard_file_magic, sharded_checkpoint_version, sw, &crc));
+    (void)r.get<std::uint8_t>("dtype");
+    (void)r.get<std::uint64_t>("element count");
+    (void)r.get<std::uint64_t>("model fingerprint");
+    const auto sworld = r.get<std::uint64_t>("world size");
+    const auto srank = r.get<std::uint64_t>("rank");
+    const auto sbegin = r.get<std::uint64_t>("shard begin");
+    const auto send = r.get<std::uint64_t>("shard end");
+    const auto sstep = r.get<std::uint64_t>("save step");
+    if (sstep != x.step) {
+      throw checkpoint_error(sw + " is from step " + std::to_string(sstep) + " but the index from step " +
+                             std::to_string(x.step) + " (shards of two different saves)");
+    }
+    if (crc != e.crc || sworld != x.world || srank != q || sbegin != e.begin || send != e.end) {
+      throw checkpoint_error(sw + " is not the shard the index names (its CRC, rank or slice differ: a file of another "
+                             "save at the same step?)");
+    }
+    r.get_array(values_view.subspan(e.begin, e.end - e.begin), sw + " values");
+    const auto skind = r.get_string("optimizer kind");
+    const auto steps = r.get<std::int64_t>("optimizer steps");
+    const auto arrays = r.get<std::uint64_t>("optimizer array count");
+    if (skind != x.optimizer || (q > 0 && (steps != state.steps || arrays != state.arrays.size())) || arrays > 2) {
+      throw checkpoint_error(sw + " holds " + skind + " state after " + std::to_string(steps) + " steps with " +
+                             std::to_string(arrays) + " arrays, unlike the other shards (shards of different runs)");
+    }
+    state.steps = steps;
+    state.arrays.resize(arrays);
+    std::vector<T> a(e.end - e.begin);
+    for (std::uint64_t j = 0; j < arrays; ++j) {
+      r.get_array(std::span<T>(a), sw + " optimizer array " + std::to_string(j));
+      // The part of this old shard inside the slice asked for.
+      auto& dst = state.arrays[j];
+      dst.resize(mine.size());
+      const std::uint64_t lo = std::max<std::uint64_t>(e.begin, mine.begin);
+      const std::uint64_t hi = std::min<std::uint64_t>(e.end, mine.end);
+      if (lo < hi) {
+        std::copy(a.begin() + static_cast<std::ptrdiff_t>(lo - e.begin), a.begin() + static_cast<std::ptrdiff_t>(hi - e.begin),
+                  dst.begin() + static_cast<std::ptrdiff_t>(lo - mine.begin));
+      }
+    }
+    if (r.remaining() != 0) throw checkpoint_error(sw + " is malformed: " + std::to_string(r.remaining()) + " unread bytes");
+  }
+  if (expect_begin != x.total) throw checkpoint_error(where + " is malformed: its shards end at " + std::to_string(expect_begin));
+  return out;
+}
+
+}  // namespace detail::zero_ckpt
+
+// Every rank calls it; the world size may differ from the one that saved. Everything is read and
+// checked before the model or the optimizer changes. Returns where training stood.
+template <class Zero>
+checkpoint_extra load_sharded_checkpoint(Zero& z, const std::filesystem::path& index) {
+  namespace ck = detail::zero_ckpt;
+  auto& m = z.module();
+  process_group& g = z.comm();
+  std::optional<ck::loaded<model_element_t<std::remove_cvref_t<decltype(m)>>>> got;
+  std::exception_ptr err;
+  try {
+    got = ck::read(index, m, z.shard(), z.optimizer_kind());
+  } catch (...) {
+    err = std::current_exception();
+  }
+  ck::agree(g, err, "read " + index.string());
+  z.load_optimizer_state(got->state, "sharded checkpoint '" + index.string() + "'");
+  ck::value_views(m).write({0, got->values.size()}, got->values.data());
+  return got->index.extra;
+}
+
+// A sharded checkpoint into a replicated model and optimizer (sgd or adamw): e.g. to resume a
+// ZeRO run under plain DDP, or on one process. Each caller reads every shard; nothing is
+// communicated. Returns where training stood.
+template <model M, stateful_optimizer O>
+checkpoint_extra load_sharded_checkpoint(const std::filesystem::path& index, M& m, O& opt) {
+  static_assert(detail::check_checkpointable<M>());
+  using T = model_element_t<M>;
+  using opts_t = std::remove_cvref_t<decltype(opt.options())>;
+  constexpr bool is_sgd = std::same_as<opts_t, sgd_options>;
+  static_assert(is_sgd || std::same_as<opts_t, adamw_options>,
+                "partrain: a sharded checkpoint loads into partrain::sgd or partrain::adamw");
+  namespace ck = detail::zero_ckpt;
+  auto views = ck::value_views(m);
+  const auto got = ck::read(index, m, {0, views.total()}, is_sgd ? "sgd" : "adamw");
+  std::vector<std::size_t> sizes;
+  for (auto&& p : m.parameters()) sizes.push_back(p.value().size());
+  state_writer w;
+  ck::put_replicated_state<T>(w, got.state, sizes);
+  state_reader r(w.bytes());
+  opt.load_state(r);
+  views.write({0, got.values.size()}, got.values.data());
+  return got.index.extra;
+}
+
+// Writes the whole model and optimizer state of a sharded checkpoint into one ordinary checkpoint
+// (train/checkpoint.hpp's format, atomically), readable by load_checkpoint with the model and a
+// replicated sgd or adamw; no model type is needed. The element type is the checkpoint's
+// (float or double).
+inline void consolidate_sharded_checkpoint(const std::filesystem::path& index, const std::filesystem::path& out) {
+  namespace ck = detail::zero_ckpt;
+  const std::string where = "sharded checkpoint index '" + index.string() + "'";
+  const auto file = detail::read_whole_file(index);
+  const auto x = ck::decode_index(detail::unframe(file, sharded_index_magic, sharded_checkpoint_version, where), where);
+  const auto run = [&]<class T>(std::type_identity<T>) {
+    ck::flat_model<T> m(x.names);
+    const auto got = ck::read(index, m, {0, m.total()}, x.optimizer);
+    m.values = got.values;
+    const ck::state_of<T> opt{&got.state, m.sizes()};
+    detail::write_file_atomically(out, checkpoint_bytes(m, opt, x.extra));
+  };
+  if (x.type == static_cast<std::uint8_t>(dtype::float32)) {
+    run(std::type_identity<float>{});
+  } else if (x.type == static_cast<std::uint8_t>(dtype::float64)) {
+    run(std::type_identity<double>{});
+  } else {
+    throw checkpoint_error(where + " holds " + std::string(to_string(static_cast<dtype>(x.type))) +
+                           " parameters; consolidation writes float or double");
+  }
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_TRAIN_SHARDED_CHECKPOINT_HPP
 // #include <partrain/train/steps.hpp>
 #ifndef PARTRAIN_SI_TRAIN_STEPS_HPP
 #define PARTRAIN_SI_TRAIN_STEPS_HPP
@@ -24984,3 +27888,75 @@ train_result fit(Policy& policy, Train& train, Test& test, trainer_options o) {
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_TRAIN_TRAINER_HPP
+// #include <partrain/train/zero_policy.hpp>
+#ifndef PARTRAIN_SI_TRAIN_ZERO_POLICY_HPP
+#define PARTRAIN_SI_TRAIN_ZERO_POLICY_HPP
+// partrain/train/zero_policy.hpp: sharded data parallel (ZeRO-1/2, parallel/zero.hpp) as a
+// training policy, so fit() drives it like DDP. Its train_step already holds the optimizer step;
+// checkpoints are sharded (every rank writes its own slice, train/sharded_checkpoint.hpp) and load
+// at any world size. With a grad scaler, each step is amp_step (the scaler's state is checkpointed).
+//
+//   sharded_data_parallel zero(model, group, adamw_options{.lr = 1e-3}, {.stage = 2});
+//   zero_policy policy(zero);
+//   fit(policy, train_loader, test_loader, {.epochs = 8, .checkpoint = "run/model.ckpt"});
+
+#include <cstddef>
+#include <filesystem>
+#include <type_traits>
+#include <utility>
+
+namespace partrain::inline v0 {
+
+struct zero_policy_options {
+  grad_scaler* scaler = nullptr;    // mixed precision: amp_step (precision/sharded_amp.hpp) with it
+  trace_recorder* trace = nullptr;  // one span per step ("zero_step": forward, backward, reduce, step, gather)
+};
+
+template <class Zero>
+class zero_policy {
+ public:
+  explicit zero_policy(Zero& zero, zero_policy_options o = {}) : zero_(&zero), o_(o) {}
+
+  template <class B>
+  double train_step(const B& b) {
+    auto span = o_.trace ? o_.trace->span("zero_step") : trace_span{};
+    if (o_.scaler) {
+      const amp_step_result r = amp_step(*zero_, *o_.scaler, b);
+      skipped_ += r.skipped ? 1 : 0;
+      return r.loss;
+    }
+    return zero_->train_step(b);
+  }
+  [[nodiscard]] std::size_t skipped_steps() const noexcept { return skipped_; }
+  template <class R>
+  eval_result evaluate(R&& batches) {
+    return zero_->evaluate(std::forward<R>(batches));
+  }
+  void set_lr(double lr) { zero_->set_lr(lr); }
+  process_group& group() { return zero_->comm(); }
+  process_group& loss_group() { return zero_->comm(); }
+  [[nodiscard]] int replicas() { return zero_->comm().size(); }
+  auto parameters() { return zero_->module().parameters(); }
+
+  // Collective: every rank writes its shard, rank 0 the index at `file`.
+  void save_checkpoint(const std::filesystem::path& file, checkpoint_extra extra) {
+    if (o_.scaler && o_.scaler->enabled()) extra.scaler_state = o_.scaler->state_bytes();
+    save_sharded_checkpoint(*zero_, file, extra);
+  }
+  checkpoint_extra load_checkpoint(const std::filesystem::path& file) {
+    checkpoint_extra extra = load_sharded_checkpoint(*zero_, file);
+    if (o_.scaler && o_.scaler->enabled()) o_.scaler->load_state_bytes(extra.scaler_state);
+    if constexpr (has_low_precision_copy<std::remove_cvref_t<decltype(zero_->module())>>) {
+      zero_->module().refresh_low_precision();  // the 16-bit copy of the loaded masters
+    }
+    return extra;
+  }
+
+ private:
+  Zero* zero_;
+  zero_policy_options o_;
+  std::size_t skipped_ = 0;
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_TRAIN_ZERO_POLICY_HPP

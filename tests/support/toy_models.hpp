@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -215,6 +216,30 @@ class toy_mlp {
 
   std::size_t in_, hidden_, out_;
   std::vector<toy_param<T>> params_;
+};
+
+// The toy model with a loss scale applied to its gradients (what a mixed-precision model's
+// backward does), an overflow a test can plant in one rank's gradients at one step, and a count
+// of 16-bit refreshes.
+template <class T>
+class scaled_toy_mlp : public toy_mlp<T, false> {
+ public:
+  using toy_mlp<T, false>::toy_mlp;
+  void set_loss_scale(float s) { scale_ = s; }
+  double train_step(const toy_batch<T>& b) {
+    const double loss = toy_mlp<T, false>::train_step(b);
+    for (auto& p : this->parameters()) {
+      for (T& g : p.grads()) g *= static_cast<T>(scale_);
+    }
+    if (this->steps_run == poison_at) this->parameters()[1].grads()[2] = std::numeric_limits<T>::infinity();
+    return loss;
+  }
+  int poison_at = -1;  // steps_run value (1-based) at which to plant inf
+  int refreshes = 0;
+  void refresh_low_precision() { ++refreshes; }
+
+ private:
+  float scale_ = 1;
 };
 
 }  // namespace partrain::testing

@@ -39,6 +39,32 @@ inline void validate(const adamw_options& o) {
   if (!(o.eps >= 0)) bad("eps must be >= 0, got " + std::to_string(o.eps));
   if (!(o.weight_decay >= 0)) bad("weight_decay must be >= 0, got " + std::to_string(o.weight_decay));
 }
+
+// The element rule's coefficients for step `step` (1-based), in the parameters' precision (also
+// what a sharded optimizer steps its slice with, so both paths run the same arithmetic).
+template <class T>
+[[nodiscard]] adamw_coeffs<T> adamw_coeffs_of(const adamw_options& o, std::int64_t step) {
+  // PyTorch computes the bias corrections as Python floats (double), then the tensor ops take
+  // them in the parameter's precision.
+  const double bc1 = 1 - std::pow(o.beta1, static_cast<double>(step));
+  const double bc2 = 1 - std::pow(o.beta2, static_cast<double>(step));
+  return {T(1 - o.lr * o.weight_decay), T(1 - o.beta1),      T(1) - T(1 - o.beta1), T(o.beta2),
+          T(1 - o.beta2),               T(std::sqrt(bc2)),   T(o.eps),              T(-(o.lr / bc1))};
+}
+
+// save_state's layout, in one place for whoever writes it (a sharded checkpoint loaded into a
+// replicated adamw too): kind tag, step count, parameter count, then (once a step was taken)
+// both moments of every parameter.
+inline void put_adamw_state_header(state_writer& w, std::int64_t steps, std::size_t params) {
+  w.put_string("adamw");
+  w.put(steps);
+  w.put(static_cast<std::uint64_t>(params));
+}
+template <class T>
+void put_adamw_state_entry(state_writer& w, std::span<const T> exp_avg, std::span<const T> exp_avg_sq) {
+  w.put_array(exp_avg);
+  w.put_array(exp_avg_sq);
+}
 }  // namespace detail
 
 template <model M>
@@ -66,18 +92,7 @@ class adamw {
       }
     }
     ++step_;
-    // PyTorch computes the bias corrections as Python floats (double), then the tensor ops
-    // take them in the parameter's precision.
-    const double bc1 = 1 - std::pow(opts_.beta1, static_cast<double>(step_));
-    const double bc2 = 1 - std::pow(opts_.beta2, static_cast<double>(step_));
-    const detail::adamw_coeffs<T> c{T(1 - opts_.lr * opts_.weight_decay),
-                                    T(1 - opts_.beta1),
-                                    T(1) - T(1 - opts_.beta1),
-                                    T(opts_.beta2),
-                                    T(1 - opts_.beta2),
-                                    T(std::sqrt(bc2)),
-                                    T(opts_.eps),
-                                    T(-(opts_.lr / bc1))};
+    const auto c = detail::adamw_coeffs_of<T>(opts_, step_);
     std::size_t i = 0;
     for (auto&& p : model_->parameters()) {
       check_index(i);
@@ -102,17 +117,15 @@ class adamw {
 
   // State: kind tag, step count, then both moments of every parameter (once a step was taken).
   void save_state(state_writer& w) const {
-    w.put_string("adamw");
-    w.put(step_);
-    w.put(static_cast<std::uint64_t>(exp_avg_.size()));
+    detail::put_adamw_state_header(w, step_, exp_avg_.size());
     if (step_ == 0) return;
-    std::vector<T> host;
+    std::vector<T> m, s;
     for (std::size_t i = 0; i < exp_avg_.size(); ++i) {
-      host.resize(exp_avg_[i].size());
-      exp_avg_[i].copy_to_host(host);
-      w.put_array(std::span<const T>(host));
-      exp_avg_sq_[i].copy_to_host(host);
-      w.put_array(std::span<const T>(host));
+      m.resize(exp_avg_[i].size());
+      s.resize(exp_avg_sq_[i].size());
+      exp_avg_[i].copy_to_host(m);
+      exp_avg_sq_[i].copy_to_host(s);
+      detail::put_adamw_state_entry(w, std::span<const T>(m), std::span<const T>(s));
     }
   }
   void load_state(state_reader& r) {

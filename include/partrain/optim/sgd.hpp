@@ -40,6 +40,28 @@ inline void validate(const sgd_options& o) {
         ", dampening " + std::to_string(o.dampening) + ")");
   }
 }
+
+// The element rule's coefficients in the parameters' precision (also what a sharded optimizer
+// steps its slice with, so both paths run the same arithmetic).
+template <class T>
+[[nodiscard]] sgd_coeffs<T> sgd_coeffs_of(const sgd_options& o) {
+  return {T(o.lr), T(o.momentum), T(1 - o.dampening), T(o.weight_decay), o.nesterov, o.momentum != 0,
+          o.weight_decay != 0};
+}
+
+// save_state's layout, in one place for whoever writes it (a sharded checkpoint loaded into a
+// replicated sgd too): kind tag, step count, parameter count, then per parameter whether a
+// momentum buffer exists and its values.
+inline void put_sgd_state_header(state_writer& w, std::int64_t steps, std::size_t params) {
+  w.put_string("sgd");
+  w.put(steps);
+  w.put(static_cast<std::uint64_t>(params));
+}
+template <class T>
+void put_sgd_state_entry(state_writer& w, bool has_momentum, std::span<const T> momentum) {
+  w.put(static_cast<std::uint8_t>(has_momentum ? 1 : 0));
+  if (has_momentum) w.put_array(momentum);
+}
 }  // namespace detail
 
 template <model M>
@@ -57,10 +79,7 @@ class sgd {
   }
 
   void step() {
-    const detail::sgd_coeffs<T> c{T(opts_.lr),           T(opts_.momentum),
-                                  T(1 - opts_.dampening), T(opts_.weight_decay),
-                                  opts_.nesterov,         opts_.momentum != 0,
-                                  opts_.weight_decay != 0};
+    const auto c = detail::sgd_coeffs_of<T>(opts_);
     std::size_t i = 0;
     for (auto&& p : model_->parameters()) {
       check_index(i);
@@ -93,16 +112,12 @@ class sgd {
 
   // State: kind tag, step count, then per parameter whether a momentum buffer exists and its values.
   void save_state(state_writer& w) const {
-    w.put_string("sgd");
-    w.put(steps_);
-    w.put(static_cast<std::uint64_t>(buffers_.size()));
+    detail::put_sgd_state_header(w, steps_, buffers_.size());
     std::vector<T> host;
     for (std::size_t i = 0; i < buffers_.size(); ++i) {
-      w.put(has_buffer_[i]);
-      if (!has_buffer_[i]) continue;
-      host.resize(buffers_[i].size());
-      buffers_[i].copy_to_host(host);
-      w.put_array(std::span<const T>(host));
+      host.resize(has_buffer_[i] ? buffers_[i].size() : 0);
+      if (has_buffer_[i]) buffers_[i].copy_to_host(host);
+      detail::put_sgd_state_entry(w, has_buffer_[i] != 0, std::span<const T>(host));
     }
   }
   void load_state(state_reader& r) {

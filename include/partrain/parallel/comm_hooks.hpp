@@ -10,6 +10,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -67,6 +68,10 @@ class grad_bucket {
   // join), times the accumulated micro-steps when no_sync averages them.
   [[nodiscard]] double divisor() const noexcept { return divisor_; }
   [[nodiscard]] int world_size() const noexcept { return world_size_; }
+  // The shapes of the bucket's parameters, in the order they lie in buffer() (DDP sets them), so
+  // a hook can see matrices where the buffer is flat (PowerSGD). Empty: the owner did not say.
+  [[nodiscard]] std::span<const shape> param_shapes() const noexcept { return param_shapes_; }
+  void set_param_shapes(std::vector<shape> s) { param_shapes_ = std::move(s); }
   // Host memory the hook may keep across the asynchronous operation (e.g. a 16-bit copy).
   [[nodiscard]] std::vector<std::byte>& scratch() noexcept { return scratch_; }
   // Anything else a hook keeps from step to step (device scratch, error feedback, ...).
@@ -95,6 +100,7 @@ class grad_bucket {
   void* cuda_stream_ = nullptr;
   std::vector<std::byte> scratch_;
   std::shared_ptr<void> hook_state_;
+  std::vector<shape> param_shapes_;
 };
 
 using comm_hook = std::function<work(grad_bucket&)>;

@@ -98,7 +98,11 @@ class distributed_data_parallel {
     }
     plain_hook_ = opts_.hook.target_type() == comm_hooks::allreduce().target_type();
     std::vector<std::size_t> numels;
-    for (auto&& p : model_->parameters()) numels.push_back(p.value().size());
+    std::vector<shape> shapes;
+    for (auto&& p : model_->parameters()) {
+      numels.push_back(p.value().size());
+      shapes.push_back(p.value().shape());
+    }
     cuda_device_ = resolve_cuda_device();
     verify_parameters();
     if (opts_.broadcast_parameters) broadcast_parameters_from(0);
@@ -106,6 +110,7 @@ class distributed_data_parallel {
                                                     opts_.bucket_cap_bytes, opts_.hook,
                                                     detail::make_all_reduce_fn(comm), comm.rank(), comm.size(), stats_,
                                                     device_placement(), opts_.on_bucket_launch);
+    reducer_->set_param_shapes(shapes);
   }
   distributed_data_parallel(const distributed_data_parallel&) = delete;
   distributed_data_parallel& operator=(const distributed_data_parallel&) = delete;

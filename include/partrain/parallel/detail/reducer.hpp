@@ -133,6 +133,15 @@ class reducer {
 
   [[nodiscard]] std::size_t size() const noexcept { return numels_.size(); }
 
+  // Tells every bucket the shapes of its parameters (in bucket memory order), for the hooks.
+  void set_param_shapes(const std::vector<shape>& shapes) {
+    for (auto& b : buckets_) {
+      std::vector<shape> mine;
+      for (std::size_t p : b.info.params) mine.push_back(shapes.at(p));
+      b.gb->set_param_shapes(std::move(mine));
+    }
+  }
+
   // Starts a synchronizing step. `add`: the buckets already hold accumulated micro-steps.
   void begin(double divisor, bool add) {
     divisor_ = divisor;

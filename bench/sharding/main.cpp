@@ -1,0 +1,183 @@
+// bench_sharding: what ZeRO-1 and ZeRO-2 (sharded_data_parallel) hold and send against DDP, on
+// the example's host MLP (784-256-128-10) and a wider one (784-1024-1024-10), AdamW, at world
+// sizes 1, 2 and 4 on the local (threads) backend, one OpenBLAS thread per rank:
+//   params, model grads  what the model itself holds (whole on every rank under DDP and ZeRO-1/2)
+//   grad bufs            gradient memory the policy holds (DDP: its buckets; ZeRO: see zero.hpp)
+//   opt state            the optimizer's state on this rank (AdamW: two moments)
+//   sent/step            bytes rank 0 sends per step, counted by the communicator (ring bytes)
+//   samples/s            over the whole job (the ranks share this machine's cores)
+// The last line is the summary: zero2_state_ratio (optimizer state per rank at world 4 / DDP's, wide
+// MLP), zero2_traffic_ratio (bytes per step at world 4 / DDP's, wide MLP), zero2_speed_ratio
+// (samples/s at world 2 / DDP's, wide MLP).
+//   bench_sharding [--quick] [--steps N] [--batch-size N]
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <partrain/comm/local.hpp>
+#include <partrain/data/batch.hpp>
+#include <partrain/optim/adamw.hpp>
+#include <partrain/parallel/ddp.hpp>
+#include <partrain/parallel/zero.hpp>
+
+#include "mlp_host.hpp"
+
+namespace {
+
+using namespace partrain;
+using clock_type = std::chrono::steady_clock;
+
+// Buckets of 1 MiB for every policy: the wide MLP spans several, so ZeRO-2's gradient slots are
+// smaller than the model (PyTorch's 25 MiB default would hold either MLP in one bucket).
+constexpr std::size_t bucket_cap = std::size_t{1} << 20;
+
+struct config {
+  std::size_t batch = 32;  // per rank
+  std::size_t steps = 20;
+  std::size_t warmup = 3;
+};
+
+// Synthetic rows: features uniform in [-1, 1), labels in [0, 10).
+struct synthetic_data {
+  std::vector<float> x;
+  std::vector<std::int32_t> y;
+  std::size_t rows = 0;
+  explicit synthetic_data(std::size_t n) : x(n * 784), y(n), rows(n) {
+    models::splitmix64 r(42);
+    for (auto& v : x) v = r.uniform(-1.0f, 1.0f);
+    for (auto& v : y) v = static_cast<std::int32_t>(r.next() % 10);
+  }
+  // Rank `rank`'s batch at step `s` of a world of `world`.
+  [[nodiscard]] batch at(std::size_t s, int world, int rank, std::size_t bs) const {
+    const std::size_t per_step = bs * static_cast<std::size_t>(world);
+    const std::size_t first = (s * per_step + static_cast<std::size_t>(rank) * bs) % (rows - bs + 1);
+    return {tensor_view<const float>(x.data() + first * 784, shape{bs, 784}),
+            tensor_view<const std::int32_t>(y.data() + first, bs), {}};
+  }
+};
+
+enum class mode { ddp, zero1, zero2 };
+constexpr std::string_view name(mode m) { return m == mode::ddp ? "ddp" : m == mode::zero1 ? "zero1" : "zero2"; }
+
+struct row {
+  std::size_t params = 0, model_grads = 0, grad_bufs = 0, state = 0;
+  std::uint64_t sent_per_step = 0;
+  double samples_per_s = 0;
+};
+
+row measure(const models::mlp_layout& layout, mode md, int world, const config& c, const synthetic_data& data) {
+  row out;
+  std::mutex mu;
+  const adamw_options opt_options{.lr = 1e-3};
+  run_local(world, [&](local_group& g) {
+    models::mlp_host model(layout, 0);
+    const std::size_t n = model.flat_values().size();
+    row mine;
+    auto timed = [&](auto&& step) {
+      for (std::size_t s = 0; s < c.warmup; ++s) step(s);
+      g.barrier().wait();
+      g.reset_traffic();
+      const auto t0 = clock_type::now();
+      for (std::size_t s = 0; s < c.steps; ++s) step(c.warmup + s);
+      g.barrier().wait();
+      const double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
+      mine.sent_per_step = g.traffic().bytes_sent / c.steps;
+      mine.samples_per_s = static_cast<double>(c.steps * c.batch * static_cast<std::size_t>(world)) / secs;
+    };
+    if (md == mode::ddp) {
+      distributed_data_parallel ddp(model, g, {.bucket_cap_bytes = bucket_cap});
+      adamw opt(model, opt_options);
+      timed([&](std::size_t s) {
+        (void)ddp.train_step(data.at(s, world, g.rank(), c.batch));
+        opt.step();
+      });
+      mine.params = n * sizeof(float);
+      mine.model_grads = n * sizeof(float);
+      // World size 1 skips the buckets' use but holds them all the same.
+      for (const auto& b : ddp.stats().buckets) mine.grad_bufs += b.bytes;
+      mine.state = 2 * n * sizeof(float);  // AdamW's exp_avg and exp_avg_sq, whole
+    } else {
+      sharded_data_parallel zero(model, g, opt_options,
+                                 {.stage = md == mode::zero1 ? 1 : 2, .bucket_cap_bytes = bucket_cap});
+      timed([&](std::size_t s) { (void)zero.train_step(data.at(s, world, g.rank(), c.batch)); });
+      const sharded_memory m = zero.memory();
+      mine.params = m.parameter_bytes;
+      mine.model_grads = m.model_gradient_bytes;
+      mine.grad_bufs = m.gradient_bytes;
+      mine.state = m.optimizer_state_bytes;
+    }
+    if (g.rank() == 0) {
+      std::lock_guard lock(mu);
+      out = mine;
+    }
+  });
+  return out;
+}
+
+std::string mib(std::size_t b) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f", static_cast<double>(b) / (1024.0 * 1024.0));
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  config c;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--quick") {
+      c.steps = 3;
+      c.warmup = 1;
+    } else if (a == "--steps" && i + 1 < argc) {
+      c.steps = std::strtoul(argv[++i], nullptr, 10);
+    } else if (a == "--batch-size" && i + 1 < argc) {
+      c.batch = std::strtoul(argv[++i], nullptr, 10);
+    } else {
+      std::fprintf(stderr, "usage: bench_sharding [--quick] [--steps N] [--batch-size N]\n");
+      return 2;
+    }
+  }
+  if (c.steps == 0 || c.batch == 0) {
+    std::fprintf(stderr, "bench_sharding: --steps and --batch-size must be at least 1\n");
+    return 2;
+  }
+  const synthetic_data data(4096);
+  struct model_case {
+    const char* label;
+    models::mlp_layout layout;
+  };
+  const std::vector<model_case> cases{{"mlp", {{784, 256, 128, 10}}}, {"wide", {{784, 1024, 1024, 10}}}};
+  double state_ratio = 0, traffic_ratio = 0, speed_ratio = 0;
+  std::printf("bench_sharding: AdamW, %zu steps of %zu samples per rank, local backend (threads)\n", c.steps, c.batch);
+  std::printf("%-5s %5s %-6s %10s %11s %10s %10s %12s %10s\n", "model", "world", "mode", "params", "model grads",
+              "grad bufs", "opt state", "sent/step", "samples/s");
+  std::printf("%-5s %5s %-6s %10s %11s %10s %10s %12s %10s\n", "", "", "", "MiB", "MiB", "MiB", "MiB", "MiB", "");
+  for (const auto& mc : cases) {
+    for (int world : {1, 2, 4}) {
+      row ddp{};
+      for (mode md : {mode::ddp, mode::zero1, mode::zero2}) {
+        const row r = measure(mc.layout, md, world, c, data);
+        if (md == mode::ddp) ddp = r;
+        std::printf("%-5s %5d %-6s %10s %11s %10s %10s %12s %10.0f\n", mc.label, world, std::string(name(md)).c_str(),
+                    mib(r.params).c_str(), mib(r.model_grads).c_str(), mib(r.grad_bufs).c_str(), mib(r.state).c_str(),
+                    mib(r.sent_per_step).c_str(), r.samples_per_s);
+        if (std::string_view(mc.label) == "wide" && md == mode::zero2) {
+          if (world == 4) {
+            state_ratio = static_cast<double>(r.state) / static_cast<double>(ddp.state);
+            traffic_ratio = static_cast<double>(r.sent_per_step) / static_cast<double>(ddp.sent_per_step);
+          }
+          if (world == 2) speed_ratio = r.samples_per_s / ddp.samples_per_s;
+        }
+      }
+    }
+  }
+  std::printf("summary: zero2_state_ratio=%.4f zero2_traffic_ratio=%.4f zero2_speed_ratio=%.3f\n", state_ratio,
+              traffic_ratio, speed_ratio);
+  return 0;
+}

@@ -1,0 +1,409 @@
+// bench_slow_link: what communicating less costs in accuracy and saves in bytes and time. Two
+// ranks train the example's host MLP (784-256-128-10, SGD lr 0.05 momentum 0.9, batch 64 per rank)
+// on the same Fashion-MNIST samples in every mode:
+//   ddp            gradients all-reduced every step
+//   local_sgd      post-local SGD: DDP for the first 10% of steps, then parameters averaged every 8
+//   diloco         DiLoCo, H = 50, outer Nesterov SGD lr 0.7 momentum 0.9, fp32 outer gradients
+//   diloco_int8    the same with per-tensor int8 outer gradients
+//   streaming      streaming DiLoCo, H = 50, 2 fragments synced in turn, each exchange overlapping
+//                  5 inner steps
+//   powersgd rN    PowerSGD rank N (1, 2, 4) as DDP's hook, plain all_reduce for the first 10%
+// Local table: the ranks are threads (local backend); per mode the bytes rank 0 sent (ring-
+// algorithm bytes, process_group::traffic()), the test accuracy of rank 0's model at the end
+// (local SGD and DiLoCo synchronize once more first; streaming DiLoCo is taken as it stands),
+// the wall time, and that time plus the bytes at 100 Mbit/s (a model, not a measurement).
+// Then, with --slow-link RATE[,RATE...] (tc rates, e.g. 100mbit,10mbit; needs root, ip and tc,
+// and Gloo), the same modes measured on a real slow link: two processes in two network
+// namespaces joined by a veth pair shaped by `tc qdisc tbf` on both ends, over Gloo; the bench
+// sets the namespaces up and removes them. Where that cannot run, it says why and exits 0.
+// Last line:
+//   summary: diloco_bytes_ratio=<ddp/diloco bytes> diloco_acc_gap=<ddp acc - diloco acc>
+//            powersgd_bytes_ratio=<ddp/powersgd rank-2 bytes> [diloco_time_ratio_100mbit=<ddp/diloco s>]
+//   bench_slow_link [--quick] [--samples N] [--slow-link RATES] [--slow-link-samples N]
+#include <fcntl.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <partrain/comm/local.hpp>
+#include <partrain/data/batch.hpp>
+#include <partrain/data/fashion_mnist.hpp>
+#include <partrain/optim/sgd.hpp>
+#include <partrain/parallel/ddp.hpp>
+#include <partrain/parallel/diloco.hpp>
+#include <partrain/parallel/local_sgd.hpp>
+#include <partrain/parallel/powersgd.hpp>
+#include <partrain/parallel/streaming_diloco.hpp>
+#if defined(PARTRAIN_WITH_GLOO)
+#include <partrain/launch/spawn.hpp>
+#include <partrain/rendezvous/init.hpp>
+#endif
+
+#include "fashion_batches.hpp"
+#include "mlp_host.hpp"
+
+namespace {
+
+using namespace partrain;
+using clock_type = std::chrono::steady_clock;
+
+constexpr int world = 2;
+constexpr std::size_t batch_size = 64;
+const sgd_options inner{.lr = 0.05, .momentum = 0.9};
+
+enum class mode { ddp, local_sgd, diloco, diloco_int8, streaming, powersgd_1, powersgd_2, powersgd_4 };
+constexpr mode all_modes[] = {mode::ddp,       mode::local_sgd,  mode::diloco,     mode::diloco_int8,
+                              mode::streaming, mode::powersgd_1, mode::powersgd_2, mode::powersgd_4};
+constexpr std::size_t row_of(mode m) { return static_cast<std::size_t>(m); }  // rows follow all_modes
+
+const char* name(mode m) {
+  switch (m) {
+    case mode::ddp: return "ddp";
+    case mode::local_sgd: return "local_sgd (period 8)";
+    case mode::diloco: return "diloco (H 50, fp32)";
+    case mode::diloco_int8: return "diloco (H 50, int8)";
+    case mode::streaming: return "diloco streaming (F 2)";
+    case mode::powersgd_1: return "powersgd (rank 1)";
+    case mode::powersgd_2: return "powersgd (rank 2)";
+    case mode::powersgd_4: return "powersgd (rank 4)";
+  }
+  return "?";
+}
+
+struct measured {
+  std::uint64_t bytes = 0;
+  double accuracy = 0;
+  double seconds = 0;
+};
+
+struct data {
+  std::vector<batch> train;  // world batches per step: rank r takes batch step * world + r
+  in_memory_dataset test;
+};
+
+double accuracy(models::mlp_host& m, const in_memory_dataset& test) {
+  const auto f = test.features();
+  const auto l = test.labels();
+  eval_result r;
+  for (std::size_t first = 0; first < test.size(); first += 1000) {
+    const std::size_t n = std::min<std::size_t>(1000, test.size() - first);
+    r += m.eval_step(batch{f.slice(first, first + n), tensor_view<const std::int32_t>(l.data() + first, n), {}});
+  }
+  return r.accuracy();
+}
+
+// DDP with its optimizer as one step, so every mode has the same train_step face.
+template <class D, class O>
+struct ddp_step {
+  D& ddp;
+  O& opt;
+  template <class B>
+  double train_step(const B& b) {
+    const double loss = ddp.train_step(b);
+    opt.step();
+    return loss;
+  }
+};
+
+// One rank's run of a mode on group g; what rank 0 measured (the others return zeros).
+template <class G>
+measured train(mode md, G& g, const data& d, std::size_t steps) {
+  models::mlp_host m({}, 0);
+  sgd opt(m, inner);
+  const auto warmup = static_cast<std::int64_t>(steps / 10);
+  measured out;
+  auto loop = [&](auto& policy) {
+    g.barrier().wait();  // construction (parameter broadcasts) is not timed or counted
+    g.reset_traffic();
+    const auto t0 = clock_type::now();
+    for (std::size_t s = 0; s < steps; ++s) policy.train_step(d.train[s * world + static_cast<std::size_t>(g.rank())]);
+    // End on a model every rank agrees on: local SGD averages, DiLoCo ends its round early.
+    if constexpr (requires { policy.average_parameters(); }) policy.average_parameters();
+    if constexpr (requires { policy.sync(); }) {
+      if (policy.inner_step() > 0) policy.sync();
+    }
+    // Streaming DiLoCo is measured as it stands: rank 0's parameters, each fragment some local
+    // steps past its last outer step.
+    g.barrier().wait();
+    if (g.rank() == 0) {
+      out.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
+      out.bytes = g.traffic().bytes_sent;
+      out.accuracy = accuracy(m, d.test);
+    }
+  };
+  auto with_ddp = [&](ddp_options o) {
+    distributed_data_parallel ddp(m, g, std::move(o));
+    ddp_step step{ddp, opt};
+    loop(step);
+  };
+  auto with_powersgd = [&](std::size_t rank) {
+    auto state = std::make_shared<powersgd_state>(powersgd_options{.matrix_approximation_rank = rank, .start_iter = warmup});
+    with_ddp({.hook = comm_hooks::powersgd(state)});
+  };
+  auto with_diloco = [&](outer_compression c) {
+    diloco dl(m, opt, g, {.inner_steps = 50, .compression = c});
+    loop(dl);
+  };
+  switch (md) {
+    case mode::ddp: with_ddp({}); break;
+    case mode::local_sgd: {
+      post_local_sgd lsgd(m, opt, g, {.period = 8, .warmup_steps = warmup});
+      loop(lsgd);
+      break;
+    }
+    case mode::diloco: with_diloco(outer_compression::none); break;
+    case mode::diloco_int8: with_diloco(outer_compression::int8); break;
+    case mode::streaming: {
+      streaming_diloco sd(m, opt, g, {.inner_steps = 50, .fragments = 2, .fragment_sync_delay = 5});
+      loop(sd);
+      break;
+    }
+    case mode::powersgd_1: with_powersgd(1); break;
+    case mode::powersgd_2: with_powersgd(2); break;
+    case mode::powersgd_4: with_powersgd(4); break;
+  }
+  return out;
+}
+
+measured run_local_mode(mode md, const data& d, std::size_t steps) {
+  measured res;
+  run_local(world, [&](local_group& g) {
+    const auto r = train(md, g, d, steps);
+    if (g.rank() == 0) res = r;
+  });
+  return res;
+}
+
+void print_header(const char* time_label) {
+  std::printf("%-24s %14s %10s %9s %9s %20s\n", "mode", "bytes/rank", "vs ddp", "accuracy", "wall s", time_label);
+}
+void print_row(mode md, const measured& r, double ddp_bytes, double extra) {
+  const double ratio = r.bytes ? ddp_bytes / static_cast<double>(r.bytes) : 0;
+  std::printf("%-24s %14llu %9.1fx %9.4f %9.2f %20.2f\n", name(md), static_cast<unsigned long long>(r.bytes), ratio,
+              r.accuracy, r.seconds, extra);
+}
+
+// Why the namespaced slow link cannot run here; empty when it can.
+std::string slow_link_unavailable() {
+#if !defined(PARTRAIN_WITH_GLOO)
+  return "this build has no Gloo (install libgloo-dev): the two namespaced ranks talk through it";
+#else
+  if (::geteuid() != 0) return "not root (network namespaces and tc need CAP_NET_ADMIN)";
+  if (std::system("command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1") != 0) {
+    return "`ip` or `tc` not found (install iproute2)";
+  }
+  if (std::system("ip netns list >/dev/null 2>&1") != 0) return "`ip netns list` failed (no network namespace support)";
+  return {};
+#endif
+}
+
+#if defined(PARTRAIN_WITH_GLOO)
+// Two network namespaces joined by a veth pair whose ends are both shaped by tbf at `rate`;
+// removed again (with the veth pair) when this goes out of scope.
+class shaped_link {
+ public:
+  explicit shaped_link(const std::string& rate, std::uint64_t burst_bytes) {
+    const std::string tag = "ptsl" + std::to_string(::getpid());
+    ns_[0] = tag + "a";
+    ns_[1] = tag + "b";
+    run("ip netns add " + ns_[0]);
+    made_[0] = true;
+    run("ip netns add " + ns_[1]);
+    made_[1] = true;
+    run("ip link add " + ns_[0] + " netns " + ns_[0] + " type veth peer name " + ns_[1] + " netns " + ns_[1]);
+    for (int r = 0; r < 2; ++r) {
+      const std::string n = ns_[r];
+      run("ip -n " + n + " addr add " + address(r) + "/24 dev " + n);
+      run("ip -n " + n + " link set " + n + " up");
+      run("ip -n " + n + " link set lo up");
+      run("tc -n " + n + " qdisc add dev " + n + " root tbf rate " + rate + " burst " + std::to_string(burst_bytes) +
+          " latency 100ms");
+    }
+  }
+  shaped_link(const shaped_link&) = delete;
+  shaped_link& operator=(const shaped_link&) = delete;
+  ~shaped_link() {
+    for (int r = 0; r < 2; ++r) {
+      if (made_[r]) (void)std::system(("ip netns del " + ns_[r] + " >/dev/null 2>&1").c_str());
+    }
+  }
+  [[nodiscard]] const std::string& ns(int r) const { return ns_[r]; }
+  [[nodiscard]] static std::string address(int r) { return r == 0 ? "10.218.0.1" : "10.218.0.2"; }
+
+ private:
+  static void run(const std::string& cmd) {
+    if (std::system((cmd + " >/dev/null 2>&1").c_str()) != 0) {
+      throw error(error_kind::config, "bench_slow_link: `" + cmd + "` failed");
+    }
+  }
+  std::string ns_[2];
+  bool made_[2] = {false, false};
+};
+
+// A mode on the shaped link: two forked ranks, each in its namespace, over Gloo (rendezvous through
+// a file, so only the training traffic crosses the link).
+measured run_shaped_mode(mode md, const shaped_link& link, const data& d, std::size_t steps) {
+  const auto base = std::filesystem::temp_directory_path() / ("bench_slow_link_" + std::to_string(::getpid()));
+  const auto store = base.string() + "_store";
+  const auto result = base.string() + "_result";
+  std::filesystem::remove(store);
+  spawn(world, [&](int rank) {
+    // Before any thread exists: a thread keeps the namespace it was created in.
+    const int fd = ::open(("/var/run/netns/" + link.ns(rank)).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) {
+      throw error(error_kind::config, "cannot enter network namespace " + link.ns(rank));
+    }
+    ::close(fd);
+    ::setenv("PARTRAIN_GLOO_HOST", shaped_link::address(rank).c_str(), 1);
+    auto pg = init_process_group("file://" + store, {.backend = "gloo", .rank = rank, .world_size = world});
+    const auto r = train(md, *pg, d, steps);
+    if (rank == 0) {
+      std::ofstream out(result);
+      out << r.bytes << ' ' << r.accuracy << ' ' << r.seconds << '\n';
+    }
+  }, {.timeout = std::chrono::minutes(15), .echo_output = false});
+  measured r;
+  std::ifstream in(result);
+  in >> r.bytes >> r.accuracy >> r.seconds;
+  if (!in) throw error(error_kind::internal, "bench_slow_link: rank 0 left no readable result in " + result);
+  std::filesystem::remove(result);
+  std::filesystem::remove(store);
+  return r;
+}
+#endif
+
+std::vector<std::string> split_commas(std::string_view s) {
+  std::vector<std::string> out;
+  while (!s.empty()) {
+    const auto k = s.find(',');
+    out.emplace_back(s.substr(0, k));
+    s = k == std::string_view::npos ? std::string_view{} : s.substr(k + 1);
+  }
+  return out;
+}
+
+// "100mbit" -> bits per second (the tc units the bench accepts: kbit, mbit, gbit).
+std::optional<double> rate_bits(const std::string& r) {
+  char* end = nullptr;
+  const double v = std::strtod(r.c_str(), &end);
+  const std::string_view unit(end);
+  if (!(v > 0)) return std::nullopt;
+  if (unit == "kbit") return v * 1e3;
+  if (unit == "mbit") return v * 1e6;
+  if (unit == "gbit") return v * 1e9;
+  return std::nullopt;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::size_t samples = 2 * 60000;  // two epochs over both ranks
+  std::size_t slow_samples = 12800;
+  std::vector<std::string> rates;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto count = [&](std::size_t& v) {
+      const long n = i + 1 < argc ? std::atol(argv[++i]) : 0;
+      if (n <= 0) {
+        std::fprintf(stderr, "bench_slow_link: %s needs a positive integer\n", a.data());
+        std::exit(2);
+      }
+      v = static_cast<std::size_t>(n);
+    };
+    if (a == "--quick") {
+      samples = 12800;
+      slow_samples = 6400;
+    } else if (a == "--samples") {
+      count(samples);
+    } else if (a == "--slow-link-samples") {
+      count(slow_samples);
+    } else if (a == "--slow-link" && i + 1 < argc) {
+      rates = split_commas(argv[++i]);
+      for (const auto& r : rates) {
+        if (!rate_bits(r)) {
+          std::fprintf(stderr, "bench_slow_link: --slow-link rate '%s' is not <number>kbit|mbit|gbit\n", r.c_str());
+          return 2;
+        }
+      }
+    } else {
+      std::fprintf(stderr,
+                   "bench_slow_link: unknown option '%s' (expected --quick, --samples N, --slow-link RATE[,RATE...], "
+                   "--slow-link-samples N)\n",
+                   argv[i]);
+      return 2;
+    }
+  }
+  const std::size_t steps = std::max<std::size_t>(1, samples / (batch_size * world));
+  const std::size_t slow_steps = std::max<std::size_t>(1, slow_samples / (batch_size * world));
+  try {
+    data d;
+    const auto train_set = bench::load_fashion_train();
+    d.train = bench::dataset_batches(train_set, batch_size, std::max(steps, slow_steps) * world);
+    d.test = load_fashion_mnist(fashion_mnist_split::test, fashion_mnist_normalization());
+    std::printf("bench_slow_link: MLP 784-256-128-10, %d ranks, batch %zu per rank, SGD lr %.2f momentum %.1f\n", world,
+                batch_size, inner.lr, inner.momentum);
+    std::printf("local backend (threads), %zu steps (%zu samples):\n", steps, steps * batch_size * world);
+    std::vector<measured> rows;
+    for (mode md : all_modes) rows.push_back(run_local_mode(md, d, steps));
+    print_header("at 100Mbit/s (model)");
+    const double ddp_bytes = static_cast<double>(rows[0].bytes);
+    for (std::size_t k = 0; k < rows.size(); ++k) {
+      print_row(all_modes[k], rows[k], ddp_bytes, rows[k].seconds + static_cast<double>(rows[k].bytes) * 8 / 100e6);
+    }
+    std::fflush(stdout);
+
+    std::string time_ratio_100;
+    if (rates.empty()) {
+      std::printf("slow link: not run (pass --slow-link 100mbit,10mbit to measure on two shaped network namespaces)\n");
+    } else if (const auto why = slow_link_unavailable(); !why.empty()) {
+      std::printf("slow link: skipped: %s\n", why.c_str());
+    } else {
+#if defined(PARTRAIN_WITH_GLOO)
+      for (const auto& rate : rates) {
+        const double bits = *rate_bits(rate);
+        // tbf's bucket: 10 ms of the rate, at least 16 KiB (one jumbo frame plus headroom).
+        const auto burst = std::max<std::uint64_t>(16384, static_cast<std::uint64_t>(bits / 8 / 100));
+        shaped_link link(rate, burst);
+        std::printf("slow link %s (veth between two network namespaces, tc tbf both ends, Gloo), %zu steps (%zu "
+                    "samples):\n",
+                    rate.c_str(), slow_steps, slow_steps * batch_size * world);
+        print_header("samples/s");
+        std::vector<measured> shaped;
+        for (mode md : all_modes) {
+          shaped.push_back(run_shaped_mode(md, link, d, slow_steps));
+          const auto& r = shaped.back();
+          print_row(md, r, static_cast<double>(shaped[0].bytes),
+                    static_cast<double>(slow_steps * batch_size * world) / r.seconds);
+          std::fflush(stdout);
+        }
+        if (rate == "100mbit") {
+          char buf[64];
+          std::snprintf(buf, sizeof buf, " diloco_time_ratio_100mbit=%.1f",
+                        shaped[row_of(mode::ddp)].seconds / shaped[row_of(mode::diloco)].seconds);
+          time_ratio_100 = buf;
+        }
+      }
+#endif
+    }
+    const auto& dl = rows[row_of(mode::diloco)];
+    const auto& ps2 = rows[row_of(mode::powersgd_2)];
+    std::printf("summary: diloco_bytes_ratio=%.1f diloco_acc_gap=%.4f powersgd_bytes_ratio=%.1f%s\n",
+                ddp_bytes / static_cast<double>(dl.bytes), rows[0].accuracy - dl.accuracy,
+                ddp_bytes / static_cast<double>(ps2.bytes), time_ratio_100.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_slow_link: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

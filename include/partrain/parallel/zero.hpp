@@ -1,0 +1,526 @@
+// partrain/parallel/zero.hpp: sharded data parallel, ZeRO stages 1 and 2 (DeepSpeed's ZeRO-1/2,
+// PyTorch's ZeroRedundancyOptimizer without its extra broadcast). Every rank trains the whole
+// model on its batch, as under DDP; the flat parameter space is cut into contiguous shards, one
+// per rank (they need not divide evenly); gradients are averaged with a reduce_scatter bucket by
+// bucket, so each rank receives only its shard's; each rank keeps the optimizer state of its
+// shard only and steps its shard; the updated shards are all_gathered. That moves what one
+// all_reduce moves (reduce_scatter + all_gather), i.e. DDP's traffic, plus at most n-1 padding
+// elements. The whole step, optimizer included, is train_step (as data_parallel's); no_sync
+// accumulates, global-norm clipping spans the shards, join() handles uneven inputs.
+//
+//   sharded_data_parallel zero(model, group, adamw_options{.lr = 1e-3}, {.stage = 2});
+//   for (auto& b : batches) zero.train_step(b);
+//
+// Host parameters only in this release; the model's own parameters and gradients stay whole
+// (the model owns them), so ZeRO-1/2 save optimizer state (and, stage 2, gradient buffers), not
+// parameter memory; see docs/sharding.md.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <partrain/comm/process_group.hpp>
+#include <partrain/config.hpp>
+#include <partrain/core/error.hpp>
+#include <partrain/core/for_each_index.hpp>
+#include <partrain/core/tensor_view.hpp>
+#include <partrain/core/work.hpp>
+#include <partrain/model/concepts.hpp>
+#include <partrain/model/traits.hpp>
+#include <partrain/optim/clip.hpp>
+#include <partrain/optim/optimizer.hpp>
+#include <partrain/parallel/detail/ddp_elements.hpp>
+#include <partrain/parallel/detail/zero_layout.hpp>
+#include <partrain/parallel/detail/zero_optimizer.hpp>
+
+namespace partrain::inline v0 {
+
+struct zero_options {
+  // 1: optimizer state sharded; the gradients are kept whole (bucket-major) between backward and
+  // the reduce_scatter. 2: gradients sharded too; only the reduced shard and two bucket slots are
+  // kept (a whole copy only while no_sync accumulates, as FSDP's no_sync).
+  int stage = 2;
+  // All ranks' blocks of one bucket together (PyTorch's bucket_cap_mb = 25).
+  std::size_t bucket_cap_bytes = std::size_t{25} << 20;
+  // Step each bucket's slice of the shard and launch its all_gather as soon as its reduce_scatter
+  // landed, while later buckets still reduce. (The reduce_scatters start after backward: a
+  // contiguous shard of the first layers is final last, see docs/sharding.md.) Clipping needs
+  // the global norm first, so it waits for every bucket either way.
+  bool overlap = true;
+  // Copy rank 0's parameter values to every rank at construction.
+  bool broadcast_parameters = true;
+  // > 0: clip the global gradient norm (over every shard) to this before the step.
+  double max_grad_norm = 0;
+  // no_sync accumulation: true averages the k micro-steps, false sums them (as ddp_options).
+  bool average_accumulated = true;
+  // Uneven inputs: ranks that ran out of data call join() and shadow the others (PyTorch Join).
+  // A joined rank still owns its shard, so it takes part in every step with zero gradients and
+  // steps its shard: the parameters stay equal everywhere, no broadcast is needed afterwards.
+  bool join = false;
+  // Under join: divide by the world size even when some ranks already joined (PyTorch's
+  // divide_by_initial_world_size=True); false divides by the number of ranks still active.
+  bool divide_by_initial_world_size = true;
+};
+
+// What one rank holds, in bytes (so a benchmark can print it beside DDP's).
+struct sharded_memory {
+  std::size_t parameter_bytes = 0;        // the model's parameters: whole on every rank under ZeRO-1/2
+  std::size_t model_gradient_bytes = 0;   // the model's own gradients (its backward writes them whole)
+  std::size_t gradient_bytes = 0;         // gradient buffers the policy holds (see zero_options::stage)
+  std::size_t optimizer_state_bytes = 0;  // this rank's shard of momentum / Adam moments
+  std::size_t communication_bytes = 0;    // all_gather slots
+  std::size_t shard_elements = 0;         // this rank's shard
+  std::size_t padding_elements = 0;       // n * ceil(N/n) - N: communicated, never stored in a parameter
+};
+
+template <model M, communicator C = process_group>
+class sharded_data_parallel {
+  using P = param_t<M>;
+  using T = param_element_t<P>;
+  using S = param_space_t<P>;
+  static_assert(std::same_as<S, host>,
+                "partrain: sharded_data_parallel runs host parameters in this release (for CUDA parameters use "
+                "distributed_data_parallel)");
+  static_assert(std::same_as<T, float> || std::same_as<T, double>,
+                "partrain: sharded_data_parallel averages and steps float or double parameters");
+
+ public:
+  sharded_data_parallel(M& m, C& comm, shard_optimizer_options optimizer, zero_options o = {})
+      : model_(&m), comm_(&comm), opts_(o), rank_(static_cast<std::size_t>(comm.rank())),
+        world_(static_cast<std::size_t>(comm.size())) {
+    if (opts_.stage != 1 && opts_.stage != 2) {
+      throw invalid_argument_error(where() + "zero_options::stage must be 1 or 2, got " + std::to_string(opts_.stage) +
+                                   " (stage 3, sharded parameters, is not in this release)");
+    }
+    if (opts_.bucket_cap_bytes == 0) throw invalid_argument_error(where() + "zero_options::bucket_cap_bytes must be > 0");
+    if (!(opts_.max_grad_norm >= 0) || !std::isfinite(opts_.max_grad_norm)) {
+      throw invalid_argument_error(where() + "zero_options::max_grad_norm must be a finite number >= 0 (0: no clipping), got " +
+                                   std::to_string(opts_.max_grad_norm));
+    }
+    collect_views();
+    verify_parameters();
+    if (opts_.broadcast_parameters) broadcast_parameters();
+    const std::size_t window = opts_.bucket_cap_bytes / sizeof(T) / world_;
+    layout_ = detail::zero::layout(values_.total(), world_, window);
+    shard_ = layout_.shard(rank_);
+    optimizer_.emplace(optimizer, shard_.size());
+    shard_grad_.assign(layout_.padded_shard(), T(0));
+    // Two buckets in flight need two slots; a model that fits one bucket needs one.
+    const std::size_t slot = std::min(layout_.window(), layout_.padded_shard());
+    const std::size_t slots = std::min<std::size_t>(2, layout_.buckets());
+    for (std::size_t i = 0; i < slots; ++i) {
+      gather_[i].assign(world_ * slot, T(0));
+      send_[i].assign(slot, T(0));
+      if (opts_.stage == 2) scatter_[i].assign(world_ * slot, T(0));
+    }
+    if (opts_.stage == 1) whole_.assign(layout_.padded(), T(0));
+  }
+  sharded_data_parallel(const sharded_data_parallel&) = delete;
+  sharded_data_parallel& operator=(const sharded_data_parallel&) = delete;
+  ~sharded_data_parallel() { drain(); }
+
+  // The model's step on this rank's batch, then (outside no_sync) the gradients averaged into
+  // each rank's shard, clipped, the shard stepped and the parameters all_gathered. Returns this
+  // rank's loss.
+  template <class B>
+  double train_step(const B& batch) {
+    static_assert(check_trainable<M, B>());
+    if (joined_) throw invalid_argument_error(where() + "train_step after join() on this rank (join() ends this rank's steps until every rank joined)");
+    ranks_ = static_cast<double>(world_);
+    if (opts_.join) {
+      std::array<std::int64_t, 2> flag{1, require_sync_ ? 1 : 0};
+      agree_flag(flag, "active-rank all_reduce");
+      if (flag[1] != 0 && flag[1] != flag[0]) {
+        throw invalid_argument_error(where() + std::to_string(flag[0] - flag[1]) + " of " + std::to_string(flag[0]) +
+                                     " active ranks are inside no_sync and the others are not (all ranks must "
+                                     "accumulate the same micro-steps)");
+      }
+      if (!opts_.divide_by_initial_world_size) ranks_ = static_cast<double>(flag[0]);
+    }
+    const double loss = model_->train_step(batch);
+    collect_views();
+    if (!require_sync_) {
+      if (whole_.empty()) whole_.assign(layout_.padded(), T(0));
+      for (std::size_t k = 0; k < layout_.buckets(); ++k) {
+        detail::zero::pack_bucket(layout_, k, grads_, whole_.data() + layout_.bucket_offset(k), accumulated_ > 0);
+      }
+      ++accumulated_;
+      return loss;
+    }
+    try {
+      reduce_step_gather();
+    } catch (...) {
+      drain();
+      accumulated_ = 0;
+      throw;
+    }
+    accumulated_ = 0;
+    if (opts_.stage == 2) std::vector<T>().swap(whole_);
+    ++steps_;
+    return loss;
+  }
+
+  // Uneven inputs (needs zero_options::join): call once this rank has no more batches. Until
+  // every rank joined, it takes part in each synchronizing step of the others with zero
+  // gradients, and steps its shard with the reduced gradient. Returns true when it shadowed at
+  // least one step. Afterwards the ranks are ready for the next epoch.
+  bool join() {
+    if (!opts_.join) {
+      throw config_error(where() + "join() needs join enabled: construct with zero_options{.join = true} (every "
+                                   "rank then agrees each step on which ranks still have data)");
+    }
+    if (accumulated_ > 0) {
+      throw invalid_argument_error(where() + "join() with " + std::to_string(accumulated_) +
+                                   " no_sync micro-steps not yet reduced (finish them with a synchronizing step first)");
+    }
+    joined_ = true;
+    bool shadowed = false;
+    try {
+      for (;;) {
+        std::array<std::int64_t, 2> flag{0, 0};
+        agree_flag(flag, "join all_reduce");
+        if (flag[0] == 0) break;
+        shadowed = true;
+        if (flag[1] == 0) continue;  // the active ranks accumulate: nothing is communicated
+        if (zeros_.size() != values_.total()) zeros_.assign(values_.total(), T(0));
+        const auto real = grads_;
+        grads_ = detail::zero::flat_views<T>({tensor_view<T>(zeros_.data(), zeros_.size())});
+        ranks_ = opts_.divide_by_initial_world_size ? static_cast<double>(world_) : static_cast<double>(flag[0]);
+        try {
+          reduce_step_gather();
+        } catch (...) {
+          grads_ = real;
+          drain();
+          throw;
+        }
+        grads_ = real;
+        if (opts_.stage == 2) std::vector<T>().swap(whole_);
+        ++steps_;
+        ++shadow_steps_;
+      }
+    } catch (...) {
+      joined_ = false;
+      throw;
+    }
+    joined_ = false;
+    std::vector<T>().swap(zeros_);
+    return shadowed;
+  }
+  // Steps this rank took part in after join() (all joins so far).
+  [[nodiscard]] std::size_t shadow_steps() const noexcept { return shadow_steps_; }
+
+  // RAII: steps inside accumulate gradients locally; the first step after it reduces them all.
+  class no_sync_guard {
+   public:
+    explicit no_sync_guard(sharded_data_parallel& d) noexcept : d_(&d), prev_(std::exchange(d.require_sync_, false)) {}
+    no_sync_guard(const no_sync_guard&) = delete;
+    no_sync_guard& operator=(const no_sync_guard&) = delete;
+    ~no_sync_guard() { d_->require_sync_ = prev_; }
+
+   private:
+    sharded_data_parallel* d_;
+    bool prev_;
+  };
+  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(*this); }
+
+  // This rank's batches evaluated, loss, correct and count summed over all ranks.
+  template <class Range>
+  [[nodiscard]] eval_result evaluate(Range&& batches) {
+    eval_result local;
+    for (auto&& b : batches) {
+      static_assert(evaluable_on<M, std::remove_cvref_t<decltype(b)>>,
+                    "partrain: evaluate needs `eval_result eval_step(const Batch&)` on the model");
+      local += model_->eval_step(b);
+    }
+    std::array<double, 3> sums{local.loss_sum, static_cast<double>(local.correct), static_cast<double>(local.count)};
+    wait_named(comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()), reduce_op::sum), "evaluation all_reduce");
+    return {sums[0], static_cast<std::size_t>(sums[1]), static_cast<std::size_t>(sums[2])};
+  }
+
+  // Called on every rank with its reduced gradient slice after the reduce_scatters, before
+  // clipping and the step; returning false skips this step's update and all_gather (every rank
+  // must decide alike, e.g. by agreeing across ranks). What mixed precision's unscale and
+  // overflow check plug into (precision/sharded_amp.hpp). Empty: none.
+  using gradient_hook = std::function<bool(tensor_view<T>)>;
+  void set_gradient_hook(gradient_hook h) { hook_ = std::move(h); }
+  // Whether the last synchronizing step's update was skipped by the gradient hook.
+  [[nodiscard]] bool last_step_skipped() const noexcept { return skipped_; }
+
+  void set_lr(double lr) { optimizer_->set_lr(lr); }
+  [[nodiscard]] double lr() const noexcept { return optimizer_->lr(); }
+  // The global gradient norm of the last synchronizing step, before clipping (NaN without clipping).
+  [[nodiscard]] double last_grad_norm() const noexcept { return last_norm_; }
+  [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
+
+  [[nodiscard]] M& module() noexcept { return *model_; }
+  [[nodiscard]] C& comm() noexcept { return *comm_; }
+  [[nodiscard]] const zero_options& options() const noexcept { return opts_; }
+  // This rank's shard of the flat parameter space, and the whole space's size.
+  [[nodiscard]] detail::zero::flat_range shard() const noexcept { return shard_; }
+  [[nodiscard]] std::size_t total_elements() const noexcept { return layout_.total(); }
+  [[nodiscard]] std::size_t buckets() const noexcept { return layout_.buckets(); }
+
+  [[nodiscard]] sharded_memory memory() const noexcept {
+    const auto bytes = [](const auto& v) { return v.size() * sizeof(T); };
+    sharded_memory r;
+    r.parameter_bytes = layout_.total() * sizeof(T);
+    r.model_gradient_bytes = layout_.total() * sizeof(T);
+    r.gradient_bytes = bytes(shard_grad_) + bytes(whole_) + bytes(scatter_[0]) + bytes(scatter_[1]);
+    r.optimizer_state_bytes = optimizer_->state_bytes();
+    r.communication_bytes = bytes(gather_[0]) + bytes(gather_[1]) + bytes(send_[0]) + bytes(send_[1]);
+    r.shard_elements = shard_.size();
+    r.padding_elements = layout_.padded() - layout_.total();
+    return r;
+  }
+
+  // This rank's optimizer state over its shard (what a sharded checkpoint writes), and back.
+  [[nodiscard]] shard_optimizer_state<T> optimizer_state() const { return optimizer_->state(); }
+  void load_optimizer_state(const shard_optimizer_state<T>& s, const std::string& source) {
+    optimizer_->load(s, source);
+  }
+  [[nodiscard]] std::string optimizer_kind() const { return optimizer_->kind(); }
+
+ private:
+  [[nodiscard]] std::string where() const { return "rank " + std::to_string(rank_) + " sharded_data_parallel: "; }
+
+  void collect_views() {
+    std::vector<tensor_view<T>> values, grads;
+    std::size_t i = 0;
+    for (auto&& p : model_->parameters()) {
+      tensor_view<T> v = p.value();
+      tensor_view<T> g = p.grad();
+      if (v.size() != g.size()) {
+        throw invalid_argument_error(where() + "parameter " + detail::param_name(p, i) + " has " +
+                                     std::to_string(v.size()) + " values but " + std::to_string(g.size()) +
+                                     " gradient elements (expected the same shape)");
+      }
+      values.push_back(v);
+      grads.push_back(g);
+      ++i;
+    }
+    const std::size_t before = values_.total();
+    values_ = detail::zero::flat_views<T>(std::move(values));
+    grads_ = detail::zero::flat_views<T>(std::move(grads));
+    if (optimizer_ && values_.total() != before) {
+      throw invalid_argument_error(where() + "the model now has " + std::to_string(values_.total()) +
+                                   " parameter elements, it had " + std::to_string(before) + " at construction");
+    }
+  }
+
+  // Every rank must see the same parameter count, elements and shapes (a hash of them): each
+  // rank's three numbers gathered through one all_reduce, so all ranks fail together.
+  void verify_parameters() {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    std::int64_t count = 0;
+    for (auto&& p : model_->parameters()) {
+      const auto v = p.value();
+      for (std::size_t d = 0; d < v.rank(); ++d) h = (h ^ v.extent(d)) * 0x100000001b3ull;
+      h = (h ^ 0xffu) * 0x100000001b3ull;
+      ++count;
+    }
+    std::vector<std::int64_t> all(3 * world_, 0);
+    all[3 * rank_] = count;
+    all[3 * rank_ + 1] = static_cast<std::int64_t>(values_.total());
+    all[3 * rank_ + 2] = static_cast<std::int64_t>(h >> 1);
+    wait_named(comm_->all_reduce(tensor_view<std::int64_t>(all.data(), all.size()), reduce_op::sum),
+               "parameter check all_reduce");
+    for (std::size_t q = 1; q < world_; ++q) {
+      if (std::equal(all.begin(), all.begin() + 3, all.begin() + static_cast<std::ptrdiff_t>(3 * q))) continue;
+      throw config_error(where() + "rank " + std::to_string(q) + " has " + std::to_string(all[3 * q]) +
+                         " parameters of " + std::to_string(all[3 * q + 1]) + " elements" +
+                         (all[3 * q + 2] != all[2] ? " (other shapes)" : "") + ", rank 0 has " + std::to_string(all[0]) +
+                         " of " + std::to_string(all[1]) +
+                         " (sharded_data_parallel expects the same model on every rank)");
+    }
+  }
+
+  void agree_flag(std::array<std::int64_t, 2>& flag, const char* what) {
+    wait_named(comm_->all_reduce(tensor_view<std::int64_t>(flag.data(), flag.size()), reduce_op::sum), what);
+  }
+
+  void broadcast_parameters() {
+    std::vector<work> works;
+    for (auto&& p : model_->parameters()) {
+      tensor_view<T> v = p.value();
+      if (!v.empty()) works.push_back(comm_->broadcast(v, 0));
+    }
+    wait_all(works, "parameter broadcast");
+  }
+
+  // The reduce_scatters, the shard's step and the all_gathers of one synchronizing step.
+  void reduce_step_gather() {
+    const std::size_t nb = layout_.buckets();
+    rs_.assign(nb, std::nullopt);
+    ag_.assign(nb, std::nullopt);
+    const T divisor = static_cast<T>(ranks_ * (opts_.average_accumulated ? static_cast<double>(accumulated_ + 1) : 1.0));
+    const bool from_whole = !whole_.empty();  // stage 1, or stage 2 after no_sync micro-steps
+    if (from_whole) {
+      for (std::size_t k = 0; k < nb; ++k) {
+        detail::zero::pack_bucket(layout_, k, grads_, whole_.data() + layout_.bucket_offset(k), accumulated_ > 0);
+      }
+    }
+    for (std::size_t k = 0; k < nb; ++k) {
+      const std::size_t w = layout_.window_size(k);
+      T* in = nullptr;
+      if (from_whole) {
+        in = whole_.data() + layout_.bucket_offset(k);
+      } else {
+        if (k >= 2) wait_bucket(rs_[k - 2], "gradient reduce_scatter", k - 2);  // its slot is free again
+        in = scatter_[k % 2].data();
+        detail::zero::pack_bucket(layout_, k, grads_, in, false);
+      }
+      // Divided before the reduction, as DDP's hooks do (keeps the sum in range).
+      if (divisor != T(1)) detail::for_each_index(detail::host_exec{}, world_ * w, detail::divide_fn<T>{in, divisor});
+      rs_[k] = comm_->reduce_scatter(tensor_view<const T>(in, world_ * w),
+                                     tensor_view<T>(shard_grad_.data() + layout_.window_begin(k), w), reduce_op::sum);
+    }
+    last_norm_ = std::nan("");
+    skipped_ = false;
+    if (opts_.max_grad_norm > 0 || !opts_.overlap || hook_) {
+      for (std::size_t k = 0; k < nb; ++k) wait_bucket(rs_[k], "gradient reduce_scatter", k);
+    }
+    if (hook_ && !hook_(tensor_view<T>(shard_grad_.data(), shard_.size()))) {
+      skipped_ = true;  // the parameters stay as they are on every rank: nothing to gather
+      return;
+    }
+    if (opts_.max_grad_norm > 0) clip_shard();
+    optimizer_->begin_step();
+    for (std::size_t k = 0; k < nb; ++k) {
+      wait_bucket(rs_[k], "gradient reduce_scatter", k);
+      step_bucket(k);
+      if (k >= 2) finish_gather(k - 2);
+      const std::size_t w = layout_.window_size(k);
+      T* send = send_[k % 2].data();
+      const auto mine = layout_.real_block(k, rank_);
+      values_.read(mine, send, false);
+      std::fill(send + mine.size(), send + w, T(0));
+      ag_[k] = comm_->all_gather(tensor_view<const T>(send, w), tensor_view<T>(gather_[k % 2].data(), world_ * w));
+    }
+    for (std::size_t k = nb >= 2 ? nb - 2 : 0; k < nb; ++k) finish_gather(k);
+  }
+
+  // Global-norm clipping across shards: Σg² of this shard, summed over ranks (one double
+  // all_reduce), then clip_grad_norm's rule on the shard.
+  void clip_shard() {
+    struct shard_param {
+      tensor_view<T> g;
+      [[nodiscard]] tensor_view<T> value() const { return g; }
+      [[nodiscard]] tensor_view<T> grad() const { return g; }
+    };
+    const std::array<shard_param, 1> mine{shard_param{tensor_view<T>(shard_grad_.data(), shard_.size())}};
+    std::array<double, 1> sum{detail::grad_sum_squares(mine)};
+    wait_named(comm_->all_reduce(tensor_view<double>(sum.data(), 1), reduce_op::sum), "gradient-norm all_reduce");
+    last_norm_ = std::sqrt(sum[0]);
+    detail::clip_to_norm(mine, last_norm_, opts_.max_grad_norm);
+  }
+
+  // The optimizer on this rank's real elements of bucket k (they may span several parameters).
+  void step_bucket(std::size_t k) {
+    const auto mine = layout_.real_block(k, rank_);
+    const std::size_t at = mine.begin - shard_.begin;
+    values_.for_each_piece(mine, [&](T* v, std::size_t off, std::size_t len) {
+      optimizer_->update(v, shard_grad_.data() + at + off, at + off, len);
+    });
+  }
+
+  void finish_gather(std::size_t k) {
+    if (!ag_[k]) return;
+    wait_bucket(ag_[k], "parameter all_gather", k);
+    detail::zero::unpack_bucket(layout_, k, gather_[k % 2].data(), values_, rank_);
+  }
+
+  void wait_bucket(std::optional<work>& w, std::string_view what, std::size_t k) {
+    if (!w) return;
+    work done = std::move(*w);
+    w.reset();
+    wait_named(done, std::string(what) + " of bucket " + std::to_string(k) + " (of " +
+                         std::to_string(layout_.buckets()) + ")");
+  }
+
+  void wait_all(std::vector<work>& works, const std::string& what) {
+    std::exception_ptr first;
+    for (auto& w : works) {
+      try {
+        wait_named(w, what);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
+  }
+
+  // Waits, and names this rank and the operation in a communication failure (keeping its type).
+  void wait_named(const work& w, const std::string& what) {
+    try {
+      w.wait();
+    } catch (const aborted_error& e) {
+      throw aborted_error(where() + what, e);
+    } catch (const timeout_error& e) {
+      throw timeout_error(where() + what + " failed: " + strip(e.what()) +
+                              (opts_.join ? std::string()
+                                          : std::string(". If ranks run out of batches at different steps, construct "
+                                                        "with zero_options{.join = true} and call join() on a rank once "
+                                                        "its data ends")),
+                          e.site());
+    } catch (const communication_error& e) {
+      throw communication_error(where() + what + " failed: " + strip(e.what()), e.site());
+    }
+  }
+  [[nodiscard]] static std::string strip(std::string_view s) {
+    if (s.starts_with("partrain: ")) s.remove_prefix(10);
+    return std::string(s);
+  }
+
+  // Waits for whatever is in flight, ignoring errors: the buffers must outlive the backend's use.
+  void drain() noexcept {
+    for (auto* list : {&rs_, &ag_}) {
+      for (auto& w : *list) {
+        if (!w) continue;
+        try {
+          w->wait();
+        } catch (...) {
+        }
+        w.reset();
+      }
+    }
+  }
+
+  M* model_;
+  C* comm_;
+  zero_options opts_;
+  std::size_t rank_, world_;
+  detail::zero::flat_views<T> values_, grads_;
+  detail::zero::layout layout_;
+  detail::zero::flat_range shard_;
+  std::optional<detail::zero::shard_optimizer<T>> optimizer_;
+  std::vector<T> shard_grad_;              // the reduced gradient of this shard (padded to L)
+  std::vector<T> whole_;                   // bucket-major gradients: stage 1, or accumulation
+  std::array<std::vector<T>, 2> scatter_;  // stage 2: the reduce_scatter inputs, two buckets in flight
+  std::array<std::vector<T>, 2> gather_;   // all_gather outputs, two buckets in flight
+  std::array<std::vector<T>, 2> send_;     // all_gather inputs
+  std::vector<std::optional<work>> rs_, ag_;
+  gradient_hook hook_;
+  bool skipped_ = false;
+  std::vector<T> zeros_;                   // a joined rank's gradients while it shadows
+  std::size_t accumulated_ = 0;
+  std::size_t shadow_steps_ = 0;
+  double ranks_ = 1;                       // what the step's gradients are divided by (times micro-steps)
+  bool joined_ = false;
+  std::int64_t steps_ = 0;
+  double last_norm_ = std::nan("");
+  bool require_sync_ = true;
+};
+
+}  // namespace partrain::inline v0

@@ -1,0 +1,92 @@
+// partrain/precision/sharded_amp.hpp: mixed precision under sharded data parallel
+// (parallel/zero.hpp): amp_step's loss scaling, unscale and overflow check applied to each rank's
+// reduced gradient slice, the overflow flag agreed across ranks, so every rank skips a step that
+// overflowed anywhere. The model keeps fp32 masters (whole, as the model owns them; the
+// optimizer state is sharded) and a 16-bit copy that is refreshed after each update.
+//
+//   grad_scaler scaler = mp.make_scaler();
+//   for (auto& b : batches) amp_step(zero, scaler, b);   // zero: a sharded_data_parallel
+#pragma once
+
+#include <array>
+#include <limits>
+#include <type_traits>
+#include <utility>
+
+#include <partrain/core/error.hpp>
+#include <partrain/core/tensor_view.hpp>
+#include <partrain/precision/grad_scaler.hpp>
+#include <partrain/precision/mixed_precision.hpp>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+
+template <class Z>
+concept sharded_trainer = requires(Z& z) {
+  z.module();
+  z.comm();
+  { z.last_step_skipped() } -> std::convertible_to<bool>;
+  z.set_gradient_hook({});
+};
+
+// One rank's reduced gradient slice as a model of one parameter, so the scaler's unscale (one
+// fused pass, flag agreed across ranks) runs on it unchanged.
+struct gradient_slice {
+  struct param {
+    tensor_view<float> g;
+    [[nodiscard]] tensor_view<float> value() const { return g; }
+    [[nodiscard]] tensor_view<float> grad() const { return g; }
+  };
+  std::array<param, 1> ps;
+  [[nodiscard]] std::array<param, 1>& parameters() noexcept { return ps; }
+};
+
+}  // namespace detail
+
+// One mixed-precision step of a sharded data parallel: set the loss scale, forward + backward,
+// reduce_scatter, unscale and check this rank's slice (agreed across ranks), clip (the
+// zero_options' max_grad_norm), step the slice and all_gather unless some gradient overflowed,
+// refresh the 16-bit copy, update the scale. Outside no_sync only.
+template <detail::sharded_trainer Z, class B>
+amp_step_result amp_step(Z& zero, grad_scaler& scaler, const B& batch) {
+  auto& m = zero.module();
+  using M = std::remove_cvref_t<decltype(m)>;
+  amp_step_result r;
+  r.scale = scaler.scale();
+  if constexpr (loss_scalable<M>) {
+    m.set_loss_scale(r.scale);
+  } else if (scaler.enabled()) {
+    throw config_error("amp_step: the gradient scaler is enabled but the model has no `void set_loss_scale(float)` "
+                       "to apply it in backward (add it, or disable loss scaling)");
+  }
+  bool checked = false;
+  if (scaler.enabled()) {
+    zero.set_gradient_hook([&](tensor_view<float> slice) {
+      detail::gradient_slice s;
+      s.ps[0].g = slice;
+      checked = true;
+      return !scaler.unscale(s, zero.comm());
+    });
+  }
+  try {
+    r.loss = zero.train_step(batch);
+  } catch (...) {
+    zero.set_gradient_hook({});
+    throw;
+  }
+  zero.set_gradient_hook({});
+  if (scaler.enabled() && !checked) {
+    throw invalid_argument_error("amp_step: the sharded data parallel did not synchronize this step (inside "
+                                 "no_sync?); amp_step runs whole steps only");
+  }
+  r.skipped = zero.last_step_skipped();
+  r.grad_norm = zero.last_grad_norm();
+  if (!r.skipped) {
+    if constexpr (has_low_precision_copy<M>) m.refresh_low_precision();
+  }
+  if (scaler.enabled()) scaler.update();
+  return r;
+}
+
+}  // namespace partrain::inline v0

@@ -1,0 +1,70 @@
+// partrain/train/detail/framed_file.hpp: the frame of partrain's binary files: an 8-byte magic,
+// a format version, the payload's CRC-32 and size, then the payload. Reading checks all four
+// before a byte of the payload is trusted, naming the file in every refusal.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <partrain/core/error.hpp>
+#include <partrain/train/detail/crc32.hpp>
+
+namespace partrain::inline v0::detail {
+
+inline constexpr std::size_t file_frame_header_bytes = 8 + 4 + 4 + 8;
+
+[[nodiscard]] inline std::vector<std::byte> frame(const std::array<char, 8>& magic, std::uint32_t version,
+                                                  std::span<const std::byte> payload) {
+  const std::uint32_t crc = crc32(payload);
+  const std::uint64_t size = payload.size();
+  std::vector<std::byte> out(file_frame_header_bytes + payload.size());
+  std::memcpy(out.data(), magic.data(), 8);
+  std::memcpy(out.data() + 8, &version, 4);
+  std::memcpy(out.data() + 12, &crc, 4);
+  std::memcpy(out.data() + 16, &size, 8);
+  if (!payload.empty()) std::memcpy(out.data() + file_frame_header_bytes, payload.data(), payload.size());
+  return out;
+}
+
+// The payload of a framed file; `what` names it ("sharded checkpoint index 'run/m.ckpt'").
+[[nodiscard]] inline std::span<const std::byte> unframe(std::span<const std::byte> file, const std::array<char, 8>& magic,
+                                                        std::uint32_t version, std::string_view what,
+                                                        std::uint32_t* crc_out = nullptr) {
+  const std::string w(what);
+  if (file.size() < file_frame_header_bytes) {
+    throw checkpoint_error(w + " is truncated: " + std::to_string(file.size()) + " bytes, less than the " +
+                           std::to_string(file_frame_header_bytes) + "-byte header");
+  }
+  if (std::memcmp(file.data(), magic.data(), 8) != 0) {
+    throw checkpoint_error(w + " has the wrong magic (expected \"" + std::string(magic.data(), 8) + "\")");
+  }
+  std::uint32_t v = 0, crc = 0;
+  std::uint64_t size = 0;
+  std::memcpy(&v, file.data() + 8, 4);
+  std::memcpy(&crc, file.data() + 12, 4);
+  std::memcpy(&size, file.data() + 16, 8);
+  if (v != version) {
+    throw checkpoint_error(w + " has format version " + std::to_string(v) + ", this build reads version " +
+                           std::to_string(version));
+  }
+  const std::size_t have = file.size() - file_frame_header_bytes;
+  if (size != have) {
+    throw checkpoint_error(w + (have < size ? " is truncated" : " has trailing bytes") + ": the header says " +
+                           std::to_string(size) + " payload bytes, the file has " + std::to_string(have));
+  }
+  const auto payload = file.subspan(file_frame_header_bytes);
+  if (const auto got = crc32(payload); got != crc) {
+    throw checkpoint_error(w + " is corrupted: the payload's CRC-32 is " + std::to_string(got) + ", the header says " +
+                           std::to_string(crc));
+  }
+  if (crc_out) *crc_out = crc;
+  return payload;
+}
+
+}  // namespace partrain::inline v0::detail

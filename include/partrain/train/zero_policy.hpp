@@ -1,0 +1,78 @@
+// partrain/train/zero_policy.hpp: sharded data parallel (ZeRO-1/2, parallel/zero.hpp) as a
+// training policy, so fit() drives it like DDP. Its train_step already holds the optimizer step;
+// checkpoints are sharded (every rank writes its own slice, train/sharded_checkpoint.hpp) and load
+// at any world size. With a grad scaler, each step is amp_step (the scaler's state is checkpointed).
+//
+//   sharded_data_parallel zero(model, group, adamw_options{.lr = 1e-3}, {.stage = 2});
+//   zero_policy policy(zero);
+//   fit(policy, train_loader, test_loader, {.epochs = 8, .checkpoint = "run/model.ckpt"});
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <type_traits>
+#include <utility>
+
+#include <partrain/comm/process_group.hpp>
+#include <partrain/model/concepts.hpp>
+#include <partrain/precision/grad_scaler.hpp>
+#include <partrain/precision/mixed_precision.hpp>
+#include <partrain/precision/sharded_amp.hpp>
+#include <partrain/train/checkpoint.hpp>
+#include <partrain/train/sharded_checkpoint.hpp>
+#include <partrain/train/trace.hpp>
+
+namespace partrain::inline v0 {
+
+struct zero_policy_options {
+  grad_scaler* scaler = nullptr;    // mixed precision: amp_step (precision/sharded_amp.hpp) with it
+  trace_recorder* trace = nullptr;  // one span per step ("zero_step": forward, backward, reduce, step, gather)
+};
+
+template <class Zero>
+class zero_policy {
+ public:
+  explicit zero_policy(Zero& zero, zero_policy_options o = {}) : zero_(&zero), o_(o) {}
+
+  template <class B>
+  double train_step(const B& b) {
+    auto span = o_.trace ? o_.trace->span("zero_step") : trace_span{};
+    if (o_.scaler) {
+      const amp_step_result r = amp_step(*zero_, *o_.scaler, b);
+      skipped_ += r.skipped ? 1 : 0;
+      return r.loss;
+    }
+    return zero_->train_step(b);
+  }
+  [[nodiscard]] std::size_t skipped_steps() const noexcept { return skipped_; }
+  template <class R>
+  eval_result evaluate(R&& batches) {
+    return zero_->evaluate(std::forward<R>(batches));
+  }
+  void set_lr(double lr) { zero_->set_lr(lr); }
+  process_group& group() { return zero_->comm(); }
+  process_group& loss_group() { return zero_->comm(); }
+  [[nodiscard]] int replicas() { return zero_->comm().size(); }
+  auto parameters() { return zero_->module().parameters(); }
+
+  // Collective: every rank writes its shard, rank 0 the index at `file`.
+  void save_checkpoint(const std::filesystem::path& file, checkpoint_extra extra) {
+    if (o_.scaler && o_.scaler->enabled()) extra.scaler_state = o_.scaler->state_bytes();
+    save_sharded_checkpoint(*zero_, file, extra);
+  }
+  checkpoint_extra load_checkpoint(const std::filesystem::path& file) {
+    checkpoint_extra extra = load_sharded_checkpoint(*zero_, file);
+    if (o_.scaler && o_.scaler->enabled()) o_.scaler->load_state_bytes(extra.scaler_state);
+    if constexpr (has_low_precision_copy<std::remove_cvref_t<decltype(zero_->module())>>) {
+      zero_->module().refresh_low_precision();  // the 16-bit copy of the loaded masters
+    }
+    return extra;
+  }
+
+ private:
+  Zero* zero_;
+  zero_policy_options o_;
+  std::size_t skipped_ = 0;
+};
+
+}  // namespace partrain::inline v0

@@ -1,0 +1,23 @@
+# Sharded data parallel, ZeRO-1/2 (owned by the zero area; included from tests/parallel/CMakeLists.txt).
+partrain_add_test(test_zero SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_zero.cpp LABELS "parallel;threads")
+# zero_policy under fit() and the sharded checkpoints (train layer, threads backend).
+partrain_add_test(test_zero_checkpoint SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_zero_checkpoint.cpp
+                  LABELS "parallel;train;threads")
+if(TARGET partrain::gloo)
+  partrain_add_test(test_zero_gloo SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_zero_gloo.cpp LIBS partrain::gloo
+                    LABELS "parallel;processes")
+endif()
+
+# Concept failures read as one sentence: each snippet must fail to compile with its message.
+foreach(case_and_message
+    "zero_batch_not_trainable|needs `double train_step\\(const Batch&\\)`"
+    "zero_cuda_parameters|sharded_data_parallel runs host parameters in this release")
+  string(REPLACE "|" ";" _pair "${case_and_message}")
+  list(GET _pair 0 _case)
+  list(GET _pair 1 _message)
+  add_test(NAME zero_compile_fail_${_case}
+           COMMAND ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only -I${partrain_include_dir}
+                   ${CMAKE_CURRENT_LIST_DIR}/compile_fail/${_case}.cpp)
+  set_tests_properties(zero_compile_fail_${_case} PROPERTIES LABELS "parallel;compile_fail"
+                       PASS_REGULAR_EXPRESSION "${_message}" TIMEOUT 120)
+endforeach()
