@@ -1,6 +1,7 @@
 // examples/fashion_mnist/main.cpp: a user's program training its own MLP on Fashion-MNIST with
-// DDP over ranks, data parallel over host devices, or pipeline stages; partrain::fit runs the
-// epochs (schedule, checkpoints, metrics, progress, trace) for all three:
+// DDP over ranks (or ZeRO, or communicating less: local SGD, DiLoCo, PowerSGD), data parallel
+// over host devices, or pipeline stages; partrain::fit runs the epochs (schedule, checkpoints,
+// metrics, progress, trace) for all of them:
 //   fashion_mnist --nproc 2                     # 2 processes over Gloo, started here
 //   fashion_mnist --backend local --nproc 2     # 2 threads of this process
 //   partrun --nproc-per-node 2 fashion_mnist    # ranks from the launcher's environment
@@ -69,6 +70,23 @@ trace_recorder make_trace(const options& o) {
   return o.trace.empty() ? trace_recorder::from_env() : trace_recorder(std::filesystem::path(o.trace));
 }
 
+// DDP, ZeRO and the local modes: each rank its share of every epoch's shuffled order, and a
+// contiguous block of the test set (every example counted exactly once).
+auto rank_train(const datasets& d, const options& o, int rank, int world) {
+  return loader(d.train, views::distributed(d.n_train, world, rank, {.shuffle = true, .seed = o.seed}),
+                {.batch_size = o.batch_size, .prefetch = 2});
+}
+auto rank_test(const datasets& d, int rank, int world) {
+  const auto part = [&](int r) { return d.n_test * static_cast<std::size_t>(r) / static_cast<std::size_t>(world); };
+  return loader(d.test, std::views::iota(part(rank), part(rank + 1)), {.batch_size = 1000, .prefetch = 0});
+}
+
+void print_end(process_group& pg, std::uint64_t checksum) {
+  // Bytes this rank sent (ring-algorithm bytes, comm_traffic), what the communication modes save.
+  std::printf("rank %d sent %.1f MB\n", pg.rank(), static_cast<double>(pg.traffic().bytes_sent) / 1e6);
+  if (pg.rank() == 0) std::printf("final parameter checksum %016llx\n", static_cast<unsigned long long>(checksum));
+}
+
 // --parallel ddp: one model replica per rank, gradients averaged over the ranks.
 template <class Model>
 void train_ddp(Model& model, process_group& pg, const options& o, const datasets& data) {
@@ -76,21 +94,23 @@ void train_ddp(Model& model, process_group& pg, const options& o, const datasets
   const mixed_precision_policy mp{.compute = parse_precision(o.precision), .reduce_in_low_precision = o.reduce_16bit};
   trace_recorder trace = make_trace(o);  // before the DDP: its bucket callbacks point here
   ddp_options dopts{.overlap = o.overlap, .hook = mp.ddp_hook()};
+  if (o.sync == "powersgd") {
+    dopts.hook = comm_hooks::powersgd(std::make_shared<powersgd_state>(
+        powersgd_options{.matrix_approximation_rank = o.powersgd_rank, .start_iter = o.powersgd_start}));
+  }
   if (trace.enabled()) dopts.on_bucket_launch = trace.bucket_spans();
   if (o.bucket_kb) dopts.bucket_cap_bytes = dopts.first_bucket_bytes = o.bucket_kb << 10;
   distributed_data_parallel ddp(model, pg, dopts);
   grad_scaler scaler = mp.make_scaler();
   sgd opt(model, {.lr = o.lr, .momentum = o.momentum});
   ddp_policy policy(ddp, opt, {.scaler = mp.compute == precision::fp32 ? nullptr : &scaler, .trace = &trace});
-  loader train(data.train, views::distributed(data.n_train, world, rank, {.shuffle = true, .seed = o.seed}),
-               {.batch_size = o.batch_size, .prefetch = 2});
-  // Each rank evaluates a contiguous block of the test set: every example counted exactly once.
-  const auto part = [&](int r) { return data.n_test * static_cast<std::size_t>(r) / static_cast<std::size_t>(world); };
-  loader test(data.test, std::views::iota(part(rank), part(rank + 1)), {.batch_size = 1000, .prefetch = 0});
+  loader train = rank_train(data, o, rank, world);
+  loader test = rank_test(data, rank, world);
   if (rank == 0) {
-    std::printf("fashion_mnist: ddp, %d rank(s) over %s, MLP 784-256-128-10, batch %zu per rank, lr %g, %zu epochs, "
+    std::printf("fashion_mnist: %s, %d rank(s) over %s, MLP 784-256-128-10, batch %zu per rank, lr %g, %zu epochs, "
                 "%zu/%zu examples, loop %s, precision %s%s\n",
-                world, std::string(pg.backend()).c_str(), o.batch_size, o.lr, o.epochs, data.n_train, data.n_test,
+                o.sync == "powersgd" ? "ddp with powersgd" : "ddp", world, std::string(pg.backend()).c_str(), o.batch_size,
+                o.lr, o.epochs, data.n_train, data.n_test,
                 o.loop.c_str(), o.precision.c_str(),
                 mp.compute == precision::fp32 ? "" : (o.reduce_16bit ? " (gradients reduced in 16 bits)" : " (gradients reduced in fp32)"));
   }
@@ -99,7 +119,57 @@ void train_ddp(Model& model, process_group& pg, const options& o, const datasets
     std::printf("mixed precision: %zu step(s) skipped for inf/NaN gradients, loss scale now %g\n", policy.skipped_steps(),
                 static_cast<double>(scaler.scale()));
   }
-  if (rank == 0) std::printf("final parameter checksum %016llx\n", static_cast<unsigned long long>(parameter_checksum(model)));
+  print_end(pg, parameter_checksum(model));
+}
+
+// --parallel zero1|zero2: DDP's step with the optimizer state (zero2: and the gradients) sharded
+// over the ranks; checkpoints are sharded too.
+void train_zero(process_group& pg, const options& o, const datasets& data) {
+  const auto compute = parse_precision(o.precision);
+  models::mlp_host model({}, o.seed, compute);
+  sharded_data_parallel zero(model, pg, sgd_options{.lr = o.lr, .momentum = o.momentum},
+                             {.stage = o.parallel == "zero1" ? 1 : 2});
+  grad_scaler scaler = mixed_precision_policy{.compute = compute}.make_scaler();
+  trace_recorder trace = make_trace(o);
+  zero_policy policy(zero, {.scaler = compute == precision::fp32 ? nullptr : &scaler, .trace = &trace});
+  loader train = rank_train(data, o, pg.rank(), pg.size());
+  loader test = rank_test(data, pg.rank(), pg.size());
+  if (pg.rank() == 0) {
+    std::printf("fashion_mnist: %s, %d rank(s) over %s, MLP 784-256-128-10, batch %zu per rank, lr %g, %zu epochs, "
+                "%zu/%zu examples, precision %s\n", o.parallel.c_str(), pg.size(), std::string(pg.backend()).c_str(),
+                o.batch_size, o.lr, o.epochs, data.n_train, data.n_test, o.precision.c_str());
+  }
+  fit(policy, train, test, fit_options(o, trace));
+  print_end(pg, parameter_checksum(model));
+}
+
+// --sync local-sgd|diloco: ranks step alone and meet every --period (or --inner-steps) steps.
+void train_local(process_group& pg, const options& o, const datasets& data) {
+  models::mlp_host model({}, o.seed);
+  sgd opt(model, {.lr = o.lr, .momentum = o.momentum});
+  trace_recorder trace = make_trace(o);
+  loader train = rank_train(data, o, pg.rank(), pg.size());
+  loader test = rank_test(data, pg.rank(), pg.size());
+  if (pg.rank() == 0) {
+    std::printf("fashion_mnist: %s, %d rank(s) over %s, MLP 784-256-128-10, batch %zu per rank, lr %g, %zu epochs, "
+                "%zu/%zu examples\n", o.sync.c_str(), pg.size(), std::string(pg.backend()).c_str(), o.batch_size, o.lr,
+                o.epochs, data.n_train, data.n_test);
+  }
+  auto run = [&](auto& algorithm) {
+    local_sgd_policy policy(algorithm);
+    fit(policy, train, test, fit_options(o, trace));
+  };
+  if (o.sync == "local-sgd") {
+    post_local_sgd lsgd(model, opt, pg, {.period = o.period, .warmup_steps = o.warmup_steps});
+    run(lsgd);
+  } else {
+    const auto bits = o.outer_bits == 8 ? outer_compression::int8 : o.outer_bits == 16 ? outer_compression::bf16
+                                                                                          : outer_compression::none;
+    diloco dl(model, opt, pg, {.inner_steps = o.inner_steps, .outer_lr = o.outer_lr, .outer_momentum = o.outer_momentum,
+                               .compression = bits});
+    run(dl);
+  }
+  print_end(pg, parameter_checksum(model));
 }
 
 // --parallel dp: one process, each batch scattered over --devices host devices (worker threads).
@@ -157,6 +227,10 @@ void run_rank(process_group& pg, const options& o, const datasets& data) {
 #endif
   } else if (o.parallel == "pipeline") {
     train_pipeline(pg, o, data);
+  } else if (o.parallel == "zero1" || o.parallel == "zero2") {
+    train_zero(pg, o, data);
+  } else if (o.sync == "local-sgd" || o.sync == "diloco") {
+    train_local(pg, o, data);
   } else {
     models::mlp_host model({}, o.seed, parse_precision(o.precision));
     train_ddp(model, pg, o, data);

@@ -25,7 +25,8 @@ class usage_error : public std::runtime_error {
 struct options {
   std::string device = "cpu";      // cpu | cuda
   std::string backend = "gloo";    // gloo | mpi | nccl | local
-  std::string parallel = "ddp";    // ddp | dp (one process, --devices) | pipeline (--stages ranks)
+  std::string parallel = "ddp";    // ddp | zero1 | zero2 | dp (one process, --devices) | pipeline (--stages ranks)
+  std::string sync = "ddp";        // ddp: every step; local-sgd | diloco | powersgd: communicate less
   std::string loop = "ranges";     // ranges | coroutine | plain: three spellings of the same loop
   std::string precision = "fp32";  // fp32 | fp16 | bf16 (mixed precision: fp32 master weights)
   bool reduce_16bit = false;       // mixed precision: all_reduce gradients in the 16-bit type
@@ -48,6 +49,14 @@ struct options {
   std::size_t log_every = 200;     // steps between progress lines (rank 0)
   bool overlap = true;             // DDP: start bucket all_reduces during backward
   std::size_t bucket_kb = 0;       // DDP: bucket size limit in KiB (0: PyTorch's 1 MiB first, 25 MiB after)
+  std::int64_t period = 8;          // local-sgd: average the parameters every N steps
+  std::int64_t warmup_steps = 0;    // local-sgd: synchronous steps first
+  std::int64_t inner_steps = 50;    // diloco: inner steps per outer step (H)
+  double outer_lr = 0.7;            // diloco: outer Nesterov SGD
+  double outer_momentum = 0.9;
+  int outer_bits = 32;              // diloco: outer gradients exchanged in 32, 16 (bf16) or 8 bits
+  std::size_t powersgd_rank = 2;    // powersgd: rank of the approximation
+  std::int64_t powersgd_start = 100;  // powersgd: plain all_reduce steps first
   bool help = false;
 };
 
@@ -75,9 +84,16 @@ inline constexpr std::string_view usage_text =
     "  --limit-train N, --limit-test N  use only the first N examples (quick runs)\n"
     "  --log-every N             progress line and metrics step record every N steps (default 200,\n"
     "                            0 = none); on a terminal the progress line is redrawn in place\n"
-    "  --parallel ddp|dp|pipeline  distributed data parallel over ranks (default); data parallel over\n"
-    "                            --devices N host devices of one process; or the MLP split into\n"
-    "                            --stages S pipeline stages (one rank each) with --micro-batches M\n"
+    "  --parallel ddp|zero1|zero2|dp|pipeline  distributed data parallel over ranks (default); ZeRO-1/2\n"
+    "                            (optimizer state, and for zero2 gradients, sharded over the ranks); data\n"
+    "                            parallel over --devices N host devices of one process; or the MLP split\n"
+    "                            into --stages S pipeline stages (one rank each) with --micro-batches M\n"
+    "  --sync ddp|local-sgd|diloco|powersgd  with --parallel ddp: gradients all-reduced every step\n"
+    "                            (default); parameters averaged every --period N steps after\n"
+    "                            --warmup-steps N (post-local SGD); DiLoCo: --inner-steps H local steps,\n"
+    "                            then an outer Nesterov step (--outer-lr X, --outer-momentum X) on\n"
+    "                            outer gradients of --outer-bits 32|16|8; or PowerSGD gradients of\n"
+    "                            --powersgd-rank R after --powersgd-start N plain steps\n"
     "  --devices N               dp: host devices (worker threads; default 2)\n"
     "  --stages S                pipeline: stages (default 2); --nproc defaults to S\n"
     "  --micro-batches M         pipeline: micro-batches per batch (default 4)\n"
@@ -138,7 +154,32 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
       detail::check_choice(flag, o.backend, {"gloo", "mpi", "nccl", "local"});
     } else if (flag == "--parallel") {
       o.parallel = value();
-      detail::check_choice(flag, o.parallel, {"ddp", "dp", "pipeline"});
+      detail::check_choice(flag, o.parallel, {"ddp", "zero1", "zero2", "dp", "pipeline"});
+    } else if (flag == "--sync") {
+      o.sync = value();
+      detail::check_choice(flag, o.sync, {"ddp", "local-sgd", "diloco", "powersgd"});
+    } else if (flag == "--period") {
+      o.period = positive(detail::parse_number<std::int64_t>(flag, value()));
+    } else if (flag == "--warmup-steps") {
+      o.warmup_steps = detail::parse_number<std::int64_t>(flag, value());
+      if (o.warmup_steps < 0) throw usage_error(flag + ": must be >= 0");
+    } else if (flag == "--inner-steps") {
+      o.inner_steps = positive(detail::parse_number<std::int64_t>(flag, value()));
+    } else if (flag == "--outer-lr") {
+      o.outer_lr = positive(detail::parse_number<double>(flag, value()));
+    } else if (flag == "--outer-momentum") {
+      o.outer_momentum = detail::parse_number<double>(flag, value());
+      if (o.outer_momentum < 0 || o.outer_momentum >= 1) throw usage_error(flag + ": expected a value in [0, 1)");
+    } else if (flag == "--outer-bits") {
+      const std::string bits(value());
+      detail::check_choice(flag, bits, {"32", "16", "8"});
+      o.outer_bits = std::stoi(bits);
+    } else if (flag == "--powersgd-rank") {
+      o.powersgd_rank = positive(detail::parse_number<std::size_t>(flag, value()));
+      if (o.powersgd_rank > 1024) throw usage_error(flag + ": at most 1024");
+    } else if (flag == "--powersgd-start") {
+      o.powersgd_start = detail::parse_number<std::int64_t>(flag, value());
+      if (o.powersgd_start < 0) throw usage_error(flag + ": must be >= 0");
     } else if (flag == "--loop") {
       o.loop = value();
       detail::check_choice(flag, o.loop, {"ranges", "coroutine", "plain"});
@@ -194,9 +235,18 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
     }
   }
   // Combinations this program cannot run (yet), refused before anything starts.
+  const bool zero = o.parallel == "zero1" || o.parallel == "zero2";
   if (o.parallel != "ddp") {
     if (o.device != "cpu") throw usage_error("--parallel " + o.parallel + ": this example runs it on the host (--device cpu)");
-    if (!o.checkpoint.empty()) throw usage_error("--checkpoint: supported with --parallel ddp only");
+    if (!o.checkpoint.empty() && !zero) throw usage_error("--checkpoint: supported with --parallel ddp, zero1 and zero2 only");
+  }
+  if (o.sync != "ddp") {
+    if (o.parallel != "ddp") throw usage_error("--sync " + o.sync + ": needs --parallel ddp");
+    if (o.device != "cpu") throw usage_error("--sync " + o.sync + ": this example runs it on the host (--device cpu)");
+    if (o.precision != "fp32") throw usage_error("--sync " + o.sync + ": this example runs it in fp32");
+    if (!o.checkpoint.empty()) {
+      throw usage_error("--checkpoint with --sync " + o.sync + ": not yet (ranks hold different state between syncs)");
+    }
   }
   if (o.parallel == "dp" && o.nproc > 1) {
     throw usage_error("--parallel dp drives --devices N from one process; --nproc " + std::to_string(o.nproc) +
@@ -208,11 +258,12 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
                         std::to_string(o.stages) + " (one rank per stage)");
     }
   }
-  if (o.precision != "fp32" && o.parallel != "ddp") {
+  if (o.precision != "fp32" && o.parallel != "ddp" && !zero) {
     throw usage_error("--precision " + o.precision + ": mixed precision runs with --parallel ddp (this example's dp "
                       "and pipeline modes train in fp32)");
   }
   if (o.reduce_16bit && o.precision == "fp32") throw usage_error("--reduce-16bit needs --precision fp16 or bf16");
+  if (o.reduce_16bit && zero) throw usage_error("--reduce-16bit: with --parallel ddp only (ZeRO reduces in fp32)");
   if (o.backend == "nccl" && o.device != "cuda") throw usage_error("--backend nccl needs --device cuda");
   if (o.backend == "mpi" && o.nproc != 0) {
     throw usage_error("--backend mpi: mpirun or srun starts the ranks; run `mpirun -np " + std::to_string(o.nproc) +

@@ -52,11 +52,19 @@ TEST_CASE("example options: bad input names the flag and what was expected", "[e
   CHECK_THROWS_WITH(parse_options({"--backend", "mpi", "--nproc", "2"}),
                     Catch::Contains("mpirun or srun starts the ranks") && Catch::Contains("mpirun -np 2"));
   CHECK(parse_options({"--backend", "mpi"}).backend == "mpi");
+  CHECK_THROWS_WITH(parse_options({"--sync", "diloco", "--parallel", "zero2"}), Catch::Contains("needs --parallel ddp"));
+  CHECK_THROWS_WITH(parse_options({"--sync", "local-sgd", "--checkpoint", "d"}), Catch::Contains("not yet"));
+  CHECK_THROWS_WITH(parse_options({"--outer-bits", "4"}), Catch::Contains("not one of: 32, 16, 8"));
+  CHECK_THROWS_WITH(parse_options({"--warmup-steps", "-3"}), Catch::Contains("must be >= 0"));
+  CHECK_THROWS_WITH(parse_options({"--parallel", "zero2", "--precision", "fp16", "--reduce-16bit"}),
+                    Catch::Contains("ZeRO reduces in fp32"));
+  CHECK(parse_options({"--sync", "diloco", "--inner-steps", "20", "--outer-bits", "8"}).outer_bits == 8);
+  CHECK(parse_options({"--parallel", "zero1", "--checkpoint", "d"}).parallel == "zero1");
   CHECK_THROWS_WITH(parse_options({"--backend", "nccl"}), Catch::Contains("needs --device cuda"));
   CHECK_THROWS_WITH(parse_options({"--parallel", "dp", "--nproc", "2"}), Catch::Contains("use --parallel ddp"));
   CHECK_THROWS_WITH(parse_options({"--parallel", "pipeline", "--stages", "2", "--nproc", "3"}),
                     Catch::Contains("must equal --stages 2"));
-  CHECK_THROWS_WITH(parse_options({"--parallel", "dp", "--checkpoint", "d"}), Catch::Contains("--parallel ddp only"));
+  CHECK_THROWS_WITH(parse_options({"--parallel", "dp", "--checkpoint", "d"}), Catch::Contains("--parallel ddp, zero1 and zero2 only"));
   CHECK_THROWS_WITH(parse_options({"--schedule", "zb"}), Catch::Contains("not one of: gpipe, 1f1b"));
   CHECK(parse_options({"--parallel", "dp", "--devices", "3"}).devices == 3);
   CHECK_THROWS_WITH(parse_options({"--momentum", "1.5"}), Catch::Contains("[0, 1)"));
