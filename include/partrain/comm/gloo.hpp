@@ -31,6 +31,7 @@
 #include <gloo/context.h>
 #include <gloo/reduce.h>
 #include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 
 #include <partrain/comm/detail/gloo_context.hpp>
 #include <partrain/comm/detail/host_reduce.hpp>
@@ -147,20 +148,32 @@ class gloo_group final : public process_group {
     });
   }
 
-  // Gloo's new-style API has no reduce_scatter (only the old templated halving-doubling
-  // algorithm, which allocates its own pairs per call): all_reduce a copy, keep our block.
+  // Gloo's new-style API has no reduce_scatter, and its old halving-doubling one allocates per
+  // call and slows down past a few MiB. So a ring over Gloo's own transport (its unbound
+  // buffers): n-1 steps, each sending one block to the next rank and reducing the block received
+  // from the previous one, (n-1)/n of the buffer per rank, the least a reduce_scatter can send.
   work do_reduce_scatter(raw_tensor in, raw_tensor out, reduce_op op) override {
     if (out.count == 0) return work::completed();
     return run(collective::reduce_scatter, "", [this, in, out, op] {
-      std::byte* scratch = worker_scratch(in.bytes());
-      std::memcpy(scratch, in.data, in.bytes());
-      gloo::AllreduceOptions o(context_);
-      visit_dtype(in.type, [&]<class T>(std::type_identity<T>) { o.setOutput(reinterpret_cast<T*>(scratch), in.count); });
-      o.setReduceFunction(detail::make_gloo_reduce_fn(in.type, op));
-      o.setTag(kCollectiveTag);
-      o.setTimeout(timeout());
-      gloo::allreduce(o);
-      std::memcpy(out.data, scratch + static_cast<std::size_t>(rank()) * out.bytes(), out.bytes());
+      const std::size_t n = static_cast<std::size_t>(size()), r = static_cast<std::size_t>(rank()), blk = out.bytes();
+      std::byte* acc = worker_scratch(in.bytes() + blk);  // the partial sums, then one incoming block
+      std::byte* incoming = acc + in.bytes();
+      std::memcpy(acc, in.data, in.bytes());
+      const auto slot = gloo::Slot::build(kRingSlotPrefix, kCollectiveTag);
+      const int next = static_cast<int>((r + 1) % n), prev = static_cast<int>((r + n - 1) % n);
+      auto receive = context_->createUnboundBuffer(incoming, blk);
+      // Step s sends block r-s-1 and reduces into block r-s-2 (mod n): after n-1 steps block r
+      // holds every rank's contribution.
+      for (std::size_t s = 0; s + 1 < n; ++s) {
+        const std::size_t send_block = (r + 2 * n - s - 1) % n, recv_block = (r + 2 * n - s - 2) % n;
+        auto send = context_->createUnboundBuffer(acc + send_block * blk, blk);
+        send->send(next, slot);
+        receive->recv(prev, slot);
+        receive->waitRecv(timeout());
+        detail::host_reduce(acc + recv_block * blk, incoming, out.count, out.type, op);
+        send->waitSend(timeout());
+      }
+      std::memcpy(out.data, acc + r * blk, blk);
       if (op == reduce_op::avg) detail::host_divide(out.data, out.count, out.type, size());
     });
   }
@@ -185,6 +198,8 @@ class gloo_group final : public process_group {
   // One collective runs at a time (one worker), so one tag is enough. Point-to-point slots are
   // the user's tags; Gloo's collective slots carry a prefix in their top byte, so they never meet.
   static constexpr std::uint32_t kCollectiveTag = 0;
+  // The slot prefix of our own ring collectives (Gloo's use 0x01-0x08).
+  static constexpr std::uint8_t kRingSlotPrefix = 0x7f;
 
   // Scratch reused across calls (a fresh buffer per call costs page faults and a memset at
   // large sizes). Only the worker thread touches it.
