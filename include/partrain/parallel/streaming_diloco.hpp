@@ -24,6 +24,7 @@
 #include <partrain/optim/optimizer.hpp>
 #include <partrain/optim/sgd.hpp>
 #include <partrain/optim/state_io.hpp>
+#include <partrain/parallel/detail/evaluate.hpp>
 #include <partrain/parallel/diloco.hpp>
 
 namespace partrain::inline v0 {
@@ -120,11 +121,10 @@ class streaming_diloco {
 
   template <class Range>
   [[nodiscard]] eval_result evaluate(Range&& batches) {
-    eval_result local;
-    for (auto&& b : batches) local += model_->eval_step(b);
-    std::vector<double> sums{local.loss_sum, static_cast<double>(local.correct), static_cast<double>(local.count)};
-    comm_->all_reduce(tensor_view<double>(sums), reduce_op::sum).wait();
-    return {sums[0], static_cast<std::size_t>(sums[1]), static_cast<std::size_t>(sums[2])};
+    return detail::sum_over_ranks(detail::evaluate_batches(*model_, std::forward<Range>(batches)),
+                                  [&](std::span<double> sums) {
+                                    comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()), reduce_op::sum).wait();
+                                  });
   }
 
   // State: options, counters, the exchange in flight (its input: load_state starts it again, on

@@ -42,6 +42,7 @@
 #include <partrain/optim/clip.hpp>
 #include <partrain/optim/optimizer.hpp>
 #include <partrain/parallel/detail/ddp_elements.hpp>
+#include <partrain/parallel/detail/evaluate.hpp>
 #include <partrain/parallel/detail/zero_layout.hpp>
 #include <partrain/parallel/detail/zero_optimizer.hpp>
 
@@ -238,15 +239,12 @@ class sharded_data_parallel {
   // This rank's batches evaluated, loss, correct and count summed over all ranks.
   template <class Range>
   [[nodiscard]] eval_result evaluate(Range&& batches) {
-    eval_result local;
-    for (auto&& b : batches) {
-      static_assert(evaluable_on<M, std::remove_cvref_t<decltype(b)>>,
-                    "partrain: evaluate needs `eval_result eval_step(const Batch&)` on the model");
-      local += model_->eval_step(b);
-    }
-    std::array<double, 3> sums{local.loss_sum, static_cast<double>(local.correct), static_cast<double>(local.count)};
-    wait_named(comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()), reduce_op::sum), "evaluation all_reduce");
-    return {sums[0], static_cast<std::size_t>(sums[1]), static_cast<std::size_t>(sums[2])};
+    return detail::sum_over_ranks(detail::evaluate_batches(*model_, std::forward<Range>(batches)),
+                                  [&](std::span<double> sums) {
+                                    wait_named(comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()),
+                                                                 reduce_op::sum),
+                                               "evaluation all_reduce");
+                                  });
   }
 
   // Called on every rank with its reduced gradient slice after the reduce_scatters, before
