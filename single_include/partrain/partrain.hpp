@@ -17889,6 +17889,7 @@ struct ddp_stats {
 #include <cstddef>
 #include <span>
 #include <type_traits>
+#include <utility>
 
 namespace partrain::inline v0::detail {
 
@@ -17909,6 +17910,14 @@ template <class AllReduce>
   std::array<double, 3> sums{local.loss_sum, static_cast<double>(local.correct), static_cast<double>(local.count)};
   all_reduce_sums(std::span<double>(sums));
   return {sums[0], static_cast<std::size_t>(sums[1]), static_cast<std::size_t>(sums[2])};
+}
+
+// Both on a communicator whose own wait is the whole error handling (DiLoCo's).
+template <class M, class C, class Range>
+[[nodiscard]] eval_result evaluate_summed(M& model, C& comm, Range&& batches) {
+  return sum_over_ranks(evaluate_batches(model, std::forward<Range>(batches)), [&](std::span<double> sums) {
+    comm.all_reduce(tensor_view<double>(sums.data(), sums.size()), reduce_op::sum).wait();
+  });
 }
 
 }  // namespace partrain::inline v0::detail
@@ -20086,10 +20095,7 @@ class diloco {
   // DDP's evaluate). Inside a round the ranks' models differ: call sync() first for the one model.
   template <class Range>
   [[nodiscard]] eval_result evaluate(Range&& batches) {
-    return detail::sum_over_ranks(detail::evaluate_batches(*model_, std::forward<Range>(batches)),
-                                  [&](std::span<double> sums) {
-                                    comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()), reduce_op::sum).wait();
-                                  });
+    return detail::evaluate_summed(*model_, *comm_, std::forward<Range>(batches));
   }
 
   // State: kind tag, options, counters, the round's start parameters, the outer optimizer's
@@ -22108,10 +22114,7 @@ class streaming_diloco {
 
   template <class Range>
   [[nodiscard]] eval_result evaluate(Range&& batches) {
-    return detail::sum_over_ranks(detail::evaluate_batches(*model_, std::forward<Range>(batches)),
-                                  [&](std::span<double> sums) {
-                                    comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()), reduce_op::sum).wait();
-                                  });
+    return detail::evaluate_summed(*model_, *comm_, std::forward<Range>(batches));
   }
 
   // State: options, counters, the exchange in flight (its input: load_state starts it again, on
@@ -25477,6 +25480,33 @@ consteval bool check_checkpointable() {
   return true;
 }
 
+// checkpoint_extra's layout, the same in plain and sharded checkpoints. Version 1 files end
+// before the trainer state.
+inline void put_checkpoint_extra(state_writer& w, const checkpoint_extra& e) {
+  w.put(e.epoch);
+  w.put(e.step);
+  w.put(e.sampler_position);
+  w.put_bytes(e.rng_state);
+  w.put_bytes(e.scaler_state);
+  w.put_bytes(e.user);
+  w.put_bytes(e.trainer_state);
+}
+[[nodiscard]] inline checkpoint_extra get_checkpoint_extra(state_reader& r, bool with_trainer_state = true) {
+  checkpoint_extra e;
+  e.epoch = r.get<std::uint64_t>("epoch");
+  e.step = r.get<std::uint64_t>("step");
+  e.sampler_position = r.get<std::uint64_t>("sampler position");
+  const auto bytes = [&](const char* what) {
+    const auto b = r.get_bytes(what);
+    return std::vector<std::byte>(b.begin(), b.end());
+  };
+  e.rng_state = bytes("rng state");
+  e.scaler_state = bytes("scaler state");
+  e.user = bytes("user bytes");
+  if (with_trainer_state) e.trainer_state = bytes("trainer state");
+  return e;
+}
+
 template <std::size_t N>
 void put_raw(std::vector<std::byte>& out, const void* p) {
   const auto* b = static_cast<const std::byte*>(p);
@@ -25507,13 +25537,7 @@ template <model M, stateful_optimizer O>
   state_writer ow;
   opt.save_state(ow);
   w.put_bytes(ow.bytes());
-  w.put(extra.epoch);
-  w.put(extra.step);
-  w.put(extra.sampler_position);
-  w.put_bytes(extra.rng_state);
-  w.put_bytes(extra.scaler_state);
-  w.put_bytes(extra.user);
-  w.put_bytes(extra.trainer_state);
+  detail::put_checkpoint_extra(w, extra);
 
   const auto& payload = w.bytes();
   const std::uint32_t version = checkpoint_version;
@@ -25628,18 +25652,7 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
     r.get_array(std::span<T>(dst), "values of parameter #" + std::to_string(values.size() - 1));
   }
   const auto opt_state = r.get_bytes("optimizer state");
-  checkpoint_extra extra;
-  extra.epoch = r.get<std::uint64_t>("epoch");
-  extra.step = r.get<std::uint64_t>("step");
-  extra.sampler_position = r.get<std::uint64_t>("sampler position");
-  auto bytes = [&](const char* what) {
-    const auto b = r.get_bytes(what);
-    return std::vector<std::byte>(b.begin(), b.end());
-  };
-  extra.rng_state = bytes("rng state");
-  extra.scaler_state = bytes("scaler state");
-  extra.user = bytes("user bytes");
-  if (version >= 2) extra.trainer_state = bytes("trainer state");
+  const checkpoint_extra extra = detail::get_checkpoint_extra(r, version >= 2);
   if (r.remaining() != 0) throw checkpoint_error(where + " is malformed: " + std::to_string(r.remaining()) + " unread bytes");
 
   state_reader orr(opt_state);
@@ -27108,31 +27121,6 @@ template <class M>
   return out;
 }
 
-inline void put_extra(state_writer& w, const checkpoint_extra& e) {
-  w.put(e.epoch);
-  w.put(e.step);
-  w.put(e.sampler_position);
-  w.put_bytes(e.rng_state);
-  w.put_bytes(e.scaler_state);
-  w.put_bytes(e.user);
-  w.put_bytes(e.trainer_state);
-}
-inline checkpoint_extra get_extra(state_reader& r) {
-  checkpoint_extra e;
-  e.epoch = r.get<std::uint64_t>("epoch");
-  e.step = r.get<std::uint64_t>("step");
-  e.sampler_position = r.get<std::uint64_t>("sampler position");
-  const auto bytes = [&](const char* what) {
-    const auto b = r.get_bytes(what);
-    return std::vector<std::byte>(b.begin(), b.end());
-  };
-  e.rng_state = bytes("rng state");
-  e.scaler_state = bytes("scaler state");
-  e.user = bytes("user bytes");
-  e.trainer_state = bytes("trainer state");
-  return e;
-}
-
 [[nodiscard]] inline std::vector<std::byte> encode(const index_record& x) {
   state_writer w;
   w.put(x.type);
@@ -27148,7 +27136,7 @@ inline checkpoint_extra get_extra(state_reader& r) {
     w.put(s.end);
     w.put(s.crc);
   }
-  put_extra(w, x.extra);
+  put_checkpoint_extra(w, x.extra);
   for (const auto& e : x.names) {
     w.put_string(e.name);
     w.put(static_cast<std::uint8_t>(e.dims.rank()));
@@ -27175,7 +27163,7 @@ inline checkpoint_extra get_extra(state_reader& r) {
     s.crc = r.get<std::uint32_t>("shard crc");
     x.shards.push_back(std::move(s));
   }
-  x.extra = get_extra(r);
+  x.extra = get_checkpoint_extra(r);
   if (x.params > (1u << 24)) throw checkpoint_error(where + " is malformed: " + std::to_string(x.params) + " parameters");
   for (std::uint64_t i = 0; i < x.params; ++i) {
     param_entry e;

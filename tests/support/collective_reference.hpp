@@ -2,10 +2,12 @@
 // of every collective, so each backend is checked against the same oracle.
 #pragma once
 
+#include <partrain/comm/process_group.hpp>
 #include <partrain/comm/reduce_op.hpp>
 #include <partrain/core/half.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <vector>
 
@@ -44,5 +46,70 @@ T reference_reduce(int world, std::size_t i, reduce_op op) {
 
 inline constexpr reduce_op all_reduce_ops[] = {reduce_op::sum, reduce_op::avg, reduce_op::min, reduce_op::max,
                                                reduce_op::prod};
+
+// Equal within 16-bit rounding (the reductions of half and bfloat16 round at every step).
+template <class T>
+bool close(T got, T want) {
+  const double g = static_cast<double>(static_cast<float>(got));
+  const double w = static_cast<double>(static_cast<float>(want));
+  return std::abs(g - w) <= 1e-2 * std::max(1.0, std::abs(w));
+}
+
+// Every collective of g on inputs of n elements per rank, each result against the sequential
+// reference; returns how many checks failed on this rank (run it on every rank of g).
+template <class T>
+int collective_failures(process_group& g, std::size_t n) {
+  int failures = 0;
+  auto expect = [&](bool ok) { failures += ok ? 0 : 1; };
+  const int r = g.rank();
+  const int world = g.size();
+  for (auto op : partrain::testing::all_reduce_ops) {
+    auto v = make_input<T>(r, n);
+    g.all_reduce(tensor_view<T>(v), op).wait();
+    for (std::size_t i = 0; i < n; ++i) expect(close(v[i], reference_reduce<T>(world, i, op)));
+  }
+  for (int root = 0; root < world; ++root) {
+    auto v = make_input<T>(r, n);
+    g.broadcast(tensor_view<T>(v), root).wait();
+    expect(v == make_input<T>(root, n));
+    for (auto op : {reduce_op::sum, reduce_op::avg}) {
+      auto red = make_input<T>(r, n);
+      g.reduce(tensor_view<T>(red), root, op).wait();
+      if (r == root) {
+        for (std::size_t i = 0; i < n; ++i) expect(close(red[i], reference_reduce<T>(world, i, op)));
+      } else {
+        expect(red == make_input<T>(r, n));  // non-root buffers untouched
+      }
+    }
+  }
+  {
+    auto in = make_input<T>(r, n);
+    std::vector<T> out(n * static_cast<std::size_t>(world));
+    g.all_gather(tensor_view<T>(in), tensor_view<T>(out)).wait();
+    for (int q = 0; q < world; ++q) {
+      auto want = make_input<T>(q, n);
+      expect(std::equal(want.begin(), want.end(), out.begin() + static_cast<std::ptrdiff_t>(q * n)));
+    }
+  }
+  for (auto op : {reduce_op::sum, reduce_op::avg, reduce_op::max}) {
+    const std::size_t total = n * static_cast<std::size_t>(world);
+    auto in = make_input<T>(r, total);
+    std::vector<T> out(n);
+    g.reduce_scatter(tensor_view<T>(in), tensor_view<T>(out), op).wait();
+    for (std::size_t i = 0; i < n; ++i) {
+      expect(close(out[i], reference_reduce<T>(world, static_cast<std::size_t>(r) * n + i, op)));
+    }
+  }
+  g.barrier().wait();
+  if (world > 1) {  // a ring of send/recv, receive posted after the send
+    auto mine = make_input<T>(r, n);
+    std::vector<T> got(n);
+    auto s = g.send(tensor_view<T>(mine), (r + 1) % world, 7);
+    g.recv(tensor_view<T>(got), (r + world - 1) % world, 7).wait();
+    s.wait();
+    expect(got == make_input<T>((r + world - 1) % world, n));
+  }
+  return failures;
+}
 
 }  // namespace partrain::testing

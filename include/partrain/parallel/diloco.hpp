@@ -329,10 +329,7 @@ class diloco {
   // DDP's evaluate). Inside a round the ranks' models differ: call sync() first for the one model.
   template <class Range>
   [[nodiscard]] eval_result evaluate(Range&& batches) {
-    return detail::sum_over_ranks(detail::evaluate_batches(*model_, std::forward<Range>(batches)),
-                                  [&](std::span<double> sums) {
-                                    comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()), reduce_op::sum).wait();
-                                  });
+    return detail::evaluate_summed(*model_, *comm_, std::forward<Range>(batches));
   }
 
   // State: kind tag, options, counters, the round's start parameters, the outer optimizer's

@@ -121,10 +121,7 @@ class streaming_diloco {
 
   template <class Range>
   [[nodiscard]] eval_result evaluate(Range&& batches) {
-    return detail::sum_over_ranks(detail::evaluate_batches(*model_, std::forward<Range>(batches)),
-                                  [&](std::span<double> sums) {
-                                    comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()), reduce_op::sum).wait();
-                                  });
+    return detail::evaluate_summed(*model_, *comm_, std::forward<Range>(batches));
   }
 
   // State: options, counters, the exchange in flight (its input: load_state starts it again, on

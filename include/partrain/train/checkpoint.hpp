@@ -61,6 +61,33 @@ consteval bool check_checkpointable() {
   return true;
 }
 
+// checkpoint_extra's layout, the same in plain and sharded checkpoints. Version 1 files end
+// before the trainer state.
+inline void put_checkpoint_extra(state_writer& w, const checkpoint_extra& e) {
+  w.put(e.epoch);
+  w.put(e.step);
+  w.put(e.sampler_position);
+  w.put_bytes(e.rng_state);
+  w.put_bytes(e.scaler_state);
+  w.put_bytes(e.user);
+  w.put_bytes(e.trainer_state);
+}
+[[nodiscard]] inline checkpoint_extra get_checkpoint_extra(state_reader& r, bool with_trainer_state = true) {
+  checkpoint_extra e;
+  e.epoch = r.get<std::uint64_t>("epoch");
+  e.step = r.get<std::uint64_t>("step");
+  e.sampler_position = r.get<std::uint64_t>("sampler position");
+  const auto bytes = [&](const char* what) {
+    const auto b = r.get_bytes(what);
+    return std::vector<std::byte>(b.begin(), b.end());
+  };
+  e.rng_state = bytes("rng state");
+  e.scaler_state = bytes("scaler state");
+  e.user = bytes("user bytes");
+  if (with_trainer_state) e.trainer_state = bytes("trainer state");
+  return e;
+}
+
 template <std::size_t N>
 void put_raw(std::vector<std::byte>& out, const void* p) {
   const auto* b = static_cast<const std::byte*>(p);
@@ -91,13 +118,7 @@ template <model M, stateful_optimizer O>
   state_writer ow;
   opt.save_state(ow);
   w.put_bytes(ow.bytes());
-  w.put(extra.epoch);
-  w.put(extra.step);
-  w.put(extra.sampler_position);
-  w.put_bytes(extra.rng_state);
-  w.put_bytes(extra.scaler_state);
-  w.put_bytes(extra.user);
-  w.put_bytes(extra.trainer_state);
+  detail::put_checkpoint_extra(w, extra);
 
   const auto& payload = w.bytes();
   const std::uint32_t version = checkpoint_version;
@@ -212,18 +233,7 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
     r.get_array(std::span<T>(dst), "values of parameter #" + std::to_string(values.size() - 1));
   }
   const auto opt_state = r.get_bytes("optimizer state");
-  checkpoint_extra extra;
-  extra.epoch = r.get<std::uint64_t>("epoch");
-  extra.step = r.get<std::uint64_t>("step");
-  extra.sampler_position = r.get<std::uint64_t>("sampler position");
-  auto bytes = [&](const char* what) {
-    const auto b = r.get_bytes(what);
-    return std::vector<std::byte>(b.begin(), b.end());
-  };
-  extra.rng_state = bytes("rng state");
-  extra.scaler_state = bytes("scaler state");
-  extra.user = bytes("user bytes");
-  if (version >= 2) extra.trainer_state = bytes("trainer state");
+  const checkpoint_extra extra = detail::get_checkpoint_extra(r, version >= 2);
   if (r.remaining() != 0) throw checkpoint_error(where + " is malformed: " + std::to_string(r.remaining()) + " unread bytes");
 
   state_reader orr(opt_state);

@@ -107,31 +107,6 @@ template <class M>
   return out;
 }
 
-inline void put_extra(state_writer& w, const checkpoint_extra& e) {
-  w.put(e.epoch);
-  w.put(e.step);
-  w.put(e.sampler_position);
-  w.put_bytes(e.rng_state);
-  w.put_bytes(e.scaler_state);
-  w.put_bytes(e.user);
-  w.put_bytes(e.trainer_state);
-}
-inline checkpoint_extra get_extra(state_reader& r) {
-  checkpoint_extra e;
-  e.epoch = r.get<std::uint64_t>("epoch");
-  e.step = r.get<std::uint64_t>("step");
-  e.sampler_position = r.get<std::uint64_t>("sampler position");
-  const auto bytes = [&](const char* what) {
-    const auto b = r.get_bytes(what);
-    return std::vector<std::byte>(b.begin(), b.end());
-  };
-  e.rng_state = bytes("rng state");
-  e.scaler_state = bytes("scaler state");
-  e.user = bytes("user bytes");
-  e.trainer_state = bytes("trainer state");
-  return e;
-}
-
 [[nodiscard]] inline std::vector<std::byte> encode(const index_record& x) {
   state_writer w;
   w.put(x.type);
@@ -147,7 +122,7 @@ inline checkpoint_extra get_extra(state_reader& r) {
     w.put(s.end);
     w.put(s.crc);
   }
-  put_extra(w, x.extra);
+  put_checkpoint_extra(w, x.extra);
   for (const auto& e : x.names) {
     w.put_string(e.name);
     w.put(static_cast<std::uint8_t>(e.dims.rank()));
@@ -174,7 +149,7 @@ inline checkpoint_extra get_extra(state_reader& r) {
     s.crc = r.get<std::uint32_t>("shard crc");
     x.shards.push_back(std::move(s));
   }
-  x.extra = get_extra(r);
+  x.extra = get_checkpoint_extra(r);
   if (x.params > (1u << 24)) throw checkpoint_error(where + " is malformed: " + std::to_string(x.params) + " parameters");
   for (std::uint64_t i = 0; i < x.params; ++i) {
     param_entry e;

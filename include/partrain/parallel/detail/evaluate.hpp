@@ -8,7 +8,10 @@
 #include <cstddef>
 #include <span>
 #include <type_traits>
+#include <utility>
 
+#include <partrain/comm/reduce_op.hpp>
+#include <partrain/core/tensor_view.hpp>
 #include <partrain/model/concepts.hpp>
 
 namespace partrain::inline v0::detail {
@@ -30,6 +33,14 @@ template <class AllReduce>
   std::array<double, 3> sums{local.loss_sum, static_cast<double>(local.correct), static_cast<double>(local.count)};
   all_reduce_sums(std::span<double>(sums));
   return {sums[0], static_cast<std::size_t>(sums[1]), static_cast<std::size_t>(sums[2])};
+}
+
+// Both on a communicator whose own wait is the whole error handling (DiLoCo's).
+template <class M, class C, class Range>
+[[nodiscard]] eval_result evaluate_summed(M& model, C& comm, Range&& batches) {
+  return sum_over_ranks(evaluate_batches(model, std::forward<Range>(batches)), [&](std::span<double> sums) {
+    comm.all_reduce(tensor_view<double>(sums.data(), sums.size()), reduce_op::sum).wait();
+  });
 }
 
 }  // namespace partrain::inline v0::detail
