@@ -9127,6 +9127,21 @@ class address_list {
   throw communication_error("cannot listen on " + endpoint_name(host, port) + ": " + errno_text(last_err));
 }
 
+// fd, when it is a listening TCP socket bound to `port` (a launcher bound it and let this process
+// inherit it, so no other program can take the port in between): that socket, owned; else none.
+[[nodiscard]] inline unique_fd adopt_listener(int fd, std::uint16_t port) {
+  if (fd < 0 || port == 0) return unique_fd{};
+  int listening = 0;
+  socklen_t len = sizeof listening;
+  if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) return unique_fd{};
+  sockaddr_storage ss{};
+  socklen_t slen = sizeof ss;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &slen) != 0) return unique_fd{};
+  if (ss.ss_family != AF_INET && ss.ss_family != AF_INET6) return unique_fd{};
+  if (local_port(fd) != port) return unique_fd{};
+  return unique_fd(fd);
+}
+
 // A port that was free a moment ago on host (bind to 0, read, close). Another process may
 // still take it before it is used: callers that can, pass port 0 to the server instead.
 [[nodiscard]] inline std::uint16_t find_free_port(const std::string& host = "127.0.0.1") {
@@ -9532,6 +9547,7 @@ class byte_reader {
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -9561,13 +9577,18 @@ struct tcp_store_server_options {
   // A connection that has not presented the token by then is closed (token servers only), so
   // idle strangers cannot hold the server's descriptors.
   std::chrono::milliseconds auth_timeout{10'000};
+  // A socket already listening on `port` to serve on, taken over when it is one. -1: the one
+  // named by PARTRAIN_STORE_LISTEN_FD, if any (spawn binds the port it chooses and hands the
+  // socket to rank 0 that way, so no other program can take the port in between).
+  int listen_fd = -1;
 };
 
 // The server alone: the launcher hosts one without being a client itself.
 class tcp_store_server {
  public:
   explicit tcp_store_server(tcp_store_server_options opts = {})
-      : opts_(std::move(opts)), listener_(detail::listen_tcp(opts_.host, opts_.port)) {
+      : opts_(std::move(opts)), listener_(detail::adopt_listener(inherited_fd(opts_.listen_fd), opts_.port)) {
+    if (!listener_) listener_ = detail::listen_tcp(opts_.host, opts_.port);
     port_ = detail::local_port(listener_.get());
     detail::set_nonblocking(listener_.get(), true);
     int p[2];
@@ -9594,6 +9615,15 @@ class tcp_store_server {
   }
 
  private:
+  [[nodiscard]] static int inherited_fd(int given) {
+    if (given >= 0) return given;
+    const char* v = std::getenv("PARTRAIN_STORE_LISTEN_FD");
+    if (!v || !*v) return -1;
+    char* end = nullptr;
+    const long fd = std::strtol(v, &end, 10);
+    return *end == '\0' && fd >= 0 && fd <= std::numeric_limits<int>::max() ? static_cast<int>(fd) : -1;
+  }
+
   struct connection {
     detail::unique_fd fd;
     std::vector<std::byte> in;
@@ -9943,8 +9973,13 @@ struct tcp_store_options {
   std::string token{};  // the job token; must match the server's
   // Connecting (with retries while the server comes up) and set/add/check are bounded by this.
   std::chrono::milliseconds timeout = std::chrono::milliseconds(300'000);
+  // After a connection that worked is lost: how long to retry before concluding that the server
+  // is gone (within the call's own deadline). Short, so a vanished rank 0 or node-0 agent is
+  // reported in seconds instead of after the whole timeout.
+  std::chrono::milliseconds reconnect_timeout = std::chrono::milliseconds(3'000);
   std::size_t max_message_bytes = detail::default_max_store_message;
   std::string who{};  // names the caller in errors, e.g. "rank 3"
+  int listen_fd = -1;  // is_server: an inherited listening socket on `port` (tcp_store_server_options)
 };
 
 class tcp_store final : public store {
@@ -9955,13 +9990,18 @@ class tcp_store final : public store {
           .host = opts_.bind_address.empty() ? opts_.host : opts_.bind_address,
           .port = opts_.port,
           .token = opts_.token,
-          .max_message_bytes = opts_.max_message_bytes});
+          .max_message_bytes = opts_.max_message_bytes,
+          .listen_fd = opts_.listen_fd});
       opts_.port = server_->port();
     } else if (opts_.port == 0) {
       throw config_error(prefix() + "a tcp_store client needs the server's port (got 0; expected 1..65535)");
     }
+    if (opts_.timeout.count() <= 0 || opts_.reconnect_timeout.count() <= 0) {
+      throw config_error(prefix() + "tcp_store timeouts must be positive (got timeout " + std::to_string(opts_.timeout.count()) +
+                         " ms, reconnect_timeout " + std::to_string(opts_.reconnect_timeout.count()) + " ms)");
+    }
     std::lock_guard lock(mutex_);
-    connect_locked();
+    connect_locked(detail::deadline_clock::now() + opts_.timeout);
   }
 
   [[nodiscard]] std::uint16_t port() const noexcept { return opts_.port; }
@@ -10032,8 +10072,9 @@ class tcp_store final : public store {
   [[nodiscard]] std::string prefix() const { return opts_.who.empty() ? std::string() : opts_.who + ": "; }
   [[nodiscard]] std::string endpoint() const { return detail::endpoint_name(opts_.host, opts_.port); }
 
-  void connect_locked() {
-    const auto deadline = detail::deadline_clock::now() + opts_.timeout;
+  // The first connection may wait the whole timeout for a server that is still starting; later
+  // ones are bounded by the caller (see call()).
+  void connect_locked(detail::deadline_clock::time_point deadline) {
     fd_ = detail::connect_tcp(opts_.host, opts_.port, deadline, prefix());
     // With a token: authenticate. Without: an empty check, so a server that wants a token
     // says so now, at connect time, rather than at the first real operation.
@@ -10053,6 +10094,20 @@ class tcp_store final : public store {
     }
   }
 
+  // The connection broke in an earlier call (and was dropped). A server that accepted us before
+  // and now refuses for reconnect_timeout has ended: say so instead of retrying for the whole
+  // timeout (which held partrun's node 1 for 300 s after node 0 died).
+  void reconnect_locked(const detail::store_request& r) {
+    const auto window = std::min(opts_.reconnect_timeout, opts_.timeout);
+    try {
+      connect_locked(detail::deadline_clock::now() + window);
+    } catch (const timeout_error& e) {
+      throw communication_error(prefix() + "store " + std::string(to_string(r.type)) + ": lost the connection to the store at " +
+                                endpoint() + " and it did not come back within " + std::to_string(window.count()) +
+                                " ms; the process hosting it (rank 0, or node 0's partrun) has probably ended (" + e.what() + ")");
+    }
+  }
+
   // One request, one reply. server_wait is how long the server itself may hold the reply
   // (get/wait); the socket deadline adds the I/O allowance on top.
   detail::store_response call(const detail::store_request& r, std::chrono::milliseconds server_wait) {
@@ -10060,7 +10115,7 @@ class tcp_store final : public store {
       throw invalid_argument_error(prefix() + "store " + std::string(to_string(r.type)) + ": negative timeout");
     }
     std::lock_guard lock(mutex_);
-    if (!fd_) connect_locked();
+    if (!fd_) reconnect_locked(r);
     const auto deadline = detail::deadline_clock::now() + server_wait + std::min(opts_.timeout, std::chrono::milliseconds(30'000));
     try {
       return round_trip_locked(r, deadline);
@@ -13513,7 +13568,10 @@ inline void stop_all(std::span<child_process> children, std::chrono::millisecond
 //
 //   run_ranks({.nproc = 2}, [](process_group& pg) { ... DDP over pg ... });
 
+#include <sys/resource.h>
+
 #include <exception>
+#include <fstream>
 #include <string>
 #include <utility>
 
@@ -13527,6 +13585,7 @@ inline void stop_all(std::span<child_process> children, std::chrono::millisecond
 // error names the rank and how it ended.
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <concepts>
@@ -13545,7 +13604,9 @@ struct spawn_options {
   std::chrono::milliseconds timeout{300'000};
   std::chrono::milliseconds grace{5'000};  // SIGTERM, then SIGKILL after this
   std::string master_addr = "127.0.0.1";
-  std::uint16_t master_port = 0;  // 0 = a port that is free now
+  // 0 = a free one. Either way spawn binds it before starting the ranks and hands the listening
+  // socket to rank 0's store, so no other program can take the port in between.
+  std::uint16_t master_port = 0;
   std::vector<std::pair<std::string, std::string>> env{};  // more variables for every rank
   // Capture each rank's output: echoed with a "[rank r] " prefix, and its last lines kept
   // for the error. Off: ranks write straight to our stdout/stderr.
@@ -13580,7 +13641,8 @@ namespace detail {
 
 // Runs in the child: the rank's environment, then fn; an exception is printed and becomes exit 1.
 template <class F>
-int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16_t port, const std::string& token) {
+int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16_t port, const std::string& token,
+             int listen_fd) {
   ::setenv("RANK", std::to_string(rank).c_str(), 1);
   ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
   ::setenv("WORLD_SIZE", std::to_string(nprocs).c_str(), 1);
@@ -13593,6 +13655,12 @@ int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16
   ::setenv("PARTRAIN_USE_AGENT_STORE", "0", 1);
   ::setenv("PARTRAIN_STORE_TOKEN", token.c_str(), 1);
   ::unsetenv("PARTRAIN_RESTART_COUNT");
+  if (rank == 0) {
+    ::setenv("PARTRAIN_STORE_LISTEN_FD", std::to_string(listen_fd).c_str(), 1);
+  } else {
+    ::close(listen_fd);  // rank 0's alone
+    ::unsetenv("PARTRAIN_STORE_LISTEN_FD");
+  }
   for (const auto& [k, v] : opts.env) ::setenv(k.c_str(), v.c_str(), 1);
   try {
     if constexpr (std::is_void_v<std::invoke_result_t<F&, int>>) {
@@ -13622,7 +13690,10 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
   static_assert(std::is_void_v<std::invoke_result_t<F&, int>> || std::convertible_to<std::invoke_result_t<F&, int>, int>,
                 "partrain::spawn: fn(rank) must return void or an exit code convertible to int");
   if (nprocs < 1) throw config_error("spawn: nprocs must be at least 1, got " + std::to_string(nprocs));
-  const std::uint16_t port = opts.master_port != 0 ? opts.master_port : detail::find_free_port(opts.master_addr);
+  // Bound here, before any rank starts: a port in use is reported now, and a port we chose
+  // cannot be taken by another program before rank 0's store listens on it.
+  detail::unique_fd listener = detail::listen_tcp(opts.master_addr, opts.master_port);
+  const std::uint16_t port = detail::local_port(listener.get());
   const std::string token = detail::random_token();
 
   std::vector<child_process> children;
@@ -13638,9 +13709,11 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
       };
     }
     children.push_back(
-        child_process::fork([&, r] { return detail::run_rank(fn, r, nprocs, opts, port, token); }, std::move(co)));
+        child_process::fork([&, r] { return detail::run_rank(fn, r, nprocs, opts, port, token, listener.get()); },
+                            std::move(co)));
     result.pids.push_back(children.back().pid());
   }
+  listener.reset();  // rank 0 holds it now
 
   supervise_options so;
   so.timeout = opts.timeout;
@@ -13700,6 +13773,39 @@ namespace detail {
   return {};
 }
 
+// Refuses, before anything starts, a number of ranks on one host that a process backend cannot
+// connect: Gloo connects every pair of ranks, so n ranks hold n(n-1)/2 TCP connections, each
+// taking an ephemeral port, and each rank n-1 descriptors. (--nproc 1000 used to end in
+// "bind: Address already in use" after two minutes.) Raises the descriptor limit when it can.
+inline void check_host_capacity(int nproc, const std::string& backend) {
+  if (nproc <= 1 || backend != "gloo") return;
+  const auto n = static_cast<unsigned long long>(nproc);
+  const unsigned long long connections = n * (n - 1) / 2;
+  unsigned long long lo = 32768, hi = 60999;  // Linux's default range
+  if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); range) range >> lo >> hi;
+  const unsigned long long ports = hi >= lo ? hi - lo + 1 : 0;
+  // Leave half the range to everything else on the host (and to connections in TIME_WAIT).
+  if (connections > ports / 2) {
+    unsigned long long fit = 1;
+    while ((fit + 1) * fit / 2 <= ports / 2) ++fit;
+    throw config_error("run_ranks: " + std::to_string(nproc) + " gloo ranks on one host need " + std::to_string(connections) +
+                       " TCP connections (every rank connects to every other), more than half of this host's " +
+                       std::to_string(ports) + " ephemeral ports (/proc/sys/net/ipv4/ip_local_port_range); start at most " +
+                       std::to_string(fit) + " ranks per host, or use the local (threads) or mpi backend");
+  }
+  const rlim_t need = static_cast<rlim_t>(n) + 256;  // peers, plus the store, data files and the runtime's own
+  ::rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < need) {
+    if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max < need) {
+      throw config_error("run_ranks: " + std::to_string(nproc) + " gloo ranks each need about " + std::to_string(need) +
+                         " open files, but this host allows " + std::to_string(lim.rlim_max) +
+                         " (ulimit -Hn); raise the limit or start fewer ranks");
+    }
+    lim.rlim_cur = need;
+    (void)::setrlimit(RLIMIT_NOFILE, &lim);  // inherited by the ranks
+  }
+}
+
 }  // namespace detail
 
 template <class F>
@@ -13718,6 +13824,7 @@ void run_ranks(run_ranks_options o, F fn) {
       throw config_error("run_ranks: nproc " + std::to_string(o.nproc) + " asks to start ranks here, but this process is "
                          "already " + outer + "; let the launcher start the ranks (nproc 0, e.g. drop --nproc)");
     }
+    detail::check_host_capacity(o.nproc, o.backend);
   }
   if (o.backend == "mpi") {
     if (o.nproc > 0) {
@@ -14000,6 +14107,7 @@ void fill_zero(tensor_view<T, host> g) {
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace partrain::inline v0 {
@@ -14032,10 +14140,11 @@ class state_writer {
 };
 
 // Reads what a state_writer wrote; running past the end or a size that disagrees with what the
-// caller expects is a checkpoint_error naming `what`.
+// caller expects is a checkpoint_error naming `what` (and `source`, the file, when given).
 class state_reader {
  public:
-  explicit state_reader(std::span<const std::byte> b) noexcept : bytes_(b) {}
+  explicit state_reader(std::span<const std::byte> b, std::string source = {}) noexcept
+      : bytes_(b), source_(std::move(source)) {}
 
   template <class T>
     requires std::is_trivially_copyable_v<T>
@@ -14058,7 +14167,7 @@ class state_reader {
   void get_array(std::span<T> out, std::string_view what) {
     const auto b = get_bytes(what);
     if (b.size() != out.size_bytes()) {
-      throw checkpoint_error(std::string(what) + ": stored array has " + std::to_string(b.size() / sizeof(T)) +
+      throw checkpoint_error(where() + std::string(what) + ": stored array has " + std::to_string(b.size() / sizeof(T)) +
                              " elements, expected " + std::to_string(out.size()));
     }
     if (!b.empty()) std::memcpy(static_cast<void*>(out.data()), b.data(), b.size());
@@ -14068,7 +14177,7 @@ class state_reader {
  private:
   std::span<const std::byte> take(std::size_t n, std::string_view what) {
     if (n > remaining()) {
-      throw checkpoint_error(std::string(what) + ": needs " + std::to_string(n) + " more bytes but only " +
+      throw checkpoint_error(where() + std::string(what) + ": needs " + std::to_string(n) + " more bytes but only " +
                              std::to_string(remaining()) + " remain (truncated or malformed state)");
     }
     auto s = bytes_.subspan(pos_, n);
@@ -14076,7 +14185,10 @@ class state_reader {
     return s;
   }
 
+  [[nodiscard]] std::string where() const { return source_.empty() ? std::string() : source_ + ": "; }
+
   std::span<const std::byte> bytes_;
+  std::string source_;
   std::size_t pos_ = 0;
 };
 
@@ -25335,7 +25447,7 @@ amp_step_result amp_step(Z& zero, grad_scaler& scaler, const B& batch) {
 #define PARTRAIN_SI_TRAIN_DETAIL_ATOMIC_FILE_HPP
 // partrain/train/detail/atomic_file.hpp: whole-file writes that a crash cannot leave half done
 // (temporary file in the same folder, fsync, rename over the target, fsync the folder), and
-// whole-file reads. POSIX.
+// whole-file reads. POSIX. A save also removes the temporaries that killed savers left behind.
 
 #include <cerrno>
 #include <cstddef>
@@ -25346,6 +25458,7 @@ amp_step_result amp_step(Z& zero, grad_scaler& scaler, const B& batch) {
 #include <vector>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -25353,9 +25466,55 @@ namespace partrain::inline v0::detail {
 
 [[nodiscard]] inline std::string errno_text() { return std::strerror(errno); }
 
+[[nodiscard]] inline std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "localhost";
+  return buf;
+}
+
+// Removes `<path>.tmp.<host>.<pid>` files (and the older `<path>.tmp.<pid>`) that a process of
+// this host left when it was killed mid-save: their pid no longer exists. Temporaries of other
+// hosts (a shared folder) and of live processes are left alone; failures are ignored, since
+// this is tidying, not the save.
+inline void remove_stale_temporaries(const std::filesystem::path& path, const std::string& host) {
+  namespace fs = std::filesystem;
+  const auto dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  const std::string prefix = path.filename().string() + ".tmp.";
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(prefix)) continue;
+    const std::string rest = name.substr(prefix.size());  // "<host>.<pid>" or "<pid>"
+    const auto dot = rest.rfind('.');
+    const std::string pid_text = dot == std::string::npos ? rest : rest.substr(dot + 1);
+    if (dot != std::string::npos && rest.substr(0, dot) != host) continue;
+    if (pid_text.empty() || pid_text.size() > 9 || pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
+    const auto pid = static_cast<::pid_t>(std::stol(pid_text));
+    if (pid <= 0 || pid == ::getpid()) continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to probe)
+    std::error_code ignored;
+    fs::remove(it->path(), ignored);
+  }
+}
+
+// Creates `dir` when missing and checks that this process may write there, so a bad output path
+// fails before training rather than after it. `what` says what would be written, e.g.
+// "fit: cannot write checkpoints".
+inline void ensure_writable_folder(const std::filesystem::path& dir, const std::string& what) {
+  const auto d = dir.empty() ? std::filesystem::path(".") : dir;
+  std::error_code ec;
+  std::filesystem::create_directories(d, ec);
+  if (ec || ::access(d.c_str(), W_OK) != 0) {
+    throw config_error(what + " in " + d.string() + " (" + (ec ? ec.message() : std::string("not writable")) +
+                       "); expected a writable folder");
+  }
+}
+
 inline void write_file_atomically(const std::filesystem::path& path, std::span<const std::byte> bytes) {
+  const std::string host = host_name();
+  remove_stale_temporaries(path, host);
   std::filesystem::path tmp = path;
-  tmp += ".tmp." + std::to_string(::getpid());
+  tmp += ".tmp." + host + "." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw checkpoint_error("cannot create '" + tmp.string() + "': " + errno_text());
   auto fail = [&](const std::string& what) {
@@ -25612,7 +25771,7 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
                            ", the header says " + std::to_string(crc));
   }
 
-  state_reader r(payload);
+  state_reader r(payload, where);
   const auto mismatch = [&](const std::string& what) {
     return checkpoint_error(where + " does not match the model: " + what);
   };
@@ -25655,7 +25814,7 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
   const checkpoint_extra extra = detail::get_checkpoint_extra(r, version >= 2);
   if (r.remaining() != 0) throw checkpoint_error(where + " is malformed: " + std::to_string(r.remaining()) + " unread bytes");
 
-  state_reader orr(opt_state);
+  state_reader orr(opt_state, where + " (optimizer state)");
   opt.load_state(orr);
   std::size_t k = 0;
   for (auto&& p : m.parameters()) {
@@ -26344,6 +26503,8 @@ class trace_recorder {
 
   void enable(std::filesystem::path path, std::size_t reserve_events = 1 << 14) {
     if (path.empty()) throw invalid_argument_error("trace_recorder::enable: the trace path is empty (expected a file name)");
+    // Written only at the end of the run: a folder that cannot take it must fail now.
+    detail::ensure_writable_folder(path.parent_path(), "trace: cannot write '" + path.filename().string() + "'");
     std::lock_guard lock(mutex_);
     path_ = std::move(path);
     events_.reserve(reserve_events);
@@ -27145,7 +27306,7 @@ template <class M>
   return w.release();
 }
 [[nodiscard]] inline index_record decode_index(std::span<const std::byte> payload, const std::string& where) {
-  state_reader r(payload);
+  state_reader r(payload, where);
   index_record x;
   x.type = r.get<std::uint8_t>("dtype");
   x.total = r.get<std::uint64_t>("element count");
@@ -27388,7 +27549,7 @@ template <class M>
     }
     const auto bytes = detail::read_whole_file(path);
     std::uint32_t crc = 0;
-    state_reader r(unframe(bytes, shard_file_magic, sharded_checkpoint_version, sw, &crc));
+    state_reader r(unframe(bytes, shard_file_magic, sharded_checkpoint_version, sw, &crc), sw);
     (void)r.get<std::uint8_t>("dtype");
     (void)r.get<std::uint64_t>("element count");
     (void)r.get<std::uint64_t>("model fingerprint");
@@ -27796,13 +27957,7 @@ class trainer {
     }
   }
   void check_writable(const std::filesystem::path& dir) {
-    if (!leader_) return;
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec || ::access(dir.c_str(), W_OK) != 0) {
-      throw config_error("fit: cannot write checkpoints in " + dir.string() + " (" +
-                         (ec ? ec.message() : std::string("not writable")) + "); expected a writable folder");
-    }
+    if (leader_) detail::ensure_writable_folder(dir, "fit: cannot write checkpoints");
   }
   train_result report_finished(train_result& r) {
     if (r.first_epoch > 0 && !o_.checkpoint.empty()) {

@@ -114,6 +114,41 @@ TEST_CASE("spawned ranks rendezvous through a tcp_store on MASTER_PORT", "[comm]
   SUCCEED("all ranks exited 0");
 }
 
+TEST_CASE("spawn binds the port before the ranks start and hands it to rank 0's store", "[comm][spawn][store][processes]") {
+  SECTION("nothing else can take the chosen port while the ranks start") {
+    spawn(2, [&](int rank) {
+      const auto port = static_cast<std::uint16_t>(std::stoi(env_or("MASTER_PORT")));
+      if (rank == 1) {
+        // Another program trying the port before rank 0's store is up: it is already taken.
+        try {
+          (void)detail::listen_tcp("127.0.0.1", port);
+          return 3;
+        } catch (const communication_error& e) {
+          if (std::string(e.what()).find("already in use") == std::string::npos) return 4;
+        }
+      }
+      tcp_store s(tcp_store_options{.host = "127.0.0.1", .port = port, .is_server = rank == 0, .timeout = 10s});
+      s.add("ready", 1);
+      s.wait({"ready"}, 10s);
+      while (s.add("ready", 0) < 2) std::this_thread::sleep_for(5ms);
+      s.add("finished", 1);
+      if (rank == 0) {
+        while (s.add("finished", 0) < 2) std::this_thread::sleep_for(5ms);
+      }
+      return 0;
+    }, quick());
+    SUCCEED("rank 1 found the port bound and both ranks met on rank 0's store");
+  }
+  SECTION("a port in use is reported before any rank starts") {
+    auto held = detail::listen_tcp("127.0.0.1", 0);
+    auto o = quick();
+    o.master_port = detail::local_port(held.get());
+    bool ran = false;
+    CHECK_THROWS_WITH(spawn(2, [&](int) { ran = true; }, o), Catch::Contains("is already in use"));
+    CHECK_FALSE(ran);
+  }
+}
+
 TEST_CASE("spawn names a rank that exits non-zero and stops the others", "[comm][spawn][processes]") {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<pid_t> pids;
@@ -301,6 +336,16 @@ TEST_CASE("spawn refuses to fork once CUDA is initialised and says to use an exe
   // This host test process never loads the driver, so its own check passes and spawn runs.
   CHECK_FALSE(detail::cuda_driver_loaded());
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("run_ranks refuses more gloo ranks than one host can connect, before starting any", "[comm][spawn][errors]") {
+  bool ran = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(run_ranks({.nproc = 1000, .backend = "gloo"}, [&](process_group&) { ran = true; }),
+                    Catch::Contains("1000 gloo ranks on one host need 499500 TCP connections") &&
+                        Catch::Contains("ephemeral ports") && Catch::Contains("local (threads) or mpi backend"));
+  CHECK_FALSE(ran);
+  CHECK(std::chrono::steady_clock::now() - t0 < 1s);
 }
 
 TEST_CASE("run_ranks refuses to start ranks inside a rank a launcher started", "[comm][spawn][errors]") {

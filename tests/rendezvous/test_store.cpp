@@ -376,6 +376,25 @@ TEST_CASE("tcp_store client connects to a server that comes up later", "[comm][s
   server_thread.join();
 }
 
+TEST_CASE("tcp_store client whose server vanished fails within the reconnect window, not its timeout",
+          "[comm][store][tcp][errors]") {
+  auto server = std::make_unique<tcp_store_server>(tcp_store_server_options{});
+  tcp_store_options co = client_opts(server->port());
+  co.timeout = 60s;
+  co.reconnect_timeout = 500ms;
+  tcp_store c(co);
+  c.set("k", "v");
+  server.reset();  // node 0's agent, or rank 0, is gone
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(c.set("k", "w"), communication_error);  // the broken connection
+  CHECK_THROWS_WITH(c.check({"k"}), Catch::Contains("lost the connection to the store at 127.0.0.1:" + std::to_string(co.port)) &&
+                                        Catch::Contains("did not come back within 500 ms"));
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  tcp_store_options bad = client_opts(co.port);
+  bad.reconnect_timeout = 0ms;
+  CHECK_THROWS_WITH(tcp_store(bad), Catch::Contains("reconnect_timeout 0 ms"));
+}
+
 TEST_CASE("prefix_store keeps key spaces apart", "[comm][store][prefix]") {
   auto base = std::make_shared<tcp_store>(server_opts());
   prefix_store a("attempt_0", base), b("attempt_1", base);

@@ -7,7 +7,9 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <partrain/launch/process.hpp>
@@ -162,6 +164,101 @@ TEST_CASE("partrun: two agents with --nnodes 2 form one world", "[tools][partrun
   CHECK(o1.ok());
   CHECK_THAT(r.output, Catch::Contains("probe rank=0 world=3 local_rank=0 sum_ranks=3"));
   CHECK_THAT(out1, Catch::Contains("probe rank=2 world=3 local_rank=1 sum_ranks=3"));
+}
+
+TEST_CASE("partrun: when node 0's agent dies, node 1 stops within 10 s and says why", "[tools][partrun]") {
+  // Node 0's agent hosts the store. Before the fix, node 1's agent reconnected to the vanished
+  // store with its whole --rdzv-timeout (300 s) as the deadline.
+  const std::string port = std::to_string(20000 + (::getpid() + 13) % 20000);
+  std::string out0, out1;
+  auto start_node = [&](int node, std::string& out) {
+    partrain::child_options co;
+    co.capture_output = true;
+    co.on_line = [&out](std::string_view l) { out.append(l).push_back('\n'); };
+    return partrain::child_process::exec(
+        PARTRUN_EXE,
+        {"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "1", "--master-port", port,
+         "--grace", "1", PROBE_EXE},
+        base_env({"PARTRAIN_JOB_TOKEN=n0de-loss", "PROBE_STEPS=100000000"}), co);
+  };
+  auto node0 = start_node(0, out0);
+  auto node1 = start_node(1, out1);
+  const auto joined_by = std::chrono::steady_clock::now() + 30s;
+  while (out1.find("probe rank=1 world=2") == std::string::npos && std::chrono::steady_clock::now() < joined_by) {
+    node0.drain_output();
+    node1.drain_output();
+    std::this_thread::sleep_for(20ms);
+  }
+  INFO(out0 << "\n--- node 1 ---\n" << out1);
+  REQUIRE(out1.find("probe rank=1 world=2") != std::string::npos);
+  node0.signal_group(SIGKILL);  // the agent, not its rank: the rank goes with it (PDEATHSIG)
+  (void)node0.wait_blocking();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<partrain::child_process> rest;
+  rest.push_back(std::move(node1));
+  partrain::supervise_options so;
+  so.timeout = 60s;
+  auto o1 = partrain::supervise(rest, so);
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  UNSCOPED_INFO("node 1 stopped " << took.count() << " ms after node 0's agent was killed");
+  std::printf("node loss: node 1 stopped %lld ms after node 0's agent was killed\n", static_cast<long long>(took.count()));
+  CHECK(o1.how != partrain::supervise_outcome::result::timed_out);
+  CHECK_FALSE(o1.ok());
+  CHECK(took < 10s);
+  CHECK_THAT(out1, Catch::Contains("node 1: could not tell the other nodes") && Catch::Contains("store"));
+}
+
+namespace {
+// Starts one agent per argument list (same port and token) and waits for all of them.
+std::vector<std::string> run_agents(const std::vector<std::vector<std::string>>& agents, std::chrono::milliseconds& took) {
+  std::vector<std::string> outs(agents.size());
+  std::vector<partrain::child_process> kids;
+  for (std::size_t i = 0; i < agents.size(); ++i) {
+    partrain::child_options co;
+    co.capture_output = true;
+    co.on_line = [&outs, i](std::string_view l) { outs[i].append(l).push_back('\n'); };
+    kids.push_back(partrain::child_process::exec(PARTRUN_EXE, agents[i], base_env({"PARTRAIN_JOB_TOKEN=agents"}), co));
+    std::this_thread::sleep_for(100ms);  // node 0 first: it hosts the store
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  partrain::supervise_options so;
+  so.timeout = 60s;
+  so.settle = 20s;  // every agent should end on its own, and quickly
+  auto out = partrain::supervise(kids, so);
+  took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  REQUIRE(out.how != partrain::supervise_outcome::result::timed_out);
+  for (std::size_t i = 0; i < agents.size(); ++i) {
+    outs[i] += "exit: " + out.statuses[i].describe() + "\n";
+  }
+  return outs;
+}
+}  // namespace
+
+TEST_CASE("partrun: agents that disagree on --nnodes or claim one node rank twice stop at once", "[tools][partrun]") {
+  const std::string port = std::to_string(20000 + (::getpid() + 17) % 20000);
+  auto agent = [&](int nnodes, int node_rank) {
+    return std::vector<std::string>{"--nnodes", std::to_string(nnodes), "--node-rank", std::to_string(node_rank),
+                                    "--master-port", port, "--rdzv-timeout", "60", PROBE_EXE};
+  };
+  std::chrono::milliseconds took{};
+  SECTION("--nnodes differs") {
+    const auto outs = run_agents({agent(2, 0), agent(3, 1)}, took);
+    INFO(outs[0] << "--- node 1 ---\n" << outs[1]);
+    CHECK(took < 10s);
+    for (const auto& out : outs) {
+      CHECK_THAT(out, Catch::Contains("--nnodes 3") && Catch::Contains("--nnodes 2"));
+      CHECK_THAT(out, !Catch::Contains("exit: exited with code 0"));
+    }
+  }
+  SECTION("two agents claim node rank 1") {
+    const auto outs = run_agents({agent(3, 0), agent(3, 1), agent(3, 1)}, took);
+    INFO(outs[0] << "--- node 1 ---\n" << outs[1] << "--- node 1 again ---\n" << outs[2]);
+    CHECK(took < 10s);
+    for (const auto& out : outs) {
+      CHECK_THAT(out, Catch::Contains("node 1 was claimed by two agents"));
+      CHECK_THAT(out, !Catch::Contains("exit: exited with code 0"));
+    }
+  }
 }
 
 TEST_CASE("partrun: a node that never comes is named within the rendezvous timeout", "[tools][partrun]") {

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
 
@@ -191,6 +192,15 @@ TEST_CASE("checkpoint: bad files are refused with the reason", "[train][checkpoi
     b[8] = std::byte{7};
     refused(b, "has format version 7; this build reads versions 1 to 2");
   }
+  SECTION("a valid CRC over a huge name length names the file and the field") {
+    // A hostile or buggy writer: the payload checks out, but parameter #0's name claims 2^62 bytes.
+    auto b = good;
+    const std::uint64_t huge = std::uint64_t{1} << 62;
+    std::memcpy(b.data() + 24 + 1 + 8, &huge, sizeof huge);  // header, dtype, parameter count
+    const auto crc = detail::crc32(std::span<const std::byte>(b).subspan(24));
+    std::memcpy(b.data() + 12, &crc, sizeof crc);
+    refused(b, "checkpoint '" + file.string() + "': parameter name: needs 4611686018427387904 more bytes");
+  }
   SECTION("a missing file") {
     CHECK_THROWS_WITH(load_checkpoint(dir.path / "nope.bin", target, topt), Catch::Contains("cannot open checkpoint"));
   }
@@ -217,6 +227,33 @@ TEST_CASE("checkpoint: bad files are refused with the reason", "[train][checkpoi
     CHECK(extra.user == std::vector<std::byte>{std::byte{1}, std::byte{2}});
     CHECK(target.flat_values() == m.flat_values());
   }
+}
+
+TEST_CASE("checkpoint: a save removes the temporaries that dead processes left behind", "[train][checkpoint]") {
+  temp_dir dir;
+  const auto file = dir.path / "ckpt.bin";
+  const std::string host = detail::host_name();
+  // A pid that surely ended: a child that exited and was reaped.
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  REQUIRE(child > 0);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  const auto stale = dir.path / ("ckpt.bin.tmp." + host + "." + std::to_string(child));
+  const auto stale_old_format = dir.path / ("ckpt.bin.tmp." + std::to_string(child));
+  const auto live = dir.path / ("ckpt.bin.tmp." + host + "." + std::to_string(::getppid()));  // a save in progress
+  const auto other_host = dir.path / ("ckpt.bin.tmp.elsewhere-node." + std::to_string(child));  // shared folders
+  const auto other_file = dir.path / ("other.bin.tmp." + host + "." + std::to_string(child));
+  for (const auto& p : {stale, stale_old_format, live, other_host, other_file}) write(p, {std::byte{1}});
+  toy_mlp<float, false> m(7);
+  sgd opt(m, {.lr = 0.1});
+  save_checkpoint(file, m, opt);
+  CHECK(fs::exists(file));
+  CHECK_FALSE(fs::exists(stale));
+  CHECK_FALSE(fs::exists(stale_old_format));
+  CHECK(fs::exists(live));
+  CHECK(fs::exists(other_host));
+  CHECK(fs::exists(other_file));
 }
 
 TEST_CASE("checkpoint: a version 1 file (no trainer state) is still read", "[train][checkpoint]") {

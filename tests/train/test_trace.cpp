@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include <partrain/comm/local.hpp>
 #include <partrain/core/buffer.hpp>
 #include <partrain/parallel/ddp.hpp>
@@ -98,6 +100,19 @@ TEST_CASE("PARTRAIN_TRACE switches the recorder on", "[train][trace]") {
   CHECK(rec.enabled());
   CHECK(rec.path() == "/tmp/some_trace.json");
   CHECK_THROWS_AS(trace_recorder(fs::path{}), invalid_argument_error);
+}
+
+TEST_CASE("a trace path that cannot be written is refused when recording starts, not after training", "[train][trace]") {
+  const auto dir = fs::temp_directory_path() / ("partrain_trace_path_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  { std::ofstream(dir / "a_file") << "x"; }
+  CHECK_THROWS_WITH(trace_recorder(dir / "a_file" / "t.json"),
+                    Catch::Contains("trace: cannot write 't.json' in " + (dir / "a_file").string()) &&
+                        Catch::Contains("expected a writable folder"));
+  // A missing folder is created, as for checkpoints.
+  CHECK(trace_recorder(dir / "new" / "t.json").enabled());
+  CHECK(fs::is_directory(dir / "new"));
+  fs::remove_all(dir);
 }
 
 TEST_CASE("spans recorded from many threads are all kept", "[train][trace][threads]") {

@@ -94,25 +94,69 @@ struct node_layout {
   int first_rank = 0;  // global rank of this node's local rank 0
 };
 
-// Every agent announces its process count and waits for all nodes (bounded by --rdzv-timeout).
+// Every agent claims its node rank, announces its process count and --nnodes, and waits for all
+// nodes (bounded by --rdzv-timeout). Disagreements (two agents with one --node-rank, different
+// --nnodes) are refused at once on every node, naming both sides, instead of surfacing later as
+// a collective timeout that names only a store key.
 node_layout rendezvous(partrain::tcp_store& store, const partrun::options& o, int attempt) {
-  store.set(key(attempt, "node_" + std::to_string(o.node_rank)), std::to_string(o.nproc_per_node));
-  std::vector<std::string> keys;
-  for (int n = 0; n < o.nnodes; ++n) keys.push_back(key(attempt, "node_" + std::to_string(n)));
-  try {
-    store.wait(keys, o.rdzv_timeout);
-  } catch (const partrain::timeout_error&) {
+  const std::string me = "node " + std::to_string(o.node_rank);
+  const std::string refused_key = key(attempt, "rdzv_refused");
+  auto refuse = [&](const std::string& why) {
+    try {
+      store.set(refused_key, why);
+    } catch (const std::exception&) {
+    }
+    throw partrain::config_error(why);
+  };
+  auto node_key = [&](int n) { return key(attempt, "node_" + std::to_string(n)); };
+  if (store.add(key(attempt, "claim_node_" + std::to_string(o.node_rank)), 1) != 1) {
+    refuse(me + " was claimed by two agents: every agent needs its own --node-rank (0.." + std::to_string(o.nnodes - 1) + ")");
+  }
+  store.set(node_key(o.node_rank), std::to_string(o.nproc_per_node) + " " + std::to_string(o.nnodes));
+  // A node's announcement: its process count and its --nnodes.
+  auto announced = [&](int n) {
+    const auto v = store.get_string(node_key(n), o.rdzv_timeout);
+    int np = 0, nn = 0;
+    if (std::sscanf(v.c_str(), "%d %d", &np, &nn) != 2) refuse("node " + std::to_string(n) + " announced '" + v + "'");
+    return std::pair{np, nn};
+  };
+  std::vector<bool> seen(static_cast<std::size_t>(o.nnodes), false);
+  const auto deadline = std::chrono::steady_clock::now() + o.rdzv_timeout;
+  for (;;) {
+    if (store.check({refused_key})) {
+      throw partrain::config_error(me + " stops: " + store.get_string(refused_key, o.rdzv_timeout));
+    }
+    int missing_count = 0;
     std::string missing;
     for (int n = 0; n < o.nnodes; ++n) {
-      if (!store.check({keys[static_cast<std::size_t>(n)]})) missing += (missing.empty() ? "" : ", ") + std::to_string(n);
+      if (seen[static_cast<std::size_t>(n)]) continue;
+      if (!store.check({node_key(n)})) {
+        ++missing_count;
+        missing += (missing.empty() ? "" : ", ") + std::to_string(n);
+        continue;
+      }
+      seen[static_cast<std::size_t>(n)] = true;
+      if (const int nn = announced(n).second; nn != o.nnodes) {
+        refuse("node " + std::to_string(n) + " was started with --nnodes " + std::to_string(nn) + ", but " + me +
+               " with --nnodes " + std::to_string(o.nnodes) + ": give every agent the same --nnodes");
+      }
     }
-    throw partrain::timeout_error("node " + std::to_string(o.node_rank) + " rendezvous: node(s) " + missing +
-                                  " never joined within " + std::to_string(o.rdzv_timeout.count() / 1000) +
-                                  " s (check --nnodes, --master-addr/--master-port and that every node was started)");
+    // A node beyond our --nnodes (started with a larger one) joins under a rank we never wait for.
+    if (store.check({node_key(o.nnodes)})) {
+      refuse("node " + std::to_string(o.nnodes) + " joined with --nnodes " + std::to_string(announced(o.nnodes).second) +
+             ", but " + me + " was started with --nnodes " + std::to_string(o.nnodes) + ": give every agent the same --nnodes");
+    }
+    if (missing_count == 0) break;
+    if (std::chrono::steady_clock::now() >= deadline || g_stop.load()) {
+      throw partrain::timeout_error(me + " rendezvous: node(s) " + missing + " never joined within " +
+                                    std::to_string(o.rdzv_timeout.count() / 1000) +
+                                    " s (check --nnodes, --master-addr/--master-port and that every node was started)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   node_layout l;
   for (int n = 0; n < o.nnodes; ++n) {
-    const int np = std::stoi(store.get_string(keys[static_cast<std::size_t>(n)], o.rdzv_timeout));
+    const int np = announced(n).first;
     if (n < o.node_rank) l.first_rank += np;
     l.world_size += np;
   }
@@ -121,8 +165,10 @@ node_layout rendezvous(partrain::tcp_store& store, const partrun::options& o, in
 
 enum class attempt_result { success, failed, interrupted };
 
-attempt_result run_attempt(partrain::tcp_store& store, const partrun::options& o, int attempt, std::uint16_t port,
-                           const std::string& token) {
+// watch_store is a second connection for the watcher thread, so a call that blocks on one
+// (the main thread's, or a reconnect to a vanished store) never holds up the other.
+attempt_result run_attempt(partrain::tcp_store& store, partrain::tcp_store& watch_store, const partrun::options& o,
+                           int attempt, std::uint16_t port, const std::string& token) {
   const auto layout = rendezvous(store, o, attempt);
   std::mutex out_mutex;
   std::vector<partrain::child_process> children;
@@ -156,7 +202,7 @@ attempt_result run_attempt(partrain::tcp_store& store, const partrun::options& o
     while (!st.stop_requested()) {
       if (g_stop.load()) stop = true;
       try {
-        if (o.nnodes > 1 && store.check({failed_key})) {
+        if (o.nnodes > 1 && watch_store.check({failed_key})) {
           remote_failure = true;
           stop = true;
         }
@@ -227,7 +273,8 @@ attempt_result run_attempt(partrain::tcp_store& store, const partrun::options& o
     if (o.nnodes > 1) {
       try {
         store.set(failed_key, "node " + std::to_string(o.node_rank) + ": " + summary);
-      } catch (const std::exception&) {
+      } catch (const std::exception& e) {
+        log("node " + std::to_string(o.node_rank) + ": could not tell the other nodes: " + e.what());
       }
     }
     return attempt_result::failed;
@@ -266,13 +313,15 @@ int run(const partrun::options& o) {
         partrain::tcp_store_server_options{.host = o.master_addr, .port = port, .token = token});
     port = server->port();
   }
-  partrain::tcp_store store(partrain::tcp_store_options{.host = o.master_addr,
-                                                        .port = port,
-                                                        .token = token,
-                                                        .timeout = o.rdzv_timeout,
-                                                        .who = "partrun node " + std::to_string(o.node_rank)});
+  auto client = [&](const std::string& who) {
+    return partrain::tcp_store_options{
+        .host = o.master_addr, .port = port, .token = token, .timeout = o.rdzv_timeout, .who = who};
+  };
+  const std::string node = "partrun node " + std::to_string(o.node_rank);
+  partrain::tcp_store store(client(node));
+  partrain::tcp_store watch_store(client(node + " (watcher)"));
   for (int attempt = 0;; ++attempt) {
-    const auto r = run_attempt(store, o, attempt, port, token);
+    const auto r = run_attempt(store, watch_store, o, attempt, port, token);
     if (r == attempt_result::success) return 0;
     if (r == attempt_result::interrupted) {
       log("interrupted by " + partrain::signal_name(g_signal) + "; every rank was stopped");

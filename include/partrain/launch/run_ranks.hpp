@@ -13,7 +13,10 @@
 //   run_ranks({.nproc = 2}, [](process_group& pg) { ... DDP over pg ... });
 #pragma once
 
+#include <sys/resource.h>
+
 #include <exception>
+#include <fstream>
 #include <string>
 #include <utility>
 
@@ -52,6 +55,39 @@ namespace detail {
   return {};
 }
 
+// Refuses, before anything starts, a number of ranks on one host that a process backend cannot
+// connect: Gloo connects every pair of ranks, so n ranks hold n(n-1)/2 TCP connections, each
+// taking an ephemeral port, and each rank n-1 descriptors. (--nproc 1000 used to end in
+// "bind: Address already in use" after two minutes.) Raises the descriptor limit when it can.
+inline void check_host_capacity(int nproc, const std::string& backend) {
+  if (nproc <= 1 || backend != "gloo") return;
+  const auto n = static_cast<unsigned long long>(nproc);
+  const unsigned long long connections = n * (n - 1) / 2;
+  unsigned long long lo = 32768, hi = 60999;  // Linux's default range
+  if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); range) range >> lo >> hi;
+  const unsigned long long ports = hi >= lo ? hi - lo + 1 : 0;
+  // Leave half the range to everything else on the host (and to connections in TIME_WAIT).
+  if (connections > ports / 2) {
+    unsigned long long fit = 1;
+    while ((fit + 1) * fit / 2 <= ports / 2) ++fit;
+    throw config_error("run_ranks: " + std::to_string(nproc) + " gloo ranks on one host need " + std::to_string(connections) +
+                       " TCP connections (every rank connects to every other), more than half of this host's " +
+                       std::to_string(ports) + " ephemeral ports (/proc/sys/net/ipv4/ip_local_port_range); start at most " +
+                       std::to_string(fit) + " ranks per host, or use the local (threads) or mpi backend");
+  }
+  const rlim_t need = static_cast<rlim_t>(n) + 256;  // peers, plus the store, data files and the runtime's own
+  ::rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < need) {
+    if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max < need) {
+      throw config_error("run_ranks: " + std::to_string(nproc) + " gloo ranks each need about " + std::to_string(need) +
+                         " open files, but this host allows " + std::to_string(lim.rlim_max) +
+                         " (ulimit -Hn); raise the limit or start fewer ranks");
+    }
+    lim.rlim_cur = need;
+    (void)::setrlimit(RLIMIT_NOFILE, &lim);  // inherited by the ranks
+  }
+}
+
 }  // namespace detail
 
 template <class F>
@@ -70,6 +106,7 @@ void run_ranks(run_ranks_options o, F fn) {
       throw config_error("run_ranks: nproc " + std::to_string(o.nproc) + " asks to start ranks here, but this process is "
                          "already " + outer + "; let the launcher start the ranks (nproc 0, e.g. drop --nproc)");
     }
+    detail::check_host_capacity(o.nproc, o.backend);
   }
   if (o.backend == "mpi") {
     if (o.nproc > 0) {

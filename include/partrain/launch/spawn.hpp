@@ -6,6 +6,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <concepts>
@@ -29,7 +30,9 @@ struct spawn_options {
   std::chrono::milliseconds timeout{300'000};
   std::chrono::milliseconds grace{5'000};  // SIGTERM, then SIGKILL after this
   std::string master_addr = "127.0.0.1";
-  std::uint16_t master_port = 0;  // 0 = a port that is free now
+  // 0 = a free one. Either way spawn binds it before starting the ranks and hands the listening
+  // socket to rank 0's store, so no other program can take the port in between.
+  std::uint16_t master_port = 0;
   std::vector<std::pair<std::string, std::string>> env{};  // more variables for every rank
   // Capture each rank's output: echoed with a "[rank r] " prefix, and its last lines kept
   // for the error. Off: ranks write straight to our stdout/stderr.
@@ -64,7 +67,8 @@ namespace detail {
 
 // Runs in the child: the rank's environment, then fn; an exception is printed and becomes exit 1.
 template <class F>
-int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16_t port, const std::string& token) {
+int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16_t port, const std::string& token,
+             int listen_fd) {
   ::setenv("RANK", std::to_string(rank).c_str(), 1);
   ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
   ::setenv("WORLD_SIZE", std::to_string(nprocs).c_str(), 1);
@@ -77,6 +81,12 @@ int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16
   ::setenv("PARTRAIN_USE_AGENT_STORE", "0", 1);
   ::setenv("PARTRAIN_STORE_TOKEN", token.c_str(), 1);
   ::unsetenv("PARTRAIN_RESTART_COUNT");
+  if (rank == 0) {
+    ::setenv("PARTRAIN_STORE_LISTEN_FD", std::to_string(listen_fd).c_str(), 1);
+  } else {
+    ::close(listen_fd);  // rank 0's alone
+    ::unsetenv("PARTRAIN_STORE_LISTEN_FD");
+  }
   for (const auto& [k, v] : opts.env) ::setenv(k.c_str(), v.c_str(), 1);
   try {
     if constexpr (std::is_void_v<std::invoke_result_t<F&, int>>) {
@@ -106,7 +116,10 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
   static_assert(std::is_void_v<std::invoke_result_t<F&, int>> || std::convertible_to<std::invoke_result_t<F&, int>, int>,
                 "partrain::spawn: fn(rank) must return void or an exit code convertible to int");
   if (nprocs < 1) throw config_error("spawn: nprocs must be at least 1, got " + std::to_string(nprocs));
-  const std::uint16_t port = opts.master_port != 0 ? opts.master_port : detail::find_free_port(opts.master_addr);
+  // Bound here, before any rank starts: a port in use is reported now, and a port we chose
+  // cannot be taken by another program before rank 0's store listens on it.
+  detail::unique_fd listener = detail::listen_tcp(opts.master_addr, opts.master_port);
+  const std::uint16_t port = detail::local_port(listener.get());
   const std::string token = detail::random_token();
 
   std::vector<child_process> children;
@@ -122,9 +135,11 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
       };
     }
     children.push_back(
-        child_process::fork([&, r] { return detail::run_rank(fn, r, nprocs, opts, port, token); }, std::move(co)));
+        child_process::fork([&, r] { return detail::run_rank(fn, r, nprocs, opts, port, token, listener.get()); },
+                            std::move(co)));
     result.pids.push_back(children.back().pid());
   }
+  listener.reset();  // rank 0 holds it now
 
   supervise_options so;
   so.timeout = opts.timeout;

@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <partrain/core/error.hpp>
@@ -43,10 +44,11 @@ class state_writer {
 };
 
 // Reads what a state_writer wrote; running past the end or a size that disagrees with what the
-// caller expects is a checkpoint_error naming `what`.
+// caller expects is a checkpoint_error naming `what` (and `source`, the file, when given).
 class state_reader {
  public:
-  explicit state_reader(std::span<const std::byte> b) noexcept : bytes_(b) {}
+  explicit state_reader(std::span<const std::byte> b, std::string source = {}) noexcept
+      : bytes_(b), source_(std::move(source)) {}
 
   template <class T>
     requires std::is_trivially_copyable_v<T>
@@ -69,7 +71,7 @@ class state_reader {
   void get_array(std::span<T> out, std::string_view what) {
     const auto b = get_bytes(what);
     if (b.size() != out.size_bytes()) {
-      throw checkpoint_error(std::string(what) + ": stored array has " + std::to_string(b.size() / sizeof(T)) +
+      throw checkpoint_error(where() + std::string(what) + ": stored array has " + std::to_string(b.size() / sizeof(T)) +
                              " elements, expected " + std::to_string(out.size()));
     }
     if (!b.empty()) std::memcpy(static_cast<void*>(out.data()), b.data(), b.size());
@@ -79,7 +81,7 @@ class state_reader {
  private:
   std::span<const std::byte> take(std::size_t n, std::string_view what) {
     if (n > remaining()) {
-      throw checkpoint_error(std::string(what) + ": needs " + std::to_string(n) + " more bytes but only " +
+      throw checkpoint_error(where() + std::string(what) + ": needs " + std::to_string(n) + " more bytes but only " +
                              std::to_string(remaining()) + " remain (truncated or malformed state)");
     }
     auto s = bytes_.subspan(pos_, n);
@@ -87,7 +89,10 @@ class state_reader {
     return s;
   }
 
+  [[nodiscard]] std::string where() const { return source_.empty() ? std::string() : source_ + ": "; }
+
   std::span<const std::byte> bytes_;
+  std::string source_;
   std::size_t pos_ = 0;
 };
 

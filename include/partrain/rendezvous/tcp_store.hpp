@@ -43,8 +43,13 @@ struct tcp_store_options {
   std::string token{};  // the job token; must match the server's
   // Connecting (with retries while the server comes up) and set/add/check are bounded by this.
   std::chrono::milliseconds timeout = std::chrono::milliseconds(300'000);
+  // After a connection that worked is lost: how long to retry before concluding that the server
+  // is gone (within the call's own deadline). Short, so a vanished rank 0 or node-0 agent is
+  // reported in seconds instead of after the whole timeout.
+  std::chrono::milliseconds reconnect_timeout = std::chrono::milliseconds(3'000);
   std::size_t max_message_bytes = detail::default_max_store_message;
   std::string who{};  // names the caller in errors, e.g. "rank 3"
+  int listen_fd = -1;  // is_server: an inherited listening socket on `port` (tcp_store_server_options)
 };
 
 class tcp_store final : public store {
@@ -55,13 +60,18 @@ class tcp_store final : public store {
           .host = opts_.bind_address.empty() ? opts_.host : opts_.bind_address,
           .port = opts_.port,
           .token = opts_.token,
-          .max_message_bytes = opts_.max_message_bytes});
+          .max_message_bytes = opts_.max_message_bytes,
+          .listen_fd = opts_.listen_fd});
       opts_.port = server_->port();
     } else if (opts_.port == 0) {
       throw config_error(prefix() + "a tcp_store client needs the server's port (got 0; expected 1..65535)");
     }
+    if (opts_.timeout.count() <= 0 || opts_.reconnect_timeout.count() <= 0) {
+      throw config_error(prefix() + "tcp_store timeouts must be positive (got timeout " + std::to_string(opts_.timeout.count()) +
+                         " ms, reconnect_timeout " + std::to_string(opts_.reconnect_timeout.count()) + " ms)");
+    }
     std::lock_guard lock(mutex_);
-    connect_locked();
+    connect_locked(detail::deadline_clock::now() + opts_.timeout);
   }
 
   [[nodiscard]] std::uint16_t port() const noexcept { return opts_.port; }
@@ -132,8 +142,9 @@ class tcp_store final : public store {
   [[nodiscard]] std::string prefix() const { return opts_.who.empty() ? std::string() : opts_.who + ": "; }
   [[nodiscard]] std::string endpoint() const { return detail::endpoint_name(opts_.host, opts_.port); }
 
-  void connect_locked() {
-    const auto deadline = detail::deadline_clock::now() + opts_.timeout;
+  // The first connection may wait the whole timeout for a server that is still starting; later
+  // ones are bounded by the caller (see call()).
+  void connect_locked(detail::deadline_clock::time_point deadline) {
     fd_ = detail::connect_tcp(opts_.host, opts_.port, deadline, prefix());
     // With a token: authenticate. Without: an empty check, so a server that wants a token
     // says so now, at connect time, rather than at the first real operation.
@@ -153,6 +164,20 @@ class tcp_store final : public store {
     }
   }
 
+  // The connection broke in an earlier call (and was dropped). A server that accepted us before
+  // and now refuses for reconnect_timeout has ended: say so instead of retrying for the whole
+  // timeout (which held partrun's node 1 for 300 s after node 0 died).
+  void reconnect_locked(const detail::store_request& r) {
+    const auto window = std::min(opts_.reconnect_timeout, opts_.timeout);
+    try {
+      connect_locked(detail::deadline_clock::now() + window);
+    } catch (const timeout_error& e) {
+      throw communication_error(prefix() + "store " + std::string(to_string(r.type)) + ": lost the connection to the store at " +
+                                endpoint() + " and it did not come back within " + std::to_string(window.count()) +
+                                " ms; the process hosting it (rank 0, or node 0's partrun) has probably ended (" + e.what() + ")");
+    }
+  }
+
   // One request, one reply. server_wait is how long the server itself may hold the reply
   // (get/wait); the socket deadline adds the I/O allowance on top.
   detail::store_response call(const detail::store_request& r, std::chrono::milliseconds server_wait) {
@@ -160,7 +185,7 @@ class tcp_store final : public store {
       throw invalid_argument_error(prefix() + "store " + std::string(to_string(r.type)) + ": negative timeout");
     }
     std::lock_guard lock(mutex_);
-    if (!fd_) connect_locked();
+    if (!fd_) reconnect_locked(r);
     const auto deadline = detail::deadline_clock::now() + server_wait + std::min(opts_.timeout, std::chrono::milliseconds(30'000));
     try {
       return round_trip_locked(r, deadline);

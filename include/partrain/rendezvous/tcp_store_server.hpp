@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -44,13 +45,18 @@ struct tcp_store_server_options {
   // A connection that has not presented the token by then is closed (token servers only), so
   // idle strangers cannot hold the server's descriptors.
   std::chrono::milliseconds auth_timeout{10'000};
+  // A socket already listening on `port` to serve on, taken over when it is one. -1: the one
+  // named by PARTRAIN_STORE_LISTEN_FD, if any (spawn binds the port it chooses and hands the
+  // socket to rank 0 that way, so no other program can take the port in between).
+  int listen_fd = -1;
 };
 
 // The server alone: the launcher hosts one without being a client itself.
 class tcp_store_server {
  public:
   explicit tcp_store_server(tcp_store_server_options opts = {})
-      : opts_(std::move(opts)), listener_(detail::listen_tcp(opts_.host, opts_.port)) {
+      : opts_(std::move(opts)), listener_(detail::adopt_listener(inherited_fd(opts_.listen_fd), opts_.port)) {
+    if (!listener_) listener_ = detail::listen_tcp(opts_.host, opts_.port);
     port_ = detail::local_port(listener_.get());
     detail::set_nonblocking(listener_.get(), true);
     int p[2];
@@ -77,6 +83,15 @@ class tcp_store_server {
   }
 
  private:
+  [[nodiscard]] static int inherited_fd(int given) {
+    if (given >= 0) return given;
+    const char* v = std::getenv("PARTRAIN_STORE_LISTEN_FD");
+    if (!v || !*v) return -1;
+    char* end = nullptr;
+    const long fd = std::strtol(v, &end, 10);
+    return *end == '\0' && fd >= 0 && fd <= std::numeric_limits<int>::max() ? static_cast<int>(fd) : -1;
+  }
+
   struct connection {
     detail::unique_fd fd;
     std::vector<std::byte> in;

@@ -193,7 +193,7 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
                            ", the header says " + std::to_string(crc));
   }
 
-  state_reader r(payload);
+  state_reader r(payload, where);
   const auto mismatch = [&](const std::string& what) {
     return checkpoint_error(where + " does not match the model: " + what);
   };
@@ -236,7 +236,7 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
   const checkpoint_extra extra = detail::get_checkpoint_extra(r, version >= 2);
   if (r.remaining() != 0) throw checkpoint_error(where + " is malformed: " + std::to_string(r.remaining()) + " unread bytes");
 
-  state_reader orr(opt_state);
+  state_reader orr(opt_state, where + " (optimizer state)");
   opt.load_state(orr);
   std::size_t k = 0;
   for (auto&& p : m.parameters()) {

@@ -131,7 +131,7 @@ template <class M>
   return w.release();
 }
 [[nodiscard]] inline index_record decode_index(std::span<const std::byte> payload, const std::string& where) {
-  state_reader r(payload);
+  state_reader r(payload, where);
   index_record x;
   x.type = r.get<std::uint8_t>("dtype");
   x.total = r.get<std::uint64_t>("element count");
@@ -374,7 +374,7 @@ template <class M>
     }
     const auto bytes = detail::read_whole_file(path);
     std::uint32_t crc = 0;
-    state_reader r(unframe(bytes, shard_file_magic, sharded_checkpoint_version, sw, &crc));
+    state_reader r(unframe(bytes, shard_file_magic, sharded_checkpoint_version, sw, &crc), sw);
     (void)r.get<std::uint8_t>("dtype");
     (void)r.get<std::uint64_t>("element count");
     (void)r.get<std::uint64_t>("model fingerprint");

@@ -158,6 +158,8 @@ class trace_recorder {
 
   void enable(std::filesystem::path path, std::size_t reserve_events = 1 << 14) {
     if (path.empty()) throw invalid_argument_error("trace_recorder::enable: the trace path is empty (expected a file name)");
+    // Written only at the end of the run: a folder that cannot take it must fail now.
+    detail::ensure_writable_folder(path.parent_path(), "trace: cannot write '" + path.filename().string() + "'");
     std::lock_guard lock(mutex_);
     path_ = std::move(path);
     events_.reserve(reserve_events);

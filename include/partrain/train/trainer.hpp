@@ -35,6 +35,7 @@
 #include <partrain/core/work.hpp>
 #include <partrain/optim/state_io.hpp>
 #include <partrain/train/checkpoint.hpp>
+#include <partrain/train/detail/atomic_file.hpp>
 #include <partrain/train/epochs.hpp>
 #include <partrain/train/every.hpp>
 #include <partrain/train/metrics.hpp>
@@ -220,13 +221,7 @@ class trainer {
     }
   }
   void check_writable(const std::filesystem::path& dir) {
-    if (!leader_) return;
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec || ::access(dir.c_str(), W_OK) != 0) {
-      throw config_error("fit: cannot write checkpoints in " + dir.string() + " (" +
-                         (ec ? ec.message() : std::string("not writable")) + "); expected a writable folder");
-    }
+    if (leader_) detail::ensure_writable_folder(dir, "fit: cannot write checkpoints");
   }
   train_result report_finished(train_result& r) {
     if (r.first_epoch > 0 && !o_.checkpoint.empty()) {

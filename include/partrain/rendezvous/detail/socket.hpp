@@ -101,6 +101,21 @@ class address_list {
   throw communication_error("cannot listen on " + endpoint_name(host, port) + ": " + errno_text(last_err));
 }
 
+// fd, when it is a listening TCP socket bound to `port` (a launcher bound it and let this process
+// inherit it, so no other program can take the port in between): that socket, owned; else none.
+[[nodiscard]] inline unique_fd adopt_listener(int fd, std::uint16_t port) {
+  if (fd < 0 || port == 0) return unique_fd{};
+  int listening = 0;
+  socklen_t len = sizeof listening;
+  if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) return unique_fd{};
+  sockaddr_storage ss{};
+  socklen_t slen = sizeof ss;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &slen) != 0) return unique_fd{};
+  if (ss.ss_family != AF_INET && ss.ss_family != AF_INET6) return unique_fd{};
+  if (local_port(fd) != port) return unique_fd{};
+  return unique_fd(fd);
+}
+
 // A port that was free a moment ago on host (bind to 0, read, close). Another process may
 // still take it before it is used: callers that can, pass port 0 to the server instead.
 [[nodiscard]] inline std::uint16_t find_free_port(const std::string& host = "127.0.0.1") {
