@@ -3202,6 +3202,7 @@ inline bool survive_sigpipe() noexcept {
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -3302,6 +3303,20 @@ class process_group {
   // Keeps p alive as long as the group (what init_process_group starts beside it: the liveness
   // watch). Destroyed after the backend's own members.
   void attach(std::shared_ptr<void> p) { attachments_.push_back(std::move(p)); }
+  // Who had not issued operation #op (this rank's numbering, issued_operations()) yet, as the
+  // job's heartbeats tell; liveness.hpp installs it. Backends append it to a collective timeout,
+  // so the error names the peers that did not arrive. Set before first use.
+  void set_arrival_report(std::function<std::string(std::uint64_t op)> f) { arrival_report_ = std::move(f); }
+  [[nodiscard]] std::string arrival_report(std::uint64_t op) const noexcept {
+    if (!arrival_report_ || op == 0) return {};
+    try {
+      return arrival_report_(op);
+    } catch (...) {
+      return {};  // the report is a hint on an error path: never a second error
+    }
+  }
+  // Operations issued so far; inside a backend's do_* call, the number of the one being issued.
+  [[nodiscard]] std::uint64_t issued_operations() const noexcept { return ops_.load(std::memory_order_relaxed); }
   [[nodiscard]] virtual std::string_view backend() const noexcept = 0;
   // Which memory the backend's collectives take (host for local and gloo, cuda for nccl).
   [[nodiscard]] virtual bool accepts(device_kind k) const noexcept { return k == device_kind::cpu; }
@@ -3501,6 +3516,7 @@ class process_group {
   std::atomic<std::uint64_t> bytes_sent_{0};
   std::atomic<std::uint64_t> ops_{0};
   std::atomic<std::uint64_t> last_op_{0};
+  std::function<std::string(std::uint64_t)> arrival_report_;
   std::vector<std::shared_ptr<void>> attachments_;
 };
 
@@ -3696,22 +3712,22 @@ class gloo_group final : public process_group {
   // Runs body on the worker, in issue order, translating Gloo's failures.
   template <class Body>
   work run(collective c, std::string peers, Body body) {
-    return worker_->submit([this, c, peers = std::move(peers), body = std::move(body)] {
+    return worker_->submit([this, c, op = issued_operations(), peers = std::move(peers), body = std::move(body)] {
       throw_if_failed(c, peers);
-      guarded(c, peers, body);
+      guarded(c, peers, body, -1, op);
     });
   }
 
   template <class Body>
-  void guarded(collective c, const std::string& peers, Body& body, int peer = -1) {
+  void guarded(collective c, const std::string& peers, Body& body, int peer = -1, std::uint64_t op = 0) {
     try {
       body();
     } catch (const partrain::error&) {
       throw;
     } catch (const gloo::IoException& e) {
-      fail(c, peers, e.what(), peer);
+      fail(c, peers, e.what(), peer, op);
     } catch (const std::exception& e) {  // gloo::EnforceNotMet and Gloo's other errors
-      fail(c, peers, e.what(), peer);
+      fail(c, peers, e.what(), peer, op);
     }
   }
 
@@ -3720,13 +3736,18 @@ class gloo_group final : public process_group {
   }
 
   // `peer`: the other rank of a send or recv (-1 for collectives).
-  [[noreturn]] void fail(collective c, const std::string& peers, std::string_view gloo_what, int peer = -1) {
+  // `op`: the operation's number on this rank, for the heartbeats' report of who never reached it.
+  [[noreturn]] void fail(collective c, const std::string& peers, std::string_view gloo_what, int peer = -1,
+                         std::uint64_t op = 0) {
     const bool timed_out = gloo_what.find("Timed out") != std::string_view::npos;
     std::string msg = describe(c, peers) + ": ";
     msg += timed_out ? "timed out after " + std::to_string(timeout().count()) +
                            " ms (a peer is stalled or never joined this operation): "
                      : "Gloo failed (a peer died or its connection broke): ";
     msg += gloo_what;
+    if (timed_out) {
+      if (auto who = arrival_report(op); !who.empty()) msg += "; " + who;
+    }
     {
       std::lock_guard lock(mutex_);
       if (failure_.empty()) failure_ = msg;
@@ -3927,6 +3948,7 @@ inline void host_divide(void* data, std::size_t n, dtype t, int divisor) {
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -4027,6 +4049,20 @@ class process_group {
   // Keeps p alive as long as the group (what init_process_group starts beside it: the liveness
   // watch). Destroyed after the backend's own members.
   void attach(std::shared_ptr<void> p) { attachments_.push_back(std::move(p)); }
+  // Who had not issued operation #op (this rank's numbering, issued_operations()) yet, as the
+  // job's heartbeats tell; liveness.hpp installs it. Backends append it to a collective timeout,
+  // so the error names the peers that did not arrive. Set before first use.
+  void set_arrival_report(std::function<std::string(std::uint64_t op)> f) { arrival_report_ = std::move(f); }
+  [[nodiscard]] std::string arrival_report(std::uint64_t op) const noexcept {
+    if (!arrival_report_ || op == 0) return {};
+    try {
+      return arrival_report_(op);
+    } catch (...) {
+      return {};  // the report is a hint on an error path: never a second error
+    }
+  }
+  // Operations issued so far; inside a backend's do_* call, the number of the one being issued.
+  [[nodiscard]] std::uint64_t issued_operations() const noexcept { return ops_.load(std::memory_order_relaxed); }
   [[nodiscard]] virtual std::string_view backend() const noexcept = 0;
   // Which memory the backend's collectives take (host for local and gloo, cuda for nccl).
   [[nodiscard]] virtual bool accepts(device_kind k) const noexcept { return k == device_kind::cpu; }
@@ -4226,6 +4262,7 @@ class process_group {
   std::atomic<std::uint64_t> bytes_sent_{0};
   std::atomic<std::uint64_t> ops_{0};
   std::atomic<std::uint64_t> last_op_{0};
+  std::function<std::string(std::uint64_t)> arrival_report_;
   std::vector<std::shared_ptr<void>> attachments_;
 };
 
@@ -10767,6 +10804,29 @@ class liveness_watch {
     beat();
     thread_ = std::thread([this] { run(); });
   }
+
+  // For a collective timeout of this rank's operation #op: the ranks whose last heartbeat shows
+  // fewer operations issued (they never reached it), up to 16 of them.
+  [[nodiscard]] std::string behind(std::uint64_t op) {
+    std::string names;
+    int count = 0;
+    for (int r = 0; r < info_.world_size; ++r) {
+      if (r == info_.rank) continue;
+      std::string v;
+      try {
+        v = store_->get_string(key(r), std::chrono::milliseconds(200));
+      } catch (const std::exception&) {
+        v = "no heartbeat";
+      }
+      const auto hash = v.rfind('#');
+      const std::uint64_t theirs = hash == std::string::npos ? 0 : std::strtoull(v.c_str() + hash + 1, nullptr, 10);
+      if (v == "done" || theirs >= op) continue;
+      if (++count <= 16) names += (names.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " (heartbeat " + v + ")");
+    }
+    if (count == 0) return "every rank's heartbeat shows it reached operation #" + std::to_string(op);
+    return std::to_string(count) + " rank(s) had not reached operation #" + std::to_string(op) +
+           " by their heartbeats: " + names + (count > 16 ? "; ..." : "");
+  }
   liveness_watch(const liveness_watch&) = delete;
   liveness_watch& operator=(const liveness_watch&) = delete;
   ~liveness_watch() {
@@ -11313,22 +11373,22 @@ class gloo_group final : public process_group {
   // Runs body on the worker, in issue order, translating Gloo's failures.
   template <class Body>
   work run(collective c, std::string peers, Body body) {
-    return worker_->submit([this, c, peers = std::move(peers), body = std::move(body)] {
+    return worker_->submit([this, c, op = issued_operations(), peers = std::move(peers), body = std::move(body)] {
       throw_if_failed(c, peers);
-      guarded(c, peers, body);
+      guarded(c, peers, body, -1, op);
     });
   }
 
   template <class Body>
-  void guarded(collective c, const std::string& peers, Body& body, int peer = -1) {
+  void guarded(collective c, const std::string& peers, Body& body, int peer = -1, std::uint64_t op = 0) {
     try {
       body();
     } catch (const partrain::error&) {
       throw;
     } catch (const gloo::IoException& e) {
-      fail(c, peers, e.what(), peer);
+      fail(c, peers, e.what(), peer, op);
     } catch (const std::exception& e) {  // gloo::EnforceNotMet and Gloo's other errors
-      fail(c, peers, e.what(), peer);
+      fail(c, peers, e.what(), peer, op);
     }
   }
 
@@ -11337,13 +11397,18 @@ class gloo_group final : public process_group {
   }
 
   // `peer`: the other rank of a send or recv (-1 for collectives).
-  [[noreturn]] void fail(collective c, const std::string& peers, std::string_view gloo_what, int peer = -1) {
+  // `op`: the operation's number on this rank, for the heartbeats' report of who never reached it.
+  [[noreturn]] void fail(collective c, const std::string& peers, std::string_view gloo_what, int peer = -1,
+                         std::uint64_t op = 0) {
     const bool timed_out = gloo_what.find("Timed out") != std::string_view::npos;
     std::string msg = describe(c, peers) + ": ";
     msg += timed_out ? "timed out after " + std::to_string(timeout().count()) +
                            " ms (a peer is stalled or never joined this operation): "
                      : "Gloo failed (a peer died or its connection broke): ";
     msg += gloo_what;
+    if (timed_out) {
+      if (auto who = arrival_report(op); !who.empty()) msg += "; " + who;
+    }
     {
       std::lock_guard lock(mutex_);
       if (failure_.empty()) failure_ = msg;
@@ -13004,7 +13069,9 @@ inline void check_backend_name(const std::string& backend) {
   auto group = make_process_group(info, opts);
   // A stalled or lost rank ends the job within seconds (liveness.hpp), not at the collective timeout.
   if (const auto lo = liveness_options_from_env(); info.world_size > 1 && lo.silence.count() > 0) {
-    group->attach(std::make_shared<liveness_watch>(info, *group, lo));
+    auto watch = std::make_shared<liveness_watch>(info, *group, lo);
+    group->set_arrival_report([w = watch.get()](std::uint64_t op) { return w->behind(op); });
+    group->attach(std::move(watch));
   }
   detail::release_store_host(info);
   return group;

@@ -418,6 +418,33 @@ TEST_CASE("liveness: ranks that finish at different times are not taken for sile
                     Catch::Contains("PARTRAIN_SILENCE_MS") && Catch::Contains("[0, 3600000]"));
 }
 
+TEST_CASE("a collective timeout names the peers that never reached the operation", "[comm][init][gloo][processes][liveness]") {
+  // Rank 2 is alive (its heartbeat goes on) but stuck in its own code before the second
+  // all_reduce: the liveness watch leaves it alone, and the collective timeout names it.
+  spawn_options so;
+  so.timeout = 60s;
+  so.grace = 2s;
+  so.echo_output = false;
+  so.env = {{"PARTRAIN_TIMEOUT_MS", "3000"}};
+  try {
+    (void)spawn(3, [](int rank) {
+      auto pg = init_process_group("env://", {.backend = "gloo"});
+      std::vector<float> v(4, 1.0f);
+      pg->all_reduce(tensor_view<float>(v)).wait();
+      if (rank == 2) std::this_thread::sleep_for(30s);
+      pg->all_reduce(tensor_view<float>(v)).wait();
+    }, so);
+    FAIL("the job with a stuck rank ended without an error");
+  } catch (const process_error& e) {
+    const std::string out = joined(e.last_lines());
+    INFO(e.what() << "\n" << out);
+    CHECK(e.rank() != 2);
+    CHECK_THAT(out, Catch::Contains("timed out after 3000 ms") &&
+                        Catch::Contains("1 rank(s) had not reached operation #2 by their heartbeats: rank 2 (heartbeat ") &&
+                        Catch::Contains("last operation all_reduce #1)"));
+  }
+}
+
 TEST_CASE("init_process_group(file://) builds a gloo group", "[comm][init][gloo][processes]") {
   const auto path = std::filesystem::temp_directory_path() / ("partrain_init_file_" + std::to_string(::getpid()));
   std::filesystem::remove(path);

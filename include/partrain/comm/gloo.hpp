@@ -211,22 +211,22 @@ class gloo_group final : public process_group {
   // Runs body on the worker, in issue order, translating Gloo's failures.
   template <class Body>
   work run(collective c, std::string peers, Body body) {
-    return worker_->submit([this, c, peers = std::move(peers), body = std::move(body)] {
+    return worker_->submit([this, c, op = issued_operations(), peers = std::move(peers), body = std::move(body)] {
       throw_if_failed(c, peers);
-      guarded(c, peers, body);
+      guarded(c, peers, body, -1, op);
     });
   }
 
   template <class Body>
-  void guarded(collective c, const std::string& peers, Body& body, int peer = -1) {
+  void guarded(collective c, const std::string& peers, Body& body, int peer = -1, std::uint64_t op = 0) {
     try {
       body();
     } catch (const partrain::error&) {
       throw;
     } catch (const gloo::IoException& e) {
-      fail(c, peers, e.what(), peer);
+      fail(c, peers, e.what(), peer, op);
     } catch (const std::exception& e) {  // gloo::EnforceNotMet and Gloo's other errors
-      fail(c, peers, e.what(), peer);
+      fail(c, peers, e.what(), peer, op);
     }
   }
 
@@ -235,13 +235,18 @@ class gloo_group final : public process_group {
   }
 
   // `peer`: the other rank of a send or recv (-1 for collectives).
-  [[noreturn]] void fail(collective c, const std::string& peers, std::string_view gloo_what, int peer = -1) {
+  // `op`: the operation's number on this rank, for the heartbeats' report of who never reached it.
+  [[noreturn]] void fail(collective c, const std::string& peers, std::string_view gloo_what, int peer = -1,
+                         std::uint64_t op = 0) {
     const bool timed_out = gloo_what.find("Timed out") != std::string_view::npos;
     std::string msg = describe(c, peers) + ": ";
     msg += timed_out ? "timed out after " + std::to_string(timeout().count()) +
                            " ms (a peer is stalled or never joined this operation): "
                      : "Gloo failed (a peer died or its connection broke): ";
     msg += gloo_what;
+    if (timed_out) {
+      if (auto who = arrival_report(op); !who.empty()) msg += "; " + who;
+    }
     {
       std::lock_guard lock(mutex_);
       if (failure_.empty()) failure_ = msg;

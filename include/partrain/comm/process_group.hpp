@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -114,6 +115,20 @@ class process_group {
   // Keeps p alive as long as the group (what init_process_group starts beside it: the liveness
   // watch). Destroyed after the backend's own members.
   void attach(std::shared_ptr<void> p) { attachments_.push_back(std::move(p)); }
+  // Who had not issued operation #op (this rank's numbering, issued_operations()) yet, as the
+  // job's heartbeats tell; liveness.hpp installs it. Backends append it to a collective timeout,
+  // so the error names the peers that did not arrive. Set before first use.
+  void set_arrival_report(std::function<std::string(std::uint64_t op)> f) { arrival_report_ = std::move(f); }
+  [[nodiscard]] std::string arrival_report(std::uint64_t op) const noexcept {
+    if (!arrival_report_ || op == 0) return {};
+    try {
+      return arrival_report_(op);
+    } catch (...) {
+      return {};  // the report is a hint on an error path: never a second error
+    }
+  }
+  // Operations issued so far; inside a backend's do_* call, the number of the one being issued.
+  [[nodiscard]] std::uint64_t issued_operations() const noexcept { return ops_.load(std::memory_order_relaxed); }
   [[nodiscard]] virtual std::string_view backend() const noexcept = 0;
   // Which memory the backend's collectives take (host for local and gloo, cuda for nccl).
   [[nodiscard]] virtual bool accepts(device_kind k) const noexcept { return k == device_kind::cpu; }
@@ -313,6 +328,7 @@ class process_group {
   std::atomic<std::uint64_t> bytes_sent_{0};
   std::atomic<std::uint64_t> ops_{0};
   std::atomic<std::uint64_t> last_op_{0};
+  std::function<std::string(std::uint64_t)> arrival_report_;
   std::vector<std::shared_ptr<void>> attachments_;
 };
 

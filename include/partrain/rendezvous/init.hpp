@@ -131,7 +131,9 @@ inline void check_backend_name(const std::string& backend) {
   auto group = make_process_group(info, opts);
   // A stalled or lost rank ends the job within seconds (liveness.hpp), not at the collective timeout.
   if (const auto lo = liveness_options_from_env(); info.world_size > 1 && lo.silence.count() > 0) {
-    group->attach(std::make_shared<liveness_watch>(info, *group, lo));
+    auto watch = std::make_shared<liveness_watch>(info, *group, lo);
+    group->set_arrival_report([w = watch.get()](std::uint64_t op) { return w->behind(op); });
+    group->attach(std::move(watch));
   }
   detail::release_store_host(info);
   return group;

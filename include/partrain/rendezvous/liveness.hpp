@@ -71,6 +71,29 @@ class liveness_watch {
     beat();
     thread_ = std::thread([this] { run(); });
   }
+
+  // For a collective timeout of this rank's operation #op: the ranks whose last heartbeat shows
+  // fewer operations issued (they never reached it), up to 16 of them.
+  [[nodiscard]] std::string behind(std::uint64_t op) {
+    std::string names;
+    int count = 0;
+    for (int r = 0; r < info_.world_size; ++r) {
+      if (r == info_.rank) continue;
+      std::string v;
+      try {
+        v = store_->get_string(key(r), std::chrono::milliseconds(200));
+      } catch (const std::exception&) {
+        v = "no heartbeat";
+      }
+      const auto hash = v.rfind('#');
+      const std::uint64_t theirs = hash == std::string::npos ? 0 : std::strtoull(v.c_str() + hash + 1, nullptr, 10);
+      if (v == "done" || theirs >= op) continue;
+      if (++count <= 16) names += (names.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " (heartbeat " + v + ")");
+    }
+    if (count == 0) return "every rank's heartbeat shows it reached operation #" + std::to_string(op);
+    return std::to_string(count) + " rank(s) had not reached operation #" + std::to_string(op) +
+           " by their heartbeats: " + names + (count > 16 ? "; ..." : "");
+  }
   liveness_watch(const liveness_watch&) = delete;
   liveness_watch& operator=(const liveness_watch&) = delete;
   ~liveness_watch() {
