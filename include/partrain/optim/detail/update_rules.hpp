@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include <partrain/config.hpp>
+#include <partrain/core/detail/packet.hpp>
 
 namespace partrain::inline v0::detail {
 
@@ -39,7 +40,8 @@ PARTRAIN_HOST_DEVICE inline void sgd_element(T& v, T g, T* buf, const sgd_coeffs
   v = v + (-c.lr) * d;  // param.add_(d, alpha=-lr)
 }
 
-// torch.optim.AdamW (single-tensor path): decoupled decay, then the Adam moments.
+// torch.optim.AdamW (single-tensor path): decoupled decay, then the Adam moments. V is T, or on
+// the host a packet of T (core/detail/packet.hpp) updated lane by lane with the same operations.
 template <class T>
 struct adamw_coeffs {
   T decay_factor;           // 1 - lr * weight_decay
@@ -51,13 +53,13 @@ struct adamw_coeffs {
   T neg_step_size;          // -lr / (1 - beta1^step)
 };
 
-template <class T>
-PARTRAIN_HOST_DEVICE inline void adamw_element(T& v, T g, T& m, T& s, const adamw_coeffs<T>& c) {
+template <class V, class T>
+PARTRAIN_HOST_DEVICE inline void adamw_element(V& v, V g, V& m, V& s, const adamw_coeffs<T>& c) {
   v = v * c.decay_factor;
   // exp_avg.lerp_(grad, 1 - beta1), with lerp's two branches as ATen computes them
   m = c.one_minus_beta1 < T(0.5) ? m + c.one_minus_beta1 * (g - m) : g - (g - m) * c.beta1_as_t;
   s = s * c.beta2 + c.one_minus_beta2 * g * g;  // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
-  const T denom = opt_sqrt(s) / c.bias_correction2_sqrt + c.eps;
+  const V denom = opt_sqrt(s) / c.bias_correction2_sqrt + c.eps;
   v = v + c.neg_step_size * m / denom;  // param.addcdiv_(exp_avg, denom, value=-step_size)
 }
 
