@@ -29,7 +29,11 @@
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
 #include <partrain/model/concepts.hpp>
+#include <partrain/cuda/check.hpp>
+#include <partrain/cuda/cublas.hpp>
+#include <partrain/cuda/device_buffer.hpp>
 #include <partrain/cuda/launch.cuh>
+#include <partrain/cuda/stream.hpp>
 #include <partrain/precision/detail/kernels.cuh>
 #include <partrain/precision/low_precision_copy.hpp>
 #include <partrain/precision/precision.hpp>
@@ -41,75 +45,12 @@ namespace models {
 
 namespace cuda_detail {
 
-inline void check(cudaError_t e, const char* call, const char* file, int line) {
-  if (e != cudaSuccess) {
-    throw partrain::error(partrain::error_kind::internal, std::string(call) + " failed at " + file + ":" +
-                                                              std::to_string(line) + ": " + cudaGetErrorString(e));
-  }
-}
-inline void check(cublasStatus_t s, const char* call, const char* file, int line) {
-  if (s != CUBLAS_STATUS_SUCCESS) {
-    throw partrain::error(partrain::error_kind::internal, std::string(call) + " failed at " + file + ":" +
-                                                              std::to_string(line) + ": cuBLAS status " +
-                                                              std::to_string(static_cast<int>(s)));
-  }
-}
-#define EXAMPLE_CUDA_CHECK(call) ::models::cuda_detail::check((call), #call, __FILE__, __LINE__)
-
-// Device memory for n elements of T; freed on destruction.
+// The model's device arrays are partrain's (one RAII set for the library and its models); they
+// grow on demand, keyed on the batch size, with the new storage zero-filled on the model's stream.
 template <class T>
-class device_array {
- public:
-  device_array() = default;
-  explicit device_array(std::size_t n) : n_(n) {
-    if (n) {
-      void* p = nullptr;
-      EXAMPLE_CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
-      p_.reset(static_cast<T*>(p));
-      EXAMPLE_CUDA_CHECK(cudaMemset(p, 0, n * sizeof(T)));
-      // The memset runs on the legacy default stream, which the model's non-blocking stream does
-      // not wait for: let it finish before any kernel there writes the array.
-      EXAMPLE_CUDA_CHECK(cudaStreamSynchronize(nullptr));
-    }
-  }
-  [[nodiscard]] T* data() const noexcept { return p_.get(); }
-  [[nodiscard]] std::size_t size() const noexcept { return n_; }
-  // Grows (contents not kept) when n exceeds the capacity.
-  void reserve(std::size_t n) {
-    if (n > n_) *this = device_array(n);
-  }
-
- private:
-  struct free_t {
-    void operator()(T* p) const noexcept { cudaFree(p); }
-  };
-  std::unique_ptr<T, free_t> p_;
-  std::size_t n_ = 0;
-};
-
-class cublas_handle {
- public:
-  cublas_handle() { EXAMPLE_CUDA_CHECK(cublasCreate(&h_)); }
-  cublas_handle(const cublas_handle&) = delete;
-  cublas_handle& operator=(const cublas_handle&) = delete;
-  ~cublas_handle() { cublasDestroy(h_); }
-  [[nodiscard]] cublasHandle_t get() const noexcept { return h_; }
-
- private:
-  cublasHandle_t h_{};
-};
-
-class stream {
- public:
-  stream() { EXAMPLE_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
-  stream(const stream&) = delete;
-  stream& operator=(const stream&) = delete;
-  ~stream() { cudaStreamDestroy(s_); }
-  [[nodiscard]] cudaStream_t get() const noexcept { return s_; }
-
- private:
-  cudaStream_t s_{};
-};
+void reserve(partrain::device_buffer<T>& a, std::size_t n, int device_index, cudaStream_t stream) {
+  if (n > a.size()) a = partrain::device_buffer<T>(partrain::shape{n}, device_index, stream);
+}
 
 // Every element loop of the step is a functor of mlp_elements.hpp (run on the CPU by the CPU
 // tier), launched on the model's stream.
@@ -139,8 +80,8 @@ class mlp_cuda {
       throw partrain::invalid_argument_error("mlp_cuda: device " + dev.to_string() +
                                              " is not a CUDA device; use mlp_host on the CPU");
     }
-    EXAMPLE_CUDA_CHECK(cudaSetDevice(dev.index));
-    state_ = std::make_unique<state>(layout_.parameter_count());
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(dev.index));
+    state_ = std::make_unique<state>(layout_.parameter_count(), dev.index);
     set_values(layout_.initial_values(seed));
     bind();
     // On dev (current now): the copy's storage goes to the current device.
@@ -161,8 +102,8 @@ class mlp_cuda {
   void set_loss_scale(float s) noexcept { loss_scale_ = s; }
   void refresh_low_precision() {
     if (!low_precision()) return;
-    EXAMPLE_CUDA_CHECK(cudaSetDevice(dev_.index));
-    EXAMPLE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(dev_.index));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream()));
     low_.refresh();
   }
   // Bytes of every device buffer the model holds now (they only grow): masters, gradients, the
@@ -184,7 +125,7 @@ class mlp_cuda {
       throw partrain::invalid_argument_error("mlp_cuda::set_values: " + std::to_string(v.size()) + " values, expected " +
                                              std::to_string(layout_.parameter_count()));
     }
-    EXAMPLE_CUDA_CHECK(cudaMemcpy(state_->values.data(), v.data(), v.size_bytes(), cudaMemcpyHostToDevice));
+    PARTRAIN_CUDA_CHECK(cudaMemcpy(state_->values.data(), v.data(), v.size_bytes(), cudaMemcpyHostToDevice));
     refresh_low_precision();  // the copy follows the new masters (nothing to do before it exists)
   }
   [[nodiscard]] std::vector<float> values_to_host() const { return to_host(state_->values); }
@@ -216,10 +157,10 @@ class mlp_cuda {
                                                            nullptr, s.loss.data(), s.correct.data()});
     std::vector<float> loss(n);
     std::vector<std::int32_t> correct(n);
-    EXAMPLE_CUDA_CHECK(cudaMemcpyAsync(loss.data(), s.loss.data(), n * sizeof(float), cudaMemcpyDeviceToHost, stream()));
-    EXAMPLE_CUDA_CHECK(cudaMemcpyAsync(correct.data(), s.correct.data(), n * sizeof(std::int32_t),
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(loss.data(), s.loss.data(), n * sizeof(float), cudaMemcpyDeviceToHost, stream()));
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(correct.data(), s.correct.data(), n * sizeof(std::int32_t),
                                        cudaMemcpyDeviceToHost, stream()));
-    EXAMPLE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream()));
     for (std::size_t i = 0; i < n; ++i) {
       r.loss_sum += loss[i];
       r.correct += static_cast<std::size_t>(correct[i]);
@@ -237,18 +178,26 @@ class mlp_cuda {
 
  private:
   struct state {
-    explicit state(std::size_t params) : values(params), grads(params) {
-      EXAMPLE_CUDA_CHECK(cublasSetStream(blas.get(), compute.get()));
+    state(std::size_t params, int device_index)
+        : device(device_index), values(params, device_index), grads(params, device_index), compute(device_index),
+          blas(device_index) {
+      blas.set_stream(compute.get());
     }
-    cuda_detail::device_array<float> values, grads;
-    cuda_detail::stream compute;
-    cuda_detail::cublas_handle blas;
-    cuda_detail::device_array<float> x, delta, prev, loss;
-    cuda_detail::device_array<std::int32_t> labels, correct;
-    std::vector<cuda_detail::device_array<float>> acts;
+    // Grows a scratch array to n elements (see cuda_detail::reserve).
+    template <class T>
+    void reserve(partrain::device_buffer<T>& a, std::size_t n) {
+      cuda_detail::reserve(a, n, device, compute.get());
+    }
+    int device;
+    partrain::device_buffer<float> values, grads;
+    partrain::cuda_stream compute;
+    partrain::cublas_handle blas;
+    partrain::device_buffer<float> x, delta, prev, loss;
+    partrain::device_buffer<std::int32_t> labels, correct;
+    std::vector<partrain::device_buffer<float>> acts;
     // Mixed precision only: the input, the hidden activations and the flowing gradient in 16 bits.
-    cuda_detail::device_array<std::uint16_t> x16, delta16, prev16;
-    std::vector<cuda_detail::device_array<std::uint16_t>> acts16;
+    partrain::device_buffer<std::uint16_t> x16, delta16, prev16;
+    std::vector<partrain::device_buffer<std::uint16_t>> acts16;
   };
 
   [[nodiscard]] bool low_precision() const noexcept { return precision_ != partrain::precision::fp32; }
@@ -268,10 +217,10 @@ class mlp_cuda {
     }
   }
 
-  std::vector<float> to_host(const cuda_detail::device_array<float>& a) const {
+  std::vector<float> to_host(const partrain::device_buffer<float>& a) const {
     std::vector<float> h(a.size());
-    EXAMPLE_CUDA_CHECK(cudaStreamSynchronize(stream()));
-    EXAMPLE_CUDA_CHECK(cudaMemcpy(h.data(), a.data(), a.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    PARTRAIN_CUDA_CHECK(cudaMemcpy(h.data(), a.data(), a.size() * sizeof(float), cudaMemcpyDeviceToHost));
     return h;
   }
 
@@ -279,14 +228,14 @@ class mlp_cuda {
   void upload(const B& b) {
     const std::size_t n = b.labels.size();
     auto& s = *state_;
-    EXAMPLE_CUDA_CHECK(cudaSetDevice(dev_.index));
-    s.x.reserve(n * layout_.inputs());
-    s.labels.reserve(n);
-    s.loss.reserve(n);
-    s.correct.reserve(n);
-    EXAMPLE_CUDA_CHECK(cudaMemcpyAsync(s.x.data(), b.features.data(), n * layout_.inputs() * sizeof(float),
+    PARTRAIN_CUDA_CHECK(cudaSetDevice(dev_.index));
+    s.reserve(s.x, n * layout_.inputs());
+    s.reserve(s.labels, n);
+    s.reserve(s.loss, n);
+    s.reserve(s.correct, n);
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(s.x.data(), b.features.data(), n * layout_.inputs() * sizeof(float),
                                        cudaMemcpyHostToDevice, stream()));
-    EXAMPLE_CUDA_CHECK(cudaMemcpyAsync(s.labels.data(), b.labels.data(), n * sizeof(std::int32_t),
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(s.labels.data(), b.labels.data(), n * sizeof(std::int32_t),
                                        cudaMemcpyHostToDevice, stream()));
   }
 
@@ -302,9 +251,9 @@ class mlp_cuda {
       const int out_w = static_cast<int>(layout_.widths[l + 1]);
       const int in_w = static_cast<int>(layout_.widths[l]);
       auto& h = s.acts[l];
-      h.reserve(n * static_cast<std::size_t>(out_w));
+      s.reserve(h, n * static_cast<std::size_t>(out_w));
       // Row-major H[n, out] = X[n, in] . W^T is column-major H^T = W^T(as stored) ^T . X^T.
-      EXAMPLE_CUDA_CHECK(cublasSgemm(s.blas.get(), CUBLAS_OP_T, CUBLAS_OP_N, out_w, static_cast<int>(n), in_w, &one,
+      PARTRAIN_CUBLAS_CHECK(cublasSgemm(s.blas.get(), CUBLAS_OP_T, CUBLAS_OP_N, out_w, static_cast<int>(n), in_w, &one,
                                      s.values.data() + layout_.weight_offset(l), in_w, in, in_w, &zero, h.data(), out_w));
       const std::size_t count = n * static_cast<std::size_t>(out_w);
       cuda_detail::launch(stream(), count,
@@ -322,7 +271,7 @@ class mlp_cuda {
               const std::uint16_t* b, int ldb, float* c, int ldc) {
     const float one = 1.0f, zero = 0.0f;
     const cudaDataType_t t = bf16() ? CUDA_R_16BF : CUDA_R_16F;
-    EXAMPLE_CUDA_CHECK(cublasGemmEx(state_->blas.get(), ta, tb, m, n, k, &one, a, t, lda, b, t, ldb, &zero, c,
+    PARTRAIN_CUBLAS_CHECK(cublasGemmEx(state_->blas.get(), ta, tb, m, n, k, &one, a, t, lda, b, t, ldb, &zero, c,
                                     CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
@@ -335,7 +284,7 @@ class mlp_cuda {
     s.acts.resize(layers);
     s.acts16.resize(layers - 1);
     const std::size_t in_count = n * layout_.inputs();
-    s.x16.reserve(in_count);
+    s.reserve(s.x16, in_count);
     cuda_detail::launch(stream(), in_count, elements::to_16_fn{s.x.data(), s.x16.data(), bf16()});
     const std::uint16_t* in = s.x16.data();
     for (std::size_t l = 0; l < layers; ++l) {
@@ -344,10 +293,10 @@ class mlp_cuda {
       const std::size_t count = n * static_cast<std::size_t>(out_w);
       const bool last = l + 1 == layers;
       auto& h = last ? s.acts[l] : s.prev;
-      h.reserve(count);
+      s.reserve(h, count);
       std::uint16_t* out16 = nullptr;
       if (!last) {
-        s.acts16[l].reserve(count);
+        s.reserve(s.acts16[l], count);
         out16 = s.acts16[l].data();
       }
       gemm16(CUBLAS_OP_T, CUBLAS_OP_N, out_w, static_cast<int>(n), in_w, low16(2 * l), in_w, in, in_w, h.data(), out_w);
@@ -361,7 +310,7 @@ class mlp_cuda {
 
   void notify(const partrain::grad_ready_fn* ready, std::size_t l) {
     if (!ready) return;
-    EXAMPLE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream()));
     (*ready)(2 * l + 1);
     (*ready)(2 * l);
   }
@@ -375,19 +324,19 @@ class mlp_cuda {
     const float* logits = forward(n);
     auto& s = *state_;
     const std::size_t c = layout_.classes();
-    s.delta.reserve(n * c);
+    s.reserve(s.delta, n * c);
     // d(mean loss)/d(logits) = (softmax - onehot) / n, times the loss scale
     cuda_detail::launch(stream(), n,
                         elements::softmax_cross_entropy_fn{logits, s.labels.data(), c, 1.0f / static_cast<float>(n),
                                                            loss_scale_, s.delta.data(), s.loss.data(), nullptr});
     std::vector<float> loss(n);
-    EXAMPLE_CUDA_CHECK(cudaMemcpyAsync(loss.data(), s.loss.data(), n * sizeof(float), cudaMemcpyDeviceToHost, stream()));
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(loss.data(), s.loss.data(), n * sizeof(float), cudaMemcpyDeviceToHost, stream()));
     if (low_precision()) {
       backward16(n, ready);
     } else {
       backward32(n, ready);
     }
-    EXAMPLE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream()));
     double total = 0;
     for (float v : loss) total += v;
     return total / static_cast<double>(n);
@@ -405,13 +354,13 @@ class mlp_cuda {
       cuda_detail::launch(stream(), static_cast<std::size_t>(out_w),
                           elements::column_sums_fn{s.delta.data(), n, static_cast<std::size_t>(out_w), gb});
       // dW[out, in] = delta^T . X: column-major dW^T[in, out] = X^T[in, n] . delta[n, out].
-      EXAMPLE_CUDA_CHECK(cublasSgemm(s.blas.get(), CUBLAS_OP_N, CUBLAS_OP_T, in_w, out_w, static_cast<int>(n), &one, in,
+      PARTRAIN_CUBLAS_CHECK(cublasSgemm(s.blas.get(), CUBLAS_OP_N, CUBLAS_OP_T, in_w, out_w, static_cast<int>(n), &one, in,
                                      in_w, s.delta.data(), out_w, &zero, gw, in_w));
       notify(ready, l);
       if (l == 0) break;
       // dX[n, in] = delta[n, out] . W[out, in]: column-major dX^T = W^T(as stored) . delta^T.
-      s.prev.reserve(n * static_cast<std::size_t>(in_w));
-      EXAMPLE_CUDA_CHECK(cublasSgemm(s.blas.get(), CUBLAS_OP_N, CUBLAS_OP_N, in_w, static_cast<int>(n), out_w, &one,
+      s.reserve(s.prev, n * static_cast<std::size_t>(in_w));
+      PARTRAIN_CUBLAS_CHECK(cublasSgemm(s.blas.get(), CUBLAS_OP_N, CUBLAS_OP_N, in_w, static_cast<int>(n), out_w, &one,
                                      s.values.data() + layout_.weight_offset(l), in_w, s.delta.data(), out_w, &zero,
                                      s.prev.data(), in_w));
       const std::size_t count = n * static_cast<std::size_t>(in_w);
@@ -427,7 +376,7 @@ class mlp_cuda {
   void backward16(std::size_t n, const partrain::grad_ready_fn* ready) {
     auto& s = *state_;
     const std::size_t c = layout_.classes();
-    s.delta16.reserve(n * c);
+    s.reserve(s.delta16, n * c);
     cuda_detail::launch(stream(), n * c, elements::to_16_fn{s.delta.data(), s.delta16.data(), bf16()});
     for (std::size_t l = layout_.layers(); l-- > 0;) {
       const int out_w = static_cast<int>(layout_.widths[l + 1]);
@@ -443,10 +392,10 @@ class mlp_cuda {
       notify(ready, l);
       if (l == 0) break;
       const std::size_t count = n * static_cast<std::size_t>(in_w);
-      s.prev.reserve(count);
+      s.reserve(s.prev, count);
       gemm16(CUBLAS_OP_N, CUBLAS_OP_N, in_w, static_cast<int>(n), out_w, low16(2 * l), in_w, s.delta16.data(), out_w,
              s.prev.data(), in_w);
-      s.prev16.reserve(count);
+      s.reserve(s.prev16, count);
       cuda_detail::launch(stream(), count, elements::relu_backward16_fn{s.prev.data(), in, s.prev16.data(), bf16()});
       std::swap(s.delta16, s.prev16);
     }
