@@ -274,7 +274,9 @@ attempt_result run_attempt(partrain::tcp_store& store, partrain::tcp_store& watc
       try {
         store.set(failed_key, "node " + std::to_string(o.node_rank) + ": " + summary);
       } catch (const std::exception& e) {
-        log("node " + std::to_string(o.node_rank) + ": could not tell the other nodes: " + e.what());
+        // Node 0 hosts the store: when it cannot be reached, node 0 itself is what was lost.
+        log("node " + std::to_string(o.node_rank) + ": could not tell the other nodes: node 0, which hosts the job's "
+            "store, is unreachable (it has probably died): " + e.what());
       }
     }
     return attempt_result::failed;
