@@ -1,13 +1,7 @@
-// models/mlp_cuda.cuh: the same MLP as mlp_host.hpp, on a CUDA device: cuBLAS for
-// the GEMMs and this example's own element loops for the bias, ReLU, softmax cross-entropy and
-// their backward (the functors of mlp_elements.hpp, which the CPU tier runs). Same layout, same initial weights for the same seed, so its gradients can be checked
-// against the host model's. Compiled by nvcc only.
-//
-// Mixed precision (precision fp16 or bf16) follows mlp_host.hpp step for step: fp32 master
-// weights and gradients (what parameters() exposes), a 16-bit copy of the weights refreshed after
-// each optimizer step, the input and every stored activation and backward gradient rounded to 16
-// bits, each GEMM on cublasGemmEx with 16-bit inputs and fp32 accumulation (tensor cores), logits
-// and the softmax cross-entropy in fp32.
+// models/mlp_cuda.cuh: the same MLP as mlp_host.hpp, on a CUDA device: the step of
+// mlp_device.hpp on the CUDA backend below, cuBLAS for the GEMMs and this example's own element
+// loops (the functors of mlp_elements.hpp) launched on the model's stream. The CPU tier runs the
+// same step on the host backend (mlp_host_twin.hpp). Compiled by nvcc only.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -16,10 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
-#include <span>
 #include <string>
-#include <vector>
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -28,386 +19,85 @@
 #include <partrain/core/device.hpp>
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
-#include <partrain/model/concepts.hpp>
 #include <partrain/cuda/check.hpp>
 #include <partrain/cuda/cublas.hpp>
 #include <partrain/cuda/device_buffer.hpp>
 #include <partrain/cuda/launch.cuh>
 #include <partrain/cuda/stream.hpp>
 #include <partrain/precision/detail/kernels.cuh>
-#include <partrain/precision/low_precision_copy.hpp>
-#include <partrain/precision/precision.hpp>
 
-#include "mlp_elements.hpp"
-#include "mlp_host.hpp"
+#include "mlp_device.hpp"
 
 namespace models {
 
-namespace cuda_detail {
-
-// The model's device arrays are partrain's (one RAII set for the library and its models); they
-// grow on demand, keyed on the batch size, with the new storage zero-filled on the model's stream.
-template <class T>
-void reserve(partrain::device_buffer<T>& a, std::size_t n, int device_index, cudaStream_t stream) {
-  if (n > a.size()) a = partrain::device_buffer<T>(partrain::shape{n}, device_index, stream);
-}
-
-// Every element loop of the step is a functor of mlp_elements.hpp (run on the CPU by the CPU
-// tier), launched on the model's stream.
-template <class F>
-void launch(cudaStream_t stream, std::size_t n, const F& f) {
-  partrain::detail::for_each_index(partrain::detail::cuda_exec{stream, -1}, n, f);
-}
-
-}  // namespace cuda_detail
-
-struct cuda_parameter {
-  std::string name;
-  partrain::tensor_view<float, partrain::cuda> value_view;
-  partrain::tensor_view<float, partrain::cuda> grad_view;
-  [[nodiscard]] partrain::tensor_view<float, partrain::cuda> value() const noexcept { return value_view; }
-  [[nodiscard]] partrain::tensor_view<float, partrain::cuda> grad() const noexcept { return grad_view; }
-};
-
-class mlp_cuda {
+// The CUDA side of mlp_device.hpp's backend: partrain's RAII set (device_buffer on the model's
+// device, one non-blocking stream, a cuBLAS handle bound to it); every kernel, copy and GEMM is
+// queued on that stream.
+class cuda_backend {
  public:
-  // precision fp16 or bf16: mixed precision (see the top of this file); fp32: plain fp32 training.
-  explicit mlp_cuda(mlp_layout layout = {}, std::uint64_t seed = 0, partrain::device dev = partrain::device::cuda(0),
-                    partrain::precision p = partrain::precision::fp32)
-      : layout_(std::move(layout)), dev_(dev), precision_(p) {
-    layout_.validate();
-    if (!dev.is_cuda()) {
-      throw partrain::invalid_argument_error("mlp_cuda: device " + dev.to_string() +
-                                             " is not a CUDA device; use mlp_host on the CPU");
+  using space = partrain::cuda;
+  template <class T>
+  using array = partrain::device_buffer<T>;
+  static constexpr const char* model_name = "mlp_cuda";
+  [[nodiscard]] static partrain::device default_device() noexcept { return partrain::device::cuda(0); }
+  static void check_device(const partrain::device& d) {
+    if (!d.is_cuda()) {
+      throw partrain::invalid_argument_error("mlp_cuda: device " + d.to_string() + " is not a CUDA device; use mlp_host on the CPU");
     }
-    PARTRAIN_CUDA_CHECK(cudaSetDevice(dev.index));
-    state_ = std::make_unique<state>(layout_.parameter_count(), dev.index);
-    set_values(layout_.initial_values(seed));
-    bind();
-    // On dev (current now): the copy's storage goes to the current device.
-    if (low_precision()) low_ = partrain::make_low_precision_copy(precision_, *this);
-  }
-  mlp_cuda(mlp_cuda&&) noexcept = default;
-  mlp_cuda& operator=(mlp_cuda&&) noexcept = default;
-
-  [[nodiscard]] const mlp_layout& layout() const noexcept { return layout_; }
-  [[nodiscard]] partrain::device device() const noexcept { return dev_; }
-  [[nodiscard]] partrain::precision precision() const noexcept { return precision_; }
-  [[nodiscard]] std::vector<cuda_parameter>& parameters() noexcept { return params_; }
-  [[nodiscard]] cudaStream_t stream() const noexcept { return state_->compute.get(); }
-
-  // Mixed precision (partrain::amp_step calls these): the loss's gradient is multiplied by s in
-  // backward (every precision); the 16-bit copy is re-cast from the masters after each optimizer
-  // step (on the default stream, after this model's stream has drained).
-  void set_loss_scale(float s) noexcept { loss_scale_ = s; }
-  void refresh_low_precision() {
-    if (!low_precision()) return;
-    PARTRAIN_CUDA_CHECK(cudaSetDevice(dev_.index));
-    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream()));
-    low_.refresh();
-  }
-  // Bytes of every device buffer the model holds now (they only grow): masters, gradients, the
-  // 16-bit copy, the batch, stored activations and scratch. What the benchmark reports as peak
-  // model memory (cuBLAS's own workspace is not counted).
-  [[nodiscard]] std::size_t memory_bytes() const noexcept {
-    const auto& s = *state_;
-    std::size_t b = low_.bytes();
-    for (const auto* a : {&s.values, &s.grads, &s.x, &s.delta, &s.prev, &s.loss}) b += a->size() * sizeof(float);
-    for (const auto* a : {&s.labels, &s.correct}) b += a->size() * sizeof(std::int32_t);
-    for (const auto& a : s.acts) b += a.size() * sizeof(float);
-    for (const auto* a : {&s.x16, &s.delta16, &s.prev16}) b += a->size() * sizeof(std::uint16_t);
-    for (const auto& a : s.acts16) b += a.size() * sizeof(std::uint16_t);
-    return b;
   }
 
-  void set_values(std::span<const float> v) {
-    if (v.size() != layout_.parameter_count()) {
-      throw partrain::invalid_argument_error("mlp_cuda::set_values: " + std::to_string(v.size()) + " values, expected " +
-                                             std::to_string(layout_.parameter_count()));
-    }
-    PARTRAIN_CUDA_CHECK(cudaMemcpy(state_->values.data(), v.data(), v.size_bytes(), cudaMemcpyHostToDevice));
-    refresh_low_precision();  // the copy follows the new masters (nothing to do before it exists)
-  }
-  [[nodiscard]] std::vector<float> values_to_host() const { return to_host(state_->values); }
-  [[nodiscard]] std::vector<float> grads_to_host() const { return to_host(state_->grads); }
-
-  // The batch is on the host (the loader's buffer); it is copied to the device first.
-  template <labelled_batch B>
-  double train_step(const B& b) {
-    return step(b, nullptr);
-  }
-  // Gradient readiness: the stream is synchronised before each notification, so a reducer on
-  // another stream (NCCL) reads final values.
-  template <labelled_batch B>
-  double train_step(const B& b, const partrain::grad_ready_fn& ready) {
-    return step(b, &ready);
+  explicit cuda_backend(const partrain::device& d) : index_(d.index), compute_(d.index), blas_(d.index) {
+    blas_.set_stream(compute_.get());
   }
 
-  template <labelled_batch B>
-  partrain::eval_result eval_step(const B& b) {
-    check_batch(b, layout_, "mlp_cuda::eval_step");
-    const std::size_t n = b.labels.size();
-    partrain::eval_result r;
-    if (n == 0) return r;
-    upload(b);
-    const float* logits = forward(n);
-    auto& s = *state_;
-    cuda_detail::launch(stream(), n,
-                        elements::softmax_cross_entropy_fn{logits, s.labels.data(), layout_.classes(), 0.0f, 1.0f,
-                                                           nullptr, s.loss.data(), s.correct.data()});
-    std::vector<float> loss(n);
-    std::vector<std::int32_t> correct(n);
-    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(loss.data(), s.loss.data(), n * sizeof(float), cudaMemcpyDeviceToHost, stream()));
-    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(correct.data(), s.correct.data(), n * sizeof(std::int32_t),
-                                       cudaMemcpyDeviceToHost, stream()));
-    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream()));
-    for (std::size_t i = 0; i < n; ++i) {
-      r.loss_sum += loss[i];
-      r.correct += static_cast<std::size_t>(correct[i]);
-    }
-    r.count = n;
-    return r;
+  // Zero-filled and finished before it returns, so any stream sees the zeros.
+  template <class T>
+  [[nodiscard]] array<T> make(std::size_t n) const {
+    return array<T>(n, index_);
   }
+  // Grows (contents not kept), zero-filled on the model's stream.
+  template <class T>
+  void reserve(array<T>& a, std::size_t n) const {
+    if (n > a.size()) a = array<T>(partrain::shape{n}, index_, compute_.get());
+  }
+  void activate() const { PARTRAIN_CUDA_CHECK(cudaSetDevice(index_)); }
+  [[nodiscard]] cudaStream_t stream() const noexcept { return compute_.get(); }
 
-  [[nodiscard]] mlp_cuda replicate_to(partrain::device d) const {
-    mlp_cuda copy(layout_, 0, d, precision_);
-    copy.set_values(values_to_host());
-    copy.loss_scale_ = loss_scale_;
-    return copy;
+  template <class F>
+  void launch(std::size_t n, const F& f) const {
+    partrain::detail::for_each_index(partrain::detail::cuda_exec{compute_.get(), -1}, n, f);
   }
+  // Column-major C[m, n] = op(A) . op(B), fp32.
+  void sgemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
+             int ldc) const {
+    const float one = 1.0f, zero = 0.0f;
+    PARTRAIN_CUBLAS_CHECK(cublasSgemm(blas_.get(), op(ta), op(tb), m, n, k, &one, a, lda, b, ldb, &zero, c, ldc));
+  }
+  // The same with A and B in the run's 16-bit type and fp32 accumulation (tensor cores).
+  void gemm16(bool ta, bool tb, int m, int n, int k, const std::uint16_t* a, int lda, const std::uint16_t* b, int ldb,
+              float* c, int ldc, bool bf16) const {
+    const float one = 1.0f, zero = 0.0f;
+    const cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+    PARTRAIN_CUBLAS_CHECK(cublasGemmEx(blas_.get(), op(ta), op(tb), m, n, k, &one, a, t, lda, b, t, ldb, &zero, c,
+                                       CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  void upload(void* dst, const void* src, std::size_t bytes) const {
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, compute_.get()));
+  }
+  void download(void* dst, const void* src, std::size_t bytes) const {
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, compute_.get()));
+  }
+  void synchronize() const { PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(compute_.get())); }
 
  private:
-  struct state {
-    state(std::size_t params, int device_index)
-        : device(device_index), values(params, device_index), grads(params, device_index), compute(device_index),
-          blas(device_index) {
-      blas.set_stream(compute.get());
-    }
-    // Grows a scratch array to n elements (see cuda_detail::reserve).
-    template <class T>
-    void reserve(partrain::device_buffer<T>& a, std::size_t n) {
-      cuda_detail::reserve(a, n, device, compute.get());
-    }
-    int device;
-    partrain::device_buffer<float> values, grads;
-    partrain::cuda_stream compute;
-    partrain::cublas_handle blas;
-    partrain::device_buffer<float> x, delta, prev, loss;
-    partrain::device_buffer<std::int32_t> labels, correct;
-    std::vector<partrain::device_buffer<float>> acts;
-    // Mixed precision only: the input, the hidden activations and the flowing gradient in 16 bits.
-    partrain::device_buffer<std::uint16_t> x16, delta16, prev16;
-    std::vector<partrain::device_buffer<std::uint16_t>> acts16;
-  };
+  [[nodiscard]] static cublasOperation_t op(bool transpose) noexcept { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
-  [[nodiscard]] bool low_precision() const noexcept { return precision_ != partrain::precision::fp32; }
-  [[nodiscard]] bool bf16() const noexcept { return precision_ == partrain::precision::bf16; }
-  [[nodiscard]] const std::uint16_t* low16(std::size_t i) const { return static_cast<const std::uint16_t*>(low_.data(i)); }
-
-  void bind() {
-    params_.clear();
-    float* v = state_->values.data();
-    float* g = state_->grads.data();
-    for (std::size_t l = 0; l < layout_.layers(); ++l) {
-      const std::size_t out = layout_.widths[l + 1], in = layout_.widths[l];
-      const std::string idx = std::to_string(l + 1);
-      params_.push_back({"fc" + idx + ".weight", {v + layout_.weight_offset(l), {out, in}},
-                         {g + layout_.weight_offset(l), {out, in}}});
-      params_.push_back({"fc" + idx + ".bias", {v + layout_.bias_offset(l), {out}}, {g + layout_.bias_offset(l), {out}}});
-    }
-  }
-
-  std::vector<float> to_host(const partrain::device_buffer<float>& a) const {
-    std::vector<float> h(a.size());
-    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream()));
-    PARTRAIN_CUDA_CHECK(cudaMemcpy(h.data(), a.data(), a.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    return h;
-  }
-
-  template <class B>
-  void upload(const B& b) {
-    const std::size_t n = b.labels.size();
-    auto& s = *state_;
-    PARTRAIN_CUDA_CHECK(cudaSetDevice(dev_.index));
-    s.reserve(s.x, n * layout_.inputs());
-    s.reserve(s.labels, n);
-    s.reserve(s.loss, n);
-    s.reserve(s.correct, n);
-    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(s.x.data(), b.features.data(), n * layout_.inputs() * sizeof(float),
-                                       cudaMemcpyHostToDevice, stream()));
-    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(s.labels.data(), b.labels.data(), n * sizeof(std::int32_t),
-                                       cudaMemcpyHostToDevice, stream()));
-  }
-
-  // Forward pass on the uploaded batch; returns the logits [n, classes] (fp32 in every precision).
-  const float* forward(std::size_t n) { return low_precision() ? forward16(n) : forward32(n); }
-
-  const float* forward32(std::size_t n) {
-    auto& s = *state_;
-    s.acts.resize(layout_.layers());
-    const float* in = s.x.data();
-    const float one = 1.0f, zero = 0.0f;
-    for (std::size_t l = 0; l < layout_.layers(); ++l) {
-      const int out_w = static_cast<int>(layout_.widths[l + 1]);
-      const int in_w = static_cast<int>(layout_.widths[l]);
-      auto& h = s.acts[l];
-      s.reserve(h, n * static_cast<std::size_t>(out_w));
-      // Row-major H[n, out] = X[n, in] . W^T is column-major H^T = W^T(as stored) ^T . X^T.
-      PARTRAIN_CUBLAS_CHECK(cublasSgemm(s.blas.get(), CUBLAS_OP_T, CUBLAS_OP_N, out_w, static_cast<int>(n), in_w, &one,
-                                     s.values.data() + layout_.weight_offset(l), in_w, in, in_w, &zero, h.data(), out_w));
-      const std::size_t count = n * static_cast<std::size_t>(out_w);
-      cuda_detail::launch(stream(), count,
-                          elements::bias_activation_fn{h.data(), s.values.data() + layout_.bias_offset(l),
-                                                       static_cast<std::size_t>(out_w), l + 1 < layout_.layers()});
-      in = h.data();
-    }
-    return s.acts.back().data();
-  }
-
-  // C[m, n] (column-major, fp32) = op(A) . op(B) with A and B in the run's 16-bit type, fp32
-  // accumulation (products of 16-bit values are exact in fp32: only the summation order differs
-  // from the host's sgemm on the widened values).
-  void gemm16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const std::uint16_t* a, int lda,
-              const std::uint16_t* b, int ldb, float* c, int ldc) {
-    const float one = 1.0f, zero = 0.0f;
-    const cudaDataType_t t = bf16() ? CUDA_R_16BF : CUDA_R_16F;
-    PARTRAIN_CUBLAS_CHECK(cublasGemmEx(state_->blas.get(), ta, tb, m, n, k, &one, a, t, lda, b, t, ldb, &zero, c,
-                                    CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  }
-
-  // Input rounded to 16 bits (x16); each layer's GEMM from the 16-bit input and weights into fp32,
-  // plus the 16-bit bias in fp32, ReLU, stored as 16 bits (acts16); the last layer's logits stay
-  // fp32 (acts.back()). The hidden layers' fp32 GEMM output is scratch (prev).
-  const float* forward16(std::size_t n) {
-    auto& s = *state_;
-    const std::size_t layers = layout_.layers();
-    s.acts.resize(layers);
-    s.acts16.resize(layers - 1);
-    const std::size_t in_count = n * layout_.inputs();
-    s.reserve(s.x16, in_count);
-    cuda_detail::launch(stream(), in_count, elements::to_16_fn{s.x.data(), s.x16.data(), bf16()});
-    const std::uint16_t* in = s.x16.data();
-    for (std::size_t l = 0; l < layers; ++l) {
-      const int out_w = static_cast<int>(layout_.widths[l + 1]);
-      const int in_w = static_cast<int>(layout_.widths[l]);
-      const std::size_t count = n * static_cast<std::size_t>(out_w);
-      const bool last = l + 1 == layers;
-      auto& h = last ? s.acts[l] : s.prev;
-      s.reserve(h, count);
-      std::uint16_t* out16 = nullptr;
-      if (!last) {
-        s.reserve(s.acts16[l], count);
-        out16 = s.acts16[l].data();
-      }
-      gemm16(CUBLAS_OP_T, CUBLAS_OP_N, out_w, static_cast<int>(n), in_w, low16(2 * l), in_w, in, in_w, h.data(), out_w);
-      cuda_detail::launch(stream(), count,
-                          elements::bias_activation16_fn{h.data(), low16(2 * l + 1), static_cast<std::size_t>(out_w),
-                                                         !last, out16, bf16()});
-      in = out16;
-    }
-    return s.acts.back().data();
-  }
-
-  void notify(const partrain::grad_ready_fn* ready, std::size_t l) {
-    if (!ready) return;
-    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream()));
-    (*ready)(2 * l + 1);
-    (*ready)(2 * l);
-  }
-
-  template <class B>
-  double step(const B& b, const partrain::grad_ready_fn* ready) {
-    check_batch(b, layout_, "mlp_cuda::train_step");
-    const std::size_t n = b.labels.size();
-    if (n == 0) throw partrain::invalid_argument_error("mlp_cuda::train_step: the batch is empty");
-    upload(b);
-    const float* logits = forward(n);
-    auto& s = *state_;
-    const std::size_t c = layout_.classes();
-    s.reserve(s.delta, n * c);
-    // d(mean loss)/d(logits) = (softmax - onehot) / n, times the loss scale
-    cuda_detail::launch(stream(), n,
-                        elements::softmax_cross_entropy_fn{logits, s.labels.data(), c, 1.0f / static_cast<float>(n),
-                                                           loss_scale_, s.delta.data(), s.loss.data(), nullptr});
-    std::vector<float> loss(n);
-    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(loss.data(), s.loss.data(), n * sizeof(float), cudaMemcpyDeviceToHost, stream()));
-    if (low_precision()) {
-      backward16(n, ready);
-    } else {
-      backward32(n, ready);
-    }
-    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream()));
-    double total = 0;
-    for (float v : loss) total += v;
-    return total / static_cast<double>(n);
-  }
-
-  void backward32(std::size_t n, const partrain::grad_ready_fn* ready) {
-    auto& s = *state_;
-    const float one = 1.0f, zero = 0.0f;
-    for (std::size_t l = layout_.layers(); l-- > 0;) {
-      const int out_w = static_cast<int>(layout_.widths[l + 1]);
-      const int in_w = static_cast<int>(layout_.widths[l]);
-      const float* in = l == 0 ? s.x.data() : s.acts[l - 1].data();
-      float* gw = s.grads.data() + layout_.weight_offset(l);
-      float* gb = s.grads.data() + layout_.bias_offset(l);
-      cuda_detail::launch(stream(), static_cast<std::size_t>(out_w),
-                          elements::column_sums_fn{s.delta.data(), n, static_cast<std::size_t>(out_w), gb});
-      // dW[out, in] = delta^T . X: column-major dW^T[in, out] = X^T[in, n] . delta[n, out].
-      PARTRAIN_CUBLAS_CHECK(cublasSgemm(s.blas.get(), CUBLAS_OP_N, CUBLAS_OP_T, in_w, out_w, static_cast<int>(n), &one, in,
-                                     in_w, s.delta.data(), out_w, &zero, gw, in_w));
-      notify(ready, l);
-      if (l == 0) break;
-      // dX[n, in] = delta[n, out] . W[out, in]: column-major dX^T = W^T(as stored) . delta^T.
-      s.reserve(s.prev, n * static_cast<std::size_t>(in_w));
-      PARTRAIN_CUBLAS_CHECK(cublasSgemm(s.blas.get(), CUBLAS_OP_N, CUBLAS_OP_N, in_w, static_cast<int>(n), out_w, &one,
-                                     s.values.data() + layout_.weight_offset(l), in_w, s.delta.data(), out_w, &zero,
-                                     s.prev.data(), in_w));
-      const std::size_t count = n * static_cast<std::size_t>(in_w);
-      cuda_detail::launch(stream(), count, elements::relu_backward_fn{s.prev.data(), in});
-      std::swap(s.delta, s.prev);
-    }
-  }
-
-  // The same GEMMs on 16-bit operands: delta (already scaled) rounded to 16 bits; db = column sums
-  // of delta16 in fp32 and dW = delta16^T . in16 with fp32 accumulation, both rounded to 16 bits
-  // and written to the fp32 gradients (an fp16 overflow shows up as inf, for the gradient scaler);
-  // delta_prev = delta16 . W16, ReLU mask, rounded to 16 bits.
-  void backward16(std::size_t n, const partrain::grad_ready_fn* ready) {
-    auto& s = *state_;
-    const std::size_t c = layout_.classes();
-    s.reserve(s.delta16, n * c);
-    cuda_detail::launch(stream(), n * c, elements::to_16_fn{s.delta.data(), s.delta16.data(), bf16()});
-    for (std::size_t l = layout_.layers(); l-- > 0;) {
-      const int out_w = static_cast<int>(layout_.widths[l + 1]);
-      const int in_w = static_cast<int>(layout_.widths[l]);
-      const std::uint16_t* in = l == 0 ? s.x16.data() : s.acts16[l - 1].data();
-      float* gw = s.grads.data() + layout_.weight_offset(l);
-      float* gb = s.grads.data() + layout_.bias_offset(l);
-      cuda_detail::launch(stream(), static_cast<std::size_t>(out_w),
-                          elements::column_sums16_fn{s.delta16.data(), n, static_cast<std::size_t>(out_w), gb, bf16()});
-      gemm16(CUBLAS_OP_N, CUBLAS_OP_T, in_w, out_w, static_cast<int>(n), in, in_w, s.delta16.data(), out_w, gw, in_w);
-      const std::size_t wcount = static_cast<std::size_t>(out_w) * static_cast<std::size_t>(in_w);
-      cuda_detail::launch(stream(), wcount, elements::round_16_fn{gw, bf16()});
-      notify(ready, l);
-      if (l == 0) break;
-      const std::size_t count = n * static_cast<std::size_t>(in_w);
-      s.reserve(s.prev, count);
-      gemm16(CUBLAS_OP_N, CUBLAS_OP_N, in_w, static_cast<int>(n), out_w, low16(2 * l), in_w, s.delta16.data(), out_w,
-             s.prev.data(), in_w);
-      s.reserve(s.prev16, count);
-      cuda_detail::launch(stream(), count, elements::relu_backward16_fn{s.prev.data(), in, s.prev16.data(), bf16()});
-      std::swap(s.delta16, s.prev16);
-    }
-  }
-
-  mlp_layout layout_;
-  partrain::device dev_;
-  partrain::precision precision_ = partrain::precision::fp32;
-  float loss_scale_ = 1.0f;
-  std::unique_ptr<state> state_;  // on the heap: the parameter views stay valid when the model moves
-  std::vector<cuda_parameter> params_;
-  partrain::low_precision_copy<partrain::cuda> low_;  // the 16-bit weights (fp16/bf16 only)
+  int index_;
+  partrain::cuda_stream compute_;
+  partrain::cublas_handle blas_;
 };
+
+using cuda_parameter = device_parameter<partrain::cuda>;
+using mlp_cuda = basic_mlp_device<cuda_backend>;
 
 }  // namespace models

@@ -31,6 +31,7 @@ functor_headers = [
     "include/partrain/precision/detail/elements.hpp",
     "include/partrain/parallel/detail/ddp_elements.hpp",
     "models/mlp_elements.hpp",
+    "models/mlp_device.hpp",  # the CUDA MLP's whole step, on the host backend
 ]
 executed = {h: set() for h in functor_headers}
 instrumented = {h: set() for h in functor_headers}
