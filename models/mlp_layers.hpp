@@ -26,8 +26,22 @@ using namespace partrain;
 struct host_param {
   host_buffer<float> v, g;
   explicit host_param(shape s) : v(s), g(s) {}
-  [[nodiscard]] tensor_view<float> value() { return v.view(); }
-  [[nodiscard]] tensor_view<float> grad() { return g.view(); }
+  [[nodiscard]] tensor_view<float> value() { return bound_ ? bound_value_ : v.view(); }
+  [[nodiscard]] tensor_view<float> grad() { return bound_ ? bound_grad_ : g.view(); }
+  // Fully sharded data parallel (partrain/parallel/fsdp.hpp) owns the storage from here on:
+  // value() and grad() view its buffers (empty while this rank holds only its shard) and ours
+  // are freed. A copy of a bound parameter views the same buffers.
+  void bind(tensor_view<float> value, tensor_view<float> grad) noexcept {
+    v = {};
+    g = {};
+    bound_value_ = value;
+    bound_grad_ = grad;
+    bound_ = true;
+  }
+
+ private:
+  tensor_view<float> bound_value_, bound_grad_;
+  bool bound_ = false;
 };
 
 // The polymorphic base, so one sequence can hold different layer types.
@@ -63,8 +77,8 @@ class linear final : public host_layer {
   }
   void forward(tensor_view<const float> x, tensor_view<float> y) override {
     const auto n = x.extent(0);
-    const float* w = params_[0].v.data();
-    const float* b = params_[1].v.data();
+    const float* w = params_[0].value().data();  // value(), not v: the storage may be bound elsewhere
+    const float* b = params_[1].value().data();
     for (std::size_t r = 0; r < n; ++r) {
       for (std::size_t o = 0; o < out_; ++o) {
         double acc = b[o];
@@ -76,9 +90,9 @@ class linear final : public host_layer {
   void backward(tensor_view<const float> x, tensor_view<const float>, tensor_view<const float> gy,
                 tensor_view<float> gx) override {
     const auto n = x.extent(0);
-    float* gw = params_[0].g.data();
-    float* gb = params_[1].g.data();
-    const float* w = params_[0].v.data();
+    float* gw = params_[0].grad().data();
+    float* gb = params_[1].grad().data();
+    const float* w = params_[0].value().data();
     // Loops run along contiguous rows; sums are kept in double and rounded once.
     std::vector<double> sw(out_ * in_, 0.0), sb(out_, 0.0), sx(in_);
     for (std::size_t r = 0; r < n; ++r) {

@@ -7,6 +7,8 @@
   plot_metrics.py --table bench.txt -o scaling.png --x ranks --y samples/s [--series mode]
       a scaling chart from a benchmark's whitespace table (the header row names the columns;
       rows whose x and y are numbers are plotted, one line per value of the series column).
+      A .csv table (commas, e.g. bench_slow_link's accuracy over time) is read the same way;
+      --logx puts x on a log scale, --yrange LO:HI fixes y (default from 0).
 """
 import argparse
 import json
@@ -86,7 +88,7 @@ def plot_metrics(args, tmp):
         write_columns(data, [[number(r.get("step"))] + [number(r.get(k)) for k in step_keys] for r in steps])
         plots = ", ".join(f"{quote(data)} using 1:{i + 2} with lines lw 1.5 title {quote(k)}" for i, k in enumerate(step_keys))
         panels.append("set title 'per step'\nset xlabel 'step'\nplot " + plots + "\n")
-    skip = {"kind", "epoch", "time", "step", "samples_per_s"}
+    skip = {"kind", "epoch", "time", "step", "samples_per_s", "bytes_sent"}  # other scales than accuracy and loss
     epoch_keys = sorted({k for r in epochs for k, v in r.items() if k not in skip and number(v) is not None})
     if epoch_keys:
         data = os.path.join(tmp, "epochs.dat")
@@ -104,15 +106,20 @@ def plot_metrics(args, tmp):
 def plot_table(args, tmp):
     with open(args.table, encoding="utf-8") as f:
         lines = [l.rstrip("\n") for l in f if l.strip()]
-    header_at = next((i for i, l in enumerate(lines) if args.x in l.split() and args.y in l.split()), None)
+    csv = args.table.endswith(".csv")
+
+    def split(line):
+        return [c.strip() for c in line.split(",")] if csv else line.split()
+
+    header_at = next((i for i, l in enumerate(lines) if args.x in split(l) and args.y in split(l)), None)
     if header_at is None:
         fail(f"{args.table}: no header row naming both '{args.x}' and '{args.y}'")
-    names = lines[header_at].split()
+    names = split(lines[header_at])
     xi, yi = names.index(args.x), names.index(args.y)
     si = names.index(args.series) if args.series in names else None
     series = {}
     for l in lines[header_at + 1:]:
-        cells = l.split()
+        cells = split(l)
         if len(cells) < len(names):
             continue
         extra = len(cells) - len(names)  # a first column with spaces in it
@@ -129,9 +136,11 @@ def plot_table(args, tmp):
         data = os.path.join(tmp, f"series{n}.dat")
         write_columns(data, sorted(pts))
         plots.append(f"{quote(data)} using 1:2 with linespoints lw 1.5 pt 7 title {quote(name)}")
-    script = terminal(args.size) + f"set output {quote(args.output)}\nset grid\nset key top left\n"
+    script = terminal(args.size) + f"set output {quote(args.output)}\nset grid\nset key {args.key}\n"
     script += f"set xlabel {quote(args.x)}\nset ylabel {quote(args.y)}\nset title {quote(args.title or 'scaling')}\n"
-    script += "set yrange [0:*]\nplot " + ", ".join(plots) + "\n"
+    if args.logx:
+        script += "set logscale x\n"
+    script += f"set yrange [{args.yrange or '0:*'}]\nplot " + ", ".join(plots) + "\n"
     run_gnuplot(script)
 
 
@@ -145,6 +154,9 @@ def main():
     p.add_argument("--y", default="samples/s", help="table: y column (default samples/s)")
     p.add_argument("--series", default="mode", help="table: column that names each line (default mode)")
     p.add_argument("--title", help="chart title")
+    p.add_argument("--logx", action="store_true", help="table: x on a log scale")
+    p.add_argument("--yrange", help="table: y range LO:HI (default 0:*)")
+    p.add_argument("--key", default="top left", help="table: where gnuplot puts the legend (default 'top left')")
     args = p.parse_args()
     try:
         w, h = (int(v) for v in args.size.lower().split("x"))

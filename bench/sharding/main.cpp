@@ -1,14 +1,22 @@
-// bench_sharding: what ZeRO-1 and ZeRO-2 (sharded_data_parallel) hold and send against DDP, on
-// the example's host MLP (784-256-128-10) and a wider one (784-1024-1024-10), AdamW, at world
-// sizes 1, 2 and 4 on the local (threads) backend, one OpenBLAS thread per rank:
-//   params, model grads  what the model itself holds (whole on every rank under DDP and ZeRO-1/2)
-//   grad bufs            gradient memory the policy holds (DDP: its buckets; ZeRO: see zero.hpp)
+// bench_sharding: what ZeRO-1, ZeRO-2 (sharded_data_parallel) and ZeRO-3 (fully_sharded_data_parallel)
+// hold and send against DDP, on the example's host MLP (784-256-128-10), a wider one
+// (784-1024-1024-10) and a deep one (784, ten 512-512 layers, 10; DDP and FSDP only), AdamW, at
+// world sizes 1, 2 and 4 on the local (threads) backend, one OpenBLAS thread per rank:
+//   params, model grads  what the model itself holds (whole on every rank under DDP and ZeRO-1/2);
+//                        fsdp: params is the peak a rank held (its chunks + the layers gathered at
+//                        once), model grads 0 (the layers hold none of their own)
+//   grad bufs            gradient memory the policy holds (DDP: its buckets; ZeRO: see zero.hpp;
+//                        fsdp: the peak of its chunks + whole layer gradients in flight)
 //   opt state            the optimizer's state on this rank (AdamW: two moments)
 //   sent/step            bytes rank 0 sends per step, counted by the communicator (ring bytes)
-//   samples/s            over the whole job (the ranks share this machine's cores)
+//   samples/s            over the whole job (the ranks share this machine's cores); fsdp runs the
+//                        same MLP as layers (models/mlp_layers.hpp, plain loops, no BLAS), so its
+//                        samples/s is not comparable with the other rows'
 // The last line is the summary: zero2_state_ratio (optimizer state per rank at world 4 / DDP's, wide
 // MLP), zero2_traffic_ratio (bytes per step at world 4 / DDP's, wide MLP), zero2_speed_ratio
-// (samples/s at world 2 / DDP's, wide MLP).
+// (samples/s at world 2 / DDP's, wide MLP), fsdp_param_ratio (peak parameter bytes per rank at
+// world 4 / DDP's, deep MLP; FSDP holds its chunks plus two layers, so a model dominated by one
+// layer, as the other two, cannot go below that layer's share).
 //   bench_sharding [--quick] [--steps N] [--batch-size N]
 #include <chrono>
 #include <cstdint>
@@ -23,9 +31,11 @@
 #include <partrain/data/batch.hpp>
 #include <partrain/optim/adamw.hpp>
 #include <partrain/parallel/ddp.hpp>
+#include <partrain/parallel/fsdp.hpp>
 #include <partrain/parallel/zero.hpp>
 
 #include "mlp_host.hpp"
+#include "mlp_layers.hpp"
 
 namespace {
 
@@ -61,8 +71,10 @@ struct synthetic_data {
   }
 };
 
-enum class mode { ddp, zero1, zero2 };
-constexpr std::string_view name(mode m) { return m == mode::ddp ? "ddp" : m == mode::zero1 ? "zero1" : "zero2"; }
+enum class mode { ddp, zero1, zero2, fsdp };
+constexpr std::string_view name(mode m) {
+  return m == mode::ddp ? "ddp" : m == mode::zero1 ? "zero1" : m == mode::zero2 ? "zero2" : "fsdp";
+}
 
 struct row {
   std::size_t params = 0, model_grads = 0, grad_bufs = 0, state = 0;
@@ -89,7 +101,15 @@ row measure(const models::mlp_layout& layout, mode md, int world, const config& 
       mine.sent_per_step = g.traffic().bytes_sent / c.steps;
       mine.samples_per_s = static_cast<double>(c.steps * c.batch * static_cast<std::size_t>(world)) / secs;
     };
-    if (md == mode::ddp) {
+    if (md == mode::fsdp) {
+      auto layers = models::layers::make_mlp(layout.widths, 0);
+      fully_sharded_data_parallel fsdp(layers, g, models::layers::softmax_cross_entropy{}, opt_options);
+      timed([&](std::size_t s) { (void)fsdp.train_step(data.at(s, world, g.rank(), c.batch)); });
+      const fsdp_memory m = fsdp.memory();
+      mine.params = m.peak_parameter_bytes;
+      mine.grad_bufs = m.peak_gradient_bytes;
+      mine.state = m.optimizer_state_bytes;
+    } else if (md == mode::ddp) {
       distributed_data_parallel ddp(model, g, {.bucket_cap_bytes = bucket_cap});
       adamw opt(model, opt_options);
       timed([&](std::size_t s) {
@@ -151,9 +171,16 @@ int main(int argc, char** argv) {
   struct model_case {
     const char* label;
     models::mlp_layout layout;
+    std::vector<mode> modes;
   };
-  const std::vector<model_case> cases{{"mlp", {{784, 256, 128, 10}}}, {"wide", {{784, 1024, 1024, 10}}}};
-  double state_ratio = 0, traffic_ratio = 0, speed_ratio = 0;
+  const std::vector<mode> all_modes{mode::ddp, mode::zero1, mode::zero2, mode::fsdp};
+  std::vector<std::size_t> deep(12, 512);  // 784, 512 x 11 (ten 512-512 layers), 10
+  deep.front() = 784;
+  deep.push_back(10);
+  const std::vector<model_case> cases{{"mlp", {{784, 256, 128, 10}}, all_modes},
+                                      {"wide", {{784, 1024, 1024, 10}}, all_modes},
+                                      {"deep", {deep}, {mode::ddp, mode::fsdp}}};
+  double state_ratio = 0, traffic_ratio = 0, speed_ratio = 0, fsdp_param_ratio = 0;
   std::printf("bench_sharding: AdamW, %zu steps of %zu samples per rank, local backend (threads)\n", c.steps, c.batch);
   std::printf("%-5s %5s %-6s %10s %11s %10s %10s %12s %10s\n", "model", "world", "mode", "params", "model grads",
               "grad bufs", "opt state", "sent/step", "samples/s");
@@ -161,7 +188,7 @@ int main(int argc, char** argv) {
   for (const auto& mc : cases) {
     for (int world : {1, 2, 4}) {
       row ddp{};
-      for (mode md : {mode::ddp, mode::zero1, mode::zero2}) {
+      for (mode md : mc.modes) {
         const row r = measure(mc.layout, md, world, c, data);
         if (md == mode::ddp) ddp = r;
         std::printf("%-5s %5d %-6s %10s %11s %10s %10s %12s %10.0f\n", mc.label, world, std::string(name(md)).c_str(),
@@ -174,10 +201,13 @@ int main(int argc, char** argv) {
           }
           if (world == 2) speed_ratio = r.samples_per_s / ddp.samples_per_s;
         }
+        if (std::string_view(mc.label) == "deep" && md == mode::fsdp && world == 4) {
+          fsdp_param_ratio = static_cast<double>(r.params) / static_cast<double>(ddp.params);
+        }
       }
     }
   }
-  std::printf("summary: zero2_state_ratio=%.4f zero2_traffic_ratio=%.4f zero2_speed_ratio=%.3f\n", state_ratio,
-              traffic_ratio, speed_ratio);
+  std::printf("summary: zero2_state_ratio=%.4f zero2_traffic_ratio=%.4f zero2_speed_ratio=%.3f fsdp_param_ratio=%.4f\n",
+              state_ratio, traffic_ratio, speed_ratio, fsdp_param_ratio);
   return 0;
 }

@@ -11,15 +11,24 @@
 // Local table: the ranks are threads (local backend); per mode the bytes rank 0 sent (ring-
 // algorithm bytes, process_group::traffic()), the test accuracy of rank 0's model at the end
 // (local SGD and DiLoCo synchronize once more first; streaming DiLoCo is taken as it stands),
-// the wall time, and that time plus the bytes at 100 Mbit/s (a model, not a measurement).
+// the training wall time (evaluations not counted), that time plus the bytes at 100 Mbit/s (a
+// model, not a measurement), and the time to reach --target accuracy (0.88) both ways. Along the
+// way rank 0's model is evaluated every --eval-every steps (at the first step after that where
+// every rank holds the same model: after an average or an outer step); those points go to the
+// CSV file --csv (default bench_slow_link.csv): mode, step, samples, seconds, seconds_100mbit,
+// bytes_sent, test_accuracy (tools/plot_metrics.py --table draws it).
 // Then, with --slow-link RATE[,RATE...] (tc rates, e.g. 100mbit,10mbit; needs root, ip and tc,
 // and Gloo), the same modes measured on a real slow link: two processes in two network
 // namespaces joined by a veth pair shaped by `tc qdisc tbf` on both ends, over Gloo; the bench
-// sets the namespaces up and removes them. Where that cannot run, it says why and exits 0.
+// sets the namespaces up and removes them. Where that cannot run, it says why and exits 0. Its
+// time to the target is an estimate: the local run's compute time to the target plus the bytes
+// it had sent by then at the link's measured seconds per byte.
 // Last line:
 //   summary: diloco_bytes_ratio=<ddp/diloco bytes> diloco_acc_gap=<ddp acc - diloco acc>
 //            powersgd_bytes_ratio=<ddp/powersgd rank-2 bytes> [diloco_time_ratio_100mbit=<ddp/diloco s>]
-//   bench_slow_link [--quick] [--samples N] [--slow-link RATES] [--slow-link-samples N]
+//            ddp_s_to_<target>_100mbit=<s> diloco_s_to_<target>_100mbit=<s> (modelled; "none" if not reached)
+//   bench_slow_link [--quick] [--samples N] [--eval-every N] [--target ACC] [--csv FILE]
+//                   [--slow-link RATES] [--slow-link-samples N]
 #include <fcntl.h>
 #include <sched.h>
 #include <unistd.h>
@@ -81,10 +90,51 @@ const char* name(mode m) {
   return "?";
 }
 
+// One evaluation along the way (rank 0's model, test set).
+struct point {
+  std::size_t step = 0;
+  double seconds = 0;  // training time so far (evaluations not counted)
+  std::uint64_t bytes = 0;
+  double accuracy = 0;
+};
+
+// The mode's name in the CSV file and the summary (no spaces).
+const char* key(mode m) {
+  switch (m) {
+    case mode::ddp: return "ddp";
+    case mode::local_sgd: return "local_sgd";
+    case mode::diloco: return "diloco";
+    case mode::diloco_int8: return "diloco_int8";
+    case mode::streaming: return "streaming_diloco";
+    case mode::powersgd_1: return "powersgd_r1";
+    case mode::powersgd_2: return "powersgd_r2";
+    case mode::powersgd_4: return "powersgd_r4";
+  }
+  return "?";
+}
+
 struct measured {
   std::uint64_t bytes = 0;
   double accuracy = 0;
   double seconds = 0;
+  std::vector<point> curve;
+};
+
+// The first point at or past the target accuracy, if any.
+std::optional<point> reached(const measured& r, double target) {
+  for (const auto& p : r.curve) {
+    if (p.accuracy >= target) return p;
+  }
+  return std::nullopt;
+}
+
+// Seconds on a link of `bits_per_s`, modelled: the measured time plus the bytes at that rate.
+double at_rate(double seconds, std::uint64_t bytes, double bits_per_s) {
+  return seconds + static_cast<double>(bytes) * 8 / bits_per_s;
+}
+
+struct eval_plan {
+  std::size_t every = 0;  // 0: only at the end
 };
 
 struct data {
@@ -116,9 +166,21 @@ struct ddp_step {
   }
 };
 
+// Whether every rank holds the same model right now (what an evaluation along the way waits for).
+template <class Policy>
+bool in_sync(Policy& p) {
+  if constexpr (requires { p.synced_last_step(); }) {
+    return p.synced_last_step();  // post-local SGD: after an average (or a warm-up step)
+  } else if constexpr (requires { p.inner_step(); }) {
+    return p.inner_step() == 0;  // DiLoCo: right after an outer step
+  } else {
+    return true;  // DDP; streaming DiLoCo is taken as it stands
+  }
+}
+
 // One rank's run of a mode on group g; what rank 0 measured (the others return zeros).
 template <class G>
-measured train(mode md, G& g, const data& d, std::size_t steps) {
+measured train(mode md, G& g, const data& d, std::size_t steps, eval_plan plan = {}) {
   models::mlp_host m({}, 0);
   sgd opt(m, inner);
   const auto warmup = static_cast<std::int64_t>(steps / 10);
@@ -126,8 +188,24 @@ measured train(mode md, G& g, const data& d, std::size_t steps) {
   auto loop = [&](auto& policy) {
     g.barrier().wait();  // construction (parameter broadcasts) is not timed or counted
     g.reset_traffic();
-    const auto t0 = clock_type::now();
-    for (std::size_t s = 0; s < steps; ++s) policy.train_step(d.train[s * world + static_cast<std::size_t>(g.rank())]);
+    clock_type::duration trained{};
+    auto t0 = clock_type::now();
+    std::size_t next_eval = plan.every;
+    for (std::size_t s = 0; s < steps; ++s) {
+      policy.train_step(d.train[s * world + static_cast<std::size_t>(g.rank())]);
+      if (plan.every && s + 1 >= next_eval && in_sync(policy)) {
+        // Every rank stops the clock at the same step; rank 0 evaluates while the others wait.
+        g.barrier().wait();
+        trained += clock_type::now() - t0;
+        if (g.rank() == 0) {
+          out.curve.push_back({s + 1, std::chrono::duration<double>(trained).count(), g.traffic().bytes_sent,
+                               accuracy(m, d.test)});
+        }
+        next_eval += plan.every;
+        g.barrier().wait();
+        t0 = clock_type::now();
+      }
+    }
     // End on a model every rank agrees on: local SGD averages, DiLoCo ends its round early.
     if constexpr (requires { policy.average_parameters(); }) policy.average_parameters();
     if constexpr (requires { policy.sync(); }) {
@@ -137,9 +215,15 @@ measured train(mode md, G& g, const data& d, std::size_t steps) {
     // steps past its last outer step.
     g.barrier().wait();
     if (g.rank() == 0) {
-      out.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
+      out.seconds = std::chrono::duration<double>(trained + (clock_type::now() - t0)).count();
       out.bytes = g.traffic().bytes_sent;
       out.accuracy = accuracy(m, d.test);
+      const point last{steps, out.seconds, out.bytes, out.accuracy};  // after the final sync
+      if (!out.curve.empty() && out.curve.back().step == steps) {
+        out.curve.back() = last;
+      } else {
+        out.curve.push_back(last);
+      }
     }
   };
   auto with_ddp = [&](ddp_options o) {
@@ -176,22 +260,47 @@ measured train(mode md, G& g, const data& d, std::size_t steps) {
   return out;
 }
 
-measured run_local_mode(mode md, const data& d, std::size_t steps) {
+measured run_local_mode(mode md, const data& d, std::size_t steps, eval_plan plan) {
   measured res;
   run_local(world, [&](local_group& g) {
-    const auto r = train(md, g, d, steps);
+    const auto r = train(md, g, d, steps, plan);
     if (g.rank() == 0) res = r;
   });
   return res;
 }
 
-void print_header(const char* time_label) {
-  std::printf("%-24s %14s %10s %9s %9s %20s\n", "mode", "bytes/rank", "vs ddp", "accuracy", "wall s", time_label);
+// "12.34", or "-" when the target was not reached.
+std::string seconds_or_dash(const std::optional<double>& s) {
+  if (!s) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", *s);
+  return buf;
 }
-void print_row(mode md, const measured& r, double ddp_bytes, double extra) {
+
+void print_header(const char* time_label, const std::string& to_target) {
+  std::printf("%-24s %14s %10s %9s %9s %20s %16s\n", "mode", "bytes/rank", "vs ddp", "accuracy", "wall s", time_label,
+              to_target.c_str());
+}
+void print_row(mode md, const measured& r, double ddp_bytes, double extra, const std::optional<double>& to_target) {
   const double ratio = r.bytes ? ddp_bytes / static_cast<double>(r.bytes) : 0;
-  std::printf("%-24s %14llu %9.1fx %9.4f %9.2f %20.2f\n", name(md), static_cast<unsigned long long>(r.bytes), ratio,
-              r.accuracy, r.seconds, extra);
+  std::printf("%-24s %14llu %9.1fx %9.4f %9.2f %20.2f %16s\n", name(md), static_cast<unsigned long long>(r.bytes), ratio,
+              r.accuracy, r.seconds, extra, seconds_or_dash(to_target).c_str());
+}
+
+// The accuracy-over-time points of every mode, one CSV row each.
+void write_curves(const std::filesystem::path& file, const std::vector<measured>& rows) {
+  std::ofstream out(file);
+  out << "mode,step,samples,seconds,seconds_100mbit,bytes_sent,test_accuracy\n";
+  char line[256];
+  for (std::size_t k = 0; k < rows.size(); ++k) {
+    for (const auto& p : rows[k].curve) {
+      std::snprintf(line, sizeof line, "%s,%zu,%zu,%.4f,%.4f,%llu,%.4f\n", key(all_modes[k]), p.step,
+                    p.step * batch_size * world, p.seconds, at_rate(p.seconds, p.bytes, 100e6),
+                    static_cast<unsigned long long>(p.bytes), p.accuracy);
+      out << line;
+    }
+  }
+  if (!out.flush()) throw error(error_kind::config, "bench_slow_link: cannot write " + file.string());
 }
 
 // Why the namespaced slow link cannot run here; empty when it can.
@@ -308,8 +417,11 @@ std::optional<double> rate_bits(const std::string& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::size_t samples = 2 * 60000;  // two epochs over both ranks
+  std::size_t samples = 10 * 60000;  // ten epochs over both ranks
   std::size_t slow_samples = 12800;
+  std::size_t eval_every = 100;
+  double target = 0.88;
+  std::filesystem::path csv = "bench_slow_link.csv";
   std::vector<std::string> rates;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
@@ -324,8 +436,19 @@ int main(int argc, char** argv) {
     if (a == "--quick") {
       samples = 12800;
       slow_samples = 6400;
+      eval_every = 25;
     } else if (a == "--samples") {
       count(samples);
+    } else if (a == "--eval-every") {
+      count(eval_every);
+    } else if (a == "--target" && i + 1 < argc) {
+      target = std::strtod(argv[++i], nullptr);
+      if (!(target > 0 && target <= 1)) {
+        std::fprintf(stderr, "bench_slow_link: --target needs an accuracy in (0, 1], got '%s'\n", argv[i]);
+        return 2;
+      }
+    } else if (a == "--csv" && i + 1 < argc) {
+      csv = argv[++i];
     } else if (a == "--slow-link-samples") {
       count(slow_samples);
     } else if (a == "--slow-link" && i + 1 < argc) {
@@ -338,8 +461,8 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr,
-                   "bench_slow_link: unknown option '%s' (expected --quick, --samples N, --slow-link RATE[,RATE...], "
-                   "--slow-link-samples N)\n",
+                   "bench_slow_link: unknown option '%s' (expected --quick, --samples N, --eval-every N, --target ACC, "
+                   "--csv FILE, --slow-link RATE[,RATE...], --slow-link-samples N)\n",
                    argv[i]);
       return 2;
     }
@@ -354,13 +477,36 @@ int main(int argc, char** argv) {
     std::printf("bench_slow_link: MLP 784-256-128-10, %d ranks, batch %zu per rank, SGD lr %.2f momentum %.1f\n", world,
                 batch_size, inner.lr, inner.momentum);
     std::printf("local backend (threads), %zu steps (%zu samples):\n", steps, steps * batch_size * world);
+    char target_label[64];
+    std::snprintf(target_label, sizeof target_label, "to %.2f s/100M", target);
     std::vector<measured> rows;
-    for (mode md : all_modes) rows.push_back(run_local_mode(md, d, steps));
-    print_header("at 100Mbit/s (model)");
+    for (mode md : all_modes) rows.push_back(run_local_mode(md, d, steps, {.every = eval_every}));
+    print_header("at 100Mbit/s (model)", target_label);
     const double ddp_bytes = static_cast<double>(rows[0].bytes);
+    // Time to the target: measured here (a fast link), and modelled at 100 Mbit/s.
+    std::vector<std::optional<point>> hit;
     for (std::size_t k = 0; k < rows.size(); ++k) {
-      print_row(all_modes[k], rows[k], ddp_bytes, rows[k].seconds + static_cast<double>(rows[k].bytes) * 8 / 100e6);
+      hit.push_back(reached(rows[k], target));
+      std::optional<double> t100;
+      if (hit.back()) t100 = at_rate(hit.back()->seconds, hit.back()->bytes, 100e6);
+      print_row(all_modes[k], rows[k], ddp_bytes, at_rate(rows[k].seconds, rows[k].bytes, 100e6), t100);
     }
+    std::printf("time to test accuracy %.2f (evaluated every %zu steps, at the first step after that where the ranks "
+                "agree):\n", target, eval_every);
+    for (std::size_t k = 0; k < rows.size(); ++k) {
+      if (hit[k]) {
+        std::printf("  %-24s step %5zu  %7.2f s here  %8.2f s at 100Mbit/s (model)  %12llu bytes\n", name(all_modes[k]),
+                    hit[k]->step, hit[k]->seconds, at_rate(hit[k]->seconds, hit[k]->bytes, 100e6),
+                    static_cast<unsigned long long>(hit[k]->bytes));
+      } else {
+        std::printf("  %-24s not reached in %zu steps (best %.4f)\n", name(all_modes[k]), steps,
+                    std::max_element(rows[k].curve.begin(), rows[k].curve.end(),
+                                     [](const point& a, const point& b) { return a.accuracy < b.accuracy; })->accuracy);
+      }
+    }
+    write_curves(csv, rows);
+    std::printf("accuracy over time: %s (plot: tools/plot_metrics.py --table %s --x seconds_100mbit --y test_accuracy "
+                "--logx -o curve.png)\n", csv.c_str(), csv.c_str());
     std::fflush(stdout);
 
     std::string time_ratio_100;
@@ -378,13 +524,25 @@ int main(int argc, char** argv) {
         std::printf("slow link %s (veth between two network namespaces, tc tbf both ends, Gloo), %zu steps (%zu "
                     "samples):\n",
                     rate.c_str(), slow_steps, slow_steps * batch_size * world);
-        print_header("samples/s");
+        char est_label[64];
+        std::snprintf(est_label, sizeof est_label, "to %.2f s (est)", target);
+        print_header("samples/s", est_label);
         std::vector<measured> shaped;
         for (mode md : all_modes) {
           shaped.push_back(run_shaped_mode(md, link, d, slow_steps));
           const auto& r = shaped.back();
+          // The local run's compute time to the target, plus its bytes at this link's measured cost
+          // per byte (these steps' time less their compute time, per byte sent): warm-ups and
+          // compression change the bytes per step, so bytes, not steps, carry the link's cost.
+          std::optional<double> est;
+          if (const auto& h = hit[row_of(md)]) {
+            const auto& local = rows[row_of(md)];
+            const double compute = local.seconds * static_cast<double>(slow_steps) / static_cast<double>(steps);
+            const double per_byte = r.bytes ? std::max(0.0, r.seconds - compute) / static_cast<double>(r.bytes) : 0.0;
+            est = h->seconds + static_cast<double>(h->bytes) * per_byte;
+          }
           print_row(md, r, static_cast<double>(shaped[0].bytes),
-                    static_cast<double>(slow_steps * batch_size * world) / r.seconds);
+                    static_cast<double>(slow_steps * batch_size * world) / r.seconds, est);
           std::fflush(stdout);
         }
         if (rate == "100mbit") {
@@ -398,9 +556,17 @@ int main(int argc, char** argv) {
     }
     const auto& dl = rows[row_of(mode::diloco)];
     const auto& ps2 = rows[row_of(mode::powersgd_2)];
-    std::printf("summary: diloco_bytes_ratio=%.1f diloco_acc_gap=%.4f powersgd_bytes_ratio=%.1f%s\n",
+    auto to_target = [&](mode md) {
+      const auto& h = hit[row_of(md)];
+      return h ? seconds_or_dash(at_rate(h->seconds, h->bytes, 100e6)) : std::string("none");
+    };
+    char target_key[16];
+    std::snprintf(target_key, sizeof target_key, "%.2f", target);
+    std::printf("summary: diloco_bytes_ratio=%.1f diloco_acc_gap=%.4f powersgd_bytes_ratio=%.1f%s ddp_s_to_%s_100mbit=%s "
+                "diloco_s_to_%s_100mbit=%s\n",
                 ddp_bytes / static_cast<double>(dl.bytes), rows[0].accuracy - dl.accuracy,
-                ddp_bytes / static_cast<double>(ps2.bytes), time_ratio_100.c_str());
+                ddp_bytes / static_cast<double>(ps2.bytes), time_ratio_100.c_str(), target_key,
+                to_target(mode::ddp).c_str(), target_key, to_target(mode::diloco).c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_slow_link: %s\n", e.what());
     return 1;

@@ -1,5 +1,5 @@
 // examples/fashion_mnist/main.cpp: a user's program training its own MLP on Fashion-MNIST with
-// DDP over ranks (or ZeRO, or communicating less: local SGD, DiLoCo, PowerSGD), data parallel
+// DDP over ranks (or ZeRO-1/2/3, or communicating less: local SGD, DiLoCo, PowerSGD), data parallel
 // over host devices, or pipeline stages; partrain::fit runs the epochs (schedule, checkpoints,
 // metrics, progress, trace) for all of them:
 //   fashion_mnist --nproc 2                     # 2 processes over Gloo, started here
@@ -94,16 +94,19 @@ void train_ddp(Model& model, process_group& pg, const options& o, const datasets
   const mixed_precision_policy mp{.compute = parse_precision(o.precision), .reduce_in_low_precision = o.reduce_16bit};
   trace_recorder trace = make_trace(o);  // before the DDP: its bucket callbacks point here
   ddp_options dopts{.overlap = o.overlap, .hook = mp.ddp_hook()};
+  std::shared_ptr<powersgd_state> psgd;  // checkpoints carry it: each rank's error feedback
   if (o.sync == "powersgd") {
-    dopts.hook = comm_hooks::powersgd(std::make_shared<powersgd_state>(
-        powersgd_options{.matrix_approximation_rank = o.powersgd_rank, .start_iter = o.powersgd_start}));
+    psgd = std::make_shared<powersgd_state>(
+        powersgd_options{.matrix_approximation_rank = o.powersgd_rank, .start_iter = o.powersgd_start});
+    dopts.hook = comm_hooks::powersgd(psgd);
   }
   if (trace.enabled()) dopts.on_bucket_launch = trace.bucket_spans();
   if (o.bucket_kb) dopts.bucket_cap_bytes = dopts.first_bucket_bytes = o.bucket_kb << 10;
   distributed_data_parallel ddp(model, pg, dopts);
   grad_scaler scaler = mp.make_scaler();
   sgd opt(model, {.lr = o.lr, .momentum = o.momentum});
-  ddp_policy policy(ddp, opt, {.scaler = mp.compute == precision::fp32 ? nullptr : &scaler, .trace = &trace});
+  ddp_policy policy(ddp, opt, {.scaler = mp.compute == precision::fp32 ? nullptr : &scaler, .trace = &trace,
+                               .powersgd = psgd.get()});
   loader train = rank_train(data, o, rank, world);
   loader test = rank_test(data, rank, world);
   if (rank == 0) {
@@ -141,6 +144,31 @@ void train_zero(process_group& pg, const options& o, const datasets& data) {
   }
   fit(policy, train, test, fit_options(o, trace));
   print_end(pg, parameter_checksum(model));
+}
+
+// --parallel fsdp: the MLP as a sequence of layers, each layer's parameters (and their gradients
+// and momentum) sharded over the ranks and gathered only around that layer's forward and backward.
+void train_fsdp(process_group& pg, const options& o, const datasets& data) {
+  auto layers = models::layers::make_mlp({784, 256, 128, 10}, static_cast<std::uint32_t>(o.seed));
+  fully_sharded_data_parallel fsdp(layers, pg, models::layers::softmax_cross_entropy{},
+                                   sgd_options{.lr = o.lr, .momentum = o.momentum});
+  trace_recorder trace = make_trace(o);
+  fsdp_policy policy(fsdp, {.trace = &trace});
+  loader train = rank_train(data, o, pg.rank(), pg.size());
+  loader test = rank_test(data, pg.rank(), pg.size());
+  if (pg.rank() == 0) {
+    std::printf("fashion_mnist: fsdp, %d rank(s) over %s, MLP 784-256-128-10, batch %zu per rank, lr %g, %zu epochs, "
+                "%zu/%zu examples\n", pg.size(), std::string(pg.backend()).c_str(), o.batch_size, o.lr, o.epochs,
+                data.n_train, data.n_test);
+  }
+  fit(policy, train, test, fit_options(o, trace));
+  const fsdp_memory m = fsdp.memory();
+  if (pg.rank() == 0) {
+    std::printf("rank 0 held at most %.2f MB of parameters (the whole model: %.2f MB)\n",
+                static_cast<double>(m.peak_parameter_bytes) / 1e6, static_cast<double>(m.unsharded_parameter_bytes) / 1e6);
+  }
+  auto full = fsdp.summon_full_params();  // collective: the checksum reads the whole model
+  print_end(pg, parameter_checksum(full));
 }
 
 // --sync local-sgd|diloco: ranks step alone and meet every --period (or --inner-steps) steps.
@@ -229,6 +257,8 @@ void run_rank(process_group& pg, const options& o, const datasets& data) {
     train_pipeline(pg, o, data);
   } else if (o.parallel == "zero1" || o.parallel == "zero2") {
     train_zero(pg, o, data);
+  } else if (o.parallel == "fsdp") {
+    train_fsdp(pg, o, data);
   } else if (o.sync == "local-sgd" || o.sync == "diloco") {
     train_local(pg, o, data);
   } else {

@@ -25,7 +25,7 @@ class usage_error : public std::runtime_error {
 struct options {
   std::string device = "cpu";      // cpu | cuda
   std::string backend = "gloo";    // gloo | mpi | nccl | local
-  std::string parallel = "ddp";    // ddp | zero1 | zero2 | dp (one process, --devices) | pipeline (--stages ranks)
+  std::string parallel = "ddp";    // ddp | zero1 | zero2 | fsdp | dp (one process, --devices) | pipeline (--stages ranks)
   std::string sync = "ddp";        // ddp: every step; local-sgd | diloco | powersgd: communicate less
   std::string loop = "ranges";     // ranges | coroutine | plain: three spellings of the same loop
   std::string precision = "fp32";  // fp32 | fp16 | bf16 (mixed precision: fp32 master weights)
@@ -84,8 +84,10 @@ inline constexpr std::string_view usage_text =
     "  --limit-train N, --limit-test N  use only the first N examples (quick runs)\n"
     "  --log-every N             progress line and metrics step record every N steps (default 200,\n"
     "                            0 = none); on a terminal the progress line is redrawn in place\n"
-    "  --parallel ddp|zero1|zero2|dp|pipeline  distributed data parallel over ranks (default); ZeRO-1/2\n"
-    "                            (optimizer state, and for zero2 gradients, sharded over the ranks); data\n"
+    "  --parallel ddp|zero1|zero2|fsdp|dp|pipeline  distributed data parallel over ranks (default);\n"
+    "                            ZeRO-1/2 (optimizer state, and for zero2 gradients, sharded over the\n"
+    "                            ranks); fsdp (ZeRO-3: parameters too, each layer gathered around its\n"
+    "                            forward and backward); data\n"
     "                            parallel over --devices N host devices of one process; or the MLP split\n"
     "                            into --stages S pipeline stages (one rank each) with --micro-batches M\n"
     "  --sync ddp|local-sgd|diloco|powersgd  with --parallel ddp: gradients all-reduced every step\n"
@@ -154,7 +156,7 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
       detail::check_choice(flag, o.backend, {"gloo", "mpi", "nccl", "local"});
     } else if (flag == "--parallel") {
       o.parallel = value();
-      detail::check_choice(flag, o.parallel, {"ddp", "zero1", "zero2", "dp", "pipeline"});
+      detail::check_choice(flag, o.parallel, {"ddp", "zero1", "zero2", "fsdp", "dp", "pipeline"});
     } else if (flag == "--sync") {
       o.sync = value();
       detail::check_choice(flag, o.sync, {"ddp", "local-sgd", "diloco", "powersgd"});
@@ -244,9 +246,6 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
     if (o.parallel != "ddp") throw usage_error("--sync " + o.sync + ": needs --parallel ddp");
     if (o.device != "cpu") throw usage_error("--sync " + o.sync + ": this example runs it on the host (--device cpu)");
     if (o.precision != "fp32") throw usage_error("--sync " + o.sync + ": this example runs it in fp32");
-    if (!o.checkpoint.empty()) {
-      throw usage_error("--checkpoint with --sync " + o.sync + ": not yet (ranks hold different state between syncs)");
-    }
   }
   if (o.parallel == "dp" && o.nproc > 1) {
     throw usage_error("--parallel dp drives --devices N from one process; --nproc " + std::to_string(o.nproc) +
@@ -259,8 +258,8 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
     }
   }
   if (o.precision != "fp32" && o.parallel != "ddp" && !zero) {
-    throw usage_error("--precision " + o.precision + ": mixed precision runs with --parallel ddp (this example's dp "
-                      "and pipeline modes train in fp32)");
+    throw usage_error("--precision " + o.precision + ": mixed precision runs with --parallel ddp (this example's dp, "
+                      "pipeline and fsdp modes train in fp32)");
   }
   if (o.reduce_16bit && o.precision == "fp32") throw usage_error("--reduce-16bit needs --precision fp16 or bf16");
   if (o.reduce_16bit && zero) throw usage_error("--reduce-16bit: with --parallel ddp only (ZeRO reduces in fp32)");

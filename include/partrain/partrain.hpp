@@ -104,6 +104,7 @@
 #include <partrain/parallel/ddp.hpp>
 #include <partrain/parallel/ddp_stats.hpp>
 #include <partrain/parallel/diloco.hpp>
+#include <partrain/parallel/fsdp.hpp>
 #include <partrain/parallel/local_sgd.hpp>
 #include <partrain/parallel/pipeline/layer.hpp>
 #include <partrain/parallel/pipeline/local_grid.hpp>
@@ -128,11 +129,13 @@
 #include <partrain/train/checkpoint.hpp>
 #include <partrain/train/epochs.hpp>
 #include <partrain/train/every.hpp>
+#include <partrain/train/fsdp_policy.hpp>
 #include <partrain/train/local_sgd_policy.hpp>
 #include <partrain/train/lr_schedule.hpp>
 #include <partrain/train/metrics.hpp>
 #include <partrain/train/policies.hpp>
 #include <partrain/train/progress.hpp>
+#include <partrain/train/rank_checkpoint.hpp>
 #include <partrain/train/sharded_checkpoint.hpp>
 #include <partrain/train/steps.hpp>
 #include <partrain/train/trace.hpp>

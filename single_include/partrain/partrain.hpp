@@ -20033,6 +20033,7 @@ class distributed_data_parallel {
 // all_reduce per step; optionally in 16 bits or in 8 bits (per-tensor scaled int8).
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -20074,6 +20075,11 @@ struct diloco_options {
   // Copy rank 0's parameters to every rank at construction (every rank must start a round from
   // the same point; false: the caller guarantees they are equal).
   bool broadcast_parameters = true;
+  // Uneven inputs: a rank that runs out of batches calls join() and takes part in the others'
+  // outer steps with a zero outer gradient (no progress; the mean stays over all ranks, as DDP
+  // divides by the initial world size) until every rank has joined. Costs one small all_reduce
+  // per outer step.
+  bool join = false;
 };
 
 namespace detail::diloco {
@@ -20293,6 +20299,7 @@ class diloco {
   template <class B>
   double train_step(const B& batch) {
     static_assert(check_trainable<M, B>());
+    if (joined_) throw invalid_argument_error(where() + "train_step after join() on this rank");
     const double loss = model_->train_step(batch);
     inner_->step();
     ++steps_;
@@ -20302,7 +20309,44 @@ class diloco {
 
   // The outer step now (train_step calls it every H steps): outer gradient = start - current,
   // averaged over ranks; back to the start; the outer optimizer steps; a new round starts there.
+  // Collective: every rank that has not joined calls it at the same step.
   void sync() {
+    if (opts_.join) {  // tells the joined ranks, waiting in join(), that an outer step follows
+      std::array<std::int64_t, 1> active{1};
+      small_all_reduce(std::span<std::int64_t>(active), reduce_op::sum, "active-rank all_reduce");
+    }
+    outer_step();
+  }
+
+  // Uneven inputs (needs diloco_options::join): call once this rank has no more batches. It
+  // takes part in the other ranks' outer steps (its outer gradient is whatever progress it made
+  // since its last one, then zero) until every rank has joined; then every rank's counters are
+  // set to the most steps any rank took, so the next epoch's rounds end at the same step
+  // everywhere. Returns true when this rank took part in at least one outer step of the others.
+  bool join() {
+    if (!opts_.join) {
+      throw config_error(where() + "join() needs join enabled: construct with diloco_options{.join = true} (every "
+                                   "outer step then starts with a count of the ranks that still have data)");
+    }
+    joined_ = true;
+    bool shadowed = false;
+    for (;;) {
+      std::array<std::int64_t, 1> active{0};
+      small_all_reduce(std::span<std::int64_t>(active), reduce_op::sum, "join active-rank all_reduce");
+      if (active[0] == 0) break;
+      shadowed = true;
+      outer_step();
+    }
+    std::array<std::int64_t, 2> counts{inner_step_, steps_};
+    small_all_reduce(std::span<std::int64_t>(counts), reduce_op::max, "join step-count all_reduce");
+    inner_step_ = counts[0];
+    steps_ = counts[1];
+    joined_ = false;
+    return shadowed;
+  }
+
+ private:
+  void outer_step() {
     std::size_t k = 0;
     for (auto&& p : model_->parameters()) {
       const auto v = p.value();
@@ -20312,7 +20356,11 @@ class diloco {
       ++k;
     }
     exchange_.start(*comm_, std::span<const T>(delta_), offsets_, sizes_);
-    exchange_.finish(std::span<T>(delta_));
+    try {
+      exchange_.finish(std::span<T>(delta_));
+    } catch (const timeout_error& e) {
+      throw timeout_error(where() + "outer gradient exchange failed: " + e.what() + join_hint());
+    }
     k = 0;
     for (auto&& p : model_->parameters()) {
       auto v = p.value();
@@ -20324,6 +20372,8 @@ class diloco {
     inner_step_ = 0;
     ++outer_steps_;
   }
+
+ public:
 
   [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
   [[nodiscard]] std::int64_t outer_steps() const noexcept { return outer_steps_; }
@@ -20383,6 +20433,21 @@ class diloco {
   }
 
  private:
+  [[nodiscard]] std::string where() const { return "rank " + std::to_string(comm_->rank()) + " diloco: "; }
+  void small_all_reduce(std::span<std::int64_t> v, reduce_op op, const char* what) {
+    auto w = comm_->all_reduce(tensor_view<std::int64_t>(v.data(), shape{v.size()}), op);
+    try {
+      w.wait();
+    } catch (const timeout_error& e) {
+      throw timeout_error(where() + what + " failed: " + e.what() + join_hint());
+    }
+  }
+  [[nodiscard]] std::string join_hint() const {
+    return opts_.join ? std::string()
+                      : std::string(". If ranks run out of batches at different steps, construct with "
+                                    "diloco_options{.join = true} and call join() on a rank once its data ends");
+  }
+
   [[nodiscard]] sgd_options outer_sgd_options() const {
     return {.lr = opts_.outer_lr, .momentum = opts_.outer_momentum, .dampening = 0, .weight_decay = 0,
             .nesterov = opts_.nesterov};
@@ -20431,195 +20496,469 @@ class diloco {
   sgd<detail::diloco::outer_model<T>> outer_;
   detail::diloco::outer_exchange<T> exchange_{opts_.compression};
   std::int64_t steps_ = 0, inner_step_ = 0, outer_steps_ = 0;
+  bool joined_ = false;  // inside join(): train_step is refused
 };
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_PARALLEL_DILOCO_HPP
-// #include <partrain/parallel/local_sgd.hpp>
-#ifndef PARTRAIN_SI_PARALLEL_LOCAL_SGD_HPP
-#define PARTRAIN_SI_PARALLEL_LOCAL_SGD_HPP
-// partrain/parallel/local_sgd.hpp: post-local SGD (PyTorch's PostLocalSGDState hook,
-// PeriodicModelAverager and PostLocalSGDOptimizer in one policy): synchronous DDP for
-// `warmup_steps` steps, then every rank steps alone on its own gradients (no gradient
-// all_reduce) and the parameters are averaged over all ranks every `period` steps.
+// #include <partrain/parallel/fsdp.hpp>
+#ifndef PARTRAIN_SI_PARALLEL_FSDP_HPP
+#define PARTRAIN_SI_PARALLEL_FSDP_HPP
+// partrain/parallel/fsdp.hpp: fully sharded data parallel (ZeRO-3; PyTorch's FSDP with FULL_SHARD)
+// for a model given as a layer sequence (parallel/pipeline/layer.hpp). Every rank trains the
+// whole model on its own batch, as under DDP, but holds only its chunk of each layer's parameters
+// (the layer's parameters concatenated and cut in n chunks, see detail/fsdp_layout.hpp), their
+// gradient and their optimizer state. Around each layer's forward its parameters are
+// all_gathered into a whole buffer and freed again afterwards; backward gathers them once more,
+// runs the layer's backward into a whole gradient buffer and reduce_scatters (averages) it into
+// each rank's chunk. The next layer's all_gather is issued before this layer computes, so it
+// overlaps. step (inside train_step, as sharded_data_parallel's) updates the local chunks only.
+//
+//   auto layers = models::layers::make_mlp({784, 256, 128, 10}, seed);
+//   fully_sharded_data_parallel fsdp(layers, group, softmax_cross_entropy{}, adamw_options{.lr = 1e-3});
+//   for (const batch& b : batches) fsdp.train_step(b);
+//
+// FSDP owns the layers' parameter storage while it lives (each parameter's bind(), as PyTorch's
+// parameters become views into its flat parameter): outside a layer's own compute, value() and
+// grad() are empty; summon_full_params() gathers them all for reading. Host float parameters
+// only in this release; no mixed precision and no checkpoints yet (see docs/sharding.md).
 
 #include <algorithm>
+#include <array>
+#include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
+#include <deque>
+#include <iterator>
+#include <optional>
+#include <ranges>
+#include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
-namespace partrain::inline v0 {
+// #include <partrain/parallel/detail/fsdp_layout.hpp>
+#ifndef PARTRAIN_SI_PARALLEL_DETAIL_FSDP_LAYOUT_HPP
+#define PARTRAIN_SI_PARALLEL_DETAIL_FSDP_LAYOUT_HPP
+// partrain/parallel/detail/fsdp_layout.hpp: how fully sharded data parallel cuts one unit (one
+// layer's parameters, concatenated in order: N elements) over n ranks. The unit is padded to n*L
+// elements, L = ceil(N/n), and rank r owns chunk r, [min(r*L, N), min((r+1)*L, N)) (torch.chunk's
+// split, as FSDP's flat parameter). Not zero_layout's balanced split on purpose: here the
+// all_gather lands in the buffer the layer computes with, so every padding element must sit after
+// the N real ones, which only the chunked split gives. Shards may differ by up to L elements (the
+// last ranks may own none); every rank still sends L elements, its padding zero.
 
-struct local_sgd_options {
-  // Average the parameters every `period` steps once local SGD has started.
-  std::int64_t period = 4;
-  // Steps of ordinary DDP (gradients all-reduced) before local SGD starts; PyTorch's
-  // start_localSGD_iter, which must equal its averager's warmup_steps (one number here).
-  std::int64_t warmup_steps = 0;
-  // The DDP that runs the warm-up; its hook (allreduce, fp16_compress, ...) is used during the
-  // warm-up only.
-  ddp_options ddp = {};
+#include <algorithm>
+#include <cstddef>
+
+// #include <partrain/parallel/detail/zero_layout.hpp>
+#ifndef PARTRAIN_SI_PARALLEL_DETAIL_ZERO_LAYOUT_HPP
+#define PARTRAIN_SI_PARALLEL_DETAIL_ZERO_LAYOUT_HPP
+// partrain/parallel/detail/zero_layout.hpp: where sharded data parallel's elements live. The flat
+// parameter space (every parameter concatenated in model order, N elements) is cut into n
+// contiguous shards, rank r owning [floor(r*N/n), floor((r+1)*N/n)); the shards differ by at most
+// one element. Communication runs over a padded, bucket-major space: each shard is padded to
+// L = ceil(N/n) and cut into windows of c elements; bucket k holds window k of every shard, rank
+// q's window as block q, so one reduce_scatter or all_gather per bucket moves equal blocks.
+// Padding elements are zero on the way in and dropped on the way out: they never reach a
+// parameter.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <vector>
+
+namespace partrain::inline v0::detail::zero {
+
+// [begin, end) of the flat parameter space.
+struct flat_range {
+  std::size_t begin = 0;
+  std::size_t end = 0;
+  [[nodiscard]] constexpr std::size_t size() const noexcept { return end - begin; }
+  friend constexpr bool operator==(flat_range, flat_range) = default;
 };
 
-namespace detail::local_sgd {
-
-inline void validate(const local_sgd_options& o) {
-  if (o.period < 1) {
-    throw invalid_argument_error("local_sgd_options: period must be >= 1 (steps between parameter averages), got " +
-                                 std::to_string(o.period));
-  }
-  if (o.warmup_steps < 0) {
-    throw invalid_argument_error("local_sgd_options: warmup_steps must be >= 0 (synchronous DDP steps before local "
-                                 "SGD starts), got " + std::to_string(o.warmup_steps));
-  }
-  if (!o.ddp.hook) {
-    throw invalid_argument_error("local_sgd_options: ddp.hook is empty (expected the warm-up's comm_hook, e.g. "
-                                 "comm_hooks::allreduce())");
-  }
+// Rank r's shard of N elements over n ranks: [floor(r*N/n), floor((r+1)*N/n)), written so that
+// r*N cannot overflow.
+[[nodiscard]] constexpr std::size_t shard_begin(std::size_t total, std::size_t world, std::size_t r) noexcept {
+  return r * (total / world) + r * (total % world) / world;
+}
+[[nodiscard]] constexpr flat_range shard_of(std::size_t total, std::size_t world, std::size_t r) noexcept {
+  return {shard_begin(total, world, r), shard_begin(total, world, r + 1)};
 }
 
-// The warm-up's hook while `*sync` is true; afterwards the bucket keeps this rank's own gradient
-// (PyTorch's post_local_gradient_allreduce=False: nothing is communicated, nothing divided).
-[[nodiscard]] inline comm_hook gated(comm_hook inner, std::shared_ptr<const bool> sync) {
-  return [inner = std::move(inner), sync = std::move(sync)](grad_bucket& b) -> work {
-    if (*sync) return inner(b);
-    return work::completed();
-  };
-}
-
-}  // namespace detail::local_sgd
-
-// One training step = the DDP step (gradients averaged during the warm-up, local afterwards),
-// the optimizer's step, then the parameter average when one is due. Only parameters are
-// averaged; each rank keeps its own optimizer state (momentum), as in PyTorch.
-template <model M, optimizer O, communicator C = process_group>
-class post_local_sgd {
-  using P = param_t<M>;
-  using T = param_element_t<P>;
-  static_assert(std::same_as<param_space_t<P>, host>,
-                "partrain: post_local_sgd averages host parameters (CUDA parameters are not supported yet)");
-
+// The shards and buckets of one model over one world.
+class layout {
  public:
-  post_local_sgd(M& m, O& opt, C& comm, local_sgd_options o = {})
-      : opts_((detail::local_sgd::validate(o), std::move(o))),
-        opt_(&opt),
-        sync_(std::make_shared<bool>(true)),
-        ddp_(m, comm, with_gate(opts_.ddp, sync_)) {}
-  post_local_sgd(const post_local_sgd&) = delete;
-  post_local_sgd& operator=(const post_local_sgd&) = delete;
+  layout() = default;
+  // total: N; world: n; window: c, the elements of one rank's block in a bucket (>= 1).
+  layout(std::size_t total, std::size_t world, std::size_t window)
+      : total_(total), world_(world), padded_shard_((total + world - 1) / world),
+        window_(std::max<std::size_t>(window, 1)) {}
 
-  // Returns this rank's loss.
-  template <class B>
-  double train_step(const B& batch) {
-    *sync_ = step_ < opts_.warmup_steps;
-    const double loss = ddp_.train_step(batch);
-    opt_->step();
-    average_if_due();
-    return loss;
+  [[nodiscard]] constexpr std::size_t total() const noexcept { return total_; }
+  [[nodiscard]] constexpr std::size_t world() const noexcept { return world_; }
+  [[nodiscard]] flat_range shard(std::size_t r) const noexcept { return shard_of(total_, world_, r); }
+  // L = ceil(N/n): every shard's padded length.
+  [[nodiscard]] constexpr std::size_t padded_shard() const noexcept { return padded_shard_; }
+  // n*L: the padded flat space; padded() - total() elements are padding.
+  [[nodiscard]] constexpr std::size_t padded() const noexcept { return padded_shard_ * world_; }
+  [[nodiscard]] constexpr std::size_t window() const noexcept { return window_; }
+  [[nodiscard]] constexpr std::size_t buckets() const noexcept { return (padded_shard_ + window_ - 1) / window_; }
+  // Bucket k's window within every shard: [k*c, min((k+1)*c, L)).
+  [[nodiscard]] constexpr std::size_t window_begin(std::size_t k) const noexcept { return k * window_; }
+  [[nodiscard]] constexpr std::size_t window_size(std::size_t k) const noexcept {
+    return std::min(window_, padded_shard_ - k * window_);
   }
-
-  // Steps taken (PyTorch's averager step counter); the position in the period follows from it.
-  [[nodiscard]] std::int64_t steps() const noexcept { return step_; }
-  // Whether the last train_step ended with a parameter average (or was a synchronous warm-up
-  // step): every rank then holds the same parameters, bit for bit.
-  [[nodiscard]] bool synced_last_step() const noexcept { return synced_last_; }
-  [[nodiscard]] bool in_warmup() const noexcept { return step_ < opts_.warmup_steps; }
-
-  // Averages the parameters now (e.g. before evaluating or saving a final model).
-  void average_parameters() {
-    auto& comm = ddp_.comm();
-    const int world = comm.size();
-    flat_.clear();
-    for (auto&& p : ddp_.module().parameters()) {
-      const auto v = p.value();
-      flat_.insert(flat_.end(), v.begin(), v.end());
-    }
-    // PyTorch's average_parameters: divide first, then one all_reduce (sum) of the flat buffer.
-    const T inv = T(1) / static_cast<T>(world);
-    if (world > 1) {
-      for (auto& x : flat_) x *= inv;
-      comm.all_reduce(tensor_view<T>(flat_), reduce_op::sum).wait();
-    }
-    std::size_t off = 0;
-    for (auto&& p : ddp_.module().parameters()) {
-      auto v = p.value();
-      std::copy(flat_.begin() + static_cast<std::ptrdiff_t>(off), flat_.begin() + static_cast<std::ptrdiff_t>(off + v.size()),
-                v.begin());
-      off += v.size();
-    }
+  // Bucket k in the bucket-major padded space: n blocks of window_size(k), starting here.
+  [[nodiscard]] constexpr std::size_t bucket_offset(std::size_t k) const noexcept { return world_ * k * window_; }
+  // The real (unpadded) part of rank q's block in bucket k, as a flat range.
+  [[nodiscard]] flat_range real_block(std::size_t k, std::size_t q) const noexcept {
+    const auto s = shard(q);
+    const std::size_t from = std::min(s.begin + window_begin(k), s.end);
+    const std::size_t to = std::min(from + window_size(k), s.end);
+    return {from, to};
   }
-
-  // Each rank evaluates its own current parameters on its batches; the sums over all ranks (as
-  // DDP's evaluate). Between averages the ranks' models differ: average_parameters() first for
-  // the one model.
-  template <class Range>
-  [[nodiscard]] eval_result evaluate(Range&& batches) {
-    return ddp_.evaluate(std::forward<Range>(batches));
-  }
-
-  // State: kind tag, options, step counter, then the optimizer's own state when it has one.
-  void save_state(state_writer& w) const {
-    w.put_string("post_local_sgd");
-    w.put(opts_.period);
-    w.put(opts_.warmup_steps);
-    w.put(step_);
-    w.put(static_cast<std::uint8_t>(synced_last_));
-    if constexpr (stateful_optimizer<O>) opt_->save_state(w);
-  }
-  void load_state(state_reader& r) {
-    const auto kind = r.get_string("local SGD state kind");
-    if (kind != "post_local_sgd") throw checkpoint_error("local SGD state is for '" + kind + "', expected 'post_local_sgd'");
-    const auto period = r.get<std::int64_t>("local SGD period");
-    const auto warmup = r.get<std::int64_t>("local SGD warmup_steps");
-    if (period != opts_.period || warmup != opts_.warmup_steps) {
-      throw checkpoint_error("local SGD state was saved with period " + std::to_string(period) + " and warmup_steps " +
-                             std::to_string(warmup) + ", this run has period " + std::to_string(opts_.period) +
-                             " and warmup_steps " + std::to_string(opts_.warmup_steps) + " (expected the same)");
-    }
-    const auto step = r.get<std::int64_t>("local SGD step counter");
-    const auto synced = r.get<std::uint8_t>("local SGD sync flag");
-    if constexpr (stateful_optimizer<O>) opt_->load_state(r);
-    step_ = step;
-    synced_last_ = synced != 0;
-  }
-
-  [[nodiscard]] distributed_data_parallel<M, C>& ddp() noexcept { return ddp_; }
-  [[nodiscard]] O& optimizer() noexcept { return *opt_; }
-  [[nodiscard]] M& module() noexcept { return ddp_.module(); }
-  [[nodiscard]] C& comm() noexcept { return ddp_.comm(); }
-  [[nodiscard]] const local_sgd_options& options() const noexcept { return opts_; }
 
  private:
-  [[nodiscard]] static ddp_options with_gate(ddp_options o, const std::shared_ptr<bool>& sync) {
-    o.hook = detail::local_sgd::gated(std::move(o.hook), sync);
-    return o;
-  }
-
-  // PeriodicModelAverager.average_parameters: average when step >= warmup_steps and
-  // (step - warmup_steps) % period == 0, then count the step.
-  void average_if_due() {
-    const bool warmup = step_ < opts_.warmup_steps;
-    const bool due = !warmup && (step_ - opts_.warmup_steps) % opts_.period == 0;
-    if (due) average_parameters();
-    synced_last_ = warmup || due;
-    ++step_;
-  }
-
-  local_sgd_options opts_;
-  O* opt_;
-  std::shared_ptr<bool> sync_;  // read by the gated hook, on the training thread
-  distributed_data_parallel<M, C> ddp_;
-  std::int64_t step_ = 0;
-  bool synced_last_ = false;
-  std::vector<T> flat_;
+  std::size_t total_ = 0;
+  std::size_t world_ = 1;
+  std::size_t padded_shard_ = 0;
+  std::size_t window_ = 1;
 };
 
+// The model's tensors (values or gradients) seen as one flat space, without copying them.
+template <class T>
+class flat_views {
+ public:
+  flat_views() = default;
+  explicit flat_views(std::vector<tensor_view<T>> views) : views_(std::move(views)) {
+    starts_.reserve(views_.size() + 1);
+    std::size_t at = 0;
+    for (const auto& v : views_) {
+      starts_.push_back(at);
+      at += v.size();
+    }
+    starts_.push_back(at);
+  }
+  [[nodiscard]] std::size_t total() const noexcept { return starts_.empty() ? 0 : starts_.back(); }
+
+  // Calls fn(T* piece, std::size_t offset_in_range, std::size_t length) for each tensor's part of
+  // the flat range r, in order.
+  template <class F>
+  void for_each_piece(flat_range r, F&& fn) const {
+    if (r.size() == 0) return;
+    // The tensor holding r.begin: the last start <= r.begin (empty tensors share a start).
+    auto it = std::upper_bound(starts_.begin(), starts_.end() - 1, r.begin);
+    std::size_t t = static_cast<std::size_t>(it - starts_.begin()) - 1;
+    std::size_t at = r.begin;
+    while (at < r.end) {
+      const std::size_t in_tensor = at - starts_[t];
+      const std::size_t len = std::min(views_[t].size() - in_tensor, r.end - at);
+      if (len) fn(views_[t].data() + in_tensor, at - r.begin, len);
+      at += len;
+      ++t;
+    }
+  }
+
+  // dst[0, r.size()) = the flat range r (add: +=).
+  void read(flat_range r, T* dst, bool add) const {
+    for_each_piece(r, [&](const T* p, std::size_t off, std::size_t len) {
+      if (add) {
+        for_each_index(host_exec{}, len, accumulate_fn<T>{dst + off, p});
+      } else {
+        std::memcpy(dst + off, p, len * sizeof(T));
+      }
+    });
+  }
+  // The flat range r = src[0, r.size()).
+  void write(flat_range r, const T* src) const {
+    for_each_piece(r, [&](T* p, std::size_t off, std::size_t len) { std::memcpy(p, src + off, len * sizeof(T)); });
+  }
+
+ private:
+  std::vector<tensor_view<T>> views_;
+  std::vector<std::size_t> starts_;
+};
+
+// Bucket k of the flat space into `dst` (n blocks of window_size(k), bucket-major), padding
+// zeroed; add: accumulate into what dst holds (padding stays zero).
+template <class T>
+void pack_bucket(const layout& l, std::size_t k, const flat_views<T>& src, T* dst, bool add) {
+  const std::size_t w = l.window_size(k);
+  for (std::size_t q = 0; q < l.world(); ++q) {
+    const auto real = l.real_block(k, q);
+    T* block = dst + q * w;
+    src.read(real, block, add);
+    if (!add) std::fill(block + real.size(), block + w, T(0));
+  }
+}
+
+// Bucket k's blocks (as an all_gather leaves them) back into the flat space, except rank `skip`'s
+// (already in place); padding is dropped.
+template <class T>
+void unpack_bucket(const layout& l, std::size_t k, const T* src, const flat_views<T>& dst, std::size_t skip) {
+  const std::size_t w = l.window_size(k);
+  for (std::size_t q = 0; q < l.world(); ++q) {
+    if (q == skip) continue;
+    dst.write(l.real_block(k, q), src + q * w);
+  }
+}
+
+}  // namespace partrain::inline v0::detail::zero
+#endif  // PARTRAIN_SI_PARALLEL_DETAIL_ZERO_LAYOUT_HPP
+
+namespace partrain::inline v0::detail::fsdp {
+
+using zero::flat_range;
+
+class chunking {
+ public:
+  constexpr chunking() = default;
+  constexpr chunking(std::size_t total, std::size_t world) noexcept
+      : total_(total), world_(std::max<std::size_t>(world, 1)), chunk_((total + world_ - 1) / world_) {}
+
+  [[nodiscard]] constexpr std::size_t total() const noexcept { return total_; }
+  [[nodiscard]] constexpr std::size_t world() const noexcept { return world_; }
+  // L: the elements each rank sends and receives per rank in the unit's collectives.
+  [[nodiscard]] constexpr std::size_t chunk() const noexcept { return chunk_; }
+  // n*L: the gathered buffer; its elements past total() are padding.
+  [[nodiscard]] constexpr std::size_t padded() const noexcept { return chunk_ * world_; }
+  // Rank r's real elements of the unit.
+  [[nodiscard]] constexpr flat_range owned(std::size_t r) const noexcept {
+    return {std::min(r * chunk_, total_), std::min((r + 1) * chunk_, total_)};
+  }
+
+ private:
+  std::size_t total_ = 0;
+  std::size_t world_ = 1;
+  std::size_t chunk_ = 0;
+};
+
+// The arithmetic, checked where it is compiled.
+[[nodiscard]] consteval bool chunking_selftest() {
+  const chunking a(53, 4);  // 14, 14, 14, 11
+  const chunking b(6, 4);   // 2, 2, 2, 0: the last rank owns nothing
+  const chunking c(44, 4);  // 11 each, no padding
+  return a.chunk() == 14 && a.owned(3) == flat_range{42, 53} && a.padded() == 56 && b.owned(3).size() == 0 &&
+         b.owned(2) == flat_range{4, 6} && c.padded() == 44 && c.owned(1) == flat_range{11, 22} &&
+         chunking(0, 3).chunk() == 0 && chunking(5, 1).owned(0) == flat_range{0, 5};
+}
+static_assert(chunking_selftest());
+
+}  // namespace partrain::inline v0::detail::fsdp
+#endif  // PARTRAIN_SI_PARALLEL_DETAIL_FSDP_LAYOUT_HPP
+// #include <partrain/parallel/detail/fsdp_memory.hpp>
+#ifndef PARTRAIN_SI_PARALLEL_DETAIL_FSDP_MEMORY_HPP
+#define PARTRAIN_SI_PARALLEL_DETAIL_FSDP_MEMORY_HPP
+// partrain/parallel/detail/fsdp_memory.hpp: the buffers fully sharded data parallel allocates and
+// frees within a step (a layer's gathered parameters, its whole gradient), each counted in a meter
+// while it lives, so the peak a rank held is measured rather than estimated.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <utility>
+
+namespace partrain::inline v0::detail::fsdp {
+
+// Bytes held now, and the most held at once since the last reset.
+struct byte_meter {
+  std::size_t now = 0;
+  std::size_t peak = 0;
+  void add(std::size_t b) noexcept {
+    now += b;
+    peak = std::max(peak, now);
+  }
+  void sub(std::size_t b) noexcept { now -= b; }
+  void reset_peak() noexcept { peak = now; }
+};
+
+// n elements of T, counted in a meter from allocation to release (or destruction).
+template <class T>
+class counted_buffer {
+ public:
+  counted_buffer() = default;
+  // zeroed: the gradient buffers, which backward accumulates into; a gather target is overwritten whole.
+  counted_buffer(byte_meter& m, std::size_t n, bool zeroed) : data_(new T[n]), size_(n), meter_(&m) {
+    if (zeroed) std::memset(static_cast<void*>(data_.get()), 0, n * sizeof(T));
+    meter_->add(n * sizeof(T));
+  }
+  counted_buffer(counted_buffer&& o) noexcept
+      : data_(std::move(o.data_)), size_(std::exchange(o.size_, 0)), meter_(std::exchange(o.meter_, nullptr)) {}
+  counted_buffer& operator=(counted_buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = std::move(o.data_);
+      size_ = std::exchange(o.size_, 0);
+      meter_ = std::exchange(o.meter_, nullptr);
+    }
+    return *this;
+  }
+  counted_buffer(const counted_buffer&) = delete;
+  counted_buffer& operator=(const counted_buffer&) = delete;
+  ~counted_buffer() { release(); }
+
+  void release() noexcept {
+    if (meter_) meter_->sub(size_ * sizeof(T));
+    data_.reset();
+    size_ = 0;
+    meter_ = nullptr;
+  }
+  [[nodiscard]] T* data() noexcept { return data_.get(); }
+  [[nodiscard]] const T* data() const noexcept { return data_.get(); }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] bool held() const noexcept { return meter_ != nullptr; }
+
+ private:
+  std::unique_ptr<T[]> data_;
+  std::size_t size_ = 0;
+  byte_meter* meter_ = nullptr;
+};
+
+}  // namespace partrain::inline v0::detail::fsdp
+#endif  // PARTRAIN_SI_PARALLEL_DETAIL_FSDP_MEMORY_HPP
+// #include <partrain/parallel/detail/zero_optimizer.hpp>
+#ifndef PARTRAIN_SI_PARALLEL_DETAIL_ZERO_OPTIMIZER_HPP
+#define PARTRAIN_SI_PARALLEL_DETAIL_ZERO_OPTIMIZER_HPP
+// partrain/parallel/detail/zero_optimizer.hpp: the optimizer state of one rank's shard (SGD's
+// momentum or AdamW's moments over the shard's elements only) and its update, through the same
+// coefficients and element functions as optim/sgd.hpp and optim/adamw.hpp, so a sharded step is
+// the replicated step's arithmetic on a slice.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace partrain::inline v0 {
+
+// The optimizer a sharded data parallel steps its shard with (PyTorch's ZeroRedundancyOptimizer
+// takes the optimizer class the same way).
+using shard_optimizer_options = std::variant<sgd_options, adamw_options>;
+
+// One rank's optimizer state, as flat arrays over its shard (what a sharded checkpoint stores).
+template <class T>
+struct shard_optimizer_state {
+  std::string kind;                   // "sgd" or "adamw"
+  std::int64_t steps = 0;
+  std::vector<std::vector<T>> arrays;  // sgd: {momentum} once it exists; adamw: {exp_avg, exp_avg_sq} once stepped
+};
+
+namespace detail::zero {
+
+template <class T>
+class shard_optimizer {
+ public:
+  shard_optimizer(shard_optimizer_options o, std::size_t elements) : opts_(o), elements_(elements) {
+    std::visit([](const auto& x) { validate(x); }, opts_);
+  }
+
+  [[nodiscard]] bool is_sgd() const noexcept { return std::holds_alternative<sgd_options>(opts_); }
+  [[nodiscard]] std::string kind() const { return is_sgd() ? "sgd" : "adamw"; }
+  [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
+  [[nodiscard]] double lr() const noexcept { return std::visit([](const auto& x) { return x.lr; }, opts_); }
+  void set_lr(double lr) {
+    if (!(lr >= 0)) throw invalid_argument_error("sharded_data_parallel::set_lr: lr must be >= 0, got " + std::to_string(lr));
+    std::visit([lr](auto& x) { x.lr = lr; }, opts_);
+  }
+  [[nodiscard]] const shard_optimizer_options& options() const noexcept { return opts_; }
+
+  // Starts a step: allocates the state the first step needs and fixes the coefficients.
+  void begin_step() {
+    first_ = !has_state_;
+    if (!has_state_) {
+      if (is_sgd()) {
+        if (std::get<sgd_options>(opts_).momentum != 0) {
+          a_.assign_zero(elements_);
+          has_state_ = true;
+        }
+      } else {
+        a_.assign_zero(elements_);
+        b_.assign_zero(elements_);
+        has_state_ = true;
+      }
+    }
+    ++steps_;
+    if (is_sgd()) {
+      sgd_ = sgd_coeffs_of<T>(std::get<sgd_options>(opts_));
+    } else {
+      adamw_ = adamw_coeffs_of<T>(std::get<adamw_options>(opts_), steps_);
+    }
+  }
+  // Updates the values v (n elements) at shard offset `at`, with their gradients g.
+  void update(T* v, const T* g, std::size_t at, std::size_t n) {
+    const tensor_view<T> vv(v, n);
+    const tensor_view<const T> gv(g, n);
+    if (is_sgd()) {
+      sgd_update(vv, gv, has_state_ ? a_.data() + at : nullptr, sgd_, first_);
+    } else {
+      adamw_update(vv, gv, a_.data() + at, b_.data() + at, adamw_);
+    }
+  }
+
+  [[nodiscard]] std::size_t state_bytes() const noexcept { return (a_.size() + b_.size()) * sizeof(T); }
+
+  [[nodiscard]] shard_optimizer_state<T> state() const {
+    shard_optimizer_state<T> s{kind(), steps_, {}};
+    if (!has_state_) return s;
+    s.arrays.emplace_back(elements_);
+    a_.copy_to_host(s.arrays.back());
+    if (!is_sgd()) {
+      s.arrays.emplace_back(elements_);
+      b_.copy_to_host(s.arrays.back());
+    }
+    return s;
+  }
+  // Restores what state() returned (possibly assembled from other shards: same kind, arrays of
+  // this shard's length). `source` names where it came from in messages.
+  void load(const shard_optimizer_state<T>& s, const std::string& source) {
+    if (s.kind != kind()) {
+      throw checkpoint_error(source + " holds " + s.kind + " optimizer state, this run steps with " + kind());
+    }
+    const bool momentum = is_sgd() && std::get<sgd_options>(opts_).momentum != 0;
+    const std::size_t want = is_sgd() ? (momentum ? 1 : 0) : 2;
+    if (!s.arrays.empty() && s.arrays.size() != want) {
+      throw checkpoint_error(source + " holds " + std::to_string(s.arrays.size()) + " " + s.kind +
+                             " state arrays, expected " + std::to_string(want));
+    }
+    for (const auto& a : s.arrays) {
+      if (a.size() != elements_) {
+        throw checkpoint_error(source + " holds optimizer state of " + std::to_string(a.size()) +
+                               " elements for this rank's shard of " + std::to_string(elements_));
+      }
+    }
+    has_state_ = !s.arrays.empty();
+    a_ = {};
+    b_ = {};
+    if (has_state_) {
+      a_.copy_from_host(s.arrays[0]);
+      if (s.arrays.size() > 1) b_.copy_from_host(s.arrays[1]);
+    }
+    steps_ = s.steps;
+  }
+
+ private:
+  shard_optimizer_options opts_;
+  std::size_t elements_;
+  state_buffer<T, host> a_, b_;  // momentum | exp_avg, exp_avg_sq
+  bool has_state_ = false;
+  bool first_ = false;  // this step creates the momentum (SGD clones the gradient into it)
+  std::int64_t steps_ = 0;
+  sgd_coeffs<T> sgd_{};
+  adamw_coeffs<T> adamw_{};
+};
+
+}  // namespace detail::zero
+
 }  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_PARALLEL_LOCAL_SGD_HPP
+#endif  // PARTRAIN_SI_PARALLEL_DETAIL_ZERO_OPTIMIZER_HPP
 // #include <partrain/parallel/pipeline/layer.hpp>
 #ifndef PARTRAIN_SI_PARALLEL_PIPELINE_LAYER_HPP
 #define PARTRAIN_SI_PARALLEL_PIPELINE_LAYER_HPP
@@ -20720,6 +21059,970 @@ concept pipeline_loss = requires(F& f, tensor_view<const float> out, tensor_view
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_PARALLEL_PIPELINE_LAYER_HPP
+
+namespace partrain::inline v0 {
+
+// A parameter whose storage can live elsewhere: after p.bind(value, grad), p.value() and p.grad()
+// view those tensors and the parameter's own storage is freed.
+template <class P>
+concept bindable_parameter = parameter<P> && requires(P& p, tensor_view<float> v) { p.bind(v, v); };
+
+namespace detail::fsdp {
+template <class R>
+using layer_param_t = std::ranges::range_value_t<decltype(std::declval<layer_t<R>&>().parameters())>;
+}  // namespace detail::fsdp
+
+// A layer sequence fully sharded data parallel can shard: float parameters it can bind.
+template <class R>
+concept fsdp_layer_sequence = layer_sequence<R> && bindable_parameter<detail::fsdp::layer_param_t<R>>;
+
+// Explains, one sentence each, why R cannot be fully sharded.
+template <class R>
+consteval bool check_fsdp_layers() {
+  static_assert(check_layer_sequence<R>());
+  using P = detail::fsdp::layer_param_t<R>;
+  static_assert(std::same_as<param_element_t<P>, float> && std::same_as<param_space_t<P>, host>,
+                "partrain: fully_sharded_data_parallel shards host float parameters in this release");
+  static_assert(bindable_parameter<P>,
+                "partrain: fully_sharded_data_parallel owns its layers' parameter storage: each parameter needs "
+                "`void bind(tensor_view<float> value, tensor_view<float> grad)` (value() and grad() then view those "
+                "tensors; see models/mlp_layers.hpp's host_param)");
+  return true;
+}
+
+struct fsdp_options {
+  // true (FULL_SHARD, ZeRO-3): a layer's parameters are freed after its forward and gathered again
+  // for its backward, three passes of the parameters' bytes per step, one layer (two with
+  // prefetch) held at a time. false (SHARD_GRAD_OP): kept from forward to backward, two passes,
+  // but the whole model is held at the end of the forward. The last layer is kept either way:
+  // its backward comes next.
+  bool reshard_after_forward = true;
+  // Issue the next layer's all_gather (in forward order, then in backward order) before this
+  // layer computes (FSDP's forward_prefetch and BACKWARD_PRE): overlaps communication with
+  // compute at the cost of one more layer's parameters held.
+  bool prefetch = true;
+  // Copy rank 0's parameter values to every rank at construction.
+  bool broadcast_parameters = true;
+  // > 0: clip the global gradient norm (over every rank's chunks) to this before the step.
+  double max_grad_norm = 0;
+  // no_sync accumulation: true averages the k micro-steps, false sums them (as ddp_options).
+  bool average_accumulated = true;
+};
+
+// What one rank holds, in bytes; the peaks are the most held at once since construction (or
+// reset_peak_memory()), measured on every allocation.
+struct fsdp_memory {
+  std::size_t parameter_bytes = 0;            // now: this rank's chunks, plus any layer still gathered
+  std::size_t peak_parameter_bytes = 0;       // chunks + the gathered layers at the fullest moment
+  std::size_t unsharded_parameter_bytes = 0;  // the whole model: what a DDP (or ZeRO-1/2) replica holds
+  std::size_t gradient_bytes = 0;             // now: the gradient chunks (+ whole gradients kept by no_sync)
+  std::size_t peak_gradient_bytes = 0;        // + whole layer gradients until their reduce_scatter is done
+  std::size_t optimizer_state_bytes = 0;      // this rank's chunks of momentum / Adam moments
+  std::size_t shard_elements = 0;             // this rank's real elements over every layer
+  std::size_t padding_elements = 0;           // sum over layers of n*L - N: sent, never stored in a parameter
+};
+
+template <class Layers, class Loss, communicator C = process_group>
+  requires layer_sequence<Layers>
+class fully_sharded_data_parallel {
+  static_assert(check_fsdp_layers<Layers>());
+  using param_type = detail::fsdp::layer_param_t<Layers>;
+  using buffer = detail::fsdp::counted_buffer<float>;
+
+ public:
+  // layers: the same model on every rank (checked); each rank's parameter values are replaced by
+  // rank 0's (broadcast_parameters) and its storage handed over to this object.
+  fully_sharded_data_parallel(Layers& layers, C& comm, Loss loss, shard_optimizer_options optimizer,
+                              fsdp_options o = {})
+      : layers_(&layers), comm_(&comm), loss_(std::move(loss)), opts_(o),
+        rank_(static_cast<std::size_t>(comm.rank())), world_(static_cast<std::size_t>(comm.size())) {
+    if (!(opts_.max_grad_norm >= 0) || !std::isfinite(opts_.max_grad_norm)) {
+      throw invalid_argument_error(where() + "fsdp_options::max_grad_norm must be a finite number >= 0 (0: no clipping), got " +
+                                   std::to_string(opts_.max_grad_norm));
+    }
+    if (std::ranges::size(layers) == 0) throw invalid_argument_error(where() + "the model has no layers");
+    build_units();
+    verify_model();
+    if (opts_.broadcast_parameters) broadcast_parameters();
+    take_storage(optimizer);
+  }
+  fully_sharded_data_parallel(const fully_sharded_data_parallel&) = delete;
+  fully_sharded_data_parallel& operator=(const fully_sharded_data_parallel&) = delete;
+  // The backend may still be reading or writing our buffers: wait for it before they go.
+  ~fully_sharded_data_parallel() { abandon_step(); }
+
+  // This rank's forward and backward on its batch (rows of input, one target each), the
+  // gradients averaged into every rank's chunks, clipped and stepped (outside no_sync). Every rank
+  // must call it the same number of times. Returns this rank's mean loss.
+  template <class Target>
+    requires pipeline_loss<Loss, Target>
+  double train_step(tensor_view<const float> input, tensor_view<const Target> target) {
+    check_not_summoned("train_step");
+    const std::size_t rows = batch_rows(input, target, "train_step");
+    const bool sync = require_sync_;
+    double sum = 0;
+    try {
+      sum = forward_backward(input, target, rows, sync);
+      if (sync) {
+        while (!scattering_.empty()) finish_scatter();
+        if (opts_.max_grad_norm > 0) clip_chunks();
+        step_chunks();
+      }
+    } catch (...) {
+      abandon_step();
+      throw;
+    }
+    if (sync) {
+      accumulated_ = 0;
+      ++steps_;
+    } else {
+      ++accumulated_;
+    }
+    return sum / static_cast<double>(rows);
+  }
+  double train_step(const batch& b)
+    requires pipeline_loss<Loss, std::int32_t>
+  {
+    return train_step(b.features, b.labels);
+  }
+
+  // Forward only on this rank's batch (collective: every rank gathers each layer), this rank's sums.
+  template <class Target>
+    requires pipeline_loss<Loss, Target>
+  [[nodiscard]] eval_result eval_step(tensor_view<const float> input, tensor_view<const Target> target) {
+    check_not_summoned("eval_step");
+    (void)batch_rows(input, target, "eval_step");
+    return guarded([&] { return forward_only(&input, target); });
+  }
+
+  // This rank's batches (with .features and .labels) evaluated, loss, correct and count summed
+  // over all ranks. Ranks may hold different numbers of batches: one that ran out still takes
+  // part in the others' all_gathers.
+  template <class Range>
+  [[nodiscard]] eval_result evaluate(Range&& batches) {
+    check_not_summoned("evaluate");
+    eval_result local;
+    auto it = std::ranges::begin(batches);
+    const auto end = std::ranges::end(batches);
+    for (;;) {
+      std::array<std::int64_t, 1> more{it != end ? 1 : 0};
+      wait_named(comm_->all_reduce(tensor_view<std::int64_t>(more.data(), 1), reduce_op::sum), "evaluation all_reduce");
+      if (more[0] == 0) break;
+      if (it != end) {
+        auto&& b = *it;
+        (void)batch_rows(b.features, b.labels, "evaluate");
+        local += guarded([&] { return forward_only(&b.features, b.labels); });
+        ++it;
+      } else {
+        using labels_t = std::remove_cvref_t<decltype((*it).labels)>;  // unevaluated: the type only
+        (void)guarded([&] { return forward_only(nullptr, labels_t{}); });
+      }
+    }
+    return detail::sum_over_ranks(local, [&](std::span<double> sums) {
+      wait_named(comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()), reduce_op::sum), "evaluation all_reduce");
+    });
+  }
+
+  // RAII: steps inside keep each layer's whole gradient and accumulate into it (PyTorch FSDP's
+  // no_sync): no reduce_scatter, at the cost of one whole model of gradients held; the first step
+  // after it reduces them all.
+  class no_sync_guard {
+   public:
+    explicit no_sync_guard(fully_sharded_data_parallel& f) noexcept : f_(&f), prev_(std::exchange(f.require_sync_, false)) {}
+    no_sync_guard(const no_sync_guard&) = delete;
+    no_sync_guard& operator=(const no_sync_guard&) = delete;
+    ~no_sync_guard() { f_->require_sync_ = prev_; }
+
+   private:
+    fully_sharded_data_parallel* f_;
+    bool prev_;
+  };
+  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(*this); }
+
+  // RAII (PyTorch's summon_full_params, read-only): every layer gathered and bound while it lives,
+  // so the layers (or parameters(), a model) read the current values; writes are not kept.
+  // Collective on construction; holds the whole model.
+  class full_params_guard {
+   public:
+    struct parameter_ref {
+      param_type* p;
+      [[nodiscard]] tensor_view<float> value() const { return p->value(); }
+      [[nodiscard]] tensor_view<float> grad() const { return p->grad(); }
+    };
+    explicit full_params_guard(fully_sharded_data_parallel& f) : f_(&f) {
+      f.check_not_summoned("summon_full_params");
+      f.guarded([&] {
+        for (std::size_t u = 0; u < f.units_.size(); ++u) f.issue_gather(u);
+        for (std::size_t u = 0; u < f.units_.size(); ++u) {
+          f.wait_gather(u);
+          f.bind(u, false);
+        }
+        return 0;
+      });
+      f.summoned_ = true;
+      for (auto& u : f.units_) {
+        for (auto&& p : f.layer(u.layer).parameters()) refs_.push_back({&p});
+      }
+    }
+    full_params_guard(const full_params_guard&) = delete;
+    full_params_guard& operator=(const full_params_guard&) = delete;
+    ~full_params_guard() {
+      for (std::size_t u = 0; u < f_->units_.size(); ++u) f_->reshard(u);
+      f_->summoned_ = false;
+    }
+    // Every parameter of the model, in layer order, as a model (parameter_checksum takes it).
+    [[nodiscard]] std::vector<parameter_ref>& parameters() noexcept { return refs_; }
+
+   private:
+    fully_sharded_data_parallel* f_;
+    std::vector<parameter_ref> refs_;
+  };
+  [[nodiscard]] full_params_guard summon_full_params() { return full_params_guard(*this); }
+
+  void set_lr(double lr) { optimizer_->set_lr(lr); }
+  [[nodiscard]] double lr() const noexcept { return optimizer_->lr(); }
+  // The global gradient norm of the last synchronizing step, before clipping (NaN without clipping).
+  [[nodiscard]] double last_grad_norm() const noexcept { return last_norm_; }
+  [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
+  [[nodiscard]] C& comm() noexcept { return *comm_; }
+  [[nodiscard]] Layers& layers() noexcept { return *layers_; }
+  [[nodiscard]] const fsdp_options& options() const noexcept { return opts_; }
+  // Layers with parameters (each one unit of gathering and reduce_scatter).
+  [[nodiscard]] std::size_t units() const noexcept { return units_.size(); }
+  // Layer `i`'s chunk on this rank, within that layer's concatenated parameters (empty for a
+  // layer without parameters).
+  [[nodiscard]] detail::zero::flat_range owned(std::size_t layer_index) const {
+    const auto u = unit_of_.at(layer_index);
+    return u < 0 ? detail::zero::flat_range{} : units_[static_cast<std::size_t>(u)].mine;
+  }
+
+  [[nodiscard]] fsdp_memory memory() const noexcept {
+    fsdp_memory m;
+    m.parameter_bytes = param_meter_.now;
+    m.peak_parameter_bytes = param_meter_.peak;
+    m.unsharded_parameter_bytes = unsharded_ * sizeof(float);
+    m.gradient_bytes = grad_meter_.now;
+    m.peak_gradient_bytes = grad_meter_.peak;
+    m.optimizer_state_bytes = optimizer_->state_bytes();
+    for (const auto& u : units_) {
+      m.shard_elements += u.mine.size();
+      m.padding_elements += u.chunks.padded() - u.chunks.total();
+    }
+    return m;
+  }
+  void reset_peak_memory() noexcept {
+    param_meter_.reset_peak();
+    grad_meter_.reset_peak();
+  }
+
+  [[nodiscard]] std::string optimizer_kind() const { return optimizer_->kind(); }
+
+ private:
+  // One layer with parameters: its chunking, its chunk's place in this rank's storage, and the
+  // whole buffers while they exist.
+  struct unit {
+    std::size_t layer = 0;
+    std::vector<shape> shapes;  // its parameters', in order
+    detail::fsdp::chunking chunks;
+    detail::zero::flat_range mine;
+    std::size_t chunk_at = 0;  // of its chunk in values_ and grads_ (chunk() elements each)
+    std::size_t state_at = 0;  // of its real elements in the optimizer's state
+    buffer full;               // gathered parameters (also while the all_gather is in flight)
+    buffer full_grad;          // whole gradient: backward until its reduce_scatter is done (across no_sync)
+    std::optional<work> gather;
+    std::optional<work> scatter;
+  };
+
+  [[nodiscard]] std::string where() const {
+    return "rank " + std::to_string(rank_) + " fully_sharded_data_parallel: ";
+  }
+  [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::layer_of(std::ranges::begin(*layers_)[static_cast<std::ptrdiff_t>(i)]); }
+
+  void build_units() {
+    const std::size_t n = std::ranges::size(*layers_);
+    unit_of_.assign(n, -1);
+    for (std::size_t i = 0; i < n; ++i) {
+      unit u;
+      u.layer = i;
+      std::size_t total = 0, k = 0;
+      for (auto&& p : layer(i).parameters()) {
+        const tensor_view<float> v = p.value();
+        const tensor_view<float> g = p.grad();
+        if (v.size() != g.size()) {
+          throw invalid_argument_error(where() + "parameter " + std::to_string(k) + " of layer " + std::to_string(i) +
+                                       " has " + std::to_string(v.size()) + " values but " + std::to_string(g.size()) +
+                                       " gradient elements (expected the same shape)");
+        }
+        u.shapes.push_back(v.shape());
+        total += v.size();
+        ++k;
+      }
+      if (total == 0) continue;  // nothing to gather: the layer runs as it is
+      u.chunks = detail::fsdp::chunking(total, world_);
+      u.mine = u.chunks.owned(rank_);
+      unit_of_[i] = static_cast<std::ptrdiff_t>(units_.size());
+      unsharded_ += total;
+      units_.push_back(std::move(u));
+    }
+  }
+
+  // Every rank must hold the same layers with the same parameter shapes: each rank's layer count,
+  // element count and a hash of the shapes, gathered through one all_reduce so all ranks fail together.
+  void verify_model() {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    const auto mix = [&h](std::uint64_t x) { h = (h ^ x) * 0x100000001b3ull; };
+    for (const auto& u : units_) {
+      mix(u.layer);
+      for (const auto& s : u.shapes) {
+        for (std::size_t d = 0; d < s.rank(); ++d) mix(s[d]);
+        mix(0xff);
+      }
+    }
+    std::vector<std::int64_t> all(3 * world_, 0);
+    all[3 * rank_] = static_cast<std::int64_t>(std::ranges::size(*layers_));
+    all[3 * rank_ + 1] = static_cast<std::int64_t>(unsharded_);
+    all[3 * rank_ + 2] = static_cast<std::int64_t>(h >> 1);
+    wait_named(comm_->all_reduce(tensor_view<std::int64_t>(all.data(), all.size()), reduce_op::sum), "model check all_reduce");
+    for (std::size_t q = 1; q < world_; ++q) {
+      if (std::equal(all.begin(), all.begin() + 3, all.begin() + static_cast<std::ptrdiff_t>(3 * q))) continue;
+      throw config_error(where() + "rank " + std::to_string(q) + " has " + std::to_string(all[3 * q]) + " layers of " +
+                         std::to_string(all[3 * q + 1]) + " parameter elements" +
+                         (all[3 * q + 2] != all[2] ? " (other shapes)" : "") + ", rank 0 has " + std::to_string(all[0]) +
+                         " of " + std::to_string(all[1]) + " (fully_sharded_data_parallel expects the same model on every rank)");
+    }
+  }
+
+  void broadcast_parameters() {
+    std::vector<work> works;
+    for (const auto& u : units_) {
+      for (auto&& p : layer(u.layer).parameters()) {
+        const tensor_view<float> v = p.value();
+        if (!v.empty()) works.push_back(comm_->broadcast(v, 0));
+      }
+    }
+    for (auto& w : works) wait_named(w, "parameter broadcast");
+  }
+
+  // Copies this rank's chunk of every layer into its own storage, then binds the layers'
+  // parameters to nothing: their storage is freed, only the chunks remain.
+  void take_storage(const shard_optimizer_options& optimizer) {
+    std::size_t chunks = 0, real = 0;
+    for (auto& u : units_) {
+      u.chunk_at = chunks;
+      u.state_at = real;
+      chunks += u.chunks.chunk();
+      real += u.mine.size();
+    }
+    values_ = buffer(param_meter_, chunks, true);  // padding stays zero: it is what the all_gather sends
+    grads_ = buffer(grad_meter_, chunks, true);
+    optimizer_.emplace(optimizer, real);
+    for (auto& u : units_) {
+      std::vector<tensor_view<float>> views;
+      for (auto&& p : layer(u.layer).parameters()) views.push_back(p.value());
+      detail::zero::flat_views<float>(std::move(views)).read(u.mine, values_.data() + u.chunk_at, false);
+    }
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      reshard(u);
+      std::size_t k = 0;
+      for (auto&& p : layer(units_[u].layer).parameters()) {
+        if (p.value().size() != 0 || p.grad().size() != 0) {
+          throw invalid_argument_error(where() + "parameter " + std::to_string(k) + " of layer " +
+                                       std::to_string(units_[u].layer) +
+                                       " still views its own storage after bind() (bind must make value() and grad() "
+                                       "view the tensors it is given)");
+        }
+        ++k;
+      }
+    }
+  }
+
+  template <class Target>
+  std::size_t batch_rows(tensor_view<const float> input, tensor_view<const Target> target, const char* what) const {
+    const std::size_t rows = input.rank() ? input.extent(0) : 0;
+    const std::size_t targets = target.rank() ? target.extent(0) : 0;
+    if (rows == 0) throw invalid_argument_error(where() + what + ": the input batch is empty");
+    if (rows != targets) {
+      throw invalid_argument_error(where() + what + ": the input has " + std::to_string(rows) + " rows, the target " +
+                                   std::to_string(targets) + " (expected one target per row)");
+    }
+    return rows;
+  }
+  void check_not_summoned(const char* what) const {
+    if (summoned_) {
+      throw invalid_argument_error(where() + what + " while a summon_full_params() guard is alive (end its scope first)");
+    }
+  }
+
+  // Runs f; on failure waits for whatever is in flight and drops the whole buffers, so the object
+  // holds only its chunks again.
+  template <class F>
+  decltype(auto) guarded(F&& f) {
+    try {
+      return f();
+    } catch (...) {
+      abandon_step();
+      throw;
+    }
+  }
+
+  [[nodiscard]] shape output_shape_of(std::size_t i, const shape& in) {
+    try {
+      return layer(i).output_shape(in);
+    } catch (const error& e) {
+      throw invalid_argument_error(where() + "layer " + std::to_string(i) + ": " + e.what());
+    }
+  }
+
+  template <class Target>
+  double forward_backward(tensor_view<const float> input, tensor_view<const Target> target, std::size_t rows, bool sync) {
+    const std::size_t n = std::ranges::size(*layers_);
+    std::vector<host_buffer<float>> outs;
+    outs.reserve(n);
+    tensor_view<const float> x = input;
+    for (std::size_t i = 0; i < n; ++i) {
+      const shape s = output_shape_of(i, x.shape());
+      before_forward(i);
+      outs.emplace_back(s);
+      layer(i).forward(x, outs.back().view());
+      after_forward(i, /*training=*/true);
+      x = tensor_view<const float>(outs.back().view());
+    }
+    host_buffer<float> grad(x.shape());
+    const double sum = loss_.forward_backward(x, target, grad.view(), 1.0f / static_cast<float>(rows));
+    // Divided before the reduction, as DDP's hooks do (keeps the sum in range).
+    const float divisor = static_cast<float>(static_cast<double>(world_) *
+                                             (opts_.average_accumulated ? static_cast<double>(accumulated_ + 1) : 1.0));
+    for (std::size_t j = n; j-- > 0;) {
+      const tensor_view<const float> in = j == 0 ? input : tensor_view<const float>(outs[j - 1].view());
+      before_backward(j);
+      host_buffer<float> gin(in.shape());
+      layer(j).backward(in, tensor_view<const float>(outs[j].view()), tensor_view<const float>(grad.view()), gin.view());
+      after_backward(j, sync, divisor);
+      grad = std::move(gin);
+      outs[j] = host_buffer<float>();  // this activation is done with
+    }
+    return sum;
+  }
+
+  // input null: this rank has no batch this round but joins the others' all_gathers.
+  template <class Target>
+  eval_result forward_only(const tensor_view<const float>* input, tensor_view<const Target> target) {
+    const std::size_t n = std::ranges::size(*layers_);
+    host_buffer<float> cur;
+    tensor_view<const float> x = input ? *input : tensor_view<const float>{};
+    for (std::size_t i = 0; i < n; ++i) {
+      shape s;
+      if (input) s = output_shape_of(i, x.shape());
+      before_forward(i);
+      if (input) {
+        host_buffer<float> y(s);
+        layer(i).forward(x, y.view());
+        cur = std::move(y);
+        x = tensor_view<const float>(cur.view());
+      }
+      after_forward(i, /*training=*/false);
+    }
+    return input ? eval_result(loss_.evaluate(x, target)) : eval_result{};
+  }
+
+  [[nodiscard]] std::ptrdiff_t next_unit(std::size_t i, bool forward) const {
+    if (forward) {
+      for (std::size_t k = i + 1; k < unit_of_.size(); ++k) {
+        if (unit_of_[k] >= 0) return unit_of_[k];
+      }
+    } else {
+      for (std::size_t k = i; k-- > 0;) {
+        if (unit_of_[k] >= 0) return unit_of_[k];
+      }
+    }
+    return -1;
+  }
+
+  void before_forward(std::size_t i) {
+    const auto u = unit_of_[i];
+    if (u >= 0) issue_gather(static_cast<std::size_t>(u));
+    if (opts_.prefetch) {
+      if (const auto nx = next_unit(i, true); nx >= 0) issue_gather(static_cast<std::size_t>(nx));
+    }
+    if (u >= 0) {
+      wait_gather(static_cast<std::size_t>(u));
+      bind(static_cast<std::size_t>(u), false);
+    }
+  }
+  void after_forward(std::size_t i, bool training) {
+    const auto u = unit_of_[i];
+    if (u < 0) return;
+    const bool last = static_cast<std::size_t>(u) + 1 == units_.size();
+    if (!training || (opts_.reshard_after_forward && !last)) reshard(static_cast<std::size_t>(u));
+  }
+
+  void before_backward(std::size_t j) {
+    const auto u = unit_of_[j];
+    if (u >= 0) issue_gather(static_cast<std::size_t>(u));  // resharded after forward: again
+    if (opts_.prefetch) {
+      if (const auto pv = next_unit(j, false); pv >= 0) issue_gather(static_cast<std::size_t>(pv));
+    }
+    if (u < 0) return;
+    auto& x = units_[static_cast<std::size_t>(u)];
+    wait_gather(static_cast<std::size_t>(u));
+    if (!x.full_grad.held()) x.full_grad = buffer(grad_meter_, x.chunks.padded(), true);  // zero: backward accumulates
+    bind(static_cast<std::size_t>(u), true);
+  }
+  void after_backward(std::size_t j, bool sync, float divisor) {
+    const auto ui = unit_of_[j];
+    if (ui < 0) return;
+    const auto u = static_cast<std::size_t>(ui);
+    reshard(u);
+    if (!sync) return;  // no_sync: the whole gradient stays, the next micro-step adds to it
+    auto& x = units_[u];
+    if (divisor != 1.0f) {
+      detail::for_each_index(detail::host_exec{}, x.chunks.padded(), detail::divide_fn<float>{x.full_grad.data(), divisor});
+    }
+    // Two whole gradients in flight at most: the oldest was issued a layer ago and is likely done.
+    if (scattering_.size() >= 2) finish_scatter();
+    x.scatter = comm_->reduce_scatter(tensor_view<const float>(x.full_grad.data(), x.chunks.padded()),
+                                      tensor_view<float>(grads_.data() + x.chunk_at, x.chunks.chunk()), reduce_op::sum);
+    scattering_.push_back(u);
+  }
+
+  void issue_gather(std::size_t u) {
+    auto& x = units_[u];
+    if (x.full.held()) return;  // gathered, or on its way
+    x.full = buffer(param_meter_, x.chunks.padded(), false);  // the all_gather writes every element
+    x.gather = comm_->all_gather(tensor_view<const float>(values_.data() + x.chunk_at, x.chunks.chunk()),
+                                 tensor_view<float>(x.full.data(), x.chunks.padded()));
+  }
+  void wait_gather(std::size_t u) {
+    auto& x = units_[u];
+    if (!x.gather) return;
+    work w = std::move(*x.gather);
+    x.gather.reset();
+    wait_named(w, "parameter all_gather of layer " + std::to_string(x.layer));
+  }
+  void finish_scatter() {
+    const std::size_t u = scattering_.front();
+    scattering_.pop_front();
+    auto& x = units_[u];
+    if (x.scatter) {
+      work w = std::move(*x.scatter);
+      x.scatter.reset();
+      wait_named(w, "gradient reduce_scatter of layer " + std::to_string(x.layer));
+    }
+    x.full_grad.release();
+  }
+
+  // Points the layer's parameters into the gathered buffer (and the whole gradient, for backward).
+  void bind(std::size_t u, bool with_grad) {
+    auto& x = units_[u];
+    std::size_t at = 0, k = 0;
+    for (auto&& p : layer(x.layer).parameters()) {
+      const shape& s = x.shapes[k++];
+      p.bind(tensor_view<float>(x.full.data() + at, s),
+             with_grad ? tensor_view<float>(x.full_grad.data() + at, s) : tensor_view<float>{});
+      at += s.numel();
+    }
+  }
+  // The layer holds nothing again; its gathered buffer is freed.
+  void reshard(std::size_t u) noexcept {
+    auto& x = units_[u];
+    for (auto&& p : layer(x.layer).parameters()) p.bind(tensor_view<float>{}, tensor_view<float>{});
+    x.full.release();
+  }
+
+  // Global-norm clipping across ranks: Σg² of this rank's chunks, summed over ranks (one double
+  // all_reduce), then clip_grad_norm's rule on the chunks.
+  void clip_chunks() {
+    struct chunk_param {
+      tensor_view<float> g;
+      [[nodiscard]] tensor_view<float> value() const { return g; }
+      [[nodiscard]] tensor_view<float> grad() const { return g; }
+    };
+    std::vector<chunk_param> mine;
+    for (const auto& x : units_) {
+      if (x.mine.size()) mine.push_back({tensor_view<float>(grads_.data() + x.chunk_at, x.mine.size())});
+    }
+    std::array<double, 1> sum{detail::grad_sum_squares(mine)};
+    wait_named(comm_->all_reduce(tensor_view<double>(sum.data(), 1), reduce_op::sum), "gradient-norm all_reduce");
+    last_norm_ = std::sqrt(sum[0]);
+    detail::clip_to_norm(mine, last_norm_, opts_.max_grad_norm);
+  }
+
+  void step_chunks() {
+    optimizer_->begin_step();
+    for (const auto& x : units_) {
+      if (x.mine.size() == 0) continue;
+      optimizer_->update(values_.data() + x.chunk_at, grads_.data() + x.chunk_at, x.state_at, x.mine.size());
+    }
+  }
+
+  // After a failure: waits for every collective in flight (errors ignored: the buffers must
+  // outlive the backend's use), unbinds every layer and drops the whole buffers and any
+  // accumulated micro-steps.
+  void abandon_step() noexcept {
+    for (auto& x : units_) {
+      for (auto* w : {&x.gather, &x.scatter}) {
+        if (!*w) continue;
+        try {
+          (*w)->wait();
+        } catch (...) {
+        }
+        w->reset();
+      }
+    }
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      reshard(u);
+      units_[u].full_grad.release();
+    }
+    scattering_.clear();
+    accumulated_ = 0;
+  }
+
+  // Waits, and names this rank and the operation in a communication failure (keeping its type).
+  void wait_named(const work& w, const std::string& what) const {
+    try {
+      w.wait();
+    } catch (const aborted_error& e) {
+      throw aborted_error(where() + what, e);
+    } catch (const timeout_error& e) {
+      throw timeout_error(where() + what + " failed: " + strip(e.what()) +
+                              " (every rank must run the same steps and evaluations)",
+                          e.site());
+    } catch (const communication_error& e) {
+      throw communication_error(where() + what + " failed: " + strip(e.what()), e.site());
+    }
+  }
+  [[nodiscard]] static std::string strip(std::string_view s) {
+    if (s.starts_with("partrain: ")) s.remove_prefix(10);
+    return std::string(s);
+  }
+
+  Layers* layers_;
+  C* comm_;
+  Loss loss_;
+  fsdp_options opts_;
+  std::size_t rank_, world_;
+  std::vector<unit> units_;
+  std::vector<std::ptrdiff_t> unit_of_;  // per layer: its unit, or -1 (no parameters)
+  std::size_t unsharded_ = 0;            // the model's parameter elements
+  detail::fsdp::byte_meter param_meter_, grad_meter_;
+  buffer values_;  // this rank's chunk of every unit, chunk() elements each (padding zero)
+  buffer grads_;   // their reduced gradients
+  std::optional<detail::zero::shard_optimizer<float>> optimizer_;
+  std::deque<std::size_t> scattering_;  // units whose reduce_scatter is in flight, oldest first
+  std::size_t accumulated_ = 0;
+  bool require_sync_ = true;
+  bool summoned_ = false;
+  std::int64_t steps_ = 0;
+  double last_norm_ = std::nan("");
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_PARALLEL_FSDP_HPP
+// #include <partrain/parallel/local_sgd.hpp>
+#ifndef PARTRAIN_SI_PARALLEL_LOCAL_SGD_HPP
+#define PARTRAIN_SI_PARALLEL_LOCAL_SGD_HPP
+// partrain/parallel/local_sgd.hpp: post-local SGD (PyTorch's PostLocalSGDState hook,
+// PeriodicModelAverager and PostLocalSGDOptimizer in one policy): synchronous DDP for
+// `warmup_steps` steps, then every rank steps alone on its own gradients (no gradient
+// all_reduce) and the parameters are averaged over all ranks every `period` steps.
+// Hierarchical (give it an intra-host group too, PyTorch's subgroup): after the warm-up the
+// gradients are still averaged every step, inside the host only, so the ranks of a host hold
+// the same model at every step, and the models of the hosts are averaged every `period` steps.
+// Join (uneven inputs): a rank out of batches calls join() and takes part in the others'
+// averages until every rank has joined.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace partrain::inline v0 {
+
+struct local_sgd_options {
+  // Average the parameters every `period` steps once local SGD has started.
+  std::int64_t period = 4;
+  // Steps of ordinary DDP (gradients all-reduced) before local SGD starts; PyTorch's
+  // start_localSGD_iter, which must equal its averager's warmup_steps (one number here).
+  std::int64_t warmup_steps = 0;
+  // The DDP that runs the warm-up; its hook (allreduce, fp16_compress, ...) is used during the
+  // warm-up only.
+  ddp_options ddp = {};
+  // Uneven inputs: a rank that runs out of batches calls join() and takes part in the others'
+  // warm-up gradient all_reduces (zero gradients, DDP's join) and parameter averages (with its
+  // own parameters, i.e. no progress: the mean stays over all ranks, as DDP divides by the
+  // initial world size) until every rank has joined. Costs one small all_reduce per average.
+  bool join = false;
+};
+
+namespace detail::local_sgd {
+
+inline void validate(const local_sgd_options& o) {
+  if (o.period < 1) {
+    throw invalid_argument_error("local_sgd_options: period must be >= 1 (steps between parameter averages), got " +
+                                 std::to_string(o.period));
+  }
+  if (o.warmup_steps < 0) {
+    throw invalid_argument_error("local_sgd_options: warmup_steps must be >= 0 (synchronous DDP steps before local "
+                                 "SGD starts), got " + std::to_string(o.warmup_steps));
+  }
+  if (!o.ddp.hook) {
+    throw invalid_argument_error("local_sgd_options: ddp.hook is empty (expected the warm-up's comm_hook, e.g. "
+                                 "comm_hooks::allreduce())");
+  }
+}
+
+// The warm-up's DDP: the caller's options, with DDP's own join when ours is on.
+[[nodiscard]] inline ddp_options warmup_ddp(const local_sgd_options& o) {
+  ddp_options d = o.ddp;
+  d.join = d.join || o.join;
+  return d;
+}
+
+// The intra-host DDP of the hierarchical mode: plain all_reduce (the link inside a host is the
+// fast one, and a stateful hook such as PowerSGD must not serve two DDPs), no broadcast (the
+// warm-up's DDP already gave every rank rank 0's parameters).
+[[nodiscard]] inline ddp_options intra_ddp(const local_sgd_options& o) {
+  ddp_options d = o.ddp;
+  d.hook = comm_hooks::allreduce();
+  d.broadcast_parameters = false;
+  d.join = false;
+  d.on_bucket_launch = {};
+  return d;
+}
+
+}  // namespace detail::local_sgd
+
+// One training step = the rank's gradient (averaged over all ranks during the warm-up, over the
+// host afterwards when hierarchical, its own otherwise), the optimizer's step, then the
+// parameter average when one is due. Only parameters are averaged; each rank (each host, when
+// hierarchical) keeps its own optimizer state (momentum), as in PyTorch.
+template <model M, optimizer O, communicator C = process_group>
+class post_local_sgd {
+  using P = param_t<M>;
+  using T = param_element_t<P>;
+  static_assert(std::same_as<param_space_t<P>, host>,
+                "partrain: post_local_sgd averages host parameters (CUDA parameters are not supported yet)");
+
+ public:
+  post_local_sgd(M& m, O& opt, C& comm, local_sgd_options o = {})
+      : opts_((detail::local_sgd::validate(o), std::move(o))),
+        opt_(&opt),
+        ddp_(m, comm, detail::local_sgd::warmup_ddp(opts_)),
+        warmup_closed_(opts_.warmup_steps == 0) {}
+
+  // Hierarchical post-local SGD: `comm` holds every rank of the job, `intra_host` the ranks of
+  // this rank's host (the same model at every step: its gradients are averaged there), and the
+  // parameters are averaged over `comm` every `period` steps. PyTorch's PostLocalSGDState with a
+  // subgroup and post_local_gradient_allreduce=True, plus PeriodicModelAverager.
+  post_local_sgd(M& m, O& opt, C& comm, C& intra_host, local_sgd_options o = {})
+      : post_local_sgd(m, opt, comm, check_hierarchical(comm, intra_host, std::move(o))) {
+    intra_ = std::make_unique<distributed_data_parallel<M, C>>(m, intra_host, detail::local_sgd::intra_ddp(opts_));
+  }
+  post_local_sgd(const post_local_sgd&) = delete;
+  post_local_sgd& operator=(const post_local_sgd&) = delete;
+
+  // Returns this rank's loss.
+  template <class B>
+  double train_step(const B& batch) {
+    static_assert(check_trainable<M, B>());
+    if (joined_) throw invalid_argument_error(where() + "train_step after join() on this rank");
+    double loss = 0;
+    if (step_ < opts_.warmup_steps) {
+      loss = ddp_.train_step(batch);
+    } else {
+      if (opts_.join && !warmup_closed_) close_warmup();
+      // No gradient communication, or inside the host only.
+      loss = intra_ ? intra_->train_step(batch) : ddp_.module().train_step(batch);
+    }
+    opt_->step();
+    average_if_due();
+    return loss;
+  }
+
+  // Uneven inputs (needs local_sgd_options::join): call once this rank has no more batches. It
+  // takes part in the other ranks' warm-up steps and parameter averages until every rank has
+  // joined, then every rank's step counter is set to the most steps any rank took, so the next
+  // epoch averages at the same steps everywhere. Each rank keeps its own parameters (they agree
+  // when the last rank's last step ended with an average). Returns true when this rank took part
+  // in at least one step of the others.
+  bool join() {
+    if (!opts_.join) {
+      throw config_error(where() + "join() needs join enabled: construct with local_sgd_options{.join = true} (every "
+                                   "average then starts with a count of the ranks that still have data)");
+    }
+    joined_ = true;
+    bool shadowed = false;
+    // The warm-up: DDP's join shadows the gradient all_reduces of the ranks still in it, and
+    // every rank leaves the warm-up through it (train_step at the first local step, or here).
+    if (!warmup_closed_) shadowed = close_warmup();
+    for (;;) {
+      std::array<std::int64_t, 1> active{0};
+      small_all_reduce(std::span<std::int64_t>(active), reduce_op::sum, "join active-rank all_reduce");
+      if (active[0] == 0) break;
+      shadowed = true;
+      average_parameters();
+    }
+    std::array<std::int64_t, 1> steps{step_};
+    small_all_reduce(std::span<std::int64_t>(steps), reduce_op::max, "join step-count all_reduce");
+    step_ = steps[0];
+    warmup_closed_ = opts_.warmup_steps == 0 || (step_ >= opts_.warmup_steps && warmup_closed_);
+    joined_ = false;
+    return shadowed;
+  }
+
+  // Steps taken (PyTorch's averager step counter); the position in the period follows from it.
+  [[nodiscard]] std::int64_t steps() const noexcept { return step_; }
+  // Whether the last train_step ended with a parameter average (or was a synchronous warm-up
+  // step): every rank then holds the same parameters, bit for bit.
+  [[nodiscard]] bool synced_last_step() const noexcept { return synced_last_; }
+  [[nodiscard]] bool in_warmup() const noexcept { return step_ < opts_.warmup_steps; }
+  [[nodiscard]] bool hierarchical() const noexcept { return intra_ != nullptr; }
+
+  // Averages the parameters over every rank now (e.g. before evaluating or saving a final model).
+  void average_parameters() {
+    auto& comm = ddp_.comm();
+    const int world = comm.size();
+    flat_.clear();
+    for (auto&& p : ddp_.module().parameters()) {
+      const auto v = p.value();
+      flat_.insert(flat_.end(), v.begin(), v.end());
+    }
+    // PyTorch's average_parameters: divide first, then one all_reduce (sum) of the flat buffer.
+    const T inv = T(1) / static_cast<T>(world);
+    if (world > 1) {
+      for (auto& x : flat_) x *= inv;
+      wait_named(comm.all_reduce(tensor_view<T>(flat_), reduce_op::sum), "parameter average all_reduce");
+    }
+    std::size_t off = 0;
+    for (auto&& p : ddp_.module().parameters()) {
+      auto v = p.value();
+      std::copy(flat_.begin() + static_cast<std::ptrdiff_t>(off), flat_.begin() + static_cast<std::ptrdiff_t>(off + v.size()),
+                v.begin());
+      off += v.size();
+    }
+  }
+
+  // Each rank evaluates its own current parameters on its batches; the sums over all ranks (as
+  // DDP's evaluate). Between averages the ranks' models differ: average_parameters() first for
+  // the one model.
+  template <class Range>
+  [[nodiscard]] eval_result evaluate(Range&& batches) {
+    return ddp_.evaluate(std::forward<Range>(batches));
+  }
+
+  // State: kind tag, options, step counter, then the optimizer's own state when it has one.
+  void save_state(state_writer& w) const {
+    w.put_string("post_local_sgd");
+    w.put(opts_.period);
+    w.put(opts_.warmup_steps);
+    w.put(step_);
+    w.put(static_cast<std::uint8_t>(synced_last_));
+    if constexpr (stateful_optimizer<O>) opt_->save_state(w);
+  }
+  void load_state(state_reader& r) {
+    const auto kind = r.get_string("local SGD state kind");
+    if (kind != "post_local_sgd") throw checkpoint_error("local SGD state is for '" + kind + "', expected 'post_local_sgd'");
+    const auto period = r.get<std::int64_t>("local SGD period");
+    const auto warmup = r.get<std::int64_t>("local SGD warmup_steps");
+    if (period != opts_.period || warmup != opts_.warmup_steps) {
+      throw checkpoint_error("local SGD state was saved with period " + std::to_string(period) + " and warmup_steps " +
+                             std::to_string(warmup) + ", this run has period " + std::to_string(opts_.period) +
+                             " and warmup_steps " + std::to_string(opts_.warmup_steps) + " (expected the same)");
+    }
+    const auto step = r.get<std::int64_t>("local SGD step counter");
+    const auto synced = r.get<std::uint8_t>("local SGD sync flag");
+    if constexpr (stateful_optimizer<O>) opt_->load_state(r);
+    step_ = step;
+    synced_last_ = synced != 0;
+    // A state is saved between steps, with no rank inside join(): past the warm-up, nobody is
+    // left in the warm-up's DDP (and its join must not run again: it would broadcast one rank's
+    // parameters over the others').
+    warmup_closed_ = opts_.warmup_steps == 0 || step_ >= opts_.warmup_steps;
+  }
+
+  [[nodiscard]] distributed_data_parallel<M, C>& ddp() noexcept { return ddp_; }
+  [[nodiscard]] O& optimizer() noexcept { return *opt_; }
+  [[nodiscard]] M& module() noexcept { return ddp_.module(); }
+  // Every rank of the job (the warm-up's and the averages' group).
+  [[nodiscard]] C& comm() noexcept { return ddp_.comm(); }
+  // The host's group when hierarchical; null otherwise.
+  [[nodiscard]] C* intra_host() noexcept { return intra_ ? &intra_->comm() : nullptr; }
+  [[nodiscard]] const local_sgd_options& options() const noexcept { return opts_; }
+
+ private:
+  [[nodiscard]] static local_sgd_options check_hierarchical(C& comm, C& intra, local_sgd_options o) {
+    if (o.join) {
+      throw invalid_argument_error("local_sgd_options: join is not supported with an intra-host group yet (a joined "
+                                   "rank would have to shadow its host's gradient all_reduces and the job's averages "
+                                   "in one order)");
+    }
+    if (intra.size() > comm.size() || comm.size() % intra.size() != 0) {
+      throw invalid_argument_error("post_local_sgd: the intra-host group has " + std::to_string(intra.size()) +
+                                   " ranks, the job " + std::to_string(comm.size()) +
+                                   " (expected hosts of equal size: a divisor of the job's size)");
+    }
+    return o;
+  }
+  [[nodiscard]] std::string where() { return "rank " + std::to_string(ddp_.comm().rank()) + " post_local_sgd: "; }
+
+  // Leaves the warm-up's DDP through its join, which every rank calls once (collective).
+  bool close_warmup() {
+    const bool shadowed = ddp_.join();
+    warmup_closed_ = true;
+    return shadowed;
+  }
+
+  template <class W>
+  void wait_named(W&& w, const char* what) {
+    try {
+      w.wait();
+    } catch (const timeout_error& e) {
+      throw timeout_error(where() + what + " failed: " + e.what() +
+                          (opts_.join ? std::string()
+                                      : std::string(". If ranks run out of batches at different steps, construct with "
+                                                    "local_sgd_options{.join = true} and call join() on a rank once "
+                                                    "its data ends")));
+    }
+  }
+  void small_all_reduce(std::span<std::int64_t> v, reduce_op op, const char* what) {
+    wait_named(ddp_.comm().all_reduce(tensor_view<std::int64_t>(v.data(), shape{v.size()}), op), what);
+  }
+
+  // PeriodicModelAverager.average_parameters: average when step >= warmup_steps and
+  // (step - warmup_steps) % period == 0, then count the step.
+  void average_if_due() {
+    const bool warmup = step_ < opts_.warmup_steps;
+    const bool due = !warmup && (step_ - opts_.warmup_steps) % opts_.period == 0;
+    if (due) {
+      if (opts_.join) {  // tells the joined ranks, waiting in join(), that an average follows
+        std::array<std::int64_t, 1> active{1};
+        small_all_reduce(std::span<std::int64_t>(active), reduce_op::sum, "active-rank all_reduce");
+      }
+      average_parameters();
+    }
+    synced_last_ = warmup || due;
+    ++step_;
+  }
+
+  local_sgd_options opts_;
+  O* opt_;
+  distributed_data_parallel<M, C> ddp_;
+  std::unique_ptr<distributed_data_parallel<M, C>> intra_;  // hierarchical: the host's gradients
+  std::int64_t step_ = 0;
+  bool synced_last_ = false;
+  bool warmup_closed_;   // join: this rank has left the warm-up's DDP through its join()
+  bool joined_ = false;  // inside join(): train_step is refused
+  std::vector<T> flat_;
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_PARALLEL_LOCAL_SGD_HPP
 // #include <partrain/parallel/pipeline/local_grid.hpp>
 #ifndef PARTRAIN_SI_PARALLEL_PIPELINE_LOCAL_GRID_HPP
 #define PARTRAIN_SI_PARALLEL_PIPELINE_LOCAL_GRID_HPP
@@ -22547,300 +23850,6 @@ class streaming_diloco {
 #include <type_traits>
 #include <utility>
 #include <vector>
-
-// #include <partrain/parallel/detail/zero_layout.hpp>
-#ifndef PARTRAIN_SI_PARALLEL_DETAIL_ZERO_LAYOUT_HPP
-#define PARTRAIN_SI_PARALLEL_DETAIL_ZERO_LAYOUT_HPP
-// partrain/parallel/detail/zero_layout.hpp: where sharded data parallel's elements live. The flat
-// parameter space (every parameter concatenated in model order, N elements) is cut into n
-// contiguous shards, rank r owning [floor(r*N/n), floor((r+1)*N/n)); the shards differ by at most
-// one element. Communication runs over a padded, bucket-major space: each shard is padded to
-// L = ceil(N/n) and cut into windows of c elements; bucket k holds window k of every shard, rank
-// q's window as block q, so one reduce_scatter or all_gather per bucket moves equal blocks.
-// Padding elements are zero on the way in and dropped on the way out: they never reach a
-// parameter.
-
-#include <algorithm>
-#include <cstddef>
-#include <cstring>
-#include <span>
-#include <vector>
-
-namespace partrain::inline v0::detail::zero {
-
-// [begin, end) of the flat parameter space.
-struct flat_range {
-  std::size_t begin = 0;
-  std::size_t end = 0;
-  [[nodiscard]] constexpr std::size_t size() const noexcept { return end - begin; }
-  friend constexpr bool operator==(flat_range, flat_range) = default;
-};
-
-// Rank r's shard of N elements over n ranks: [floor(r*N/n), floor((r+1)*N/n)), written so that
-// r*N cannot overflow.
-[[nodiscard]] constexpr std::size_t shard_begin(std::size_t total, std::size_t world, std::size_t r) noexcept {
-  return r * (total / world) + r * (total % world) / world;
-}
-[[nodiscard]] constexpr flat_range shard_of(std::size_t total, std::size_t world, std::size_t r) noexcept {
-  return {shard_begin(total, world, r), shard_begin(total, world, r + 1)};
-}
-
-// The shards and buckets of one model over one world.
-class layout {
- public:
-  layout() = default;
-  // total: N; world: n; window: c, the elements of one rank's block in a bucket (>= 1).
-  layout(std::size_t total, std::size_t world, std::size_t window)
-      : total_(total), world_(world), padded_shard_((total + world - 1) / world),
-        window_(std::max<std::size_t>(window, 1)) {}
-
-  [[nodiscard]] constexpr std::size_t total() const noexcept { return total_; }
-  [[nodiscard]] constexpr std::size_t world() const noexcept { return world_; }
-  [[nodiscard]] flat_range shard(std::size_t r) const noexcept { return shard_of(total_, world_, r); }
-  // L = ceil(N/n): every shard's padded length.
-  [[nodiscard]] constexpr std::size_t padded_shard() const noexcept { return padded_shard_; }
-  // n*L: the padded flat space; padded() - total() elements are padding.
-  [[nodiscard]] constexpr std::size_t padded() const noexcept { return padded_shard_ * world_; }
-  [[nodiscard]] constexpr std::size_t window() const noexcept { return window_; }
-  [[nodiscard]] constexpr std::size_t buckets() const noexcept { return (padded_shard_ + window_ - 1) / window_; }
-  // Bucket k's window within every shard: [k*c, min((k+1)*c, L)).
-  [[nodiscard]] constexpr std::size_t window_begin(std::size_t k) const noexcept { return k * window_; }
-  [[nodiscard]] constexpr std::size_t window_size(std::size_t k) const noexcept {
-    return std::min(window_, padded_shard_ - k * window_);
-  }
-  // Bucket k in the bucket-major padded space: n blocks of window_size(k), starting here.
-  [[nodiscard]] constexpr std::size_t bucket_offset(std::size_t k) const noexcept { return world_ * k * window_; }
-  // The real (unpadded) part of rank q's block in bucket k, as a flat range.
-  [[nodiscard]] flat_range real_block(std::size_t k, std::size_t q) const noexcept {
-    const auto s = shard(q);
-    const std::size_t from = std::min(s.begin + window_begin(k), s.end);
-    const std::size_t to = std::min(from + window_size(k), s.end);
-    return {from, to};
-  }
-
- private:
-  std::size_t total_ = 0;
-  std::size_t world_ = 1;
-  std::size_t padded_shard_ = 0;
-  std::size_t window_ = 1;
-};
-
-// The model's tensors (values or gradients) seen as one flat space, without copying them.
-template <class T>
-class flat_views {
- public:
-  flat_views() = default;
-  explicit flat_views(std::vector<tensor_view<T>> views) : views_(std::move(views)) {
-    starts_.reserve(views_.size() + 1);
-    std::size_t at = 0;
-    for (const auto& v : views_) {
-      starts_.push_back(at);
-      at += v.size();
-    }
-    starts_.push_back(at);
-  }
-  [[nodiscard]] std::size_t total() const noexcept { return starts_.empty() ? 0 : starts_.back(); }
-
-  // Calls fn(T* piece, std::size_t offset_in_range, std::size_t length) for each tensor's part of
-  // the flat range r, in order.
-  template <class F>
-  void for_each_piece(flat_range r, F&& fn) const {
-    if (r.size() == 0) return;
-    // The tensor holding r.begin: the last start <= r.begin (empty tensors share a start).
-    auto it = std::upper_bound(starts_.begin(), starts_.end() - 1, r.begin);
-    std::size_t t = static_cast<std::size_t>(it - starts_.begin()) - 1;
-    std::size_t at = r.begin;
-    while (at < r.end) {
-      const std::size_t in_tensor = at - starts_[t];
-      const std::size_t len = std::min(views_[t].size() - in_tensor, r.end - at);
-      if (len) fn(views_[t].data() + in_tensor, at - r.begin, len);
-      at += len;
-      ++t;
-    }
-  }
-
-  // dst[0, r.size()) = the flat range r (add: +=).
-  void read(flat_range r, T* dst, bool add) const {
-    for_each_piece(r, [&](const T* p, std::size_t off, std::size_t len) {
-      if (add) {
-        for_each_index(host_exec{}, len, accumulate_fn<T>{dst + off, p});
-      } else {
-        std::memcpy(dst + off, p, len * sizeof(T));
-      }
-    });
-  }
-  // The flat range r = src[0, r.size()).
-  void write(flat_range r, const T* src) const {
-    for_each_piece(r, [&](T* p, std::size_t off, std::size_t len) { std::memcpy(p, src + off, len * sizeof(T)); });
-  }
-
- private:
-  std::vector<tensor_view<T>> views_;
-  std::vector<std::size_t> starts_;
-};
-
-// Bucket k of the flat space into `dst` (n blocks of window_size(k), bucket-major), padding
-// zeroed; add: accumulate into what dst holds (padding stays zero).
-template <class T>
-void pack_bucket(const layout& l, std::size_t k, const flat_views<T>& src, T* dst, bool add) {
-  const std::size_t w = l.window_size(k);
-  for (std::size_t q = 0; q < l.world(); ++q) {
-    const auto real = l.real_block(k, q);
-    T* block = dst + q * w;
-    src.read(real, block, add);
-    if (!add) std::fill(block + real.size(), block + w, T(0));
-  }
-}
-
-// Bucket k's blocks (as an all_gather leaves them) back into the flat space, except rank `skip`'s
-// (already in place); padding is dropped.
-template <class T>
-void unpack_bucket(const layout& l, std::size_t k, const T* src, const flat_views<T>& dst, std::size_t skip) {
-  const std::size_t w = l.window_size(k);
-  for (std::size_t q = 0; q < l.world(); ++q) {
-    if (q == skip) continue;
-    dst.write(l.real_block(k, q), src + q * w);
-  }
-}
-
-}  // namespace partrain::inline v0::detail::zero
-#endif  // PARTRAIN_SI_PARALLEL_DETAIL_ZERO_LAYOUT_HPP
-// #include <partrain/parallel/detail/zero_optimizer.hpp>
-#ifndef PARTRAIN_SI_PARALLEL_DETAIL_ZERO_OPTIMIZER_HPP
-#define PARTRAIN_SI_PARALLEL_DETAIL_ZERO_OPTIMIZER_HPP
-// partrain/parallel/detail/zero_optimizer.hpp: the optimizer state of one rank's shard (SGD's
-// momentum or AdamW's moments over the shard's elements only) and its update, through the same
-// coefficients and element functions as optim/sgd.hpp and optim/adamw.hpp, so a sharded step is
-// the replicated step's arithmetic on a slice.
-
-#include <cstddef>
-#include <cstdint>
-#include <string>
-#include <variant>
-#include <vector>
-
-namespace partrain::inline v0 {
-
-// The optimizer a sharded data parallel steps its shard with (PyTorch's ZeroRedundancyOptimizer
-// takes the optimizer class the same way).
-using shard_optimizer_options = std::variant<sgd_options, adamw_options>;
-
-// One rank's optimizer state, as flat arrays over its shard (what a sharded checkpoint stores).
-template <class T>
-struct shard_optimizer_state {
-  std::string kind;                   // "sgd" or "adamw"
-  std::int64_t steps = 0;
-  std::vector<std::vector<T>> arrays;  // sgd: {momentum} once it exists; adamw: {exp_avg, exp_avg_sq} once stepped
-};
-
-namespace detail::zero {
-
-template <class T>
-class shard_optimizer {
- public:
-  shard_optimizer(shard_optimizer_options o, std::size_t elements) : opts_(o), elements_(elements) {
-    std::visit([](const auto& x) { validate(x); }, opts_);
-  }
-
-  [[nodiscard]] bool is_sgd() const noexcept { return std::holds_alternative<sgd_options>(opts_); }
-  [[nodiscard]] std::string kind() const { return is_sgd() ? "sgd" : "adamw"; }
-  [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
-  [[nodiscard]] double lr() const noexcept { return std::visit([](const auto& x) { return x.lr; }, opts_); }
-  void set_lr(double lr) {
-    if (!(lr >= 0)) throw invalid_argument_error("sharded_data_parallel::set_lr: lr must be >= 0, got " + std::to_string(lr));
-    std::visit([lr](auto& x) { x.lr = lr; }, opts_);
-  }
-  [[nodiscard]] const shard_optimizer_options& options() const noexcept { return opts_; }
-
-  // Starts a step: allocates the state the first step needs and fixes the coefficients.
-  void begin_step() {
-    first_ = !has_state_;
-    if (!has_state_) {
-      if (is_sgd()) {
-        if (std::get<sgd_options>(opts_).momentum != 0) {
-          a_.assign_zero(elements_);
-          has_state_ = true;
-        }
-      } else {
-        a_.assign_zero(elements_);
-        b_.assign_zero(elements_);
-        has_state_ = true;
-      }
-    }
-    ++steps_;
-    if (is_sgd()) {
-      sgd_ = sgd_coeffs_of<T>(std::get<sgd_options>(opts_));
-    } else {
-      adamw_ = adamw_coeffs_of<T>(std::get<adamw_options>(opts_), steps_);
-    }
-  }
-  // Updates the values v (n elements) at shard offset `at`, with their gradients g.
-  void update(T* v, const T* g, std::size_t at, std::size_t n) {
-    const tensor_view<T> vv(v, n);
-    const tensor_view<const T> gv(g, n);
-    if (is_sgd()) {
-      sgd_update(vv, gv, has_state_ ? a_.data() + at : nullptr, sgd_, first_);
-    } else {
-      adamw_update(vv, gv, a_.data() + at, b_.data() + at, adamw_);
-    }
-  }
-
-  [[nodiscard]] std::size_t state_bytes() const noexcept { return (a_.size() + b_.size()) * sizeof(T); }
-
-  [[nodiscard]] shard_optimizer_state<T> state() const {
-    shard_optimizer_state<T> s{kind(), steps_, {}};
-    if (!has_state_) return s;
-    s.arrays.emplace_back(elements_);
-    a_.copy_to_host(s.arrays.back());
-    if (!is_sgd()) {
-      s.arrays.emplace_back(elements_);
-      b_.copy_to_host(s.arrays.back());
-    }
-    return s;
-  }
-  // Restores what state() returned (possibly assembled from other shards: same kind, arrays of
-  // this shard's length). `source` names where it came from in messages.
-  void load(const shard_optimizer_state<T>& s, const std::string& source) {
-    if (s.kind != kind()) {
-      throw checkpoint_error(source + " holds " + s.kind + " optimizer state, this run steps with " + kind());
-    }
-    const bool momentum = is_sgd() && std::get<sgd_options>(opts_).momentum != 0;
-    const std::size_t want = is_sgd() ? (momentum ? 1 : 0) : 2;
-    if (!s.arrays.empty() && s.arrays.size() != want) {
-      throw checkpoint_error(source + " holds " + std::to_string(s.arrays.size()) + " " + s.kind +
-                             " state arrays, expected " + std::to_string(want));
-    }
-    for (const auto& a : s.arrays) {
-      if (a.size() != elements_) {
-        throw checkpoint_error(source + " holds optimizer state of " + std::to_string(a.size()) +
-                               " elements for this rank's shard of " + std::to_string(elements_));
-      }
-    }
-    has_state_ = !s.arrays.empty();
-    a_ = {};
-    b_ = {};
-    if (has_state_) {
-      a_.copy_from_host(s.arrays[0]);
-      if (s.arrays.size() > 1) b_.copy_from_host(s.arrays[1]);
-    }
-    steps_ = s.steps;
-  }
-
- private:
-  shard_optimizer_options opts_;
-  std::size_t elements_;
-  state_buffer<T, host> a_, b_;  // momentum | exp_avg, exp_avg_sq
-  bool has_state_ = false;
-  bool first_ = false;  // this step creates the momentum (SGD clones the gradient into it)
-  std::int64_t steps_ = 0;
-  sgd_coeffs<T> sgd_{};
-  adamw_coeffs<T> adamw_{};
-};
-
-}  // namespace detail::zero
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_PARALLEL_DETAIL_ZERO_OPTIMIZER_HPP
 
 namespace partrain::inline v0 {
 
@@ -26079,124 +27088,55 @@ inline constexpr every_t every{};
 }  // namespace views
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_TRAIN_EVERY_HPP
-// #include <partrain/train/local_sgd_policy.hpp>
-#ifndef PARTRAIN_SI_TRAIN_LOCAL_SGD_POLICY_HPP
-#define PARTRAIN_SI_TRAIN_LOCAL_SGD_POLICY_HPP
-// partrain/train/local_sgd_policy.hpp: post-local SGD and (streaming) DiLoCo as training
-// policies, so fit() (train/trainer.hpp) drives them like DDP:
+// #include <partrain/train/fsdp_policy.hpp>
+#ifndef PARTRAIN_SI_TRAIN_FSDP_POLICY_HPP
+#define PARTRAIN_SI_TRAIN_FSDP_POLICY_HPP
+// partrain/train/fsdp_policy.hpp: fully sharded data parallel (ZeRO-3, parallel/fsdp.hpp) as a
+// training policy, so fit() drives it like DDP. Its train_step already holds the optimizer step.
+// No checkpoints in this release: fit() refuses a checkpoint path for it before training.
 //
-//   post_local_sgd lsgd(model, opt, group, {.period = 8, .warmup_steps = 100});
-//   local_sgd_policy policy(lsgd);             // or: diloco dl(...); local_sgd_policy policy(dl);
-//   fit(policy, train_loader, test_loader, {...});
-//
-// The learning-rate schedule sets the inner optimizer's lr (DiLoCo's outer lr stays fixed, as in
-// the paper). Evaluation sums each rank's current model over its batches. Checkpoints are not
-// offered yet: between syncs every rank holds other parameters and optimizer state, which one
-// file written by rank 0 cannot carry (each policy's save_state/load_state has them per rank).
+//   fully_sharded_data_parallel fsdp(layers, group, softmax_cross_entropy{}, sgd_options{.lr = 0.1});
+//   fsdp_policy policy(fsdp);
+//   fit(policy, train_loader, test_loader, {.epochs = 8});
 
 #include <utility>
 
-namespace partrain::inline v0 {
+// #include <partrain/train/trace.hpp>
+#ifndef PARTRAIN_SI_TRAIN_TRACE_HPP
+#define PARTRAIN_SI_TRAIN_TRACE_HPP
+// partrain/train/trace.hpp: a per-rank timeline (spans) merged by rank 0 into one Chrome-trace
+// JSON file that Perfetto and chrome://tracing open, one process per rank (Horovod's timeline,
+// for our loop). Enabled by PARTRAIN_TRACE=path (trace_recorder::from_env) or enable(path).
+//
+// Cost when off: span() and trace_work() test one relaxed atomic bool and return; nothing is
+// allocated and the clock is not read. When on: one steady_clock read per span end point and a
+// locked push_back into a reserved vector (comm completion threads record too).
+//
+// Clock alignment: start() estimates each rank's steady_clock offset to rank 0 with a ping-pong
+// over send/recv (Cristian's algorithm, best of several rounds). The error of the estimate is at
+// most half of the chosen round trip; it is written into the trace as "clock_error_us" in each
+// rank's process metadata. Ranks on one host share CLOCK_MONOTONIC, so their offset is ~0.
 
-template <class Algo>
-class local_sgd_policy {
-  static_assert(std::derived_from<std::remove_cvref_t<decltype(std::declval<Algo&>().comm())>, process_group>,
-                "partrain: local_sgd_policy needs the algorithm's communicator to be a process_group (fit's group())");
-
- public:
-  explicit local_sgd_policy(Algo& a) noexcept : a_(&a) {}
-
-  template <class B>
-  double train_step(const B& b) {
-    return a_->train_step(b);
-  }
-  template <class R>
-  eval_result evaluate(R&& batches) {
-    return a_->evaluate(std::forward<R>(batches));
-  }
-  void set_lr(double lr) { a_->optimizer().set_lr(lr); }
-  process_group& group() { return a_->comm(); }
-  process_group& loss_group() { return a_->comm(); }  // every rank's loss is of its own batch
-  [[nodiscard]] int replicas() { return a_->comm().size(); }
-  auto parameters() { return a_->module().parameters(); }
-  [[nodiscard]] Algo& algorithm() noexcept { return *a_; }
-
- private:
-  Algo* a_;
-};
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_TRAIN_LOCAL_SGD_POLICY_HPP
-// #include <partrain/train/lr_schedule.hpp>
-#ifndef PARTRAIN_SI_TRAIN_LR_SCHEDULE_HPP
-#define PARTRAIN_SI_TRAIN_LR_SCHEDULE_HPP
-// partrain/train/lr_schedule.hpp: learning-rate schedules as functions of the epoch, which the
-// trainer calls before each epoch (so a resumed run continues on the same curve).
-//   cosine_lr{.base = 0.05, .epochs = 8}   base * (1 + cos(pi * epoch / epochs)) / 2, down to 0
-//   constant_lr{.base = 0.01}
-
-#include <cmath>
-#include <cstddef>
-#include <numbers>
-#include <string>
-
-namespace partrain::inline v0 {
-
-namespace detail {
-inline void check_base_lr(double base, const char* who) {
-  if (!std::isfinite(base) || base <= 0) {
-    throw invalid_argument_error(std::string(who) + ": the learning rate must be a finite number > 0, got " +
-                                 std::to_string(base));
-  }
-}
-}  // namespace detail
-
-struct cosine_lr {
-  double base = 0;
-  std::size_t epochs = 0;
-  [[nodiscard]] double operator()(std::size_t epoch) const {
-    detail::check_base_lr(base, "cosine_lr");
-    if (epochs == 0) throw invalid_argument_error("cosine_lr: epochs must be at least 1, got 0");
-    return base * 0.5 * (1 + std::cos(std::numbers::pi * static_cast<double>(epoch) / static_cast<double>(epochs)));
-  }
-};
-
-struct constant_lr {
-  double base = 0;
-  [[nodiscard]] double operator()(std::size_t) const {
-    detail::check_base_lr(base, "constant_lr");
-    return base;
-  }
-};
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_TRAIN_LR_SCHEDULE_HPP
-// #include <partrain/train/metrics.hpp>
-#ifndef PARTRAIN_SI_TRAIN_METRICS_HPP
-#define PARTRAIN_SI_TRAIN_METRICS_HPP
-// partrain/train/metrics.hpp: a JSON-lines metrics file any loop can use. Each call writes one
-// record ({"kind":"step",...} or {"kind":"epoch",...}) as one line. Fields marked mean, sum, min
-// or max are reduced across ranks first (mean loss, total samples/s); the others are rank 0's.
-// Only rank 0 writes. The file is opened with O_APPEND and each record goes out in one write(),
-// so a record is never torn by a restart appending to the same file, and it is on disk
-// (in the kernel's page cache) as soon as the call returns: a crash loses no finished record.
-
-#include <cerrno>
+#include <algorithm>
+#include <atomic>
 #include <chrono>
-#include <concepts>
+#include <condition_variable>
+#include <cstddef>
 #include <cstdint>
-#include <cstring>
+#include <cstdlib>
 #include <filesystem>
-#include <initializer_list>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <ranges>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
-#include <variant>
 #include <vector>
-
-#include <fcntl.h>
-#include <unistd.h>
 
 // #include <partrain/train/detail/json_text.hpp>
 #ifndef PARTRAIN_SI_TRAIN_DETAIL_JSON_TEXT_HPP
@@ -26279,246 +27219,6 @@ inline void append_fixed_point(std::string& out, std::int64_t value, std::int64_
 
 }  // namespace partrain::inline v0::detail
 #endif  // PARTRAIN_SI_TRAIN_DETAIL_JSON_TEXT_HPP
-
-namespace partrain::inline v0 {
-
-// How a field combines across ranks before rank 0 writes it.
-enum class across_ranks { rank0, mean, sum, min, max };
-
-// One named value of a record. Numbers given with a reduction are reduced as doubles.
-struct metric_field {
-  using value_type = std::variant<double, std::int64_t, bool, std::string>;
-
-  template <std::floating_point F>
-  metric_field(std::string k, F v, across_ranks how = across_ranks::rank0)
-      : key(std::move(k)), value(static_cast<double>(v)), reduce(how) {}
-  template <std::integral I>
-    requires(!std::same_as<I, bool>)
-  metric_field(std::string k, I v, across_ranks how = across_ranks::rank0)
-      : key(std::move(k)), value(static_cast<std::int64_t>(v)), reduce(how) {}
-  metric_field(std::string k, bool v) : key(std::move(k)), value(v) {}
-  metric_field(std::string k, std::string v) : key(std::move(k)), value(std::move(v)) {}
-  metric_field(std::string k, const char* v) : key(std::move(k)), value(std::string(v)) {}
-
-  std::string key;
-  value_type value;
-  across_ranks reduce = across_ranks::rank0;
-};
-
-namespace detail {
-
-// Reduces the fields marked for it in place: one all_reduce(sum) for mean and sum fields, one
-// all_reduce(max) for max and (negated) min fields. Every rank must pass the same keys in the
-// same order (like any collective).
-template <class C>
-void reduce_metric_fields(C& comm, std::vector<metric_field>& fields) {
-  std::vector<double> sums, maxes;
-  for (auto& f : fields) {
-    if (f.reduce == across_ranks::rank0) continue;
-    double v = 0;
-    if (auto* d = std::get_if<double>(&f.value)) v = *d;
-    else if (auto* i = std::get_if<std::int64_t>(&f.value)) v = static_cast<double>(*i);
-    else throw invalid_argument_error("metrics: field '" + f.key + "' is reduced across ranks but is not a number");
-    if (f.reduce == across_ranks::mean || f.reduce == across_ranks::sum) sums.push_back(v);
-    else maxes.push_back(f.reduce == across_ranks::min ? -v : v);
-  }
-  auto run = [&](std::vector<double>& xs, reduce_op op, const char* what) {
-    if (xs.empty()) return;
-    auto w = comm.all_reduce(tensor_view<double>(xs.data(), shape{xs.size()}), op);
-    if constexpr (requires { comm.timeout(); }) {
-      if (!w.wait_for(comm.timeout())) {
-        throw timeout_error("rank " + std::to_string(comm.rank()) + " metrics " + what + " all_reduce: timed out after " +
-                            std::to_string(comm.timeout().count()) + " ms");
-      }
-    } else {
-      w.wait();
-    }
-  };
-  run(sums, reduce_op::sum, "sum");
-  run(maxes, reduce_op::max, "max");
-  std::size_t is = 0, im = 0;
-  const double n = static_cast<double>(comm.size());
-  for (auto& f : fields) {
-    switch (f.reduce) {
-      case across_ranks::rank0: break;
-      case across_ranks::mean: f.value = sums[is++] / n; break;
-      case across_ranks::sum: {
-        const double s = sums[is++];
-        if (std::holds_alternative<std::int64_t>(f.value)) f.value = static_cast<std::int64_t>(s);
-        else f.value = s;
-        break;
-      }
-      case across_ranks::max: f.value = maxes[im++]; break;
-      case across_ranks::min: f.value = -maxes[im++]; break;
-    }
-  }
-}
-
-inline void append_field(std::string& out, const metric_field& f) {
-  out += ',';
-  append_json_string(out, f.key);
-  out += ':';
-  std::visit(
-      [&](const auto& v) {
-        using V = std::decay_t<decltype(v)>;
-        if constexpr (std::same_as<V, bool>) out += v ? "true" : "false";
-        else if constexpr (std::same_as<V, std::string>) append_json_string(out, v);
-        else append_json_number(out, v);
-      },
-      f.value);
-}
-
-}  // namespace detail
-
-// Builds one record's text: {"kind":..., "<counter>":n, "time":unix seconds, fields...}.
-[[nodiscard]] inline std::string metrics_record(std::string_view kind, std::string_view counter, std::int64_t n,
-                                                double unix_time, std::span<const metric_field> fields) {
-  std::string out = "{\"kind\":";
-  detail::append_json_string(out, kind);
-  out += ',';
-  detail::append_json_string(out, counter);
-  out += ':';
-  detail::append_json_number(out, n);
-  out += ",\"time\":";
-  detail::append_json_number(out, unix_time);
-  for (const auto& f : fields) detail::append_field(out, f);
-  out += "}\n";
-  return out;
-}
-
-class metrics_writer {
- public:
-  // Single process (or rank 0 of a job that reduces its values itself).
-  explicit metrics_writer(std::filesystem::path path) : metrics_writer(std::move(path), 0) {}
-  // rank: only rank 0 opens and writes the file.
-  metrics_writer(std::filesystem::path path, int rank) : path_(std::move(path)), rank_(rank) {
-    if (path_.empty()) throw invalid_argument_error("metrics_writer: the metrics path is empty (expected a file name)");
-    if (rank_ != 0) return;
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd_ < 0) {
-      throw config_error("metrics_writer: cannot open '" + path_.string() + "' for appending: " + std::strerror(errno));
-    }
-  }
-  metrics_writer(const metrics_writer&) = delete;
-  metrics_writer& operator=(const metrics_writer&) = delete;
-  metrics_writer(metrics_writer&& o) noexcept : path_(std::move(o.path_)), rank_(o.rank_), fd_(std::exchange(o.fd_, -1)) {}
-  metrics_writer& operator=(metrics_writer&& o) noexcept {
-    if (this != &o) {
-      close();
-      path_ = std::move(o.path_);
-      rank_ = o.rank_;
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  ~metrics_writer() { close(); }
-
-  [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
-  [[nodiscard]] bool writes() const noexcept { return fd_ >= 0; }
-
-  // Local values only (no communicator): rank 0 writes what it was given.
-  void step(std::int64_t step, std::vector<metric_field> fields) { write("step", "step", step, fields); }
-  void epoch(std::int64_t epoch, std::vector<metric_field> fields) { write("epoch", "epoch", epoch, fields); }
-
-  // Collective: every rank calls it with the same keys; reduced fields are combined first.
-  template <class C>
-    requires communicator<C>
-  void step(C& comm, std::int64_t step, std::vector<metric_field> fields) {
-    detail::reduce_metric_fields(comm, fields);
-    write("step", "step", step, fields);
-  }
-  template <class C>
-    requires communicator<C>
-  void epoch(C& comm, std::int64_t epoch, std::vector<metric_field> fields) {
-    detail::reduce_metric_fields(comm, fields);
-    write("epoch", "epoch", epoch, fields);
-  }
-
- private:
-  void write(std::string_view kind, std::string_view counter, std::int64_t n, const std::vector<metric_field>& fields) {
-    if (fd_ < 0) return;
-    const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    const std::string line = metrics_record(kind, counter, n, now, fields);
-    // O_APPEND: each write lands at the current end; loop only on a short write (disk full).
-    std::size_t done = 0;
-    while (done < line.size()) {
-      const ::ssize_t k = ::write(fd_, line.data() + done, line.size() - done);
-      if (k < 0) {
-        if (errno == EINTR) continue;
-        throw config_error("metrics_writer: cannot write to '" + path_.string() + "': " + std::strerror(errno));
-      }
-      done += static_cast<std::size_t>(k);
-    }
-  }
-  void close() noexcept {
-    if (fd_ >= 0) ::close(std::exchange(fd_, -1));
-  }
-
-  std::filesystem::path path_;
-  int rank_ = 0;
-  int fd_ = -1;
-};
-
-}  // namespace partrain::inline v0
-#endif  // PARTRAIN_SI_TRAIN_METRICS_HPP
-// #include <partrain/train/policies.hpp>
-#ifndef PARTRAIN_SI_TRAIN_POLICIES_HPP
-#define PARTRAIN_SI_TRAIN_POLICIES_HPP
-// partrain/train/policies.hpp: one face for the three parallel modes, so one trainer drives any
-// of them. A training policy takes a whole step (forward, backward, gradient reduction, optimizer
-// step, mixed precision where set), evaluates over a range of batches, sets the learning rate,
-// names its groups, and (DDP) saves and restores its state:
-//
-//   ddp_policy policy(ddp, opt);                        // optionally {.scaler = &s, .trace = &t}
-//   data_parallel_policy policy(dp);                    // every replica steps its own optimizer
-//   pipeline_policy policy(stage, opt, loss);           // the same partrain::batch as DDP
-//   fit(policy, train_loader, test_loader, {...});      // train/trainer.hpp
-
-#include <concepts>
-#include <cstddef>
-#include <filesystem>
-#include <memory>
-#include <span>
-#include <string>
-#include <utility>
-#include <vector>
-
-// #include <partrain/train/trace.hpp>
-#ifndef PARTRAIN_SI_TRAIN_TRACE_HPP
-#define PARTRAIN_SI_TRAIN_TRACE_HPP
-// partrain/train/trace.hpp: a per-rank timeline (spans) merged by rank 0 into one Chrome-trace
-// JSON file that Perfetto and chrome://tracing open, one process per rank (Horovod's timeline,
-// for our loop). Enabled by PARTRAIN_TRACE=path (trace_recorder::from_env) or enable(path).
-//
-// Cost when off: span() and trace_work() test one relaxed atomic bool and return; nothing is
-// allocated and the clock is not read. When on: one steady_clock read per span end point and a
-// locked push_back into a reserved vector (comm completion threads record too).
-//
-// Clock alignment: start() estimates each rank's steady_clock offset to rank 0 with a ping-pong
-// over send/recv (Cristian's algorithm, best of several rounds). The error of the estimate is at
-// most half of the chosen round trip; it is written into the trace as "clock_error_us" in each
-// rank's process metadata. Ranks on one host share CLOCK_MONOTONIC, so their offset is ~0.
-
-#include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <cstddef>
-#include <cstdint>
-#include <cstdlib>
-#include <filesystem>
-#include <functional>
-#include <iterator>
-#include <limits>
-#include <memory>
-#include <mutex>
-#include <ranges>
-#include <set>
-#include <span>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
 
 namespace partrain::inline v0 {
 
@@ -26938,6 +27638,609 @@ inline void trace_span::end() noexcept {
 
 namespace partrain::inline v0 {
 
+struct fsdp_policy_options {
+  trace_recorder* trace = nullptr;  // one span per step ("fsdp_step": gathers, forward, backward, reduce_scatters, step)
+};
+
+template <class Fsdp>
+class fsdp_policy {
+ public:
+  explicit fsdp_policy(Fsdp& fsdp, fsdp_policy_options o = {}) : fsdp_(&fsdp), o_(o) {}
+
+  template <class B>
+  double train_step(const B& b) {
+    auto span = o_.trace ? o_.trace->span("fsdp_step") : trace_span{};
+    return fsdp_->train_step(b);
+  }
+  template <class R>
+  eval_result evaluate(R&& batches) {
+    return fsdp_->evaluate(std::forward<R>(batches));
+  }
+  void set_lr(double lr) { fsdp_->set_lr(lr); }
+  process_group& group() { return fsdp_->comm(); }
+  process_group& loss_group() { return fsdp_->comm(); }  // each rank's loss is its own batch's
+  [[nodiscard]] int replicas() { return fsdp_->comm().size(); }
+
+ private:
+  Fsdp* fsdp_;
+  fsdp_policy_options o_;
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_TRAIN_FSDP_POLICY_HPP
+// #include <partrain/train/local_sgd_policy.hpp>
+#ifndef PARTRAIN_SI_TRAIN_LOCAL_SGD_POLICY_HPP
+#define PARTRAIN_SI_TRAIN_LOCAL_SGD_POLICY_HPP
+// partrain/train/local_sgd_policy.hpp: post-local SGD and (streaming) DiLoCo as training
+// policies, so fit() (train/trainer.hpp) drives them like DDP:
+//
+//   post_local_sgd lsgd(model, opt, group, {.period = 8, .warmup_steps = 100});
+//   local_sgd_policy policy(lsgd);             // or: diloco dl(...); local_sgd_policy policy(dl);
+//   fit(policy, train_loader, test_loader, {.checkpoint = "run/model.ckpt", ...});
+//
+// The learning-rate schedule sets the inner optimizer's lr (DiLoCo's outer lr stays fixed, as in
+// the paper). Evaluation sums each rank's current model over its batches. Checkpoints are rank
+// checkpoints (train/rank_checkpoint.hpp): between syncs every rank holds other parameters and
+// optimizer state, so each rank's parameters and the algorithm's whole state (position in the
+// period or round, inner and outer optimizer state) are saved, and a resumed run continues bit
+// for bit as the uninterrupted one.
+
+#include <concepts>
+#include <cstdint>
+#include <filesystem>
+#include <type_traits>
+#include <utility>
+
+// #include <partrain/train/rank_checkpoint.hpp>
+#ifndef PARTRAIN_SI_TRAIN_RANK_CHECKPOINT_HPP
+#define PARTRAIN_SI_TRAIN_RANK_CHECKPOINT_HPP
+// partrain/train/rank_checkpoint.hpp: checkpoints of modes whose ranks hold different state:
+// post-local SGD and DiLoCo between syncs (each rank its own parameters and optimizer state),
+// PowerSGD (each rank its own error feedback). One file, written atomically by rank 0, holds one
+// section per rank; a section is an ordinary checkpoint (train/checkpoint.hpp: that rank's
+// parameters with names and shapes, then in the optimizer's place the mode's whole state, then
+// the extra fields), so every check of a plain checkpoint applies to it. Every rank reads the
+// file and restores its own section; the world size must be the one it was saved with.
+//
+// Layout: the frame of detail/framed_file.hpp (magic "PTRNRCKP", version, CRC-32, size) around
+// u32 world size, then per rank its section's bytes (u64 length first).
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+// #include <partrain/train/detail/framed_file.hpp>
+#ifndef PARTRAIN_SI_TRAIN_DETAIL_FRAMED_FILE_HPP
+#define PARTRAIN_SI_TRAIN_DETAIL_FRAMED_FILE_HPP
+// partrain/train/detail/framed_file.hpp: the frame of partrain's binary files: an 8-byte magic,
+// a format version, the payload's CRC-32 and size, then the payload. Reading checks all four
+// before a byte of the payload is trusted, naming the file in every refusal.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace partrain::inline v0::detail {
+
+inline constexpr std::size_t file_frame_header_bytes = 8 + 4 + 4 + 8;
+
+[[nodiscard]] inline std::vector<std::byte> frame(const std::array<char, 8>& magic, std::uint32_t version,
+                                                  std::span<const std::byte> payload) {
+  const std::uint32_t crc = crc32(payload);
+  const std::uint64_t size = payload.size();
+  std::vector<std::byte> out(file_frame_header_bytes + payload.size());
+  std::memcpy(out.data(), magic.data(), 8);
+  std::memcpy(out.data() + 8, &version, 4);
+  std::memcpy(out.data() + 12, &crc, 4);
+  std::memcpy(out.data() + 16, &size, 8);
+  if (!payload.empty()) std::memcpy(out.data() + file_frame_header_bytes, payload.data(), payload.size());
+  return out;
+}
+
+// The payload of a framed file; `what` names it ("sharded checkpoint index 'run/m.ckpt'").
+[[nodiscard]] inline std::span<const std::byte> unframe(std::span<const std::byte> file, const std::array<char, 8>& magic,
+                                                        std::uint32_t version, std::string_view what,
+                                                        std::uint32_t* crc_out = nullptr) {
+  const std::string w(what);
+  if (file.size() < file_frame_header_bytes) {
+    throw checkpoint_error(w + " is truncated: " + std::to_string(file.size()) + " bytes, less than the " +
+                           std::to_string(file_frame_header_bytes) + "-byte header");
+  }
+  if (std::memcmp(file.data(), magic.data(), 8) != 0) {
+    throw checkpoint_error(w + " has the wrong magic (expected \"" + std::string(magic.data(), 8) + "\")");
+  }
+  std::uint32_t v = 0, crc = 0;
+  std::uint64_t size = 0;
+  std::memcpy(&v, file.data() + 8, 4);
+  std::memcpy(&crc, file.data() + 12, 4);
+  std::memcpy(&size, file.data() + 16, 8);
+  if (v != version) {
+    throw checkpoint_error(w + " has format version " + std::to_string(v) + ", this build reads version " +
+                           std::to_string(version));
+  }
+  const std::size_t have = file.size() - file_frame_header_bytes;
+  if (size != have) {
+    throw checkpoint_error(w + (have < size ? " is truncated" : " has trailing bytes") + ": the header says " +
+                           std::to_string(size) + " payload bytes, the file has " + std::to_string(have));
+  }
+  const auto payload = file.subspan(file_frame_header_bytes);
+  if (const auto got = crc32(payload); got != crc) {
+    throw checkpoint_error(w + " is corrupted: the payload's CRC-32 is " + std::to_string(got) + ", the header says " +
+                           std::to_string(crc));
+  }
+  if (crc_out) *crc_out = crc;
+  return payload;
+}
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_TRAIN_DETAIL_FRAMED_FILE_HPP
+
+namespace partrain::inline v0 {
+
+inline constexpr std::array<char, 8> rank_checkpoint_magic{'P', 'T', 'R', 'N', 'R', 'C', 'K', 'P'};
+inline constexpr std::uint32_t rank_checkpoint_version = 1;
+
+// What a rank saves beside its parameters: anything with save_state and load_state (post_local_sgd,
+// diloco, streaming_diloco, powersgd_state, an optimizer).
+template <class S>
+concept rank_state = requires(const S& cs, S& s, state_writer& w, state_reader& r) {
+  cs.save_state(w);
+  s.load_state(r);
+};
+
+namespace detail::rank_ckpt {
+
+// checkpoint_bytes stores an optimizer's state; the mode's state (its inner optimizer included)
+// takes that place. Loading checks that the state read all of its bytes.
+template <class S>
+struct state_slot {
+  S* s;
+  void step() noexcept {}
+  void zero_grad() noexcept {}
+  void save_state(state_writer& w) const { s->save_state(w); }
+  void load_state(state_reader& r) {
+    s->load_state(r);
+    if (r.remaining() != 0) {
+      throw checkpoint_error("the saved state has " + std::to_string(r.remaining()) +
+                             " bytes more than this run's state reads (saved by another mode or model?)");
+    }
+  }
+};
+
+inline constexpr int gather_tag = 0x52434b;  // "RCK": the sections' sends to rank 0
+
+// Every rank learns whether some rank failed (the highest failing rank, or -1), so all fail
+// together instead of the healthy ones waiting for the failed one in a later collective.
+[[nodiscard]] inline int failed_rank(process_group& g, bool failed) {
+  std::array<std::int64_t, 1> f{failed ? g.rank() : -1};
+  g.all_reduce(tensor_view<std::int64_t>(f), reduce_op::max).wait();
+  return static_cast<int>(f[0]);
+}
+
+}  // namespace detail::rank_ckpt
+
+// Collective: every rank's section goes to rank 0, which writes the file atomically (temporary
+// file, fsync, rename); then every rank learns whether it worked.
+template <model M, rank_state S>
+void save_rank_checkpoint(process_group& g, const std::filesystem::path& path, M& m, const S& state,
+                          const checkpoint_extra& extra = {}) {
+  static_assert(detail::check_checkpointable<M>());
+  std::exception_ptr err;
+  std::vector<std::byte> mine;
+  try {
+    mine = checkpoint_bytes(m, detail::rank_ckpt::state_slot<const S>{&state}, extra);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  if (const int bad = detail::rank_ckpt::failed_rank(g, err != nullptr); bad >= 0) {
+    if (err) std::rethrow_exception(err);
+    throw checkpoint_error("rank checkpoint '" + path.string() + "': rank " + std::to_string(bad) +
+                           " could not serialize its state (its own error says why)");
+  }
+  // The sections' sizes first, so rank 0 can post its receives.
+  const auto world = static_cast<std::size_t>(g.size());
+  std::vector<std::int64_t> sizes(world);
+  std::array<std::int64_t, 1> my_size{static_cast<std::int64_t>(mine.size())};
+  g.all_gather(tensor_view<const std::int64_t>(my_size.data(), 1), tensor_view<std::int64_t>(sizes)).wait();
+  const auto as_u8 = [](std::vector<std::byte>& b) {
+    return tensor_view<std::uint8_t>(reinterpret_cast<std::uint8_t*>(b.data()), b.size());
+  };
+  if (g.rank() != 0) {
+    g.send(tensor_view<const std::uint8_t>(as_u8(mine)), 0, detail::rank_ckpt::gather_tag).wait();
+  } else {
+    try {
+      state_writer w;
+      w.put(static_cast<std::uint32_t>(world));
+      w.put_bytes(mine);
+      std::vector<std::byte> other;
+      for (std::size_t r = 1; r < world; ++r) {
+        other.resize(static_cast<std::size_t>(sizes[r]));
+        g.recv(as_u8(other), static_cast<int>(r), detail::rank_ckpt::gather_tag).wait();
+        w.put_bytes(other);
+      }
+      if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+      detail::write_file_atomically(path, detail::frame(rank_checkpoint_magic, rank_checkpoint_version, w.bytes()));
+    } catch (const communication_error&) {
+      throw;  // the group is broken: the peers see it in their own operations
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  if (const int bad = detail::rank_ckpt::failed_rank(g, err != nullptr); bad >= 0) {
+    if (err) std::rethrow_exception(err);
+    throw checkpoint_error("rank checkpoint '" + path.string() + "': rank 0 could not write it (its own error says why)");
+  }
+}
+
+// Collective: every rank reads `path` and restores its parameters and state from its section;
+// returns the extra fields. The parameters change only once the whole section parsed; if any
+// rank fails, every rank throws.
+template <model M, rank_state S>
+checkpoint_extra load_rank_checkpoint(process_group& g, const std::filesystem::path& path, M& m, S& state) {
+  static_assert(detail::check_checkpointable<M>());
+  std::exception_ptr err;
+  checkpoint_extra extra;
+  try {
+    const std::string what = "rank checkpoint '" + path.string() + "'";
+    const auto file = detail::read_whole_file(path);
+    state_reader r(detail::unframe(file, rank_checkpoint_magic, rank_checkpoint_version, what));
+    const auto world = r.get<std::uint32_t>("world size");
+    if (world != static_cast<std::uint32_t>(g.size())) {
+      throw checkpoint_error(what + " was saved by " + std::to_string(world) + " ranks, this job has " +
+                             std::to_string(g.size()) + " (each rank resumes its own state: expected the same world size)");
+    }
+    std::span<const std::byte> section;
+    for (int k = 0; k <= g.rank(); ++k) section = r.get_bytes("section of rank " + std::to_string(k));
+    detail::rank_ckpt::state_slot<S> slot{&state};
+    extra = load_checkpoint_bytes(section, m, slot, what + " (section of rank " + std::to_string(g.rank()) + ")");
+  } catch (...) {
+    err = std::current_exception();
+  }
+  if (const int bad = detail::rank_ckpt::failed_rank(g, err != nullptr); bad >= 0) {
+    if (err) std::rethrow_exception(err);
+    throw checkpoint_error("rank checkpoint '" + path.string() + "': rank " + std::to_string(bad) +
+                           " could not load its section (its own error says why)");
+  }
+  return extra;
+}
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_TRAIN_RANK_CHECKPOINT_HPP
+
+namespace partrain::inline v0 {
+
+template <class Algo>
+class local_sgd_policy {
+  static_assert(std::derived_from<std::remove_cvref_t<decltype(std::declval<Algo&>().comm())>, process_group>,
+                "partrain: local_sgd_policy needs the algorithm's communicator to be a process_group (fit's group())");
+
+ public:
+  explicit local_sgd_policy(Algo& a) noexcept : a_(&a) {}
+
+  template <class B>
+  double train_step(const B& b) {
+    return a_->train_step(b);
+  }
+  template <class R>
+  eval_result evaluate(R&& batches) {
+    return a_->evaluate(std::forward<R>(batches));
+  }
+  void set_lr(double lr) { a_->optimizer().set_lr(lr); }
+  process_group& group() { return a_->comm(); }
+  process_group& loss_group() { return a_->comm(); }  // every rank's loss is of its own batch
+  [[nodiscard]] int replicas() { return a_->comm().size(); }
+  auto parameters() { return a_->module().parameters(); }
+  [[nodiscard]] Algo& algorithm() noexcept { return *a_; }
+  // What this rank sent (ring-algorithm bytes): the job's group, plus the host's when
+  // hierarchical (fit's metrics record it).
+  [[nodiscard]] std::uint64_t bytes_sent() {
+    std::uint64_t b = a_->comm().traffic().bytes_sent;
+    if constexpr (requires { a_->intra_host(); }) {
+      if (auto* h = a_->intra_host()) b += h->traffic().bytes_sent;
+    }
+    return b;
+  }
+
+  // Collective. Every rank's parameters and the algorithm's state, one section per rank.
+  void save_checkpoint(const std::filesystem::path& file, const checkpoint_extra& extra) {
+    save_rank_checkpoint(a_->comm(), file, a_->module(), *a_, extra);
+  }
+  checkpoint_extra load_checkpoint(const std::filesystem::path& file) {
+    return load_rank_checkpoint(a_->comm(), file, a_->module(), *a_);
+  }
+
+ private:
+  Algo* a_;
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_TRAIN_LOCAL_SGD_POLICY_HPP
+// #include <partrain/train/lr_schedule.hpp>
+#ifndef PARTRAIN_SI_TRAIN_LR_SCHEDULE_HPP
+#define PARTRAIN_SI_TRAIN_LR_SCHEDULE_HPP
+// partrain/train/lr_schedule.hpp: learning-rate schedules as functions of the epoch, which the
+// trainer calls before each epoch (so a resumed run continues on the same curve).
+//   cosine_lr{.base = 0.05, .epochs = 8}   base * (1 + cos(pi * epoch / epochs)) / 2, down to 0
+//   constant_lr{.base = 0.01}
+
+#include <cmath>
+#include <cstddef>
+#include <numbers>
+#include <string>
+
+namespace partrain::inline v0 {
+
+namespace detail {
+inline void check_base_lr(double base, const char* who) {
+  if (!std::isfinite(base) || base <= 0) {
+    throw invalid_argument_error(std::string(who) + ": the learning rate must be a finite number > 0, got " +
+                                 std::to_string(base));
+  }
+}
+}  // namespace detail
+
+struct cosine_lr {
+  double base = 0;
+  std::size_t epochs = 0;
+  [[nodiscard]] double operator()(std::size_t epoch) const {
+    detail::check_base_lr(base, "cosine_lr");
+    if (epochs == 0) throw invalid_argument_error("cosine_lr: epochs must be at least 1, got 0");
+    return base * 0.5 * (1 + std::cos(std::numbers::pi * static_cast<double>(epoch) / static_cast<double>(epochs)));
+  }
+};
+
+struct constant_lr {
+  double base = 0;
+  [[nodiscard]] double operator()(std::size_t) const {
+    detail::check_base_lr(base, "constant_lr");
+    return base;
+  }
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_TRAIN_LR_SCHEDULE_HPP
+// #include <partrain/train/metrics.hpp>
+#ifndef PARTRAIN_SI_TRAIN_METRICS_HPP
+#define PARTRAIN_SI_TRAIN_METRICS_HPP
+// partrain/train/metrics.hpp: a JSON-lines metrics file any loop can use. Each call writes one
+// record ({"kind":"step",...} or {"kind":"epoch",...}) as one line. Fields marked mean, sum, min
+// or max are reduced across ranks first (mean loss, total samples/s); the others are rank 0's.
+// Only rank 0 writes. The file is opened with O_APPEND and each record goes out in one write(),
+// so a record is never torn by a restart appending to the same file, and it is on disk
+// (in the kernel's page cache) as soon as the call returns: a crash loses no finished record.
+
+#include <cerrno>
+#include <chrono>
+#include <concepts>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <initializer_list>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+namespace partrain::inline v0 {
+
+// How a field combines across ranks before rank 0 writes it.
+enum class across_ranks { rank0, mean, sum, min, max };
+
+// One named value of a record. Numbers given with a reduction are reduced as doubles.
+struct metric_field {
+  using value_type = std::variant<double, std::int64_t, bool, std::string>;
+
+  template <std::floating_point F>
+  metric_field(std::string k, F v, across_ranks how = across_ranks::rank0)
+      : key(std::move(k)), value(static_cast<double>(v)), reduce(how) {}
+  template <std::integral I>
+    requires(!std::same_as<I, bool>)
+  metric_field(std::string k, I v, across_ranks how = across_ranks::rank0)
+      : key(std::move(k)), value(static_cast<std::int64_t>(v)), reduce(how) {}
+  metric_field(std::string k, bool v) : key(std::move(k)), value(v) {}
+  metric_field(std::string k, std::string v) : key(std::move(k)), value(std::move(v)) {}
+  metric_field(std::string k, const char* v) : key(std::move(k)), value(std::string(v)) {}
+
+  std::string key;
+  value_type value;
+  across_ranks reduce = across_ranks::rank0;
+};
+
+namespace detail {
+
+// Reduces the fields marked for it in place: one all_reduce(sum) for mean and sum fields, one
+// all_reduce(max) for max and (negated) min fields. Every rank must pass the same keys in the
+// same order (like any collective).
+template <class C>
+void reduce_metric_fields(C& comm, std::vector<metric_field>& fields) {
+  std::vector<double> sums, maxes;
+  for (auto& f : fields) {
+    if (f.reduce == across_ranks::rank0) continue;
+    double v = 0;
+    if (auto* d = std::get_if<double>(&f.value)) v = *d;
+    else if (auto* i = std::get_if<std::int64_t>(&f.value)) v = static_cast<double>(*i);
+    else throw invalid_argument_error("metrics: field '" + f.key + "' is reduced across ranks but is not a number");
+    if (f.reduce == across_ranks::mean || f.reduce == across_ranks::sum) sums.push_back(v);
+    else maxes.push_back(f.reduce == across_ranks::min ? -v : v);
+  }
+  auto run = [&](std::vector<double>& xs, reduce_op op, const char* what) {
+    if (xs.empty()) return;
+    auto w = comm.all_reduce(tensor_view<double>(xs.data(), shape{xs.size()}), op);
+    if constexpr (requires { comm.timeout(); }) {
+      if (!w.wait_for(comm.timeout())) {
+        throw timeout_error("rank " + std::to_string(comm.rank()) + " metrics " + what + " all_reduce: timed out after " +
+                            std::to_string(comm.timeout().count()) + " ms");
+      }
+    } else {
+      w.wait();
+    }
+  };
+  run(sums, reduce_op::sum, "sum");
+  run(maxes, reduce_op::max, "max");
+  std::size_t is = 0, im = 0;
+  const double n = static_cast<double>(comm.size());
+  for (auto& f : fields) {
+    switch (f.reduce) {
+      case across_ranks::rank0: break;
+      case across_ranks::mean: f.value = sums[is++] / n; break;
+      case across_ranks::sum: {
+        const double s = sums[is++];
+        if (std::holds_alternative<std::int64_t>(f.value)) f.value = static_cast<std::int64_t>(s);
+        else f.value = s;
+        break;
+      }
+      case across_ranks::max: f.value = maxes[im++]; break;
+      case across_ranks::min: f.value = -maxes[im++]; break;
+    }
+  }
+}
+
+inline void append_field(std::string& out, const metric_field& f) {
+  out += ',';
+  append_json_string(out, f.key);
+  out += ':';
+  std::visit(
+      [&](const auto& v) {
+        using V = std::decay_t<decltype(v)>;
+        if constexpr (std::same_as<V, bool>) out += v ? "true" : "false";
+        else if constexpr (std::same_as<V, std::string>) append_json_string(out, v);
+        else append_json_number(out, v);
+      },
+      f.value);
+}
+
+}  // namespace detail
+
+// Builds one record's text: {"kind":..., "<counter>":n, "time":unix seconds, fields...}.
+[[nodiscard]] inline std::string metrics_record(std::string_view kind, std::string_view counter, std::int64_t n,
+                                                double unix_time, std::span<const metric_field> fields) {
+  std::string out = "{\"kind\":";
+  detail::append_json_string(out, kind);
+  out += ',';
+  detail::append_json_string(out, counter);
+  out += ':';
+  detail::append_json_number(out, n);
+  out += ",\"time\":";
+  detail::append_json_number(out, unix_time);
+  for (const auto& f : fields) detail::append_field(out, f);
+  out += "}\n";
+  return out;
+}
+
+class metrics_writer {
+ public:
+  // Single process (or rank 0 of a job that reduces its values itself).
+  explicit metrics_writer(std::filesystem::path path) : metrics_writer(std::move(path), 0) {}
+  // rank: only rank 0 opens and writes the file.
+  metrics_writer(std::filesystem::path path, int rank) : path_(std::move(path)), rank_(rank) {
+    if (path_.empty()) throw invalid_argument_error("metrics_writer: the metrics path is empty (expected a file name)");
+    if (rank_ != 0) return;
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd_ < 0) {
+      throw config_error("metrics_writer: cannot open '" + path_.string() + "' for appending: " + std::strerror(errno));
+    }
+  }
+  metrics_writer(const metrics_writer&) = delete;
+  metrics_writer& operator=(const metrics_writer&) = delete;
+  metrics_writer(metrics_writer&& o) noexcept : path_(std::move(o.path_)), rank_(o.rank_), fd_(std::exchange(o.fd_, -1)) {}
+  metrics_writer& operator=(metrics_writer&& o) noexcept {
+    if (this != &o) {
+      close();
+      path_ = std::move(o.path_);
+      rank_ = o.rank_;
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  ~metrics_writer() { close(); }
+
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
+  [[nodiscard]] bool writes() const noexcept { return fd_ >= 0; }
+
+  // Local values only (no communicator): rank 0 writes what it was given.
+  void step(std::int64_t step, std::vector<metric_field> fields) { write("step", "step", step, fields); }
+  void epoch(std::int64_t epoch, std::vector<metric_field> fields) { write("epoch", "epoch", epoch, fields); }
+
+  // Collective: every rank calls it with the same keys; reduced fields are combined first.
+  template <class C>
+    requires communicator<C>
+  void step(C& comm, std::int64_t step, std::vector<metric_field> fields) {
+    detail::reduce_metric_fields(comm, fields);
+    write("step", "step", step, fields);
+  }
+  template <class C>
+    requires communicator<C>
+  void epoch(C& comm, std::int64_t epoch, std::vector<metric_field> fields) {
+    detail::reduce_metric_fields(comm, fields);
+    write("epoch", "epoch", epoch, fields);
+  }
+
+ private:
+  void write(std::string_view kind, std::string_view counter, std::int64_t n, const std::vector<metric_field>& fields) {
+    if (fd_ < 0) return;
+    const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    const std::string line = metrics_record(kind, counter, n, now, fields);
+    // O_APPEND: each write lands at the current end; loop only on a short write (disk full).
+    std::size_t done = 0;
+    while (done < line.size()) {
+      const ::ssize_t k = ::write(fd_, line.data() + done, line.size() - done);
+      if (k < 0) {
+        if (errno == EINTR) continue;
+        throw config_error("metrics_writer: cannot write to '" + path_.string() + "': " + std::strerror(errno));
+      }
+      done += static_cast<std::size_t>(k);
+    }
+  }
+  void close() noexcept {
+    if (fd_ >= 0) ::close(std::exchange(fd_, -1));
+  }
+
+  std::filesystem::path path_;
+  int rank_ = 0;
+  int fd_ = -1;
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_TRAIN_METRICS_HPP
+// #include <partrain/train/policies.hpp>
+#ifndef PARTRAIN_SI_TRAIN_POLICIES_HPP
+#define PARTRAIN_SI_TRAIN_POLICIES_HPP
+// partrain/train/policies.hpp: one face for the three parallel modes, so one trainer drives any
+// of them. A training policy takes a whole step (forward, backward, gradient reduction, optimizer
+// step, mixed precision where set), evaluates over a range of batches, sets the learning rate,
+// names its groups, and (DDP) saves and restores its state:
+//
+//   ddp_policy policy(ddp, opt);                        // optionally {.scaler = &s, .trace = &t}
+//   data_parallel_policy policy(dp);                    // every replica steps its own optimizer
+//   pipeline_policy policy(stage, opt, loss);           // the same partrain::batch as DDP
+//   fit(policy, train_loader, test_loader, {...});      // train/trainer.hpp
+
+#include <concepts>
+#include <cstddef>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace partrain::inline v0 {
+
 // What the trainer needs from a parallel mode on batches of type B.
 //   train_step(b)  one synchronised step, the optimizer's included; the mean loss of b
 //   evaluate(bs)   summed over every rank's part of the test batches
@@ -26967,6 +28270,9 @@ struct ddp_policy_options {
   grad_scaler* scaler = nullptr;    // mixed precision (fp16/bf16): amp_step with it; null: plain fp32 steps
   trace_recorder* trace = nullptr;  // spans forward_backward / optimizer / amp_step
   double max_grad_norm = 0;         // > 0: clip the global gradient norm before the step
+  // The state of DDP's comm_hooks::powersgd hook: checkpoints then carry it, and since its error
+  // feedback differs across ranks they become rank checkpoints (train/rank_checkpoint.hpp).
+  powersgd_state* powersgd = nullptr;
 };
 
 // distributed_data_parallel plus its optimizer (and grad scaler): a step is DDP's train_step
@@ -27011,19 +28317,30 @@ class ddp_policy {
   auto parameters() { return ddp_->module().parameters(); }
   [[nodiscard]] std::size_t skipped_steps() const noexcept { return skipped_; }
 
-  // Rank 0 writes the file atomically while the others wait; the scaler's state goes with it.
+  // Rank 0 writes the file atomically while the others wait; the scaler's state goes with it
+  // (with PowerSGD: a rank checkpoint, each rank's section with its error feedback).
   // Host parameters only (a checkpoint holds host memory): a CUDA model's policy cannot checkpoint.
   void save_checkpoint(const std::filesystem::path& file, checkpoint_extra extra)
     requires host_model
   {
     if (o_.scaler && o_.scaler->enabled()) extra.scaler_state = o_.scaler->state_bytes();
+    if (o_.powersgd) {
+      save_rank_checkpoint(group(), file, ddp_->module(), with_hook_state{opt_, o_.powersgd}, extra);
+      return;
+    }
     if (group().rank() == 0 && file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
     partrain::save_checkpoint(group(), file, ddp_->module(), *opt_, extra);
   }
   checkpoint_extra load_checkpoint(const std::filesystem::path& file)
     requires host_model
   {
-    checkpoint_extra extra = partrain::load_checkpoint(file, ddp_->module(), *opt_);
+    checkpoint_extra extra;
+    if (o_.powersgd) {
+      with_hook_state state{opt_, o_.powersgd};
+      extra = load_rank_checkpoint(group(), file, ddp_->module(), state);
+    } else {
+      extra = partrain::load_checkpoint(file, ddp_->module(), *opt_);
+    }
     if (o_.scaler && o_.scaler->enabled()) o_.scaler->load_state_bytes(extra.scaler_state);
     if constexpr (has_low_precision_copy<std::remove_cvref_t<decltype(ddp_->module())>>) {
       ddp_->module().refresh_low_precision();  // the 16-bit copy of the loaded masters
@@ -27032,6 +28349,20 @@ class ddp_policy {
   }
 
  private:
+  // The optimizer's state, then the hook's, as one rank_state.
+  struct with_hook_state {
+    Opt* opt;
+    powersgd_state* hook;
+    void save_state(state_writer& w) const {
+      opt->save_state(w);
+      hook->save_state(w);
+    }
+    void load_state(state_reader& r) {
+      opt->load_state(r);
+      hook->load_state(r);
+    }
+  };
+
   Ddp* ddp_;
   Opt* opt_;
   ddp_policy_options o_;
@@ -27278,77 +28609,6 @@ class progress {
 #include <system_error>
 #include <type_traits>
 #include <vector>
-
-// #include <partrain/train/detail/framed_file.hpp>
-#ifndef PARTRAIN_SI_TRAIN_DETAIL_FRAMED_FILE_HPP
-#define PARTRAIN_SI_TRAIN_DETAIL_FRAMED_FILE_HPP
-// partrain/train/detail/framed_file.hpp: the frame of partrain's binary files: an 8-byte magic,
-// a format version, the payload's CRC-32 and size, then the payload. Reading checks all four
-// before a byte of the payload is trusted, naming the file in every refusal.
-
-#include <array>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <span>
-#include <string>
-#include <string_view>
-#include <vector>
-
-namespace partrain::inline v0::detail {
-
-inline constexpr std::size_t file_frame_header_bytes = 8 + 4 + 4 + 8;
-
-[[nodiscard]] inline std::vector<std::byte> frame(const std::array<char, 8>& magic, std::uint32_t version,
-                                                  std::span<const std::byte> payload) {
-  const std::uint32_t crc = crc32(payload);
-  const std::uint64_t size = payload.size();
-  std::vector<std::byte> out(file_frame_header_bytes + payload.size());
-  std::memcpy(out.data(), magic.data(), 8);
-  std::memcpy(out.data() + 8, &version, 4);
-  std::memcpy(out.data() + 12, &crc, 4);
-  std::memcpy(out.data() + 16, &size, 8);
-  if (!payload.empty()) std::memcpy(out.data() + file_frame_header_bytes, payload.data(), payload.size());
-  return out;
-}
-
-// The payload of a framed file; `what` names it ("sharded checkpoint index 'run/m.ckpt'").
-[[nodiscard]] inline std::span<const std::byte> unframe(std::span<const std::byte> file, const std::array<char, 8>& magic,
-                                                        std::uint32_t version, std::string_view what,
-                                                        std::uint32_t* crc_out = nullptr) {
-  const std::string w(what);
-  if (file.size() < file_frame_header_bytes) {
-    throw checkpoint_error(w + " is truncated: " + std::to_string(file.size()) + " bytes, less than the " +
-                           std::to_string(file_frame_header_bytes) + "-byte header");
-  }
-  if (std::memcmp(file.data(), magic.data(), 8) != 0) {
-    throw checkpoint_error(w + " has the wrong magic (expected \"" + std::string(magic.data(), 8) + "\")");
-  }
-  std::uint32_t v = 0, crc = 0;
-  std::uint64_t size = 0;
-  std::memcpy(&v, file.data() + 8, 4);
-  std::memcpy(&crc, file.data() + 12, 4);
-  std::memcpy(&size, file.data() + 16, 8);
-  if (v != version) {
-    throw checkpoint_error(w + " has format version " + std::to_string(v) + ", this build reads version " +
-                           std::to_string(version));
-  }
-  const std::size_t have = file.size() - file_frame_header_bytes;
-  if (size != have) {
-    throw checkpoint_error(w + (have < size ? " is truncated" : " has trailing bytes") + ": the header says " +
-                           std::to_string(size) + " payload bytes, the file has " + std::to_string(have));
-  }
-  const auto payload = file.subspan(file_frame_header_bytes);
-  if (const auto got = crc32(payload); got != crc) {
-    throw checkpoint_error(w + " is corrupted: the payload's CRC-32 is " + std::to_string(got) + ", the header says " +
-                           std::to_string(crc));
-  }
-  if (crc_out) *crc_out = crc;
-  return payload;
-}
-
-}  // namespace partrain::inline v0::detail
-#endif  // PARTRAIN_SI_TRAIN_DETAIL_FRAMED_FILE_HPP
 
 namespace partrain::inline v0 {
 
@@ -27887,8 +29147,8 @@ inline constexpr steps_t steps{};
 // partrain/train/trainer.hpp: the training loop every program would otherwise write again. For
 // any training_policy (train/policies.hpp) it runs the epochs: learning rate from a schedule,
 // training steps (the loop written as ranges, as a coroutine or as a plain for), evaluation,
-// checkpoint save and resume (the grad scaler's state included), metrics, the progress line and
-// trace spans; rank 0 prints one line per epoch.
+// checkpoint save and resume (the grad scaler's state included), metrics (with the bytes rank 0
+// sent), the progress line and trace spans; rank 0 prints one line per epoch.
 //
 //   ddp_policy policy(ddp, opt);
 //   const train_result r = fit(policy, train_loader, test_loader,
@@ -27903,6 +29163,7 @@ inline constexpr steps_t steps{};
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -27996,6 +29257,7 @@ class trainer {
     resume(result);
     if (result.resumed_finished) return report_finished(result);
     start_trace();  // after the check above: a finished run records nothing, so it merges nothing
+    bytes_at_start_ = policy_bytes_sent();
     if (!o_.metrics.empty()) {
       // A fresh run starts a fresh file; a resumed one appends to what the earlier run wrote.
       if (leader_ && result.first_epoch == 0) std::filesystem::remove(o_.metrics);
@@ -28030,7 +29292,8 @@ class trainer {
                                                           {"train_loss", result.train_loss},
                                                           {"test_loss", result.test_loss},
                                                           {"test_accuracy", result.test_accuracy},
-                                                          {"samples_per_s", samples_per_s}});
+                                                          {"samples_per_s", samples_per_s},
+                                                          {"bytes_sent", bytes_sent()}});
       }
       print("epoch %zu/%zu  train_loss %.4f  test_loss %.4f  test_accuracy %.4f  samples/s %.0f  (%.1f s)\n", e + 1,
             o_.epochs, result.train_loss, result.test_loss, result.test_accuracy, samples_per_s, seconds);
@@ -28071,7 +29334,8 @@ class trainer {
     if (o_.checkpoint.empty()) return;
     if constexpr (!checkpointable_policy<Policy>) {
       throw config_error("fit: checkpoints (" + o_.checkpoint.string() +
-                         ") are not supported by this parallel mode; supported: DDP (ddp_policy)");
+                         ") are not supported by this parallel mode; supported: ddp_policy, zero_policy, "
+                         "local_sgd_policy");
     } else {
       // Fail before training, not after the first epoch: the folder must be writable.
       check_writable(o_.checkpoint.has_parent_path() ? o_.checkpoint.parent_path() : std::filesystem::path("."));
@@ -28137,7 +29401,8 @@ class trainer {
   void log_step(std::size_t step, double loss, bool reduced = false) {
     if (!metrics_) return;
     std::vector<metric_field> f{{"epoch", static_cast<std::int64_t>(epoch_ + 1)},
-                                {"loss", loss, reduced ? across_ranks::rank0 : across_ranks::mean}};
+                                {"loss", loss, reduced ? across_ranks::rank0 : across_ranks::mean},
+                                {"bytes_sent", bytes_sent()}};
     if (reduced) {
       metrics_->step(static_cast<std::int64_t>(step + 1), std::move(f));
     } else {
@@ -28151,6 +29416,19 @@ class trainer {
     s.steps = sums[1];
   }
   auto batches() { return traced_batches(train_, o_.trace ? *o_.trace : untraced_); }
+
+  // What this rank has sent (process_group::traffic()'s ring-algorithm bytes): the policy's own
+  // count where it has one (a mode over several groups), else its group's.
+  [[nodiscard]] std::uint64_t policy_bytes_sent() {
+    if constexpr (requires { { p_.bytes_sent() } -> std::convertible_to<std::uint64_t>; }) {
+      return p_.bytes_sent();
+    } else {
+      return p_.group().traffic().bytes_sent;
+    }
+  }
+  // The metrics records' bytes_sent: rank 0's bytes since this fit() started (evaluation and
+  // checkpoints included), the same on every rank of a symmetric mode.
+  [[nodiscard]] std::int64_t bytes_sent() { return static_cast<std::int64_t>(policy_bytes_sent() - bytes_at_start_); }
 
   detail::trainer::epoch_sums epoch_plain() {
     detail::trainer::epoch_sums s;
@@ -28225,6 +29503,7 @@ class trainer {
   std::optional<metrics_writer> metrics_;
   trace_recorder untraced_;  // traced_batches needs a recorder; a disabled one records nothing
   std::size_t epoch_ = 0, epoch_first_step_ = 0, step_ = 0;
+  std::uint64_t bytes_at_start_ = 0;
 };
 
 // Runs the epochs of `o` for `policy` over the train and test batch ranges (the train range

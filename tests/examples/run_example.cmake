@@ -1,7 +1,7 @@
 # Runs one example command and checks it: cmake -DPROGRAM=... -DARGS="a;b" -DEXPECT_RC=0
 #   [-DEXPECT_REGEX=...] [-DEXPECT_REGEX2=...] [-DMETRICS=file -DMETRICS_LINES=n] [-DCLEAN=dir] -P run_example.cmake
-# The metrics file must hold METRICS_LINES epoch records, each a JSON object with the six documented
-# keys; its step records (one every --log-every steps) must each carry step, epoch and loss.
+# The metrics file must hold METRICS_LINES epoch records, each a JSON object with the seven documented
+# keys; its step records (one every --log-every steps) must each carry step, epoch, loss and bytes_sent.
 if(DEFINED CLEAN)
   file(REMOVE_RECURSE ${CLEAN})
 endif()
@@ -32,7 +32,7 @@ if(DEFINED METRICS)
     if(kind STREQUAL "epoch")
       list(APPEND lines "${line}")
     elseif(kind STREQUAL "step")
-      foreach(key step epoch loss)
+      foreach(key step epoch loss bytes_sent)
         string(JSON v ERROR_VARIABLE jerr GET "${line}" ${key})
         if(jerr)
           message(FATAL_ERROR "metrics step record without '${key}': ${line} (${jerr})")
@@ -47,7 +47,7 @@ if(DEFINED METRICS)
     message(FATAL_ERROR "metrics file has ${n} epoch records, expected ${METRICS_LINES}")
   endif()
   foreach(line IN LISTS lines)
-    foreach(key epoch step train_loss test_loss test_accuracy samples_per_s)
+    foreach(key epoch step train_loss test_loss test_accuracy samples_per_s bytes_sent)
       string(JSON v ERROR_VARIABLE jerr GET "${line}" ${key})
       if(jerr)
         message(FATAL_ERROR "metrics line is not a JSON object with '${key}': ${line} (${jerr})")

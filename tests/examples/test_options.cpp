@@ -53,7 +53,9 @@ TEST_CASE("example options: bad input names the flag and what was expected", "[e
                     Catch::Contains("mpirun or srun starts the ranks") && Catch::Contains("mpirun -np 2"));
   CHECK(parse_options({"--backend", "mpi"}).backend == "mpi");
   CHECK_THROWS_WITH(parse_options({"--sync", "diloco", "--parallel", "zero2"}), Catch::Contains("needs --parallel ddp"));
-  CHECK_THROWS_WITH(parse_options({"--sync", "local-sgd", "--checkpoint", "d"}), Catch::Contains("not yet"));
+  CHECK(parse_options({"--sync", "local-sgd", "--checkpoint", "d"}).checkpoint == "d");  // rank checkpoints
+  CHECK_THROWS_WITH(parse_options({"--parallel", "fsdp", "--checkpoint", "d"}),
+                    Catch::Contains("supported with --parallel ddp, zero1 and zero2 only"));
   CHECK_THROWS_WITH(parse_options({"--outer-bits", "4"}), Catch::Contains("not one of: 32, 16, 8"));
   CHECK_THROWS_WITH(parse_options({"--warmup-steps", "-3"}), Catch::Contains("must be >= 0"));
   CHECK_THROWS_WITH(parse_options({"--parallel", "zero2", "--precision", "fp16", "--reduce-16bit"}),

@@ -10,6 +10,10 @@
 #include <partrain/parallel/ddp.hpp>
 
 #include <cstddef>
+#include <exception>
+#include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "toy_models.hpp"
@@ -47,6 +51,34 @@ void check_close(const std::vector<T>& got, const std::vector<T>& want, double t
   for (std::size_t i = 0; i < got.size(); ++i) {
     CHECK(static_cast<double>(got[i]) == Approx(static_cast<double>(want[i])).epsilon(tol).margin(tol));
   }
+}
+
+// hosts x per_host ranks on threads, each in two local worlds: the job's (rank h * per_host + l)
+// and its host's (rank l): what hierarchical local SGD is given on a real cluster. A failing
+// rank aborts both of its worlds, so no peer waits for it; the first root-cause error is rethrown.
+template <class F>
+void run_local_hosts(int hosts, int per_host, F fn, process_group_options opts = {}) {
+  auto world = make_local_world(hosts * per_host, opts);
+  std::vector<std::vector<std::unique_ptr<local_group>>> intra;
+  for (int h = 0; h < hosts; ++h) intra.push_back(make_local_world(per_host, opts));
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(hosts * per_host));
+  {
+    std::vector<std::jthread> threads;
+    for (int r = 0; r < hosts * per_host; ++r) {
+      threads.emplace_back([&, r] {
+        auto& w = *world[static_cast<std::size_t>(r)];
+        auto& in = *intra[static_cast<std::size_t>(r / per_host)][static_cast<std::size_t>(r % per_host)];
+        try {
+          fn(w, in);
+        } catch (...) {
+          errors[static_cast<std::size_t>(r)] = std::current_exception();
+          w.abort("rank " + std::to_string(r) + " failed", r);
+          in.abort("rank " + std::to_string(r) + " failed", r % per_host);
+        }
+      });
+    }
+  }
+  if (auto first = detail::root_cause(errors)) std::rethrow_exception(first);
 }
 
 // Sets every parameter of a toy model from a flat copy (what a checkpoint restores).

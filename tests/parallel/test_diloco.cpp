@@ -11,6 +11,7 @@
 #include <partrain/parallel/streaming_diloco.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <vector>
@@ -236,6 +237,88 @@ TEST_CASE("diloco: bad options and mismatched state are refused by name", "[para
     CHECK_THROWS_WITH(b.load_state(r), Catch::Contains("compression none") && Catch::Contains("int8"));
     state_reader truncated(std::span<const std::byte>(w.bytes()).first(w.bytes().size() / 2));
     CHECK_THROWS_AS(a.load_state(truncated), checkpoint_error);
+  });
+}
+
+namespace {
+
+// Ranks with batches[r] batches each, two epochs, joining when their data ends (join = true), or
+// (reference, join = false) every rank stepping the longest count with its inner lr at 0 once
+// its own data has ended: no progress, but there for every outer step, which is what join
+// promises. Inner SGD without momentum, so a joined rank's untouched inner state matches.
+struct join_run {
+  std::vector<std::vector<float>> params;
+  std::vector<std::int64_t> inner_step, outer_steps, steps;
+  std::vector<int> shadowed;
+};
+const sgd_options join_inner{.lr = 0.05, .momentum = 0, .weight_decay = 1e-3};
+
+join_run diloco_uneven(const std::vector<int>& batches, diloco_options o, bool join) {
+  const int world = static_cast<int>(batches.size());
+  const int most = *std::max_element(batches.begin(), batches.end());
+  const auto n = batches.size();
+  join_run out{std::vector<std::vector<float>>(n), std::vector<std::int64_t>(n), std::vector<std::int64_t>(n),
+               std::vector<std::int64_t>(n), std::vector<int>(n)};
+  o.join = join;
+  // Every collective bounded by 10 s: a hang fails the test instead of blocking it.
+  run_local(world, [&](local_group& g) {
+    const auto r = static_cast<std::size_t>(g.rank());
+    toy_mlp<float> m(7 + r);
+    sgd inner(m, join_inner);
+    diloco dl(m, inner, g, o);
+    for (int e = 0; e < 2; ++e) {
+      const int mine = join ? batches[r] : most;
+      for (int s = 0; s < mine; ++s) {
+        inner.set_lr(s < batches[r] ? join_inner.lr : 0.0);
+        dl.train_step(rank_batch<float>(e * most + s, world, g.rank()));
+      }
+      if (join) out.shadowed[r] = dl.join() ? 1 : 0;
+    }
+    out.params[r] = m.flat_values();
+    out.inner_step[r] = dl.inner_step();
+    out.outer_steps[r] = dl.outer_steps();
+    out.steps[r] = dl.steps();
+  }, {.timeout = std::chrono::seconds(10)});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("diloco join: ranks with fewer batches take part in every outer step, nobody hangs", "[parallel][diloco][join]") {
+  // H = 3; rank 0 has 10 batches, rank 1 has 5, rank 2 has 2: outer steps after steps 2, 5, 8,
+  // and (second epoch, counters realigned to 10) 12, 15, 18.
+  const std::vector<int> batches{10, 5, 2};
+  for (auto c : {outer_compression::none, outer_compression::int8}) {
+    CAPTURE(to_string(c));
+    const diloco_options o{.inner_steps = 3, .compression = c};
+    const auto got = diloco_uneven(batches, o, true);
+    const auto want = diloco_uneven(batches, o, false);
+    for (std::size_t r = 0; r < batches.size(); ++r) {
+      CAPTURE(r);
+      CHECK(got.params[r] == want.params[r]);  // bit for bit
+      CHECK(got.outer_steps[r] == 6);
+      CHECK(got.inner_step[r] == 2);  // 20 steps: 2 into the seventh round on every rank
+      CHECK(got.steps[r] == 20);
+    }
+    CHECK(got.shadowed == std::vector<int>{0, 1, 1});
+    CHECK(got.params[1] == got.params[2]);  // both joined before rank 0's last outer step
+    CHECK(got.params[0] != got.params[1]);  // rank 0 trained 2 steps past it
+  }
+}
+
+TEST_CASE("diloco join: without join the rank left waiting times out naming the fix", "[parallel][diloco][join][errors]") {
+  CHECK_THROWS_WITH(run_local(2, [](local_group& g) {
+    toy_mlp<float> m(7);
+    sgd inner(m, join_inner);
+    diloco dl(m, inner, g, {.inner_steps = 2});
+    for (int s = 0; s < (g.rank() == 0 ? 4 : 1); ++s) dl.train_step(rank_batch<float>(s, 2, g.rank()));
+  }, {.timeout = std::chrono::milliseconds(300)}), Catch::Contains("outer gradient exchange") &&
+                                                     Catch::Contains("diloco_options{.join = true}"));
+  run_local(1, [](local_group& g) {
+    toy_mlp<float> m(7);
+    sgd inner(m, join_inner);
+    diloco dl(m, inner, g, {.inner_steps = 2});
+    CHECK_THROWS_WITH(dl.join(), Catch::Contains("join() needs join enabled"));
   });
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""ctest: tools/plot_metrics.py turns a sample metrics file (and a benchmark table) into PNGs of
-the asked size. Exit 77 (skipped) without gnuplot."""
+"""ctest: tools/plot_metrics.py turns a sample metrics file (and a benchmark table, whitespace or
+CSV) into PNGs of the asked size. Exit 77 (skipped) without gnuplot."""
 import json
 import math
 import os
@@ -36,8 +36,15 @@ with open(table, "w") as f:
     f.write("bench_x: a table\nmode  ranks  samples/s\nddp overlap  1  1000\nddp overlap  2  1900\nplain  1  1050\n"
             "summary: x=1\n")
 
+curve = os.path.join(outdir, "curve.csv")  # bench_slow_link's accuracy over time
+with open(curve, "w") as f:
+    f.write("mode,step,seconds_100mbit,test_accuracy\nddp,100,7.8,0.81\nddp,200,15.6,0.84\n"
+            "diloco,100,0.4,0.81\ndiloco,200,0.8,0.83\n")
+
 cases = [([metrics, "--size", "640x360"], (640, 360)),
-         (["--table", table, "--x", "ranks", "--y", "samples/s", "--size", "500x300"], (500, 300))]
+         (["--table", table, "--x", "ranks", "--y", "samples/s", "--size", "500x300"], (500, 300)),
+         (["--table", curve, "--x", "seconds_100mbit", "--y", "test_accuracy", "--logx", "--yrange", "0.7:0.9",
+           "--key", "bottom right", "--size", "400x300"], (400, 300))]
 for n, (args, size) in enumerate(cases):
     out = os.path.join(outdir, f"plot{n}.png")
     if os.path.exists(out):
@@ -50,4 +57,7 @@ for n, (args, size) in enumerate(cases):
 # Bad input is named.
 bad = subprocess.run([sys.executable, tool, table, "-o", os.path.join(outdir, "bad.png")], capture_output=True, text=True)
 assert bad.returncode != 0 and "not JSON" in bad.stderr, bad.stderr
+bad = subprocess.run([sys.executable, tool, "--table", curve, "--x", "seconds", "--y", "test_accuracy", "-o",
+                      os.path.join(outdir, "bad.png")], capture_output=True, text=True)
+assert bad.returncode != 0 and "no header row naming both 'seconds'" in bad.stderr, bad.stderr
 print("ok")

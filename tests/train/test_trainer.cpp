@@ -7,6 +7,7 @@
 #include <partrain/train/lr_schedule.hpp>
 #include <partrain/train/trainer.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include <limits>
 #include <mutex>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "dp_models.hpp"
@@ -116,6 +118,25 @@ TEST_CASE("fit: a resumed run continues bit for bit, and a finished one reports 
   CHECK(again.result.test_accuracy == straight.result.test_accuracy);
   CHECK(again.result.test_accuracy > 0.0);
   CHECK(again.result.train_loss == resumed.result.train_loss);
+}
+
+TEST_CASE("fit: metrics records carry the bytes rank 0 sent, growing with the steps", "[train][trainer][metrics][threads]") {
+  partrain::testing::temp_dir dir;
+  const auto file = dir.path / "m.jsonl";
+  (void)run_ddp(2, {.epochs = 2, .metrics = file, .log_every = 3});
+  std::ifstream in(file);
+  std::vector<long long> sent;
+  for (std::string line; std::getline(in, line);) {
+    const auto k = line.find("\"bytes_sent\":");
+    REQUIRE(k != std::string::npos);
+    sent.push_back(std::stoll(line.substr(k + 13)));
+  }
+  REQUIRE(sent.size() == 4 + 2);  // step records at steps 3, 6, 9, 12 and two epoch records
+  // dp_softmax_model (5 x 3 weights + 3 biases = 18 floats) at 2 ranks: a gradient all_reduce
+  // sends 72 bytes, so 3 steps send at least 216.
+  CHECK(sent.front() >= 216);
+  CHECK(std::is_sorted(sent.begin(), sent.end()));
+  CHECK(sent.back() >= 12 * 72);
 }
 
 TEST_CASE("fit: bad settings fail before training, with the reason", "[train][trainer][threads]") {

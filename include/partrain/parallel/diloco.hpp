@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -62,6 +63,11 @@ struct diloco_options {
   // Copy rank 0's parameters to every rank at construction (every rank must start a round from
   // the same point; false: the caller guarantees they are equal).
   bool broadcast_parameters = true;
+  // Uneven inputs: a rank that runs out of batches calls join() and takes part in the others'
+  // outer steps with a zero outer gradient (no progress; the mean stays over all ranks, as DDP
+  // divides by the initial world size) until every rank has joined. Costs one small all_reduce
+  // per outer step.
+  bool join = false;
 };
 
 namespace detail::diloco {
@@ -281,6 +287,7 @@ class diloco {
   template <class B>
   double train_step(const B& batch) {
     static_assert(check_trainable<M, B>());
+    if (joined_) throw invalid_argument_error(where() + "train_step after join() on this rank");
     const double loss = model_->train_step(batch);
     inner_->step();
     ++steps_;
@@ -290,7 +297,44 @@ class diloco {
 
   // The outer step now (train_step calls it every H steps): outer gradient = start - current,
   // averaged over ranks; back to the start; the outer optimizer steps; a new round starts there.
+  // Collective: every rank that has not joined calls it at the same step.
   void sync() {
+    if (opts_.join) {  // tells the joined ranks, waiting in join(), that an outer step follows
+      std::array<std::int64_t, 1> active{1};
+      small_all_reduce(std::span<std::int64_t>(active), reduce_op::sum, "active-rank all_reduce");
+    }
+    outer_step();
+  }
+
+  // Uneven inputs (needs diloco_options::join): call once this rank has no more batches. It
+  // takes part in the other ranks' outer steps (its outer gradient is whatever progress it made
+  // since its last one, then zero) until every rank has joined; then every rank's counters are
+  // set to the most steps any rank took, so the next epoch's rounds end at the same step
+  // everywhere. Returns true when this rank took part in at least one outer step of the others.
+  bool join() {
+    if (!opts_.join) {
+      throw config_error(where() + "join() needs join enabled: construct with diloco_options{.join = true} (every "
+                                   "outer step then starts with a count of the ranks that still have data)");
+    }
+    joined_ = true;
+    bool shadowed = false;
+    for (;;) {
+      std::array<std::int64_t, 1> active{0};
+      small_all_reduce(std::span<std::int64_t>(active), reduce_op::sum, "join active-rank all_reduce");
+      if (active[0] == 0) break;
+      shadowed = true;
+      outer_step();
+    }
+    std::array<std::int64_t, 2> counts{inner_step_, steps_};
+    small_all_reduce(std::span<std::int64_t>(counts), reduce_op::max, "join step-count all_reduce");
+    inner_step_ = counts[0];
+    steps_ = counts[1];
+    joined_ = false;
+    return shadowed;
+  }
+
+ private:
+  void outer_step() {
     std::size_t k = 0;
     for (auto&& p : model_->parameters()) {
       const auto v = p.value();
@@ -300,7 +344,11 @@ class diloco {
       ++k;
     }
     exchange_.start(*comm_, std::span<const T>(delta_), offsets_, sizes_);
-    exchange_.finish(std::span<T>(delta_));
+    try {
+      exchange_.finish(std::span<T>(delta_));
+    } catch (const timeout_error& e) {
+      throw timeout_error(where() + "outer gradient exchange failed: " + e.what() + join_hint());
+    }
     k = 0;
     for (auto&& p : model_->parameters()) {
       auto v = p.value();
@@ -312,6 +360,8 @@ class diloco {
     inner_step_ = 0;
     ++outer_steps_;
   }
+
+ public:
 
   [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
   [[nodiscard]] std::int64_t outer_steps() const noexcept { return outer_steps_; }
@@ -371,6 +421,21 @@ class diloco {
   }
 
  private:
+  [[nodiscard]] std::string where() const { return "rank " + std::to_string(comm_->rank()) + " diloco: "; }
+  void small_all_reduce(std::span<std::int64_t> v, reduce_op op, const char* what) {
+    auto w = comm_->all_reduce(tensor_view<std::int64_t>(v.data(), shape{v.size()}), op);
+    try {
+      w.wait();
+    } catch (const timeout_error& e) {
+      throw timeout_error(where() + what + " failed: " + e.what() + join_hint());
+    }
+  }
+  [[nodiscard]] std::string join_hint() const {
+    return opts_.join ? std::string()
+                      : std::string(". If ranks run out of batches at different steps, construct with "
+                                    "diloco_options{.join = true} and call join() on a rank once its data ends");
+  }
+
   [[nodiscard]] sgd_options outer_sgd_options() const {
     return {.lr = opts_.outer_lr, .momentum = opts_.outer_momentum, .dampening = 0, .weight_decay = 0,
             .nesterov = opts_.nesterov};
@@ -419,6 +484,7 @@ class diloco {
   sgd<detail::diloco::outer_model<T>> outer_;
   detail::diloco::outer_exchange<T> exchange_{opts_.compression};
   std::int64_t steps_ = 0, inner_step_ = 0, outer_steps_ = 0;
+  bool joined_ = false;  // inside join(): train_step is refused
 };
 
 }  // namespace partrain::inline v0

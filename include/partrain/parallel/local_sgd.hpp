@@ -2,12 +2,19 @@
 // PeriodicModelAverager and PostLocalSGDOptimizer in one policy): synchronous DDP for
 // `warmup_steps` steps, then every rank steps alone on its own gradients (no gradient
 // all_reduce) and the parameters are averaged over all ranks every `period` steps.
+// Hierarchical (give it an intra-host group too, PyTorch's subgroup): after the warm-up the
+// gradients are still averaged every step, inside the host only, so the ranks of a host hold
+// the same model at every step, and the models of the hosts are averaged every `period` steps.
+// Join (uneven inputs): a rank out of batches calls join() and takes part in the others'
+// averages until every rank has joined.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -35,6 +42,11 @@ struct local_sgd_options {
   // The DDP that runs the warm-up; its hook (allreduce, fp16_compress, ...) is used during the
   // warm-up only.
   ddp_options ddp = {};
+  // Uneven inputs: a rank that runs out of batches calls join() and takes part in the others'
+  // warm-up gradient all_reduces (zero gradients, DDP's join) and parameter averages (with its
+  // own parameters, i.e. no progress: the mean stays over all ranks, as DDP divides by the
+  // initial world size) until every rank has joined. Costs one small all_reduce per average.
+  bool join = false;
 };
 
 namespace detail::local_sgd {
@@ -54,20 +66,31 @@ inline void validate(const local_sgd_options& o) {
   }
 }
 
-// The warm-up's hook while `*sync` is true; afterwards the bucket keeps this rank's own gradient
-// (PyTorch's post_local_gradient_allreduce=False: nothing is communicated, nothing divided).
-[[nodiscard]] inline comm_hook gated(comm_hook inner, std::shared_ptr<const bool> sync) {
-  return [inner = std::move(inner), sync = std::move(sync)](grad_bucket& b) -> work {
-    if (*sync) return inner(b);
-    return work::completed();
-  };
+// The warm-up's DDP: the caller's options, with DDP's own join when ours is on.
+[[nodiscard]] inline ddp_options warmup_ddp(const local_sgd_options& o) {
+  ddp_options d = o.ddp;
+  d.join = d.join || o.join;
+  return d;
+}
+
+// The intra-host DDP of the hierarchical mode: plain all_reduce (the link inside a host is the
+// fast one, and a stateful hook such as PowerSGD must not serve two DDPs), no broadcast (the
+// warm-up's DDP already gave every rank rank 0's parameters).
+[[nodiscard]] inline ddp_options intra_ddp(const local_sgd_options& o) {
+  ddp_options d = o.ddp;
+  d.hook = comm_hooks::allreduce();
+  d.broadcast_parameters = false;
+  d.join = false;
+  d.on_bucket_launch = {};
+  return d;
 }
 
 }  // namespace detail::local_sgd
 
-// One training step = the DDP step (gradients averaged during the warm-up, local afterwards),
-// the optimizer's step, then the parameter average when one is due. Only parameters are
-// averaged; each rank keeps its own optimizer state (momentum), as in PyTorch.
+// One training step = the rank's gradient (averaged over all ranks during the warm-up, over the
+// host afterwards when hierarchical, its own otherwise), the optimizer's step, then the
+// parameter average when one is due. Only parameters are averaged; each rank (each host, when
+// hierarchical) keeps its own optimizer state (momentum), as in PyTorch.
 template <model M, optimizer O, communicator C = process_group>
 class post_local_sgd {
   using P = param_t<M>;
@@ -79,19 +102,67 @@ class post_local_sgd {
   post_local_sgd(M& m, O& opt, C& comm, local_sgd_options o = {})
       : opts_((detail::local_sgd::validate(o), std::move(o))),
         opt_(&opt),
-        sync_(std::make_shared<bool>(true)),
-        ddp_(m, comm, with_gate(opts_.ddp, sync_)) {}
+        ddp_(m, comm, detail::local_sgd::warmup_ddp(opts_)),
+        warmup_closed_(opts_.warmup_steps == 0) {}
+
+  // Hierarchical post-local SGD: `comm` holds every rank of the job, `intra_host` the ranks of
+  // this rank's host (the same model at every step: its gradients are averaged there), and the
+  // parameters are averaged over `comm` every `period` steps. PyTorch's PostLocalSGDState with a
+  // subgroup and post_local_gradient_allreduce=True, plus PeriodicModelAverager.
+  post_local_sgd(M& m, O& opt, C& comm, C& intra_host, local_sgd_options o = {})
+      : post_local_sgd(m, opt, comm, check_hierarchical(comm, intra_host, std::move(o))) {
+    intra_ = std::make_unique<distributed_data_parallel<M, C>>(m, intra_host, detail::local_sgd::intra_ddp(opts_));
+  }
   post_local_sgd(const post_local_sgd&) = delete;
   post_local_sgd& operator=(const post_local_sgd&) = delete;
 
   // Returns this rank's loss.
   template <class B>
   double train_step(const B& batch) {
-    *sync_ = step_ < opts_.warmup_steps;
-    const double loss = ddp_.train_step(batch);
+    static_assert(check_trainable<M, B>());
+    if (joined_) throw invalid_argument_error(where() + "train_step after join() on this rank");
+    double loss = 0;
+    if (step_ < opts_.warmup_steps) {
+      loss = ddp_.train_step(batch);
+    } else {
+      if (opts_.join && !warmup_closed_) close_warmup();
+      // No gradient communication, or inside the host only.
+      loss = intra_ ? intra_->train_step(batch) : ddp_.module().train_step(batch);
+    }
     opt_->step();
     average_if_due();
     return loss;
+  }
+
+  // Uneven inputs (needs local_sgd_options::join): call once this rank has no more batches. It
+  // takes part in the other ranks' warm-up steps and parameter averages until every rank has
+  // joined, then every rank's step counter is set to the most steps any rank took, so the next
+  // epoch averages at the same steps everywhere. Each rank keeps its own parameters (they agree
+  // when the last rank's last step ended with an average). Returns true when this rank took part
+  // in at least one step of the others.
+  bool join() {
+    if (!opts_.join) {
+      throw config_error(where() + "join() needs join enabled: construct with local_sgd_options{.join = true} (every "
+                                   "average then starts with a count of the ranks that still have data)");
+    }
+    joined_ = true;
+    bool shadowed = false;
+    // The warm-up: DDP's join shadows the gradient all_reduces of the ranks still in it, and
+    // every rank leaves the warm-up through it (train_step at the first local step, or here).
+    if (!warmup_closed_) shadowed = close_warmup();
+    for (;;) {
+      std::array<std::int64_t, 1> active{0};
+      small_all_reduce(std::span<std::int64_t>(active), reduce_op::sum, "join active-rank all_reduce");
+      if (active[0] == 0) break;
+      shadowed = true;
+      average_parameters();
+    }
+    std::array<std::int64_t, 1> steps{step_};
+    small_all_reduce(std::span<std::int64_t>(steps), reduce_op::max, "join step-count all_reduce");
+    step_ = steps[0];
+    warmup_closed_ = opts_.warmup_steps == 0 || (step_ >= opts_.warmup_steps && warmup_closed_);
+    joined_ = false;
+    return shadowed;
   }
 
   // Steps taken (PyTorch's averager step counter); the position in the period follows from it.
@@ -100,8 +171,9 @@ class post_local_sgd {
   // step): every rank then holds the same parameters, bit for bit.
   [[nodiscard]] bool synced_last_step() const noexcept { return synced_last_; }
   [[nodiscard]] bool in_warmup() const noexcept { return step_ < opts_.warmup_steps; }
+  [[nodiscard]] bool hierarchical() const noexcept { return intra_ != nullptr; }
 
-  // Averages the parameters now (e.g. before evaluating or saving a final model).
+  // Averages the parameters over every rank now (e.g. before evaluating or saving a final model).
   void average_parameters() {
     auto& comm = ddp_.comm();
     const int world = comm.size();
@@ -114,7 +186,7 @@ class post_local_sgd {
     const T inv = T(1) / static_cast<T>(world);
     if (world > 1) {
       for (auto& x : flat_) x *= inv;
-      comm.all_reduce(tensor_view<T>(flat_), reduce_op::sum).wait();
+      wait_named(comm.all_reduce(tensor_view<T>(flat_), reduce_op::sum), "parameter average all_reduce");
     }
     std::size_t off = 0;
     for (auto&& p : ddp_.module().parameters()) {
@@ -157,18 +229,58 @@ class post_local_sgd {
     if constexpr (stateful_optimizer<O>) opt_->load_state(r);
     step_ = step;
     synced_last_ = synced != 0;
+    // A state is saved between steps, with no rank inside join(): past the warm-up, nobody is
+    // left in the warm-up's DDP (and its join must not run again: it would broadcast one rank's
+    // parameters over the others').
+    warmup_closed_ = opts_.warmup_steps == 0 || step_ >= opts_.warmup_steps;
   }
 
   [[nodiscard]] distributed_data_parallel<M, C>& ddp() noexcept { return ddp_; }
   [[nodiscard]] O& optimizer() noexcept { return *opt_; }
   [[nodiscard]] M& module() noexcept { return ddp_.module(); }
+  // Every rank of the job (the warm-up's and the averages' group).
   [[nodiscard]] C& comm() noexcept { return ddp_.comm(); }
+  // The host's group when hierarchical; null otherwise.
+  [[nodiscard]] C* intra_host() noexcept { return intra_ ? &intra_->comm() : nullptr; }
   [[nodiscard]] const local_sgd_options& options() const noexcept { return opts_; }
 
  private:
-  [[nodiscard]] static ddp_options with_gate(ddp_options o, const std::shared_ptr<bool>& sync) {
-    o.hook = detail::local_sgd::gated(std::move(o.hook), sync);
+  [[nodiscard]] static local_sgd_options check_hierarchical(C& comm, C& intra, local_sgd_options o) {
+    if (o.join) {
+      throw invalid_argument_error("local_sgd_options: join is not supported with an intra-host group yet (a joined "
+                                   "rank would have to shadow its host's gradient all_reduces and the job's averages "
+                                   "in one order)");
+    }
+    if (intra.size() > comm.size() || comm.size() % intra.size() != 0) {
+      throw invalid_argument_error("post_local_sgd: the intra-host group has " + std::to_string(intra.size()) +
+                                   " ranks, the job " + std::to_string(comm.size()) +
+                                   " (expected hosts of equal size: a divisor of the job's size)");
+    }
     return o;
+  }
+  [[nodiscard]] std::string where() { return "rank " + std::to_string(ddp_.comm().rank()) + " post_local_sgd: "; }
+
+  // Leaves the warm-up's DDP through its join, which every rank calls once (collective).
+  bool close_warmup() {
+    const bool shadowed = ddp_.join();
+    warmup_closed_ = true;
+    return shadowed;
+  }
+
+  template <class W>
+  void wait_named(W&& w, const char* what) {
+    try {
+      w.wait();
+    } catch (const timeout_error& e) {
+      throw timeout_error(where() + what + " failed: " + e.what() +
+                          (opts_.join ? std::string()
+                                      : std::string(". If ranks run out of batches at different steps, construct with "
+                                                    "local_sgd_options{.join = true} and call join() on a rank once "
+                                                    "its data ends")));
+    }
+  }
+  void small_all_reduce(std::span<std::int64_t> v, reduce_op op, const char* what) {
+    wait_named(ddp_.comm().all_reduce(tensor_view<std::int64_t>(v.data(), shape{v.size()}), op), what);
   }
 
   // PeriodicModelAverager.average_parameters: average when step >= warmup_steps and
@@ -176,17 +288,25 @@ class post_local_sgd {
   void average_if_due() {
     const bool warmup = step_ < opts_.warmup_steps;
     const bool due = !warmup && (step_ - opts_.warmup_steps) % opts_.period == 0;
-    if (due) average_parameters();
+    if (due) {
+      if (opts_.join) {  // tells the joined ranks, waiting in join(), that an average follows
+        std::array<std::int64_t, 1> active{1};
+        small_all_reduce(std::span<std::int64_t>(active), reduce_op::sum, "active-rank all_reduce");
+      }
+      average_parameters();
+    }
     synced_last_ = warmup || due;
     ++step_;
   }
 
   local_sgd_options opts_;
   O* opt_;
-  std::shared_ptr<bool> sync_;  // read by the gated hook, on the training thread
   distributed_data_parallel<M, C> ddp_;
+  std::unique_ptr<distributed_data_parallel<M, C>> intra_;  // hierarchical: the host's gradients
   std::int64_t step_ = 0;
   bool synced_last_ = false;
+  bool warmup_closed_;   // join: this rank has left the warm-up's DDP through its join()
+  bool joined_ = false;  // inside join(): train_step is refused
   std::vector<T> flat_;
 };
 

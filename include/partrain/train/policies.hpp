@@ -25,9 +25,11 @@
 #include <partrain/model/concepts.hpp>
 #include <partrain/optim/optimizer.hpp>
 #include <partrain/parallel/ddp.hpp>
+#include <partrain/parallel/powersgd.hpp>
 #include <partrain/precision/grad_scaler.hpp>
 #include <partrain/precision/mixed_precision.hpp>
 #include <partrain/train/checkpoint.hpp>
+#include <partrain/train/rank_checkpoint.hpp>
 #include <partrain/train/trace.hpp>
 
 namespace partrain::inline v0 {
@@ -61,6 +63,9 @@ struct ddp_policy_options {
   grad_scaler* scaler = nullptr;    // mixed precision (fp16/bf16): amp_step with it; null: plain fp32 steps
   trace_recorder* trace = nullptr;  // spans forward_backward / optimizer / amp_step
   double max_grad_norm = 0;         // > 0: clip the global gradient norm before the step
+  // The state of DDP's comm_hooks::powersgd hook: checkpoints then carry it, and since its error
+  // feedback differs across ranks they become rank checkpoints (train/rank_checkpoint.hpp).
+  powersgd_state* powersgd = nullptr;
 };
 
 // distributed_data_parallel plus its optimizer (and grad scaler): a step is DDP's train_step
@@ -105,19 +110,30 @@ class ddp_policy {
   auto parameters() { return ddp_->module().parameters(); }
   [[nodiscard]] std::size_t skipped_steps() const noexcept { return skipped_; }
 
-  // Rank 0 writes the file atomically while the others wait; the scaler's state goes with it.
+  // Rank 0 writes the file atomically while the others wait; the scaler's state goes with it
+  // (with PowerSGD: a rank checkpoint, each rank's section with its error feedback).
   // Host parameters only (a checkpoint holds host memory): a CUDA model's policy cannot checkpoint.
   void save_checkpoint(const std::filesystem::path& file, checkpoint_extra extra)
     requires host_model
   {
     if (o_.scaler && o_.scaler->enabled()) extra.scaler_state = o_.scaler->state_bytes();
+    if (o_.powersgd) {
+      save_rank_checkpoint(group(), file, ddp_->module(), with_hook_state{opt_, o_.powersgd}, extra);
+      return;
+    }
     if (group().rank() == 0 && file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
     partrain::save_checkpoint(group(), file, ddp_->module(), *opt_, extra);
   }
   checkpoint_extra load_checkpoint(const std::filesystem::path& file)
     requires host_model
   {
-    checkpoint_extra extra = partrain::load_checkpoint(file, ddp_->module(), *opt_);
+    checkpoint_extra extra;
+    if (o_.powersgd) {
+      with_hook_state state{opt_, o_.powersgd};
+      extra = load_rank_checkpoint(group(), file, ddp_->module(), state);
+    } else {
+      extra = partrain::load_checkpoint(file, ddp_->module(), *opt_);
+    }
     if (o_.scaler && o_.scaler->enabled()) o_.scaler->load_state_bytes(extra.scaler_state);
     if constexpr (has_low_precision_copy<std::remove_cvref_t<decltype(ddp_->module())>>) {
       ddp_->module().refresh_low_precision();  // the 16-bit copy of the loaded masters
@@ -126,6 +142,20 @@ class ddp_policy {
   }
 
  private:
+  // The optimizer's state, then the hook's, as one rank_state.
+  struct with_hook_state {
+    Opt* opt;
+    powersgd_state* hook;
+    void save_state(state_writer& w) const {
+      opt->save_state(w);
+      hook->save_state(w);
+    }
+    void load_state(state_reader& r) {
+      opt->load_state(r);
+      hook->load_state(r);
+    }
+  };
+
   Ddp* ddp_;
   Opt* opt_;
   ddp_policy_options o_;

@@ -1,8 +1,8 @@
 // partrain/train/trainer.hpp: the training loop every program would otherwise write again. For
 // any training_policy (train/policies.hpp) it runs the epochs: learning rate from a schedule,
 // training steps (the loop written as ranges, as a coroutine or as a plain for), evaluation,
-// checkpoint save and resume (the grad scaler's state included), metrics, the progress line and
-// trace spans; rank 0 prints one line per epoch.
+// checkpoint save and resume (the grad scaler's state included), metrics (with the bytes rank 0
+// sent), the progress line and trace spans; rank 0 prints one line per epoch.
 //
 //   ddp_policy policy(ddp, opt);
 //   const train_result r = fit(policy, train_loader, test_loader,
@@ -18,6 +18,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -126,6 +127,7 @@ class trainer {
     resume(result);
     if (result.resumed_finished) return report_finished(result);
     start_trace();  // after the check above: a finished run records nothing, so it merges nothing
+    bytes_at_start_ = policy_bytes_sent();
     if (!o_.metrics.empty()) {
       // A fresh run starts a fresh file; a resumed one appends to what the earlier run wrote.
       if (leader_ && result.first_epoch == 0) std::filesystem::remove(o_.metrics);
@@ -160,7 +162,8 @@ class trainer {
                                                           {"train_loss", result.train_loss},
                                                           {"test_loss", result.test_loss},
                                                           {"test_accuracy", result.test_accuracy},
-                                                          {"samples_per_s", samples_per_s}});
+                                                          {"samples_per_s", samples_per_s},
+                                                          {"bytes_sent", bytes_sent()}});
       }
       print("epoch %zu/%zu  train_loss %.4f  test_loss %.4f  test_accuracy %.4f  samples/s %.0f  (%.1f s)\n", e + 1,
             o_.epochs, result.train_loss, result.test_loss, result.test_accuracy, samples_per_s, seconds);
@@ -201,7 +204,8 @@ class trainer {
     if (o_.checkpoint.empty()) return;
     if constexpr (!checkpointable_policy<Policy>) {
       throw config_error("fit: checkpoints (" + o_.checkpoint.string() +
-                         ") are not supported by this parallel mode; supported: DDP (ddp_policy)");
+                         ") are not supported by this parallel mode; supported: ddp_policy, zero_policy, "
+                         "local_sgd_policy");
     } else {
       // Fail before training, not after the first epoch: the folder must be writable.
       check_writable(o_.checkpoint.has_parent_path() ? o_.checkpoint.parent_path() : std::filesystem::path("."));
@@ -267,7 +271,8 @@ class trainer {
   void log_step(std::size_t step, double loss, bool reduced = false) {
     if (!metrics_) return;
     std::vector<metric_field> f{{"epoch", static_cast<std::int64_t>(epoch_ + 1)},
-                                {"loss", loss, reduced ? across_ranks::rank0 : across_ranks::mean}};
+                                {"loss", loss, reduced ? across_ranks::rank0 : across_ranks::mean},
+                                {"bytes_sent", bytes_sent()}};
     if (reduced) {
       metrics_->step(static_cast<std::int64_t>(step + 1), std::move(f));
     } else {
@@ -281,6 +286,19 @@ class trainer {
     s.steps = sums[1];
   }
   auto batches() { return traced_batches(train_, o_.trace ? *o_.trace : untraced_); }
+
+  // What this rank has sent (process_group::traffic()'s ring-algorithm bytes): the policy's own
+  // count where it has one (a mode over several groups), else its group's.
+  [[nodiscard]] std::uint64_t policy_bytes_sent() {
+    if constexpr (requires { { p_.bytes_sent() } -> std::convertible_to<std::uint64_t>; }) {
+      return p_.bytes_sent();
+    } else {
+      return p_.group().traffic().bytes_sent;
+    }
+  }
+  // The metrics records' bytes_sent: rank 0's bytes since this fit() started (evaluation and
+  // checkpoints included), the same on every rank of a symmetric mode.
+  [[nodiscard]] std::int64_t bytes_sent() { return static_cast<std::int64_t>(policy_bytes_sent() - bytes_at_start_); }
 
   detail::trainer::epoch_sums epoch_plain() {
     detail::trainer::epoch_sums s;
@@ -355,6 +373,7 @@ class trainer {
   std::optional<metrics_writer> metrics_;
   trace_recorder untraced_;  // traced_batches needs a recorder; a disabled one records nothing
   std::size_t epoch_ = 0, epoch_first_step_ = 0, step_ = 0;
+  std::uint64_t bytes_at_start_ = 0;
 };
 
 // Runs the epochs of `o` for `policy` over the train and test batch ranges (the train range

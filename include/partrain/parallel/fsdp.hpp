@@ -1,0 +1,713 @@
+// partrain/parallel/fsdp.hpp: fully sharded data parallel (ZeRO-3; PyTorch's FSDP with FULL_SHARD)
+// for a model given as a layer sequence (parallel/pipeline/layer.hpp). Every rank trains the
+// whole model on its own batch, as under DDP, but holds only its chunk of each layer's parameters
+// (the layer's parameters concatenated and cut in n chunks, see detail/fsdp_layout.hpp), their
+// gradient and their optimizer state. Around each layer's forward its parameters are
+// all_gathered into a whole buffer and freed again afterwards; backward gathers them once more,
+// runs the layer's backward into a whole gradient buffer and reduce_scatters (averages) it into
+// each rank's chunk. The next layer's all_gather is issued before this layer computes, so it
+// overlaps. step (inside train_step, as sharded_data_parallel's) updates the local chunks only.
+//
+//   auto layers = models::layers::make_mlp({784, 256, 128, 10}, seed);
+//   fully_sharded_data_parallel fsdp(layers, group, softmax_cross_entropy{}, adamw_options{.lr = 1e-3});
+//   for (const batch& b : batches) fsdp.train_step(b);
+//
+// FSDP owns the layers' parameter storage while it lives (each parameter's bind(), as PyTorch's
+// parameters become views into its flat parameter): outside a layer's own compute, value() and
+// grad() are empty; summon_full_params() gathers them all for reading. Host float parameters
+// only in this release; no mixed precision and no checkpoints yet (see docs/sharding.md).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <iterator>
+#include <optional>
+#include <ranges>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <partrain/comm/process_group.hpp>
+#include <partrain/config.hpp>
+#include <partrain/core/buffer.hpp>
+#include <partrain/core/error.hpp>
+#include <partrain/core/for_each_index.hpp>
+#include <partrain/core/tensor_view.hpp>
+#include <partrain/core/work.hpp>
+#include <partrain/data/batch.hpp>
+#include <partrain/model/concepts.hpp>
+#include <partrain/model/traits.hpp>
+#include <partrain/optim/clip.hpp>
+#include <partrain/parallel/detail/ddp_elements.hpp>
+#include <partrain/parallel/detail/evaluate.hpp>
+#include <partrain/parallel/detail/fsdp_layout.hpp>
+#include <partrain/parallel/detail/fsdp_memory.hpp>
+#include <partrain/parallel/detail/zero_layout.hpp>
+#include <partrain/parallel/detail/zero_optimizer.hpp>
+#include <partrain/parallel/pipeline/layer.hpp>
+
+namespace partrain::inline v0 {
+
+// A parameter whose storage can live elsewhere: after p.bind(value, grad), p.value() and p.grad()
+// view those tensors and the parameter's own storage is freed.
+template <class P>
+concept bindable_parameter = parameter<P> && requires(P& p, tensor_view<float> v) { p.bind(v, v); };
+
+namespace detail::fsdp {
+template <class R>
+using layer_param_t = std::ranges::range_value_t<decltype(std::declval<layer_t<R>&>().parameters())>;
+}  // namespace detail::fsdp
+
+// A layer sequence fully sharded data parallel can shard: float parameters it can bind.
+template <class R>
+concept fsdp_layer_sequence = layer_sequence<R> && bindable_parameter<detail::fsdp::layer_param_t<R>>;
+
+// Explains, one sentence each, why R cannot be fully sharded.
+template <class R>
+consteval bool check_fsdp_layers() {
+  static_assert(check_layer_sequence<R>());
+  using P = detail::fsdp::layer_param_t<R>;
+  static_assert(std::same_as<param_element_t<P>, float> && std::same_as<param_space_t<P>, host>,
+                "partrain: fully_sharded_data_parallel shards host float parameters in this release");
+  static_assert(bindable_parameter<P>,
+                "partrain: fully_sharded_data_parallel owns its layers' parameter storage: each parameter needs "
+                "`void bind(tensor_view<float> value, tensor_view<float> grad)` (value() and grad() then view those "
+                "tensors; see models/mlp_layers.hpp's host_param)");
+  return true;
+}
+
+struct fsdp_options {
+  // true (FULL_SHARD, ZeRO-3): a layer's parameters are freed after its forward and gathered again
+  // for its backward, three passes of the parameters' bytes per step, one layer (two with
+  // prefetch) held at a time. false (SHARD_GRAD_OP): kept from forward to backward, two passes,
+  // but the whole model is held at the end of the forward. The last layer is kept either way:
+  // its backward comes next.
+  bool reshard_after_forward = true;
+  // Issue the next layer's all_gather (in forward order, then in backward order) before this
+  // layer computes (FSDP's forward_prefetch and BACKWARD_PRE): overlaps communication with
+  // compute at the cost of one more layer's parameters held.
+  bool prefetch = true;
+  // Copy rank 0's parameter values to every rank at construction.
+  bool broadcast_parameters = true;
+  // > 0: clip the global gradient norm (over every rank's chunks) to this before the step.
+  double max_grad_norm = 0;
+  // no_sync accumulation: true averages the k micro-steps, false sums them (as ddp_options).
+  bool average_accumulated = true;
+};
+
+// What one rank holds, in bytes; the peaks are the most held at once since construction (or
+// reset_peak_memory()), measured on every allocation.
+struct fsdp_memory {
+  std::size_t parameter_bytes = 0;            // now: this rank's chunks, plus any layer still gathered
+  std::size_t peak_parameter_bytes = 0;       // chunks + the gathered layers at the fullest moment
+  std::size_t unsharded_parameter_bytes = 0;  // the whole model: what a DDP (or ZeRO-1/2) replica holds
+  std::size_t gradient_bytes = 0;             // now: the gradient chunks (+ whole gradients kept by no_sync)
+  std::size_t peak_gradient_bytes = 0;        // + whole layer gradients until their reduce_scatter is done
+  std::size_t optimizer_state_bytes = 0;      // this rank's chunks of momentum / Adam moments
+  std::size_t shard_elements = 0;             // this rank's real elements over every layer
+  std::size_t padding_elements = 0;           // sum over layers of n*L - N: sent, never stored in a parameter
+};
+
+template <class Layers, class Loss, communicator C = process_group>
+  requires layer_sequence<Layers>
+class fully_sharded_data_parallel {
+  static_assert(check_fsdp_layers<Layers>());
+  using param_type = detail::fsdp::layer_param_t<Layers>;
+  using buffer = detail::fsdp::counted_buffer<float>;
+
+ public:
+  // layers: the same model on every rank (checked); each rank's parameter values are replaced by
+  // rank 0's (broadcast_parameters) and its storage handed over to this object.
+  fully_sharded_data_parallel(Layers& layers, C& comm, Loss loss, shard_optimizer_options optimizer,
+                              fsdp_options o = {})
+      : layers_(&layers), comm_(&comm), loss_(std::move(loss)), opts_(o),
+        rank_(static_cast<std::size_t>(comm.rank())), world_(static_cast<std::size_t>(comm.size())) {
+    if (!(opts_.max_grad_norm >= 0) || !std::isfinite(opts_.max_grad_norm)) {
+      throw invalid_argument_error(where() + "fsdp_options::max_grad_norm must be a finite number >= 0 (0: no clipping), got " +
+                                   std::to_string(opts_.max_grad_norm));
+    }
+    if (std::ranges::size(layers) == 0) throw invalid_argument_error(where() + "the model has no layers");
+    build_units();
+    verify_model();
+    if (opts_.broadcast_parameters) broadcast_parameters();
+    take_storage(optimizer);
+  }
+  fully_sharded_data_parallel(const fully_sharded_data_parallel&) = delete;
+  fully_sharded_data_parallel& operator=(const fully_sharded_data_parallel&) = delete;
+  // The backend may still be reading or writing our buffers: wait for it before they go.
+  ~fully_sharded_data_parallel() { abandon_step(); }
+
+  // This rank's forward and backward on its batch (rows of input, one target each), the
+  // gradients averaged into every rank's chunks, clipped and stepped (outside no_sync). Every rank
+  // must call it the same number of times. Returns this rank's mean loss.
+  template <class Target>
+    requires pipeline_loss<Loss, Target>
+  double train_step(tensor_view<const float> input, tensor_view<const Target> target) {
+    check_not_summoned("train_step");
+    const std::size_t rows = batch_rows(input, target, "train_step");
+    const bool sync = require_sync_;
+    double sum = 0;
+    try {
+      sum = forward_backward(input, target, rows, sync);
+      if (sync) {
+        while (!scattering_.empty()) finish_scatter();
+        if (opts_.max_grad_norm > 0) clip_chunks();
+        step_chunks();
+      }
+    } catch (...) {
+      abandon_step();
+      throw;
+    }
+    if (sync) {
+      accumulated_ = 0;
+      ++steps_;
+    } else {
+      ++accumulated_;
+    }
+    return sum / static_cast<double>(rows);
+  }
+  double train_step(const batch& b)
+    requires pipeline_loss<Loss, std::int32_t>
+  {
+    return train_step(b.features, b.labels);
+  }
+
+  // Forward only on this rank's batch (collective: every rank gathers each layer), this rank's sums.
+  template <class Target>
+    requires pipeline_loss<Loss, Target>
+  [[nodiscard]] eval_result eval_step(tensor_view<const float> input, tensor_view<const Target> target) {
+    check_not_summoned("eval_step");
+    (void)batch_rows(input, target, "eval_step");
+    return guarded([&] { return forward_only(&input, target); });
+  }
+
+  // This rank's batches (with .features and .labels) evaluated, loss, correct and count summed
+  // over all ranks. Ranks may hold different numbers of batches: one that ran out still takes
+  // part in the others' all_gathers.
+  template <class Range>
+  [[nodiscard]] eval_result evaluate(Range&& batches) {
+    check_not_summoned("evaluate");
+    eval_result local;
+    auto it = std::ranges::begin(batches);
+    const auto end = std::ranges::end(batches);
+    for (;;) {
+      std::array<std::int64_t, 1> more{it != end ? 1 : 0};
+      wait_named(comm_->all_reduce(tensor_view<std::int64_t>(more.data(), 1), reduce_op::sum), "evaluation all_reduce");
+      if (more[0] == 0) break;
+      if (it != end) {
+        auto&& b = *it;
+        (void)batch_rows(b.features, b.labels, "evaluate");
+        local += guarded([&] { return forward_only(&b.features, b.labels); });
+        ++it;
+      } else {
+        using labels_t = std::remove_cvref_t<decltype((*it).labels)>;  // unevaluated: the type only
+        (void)guarded([&] { return forward_only(nullptr, labels_t{}); });
+      }
+    }
+    return detail::sum_over_ranks(local, [&](std::span<double> sums) {
+      wait_named(comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()), reduce_op::sum), "evaluation all_reduce");
+    });
+  }
+
+  // RAII: steps inside keep each layer's whole gradient and accumulate into it (PyTorch FSDP's
+  // no_sync): no reduce_scatter, at the cost of one whole model of gradients held; the first step
+  // after it reduces them all.
+  class no_sync_guard {
+   public:
+    explicit no_sync_guard(fully_sharded_data_parallel& f) noexcept : f_(&f), prev_(std::exchange(f.require_sync_, false)) {}
+    no_sync_guard(const no_sync_guard&) = delete;
+    no_sync_guard& operator=(const no_sync_guard&) = delete;
+    ~no_sync_guard() { f_->require_sync_ = prev_; }
+
+   private:
+    fully_sharded_data_parallel* f_;
+    bool prev_;
+  };
+  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(*this); }
+
+  // RAII (PyTorch's summon_full_params, read-only): every layer gathered and bound while it lives,
+  // so the layers (or parameters(), a model) read the current values; writes are not kept.
+  // Collective on construction; holds the whole model.
+  class full_params_guard {
+   public:
+    struct parameter_ref {
+      param_type* p;
+      [[nodiscard]] tensor_view<float> value() const { return p->value(); }
+      [[nodiscard]] tensor_view<float> grad() const { return p->grad(); }
+    };
+    explicit full_params_guard(fully_sharded_data_parallel& f) : f_(&f) {
+      f.check_not_summoned("summon_full_params");
+      f.guarded([&] {
+        for (std::size_t u = 0; u < f.units_.size(); ++u) f.issue_gather(u);
+        for (std::size_t u = 0; u < f.units_.size(); ++u) {
+          f.wait_gather(u);
+          f.bind(u, false);
+        }
+        return 0;
+      });
+      f.summoned_ = true;
+      for (auto& u : f.units_) {
+        for (auto&& p : f.layer(u.layer).parameters()) refs_.push_back({&p});
+      }
+    }
+    full_params_guard(const full_params_guard&) = delete;
+    full_params_guard& operator=(const full_params_guard&) = delete;
+    ~full_params_guard() {
+      for (std::size_t u = 0; u < f_->units_.size(); ++u) f_->reshard(u);
+      f_->summoned_ = false;
+    }
+    // Every parameter of the model, in layer order, as a model (parameter_checksum takes it).
+    [[nodiscard]] std::vector<parameter_ref>& parameters() noexcept { return refs_; }
+
+   private:
+    fully_sharded_data_parallel* f_;
+    std::vector<parameter_ref> refs_;
+  };
+  [[nodiscard]] full_params_guard summon_full_params() { return full_params_guard(*this); }
+
+  void set_lr(double lr) { optimizer_->set_lr(lr); }
+  [[nodiscard]] double lr() const noexcept { return optimizer_->lr(); }
+  // The global gradient norm of the last synchronizing step, before clipping (NaN without clipping).
+  [[nodiscard]] double last_grad_norm() const noexcept { return last_norm_; }
+  [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
+  [[nodiscard]] C& comm() noexcept { return *comm_; }
+  [[nodiscard]] Layers& layers() noexcept { return *layers_; }
+  [[nodiscard]] const fsdp_options& options() const noexcept { return opts_; }
+  // Layers with parameters (each one unit of gathering and reduce_scatter).
+  [[nodiscard]] std::size_t units() const noexcept { return units_.size(); }
+  // Layer `i`'s chunk on this rank, within that layer's concatenated parameters (empty for a
+  // layer without parameters).
+  [[nodiscard]] detail::zero::flat_range owned(std::size_t layer_index) const {
+    const auto u = unit_of_.at(layer_index);
+    return u < 0 ? detail::zero::flat_range{} : units_[static_cast<std::size_t>(u)].mine;
+  }
+
+  [[nodiscard]] fsdp_memory memory() const noexcept {
+    fsdp_memory m;
+    m.parameter_bytes = param_meter_.now;
+    m.peak_parameter_bytes = param_meter_.peak;
+    m.unsharded_parameter_bytes = unsharded_ * sizeof(float);
+    m.gradient_bytes = grad_meter_.now;
+    m.peak_gradient_bytes = grad_meter_.peak;
+    m.optimizer_state_bytes = optimizer_->state_bytes();
+    for (const auto& u : units_) {
+      m.shard_elements += u.mine.size();
+      m.padding_elements += u.chunks.padded() - u.chunks.total();
+    }
+    return m;
+  }
+  void reset_peak_memory() noexcept {
+    param_meter_.reset_peak();
+    grad_meter_.reset_peak();
+  }
+
+  [[nodiscard]] std::string optimizer_kind() const { return optimizer_->kind(); }
+
+ private:
+  // One layer with parameters: its chunking, its chunk's place in this rank's storage, and the
+  // whole buffers while they exist.
+  struct unit {
+    std::size_t layer = 0;
+    std::vector<shape> shapes;  // its parameters', in order
+    detail::fsdp::chunking chunks;
+    detail::zero::flat_range mine;
+    std::size_t chunk_at = 0;  // of its chunk in values_ and grads_ (chunk() elements each)
+    std::size_t state_at = 0;  // of its real elements in the optimizer's state
+    buffer full;               // gathered parameters (also while the all_gather is in flight)
+    buffer full_grad;          // whole gradient: backward until its reduce_scatter is done (across no_sync)
+    std::optional<work> gather;
+    std::optional<work> scatter;
+  };
+
+  [[nodiscard]] std::string where() const {
+    return "rank " + std::to_string(rank_) + " fully_sharded_data_parallel: ";
+  }
+  [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::layer_of(std::ranges::begin(*layers_)[static_cast<std::ptrdiff_t>(i)]); }
+
+  void build_units() {
+    const std::size_t n = std::ranges::size(*layers_);
+    unit_of_.assign(n, -1);
+    for (std::size_t i = 0; i < n; ++i) {
+      unit u;
+      u.layer = i;
+      std::size_t total = 0, k = 0;
+      for (auto&& p : layer(i).parameters()) {
+        const tensor_view<float> v = p.value();
+        const tensor_view<float> g = p.grad();
+        if (v.size() != g.size()) {
+          throw invalid_argument_error(where() + "parameter " + std::to_string(k) + " of layer " + std::to_string(i) +
+                                       " has " + std::to_string(v.size()) + " values but " + std::to_string(g.size()) +
+                                       " gradient elements (expected the same shape)");
+        }
+        u.shapes.push_back(v.shape());
+        total += v.size();
+        ++k;
+      }
+      if (total == 0) continue;  // nothing to gather: the layer runs as it is
+      u.chunks = detail::fsdp::chunking(total, world_);
+      u.mine = u.chunks.owned(rank_);
+      unit_of_[i] = static_cast<std::ptrdiff_t>(units_.size());
+      unsharded_ += total;
+      units_.push_back(std::move(u));
+    }
+  }
+
+  // Every rank must hold the same layers with the same parameter shapes: each rank's layer count,
+  // element count and a hash of the shapes, gathered through one all_reduce so all ranks fail together.
+  void verify_model() {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    const auto mix = [&h](std::uint64_t x) { h = (h ^ x) * 0x100000001b3ull; };
+    for (const auto& u : units_) {
+      mix(u.layer);
+      for (const auto& s : u.shapes) {
+        for (std::size_t d = 0; d < s.rank(); ++d) mix(s[d]);
+        mix(0xff);
+      }
+    }
+    std::vector<std::int64_t> all(3 * world_, 0);
+    all[3 * rank_] = static_cast<std::int64_t>(std::ranges::size(*layers_));
+    all[3 * rank_ + 1] = static_cast<std::int64_t>(unsharded_);
+    all[3 * rank_ + 2] = static_cast<std::int64_t>(h >> 1);
+    wait_named(comm_->all_reduce(tensor_view<std::int64_t>(all.data(), all.size()), reduce_op::sum), "model check all_reduce");
+    for (std::size_t q = 1; q < world_; ++q) {
+      if (std::equal(all.begin(), all.begin() + 3, all.begin() + static_cast<std::ptrdiff_t>(3 * q))) continue;
+      throw config_error(where() + "rank " + std::to_string(q) + " has " + std::to_string(all[3 * q]) + " layers of " +
+                         std::to_string(all[3 * q + 1]) + " parameter elements" +
+                         (all[3 * q + 2] != all[2] ? " (other shapes)" : "") + ", rank 0 has " + std::to_string(all[0]) +
+                         " of " + std::to_string(all[1]) + " (fully_sharded_data_parallel expects the same model on every rank)");
+    }
+  }
+
+  void broadcast_parameters() {
+    std::vector<work> works;
+    for (const auto& u : units_) {
+      for (auto&& p : layer(u.layer).parameters()) {
+        const tensor_view<float> v = p.value();
+        if (!v.empty()) works.push_back(comm_->broadcast(v, 0));
+      }
+    }
+    for (auto& w : works) wait_named(w, "parameter broadcast");
+  }
+
+  // Copies this rank's chunk of every layer into its own storage, then binds the layers'
+  // parameters to nothing: their storage is freed, only the chunks remain.
+  void take_storage(const shard_optimizer_options& optimizer) {
+    std::size_t chunks = 0, real = 0;
+    for (auto& u : units_) {
+      u.chunk_at = chunks;
+      u.state_at = real;
+      chunks += u.chunks.chunk();
+      real += u.mine.size();
+    }
+    values_ = buffer(param_meter_, chunks, true);  // padding stays zero: it is what the all_gather sends
+    grads_ = buffer(grad_meter_, chunks, true);
+    optimizer_.emplace(optimizer, real);
+    for (auto& u : units_) {
+      std::vector<tensor_view<float>> views;
+      for (auto&& p : layer(u.layer).parameters()) views.push_back(p.value());
+      detail::zero::flat_views<float>(std::move(views)).read(u.mine, values_.data() + u.chunk_at, false);
+    }
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      reshard(u);
+      std::size_t k = 0;
+      for (auto&& p : layer(units_[u].layer).parameters()) {
+        if (p.value().size() != 0 || p.grad().size() != 0) {
+          throw invalid_argument_error(where() + "parameter " + std::to_string(k) + " of layer " +
+                                       std::to_string(units_[u].layer) +
+                                       " still views its own storage after bind() (bind must make value() and grad() "
+                                       "view the tensors it is given)");
+        }
+        ++k;
+      }
+    }
+  }
+
+  template <class Target>
+  std::size_t batch_rows(tensor_view<const float> input, tensor_view<const Target> target, const char* what) const {
+    const std::size_t rows = input.rank() ? input.extent(0) : 0;
+    const std::size_t targets = target.rank() ? target.extent(0) : 0;
+    if (rows == 0) throw invalid_argument_error(where() + what + ": the input batch is empty");
+    if (rows != targets) {
+      throw invalid_argument_error(where() + what + ": the input has " + std::to_string(rows) + " rows, the target " +
+                                   std::to_string(targets) + " (expected one target per row)");
+    }
+    return rows;
+  }
+  void check_not_summoned(const char* what) const {
+    if (summoned_) {
+      throw invalid_argument_error(where() + what + " while a summon_full_params() guard is alive (end its scope first)");
+    }
+  }
+
+  // Runs f; on failure waits for whatever is in flight and drops the whole buffers, so the object
+  // holds only its chunks again.
+  template <class F>
+  decltype(auto) guarded(F&& f) {
+    try {
+      return f();
+    } catch (...) {
+      abandon_step();
+      throw;
+    }
+  }
+
+  [[nodiscard]] shape output_shape_of(std::size_t i, const shape& in) {
+    try {
+      return layer(i).output_shape(in);
+    } catch (const error& e) {
+      throw invalid_argument_error(where() + "layer " + std::to_string(i) + ": " + e.what());
+    }
+  }
+
+  template <class Target>
+  double forward_backward(tensor_view<const float> input, tensor_view<const Target> target, std::size_t rows, bool sync) {
+    const std::size_t n = std::ranges::size(*layers_);
+    std::vector<host_buffer<float>> outs;
+    outs.reserve(n);
+    tensor_view<const float> x = input;
+    for (std::size_t i = 0; i < n; ++i) {
+      const shape s = output_shape_of(i, x.shape());
+      before_forward(i);
+      outs.emplace_back(s);
+      layer(i).forward(x, outs.back().view());
+      after_forward(i, /*training=*/true);
+      x = tensor_view<const float>(outs.back().view());
+    }
+    host_buffer<float> grad(x.shape());
+    const double sum = loss_.forward_backward(x, target, grad.view(), 1.0f / static_cast<float>(rows));
+    // Divided before the reduction, as DDP's hooks do (keeps the sum in range).
+    const float divisor = static_cast<float>(static_cast<double>(world_) *
+                                             (opts_.average_accumulated ? static_cast<double>(accumulated_ + 1) : 1.0));
+    for (std::size_t j = n; j-- > 0;) {
+      const tensor_view<const float> in = j == 0 ? input : tensor_view<const float>(outs[j - 1].view());
+      before_backward(j);
+      host_buffer<float> gin(in.shape());
+      layer(j).backward(in, tensor_view<const float>(outs[j].view()), tensor_view<const float>(grad.view()), gin.view());
+      after_backward(j, sync, divisor);
+      grad = std::move(gin);
+      outs[j] = host_buffer<float>();  // this activation is done with
+    }
+    return sum;
+  }
+
+  // input null: this rank has no batch this round but joins the others' all_gathers.
+  template <class Target>
+  eval_result forward_only(const tensor_view<const float>* input, tensor_view<const Target> target) {
+    const std::size_t n = std::ranges::size(*layers_);
+    host_buffer<float> cur;
+    tensor_view<const float> x = input ? *input : tensor_view<const float>{};
+    for (std::size_t i = 0; i < n; ++i) {
+      shape s;
+      if (input) s = output_shape_of(i, x.shape());
+      before_forward(i);
+      if (input) {
+        host_buffer<float> y(s);
+        layer(i).forward(x, y.view());
+        cur = std::move(y);
+        x = tensor_view<const float>(cur.view());
+      }
+      after_forward(i, /*training=*/false);
+    }
+    return input ? eval_result(loss_.evaluate(x, target)) : eval_result{};
+  }
+
+  [[nodiscard]] std::ptrdiff_t next_unit(std::size_t i, bool forward) const {
+    if (forward) {
+      for (std::size_t k = i + 1; k < unit_of_.size(); ++k) {
+        if (unit_of_[k] >= 0) return unit_of_[k];
+      }
+    } else {
+      for (std::size_t k = i; k-- > 0;) {
+        if (unit_of_[k] >= 0) return unit_of_[k];
+      }
+    }
+    return -1;
+  }
+
+  void before_forward(std::size_t i) {
+    const auto u = unit_of_[i];
+    if (u >= 0) issue_gather(static_cast<std::size_t>(u));
+    if (opts_.prefetch) {
+      if (const auto nx = next_unit(i, true); nx >= 0) issue_gather(static_cast<std::size_t>(nx));
+    }
+    if (u >= 0) {
+      wait_gather(static_cast<std::size_t>(u));
+      bind(static_cast<std::size_t>(u), false);
+    }
+  }
+  void after_forward(std::size_t i, bool training) {
+    const auto u = unit_of_[i];
+    if (u < 0) return;
+    const bool last = static_cast<std::size_t>(u) + 1 == units_.size();
+    if (!training || (opts_.reshard_after_forward && !last)) reshard(static_cast<std::size_t>(u));
+  }
+
+  void before_backward(std::size_t j) {
+    const auto u = unit_of_[j];
+    if (u >= 0) issue_gather(static_cast<std::size_t>(u));  // resharded after forward: again
+    if (opts_.prefetch) {
+      if (const auto pv = next_unit(j, false); pv >= 0) issue_gather(static_cast<std::size_t>(pv));
+    }
+    if (u < 0) return;
+    auto& x = units_[static_cast<std::size_t>(u)];
+    wait_gather(static_cast<std::size_t>(u));
+    if (!x.full_grad.held()) x.full_grad = buffer(grad_meter_, x.chunks.padded(), true);  // zero: backward accumulates
+    bind(static_cast<std::size_t>(u), true);
+  }
+  void after_backward(std::size_t j, bool sync, float divisor) {
+    const auto ui = unit_of_[j];
+    if (ui < 0) return;
+    const auto u = static_cast<std::size_t>(ui);
+    reshard(u);
+    if (!sync) return;  // no_sync: the whole gradient stays, the next micro-step adds to it
+    auto& x = units_[u];
+    if (divisor != 1.0f) {
+      detail::for_each_index(detail::host_exec{}, x.chunks.padded(), detail::divide_fn<float>{x.full_grad.data(), divisor});
+    }
+    // Two whole gradients in flight at most: the oldest was issued a layer ago and is likely done.
+    if (scattering_.size() >= 2) finish_scatter();
+    x.scatter = comm_->reduce_scatter(tensor_view<const float>(x.full_grad.data(), x.chunks.padded()),
+                                      tensor_view<float>(grads_.data() + x.chunk_at, x.chunks.chunk()), reduce_op::sum);
+    scattering_.push_back(u);
+  }
+
+  void issue_gather(std::size_t u) {
+    auto& x = units_[u];
+    if (x.full.held()) return;  // gathered, or on its way
+    x.full = buffer(param_meter_, x.chunks.padded(), false);  // the all_gather writes every element
+    x.gather = comm_->all_gather(tensor_view<const float>(values_.data() + x.chunk_at, x.chunks.chunk()),
+                                 tensor_view<float>(x.full.data(), x.chunks.padded()));
+  }
+  void wait_gather(std::size_t u) {
+    auto& x = units_[u];
+    if (!x.gather) return;
+    work w = std::move(*x.gather);
+    x.gather.reset();
+    wait_named(w, "parameter all_gather of layer " + std::to_string(x.layer));
+  }
+  void finish_scatter() {
+    const std::size_t u = scattering_.front();
+    scattering_.pop_front();
+    auto& x = units_[u];
+    if (x.scatter) {
+      work w = std::move(*x.scatter);
+      x.scatter.reset();
+      wait_named(w, "gradient reduce_scatter of layer " + std::to_string(x.layer));
+    }
+    x.full_grad.release();
+  }
+
+  // Points the layer's parameters into the gathered buffer (and the whole gradient, for backward).
+  void bind(std::size_t u, bool with_grad) {
+    auto& x = units_[u];
+    std::size_t at = 0, k = 0;
+    for (auto&& p : layer(x.layer).parameters()) {
+      const shape& s = x.shapes[k++];
+      p.bind(tensor_view<float>(x.full.data() + at, s),
+             with_grad ? tensor_view<float>(x.full_grad.data() + at, s) : tensor_view<float>{});
+      at += s.numel();
+    }
+  }
+  // The layer holds nothing again; its gathered buffer is freed.
+  void reshard(std::size_t u) noexcept {
+    auto& x = units_[u];
+    for (auto&& p : layer(x.layer).parameters()) p.bind(tensor_view<float>{}, tensor_view<float>{});
+    x.full.release();
+  }
+
+  // Global-norm clipping across ranks: Σg² of this rank's chunks, summed over ranks (one double
+  // all_reduce), then clip_grad_norm's rule on the chunks.
+  void clip_chunks() {
+    struct chunk_param {
+      tensor_view<float> g;
+      [[nodiscard]] tensor_view<float> value() const { return g; }
+      [[nodiscard]] tensor_view<float> grad() const { return g; }
+    };
+    std::vector<chunk_param> mine;
+    for (const auto& x : units_) {
+      if (x.mine.size()) mine.push_back({tensor_view<float>(grads_.data() + x.chunk_at, x.mine.size())});
+    }
+    std::array<double, 1> sum{detail::grad_sum_squares(mine)};
+    wait_named(comm_->all_reduce(tensor_view<double>(sum.data(), 1), reduce_op::sum), "gradient-norm all_reduce");
+    last_norm_ = std::sqrt(sum[0]);
+    detail::clip_to_norm(mine, last_norm_, opts_.max_grad_norm);
+  }
+
+  void step_chunks() {
+    optimizer_->begin_step();
+    for (const auto& x : units_) {
+      if (x.mine.size() == 0) continue;
+      optimizer_->update(values_.data() + x.chunk_at, grads_.data() + x.chunk_at, x.state_at, x.mine.size());
+    }
+  }
+
+  // After a failure: waits for every collective in flight (errors ignored: the buffers must
+  // outlive the backend's use), unbinds every layer and drops the whole buffers and any
+  // accumulated micro-steps.
+  void abandon_step() noexcept {
+    for (auto& x : units_) {
+      for (auto* w : {&x.gather, &x.scatter}) {
+        if (!*w) continue;
+        try {
+          (*w)->wait();
+        } catch (...) {
+        }
+        w->reset();
+      }
+    }
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      reshard(u);
+      units_[u].full_grad.release();
+    }
+    scattering_.clear();
+    accumulated_ = 0;
+  }
+
+  // Waits, and names this rank and the operation in a communication failure (keeping its type).
+  void wait_named(const work& w, const std::string& what) const {
+    try {
+      w.wait();
+    } catch (const aborted_error& e) {
+      throw aborted_error(where() + what, e);
+    } catch (const timeout_error& e) {
+      throw timeout_error(where() + what + " failed: " + strip(e.what()) +
+                              " (every rank must run the same steps and evaluations)",
+                          e.site());
+    } catch (const communication_error& e) {
+      throw communication_error(where() + what + " failed: " + strip(e.what()), e.site());
+    }
+  }
+  [[nodiscard]] static std::string strip(std::string_view s) {
+    if (s.starts_with("partrain: ")) s.remove_prefix(10);
+    return std::string(s);
+  }
+
+  Layers* layers_;
+  C* comm_;
+  Loss loss_;
+  fsdp_options opts_;
+  std::size_t rank_, world_;
+  std::vector<unit> units_;
+  std::vector<std::ptrdiff_t> unit_of_;  // per layer: its unit, or -1 (no parameters)
+  std::size_t unsharded_ = 0;            // the model's parameter elements
+  detail::fsdp::byte_meter param_meter_, grad_meter_;
+  buffer values_;  // this rank's chunk of every unit, chunk() elements each (padding zero)
+  buffer grads_;   // their reduced gradients
+  std::optional<detail::zero::shard_optimizer<float>> optimizer_;
+  std::deque<std::size_t> scattering_;  // units whose reduce_scatter is in flight, oldest first
+  std::size_t accumulated_ = 0;
+  bool require_sync_ = true;
+  bool summoned_ = false;
+  std::int64_t steps_ = 0;
+  double last_norm_ = std::nan("");
+};
+
+}  // namespace partrain::inline v0

@@ -1,0 +1,46 @@
+// partrain/train/fsdp_policy.hpp: fully sharded data parallel (ZeRO-3, parallel/fsdp.hpp) as a
+// training policy, so fit() drives it like DDP. Its train_step already holds the optimizer step.
+// No checkpoints in this release: fit() refuses a checkpoint path for it before training.
+//
+//   fully_sharded_data_parallel fsdp(layers, group, softmax_cross_entropy{}, sgd_options{.lr = 0.1});
+//   fsdp_policy policy(fsdp);
+//   fit(policy, train_loader, test_loader, {.epochs = 8});
+#pragma once
+
+#include <utility>
+
+#include <partrain/comm/process_group.hpp>
+#include <partrain/model/concepts.hpp>
+#include <partrain/train/trace.hpp>
+
+namespace partrain::inline v0 {
+
+struct fsdp_policy_options {
+  trace_recorder* trace = nullptr;  // one span per step ("fsdp_step": gathers, forward, backward, reduce_scatters, step)
+};
+
+template <class Fsdp>
+class fsdp_policy {
+ public:
+  explicit fsdp_policy(Fsdp& fsdp, fsdp_policy_options o = {}) : fsdp_(&fsdp), o_(o) {}
+
+  template <class B>
+  double train_step(const B& b) {
+    auto span = o_.trace ? o_.trace->span("fsdp_step") : trace_span{};
+    return fsdp_->train_step(b);
+  }
+  template <class R>
+  eval_result evaluate(R&& batches) {
+    return fsdp_->evaluate(std::forward<R>(batches));
+  }
+  void set_lr(double lr) { fsdp_->set_lr(lr); }
+  process_group& group() { return fsdp_->comm(); }
+  process_group& loss_group() { return fsdp_->comm(); }  // each rank's loss is its own batch's
+  [[nodiscard]] int replicas() { return fsdp_->comm().size(); }
+
+ private:
+  Fsdp* fsdp_;
+  fsdp_policy_options o_;
+};
+
+}  // namespace partrain::inline v0

@@ -1,0 +1,25 @@
+# Fully sharded data parallel, ZeRO-3 (owned by the fsdp area; included from tests/parallel/CMakeLists.txt).
+partrain_add_test(test_fsdp SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_fsdp.cpp LABELS "parallel;threads")
+if(TARGET partrain::gloo)
+  partrain_add_test(test_fsdp_gloo SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_fsdp_gloo.cpp LIBS partrain::gloo
+                    LABELS "parallel;processes")
+endif()
+# The layered MLP FSDP shards is the example's (a user model).
+foreach(t test_fsdp test_fsdp_gloo)
+  if(TARGET ${t})
+    target_include_directories(${t} PRIVATE ${PROJECT_SOURCE_DIR}/models)
+  endif()
+endforeach()
+
+# Concept failures read as one sentence: each snippet must fail to compile with its message.
+foreach(case_and_message
+    "fsdp_unbindable_parameter|each parameter needs `void bind\\(tensor_view<float> value, tensor_view<float> grad\\)`")
+  string(REPLACE "|" ";" _pair "${case_and_message}")
+  list(GET _pair 0 _case)
+  list(GET _pair 1 _message)
+  add_test(NAME fsdp_compile_fail_${_case}
+           COMMAND ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only -I${partrain_include_dir}
+                   ${CMAKE_CURRENT_LIST_DIR}/compile_fail/${_case}.cpp)
+  set_tests_properties(fsdp_compile_fail_${_case} PROPERTIES LABELS "parallel;compile_fail"
+                       PASS_REGULAR_EXPRESSION "${_message}" TIMEOUT 120)
+endforeach()

@@ -1,0 +1,502 @@
+// Fully sharded data parallel (ZeRO-3) over the local (threads) backend, on the example's layered
+// MLP: equal to one process training on the global batch at world sizes 1-4 (layer sizes no world
+// size divides, a layer whose last chunk is empty), both reshard_after_forward settings, with and
+// without prefetch, SGD with momentum and AdamW, clipping, no_sync accumulation; evaluation with
+// uneven batch counts; the measured peak parameter, gradient and optimizer-state bytes; the bytes
+// each step sends; the chunk arithmetic; bad input.
+#include <catch2/catch.hpp>
+
+#include <partrain/comm/local.hpp>
+#include <partrain/optim/adamw.hpp>
+#include <partrain/optim/clip.hpp>
+#include <partrain/optim/sgd.hpp>
+#include <partrain/parallel/fsdp.hpp>
+#include <partrain/train/checkpoint.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "pipeline_layers.hpp"
+
+using namespace partrain;
+using namespace std::chrono_literals;
+using partrain::test::host_model;
+using partrain::test::make_mlp;
+using partrain::test::reference_eval;
+using partrain::test::reference_step;
+using partrain::test::softmax_cross_entropy;
+using partrain::test::synthetic_batch;
+namespace fl = partrain::detail::fsdp;
+
+namespace {
+
+constexpr std::size_t per_rank = 4;
+constexpr int steps = 5;
+constexpr std::uint32_t seed = 11;
+// Layers of 35, 18, 8 and 9 elements (linear 6->5, relu, 5->3, relu, 3->2, relu, 2->3): 35 and 9
+// divide by no world size 2-4, and at world 4 the last layer's chunks are 3, 3, 3, 0.
+const std::vector<std::size_t> widths{6, 5, 3, 2, 3};
+const sgd_options sgd_momentum{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3};
+const adamw_options adamw_default{.lr = 0.01, .weight_decay = 1e-2};
+
+// The layers' parameters as a model, for partrain's optimizers and clipping on the reference.
+struct layer_params {
+  struct ref {
+    models::layers::host_param* p;
+    [[nodiscard]] tensor_view<float> value() const { return p->value(); }
+    [[nodiscard]] tensor_view<float> grad() const { return p->grad(); }
+  };
+  std::vector<ref> refs;
+  explicit layer_params(host_model& m) {
+    for (auto& l : m) {
+      for (auto& p : l->parameters()) refs.push_back({&p});
+    }
+  }
+  std::vector<ref>& parameters() { return refs; }
+};
+
+template <class M>
+std::vector<float> flat_values(M& model) {
+  std::vector<float> out;
+  for (auto&& p : model.parameters()) {
+    const auto v = p.value();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+struct run_config {
+  shard_optimizer_options opt = sgd_momentum;
+  fsdp_options fsdp{};
+  int micros = 1;  // > 1: micros - 1 no_sync micro-steps before each synchronizing one
+};
+
+// The rows every rank of every micro-step of one step sees, together.
+synthetic_batch step_batch(int step, std::size_t rows) {
+  return synthetic_batch(rows, widths.front(), 3, 1000 + static_cast<std::uint32_t>(step));
+}
+
+struct reference_result {
+  std::vector<float> values;
+  std::vector<double> norms;
+};
+
+// One process on the global batch: the whole step's rows in one backward (the mean over them
+// equals the mean of the ranks' and micro-steps' means: every part has per_rank rows).
+reference_result reference_run(int world, const run_config& c) {
+  host_model m = make_mlp(widths, seed);
+  layer_params params(m);
+  reference_result r;
+  const auto rows = per_rank * static_cast<std::size_t>(world * c.micros);
+  auto body = [&](auto& opt) {
+    for (int s = 0; s < steps; ++s) {
+      const auto b = step_batch(s, rows);
+      (void)reference_step(m, softmax_cross_entropy{}, b.input(), b.labels());
+      if (c.fsdp.max_grad_norm > 0) r.norms.push_back(clip_grad_norm(params, c.fsdp.max_grad_norm));
+      opt.step();
+    }
+  };
+  if (const auto* s = std::get_if<sgd_options>(&c.opt)) {
+    sgd opt(params, *s);
+    body(opt);
+  } else {
+    adamw opt(params, std::get<adamw_options>(c.opt));
+    body(opt);
+  }
+  r.values = flat_values(params);
+  return r;
+}
+
+struct rank_result {
+  std::vector<float> values;
+  std::vector<double> norms;
+  fsdp_memory mem{};
+  std::uint64_t bytes_per_step = 0;
+};
+
+// Rank r's rows of micro-step u: a contiguous block of the step's batch.
+tensor_view<const float> rows_of(const synthetic_batch& b, std::size_t block) {
+  return b.input().slice(block * per_rank, (block + 1) * per_rank);
+}
+tensor_view<const std::int32_t> labels_of(const synthetic_batch& b, std::size_t block) {
+  return b.labels().slice(block * per_rank, (block + 1) * per_rank);
+}
+
+std::vector<rank_result> fsdp_run(int world, const run_config& c) {
+  std::vector<rank_result> out(static_cast<std::size_t>(world));
+  run_local(world, [&](local_group& g) {
+    // Each rank starts from other values: the broadcast makes them rank 0's.
+    host_model layers = make_mlp(widths, seed + static_cast<std::uint32_t>(g.rank()) * 100);
+    fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, c.opt, c.fsdp);
+    auto& r = out[static_cast<std::size_t>(g.rank())];
+    const auto rows = per_rank * static_cast<std::size_t>(world * c.micros);
+    g.reset_traffic();
+    for (int s = 0; s < steps; ++s) {
+      const auto b = step_batch(s, rows);
+      const auto block = [&](int u) { return static_cast<std::size_t>(u * world + g.rank()); };
+      {
+        auto guard = f.no_sync();
+        for (int u = 0; u + 1 < c.micros; ++u) (void)f.train_step(rows_of(b, block(u)), labels_of(b, block(u)));
+      }
+      (void)f.train_step(rows_of(b, block(c.micros - 1)), labels_of(b, block(c.micros - 1)));
+      if (c.fsdp.max_grad_norm > 0) r.norms.push_back(f.last_grad_norm());
+    }
+    r.bytes_per_step = g.traffic().bytes_sent / steps;
+    r.mem = f.memory();
+    auto full = f.summon_full_params();
+    r.values = flat_values(full);
+  });
+  return out;
+}
+
+void check_equal_to_reference(const std::vector<rank_result>& got, const reference_result& ref, double tol) {
+  for (std::size_t r = 0; r < got.size(); ++r) {
+    CAPTURE(r);
+    REQUIRE(got[r].values.size() == ref.values.size());
+    CHECK(got[r].values == got[0].values);  // every rank gathers the same chunks
+    for (std::size_t i = 0; i < ref.values.size(); ++i) {
+      CAPTURE(i);
+      CHECK(got[r].values[i] == Approx(ref.values[i]).margin(tol));
+    }
+  }
+}
+
+std::size_t chunk_of(std::size_t n, int world) { return fl::chunking(n, static_cast<std::size_t>(world)).chunk(); }
+
+// Layer sizes of `widths`' MLP (its units).
+std::vector<std::size_t> unit_sizes(const std::vector<std::size_t>& w) {
+  std::vector<std::size_t> s;
+  for (std::size_t i = 0; i + 1 < w.size(); ++i) s.push_back(w[i] * w[i + 1] + w[i + 1]);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("fsdp chunking: torch.chunk's split, padding only at the end", "[parallel][fsdp]") {
+  STATIC_REQUIRE(fl::chunking_selftest());
+  for (std::size_t n : {1u, 2u, 5u, 9u, 35u, 53u}) {
+    for (std::size_t w : {1u, 2u, 3u, 4u, 7u}) {
+      CAPTURE(n, w);
+      const fl::chunking c(n, w);
+      std::size_t covered = 0;
+      for (std::size_t r = 0; r < w; ++r) {
+        const auto o = c.owned(r);
+        CHECK(o.begin == std::min(r * c.chunk(), n));
+        CHECK(o.size() <= c.chunk());
+        covered += o.size();
+      }
+      CHECK(covered == n);
+      CHECK(c.padded() - n < w);
+    }
+  }
+}
+
+TEST_CASE("fsdp equals one process on the global batch at world sizes 1-4", "[parallel][fsdp]") {
+  for (int world : {1, 2, 3, 4}) {
+    for (bool reshard : {true, false}) {
+      for (bool adam : {false, true}) {
+        CAPTURE(world, reshard, adam);
+        run_config c;
+        c.fsdp.reshard_after_forward = reshard;
+        if (adam) c.opt = adamw_default;
+        const auto got = fsdp_run(world, c);
+        check_equal_to_reference(got, reference_run(world, c), 2e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("fsdp without prefetch takes the same steps", "[parallel][fsdp]") {
+  run_config c;
+  c.fsdp.prefetch = false;
+  check_equal_to_reference(fsdp_run(3, c), reference_run(3, c), 2e-5);
+}
+
+TEST_CASE("fsdp clips the global gradient norm across the ranks' chunks", "[parallel][fsdp]") {
+  for (int world : {2, 4}) {
+    CAPTURE(world);
+    run_config c;
+    c.opt = adamw_default;
+    c.fsdp.max_grad_norm = 0.01;  // below every step's norm here: each step is clipped
+    const auto got = fsdp_run(world, c);
+    const auto ref = reference_run(world, c);
+    check_equal_to_reference(got, ref, 2e-5);
+    for (const auto& r : got) {
+      REQUIRE(r.norms.size() == ref.norms.size());
+      for (std::size_t s = 0; s < ref.norms.size(); ++s) {
+        CHECK(ref.norms[s] > c.fsdp.max_grad_norm);
+        CHECK(r.norms[s] == Approx(ref.norms[s]).epsilon(1e-5));
+      }
+    }
+  }
+}
+
+TEST_CASE("fsdp no_sync accumulates whole gradients and reduces them once", "[parallel][fsdp]") {
+  for (int world : {2, 3}) {
+    for (bool reshard : {true, false}) {
+      CAPTURE(world, reshard);
+      run_config c;
+      c.micros = 3;
+      c.fsdp.reshard_after_forward = reshard;
+      check_equal_to_reference(fsdp_run(world, c), reference_run(world, c), 2e-5);
+    }
+  }
+}
+
+TEST_CASE("fsdp no_sync holds a whole model of gradients and sends no gradient", "[parallel][fsdp]") {
+  constexpr int world = 2;
+  const auto sizes = unit_sizes(widths);
+  struct seen {
+    std::size_t before = 0, inside = 0, after = 0;
+    std::uint64_t sent_inside = 0;
+    std::int64_t steps = 0;
+  };
+  std::vector<seen> got(world);  // filled by the ranks, checked here (Catch2 asserts on one thread)
+  run_local(world, [&](local_group& g) {
+    host_model layers = make_mlp(widths, seed);
+    fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, sgd_momentum);
+    const auto b = step_batch(0, per_rank * world);
+    const auto mine = static_cast<std::size_t>(g.rank());
+    auto& r = got[mine];
+    r.before = f.memory().gradient_bytes;
+    g.reset_traffic();
+    {
+      auto guard = f.no_sync();
+      (void)f.train_step(rows_of(b, mine), labels_of(b, mine));
+    }
+    r.inside = f.memory().gradient_bytes;
+    r.sent_inside = g.traffic().bytes_sent;
+    (void)f.train_step(rows_of(b, mine), labels_of(b, mine));
+    r.after = f.memory().gradient_bytes;
+    r.steps = f.steps();
+  });
+  std::size_t whole = 0, chunks = 0;
+  std::uint64_t gathers = 0;  // forward's all_gathers, and backward's for every layer but the last
+  for (std::size_t u = 0; u < sizes.size(); ++u) {
+    whole += chunk_of(sizes[u], world) * world * sizeof(float);
+    chunks += chunk_of(sizes[u], world) * sizeof(float);
+    gathers += (u + 1 < sizes.size() ? 2 : 1) * (world - 1) * chunk_of(sizes[u], world) * sizeof(float);
+  }
+  for (const auto& r : got) {
+    CHECK(r.before == chunks);
+    CHECK(r.inside == chunks + whole);
+    CHECK(r.sent_inside == gathers);
+    CHECK(r.after == chunks);
+    CHECK(r.steps == 1);
+  }
+}
+
+TEST_CASE("fsdp evaluates ranks with different numbers of batches", "[parallel][fsdp]") {
+  // Rank 0 holds 2 batches, rank 1 one, rank 2 none: the sums equal one process over all rows.
+  const synthetic_batch all(3 * per_rank, widths.front(), 3, 77);
+  host_model ref = make_mlp(widths, seed);
+  const eval_result want = reference_eval(ref, softmax_cross_entropy{}, all.input(), all.labels());
+  struct seen {
+    eval_result result;
+    std::size_t held = 0, after = 0, peak = 0;
+  };
+  std::vector<seen> got(3);
+  run_local(3, [&](local_group& g) {
+    host_model layers = make_mlp(widths, seed);
+    fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, sgd_momentum);
+    std::vector<batch> mine;
+    if (g.rank() == 0) {
+      mine.push_back({rows_of(all, 0), labels_of(all, 0), {}});
+      mine.push_back({rows_of(all, 1), labels_of(all, 1), {}});
+    } else if (g.rank() == 1) {
+      mine.push_back({rows_of(all, 2), labels_of(all, 2), {}});
+    }
+    auto& r = got[static_cast<std::size_t>(g.rank())];
+    r.held = f.memory().parameter_bytes;
+    r.result = f.evaluate(mine);
+    r.after = f.memory().parameter_bytes;
+    r.peak = f.memory().peak_parameter_bytes;
+  });
+  for (const auto& r : got) {
+    CHECK(r.result.count == want.count);
+    CHECK(r.result.correct == want.correct);
+    CHECK(r.result.loss_sum == Approx(want.loss_sum).epsilon(1e-6));
+    CHECK(r.peak > r.held);     // every rank gathered, the one without batches too
+    CHECK(r.after == r.held);  // and evaluation leaves only the chunks held
+  }
+}
+
+TEST_CASE("fsdp peak parameter bytes: chunks plus the layers gathered at once", "[parallel][fsdp]") {
+  // Twelve linear layers 9 -> 9 (90 elements each: chunks 23, 23, 23, 21 at world 4).
+  const std::vector<std::size_t> deep(13, 9);
+  constexpr int world = 4;
+  const std::size_t unit = 90, chunk = 23, units = 12;
+  const std::size_t chunk_bytes = units * chunk * sizeof(float);
+  const std::size_t gathered = chunk * world * sizeof(float);
+  const std::size_t whole = units * unit * sizeof(float);
+  auto peak_of = [&](fsdp_options o, shard_optimizer_options opt) {
+    std::vector<fsdp_memory> mems(world);
+    run_local(world, [&](local_group& g) {
+      host_model layers = make_mlp(deep, seed);
+      fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, opt, o);
+      const synthetic_batch b(per_rank, 9, 9, 5 + static_cast<std::uint32_t>(g.rank()));
+      for (int s = 0; s < 2; ++s) (void)f.train_step(b.input(), b.labels());
+      mems[static_cast<std::size_t>(g.rank())] = f.memory();
+    });
+    return mems;
+  };
+  SECTION("reshard after forward, prefetch: at most two layers, under half the model") {
+    const auto mems = peak_of({}, adamw_default);
+    std::size_t elements = 0;
+    for (const auto& m : mems) {
+      CHECK(m.unsharded_parameter_bytes == whole);
+      CHECK(m.peak_parameter_bytes == chunk_bytes + 2 * gathered);
+      CHECK(static_cast<double>(m.peak_parameter_bytes) <= 0.5 * static_cast<double>(m.unsharded_parameter_bytes));
+      CHECK(m.parameter_bytes == chunk_bytes);  // between steps: only the chunks
+      CHECK(m.optimizer_state_bytes == 2 * m.shard_elements * sizeof(float));  // AdamW: two moments of the chunks
+      // Whole gradients: the one in backward plus at most two reduce_scatters in flight.
+      CHECK(m.peak_gradient_bytes <= chunk_bytes + 3 * gathered);
+      CHECK(m.peak_gradient_bytes >= chunk_bytes + gathered);
+      CHECK(m.padding_elements == units * (world * chunk - unit));
+      elements += m.shard_elements;
+    }
+    CHECK(elements == units * unit);
+  }
+  SECTION("no prefetch: one layer at a time") {
+    for (const auto& m : peak_of({.prefetch = false}, sgd_momentum)) CHECK(m.peak_parameter_bytes == chunk_bytes + gathered);
+  }
+  SECTION("kept from forward to backward: the whole model is held at the turn") {
+    for (const auto& m : peak_of({.reshard_after_forward = false}, sgd_momentum)) {
+      CHECK(m.peak_parameter_bytes == chunk_bytes + units * gathered);
+      CHECK(m.peak_parameter_bytes > m.unsharded_parameter_bytes);
+    }
+  }
+}
+
+TEST_CASE("fsdp sends three passes of the parameters per step, two when kept from forward to backward", "[parallel][fsdp]") {
+  constexpr int world = 4;
+  const auto sizes = unit_sizes(widths);
+  std::uint64_t pass = 0;  // one all_gather (or reduce_scatter) of every layer: (n-1) chunks each
+  for (auto n : sizes) pass += (world - 1) * chunk_of(n, world) * sizeof(float);
+  const std::uint64_t last = (world - 1) * chunk_of(sizes.back(), world) * sizeof(float);
+  for (bool reshard : {true, false}) {
+    CAPTURE(reshard);
+    run_config c;
+    c.fsdp.reshard_after_forward = reshard;
+    // The last layer is never resharded between its forward and its backward.
+    const std::uint64_t want = reshard ? 3 * pass - last : 2 * pass;
+    for (const auto& r : fsdp_run(world, c)) CHECK(r.bytes_per_step == want);
+  }
+}
+
+TEST_CASE("fsdp: a model that differs between ranks is named", "[parallel][fsdp]") {
+  SECTION("another layer count") {
+    CHECK_THROWS_WITH(run_local(2, [&](local_group& g) {
+      host_model layers = make_mlp(g.rank() == 1 ? std::vector<std::size_t>{6, 5, 3, 2, 2, 3} : widths, seed);
+      fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, sgd_momentum);
+    }), Catch::Contains("rank 1 has 9 layers") && Catch::Contains("rank 0 has 7") &&
+            Catch::Contains("same model on every rank"));
+  }
+  SECTION("other shapes, the same layer count") {
+    CHECK_THROWS_AS(run_local(2, [&](local_group& g) {
+      host_model layers = make_mlp(g.rank() == 1 ? std::vector<std::size_t>{6, 4, 3, 2, 3} : widths, seed);
+      fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, sgd_momentum);
+    }), config_error);
+    CHECK_THROWS_WITH(run_local(2, [&](local_group& g) {
+      host_model layers = make_mlp(g.rank() == 1 ? std::vector<std::size_t>{6, 4, 3, 2, 3} : widths, seed);
+      fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, sgd_momentum);
+    }), Catch::Contains("(other shapes)"));
+  }
+}
+
+// What f() threw ("" when it did not): ranks record it, the test thread checks it.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_CASE("fsdp: bad input is refused with its reason, and the step leaves nothing gathered", "[parallel][fsdp]") {
+  struct seen {
+    std::string wrong_width, wrong_rows, empty, summoned;
+    std::size_t held = 0, after_wrong = 0, while_summoned = 0, after_summoned = 0;
+    double loss = 0;
+    std::int64_t steps = 0;
+  };
+  std::vector<seen> got(2);
+  run_local(2, [&](local_group& g) {
+    host_model layers = make_mlp(widths, seed);
+    fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, sgd_momentum);
+    auto& r = got[static_cast<std::size_t>(g.rank())];
+    r.held = f.memory().parameter_bytes;
+    const synthetic_batch wrong(per_rank, 7, 3, 1);  // 7 features, the first layer takes 6
+    r.wrong_width = error_of([&] { (void)f.train_step(wrong.input(), wrong.labels()); });
+    r.after_wrong = f.memory().parameter_bytes;
+    const synthetic_batch good(per_rank, 6, 3, 1);
+    r.wrong_rows = error_of([&] { (void)f.train_step(good.input(), good.labels().slice(0, 3)); });
+    r.empty = error_of([&] { (void)f.train_step(tensor_view<const float>{}, good.labels()); });
+    {
+      auto full = f.summon_full_params();
+      r.while_summoned = f.memory().parameter_bytes;
+      r.summoned = error_of([&] { (void)f.train_step(good.input(), good.labels()); });
+    }
+    r.after_summoned = f.memory().parameter_bytes;
+    r.loss = f.train_step(good.input(), good.labels());  // the model still trains after the refusals
+    r.steps = f.steps();
+  });
+  for (const auto& r : got) {
+    CHECK_THAT(r.wrong_width, Catch::Contains("layer 0") && Catch::Contains("expected [batch, 6]"));
+    CHECK(r.after_wrong == r.held);
+    CHECK_THAT(r.wrong_rows, Catch::Contains("the input has 4 rows, the target 3"));
+    CHECK_THAT(r.empty, Catch::Contains("the input batch is empty"));
+    CHECK(r.while_summoned > r.held);
+    CHECK_THAT(r.summoned, Catch::Contains("summon_full_params"));
+    CHECK(r.after_summoned == r.held);
+    CHECK(std::isfinite(r.loss));
+    CHECK(r.steps == 1);
+  }
+  CHECK_THROWS_WITH(run_local(1, [&](local_group& g) {
+    host_model layers = make_mlp(widths, seed);
+    fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, sgd_momentum, {.max_grad_norm = -1});
+  }), Catch::Contains("max_grad_norm must be a finite number >= 0"));
+  CHECK_THROWS_WITH(run_local(1, [&](local_group& g) {
+    host_model layers;
+    fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, sgd_momentum);
+  }), Catch::Contains("the model has no layers"));
+}
+
+TEST_CASE("fsdp owns the layers' storage: empty outside compute, whole under summon_full_params", "[parallel][fsdp]") {
+  struct seen {
+    std::size_t stored = 1, relu = 1, first = 0;
+    std::vector<float> values;
+    std::uint64_t checksum = 0;
+  };
+  std::vector<seen> got(2);
+  run_local(2, [&](local_group& g) {
+    host_model layers = make_mlp(widths, seed + static_cast<std::uint32_t>(g.rank()));
+    fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, sgd_momentum);
+    auto& r = got[static_cast<std::size_t>(g.rank())];
+    r.stored = 0;
+    for (auto& l : layers) {
+      for (auto& p : l->parameters()) r.stored += p.value().size() + p.grad().size();
+    }
+    r.relu = f.owned(1).size();
+    r.first = f.owned(0).size();
+    auto full = f.summon_full_params();
+    r.values = flat_values(full);
+    r.checksum = parameter_checksum(full);
+  });
+  host_model rank0 = make_mlp(widths, seed);
+  layer_params want(rank0);
+  for (std::size_t q = 0; q < got.size(); ++q) {
+    CAPTURE(q);
+    CHECK(got[q].stored == 0);
+    CHECK(got[q].relu == 0);
+    CHECK(got[q].first == (q == 0 ? 18u : 17u));   // 35 elements: chunks of 18
+    CHECK(got[q].values == flat_values(want));     // rank 0's values, broadcast
+    CHECK(got[q].checksum == parameter_checksum(want));
+  }
+}
