@@ -282,7 +282,7 @@ attempt_result run_attempt(partrain::tcp_store& store, partrain::tcp_store& watc
     return attempt_result::failed;
   }
   if (remote_failure && !g_stop.load()) {
-    std::string why = "the store of node 0 is unreachable";
+    std::string why = "node 0, which hosts the job's store, is unreachable (it has probably died)";
     try {
       why = store.get_string(failed_key, std::chrono::milliseconds(2000));
     } catch (const std::exception&) {
