@@ -101,14 +101,31 @@ struct node_layout {
 node_layout rendezvous(partrain::tcp_store& store, const partrun::options& o, int attempt) {
   const std::string me = "node " + std::to_string(o.node_rank);
   const std::string refused_key = key(attempt, "rdzv_refused");
+  const std::string agents_key = key(attempt, "rdzv_agents");       // agents that came
+  const std::string informed_key = key(attempt, "rdzv_informed");   // agents that read the refusal
+  // Node 0 hosts the store: after a refusal it stays until every other agent that came has read
+  // why (bounded), so none of them meets a closed store instead of the reason.
+  auto linger_if_host = [&] {
+    if (o.node_rank != 0) return;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    try {
+      while (store.add(informed_key, 0) < store.add(agents_key, 0) - 1 && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    } catch (const std::exception&) {
+    }
+  };
   auto refuse = [&](const std::string& why) {
     try {
       store.set(refused_key, why);
+      if (o.node_rank != 0) store.add(informed_key, 1);  // it knows why
     } catch (const std::exception&) {
     }
+    linger_if_host();
     throw partrain::config_error(why);
   };
   auto node_key = [&](int n) { return key(attempt, "node_" + std::to_string(n)); };
+  store.add(agents_key, 1);
   if (store.add(key(attempt, "claim_node_" + std::to_string(o.node_rank)), 1) != 1) {
     refuse(me + " was claimed by two agents: every agent needs its own --node-rank (0.." + std::to_string(o.nnodes - 1) + ")");
   }
@@ -124,7 +141,10 @@ node_layout rendezvous(partrain::tcp_store& store, const partrun::options& o, in
   const auto deadline = std::chrono::steady_clock::now() + o.rdzv_timeout;
   for (;;) {
     if (store.check({refused_key})) {
-      throw partrain::config_error(me + " stops: " + store.get_string(refused_key, o.rdzv_timeout));
+      const std::string why = store.get_string(refused_key, o.rdzv_timeout);
+      if (o.node_rank != 0) store.add(informed_key, 1);  // the host waits for the others only
+      linger_if_host();
+      throw partrain::config_error(me + " stops: " + why);
     }
     int missing_count = 0;
     std::string missing;
@@ -169,7 +189,18 @@ enum class attempt_result { success, failed, interrupted };
 // (the main thread's, or a reconnect to a vanished store) never holds up the other.
 attempt_result run_attempt(partrain::tcp_store& store, partrain::tcp_store& watch_store, const partrun::options& o,
                            int attempt, std::uint16_t port, const std::string& token) {
-  const auto layout = rendezvous(store, o, attempt);
+  node_layout layout;
+  try {
+    layout = rendezvous(store, o, attempt);
+  } catch (const partrain::timeout_error&) {
+    throw;  // a node that never came: rendezvous names it
+  } catch (const partrain::communication_error& e) {
+    if (o.node_rank == 0) throw;
+    // The store is node 0's: when it breaks off, node 0 is what ended (or refused the job).
+    throw partrain::communication_error("node " + std::to_string(o.node_rank) +
+                                        " rendezvous: node 0, which hosts the job's store, is unreachable (it ended or "
+                                        "refused the job; see its output): " + e.what());
+  }
   std::mutex out_mutex;
   std::vector<partrain::child_process> children;
   children.reserve(static_cast<std::size_t>(o.nproc_per_node));
