@@ -2369,6 +2369,12 @@ struct cuda_exec {
   int device = -1;
 };
 
+// A stream handed through host code type-erased (model_stream, a communicator's input stream),
+// or the legacy default stream when there is none.
+[[nodiscard]] inline cudaStream_t stream_or_legacy(void* stream) noexcept {
+  return stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
+}
+
 // The one launch geometry: 256 threads a block (a power of two: the block reduce halves it), at
 // most 2048 blocks (16 per SM on a 132-SM H100, enough to cover the latency of a grid-stride
 // loop), never 0 blocks.
@@ -8546,6 +8552,7 @@ consteval bool check_trainable() {
 //   param_element_t<P>, param_space_t<P>             a value's element type and memory space
 //   model_element_t<M>   float, double, ...          model_space_t<M>  host or cuda
 
+#include <concepts>
 #include <ranges>
 #include <type_traits>
 #include <utility>
@@ -8569,6 +8576,31 @@ template <model M>
 using model_element_t = param_element_t<param_t<M>>;
 template <model M>
 using model_space_t = param_space_t<param_t<M>>;
+
+// The stream a device model queues its work on (m.stream(), a cudaStream_t), type-erased so the
+// layers above need no CUDA header; null (the legacy default stream) for a model without one.
+// The library's own device work on a model's tensors (optimizer steps, zero_grad, clipping,
+// unscaling) is queued there, ordered with the model's kernels.
+template <class M>
+[[nodiscard]] void* model_stream(M& m) noexcept {
+  if constexpr (requires { static_cast<void*>(m.stream()); }) {
+    return static_cast<void*>(m.stream());
+  } else {
+    return nullptr;
+  }
+}
+
+// The CUDA device a model lives on (m.device(), when it is a CUDA device), else -1: where the
+// optimizer keeps its state for that model.
+template <class M>
+[[nodiscard]] int model_cuda_device(const M& m) noexcept {
+  if constexpr (requires { { m.device() } -> std::convertible_to<device>; }) {
+    const device d = m.device();
+    return d.is_cuda() ? d.index : -1;
+  } else {
+    return -1;
+  }
+}
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_MODEL_TRAITS_HPP
@@ -14121,13 +14153,14 @@ class state_buffer;
 template <class T>
 class state_buffer<T, host> {
  public:
-  void assign_zero(std::size_t n) { v_.assign(n, T(0)); }
+  // device_index and stream matter to the CUDA twin only (kernels.cuh).
+  void assign_zero(std::size_t n, int /*device_index*/ = -1, void* /*stream*/ = nullptr) { v_.assign(n, T(0)); }
   [[nodiscard]] T* data() noexcept { return v_.data(); }
   [[nodiscard]] std::size_t size() const noexcept { return v_.size(); }
   void copy_to_host(std::span<T> out) const {
     if (!v_.empty()) std::memcpy(out.data(), v_.data(), v_.size() * sizeof(T));
   }
-  void copy_from_host(std::span<const T> in) { v_.assign(in.begin(), in.end()); }
+  void copy_from_host(std::span<const T> in, int /*device_index*/ = -1) { v_.assign(in.begin(), in.end()); }
 
  private:
   std::vector<T> v_;
@@ -14138,7 +14171,8 @@ class state_buffer<T, host> {
 // run-time flags it left the common cases scalar ("control flow in loop"), at a quarter of
 // memcpy's speed (bench_elementwise). The element rule is still the one sgd_element.
 template <class T>
-void sgd_update(tensor_view<T, host> v, tensor_view<const T, host> g, T* buf, const sgd_coeffs<T>& c, bool first) {
+void sgd_update(tensor_view<T, host> v, tensor_view<const T, host> g, T* buf, const sgd_coeffs<T>& c, bool first,
+                void* /*stream: the CUDA twin's*/ = nullptr) {
   auto loop = [&]<bool Momentum, bool First, bool Nesterov, bool Decay>() {
     sgd_coeffs<T> k = c;
     k.has_momentum = Momentum;
@@ -14163,7 +14197,8 @@ void sgd_update(tensor_view<T, host> v, tensor_view<const T, host> g, T* buf, co
 }
 
 template <class T>
-void adamw_update(tensor_view<T, host> v, tensor_view<const T, host> g, T* m, T* s, const adamw_coeffs<T>& c) {
+void adamw_update(tensor_view<T, host> v, tensor_view<const T, host> g, T* m, T* s, const adamw_coeffs<T>& c,
+                  void* /*stream: the CUDA twin's*/ = nullptr) {
   const adamw_update_fn<T> f{v.data(), g.data(), m, s, c};
   std::size_t done = 0;
 #if PARTRAIN_HOST_PACKETS
@@ -14187,7 +14222,7 @@ void adamw_update(tensor_view<T, host> v, tensor_view<const T, host> g, T* m, T*
 // waited on every addition (clipping ran at 0.17 of memcpy). The CUDA twin folds in its own
 // (also fixed) order: the two agree to rounding, as any two summation orders do.
 template <class T>
-[[nodiscard]] double sum_squares(tensor_view<const T, host> g) {
+[[nodiscard]] double sum_squares(tensor_view<const T, host> g, void* /*stream*/ = nullptr) {
   constexpr std::size_t lanes = 8;
   const square_as_double_fn<T> sq{g.data()};
   double part[lanes] = {};
@@ -14204,12 +14239,12 @@ template <class T>
 }
 
 template <class T>
-void scale_in_place(tensor_view<T, host> g, T coef) {
+void scale_in_place(tensor_view<T, host> g, T coef, void* /*stream*/ = nullptr) {
   for_each_index(host_exec{}, g.size(), scale_fn<T>{g.data(), coef});
 }
 
 template <class T>
-void fill_zero(tensor_view<T, host> g) {
+void fill_zero(tensor_view<T, host> g, void* /*stream*/ = nullptr) {
   for_each_index(host_exec{}, g.size(), fill_zero_fn<T>{g.data()});
 }
 
@@ -14406,10 +14441,10 @@ template <class P>
 // partrain/optim/detail/kernels.cuh: the optimizers' and clipping's element loops for parameters
 // in CUDA memory: the functors of optim/detail/elements.hpp (the ones the host loops and the CPU
 // tier run) launched through partrain/cuda/launch.cuh; these are the overloads the optimizers pick
-// for tensor_view<T, cuda>. Every function takes the stream to queue on (default: the legacy
-// stream, which the optimizers' callers use today) and has finished its work on return, so
-// whatever stream reads the parameters next sees it. Launched on the calling thread's current
-// device (the one holding the parameters). nvcc only.
+// for tensor_view<T, cuda>. Every function takes the stream to queue on (the optimizers pass the
+// model's, model_traits' model_stream; null: the legacy stream) and has finished its work on
+// return, so whatever stream reads the parameters next sees it. Launched on the calling thread's
+// current device (the one holding the parameters); the state lives on the model's. nvcc only.
 
 #if !defined(__CUDACC__)
 #error "partrain/optim/detail/kernels.cuh must be compiled by nvcc"
@@ -14470,18 +14505,14 @@ inline void cuda_check(cudaError_t rc, const char* call, const char* file, int l
 // Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
 #define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
 #endif  // PARTRAIN_SI_CUDA_CHECK_HPP
-// #include <partrain/cuda/launch.cuh>
-#ifndef PARTRAIN_SI_CUDA_LAUNCH_CUH
-#define PARTRAIN_SI_CUDA_LAUNCH_CUH
-// partrain/cuda/launch.cuh: the CUDA half of the one launch helper (the host half is
-// partrain/core/for_each_index.hpp). for_each_index(cuda_exec{stream, device}, n, f) queues a
-// grid-stride kernel that calls f(i) for every i in [0, n) on `stream` of `device`;
-// transform_reduce_index folds per block, then the blocks' partials in block order on the host, so
-// its result is the same on every run. The element functors are the library's plain headers
-// (optim/detail/elements.hpp, ...), the ones the host path and the CPU tier run. nvcc only.
+// #include <partrain/cuda/device_buffer.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+// partrain/cuda/device_buffer.hpp: owned device memory (cudaMalloc, RAII) with a shape, seen as
+// tensor_view<T, cuda>, and copies to and from host views (finished on return, or queued on a stream).
 
-#if !defined(__CUDACC__)
-#error "partrain/cuda/launch.cuh must be compiled by nvcc"
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_buffer.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
 #endif
 
 #include <cuda_runtime.h>
@@ -14489,7 +14520,7 @@ inline void cuda_check(cudaError_t rc, const char* call, const char* file, int l
 #include <cstddef>
 #include <string>
 #include <type_traits>
-#include <vector>
+#include <utility>
 
 // #include <partrain/cuda/device_guard.hpp>
 #ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
@@ -14606,6 +14637,139 @@ class [[nodiscard]] cuda_device_guard {
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
 
+namespace partrain::inline v0 {
+
+// A zero-initialised device array of trivially copyable T with a shape, on one device. The device
+// is always named: there is no default, so a buffer cannot land on GPU 0 by omission.
+template <class T>
+  requires std::is_trivially_copyable_v<T>
+class device_buffer {
+ public:
+  device_buffer() = default;
+  // Zero-filled before the constructor returns (queued on the legacy stream of `dev`, then that
+  // stream is synchronised), so work on any stream afterwards sees zeros.
+  device_buffer(partrain::shape s, const partrain::device& dev)
+      : device_buffer(s, detail::checked_cuda_index(dev, "device_buffer"), nullptr) {}
+  device_buffer(partrain::shape s, int device_index) : device_buffer(s, device_index, nullptr) {}
+  device_buffer(std::size_t n, const partrain::device& dev) : device_buffer(partrain::shape{n}, dev) {}
+  device_buffer(std::size_t n, int device_index) : device_buffer(partrain::shape{n}, device_index) {}
+  // Zero-fill queued on `stream` (of `device_index`) and not waited for: work queued on that
+  // stream afterwards sees zeros; other streams must wait on it (an event) first.
+  device_buffer(partrain::shape s, int device_index, cudaStream_t stream) : shape_(s), device_(device_index) {
+    if (device_index < 0) {
+      throw invalid_argument_error("device_buffer: device index " + std::to_string(device_index) +
+                                   " (expected a CUDA device index >= 0)");
+    }
+    if (s.numel() == 0) return;
+    cuda_device_guard guard(device_index);
+    void* p = nullptr;
+    const cudaError_t rc = cudaMalloc(&p, size_bytes());
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw cuda_error(rc, "device_buffer: cudaMalloc of " + std::to_string(size_bytes()) + " bytes on cuda:" +
+                               std::to_string(device_index) + " failed: " + cudaGetErrorString(rc));
+    }
+    data_ = static_cast<T*>(p);
+    // cudaMemset would return before the fill ran and order it only on the legacy stream.
+    const cudaStream_t fill = stream ? stream : cudaStreamLegacy;
+    cudaError_t rc2 = cudaMemsetAsync(data_, 0, size_bytes(), fill);
+    if (rc2 == cudaSuccess && !stream) rc2 = cudaStreamSynchronize(fill);
+    if (rc2 != cudaSuccess) {
+      reset();
+      detail::cuda_check(rc2, "device_buffer: cudaMemsetAsync + cudaStreamSynchronize (zero fill)", __FILE__, __LINE__);
+    }
+  }
+
+  device_buffer(device_buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})), device_(o.device_) {}
+  device_buffer& operator=(device_buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      data_ = std::exchange(o.data_, nullptr);
+      shape_ = std::exchange(o.shape_, {});
+      device_ = o.device_;
+    }
+    return *this;
+  }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() { reset(); }
+
+  [[nodiscard]] T* data() noexcept { return data_; }
+  [[nodiscard]] const T* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
+  [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
+  [[nodiscard]] int device_index() const noexcept { return device_; }
+  [[nodiscard]] partrain::device device() const noexcept { return partrain::device::cuda(device_); }
+
+  [[nodiscard]] tensor_view<T, cuda> view() noexcept { return {data_, shape_}; }
+  [[nodiscard]] tensor_view<const T, cuda> view() const noexcept { return {data_, shape_}; }
+
+  // Host -> device. With a stream the copy is queued on it (the host memory must stay alive until
+  // it ran and, to be truly asynchronous, be pinned). Without one it is queued on the legacy
+  // stream of the buffer's device, which is then synchronised: the copy has finished on return
+  // (cudaMemcpy alone does not promise that for pageable host memory). Either way it is ordered
+  // after earlier work on that stream only: data made on another stream needs that stream.
+  void copy_from(tensor_view<const T, host> src, cudaStream_t stream = nullptr) {
+    check_size("copy_from", src.size());
+    copy(data_, src.data(), cudaMemcpyHostToDevice, stream);
+  }
+  // Device -> host, same rules.
+  void copy_to(tensor_view<T, host> dst, cudaStream_t stream = nullptr) const {
+    check_size("copy_to", dst.size());
+    copy(dst.data(), data_, cudaMemcpyDeviceToHost, stream);
+  }
+
+ private:
+  void check_size(const char* what, std::size_t n) const {
+    if (n != size()) {
+      throw invalid_argument_error("device_buffer::" + std::string(what) + ": the host view has " + std::to_string(n) +
+                                   " elements, the buffer " + std::to_string(size()) + " (expected equal sizes)");
+    }
+  }
+  void copy(void* dst, const void* src, cudaMemcpyKind kind, cudaStream_t stream) const {
+    if (size() == 0) return;
+    if (stream) {
+      PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, stream));
+      return;
+    }
+    cuda_device_guard guard(device_);  // the legacy stream of the buffer's device
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, cudaStreamLegacy));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+  }
+  void reset() noexcept {
+    if (data_) (void)cudaFree(std::exchange(data_, nullptr));  // cudaFree frees on any current device
+  }
+
+  T* data_ = nullptr;
+  partrain::shape shape_{};
+  int device_ = -1;  // -1: an empty default-constructed buffer
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+// #include <partrain/cuda/launch.cuh>
+#ifndef PARTRAIN_SI_CUDA_LAUNCH_CUH
+#define PARTRAIN_SI_CUDA_LAUNCH_CUH
+// partrain/cuda/launch.cuh: the CUDA half of the one launch helper (the host half is
+// partrain/core/for_each_index.hpp). for_each_index(cuda_exec{stream, device}, n, f) queues a
+// grid-stride kernel that calls f(i) for every i in [0, n) on `stream` of `device`;
+// transform_reduce_index folds per block, then the blocks' partials in block order on the host, so
+// its result is the same on every run. The element functors are the library's plain headers
+// (optim/detail/elements.hpp, ...), the ones the host path and the CPU tier run. nvcc only.
+
+#if !defined(__CUDACC__)
+#error "partrain/cuda/launch.cuh must be compiled by nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <vector>
+
 namespace partrain::inline v0::detail {
 
 // Where a launch goes. device < 0 leaves the calling thread's current device as it is (for
@@ -14614,6 +14778,12 @@ struct cuda_exec {
   cudaStream_t stream = cudaStreamLegacy;
   int device = -1;
 };
+
+// A stream handed through host code type-erased (model_stream, a communicator's input stream),
+// or the legacy default stream when there is none.
+[[nodiscard]] inline cudaStream_t stream_or_legacy(void* stream) noexcept {
+  return stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
+}
 
 // The one launch geometry: 256 threads a block (a power of two: the block reduce halves it), at
 // most 2048 blocks (16 per SM on a 132-SM H100, enough to cover the latency of a grid-stride
@@ -14730,58 +14900,42 @@ inline void synchronize(cuda_exec exec, const char* what) {
 
 namespace partrain::inline v0::detail {
 
+// The optimizer's state for a CUDA model: partrain's device_buffer on the model's device.
 template <class T>
 class state_buffer<T, cuda> {
  public:
-  state_buffer() = default;
-  state_buffer(const state_buffer&) = delete;
-  state_buffer& operator=(const state_buffer&) = delete;
-  state_buffer(state_buffer&& o) noexcept : p_(o.p_), n_(o.n_) {
-    o.p_ = nullptr;
-    o.n_ = 0;
-  }
-  state_buffer& operator=(state_buffer&& o) noexcept {
-    if (this != &o) {
-      release();
-      p_ = o.p_;
-      n_ = o.n_;
-      o.p_ = nullptr;
-      o.n_ = 0;
+  // n zeros on cuda:device_index (-1: the current device), filled on `stream` (a cudaStream_t,
+  // type-erased; null: the legacy stream, waited for), so a kernel queued on that stream next
+  // sees them.
+  void assign_zero(std::size_t n, int device_index = -1, void* stream = nullptr) {
+    const int dev = device_index >= 0 ? device_index : current_device();
+    if (n != buf_.size() || dev != buf_.device_index()) {
+      buf_ = device_buffer<T>(partrain::shape{n}, dev, static_cast<cudaStream_t>(stream));
+      return;
     }
-    return *this;
+    if (n == 0) return;
+    const cudaStream_t s = stream_or_legacy(stream);
+    PARTRAIN_CUDA_CHECK(cudaMemsetAsync(buf_.data(), 0, buf_.size_bytes(), s));
+    if (!stream) PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(s));
   }
-  ~state_buffer() { release(); }
-
-  void assign_zero(std::size_t n) {
-    if (n != n_) {
-      release();
-      if (n) PARTRAIN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)));
-      n_ = n;
-    }
-    // cudaMemset returns before the fill ran: queue it, then wait, so the zeros are there for any stream.
-    if (n_) {
-      PARTRAIN_CUDA_CHECK(cudaMemsetAsync(p_, 0, n_ * sizeof(T), cudaStreamLegacy));
-      PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
-    }
-  }
-  [[nodiscard]] T* data() noexcept { return p_; }
-  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  [[nodiscard]] T* data() noexcept { return buf_.data(); }
+  [[nodiscard]] std::size_t size() const noexcept { return buf_.size(); }
+  // Finished on return (device_buffer's streamless copies).
   void copy_to_host(std::span<T> out) const {
-    if (n_) PARTRAIN_CUDA_CHECK(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    if (size()) buf_.copy_to(tensor_view<T, host>(out.data(), out.size()));
   }
-  void copy_from_host(std::span<const T> in) {
-    assign_zero(in.size());
-    if (n_) PARTRAIN_CUDA_CHECK(cudaMemcpy(p_, in.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  void copy_from_host(std::span<const T> in, int device_index = -1) {
+    assign_zero(in.size(), device_index);
+    if (size()) buf_.copy_from(tensor_view<const T, host>(in.data(), in.size()));
   }
 
  private:
-  void release() noexcept {
-    if (p_) cudaFree(p_);
-    p_ = nullptr;
-    n_ = 0;
+  [[nodiscard]] static int current_device() {
+    int d = 0;
+    PARTRAIN_CUDA_CHECK(cudaGetDevice(&d));
+    return d;
   }
-  T* p_ = nullptr;
-  std::size_t n_ = 0;
+  device_buffer<T> buf_;
 };
 
 // The launches are queued on `stream` and waited for: the optimizer step is a synchronization
@@ -14789,32 +14943,33 @@ class state_buffer<T, cuda> {
 // not ordered with the legacy one).
 template <class T>
 void sgd_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* buf, const sgd_coeffs<T>& c, bool first,
-                cudaStream_t stream = cudaStreamLegacy) {
+                void* stream = nullptr) {
   if (v.empty()) return;
-  const cuda_exec exec{stream, -1};
+  const cuda_exec exec{stream_or_legacy(stream), -1};
   for_each_index(exec, v.size(), sgd_update_fn<T>{v.data(), g.data(), buf, c, first});
   synchronize(exec, "sgd step: cudaStreamSynchronize");
 }
 
 template <class T>
 void adamw_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* m, T* s, const adamw_coeffs<T>& c,
-                  cudaStream_t stream = cudaStreamLegacy) {
+                  void* stream = nullptr) {
   if (v.empty()) return;
-  const cuda_exec exec{stream, -1};
+  const cuda_exec exec{stream_or_legacy(stream), -1};
   for_each_index(exec, v.size(), adamw_update_fn<T>{v.data(), g.data(), m, s, c});
   synchronize(exec, "adamw step: cudaStreamSynchronize");
 }
 
 // One partial per block, folded in block order: the same total on every run.
 template <class T>
-[[nodiscard]] double sum_squares(tensor_view<const T, cuda> g, cudaStream_t stream = cudaStreamLegacy) {
-  return transform_reduce_index(cuda_exec{stream, -1}, g.size(), 0.0, square_as_double_fn<T>{g.data()}, plus_fn{});
+[[nodiscard]] double sum_squares(tensor_view<const T, cuda> g, void* stream = nullptr) {
+  return transform_reduce_index(cuda_exec{stream_or_legacy(stream), -1}, g.size(), 0.0, square_as_double_fn<T>{g.data()},
+                                plus_fn{});
 }
 
 template <class T>
-void scale_in_place(tensor_view<T, cuda> g, T coef, cudaStream_t stream = cudaStreamLegacy) {
+void scale_in_place(tensor_view<T, cuda> g, T coef, void* stream = nullptr) {
   if (g.empty()) return;
-  const cuda_exec exec{stream, -1};
+  const cuda_exec exec{stream_or_legacy(stream), -1};
   for_each_index(exec, g.size(), scale_fn<T>{g.data(), coef});
   synchronize(exec, "gradient scale: cudaStreamSynchronize");
 }
@@ -14822,10 +14977,10 @@ void scale_in_place(tensor_view<T, cuda> g, T coef, cudaStream_t stream = cudaSt
 // zero_grad: finished on return (cudaMemset alone returns before the fill ran), so a backward on
 // any stream afterwards writes into zeros.
 template <class T>
-void fill_zero(tensor_view<T, cuda> g, cudaStream_t stream = cudaStreamLegacy) {
+void fill_zero(tensor_view<T, cuda> g, void* stream = nullptr) {
   if (g.empty()) return;
-  PARTRAIN_CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.size_bytes(), stream));
-  PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  PARTRAIN_CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.size_bytes(), stream_or_legacy(stream)));
+  PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_or_legacy(stream)));
 }
 
 }  // namespace partrain::inline v0::detail
@@ -14886,7 +15041,7 @@ class adamw {
   static_assert(detail::check_optimizable<T, S>());
 
  public:
-  adamw(M& m, adamw_options o) : model_(&m), opts_(o) {
+  adamw(M& m, adamw_options o) : model_(&m), opts_(o), stream_(model_stream(m)), device_(model_cuda_device(m)) {
     detail::validate(o);
     const auto n = detail::parameter_count(m);
     exp_avg_.resize(n);
@@ -14898,8 +15053,8 @@ class adamw {
       std::size_t i = 0;
       for (auto&& p : model_->parameters()) {
         check_index(i);
-        exp_avg_[i].assign_zero(p.value().size());
-        exp_avg_sq_[i].assign_zero(p.value().size());
+        exp_avg_[i].assign_zero(p.value().size(), device_, stream_);
+        exp_avg_sq_[i].assign_zero(p.value().size(), device_, stream_);
         ++i;
       }
     }
@@ -14911,13 +15066,13 @@ class adamw {
       auto v = p.value();
       tensor_view<const T, S> g = p.grad();
       detail::check_same_size(v, g, i, "adamw");
-      detail::adamw_update(v, g, exp_avg_[i].data(), exp_avg_sq_[i].data(), c);
+      detail::adamw_update(v, g, exp_avg_[i].data(), exp_avg_sq_[i].data(), c, stream_);
       ++i;
     }
   }
 
   void zero_grad() {
-    for (auto&& p : model_->parameters()) detail::fill_zero(p.grad());
+    for (auto&& p : model_->parameters()) detail::fill_zero(p.grad(), stream_);
   }
 
   [[nodiscard]] const adamw_options& options() const noexcept { return opts_; }
@@ -14956,9 +15111,9 @@ class adamw {
       for (std::size_t i = 0; i < n; ++i) {
         host.resize(sizes[i]);
         r.get_array(std::span<T>(host), "adamw exp_avg of parameter #" + std::to_string(i));
-        exp_avg_[i].copy_from_host(host);
+        exp_avg_[i].copy_from_host(host, device_);
         r.get_array(std::span<T>(host), "adamw exp_avg_sq of parameter #" + std::to_string(i));
-        exp_avg_sq_[i].copy_from_host(host);
+        exp_avg_sq_[i].copy_from_host(host, device_);
       }
     }
     step_ = step;
@@ -14974,6 +15129,8 @@ class adamw {
 
   M* model_;
   adamw_options opts_;
+  void* stream_;  // the model's (model_stream): device work on its tensors is queued there
+  int device_;    // the model's CUDA device (-1: host, or the current one): where the state lives
   std::vector<detail::state_buffer<T, S>> exp_avg_;
   std::vector<detail::state_buffer<T, S>> exp_avg_sq_;
   std::int64_t step_ = 0;
@@ -15001,10 +15158,10 @@ class adamw {
 // partrain/optim/detail/kernels.cuh: the optimizers' and clipping's element loops for parameters
 // in CUDA memory: the functors of optim/detail/elements.hpp (the ones the host loops and the CPU
 // tier run) launched through partrain/cuda/launch.cuh; these are the overloads the optimizers pick
-// for tensor_view<T, cuda>. Every function takes the stream to queue on (default: the legacy
-// stream, which the optimizers' callers use today) and has finished its work on return, so
-// whatever stream reads the parameters next sees it. Launched on the calling thread's current
-// device (the one holding the parameters). nvcc only.
+// for tensor_view<T, cuda>. Every function takes the stream to queue on (the optimizers pass the
+// model's, model_traits' model_stream; null: the legacy stream) and has finished its work on
+// return, so whatever stream reads the parameters next sees it. Launched on the calling thread's
+// current device (the one holding the parameters); the state lives on the model's. nvcc only.
 
 #if !defined(__CUDACC__)
 #error "partrain/optim/detail/kernels.cuh must be compiled by nvcc"
@@ -15065,18 +15222,14 @@ inline void cuda_check(cudaError_t rc, const char* call, const char* file, int l
 // Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
 #define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
 #endif  // PARTRAIN_SI_CUDA_CHECK_HPP
-// #include <partrain/cuda/launch.cuh>
-#ifndef PARTRAIN_SI_CUDA_LAUNCH_CUH
-#define PARTRAIN_SI_CUDA_LAUNCH_CUH
-// partrain/cuda/launch.cuh: the CUDA half of the one launch helper (the host half is
-// partrain/core/for_each_index.hpp). for_each_index(cuda_exec{stream, device}, n, f) queues a
-// grid-stride kernel that calls f(i) for every i in [0, n) on `stream` of `device`;
-// transform_reduce_index folds per block, then the blocks' partials in block order on the host, so
-// its result is the same on every run. The element functors are the library's plain headers
-// (optim/detail/elements.hpp, ...), the ones the host path and the CPU tier run. nvcc only.
+// #include <partrain/cuda/device_buffer.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+// partrain/cuda/device_buffer.hpp: owned device memory (cudaMalloc, RAII) with a shape, seen as
+// tensor_view<T, cuda>, and copies to and from host views (finished on return, or queued on a stream).
 
-#if !defined(__CUDACC__)
-#error "partrain/cuda/launch.cuh must be compiled by nvcc"
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_buffer.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
 #endif
 
 #include <cuda_runtime.h>
@@ -15084,7 +15237,7 @@ inline void cuda_check(cudaError_t rc, const char* call, const char* file, int l
 #include <cstddef>
 #include <string>
 #include <type_traits>
-#include <vector>
+#include <utility>
 
 // #include <partrain/cuda/device_guard.hpp>
 #ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
@@ -15201,6 +15354,139 @@ class [[nodiscard]] cuda_device_guard {
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
 
+namespace partrain::inline v0 {
+
+// A zero-initialised device array of trivially copyable T with a shape, on one device. The device
+// is always named: there is no default, so a buffer cannot land on GPU 0 by omission.
+template <class T>
+  requires std::is_trivially_copyable_v<T>
+class device_buffer {
+ public:
+  device_buffer() = default;
+  // Zero-filled before the constructor returns (queued on the legacy stream of `dev`, then that
+  // stream is synchronised), so work on any stream afterwards sees zeros.
+  device_buffer(partrain::shape s, const partrain::device& dev)
+      : device_buffer(s, detail::checked_cuda_index(dev, "device_buffer"), nullptr) {}
+  device_buffer(partrain::shape s, int device_index) : device_buffer(s, device_index, nullptr) {}
+  device_buffer(std::size_t n, const partrain::device& dev) : device_buffer(partrain::shape{n}, dev) {}
+  device_buffer(std::size_t n, int device_index) : device_buffer(partrain::shape{n}, device_index) {}
+  // Zero-fill queued on `stream` (of `device_index`) and not waited for: work queued on that
+  // stream afterwards sees zeros; other streams must wait on it (an event) first.
+  device_buffer(partrain::shape s, int device_index, cudaStream_t stream) : shape_(s), device_(device_index) {
+    if (device_index < 0) {
+      throw invalid_argument_error("device_buffer: device index " + std::to_string(device_index) +
+                                   " (expected a CUDA device index >= 0)");
+    }
+    if (s.numel() == 0) return;
+    cuda_device_guard guard(device_index);
+    void* p = nullptr;
+    const cudaError_t rc = cudaMalloc(&p, size_bytes());
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw cuda_error(rc, "device_buffer: cudaMalloc of " + std::to_string(size_bytes()) + " bytes on cuda:" +
+                               std::to_string(device_index) + " failed: " + cudaGetErrorString(rc));
+    }
+    data_ = static_cast<T*>(p);
+    // cudaMemset would return before the fill ran and order it only on the legacy stream.
+    const cudaStream_t fill = stream ? stream : cudaStreamLegacy;
+    cudaError_t rc2 = cudaMemsetAsync(data_, 0, size_bytes(), fill);
+    if (rc2 == cudaSuccess && !stream) rc2 = cudaStreamSynchronize(fill);
+    if (rc2 != cudaSuccess) {
+      reset();
+      detail::cuda_check(rc2, "device_buffer: cudaMemsetAsync + cudaStreamSynchronize (zero fill)", __FILE__, __LINE__);
+    }
+  }
+
+  device_buffer(device_buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})), device_(o.device_) {}
+  device_buffer& operator=(device_buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      data_ = std::exchange(o.data_, nullptr);
+      shape_ = std::exchange(o.shape_, {});
+      device_ = o.device_;
+    }
+    return *this;
+  }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() { reset(); }
+
+  [[nodiscard]] T* data() noexcept { return data_; }
+  [[nodiscard]] const T* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
+  [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
+  [[nodiscard]] int device_index() const noexcept { return device_; }
+  [[nodiscard]] partrain::device device() const noexcept { return partrain::device::cuda(device_); }
+
+  [[nodiscard]] tensor_view<T, cuda> view() noexcept { return {data_, shape_}; }
+  [[nodiscard]] tensor_view<const T, cuda> view() const noexcept { return {data_, shape_}; }
+
+  // Host -> device. With a stream the copy is queued on it (the host memory must stay alive until
+  // it ran and, to be truly asynchronous, be pinned). Without one it is queued on the legacy
+  // stream of the buffer's device, which is then synchronised: the copy has finished on return
+  // (cudaMemcpy alone does not promise that for pageable host memory). Either way it is ordered
+  // after earlier work on that stream only: data made on another stream needs that stream.
+  void copy_from(tensor_view<const T, host> src, cudaStream_t stream = nullptr) {
+    check_size("copy_from", src.size());
+    copy(data_, src.data(), cudaMemcpyHostToDevice, stream);
+  }
+  // Device -> host, same rules.
+  void copy_to(tensor_view<T, host> dst, cudaStream_t stream = nullptr) const {
+    check_size("copy_to", dst.size());
+    copy(dst.data(), data_, cudaMemcpyDeviceToHost, stream);
+  }
+
+ private:
+  void check_size(const char* what, std::size_t n) const {
+    if (n != size()) {
+      throw invalid_argument_error("device_buffer::" + std::string(what) + ": the host view has " + std::to_string(n) +
+                                   " elements, the buffer " + std::to_string(size()) + " (expected equal sizes)");
+    }
+  }
+  void copy(void* dst, const void* src, cudaMemcpyKind kind, cudaStream_t stream) const {
+    if (size() == 0) return;
+    if (stream) {
+      PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, stream));
+      return;
+    }
+    cuda_device_guard guard(device_);  // the legacy stream of the buffer's device
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, cudaStreamLegacy));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+  }
+  void reset() noexcept {
+    if (data_) (void)cudaFree(std::exchange(data_, nullptr));  // cudaFree frees on any current device
+  }
+
+  T* data_ = nullptr;
+  partrain::shape shape_{};
+  int device_ = -1;  // -1: an empty default-constructed buffer
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+// #include <partrain/cuda/launch.cuh>
+#ifndef PARTRAIN_SI_CUDA_LAUNCH_CUH
+#define PARTRAIN_SI_CUDA_LAUNCH_CUH
+// partrain/cuda/launch.cuh: the CUDA half of the one launch helper (the host half is
+// partrain/core/for_each_index.hpp). for_each_index(cuda_exec{stream, device}, n, f) queues a
+// grid-stride kernel that calls f(i) for every i in [0, n) on `stream` of `device`;
+// transform_reduce_index folds per block, then the blocks' partials in block order on the host, so
+// its result is the same on every run. The element functors are the library's plain headers
+// (optim/detail/elements.hpp, ...), the ones the host path and the CPU tier run. nvcc only.
+
+#if !defined(__CUDACC__)
+#error "partrain/cuda/launch.cuh must be compiled by nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <vector>
+
 namespace partrain::inline v0::detail {
 
 // Where a launch goes. device < 0 leaves the calling thread's current device as it is (for
@@ -15209,6 +15495,12 @@ struct cuda_exec {
   cudaStream_t stream = cudaStreamLegacy;
   int device = -1;
 };
+
+// A stream handed through host code type-erased (model_stream, a communicator's input stream),
+// or the legacy default stream when there is none.
+[[nodiscard]] inline cudaStream_t stream_or_legacy(void* stream) noexcept {
+  return stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
+}
 
 // The one launch geometry: 256 threads a block (a power of two: the block reduce halves it), at
 // most 2048 blocks (16 per SM on a 132-SM H100, enough to cover the latency of a grid-stride
@@ -15325,58 +15617,42 @@ inline void synchronize(cuda_exec exec, const char* what) {
 
 namespace partrain::inline v0::detail {
 
+// The optimizer's state for a CUDA model: partrain's device_buffer on the model's device.
 template <class T>
 class state_buffer<T, cuda> {
  public:
-  state_buffer() = default;
-  state_buffer(const state_buffer&) = delete;
-  state_buffer& operator=(const state_buffer&) = delete;
-  state_buffer(state_buffer&& o) noexcept : p_(o.p_), n_(o.n_) {
-    o.p_ = nullptr;
-    o.n_ = 0;
-  }
-  state_buffer& operator=(state_buffer&& o) noexcept {
-    if (this != &o) {
-      release();
-      p_ = o.p_;
-      n_ = o.n_;
-      o.p_ = nullptr;
-      o.n_ = 0;
+  // n zeros on cuda:device_index (-1: the current device), filled on `stream` (a cudaStream_t,
+  // type-erased; null: the legacy stream, waited for), so a kernel queued on that stream next
+  // sees them.
+  void assign_zero(std::size_t n, int device_index = -1, void* stream = nullptr) {
+    const int dev = device_index >= 0 ? device_index : current_device();
+    if (n != buf_.size() || dev != buf_.device_index()) {
+      buf_ = device_buffer<T>(partrain::shape{n}, dev, static_cast<cudaStream_t>(stream));
+      return;
     }
-    return *this;
+    if (n == 0) return;
+    const cudaStream_t s = stream_or_legacy(stream);
+    PARTRAIN_CUDA_CHECK(cudaMemsetAsync(buf_.data(), 0, buf_.size_bytes(), s));
+    if (!stream) PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(s));
   }
-  ~state_buffer() { release(); }
-
-  void assign_zero(std::size_t n) {
-    if (n != n_) {
-      release();
-      if (n) PARTRAIN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)));
-      n_ = n;
-    }
-    // cudaMemset returns before the fill ran: queue it, then wait, so the zeros are there for any stream.
-    if (n_) {
-      PARTRAIN_CUDA_CHECK(cudaMemsetAsync(p_, 0, n_ * sizeof(T), cudaStreamLegacy));
-      PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
-    }
-  }
-  [[nodiscard]] T* data() noexcept { return p_; }
-  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  [[nodiscard]] T* data() noexcept { return buf_.data(); }
+  [[nodiscard]] std::size_t size() const noexcept { return buf_.size(); }
+  // Finished on return (device_buffer's streamless copies).
   void copy_to_host(std::span<T> out) const {
-    if (n_) PARTRAIN_CUDA_CHECK(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    if (size()) buf_.copy_to(tensor_view<T, host>(out.data(), out.size()));
   }
-  void copy_from_host(std::span<const T> in) {
-    assign_zero(in.size());
-    if (n_) PARTRAIN_CUDA_CHECK(cudaMemcpy(p_, in.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  void copy_from_host(std::span<const T> in, int device_index = -1) {
+    assign_zero(in.size(), device_index);
+    if (size()) buf_.copy_from(tensor_view<const T, host>(in.data(), in.size()));
   }
 
  private:
-  void release() noexcept {
-    if (p_) cudaFree(p_);
-    p_ = nullptr;
-    n_ = 0;
+  [[nodiscard]] static int current_device() {
+    int d = 0;
+    PARTRAIN_CUDA_CHECK(cudaGetDevice(&d));
+    return d;
   }
-  T* p_ = nullptr;
-  std::size_t n_ = 0;
+  device_buffer<T> buf_;
 };
 
 // The launches are queued on `stream` and waited for: the optimizer step is a synchronization
@@ -15384,32 +15660,33 @@ class state_buffer<T, cuda> {
 // not ordered with the legacy one).
 template <class T>
 void sgd_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* buf, const sgd_coeffs<T>& c, bool first,
-                cudaStream_t stream = cudaStreamLegacy) {
+                void* stream = nullptr) {
   if (v.empty()) return;
-  const cuda_exec exec{stream, -1};
+  const cuda_exec exec{stream_or_legacy(stream), -1};
   for_each_index(exec, v.size(), sgd_update_fn<T>{v.data(), g.data(), buf, c, first});
   synchronize(exec, "sgd step: cudaStreamSynchronize");
 }
 
 template <class T>
 void adamw_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* m, T* s, const adamw_coeffs<T>& c,
-                  cudaStream_t stream = cudaStreamLegacy) {
+                  void* stream = nullptr) {
   if (v.empty()) return;
-  const cuda_exec exec{stream, -1};
+  const cuda_exec exec{stream_or_legacy(stream), -1};
   for_each_index(exec, v.size(), adamw_update_fn<T>{v.data(), g.data(), m, s, c});
   synchronize(exec, "adamw step: cudaStreamSynchronize");
 }
 
 // One partial per block, folded in block order: the same total on every run.
 template <class T>
-[[nodiscard]] double sum_squares(tensor_view<const T, cuda> g, cudaStream_t stream = cudaStreamLegacy) {
-  return transform_reduce_index(cuda_exec{stream, -1}, g.size(), 0.0, square_as_double_fn<T>{g.data()}, plus_fn{});
+[[nodiscard]] double sum_squares(tensor_view<const T, cuda> g, void* stream = nullptr) {
+  return transform_reduce_index(cuda_exec{stream_or_legacy(stream), -1}, g.size(), 0.0, square_as_double_fn<T>{g.data()},
+                                plus_fn{});
 }
 
 template <class T>
-void scale_in_place(tensor_view<T, cuda> g, T coef, cudaStream_t stream = cudaStreamLegacy) {
+void scale_in_place(tensor_view<T, cuda> g, T coef, void* stream = nullptr) {
   if (g.empty()) return;
-  const cuda_exec exec{stream, -1};
+  const cuda_exec exec{stream_or_legacy(stream), -1};
   for_each_index(exec, g.size(), scale_fn<T>{g.data(), coef});
   synchronize(exec, "gradient scale: cudaStreamSynchronize");
 }
@@ -15417,10 +15694,10 @@ void scale_in_place(tensor_view<T, cuda> g, T coef, cudaStream_t stream = cudaSt
 // zero_grad: finished on return (cudaMemset alone returns before the fill ran), so a backward on
 // any stream afterwards writes into zeros.
 template <class T>
-void fill_zero(tensor_view<T, cuda> g, cudaStream_t stream = cudaStreamLegacy) {
+void fill_zero(tensor_view<T, cuda> g, void* stream = nullptr) {
   if (g.empty()) return;
-  PARTRAIN_CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.size_bytes(), stream));
-  PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  PARTRAIN_CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.size_bytes(), stream_or_legacy(stream)));
+  PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_or_legacy(stream)));
 }
 
 }  // namespace partrain::inline v0::detail
@@ -15446,26 +15723,26 @@ decltype(auto) parameters_of(X& x) {
 // Σ over parameters of Σ g², in double (PyTorch takes a norm per tensor in its dtype, then the
 // norm of those; summing squares in double is at least as accurate).
 template <class Range>
-[[nodiscard]] double grad_sum_squares(Range&& params) {
+[[nodiscard]] double grad_sum_squares(Range&& params, void* stream = nullptr) {
   double total = 0;
   for (auto&& p : params) {
     using T = param_element_t<std::remove_cvref_t<decltype(p)>>;
     using S = param_space_t<std::remove_cvref_t<decltype(p)>>;
     static_assert(check_optimizable<T, S>());
-    total += sum_squares(tensor_view<const T, S>(p.grad()));
+    total += sum_squares(tensor_view<const T, S>(p.grad()), stream);
   }
   return total;
 }
 
 // Scales every gradient by max_norm / (total_norm + 1e-6) when that is below 1.
 template <class Range>
-void clip_to_norm(Range&& params, double total_norm, double max_norm) {
+void clip_to_norm(Range&& params, double total_norm, double max_norm, void* stream = nullptr) {
   if (!std::isfinite(total_norm)) return;  // the caller (or a gradient scaler) skips this step
   const double coef = max_norm / (total_norm + 1e-6);
   if (!(coef < 1.0)) return;
   for (auto&& p : params) {
     using T = param_element_t<std::remove_cvref_t<decltype(p)>>;
-    scale_in_place(p.grad(), static_cast<T>(coef));
+    scale_in_place(p.grad(), static_cast<T>(coef), stream);
   }
 }
 
@@ -15486,8 +15763,11 @@ template <class X>
 double clip_grad_norm(X&& model_or_params, double max_norm) {
   detail::check_max_norm(max_norm, "clip_grad_norm");
   auto&& params = detail::parameters_of(model_or_params);
-  const double total = std::sqrt(detail::grad_sum_squares(params));
-  detail::clip_to_norm(params, total, max_norm);
+  // A model's own stream orders the work with its kernels; a bare range of parameters has none.
+  void* stream = nullptr;
+  if constexpr (model<std::remove_cvref_t<X>>) stream = model_stream(model_or_params);
+  const double total = std::sqrt(detail::grad_sum_squares(params, stream));
+  detail::clip_to_norm(params, total, max_norm, stream);
   return total;
 }
 
@@ -15512,10 +15792,10 @@ double clip_grad_norm(X&& model_or_params, double max_norm) {
 // partrain/optim/detail/kernels.cuh: the optimizers' and clipping's element loops for parameters
 // in CUDA memory: the functors of optim/detail/elements.hpp (the ones the host loops and the CPU
 // tier run) launched through partrain/cuda/launch.cuh; these are the overloads the optimizers pick
-// for tensor_view<T, cuda>. Every function takes the stream to queue on (default: the legacy
-// stream, which the optimizers' callers use today) and has finished its work on return, so
-// whatever stream reads the parameters next sees it. Launched on the calling thread's current
-// device (the one holding the parameters). nvcc only.
+// for tensor_view<T, cuda>. Every function takes the stream to queue on (the optimizers pass the
+// model's, model_traits' model_stream; null: the legacy stream) and has finished its work on
+// return, so whatever stream reads the parameters next sees it. Launched on the calling thread's
+// current device (the one holding the parameters); the state lives on the model's. nvcc only.
 
 #if !defined(__CUDACC__)
 #error "partrain/optim/detail/kernels.cuh must be compiled by nvcc"
@@ -15576,18 +15856,14 @@ inline void cuda_check(cudaError_t rc, const char* call, const char* file, int l
 // Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
 #define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
 #endif  // PARTRAIN_SI_CUDA_CHECK_HPP
-// #include <partrain/cuda/launch.cuh>
-#ifndef PARTRAIN_SI_CUDA_LAUNCH_CUH
-#define PARTRAIN_SI_CUDA_LAUNCH_CUH
-// partrain/cuda/launch.cuh: the CUDA half of the one launch helper (the host half is
-// partrain/core/for_each_index.hpp). for_each_index(cuda_exec{stream, device}, n, f) queues a
-// grid-stride kernel that calls f(i) for every i in [0, n) on `stream` of `device`;
-// transform_reduce_index folds per block, then the blocks' partials in block order on the host, so
-// its result is the same on every run. The element functors are the library's plain headers
-// (optim/detail/elements.hpp, ...), the ones the host path and the CPU tier run. nvcc only.
+// #include <partrain/cuda/device_buffer.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+// partrain/cuda/device_buffer.hpp: owned device memory (cudaMalloc, RAII) with a shape, seen as
+// tensor_view<T, cuda>, and copies to and from host views (finished on return, or queued on a stream).
 
-#if !defined(__CUDACC__)
-#error "partrain/cuda/launch.cuh must be compiled by nvcc"
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_buffer.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
 #endif
 
 #include <cuda_runtime.h>
@@ -15595,7 +15871,7 @@ inline void cuda_check(cudaError_t rc, const char* call, const char* file, int l
 #include <cstddef>
 #include <string>
 #include <type_traits>
-#include <vector>
+#include <utility>
 
 // #include <partrain/cuda/device_guard.hpp>
 #ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
@@ -15712,6 +15988,139 @@ class [[nodiscard]] cuda_device_guard {
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
 
+namespace partrain::inline v0 {
+
+// A zero-initialised device array of trivially copyable T with a shape, on one device. The device
+// is always named: there is no default, so a buffer cannot land on GPU 0 by omission.
+template <class T>
+  requires std::is_trivially_copyable_v<T>
+class device_buffer {
+ public:
+  device_buffer() = default;
+  // Zero-filled before the constructor returns (queued on the legacy stream of `dev`, then that
+  // stream is synchronised), so work on any stream afterwards sees zeros.
+  device_buffer(partrain::shape s, const partrain::device& dev)
+      : device_buffer(s, detail::checked_cuda_index(dev, "device_buffer"), nullptr) {}
+  device_buffer(partrain::shape s, int device_index) : device_buffer(s, device_index, nullptr) {}
+  device_buffer(std::size_t n, const partrain::device& dev) : device_buffer(partrain::shape{n}, dev) {}
+  device_buffer(std::size_t n, int device_index) : device_buffer(partrain::shape{n}, device_index) {}
+  // Zero-fill queued on `stream` (of `device_index`) and not waited for: work queued on that
+  // stream afterwards sees zeros; other streams must wait on it (an event) first.
+  device_buffer(partrain::shape s, int device_index, cudaStream_t stream) : shape_(s), device_(device_index) {
+    if (device_index < 0) {
+      throw invalid_argument_error("device_buffer: device index " + std::to_string(device_index) +
+                                   " (expected a CUDA device index >= 0)");
+    }
+    if (s.numel() == 0) return;
+    cuda_device_guard guard(device_index);
+    void* p = nullptr;
+    const cudaError_t rc = cudaMalloc(&p, size_bytes());
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw cuda_error(rc, "device_buffer: cudaMalloc of " + std::to_string(size_bytes()) + " bytes on cuda:" +
+                               std::to_string(device_index) + " failed: " + cudaGetErrorString(rc));
+    }
+    data_ = static_cast<T*>(p);
+    // cudaMemset would return before the fill ran and order it only on the legacy stream.
+    const cudaStream_t fill = stream ? stream : cudaStreamLegacy;
+    cudaError_t rc2 = cudaMemsetAsync(data_, 0, size_bytes(), fill);
+    if (rc2 == cudaSuccess && !stream) rc2 = cudaStreamSynchronize(fill);
+    if (rc2 != cudaSuccess) {
+      reset();
+      detail::cuda_check(rc2, "device_buffer: cudaMemsetAsync + cudaStreamSynchronize (zero fill)", __FILE__, __LINE__);
+    }
+  }
+
+  device_buffer(device_buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})), device_(o.device_) {}
+  device_buffer& operator=(device_buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      data_ = std::exchange(o.data_, nullptr);
+      shape_ = std::exchange(o.shape_, {});
+      device_ = o.device_;
+    }
+    return *this;
+  }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() { reset(); }
+
+  [[nodiscard]] T* data() noexcept { return data_; }
+  [[nodiscard]] const T* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
+  [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
+  [[nodiscard]] int device_index() const noexcept { return device_; }
+  [[nodiscard]] partrain::device device() const noexcept { return partrain::device::cuda(device_); }
+
+  [[nodiscard]] tensor_view<T, cuda> view() noexcept { return {data_, shape_}; }
+  [[nodiscard]] tensor_view<const T, cuda> view() const noexcept { return {data_, shape_}; }
+
+  // Host -> device. With a stream the copy is queued on it (the host memory must stay alive until
+  // it ran and, to be truly asynchronous, be pinned). Without one it is queued on the legacy
+  // stream of the buffer's device, which is then synchronised: the copy has finished on return
+  // (cudaMemcpy alone does not promise that for pageable host memory). Either way it is ordered
+  // after earlier work on that stream only: data made on another stream needs that stream.
+  void copy_from(tensor_view<const T, host> src, cudaStream_t stream = nullptr) {
+    check_size("copy_from", src.size());
+    copy(data_, src.data(), cudaMemcpyHostToDevice, stream);
+  }
+  // Device -> host, same rules.
+  void copy_to(tensor_view<T, host> dst, cudaStream_t stream = nullptr) const {
+    check_size("copy_to", dst.size());
+    copy(dst.data(), data_, cudaMemcpyDeviceToHost, stream);
+  }
+
+ private:
+  void check_size(const char* what, std::size_t n) const {
+    if (n != size()) {
+      throw invalid_argument_error("device_buffer::" + std::string(what) + ": the host view has " + std::to_string(n) +
+                                   " elements, the buffer " + std::to_string(size()) + " (expected equal sizes)");
+    }
+  }
+  void copy(void* dst, const void* src, cudaMemcpyKind kind, cudaStream_t stream) const {
+    if (size() == 0) return;
+    if (stream) {
+      PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, stream));
+      return;
+    }
+    cuda_device_guard guard(device_);  // the legacy stream of the buffer's device
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, cudaStreamLegacy));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+  }
+  void reset() noexcept {
+    if (data_) (void)cudaFree(std::exchange(data_, nullptr));  // cudaFree frees on any current device
+  }
+
+  T* data_ = nullptr;
+  partrain::shape shape_{};
+  int device_ = -1;  // -1: an empty default-constructed buffer
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+// #include <partrain/cuda/launch.cuh>
+#ifndef PARTRAIN_SI_CUDA_LAUNCH_CUH
+#define PARTRAIN_SI_CUDA_LAUNCH_CUH
+// partrain/cuda/launch.cuh: the CUDA half of the one launch helper (the host half is
+// partrain/core/for_each_index.hpp). for_each_index(cuda_exec{stream, device}, n, f) queues a
+// grid-stride kernel that calls f(i) for every i in [0, n) on `stream` of `device`;
+// transform_reduce_index folds per block, then the blocks' partials in block order on the host, so
+// its result is the same on every run. The element functors are the library's plain headers
+// (optim/detail/elements.hpp, ...), the ones the host path and the CPU tier run. nvcc only.
+
+#if !defined(__CUDACC__)
+#error "partrain/cuda/launch.cuh must be compiled by nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <vector>
+
 namespace partrain::inline v0::detail {
 
 // Where a launch goes. device < 0 leaves the calling thread's current device as it is (for
@@ -15720,6 +16129,12 @@ struct cuda_exec {
   cudaStream_t stream = cudaStreamLegacy;
   int device = -1;
 };
+
+// A stream handed through host code type-erased (model_stream, a communicator's input stream),
+// or the legacy default stream when there is none.
+[[nodiscard]] inline cudaStream_t stream_or_legacy(void* stream) noexcept {
+  return stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
+}
 
 // The one launch geometry: 256 threads a block (a power of two: the block reduce halves it), at
 // most 2048 blocks (16 per SM on a 132-SM H100, enough to cover the latency of a grid-stride
@@ -15836,58 +16251,42 @@ inline void synchronize(cuda_exec exec, const char* what) {
 
 namespace partrain::inline v0::detail {
 
+// The optimizer's state for a CUDA model: partrain's device_buffer on the model's device.
 template <class T>
 class state_buffer<T, cuda> {
  public:
-  state_buffer() = default;
-  state_buffer(const state_buffer&) = delete;
-  state_buffer& operator=(const state_buffer&) = delete;
-  state_buffer(state_buffer&& o) noexcept : p_(o.p_), n_(o.n_) {
-    o.p_ = nullptr;
-    o.n_ = 0;
-  }
-  state_buffer& operator=(state_buffer&& o) noexcept {
-    if (this != &o) {
-      release();
-      p_ = o.p_;
-      n_ = o.n_;
-      o.p_ = nullptr;
-      o.n_ = 0;
+  // n zeros on cuda:device_index (-1: the current device), filled on `stream` (a cudaStream_t,
+  // type-erased; null: the legacy stream, waited for), so a kernel queued on that stream next
+  // sees them.
+  void assign_zero(std::size_t n, int device_index = -1, void* stream = nullptr) {
+    const int dev = device_index >= 0 ? device_index : current_device();
+    if (n != buf_.size() || dev != buf_.device_index()) {
+      buf_ = device_buffer<T>(partrain::shape{n}, dev, static_cast<cudaStream_t>(stream));
+      return;
     }
-    return *this;
+    if (n == 0) return;
+    const cudaStream_t s = stream_or_legacy(stream);
+    PARTRAIN_CUDA_CHECK(cudaMemsetAsync(buf_.data(), 0, buf_.size_bytes(), s));
+    if (!stream) PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(s));
   }
-  ~state_buffer() { release(); }
-
-  void assign_zero(std::size_t n) {
-    if (n != n_) {
-      release();
-      if (n) PARTRAIN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)));
-      n_ = n;
-    }
-    // cudaMemset returns before the fill ran: queue it, then wait, so the zeros are there for any stream.
-    if (n_) {
-      PARTRAIN_CUDA_CHECK(cudaMemsetAsync(p_, 0, n_ * sizeof(T), cudaStreamLegacy));
-      PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
-    }
-  }
-  [[nodiscard]] T* data() noexcept { return p_; }
-  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  [[nodiscard]] T* data() noexcept { return buf_.data(); }
+  [[nodiscard]] std::size_t size() const noexcept { return buf_.size(); }
+  // Finished on return (device_buffer's streamless copies).
   void copy_to_host(std::span<T> out) const {
-    if (n_) PARTRAIN_CUDA_CHECK(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    if (size()) buf_.copy_to(tensor_view<T, host>(out.data(), out.size()));
   }
-  void copy_from_host(std::span<const T> in) {
-    assign_zero(in.size());
-    if (n_) PARTRAIN_CUDA_CHECK(cudaMemcpy(p_, in.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  void copy_from_host(std::span<const T> in, int device_index = -1) {
+    assign_zero(in.size(), device_index);
+    if (size()) buf_.copy_from(tensor_view<const T, host>(in.data(), in.size()));
   }
 
  private:
-  void release() noexcept {
-    if (p_) cudaFree(p_);
-    p_ = nullptr;
-    n_ = 0;
+  [[nodiscard]] static int current_device() {
+    int d = 0;
+    PARTRAIN_CUDA_CHECK(cudaGetDevice(&d));
+    return d;
   }
-  T* p_ = nullptr;
-  std::size_t n_ = 0;
+  device_buffer<T> buf_;
 };
 
 // The launches are queued on `stream` and waited for: the optimizer step is a synchronization
@@ -15895,32 +16294,33 @@ class state_buffer<T, cuda> {
 // not ordered with the legacy one).
 template <class T>
 void sgd_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* buf, const sgd_coeffs<T>& c, bool first,
-                cudaStream_t stream = cudaStreamLegacy) {
+                void* stream = nullptr) {
   if (v.empty()) return;
-  const cuda_exec exec{stream, -1};
+  const cuda_exec exec{stream_or_legacy(stream), -1};
   for_each_index(exec, v.size(), sgd_update_fn<T>{v.data(), g.data(), buf, c, first});
   synchronize(exec, "sgd step: cudaStreamSynchronize");
 }
 
 template <class T>
 void adamw_update(tensor_view<T, cuda> v, tensor_view<const T, cuda> g, T* m, T* s, const adamw_coeffs<T>& c,
-                  cudaStream_t stream = cudaStreamLegacy) {
+                  void* stream = nullptr) {
   if (v.empty()) return;
-  const cuda_exec exec{stream, -1};
+  const cuda_exec exec{stream_or_legacy(stream), -1};
   for_each_index(exec, v.size(), adamw_update_fn<T>{v.data(), g.data(), m, s, c});
   synchronize(exec, "adamw step: cudaStreamSynchronize");
 }
 
 // One partial per block, folded in block order: the same total on every run.
 template <class T>
-[[nodiscard]] double sum_squares(tensor_view<const T, cuda> g, cudaStream_t stream = cudaStreamLegacy) {
-  return transform_reduce_index(cuda_exec{stream, -1}, g.size(), 0.0, square_as_double_fn<T>{g.data()}, plus_fn{});
+[[nodiscard]] double sum_squares(tensor_view<const T, cuda> g, void* stream = nullptr) {
+  return transform_reduce_index(cuda_exec{stream_or_legacy(stream), -1}, g.size(), 0.0, square_as_double_fn<T>{g.data()},
+                                plus_fn{});
 }
 
 template <class T>
-void scale_in_place(tensor_view<T, cuda> g, T coef, cudaStream_t stream = cudaStreamLegacy) {
+void scale_in_place(tensor_view<T, cuda> g, T coef, void* stream = nullptr) {
   if (g.empty()) return;
-  const cuda_exec exec{stream, -1};
+  const cuda_exec exec{stream_or_legacy(stream), -1};
   for_each_index(exec, g.size(), scale_fn<T>{g.data(), coef});
   synchronize(exec, "gradient scale: cudaStreamSynchronize");
 }
@@ -15928,10 +16328,10 @@ void scale_in_place(tensor_view<T, cuda> g, T coef, cudaStream_t stream = cudaSt
 // zero_grad: finished on return (cudaMemset alone returns before the fill ran), so a backward on
 // any stream afterwards writes into zeros.
 template <class T>
-void fill_zero(tensor_view<T, cuda> g, cudaStream_t stream = cudaStreamLegacy) {
+void fill_zero(tensor_view<T, cuda> g, void* stream = nullptr) {
   if (g.empty()) return;
-  PARTRAIN_CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.size_bytes(), stream));
-  PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  PARTRAIN_CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.size_bytes(), stream_or_legacy(stream)));
+  PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_or_legacy(stream)));
 }
 
 }  // namespace partrain::inline v0::detail
@@ -15990,7 +16390,7 @@ class sgd {
   static_assert(detail::check_optimizable<T, S>());
 
  public:
-  sgd(M& m, sgd_options o) : model_(&m), opts_(o) {
+  sgd(M& m, sgd_options o) : model_(&m), opts_(o), stream_(model_stream(m)), device_(model_cuda_device(m)) {
     detail::validate(o);
     const auto n = detail::parameter_count(m);
     buffers_.resize(n);
@@ -16008,18 +16408,18 @@ class sgd {
       T* buf = nullptr;
       const bool first = !has_buffer_[i];
       if (c.has_momentum) {
-        if (first) buffers_[i].assign_zero(v.size());
+        if (first) buffers_[i].assign_zero(v.size(), device_, stream_);
         buf = buffers_[i].data();
         has_buffer_[i] = 1;
       }
-      detail::sgd_update(v, g, buf, c, first);
+      detail::sgd_update(v, g, buf, c, first, stream_);
       ++i;
     }
     ++steps_;
   }
 
   void zero_grad() {
-    for (auto&& p : model_->parameters()) detail::fill_zero(p.grad());
+    for (auto&& p : model_->parameters()) detail::fill_zero(p.grad(), stream_);
   }
 
   [[nodiscard]] const sgd_options& options() const noexcept { return opts_; }
@@ -16056,7 +16456,7 @@ class sgd {
       if (!has_buffer_[i]) continue;
       host.resize(sizes[i]);
       r.get_array(std::span<T>(host), "sgd momentum of parameter #" + std::to_string(i));
-      buffers_[i].copy_from_host(host);
+      buffers_[i].copy_from_host(host, device_);
     }
     steps_ = steps;
   }
@@ -16071,6 +16471,8 @@ class sgd {
 
   M* model_;
   sgd_options opts_;
+  void* stream_;  // the model's (model_stream): device work on its tensors is queued there
+  int device_;    // the model's CUDA device (-1: host, or the current one): where the state lives
   std::vector<detail::state_buffer<T, S>> buffers_;
   std::vector<std::uint8_t> has_buffer_;
   std::int64_t steps_ = 0;
@@ -16372,6 +16774,12 @@ struct cuda_exec {
   cudaStream_t stream = cudaStreamLegacy;
   int device = -1;
 };
+
+// A stream handed through host code type-erased (model_stream, a communicator's input stream),
+// or the legacy default stream when there is none.
+[[nodiscard]] inline cudaStream_t stream_or_legacy(void* stream) noexcept {
+  return stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
+}
 
 // The one launch geometry: 256 threads a block (a power of two: the block reduce halves it), at
 // most 2048 blocks (16 per SM on a 132-SM H100, enough to cover the latency of a grid-stride
@@ -18747,6 +19155,12 @@ struct cuda_exec {
   cudaStream_t stream = cudaStreamLegacy;
   int device = -1;
 };
+
+// A stream handed through host code type-erased (model_stream, a communicator's input stream),
+// or the legacy default stream when there is none.
+[[nodiscard]] inline cudaStream_t stream_or_legacy(void* stream) noexcept {
+  return stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
+}
 
 // The one launch geometry: 256 threads a block (a power of two: the block reduce halves it), at
 // most 2048 blocks (16 per SM on a 132-SM H100, enough to cover the latency of a grid-stride
@@ -24506,7 +24920,8 @@ void cast_views(std::span<const tensor_view<const From>> src, std::span<const te
 
 // g *= inv_scale over every gradient, in one pass; true when any element is inf or NaN
 // (PyTorch's _amp_foreach_non_finite_check_and_unscale_). Non-finite values stay non-finite.
-[[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float>> grads, float inv_scale) {
+[[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float>> grads, float inv_scale,
+                                            void* /*stream: the CUDA twin's*/ = nullptr) {
   int found = 0;
   for (const auto& g : grads) {
     found |= transform_reduce_index(host_exec{}, g.size(), 0, unscale_check_fn{g.data(), inv_scale}, bit_or_fn{});
@@ -24791,6 +25206,12 @@ struct cuda_exec {
   int device = -1;
 };
 
+// A stream handed through host code type-erased (model_stream, a communicator's input stream),
+// or the legacy default stream when there is none.
+[[nodiscard]] inline cudaStream_t stream_or_legacy(void* stream) noexcept {
+  return stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
+}
+
 // The one launch geometry: 256 threads a block (a power of two: the block reduce halves it), at
 // most 2048 blocks (16 per SM on a 132-SM H100, enough to cover the latency of a grid-stride
 // loop), never 0 blocks.
@@ -24931,12 +25352,13 @@ void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<co
 // is inf or NaN (PyTorch's _amp_foreach_non_finite_check_and_unscale_). Queued on `stream` (the
 // one that made the gradients) and finished on return.
 [[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float, cuda>> grads, float inv_scale,
-                                            cudaStream_t stream = cudaStreamLegacy) {
+                                            void* stream = nullptr) {
   int found = 0;
   for_each_precision_table(
       grads.size(), [&](std::size_t k) { return precision_segment{grads[k].data(), grads[k].data(), grads[k].size(), 0}; },
       [&](const precision_segment_table& t) {
-        found |= transform_reduce_index(cuda_exec{stream, -1}, t.total, 0, segmented_unscale_check_fn{t, inv_scale},
+        found |= transform_reduce_index(cuda_exec{stream_or_legacy(stream), -1}, t.total, 0,
+                                        segmented_unscale_check_fn{t, inv_scale},
                                         bit_or_fn{});
       });
   return found != 0;
@@ -25207,6 +25629,12 @@ struct cuda_exec {
   int device = -1;
 };
 
+// A stream handed through host code type-erased (model_stream, a communicator's input stream),
+// or the legacy default stream when there is none.
+[[nodiscard]] inline cudaStream_t stream_or_legacy(void* stream) noexcept {
+  return stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
+}
+
 // The one launch geometry: 256 threads a block (a power of two: the block reduce halves it), at
 // most 2048 blocks (16 per SM on a 132-SM H100, enough to cover the latency of a grid-stride
 // loop), never 0 blocks.
@@ -25347,12 +25775,13 @@ void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<co
 // is inf or NaN (PyTorch's _amp_foreach_non_finite_check_and_unscale_). Queued on `stream` (the
 // one that made the gradients) and finished on return.
 [[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float, cuda>> grads, float inv_scale,
-                                            cudaStream_t stream = cudaStreamLegacy) {
+                                            void* stream = nullptr) {
   int found = 0;
   for_each_precision_table(
       grads.size(), [&](std::size_t k) { return precision_segment{grads[k].data(), grads[k].data(), grads[k].size(), 0}; },
       [&](const precision_segment_table& t) {
-        found |= transform_reduce_index(cuda_exec{stream, -1}, t.total, 0, segmented_unscale_check_fn{t, inv_scale},
+        found |= transform_reduce_index(cuda_exec{stream_or_legacy(stream), -1}, t.total, 0,
+                                        segmented_unscale_check_fn{t, inv_scale},
                                         bit_or_fn{});
       });
   return found != 0;
@@ -25833,7 +26262,7 @@ class grad_scaler {
     for (auto&& p : m.parameters()) grads.push_back(p.grad());
     // 1/scale in double, rounded once to float (as GradScaler computes it).
     const auto inv = static_cast<float>(1.0 / static_cast<double>(scale_));
-    const bool local = detail::unscale_and_check(std::span<const tensor_view<float, S>>(grads), inv);
+    const bool local = detail::unscale_and_check(std::span<const tensor_view<float, S>>(grads), inv, model_stream(m));
     found_inf_ = agree_fn(local);
     unscaled_ = true;
     return found_inf_;

@@ -119,3 +119,26 @@ TEST_CASE("sgd: saved state resumes bit for bit", "[optim][sgd][state]") {
     CHECK_THROWS_WITH(oc.load_state(r2), Catch::Contains("optimizer state is for 'adamw', expected 'sgd'"));
   }
 }
+
+namespace {
+// A device model's face, as far as the optimizers look: its stream and its device.
+struct streamed_model : manual_model<float> {
+  int stream_object = 0;
+  [[nodiscard]] int* stream() noexcept { return &stream_object; }  // stands for a cudaStream_t
+  [[nodiscard]] partrain::device device() const noexcept { return partrain::device::cuda(3); }
+};
+}  // namespace
+
+TEST_CASE("optimizers find the model's stream and device (model_stream, model_cuda_device)", "[optim][sgd]") {
+  streamed_model m;
+  m.params = {{{1.0f, 2.0f}, {2.0f, 4.0f}}};
+  CHECK(model_stream(m) == static_cast<void*>(&m.stream_object));
+  CHECK(model_cuda_device(m) == 3);
+  manual_model<float> plain{{{{1.0f}, {1.0f}}}};
+  CHECK(model_stream(plain) == nullptr);
+  CHECK(model_cuda_device(plain) == -1);
+  // The host loops take the stream and ignore it: the step is the usual one.
+  sgd opt(m, {.lr = 0.5});
+  opt.step();
+  CHECK(m.params[0].v == std::vector<float>{0.0f, 0.0f});
+}

@@ -31,6 +31,12 @@ struct cuda_exec {
   int device = -1;
 };
 
+// A stream handed through host code type-erased (model_stream, a communicator's input stream),
+// or the legacy default stream when there is none.
+[[nodiscard]] inline cudaStream_t stream_or_legacy(void* stream) noexcept {
+  return stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
+}
+
 // The one launch geometry: 256 threads a block (a power of two: the block reduce halves it), at
 // most 2048 blocks (16 per SM on a 132-SM H100, enough to cover the latency of a grid-stride
 // loop), never 0 blocks.

@@ -6,10 +6,12 @@
 //   model_element_t<M>   float, double, ...          model_space_t<M>  host or cuda
 #pragma once
 
+#include <concepts>
 #include <ranges>
 #include <type_traits>
 #include <utility>
 
+#include <partrain/core/device.hpp>
 #include <partrain/model/concepts.hpp>
 
 namespace partrain::inline v0 {
@@ -31,5 +33,30 @@ template <model M>
 using model_element_t = param_element_t<param_t<M>>;
 template <model M>
 using model_space_t = param_space_t<param_t<M>>;
+
+// The stream a device model queues its work on (m.stream(), a cudaStream_t), type-erased so the
+// layers above need no CUDA header; null (the legacy default stream) for a model without one.
+// The library's own device work on a model's tensors (optimizer steps, zero_grad, clipping,
+// unscaling) is queued there, ordered with the model's kernels.
+template <class M>
+[[nodiscard]] void* model_stream(M& m) noexcept {
+  if constexpr (requires { static_cast<void*>(m.stream()); }) {
+    return static_cast<void*>(m.stream());
+  } else {
+    return nullptr;
+  }
+}
+
+// The CUDA device a model lives on (m.device(), when it is a CUDA device), else -1: where the
+// optimizer keeps its state for that model.
+template <class M>
+[[nodiscard]] int model_cuda_device(const M& m) noexcept {
+  if constexpr (requires { { m.device() } -> std::convertible_to<device>; }) {
+    const device d = m.device();
+    return d.is_cuda() ? d.index : -1;
+  } else {
+    return -1;
+  }
+}
 
 }  // namespace partrain::inline v0

@@ -11,6 +11,7 @@
 
 #include <partrain/core/error.hpp>
 #include <partrain/model/concepts.hpp>
+#include <partrain/model/traits.hpp>
 #include <partrain/optim/detail/state_buffer.hpp>
 #include <partrain/optim/detail/update_rules.hpp>
 #include <partrain/optim/optimizer.hpp>
@@ -74,7 +75,7 @@ class adamw {
   static_assert(detail::check_optimizable<T, S>());
 
  public:
-  adamw(M& m, adamw_options o) : model_(&m), opts_(o) {
+  adamw(M& m, adamw_options o) : model_(&m), opts_(o), stream_(model_stream(m)), device_(model_cuda_device(m)) {
     detail::validate(o);
     const auto n = detail::parameter_count(m);
     exp_avg_.resize(n);
@@ -86,8 +87,8 @@ class adamw {
       std::size_t i = 0;
       for (auto&& p : model_->parameters()) {
         check_index(i);
-        exp_avg_[i].assign_zero(p.value().size());
-        exp_avg_sq_[i].assign_zero(p.value().size());
+        exp_avg_[i].assign_zero(p.value().size(), device_, stream_);
+        exp_avg_sq_[i].assign_zero(p.value().size(), device_, stream_);
         ++i;
       }
     }
@@ -99,13 +100,13 @@ class adamw {
       auto v = p.value();
       tensor_view<const T, S> g = p.grad();
       detail::check_same_size(v, g, i, "adamw");
-      detail::adamw_update(v, g, exp_avg_[i].data(), exp_avg_sq_[i].data(), c);
+      detail::adamw_update(v, g, exp_avg_[i].data(), exp_avg_sq_[i].data(), c, stream_);
       ++i;
     }
   }
 
   void zero_grad() {
-    for (auto&& p : model_->parameters()) detail::fill_zero(p.grad());
+    for (auto&& p : model_->parameters()) detail::fill_zero(p.grad(), stream_);
   }
 
   [[nodiscard]] const adamw_options& options() const noexcept { return opts_; }
@@ -144,9 +145,9 @@ class adamw {
       for (std::size_t i = 0; i < n; ++i) {
         host.resize(sizes[i]);
         r.get_array(std::span<T>(host), "adamw exp_avg of parameter #" + std::to_string(i));
-        exp_avg_[i].copy_from_host(host);
+        exp_avg_[i].copy_from_host(host, device_);
         r.get_array(std::span<T>(host), "adamw exp_avg_sq of parameter #" + std::to_string(i));
-        exp_avg_sq_[i].copy_from_host(host);
+        exp_avg_sq_[i].copy_from_host(host, device_);
       }
     }
     step_ = step;
@@ -162,6 +163,8 @@ class adamw {
 
   M* model_;
   adamw_options opts_;
+  void* stream_;  // the model's (model_stream): device work on its tensors is queued there
+  int device_;    // the model's CUDA device (-1: host, or the current one): where the state lives
   std::vector<detail::state_buffer<T, S>> exp_avg_;
   std::vector<detail::state_buffer<T, S>> exp_avg_sq_;
   std::int64_t step_ = 0;

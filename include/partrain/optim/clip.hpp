@@ -11,6 +11,7 @@
 
 #include <partrain/core/error.hpp>
 #include <partrain/model/concepts.hpp>
+#include <partrain/model/traits.hpp>
 #include <partrain/optim/detail/state_buffer.hpp>
 #include <partrain/optim/optimizer.hpp>
 
@@ -37,26 +38,26 @@ decltype(auto) parameters_of(X& x) {
 // Σ over parameters of Σ g², in double (PyTorch takes a norm per tensor in its dtype, then the
 // norm of those; summing squares in double is at least as accurate).
 template <class Range>
-[[nodiscard]] double grad_sum_squares(Range&& params) {
+[[nodiscard]] double grad_sum_squares(Range&& params, void* stream = nullptr) {
   double total = 0;
   for (auto&& p : params) {
     using T = param_element_t<std::remove_cvref_t<decltype(p)>>;
     using S = param_space_t<std::remove_cvref_t<decltype(p)>>;
     static_assert(check_optimizable<T, S>());
-    total += sum_squares(tensor_view<const T, S>(p.grad()));
+    total += sum_squares(tensor_view<const T, S>(p.grad()), stream);
   }
   return total;
 }
 
 // Scales every gradient by max_norm / (total_norm + 1e-6) when that is below 1.
 template <class Range>
-void clip_to_norm(Range&& params, double total_norm, double max_norm) {
+void clip_to_norm(Range&& params, double total_norm, double max_norm, void* stream = nullptr) {
   if (!std::isfinite(total_norm)) return;  // the caller (or a gradient scaler) skips this step
   const double coef = max_norm / (total_norm + 1e-6);
   if (!(coef < 1.0)) return;
   for (auto&& p : params) {
     using T = param_element_t<std::remove_cvref_t<decltype(p)>>;
-    scale_in_place(p.grad(), static_cast<T>(coef));
+    scale_in_place(p.grad(), static_cast<T>(coef), stream);
   }
 }
 
@@ -77,8 +78,11 @@ template <class X>
 double clip_grad_norm(X&& model_or_params, double max_norm) {
   detail::check_max_norm(max_norm, "clip_grad_norm");
   auto&& params = detail::parameters_of(model_or_params);
-  const double total = std::sqrt(detail::grad_sum_squares(params));
-  detail::clip_to_norm(params, total, max_norm);
+  // A model's own stream orders the work with its kernels; a bare range of parameters has none.
+  void* stream = nullptr;
+  if constexpr (model<std::remove_cvref_t<X>>) stream = model_stream(model_or_params);
+  const double total = std::sqrt(detail::grad_sum_squares(params, stream));
+  detail::clip_to_norm(params, total, max_norm, stream);
   return total;
 }
 

@@ -10,6 +10,7 @@
 
 #include <partrain/core/error.hpp>
 #include <partrain/model/concepts.hpp>
+#include <partrain/model/traits.hpp>
 #include <partrain/optim/detail/state_buffer.hpp>
 #include <partrain/optim/detail/update_rules.hpp>
 #include <partrain/optim/optimizer.hpp>
@@ -71,7 +72,7 @@ class sgd {
   static_assert(detail::check_optimizable<T, S>());
 
  public:
-  sgd(M& m, sgd_options o) : model_(&m), opts_(o) {
+  sgd(M& m, sgd_options o) : model_(&m), opts_(o), stream_(model_stream(m)), device_(model_cuda_device(m)) {
     detail::validate(o);
     const auto n = detail::parameter_count(m);
     buffers_.resize(n);
@@ -89,18 +90,18 @@ class sgd {
       T* buf = nullptr;
       const bool first = !has_buffer_[i];
       if (c.has_momentum) {
-        if (first) buffers_[i].assign_zero(v.size());
+        if (first) buffers_[i].assign_zero(v.size(), device_, stream_);
         buf = buffers_[i].data();
         has_buffer_[i] = 1;
       }
-      detail::sgd_update(v, g, buf, c, first);
+      detail::sgd_update(v, g, buf, c, first, stream_);
       ++i;
     }
     ++steps_;
   }
 
   void zero_grad() {
-    for (auto&& p : model_->parameters()) detail::fill_zero(p.grad());
+    for (auto&& p : model_->parameters()) detail::fill_zero(p.grad(), stream_);
   }
 
   [[nodiscard]] const sgd_options& options() const noexcept { return opts_; }
@@ -137,7 +138,7 @@ class sgd {
       if (!has_buffer_[i]) continue;
       host.resize(sizes[i]);
       r.get_array(std::span<T>(host), "sgd momentum of parameter #" + std::to_string(i));
-      buffers_[i].copy_from_host(host);
+      buffers_[i].copy_from_host(host, device_);
     }
     steps_ = steps;
   }
@@ -152,6 +153,8 @@ class sgd {
 
   M* model_;
   sgd_options opts_;
+  void* stream_;  // the model's (model_stream): device work on its tensors is queued there
+  int device_;    // the model's CUDA device (-1: host, or the current one): where the state lives
   std::vector<detail::state_buffer<T, S>> buffers_;
   std::vector<std::uint8_t> has_buffer_;
   std::int64_t steps_ = 0;

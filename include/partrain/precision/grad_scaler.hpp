@@ -24,6 +24,7 @@
 #include <partrain/core/tensor_view.hpp>
 #include <partrain/core/work.hpp>
 #include <partrain/model/concepts.hpp>
+#include <partrain/model/traits.hpp>
 #include <partrain/optim/optimizer.hpp>
 #include <partrain/optim/state_io.hpp>
 #include <partrain/precision/detail/host_kernels.hpp>
@@ -212,7 +213,7 @@ class grad_scaler {
     for (auto&& p : m.parameters()) grads.push_back(p.grad());
     // 1/scale in double, rounded once to float (as GradScaler computes it).
     const auto inv = static_cast<float>(1.0 / static_cast<double>(scale_));
-    const bool local = detail::unscale_and_check(std::span<const tensor_view<float, S>>(grads), inv);
+    const bool local = detail::unscale_and_check(std::span<const tensor_view<float, S>>(grads), inv, model_stream(m));
     found_inf_ = agree_fn(local);
     unscaled_ = true;
     return found_inf_;

@@ -25,13 +25,14 @@ class state_buffer;
 template <class T>
 class state_buffer<T, host> {
  public:
-  void assign_zero(std::size_t n) { v_.assign(n, T(0)); }
+  // device_index and stream matter to the CUDA twin only (kernels.cuh).
+  void assign_zero(std::size_t n, int /*device_index*/ = -1, void* /*stream*/ = nullptr) { v_.assign(n, T(0)); }
   [[nodiscard]] T* data() noexcept { return v_.data(); }
   [[nodiscard]] std::size_t size() const noexcept { return v_.size(); }
   void copy_to_host(std::span<T> out) const {
     if (!v_.empty()) std::memcpy(out.data(), v_.data(), v_.size() * sizeof(T));
   }
-  void copy_from_host(std::span<const T> in) { v_.assign(in.begin(), in.end()); }
+  void copy_from_host(std::span<const T> in, int /*device_index*/ = -1) { v_.assign(in.begin(), in.end()); }
 
  private:
   std::vector<T> v_;
@@ -42,7 +43,8 @@ class state_buffer<T, host> {
 // run-time flags it left the common cases scalar ("control flow in loop"), at a quarter of
 // memcpy's speed (bench_elementwise). The element rule is still the one sgd_element.
 template <class T>
-void sgd_update(tensor_view<T, host> v, tensor_view<const T, host> g, T* buf, const sgd_coeffs<T>& c, bool first) {
+void sgd_update(tensor_view<T, host> v, tensor_view<const T, host> g, T* buf, const sgd_coeffs<T>& c, bool first,
+                void* /*stream: the CUDA twin's*/ = nullptr) {
   auto loop = [&]<bool Momentum, bool First, bool Nesterov, bool Decay>() {
     sgd_coeffs<T> k = c;
     k.has_momentum = Momentum;
@@ -67,7 +69,8 @@ void sgd_update(tensor_view<T, host> v, tensor_view<const T, host> g, T* buf, co
 }
 
 template <class T>
-void adamw_update(tensor_view<T, host> v, tensor_view<const T, host> g, T* m, T* s, const adamw_coeffs<T>& c) {
+void adamw_update(tensor_view<T, host> v, tensor_view<const T, host> g, T* m, T* s, const adamw_coeffs<T>& c,
+                  void* /*stream: the CUDA twin's*/ = nullptr) {
   const adamw_update_fn<T> f{v.data(), g.data(), m, s, c};
   std::size_t done = 0;
 #if PARTRAIN_HOST_PACKETS
@@ -91,7 +94,7 @@ void adamw_update(tensor_view<T, host> v, tensor_view<const T, host> g, T* m, T*
 // waited on every addition (clipping ran at 0.17 of memcpy). The CUDA twin folds in its own
 // (also fixed) order: the two agree to rounding, as any two summation orders do.
 template <class T>
-[[nodiscard]] double sum_squares(tensor_view<const T, host> g) {
+[[nodiscard]] double sum_squares(tensor_view<const T, host> g, void* /*stream*/ = nullptr) {
   constexpr std::size_t lanes = 8;
   const square_as_double_fn<T> sq{g.data()};
   double part[lanes] = {};
@@ -108,12 +111,12 @@ template <class T>
 }
 
 template <class T>
-void scale_in_place(tensor_view<T, host> g, T coef) {
+void scale_in_place(tensor_view<T, host> g, T coef, void* /*stream*/ = nullptr) {
   for_each_index(host_exec{}, g.size(), scale_fn<T>{g.data(), coef});
 }
 
 template <class T>
-void fill_zero(tensor_view<T, host> g) {
+void fill_zero(tensor_view<T, host> g, void* /*stream*/ = nullptr) {
   for_each_index(host_exec{}, g.size(), fill_zero_fn<T>{g.data()});
 }
 

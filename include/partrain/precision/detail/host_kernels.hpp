@@ -51,7 +51,8 @@ void cast_views(std::span<const tensor_view<const From>> src, std::span<const te
 
 // g *= inv_scale over every gradient, in one pass; true when any element is inf or NaN
 // (PyTorch's _amp_foreach_non_finite_check_and_unscale_). Non-finite values stay non-finite.
-[[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float>> grads, float inv_scale) {
+[[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float>> grads, float inv_scale,
+                                            void* /*stream: the CUDA twin's*/ = nullptr) {
   int found = 0;
   for (const auto& g : grads) {
     found |= transform_reduce_index(host_exec{}, g.size(), 0, unscale_check_fn{g.data(), inv_scale}, bit_or_fn{});

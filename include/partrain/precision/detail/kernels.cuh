@@ -53,12 +53,13 @@ void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<co
 // is inf or NaN (PyTorch's _amp_foreach_non_finite_check_and_unscale_). Queued on `stream` (the
 // one that made the gradients) and finished on return.
 [[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float, cuda>> grads, float inv_scale,
-                                            cudaStream_t stream = cudaStreamLegacy) {
+                                            void* stream = nullptr) {
   int found = 0;
   for_each_precision_table(
       grads.size(), [&](std::size_t k) { return precision_segment{grads[k].data(), grads[k].data(), grads[k].size(), 0}; },
       [&](const precision_segment_table& t) {
-        found |= transform_reduce_index(cuda_exec{stream, -1}, t.total, 0, segmented_unscale_check_fn{t, inv_scale},
+        found |= transform_reduce_index(cuda_exec{stream_or_legacy(stream), -1}, t.total, 0,
+                                        segmented_unscale_check_fn{t, inv_scale},
                                         bit_or_fn{});
       });
   return found != 0;
