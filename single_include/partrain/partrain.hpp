@@ -18576,6 +18576,32 @@ template <class M, class C, class Range>
 
 }  // namespace partrain::inline v0::detail
 #endif  // PARTRAIN_SI_PARALLEL_DETAIL_EVALUATE_HPP
+// #include <partrain/parallel/detail/no_sync_guard.hpp>
+#ifndef PARTRAIN_SI_PARALLEL_DETAIL_NO_SYNC_GUARD_HPP
+#define PARTRAIN_SI_PARALLEL_DETAIL_NO_SYNC_GUARD_HPP
+// partrain/parallel/detail/no_sync_guard.hpp: what no_sync() of DDP, ZeRO and FSDP returns (one
+// type for the three, each class names it as its own no_sync_guard).
+
+#include <utility>
+
+namespace partrain::inline v0::detail {
+
+// RAII: while it lives, the owner's "synchronise this step" flag is false; when it ends the flag
+// gets back the value it had, so guards nest.
+class no_sync_guard {
+ public:
+  explicit no_sync_guard(bool& require_sync) noexcept : flag_(&require_sync), prev_(std::exchange(require_sync, false)) {}
+  no_sync_guard(const no_sync_guard&) = delete;
+  no_sync_guard& operator=(const no_sync_guard&) = delete;
+  ~no_sync_guard() { *flag_ = prev_; }
+
+ private:
+  bool* flag_;
+  bool prev_;
+};
+
+}  // namespace partrain::inline v0::detail
+#endif  // PARTRAIN_SI_PARALLEL_DETAIL_NO_SYNC_GUARD_HPP
 // #include <partrain/parallel/detail/reducer.hpp>
 #ifndef PARTRAIN_SI_PARALLEL_DETAIL_REDUCER_HPP
 #define PARTRAIN_SI_PARALLEL_DETAIL_REDUCER_HPP
@@ -20129,18 +20155,8 @@ class distributed_data_parallel {
   }
 
   // RAII: steps inside accumulate gradients locally; the first step after it reduces them all.
-  class no_sync_guard {
-   public:
-    explicit no_sync_guard(distributed_data_parallel& d) noexcept : d_(&d), prev_(std::exchange(d.require_sync_, false)) {}
-    no_sync_guard(const no_sync_guard&) = delete;
-    no_sync_guard& operator=(const no_sync_guard&) = delete;
-    ~no_sync_guard() { d_->require_sync_ = prev_; }
-
-   private:
-    distributed_data_parallel* d_;
-    bool prev_;
-  };
-  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(*this); }
+  using no_sync_guard = detail::no_sync_guard;
+  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(require_sync_); }
 
   // Evaluates this rank's batches and sums loss, correct and count over all ranks (each example
   // counted once when the ranks' batches partition the test set).
@@ -21640,18 +21656,8 @@ class fully_sharded_data_parallel {
   // RAII: steps inside keep each layer's whole gradient and accumulate into it (PyTorch FSDP's
   // no_sync): no reduce_scatter, at the cost of one whole model of gradients held; the first step
   // after it reduces them all.
-  class no_sync_guard {
-   public:
-    explicit no_sync_guard(fully_sharded_data_parallel& f) noexcept : f_(&f), prev_(std::exchange(f.require_sync_, false)) {}
-    no_sync_guard(const no_sync_guard&) = delete;
-    no_sync_guard& operator=(const no_sync_guard&) = delete;
-    ~no_sync_guard() { f_->require_sync_ = prev_; }
-
-   private:
-    fully_sharded_data_parallel* f_;
-    bool prev_;
-  };
-  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(*this); }
+  using no_sync_guard = detail::no_sync_guard;
+  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(require_sync_); }
 
   // RAII (PyTorch's summon_full_params, read-only): every layer gathered and bound while it lives,
   // so the layers (or parameters(), a model) read the current values; writes are not kept.
@@ -24442,18 +24448,8 @@ class sharded_data_parallel {
   [[nodiscard]] std::size_t shadow_steps() const noexcept { return shadow_steps_; }
 
   // RAII: steps inside accumulate gradients locally; the first step after it reduces them all.
-  class no_sync_guard {
-   public:
-    explicit no_sync_guard(sharded_data_parallel& d) noexcept : d_(&d), prev_(std::exchange(d.require_sync_, false)) {}
-    no_sync_guard(const no_sync_guard&) = delete;
-    no_sync_guard& operator=(const no_sync_guard&) = delete;
-    ~no_sync_guard() { d_->require_sync_ = prev_; }
-
-   private:
-    sharded_data_parallel* d_;
-    bool prev_;
-  };
-  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(*this); }
+  using no_sync_guard = detail::no_sync_guard;
+  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(require_sync_); }
 
   // This rank's batches evaluated, loss, correct and count summed over all ranks.
   template <class Range>

@@ -13,6 +13,7 @@
 #include <partrain/optim/sgd.hpp>
 #include <partrain/precision/precision.hpp>
 
+#include "../examples/mlp_test_data.hpp"
 #include "mlp_host.hpp"
 #include "mlp_host_twin.hpp"
 
@@ -20,20 +21,15 @@ namespace {
 
 using partrain::precision;
 
-struct test_batch {
-  partrain::tensor_view<const float> features;
-  partrain::tensor_view<const std::int32_t> labels;
-};
+using example::testing::test_batch;
 
+// n examples of the layout's inputs and classes (tests/examples/mlp_test_data.hpp).
 struct batch_data {
-  std::vector<float> x;
-  std::vector<std::int32_t> y;
-  batch_data(std::size_t n, const models::mlp_layout& layout, std::uint64_t seed) : x(n * layout.inputs()), y(n) {
-    models::splitmix64 rng(seed);
-    for (auto& v : x) v = rng.uniform(0.0f, 1.0f);
-    for (auto& l : y) l = static_cast<std::int32_t>(rng.next() % layout.classes());
-  }
-  [[nodiscard]] test_batch batch() const { return {{x.data(), {y.size(), x.size() / y.size()}}, {y.data(), y.size()}}; }
+  example::testing::data d;
+  std::size_t inputs;
+  batch_data(std::size_t n, const models::mlp_layout& layout, std::uint64_t seed)
+      : d(example::testing::make_data(n, layout.inputs(), layout.classes(), seed)), inputs(layout.inputs()) {}
+  [[nodiscard]] test_batch batch() const { return d.batch(inputs); }
 };
 
 // fp32: OpenBLAS on both sides, but the twin sums the bias separately and reads the weights

@@ -29,6 +29,7 @@
 #include <partrain/parallel/comm_hooks.hpp>
 #include <partrain/parallel/ddp_stats.hpp>
 #include <partrain/parallel/detail/evaluate.hpp>
+#include <partrain/parallel/detail/no_sync_guard.hpp>
 #include <partrain/parallel/detail/reducer.hpp>
 
 #if PARTRAIN_HAS_CUDA
@@ -180,18 +181,8 @@ class distributed_data_parallel {
   }
 
   // RAII: steps inside accumulate gradients locally; the first step after it reduces them all.
-  class no_sync_guard {
-   public:
-    explicit no_sync_guard(distributed_data_parallel& d) noexcept : d_(&d), prev_(std::exchange(d.require_sync_, false)) {}
-    no_sync_guard(const no_sync_guard&) = delete;
-    no_sync_guard& operator=(const no_sync_guard&) = delete;
-    ~no_sync_guard() { d_->require_sync_ = prev_; }
-
-   private:
-    distributed_data_parallel* d_;
-    bool prev_;
-  };
-  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(*this); }
+  using no_sync_guard = detail::no_sync_guard;
+  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(require_sync_); }
 
   // Evaluates this rank's batches and sums loss, correct and count over all ranks (each example
   // counted once when the ranks' batches partition the test set).

@@ -50,6 +50,7 @@
 #include <partrain/parallel/detail/evaluate.hpp>
 #include <partrain/parallel/detail/fsdp_layout.hpp>
 #include <partrain/parallel/detail/fsdp_memory.hpp>
+#include <partrain/parallel/detail/no_sync_guard.hpp>
 #include <partrain/parallel/detail/zero_layout.hpp>
 #include <partrain/parallel/detail/zero_optimizer.hpp>
 #include <partrain/parallel/pipeline/layer.hpp>
@@ -220,18 +221,8 @@ class fully_sharded_data_parallel {
   // RAII: steps inside keep each layer's whole gradient and accumulate into it (PyTorch FSDP's
   // no_sync): no reduce_scatter, at the cost of one whole model of gradients held; the first step
   // after it reduces them all.
-  class no_sync_guard {
-   public:
-    explicit no_sync_guard(fully_sharded_data_parallel& f) noexcept : f_(&f), prev_(std::exchange(f.require_sync_, false)) {}
-    no_sync_guard(const no_sync_guard&) = delete;
-    no_sync_guard& operator=(const no_sync_guard&) = delete;
-    ~no_sync_guard() { f_->require_sync_ = prev_; }
-
-   private:
-    fully_sharded_data_parallel* f_;
-    bool prev_;
-  };
-  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(*this); }
+  using no_sync_guard = detail::no_sync_guard;
+  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(require_sync_); }
 
   // RAII (PyTorch's summon_full_params, read-only): every layer gathered and bound while it lives,
   // so the layers (or parameters(), a model) read the current values; writes are not kept.

@@ -43,6 +43,7 @@
 #include <partrain/optim/optimizer.hpp>
 #include <partrain/parallel/detail/ddp_elements.hpp>
 #include <partrain/parallel/detail/evaluate.hpp>
+#include <partrain/parallel/detail/no_sync_guard.hpp>
 #include <partrain/parallel/detail/zero_layout.hpp>
 #include <partrain/parallel/detail/zero_optimizer.hpp>
 
@@ -223,18 +224,8 @@ class sharded_data_parallel {
   [[nodiscard]] std::size_t shadow_steps() const noexcept { return shadow_steps_; }
 
   // RAII: steps inside accumulate gradients locally; the first step after it reduces them all.
-  class no_sync_guard {
-   public:
-    explicit no_sync_guard(sharded_data_parallel& d) noexcept : d_(&d), prev_(std::exchange(d.require_sync_, false)) {}
-    no_sync_guard(const no_sync_guard&) = delete;
-    no_sync_guard& operator=(const no_sync_guard&) = delete;
-    ~no_sync_guard() { d_->require_sync_ = prev_; }
-
-   private:
-    sharded_data_parallel* d_;
-    bool prev_;
-  };
-  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(*this); }
+  using no_sync_guard = detail::no_sync_guard;
+  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(require_sync_); }
 
   // This rank's batches evaluated, loss, correct and count summed over all ranks.
   template <class Range>
