@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "fork_ranks.hpp"
+#include "gloo_ranks.hpp"
 #include "toy_models.hpp"
 
 using namespace partrain;
@@ -28,6 +29,8 @@ using namespace std::chrono_literals;
 using partrain::testing::make_toy_batch;
 using partrain::testing::toy_mlp;
 namespace fs = std::filesystem;
+
+using partrain::testing::run_gloo;
 
 namespace {
 
@@ -37,37 +40,6 @@ struct temp_dir : partrain::testing::temp_dir {
 
 const sgd_options opt_options{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3};
 constexpr std::size_t per_rank = 4;
-
-// fn(group, out) runs in each forked rank; what it leaves in `out` comes back per rank.
-template <class Fn>
-std::vector<std::vector<float>> run_gloo(int world, Fn fn, std::chrono::milliseconds timeout = 20s,
-                                         std::vector<partrain::testing::rank_outcome>* outcomes = nullptr) {
-  temp_dir dir;
-  const auto store_path = (dir.path / "store").string();
-  auto out = partrain::testing::fork_ranks(world, [&](int r) {
-    process_group_options o;
-    o.timeout = timeout;
-    gloo_group g(std::make_shared<file_store>(store_path), r, world, o);
-    std::vector<float> result;
-    fn(g, result);
-    std::ofstream f(dir.path / ("rank" + std::to_string(r)), std::ios::binary);
-    f.write(reinterpret_cast<const char*>(result.data()), static_cast<std::streamsize>(result.size() * sizeof(float)));
-  });
-  if (outcomes) *outcomes = out;
-  std::vector<std::vector<float>> results(static_cast<std::size_t>(world));
-  for (int r = 0; r < world; ++r) {
-    if (!outcomes) {
-      INFO("rank " << r << ": " << out[static_cast<std::size_t>(r)].message);
-      REQUIRE(out[static_cast<std::size_t>(r)].ok);
-    }
-    std::ifstream f(dir.path / ("rank" + std::to_string(r)), std::ios::binary);
-    std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    auto& v = results[static_cast<std::size_t>(r)];
-    v.resize(bytes.size() / sizeof(float));
-    if (!v.empty()) std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
-  }
-  return results;
-}
 
 std::vector<float> reference_run(int world, int steps) {
   toy_mlp<float, false> m(7);

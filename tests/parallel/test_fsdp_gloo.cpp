@@ -7,19 +7,15 @@
 #include <partrain/optim/adamw.hpp>
 #include <partrain/optim/clip.hpp>
 #include <partrain/parallel/fsdp.hpp>
-#include <partrain/rendezvous/file_store.hpp>
 
 #include <chrono>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
 #include "fork_ranks.hpp"
+#include "gloo_ranks.hpp"
 #include "pipeline_layers.hpp"
-#include "temp_dir.hpp"
 
 using namespace partrain;
 using namespace std::chrono_literals;
@@ -28,6 +24,8 @@ using partrain::test::make_mlp;
 using partrain::test::reference_step;
 using partrain::test::softmax_cross_entropy;
 using partrain::test::synthetic_batch;
+
+using partrain::testing::run_gloo;
 
 namespace {
 
@@ -40,33 +38,6 @@ constexpr double max_norm = 0.05;
 
 synthetic_batch step_batch(int s, int world) {
   return synthetic_batch(per_rank * static_cast<std::size_t>(world), widths.front(), 3, 500 + static_cast<std::uint32_t>(s));
-}
-
-// fn(group, out) runs in each forked rank; `out` (floats) comes back per rank.
-template <class Fn>
-std::vector<std::vector<float>> run_gloo(int world, Fn fn) {
-  partrain::testing::temp_dir dir("partrain_fsdp_gloo");
-  const auto store_path = (dir.path / "store").string();
-  const auto outcomes = partrain::testing::fork_ranks(world, [&](int r) {
-    process_group_options o;
-    o.timeout = 20s;
-    gloo_group g(std::make_shared<file_store>(store_path), r, world, o);
-    std::vector<float> result;
-    fn(g, result);
-    std::ofstream f(dir.path / ("rank" + std::to_string(r)), std::ios::binary);
-    f.write(reinterpret_cast<const char*>(result.data()), static_cast<std::streamsize>(result.size() * sizeof(float)));
-  });
-  std::vector<std::vector<float>> results(static_cast<std::size_t>(world));
-  for (int r = 0; r < world; ++r) {
-    INFO("rank " << r << ": " << outcomes[static_cast<std::size_t>(r)].message);
-    REQUIRE(outcomes[static_cast<std::size_t>(r)].ok);
-    std::ifstream f(dir.path / ("rank" + std::to_string(r)), std::ios::binary);
-    std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    auto& v = results[static_cast<std::size_t>(r)];
-    v.resize(bytes.size() / sizeof(float));
-    if (!v.empty()) std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
-  }
-  return results;
 }
 
 std::vector<float> reference_run(int world) {

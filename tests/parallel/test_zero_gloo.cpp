@@ -8,18 +8,14 @@
 #include <partrain/optim/clip.hpp>
 #include <partrain/optim/sgd.hpp>
 #include <partrain/parallel/zero.hpp>
-#include <partrain/rendezvous/file_store.hpp>
 
 #include <chrono>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
 #include "fork_ranks.hpp"
-#include "temp_dir.hpp"
+#include "gloo_ranks.hpp"
 #include "toy_models.hpp"
 
 using namespace partrain;
@@ -27,37 +23,12 @@ using namespace std::chrono_literals;
 using partrain::testing::make_toy_batch;
 using partrain::testing::toy_mlp;
 
+using partrain::testing::run_gloo;
+
 namespace {
 
 constexpr std::size_t per_rank = 4;
 constexpr int steps = 10;
-
-// fn(group, out) runs in each forked rank; `out` (floats) comes back per rank.
-template <class Fn>
-std::vector<std::vector<float>> run_gloo(int world, Fn fn) {
-  partrain::testing::temp_dir dir("partrain_zero_gloo");
-  const auto store_path = (dir.path / "store").string();
-  const auto outcomes = partrain::testing::fork_ranks(world, [&](int r) {
-    process_group_options o;
-    o.timeout = 20s;
-    gloo_group g(std::make_shared<file_store>(store_path), r, world, o);
-    std::vector<float> result;
-    fn(g, result);
-    std::ofstream f(dir.path / ("rank" + std::to_string(r)), std::ios::binary);
-    f.write(reinterpret_cast<const char*>(result.data()), static_cast<std::streamsize>(result.size() * sizeof(float)));
-  });
-  std::vector<std::vector<float>> results(static_cast<std::size_t>(world));
-  for (int r = 0; r < world; ++r) {
-    INFO("rank " << r << ": " << outcomes[static_cast<std::size_t>(r)].message);
-    REQUIRE(outcomes[static_cast<std::size_t>(r)].ok);
-    std::ifstream f(dir.path / ("rank" + std::to_string(r)), std::ios::binary);
-    std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    auto& v = results[static_cast<std::size_t>(r)];
-    v.resize(bytes.size() / sizeof(float));
-    if (!v.empty()) std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
-  }
-  return results;
-}
 
 // One process on the global batch (N ranks' batches of one step together), clipped, AdamW.
 std::vector<float> reference_run(int world) {
