@@ -16556,21 +16556,22 @@ struct decompress_16_fn {
 #endif  // PARTRAIN_SI_PARALLEL_DETAIL_DDP_ELEMENTS_HPP
 
 #if defined(__CUDACC__)
-// #include <partrain/cuda/device_guard.hpp>
-#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
-// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
-// previous one after (torch.cuda.device as a context manager), without ever creating a context
-// on a device nobody asked for.
+// #include <partrain/cuda/device_buffer.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
+// partrain/cuda/device_buffer.hpp: owned device memory (cudaMalloc, RAII) with a shape, seen as
+// tensor_view<T, cuda>, and copies to and from host views (finished on return, or queued on a stream).
 
 #if !PARTRAIN_HAS_CUDA
-#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#error "partrain/cuda/device_buffer.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
 #endif
 
-#include <cuda.h>  // CUcontext and the driver's function type only: nothing links libcuda
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 // #include <partrain/cuda/check.hpp>
 #ifndef PARTRAIN_SI_CUDA_CHECK_HPP
@@ -16622,6 +16623,21 @@ inline void cuda_check(cudaError_t rc, const char* call, const char* file, int l
 // Throws partrain::cuda_error when the CUDA runtime call does not return cudaSuccess.
 #define PARTRAIN_CUDA_CHECK(call) ::partrain::detail::cuda_check((call), #call, __FILE__, __LINE__)
 #endif  // PARTRAIN_SI_CUDA_CHECK_HPP
+// #include <partrain/cuda/device_guard.hpp>
+#ifndef PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+#define PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+// partrain/cuda/device_guard.hpp: makes a CUDA device current for a scope and restores the
+// previous one after (torch.cuda.device as a context manager), without ever creating a context
+// on a device nobody asked for.
+
+#if !PARTRAIN_HAS_CUDA
+#error "partrain/cuda/device_guard.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
+#endif
+
+#include <cuda.h>  // CUcontext and the driver's function type only: nothing links libcuda
+#include <cuda_runtime.h>
+
+#include <string>
 
 namespace partrain::inline v0 {
 
@@ -16721,6 +16737,119 @@ class [[nodiscard]] cuda_device_guard {
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_SI_CUDA_DEVICE_GUARD_HPP
+
+namespace partrain::inline v0 {
+
+// A zero-initialised device array of trivially copyable T with a shape, on one device. The device
+// is always named: there is no default, so a buffer cannot land on GPU 0 by omission.
+template <class T>
+  requires std::is_trivially_copyable_v<T>
+class device_buffer {
+ public:
+  device_buffer() = default;
+  // Zero-filled before the constructor returns (queued on the legacy stream of `dev`, then that
+  // stream is synchronised), so work on any stream afterwards sees zeros.
+  device_buffer(partrain::shape s, const partrain::device& dev)
+      : device_buffer(s, detail::checked_cuda_index(dev, "device_buffer"), nullptr) {}
+  device_buffer(partrain::shape s, int device_index) : device_buffer(s, device_index, nullptr) {}
+  device_buffer(std::size_t n, const partrain::device& dev) : device_buffer(partrain::shape{n}, dev) {}
+  device_buffer(std::size_t n, int device_index) : device_buffer(partrain::shape{n}, device_index) {}
+  // Zero-fill queued on `stream` (of `device_index`) and not waited for: work queued on that
+  // stream afterwards sees zeros; other streams must wait on it (an event) first.
+  device_buffer(partrain::shape s, int device_index, cudaStream_t stream) : shape_(s), device_(device_index) {
+    if (device_index < 0) {
+      throw invalid_argument_error("device_buffer: device index " + std::to_string(device_index) +
+                                   " (expected a CUDA device index >= 0)");
+    }
+    if (s.numel() == 0) return;
+    cuda_device_guard guard(device_index);
+    void* p = nullptr;
+    const cudaError_t rc = cudaMalloc(&p, size_bytes());
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw cuda_error(rc, "device_buffer: cudaMalloc of " + std::to_string(size_bytes()) + " bytes on cuda:" +
+                               std::to_string(device_index) + " failed: " + cudaGetErrorString(rc));
+    }
+    data_ = static_cast<T*>(p);
+    // cudaMemset would return before the fill ran and order it only on the legacy stream.
+    const cudaStream_t fill = stream ? stream : cudaStreamLegacy;
+    cudaError_t rc2 = cudaMemsetAsync(data_, 0, size_bytes(), fill);
+    if (rc2 == cudaSuccess && !stream) rc2 = cudaStreamSynchronize(fill);
+    if (rc2 != cudaSuccess) {
+      reset();
+      detail::cuda_check(rc2, "device_buffer: cudaMemsetAsync + cudaStreamSynchronize (zero fill)", __FILE__, __LINE__);
+    }
+  }
+
+  device_buffer(device_buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})), device_(o.device_) {}
+  device_buffer& operator=(device_buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      data_ = std::exchange(o.data_, nullptr);
+      shape_ = std::exchange(o.shape_, {});
+      device_ = o.device_;
+    }
+    return *this;
+  }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() { reset(); }
+
+  [[nodiscard]] T* data() noexcept { return data_; }
+  [[nodiscard]] const T* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
+  [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
+  [[nodiscard]] int device_index() const noexcept { return device_; }
+  [[nodiscard]] partrain::device device() const noexcept { return partrain::device::cuda(device_); }
+
+  [[nodiscard]] tensor_view<T, cuda> view() noexcept { return {data_, shape_}; }
+  [[nodiscard]] tensor_view<const T, cuda> view() const noexcept { return {data_, shape_}; }
+
+  // Host -> device. With a stream the copy is queued on it (the host memory must stay alive until
+  // it ran and, to be truly asynchronous, be pinned). Without one it is queued on the legacy
+  // stream of the buffer's device, which is then synchronised: the copy has finished on return
+  // (cudaMemcpy alone does not promise that for pageable host memory). Either way it is ordered
+  // after earlier work on that stream only: data made on another stream needs that stream.
+  void copy_from(tensor_view<const T, host> src, cudaStream_t stream = nullptr) {
+    check_size("copy_from", src.size());
+    copy(data_, src.data(), cudaMemcpyHostToDevice, stream);
+  }
+  // Device -> host, same rules.
+  void copy_to(tensor_view<T, host> dst, cudaStream_t stream = nullptr) const {
+    check_size("copy_to", dst.size());
+    copy(dst.data(), data_, cudaMemcpyDeviceToHost, stream);
+  }
+
+ private:
+  void check_size(const char* what, std::size_t n) const {
+    if (n != size()) {
+      throw invalid_argument_error("device_buffer::" + std::string(what) + ": the host view has " + std::to_string(n) +
+                                   " elements, the buffer " + std::to_string(size()) + " (expected equal sizes)");
+    }
+  }
+  void copy(void* dst, const void* src, cudaMemcpyKind kind, cudaStream_t stream) const {
+    if (size() == 0) return;
+    if (stream) {
+      PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, stream));
+      return;
+    }
+    cuda_device_guard guard(device_);  // the legacy stream of the buffer's device
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes(), kind, cudaStreamLegacy));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+  }
+  void reset() noexcept {
+    if (data_) (void)cudaFree(std::exchange(data_, nullptr));  // cudaFree frees on any current device
+  }
+
+  T* data_ = nullptr;
+  partrain::shape shape_{};
+  int device_ = -1;  // -1: an empty default-constructed buffer
+};
+
+}  // namespace partrain::inline v0
+#endif  // PARTRAIN_SI_CUDA_DEVICE_BUFFER_HPP
 // #include <partrain/parallel/detail/ddp_kernels.cuh>
 #ifndef PARTRAIN_SI_PARALLEL_DETAIL_DDP_KERNELS_CUH
 #define PARTRAIN_SI_PARALLEL_DETAIL_DDP_KERNELS_CUH
@@ -16741,7 +16870,6 @@ class [[nodiscard]] cuda_device_guard {
 
 #include <concepts>
 #include <cstddef>
-#include <memory>
 #include <string>
 #include <type_traits>
 
@@ -16934,15 +17062,6 @@ void device_stage_out(tensor_view<T, cuda> g, const T* src, cudaStream_t stream)
              "cudaMemcpyAsync (bucket to gradient)", __FILE__, __LINE__);
 }
 
-// Device memory on device `device_index`, owned through a shared_ptr (what a hook keeps in
-// grad_bucket::hook_state()).
-[[nodiscard]] inline std::shared_ptr<void> device_alloc(std::size_t bytes, int device_index) {
-  cuda_device_guard guard(device_index);
-  void* p = nullptr;
-  cuda_check(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc (hook scratch)", __FILE__, __LINE__);
-  return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
-}
-
 // src (float/double bucket) -> dst 16-bit (divided by d), and back.
 inline void device_to_16(raw_tensor src, void* dst, dtype h, float d, cudaStream_t stream) {
   visit_device_float(src, "fp16/bf16 hook", [&](auto* p) {
@@ -17094,17 +17213,15 @@ work compressed_all_reduce(grad_bucket& b) {
     const auto stream = static_cast<cudaStream_t>(b.cuda_stream());
     cuda_device_guard guard(dev);
     auto& state = b.hook_state();
-    // The 16-bit copy lives in device memory kept in hook_state (element count in front).
-    struct scratch {
-      std::size_t count;
-      std::shared_ptr<void> mem;
-    };
+    // The 16-bit copy is a device_buffer on the bucket's device kept in hook_state; its zero
+    // fill is queued on the bucket's stream, ahead of the cast that overwrites it.
+    using scratch = device_buffer<H>;
     auto* s = static_cast<scratch*>(state.get());
-    if (!s || s->count != buf.count) {
-      state = std::make_shared<scratch>(scratch{buf.count, device_alloc(buf.count * sizeof(H), dev)});
+    if (!s || s->size() != buf.count) {
+      state = std::make_shared<scratch>(shape{buf.count}, dev, stream);
       s = static_cast<scratch*>(state.get());
     }
-    void* h = s->mem.get();
+    void* h = s->data();
     device_to_16(buf, h, dtype_of<H>, static_cast<float>(b.divisor()), stream);
     work w = b.all_reduce(tensor_view<H, cuda>(static_cast<H*>(h), buf.count));
     // Runs on the thread that completes w (NCCL's watchdog), whose current device is not ours.
@@ -18924,7 +19041,8 @@ class device_buffer {
 #define PARTRAIN_SI_PARALLEL_DETAIL_DDP_STAGING_HPP
 // partrain/parallel/detail/ddp_staging.hpp: DDP with parameters in CUDA memory over a host backend (local,
 // gloo): gradients are copied into the host bucket as they become final and copied back after
-// the reduction; parameter broadcasts go through a host copy too. Needs the CUDA runtime.
+// the reduction, on the model's stream; parameter broadcasts go through a host copy too. Needs the
+// CUDA runtime.
 
 #if !PARTRAIN_HAS_CUDA
 #error "partrain/parallel/detail/ddp_staging.hpp needs the CUDA runtime: link partrain::cuda (or compile with nvcc)"
@@ -18937,27 +19055,34 @@ class device_buffer {
 
 namespace partrain::inline v0::detail {
 
+// The copies are queued on `stream`, the model's (model_stream; null: the legacy default stream),
+// so they are ordered after the kernels that made the gradients, then that stream is synchronised:
+// the host bucket is read (or the gradient used) only after the copy finished.
+inline void staged_copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, void* stream,
+                        const char* what) {
+  const cudaStream_t s = stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
+  cuda_check(cudaMemcpyAsync(dst, src, bytes, kind, s), what, __FILE__, __LINE__);
+  cuda_check(cudaStreamSynchronize(s), what, __FILE__, __LINE__);
+}
+
 // dst (host) = g, or dst += g when `add`; tmp is reused scratch.
 template <class T>
-void stage_in(T* dst, tensor_view<const T, cuda> g, bool add, std::vector<T>& tmp) {
+void stage_in(T* dst, tensor_view<const T, cuda> g, bool add, std::vector<T>& tmp, void* stream) {
   if (g.empty()) return;
   if (!add) {
-    cuda_check(cudaMemcpy(dst, g.data(), g.size_bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy (DDP gradient to host)",
-               __FILE__, __LINE__);
+    staged_copy(dst, g.data(), g.size_bytes(), cudaMemcpyDeviceToHost, stream, "cudaMemcpyAsync (DDP gradient to host)");
     return;
   }
   tmp.resize(g.size());
-  cuda_check(cudaMemcpy(tmp.data(), g.data(), g.size_bytes(), cudaMemcpyDeviceToHost),
-             "cudaMemcpy (DDP gradient to host)", __FILE__, __LINE__);
+  staged_copy(tmp.data(), g.data(), g.size_bytes(), cudaMemcpyDeviceToHost, stream, "cudaMemcpyAsync (DDP gradient to host)");
   for_each_index(host_exec{}, g.size(), accumulate_fn<T>{dst, tmp.data()});
 }
 
 // g = src (host).
 template <class T>
-void stage_out(tensor_view<T, cuda> g, const T* src) {
+void stage_out(tensor_view<T, cuda> g, const T* src, void* stream) {
   if (g.empty()) return;
-  cuda_check(cudaMemcpy(g.data(), src, g.size_bytes(), cudaMemcpyHostToDevice), "cudaMemcpy (DDP gradient to device)",
-             __FILE__, __LINE__);
+  staged_copy(g.data(), src, g.size_bytes(), cudaMemcpyHostToDevice, stream, "cudaMemcpyAsync (DDP gradient to device)");
 }
 
 }  // namespace partrain::inline v0::detail
@@ -18984,7 +19109,6 @@ void stage_out(tensor_view<T, cuda> g, const T* src) {
 
 #include <concepts>
 #include <cstddef>
-#include <memory>
 #include <string>
 #include <type_traits>
 
@@ -19341,15 +19465,6 @@ void device_stage_out(tensor_view<T, cuda> g, const T* src, cudaStream_t stream)
              "cudaMemcpyAsync (bucket to gradient)", __FILE__, __LINE__);
 }
 
-// Device memory on device `device_index`, owned through a shared_ptr (what a hook keeps in
-// grad_bucket::hook_state()).
-[[nodiscard]] inline std::shared_ptr<void> device_alloc(std::size_t bytes, int device_index) {
-  cuda_device_guard guard(device_index);
-  void* p = nullptr;
-  cuda_check(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc (hook scratch)", __FILE__, __LINE__);
-  return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
-}
-
 // src (float/double bucket) -> dst 16-bit (divided by d), and back.
 inline void device_to_16(raw_tensor src, void* dst, dtype h, float d, cudaStream_t stream) {
   visit_device_float(src, "fp16/bf16 hook", [&](auto* p) {
@@ -19381,8 +19496,9 @@ inline void device_from_16(const void* src, raw_tensor dst, dtype h, cudaStream_
 namespace partrain::inline v0::detail {
 
 // Gradients to and from the host buckets (the CUDA overloads are in parallel/detail/ddp_staging.hpp).
+// `stream` (the model's, for CUDA gradients) is unused on the host.
 template <class T>
-void stage_in(T* dst, tensor_view<const T, host> g, bool add, std::vector<T>&) {
+void stage_in(T* dst, tensor_view<const T, host> g, bool add, std::vector<T>&, void* /*stream*/) {
   if (add) {
     for_each_index(host_exec{}, g.size(), accumulate_fn<T>{dst, g.data()});
   } else if (!g.empty()) {
@@ -19390,7 +19506,7 @@ void stage_in(T* dst, tensor_view<const T, host> g, bool add, std::vector<T>&) {
   }
 }
 template <class T>
-void stage_out(tensor_view<T, host> g, const T* src) {
+void stage_out(tensor_view<T, host> g, const T* src, void* /*stream*/) {
   if (!g.empty()) std::memcpy(g.data(), src, g.size_bytes());
 }
 
@@ -19417,6 +19533,9 @@ template <class C>
 struct device_placement {
   int index = -1;                 // -1: host buckets
   std::function<void*()> stream;  // empty: the default stream
+  // Host buckets with CUDA gradients: the model's stream (model_stream), which the gradients are
+  // copied to and from the buckets on; null: the legacy default stream.
+  void* staging_stream = nullptr;
 };
 
 // Buckets live in host memory (CUDA gradients are staged through it), or, in device mode (CUDA
@@ -19628,7 +19747,7 @@ class reducer {
       }
     }
 #endif
-    stage_in(dst, g, add, tmp_);
+    stage_in(dst, g, add, tmp_, placement_.staging_stream);
   }
   void copy_out(tensor_view<T, S> g, const T* src) {
 #if defined(__CUDACC__)
@@ -19640,7 +19759,7 @@ class reducer {
       }
     }
 #endif
-    stage_out(g, src);
+    stage_out(g, src, placement_.staging_stream);
   }
 
   void launch_ready() {
@@ -20246,7 +20365,11 @@ class distributed_data_parallel {
   // Device mode (CUDA parameters, a backend that reduces CUDA memory): buckets on the parameters'
   // device, their work on the communicator's input stream.
   [[nodiscard]] detail::device_placement device_placement() {
-    if (!(std::same_as<S, cuda> && comm_accepts(device_kind::cuda))) return {};
+    if (!(std::same_as<S, cuda> && comm_accepts(device_kind::cuda))) {
+      detail::device_placement host_buckets;
+      host_buckets.staging_stream = model_stream(*model_);
+      return host_buckets;
+    }
     detail::device_placement p{cuda_device_, {}};
     if constexpr (requires(const C& c) { { c.input_stream() } -> std::convertible_to<void*>; }) {
       p.stream = [c = comm_] { return c->input_stream(); };
@@ -20415,7 +20538,7 @@ class distributed_data_parallel {
         works.push_back(comm_->broadcast(p.value(), root));
       } else {
         auto& h = staged.emplace_back(p.value().size());
-        detail::stage_in(h.data(), tensor_view<const T, S>(p.value()), false, tmp);
+        detail::stage_in(h.data(), tensor_view<const T, S>(p.value()), false, tmp, model_stream(*model_));
         works.push_back(comm_->broadcast(tensor_view<T>(h), root));
       }
     }
@@ -20431,7 +20554,7 @@ class distributed_data_parallel {
     if constexpr (!std::same_as<S, host>) {
       std::size_t k = 0;
       if (!direct) {
-        for (auto&& p : model_->parameters()) detail::stage_out(p.value(), staged[k++].data());
+        for (auto&& p : model_->parameters()) detail::stage_out(p.value(), staged[k++].data(), model_stream(*model_));
       }
     }
   }

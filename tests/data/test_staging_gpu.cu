@@ -3,6 +3,7 @@
 // itself, saying so, when no GPU is present.
 #include <catch2/catch.hpp>
 
+#include <partrain/cuda/device_buffer.hpp>
 #include <partrain/data/device_stager.hpp>
 #include <partrain/data/in_memory_dataset.hpp>
 #include <partrain/data/loader.hpp>
@@ -37,8 +38,8 @@ TEST_CASE("device_stager copies every batch to the device in order", "[data][cud
 
   cudaStream_t compute = nullptr;
   REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
-  float* out = nullptr;
-  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&out), 32 * row * sizeof(float)) == cudaSuccess);
+  device_buffer<float> out_buffer(32 * row, 0);
+  float* out = out_buffer.data();
   std::vector<float> back(32 * row);
   std::vector<std::int32_t> labels(32);
   std::size_t batches = 0;
@@ -56,6 +57,5 @@ TEST_CASE("device_stager copies every batch to the device in order", "[data][cud
     ++batches;
   }
   CHECK(batches == (n + 31) / 32);
-  CHECK(cudaFree(out) == cudaSuccess);
   CHECK(cudaStreamDestroy(compute) == cudaSuccess);
 }

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <partrain/cuda/device_buffer.hpp>
 #include <partrain/optim/adamw.hpp>
 #include <partrain/optim/clip.hpp>
 #include <partrain/optim/sgd.hpp>
@@ -18,33 +19,22 @@ using namespace partrain;
 
 namespace {
 
-// Parameters in device memory, filled from host vectors.
+// Parameters in device memory (partrain's device_buffer on GPU 0), filled from host vectors.
 struct cuda_param {
-  float* v = nullptr;
-  float* g = nullptr;
-  std::size_t n = 0;
-  cuda_param(const std::vector<float>& hv, const std::vector<float>& hg) : n(hv.size()) {
-    REQUIRE(cudaMalloc(&v, n * sizeof(float)) == cudaSuccess);
-    REQUIRE(cudaMalloc(&g, n * sizeof(float)) == cudaSuccess);
-    REQUIRE(cudaMemcpy(v, hv.data(), n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
-    REQUIRE(cudaMemcpy(g, hg.data(), n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  device_buffer<float> v, g;
+  cuda_param(const std::vector<float>& hv, const std::vector<float>& hg) : v(hv.size(), 0), g(hg.size(), 0) {
+    v.copy_from(tensor_view<const float>(hv.data(), hv.size()));
+    g.copy_from(tensor_view<const float>(hg.data(), hg.size()));
   }
-  cuda_param(const cuda_param&) = delete;
-  cuda_param(cuda_param&& o) noexcept : v(o.v), g(o.g), n(o.n) { o.v = o.g = nullptr; }
-  ~cuda_param() {
-    cudaFree(v);
-    cudaFree(g);
-  }
-  tensor_view<float, cuda> value() { return {v, n}; }
-  tensor_view<float, cuda> grad() { return {g, n}; }
-  std::vector<float> host_values() const {
-    std::vector<float> h(n);
-    cudaMemcpy(h.data(), v, n * sizeof(float), cudaMemcpyDeviceToHost);
-    return h;
-  }
-  std::vector<float> host_grads() const {
-    std::vector<float> h(n);
-    cudaMemcpy(h.data(), g, n * sizeof(float), cudaMemcpyDeviceToHost);
+  tensor_view<float, cuda> value() { return v.view(); }
+  tensor_view<float, cuda> grad() { return g.view(); }
+  std::vector<float> host_values() const { return to_host(v); }
+  std::vector<float> host_grads() const { return to_host(g); }
+
+ private:
+  static std::vector<float> to_host(const device_buffer<float>& b) {
+    std::vector<float> h(b.size());
+    b.copy_to(tensor_view<float>(h.data(), h.size()));
     return h;
   }
 };

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <partrain/cuda/device_buffer.hpp>
 #include <partrain/parallel/data_parallel.hpp>
 
 using namespace partrain;
@@ -68,13 +69,12 @@ __global__ void sgd_kernel(float* v, const float* g, float lr, std::size_t n) {
   if (t < n) v[t] -= lr * g[t];
 }
 
+// n floats on device dev (partrain's device_buffer), seen as a raw pointer by the kernels.
 struct device_array {
-  float* p = nullptr;
-  std::size_t n = 0;
-  explicit device_array(std::size_t n_) : n(n_) { ok(cudaMalloc(&p, n * sizeof(float)), "cudaMalloc"); }
-  device_array(device_array&& o) noexcept : p(o.p), n(o.n) { o.p = nullptr; }
-  device_array(const device_array&) = delete;
-  ~device_array() { cudaFree(p); }
+  device_buffer<float> buf;
+  float* p;
+  std::size_t n;
+  device_array(std::size_t n_, int dev) : buf(n_, dev), p(buf.data()), n(n_) {}
 };
 
 // Linear regression on one GPU, its own stream; parameters are CUDA tensor views.
@@ -87,7 +87,8 @@ class cuda_linear {
   };
 
   cuda_linear(std::size_t in, std::size_t out, int dev)
-      : in_(in), out_(out), dev_(dev), w_(on(dev, in * out)), b_(out), gw_(in * out), gb_(out) {
+      : in_(in), out_(out), dev_(dev), w_(in * out, dev), b_(out, dev), gw_(in * out, dev), gb_(out, dev) {
+    ok(cudaSetDevice(dev), "cudaSetDevice");
     ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     std::vector<float> hw(in * out), hb(out, 0.1f);
     for (std::size_t i = 0; i < hw.size(); ++i) hw[i] = 0.01f * static_cast<float>((i * 7) % 13) - 0.06f;
@@ -117,7 +118,7 @@ class cuda_linear {
   double train_step(const reg_batch& bt) {
     ok(cudaSetDevice(dev_), "cudaSetDevice");
     const std::size_t n = bt.size();
-    device_array x(n * in_), y(n * out_), r(n * out_);
+    device_array x(n * in_, dev_), y(n * out_, dev_), r(n * out_, dev_);
     ok(cudaMemcpyAsync(x.p, bt.x.data(), x.n * sizeof(float), cudaMemcpyHostToDevice, stream_), "copy x");
     ok(cudaMemcpyAsync(y.p, bt.y.data(), y.n * sizeof(float), cudaMemcpyHostToDevice, stream_), "copy y");
     residual_kernel<<<static_cast<unsigned>((n * out_ + 127) / 128), 128, 0, stream_>>>(w_.p, b_.p, x.p, y.p, r.p, n,
@@ -141,11 +142,6 @@ class cuda_linear {
   [[nodiscard]] int dev() const noexcept { return dev_; }
 
  private:
-  // Makes dev current before the first allocation (member initialisers run in order).
-  static std::size_t on(int dev, std::size_t n) {
-    ok(cudaSetDevice(dev), "cudaSetDevice");
-    return n;
-  }
   void bind() {
     params_ = {param{{w_.p, shape{out_, in_}}, {gw_.p, shape{out_, in_}}}, param{{b_.p, out_}, {gb_.p, out_}}};
   }

@@ -6,11 +6,14 @@
 #include <cuda_runtime.h>
 
 #include <partrain/comm/local.hpp>
+#include <partrain/cuda/device_buffer.hpp>
+#include <partrain/cuda/stream.hpp>
 #include <partrain/optim/sgd.hpp>
 #include <partrain/parallel/ddp.hpp>
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,72 +32,85 @@ using partrain::testing::toy_mlp;
 
 namespace {
 
+// A parameter and its gradient in device memory on GPU 0 (partrain's device_buffer).
 struct device_param {
-  float* v = nullptr;
-  float* g = nullptr;
-  partrain::shape s;
-  explicit device_param(partrain::shape sh) : s(sh) {
-    cudaMalloc(&v, s.numel() * sizeof(float));
-    cudaMalloc(&g, s.numel() * sizeof(float));
-  }
-  device_param(const device_param&) = delete;
-  device_param(device_param&& o) noexcept : v(o.v), g(o.g), s(o.s) { o.v = o.g = nullptr; }
-  ~device_param() {
-    cudaFree(v);
-    cudaFree(g);
-  }
-  tensor_view<float, cuda> value() { return {v, s}; }
-  tensor_view<float, cuda> grad() { return {g, s}; }
+  device_buffer<float> v, g;
+  explicit device_param(partrain::shape sh) : v(sh, 0), g(sh, 0) {}
+  tensor_view<float, cuda> value() { return v.view(); }
+  tensor_view<float, cuda> grad() { return g.view(); }
 };
 
 // The toy MLP's math runs on the host; its parameters and gradients live on the device, so DDP
 // sees CUDA views and must stage them. Reports readiness (overlap path) like the host model.
+// With `own_stream` the model queues its copies on a non-blocking stream of its own (stream()) and
+// reports a gradient ready without waiting for its copy: DDP's staging (and the optimizer) must
+// order their work on that stream, or they read the gradient before it arrived.
 class device_mlp {
  public:
-  explicit device_mlp(std::uint64_t seed) : host_(seed) {
+  explicit device_mlp(std::uint64_t seed, bool own_stream = false) : host_(seed) {
+    if (own_stream) stream_.emplace(0);
     for (auto& p : host_.parameters()) {
       auto& d = params_.emplace_back(p.value().shape());
-      cudaMemcpy(d.v, p.values().data(), p.values().size() * sizeof(float), cudaMemcpyHostToDevice);
+      d.v.copy_from(tensor_view<const float>(p.values().data(), p.values().size()));
     }
   }
   std::vector<device_param>& parameters() { return params_; }
+  [[nodiscard]] cudaStream_t stream() const noexcept { return stream_ ? stream_->get() : nullptr; }
   double train_step(const toy_batch<float>& b) { return step(b, nullptr); }
   double train_step(const toy_batch<float>& b, const grad_ready_fn& f) { return step(b, &f); }
   std::vector<float> values() {
+    sync();
     std::vector<float> all;
     for (auto& d : params_) {
-      std::vector<float> h(d.s.numel());
-      cudaMemcpy(h.data(), d.v, h.size() * sizeof(float), cudaMemcpyDeviceToHost);
+      std::vector<float> h(d.v.size());
+      d.v.copy_to(tensor_view<float>(h.data(), h.size()));
       all.insert(all.end(), h.begin(), h.end());
     }
     return all;
   }
 
  private:
+  void sync() const {
+    if (stream_) REQUIRE(cudaStreamSynchronize(stream_->get()) == cudaSuccess);
+  }
   double step(const toy_batch<float>& b, const grad_ready_fn* f) {
     auto& hp = host_.parameters();
+    sync();  // the optimizer's last step ran on our stream
     for (std::size_t i = 0; i < hp.size(); ++i) {
-      cudaMemcpy(hp[i].values().data(), params_[i].v, hp[i].values().size() * sizeof(float), cudaMemcpyDeviceToHost);
+      params_[i].v.copy_to(tensor_view<float>(hp[i].values().data(), hp[i].values().size()));
     }
     const double loss = host_.train_step(b);
+    // The host gradients must outlive the queued copies: kept per parameter until the next step.
+    staged_.resize(hp.size());
     for (std::size_t i = hp.size(); i-- > 0;) {
-      cudaMemcpy(params_[i].g, hp[i].grads().data(), hp[i].grads().size() * sizeof(float), cudaMemcpyHostToDevice);
+      if (stream_) {
+        staged_[i] = hp[i].grads();
+        REQUIRE(cudaMemcpyAsync(params_[i].g.data(), staged_[i].data(), staged_[i].size() * sizeof(float),
+                                cudaMemcpyHostToDevice, stream_->get()) == cudaSuccess);
+      } else {
+        params_[i].g.copy_from(tensor_view<const float>(hp[i].grads().data(), hp[i].grads().size()));
+      }
       if (f) (*f)(i);
     }
     return loss;
   }
   toy_mlp<float, false> host_;
+  std::optional<cuda_stream> stream_;
   std::vector<device_param> params_;
+  std::vector<std::vector<float>> staged_;
 };
 
 }  // namespace
 
 TEST_CASE("ddp with CUDA parameters equals the host run (staged through host buckets)", "[parallel][ddp][cuda][gpu]") {
+  // own_stream: the staging copies must be ordered on the model's stream (model_stream).
+  const bool own_stream = GENERATE(false, true);
+  INFO("model on its own non-blocking stream: " << own_stream);
   for (int world : {1, 2}) {
     std::vector<std::vector<float>> dev(static_cast<std::size_t>(world)), host(static_cast<std::size_t>(world));
     const sgd_options o{.lr = 0.05, .momentum = 0.9};
     run_local(world, [&](local_group& g) {
-      device_mlp m(7 + static_cast<std::uint64_t>(g.rank()));
+      device_mlp m(7 + static_cast<std::uint64_t>(g.rank()), own_stream);
       distributed_data_parallel ddp(m, g, {.bucket_cap_bytes = 64, .first_bucket_bytes = 16});
       sgd opt(m, o);
       {

@@ -27,6 +27,7 @@
 #include <partrain/parallel/detail/ddp_elements.hpp>
 
 #if defined(__CUDACC__)
+#include <partrain/cuda/device_buffer.hpp>
 #include <partrain/cuda/device_guard.hpp>
 #include <partrain/parallel/detail/ddp_kernels.cuh>
 #endif
@@ -154,17 +155,15 @@ work compressed_all_reduce(grad_bucket& b) {
     const auto stream = static_cast<cudaStream_t>(b.cuda_stream());
     cuda_device_guard guard(dev);
     auto& state = b.hook_state();
-    // The 16-bit copy lives in device memory kept in hook_state (element count in front).
-    struct scratch {
-      std::size_t count;
-      std::shared_ptr<void> mem;
-    };
+    // The 16-bit copy is a device_buffer on the bucket's device kept in hook_state; its zero
+    // fill is queued on the bucket's stream, ahead of the cast that overwrites it.
+    using scratch = device_buffer<H>;
     auto* s = static_cast<scratch*>(state.get());
-    if (!s || s->count != buf.count) {
-      state = std::make_shared<scratch>(scratch{buf.count, device_alloc(buf.count * sizeof(H), dev)});
+    if (!s || s->size() != buf.count) {
+      state = std::make_shared<scratch>(shape{buf.count}, dev, stream);
       s = static_cast<scratch*>(state.get());
     }
-    void* h = s->mem.get();
+    void* h = s->data();
     device_to_16(buf, h, dtype_of<H>, static_cast<float>(b.divisor()), stream);
     work w = b.all_reduce(tensor_view<H, cuda>(static_cast<H*>(h), buf.count));
     // Runs on the thread that completes w (NCCL's watchdog), whose current device is not ours.

@@ -24,6 +24,7 @@
 #include <partrain/core/tensor_view.hpp>
 #include <partrain/core/work.hpp>
 #include <partrain/model/concepts.hpp>
+#include <partrain/model/traits.hpp>
 #include <partrain/optim/clip.hpp>
 #include <partrain/optim/optimizer.hpp>
 #include <partrain/parallel/comm_hooks.hpp>
@@ -272,7 +273,11 @@ class distributed_data_parallel {
   // Device mode (CUDA parameters, a backend that reduces CUDA memory): buckets on the parameters'
   // device, their work on the communicator's input stream.
   [[nodiscard]] detail::device_placement device_placement() {
-    if (!(std::same_as<S, cuda> && comm_accepts(device_kind::cuda))) return {};
+    if (!(std::same_as<S, cuda> && comm_accepts(device_kind::cuda))) {
+      detail::device_placement host_buckets;
+      host_buckets.staging_stream = model_stream(*model_);
+      return host_buckets;
+    }
     detail::device_placement p{cuda_device_, {}};
     if constexpr (requires(const C& c) { { c.input_stream() } -> std::convertible_to<void*>; }) {
       p.stream = [c = comm_] { return c->input_stream(); };
@@ -441,7 +446,7 @@ class distributed_data_parallel {
         works.push_back(comm_->broadcast(p.value(), root));
       } else {
         auto& h = staged.emplace_back(p.value().size());
-        detail::stage_in(h.data(), tensor_view<const T, S>(p.value()), false, tmp);
+        detail::stage_in(h.data(), tensor_view<const T, S>(p.value()), false, tmp, model_stream(*model_));
         works.push_back(comm_->broadcast(tensor_view<T>(h), root));
       }
     }
@@ -457,7 +462,7 @@ class distributed_data_parallel {
     if constexpr (!std::same_as<S, host>) {
       std::size_t k = 0;
       if (!direct) {
-        for (auto&& p : model_->parameters()) detail::stage_out(p.value(), staged[k++].data());
+        for (auto&& p : model_->parameters()) detail::stage_out(p.value(), staged[k++].data(), model_stream(*model_));
       }
     }
   }

@@ -16,7 +16,6 @@
 
 #include <concepts>
 #include <cstddef>
-#include <memory>
 #include <string>
 #include <type_traits>
 
@@ -68,15 +67,6 @@ void device_stage_out(tensor_view<T, cuda> g, const T* src, cudaStream_t stream)
   if (g.empty()) return;
   cuda_check(cudaMemcpyAsync(g.data(), src, g.size_bytes(), cudaMemcpyDeviceToDevice, stream),
              "cudaMemcpyAsync (bucket to gradient)", __FILE__, __LINE__);
-}
-
-// Device memory on device `device_index`, owned through a shared_ptr (what a hook keeps in
-// grad_bucket::hook_state()).
-[[nodiscard]] inline std::shared_ptr<void> device_alloc(std::size_t bytes, int device_index) {
-  cuda_device_guard guard(device_index);
-  void* p = nullptr;
-  cuda_check(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc (hook scratch)", __FILE__, __LINE__);
-  return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
 }
 
 // src (float/double bucket) -> dst 16-bit (divided by d), and back.

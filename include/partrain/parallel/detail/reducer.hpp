@@ -41,8 +41,9 @@
 namespace partrain::inline v0::detail {
 
 // Gradients to and from the host buckets (the CUDA overloads are in parallel/detail/ddp_staging.hpp).
+// `stream` (the model's, for CUDA gradients) is unused on the host.
 template <class T>
-void stage_in(T* dst, tensor_view<const T, host> g, bool add, std::vector<T>&) {
+void stage_in(T* dst, tensor_view<const T, host> g, bool add, std::vector<T>&, void* /*stream*/) {
   if (add) {
     for_each_index(host_exec{}, g.size(), accumulate_fn<T>{dst, g.data()});
   } else if (!g.empty()) {
@@ -50,7 +51,7 @@ void stage_in(T* dst, tensor_view<const T, host> g, bool add, std::vector<T>&) {
   }
 }
 template <class T>
-void stage_out(tensor_view<T, host> g, const T* src) {
+void stage_out(tensor_view<T, host> g, const T* src, void* /*stream*/) {
   if (!g.empty()) std::memcpy(g.data(), src, g.size_bytes());
 }
 
@@ -77,6 +78,9 @@ template <class C>
 struct device_placement {
   int index = -1;                 // -1: host buckets
   std::function<void*()> stream;  // empty: the default stream
+  // Host buckets with CUDA gradients: the model's stream (model_stream), which the gradients are
+  // copied to and from the buckets on; null: the legacy default stream.
+  void* staging_stream = nullptr;
 };
 
 // Buckets live in host memory (CUDA gradients are staged through it), or, in device mode (CUDA
@@ -288,7 +292,7 @@ class reducer {
       }
     }
 #endif
-    stage_in(dst, g, add, tmp_);
+    stage_in(dst, g, add, tmp_, placement_.staging_stream);
   }
   void copy_out(tensor_view<T, S> g, const T* src) {
 #if defined(__CUDACC__)
@@ -300,7 +304,7 @@ class reducer {
       }
     }
 #endif
-    stage_out(g, src);
+    stage_out(g, src, placement_.staging_stream);
   }
 
   void launch_ready() {
