@@ -164,6 +164,10 @@ TEST_CASE("spawn names a rank that exits non-zero and stops the others", "[comm]
     FAIL("spawn did not throw");
   } catch (const process_error& e) {
     CHECK(e.rank() == 1);
+    // The rank lives in the sited base: a caller holding any partrain::error reads it.
+    const partrain::error& base = e;
+    CHECK(base.rank() == 1);
+    CHECK(base.operation() == "spawn");
     CHECK_FALSE(e.status().signaled);
     CHECK(e.status().code == 3);
     CHECK_THAT(e.what(), Catch::Contains("rank 1") && Catch::Contains("exited with code 3"));
@@ -262,6 +266,16 @@ TEST_CASE("spawn times out with the ranks still running", "[comm][spawn][process
     if (rank == 1) std::this_thread::sleep_for(60s);
   }, o),
                     Catch::Contains("rank(s) 1 still running"));
+  try {
+    spawn(2, [](int rank) {
+      if (rank == 1) std::this_thread::sleep_for(60s);
+    }, o);
+    FAIL("spawn did not time out");
+  } catch (const timeout_error& e) {
+    CHECK(e.operation() == "spawn");
+    CHECK(e.peer() == 1);  // the rank still running
+    CHECK(e.timeout() == 300ms);
+  }
   CHECK_THROWS_AS(spawn(0, [](int) {}), config_error);
 }
 

@@ -296,6 +296,11 @@ TEST_CASE("ddp: without join, a rank that stops early makes the others time out 
     const std::string msg = e.what();
     CHECK_THAT(msg, Catch::Contains("rank 0 DDP gradient all_reduce"));
     CHECK_THAT(msg, Catch::Contains("join = true"));
+    // The backend's fields survive DDP's wrapping: who timed out, in what, waiting for whom.
+    CHECK(e.rank() == 0);
+    CHECK(e.operation() == "all_reduce");
+    CHECK(e.peer() == 1);
+    CHECK(e.timeout() == std::chrono::milliseconds(300));
   }
   SECTION("join() without the option is a clear error") {
     run_local(1, [](local_group& g) {

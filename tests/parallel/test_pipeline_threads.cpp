@@ -265,6 +265,43 @@ TEST_CASE("a stage that dies makes its peers fail, naming the operation", "[para
   CHECK_THAT(errors[0], Catch::Contains("pipeline stage 0 of 2 recv") && Catch::Contains("from rank 1"));
 }
 
+TEST_CASE("a stage whose peer died gets an aborted_error echo naming the recv and the peer",
+          "[parallel][pipeline][threads][errors]") {
+  // Stage 1 of replica 0 fails; stage 0 of replica 0, waiting on its gradient, is an echo:
+  // the grid reports the root cause, and the echo carries rank, operation, peer and origin.
+  test::synthetic_batch b(8, widths.front(), 5, 1);
+  test::softmax_cross_entropy loss;
+  std::vector<host_model> models;
+  for (int j = 0; j < 2; ++j) models.push_back(test::make_mlp(widths, model_seed));
+  std::exception_ptr echo;
+  CHECK_THROWS_WITH(run_local_grid(2, 2, [&](grid_rank& gr) {
+    pipeline_options o;
+    o.micro_batches = 2;
+    o.data_parallel = &gr.data;
+    pipeline_stage stage(models[static_cast<std::size_t>(gr.replica())], gr.pipeline, o);
+    if (gr.stage() == 1 && gr.replica() == 0) throw std::runtime_error("stage 1 lost its device");
+    try {
+      (void)stage.train_step(loss, b.input(), b.labels());
+    } catch (...) {
+      if (gr.stage() == 0 && gr.replica() == 0) echo = std::current_exception();
+      throw;
+    }
+  }, {.timeout = std::chrono::milliseconds(3000)}),
+                    Catch::Contains("stage 1 lost its device"));
+  REQUIRE(echo);
+  try {
+    std::rethrow_exception(echo);
+  } catch (const aborted_error& e) {
+    CHECK(e.rank() == 0);
+    CHECK(e.operation() == "recv");
+    CHECK(e.peer() == 1);
+    CHECK(e.origin() == 1);
+    CHECK_THAT(e.what(), Catch::Contains("pipeline stage 0 of 2 recv"));
+  } catch (const std::exception& e) {
+    FAIL("stage 0 got a root cause, not an echo: " << e.what());
+  }
+}
+
 TEST_CASE("partition by measured time leaves the gradients alone and covers the model", "[parallel][pipeline][partition]") {
   host_model model = test::make_mlp({64, 256, 8, 8, 8}, 5);
   for (auto& l : model) for (auto& p : l->parameters()) std::ranges::fill(p.g, 0.25f);

@@ -471,6 +471,15 @@ TEST_CASE("init_process_group: a missing peer is a timeout, not a hang", "[comm]
   const auto t0 = std::chrono::steady_clock::now();
   CHECK_THROWS_AS(init_process_group("tcp://127.0.0.1:" + std::to_string(detail::find_free_port()), o), timeout_error);
   CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+  // Rank 0 waited for the others to join: its rank, the operation and the deadline as fields.
+  try {
+    (void)init_process_group("tcp://127.0.0.1:" + std::to_string(detail::find_free_port()), o);
+    FAIL("init_process_group without rank 1 returned");
+  } catch (const timeout_error& e) {
+    CHECK(e.rank() == 0);
+    CHECK(e.operation() == "init_process_group");
+    CHECK(e.timeout() == 500ms);
+  }
 }
 #endif
 

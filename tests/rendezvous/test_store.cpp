@@ -37,6 +37,7 @@ tcp_store_options client_opts(std::uint16_t port, std::string token = {}) {
   o.timeout = 5s;
   o.token = std::move(token);
   o.who = "rank 1";
+  o.rank = 1;
   return o;
 }
 
@@ -203,6 +204,23 @@ TEST_CASE("tcp_store timeouts name the missing keys", "[comm][store][tcp][timeou
   CHECK_THROWS_WITH(client.wait({"here", "gone1", "gone2"}, 50ms),
                     Catch::Contains("'gone1', 'gone2'") && !Catch::Contains("'here'"));
   CHECK(std::chrono::steady_clock::now() - t0 < 4s);  // hang guard only
+  // The same facts as fields: who waited, in which operation, for how long.
+  try {
+    (void)client.get("never", 60ms);
+    FAIL("get of a key never set returned");
+  } catch (const timeout_error& e) {
+    CHECK(e.rank() == 1);
+    CHECK(e.operation() == "store get");
+    CHECK(e.timeout() == 60ms);
+  }
+  try {
+    client.wait({"here", "gone1"}, 70ms);
+    FAIL("wait for a key never set returned");
+  } catch (const timeout_error& e) {
+    CHECK(e.rank() == 1);
+    CHECK(e.operation() == "store wait");
+    CHECK(e.timeout() == 70ms);
+  }
   // The connection is still usable after a timed-out wait.
   CHECK(client.get_string("here", 1s) == "1");
   CHECK_THROWS_AS(client.get("k", -1ms), invalid_argument_error);
@@ -389,6 +407,15 @@ TEST_CASE("tcp_store client whose server vanished fails within the reconnect win
   CHECK_THROWS_AS(c.set("k", "w"), communication_error);  // the broken connection
   CHECK_THROWS_WITH(c.check({"k"}), Catch::Contains("lost the connection to the store at 127.0.0.1:" + std::to_string(co.port)) &&
                                         Catch::Contains("did not come back within 500 ms"));
+  try {
+    c.add("k", 1);
+    FAIL("add on a store whose server is gone returned");
+  } catch (const timeout_error&) {
+    FAIL("a lost connection is not a timeout");
+  } catch (const communication_error& e) {
+    CHECK(e.rank() == 1);
+    CHECK(e.operation() == "store add");
+  }
   CHECK(std::chrono::steady_clock::now() - t0 < 5s);
   tcp_store_options bad = client_opts(co.port);
   bad.reconnect_timeout = 0ms;
@@ -458,6 +485,17 @@ TEST_CASE("file_store set/get/add/wait/check in one process", "[comm][store][fil
   CHECK(other.get_string("after", 1s) == "ok");
   CHECK(other.get_string("n", 1s) == "8");
   CHECK_THROWS_AS(file_store("/nonexistent-dir/x/y"), config_error);
+  // A timed-out get carries the caller's rank, the operation and the deadline.
+  file_store ranked(path, 5s, "rank 2", 2);
+  try {
+    (void)ranked.get("never", 30ms);
+    FAIL("get of a key never set returned");
+  } catch (const timeout_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("rank 2: file_store get('never')"));
+    CHECK(e.rank() == 2);
+    CHECK(e.operation() == "store get");
+    CHECK(e.timeout() == 30ms);
+  }
   std::filesystem::remove(path);
 }
 

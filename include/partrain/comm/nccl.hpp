@@ -267,12 +267,12 @@ class nccl_group final : public process_group {
   work do_send(raw_tensor t, int dst, int /*tag: NCCL matches per peer in order*/) override {
     return issue(collective::send, [&](ncclComm_t c, cudaStream_t s) {
       return detail::nccl_grouped([&] { return ncclSend(t.data, t.count, detail::to_nccl(t.type), dst, c, s); });
-    });
+    }, dst);
   }
   work do_recv(raw_tensor t, int src, int /*tag*/) override {
     return issue(collective::recv, [&](ncclComm_t c, cudaStream_t s) {
       return detail::nccl_grouped([&] { return ncclRecv(t.data, t.count, detail::to_nccl(t.type), src, c, s); });
-    });
+    }, src);
   }
 
   // Checking mode: the fingerprints travel through device memory (NCCL takes no host buffers).
@@ -299,7 +299,13 @@ class nccl_group final : public process_group {
     std::shared_ptr<detail::work_state> state;
     collective op;
     std::optional<clock::time_point> deadline;  // set once `started` completed
+    int peer = -1;                              // send/recv: the other rank
   };
+
+  // An error's fields: this rank, the operation, its peer (send/recv), the deadline (timeouts).
+  [[nodiscard]] error_site sited(collective c, int peer = -1, std::chrono::milliseconds timeout = {}) const {
+    return {.rank = rank(), .operation = std::string(to_string(c)), .peer = peer, .timeout = timeout};
+  }
 
   [[nodiscard]] static partrain::device checked_device(partrain::device dev, int rank) {
     if (!dev.is_cuda()) {
@@ -328,7 +334,8 @@ class nccl_group final : public process_group {
     if (rank() == 0) {
       const ncclResult_t rc = ncclGetUniqueId(&id);
       if (rc != ncclSuccess) {
-        throw communication_error("rank 0 nccl init: ncclGetUniqueId failed: " + detail::nccl_failure(rc, nullptr));
+        throw communication_error({.rank = 0, .operation = "nccl init"},
+                                  "ncclGetUniqueId failed: " + detail::nccl_failure(rc, nullptr));
       }
       store_->set(key, std::span(reinterpret_cast<const std::byte*>(&id), sizeof(id)));
     } else {
@@ -336,13 +343,14 @@ class nccl_group final : public process_group {
       try {
         bytes = store_->get(key, timeout());
       } catch (const timeout_error& e) {
-        throw timeout_error("rank " + std::to_string(rank()) + " nccl init: rank 0's unique id ('" + key +
-                            "') did not arrive within " + std::to_string(timeout().count()) + " ms: " + e.what());
+        throw timeout_error({.rank = rank(), .operation = "nccl init", .timeout = timeout()},
+                            "rank 0's unique id ('" + key + "') did not arrive within " +
+                                std::to_string(timeout().count()) + " ms: " + detail::unprefixed(e.what()));
       }
       if (bytes.size() != sizeof(id)) {
-        throw communication_error("rank " + std::to_string(rank()) + " nccl init: the unique id under '" + key +
-                                  "' has " + std::to_string(bytes.size()) + " bytes, expected " +
-                                  std::to_string(sizeof(id)));
+        throw communication_error({.rank = rank(), .operation = "nccl init"},
+                                  "the unique id under '" + key + "' has " + std::to_string(bytes.size()) +
+                                      " bytes, expected " + std::to_string(sizeof(id)));
       }
       std::memcpy(&id, bytes.data(), sizeof(id));
     }
@@ -353,42 +361,40 @@ class nccl_group final : public process_group {
     const ncclResult_t rc = ncclCommInitRankConfig(&raw, size(), id, rank(), &config);
     detail::nccl_comm comm(raw);
     if (rc != ncclSuccess && rc != ncclInProgress) {
-      throw communication_error("rank " + std::to_string(rank()) + " nccl init: ncclCommInitRankConfig failed: " +
-                                detail::nccl_failure(rc, raw));
+      throw communication_error({.rank = rank(), .operation = "nccl init"},
+                                "ncclCommInitRankConfig failed: " + detail::nccl_failure(rc, raw));
     }
-    wait_ready(lock, comm.get(), clock::now() + timeout(), "nccl init (ncclCommInitRankConfig)");
+    wait_ready(lock, comm.get(), clock::now() + timeout(),
+               {.rank = rank(), .operation = "nccl init (ncclCommInitRankConfig)"});
     return comm;
   }
 
   // A non-blocking communicator answers ncclInProgress until the call has been taken in. `lock`
   // (on mutex_) is released between polls, so the watchdog and abort() are not held up for the
   // whole timeout; issuing_ keeps other issuers out meanwhile. An abort while waiting ends it.
-  void wait_ready(std::unique_lock<std::mutex>& lock, ncclComm_t comm, clock::time_point deadline,
-                  std::string_view what) {
+  // `site`: the rank and operation waited for, named in the errors.
+  void wait_ready(std::unique_lock<std::mutex>& lock, ncclComm_t comm, clock::time_point deadline, error_site site) {
     for (;;) {
       if (!failure_.empty()) {
-        throw communication_error("rank " + std::to_string(rank()) + " " + std::string(what) +
-                                  ": the NCCL communicator was aborted meanwhile: " + failure_);
+        throw aborted_error(std::move(site), -1, "the NCCL communicator was aborted meanwhile: " + failure_);
       }
       ncclResult_t st = ncclSuccess;
       const ncclResult_t rc = ncclCommGetAsyncError(comm, &st);
       if (rc != ncclSuccess) st = rc;
       if (st == ncclSuccess) return;
-      if (st != ncclInProgress) {
-        throw communication_error("rank " + std::to_string(rank()) + " " + std::string(what) + ": " +
-                                  detail::nccl_failure(st, comm));
-      }
+      if (st != ncclInProgress) throw communication_error(std::move(site), detail::nccl_failure(st, comm));
       if (clock::now() > deadline) {
-        throw timeout_error("rank " + std::to_string(rank()) + " " + std::string(what) + ": not done after " +
-                            std::to_string(timeout().count()) + " ms (are all " + std::to_string(size()) +
-                            " ranks running, one GPU each?)");
+        site.timeout = timeout();
+        throw timeout_error(std::move(site), "not done after " + std::to_string(timeout().count()) + " ms (are all " +
+                                                 std::to_string(size()) + " ranks running, one GPU each?)");
       }
       cv_.wait_for(lock, std::chrono::microseconds(100));
     }
   }
 
+  // `peer`: the other rank of a send or recv, for the errors' fields.
   template <class Launch>
-  work issue(collective c, Launch&& launch) {
+  work issue(collective c, Launch&& launch, int peer = -1) {
     std::unique_lock lock(mutex_);
     // One issuer at a time, also while wait_ready has released the lock.
     cv_.wait(lock, [&] { return !issuing_; });
@@ -404,20 +410,21 @@ class nccl_group final : public process_group {
       }
     };
     std::optional<issuing_reset> reset_issuing(std::in_place, this);
-    if (!failure_.empty()) throw communication_error(where(c) + ": the NCCL communicator was aborted: " + failure_);
+    // An echo: the failure (or abort()) that aborted the communicator is reported where it happened.
+    if (!failure_.empty()) throw aborted_error(sited(c, peer), -1, "the NCCL communicator was aborted: " + failure_);
     cuda_device_guard guard(device_.index);
     input_ready_.record(input_stream_.load());
     input_ready_.block(stream_.get());
-    pending_op p{cuda_event(), cuda_event(), std::make_shared<detail::work_state>(), c, std::nullopt};
+    pending_op p{cuda_event(), cuda_event(), std::make_shared<detail::work_state>(), c, std::nullopt, peer};
     p.started.record(stream_.get());
     const ncclResult_t rc = launch(comm_.get(), stream_.get());
     if (rc == ncclInProgress) {
       try {
-        wait_ready(lock, comm_.get(), clock::now() + timeout(), where(c));
+        wait_ready(lock, comm_.get(), clock::now() + timeout(), sited(c, peer));
       } catch (const error& e) {
         reset_issuing.reset();
         lock.unlock();
-        fail_all(e.what(), true);
+        fail_all(detail::unprefixed(e.what()), true);
         throw;
       }
     } else if (rc != ncclSuccess) {
@@ -425,7 +432,7 @@ class nccl_group final : public process_group {
       reset_issuing.reset();
       lock.unlock();
       fail_all(why, true);
-      throw communication_error(why);
+      throw communication_error(why, sited(c, peer));
     }
     p.done.record(stream_.get());
     work w(p.state);
@@ -436,7 +443,8 @@ class nccl_group final : public process_group {
     return w;
   }
 
-  // Aborts the communicator and fails every pending work; from_error: an NCCL call failed.
+  // Aborts the communicator and fails every pending work (echoes of `why`: aborted_error);
+  // from_error: an NCCL call failed.
   void fail_all(const std::string& why, bool from_error) {
     std::deque<pending_op> failed;
     {
@@ -447,8 +455,8 @@ class nccl_group final : public process_group {
     }
     cv_.notify_all();
     for (auto& p : failed) {
-      const std::string msg = where(p.op) + ": " + (from_error ? "failed: " : "aborted: ") + why;
-      p.state->complete(std::make_exception_ptr(communication_error(msg)));
+      const std::string reason = (from_error ? "an NCCL call failed: " : "") + why;
+      p.state->complete(std::make_exception_ptr(aborted_error(sited(p.op, p.peer), -1, reason)));
     }
   }
 
@@ -513,12 +521,19 @@ class nccl_group final : public process_group {
         failed.swap(pending_);
         lock.unlock();
         cv_.notify_all();
+        // The front operation is the failure; the ones queued behind it are its echoes.
         bool first = true;
         for (auto& p : failed) {
-          const std::string msg = first ? failure : where(p.op) + ": aborted after an earlier failure: " + failure;
+          std::exception_ptr e;
+          if (!first) {
+            e = std::make_exception_ptr(aborted_error(sited(p.op, p.peer), -1, "an earlier operation failed: " + failure));
+          } else if (timed_out) {
+            e = std::make_exception_ptr(timeout_error(failure, sited(p.op, p.peer, timeout())));
+          } else {
+            e = std::make_exception_ptr(communication_error(failure, sited(p.op, p.peer)));
+          }
           first = false;
-          p.state->complete(timed_out ? std::make_exception_ptr(timeout_error(msg))
-                                      : std::make_exception_ptr(communication_error(msg)));
+          p.state->complete(e);
         }
         lock.lock();
         continue;

@@ -46,6 +46,12 @@ namespace detail {
   if (!out.empty()) out += ": ";
   return out + std::string(detail);
 }
+// An error's message without the "partrain: " every what() starts with, for wrapping it in a
+// message of a layer above.
+[[nodiscard]] inline std::string unprefixed(std::string_view what) {
+  if (what.starts_with("partrain: ")) what.remove_prefix(10);
+  return std::string(what);
+}
 }  // namespace detail
 
 // Base of every exception partrain throws.
@@ -110,16 +116,15 @@ class aborted_error : public communication_error {
   aborted_error(error_site site, int origin, std::string_view reason)
       : communication_error(std::move(site), "group aborted: " + std::string(reason)), origin_(origin) {}
   // The same echo seen from a layer above: "<context>: <inner's message>", inner's fields.
-  aborted_error(std::string_view context, const aborted_error& inner)
-      : communication_error(error_kind::communication, std::string(context) + ": " + unprefixed(inner.what()), inner.site()),
+  aborted_error(std::string_view context, const aborted_error& inner) : aborted_error(context, inner, inner.site()) {}
+  // ... where the layer above knows its own place (its rank, operation, peer).
+  aborted_error(std::string_view context, const aborted_error& inner, error_site site)
+      : communication_error(error_kind::communication, std::string(context) + ": " + detail::unprefixed(inner.what()),
+                            std::move(site)),
         origin_(inner.origin()) {}
   [[nodiscard]] int origin() const noexcept { return origin_; }
 
  private:
-  static std::string unprefixed(std::string_view what) {
-    if (what.starts_with("partrain: ")) what.remove_prefix(10);
-    return std::string(what);
-  }
   int origin_;
 };
 

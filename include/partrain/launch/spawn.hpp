@@ -41,18 +41,20 @@ struct spawn_options {
   std::size_t keep_lines = 20;
 };
 
-// A rank of spawn() failed (or several did: the first one is named).
+// A rank of spawn() failed (or several did: the first one is named). rank() (error's) is that
+// rank, operation() is "spawn".
 class process_error : public communication_error {
  public:
   process_error(const std::string& what, int rank, exit_status status, std::vector<std::string> last_lines, std::vector<pid_t> pids)
-      : communication_error(what), rank_(rank), status_(status), last_lines_(std::move(last_lines)), pids_(std::move(pids)) {}
-  [[nodiscard]] int rank() const noexcept { return rank_; }
+      : communication_error(what, error_site{.rank = rank, .operation = "spawn"}),
+        status_(status),
+        last_lines_(std::move(last_lines)),
+        pids_(std::move(pids)) {}
   [[nodiscard]] const exit_status& status() const noexcept { return status_; }
   [[nodiscard]] const std::vector<std::string>& last_lines() const noexcept { return last_lines_; }
   [[nodiscard]] const std::vector<pid_t>& pids() const noexcept { return pids_; }
 
  private:
-  int rank_;
   exit_status status_;
   std::vector<std::string> last_lines_;
   std::vector<pid_t> pids_;
@@ -149,11 +151,16 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
 
   if (out.how == supervise_outcome::result::timed_out) {
     std::string running;
+    int first_running = -1;
     for (int r = 0; r < nprocs; ++r) {
-      if (out.stopped_by_us[static_cast<std::size_t>(r)]) running += (running.empty() ? "" : ", ") + std::to_string(r);
+      if (!out.stopped_by_us[static_cast<std::size_t>(r)]) continue;
+      running += (running.empty() ? "" : ", ") + std::to_string(r);
+      if (first_running < 0) first_running = r;
     }
+    // The parent is no rank: peer() is the first rank still running.
     throw timeout_error("spawn: rank(s) " + running + " still running after " + std::to_string(opts.timeout.count()) +
-                        " ms; all ranks were stopped");
+                            " ms; all ranks were stopped",
+                        error_site{.operation = "spawn", .peer = first_running, .timeout = opts.timeout});
   }
   const int bad = out.first_failed;
   const auto& st = out.statuses[static_cast<std::size_t>(bad)];

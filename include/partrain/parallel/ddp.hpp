@@ -249,13 +249,16 @@ class distributed_data_parallel {
     try {
       w.wait();
     } catch (const timeout_error& e) {
-      std::string_view inner = e.what();
-      if (inner.starts_with("partrain: ")) inner.remove_prefix(10);
-      throw timeout_error(where() + what + " failed: " + std::string(inner) +
-                          (opts_.join ? std::string()
-                                      : std::string(". If ranks run out of batches at different steps, construct DDP "
-                                                    "with ddp_options{.join = true} and call join() on a rank once its "
-                                                    "data ends")));
+      // The backend's fields stay (rank, operation, peer, deadline); the text says what DDP did.
+      error_site site = e.site();
+      if (site.rank < 0) site.rank = comm_->rank();
+      if (site.operation.empty()) site.operation = what;
+      throw timeout_error(where() + what + " failed: " + detail::unprefixed(e.what()) +
+                              (opts_.join ? std::string()
+                                          : std::string(". If ranks run out of batches at different steps, construct "
+                                                        "DDP with ddp_options{.join = true} and call join() on a rank "
+                                                        "once its data ends")),
+                          std::move(site));
     }
   }
   void wait_flag(std::array<std::int64_t, 2>& flag, const char* what) {

@@ -35,10 +35,10 @@ namespace partrain::inline v0 {
 class file_store final : public store {
  public:
   // timeout bounds taking the file lock (and set/add/check, which take it).
-  // who (e.g. "rank 3") names the caller in errors.
+  // who (e.g. "rank 3") names the caller in errors' text, rank in their rank() (-1: not a rank).
   explicit file_store(std::string path, std::chrono::milliseconds timeout = std::chrono::milliseconds(300'000),
-                      std::string who = {})
-      : path_(std::move(path)), timeout_(timeout), who_(who.empty() ? std::string() : std::move(who) + ": ") {
+                      std::string who = {}, int rank = -1)
+      : path_(std::move(path)), timeout_(timeout), who_(who.empty() ? std::string() : std::move(who) + ": "), rank_(rank) {
     if (path_.empty()) throw config_error("file_store: empty path (expected a file on a filesystem all ranks share)");
     fd_.reset(::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
     if (!fd_) {
@@ -58,7 +58,7 @@ class file_store final : public store {
 
   [[nodiscard]] std::vector<std::byte> get(const std::string& key, std::chrono::milliseconds timeout) override {
     std::vector<std::byte> out;
-    poll_until(timeout, [&] {
+    poll_until("store get", timeout, [&] {
       if (auto it = cache_.find(key); it != cache_.end()) {
         out = it->second;
         return true;
@@ -88,7 +88,7 @@ class file_store final : public store {
   }
 
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
-    poll_until(timeout, [&] { return all_present(keys); }, [&] {
+    poll_until("store wait", timeout, [&] { return all_present(keys); }, [&] {
       std::string names;
       for (const auto& k : keys) {
         if (!cache_.contains(k)) names += (names.empty() ? "'" : ", '") + k + "'";
@@ -134,11 +134,13 @@ class file_store final : public store {
         if (::fcntl(s.fd_.get(), F_OFD_SETLK, &fl) == 0) break;
         if (errno != EAGAIN && errno != EACCES && errno != EINTR) {
           throw communication_error("file_store " + op + ": cannot lock '" + s.path_ + "': " + detail::errno_text(errno) +
-                                    " (the filesystem must support fcntl locks)");
+                                        " (the filesystem must support fcntl locks)",
+                                    s.site("store lock"));
         }
         if (detail::deadline_clock::now() >= deadline) {
           throw timeout_error(s.who_ + "file_store " + op + ": timed out after " + std::to_string(s.timeout_.count()) +
-                              " ms waiting for the lock on '" + s.path_ + "'");
+                                  " ms waiting for the lock on '" + s.path_ + "'",
+                              s.site("store lock", s.timeout_));
         }
         std::this_thread::sleep_for(pause);
         pause = std::min(pause * 2, std::chrono::microseconds(10'000));
@@ -247,9 +249,13 @@ class file_store final : public store {
     return std::ranges::all_of(keys, [&](const std::string& k) { return cache_.contains(k); });
   }
 
+  [[nodiscard]] error_site site(std::string operation, std::chrono::milliseconds timeout = {}) const {
+    return {.rank = rank_, .operation = std::move(operation), .timeout = timeout};
+  }
+
   // Re-reads the file (shared lock) until ready() or the timeout.
   template <class Ready, class Message>
-  void poll_until(std::chrono::milliseconds timeout, Ready ready, Message message) {
+  void poll_until(const char* operation, std::chrono::milliseconds timeout, Ready ready, Message message) {
     if (timeout.count() < 0) throw invalid_argument_error("file_store: negative timeout");
     const auto deadline = detail::deadline_clock::now() + timeout;
     auto pause = std::chrono::microseconds(500);
@@ -260,7 +266,7 @@ class file_store final : public store {
           file_lock lock(*this, F_RDLCK, "read");
         }
         if (ready()) return;
-        if (detail::deadline_clock::now() >= deadline) throw timeout_error(who_ + message());
+        if (detail::deadline_clock::now() >= deadline) throw timeout_error(who_ + message(), site(operation, timeout));
       }
       std::this_thread::sleep_for(pause);
       pause = std::min(pause * 2, std::chrono::microseconds(20'000));
@@ -270,6 +276,7 @@ class file_store final : public store {
   std::string path_;
   std::chrono::milliseconds timeout_;
   std::string who_;
+  int rank_;
   detail::unique_fd fd_;
   std::mutex mutex_;  // one thread at a time uses the descriptor and the cache
   std::map<std::string, std::vector<std::byte>> cache_;

@@ -79,10 +79,9 @@ inline void join_job(const rendezvous_info& info) {
       const auto joined = s.add("partrain/join/checked", 0);
       if (joined >= info.world_size - 1) break;
       if (std::chrono::steady_clock::now() > deadline) {
-        throw timeout_error(me + " init_process_group: only " + std::to_string(joined) + " of the " +
-                                std::to_string(info.world_size - 1) + " other ranks joined within " +
-                                std::to_string(info.timeout.count()) + " ms",
-                            error_site{.rank = 0, .operation = "join", .peer = -1, .timeout = info.timeout});
+        throw timeout_error({.rank = 0, .operation = "init_process_group", .timeout = info.timeout},
+                            "only " + std::to_string(joined) + " of the " + std::to_string(info.world_size - 1) +
+                                " other ranks joined within " + std::to_string(info.timeout.count()) + " ms");
       }
       std::this_thread::sleep_for(pause);
     }

@@ -419,7 +419,7 @@ namespace detail {
                                                       std::uint16_t* port = nullptr) {
   std::shared_ptr<store> s;
   if (info.scheme == "file") {
-    s = std::make_shared<file_store>(info.path, timeout, who);
+    s = std::make_shared<file_store>(info.path, timeout, who, info.rank);
   } else {
     tcp_store_options o;
     o.host = info.master_addr;
@@ -429,6 +429,7 @@ namespace detail {
     o.token = info.token;
     o.timeout = timeout;
     o.who = who;
+    o.rank = info.rank;
     auto tcp = std::make_shared<tcp_store>(o);
     if (port) *port = tcp->port();
     s = std::move(tcp);
@@ -469,10 +470,10 @@ inline void release_store_host(const rendezvous_info& info) {
   try {
     info.store->wait({"partrain/init/all_done"}, info.timeout);
   } catch (const timeout_error&) {
-    throw timeout_error("rank 0 init_process_group: not every rank finished initialising within " +
-                        std::to_string(info.timeout.count()) + " ms (" +
-                        std::to_string(info.store->add("partrain/init/done", 0)) + " of " +
-                        std::to_string(info.world_size - 1) + " other ranks did)");
+    throw timeout_error({.rank = 0, .operation = "init_process_group", .timeout = info.timeout},
+                        "not every rank finished initialising within " + std::to_string(info.timeout.count()) +
+                            " ms (" + std::to_string(info.store->add("partrain/init/done", 0)) + " of " +
+                            std::to_string(info.world_size - 1) + " other ranks did)");
   }
 }
 

@@ -48,7 +48,8 @@ struct tcp_store_options {
   // reported in seconds instead of after the whole timeout.
   std::chrono::milliseconds reconnect_timeout = std::chrono::milliseconds(3'000);
   std::size_t max_message_bytes = detail::default_max_store_message;
-  std::string who{};  // names the caller in errors, e.g. "rank 3"
+  std::string who{};  // names the caller in errors' text, e.g. "rank 3"
+  int rank = -1;       // the caller's rank, kept in errors' rank() (-1: not a rank)
   int listen_fd = -1;  // is_server: an inherited listening socket on `port` (tcp_store_server_options)
 };
 
@@ -71,7 +72,11 @@ class tcp_store final : public store {
                          " ms, reconnect_timeout " + std::to_string(opts_.reconnect_timeout.count()) + " ms)");
     }
     std::lock_guard lock(mutex_);
-    connect_locked(detail::deadline_clock::now() + opts_.timeout);
+    try {
+      connect_locked(detail::deadline_clock::now() + opts_.timeout);
+    } catch (const communication_error&) {
+      rethrow_sited("store connect", opts_.timeout);
+    }
   }
 
   [[nodiscard]] std::uint16_t port() const noexcept { return opts_.port; }
@@ -91,7 +96,8 @@ class tcp_store final : public store {
     auto resp = call(r, timeout);
     if (resp.type == detail::response_type::timeout) {
       throw timeout_error(prefix() + "store get('" + key + "') timed out after " + std::to_string(timeout.count()) +
-                          " ms at " + endpoint() + ": the key was never set");
+                              " ms at " + endpoint() + ": the key was never set",
+                          site("store get", timeout));
     }
     expect(resp, detail::response_type::value, r);
     return std::move(resp.value);
@@ -111,7 +117,8 @@ class tcp_store final : public store {
       std::string names;
       for (const auto& k : resp.keys) names += (names.empty() ? "'" : ", '") + k + "'";
       throw timeout_error(prefix() + "store wait timed out after " + std::to_string(timeout.count()) + " ms at " +
-                          endpoint() + ": still missing " + names);
+                              endpoint() + ": still missing " + names,
+                          site("store wait", timeout));
     }
     expect(resp, detail::response_type::ok, r);
   }
@@ -141,6 +148,24 @@ class tcp_store final : public store {
  private:
   [[nodiscard]] std::string prefix() const { return opts_.who.empty() ? std::string() : opts_.who + ": "; }
   [[nodiscard]] std::string endpoint() const { return detail::endpoint_name(opts_.host, opts_.port); }
+  // The text names the caller through `who`; the fields through rank.
+  [[nodiscard]] error_site site(std::string operation, std::chrono::milliseconds timeout = {}) const {
+    return {.rank = opts_.rank, .operation = std::move(operation), .timeout = timeout};
+  }
+  [[nodiscard]] static std::string operation_of(const detail::store_request& r) {
+    return "store " + std::string(to_string(r.type));
+  }
+  // Rethrows the communication_error in flight (the socket layer's, which knows no caller) with
+  // this client's site; the text stays. `timeout`: the deadline of the call.
+  [[noreturn]] void rethrow_sited(std::string operation, std::chrono::milliseconds timeout) const {
+    try {
+      throw;
+    } catch (const timeout_error& e) {
+      throw timeout_error(detail::unprefixed(e.what()), site(std::move(operation), timeout));
+    } catch (const communication_error& e) {
+      throw communication_error(detail::unprefixed(e.what()), site(std::move(operation)));
+    }
+  }
 
   // The first connection may wait the whole timeout for a server that is still starting; later
   // ones are bounded by the caller (see call()).
@@ -160,7 +185,8 @@ class tcp_store final : public store {
     if (resp.type == detail::response_type::error) {
       fd_.reset();
       throw communication_error(prefix() + "the store at " + endpoint() + " refused the connection: " + resp.message +
-                                " (every rank needs the job's token, e.g. from PARTRAIN_STORE_TOKEN)");
+                                    " (every rank needs the job's token, e.g. from PARTRAIN_STORE_TOKEN)",
+                                site("store connect"));
     }
   }
 
@@ -172,9 +198,11 @@ class tcp_store final : public store {
     try {
       connect_locked(detail::deadline_clock::now() + window);
     } catch (const timeout_error& e) {
-      throw communication_error(prefix() + "store " + std::string(to_string(r.type)) + ": lost the connection to the store at " +
-                                endpoint() + " and it did not come back within " + std::to_string(window.count()) +
-                                " ms; the process hosting it (rank 0, or node 0's partrun) has probably ended (" + e.what() + ")");
+      throw communication_error(prefix() + operation_of(r) + ": lost the connection to the store at " + endpoint() +
+                                    " and it did not come back within " + std::to_string(window.count()) +
+                                    " ms; the process hosting it (rank 0, or node 0's partrun) has probably ended (" +
+                                    e.what() + ")",
+                                site(operation_of(r)));
     }
   }
 
@@ -186,11 +214,14 @@ class tcp_store final : public store {
     }
     std::lock_guard lock(mutex_);
     if (!fd_) reconnect_locked(r);
-    const auto deadline = detail::deadline_clock::now() + server_wait + std::min(opts_.timeout, std::chrono::milliseconds(30'000));
+    const auto allowance = server_wait + std::min(opts_.timeout, std::chrono::milliseconds(30'000));
     try {
-      return round_trip_locked(r, deadline);
-    } catch (...) {
+      return round_trip_locked(r, detail::deadline_clock::now() + allowance);
+    } catch (const communication_error&) {
       fd_.reset();  // the stream may be mid-message: never reuse it
+      rethrow_sited(operation_of(r), allowance);
+    } catch (...) {
+      fd_.reset();
       throw;
     }
   }
@@ -225,11 +256,13 @@ class tcp_store final : public store {
     if (resp.type == detail::response_type::error) {
       if (resp.message.starts_with("unauthorized")) {
         throw communication_error(what + " refused: " + resp.message +
-                                  " (set the same token on every rank, e.g. PARTRAIN_STORE_TOKEN)");
+                                      " (set the same token on every rank, e.g. PARTRAIN_STORE_TOKEN)",
+                                  site(operation_of(r)));
       }
-      throw communication_error(what + " failed: " + resp.message);
+      throw communication_error(what + " failed: " + resp.message, site(operation_of(r)));
     }
-    throw communication_error(what + ": unexpected reply type " + std::to_string(static_cast<int>(resp.type)));
+    throw communication_error(what + ": unexpected reply type " + std::to_string(static_cast<int>(resp.type)),
+                              site(operation_of(r)));
   }
 
   tcp_store_options opts_;

@@ -339,23 +339,32 @@ class reducer {
     try {
       std::rethrow_exception(first);
     } catch (const aborted_error& e) {
-      throw aborted_error(describe(what, failed, "aborted"), e);  // stays an echo of the failed rank
+      // Stays an echo of the failed rank.
+      throw aborted_error(describe(what, failed, "aborted"), e, site_of(e));
     } catch (const timeout_error& e) {
       throw timeout_error(describe(what, failed, e.what()) +
-                          ". If ranks run out of batches at different steps, construct DDP with "
-                          "ddp_options{.join = true} and call join() on a rank once its data ends");
+                              ". If ranks run out of batches at different steps, construct DDP with "
+                              "ddp_options{.join = true} and call join() on a rank once its data ends",
+                          site_of(e));
     } catch (const communication_error& e) {
       throw communication_error(describe(what, failed, e.what()) +
-                                ". (If a rank stopped because it ran out of batches, use ddp_options{.join = true} "
-                                "and join())");
+                                    ". (If a rank stopped because it ran out of batches, use ddp_options{.join = true} "
+                                    "and join())",
+                                site_of(e));
     }
   }
 
   [[nodiscard]] std::string describe(std::string_view what, std::size_t bucket, std::string_view inner) const {
-    constexpr std::string_view prefix = "partrain: ";
-    if (inner.starts_with(prefix)) inner.remove_prefix(prefix.size());
     return "rank " + std::to_string(rank_) + " DDP " + std::string(what) + " of bucket " + std::to_string(bucket) +
-           " (of " + std::to_string(buckets_.size()) + ") failed: " + std::string(inner);
+           " (of " + std::to_string(buckets_.size()) + ") failed: " + detail::unprefixed(inner);
+  }
+  // The backend's fields (its peer, its deadline) forwarded; this rank and "all_reduce" where
+  // the hook's error knew none.
+  [[nodiscard]] error_site site_of(const error& e) const {
+    error_site s = e.site();
+    if (s.rank < 0) s.rank = rank_;
+    if (s.operation.empty()) s.operation = "all_reduce";
+    return s;
   }
 
   std::vector<std::size_t> numels_;

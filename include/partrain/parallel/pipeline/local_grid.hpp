@@ -49,8 +49,8 @@ void run_local_grid(int stages, int replicas, F fn, process_group_options opts =
           } catch (...) {
             errors[static_cast<std::size_t>(j * stages + s)] = std::current_exception();
             const std::string who = "stage " + std::to_string(s) + " of replica " + std::to_string(j) + " failed";
-            pp.abort(who);
-            dp.abort(who);
+            pp.abort(who, s);  // the origin, as each group numbers its ranks (aborted_error::origin())
+            dp.abort(who, j);
           }
         });
       }

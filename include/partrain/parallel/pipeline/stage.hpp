@@ -269,6 +269,7 @@ class pipeline_stage {
     work payload_work = work::completed();
     host_buffer<float> payload;
     std::array<std::int64_t, 8> header{};
+    int dst = -1;
   };
 
   [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::layer_of(std::ranges::begin(layers_)[static_cast<std::ptrdiff_t>(i)]); }
@@ -285,6 +286,10 @@ class pipeline_stage {
   }
   [[nodiscard]] std::string where(const char* what) const {
     return "pipeline stage " + std::to_string(stage()) + " of " + std::to_string(stages()) + " " + what;
+  }
+  // A transfer's place in the error fields: this stage's rank in the pipeline group, the peer.
+  [[nodiscard]] error_site site(const char* operation, int peer, std::chrono::milliseconds timeout = {}) const {
+    return {.rank = stage(), .operation = operation, .peer = peer, .timeout = timeout};
   }
 
   // Micro-batch row offsets as torch.tensor_split: the first (rows % m) get one more row.
@@ -379,6 +384,7 @@ class pipeline_stage {
     // A list: the backend holds raw pointers to header and payload until the send completes.
     auto& q = sends_.emplace_back();
     q.payload = t;  // the activation may be freed (backward) before the send completes
+    q.dst = dst;
     const auto& s = t.shape();
     q.header[0] = static_cast<std::int64_t>(s.rank());
     for (std::size_t i = 0; i < s.rank(); ++i) q.header[i + 1] = static_cast<std::int64_t>(s[i]);
@@ -402,14 +408,16 @@ class pipeline_stage {
       // An echo of another rank's failure stays one (run_local_grid reports the root cause).
       throw aborted_error(where("recv") + ": " + what + " of micro-batch " + std::to_string(mb) + " for global stage " +
                               std::to_string(g) + " from rank " + std::to_string(src) + " failed",
-                          e);
+                          e, site("recv", src));
     } catch (const timeout_error& e) {
       throw timeout_error(where("recv") + ": " + what + " of micro-batch " + std::to_string(mb) + " for global stage " +
-                          std::to_string(g) + " from rank " + std::to_string(src) + ": " + e.what());
+                              std::to_string(g) + " from rank " + std::to_string(src) + ": " + detail::unprefixed(e.what()),
+                          site("recv", src, e.timeout()));
     } catch (const error& e) {
       throw communication_error(where("recv") + ": " + what + " of micro-batch " + std::to_string(mb) +
-                                " for global stage " + std::to_string(g) + " from rank " + std::to_string(src) +
-                                " failed: " + e.what());
+                                    " for global stage " + std::to_string(g) + " from rank " + std::to_string(src) +
+                                    " failed: " + detail::unprefixed(e.what()),
+                                site("recv", src));
     }
   }
   // Completed sends release their buffers; keeps memory bounded without blocking.
@@ -420,24 +428,33 @@ class pipeline_stage {
     });
   }
   void finish_sends() {
-    std::vector<work> all;
+    // Every send is waited for (the backend reads its buffers until then); the first failure,
+    // and the peer it was sent to, is reported.
+    std::exception_ptr first;
+    int peer = -1;
     for (auto& q : sends_) {
-      all.push_back(q.header_work);
-      all.push_back(q.payload_work);
-    }
-    try {
-      wait_all(all);
-    } catch (const aborted_error& e) {
-      sends_.clear();
-      throw aborted_error(where("send") + " failed", e);
-    } catch (const timeout_error& e) {
-      sends_.clear();
-      throw timeout_error(where("send") + " timed out: " + e.what());
-    } catch (const error& e) {
-      sends_.clear();
-      throw communication_error(where("send") + " failed: " + e.what());
+      for (work* w : {&q.header_work, &q.payload_work}) {
+        try {
+          w->wait();
+        } catch (...) {
+          if (!first) {
+            first = std::current_exception();
+            peer = q.dst;
+          }
+        }
+      }
     }
     sends_.clear();
+    if (!first) return;
+    try {
+      std::rethrow_exception(first);
+    } catch (const aborted_error& e) {
+      throw aborted_error(where("send") + " failed", e, site("send", peer));
+    } catch (const timeout_error& e) {
+      throw timeout_error(where("send") + " timed out: " + detail::unprefixed(e.what()), site("send", peer, e.timeout()));
+    } catch (const error& e) {
+      throw communication_error(where("send") + " failed: " + detail::unprefixed(e.what()), site("send", peer));
+    }
   }
 
   void start_dp_reduce(int g, std::vector<work>& works) {
