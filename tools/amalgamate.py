@@ -38,6 +38,7 @@ PRAGMA_ONCE_RE = re.compile(r"^\s*#\s*pragma\s+once\b")
 IF_RE = re.compile(r"^\s*#\s*(if|ifdef|ifndef)\b")
 ELSE_RE = re.compile(r"^\s*#\s*(elif|else|elifdef|elifndef)\b")
 ENDIF_RE = re.compile(r"^\s*#\s*endif\b")
+DEFINE_RE = re.compile(r"^\s*#\s*define\s+([A-Za-z_]\w*)")
 MARKER_RE = re.compile(r"//\s*partrain-facade:\s*(skip|if\s+(.+?))\s*$")
 
 
@@ -138,68 +139,163 @@ def make_facade() -> str:
     return "\n".join(out) + "\n"
 
 
+IF_COND_RE = re.compile(r"^\s*#\s*(if|ifdef|ifndef|elif|elifdef|elifndef)\b\s*(.*?)\s*(//.*)?$")
+
+
+def condition_of(line: str) -> str:
+    """The condition an #if/#ifdef/#ifndef/#elif line tests, as one normalised expression."""
+    m = IF_COND_RE.match(line)
+    if not m:
+        return ""
+    kind, expr = m.group(1), re.sub(r"\s+", " ", m.group(2).strip())
+    if kind in ("ifdef", "elifdef"):
+        return f"defined({expr})"
+    if kind in ("ifndef", "elifndef"):
+        return f"!defined({expr})"
+    return expr
+
+
+def conjuncts(expr: str) -> list[str]:
+    """expr split at its top-level `&&` (none of `||`, `?` at top level), else [expr]."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(expr):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif depth == 0 and expr.startswith("||", i) or depth == 0 and ch == "?":
+            return [expr]
+        elif depth == 0 and expr.startswith("&&", i):
+            parts.append(expr[start:i].strip())
+            start = i + 2
+    parts.append(expr[start:].strip())
+    return [p for p in parts if p]
+
+
+# What config.hpp derives: nvcc, or the partrain::cuda target, means the CUDA runtime is there.
+IMPLIES = {
+    "defined(__CUDACC__)": {"PARTRAIN_HAS_CUDA"},
+    "defined(PARTRAIN_WITH_CUDA)": {"PARTRAIN_HAS_CUDA"},
+}
+
+
+def with_implied(conditions: frozenset[str]) -> frozenset[str]:
+    out = set(conditions)
+    for c in conditions:
+        out |= IMPLIES.get(c, set())
+    return frozenset(out)
+
+
 class Amalgamator:
+    """Writes every header the facade reaches exactly once, dependencies before dependants (a
+    depth-first order over all their includes), each under the weakest condition it is ever
+    included with: nothing around it when some chain of includes from the facade reaches it
+    outside any #if, else the conditions of every #if branch on the way (the alternatives joined
+    by ||). A header's own includes are then already above it, so its include lines become
+    `// #include <...>` markers."""
+
     def __init__(self, facade_text: str):
         self.facade_text = facade_text
-        self.unconditional: set[str] = set()
-        self.conditional: set[tuple[str, tuple]] = set()
-        self.out: list[str] = []
-
-    @staticmethod
-    def guard_macro(rel: str) -> str:
-        return "PARTRAIN_SI_" + re.sub(r"[^A-Za-z0-9]", "_", rel.removeprefix("partrain/")).upper()
+        self.texts: dict[str, list[str]] = {}
 
     def read(self, rel: str) -> list[str]:
-        path = INCLUDE / rel
-        if not path.is_file():
-            raise SystemExit(f"amalgamate: <{rel}> is included but include/{rel} does not exist")
-        return path.read_text(encoding="utf-8").splitlines()
+        if rel not in self.texts:
+            path = INCLUDE / rel
+            if not path.is_file():
+                raise SystemExit(f"amalgamate: <{rel}> is included but include/{rel} does not exist")
+            self.texts[rel] = path.read_text(encoding="utf-8").splitlines()
+        return self.texts[rel]
 
-    def expand(self, name: str, lines: list[str], outer: tuple) -> None:
-        stack: list[tuple] = []
-        for lineno, line in enumerate(lines, 1):
+    @staticmethod
+    def includes_of(lines: list[str]) -> list[tuple[str, frozenset[str]]]:
+        """(header, the conditions of the #if branches around the line) per <partrain/...> include."""
+        found = []
+        # Each open #if: the negations of the branches already passed, and the current branch's test.
+        stack: list[tuple[list[str], str]] = []
+        for line in lines:
             if IF_RE.match(line):
-                stack.append((name, lineno, 0))
+                stack.append(([], condition_of(line)))
             elif ELSE_RE.match(line) and stack:
-                f, n, b = stack[-1]
-                stack[-1] = (f, n, b + 1)
+                passed, current = stack[-1]
+                stack[-1] = (passed + ([f"!({current})"] if current else []), condition_of(line))
             elif ENDIF_RE.match(line) and stack:
                 stack.pop()
-            if PRAGMA_ONCE_RE.match(line):
-                continue
             m = INCLUDE_RE.match(line)
-            if not m:
-                self.out.append(line)
-                continue
-            rel = m.group(1)
-            conditions = outer + tuple(stack)
-            if rel in self.unconditional or (rel, conditions) in self.conditional:
-                continue
-            if conditions:
-                self.conditional.add((rel, conditions))
-            else:
-                self.unconditional.add(rel)
-            # Each header keeps a guard of its own, so that a copy expanded under one #if and
-            # another under a different #if never define things twice.
-            macro = self.guard_macro(rel)
-            self.out.append(f"// #include <{rel}>")
-            self.out.append(f"#ifndef {macro}")
-            self.out.append(f"#define {macro}")
-            self.expand(rel, self.read(rel), conditions)
-            self.out.append(f"#endif  // {macro}")
+            if m:
+                conditions: set[str] = set()
+                for passed, current in stack:
+                    conditions.update(passed)
+                    if current:
+                        conditions.update(conjuncts(current))
+                found.append((m.group(1), frozenset(conditions)))
+        return found
+
+    @staticmethod
+    def add_minimal(sets: list[frozenset[str]], new: frozenset[str]) -> bool:
+        """Adds new to an antichain of condition sets unless a weaker one is there; True if added."""
+        if any(old <= new for old in sets):
+            return False
+        sets[:] = [old for old in sets if not new <= old] + [new]
+        return True
+
+    def check_conditions(self, order: list[str]) -> None:
+        """Headers move in front of the text that includes them, so the #if around an include may
+        test only macros that no partrain header defines (config.hpp, which comes first, aside)."""
+        defined = {m.group(1): rel for rel in order if rel != "partrain/config.hpp"
+                   for m in (DEFINE_RE.match(line) for line in self.read(rel)) if m}
+        for rel in order:
+            for dep, conditions in self.includes_of(self.read(rel)):
+                for name in {w for c in conditions for w in re.findall(r"[A-Za-z_]\w*", c)} & defined.keys():
+                    raise SystemExit(f"amalgamate: {rel} includes <{dep}> under a test of {name}, which "
+                                     f"{defined[name]} defines; test a macro of config.hpp or the build instead")
 
     def run(self) -> str:
+        body = self.facade_text.splitlines()
+        # Depth-first order over every include: a header after everything it includes.
+        order: list[str] = []
+        seen: set[str] = set()
+
+        def visit(rel: str) -> None:
+            if rel in seen:
+                return
+            seen.add(rel)
+            for dep, _ in self.includes_of(self.read(rel)):
+                visit(dep)
+            order.append(rel)
+
+        for rel, _ in self.includes_of(body):
+            visit(rel)
+        self.check_conditions(order)
+        # The weakest conditions under which each header is reached (an antichain of sets).
+        reach: dict[str, list[frozenset[str]]] = {rel: [] for rel in order}
+        work = [(rel, with_implied(cond)) for rel, cond in self.includes_of(body)]
+        while work:
+            rel, cond = work.pop()
+            if self.add_minimal(reach[rel], cond):
+                work += [(dep, with_implied(cond | c)) for dep, c in self.includes_of(self.read(rel))]
+
         self.out = [
             "// partrain: a header-only C++20 toolkit for parallel training, as one header.",
             "// Generated by tools/amalgamate.py from include/partrain/ (do not edit; rerun the script).",
             f"// Version {version()}.",
+            "// Every header once, after the headers it includes, under the conditions it needs.",
             "#pragma once",
         ]
-        body = self.facade_text.splitlines()
-        # The facade's own banner is replaced by the one above.
-        while body and (body[0].startswith("//") or PRAGMA_ONCE_RE.match(body[0])):
-            body.pop(0)
-        self.expand("partrain/partrain.hpp", body, ())
+        for rel in order:
+            alternatives = sorted(" && ".join(sorted(c)) for c in reach[rel])
+            condition = "" if "" in alternatives else " || ".join(
+                f"({a})" if len(alternatives) > 1 and "&&" in a else a for a in alternatives)
+            self.out.append("")
+            self.out.append(f"// #include <{rel}>")
+            if condition:
+                self.out.append(f"#if {condition}")
+            for line in self.read(rel):
+                if PRAGMA_ONCE_RE.match(line):
+                    continue
+                m = INCLUDE_RE.match(line)
+                self.out.append(f"// #include <{m.group(1)}> (above)" if m else line)
+            if condition:
+                self.out.append(f"#endif  // {condition}")
         text = "\n".join(self.out) + "\n"
         return re.sub(r"\n{3,}", "\n\n", text)
 
