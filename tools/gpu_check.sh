@@ -41,8 +41,24 @@ done
 if [ -n "${prepare:-}" ]; then
   set -e
   mkdir -p "$device_dir/catch2/include" "$device_dir/catch2/lib/cmake"
+  rm -rf "$device_dir/catch2/include/catch2" "$device_dir/catch2/lib/cmake/Catch2"
   cp -r /usr/include/catch2 "$device_dir/catch2/include/"
-  cp -r /usr/lib/cmake/Catch2 "$device_dir/catch2/lib/cmake/"
+  # Catch2 2.13 is one header. The package travels header-only: its test-discovery scripts and a
+  # config of our own that defines Catch2::Catch2 alone, so the tests build their main from
+  # tests/catch_main.cpp with the device machine's compiler (Debian's config would also import
+  # libCatch2WithMain.a, built by this machine's compiler and not part of the copy).
+  mkdir -p "$device_dir/catch2/lib/cmake/Catch2"
+  cp /usr/lib/cmake/Catch2/Catch.cmake /usr/lib/cmake/Catch2/CatchAddTests.cmake \
+     /usr/lib/cmake/Catch2/Catch2ConfigVersion.cmake "$device_dir/catch2/lib/cmake/Catch2/"
+  cat >"$device_dir/catch2/lib/cmake/Catch2/Catch2Config.cmake" <<'CONFIG'
+# Written by tools/gpu_check.sh --prepare: Catch2 2.13 as a header-only package.
+if(NOT TARGET Catch2::Catch2)
+  list(APPEND CMAKE_MODULE_PATH "${CMAKE_CURRENT_LIST_DIR}")
+  get_filename_component(_partrain_catch2_root "${CMAKE_CURRENT_LIST_DIR}/../../.." ABSOLUTE)
+  add_library(Catch2::Catch2 INTERFACE IMPORTED)
+  set_target_properties(Catch2::Catch2 PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${_partrain_catch2_root}/include")
+endif()
+CONFIG
   rm -rf "$device_dir/fashion-mnist"
   cp -r /usr/share/datasets/fashion-mnist "$device_dir/fashion-mnist"
   echo "gpu_check: prepared $device_dir ($(du -sh "$device_dir" | cut -f1)): Catch2 header and CMake package, Fashion-MNIST"
