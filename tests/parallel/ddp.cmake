@@ -24,7 +24,7 @@ foreach(case_and_message
   list(GET _pair 0 _case)
   list(GET _pair 1 _message)
   add_test(NAME ddp_compile_fail_${_case}
-           COMMAND ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only -I${partrain_include_dir}
+           COMMAND ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only ${partrain_include_args}
                    ${CMAKE_CURRENT_LIST_DIR}/compile_fail/${_case}.cpp)
   set_tests_properties(ddp_compile_fail_${_case} PROPERTIES LABELS "parallel;optim;compile_fail"
                        PASS_REGULAR_EXPRESSION "${_message}" TIMEOUT 120)

@@ -18,7 +18,7 @@ foreach(case_and_message
   list(GET _pair 0 _case)
   list(GET _pair 1 _message)
   add_test(NAME fsdp_compile_fail_${_case}
-           COMMAND ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only -I${partrain_include_dir}
+           COMMAND ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only ${partrain_include_args}
                    ${CMAKE_CURRENT_LIST_DIR}/compile_fail/${_case}.cpp)
   set_tests_properties(fsdp_compile_fail_${_case} PROPERTIES LABELS "parallel;compile_fail"
                        PASS_REGULAR_EXPRESSION "${_message}" TIMEOUT 120)
