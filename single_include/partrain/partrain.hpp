@@ -3882,18 +3882,18 @@ void run_local(int world_size, F fn, process_group_options opts = {}) {
 // #include <partrain/core/error.hpp> (above)
 // #include <partrain/core/half.hpp> (above)
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::mpi {
 
 // Set by the launchers a rank of an MPI job runs under: mpirun (Open MPI), srun and other PMI
 // launchers, PMIx servers.
-[[nodiscard]] inline bool mpi_launched() noexcept {
+[[nodiscard]] inline bool launched() noexcept {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"}) {
     if (std::getenv(v)) return true;
   }
   return false;
 }
 
-[[nodiscard]] inline std::string mpi_error_string(int code) {
+[[nodiscard]] inline std::string error_string(int code) {
   std::array<char, MPI_MAX_ERROR_STRING> text{};
   int len = 0;
   if (MPI_Error_string(code, text.data(), &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
@@ -3901,19 +3901,19 @@ namespace partrain::inline v0::detail {
 }
 
 template <class T, reduce_op Op>
-void mpi_user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+void user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
   reduce_typed(static_cast<T*>(inout), static_cast<const T*>(in), static_cast<std::size_t>(*len), Op);
 }
 
-class mpi_runtime {
+class runtime {
  public:
   // The process's runtime; initialises MPI on the first call.
-  [[nodiscard]] static mpi_runtime& instance() {
-    static mpi_runtime r;
+  [[nodiscard]] static runtime& instance() {
+    static runtime r;
     return r;
   }
-  mpi_runtime(const mpi_runtime&) = delete;
-  mpi_runtime& operator=(const mpi_runtime&) = delete;
+  runtime(const runtime&) = delete;
+  runtime& operator=(const runtime&) = delete;
 
   // Every MPI call of partrain holds it (the thread level may be only SERIALIZED).
   [[nodiscard]] std::mutex& mutex() noexcept { return mutex_; }
@@ -3949,7 +3949,7 @@ class mpi_runtime {
   }
 
  private:
-  mpi_runtime() {
+  runtime() {
     int initialized = 0;
     MPI_Initialized(&initialized);
     int provided = MPI_THREAD_SINGLE;
@@ -3962,7 +3962,7 @@ class mpi_runtime {
       // (environment or mpirun --mca) wins.
       ::setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", 0);
       if (int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided); rc != MPI_SUCCESS) {
-        throw config_error("MPI_Init_thread failed: " + mpi_error_string(rc));
+        throw config_error("MPI_Init_thread failed: " + error_string(rc));
       }
       owned_ = true;
     }
@@ -3977,7 +3977,7 @@ class mpi_runtime {
     make_ops<half>(half_ops_);
     make_ops<bfloat16>(bf16_ops_);
   }
-  ~mpi_runtime() {
+  ~runtime() {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
@@ -3998,10 +3998,10 @@ class mpi_runtime {
   }
   template <class T>
   static void make_ops(std::array<MPI_Op, 4>& ops) {
-    MPI_Op_create(&mpi_user_reduce<T, reduce_op::sum>, 1, &ops[0]);
-    MPI_Op_create(&mpi_user_reduce<T, reduce_op::prod>, 1, &ops[1]);
-    MPI_Op_create(&mpi_user_reduce<T, reduce_op::min>, 1, &ops[2]);
-    MPI_Op_create(&mpi_user_reduce<T, reduce_op::max>, 1, &ops[3]);
+    MPI_Op_create(&user_reduce<T, reduce_op::sum>, 1, &ops[0]);
+    MPI_Op_create(&user_reduce<T, reduce_op::prod>, 1, &ops[1]);
+    MPI_Op_create(&user_reduce<T, reduce_op::min>, 1, &ops[2]);
+    MPI_Op_create(&user_reduce<T, reduce_op::max>, 1, &ops[3]);
   }
 
   std::mutex mutex_;
@@ -4010,7 +4010,7 @@ class mpi_runtime {
   std::array<MPI_Op, 4> bf16_ops_{};
 };
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::mpi
 #endif  // defined(PARTRAIN_WITH_MPI)
 
 // #include <partrain/comm/mpi.hpp>
@@ -4064,9 +4064,9 @@ struct mpi_options {
   bool abort_on_timeout = true;
 };
 
-namespace detail {
+namespace detail::mpi {
 
-[[nodiscard]] inline std::chrono::microseconds mpi_env_us(const char* name, std::chrono::microseconds fallback) {
+[[nodiscard]] inline std::chrono::microseconds env_us(const char* name, std::chrono::microseconds fallback) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
   char* end = nullptr;
@@ -4078,18 +4078,18 @@ namespace detail {
 }
 
 // MPI_COMM_WORLD duplicated for one group (its collectives never meet another group's).
-struct mpi_comm {
+struct comm_handle {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
   int size = 1;
   int tag_ub = 32767;
 
-  static mpi_comm duplicate_world() {
-    auto& rt = mpi_runtime::instance();
+  static comm_handle duplicate_world() {
+    auto& rt = runtime::instance();
     std::lock_guard lock(rt.mutex());
-    mpi_comm c;
+    comm_handle c;
     if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c.comm); rc != MPI_SUCCESS) {
-      throw communication_error("mpi_group: MPI_Comm_dup failed: " + mpi_error_string(rc));
+      throw communication_error("mpi_group: MPI_Comm_dup failed: " + error_string(rc));
     }
     MPI_Comm_set_errhandler(c.comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(c.comm, &c.rank);
@@ -4102,12 +4102,12 @@ struct mpi_comm {
   }
 };
 
-}  // namespace detail
+}  // namespace detail::mpi
 
 class mpi_group final : public process_group {
  public:
   explicit mpi_group(process_group_options opts = {}, mpi_options mopts = {})
-      : mpi_group(detail::mpi_comm::duplicate_world(), opts, mopts) {}
+      : mpi_group(detail::mpi::comm_handle::duplicate_world(), opts, mopts) {}
 
   ~mpi_group() override {
     {
@@ -4116,7 +4116,7 @@ class mpi_group final : public process_group {
     }
     cv_.notify_all();
     if (progress_.joinable()) progress_.join();  // pending operations end by completion or timeout
-    std::lock_guard lock(detail::mpi_runtime::instance().mutex());
+    std::lock_guard lock(detail::mpi::runtime::instance().mutex());
     int finalized = 0;
     MPI_Finalized(&finalized);
     // A request MPI never finished (abort_on_timeout = false) still uses the communicator.
@@ -4201,13 +4201,13 @@ class mpi_group final : public process_group {
     std::exception_ptr error{};
   };
 
-  mpi_group(detail::mpi_comm c, process_group_options opts, mpi_options mopts)
-      : process_group(c.rank, c.size, opts), comm_(c), rt_(&detail::mpi_runtime::instance()) {
+  mpi_group(detail::mpi::comm_handle c, process_group_options opts, mpi_options mopts)
+      : process_group(c.rank, c.size, opts), comm_(c), rt_(&detail::mpi::runtime::instance()) {
     if (opts.timeout.count() <= 0) {
       throw config_error("mpi_group: timeout must be positive, got " + std::to_string(opts.timeout.count()) + " ms");
     }
-    mopts.spin = detail::mpi_env_us("PARTRAIN_MPI_SPIN_US", mopts.spin);
-    mopts.max_sleep = detail::mpi_env_us("PARTRAIN_MPI_MAX_SLEEP_US", mopts.max_sleep);
+    mopts.spin = detail::mpi::env_us("PARTRAIN_MPI_SPIN_US", mopts.spin);
+    mopts.max_sleep = detail::mpi::env_us("PARTRAIN_MPI_MAX_SLEEP_US", mopts.max_sleep);
     if (mopts.spin.count() < 0 || mopts.max_sleep.count() < 0) {
       throw config_error("mpi_options: spin and max_sleep must be >= 0 microseconds");
     }
@@ -4215,7 +4215,7 @@ class mpi_group final : public process_group {
     progress_ = std::thread([this] { progress_loop(); });
   }
 
-  [[nodiscard]] static MPI_Datatype type(raw_tensor t) noexcept { return detail::mpi_runtime::type_of(t.type); }
+  [[nodiscard]] static MPI_Datatype type(raw_tensor t) noexcept { return detail::mpi::runtime::type_of(t.type); }
 
   [[nodiscard]] std::string describe(collective c, const std::string& peers) const {
     return where(c) + (peers.empty() ? "" : " " + peers);
@@ -4291,7 +4291,7 @@ class mpi_group final : public process_group {
         for (auto& o : fresh) {
           o.deadline = now + timeout();
           if (int rc = o.start(&o.request); rc != MPI_SUCCESS) {
-            fail(o, "MPI failed to start it: " + detail::mpi_error_string(rc), false);
+            fail(o, "MPI failed to start it: " + detail::mpi::error_string(rc), false);
             done.push_back(std::move(o));
           } else {
             active.push_back(std::move(o));
@@ -4301,7 +4301,7 @@ class mpi_group final : public process_group {
           int flag = 0;
           const int rc = MPI_Test(&it->request, &flag, MPI_STATUS_IGNORE);
           if (rc != MPI_SUCCESS) {
-            fail(*it, "MPI failed (a peer died or its connection broke): " + detail::mpi_error_string(rc), false);
+            fail(*it, "MPI failed (a peer died or its connection broke): " + detail::mpi::error_string(rc), false);
           } else if (!flag && now > it->deadline) {
             fail(*it, "timed out after " + std::to_string(timeout().count()) +
                           " ms (a peer is stalled, died, or never joined this operation)", true);
@@ -4338,7 +4338,7 @@ class mpi_group final : public process_group {
     const std::string msg = describe(o.what, o.peers) + ": " + why;
     error_site site{.rank = rank(), .operation = std::string(to_string(o.what)), .peer = o.peer};
     if (timed_out) {
-      if (mopts_.abort_on_timeout) detail::mpi_runtime::abort_job(msg);
+      if (mopts_.abort_on_timeout) detail::mpi::runtime::abort_job(msg);
       site.timeout = timeout();
       o.error = std::make_exception_ptr(timeout_error(msg, std::move(site)));
     } else {
@@ -4350,8 +4350,8 @@ class mpi_group final : public process_group {
   }
 
   mpi_options mopts_{};
-  detail::mpi_comm comm_;
-  detail::mpi_runtime* rt_;
+  detail::mpi::comm_handle comm_;
+  detail::mpi::runtime* rt_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<op> queue_;
@@ -9364,9 +9364,13 @@ inline void check_backend_name(const std::string& backend) {
   }
 }
 
+}  // namespace detail
+
+namespace detail::mpi {
+
 // The mpi backend meets its peers through MPI (mpirun/srun started them), not through a store.
 // What the URL, the options and a torchrun-style environment say must agree with MPI.
-[[nodiscard]] inline std::unique_ptr<process_group> make_mpi_group(const init_options& opts, std::chrono::milliseconds timeout) {
+[[nodiscard]] inline std::unique_ptr<process_group> make_group(const init_options& opts, std::chrono::milliseconds timeout) {
 #if PARTRAIN_INIT_HAS_MPI
   process_group_options po;
   po.timeout = timeout;
@@ -9396,7 +9400,7 @@ inline void check_backend_name(const std::string& backend) {
 #endif
 }
 
-}  // namespace detail
+}  // namespace detail::mpi
 
 // Builds the backend's group on an already connected rendezvous.
 [[nodiscard]] inline std::unique_ptr<process_group> make_process_group(const rendezvous_info& info, const init_options& opts = {}) {
@@ -9424,7 +9428,7 @@ inline void check_backend_name(const std::string& backend) {
                        "(which defines PARTRAIN_WITH_NCCL)");
 #endif
   }
-  if (backend == "mpi") return detail::make_mpi_group(opts, info.timeout);
+  if (backend == "mpi") return detail::mpi::make_group(opts, info.timeout);
   throw config_error("unknown backend '" + backend + "' (expected 'gloo', 'mpi' or 'nccl')");
 }
 
@@ -9444,7 +9448,7 @@ inline void check_backend_name(const std::string& backend) {
       throw config_error("backend 'mpi' takes the URL 'mpi://' or 'env://' (MPI's launcher is the rendezvous), got '" +
                          std::string(url) + "'");
     }
-    return detail::make_mpi_group(opts, detail::timeout_option(opts, process_env, default_timeout));
+    return detail::mpi::make_group(opts, detail::timeout_option(opts, process_env, default_timeout));
   }
   auto info = rendezvous(url, opts);
   detail::join_job(info);  // one job: same world size everywhere, no rank claimed twice
@@ -10297,7 +10301,7 @@ void run_ranks(run_ranks_options o, F fn) {
     try {
       fn(*pg);
     } catch (const std::exception& e) {
-      detail::mpi_runtime::abort_job("rank " + std::to_string(pg->rank()) + " failed: " + e.what());
+      detail::mpi::runtime::abort_job("rank " + std::to_string(pg->rank()) + " failed: " + e.what());
     }
 #endif
     return;

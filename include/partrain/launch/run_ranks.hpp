@@ -118,7 +118,7 @@ void run_ranks(run_ranks_options o, F fn) {
     try {
       fn(*pg);
     } catch (const std::exception& e) {
-      detail::mpi_runtime::abort_job("rank " + std::to_string(pg->rank()) + " failed: " + e.what());
+      detail::mpi::runtime::abort_job("rank " + std::to_string(pg->rank()) + " failed: " + e.what());
     }
 #endif
     return;
