@@ -269,7 +269,7 @@ engine_result bench_gloo(const plan& p) {
         gloo_options gopts;
         gopts.prefix = "wrapper/";
         gloo_group g(st, r, world, opts, gopts);
-        auto raw = detail::connect_gloo(st, "raw/", r, world, timeout, detail::gloo_device_attr("", ""));
+        auto raw = detail::gloo::connect(st, "raw/", r, world, timeout, detail::gloo::device_attr("", ""));
         double worst = -1, ar_1mib = -1;
         for (auto k : all_ops) {
           for (auto bytes : p.sizes) {
