@@ -7553,10 +7553,10 @@ inline void recv_all(int fd, std::span<std::byte> out, deadline_clock::time_poin
 #include <variant>
 #include <vector>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::kvstore {
 
 // Default bound on one message; a larger length prefix closes the connection unread.
-inline constexpr std::size_t default_max_store_message = std::size_t{64} << 20;
+inline constexpr std::size_t default_max_message = std::size_t{64} << 20;
 // Before a connection has authenticated, only this much is accepted (an auth frame is tiny),
 // so an unauthenticated peer cannot make the server allocate a large buffer.
 inline constexpr std::size_t max_unauthenticated_message = 4096;
@@ -7596,22 +7596,22 @@ enum class response_type : std::uint8_t {
   return "unknown";
 }
 
-struct store_request {
+struct request {
   request_type type = request_type::num_keys;
   std::string key{};              // auth: the token
   std::vector<std::byte> value{}; // set
   std::vector<std::string> keys{};  // wait, check
   std::int64_t number = 0;        // add: delta; get, wait: timeout in ms
-  friend bool operator==(const store_request&, const store_request&) = default;
+  friend bool operator==(const request&, const request&) = default;
 };
 
-struct store_response {
+struct response {
   response_type type = response_type::ok;
   std::vector<std::byte> value{};   // value
   std::int64_t number = 0;        // integer, boolean
   std::vector<std::string> keys{};  // timeout: the keys still missing
   std::string message{};           // error
-  friend bool operator==(const store_response&, const store_response&) = default;
+  friend bool operator==(const response&, const response&) = default;
 };
 
 struct protocol_error {
@@ -7674,7 +7674,7 @@ class byte_writer {
 };
 
 // A whole frame (length prefix included) for a request.
-[[nodiscard]] inline std::vector<std::byte> encode(const store_request& r) {
+[[nodiscard]] inline std::vector<std::byte> encode(const request& r) {
   byte_writer w;
   w.u8(static_cast<std::uint8_t>(r.type));
   switch (r.type) {
@@ -7690,7 +7690,7 @@ class byte_writer {
   return std::move(w).finish();
 }
 
-[[nodiscard]] inline std::vector<std::byte> encode(const store_response& r) {
+[[nodiscard]] inline std::vector<std::byte> encode(const response& r) {
   byte_writer w;
   w.u8(static_cast<std::uint8_t>(r.type));
   switch (r.type) {
@@ -7765,11 +7765,11 @@ class byte_reader {
 };
 
 // Parses one request payload (the bytes after the length prefix).
-[[nodiscard]] inline parse_result<store_request> parse_request(std::span<const std::byte> payload) {
+[[nodiscard]] inline parse_result<request> parse_request(std::span<const std::byte> payload) {
   byte_reader rd(payload);
   std::uint8_t type = 0;
   if (!rd.u8(type)) return protocol_error{"empty message"};
-  store_request r;
+  request r;
   r.type = static_cast<request_type>(type);
   bool ok = false;
   switch (r.type) {
@@ -7791,11 +7791,11 @@ class byte_reader {
   return r;
 }
 
-[[nodiscard]] inline parse_result<store_response> parse_response(std::span<const std::byte> payload) {
+[[nodiscard]] inline parse_result<response> parse_response(std::span<const std::byte> payload) {
   byte_reader rd(payload);
   std::uint8_t type = 0;
   if (!rd.u8(type)) return protocol_error{"empty reply"};
-  store_response r;
+  response r;
   r.type = static_cast<response_type>(type);
   bool ok = false;
   switch (r.type) {
@@ -7826,7 +7826,7 @@ class byte_reader {
   return diff == 0;
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::kvstore
 
 // #include <partrain/rendezvous/tcp_store_server.hpp>
 // partrain/rendezvous/tcp_store_server.hpp: the server half of the TCP rendezvous store (torch's
@@ -7870,7 +7870,7 @@ struct tcp_store_server_options {
   std::uint16_t port = 0;  // 0 = a free port, chosen by the kernel (read it with port())
   // When set, a connection's first message must be auth with this token, or it is closed.
   std::string token{};
-  std::size_t max_message_bytes = detail::default_max_store_message;
+  std::size_t max_message_bytes = detail::kvstore::default_max_message;
   // A connection that has not presented the token by then is closed (token servers only), so
   // idle strangers cannot hold the server's descriptors.
   std::chrono::milliseconds auth_timeout{10'000};
@@ -7933,7 +7933,7 @@ class tcp_store_server {
   };
   struct waiter {
     int conn = 0;
-    detail::store_request req;
+    detail::kvstore::request req;
     detail::deadline_clock::time_point deadline;
   };
 
@@ -7950,7 +7950,7 @@ class tcp_store_server {
       fds.push_back({listener_.get(), static_cast<short>(accepting ? POLLIN : 0), 0});
       for (auto& [id, c] : conns_) {
         // A connection whose get/wait is pending is not read past one more frame.
-        const bool full = c.blocked && c.in.size() > limit(c) + detail::frame_header_bytes;
+        const bool full = c.blocked && c.in.size() > limit(c) + detail::kvstore::frame_header_bytes;
         short ev = c.closing || full ? 0 : POLLIN;
         if (c.out_sent < c.out.size()) ev |= POLLOUT;
         fds.push_back({c.fd.get(), ev, 0});
@@ -8013,8 +8013,8 @@ class tcp_store_server {
       if (n > 0) {
         c.in.insert(c.in.end(), chunk, chunk + n);
         // Check the announced size as soon as the header is there, before buffering a body.
-        if (detail::peek_frame(c.in, limit(c)).status == detail::frame_status::oversized) break;
-        if (c.blocked && c.in.size() > limit(c) + detail::frame_header_bytes) break;
+        if (detail::kvstore::peek_frame(c.in, limit(c)).status == detail::kvstore::frame_status::oversized) break;
+        if (c.blocked && c.in.size() > limit(c) + detail::kvstore::frame_header_bytes) break;
         if (static_cast<std::size_t>(n) < sizeof chunk) break;
         continue;
       }
@@ -8029,7 +8029,7 @@ class tcp_store_server {
   }
 
   [[nodiscard]] std::size_t limit(const connection& c) const noexcept {
-    return c.authed ? opts_.max_message_bytes : std::min(opts_.max_message_bytes, detail::max_unauthenticated_message);
+    return c.authed ? opts_.max_message_bytes : std::min(opts_.max_message_bytes, detail::kvstore::max_unauthenticated_message);
   }
 
   // Handles the complete frames buffered on a connection, in order.
@@ -8040,21 +8040,21 @@ class tcp_store_server {
     std::size_t used = 0;
     while (!c.blocked && !c.closing) {
       const auto rest = std::span<const std::byte>(c.in).subspan(used);
-      const auto f = detail::peek_frame(rest, limit(c));
-      if (f.status == detail::frame_status::incomplete) break;
-      if (f.status == detail::frame_status::oversized) {
+      const auto f = detail::kvstore::peek_frame(rest, limit(c));
+      if (f.status == detail::kvstore::frame_status::incomplete) break;
+      if (f.status == detail::kvstore::frame_status::oversized) {
         reject(c, "message of " + std::to_string(f.payload_bytes) + " bytes exceeds the limit of " +
                       std::to_string(limit(c)) + " bytes" + (c.authed ? "" : " before authentication"));
         break;
       }
-      const auto payload = rest.subspan(detail::frame_header_bytes, f.payload_bytes);
-      used += detail::frame_header_bytes + f.payload_bytes;
-      auto parsed = detail::parse_request(payload);
-      if (auto* err = std::get_if<detail::protocol_error>(&parsed)) {
+      const auto payload = rest.subspan(detail::kvstore::frame_header_bytes, f.payload_bytes);
+      used += detail::kvstore::frame_header_bytes + f.payload_bytes;
+      auto parsed = detail::kvstore::parse_request(payload);
+      if (auto* err = std::get_if<detail::kvstore::protocol_error>(&parsed)) {
         reject(c, "protocol error: " + err->what);
         break;
       }
-      handle(id, c, std::get<detail::store_request>(std::move(parsed)));
+      handle(id, c, std::get<detail::kvstore::request>(std::move(parsed)));
     }
     if (c.closing) {
       c.in.clear();  // nothing after a rejected message is read
@@ -8065,22 +8065,22 @@ class tcp_store_server {
   }
 
   void reject(connection& c, const std::string& why) {
-    reply(c, detail::store_response{.type = detail::response_type::error, .message = why});
+    reply(c, detail::kvstore::response{.type = detail::kvstore::response_type::error, .message = why});
     c.closing = true;
     std::lock_guard lock(stats_mutex_);
     ++rejected_;
   }
 
-  void reply(connection& c, const detail::store_response& r) {
-    auto frame = detail::encode(r);
+  void reply(connection& c, const detail::kvstore::response& r) {
+    auto frame = detail::kvstore::encode(r);
     c.out.insert(c.out.end(), frame.begin(), frame.end());
   }
 
-  void handle(int id, connection& c, detail::store_request req) {
-    using detail::request_type;
-    using detail::response_type;
+  void handle(int id, connection& c, detail::kvstore::request req) {
+    using detail::kvstore::request_type;
+    using detail::kvstore::response_type;
     if (!c.authed) {
-      if (req.type == request_type::auth && detail::constant_time_equal(req.key, opts_.token)) {
+      if (req.type == request_type::auth && detail::kvstore::constant_time_equal(req.key, opts_.token)) {
         c.authed = true;
         reply(c, {.type = response_type::ok});
       } else {
@@ -8142,23 +8142,23 @@ class tcp_store_server {
     }
   }
 
-  [[nodiscard]] bool satisfied(const detail::store_request& r) const {
-    if (r.type == detail::request_type::get) return data_.contains(r.key);
+  [[nodiscard]] bool satisfied(const detail::kvstore::request& r) const {
+    if (r.type == detail::kvstore::request_type::get) return data_.contains(r.key);
     return std::ranges::all_of(r.keys, [&](const std::string& k) { return data_.contains(k); });
   }
-  [[nodiscard]] std::vector<std::string> missing(const detail::store_request& r) const {
-    if (r.type == detail::request_type::get) return {r.key};
+  [[nodiscard]] std::vector<std::string> missing(const detail::kvstore::request& r) const {
+    if (r.type == detail::kvstore::request_type::get) return {r.key};
     std::vector<std::string> m;
     for (const auto& k : r.keys) {
       if (!data_.contains(k)) m.push_back(k);
     }
     return m;
   }
-  void answer(connection& c, const detail::store_request& r) {
-    if (r.type == detail::request_type::get) {
-      reply(c, {.type = detail::response_type::value, .value = data_.at(r.key)});
+  void answer(connection& c, const detail::kvstore::request& r) {
+    if (r.type == detail::kvstore::request_type::get) {
+      reply(c, {.type = detail::kvstore::response_type::value, .value = data_.at(r.key)});
     } else {
-      reply(c, {.type = detail::response_type::ok});
+      reply(c, {.type = detail::kvstore::response_type::ok});
     }
   }
 
@@ -8179,7 +8179,7 @@ class tcp_store_server {
     std::erase_if(waiters_, [&](waiter& w) {
       if (w.deadline > now) return false;
       auto& c = conns_.at(w.conn);
-      reply(c, {.type = detail::response_type::timeout, .keys = missing(w.req)});
+      reply(c, {.type = detail::kvstore::response_type::timeout, .keys = missing(w.req)});
       c.blocked = false;
       resumed_.push_back(w.conn);
       return true;
@@ -8306,7 +8306,7 @@ struct tcp_store_options {
   // is gone (within the call's own deadline). Short, so a vanished rank 0 or node-0 agent is
   // reported in seconds instead of after the whole timeout.
   std::chrono::milliseconds reconnect_timeout = std::chrono::milliseconds(3'000);
-  std::size_t max_message_bytes = detail::default_max_store_message;
+  std::size_t max_message_bytes = detail::kvstore::default_max_message;
   std::string who{};  // names the caller in errors' text, e.g. "rank 3"
   int rank = -1;       // the caller's rank, kept in errors' rank() (-1: not a rank)
   int listen_fd = -1;  // is_server: an inherited listening socket on `port` (tcp_store_server_options)
@@ -8345,62 +8345,62 @@ class tcp_store final : public store {
 
   using store::set;
   void set(const std::string& key, std::span<const std::byte> value) override {
-    detail::store_request r{.type = detail::request_type::set, .key = key};
+    detail::kvstore::request r{.type = detail::kvstore::request_type::set, .key = key};
     r.value.assign(value.begin(), value.end());
-    expect(call(r, opts_.timeout), detail::response_type::ok, r);
+    expect(call(r, opts_.timeout), detail::kvstore::response_type::ok, r);
   }
 
   [[nodiscard]] std::vector<std::byte> get(const std::string& key, std::chrono::milliseconds timeout) override {
-    detail::store_request r{.type = detail::request_type::get, .key = key, .number = timeout.count()};
+    detail::kvstore::request r{.type = detail::kvstore::request_type::get, .key = key, .number = timeout.count()};
     auto resp = call(r, timeout);
-    if (resp.type == detail::response_type::timeout) {
+    if (resp.type == detail::kvstore::response_type::timeout) {
       throw timeout_error(prefix() + "store get('" + key + "') timed out after " + std::to_string(timeout.count()) +
                               " ms at " + endpoint() + ": the key was never set",
                           site("store get", timeout));
     }
-    expect(resp, detail::response_type::value, r);
+    expect(resp, detail::kvstore::response_type::value, r);
     return std::move(resp.value);
   }
 
   std::int64_t add(const std::string& key, std::int64_t delta) override {
-    detail::store_request r{.type = detail::request_type::add, .key = key, .number = delta};
+    detail::kvstore::request r{.type = detail::kvstore::request_type::add, .key = key, .number = delta};
     auto resp = call(r, opts_.timeout);
-    expect(resp, detail::response_type::integer, r);
+    expect(resp, detail::kvstore::response_type::integer, r);
     return resp.number;
   }
 
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
-    detail::store_request r{.type = detail::request_type::wait, .keys = keys, .number = timeout.count()};
+    detail::kvstore::request r{.type = detail::kvstore::request_type::wait, .keys = keys, .number = timeout.count()};
     auto resp = call(r, timeout);
-    if (resp.type == detail::response_type::timeout) {
+    if (resp.type == detail::kvstore::response_type::timeout) {
       std::string names;
       for (const auto& k : resp.keys) names += (names.empty() ? "'" : ", '") + k + "'";
       throw timeout_error(prefix() + "store wait timed out after " + std::to_string(timeout.count()) + " ms at " +
                               endpoint() + ": still missing " + names,
                           site("store wait", timeout));
     }
-    expect(resp, detail::response_type::ok, r);
+    expect(resp, detail::kvstore::response_type::ok, r);
   }
 
   [[nodiscard]] bool check(const std::vector<std::string>& keys) override {
-    detail::store_request r{.type = detail::request_type::check, .keys = keys};
+    detail::kvstore::request r{.type = detail::kvstore::request_type::check, .keys = keys};
     auto resp = call(r, opts_.timeout);
-    expect(resp, detail::response_type::boolean, r);
+    expect(resp, detail::kvstore::response_type::boolean, r);
     return resp.number != 0;
   }
 
   // Removes key; false when it did not exist.
   bool delete_key(const std::string& key) {
-    detail::store_request r{.type = detail::request_type::delete_key, .key = key};
+    detail::kvstore::request r{.type = detail::kvstore::request_type::delete_key, .key = key};
     auto resp = call(r, opts_.timeout);
-    expect(resp, detail::response_type::boolean, r);
+    expect(resp, detail::kvstore::response_type::boolean, r);
     return resp.number != 0;
   }
 
   [[nodiscard]] std::int64_t num_keys() {
-    detail::store_request r{.type = detail::request_type::num_keys};
+    detail::kvstore::request r{.type = detail::kvstore::request_type::num_keys};
     auto resp = call(r, opts_.timeout);
-    expect(resp, detail::response_type::integer, r);
+    expect(resp, detail::kvstore::response_type::integer, r);
     return resp.number;
   }
 
@@ -8411,7 +8411,7 @@ class tcp_store final : public store {
   [[nodiscard]] error_site site(std::string operation, std::chrono::milliseconds timeout = {}) const {
     return {.rank = opts_.rank, .operation = std::move(operation), .timeout = timeout};
   }
-  [[nodiscard]] static std::string operation_of(const detail::store_request& r) {
+  [[nodiscard]] static std::string operation_of(const detail::kvstore::request& r) {
     return "store " + std::string(to_string(r.type));
   }
   // Rethrows the communication_error in flight (the socket layer's, which knows no caller) with
@@ -8432,16 +8432,16 @@ class tcp_store final : public store {
     fd_ = detail::connect_tcp(opts_.host, opts_.port, deadline, prefix());
     // With a token: authenticate. Without: an empty check, so a server that wants a token
     // says so now, at connect time, rather than at the first real operation.
-    detail::store_request hello = opts_.token.empty() ? detail::store_request{.type = detail::request_type::check}
-                                                      : detail::store_request{.type = detail::request_type::auth, .key = opts_.token};
-    detail::store_response resp;
+    detail::kvstore::request hello = opts_.token.empty() ? detail::kvstore::request{.type = detail::kvstore::request_type::check}
+                                                      : detail::kvstore::request{.type = detail::kvstore::request_type::auth, .key = opts_.token};
+    detail::kvstore::response resp;
     try {
       resp = round_trip_locked(hello, deadline);
     } catch (...) {
       fd_.reset();
       throw;
     }
-    if (resp.type == detail::response_type::error) {
+    if (resp.type == detail::kvstore::response_type::error) {
       fd_.reset();
       throw communication_error(prefix() + "the store at " + endpoint() + " refused the connection: " + resp.message +
                                     " (every rank needs the job's token, e.g. from PARTRAIN_STORE_TOKEN)",
@@ -8452,7 +8452,7 @@ class tcp_store final : public store {
   // The connection broke in an earlier call (and was dropped). A server that accepted us before
   // and now refuses for reconnect_timeout has ended: say so instead of retrying for the whole
   // timeout (which held partrun's node 1 for 300 s after node 0 died).
-  void reconnect_locked(const detail::store_request& r) {
+  void reconnect_locked(const detail::kvstore::request& r) {
     const auto window = std::min(opts_.reconnect_timeout, opts_.timeout);
     try {
       connect_locked(detail::deadline_clock::now() + window);
@@ -8467,7 +8467,7 @@ class tcp_store final : public store {
 
   // One request, one reply. server_wait is how long the server itself may hold the reply
   // (get/wait); the socket deadline adds the I/O allowance on top.
-  detail::store_response call(const detail::store_request& r, std::chrono::milliseconds server_wait) {
+  detail::kvstore::response call(const detail::kvstore::request& r, std::chrono::milliseconds server_wait) {
     if (server_wait.count() < 0) {
       throw invalid_argument_error(prefix() + "store " + std::string(to_string(r.type)) + ": negative timeout");
     }
@@ -8485,34 +8485,34 @@ class tcp_store final : public store {
     }
   }
 
-  detail::store_response round_trip_locked(const detail::store_request& r, detail::deadline_clock::time_point deadline) {
+  detail::kvstore::response round_trip_locked(const detail::kvstore::request& r, detail::deadline_clock::time_point deadline) {
     const std::string what = prefix() + "store " + std::string(to_string(r.type)) +
-                             (r.key.empty() || r.type == detail::request_type::auth ? "" : "('" + r.key + "')") + " at " +
+                             (r.key.empty() || r.type == detail::kvstore::request_type::auth ? "" : "('" + r.key + "')") + " at " +
                              endpoint();
-    auto frame = detail::encode(r);
-    if (frame.size() - detail::frame_header_bytes > opts_.max_message_bytes) {
+    auto frame = detail::kvstore::encode(r);
+    if (frame.size() - detail::kvstore::frame_header_bytes > opts_.max_message_bytes) {
       throw invalid_argument_error(what + ": message of " + std::to_string(frame.size()) + " bytes exceeds the limit of " +
                                    std::to_string(opts_.max_message_bytes) + " bytes");
     }
     detail::send_all(fd_.get(), frame, deadline, what);
-    std::byte header[detail::frame_header_bytes];
+    std::byte header[detail::kvstore::frame_header_bytes];
     detail::recv_all(fd_.get(), header, deadline, what);
-    const auto f = detail::peek_frame(header, opts_.max_message_bytes + 64);
-    if (f.status == detail::frame_status::oversized) throw communication_error(what + ": reply too large");
+    const auto f = detail::kvstore::peek_frame(header, opts_.max_message_bytes + 64);
+    if (f.status == detail::kvstore::frame_status::oversized) throw communication_error(what + ": reply too large");
     std::vector<std::byte> payload(f.payload_bytes);
     detail::recv_all(fd_.get(), payload, deadline, what);
-    auto parsed = detail::parse_response(payload);
-    if (auto* err = std::get_if<detail::protocol_error>(&parsed)) throw communication_error(what + ": " + err->what);
-    auto resp = std::get<detail::store_response>(std::move(parsed));
-    if (resp.type == detail::response_type::error && resp.message.starts_with("unauthorized")) fd_.reset();
+    auto parsed = detail::kvstore::parse_response(payload);
+    if (auto* err = std::get_if<detail::kvstore::protocol_error>(&parsed)) throw communication_error(what + ": " + err->what);
+    auto resp = std::get<detail::kvstore::response>(std::move(parsed));
+    if (resp.type == detail::kvstore::response_type::error && resp.message.starts_with("unauthorized")) fd_.reset();
     return resp;
   }
 
-  void expect(const detail::store_response& resp, detail::response_type want, const detail::store_request& r) {
+  void expect(const detail::kvstore::response& resp, detail::kvstore::response_type want, const detail::kvstore::request& r) {
     if (resp.type == want) return;
     const std::string what = prefix() + "store " + std::string(to_string(r.type)) + (r.key.empty() ? "" : "('" + r.key + "')") +
                              " at " + endpoint();
-    if (resp.type == detail::response_type::error) {
+    if (resp.type == detail::kvstore::response_type::error) {
       if (resp.message.starts_with("unauthorized")) {
         throw communication_error(what + " refused: " + resp.message +
                                       " (set the same token on every rank, e.g. PARTRAIN_STORE_TOKEN)",
