@@ -11731,11 +11731,11 @@ namespace comm_hooks {
 #include <span>
 #include <vector>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::dp {
 
-class dp_balancer {
+class balancer {
  public:
-  dp_balancer(std::size_t devices, std::size_t warmup_steps, double smoothing, double min_share)
+  balancer(std::size_t devices, std::size_t warmup_steps, double smoothing, double min_share)
       : speed_(devices, 0.0), warmup_(warmup_steps), alpha_(smoothing), min_share_(min_share) {}
 
   // One step's measurements. Devices that got no examples (or were not timed) keep their speed.
@@ -11777,7 +11777,7 @@ class dp_balancer {
   std::size_t steps_ = 0;
 };
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::dp
 
 // #include <partrain/parallel/detail/dp_device.hpp>
 // partrain/parallel/detail/dp_device.hpp: what data_parallel does to a device's memory: copy
@@ -11805,15 +11805,15 @@ class dp_balancer {
 // #include <partrain/cuda/stream.hpp> (above)
 #endif
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::dp {
 
 // One device's execution context: for CUDA, the device is made current on the worker thread and
 // owns a non-blocking stream (cuda/stream.hpp) for data_parallel's copies.
-class dp_device_context {
+class device_context {
  public:
-  explicit dp_device_context(device d) : dev_(d) {}
-  dp_device_context(const dp_device_context&) = delete;
-  dp_device_context& operator=(const dp_device_context&) = delete;
+  explicit device_context(device d) : dev_(d) {}
+  device_context(const device_context&) = delete;
+  device_context& operator=(const device_context&) = delete;
 
   [[nodiscard]] const device& dev() const noexcept { return dev_; }
 
@@ -11899,7 +11899,7 @@ class dp_device_context {
 #endif
 };
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::dp
 
 // #include <partrain/parallel/detail/dp_scatter.hpp>
 // partrain/parallel/detail/dp_scatter.hpp: how data_parallel cuts a batch along its first
@@ -11920,7 +11920,7 @@ class dp_device_context {
 
 namespace partrain::inline v0 {
 
-namespace detail {
+namespace detail::dp {
 
 template <class T>
 inline constexpr bool is_tensor_view_v = false;
@@ -11953,19 +11953,19 @@ concept feature_label_batch = std::copy_constructible<B> && requires(const B& b,
 template <class B>
 concept has_indices_span = requires(B& b, std::size_t i) { b.indices = b.indices.subspan(i, i); };
 
-}  // namespace detail
+}  // namespace detail::dp
 
 // What data_parallel can scatter: a tensor_view (rows of its first dimension), a type with
 // `size()` and `slice(first, last)`, one with `size()` and an ADL `slice_batch(b, first, last)`,
 // or a partrain::batch-shaped aggregate (`features`, `labels`, optional `indices`).
 template <class B>
-concept splittable_batch = detail::is_tensor_view_v<B> || detail::member_sliceable_batch<B> ||
-                           detail::adl_sliceable_batch<B> || detail::feature_label_batch<B>;
+concept splittable_batch = detail::dp::is_tensor_view_v<B> || detail::dp::member_sliceable_batch<B> ||
+                           detail::dp::adl_sliceable_batch<B> || detail::dp::feature_label_batch<B>;
 
 // Examples in a batch (its first dimension).
 template <splittable_batch B>
 [[nodiscard]] std::size_t batch_size_of(const B& b) {
-  if constexpr (detail::is_tensor_view_v<B>) {
+  if constexpr (detail::dp::is_tensor_view_v<B>) {
     return b.rank() == 0 ? 0 : b.extent(0);
   } else {
     return static_cast<std::size_t>(b.size());
@@ -11975,11 +11975,11 @@ template <splittable_batch B>
 // Rows [first, last) of a batch, as a batch of the same kind (a view, no copy of the data).
 template <splittable_batch B>
 [[nodiscard]] auto split_batch(const B& b, std::size_t first, std::size_t last) {
-  if constexpr (detail::is_tensor_view_v<B>) {
+  if constexpr (detail::dp::is_tensor_view_v<B>) {
     return b.slice(first, last);
-  } else if constexpr (detail::member_sliceable_batch<B>) {
+  } else if constexpr (detail::dp::member_sliceable_batch<B>) {
     return b.slice(first, last);
-  } else if constexpr (detail::adl_sliceable_batch<B>) {
+  } else if constexpr (detail::dp::adl_sliceable_batch<B>) {
     return slice_batch(b, first, last);
   } else {
     const std::size_t n = batch_size_of(b);
@@ -11990,14 +11990,14 @@ template <splittable_batch B>
     B part = b;
     part.features = b.features.slice(first, last);
     part.labels = b.labels.slice(first, last);
-    if constexpr (detail::has_indices_span<B>) {
+    if constexpr (detail::dp::has_indices_span<B>) {
       if (!b.indices.empty()) part.indices = b.indices.subspan(first, last - first);
     }
     return part;
   }
 }
 
-namespace detail {
+namespace detail::dp {
 
 // Whole examples per device: core/weighted_shares.hpp's rule (with n smaller than the device
 // count, the devices with the largest weights get one each; the rest idle).
@@ -12013,7 +12013,7 @@ namespace detail {
   return off;
 }
 
-}  // namespace detail
+}  // namespace detail::dp
 
 }  // namespace partrain::inline v0
 
@@ -12164,10 +12164,10 @@ concept has_output_size = requires(const M& m) {
   { m.output_size() } -> std::convertible_to<std::size_t>;
 };
 
-namespace detail {
+namespace detail::dp {
 
 template <class M>
-consteval bool check_data_parallel_model() {
+consteval bool check_model() {
   static_assert(detail::has_parameters_member<M>,
                 "partrain: data_parallel needs a model with `parameters()` returning its parameters in a stable order");
   static_assert(model<M>, "partrain: each element of `model.parameters()` needs `value()` and `grad()` tensor views");
@@ -12177,11 +12177,11 @@ consteval bool check_data_parallel_model() {
 }
 
 template <class T>
-[[nodiscard]] inline double dp_seconds_since(T start) {
+[[nodiscard]] inline double seconds_since(T start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-[[nodiscard]] inline std::string dp_what(const std::exception_ptr& e) {
+[[nodiscard]] inline std::string what(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
   } catch (const std::exception& ex) {
@@ -12191,11 +12191,11 @@ template <class T>
   }
 }
 
-}  // namespace detail
+}  // namespace detail::dp
 
 template <class M, class Opt>
 class data_parallel {
-  static_assert(detail::check_data_parallel_model<M>());
+  static_assert(detail::dp::check_model<M>());
   using T = model_element_t<M>;
   using S = model_space_t<M>;
   static_assert(std::same_as<std::remove_cv_t<typename param_grad_view_t<param_t<M>>::value_type>, T> &&
@@ -12228,7 +12228,7 @@ class data_parallel {
     optimizers_.resize(n);
     flat_.resize(n);
     held_.resize(n);
-    for (std::size_t i = 0; i < n; ++i) contexts_.push_back(std::make_unique<detail::dp_device_context>(devices_[i]));
+    for (std::size_t i = 0; i < n; ++i) contexts_.push_back(std::make_unique<detail::dp::device_context>(devices_[i]));
     for (std::size_t i = 0; i < n; ++i) workers_.push_back(std::make_unique<detail::executor>());
     // Replicate and make optimizers on each device's own thread (CUDA: with that device current);
     // the user's factory is called one replica at a time, so it need not be thread-safe.
@@ -12275,15 +12275,15 @@ class data_parallel {
 
     auto st = std::make_shared<step_state<shard_t>>();
     st->n = n;
-    st->counts = detail::split_counts(n, shares_);
-    const auto offsets = detail::split_offsets(st->counts);
+    st->counts = detail::dp::split_counts(n, shares_);
+    const auto offsets = detail::dp::split_offsets(st->counts);
     st->shards.resize(d);
     for (std::size_t i = 0; i < d; ++i) {
       if (st->counts[i]) st->shards[i].emplace(split_batch(batch, offsets[i], offsets[i + 1]));
     }
     st->equal = std::all_of(st->counts.begin(), st->counts.end(), [&](std::size_t c) { return c == st->counts[0]; });
     st->results = std::vector<device_result>(d);
-    const double scatter_s = detail::dp_seconds_since(t_start);
+    const double scatter_s = detail::dp::seconds_since(t_start);
 
     const bool broadcast_mode = opts_.sync == dp_sync::reduce_broadcast;
     dispatch("train_step", /*collective=*/true, [this, st, broadcast_mode](std::size_t i) {
@@ -12299,7 +12299,7 @@ class data_parallel {
         for (auto&& p : m.parameters()) ctx.zero(p.grad());
       }
       ctx.synchronize(/*whole_device=*/true);
-      r.compute_s = detail::dp_seconds_since(t0);
+      r.compute_s = detail::dp::seconds_since(t0);
 
       r.reached = step_phase::reduce;
       t0 = std::chrono::steady_clock::now();
@@ -12313,7 +12313,7 @@ class data_parallel {
         held_[i] = broadcast_mode ? groups_[i]->reduce(flat, 0, op) : groups_[i]->all_reduce(flat, op);
         held_[i]->wait();
       }
-      r.reduce_s = detail::dp_seconds_since(t0);
+      r.reduce_s = detail::dp::seconds_since(t0);
 
       r.reached = step_phase::update;
       t0 = std::chrono::steady_clock::now();
@@ -12333,7 +12333,7 @@ class data_parallel {
         if (i != 0) unpack(i, /*into_grads=*/false);
       }
       ctx.synchronize(/*whole_device=*/true);
-      r.update_s = detail::dp_seconds_since(t0);
+      r.update_s = detail::dp::seconds_since(t0);
       r.reached = step_phase::done;
     }, &st->results);
 
@@ -12352,7 +12352,7 @@ class data_parallel {
       t.update_s = std::max(t.update_s, results[i].update_s);
     }
     if (opts_.balance && balancer_.observe(counts, step_s)) shares_ = balancer_.shares();
-    t.total_s = detail::dp_seconds_since(t_start);
+    t.total_s = detail::dp::seconds_since(t_start);
     ++stats_.steps;
     stats_.shares = shares_;
     stats_.counts = std::move(counts);
@@ -12376,7 +12376,7 @@ class data_parallel {
     for (auto&& b : batches) {
       const std::size_t n = batch_size_of(b);
       if (n == 0) continue;
-      const auto offsets = detail::split_offsets(detail::split_counts(n, shares_));
+      const auto offsets = detail::dp::split_offsets(detail::dp::split_counts(n, shares_));
       auto parts = std::make_shared<std::vector<eval_result>>(devices_.size());
       std::vector<std::optional<shard_t>> shards(devices_.size());
       for (std::size_t i = 0; i < shards.size(); ++i) {
@@ -12406,7 +12406,7 @@ class data_parallel {
     using shard_t = std::remove_cvref_t<decltype(split_batch(batch, 0, 0))>;
     static_assert(forwardable_on<M, shard_t>,
                   "partrain: data_parallel::forward needs `forward(const Batch&, tensor_view<float> out)` on the model");
-    const auto offsets = detail::split_offsets(detail::split_counts(n, shares_));
+    const auto offsets = detail::dp::split_offsets(detail::dp::split_counts(n, shares_));
     std::vector<std::optional<shard_t>> shards(devices_.size());
     for (std::size_t i = 0; i < shards.size(); ++i) {
       if (offsets[i] != offsets[i + 1]) shards[i].emplace(split_batch(batch, offsets[i], offsets[i + 1]));
@@ -12582,7 +12582,7 @@ class data_parallel {
           // Peers blocked in this step's collective stop waiting for us.
           if (collective) {
             groups_[i]->abort("device " + devices_[i].to_string() + " (replica " + std::to_string(i) +
-                              ") failed in " + op + ": " + detail::dp_what((*errors)[i]));
+                              ") failed in " + op + ": " + detail::dp::what((*errors)[i]));
           }
         }
       }));
@@ -12614,7 +12614,7 @@ class data_parallel {
       std::throw_with_nested(replica_error(devices_[c], c,
                                            "data_parallel::" + std::string(op) + ": device " + devices_[c].to_string() +
                                                " (replica " + std::to_string(c) + ") failed: " +
-                                               detail::dp_what((*errors)[c]) + " (the step was stopped on all " +
+                                               detail::dp::what((*errors)[c]) + " (the step was stopped on all " +
                                                std::to_string(n) + " devices)"));
     }
   }
@@ -12661,7 +12661,7 @@ class data_parallel {
   data_parallel_options opts_;
   process_group_options pg_opts_;
   std::vector<double> shares_;
-  detail::dp_balancer balancer_;
+  detail::dp::balancer balancer_;
   data_parallel_stats stats_;
   std::vector<M*> replicas_;
   std::vector<std::unique_ptr<M>> owned_;
@@ -12669,7 +12669,7 @@ class data_parallel {
   std::vector<host_buffer<T>> flat_;
   std::size_t total_ = 0;
   std::vector<std::unique_ptr<local_group>> groups_;
-  std::vector<std::unique_ptr<detail::dp_device_context>> contexts_;
+  std::vector<std::unique_ptr<detail::dp::device_context>> contexts_;
   std::string stuck_;
   std::vector<work> stuck_works_;
   // Each device's last collective, kept until the next train_step: an error it carries was made on
@@ -12691,7 +12691,7 @@ namespace functional {
 // evenly; each device writes its rows of out, so outputs come back in the batch's order.
 template <class M, class B, class U>
 void data_parallel(M& model, const B& batch, std::span<const device> devices, tensor_view<U> out) {
-  static_assert(detail::check_data_parallel_model<M>());
+  static_assert(detail::dp::check_model<M>());
   static_assert(splittable_batch<B>, "partrain: data_parallel cannot split this batch type");
   using shard_t = std::remove_cvref_t<decltype(split_batch(batch, 0, 0))>;
   static_assert(forwardable_on<M, shard_t>,
@@ -12704,8 +12704,8 @@ void data_parallel(M& model, const B& batch, std::span<const device> devices, te
   }
   if (n == 0) return;
   const std::vector<double> even(devices.size(), 1.0);
-  const auto counts = detail::split_counts(n, even);
-  const auto offsets = detail::split_offsets(counts);
+  const auto counts = detail::dp::split_counts(n, even);
+  const auto offsets = detail::dp::split_offsets(counts);
   std::vector<std::exception_ptr> errors(devices.size());
   {
     std::vector<std::jthread> threads;
@@ -12713,7 +12713,7 @@ void data_parallel(M& model, const B& batch, std::span<const device> devices, te
       if (!counts[i]) continue;
       threads.emplace_back([&, i] {
         try {
-          detail::dp_device_context ctx(devices[i]);
+          detail::dp::device_context ctx(devices[i]);
           ctx.activate();
           auto shard = split_batch(batch, offsets[i], offsets[i + 1]);
           auto rows = out.slice(offsets[i], offsets[i + 1]);
@@ -12738,7 +12738,7 @@ void data_parallel(M& model, const B& batch, std::span<const device> devices, te
       std::throw_with_nested(replica_error(devices[i], i,
                                            "data_parallel (functional) forward: device " + devices[i].to_string() +
                                                " (replica " + std::to_string(i) + ") failed: " +
-                                               detail::dp_what(errors[i])));
+                                               detail::dp::what(errors[i])));
     }
   }
 }
