@@ -8614,7 +8614,7 @@ using env_lookup = std::function<std::optional<std::string>(const std::string&)>
   return std::string(v);
 }
 
-namespace detail {
+namespace detail::rdzv {
 
 [[nodiscard]] inline std::optional<long long> parse_integer(std::string_view s) {
   long long v = 0;
@@ -8785,9 +8785,9 @@ inline void read_rank_env(rendezvous_info& info, const env_lookup& env) {
   }
 }
 
-}  // namespace detail
+}  // namespace detail::rdzv
 
-namespace detail {
+namespace detail::rdzv {
 
 // A job identity a batch system gives every rank of one job (and no rank of another): the token
 // when the launcher set none. Empty when there is none.
@@ -8833,7 +8833,7 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
   return fallback;
 }
 
-}  // namespace detail
+}  // namespace detail::rdzv
 
 // Parses url and the environment; connects nothing. Throws config_error naming what is
 // wrong and what was expected.
@@ -8849,18 +8849,18 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
   std::string_view rest = url.substr(sep + 3);
 
   // Timeout and token: options, then the environment.
-  info.timeout = detail::timeout_option(opts, env, info.timeout);
+  info.timeout = detail::rdzv::timeout_option(opts, env, info.timeout);
   info.token = !opts.token.empty() ? opts.token : env("PARTRAIN_STORE_TOKEN").value_or("");
   info.bind_address = env("PARTRAIN_STORE_BIND").value_or("");
   info.agent_store = env("PARTRAIN_USE_AGENT_STORE").value_or("0") == "1";
-  info.restart_count = detail::int_var(env, "PARTRAIN_RESTART_COUNT", 0, big, "init_process_group", "a non-negative integer")
+  info.restart_count = detail::rdzv::int_var(env, "PARTRAIN_RESTART_COUNT", 0, big, "init_process_group", "a non-negative integer")
                            .value_or(0);
 
   if (info.scheme == "env") {
     if (!rest.empty()) {
       throw config_error("malformed URL '" + std::string(url) + "': env:// takes nothing after '//' (the environment says it all)");
     }
-    detail::read_rank_env(info, env);
+    detail::rdzv::read_rank_env(info, env);
     if (opts.rank >= 0 && opts.rank != info.rank) {
       throw config_error("env://: options.rank " + std::to_string(opts.rank) + " disagrees with the environment's rank " +
                          std::to_string(info.rank));
@@ -8872,7 +8872,7 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
     auto addr = env("MASTER_ADDR");
     if (!addr && info.source == "slurm") {
       if (auto nodes = env("SLURM_STEP_NODELIST") ? env("SLURM_STEP_NODELIST") : env("SLURM_JOB_NODELIST")) {
-        addr = detail::first_slurm_host(*nodes);
+        addr = detail::rdzv::first_slurm_host(*nodes);
       }
     }
     if (!addr || addr->empty()) {
@@ -8880,11 +8880,11 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
                          "MASTER_ADDR=127.0.0.1 on one machine)");
     }
     info.master_addr = *addr;
-    auto port = detail::int_var(env, "MASTER_PORT", 0, 65535, "env://", "a port number in 1..65535");
+    auto port = detail::rdzv::int_var(env, "MASTER_PORT", 0, 65535, "env://", "a port number in 1..65535");
     if (!port && info.source == "slurm") {
       // Every rank of the job derives the same port from the job id (torch users usually
       // compute one this way in their sbatch script).
-      if (auto job = detail::int_var(env, "SLURM_JOB_ID", 0, big, "env://", "an integer")) port = 20000 + *job % 20000;
+      if (auto job = detail::rdzv::int_var(env, "SLURM_JOB_ID", 0, big, "env://", "an integer")) port = 20000 + *job % 20000;
     }
     if (!port) {
       throw config_error("env://: MASTER_PORT is not set (expected a free TCP port on the master, e.g. MASTER_PORT=29500)");
@@ -8896,10 +8896,10 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
   } else if (info.scheme == "tcp" || info.scheme == "file") {
     const auto q = rest.find('?');
     int rank = -1, world = -1;
-    if (q != std::string_view::npos) detail::parse_query(url, rest.substr(q + 1), rank, world);
+    if (q != std::string_view::npos) detail::rdzv::parse_query(url, rest.substr(q + 1), rank, world);
     rest = rest.substr(0, q);
     if (info.scheme == "tcp") {
-      detail::parse_host_port(url, rest, info.master_addr, info.port);
+      detail::rdzv::parse_host_port(url, rest, info.master_addr, info.port);
     } else {
       if (rest.empty()) {
         throw config_error("malformed URL '" + std::string(url) + "': empty path (expected file:///path/on/a/shared/filesystem)");
@@ -8920,11 +8920,11 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
     };
     info.world_size = pick(opts.world_size, world, "world_size");
     info.rank = pick(opts.rank, rank, "rank");
-    detail::check_rank(info.scheme + "://", info.rank, info.world_size);
+    detail::rdzv::check_rank(info.scheme + "://", info.rank, info.world_size);
     info.source = opts.rank >= 0 ? "options" : "url";
-    info.local_rank = detail::int_var(env, "LOCAL_RANK", 0, big, info.scheme + "://", "a non-negative integer").value_or(info.rank);
+    info.local_rank = detail::rdzv::int_var(env, "LOCAL_RANK", 0, big, info.scheme + "://", "a non-negative integer").value_or(info.rank);
     info.local_world_size =
-        detail::int_var(env, "LOCAL_WORLD_SIZE", 1, big, info.scheme + "://", "a positive integer").value_or(info.world_size);
+        detail::rdzv::int_var(env, "LOCAL_WORLD_SIZE", 1, big, info.scheme + "://", "a positive integer").value_or(info.world_size);
     if (info.local_rank >= info.local_world_size) {
       throw config_error(info.scheme + "://: local rank " + std::to_string(info.local_rank) + " is out of range for local world size " +
                          std::to_string(info.local_world_size));
@@ -8933,7 +8933,7 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
     throw config_error("malformed URL '" + std::string(url) + "': unknown scheme '" + info.scheme +
                        "' (expected env://, tcp://host:port or file://path)");
   }
-  detail::default_job_token(info, env);
+  detail::rdzv::default_job_token(info, env);
   return info;
 }
 
@@ -8942,7 +8942,7 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
   return parse_rendezvous("env://", opts, process_env);
 }
 
-namespace detail {
+namespace detail::rdzv {
 
 // A connection to the job's store: rank 0's hosts the TCP server when `host` (unless a
 // launcher's agent does), the others connect with retries until the timeout; or the file store.
@@ -8973,12 +8973,12 @@ namespace detail {
   return s;
 }
 
-}  // namespace detail
+}  // namespace detail::rdzv
 
 // Creates info.store: rank 0 hosts the TCP server (unless a launcher's agent does), the
 // others connect to it with retries until the timeout; or opens the file store.
 inline void connect_store(rendezvous_info& info) {
-  info.store = detail::open_store(info, true, info.timeout, "rank " + std::to_string(info.rank), &info.port);
+  info.store = detail::rdzv::open_store(info, true, info.timeout, "rank " + std::to_string(info.rank), &info.port);
 }
 
 // parse_rendezvous + connect_store.
@@ -8989,7 +8989,7 @@ inline void connect_store(rendezvous_info& info) {
   return info;
 }
 
-namespace detail {
+namespace detail::rdzv {
 
 // The store dies with init_process_group's rendezvous_info; when rank 0 hosts it, rank 0 must
 // not close it while a peer may still be using it. Each other rank reports that it is done with
@@ -9010,7 +9010,7 @@ inline void release_store_host(const rendezvous_info& info) {
   }
 }
 
-}  // namespace detail
+}  // namespace detail::rdzv
 
 }  // namespace partrain::inline v0
 
@@ -9035,7 +9035,7 @@ inline void release_store_host(const rendezvous_info& info) {
 // #include <partrain/core/log.hpp> (above)
 // #include <partrain/rendezvous/rendezvous.hpp> (above)
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::rdzv {
 
 // 32 hex digits from /dev/urandom.
 [[nodiscard]] inline std::string random_token() {
@@ -9112,7 +9112,7 @@ inline void join_job(const rendezvous_info& info) {
   (void)s.add("partrain/join/checked", 1);
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::rdzv
 
 // #include <partrain/rendezvous/liveness.hpp>
 // partrain/rendezvous/liveness.hpp: a stalled or lost rank is noticed in seconds, not at the
@@ -9162,7 +9162,7 @@ struct liveness_options {
 // PARTRAIN_SILENCE_MS, validated; silence 0 means off.
 [[nodiscard]] inline liveness_options liveness_options_from_env(const env_lookup& env = process_env) {
   liveness_options o;
-  if (auto ms = detail::int_var(env, "PARTRAIN_SILENCE_MS", 0, 3'600'000, "PARTRAIN_SILENCE_MS",
+  if (auto ms = detail::rdzv::int_var(env, "PARTRAIN_SILENCE_MS", 0, 3'600'000, "PARTRAIN_SILENCE_MS",
                                 "milliseconds in [0, 3600000] (0 turns the liveness watch off)")) {
     o.silence = std::chrono::milliseconds(*ms);
   }
@@ -9178,7 +9178,7 @@ class liveness_watch {
     // info_.store keeps the store alive (on rank 0 it owns the server, which init_process_group
     // would otherwise close once it returns); the watch talks through a connection of its own.
     const auto call_timeout = std::min<std::chrono::milliseconds>(o_.silence / 2, std::chrono::milliseconds(3000));
-    store_ = detail::open_store(info_, false, call_timeout, "rank " + std::to_string(info.rank) + " liveness watch");
+    store_ = detail::rdzv::open_store(info_, false, call_timeout, "rank " + std::to_string(info.rank) + " liveness watch");
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
     host_ = host;
@@ -9356,7 +9356,7 @@ class liveness_watch {
 
 namespace partrain::inline v0 {
 
-namespace detail {
+namespace detail::rdzv {
 
 inline void check_backend_name(const std::string& backend) {
   if (!backend.empty() && backend != "gloo" && backend != "nccl" && backend != "mpi") {
@@ -9364,7 +9364,7 @@ inline void check_backend_name(const std::string& backend) {
   }
 }
 
-}  // namespace detail
+}  // namespace detail::rdzv
 
 namespace detail::mpi {
 
@@ -9438,7 +9438,7 @@ namespace detail::mpi {
 [[nodiscard]] inline std::unique_ptr<process_group> init_process_group(std::string_view url = "env://",
                                                                        const init_options& opts = {}) {
   // Check the backend name before anyone binds a port or waits on a peer.
-  detail::check_backend_name(opts.backend);
+  detail::rdzv::check_backend_name(opts.backend);
   // mpi:// (or backend "mpi" on env://): MPI's own rendezvous, no store.
   if (url.starts_with("mpi://") || opts.backend == "mpi") {
     if (!opts.backend.empty() && opts.backend != "mpi") {
@@ -9448,10 +9448,10 @@ namespace detail::mpi {
       throw config_error("backend 'mpi' takes the URL 'mpi://' or 'env://' (MPI's launcher is the rendezvous), got '" +
                          std::string(url) + "'");
     }
-    return detail::mpi::make_group(opts, detail::timeout_option(opts, process_env, default_timeout));
+    return detail::mpi::make_group(opts, detail::rdzv::timeout_option(opts, process_env, default_timeout));
   }
   auto info = rendezvous(url, opts);
-  detail::join_job(info);  // one job: same world size everywhere, no rank claimed twice
+  detail::rdzv::join_job(info);  // one job: same world size everywhere, no rank claimed twice
   auto group = make_process_group(info, opts);
   // A stalled or lost rank ends the job within seconds (liveness.hpp), not at the collective timeout.
   if (const auto lo = liveness_options_from_env(); info.world_size > 1 && lo.silence.count() > 0) {
@@ -9459,7 +9459,7 @@ namespace detail::mpi {
     group->set_arrival_report([w = watch.get()](std::uint64_t op) { return w->behind(op); });
     group->attach(std::move(watch));
   }
-  detail::release_store_host(info);
+  detail::rdzv::release_store_host(info);
   return group;
 }
 
@@ -10127,7 +10127,7 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
   // cannot be taken by another program before rank 0's store listens on it.
   detail::unique_fd listener = detail::listen_tcp(opts.master_addr, opts.master_port);
   const std::uint16_t port = detail::local_port(listener.get());
-  const std::string token = detail::random_token();
+  const std::string token = detail::rdzv::random_token();
 
   std::vector<child_process> children;
   children.reserve(static_cast<std::size_t>(nprocs));

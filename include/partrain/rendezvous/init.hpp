@@ -36,7 +36,7 @@
 
 namespace partrain::inline v0 {
 
-namespace detail {
+namespace detail::rdzv {
 
 inline void check_backend_name(const std::string& backend) {
   if (!backend.empty() && backend != "gloo" && backend != "nccl" && backend != "mpi") {
@@ -44,7 +44,7 @@ inline void check_backend_name(const std::string& backend) {
   }
 }
 
-}  // namespace detail
+}  // namespace detail::rdzv
 
 namespace detail::mpi {
 
@@ -118,7 +118,7 @@ namespace detail::mpi {
 [[nodiscard]] inline std::unique_ptr<process_group> init_process_group(std::string_view url = "env://",
                                                                        const init_options& opts = {}) {
   // Check the backend name before anyone binds a port or waits on a peer.
-  detail::check_backend_name(opts.backend);
+  detail::rdzv::check_backend_name(opts.backend);
   // mpi:// (or backend "mpi" on env://): MPI's own rendezvous, no store.
   if (url.starts_with("mpi://") || opts.backend == "mpi") {
     if (!opts.backend.empty() && opts.backend != "mpi") {
@@ -128,10 +128,10 @@ namespace detail::mpi {
       throw config_error("backend 'mpi' takes the URL 'mpi://' or 'env://' (MPI's launcher is the rendezvous), got '" +
                          std::string(url) + "'");
     }
-    return detail::mpi::make_group(opts, detail::timeout_option(opts, process_env, default_timeout));
+    return detail::mpi::make_group(opts, detail::rdzv::timeout_option(opts, process_env, default_timeout));
   }
   auto info = rendezvous(url, opts);
-  detail::join_job(info);  // one job: same world size everywhere, no rank claimed twice
+  detail::rdzv::join_job(info);  // one job: same world size everywhere, no rank claimed twice
   auto group = make_process_group(info, opts);
   // A stalled or lost rank ends the job within seconds (liveness.hpp), not at the collective timeout.
   if (const auto lo = liveness_options_from_env(); info.world_size > 1 && lo.silence.count() > 0) {
@@ -139,7 +139,7 @@ namespace detail::mpi {
     group->set_arrival_report([w = watch.get()](std::uint64_t op) { return w->behind(op); });
     group->attach(std::move(watch));
   }
-  detail::release_store_host(info);
+  detail::rdzv::release_store_host(info);
   return group;
 }
 
