@@ -269,7 +269,7 @@ engine_result bench_gloo(const plan& p) {
         gloo_options gopts;
         gopts.prefix = "wrapper/";
         gloo_group g(st, r, world, opts, gopts);
-        auto raw = detail::connect_gloo(st, "raw/", r, world, timeout, detail::gloo_device_attr("", ""));
+        auto raw = detail::gloo::connect(st, "raw/", r, world, timeout, detail::gloo::device_attr("", ""));
         double worst = -1, ar_1mib = -1;
         for (auto k : all_ops) {
           for (auto bytes : p.sizes) {
@@ -333,7 +333,7 @@ int mpi_rank(const plan& p) {
   mpi_group g(process_group_options{.timeout = std::chrono::milliseconds(120'000)});
   MPI_Comm raw = MPI_COMM_NULL;
   {
-    std::lock_guard lock(detail::mpi_runtime::instance().mutex());
+    std::lock_guard lock(detail::mpi::runtime::instance().mutex());
     MPI_Comm_dup(MPI_COMM_WORLD, &raw);
   }
   const int n = g.size();
@@ -344,7 +344,7 @@ int mpi_rank(const plan& p) {
       g.barrier().wait();
       // The raw calls run on this thread while the group's progress thread sleeps (nothing pending).
       const auto [tw, tr] = time_pair(p, bytes, [&] { run_op(g, k, buf); }, [&] {
-        std::lock_guard lock(detail::mpi_runtime::instance().mutex());
+        std::lock_guard lock(detail::mpi::runtime::instance().mutex());
         raw_mpi(raw, k, buf);
       });
       if (g.rank() == 0) {
@@ -358,7 +358,7 @@ int mpi_rank(const plan& p) {
     }
   }
   if (g.rank() == 0) std::printf("mpi-result %.6f %.6f\n", worst, ar_1mib);
-  std::lock_guard lock(detail::mpi_runtime::instance().mutex());
+  std::lock_guard lock(detail::mpi::runtime::instance().mutex());
   MPI_Comm_free(&raw);
   return 0;
 }

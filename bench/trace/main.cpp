@@ -103,7 +103,7 @@ double clock_cost_ns(int batches, int per_batch) {
   std::int64_t sink = 0;
   for (int b = 0; b < batches; ++b) {
     const auto t0 = clk::now();
-    for (int i = 0; i < per_batch; ++i) sink += detail::steady_ns();
+    for (int i = 0; i < per_batch; ++i) sink += detail::trace::steady_ns();
     best = std::min(best, std::chrono::duration<double, std::nano>(clk::now() - t0).count() / per_batch);
   }
   return sink == 42 ? best + 1 : best;  // keeps the loop

@@ -2566,11 +2566,11 @@ class store {
 // #include <partrain/comm/store.hpp> (above)
 // #include <partrain/core/error.hpp> (above)
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::gloo {
 
-class gloo_store_adapter final : public gloo::rendezvous::Store {
+class store_adapter final : public ::gloo::rendezvous::Store {
  public:
-  gloo_store_adapter(std::shared_ptr<store> s, std::string prefix, std::chrono::milliseconds timeout)
+  store_adapter(std::shared_ptr<store> s, std::string prefix, std::chrono::milliseconds timeout)
       : store_(std::move(s)), prefix_(std::move(prefix)), timeout_(timeout) {
     if (!store_) throw invalid_argument_error("gloo rendezvous: the store is null (expected a connected store)");
   }
@@ -2599,7 +2599,7 @@ class gloo_store_adapter final : public gloo::rendezvous::Store {
   std::chrono::milliseconds timeout_;
 };
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::gloo
 #endif  // defined(PARTRAIN_WITH_GLOO)
 
 // #include <partrain/comm/reduce_op.hpp>
@@ -2719,7 +2719,7 @@ inline void host_divide(void* data, std::size_t n, dtype t, int divisor) {
 // #include <partrain/core/dtype.hpp> (above)
 // #include <partrain/core/error.hpp> (above)
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::gloo {
 
 [[nodiscard]] inline std::string env_or(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
@@ -2728,8 +2728,8 @@ namespace partrain::inline v0::detail {
 
 // Where the TCP device listens: an explicit interface or host wins, then the environment
 // (PARTRAIN_GLOO_IFNAME, PARTRAIN_GLOO_HOST), then loopback (single-host default).
-[[nodiscard]] inline gloo::transport::tcp::attr gloo_device_attr(const std::string& ifname, const std::string& hostname) {
-  gloo::transport::tcp::attr attr;
+[[nodiscard]] inline ::gloo::transport::tcp::attr device_attr(const std::string& ifname, const std::string& hostname) {
+  ::gloo::transport::tcp::attr attr;
   if (!ifname.empty() || !hostname.empty()) {
     attr.iface = ifname;
     attr.hostname = hostname;
@@ -2743,7 +2743,7 @@ namespace partrain::inline v0::detail {
 
 // "gloo/<n>/" where n counts the groups this rank built on this store: every rank builds its
 // groups in the same order (as in torch), so the n-th group meets under the same prefix.
-[[nodiscard]] inline std::string next_gloo_prefix(const std::shared_ptr<store>& s, int rank) {
+[[nodiscard]] inline std::string next_prefix(const std::shared_ptr<store>& s, int rank) {
   static std::mutex m;
   static std::map<std::pair<const store*, int>, std::pair<std::weak_ptr<store>, int>> counters;
   std::lock_guard lock(m);
@@ -2755,7 +2755,7 @@ namespace partrain::inline v0::detail {
   return "gloo/" + std::to_string(n++) + "/";
 }
 
-[[nodiscard]] inline std::string describe_attr(const gloo::transport::tcp::attr& a) {
+[[nodiscard]] inline std::string describe_attr(const ::gloo::transport::tcp::attr& a) {
   std::string s;
   if (!a.iface.empty()) s += "interface '" + a.iface + "'";
   if (!a.hostname.empty()) s += (s.empty() ? "" : ", ") + std::string("host '") + a.hostname + "'";
@@ -2764,21 +2764,21 @@ namespace partrain::inline v0::detail {
 
 // Creates the TCP device and a full-mesh context with the timeout on it. Every rank must call
 // this concurrently with the same prefix; it returns once all pairs are connected.
-[[nodiscard]] inline std::shared_ptr<gloo::Context> connect_gloo(const std::shared_ptr<store>& s, const std::string& prefix,
+[[nodiscard]] inline std::shared_ptr<::gloo::Context> connect(const std::shared_ptr<store>& s, const std::string& prefix,
                                                                int rank, int size, std::chrono::milliseconds timeout,
-                                                               const gloo::transport::tcp::attr& attr) {
+                                                               const ::gloo::transport::tcp::attr& attr) {
   const std::string where = "rank " + std::to_string(rank) + " gloo rendezvous (world size " + std::to_string(size) +
                             ", store prefix '" + prefix + "', " + describe_attr(attr) + ")";
-  std::shared_ptr<gloo::transport::Device> dev;
+  std::shared_ptr<::gloo::transport::Device> dev;
   try {
-    dev = gloo::transport::tcp::CreateDevice(attr);
+    dev = ::gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
     throw config_error(where + ": cannot create the TCP device: " + e.what() +
                        " (set PARTRAIN_GLOO_IFNAME to an interface or PARTRAIN_GLOO_HOST to a local address)");
   }
-  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);
   ctx->setTimeout(timeout);  // connectFullMesh waits on the store with this timeout
-  gloo_store_adapter adapter(s, prefix, timeout);
+  store_adapter adapter(s, prefix, timeout);
   try {
     ctx->connectFullMesh(adapter, dev);
   } catch (const timeout_error& e) {
@@ -2791,11 +2791,11 @@ namespace partrain::inline v0::detail {
   return ctx;
 }
 
-using gloo_reduce_fn = gloo::AllreduceOptions::Func;
+using reduce_fn = ::gloo::AllreduceOptions::Func;
 
 // Gloo's typed kernels where it has them; the 16-bit types reduce through float via
 // host_reduce. Gloo calls fn(out, a, b, n) with out == a allowed.
-[[nodiscard]] inline gloo_reduce_fn make_gloo_reduce_fn(dtype t, reduce_op op) {
+[[nodiscard]] inline reduce_fn make_reduce_fn(dtype t, reduce_op op) {
   if (t == dtype::float16 || t == dtype::bfloat16) {
     return [t, op](void* c, const void* a, const void* b, std::size_t n) {
       const std::size_t bytes = n * size_of(t);
@@ -2809,22 +2809,22 @@ using gloo_reduce_fn = gloo::AllreduceOptions::Func;
       }
     };
   }
-  return visit_dtype(t, [op]<class T>(std::type_identity<T>) -> gloo_reduce_fn {
+  return visit_dtype(t, [op]<class T>(std::type_identity<T>) -> reduce_fn {
     if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
       throw invalid_argument_error("internal: 16-bit types take the host_reduce path");
     } else {
     switch (op) {
-      case reduce_op::sum: case reduce_op::avg: return [](void* c, const void* a, const void* b, std::size_t n) { gloo::sum<T>(c, a, b, n); };
-      case reduce_op::prod: return [](void* c, const void* a, const void* b, std::size_t n) { gloo::product<T>(c, a, b, n); };
-      case reduce_op::min: return [](void* c, const void* a, const void* b, std::size_t n) { gloo::min<T>(c, a, b, n); };
-      case reduce_op::max: return [](void* c, const void* a, const void* b, std::size_t n) { gloo::max<T>(c, a, b, n); };
+      case reduce_op::sum: case reduce_op::avg: return [](void* c, const void* a, const void* b, std::size_t n) { ::gloo::sum<T>(c, a, b, n); };
+      case reduce_op::prod: return [](void* c, const void* a, const void* b, std::size_t n) { ::gloo::product<T>(c, a, b, n); };
+      case reduce_op::min: return [](void* c, const void* a, const void* b, std::size_t n) { ::gloo::min<T>(c, a, b, n); };
+      case reduce_op::max: return [](void* c, const void* a, const void* b, std::size_t n) { ::gloo::max<T>(c, a, b, n); };
     }
     throw invalid_argument_error("unknown reduce_op code " + std::to_string(static_cast<int>(op)));
     }
   });
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::gloo
 #endif  // defined(PARTRAIN_WITH_GLOO)
 
 // #include <partrain/comm/detail/sigpipe.hpp>
@@ -3280,9 +3280,9 @@ class gloo_group final : public process_group {
     }
     // A peer that dies mid-write must fail this rank with our error, not kill it with SIGPIPE.
     (void)detail::survive_sigpipe();
-    const std::string prefix = gopts.prefix.empty() ? detail::next_gloo_prefix(s, rank) : gopts.prefix;
-    context_ = detail::connect_gloo(s, prefix, rank, size, opts.timeout,
-                                    detail::gloo_device_attr(gopts.ifname, gopts.hostname));
+    const std::string prefix = gopts.prefix.empty() ? detail::gloo::next_prefix(s, rank) : gopts.prefix;
+    context_ = detail::gloo::connect(s, prefix, rank, size, opts.timeout,
+                                    detail::gloo::device_attr(gopts.ifname, gopts.hostname));
   }
 
   ~gloo_group() override {
@@ -3306,7 +3306,7 @@ class gloo_group final : public process_group {
     return run(collective::all_reduce, "", [this, t, op] {
       gloo::AllreduceOptions o(context_);
       visit_dtype(t.type, [&]<class T>(std::type_identity<T>) { o.setOutput(static_cast<T*>(t.data), t.count); });
-      o.setReduceFunction(detail::make_gloo_reduce_fn(t.type, op));
+      o.setReduceFunction(detail::gloo::make_reduce_fn(t.type, op));
       o.setTag(kCollectiveTag);
       o.setTimeout(timeout());
       gloo::allreduce(o);
@@ -3342,7 +3342,7 @@ class gloo_group final : public process_group {
         }
       });
       o.setRoot(root);
-      o.setReduceFunction(detail::make_gloo_reduce_fn(t.type, op));
+      o.setReduceFunction(detail::gloo::make_reduce_fn(t.type, op));
       o.setTag(kCollectiveTag);
       o.setTimeout(timeout());
       gloo::reduce(o);
@@ -3882,18 +3882,18 @@ void run_local(int world_size, F fn, process_group_options opts = {}) {
 // #include <partrain/core/error.hpp> (above)
 // #include <partrain/core/half.hpp> (above)
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::mpi {
 
 // Set by the launchers a rank of an MPI job runs under: mpirun (Open MPI), srun and other PMI
 // launchers, PMIx servers.
-[[nodiscard]] inline bool mpi_launched() noexcept {
+[[nodiscard]] inline bool launched() noexcept {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"}) {
     if (std::getenv(v)) return true;
   }
   return false;
 }
 
-[[nodiscard]] inline std::string mpi_error_string(int code) {
+[[nodiscard]] inline std::string error_string(int code) {
   std::array<char, MPI_MAX_ERROR_STRING> text{};
   int len = 0;
   if (MPI_Error_string(code, text.data(), &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
@@ -3901,19 +3901,19 @@ namespace partrain::inline v0::detail {
 }
 
 template <class T, reduce_op Op>
-void mpi_user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+void user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
   reduce_typed(static_cast<T*>(inout), static_cast<const T*>(in), static_cast<std::size_t>(*len), Op);
 }
 
-class mpi_runtime {
+class runtime {
  public:
   // The process's runtime; initialises MPI on the first call.
-  [[nodiscard]] static mpi_runtime& instance() {
-    static mpi_runtime r;
+  [[nodiscard]] static runtime& instance() {
+    static runtime r;
     return r;
   }
-  mpi_runtime(const mpi_runtime&) = delete;
-  mpi_runtime& operator=(const mpi_runtime&) = delete;
+  runtime(const runtime&) = delete;
+  runtime& operator=(const runtime&) = delete;
 
   // Every MPI call of partrain holds it (the thread level may be only SERIALIZED).
   [[nodiscard]] std::mutex& mutex() noexcept { return mutex_; }
@@ -3949,7 +3949,7 @@ class mpi_runtime {
   }
 
  private:
-  mpi_runtime() {
+  runtime() {
     int initialized = 0;
     MPI_Initialized(&initialized);
     int provided = MPI_THREAD_SINGLE;
@@ -3962,7 +3962,7 @@ class mpi_runtime {
       // (environment or mpirun --mca) wins.
       ::setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", 0);
       if (int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided); rc != MPI_SUCCESS) {
-        throw config_error("MPI_Init_thread failed: " + mpi_error_string(rc));
+        throw config_error("MPI_Init_thread failed: " + error_string(rc));
       }
       owned_ = true;
     }
@@ -3977,7 +3977,7 @@ class mpi_runtime {
     make_ops<half>(half_ops_);
     make_ops<bfloat16>(bf16_ops_);
   }
-  ~mpi_runtime() {
+  ~runtime() {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
@@ -3998,10 +3998,10 @@ class mpi_runtime {
   }
   template <class T>
   static void make_ops(std::array<MPI_Op, 4>& ops) {
-    MPI_Op_create(&mpi_user_reduce<T, reduce_op::sum>, 1, &ops[0]);
-    MPI_Op_create(&mpi_user_reduce<T, reduce_op::prod>, 1, &ops[1]);
-    MPI_Op_create(&mpi_user_reduce<T, reduce_op::min>, 1, &ops[2]);
-    MPI_Op_create(&mpi_user_reduce<T, reduce_op::max>, 1, &ops[3]);
+    MPI_Op_create(&user_reduce<T, reduce_op::sum>, 1, &ops[0]);
+    MPI_Op_create(&user_reduce<T, reduce_op::prod>, 1, &ops[1]);
+    MPI_Op_create(&user_reduce<T, reduce_op::min>, 1, &ops[2]);
+    MPI_Op_create(&user_reduce<T, reduce_op::max>, 1, &ops[3]);
   }
 
   std::mutex mutex_;
@@ -4010,7 +4010,7 @@ class mpi_runtime {
   std::array<MPI_Op, 4> bf16_ops_{};
 };
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::mpi
 #endif  // defined(PARTRAIN_WITH_MPI)
 
 // #include <partrain/comm/mpi.hpp>
@@ -4064,9 +4064,9 @@ struct mpi_options {
   bool abort_on_timeout = true;
 };
 
-namespace detail {
+namespace detail::mpi {
 
-[[nodiscard]] inline std::chrono::microseconds mpi_env_us(const char* name, std::chrono::microseconds fallback) {
+[[nodiscard]] inline std::chrono::microseconds env_us(const char* name, std::chrono::microseconds fallback) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
   char* end = nullptr;
@@ -4078,18 +4078,18 @@ namespace detail {
 }
 
 // MPI_COMM_WORLD duplicated for one group (its collectives never meet another group's).
-struct mpi_comm {
+struct comm_handle {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
   int size = 1;
   int tag_ub = 32767;
 
-  static mpi_comm duplicate_world() {
-    auto& rt = mpi_runtime::instance();
+  static comm_handle duplicate_world() {
+    auto& rt = runtime::instance();
     std::lock_guard lock(rt.mutex());
-    mpi_comm c;
+    comm_handle c;
     if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c.comm); rc != MPI_SUCCESS) {
-      throw communication_error("mpi_group: MPI_Comm_dup failed: " + mpi_error_string(rc));
+      throw communication_error("mpi_group: MPI_Comm_dup failed: " + error_string(rc));
     }
     MPI_Comm_set_errhandler(c.comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(c.comm, &c.rank);
@@ -4102,12 +4102,12 @@ struct mpi_comm {
   }
 };
 
-}  // namespace detail
+}  // namespace detail::mpi
 
 class mpi_group final : public process_group {
  public:
   explicit mpi_group(process_group_options opts = {}, mpi_options mopts = {})
-      : mpi_group(detail::mpi_comm::duplicate_world(), opts, mopts) {}
+      : mpi_group(detail::mpi::comm_handle::duplicate_world(), opts, mopts) {}
 
   ~mpi_group() override {
     {
@@ -4116,7 +4116,7 @@ class mpi_group final : public process_group {
     }
     cv_.notify_all();
     if (progress_.joinable()) progress_.join();  // pending operations end by completion or timeout
-    std::lock_guard lock(detail::mpi_runtime::instance().mutex());
+    std::lock_guard lock(detail::mpi::runtime::instance().mutex());
     int finalized = 0;
     MPI_Finalized(&finalized);
     // A request MPI never finished (abort_on_timeout = false) still uses the communicator.
@@ -4201,13 +4201,13 @@ class mpi_group final : public process_group {
     std::exception_ptr error{};
   };
 
-  mpi_group(detail::mpi_comm c, process_group_options opts, mpi_options mopts)
-      : process_group(c.rank, c.size, opts), comm_(c), rt_(&detail::mpi_runtime::instance()) {
+  mpi_group(detail::mpi::comm_handle c, process_group_options opts, mpi_options mopts)
+      : process_group(c.rank, c.size, opts), comm_(c), rt_(&detail::mpi::runtime::instance()) {
     if (opts.timeout.count() <= 0) {
       throw config_error("mpi_group: timeout must be positive, got " + std::to_string(opts.timeout.count()) + " ms");
     }
-    mopts.spin = detail::mpi_env_us("PARTRAIN_MPI_SPIN_US", mopts.spin);
-    mopts.max_sleep = detail::mpi_env_us("PARTRAIN_MPI_MAX_SLEEP_US", mopts.max_sleep);
+    mopts.spin = detail::mpi::env_us("PARTRAIN_MPI_SPIN_US", mopts.spin);
+    mopts.max_sleep = detail::mpi::env_us("PARTRAIN_MPI_MAX_SLEEP_US", mopts.max_sleep);
     if (mopts.spin.count() < 0 || mopts.max_sleep.count() < 0) {
       throw config_error("mpi_options: spin and max_sleep must be >= 0 microseconds");
     }
@@ -4215,7 +4215,7 @@ class mpi_group final : public process_group {
     progress_ = std::thread([this] { progress_loop(); });
   }
 
-  [[nodiscard]] static MPI_Datatype type(raw_tensor t) noexcept { return detail::mpi_runtime::type_of(t.type); }
+  [[nodiscard]] static MPI_Datatype type(raw_tensor t) noexcept { return detail::mpi::runtime::type_of(t.type); }
 
   [[nodiscard]] std::string describe(collective c, const std::string& peers) const {
     return where(c) + (peers.empty() ? "" : " " + peers);
@@ -4291,7 +4291,7 @@ class mpi_group final : public process_group {
         for (auto& o : fresh) {
           o.deadline = now + timeout();
           if (int rc = o.start(&o.request); rc != MPI_SUCCESS) {
-            fail(o, "MPI failed to start it: " + detail::mpi_error_string(rc), false);
+            fail(o, "MPI failed to start it: " + detail::mpi::error_string(rc), false);
             done.push_back(std::move(o));
           } else {
             active.push_back(std::move(o));
@@ -4301,7 +4301,7 @@ class mpi_group final : public process_group {
           int flag = 0;
           const int rc = MPI_Test(&it->request, &flag, MPI_STATUS_IGNORE);
           if (rc != MPI_SUCCESS) {
-            fail(*it, "MPI failed (a peer died or its connection broke): " + detail::mpi_error_string(rc), false);
+            fail(*it, "MPI failed (a peer died or its connection broke): " + detail::mpi::error_string(rc), false);
           } else if (!flag && now > it->deadline) {
             fail(*it, "timed out after " + std::to_string(timeout().count()) +
                           " ms (a peer is stalled, died, or never joined this operation)", true);
@@ -4338,7 +4338,7 @@ class mpi_group final : public process_group {
     const std::string msg = describe(o.what, o.peers) + ": " + why;
     error_site site{.rank = rank(), .operation = std::string(to_string(o.what)), .peer = o.peer};
     if (timed_out) {
-      if (mopts_.abort_on_timeout) detail::mpi_runtime::abort_job(msg);
+      if (mopts_.abort_on_timeout) detail::mpi::runtime::abort_job(msg);
       site.timeout = timeout();
       o.error = std::make_exception_ptr(timeout_error(msg, std::move(site)));
     } else {
@@ -4350,8 +4350,8 @@ class mpi_group final : public process_group {
   }
 
   mpi_options mopts_{};
-  detail::mpi_comm comm_;
-  detail::mpi_runtime* rt_;
+  detail::mpi::comm_handle comm_;
+  detail::mpi::runtime* rt_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<op> queue_;
@@ -4430,9 +4430,9 @@ static_assert(communicator<mpi_group>);
 
 namespace partrain::inline v0 {
 
-namespace detail {
+namespace detail::nccl {
 
-[[nodiscard]] inline ncclDataType_t to_nccl(dtype t) {
+[[nodiscard]] inline ncclDataType_t type_of(dtype t) {
   switch (t) {
     case dtype::float32: return ncclFloat32;
     case dtype::float64: return ncclFloat64;
@@ -4445,7 +4445,7 @@ namespace detail {
   throw invalid_argument_error("nccl: dtype " + std::to_string(static_cast<int>(t)) + " has no NCCL type");
 }
 
-[[nodiscard]] inline ncclRedOp_t to_nccl(reduce_op op) {
+[[nodiscard]] inline ncclRedOp_t op_of(reduce_op op) {
   switch (op) {
     case reduce_op::sum: return ncclSum;
     case reduce_op::avg: return ncclAvg;  // NCCL divides by the world size itself
@@ -4456,7 +4456,7 @@ namespace detail {
   throw invalid_argument_error("nccl: reduce_op " + std::to_string(static_cast<int>(op)) + " has no NCCL operator");
 }
 
-[[nodiscard]] inline std::string nccl_failure(ncclResult_t rc, ncclComm_t comm) {
+[[nodiscard]] inline std::string failure(ncclResult_t rc, ncclComm_t comm) {
   std::string s = std::string(ncclGetErrorString(rc));
   if (comm) {
     const char* last = ncclGetLastError(comm);
@@ -4469,7 +4469,7 @@ namespace detail {
 // point-to-point calls together, so a send and a receive of one group cannot wait on each other.
 // On a non-blocking communicator ncclGroupEnd may answer ncclInProgress (the caller polls).
 template <class F>
-[[nodiscard]] ncclResult_t nccl_grouped(F&& f) {
+[[nodiscard]] ncclResult_t grouped(F&& f) {
   ncclResult_t rc = ncclGroupStart();
   if (rc != ncclSuccess) return rc;
   const ncclResult_t inner = f();
@@ -4480,21 +4480,21 @@ template <class F>
 
 // An owned NCCL communicator. Destroyed cleanly (finalize, then destroy) when healthy, aborted
 // when it failed or finalizing does not finish in time.
-class nccl_comm {
+class comm {
  public:
-  nccl_comm() = default;
-  explicit nccl_comm(ncclComm_t c) noexcept : comm_(c) {}
-  nccl_comm(nccl_comm&& o) noexcept : comm_(std::exchange(o.comm_, nullptr)) {}
-  nccl_comm& operator=(nccl_comm&& o) noexcept {
+  comm() = default;
+  explicit comm(ncclComm_t c) noexcept : comm_(c) {}
+  comm(comm&& o) noexcept : comm_(std::exchange(o.comm_, nullptr)) {}
+  comm& operator=(comm&& o) noexcept {
     if (this != &o) {
       abort();
       comm_ = std::exchange(o.comm_, nullptr);
     }
     return *this;
   }
-  nccl_comm(const nccl_comm&) = delete;
-  nccl_comm& operator=(const nccl_comm&) = delete;
-  ~nccl_comm() { abort(); }
+  comm(const comm&) = delete;
+  comm& operator=(const comm&) = delete;
+  ~comm() { abort(); }
 
   [[nodiscard]] ncclComm_t get() const noexcept { return comm_; }
   [[nodiscard]] explicit operator bool() const noexcept { return comm_ != nullptr; }
@@ -4530,7 +4530,7 @@ class nccl_comm {
   ncclComm_t comm_ = nullptr;
 };
 
-}  // namespace detail
+}  // namespace detail::nccl
 
 class nccl_group final : public process_group {
  public:
@@ -4591,10 +4591,10 @@ class nccl_group final : public process_group {
       }
     }
     return issue(collective::send, [&](ncclComm_t c, cudaStream_t s) {
-      return detail::nccl_grouped([&] {
-        const ncclResult_t a = ncclSend(out.data(), out.size(), detail::to_nccl(dtype_of<T>), dst, c, s);
+      return detail::nccl::grouped([&] {
+        const ncclResult_t a = ncclSend(out.data(), out.size(), detail::nccl::type_of(dtype_of<T>), dst, c, s);
         if (a != ncclSuccess && a != ncclInProgress) return a;
-        return ncclRecv(in.data(), in.size(), detail::to_nccl(dtype_of<T>), src, c, s);
+        return ncclRecv(in.data(), in.size(), detail::nccl::type_of(dtype_of<T>), src, c, s);
       });
     });
   }
@@ -4604,27 +4604,27 @@ class nccl_group final : public process_group {
  protected:
   work do_all_reduce(raw_tensor t, reduce_op op) override {
     return issue(collective::all_reduce, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclAllReduce(t.data, t.data, t.count, detail::to_nccl(t.type), detail::to_nccl(op), c, s);
+      return ncclAllReduce(t.data, t.data, t.count, detail::nccl::type_of(t.type), detail::nccl::op_of(op), c, s);
     });
   }
   work do_broadcast(raw_tensor t, int root) override {
     return issue(collective::broadcast, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclBroadcast(t.data, t.data, t.count, detail::to_nccl(t.type), root, c, s);
+      return ncclBroadcast(t.data, t.data, t.count, detail::nccl::type_of(t.type), root, c, s);
     });
   }
   work do_reduce(raw_tensor t, int root, reduce_op op) override {
     return issue(collective::reduce, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclReduce(t.data, t.data, t.count, detail::to_nccl(t.type), detail::to_nccl(op), root, c, s);
+      return ncclReduce(t.data, t.data, t.count, detail::nccl::type_of(t.type), detail::nccl::op_of(op), root, c, s);
     });
   }
   work do_all_gather(raw_tensor in, raw_tensor out) override {
     return issue(collective::all_gather, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclAllGather(in.data, out.data, in.count, detail::to_nccl(in.type), c, s);
+      return ncclAllGather(in.data, out.data, in.count, detail::nccl::type_of(in.type), c, s);
     });
   }
   work do_reduce_scatter(raw_tensor in, raw_tensor out, reduce_op op) override {
     return issue(collective::reduce_scatter, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclReduceScatter(in.data, out.data, out.count, detail::to_nccl(out.type), detail::to_nccl(op), c, s);
+      return ncclReduceScatter(in.data, out.data, out.count, detail::nccl::type_of(out.type), detail::nccl::op_of(op), c, s);
     });
   }
   // NCCL has no barrier: an all_reduce of one float, as torch does.
@@ -4635,12 +4635,12 @@ class nccl_group final : public process_group {
   }
   work do_send(raw_tensor t, int dst, int /*tag: NCCL matches per peer in order*/) override {
     return issue(collective::send, [&](ncclComm_t c, cudaStream_t s) {
-      return detail::nccl_grouped([&] { return ncclSend(t.data, t.count, detail::to_nccl(t.type), dst, c, s); });
+      return detail::nccl::grouped([&] { return ncclSend(t.data, t.count, detail::nccl::type_of(t.type), dst, c, s); });
     }, dst);
   }
   work do_recv(raw_tensor t, int src, int /*tag*/) override {
     return issue(collective::recv, [&](ncclComm_t c, cudaStream_t s) {
-      return detail::nccl_grouped([&] { return ncclRecv(t.data, t.count, detail::to_nccl(t.type), src, c, s); });
+      return detail::nccl::grouped([&] { return ncclRecv(t.data, t.count, detail::nccl::type_of(t.type), src, c, s); });
     }, src);
   }
 
@@ -4694,7 +4694,7 @@ class nccl_group final : public process_group {
     return cuda_event();
   }
 
-  [[nodiscard]] detail::nccl_comm make_comm(std::unique_lock<std::mutex>& lock) {
+  [[nodiscard]] detail::nccl::comm make_comm(std::unique_lock<std::mutex>& lock) {
     // Each rank counts the groups it made on this store; every rank makes them in the same order,
     // so the n-th group of each rank meets under the n-th key (threads or processes alike).
     const std::int64_t n = store_->add("partrain/nccl/groups_made_by_rank_" + std::to_string(rank()), 1);
@@ -4704,7 +4704,7 @@ class nccl_group final : public process_group {
       const ncclResult_t rc = ncclGetUniqueId(&id);
       if (rc != ncclSuccess) {
         throw communication_error({.rank = 0, .operation = "nccl init"},
-                                  "ncclGetUniqueId failed: " + detail::nccl_failure(rc, nullptr));
+                                  "ncclGetUniqueId failed: " + detail::nccl::failure(rc, nullptr));
       }
       store_->set(key, std::span(reinterpret_cast<const std::byte*>(&id), sizeof(id)));
     } else {
@@ -4728,10 +4728,10 @@ class nccl_group final : public process_group {
     config.blocking = 0;  // so the wait below, not NCCL, decides how long init may take
     ncclComm_t raw = nullptr;
     const ncclResult_t rc = ncclCommInitRankConfig(&raw, size(), id, rank(), &config);
-    detail::nccl_comm comm(raw);
+    detail::nccl::comm comm(raw);
     if (rc != ncclSuccess && rc != ncclInProgress) {
       throw communication_error({.rank = rank(), .operation = "nccl init"},
-                                "ncclCommInitRankConfig failed: " + detail::nccl_failure(rc, raw));
+                                "ncclCommInitRankConfig failed: " + detail::nccl::failure(rc, raw));
     }
     wait_ready(lock, comm.get(), clock::now() + timeout(),
                {.rank = rank(), .operation = "nccl init (ncclCommInitRankConfig)"});
@@ -4751,7 +4751,7 @@ class nccl_group final : public process_group {
       const ncclResult_t rc = ncclCommGetAsyncError(comm, &st);
       if (rc != ncclSuccess) st = rc;
       if (st == ncclSuccess) return;
-      if (st != ncclInProgress) throw communication_error(std::move(site), detail::nccl_failure(st, comm));
+      if (st != ncclInProgress) throw communication_error(std::move(site), detail::nccl::failure(st, comm));
       if (clock::now() > deadline) {
         site.timeout = timeout();
         throw timeout_error(std::move(site), "not done after " + std::to_string(timeout().count()) + " ms (are all " +
@@ -4797,7 +4797,7 @@ class nccl_group final : public process_group {
         throw;
       }
     } else if (rc != ncclSuccess) {
-      const std::string why = where(c) + ": " + detail::nccl_failure(rc, comm_.get());
+      const std::string why = where(c) + ": " + detail::nccl::failure(rc, comm_.get());
       reset_issuing.reset();
       lock.unlock();
       fail_all(why, true);
@@ -4866,7 +4866,7 @@ class nccl_group final : public process_group {
         if (ncclCommGetAsyncError(comm_.get(), &async) == ncclSuccess && async != ncclSuccess &&
             async != ncclInProgress) {
           failure = where(front.op) + ": NCCL reported an asynchronous error: " +
-                    detail::nccl_failure(async, comm_.get());
+                    detail::nccl::failure(async, comm_.get());
         }
       }
       if (!ready && failure.empty() && front.deadline && clock::now() > *front.deadline) {
@@ -4919,7 +4919,7 @@ class nccl_group final : public process_group {
   cuda_stream stream_;
   cuda_event input_ready_;
   std::atomic<cudaStream_t> input_stream_{cudaStreamLegacy};
-  detail::nccl_comm comm_;
+  detail::nccl::comm comm_;
   device_buffer<float> scratch_;
 
   std::mutex mutex_;
@@ -6288,7 +6288,7 @@ struct loader_stats {
   std::chrono::nanoseconds wait_time{0};
 };
 
-namespace detail {
+namespace detail::data {
 
 template <class R>
 concept batch_range = std::ranges::input_range<const R> &&
@@ -6297,19 +6297,19 @@ concept batch_range = std::ranges::input_range<const R> &&
                           std::ranges::range_reference_t<std::ranges::range_reference_t<const R>>>>;
 
 template <class S>
-struct loader_batches {
+struct batches {
   using type = S;
   static S make(S s, const loader_options&) { return s; }
 };
 template <class S>
   requires index_range<S>
-struct loader_batches<S> {
+struct batches<S> {
   using type = batched_view<S>;
   static type make(S s, const loader_options& o) { return type(std::move(s), o.batch_size, o.drop_last); }
 };
 
 // One batch buffer; the loader cycles through prefetch + 1 of them.
-struct loader_slot {
+struct slot {
   host_buffer<float> features;
   std::vector<std::int32_t> labels;
   std::vector<std::size_t> indices;
@@ -6320,9 +6320,9 @@ struct loader_slot {
 // One pass over the batches. Owns the background thread (declared last, so it is stopped and
 // joined before the buffers it writes are destroyed).
 template <class D, class B>
-class loader_epoch {
+class epoch {
  public:
-  loader_epoch(const D& ds, B batches, const loader_options& options)
+  epoch(const D& ds, B batches, const loader_options& options)
       : dataset_(&ds), batches_(std::move(batches)), options_(options), slots_(options.prefetch + 1),
         example_shape_(ds.example_shape()) {
     if (example_shape_.rank() + 1 > max_rank) {
@@ -6335,14 +6335,14 @@ class loader_epoch {
       worker_ = std::jthread([this](std::stop_token stop) { produce(stop); });
     }
   }
-  loader_epoch(const loader_epoch&) = delete;
-  loader_epoch& operator=(const loader_epoch&) = delete;
+  epoch(const epoch&) = delete;
+  epoch& operator=(const epoch&) = delete;
 
   // The next batch, or nullptr at the end of the epoch. Releases the previous batch's buffer.
   const batch* next(loader_stats& stats) {
     if (options_.prefetch == 0) {
       if (it_ == std::ranges::end(batches_)) return nullptr;
-      loader_slot& s = slots_[0];
+      slot& s = slots_[0];
       fill(s, *it_);
       ++it_;
       ++stats.batches;
@@ -6369,7 +6369,7 @@ class loader_epoch {
       if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
       return nullptr;
     }
-    loader_slot& s = slots_[released_ % slots_.size()];
+    slot& s = slots_[released_ % slots_.size()];
     holding_ = true;
     ++stats.batches;
     return &s.view;
@@ -6377,7 +6377,7 @@ class loader_epoch {
 
  private:
   template <class Indices>
-  void fill(loader_slot& s, Indices&& indices) {
+  void fill(slot& s, Indices&& indices) {
     s.indices.clear();
     for (auto&& i : indices) s.indices.push_back(static_cast<std::size_t>(i));
     const std::size_t n = s.indices.size();
@@ -6432,7 +6432,7 @@ class loader_epoch {
   const D* dataset_;
   B batches_;
   loader_options options_;
-  std::vector<loader_slot> slots_;
+  std::vector<slot> slots_;
   shape example_shape_;
   std::ranges::iterator_t<B> it_{};
   std::mutex mutex_;
@@ -6445,22 +6445,22 @@ class loader_epoch {
   std::jthread worker_;
 };
 
-}  // namespace detail
+}  // namespace detail::data
 
 template <class D, std::ranges::view S>
-  requires(check_dataset<D>() && (index_range<S> || detail::batch_range<S>))
+  requires(check_dataset<D>() && (index_range<S> || detail::data::batch_range<S>))
 class loader {
   // Each epoch iterates its own copy of the sampler, so set_epoch during an epoch is safe; a
   // move-only sampler (an owned std::vector) is referenced instead.
   using epoch_sampler = std::conditional_t<std::copyable<S>, S, std::ranges::ref_view<const S>>;
-  using batches_type = typename detail::loader_batches<epoch_sampler>::type;
-  using epoch_type = detail::loader_epoch<D, batches_type>;
+  using batches_type = typename detail::data::batches<epoch_sampler>::type;
+  using epoch_type = detail::data::epoch<D, batches_type>;
 
   [[nodiscard]] batches_type make_batches() const {
     if constexpr (std::copyable<S>) {
-      return detail::loader_batches<epoch_sampler>::make(sampler_, options_);
+      return detail::data::batches<epoch_sampler>::make(sampler_, options_);
     } else {
-      return detail::loader_batches<epoch_sampler>::make(std::ranges::ref_view<const S>(sampler_), options_);
+      return detail::data::batches<epoch_sampler>::make(std::ranges::ref_view<const S>(sampler_), options_);
     }
   }
 
@@ -7553,10 +7553,10 @@ inline void recv_all(int fd, std::span<std::byte> out, deadline_clock::time_poin
 #include <variant>
 #include <vector>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::kvstore {
 
 // Default bound on one message; a larger length prefix closes the connection unread.
-inline constexpr std::size_t default_max_store_message = std::size_t{64} << 20;
+inline constexpr std::size_t default_max_message = std::size_t{64} << 20;
 // Before a connection has authenticated, only this much is accepted (an auth frame is tiny),
 // so an unauthenticated peer cannot make the server allocate a large buffer.
 inline constexpr std::size_t max_unauthenticated_message = 4096;
@@ -7596,22 +7596,22 @@ enum class response_type : std::uint8_t {
   return "unknown";
 }
 
-struct store_request {
+struct request {
   request_type type = request_type::num_keys;
   std::string key{};              // auth: the token
   std::vector<std::byte> value{}; // set
   std::vector<std::string> keys{};  // wait, check
   std::int64_t number = 0;        // add: delta; get, wait: timeout in ms
-  friend bool operator==(const store_request&, const store_request&) = default;
+  friend bool operator==(const request&, const request&) = default;
 };
 
-struct store_response {
+struct response {
   response_type type = response_type::ok;
   std::vector<std::byte> value{};   // value
   std::int64_t number = 0;        // integer, boolean
   std::vector<std::string> keys{};  // timeout: the keys still missing
   std::string message{};           // error
-  friend bool operator==(const store_response&, const store_response&) = default;
+  friend bool operator==(const response&, const response&) = default;
 };
 
 struct protocol_error {
@@ -7674,7 +7674,7 @@ class byte_writer {
 };
 
 // A whole frame (length prefix included) for a request.
-[[nodiscard]] inline std::vector<std::byte> encode(const store_request& r) {
+[[nodiscard]] inline std::vector<std::byte> encode(const request& r) {
   byte_writer w;
   w.u8(static_cast<std::uint8_t>(r.type));
   switch (r.type) {
@@ -7690,7 +7690,7 @@ class byte_writer {
   return std::move(w).finish();
 }
 
-[[nodiscard]] inline std::vector<std::byte> encode(const store_response& r) {
+[[nodiscard]] inline std::vector<std::byte> encode(const response& r) {
   byte_writer w;
   w.u8(static_cast<std::uint8_t>(r.type));
   switch (r.type) {
@@ -7765,11 +7765,11 @@ class byte_reader {
 };
 
 // Parses one request payload (the bytes after the length prefix).
-[[nodiscard]] inline parse_result<store_request> parse_request(std::span<const std::byte> payload) {
+[[nodiscard]] inline parse_result<request> parse_request(std::span<const std::byte> payload) {
   byte_reader rd(payload);
   std::uint8_t type = 0;
   if (!rd.u8(type)) return protocol_error{"empty message"};
-  store_request r;
+  request r;
   r.type = static_cast<request_type>(type);
   bool ok = false;
   switch (r.type) {
@@ -7791,11 +7791,11 @@ class byte_reader {
   return r;
 }
 
-[[nodiscard]] inline parse_result<store_response> parse_response(std::span<const std::byte> payload) {
+[[nodiscard]] inline parse_result<response> parse_response(std::span<const std::byte> payload) {
   byte_reader rd(payload);
   std::uint8_t type = 0;
   if (!rd.u8(type)) return protocol_error{"empty reply"};
-  store_response r;
+  response r;
   r.type = static_cast<response_type>(type);
   bool ok = false;
   switch (r.type) {
@@ -7826,7 +7826,7 @@ class byte_reader {
   return diff == 0;
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::kvstore
 
 // #include <partrain/rendezvous/tcp_store_server.hpp>
 // partrain/rendezvous/tcp_store_server.hpp: the server half of the TCP rendezvous store (torch's
@@ -7870,7 +7870,7 @@ struct tcp_store_server_options {
   std::uint16_t port = 0;  // 0 = a free port, chosen by the kernel (read it with port())
   // When set, a connection's first message must be auth with this token, or it is closed.
   std::string token{};
-  std::size_t max_message_bytes = detail::default_max_store_message;
+  std::size_t max_message_bytes = detail::kvstore::default_max_message;
   // A connection that has not presented the token by then is closed (token servers only), so
   // idle strangers cannot hold the server's descriptors.
   std::chrono::milliseconds auth_timeout{10'000};
@@ -7933,7 +7933,7 @@ class tcp_store_server {
   };
   struct waiter {
     int conn = 0;
-    detail::store_request req;
+    detail::kvstore::request req;
     detail::deadline_clock::time_point deadline;
   };
 
@@ -7950,7 +7950,7 @@ class tcp_store_server {
       fds.push_back({listener_.get(), static_cast<short>(accepting ? POLLIN : 0), 0});
       for (auto& [id, c] : conns_) {
         // A connection whose get/wait is pending is not read past one more frame.
-        const bool full = c.blocked && c.in.size() > limit(c) + detail::frame_header_bytes;
+        const bool full = c.blocked && c.in.size() > limit(c) + detail::kvstore::frame_header_bytes;
         short ev = c.closing || full ? 0 : POLLIN;
         if (c.out_sent < c.out.size()) ev |= POLLOUT;
         fds.push_back({c.fd.get(), ev, 0});
@@ -8013,8 +8013,8 @@ class tcp_store_server {
       if (n > 0) {
         c.in.insert(c.in.end(), chunk, chunk + n);
         // Check the announced size as soon as the header is there, before buffering a body.
-        if (detail::peek_frame(c.in, limit(c)).status == detail::frame_status::oversized) break;
-        if (c.blocked && c.in.size() > limit(c) + detail::frame_header_bytes) break;
+        if (detail::kvstore::peek_frame(c.in, limit(c)).status == detail::kvstore::frame_status::oversized) break;
+        if (c.blocked && c.in.size() > limit(c) + detail::kvstore::frame_header_bytes) break;
         if (static_cast<std::size_t>(n) < sizeof chunk) break;
         continue;
       }
@@ -8029,7 +8029,7 @@ class tcp_store_server {
   }
 
   [[nodiscard]] std::size_t limit(const connection& c) const noexcept {
-    return c.authed ? opts_.max_message_bytes : std::min(opts_.max_message_bytes, detail::max_unauthenticated_message);
+    return c.authed ? opts_.max_message_bytes : std::min(opts_.max_message_bytes, detail::kvstore::max_unauthenticated_message);
   }
 
   // Handles the complete frames buffered on a connection, in order.
@@ -8040,21 +8040,21 @@ class tcp_store_server {
     std::size_t used = 0;
     while (!c.blocked && !c.closing) {
       const auto rest = std::span<const std::byte>(c.in).subspan(used);
-      const auto f = detail::peek_frame(rest, limit(c));
-      if (f.status == detail::frame_status::incomplete) break;
-      if (f.status == detail::frame_status::oversized) {
+      const auto f = detail::kvstore::peek_frame(rest, limit(c));
+      if (f.status == detail::kvstore::frame_status::incomplete) break;
+      if (f.status == detail::kvstore::frame_status::oversized) {
         reject(c, "message of " + std::to_string(f.payload_bytes) + " bytes exceeds the limit of " +
                       std::to_string(limit(c)) + " bytes" + (c.authed ? "" : " before authentication"));
         break;
       }
-      const auto payload = rest.subspan(detail::frame_header_bytes, f.payload_bytes);
-      used += detail::frame_header_bytes + f.payload_bytes;
-      auto parsed = detail::parse_request(payload);
-      if (auto* err = std::get_if<detail::protocol_error>(&parsed)) {
+      const auto payload = rest.subspan(detail::kvstore::frame_header_bytes, f.payload_bytes);
+      used += detail::kvstore::frame_header_bytes + f.payload_bytes;
+      auto parsed = detail::kvstore::parse_request(payload);
+      if (auto* err = std::get_if<detail::kvstore::protocol_error>(&parsed)) {
         reject(c, "protocol error: " + err->what);
         break;
       }
-      handle(id, c, std::get<detail::store_request>(std::move(parsed)));
+      handle(id, c, std::get<detail::kvstore::request>(std::move(parsed)));
     }
     if (c.closing) {
       c.in.clear();  // nothing after a rejected message is read
@@ -8065,22 +8065,22 @@ class tcp_store_server {
   }
 
   void reject(connection& c, const std::string& why) {
-    reply(c, detail::store_response{.type = detail::response_type::error, .message = why});
+    reply(c, detail::kvstore::response{.type = detail::kvstore::response_type::error, .message = why});
     c.closing = true;
     std::lock_guard lock(stats_mutex_);
     ++rejected_;
   }
 
-  void reply(connection& c, const detail::store_response& r) {
-    auto frame = detail::encode(r);
+  void reply(connection& c, const detail::kvstore::response& r) {
+    auto frame = detail::kvstore::encode(r);
     c.out.insert(c.out.end(), frame.begin(), frame.end());
   }
 
-  void handle(int id, connection& c, detail::store_request req) {
-    using detail::request_type;
-    using detail::response_type;
+  void handle(int id, connection& c, detail::kvstore::request req) {
+    using detail::kvstore::request_type;
+    using detail::kvstore::response_type;
     if (!c.authed) {
-      if (req.type == request_type::auth && detail::constant_time_equal(req.key, opts_.token)) {
+      if (req.type == request_type::auth && detail::kvstore::constant_time_equal(req.key, opts_.token)) {
         c.authed = true;
         reply(c, {.type = response_type::ok});
       } else {
@@ -8142,23 +8142,23 @@ class tcp_store_server {
     }
   }
 
-  [[nodiscard]] bool satisfied(const detail::store_request& r) const {
-    if (r.type == detail::request_type::get) return data_.contains(r.key);
+  [[nodiscard]] bool satisfied(const detail::kvstore::request& r) const {
+    if (r.type == detail::kvstore::request_type::get) return data_.contains(r.key);
     return std::ranges::all_of(r.keys, [&](const std::string& k) { return data_.contains(k); });
   }
-  [[nodiscard]] std::vector<std::string> missing(const detail::store_request& r) const {
-    if (r.type == detail::request_type::get) return {r.key};
+  [[nodiscard]] std::vector<std::string> missing(const detail::kvstore::request& r) const {
+    if (r.type == detail::kvstore::request_type::get) return {r.key};
     std::vector<std::string> m;
     for (const auto& k : r.keys) {
       if (!data_.contains(k)) m.push_back(k);
     }
     return m;
   }
-  void answer(connection& c, const detail::store_request& r) {
-    if (r.type == detail::request_type::get) {
-      reply(c, {.type = detail::response_type::value, .value = data_.at(r.key)});
+  void answer(connection& c, const detail::kvstore::request& r) {
+    if (r.type == detail::kvstore::request_type::get) {
+      reply(c, {.type = detail::kvstore::response_type::value, .value = data_.at(r.key)});
     } else {
-      reply(c, {.type = detail::response_type::ok});
+      reply(c, {.type = detail::kvstore::response_type::ok});
     }
   }
 
@@ -8179,7 +8179,7 @@ class tcp_store_server {
     std::erase_if(waiters_, [&](waiter& w) {
       if (w.deadline > now) return false;
       auto& c = conns_.at(w.conn);
-      reply(c, {.type = detail::response_type::timeout, .keys = missing(w.req)});
+      reply(c, {.type = detail::kvstore::response_type::timeout, .keys = missing(w.req)});
       c.blocked = false;
       resumed_.push_back(w.conn);
       return true;
@@ -8306,7 +8306,7 @@ struct tcp_store_options {
   // is gone (within the call's own deadline). Short, so a vanished rank 0 or node-0 agent is
   // reported in seconds instead of after the whole timeout.
   std::chrono::milliseconds reconnect_timeout = std::chrono::milliseconds(3'000);
-  std::size_t max_message_bytes = detail::default_max_store_message;
+  std::size_t max_message_bytes = detail::kvstore::default_max_message;
   std::string who{};  // names the caller in errors' text, e.g. "rank 3"
   int rank = -1;       // the caller's rank, kept in errors' rank() (-1: not a rank)
   int listen_fd = -1;  // is_server: an inherited listening socket on `port` (tcp_store_server_options)
@@ -8345,62 +8345,62 @@ class tcp_store final : public store {
 
   using store::set;
   void set(const std::string& key, std::span<const std::byte> value) override {
-    detail::store_request r{.type = detail::request_type::set, .key = key};
+    detail::kvstore::request r{.type = detail::kvstore::request_type::set, .key = key};
     r.value.assign(value.begin(), value.end());
-    expect(call(r, opts_.timeout), detail::response_type::ok, r);
+    expect(call(r, opts_.timeout), detail::kvstore::response_type::ok, r);
   }
 
   [[nodiscard]] std::vector<std::byte> get(const std::string& key, std::chrono::milliseconds timeout) override {
-    detail::store_request r{.type = detail::request_type::get, .key = key, .number = timeout.count()};
+    detail::kvstore::request r{.type = detail::kvstore::request_type::get, .key = key, .number = timeout.count()};
     auto resp = call(r, timeout);
-    if (resp.type == detail::response_type::timeout) {
+    if (resp.type == detail::kvstore::response_type::timeout) {
       throw timeout_error(prefix() + "store get('" + key + "') timed out after " + std::to_string(timeout.count()) +
                               " ms at " + endpoint() + ": the key was never set",
                           site("store get", timeout));
     }
-    expect(resp, detail::response_type::value, r);
+    expect(resp, detail::kvstore::response_type::value, r);
     return std::move(resp.value);
   }
 
   std::int64_t add(const std::string& key, std::int64_t delta) override {
-    detail::store_request r{.type = detail::request_type::add, .key = key, .number = delta};
+    detail::kvstore::request r{.type = detail::kvstore::request_type::add, .key = key, .number = delta};
     auto resp = call(r, opts_.timeout);
-    expect(resp, detail::response_type::integer, r);
+    expect(resp, detail::kvstore::response_type::integer, r);
     return resp.number;
   }
 
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
-    detail::store_request r{.type = detail::request_type::wait, .keys = keys, .number = timeout.count()};
+    detail::kvstore::request r{.type = detail::kvstore::request_type::wait, .keys = keys, .number = timeout.count()};
     auto resp = call(r, timeout);
-    if (resp.type == detail::response_type::timeout) {
+    if (resp.type == detail::kvstore::response_type::timeout) {
       std::string names;
       for (const auto& k : resp.keys) names += (names.empty() ? "'" : ", '") + k + "'";
       throw timeout_error(prefix() + "store wait timed out after " + std::to_string(timeout.count()) + " ms at " +
                               endpoint() + ": still missing " + names,
                           site("store wait", timeout));
     }
-    expect(resp, detail::response_type::ok, r);
+    expect(resp, detail::kvstore::response_type::ok, r);
   }
 
   [[nodiscard]] bool check(const std::vector<std::string>& keys) override {
-    detail::store_request r{.type = detail::request_type::check, .keys = keys};
+    detail::kvstore::request r{.type = detail::kvstore::request_type::check, .keys = keys};
     auto resp = call(r, opts_.timeout);
-    expect(resp, detail::response_type::boolean, r);
+    expect(resp, detail::kvstore::response_type::boolean, r);
     return resp.number != 0;
   }
 
   // Removes key; false when it did not exist.
   bool delete_key(const std::string& key) {
-    detail::store_request r{.type = detail::request_type::delete_key, .key = key};
+    detail::kvstore::request r{.type = detail::kvstore::request_type::delete_key, .key = key};
     auto resp = call(r, opts_.timeout);
-    expect(resp, detail::response_type::boolean, r);
+    expect(resp, detail::kvstore::response_type::boolean, r);
     return resp.number != 0;
   }
 
   [[nodiscard]] std::int64_t num_keys() {
-    detail::store_request r{.type = detail::request_type::num_keys};
+    detail::kvstore::request r{.type = detail::kvstore::request_type::num_keys};
     auto resp = call(r, opts_.timeout);
-    expect(resp, detail::response_type::integer, r);
+    expect(resp, detail::kvstore::response_type::integer, r);
     return resp.number;
   }
 
@@ -8411,7 +8411,7 @@ class tcp_store final : public store {
   [[nodiscard]] error_site site(std::string operation, std::chrono::milliseconds timeout = {}) const {
     return {.rank = opts_.rank, .operation = std::move(operation), .timeout = timeout};
   }
-  [[nodiscard]] static std::string operation_of(const detail::store_request& r) {
+  [[nodiscard]] static std::string operation_of(const detail::kvstore::request& r) {
     return "store " + std::string(to_string(r.type));
   }
   // Rethrows the communication_error in flight (the socket layer's, which knows no caller) with
@@ -8432,16 +8432,16 @@ class tcp_store final : public store {
     fd_ = detail::connect_tcp(opts_.host, opts_.port, deadline, prefix());
     // With a token: authenticate. Without: an empty check, so a server that wants a token
     // says so now, at connect time, rather than at the first real operation.
-    detail::store_request hello = opts_.token.empty() ? detail::store_request{.type = detail::request_type::check}
-                                                      : detail::store_request{.type = detail::request_type::auth, .key = opts_.token};
-    detail::store_response resp;
+    detail::kvstore::request hello = opts_.token.empty() ? detail::kvstore::request{.type = detail::kvstore::request_type::check}
+                                                      : detail::kvstore::request{.type = detail::kvstore::request_type::auth, .key = opts_.token};
+    detail::kvstore::response resp;
     try {
       resp = round_trip_locked(hello, deadline);
     } catch (...) {
       fd_.reset();
       throw;
     }
-    if (resp.type == detail::response_type::error) {
+    if (resp.type == detail::kvstore::response_type::error) {
       fd_.reset();
       throw communication_error(prefix() + "the store at " + endpoint() + " refused the connection: " + resp.message +
                                     " (every rank needs the job's token, e.g. from PARTRAIN_STORE_TOKEN)",
@@ -8452,7 +8452,7 @@ class tcp_store final : public store {
   // The connection broke in an earlier call (and was dropped). A server that accepted us before
   // and now refuses for reconnect_timeout has ended: say so instead of retrying for the whole
   // timeout (which held partrun's node 1 for 300 s after node 0 died).
-  void reconnect_locked(const detail::store_request& r) {
+  void reconnect_locked(const detail::kvstore::request& r) {
     const auto window = std::min(opts_.reconnect_timeout, opts_.timeout);
     try {
       connect_locked(detail::deadline_clock::now() + window);
@@ -8467,7 +8467,7 @@ class tcp_store final : public store {
 
   // One request, one reply. server_wait is how long the server itself may hold the reply
   // (get/wait); the socket deadline adds the I/O allowance on top.
-  detail::store_response call(const detail::store_request& r, std::chrono::milliseconds server_wait) {
+  detail::kvstore::response call(const detail::kvstore::request& r, std::chrono::milliseconds server_wait) {
     if (server_wait.count() < 0) {
       throw invalid_argument_error(prefix() + "store " + std::string(to_string(r.type)) + ": negative timeout");
     }
@@ -8485,34 +8485,34 @@ class tcp_store final : public store {
     }
   }
 
-  detail::store_response round_trip_locked(const detail::store_request& r, detail::deadline_clock::time_point deadline) {
+  detail::kvstore::response round_trip_locked(const detail::kvstore::request& r, detail::deadline_clock::time_point deadline) {
     const std::string what = prefix() + "store " + std::string(to_string(r.type)) +
-                             (r.key.empty() || r.type == detail::request_type::auth ? "" : "('" + r.key + "')") + " at " +
+                             (r.key.empty() || r.type == detail::kvstore::request_type::auth ? "" : "('" + r.key + "')") + " at " +
                              endpoint();
-    auto frame = detail::encode(r);
-    if (frame.size() - detail::frame_header_bytes > opts_.max_message_bytes) {
+    auto frame = detail::kvstore::encode(r);
+    if (frame.size() - detail::kvstore::frame_header_bytes > opts_.max_message_bytes) {
       throw invalid_argument_error(what + ": message of " + std::to_string(frame.size()) + " bytes exceeds the limit of " +
                                    std::to_string(opts_.max_message_bytes) + " bytes");
     }
     detail::send_all(fd_.get(), frame, deadline, what);
-    std::byte header[detail::frame_header_bytes];
+    std::byte header[detail::kvstore::frame_header_bytes];
     detail::recv_all(fd_.get(), header, deadline, what);
-    const auto f = detail::peek_frame(header, opts_.max_message_bytes + 64);
-    if (f.status == detail::frame_status::oversized) throw communication_error(what + ": reply too large");
+    const auto f = detail::kvstore::peek_frame(header, opts_.max_message_bytes + 64);
+    if (f.status == detail::kvstore::frame_status::oversized) throw communication_error(what + ": reply too large");
     std::vector<std::byte> payload(f.payload_bytes);
     detail::recv_all(fd_.get(), payload, deadline, what);
-    auto parsed = detail::parse_response(payload);
-    if (auto* err = std::get_if<detail::protocol_error>(&parsed)) throw communication_error(what + ": " + err->what);
-    auto resp = std::get<detail::store_response>(std::move(parsed));
-    if (resp.type == detail::response_type::error && resp.message.starts_with("unauthorized")) fd_.reset();
+    auto parsed = detail::kvstore::parse_response(payload);
+    if (auto* err = std::get_if<detail::kvstore::protocol_error>(&parsed)) throw communication_error(what + ": " + err->what);
+    auto resp = std::get<detail::kvstore::response>(std::move(parsed));
+    if (resp.type == detail::kvstore::response_type::error && resp.message.starts_with("unauthorized")) fd_.reset();
     return resp;
   }
 
-  void expect(const detail::store_response& resp, detail::response_type want, const detail::store_request& r) {
+  void expect(const detail::kvstore::response& resp, detail::kvstore::response_type want, const detail::kvstore::request& r) {
     if (resp.type == want) return;
     const std::string what = prefix() + "store " + std::string(to_string(r.type)) + (r.key.empty() ? "" : "('" + r.key + "')") +
                              " at " + endpoint();
-    if (resp.type == detail::response_type::error) {
+    if (resp.type == detail::kvstore::response_type::error) {
       if (resp.message.starts_with("unauthorized")) {
         throw communication_error(what + " refused: " + resp.message +
                                       " (set the same token on every rank, e.g. PARTRAIN_STORE_TOKEN)",
@@ -8614,7 +8614,7 @@ using env_lookup = std::function<std::optional<std::string>(const std::string&)>
   return std::string(v);
 }
 
-namespace detail {
+namespace detail::rdzv {
 
 [[nodiscard]] inline std::optional<long long> parse_integer(std::string_view s) {
   long long v = 0;
@@ -8785,9 +8785,9 @@ inline void read_rank_env(rendezvous_info& info, const env_lookup& env) {
   }
 }
 
-}  // namespace detail
+}  // namespace detail::rdzv
 
-namespace detail {
+namespace detail::rdzv {
 
 // A job identity a batch system gives every rank of one job (and no rank of another): the token
 // when the launcher set none. Empty when there is none.
@@ -8833,7 +8833,7 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
   return fallback;
 }
 
-}  // namespace detail
+}  // namespace detail::rdzv
 
 // Parses url and the environment; connects nothing. Throws config_error naming what is
 // wrong and what was expected.
@@ -8849,18 +8849,18 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
   std::string_view rest = url.substr(sep + 3);
 
   // Timeout and token: options, then the environment.
-  info.timeout = detail::timeout_option(opts, env, info.timeout);
+  info.timeout = detail::rdzv::timeout_option(opts, env, info.timeout);
   info.token = !opts.token.empty() ? opts.token : env("PARTRAIN_STORE_TOKEN").value_or("");
   info.bind_address = env("PARTRAIN_STORE_BIND").value_or("");
   info.agent_store = env("PARTRAIN_USE_AGENT_STORE").value_or("0") == "1";
-  info.restart_count = detail::int_var(env, "PARTRAIN_RESTART_COUNT", 0, big, "init_process_group", "a non-negative integer")
+  info.restart_count = detail::rdzv::int_var(env, "PARTRAIN_RESTART_COUNT", 0, big, "init_process_group", "a non-negative integer")
                            .value_or(0);
 
   if (info.scheme == "env") {
     if (!rest.empty()) {
       throw config_error("malformed URL '" + std::string(url) + "': env:// takes nothing after '//' (the environment says it all)");
     }
-    detail::read_rank_env(info, env);
+    detail::rdzv::read_rank_env(info, env);
     if (opts.rank >= 0 && opts.rank != info.rank) {
       throw config_error("env://: options.rank " + std::to_string(opts.rank) + " disagrees with the environment's rank " +
                          std::to_string(info.rank));
@@ -8872,7 +8872,7 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
     auto addr = env("MASTER_ADDR");
     if (!addr && info.source == "slurm") {
       if (auto nodes = env("SLURM_STEP_NODELIST") ? env("SLURM_STEP_NODELIST") : env("SLURM_JOB_NODELIST")) {
-        addr = detail::first_slurm_host(*nodes);
+        addr = detail::rdzv::first_slurm_host(*nodes);
       }
     }
     if (!addr || addr->empty()) {
@@ -8880,11 +8880,11 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
                          "MASTER_ADDR=127.0.0.1 on one machine)");
     }
     info.master_addr = *addr;
-    auto port = detail::int_var(env, "MASTER_PORT", 0, 65535, "env://", "a port number in 1..65535");
+    auto port = detail::rdzv::int_var(env, "MASTER_PORT", 0, 65535, "env://", "a port number in 1..65535");
     if (!port && info.source == "slurm") {
       // Every rank of the job derives the same port from the job id (torch users usually
       // compute one this way in their sbatch script).
-      if (auto job = detail::int_var(env, "SLURM_JOB_ID", 0, big, "env://", "an integer")) port = 20000 + *job % 20000;
+      if (auto job = detail::rdzv::int_var(env, "SLURM_JOB_ID", 0, big, "env://", "an integer")) port = 20000 + *job % 20000;
     }
     if (!port) {
       throw config_error("env://: MASTER_PORT is not set (expected a free TCP port on the master, e.g. MASTER_PORT=29500)");
@@ -8896,10 +8896,10 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
   } else if (info.scheme == "tcp" || info.scheme == "file") {
     const auto q = rest.find('?');
     int rank = -1, world = -1;
-    if (q != std::string_view::npos) detail::parse_query(url, rest.substr(q + 1), rank, world);
+    if (q != std::string_view::npos) detail::rdzv::parse_query(url, rest.substr(q + 1), rank, world);
     rest = rest.substr(0, q);
     if (info.scheme == "tcp") {
-      detail::parse_host_port(url, rest, info.master_addr, info.port);
+      detail::rdzv::parse_host_port(url, rest, info.master_addr, info.port);
     } else {
       if (rest.empty()) {
         throw config_error("malformed URL '" + std::string(url) + "': empty path (expected file:///path/on/a/shared/filesystem)");
@@ -8920,11 +8920,11 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
     };
     info.world_size = pick(opts.world_size, world, "world_size");
     info.rank = pick(opts.rank, rank, "rank");
-    detail::check_rank(info.scheme + "://", info.rank, info.world_size);
+    detail::rdzv::check_rank(info.scheme + "://", info.rank, info.world_size);
     info.source = opts.rank >= 0 ? "options" : "url";
-    info.local_rank = detail::int_var(env, "LOCAL_RANK", 0, big, info.scheme + "://", "a non-negative integer").value_or(info.rank);
+    info.local_rank = detail::rdzv::int_var(env, "LOCAL_RANK", 0, big, info.scheme + "://", "a non-negative integer").value_or(info.rank);
     info.local_world_size =
-        detail::int_var(env, "LOCAL_WORLD_SIZE", 1, big, info.scheme + "://", "a positive integer").value_or(info.world_size);
+        detail::rdzv::int_var(env, "LOCAL_WORLD_SIZE", 1, big, info.scheme + "://", "a positive integer").value_or(info.world_size);
     if (info.local_rank >= info.local_world_size) {
       throw config_error(info.scheme + "://: local rank " + std::to_string(info.local_rank) + " is out of range for local world size " +
                          std::to_string(info.local_world_size));
@@ -8933,7 +8933,7 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
     throw config_error("malformed URL '" + std::string(url) + "': unknown scheme '" + info.scheme +
                        "' (expected env://, tcp://host:port or file://path)");
   }
-  detail::default_job_token(info, env);
+  detail::rdzv::default_job_token(info, env);
   return info;
 }
 
@@ -8942,7 +8942,7 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
   return parse_rendezvous("env://", opts, process_env);
 }
 
-namespace detail {
+namespace detail::rdzv {
 
 // A connection to the job's store: rank 0's hosts the TCP server when `host` (unless a
 // launcher's agent does), the others connect with retries until the timeout; or the file store.
@@ -8973,12 +8973,12 @@ namespace detail {
   return s;
 }
 
-}  // namespace detail
+}  // namespace detail::rdzv
 
 // Creates info.store: rank 0 hosts the TCP server (unless a launcher's agent does), the
 // others connect to it with retries until the timeout; or opens the file store.
 inline void connect_store(rendezvous_info& info) {
-  info.store = detail::open_store(info, true, info.timeout, "rank " + std::to_string(info.rank), &info.port);
+  info.store = detail::rdzv::open_store(info, true, info.timeout, "rank " + std::to_string(info.rank), &info.port);
 }
 
 // parse_rendezvous + connect_store.
@@ -8989,7 +8989,7 @@ inline void connect_store(rendezvous_info& info) {
   return info;
 }
 
-namespace detail {
+namespace detail::rdzv {
 
 // The store dies with init_process_group's rendezvous_info; when rank 0 hosts it, rank 0 must
 // not close it while a peer may still be using it. Each other rank reports that it is done with
@@ -9010,7 +9010,7 @@ inline void release_store_host(const rendezvous_info& info) {
   }
 }
 
-}  // namespace detail
+}  // namespace detail::rdzv
 
 }  // namespace partrain::inline v0
 
@@ -9035,7 +9035,7 @@ inline void release_store_host(const rendezvous_info& info) {
 // #include <partrain/core/log.hpp> (above)
 // #include <partrain/rendezvous/rendezvous.hpp> (above)
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::rdzv {
 
 // 32 hex digits from /dev/urandom.
 [[nodiscard]] inline std::string random_token() {
@@ -9112,7 +9112,7 @@ inline void join_job(const rendezvous_info& info) {
   (void)s.add("partrain/join/checked", 1);
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::rdzv
 
 // #include <partrain/rendezvous/liveness.hpp>
 // partrain/rendezvous/liveness.hpp: a stalled or lost rank is noticed in seconds, not at the
@@ -9162,7 +9162,7 @@ struct liveness_options {
 // PARTRAIN_SILENCE_MS, validated; silence 0 means off.
 [[nodiscard]] inline liveness_options liveness_options_from_env(const env_lookup& env = process_env) {
   liveness_options o;
-  if (auto ms = detail::int_var(env, "PARTRAIN_SILENCE_MS", 0, 3'600'000, "PARTRAIN_SILENCE_MS",
+  if (auto ms = detail::rdzv::int_var(env, "PARTRAIN_SILENCE_MS", 0, 3'600'000, "PARTRAIN_SILENCE_MS",
                                 "milliseconds in [0, 3600000] (0 turns the liveness watch off)")) {
     o.silence = std::chrono::milliseconds(*ms);
   }
@@ -9178,7 +9178,7 @@ class liveness_watch {
     // info_.store keeps the store alive (on rank 0 it owns the server, which init_process_group
     // would otherwise close once it returns); the watch talks through a connection of its own.
     const auto call_timeout = std::min<std::chrono::milliseconds>(o_.silence / 2, std::chrono::milliseconds(3000));
-    store_ = detail::open_store(info_, false, call_timeout, "rank " + std::to_string(info.rank) + " liveness watch");
+    store_ = detail::rdzv::open_store(info_, false, call_timeout, "rank " + std::to_string(info.rank) + " liveness watch");
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
     host_ = host;
@@ -9356,7 +9356,7 @@ class liveness_watch {
 
 namespace partrain::inline v0 {
 
-namespace detail {
+namespace detail::rdzv {
 
 inline void check_backend_name(const std::string& backend) {
   if (!backend.empty() && backend != "gloo" && backend != "nccl" && backend != "mpi") {
@@ -9364,9 +9364,13 @@ inline void check_backend_name(const std::string& backend) {
   }
 }
 
+}  // namespace detail::rdzv
+
+namespace detail::mpi {
+
 // The mpi backend meets its peers through MPI (mpirun/srun started them), not through a store.
 // What the URL, the options and a torchrun-style environment say must agree with MPI.
-[[nodiscard]] inline std::unique_ptr<process_group> make_mpi_group(const init_options& opts, std::chrono::milliseconds timeout) {
+[[nodiscard]] inline std::unique_ptr<process_group> make_group(const init_options& opts, std::chrono::milliseconds timeout) {
 #if PARTRAIN_INIT_HAS_MPI
   process_group_options po;
   po.timeout = timeout;
@@ -9396,7 +9400,7 @@ inline void check_backend_name(const std::string& backend) {
 #endif
 }
 
-}  // namespace detail
+}  // namespace detail::mpi
 
 // Builds the backend's group on an already connected rendezvous.
 [[nodiscard]] inline std::unique_ptr<process_group> make_process_group(const rendezvous_info& info, const init_options& opts = {}) {
@@ -9424,7 +9428,7 @@ inline void check_backend_name(const std::string& backend) {
                        "(which defines PARTRAIN_WITH_NCCL)");
 #endif
   }
-  if (backend == "mpi") return detail::make_mpi_group(opts, info.timeout);
+  if (backend == "mpi") return detail::mpi::make_group(opts, info.timeout);
   throw config_error("unknown backend '" + backend + "' (expected 'gloo', 'mpi' or 'nccl')");
 }
 
@@ -9434,7 +9438,7 @@ inline void check_backend_name(const std::string& backend) {
 [[nodiscard]] inline std::unique_ptr<process_group> init_process_group(std::string_view url = "env://",
                                                                        const init_options& opts = {}) {
   // Check the backend name before anyone binds a port or waits on a peer.
-  detail::check_backend_name(opts.backend);
+  detail::rdzv::check_backend_name(opts.backend);
   // mpi:// (or backend "mpi" on env://): MPI's own rendezvous, no store.
   if (url.starts_with("mpi://") || opts.backend == "mpi") {
     if (!opts.backend.empty() && opts.backend != "mpi") {
@@ -9444,10 +9448,10 @@ inline void check_backend_name(const std::string& backend) {
       throw config_error("backend 'mpi' takes the URL 'mpi://' or 'env://' (MPI's launcher is the rendezvous), got '" +
                          std::string(url) + "'");
     }
-    return detail::make_mpi_group(opts, detail::timeout_option(opts, process_env, default_timeout));
+    return detail::mpi::make_group(opts, detail::rdzv::timeout_option(opts, process_env, default_timeout));
   }
   auto info = rendezvous(url, opts);
-  detail::join_job(info);  // one job: same world size everywhere, no rank claimed twice
+  detail::rdzv::join_job(info);  // one job: same world size everywhere, no rank claimed twice
   auto group = make_process_group(info, opts);
   // A stalled or lost rank ends the job within seconds (liveness.hpp), not at the collective timeout.
   if (const auto lo = liveness_options_from_env(); info.world_size > 1 && lo.silence.count() > 0) {
@@ -9455,7 +9459,7 @@ inline void check_backend_name(const std::string& backend) {
     group->set_arrival_report([w = watch.get()](std::uint64_t op) { return w->behind(op); });
     group->attach(std::move(watch));
   }
-  detail::release_store_host(info);
+  detail::rdzv::release_store_host(info);
   return group;
 }
 
@@ -10123,7 +10127,7 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
   // cannot be taken by another program before rank 0's store listens on it.
   detail::unique_fd listener = detail::listen_tcp(opts.master_addr, opts.master_port);
   const std::uint16_t port = detail::local_port(listener.get());
-  const std::string token = detail::random_token();
+  const std::string token = detail::rdzv::random_token();
 
   std::vector<child_process> children;
   children.reserve(static_cast<std::size_t>(nprocs));
@@ -10216,7 +10220,7 @@ struct run_ranks_options {
 
 // Returns when every rank's fn returned; a failing rank's error is rethrown here (threads: the
 // root cause, not its peers' echoes; processes: spawn's process_error naming the rank).
-namespace detail {
+namespace detail::launch {
 
 // "" when this process is not a rank of a job some launcher started with several ranks; else
 // who started it and as which rank.
@@ -10267,7 +10271,7 @@ inline void check_host_capacity(int nproc, const std::string& backend) {
   }
 }
 
-}  // namespace detail
+}  // namespace detail::launch
 
 template <class F>
 void run_ranks(run_ranks_options o, F fn) {
@@ -10281,11 +10285,11 @@ void run_ranks(run_ranks_options o, F fn) {
   if (o.nproc > 0) {
     // Starting ranks inside a rank would make a second job, and its ranks would wait for peers
     // of the outer one; say so at once.
-    if (auto outer = detail::launched_rank(); !outer.empty()) {
+    if (auto outer = detail::launch::launched_rank(); !outer.empty()) {
       throw config_error("run_ranks: nproc " + std::to_string(o.nproc) + " asks to start ranks here, but this process is "
                          "already " + outer + "; let the launcher start the ranks (nproc 0, e.g. drop --nproc)");
     }
-    detail::check_host_capacity(o.nproc, o.backend);
+    detail::launch::check_host_capacity(o.nproc, o.backend);
   }
   if (o.backend == "mpi") {
     if (o.nproc > 0) {
@@ -10297,7 +10301,7 @@ void run_ranks(run_ranks_options o, F fn) {
     try {
       fn(*pg);
     } catch (const std::exception& e) {
-      detail::mpi_runtime::abort_job("rank " + std::to_string(pg->rank()) + " failed: " + e.what());
+      detail::mpi::runtime::abort_job("rank " + std::to_string(pg->rank()) + " failed: " + e.what());
     }
 #endif
     return;
@@ -11727,11 +11731,11 @@ namespace comm_hooks {
 #include <span>
 #include <vector>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::dp {
 
-class dp_balancer {
+class balancer {
  public:
-  dp_balancer(std::size_t devices, std::size_t warmup_steps, double smoothing, double min_share)
+  balancer(std::size_t devices, std::size_t warmup_steps, double smoothing, double min_share)
       : speed_(devices, 0.0), warmup_(warmup_steps), alpha_(smoothing), min_share_(min_share) {}
 
   // One step's measurements. Devices that got no examples (or were not timed) keep their speed.
@@ -11773,7 +11777,7 @@ class dp_balancer {
   std::size_t steps_ = 0;
 };
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::dp
 
 // #include <partrain/parallel/detail/dp_device.hpp>
 // partrain/parallel/detail/dp_device.hpp: what data_parallel does to a device's memory: copy
@@ -11801,15 +11805,15 @@ class dp_balancer {
 // #include <partrain/cuda/stream.hpp> (above)
 #endif
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::dp {
 
 // One device's execution context: for CUDA, the device is made current on the worker thread and
 // owns a non-blocking stream (cuda/stream.hpp) for data_parallel's copies.
-class dp_device_context {
+class device_context {
  public:
-  explicit dp_device_context(device d) : dev_(d) {}
-  dp_device_context(const dp_device_context&) = delete;
-  dp_device_context& operator=(const dp_device_context&) = delete;
+  explicit device_context(device d) : dev_(d) {}
+  device_context(const device_context&) = delete;
+  device_context& operator=(const device_context&) = delete;
 
   [[nodiscard]] const device& dev() const noexcept { return dev_; }
 
@@ -11895,7 +11899,7 @@ class dp_device_context {
 #endif
 };
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::dp
 
 // #include <partrain/parallel/detail/dp_scatter.hpp>
 // partrain/parallel/detail/dp_scatter.hpp: how data_parallel cuts a batch along its first
@@ -11916,7 +11920,7 @@ class dp_device_context {
 
 namespace partrain::inline v0 {
 
-namespace detail {
+namespace detail::dp {
 
 template <class T>
 inline constexpr bool is_tensor_view_v = false;
@@ -11949,19 +11953,19 @@ concept feature_label_batch = std::copy_constructible<B> && requires(const B& b,
 template <class B>
 concept has_indices_span = requires(B& b, std::size_t i) { b.indices = b.indices.subspan(i, i); };
 
-}  // namespace detail
+}  // namespace detail::dp
 
 // What data_parallel can scatter: a tensor_view (rows of its first dimension), a type with
 // `size()` and `slice(first, last)`, one with `size()` and an ADL `slice_batch(b, first, last)`,
 // or a partrain::batch-shaped aggregate (`features`, `labels`, optional `indices`).
 template <class B>
-concept splittable_batch = detail::is_tensor_view_v<B> || detail::member_sliceable_batch<B> ||
-                           detail::adl_sliceable_batch<B> || detail::feature_label_batch<B>;
+concept splittable_batch = detail::dp::is_tensor_view_v<B> || detail::dp::member_sliceable_batch<B> ||
+                           detail::dp::adl_sliceable_batch<B> || detail::dp::feature_label_batch<B>;
 
 // Examples in a batch (its first dimension).
 template <splittable_batch B>
 [[nodiscard]] std::size_t batch_size_of(const B& b) {
-  if constexpr (detail::is_tensor_view_v<B>) {
+  if constexpr (detail::dp::is_tensor_view_v<B>) {
     return b.rank() == 0 ? 0 : b.extent(0);
   } else {
     return static_cast<std::size_t>(b.size());
@@ -11971,11 +11975,11 @@ template <splittable_batch B>
 // Rows [first, last) of a batch, as a batch of the same kind (a view, no copy of the data).
 template <splittable_batch B>
 [[nodiscard]] auto split_batch(const B& b, std::size_t first, std::size_t last) {
-  if constexpr (detail::is_tensor_view_v<B>) {
+  if constexpr (detail::dp::is_tensor_view_v<B>) {
     return b.slice(first, last);
-  } else if constexpr (detail::member_sliceable_batch<B>) {
+  } else if constexpr (detail::dp::member_sliceable_batch<B>) {
     return b.slice(first, last);
-  } else if constexpr (detail::adl_sliceable_batch<B>) {
+  } else if constexpr (detail::dp::adl_sliceable_batch<B>) {
     return slice_batch(b, first, last);
   } else {
     const std::size_t n = batch_size_of(b);
@@ -11986,14 +11990,14 @@ template <splittable_batch B>
     B part = b;
     part.features = b.features.slice(first, last);
     part.labels = b.labels.slice(first, last);
-    if constexpr (detail::has_indices_span<B>) {
+    if constexpr (detail::dp::has_indices_span<B>) {
       if (!b.indices.empty()) part.indices = b.indices.subspan(first, last - first);
     }
     return part;
   }
 }
 
-namespace detail {
+namespace detail::dp {
 
 // Whole examples per device: core/weighted_shares.hpp's rule (with n smaller than the device
 // count, the devices with the largest weights get one each; the rest idle).
@@ -12009,7 +12013,7 @@ namespace detail {
   return off;
 }
 
-}  // namespace detail
+}  // namespace detail::dp
 
 }  // namespace partrain::inline v0
 
@@ -12160,10 +12164,10 @@ concept has_output_size = requires(const M& m) {
   { m.output_size() } -> std::convertible_to<std::size_t>;
 };
 
-namespace detail {
+namespace detail::dp {
 
 template <class M>
-consteval bool check_data_parallel_model() {
+consteval bool check_model() {
   static_assert(detail::has_parameters_member<M>,
                 "partrain: data_parallel needs a model with `parameters()` returning its parameters in a stable order");
   static_assert(model<M>, "partrain: each element of `model.parameters()` needs `value()` and `grad()` tensor views");
@@ -12173,11 +12177,11 @@ consteval bool check_data_parallel_model() {
 }
 
 template <class T>
-[[nodiscard]] inline double dp_seconds_since(T start) {
+[[nodiscard]] inline double seconds_since(T start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-[[nodiscard]] inline std::string dp_what(const std::exception_ptr& e) {
+[[nodiscard]] inline std::string what(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
   } catch (const std::exception& ex) {
@@ -12187,11 +12191,11 @@ template <class T>
   }
 }
 
-}  // namespace detail
+}  // namespace detail::dp
 
 template <class M, class Opt>
 class data_parallel {
-  static_assert(detail::check_data_parallel_model<M>());
+  static_assert(detail::dp::check_model<M>());
   using T = model_element_t<M>;
   using S = model_space_t<M>;
   static_assert(std::same_as<std::remove_cv_t<typename param_grad_view_t<param_t<M>>::value_type>, T> &&
@@ -12224,7 +12228,7 @@ class data_parallel {
     optimizers_.resize(n);
     flat_.resize(n);
     held_.resize(n);
-    for (std::size_t i = 0; i < n; ++i) contexts_.push_back(std::make_unique<detail::dp_device_context>(devices_[i]));
+    for (std::size_t i = 0; i < n; ++i) contexts_.push_back(std::make_unique<detail::dp::device_context>(devices_[i]));
     for (std::size_t i = 0; i < n; ++i) workers_.push_back(std::make_unique<detail::executor>());
     // Replicate and make optimizers on each device's own thread (CUDA: with that device current);
     // the user's factory is called one replica at a time, so it need not be thread-safe.
@@ -12271,15 +12275,15 @@ class data_parallel {
 
     auto st = std::make_shared<step_state<shard_t>>();
     st->n = n;
-    st->counts = detail::split_counts(n, shares_);
-    const auto offsets = detail::split_offsets(st->counts);
+    st->counts = detail::dp::split_counts(n, shares_);
+    const auto offsets = detail::dp::split_offsets(st->counts);
     st->shards.resize(d);
     for (std::size_t i = 0; i < d; ++i) {
       if (st->counts[i]) st->shards[i].emplace(split_batch(batch, offsets[i], offsets[i + 1]));
     }
     st->equal = std::all_of(st->counts.begin(), st->counts.end(), [&](std::size_t c) { return c == st->counts[0]; });
     st->results = std::vector<device_result>(d);
-    const double scatter_s = detail::dp_seconds_since(t_start);
+    const double scatter_s = detail::dp::seconds_since(t_start);
 
     const bool broadcast_mode = opts_.sync == dp_sync::reduce_broadcast;
     dispatch("train_step", /*collective=*/true, [this, st, broadcast_mode](std::size_t i) {
@@ -12295,7 +12299,7 @@ class data_parallel {
         for (auto&& p : m.parameters()) ctx.zero(p.grad());
       }
       ctx.synchronize(/*whole_device=*/true);
-      r.compute_s = detail::dp_seconds_since(t0);
+      r.compute_s = detail::dp::seconds_since(t0);
 
       r.reached = step_phase::reduce;
       t0 = std::chrono::steady_clock::now();
@@ -12309,7 +12313,7 @@ class data_parallel {
         held_[i] = broadcast_mode ? groups_[i]->reduce(flat, 0, op) : groups_[i]->all_reduce(flat, op);
         held_[i]->wait();
       }
-      r.reduce_s = detail::dp_seconds_since(t0);
+      r.reduce_s = detail::dp::seconds_since(t0);
 
       r.reached = step_phase::update;
       t0 = std::chrono::steady_clock::now();
@@ -12329,7 +12333,7 @@ class data_parallel {
         if (i != 0) unpack(i, /*into_grads=*/false);
       }
       ctx.synchronize(/*whole_device=*/true);
-      r.update_s = detail::dp_seconds_since(t0);
+      r.update_s = detail::dp::seconds_since(t0);
       r.reached = step_phase::done;
     }, &st->results);
 
@@ -12348,7 +12352,7 @@ class data_parallel {
       t.update_s = std::max(t.update_s, results[i].update_s);
     }
     if (opts_.balance && balancer_.observe(counts, step_s)) shares_ = balancer_.shares();
-    t.total_s = detail::dp_seconds_since(t_start);
+    t.total_s = detail::dp::seconds_since(t_start);
     ++stats_.steps;
     stats_.shares = shares_;
     stats_.counts = std::move(counts);
@@ -12372,7 +12376,7 @@ class data_parallel {
     for (auto&& b : batches) {
       const std::size_t n = batch_size_of(b);
       if (n == 0) continue;
-      const auto offsets = detail::split_offsets(detail::split_counts(n, shares_));
+      const auto offsets = detail::dp::split_offsets(detail::dp::split_counts(n, shares_));
       auto parts = std::make_shared<std::vector<eval_result>>(devices_.size());
       std::vector<std::optional<shard_t>> shards(devices_.size());
       for (std::size_t i = 0; i < shards.size(); ++i) {
@@ -12402,7 +12406,7 @@ class data_parallel {
     using shard_t = std::remove_cvref_t<decltype(split_batch(batch, 0, 0))>;
     static_assert(forwardable_on<M, shard_t>,
                   "partrain: data_parallel::forward needs `forward(const Batch&, tensor_view<float> out)` on the model");
-    const auto offsets = detail::split_offsets(detail::split_counts(n, shares_));
+    const auto offsets = detail::dp::split_offsets(detail::dp::split_counts(n, shares_));
     std::vector<std::optional<shard_t>> shards(devices_.size());
     for (std::size_t i = 0; i < shards.size(); ++i) {
       if (offsets[i] != offsets[i + 1]) shards[i].emplace(split_batch(batch, offsets[i], offsets[i + 1]));
@@ -12578,7 +12582,7 @@ class data_parallel {
           // Peers blocked in this step's collective stop waiting for us.
           if (collective) {
             groups_[i]->abort("device " + devices_[i].to_string() + " (replica " + std::to_string(i) +
-                              ") failed in " + op + ": " + detail::dp_what((*errors)[i]));
+                              ") failed in " + op + ": " + detail::dp::what((*errors)[i]));
           }
         }
       }));
@@ -12610,7 +12614,7 @@ class data_parallel {
       std::throw_with_nested(replica_error(devices_[c], c,
                                            "data_parallel::" + std::string(op) + ": device " + devices_[c].to_string() +
                                                " (replica " + std::to_string(c) + ") failed: " +
-                                               detail::dp_what((*errors)[c]) + " (the step was stopped on all " +
+                                               detail::dp::what((*errors)[c]) + " (the step was stopped on all " +
                                                std::to_string(n) + " devices)"));
     }
   }
@@ -12657,7 +12661,7 @@ class data_parallel {
   data_parallel_options opts_;
   process_group_options pg_opts_;
   std::vector<double> shares_;
-  detail::dp_balancer balancer_;
+  detail::dp::balancer balancer_;
   data_parallel_stats stats_;
   std::vector<M*> replicas_;
   std::vector<std::unique_ptr<M>> owned_;
@@ -12665,7 +12669,7 @@ class data_parallel {
   std::vector<host_buffer<T>> flat_;
   std::size_t total_ = 0;
   std::vector<std::unique_ptr<local_group>> groups_;
-  std::vector<std::unique_ptr<detail::dp_device_context>> contexts_;
+  std::vector<std::unique_ptr<detail::dp::device_context>> contexts_;
   std::string stuck_;
   std::vector<work> stuck_works_;
   // Each device's last collective, kept until the next train_step: an error it carries was made on
@@ -12687,7 +12691,7 @@ namespace functional {
 // evenly; each device writes its rows of out, so outputs come back in the batch's order.
 template <class M, class B, class U>
 void data_parallel(M& model, const B& batch, std::span<const device> devices, tensor_view<U> out) {
-  static_assert(detail::check_data_parallel_model<M>());
+  static_assert(detail::dp::check_model<M>());
   static_assert(splittable_batch<B>, "partrain: data_parallel cannot split this batch type");
   using shard_t = std::remove_cvref_t<decltype(split_batch(batch, 0, 0))>;
   static_assert(forwardable_on<M, shard_t>,
@@ -12700,8 +12704,8 @@ void data_parallel(M& model, const B& batch, std::span<const device> devices, te
   }
   if (n == 0) return;
   const std::vector<double> even(devices.size(), 1.0);
-  const auto counts = detail::split_counts(n, even);
-  const auto offsets = detail::split_offsets(counts);
+  const auto counts = detail::dp::split_counts(n, even);
+  const auto offsets = detail::dp::split_offsets(counts);
   std::vector<std::exception_ptr> errors(devices.size());
   {
     std::vector<std::jthread> threads;
@@ -12709,7 +12713,7 @@ void data_parallel(M& model, const B& batch, std::span<const device> devices, te
       if (!counts[i]) continue;
       threads.emplace_back([&, i] {
         try {
-          detail::dp_device_context ctx(devices[i]);
+          detail::dp::device_context ctx(devices[i]);
           ctx.activate();
           auto shard = split_batch(batch, offsets[i], offsets[i + 1]);
           auto rows = out.slice(offsets[i], offsets[i + 1]);
@@ -12734,7 +12738,7 @@ void data_parallel(M& model, const B& batch, std::span<const device> devices, te
       std::throw_with_nested(replica_error(devices[i], i,
                                            "data_parallel (functional) forward: device " + devices[i].to_string() +
                                                " (replica " + std::to_string(i) + ") failed: " +
-                                               detail::dp_what(errors[i])));
+                                               detail::dp::what(errors[i])));
     }
   }
 }
@@ -19914,9 +19918,9 @@ inline constexpr int bucket0 = 16;    // bucket i's all_reduce runs on track buc
 [[nodiscard]] constexpr int bucket(std::size_t i) noexcept { return bucket0 + static_cast<int>(i); }
 }  // namespace trace_track
 
-namespace detail {
+namespace detail::trace {
 
-struct trace_event {
+struct event {
   std::string name;  // short names (<= 15 chars) stay in the string's own storage
   std::int64_t begin_ns = 0;
   std::int64_t end_ns = 0;
@@ -19928,14 +19932,14 @@ struct trace_event {
 // Events in fixed-size chunks: growing never moves what was recorded (no pause proportional to
 // the trace so far), and chunks are written through when allocated, so recording into them
 // takes no page faults (expensive under some sandboxes and hypervisors).
-class trace_event_store {
+class event_store {
  public:
   static constexpr std::size_t chunk_events = 4096;
 
   void reserve(std::size_t n) {
     while (chunks_.size() * chunk_events < n) add_chunk();
   }
-  void push(trace_event&& e) {
+  void push(event&& e) {
     if (size_ == chunks_.size() * chunk_events) add_chunk();
     chunks_[size_ / chunk_events][size_ % chunk_events] = std::move(e);
     ++size_;
@@ -19947,9 +19951,9 @@ class trace_event_store {
   }
 
  private:
-  void add_chunk() { chunks_.push_back(std::make_unique<trace_event[]>(chunk_events)); }
+  void add_chunk() { chunks_.push_back(std::make_unique<event[]>(chunk_events)); }
 
-  std::vector<std::unique_ptr<trace_event[]>> chunks_;
+  std::vector<std::unique_ptr<event[]>> chunks_;
   std::size_t size_ = 0;
 };
 
@@ -19965,7 +19969,7 @@ class trace_event_store {
   return "track " + std::to_string(tid);
 }
 
-}  // namespace detail
+}  // namespace detail::trace
 
 class trace_recorder;
 
@@ -19986,7 +19990,7 @@ class [[nodiscard]] trace_span {
  private:
   friend class trace_recorder;
   trace_span(trace_recorder* r, std::string_view name, int tid, const char* arg_name, std::int64_t arg) noexcept
-      : rec_(r), name_(name), tid_(tid), arg_name_(arg_name), arg_(arg), begin_ns_(detail::steady_ns()) {}
+      : rec_(r), name_(name), tid_(tid), arg_name_(arg_name), arg_(arg), begin_ns_(detail::trace::steady_ns()) {}
 
   trace_recorder* rec_ = nullptr;
   std::string_view name_;
@@ -20047,7 +20051,7 @@ class trace_recorder {
   // microseconds past the moment the loop saw the work finish.
   void trace_work(const work& w, std::string_view name, int tid, const char* arg_name = nullptr, std::int64_t arg = 0) {
     if (!enabled()) return;
-    const std::int64_t begin = detail::steady_ns();
+    const std::int64_t begin = detail::trace::steady_ns();
     {
       // Counted until the callback ran: the waiter of w may wake before it, and finish() (or the
       // destructor) must not drop or outlive it.
@@ -20055,7 +20059,7 @@ class trace_recorder {
       ++pending_;
     }
     w.then([this, n = std::string(name), tid, arg_name, arg, begin] {
-      const std::int64_t end = detail::steady_ns();
+      const std::int64_t end = detail::trace::steady_ns();
       std::lock_guard lock(mutex_);
       try {
         if (enabled()) events_.push({n, begin, end, tid, arg_name, arg});
@@ -20077,7 +20081,7 @@ class trace_recorder {
     };
   }
 
-  // Adds a finished span (timestamps from detail::steady_ns()). Thread-safe.
+  // Adds a finished span (timestamps from detail::trace::steady_ns()). Thread-safe.
   void record(std::string_view name, int tid, std::int64_t begin_ns, std::int64_t end_ns, const char* arg_name = nullptr,
               std::int64_t arg = 0) {
     if (!enabled()) return;
@@ -20107,18 +20111,18 @@ class trace_recorder {
       for (int r = 1; r < pg.size(); ++r) {
         for (int i = 0; i < rounds; ++i) {
           wait_named(pg.recv(tensor_view<std::int64_t>(&ping, shape{1}), r, tag), pg, "trace clock ping recv");
-          now = detail::steady_ns();
+          now = detail::trace::steady_ns();
           wait_named(pg.send(tensor_view<std::int64_t>(&now, shape{1}), r, tag), pg, "trace clock reply send");
         }
       }
     } else {
       std::int64_t ping = 0, theirs = 0;
       for (int i = 0; i < rounds; ++i) {
-        const std::int64_t t1 = detail::steady_ns();
+        const std::int64_t t1 = detail::trace::steady_ns();
         ping = t1;
         wait_named(pg.send(tensor_view<std::int64_t>(&ping, shape{1}), 0, tag), pg, "trace clock ping send");
         wait_named(pg.recv(tensor_view<std::int64_t>(&theirs, shape{1}), 0, tag), pg, "trace clock reply recv");
-        const std::int64_t t2 = detail::steady_ns();
+        const std::int64_t t2 = detail::trace::steady_ns();
         if (t2 - t1 < best_rtt) {
           best_rtt = t2 - t1;
           // Rank 0 read its clock somewhere in [t1, t2]; assume the middle.
@@ -20128,7 +20132,7 @@ class trace_recorder {
       }
     }
     // Rank 0's "now" is the trace's time zero on every rank.
-    origin_ns_ = detail::steady_ns() + offset_ns_;
+    origin_ns_ = detail::trace::steady_ns() + offset_ns_;
     wait_named(pg.broadcast(tensor_view<std::int64_t>(&origin_ns_, shape{1}), 0), pg, "trace origin broadcast");
   }
 
@@ -20197,14 +20201,14 @@ class trace_recorder {
     detail::append_fixed_point(err, error_ns_, 1000, 3);
     meta("process_labels", 0, "labels", "\"clock_error_us=" + err + "\"");
     std::set<int> tids;
-    events_.for_each([&](const detail::trace_event& e) { tids.insert(e.tid); });
+    events_.for_each([&](const detail::trace::event& e) { tids.insert(e.tid); });
     for (const int tid : tids) {
       std::string tname;
-      detail::append_json_string(tname, detail::track_name(tid));
+      detail::append_json_string(tname, detail::trace::track_name(tid));
       meta("thread_name", tid, "name", tname);
       meta("thread_sort_index", tid, "sort_index", std::to_string(tid));
     }
-    events_.for_each([&](const detail::trace_event& e) {
+    events_.for_each([&](const detail::trace::event& e) {
       out += ",{\"ph\":\"X\",\"name\":";
       detail::append_json_string(out, e.name);
       out += ",\"pid\":" + pid + ",\"tid\":" + std::to_string(e.tid) + ",\"ts\":";
@@ -20249,7 +20253,7 @@ class trace_recorder {
   mutable std::mutex mutex_;
   std::condition_variable idle_;
   int pending_ = 0;  // trace_work callbacks not yet run
-  detail::trace_event_store events_;
+  detail::trace::event_store events_;
   int rank_ = 0;
   std::int64_t offset_ns_ = 0;  // add to this rank's steady_ns() to get rank 0's
   std::int64_t error_ns_ = 0;   // bound on |offset error|
@@ -20311,7 +20315,7 @@ inline void trace_span::end() noexcept {
   if (!rec_) return;
   auto* r = std::exchange(rec_, nullptr);
   try {
-    r->record(name_, tid_, begin_ns_, detail::steady_ns(), arg_name_, arg_);
+    r->record(name_, tid_, begin_ns_, detail::trace::steady_ns(), arg_name_, arg_);
   } catch (...) {
     // Out of memory while tracing: drop the span rather than terminate the training run.
   }

@@ -17,18 +17,18 @@
 
 namespace {
 
-namespace d = partrain::detail;
+namespace d = partrain::detail::kvstore;
 
 void check_frame(std::span<const std::byte> frame, std::span<const std::byte> payload) {
   auto req = d::parse_request(payload);
-  if (auto* r = std::get_if<d::store_request>(&req)) {
+  if (auto* r = std::get_if<d::request>(&req)) {
     const auto again = d::encode(*r);
     if (!std::equal(again.begin(), again.end(), frame.begin(), frame.end())) __builtin_trap();
   } else if (std::get<d::protocol_error>(req).what.empty()) {
     __builtin_trap();  // a rejection always says why
   }
   auto resp = d::parse_response(payload);
-  if (auto* r = std::get_if<d::store_response>(&resp)) {
+  if (auto* r = std::get_if<d::response>(&resp)) {
     const auto again = d::encode(*r);
     if (!std::equal(again.begin(), again.end(), frame.begin(), frame.end())) __builtin_trap();
   }

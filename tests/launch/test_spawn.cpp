@@ -369,12 +369,12 @@ TEST_CASE("run_ranks refuses to start ranks inside a rank a launcher started", "
       return std::nullopt;
     };
   };
-  CHECK(detail::launched_rank(env_of({})).empty());
-  CHECK(detail::launched_rank(env_of({{"WORLD_SIZE", "1"}, {"RANK", "0"}})).empty());  // a job of one
-  CHECK(detail::launched_rank(env_of({{"SLURM_NTASKS", "1"}, {"SLURM_PROCID", "0"}})).empty());
-  CHECK(detail::launched_rank(env_of({{"WORLD_SIZE", "4"}, {"RANK", "2"}, {"PARTRAIN_USE_AGENT_STORE", "1"}})) ==
+  CHECK(detail::launch::launched_rank(env_of({})).empty());
+  CHECK(detail::launch::launched_rank(env_of({{"WORLD_SIZE", "1"}, {"RANK", "0"}})).empty());  // a job of one
+  CHECK(detail::launch::launched_rank(env_of({{"SLURM_NTASKS", "1"}, {"SLURM_PROCID", "0"}})).empty());
+  CHECK(detail::launch::launched_rank(env_of({{"WORLD_SIZE", "4"}, {"RANK", "2"}, {"PARTRAIN_USE_AGENT_STORE", "1"}})) ==
         "rank 2 of 4 (partrun)");
-  CHECK(detail::launched_rank(env_of({{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"}})) ==
+  CHECK(detail::launch::launched_rank(env_of({{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"}})) ==
         "rank 1 of 2 (mpirun)");
   // The whole call, in a child whose environment says it is rank 1 of 2 under partrun.
   auto child = child_process::fork([] {

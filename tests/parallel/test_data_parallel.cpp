@@ -96,7 +96,7 @@ static_assert(parallel_policy<distributed_data_parallel<dp_softmax_model>, batch
 #endif
 
 TEST_CASE("split_counts follows the weights and always covers the batch", "[parallel][dp][scatter]") {
-  using detail::split_counts;
+  using detail::dp::split_counts;
   CHECK(split_counts(24, std::vector<double>{1, 1, 1, 1}) == std::vector<std::size_t>{6, 6, 6, 6});
   CHECK(split_counts(10, std::vector<double>{1, 1, 1}) == std::vector<std::size_t>{4, 3, 3});
   CHECK(split_counts(3, std::vector<double>{1, 1, 1, 1}) == std::vector<std::size_t>{1, 1, 1, 0});

@@ -141,14 +141,14 @@ TEST_CASE("env:// falls back to Slurm, Open MPI and PMI variables", "[comm][init
   both["SLURM_NTASKS"] = "1";
   CHECK(parse_rendezvous("env://", {}, fake_env(both)).source == "torchrun");
 
-  CHECK(detail::first_slurm_host("node1,node2") == "node1");
-  CHECK(detail::first_slurm_host("node[009-012,20]-ib,x") == "node009-ib");
-  CHECK(detail::first_slurm_host("single") == "single");
-  CHECK(detail::slurm_tasks_on_node("3", 0) == 3);
-  CHECK(detail::slurm_tasks_on_node("2(x3),1", 2) == 2);
-  CHECK(detail::slurm_tasks_on_node("2(x3),1", 3) == 1);
-  CHECK_FALSE(detail::slurm_tasks_on_node("2(x3),1", 4).has_value());
-  CHECK_FALSE(detail::slurm_tasks_on_node("x(", 0).has_value());
+  CHECK(detail::rdzv::first_slurm_host("node1,node2") == "node1");
+  CHECK(detail::rdzv::first_slurm_host("node[009-012,20]-ib,x") == "node009-ib");
+  CHECK(detail::rdzv::first_slurm_host("single") == "single");
+  CHECK(detail::rdzv::slurm_tasks_on_node("3", 0) == 3);
+  CHECK(detail::rdzv::slurm_tasks_on_node("2(x3),1", 2) == 2);
+  CHECK(detail::rdzv::slurm_tasks_on_node("2(x3),1", 3) == 1);
+  CHECK_FALSE(detail::rdzv::slurm_tasks_on_node("2(x3),1", 4).has_value());
+  CHECK_FALSE(detail::rdzv::slurm_tasks_on_node("x(", 0).has_value());
 }
 
 TEST_CASE("env:// rejects missing and malformed variables", "[comm][init][errors]") {
@@ -510,7 +510,7 @@ std::vector<std::string> join_threads(const std::vector<std::pair<int, int>>& ra
         init_options o = ranks(rank_world[i].first, rank_world[i].second);
         o.timeout = 20s;
         auto info = rendezvous("tcp://127.0.0.1:" + std::to_string(port), o, fake_env({}));
-        detail::join_job(info);
+        detail::rdzv::join_job(info);
         // Rank 0 hosts the store: it stays until the others are done with it.
         if (info.store->add("done", 1) == static_cast<std::int64_t>(rank_world.size())) info.store->set("release", "1");
         if (info.rank == 0) info.store->wait({"release"}, 20s);

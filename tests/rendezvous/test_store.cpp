@@ -53,7 +53,7 @@ struct raw_client {
       : fd(detail::connect_tcp("127.0.0.1", port, detail::deadline_clock::now() + 5s)) {}
   void send(std::span<const std::byte> b) { detail::send_all(fd.get(), b, detail::deadline_clock::now() + 5s, "raw"); }
   // The next reply frame, or nullopt when the server closed the connection.
-  std::optional<detail::store_response> read_reply() {
+  std::optional<detail::kvstore::response> read_reply() {
     std::byte header[4];
     try {
       detail::recv_all(fd.get(), header, detail::deadline_clock::now() + 5s, "raw");
@@ -62,12 +62,12 @@ struct raw_client {
     } catch (const communication_error&) {
       return std::nullopt;
     }
-    const auto f = detail::peek_frame(header, 1 << 20);
+    const auto f = detail::kvstore::peek_frame(header, 1 << 20);
     std::vector<std::byte> payload(f.payload_bytes);
     detail::recv_all(fd.get(), payload, detail::deadline_clock::now() + 5s, "raw");
-    auto r = detail::parse_response(payload);
-    REQUIRE(std::holds_alternative<detail::store_response>(r));
-    return std::get<detail::store_response>(r);
+    auto r = detail::kvstore::parse_response(payload);
+    REQUIRE(std::holds_alternative<detail::kvstore::response>(r));
+    return std::get<detail::kvstore::response>(r);
   }
   // True when the server has closed the connection (EOF within 5 s).
   bool closed_by_server() {
@@ -84,8 +84,8 @@ struct raw_client {
 }  // namespace
 
 TEST_CASE("store protocol round-trips every message type", "[comm][store][protocol]") {
-  using detail::request_type;
-  std::vector<detail::store_request> reqs = {
+  using detail::kvstore::request_type;
+  std::vector<detail::kvstore::request> reqs = {
       {.type = request_type::auth, .key = "secret"},
       {.type = request_type::set, .key = "k", .value = bytes_of("value\0with nul")},
       {.type = request_type::get, .key = "k", .number = 1500},
@@ -96,46 +96,46 @@ TEST_CASE("store protocol round-trips every message type", "[comm][store][protoc
       {.type = request_type::num_keys},
   };
   for (const auto& r : reqs) {
-    const auto frame = detail::encode(r);
-    const auto f = detail::peek_frame(frame, detail::default_max_store_message);
-    REQUIRE(f.status == detail::frame_status::ready);
+    const auto frame = detail::kvstore::encode(r);
+    const auto f = detail::kvstore::peek_frame(frame, detail::kvstore::default_max_message);
+    REQUIRE(f.status == detail::kvstore::frame_status::ready);
     REQUIRE(f.payload_bytes + 4 == frame.size());
     const auto payload = std::span<const std::byte>(frame).subspan(4);
-    auto parsed = detail::parse_request(payload);
-    REQUIRE(std::holds_alternative<detail::store_request>(parsed));
-    CHECK(std::get<detail::store_request>(parsed) == r);
+    auto parsed = detail::kvstore::parse_request(payload);
+    REQUIRE(std::holds_alternative<detail::kvstore::request>(parsed));
+    CHECK(std::get<detail::kvstore::request>(parsed) == r);
     // Every strict prefix of a payload is malformed (never read past the end, never accepted).
     for (std::size_t cut = 0; cut < payload.size(); ++cut) {
-      auto p = detail::parse_request(payload.first(cut));
+      auto p = detail::kvstore::parse_request(payload.first(cut));
       // A prefix may happen to parse only if it is the whole of a field-less request.
-      if (cut > 0 && std::holds_alternative<detail::store_request>(p)) FAIL("prefix of length " << cut << " accepted");
+      if (cut > 0 && std::holds_alternative<detail::kvstore::request>(p)) FAIL("prefix of length " << cut << " accepted");
     }
     // A trailing byte is an error too.
     std::vector<std::byte> longer(payload.begin(), payload.end());
     longer.push_back(std::byte{0});
-    CHECK(std::holds_alternative<detail::protocol_error>(detail::parse_request(longer)));
+    CHECK(std::holds_alternative<detail::kvstore::protocol_error>(detail::kvstore::parse_request(longer)));
   }
-  std::vector<detail::store_response> resps = {
-      {.type = detail::response_type::ok},
-      {.type = detail::response_type::value, .value = bytes_of("v")},
-      {.type = detail::response_type::integer, .number = -42},
-      {.type = detail::response_type::boolean, .number = 1},
-      {.type = detail::response_type::timeout, .keys = {"k1", "k2"}},
-      {.type = detail::response_type::error, .message = "nope"},
+  std::vector<detail::kvstore::response> resps = {
+      {.type = detail::kvstore::response_type::ok},
+      {.type = detail::kvstore::response_type::value, .value = bytes_of("v")},
+      {.type = detail::kvstore::response_type::integer, .number = -42},
+      {.type = detail::kvstore::response_type::boolean, .number = 1},
+      {.type = detail::kvstore::response_type::timeout, .keys = {"k1", "k2"}},
+      {.type = detail::kvstore::response_type::error, .message = "nope"},
   };
   for (const auto& r : resps) {
-    const auto frame = detail::encode(r);
-    auto parsed = detail::parse_response(std::span<const std::byte>(frame).subspan(4));
-    REQUIRE(std::holds_alternative<detail::store_response>(parsed));
-    CHECK(std::get<detail::store_response>(parsed) == r);
+    const auto frame = detail::kvstore::encode(r);
+    auto parsed = detail::kvstore::parse_response(std::span<const std::byte>(frame).subspan(4));
+    REQUIRE(std::holds_alternative<detail::kvstore::response>(parsed));
+    CHECK(std::get<detail::kvstore::response>(parsed) == r);
   }
 }
 
 TEST_CASE("store protocol rejects malformed payloads with a reason", "[comm][store][protocol]") {
   auto err = [](std::vector<std::byte> p) {
-    auto r = detail::parse_request(p);
-    REQUIRE(std::holds_alternative<detail::protocol_error>(r));
-    return std::get<detail::protocol_error>(r).what;
+    auto r = detail::kvstore::parse_request(p);
+    REQUIRE(std::holds_alternative<detail::kvstore::protocol_error>(r));
+    return std::get<detail::kvstore::protocol_error>(r).what;
   };
   CHECK_THAT(err({}), Catch::Contains("empty"));
   CHECK_THAT(err({std::byte{99}}), Catch::Contains("unknown request type 99"));
@@ -144,17 +144,17 @@ TEST_CASE("store protocol rejects malformed payloads with a reason", "[comm][sto
                   std::byte{0}, std::byte{0}, std::byte{0}}),
              Catch::Contains("malformed wait"));
   // get with a negative timeout.
-  detail::store_request g{.type = detail::request_type::get, .key = "k", .number = -1};
-  const auto frame = detail::encode(g);
+  detail::kvstore::request g{.type = detail::kvstore::request_type::get, .key = "k", .number = -1};
+  const auto frame = detail::kvstore::encode(g);
   CHECK_THAT(err({frame.begin() + 4, frame.end()}), Catch::Contains("malformed get"));
   // A frame header announcing more than the limit.
   const std::vector<std::byte> big = {std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0x40}};
-  CHECK(detail::peek_frame(big, detail::default_max_store_message).status == detail::frame_status::oversized);
-  CHECK(detail::constant_time_equal("abc", "abc"));
-  CHECK_FALSE(detail::constant_time_equal("abc", "abd"));
-  CHECK_FALSE(detail::constant_time_equal("abc", "abcd"));
-  CHECK_FALSE(detail::constant_time_equal("abc", ""));
-  CHECK_FALSE(detail::constant_time_equal("", "abc"));
+  CHECK(detail::kvstore::peek_frame(big, detail::kvstore::default_max_message).status == detail::kvstore::frame_status::oversized);
+  CHECK(detail::kvstore::constant_time_equal("abc", "abc"));
+  CHECK_FALSE(detail::kvstore::constant_time_equal("abc", "abd"));
+  CHECK_FALSE(detail::kvstore::constant_time_equal("abc", "abcd"));
+  CHECK_FALSE(detail::kvstore::constant_time_equal("abc", ""));
+  CHECK_FALSE(detail::kvstore::constant_time_equal("", "abc"));
 }
 
 TEST_CASE("tcp_store set/get/add/wait/check", "[comm][store][tcp]") {
@@ -265,10 +265,10 @@ TEST_CASE("tcp_store with a job token refuses peers without it", "[comm][store][
 
   // By hand: a set before auth is answered with an error and the connection is closed.
   raw_client raw(master.port());
-  raw.send(detail::encode(detail::store_request{.type = detail::request_type::set, .key = "job/key", .value = bytes_of("x")}));
+  raw.send(detail::kvstore::encode(detail::kvstore::request{.type = detail::kvstore::request_type::set, .key = "job/key", .value = bytes_of("x")}));
   auto reply = raw.read_reply();
   REQUIRE(reply);
-  CHECK(reply->type == detail::response_type::error);
+  CHECK(reply->type == detail::kvstore::response_type::error);
   CHECK(raw.closed_by_server());
   CHECK(good.get_string("job/key", 1s) == "private");
   // Unauthenticated peers may not even announce a large message.
@@ -316,7 +316,7 @@ TEST_CASE("tcp_store survives garbage, truncated and oversized messages", "[comm
     raw.send(std::vector<std::byte>{std::byte{0xFF}, std::byte{0xFF}, std::byte{0xFF}, std::byte{0x7F}});
     auto reply = raw.read_reply();
     REQUIRE(reply);
-    CHECK(reply->type == detail::response_type::error);
+    CHECK(reply->type == detail::kvstore::response_type::error);
     CHECK_THAT(reply->message, Catch::Contains("exceeds the limit"));
     CHECK(raw.closed_by_server());
     // The client refuses to send one too.
@@ -328,14 +328,14 @@ TEST_CASE("tcp_store survives garbage, truncated and oversized messages", "[comm
   SECTION("truncated, then the peer leaves") {
     for (int i = 0; i < 5; ++i) {
       raw_client raw(master.port());
-      auto frame = detail::encode(detail::store_request{.type = detail::request_type::set, .key = "t", .value = bytes_of("abc")});
+      auto frame = detail::kvstore::encode(detail::kvstore::request{.type = detail::kvstore::request_type::set, .key = "t", .value = bytes_of("abc")});
       frame.resize(frame.size() - 2);
       raw.send(frame);
     }
     // A request followed at once by EOF still counts.
     {
       raw_client raw(master.port());
-      raw.send(detail::encode(detail::store_request{.type = detail::request_type::set, .key = "t2", .value = bytes_of("y")}));
+      raw.send(detail::kvstore::encode(detail::kvstore::request{.type = detail::kvstore::request_type::set, .key = "t2", .value = bytes_of("y")}));
     }
     tcp_store c(client_opts(master.port()));
     CHECK(c.get_string("t2", 2s) == "y");
@@ -343,7 +343,7 @@ TEST_CASE("tcp_store survives garbage, truncated and oversized messages", "[comm
   }
   SECTION("a waiter whose peer vanished") {
     raw_client raw(master.port());
-    raw.send(detail::encode(detail::store_request{.type = detail::request_type::get, .key = "later", .number = 60'000}));
+    raw.send(detail::kvstore::encode(detail::kvstore::request{.type = detail::kvstore::request_type::get, .key = "later", .number = 60'000}));
     raw.fd.reset();
     std::this_thread::sleep_for(20ms);
     master.set("later", "x");  // answers a waiter that is gone: the server must not fall over

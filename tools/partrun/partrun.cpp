@@ -336,7 +336,7 @@ int run(const partrun::options& o) {
           "partrun: a multi-node job needs the same job token on every node: set PARTRAIN_JOB_TOKEN or --token "
           "(e.g. to the output of `openssl rand -hex 16`)");
     }
-    token = partrain::detail::random_token();
+    token = partrain::detail::rdzv::random_token();
   }
   // Node 0 hosts the store; binding to the master address (loopback unless told otherwise).
   std::unique_ptr<partrain::tcp_store_server> server;

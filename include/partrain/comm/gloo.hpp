@@ -64,9 +64,9 @@ class gloo_group final : public process_group {
     }
     // A peer that dies mid-write must fail this rank with our error, not kill it with SIGPIPE.
     (void)detail::survive_sigpipe();
-    const std::string prefix = gopts.prefix.empty() ? detail::next_gloo_prefix(s, rank) : gopts.prefix;
-    context_ = detail::connect_gloo(s, prefix, rank, size, opts.timeout,
-                                    detail::gloo_device_attr(gopts.ifname, gopts.hostname));
+    const std::string prefix = gopts.prefix.empty() ? detail::gloo::next_prefix(s, rank) : gopts.prefix;
+    context_ = detail::gloo::connect(s, prefix, rank, size, opts.timeout,
+                                    detail::gloo::device_attr(gopts.ifname, gopts.hostname));
   }
 
   ~gloo_group() override {
@@ -90,7 +90,7 @@ class gloo_group final : public process_group {
     return run(collective::all_reduce, "", [this, t, op] {
       gloo::AllreduceOptions o(context_);
       visit_dtype(t.type, [&]<class T>(std::type_identity<T>) { o.setOutput(static_cast<T*>(t.data), t.count); });
-      o.setReduceFunction(detail::make_gloo_reduce_fn(t.type, op));
+      o.setReduceFunction(detail::gloo::make_reduce_fn(t.type, op));
       o.setTag(kCollectiveTag);
       o.setTimeout(timeout());
       gloo::allreduce(o);
@@ -126,7 +126,7 @@ class gloo_group final : public process_group {
         }
       });
       o.setRoot(root);
-      o.setReduceFunction(detail::make_gloo_reduce_fn(t.type, op));
+      o.setReduceFunction(detail::gloo::make_reduce_fn(t.type, op));
       o.setTag(kCollectiveTag);
       o.setTimeout(timeout());
       gloo::reduce(o);

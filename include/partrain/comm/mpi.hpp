@@ -48,9 +48,9 @@ struct mpi_options {
   bool abort_on_timeout = true;
 };
 
-namespace detail {
+namespace detail::mpi {
 
-[[nodiscard]] inline std::chrono::microseconds mpi_env_us(const char* name, std::chrono::microseconds fallback) {
+[[nodiscard]] inline std::chrono::microseconds env_us(const char* name, std::chrono::microseconds fallback) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
   char* end = nullptr;
@@ -62,18 +62,18 @@ namespace detail {
 }
 
 // MPI_COMM_WORLD duplicated for one group (its collectives never meet another group's).
-struct mpi_comm {
+struct comm_handle {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
   int size = 1;
   int tag_ub = 32767;
 
-  static mpi_comm duplicate_world() {
-    auto& rt = mpi_runtime::instance();
+  static comm_handle duplicate_world() {
+    auto& rt = runtime::instance();
     std::lock_guard lock(rt.mutex());
-    mpi_comm c;
+    comm_handle c;
     if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c.comm); rc != MPI_SUCCESS) {
-      throw communication_error("mpi_group: MPI_Comm_dup failed: " + mpi_error_string(rc));
+      throw communication_error("mpi_group: MPI_Comm_dup failed: " + error_string(rc));
     }
     MPI_Comm_set_errhandler(c.comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(c.comm, &c.rank);
@@ -86,12 +86,12 @@ struct mpi_comm {
   }
 };
 
-}  // namespace detail
+}  // namespace detail::mpi
 
 class mpi_group final : public process_group {
  public:
   explicit mpi_group(process_group_options opts = {}, mpi_options mopts = {})
-      : mpi_group(detail::mpi_comm::duplicate_world(), opts, mopts) {}
+      : mpi_group(detail::mpi::comm_handle::duplicate_world(), opts, mopts) {}
 
   ~mpi_group() override {
     {
@@ -100,7 +100,7 @@ class mpi_group final : public process_group {
     }
     cv_.notify_all();
     if (progress_.joinable()) progress_.join();  // pending operations end by completion or timeout
-    std::lock_guard lock(detail::mpi_runtime::instance().mutex());
+    std::lock_guard lock(detail::mpi::runtime::instance().mutex());
     int finalized = 0;
     MPI_Finalized(&finalized);
     // A request MPI never finished (abort_on_timeout = false) still uses the communicator.
@@ -185,13 +185,13 @@ class mpi_group final : public process_group {
     std::exception_ptr error{};
   };
 
-  mpi_group(detail::mpi_comm c, process_group_options opts, mpi_options mopts)
-      : process_group(c.rank, c.size, opts), comm_(c), rt_(&detail::mpi_runtime::instance()) {
+  mpi_group(detail::mpi::comm_handle c, process_group_options opts, mpi_options mopts)
+      : process_group(c.rank, c.size, opts), comm_(c), rt_(&detail::mpi::runtime::instance()) {
     if (opts.timeout.count() <= 0) {
       throw config_error("mpi_group: timeout must be positive, got " + std::to_string(opts.timeout.count()) + " ms");
     }
-    mopts.spin = detail::mpi_env_us("PARTRAIN_MPI_SPIN_US", mopts.spin);
-    mopts.max_sleep = detail::mpi_env_us("PARTRAIN_MPI_MAX_SLEEP_US", mopts.max_sleep);
+    mopts.spin = detail::mpi::env_us("PARTRAIN_MPI_SPIN_US", mopts.spin);
+    mopts.max_sleep = detail::mpi::env_us("PARTRAIN_MPI_MAX_SLEEP_US", mopts.max_sleep);
     if (mopts.spin.count() < 0 || mopts.max_sleep.count() < 0) {
       throw config_error("mpi_options: spin and max_sleep must be >= 0 microseconds");
     }
@@ -199,7 +199,7 @@ class mpi_group final : public process_group {
     progress_ = std::thread([this] { progress_loop(); });
   }
 
-  [[nodiscard]] static MPI_Datatype type(raw_tensor t) noexcept { return detail::mpi_runtime::type_of(t.type); }
+  [[nodiscard]] static MPI_Datatype type(raw_tensor t) noexcept { return detail::mpi::runtime::type_of(t.type); }
 
   [[nodiscard]] std::string describe(collective c, const std::string& peers) const {
     return where(c) + (peers.empty() ? "" : " " + peers);
@@ -275,7 +275,7 @@ class mpi_group final : public process_group {
         for (auto& o : fresh) {
           o.deadline = now + timeout();
           if (int rc = o.start(&o.request); rc != MPI_SUCCESS) {
-            fail(o, "MPI failed to start it: " + detail::mpi_error_string(rc), false);
+            fail(o, "MPI failed to start it: " + detail::mpi::error_string(rc), false);
             done.push_back(std::move(o));
           } else {
             active.push_back(std::move(o));
@@ -285,7 +285,7 @@ class mpi_group final : public process_group {
           int flag = 0;
           const int rc = MPI_Test(&it->request, &flag, MPI_STATUS_IGNORE);
           if (rc != MPI_SUCCESS) {
-            fail(*it, "MPI failed (a peer died or its connection broke): " + detail::mpi_error_string(rc), false);
+            fail(*it, "MPI failed (a peer died or its connection broke): " + detail::mpi::error_string(rc), false);
           } else if (!flag && now > it->deadline) {
             fail(*it, "timed out after " + std::to_string(timeout().count()) +
                           " ms (a peer is stalled, died, or never joined this operation)", true);
@@ -322,7 +322,7 @@ class mpi_group final : public process_group {
     const std::string msg = describe(o.what, o.peers) + ": " + why;
     error_site site{.rank = rank(), .operation = std::string(to_string(o.what)), .peer = o.peer};
     if (timed_out) {
-      if (mopts_.abort_on_timeout) detail::mpi_runtime::abort_job(msg);
+      if (mopts_.abort_on_timeout) detail::mpi::runtime::abort_job(msg);
       site.timeout = timeout();
       o.error = std::make_exception_ptr(timeout_error(msg, std::move(site)));
     } else {
@@ -334,8 +334,8 @@ class mpi_group final : public process_group {
   }
 
   mpi_options mopts_{};
-  detail::mpi_comm comm_;
-  detail::mpi_runtime* rt_;
+  detail::mpi::comm_handle comm_;
+  detail::mpi::runtime* rt_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<op> queue_;

@@ -61,9 +61,9 @@
 
 namespace partrain::inline v0 {
 
-namespace detail {
+namespace detail::nccl {
 
-[[nodiscard]] inline ncclDataType_t to_nccl(dtype t) {
+[[nodiscard]] inline ncclDataType_t type_of(dtype t) {
   switch (t) {
     case dtype::float32: return ncclFloat32;
     case dtype::float64: return ncclFloat64;
@@ -76,7 +76,7 @@ namespace detail {
   throw invalid_argument_error("nccl: dtype " + std::to_string(static_cast<int>(t)) + " has no NCCL type");
 }
 
-[[nodiscard]] inline ncclRedOp_t to_nccl(reduce_op op) {
+[[nodiscard]] inline ncclRedOp_t op_of(reduce_op op) {
   switch (op) {
     case reduce_op::sum: return ncclSum;
     case reduce_op::avg: return ncclAvg;  // NCCL divides by the world size itself
@@ -87,7 +87,7 @@ namespace detail {
   throw invalid_argument_error("nccl: reduce_op " + std::to_string(static_cast<int>(op)) + " has no NCCL operator");
 }
 
-[[nodiscard]] inline std::string nccl_failure(ncclResult_t rc, ncclComm_t comm) {
+[[nodiscard]] inline std::string failure(ncclResult_t rc, ncclComm_t comm) {
   std::string s = std::string(ncclGetErrorString(rc));
   if (comm) {
     const char* last = ncclGetLastError(comm);
@@ -100,7 +100,7 @@ namespace detail {
 // point-to-point calls together, so a send and a receive of one group cannot wait on each other.
 // On a non-blocking communicator ncclGroupEnd may answer ncclInProgress (the caller polls).
 template <class F>
-[[nodiscard]] ncclResult_t nccl_grouped(F&& f) {
+[[nodiscard]] ncclResult_t grouped(F&& f) {
   ncclResult_t rc = ncclGroupStart();
   if (rc != ncclSuccess) return rc;
   const ncclResult_t inner = f();
@@ -111,21 +111,21 @@ template <class F>
 
 // An owned NCCL communicator. Destroyed cleanly (finalize, then destroy) when healthy, aborted
 // when it failed or finalizing does not finish in time.
-class nccl_comm {
+class comm {
  public:
-  nccl_comm() = default;
-  explicit nccl_comm(ncclComm_t c) noexcept : comm_(c) {}
-  nccl_comm(nccl_comm&& o) noexcept : comm_(std::exchange(o.comm_, nullptr)) {}
-  nccl_comm& operator=(nccl_comm&& o) noexcept {
+  comm() = default;
+  explicit comm(ncclComm_t c) noexcept : comm_(c) {}
+  comm(comm&& o) noexcept : comm_(std::exchange(o.comm_, nullptr)) {}
+  comm& operator=(comm&& o) noexcept {
     if (this != &o) {
       abort();
       comm_ = std::exchange(o.comm_, nullptr);
     }
     return *this;
   }
-  nccl_comm(const nccl_comm&) = delete;
-  nccl_comm& operator=(const nccl_comm&) = delete;
-  ~nccl_comm() { abort(); }
+  comm(const comm&) = delete;
+  comm& operator=(const comm&) = delete;
+  ~comm() { abort(); }
 
   [[nodiscard]] ncclComm_t get() const noexcept { return comm_; }
   [[nodiscard]] explicit operator bool() const noexcept { return comm_ != nullptr; }
@@ -161,7 +161,7 @@ class nccl_comm {
   ncclComm_t comm_ = nullptr;
 };
 
-}  // namespace detail
+}  // namespace detail::nccl
 
 class nccl_group final : public process_group {
  public:
@@ -222,10 +222,10 @@ class nccl_group final : public process_group {
       }
     }
     return issue(collective::send, [&](ncclComm_t c, cudaStream_t s) {
-      return detail::nccl_grouped([&] {
-        const ncclResult_t a = ncclSend(out.data(), out.size(), detail::to_nccl(dtype_of<T>), dst, c, s);
+      return detail::nccl::grouped([&] {
+        const ncclResult_t a = ncclSend(out.data(), out.size(), detail::nccl::type_of(dtype_of<T>), dst, c, s);
         if (a != ncclSuccess && a != ncclInProgress) return a;
-        return ncclRecv(in.data(), in.size(), detail::to_nccl(dtype_of<T>), src, c, s);
+        return ncclRecv(in.data(), in.size(), detail::nccl::type_of(dtype_of<T>), src, c, s);
       });
     });
   }
@@ -235,27 +235,27 @@ class nccl_group final : public process_group {
  protected:
   work do_all_reduce(raw_tensor t, reduce_op op) override {
     return issue(collective::all_reduce, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclAllReduce(t.data, t.data, t.count, detail::to_nccl(t.type), detail::to_nccl(op), c, s);
+      return ncclAllReduce(t.data, t.data, t.count, detail::nccl::type_of(t.type), detail::nccl::op_of(op), c, s);
     });
   }
   work do_broadcast(raw_tensor t, int root) override {
     return issue(collective::broadcast, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclBroadcast(t.data, t.data, t.count, detail::to_nccl(t.type), root, c, s);
+      return ncclBroadcast(t.data, t.data, t.count, detail::nccl::type_of(t.type), root, c, s);
     });
   }
   work do_reduce(raw_tensor t, int root, reduce_op op) override {
     return issue(collective::reduce, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclReduce(t.data, t.data, t.count, detail::to_nccl(t.type), detail::to_nccl(op), root, c, s);
+      return ncclReduce(t.data, t.data, t.count, detail::nccl::type_of(t.type), detail::nccl::op_of(op), root, c, s);
     });
   }
   work do_all_gather(raw_tensor in, raw_tensor out) override {
     return issue(collective::all_gather, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclAllGather(in.data, out.data, in.count, detail::to_nccl(in.type), c, s);
+      return ncclAllGather(in.data, out.data, in.count, detail::nccl::type_of(in.type), c, s);
     });
   }
   work do_reduce_scatter(raw_tensor in, raw_tensor out, reduce_op op) override {
     return issue(collective::reduce_scatter, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclReduceScatter(in.data, out.data, out.count, detail::to_nccl(out.type), detail::to_nccl(op), c, s);
+      return ncclReduceScatter(in.data, out.data, out.count, detail::nccl::type_of(out.type), detail::nccl::op_of(op), c, s);
     });
   }
   // NCCL has no barrier: an all_reduce of one float, as torch does.
@@ -266,12 +266,12 @@ class nccl_group final : public process_group {
   }
   work do_send(raw_tensor t, int dst, int /*tag: NCCL matches per peer in order*/) override {
     return issue(collective::send, [&](ncclComm_t c, cudaStream_t s) {
-      return detail::nccl_grouped([&] { return ncclSend(t.data, t.count, detail::to_nccl(t.type), dst, c, s); });
+      return detail::nccl::grouped([&] { return ncclSend(t.data, t.count, detail::nccl::type_of(t.type), dst, c, s); });
     }, dst);
   }
   work do_recv(raw_tensor t, int src, int /*tag*/) override {
     return issue(collective::recv, [&](ncclComm_t c, cudaStream_t s) {
-      return detail::nccl_grouped([&] { return ncclRecv(t.data, t.count, detail::to_nccl(t.type), src, c, s); });
+      return detail::nccl::grouped([&] { return ncclRecv(t.data, t.count, detail::nccl::type_of(t.type), src, c, s); });
     }, src);
   }
 
@@ -325,7 +325,7 @@ class nccl_group final : public process_group {
     return cuda_event();
   }
 
-  [[nodiscard]] detail::nccl_comm make_comm(std::unique_lock<std::mutex>& lock) {
+  [[nodiscard]] detail::nccl::comm make_comm(std::unique_lock<std::mutex>& lock) {
     // Each rank counts the groups it made on this store; every rank makes them in the same order,
     // so the n-th group of each rank meets under the n-th key (threads or processes alike).
     const std::int64_t n = store_->add("partrain/nccl/groups_made_by_rank_" + std::to_string(rank()), 1);
@@ -335,7 +335,7 @@ class nccl_group final : public process_group {
       const ncclResult_t rc = ncclGetUniqueId(&id);
       if (rc != ncclSuccess) {
         throw communication_error({.rank = 0, .operation = "nccl init"},
-                                  "ncclGetUniqueId failed: " + detail::nccl_failure(rc, nullptr));
+                                  "ncclGetUniqueId failed: " + detail::nccl::failure(rc, nullptr));
       }
       store_->set(key, std::span(reinterpret_cast<const std::byte*>(&id), sizeof(id)));
     } else {
@@ -359,10 +359,10 @@ class nccl_group final : public process_group {
     config.blocking = 0;  // so the wait below, not NCCL, decides how long init may take
     ncclComm_t raw = nullptr;
     const ncclResult_t rc = ncclCommInitRankConfig(&raw, size(), id, rank(), &config);
-    detail::nccl_comm comm(raw);
+    detail::nccl::comm comm(raw);
     if (rc != ncclSuccess && rc != ncclInProgress) {
       throw communication_error({.rank = rank(), .operation = "nccl init"},
-                                "ncclCommInitRankConfig failed: " + detail::nccl_failure(rc, raw));
+                                "ncclCommInitRankConfig failed: " + detail::nccl::failure(rc, raw));
     }
     wait_ready(lock, comm.get(), clock::now() + timeout(),
                {.rank = rank(), .operation = "nccl init (ncclCommInitRankConfig)"});
@@ -382,7 +382,7 @@ class nccl_group final : public process_group {
       const ncclResult_t rc = ncclCommGetAsyncError(comm, &st);
       if (rc != ncclSuccess) st = rc;
       if (st == ncclSuccess) return;
-      if (st != ncclInProgress) throw communication_error(std::move(site), detail::nccl_failure(st, comm));
+      if (st != ncclInProgress) throw communication_error(std::move(site), detail::nccl::failure(st, comm));
       if (clock::now() > deadline) {
         site.timeout = timeout();
         throw timeout_error(std::move(site), "not done after " + std::to_string(timeout().count()) + " ms (are all " +
@@ -428,7 +428,7 @@ class nccl_group final : public process_group {
         throw;
       }
     } else if (rc != ncclSuccess) {
-      const std::string why = where(c) + ": " + detail::nccl_failure(rc, comm_.get());
+      const std::string why = where(c) + ": " + detail::nccl::failure(rc, comm_.get());
       reset_issuing.reset();
       lock.unlock();
       fail_all(why, true);
@@ -497,7 +497,7 @@ class nccl_group final : public process_group {
         if (ncclCommGetAsyncError(comm_.get(), &async) == ncclSuccess && async != ncclSuccess &&
             async != ncclInProgress) {
           failure = where(front.op) + ": NCCL reported an asynchronous error: " +
-                    detail::nccl_failure(async, comm_.get());
+                    detail::nccl::failure(async, comm_.get());
         }
       }
       if (!ready && failure.empty() && front.deadline && clock::now() > *front.deadline) {
@@ -550,7 +550,7 @@ class nccl_group final : public process_group {
   cuda_stream stream_;
   cuda_event input_ready_;
   std::atomic<cudaStream_t> input_stream_{cudaStreamLegacy};
-  detail::nccl_comm comm_;
+  detail::nccl::comm comm_;
   device_buffer<float> scratch_;
 
   std::mutex mutex_;

@@ -70,7 +70,7 @@ struct loader_stats {
   std::chrono::nanoseconds wait_time{0};
 };
 
-namespace detail {
+namespace detail::data {
 
 template <class R>
 concept batch_range = std::ranges::input_range<const R> &&
@@ -79,19 +79,19 @@ concept batch_range = std::ranges::input_range<const R> &&
                           std::ranges::range_reference_t<std::ranges::range_reference_t<const R>>>>;
 
 template <class S>
-struct loader_batches {
+struct batches {
   using type = S;
   static S make(S s, const loader_options&) { return s; }
 };
 template <class S>
   requires index_range<S>
-struct loader_batches<S> {
+struct batches<S> {
   using type = batched_view<S>;
   static type make(S s, const loader_options& o) { return type(std::move(s), o.batch_size, o.drop_last); }
 };
 
 // One batch buffer; the loader cycles through prefetch + 1 of them.
-struct loader_slot {
+struct slot {
   host_buffer<float> features;
   std::vector<std::int32_t> labels;
   std::vector<std::size_t> indices;
@@ -102,9 +102,9 @@ struct loader_slot {
 // One pass over the batches. Owns the background thread (declared last, so it is stopped and
 // joined before the buffers it writes are destroyed).
 template <class D, class B>
-class loader_epoch {
+class epoch {
  public:
-  loader_epoch(const D& ds, B batches, const loader_options& options)
+  epoch(const D& ds, B batches, const loader_options& options)
       : dataset_(&ds), batches_(std::move(batches)), options_(options), slots_(options.prefetch + 1),
         example_shape_(ds.example_shape()) {
     if (example_shape_.rank() + 1 > max_rank) {
@@ -117,14 +117,14 @@ class loader_epoch {
       worker_ = std::jthread([this](std::stop_token stop) { produce(stop); });
     }
   }
-  loader_epoch(const loader_epoch&) = delete;
-  loader_epoch& operator=(const loader_epoch&) = delete;
+  epoch(const epoch&) = delete;
+  epoch& operator=(const epoch&) = delete;
 
   // The next batch, or nullptr at the end of the epoch. Releases the previous batch's buffer.
   const batch* next(loader_stats& stats) {
     if (options_.prefetch == 0) {
       if (it_ == std::ranges::end(batches_)) return nullptr;
-      loader_slot& s = slots_[0];
+      slot& s = slots_[0];
       fill(s, *it_);
       ++it_;
       ++stats.batches;
@@ -151,7 +151,7 @@ class loader_epoch {
       if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
       return nullptr;
     }
-    loader_slot& s = slots_[released_ % slots_.size()];
+    slot& s = slots_[released_ % slots_.size()];
     holding_ = true;
     ++stats.batches;
     return &s.view;
@@ -159,7 +159,7 @@ class loader_epoch {
 
  private:
   template <class Indices>
-  void fill(loader_slot& s, Indices&& indices) {
+  void fill(slot& s, Indices&& indices) {
     s.indices.clear();
     for (auto&& i : indices) s.indices.push_back(static_cast<std::size_t>(i));
     const std::size_t n = s.indices.size();
@@ -214,7 +214,7 @@ class loader_epoch {
   const D* dataset_;
   B batches_;
   loader_options options_;
-  std::vector<loader_slot> slots_;
+  std::vector<slot> slots_;
   shape example_shape_;
   std::ranges::iterator_t<B> it_{};
   std::mutex mutex_;
@@ -227,22 +227,22 @@ class loader_epoch {
   std::jthread worker_;
 };
 
-}  // namespace detail
+}  // namespace detail::data
 
 template <class D, std::ranges::view S>
-  requires(check_dataset<D>() && (index_range<S> || detail::batch_range<S>))
+  requires(check_dataset<D>() && (index_range<S> || detail::data::batch_range<S>))
 class loader {
   // Each epoch iterates its own copy of the sampler, so set_epoch during an epoch is safe; a
   // move-only sampler (an owned std::vector) is referenced instead.
   using epoch_sampler = std::conditional_t<std::copyable<S>, S, std::ranges::ref_view<const S>>;
-  using batches_type = typename detail::loader_batches<epoch_sampler>::type;
-  using epoch_type = detail::loader_epoch<D, batches_type>;
+  using batches_type = typename detail::data::batches<epoch_sampler>::type;
+  using epoch_type = detail::data::epoch<D, batches_type>;
 
   [[nodiscard]] batches_type make_batches() const {
     if constexpr (std::copyable<S>) {
-      return detail::loader_batches<epoch_sampler>::make(sampler_, options_);
+      return detail::data::batches<epoch_sampler>::make(sampler_, options_);
     } else {
-      return detail::loader_batches<epoch_sampler>::make(std::ranges::ref_view<const S>(sampler_), options_);
+      return detail::data::batches<epoch_sampler>::make(std::ranges::ref_view<const S>(sampler_), options_);
     }
   }
 

@@ -37,7 +37,7 @@ struct run_ranks_options {
 
 // Returns when every rank's fn returned; a failing rank's error is rethrown here (threads: the
 // root cause, not its peers' echoes; processes: spawn's process_error naming the rank).
-namespace detail {
+namespace detail::launch {
 
 // "" when this process is not a rank of a job some launcher started with several ranks; else
 // who started it and as which rank.
@@ -88,7 +88,7 @@ inline void check_host_capacity(int nproc, const std::string& backend) {
   }
 }
 
-}  // namespace detail
+}  // namespace detail::launch
 
 template <class F>
 void run_ranks(run_ranks_options o, F fn) {
@@ -102,11 +102,11 @@ void run_ranks(run_ranks_options o, F fn) {
   if (o.nproc > 0) {
     // Starting ranks inside a rank would make a second job, and its ranks would wait for peers
     // of the outer one; say so at once.
-    if (auto outer = detail::launched_rank(); !outer.empty()) {
+    if (auto outer = detail::launch::launched_rank(); !outer.empty()) {
       throw config_error("run_ranks: nproc " + std::to_string(o.nproc) + " asks to start ranks here, but this process is "
                          "already " + outer + "; let the launcher start the ranks (nproc 0, e.g. drop --nproc)");
     }
-    detail::check_host_capacity(o.nproc, o.backend);
+    detail::launch::check_host_capacity(o.nproc, o.backend);
   }
   if (o.backend == "mpi") {
     if (o.nproc > 0) {
@@ -118,7 +118,7 @@ void run_ranks(run_ranks_options o, F fn) {
     try {
       fn(*pg);
     } catch (const std::exception& e) {
-      detail::mpi_runtime::abort_job("rank " + std::to_string(pg->rank()) + " failed: " + e.what());
+      detail::mpi::runtime::abort_job("rank " + std::to_string(pg->rank()) + " failed: " + e.what());
     }
 #endif
     return;

@@ -122,7 +122,7 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
   // cannot be taken by another program before rank 0's store listens on it.
   detail::unique_fd listener = detail::listen_tcp(opts.master_addr, opts.master_port);
   const std::uint16_t port = detail::local_port(listener.get());
-  const std::string token = detail::random_token();
+  const std::string token = detail::rdzv::random_token();
 
   std::vector<child_process> children;
   children.reserve(static_cast<std::size_t>(nprocs));

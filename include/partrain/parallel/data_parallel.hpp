@@ -145,10 +145,10 @@ concept has_output_size = requires(const M& m) {
   { m.output_size() } -> std::convertible_to<std::size_t>;
 };
 
-namespace detail {
+namespace detail::dp {
 
 template <class M>
-consteval bool check_data_parallel_model() {
+consteval bool check_model() {
   static_assert(detail::has_parameters_member<M>,
                 "partrain: data_parallel needs a model with `parameters()` returning its parameters in a stable order");
   static_assert(model<M>, "partrain: each element of `model.parameters()` needs `value()` and `grad()` tensor views");
@@ -158,11 +158,11 @@ consteval bool check_data_parallel_model() {
 }
 
 template <class T>
-[[nodiscard]] inline double dp_seconds_since(T start) {
+[[nodiscard]] inline double seconds_since(T start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-[[nodiscard]] inline std::string dp_what(const std::exception_ptr& e) {
+[[nodiscard]] inline std::string what(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
   } catch (const std::exception& ex) {
@@ -172,11 +172,11 @@ template <class T>
   }
 }
 
-}  // namespace detail
+}  // namespace detail::dp
 
 template <class M, class Opt>
 class data_parallel {
-  static_assert(detail::check_data_parallel_model<M>());
+  static_assert(detail::dp::check_model<M>());
   using T = model_element_t<M>;
   using S = model_space_t<M>;
   static_assert(std::same_as<std::remove_cv_t<typename param_grad_view_t<param_t<M>>::value_type>, T> &&
@@ -209,7 +209,7 @@ class data_parallel {
     optimizers_.resize(n);
     flat_.resize(n);
     held_.resize(n);
-    for (std::size_t i = 0; i < n; ++i) contexts_.push_back(std::make_unique<detail::dp_device_context>(devices_[i]));
+    for (std::size_t i = 0; i < n; ++i) contexts_.push_back(std::make_unique<detail::dp::device_context>(devices_[i]));
     for (std::size_t i = 0; i < n; ++i) workers_.push_back(std::make_unique<detail::executor>());
     // Replicate and make optimizers on each device's own thread (CUDA: with that device current);
     // the user's factory is called one replica at a time, so it need not be thread-safe.
@@ -256,15 +256,15 @@ class data_parallel {
 
     auto st = std::make_shared<step_state<shard_t>>();
     st->n = n;
-    st->counts = detail::split_counts(n, shares_);
-    const auto offsets = detail::split_offsets(st->counts);
+    st->counts = detail::dp::split_counts(n, shares_);
+    const auto offsets = detail::dp::split_offsets(st->counts);
     st->shards.resize(d);
     for (std::size_t i = 0; i < d; ++i) {
       if (st->counts[i]) st->shards[i].emplace(split_batch(batch, offsets[i], offsets[i + 1]));
     }
     st->equal = std::all_of(st->counts.begin(), st->counts.end(), [&](std::size_t c) { return c == st->counts[0]; });
     st->results = std::vector<device_result>(d);
-    const double scatter_s = detail::dp_seconds_since(t_start);
+    const double scatter_s = detail::dp::seconds_since(t_start);
 
     const bool broadcast_mode = opts_.sync == dp_sync::reduce_broadcast;
     dispatch("train_step", /*collective=*/true, [this, st, broadcast_mode](std::size_t i) {
@@ -280,7 +280,7 @@ class data_parallel {
         for (auto&& p : m.parameters()) ctx.zero(p.grad());
       }
       ctx.synchronize(/*whole_device=*/true);
-      r.compute_s = detail::dp_seconds_since(t0);
+      r.compute_s = detail::dp::seconds_since(t0);
 
       r.reached = step_phase::reduce;
       t0 = std::chrono::steady_clock::now();
@@ -294,7 +294,7 @@ class data_parallel {
         held_[i] = broadcast_mode ? groups_[i]->reduce(flat, 0, op) : groups_[i]->all_reduce(flat, op);
         held_[i]->wait();
       }
-      r.reduce_s = detail::dp_seconds_since(t0);
+      r.reduce_s = detail::dp::seconds_since(t0);
 
       r.reached = step_phase::update;
       t0 = std::chrono::steady_clock::now();
@@ -314,7 +314,7 @@ class data_parallel {
         if (i != 0) unpack(i, /*into_grads=*/false);
       }
       ctx.synchronize(/*whole_device=*/true);
-      r.update_s = detail::dp_seconds_since(t0);
+      r.update_s = detail::dp::seconds_since(t0);
       r.reached = step_phase::done;
     }, &st->results);
 
@@ -333,7 +333,7 @@ class data_parallel {
       t.update_s = std::max(t.update_s, results[i].update_s);
     }
     if (opts_.balance && balancer_.observe(counts, step_s)) shares_ = balancer_.shares();
-    t.total_s = detail::dp_seconds_since(t_start);
+    t.total_s = detail::dp::seconds_since(t_start);
     ++stats_.steps;
     stats_.shares = shares_;
     stats_.counts = std::move(counts);
@@ -357,7 +357,7 @@ class data_parallel {
     for (auto&& b : batches) {
       const std::size_t n = batch_size_of(b);
       if (n == 0) continue;
-      const auto offsets = detail::split_offsets(detail::split_counts(n, shares_));
+      const auto offsets = detail::dp::split_offsets(detail::dp::split_counts(n, shares_));
       auto parts = std::make_shared<std::vector<eval_result>>(devices_.size());
       std::vector<std::optional<shard_t>> shards(devices_.size());
       for (std::size_t i = 0; i < shards.size(); ++i) {
@@ -387,7 +387,7 @@ class data_parallel {
     using shard_t = std::remove_cvref_t<decltype(split_batch(batch, 0, 0))>;
     static_assert(forwardable_on<M, shard_t>,
                   "partrain: data_parallel::forward needs `forward(const Batch&, tensor_view<float> out)` on the model");
-    const auto offsets = detail::split_offsets(detail::split_counts(n, shares_));
+    const auto offsets = detail::dp::split_offsets(detail::dp::split_counts(n, shares_));
     std::vector<std::optional<shard_t>> shards(devices_.size());
     for (std::size_t i = 0; i < shards.size(); ++i) {
       if (offsets[i] != offsets[i + 1]) shards[i].emplace(split_batch(batch, offsets[i], offsets[i + 1]));
@@ -563,7 +563,7 @@ class data_parallel {
           // Peers blocked in this step's collective stop waiting for us.
           if (collective) {
             groups_[i]->abort("device " + devices_[i].to_string() + " (replica " + std::to_string(i) +
-                              ") failed in " + op + ": " + detail::dp_what((*errors)[i]));
+                              ") failed in " + op + ": " + detail::dp::what((*errors)[i]));
           }
         }
       }));
@@ -595,7 +595,7 @@ class data_parallel {
       std::throw_with_nested(replica_error(devices_[c], c,
                                            "data_parallel::" + std::string(op) + ": device " + devices_[c].to_string() +
                                                " (replica " + std::to_string(c) + ") failed: " +
-                                               detail::dp_what((*errors)[c]) + " (the step was stopped on all " +
+                                               detail::dp::what((*errors)[c]) + " (the step was stopped on all " +
                                                std::to_string(n) + " devices)"));
     }
   }
@@ -642,7 +642,7 @@ class data_parallel {
   data_parallel_options opts_;
   process_group_options pg_opts_;
   std::vector<double> shares_;
-  detail::dp_balancer balancer_;
+  detail::dp::balancer balancer_;
   data_parallel_stats stats_;
   std::vector<M*> replicas_;
   std::vector<std::unique_ptr<M>> owned_;
@@ -650,7 +650,7 @@ class data_parallel {
   std::vector<host_buffer<T>> flat_;
   std::size_t total_ = 0;
   std::vector<std::unique_ptr<local_group>> groups_;
-  std::vector<std::unique_ptr<detail::dp_device_context>> contexts_;
+  std::vector<std::unique_ptr<detail::dp::device_context>> contexts_;
   std::string stuck_;
   std::vector<work> stuck_works_;
   // Each device's last collective, kept until the next train_step: an error it carries was made on
@@ -672,7 +672,7 @@ namespace functional {
 // evenly; each device writes its rows of out, so outputs come back in the batch's order.
 template <class M, class B, class U>
 void data_parallel(M& model, const B& batch, std::span<const device> devices, tensor_view<U> out) {
-  static_assert(detail::check_data_parallel_model<M>());
+  static_assert(detail::dp::check_model<M>());
   static_assert(splittable_batch<B>, "partrain: data_parallel cannot split this batch type");
   using shard_t = std::remove_cvref_t<decltype(split_batch(batch, 0, 0))>;
   static_assert(forwardable_on<M, shard_t>,
@@ -685,8 +685,8 @@ void data_parallel(M& model, const B& batch, std::span<const device> devices, te
   }
   if (n == 0) return;
   const std::vector<double> even(devices.size(), 1.0);
-  const auto counts = detail::split_counts(n, even);
-  const auto offsets = detail::split_offsets(counts);
+  const auto counts = detail::dp::split_counts(n, even);
+  const auto offsets = detail::dp::split_offsets(counts);
   std::vector<std::exception_ptr> errors(devices.size());
   {
     std::vector<std::jthread> threads;
@@ -694,7 +694,7 @@ void data_parallel(M& model, const B& batch, std::span<const device> devices, te
       if (!counts[i]) continue;
       threads.emplace_back([&, i] {
         try {
-          detail::dp_device_context ctx(devices[i]);
+          detail::dp::device_context ctx(devices[i]);
           ctx.activate();
           auto shard = split_batch(batch, offsets[i], offsets[i + 1]);
           auto rows = out.slice(offsets[i], offsets[i + 1]);
@@ -719,7 +719,7 @@ void data_parallel(M& model, const B& batch, std::span<const device> devices, te
       std::throw_with_nested(replica_error(devices[i], i,
                                            "data_parallel (functional) forward: device " + devices[i].to_string() +
                                                " (replica " + std::to_string(i) + ") failed: " +
-                                               detail::dp_what(errors[i])));
+                                               detail::dp::what(errors[i])));
     }
   }
 }

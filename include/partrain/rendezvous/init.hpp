@@ -36,7 +36,7 @@
 
 namespace partrain::inline v0 {
 
-namespace detail {
+namespace detail::rdzv {
 
 inline void check_backend_name(const std::string& backend) {
   if (!backend.empty() && backend != "gloo" && backend != "nccl" && backend != "mpi") {
@@ -44,9 +44,13 @@ inline void check_backend_name(const std::string& backend) {
   }
 }
 
+}  // namespace detail::rdzv
+
+namespace detail::mpi {
+
 // The mpi backend meets its peers through MPI (mpirun/srun started them), not through a store.
 // What the URL, the options and a torchrun-style environment say must agree with MPI.
-[[nodiscard]] inline std::unique_ptr<process_group> make_mpi_group(const init_options& opts, std::chrono::milliseconds timeout) {
+[[nodiscard]] inline std::unique_ptr<process_group> make_group(const init_options& opts, std::chrono::milliseconds timeout) {
 #if PARTRAIN_INIT_HAS_MPI
   process_group_options po;
   po.timeout = timeout;
@@ -76,7 +80,7 @@ inline void check_backend_name(const std::string& backend) {
 #endif
 }
 
-}  // namespace detail
+}  // namespace detail::mpi
 
 // Builds the backend's group on an already connected rendezvous.
 [[nodiscard]] inline std::unique_ptr<process_group> make_process_group(const rendezvous_info& info, const init_options& opts = {}) {
@@ -104,7 +108,7 @@ inline void check_backend_name(const std::string& backend) {
                        "(which defines PARTRAIN_WITH_NCCL)");
 #endif
   }
-  if (backend == "mpi") return detail::make_mpi_group(opts, info.timeout);
+  if (backend == "mpi") return detail::mpi::make_group(opts, info.timeout);
   throw config_error("unknown backend '" + backend + "' (expected 'gloo', 'mpi' or 'nccl')");
 }
 
@@ -114,7 +118,7 @@ inline void check_backend_name(const std::string& backend) {
 [[nodiscard]] inline std::unique_ptr<process_group> init_process_group(std::string_view url = "env://",
                                                                        const init_options& opts = {}) {
   // Check the backend name before anyone binds a port or waits on a peer.
-  detail::check_backend_name(opts.backend);
+  detail::rdzv::check_backend_name(opts.backend);
   // mpi:// (or backend "mpi" on env://): MPI's own rendezvous, no store.
   if (url.starts_with("mpi://") || opts.backend == "mpi") {
     if (!opts.backend.empty() && opts.backend != "mpi") {
@@ -124,10 +128,10 @@ inline void check_backend_name(const std::string& backend) {
       throw config_error("backend 'mpi' takes the URL 'mpi://' or 'env://' (MPI's launcher is the rendezvous), got '" +
                          std::string(url) + "'");
     }
-    return detail::make_mpi_group(opts, detail::timeout_option(opts, process_env, default_timeout));
+    return detail::mpi::make_group(opts, detail::rdzv::timeout_option(opts, process_env, default_timeout));
   }
   auto info = rendezvous(url, opts);
-  detail::join_job(info);  // one job: same world size everywhere, no rank claimed twice
+  detail::rdzv::join_job(info);  // one job: same world size everywhere, no rank claimed twice
   auto group = make_process_group(info, opts);
   // A stalled or lost rank ends the job within seconds (liveness.hpp), not at the collective timeout.
   if (const auto lo = liveness_options_from_env(); info.world_size > 1 && lo.silence.count() > 0) {
@@ -135,7 +139,7 @@ inline void check_backend_name(const std::string& backend) {
     group->set_arrival_report([w = watch.get()](std::uint64_t op) { return w->behind(op); });
     group->attach(std::move(watch));
   }
-  detail::release_store_host(info);
+  detail::rdzv::release_store_host(info);
   return group;
 }
 

@@ -19,7 +19,7 @@
 #include <partrain/core/log.hpp>
 #include <partrain/rendezvous/rendezvous.hpp>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::rdzv {
 
 // 32 hex digits from /dev/urandom.
 [[nodiscard]] inline std::string random_token() {
@@ -96,4 +96,4 @@ inline void join_job(const rendezvous_info& info) {
   (void)s.add("partrain/join/checked", 1);
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::rdzv

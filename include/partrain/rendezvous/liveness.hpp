@@ -46,7 +46,7 @@ struct liveness_options {
 // PARTRAIN_SILENCE_MS, validated; silence 0 means off.
 [[nodiscard]] inline liveness_options liveness_options_from_env(const env_lookup& env = process_env) {
   liveness_options o;
-  if (auto ms = detail::int_var(env, "PARTRAIN_SILENCE_MS", 0, 3'600'000, "PARTRAIN_SILENCE_MS",
+  if (auto ms = detail::rdzv::int_var(env, "PARTRAIN_SILENCE_MS", 0, 3'600'000, "PARTRAIN_SILENCE_MS",
                                 "milliseconds in [0, 3600000] (0 turns the liveness watch off)")) {
     o.silence = std::chrono::milliseconds(*ms);
   }
@@ -62,7 +62,7 @@ class liveness_watch {
     // info_.store keeps the store alive (on rank 0 it owns the server, which init_process_group
     // would otherwise close once it returns); the watch talks through a connection of its own.
     const auto call_timeout = std::min<std::chrono::milliseconds>(o_.silence / 2, std::chrono::milliseconds(3000));
-    store_ = detail::open_store(info_, false, call_timeout, "rank " + std::to_string(info.rank) + " liveness watch");
+    store_ = detail::rdzv::open_store(info_, false, call_timeout, "rank " + std::to_string(info.rank) + " liveness watch");
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
     host_ = host;

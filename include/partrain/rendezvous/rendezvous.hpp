@@ -81,7 +81,7 @@ using env_lookup = std::function<std::optional<std::string>(const std::string&)>
   return std::string(v);
 }
 
-namespace detail {
+namespace detail::rdzv {
 
 [[nodiscard]] inline std::optional<long long> parse_integer(std::string_view s) {
   long long v = 0;
@@ -252,9 +252,9 @@ inline void read_rank_env(rendezvous_info& info, const env_lookup& env) {
   }
 }
 
-}  // namespace detail
+}  // namespace detail::rdzv
 
-namespace detail {
+namespace detail::rdzv {
 
 // A job identity a batch system gives every rank of one job (and no rank of another): the token
 // when the launcher set none. Empty when there is none.
@@ -300,7 +300,7 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
   return fallback;
 }
 
-}  // namespace detail
+}  // namespace detail::rdzv
 
 // Parses url and the environment; connects nothing. Throws config_error naming what is
 // wrong and what was expected.
@@ -316,18 +316,18 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
   std::string_view rest = url.substr(sep + 3);
 
   // Timeout and token: options, then the environment.
-  info.timeout = detail::timeout_option(opts, env, info.timeout);
+  info.timeout = detail::rdzv::timeout_option(opts, env, info.timeout);
   info.token = !opts.token.empty() ? opts.token : env("PARTRAIN_STORE_TOKEN").value_or("");
   info.bind_address = env("PARTRAIN_STORE_BIND").value_or("");
   info.agent_store = env("PARTRAIN_USE_AGENT_STORE").value_or("0") == "1";
-  info.restart_count = detail::int_var(env, "PARTRAIN_RESTART_COUNT", 0, big, "init_process_group", "a non-negative integer")
+  info.restart_count = detail::rdzv::int_var(env, "PARTRAIN_RESTART_COUNT", 0, big, "init_process_group", "a non-negative integer")
                            .value_or(0);
 
   if (info.scheme == "env") {
     if (!rest.empty()) {
       throw config_error("malformed URL '" + std::string(url) + "': env:// takes nothing after '//' (the environment says it all)");
     }
-    detail::read_rank_env(info, env);
+    detail::rdzv::read_rank_env(info, env);
     if (opts.rank >= 0 && opts.rank != info.rank) {
       throw config_error("env://: options.rank " + std::to_string(opts.rank) + " disagrees with the environment's rank " +
                          std::to_string(info.rank));
@@ -339,7 +339,7 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
     auto addr = env("MASTER_ADDR");
     if (!addr && info.source == "slurm") {
       if (auto nodes = env("SLURM_STEP_NODELIST") ? env("SLURM_STEP_NODELIST") : env("SLURM_JOB_NODELIST")) {
-        addr = detail::first_slurm_host(*nodes);
+        addr = detail::rdzv::first_slurm_host(*nodes);
       }
     }
     if (!addr || addr->empty()) {
@@ -347,11 +347,11 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
                          "MASTER_ADDR=127.0.0.1 on one machine)");
     }
     info.master_addr = *addr;
-    auto port = detail::int_var(env, "MASTER_PORT", 0, 65535, "env://", "a port number in 1..65535");
+    auto port = detail::rdzv::int_var(env, "MASTER_PORT", 0, 65535, "env://", "a port number in 1..65535");
     if (!port && info.source == "slurm") {
       // Every rank of the job derives the same port from the job id (torch users usually
       // compute one this way in their sbatch script).
-      if (auto job = detail::int_var(env, "SLURM_JOB_ID", 0, big, "env://", "an integer")) port = 20000 + *job % 20000;
+      if (auto job = detail::rdzv::int_var(env, "SLURM_JOB_ID", 0, big, "env://", "an integer")) port = 20000 + *job % 20000;
     }
     if (!port) {
       throw config_error("env://: MASTER_PORT is not set (expected a free TCP port on the master, e.g. MASTER_PORT=29500)");
@@ -363,10 +363,10 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
   } else if (info.scheme == "tcp" || info.scheme == "file") {
     const auto q = rest.find('?');
     int rank = -1, world = -1;
-    if (q != std::string_view::npos) detail::parse_query(url, rest.substr(q + 1), rank, world);
+    if (q != std::string_view::npos) detail::rdzv::parse_query(url, rest.substr(q + 1), rank, world);
     rest = rest.substr(0, q);
     if (info.scheme == "tcp") {
-      detail::parse_host_port(url, rest, info.master_addr, info.port);
+      detail::rdzv::parse_host_port(url, rest, info.master_addr, info.port);
     } else {
       if (rest.empty()) {
         throw config_error("malformed URL '" + std::string(url) + "': empty path (expected file:///path/on/a/shared/filesystem)");
@@ -387,11 +387,11 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
     };
     info.world_size = pick(opts.world_size, world, "world_size");
     info.rank = pick(opts.rank, rank, "rank");
-    detail::check_rank(info.scheme + "://", info.rank, info.world_size);
+    detail::rdzv::check_rank(info.scheme + "://", info.rank, info.world_size);
     info.source = opts.rank >= 0 ? "options" : "url";
-    info.local_rank = detail::int_var(env, "LOCAL_RANK", 0, big, info.scheme + "://", "a non-negative integer").value_or(info.rank);
+    info.local_rank = detail::rdzv::int_var(env, "LOCAL_RANK", 0, big, info.scheme + "://", "a non-negative integer").value_or(info.rank);
     info.local_world_size =
-        detail::int_var(env, "LOCAL_WORLD_SIZE", 1, big, info.scheme + "://", "a positive integer").value_or(info.world_size);
+        detail::rdzv::int_var(env, "LOCAL_WORLD_SIZE", 1, big, info.scheme + "://", "a positive integer").value_or(info.world_size);
     if (info.local_rank >= info.local_world_size) {
       throw config_error(info.scheme + "://: local rank " + std::to_string(info.local_rank) + " is out of range for local world size " +
                          std::to_string(info.local_world_size));
@@ -400,7 +400,7 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
     throw config_error("malformed URL '" + std::string(url) + "': unknown scheme '" + info.scheme +
                        "' (expected env://, tcp://host:port or file://path)");
   }
-  detail::default_job_token(info, env);
+  detail::rdzv::default_job_token(info, env);
   return info;
 }
 
@@ -409,7 +409,7 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
   return parse_rendezvous("env://", opts, process_env);
 }
 
-namespace detail {
+namespace detail::rdzv {
 
 // A connection to the job's store: rank 0's hosts the TCP server when `host` (unless a
 // launcher's agent does), the others connect with retries until the timeout; or the file store.
@@ -440,12 +440,12 @@ namespace detail {
   return s;
 }
 
-}  // namespace detail
+}  // namespace detail::rdzv
 
 // Creates info.store: rank 0 hosts the TCP server (unless a launcher's agent does), the
 // others connect to it with retries until the timeout; or opens the file store.
 inline void connect_store(rendezvous_info& info) {
-  info.store = detail::open_store(info, true, info.timeout, "rank " + std::to_string(info.rank), &info.port);
+  info.store = detail::rdzv::open_store(info, true, info.timeout, "rank " + std::to_string(info.rank), &info.port);
 }
 
 // parse_rendezvous + connect_store.
@@ -456,7 +456,7 @@ inline void connect_store(rendezvous_info& info) {
   return info;
 }
 
-namespace detail {
+namespace detail::rdzv {
 
 // The store dies with init_process_group's rendezvous_info; when rank 0 hosts it, rank 0 must
 // not close it while a peer may still be using it. Each other rank reports that it is done with
@@ -477,6 +477,6 @@ inline void release_store_host(const rendezvous_info& info) {
   }
 }
 
-}  // namespace detail
+}  // namespace detail::rdzv
 
 }  // namespace partrain::inline v0

@@ -47,7 +47,7 @@ struct tcp_store_options {
   // is gone (within the call's own deadline). Short, so a vanished rank 0 or node-0 agent is
   // reported in seconds instead of after the whole timeout.
   std::chrono::milliseconds reconnect_timeout = std::chrono::milliseconds(3'000);
-  std::size_t max_message_bytes = detail::default_max_store_message;
+  std::size_t max_message_bytes = detail::kvstore::default_max_message;
   std::string who{};  // names the caller in errors' text, e.g. "rank 3"
   int rank = -1;       // the caller's rank, kept in errors' rank() (-1: not a rank)
   int listen_fd = -1;  // is_server: an inherited listening socket on `port` (tcp_store_server_options)
@@ -86,62 +86,62 @@ class tcp_store final : public store {
 
   using store::set;
   void set(const std::string& key, std::span<const std::byte> value) override {
-    detail::store_request r{.type = detail::request_type::set, .key = key};
+    detail::kvstore::request r{.type = detail::kvstore::request_type::set, .key = key};
     r.value.assign(value.begin(), value.end());
-    expect(call(r, opts_.timeout), detail::response_type::ok, r);
+    expect(call(r, opts_.timeout), detail::kvstore::response_type::ok, r);
   }
 
   [[nodiscard]] std::vector<std::byte> get(const std::string& key, std::chrono::milliseconds timeout) override {
-    detail::store_request r{.type = detail::request_type::get, .key = key, .number = timeout.count()};
+    detail::kvstore::request r{.type = detail::kvstore::request_type::get, .key = key, .number = timeout.count()};
     auto resp = call(r, timeout);
-    if (resp.type == detail::response_type::timeout) {
+    if (resp.type == detail::kvstore::response_type::timeout) {
       throw timeout_error(prefix() + "store get('" + key + "') timed out after " + std::to_string(timeout.count()) +
                               " ms at " + endpoint() + ": the key was never set",
                           site("store get", timeout));
     }
-    expect(resp, detail::response_type::value, r);
+    expect(resp, detail::kvstore::response_type::value, r);
     return std::move(resp.value);
   }
 
   std::int64_t add(const std::string& key, std::int64_t delta) override {
-    detail::store_request r{.type = detail::request_type::add, .key = key, .number = delta};
+    detail::kvstore::request r{.type = detail::kvstore::request_type::add, .key = key, .number = delta};
     auto resp = call(r, opts_.timeout);
-    expect(resp, detail::response_type::integer, r);
+    expect(resp, detail::kvstore::response_type::integer, r);
     return resp.number;
   }
 
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
-    detail::store_request r{.type = detail::request_type::wait, .keys = keys, .number = timeout.count()};
+    detail::kvstore::request r{.type = detail::kvstore::request_type::wait, .keys = keys, .number = timeout.count()};
     auto resp = call(r, timeout);
-    if (resp.type == detail::response_type::timeout) {
+    if (resp.type == detail::kvstore::response_type::timeout) {
       std::string names;
       for (const auto& k : resp.keys) names += (names.empty() ? "'" : ", '") + k + "'";
       throw timeout_error(prefix() + "store wait timed out after " + std::to_string(timeout.count()) + " ms at " +
                               endpoint() + ": still missing " + names,
                           site("store wait", timeout));
     }
-    expect(resp, detail::response_type::ok, r);
+    expect(resp, detail::kvstore::response_type::ok, r);
   }
 
   [[nodiscard]] bool check(const std::vector<std::string>& keys) override {
-    detail::store_request r{.type = detail::request_type::check, .keys = keys};
+    detail::kvstore::request r{.type = detail::kvstore::request_type::check, .keys = keys};
     auto resp = call(r, opts_.timeout);
-    expect(resp, detail::response_type::boolean, r);
+    expect(resp, detail::kvstore::response_type::boolean, r);
     return resp.number != 0;
   }
 
   // Removes key; false when it did not exist.
   bool delete_key(const std::string& key) {
-    detail::store_request r{.type = detail::request_type::delete_key, .key = key};
+    detail::kvstore::request r{.type = detail::kvstore::request_type::delete_key, .key = key};
     auto resp = call(r, opts_.timeout);
-    expect(resp, detail::response_type::boolean, r);
+    expect(resp, detail::kvstore::response_type::boolean, r);
     return resp.number != 0;
   }
 
   [[nodiscard]] std::int64_t num_keys() {
-    detail::store_request r{.type = detail::request_type::num_keys};
+    detail::kvstore::request r{.type = detail::kvstore::request_type::num_keys};
     auto resp = call(r, opts_.timeout);
-    expect(resp, detail::response_type::integer, r);
+    expect(resp, detail::kvstore::response_type::integer, r);
     return resp.number;
   }
 
@@ -152,7 +152,7 @@ class tcp_store final : public store {
   [[nodiscard]] error_site site(std::string operation, std::chrono::milliseconds timeout = {}) const {
     return {.rank = opts_.rank, .operation = std::move(operation), .timeout = timeout};
   }
-  [[nodiscard]] static std::string operation_of(const detail::store_request& r) {
+  [[nodiscard]] static std::string operation_of(const detail::kvstore::request& r) {
     return "store " + std::string(to_string(r.type));
   }
   // Rethrows the communication_error in flight (the socket layer's, which knows no caller) with
@@ -173,16 +173,16 @@ class tcp_store final : public store {
     fd_ = detail::connect_tcp(opts_.host, opts_.port, deadline, prefix());
     // With a token: authenticate. Without: an empty check, so a server that wants a token
     // says so now, at connect time, rather than at the first real operation.
-    detail::store_request hello = opts_.token.empty() ? detail::store_request{.type = detail::request_type::check}
-                                                      : detail::store_request{.type = detail::request_type::auth, .key = opts_.token};
-    detail::store_response resp;
+    detail::kvstore::request hello = opts_.token.empty() ? detail::kvstore::request{.type = detail::kvstore::request_type::check}
+                                                      : detail::kvstore::request{.type = detail::kvstore::request_type::auth, .key = opts_.token};
+    detail::kvstore::response resp;
     try {
       resp = round_trip_locked(hello, deadline);
     } catch (...) {
       fd_.reset();
       throw;
     }
-    if (resp.type == detail::response_type::error) {
+    if (resp.type == detail::kvstore::response_type::error) {
       fd_.reset();
       throw communication_error(prefix() + "the store at " + endpoint() + " refused the connection: " + resp.message +
                                     " (every rank needs the job's token, e.g. from PARTRAIN_STORE_TOKEN)",
@@ -193,7 +193,7 @@ class tcp_store final : public store {
   // The connection broke in an earlier call (and was dropped). A server that accepted us before
   // and now refuses for reconnect_timeout has ended: say so instead of retrying for the whole
   // timeout (which held partrun's node 1 for 300 s after node 0 died).
-  void reconnect_locked(const detail::store_request& r) {
+  void reconnect_locked(const detail::kvstore::request& r) {
     const auto window = std::min(opts_.reconnect_timeout, opts_.timeout);
     try {
       connect_locked(detail::deadline_clock::now() + window);
@@ -208,7 +208,7 @@ class tcp_store final : public store {
 
   // One request, one reply. server_wait is how long the server itself may hold the reply
   // (get/wait); the socket deadline adds the I/O allowance on top.
-  detail::store_response call(const detail::store_request& r, std::chrono::milliseconds server_wait) {
+  detail::kvstore::response call(const detail::kvstore::request& r, std::chrono::milliseconds server_wait) {
     if (server_wait.count() < 0) {
       throw invalid_argument_error(prefix() + "store " + std::string(to_string(r.type)) + ": negative timeout");
     }
@@ -226,34 +226,34 @@ class tcp_store final : public store {
     }
   }
 
-  detail::store_response round_trip_locked(const detail::store_request& r, detail::deadline_clock::time_point deadline) {
+  detail::kvstore::response round_trip_locked(const detail::kvstore::request& r, detail::deadline_clock::time_point deadline) {
     const std::string what = prefix() + "store " + std::string(to_string(r.type)) +
-                             (r.key.empty() || r.type == detail::request_type::auth ? "" : "('" + r.key + "')") + " at " +
+                             (r.key.empty() || r.type == detail::kvstore::request_type::auth ? "" : "('" + r.key + "')") + " at " +
                              endpoint();
-    auto frame = detail::encode(r);
-    if (frame.size() - detail::frame_header_bytes > opts_.max_message_bytes) {
+    auto frame = detail::kvstore::encode(r);
+    if (frame.size() - detail::kvstore::frame_header_bytes > opts_.max_message_bytes) {
       throw invalid_argument_error(what + ": message of " + std::to_string(frame.size()) + " bytes exceeds the limit of " +
                                    std::to_string(opts_.max_message_bytes) + " bytes");
     }
     detail::send_all(fd_.get(), frame, deadline, what);
-    std::byte header[detail::frame_header_bytes];
+    std::byte header[detail::kvstore::frame_header_bytes];
     detail::recv_all(fd_.get(), header, deadline, what);
-    const auto f = detail::peek_frame(header, opts_.max_message_bytes + 64);
-    if (f.status == detail::frame_status::oversized) throw communication_error(what + ": reply too large");
+    const auto f = detail::kvstore::peek_frame(header, opts_.max_message_bytes + 64);
+    if (f.status == detail::kvstore::frame_status::oversized) throw communication_error(what + ": reply too large");
     std::vector<std::byte> payload(f.payload_bytes);
     detail::recv_all(fd_.get(), payload, deadline, what);
-    auto parsed = detail::parse_response(payload);
-    if (auto* err = std::get_if<detail::protocol_error>(&parsed)) throw communication_error(what + ": " + err->what);
-    auto resp = std::get<detail::store_response>(std::move(parsed));
-    if (resp.type == detail::response_type::error && resp.message.starts_with("unauthorized")) fd_.reset();
+    auto parsed = detail::kvstore::parse_response(payload);
+    if (auto* err = std::get_if<detail::kvstore::protocol_error>(&parsed)) throw communication_error(what + ": " + err->what);
+    auto resp = std::get<detail::kvstore::response>(std::move(parsed));
+    if (resp.type == detail::kvstore::response_type::error && resp.message.starts_with("unauthorized")) fd_.reset();
     return resp;
   }
 
-  void expect(const detail::store_response& resp, detail::response_type want, const detail::store_request& r) {
+  void expect(const detail::kvstore::response& resp, detail::kvstore::response_type want, const detail::kvstore::request& r) {
     if (resp.type == want) return;
     const std::string what = prefix() + "store " + std::string(to_string(r.type)) + (r.key.empty() ? "" : "('" + r.key + "')") +
                              " at " + endpoint();
-    if (resp.type == detail::response_type::error) {
+    if (resp.type == detail::kvstore::response_type::error) {
       if (resp.message.starts_with("unauthorized")) {
         throw communication_error(what + " refused: " + resp.message +
                                       " (set the same token on every rank, e.g. PARTRAIN_STORE_TOKEN)",

@@ -41,7 +41,7 @@ struct tcp_store_server_options {
   std::uint16_t port = 0;  // 0 = a free port, chosen by the kernel (read it with port())
   // When set, a connection's first message must be auth with this token, or it is closed.
   std::string token{};
-  std::size_t max_message_bytes = detail::default_max_store_message;
+  std::size_t max_message_bytes = detail::kvstore::default_max_message;
   // A connection that has not presented the token by then is closed (token servers only), so
   // idle strangers cannot hold the server's descriptors.
   std::chrono::milliseconds auth_timeout{10'000};
@@ -104,7 +104,7 @@ class tcp_store_server {
   };
   struct waiter {
     int conn = 0;
-    detail::store_request req;
+    detail::kvstore::request req;
     detail::deadline_clock::time_point deadline;
   };
 
@@ -121,7 +121,7 @@ class tcp_store_server {
       fds.push_back({listener_.get(), static_cast<short>(accepting ? POLLIN : 0), 0});
       for (auto& [id, c] : conns_) {
         // A connection whose get/wait is pending is not read past one more frame.
-        const bool full = c.blocked && c.in.size() > limit(c) + detail::frame_header_bytes;
+        const bool full = c.blocked && c.in.size() > limit(c) + detail::kvstore::frame_header_bytes;
         short ev = c.closing || full ? 0 : POLLIN;
         if (c.out_sent < c.out.size()) ev |= POLLOUT;
         fds.push_back({c.fd.get(), ev, 0});
@@ -184,8 +184,8 @@ class tcp_store_server {
       if (n > 0) {
         c.in.insert(c.in.end(), chunk, chunk + n);
         // Check the announced size as soon as the header is there, before buffering a body.
-        if (detail::peek_frame(c.in, limit(c)).status == detail::frame_status::oversized) break;
-        if (c.blocked && c.in.size() > limit(c) + detail::frame_header_bytes) break;
+        if (detail::kvstore::peek_frame(c.in, limit(c)).status == detail::kvstore::frame_status::oversized) break;
+        if (c.blocked && c.in.size() > limit(c) + detail::kvstore::frame_header_bytes) break;
         if (static_cast<std::size_t>(n) < sizeof chunk) break;
         continue;
       }
@@ -200,7 +200,7 @@ class tcp_store_server {
   }
 
   [[nodiscard]] std::size_t limit(const connection& c) const noexcept {
-    return c.authed ? opts_.max_message_bytes : std::min(opts_.max_message_bytes, detail::max_unauthenticated_message);
+    return c.authed ? opts_.max_message_bytes : std::min(opts_.max_message_bytes, detail::kvstore::max_unauthenticated_message);
   }
 
   // Handles the complete frames buffered on a connection, in order.
@@ -211,21 +211,21 @@ class tcp_store_server {
     std::size_t used = 0;
     while (!c.blocked && !c.closing) {
       const auto rest = std::span<const std::byte>(c.in).subspan(used);
-      const auto f = detail::peek_frame(rest, limit(c));
-      if (f.status == detail::frame_status::incomplete) break;
-      if (f.status == detail::frame_status::oversized) {
+      const auto f = detail::kvstore::peek_frame(rest, limit(c));
+      if (f.status == detail::kvstore::frame_status::incomplete) break;
+      if (f.status == detail::kvstore::frame_status::oversized) {
         reject(c, "message of " + std::to_string(f.payload_bytes) + " bytes exceeds the limit of " +
                       std::to_string(limit(c)) + " bytes" + (c.authed ? "" : " before authentication"));
         break;
       }
-      const auto payload = rest.subspan(detail::frame_header_bytes, f.payload_bytes);
-      used += detail::frame_header_bytes + f.payload_bytes;
-      auto parsed = detail::parse_request(payload);
-      if (auto* err = std::get_if<detail::protocol_error>(&parsed)) {
+      const auto payload = rest.subspan(detail::kvstore::frame_header_bytes, f.payload_bytes);
+      used += detail::kvstore::frame_header_bytes + f.payload_bytes;
+      auto parsed = detail::kvstore::parse_request(payload);
+      if (auto* err = std::get_if<detail::kvstore::protocol_error>(&parsed)) {
         reject(c, "protocol error: " + err->what);
         break;
       }
-      handle(id, c, std::get<detail::store_request>(std::move(parsed)));
+      handle(id, c, std::get<detail::kvstore::request>(std::move(parsed)));
     }
     if (c.closing) {
       c.in.clear();  // nothing after a rejected message is read
@@ -236,22 +236,22 @@ class tcp_store_server {
   }
 
   void reject(connection& c, const std::string& why) {
-    reply(c, detail::store_response{.type = detail::response_type::error, .message = why});
+    reply(c, detail::kvstore::response{.type = detail::kvstore::response_type::error, .message = why});
     c.closing = true;
     std::lock_guard lock(stats_mutex_);
     ++rejected_;
   }
 
-  void reply(connection& c, const detail::store_response& r) {
-    auto frame = detail::encode(r);
+  void reply(connection& c, const detail::kvstore::response& r) {
+    auto frame = detail::kvstore::encode(r);
     c.out.insert(c.out.end(), frame.begin(), frame.end());
   }
 
-  void handle(int id, connection& c, detail::store_request req) {
-    using detail::request_type;
-    using detail::response_type;
+  void handle(int id, connection& c, detail::kvstore::request req) {
+    using detail::kvstore::request_type;
+    using detail::kvstore::response_type;
     if (!c.authed) {
-      if (req.type == request_type::auth && detail::constant_time_equal(req.key, opts_.token)) {
+      if (req.type == request_type::auth && detail::kvstore::constant_time_equal(req.key, opts_.token)) {
         c.authed = true;
         reply(c, {.type = response_type::ok});
       } else {
@@ -313,23 +313,23 @@ class tcp_store_server {
     }
   }
 
-  [[nodiscard]] bool satisfied(const detail::store_request& r) const {
-    if (r.type == detail::request_type::get) return data_.contains(r.key);
+  [[nodiscard]] bool satisfied(const detail::kvstore::request& r) const {
+    if (r.type == detail::kvstore::request_type::get) return data_.contains(r.key);
     return std::ranges::all_of(r.keys, [&](const std::string& k) { return data_.contains(k); });
   }
-  [[nodiscard]] std::vector<std::string> missing(const detail::store_request& r) const {
-    if (r.type == detail::request_type::get) return {r.key};
+  [[nodiscard]] std::vector<std::string> missing(const detail::kvstore::request& r) const {
+    if (r.type == detail::kvstore::request_type::get) return {r.key};
     std::vector<std::string> m;
     for (const auto& k : r.keys) {
       if (!data_.contains(k)) m.push_back(k);
     }
     return m;
   }
-  void answer(connection& c, const detail::store_request& r) {
-    if (r.type == detail::request_type::get) {
-      reply(c, {.type = detail::response_type::value, .value = data_.at(r.key)});
+  void answer(connection& c, const detail::kvstore::request& r) {
+    if (r.type == detail::kvstore::request_type::get) {
+      reply(c, {.type = detail::kvstore::response_type::value, .value = data_.at(r.key)});
     } else {
-      reply(c, {.type = detail::response_type::ok});
+      reply(c, {.type = detail::kvstore::response_type::ok});
     }
   }
 
@@ -350,7 +350,7 @@ class tcp_store_server {
     std::erase_if(waiters_, [&](waiter& w) {
       if (w.deadline > now) return false;
       auto& c = conns_.at(w.conn);
-      reply(c, {.type = detail::response_type::timeout, .keys = missing(w.req)});
+      reply(c, {.type = detail::kvstore::response_type::timeout, .keys = missing(w.req)});
       c.blocked = false;
       resumed_.push_back(w.conn);
       return true;

@@ -51,9 +51,9 @@ inline constexpr int bucket0 = 16;    // bucket i's all_reduce runs on track buc
 [[nodiscard]] constexpr int bucket(std::size_t i) noexcept { return bucket0 + static_cast<int>(i); }
 }  // namespace trace_track
 
-namespace detail {
+namespace detail::trace {
 
-struct trace_event {
+struct event {
   std::string name;  // short names (<= 15 chars) stay in the string's own storage
   std::int64_t begin_ns = 0;
   std::int64_t end_ns = 0;
@@ -65,14 +65,14 @@ struct trace_event {
 // Events in fixed-size chunks: growing never moves what was recorded (no pause proportional to
 // the trace so far), and chunks are written through when allocated, so recording into them
 // takes no page faults (expensive under some sandboxes and hypervisors).
-class trace_event_store {
+class event_store {
  public:
   static constexpr std::size_t chunk_events = 4096;
 
   void reserve(std::size_t n) {
     while (chunks_.size() * chunk_events < n) add_chunk();
   }
-  void push(trace_event&& e) {
+  void push(event&& e) {
     if (size_ == chunks_.size() * chunk_events) add_chunk();
     chunks_[size_ / chunk_events][size_ % chunk_events] = std::move(e);
     ++size_;
@@ -84,9 +84,9 @@ class trace_event_store {
   }
 
  private:
-  void add_chunk() { chunks_.push_back(std::make_unique<trace_event[]>(chunk_events)); }
+  void add_chunk() { chunks_.push_back(std::make_unique<event[]>(chunk_events)); }
 
-  std::vector<std::unique_ptr<trace_event[]>> chunks_;
+  std::vector<std::unique_ptr<event[]>> chunks_;
   std::size_t size_ = 0;
 };
 
@@ -102,7 +102,7 @@ class trace_event_store {
   return "track " + std::to_string(tid);
 }
 
-}  // namespace detail
+}  // namespace detail::trace
 
 class trace_recorder;
 
@@ -123,7 +123,7 @@ class [[nodiscard]] trace_span {
  private:
   friend class trace_recorder;
   trace_span(trace_recorder* r, std::string_view name, int tid, const char* arg_name, std::int64_t arg) noexcept
-      : rec_(r), name_(name), tid_(tid), arg_name_(arg_name), arg_(arg), begin_ns_(detail::steady_ns()) {}
+      : rec_(r), name_(name), tid_(tid), arg_name_(arg_name), arg_(arg), begin_ns_(detail::trace::steady_ns()) {}
 
   trace_recorder* rec_ = nullptr;
   std::string_view name_;
@@ -184,7 +184,7 @@ class trace_recorder {
   // microseconds past the moment the loop saw the work finish.
   void trace_work(const work& w, std::string_view name, int tid, const char* arg_name = nullptr, std::int64_t arg = 0) {
     if (!enabled()) return;
-    const std::int64_t begin = detail::steady_ns();
+    const std::int64_t begin = detail::trace::steady_ns();
     {
       // Counted until the callback ran: the waiter of w may wake before it, and finish() (or the
       // destructor) must not drop or outlive it.
@@ -192,7 +192,7 @@ class trace_recorder {
       ++pending_;
     }
     w.then([this, n = std::string(name), tid, arg_name, arg, begin] {
-      const std::int64_t end = detail::steady_ns();
+      const std::int64_t end = detail::trace::steady_ns();
       std::lock_guard lock(mutex_);
       try {
         if (enabled()) events_.push({n, begin, end, tid, arg_name, arg});
@@ -214,7 +214,7 @@ class trace_recorder {
     };
   }
 
-  // Adds a finished span (timestamps from detail::steady_ns()). Thread-safe.
+  // Adds a finished span (timestamps from detail::trace::steady_ns()). Thread-safe.
   void record(std::string_view name, int tid, std::int64_t begin_ns, std::int64_t end_ns, const char* arg_name = nullptr,
               std::int64_t arg = 0) {
     if (!enabled()) return;
@@ -244,18 +244,18 @@ class trace_recorder {
       for (int r = 1; r < pg.size(); ++r) {
         for (int i = 0; i < rounds; ++i) {
           wait_named(pg.recv(tensor_view<std::int64_t>(&ping, shape{1}), r, tag), pg, "trace clock ping recv");
-          now = detail::steady_ns();
+          now = detail::trace::steady_ns();
           wait_named(pg.send(tensor_view<std::int64_t>(&now, shape{1}), r, tag), pg, "trace clock reply send");
         }
       }
     } else {
       std::int64_t ping = 0, theirs = 0;
       for (int i = 0; i < rounds; ++i) {
-        const std::int64_t t1 = detail::steady_ns();
+        const std::int64_t t1 = detail::trace::steady_ns();
         ping = t1;
         wait_named(pg.send(tensor_view<std::int64_t>(&ping, shape{1}), 0, tag), pg, "trace clock ping send");
         wait_named(pg.recv(tensor_view<std::int64_t>(&theirs, shape{1}), 0, tag), pg, "trace clock reply recv");
-        const std::int64_t t2 = detail::steady_ns();
+        const std::int64_t t2 = detail::trace::steady_ns();
         if (t2 - t1 < best_rtt) {
           best_rtt = t2 - t1;
           // Rank 0 read its clock somewhere in [t1, t2]; assume the middle.
@@ -265,7 +265,7 @@ class trace_recorder {
       }
     }
     // Rank 0's "now" is the trace's time zero on every rank.
-    origin_ns_ = detail::steady_ns() + offset_ns_;
+    origin_ns_ = detail::trace::steady_ns() + offset_ns_;
     wait_named(pg.broadcast(tensor_view<std::int64_t>(&origin_ns_, shape{1}), 0), pg, "trace origin broadcast");
   }
 
@@ -334,14 +334,14 @@ class trace_recorder {
     detail::append_fixed_point(err, error_ns_, 1000, 3);
     meta("process_labels", 0, "labels", "\"clock_error_us=" + err + "\"");
     std::set<int> tids;
-    events_.for_each([&](const detail::trace_event& e) { tids.insert(e.tid); });
+    events_.for_each([&](const detail::trace::event& e) { tids.insert(e.tid); });
     for (const int tid : tids) {
       std::string tname;
-      detail::append_json_string(tname, detail::track_name(tid));
+      detail::append_json_string(tname, detail::trace::track_name(tid));
       meta("thread_name", tid, "name", tname);
       meta("thread_sort_index", tid, "sort_index", std::to_string(tid));
     }
-    events_.for_each([&](const detail::trace_event& e) {
+    events_.for_each([&](const detail::trace::event& e) {
       out += ",{\"ph\":\"X\",\"name\":";
       detail::append_json_string(out, e.name);
       out += ",\"pid\":" + pid + ",\"tid\":" + std::to_string(e.tid) + ",\"ts\":";
@@ -386,7 +386,7 @@ class trace_recorder {
   mutable std::mutex mutex_;
   std::condition_variable idle_;
   int pending_ = 0;  // trace_work callbacks not yet run
-  detail::trace_event_store events_;
+  detail::trace::event_store events_;
   int rank_ = 0;
   std::int64_t offset_ns_ = 0;  // add to this rank's steady_ns() to get rank 0's
   std::int64_t error_ns_ = 0;   // bound on |offset error|
@@ -448,7 +448,7 @@ inline void trace_span::end() noexcept {
   if (!rec_) return;
   auto* r = std::exchange(rec_, nullptr);
   try {
-    r->record(name_, tid_, begin_ns_, detail::steady_ns(), arg_name_, arg_);
+    r->record(name_, tid_, begin_ns_, detail::trace::steady_ns(), arg_name_, arg_);
   } catch (...) {
     // Out of memory while tracing: drop the span rather than terminate the training run.
   }

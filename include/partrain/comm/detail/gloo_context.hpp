@@ -31,7 +31,7 @@
 #include <partrain/core/dtype.hpp>
 #include <partrain/core/error.hpp>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::gloo {
 
 [[nodiscard]] inline std::string env_or(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
@@ -40,8 +40,8 @@ namespace partrain::inline v0::detail {
 
 // Where the TCP device listens: an explicit interface or host wins, then the environment
 // (PARTRAIN_GLOO_IFNAME, PARTRAIN_GLOO_HOST), then loopback (single-host default).
-[[nodiscard]] inline gloo::transport::tcp::attr gloo_device_attr(const std::string& ifname, const std::string& hostname) {
-  gloo::transport::tcp::attr attr;
+[[nodiscard]] inline ::gloo::transport::tcp::attr device_attr(const std::string& ifname, const std::string& hostname) {
+  ::gloo::transport::tcp::attr attr;
   if (!ifname.empty() || !hostname.empty()) {
     attr.iface = ifname;
     attr.hostname = hostname;
@@ -55,7 +55,7 @@ namespace partrain::inline v0::detail {
 
 // "gloo/<n>/" where n counts the groups this rank built on this store: every rank builds its
 // groups in the same order (as in torch), so the n-th group meets under the same prefix.
-[[nodiscard]] inline std::string next_gloo_prefix(const std::shared_ptr<store>& s, int rank) {
+[[nodiscard]] inline std::string next_prefix(const std::shared_ptr<store>& s, int rank) {
   static std::mutex m;
   static std::map<std::pair<const store*, int>, std::pair<std::weak_ptr<store>, int>> counters;
   std::lock_guard lock(m);
@@ -67,7 +67,7 @@ namespace partrain::inline v0::detail {
   return "gloo/" + std::to_string(n++) + "/";
 }
 
-[[nodiscard]] inline std::string describe_attr(const gloo::transport::tcp::attr& a) {
+[[nodiscard]] inline std::string describe_attr(const ::gloo::transport::tcp::attr& a) {
   std::string s;
   if (!a.iface.empty()) s += "interface '" + a.iface + "'";
   if (!a.hostname.empty()) s += (s.empty() ? "" : ", ") + std::string("host '") + a.hostname + "'";
@@ -76,21 +76,21 @@ namespace partrain::inline v0::detail {
 
 // Creates the TCP device and a full-mesh context with the timeout on it. Every rank must call
 // this concurrently with the same prefix; it returns once all pairs are connected.
-[[nodiscard]] inline std::shared_ptr<gloo::Context> connect_gloo(const std::shared_ptr<store>& s, const std::string& prefix,
+[[nodiscard]] inline std::shared_ptr<::gloo::Context> connect(const std::shared_ptr<store>& s, const std::string& prefix,
                                                                int rank, int size, std::chrono::milliseconds timeout,
-                                                               const gloo::transport::tcp::attr& attr) {
+                                                               const ::gloo::transport::tcp::attr& attr) {
   const std::string where = "rank " + std::to_string(rank) + " gloo rendezvous (world size " + std::to_string(size) +
                             ", store prefix '" + prefix + "', " + describe_attr(attr) + ")";
-  std::shared_ptr<gloo::transport::Device> dev;
+  std::shared_ptr<::gloo::transport::Device> dev;
   try {
-    dev = gloo::transport::tcp::CreateDevice(attr);
+    dev = ::gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
     throw config_error(where + ": cannot create the TCP device: " + e.what() +
                        " (set PARTRAIN_GLOO_IFNAME to an interface or PARTRAIN_GLOO_HOST to a local address)");
   }
-  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);
   ctx->setTimeout(timeout);  // connectFullMesh waits on the store with this timeout
-  gloo_store_adapter adapter(s, prefix, timeout);
+  store_adapter adapter(s, prefix, timeout);
   try {
     ctx->connectFullMesh(adapter, dev);
   } catch (const timeout_error& e) {
@@ -103,11 +103,11 @@ namespace partrain::inline v0::detail {
   return ctx;
 }
 
-using gloo_reduce_fn = gloo::AllreduceOptions::Func;
+using reduce_fn = ::gloo::AllreduceOptions::Func;
 
 // Gloo's typed kernels where it has them; the 16-bit types reduce through float via
 // host_reduce. Gloo calls fn(out, a, b, n) with out == a allowed.
-[[nodiscard]] inline gloo_reduce_fn make_gloo_reduce_fn(dtype t, reduce_op op) {
+[[nodiscard]] inline reduce_fn make_reduce_fn(dtype t, reduce_op op) {
   if (t == dtype::float16 || t == dtype::bfloat16) {
     return [t, op](void* c, const void* a, const void* b, std::size_t n) {
       const std::size_t bytes = n * size_of(t);
@@ -121,19 +121,19 @@ using gloo_reduce_fn = gloo::AllreduceOptions::Func;
       }
     };
   }
-  return visit_dtype(t, [op]<class T>(std::type_identity<T>) -> gloo_reduce_fn {
+  return visit_dtype(t, [op]<class T>(std::type_identity<T>) -> reduce_fn {
     if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
       throw invalid_argument_error("internal: 16-bit types take the host_reduce path");
     } else {
     switch (op) {
-      case reduce_op::sum: case reduce_op::avg: return [](void* c, const void* a, const void* b, std::size_t n) { gloo::sum<T>(c, a, b, n); };
-      case reduce_op::prod: return [](void* c, const void* a, const void* b, std::size_t n) { gloo::product<T>(c, a, b, n); };
-      case reduce_op::min: return [](void* c, const void* a, const void* b, std::size_t n) { gloo::min<T>(c, a, b, n); };
-      case reduce_op::max: return [](void* c, const void* a, const void* b, std::size_t n) { gloo::max<T>(c, a, b, n); };
+      case reduce_op::sum: case reduce_op::avg: return [](void* c, const void* a, const void* b, std::size_t n) { ::gloo::sum<T>(c, a, b, n); };
+      case reduce_op::prod: return [](void* c, const void* a, const void* b, std::size_t n) { ::gloo::product<T>(c, a, b, n); };
+      case reduce_op::min: return [](void* c, const void* a, const void* b, std::size_t n) { ::gloo::min<T>(c, a, b, n); };
+      case reduce_op::max: return [](void* c, const void* a, const void* b, std::size_t n) { ::gloo::max<T>(c, a, b, n); };
     }
     throw invalid_argument_error("unknown reduce_op code " + std::to_string(static_cast<int>(op)));
     }
   });
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::gloo

@@ -22,11 +22,11 @@
 #include <partrain/comm/store.hpp>
 #include <partrain/core/error.hpp>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::gloo {
 
-class gloo_store_adapter final : public gloo::rendezvous::Store {
+class store_adapter final : public ::gloo::rendezvous::Store {
  public:
-  gloo_store_adapter(std::shared_ptr<store> s, std::string prefix, std::chrono::milliseconds timeout)
+  store_adapter(std::shared_ptr<store> s, std::string prefix, std::chrono::milliseconds timeout)
       : store_(std::move(s)), prefix_(std::move(prefix)), timeout_(timeout) {
     if (!store_) throw invalid_argument_error("gloo rendezvous: the store is null (expected a connected store)");
   }
@@ -55,4 +55,4 @@ class gloo_store_adapter final : public gloo::rendezvous::Store {
   std::chrono::milliseconds timeout_;
 };
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::gloo

@@ -24,18 +24,18 @@
 #include <partrain/core/error.hpp>
 #include <partrain/core/half.hpp>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::mpi {
 
 // Set by the launchers a rank of an MPI job runs under: mpirun (Open MPI), srun and other PMI
 // launchers, PMIx servers.
-[[nodiscard]] inline bool mpi_launched() noexcept {
+[[nodiscard]] inline bool launched() noexcept {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"}) {
     if (std::getenv(v)) return true;
   }
   return false;
 }
 
-[[nodiscard]] inline std::string mpi_error_string(int code) {
+[[nodiscard]] inline std::string error_string(int code) {
   std::array<char, MPI_MAX_ERROR_STRING> text{};
   int len = 0;
   if (MPI_Error_string(code, text.data(), &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
@@ -43,19 +43,19 @@ namespace partrain::inline v0::detail {
 }
 
 template <class T, reduce_op Op>
-void mpi_user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+void user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
   reduce_typed(static_cast<T*>(inout), static_cast<const T*>(in), static_cast<std::size_t>(*len), Op);
 }
 
-class mpi_runtime {
+class runtime {
  public:
   // The process's runtime; initialises MPI on the first call.
-  [[nodiscard]] static mpi_runtime& instance() {
-    static mpi_runtime r;
+  [[nodiscard]] static runtime& instance() {
+    static runtime r;
     return r;
   }
-  mpi_runtime(const mpi_runtime&) = delete;
-  mpi_runtime& operator=(const mpi_runtime&) = delete;
+  runtime(const runtime&) = delete;
+  runtime& operator=(const runtime&) = delete;
 
   // Every MPI call of partrain holds it (the thread level may be only SERIALIZED).
   [[nodiscard]] std::mutex& mutex() noexcept { return mutex_; }
@@ -91,7 +91,7 @@ class mpi_runtime {
   }
 
  private:
-  mpi_runtime() {
+  runtime() {
     int initialized = 0;
     MPI_Initialized(&initialized);
     int provided = MPI_THREAD_SINGLE;
@@ -104,7 +104,7 @@ class mpi_runtime {
       // (environment or mpirun --mca) wins.
       ::setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", 0);
       if (int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided); rc != MPI_SUCCESS) {
-        throw config_error("MPI_Init_thread failed: " + mpi_error_string(rc));
+        throw config_error("MPI_Init_thread failed: " + error_string(rc));
       }
       owned_ = true;
     }
@@ -119,7 +119,7 @@ class mpi_runtime {
     make_ops<half>(half_ops_);
     make_ops<bfloat16>(bf16_ops_);
   }
-  ~mpi_runtime() {
+  ~runtime() {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
@@ -140,10 +140,10 @@ class mpi_runtime {
   }
   template <class T>
   static void make_ops(std::array<MPI_Op, 4>& ops) {
-    MPI_Op_create(&mpi_user_reduce<T, reduce_op::sum>, 1, &ops[0]);
-    MPI_Op_create(&mpi_user_reduce<T, reduce_op::prod>, 1, &ops[1]);
-    MPI_Op_create(&mpi_user_reduce<T, reduce_op::min>, 1, &ops[2]);
-    MPI_Op_create(&mpi_user_reduce<T, reduce_op::max>, 1, &ops[3]);
+    MPI_Op_create(&user_reduce<T, reduce_op::sum>, 1, &ops[0]);
+    MPI_Op_create(&user_reduce<T, reduce_op::prod>, 1, &ops[1]);
+    MPI_Op_create(&user_reduce<T, reduce_op::min>, 1, &ops[2]);
+    MPI_Op_create(&user_reduce<T, reduce_op::max>, 1, &ops[3]);
   }
 
   std::mutex mutex_;
@@ -152,4 +152,4 @@ class mpi_runtime {
   std::array<MPI_Op, 4> bf16_ops_{};
 };
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::mpi

@@ -8,11 +8,11 @@
 #include <span>
 #include <vector>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::dp {
 
-class dp_balancer {
+class balancer {
  public:
-  dp_balancer(std::size_t devices, std::size_t warmup_steps, double smoothing, double min_share)
+  balancer(std::size_t devices, std::size_t warmup_steps, double smoothing, double min_share)
       : speed_(devices, 0.0), warmup_(warmup_steps), alpha_(smoothing), min_share_(min_share) {}
 
   // One step's measurements. Devices that got no examples (or were not timed) keep their speed.
@@ -54,4 +54,4 @@ class dp_balancer {
   std::size_t steps_ = 0;
 };
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::dp

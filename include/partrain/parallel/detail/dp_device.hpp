@@ -24,15 +24,15 @@
 #include <partrain/cuda/stream.hpp>
 #endif
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::dp {
 
 // One device's execution context: for CUDA, the device is made current on the worker thread and
 // owns a non-blocking stream (cuda/stream.hpp) for data_parallel's copies.
-class dp_device_context {
+class device_context {
  public:
-  explicit dp_device_context(device d) : dev_(d) {}
-  dp_device_context(const dp_device_context&) = delete;
-  dp_device_context& operator=(const dp_device_context&) = delete;
+  explicit device_context(device d) : dev_(d) {}
+  device_context(const device_context&) = delete;
+  device_context& operator=(const device_context&) = delete;
 
   [[nodiscard]] const device& dev() const noexcept { return dev_; }
 
@@ -118,4 +118,4 @@ class dp_device_context {
 #endif
 };
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::dp

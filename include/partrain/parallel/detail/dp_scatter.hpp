@@ -17,7 +17,7 @@
 
 namespace partrain::inline v0 {
 
-namespace detail {
+namespace detail::dp {
 
 template <class T>
 inline constexpr bool is_tensor_view_v = false;
@@ -50,19 +50,19 @@ concept feature_label_batch = std::copy_constructible<B> && requires(const B& b,
 template <class B>
 concept has_indices_span = requires(B& b, std::size_t i) { b.indices = b.indices.subspan(i, i); };
 
-}  // namespace detail
+}  // namespace detail::dp
 
 // What data_parallel can scatter: a tensor_view (rows of its first dimension), a type with
 // `size()` and `slice(first, last)`, one with `size()` and an ADL `slice_batch(b, first, last)`,
 // or a partrain::batch-shaped aggregate (`features`, `labels`, optional `indices`).
 template <class B>
-concept splittable_batch = detail::is_tensor_view_v<B> || detail::member_sliceable_batch<B> ||
-                           detail::adl_sliceable_batch<B> || detail::feature_label_batch<B>;
+concept splittable_batch = detail::dp::is_tensor_view_v<B> || detail::dp::member_sliceable_batch<B> ||
+                           detail::dp::adl_sliceable_batch<B> || detail::dp::feature_label_batch<B>;
 
 // Examples in a batch (its first dimension).
 template <splittable_batch B>
 [[nodiscard]] std::size_t batch_size_of(const B& b) {
-  if constexpr (detail::is_tensor_view_v<B>) {
+  if constexpr (detail::dp::is_tensor_view_v<B>) {
     return b.rank() == 0 ? 0 : b.extent(0);
   } else {
     return static_cast<std::size_t>(b.size());
@@ -72,11 +72,11 @@ template <splittable_batch B>
 // Rows [first, last) of a batch, as a batch of the same kind (a view, no copy of the data).
 template <splittable_batch B>
 [[nodiscard]] auto split_batch(const B& b, std::size_t first, std::size_t last) {
-  if constexpr (detail::is_tensor_view_v<B>) {
+  if constexpr (detail::dp::is_tensor_view_v<B>) {
     return b.slice(first, last);
-  } else if constexpr (detail::member_sliceable_batch<B>) {
+  } else if constexpr (detail::dp::member_sliceable_batch<B>) {
     return b.slice(first, last);
-  } else if constexpr (detail::adl_sliceable_batch<B>) {
+  } else if constexpr (detail::dp::adl_sliceable_batch<B>) {
     return slice_batch(b, first, last);
   } else {
     const std::size_t n = batch_size_of(b);
@@ -87,14 +87,14 @@ template <splittable_batch B>
     B part = b;
     part.features = b.features.slice(first, last);
     part.labels = b.labels.slice(first, last);
-    if constexpr (detail::has_indices_span<B>) {
+    if constexpr (detail::dp::has_indices_span<B>) {
       if (!b.indices.empty()) part.indices = b.indices.subspan(first, last - first);
     }
     return part;
   }
 }
 
-namespace detail {
+namespace detail::dp {
 
 // Whole examples per device: core/weighted_shares.hpp's rule (with n smaller than the device
 // count, the devices with the largest weights get one each; the rest idle).
@@ -110,6 +110,6 @@ namespace detail {
   return off;
 }
 
-}  // namespace detail
+}  // namespace detail::dp
 
 }  // namespace partrain::inline v0

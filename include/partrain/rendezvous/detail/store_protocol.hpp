@@ -23,10 +23,10 @@
 #include <variant>
 #include <vector>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::kvstore {
 
 // Default bound on one message; a larger length prefix closes the connection unread.
-inline constexpr std::size_t default_max_store_message = std::size_t{64} << 20;
+inline constexpr std::size_t default_max_message = std::size_t{64} << 20;
 // Before a connection has authenticated, only this much is accepted (an auth frame is tiny),
 // so an unauthenticated peer cannot make the server allocate a large buffer.
 inline constexpr std::size_t max_unauthenticated_message = 4096;
@@ -66,22 +66,22 @@ enum class response_type : std::uint8_t {
   return "unknown";
 }
 
-struct store_request {
+struct request {
   request_type type = request_type::num_keys;
   std::string key{};              // auth: the token
   std::vector<std::byte> value{}; // set
   std::vector<std::string> keys{};  // wait, check
   std::int64_t number = 0;        // add: delta; get, wait: timeout in ms
-  friend bool operator==(const store_request&, const store_request&) = default;
+  friend bool operator==(const request&, const request&) = default;
 };
 
-struct store_response {
+struct response {
   response_type type = response_type::ok;
   std::vector<std::byte> value{};   // value
   std::int64_t number = 0;        // integer, boolean
   std::vector<std::string> keys{};  // timeout: the keys still missing
   std::string message{};           // error
-  friend bool operator==(const store_response&, const store_response&) = default;
+  friend bool operator==(const response&, const response&) = default;
 };
 
 struct protocol_error {
@@ -144,7 +144,7 @@ class byte_writer {
 };
 
 // A whole frame (length prefix included) for a request.
-[[nodiscard]] inline std::vector<std::byte> encode(const store_request& r) {
+[[nodiscard]] inline std::vector<std::byte> encode(const request& r) {
   byte_writer w;
   w.u8(static_cast<std::uint8_t>(r.type));
   switch (r.type) {
@@ -160,7 +160,7 @@ class byte_writer {
   return std::move(w).finish();
 }
 
-[[nodiscard]] inline std::vector<std::byte> encode(const store_response& r) {
+[[nodiscard]] inline std::vector<std::byte> encode(const response& r) {
   byte_writer w;
   w.u8(static_cast<std::uint8_t>(r.type));
   switch (r.type) {
@@ -235,11 +235,11 @@ class byte_reader {
 };
 
 // Parses one request payload (the bytes after the length prefix).
-[[nodiscard]] inline parse_result<store_request> parse_request(std::span<const std::byte> payload) {
+[[nodiscard]] inline parse_result<request> parse_request(std::span<const std::byte> payload) {
   byte_reader rd(payload);
   std::uint8_t type = 0;
   if (!rd.u8(type)) return protocol_error{"empty message"};
-  store_request r;
+  request r;
   r.type = static_cast<request_type>(type);
   bool ok = false;
   switch (r.type) {
@@ -261,11 +261,11 @@ class byte_reader {
   return r;
 }
 
-[[nodiscard]] inline parse_result<store_response> parse_response(std::span<const std::byte> payload) {
+[[nodiscard]] inline parse_result<response> parse_response(std::span<const std::byte> payload) {
   byte_reader rd(payload);
   std::uint8_t type = 0;
   if (!rd.u8(type)) return protocol_error{"empty reply"};
-  store_response r;
+  response r;
   r.type = static_cast<response_type>(type);
   bool ok = false;
   switch (r.type) {
@@ -296,4 +296,4 @@ class byte_reader {
   return diff == 0;
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::kvstore
