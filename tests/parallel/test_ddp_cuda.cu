@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -70,8 +71,13 @@ class device_mlp {
   }
 
  private:
+  // Runs on the ranks' threads, where Catch2's assertions are not safe: a failure throws, and
+  // run_local reports it.
+  static void check(cudaError_t rc, const char* what) {
+    if (rc != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(rc));
+  }
   void sync() const {
-    if (stream_) REQUIRE(cudaStreamSynchronize(stream_->get()) == cudaSuccess);
+    if (stream_) check(cudaStreamSynchronize(stream_->get()), "cudaStreamSynchronize (model stream)");
   }
   double step(const toy_batch<float>& b, const grad_ready_fn* f) {
     auto& hp = host_.parameters();
@@ -85,8 +91,9 @@ class device_mlp {
     for (std::size_t i = hp.size(); i-- > 0;) {
       if (stream_) {
         staged_[i] = hp[i].grads();
-        REQUIRE(cudaMemcpyAsync(params_[i].g.data(), staged_[i].data(), staged_[i].size() * sizeof(float),
-                                cudaMemcpyHostToDevice, stream_->get()) == cudaSuccess);
+        check(cudaMemcpyAsync(params_[i].g.data(), staged_[i].data(), staged_[i].size() * sizeof(float),
+                              cudaMemcpyHostToDevice, stream_->get()),
+              "cudaMemcpyAsync (gradient on the model stream)");
       } else {
         params_[i].g.copy_from(tensor_view<const float>(hp[i].grads().data(), hp[i].grads().size()));
       }
