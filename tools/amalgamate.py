@@ -179,6 +179,23 @@ IMPLIES = {
 }
 
 
+def grouped(expr: str) -> str:
+    """expr, parenthesised unless it is one operand (NAME, defined(NAME), !(...) and the like), so
+    that joining it with && or || keeps its meaning."""
+    body = expr.removeprefix("!")
+    if re.fullmatch(r"\w+(\([^()]*\))?", body):
+        return expr
+    if body.startswith("("):  # one operand only if its first parenthesis closes at the very end
+        depth = 0
+        for i, ch in enumerate(body):
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+            if depth == 0:
+                if i == len(body) - 1:
+                    return expr
+                break
+    return f"({expr})"
+
+
 def with_implied(conditions: frozenset[str]) -> frozenset[str]:
     out = set(conditions)
     for c in conditions:
@@ -197,6 +214,7 @@ class Amalgamator:
     def __init__(self, facade_text: str):
         self.facade_text = facade_text
         self.texts: dict[str, list[str]] = {}
+        self.includes: dict[str, list[tuple[str, frozenset[str]]]] = {}
 
     def read(self, rel: str) -> list[str]:
         if rel not in self.texts:
@@ -205,6 +223,12 @@ class Amalgamator:
                 raise SystemExit(f"amalgamate: <{rel}> is included but include/{rel} does not exist")
             self.texts[rel] = path.read_text(encoding="utf-8").splitlines()
         return self.texts[rel]
+
+    def includes_in(self, rel: str) -> list[tuple[str, frozenset[str]]]:
+        """includes_of() of a header's text, read and parsed once."""
+        if rel not in self.includes:
+            self.includes[rel] = self.includes_of(self.read(rel))
+        return self.includes[rel]
 
     @staticmethod
     def includes_of(lines: list[str]) -> list[tuple[str, frozenset[str]]]:
@@ -244,7 +268,7 @@ class Amalgamator:
         defined = {m.group(1): rel for rel in order if rel != "partrain/config.hpp"
                    for m in (DEFINE_RE.match(line) for line in self.read(rel)) if m}
         for rel in order:
-            for dep, conditions in self.includes_of(self.read(rel)):
+            for dep, conditions in self.includes_in(rel):
                 for name in {w for c in conditions for w in re.findall(r"[A-Za-z_]\w*", c)} & defined.keys():
                     raise SystemExit(f"amalgamate: {rel} includes <{dep}> under a test of {name}, which "
                                      f"{defined[name]} defines; test a macro of config.hpp or the build instead")
@@ -259,7 +283,7 @@ class Amalgamator:
             if rel in seen:
                 return
             seen.add(rel)
-            for dep, _ in self.includes_of(self.read(rel)):
+            for dep, _ in self.includes_in(rel):
                 visit(dep)
             order.append(rel)
 
@@ -272,7 +296,7 @@ class Amalgamator:
         while work:
             rel, cond = work.pop()
             if self.add_minimal(reach[rel], cond):
-                work += [(dep, with_implied(cond | c)) for dep, c in self.includes_of(self.read(rel))]
+                work += [(dep, with_implied(cond | c)) for dep, c in self.includes_in(rel)]
 
         self.out = [
             "// partrain: a header-only C++20 toolkit for parallel training, as one header.",
@@ -282,9 +306,9 @@ class Amalgamator:
             "#pragma once",
         ]
         for rel in order:
-            alternatives = sorted(" && ".join(sorted(c)) for c in reach[rel])
+            alternatives = sorted(" && ".join(grouped(c) for c in sorted(cs)) for cs in reach[rel])
             condition = "" if "" in alternatives else " || ".join(
-                f"({a})" if len(alternatives) > 1 and "&&" in a else a for a in alternatives)
+                grouped(a) if len(alternatives) > 1 else a for a in alternatives)
             self.out.append("")
             self.out.append(f"// #include <{rel}>")
             if condition:
