@@ -111,6 +111,17 @@ class error : public std::runtime_error {
   error_site site_{};
 };
 
+namespace detail {
+// The site of an error a layer above wraps: the inner error's fields (its peer, its deadline),
+// with the wrapping layer's rank and operation where the inner error knew none.
+[[nodiscard]] inline error_site site_or(const error& inner, int rank, std::string_view operation) {
+  error_site s = inner.site();
+  if (s.rank < 0) s.rank = rank;
+  if (s.operation.empty()) s.operation = operation;
+  return s;
+}
+}  // namespace detail
+
 // Bad configuration: a malformed URL, a missing environment variable, world size 0.
 class config_error : public error {
  public:
@@ -13335,12 +13346,7 @@ class reducer {
   }
   // The backend's fields (its peer, its deadline) forwarded; this rank and "all_reduce" where
   // the hook's error knew none.
-  [[nodiscard]] error_site site_of(const error& e) const {
-    error_site s = e.site();
-    if (s.rank < 0) s.rank = rank_;
-    if (s.operation.empty()) s.operation = "all_reduce";
-    return s;
-  }
+  [[nodiscard]] error_site site_of(const error& e) const { return detail::site_or(e, rank_, "all_reduce"); }
 
   std::vector<std::size_t> numels_;
   comm_hook hook_;
@@ -13613,15 +13619,12 @@ class distributed_data_parallel {
       w.wait();
     } catch (const timeout_error& e) {
       // The backend's fields stay (rank, operation, peer, deadline); the text says what DDP did.
-      error_site site = e.site();
-      if (site.rank < 0) site.rank = comm_->rank();
-      if (site.operation.empty()) site.operation = what;
       throw timeout_error(where() + what + " failed: " + detail::unprefixed(e.what()) +
                               (opts_.join ? std::string()
                                           : std::string(". If ranks run out of batches at different steps, construct "
                                                         "DDP with ddp_options{.join = true} and call join() on a rank "
                                                         "once its data ends")),
-                          std::move(site));
+                          detail::site_or(e, comm_->rank(), what));
     }
   }
   void wait_flag(std::array<std::int64_t, 2>& flag, const char* what) {

@@ -74,6 +74,17 @@ class error : public std::runtime_error {
   error_site site_{};
 };
 
+namespace detail {
+// The site of an error a layer above wraps: the inner error's fields (its peer, its deadline),
+// with the wrapping layer's rank and operation where the inner error knew none.
+[[nodiscard]] inline error_site site_or(const error& inner, int rank, std::string_view operation) {
+  error_site s = inner.site();
+  if (s.rank < 0) s.rank = rank;
+  if (s.operation.empty()) s.operation = operation;
+  return s;
+}
+}  // namespace detail
+
 // Bad configuration: a malformed URL, a missing environment variable, world size 0.
 class config_error : public error {
  public:

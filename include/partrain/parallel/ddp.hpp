@@ -250,15 +250,12 @@ class distributed_data_parallel {
       w.wait();
     } catch (const timeout_error& e) {
       // The backend's fields stay (rank, operation, peer, deadline); the text says what DDP did.
-      error_site site = e.site();
-      if (site.rank < 0) site.rank = comm_->rank();
-      if (site.operation.empty()) site.operation = what;
       throw timeout_error(where() + what + " failed: " + detail::unprefixed(e.what()) +
                               (opts_.join ? std::string()
                                           : std::string(". If ranks run out of batches at different steps, construct "
                                                         "DDP with ddp_options{.join = true} and call join() on a rank "
                                                         "once its data ends")),
-                          std::move(site));
+                          detail::site_or(e, comm_->rank(), what));
     }
   }
   void wait_flag(std::array<std::int64_t, 2>& flag, const char* what) {

@@ -360,12 +360,7 @@ class reducer {
   }
   // The backend's fields (its peer, its deadline) forwarded; this rank and "all_reduce" where
   // the hook's error knew none.
-  [[nodiscard]] error_site site_of(const error& e) const {
-    error_site s = e.site();
-    if (s.rank < 0) s.rank = rank_;
-    if (s.operation.empty()) s.operation = "all_reduce";
-    return s;
-  }
+  [[nodiscard]] error_site site_of(const error& e) const { return detail::site_or(e, rank_, "all_reduce"); }
 
   std::vector<std::size_t> numels_;
   comm_hook hook_;
