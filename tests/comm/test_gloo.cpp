@@ -355,6 +355,9 @@ TEST_CASE("gloo processes: a write to a dead peer's socket fails with EPIPE inst
       ::signal(SIGPIPE, SIG_IGN);  // a program that chose for itself
     }
     gloo_group g(std::make_shared<partrain::testing::directory_store>(dir.path), r, 2, quick_timeout());
+    // Neither rank leaves before both have connected: a rank that exited at once could close its
+    // sockets while its peer was still finishing the connection (seen under ctest -j3).
+    g.barrier().wait();
     struct sigaction now {};
     ::sigaction(SIGPIPE, nullptr, &now);
     if (r == 1) {
