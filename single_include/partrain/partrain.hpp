@@ -14914,6 +14914,7 @@ concept pipeline_loss = requires(F& f, tensor_view<const float> out, tensor_view
 // #include <partrain/model/concepts.hpp> (above)
 // #include <partrain/model/traits.hpp> (above)
 // #include <partrain/optim/clip.hpp> (above)
+// #include <partrain/optim/optimizer.hpp> (above)
 // #include <partrain/parallel/detail/ddp_elements.hpp> (above)
 // #include <partrain/parallel/detail/evaluate.hpp> (above)
 // #include <partrain/parallel/detail/fsdp_layout.hpp> (above)
@@ -15169,6 +15170,60 @@ class fully_sharded_data_parallel {
   }
 
   [[nodiscard]] std::string optimizer_kind() const { return optimizer_->kind(); }
+
+  // What a sharded checkpoint (train/sharded_checkpoint.hpp) saves and loads. The flat space is
+  // every parameter of every layer, in order, as a model's parameters() would list them.
+  [[nodiscard]] std::vector<std::string> parameter_names() {
+    std::vector<std::string> out;
+    std::size_t i = 0;
+    for (const auto& u : units_) {
+      for (auto&& p : layer(u.layer).parameters()) out.push_back(detail::param_name(p, i++));
+    }
+    return out;
+  }
+  [[nodiscard]] std::vector<shape> parameter_shapes() const {
+    std::vector<shape> out;
+    for (const auto& u : units_) out.insert(out.end(), u.shapes.begin(), u.shapes.end());
+    return out;
+  }
+  [[nodiscard]] std::size_t total_elements() const noexcept { return unsharded_; }
+  // The slices of the flat space rank r holds (its chunk of each layer), ascending, empty ones left out.
+  [[nodiscard]] std::vector<detail::zero::flat_range> flat_segments(std::size_t r) const {
+    std::vector<detail::zero::flat_range> out;
+    std::size_t at = 0;
+    for (const auto& u : units_) {
+      const auto mine = u.chunks.owned(r);
+      if (mine.size() != 0) out.push_back({at + mine.begin, at + mine.end});
+      at += u.chunks.total();
+    }
+    return out;
+  }
+  // This rank's parameter values over flat_segments(rank), end to end, and back.
+  [[nodiscard]] std::vector<float> shard_values() const {
+    std::vector<float> out;
+    for (const auto& u : units_) out.insert(out.end(), values_.data() + u.chunk_at, values_.data() + u.chunk_at + u.mine.size());
+    return out;
+  }
+  void load_shard_values(std::span<const float> v) {
+    check_not_summoned("load_shard_values");
+    std::size_t want = 0;
+    for (const auto& u : units_) want += u.mine.size();
+    if (v.size() != want) {
+      throw invalid_argument_error(where() + "load_shard_values got " + std::to_string(v.size()) +
+                                   " values, this rank holds " + std::to_string(want));
+    }
+    std::size_t at = 0;
+    for (const auto& u : units_) {
+      std::copy(v.begin() + static_cast<std::ptrdiff_t>(at), v.begin() + static_cast<std::ptrdiff_t>(at + u.mine.size()),
+                values_.data() + u.chunk_at);
+      at += u.mine.size();
+    }
+  }
+  // The optimizer state over flat_segments(rank), end to end, and back.
+  [[nodiscard]] shard_optimizer_state<float> optimizer_state() const { return optimizer_->state(); }
+  void load_optimizer_state(const shard_optimizer_state<float>& s, const std::string& source) {
+    optimizer_->load(s, source);
+  }
 
  private:
   // One layer with parameters: its chunking, its chunk's place in this rank's storage, and the
@@ -15537,16 +15592,13 @@ class fully_sharded_data_parallel {
     } catch (const aborted_error& e) {
       throw aborted_error(where() + what, e);
     } catch (const timeout_error& e) {
-      throw timeout_error(where() + what + " failed: " + strip(e.what()) +
+      throw timeout_error(where() + what + " failed: " + detail::unprefixed(e.what()) +
                               " (every rank must run the same steps and evaluations)",
-                          e.site());
+                          detail::site_or(e, static_cast<int>(rank_), what));
     } catch (const communication_error& e) {
-      throw communication_error(where() + what + " failed: " + strip(e.what()), e.site());
+      throw communication_error(where() + what + " failed: " + detail::unprefixed(e.what()),
+                                detail::site_or(e, static_cast<int>(rank_), what));
     }
-  }
-  [[nodiscard]] static std::string strip(std::string_view s) {
-    if (s.starts_with("partrain: ")) s.remove_prefix(10);
-    return std::string(s);
   }
 
   Layers* layers_;
@@ -18181,19 +18233,16 @@ class sharded_data_parallel {
     } catch (const aborted_error& e) {
       throw aborted_error(where() + what, e);
     } catch (const timeout_error& e) {
-      throw timeout_error(where() + what + " failed: " + strip(e.what()) +
+      throw timeout_error(where() + what + " failed: " + detail::unprefixed(e.what()) +
                               (opts_.join ? std::string()
                                           : std::string(". If ranks run out of batches at different steps, construct "
                                                         "with zero_options{.join = true} and call join() on a rank once "
                                                         "its data ends")),
-                          e.site());
+                          detail::site_or(e, static_cast<int>(rank_), what));
     } catch (const communication_error& e) {
-      throw communication_error(where() + what + " failed: " + strip(e.what()), e.site());
+      throw communication_error(where() + what + " failed: " + detail::unprefixed(e.what()),
+                                detail::site_or(e, static_cast<int>(rank_), what));
     }
-  }
-  [[nodiscard]] static std::string strip(std::string_view s) {
-    if (s.starts_with("partrain: ")) s.remove_prefix(10);
-    return std::string(s);
   }
 
   // Waits for whatever is in flight, ignoring errors: the buffers must outlive the backend's use.
@@ -19789,6 +19838,729 @@ inline constexpr every_t every{};
 }  // namespace views
 }  // namespace partrain::inline v0
 
+// #include <partrain/train/detail/framed_file.hpp>
+// partrain/train/detail/framed_file.hpp: the frame of partrain's binary files: an 8-byte magic,
+// a format version, the payload's CRC-32 and size, then the payload. Reading checks all four
+// before a byte of the payload is trusted, naming the file in every refusal.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// #include <partrain/core/error.hpp> (above)
+// #include <partrain/train/detail/crc32.hpp> (above)
+
+namespace partrain::inline v0::detail {
+
+inline constexpr std::size_t file_frame_header_bytes = 8 + 4 + 4 + 8;
+
+[[nodiscard]] inline std::vector<std::byte> frame(const std::array<char, 8>& magic, std::uint32_t version,
+                                                  std::span<const std::byte> payload) {
+  const std::uint32_t crc = crc32(payload);
+  const std::uint64_t size = payload.size();
+  std::vector<std::byte> out(file_frame_header_bytes + payload.size());
+  std::memcpy(out.data(), magic.data(), 8);
+  std::memcpy(out.data() + 8, &version, 4);
+  std::memcpy(out.data() + 12, &crc, 4);
+  std::memcpy(out.data() + 16, &size, 8);
+  if (!payload.empty()) std::memcpy(out.data() + file_frame_header_bytes, payload.data(), payload.size());
+  return out;
+}
+
+// The versions a reader accepts (a newer format keeps reading the files of the older ones).
+struct frame_versions {
+  std::uint32_t oldest = 0;
+  std::uint32_t newest = 0;
+};
+
+// The payload of a framed file whose version is in `accepted` (the version found in
+// *version_out); `what` names it ("sharded checkpoint index 'run/m.ckpt'").
+[[nodiscard]] inline std::span<const std::byte> unframe(std::span<const std::byte> file, const std::array<char, 8>& magic,
+                                                        frame_versions accepted, std::string_view what,
+                                                        std::uint32_t* crc_out = nullptr,
+                                                        std::uint32_t* version_out = nullptr) {
+  const std::string w(what);
+  if (file.size() < file_frame_header_bytes) {
+    throw checkpoint_error(w + " is truncated: " + std::to_string(file.size()) + " bytes, less than the " +
+                           std::to_string(file_frame_header_bytes) + "-byte header");
+  }
+  if (std::memcmp(file.data(), magic.data(), 8) != 0) {
+    throw checkpoint_error(w + " has the wrong magic (expected \"" + std::string(magic.data(), 8) + "\")");
+  }
+  std::uint32_t v = 0, crc = 0;
+  std::uint64_t size = 0;
+  std::memcpy(&v, file.data() + 8, 4);
+  std::memcpy(&crc, file.data() + 12, 4);
+  std::memcpy(&size, file.data() + 16, 8);
+  if (v < accepted.oldest || v > accepted.newest) {
+    throw checkpoint_error(w + " has format version " + std::to_string(v) + ", this build reads version" +
+                           (accepted.oldest == accepted.newest
+                                ? " " + std::to_string(accepted.newest)
+                                : "s " + std::to_string(accepted.oldest) + " to " + std::to_string(accepted.newest)));
+  }
+  if (version_out) *version_out = v;
+  const std::size_t have = file.size() - file_frame_header_bytes;
+  if (size != have) {
+    throw checkpoint_error(w + (have < size ? " is truncated" : " has trailing bytes") + ": the header says " +
+                           std::to_string(size) + " payload bytes, the file has " + std::to_string(have));
+  }
+  const auto payload = file.subspan(file_frame_header_bytes);
+  if (const auto got = crc32(payload); got != crc) {
+    throw checkpoint_error(w + " is corrupted: the payload's CRC-32 is " + std::to_string(got) + ", the header says " +
+                           std::to_string(crc));
+  }
+  if (crc_out) *crc_out = crc;
+  return payload;
+}
+
+// The payload of a framed file of exactly `version`.
+[[nodiscard]] inline std::span<const std::byte> unframe(std::span<const std::byte> file, const std::array<char, 8>& magic,
+                                                        std::uint32_t version, std::string_view what,
+                                                        std::uint32_t* crc_out = nullptr) {
+  return unframe(file, magic, frame_versions{version, version}, what, crc_out);
+}
+
+}  // namespace partrain::inline v0::detail
+
+// #include <partrain/train/sharded_checkpoint.hpp>
+// partrain/train/sharded_checkpoint.hpp: checkpoints of a sharded_data_parallel (ZeRO-1/2) or a
+// fully_sharded_data_parallel (ZeRO-3) without a trip through rank 0. Every rank writes its own
+// shard file (its slices of the flat parameter space: its values and optimizer state, atomically,
+// CRC'd); then rank 0 writes a small index at the checkpoint's path naming the shards, their
+// slices and CRCs, the model's names and shapes and where training stood. Loading reads the index
+// and the shards and works at any world size and across the two kinds: each rank takes the parts
+// of every shard that overlap what it now holds (resharding). A replicated model and optimizer
+// (plain DDP, or one process) load it too: the state of the whole flat space, cut per parameter;
+// consolidate_sharded_checkpoint (and the partrain_consolidate tool) writes one ordinary
+// checkpoint file from it (names and shapes are in the index, no model type needed).
+//
+// Files: <path> (index) and <path>.step-<S>.shard-<r>-of-<n>. Shards are named by step, so a
+// crash while saving leaves the previous index and its shards intact; the shards of older saves
+// are removed once the new index is in place.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+// #include <partrain/comm/process_group.hpp> (above)
+// #include <partrain/core/dtype.hpp> (above)
+// #include <partrain/core/error.hpp> (above)
+// #include <partrain/model/traits.hpp> (above)
+// #include <partrain/optim/adamw.hpp> (above)
+// #include <partrain/optim/optimizer.hpp> (above)
+// #include <partrain/optim/sgd.hpp> (above)
+// #include <partrain/optim/state_io.hpp> (above)
+// #include <partrain/parallel/detail/zero_layout.hpp> (above)
+// #include <partrain/parallel/detail/zero_optimizer.hpp> (above)
+// #include <partrain/train/checkpoint.hpp> (above)
+// #include <partrain/train/detail/atomic_file.hpp> (above)
+// #include <partrain/train/detail/framed_file.hpp> (above)
+
+namespace partrain::inline v0 {
+
+inline constexpr std::array<char, 8> sharded_index_magic{'P', 'T', 'R', 'N', 'Z', 'I', 'D', 'X'};
+inline constexpr std::array<char, 8> shard_file_magic{'P', 'T', 'R', 'N', 'Z', 'S', 'H', 'D'};
+// Version 2: a shard holds a list of slices (segments) of the flat space, not one (FSDP's rank
+// owns a chunk of every layer). Version 1 files (one slice per shard) are still read.
+inline constexpr std::uint32_t sharded_checkpoint_version = 2;
+
+namespace detail::zero_ckpt {
+
+inline constexpr frame_versions readable{1, sharded_checkpoint_version};
+using zero::flat_range;
+
+struct param_entry {
+  std::string name;
+  shape dims;
+};
+
+template <class M>
+[[nodiscard]] std::vector<param_entry> param_entries(M& m) {
+  std::vector<param_entry> out;
+  std::size_t i = 0;
+  for (auto&& p : m.parameters()) out.push_back({param_name(p, i++), p.value().shape()});
+  return out;
+}
+
+// FNV-1a over every parameter's name and shape: "the same model" for a checkpoint.
+[[nodiscard]] inline std::uint64_t fingerprint_of(const std::vector<param_entry>& entries) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  const auto mix = [&h](std::uint64_t x) {
+    for (int b = 0; b < 8; ++b) h = (h ^ ((x >> (8 * b)) & 0xffu)) * 0x100000001b3ull;
+  };
+  for (const auto& e : entries) {
+    for (const char c : e.name) mix(static_cast<unsigned char>(c));
+    mix(e.dims.rank());
+    for (std::size_t d = 0; d < e.dims.rank(); ++d) mix(e.dims[d]);
+  }
+  return h;
+}
+
+[[nodiscard]] inline std::uint64_t total_of(const std::vector<param_entry>& entries) {
+  std::uint64_t n = 0;
+  for (const auto& e : entries) n += e.dims.numel();
+  return n;
+}
+
+template <class M>
+[[nodiscard]] zero::flat_views<model_element_t<M>> value_views(M& m) {
+  std::vector<tensor_view<model_element_t<M>>> v;
+  for (auto&& p : m.parameters()) v.push_back(p.value());
+  return zero::flat_views<model_element_t<M>>(std::move(v));
+}
+
+[[nodiscard]] inline std::filesystem::path shard_path(const std::filesystem::path& index, std::uint64_t step, int rank,
+                                                      int world) {
+  return index.parent_path() / (index.filename().string() + ".step-" + std::to_string(step) + ".shard-" +
+                                std::to_string(rank) + "-of-" + std::to_string(world));
+}
+
+[[nodiscard]] inline std::uint64_t elements_of(const std::vector<flat_range>& segments) {
+  std::uint64_t n = 0;
+  for (const auto& s : segments) n += s.size();
+  return n;
+}
+
+struct shard_entry {
+  std::string file;  // relative to the index's folder
+  std::vector<flat_range> segments;
+  std::uint32_t crc = 0;
+};
+
+struct index_record {
+  std::uint8_t type = 0;
+  std::uint64_t total = 0, params = 0, fingerprint = 0, world = 0, step = 0;
+  std::string optimizer;
+  std::vector<shard_entry> shards;
+  checkpoint_extra extra;
+  std::vector<param_entry> names;  // every parameter's name and shape (what consolidation writes)
+};
+
+inline void put_segments(state_writer& w, const std::vector<flat_range>& segments) {
+  w.put(static_cast<std::uint64_t>(segments.size()));
+  for (const auto& s : segments) {
+    w.put(static_cast<std::uint64_t>(s.begin));
+    w.put(static_cast<std::uint64_t>(s.end));
+  }
+}
+// Version 1 wrote one slice (begin, end); version 2 a count and that many.
+[[nodiscard]] inline std::vector<flat_range> get_segments(state_reader& r, std::uint32_t version, std::uint64_t total,
+                                                          const std::string& where) {
+  const std::uint64_t n = version == 1 ? 1 : r.get<std::uint64_t>("segment count");
+  if (n > total + 1) throw checkpoint_error(where + " is malformed: " + std::to_string(n) + " segments");
+  std::vector<flat_range> out;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const auto b = r.get<std::uint64_t>("segment begin");
+    const auto e = r.get<std::uint64_t>("segment end");
+    if (b > e || e > total) {
+      throw checkpoint_error(where + " is malformed: a segment covers [" + std::to_string(b) + ", " + std::to_string(e) +
+                             ") of " + std::to_string(total) + " elements");
+    }
+    out.push_back({static_cast<std::size_t>(b), static_cast<std::size_t>(e)});
+  }
+  return out;
+}
+
+[[nodiscard]] inline std::vector<std::byte> encode(const index_record& x) {
+  state_writer w;
+  w.put(x.type);
+  w.put(x.total);
+  w.put(x.params);
+  w.put(x.fingerprint);
+  w.put(x.world);
+  w.put(x.step);
+  w.put_string(x.optimizer);
+  for (const auto& s : x.shards) {
+    w.put_string(s.file);
+    put_segments(w, s.segments);
+    w.put(s.crc);
+  }
+  put_checkpoint_extra(w, x.extra);
+  for (const auto& e : x.names) {
+    w.put_string(e.name);
+    w.put(static_cast<std::uint8_t>(e.dims.rank()));
+    for (std::size_t d = 0; d < e.dims.rank(); ++d) w.put(static_cast<std::uint64_t>(e.dims[d]));
+  }
+  return w.release();
+}
+[[nodiscard]] inline index_record decode_index(std::span<const std::byte> payload, std::uint32_t version,
+                                               const std::string& where) {
+  state_reader r(payload, where);
+  index_record x;
+  x.type = r.get<std::uint8_t>("dtype");
+  x.total = r.get<std::uint64_t>("element count");
+  x.params = r.get<std::uint64_t>("parameter count");
+  x.fingerprint = r.get<std::uint64_t>("model fingerprint");
+  x.world = r.get<std::uint64_t>("world size");
+  x.step = r.get<std::uint64_t>("save step");
+  x.optimizer = r.get_string("optimizer kind");
+  if (x.world == 0 || x.world > (1u << 20)) throw checkpoint_error(where + " is malformed: world size " + std::to_string(x.world));
+  for (std::uint64_t q = 0; q < x.world; ++q) {
+    shard_entry s;
+    s.file = r.get_string("shard file");
+    s.segments = get_segments(r, version, x.total, where);
+    s.crc = r.get<std::uint32_t>("shard crc");
+    x.shards.push_back(std::move(s));
+  }
+  x.extra = get_checkpoint_extra(r);
+  if (x.params > (1u << 24)) throw checkpoint_error(where + " is malformed: " + std::to_string(x.params) + " parameters");
+  for (std::uint64_t i = 0; i < x.params; ++i) {
+    param_entry e;
+    e.name = r.get_string("parameter name");
+    const auto rank = r.get<std::uint8_t>("parameter rank");
+    if (rank > max_rank) throw checkpoint_error(where + " is malformed: parameter " + e.name + " has rank " + std::to_string(rank));
+    std::array<std::size_t, max_rank> dims{};
+    for (std::size_t d = 0; d < rank; ++d) dims[d] = static_cast<std::size_t>(r.get<std::uint64_t>("parameter extent"));
+    e.dims = shape(std::span<const std::size_t>(dims.data(), rank));
+    x.names.push_back(std::move(e));
+  }
+  if (r.remaining() != 0) throw checkpoint_error(where + " is malformed: " + std::to_string(r.remaining()) + " unread bytes");
+  return x;
+}
+
+[[nodiscard]] inline index_record read_index(const std::filesystem::path& index, const std::string& where) {
+  const auto file = detail::read_whole_file(index);
+  std::uint32_t version = 0;
+  const auto payload = unframe(file, sharded_index_magic, readable, where, nullptr, &version);
+  return decode_index(payload, version, where);
+}
+
+// Copies the part of `src` (the elements of flat [seg.begin, seg.end)) that lies in each of the
+// ranges `want` into `dst`, where the wanted ranges are laid end to end.
+template <class T>
+void copy_overlap(flat_range seg, const T* src, const std::vector<flat_range>& want, T* dst) {
+  std::size_t at = 0;
+  for (const auto& w : want) {
+    const std::size_t lo = std::max(seg.begin, w.begin), hi = std::min(seg.end, w.end);
+    if (lo < hi) std::copy(src + (lo - seg.begin), src + (hi - seg.begin), dst + at + (lo - w.begin));
+    at += w.size();
+  }
+}
+
+// The replicated optimizer's own state layout (optim/sgd.hpp, optim/adamw.hpp), cut per parameter
+// from the flat state of the whole space.
+template <class T>
+void put_replicated_state(state_writer& w, const shard_optimizer_state<T>& st, const std::vector<std::size_t>& sizes) {
+  const auto& a = st.arrays;
+  std::size_t at = 0;
+  if (st.kind == "sgd") {
+    put_sgd_state_header(w, st.steps, sizes.size());
+    for (const auto n : sizes) {
+      put_sgd_state_entry(w, !a.empty(), a.empty() ? std::span<const T>() : std::span<const T>(a[0]).subspan(at, n));
+      at += n;
+    }
+  } else {
+    put_adamw_state_header(w, st.steps, sizes.size());
+    if (a.size() != 2) return;
+    for (const auto n : sizes) {
+      put_adamw_state_entry(w, std::span<const T>(a[0]).subspan(at, n), std::span<const T>(a[1]).subspan(at, n));
+      at += n;
+    }
+  }
+}
+
+// A model made of the index's names and shapes (what consolidation hands checkpoint_bytes).
+template <class T>
+struct flat_model {
+  struct param {
+    flat_model* m;
+    std::size_t i;
+    [[nodiscard]] tensor_view<T> value() const { return {m->values.data() + m->starts[i], m->entries[i].dims}; }
+    [[nodiscard]] tensor_view<T> grad() const { return value(); }
+    [[nodiscard]] const std::string& name() const { return m->entries[i].name; }
+  };
+  explicit flat_model(std::vector<param_entry> e) : entries(std::move(e)) {
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      starts.push_back(at);
+      at += entries[i].dims.numel();
+      ps.push_back({this, i});
+    }
+    values.assign(at, T(0));
+  }
+  flat_model(const flat_model&) = delete;
+  flat_model& operator=(const flat_model&) = delete;
+  [[nodiscard]] std::vector<param>& parameters() { return ps; }
+  [[nodiscard]] std::size_t total() const noexcept { return values.size(); }
+  [[nodiscard]] std::vector<std::size_t> sizes() const {
+    std::vector<std::size_t> out;
+    for (const auto& e : entries) out.push_back(e.dims.numel());
+    return out;
+  }
+  std::vector<param_entry> entries;
+  std::vector<std::size_t> starts;
+  std::vector<param> ps;
+  std::vector<T> values;
+};
+
+// Loaded optimizer state as a stateful_optimizer, so checkpoint_bytes writes it as the
+// replicated optimizer would.
+template <class T>
+struct state_of {
+  const shard_optimizer_state<T>* st;
+  std::vector<std::size_t> sizes;
+  void step() {}
+  void zero_grad() {}
+  void save_state(state_writer& w) const { put_replicated_state<T>(w, *st, sizes); }
+  void load_state(state_reader&) {}
+};
+
+// Every rank's failure flag through one all_reduce, so all ranks fail together: the rank that
+// failed rethrows its own error, the others name it.
+inline void agree(process_group& g, std::exception_ptr mine, const std::string& what) {
+  std::vector<std::int64_t> flags(static_cast<std::size_t>(g.size()), 0);
+  flags[static_cast<std::size_t>(g.rank())] = mine ? 1 : 0;
+  g.all_reduce(tensor_view<std::int64_t>(flags.data(), flags.size()), reduce_op::sum).wait();
+  if (mine) std::rethrow_exception(mine);
+  for (std::size_t q = 0; q < flags.size(); ++q) {
+    if (flags[q]) throw checkpoint_error("rank " + std::to_string(q) + " failed to " + what + " (see its error)");
+  }
+}
+
+// What one rank saves: the model's names and shapes, the slices (segments) of the flat space it
+// holds, ascending, and their values and optimizer state laid end to end.
+template <class T>
+struct shard_content {
+  std::vector<param_entry> entries;
+  std::vector<flat_range> segments;
+  std::vector<T> values;
+  shard_optimizer_state<T> state;
+};
+
+// Collective: every rank writes its shard, then rank 0 the index, which names every rank's
+// segments (segments_of(q)) and CRC; shards of older saves are removed once it is in place.
+template <class T, class SegmentsOf>
+void save(process_group& g, const std::filesystem::path& index, const checkpoint_extra& extra, const shard_content<T>& c,
+          SegmentsOf segments_of) {
+  const int rank = g.rank(), world = g.size();
+  const auto total = total_of(c.entries);
+  const auto fingerprint = fingerprint_of(c.entries);
+  const auto path = shard_path(index, extra.step, rank, world);
+  std::uint32_t crc = 0;
+  std::exception_ptr err;
+  try {
+    // Every rank makes the folder it writes into (ranks may not share rank 0's view of it yet).
+    if (index.has_parent_path()) {
+      std::error_code ec;
+      std::filesystem::create_directories(index.parent_path(), ec);
+      if (!std::filesystem::is_directory(index.parent_path())) {
+        throw checkpoint_error("rank " + std::to_string(rank) + " cannot create the checkpoint folder '" +
+                               index.parent_path().string() + "': " + ec.message());
+      }
+    }
+    state_writer w;
+    w.put(static_cast<std::uint8_t>(dtype_of<T>));
+    w.put(total);
+    w.put(fingerprint);
+    w.put(static_cast<std::uint64_t>(world));
+    w.put(static_cast<std::uint64_t>(rank));
+    put_segments(w, c.segments);
+    w.put(extra.step);
+    w.put_array(std::span<const T>(c.values));
+    w.put_string(c.state.kind);
+    w.put(c.state.steps);
+    w.put(static_cast<std::uint64_t>(c.state.arrays.size()));
+    for (const auto& a : c.state.arrays) w.put_array(std::span<const T>(a));
+    crc = detail::crc32(w.bytes());
+    detail::write_file_atomically(path, detail::frame(shard_file_magic, sharded_checkpoint_version, w.bytes()));
+  } catch (...) {
+    err = std::current_exception();
+  }
+  agree(g, err, "write its shard of " + index.string());
+  std::vector<std::int64_t> crcs(static_cast<std::size_t>(world), 0);
+  crcs[static_cast<std::size_t>(rank)] = crc;
+  g.all_reduce(tensor_view<std::int64_t>(crcs.data(), crcs.size()), reduce_op::sum).wait();
+  err = nullptr;
+  if (rank == 0) {
+    try {
+      index_record x{static_cast<std::uint8_t>(dtype_of<T>), total, c.entries.size(), fingerprint,
+                     static_cast<std::uint64_t>(world), extra.step, c.state.kind, {}, extra, c.entries};
+      for (int q = 0; q < world; ++q) {
+        x.shards.push_back({shard_path(index, extra.step, q, world).filename().string(), segments_of(q),
+                            static_cast<std::uint32_t>(crcs[static_cast<std::size_t>(q)])});
+      }
+      detail::write_file_atomically(index, detail::frame(sharded_index_magic, sharded_checkpoint_version, encode(x)));
+      // The new index is in place: shards of older saves are garbage now (best effort).
+      const auto dir = index.has_parent_path() ? index.parent_path() : std::filesystem::path(".");
+      const std::string prefix = index.filename().string() + ".step-";
+      std::error_code ec;
+      for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+        const auto name = e.path().filename().string();
+        const bool ours = name.starts_with(prefix) && name.find(".shard-") != std::string::npos &&
+                          name.find(".tmp") == std::string::npos;
+        const bool current = std::any_of(x.shards.begin(), x.shards.end(), [&](const auto& s) { return s.file == name; });
+        if (ours && !current) std::filesystem::remove(e.path(), ec);
+      }
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  agree(g, err, "write the index " + index.string());
+}
+
+template <class T>
+struct loaded {
+  index_record index;
+  std::vector<T> values;           // over the ranges asked for, end to end
+  shard_optimizer_state<T> state;  // over the ranges asked for, end to end
+};
+
+// Reads and checks the index and every shard it names, for a model of these names and shapes
+// stepped by a `kind` optimizer: the parameter values of the ranges `want_values` and the
+// optimizer state of the ranges `want_state` (each ascending), from whichever shards hold them.
+template <class T>
+[[nodiscard]] loaded<T> read(const std::filesystem::path& index, const std::vector<param_entry>& entries,
+                             const std::string& kind, const std::vector<flat_range>& want_values,
+                             const std::vector<flat_range>& want_state) {
+  const std::string where = "sharded checkpoint index '" + index.string() + "'";
+  loaded<T> out;
+  auto& x = out.index;
+  x = read_index(index, where);
+  const auto fingerprint = fingerprint_of(entries);
+  const std::uint64_t params = entries.size();
+  const auto total = total_of(entries);
+  if (x.type != static_cast<std::uint8_t>(dtype_of<T>) || x.total != total || x.params != params ||
+      x.fingerprint != fingerprint) {
+    throw checkpoint_error(where + " was written for another model: " + std::to_string(x.params) + " parameters of " +
+                           std::to_string(x.total) + " " + std::string(to_string(static_cast<dtype>(x.type))) +
+                           " elements (names and shapes fingerprint " + std::to_string(x.fingerprint) +
+                           "), this model has " + std::to_string(params) + " of " + std::to_string(total) + " " +
+                           std::string(to_string(dtype_of<T>)) + " (fingerprint " + std::to_string(fingerprint) + ")");
+  }
+  if (x.optimizer != kind) {
+    throw checkpoint_error(where + " holds " + x.optimizer + " optimizer state, this run steps with " + kind);
+  }
+  // The shards' segments together must cover the flat space once: no gap, no overlap.
+  std::vector<std::pair<flat_range, std::size_t>> pieces;
+  for (std::size_t q = 0; q < x.shards.size(); ++q) {
+    for (const auto& r : x.shards[q].segments) {
+      if (r.size() != 0) pieces.emplace_back(r, q);
+    }
+  }
+  std::sort(pieces.begin(), pieces.end(), [](const auto& a, const auto& b) { return a.first.begin < b.first.begin; });
+  std::uint64_t covered = 0;
+  for (const auto& [r, q] : pieces) {
+    if (r.begin != covered) {
+      throw checkpoint_error(where + " is malformed: shard " + std::to_string(q) + " covers [" + std::to_string(r.begin) +
+                             ", " + std::to_string(r.end) + "), but the shards before it end at " + std::to_string(covered));
+    }
+    covered = r.end;
+  }
+  if (covered != x.total) throw checkpoint_error(where + " is malformed: its shards end at " + std::to_string(covered));
+
+  out.values.resize(elements_of(want_values));
+  auto& state = out.state;
+  state.kind = x.optimizer;
+  const auto dir = index.parent_path();
+  for (std::size_t q = 0; q < x.shards.size(); ++q) {
+    const auto& e = x.shards[q];
+    const auto path = dir / e.file;
+    const std::string sw = "shard '" + path.string() + "' (rank " + std::to_string(q) + " of " + std::to_string(x.world) + ")";
+    if (!std::filesystem::exists(path)) {
+      throw checkpoint_error(where + " names " + sw + ", which is missing (expected one shard file per rank of the "
+                             "saving run)");
+    }
+    const auto bytes = detail::read_whole_file(path);
+    std::uint32_t crc = 0, version = 0;
+    state_reader r(unframe(bytes, shard_file_magic, readable, sw, &crc, &version), sw);
+    (void)r.get<std::uint8_t>("dtype");
+    (void)r.get<std::uint64_t>("element count");
+    (void)r.get<std::uint64_t>("model fingerprint");
+    const auto sworld = r.get<std::uint64_t>("world size");
+    const auto srank = r.get<std::uint64_t>("rank");
+    const auto segments = get_segments(r, version, x.total, sw);
+    const auto sstep = r.get<std::uint64_t>("save step");
+    if (sstep != x.step) {
+      throw checkpoint_error(sw + " is from step " + std::to_string(sstep) + " but the index from step " +
+                             std::to_string(x.step) + " (shards of two different saves)");
+    }
+    if (crc != e.crc || sworld != x.world || srank != q || segments != e.segments) {
+      throw checkpoint_error(sw + " is not the shard the index names (its CRC, rank or slices differ: a file of another "
+                             "save at the same step?)");
+    }
+    // Each array of the shard holds its segments end to end; the parts asked for go out.
+    const auto scatter = [&](const std::vector<T>& a, const std::vector<flat_range>& want, T* dst) {
+      std::size_t at = 0;
+      for (const auto& seg : segments) {
+        copy_overlap(seg, a.data() + at, want, dst);
+        at += seg.size();
+      }
+    };
+    std::vector<T> a(elements_of(segments));
+    r.get_array(std::span<T>(a), sw + " values");
+    scatter(a, want_values, out.values.data());
+    const auto skind = r.get_string("optimizer kind");
+    const auto steps = r.get<std::int64_t>("optimizer steps");
+    const auto arrays = r.get<std::uint64_t>("optimizer array count");
+    if (skind != x.optimizer || (q > 0 && (steps != state.steps || arrays != state.arrays.size())) || arrays > 2) {
+      throw checkpoint_error(sw + " holds " + skind + " state after " + std::to_string(steps) + " steps with " +
+                             std::to_string(arrays) + " arrays, unlike the other shards (shards of different runs)");
+    }
+    state.steps = steps;
+    state.arrays.resize(arrays);
+    for (std::uint64_t j = 0; j < arrays; ++j) {
+      r.get_array(std::span<T>(a), sw + " optimizer array " + std::to_string(j));
+      state.arrays[j].resize(elements_of(want_state));
+      scatter(a, want_state, state.arrays[j].data());
+    }
+    if (r.remaining() != 0) throw checkpoint_error(sw + " is malformed: " + std::to_string(r.remaining()) + " unread bytes");
+  }
+  return out;
+}
+
+// Runs read on every rank and agrees on the outcome, so all ranks fail together (naming the
+// rank that failed) before any of them changes its model.
+template <class T, class... A>
+[[nodiscard]] loaded<T> read_together(process_group& g, const std::filesystem::path& index, const A&... args) {
+  std::optional<loaded<T>> got;
+  std::exception_ptr err;
+  try {
+    got = read<T>(index, args...);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  agree(g, err, "read " + index.string());
+  return std::move(*got);
+}
+
+// The names and shapes of a fully sharded model's parameters (its layers hold none of them
+// between steps: the shapes are its record).
+template <class Fsdp>
+[[nodiscard]] std::vector<param_entry> fsdp_entries(Fsdp& f) {
+  const auto names = f.parameter_names();
+  const auto shapes = f.parameter_shapes();
+  std::vector<param_entry> out;
+  for (std::size_t i = 0; i < names.size(); ++i) out.push_back({names[i], shapes[i]});
+  return out;
+}
+
+template <class S>
+concept fully_sharded = requires(S& s, std::size_t r) {
+  s.flat_segments(r);
+  s.shard_values();
+};
+
+}  // namespace detail::zero_ckpt
+
+// Every rank calls it, for a sharded_data_parallel (ZeRO-1/2) or a fully_sharded_data_parallel.
+// `extra.step` names the save (the shard files carry it).
+template <class Sharded>
+void save_sharded_checkpoint(Sharded& z, const std::filesystem::path& index, const checkpoint_extra& extra = {}) {
+  namespace ck = detail::zero_ckpt;
+  process_group& g = z.comm();
+  if constexpr (ck::fully_sharded<Sharded>) {
+    const ck::shard_content<float> c{ck::fsdp_entries(z), z.flat_segments(static_cast<std::size_t>(g.rank())),
+                                     z.shard_values(), z.optimizer_state()};
+    ck::save(g, index, extra, c, [&](int q) { return z.flat_segments(static_cast<std::size_t>(q)); });
+  } else {
+    auto& m = z.module();
+    using T = model_element_t<std::remove_cvref_t<decltype(m)>>;
+    const auto shard = z.shard();
+    ck::shard_content<T> c{ck::param_entries(m), {shard}, std::vector<T>(shard.size()), z.optimizer_state()};
+    ck::value_views(m).read(shard, c.values.data(), false);
+    const auto total = z.total_elements();
+    const auto world = static_cast<std::size_t>(g.size());
+    ck::save(g, index, extra, c, [&](int q) {
+      return std::vector<ck::flat_range>{detail::zero::shard_of(total, world, static_cast<std::size_t>(q))};
+    });
+  }
+}
+
+// Every rank calls it; the world size may differ from the one that saved, and a checkpoint of a
+// sharded_data_parallel loads into a fully_sharded_data_parallel of the same parameters and the
+// other way round. Everything is read and checked before the model or the optimizer changes.
+// Returns where training stood.
+template <class Sharded>
+checkpoint_extra load_sharded_checkpoint(Sharded& z, const std::filesystem::path& index) {
+  namespace ck = detail::zero_ckpt;
+  process_group& g = z.comm();
+  const std::string source = "sharded checkpoint '" + index.string() + "'";
+  if constexpr (ck::fully_sharded<Sharded>) {
+    const auto mine = z.flat_segments(static_cast<std::size_t>(g.rank()));
+    auto got = ck::read_together<float>(g, index, ck::fsdp_entries(z), z.optimizer_kind(), mine, mine);
+    z.load_optimizer_state(got.state, source);
+    z.load_shard_values(got.values);
+    return got.index.extra;
+  } else {
+    auto& m = z.module();
+    using T = model_element_t<std::remove_cvref_t<decltype(m)>>;
+    const std::vector<ck::flat_range> all{{0, z.total_elements()}};
+    auto got = ck::read_together<T>(g, index, ck::param_entries(m), z.optimizer_kind(), all,
+                                    std::vector<ck::flat_range>{z.shard()});
+    z.load_optimizer_state(got.state, source);
+    ck::value_views(m).write({0, got.values.size()}, got.values.data());
+    return got.index.extra;
+  }
+}
+
+// A sharded checkpoint into a replicated model and optimizer (sgd or adamw): e.g. to resume a
+// ZeRO or FSDP run under plain DDP, or on one process. Each caller reads every shard; nothing is
+// communicated. Returns where training stood.
+template <model M, stateful_optimizer O>
+checkpoint_extra load_sharded_checkpoint(const std::filesystem::path& index, M& m, O& opt) {
+  static_assert(detail::check_checkpointable<M>());
+  using T = model_element_t<M>;
+  using opts_t = std::remove_cvref_t<decltype(opt.options())>;
+  constexpr bool is_sgd = std::same_as<opts_t, sgd_options>;
+  static_assert(is_sgd || std::same_as<opts_t, adamw_options>,
+                "partrain: a sharded checkpoint loads into partrain::sgd or partrain::adamw");
+  namespace ck = detail::zero_ckpt;
+  auto views = ck::value_views(m);
+  const std::vector<ck::flat_range> all{{0, views.total()}};
+  const auto got = ck::read<T>(index, ck::param_entries(m), is_sgd ? "sgd" : "adamw", all, all);
+  std::vector<std::size_t> sizes;
+  for (auto&& p : m.parameters()) sizes.push_back(p.value().size());
+  state_writer w;
+  ck::put_replicated_state<T>(w, got.state, sizes);
+  state_reader r(w.bytes());
+  opt.load_state(r);
+  views.write({0, got.values.size()}, got.values.data());
+  return got.index.extra;
+}
+
+// Writes the whole model and optimizer state of a sharded checkpoint into one ordinary checkpoint
+// (train/checkpoint.hpp's format, atomically), readable by load_checkpoint with the model and a
+// replicated sgd or adamw; no model type is needed. The element type is the checkpoint's
+// (float or double).
+inline void consolidate_sharded_checkpoint(const std::filesystem::path& index, const std::filesystem::path& out) {
+  namespace ck = detail::zero_ckpt;
+  const std::string where = "sharded checkpoint index '" + index.string() + "'";
+  const auto x = ck::read_index(index, where);
+  const auto run = [&]<class T>(std::type_identity<T>) {
+    ck::flat_model<T> m(x.names);
+    const std::vector<ck::flat_range> all{{0, m.total()}};
+    const auto got = ck::read<T>(index, x.names, x.optimizer, all, all);
+    m.values = got.values;
+    const ck::state_of<T> opt{&got.state, m.sizes()};
+    detail::write_file_atomically(out, checkpoint_bytes(m, opt, x.extra));
+  };
+  if (x.type == static_cast<std::uint8_t>(dtype::float32)) {
+    run(std::type_identity<float>{});
+  } else if (x.type == static_cast<std::uint8_t>(dtype::float64)) {
+    run(std::type_identity<double>{});
+  } else {
+    throw checkpoint_error(where + " holds " + std::string(to_string(static_cast<dtype>(x.type))) +
+                           " parameters; consolidation writes float or double");
+  }
+}
+
+}  // namespace partrain::inline v0
+
 // #include <partrain/train/detail/json_text.hpp>
 // partrain/train/detail/json_text.hpp: the small amount of JSON the metrics and trace writers
 // emit. Strings are escaped per RFC 8259; numbers use the shortest text that reads back to the
@@ -20328,17 +21100,21 @@ inline void trace_span::end() noexcept {
 
 // #include <partrain/train/fsdp_policy.hpp>
 // partrain/train/fsdp_policy.hpp: fully sharded data parallel (ZeRO-3, parallel/fsdp.hpp) as a
-// training policy, so fit() drives it like DDP. Its train_step already holds the optimizer step.
-// No checkpoints in this release: fit() refuses a checkpoint path for it before training.
+// training policy, so fit() drives it like DDP. Its train_step already holds the optimizer step;
+// checkpoints are sharded (train/sharded_checkpoint.hpp: every rank writes its chunks) and load
+// at any world size, into ZeRO, or into a replicated model.
 //
 //   fully_sharded_data_parallel fsdp(layers, group, softmax_cross_entropy{}, sgd_options{.lr = 0.1});
 //   fsdp_policy policy(fsdp);
-//   fit(policy, train_loader, test_loader, {.epochs = 8});
+//   fit(policy, train_loader, test_loader, {.epochs = 8, .checkpoint = "run/model.ckpt"});
 
+#include <filesystem>
 #include <utility>
 
 // #include <partrain/comm/process_group.hpp> (above)
 // #include <partrain/model/concepts.hpp> (above)
+// #include <partrain/train/checkpoint.hpp> (above)
+// #include <partrain/train/sharded_checkpoint.hpp> (above)
 // #include <partrain/train/trace.hpp> (above)
 
 namespace partrain::inline v0 {
@@ -20366,83 +21142,18 @@ class fsdp_policy {
   process_group& loss_group() { return fsdp_->comm(); }  // each rank's loss is its own batch's
   [[nodiscard]] int replicas() { return fsdp_->comm().size(); }
 
+  // Collective: every rank writes its chunks, rank 0 the index at `file`.
+  void save_checkpoint(const std::filesystem::path& file, const checkpoint_extra& extra) {
+    save_sharded_checkpoint(*fsdp_, file, extra);
+  }
+  checkpoint_extra load_checkpoint(const std::filesystem::path& file) { return load_sharded_checkpoint(*fsdp_, file); }
+
  private:
   Fsdp* fsdp_;
   fsdp_policy_options o_;
 };
 
 }  // namespace partrain::inline v0
-
-// #include <partrain/train/detail/framed_file.hpp>
-// partrain/train/detail/framed_file.hpp: the frame of partrain's binary files: an 8-byte magic,
-// a format version, the payload's CRC-32 and size, then the payload. Reading checks all four
-// before a byte of the payload is trusted, naming the file in every refusal.
-
-#include <array>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <span>
-#include <string>
-#include <string_view>
-#include <vector>
-
-// #include <partrain/core/error.hpp> (above)
-// #include <partrain/train/detail/crc32.hpp> (above)
-
-namespace partrain::inline v0::detail {
-
-inline constexpr std::size_t file_frame_header_bytes = 8 + 4 + 4 + 8;
-
-[[nodiscard]] inline std::vector<std::byte> frame(const std::array<char, 8>& magic, std::uint32_t version,
-                                                  std::span<const std::byte> payload) {
-  const std::uint32_t crc = crc32(payload);
-  const std::uint64_t size = payload.size();
-  std::vector<std::byte> out(file_frame_header_bytes + payload.size());
-  std::memcpy(out.data(), magic.data(), 8);
-  std::memcpy(out.data() + 8, &version, 4);
-  std::memcpy(out.data() + 12, &crc, 4);
-  std::memcpy(out.data() + 16, &size, 8);
-  if (!payload.empty()) std::memcpy(out.data() + file_frame_header_bytes, payload.data(), payload.size());
-  return out;
-}
-
-// The payload of a framed file; `what` names it ("sharded checkpoint index 'run/m.ckpt'").
-[[nodiscard]] inline std::span<const std::byte> unframe(std::span<const std::byte> file, const std::array<char, 8>& magic,
-                                                        std::uint32_t version, std::string_view what,
-                                                        std::uint32_t* crc_out = nullptr) {
-  const std::string w(what);
-  if (file.size() < file_frame_header_bytes) {
-    throw checkpoint_error(w + " is truncated: " + std::to_string(file.size()) + " bytes, less than the " +
-                           std::to_string(file_frame_header_bytes) + "-byte header");
-  }
-  if (std::memcmp(file.data(), magic.data(), 8) != 0) {
-    throw checkpoint_error(w + " has the wrong magic (expected \"" + std::string(magic.data(), 8) + "\")");
-  }
-  std::uint32_t v = 0, crc = 0;
-  std::uint64_t size = 0;
-  std::memcpy(&v, file.data() + 8, 4);
-  std::memcpy(&crc, file.data() + 12, 4);
-  std::memcpy(&size, file.data() + 16, 8);
-  if (v != version) {
-    throw checkpoint_error(w + " has format version " + std::to_string(v) + ", this build reads version " +
-                           std::to_string(version));
-  }
-  const std::size_t have = file.size() - file_frame_header_bytes;
-  if (size != have) {
-    throw checkpoint_error(w + (have < size ? " is truncated" : " has trailing bytes") + ": the header says " +
-                           std::to_string(size) + " payload bytes, the file has " + std::to_string(have));
-  }
-  const auto payload = file.subspan(file_frame_header_bytes);
-  if (const auto got = crc32(payload); got != crc) {
-    throw checkpoint_error(w + " is corrupted: the payload's CRC-32 is " + std::to_string(got) + ", the header says " +
-                           std::to_string(crc));
-  }
-  if (crc_out) *crc_out = crc;
-  return payload;
-}
-
-}  // namespace partrain::inline v0::detail
 
 // #include <partrain/train/rank_checkpoint.hpp>
 // partrain/train/rank_checkpoint.hpp: checkpoints of modes whose ranks hold different state:
@@ -21308,502 +22019,6 @@ class progress {
   std::int64_t samples_ = 0;
   std::chrono::steady_clock::time_point first_{}, last_{}, last_print_{};
 };
-
-}  // namespace partrain::inline v0
-
-// #include <partrain/train/sharded_checkpoint.hpp>
-// partrain/train/sharded_checkpoint.hpp: checkpoints of a sharded_data_parallel without a trip
-// through rank 0. Every rank writes its own shard file (its slice of the flat parameters and of
-// the optimizer state, atomically, CRC'd); then rank 0 writes a small index at the checkpoint's
-// path naming the shards, their slices and CRCs, the model's fingerprint and where training
-// stood. Loading reads the index and the shards and works at any world size: the slices are
-// contiguous ranges of the flat parameter space, so each rank takes the parameters from every
-// shard and the optimizer state from the shards that overlap its new slice (resharding). A
-// replicated model and optimizer (plain DDP, or one process) load it too: the state of the whole
-// flat space, cut per parameter; consolidate_sharded_checkpoint writes one ordinary checkpoint
-// file from it (names and shapes are in the index, no model type needed).
-//
-// Files: <path> (index) and <path>.step-<S>.shard-<r>-of-<n>. Shards are named by step, so a
-// crash while saving leaves the previous index and its shards intact; the shards of older saves
-// are removed once the new index is in place.
-
-#include <algorithm>
-#include <array>
-#include <cstddef>
-#include <cstdint>
-#include <exception>
-#include <filesystem>
-#include <optional>
-#include <span>
-#include <string>
-#include <system_error>
-#include <type_traits>
-#include <vector>
-
-// #include <partrain/comm/process_group.hpp> (above)
-// #include <partrain/core/dtype.hpp> (above)
-// #include <partrain/core/error.hpp> (above)
-// #include <partrain/model/traits.hpp> (above)
-// #include <partrain/optim/adamw.hpp> (above)
-// #include <partrain/optim/optimizer.hpp> (above)
-// #include <partrain/optim/sgd.hpp> (above)
-// #include <partrain/optim/state_io.hpp> (above)
-// #include <partrain/parallel/detail/zero_layout.hpp> (above)
-// #include <partrain/parallel/detail/zero_optimizer.hpp> (above)
-// #include <partrain/train/checkpoint.hpp> (above)
-// #include <partrain/train/detail/atomic_file.hpp> (above)
-// #include <partrain/train/detail/framed_file.hpp> (above)
-
-namespace partrain::inline v0 {
-
-inline constexpr std::array<char, 8> sharded_index_magic{'P', 'T', 'R', 'N', 'Z', 'I', 'D', 'X'};
-inline constexpr std::array<char, 8> shard_file_magic{'P', 'T', 'R', 'N', 'Z', 'S', 'H', 'D'};
-inline constexpr std::uint32_t sharded_checkpoint_version = 1;
-
-namespace detail::zero_ckpt {
-
-// FNV-1a over every parameter's name and shape: "the same model" for a checkpoint.
-template <class M>
-[[nodiscard]] std::uint64_t model_fingerprint(M& m) {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  const auto mix = [&h](std::uint64_t x) {
-    for (int b = 0; b < 8; ++b) h = (h ^ ((x >> (8 * b)) & 0xffu)) * 0x100000001b3ull;
-  };
-  std::size_t i = 0;
-  for (auto&& p : m.parameters()) {
-    for (const char c : param_name(p, i++)) mix(static_cast<unsigned char>(c));
-    const auto v = p.value();
-    mix(v.rank());
-    for (std::size_t d = 0; d < v.rank(); ++d) mix(v.extent(d));
-  }
-  return h;
-}
-
-template <class M>
-[[nodiscard]] zero::flat_views<model_element_t<M>> value_views(M& m) {
-  std::vector<tensor_view<model_element_t<M>>> v;
-  for (auto&& p : m.parameters()) v.push_back(p.value());
-  return zero::flat_views<model_element_t<M>>(std::move(v));
-}
-
-[[nodiscard]] inline std::filesystem::path shard_path(const std::filesystem::path& index, std::uint64_t step, int rank,
-                                                      int world) {
-  return index.parent_path() / (index.filename().string() + ".step-" + std::to_string(step) + ".shard-" +
-                                std::to_string(rank) + "-of-" + std::to_string(world));
-}
-
-struct shard_entry {
-  std::string file;  // relative to the index's folder
-  std::uint64_t begin = 0, end = 0;
-  std::uint32_t crc = 0;
-};
-
-struct param_entry {
-  std::string name;
-  shape dims;
-};
-
-struct index_record {
-  std::uint8_t type = 0;
-  std::uint64_t total = 0, params = 0, fingerprint = 0, world = 0, step = 0;
-  std::string optimizer;
-  std::vector<shard_entry> shards;
-  checkpoint_extra extra;
-  std::vector<param_entry> names;  // every parameter's name and shape (what consolidation writes)
-};
-
-template <class M>
-[[nodiscard]] std::vector<param_entry> param_entries(M& m) {
-  std::vector<param_entry> out;
-  std::size_t i = 0;
-  for (auto&& p : m.parameters()) out.push_back({param_name(p, i++), p.value().shape()});
-  return out;
-}
-
-[[nodiscard]] inline std::vector<std::byte> encode(const index_record& x) {
-  state_writer w;
-  w.put(x.type);
-  w.put(x.total);
-  w.put(x.params);
-  w.put(x.fingerprint);
-  w.put(x.world);
-  w.put(x.step);
-  w.put_string(x.optimizer);
-  for (const auto& s : x.shards) {
-    w.put_string(s.file);
-    w.put(s.begin);
-    w.put(s.end);
-    w.put(s.crc);
-  }
-  put_checkpoint_extra(w, x.extra);
-  for (const auto& e : x.names) {
-    w.put_string(e.name);
-    w.put(static_cast<std::uint8_t>(e.dims.rank()));
-    for (std::size_t d = 0; d < e.dims.rank(); ++d) w.put(static_cast<std::uint64_t>(e.dims[d]));
-  }
-  return w.release();
-}
-[[nodiscard]] inline index_record decode_index(std::span<const std::byte> payload, const std::string& where) {
-  state_reader r(payload, where);
-  index_record x;
-  x.type = r.get<std::uint8_t>("dtype");
-  x.total = r.get<std::uint64_t>("element count");
-  x.params = r.get<std::uint64_t>("parameter count");
-  x.fingerprint = r.get<std::uint64_t>("model fingerprint");
-  x.world = r.get<std::uint64_t>("world size");
-  x.step = r.get<std::uint64_t>("save step");
-  x.optimizer = r.get_string("optimizer kind");
-  if (x.world == 0 || x.world > (1u << 20)) throw checkpoint_error(where + " is malformed: world size " + std::to_string(x.world));
-  for (std::uint64_t q = 0; q < x.world; ++q) {
-    shard_entry s;
-    s.file = r.get_string("shard file");
-    s.begin = r.get<std::uint64_t>("shard begin");
-    s.end = r.get<std::uint64_t>("shard end");
-    s.crc = r.get<std::uint32_t>("shard crc");
-    x.shards.push_back(std::move(s));
-  }
-  x.extra = get_checkpoint_extra(r);
-  if (x.params > (1u << 24)) throw checkpoint_error(where + " is malformed: " + std::to_string(x.params) + " parameters");
-  for (std::uint64_t i = 0; i < x.params; ++i) {
-    param_entry e;
-    e.name = r.get_string("parameter name");
-    const auto rank = r.get<std::uint8_t>("parameter rank");
-    if (rank > max_rank) throw checkpoint_error(where + " is malformed: parameter " + e.name + " has rank " + std::to_string(rank));
-    std::array<std::size_t, max_rank> dims{};
-    for (std::size_t d = 0; d < rank; ++d) dims[d] = static_cast<std::size_t>(r.get<std::uint64_t>("parameter extent"));
-    e.dims = shape(std::span<const std::size_t>(dims.data(), rank));
-    x.names.push_back(std::move(e));
-  }
-  if (r.remaining() != 0) throw checkpoint_error(where + " is malformed: " + std::to_string(r.remaining()) + " unread bytes");
-  return x;
-}
-
-// The replicated optimizer's own state layout (optim/sgd.hpp, optim/adamw.hpp), cut per parameter
-// from the flat state of the whole space.
-template <class T>
-void put_replicated_state(state_writer& w, const shard_optimizer_state<T>& st, const std::vector<std::size_t>& sizes) {
-  const auto& a = st.arrays;
-  std::size_t at = 0;
-  if (st.kind == "sgd") {
-    put_sgd_state_header(w, st.steps, sizes.size());
-    for (const auto n : sizes) {
-      put_sgd_state_entry(w, !a.empty(), a.empty() ? std::span<const T>() : std::span<const T>(a[0]).subspan(at, n));
-      at += n;
-    }
-  } else {
-    put_adamw_state_header(w, st.steps, sizes.size());
-    if (a.size() != 2) return;
-    for (const auto n : sizes) {
-      put_adamw_state_entry(w, std::span<const T>(a[0]).subspan(at, n), std::span<const T>(a[1]).subspan(at, n));
-      at += n;
-    }
-  }
-}
-
-// A model made of the index's names and shapes (what consolidation hands checkpoint_bytes).
-template <class T>
-struct flat_model {
-  struct param {
-    flat_model* m;
-    std::size_t i;
-    [[nodiscard]] tensor_view<T> value() const { return {m->values.data() + m->starts[i], m->entries[i].dims}; }
-    [[nodiscard]] tensor_view<T> grad() const { return value(); }
-    [[nodiscard]] const std::string& name() const { return m->entries[i].name; }
-  };
-  explicit flat_model(std::vector<param_entry> e) : entries(std::move(e)) {
-    std::size_t at = 0;
-    for (std::size_t i = 0; i < entries.size(); ++i) {
-      starts.push_back(at);
-      at += entries[i].dims.numel();
-      ps.push_back({this, i});
-    }
-    values.assign(at, T(0));
-  }
-  flat_model(const flat_model&) = delete;
-  flat_model& operator=(const flat_model&) = delete;
-  [[nodiscard]] std::vector<param>& parameters() { return ps; }
-  [[nodiscard]] std::size_t total() const noexcept { return values.size(); }
-  [[nodiscard]] std::vector<std::size_t> sizes() const {
-    std::vector<std::size_t> out;
-    for (const auto& e : entries) out.push_back(e.dims.numel());
-    return out;
-  }
-  std::vector<param_entry> entries;
-  std::vector<std::size_t> starts;
-  std::vector<param> ps;
-  std::vector<T> values;
-};
-
-// Loaded optimizer state as a stateful_optimizer, so checkpoint_bytes writes it as the
-// replicated optimizer would.
-template <class T>
-struct state_of {
-  const shard_optimizer_state<T>* st;
-  std::vector<std::size_t> sizes;
-  void step() {}
-  void zero_grad() {}
-  void save_state(state_writer& w) const { put_replicated_state<T>(w, *st, sizes); }
-  void load_state(state_reader&) {}
-};
-
-// Every rank's failure flag through one all_reduce, so all ranks fail together: the rank that
-// failed rethrows its own error, the others name it.
-inline void agree(process_group& g, std::exception_ptr mine, const std::string& what) {
-  std::vector<std::int64_t> flags(static_cast<std::size_t>(g.size()), 0);
-  flags[static_cast<std::size_t>(g.rank())] = mine ? 1 : 0;
-  g.all_reduce(tensor_view<std::int64_t>(flags.data(), flags.size()), reduce_op::sum).wait();
-  if (mine) std::rethrow_exception(mine);
-  for (std::size_t q = 0; q < flags.size(); ++q) {
-    if (flags[q]) throw checkpoint_error("rank " + std::to_string(q) + " failed to " + what + " (see its error)");
-  }
-}
-
-}  // namespace detail::zero_ckpt
-
-// Every rank calls it. `extra.step` names the save (the shard files carry it).
-template <class Zero>
-void save_sharded_checkpoint(Zero& z, const std::filesystem::path& index, const checkpoint_extra& extra = {}) {
-  namespace ck = detail::zero_ckpt;
-  auto& m = z.module();
-  using T = model_element_t<std::remove_cvref_t<decltype(m)>>;
-  process_group& g = z.comm();
-  const int rank = g.rank(), world = g.size();
-  const auto shard = z.shard();
-  const auto fingerprint = ck::model_fingerprint(m);
-  const auto path = ck::shard_path(index, extra.step, rank, world);
-  std::uint32_t crc = 0;
-  std::exception_ptr err;
-  try {
-    if (rank == 0 && index.has_parent_path()) std::filesystem::create_directories(index.parent_path());
-    state_writer w;
-    w.put(static_cast<std::uint8_t>(dtype_of<T>));
-    w.put(static_cast<std::uint64_t>(z.total_elements()));
-    w.put(fingerprint);
-    w.put(static_cast<std::uint64_t>(world));
-    w.put(static_cast<std::uint64_t>(rank));
-    w.put(static_cast<std::uint64_t>(shard.begin));
-    w.put(static_cast<std::uint64_t>(shard.end));
-    w.put(extra.step);
-    std::vector<T> values(shard.size());
-    ck::value_views(m).read(shard, values.data(), false);
-    w.put_array(std::span<const T>(values));
-    const auto state = z.optimizer_state();
-    w.put_string(state.kind);
-    w.put(state.steps);
-    w.put(static_cast<std::uint64_t>(state.arrays.size()));
-    for (const auto& a : state.arrays) w.put_array(std::span<const T>(a));
-    crc = detail::crc32(w.bytes());
-    detail::write_file_atomically(path, detail::frame(shard_file_magic, sharded_checkpoint_version, w.bytes()));
-  } catch (...) {
-    err = std::current_exception();
-  }
-  // Directory creation on rank 0 happens before the others write: the agreement is a barrier.
-  ck::agree(g, err, "write its shard of " + index.string());
-  std::vector<std::int64_t> crcs(static_cast<std::size_t>(world), 0);
-  crcs[static_cast<std::size_t>(rank)] = crc;
-  g.all_reduce(tensor_view<std::int64_t>(crcs.data(), crcs.size()), reduce_op::sum).wait();
-  err = nullptr;
-  if (rank == 0) {
-    try {
-      ck::index_record x{static_cast<std::uint8_t>(dtype_of<T>), z.total_elements(), detail::parameter_count(m), fingerprint,
-                         static_cast<std::uint64_t>(world), extra.step, z.optimizer_kind(), {}, extra,
-                         ck::param_entries(m)};
-      for (int q = 0; q < world; ++q) {
-        const auto s = detail::zero::shard_of(z.total_elements(), static_cast<std::size_t>(world), static_cast<std::size_t>(q));
-        x.shards.push_back({ck::shard_path(index, extra.step, q, world).filename().string(), s.begin, s.end,
-                            static_cast<std::uint32_t>(crcs[static_cast<std::size_t>(q)])});
-      }
-      detail::write_file_atomically(index, detail::frame(sharded_index_magic, sharded_checkpoint_version, ck::encode(x)));
-      // The new index is in place: shards of older saves are garbage now (best effort).
-      const auto dir = index.has_parent_path() ? index.parent_path() : std::filesystem::path(".");
-      const std::string prefix = index.filename().string() + ".step-";
-      std::error_code ec;
-      for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-        const auto name = e.path().filename().string();
-        const bool ours = name.starts_with(prefix) && name.find(".shard-") != std::string::npos &&
-                          name.find(".tmp") == std::string::npos;
-        const bool current = std::any_of(x.shards.begin(), x.shards.end(), [&](const auto& s) { return s.file == name; });
-        if (ours && !current) std::filesystem::remove(e.path(), ec);
-      }
-    } catch (...) {
-      err = std::current_exception();
-    }
-  }
-  ck::agree(g, err, "write the index " + index.string());
-}
-
-namespace detail::zero_ckpt {
-
-template <class T>
-struct loaded {
-  index_record index;
-  std::vector<T> values;             // the whole flat parameter space
-  shard_optimizer_state<T> state;    // over the slice asked for
-};
-
-// Reads and checks the index and every shard it names, for model m stepped by a `kind`
-// optimizer: all parameter values, and the optimizer state of the flat slice `mine`.
-template <class M>
-[[nodiscard]] loaded<model_element_t<M>> read(const std::filesystem::path& index, M& m, zero::flat_range mine,
-                                               const std::string& kind) {
-  using T = model_element_t<M>;
-  const std::string where = "sharded checkpoint index '" + index.string() + "'";
-  loaded<T> out;
-  auto& x = out.index;
-  const auto file = detail::read_whole_file(index);
-  x = decode_index(unframe(file, sharded_index_magic, sharded_checkpoint_version, where), where);
-  const auto fingerprint = model_fingerprint(m);
-  const auto params = parameter_count(m);
-  const auto total = value_views(m).total();
-  if (x.type != static_cast<std::uint8_t>(dtype_of<T>) || x.total != total || x.params != params ||
-      x.fingerprint != fingerprint) {
-    throw checkpoint_error(where + " was written for another model: " + std::to_string(x.params) + " parameters of " +
-                           std::to_string(x.total) + " " + std::string(to_string(static_cast<dtype>(x.type))) +
-                           " elements (names and shapes fingerprint " + std::to_string(x.fingerprint) +
-                           "), this model has " + std::to_string(params) + " of " + std::to_string(total) + " " +
-                           std::string(to_string(dtype_of<T>)) + " (fingerprint " + std::to_string(fingerprint) + ")");
-  }
-  if (x.optimizer != kind) {
-    throw checkpoint_error(where + " holds " + x.optimizer + " optimizer state, this run steps with " + kind);
-  }
-  out.values.resize(total);
-  const auto values_view = std::span<T>(out.values);
-  auto& state = out.state;
-  state.kind = x.optimizer;
-  const auto dir = index.parent_path();
-  std::uint64_t expect_begin = 0;
-  for (std::size_t q = 0; q < x.shards.size(); ++q) {
-    const auto& e = x.shards[q];
-    const auto path = dir / e.file;
-    const std::string sw = "shard '" + path.string() + "' (rank " + std::to_string(q) + " of " + std::to_string(x.world) + ")";
-    if (e.begin != expect_begin || e.end < e.begin || e.end > x.total) {
-      throw checkpoint_error(where + " is malformed: shard " + std::to_string(q) + " covers [" + std::to_string(e.begin) +
-                             ", " + std::to_string(e.end) + ")");
-    }
-    expect_begin = e.end;
-    if (!std::filesystem::exists(path)) {
-      throw checkpoint_error(where + " names " + sw + ", which is missing (expected one shard file per rank of the "
-                             "saving run)");
-    }
-    const auto bytes = detail::read_whole_file(path);
-    std::uint32_t crc = 0;
-    state_reader r(unframe(bytes, shard_file_magic, sharded_checkpoint_version, sw, &crc), sw);
-    (void)r.get<std::uint8_t>("dtype");
-    (void)r.get<std::uint64_t>("element count");
-    (void)r.get<std::uint64_t>("model fingerprint");
-    const auto sworld = r.get<std::uint64_t>("world size");
-    const auto srank = r.get<std::uint64_t>("rank");
-    const auto sbegin = r.get<std::uint64_t>("shard begin");
-    const auto send = r.get<std::uint64_t>("shard end");
-    const auto sstep = r.get<std::uint64_t>("save step");
-    if (sstep != x.step) {
-      throw checkpoint_error(sw + " is from step " + std::to_string(sstep) + " but the index from step " +
-                             std::to_string(x.step) + " (shards of two different saves)");
-    }
-    if (crc != e.crc || sworld != x.world || srank != q || sbegin != e.begin || send != e.end) {
-      throw checkpoint_error(sw + " is not the shard the index names (its CRC, rank or slice differ: a file of another "
-                             "save at the same step?)");
-    }
-    r.get_array(values_view.subspan(e.begin, e.end - e.begin), sw + " values");
-    const auto skind = r.get_string("optimizer kind");
-    const auto steps = r.get<std::int64_t>("optimizer steps");
-    const auto arrays = r.get<std::uint64_t>("optimizer array count");
-    if (skind != x.optimizer || (q > 0 && (steps != state.steps || arrays != state.arrays.size())) || arrays > 2) {
-      throw checkpoint_error(sw + " holds " + skind + " state after " + std::to_string(steps) + " steps with " +
-                             std::to_string(arrays) + " arrays, unlike the other shards (shards of different runs)");
-    }
-    state.steps = steps;
-    state.arrays.resize(arrays);
-    std::vector<T> a(e.end - e.begin);
-    for (std::uint64_t j = 0; j < arrays; ++j) {
-      r.get_array(std::span<T>(a), sw + " optimizer array " + std::to_string(j));
-      // The part of this old shard inside the slice asked for.
-      auto& dst = state.arrays[j];
-      dst.resize(mine.size());
-      const std::uint64_t lo = std::max<std::uint64_t>(e.begin, mine.begin);
-      const std::uint64_t hi = std::min<std::uint64_t>(e.end, mine.end);
-      if (lo < hi) {
-        std::copy(a.begin() + static_cast<std::ptrdiff_t>(lo - e.begin), a.begin() + static_cast<std::ptrdiff_t>(hi - e.begin),
-                  dst.begin() + static_cast<std::ptrdiff_t>(lo - mine.begin));
-      }
-    }
-    if (r.remaining() != 0) throw checkpoint_error(sw + " is malformed: " + std::to_string(r.remaining()) + " unread bytes");
-  }
-  if (expect_begin != x.total) throw checkpoint_error(where + " is malformed: its shards end at " + std::to_string(expect_begin));
-  return out;
-}
-
-}  // namespace detail::zero_ckpt
-
-// Every rank calls it; the world size may differ from the one that saved. Everything is read and
-// checked before the model or the optimizer changes. Returns where training stood.
-template <class Zero>
-checkpoint_extra load_sharded_checkpoint(Zero& z, const std::filesystem::path& index) {
-  namespace ck = detail::zero_ckpt;
-  auto& m = z.module();
-  process_group& g = z.comm();
-  std::optional<ck::loaded<model_element_t<std::remove_cvref_t<decltype(m)>>>> got;
-  std::exception_ptr err;
-  try {
-    got = ck::read(index, m, z.shard(), z.optimizer_kind());
-  } catch (...) {
-    err = std::current_exception();
-  }
-  ck::agree(g, err, "read " + index.string());
-  z.load_optimizer_state(got->state, "sharded checkpoint '" + index.string() + "'");
-  ck::value_views(m).write({0, got->values.size()}, got->values.data());
-  return got->index.extra;
-}
-
-// A sharded checkpoint into a replicated model and optimizer (sgd or adamw): e.g. to resume a
-// ZeRO run under plain DDP, or on one process. Each caller reads every shard; nothing is
-// communicated. Returns where training stood.
-template <model M, stateful_optimizer O>
-checkpoint_extra load_sharded_checkpoint(const std::filesystem::path& index, M& m, O& opt) {
-  static_assert(detail::check_checkpointable<M>());
-  using T = model_element_t<M>;
-  using opts_t = std::remove_cvref_t<decltype(opt.options())>;
-  constexpr bool is_sgd = std::same_as<opts_t, sgd_options>;
-  static_assert(is_sgd || std::same_as<opts_t, adamw_options>,
-                "partrain: a sharded checkpoint loads into partrain::sgd or partrain::adamw");
-  namespace ck = detail::zero_ckpt;
-  auto views = ck::value_views(m);
-  const auto got = ck::read(index, m, {0, views.total()}, is_sgd ? "sgd" : "adamw");
-  std::vector<std::size_t> sizes;
-  for (auto&& p : m.parameters()) sizes.push_back(p.value().size());
-  state_writer w;
-  ck::put_replicated_state<T>(w, got.state, sizes);
-  state_reader r(w.bytes());
-  opt.load_state(r);
-  views.write({0, got.values.size()}, got.values.data());
-  return got.index.extra;
-}
-
-// Writes the whole model and optimizer state of a sharded checkpoint into one ordinary checkpoint
-// (train/checkpoint.hpp's format, atomically), readable by load_checkpoint with the model and a
-// replicated sgd or adamw; no model type is needed. The element type is the checkpoint's
-// (float or double).
-inline void consolidate_sharded_checkpoint(const std::filesystem::path& index, const std::filesystem::path& out) {
-  namespace ck = detail::zero_ckpt;
-  const std::string where = "sharded checkpoint index '" + index.string() + "'";
-  const auto file = detail::read_whole_file(index);
-  const auto x = ck::decode_index(detail::unframe(file, sharded_index_magic, sharded_checkpoint_version, where), where);
-  const auto run = [&]<class T>(std::type_identity<T>) {
-    ck::flat_model<T> m(x.names);
-    const auto got = ck::read(index, m, {0, m.total()}, x.optimizer);
-    m.values = got.values;
-    const ck::state_of<T> opt{&got.state, m.sizes()};
-    detail::write_file_atomically(out, checkpoint_bytes(m, opt, x.extra));
-  };
-  if (x.type == static_cast<std::uint8_t>(dtype::float32)) {
-    run(std::type_identity<float>{});
-  } else if (x.type == static_cast<std::uint8_t>(dtype::float64)) {
-    run(std::type_identity<double>{});
-  } else {
-    throw checkpoint_error(where + " holds " + std::string(to_string(static_cast<dtype>(x.type))) +
-                           " parameters; consolidation writes float or double");
-  }
-}
 
 }  // namespace partrain::inline v0
 

@@ -3,7 +3,8 @@
 // size divides, a layer whose last chunk is empty), both reshard_after_forward settings, with and
 // without prefetch, SGD with momentum and AdamW, clipping, no_sync accumulation; evaluation with
 // uneven batch counts; the measured peak parameter, gradient and optimizer-state bytes; the bytes
-// each step sends; the chunk arithmetic; bad input.
+// each step sends; the chunk arithmetic; bad input; sharded checkpoints that resume at another
+// world size and load into a replicated model.
 #include <catch2/catch.hpp>
 
 #include <partrain/comm/local.hpp>
@@ -12,15 +13,20 @@
 #include <partrain/optim/sgd.hpp>
 #include <partrain/parallel/fsdp.hpp>
 #include <partrain/train/checkpoint.hpp>
+#include <partrain/train/sharded_checkpoint.hpp>
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
+#include <mutex>
+#include <stdexcept>
 #include <string>
 #include <variant>
 #include <vector>
 
 #include "pipeline_layers.hpp"
+#include "temp_dir.hpp"
 
 using namespace partrain;
 using namespace std::chrono_literals;
@@ -499,4 +505,120 @@ TEST_CASE("fsdp owns the layers' storage: empty outside compute, whole under sum
     CHECK(got[q].values == flat_values(want));     // rank 0's values, broadcast
     CHECK(got[q].checksum == parameter_checksum(want));
   }
+}
+
+namespace {
+
+// Checkpoints: a global batch of 12 rows per step, split evenly over 2, 3 or 4 ranks, so runs at
+// different world sizes take the same steps.
+constexpr std::size_t ck_rows = 12;
+
+// Steps [from, to) at `world` with AdamW, loading `load` first and saving to `save` after (when
+// given); every parameter value at the end.
+std::vector<float> ck_run(int world, int from, int to, const std::filesystem::path& load = {},
+                          const std::filesystem::path& save = {}) {
+  std::vector<float> out;
+  std::mutex mu;
+  run_local(world, [&](local_group& g) {
+    host_model layers = make_mlp(widths, seed + (load.empty() ? 0u : 7u));  // a load replaces the values
+    fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, adamw_default);
+    if (!load.empty() && load_sharded_checkpoint(f, load).step != static_cast<std::uint64_t>(from)) {
+      throw std::runtime_error("the checkpoint is not from step " + std::to_string(from));
+    }
+    const std::size_t per = ck_rows / static_cast<std::size_t>(world);
+    const auto r = static_cast<std::size_t>(g.rank());
+    for (int s = from; s < to; ++s) {
+      const auto b = step_batch(s, ck_rows);
+      (void)f.train_step(b.input().slice(r * per, (r + 1) * per), b.labels().slice(r * per, (r + 1) * per));
+    }
+    if (!save.empty()) save_sharded_checkpoint(f, save, {.epoch = 1, .step = static_cast<std::uint64_t>(to)});
+    auto full = f.summon_full_params();
+    if (g.rank() == 0) {
+      std::lock_guard lock(mu);
+      out = flat_values(full);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("fsdp checkpoint: saved at world 3, resumed at 3 bit for bit and at 2 and 4 within rounding",
+          "[parallel][fsdp][checkpoint]") {
+  partrain::testing::temp_dir dir;
+  const auto ck = dir.path / "run" / "fsdp.ckpt";
+  const auto straight = ck_run(3, 0, 6);
+  (void)ck_run(3, 0, 3, {}, ck);
+  // One shard per rank (each holding its chunk of every layer) and the index.
+  std::size_t shards = 0;
+  for (const auto& e : std::filesystem::directory_iterator(ck.parent_path())) {
+    shards += e.path().filename().string().find(".shard-") != std::string::npos ? 1 : 0;
+  }
+  CHECK(shards == 3);
+  CHECK(ck_run(3, 3, 6, ck) == straight);
+  for (int world : {2, 4, 1}) {
+    CAPTURE(world);
+    const auto resumed = ck_run(world, 3, 6, ck);
+    REQUIRE(resumed.size() == straight.size());
+    // Another world size sums the ranks' gradients in another grouping: float rounding only.
+    for (std::size_t i = 0; i < straight.size(); ++i) CHECK(resumed[i] == Approx(straight[i]).epsilon(1e-4).margin(1e-6));
+  }
+}
+
+TEST_CASE("fsdp checkpoint: loads into a replicated model and optimizer, and consolidates", "[parallel][fsdp][checkpoint]") {
+  partrain::testing::temp_dir dir;
+  const auto ck = dir.path / "fsdp.ckpt";
+  const auto saved = ck_run(2, 0, 3, {}, ck);
+  const auto straight = ck_run(2, 0, 5);
+  // The same layers on one process, stepped by a replicated AdamW from the checkpoint's state.
+  host_model m = make_mlp(widths, seed + 99);
+  layer_params params(m);
+  adamw opt(params, adamw_default);
+  CHECK(load_sharded_checkpoint(ck, params, opt).step == 3u);
+  CHECK(flat_values(params) == saved);
+  CHECK(opt.steps() == 3);
+  for (int s = 3; s < 5; ++s) {
+    const auto b = step_batch(s, ck_rows);
+    (void)reference_step(m, softmax_cross_entropy{}, b.input(), b.labels());
+    opt.step();
+  }
+  const auto replica = flat_values(params);
+  REQUIRE(replica.size() == straight.size());
+  for (std::size_t i = 0; i < replica.size(); ++i) CHECK(replica[i] == Approx(straight[i]).epsilon(1e-4).margin(1e-6));
+
+  // One ordinary checkpoint file, as the replicated model would have written it.
+  const auto whole = dir.path / "whole.ckpt";
+  consolidate_sharded_checkpoint(ck, whole);
+  host_model m2 = make_mlp(widths, seed + 5);
+  layer_params params2(m2);
+  adamw opt2(params2, adamw_default);
+  (void)load_checkpoint(whole, params2, opt2);
+  CHECK(flat_values(params2) == saved);
+  CHECK(opt2.steps() == 3);
+}
+
+TEST_CASE("fsdp checkpoint: another model, a missing shard and another optimizer are refused, naming the file",
+          "[parallel][fsdp][checkpoint]") {
+  partrain::testing::temp_dir dir;
+  const auto ck = dir.path / "fsdp.ckpt";
+  (void)ck_run(2, 0, 1, {}, ck);
+  const auto error_of_load = [&](const std::vector<std::size_t>& w, const shard_optimizer_options& o) {
+    std::string msg;
+    std::mutex mu;
+    try {
+      run_local(2, [&](local_group& g) {
+        host_model layers = make_mlp(w, seed);
+        fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, o);
+        (void)load_sharded_checkpoint(f, ck);
+      });
+    } catch (const checkpoint_error& e) {
+      std::lock_guard lock(mu);
+      msg = e.what();
+    }
+    return msg;
+  };
+  CHECK_THAT(error_of_load({6, 5, 3, 2, 2}, adamw_default), Catch::Contains("fsdp.ckpt") && Catch::Contains("was written for another model"));
+  CHECK_THAT(error_of_load(widths, sgd_momentum), Catch::Contains("holds adamw optimizer state, this run steps with sgd"));
+  std::filesystem::remove(dir.path / "fsdp.ckpt.step-1.shard-1-of-2");
+  CHECK_THAT(error_of_load(widths, adamw_default), Catch::Contains("shard-1-of-2") && Catch::Contains("which is missing"));
 }

@@ -370,6 +370,8 @@ TEST_CASE("zero: join lets ranks with fewer batches shadow the others, as DDP's 
 TEST_CASE("zero: without join, a rank that stops early makes the others time out naming the op and join",
           "[parallel][zero][join]") {
   std::string msg;
+  int rank = -1;
+  std::chrono::milliseconds deadline{0};
   try {
     run_local(
         2,
@@ -381,9 +383,14 @@ TEST_CASE("zero: without join, a rank that stops early makes the others time out
         {.timeout = std::chrono::milliseconds(300)});
   } catch (const timeout_error& e) {
     msg = e.what();
+    rank = e.rank();
+    deadline = e.timeout();
   }
   CHECK_THAT(msg, Catch::Contains("rank 0 sharded_data_parallel: gradient reduce_scatter of bucket 0"));
   CHECK_THAT(msg, Catch::Contains("zero_options{.join = true}"));
+  // The same facts as fields, for callers that must not parse the text.
+  CHECK(rank == 0);
+  CHECK(deadline == std::chrono::milliseconds(300));
 }
 
 namespace {

@@ -1,7 +1,7 @@
 // Sharded data parallel under fit() (zero_policy) and its sharded checkpoints: fit trains like
 // DDP; a checkpoint saved at world size 3 resumes at 3 bit for bit and at 2 and 4 within float
 // tolerance; another model, a missing shard, shards of two saves and a corrupted shard are
-// refused naming the file.
+// refused naming the file; files of format version 1 (one slice per shard) still load.
 #include <catch2/catch.hpp>
 
 #include <partrain/comm/local.hpp>
@@ -9,12 +9,16 @@
 #include <partrain/optim/sgd.hpp>
 #include <partrain/parallel/ddp.hpp>
 #include <partrain/parallel/zero.hpp>
+#include <partrain/train/detail/framed_file.hpp>
+#include <partrain/train/sharded_checkpoint.hpp>
 #include <partrain/train/trainer.hpp>
 #include <partrain/train/zero_policy.hpp>
 
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -341,4 +345,85 @@ TEST_CASE("sharded checkpoint: bad files are refused, naming the file", "[train]
     const auto msg = load_error(1, dir.path / "nothing.ckpt");
     CHECK_THAT(msg, Catch::Contains("nothing.ckpt"));
   }
+}
+
+namespace {
+
+std::vector<std::byte> file_bytes(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::vector<char> c((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> out(c.size());
+  std::memcpy(out.data(), c.data(), c.size());
+  return out;
+}
+void write_bytes(const std::filesystem::path& p, const std::vector<std::byte>& b) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+}
+
+// Rewrites a ZeRO checkpoint as format version 1 wrote it: each shard's one slice as (begin, end)
+// where version 2 writes a count and the slices. The rest of every file is unchanged.
+void rewrite_as_version_1(const std::filesystem::path& index) {
+  namespace ck = partrain::detail::zero_ckpt;
+  namespace pd = partrain::detail;
+  auto x = ck::read_index(index, "index");
+  for (auto& e : x.shards) {
+    REQUIRE(e.segments.size() == 1);
+    const auto path = index.parent_path() / e.file;
+    const auto bytes = file_bytes(path);
+    const auto payload = pd::unframe(bytes, shard_file_magic, 2u, "shard");
+    // dtype, element count, fingerprint, world size, rank | segment count, (begin, end)... | the rest
+    const std::size_t fixed = 1 + 4 * 8;
+    const std::size_t skip = fixed + 8 + 16;
+    std::vector<std::byte> v1(payload.begin(), payload.begin() + static_cast<std::ptrdiff_t>(fixed));
+    const auto append = [&v1](std::uint64_t n) {
+      const auto* p = reinterpret_cast<const std::byte*>(&n);
+      v1.insert(v1.end(), p, p + 8);
+    };
+    append(e.segments[0].begin);
+    append(e.segments[0].end);
+    v1.insert(v1.end(), payload.begin() + static_cast<std::ptrdiff_t>(skip), payload.end());
+    e.crc = pd::crc32(v1);
+    write_bytes(path, pd::frame(shard_file_magic, 1, v1));
+  }
+  state_writer w;
+  w.put(x.type);
+  w.put(x.total);
+  w.put(x.params);
+  w.put(x.fingerprint);
+  w.put(x.world);
+  w.put(x.step);
+  w.put_string(x.optimizer);
+  for (const auto& e : x.shards) {
+    w.put_string(e.file);
+    w.put(static_cast<std::uint64_t>(e.segments[0].begin));
+    w.put(static_cast<std::uint64_t>(e.segments[0].end));
+    w.put(e.crc);
+  }
+  pd::put_checkpoint_extra(w, x.extra);
+  for (const auto& n : x.names) {
+    w.put_string(n.name);
+    w.put(static_cast<std::uint8_t>(n.dims.rank()));
+    for (std::size_t d = 0; d < n.dims.rank(); ++d) w.put(static_cast<std::uint64_t>(n.dims[d]));
+  }
+  write_bytes(index, pd::frame(sharded_index_magic, 1, w.bytes()));
+}
+
+}  // namespace
+
+TEST_CASE("sharded checkpoint: files of format version 1 still load", "[train][zero][checkpoint][threads]") {
+  partrain::testing::temp_dir dir;
+  const auto ck = dir.path / "toy.ckpt";
+  const auto straight = toy_run(3, 0, 4);
+  (void)toy_run(3, 0, 2, {}, ck);
+  rewrite_as_version_1(ck);
+  std::uint32_t version = 0;
+  const auto bytes = file_bytes(ck);
+  (void)partrain::detail::unframe(bytes, sharded_index_magic, partrain::detail::frame_versions{1, 2}, "index", nullptr,
+                                  &version);
+  REQUIRE(version == 1);
+  CHECK(toy_run(3, 2, 4, ck) == straight);  // the same world size: bit for bit
+  // A reader of version 2 only names both versions.
+  CHECK_THROWS_WITH(partrain::detail::unframe(bytes, sharded_index_magic, 2u, "index"),
+                    Catch::Contains("has format version 1, this build reads version 2"));
 }

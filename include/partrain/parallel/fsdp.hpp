@@ -46,6 +46,7 @@
 #include <partrain/model/concepts.hpp>
 #include <partrain/model/traits.hpp>
 #include <partrain/optim/clip.hpp>
+#include <partrain/optim/optimizer.hpp>
 #include <partrain/parallel/detail/ddp_elements.hpp>
 #include <partrain/parallel/detail/evaluate.hpp>
 #include <partrain/parallel/detail/fsdp_layout.hpp>
@@ -301,6 +302,60 @@ class fully_sharded_data_parallel {
   }
 
   [[nodiscard]] std::string optimizer_kind() const { return optimizer_->kind(); }
+
+  // What a sharded checkpoint (train/sharded_checkpoint.hpp) saves and loads. The flat space is
+  // every parameter of every layer, in order, as a model's parameters() would list them.
+  [[nodiscard]] std::vector<std::string> parameter_names() {
+    std::vector<std::string> out;
+    std::size_t i = 0;
+    for (const auto& u : units_) {
+      for (auto&& p : layer(u.layer).parameters()) out.push_back(detail::param_name(p, i++));
+    }
+    return out;
+  }
+  [[nodiscard]] std::vector<shape> parameter_shapes() const {
+    std::vector<shape> out;
+    for (const auto& u : units_) out.insert(out.end(), u.shapes.begin(), u.shapes.end());
+    return out;
+  }
+  [[nodiscard]] std::size_t total_elements() const noexcept { return unsharded_; }
+  // The slices of the flat space rank r holds (its chunk of each layer), ascending, empty ones left out.
+  [[nodiscard]] std::vector<detail::zero::flat_range> flat_segments(std::size_t r) const {
+    std::vector<detail::zero::flat_range> out;
+    std::size_t at = 0;
+    for (const auto& u : units_) {
+      const auto mine = u.chunks.owned(r);
+      if (mine.size() != 0) out.push_back({at + mine.begin, at + mine.end});
+      at += u.chunks.total();
+    }
+    return out;
+  }
+  // This rank's parameter values over flat_segments(rank), end to end, and back.
+  [[nodiscard]] std::vector<float> shard_values() const {
+    std::vector<float> out;
+    for (const auto& u : units_) out.insert(out.end(), values_.data() + u.chunk_at, values_.data() + u.chunk_at + u.mine.size());
+    return out;
+  }
+  void load_shard_values(std::span<const float> v) {
+    check_not_summoned("load_shard_values");
+    std::size_t want = 0;
+    for (const auto& u : units_) want += u.mine.size();
+    if (v.size() != want) {
+      throw invalid_argument_error(where() + "load_shard_values got " + std::to_string(v.size()) +
+                                   " values, this rank holds " + std::to_string(want));
+    }
+    std::size_t at = 0;
+    for (const auto& u : units_) {
+      std::copy(v.begin() + static_cast<std::ptrdiff_t>(at), v.begin() + static_cast<std::ptrdiff_t>(at + u.mine.size()),
+                values_.data() + u.chunk_at);
+      at += u.mine.size();
+    }
+  }
+  // The optimizer state over flat_segments(rank), end to end, and back.
+  [[nodiscard]] shard_optimizer_state<float> optimizer_state() const { return optimizer_->state(); }
+  void load_optimizer_state(const shard_optimizer_state<float>& s, const std::string& source) {
+    optimizer_->load(s, source);
+  }
 
  private:
   // One layer with parameters: its chunking, its chunk's place in this rank's storage, and the
@@ -669,16 +724,13 @@ class fully_sharded_data_parallel {
     } catch (const aborted_error& e) {
       throw aborted_error(where() + what, e);
     } catch (const timeout_error& e) {
-      throw timeout_error(where() + what + " failed: " + strip(e.what()) +
+      throw timeout_error(where() + what + " failed: " + detail::unprefixed(e.what()) +
                               " (every rank must run the same steps and evaluations)",
-                          e.site());
+                          detail::site_or(e, static_cast<int>(rank_), what));
     } catch (const communication_error& e) {
-      throw communication_error(where() + what + " failed: " + strip(e.what()), e.site());
+      throw communication_error(where() + what + " failed: " + detail::unprefixed(e.what()),
+                                detail::site_or(e, static_cast<int>(rank_), what));
     }
-  }
-  [[nodiscard]] static std::string strip(std::string_view s) {
-    if (s.starts_with("partrain: ")) s.remove_prefix(10);
-    return std::string(s);
   }
 
   Layers* layers_;

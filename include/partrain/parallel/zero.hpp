@@ -457,19 +457,16 @@ class sharded_data_parallel {
     } catch (const aborted_error& e) {
       throw aborted_error(where() + what, e);
     } catch (const timeout_error& e) {
-      throw timeout_error(where() + what + " failed: " + strip(e.what()) +
+      throw timeout_error(where() + what + " failed: " + detail::unprefixed(e.what()) +
                               (opts_.join ? std::string()
                                           : std::string(". If ranks run out of batches at different steps, construct "
                                                         "with zero_options{.join = true} and call join() on a rank once "
                                                         "its data ends")),
-                          e.site());
+                          detail::site_or(e, static_cast<int>(rank_), what));
     } catch (const communication_error& e) {
-      throw communication_error(where() + what + " failed: " + strip(e.what()), e.site());
+      throw communication_error(where() + what + " failed: " + detail::unprefixed(e.what()),
+                                detail::site_or(e, static_cast<int>(rank_), what));
     }
-  }
-  [[nodiscard]] static std::string strip(std::string_view s) {
-    if (s.starts_with("partrain: ")) s.remove_prefix(10);
-    return std::string(s);
   }
 
   // Waits for whatever is in flight, ignoring errors: the buffers must outlive the backend's use.

@@ -1,16 +1,20 @@
 // partrain/train/fsdp_policy.hpp: fully sharded data parallel (ZeRO-3, parallel/fsdp.hpp) as a
-// training policy, so fit() drives it like DDP. Its train_step already holds the optimizer step.
-// No checkpoints in this release: fit() refuses a checkpoint path for it before training.
+// training policy, so fit() drives it like DDP. Its train_step already holds the optimizer step;
+// checkpoints are sharded (train/sharded_checkpoint.hpp: every rank writes its chunks) and load
+// at any world size, into ZeRO, or into a replicated model.
 //
 //   fully_sharded_data_parallel fsdp(layers, group, softmax_cross_entropy{}, sgd_options{.lr = 0.1});
 //   fsdp_policy policy(fsdp);
-//   fit(policy, train_loader, test_loader, {.epochs = 8});
+//   fit(policy, train_loader, test_loader, {.epochs = 8, .checkpoint = "run/model.ckpt"});
 #pragma once
 
+#include <filesystem>
 #include <utility>
 
 #include <partrain/comm/process_group.hpp>
 #include <partrain/model/concepts.hpp>
+#include <partrain/train/checkpoint.hpp>
+#include <partrain/train/sharded_checkpoint.hpp>
 #include <partrain/train/trace.hpp>
 
 namespace partrain::inline v0 {
@@ -37,6 +41,12 @@ class fsdp_policy {
   process_group& group() { return fsdp_->comm(); }
   process_group& loss_group() { return fsdp_->comm(); }  // each rank's loss is its own batch's
   [[nodiscard]] int replicas() { return fsdp_->comm().size(); }
+
+  // Collective: every rank writes its chunks, rank 0 the index at `file`.
+  void save_checkpoint(const std::filesystem::path& file, const checkpoint_extra& extra) {
+    save_sharded_checkpoint(*fsdp_, file, extra);
+  }
+  checkpoint_extra load_checkpoint(const std::filesystem::path& file) { return load_sharded_checkpoint(*fsdp_, file); }
 
  private:
   Fsdp* fsdp_;

@@ -1,13 +1,13 @@
-// partrain/train/sharded_checkpoint.hpp: checkpoints of a sharded_data_parallel without a trip
-// through rank 0. Every rank writes its own shard file (its slice of the flat parameters and of
-// the optimizer state, atomically, CRC'd); then rank 0 writes a small index at the checkpoint's
-// path naming the shards, their slices and CRCs, the model's fingerprint and where training
-// stood. Loading reads the index and the shards and works at any world size: the slices are
-// contiguous ranges of the flat parameter space, so each rank takes the parameters from every
-// shard and the optimizer state from the shards that overlap its new slice (resharding). A
-// replicated model and optimizer (plain DDP, or one process) load it too: the state of the whole
-// flat space, cut per parameter; consolidate_sharded_checkpoint writes one ordinary checkpoint
-// file from it (names and shapes are in the index, no model type needed).
+// partrain/train/sharded_checkpoint.hpp: checkpoints of a sharded_data_parallel (ZeRO-1/2) or a
+// fully_sharded_data_parallel (ZeRO-3) without a trip through rank 0. Every rank writes its own
+// shard file (its slices of the flat parameter space: its values and optimizer state, atomically,
+// CRC'd); then rank 0 writes a small index at the checkpoint's path naming the shards, their
+// slices and CRCs, the model's names and shapes and where training stood. Loading reads the index
+// and the shards and works at any world size and across the two kinds: each rank takes the parts
+// of every shard that overlap what it now holds (resharding). A replicated model and optimizer
+// (plain DDP, or one process) load it too: the state of the whole flat space, cut per parameter;
+// consolidate_sharded_checkpoint (and the partrain_consolidate tool) writes one ordinary
+// checkpoint file from it (names and shapes are in the index, no model type needed).
 //
 // Files: <path> (index) and <path>.step-<S>.shard-<r>-of-<n>. Shards are named by step, so a
 // crash while saving leaves the previous index and its shards intact; the shards of older saves
@@ -25,6 +25,7 @@
 #include <string>
 #include <system_error>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <partrain/comm/process_group.hpp>
@@ -45,25 +46,46 @@ namespace partrain::inline v0 {
 
 inline constexpr std::array<char, 8> sharded_index_magic{'P', 'T', 'R', 'N', 'Z', 'I', 'D', 'X'};
 inline constexpr std::array<char, 8> shard_file_magic{'P', 'T', 'R', 'N', 'Z', 'S', 'H', 'D'};
-inline constexpr std::uint32_t sharded_checkpoint_version = 1;
+// Version 2: a shard holds a list of slices (segments) of the flat space, not one (FSDP's rank
+// owns a chunk of every layer). Version 1 files (one slice per shard) are still read.
+inline constexpr std::uint32_t sharded_checkpoint_version = 2;
 
 namespace detail::zero_ckpt {
 
-// FNV-1a over every parameter's name and shape: "the same model" for a checkpoint.
+inline constexpr frame_versions readable{1, sharded_checkpoint_version};
+using zero::flat_range;
+
+struct param_entry {
+  std::string name;
+  shape dims;
+};
+
 template <class M>
-[[nodiscard]] std::uint64_t model_fingerprint(M& m) {
+[[nodiscard]] std::vector<param_entry> param_entries(M& m) {
+  std::vector<param_entry> out;
+  std::size_t i = 0;
+  for (auto&& p : m.parameters()) out.push_back({param_name(p, i++), p.value().shape()});
+  return out;
+}
+
+// FNV-1a over every parameter's name and shape: "the same model" for a checkpoint.
+[[nodiscard]] inline std::uint64_t fingerprint_of(const std::vector<param_entry>& entries) {
   std::uint64_t h = 0xcbf29ce484222325ull;
   const auto mix = [&h](std::uint64_t x) {
     for (int b = 0; b < 8; ++b) h = (h ^ ((x >> (8 * b)) & 0xffu)) * 0x100000001b3ull;
   };
-  std::size_t i = 0;
-  for (auto&& p : m.parameters()) {
-    for (const char c : param_name(p, i++)) mix(static_cast<unsigned char>(c));
-    const auto v = p.value();
-    mix(v.rank());
-    for (std::size_t d = 0; d < v.rank(); ++d) mix(v.extent(d));
+  for (const auto& e : entries) {
+    for (const char c : e.name) mix(static_cast<unsigned char>(c));
+    mix(e.dims.rank());
+    for (std::size_t d = 0; d < e.dims.rank(); ++d) mix(e.dims[d]);
   }
   return h;
+}
+
+[[nodiscard]] inline std::uint64_t total_of(const std::vector<param_entry>& entries) {
+  std::uint64_t n = 0;
+  for (const auto& e : entries) n += e.dims.numel();
+  return n;
 }
 
 template <class M>
@@ -79,15 +101,16 @@ template <class M>
                                 std::to_string(rank) + "-of-" + std::to_string(world));
 }
 
+[[nodiscard]] inline std::uint64_t elements_of(const std::vector<flat_range>& segments) {
+  std::uint64_t n = 0;
+  for (const auto& s : segments) n += s.size();
+  return n;
+}
+
 struct shard_entry {
   std::string file;  // relative to the index's folder
-  std::uint64_t begin = 0, end = 0;
+  std::vector<flat_range> segments;
   std::uint32_t crc = 0;
-};
-
-struct param_entry {
-  std::string name;
-  shape dims;
 };
 
 struct index_record {
@@ -99,11 +122,28 @@ struct index_record {
   std::vector<param_entry> names;  // every parameter's name and shape (what consolidation writes)
 };
 
-template <class M>
-[[nodiscard]] std::vector<param_entry> param_entries(M& m) {
-  std::vector<param_entry> out;
-  std::size_t i = 0;
-  for (auto&& p : m.parameters()) out.push_back({param_name(p, i++), p.value().shape()});
+inline void put_segments(state_writer& w, const std::vector<flat_range>& segments) {
+  w.put(static_cast<std::uint64_t>(segments.size()));
+  for (const auto& s : segments) {
+    w.put(static_cast<std::uint64_t>(s.begin));
+    w.put(static_cast<std::uint64_t>(s.end));
+  }
+}
+// Version 1 wrote one slice (begin, end); version 2 a count and that many.
+[[nodiscard]] inline std::vector<flat_range> get_segments(state_reader& r, std::uint32_t version, std::uint64_t total,
+                                                          const std::string& where) {
+  const std::uint64_t n = version == 1 ? 1 : r.get<std::uint64_t>("segment count");
+  if (n > total + 1) throw checkpoint_error(where + " is malformed: " + std::to_string(n) + " segments");
+  std::vector<flat_range> out;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const auto b = r.get<std::uint64_t>("segment begin");
+    const auto e = r.get<std::uint64_t>("segment end");
+    if (b > e || e > total) {
+      throw checkpoint_error(where + " is malformed: a segment covers [" + std::to_string(b) + ", " + std::to_string(e) +
+                             ") of " + std::to_string(total) + " elements");
+    }
+    out.push_back({static_cast<std::size_t>(b), static_cast<std::size_t>(e)});
+  }
   return out;
 }
 
@@ -118,8 +158,7 @@ template <class M>
   w.put_string(x.optimizer);
   for (const auto& s : x.shards) {
     w.put_string(s.file);
-    w.put(s.begin);
-    w.put(s.end);
+    put_segments(w, s.segments);
     w.put(s.crc);
   }
   put_checkpoint_extra(w, x.extra);
@@ -130,7 +169,8 @@ template <class M>
   }
   return w.release();
 }
-[[nodiscard]] inline index_record decode_index(std::span<const std::byte> payload, const std::string& where) {
+[[nodiscard]] inline index_record decode_index(std::span<const std::byte> payload, std::uint32_t version,
+                                               const std::string& where) {
   state_reader r(payload, where);
   index_record x;
   x.type = r.get<std::uint8_t>("dtype");
@@ -144,8 +184,7 @@ template <class M>
   for (std::uint64_t q = 0; q < x.world; ++q) {
     shard_entry s;
     s.file = r.get_string("shard file");
-    s.begin = r.get<std::uint64_t>("shard begin");
-    s.end = r.get<std::uint64_t>("shard end");
+    s.segments = get_segments(r, version, x.total, where);
     s.crc = r.get<std::uint32_t>("shard crc");
     x.shards.push_back(std::move(s));
   }
@@ -163,6 +202,25 @@ template <class M>
   }
   if (r.remaining() != 0) throw checkpoint_error(where + " is malformed: " + std::to_string(r.remaining()) + " unread bytes");
   return x;
+}
+
+[[nodiscard]] inline index_record read_index(const std::filesystem::path& index, const std::string& where) {
+  const auto file = detail::read_whole_file(index);
+  std::uint32_t version = 0;
+  const auto payload = unframe(file, sharded_index_magic, readable, where, nullptr, &version);
+  return decode_index(payload, version, where);
+}
+
+// Copies the part of `src` (the elements of flat [seg.begin, seg.end)) that lies in each of the
+// ranges `want` into `dst`, where the wanted ranges are laid end to end.
+template <class T>
+void copy_overlap(flat_range seg, const T* src, const std::vector<flat_range>& want, T* dst) {
+  std::size_t at = 0;
+  for (const auto& w : want) {
+    const std::size_t lo = std::max(seg.begin, w.begin), hi = std::min(seg.end, w.end);
+    if (lo < hi) std::copy(src + (lo - seg.begin), src + (hi - seg.begin), dst + at + (lo - w.begin));
+    at += w.size();
+  }
 }
 
 // The replicated optimizer's own state layout (optim/sgd.hpp, optim/adamw.hpp), cut per parameter
@@ -245,62 +303,69 @@ inline void agree(process_group& g, std::exception_ptr mine, const std::string& 
   }
 }
 
-}  // namespace detail::zero_ckpt
+// What one rank saves: the model's names and shapes, the slices (segments) of the flat space it
+// holds, ascending, and their values and optimizer state laid end to end.
+template <class T>
+struct shard_content {
+  std::vector<param_entry> entries;
+  std::vector<flat_range> segments;
+  std::vector<T> values;
+  shard_optimizer_state<T> state;
+};
 
-// Every rank calls it. `extra.step` names the save (the shard files carry it).
-template <class Zero>
-void save_sharded_checkpoint(Zero& z, const std::filesystem::path& index, const checkpoint_extra& extra = {}) {
-  namespace ck = detail::zero_ckpt;
-  auto& m = z.module();
-  using T = model_element_t<std::remove_cvref_t<decltype(m)>>;
-  process_group& g = z.comm();
+// Collective: every rank writes its shard, then rank 0 the index, which names every rank's
+// segments (segments_of(q)) and CRC; shards of older saves are removed once it is in place.
+template <class T, class SegmentsOf>
+void save(process_group& g, const std::filesystem::path& index, const checkpoint_extra& extra, const shard_content<T>& c,
+          SegmentsOf segments_of) {
   const int rank = g.rank(), world = g.size();
-  const auto shard = z.shard();
-  const auto fingerprint = ck::model_fingerprint(m);
-  const auto path = ck::shard_path(index, extra.step, rank, world);
+  const auto total = total_of(c.entries);
+  const auto fingerprint = fingerprint_of(c.entries);
+  const auto path = shard_path(index, extra.step, rank, world);
   std::uint32_t crc = 0;
   std::exception_ptr err;
   try {
-    if (rank == 0 && index.has_parent_path()) std::filesystem::create_directories(index.parent_path());
+    // Every rank makes the folder it writes into (ranks may not share rank 0's view of it yet).
+    if (index.has_parent_path()) {
+      std::error_code ec;
+      std::filesystem::create_directories(index.parent_path(), ec);
+      if (!std::filesystem::is_directory(index.parent_path())) {
+        throw checkpoint_error("rank " + std::to_string(rank) + " cannot create the checkpoint folder '" +
+                               index.parent_path().string() + "': " + ec.message());
+      }
+    }
     state_writer w;
     w.put(static_cast<std::uint8_t>(dtype_of<T>));
-    w.put(static_cast<std::uint64_t>(z.total_elements()));
+    w.put(total);
     w.put(fingerprint);
     w.put(static_cast<std::uint64_t>(world));
     w.put(static_cast<std::uint64_t>(rank));
-    w.put(static_cast<std::uint64_t>(shard.begin));
-    w.put(static_cast<std::uint64_t>(shard.end));
+    put_segments(w, c.segments);
     w.put(extra.step);
-    std::vector<T> values(shard.size());
-    ck::value_views(m).read(shard, values.data(), false);
-    w.put_array(std::span<const T>(values));
-    const auto state = z.optimizer_state();
-    w.put_string(state.kind);
-    w.put(state.steps);
-    w.put(static_cast<std::uint64_t>(state.arrays.size()));
-    for (const auto& a : state.arrays) w.put_array(std::span<const T>(a));
+    w.put_array(std::span<const T>(c.values));
+    w.put_string(c.state.kind);
+    w.put(c.state.steps);
+    w.put(static_cast<std::uint64_t>(c.state.arrays.size()));
+    for (const auto& a : c.state.arrays) w.put_array(std::span<const T>(a));
     crc = detail::crc32(w.bytes());
     detail::write_file_atomically(path, detail::frame(shard_file_magic, sharded_checkpoint_version, w.bytes()));
   } catch (...) {
     err = std::current_exception();
   }
-  // Directory creation on rank 0 happens before the others write: the agreement is a barrier.
-  ck::agree(g, err, "write its shard of " + index.string());
+  agree(g, err, "write its shard of " + index.string());
   std::vector<std::int64_t> crcs(static_cast<std::size_t>(world), 0);
   crcs[static_cast<std::size_t>(rank)] = crc;
   g.all_reduce(tensor_view<std::int64_t>(crcs.data(), crcs.size()), reduce_op::sum).wait();
   err = nullptr;
   if (rank == 0) {
     try {
-      ck::index_record x{static_cast<std::uint8_t>(dtype_of<T>), z.total_elements(), detail::parameter_count(m), fingerprint,
-                         static_cast<std::uint64_t>(world), extra.step, z.optimizer_kind(), {}, extra,
-                         ck::param_entries(m)};
+      index_record x{static_cast<std::uint8_t>(dtype_of<T>), total, c.entries.size(), fingerprint,
+                     static_cast<std::uint64_t>(world), extra.step, c.state.kind, {}, extra, c.entries};
       for (int q = 0; q < world; ++q) {
-        const auto s = detail::zero::shard_of(z.total_elements(), static_cast<std::size_t>(world), static_cast<std::size_t>(q));
-        x.shards.push_back({ck::shard_path(index, extra.step, q, world).filename().string(), s.begin, s.end,
+        x.shards.push_back({shard_path(index, extra.step, q, world).filename().string(), segments_of(q),
                             static_cast<std::uint32_t>(crcs[static_cast<std::size_t>(q)])});
       }
-      detail::write_file_atomically(index, detail::frame(sharded_index_magic, sharded_checkpoint_version, ck::encode(x)));
+      detail::write_file_atomically(index, detail::frame(sharded_index_magic, sharded_checkpoint_version, encode(x)));
       // The new index is in place: shards of older saves are garbage now (best effort).
       const auto dir = index.has_parent_path() ? index.parent_path() : std::filesystem::path(".");
       const std::string prefix = index.filename().string() + ".step-";
@@ -316,32 +381,30 @@ void save_sharded_checkpoint(Zero& z, const std::filesystem::path& index, const 
       err = std::current_exception();
     }
   }
-  ck::agree(g, err, "write the index " + index.string());
+  agree(g, err, "write the index " + index.string());
 }
-
-namespace detail::zero_ckpt {
 
 template <class T>
 struct loaded {
   index_record index;
-  std::vector<T> values;             // the whole flat parameter space
-  shard_optimizer_state<T> state;    // over the slice asked for
+  std::vector<T> values;           // over the ranges asked for, end to end
+  shard_optimizer_state<T> state;  // over the ranges asked for, end to end
 };
 
-// Reads and checks the index and every shard it names, for model m stepped by a `kind`
-// optimizer: all parameter values, and the optimizer state of the flat slice `mine`.
-template <class M>
-[[nodiscard]] loaded<model_element_t<M>> read(const std::filesystem::path& index, M& m, zero::flat_range mine,
-                                               const std::string& kind) {
-  using T = model_element_t<M>;
+// Reads and checks the index and every shard it names, for a model of these names and shapes
+// stepped by a `kind` optimizer: the parameter values of the ranges `want_values` and the
+// optimizer state of the ranges `want_state` (each ascending), from whichever shards hold them.
+template <class T>
+[[nodiscard]] loaded<T> read(const std::filesystem::path& index, const std::vector<param_entry>& entries,
+                             const std::string& kind, const std::vector<flat_range>& want_values,
+                             const std::vector<flat_range>& want_state) {
   const std::string where = "sharded checkpoint index '" + index.string() + "'";
   loaded<T> out;
   auto& x = out.index;
-  const auto file = detail::read_whole_file(index);
-  x = decode_index(unframe(file, sharded_index_magic, sharded_checkpoint_version, where), where);
-  const auto fingerprint = model_fingerprint(m);
-  const auto params = parameter_count(m);
-  const auto total = value_views(m).total();
+  x = read_index(index, where);
+  const auto fingerprint = fingerprint_of(entries);
+  const std::uint64_t params = entries.size();
+  const auto total = total_of(entries);
   if (x.type != static_cast<std::uint8_t>(dtype_of<T>) || x.total != total || x.params != params ||
       x.fingerprint != fingerprint) {
     throw checkpoint_error(where + " was written for another model: " + std::to_string(x.params) + " parameters of " +
@@ -353,45 +416,65 @@ template <class M>
   if (x.optimizer != kind) {
     throw checkpoint_error(where + " holds " + x.optimizer + " optimizer state, this run steps with " + kind);
   }
-  out.values.resize(total);
-  const auto values_view = std::span<T>(out.values);
+  // The shards' segments together must cover the flat space once: no gap, no overlap.
+  std::vector<std::pair<flat_range, std::size_t>> pieces;
+  for (std::size_t q = 0; q < x.shards.size(); ++q) {
+    for (const auto& r : x.shards[q].segments) {
+      if (r.size() != 0) pieces.emplace_back(r, q);
+    }
+  }
+  std::sort(pieces.begin(), pieces.end(), [](const auto& a, const auto& b) { return a.first.begin < b.first.begin; });
+  std::uint64_t covered = 0;
+  for (const auto& [r, q] : pieces) {
+    if (r.begin != covered) {
+      throw checkpoint_error(where + " is malformed: shard " + std::to_string(q) + " covers [" + std::to_string(r.begin) +
+                             ", " + std::to_string(r.end) + "), but the shards before it end at " + std::to_string(covered));
+    }
+    covered = r.end;
+  }
+  if (covered != x.total) throw checkpoint_error(where + " is malformed: its shards end at " + std::to_string(covered));
+
+  out.values.resize(elements_of(want_values));
   auto& state = out.state;
   state.kind = x.optimizer;
   const auto dir = index.parent_path();
-  std::uint64_t expect_begin = 0;
   for (std::size_t q = 0; q < x.shards.size(); ++q) {
     const auto& e = x.shards[q];
     const auto path = dir / e.file;
     const std::string sw = "shard '" + path.string() + "' (rank " + std::to_string(q) + " of " + std::to_string(x.world) + ")";
-    if (e.begin != expect_begin || e.end < e.begin || e.end > x.total) {
-      throw checkpoint_error(where + " is malformed: shard " + std::to_string(q) + " covers [" + std::to_string(e.begin) +
-                             ", " + std::to_string(e.end) + ")");
-    }
-    expect_begin = e.end;
     if (!std::filesystem::exists(path)) {
       throw checkpoint_error(where + " names " + sw + ", which is missing (expected one shard file per rank of the "
                              "saving run)");
     }
     const auto bytes = detail::read_whole_file(path);
-    std::uint32_t crc = 0;
-    state_reader r(unframe(bytes, shard_file_magic, sharded_checkpoint_version, sw, &crc), sw);
+    std::uint32_t crc = 0, version = 0;
+    state_reader r(unframe(bytes, shard_file_magic, readable, sw, &crc, &version), sw);
     (void)r.get<std::uint8_t>("dtype");
     (void)r.get<std::uint64_t>("element count");
     (void)r.get<std::uint64_t>("model fingerprint");
     const auto sworld = r.get<std::uint64_t>("world size");
     const auto srank = r.get<std::uint64_t>("rank");
-    const auto sbegin = r.get<std::uint64_t>("shard begin");
-    const auto send = r.get<std::uint64_t>("shard end");
+    const auto segments = get_segments(r, version, x.total, sw);
     const auto sstep = r.get<std::uint64_t>("save step");
     if (sstep != x.step) {
       throw checkpoint_error(sw + " is from step " + std::to_string(sstep) + " but the index from step " +
                              std::to_string(x.step) + " (shards of two different saves)");
     }
-    if (crc != e.crc || sworld != x.world || srank != q || sbegin != e.begin || send != e.end) {
-      throw checkpoint_error(sw + " is not the shard the index names (its CRC, rank or slice differ: a file of another "
+    if (crc != e.crc || sworld != x.world || srank != q || segments != e.segments) {
+      throw checkpoint_error(sw + " is not the shard the index names (its CRC, rank or slices differ: a file of another "
                              "save at the same step?)");
     }
-    r.get_array(values_view.subspan(e.begin, e.end - e.begin), sw + " values");
+    // Each array of the shard holds its segments end to end; the parts asked for go out.
+    const auto scatter = [&](const std::vector<T>& a, const std::vector<flat_range>& want, T* dst) {
+      std::size_t at = 0;
+      for (const auto& seg : segments) {
+        copy_overlap(seg, a.data() + at, want, dst);
+        at += seg.size();
+      }
+    };
+    std::vector<T> a(elements_of(segments));
+    r.get_array(std::span<T>(a), sw + " values");
+    scatter(a, want_values, out.values.data());
     const auto skind = r.get_string("optimizer kind");
     const auto steps = r.get<std::int64_t>("optimizer steps");
     const auto arrays = r.get<std::uint64_t>("optimizer array count");
@@ -401,49 +484,103 @@ template <class M>
     }
     state.steps = steps;
     state.arrays.resize(arrays);
-    std::vector<T> a(e.end - e.begin);
     for (std::uint64_t j = 0; j < arrays; ++j) {
       r.get_array(std::span<T>(a), sw + " optimizer array " + std::to_string(j));
-      // The part of this old shard inside the slice asked for.
-      auto& dst = state.arrays[j];
-      dst.resize(mine.size());
-      const std::uint64_t lo = std::max<std::uint64_t>(e.begin, mine.begin);
-      const std::uint64_t hi = std::min<std::uint64_t>(e.end, mine.end);
-      if (lo < hi) {
-        std::copy(a.begin() + static_cast<std::ptrdiff_t>(lo - e.begin), a.begin() + static_cast<std::ptrdiff_t>(hi - e.begin),
-                  dst.begin() + static_cast<std::ptrdiff_t>(lo - mine.begin));
-      }
+      state.arrays[j].resize(elements_of(want_state));
+      scatter(a, want_state, state.arrays[j].data());
     }
     if (r.remaining() != 0) throw checkpoint_error(sw + " is malformed: " + std::to_string(r.remaining()) + " unread bytes");
   }
-  if (expect_begin != x.total) throw checkpoint_error(where + " is malformed: its shards end at " + std::to_string(expect_begin));
   return out;
 }
 
-}  // namespace detail::zero_ckpt
-
-// Every rank calls it; the world size may differ from the one that saved. Everything is read and
-// checked before the model or the optimizer changes. Returns where training stood.
-template <class Zero>
-checkpoint_extra load_sharded_checkpoint(Zero& z, const std::filesystem::path& index) {
-  namespace ck = detail::zero_ckpt;
-  auto& m = z.module();
-  process_group& g = z.comm();
-  std::optional<ck::loaded<model_element_t<std::remove_cvref_t<decltype(m)>>>> got;
+// Runs read on every rank and agrees on the outcome, so all ranks fail together (naming the
+// rank that failed) before any of them changes its model.
+template <class T, class... A>
+[[nodiscard]] loaded<T> read_together(process_group& g, const std::filesystem::path& index, const A&... args) {
+  std::optional<loaded<T>> got;
   std::exception_ptr err;
   try {
-    got = ck::read(index, m, z.shard(), z.optimizer_kind());
+    got = read<T>(index, args...);
   } catch (...) {
     err = std::current_exception();
   }
-  ck::agree(g, err, "read " + index.string());
-  z.load_optimizer_state(got->state, "sharded checkpoint '" + index.string() + "'");
-  ck::value_views(m).write({0, got->values.size()}, got->values.data());
-  return got->index.extra;
+  agree(g, err, "read " + index.string());
+  return std::move(*got);
+}
+
+// The names and shapes of a fully sharded model's parameters (its layers hold none of them
+// between steps: the shapes are its record).
+template <class Fsdp>
+[[nodiscard]] std::vector<param_entry> fsdp_entries(Fsdp& f) {
+  const auto names = f.parameter_names();
+  const auto shapes = f.parameter_shapes();
+  std::vector<param_entry> out;
+  for (std::size_t i = 0; i < names.size(); ++i) out.push_back({names[i], shapes[i]});
+  return out;
+}
+
+template <class S>
+concept fully_sharded = requires(S& s, std::size_t r) {
+  s.flat_segments(r);
+  s.shard_values();
+};
+
+}  // namespace detail::zero_ckpt
+
+// Every rank calls it, for a sharded_data_parallel (ZeRO-1/2) or a fully_sharded_data_parallel.
+// `extra.step` names the save (the shard files carry it).
+template <class Sharded>
+void save_sharded_checkpoint(Sharded& z, const std::filesystem::path& index, const checkpoint_extra& extra = {}) {
+  namespace ck = detail::zero_ckpt;
+  process_group& g = z.comm();
+  if constexpr (ck::fully_sharded<Sharded>) {
+    const ck::shard_content<float> c{ck::fsdp_entries(z), z.flat_segments(static_cast<std::size_t>(g.rank())),
+                                     z.shard_values(), z.optimizer_state()};
+    ck::save(g, index, extra, c, [&](int q) { return z.flat_segments(static_cast<std::size_t>(q)); });
+  } else {
+    auto& m = z.module();
+    using T = model_element_t<std::remove_cvref_t<decltype(m)>>;
+    const auto shard = z.shard();
+    ck::shard_content<T> c{ck::param_entries(m), {shard}, std::vector<T>(shard.size()), z.optimizer_state()};
+    ck::value_views(m).read(shard, c.values.data(), false);
+    const auto total = z.total_elements();
+    const auto world = static_cast<std::size_t>(g.size());
+    ck::save(g, index, extra, c, [&](int q) {
+      return std::vector<ck::flat_range>{detail::zero::shard_of(total, world, static_cast<std::size_t>(q))};
+    });
+  }
+}
+
+// Every rank calls it; the world size may differ from the one that saved, and a checkpoint of a
+// sharded_data_parallel loads into a fully_sharded_data_parallel of the same parameters and the
+// other way round. Everything is read and checked before the model or the optimizer changes.
+// Returns where training stood.
+template <class Sharded>
+checkpoint_extra load_sharded_checkpoint(Sharded& z, const std::filesystem::path& index) {
+  namespace ck = detail::zero_ckpt;
+  process_group& g = z.comm();
+  const std::string source = "sharded checkpoint '" + index.string() + "'";
+  if constexpr (ck::fully_sharded<Sharded>) {
+    const auto mine = z.flat_segments(static_cast<std::size_t>(g.rank()));
+    auto got = ck::read_together<float>(g, index, ck::fsdp_entries(z), z.optimizer_kind(), mine, mine);
+    z.load_optimizer_state(got.state, source);
+    z.load_shard_values(got.values);
+    return got.index.extra;
+  } else {
+    auto& m = z.module();
+    using T = model_element_t<std::remove_cvref_t<decltype(m)>>;
+    const std::vector<ck::flat_range> all{{0, z.total_elements()}};
+    auto got = ck::read_together<T>(g, index, ck::param_entries(m), z.optimizer_kind(), all,
+                                    std::vector<ck::flat_range>{z.shard()});
+    z.load_optimizer_state(got.state, source);
+    ck::value_views(m).write({0, got.values.size()}, got.values.data());
+    return got.index.extra;
+  }
 }
 
 // A sharded checkpoint into a replicated model and optimizer (sgd or adamw): e.g. to resume a
-// ZeRO run under plain DDP, or on one process. Each caller reads every shard; nothing is
+// ZeRO or FSDP run under plain DDP, or on one process. Each caller reads every shard; nothing is
 // communicated. Returns where training stood.
 template <model M, stateful_optimizer O>
 checkpoint_extra load_sharded_checkpoint(const std::filesystem::path& index, M& m, O& opt) {
@@ -455,7 +592,8 @@ checkpoint_extra load_sharded_checkpoint(const std::filesystem::path& index, M& 
                 "partrain: a sharded checkpoint loads into partrain::sgd or partrain::adamw");
   namespace ck = detail::zero_ckpt;
   auto views = ck::value_views(m);
-  const auto got = ck::read(index, m, {0, views.total()}, is_sgd ? "sgd" : "adamw");
+  const std::vector<ck::flat_range> all{{0, views.total()}};
+  const auto got = ck::read<T>(index, ck::param_entries(m), is_sgd ? "sgd" : "adamw", all, all);
   std::vector<std::size_t> sizes;
   for (auto&& p : m.parameters()) sizes.push_back(p.value().size());
   state_writer w;
@@ -473,11 +611,11 @@ checkpoint_extra load_sharded_checkpoint(const std::filesystem::path& index, M& 
 inline void consolidate_sharded_checkpoint(const std::filesystem::path& index, const std::filesystem::path& out) {
   namespace ck = detail::zero_ckpt;
   const std::string where = "sharded checkpoint index '" + index.string() + "'";
-  const auto file = detail::read_whole_file(index);
-  const auto x = ck::decode_index(detail::unframe(file, sharded_index_magic, sharded_checkpoint_version, where), where);
+  const auto x = ck::read_index(index, where);
   const auto run = [&]<class T>(std::type_identity<T>) {
     ck::flat_model<T> m(x.names);
-    const auto got = ck::read(index, m, {0, m.total()}, x.optimizer);
+    const std::vector<ck::flat_range> all{{0, m.total()}};
+    const auto got = ck::read<T>(index, x.names, x.optimizer, all, all);
     m.values = got.values;
     const ck::state_of<T> opt{&got.state, m.sizes()};
     detail::write_file_atomically(out, checkpoint_bytes(m, opt, x.extra));

@@ -32,10 +32,18 @@ inline constexpr std::size_t file_frame_header_bytes = 8 + 4 + 4 + 8;
   return out;
 }
 
-// The payload of a framed file; `what` names it ("sharded checkpoint index 'run/m.ckpt'").
+// The versions a reader accepts (a newer format keeps reading the files of the older ones).
+struct frame_versions {
+  std::uint32_t oldest = 0;
+  std::uint32_t newest = 0;
+};
+
+// The payload of a framed file whose version is in `accepted` (the version found in
+// *version_out); `what` names it ("sharded checkpoint index 'run/m.ckpt'").
 [[nodiscard]] inline std::span<const std::byte> unframe(std::span<const std::byte> file, const std::array<char, 8>& magic,
-                                                        std::uint32_t version, std::string_view what,
-                                                        std::uint32_t* crc_out = nullptr) {
+                                                        frame_versions accepted, std::string_view what,
+                                                        std::uint32_t* crc_out = nullptr,
+                                                        std::uint32_t* version_out = nullptr) {
   const std::string w(what);
   if (file.size() < file_frame_header_bytes) {
     throw checkpoint_error(w + " is truncated: " + std::to_string(file.size()) + " bytes, less than the " +
@@ -49,10 +57,13 @@ inline constexpr std::size_t file_frame_header_bytes = 8 + 4 + 4 + 8;
   std::memcpy(&v, file.data() + 8, 4);
   std::memcpy(&crc, file.data() + 12, 4);
   std::memcpy(&size, file.data() + 16, 8);
-  if (v != version) {
-    throw checkpoint_error(w + " has format version " + std::to_string(v) + ", this build reads version " +
-                           std::to_string(version));
+  if (v < accepted.oldest || v > accepted.newest) {
+    throw checkpoint_error(w + " has format version " + std::to_string(v) + ", this build reads version" +
+                           (accepted.oldest == accepted.newest
+                                ? " " + std::to_string(accepted.newest)
+                                : "s " + std::to_string(accepted.oldest) + " to " + std::to_string(accepted.newest)));
   }
+  if (version_out) *version_out = v;
   const std::size_t have = file.size() - file_frame_header_bytes;
   if (size != have) {
     throw checkpoint_error(w + (have < size ? " is truncated" : " has trailing bytes") + ": the header says " +
@@ -65,6 +76,13 @@ inline constexpr std::size_t file_frame_header_bytes = 8 + 4 + 4 + 8;
   }
   if (crc_out) *crc_out = crc;
   return payload;
+}
+
+// The payload of a framed file of exactly `version`.
+[[nodiscard]] inline std::span<const std::byte> unframe(std::span<const std::byte> file, const std::array<char, 8>& magic,
+                                                        std::uint32_t version, std::string_view what,
+                                                        std::uint32_t* crc_out = nullptr) {
+  return unframe(file, magic, frame_versions{version, version}, what, crc_out);
 }
 
 }  // namespace partrain::inline v0::detail
