@@ -14971,6 +14971,14 @@ struct fsdp_options {
   double max_grad_norm = 0;
   // no_sync accumulation: true averages the k micro-steps, false sums them (as ddp_options).
   bool average_accumulated = true;
+  // Uneven inputs: ranks that ran out of data call join() and shadow the others (PyTorch Join).
+  // A joined rank still owns its chunks, so it takes part in every all_gather and reduce_scatter
+  // of the others' steps (zero gradients, no compute) and steps its chunks. Costs one small
+  // all_reduce per step (which ranks still have data).
+  bool join = false;
+  // Under join: divide by the world size even when some ranks already joined (PyTorch's
+  // divide_by_initial_world_size=True); false divides by the number of ranks still active.
+  bool divide_by_initial_world_size = true;
 };
 
 // What one rank holds, in bytes; the peaks are the most held at once since construction (or
@@ -15022,16 +15030,24 @@ class fully_sharded_data_parallel {
     requires pipeline_loss<Loss, Target>
   double train_step(tensor_view<const float> input, tensor_view<const Target> target) {
     check_not_summoned("train_step");
+    if (joined_) throw invalid_argument_error(where() + "train_step after join() on this rank (join() ends this rank's steps until every rank joined)");
     const std::size_t rows = batch_rows(input, target, "train_step");
     const bool sync = require_sync_;
     double sum = 0;
     try {
-      sum = forward_backward(input, target, rows, sync);
-      if (sync) {
-        while (!scattering_.empty()) finish_scatter();
-        if (opts_.max_grad_norm > 0) clip_chunks();
-        step_chunks();
+      active_ = world_;
+      if (opts_.join) {
+        std::array<std::int64_t, 2> flag{1, sync ? 1 : 0};
+        agree_flag(flag, "active-rank all_reduce");
+        if (flag[1] != 0 && flag[1] != flag[0]) {
+          throw invalid_argument_error(where() + std::to_string(flag[0] - flag[1]) + " of " + std::to_string(flag[0]) +
+                                       " active ranks are inside no_sync and the others are not (all ranks must "
+                                       "accumulate the same micro-steps)");
+        }
+        if (!opts_.divide_by_initial_world_size) active_ = static_cast<std::size_t>(flag[0]);
       }
+      sum = forward_backward(input, target, rows, sync);
+      if (sync) finish_step();
     } catch (...) {
       abandon_step();
       throw;
@@ -15044,6 +15060,52 @@ class fully_sharded_data_parallel {
     }
     return sum / static_cast<double>(rows);
   }
+
+  // Uneven inputs (needs fsdp_options::join): call once this rank has no more batches. Until
+  // every rank joined, it takes part in each step of the others (their all_gathers, and its zero
+  // gradients in their reduce_scatters) and steps its chunks with the reduced gradients, so the
+  // parameters stay one model. Returns true when it shadowed at least one step. Afterwards the
+  // ranks are ready for the next epoch.
+  bool join() {
+    if (!opts_.join) {
+      throw config_error(where() + "join() needs join enabled: construct with fsdp_options{.join = true} (every "
+                                   "rank then agrees each step on which ranks still have data)");
+    }
+    check_not_summoned("join");
+    if (accumulated_ > 0) {
+      throw invalid_argument_error(where() + "join() with " + std::to_string(accumulated_) +
+                                   " no_sync micro-steps not yet reduced (finish them with a synchronizing step first)");
+    }
+    joined_ = true;
+    bool shadowed = false;
+    try {
+      for (;;) {
+        std::array<std::int64_t, 2> flag{0, 0};
+        agree_flag(flag, "join all_reduce");
+        if (flag[0] == 0) break;
+        shadowed = true;
+        const bool sync = flag[1] != 0;
+        active_ = opts_.divide_by_initial_world_size ? world_ : static_cast<std::size_t>(flag[0]);
+        shadow_forward_backward(sync);
+        if (sync) {
+          finish_step();
+          accumulated_ = 0;
+          ++steps_;
+          ++shadow_steps_;
+        } else {
+          ++accumulated_;  // the active ranks' micro-step: its (zero) gradients wait for the next sync
+        }
+      }
+    } catch (...) {
+      abandon_step();
+      joined_ = false;
+      throw;
+    }
+    joined_ = false;
+    return shadowed;
+  }
+  // Steps this rank took part in after join() (all joins so far).
+  [[nodiscard]] std::size_t shadow_steps() const noexcept { return shadow_steps_; }
   double train_step(const batch& b)
     requires pipeline_loss<Loss, std::int32_t>
   {
@@ -15397,9 +15459,7 @@ class fully_sharded_data_parallel {
     }
     host_buffer<float> grad(x.shape());
     const double sum = loss_.forward_backward(x, target, grad.view(), 1.0f / static_cast<float>(rows));
-    // Divided before the reduction, as DDP's hooks do (keeps the sum in range).
-    const float divisor = static_cast<float>(static_cast<double>(world_) *
-                                             (opts_.average_accumulated ? static_cast<double>(accumulated_ + 1) : 1.0));
+    const float divisor = gradient_divisor();
     for (std::size_t j = n; j-- > 0;) {
       const tensor_view<const float> in = j == 0 ? input : tensor_view<const float>(outs[j - 1].view());
       before_backward(j);
@@ -15410,6 +15470,35 @@ class fully_sharded_data_parallel {
       outs[j] = host_buffer<float>();  // this activation is done with
     }
     return sum;
+  }
+  // A joined rank's part in the others' step: the same all_gathers and reduce_scatters in the
+  // same order (forward_backward's hooks), no compute, its whole gradients zero.
+  void shadow_forward_backward(bool sync) {
+    const std::size_t n = std::ranges::size(*layers_);
+    for (std::size_t i = 0; i < n; ++i) {
+      before_forward(i);
+      after_forward(i, /*training=*/true);
+    }
+    const float divisor = gradient_divisor();
+    for (std::size_t j = n; j-- > 0;) {
+      before_backward(j);
+      after_backward(j, sync, divisor);
+    }
+  }
+  // Gradients are divided before the reduction, as DDP's hooks do (keeps the sum in range).
+  [[nodiscard]] float gradient_divisor() const noexcept {
+    return static_cast<float>(static_cast<double>(active_) *
+                              (opts_.average_accumulated ? static_cast<double>(accumulated_ + 1) : 1.0));
+  }
+
+  // After the last reduce_scatter of a synchronizing step: clip and step this rank's chunks.
+  void finish_step() {
+    while (!scattering_.empty()) finish_scatter();
+    if (opts_.max_grad_norm > 0) clip_chunks();
+    step_chunks();
+  }
+  void agree_flag(std::array<std::int64_t, 2>& flag, const char* what) {
+    wait_named(comm_->all_reduce(tensor_view<std::int64_t>(flag.data(), flag.size()), reduce_op::sum), what);
   }
 
   // input null: this rank has no batch this round but joins the others' all_gathers.
@@ -15593,7 +15682,11 @@ class fully_sharded_data_parallel {
       throw aborted_error(where() + what, e);
     } catch (const timeout_error& e) {
       throw timeout_error(where() + what + " failed: " + detail::unprefixed(e.what()) +
-                              " (every rank must run the same steps and evaluations)",
+                              (opts_.join ? std::string(" (every rank must run the same steps and evaluations)")
+                                          : std::string(" (every rank must run the same steps and evaluations; if ranks "
+                                                        "run out of batches at different steps, construct with "
+                                                        "fsdp_options{.join = true} and call join() on a rank once its "
+                                                        "data ends)")),
                           detail::site_or(e, static_cast<int>(rank_), what));
     } catch (const communication_error& e) {
       throw communication_error(where() + what + " failed: " + detail::unprefixed(e.what()),
@@ -15615,6 +15708,9 @@ class fully_sharded_data_parallel {
   std::optional<detail::zero::shard_optimizer<float>> optimizer_;
   std::deque<std::size_t> scattering_;  // units whose reduce_scatter is in flight, oldest first
   std::size_t accumulated_ = 0;
+  std::size_t active_ = 1;  // the divisor's rank count this step (world_ unless join divides by the active ranks)
+  std::size_t shadow_steps_ = 0;
+  bool joined_ = false;
   bool require_sync_ = true;
   bool summoned_ = false;
   std::int64_t steps_ = 0;

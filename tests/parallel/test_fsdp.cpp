@@ -622,3 +622,103 @@ TEST_CASE("fsdp checkpoint: another model, a missing shard and another optimizer
   std::filesystem::remove(dir.path / "fsdp.ckpt.step-1.shard-1-of-2");
   CHECK_THAT(error_of_load(widths, adamw_default), Catch::Contains("shard-1-of-2") && Catch::Contains("which is missing"));
 }
+
+TEST_CASE("fsdp join: ranks with fewer batches shadow the others and stay one model", "[parallel][fsdp][join]") {
+  const std::vector<int> counts{4, 3, 1};  // batches per rank: rank 2 joins after one step, rank 1 after three
+  const int world = 3;
+  for (bool initial : {true, false}) {
+    CAPTURE(initial);
+    // One process on the active ranks' rows of each step; with divide_by_initial_world_size the
+    // averaged gradient is that mean times active/world (the joined ranks add zeros).
+    host_model ref = make_mlp(widths, seed);
+    for (int s = 0; s < counts[0]; ++s) {
+      std::size_t k = 0;
+      for (int c : counts) k += c > s ? 1 : 0;
+      const auto b = step_batch(s, per_rank * world);
+      (void)reference_step(ref, softmax_cross_entropy{}, b.input().slice(0, k * per_rank), b.labels().slice(0, k * per_rank));
+      partrain::test::sgd_step(ref, 0.1f * (initial ? static_cast<float>(k) / static_cast<float>(world) : 1.0f));
+    }
+    layer_params want(ref);
+    std::vector<std::vector<float>> got(world);
+    std::vector<int> shadowed(world, -1);
+    std::vector<std::size_t> shadow_steps(world, 99);
+    run_local(world, [&](local_group& g) {
+      const auto r = static_cast<std::size_t>(g.rank());
+      host_model layers = make_mlp(widths, seed + static_cast<std::uint32_t>(r) * 100);
+      fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, sgd_options{.lr = 0.1},
+                                    {.join = true, .divide_by_initial_world_size = initial});
+      for (int s = 0; s < counts[r]; ++s) {
+        const auto b = step_batch(s, per_rank * world);
+        (void)f.train_step(rows_of(b, r), labels_of(b, r));
+      }
+      shadowed[r] = f.join() ? 1 : 0;
+      shadow_steps[r] = f.shadow_steps();
+      auto full = f.summon_full_params();
+      got[r] = flat_values(full);
+    });
+    CHECK(shadowed == std::vector<int>{0, 1, 1});
+    CHECK(shadow_steps == std::vector<std::size_t>{0, 1, 3});
+    const auto ref_values = flat_values(want);
+    for (std::size_t r = 0; r < got.size(); ++r) {
+      CAPTURE(r);
+      REQUIRE(got[r].size() == ref_values.size());
+      CHECK(got[r] == got[0]);
+      for (std::size_t i = 0; i < ref_values.size(); ++i) CHECK(got[r][i] == Approx(ref_values[i]).epsilon(1e-4).margin(1e-6));
+    }
+  }
+}
+
+TEST_CASE("fsdp join: no_sync micro-steps of the others are shadowed too", "[parallel][fsdp][join]") {
+  std::vector<std::vector<float>> got(2);
+  std::vector<std::size_t> shadow_steps(2);
+  run_local(2, [&](local_group& g) {
+    const auto r = static_cast<std::size_t>(g.rank());
+    host_model layers = make_mlp(widths, seed);
+    fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, adamw_default, {.max_grad_norm = 0.5, .join = true});
+    for (int s = 0; s < (r == 0 ? 3 : 1); ++s) {
+      const auto b = step_batch(s, per_rank * 4);
+      {
+        auto guard = f.no_sync();
+        (void)f.train_step(rows_of(b, r), labels_of(b, r));
+      }
+      (void)f.train_step(rows_of(b, 2 + r), labels_of(b, 2 + r));
+    }
+    (void)f.join();
+    shadow_steps[r] = f.shadow_steps();
+    auto full = f.summon_full_params();
+    got[r] = flat_values(full);
+  });
+  CHECK(shadow_steps == std::vector<std::size_t>{0, 2});
+  CHECK(got[0] == got[1]);
+  for (const float v : got[0]) CHECK(std::isfinite(v));
+}
+
+TEST_CASE("fsdp join: refused without the option; without join an early stop times out naming it", "[parallel][fsdp][join]") {
+  CHECK_THROWS_WITH(run_local(1, [&](local_group& g) {
+    host_model layers = make_mlp(widths, seed);
+    fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, sgd_momentum);
+    (void)f.join();
+  }), Catch::Contains("join() needs join enabled: construct with fsdp_options{.join = true}"));
+  std::string msg;
+  int rank = -1;
+  try {
+    run_local(
+        2,
+        [&](local_group& g) {
+          const auto r = static_cast<std::size_t>(g.rank());
+          host_model layers = make_mlp(widths, seed);
+          fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, sgd_momentum);
+          for (int s = 0; s < (r == 0 ? 2 : 1); ++s) {
+            const auto b = step_batch(s, per_rank * 2);
+            (void)f.train_step(rows_of(b, r), labels_of(b, r));
+          }
+        },
+        {.timeout = std::chrono::milliseconds(300)});
+  } catch (const timeout_error& e) {
+    msg = e.what();
+    rank = e.rank();
+  }
+  CHECK_THAT(msg, Catch::Contains("rank 0 fully_sharded_data_parallel: parameter all_gather of layer 0"));
+  CHECK_THAT(msg, Catch::Contains("fsdp_options{.join = true}"));
+  CHECK(rank == 0);
+}
