@@ -626,10 +626,10 @@ class fully_sharded_data_parallel {
     for (const auto& x : units_) {
       if (x.mine.size()) mine.push_back({tensor_view<float>(grads_.data() + x.chunk_at, x.mine.size())});
     }
-    std::array<double, 1> sum{detail::grad_sum_squares(mine)};
+    std::array<double, 1> sum{detail::optim::grad_sum_squares(mine)};
     wait_named(comm_->all_reduce(tensor_view<double>(sum.data(), 1), reduce_op::sum), "gradient-norm all_reduce");
     last_norm_ = std::sqrt(sum[0]);
-    detail::clip_to_norm(mine, last_norm_, opts_.max_grad_norm);
+    detail::optim::clip_to_norm(mine, last_norm_, opts_.max_grad_norm);
   }
 
   void step_chunks() {

@@ -409,10 +409,10 @@ class sharded_data_parallel {
       [[nodiscard]] tensor_view<T> grad() const { return g; }
     };
     const std::array<shard_param, 1> mine{shard_param{tensor_view<T>(shard_grad_.data(), shard_.size())}};
-    std::array<double, 1> sum{detail::grad_sum_squares(mine)};
+    std::array<double, 1> sum{detail::optim::grad_sum_squares(mine)};
     wait_named(comm_->all_reduce(tensor_view<double>(sum.data(), 1), reduce_op::sum), "gradient-norm all_reduce");
     last_norm_ = std::sqrt(sum[0]);
-    detail::clip_to_norm(mine, last_norm_, opts_.max_grad_norm);
+    detail::optim::clip_to_norm(mine, last_norm_, opts_.max_grad_norm);
   }
 
   // The optimizer on this rank's real elements of bucket k (they may span several parameters).

@@ -172,16 +172,16 @@ void put_replicated_state(state_writer& w, const shard_optimizer_state<T>& st, c
   const auto& a = st.arrays;
   std::size_t at = 0;
   if (st.kind == "sgd") {
-    put_sgd_state_header(w, st.steps, sizes.size());
+    optim::put_sgd_state_header(w, st.steps, sizes.size());
     for (const auto n : sizes) {
-      put_sgd_state_entry(w, !a.empty(), a.empty() ? std::span<const T>() : std::span<const T>(a[0]).subspan(at, n));
+      optim::put_sgd_state_entry(w, !a.empty(), a.empty() ? std::span<const T>() : std::span<const T>(a[0]).subspan(at, n));
       at += n;
     }
   } else {
-    put_adamw_state_header(w, st.steps, sizes.size());
+    optim::put_adamw_state_header(w, st.steps, sizes.size());
     if (a.size() != 2) return;
     for (const auto n : sizes) {
-      put_adamw_state_entry(w, std::span<const T>(a[0]).subspan(at, n), std::span<const T>(a[1]).subspan(at, n));
+      optim::put_adamw_state_entry(w, std::span<const T>(a[0]).subspan(at, n), std::span<const T>(a[1]).subspan(at, n));
       at += n;
     }
   }
