@@ -213,7 +213,7 @@ class fully_sharded_data_parallel {
         (void)guarded([&] { return forward_only(nullptr, labels_t{}); });
       }
     }
-    return detail::sum_over_ranks(local, [&](std::span<double> sums) {
+    return detail::ddp::sum_over_ranks(local, [&](std::span<double> sums) {
       wait_named(comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()), reduce_op::sum), "evaluation all_reduce");
     });
   }
@@ -221,7 +221,7 @@ class fully_sharded_data_parallel {
   // RAII: steps inside keep each layer's whole gradient and accumulate into it (PyTorch FSDP's
   // no_sync): no reduce_scatter, at the cost of one whole model of gradients held; the first step
   // after it reduces them all.
-  using no_sync_guard = detail::no_sync_guard;
+  using no_sync_guard = detail::ddp::no_sync_guard;
   [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(require_sync_); }
 
   // RAII (PyTorch's summon_full_params, read-only): every layer gathered and bound while it lives,
@@ -561,7 +561,7 @@ class fully_sharded_data_parallel {
     if (!sync) return;  // no_sync: the whole gradient stays, the next micro-step adds to it
     auto& x = units_[u];
     if (divisor != 1.0f) {
-      detail::for_each_index(detail::host_exec{}, x.chunks.padded(), detail::divide_fn<float>{x.full_grad.data(), divisor});
+      detail::for_each_index(detail::host_exec{}, x.chunks.padded(), detail::ddp::divide_fn<float>{x.full_grad.data(), divisor});
     }
     // Two whole gradients in flight at most: the oldest was issued a layer ago and is likely done.
     if (scattering_.size() >= 2) finish_scatter();
