@@ -64,7 +64,7 @@ concept bindable_parameter = parameter<P> && requires(P& p, tensor_view<float> v
 
 namespace detail::fsdp {
 template <class R>
-using layer_param_t = std::ranges::range_value_t<decltype(std::declval<layer_t<R>&>().parameters())>;
+using layer_param_t = std::ranges::range_value_t<decltype(std::declval<pipeline::layer_t<R>&>().parameters())>;
 }  // namespace detail::fsdp
 
 // A layer sequence fully sharded data parallel can shard: float parameters it can bind.
@@ -321,7 +321,7 @@ class fully_sharded_data_parallel {
   [[nodiscard]] std::string where() const {
     return "rank " + std::to_string(rank_) + " fully_sharded_data_parallel: ";
   }
-  [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::layer_of(std::ranges::begin(*layers_)[static_cast<std::ptrdiff_t>(i)]); }
+  [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::pipeline::layer_of(std::ranges::begin(*layers_)[static_cast<std::ptrdiff_t>(i)]); }
 
   void build_units() {
     const std::size_t n = std::ranges::size(*layers_);
