@@ -122,7 +122,7 @@ template <class M>
     w.put(s.end);
     w.put(s.crc);
   }
-  put_checkpoint_extra(w, x.extra);
+  ckpt::put_extra(w, x.extra);
   for (const auto& e : x.names) {
     w.put_string(e.name);
     w.put(static_cast<std::uint8_t>(e.dims.rank()));
@@ -149,7 +149,7 @@ template <class M>
     s.crc = r.get<std::uint32_t>("shard crc");
     x.shards.push_back(std::move(s));
   }
-  x.extra = get_checkpoint_extra(r);
+  x.extra = ckpt::get_extra(r);
   if (x.params > (1u << 24)) throw checkpoint_error(where + " is malformed: " + std::to_string(x.params) + " parameters");
   for (std::uint64_t i = 0; i < x.params; ++i) {
     param_entry e;
@@ -280,7 +280,7 @@ void save_sharded_checkpoint(Zero& z, const std::filesystem::path& index, const 
     w.put(static_cast<std::uint64_t>(state.arrays.size()));
     for (const auto& a : state.arrays) w.put_array(std::span<const T>(a));
     crc = detail::crc32(w.bytes());
-    detail::write_file_atomically(path, detail::frame(shard_file_magic, sharded_checkpoint_version, w.bytes()));
+    detail::ckpt::write_file_atomically(path, detail::ckpt::frame(shard_file_magic, sharded_checkpoint_version, w.bytes()));
   } catch (...) {
     err = std::current_exception();
   }
@@ -300,7 +300,7 @@ void save_sharded_checkpoint(Zero& z, const std::filesystem::path& index, const 
         x.shards.push_back({ck::shard_path(index, extra.step, q, world).filename().string(), s.begin, s.end,
                             static_cast<std::uint32_t>(crcs[static_cast<std::size_t>(q)])});
       }
-      detail::write_file_atomically(index, detail::frame(sharded_index_magic, sharded_checkpoint_version, ck::encode(x)));
+      detail::ckpt::write_file_atomically(index, detail::ckpt::frame(sharded_index_magic, sharded_checkpoint_version, ck::encode(x)));
       // The new index is in place: shards of older saves are garbage now (best effort).
       const auto dir = index.has_parent_path() ? index.parent_path() : std::filesystem::path(".");
       const std::string prefix = index.filename().string() + ".step-";
@@ -337,8 +337,8 @@ template <class M>
   const std::string where = "sharded checkpoint index '" + index.string() + "'";
   loaded<T> out;
   auto& x = out.index;
-  const auto file = detail::read_whole_file(index);
-  x = decode_index(unframe(file, sharded_index_magic, sharded_checkpoint_version, where), where);
+  const auto file = detail::ckpt::read_whole_file(index);
+  x = decode_index(ckpt::unframe(file, sharded_index_magic, sharded_checkpoint_version, where), where);
   const auto fingerprint = model_fingerprint(m);
   const auto params = parameter_count(m);
   const auto total = value_views(m).total();
@@ -372,9 +372,9 @@ template <class M>
       throw checkpoint_error(where + " names " + sw + ", which is missing (expected one shard file per rank of the "
                              "saving run)");
     }
-    const auto bytes = detail::read_whole_file(path);
+    const auto bytes = detail::ckpt::read_whole_file(path);
     std::uint32_t crc = 0;
-    state_reader r(unframe(bytes, shard_file_magic, sharded_checkpoint_version, sw, &crc), sw);
+    state_reader r(ckpt::unframe(bytes, shard_file_magic, sharded_checkpoint_version, sw, &crc), sw);
     (void)r.get<std::uint8_t>("dtype");
     (void)r.get<std::uint64_t>("element count");
     (void)r.get<std::uint64_t>("model fingerprint");
@@ -447,7 +447,7 @@ checkpoint_extra load_sharded_checkpoint(Zero& z, const std::filesystem::path& i
 // communicated. Returns where training stood.
 template <model M, stateful_optimizer O>
 checkpoint_extra load_sharded_checkpoint(const std::filesystem::path& index, M& m, O& opt) {
-  static_assert(detail::check_checkpointable<M>());
+  static_assert(detail::ckpt::check_checkpointable<M>());
   using T = model_element_t<M>;
   using opts_t = std::remove_cvref_t<decltype(opt.options())>;
   constexpr bool is_sgd = std::same_as<opts_t, sgd_options>;
@@ -473,14 +473,14 @@ checkpoint_extra load_sharded_checkpoint(const std::filesystem::path& index, M& 
 inline void consolidate_sharded_checkpoint(const std::filesystem::path& index, const std::filesystem::path& out) {
   namespace ck = detail::zero_ckpt;
   const std::string where = "sharded checkpoint index '" + index.string() + "'";
-  const auto file = detail::read_whole_file(index);
-  const auto x = ck::decode_index(detail::unframe(file, sharded_index_magic, sharded_checkpoint_version, where), where);
+  const auto file = detail::ckpt::read_whole_file(index);
+  const auto x = ck::decode_index(detail::ckpt::unframe(file, sharded_index_magic, sharded_checkpoint_version, where), where);
   const auto run = [&]<class T>(std::type_identity<T>) {
     ck::flat_model<T> m(x.names);
     const auto got = ck::read(index, m, {0, m.total()}, x.optimizer);
     m.values = got.values;
     const ck::state_of<T> opt{&got.state, m.sizes()};
-    detail::write_file_atomically(out, checkpoint_bytes(m, opt, x.extra));
+    detail::ckpt::write_file_atomically(out, checkpoint_bytes(m, opt, x.extra));
   };
   if (x.type == static_cast<std::uint8_t>(dtype::float32)) {
     run(std::type_identity<float>{});
