@@ -119,9 +119,9 @@ int main(int argc, char** argv) {
       {"cast fp16 -> fp32", 6, [&] { cast(tensor_view<const half>(h), tensor_view<float>(dst)); }},
       {"cast fp32 -> bf16", 6, [&] { cast(tensor_view<const float>(src), tensor_view<partrain::bfloat16>(bf)); }},
       {"ddp bucket divide", 8,
-       [&] { detail::for_each_index(detail::host_exec{}, first, detail::divide_fn<float>{flat_grad, divisor}); }},
+       [&] { detail::for_each_index(detail::host_exec{}, first, detail::ddp::divide_fn<float>{flat_grad, divisor}); }},
       {"ddp no_sync accumulate", 12,
-       [&] { detail::for_each_index(detail::host_exec{}, n, detail::accumulate_fn<float>{acc.data(), src.data()}); }},
+       [&] { detail::for_each_index(detail::host_exec{}, n, detail::ddp::accumulate_fn<float>{acc.data(), src.data()}); }},
   };
 
   std::printf("bench_elementwise: %zu floats (%.2f MB per buffer), %d calls x %d rounds, median\n", n,

@@ -23,12 +23,12 @@ void check_divide_accumulate() {
     const auto in = tier::awkward_floats(n, 3);
     tier::vec<T> x(n), y(n);
     for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<T>(in[i]), y[i] = static_cast<T>(i % 7);
-    pd::for_each_index(tier::exec(), n, pd::divide_fn<T>{x.data(), T(3)});
+    pd::for_each_index(tier::exec(), n, pd::ddp::divide_fn<T>{x.data(), T(3)});
     tier::finish();
     std::size_t bad = 0;
     for (std::size_t i = 0; i < n; ++i) bad += x[i] != static_cast<T>(in[i]) / T(3);
     CHECK(bad == 0);
-    pd::for_each_index(tier::exec(), n, pd::accumulate_fn<T>{y.data(), x.data()});
+    pd::for_each_index(tier::exec(), n, pd::ddp::accumulate_fn<T>{y.data(), x.data()});
     tier::finish();
     bad = 0;
     for (std::size_t i = 0; i < n; ++i) bad += y[i] != static_cast<T>(i % 7) + static_cast<T>(in[i]) / T(3);
@@ -47,7 +47,7 @@ void check_compress(std::uint16_t (*to16)(float), float (*from16)(std::uint16_t)
     tier::vec<H> h(n);
     for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<T>(in[i]);
     const float d = 3.0f;
-    pd::for_each_index(tier::exec(), n, pd::compress_16_fn<T, H>{x.data(), h.data(), d});
+    pd::for_each_index(tier::exec(), n, pd::ddp::compress_16_fn<T, H>{x.data(), h.data(), d});
     tier::finish();
     std::size_t bad = 0;
     for (std::size_t i = 0; i < n; ++i) {
@@ -55,7 +55,7 @@ void check_compress(std::uint16_t (*to16)(float), float (*from16)(std::uint16_t)
       bad += h[i].bits != want;
     }
     CHECK(bad == 0);
-    pd::for_each_index(tier::exec(), n, pd::decompress_16_fn<H, T>{h.data(), out.data()});
+    pd::for_each_index(tier::exec(), n, pd::ddp::decompress_16_fn<H, T>{h.data(), out.data()});
     tier::finish();
     bad = 0;
     for (std::size_t i = 0; i < n; ++i) {

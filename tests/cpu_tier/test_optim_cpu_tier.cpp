@@ -51,10 +51,10 @@ TEST_CASE("sgd_update_fn matches torch.optim.SGD's rule", "[cpu_tier][optim][sgd
       const auto v0 = randoms(n, 1, -1, 1), g0 = randoms(n, 2, -3, 3), b0 = randoms(n, 3, -1, 1);
       tier::vec<float> v(n), g(n), buf(n);
       for (std::size_t i = 0; i < n; ++i) v[i] = v0[i], g[i] = g0[i], buf[i] = b0[i];
-      const pd::sgd_coeffs<float> c{o.lr, o.momentum, 1 - o.dampening, o.weight_decay,
+      const pd::optim::sgd_coeffs<float> c{o.lr, o.momentum, 1 - o.dampening, o.weight_decay,
                                     o.nesterov, o.momentum != 0, o.weight_decay != 0};
       pd::for_each_index(tier::exec(), n,
-                         pd::sgd_update_fn<float>{v.data(), g.data(), o.momentum != 0 ? buf.data() : nullptr, c, o.first});
+                         pd::optim::sgd_update_fn<float>{v.data(), g.data(), o.momentum != 0 ? buf.data() : nullptr, c, o.first});
       tier::finish();
       std::size_t bad = 0;
       for (std::size_t i = 0; i < n; ++i) {
@@ -82,10 +82,10 @@ TEST_CASE("adamw_update_fn matches torch.optim.AdamW's rule over several steps",
       for (std::size_t i = 0; i < n; ++i) g[i] = gs[i];
       const double bc1 = 1 - std::pow(b1, step), bc2 = 1 - std::pow(beta2, step);
       const float w = static_cast<float>(1 - b1);
-      const pd::adamw_coeffs<float> c{static_cast<float>(1 - lr * wd), w, 1.0f - w, static_cast<float>(beta2),
+      const pd::optim::adamw_coeffs<float> c{static_cast<float>(1 - lr * wd), w, 1.0f - w, static_cast<float>(beta2),
                                       static_cast<float>(1 - beta2), static_cast<float>(std::sqrt(bc2)),
                                       static_cast<float>(eps), static_cast<float>(-(lr / bc1))};
-      pd::for_each_index(tier::exec(), n, pd::adamw_update_fn<float>{v.data(), g.data(), m.data(), s.data(), c});
+      pd::for_each_index(tier::exec(), n, pd::optim::adamw_update_fn<float>{v.data(), g.data(), m.data(), s.data(), c});
       tier::finish();
       for (std::size_t i = 0; i < n; ++i) {  // ATen's lerp, addcmul and addcdiv, one element at a time
         rv[i] *= static_cast<float>(1 - lr * wd);
@@ -114,14 +114,14 @@ TEST_CASE("clipping's sum of squares, scale and zero functors", "[cpu_tier][opti
     double want = 0;
     for (const float x : g0) want += static_cast<double>(x) * x;
     const double got =
-        pd::transform_reduce_index(tier::exec(), n, 0.0, pd::square_as_double_fn<float>{g.data()}, pd::plus_fn{});
+        pd::transform_reduce_index(tier::exec(), n, 0.0, pd::optim::square_as_double_fn<float>{g.data()}, pd::plus_fn{});
     CHECK(std::fabs(got - want) <= 1e-12 * want);
-    pd::for_each_index(tier::exec(), n, pd::scale_fn<float>{g.data(), 0.25f});
+    pd::for_each_index(tier::exec(), n, pd::optim::scale_fn<float>{g.data(), 0.25f});
     tier::finish();
     std::size_t bad = 0;
     for (std::size_t i = 0; i < n; ++i) bad += g[i] != g0[i] * 0.25f;
     CHECK(bad == 0);
-    pd::for_each_index(tier::exec(), n, pd::fill_zero_fn<float>{g.data()});
+    pd::for_each_index(tier::exec(), n, pd::optim::fill_zero_fn<float>{g.data()});
     tier::finish();
     bad = 0;
     for (std::size_t i = 0; i < n; ++i) bad += g[i] != 0.0f;
@@ -130,7 +130,7 @@ TEST_CASE("clipping's sum of squares, scale and zero functors", "[cpu_tier][opti
   // A non-finite gradient makes the sum non-finite (clip_grad_norm then leaves the step alone).
   tier::vec<float> g(5, 1.0f);
   g[3] = std::numeric_limits<float>::infinity();
-  CHECK(std::isinf(pd::transform_reduce_index(tier::exec(), 5, 0.0, pd::square_as_double_fn<float>{g.data()}, pd::plus_fn{})));
+  CHECK(std::isinf(pd::transform_reduce_index(tier::exec(), 5, 0.0, pd::optim::square_as_double_fn<float>{g.data()}, pd::plus_fn{})));
   g[3] = std::numeric_limits<float>::quiet_NaN();
-  CHECK(std::isnan(pd::transform_reduce_index(tier::exec(), 5, 0.0, pd::square_as_double_fn<float>{g.data()}, pd::plus_fn{})));
+  CHECK(std::isnan(pd::transform_reduce_index(tier::exec(), 5, 0.0, pd::optim::square_as_double_fn<float>{g.data()}, pd::plus_fn{})));
 }

@@ -47,8 +47,8 @@ TEST_CASE("cast_fn float -> half / bfloat16 is round to nearest even, NaN kept",
   tier::vec<partrain::half> h(n);
   tier::vec<partrain::bfloat16> b(n);
   for (std::size_t i = 0; i < n; ++i) x[i] = in[i];
-  pd::for_each_index(tier::exec(), n, pd::cast_fn<float, partrain::half>{x.data(), h.data()});
-  pd::for_each_index(tier::exec(), n, pd::cast_fn<float, partrain::bfloat16>{x.data(), b.data()});
+  pd::for_each_index(tier::exec(), n, pd::amp::cast_fn<float, partrain::half>{x.data(), h.data()});
+  pd::for_each_index(tier::exec(), n, pd::amp::cast_fn<float, partrain::bfloat16>{x.data(), b.data()});
   tier::finish();
   std::size_t bad_h = 0, bad_b = 0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -73,8 +73,8 @@ TEST_CASE("cast_fn half / bfloat16 -> float is exact for all 65536 patterns", "[
     h[i] = partrain::half::from_bits(static_cast<std::uint16_t>(i));
     b[i] = partrain::bfloat16::from_bits(static_cast<std::uint16_t>(i));
   }
-  pd::for_each_index(tier::exec(), n, pd::cast_fn<partrain::half, float>{h.data(), fh.data()});
-  pd::for_each_index(tier::exec(), n, pd::cast_fn<partrain::bfloat16, float>{b.data(), fb.data()});
+  pd::for_each_index(tier::exec(), n, pd::amp::cast_fn<partrain::half, float>{h.data(), fh.data()});
+  pd::for_each_index(tier::exec(), n, pd::amp::cast_fn<partrain::bfloat16, float>{b.data(), fb.data()});
   tier::finish();
   std::size_t bad = 0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -98,7 +98,7 @@ TEST_CASE("unscale_check_fn multiplies every element and flags inf and NaN", "[c
       tier::vec<float> g(n);
       for (std::size_t i = 0; i < n; ++i) g[i] = in[i];
       const int found =
-          pd::transform_reduce_index(tier::exec(), n, 0, pd::unscale_check_fn{g.data(), inv}, pd::bit_or_fn{});
+          pd::transform_reduce_index(tier::exec(), n, 0, pd::amp::unscale_check_fn{g.data(), inv}, pd::bit_or_fn{});
       CHECK(found == (n && poison ? 1 : 0));
       std::size_t bad = 0;
       for (std::size_t i = 0; i < n; ++i) {
@@ -114,7 +114,7 @@ TEST_CASE("segment tables: many tensors, empty ones skipped, more than one table
   using namespace precision_cases;
   // 2 * 64 + 30 tensors of ragged sizes, every eleventh empty (15): 143 segments, so two full
   // tables and a partial third.
-  const std::size_t tensors = 2 * pd::precision_segments_per_launch + 30;
+  const std::size_t tensors = 2 * pd::amp::segments_per_launch + 30;
   std::vector<std::vector<float>> src(tensors);
   std::vector<std::size_t> sizes(tensors);
   std::size_t total = 0;
@@ -132,13 +132,13 @@ TEST_CASE("segment tables: many tensors, empty ones skipped, more than one table
     for (std::size_t j = 0; j < sizes[k]; ++j) flat[o + j] = src[k][j];
   }
   std::size_t tables = 0, covered = 0;
-  pd::for_each_precision_table(
-      tensors, [&](std::size_t k) { return pd::precision_segment{flat.data() + at[k], flat16.data() + at[k], sizes[k], 0}; },
-      [&](const pd::precision_segment_table& t) {
+  pd::amp::for_each_table(
+      tensors, [&](std::size_t k) { return pd::amp::segment{flat.data() + at[k], flat16.data() + at[k], sizes[k], 0}; },
+      [&](const pd::amp::segment_table& t) {
         ++tables;
         covered += t.total;
         for (unsigned s = 0; s < t.count; ++s) CHECK(t.seg[s].n != 0);
-        pd::for_each_index(tier::exec(), t.total, pd::segmented_cast_fn<float, partrain::half>{t});
+        pd::for_each_index(tier::exec(), t.total, pd::amp::segmented_cast_fn<float, partrain::half>{t});
       });
   tier::finish();
   CHECK(tables == 3);
@@ -150,10 +150,10 @@ TEST_CASE("segment tables: many tensors, empty ones skipped, more than one table
   CHECK(bad == 0);
 
   // Back to float through the tables, then the fused unscale over them with one NaN in the middle.
-  pd::for_each_precision_table(
-      tensors, [&](std::size_t k) { return pd::precision_segment{flat16.data() + at[k], back.data() + at[k], sizes[k], 0}; },
-      [&](const pd::precision_segment_table& t) {
-        pd::for_each_index(tier::exec(), t.total, pd::segmented_cast_fn<partrain::half, float>{t});
+  pd::amp::for_each_table(
+      tensors, [&](std::size_t k) { return pd::amp::segment{flat16.data() + at[k], back.data() + at[k], sizes[k], 0}; },
+      [&](const pd::amp::segment_table& t) {
+        pd::for_each_index(tier::exec(), t.total, pd::amp::segmented_cast_fn<partrain::half, float>{t});
       });
   tier::finish();
   bad = 0;
@@ -165,10 +165,10 @@ TEST_CASE("segment tables: many tensors, empty ones skipped, more than one table
   for (std::size_t i = 0; i < total; ++i) back[i] = std::isfinite(back[i]) ? back[i] : 2.0f;
   back[total / 2] = std::numeric_limits<float>::quiet_NaN();
   int found = 0;
-  pd::for_each_precision_table(
-      tensors, [&](std::size_t k) { return pd::precision_segment{back.data() + at[k], back.data() + at[k], sizes[k], 0}; },
-      [&](const pd::precision_segment_table& t) {
-        found |= pd::transform_reduce_index(tier::exec(), t.total, 0, pd::segmented_unscale_check_fn{t, 0.5f}, pd::bit_or_fn{});
+  pd::amp::for_each_table(
+      tensors, [&](std::size_t k) { return pd::amp::segment{back.data() + at[k], back.data() + at[k], sizes[k], 0}; },
+      [&](const pd::amp::segment_table& t) {
+        found |= pd::transform_reduce_index(tier::exec(), t.total, 0, pd::amp::segmented_unscale_check_fn{t, 0.5f}, pd::bit_or_fn{});
       });
   CHECK(found == 1);
   bad = 0;

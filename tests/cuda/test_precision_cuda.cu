@@ -141,7 +141,7 @@ TEST_CASE("CUDA casts round as the host conversions do, bit for bit", "[cuda][pr
 // More tensors than one launch's table holds (and empty ones among them): every element of every
 // pair is converted, nothing beyond them is written.
 TEST_CASE("CUDA cast_views converts many tensors of many sizes in fused launches", "[cuda][precision][gpu]") {
-  constexpr std::size_t tensors = 2 * detail::precision_segments_per_launch + 7;
+  constexpr std::size_t tensors = 2 * detail::amp::segments_per_launch + 7;
   test_rng r{5};
   std::vector<std::size_t> sizes(tensors), offsets(tensors);
   std::size_t total = 0;
@@ -163,7 +163,7 @@ TEST_CASE("CUDA cast_views converts many tensors of many sizes in fused launches
     sv.emplace_back(d_src.data() + offsets[k], sizes[k]);
     dv.emplace_back(d_dst.data() + offsets[k], sizes[k]);
   }
-  detail::cast_views<float, partrain::half>(std::span<const tensor_view<const float, cuda>>(sv),
+  detail::amp::cast_views<float, partrain::half>(std::span<const tensor_view<const float, cuda>>(sv),
                                   std::span<const tensor_view<partrain::half, cuda>>(dv));
   const auto dst = to_host(d_dst);
   std::size_t wrong = 0, guards = 0;
@@ -176,7 +176,7 @@ TEST_CASE("CUDA cast_views converts many tensors of many sizes in fused launches
 
   // Mismatched pairs are refused by name before anything runs.
   std::vector<tensor_view<partrain::half, cuda>> short_dst(dv.begin(), dv.end() - 1);
-  CHECK_THROWS_WITH((detail::cast_views<float, partrain::half>(std::span<const tensor_view<const float, cuda>>(sv),
+  CHECK_THROWS_WITH((detail::amp::cast_views<float, partrain::half>(std::span<const tensor_view<const float, cuda>>(sv),
                                                      std::span<const tensor_view<partrain::half, cuda>>(short_dst))),
                     Catch::Contains("destination"));
 }
@@ -196,8 +196,8 @@ std::pair<bool, bool> unscale_both(const std::vector<std::vector<float>>& grads,
     dv.push_back(dev.back().view());
     hv.emplace_back(host[k].data(), host[k].size());
   }
-  const bool d_found = detail::unscale_and_check(std::span<const tensor_view<float, cuda>>(dv), inv_scale);
-  const bool h_found = detail::unscale_and_check(std::span<const tensor_view<float>>(hv), inv_scale);
+  const bool d_found = detail::amp::unscale_and_check(std::span<const tensor_view<float, cuda>>(dv), inv_scale);
+  const bool h_found = detail::amp::unscale_and_check(std::span<const tensor_view<float>>(hv), inv_scale);
   std::size_t wrong = 0;
   for (std::size_t k = 0; k < grads.size(); ++k) {
     const auto d = to_host(dev[k]);
@@ -214,7 +214,7 @@ std::pair<bool, bool> unscale_both(const std::vector<std::vector<float>>& grads,
 
 TEST_CASE("CUDA unscale_and_check scales and finds inf/NaN as the host does", "[cuda][precision][gpu]") {
   // 138 tensors, 20 of them empty: 118 in two launches.
-  constexpr std::size_t tensors = 2 * detail::precision_segments_per_launch + 10;
+  constexpr std::size_t tensors = 2 * detail::amp::segments_per_launch + 10;
   test_rng r{9};
   std::vector<std::vector<float>> grads(tensors);
   for (std::size_t k = 0; k < tensors; ++k) {
@@ -248,7 +248,7 @@ TEST_CASE("CUDA unscale_and_check scales and finds inf/NaN as the host does", "[
     CHECK_FALSE(d);
   }
   SECTION("no gradients at all") {
-    CHECK_FALSE(detail::unscale_and_check(std::span<const tensor_view<float, cuda>>(), inv));
+    CHECK_FALSE(detail::amp::unscale_and_check(std::span<const tensor_view<float, cuda>>(), inv));
   }
 }
 

@@ -164,7 +164,7 @@ TEST_CASE("idx: each kind of bad file gets an error naming the file and the prob
   // decode_idx reads from memory what read_idx reads from a file.
   const auto image = idx_array::from(std::span<const std::uint8_t>(pixels), shape{50, 100}).serialize();
   CHECK(decode_idx(image, "memory").shape() == shape{50, 100});
-  CHECK(decode_idx(detail::gzip(image, "memory"), "memory").at(4999) == pixels[4999]);
+  CHECK(decode_idx(detail::data::gzip(image, "memory"), "memory").at(4999) == pixels[4999]);
   // A gzip bomb beyond the caller's limit.
   CHECK_THROWS_WITH(read_idx(dir / "ok.gz", {.max_bytes = 1000}), Catch::Contains("more than 1000 bytes"));
 

@@ -99,7 +99,7 @@ TEST_CASE("distributed: matches DistributedSampler.__iter__ for 1 to 8 ranks", "
             const distributed_options o{.shuffle = shuffle, .seed = 7, .drop_last = drop_last};
             indices order(n);
             std::iota(order.begin(), order.end(), std::size_t{0});
-            if (shuffle) order = detail::permutation(n, o.seed + epoch);
+            if (shuffle) order = detail::data::permutation(n, o.seed + epoch);
             for (int r = 0; r < world; ++r) {
               INFO("n=" << n << " world=" << world << " rank=" << r << " shuffle=" << shuffle
                         << " drop_last=" << drop_last << " epoch=" << epoch);
@@ -190,14 +190,14 @@ TEST_CASE("sequential and shuffled samplers", "[data][sampler]") {
         to_vector(views::distributed(77, 1, 0, {.seed = 5}).set_epoch(2)));
   // The frozen order for (n = 10, seed = 0): every platform and release must agree on it, or
   // resumed runs and mixed builds shuffle differently.
-  CHECK(to_vector(views::shuffled(10, 0)) == detail::permutation(10, 0));
+  CHECK(to_vector(views::shuffled(10, 0)) == detail::data::permutation(10, 0));
 }
 
 TEST_CASE("shuffle draws are uniform enough", "[data][sampler]") {
   // Position of element 0 over 4000 seeds of a 4-element shuffle: each of 4 places ~1000 times.
   std::array<int, 4> where{};
   for (std::uint64_t seed = 0; seed < 4000; ++seed) {
-    const auto p = detail::permutation(4, seed);
+    const auto p = detail::data::permutation(4, seed);
     ++where[static_cast<std::size_t>(std::ranges::find(p, std::size_t{0}) - p.begin())];
   }
   for (int c : where) CHECK(std::abs(c - 1000) < 150);  // > 5 sigma

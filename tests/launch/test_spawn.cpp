@@ -325,16 +325,16 @@ TEST_CASE("spawn refuses to fork once CUDA is initialised and says to use an exe
   constexpr std::string_view runtime_only =
       "7f0000000000-7f0000100000 r-xp 00000000 08:01 2 /usr/local/cuda/lib64/libcudart.so.13.0.88\n"
       "7f0000400000-7f0000500000 r-xp 00000000 08:01 4 /opt/x/mylibcuda.so.1\n";
-  CHECK(detail::maps_show_cuda_driver(with_driver));
-  CHECK_FALSE(detail::maps_show_cuda_driver(runtime_only));  // the runtime alone initialises nothing
-  CHECK_FALSE(detail::maps_show_cuda_driver(""));
+  CHECK(detail::launch::maps_show_cuda_driver(with_driver));
+  CHECK_FALSE(detail::launch::maps_show_cuda_driver(runtime_only));  // the runtime alone initialises nothing
+  CHECK_FALSE(detail::launch::maps_show_cuda_driver(""));
 
   const auto dir = scratch("maps");
   const auto fake = (dir / "maps").string();
   std::ofstream(fake) << with_driver;
-  CHECK(detail::cuda_driver_loaded(fake.c_str()));
+  CHECK(detail::launch::cuda_driver_loaded(fake.c_str()));
   try {
-    detail::refuse_fork_after_cuda(fake.c_str());
+    detail::launch::refuse_fork_after_cuda(fake.c_str());
     FAIL("refuse_fork_after_cuda accepted a process with libcuda.so loaded");
   } catch (const config_error& e) {
     const std::string what = e.what();
@@ -343,12 +343,12 @@ TEST_CASE("spawn refuses to fork once CUDA is initialised and says to use an exe
     CHECK(what.find("partrun") != std::string::npos);
   }
   std::ofstream(fake) << runtime_only;
-  CHECK_FALSE(detail::cuda_driver_loaded(fake.c_str()));
-  CHECK_NOTHROW(detail::refuse_fork_after_cuda(fake.c_str()));
-  CHECK_FALSE(detail::cuda_driver_loaded((dir / "missing").c_str()));  // unreadable: not refused
+  CHECK_FALSE(detail::launch::cuda_driver_loaded(fake.c_str()));
+  CHECK_NOTHROW(detail::launch::refuse_fork_after_cuda(fake.c_str()));
+  CHECK_FALSE(detail::launch::cuda_driver_loaded((dir / "missing").c_str()));  // unreadable: not refused
 
   // This host test process never loads the driver, so its own check passes and spawn runs.
-  CHECK_FALSE(detail::cuda_driver_loaded());
+  CHECK_FALSE(detail::launch::cuda_driver_loaded());
   std::filesystem::remove_all(dir);
 }
 

@@ -67,9 +67,9 @@ TEST_CASE("adamw: the host loop (four lanes at a time where it can) equals the s
       s[i] = std::abs(d(gen)) * (i % 7 == 0 ? 0.0f : 0.01f);
     }
     auto rv = v, rm = m, rs = s;
-    const auto c = detail::adamw_coeffs_of<float>({.lr = 1e-2, .beta1 = beta1, .weight_decay = 0.1}, 3);
-    for (std::size_t i = 0; i < n; ++i) detail::adamw_element(rv[i], g[i], rm[i], rs[i], c);
-    detail::adamw_update(tensor_view<float>(v), tensor_view<const float>(g), m.data(), s.data(), c);
+    const auto c = detail::optim::adamw_coeffs_of<float>({.lr = 1e-2, .beta1 = beta1, .weight_decay = 0.1}, 3);
+    for (std::size_t i = 0; i < n; ++i) detail::optim::adamw_element(rv[i], g[i], rm[i], rs[i], c);
+    detail::optim::adamw_update(tensor_view<float>(v), tensor_view<const float>(g), m.data(), s.data(), c);
     CHECK(std::memcmp(v.data(), rv.data(), n * sizeof(float)) == 0);
     CHECK(std::memcmp(m.data(), rm.data(), n * sizeof(float)) == 0);
     CHECK(std::memcmp(s.data(), rs.data(), n * sizeof(float)) == 0);

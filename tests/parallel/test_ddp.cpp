@@ -130,7 +130,7 @@ TEST_CASE("ddp: bucket layout is reverse parameter order with a small first buck
       CHECK(b[2].params == std::vector<std::size_t>{0});
     }
   });
-  CHECK(detail::assign_buckets({}, 4, 1, 1).empty());
+  CHECK(detail::ddp::assign_buckets({}, 4, 1, 1).empty());
 }
 
 TEST_CASE("ddp: stats count steps and measure communication", "[parallel][ddp][stats]") {

@@ -83,7 +83,7 @@ TEST_CASE("powersgd: error feedback keeps the sum of applied updates equal to th
     const std::size_t n = with_shapes ? 48 + 5 + 12 : 63;
     run_local(world, [&](local_group& g) {
       std::vector<double> buf(n), applied_sum(n, 0.0), true_sum(n, 0.0);
-      grad_bucket gb(0, raw_tensor{buf.data(), n, dtype::float64, false}, detail::make_all_reduce_fn(g), world);
+      grad_bucket gb(0, raw_tensor{buf.data(), n, dtype::float64, false}, detail::ddp::make_all_reduce_fn(g), world);
       gb.set_divisor(world);
       if (with_shapes) gb.set_param_shapes({shape{8, 6}, shape{5}, shape{4, 3}});
       auto state = std::make_shared<powersgd_state>(powersgd_options{.start_iter = 2});

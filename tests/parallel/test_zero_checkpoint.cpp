@@ -371,7 +371,7 @@ void rewrite_as_version_1(const std::filesystem::path& index) {
     REQUIRE(e.segments.size() == 1);
     const auto path = index.parent_path() / e.file;
     const auto bytes = file_bytes(path);
-    const auto payload = pd::unframe(bytes, shard_file_magic, 2u, "shard");
+    const auto payload = pd::ckpt::unframe(bytes, shard_file_magic, 2u, "shard");
     // dtype, element count, fingerprint, world size, rank | segment count, (begin, end)... | the rest
     const std::size_t fixed = 1 + 4 * 8;
     const std::size_t skip = fixed + 8 + 16;
@@ -384,7 +384,7 @@ void rewrite_as_version_1(const std::filesystem::path& index) {
     append(e.segments[0].end);
     v1.insert(v1.end(), payload.begin() + static_cast<std::ptrdiff_t>(skip), payload.end());
     e.crc = pd::crc32(v1);
-    write_bytes(path, pd::frame(shard_file_magic, 1, v1));
+    write_bytes(path, pd::ckpt::frame(shard_file_magic, 1, v1));
   }
   state_writer w;
   w.put(x.type);
@@ -400,13 +400,13 @@ void rewrite_as_version_1(const std::filesystem::path& index) {
     w.put(static_cast<std::uint64_t>(e.segments[0].end));
     w.put(e.crc);
   }
-  pd::put_checkpoint_extra(w, x.extra);
+  pd::ckpt::put_extra(w, x.extra);
   for (const auto& n : x.names) {
     w.put_string(n.name);
     w.put(static_cast<std::uint8_t>(n.dims.rank()));
     for (std::size_t d = 0; d < n.dims.rank(); ++d) w.put(static_cast<std::uint64_t>(n.dims[d]));
   }
-  write_bytes(index, pd::frame(sharded_index_magic, 1, w.bytes()));
+  write_bytes(index, pd::ckpt::frame(sharded_index_magic, 1, w.bytes()));
 }
 
 }  // namespace
@@ -419,11 +419,11 @@ TEST_CASE("sharded checkpoint: files of format version 1 still load", "[train][z
   rewrite_as_version_1(ck);
   std::uint32_t version = 0;
   const auto bytes = file_bytes(ck);
-  (void)partrain::detail::unframe(bytes, sharded_index_magic, partrain::detail::frame_versions{1, 2}, "index", nullptr,
+  (void)partrain::detail::ckpt::unframe(bytes, sharded_index_magic, partrain::detail::ckpt::frame_versions{1, 2}, "index", nullptr,
                                   &version);
   REQUIRE(version == 1);
   CHECK(toy_run(3, 2, 4, ck) == straight);  // the same world size: bit for bit
   // A reader of version 2 only names both versions.
-  CHECK_THROWS_WITH(partrain::detail::unframe(bytes, sharded_index_magic, 2u, "index"),
+  CHECK_THROWS_WITH(partrain::detail::ckpt::unframe(bytes, sharded_index_magic, 2u, "index"),
                     Catch::Contains("has format version 1, this build reads version 2"));
 }

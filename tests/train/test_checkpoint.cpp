@@ -232,7 +232,7 @@ TEST_CASE("checkpoint: bad files are refused with the reason", "[train][checkpoi
 TEST_CASE("checkpoint: a save removes the temporaries that dead processes left behind", "[train][checkpoint]") {
   temp_dir dir;
   const auto file = dir.path / "ckpt.bin";
-  const std::string host = detail::host_name();
+  const std::string host = detail::ckpt::host_name();
   // A pid that surely ended: a child that exited and was reaped.
   const pid_t child = ::fork();
   if (child == 0) ::_exit(0);

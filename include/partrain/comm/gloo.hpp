@@ -63,7 +63,7 @@ class gloo_group final : public process_group {
       throw config_error("gloo_group: timeout must be positive, got " + std::to_string(opts.timeout.count()) + " ms");
     }
     // A peer that dies mid-write must fail this rank with our error, not kill it with SIGPIPE.
-    (void)detail::survive_sigpipe();
+    (void)detail::gloo::survive_sigpipe();
     const std::string prefix = gopts.prefix.empty() ? detail::gloo::next_prefix(s, rank) : gopts.prefix;
     context_ = detail::gloo::connect(s, prefix, rank, size, opts.timeout,
                                     detail::gloo::device_attr(gopts.ifname, gopts.hostname));

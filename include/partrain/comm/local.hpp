@@ -27,10 +27,10 @@
 
 namespace partrain::inline v0 {
 
-namespace detail {
+namespace detail::local {
 
 // State shared by the ranks of one local world.
-class local_world_state {
+class world_state {
  public:
   struct slot {
     const void* in = nullptr;  // what the rank contributes
@@ -42,7 +42,7 @@ class local_world_state {
     collective kind = collective::barrier;
   };
 
-  local_world_state(int n, std::chrono::milliseconds timeout)
+  world_state(int n, std::chrono::milliseconds timeout)
       : n_(n), timeout_(timeout), slots_(static_cast<std::size_t>(n)), arrivals_(static_cast<std::size_t>(n), 0) {}
 
   [[nodiscard]] int size() const noexcept { return n_; }
@@ -145,7 +145,7 @@ class local_world_state {
 // Reduces elements [first, last) of every rank's `in` (in rank order, so every run and every
 // rank sees the same rounding) into each of outs (each receives element `first` at its start),
 // a block at a time so the accumulator stays in cache.
-inline void reduce_ranks_into(local_world_state& w, std::span<void* const> outs, std::size_t first,
+inline void reduce_ranks_into(world_state& w, std::span<void* const> outs, std::size_t first,
                               std::size_t last, dtype t, reduce_op op) {
   constexpr std::size_t block = 4096;
   alignas(64) std::byte acc[block * 8];
@@ -159,11 +159,11 @@ inline void reduce_ranks_into(local_world_state& w, std::span<void* const> outs,
   }
 }
 
-}  // namespace detail
+}  // namespace detail::local
 
 class local_group final : public process_group {
  public:
-  local_group(std::shared_ptr<detail::local_world_state> world, int rank, process_group_options opts)
+  local_group(std::shared_ptr<detail::local::world_state> world, int rank, process_group_options opts)
       : process_group(rank, world->size(), opts), world_(std::move(world)) {}
 
   [[nodiscard]] std::string_view backend() const noexcept override { return "local"; }
@@ -173,34 +173,34 @@ class local_group final : public process_group {
 
  protected:
   work do_all_reduce(raw_tensor t, reduce_op op) override {
-    return run(collective::all_reduce, t.data, t.data, t, -1, op, [this, t, op](detail::local_world_state& w) {
+    return run(collective::all_reduce, t.data, t.data, t, -1, op, [this, t, op](detail::local::world_state& w) {
       // Rank r reduces chunk r of every input and writes the result into chunk r of every
       // rank's buffer: one pass, no second copy phase. Safe because nobody else reads or
       // writes chunk r, and each block is read from all ranks before it is overwritten.
       const auto [lo, hi] = chunk(t.count, rank());
       std::vector<void*> outs;
       for (int q = 0; q < size(); ++q) outs.push_back(static_cast<std::byte*>(w.at(q).out) + lo * size_of(t.type));
-      detail::reduce_ranks_into(w, outs, lo, hi, t.type, op);
+      detail::local::reduce_ranks_into(w, outs, lo, hi, t.type, op);
     });
   }
   work do_broadcast(raw_tensor t, int root) override {
-    return run(collective::broadcast, t.data, t.data, t, root, reduce_op::sum, [this, t, root](detail::local_world_state& w) {
+    return run(collective::broadcast, t.data, t.data, t, root, reduce_op::sum, [this, t, root](detail::local::world_state& w) {
       if (rank() != root && t.count) std::memcpy(t.data, w.at(root).in, t.bytes());
     });
   }
   work do_reduce(raw_tensor t, int root, reduce_op op) override {
     // The root reduces into scratch first: its own input must stay readable until all are done.
-    return run(collective::reduce, t.data, nullptr, t, root, op, [this, t, root, op](detail::local_world_state& w) {
+    return run(collective::reduce, t.data, nullptr, t, root, op, [this, t, root, op](detail::local::world_state& w) {
       if (rank() != root) return;
       std::vector<std::byte> result(t.bytes());
       void* out = result.data();
-      detail::reduce_ranks_into(w, std::span(&out, 1), 0, t.count, t.type, op);
+      detail::local::reduce_ranks_into(w, std::span(&out, 1), 0, t.count, t.type, op);
       w.arrive_and_wait(rank(), collective::reduce, "reduce");
       if (t.count) std::memcpy(t.data, result.data(), result.size());
     }, /*root_only_phase=*/true);
   }
   work do_all_gather(raw_tensor in, raw_tensor out) override {
-    return run(collective::all_gather, in.data, out.data, in, -1, reduce_op::sum, [this, in, out](detail::local_world_state& w) {
+    return run(collective::all_gather, in.data, out.data, in, -1, reduce_op::sum, [this, in, out](detail::local::world_state& w) {
       for (int q = 0; q < size(); ++q) {
         if (in.count) {
           std::memcpy(static_cast<std::byte*>(out.data) + static_cast<std::size_t>(q) * in.bytes(), w.at(q).in, in.bytes());
@@ -209,14 +209,14 @@ class local_group final : public process_group {
     });
   }
   work do_reduce_scatter(raw_tensor in, raw_tensor out, reduce_op op) override {
-    return run(collective::reduce_scatter, in.data, out.data, out, -1, op, [this, out, op](detail::local_world_state& w) {
+    return run(collective::reduce_scatter, in.data, out.data, out, -1, op, [this, out, op](detail::local::world_state& w) {
       const std::size_t lo = static_cast<std::size_t>(rank()) * out.count;
-      detail::reduce_ranks_into(w, std::span(&out.data, 1), lo, lo + out.count, out.type, op);
+      detail::local::reduce_ranks_into(w, std::span(&out.data, 1), lo, lo + out.count, out.type, op);
     });
   }
   work do_barrier() override {
     return run(collective::barrier, nullptr, nullptr, raw_tensor{nullptr, 0, dtype::uint8, false}, -1, reduce_op::sum,
-               [](detail::local_world_state&) {});
+               [](detail::local::world_state&) {});
   }
   work do_send(raw_tensor t, int dst, int tag) override {
     return worker_.submit([w = world_, src = rank(), t, dst, tag] { w->post(src, dst, tag, t.data, t.bytes()); });
@@ -249,12 +249,12 @@ class local_group final : public process_group {
     });
   }
 
-  void check_matching(detail::local_world_state& w, collective c) const {
+  void check_matching(detail::local::world_state& w, collective c) const {
     const auto& me = w.at(rank());
     for (int q = 0; q < size(); ++q) {
       const auto& o = w.at(q);
       if (o.kind != me.kind || o.count != me.count || o.type != me.type || o.root != me.root || o.op != me.op) {
-        auto describe = [](const detail::local_world_state::slot& s) {
+        auto describe = [](const detail::local::world_state::slot& s) {
           return std::string(to_string(s.kind)) + "(" + std::string(to_string(s.type)) + " x " +
                  std::to_string(s.count) + ", root " + std::to_string(s.root) + ", op " +
                  std::string(to_string(s.op)) + ")";
@@ -266,7 +266,7 @@ class local_group final : public process_group {
     }
   }
 
-  std::shared_ptr<detail::local_world_state> world_;
+  std::shared_ptr<detail::local::world_state> world_;
   detail::executor worker_;  // last: joined before world_ goes away
 };
 
@@ -274,7 +274,7 @@ class local_group final : public process_group {
 [[nodiscard]] inline std::vector<std::unique_ptr<local_group>> make_local_world(int world_size,
                                                                                process_group_options opts = {}) {
   if (world_size <= 0) throw config_error("world size must be at least 1, got " + std::to_string(world_size));
-  auto state = std::make_shared<detail::local_world_state>(world_size, opts.timeout);
+  auto state = std::make_shared<detail::local::world_state>(world_size, opts.timeout);
   std::vector<std::unique_ptr<local_group>> ranks;
   for (int r = 0; r < world_size; ++r) ranks.push_back(std::make_unique<local_group>(state, r, opts));
   return ranks;

@@ -28,7 +28,7 @@ concept index_range = std::ranges::random_access_range<const R> && std::ranges::
 
 template <std::ranges::view V>
   requires index_range<V>
-class batched_view : public detail::indexed_view_base<batched_view<V>> {
+class batched_view : public detail::data::indexed_view_base<batched_view<V>> {
   using base_iterator = std::ranges::iterator_t<const V>;
 
  public:
@@ -56,7 +56,7 @@ class batched_view : public detail::indexed_view_base<batched_view<V>> {
   [[nodiscard]] V& base() & noexcept { return base_; }
 
   batched_view& set_epoch(std::uint64_t epoch) & {
-    (void)detail::forward_set_epoch(base_, epoch);
+    (void)detail::data::forward_set_epoch(base_, epoch);
     return *this;
   }
   batched_view set_epoch(std::uint64_t epoch) && {

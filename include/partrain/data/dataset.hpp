@@ -29,7 +29,7 @@ concept dataset = requires(const D& d, std::span<const std::size_t> indices, ten
   d.fetch(indices, features, labels);
 };
 
-namespace detail {
+namespace detail::data {
 template <class D>
 concept dataset_has_size = requires(const D& d) {
   { d.size() } -> std::convertible_to<std::size_t>;
@@ -38,14 +38,14 @@ template <class D>
 concept dataset_has_example_shape = requires(const D& d) {
   { d.example_shape() } -> std::convertible_to<shape>;
 };
-}  // namespace detail
+}  // namespace detail::data
 
 // Spells out which member a would-be dataset lacks; use at public entry points.
 template <class D>
 constexpr bool check_dataset() {
-  static_assert(detail::dataset_has_size<D>,
+  static_assert(detail::data::dataset_has_size<D>,
                 "partrain: a dataset needs `std::size_t size() const` (the number of examples)");
-  static_assert(detail::dataset_has_example_shape<D>,
+  static_assert(detail::data::dataset_has_example_shape<D>,
                 "partrain: a dataset needs `partrain::shape example_shape() const` (the features of one "
                 "example, e.g. {784})");
   static_assert(dataset<D>,

@@ -42,7 +42,7 @@ struct distributed_options {
   return (n + world_size - 1) / world_size;
 }
 
-class distributed_view : public detail::indexed_view_base<distributed_view> {
+class distributed_view : public detail::data::indexed_view_base<distributed_view> {
  public:
   distributed_view() = default;
   distributed_view(std::size_t n, int world_size, int rank, distributed_options options = {})
@@ -77,7 +77,7 @@ class distributed_view : public detail::indexed_view_base<distributed_view> {
   distributed_view& set_epoch(std::uint64_t epoch) & {
     epoch_ = epoch;
     if (options_.shuffle) {
-      order_ = std::make_shared<const std::vector<std::size_t>>(detail::permutation(n_, options_.seed + epoch_));
+      order_ = std::make_shared<const std::vector<std::size_t>>(detail::data::permutation(n_, options_.seed + epoch_));
     }
     return *this;
   }

@@ -67,7 +67,7 @@ inline constexpr idx_type idx_type_of = std::is_same_v<T, std::uint8_t>  ? idx_t
                                         : std::is_same_v<T, float>        ? idx_type::f32
                                                                           : idx_type::f64;
 
-namespace detail {
+namespace detail::data {
 template <class T>
 [[nodiscard]] inline T load_be(const std::byte* p) noexcept {
   using U = std::conditional_t<sizeof(T) == 1, std::uint8_t,
@@ -95,7 +95,7 @@ inline void store_be(std::byte* p, T value) noexcept {
   }
   std::memcpy(p, &u, sizeof(u));
 }
-}  // namespace detail
+}  // namespace detail::data
 
 // One IDX array: its element type, dimensions and elements (kept big-endian as in the file).
 class idx_array {
@@ -114,7 +114,7 @@ class idx_array {
     a.type_ = idx_type_of<T>;
     a.shape_ = dims;
     a.storage_.resize(values.size() * sizeof(T));
-    for (std::size_t i = 0; i < values.size(); ++i) detail::store_be(a.storage_.data() + i * sizeof(T), values[i]);
+    for (std::size_t i = 0; i < values.size(); ++i) detail::data::store_be(a.storage_.data() + i * sizeof(T), values[i]);
     return a;
   }
 
@@ -130,12 +130,12 @@ class idx_array {
   [[nodiscard]] double at(std::size_t i) const noexcept {
     const std::byte* p = payload().data() + i * size_of(type_);
     switch (type_) {
-      case idx_type::u8: return static_cast<double>(detail::load_be<std::uint8_t>(p));
-      case idx_type::i8: return static_cast<double>(detail::load_be<std::int8_t>(p));
-      case idx_type::i16: return static_cast<double>(detail::load_be<std::int16_t>(p));
-      case idx_type::i32: return static_cast<double>(detail::load_be<std::int32_t>(p));
-      case idx_type::f32: return static_cast<double>(detail::load_be<float>(p));
-      case idx_type::f64: return detail::load_be<double>(p);
+      case idx_type::u8: return static_cast<double>(detail::data::load_be<std::uint8_t>(p));
+      case idx_type::i8: return static_cast<double>(detail::data::load_be<std::int8_t>(p));
+      case idx_type::i16: return static_cast<double>(detail::data::load_be<std::int16_t>(p));
+      case idx_type::i32: return static_cast<double>(detail::data::load_be<std::int32_t>(p));
+      case idx_type::f32: return static_cast<double>(detail::data::load_be<float>(p));
+      case idx_type::f64: return detail::data::load_be<double>(p);
     }
     return 0;
   }
@@ -163,7 +163,7 @@ class idx_array {
     out[2] = static_cast<std::byte>(type_);
     out[3] = static_cast<std::byte>(shape_.rank());
     for (std::size_t d = 0; d < shape_.rank(); ++d) {
-      detail::store_be(out.data() + 4 + 4 * d, static_cast<std::uint32_t>(shape_[d]));
+      detail::data::store_be(out.data() + 4 + 4 * d, static_cast<std::uint32_t>(shape_[d]));
     }
     const auto data = payload();
     out.insert(out.end(), data.begin(), data.end());
@@ -210,7 +210,7 @@ class idx_array {
   std::size_t numel = 1;
   bool overflow = false;
   for (std::size_t i = 0; i < rank; ++i) {
-    d[i] = detail::load_be<std::uint32_t>(bytes.data() + 4 + 4 * i);
+    d[i] = detail::data::load_be<std::uint32_t>(bytes.data() + 4 + 4 * i);
     if (d[i] != 0 && numel > std::numeric_limits<std::size_t>::max() / size_of(type) / d[i]) overflow = true;
     else numel *= d[i];
   }
@@ -243,7 +243,7 @@ struct idx_read_options {
   std::size_t max_bytes = std::size_t{4} << 30;
 };
 
-namespace detail {
+namespace detail::data {
 struct file_closer {
   void operator()(std::FILE* f) const noexcept { std::fclose(f); }
 };
@@ -277,30 +277,30 @@ struct file_closer {
   }
   return out;
 }
-}  // namespace detail
+}  // namespace detail::data
 
 // Decodes an IDX image from memory, inflating it first if it is gzip data.
 [[nodiscard]] inline idx_array decode_idx(std::span<const std::byte> bytes, std::string_view name,
                                           const idx_read_options& options = {}) {
-  if (detail::is_gzip(bytes)) return parse_idx(detail::gunzip(bytes, options.max_bytes, name), name);
+  if (detail::data::is_gzip(bytes)) return parse_idx(detail::data::gunzip(bytes, options.max_bytes, name), name);
   return parse_idx(bytes, name);
 }
 
 // Reads a plain or gzip-compressed IDX file.
 [[nodiscard]] inline idx_array read_idx(const std::filesystem::path& path, const idx_read_options& options = {}) {
-  auto raw = detail::read_file(path, options.max_bytes);
-  if (detail::is_gzip(raw)) return parse_idx(detail::gunzip(raw, options.max_bytes, path.string()), path.string());
+  auto raw = detail::data::read_file(path, options.max_bytes);
+  if (detail::data::is_gzip(raw)) return parse_idx(detail::data::gunzip(raw, options.max_bytes, path.string()), path.string());
   return parse_idx(std::move(raw), path.string());
 }
 
 // Writes an IDX file atomically (a temporary beside it, then rename), gzip-compressed if asked.
 inline void write_idx(const std::filesystem::path& path, const idx_array& array, bool compress = false) {
   auto bytes = array.serialize();
-  if (compress) bytes = detail::gzip(bytes, path.string());
+  if (compress) bytes = detail::data::gzip(bytes, path.string());
   auto tmp = path;
   tmp += ".tmp";
   {
-    std::unique_ptr<std::FILE, detail::file_closer> f(std::fopen(tmp.c_str(), "wb"));
+    std::unique_ptr<std::FILE, detail::data::file_closer> f(std::fopen(tmp.c_str(), "wb"));
     if (!f) {
       const int e = errno;
       throw data_error("cannot create '" + tmp.string() + "': " + std::generic_category().message(e));

@@ -278,7 +278,7 @@ class loader {
   }
 
   // Forwards to the sampler (e.g. distributed_view::set_epoch); false if it has none.
-  bool set_epoch(std::uint64_t epoch) { return detail::forward_set_epoch(sampler_, epoch); }
+  bool set_epoch(std::uint64_t epoch) { return detail::data::forward_set_epoch(sampler_, epoch); }
 
   // Stops the running epoch now and joins its thread (also done by begin() and the destructor).
   void stop() noexcept { epoch_.reset(); }

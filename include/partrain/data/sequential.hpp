@@ -10,7 +10,7 @@
 
 namespace partrain::inline v0 {
 
-class sequential_view : public detail::indexed_view_base<sequential_view> {
+class sequential_view : public detail::data::indexed_view_base<sequential_view> {
  public:
   constexpr sequential_view() noexcept = default;
   constexpr explicit sequential_view(std::size_t n) noexcept : n_(n) {}

@@ -15,7 +15,7 @@
 
 namespace partrain::inline v0 {
 
-class shuffled_view : public detail::indexed_view_base<shuffled_view> {
+class shuffled_view : public detail::data::indexed_view_base<shuffled_view> {
  public:
   shuffled_view() = default;
   shuffled_view(std::size_t n, std::uint64_t seed, std::uint64_t epoch = 0) : n_(n), seed_(seed) { set_epoch(epoch); }
@@ -28,7 +28,7 @@ class shuffled_view : public detail::indexed_view_base<shuffled_view> {
   // Copies of the view share the permutation; set_epoch gives this copy a new one.
   shuffled_view& set_epoch(std::uint64_t epoch) & {
     epoch_ = epoch;
-    order_ = std::make_shared<const std::vector<std::size_t>>(detail::permutation(n_, seed_ + epoch_));
+    order_ = std::make_shared<const std::vector<std::size_t>>(detail::data::permutation(n_, seed_ + epoch_));
     return *this;
   }
   shuffled_view set_epoch(std::uint64_t epoch) && {

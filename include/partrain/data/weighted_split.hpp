@@ -33,7 +33,7 @@ template <std::ranges::view V>
   requires std::ranges::random_access_range<const V> && std::ranges::sized_range<const V> &&
            std::ranges::random_access_range<std::ranges::range_reference_t<const V>> &&
            std::ranges::sized_range<std::ranges::range_reference_t<const V>>
-class weighted_split_view : public detail::indexed_view_base<weighted_split_view<V>> {
+class weighted_split_view : public detail::data::indexed_view_base<weighted_split_view<V>> {
   using batch_type = std::ranges::range_value_t<const V>;
 
  public:
@@ -64,7 +64,7 @@ class weighted_split_view : public detail::indexed_view_base<weighted_split_view
   [[nodiscard]] V& base() & noexcept { return base_; }
 
   weighted_split_view& set_epoch(std::uint64_t epoch) & {
-    (void)detail::forward_set_epoch(base_, epoch);
+    (void)detail::data::forward_set_epoch(base_, epoch);
     return *this;
   }
   weighted_split_view set_epoch(std::uint64_t epoch) && {

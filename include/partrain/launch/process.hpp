@@ -35,7 +35,7 @@
 
 namespace partrain::inline v0 {
 
-namespace detail {
+namespace detail::launch {
 
 // Whether a /proc/<pid>/maps text maps the CUDA driver (libcuda.so*; libcudart is not the driver).
 [[nodiscard]] inline bool maps_show_cuda_driver(std::string_view maps) noexcept {
@@ -70,7 +70,7 @@ inline void refuse_fork_after_cuda(const char* maps_path = "/proc/self/maps") {
   }
 }
 
-}  // namespace detail
+}  // namespace detail::launch
 
 // "SIGKILL", "SIGSEGV", ... ("signal 42" for one without a name here).
 [[nodiscard]] inline std::string signal_name(int sig) {
@@ -137,9 +137,9 @@ struct child_options {
 class child_process {
  public:
   // Forks; the child runs fn and _exits with its result (exceptions are fn's business). Refused
-  // (config_error) once CUDA is initialised in this process: see detail::refuse_fork_after_cuda.
+  // (config_error) once CUDA is initialised in this process: see detail::launch::refuse_fork_after_cuda.
   [[nodiscard]] static child_process fork(const std::function<int()>& fn, child_options opts = {}) {
-    detail::refuse_fork_after_cuda();
+    detail::launch::refuse_fork_after_cuda();
     pipe_pair out = make_output_pipe(opts.capture_output);
     std::fflush(nullptr);  // or buffered output would be written twice, by parent and child
     const pid_t parent = ::getpid();

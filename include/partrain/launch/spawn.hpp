@@ -65,7 +65,7 @@ struct spawn_result {
   std::uint16_t master_port = 0;
 };
 
-namespace detail {
+namespace detail::launch {
 
 // Runs in the child: the rank's environment, then fn; an exception is printed and becomes exit 1.
 template <class F>
@@ -105,7 +105,7 @@ int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16
   return 1;
 }
 
-}  // namespace detail
+}  // namespace detail::launch
 
 // fn(rank) runs in n forked processes; its return value (if an int) is the exit code. Refused
 // with a config_error when CUDA is already initialised in this process (use partrun then).
@@ -137,7 +137,7 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
       };
     }
     children.push_back(
-        child_process::fork([&, r] { return detail::run_rank(fn, r, nprocs, opts, port, token, listener.get()); },
+        child_process::fork([&, r] { return detail::launch::run_rank(fn, r, nprocs, opts, port, token, listener.get()); },
                             std::move(co)));
     result.pids.push_back(children.back().pid());
   }

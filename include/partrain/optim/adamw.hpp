@@ -31,7 +31,7 @@ struct adamw_options {
   double weight_decay = 1e-2;
 };
 
-namespace detail {
+namespace detail::optim {
 inline void validate(const adamw_options& o) {
   auto bad = [](const std::string& what) { throw invalid_argument_error("adamw_options: " + what); };
   if (!(o.lr >= 0)) bad("lr must be >= 0, got " + std::to_string(o.lr));
@@ -66,17 +66,17 @@ void put_adamw_state_entry(state_writer& w, std::span<const T> exp_avg, std::spa
   w.put_array(exp_avg);
   w.put_array(exp_avg_sq);
 }
-}  // namespace detail
+}  // namespace detail::optim
 
 template <model M>
 class adamw {
   using T = model_element_t<M>;
   using S = model_space_t<M>;
-  static_assert(detail::check_optimizable<T, S>());
+  static_assert(detail::optim::check_optimizable<T, S>());
 
  public:
   adamw(M& m, adamw_options o) : model_(&m), opts_(o), stream_(model_stream(m)), device_(model_cuda_device(m)) {
-    detail::validate(o);
+    detail::optim::validate(o);
     const auto n = detail::parameter_count(m);
     exp_avg_.resize(n);
     exp_avg_sq_.resize(n);
@@ -93,20 +93,20 @@ class adamw {
       }
     }
     ++step_;
-    const auto c = detail::adamw_coeffs_of<T>(opts_, step_);
+    const auto c = detail::optim::adamw_coeffs_of<T>(opts_, step_);
     std::size_t i = 0;
     for (auto&& p : model_->parameters()) {
       check_index(i);
       auto v = p.value();
       tensor_view<const T, S> g = p.grad();
-      detail::check_same_size(v, g, i, "adamw");
-      detail::adamw_update(v, g, exp_avg_[i].data(), exp_avg_sq_[i].data(), c, stream_);
+      detail::optim::check_same_size(v, g, i, "adamw");
+      detail::optim::adamw_update(v, g, exp_avg_[i].data(), exp_avg_sq_[i].data(), c, stream_);
       ++i;
     }
   }
 
   void zero_grad() {
-    for (auto&& p : model_->parameters()) detail::fill_zero(p.grad(), stream_);
+    for (auto&& p : model_->parameters()) detail::optim::fill_zero(p.grad(), stream_);
   }
 
   [[nodiscard]] const adamw_options& options() const noexcept { return opts_; }
@@ -118,7 +118,7 @@ class adamw {
 
   // State: kind tag, step count, then both moments of every parameter (once a step was taken).
   void save_state(state_writer& w) const {
-    detail::put_adamw_state_header(w, step_, exp_avg_.size());
+    detail::optim::put_adamw_state_header(w, step_, exp_avg_.size());
     if (step_ == 0) return;
     std::vector<T> m, s;
     for (std::size_t i = 0; i < exp_avg_.size(); ++i) {
@@ -126,7 +126,7 @@ class adamw {
       s.resize(exp_avg_sq_[i].size());
       exp_avg_[i].copy_to_host(m);
       exp_avg_sq_[i].copy_to_host(s);
-      detail::put_adamw_state_entry(w, std::span<const T>(m), std::span<const T>(s));
+      detail::optim::put_adamw_state_entry(w, std::span<const T>(m), std::span<const T>(s));
     }
   }
   void load_state(state_reader& r) {
@@ -165,8 +165,8 @@ class adamw {
   adamw_options opts_;
   void* stream_;  // the model's (model_stream): device work on its tensors is queued there
   int device_;    // the model's CUDA device (-1: host, or the current one): where the state lives
-  std::vector<detail::state_buffer<T, S>> exp_avg_;
-  std::vector<detail::state_buffer<T, S>> exp_avg_sq_;
+  std::vector<detail::optim::state_buffer<T, S>> exp_avg_;
+  std::vector<detail::optim::state_buffer<T, S>> exp_avg_sq_;
   std::int64_t step_ = 0;
 };
 

@@ -21,7 +21,7 @@
 
 namespace partrain::inline v0 {
 
-namespace detail {
+namespace detail::optim {
 
 template <class R>
 concept parameter_range = std::ranges::forward_range<R> && parameter<std::ranges::range_value_t<R>>;
@@ -68,21 +68,21 @@ inline void check_max_norm(double max_norm, const char* who) {
   }
 }
 
-}  // namespace detail
+}  // namespace detail::optim
 
 // Clips the gradients of a model (or of a range of parameters) to a global 2-norm of at most
 // max_norm and returns the norm before clipping. A non-finite norm is returned as is and leaves
 // the gradients untouched (the caller, or a gradient scaler, decides to skip the step).
 template <class X>
-  requires model<std::remove_cvref_t<X>> || detail::parameter_range<std::remove_cvref_t<X>>
+  requires model<std::remove_cvref_t<X>> || detail::optim::parameter_range<std::remove_cvref_t<X>>
 double clip_grad_norm(X&& model_or_params, double max_norm) {
-  detail::check_max_norm(max_norm, "clip_grad_norm");
-  auto&& params = detail::parameters_of(model_or_params);
+  detail::optim::check_max_norm(max_norm, "clip_grad_norm");
+  auto&& params = detail::optim::parameters_of(model_or_params);
   // A model's own stream orders the work with its kernels; a bare range of parameters has none.
   void* stream = nullptr;
   if constexpr (model<std::remove_cvref_t<X>>) stream = model_stream(model_or_params);
-  const double total = std::sqrt(detail::grad_sum_squares(params, stream));
-  detail::clip_to_norm(params, total, max_norm, stream);
+  const double total = std::sqrt(detail::optim::grad_sum_squares(params, stream));
+  detail::optim::clip_to_norm(params, total, max_norm, stream);
   return total;
 }
 

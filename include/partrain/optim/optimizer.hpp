@@ -31,7 +31,7 @@ concept stateful_optimizer = optimizer<O> && requires(const O& co, O& o, state_w
   o.load_state(r);
 };
 
-namespace detail {
+namespace detail::optim {
 
 // The optimizers update in the parameters' own precision, as PyTorch does; 16-bit models keep
 // fp32 master weights and step those.
@@ -59,6 +59,10 @@ void check_same_size(const V& v, const G& g, std::size_t index, const char* who)
                                  " elements (expected the same shape)");
   }
 }
+
+}  // namespace detail::optim
+
+namespace detail {
 
 template <model M>
 [[nodiscard]] std::size_t parameter_count(M& m) {

@@ -30,7 +30,7 @@ struct sgd_options {
   bool nesterov = false;
 };
 
-namespace detail {
+namespace detail::optim {
 inline void validate(const sgd_options& o) {
   auto bad = [](const std::string& what) { throw invalid_argument_error("sgd_options: " + what); };
   if (!(o.lr >= 0)) bad("lr must be >= 0, got " + std::to_string(o.lr));
@@ -63,30 +63,30 @@ void put_sgd_state_entry(state_writer& w, bool has_momentum, std::span<const T> 
   w.put(static_cast<std::uint8_t>(has_momentum ? 1 : 0));
   if (has_momentum) w.put_array(momentum);
 }
-}  // namespace detail
+}  // namespace detail::optim
 
 template <model M>
 class sgd {
   using T = model_element_t<M>;
   using S = model_space_t<M>;
-  static_assert(detail::check_optimizable<T, S>());
+  static_assert(detail::optim::check_optimizable<T, S>());
 
  public:
   sgd(M& m, sgd_options o) : model_(&m), opts_(o), stream_(model_stream(m)), device_(model_cuda_device(m)) {
-    detail::validate(o);
+    detail::optim::validate(o);
     const auto n = detail::parameter_count(m);
     buffers_.resize(n);
     has_buffer_.assign(n, 0);
   }
 
   void step() {
-    const auto c = detail::sgd_coeffs_of<T>(opts_);
+    const auto c = detail::optim::sgd_coeffs_of<T>(opts_);
     std::size_t i = 0;
     for (auto&& p : model_->parameters()) {
       check_index(i);
       auto v = p.value();
       tensor_view<const T, S> g = p.grad();
-      detail::check_same_size(v, g, i, "sgd");
+      detail::optim::check_same_size(v, g, i, "sgd");
       T* buf = nullptr;
       const bool first = !has_buffer_[i];
       if (c.has_momentum) {
@@ -94,14 +94,14 @@ class sgd {
         buf = buffers_[i].data();
         has_buffer_[i] = 1;
       }
-      detail::sgd_update(v, g, buf, c, first, stream_);
+      detail::optim::sgd_update(v, g, buf, c, first, stream_);
       ++i;
     }
     ++steps_;
   }
 
   void zero_grad() {
-    for (auto&& p : model_->parameters()) detail::fill_zero(p.grad(), stream_);
+    for (auto&& p : model_->parameters()) detail::optim::fill_zero(p.grad(), stream_);
   }
 
   [[nodiscard]] const sgd_options& options() const noexcept { return opts_; }
@@ -113,12 +113,12 @@ class sgd {
 
   // State: kind tag, step count, then per parameter whether a momentum buffer exists and its values.
   void save_state(state_writer& w) const {
-    detail::put_sgd_state_header(w, steps_, buffers_.size());
+    detail::optim::put_sgd_state_header(w, steps_, buffers_.size());
     std::vector<T> host;
     for (std::size_t i = 0; i < buffers_.size(); ++i) {
       host.resize(has_buffer_[i] ? buffers_[i].size() : 0);
       if (has_buffer_[i]) buffers_[i].copy_to_host(host);
-      detail::put_sgd_state_entry(w, has_buffer_[i] != 0, std::span<const T>(host));
+      detail::optim::put_sgd_state_entry(w, has_buffer_[i] != 0, std::span<const T>(host));
     }
   }
   void load_state(state_reader& r) {
@@ -155,7 +155,7 @@ class sgd {
   sgd_options opts_;
   void* stream_;  // the model's (model_stream): device work on its tensors is queued there
   int device_;    // the model's CUDA device (-1: host, or the current one): where the state lives
-  std::vector<detail::state_buffer<T, S>> buffers_;
+  std::vector<detail::optim::state_buffer<T, S>> buffers_;
   std::vector<std::uint8_t> has_buffer_;
   std::int64_t steps_ = 0;
 };

@@ -127,6 +127,10 @@ namespace detail {
   return out;
 }
 
+}  // namespace detail
+
+namespace detail::ddp {
+
 template <class F>
 decltype(auto) visit_float_bucket(const grad_bucket& b, F&& f) {
   using R = decltype(f(b.buffer_as<float>()));
@@ -187,7 +191,7 @@ work compressed_all_reduce(grad_bucket& b) {
   });
 }
 
-}  // namespace detail
+}  // namespace detail::ddp
 
 namespace comm_hooks {
 
@@ -198,33 +202,33 @@ namespace comm_hooks {
 #if defined(__CUDACC__)
       if (b.divisor() != 1.0) {
         cuda_device_guard guard(b.cuda_device());
-        detail::device_divide(b.buffer(), b.divisor(), static_cast<cudaStream_t>(b.cuda_stream()));
+        detail::ddp::device_divide(b.buffer(), b.divisor(), static_cast<cudaStream_t>(b.cuda_stream()));
       }
       return b.all_reduce(b.buffer());
 #else
-      detail::needs_nvcc(b, "allreduce");
+      detail::ddp::needs_nvcc(b, "allreduce");
 #endif
     }
     if (b.divisor() != 1.0) {
-      detail::visit_float_bucket(b, [&b](auto buf) {
+      detail::ddp::visit_float_bucket(b, [&b](auto buf) {
         using T = typename decltype(buf)::value_type;
-        detail::for_each_index(detail::host_exec{}, buf.size(), detail::divide_fn<T>{buf.data(), static_cast<T>(b.divisor())});
+        detail::for_each_index(detail::host_exec{}, buf.size(), detail::ddp::divide_fn<T>{buf.data(), static_cast<T>(b.divisor())});
         return 0;
       });
     }
-    return detail::visit_float_bucket(b, [&b](auto buf) { return b.all_reduce(buf); });
+    return detail::ddp::visit_float_bucket(b, [&b](auto buf) { return b.all_reduce(buf); });
   };
 }
 
 // PyTorch's fp16_compress_hook: the bucket travels as IEEE half (half the bytes), then is cast
 // back. Gradients above 65504 / world size overflow; use bf16 for those.
 [[nodiscard]] inline comm_hook fp16_compress() {
-  return [](grad_bucket& b) { return detail::compressed_all_reduce<half>(b); };
+  return [](grad_bucket& b) { return detail::ddp::compressed_all_reduce<half>(b); };
 }
 
 // PyTorch's bf16_compress_hook: float's range with 8 bits of mantissa.
 [[nodiscard]] inline comm_hook bf16_compress() {
-  return [](grad_bucket& b) { return detail::compressed_all_reduce<bfloat16>(b); };
+  return [](grad_bucket& b) { return detail::ddp::compressed_all_reduce<bfloat16>(b); };
 }
 
 }  // namespace comm_hooks

@@ -63,7 +63,7 @@ struct ddp_options {
   std::function<void(const work&, std::size_t bucket)> on_bucket_launch = {};
 };
 
-namespace detail {
+namespace detail::ddp {
 
 // Per parameter: dtype, rank, then up to 6 extents (fixed width, so every rank's record is the
 // same length and one broadcast from rank 0 carries it).
@@ -75,7 +75,7 @@ inline constexpr std::size_t meta_width = 2 + max_rank;
   return s + "] " + std::string(to_string(static_cast<dtype>(m[0])));
 }
 
-}  // namespace detail
+}  // namespace detail::ddp
 
 template <model M, communicator C = process_group>
 class distributed_data_parallel {
@@ -109,9 +109,9 @@ class distributed_data_parallel {
     cuda_device_ = resolve_cuda_device();
     verify_parameters();
     if (opts_.broadcast_parameters) broadcast_parameters_from(0);
-    reducer_ = std::make_unique<detail::reducer<T, S>>(std::move(numels), opts_.first_bucket_bytes,
+    reducer_ = std::make_unique<detail::ddp::reducer<T, S>>(std::move(numels), opts_.first_bucket_bytes,
                                                     opts_.bucket_cap_bytes, opts_.hook,
-                                                    detail::make_all_reduce_fn(comm), comm.rank(), comm.size(), stats_,
+                                                    detail::ddp::make_all_reduce_fn(comm), comm.rank(), comm.size(), stats_,
                                                     device_placement(), opts_.on_bucket_launch);
     reducer_->set_param_shapes(shapes);
   }
@@ -182,18 +182,18 @@ class distributed_data_parallel {
   }
 
   // RAII: steps inside accumulate gradients locally; the first step after it reduces them all.
-  using no_sync_guard = detail::no_sync_guard;
+  using no_sync_guard = detail::ddp::no_sync_guard;
   [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(require_sync_); }
 
   // Evaluates this rank's batches and sums loss, correct and count over all ranks (each example
   // counted once when the ranks' batches partition the test set).
   template <class Range>
   [[nodiscard]] eval_result evaluate(Range&& batches) {
-    return all_reduce_eval(detail::evaluate_batches(*model_, std::forward<Range>(batches)));
+    return all_reduce_eval(detail::ddp::evaluate_batches(*model_, std::forward<Range>(batches)));
   }
   // Sums an eval_result computed elsewhere over all ranks (exact for counts below 2^53).
   [[nodiscard]] eval_result all_reduce_eval(const eval_result& local) {
-    return detail::sum_over_ranks(local, [&](std::span<double> sums) {
+    return detail::ddp::sum_over_ranks(local, [&](std::span<double> sums) {
       small_all_reduce(sums, reduce_op::sum, "evaluation all_reduce");
     });
   }
@@ -272,13 +272,13 @@ class distributed_data_parallel {
 
   // Device mode (CUDA parameters, a backend that reduces CUDA memory): buckets on the parameters'
   // device, their work on the communicator's input stream.
-  [[nodiscard]] detail::device_placement device_placement() {
+  [[nodiscard]] detail::ddp::device_placement device_placement() {
     if (!(std::same_as<S, cuda> && comm_accepts(device_kind::cuda))) {
-      detail::device_placement host_buckets;
+      detail::ddp::device_placement host_buckets;
       host_buckets.staging_stream = model_stream(*model_);
       return host_buckets;
     }
-    detail::device_placement p{cuda_device_, {}};
+    detail::ddp::device_placement p{cuda_device_, {}};
     if constexpr (requires(const C& c) { { c.input_stream() } -> std::convertible_to<void*>; }) {
       p.stream = [c = comm_] { return c->input_stream(); };
     }
@@ -412,9 +412,9 @@ class distributed_data_parallel {
     small_broadcast(std::span<std::int64_t>(theirs), 0, "parameter check broadcast");
     std::int64_t first_diff = -1;
     for (std::size_t i = 0; i < names.size() && first_diff < 0; ++i) {
-      if (!std::equal(meta.begin() + static_cast<std::ptrdiff_t>(i * detail::meta_width),
-                      meta.begin() + static_cast<std::ptrdiff_t>((i + 1) * detail::meta_width),
-                      theirs.begin() + static_cast<std::ptrdiff_t>(i * detail::meta_width))) {
+      if (!std::equal(meta.begin() + static_cast<std::ptrdiff_t>(i * detail::ddp::meta_width),
+                      meta.begin() + static_cast<std::ptrdiff_t>((i + 1) * detail::ddp::meta_width),
+                      theirs.begin() + static_cast<std::ptrdiff_t>(i * detail::ddp::meta_width))) {
         first_diff = static_cast<std::int64_t>(i);
       }
     }
@@ -425,8 +425,8 @@ class distributed_data_parallel {
       const auto i = static_cast<std::size_t>(d);
       if (q == me) {
         throw config_error(where() + "parameter " + std::to_string(i) + " (" + names[i] + ") has shape " +
-                           detail::describe_meta(&meta[i * detail::meta_width]) + " on rank " + std::to_string(me) +
-                           " but " + detail::describe_meta(&theirs[i * detail::meta_width]) +
+                           detail::ddp::describe_meta(&meta[i * detail::ddp::meta_width]) + " on rank " + std::to_string(me) +
+                           " but " + detail::ddp::describe_meta(&theirs[i * detail::ddp::meta_width]) +
                            " on rank 0 (DDP expects the same model on every rank)");
       }
       throw config_error(where() + "parameter " + std::to_string(i) + " (" + names[i] + ") on rank " +
@@ -446,7 +446,7 @@ class distributed_data_parallel {
         works.push_back(comm_->broadcast(p.value(), root));
       } else {
         auto& h = staged.emplace_back(p.value().size());
-        detail::stage_in(h.data(), tensor_view<const T, S>(p.value()), false, tmp, model_stream(*model_));
+        detail::ddp::stage_in(h.data(), tensor_view<const T, S>(p.value()), false, tmp, model_stream(*model_));
         works.push_back(comm_->broadcast(tensor_view<T>(h), root));
       }
     }
@@ -462,7 +462,7 @@ class distributed_data_parallel {
     if constexpr (!std::same_as<S, host>) {
       std::size_t k = 0;
       if (!direct) {
-        for (auto&& p : model_->parameters()) detail::stage_out(p.value(), staged[k++].data(), model_stream(*model_));
+        for (auto&& p : model_->parameters()) detail::ddp::stage_out(p.value(), staged[k++].data(), model_stream(*model_));
       }
     }
   }
@@ -471,7 +471,7 @@ class distributed_data_parallel {
   C* comm_;
   ddp_options opts_;
   ddp_stats stats_;
-  std::unique_ptr<detail::reducer<T, S>> reducer_;
+  std::unique_ptr<detail::ddp::reducer<T, S>> reducer_;
   std::vector<tensor_view<T, S>> grads_;
   std::size_t accumulated_ = 0;
   std::int64_t steps_since_join_ = 0;

@@ -164,10 +164,10 @@ class outer_exchange {
     switch (c_) {
       case outer_compression::none: break;
       case outer_compression::fp16:
-        for_each_index(host_exec{}, n_, decompress_16_fn<half, T>{half_.data(), out.data()});
+        for_each_index(host_exec{}, n_, ddp::decompress_16_fn<half, T>{half_.data(), out.data()});
         break;
       case outer_compression::bf16:
-        for_each_index(host_exec{}, n_, decompress_16_fn<bfloat16, T>{bf16_.data(), out.data()});
+        for_each_index(host_exec{}, n_, ddp::decompress_16_fn<bfloat16, T>{bf16_.data(), out.data()});
         break;
       case outer_compression::int8: finish_int8(out); break;
     }
@@ -178,7 +178,7 @@ class outer_exchange {
   template <class H, class C>
   void start_16(C& comm, std::span<const T> delta, std::vector<H>& h) {
     h.resize(n_);
-    for_each_index(host_exec{}, n_, compress_16_fn<T, H>{delta.data(), h.data(), static_cast<float>(world_)});
+    for_each_index(host_exec{}, n_, ddp::compress_16_fn<T, H>{delta.data(), h.data(), static_cast<float>(world_)});
     works_.push_back(comm.all_reduce(tensor_view<H>(h), reduce_op::sum));
   }
 
@@ -379,7 +379,7 @@ class diloco {
   // DDP's evaluate). Inside a round the ranks' models differ: call sync() first for the one model.
   template <class Range>
   [[nodiscard]] eval_result evaluate(Range&& batches) {
-    return detail::evaluate_summed(*model_, *comm_, std::forward<Range>(batches));
+    return detail::ddp::evaluate_summed(*model_, *comm_, std::forward<Range>(batches));
   }
 
   // State: kind tag, options, counters, the round's start parameters, the outer optimizer's

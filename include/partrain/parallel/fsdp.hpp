@@ -65,7 +65,7 @@ concept bindable_parameter = parameter<P> && requires(P& p, tensor_view<float> v
 
 namespace detail::fsdp {
 template <class R>
-using layer_param_t = std::ranges::range_value_t<decltype(std::declval<layer_t<R>&>().parameters())>;
+using layer_param_t = std::ranges::range_value_t<decltype(std::declval<pipeline::layer_t<R>&>().parameters())>;
 }  // namespace detail::fsdp
 
 // A layer sequence fully sharded data parallel can shard: float parameters it can bind.
@@ -276,7 +276,7 @@ class fully_sharded_data_parallel {
         (void)guarded([&] { return forward_only(nullptr, labels_t{}); });
       }
     }
-    return detail::sum_over_ranks(local, [&](std::span<double> sums) {
+    return detail::ddp::sum_over_ranks(local, [&](std::span<double> sums) {
       wait_named(comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()), reduce_op::sum), "evaluation all_reduce");
     });
   }
@@ -284,7 +284,7 @@ class fully_sharded_data_parallel {
   // RAII: steps inside keep each layer's whole gradient and accumulate into it (PyTorch FSDP's
   // no_sync): no reduce_scatter, at the cost of one whole model of gradients held; the first step
   // after it reduces them all.
-  using no_sync_guard = detail::no_sync_guard;
+  using no_sync_guard = detail::ddp::no_sync_guard;
   [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(require_sync_); }
 
   // RAII (PyTorch's summon_full_params, read-only): every layer gathered and bound while it lives,
@@ -438,7 +438,7 @@ class fully_sharded_data_parallel {
   [[nodiscard]] std::string where() const {
     return "rank " + std::to_string(rank_) + " fully_sharded_data_parallel: ";
   }
-  [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::layer_of(std::ranges::begin(*layers_)[static_cast<std::ptrdiff_t>(i)]); }
+  [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::pipeline::layer_of(std::ranges::begin(*layers_)[static_cast<std::ptrdiff_t>(i)]); }
 
   void build_units() {
     const std::size_t n = std::ranges::size(*layers_);
@@ -705,7 +705,7 @@ class fully_sharded_data_parallel {
     if (!sync) return;  // no_sync: the whole gradient stays, the next micro-step adds to it
     auto& x = units_[u];
     if (divisor != 1.0f) {
-      detail::for_each_index(detail::host_exec{}, x.chunks.padded(), detail::divide_fn<float>{x.full_grad.data(), divisor});
+      detail::for_each_index(detail::host_exec{}, x.chunks.padded(), detail::ddp::divide_fn<float>{x.full_grad.data(), divisor});
     }
     // Two whole gradients in flight at most: the oldest was issued a layer ago and is likely done.
     if (scattering_.size() >= 2) finish_scatter();
@@ -770,10 +770,10 @@ class fully_sharded_data_parallel {
     for (const auto& x : units_) {
       if (x.mine.size()) mine.push_back({tensor_view<float>(grads_.data() + x.chunk_at, x.mine.size())});
     }
-    std::array<double, 1> sum{detail::grad_sum_squares(mine)};
+    std::array<double, 1> sum{detail::optim::grad_sum_squares(mine)};
     wait_named(comm_->all_reduce(tensor_view<double>(sum.data(), 1), reduce_op::sum), "gradient-norm all_reduce");
     last_norm_ = std::sqrt(sum[0]);
-    detail::clip_to_norm(mine, last_norm_, opts_.max_grad_norm);
+    detail::optim::clip_to_norm(mine, last_norm_, opts_.max_grad_norm);
   }
 
   void step_chunks() {

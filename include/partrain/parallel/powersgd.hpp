@@ -443,7 +443,7 @@ namespace comm_hooks {
       throw invalid_argument_error("comm hook powersgd: bucket " + std::to_string(b.index()) +
                                    " is in CUDA memory; PowerSGD runs on host buckets only for now");
     }
-    detail::visit_float_bucket(b, [&](auto buf) {
+    detail::ddp::visit_float_bucket(b, [&](auto buf) {
       state->reduce(b, buf);
       return 0;
     });

@@ -121,7 +121,7 @@ class streaming_diloco {
 
   template <class Range>
   [[nodiscard]] eval_result evaluate(Range&& batches) {
-    return detail::evaluate_summed(*model_, *comm_, std::forward<Range>(batches));
+    return detail::ddp::evaluate_summed(*model_, *comm_, std::forward<Range>(batches));
   }
 
   // State: options, counters, the exchange in flight (its input: load_state starts it again, on

@@ -224,13 +224,13 @@ class sharded_data_parallel {
   [[nodiscard]] std::size_t shadow_steps() const noexcept { return shadow_steps_; }
 
   // RAII: steps inside accumulate gradients locally; the first step after it reduces them all.
-  using no_sync_guard = detail::no_sync_guard;
+  using no_sync_guard = detail::ddp::no_sync_guard;
   [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(require_sync_); }
 
   // This rank's batches evaluated, loss, correct and count summed over all ranks.
   template <class Range>
   [[nodiscard]] eval_result evaluate(Range&& batches) {
-    return detail::sum_over_ranks(detail::evaluate_batches(*model_, std::forward<Range>(batches)),
+    return detail::ddp::sum_over_ranks(detail::ddp::evaluate_batches(*model_, std::forward<Range>(batches)),
                                   [&](std::span<double> sums) {
                                     wait_named(comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()),
                                                                  reduce_op::sum),
@@ -371,7 +371,7 @@ class sharded_data_parallel {
         detail::zero::pack_bucket(layout_, k, grads_, in, false);
       }
       // Divided before the reduction, as DDP's hooks do (keeps the sum in range).
-      if (divisor != T(1)) detail::for_each_index(detail::host_exec{}, world_ * w, detail::divide_fn<T>{in, divisor});
+      if (divisor != T(1)) detail::for_each_index(detail::host_exec{}, world_ * w, detail::ddp::divide_fn<T>{in, divisor});
       rs_[k] = comm_->reduce_scatter(tensor_view<const T>(in, world_ * w),
                                      tensor_view<T>(shard_grad_.data() + layout_.window_begin(k), w), reduce_op::sum);
     }
@@ -409,10 +409,10 @@ class sharded_data_parallel {
       [[nodiscard]] tensor_view<T> grad() const { return g; }
     };
     const std::array<shard_param, 1> mine{shard_param{tensor_view<T>(shard_grad_.data(), shard_.size())}};
-    std::array<double, 1> sum{detail::grad_sum_squares(mine)};
+    std::array<double, 1> sum{detail::optim::grad_sum_squares(mine)};
     wait_named(comm_->all_reduce(tensor_view<double>(sum.data(), 1), reduce_op::sum), "gradient-norm all_reduce");
     last_norm_ = std::sqrt(sum[0]);
-    detail::clip_to_norm(mine, last_norm_, opts_.max_grad_norm);
+    detail::optim::clip_to_norm(mine, last_norm_, opts_.max_grad_norm);
   }
 
   // The optimizer on this rank's real elements of bucket k (they may span several parameters).

@@ -206,14 +206,14 @@ class grad_scaler {
     using S = model_space_t<M>;
     using T = model_element_t<M>;
     static_assert(std::same_as<T, float>, "partrain: grad_scaler unscales fp32 gradients (the master weights' gradients)");
-    static_assert(std::same_as<S, host> || detail::is_nvcc_compiled,
+    static_assert(std::same_as<S, host> || detail::amp::is_nvcc_compiled,
                   "partrain: unscaling CUDA gradients needs the translation unit compiled by nvcc "
                   "(the kernel is in partrain/precision/detail/kernels.cuh)");
     std::vector<tensor_view<float, S>> grads;
     for (auto&& p : m.parameters()) grads.push_back(p.grad());
     // 1/scale in double, rounded once to float (as GradScaler computes it).
     const auto inv = static_cast<float>(1.0 / static_cast<double>(scale_));
-    const bool local = detail::unscale_and_check(std::span<const tensor_view<float, S>>(grads), inv, model_stream(m));
+    const bool local = detail::amp::unscale_and_check(std::span<const tensor_view<float, S>>(grads), inv, model_stream(m));
     found_inf_ = agree_fn(local);
     unscaled_ = true;
     return found_inf_;

@@ -65,9 +65,9 @@ class low_precision_copy {
         std::vector<tensor_view<T16, S>> dst;
         dst.reserve(masters_.size());
         for (std::size_t i = 0; i < masters_.size(); ++i) dst.push_back(view_of<T16>(i));
-        static_assert(std::same_as<S, host> || detail::is_nvcc_compiled,
+        static_assert(std::same_as<S, host> || detail::amp::is_nvcc_compiled,
                       "partrain: refreshing a CUDA low_precision_copy needs the translation unit compiled by nvcc");
-        detail::cast_views<float, T16>(std::span<const tensor_view<const float, S>>(src),
+        detail::amp::cast_views<float, T16>(std::span<const tensor_view<const float, S>>(src),
                                        std::span<const tensor_view<T16, S>>(dst));
       }
       return 0;

@@ -66,7 +66,7 @@ struct amp_step_result {
   double grad_norm = std::numeric_limits<double>::quiet_NaN();  // before clipping, when clipped
 };
 
-namespace detail {
+namespace detail::amp {
 
 template <class T>
 concept ddp_like = requires(T& t) {
@@ -83,7 +83,7 @@ decltype(auto) module_of(T& t) {
   }
 }
 
-}  // namespace detail
+}  // namespace detail::amp
 
 // One mixed-precision training step on `trainer`, a distributed_data_parallel (gradients averaged
 // across ranks, the overflow flag agreed across ranks) or a bare model (one process):
@@ -91,7 +91,7 @@ decltype(auto) module_of(T& t) {
 // unless some gradient overflowed, refresh the 16-bit copy, update the scale.
 template <class Trainer, optimizer O, class B>
 amp_step_result amp_step(Trainer& trainer, O& opt, grad_scaler& scaler, const B& batch, amp_step_options o = {}) {
-  auto& m = detail::module_of(trainer);
+  auto& m = detail::amp::module_of(trainer);
   using M = std::remove_cvref_t<decltype(m)>;
   amp_step_result r;
   r.scale = scaler.scale();
@@ -104,7 +104,7 @@ amp_step_result amp_step(Trainer& trainer, O& opt, grad_scaler& scaler, const B&
   r.loss = trainer.train_step(batch);
   bool found = false;
   if (scaler.enabled()) {
-    if constexpr (detail::ddp_like<Trainer>) {
+    if constexpr (detail::amp::ddp_like<Trainer>) {
       found = scaler.unscale(m, trainer.comm());
     } else {
       found = scaler.unscale(m);

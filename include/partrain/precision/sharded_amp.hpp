@@ -20,7 +20,7 @@
 
 namespace partrain::inline v0 {
 
-namespace detail {
+namespace detail::amp {
 
 template <class Z>
 concept sharded_trainer = requires(Z& z) {
@@ -42,13 +42,13 @@ struct gradient_slice {
   [[nodiscard]] std::array<param, 1>& parameters() noexcept { return ps; }
 };
 
-}  // namespace detail
+}  // namespace detail::amp
 
 // One mixed-precision step of a sharded data parallel: set the loss scale, forward + backward,
 // reduce_scatter, unscale and check this rank's slice (agreed across ranks), clip (the
 // zero_options' max_grad_norm), step the slice and all_gather unless some gradient overflowed,
 // refresh the 16-bit copy, update the scale. Outside no_sync only.
-template <detail::sharded_trainer Z, class B>
+template <detail::amp::sharded_trainer Z, class B>
 amp_step_result amp_step(Z& zero, grad_scaler& scaler, const B& batch) {
   auto& m = zero.module();
   using M = std::remove_cvref_t<decltype(m)>;
@@ -63,7 +63,7 @@ amp_step_result amp_step(Z& zero, grad_scaler& scaler, const B& batch) {
   bool checked = false;
   if (scaler.enabled()) {
     zero.set_gradient_hook([&](tensor_view<float> slice) {
-      detail::gradient_slice s;
+      detail::amp::gradient_slice s;
       s.ps[0].g = slice;
       checked = true;
       return !scaler.unscale(s, zero.comm());

@@ -51,7 +51,7 @@ inline constexpr std::array<char, 8> checkpoint_magic{'P', 'T', 'R', 'N', 'C', '
 inline constexpr std::uint32_t checkpoint_version = 2;  // 2 added trainer_state; 1 is still read
 inline constexpr std::size_t checkpoint_header_bytes = 8 + 4 + 4 + 8;
 
-namespace detail {
+namespace detail::ckpt {
 
 template <model M>
 consteval bool check_checkpointable() {
@@ -63,7 +63,7 @@ consteval bool check_checkpointable() {
 
 // checkpoint_extra's layout, the same in plain and sharded checkpoints. Version 1 files end
 // before the trainer state.
-inline void put_checkpoint_extra(state_writer& w, const checkpoint_extra& e) {
+inline void put_extra(state_writer& w, const checkpoint_extra& e) {
   w.put(e.epoch);
   w.put(e.step);
   w.put(e.sampler_position);
@@ -72,7 +72,7 @@ inline void put_checkpoint_extra(state_writer& w, const checkpoint_extra& e) {
   w.put_bytes(e.user);
   w.put_bytes(e.trainer_state);
 }
-[[nodiscard]] inline checkpoint_extra get_checkpoint_extra(state_reader& r, bool with_trainer_state = true) {
+[[nodiscard]] inline checkpoint_extra get_extra(state_reader& r, bool with_trainer_state = true) {
   checkpoint_extra e;
   e.epoch = r.get<std::uint64_t>("epoch");
   e.step = r.get<std::uint64_t>("step");
@@ -94,12 +94,12 @@ void put_raw(std::vector<std::byte>& out, const void* p) {
   out.insert(out.end(), b, b + N);
 }
 
-}  // namespace detail
+}  // namespace detail::ckpt
 
 // Serializes model, optimizer and extra into checkpoint bytes (what save_checkpoint writes).
 template <model M, stateful_optimizer O>
 [[nodiscard]] std::vector<std::byte> checkpoint_bytes(M& m, const O& opt, const checkpoint_extra& extra = {}) {
-  static_assert(detail::check_checkpointable<M>());
+  static_assert(detail::ckpt::check_checkpointable<M>());
   using T = model_element_t<M>;
   state_writer w;
   w.put(static_cast<std::uint8_t>(dtype_of<T>));
@@ -118,7 +118,7 @@ template <model M, stateful_optimizer O>
   state_writer ow;
   opt.save_state(ow);
   w.put_bytes(ow.bytes());
-  detail::put_checkpoint_extra(w, extra);
+  detail::ckpt::put_extra(w, extra);
 
   const auto& payload = w.bytes();
   const std::uint32_t version = checkpoint_version;
@@ -126,10 +126,10 @@ template <model M, stateful_optimizer O>
   const std::uint64_t size = payload.size();
   std::vector<std::byte> out;
   out.reserve(checkpoint_header_bytes + payload.size());
-  detail::put_raw<8>(out, checkpoint_magic.data());
-  detail::put_raw<4>(out, &version);
-  detail::put_raw<4>(out, &crc);
-  detail::put_raw<8>(out, &size);
+  detail::ckpt::put_raw<8>(out, checkpoint_magic.data());
+  detail::ckpt::put_raw<4>(out, &version);
+  detail::ckpt::put_raw<4>(out, &crc);
+  detail::ckpt::put_raw<8>(out, &size);
   out.insert(out.end(), payload.begin(), payload.end());
   return out;
 }
@@ -137,7 +137,7 @@ template <model M, stateful_optimizer O>
 // Writes the checkpoint to `path` atomically (temporary file, fsync, rename). Call it on one rank.
 template <model M, stateful_optimizer O>
 void save_checkpoint(const std::filesystem::path& path, M& m, const O& opt, const checkpoint_extra& extra = {}) {
-  detail::write_file_atomically(path, checkpoint_bytes(m, opt, extra));
+  detail::ckpt::write_file_atomically(path, checkpoint_bytes(m, opt, extra));
 }
 
 // Every rank calls it: rank 0 writes, then all meet at a barrier, so no rank reads the file
@@ -163,7 +163,7 @@ void save_checkpoint(process_group& comm, const std::filesystem::path& path, M& 
 // changed. `source` names the file in messages.
 template <model M, stateful_optimizer O>
 checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O& opt, std::string_view source = "<memory>") {
-  static_assert(detail::check_checkpointable<M>());
+  static_assert(detail::ckpt::check_checkpointable<M>());
   using T = model_element_t<M>;
   const std::string where = "checkpoint '" + std::string(source) + "'";
   if (file.size() < checkpoint_header_bytes) {
@@ -233,7 +233,7 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
     r.get_array(std::span<T>(dst), "values of parameter #" + std::to_string(values.size() - 1));
   }
   const auto opt_state = r.get_bytes("optimizer state");
-  const checkpoint_extra extra = detail::get_checkpoint_extra(r, version >= 2);
+  const checkpoint_extra extra = detail::ckpt::get_extra(r, version >= 2);
   if (r.remaining() != 0) throw checkpoint_error(where + " is malformed: " + std::to_string(r.remaining()) + " unread bytes");
 
   state_reader orr(opt_state, where + " (optimizer state)");
@@ -250,7 +250,7 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
 // Reads `path` (every rank does) and restores model and optimizer; returns the extra fields.
 template <model M, stateful_optimizer O>
 checkpoint_extra load_checkpoint(const std::filesystem::path& path, M& m, O& opt) {
-  const auto file = detail::read_whole_file(path);
+  const auto file = detail::ckpt::read_whole_file(path);
   return load_checkpoint_bytes(file, m, opt, path.string());
 }
 

@@ -23,7 +23,7 @@
 
 namespace partrain::inline v0 {
 
-namespace detail {
+namespace detail::steps {
 
 template <class T>
 concept has_step_number = requires(const T& t) {
@@ -41,7 +41,7 @@ generator<std::ranges::range_reference_t<V>> run_every(V base, std::size_t k, F 
   }
 }
 
-}  // namespace detail
+}  // namespace detail::steps
 
 namespace views {
 
@@ -54,7 +54,7 @@ struct every_t {
       using ref = std::ranges::range_reference_t<V>;
       static_assert(std::invocable<std::decay_t<F>&, const std::remove_reference_t<ref>&>,
                     "partrain: views::every(k, fn) needs fn callable with a const element of the range");
-      return detail::run_every<V, std::decay_t<F>>(std::views::all(std::forward<R>(r)), k, fn);
+      return detail::steps::run_every<V, std::decay_t<F>>(std::views::all(std::forward<R>(r)), k, fn);
     });
   }
 };

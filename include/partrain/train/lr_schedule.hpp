@@ -13,20 +13,20 @@
 
 namespace partrain::inline v0 {
 
-namespace detail {
-inline void check_base_lr(double base, const char* who) {
+namespace detail::lr {
+inline void check_base(double base, const char* who) {
   if (!std::isfinite(base) || base <= 0) {
     throw invalid_argument_error(std::string(who) + ": the learning rate must be a finite number > 0, got " +
                                  std::to_string(base));
   }
 }
-}  // namespace detail
+}  // namespace detail::lr
 
 struct cosine_lr {
   double base = 0;
   std::size_t epochs = 0;
   [[nodiscard]] double operator()(std::size_t epoch) const {
-    detail::check_base_lr(base, "cosine_lr");
+    detail::lr::check_base(base, "cosine_lr");
     if (epochs == 0) throw invalid_argument_error("cosine_lr: epochs must be at least 1, got 0");
     return base * 0.5 * (1 + std::cos(std::numbers::pi * static_cast<double>(epoch) / static_cast<double>(epochs)));
   }
@@ -35,7 +35,7 @@ struct cosine_lr {
 struct constant_lr {
   double base = 0;
   [[nodiscard]] double operator()(std::size_t) const {
-    detail::check_base_lr(base, "constant_lr");
+    detail::lr::check_base(base, "constant_lr");
     return base;
   }
 };

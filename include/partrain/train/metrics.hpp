@@ -54,13 +54,13 @@ struct metric_field {
   across_ranks reduce = across_ranks::rank0;
 };
 
-namespace detail {
+namespace detail::metrics {
 
 // Reduces the fields marked for it in place: one all_reduce(sum) for mean and sum fields, one
 // all_reduce(max) for max and (negated) min fields. Every rank must pass the same keys in the
 // same order (like any collective).
 template <class C>
-void reduce_metric_fields(C& comm, std::vector<metric_field>& fields) {
+void reduce_fields(C& comm, std::vector<metric_field>& fields) {
   std::vector<double> sums, maxes;
   for (auto& f : fields) {
     if (f.reduce == across_ranks::rank0) continue;
@@ -105,32 +105,32 @@ void reduce_metric_fields(C& comm, std::vector<metric_field>& fields) {
 
 inline void append_field(std::string& out, const metric_field& f) {
   out += ',';
-  append_json_string(out, f.key);
+  json::append_string(out, f.key);
   out += ':';
   std::visit(
       [&](const auto& v) {
         using V = std::decay_t<decltype(v)>;
         if constexpr (std::same_as<V, bool>) out += v ? "true" : "false";
-        else if constexpr (std::same_as<V, std::string>) append_json_string(out, v);
-        else append_json_number(out, v);
+        else if constexpr (std::same_as<V, std::string>) json::append_string(out, v);
+        else json::append_number(out, v);
       },
       f.value);
 }
 
-}  // namespace detail
+}  // namespace detail::metrics
 
 // Builds one record's text: {"kind":..., "<counter>":n, "time":unix seconds, fields...}.
 [[nodiscard]] inline std::string metrics_record(std::string_view kind, std::string_view counter, std::int64_t n,
                                                 double unix_time, std::span<const metric_field> fields) {
   std::string out = "{\"kind\":";
-  detail::append_json_string(out, kind);
+  detail::json::append_string(out, kind);
   out += ',';
-  detail::append_json_string(out, counter);
+  detail::json::append_string(out, counter);
   out += ':';
-  detail::append_json_number(out, n);
+  detail::json::append_number(out, n);
   out += ",\"time\":";
-  detail::append_json_number(out, unix_time);
-  for (const auto& f : fields) detail::append_field(out, f);
+  detail::json::append_number(out, unix_time);
+  for (const auto& f : fields) detail::metrics::append_field(out, f);
   out += "}\n";
   return out;
 }
@@ -173,13 +173,13 @@ class metrics_writer {
   template <class C>
     requires communicator<C>
   void step(C& comm, std::int64_t step, std::vector<metric_field> fields) {
-    detail::reduce_metric_fields(comm, fields);
+    detail::metrics::reduce_fields(comm, fields);
     write("step", "step", step, fields);
   }
   template <class C>
     requires communicator<C>
   void epoch(C& comm, std::int64_t epoch, std::vector<metric_field> fields) {
-    detail::reduce_metric_fields(comm, fields);
+    detail::metrics::reduce_fields(comm, fields);
     write("epoch", "epoch", epoch, fields);
   }
 

@@ -78,7 +78,7 @@ inline constexpr int gather_tag = 0x52434b;  // "RCK": the sections' sends to ra
 template <model M, rank_state S>
 void save_rank_checkpoint(process_group& g, const std::filesystem::path& path, M& m, const S& state,
                           const checkpoint_extra& extra = {}) {
-  static_assert(detail::check_checkpointable<M>());
+  static_assert(detail::ckpt::check_checkpointable<M>());
   std::exception_ptr err;
   std::vector<std::byte> mine;
   try {
@@ -113,7 +113,7 @@ void save_rank_checkpoint(process_group& g, const std::filesystem::path& path, M
         w.put_bytes(other);
       }
       if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
-      detail::write_file_atomically(path, detail::frame(rank_checkpoint_magic, rank_checkpoint_version, w.bytes()));
+      detail::ckpt::write_file_atomically(path, detail::ckpt::frame(rank_checkpoint_magic, rank_checkpoint_version, w.bytes()));
     } catch (const communication_error&) {
       throw;  // the group is broken: the peers see it in their own operations
     } catch (...) {
@@ -131,13 +131,13 @@ void save_rank_checkpoint(process_group& g, const std::filesystem::path& path, M
 // rank fails, every rank throws.
 template <model M, rank_state S>
 checkpoint_extra load_rank_checkpoint(process_group& g, const std::filesystem::path& path, M& m, S& state) {
-  static_assert(detail::check_checkpointable<M>());
+  static_assert(detail::ckpt::check_checkpointable<M>());
   std::exception_ptr err;
   checkpoint_extra extra;
   try {
     const std::string what = "rank checkpoint '" + path.string() + "'";
-    const auto file = detail::read_whole_file(path);
-    state_reader r(detail::unframe(file, rank_checkpoint_magic, rank_checkpoint_version, what));
+    const auto file = detail::ckpt::read_whole_file(path);
+    state_reader r(detail::ckpt::unframe(file, rank_checkpoint_magic, rank_checkpoint_version, what));
     const auto world = r.get<std::uint32_t>("world size");
     if (world != static_cast<std::uint32_t>(g.size())) {
       throw checkpoint_error(what + " was saved by " + std::to_string(world) + " ranks, this job has " +

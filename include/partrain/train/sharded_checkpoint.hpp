@@ -52,7 +52,7 @@ inline constexpr std::uint32_t sharded_checkpoint_version = 2;
 
 namespace detail::zero_ckpt {
 
-inline constexpr frame_versions readable{1, sharded_checkpoint_version};
+inline constexpr ckpt::frame_versions readable{1, sharded_checkpoint_version};
 using zero::flat_range;
 
 struct param_entry {
@@ -161,7 +161,7 @@ inline void put_segments(state_writer& w, const std::vector<flat_range>& segment
     put_segments(w, s.segments);
     w.put(s.crc);
   }
-  put_checkpoint_extra(w, x.extra);
+  ckpt::put_extra(w, x.extra);
   for (const auto& e : x.names) {
     w.put_string(e.name);
     w.put(static_cast<std::uint8_t>(e.dims.rank()));
@@ -188,7 +188,7 @@ inline void put_segments(state_writer& w, const std::vector<flat_range>& segment
     s.crc = r.get<std::uint32_t>("shard crc");
     x.shards.push_back(std::move(s));
   }
-  x.extra = get_checkpoint_extra(r);
+  x.extra = ckpt::get_extra(r);
   if (x.params > (1u << 24)) throw checkpoint_error(where + " is malformed: " + std::to_string(x.params) + " parameters");
   for (std::uint64_t i = 0; i < x.params; ++i) {
     param_entry e;
@@ -205,9 +205,9 @@ inline void put_segments(state_writer& w, const std::vector<flat_range>& segment
 }
 
 [[nodiscard]] inline index_record read_index(const std::filesystem::path& index, const std::string& where) {
-  const auto file = detail::read_whole_file(index);
+  const auto file = detail::ckpt::read_whole_file(index);
   std::uint32_t version = 0;
-  const auto payload = unframe(file, sharded_index_magic, readable, where, nullptr, &version);
+  const auto payload = ckpt::unframe(file, sharded_index_magic, readable, where, nullptr, &version);
   return decode_index(payload, version, where);
 }
 
@@ -230,16 +230,16 @@ void put_replicated_state(state_writer& w, const shard_optimizer_state<T>& st, c
   const auto& a = st.arrays;
   std::size_t at = 0;
   if (st.kind == "sgd") {
-    put_sgd_state_header(w, st.steps, sizes.size());
+    optim::put_sgd_state_header(w, st.steps, sizes.size());
     for (const auto n : sizes) {
-      put_sgd_state_entry(w, !a.empty(), a.empty() ? std::span<const T>() : std::span<const T>(a[0]).subspan(at, n));
+      optim::put_sgd_state_entry(w, !a.empty(), a.empty() ? std::span<const T>() : std::span<const T>(a[0]).subspan(at, n));
       at += n;
     }
   } else {
-    put_adamw_state_header(w, st.steps, sizes.size());
+    optim::put_adamw_state_header(w, st.steps, sizes.size());
     if (a.size() != 2) return;
     for (const auto n : sizes) {
-      put_adamw_state_entry(w, std::span<const T>(a[0]).subspan(at, n), std::span<const T>(a[1]).subspan(at, n));
+      optim::put_adamw_state_entry(w, std::span<const T>(a[0]).subspan(at, n), std::span<const T>(a[1]).subspan(at, n));
       at += n;
     }
   }
@@ -348,7 +348,7 @@ void save(process_group& g, const std::filesystem::path& index, const checkpoint
     w.put(static_cast<std::uint64_t>(c.state.arrays.size()));
     for (const auto& a : c.state.arrays) w.put_array(std::span<const T>(a));
     crc = detail::crc32(w.bytes());
-    detail::write_file_atomically(path, detail::frame(shard_file_magic, sharded_checkpoint_version, w.bytes()));
+    detail::ckpt::write_file_atomically(path, detail::ckpt::frame(shard_file_magic, sharded_checkpoint_version, w.bytes()));
   } catch (...) {
     err = std::current_exception();
   }
@@ -365,7 +365,7 @@ void save(process_group& g, const std::filesystem::path& index, const checkpoint
         x.shards.push_back({shard_path(index, extra.step, q, world).filename().string(), segments_of(q),
                             static_cast<std::uint32_t>(crcs[static_cast<std::size_t>(q)])});
       }
-      detail::write_file_atomically(index, detail::frame(sharded_index_magic, sharded_checkpoint_version, encode(x)));
+      detail::ckpt::write_file_atomically(index, detail::ckpt::frame(sharded_index_magic, sharded_checkpoint_version, encode(x)));
       // The new index is in place: shards of older saves are garbage now (best effort).
       const auto dir = index.has_parent_path() ? index.parent_path() : std::filesystem::path(".");
       const std::string prefix = index.filename().string() + ".step-";
@@ -446,9 +446,9 @@ template <class T>
       throw checkpoint_error(where + " names " + sw + ", which is missing (expected one shard file per rank of the "
                              "saving run)");
     }
-    const auto bytes = detail::read_whole_file(path);
+    const auto bytes = detail::ckpt::read_whole_file(path);
     std::uint32_t crc = 0, version = 0;
-    state_reader r(unframe(bytes, shard_file_magic, readable, sw, &crc, &version), sw);
+    state_reader r(ckpt::unframe(bytes, shard_file_magic, readable, sw, &crc, &version), sw);
     (void)r.get<std::uint8_t>("dtype");
     (void)r.get<std::uint64_t>("element count");
     (void)r.get<std::uint64_t>("model fingerprint");
@@ -584,7 +584,7 @@ checkpoint_extra load_sharded_checkpoint(Sharded& z, const std::filesystem::path
 // communicated. Returns where training stood.
 template <model M, stateful_optimizer O>
 checkpoint_extra load_sharded_checkpoint(const std::filesystem::path& index, M& m, O& opt) {
-  static_assert(detail::check_checkpointable<M>());
+  static_assert(detail::ckpt::check_checkpointable<M>());
   using T = model_element_t<M>;
   using opts_t = std::remove_cvref_t<decltype(opt.options())>;
   constexpr bool is_sgd = std::same_as<opts_t, sgd_options>;
@@ -618,7 +618,7 @@ inline void consolidate_sharded_checkpoint(const std::filesystem::path& index, c
     const auto got = ck::read<T>(index, x.names, x.optimizer, all, all);
     m.values = got.values;
     const ck::state_of<T> opt{&got.state, m.sizes()};
-    detail::write_file_atomically(out, checkpoint_bytes(m, opt, x.extra));
+    detail::ckpt::write_file_atomically(out, checkpoint_bytes(m, opt, x.extra));
   };
   if (x.type == static_cast<std::uint8_t>(dtype::float32)) {
     run(std::type_identity<float>{});

@@ -28,10 +28,10 @@ struct step_result {
   R value{};
 };
 
-namespace detail {
+namespace detail::steps {
 
 template <std::ranges::view V, class F>
-generator<const step_result<std::invoke_result_t<F&, std::ranges::range_reference_t<V>>>&> run_steps(
+generator<const step_result<std::invoke_result_t<F&, std::ranges::range_reference_t<V>>>&> run(
     V base, F fn, std::size_t* counter, std::size_t first) {
   using result = std::invoke_result_t<F&, std::ranges::range_reference_t<V>>;
   std::size_t own = first;
@@ -44,18 +44,18 @@ generator<const step_result<std::invoke_result_t<F&, std::ranges::range_referenc
 }
 
 template <class F>
-[[nodiscard]] auto make_steps_closure(F&& fn, std::size_t* counter, std::size_t first) {
+[[nodiscard]] auto make_closure(F&& fn, std::size_t* counter, std::size_t first) {
   return make_range_closure([fn = std::forward<F>(fn), counter, first]<std::ranges::viewable_range R>(R&& r) {
     using V = std::views::all_t<R>;
     static_assert(std::invocable<std::decay_t<F>&, std::ranges::range_reference_t<V>>,
                   "partrain: views::steps(fn) needs fn callable with an element of the range (a batch)");
     static_assert(!std::is_void_v<std::invoke_result_t<std::decay_t<F>&, std::ranges::range_reference_t<V>>>,
                   "partrain: views::steps(fn): fn must return what the step produced (e.g. the loss), not void");
-    return run_steps<V, std::decay_t<F>>(std::views::all(std::forward<R>(r)), fn, counter, first);
+    return steps::run<V, std::decay_t<F>>(std::views::all(std::forward<R>(r)), fn, counter, first);
   });
 }
 
-}  // namespace detail
+}  // namespace detail::steps
 
 namespace views {
 
@@ -63,12 +63,12 @@ struct steps_t {
   // Numbers steps through `counter`, which it advances (a global step across epochs).
   template <class F>
   [[nodiscard]] auto operator()(F&& fn, std::size_t& counter) const {
-    return detail::make_steps_closure(std::forward<F>(fn), &counter, 0);
+    return detail::steps::make_closure(std::forward<F>(fn), &counter, 0);
   }
   // Numbers steps from 0.
   template <class F>
   [[nodiscard]] auto operator()(F&& fn) const {
-    return detail::make_steps_closure(std::forward<F>(fn), nullptr, 0);
+    return detail::steps::make_closure(std::forward<F>(fn), nullptr, 0);
   }
 };
 

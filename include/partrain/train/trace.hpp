@@ -159,7 +159,7 @@ class trace_recorder {
   void enable(std::filesystem::path path, std::size_t reserve_events = 1 << 14) {
     if (path.empty()) throw invalid_argument_error("trace_recorder::enable: the trace path is empty (expected a file name)");
     // Written only at the end of the run: a folder that cannot take it must fail now.
-    detail::ensure_writable_folder(path.parent_path(), "trace: cannot write '" + path.filename().string() + "'");
+    detail::ckpt::ensure_writable_folder(path.parent_path(), "trace: cannot write '" + path.filename().string() + "'");
     std::lock_guard lock(mutex_);
     path_ = std::move(path);
     events_.reserve(reserve_events);
@@ -308,7 +308,7 @@ class trace_recorder {
       json += theirs;
     }
     json += "]}\n";
-    detail::write_file_atomically(path_, std::as_bytes(std::span(json.data(), json.size())));
+    detail::ckpt::write_file_atomically(path_, std::as_bytes(std::span(json.data(), json.size())));
     return true;
   }
 
@@ -327,32 +327,32 @@ class trace_recorder {
       out += "\":" + value_json + "}}";
     };
     std::string pname;
-    detail::append_json_string(pname, "rank " + pid);
+    detail::json::append_string(pname, "rank " + pid);
     meta("process_name", 0, "name", pname);
     meta("process_sort_index", 0, "sort_index", pid);
     std::string err;
-    detail::append_fixed_point(err, error_ns_, 1000, 3);
+    detail::json::append_fixed_point(err, error_ns_, 1000, 3);
     meta("process_labels", 0, "labels", "\"clock_error_us=" + err + "\"");
     std::set<int> tids;
     events_.for_each([&](const detail::trace::event& e) { tids.insert(e.tid); });
     for (const int tid : tids) {
       std::string tname;
-      detail::append_json_string(tname, detail::trace::track_name(tid));
+      detail::json::append_string(tname, detail::trace::track_name(tid));
       meta("thread_name", tid, "name", tname);
       meta("thread_sort_index", tid, "sort_index", std::to_string(tid));
     }
     events_.for_each([&](const detail::trace::event& e) {
       out += ",{\"ph\":\"X\",\"name\":";
-      detail::append_json_string(out, e.name);
+      detail::json::append_string(out, e.name);
       out += ",\"pid\":" + pid + ",\"tid\":" + std::to_string(e.tid) + ",\"ts\":";
-      detail::append_fixed_point(out, e.begin_ns + offset_ns_ - origin_ns_, 1000, 3);
+      detail::json::append_fixed_point(out, e.begin_ns + offset_ns_ - origin_ns_, 1000, 3);
       out += ",\"dur\":";
-      detail::append_fixed_point(out, e.end_ns - e.begin_ns, 1000, 3);
+      detail::json::append_fixed_point(out, e.end_ns - e.begin_ns, 1000, 3);
       if (e.arg_name) {
         out += ",\"args\":{";
-        detail::append_json_string(out, e.arg_name);
+        detail::json::append_string(out, e.arg_name);
         out += ':';
-        detail::append_json_number(out, e.arg);
+        detail::json::append_number(out, e.arg);
         out += '}';
       }
       out += '}';

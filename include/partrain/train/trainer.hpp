@@ -225,7 +225,7 @@ class trainer {
     }
   }
   void check_writable(const std::filesystem::path& dir) {
-    if (leader_) detail::ensure_writable_folder(dir, "fit: cannot write checkpoints");
+    if (leader_) detail::ckpt::ensure_writable_folder(dir, "fit: cannot write checkpoints");
   }
   train_result report_finished(train_result& r) {
     if (r.first_epoch > 0 && !o_.checkpoint.empty()) {

@@ -7,7 +7,7 @@
 
 #include <signal.h>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::gloo {
 
 inline void swallow_signal(int) noexcept {}
 
@@ -26,4 +26,4 @@ inline bool survive_sigpipe() noexcept {
   return ::sigaction(SIGPIPE, &mine, nullptr) == 0;
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::gloo

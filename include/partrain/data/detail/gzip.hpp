@@ -23,7 +23,7 @@
 #define PARTRAIN_HAS_ZLIB 0
 #endif
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::data {
 
 [[nodiscard]] inline bool is_gzip(std::span<const std::byte> bytes) noexcept {
   return bytes.size() >= 2 && bytes[0] == std::byte{0x1f} && bytes[1] == std::byte{0x8b};
@@ -141,4 +141,4 @@ class zstream {
 
 #endif  // PARTRAIN_HAS_ZLIB
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::data

@@ -9,7 +9,7 @@
 #include <ranges>
 #include <type_traits>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::data {
 
 template <class View>
 class index_iterator {
@@ -74,4 +74,4 @@ class indexed_view_base : public std::ranges::view_interface<Derived> {
   [[nodiscard]] constexpr const Derived& derived() const noexcept { return static_cast<const Derived&>(*this); }
 };
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::data

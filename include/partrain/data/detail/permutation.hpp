@@ -36,6 +36,10 @@ class splitmix64 {
   std::uint64_t state_;
 };
 
+}  // namespace partrain::inline v0::detail
+
+namespace partrain::inline v0::detail::data {
+
 // A permutation of [0, n) determined by `seed` alone.
 [[nodiscard]] constexpr std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed) {
   std::vector<std::size_t> p(n);
@@ -48,4 +52,4 @@ class splitmix64 {
   return p;
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::data

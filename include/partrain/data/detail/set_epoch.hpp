@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <utility>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::data {
 
 template <class R>
 concept has_set_epoch = requires(R& r, std::uint64_t e) { r.set_epoch(e); };
@@ -31,4 +31,4 @@ constexpr bool forward_set_epoch(R& r, std::uint64_t epoch) {
   }
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::data

@@ -10,7 +10,7 @@
 #include <partrain/core/for_each_index.hpp>
 #include <partrain/optim/detail/update_rules.hpp>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::optim {
 
 // torch.optim.SGD on element i; buf is null without momentum.
 template <class T>
@@ -58,4 +58,4 @@ struct fill_zero_fn {
   PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const { g[i] = T(0); }
 };
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::optim

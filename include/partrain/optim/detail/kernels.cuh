@@ -25,7 +25,7 @@
 #include <partrain/optim/detail/state_buffer.hpp>
 #include <partrain/optim/detail/update_rules.hpp>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::optim {
 
 // The optimizer's state for a CUDA model: partrain's device_buffer on the model's device.
 template <class T>
@@ -110,4 +110,4 @@ void fill_zero(tensor_view<T, cuda> g, void* stream = nullptr) {
   PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_or_legacy(stream)));
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::optim

@@ -17,7 +17,7 @@
 #include <partrain/optim/detail/elements.hpp>
 #include <partrain/optim/detail/update_rules.hpp>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::optim {
 
 template <class T, class Space>
 class state_buffer;
@@ -120,4 +120,4 @@ void fill_zero(tensor_view<T, host> g, void* /*stream*/ = nullptr) {
   for_each_index(host_exec{}, g.size(), fill_zero_fn<T>{g.data()});
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::optim

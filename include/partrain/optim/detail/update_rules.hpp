@@ -9,6 +9,7 @@
 
 namespace partrain::inline v0::detail {
 
+// In detail, beside core/detail/packet.hpp's packet4f overload, so one unqualified call sees both.
 template <class T>
 PARTRAIN_HOST_DEVICE inline T opt_sqrt(T x) {
 #if defined(__CUDA_ARCH__)
@@ -17,6 +18,10 @@ PARTRAIN_HOST_DEVICE inline T opt_sqrt(T x) {
   return std::sqrt(x);
 #endif
 }
+
+}  // namespace partrain::inline v0::detail
+
+namespace partrain::inline v0::detail::optim {
 
 // torch.optim.SGD (single-tensor path), in the parameter's precision.
 template <class T>
@@ -63,4 +68,4 @@ PARTRAIN_HOST_DEVICE inline void adamw_element(V& v, V g, V& m, V& s, const adam
   v = v + c.neg_step_size * m / denom;  // param.addcdiv_(exp_avg, denom, value=-step_size)
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::optim

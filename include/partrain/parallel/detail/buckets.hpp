@@ -13,7 +13,7 @@ struct ddp_bucket_info {
   std::size_t bytes = 0;
 };
 
-namespace detail {
+namespace detail::ddp {
 
 // Walks the parameters in REVERSE order (backward finishes the last ones first) and closes a
 // bucket once it holds at least its limit: first_bytes for the first bucket, cap_bytes for
@@ -39,6 +39,6 @@ namespace detail {
   return out;
 }
 
-}  // namespace detail
+}  // namespace detail::ddp
 
 }  // namespace partrain::inline v0

@@ -12,7 +12,7 @@
 #include <partrain/core/for_each_index.hpp>
 #include <partrain/core/half.hpp>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::ddp {
 
 // x[i] /= d: PyTorch's hooks divide before the all_reduce (keeps 16-bit sums in range).
 template <class T>
@@ -50,4 +50,4 @@ struct decompress_16_fn {
   PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const { x[i] = static_cast<T>(static_cast<float>(h[i])); }
 };
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::ddp

@@ -29,7 +29,7 @@
 #include <partrain/cuda/launch.cuh>
 #include <partrain/parallel/detail/ddp_elements.hpp>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::ddp {
 
 template <class F>
 void visit_device_float(raw_tensor t, const char* who, F&& f) {
@@ -93,4 +93,4 @@ inline void device_from_16(const void* src, raw_tensor dst, dtype h, cudaStream_
   });
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::ddp

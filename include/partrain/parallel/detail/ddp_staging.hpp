@@ -21,7 +21,7 @@
 #include <partrain/cuda/check.hpp>
 #include <partrain/parallel/detail/ddp_elements.hpp>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::ddp {
 
 // The copies are queued on `stream`, the model's (model_stream; null: the legacy default stream),
 // so they are ordered after the kernels that made the gradients, then that stream is synchronised:
@@ -53,4 +53,4 @@ void stage_out(tensor_view<T, cuda> g, const T* src, void* stream) {
   staged_copy(g.data(), src, g.size_bytes(), cudaMemcpyHostToDevice, stream, "cudaMemcpyAsync (DDP gradient to device)");
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::ddp

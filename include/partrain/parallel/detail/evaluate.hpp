@@ -14,7 +14,7 @@
 #include <partrain/core/tensor_view.hpp>
 #include <partrain/model/concepts.hpp>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::ddp {
 
 template <class M, class Range>
 [[nodiscard]] eval_result evaluate_batches(M& model, Range&& batches) {
@@ -43,4 +43,4 @@ template <class M, class C, class Range>
   });
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::ddp

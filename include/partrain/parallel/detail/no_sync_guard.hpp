@@ -4,7 +4,7 @@
 
 #include <utility>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::ddp {
 
 // RAII: while it lives, the owner's "synchronise this step" flag is false; when it ends the flag
 // gets back the value it had, so guards nest.
@@ -20,4 +20,4 @@ class no_sync_guard {
   bool prev_;
 };
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::ddp

@@ -38,7 +38,7 @@
 #include <partrain/parallel/detail/ddp_kernels.cuh>
 #endif
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::ddp {
 
 // Gradients to and from the host buckets (the CUDA overloads are in parallel/detail/ddp_staging.hpp).
 // `stream` (the model's, for CUDA gradients) is unused on the host.
@@ -379,4 +379,4 @@ class reducer {
   std::vector<T> tmp_;
 };
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::ddp

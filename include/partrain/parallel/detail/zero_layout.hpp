@@ -115,7 +115,7 @@ class flat_views {
   void read(flat_range r, T* dst, bool add) const {
     for_each_piece(r, [&](const T* p, std::size_t off, std::size_t len) {
       if (add) {
-        for_each_index(host_exec{}, len, accumulate_fn<T>{dst + off, p});
+        for_each_index(host_exec{}, len, ddp::accumulate_fn<T>{dst + off, p});
       } else {
         std::memcpy(dst + off, p, len * sizeof(T));
       }

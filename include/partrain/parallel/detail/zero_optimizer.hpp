@@ -36,7 +36,7 @@ template <class T>
 class shard_optimizer {
  public:
   shard_optimizer(shard_optimizer_options o, std::size_t elements) : opts_(o), elements_(elements) {
-    std::visit([](const auto& x) { validate(x); }, opts_);
+    std::visit([](const auto& x) { optim::validate(x); }, opts_);
   }
 
   [[nodiscard]] bool is_sgd() const noexcept { return std::holds_alternative<sgd_options>(opts_); }
@@ -66,9 +66,9 @@ class shard_optimizer {
     }
     ++steps_;
     if (is_sgd()) {
-      sgd_ = sgd_coeffs_of<T>(std::get<sgd_options>(opts_));
+      sgd_ = optim::sgd_coeffs_of<T>(std::get<sgd_options>(opts_));
     } else {
-      adamw_ = adamw_coeffs_of<T>(std::get<adamw_options>(opts_), steps_);
+      adamw_ = optim::adamw_coeffs_of<T>(std::get<adamw_options>(opts_), steps_);
     }
   }
   // Updates the values v (n elements) at shard offset `at`, with their gradients g.
@@ -76,9 +76,9 @@ class shard_optimizer {
     const tensor_view<T> vv(v, n);
     const tensor_view<const T> gv(g, n);
     if (is_sgd()) {
-      sgd_update(vv, gv, has_state_ ? a_.data() + at : nullptr, sgd_, first_);
+      optim::sgd_update(vv, gv, has_state_ ? a_.data() + at : nullptr, sgd_, first_);
     } else {
-      adamw_update(vv, gv, a_.data() + at, b_.data() + at, adamw_);
+      optim::adamw_update(vv, gv, a_.data() + at, b_.data() + at, adamw_);
     }
   }
 
@@ -126,12 +126,12 @@ class shard_optimizer {
  private:
   shard_optimizer_options opts_;
   std::size_t elements_;
-  state_buffer<T, host> a_, b_;  // momentum | exp_avg, exp_avg_sq
+  optim::state_buffer<T, host> a_, b_;  // momentum | exp_avg, exp_avg_sq
   bool has_state_ = false;
   bool first_ = false;  // this step creates the momentum (SGD clones the gradient into it)
   std::int64_t steps_ = 0;
-  sgd_coeffs<T> sgd_{};
-  adamw_coeffs<T> adamw_{};
+  optim::sgd_coeffs<T> sgd_{};
+  optim::adamw_coeffs<T> adamw_{};
 };
 
 }  // namespace detail::zero

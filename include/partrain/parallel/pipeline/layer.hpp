@@ -32,7 +32,7 @@ concept pipeline_layer = requires(L& l, const L& cl, const shape& s, tensor_view
   { l.parameters() } -> std::ranges::forward_range;
 } && parameter<std::ranges::range_value_t<decltype(std::declval<L&>().parameters())>>;
 
-namespace detail {
+namespace detail::pipeline {
 
 template <class T>
 concept dereferenceable = requires(T& t) { *t; };
@@ -55,12 +55,12 @@ template <class E>
 concept layer_or_pointer_to_layer =
     pipeline_layer<E> || (dereferenceable<E> && pipeline_layer<std::remove_reference_t<decltype(*std::declval<E&>())>>);
 
-}  // namespace detail
+}  // namespace detail::pipeline
 
 // A model as an indexable sequence of layers (std::vector<linear>, or std::vector<std::unique_ptr<layer_base>>).
 template <class R>
 concept layer_sequence = std::ranges::random_access_range<R> && std::ranges::sized_range<R> &&
-                         detail::layer_or_pointer_to_layer<std::ranges::range_value_t<R>>;
+                         detail::pipeline::layer_or_pointer_to_layer<std::ranges::range_value_t<R>>;
 
 // Explains, one sentence each, why R is not a layer sequence. Called at the pipeline's entry points.
 template <class R>
@@ -69,7 +69,7 @@ consteval bool check_layer_sequence() {
                 "partrain: a pipeline model must be a sized random-access range of layers (a std::vector of layers, "
                 "or of pointers to layers)");
   using E = std::ranges::range_value_t<R>;
-  using L = std::remove_cvref_t<decltype(detail::layer_of(std::declval<E&>()))>;
+  using L = std::remove_cvref_t<decltype(detail::pipeline::layer_of(std::declval<E&>()))>;
   static_assert(requires(const L& l, const shape& s) {
     { l.output_shape(s) } -> std::convertible_to<shape>;
   }, "partrain: a pipeline layer needs `shape output_shape(const shape& in) const`");

@@ -45,7 +45,7 @@ struct partition {
   friend std::ostream& operator<<(std::ostream& os, const partition& p) { return os << p.to_string(); }
 };
 
-namespace detail {
+namespace detail::pipeline {
 
 inline void check_partition_request(std::size_t layers, int parts, const char* who) {
   if (parts < 1) throw invalid_argument_error(std::string(who) + ": stages must be at least 1, got " + std::to_string(parts));
@@ -65,21 +65,21 @@ inline partition with_costs(std::vector<std::size_t> bounds, std::span<const dou
   return p;
 }
 
-}  // namespace detail
+}  // namespace detail::pipeline
 
 // Equal layer counts; the first (layers % stages) stages get one more (DeepSpeed 'uniform').
 [[nodiscard]] inline partition partition_uniform(std::size_t layers, int stages) {
-  detail::check_partition_request(layers, stages, "partition_uniform");
+  detail::pipeline::check_partition_request(layers, stages, "partition_uniform");
   const auto p = static_cast<std::size_t>(stages);
   std::vector<std::size_t> b{0};
   for (std::size_t s = 0; s < p; ++s) b.push_back(b.back() + layers / p + (s < layers % p ? 1 : 0));
-  return detail::with_costs(std::move(b), {});
+  return detail::pipeline::with_costs(std::move(b), {});
 }
 
 // Contiguous split minimising the largest stage cost: exact O(n^2 p) dynamic program
 // best[j][i] = min over k of max(best[j-1][k], S[i] - S[k]). Ties go to the earliest cut.
 [[nodiscard]] inline partition partition_balanced(std::span<const double> costs, int stages) {
-  detail::check_partition_request(costs.size(), stages, "partition_balanced");
+  detail::pipeline::check_partition_request(costs.size(), stages, "partition_balanced");
   for (std::size_t i = 0; i < costs.size(); ++i) {
     if (!(costs[i] >= 0)) {
       throw invalid_argument_error("partition_balanced: cost of layer " + std::to_string(i) + " is " +
@@ -109,7 +109,7 @@ inline partition with_costs(std::vector<std::size_t> bounds, std::span<const dou
   std::vector<std::size_t> b(p + 1);
   b[p] = n;
   for (std::size_t j = p; j >= 1; --j) b[j - 1] = cut[j][b[j]];
-  return detail::with_costs(std::move(b), costs);
+  return detail::pipeline::with_costs(std::move(b), costs);
 }
 
 // Per-layer trainable element counts (DeepSpeed's default 'parameters' method).
@@ -119,7 +119,7 @@ template <class Layers>
   std::vector<double> c;
   for (auto& e : layers) {
     double n = 0;
-    for (auto&& prm : detail::layer_of(e).parameters()) n += static_cast<double>(prm.value().size());
+    for (auto&& prm : detail::pipeline::layer_of(e).parameters()) n += static_cast<double>(prm.value().size());
     c.push_back(n);
   }
   return c;
@@ -141,7 +141,7 @@ template <class Layers>
   host_buffer<float> in(sample.shape());
   std::copy(sample.begin(), sample.end(), in.begin());
   for (auto& e : layers) {
-    auto& l = detail::layer_of(e);
+    auto& l = detail::pipeline::layer_of(e);
     std::vector<host_buffer<float>> saved;
     for (auto&& prm : l.parameters()) {
       host_buffer<float> g(prm.grad().shape());

@@ -209,17 +209,17 @@ class pipeline_schedule {
   std::vector<std::vector<pipeline_action>> orders_;
 };
 
-namespace detail {
+namespace detail::pipeline {
 inline void check_schedule_args(const char* who, int p, int m, int v = 1) {
   if (p < 1) throw invalid_argument_error(std::string(who) + ": stages must be at least 1, got " + std::to_string(p));
   if (m < 1) throw invalid_argument_error(std::string(who) + ": micro-batches must be at least 1, got " + std::to_string(m));
   if (v < 1) throw invalid_argument_error(std::string(who) + ": virtual stages must be at least 1, got " + std::to_string(v));
 }
-}  // namespace detail
+}  // namespace detail::pipeline
 
 // GPipe (fill-drain): every stage runs F0..F(m-1), then B0..B(m-1). Holds all m micro-batches.
 [[nodiscard]] inline pipeline_schedule make_gpipe_schedule(int p, int m) {
-  detail::check_schedule_args("make_gpipe_schedule", p, m);
+  detail::pipeline::check_schedule_args("make_gpipe_schedule", p, m);
   std::vector<std::vector<pipeline_action>> o(static_cast<std::size_t>(p));
   for (auto& s : o) {
     for (int i = 0; i < m; ++i) s.push_back(fwd(i));
@@ -231,7 +231,7 @@ inline void check_schedule_args(const char* who, int p, int m, int v = 1) {
 // 1F1B / PipeDream-Flush (Megatron's rule): stage s warms up with w = min(p-s-1, m) forwards,
 // then alternates F(w+k), B(k), then drains the last w backwards. Holds min(p-s, m).
 [[nodiscard]] inline pipeline_schedule make_1f1b_schedule(int p, int m) {
-  detail::check_schedule_args("make_1f1b_schedule", p, m);
+  detail::pipeline::check_schedule_args("make_1f1b_schedule", p, m);
   std::vector<std::vector<pipeline_action>> o(static_cast<std::size_t>(p));
   for (int s = 0; s < p; ++s) {
     auto& ord = o[static_cast<std::size_t>(s)];
@@ -251,7 +251,7 @@ inline void check_schedule_args(const char* who, int p, int m, int v = 1) {
 // same micro-batch on chunk v-1-table[k].chunk. Rank r warms up with 2(p-r-1) + (v-1)p forwards.
 // The bubble shrinks by v at the price of v times the point-to-point messages.
 [[nodiscard]] inline pipeline_schedule make_interleaved_1f1b_schedule(int p, int m, int v) {
-  detail::check_schedule_args("make_interleaved_1f1b_schedule", p, m, v);
+  detail::pipeline::check_schedule_args("make_interleaved_1f1b_schedule", p, m, v);
   if (v == 1) {
     auto s = make_1f1b_schedule(p, m);
     return {"interleaved-1f1b", p, m, 1, [&] {
@@ -293,7 +293,7 @@ inline void check_schedule_args(const char* who, int p, int m, int v = 1) {
 // A user's own order, one line per stage of space-separated actions: "F0 F1 B0 B1", with
 // ".sG" naming the global stage when v > 1 ("F0.s4"). Validated like the generated ones.
 [[nodiscard]] inline pipeline_schedule parse_schedule(std::string name, int p, int m, int v, std::string_view text) {
-  detail::check_schedule_args("parse_schedule", p, m, v);
+  detail::pipeline::check_schedule_args("parse_schedule", p, m, v);
   std::vector<std::vector<pipeline_action>> o;
   std::istringstream lines{std::string(text)};
   std::string line;

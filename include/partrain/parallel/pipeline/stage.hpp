@@ -272,7 +272,7 @@ class pipeline_stage {
     int dst = -1;
   };
 
-  [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::layer_of(std::ranges::begin(layers_)[static_cast<std::ptrdiff_t>(i)]); }
+  [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::pipeline::layer_of(std::ranges::begin(layers_)[static_cast<std::ptrdiff_t>(i)]); }
   [[nodiscard]] int last_global() const noexcept { return schedule_.global_stages() - 1; }
   [[nodiscard]] int next_rank(int g) const noexcept { return (g + 1) % stages(); }
   [[nodiscard]] int prev_rank(int g) const noexcept { return (g - 1 + stages()) % stages(); }

@@ -2,7 +2,7 @@
 // once for every path: casts between fp32 and the 16-bit types (core/half.hpp's conversion, round
 // to nearest even) and the fused unscale + inf/NaN check. The host loops (host_kernels.hpp) run
 // the per-tensor functors through for_each_index(host_exec); the CUDA launches (kernels.cuh) run
-// the segmented ones, which cover up to precision_segments_per_launch tensors in one launch; the
+// the segmented ones, which cover up to segments_per_launch tensors in one launch; the
 // CPU tier runs both kinds.
 #pragma once
 
@@ -13,7 +13,7 @@
 #include <partrain/core/for_each_index.hpp>
 #include <partrain/core/half.hpp>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::amp {
 
 // dst[i] = To(src[i]) through float (one side float, the other half or bfloat16).
 template <class From, class To>
@@ -45,27 +45,27 @@ struct unscale_check_fn {
 };
 
 // One tensor of a fused launch: its elements are [start, start + n) of the launch's index space.
-struct precision_segment {
+struct segment {
   const void* src = nullptr;
   void* dst = nullptr;
   std::size_t n = 0;
   std::size_t start = 0;
 };
 
-inline constexpr unsigned precision_segments_per_launch = 64;
+inline constexpr unsigned segments_per_launch = 64;
 
 // Copied into the kernel's parameters: 64 * 32 + 16 bytes, inside the 4 KiB every architecture
 // accepts with room for the functor's other members.
-struct precision_segment_table {
-  precision_segment seg[precision_segments_per_launch];
+struct segment_table {
+  segment seg[segments_per_launch];
   std::size_t total = 0;  // elements over all segments
   unsigned count = 0;
 };
-static_assert(sizeof(precision_segment_table) <= 3072, "kernel parameters are limited to 4 KiB");
+static_assert(sizeof(segment_table) <= 3072, "kernel parameters are limited to 4 KiB");
 
 // The segment holding launch index i < t.total: the last one starting at or before i (segments are
 // non-empty and in index order). A binary search, so any thread finds it in 6 steps.
-[[nodiscard]] PARTRAIN_HOST_DEVICE inline unsigned segment_of(const precision_segment_table& t, std::size_t i) {
+[[nodiscard]] PARTRAIN_HOST_DEVICE inline unsigned segment_of(const segment_table& t, std::size_t i) {
   unsigned lo = 0;
   unsigned hi = t.count;  // invariant: seg[lo].start <= i < seg[hi].start (seg[count] = total)
   while (hi - lo > 1) {
@@ -81,18 +81,18 @@ static_assert(sizeof(precision_segment_table) <= 3072, "kernel parameters are li
 
 template <class From, class To>
 struct segmented_cast_fn {
-  precision_segment_table t;
+  segment_table t;
   PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
-    const precision_segment& s = t.seg[segment_of(t, i)];
+    const segment& s = t.seg[segment_of(t, i)];
     cast_fn<From, To>{static_cast<const From*>(s.src), static_cast<To*>(s.dst)}(i - s.start);
   }
 };
 
 struct segmented_unscale_check_fn {
-  precision_segment_table t;
+  segment_table t;
   float inv_scale;
   PARTRAIN_HOST_DEVICE int operator()(std::size_t i) const {
-    const precision_segment& s = t.seg[segment_of(t, i)];
+    const segment& s = t.seg[segment_of(t, i)];
     return unscale_check_fn{static_cast<float*>(s.dst), inv_scale}(i - s.start);
   }
 };
@@ -100,20 +100,20 @@ struct segmented_unscale_check_fn {
 // Fills tables with the non-empty segments seg(0) .. seg(count - 1) and calls launch(table) for
 // each full table and for the last one.
 template <class Seg, class Launch>
-void for_each_precision_table(std::size_t count, Seg&& seg, Launch&& launch) {
-  precision_segment_table t{};
+void for_each_table(std::size_t count, Seg&& seg, Launch&& launch) {
+  segment_table t{};
   for (std::size_t k = 0; k < count; ++k) {
-    precision_segment s = seg(k);
+    segment s = seg(k);
     if (s.n == 0) continue;
     s.start = t.total;
     t.seg[t.count++] = s;
     t.total += s.n;
-    if (t.count == precision_segments_per_launch) {
+    if (t.count == segments_per_launch) {
       launch(t);
-      t = precision_segment_table{};
+      t = segment_table{};
     }
   }
   if (t.count != 0) launch(t);
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::amp

@@ -16,7 +16,7 @@
 #include <partrain/core/tensor_view.hpp>
 #include <partrain/precision/detail/elements.hpp>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::amp {
 
 #if defined(__CUDACC__)
 inline constexpr bool is_nvcc_compiled = true;
@@ -60,4 +60,4 @@ void cast_views(std::span<const tensor_view<const From>> src, std::span<const te
   return found != 0;
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::amp

@@ -3,7 +3,7 @@
 // gradients. These are the overloads of precision/detail/host_kernels.hpp's functions for
 // tensor_view<T, cuda>; the element work is the segmented functors of precision/detail/elements.hpp
 // (the host path and the CPU tier run the same code, so the casts are the host's bit for bit),
-// launched through partrain/cuda/launch.cuh: one launch over up to precision_segments_per_launch
+// launched through partrain/cuda/launch.cuh: one launch over up to segments_per_launch
 // tensors (more take one launch per table), on the calling thread's current device, finished on
 // return. nvcc only.
 #pragma once
@@ -26,7 +26,7 @@
 #include <partrain/precision/detail/elements.hpp>
 #include <partrain/precision/detail/host_kernels.hpp>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::amp {
 
 // dst[k][j] = To(src[k][j]) for every pair of views in CUDA memory (on the current device),
 // rounding to nearest even. Queued on `stream` (pass the one that made src: a non-blocking stream
@@ -40,9 +40,9 @@ void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<co
   check_cast_pairs(src, dst);
   const cuda_exec exec{stream, -1};
   bool launched = false;
-  for_each_precision_table(
-      src.size(), [&](std::size_t k) { return precision_segment{src[k].data(), dst[k].data(), src[k].size(), 0}; },
-      [&](const precision_segment_table& t) {
+  for_each_table(
+      src.size(), [&](std::size_t k) { return segment{src[k].data(), dst[k].data(), src[k].size(), 0}; },
+      [&](const segment_table& t) {
         for_each_index(exec, t.total, segmented_cast_fn<From, To>{t});
         launched = true;
       });
@@ -55,9 +55,9 @@ void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<co
 [[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float, cuda>> grads, float inv_scale,
                                             void* stream = nullptr) {
   int found = 0;
-  for_each_precision_table(
-      grads.size(), [&](std::size_t k) { return precision_segment{grads[k].data(), grads[k].data(), grads[k].size(), 0}; },
-      [&](const precision_segment_table& t) {
+  for_each_table(
+      grads.size(), [&](std::size_t k) { return segment{grads[k].data(), grads[k].data(), grads[k].size(), 0}; },
+      [&](const segment_table& t) {
         found |= transform_reduce_index(cuda_exec{stream_or_legacy(stream), -1}, t.total, 0,
                                         segmented_unscale_check_fn{t, inv_scale},
                                         bit_or_fn{});
@@ -65,4 +65,4 @@ void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<co
   return found != 0;
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::amp

@@ -18,7 +18,7 @@
 
 #include <partrain/core/error.hpp>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::ckpt {
 
 [[nodiscard]] inline std::string errno_text() { return std::strerror(errno); }
 
@@ -129,4 +129,4 @@ inline void write_file_atomically(const std::filesystem::path& path, std::span<c
   return out;
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::ckpt

@@ -15,20 +15,20 @@
 #include <partrain/core/error.hpp>
 #include <partrain/train/detail/crc32.hpp>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::ckpt {
 
-inline constexpr std::size_t file_frame_header_bytes = 8 + 4 + 4 + 8;
+inline constexpr std::size_t frame_header_bytes = 8 + 4 + 4 + 8;
 
 [[nodiscard]] inline std::vector<std::byte> frame(const std::array<char, 8>& magic, std::uint32_t version,
                                                   std::span<const std::byte> payload) {
   const std::uint32_t crc = crc32(payload);
   const std::uint64_t size = payload.size();
-  std::vector<std::byte> out(file_frame_header_bytes + payload.size());
+  std::vector<std::byte> out(frame_header_bytes + payload.size());
   std::memcpy(out.data(), magic.data(), 8);
   std::memcpy(out.data() + 8, &version, 4);
   std::memcpy(out.data() + 12, &crc, 4);
   std::memcpy(out.data() + 16, &size, 8);
-  if (!payload.empty()) std::memcpy(out.data() + file_frame_header_bytes, payload.data(), payload.size());
+  if (!payload.empty()) std::memcpy(out.data() + frame_header_bytes, payload.data(), payload.size());
   return out;
 }
 
@@ -45,9 +45,9 @@ struct frame_versions {
                                                         std::uint32_t* crc_out = nullptr,
                                                         std::uint32_t* version_out = nullptr) {
   const std::string w(what);
-  if (file.size() < file_frame_header_bytes) {
+  if (file.size() < frame_header_bytes) {
     throw checkpoint_error(w + " is truncated: " + std::to_string(file.size()) + " bytes, less than the " +
-                           std::to_string(file_frame_header_bytes) + "-byte header");
+                           std::to_string(frame_header_bytes) + "-byte header");
   }
   if (std::memcmp(file.data(), magic.data(), 8) != 0) {
     throw checkpoint_error(w + " has the wrong magic (expected \"" + std::string(magic.data(), 8) + "\")");
@@ -64,12 +64,12 @@ struct frame_versions {
                                 : "s " + std::to_string(accepted.oldest) + " to " + std::to_string(accepted.newest)));
   }
   if (version_out) *version_out = v;
-  const std::size_t have = file.size() - file_frame_header_bytes;
+  const std::size_t have = file.size() - frame_header_bytes;
   if (size != have) {
     throw checkpoint_error(w + (have < size ? " is truncated" : " has trailing bytes") + ": the header says " +
                            std::to_string(size) + " payload bytes, the file has " + std::to_string(have));
   }
-  const auto payload = file.subspan(file_frame_header_bytes);
+  const auto payload = file.subspan(frame_header_bytes);
   if (const auto got = crc32(payload); got != crc) {
     throw checkpoint_error(w + " is corrupted: the payload's CRC-32 is " + std::to_string(got) + ", the header says " +
                            std::to_string(crc));
@@ -85,4 +85,4 @@ struct frame_versions {
   return unframe(file, magic, frame_versions{version, version}, what, crc_out);
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::ckpt

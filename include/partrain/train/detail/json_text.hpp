@@ -10,9 +10,9 @@
 #include <string_view>
 #include <system_error>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::json {
 
-inline void append_json_string(std::string& out, std::string_view s) {
+inline void append_string(std::string& out, std::string_view s) {
   static constexpr char hex[] = "0123456789abcdef";
   out += '"';
   for (const char ch : s) {
@@ -38,7 +38,7 @@ inline void append_json_string(std::string& out, std::string_view s) {
   out += '"';
 }
 
-inline void append_json_number(std::string& out, double v) {
+inline void append_number(std::string& out, double v) {
   if (!std::isfinite(v)) {
     out += "null";
     return;
@@ -52,7 +52,7 @@ inline void append_json_number(std::string& out, double v) {
   out.append(buf, end);
 }
 
-inline void append_json_number(std::string& out, std::int64_t v) {
+inline void append_number(std::string& out, std::int64_t v) {
   char buf[24];
   const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
   (void)ec;  // 24 characters always hold an int64
@@ -66,7 +66,7 @@ inline void append_fixed_point(std::string& out, std::int64_t value, std::int64_
     out += '-';
     value = -value;
   }
-  append_json_number(out, value / scale);
+  append_number(out, value / scale);
   if (decimals > 0) {
     std::string frac = std::to_string(value % scale);
     out += '.';
@@ -75,4 +75,4 @@ inline void append_fixed_point(std::string& out, std::int64_t value, std::int64_
   }
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::json
