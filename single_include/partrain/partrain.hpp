@@ -2848,7 +2848,7 @@ using reduce_fn = ::gloo::AllreduceOptions::Func;
 
 #include <signal.h>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::gloo {
 
 inline void swallow_signal(int) noexcept {}
 
@@ -2867,7 +2867,7 @@ inline bool survive_sigpipe() noexcept {
   return ::sigaction(SIGPIPE, &mine, nullptr) == 0;
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::gloo
 #endif  // defined(PARTRAIN_WITH_GLOO)
 
 // #include <partrain/comm/process_group.hpp>
@@ -3290,7 +3290,7 @@ class gloo_group final : public process_group {
       throw config_error("gloo_group: timeout must be positive, got " + std::to_string(opts.timeout.count()) + " ms");
     }
     // A peer that dies mid-write must fail this rank with our error, not kill it with SIGPIPE.
-    (void)detail::survive_sigpipe();
+    (void)detail::gloo::survive_sigpipe();
     const std::string prefix = gopts.prefix.empty() ? detail::gloo::next_prefix(s, rank) : gopts.prefix;
     context_ = detail::gloo::connect(s, prefix, rank, size, opts.timeout,
                                     detail::gloo::device_attr(gopts.ifname, gopts.hostname));
@@ -3583,10 +3583,10 @@ static_assert(communicator<gloo_group>);
 
 namespace partrain::inline v0 {
 
-namespace detail {
+namespace detail::local {
 
 // State shared by the ranks of one local world.
-class local_world_state {
+class world_state {
  public:
   struct slot {
     const void* in = nullptr;  // what the rank contributes
@@ -3598,7 +3598,7 @@ class local_world_state {
     collective kind = collective::barrier;
   };
 
-  local_world_state(int n, std::chrono::milliseconds timeout)
+  world_state(int n, std::chrono::milliseconds timeout)
       : n_(n), timeout_(timeout), slots_(static_cast<std::size_t>(n)), arrivals_(static_cast<std::size_t>(n), 0) {}
 
   [[nodiscard]] int size() const noexcept { return n_; }
@@ -3701,7 +3701,7 @@ class local_world_state {
 // Reduces elements [first, last) of every rank's `in` (in rank order, so every run and every
 // rank sees the same rounding) into each of outs (each receives element `first` at its start),
 // a block at a time so the accumulator stays in cache.
-inline void reduce_ranks_into(local_world_state& w, std::span<void* const> outs, std::size_t first,
+inline void reduce_ranks_into(world_state& w, std::span<void* const> outs, std::size_t first,
                               std::size_t last, dtype t, reduce_op op) {
   constexpr std::size_t block = 4096;
   alignas(64) std::byte acc[block * 8];
@@ -3715,11 +3715,11 @@ inline void reduce_ranks_into(local_world_state& w, std::span<void* const> outs,
   }
 }
 
-}  // namespace detail
+}  // namespace detail::local
 
 class local_group final : public process_group {
  public:
-  local_group(std::shared_ptr<detail::local_world_state> world, int rank, process_group_options opts)
+  local_group(std::shared_ptr<detail::local::world_state> world, int rank, process_group_options opts)
       : process_group(rank, world->size(), opts), world_(std::move(world)) {}
 
   [[nodiscard]] std::string_view backend() const noexcept override { return "local"; }
@@ -3729,34 +3729,34 @@ class local_group final : public process_group {
 
  protected:
   work do_all_reduce(raw_tensor t, reduce_op op) override {
-    return run(collective::all_reduce, t.data, t.data, t, -1, op, [this, t, op](detail::local_world_state& w) {
+    return run(collective::all_reduce, t.data, t.data, t, -1, op, [this, t, op](detail::local::world_state& w) {
       // Rank r reduces chunk r of every input and writes the result into chunk r of every
       // rank's buffer: one pass, no second copy phase. Safe because nobody else reads or
       // writes chunk r, and each block is read from all ranks before it is overwritten.
       const auto [lo, hi] = chunk(t.count, rank());
       std::vector<void*> outs;
       for (int q = 0; q < size(); ++q) outs.push_back(static_cast<std::byte*>(w.at(q).out) + lo * size_of(t.type));
-      detail::reduce_ranks_into(w, outs, lo, hi, t.type, op);
+      detail::local::reduce_ranks_into(w, outs, lo, hi, t.type, op);
     });
   }
   work do_broadcast(raw_tensor t, int root) override {
-    return run(collective::broadcast, t.data, t.data, t, root, reduce_op::sum, [this, t, root](detail::local_world_state& w) {
+    return run(collective::broadcast, t.data, t.data, t, root, reduce_op::sum, [this, t, root](detail::local::world_state& w) {
       if (rank() != root && t.count) std::memcpy(t.data, w.at(root).in, t.bytes());
     });
   }
   work do_reduce(raw_tensor t, int root, reduce_op op) override {
     // The root reduces into scratch first: its own input must stay readable until all are done.
-    return run(collective::reduce, t.data, nullptr, t, root, op, [this, t, root, op](detail::local_world_state& w) {
+    return run(collective::reduce, t.data, nullptr, t, root, op, [this, t, root, op](detail::local::world_state& w) {
       if (rank() != root) return;
       std::vector<std::byte> result(t.bytes());
       void* out = result.data();
-      detail::reduce_ranks_into(w, std::span(&out, 1), 0, t.count, t.type, op);
+      detail::local::reduce_ranks_into(w, std::span(&out, 1), 0, t.count, t.type, op);
       w.arrive_and_wait(rank(), collective::reduce, "reduce");
       if (t.count) std::memcpy(t.data, result.data(), result.size());
     }, /*root_only_phase=*/true);
   }
   work do_all_gather(raw_tensor in, raw_tensor out) override {
-    return run(collective::all_gather, in.data, out.data, in, -1, reduce_op::sum, [this, in, out](detail::local_world_state& w) {
+    return run(collective::all_gather, in.data, out.data, in, -1, reduce_op::sum, [this, in, out](detail::local::world_state& w) {
       for (int q = 0; q < size(); ++q) {
         if (in.count) {
           std::memcpy(static_cast<std::byte*>(out.data) + static_cast<std::size_t>(q) * in.bytes(), w.at(q).in, in.bytes());
@@ -3765,14 +3765,14 @@ class local_group final : public process_group {
     });
   }
   work do_reduce_scatter(raw_tensor in, raw_tensor out, reduce_op op) override {
-    return run(collective::reduce_scatter, in.data, out.data, out, -1, op, [this, out, op](detail::local_world_state& w) {
+    return run(collective::reduce_scatter, in.data, out.data, out, -1, op, [this, out, op](detail::local::world_state& w) {
       const std::size_t lo = static_cast<std::size_t>(rank()) * out.count;
-      detail::reduce_ranks_into(w, std::span(&out.data, 1), lo, lo + out.count, out.type, op);
+      detail::local::reduce_ranks_into(w, std::span(&out.data, 1), lo, lo + out.count, out.type, op);
     });
   }
   work do_barrier() override {
     return run(collective::barrier, nullptr, nullptr, raw_tensor{nullptr, 0, dtype::uint8, false}, -1, reduce_op::sum,
-               [](detail::local_world_state&) {});
+               [](detail::local::world_state&) {});
   }
   work do_send(raw_tensor t, int dst, int tag) override {
     return worker_.submit([w = world_, src = rank(), t, dst, tag] { w->post(src, dst, tag, t.data, t.bytes()); });
@@ -3805,12 +3805,12 @@ class local_group final : public process_group {
     });
   }
 
-  void check_matching(detail::local_world_state& w, collective c) const {
+  void check_matching(detail::local::world_state& w, collective c) const {
     const auto& me = w.at(rank());
     for (int q = 0; q < size(); ++q) {
       const auto& o = w.at(q);
       if (o.kind != me.kind || o.count != me.count || o.type != me.type || o.root != me.root || o.op != me.op) {
-        auto describe = [](const detail::local_world_state::slot& s) {
+        auto describe = [](const detail::local::world_state::slot& s) {
           return std::string(to_string(s.kind)) + "(" + std::string(to_string(s.type)) + " x " +
                  std::to_string(s.count) + ", root " + std::to_string(s.root) + ", op " +
                  std::string(to_string(s.op)) + ")";
@@ -3822,7 +3822,7 @@ class local_group final : public process_group {
     }
   }
 
-  std::shared_ptr<detail::local_world_state> world_;
+  std::shared_ptr<detail::local::world_state> world_;
   detail::executor worker_;  // last: joined before world_ goes away
 };
 
@@ -3830,7 +3830,7 @@ class local_group final : public process_group {
 [[nodiscard]] inline std::vector<std::unique_ptr<local_group>> make_local_world(int world_size,
                                                                                process_group_options opts = {}) {
   if (world_size <= 0) throw config_error("world size must be at least 1, got " + std::to_string(world_size));
-  auto state = std::make_shared<detail::local_world_state>(world_size, opts.timeout);
+  auto state = std::make_shared<detail::local::world_state>(world_size, opts.timeout);
   std::vector<std::unique_ptr<local_group>> ranks;
   for (int r = 0; r < world_size; ++r) ranks.push_back(std::make_unique<local_group>(state, r, opts));
   return ranks;
@@ -4976,7 +4976,7 @@ struct batch {
 #include <ranges>
 #include <type_traits>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::data {
 
 template <class View>
 class index_iterator {
@@ -5041,7 +5041,7 @@ class indexed_view_base : public std::ranges::view_interface<Derived> {
   [[nodiscard]] constexpr const Derived& derived() const noexcept { return static_cast<const Derived&>(*this); }
 };
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::data
 
 // #include <partrain/data/detail/set_epoch.hpp>
 // partrain/data/detail/set_epoch.hpp: forwards set_epoch(e) through wrapping views (ref_view,
@@ -5050,7 +5050,7 @@ class indexed_view_base : public std::ranges::view_interface<Derived> {
 #include <cstdint>
 #include <utility>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::data {
 
 template <class R>
 concept has_set_epoch = requires(R& r, std::uint64_t e) { r.set_epoch(e); };
@@ -5076,7 +5076,7 @@ constexpr bool forward_set_epoch(R& r, std::uint64_t epoch) {
   }
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::data
 
 // #include <partrain/data/batched.hpp>
 // partrain/data/batched.hpp: `indices | views::batched(batch_size, drop_last)` cuts a random-access
@@ -5108,7 +5108,7 @@ concept index_range = std::ranges::random_access_range<const R> && std::ranges::
 
 template <std::ranges::view V>
   requires index_range<V>
-class batched_view : public detail::indexed_view_base<batched_view<V>> {
+class batched_view : public detail::data::indexed_view_base<batched_view<V>> {
   using base_iterator = std::ranges::iterator_t<const V>;
 
  public:
@@ -5136,7 +5136,7 @@ class batched_view : public detail::indexed_view_base<batched_view<V>> {
   [[nodiscard]] V& base() & noexcept { return base_; }
 
   batched_view& set_epoch(std::uint64_t epoch) & {
-    (void)detail::forward_set_epoch(base_, epoch);
+    (void)detail::data::forward_set_epoch(base_, epoch);
     return *this;
   }
   batched_view set_epoch(std::uint64_t epoch) && {
@@ -5202,7 +5202,7 @@ concept dataset = requires(const D& d, std::span<const std::size_t> indices, ten
   d.fetch(indices, features, labels);
 };
 
-namespace detail {
+namespace detail::data {
 template <class D>
 concept dataset_has_size = requires(const D& d) {
   { d.size() } -> std::convertible_to<std::size_t>;
@@ -5211,14 +5211,14 @@ template <class D>
 concept dataset_has_example_shape = requires(const D& d) {
   { d.example_shape() } -> std::convertible_to<shape>;
 };
-}  // namespace detail
+}  // namespace detail::data
 
 // Spells out which member a would-be dataset lacks; use at public entry points.
 template <class D>
 constexpr bool check_dataset() {
-  static_assert(detail::dataset_has_size<D>,
+  static_assert(detail::data::dataset_has_size<D>,
                 "partrain: a dataset needs `std::size_t size() const` (the number of examples)");
-  static_assert(detail::dataset_has_example_shape<D>,
+  static_assert(detail::data::dataset_has_example_shape<D>,
                 "partrain: a dataset needs `partrain::shape example_shape() const` (the features of one "
                 "example, e.g. {784})");
   static_assert(dataset<D>,
@@ -5416,6 +5416,10 @@ class splitmix64 {
   std::uint64_t state_;
 };
 
+}  // namespace partrain::inline v0::detail
+
+namespace partrain::inline v0::detail::data {
+
 // A permutation of [0, n) determined by `seed` alone.
 [[nodiscard]] constexpr std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed) {
   std::vector<std::size_t> p(n);
@@ -5428,7 +5432,7 @@ class splitmix64 {
   return p;
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::data
 
 // #include <partrain/data/distributed.hpp>
 // partrain/data/distributed.hpp: views::distributed(n, world_size, rank, options), this rank's
@@ -5474,7 +5478,7 @@ struct distributed_options {
   return (n + world_size - 1) / world_size;
 }
 
-class distributed_view : public detail::indexed_view_base<distributed_view> {
+class distributed_view : public detail::data::indexed_view_base<distributed_view> {
  public:
   distributed_view() = default;
   distributed_view(std::size_t n, int world_size, int rank, distributed_options options = {})
@@ -5509,7 +5513,7 @@ class distributed_view : public detail::indexed_view_base<distributed_view> {
   distributed_view& set_epoch(std::uint64_t epoch) & {
     epoch_ = epoch;
     if (options_.shuffle) {
-      order_ = std::make_shared<const std::vector<std::size_t>>(detail::permutation(n_, options_.seed + epoch_));
+      order_ = std::make_shared<const std::vector<std::size_t>>(detail::data::permutation(n_, options_.seed + epoch_));
     }
     return *this;
   }
@@ -5565,7 +5569,7 @@ inline constexpr distributed_t distributed{};
 #define PARTRAIN_HAS_ZLIB 0
 #endif
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::data {
 
 [[nodiscard]] inline bool is_gzip(std::span<const std::byte> bytes) noexcept {
   return bytes.size() >= 2 && bytes[0] == std::byte{0x1f} && bytes[1] == std::byte{0x8b};
@@ -5683,7 +5687,7 @@ class zstream {
 
 #endif  // PARTRAIN_HAS_ZLIB
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::data
 
 // #include <partrain/data/idx.hpp>
 // partrain/data/idx.hpp: the IDX format of MNIST and Fashion-MNIST (http://yann.lecun.com/exdb/mnist/):
@@ -5754,7 +5758,7 @@ inline constexpr idx_type idx_type_of = std::is_same_v<T, std::uint8_t>  ? idx_t
                                         : std::is_same_v<T, float>        ? idx_type::f32
                                                                           : idx_type::f64;
 
-namespace detail {
+namespace detail::data {
 template <class T>
 [[nodiscard]] inline T load_be(const std::byte* p) noexcept {
   using U = std::conditional_t<sizeof(T) == 1, std::uint8_t,
@@ -5782,7 +5786,7 @@ inline void store_be(std::byte* p, T value) noexcept {
   }
   std::memcpy(p, &u, sizeof(u));
 }
-}  // namespace detail
+}  // namespace detail::data
 
 // One IDX array: its element type, dimensions and elements (kept big-endian as in the file).
 class idx_array {
@@ -5801,7 +5805,7 @@ class idx_array {
     a.type_ = idx_type_of<T>;
     a.shape_ = dims;
     a.storage_.resize(values.size() * sizeof(T));
-    for (std::size_t i = 0; i < values.size(); ++i) detail::store_be(a.storage_.data() + i * sizeof(T), values[i]);
+    for (std::size_t i = 0; i < values.size(); ++i) detail::data::store_be(a.storage_.data() + i * sizeof(T), values[i]);
     return a;
   }
 
@@ -5817,12 +5821,12 @@ class idx_array {
   [[nodiscard]] double at(std::size_t i) const noexcept {
     const std::byte* p = payload().data() + i * size_of(type_);
     switch (type_) {
-      case idx_type::u8: return static_cast<double>(detail::load_be<std::uint8_t>(p));
-      case idx_type::i8: return static_cast<double>(detail::load_be<std::int8_t>(p));
-      case idx_type::i16: return static_cast<double>(detail::load_be<std::int16_t>(p));
-      case idx_type::i32: return static_cast<double>(detail::load_be<std::int32_t>(p));
-      case idx_type::f32: return static_cast<double>(detail::load_be<float>(p));
-      case idx_type::f64: return detail::load_be<double>(p);
+      case idx_type::u8: return static_cast<double>(detail::data::load_be<std::uint8_t>(p));
+      case idx_type::i8: return static_cast<double>(detail::data::load_be<std::int8_t>(p));
+      case idx_type::i16: return static_cast<double>(detail::data::load_be<std::int16_t>(p));
+      case idx_type::i32: return static_cast<double>(detail::data::load_be<std::int32_t>(p));
+      case idx_type::f32: return static_cast<double>(detail::data::load_be<float>(p));
+      case idx_type::f64: return detail::data::load_be<double>(p);
     }
     return 0;
   }
@@ -5850,7 +5854,7 @@ class idx_array {
     out[2] = static_cast<std::byte>(type_);
     out[3] = static_cast<std::byte>(shape_.rank());
     for (std::size_t d = 0; d < shape_.rank(); ++d) {
-      detail::store_be(out.data() + 4 + 4 * d, static_cast<std::uint32_t>(shape_[d]));
+      detail::data::store_be(out.data() + 4 + 4 * d, static_cast<std::uint32_t>(shape_[d]));
     }
     const auto data = payload();
     out.insert(out.end(), data.begin(), data.end());
@@ -5897,7 +5901,7 @@ class idx_array {
   std::size_t numel = 1;
   bool overflow = false;
   for (std::size_t i = 0; i < rank; ++i) {
-    d[i] = detail::load_be<std::uint32_t>(bytes.data() + 4 + 4 * i);
+    d[i] = detail::data::load_be<std::uint32_t>(bytes.data() + 4 + 4 * i);
     if (d[i] != 0 && numel > std::numeric_limits<std::size_t>::max() / size_of(type) / d[i]) overflow = true;
     else numel *= d[i];
   }
@@ -5930,7 +5934,7 @@ struct idx_read_options {
   std::size_t max_bytes = std::size_t{4} << 30;
 };
 
-namespace detail {
+namespace detail::data {
 struct file_closer {
   void operator()(std::FILE* f) const noexcept { std::fclose(f); }
 };
@@ -5964,30 +5968,30 @@ struct file_closer {
   }
   return out;
 }
-}  // namespace detail
+}  // namespace detail::data
 
 // Decodes an IDX image from memory, inflating it first if it is gzip data.
 [[nodiscard]] inline idx_array decode_idx(std::span<const std::byte> bytes, std::string_view name,
                                           const idx_read_options& options = {}) {
-  if (detail::is_gzip(bytes)) return parse_idx(detail::gunzip(bytes, options.max_bytes, name), name);
+  if (detail::data::is_gzip(bytes)) return parse_idx(detail::data::gunzip(bytes, options.max_bytes, name), name);
   return parse_idx(bytes, name);
 }
 
 // Reads a plain or gzip-compressed IDX file.
 [[nodiscard]] inline idx_array read_idx(const std::filesystem::path& path, const idx_read_options& options = {}) {
-  auto raw = detail::read_file(path, options.max_bytes);
-  if (detail::is_gzip(raw)) return parse_idx(detail::gunzip(raw, options.max_bytes, path.string()), path.string());
+  auto raw = detail::data::read_file(path, options.max_bytes);
+  if (detail::data::is_gzip(raw)) return parse_idx(detail::data::gunzip(raw, options.max_bytes, path.string()), path.string());
   return parse_idx(std::move(raw), path.string());
 }
 
 // Writes an IDX file atomically (a temporary beside it, then rename), gzip-compressed if asked.
 inline void write_idx(const std::filesystem::path& path, const idx_array& array, bool compress = false) {
   auto bytes = array.serialize();
-  if (compress) bytes = detail::gzip(bytes, path.string());
+  if (compress) bytes = detail::data::gzip(bytes, path.string());
   auto tmp = path;
   tmp += ".tmp";
   {
-    std::unique_ptr<std::FILE, detail::file_closer> f(std::fopen(tmp.c_str(), "wb"));
+    std::unique_ptr<std::FILE, detail::data::file_closer> f(std::fopen(tmp.c_str(), "wb"));
     if (!f) {
       const int e = errno;
       throw data_error("cannot create '" + tmp.string() + "': " + std::generic_category().message(e));
@@ -6507,7 +6511,7 @@ class loader {
   }
 
   // Forwards to the sampler (e.g. distributed_view::set_epoch); false if it has none.
-  bool set_epoch(std::uint64_t epoch) { return detail::forward_set_epoch(sampler_, epoch); }
+  bool set_epoch(std::uint64_t epoch) { return detail::data::forward_set_epoch(sampler_, epoch); }
 
   // Stops the running epoch now and joins its thread (also done by begin() and the destructor).
   void stop() noexcept { epoch_.reset(); }
@@ -6577,7 +6581,7 @@ loader(const D&, R&&, loader_options) -> loader<D, std::views::all_t<R>>;
 
 namespace partrain::inline v0 {
 
-class sequential_view : public detail::indexed_view_base<sequential_view> {
+class sequential_view : public detail::data::indexed_view_base<sequential_view> {
  public:
   constexpr sequential_view() noexcept = default;
   constexpr explicit sequential_view(std::size_t n) noexcept : n_(n) {}
@@ -6617,7 +6621,7 @@ inline constexpr sequential_t sequential{};
 
 namespace partrain::inline v0 {
 
-class shuffled_view : public detail::indexed_view_base<shuffled_view> {
+class shuffled_view : public detail::data::indexed_view_base<shuffled_view> {
  public:
   shuffled_view() = default;
   shuffled_view(std::size_t n, std::uint64_t seed, std::uint64_t epoch = 0) : n_(n), seed_(seed) { set_epoch(epoch); }
@@ -6630,7 +6634,7 @@ class shuffled_view : public detail::indexed_view_base<shuffled_view> {
   // Copies of the view share the permutation; set_epoch gives this copy a new one.
   shuffled_view& set_epoch(std::uint64_t epoch) & {
     epoch_ = epoch;
-    order_ = std::make_shared<const std::vector<std::size_t>>(detail::permutation(n_, seed_ + epoch_));
+    order_ = std::make_shared<const std::vector<std::size_t>>(detail::data::permutation(n_, seed_ + epoch_));
     return *this;
   }
   shuffled_view set_epoch(std::uint64_t epoch) && {
@@ -6689,7 +6693,7 @@ template <std::ranges::view V>
   requires std::ranges::random_access_range<const V> && std::ranges::sized_range<const V> &&
            std::ranges::random_access_range<std::ranges::range_reference_t<const V>> &&
            std::ranges::sized_range<std::ranges::range_reference_t<const V>>
-class weighted_split_view : public detail::indexed_view_base<weighted_split_view<V>> {
+class weighted_split_view : public detail::data::indexed_view_base<weighted_split_view<V>> {
   using batch_type = std::ranges::range_value_t<const V>;
 
  public:
@@ -6720,7 +6724,7 @@ class weighted_split_view : public detail::indexed_view_base<weighted_split_view
   [[nodiscard]] V& base() & noexcept { return base_; }
 
   weighted_split_view& set_epoch(std::uint64_t epoch) & {
-    (void)detail::forward_set_epoch(base_, epoch);
+    (void)detail::data::forward_set_epoch(base_, epoch);
     return *this;
   }
   weighted_split_view set_epoch(std::uint64_t epoch) && {
@@ -9513,7 +9517,7 @@ namespace detail::mpi {
 
 namespace partrain::inline v0 {
 
-namespace detail {
+namespace detail::launch {
 
 // Whether a /proc/<pid>/maps text maps the CUDA driver (libcuda.so*; libcudart is not the driver).
 [[nodiscard]] inline bool maps_show_cuda_driver(std::string_view maps) noexcept {
@@ -9548,7 +9552,7 @@ inline void refuse_fork_after_cuda(const char* maps_path = "/proc/self/maps") {
   }
 }
 
-}  // namespace detail
+}  // namespace detail::launch
 
 // "SIGKILL", "SIGSEGV", ... ("signal 42" for one without a name here).
 [[nodiscard]] inline std::string signal_name(int sig) {
@@ -9615,9 +9619,9 @@ struct child_options {
 class child_process {
  public:
   // Forks; the child runs fn and _exits with its result (exceptions are fn's business). Refused
-  // (config_error) once CUDA is initialised in this process: see detail::refuse_fork_after_cuda.
+  // (config_error) once CUDA is initialised in this process: see detail::launch::refuse_fork_after_cuda.
   [[nodiscard]] static child_process fork(const std::function<int()>& fn, child_options opts = {}) {
-    detail::refuse_fork_after_cuda();
+    detail::launch::refuse_fork_after_cuda();
     pipe_pair out = make_output_pipe(opts.capture_output);
     std::fflush(nullptr);  // or buffered output would be written twice, by parent and child
     const pid_t parent = ::getpid();
@@ -10081,7 +10085,7 @@ struct spawn_result {
   std::uint16_t master_port = 0;
 };
 
-namespace detail {
+namespace detail::launch {
 
 // Runs in the child: the rank's environment, then fn; an exception is printed and becomes exit 1.
 template <class F>
@@ -10121,7 +10125,7 @@ int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16
   return 1;
 }
 
-}  // namespace detail
+}  // namespace detail::launch
 
 // fn(rank) runs in n forked processes; its return value (if an int) is the exit code. Refused
 // with a config_error when CUDA is already initialised in this process (use partrun then).
@@ -10153,7 +10157,7 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
       };
     }
     children.push_back(
-        child_process::fork([&, r] { return detail::run_rank(fn, r, nprocs, opts, port, token, listener.get()); },
+        child_process::fork([&, r] { return detail::launch::run_rank(fn, r, nprocs, opts, port, token, listener.get()); },
                             std::move(co)));
     result.pids.push_back(children.back().pid());
   }
@@ -10374,6 +10378,7 @@ inline void store_packet(float* p, packet4f v) noexcept { _mm_storeu_ps(p, v); }
 
 namespace partrain::inline v0::detail {
 
+// In detail, beside core/detail/packet.hpp's packet4f overload, so one unqualified call sees both.
 template <class T>
 PARTRAIN_HOST_DEVICE inline T opt_sqrt(T x) {
 #if defined(__CUDA_ARCH__)
@@ -10382,6 +10387,10 @@ PARTRAIN_HOST_DEVICE inline T opt_sqrt(T x) {
   return std::sqrt(x);
 #endif
 }
+
+}  // namespace partrain::inline v0::detail
+
+namespace partrain::inline v0::detail::optim {
 
 // torch.optim.SGD (single-tensor path), in the parameter's precision.
 template <class T>
@@ -10428,7 +10437,7 @@ PARTRAIN_HOST_DEVICE inline void adamw_element(V& v, V g, V& m, V& s, const adam
   v = v + c.neg_step_size * m / denom;  // param.addcdiv_(exp_avg, denom, value=-step_size)
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::optim
 
 // #include <partrain/optim/detail/elements.hpp>
 // partrain/optim/detail/elements.hpp: the optimizers' and clipping's element loops as functors
@@ -10442,7 +10451,7 @@ PARTRAIN_HOST_DEVICE inline void adamw_element(V& v, V g, V& m, V& s, const adam
 // #include <partrain/core/for_each_index.hpp> (above)
 // #include <partrain/optim/detail/update_rules.hpp> (above)
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::optim {
 
 // torch.optim.SGD on element i; buf is null without momentum.
 template <class T>
@@ -10490,7 +10499,7 @@ struct fill_zero_fn {
   PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const { g[i] = T(0); }
 };
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::optim
 
 // #include <partrain/optim/detail/state_buffer.hpp>
 // partrain/optim/detail/state_buffer.hpp: optimizer state beside the parameters (momentum,
@@ -10511,7 +10520,7 @@ struct fill_zero_fn {
 // #include <partrain/optim/detail/elements.hpp> (above)
 // #include <partrain/optim/detail/update_rules.hpp> (above)
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::optim {
 
 template <class T, class Space>
 class state_buffer;
@@ -10614,7 +10623,7 @@ void fill_zero(tensor_view<T, host> g, void* /*stream*/ = nullptr) {
   for_each_index(host_exec{}, g.size(), fill_zero_fn<T>{g.data()});
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::optim
 
 // #include <partrain/optim/state_io.hpp>
 // partrain/optim/state_io.hpp: the byte streams an optimizer writes its state to and reads it
@@ -10749,7 +10758,7 @@ concept stateful_optimizer = optimizer<O> && requires(const O& co, O& o, state_w
   o.load_state(r);
 };
 
-namespace detail {
+namespace detail::optim {
 
 // The optimizers update in the parameters' own precision, as PyTorch does; 16-bit models keep
 // fp32 master weights and step those.
@@ -10777,6 +10786,10 @@ void check_same_size(const V& v, const G& g, std::size_t index, const char* who)
                                  " elements (expected the same shape)");
   }
 }
+
+}  // namespace detail::optim
+
+namespace detail {
 
 template <model M>
 [[nodiscard]] std::size_t parameter_count(M& m) {
@@ -10830,7 +10843,7 @@ template <class P>
 // #include <partrain/optim/detail/state_buffer.hpp> (above)
 // #include <partrain/optim/detail/update_rules.hpp> (above)
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::optim {
 
 // The optimizer's state for a CUDA model: partrain's device_buffer on the model's device.
 template <class T>
@@ -10915,7 +10928,7 @@ void fill_zero(tensor_view<T, cuda> g, void* stream = nullptr) {
   PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_or_legacy(stream)));
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::optim
 #endif  // PARTRAIN_HAS_CUDA && defined(__CUDACC__)
 
 // #include <partrain/optim/adamw.hpp>
@@ -10951,7 +10964,7 @@ struct adamw_options {
   double weight_decay = 1e-2;
 };
 
-namespace detail {
+namespace detail::optim {
 inline void validate(const adamw_options& o) {
   auto bad = [](const std::string& what) { throw invalid_argument_error("adamw_options: " + what); };
   if (!(o.lr >= 0)) bad("lr must be >= 0, got " + std::to_string(o.lr));
@@ -10986,17 +10999,17 @@ void put_adamw_state_entry(state_writer& w, std::span<const T> exp_avg, std::spa
   w.put_array(exp_avg);
   w.put_array(exp_avg_sq);
 }
-}  // namespace detail
+}  // namespace detail::optim
 
 template <model M>
 class adamw {
   using T = model_element_t<M>;
   using S = model_space_t<M>;
-  static_assert(detail::check_optimizable<T, S>());
+  static_assert(detail::optim::check_optimizable<T, S>());
 
  public:
   adamw(M& m, adamw_options o) : model_(&m), opts_(o), stream_(model_stream(m)), device_(model_cuda_device(m)) {
-    detail::validate(o);
+    detail::optim::validate(o);
     const auto n = detail::parameter_count(m);
     exp_avg_.resize(n);
     exp_avg_sq_.resize(n);
@@ -11013,20 +11026,20 @@ class adamw {
       }
     }
     ++step_;
-    const auto c = detail::adamw_coeffs_of<T>(opts_, step_);
+    const auto c = detail::optim::adamw_coeffs_of<T>(opts_, step_);
     std::size_t i = 0;
     for (auto&& p : model_->parameters()) {
       check_index(i);
       auto v = p.value();
       tensor_view<const T, S> g = p.grad();
-      detail::check_same_size(v, g, i, "adamw");
-      detail::adamw_update(v, g, exp_avg_[i].data(), exp_avg_sq_[i].data(), c, stream_);
+      detail::optim::check_same_size(v, g, i, "adamw");
+      detail::optim::adamw_update(v, g, exp_avg_[i].data(), exp_avg_sq_[i].data(), c, stream_);
       ++i;
     }
   }
 
   void zero_grad() {
-    for (auto&& p : model_->parameters()) detail::fill_zero(p.grad(), stream_);
+    for (auto&& p : model_->parameters()) detail::optim::fill_zero(p.grad(), stream_);
   }
 
   [[nodiscard]] const adamw_options& options() const noexcept { return opts_; }
@@ -11038,7 +11051,7 @@ class adamw {
 
   // State: kind tag, step count, then both moments of every parameter (once a step was taken).
   void save_state(state_writer& w) const {
-    detail::put_adamw_state_header(w, step_, exp_avg_.size());
+    detail::optim::put_adamw_state_header(w, step_, exp_avg_.size());
     if (step_ == 0) return;
     std::vector<T> m, s;
     for (std::size_t i = 0; i < exp_avg_.size(); ++i) {
@@ -11046,7 +11059,7 @@ class adamw {
       s.resize(exp_avg_sq_[i].size());
       exp_avg_[i].copy_to_host(m);
       exp_avg_sq_[i].copy_to_host(s);
-      detail::put_adamw_state_entry(w, std::span<const T>(m), std::span<const T>(s));
+      detail::optim::put_adamw_state_entry(w, std::span<const T>(m), std::span<const T>(s));
     }
   }
   void load_state(state_reader& r) {
@@ -11085,8 +11098,8 @@ class adamw {
   adamw_options opts_;
   void* stream_;  // the model's (model_stream): device work on its tensors is queued there
   int device_;    // the model's CUDA device (-1: host, or the current one): where the state lives
-  std::vector<detail::state_buffer<T, S>> exp_avg_;
-  std::vector<detail::state_buffer<T, S>> exp_avg_sq_;
+  std::vector<detail::optim::state_buffer<T, S>> exp_avg_;
+  std::vector<detail::optim::state_buffer<T, S>> exp_avg_sq_;
   std::int64_t step_ = 0;
 };
 
@@ -11115,7 +11128,7 @@ class adamw {
 
 namespace partrain::inline v0 {
 
-namespace detail {
+namespace detail::optim {
 
 template <class R>
 concept parameter_range = std::ranges::forward_range<R> && parameter<std::ranges::range_value_t<R>>;
@@ -11162,21 +11175,21 @@ inline void check_max_norm(double max_norm, const char* who) {
   }
 }
 
-}  // namespace detail
+}  // namespace detail::optim
 
 // Clips the gradients of a model (or of a range of parameters) to a global 2-norm of at most
 // max_norm and returns the norm before clipping. A non-finite norm is returned as is and leaves
 // the gradients untouched (the caller, or a gradient scaler, decides to skip the step).
 template <class X>
-  requires model<std::remove_cvref_t<X>> || detail::parameter_range<std::remove_cvref_t<X>>
+  requires model<std::remove_cvref_t<X>> || detail::optim::parameter_range<std::remove_cvref_t<X>>
 double clip_grad_norm(X&& model_or_params, double max_norm) {
-  detail::check_max_norm(max_norm, "clip_grad_norm");
-  auto&& params = detail::parameters_of(model_or_params);
+  detail::optim::check_max_norm(max_norm, "clip_grad_norm");
+  auto&& params = detail::optim::parameters_of(model_or_params);
   // A model's own stream orders the work with its kernels; a bare range of parameters has none.
   void* stream = nullptr;
   if constexpr (model<std::remove_cvref_t<X>>) stream = model_stream(model_or_params);
-  const double total = std::sqrt(detail::grad_sum_squares(params, stream));
-  detail::clip_to_norm(params, total, max_norm, stream);
+  const double total = std::sqrt(detail::optim::grad_sum_squares(params, stream));
+  detail::optim::clip_to_norm(params, total, max_norm, stream);
   return total;
 }
 
@@ -11214,7 +11227,7 @@ struct sgd_options {
   bool nesterov = false;
 };
 
-namespace detail {
+namespace detail::optim {
 inline void validate(const sgd_options& o) {
   auto bad = [](const std::string& what) { throw invalid_argument_error("sgd_options: " + what); };
   if (!(o.lr >= 0)) bad("lr must be >= 0, got " + std::to_string(o.lr));
@@ -11247,30 +11260,30 @@ void put_sgd_state_entry(state_writer& w, bool has_momentum, std::span<const T> 
   w.put(static_cast<std::uint8_t>(has_momentum ? 1 : 0));
   if (has_momentum) w.put_array(momentum);
 }
-}  // namespace detail
+}  // namespace detail::optim
 
 template <model M>
 class sgd {
   using T = model_element_t<M>;
   using S = model_space_t<M>;
-  static_assert(detail::check_optimizable<T, S>());
+  static_assert(detail::optim::check_optimizable<T, S>());
 
  public:
   sgd(M& m, sgd_options o) : model_(&m), opts_(o), stream_(model_stream(m)), device_(model_cuda_device(m)) {
-    detail::validate(o);
+    detail::optim::validate(o);
     const auto n = detail::parameter_count(m);
     buffers_.resize(n);
     has_buffer_.assign(n, 0);
   }
 
   void step() {
-    const auto c = detail::sgd_coeffs_of<T>(opts_);
+    const auto c = detail::optim::sgd_coeffs_of<T>(opts_);
     std::size_t i = 0;
     for (auto&& p : model_->parameters()) {
       check_index(i);
       auto v = p.value();
       tensor_view<const T, S> g = p.grad();
-      detail::check_same_size(v, g, i, "sgd");
+      detail::optim::check_same_size(v, g, i, "sgd");
       T* buf = nullptr;
       const bool first = !has_buffer_[i];
       if (c.has_momentum) {
@@ -11278,14 +11291,14 @@ class sgd {
         buf = buffers_[i].data();
         has_buffer_[i] = 1;
       }
-      detail::sgd_update(v, g, buf, c, first, stream_);
+      detail::optim::sgd_update(v, g, buf, c, first, stream_);
       ++i;
     }
     ++steps_;
   }
 
   void zero_grad() {
-    for (auto&& p : model_->parameters()) detail::fill_zero(p.grad(), stream_);
+    for (auto&& p : model_->parameters()) detail::optim::fill_zero(p.grad(), stream_);
   }
 
   [[nodiscard]] const sgd_options& options() const noexcept { return opts_; }
@@ -11297,12 +11310,12 @@ class sgd {
 
   // State: kind tag, step count, then per parameter whether a momentum buffer exists and its values.
   void save_state(state_writer& w) const {
-    detail::put_sgd_state_header(w, steps_, buffers_.size());
+    detail::optim::put_sgd_state_header(w, steps_, buffers_.size());
     std::vector<T> host;
     for (std::size_t i = 0; i < buffers_.size(); ++i) {
       host.resize(has_buffer_[i] ? buffers_[i].size() : 0);
       if (has_buffer_[i]) buffers_[i].copy_to_host(host);
-      detail::put_sgd_state_entry(w, has_buffer_[i] != 0, std::span<const T>(host));
+      detail::optim::put_sgd_state_entry(w, has_buffer_[i] != 0, std::span<const T>(host));
     }
   }
   void load_state(state_reader& r) {
@@ -11339,7 +11352,7 @@ class sgd {
   sgd_options opts_;
   void* stream_;  // the model's (model_stream): device work on its tensors is queued there
   int device_;    // the model's CUDA device (-1: host, or the current one): where the state lives
-  std::vector<detail::state_buffer<T, S>> buffers_;
+  std::vector<detail::optim::state_buffer<T, S>> buffers_;
   std::vector<std::uint8_t> has_buffer_;
   std::int64_t steps_ = 0;
 };
@@ -11360,7 +11373,7 @@ class sgd {
 // #include <partrain/core/for_each_index.hpp> (above)
 // #include <partrain/core/half.hpp> (above)
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::ddp {
 
 // x[i] /= d: PyTorch's hooks divide before the all_reduce (keeps 16-bit sums in range).
 template <class T>
@@ -11398,7 +11411,7 @@ struct decompress_16_fn {
   PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const { x[i] = static_cast<T>(static_cast<float>(h[i])); }
 };
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::ddp
 
 // #include <partrain/parallel/detail/ddp_kernels.cuh>
 #if PARTRAIN_HAS_CUDA && defined(__CUDACC__)
@@ -11432,7 +11445,7 @@ struct decompress_16_fn {
 // #include <partrain/cuda/launch.cuh> (above)
 // #include <partrain/parallel/detail/ddp_elements.hpp> (above)
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::ddp {
 
 template <class F>
 void visit_device_float(raw_tensor t, const char* who, F&& f) {
@@ -11496,7 +11509,7 @@ inline void device_from_16(const void* src, raw_tensor dst, dtype h, cudaStream_
   });
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::ddp
 #endif  // PARTRAIN_HAS_CUDA && defined(__CUDACC__)
 
 // #include <partrain/parallel/comm_hooks.hpp>
@@ -11628,6 +11641,10 @@ namespace detail {
   return out;
 }
 
+}  // namespace detail
+
+namespace detail::ddp {
+
 template <class F>
 decltype(auto) visit_float_bucket(const grad_bucket& b, F&& f) {
   using R = decltype(f(b.buffer_as<float>()));
@@ -11688,7 +11705,7 @@ work compressed_all_reduce(grad_bucket& b) {
   });
 }
 
-}  // namespace detail
+}  // namespace detail::ddp
 
 namespace comm_hooks {
 
@@ -11699,33 +11716,33 @@ namespace comm_hooks {
 #if defined(__CUDACC__)
       if (b.divisor() != 1.0) {
         cuda_device_guard guard(b.cuda_device());
-        detail::device_divide(b.buffer(), b.divisor(), static_cast<cudaStream_t>(b.cuda_stream()));
+        detail::ddp::device_divide(b.buffer(), b.divisor(), static_cast<cudaStream_t>(b.cuda_stream()));
       }
       return b.all_reduce(b.buffer());
 #else
-      detail::needs_nvcc(b, "allreduce");
+      detail::ddp::needs_nvcc(b, "allreduce");
 #endif
     }
     if (b.divisor() != 1.0) {
-      detail::visit_float_bucket(b, [&b](auto buf) {
+      detail::ddp::visit_float_bucket(b, [&b](auto buf) {
         using T = typename decltype(buf)::value_type;
-        detail::for_each_index(detail::host_exec{}, buf.size(), detail::divide_fn<T>{buf.data(), static_cast<T>(b.divisor())});
+        detail::for_each_index(detail::host_exec{}, buf.size(), detail::ddp::divide_fn<T>{buf.data(), static_cast<T>(b.divisor())});
         return 0;
       });
     }
-    return detail::visit_float_bucket(b, [&b](auto buf) { return b.all_reduce(buf); });
+    return detail::ddp::visit_float_bucket(b, [&b](auto buf) { return b.all_reduce(buf); });
   };
 }
 
 // PyTorch's fp16_compress_hook: the bucket travels as IEEE half (half the bytes), then is cast
 // back. Gradients above 65504 / world size overflow; use bf16 for those.
 [[nodiscard]] inline comm_hook fp16_compress() {
-  return [](grad_bucket& b) { return detail::compressed_all_reduce<half>(b); };
+  return [](grad_bucket& b) { return detail::ddp::compressed_all_reduce<half>(b); };
 }
 
 // PyTorch's bf16_compress_hook: float's range with 8 bits of mantissa.
 [[nodiscard]] inline comm_hook bf16_compress() {
-  return [](grad_bucket& b) { return detail::compressed_all_reduce<bfloat16>(b); };
+  return [](grad_bucket& b) { return detail::ddp::compressed_all_reduce<bfloat16>(b); };
 }
 
 }  // namespace comm_hooks
@@ -12782,7 +12799,7 @@ struct ddp_bucket_info {
   std::size_t bytes = 0;
 };
 
-namespace detail {
+namespace detail::ddp {
 
 // Walks the parameters in REVERSE order (backward finishes the last ones first) and closes a
 // bucket once it holds at least its limit: first_bytes for the first bucket, cap_bytes for
@@ -12808,7 +12825,7 @@ namespace detail {
   return out;
 }
 
-}  // namespace detail
+}  // namespace detail::ddp
 
 }  // namespace partrain::inline v0
 
@@ -12870,7 +12887,7 @@ struct ddp_stats {
 // #include <partrain/core/tensor_view.hpp> (above)
 // #include <partrain/model/concepts.hpp> (above)
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::ddp {
 
 template <class M, class Range>
 [[nodiscard]] eval_result evaluate_batches(M& model, Range&& batches) {
@@ -12899,7 +12916,7 @@ template <class M, class C, class Range>
   });
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::ddp
 
 // #include <partrain/parallel/detail/no_sync_guard.hpp>
 // partrain/parallel/detail/no_sync_guard.hpp: what no_sync() of DDP, ZeRO and FSDP returns (one
@@ -12907,7 +12924,7 @@ template <class M, class C, class Range>
 
 #include <utility>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::ddp {
 
 // RAII: while it lives, the owner's "synchronise this step" flag is false; when it ends the flag
 // gets back the value it had, so guards nest.
@@ -12923,7 +12940,7 @@ class no_sync_guard {
   bool prev_;
 };
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::ddp
 
 // #include <partrain/parallel/detail/ddp_staging.hpp>
 #if PARTRAIN_HAS_CUDA
@@ -12949,7 +12966,7 @@ class no_sync_guard {
 // #include <partrain/cuda/check.hpp> (above)
 // #include <partrain/parallel/detail/ddp_elements.hpp> (above)
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::ddp {
 
 // The copies are queued on `stream`, the model's (model_stream; null: the legacy default stream),
 // so they are ordered after the kernels that made the gradients, then that stream is synchronised:
@@ -12981,7 +12998,7 @@ void stage_out(tensor_view<T, cuda> g, const T* src, void* stream) {
   staged_copy(g.data(), src, g.size_bytes(), cudaMemcpyHostToDevice, stream, "cudaMemcpyAsync (DDP gradient to device)");
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::ddp
 #endif  // PARTRAIN_HAS_CUDA
 
 // #include <partrain/parallel/detail/reducer.hpp>
@@ -13024,7 +13041,7 @@ void stage_out(tensor_view<T, cuda> g, const T* src, void* stream) {
 // #include <partrain/parallel/detail/ddp_kernels.cuh> (above)
 #endif
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::ddp {
 
 // Gradients to and from the host buckets (the CUDA overloads are in parallel/detail/ddp_staging.hpp).
 // `stream` (the model's, for CUDA gradients) is unused on the host.
@@ -13365,7 +13382,7 @@ class reducer {
   std::vector<T> tmp_;
 };
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::ddp
 
 // #include <partrain/parallel/ddp.hpp>
 // partrain/parallel/ddp.hpp: distributed data parallel, one model replica per rank (PyTorch's
@@ -13432,7 +13449,7 @@ struct ddp_options {
   std::function<void(const work&, std::size_t bucket)> on_bucket_launch = {};
 };
 
-namespace detail {
+namespace detail::ddp {
 
 // Per parameter: dtype, rank, then up to 6 extents (fixed width, so every rank's record is the
 // same length and one broadcast from rank 0 carries it).
@@ -13444,7 +13461,7 @@ inline constexpr std::size_t meta_width = 2 + max_rank;
   return s + "] " + std::string(to_string(static_cast<dtype>(m[0])));
 }
 
-}  // namespace detail
+}  // namespace detail::ddp
 
 template <model M, communicator C = process_group>
 class distributed_data_parallel {
@@ -13478,9 +13495,9 @@ class distributed_data_parallel {
     cuda_device_ = resolve_cuda_device();
     verify_parameters();
     if (opts_.broadcast_parameters) broadcast_parameters_from(0);
-    reducer_ = std::make_unique<detail::reducer<T, S>>(std::move(numels), opts_.first_bucket_bytes,
+    reducer_ = std::make_unique<detail::ddp::reducer<T, S>>(std::move(numels), opts_.first_bucket_bytes,
                                                     opts_.bucket_cap_bytes, opts_.hook,
-                                                    detail::make_all_reduce_fn(comm), comm.rank(), comm.size(), stats_,
+                                                    detail::ddp::make_all_reduce_fn(comm), comm.rank(), comm.size(), stats_,
                                                     device_placement(), opts_.on_bucket_launch);
     reducer_->set_param_shapes(shapes);
   }
@@ -13551,18 +13568,18 @@ class distributed_data_parallel {
   }
 
   // RAII: steps inside accumulate gradients locally; the first step after it reduces them all.
-  using no_sync_guard = detail::no_sync_guard;
+  using no_sync_guard = detail::ddp::no_sync_guard;
   [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(require_sync_); }
 
   // Evaluates this rank's batches and sums loss, correct and count over all ranks (each example
   // counted once when the ranks' batches partition the test set).
   template <class Range>
   [[nodiscard]] eval_result evaluate(Range&& batches) {
-    return all_reduce_eval(detail::evaluate_batches(*model_, std::forward<Range>(batches)));
+    return all_reduce_eval(detail::ddp::evaluate_batches(*model_, std::forward<Range>(batches)));
   }
   // Sums an eval_result computed elsewhere over all ranks (exact for counts below 2^53).
   [[nodiscard]] eval_result all_reduce_eval(const eval_result& local) {
-    return detail::sum_over_ranks(local, [&](std::span<double> sums) {
+    return detail::ddp::sum_over_ranks(local, [&](std::span<double> sums) {
       small_all_reduce(sums, reduce_op::sum, "evaluation all_reduce");
     });
   }
@@ -13641,13 +13658,13 @@ class distributed_data_parallel {
 
   // Device mode (CUDA parameters, a backend that reduces CUDA memory): buckets on the parameters'
   // device, their work on the communicator's input stream.
-  [[nodiscard]] detail::device_placement device_placement() {
+  [[nodiscard]] detail::ddp::device_placement device_placement() {
     if (!(std::same_as<S, cuda> && comm_accepts(device_kind::cuda))) {
-      detail::device_placement host_buckets;
+      detail::ddp::device_placement host_buckets;
       host_buckets.staging_stream = model_stream(*model_);
       return host_buckets;
     }
-    detail::device_placement p{cuda_device_, {}};
+    detail::ddp::device_placement p{cuda_device_, {}};
     if constexpr (requires(const C& c) { { c.input_stream() } -> std::convertible_to<void*>; }) {
       p.stream = [c = comm_] { return c->input_stream(); };
     }
@@ -13781,9 +13798,9 @@ class distributed_data_parallel {
     small_broadcast(std::span<std::int64_t>(theirs), 0, "parameter check broadcast");
     std::int64_t first_diff = -1;
     for (std::size_t i = 0; i < names.size() && first_diff < 0; ++i) {
-      if (!std::equal(meta.begin() + static_cast<std::ptrdiff_t>(i * detail::meta_width),
-                      meta.begin() + static_cast<std::ptrdiff_t>((i + 1) * detail::meta_width),
-                      theirs.begin() + static_cast<std::ptrdiff_t>(i * detail::meta_width))) {
+      if (!std::equal(meta.begin() + static_cast<std::ptrdiff_t>(i * detail::ddp::meta_width),
+                      meta.begin() + static_cast<std::ptrdiff_t>((i + 1) * detail::ddp::meta_width),
+                      theirs.begin() + static_cast<std::ptrdiff_t>(i * detail::ddp::meta_width))) {
         first_diff = static_cast<std::int64_t>(i);
       }
     }
@@ -13794,8 +13811,8 @@ class distributed_data_parallel {
       const auto i = static_cast<std::size_t>(d);
       if (q == me) {
         throw config_error(where() + "parameter " + std::to_string(i) + " (" + names[i] + ") has shape " +
-                           detail::describe_meta(&meta[i * detail::meta_width]) + " on rank " + std::to_string(me) +
-                           " but " + detail::describe_meta(&theirs[i * detail::meta_width]) +
+                           detail::ddp::describe_meta(&meta[i * detail::ddp::meta_width]) + " on rank " + std::to_string(me) +
+                           " but " + detail::ddp::describe_meta(&theirs[i * detail::ddp::meta_width]) +
                            " on rank 0 (DDP expects the same model on every rank)");
       }
       throw config_error(where() + "parameter " + std::to_string(i) + " (" + names[i] + ") on rank " +
@@ -13815,7 +13832,7 @@ class distributed_data_parallel {
         works.push_back(comm_->broadcast(p.value(), root));
       } else {
         auto& h = staged.emplace_back(p.value().size());
-        detail::stage_in(h.data(), tensor_view<const T, S>(p.value()), false, tmp, model_stream(*model_));
+        detail::ddp::stage_in(h.data(), tensor_view<const T, S>(p.value()), false, tmp, model_stream(*model_));
         works.push_back(comm_->broadcast(tensor_view<T>(h), root));
       }
     }
@@ -13831,7 +13848,7 @@ class distributed_data_parallel {
     if constexpr (!std::same_as<S, host>) {
       std::size_t k = 0;
       if (!direct) {
-        for (auto&& p : model_->parameters()) detail::stage_out(p.value(), staged[k++].data(), model_stream(*model_));
+        for (auto&& p : model_->parameters()) detail::ddp::stage_out(p.value(), staged[k++].data(), model_stream(*model_));
       }
     }
   }
@@ -13840,7 +13857,7 @@ class distributed_data_parallel {
   C* comm_;
   ddp_options opts_;
   ddp_stats stats_;
-  std::unique_ptr<detail::reducer<T, S>> reducer_;
+  std::unique_ptr<detail::ddp::reducer<T, S>> reducer_;
   std::vector<tensor_view<T, S>> grads_;
   std::size_t accumulated_ = 0;
   std::int64_t steps_since_join_ = 0;
@@ -14018,10 +14035,10 @@ class outer_exchange {
     switch (c_) {
       case outer_compression::none: break;
       case outer_compression::fp16:
-        for_each_index(host_exec{}, n_, decompress_16_fn<half, T>{half_.data(), out.data()});
+        for_each_index(host_exec{}, n_, ddp::decompress_16_fn<half, T>{half_.data(), out.data()});
         break;
       case outer_compression::bf16:
-        for_each_index(host_exec{}, n_, decompress_16_fn<bfloat16, T>{bf16_.data(), out.data()});
+        for_each_index(host_exec{}, n_, ddp::decompress_16_fn<bfloat16, T>{bf16_.data(), out.data()});
         break;
       case outer_compression::int8: finish_int8(out); break;
     }
@@ -14032,7 +14049,7 @@ class outer_exchange {
   template <class H, class C>
   void start_16(C& comm, std::span<const T> delta, std::vector<H>& h) {
     h.resize(n_);
-    for_each_index(host_exec{}, n_, compress_16_fn<T, H>{delta.data(), h.data(), static_cast<float>(world_)});
+    for_each_index(host_exec{}, n_, ddp::compress_16_fn<T, H>{delta.data(), h.data(), static_cast<float>(world_)});
     works_.push_back(comm.all_reduce(tensor_view<H>(h), reduce_op::sum));
   }
 
@@ -14233,7 +14250,7 @@ class diloco {
   // DDP's evaluate). Inside a round the ranks' models differ: call sync() first for the one model.
   template <class Range>
   [[nodiscard]] eval_result evaluate(Range&& batches) {
-    return detail::evaluate_summed(*model_, *comm_, std::forward<Range>(batches));
+    return detail::ddp::evaluate_summed(*model_, *comm_, std::forward<Range>(batches));
   }
 
   // State: kind tag, options, counters, the round's start parameters, the outer optimizer's
@@ -14460,7 +14477,7 @@ class flat_views {
   void read(flat_range r, T* dst, bool add) const {
     for_each_piece(r, [&](const T* p, std::size_t off, std::size_t len) {
       if (add) {
-        for_each_index(host_exec{}, len, accumulate_fn<T>{dst + off, p});
+        for_each_index(host_exec{}, len, ddp::accumulate_fn<T>{dst + off, p});
       } else {
         std::memcpy(dst + off, p, len * sizeof(T));
       }
@@ -14663,7 +14680,7 @@ template <class T>
 class shard_optimizer {
  public:
   shard_optimizer(shard_optimizer_options o, std::size_t elements) : opts_(o), elements_(elements) {
-    std::visit([](const auto& x) { validate(x); }, opts_);
+    std::visit([](const auto& x) { optim::validate(x); }, opts_);
   }
 
   [[nodiscard]] bool is_sgd() const noexcept { return std::holds_alternative<sgd_options>(opts_); }
@@ -14693,9 +14710,9 @@ class shard_optimizer {
     }
     ++steps_;
     if (is_sgd()) {
-      sgd_ = sgd_coeffs_of<T>(std::get<sgd_options>(opts_));
+      sgd_ = optim::sgd_coeffs_of<T>(std::get<sgd_options>(opts_));
     } else {
-      adamw_ = adamw_coeffs_of<T>(std::get<adamw_options>(opts_), steps_);
+      adamw_ = optim::adamw_coeffs_of<T>(std::get<adamw_options>(opts_), steps_);
     }
   }
   // Updates the values v (n elements) at shard offset `at`, with their gradients g.
@@ -14703,9 +14720,9 @@ class shard_optimizer {
     const tensor_view<T> vv(v, n);
     const tensor_view<const T> gv(g, n);
     if (is_sgd()) {
-      sgd_update(vv, gv, has_state_ ? a_.data() + at : nullptr, sgd_, first_);
+      optim::sgd_update(vv, gv, has_state_ ? a_.data() + at : nullptr, sgd_, first_);
     } else {
-      adamw_update(vv, gv, a_.data() + at, b_.data() + at, adamw_);
+      optim::adamw_update(vv, gv, a_.data() + at, b_.data() + at, adamw_);
     }
   }
 
@@ -14753,12 +14770,12 @@ class shard_optimizer {
  private:
   shard_optimizer_options opts_;
   std::size_t elements_;
-  state_buffer<T, host> a_, b_;  // momentum | exp_avg, exp_avg_sq
+  optim::state_buffer<T, host> a_, b_;  // momentum | exp_avg, exp_avg_sq
   bool has_state_ = false;
   bool first_ = false;  // this step creates the momentum (SGD clones the gradient into it)
   std::int64_t steps_ = 0;
-  sgd_coeffs<T> sgd_{};
-  adamw_coeffs<T> adamw_{};
+  optim::sgd_coeffs<T> sgd_{};
+  optim::adamw_coeffs<T> adamw_{};
 };
 
 }  // namespace detail::zero
@@ -14799,7 +14816,7 @@ concept pipeline_layer = requires(L& l, const L& cl, const shape& s, tensor_view
   { l.parameters() } -> std::ranges::forward_range;
 } && parameter<std::ranges::range_value_t<decltype(std::declval<L&>().parameters())>>;
 
-namespace detail {
+namespace detail::pipeline {
 
 template <class T>
 concept dereferenceable = requires(T& t) { *t; };
@@ -14822,12 +14839,12 @@ template <class E>
 concept layer_or_pointer_to_layer =
     pipeline_layer<E> || (dereferenceable<E> && pipeline_layer<std::remove_reference_t<decltype(*std::declval<E&>())>>);
 
-}  // namespace detail
+}  // namespace detail::pipeline
 
 // A model as an indexable sequence of layers (std::vector<linear>, or std::vector<std::unique_ptr<layer_base>>).
 template <class R>
 concept layer_sequence = std::ranges::random_access_range<R> && std::ranges::sized_range<R> &&
-                         detail::layer_or_pointer_to_layer<std::ranges::range_value_t<R>>;
+                         detail::pipeline::layer_or_pointer_to_layer<std::ranges::range_value_t<R>>;
 
 // Explains, one sentence each, why R is not a layer sequence. Called at the pipeline's entry points.
 template <class R>
@@ -14836,7 +14853,7 @@ consteval bool check_layer_sequence() {
                 "partrain: a pipeline model must be a sized random-access range of layers (a std::vector of layers, "
                 "or of pointers to layers)");
   using E = std::ranges::range_value_t<R>;
-  using L = std::remove_cvref_t<decltype(detail::layer_of(std::declval<E&>()))>;
+  using L = std::remove_cvref_t<decltype(detail::pipeline::layer_of(std::declval<E&>()))>;
   static_assert(requires(const L& l, const shape& s) {
     { l.output_shape(s) } -> std::convertible_to<shape>;
   }, "partrain: a pipeline layer needs `shape output_shape(const shape& in) const`");
@@ -14933,7 +14950,7 @@ concept bindable_parameter = parameter<P> && requires(P& p, tensor_view<float> v
 
 namespace detail::fsdp {
 template <class R>
-using layer_param_t = std::ranges::range_value_t<decltype(std::declval<layer_t<R>&>().parameters())>;
+using layer_param_t = std::ranges::range_value_t<decltype(std::declval<pipeline::layer_t<R>&>().parameters())>;
 }  // namespace detail::fsdp
 
 // A layer sequence fully sharded data parallel can shard: float parameters it can bind.
@@ -15144,7 +15161,7 @@ class fully_sharded_data_parallel {
         (void)guarded([&] { return forward_only(nullptr, labels_t{}); });
       }
     }
-    return detail::sum_over_ranks(local, [&](std::span<double> sums) {
+    return detail::ddp::sum_over_ranks(local, [&](std::span<double> sums) {
       wait_named(comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()), reduce_op::sum), "evaluation all_reduce");
     });
   }
@@ -15152,7 +15169,7 @@ class fully_sharded_data_parallel {
   // RAII: steps inside keep each layer's whole gradient and accumulate into it (PyTorch FSDP's
   // no_sync): no reduce_scatter, at the cost of one whole model of gradients held; the first step
   // after it reduces them all.
-  using no_sync_guard = detail::no_sync_guard;
+  using no_sync_guard = detail::ddp::no_sync_guard;
   [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(require_sync_); }
 
   // RAII (PyTorch's summon_full_params, read-only): every layer gathered and bound while it lives,
@@ -15306,7 +15323,7 @@ class fully_sharded_data_parallel {
   [[nodiscard]] std::string where() const {
     return "rank " + std::to_string(rank_) + " fully_sharded_data_parallel: ";
   }
-  [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::layer_of(std::ranges::begin(*layers_)[static_cast<std::ptrdiff_t>(i)]); }
+  [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::pipeline::layer_of(std::ranges::begin(*layers_)[static_cast<std::ptrdiff_t>(i)]); }
 
   void build_units() {
     const std::size_t n = std::ranges::size(*layers_);
@@ -15573,7 +15590,7 @@ class fully_sharded_data_parallel {
     if (!sync) return;  // no_sync: the whole gradient stays, the next micro-step adds to it
     auto& x = units_[u];
     if (divisor != 1.0f) {
-      detail::for_each_index(detail::host_exec{}, x.chunks.padded(), detail::divide_fn<float>{x.full_grad.data(), divisor});
+      detail::for_each_index(detail::host_exec{}, x.chunks.padded(), detail::ddp::divide_fn<float>{x.full_grad.data(), divisor});
     }
     // Two whole gradients in flight at most: the oldest was issued a layer ago and is likely done.
     if (scattering_.size() >= 2) finish_scatter();
@@ -15638,10 +15655,10 @@ class fully_sharded_data_parallel {
     for (const auto& x : units_) {
       if (x.mine.size()) mine.push_back({tensor_view<float>(grads_.data() + x.chunk_at, x.mine.size())});
     }
-    std::array<double, 1> sum{detail::grad_sum_squares(mine)};
+    std::array<double, 1> sum{detail::optim::grad_sum_squares(mine)};
     wait_named(comm_->all_reduce(tensor_view<double>(sum.data(), 1), reduce_op::sum), "gradient-norm all_reduce");
     last_norm_ = std::sqrt(sum[0]);
-    detail::clip_to_norm(mine, last_norm_, opts_.max_grad_norm);
+    detail::optim::clip_to_norm(mine, last_norm_, opts_.max_grad_norm);
   }
 
   void step_chunks() {
@@ -16144,7 +16161,7 @@ struct partition {
   friend std::ostream& operator<<(std::ostream& os, const partition& p) { return os << p.to_string(); }
 };
 
-namespace detail {
+namespace detail::pipeline {
 
 inline void check_partition_request(std::size_t layers, int parts, const char* who) {
   if (parts < 1) throw invalid_argument_error(std::string(who) + ": stages must be at least 1, got " + std::to_string(parts));
@@ -16164,21 +16181,21 @@ inline partition with_costs(std::vector<std::size_t> bounds, std::span<const dou
   return p;
 }
 
-}  // namespace detail
+}  // namespace detail::pipeline
 
 // Equal layer counts; the first (layers % stages) stages get one more (DeepSpeed 'uniform').
 [[nodiscard]] inline partition partition_uniform(std::size_t layers, int stages) {
-  detail::check_partition_request(layers, stages, "partition_uniform");
+  detail::pipeline::check_partition_request(layers, stages, "partition_uniform");
   const auto p = static_cast<std::size_t>(stages);
   std::vector<std::size_t> b{0};
   for (std::size_t s = 0; s < p; ++s) b.push_back(b.back() + layers / p + (s < layers % p ? 1 : 0));
-  return detail::with_costs(std::move(b), {});
+  return detail::pipeline::with_costs(std::move(b), {});
 }
 
 // Contiguous split minimising the largest stage cost: exact O(n^2 p) dynamic program
 // best[j][i] = min over k of max(best[j-1][k], S[i] - S[k]). Ties go to the earliest cut.
 [[nodiscard]] inline partition partition_balanced(std::span<const double> costs, int stages) {
-  detail::check_partition_request(costs.size(), stages, "partition_balanced");
+  detail::pipeline::check_partition_request(costs.size(), stages, "partition_balanced");
   for (std::size_t i = 0; i < costs.size(); ++i) {
     if (!(costs[i] >= 0)) {
       throw invalid_argument_error("partition_balanced: cost of layer " + std::to_string(i) + " is " +
@@ -16208,7 +16225,7 @@ inline partition with_costs(std::vector<std::size_t> bounds, std::span<const dou
   std::vector<std::size_t> b(p + 1);
   b[p] = n;
   for (std::size_t j = p; j >= 1; --j) b[j - 1] = cut[j][b[j]];
-  return detail::with_costs(std::move(b), costs);
+  return detail::pipeline::with_costs(std::move(b), costs);
 }
 
 // Per-layer trainable element counts (DeepSpeed's default 'parameters' method).
@@ -16218,7 +16235,7 @@ template <class Layers>
   std::vector<double> c;
   for (auto& e : layers) {
     double n = 0;
-    for (auto&& prm : detail::layer_of(e).parameters()) n += static_cast<double>(prm.value().size());
+    for (auto&& prm : detail::pipeline::layer_of(e).parameters()) n += static_cast<double>(prm.value().size());
     c.push_back(n);
   }
   return c;
@@ -16240,7 +16257,7 @@ template <class Layers>
   host_buffer<float> in(sample.shape());
   std::copy(sample.begin(), sample.end(), in.begin());
   for (auto& e : layers) {
-    auto& l = detail::layer_of(e);
+    auto& l = detail::pipeline::layer_of(e);
     std::vector<host_buffer<float>> saved;
     for (auto&& prm : l.parameters()) {
       host_buffer<float> g(prm.grad().shape());
@@ -16490,17 +16507,17 @@ class pipeline_schedule {
   std::vector<std::vector<pipeline_action>> orders_;
 };
 
-namespace detail {
+namespace detail::pipeline {
 inline void check_schedule_args(const char* who, int p, int m, int v = 1) {
   if (p < 1) throw invalid_argument_error(std::string(who) + ": stages must be at least 1, got " + std::to_string(p));
   if (m < 1) throw invalid_argument_error(std::string(who) + ": micro-batches must be at least 1, got " + std::to_string(m));
   if (v < 1) throw invalid_argument_error(std::string(who) + ": virtual stages must be at least 1, got " + std::to_string(v));
 }
-}  // namespace detail
+}  // namespace detail::pipeline
 
 // GPipe (fill-drain): every stage runs F0..F(m-1), then B0..B(m-1). Holds all m micro-batches.
 [[nodiscard]] inline pipeline_schedule make_gpipe_schedule(int p, int m) {
-  detail::check_schedule_args("make_gpipe_schedule", p, m);
+  detail::pipeline::check_schedule_args("make_gpipe_schedule", p, m);
   std::vector<std::vector<pipeline_action>> o(static_cast<std::size_t>(p));
   for (auto& s : o) {
     for (int i = 0; i < m; ++i) s.push_back(fwd(i));
@@ -16512,7 +16529,7 @@ inline void check_schedule_args(const char* who, int p, int m, int v = 1) {
 // 1F1B / PipeDream-Flush (Megatron's rule): stage s warms up with w = min(p-s-1, m) forwards,
 // then alternates F(w+k), B(k), then drains the last w backwards. Holds min(p-s, m).
 [[nodiscard]] inline pipeline_schedule make_1f1b_schedule(int p, int m) {
-  detail::check_schedule_args("make_1f1b_schedule", p, m);
+  detail::pipeline::check_schedule_args("make_1f1b_schedule", p, m);
   std::vector<std::vector<pipeline_action>> o(static_cast<std::size_t>(p));
   for (int s = 0; s < p; ++s) {
     auto& ord = o[static_cast<std::size_t>(s)];
@@ -16532,7 +16549,7 @@ inline void check_schedule_args(const char* who, int p, int m, int v = 1) {
 // same micro-batch on chunk v-1-table[k].chunk. Rank r warms up with 2(p-r-1) + (v-1)p forwards.
 // The bubble shrinks by v at the price of v times the point-to-point messages.
 [[nodiscard]] inline pipeline_schedule make_interleaved_1f1b_schedule(int p, int m, int v) {
-  detail::check_schedule_args("make_interleaved_1f1b_schedule", p, m, v);
+  detail::pipeline::check_schedule_args("make_interleaved_1f1b_schedule", p, m, v);
   if (v == 1) {
     auto s = make_1f1b_schedule(p, m);
     return {"interleaved-1f1b", p, m, 1, [&] {
@@ -16574,7 +16591,7 @@ inline void check_schedule_args(const char* who, int p, int m, int v = 1) {
 // A user's own order, one line per stage of space-separated actions: "F0 F1 B0 B1", with
 // ".sG" naming the global stage when v > 1 ("F0.s4"). Validated like the generated ones.
 [[nodiscard]] inline pipeline_schedule parse_schedule(std::string name, int p, int m, int v, std::string_view text) {
-  detail::check_schedule_args("parse_schedule", p, m, v);
+  detail::pipeline::check_schedule_args("parse_schedule", p, m, v);
   std::vector<std::vector<pipeline_action>> o;
   std::istringstream lines{std::string(text)};
   std::string line;
@@ -16888,7 +16905,7 @@ class pipeline_stage {
     int dst = -1;
   };
 
-  [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::layer_of(std::ranges::begin(layers_)[static_cast<std::ptrdiff_t>(i)]); }
+  [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::pipeline::layer_of(std::ranges::begin(layers_)[static_cast<std::ptrdiff_t>(i)]); }
   [[nodiscard]] int last_global() const noexcept { return schedule_.global_stages() - 1; }
   [[nodiscard]] int next_rank(int g) const noexcept { return (g + 1) % stages(); }
   [[nodiscard]] int prev_rank(int g) const noexcept { return (g - 1 + stages()) % stages(); }
@@ -17582,7 +17599,7 @@ namespace comm_hooks {
       throw invalid_argument_error("comm hook powersgd: bucket " + std::to_string(b.index()) +
                                    " is in CUDA memory; PowerSGD runs on host buckets only for now");
     }
-    detail::visit_float_bucket(b, [&](auto buf) {
+    detail::ddp::visit_float_bucket(b, [&](auto buf) {
       state->reduce(b, buf);
       return 0;
     });
@@ -17717,7 +17734,7 @@ class streaming_diloco {
 
   template <class Range>
   [[nodiscard]] eval_result evaluate(Range&& batches) {
-    return detail::evaluate_summed(*model_, *comm_, std::forward<Range>(batches));
+    return detail::ddp::evaluate_summed(*model_, *comm_, std::forward<Range>(batches));
   }
 
   // State: options, counters, the exchange in flight (its input: load_state starts it again, on
@@ -18096,13 +18113,13 @@ class sharded_data_parallel {
   [[nodiscard]] std::size_t shadow_steps() const noexcept { return shadow_steps_; }
 
   // RAII: steps inside accumulate gradients locally; the first step after it reduces them all.
-  using no_sync_guard = detail::no_sync_guard;
+  using no_sync_guard = detail::ddp::no_sync_guard;
   [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(require_sync_); }
 
   // This rank's batches evaluated, loss, correct and count summed over all ranks.
   template <class Range>
   [[nodiscard]] eval_result evaluate(Range&& batches) {
-    return detail::sum_over_ranks(detail::evaluate_batches(*model_, std::forward<Range>(batches)),
+    return detail::ddp::sum_over_ranks(detail::ddp::evaluate_batches(*model_, std::forward<Range>(batches)),
                                   [&](std::span<double> sums) {
                                     wait_named(comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()),
                                                                  reduce_op::sum),
@@ -18243,7 +18260,7 @@ class sharded_data_parallel {
         detail::zero::pack_bucket(layout_, k, grads_, in, false);
       }
       // Divided before the reduction, as DDP's hooks do (keeps the sum in range).
-      if (divisor != T(1)) detail::for_each_index(detail::host_exec{}, world_ * w, detail::divide_fn<T>{in, divisor});
+      if (divisor != T(1)) detail::for_each_index(detail::host_exec{}, world_ * w, detail::ddp::divide_fn<T>{in, divisor});
       rs_[k] = comm_->reduce_scatter(tensor_view<const T>(in, world_ * w),
                                      tensor_view<T>(shard_grad_.data() + layout_.window_begin(k), w), reduce_op::sum);
     }
@@ -18281,10 +18298,10 @@ class sharded_data_parallel {
       [[nodiscard]] tensor_view<T> grad() const { return g; }
     };
     const std::array<shard_param, 1> mine{shard_param{tensor_view<T>(shard_grad_.data(), shard_.size())}};
-    std::array<double, 1> sum{detail::grad_sum_squares(mine)};
+    std::array<double, 1> sum{detail::optim::grad_sum_squares(mine)};
     wait_named(comm_->all_reduce(tensor_view<double>(sum.data(), 1), reduce_op::sum), "gradient-norm all_reduce");
     last_norm_ = std::sqrt(sum[0]);
-    detail::clip_to_norm(mine, last_norm_, opts_.max_grad_norm);
+    detail::optim::clip_to_norm(mine, last_norm_, opts_.max_grad_norm);
   }
 
   // The optimizer on this rank's real elements of bucket k (they may span several parameters).
@@ -18388,7 +18405,7 @@ class sharded_data_parallel {
 // once for every path: casts between fp32 and the 16-bit types (core/half.hpp's conversion, round
 // to nearest even) and the fused unscale + inf/NaN check. The host loops (host_kernels.hpp) run
 // the per-tensor functors through for_each_index(host_exec); the CUDA launches (kernels.cuh) run
-// the segmented ones, which cover up to precision_segments_per_launch tensors in one launch; the
+// the segmented ones, which cover up to segments_per_launch tensors in one launch; the
 // CPU tier runs both kinds.
 
 #include <cstddef>
@@ -18398,7 +18415,7 @@ class sharded_data_parallel {
 // #include <partrain/core/for_each_index.hpp> (above)
 // #include <partrain/core/half.hpp> (above)
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::amp {
 
 // dst[i] = To(src[i]) through float (one side float, the other half or bfloat16).
 template <class From, class To>
@@ -18430,27 +18447,27 @@ struct unscale_check_fn {
 };
 
 // One tensor of a fused launch: its elements are [start, start + n) of the launch's index space.
-struct precision_segment {
+struct segment {
   const void* src = nullptr;
   void* dst = nullptr;
   std::size_t n = 0;
   std::size_t start = 0;
 };
 
-inline constexpr unsigned precision_segments_per_launch = 64;
+inline constexpr unsigned segments_per_launch = 64;
 
 // Copied into the kernel's parameters: 64 * 32 + 16 bytes, inside the 4 KiB every architecture
 // accepts with room for the functor's other members.
-struct precision_segment_table {
-  precision_segment seg[precision_segments_per_launch];
+struct segment_table {
+  segment seg[segments_per_launch];
   std::size_t total = 0;  // elements over all segments
   unsigned count = 0;
 };
-static_assert(sizeof(precision_segment_table) <= 3072, "kernel parameters are limited to 4 KiB");
+static_assert(sizeof(segment_table) <= 3072, "kernel parameters are limited to 4 KiB");
 
 // The segment holding launch index i < t.total: the last one starting at or before i (segments are
 // non-empty and in index order). A binary search, so any thread finds it in 6 steps.
-[[nodiscard]] PARTRAIN_HOST_DEVICE inline unsigned segment_of(const precision_segment_table& t, std::size_t i) {
+[[nodiscard]] PARTRAIN_HOST_DEVICE inline unsigned segment_of(const segment_table& t, std::size_t i) {
   unsigned lo = 0;
   unsigned hi = t.count;  // invariant: seg[lo].start <= i < seg[hi].start (seg[count] = total)
   while (hi - lo > 1) {
@@ -18466,18 +18483,18 @@ static_assert(sizeof(precision_segment_table) <= 3072, "kernel parameters are li
 
 template <class From, class To>
 struct segmented_cast_fn {
-  precision_segment_table t;
+  segment_table t;
   PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
-    const precision_segment& s = t.seg[segment_of(t, i)];
+    const segment& s = t.seg[segment_of(t, i)];
     cast_fn<From, To>{static_cast<const From*>(s.src), static_cast<To*>(s.dst)}(i - s.start);
   }
 };
 
 struct segmented_unscale_check_fn {
-  precision_segment_table t;
+  segment_table t;
   float inv_scale;
   PARTRAIN_HOST_DEVICE int operator()(std::size_t i) const {
-    const precision_segment& s = t.seg[segment_of(t, i)];
+    const segment& s = t.seg[segment_of(t, i)];
     return unscale_check_fn{static_cast<float*>(s.dst), inv_scale}(i - s.start);
   }
 };
@@ -18485,23 +18502,23 @@ struct segmented_unscale_check_fn {
 // Fills tables with the non-empty segments seg(0) .. seg(count - 1) and calls launch(table) for
 // each full table and for the last one.
 template <class Seg, class Launch>
-void for_each_precision_table(std::size_t count, Seg&& seg, Launch&& launch) {
-  precision_segment_table t{};
+void for_each_table(std::size_t count, Seg&& seg, Launch&& launch) {
+  segment_table t{};
   for (std::size_t k = 0; k < count; ++k) {
-    precision_segment s = seg(k);
+    segment s = seg(k);
     if (s.n == 0) continue;
     s.start = t.total;
     t.seg[t.count++] = s;
     t.total += s.n;
-    if (t.count == precision_segments_per_launch) {
+    if (t.count == segments_per_launch) {
       launch(t);
-      t = precision_segment_table{};
+      t = segment_table{};
     }
   }
   if (t.count != 0) launch(t);
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::amp
 
 // #include <partrain/precision/detail/host_kernels.hpp>
 // partrain/precision/detail/host_kernels.hpp: the element loops of mixed precision for views in
@@ -18521,7 +18538,7 @@ void for_each_precision_table(std::size_t count, Seg&& seg, Launch&& launch) {
 // #include <partrain/core/tensor_view.hpp> (above)
 // #include <partrain/precision/detail/elements.hpp> (above)
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::amp {
 
 #if defined(__CUDACC__)
 inline constexpr bool is_nvcc_compiled = true;
@@ -18565,7 +18582,7 @@ void cast_views(std::span<const tensor_view<const From>> src, std::span<const te
   return found != 0;
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::amp
 
 // #include <partrain/precision/precision.hpp>
 // partrain/precision/precision.hpp: the three compute precisions a model can train in, and the
@@ -18631,7 +18648,7 @@ decltype(auto) visit_precision(precision p, F&& f) {
 // gradients. These are the overloads of precision/detail/host_kernels.hpp's functions for
 // tensor_view<T, cuda>; the element work is the segmented functors of precision/detail/elements.hpp
 // (the host path and the CPU tier run the same code, so the casts are the host's bit for bit),
-// launched through partrain/cuda/launch.cuh: one launch over up to precision_segments_per_launch
+// launched through partrain/cuda/launch.cuh: one launch over up to segments_per_launch
 // tensors (more take one launch per table), on the calling thread's current device, finished on
 // return. nvcc only.
 
@@ -18653,7 +18670,7 @@ decltype(auto) visit_precision(precision p, F&& f) {
 // #include <partrain/precision/detail/elements.hpp> (above)
 // #include <partrain/precision/detail/host_kernels.hpp> (above)
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::amp {
 
 // dst[k][j] = To(src[k][j]) for every pair of views in CUDA memory (on the current device),
 // rounding to nearest even. Queued on `stream` (pass the one that made src: a non-blocking stream
@@ -18667,9 +18684,9 @@ void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<co
   check_cast_pairs(src, dst);
   const cuda_exec exec{stream, -1};
   bool launched = false;
-  for_each_precision_table(
-      src.size(), [&](std::size_t k) { return precision_segment{src[k].data(), dst[k].data(), src[k].size(), 0}; },
-      [&](const precision_segment_table& t) {
+  for_each_table(
+      src.size(), [&](std::size_t k) { return segment{src[k].data(), dst[k].data(), src[k].size(), 0}; },
+      [&](const segment_table& t) {
         for_each_index(exec, t.total, segmented_cast_fn<From, To>{t});
         launched = true;
       });
@@ -18682,9 +18699,9 @@ void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<co
 [[nodiscard]] inline bool unscale_and_check(std::span<const tensor_view<float, cuda>> grads, float inv_scale,
                                             void* stream = nullptr) {
   int found = 0;
-  for_each_precision_table(
-      grads.size(), [&](std::size_t k) { return precision_segment{grads[k].data(), grads[k].data(), grads[k].size(), 0}; },
-      [&](const precision_segment_table& t) {
+  for_each_table(
+      grads.size(), [&](std::size_t k) { return segment{grads[k].data(), grads[k].data(), grads[k].size(), 0}; },
+      [&](const segment_table& t) {
         found |= transform_reduce_index(cuda_exec{stream_or_legacy(stream), -1}, t.total, 0,
                                         segmented_unscale_check_fn{t, inv_scale},
                                         bit_or_fn{});
@@ -18692,7 +18709,7 @@ void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<co
   return found != 0;
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::amp
 #endif  // PARTRAIN_HAS_CUDA && defined(__CUDACC__)
 
 // #include <partrain/precision/cast.hpp>
@@ -18714,22 +18731,22 @@ void cast_views(std::span<const tensor_view<const From, cuda>> src, std::span<co
 
 namespace partrain::inline v0 {
 
-namespace detail {
+namespace detail::amp {
 template <class From, class To>
 concept castable_pair = (std::same_as<From, float> && low_precision_element<To>) ||
                         (low_precision_element<From> && std::same_as<To, float>);
-}  // namespace detail
+}  // namespace detail::amp
 
 // dst = src converted element by element; both views the same size and in the same memory.
 template <class From, class To, class S>
-  requires detail::castable_pair<std::remove_const_t<From>, To>
+  requires detail::amp::castable_pair<std::remove_const_t<From>, To>
 void cast(tensor_view<From, S> src, tensor_view<To, S> dst) {
   using F = std::remove_const_t<From>;
-  static_assert(std::same_as<S, host> || detail::is_nvcc_compiled,
+  static_assert(std::same_as<S, host> || detail::amp::is_nvcc_compiled,
                 "partrain: casting CUDA memory needs the translation unit compiled by nvcc "
                 "(the kernels are in partrain/precision/detail/kernels.cuh)");
   const tensor_view<const F, S> s(src);
-  detail::cast_views<F, To>(std::span<const tensor_view<const F, S>>(&s, 1), std::span<const tensor_view<To, S>>(&dst, 1));
+  detail::amp::cast_views<F, To>(std::span<const tensor_view<const F, S>>(&s, 1), std::span<const tensor_view<To, S>>(&dst, 1));
 }
 
 }  // namespace partrain::inline v0
@@ -18942,14 +18959,14 @@ class grad_scaler {
     using S = model_space_t<M>;
     using T = model_element_t<M>;
     static_assert(std::same_as<T, float>, "partrain: grad_scaler unscales fp32 gradients (the master weights' gradients)");
-    static_assert(std::same_as<S, host> || detail::is_nvcc_compiled,
+    static_assert(std::same_as<S, host> || detail::amp::is_nvcc_compiled,
                   "partrain: unscaling CUDA gradients needs the translation unit compiled by nvcc "
                   "(the kernel is in partrain/precision/detail/kernels.cuh)");
     std::vector<tensor_view<float, S>> grads;
     for (auto&& p : m.parameters()) grads.push_back(p.grad());
     // 1/scale in double, rounded once to float (as GradScaler computes it).
     const auto inv = static_cast<float>(1.0 / static_cast<double>(scale_));
-    const bool local = detail::unscale_and_check(std::span<const tensor_view<float, S>>(grads), inv, model_stream(m));
+    const bool local = detail::amp::unscale_and_check(std::span<const tensor_view<float, S>>(grads), inv, model_stream(m));
     found_inf_ = agree_fn(local);
     unscaled_ = true;
     return found_inf_;
@@ -19095,9 +19112,9 @@ class low_precision_copy {
         std::vector<tensor_view<T16, S>> dst;
         dst.reserve(masters_.size());
         for (std::size_t i = 0; i < masters_.size(); ++i) dst.push_back(view_of<T16>(i));
-        static_assert(std::same_as<S, host> || detail::is_nvcc_compiled,
+        static_assert(std::same_as<S, host> || detail::amp::is_nvcc_compiled,
                       "partrain: refreshing a CUDA low_precision_copy needs the translation unit compiled by nvcc");
-        detail::cast_views<float, T16>(std::span<const tensor_view<const float, S>>(src),
+        detail::amp::cast_views<float, T16>(std::span<const tensor_view<const float, S>>(src),
                                        std::span<const tensor_view<T16, S>>(dst));
       }
       return 0;
@@ -19251,7 +19268,7 @@ struct amp_step_result {
   double grad_norm = std::numeric_limits<double>::quiet_NaN();  // before clipping, when clipped
 };
 
-namespace detail {
+namespace detail::amp {
 
 template <class T>
 concept ddp_like = requires(T& t) {
@@ -19268,7 +19285,7 @@ decltype(auto) module_of(T& t) {
   }
 }
 
-}  // namespace detail
+}  // namespace detail::amp
 
 // One mixed-precision training step on `trainer`, a distributed_data_parallel (gradients averaged
 // across ranks, the overflow flag agreed across ranks) or a bare model (one process):
@@ -19276,7 +19293,7 @@ decltype(auto) module_of(T& t) {
 // unless some gradient overflowed, refresh the 16-bit copy, update the scale.
 template <class Trainer, optimizer O, class B>
 amp_step_result amp_step(Trainer& trainer, O& opt, grad_scaler& scaler, const B& batch, amp_step_options o = {}) {
-  auto& m = detail::module_of(trainer);
+  auto& m = detail::amp::module_of(trainer);
   using M = std::remove_cvref_t<decltype(m)>;
   amp_step_result r;
   r.scale = scaler.scale();
@@ -19289,7 +19306,7 @@ amp_step_result amp_step(Trainer& trainer, O& opt, grad_scaler& scaler, const B&
   r.loss = trainer.train_step(batch);
   bool found = false;
   if (scaler.enabled()) {
-    if constexpr (detail::ddp_like<Trainer>) {
+    if constexpr (detail::amp::ddp_like<Trainer>) {
       found = scaler.unscale(m, trainer.comm());
     } else {
       found = scaler.unscale(m);
@@ -19329,7 +19346,7 @@ amp_step_result amp_step(Trainer& trainer, O& opt, grad_scaler& scaler, const B&
 
 namespace partrain::inline v0 {
 
-namespace detail {
+namespace detail::amp {
 
 template <class Z>
 concept sharded_trainer = requires(Z& z) {
@@ -19351,13 +19368,13 @@ struct gradient_slice {
   [[nodiscard]] std::array<param, 1>& parameters() noexcept { return ps; }
 };
 
-}  // namespace detail
+}  // namespace detail::amp
 
 // One mixed-precision step of a sharded data parallel: set the loss scale, forward + backward,
 // reduce_scatter, unscale and check this rank's slice (agreed across ranks), clip (the
 // zero_options' max_grad_norm), step the slice and all_gather unless some gradient overflowed,
 // refresh the 16-bit copy, update the scale. Outside no_sync only.
-template <detail::sharded_trainer Z, class B>
+template <detail::amp::sharded_trainer Z, class B>
 amp_step_result amp_step(Z& zero, grad_scaler& scaler, const B& batch) {
   auto& m = zero.module();
   using M = std::remove_cvref_t<decltype(m)>;
@@ -19372,7 +19389,7 @@ amp_step_result amp_step(Z& zero, grad_scaler& scaler, const B& batch) {
   bool checked = false;
   if (scaler.enabled()) {
     zero.set_gradient_hook([&](tensor_view<float> slice) {
-      detail::gradient_slice s;
+      detail::amp::gradient_slice s;
       s.ps[0].g = slice;
       checked = true;
       return !scaler.unscale(s, zero.comm());
@@ -19420,7 +19437,7 @@ amp_step_result amp_step(Z& zero, grad_scaler& scaler, const B& batch) {
 
 // #include <partrain/core/error.hpp> (above)
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::ckpt {
 
 [[nodiscard]] inline std::string errno_text() { return std::strerror(errno); }
 
@@ -19531,7 +19548,7 @@ inline void write_file_atomically(const std::filesystem::path& path, std::span<c
   return out;
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::ckpt
 
 // #include <partrain/train/detail/crc32.hpp>
 // partrain/train/detail/crc32.hpp: CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320, as zlib
@@ -19616,7 +19633,7 @@ inline constexpr std::array<char, 8> checkpoint_magic{'P', 'T', 'R', 'N', 'C', '
 inline constexpr std::uint32_t checkpoint_version = 2;  // 2 added trainer_state; 1 is still read
 inline constexpr std::size_t checkpoint_header_bytes = 8 + 4 + 4 + 8;
 
-namespace detail {
+namespace detail::ckpt {
 
 template <model M>
 consteval bool check_checkpointable() {
@@ -19628,7 +19645,7 @@ consteval bool check_checkpointable() {
 
 // checkpoint_extra's layout, the same in plain and sharded checkpoints. Version 1 files end
 // before the trainer state.
-inline void put_checkpoint_extra(state_writer& w, const checkpoint_extra& e) {
+inline void put_extra(state_writer& w, const checkpoint_extra& e) {
   w.put(e.epoch);
   w.put(e.step);
   w.put(e.sampler_position);
@@ -19637,7 +19654,7 @@ inline void put_checkpoint_extra(state_writer& w, const checkpoint_extra& e) {
   w.put_bytes(e.user);
   w.put_bytes(e.trainer_state);
 }
-[[nodiscard]] inline checkpoint_extra get_checkpoint_extra(state_reader& r, bool with_trainer_state = true) {
+[[nodiscard]] inline checkpoint_extra get_extra(state_reader& r, bool with_trainer_state = true) {
   checkpoint_extra e;
   e.epoch = r.get<std::uint64_t>("epoch");
   e.step = r.get<std::uint64_t>("step");
@@ -19659,12 +19676,12 @@ void put_raw(std::vector<std::byte>& out, const void* p) {
   out.insert(out.end(), b, b + N);
 }
 
-}  // namespace detail
+}  // namespace detail::ckpt
 
 // Serializes model, optimizer and extra into checkpoint bytes (what save_checkpoint writes).
 template <model M, stateful_optimizer O>
 [[nodiscard]] std::vector<std::byte> checkpoint_bytes(M& m, const O& opt, const checkpoint_extra& extra = {}) {
-  static_assert(detail::check_checkpointable<M>());
+  static_assert(detail::ckpt::check_checkpointable<M>());
   using T = model_element_t<M>;
   state_writer w;
   w.put(static_cast<std::uint8_t>(dtype_of<T>));
@@ -19683,7 +19700,7 @@ template <model M, stateful_optimizer O>
   state_writer ow;
   opt.save_state(ow);
   w.put_bytes(ow.bytes());
-  detail::put_checkpoint_extra(w, extra);
+  detail::ckpt::put_extra(w, extra);
 
   const auto& payload = w.bytes();
   const std::uint32_t version = checkpoint_version;
@@ -19691,10 +19708,10 @@ template <model M, stateful_optimizer O>
   const std::uint64_t size = payload.size();
   std::vector<std::byte> out;
   out.reserve(checkpoint_header_bytes + payload.size());
-  detail::put_raw<8>(out, checkpoint_magic.data());
-  detail::put_raw<4>(out, &version);
-  detail::put_raw<4>(out, &crc);
-  detail::put_raw<8>(out, &size);
+  detail::ckpt::put_raw<8>(out, checkpoint_magic.data());
+  detail::ckpt::put_raw<4>(out, &version);
+  detail::ckpt::put_raw<4>(out, &crc);
+  detail::ckpt::put_raw<8>(out, &size);
   out.insert(out.end(), payload.begin(), payload.end());
   return out;
 }
@@ -19702,7 +19719,7 @@ template <model M, stateful_optimizer O>
 // Writes the checkpoint to `path` atomically (temporary file, fsync, rename). Call it on one rank.
 template <model M, stateful_optimizer O>
 void save_checkpoint(const std::filesystem::path& path, M& m, const O& opt, const checkpoint_extra& extra = {}) {
-  detail::write_file_atomically(path, checkpoint_bytes(m, opt, extra));
+  detail::ckpt::write_file_atomically(path, checkpoint_bytes(m, opt, extra));
 }
 
 // Every rank calls it: rank 0 writes, then all meet at a barrier, so no rank reads the file
@@ -19728,7 +19745,7 @@ void save_checkpoint(process_group& comm, const std::filesystem::path& path, M& 
 // changed. `source` names the file in messages.
 template <model M, stateful_optimizer O>
 checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O& opt, std::string_view source = "<memory>") {
-  static_assert(detail::check_checkpointable<M>());
+  static_assert(detail::ckpt::check_checkpointable<M>());
   using T = model_element_t<M>;
   const std::string where = "checkpoint '" + std::string(source) + "'";
   if (file.size() < checkpoint_header_bytes) {
@@ -19798,7 +19815,7 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
     r.get_array(std::span<T>(dst), "values of parameter #" + std::to_string(values.size() - 1));
   }
   const auto opt_state = r.get_bytes("optimizer state");
-  const checkpoint_extra extra = detail::get_checkpoint_extra(r, version >= 2);
+  const checkpoint_extra extra = detail::ckpt::get_extra(r, version >= 2);
   if (r.remaining() != 0) throw checkpoint_error(where + " is malformed: " + std::to_string(r.remaining()) + " unread bytes");
 
   state_reader orr(opt_state, where + " (optimizer state)");
@@ -19815,7 +19832,7 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
 // Reads `path` (every rank does) and restores model and optimizer; returns the extra fields.
 template <model M, stateful_optimizer O>
 checkpoint_extra load_checkpoint(const std::filesystem::path& path, M& m, O& opt) {
-  const auto file = detail::read_whole_file(path);
+  const auto file = detail::ckpt::read_whole_file(path);
   return load_checkpoint_bytes(file, m, opt, path.string());
 }
 
@@ -19893,7 +19910,7 @@ inline constexpr epochs_t epochs{};
 
 namespace partrain::inline v0 {
 
-namespace detail {
+namespace detail::steps {
 
 template <class T>
 concept has_step_number = requires(const T& t) {
@@ -19911,7 +19928,7 @@ generator<std::ranges::range_reference_t<V>> run_every(V base, std::size_t k, F 
   }
 }
 
-}  // namespace detail
+}  // namespace detail::steps
 
 namespace views {
 
@@ -19924,7 +19941,7 @@ struct every_t {
       using ref = std::ranges::range_reference_t<V>;
       static_assert(std::invocable<std::decay_t<F>&, const std::remove_reference_t<ref>&>,
                     "partrain: views::every(k, fn) needs fn callable with a const element of the range");
-      return detail::run_every<V, std::decay_t<F>>(std::views::all(std::forward<R>(r)), k, fn);
+      return detail::steps::run_every<V, std::decay_t<F>>(std::views::all(std::forward<R>(r)), k, fn);
     });
   }
 };
@@ -19951,20 +19968,20 @@ inline constexpr every_t every{};
 // #include <partrain/core/error.hpp> (above)
 // #include <partrain/train/detail/crc32.hpp> (above)
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::ckpt {
 
-inline constexpr std::size_t file_frame_header_bytes = 8 + 4 + 4 + 8;
+inline constexpr std::size_t frame_header_bytes = 8 + 4 + 4 + 8;
 
 [[nodiscard]] inline std::vector<std::byte> frame(const std::array<char, 8>& magic, std::uint32_t version,
                                                   std::span<const std::byte> payload) {
   const std::uint32_t crc = crc32(payload);
   const std::uint64_t size = payload.size();
-  std::vector<std::byte> out(file_frame_header_bytes + payload.size());
+  std::vector<std::byte> out(frame_header_bytes + payload.size());
   std::memcpy(out.data(), magic.data(), 8);
   std::memcpy(out.data() + 8, &version, 4);
   std::memcpy(out.data() + 12, &crc, 4);
   std::memcpy(out.data() + 16, &size, 8);
-  if (!payload.empty()) std::memcpy(out.data() + file_frame_header_bytes, payload.data(), payload.size());
+  if (!payload.empty()) std::memcpy(out.data() + frame_header_bytes, payload.data(), payload.size());
   return out;
 }
 
@@ -19981,9 +19998,9 @@ struct frame_versions {
                                                         std::uint32_t* crc_out = nullptr,
                                                         std::uint32_t* version_out = nullptr) {
   const std::string w(what);
-  if (file.size() < file_frame_header_bytes) {
+  if (file.size() < frame_header_bytes) {
     throw checkpoint_error(w + " is truncated: " + std::to_string(file.size()) + " bytes, less than the " +
-                           std::to_string(file_frame_header_bytes) + "-byte header");
+                           std::to_string(frame_header_bytes) + "-byte header");
   }
   if (std::memcmp(file.data(), magic.data(), 8) != 0) {
     throw checkpoint_error(w + " has the wrong magic (expected \"" + std::string(magic.data(), 8) + "\")");
@@ -20000,12 +20017,12 @@ struct frame_versions {
                                 : "s " + std::to_string(accepted.oldest) + " to " + std::to_string(accepted.newest)));
   }
   if (version_out) *version_out = v;
-  const std::size_t have = file.size() - file_frame_header_bytes;
+  const std::size_t have = file.size() - frame_header_bytes;
   if (size != have) {
     throw checkpoint_error(w + (have < size ? " is truncated" : " has trailing bytes") + ": the header says " +
                            std::to_string(size) + " payload bytes, the file has " + std::to_string(have));
   }
-  const auto payload = file.subspan(file_frame_header_bytes);
+  const auto payload = file.subspan(frame_header_bytes);
   if (const auto got = crc32(payload); got != crc) {
     throw checkpoint_error(w + " is corrupted: the payload's CRC-32 is " + std::to_string(got) + ", the header says " +
                            std::to_string(crc));
@@ -20021,7 +20038,7 @@ struct frame_versions {
   return unframe(file, magic, frame_versions{version, version}, what, crc_out);
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::ckpt
 
 // #include <partrain/train/sharded_checkpoint.hpp>
 // partrain/train/sharded_checkpoint.hpp: checkpoints of a sharded_data_parallel (ZeRO-1/2) or a
@@ -20077,7 +20094,7 @@ inline constexpr std::uint32_t sharded_checkpoint_version = 2;
 
 namespace detail::zero_ckpt {
 
-inline constexpr frame_versions readable{1, sharded_checkpoint_version};
+inline constexpr ckpt::frame_versions readable{1, sharded_checkpoint_version};
 using zero::flat_range;
 
 struct param_entry {
@@ -20186,7 +20203,7 @@ inline void put_segments(state_writer& w, const std::vector<flat_range>& segment
     put_segments(w, s.segments);
     w.put(s.crc);
   }
-  put_checkpoint_extra(w, x.extra);
+  ckpt::put_extra(w, x.extra);
   for (const auto& e : x.names) {
     w.put_string(e.name);
     w.put(static_cast<std::uint8_t>(e.dims.rank()));
@@ -20213,7 +20230,7 @@ inline void put_segments(state_writer& w, const std::vector<flat_range>& segment
     s.crc = r.get<std::uint32_t>("shard crc");
     x.shards.push_back(std::move(s));
   }
-  x.extra = get_checkpoint_extra(r);
+  x.extra = ckpt::get_extra(r);
   if (x.params > (1u << 24)) throw checkpoint_error(where + " is malformed: " + std::to_string(x.params) + " parameters");
   for (std::uint64_t i = 0; i < x.params; ++i) {
     param_entry e;
@@ -20230,9 +20247,9 @@ inline void put_segments(state_writer& w, const std::vector<flat_range>& segment
 }
 
 [[nodiscard]] inline index_record read_index(const std::filesystem::path& index, const std::string& where) {
-  const auto file = detail::read_whole_file(index);
+  const auto file = detail::ckpt::read_whole_file(index);
   std::uint32_t version = 0;
-  const auto payload = unframe(file, sharded_index_magic, readable, where, nullptr, &version);
+  const auto payload = ckpt::unframe(file, sharded_index_magic, readable, where, nullptr, &version);
   return decode_index(payload, version, where);
 }
 
@@ -20255,16 +20272,16 @@ void put_replicated_state(state_writer& w, const shard_optimizer_state<T>& st, c
   const auto& a = st.arrays;
   std::size_t at = 0;
   if (st.kind == "sgd") {
-    put_sgd_state_header(w, st.steps, sizes.size());
+    optim::put_sgd_state_header(w, st.steps, sizes.size());
     for (const auto n : sizes) {
-      put_sgd_state_entry(w, !a.empty(), a.empty() ? std::span<const T>() : std::span<const T>(a[0]).subspan(at, n));
+      optim::put_sgd_state_entry(w, !a.empty(), a.empty() ? std::span<const T>() : std::span<const T>(a[0]).subspan(at, n));
       at += n;
     }
   } else {
-    put_adamw_state_header(w, st.steps, sizes.size());
+    optim::put_adamw_state_header(w, st.steps, sizes.size());
     if (a.size() != 2) return;
     for (const auto n : sizes) {
-      put_adamw_state_entry(w, std::span<const T>(a[0]).subspan(at, n), std::span<const T>(a[1]).subspan(at, n));
+      optim::put_adamw_state_entry(w, std::span<const T>(a[0]).subspan(at, n), std::span<const T>(a[1]).subspan(at, n));
       at += n;
     }
   }
@@ -20373,7 +20390,7 @@ void save(process_group& g, const std::filesystem::path& index, const checkpoint
     w.put(static_cast<std::uint64_t>(c.state.arrays.size()));
     for (const auto& a : c.state.arrays) w.put_array(std::span<const T>(a));
     crc = detail::crc32(w.bytes());
-    detail::write_file_atomically(path, detail::frame(shard_file_magic, sharded_checkpoint_version, w.bytes()));
+    detail::ckpt::write_file_atomically(path, detail::ckpt::frame(shard_file_magic, sharded_checkpoint_version, w.bytes()));
   } catch (...) {
     err = std::current_exception();
   }
@@ -20390,7 +20407,7 @@ void save(process_group& g, const std::filesystem::path& index, const checkpoint
         x.shards.push_back({shard_path(index, extra.step, q, world).filename().string(), segments_of(q),
                             static_cast<std::uint32_t>(crcs[static_cast<std::size_t>(q)])});
       }
-      detail::write_file_atomically(index, detail::frame(sharded_index_magic, sharded_checkpoint_version, encode(x)));
+      detail::ckpt::write_file_atomically(index, detail::ckpt::frame(sharded_index_magic, sharded_checkpoint_version, encode(x)));
       // The new index is in place: shards of older saves are garbage now (best effort).
       const auto dir = index.has_parent_path() ? index.parent_path() : std::filesystem::path(".");
       const std::string prefix = index.filename().string() + ".step-";
@@ -20471,9 +20488,9 @@ template <class T>
       throw checkpoint_error(where + " names " + sw + ", which is missing (expected one shard file per rank of the "
                              "saving run)");
     }
-    const auto bytes = detail::read_whole_file(path);
+    const auto bytes = detail::ckpt::read_whole_file(path);
     std::uint32_t crc = 0, version = 0;
-    state_reader r(unframe(bytes, shard_file_magic, readable, sw, &crc, &version), sw);
+    state_reader r(ckpt::unframe(bytes, shard_file_magic, readable, sw, &crc, &version), sw);
     (void)r.get<std::uint8_t>("dtype");
     (void)r.get<std::uint64_t>("element count");
     (void)r.get<std::uint64_t>("model fingerprint");
@@ -20609,7 +20626,7 @@ checkpoint_extra load_sharded_checkpoint(Sharded& z, const std::filesystem::path
 // communicated. Returns where training stood.
 template <model M, stateful_optimizer O>
 checkpoint_extra load_sharded_checkpoint(const std::filesystem::path& index, M& m, O& opt) {
-  static_assert(detail::check_checkpointable<M>());
+  static_assert(detail::ckpt::check_checkpointable<M>());
   using T = model_element_t<M>;
   using opts_t = std::remove_cvref_t<decltype(opt.options())>;
   constexpr bool is_sgd = std::same_as<opts_t, sgd_options>;
@@ -20643,7 +20660,7 @@ inline void consolidate_sharded_checkpoint(const std::filesystem::path& index, c
     const auto got = ck::read<T>(index, x.names, x.optimizer, all, all);
     m.values = got.values;
     const ck::state_of<T> opt{&got.state, m.sizes()};
-    detail::write_file_atomically(out, checkpoint_bytes(m, opt, x.extra));
+    detail::ckpt::write_file_atomically(out, checkpoint_bytes(m, opt, x.extra));
   };
   if (x.type == static_cast<std::uint8_t>(dtype::float32)) {
     run(std::type_identity<float>{});
@@ -20669,9 +20686,9 @@ inline void consolidate_sharded_checkpoint(const std::filesystem::path& index, c
 #include <string_view>
 #include <system_error>
 
-namespace partrain::inline v0::detail {
+namespace partrain::inline v0::detail::json {
 
-inline void append_json_string(std::string& out, std::string_view s) {
+inline void append_string(std::string& out, std::string_view s) {
   static constexpr char hex[] = "0123456789abcdef";
   out += '"';
   for (const char ch : s) {
@@ -20697,7 +20714,7 @@ inline void append_json_string(std::string& out, std::string_view s) {
   out += '"';
 }
 
-inline void append_json_number(std::string& out, double v) {
+inline void append_number(std::string& out, double v) {
   if (!std::isfinite(v)) {
     out += "null";
     return;
@@ -20711,7 +20728,7 @@ inline void append_json_number(std::string& out, double v) {
   out.append(buf, end);
 }
 
-inline void append_json_number(std::string& out, std::int64_t v) {
+inline void append_number(std::string& out, std::int64_t v) {
   char buf[24];
   const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
   (void)ec;  // 24 characters always hold an int64
@@ -20725,7 +20742,7 @@ inline void append_fixed_point(std::string& out, std::int64_t value, std::int64_
     out += '-';
     value = -value;
   }
-  append_json_number(out, value / scale);
+  append_number(out, value / scale);
   if (decimals > 0) {
     std::string frac = std::to_string(value % scale);
     out += '.';
@@ -20734,7 +20751,7 @@ inline void append_fixed_point(std::string& out, std::int64_t value, std::int64_
   }
 }
 
-}  // namespace partrain::inline v0::detail
+}  // namespace partrain::inline v0::detail::json
 
 // #include <partrain/train/trace.hpp>
 // partrain/train/trace.hpp: a per-rank timeline (spans) merged by rank 0 into one Chrome-trace
@@ -20897,7 +20914,7 @@ class trace_recorder {
   void enable(std::filesystem::path path, std::size_t reserve_events = 1 << 14) {
     if (path.empty()) throw invalid_argument_error("trace_recorder::enable: the trace path is empty (expected a file name)");
     // Written only at the end of the run: a folder that cannot take it must fail now.
-    detail::ensure_writable_folder(path.parent_path(), "trace: cannot write '" + path.filename().string() + "'");
+    detail::ckpt::ensure_writable_folder(path.parent_path(), "trace: cannot write '" + path.filename().string() + "'");
     std::lock_guard lock(mutex_);
     path_ = std::move(path);
     events_.reserve(reserve_events);
@@ -21046,7 +21063,7 @@ class trace_recorder {
       json += theirs;
     }
     json += "]}\n";
-    detail::write_file_atomically(path_, std::as_bytes(std::span(json.data(), json.size())));
+    detail::ckpt::write_file_atomically(path_, std::as_bytes(std::span(json.data(), json.size())));
     return true;
   }
 
@@ -21065,32 +21082,32 @@ class trace_recorder {
       out += "\":" + value_json + "}}";
     };
     std::string pname;
-    detail::append_json_string(pname, "rank " + pid);
+    detail::json::append_string(pname, "rank " + pid);
     meta("process_name", 0, "name", pname);
     meta("process_sort_index", 0, "sort_index", pid);
     std::string err;
-    detail::append_fixed_point(err, error_ns_, 1000, 3);
+    detail::json::append_fixed_point(err, error_ns_, 1000, 3);
     meta("process_labels", 0, "labels", "\"clock_error_us=" + err + "\"");
     std::set<int> tids;
     events_.for_each([&](const detail::trace::event& e) { tids.insert(e.tid); });
     for (const int tid : tids) {
       std::string tname;
-      detail::append_json_string(tname, detail::trace::track_name(tid));
+      detail::json::append_string(tname, detail::trace::track_name(tid));
       meta("thread_name", tid, "name", tname);
       meta("thread_sort_index", tid, "sort_index", std::to_string(tid));
     }
     events_.for_each([&](const detail::trace::event& e) {
       out += ",{\"ph\":\"X\",\"name\":";
-      detail::append_json_string(out, e.name);
+      detail::json::append_string(out, e.name);
       out += ",\"pid\":" + pid + ",\"tid\":" + std::to_string(e.tid) + ",\"ts\":";
-      detail::append_fixed_point(out, e.begin_ns + offset_ns_ - origin_ns_, 1000, 3);
+      detail::json::append_fixed_point(out, e.begin_ns + offset_ns_ - origin_ns_, 1000, 3);
       out += ",\"dur\":";
-      detail::append_fixed_point(out, e.end_ns - e.begin_ns, 1000, 3);
+      detail::json::append_fixed_point(out, e.end_ns - e.begin_ns, 1000, 3);
       if (e.arg_name) {
         out += ",\"args\":{";
-        detail::append_json_string(out, e.arg_name);
+        detail::json::append_string(out, e.arg_name);
         out += ':';
-        detail::append_json_number(out, e.arg);
+        detail::json::append_number(out, e.arg);
         out += '}';
       }
       out += '}';
@@ -21331,7 +21348,7 @@ inline constexpr int gather_tag = 0x52434b;  // "RCK": the sections' sends to ra
 template <model M, rank_state S>
 void save_rank_checkpoint(process_group& g, const std::filesystem::path& path, M& m, const S& state,
                           const checkpoint_extra& extra = {}) {
-  static_assert(detail::check_checkpointable<M>());
+  static_assert(detail::ckpt::check_checkpointable<M>());
   std::exception_ptr err;
   std::vector<std::byte> mine;
   try {
@@ -21366,7 +21383,7 @@ void save_rank_checkpoint(process_group& g, const std::filesystem::path& path, M
         w.put_bytes(other);
       }
       if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
-      detail::write_file_atomically(path, detail::frame(rank_checkpoint_magic, rank_checkpoint_version, w.bytes()));
+      detail::ckpt::write_file_atomically(path, detail::ckpt::frame(rank_checkpoint_magic, rank_checkpoint_version, w.bytes()));
     } catch (const communication_error&) {
       throw;  // the group is broken: the peers see it in their own operations
     } catch (...) {
@@ -21384,13 +21401,13 @@ void save_rank_checkpoint(process_group& g, const std::filesystem::path& path, M
 // rank fails, every rank throws.
 template <model M, rank_state S>
 checkpoint_extra load_rank_checkpoint(process_group& g, const std::filesystem::path& path, M& m, S& state) {
-  static_assert(detail::check_checkpointable<M>());
+  static_assert(detail::ckpt::check_checkpointable<M>());
   std::exception_ptr err;
   checkpoint_extra extra;
   try {
     const std::string what = "rank checkpoint '" + path.string() + "'";
-    const auto file = detail::read_whole_file(path);
-    state_reader r(detail::unframe(file, rank_checkpoint_magic, rank_checkpoint_version, what));
+    const auto file = detail::ckpt::read_whole_file(path);
+    state_reader r(detail::ckpt::unframe(file, rank_checkpoint_magic, rank_checkpoint_version, what));
     const auto world = r.get<std::uint32_t>("world size");
     if (world != static_cast<std::uint32_t>(g.size())) {
       throw checkpoint_error(what + " was saved by " + std::to_string(world) + " ranks, this job has " +
@@ -21505,20 +21522,20 @@ class local_sgd_policy {
 
 namespace partrain::inline v0 {
 
-namespace detail {
-inline void check_base_lr(double base, const char* who) {
+namespace detail::lr {
+inline void check_base(double base, const char* who) {
   if (!std::isfinite(base) || base <= 0) {
     throw invalid_argument_error(std::string(who) + ": the learning rate must be a finite number > 0, got " +
                                  std::to_string(base));
   }
 }
-}  // namespace detail
+}  // namespace detail::lr
 
 struct cosine_lr {
   double base = 0;
   std::size_t epochs = 0;
   [[nodiscard]] double operator()(std::size_t epoch) const {
-    detail::check_base_lr(base, "cosine_lr");
+    detail::lr::check_base(base, "cosine_lr");
     if (epochs == 0) throw invalid_argument_error("cosine_lr: epochs must be at least 1, got 0");
     return base * 0.5 * (1 + std::cos(std::numbers::pi * static_cast<double>(epoch) / static_cast<double>(epochs)));
   }
@@ -21527,7 +21544,7 @@ struct cosine_lr {
 struct constant_lr {
   double base = 0;
   [[nodiscard]] double operator()(std::size_t) const {
-    detail::check_base_lr(base, "constant_lr");
+    detail::lr::check_base(base, "constant_lr");
     return base;
   }
 };
@@ -21590,13 +21607,13 @@ struct metric_field {
   across_ranks reduce = across_ranks::rank0;
 };
 
-namespace detail {
+namespace detail::metrics {
 
 // Reduces the fields marked for it in place: one all_reduce(sum) for mean and sum fields, one
 // all_reduce(max) for max and (negated) min fields. Every rank must pass the same keys in the
 // same order (like any collective).
 template <class C>
-void reduce_metric_fields(C& comm, std::vector<metric_field>& fields) {
+void reduce_fields(C& comm, std::vector<metric_field>& fields) {
   std::vector<double> sums, maxes;
   for (auto& f : fields) {
     if (f.reduce == across_ranks::rank0) continue;
@@ -21641,32 +21658,32 @@ void reduce_metric_fields(C& comm, std::vector<metric_field>& fields) {
 
 inline void append_field(std::string& out, const metric_field& f) {
   out += ',';
-  append_json_string(out, f.key);
+  json::append_string(out, f.key);
   out += ':';
   std::visit(
       [&](const auto& v) {
         using V = std::decay_t<decltype(v)>;
         if constexpr (std::same_as<V, bool>) out += v ? "true" : "false";
-        else if constexpr (std::same_as<V, std::string>) append_json_string(out, v);
-        else append_json_number(out, v);
+        else if constexpr (std::same_as<V, std::string>) json::append_string(out, v);
+        else json::append_number(out, v);
       },
       f.value);
 }
 
-}  // namespace detail
+}  // namespace detail::metrics
 
 // Builds one record's text: {"kind":..., "<counter>":n, "time":unix seconds, fields...}.
 [[nodiscard]] inline std::string metrics_record(std::string_view kind, std::string_view counter, std::int64_t n,
                                                 double unix_time, std::span<const metric_field> fields) {
   std::string out = "{\"kind\":";
-  detail::append_json_string(out, kind);
+  detail::json::append_string(out, kind);
   out += ',';
-  detail::append_json_string(out, counter);
+  detail::json::append_string(out, counter);
   out += ':';
-  detail::append_json_number(out, n);
+  detail::json::append_number(out, n);
   out += ",\"time\":";
-  detail::append_json_number(out, unix_time);
-  for (const auto& f : fields) detail::append_field(out, f);
+  detail::json::append_number(out, unix_time);
+  for (const auto& f : fields) detail::metrics::append_field(out, f);
   out += "}\n";
   return out;
 }
@@ -21709,13 +21726,13 @@ class metrics_writer {
   template <class C>
     requires communicator<C>
   void step(C& comm, std::int64_t step, std::vector<metric_field> fields) {
-    detail::reduce_metric_fields(comm, fields);
+    detail::metrics::reduce_fields(comm, fields);
     write("step", "step", step, fields);
   }
   template <class C>
     requires communicator<C>
   void epoch(C& comm, std::int64_t epoch, std::vector<metric_field> fields) {
-    detail::reduce_metric_fields(comm, fields);
+    detail::metrics::reduce_fields(comm, fields);
     write("epoch", "epoch", epoch, fields);
   }
 
@@ -22148,10 +22165,10 @@ struct step_result {
   R value{};
 };
 
-namespace detail {
+namespace detail::steps {
 
 template <std::ranges::view V, class F>
-generator<const step_result<std::invoke_result_t<F&, std::ranges::range_reference_t<V>>>&> run_steps(
+generator<const step_result<std::invoke_result_t<F&, std::ranges::range_reference_t<V>>>&> run(
     V base, F fn, std::size_t* counter, std::size_t first) {
   using result = std::invoke_result_t<F&, std::ranges::range_reference_t<V>>;
   std::size_t own = first;
@@ -22164,18 +22181,18 @@ generator<const step_result<std::invoke_result_t<F&, std::ranges::range_referenc
 }
 
 template <class F>
-[[nodiscard]] auto make_steps_closure(F&& fn, std::size_t* counter, std::size_t first) {
+[[nodiscard]] auto make_closure(F&& fn, std::size_t* counter, std::size_t first) {
   return make_range_closure([fn = std::forward<F>(fn), counter, first]<std::ranges::viewable_range R>(R&& r) {
     using V = std::views::all_t<R>;
     static_assert(std::invocable<std::decay_t<F>&, std::ranges::range_reference_t<V>>,
                   "partrain: views::steps(fn) needs fn callable with an element of the range (a batch)");
     static_assert(!std::is_void_v<std::invoke_result_t<std::decay_t<F>&, std::ranges::range_reference_t<V>>>,
                   "partrain: views::steps(fn): fn must return what the step produced (e.g. the loss), not void");
-    return run_steps<V, std::decay_t<F>>(std::views::all(std::forward<R>(r)), fn, counter, first);
+    return steps::run<V, std::decay_t<F>>(std::views::all(std::forward<R>(r)), fn, counter, first);
   });
 }
 
-}  // namespace detail
+}  // namespace detail::steps
 
 namespace views {
 
@@ -22183,12 +22200,12 @@ struct steps_t {
   // Numbers steps through `counter`, which it advances (a global step across epochs).
   template <class F>
   [[nodiscard]] auto operator()(F&& fn, std::size_t& counter) const {
-    return detail::make_steps_closure(std::forward<F>(fn), &counter, 0);
+    return detail::steps::make_closure(std::forward<F>(fn), &counter, 0);
   }
   // Numbers steps from 0.
   template <class F>
   [[nodiscard]] auto operator()(F&& fn) const {
-    return detail::make_steps_closure(std::forward<F>(fn), nullptr, 0);
+    return detail::steps::make_closure(std::forward<F>(fn), nullptr, 0);
   }
 };
 
@@ -22424,7 +22441,7 @@ class trainer {
     }
   }
   void check_writable(const std::filesystem::path& dir) {
-    if (leader_) detail::ensure_writable_folder(dir, "fit: cannot write checkpoints");
+    if (leader_) detail::ckpt::ensure_writable_folder(dir, "fit: cannot write checkpoints");
   }
   train_result report_finished(train_result& r) {
     if (r.first_epoch > 0 && !o_.checkpoint.empty()) {
