@@ -3,8 +3,8 @@
 // over loopback) next to the same calls made on Gloo directly, a single-thread memcpy of the same
 // bytes, the mpi backend (2 processes under mpirun, shared memory) next to the same calls made on
 // MPI directly, and NCCL over the visible GPUs when there are any. Wrapper and raw engine are timed
-// in alternating rounds and each row reports the median round, so that one slow round (another
-// process on the core) does not decide a ratio.
+// call by call in alternation (up to 101 pairs per size) and each row reports the median call, so
+// that a slow moment (another process on the core) does not decide a ratio.
 //
 //   size S = bytes of the whole buffer (for all_gather/reduce_scatter: count per rank x ranks)
 //   algbw = S / t;  busbw = algbw x {all_reduce 2(n-1)/n, all_gather/reduce_scatter (n-1)/n, broadcast 1}
@@ -106,8 +106,12 @@ double time_calls(const plan& p, std::size_t bytes, F&& f) {
   return std::chrono::duration<double>(clk::now() - t0).count() / n;
 }
 
-// Median seconds per call of a (our wrapper) and of b (the engine called directly), timed in
-// alternating rounds of several calls each (every rank runs the same rounds).
+// Median seconds per call of a (our wrapper) and of b (the engine called directly), timed call
+// by call in alternation (a, b, a, b, ...; every rank runs the same calls). Loopback TCP on a
+// small VM swings by 2-3x from one millisecond to the next, so rounds of several calls (7 rounds
+// of 8 calls at 1 MiB, as before) gave wrapper/raw ratios from 0.3 to 1.3 between two runs of
+// the same binaries; alternating single calls puts both under the same conditions, and many of
+// them (up to 101, about 64 MiB moved per side) make the median stable.
 template <class A, class B>
 std::pair<double, double> time_pair(const plan& p, std::size_t bytes, A&& a, B&& b) {
   if (p.quick) return {time_calls(p, bytes, a), time_calls(p, bytes, b)};
@@ -115,21 +119,22 @@ std::pair<double, double> time_pair(const plan& p, std::size_t bytes, A&& a, B&&
     a();
     b();
   }
-  const int calls = static_cast<int>(std::clamp<std::size_t>((8u << 20) / bytes, 2, 50));
-  const int rounds = bytes >= (64u << 20) ? 3 : 7;
+  const int pairs = static_cast<int>(std::clamp<std::size_t>((64u << 20) / bytes, 5, 101));
   std::vector<double> ta, tb;
-  auto round = [&](auto& f) {
+  const auto once = [](auto& f) {
     const auto t0 = clk::now();
-    for (int i = 0; i < calls; ++i) f();
-    return std::chrono::duration<double>(clk::now() - t0).count() / calls;
+    f();
+    return std::chrono::duration<double>(clk::now() - t0).count();
   };
-  for (int r = 0; r < rounds; ++r) {
-    ta.push_back(round(a));
-    tb.push_back(round(b));
+  for (int i = 0; i < pairs; ++i) {
+    ta.push_back(once(a));
+    tb.push_back(once(b));
   }
-  std::nth_element(ta.begin(), ta.begin() + rounds / 2, ta.end());
-  std::nth_element(tb.begin(), tb.begin() + rounds / 2, tb.end());
-  return {ta[static_cast<std::size_t>(rounds / 2)], tb[static_cast<std::size_t>(rounds / 2)]};
+  const auto median = [](std::vector<double>& t) {
+    std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
+    return t[t.size() / 2];
+  };
+  return {median(ta), median(tb)};
 }
 
 double gbps(std::size_t bytes, double seconds) { return static_cast<double>(bytes) / seconds / 1e9; }
