@@ -14642,6 +14642,45 @@ class counted_buffer {
 
 }  // namespace partrain::inline v0::detail::fsdp
 
+// #include <partrain/parallel/detail/sharded_join.hpp>
+// partrain/parallel/detail/sharded_join.hpp: the checks of the join protocol that ZeRO and FSDP
+// share (PyTorch's Join, for uneven inputs). Every step the active ranks all_reduce {1, synchronising
+// ? 1 : 0} and the ranks inside join() {0, 0}: the sums say how many ranks still have data and
+// whether their step reduces.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+// #include <partrain/core/error.hpp> (above)
+
+namespace partrain::inline v0::detail::zero {
+
+// join() may start: the option is on and no no_sync micro-step still waits for its reduction.
+inline void check_join_allowed(bool enabled, std::size_t accumulated, const std::string& where, std::string_view options) {
+  if (!enabled) {
+    throw config_error(where + "join() needs join enabled: construct with " + std::string(options) +
+                       "{.join = true} (every rank then agrees each step on which ranks still have data)");
+  }
+  if (accumulated > 0) {
+    throw invalid_argument_error(where + "join() with " + std::to_string(accumulated) +
+                                 " no_sync micro-steps not yet reduced (finish them with a synchronizing step first)");
+  }
+}
+
+// The active ranks' agreement: every one of them inside no_sync, or none.
+inline void check_active_ranks(const std::array<std::int64_t, 2>& flag, const std::string& where) {
+  if (flag[1] != 0 && flag[1] != flag[0]) {
+    throw invalid_argument_error(where + std::to_string(flag[0] - flag[1]) + " of " + std::to_string(flag[0]) +
+                                 " active ranks are inside no_sync and the others are not (all ranks must "
+                                 "accumulate the same micro-steps)");
+  }
+}
+
+}  // namespace partrain::inline v0::detail::zero
+
 // #include <partrain/parallel/detail/zero_optimizer.hpp>
 // partrain/parallel/detail/zero_optimizer.hpp: the optimizer state of one rank's shard (SGD's
 // momentum or AdamW's moments over the shard's elements only) and its update, through the same
@@ -14937,6 +14976,7 @@ concept pipeline_loss = requires(F& f, tensor_view<const float> out, tensor_view
 // #include <partrain/parallel/detail/fsdp_layout.hpp> (above)
 // #include <partrain/parallel/detail/fsdp_memory.hpp> (above)
 // #include <partrain/parallel/detail/no_sync_guard.hpp> (above)
+// #include <partrain/parallel/detail/sharded_join.hpp> (above)
 // #include <partrain/parallel/detail/zero_layout.hpp> (above)
 // #include <partrain/parallel/detail/zero_optimizer.hpp> (above)
 // #include <partrain/parallel/pipeline/layer.hpp> (above)
@@ -15056,11 +15096,7 @@ class fully_sharded_data_parallel {
       if (opts_.join) {
         std::array<std::int64_t, 2> flag{1, sync ? 1 : 0};
         agree_flag(flag, "active-rank all_reduce");
-        if (flag[1] != 0 && flag[1] != flag[0]) {
-          throw invalid_argument_error(where() + std::to_string(flag[0] - flag[1]) + " of " + std::to_string(flag[0]) +
-                                       " active ranks are inside no_sync and the others are not (all ranks must "
-                                       "accumulate the same micro-steps)");
-        }
+        detail::zero::check_active_ranks(flag, where());
         if (!opts_.divide_by_initial_world_size) active_ = static_cast<std::size_t>(flag[0]);
       }
       sum = forward_backward(input, target, rows, sync);
@@ -15084,15 +15120,8 @@ class fully_sharded_data_parallel {
   // parameters stay one model. Returns true when it shadowed at least one step. Afterwards the
   // ranks are ready for the next epoch.
   bool join() {
-    if (!opts_.join) {
-      throw config_error(where() + "join() needs join enabled: construct with fsdp_options{.join = true} (every "
-                                   "rank then agrees each step on which ranks still have data)");
-    }
+    detail::zero::check_join_allowed(opts_.join, accumulated_, where(), "fsdp_options");
     check_not_summoned("join");
-    if (accumulated_ > 0) {
-      throw invalid_argument_error(where() + "join() with " + std::to_string(accumulated_) +
-                                   " no_sync micro-steps not yet reduced (finish them with a synchronizing step first)");
-    }
     joined_ = true;
     bool shadowed = false;
     try {
@@ -17933,6 +17962,7 @@ class streaming_diloco {
 // #include <partrain/parallel/detail/ddp_elements.hpp> (above)
 // #include <partrain/parallel/detail/evaluate.hpp> (above)
 // #include <partrain/parallel/detail/no_sync_guard.hpp> (above)
+// #include <partrain/parallel/detail/sharded_join.hpp> (above)
 // #include <partrain/parallel/detail/zero_layout.hpp> (above)
 // #include <partrain/parallel/detail/zero_optimizer.hpp> (above)
 
@@ -18033,11 +18063,7 @@ class sharded_data_parallel {
     if (opts_.join) {
       std::array<std::int64_t, 2> flag{1, require_sync_ ? 1 : 0};
       agree_flag(flag, "active-rank all_reduce");
-      if (flag[1] != 0 && flag[1] != flag[0]) {
-        throw invalid_argument_error(where() + std::to_string(flag[0] - flag[1]) + " of " + std::to_string(flag[0]) +
-                                     " active ranks are inside no_sync and the others are not (all ranks must "
-                                     "accumulate the same micro-steps)");
-      }
+      detail::zero::check_active_ranks(flag, where());
       if (!opts_.divide_by_initial_world_size) ranks_ = static_cast<double>(flag[0]);
     }
     const double loss = model_->train_step(batch);
@@ -18068,14 +18094,7 @@ class sharded_data_parallel {
   // gradients, and steps its shard with the reduced gradient. Returns true when it shadowed at
   // least one step. Afterwards the ranks are ready for the next epoch.
   bool join() {
-    if (!opts_.join) {
-      throw config_error(where() + "join() needs join enabled: construct with zero_options{.join = true} (every "
-                                   "rank then agrees each step on which ranks still have data)");
-    }
-    if (accumulated_ > 0) {
-      throw invalid_argument_error(where() + "join() with " + std::to_string(accumulated_) +
-                                   " no_sync micro-steps not yet reduced (finish them with a synchronizing step first)");
-    }
+    detail::zero::check_join_allowed(opts_.join, accumulated_, where(), "zero_options");
     joined_ = true;
     bool shadowed = false;
     try {

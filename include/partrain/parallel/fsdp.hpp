@@ -52,6 +52,7 @@
 #include <partrain/parallel/detail/fsdp_layout.hpp>
 #include <partrain/parallel/detail/fsdp_memory.hpp>
 #include <partrain/parallel/detail/no_sync_guard.hpp>
+#include <partrain/parallel/detail/sharded_join.hpp>
 #include <partrain/parallel/detail/zero_layout.hpp>
 #include <partrain/parallel/detail/zero_optimizer.hpp>
 #include <partrain/parallel/pipeline/layer.hpp>
@@ -171,11 +172,7 @@ class fully_sharded_data_parallel {
       if (opts_.join) {
         std::array<std::int64_t, 2> flag{1, sync ? 1 : 0};
         agree_flag(flag, "active-rank all_reduce");
-        if (flag[1] != 0 && flag[1] != flag[0]) {
-          throw invalid_argument_error(where() + std::to_string(flag[0] - flag[1]) + " of " + std::to_string(flag[0]) +
-                                       " active ranks are inside no_sync and the others are not (all ranks must "
-                                       "accumulate the same micro-steps)");
-        }
+        detail::zero::check_active_ranks(flag, where());
         if (!opts_.divide_by_initial_world_size) active_ = static_cast<std::size_t>(flag[0]);
       }
       sum = forward_backward(input, target, rows, sync);
@@ -199,15 +196,8 @@ class fully_sharded_data_parallel {
   // parameters stay one model. Returns true when it shadowed at least one step. Afterwards the
   // ranks are ready for the next epoch.
   bool join() {
-    if (!opts_.join) {
-      throw config_error(where() + "join() needs join enabled: construct with fsdp_options{.join = true} (every "
-                                   "rank then agrees each step on which ranks still have data)");
-    }
+    detail::zero::check_join_allowed(opts_.join, accumulated_, where(), "fsdp_options");
     check_not_summoned("join");
-    if (accumulated_ > 0) {
-      throw invalid_argument_error(where() + "join() with " + std::to_string(accumulated_) +
-                                   " no_sync micro-steps not yet reduced (finish them with a synchronizing step first)");
-    }
     joined_ = true;
     bool shadowed = false;
     try {

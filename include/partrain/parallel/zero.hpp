@@ -44,6 +44,7 @@
 #include <partrain/parallel/detail/ddp_elements.hpp>
 #include <partrain/parallel/detail/evaluate.hpp>
 #include <partrain/parallel/detail/no_sync_guard.hpp>
+#include <partrain/parallel/detail/sharded_join.hpp>
 #include <partrain/parallel/detail/zero_layout.hpp>
 #include <partrain/parallel/detail/zero_optimizer.hpp>
 
@@ -144,11 +145,7 @@ class sharded_data_parallel {
     if (opts_.join) {
       std::array<std::int64_t, 2> flag{1, require_sync_ ? 1 : 0};
       agree_flag(flag, "active-rank all_reduce");
-      if (flag[1] != 0 && flag[1] != flag[0]) {
-        throw invalid_argument_error(where() + std::to_string(flag[0] - flag[1]) + " of " + std::to_string(flag[0]) +
-                                     " active ranks are inside no_sync and the others are not (all ranks must "
-                                     "accumulate the same micro-steps)");
-      }
+      detail::zero::check_active_ranks(flag, where());
       if (!opts_.divide_by_initial_world_size) ranks_ = static_cast<double>(flag[0]);
     }
     const double loss = model_->train_step(batch);
@@ -179,14 +176,7 @@ class sharded_data_parallel {
   // gradients, and steps its shard with the reduced gradient. Returns true when it shadowed at
   // least one step. Afterwards the ranks are ready for the next epoch.
   bool join() {
-    if (!opts_.join) {
-      throw config_error(where() + "join() needs join enabled: construct with zero_options{.join = true} (every "
-                                   "rank then agrees each step on which ranks still have data)");
-    }
-    if (accumulated_ > 0) {
-      throw invalid_argument_error(where() + "join() with " + std::to_string(accumulated_) +
-                                   " no_sync micro-steps not yet reduced (finish them with a synchronizing step first)");
-    }
+    detail::zero::check_join_allowed(opts_.join, accumulated_, where(), "zero_options");
     joined_ = true;
     bool shadowed = false;
     try {

@@ -1,0 +1,38 @@
+// partrain/parallel/detail/sharded_join.hpp: the checks of the join protocol that ZeRO and FSDP
+// share (PyTorch's Join, for uneven inputs). Every step the active ranks all_reduce {1, synchronising
+// ? 1 : 0} and the ranks inside join() {0, 0}: the sums say how many ranks still have data and
+// whether their step reduces.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <partrain/core/error.hpp>
+
+namespace partrain::inline v0::detail::zero {
+
+// join() may start: the option is on and no no_sync micro-step still waits for its reduction.
+inline void check_join_allowed(bool enabled, std::size_t accumulated, const std::string& where, std::string_view options) {
+  if (!enabled) {
+    throw config_error(where + "join() needs join enabled: construct with " + std::string(options) +
+                       "{.join = true} (every rank then agrees each step on which ranks still have data)");
+  }
+  if (accumulated > 0) {
+    throw invalid_argument_error(where + "join() with " + std::to_string(accumulated) +
+                                 " no_sync micro-steps not yet reduced (finish them with a synchronizing step first)");
+  }
+}
+
+// The active ranks' agreement: every one of them inside no_sync, or none.
+inline void check_active_ranks(const std::array<std::int64_t, 2>& flag, const std::string& where) {
+  if (flag[1] != 0 && flag[1] != flag[0]) {
+    throw invalid_argument_error(where + std::to_string(flag[0] - flag[1]) + " of " + std::to_string(flag[0]) +
+                                 " active ranks are inside no_sync and the others are not (all ranks must "
+                                 "accumulate the same micro-steps)");
+  }
+}
+
+}  // namespace partrain::inline v0::detail::zero
