@@ -1,0 +1,87 @@
+// examples/fashion_mnist/common.hpp: what every mode of the example shares: the data (with
+// --limit-train/--limit-test), each rank's loaders, the trainer's options (schedule, checkpoint,
+// metrics, trace, the launcher's restart test hook) and the closing lines.
+#pragma once
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <partrain/partrain.hpp>
+#include <ranges>
+#include <string_view>
+
+#include "options.hpp"
+
+namespace example::fm {
+
+using namespace partrain;
+
+struct datasets {
+  in_memory_dataset train, test;
+  std::size_t n_train = 0, n_test = 0;  // after --limit-train / --limit-test
+};
+
+inline datasets load_data(const options& o) {
+  const std::filesystem::path dir = o.data.empty() ? fashion_mnist_dir() : std::filesystem::path(o.data);
+  datasets d{load_fashion_mnist(fashion_mnist_split::train, fashion_mnist_normalization(), dir),
+             load_fashion_mnist(fashion_mnist_split::test, fashion_mnist_normalization(), dir)};
+  d.n_train = o.limit_train ? std::min(o.limit_train, d.train.size()) : d.train.size();
+  d.n_test = o.limit_test ? std::min(o.limit_test, d.test.size()) : d.test.size();
+  return d;
+}
+
+// What every mode shares: the schedule, checkpoint, metrics, trace and the launcher's restart
+// test hook (PARTRAIN_EXAMPLE_KILL_AT_STEP=k: rank 1 SIGKILLs itself at step k of attempt 0).
+inline trainer_options fit_options(const options& o, trace_recorder& trace) {
+  trainer_options t{.epochs = o.epochs, .lr = cosine_lr{.base = o.lr, .epochs = o.epochs}, .metrics = o.metrics,
+                    .log_every = o.log_every, .trace = &trace};
+  t.loop = o.loop == "plain" ? loop_style::plain : o.loop == "coroutine" ? loop_style::coroutine : loop_style::ranges;
+  if (!o.checkpoint.empty()) t.checkpoint = std::filesystem::path(o.checkpoint) / "fashion_mnist.ckpt";
+  const char* kill_at = std::getenv("PARTRAIN_EXAMPLE_KILL_AT_STEP");
+  const char* rank = std::getenv("RANK");
+  const char* attempt = std::getenv("PARTRAIN_RESTART_COUNT");
+  if (kill_at && rank && std::string_view(rank) == "1" && attempt && std::string_view(attempt) == "0") {
+    t.before_step = [k = std::strtoul(kill_at, nullptr, 10)](std::size_t step) {
+      if (step != k) return;
+      std::printf("rank 1: injected failure at step %zu\n", step);
+      std::fflush(stdout);
+      ::raise(SIGKILL);
+    };
+  }
+  return t;
+}
+
+// dp and pipeline: every step sees the whole batch, so one shuffled order and the whole test set.
+inline auto shuffled_train(const datasets& d, const options& o) {
+  return loader(d.train, views::shuffled(d.n_train, o.seed), {.batch_size = o.batch_size, .prefetch = 2});
+}
+inline auto whole_test(const datasets& d) {
+  return loader(d.test, std::views::iota(std::size_t{0}, d.n_test), {.batch_size = 1000, .prefetch = 0});
+}
+
+inline trace_recorder make_trace(const options& o) {
+  return o.trace.empty() ? trace_recorder::from_env() : trace_recorder(std::filesystem::path(o.trace));
+}
+
+// DDP, ZeRO and the local modes: each rank its share of every epoch's shuffled order, and a
+// contiguous block of the test set (every example counted exactly once).
+inline auto rank_train(const datasets& d, const options& o, int rank, int world) {
+  return loader(d.train, views::distributed(d.n_train, world, rank, {.shuffle = true, .seed = o.seed}),
+                {.batch_size = o.batch_size, .prefetch = 2});
+}
+inline auto rank_test(const datasets& d, int rank, int world) {
+  const auto part = [&](int r) { return d.n_test * static_cast<std::size_t>(r) / static_cast<std::size_t>(world); };
+  return loader(d.test, std::views::iota(part(rank), part(rank + 1)), {.batch_size = 1000, .prefetch = 0});
+}
+
+inline void print_end(process_group& pg, std::uint64_t checksum) {
+  // Bytes this rank sent (ring-algorithm bytes, comm_traffic), what the communication modes save.
+  std::printf("rank %d sent %.1f MB\n", pg.rank(), static_cast<double>(pg.traffic().bytes_sent) / 1e6);
+  if (pg.rank() == 0) std::printf("final parameter checksum %016llx\n", static_cast<unsigned long long>(checksum));
+}
+
+}  // namespace example::fm

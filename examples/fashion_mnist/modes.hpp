@@ -1,0 +1,136 @@
+// examples/fashion_mnist/modes.hpp: the example's modes other than DDP (main.cpp): ZeRO-1/2,
+// FSDP, local SGD and DiLoCo over ranks, data parallel over host devices, and pipeline stages.
+// Each builds its policy and hands it to partrain::fit.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <partrain/partrain.hpp>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+#include "mlp_host.hpp"
+#include "mlp_layers.hpp"
+#include "options.hpp"
+
+namespace example::fm {
+
+// --parallel zero1|zero2: DDP's step with the optimizer state (zero2: and the gradients) sharded
+// over the ranks; checkpoints are sharded too.
+inline void train_zero(process_group& pg, const options& o, const datasets& data) {
+  const auto compute = parse_precision(o.precision);
+  models::mlp_host model({}, o.seed, compute);
+  sharded_data_parallel zero(model, pg, sgd_options{.lr = o.lr, .momentum = o.momentum},
+                             {.stage = o.parallel == "zero1" ? 1 : 2});
+  grad_scaler scaler = mixed_precision_policy{.compute = compute}.make_scaler();
+  trace_recorder trace = make_trace(o);
+  zero_policy policy(zero, {.scaler = compute == precision::fp32 ? nullptr : &scaler, .trace = &trace});
+  loader train = rank_train(data, o, pg.rank(), pg.size());
+  loader test = rank_test(data, pg.rank(), pg.size());
+  if (pg.rank() == 0) {
+    std::printf("fashion_mnist: %s, %d rank(s) over %s, MLP 784-256-128-10, batch %zu per rank, lr %g, %zu epochs, "
+                "%zu/%zu examples, precision %s\n", o.parallel.c_str(), pg.size(), std::string(pg.backend()).c_str(),
+                o.batch_size, o.lr, o.epochs, data.n_train, data.n_test, o.precision.c_str());
+  }
+  fit(policy, train, test, fit_options(o, trace));
+  print_end(pg, parameter_checksum(model));
+}
+
+// --parallel fsdp: the MLP as a sequence of layers, each layer's parameters (and their gradients
+// and momentum) sharded over the ranks and gathered only around that layer's forward and backward.
+inline void train_fsdp(process_group& pg, const options& o, const datasets& data) {
+  auto layers = models::layers::make_mlp({784, 256, 128, 10}, static_cast<std::uint32_t>(o.seed));
+  fully_sharded_data_parallel fsdp(layers, pg, models::layers::softmax_cross_entropy{},
+                                   sgd_options{.lr = o.lr, .momentum = o.momentum});
+  trace_recorder trace = make_trace(o);
+  fsdp_policy policy(fsdp, {.trace = &trace});
+  loader train = rank_train(data, o, pg.rank(), pg.size());
+  loader test = rank_test(data, pg.rank(), pg.size());
+  if (pg.rank() == 0) {
+    std::printf("fashion_mnist: fsdp, %d rank(s) over %s, MLP 784-256-128-10, batch %zu per rank, lr %g, %zu epochs, "
+                "%zu/%zu examples\n", pg.size(), std::string(pg.backend()).c_str(), o.batch_size, o.lr, o.epochs,
+                data.n_train, data.n_test);
+  }
+  fit(policy, train, test, fit_options(o, trace));
+  const fsdp_memory m = fsdp.memory();
+  if (pg.rank() == 0) {
+    std::printf("rank 0 held at most %.2f MB of parameters (the whole model: %.2f MB)\n",
+                static_cast<double>(m.peak_parameter_bytes) / 1e6, static_cast<double>(m.unsharded_parameter_bytes) / 1e6);
+  }
+  auto full = fsdp.summon_full_params();  // collective: the checksum reads the whole model
+  print_end(pg, parameter_checksum(full));
+}
+
+// --sync local-sgd|diloco: ranks step alone and meet every --period (or --inner-steps) steps.
+inline void train_local(process_group& pg, const options& o, const datasets& data) {
+  models::mlp_host model({}, o.seed);
+  sgd opt(model, {.lr = o.lr, .momentum = o.momentum});
+  trace_recorder trace = make_trace(o);
+  loader train = rank_train(data, o, pg.rank(), pg.size());
+  loader test = rank_test(data, pg.rank(), pg.size());
+  if (pg.rank() == 0) {
+    std::printf("fashion_mnist: %s, %d rank(s) over %s, MLP 784-256-128-10, batch %zu per rank, lr %g, %zu epochs, "
+                "%zu/%zu examples\n", o.sync.c_str(), pg.size(), std::string(pg.backend()).c_str(), o.batch_size, o.lr,
+                o.epochs, data.n_train, data.n_test);
+  }
+  auto run = [&](auto& algorithm) {
+    local_sgd_policy policy(algorithm);
+    fit(policy, train, test, fit_options(o, trace));
+  };
+  if (o.sync == "local-sgd") {
+    post_local_sgd lsgd(model, opt, pg, {.period = o.period, .warmup_steps = o.warmup_steps});
+    run(lsgd);
+  } else {
+    const auto bits = o.outer_bits == 8 ? outer_compression::int8 : o.outer_bits == 16 ? outer_compression::bf16
+                                                                                          : outer_compression::none;
+    diloco dl(model, opt, pg, {.inner_steps = o.inner_steps, .outer_lr = o.outer_lr, .outer_momentum = o.outer_momentum,
+                               .compression = bits});
+    run(dl);
+  }
+  print_end(pg, parameter_checksum(model));
+}
+
+// --parallel dp: one process, each batch scattered over --devices host devices (worker threads).
+inline void train_dp(const options& o, const datasets& data) {
+  models::mlp_host model({}, o.seed);
+  std::vector<device> devices;
+  for (int i = 0; i < o.devices; ++i) devices.push_back(device::cpu(i));
+  data_parallel dp(model, devices, [&](models::mlp_host& replica) {
+    return sgd<models::mlp_host>(replica, {.lr = o.lr, .momentum = o.momentum});
+  });
+  data_parallel_policy policy(dp);
+  loader train = shuffled_train(data, o);
+  loader test = whole_test(data);
+  std::printf("fashion_mnist: dp, %d host device(s) in one process, MLP 784-256-128-10, batch %zu, lr %g, %zu epochs, %zu/%zu examples\n",
+              o.devices, o.batch_size, o.lr, o.epochs, data.n_train, data.n_test);
+  trace_recorder trace = make_trace(o);
+  fit(policy, train, test, fit_options(o, trace));
+  std::printf("final parameter checksum %016llx\n", static_cast<unsigned long long>(parameter_checksum(model)));
+}
+
+// --parallel pipeline: the MLP as a sequence of layers in --stages stages (one rank each); every
+// rank reads the same batches.
+inline void train_pipeline(process_group& pg, const options& o, const datasets& data) {
+  if (pg.size() != o.stages) {
+    throw config_error("--parallel pipeline --stages " + std::to_string(o.stages) + " needs " + std::to_string(o.stages) +
+                       " ranks, the job has " + std::to_string(pg.size()));
+  }
+  auto layers = models::layers::make_mlp({784, 256, 128, 10}, static_cast<std::uint32_t>(o.seed));
+  pipeline_stage stage(layers, pg, {.kind = o.schedule == "gpipe" ? pipeline_schedule_kind::gpipe : pipeline_schedule_kind::one_f_one_b,
+                                    .micro_batches = o.micro_batches});
+  auto params = stage.parameters();  // this rank's layers' parameters, as a model for sgd
+  sgd opt(params, {.lr = o.lr, .momentum = o.momentum});
+  pipeline_policy policy(stage, pg, opt, models::layers::softmax_cross_entropy{});
+  loader train = shuffled_train(data, o);
+  loader test = whole_test(data);
+  if (pg.rank() == 0) {
+    std::printf("fashion_mnist: pipeline, %d stage(s) over %s, %s with %d micro-batches, batch %zu, lr %g, %zu epochs, "
+                "%zu/%zu examples\n", pg.size(), std::string(pg.backend()).c_str(), o.schedule.c_str(), o.micro_batches,
+                o.batch_size, o.lr, o.epochs, data.n_train, data.n_test);
+  }
+  trace_recorder trace = make_trace(o);
+  fit(policy, train, test, fit_options(o, trace));
+}
+
+}  // namespace example::fm
