@@ -14,8 +14,9 @@
 //
 // FSDP owns the layers' parameter storage while it lives (each parameter's bind(), as PyTorch's
 // parameters become views into its flat parameter): outside a layer's own compute, value() and
-// grad() are empty; summon_full_params() gathers them all for reading. Host float parameters
-// only in this release; no mixed precision and no checkpoints yet (see docs/sharding.md).
+// grad() are empty; summon_full_params() gathers them all for reading. Checkpoints are sharded
+// (train/sharded_checkpoint.hpp), uneven inputs take join(). Host float parameters only in this
+// release, no mixed precision yet (see docs/sharding.md).
 #pragma once
 
 #include <algorithm>
