@@ -14643,10 +14643,10 @@ class counted_buffer {
 }  // namespace partrain::inline v0::detail::fsdp
 
 // #include <partrain/parallel/detail/sharded_join.hpp>
-// partrain/parallel/detail/sharded_join.hpp: the checks of the join protocol that ZeRO and FSDP
-// share (PyTorch's Join, for uneven inputs). Every step the active ranks all_reduce {1, synchronising
-// ? 1 : 0} and the ranks inside join() {0, 0}: the sums say how many ranks still have data and
-// whether their step reduces.
+// partrain/parallel/detail/sharded_join.hpp: what ZeRO and FSDP share around their collectives:
+// the checks of the join protocol (PyTorch's Join, for uneven inputs; every step the active ranks
+// all_reduce {1, synchronising ? 1 : 0} and the ranks inside join() {0, 0}: the sums say how many
+// ranks still have data and whether their step reduces), and how a failed wait is reported.
 
 #include <array>
 #include <cstddef>
@@ -14655,6 +14655,7 @@ class counted_buffer {
 #include <string_view>
 
 // #include <partrain/core/error.hpp> (above)
+// #include <partrain/core/work.hpp> (above)
 
 namespace partrain::inline v0::detail::zero {
 
@@ -14676,6 +14677,23 @@ inline void check_active_ranks(const std::array<std::int64_t, 2>& flag, const st
     throw invalid_argument_error(where + std::to_string(flag[0] - flag[1]) + " of " + std::to_string(flag[0]) +
                                  " active ranks are inside no_sync and the others are not (all ranks must "
                                  "accumulate the same micro-steps)");
+  }
+}
+
+// Waits for w. A failure keeps its type and fields (an echo stays an aborted_error; the rank and
+// operation are filled where the backend knew none), its text led by `context` (this rank, the
+// class and what it waited for); a timeout's text ends with `timeout_hint`.
+inline void wait_named(const work& w, const std::string& context, int rank, std::string_view operation,
+                       std::string_view timeout_hint) {
+  try {
+    w.wait();
+  } catch (const aborted_error& e) {
+    throw aborted_error(context, e);
+  } catch (const timeout_error& e) {
+    throw timeout_error(context + " failed: " + unprefixed(e.what()) + std::string(timeout_hint),
+                        site_or(e, rank, operation));
+  } catch (const communication_error& e) {
+    throw communication_error(context + " failed: " + unprefixed(e.what()), site_or(e, rank, operation));
   }
 }
 
@@ -15723,22 +15741,11 @@ class fully_sharded_data_parallel {
 
   // Waits, and names this rank and the operation in a communication failure (keeping its type).
   void wait_named(const work& w, const std::string& what) const {
-    try {
-      w.wait();
-    } catch (const aborted_error& e) {
-      throw aborted_error(where() + what, e);
-    } catch (const timeout_error& e) {
-      throw timeout_error(where() + what + " failed: " + detail::unprefixed(e.what()) +
-                              (opts_.join ? std::string(" (every rank must run the same steps and evaluations)")
-                                          : std::string(" (every rank must run the same steps and evaluations; if ranks "
-                                                        "run out of batches at different steps, construct with "
-                                                        "fsdp_options{.join = true} and call join() on a rank once its "
-                                                        "data ends)")),
-                          detail::site_or(e, static_cast<int>(rank_), what));
-    } catch (const communication_error& e) {
-      throw communication_error(where() + what + " failed: " + detail::unprefixed(e.what()),
-                                detail::site_or(e, static_cast<int>(rank_), what));
-    }
+    detail::zero::wait_named(w, where() + what, static_cast<int>(rank_), what,
+                             opts_.join ? " (every rank must run the same steps and evaluations)"
+                                        : " (every rank must run the same steps and evaluations; if ranks run out of "
+                                          "batches at different steps, construct with fsdp_options{.join = true} and "
+                                          "call join() on a rank once its data ends)");
   }
 
   Layers* layers_;
@@ -18361,21 +18368,10 @@ class sharded_data_parallel {
 
   // Waits, and names this rank and the operation in a communication failure (keeping its type).
   void wait_named(const work& w, const std::string& what) {
-    try {
-      w.wait();
-    } catch (const aborted_error& e) {
-      throw aborted_error(where() + what, e);
-    } catch (const timeout_error& e) {
-      throw timeout_error(where() + what + " failed: " + detail::unprefixed(e.what()) +
-                              (opts_.join ? std::string()
-                                          : std::string(". If ranks run out of batches at different steps, construct "
-                                                        "with zero_options{.join = true} and call join() on a rank once "
-                                                        "its data ends")),
-                          detail::site_or(e, static_cast<int>(rank_), what));
-    } catch (const communication_error& e) {
-      throw communication_error(where() + what + " failed: " + detail::unprefixed(e.what()),
-                                detail::site_or(e, static_cast<int>(rank_), what));
-    }
+    detail::zero::wait_named(w, where() + what, static_cast<int>(rank_), what,
+                             opts_.join ? std::string_view()
+                                        : ". If ranks run out of batches at different steps, construct with "
+                                          "zero_options{.join = true} and call join() on a rank once its data ends");
   }
 
   // Waits for whatever is in flight, ignoring errors: the buffers must outlive the backend's use.

@@ -799,22 +799,11 @@ class fully_sharded_data_parallel {
 
   // Waits, and names this rank and the operation in a communication failure (keeping its type).
   void wait_named(const work& w, const std::string& what) const {
-    try {
-      w.wait();
-    } catch (const aborted_error& e) {
-      throw aborted_error(where() + what, e);
-    } catch (const timeout_error& e) {
-      throw timeout_error(where() + what + " failed: " + detail::unprefixed(e.what()) +
-                              (opts_.join ? std::string(" (every rank must run the same steps and evaluations)")
-                                          : std::string(" (every rank must run the same steps and evaluations; if ranks "
-                                                        "run out of batches at different steps, construct with "
-                                                        "fsdp_options{.join = true} and call join() on a rank once its "
-                                                        "data ends)")),
-                          detail::site_or(e, static_cast<int>(rank_), what));
-    } catch (const communication_error& e) {
-      throw communication_error(where() + what + " failed: " + detail::unprefixed(e.what()),
-                                detail::site_or(e, static_cast<int>(rank_), what));
-    }
+    detail::zero::wait_named(w, where() + what, static_cast<int>(rank_), what,
+                             opts_.join ? " (every rank must run the same steps and evaluations)"
+                                        : " (every rank must run the same steps and evaluations; if ranks run out of "
+                                          "batches at different steps, construct with fsdp_options{.join = true} and "
+                                          "call join() on a rank once its data ends)");
   }
 
   Layers* layers_;
