@@ -70,15 +70,23 @@ inline void train_local(process_group& pg, const options& o, const datasets& dat
   loader train = rank_train(data, o, pg.rank(), pg.size());
   loader test = rank_test(data, pg.rank(), pg.size());
   if (pg.rank() == 0) {
-    std::printf("fashion_mnist: %s, %d rank(s) over %s, MLP 784-256-128-10, batch %zu per rank, lr %g, %zu epochs, "
-                "%zu/%zu examples\n", o.sync.c_str(), pg.size(), std::string(pg.backend()).c_str(), o.batch_size, o.lr,
-                o.epochs, data.n_train, data.n_test);
+    const std::string hosts = o.ranks_per_host > 0 ? " as " + std::to_string(pg.size() / o.ranks_per_host) +
+                                                         " hosts of " + std::to_string(o.ranks_per_host)
+                                                   : "";
+    std::printf("fashion_mnist: %s, %d rank(s)%s over %s, MLP 784-256-128-10, batch %zu per rank, lr %g, %zu epochs, "
+                "%zu/%zu examples\n", o.sync.c_str(), pg.size(), hosts.c_str(), std::string(pg.backend()).c_str(),
+                o.batch_size, o.lr, o.epochs, data.n_train, data.n_test);
   }
   auto run = [&](auto& algorithm) {
     local_sgd_policy policy(algorithm);
     fit(policy, train, test, fit_options(o, trace));
   };
-  if (o.sync == "local-sgd") {
+  if (o.sync == "local-sgd" && o.ranks_per_host > 0) {
+    // Hierarchical: this rank's host is the group of ranks_per_host consecutive ranks.
+    std::unique_ptr<process_group> host = new_subgroups(pg, o.ranks_per_host);
+    post_local_sgd lsgd(model, opt, pg, *host, {.period = o.period, .warmup_steps = o.warmup_steps});
+    run(lsgd);
+  } else if (o.sync == "local-sgd") {
     post_local_sgd lsgd(model, opt, pg, {.period = o.period, .warmup_steps = o.warmup_steps});
     run(lsgd);
   } else {

@@ -51,6 +51,7 @@ struct options {
   std::size_t bucket_kb = 0;       // DDP: bucket size limit in KiB (0: PyTorch's 1 MiB first, 25 MiB after)
   std::int64_t period = 8;          // local-sgd: average the parameters every N steps
   std::int64_t warmup_steps = 0;    // local-sgd: synchronous steps first
+  int ranks_per_host = 0;           // local-sgd: hierarchical, hosts of N consecutive ranks (0: flat)
   std::int64_t inner_steps = 50;    // diloco: inner steps per outer step (H)
   double outer_lr = 0.7;            // diloco: outer Nesterov SGD
   double outer_momentum = 0.9;
@@ -92,7 +93,8 @@ inline constexpr std::string_view usage_text =
     "                            into --stages S pipeline stages (one rank each) with --micro-batches M\n"
     "  --sync ddp|local-sgd|diloco|powersgd  with --parallel ddp: gradients all-reduced every step\n"
     "                            (default); parameters averaged every --period N steps after\n"
-    "                            --warmup-steps N (post-local SGD); DiLoCo: --inner-steps H local steps,\n"
+    "                            --warmup-steps N (post-local SGD; --ranks-per-host N: gradients\n"
+    "                            averaged every step inside hosts of N ranks); DiLoCo: --inner-steps H,\n"
     "                            then an outer Nesterov step (--outer-lr X, --outer-momentum X) on\n"
     "                            outer gradients of --outer-bits 32|16|8; or PowerSGD gradients of\n"
     "                            --powersgd-rank R after --powersgd-start N plain steps\n"
@@ -165,6 +167,8 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
     } else if (flag == "--warmup-steps") {
       o.warmup_steps = detail::parse_number<std::int64_t>(flag, value());
       if (o.warmup_steps < 0) throw usage_error(flag + ": must be >= 0");
+    } else if (flag == "--ranks-per-host") {
+      o.ranks_per_host = positive(detail::parse_number<int>(flag, value()));
     } else if (flag == "--inner-steps") {
       o.inner_steps = positive(detail::parse_number<std::int64_t>(flag, value()));
     } else if (flag == "--outer-lr") {
@@ -249,6 +253,7 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
     if (o.device != "cpu") throw usage_error("--sync " + o.sync + ": this example runs it on the host (--device cpu)");
     if (o.precision != "fp32") throw usage_error("--sync " + o.sync + ": this example runs it in fp32");
   }
+  if (o.ranks_per_host > 0 && o.sync != "local-sgd") throw usage_error("--ranks-per-host: with --sync local-sgd only");
   if (o.parallel == "dp" && o.nproc > 1) {
     throw usage_error("--parallel dp drives --devices N from one process; --nproc " + std::to_string(o.nproc) +
                       " asks for several ranks (use --parallel ddp for that)");

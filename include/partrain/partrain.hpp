@@ -54,6 +54,7 @@
 #include <partrain/comm/process_group.hpp>
 #include <partrain/comm/reduce_op.hpp>
 #include <partrain/comm/store.hpp>
+#include <partrain/comm/subgroups.hpp>
 
 // data/
 #include <partrain/data/batch.hpp>

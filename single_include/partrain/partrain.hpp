@@ -3094,12 +3094,53 @@ class process_group {
     return send(tensor_view<const T, S>(t), dst, tag);
   }
 
+  // torch.distributed.new_group / MPI_Comm_split. Collective over this group: the ranks that pass
+  // the same color (>= 0) form a new group of this backend, ranked in their order here, with this
+  // group's options; each rank gets its own. comm/subgroups.hpp has the typed forms
+  // (split_group, new_subgroups). Backends: local, gloo, mpi.
+  [[nodiscard]] std::unique_ptr<process_group> split(int color) {
+    const std::string site = "rank " + std::to_string(rank_) + " split (" + std::string(backend()) + ")";
+    if (color < 0) throw invalid_argument_error(site + ": color must be >= 0, got " + std::to_string(color));
+    const std::int64_t mine = color;
+    std::vector<std::int64_t> colors(static_cast<std::size_t>(size_));
+    try {
+      all_gather(tensor_view<const std::int64_t>(&mine, shape{1}), tensor_view<std::int64_t>(colors)).wait();
+    } catch (const timeout_error& e) {
+      throw timeout_error({.rank = rank_, .operation = "split", .timeout = opts_.timeout},
+                          "not every rank of the group reached it (every rank must call split, in the same order "
+                          "as its other collectives): " + std::string(e.what()));
+    }
+    split_request r;
+    r.color = color;
+    r.seq = splits_++;
+    for (int q = 0; q < size_; ++q) {
+      if (colors[static_cast<std::size_t>(q)] != color) continue;
+      if (q == rank_) r.index = static_cast<int>(r.members.size());
+      r.members.push_back(q);
+    }
+    return do_split(r);
+  }
+
   [[nodiscard]] std::string where(collective c) const {
     return "rank " + std::to_string(rank_) + " " + std::string(to_string(c)) + " (" + std::string(backend()) +
            ", world size " + std::to_string(size_) + ")";
   }
 
  protected:
+  // What split() agreed on: this rank's color, the ranks (here) that share it in order, this
+  // rank's index among them, and how many splits this group made before (the same on every rank).
+  struct split_request {
+    int color = 0;
+    std::vector<int> members;
+    int index = 0;
+    std::uint64_t seq = 0;
+  };
+  // The backend's new group for r; every member calls it with the same members and seq.
+  virtual std::unique_ptr<process_group> do_split(const split_request& r) {
+    (void)r;
+    throw config_error("rank " + std::to_string(rank_) + " split: the " + std::string(backend()) +
+                       " backend cannot split groups yet (expected local, gloo or mpi)");
+  }
   virtual work do_all_reduce(raw_tensor t, reduce_op op) = 0;
   virtual work do_broadcast(raw_tensor t, int root) = 0;
   virtual work do_reduce(raw_tensor t, int root, reduce_op op) = 0;
@@ -3196,6 +3237,7 @@ class process_group {
   int size_;
   process_group_options opts_;
   std::uint64_t seq_ = 0;
+  std::uint64_t splits_ = 0;
   std::atomic<std::uint64_t> calls_{0};
   std::atomic<std::uint64_t> bytes_sent_{0};
   std::atomic<std::uint64_t> ops_{0};
@@ -3291,9 +3333,13 @@ class gloo_group final : public process_group {
     }
     // A peer that dies mid-write must fail this rank with our error, not kill it with SIGPIPE.
     (void)detail::gloo::survive_sigpipe();
-    const std::string prefix = gopts.prefix.empty() ? detail::gloo::next_prefix(s, rank) : gopts.prefix;
-    context_ = detail::gloo::connect(s, prefix, rank, size, opts.timeout,
+    gopts.prefix = gopts.prefix.empty() ? detail::gloo::next_prefix(s, rank) : gopts.prefix;
+    context_ = detail::gloo::connect(s, gopts.prefix, rank, size, opts.timeout,
                                     detail::gloo::device_attr(gopts.ifname, gopts.hostname));
+    // Kept for split(), as PyTorch keeps the default group's store (on rank 0 of a tcp:// or
+    // env:// job it is the store's server).
+    store_ = std::move(s);
+    gopts_ = std::move(gopts);
   }
 
   ~gloo_group() override {
@@ -3312,6 +3358,13 @@ class gloo_group final : public process_group {
   }
 
  protected:
+  // A new Gloo context on the same store, under a prefix of its own (this group's, the split's
+  // number and the color), so the subgroups' rendezvous keys never meet.
+  std::unique_ptr<process_group> do_split(const split_request& r) override {
+    gloo_options o = gopts_;
+    o.prefix = gopts_.prefix + "split" + std::to_string(r.seq) + "/" + std::to_string(r.color) + "/";
+    return std::make_unique<gloo_group>(store_, r.index, static_cast<int>(r.members.size()), options(), std::move(o));
+  }
   work do_all_reduce(raw_tensor t, reduce_op op) override {
     if (t.count == 0) return work::completed();
     return run(collective::all_reduce, "", [this, t, op] {
@@ -3542,6 +3595,8 @@ class gloo_group final : public process_group {
   mutable std::mutex mutex_;
   std::string failure_;
   std::vector<std::byte> scratch_;
+  std::shared_ptr<store> store_;
+  gloo_options gopts_;
   std::shared_ptr<gloo::Context> context_;
   // Destroyed (joined) before context_; each blocking call inside is bounded by the timeout.
   std::unique_ptr<detail::executor> worker_ = std::make_unique<detail::executor>();
@@ -3575,6 +3630,7 @@ static_assert(communicator<gloo_group>);
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 // #include <partrain/comm/detail/host_reduce.hpp> (above)
@@ -3671,6 +3727,17 @@ class world_state {
     if (bytes) std::memcpy(data, msg.data(), bytes);
   }
 
+  // The world of a split's group `color` (split number `seq` of this world): the first member to
+  // ask makes it, the others get the same one; forgotten once all `size` members have it.
+  [[nodiscard]] std::shared_ptr<world_state> subworld(std::uint64_t seq, int color, int size) {
+    std::lock_guard lock(mutex_);
+    auto& [w, handed] = subworlds_[{seq, color}];
+    if (!w) w = std::make_shared<world_state>(size, timeout_);
+    auto out = w;
+    if (++handed == size) subworlds_.erase({seq, color});
+    return out;
+  }
+
  private:
   void throw_if_aborted(int rank, collective c) const {
     if (aborted_) throw aborted_error({.rank = rank, .operation = std::string(to_string(c)) + " (local)"}, abort_origin_, abort_reason_);
@@ -3696,6 +3763,7 @@ class world_state {
   std::string abort_reason_;
   int abort_origin_ = -1;
   std::map<std::tuple<int, int, int>, std::deque<std::vector<std::byte>>> mail_;
+  std::map<std::pair<std::uint64_t, int>, std::pair<std::shared_ptr<world_state>, int>> subworlds_;
 };
 
 // Reduces elements [first, last) of every rank's `in` (in rank order, so every run and every
@@ -3769,6 +3837,10 @@ class local_group final : public process_group {
       const std::size_t lo = static_cast<std::size_t>(rank()) * out.count;
       detail::local::reduce_ranks_into(w, std::span(&out.data, 1), lo, lo + out.count, out.type, op);
     });
+  }
+  std::unique_ptr<process_group> do_split(const split_request& r) override {
+    return std::make_unique<local_group>(world_->subworld(r.seq, r.color, static_cast<int>(r.members.size())), r.index,
+                                         options());
   }
   work do_barrier() override {
     return run(collective::barrier, nullptr, nullptr, raw_tensor{nullptr, 0, dtype::uint8, false}, -1, reduce_op::sum,
@@ -4102,6 +4174,25 @@ struct comm_handle {
     if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c.comm); rc != MPI_SUCCESS) {
       throw communication_error("mpi_group: MPI_Comm_dup failed: " + error_string(rc));
     }
+    c.describe();
+    return c;
+  }
+  // MPI_Comm_split of `parent`: blocking, but split() calls it right after an all_gather over the
+  // parent (bounded by its timeout) has shown every rank there.
+  static comm_handle split(MPI_Comm parent, int color, int key) {
+    auto& rt = runtime::instance();
+    std::lock_guard lock(rt.mutex());
+    comm_handle c;
+    if (int rc = MPI_Comm_split(parent, color, key, &c.comm); rc != MPI_SUCCESS) {
+      throw communication_error("mpi_group: MPI_Comm_split failed: " + error_string(rc));
+    }
+    c.describe();
+    return c;
+  }
+
+ private:
+  void describe() {
+    comm_handle& c = *this;
     MPI_Comm_set_errhandler(c.comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(c.comm, &c.rank);
     MPI_Comm_size(c.comm, &c.size);
@@ -4109,7 +4200,6 @@ struct comm_handle {
     int found = 0;
     MPI_Comm_get_attr(c.comm, MPI_TAG_UB, &ub, &found);
     if (found && ub) c.tag_ub = *static_cast<int*>(ub);
-    return c;
   }
 };
 
@@ -4144,6 +4234,10 @@ class mpi_group final : public process_group {
   }
 
  protected:
+  std::unique_ptr<process_group> do_split(const split_request& r) override {
+    return std::unique_ptr<mpi_group>(
+        new mpi_group(detail::mpi::comm_handle::split(comm_.comm, r.color, rank()), options(), mopts_));
+  }
   work do_all_reduce(raw_tensor t, reduce_op op) override {
     if (t.count == 0) return work::completed();
     const int n = count_of(collective::all_reduce, t);
@@ -4943,6 +5037,54 @@ class nccl_group final : public process_group {
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_HAS_CUDA && defined(PARTRAIN_WITH_NCCL)
+
+// #include <partrain/comm/subgroups.hpp>
+// partrain/comm/subgroups.hpp: groups made from a group, as torch.distributed.new_group and
+// new_subgroups make them. Both are collective over the parent (every rank calls them, in the
+// same order as its other collectives) and return a group of the parent's own backend type, so
+// policies that take two groups of one type (hierarchical post-local SGD) get one:
+//
+//   auto host = new_subgroups(*world, 4);   // ranks 0-3, 4-7, ...: this rank's host group
+//   post_local_sgd lsgd(model, opt, *world, *host, {.period = 16});
+
+#include <concepts>
+#include <memory>
+#include <string>
+#include <utility>
+
+// #include <partrain/comm/process_group.hpp> (above)
+// #include <partrain/core/error.hpp> (above)
+
+namespace partrain::inline v0 {
+
+// The ranks of g that pass the same color (>= 0) form a new group, ranked in their order in g
+// (MPI_Comm_split with the parent's rank as key).
+template <std::derived_from<process_group> G>
+[[nodiscard]] std::unique_ptr<G> split_group(G& g, int color) {
+  auto made = g.split(color);
+  auto* typed = dynamic_cast<G*>(made.get());
+  if (!typed) {
+    throw error(error_kind::internal, "split_group: the " + std::string(g.backend()) +
+                                          " backend returned a group of another type (expected its own)");
+  }
+  (void)made.release();
+  return std::unique_ptr<G>(typed);
+}
+
+// torch.distributed.new_subgroups(group_size): consecutive ranks of g in groups of group_size
+// (ranks 0..group_size-1, then the next group_size, ...); this rank's group. group_size must
+// divide g's size (a host's ranks: its local world size).
+template <std::derived_from<process_group> G>
+[[nodiscard]] std::unique_ptr<G> new_subgroups(G& g, int group_size) {
+  if (group_size < 1 || g.size() % group_size != 0) {
+    throw invalid_argument_error("rank " + std::to_string(g.rank()) + " new_subgroups: group_size " +
+                                 std::to_string(group_size) + " does not divide the group's " + std::to_string(g.size()) +
+                                 " ranks (expected a divisor, e.g. the ranks per host)");
+  }
+  return split_group(g, g.rank() / group_size);
+}
+
+}  // namespace partrain::inline v0
 
 // #include <partrain/data/batch.hpp>
 // partrain/data/batch.hpp: what the loader hands out. A view into the loader's buffer: valid until
@@ -13393,6 +13535,7 @@ class reducer {
 
 #include <algorithm>
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -13588,8 +13731,14 @@ class distributed_data_parallel {
   // the other ranks' steps with zero gradients until every rank has joined, then copies the
   // parameters of the rank that ran the most steps (ties: the highest rank) to all. Returns
   // true when this rank shadowed at least one step. The optimizer state of a rank that joined
-  // early is not updated. Afterwards the DDP is ready for the next epoch.
+  // early is not updated. Afterwards the DDP is ready for the next epoch. `each_step` runs after
+  // every step of the others this rank took part in (hierarchical post-local SGD uses it to take
+  // part in the job's averages at the steps they fall on).
   bool join() {
+    return join([] {});
+  }
+  template <std::invocable F>
+  bool join(F&& each_step) {
     if (!opts_.join) {
       throw config_error(where() + "join() needs join enabled: construct with ddp_options{.join = true} (every "
                                    "rank then agrees each step on which ranks still have data)");
@@ -13606,6 +13755,7 @@ class distributed_data_parallel {
         reducer_->shadow(ranks);
         ++stats_.shadow_steps;
       }
+      each_step();
     }
     std::array<std::int64_t, 1> last{steps_since_join_ * comm_->size() + comm_->rank()};
     small_all_reduce(std::span<std::int64_t>(last), reduce_op::max, "join last-rank all_reduce");
@@ -14133,6 +14283,26 @@ void broadcast_parameters(C& comm, M& model, const char* who) {
   for (auto& w : works) w.wait();
 }
 
+// What a timeout says when join is off: uneven inputs are the usual cause.
+[[nodiscard]] inline std::string join_hint(bool join, const char* options) {
+  return join ? std::string()
+              : std::string(". If ranks run out of batches at different steps, construct with ") + options +
+                    "{.join = true} and call join() on a rank once its data ends";
+}
+
+// The join protocol's small all_reduce (active-rank counts, step counts), its timeout naming the
+// rank and, when join is off, the fix (`options` names the options struct that has .join).
+template <class C>
+void small_all_reduce(C& comm, std::span<std::int64_t> v, reduce_op op, const std::string& where, const char* what,
+                      bool join, const char* options) {
+  auto w = comm.all_reduce(tensor_view<std::int64_t>(v.data(), shape{v.size()}), op);
+  try {
+    w.wait();
+  } catch (const timeout_error& e) {
+    throw timeout_error(where + what + " failed: " + e.what() + join_hint(join, options));
+  }
+}
+
 }  // namespace detail::diloco
 
 template <model M, optimizer Inner, communicator C = process_group>
@@ -14294,18 +14464,9 @@ class diloco {
  private:
   [[nodiscard]] std::string where() const { return "rank " + std::to_string(comm_->rank()) + " diloco: "; }
   void small_all_reduce(std::span<std::int64_t> v, reduce_op op, const char* what) {
-    auto w = comm_->all_reduce(tensor_view<std::int64_t>(v.data(), shape{v.size()}), op);
-    try {
-      w.wait();
-    } catch (const timeout_error& e) {
-      throw timeout_error(where() + what + " failed: " + e.what() + join_hint());
-    }
+    detail::diloco::small_all_reduce(*comm_, v, op, where(), what, opts_.join, "diloco_options");
   }
-  [[nodiscard]] std::string join_hint() const {
-    return opts_.join ? std::string()
-                      : std::string(". If ranks run out of batches at different steps, construct with "
-                                    "diloco_options{.join = true} and call join() on a rank once its data ends");
-  }
+  [[nodiscard]] std::string join_hint() const { return detail::diloco::join_hint(opts_.join, "diloco_options"); }
 
   [[nodiscard]] sgd_options outer_sgd_options() const {
     return {.lr = opts_.outer_lr, .momentum = opts_.outer_momentum, .dampening = 0, .weight_decay = 0,
@@ -15782,7 +15943,7 @@ class fully_sharded_data_parallel {
 // gradients are still averaged every step, inside the host only, so the ranks of a host hold
 // the same model at every step, and the models of the hosts are averaged every `period` steps.
 // Join (uneven inputs): a rank out of batches calls join() and takes part in the others'
-// averages until every rank has joined.
+// averages (and, hierarchical, its host's gradient all_reduces) until every rank has joined.
 
 #include <algorithm>
 #include <array>
@@ -15850,12 +16011,12 @@ inline void validate(const local_sgd_options& o) {
 
 // The intra-host DDP of the hierarchical mode: plain all_reduce (the link inside a host is the
 // fast one, and a stateful hook such as PowerSGD must not serve two DDPs), no broadcast (the
-// warm-up's DDP already gave every rank rank 0's parameters).
+// warm-up's DDP already gave every rank rank 0's parameters), DDP's join when ours is on.
 [[nodiscard]] inline ddp_options intra_ddp(const local_sgd_options& o) {
   ddp_options d = o.ddp;
   d.hook = comm_hooks::allreduce();
   d.broadcast_parameters = false;
-  d.join = false;
+  d.join = o.join;
   d.on_bucket_launch = {};
   return d;
 }
@@ -15924,7 +16085,26 @@ class post_local_sgd {
     bool shadowed = false;
     // The warm-up: DDP's join shadows the gradient all_reduces of the ranks still in it, and
     // every rank leaves the warm-up through it (train_step at the first local step, or here).
-    if (!warmup_closed_) shadowed = close_warmup();
+    // The warm-up steps it shadowed count as this rank's steps: the averages fall on step counts.
+    if (!warmup_closed_) {
+      const auto before = ddp_.stats().shadow_steps;
+      shadowed = close_warmup();
+      step_ += static_cast<std::int64_t>(ddp_.stats().shadow_steps - before);
+    }
+    if (intra_) {
+      // Hierarchical: while a rank of this host has data, shadow the host's gradient all_reduces
+      // (zero gradients, DDP's join) and take part in the job's averages at the steps they fall
+      // on; the host's join then gives its ranks the parameters of the one that stepped most.
+      shadowed = intra_->join([this] {
+        const bool due = step_ >= opts_.warmup_steps && (step_ - opts_.warmup_steps) % opts_.period == 0;
+        if (due) {
+          std::array<std::int64_t, 1> active{0};
+          small_all_reduce(std::span<std::int64_t>(active), reduce_op::sum, "join active-rank all_reduce");
+          average_parameters();
+        }
+        ++step_;
+      }) || shadowed;
+    }
     for (;;) {
       std::array<std::int64_t, 1> active{0};
       small_all_reduce(std::span<std::int64_t>(active), reduce_op::sum, "join active-rank all_reduce");
@@ -16021,11 +16201,6 @@ class post_local_sgd {
 
  private:
   [[nodiscard]] static local_sgd_options check_hierarchical(C& comm, C& intra, local_sgd_options o) {
-    if (o.join) {
-      throw invalid_argument_error("local_sgd_options: join is not supported with an intra-host group yet (a joined "
-                                   "rank would have to shadow its host's gradient all_reduces and the job's averages "
-                                   "in one order)");
-    }
     if (intra.size() > comm.size() || comm.size() % intra.size() != 0) {
       throw invalid_argument_error("post_local_sgd: the intra-host group has " + std::to_string(intra.size()) +
                                    " ranks, the job " + std::to_string(comm.size()) +
@@ -17655,8 +17830,10 @@ namespace comm_hooks {
 // inner steps, the rounds staggered by H / F steps, so only 1/F of the parameters travels at a
 // time. A fragment's exchange starts `fragment_sync_delay` (tau) inner steps before its outer
 // step and runs while those steps train: training does not wait for the network, at the price of
-// the tau steps of local progress on that fragment, which the outer step replaces.
+// the tau steps of local progress on that fragment, which the outer step replaces. Join (uneven
+// inputs): a rank out of batches calls join() and takes part in the others' exchanges.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -17693,6 +17870,10 @@ struct streaming_diloco_options {
   bool nesterov = true;
   outer_compression compression = outer_compression::none;
   bool broadcast_parameters = true;
+  // Uneven inputs: a rank that runs out of batches calls join() and takes part in the others'
+  // fragment exchanges (with whatever progress it made on the fragment since its last outer
+  // step, then zero) until every rank has joined. Costs one small all_reduce per exchange.
+  bool join = false;
 };
 
 namespace detail::diloco {
@@ -17745,17 +17926,59 @@ class streaming_diloco {
   template <class B>
   double train_step(const B& batch) {
     static_assert(check_trainable<M, B>());
+    if (joined_) throw invalid_argument_error(where() + "train_step after join() on this rank");
     const double loss = model_->train_step(batch);
     inner_->step();
     ++steps_;
-    const std::int64_t h = opts_.inner_steps, gap = h / opts_.fragments;
-    const std::int64_t u = steps_ % h;
     for (std::int64_t f = 0; f < opts_.fragments; ++f) {
       // Start before end, so that tau = 0 exchanges and steps in one go.
-      if (u == ((f + 1) * gap - opts_.fragment_sync_delay) % h) prepare(static_cast<std::size_t>(f));
-      if (u == ((f + 1) * gap) % h) perform(static_cast<std::size_t>(f));
+      if (prepares(steps_, f)) {
+        if (opts_.join) {  // tells the joined ranks, waiting in join(), that an exchange follows
+          std::array<std::int64_t, 1> active{1};
+          small_all_reduce(std::span<std::int64_t>(active), reduce_op::sum, "active-rank all_reduce");
+        }
+        prepare(static_cast<std::size_t>(f));
+      }
+      if (performs(steps_, f)) perform(static_cast<std::size_t>(f));
     }
     return loss;
+  }
+
+  // Uneven inputs (needs streaming_diloco_options::join): call once this rank has no more
+  // batches. It takes part in the other ranks' fragment exchanges, in their order, until every
+  // rank has joined; then every rank's step counter is set to the most steps any rank took, so
+  // the next epoch's exchanges happen at the same steps everywhere, and an exchange the
+  // schedule still has in flight at that step stays in flight on every rank. The result is that
+  // of the ranks out of data stepping on at learning rate 0. Returns true when this rank took
+  // part in at least one exchange of the others.
+  bool join() {
+    if (!opts_.join) {
+      throw config_error(where() + "join() needs join enabled: construct with streaming_diloco_options{.join = true} "
+                                   "(every fragment exchange then starts with a count of the ranks that still have "
+                                   "data)");
+    }
+    joined_ = true;
+    bool shadowed = false;
+    std::int64_t next = next_prepared(steps_);
+    for (;;) {
+      std::array<std::int64_t, 1> active{0};
+      small_all_reduce(std::span<std::int64_t>(active), reduce_op::sum, "join active-rank all_reduce");
+      if (active[0] == 0) break;
+      shadowed = true;
+      // The others end the exchange in flight before they start the next (tau < H / F); this
+      // rank makes no progress in between, so it can end it now.
+      if (pending_ >= 0) perform(static_cast<std::size_t>(pending_));
+      prepare(static_cast<std::size_t>(next));
+      next = (next + 1) % opts_.fragments;
+    }
+    std::array<std::int64_t, 1> most{steps_};
+    small_all_reduce(std::span<std::int64_t>(most), reduce_op::max, "join step-count all_reduce");
+    steps_ = most[0];
+    // Where the schedule stands at that step: the exchange it has in flight there (the last one
+    // started, which every rank took part in) stays in flight; any other is ended now.
+    if (pending_ >= 0 && pending_ != in_flight_at(steps_)) perform(static_cast<std::size_t>(pending_));
+    joined_ = false;
+    return shadowed;
   }
 
   [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
@@ -17835,6 +18058,42 @@ class streaming_diloco {
   }
 
  private:
+  // The schedule: fragment f's exchange starts after step s when prepares(s, f) and ends (its
+  // outer step) when performs(s, f); steps count from 1.
+  [[nodiscard]] bool prepares(std::int64_t s, std::int64_t f) const {
+    const std::int64_t h = opts_.inner_steps, gap = h / opts_.fragments;
+    return s % h == ((f + 1) * gap - opts_.fragment_sync_delay) % h;
+  }
+  [[nodiscard]] bool performs(std::int64_t s, std::int64_t f) const {
+    const std::int64_t h = opts_.inner_steps, gap = h / opts_.fragments;
+    return s % h == ((f + 1) * gap) % h;
+  }
+  // The fragment whose exchange the schedule starts next after step s.
+  [[nodiscard]] std::int64_t next_prepared(std::int64_t s) const {
+    for (std::int64_t t = s + 1; t <= s + opts_.inner_steps; ++t) {
+      for (std::int64_t f = 0; f < opts_.fragments; ++f) {
+        if (prepares(t, f)) return f;
+      }
+    }
+    return 0;  // unreachable: every round starts every fragment's exchange
+  }
+  // The fragment whose exchange the schedule has in flight right after step s (-1: none).
+  [[nodiscard]] std::int64_t in_flight_at(std::int64_t s) const {
+    for (std::int64_t t = s; t >= 1 && t > s - opts_.inner_steps; --t) {
+      for (std::int64_t f = 0; f < opts_.fragments; ++f) {
+        if (performs(t, f)) return -1;  // the last event was an outer step (after its start, when tau = 0)
+      }
+      for (std::int64_t f = 0; f < opts_.fragments; ++f) {
+        if (prepares(t, f)) return f;
+      }
+    }
+    return -1;
+  }
+  [[nodiscard]] std::string where() const { return "rank " + std::to_string(comm_->rank()) + " streaming_diloco: "; }
+  void small_all_reduce(std::span<std::int64_t> v, reduce_op op, const char* what) {
+    detail::diloco::small_all_reduce(*comm_, v, op, where(), what, opts_.join, "streaming_diloco_options");
+  }
+
   struct fragment_state {
     std::vector<std::size_t> params;           // indices into the model's parameters
     std::vector<std::size_t> offsets, sizes;   // within the fragment's flat buffers
@@ -17899,7 +18158,12 @@ class streaming_diloco {
                                    std::to_string(pending_) + " is in flight (internal schedule error)");
     }
     auto& f = *fragments_[fi];
-    exchange_.finish(std::span<T>(f.grad));
+    try {
+      exchange_.finish(std::span<T>(f.grad));
+    } catch (const timeout_error& e) {
+      throw timeout_error(where() + "fragment " + std::to_string(fi) + " exchange failed: " + e.what() +
+                          detail::diloco::join_hint(opts_.join, "streaming_diloco_options"));
+    }
     for (std::size_t i = 0; i < f.params.size(); ++i) {
       auto& v = values_[f.params[i]];
       std::memcpy(v.data(), f.start.data() + f.offsets[i], v.size_bytes());
@@ -17919,6 +18183,7 @@ class streaming_diloco {
   std::vector<T> pending_delta_;  // the outer gradient in flight (kept for save_state)
   std::int64_t pending_ = -1;
   std::int64_t steps_ = 0, outer_steps_ = 0;
+  bool joined_ = false;  // inside join(): train_step is refused
   detail::diloco::outer_exchange<T> exchange_;  // last: its destructor waits for what it sent
 };
 

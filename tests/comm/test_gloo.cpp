@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <partrain/comm/gloo.hpp>
+#include <partrain/comm/subgroups.hpp>
 
 #include "collective_reference.hpp"
 #include "fork_ranks.hpp"
@@ -226,6 +227,23 @@ void check_processes(int world) {
 
 TEST_CASE("gloo processes: every collective, world size 2", "[comm][gloo][processes]") { check_processes(2); }
 TEST_CASE("gloo processes: every collective, world size 3", "[comm][gloo][processes]") { check_processes(3); }
+
+TEST_CASE("gloo processes: new_subgroups and split_group build groups over the same store", "[comm][gloo][processes][subgroups]") {
+  CHECK(failures_of(run_processes(4, [](gloo_group& g) {
+          std::unique_ptr<gloo_group> host = new_subgroups(g, 2);  // {0, 1} and {2, 3}
+          expect(host->size() == 2 && host->rank() == g.rank() % 2, "host rank and size");
+          std::vector<std::int64_t> v{g.rank()};
+          host->all_reduce(tensor_view<std::int64_t>(v)).wait();
+          expect(v[0] == (g.rank() < 2 ? 1 : 5), "host all_reduce: " + std::to_string(v[0]));
+          auto parity = split_group(g, g.rank() % 2);  // {0, 2} and {1, 3}
+          std::vector<float> f(7, static_cast<float>(g.rank()));
+          parity->all_reduce(tensor_view<float>(f)).wait();
+          expect(f[6] == (g.rank() % 2 == 0 ? 2.0f : 4.0f), "parity all_reduce: " + std::to_string(f[6]));
+          std::vector<std::int64_t> w{1};
+          g.all_reduce(tensor_view<std::int64_t>(w)).wait();  // the parent still works
+          expect(w[0] == 4, "parent all_reduce");
+        })) == "");
+}
 
 TEST_CASE("gloo: ops are asynchronous and complete in issue order", "[comm][gloo][threads]") {
   CHECK(run_threads(2, [](gloo_group& g) {

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <partrain/comm/mpi.hpp>
+#include <partrain/comm/subgroups.hpp>
 #include <partrain/rendezvous/init.hpp>
 
 #include "collective_reference.hpp"
@@ -103,6 +104,21 @@ TEST_CASE("mpi: checking mode reports a different collective on another rank", "
   CHECK_THROWS_WITH(g.all_reduce(tensor_view<float>(v)).wait(),
                     Catch::Contains("collective mismatch") && Catch::Contains("float32 x 10") &&
                         Catch::Contains("float32 x 11"));
+}
+
+TEST_CASE("mpi: split_group and new_subgroups split the communicator", "[comm][mpi][subgroups]") {
+  auto& g = world();
+  auto parity = split_group(g, g.rank() % 2);
+  CHECK(parity->rank() == g.rank() / 2);
+  CHECK(parity->size() == (g.size() + 1 - g.rank() % 2) / 2);
+  std::vector<std::int64_t> v{g.rank()};
+  parity->all_reduce(tensor_view<std::int64_t>(v)).wait();
+  std::int64_t want = 0;
+  for (int q = g.rank() % 2; q < g.size(); q += 2) want += q;
+  CHECK(v[0] == want);
+  auto alone = new_subgroups(g, 1);
+  CHECK(alone->size() == 1);
+  CHECK_THROWS_WITH(split_group(g, -2), Catch::Contains("color must be >= 0"));
 }
 
 TEST_CASE("mpi: init_process_group builds the group from mpirun's environment", "[comm][mpi]") {

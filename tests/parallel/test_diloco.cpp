@@ -437,6 +437,83 @@ TEST_CASE("streaming_diloco: save and load with an exchange in flight resume bit
   }
 }
 
+namespace {
+
+// Streaming DiLoCo's join against the same reference as DiLoCo's: ranks with batches[r] batches,
+// two epochs, joining (join = true) or stepping the longest count at inner lr 0 once their data
+// ended (join = false).
+join_run streaming_uneven(const std::vector<int>& batches, streaming_diloco_options o, bool join) {
+  const int world = static_cast<int>(batches.size());
+  const int most = *std::max_element(batches.begin(), batches.end());
+  const auto n = batches.size();
+  join_run out{std::vector<std::vector<float>>(n), std::vector<std::int64_t>(n), std::vector<std::int64_t>(n),
+               std::vector<std::int64_t>(n), std::vector<int>(n)};
+  o.join = join;
+  run_local(world, [&](local_group& g) {
+    const auto r = static_cast<std::size_t>(g.rank());
+    toy_mlp<float> m(7 + r);
+    sgd inner(m, join_inner);
+    streaming_diloco sd(m, inner, g, o);
+    for (int e = 0; e < 2; ++e) {
+      const int mine = join ? batches[r] : most;
+      for (int s = 0; s < mine; ++s) {
+        inner.set_lr(s < batches[r] ? join_inner.lr : 0.0);
+        sd.train_step(rank_batch<float>(e * most + s, world, g.rank()));
+      }
+      if (join) out.shadowed[r] = sd.join() ? 1 : 0;
+      out.inner_step[r] = sd.in_flight();  // after the epoch: the fragment in flight (-1: none)
+    }
+    out.params[r] = m.flat_values();
+    out.outer_steps[r] = sd.outer_steps();
+    out.steps[r] = sd.steps();
+  }, {.timeout = std::chrono::seconds(10)});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("streaming_diloco join: ranks with fewer batches take part in every exchange, nobody hangs", "[parallel][diloco][streaming][join]") {
+  // H = 4, F = 2: with tau = 1 fragment 0's exchange runs over steps 1-2 of each round, fragment
+  // 1's over 3-4; with tau = 0 each exchange starts and ends at steps 2 and 4. The longest rank
+  // ends epoch 1 at step 10 (no exchange in flight) or 9 (fragment 0's in flight, on every rank).
+  for (const std::int64_t tau : {1, 0}) {
+    for (const int longest : {10, 9}) {
+      for (auto c : {outer_compression::none, outer_compression::int8}) {
+        CAPTURE(tau, longest, to_string(c));
+        const std::vector<int> batches{longest, 5, 2};
+        const streaming_diloco_options o{.inner_steps = 4, .fragments = 2, .fragment_sync_delay = tau, .compression = c};
+        const auto got = streaming_uneven(batches, o, true);
+        const auto want = streaming_uneven(batches, o, false);
+        for (std::size_t r = 0; r < batches.size(); ++r) {
+          CAPTURE(r);
+          CHECK(got.params[r] == want.params[r]);  // bit for bit
+          CHECK(got.steps[r] == 2 * longest);
+          CHECK(got.outer_steps[r] == want.outer_steps[0]);
+          CHECK(got.inner_step[r] == want.inner_step[0]);  // the same exchange in flight as the reference's
+        }
+        CHECK(got.shadowed == std::vector<int>{0, 1, 1});
+        CHECK(want.outer_steps[0] == longest);  // one outer step every H / F = 2 steps
+      }
+    }
+  }
+}
+
+TEST_CASE("streaming_diloco join: without join the rank left waiting times out naming the fix", "[parallel][diloco][streaming][join][errors]") {
+  CHECK_THROWS_WITH(run_local(2, [](local_group& g) {
+    toy_mlp<float> m(7);
+    sgd inner(m, join_inner);
+    streaming_diloco sd(m, inner, g, {.inner_steps = 4, .fragments = 2, .fragment_sync_delay = 0});
+    for (int s = 0; s < (g.rank() == 0 ? 6 : 1); ++s) sd.train_step(rank_batch<float>(s, 2, g.rank()));
+  }, {.timeout = std::chrono::milliseconds(300)}), Catch::Contains("exchange failed") &&
+                                                     Catch::Contains("streaming_diloco_options{.join = true}"));
+  run_local(1, [](local_group& g) {
+    toy_mlp<float> m(7);
+    sgd inner(m, join_inner);
+    streaming_diloco sd(m, inner, g, {.inner_steps = 4, .fragments = 2});
+    CHECK_THROWS_WITH(sd.join(), Catch::Contains("join() needs join enabled"));
+  });
+}
+
 TEST_CASE("streaming_diloco: bad options are refused by name", "[parallel][diloco][streaming][errors]") {
   run_local(1, [](local_group& g) {
     toy_mlp<float> m;

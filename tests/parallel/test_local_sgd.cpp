@@ -243,7 +243,7 @@ TEST_CASE("local_sgd hierarchical: period 1 equals DDP", "[parallel][local_sgd][
   }
 }
 
-TEST_CASE("local_sgd hierarchical: a host group that does not divide the job, or join, is refused", "[parallel][local_sgd][hierarchical][errors]") {
+TEST_CASE("local_sgd hierarchical: a host group that does not divide the job is refused", "[parallel][local_sgd][hierarchical][errors]") {
   run_local_hosts(1, 3, [](local_group& g, local_group&) {
     // A host of 2 in a job of 3: build a second world of 2 just for the check (no collective runs).
     auto two = make_local_world(2);
@@ -252,8 +252,6 @@ TEST_CASE("local_sgd hierarchical: a host group that does not divide the job, or
     auto& host = *two[static_cast<std::size_t>(g.rank() % 2)];
     CHECK_THROWS_WITH((post_local_sgd(m, opt, g, host, {.period = 2})),
                       Catch::Contains("intra-host group has 2 ranks, the job 3"));
-    CHECK_THROWS_WITH((post_local_sgd(m, opt, g, g, {.period = 2, .join = true})),
-                      Catch::Contains("join is not supported with an intra-host group"));
   });
 }
 
@@ -567,5 +565,98 @@ TEST_CASE("local policies: fit's metrics record the bytes each rank sent, growin
     CHECK(col.front() > 0);
     CHECK(std::is_sorted(col.begin(), col.end()));
     CHECK(col.back() > col.front());
+  }
+}
+
+namespace {
+
+// A toy_mlp whose gradients can be zeroed after its step: the reference's rank out of data, which
+// adds nothing to its host's gradient all_reduce (what a joined rank's shadow step adds).
+struct idling_mlp {
+  toy_mlp<float> m;
+  bool idle = false;
+  auto& parameters() { return m.parameters(); }
+  double train_step(const toy_batch<float>& b) {
+    const double loss = m.train_step(b);
+    if (idle) {
+      for (auto& p : m.parameters()) std::fill(p.grads().begin(), p.grads().end(), 0.0f);
+    }
+    return loss;
+  }
+  eval_result eval_step(const toy_batch<float>& b) { return m.eval_step(b); }
+};
+
+// Hierarchical post-local SGD on 2 hosts x 2 ranks with batches[r] batches per epoch: joining
+// (join = true), or (reference) every rank stepping the longest count, at lr 0 and with zero
+// gradients once its data ended, and each host's ranks taking the parameters of the host's rank
+// with the most batches (ties: the higher) right after that rank's last step (what the host's
+// DDP join does when its last rank joins), and at the end of the warm-up likewise over the job.
+join_result hierarchical_join_run(const std::vector<int>& batches, int epochs, local_sgd_options o, bool join) {
+  constexpr int per_host = 2;
+  const int world = static_cast<int>(batches.size());
+  const int most = *std::max_element(batches.begin(), batches.end());
+  join_result out{std::vector<std::vector<float>>(batches.size()), std::vector<std::int64_t>(batches.size()),
+                  std::vector<int>(batches.size())};
+  o.join = join;
+  run_local_hosts(world / per_host, per_host, [&](local_group& g, local_group& host) {
+    const auto r = static_cast<std::size_t>(g.rank());
+    const std::size_t first = r - r % per_host;
+    const int host_most = std::max(batches[first], batches[first + 1]);
+    const int lead = batches[first] > batches[first + 1] ? 0 : 1;  // the host's rank with the most batches
+    // The warm-up is DDP, left through DDP's join: a rank that idled in it takes the parameters
+    // of the rank with the most warm-up steps (ties: the highest).
+    const bool idle_in_warmup = *std::min_element(batches.begin(), batches.end()) < o.warmup_steps;
+    int warmup_lead = 0;
+    for (int k = 0; k < world; ++k) {
+      if (std::min<std::int64_t>(batches[static_cast<std::size_t>(k)], o.warmup_steps) >=
+          std::min<std::int64_t>(batches[static_cast<std::size_t>(warmup_lead)], o.warmup_steps)) {
+        warmup_lead = k;
+      }
+    }
+    idling_mlp m{toy_mlp<float>(7 + r)};
+    sgd opt(m, join_sgd);
+    post_local_sgd lsgd(m, opt, g, host, o);
+    for (int e = 0; e < epochs; ++e) {
+      for (int s = 0; s < (join ? batches[r] : most); ++s) {
+        m.idle = s >= batches[r];
+        opt.set_lr(m.idle ? 0.0 : join_sgd.lr);
+        lsgd.train_step(rank_batch<float>(e * most + s, world, g.rank()));
+        if (!join && e == 0 && s + 1 == o.warmup_steps && idle_in_warmup) {
+          for (auto& p : m.parameters()) g.broadcast(p.value(), warmup_lead).wait();
+        }
+        if (!join && s + 1 == host_most) {
+          for (auto& p : m.parameters()) host.broadcast(p.value(), lead).wait();
+        }
+      }
+      if (join) out.shadowed[r] = lsgd.join() ? 1 : 0;
+    }
+    out.params[r] = m.m.flat_values();
+    out.steps[r] = lsgd.steps();
+  }, {.timeout = std::chrono::seconds(10)});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("local_sgd hierarchical join: ranks out of data shadow their host's steps and the job's averages", "[parallel][local_sgd][hierarchical][join]") {
+  // Hosts {0, 1} and {2, 3}. Rank 3 runs out first, then rank 1, then all of host 1; rank 0 goes
+  // on alone. Warm-up 2 (rank 3's data ends inside it in the second case), averages every 3 steps.
+  // 10 batches: rank 0's last step (19 of the second epoch) is past the last average either way.
+  for (const auto& batches : {std::vector<int>{10, 7, 6, 4}, std::vector<int>{10, 7, 5, 1}}) {
+    for (std::int64_t warmup : {0, 2}) {
+      CAPTURE(batches, warmup);
+      const local_sgd_options o{.period = 3, .warmup_steps = warmup};
+      const auto got = hierarchical_join_run(batches, 2, o, true);
+      const auto want = hierarchical_join_run(batches, 2, o, false);
+      for (std::size_t r = 0; r < batches.size(); ++r) {
+        CAPTURE(r);
+        CHECK(got.params[r] == want.params[r]);  // bit for bit
+        CHECK(got.steps[r] == 20);               // counters realigned every epoch
+      }
+      CHECK(got.shadowed == std::vector<int>{0, 1, 1, 1});
+      CHECK(got.params[0] == got.params[1]);  // the host's join: rank 1 took rank 0's parameters
+      CHECK(got.params[2] == got.params[3]);
+      CHECK(got.params[0] != got.params[2]);  // rank 0's last steps after the last average
+    }
   }
 }

@@ -64,9 +64,13 @@ class gloo_group final : public process_group {
     }
     // A peer that dies mid-write must fail this rank with our error, not kill it with SIGPIPE.
     (void)detail::gloo::survive_sigpipe();
-    const std::string prefix = gopts.prefix.empty() ? detail::gloo::next_prefix(s, rank) : gopts.prefix;
-    context_ = detail::gloo::connect(s, prefix, rank, size, opts.timeout,
+    gopts.prefix = gopts.prefix.empty() ? detail::gloo::next_prefix(s, rank) : gopts.prefix;
+    context_ = detail::gloo::connect(s, gopts.prefix, rank, size, opts.timeout,
                                     detail::gloo::device_attr(gopts.ifname, gopts.hostname));
+    // Kept for split(), as PyTorch keeps the default group's store (on rank 0 of a tcp:// or
+    // env:// job it is the store's server).
+    store_ = std::move(s);
+    gopts_ = std::move(gopts);
   }
 
   ~gloo_group() override {
@@ -85,6 +89,13 @@ class gloo_group final : public process_group {
   }
 
  protected:
+  // A new Gloo context on the same store, under a prefix of its own (this group's, the split's
+  // number and the color), so the subgroups' rendezvous keys never meet.
+  std::unique_ptr<process_group> do_split(const split_request& r) override {
+    gloo_options o = gopts_;
+    o.prefix = gopts_.prefix + "split" + std::to_string(r.seq) + "/" + std::to_string(r.color) + "/";
+    return std::make_unique<gloo_group>(store_, r.index, static_cast<int>(r.members.size()), options(), std::move(o));
+  }
   work do_all_reduce(raw_tensor t, reduce_op op) override {
     if (t.count == 0) return work::completed();
     return run(collective::all_reduce, "", [this, t, op] {
@@ -315,6 +326,8 @@ class gloo_group final : public process_group {
   mutable std::mutex mutex_;
   std::string failure_;
   std::vector<std::byte> scratch_;
+  std::shared_ptr<store> store_;
+  gloo_options gopts_;
   std::shared_ptr<gloo::Context> context_;
   // Destroyed (joined) before context_; each blocking call inside is bounded by the timeout.
   std::unique_ptr<detail::executor> worker_ = std::make_unique<detail::executor>();

@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <partrain/comm/detail/host_reduce.hpp>
@@ -115,6 +116,17 @@ class world_state {
     if (bytes) std::memcpy(data, msg.data(), bytes);
   }
 
+  // The world of a split's group `color` (split number `seq` of this world): the first member to
+  // ask makes it, the others get the same one; forgotten once all `size` members have it.
+  [[nodiscard]] std::shared_ptr<world_state> subworld(std::uint64_t seq, int color, int size) {
+    std::lock_guard lock(mutex_);
+    auto& [w, handed] = subworlds_[{seq, color}];
+    if (!w) w = std::make_shared<world_state>(size, timeout_);
+    auto out = w;
+    if (++handed == size) subworlds_.erase({seq, color});
+    return out;
+  }
+
  private:
   void throw_if_aborted(int rank, collective c) const {
     if (aborted_) throw aborted_error({.rank = rank, .operation = std::string(to_string(c)) + " (local)"}, abort_origin_, abort_reason_);
@@ -140,6 +152,7 @@ class world_state {
   std::string abort_reason_;
   int abort_origin_ = -1;
   std::map<std::tuple<int, int, int>, std::deque<std::vector<std::byte>>> mail_;
+  std::map<std::pair<std::uint64_t, int>, std::pair<std::shared_ptr<world_state>, int>> subworlds_;
 };
 
 // Reduces elements [first, last) of every rank's `in` (in rank order, so every run and every
@@ -213,6 +226,10 @@ class local_group final : public process_group {
       const std::size_t lo = static_cast<std::size_t>(rank()) * out.count;
       detail::local::reduce_ranks_into(w, std::span(&out.data, 1), lo, lo + out.count, out.type, op);
     });
+  }
+  std::unique_ptr<process_group> do_split(const split_request& r) override {
+    return std::make_unique<local_group>(world_->subworld(r.seq, r.color, static_cast<int>(r.members.size())), r.index,
+                                         options());
   }
   work do_barrier() override {
     return run(collective::barrier, nullptr, nullptr, raw_tensor{nullptr, 0, dtype::uint8, false}, -1, reduce_op::sum,

@@ -75,6 +75,25 @@ struct comm_handle {
     if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c.comm); rc != MPI_SUCCESS) {
       throw communication_error("mpi_group: MPI_Comm_dup failed: " + error_string(rc));
     }
+    c.describe();
+    return c;
+  }
+  // MPI_Comm_split of `parent`: blocking, but split() calls it right after an all_gather over the
+  // parent (bounded by its timeout) has shown every rank there.
+  static comm_handle split(MPI_Comm parent, int color, int key) {
+    auto& rt = runtime::instance();
+    std::lock_guard lock(rt.mutex());
+    comm_handle c;
+    if (int rc = MPI_Comm_split(parent, color, key, &c.comm); rc != MPI_SUCCESS) {
+      throw communication_error("mpi_group: MPI_Comm_split failed: " + error_string(rc));
+    }
+    c.describe();
+    return c;
+  }
+
+ private:
+  void describe() {
+    comm_handle& c = *this;
     MPI_Comm_set_errhandler(c.comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(c.comm, &c.rank);
     MPI_Comm_size(c.comm, &c.size);
@@ -82,7 +101,6 @@ struct comm_handle {
     int found = 0;
     MPI_Comm_get_attr(c.comm, MPI_TAG_UB, &ub, &found);
     if (found && ub) c.tag_ub = *static_cast<int*>(ub);
-    return c;
   }
 };
 
@@ -117,6 +135,10 @@ class mpi_group final : public process_group {
   }
 
  protected:
+  std::unique_ptr<process_group> do_split(const split_request& r) override {
+    return std::unique_ptr<mpi_group>(
+        new mpi_group(detail::mpi::comm_handle::split(comm_.comm, r.color, rank()), options(), mopts_));
+  }
   work do_all_reduce(raw_tensor t, reduce_op op) override {
     if (t.count == 0) return work::completed();
     const int n = count_of(collective::all_reduce, t);

@@ -222,12 +222,53 @@ class process_group {
     return send(tensor_view<const T, S>(t), dst, tag);
   }
 
+  // torch.distributed.new_group / MPI_Comm_split. Collective over this group: the ranks that pass
+  // the same color (>= 0) form a new group of this backend, ranked in their order here, with this
+  // group's options; each rank gets its own. comm/subgroups.hpp has the typed forms
+  // (split_group, new_subgroups). Backends: local, gloo, mpi.
+  [[nodiscard]] std::unique_ptr<process_group> split(int color) {
+    const std::string site = "rank " + std::to_string(rank_) + " split (" + std::string(backend()) + ")";
+    if (color < 0) throw invalid_argument_error(site + ": color must be >= 0, got " + std::to_string(color));
+    const std::int64_t mine = color;
+    std::vector<std::int64_t> colors(static_cast<std::size_t>(size_));
+    try {
+      all_gather(tensor_view<const std::int64_t>(&mine, shape{1}), tensor_view<std::int64_t>(colors)).wait();
+    } catch (const timeout_error& e) {
+      throw timeout_error({.rank = rank_, .operation = "split", .timeout = opts_.timeout},
+                          "not every rank of the group reached it (every rank must call split, in the same order "
+                          "as its other collectives): " + std::string(e.what()));
+    }
+    split_request r;
+    r.color = color;
+    r.seq = splits_++;
+    for (int q = 0; q < size_; ++q) {
+      if (colors[static_cast<std::size_t>(q)] != color) continue;
+      if (q == rank_) r.index = static_cast<int>(r.members.size());
+      r.members.push_back(q);
+    }
+    return do_split(r);
+  }
+
   [[nodiscard]] std::string where(collective c) const {
     return "rank " + std::to_string(rank_) + " " + std::string(to_string(c)) + " (" + std::string(backend()) +
            ", world size " + std::to_string(size_) + ")";
   }
 
  protected:
+  // What split() agreed on: this rank's color, the ranks (here) that share it in order, this
+  // rank's index among them, and how many splits this group made before (the same on every rank).
+  struct split_request {
+    int color = 0;
+    std::vector<int> members;
+    int index = 0;
+    std::uint64_t seq = 0;
+  };
+  // The backend's new group for r; every member calls it with the same members and seq.
+  virtual std::unique_ptr<process_group> do_split(const split_request& r) {
+    (void)r;
+    throw config_error("rank " + std::to_string(rank_) + " split: the " + std::string(backend()) +
+                       " backend cannot split groups yet (expected local, gloo or mpi)");
+  }
   virtual work do_all_reduce(raw_tensor t, reduce_op op) = 0;
   virtual work do_broadcast(raw_tensor t, int root) = 0;
   virtual work do_reduce(raw_tensor t, int root, reduce_op op) = 0;
@@ -324,6 +365,7 @@ class process_group {
   int size_;
   process_group_options opts_;
   std::uint64_t seq_ = 0;
+  std::uint64_t splits_ = 0;
   std::atomic<std::uint64_t> calls_{0};
   std::atomic<std::uint64_t> bytes_sent_{0};
   std::atomic<std::uint64_t> ops_{0};

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -202,8 +203,14 @@ class distributed_data_parallel {
   // the other ranks' steps with zero gradients until every rank has joined, then copies the
   // parameters of the rank that ran the most steps (ties: the highest rank) to all. Returns
   // true when this rank shadowed at least one step. The optimizer state of a rank that joined
-  // early is not updated. Afterwards the DDP is ready for the next epoch.
+  // early is not updated. Afterwards the DDP is ready for the next epoch. `each_step` runs after
+  // every step of the others this rank took part in (hierarchical post-local SGD uses it to take
+  // part in the job's averages at the steps they fall on).
   bool join() {
+    return join([] {});
+  }
+  template <std::invocable F>
+  bool join(F&& each_step) {
     if (!opts_.join) {
       throw config_error(where() + "join() needs join enabled: construct with ddp_options{.join = true} (every "
                                    "rank then agrees each step on which ranks still have data)");
@@ -220,6 +227,7 @@ class distributed_data_parallel {
         reducer_->shadow(ranks);
         ++stats_.shadow_steps;
       }
+      each_step();
     }
     std::array<std::int64_t, 1> last{steps_since_join_ * comm_->size() + comm_->rank()};
     small_all_reduce(std::span<std::int64_t>(last), reduce_op::max, "join last-rank all_reduce");

@@ -262,6 +262,26 @@ void broadcast_parameters(C& comm, M& model, const char* who) {
   for (auto& w : works) w.wait();
 }
 
+// What a timeout says when join is off: uneven inputs are the usual cause.
+[[nodiscard]] inline std::string join_hint(bool join, const char* options) {
+  return join ? std::string()
+              : std::string(". If ranks run out of batches at different steps, construct with ") + options +
+                    "{.join = true} and call join() on a rank once its data ends";
+}
+
+// The join protocol's small all_reduce (active-rank counts, step counts), its timeout naming the
+// rank and, when join is off, the fix (`options` names the options struct that has .join).
+template <class C>
+void small_all_reduce(C& comm, std::span<std::int64_t> v, reduce_op op, const std::string& where, const char* what,
+                      bool join, const char* options) {
+  auto w = comm.all_reduce(tensor_view<std::int64_t>(v.data(), shape{v.size()}), op);
+  try {
+    w.wait();
+  } catch (const timeout_error& e) {
+    throw timeout_error(where + what + " failed: " + e.what() + join_hint(join, options));
+  }
+}
+
 }  // namespace detail::diloco
 
 template <model M, optimizer Inner, communicator C = process_group>
@@ -423,18 +443,9 @@ class diloco {
  private:
   [[nodiscard]] std::string where() const { return "rank " + std::to_string(comm_->rank()) + " diloco: "; }
   void small_all_reduce(std::span<std::int64_t> v, reduce_op op, const char* what) {
-    auto w = comm_->all_reduce(tensor_view<std::int64_t>(v.data(), shape{v.size()}), op);
-    try {
-      w.wait();
-    } catch (const timeout_error& e) {
-      throw timeout_error(where() + what + " failed: " + e.what() + join_hint());
-    }
+    detail::diloco::small_all_reduce(*comm_, v, op, where(), what, opts_.join, "diloco_options");
   }
-  [[nodiscard]] std::string join_hint() const {
-    return opts_.join ? std::string()
-                      : std::string(". If ranks run out of batches at different steps, construct with "
-                                    "diloco_options{.join = true} and call join() on a rank once its data ends");
-  }
+  [[nodiscard]] std::string join_hint() const { return detail::diloco::join_hint(opts_.join, "diloco_options"); }
 
   [[nodiscard]] sgd_options outer_sgd_options() const {
     return {.lr = opts_.outer_lr, .momentum = opts_.outer_momentum, .dampening = 0, .weight_decay = 0,

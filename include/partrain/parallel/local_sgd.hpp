@@ -6,7 +6,7 @@
 // gradients are still averaged every step, inside the host only, so the ranks of a host hold
 // the same model at every step, and the models of the hosts are averaged every `period` steps.
 // Join (uneven inputs): a rank out of batches calls join() and takes part in the others'
-// averages until every rank has joined.
+// averages (and, hierarchical, its host's gradient all_reduces) until every rank has joined.
 #pragma once
 
 #include <algorithm>
@@ -75,12 +75,12 @@ inline void validate(const local_sgd_options& o) {
 
 // The intra-host DDP of the hierarchical mode: plain all_reduce (the link inside a host is the
 // fast one, and a stateful hook such as PowerSGD must not serve two DDPs), no broadcast (the
-// warm-up's DDP already gave every rank rank 0's parameters).
+// warm-up's DDP already gave every rank rank 0's parameters), DDP's join when ours is on.
 [[nodiscard]] inline ddp_options intra_ddp(const local_sgd_options& o) {
   ddp_options d = o.ddp;
   d.hook = comm_hooks::allreduce();
   d.broadcast_parameters = false;
-  d.join = false;
+  d.join = o.join;
   d.on_bucket_launch = {};
   return d;
 }
@@ -149,7 +149,26 @@ class post_local_sgd {
     bool shadowed = false;
     // The warm-up: DDP's join shadows the gradient all_reduces of the ranks still in it, and
     // every rank leaves the warm-up through it (train_step at the first local step, or here).
-    if (!warmup_closed_) shadowed = close_warmup();
+    // The warm-up steps it shadowed count as this rank's steps: the averages fall on step counts.
+    if (!warmup_closed_) {
+      const auto before = ddp_.stats().shadow_steps;
+      shadowed = close_warmup();
+      step_ += static_cast<std::int64_t>(ddp_.stats().shadow_steps - before);
+    }
+    if (intra_) {
+      // Hierarchical: while a rank of this host has data, shadow the host's gradient all_reduces
+      // (zero gradients, DDP's join) and take part in the job's averages at the steps they fall
+      // on; the host's join then gives its ranks the parameters of the one that stepped most.
+      shadowed = intra_->join([this] {
+        const bool due = step_ >= opts_.warmup_steps && (step_ - opts_.warmup_steps) % opts_.period == 0;
+        if (due) {
+          std::array<std::int64_t, 1> active{0};
+          small_all_reduce(std::span<std::int64_t>(active), reduce_op::sum, "join active-rank all_reduce");
+          average_parameters();
+        }
+        ++step_;
+      }) || shadowed;
+    }
     for (;;) {
       std::array<std::int64_t, 1> active{0};
       small_all_reduce(std::span<std::int64_t>(active), reduce_op::sum, "join active-rank all_reduce");
@@ -246,11 +265,6 @@ class post_local_sgd {
 
  private:
   [[nodiscard]] static local_sgd_options check_hierarchical(C& comm, C& intra, local_sgd_options o) {
-    if (o.join) {
-      throw invalid_argument_error("local_sgd_options: join is not supported with an intra-host group yet (a joined "
-                                   "rank would have to shadow its host's gradient all_reduces and the job's averages "
-                                   "in one order)");
-    }
     if (intra.size() > comm.size() || comm.size() % intra.size() != 0) {
       throw invalid_argument_error("post_local_sgd: the intra-host group has " + std::to_string(intra.size()) +
                                    " ranks, the job " + std::to_string(comm.size()) +

@@ -4,9 +4,11 @@
 // inner steps, the rounds staggered by H / F steps, so only 1/F of the parameters travels at a
 // time. A fragment's exchange starts `fragment_sync_delay` (tau) inner steps before its outer
 // step and runs while those steps train: training does not wait for the network, at the price of
-// the tau steps of local progress on that fragment, which the outer step replaces.
+// the tau steps of local progress on that fragment, which the outer step replaces. Join (uneven
+// inputs): a rank out of batches calls join() and takes part in the others' exchanges.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -43,6 +45,10 @@ struct streaming_diloco_options {
   bool nesterov = true;
   outer_compression compression = outer_compression::none;
   bool broadcast_parameters = true;
+  // Uneven inputs: a rank that runs out of batches calls join() and takes part in the others'
+  // fragment exchanges (with whatever progress it made on the fragment since its last outer
+  // step, then zero) until every rank has joined. Costs one small all_reduce per exchange.
+  bool join = false;
 };
 
 namespace detail::diloco {
@@ -95,17 +101,59 @@ class streaming_diloco {
   template <class B>
   double train_step(const B& batch) {
     static_assert(check_trainable<M, B>());
+    if (joined_) throw invalid_argument_error(where() + "train_step after join() on this rank");
     const double loss = model_->train_step(batch);
     inner_->step();
     ++steps_;
-    const std::int64_t h = opts_.inner_steps, gap = h / opts_.fragments;
-    const std::int64_t u = steps_ % h;
     for (std::int64_t f = 0; f < opts_.fragments; ++f) {
       // Start before end, so that tau = 0 exchanges and steps in one go.
-      if (u == ((f + 1) * gap - opts_.fragment_sync_delay) % h) prepare(static_cast<std::size_t>(f));
-      if (u == ((f + 1) * gap) % h) perform(static_cast<std::size_t>(f));
+      if (prepares(steps_, f)) {
+        if (opts_.join) {  // tells the joined ranks, waiting in join(), that an exchange follows
+          std::array<std::int64_t, 1> active{1};
+          small_all_reduce(std::span<std::int64_t>(active), reduce_op::sum, "active-rank all_reduce");
+        }
+        prepare(static_cast<std::size_t>(f));
+      }
+      if (performs(steps_, f)) perform(static_cast<std::size_t>(f));
     }
     return loss;
+  }
+
+  // Uneven inputs (needs streaming_diloco_options::join): call once this rank has no more
+  // batches. It takes part in the other ranks' fragment exchanges, in their order, until every
+  // rank has joined; then every rank's step counter is set to the most steps any rank took, so
+  // the next epoch's exchanges happen at the same steps everywhere, and an exchange the
+  // schedule still has in flight at that step stays in flight on every rank. The result is that
+  // of the ranks out of data stepping on at learning rate 0. Returns true when this rank took
+  // part in at least one exchange of the others.
+  bool join() {
+    if (!opts_.join) {
+      throw config_error(where() + "join() needs join enabled: construct with streaming_diloco_options{.join = true} "
+                                   "(every fragment exchange then starts with a count of the ranks that still have "
+                                   "data)");
+    }
+    joined_ = true;
+    bool shadowed = false;
+    std::int64_t next = next_prepared(steps_);
+    for (;;) {
+      std::array<std::int64_t, 1> active{0};
+      small_all_reduce(std::span<std::int64_t>(active), reduce_op::sum, "join active-rank all_reduce");
+      if (active[0] == 0) break;
+      shadowed = true;
+      // The others end the exchange in flight before they start the next (tau < H / F); this
+      // rank makes no progress in between, so it can end it now.
+      if (pending_ >= 0) perform(static_cast<std::size_t>(pending_));
+      prepare(static_cast<std::size_t>(next));
+      next = (next + 1) % opts_.fragments;
+    }
+    std::array<std::int64_t, 1> most{steps_};
+    small_all_reduce(std::span<std::int64_t>(most), reduce_op::max, "join step-count all_reduce");
+    steps_ = most[0];
+    // Where the schedule stands at that step: the exchange it has in flight there (the last one
+    // started, which every rank took part in) stays in flight; any other is ended now.
+    if (pending_ >= 0 && pending_ != in_flight_at(steps_)) perform(static_cast<std::size_t>(pending_));
+    joined_ = false;
+    return shadowed;
   }
 
   [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
@@ -185,6 +233,42 @@ class streaming_diloco {
   }
 
  private:
+  // The schedule: fragment f's exchange starts after step s when prepares(s, f) and ends (its
+  // outer step) when performs(s, f); steps count from 1.
+  [[nodiscard]] bool prepares(std::int64_t s, std::int64_t f) const {
+    const std::int64_t h = opts_.inner_steps, gap = h / opts_.fragments;
+    return s % h == ((f + 1) * gap - opts_.fragment_sync_delay) % h;
+  }
+  [[nodiscard]] bool performs(std::int64_t s, std::int64_t f) const {
+    const std::int64_t h = opts_.inner_steps, gap = h / opts_.fragments;
+    return s % h == ((f + 1) * gap) % h;
+  }
+  // The fragment whose exchange the schedule starts next after step s.
+  [[nodiscard]] std::int64_t next_prepared(std::int64_t s) const {
+    for (std::int64_t t = s + 1; t <= s + opts_.inner_steps; ++t) {
+      for (std::int64_t f = 0; f < opts_.fragments; ++f) {
+        if (prepares(t, f)) return f;
+      }
+    }
+    return 0;  // unreachable: every round starts every fragment's exchange
+  }
+  // The fragment whose exchange the schedule has in flight right after step s (-1: none).
+  [[nodiscard]] std::int64_t in_flight_at(std::int64_t s) const {
+    for (std::int64_t t = s; t >= 1 && t > s - opts_.inner_steps; --t) {
+      for (std::int64_t f = 0; f < opts_.fragments; ++f) {
+        if (performs(t, f)) return -1;  // the last event was an outer step (after its start, when tau = 0)
+      }
+      for (std::int64_t f = 0; f < opts_.fragments; ++f) {
+        if (prepares(t, f)) return f;
+      }
+    }
+    return -1;
+  }
+  [[nodiscard]] std::string where() const { return "rank " + std::to_string(comm_->rank()) + " streaming_diloco: "; }
+  void small_all_reduce(std::span<std::int64_t> v, reduce_op op, const char* what) {
+    detail::diloco::small_all_reduce(*comm_, v, op, where(), what, opts_.join, "streaming_diloco_options");
+  }
+
   struct fragment_state {
     std::vector<std::size_t> params;           // indices into the model's parameters
     std::vector<std::size_t> offsets, sizes;   // within the fragment's flat buffers
@@ -249,7 +333,12 @@ class streaming_diloco {
                                    std::to_string(pending_) + " is in flight (internal schedule error)");
     }
     auto& f = *fragments_[fi];
-    exchange_.finish(std::span<T>(f.grad));
+    try {
+      exchange_.finish(std::span<T>(f.grad));
+    } catch (const timeout_error& e) {
+      throw timeout_error(where() + "fragment " + std::to_string(fi) + " exchange failed: " + e.what() +
+                          detail::diloco::join_hint(opts_.join, "streaming_diloco_options"));
+    }
     for (std::size_t i = 0; i < f.params.size(); ++i) {
       auto& v = values_[f.params[i]];
       std::memcpy(v.data(), f.start.data() + f.offsets[i], v.size_bytes());
@@ -269,6 +358,7 @@ class streaming_diloco {
   std::vector<T> pending_delta_;  // the outer gradient in flight (kept for save_state)
   std::int64_t pending_ = -1;
   std::int64_t steps_ = 0, outer_steps_ = 0;
+  bool joined_ = false;  // inside join(): train_step is refused
   detail::diloco::outer_exchange<T> exchange_;  // last: its destructor waits for what it sent
 };
 
