@@ -13013,77 +13013,6 @@ struct ddp_stats {
 
 }  // namespace partrain::inline v0
 
-// #include <partrain/parallel/detail/evaluate.hpp>
-// partrain/parallel/detail/evaluate.hpp: the evaluation every data-parallel mode shares (DDP,
-// ZeRO, DiLoCo, streaming DiLoCo): this rank's batches through the model's eval_step, then loss,
-// correct and count summed over the ranks as three doubles in one all_reduce (exact for counts
-// below 2^53). Each mode brings its own all_reduce, so its errors name it.
-
-#include <array>
-#include <cstddef>
-#include <span>
-#include <type_traits>
-#include <utility>
-
-// #include <partrain/comm/reduce_op.hpp> (above)
-// #include <partrain/core/tensor_view.hpp> (above)
-// #include <partrain/model/concepts.hpp> (above)
-
-namespace partrain::inline v0::detail::ddp {
-
-template <class M, class Range>
-[[nodiscard]] eval_result evaluate_batches(M& model, Range&& batches) {
-  eval_result local;
-  for (auto&& b : batches) {
-    static_assert(evaluable_on<M, std::remove_cvref_t<decltype(b)>>,
-                  "partrain: evaluate needs `eval_result eval_step(const Batch&)` on the model");
-    local += model.eval_step(b);
-  }
-  return local;
-}
-
-// all_reduce_sums(std::span<double>) sums its three doubles over the ranks, in place.
-template <class AllReduce>
-[[nodiscard]] eval_result sum_over_ranks(const eval_result& local, AllReduce&& all_reduce_sums) {
-  std::array<double, 3> sums{local.loss_sum, static_cast<double>(local.correct), static_cast<double>(local.count)};
-  all_reduce_sums(std::span<double>(sums));
-  return {sums[0], static_cast<std::size_t>(sums[1]), static_cast<std::size_t>(sums[2])};
-}
-
-// Both on a communicator whose own wait is the whole error handling (DiLoCo's).
-template <class M, class C, class Range>
-[[nodiscard]] eval_result evaluate_summed(M& model, C& comm, Range&& batches) {
-  return sum_over_ranks(evaluate_batches(model, std::forward<Range>(batches)), [&](std::span<double> sums) {
-    comm.all_reduce(tensor_view<double>(sums.data(), sums.size()), reduce_op::sum).wait();
-  });
-}
-
-}  // namespace partrain::inline v0::detail::ddp
-
-// #include <partrain/parallel/detail/no_sync_guard.hpp>
-// partrain/parallel/detail/no_sync_guard.hpp: what no_sync() of DDP, ZeRO and FSDP returns (one
-// type for the three, each class names it as its own no_sync_guard).
-
-#include <utility>
-
-namespace partrain::inline v0::detail::ddp {
-
-// RAII: while it lives, the owner's "synchronise this step" flag is false; when it ends the flag
-// gets back the value it had, so guards nest.
-class no_sync_guard {
- public:
-  explicit no_sync_guard(bool& require_sync) noexcept : flag_(&require_sync), prev_(std::exchange(require_sync, false)) {}
-  no_sync_guard(const no_sync_guard&) = delete;
-  no_sync_guard& operator=(const no_sync_guard&) = delete;
-  ~no_sync_guard() { *flag_ = prev_; }
-
- private:
-  bool* flag_;
-  bool prev_;
-};
-
-}  // namespace partrain::inline v0::detail::ddp
-
 // #include <partrain/parallel/detail/ddp_staging.hpp>
 #if PARTRAIN_HAS_CUDA
 // partrain/parallel/detail/ddp_staging.hpp: DDP with parameters in CUDA memory over a host backend (local,
@@ -13142,6 +13071,261 @@ void stage_out(tensor_view<T, cuda> g, const T* src, void* stream) {
 
 }  // namespace partrain::inline v0::detail::ddp
 #endif  // PARTRAIN_HAS_CUDA
+
+// #include <partrain/parallel/detail/host_staging.hpp>
+// partrain/parallel/detail/host_staging.hpp: what the policies that keep their state on the host
+// (post-local SGD's averages, DiLoCo's outer step, DDP's small agreements) need to serve CUDA
+// models and device-only backends too:
+//   host_values<M>    the parameters as host memory: host parameters are viewed where they are;
+//                     CUDA parameters are copied into a host mirror (pull) and back (push) on the
+//                     model's stream, once per average or outer step, so the copies cost little
+//                     beside the steps in between;
+//   host_collective   one collective on host memory over any communicator: directly where the
+//                     backend takes host memory, else (NCCL) through a device copy, synchronously.
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+// #include <partrain/config.hpp> (above)
+// #include <partrain/core/device.hpp> (above)
+// #include <partrain/core/error.hpp> (above)
+// #include <partrain/core/memory_space.hpp> (above)
+// #include <partrain/core/tensor_view.hpp> (above)
+// #include <partrain/model/concepts.hpp> (above)
+// #include <partrain/model/traits.hpp> (above)
+
+#if PARTRAIN_HAS_CUDA
+// #include <partrain/cuda/device_buffer.hpp> (above)
+// #include <partrain/parallel/detail/ddp_staging.hpp> (above)
+#endif
+
+namespace partrain::inline v0::detail {
+
+template <model M>
+class host_values {
+  using P = param_t<M>;
+  using T = param_element_t<P>;
+  using S = param_space_t<P>;
+
+ public:
+  static constexpr bool mirrored = !std::same_as<S, host>;
+
+  explicit host_values(M& m) : model_(&m) {
+    if constexpr (mirrored) {
+      static_assert(std::same_as<S, cuda>, "partrain: parameters must be in host or CUDA memory");
+#if !PARTRAIN_HAS_CUDA
+      static_assert(!mirrored, "partrain: CUDA parameters need the CUDA runtime: link partrain::cuda (or use nvcc)");
+#endif
+      std::size_t total = 0;
+      for (auto&& p : m.parameters()) total += p.value().size();
+      mirror_.resize(total);
+      std::size_t at = 0;
+      for (auto&& p : m.parameters()) {
+        views_.emplace_back(mirror_.data() + at, p.value().shape());
+        at += p.value().size();
+      }
+    } else {
+      for (auto&& p : m.parameters()) views_.push_back(p.value());
+    }
+  }
+  host_values(const host_values&) = delete;
+  host_values& operator=(const host_values&) = delete;
+
+  // Host views of every parameter, in the model's order: its own (host) or the mirror's (CUDA).
+  [[nodiscard]] std::span<const tensor_view<T>> views() const noexcept { return views_; }
+  [[nodiscard]] std::size_t size() const noexcept { return views_.size(); }
+
+  // CUDA: the parameters' current values into the mirror, after the work queued on the model's
+  // stream (its inner optimizer's steps). Host: the views are the parameters themselves. Either
+  // way the parameters must still be the ones seen at construction (`who` names the policy).
+  void pull(const char* who) {
+    std::size_t k = 0;
+    for (auto&& p : model_->parameters()) {
+      const auto v = p.value();
+      if (k >= views_.size() || v.size() != views_[k].size() || (!mirrored && v.data() != views_[k].data())) {
+        throw invalid_argument_error(std::string(who) + ": parameter #" + std::to_string(k) +
+                                     " is not the one it was at construction (moved, resized or added; the model's "
+                                     "parameters must not change while the policy holds them)");
+      }
+      if constexpr (mirrored) {
+#if PARTRAIN_HAS_CUDA
+        ddp::staged_copy(views_[k].data(), v.data(), v.size_bytes(), cudaMemcpyDeviceToHost, model_stream(*model_),
+                         "cudaMemcpyAsync (parameters to the host mirror)");
+#endif
+      }
+      ++k;
+    }
+    if (k != views_.size()) {
+      throw invalid_argument_error(std::string(who) + ": the model now has " + std::to_string(k) +
+                                   " parameters, it had " + std::to_string(views_.size()) + " at construction");
+    }
+  }
+  // CUDA: the mirror back into the parameters, ordered on the model's stream. Host: nothing.
+  void push() {
+    if constexpr (mirrored) {
+#if PARTRAIN_HAS_CUDA
+      std::size_t k = 0;
+      for (auto&& p : model_->parameters()) {
+        auto v = p.value();
+        ddp::staged_copy(v.data(), views_[k].data(), v.size_bytes(), cudaMemcpyHostToDevice, model_stream(*model_),
+                         "cudaMemcpyAsync (host mirror to the parameters)");
+        ++k;
+      }
+#endif
+    }
+  }
+
+ private:
+  M* model_;
+  std::vector<T> mirror_;  // CUDA parameters only
+  std::vector<tensor_view<T>> views_;
+};
+
+// Whether comm's collectives take host memory (a communicator without accepts() is assumed to).
+template <class C>
+[[nodiscard]] bool takes_host_memory(const C& comm) {
+  if constexpr (requires { comm.accepts(device_kind::cpu); }) {
+    return comm.accepts(device_kind::cpu);
+  } else {
+    return true;
+  }
+}
+
+// Where a device-only backend's staging copies go: its device (0 when it does not say).
+template <class C>
+[[nodiscard]] int staging_device(const C& comm) {
+  if constexpr (requires { comm.cuda_device_index(); }) {
+    if (const int d = comm.cuda_device_index(); d >= 0) return d;
+  }
+  return 0;
+}
+template <class C>
+[[noreturn]] void no_memory_for(const C& comm) {
+  throw config_error("rank " + std::to_string(comm.rank()) +
+                     ": the backend takes neither host nor (in this build) CUDA memory");
+}
+
+// op(view) issues one collective on `data` and returns its work; wait(work) waits for it (and
+// names its errors). On a backend that takes only CUDA memory the collective runs on a device
+// copy on the backend's device, and both copies are finished on return.
+template <class C, class E, class Op, class Wait>
+void host_collective(C& comm, std::span<E> data, Op&& op, Wait&& wait) {
+  if (data.empty()) return;
+  if (takes_host_memory(comm)) {
+    wait(op(tensor_view<E>(data.data(), data.size())));
+    return;
+  }
+#if PARTRAIN_HAS_CUDA
+  device_buffer<E> dev(data.size(), staging_device(comm));
+  dev.copy_from(tensor_view<const E>(data.data(), data.size()));
+  wait(op(dev.view()));
+  dev.copy_to(tensor_view<E>(data.data(), data.size()));
+#else
+  (void)op;
+  (void)wait;
+  no_memory_for(comm);
+#endif
+}
+
+// The same for a collective with an input and an output (all_gather): op(in_view, out_view).
+template <class C, class E, class F, class Op, class Wait>
+void host_collective(C& comm, std::span<const E> in, std::span<F> out, Op&& op, Wait&& wait) {
+  if (takes_host_memory(comm)) {
+    wait(op(tensor_view<const E>(in.data(), in.size()), tensor_view<F>(out.data(), out.size())));
+    return;
+  }
+#if PARTRAIN_HAS_CUDA
+  device_buffer<E> din(in.size(), staging_device(comm));
+  device_buffer<F> dout(out.size(), staging_device(comm));
+  din.copy_from(tensor_view<const E>(in.data(), in.size()));
+  wait(op(tensor_view<const E, cuda>(din.view()), dout.view()));
+  dout.copy_to(tensor_view<F>(out.data(), out.size()));
+#else
+  (void)op;
+  (void)wait;
+  no_memory_for(comm);
+#endif
+}
+
+}  // namespace partrain::inline v0::detail
+
+// #include <partrain/parallel/detail/evaluate.hpp>
+// partrain/parallel/detail/evaluate.hpp: the evaluation every data-parallel mode shares (DDP,
+// ZeRO, DiLoCo, streaming DiLoCo): this rank's batches through the model's eval_step, then loss,
+// correct and count summed over the ranks as three doubles in one all_reduce (exact for counts
+// below 2^53). Each mode brings its own all_reduce, so its errors name it.
+
+#include <array>
+#include <cstddef>
+#include <span>
+#include <type_traits>
+#include <utility>
+
+// #include <partrain/comm/reduce_op.hpp> (above)
+// #include <partrain/core/tensor_view.hpp> (above)
+// #include <partrain/model/concepts.hpp> (above)
+// #include <partrain/parallel/detail/host_staging.hpp> (above)
+
+namespace partrain::inline v0::detail::ddp {
+
+template <class M, class Range>
+[[nodiscard]] eval_result evaluate_batches(M& model, Range&& batches) {
+  eval_result local;
+  for (auto&& b : batches) {
+    static_assert(evaluable_on<M, std::remove_cvref_t<decltype(b)>>,
+                  "partrain: evaluate needs `eval_result eval_step(const Batch&)` on the model");
+    local += model.eval_step(b);
+  }
+  return local;
+}
+
+// all_reduce_sums(std::span<double>) sums its three doubles over the ranks, in place.
+template <class AllReduce>
+[[nodiscard]] eval_result sum_over_ranks(const eval_result& local, AllReduce&& all_reduce_sums) {
+  std::array<double, 3> sums{local.loss_sum, static_cast<double>(local.correct), static_cast<double>(local.count)};
+  all_reduce_sums(std::span<double>(sums));
+  return {sums[0], static_cast<std::size_t>(sums[1]), static_cast<std::size_t>(sums[2])};
+}
+
+// Both on a communicator whose own wait is the whole error handling (DiLoCo's); on a backend
+// that takes device memory only (NCCL) the sums go through a device copy.
+template <class M, class C, class Range>
+[[nodiscard]] eval_result evaluate_summed(M& model, C& comm, Range&& batches) {
+  return sum_over_ranks(evaluate_batches(model, std::forward<Range>(batches)), [&](std::span<double> sums) {
+    host_collective(
+        comm, sums, [&](auto view) { return comm.all_reduce(view, reduce_op::sum); }, [](auto&& w) { w.wait(); });
+  });
+}
+
+}  // namespace partrain::inline v0::detail::ddp
+
+// #include <partrain/parallel/detail/no_sync_guard.hpp>
+// partrain/parallel/detail/no_sync_guard.hpp: what no_sync() of DDP, ZeRO and FSDP returns (one
+// type for the three, each class names it as its own no_sync_guard).
+
+#include <utility>
+
+namespace partrain::inline v0::detail::ddp {
+
+// RAII: while it lives, the owner's "synchronise this step" flag is false; when it ends the flag
+// gets back the value it had, so guards nest.
+class no_sync_guard {
+ public:
+  explicit no_sync_guard(bool& require_sync) noexcept : flag_(&require_sync), prev_(std::exchange(require_sync, false)) {}
+  no_sync_guard(const no_sync_guard&) = delete;
+  no_sync_guard& operator=(const no_sync_guard&) = delete;
+  ~no_sync_guard() { *flag_ = prev_; }
+
+ private:
+  bool* flag_;
+  bool prev_;
+};
+
+}  // namespace partrain::inline v0::detail::ddp
 
 // #include <partrain/parallel/detail/reducer.hpp>
 // partrain/parallel/detail/reducer.hpp: DDP's gradient reducer. Gradients are copied into flat
@@ -13559,6 +13743,7 @@ class reducer {
 // #include <partrain/parallel/comm_hooks.hpp> (above)
 // #include <partrain/parallel/ddp_stats.hpp> (above)
 // #include <partrain/parallel/detail/evaluate.hpp> (above)
+// #include <partrain/parallel/detail/host_staging.hpp> (above)
 // #include <partrain/parallel/detail/no_sync_guard.hpp> (above)
 // #include <partrain/parallel/detail/reducer.hpp> (above)
 
@@ -13867,24 +14052,11 @@ class distributed_data_parallel {
   }
 
   // The few small host collectives DDP needs (shape check, join flags, evaluation sums); on a
-  // backend that only takes CUDA memory (NCCL) they go through a device copy on cuda_device_.
+  // backend that only takes CUDA memory (NCCL) they go through a device copy.
   template <class E, class Op>
   void small_collective(std::span<E> host_data, Op&& op, const char* what) {
-    if (host_data.empty()) return;
-    if (comm_accepts(device_kind::cpu)) {
-      wait_named(op(tensor_view<E>(host_data.data(), host_data.size())), what);
-      return;
-    }
-#if PARTRAIN_HAS_CUDA
-    // Both copies are finished on return (device_buffer's streamless copies), so the collective
-    // reads the input and the host the result whatever stream the backend runs on.
-    device_buffer<E> dev(host_data.size(), cuda_device_);
-    dev.copy_from(tensor_view<const E>(host_data.data(), host_data.size()));
-    wait_named(op(dev.view()), what);
-    dev.copy_to(tensor_view<E>(host_data.data(), host_data.size()));
-#else
-    throw config_error(where() + what + ": the backend takes neither host nor (in this build) CUDA memory");
-#endif
+    detail::host_collective(*comm_, host_data, std::forward<Op>(op),
+                            [&](auto&& w) { wait_named(std::forward<decltype(w)>(w), what); });
   }
   template <class E>
   void small_all_reduce(std::span<E> v, reduce_op op, const char* what) {
@@ -14025,7 +14197,10 @@ class distributed_data_parallel {
 // on its own data, then the outer gradient (the parameters at the start of the round minus this
 // rank's parameters now, averaged over ranks) drives an outer optimizer, Nesterov SGD with lr 0.7
 // and momentum 0.9 by default. One parameter-sized exchange per H steps instead of one gradient
-// all_reduce per step; optionally in 16 bits or in 8 bits (per-tensor scaled int8).
+// all_reduce per step; optionally in 16 bits or in 8 bits (per-tensor scaled int8). The outer
+// state lives on the host; CUDA parameters are mirrored there at each outer step (one copy each
+// way per H steps), and a backend that takes device memory only (NCCL) exchanges through a
+// device copy.
 
 #include <algorithm>
 #include <array>
@@ -14052,6 +14227,7 @@ class distributed_data_parallel {
 // #include <partrain/optim/state_io.hpp> (above)
 // #include <partrain/parallel/detail/ddp_elements.hpp> (above)
 // #include <partrain/parallel/detail/evaluate.hpp> (above)
+// #include <partrain/parallel/detail/host_staging.hpp> (above)
 
 namespace partrain::inline v0 {
 
@@ -14166,7 +14342,7 @@ class outer_exchange {
       case outer_compression::none: {
         plain_.resize(n_);
         for (std::size_t i = 0; i < n_; ++i) plain_[i] = delta[i] / static_cast<T>(world_);
-        works_.push_back(comm.all_reduce(tensor_view<T>(plain_), reduce_op::sum));
+        launch(comm, std::span<T>(plain_), [&](auto v) { return comm.all_reduce(v, reduce_op::sum); });
         return;
       }
       case outer_compression::fp16: return start_16<half>(comm, delta, half_);
@@ -14195,12 +14371,26 @@ class outer_exchange {
   }
 
  private:
+  // A backend that takes host memory runs the collective while training goes on (finish() waits);
+  // one that takes device memory only (NCCL) runs it now, through a device copy.
+  template <class C, class... Spans>
+  void launch(C& comm, Spans... spans) {
+    auto keep = [&](work w) {
+      if (takes_host_memory(comm)) {
+        works_.push_back(std::move(w));
+      } else {
+        w.wait();
+      }
+    };
+    host_collective(comm, spans..., keep);
+  }
+
   // The fp16/bf16 hooks' casts (one home for them): H(x) / world in H, summed in H.
   template <class H, class C>
   void start_16(C& comm, std::span<const T> delta, std::vector<H>& h) {
     h.resize(n_);
     for_each_index(host_exec{}, n_, ddp::compress_16_fn<T, H>{delta.data(), h.data(), static_cast<float>(world_)});
-    works_.push_back(comm.all_reduce(tensor_view<H>(h), reduce_op::sum));
+    launch(comm, std::span<H>(h), [&](auto v) { return comm.all_reduce(v, reduce_op::sum); });
   }
 
   // int8 codes cannot be summed by the all_reduce itself: the sum of n codes leaves int8 at two
@@ -14230,8 +14420,10 @@ class outer_exchange {
     }
     all_codes_.resize(n_ * world);
     all_scales_.resize(tensors * world);
-    works_.push_back(comm.all_gather(tensor_view<const std::uint8_t>(codes_), tensor_view<std::uint8_t>(all_codes_)));
-    works_.push_back(comm.all_gather(tensor_view<const float>(scales_), tensor_view<float>(all_scales_)));
+    launch(comm, std::span<const std::uint8_t>(codes_), std::span<std::uint8_t>(all_codes_),
+           [&](auto in, auto out) { return comm.all_gather(in, out); });
+    launch(comm, std::span<const float>(scales_), std::span<float>(all_scales_),
+           [&](auto in, auto out) { return comm.all_gather(in, out); });
   }
   void finish_int8(std::span<T> out) {
     const std::size_t tensors = sizes_.size();
@@ -14261,26 +14453,25 @@ class outer_exchange {
   std::vector<float> scales_, all_scales_;
 };
 
-// Rank 0's parameters to every rank, after checking that every rank has as many parameters and
-// values (a rank with another model would otherwise receive garbage).
-template <class C, class M>
-void broadcast_parameters(C& comm, M& model, const char* who) {
-  std::vector<std::int64_t> mine{0, 0};
-  for (auto&& p : model.parameters()) {
-    ++mine[0];
-    mine[1] += static_cast<std::int64_t>(p.value().size());
-  }
+// Rank 0's parameter values to every rank (host views: the parameters, or their host mirror),
+// after checking that every rank has as many parameters and values (a rank with another model
+// would otherwise receive garbage).
+template <class C, class T>
+void broadcast_values(C& comm, std::span<const tensor_view<T>> values, const char* who) {
+  auto wait = [](auto&& w) { w.wait(); };
+  std::vector<std::int64_t> mine{static_cast<std::int64_t>(values.size()), 0};
+  for (const auto& v : values) mine[1] += static_cast<std::int64_t>(v.size());
   std::vector<std::int64_t> root = mine;
-  comm.broadcast(tensor_view<std::int64_t>(root), 0).wait();
+  host_collective(comm, std::span<std::int64_t>(root), [&](auto t) { return comm.broadcast(t, 0); }, wait);
   if (root != mine) {
     throw config_error("rank " + std::to_string(comm.rank()) + " " + who + ": this rank's model has " +
                        std::to_string(mine[0]) + " parameters with " + std::to_string(mine[1]) + " values, rank 0's has " +
                        std::to_string(root[0]) + " with " + std::to_string(root[1]) +
                        " (expected the same model on every rank)");
   }
-  std::vector<work> works;
-  for (auto&& p : model.parameters()) works.push_back(comm.broadcast(p.value(), 0));
-  for (auto& w : works) w.wait();
+  for (const auto& v : values) {
+    host_collective(comm, std::span<T>(v.data(), v.size()), [&](auto t) { return comm.broadcast(t, 0); }, wait);
+  }
 }
 
 // What a timeout says when join is off: uneven inputs are the usual cause.
@@ -14295,9 +14486,8 @@ void broadcast_parameters(C& comm, M& model, const char* who) {
 template <class C>
 void small_all_reduce(C& comm, std::span<std::int64_t> v, reduce_op op, const std::string& where, const char* what,
                       bool join, const char* options) {
-  auto w = comm.all_reduce(tensor_view<std::int64_t>(v.data(), shape{v.size()}), op);
   try {
-    w.wait();
+    host_collective(comm, v, [&](auto t) { return comm.all_reduce(t, op); }, [](auto&& w) { w.wait(); });
   } catch (const timeout_error& e) {
     throw timeout_error(where + what + " failed: " + e.what() + join_hint(join, options));
   }
@@ -14309,15 +14499,17 @@ template <model M, optimizer Inner, communicator C = process_group>
 class diloco {
   using P = param_t<M>;
   using T = param_element_t<P>;
-  static_assert(std::same_as<param_space_t<P>, host>,
-                "partrain: diloco keeps its outer state on the host (CUDA parameters are not supported yet)");
   static_assert(std::same_as<T, float> || std::same_as<T, double>, "partrain: diloco steps float or double parameters");
 
  public:
   diloco(M& m, Inner& inner, C& comm, diloco_options o = {})
-      : opts_((detail::diloco::validate(o), o)), model_(&m), inner_(&inner), comm_(&comm),
+      : opts_((detail::diloco::validate(o), o)), model_(&m), inner_(&inner), comm_(&comm), values_(m),
         outer_model_(make_outer_model()), outer_(outer_model_, outer_sgd_options()) {
-    if (opts_.broadcast_parameters) detail::diloco::broadcast_parameters(*comm_, *model_, "diloco");
+    values_.pull("diloco");
+    if (opts_.broadcast_parameters) {
+      detail::diloco::broadcast_values(*comm_, values_.views(), "diloco");
+      values_.push();
+    }
     snapshot();
   }
   diloco(const diloco&) = delete;
@@ -14376,27 +14568,25 @@ class diloco {
 
  private:
   void outer_step() {
-    std::size_t k = 0;
-    for (auto&& p : model_->parameters()) {
-      const auto v = p.value();
+    values_.pull("diloco");
+    const auto values = values_.views();
+    for (std::size_t k = 0; k < values.size(); ++k) {
+      const auto& v = values[k];
       const T* s = start_.data() + offsets_[k];
       T* d = delta_.data() + offsets_[k];
       for (std::size_t i = 0; i < v.size(); ++i) d[i] = s[i] - v[i];  // old minus new: the sign SGD expects
-      ++k;
     }
-    exchange_.start(*comm_, std::span<const T>(delta_), offsets_, sizes_);
     try {
+      exchange_.start(*comm_, std::span<const T>(delta_), offsets_, sizes_);
       exchange_.finish(std::span<T>(delta_));
     } catch (const timeout_error& e) {
       throw timeout_error(where() + "outer gradient exchange failed: " + e.what() + join_hint());
     }
-    k = 0;
-    for (auto&& p : model_->parameters()) {
-      auto v = p.value();
-      std::memcpy(v.data(), start_.data() + offsets_[k], v.size_bytes());
-      ++k;
+    for (std::size_t k = 0; k < values.size(); ++k) {
+      std::memcpy(values[k].data(), start_.data() + offsets_[k], values[k].size_bytes());
     }
     outer_.step();
+    values_.push();
     snapshot();
     inner_step_ = 0;
     ++outer_steps_;
@@ -14473,35 +14663,31 @@ class diloco {
             .nesterov = opts_.nesterov};
   }
 
-  // Offsets of every parameter in the flat buffers; the outer model's views into delta_.
+  // Offsets of every parameter in the flat buffers; the outer model's views into delta_ (its
+  // values are the host views: the parameters, or their mirror).
   detail::diloco::outer_model<T> make_outer_model() {
     std::size_t total = 0;
-    for (auto&& p : model_->parameters()) {
+    for (const auto& v : values_.views()) {
       offsets_.push_back(total);
-      sizes_.push_back(p.value().size());
-      total += p.value().size();
+      sizes_.push_back(v.size());
+      total += v.size();
     }
     start_.resize(total);
     delta_.resize(total);
     detail::diloco::outer_model<T> om;
     std::size_t k = 0;
-    for (auto&& p : model_->parameters()) {
-      om.params.push_back({p.value(), tensor_view<T>(delta_.data() + offsets_[k], p.value().shape())});
+    for (const auto& v : values_.views()) {
+      om.params.push_back({v, tensor_view<T>(delta_.data() + offsets_[k], v.shape())});
       ++k;
     }
     return om;
   }
 
+  // The round's start: the host values as they are now (pulled).
   void snapshot() {
-    std::size_t k = 0;
-    for (auto&& p : model_->parameters()) {
-      const auto v = p.value();
-      if (v.size() != sizes_[k]) {
-        throw invalid_argument_error("diloco: parameter #" + std::to_string(k) + " now has " + std::to_string(v.size()) +
-                                     " elements, it had " + std::to_string(sizes_[k]) + " at construction");
-      }
-      std::memcpy(start_.data() + offsets_[k], v.data(), v.size_bytes());
-      ++k;
+    const auto values = values_.views();
+    for (std::size_t k = 0; k < values.size(); ++k) {
+      std::memcpy(start_.data() + offsets_[k], values[k].data(), values[k].size_bytes());
     }
   }
 
@@ -14509,6 +14695,7 @@ class diloco {
   M* model_;
   Inner* inner_;
   C* comm_;
+  detail::host_values<M> values_;  // host views of the parameters (a mirror of CUDA ones)
   std::vector<std::size_t> offsets_, sizes_;
   std::vector<T> start_;  // the round's start: the parameters every rank agrees on
   std::vector<T> delta_;  // the outer gradient (the outer optimizer's grads view it)
@@ -15944,6 +16131,7 @@ class fully_sharded_data_parallel {
 // the same model at every step, and the models of the hosts are averaged every `period` steps.
 // Join (uneven inputs): a rank out of batches calls join() and takes part in the others'
 // averages (and, hierarchical, its host's gradient all_reduces) until every rank has joined.
+// CUDA parameters: DDP's steps as DDP runs them; the averages on a host mirror of the parameters.
 
 #include <algorithm>
 #include <array>
@@ -15966,6 +16154,7 @@ class fully_sharded_data_parallel {
 // #include <partrain/optim/state_io.hpp> (above)
 // #include <partrain/parallel/comm_hooks.hpp> (above)
 // #include <partrain/parallel/ddp.hpp> (above)
+// #include <partrain/parallel/detail/host_staging.hpp> (above)
 
 namespace partrain::inline v0 {
 
@@ -16031,14 +16220,13 @@ template <model M, optimizer O, communicator C = process_group>
 class post_local_sgd {
   using P = param_t<M>;
   using T = param_element_t<P>;
-  static_assert(std::same_as<param_space_t<P>, host>,
-                "partrain: post_local_sgd averages host parameters (CUDA parameters are not supported yet)");
 
  public:
   post_local_sgd(M& m, O& opt, C& comm, local_sgd_options o = {})
       : opts_((detail::local_sgd::validate(o), std::move(o))),
         opt_(&opt),
         ddp_(m, comm, detail::local_sgd::warmup_ddp(opts_)),
+        values_(m),
         warmup_closed_(opts_.warmup_steps == 0) {}
 
   // Hierarchical post-local SGD: `comm` holds every rank of the job, `intra_host` the ranks of
@@ -16132,24 +16320,25 @@ class post_local_sgd {
   void average_parameters() {
     auto& comm = ddp_.comm();
     const int world = comm.size();
+    values_.pull("post_local_sgd");
+    const auto values = values_.views();
     flat_.clear();
-    for (auto&& p : ddp_.module().parameters()) {
-      const auto v = p.value();
-      flat_.insert(flat_.end(), v.begin(), v.end());
-    }
+    for (const auto& v : values) flat_.insert(flat_.end(), v.begin(), v.end());
     // PyTorch's average_parameters: divide first, then one all_reduce (sum) of the flat buffer.
     const T inv = T(1) / static_cast<T>(world);
     if (world > 1) {
       for (auto& x : flat_) x *= inv;
-      wait_named(comm.all_reduce(tensor_view<T>(flat_), reduce_op::sum), "parameter average all_reduce");
+      detail::host_collective(
+          comm, std::span<T>(flat_), [&](auto t) { return comm.all_reduce(t, reduce_op::sum); },
+          [&](auto&& w) { wait_named(std::forward<decltype(w)>(w), "parameter average all_reduce"); });
     }
     std::size_t off = 0;
-    for (auto&& p : ddp_.module().parameters()) {
-      auto v = p.value();
+    for (const auto& v : values) {
       std::copy(flat_.begin() + static_cast<std::ptrdiff_t>(off), flat_.begin() + static_cast<std::ptrdiff_t>(off + v.size()),
                 v.begin());
       off += v.size();
     }
+    values_.push();
   }
 
   // Each rank evaluates its own current parameters on its batches; the sums over all ranks (as
@@ -16230,7 +16419,10 @@ class post_local_sgd {
     }
   }
   void small_all_reduce(std::span<std::int64_t> v, reduce_op op, const char* what) {
-    wait_named(ddp_.comm().all_reduce(tensor_view<std::int64_t>(v.data(), shape{v.size()}), op), what);
+    auto& comm = ddp_.comm();
+    detail::host_collective(
+        comm, v, [&](auto t) { return comm.all_reduce(t, op); },
+        [&](auto&& w) { wait_named(std::forward<decltype(w)>(w), what); });
   }
 
   // PeriodicModelAverager.average_parameters: average when step >= warmup_steps and
@@ -16252,6 +16444,7 @@ class post_local_sgd {
   local_sgd_options opts_;
   O* opt_;
   distributed_data_parallel<M, C> ddp_;
+  detail::host_values<M> values_;  // host views of the parameters (a mirror of CUDA ones)
   std::unique_ptr<distributed_data_parallel<M, C>> intra_;  // hierarchical: the host's gradients
   std::int64_t step_ = 0;
   bool synced_last_ = false;
@@ -17831,7 +18024,9 @@ namespace comm_hooks {
 // time. A fragment's exchange starts `fragment_sync_delay` (tau) inner steps before its outer
 // step and runs while those steps train: training does not wait for the network, at the price of
 // the tau steps of local progress on that fragment, which the outer step replaces. Join (uneven
-// inputs): a rank out of batches calls join() and takes part in the others' exchanges.
+// inputs): a rank out of batches calls join() and takes part in the others' exchanges. CUDA
+// parameters are mirrored on the host at each fragment's exchange and outer step; over NCCL the
+// exchange runs at its start, through a device copy (no overlap).
 
 #include <array>
 #include <cstddef>
@@ -17904,18 +18099,19 @@ template <model M, optimizer Inner, communicator C = process_group>
 class streaming_diloco {
   using P = param_t<M>;
   using T = param_element_t<P>;
-  static_assert(std::same_as<param_space_t<P>, host>,
-                "partrain: streaming_diloco keeps its outer state on the host (CUDA parameters are not supported yet)");
   static_assert(std::same_as<T, float> || std::same_as<T, double>,
                 "partrain: streaming_diloco steps float or double parameters");
 
  public:
   streaming_diloco(M& m, Inner& inner, C& comm, streaming_diloco_options o = {})
-      : opts_(o), model_(&m), inner_(&inner), comm_(&comm), exchange_(o.compression) {
-    for (auto&& p : m.parameters()) values_.push_back(p.value());
+      : opts_(o), model_(&m), inner_(&inner), comm_(&comm), values_(m), exchange_(o.compression) {
     detail::diloco::validate(opts_, values_.size());
     build_fragments();
-    if (opts_.broadcast_parameters) detail::diloco::broadcast_parameters(*comm_, *model_, "streaming_diloco");
+    values_.pull("streaming_diloco");
+    if (opts_.broadcast_parameters) {
+      detail::diloco::broadcast_values(*comm_, values_.views(), "streaming_diloco");
+      values_.push();
+    }
     for (auto& f : fragments_) snapshot(*f);
   }
   streaming_diloco(const streaming_diloco&) = delete;
@@ -18106,12 +18302,13 @@ class streaming_diloco {
   void build_fragments() {
     const auto nf = static_cast<std::size_t>(opts_.fragments);
     for (std::size_t f = 0; f < nf; ++f) fragments_.push_back(std::make_unique<fragment_state>());
-    for (std::size_t k = 0; k < values_.size(); ++k) {
+    const auto values = values_.views();
+    for (std::size_t k = 0; k < values.size(); ++k) {
       auto& f = *fragments_[k % nf];
       f.params.push_back(k);
       f.offsets.push_back(f.start.size());
-      f.sizes.push_back(values_[k].size());
-      f.start.resize(f.start.size() + values_[k].size());
+      f.sizes.push_back(values[k].size());
+      f.start.resize(f.start.size() + values[k].size());
     }
     const sgd_options so{.lr = opts_.outer_lr, .momentum = opts_.outer_momentum, .dampening = 0, .weight_decay = 0,
                          .nesterov = opts_.nesterov};
@@ -18119,7 +18316,7 @@ class streaming_diloco {
       auto& f = *fp;
       f.grad.resize(f.start.size());
       for (std::size_t i = 0; i < f.params.size(); ++i) {
-        const auto& v = values_[f.params[i]];
+        const auto& v = values[f.params[i]];
         f.view.params.push_back({v, tensor_view<T>(f.grad.data() + f.offsets[i], v.shape())});
       }
       f.outer = std::make_unique<sgd<detail::diloco::outer_model<T>>>(f.view, so);
@@ -18127,8 +18324,9 @@ class streaming_diloco {
   }
 
   void snapshot(fragment_state& f) {
+    const auto values = values_.views();
     for (std::size_t i = 0; i < f.params.size(); ++i) {
-      const auto& v = values_[f.params[i]];
+      const auto& v = values[f.params[i]];
       std::memcpy(f.start.data() + f.offsets[i], v.data(), v.size_bytes());
     }
   }
@@ -18136,9 +18334,11 @@ class streaming_diloco {
   // The fragment's outer gradient (start - current) goes out; training goes on meanwhile.
   void prepare(std::size_t fi) {
     auto& f = *fragments_[fi];
+    values_.pull("streaming_diloco");
+    const auto values = values_.views();
     pending_delta_.resize(f.start.size());
     for (std::size_t i = 0; i < f.params.size(); ++i) {
-      const auto& v = values_[f.params[i]];
+      const auto& v = values[f.params[i]];
       const T* s = f.start.data() + f.offsets[i];
       T* d = pending_delta_.data() + f.offsets[i];
       for (std::size_t j = 0; j < v.size(); ++j) d[j] = s[j] - v[j];
@@ -18147,7 +18347,12 @@ class streaming_diloco {
     start_exchange(f);
   }
   void start_exchange(fragment_state& f) {
-    exchange_.start(*comm_, std::span<const T>(pending_delta_), f.offsets, f.sizes);
+    try {
+      exchange_.start(*comm_, std::span<const T>(pending_delta_), f.offsets, f.sizes);
+    } catch (const timeout_error& e) {  // NCCL: the exchange runs here, through a device copy
+      throw timeout_error(where() + "fragment " + std::to_string(pending_) + " exchange failed: " + e.what() +
+                          detail::diloco::join_hint(opts_.join, "streaming_diloco_options"));
+    }
   }
 
   // The exchange's mean arrives; the fragment goes back to its start and takes the outer step
@@ -18164,11 +18369,16 @@ class streaming_diloco {
       throw timeout_error(where() + "fragment " + std::to_string(fi) + " exchange failed: " + e.what() +
                           detail::diloco::join_hint(opts_.join, "streaming_diloco_options"));
     }
+    // CUDA parameters: the mirror takes every parameter's current values first, so pushing it
+    // back changes only this fragment's.
+    values_.pull("streaming_diloco");
+    const auto values = values_.views();
     for (std::size_t i = 0; i < f.params.size(); ++i) {
-      auto& v = values_[f.params[i]];
+      const auto& v = values[f.params[i]];
       std::memcpy(v.data(), f.start.data() + f.offsets[i], v.size_bytes());
     }
     f.outer->step();
+    values_.push();
     snapshot(f);
     pending_ = -1;
     ++outer_steps_;
@@ -18178,7 +18388,7 @@ class streaming_diloco {
   M* model_;
   Inner* inner_;
   C* comm_;
-  std::vector<tensor_view<T>> values_;
+  detail::host_values<M> values_;  // host views of the parameters (a mirror of CUDA ones)
   std::vector<std::unique_ptr<fragment_state>> fragments_;
   std::vector<T> pending_delta_;  // the outer gradient in flight (kept for save_state)
   std::int64_t pending_ = -1;

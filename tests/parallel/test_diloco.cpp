@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "comm_efficient_support.hpp"
@@ -253,33 +254,46 @@ struct join_run {
 };
 const sgd_options join_inner{.lr = 0.05, .momentum = 0, .weight_decay = 1e-3};
 
-join_run diloco_uneven(const std::vector<int>& batches, diloco_options o, bool join) {
+// make(m, inner, g) builds the policy (diloco or streaming_diloco); `position` after each epoch is
+// its inner_step() (DiLoCo) or the fragment in flight (streaming, -1: none).
+template <class Make>
+join_run uneven_run(const std::vector<int>& batches, bool join, Make make) {
   const int world = static_cast<int>(batches.size());
   const int most = *std::max_element(batches.begin(), batches.end());
   const auto n = batches.size();
   join_run out{std::vector<std::vector<float>>(n), std::vector<std::int64_t>(n), std::vector<std::int64_t>(n),
                std::vector<std::int64_t>(n), std::vector<int>(n)};
-  o.join = join;
   // Every collective bounded by 10 s: a hang fails the test instead of blocking it.
   run_local(world, [&](local_group& g) {
     const auto r = static_cast<std::size_t>(g.rank());
     toy_mlp<float> m(7 + r);
     sgd inner(m, join_inner);
-    diloco dl(m, inner, g, o);
+    auto policy = make(m, inner, g);
     for (int e = 0; e < 2; ++e) {
       const int mine = join ? batches[r] : most;
       for (int s = 0; s < mine; ++s) {
         inner.set_lr(s < batches[r] ? join_inner.lr : 0.0);
-        dl.train_step(rank_batch<float>(e * most + s, world, g.rank()));
+        policy->train_step(rank_batch<float>(e * most + s, world, g.rank()));
       }
-      if (join) out.shadowed[r] = dl.join() ? 1 : 0;
+      if (join) out.shadowed[r] = policy->join() ? 1 : 0;
     }
     out.params[r] = m.flat_values();
-    out.inner_step[r] = dl.inner_step();
-    out.outer_steps[r] = dl.outer_steps();
-    out.steps[r] = dl.steps();
+    if constexpr (requires { policy->in_flight(); }) {
+      out.inner_step[r] = policy->in_flight();
+    } else {
+      out.inner_step[r] = policy->inner_step();
+    }
+    out.outer_steps[r] = policy->outer_steps();
+    out.steps[r] = policy->steps();
   }, {.timeout = std::chrono::seconds(10)});
   return out;
+}
+
+join_run diloco_uneven(const std::vector<int>& batches, diloco_options o, bool join) {
+  o.join = join;
+  return uneven_run(batches, join, [&](toy_mlp<float>& m, sgd<toy_mlp<float>>& inner, local_group& g) {
+    return std::make_unique<diloco<toy_mlp<float>, sgd<toy_mlp<float>>, local_group>>(m, inner, g, o);
+  });
 }
 
 }  // namespace
@@ -439,35 +453,13 @@ TEST_CASE("streaming_diloco: save and load with an exchange in flight resume bit
 
 namespace {
 
-// Streaming DiLoCo's join against the same reference as DiLoCo's: ranks with batches[r] batches,
-// two epochs, joining (join = true) or stepping the longest count at inner lr 0 once their data
-// ended (join = false).
+// Streaming DiLoCo's join against the same reference as DiLoCo's (inner_step: the fragment in
+// flight at the end, -1: none).
 join_run streaming_uneven(const std::vector<int>& batches, streaming_diloco_options o, bool join) {
-  const int world = static_cast<int>(batches.size());
-  const int most = *std::max_element(batches.begin(), batches.end());
-  const auto n = batches.size();
-  join_run out{std::vector<std::vector<float>>(n), std::vector<std::int64_t>(n), std::vector<std::int64_t>(n),
-               std::vector<std::int64_t>(n), std::vector<int>(n)};
   o.join = join;
-  run_local(world, [&](local_group& g) {
-    const auto r = static_cast<std::size_t>(g.rank());
-    toy_mlp<float> m(7 + r);
-    sgd inner(m, join_inner);
-    streaming_diloco sd(m, inner, g, o);
-    for (int e = 0; e < 2; ++e) {
-      const int mine = join ? batches[r] : most;
-      for (int s = 0; s < mine; ++s) {
-        inner.set_lr(s < batches[r] ? join_inner.lr : 0.0);
-        sd.train_step(rank_batch<float>(e * most + s, world, g.rank()));
-      }
-      if (join) out.shadowed[r] = sd.join() ? 1 : 0;
-      out.inner_step[r] = sd.in_flight();  // after the epoch: the fragment in flight (-1: none)
-    }
-    out.params[r] = m.flat_values();
-    out.outer_steps[r] = sd.outer_steps();
-    out.steps[r] = sd.steps();
-  }, {.timeout = std::chrono::seconds(10)});
-  return out;
+  return uneven_run(batches, join, [&](toy_mlp<float>& m, sgd<toy_mlp<float>>& inner, local_group& g) {
+    return std::make_unique<streaming_diloco<toy_mlp<float>, sgd<toy_mlp<float>>, local_group>>(m, inner, g, o);
+  });
 }
 
 }  // namespace

@@ -31,6 +31,7 @@
 #include <partrain/parallel/comm_hooks.hpp>
 #include <partrain/parallel/ddp_stats.hpp>
 #include <partrain/parallel/detail/evaluate.hpp>
+#include <partrain/parallel/detail/host_staging.hpp>
 #include <partrain/parallel/detail/no_sync_guard.hpp>
 #include <partrain/parallel/detail/reducer.hpp>
 
@@ -339,24 +340,11 @@ class distributed_data_parallel {
   }
 
   // The few small host collectives DDP needs (shape check, join flags, evaluation sums); on a
-  // backend that only takes CUDA memory (NCCL) they go through a device copy on cuda_device_.
+  // backend that only takes CUDA memory (NCCL) they go through a device copy.
   template <class E, class Op>
   void small_collective(std::span<E> host_data, Op&& op, const char* what) {
-    if (host_data.empty()) return;
-    if (comm_accepts(device_kind::cpu)) {
-      wait_named(op(tensor_view<E>(host_data.data(), host_data.size())), what);
-      return;
-    }
-#if PARTRAIN_HAS_CUDA
-    // Both copies are finished on return (device_buffer's streamless copies), so the collective
-    // reads the input and the host the result whatever stream the backend runs on.
-    device_buffer<E> dev(host_data.size(), cuda_device_);
-    dev.copy_from(tensor_view<const E>(host_data.data(), host_data.size()));
-    wait_named(op(dev.view()), what);
-    dev.copy_to(tensor_view<E>(host_data.data(), host_data.size()));
-#else
-    throw config_error(where() + what + ": the backend takes neither host nor (in this build) CUDA memory");
-#endif
+    detail::host_collective(*comm_, host_data, std::forward<Op>(op),
+                            [&](auto&& w) { wait_named(std::forward<decltype(w)>(w), what); });
   }
   template <class E>
   void small_all_reduce(std::span<E> v, reduce_op op, const char* what) {

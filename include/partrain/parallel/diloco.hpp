@@ -3,7 +3,10 @@
 // on its own data, then the outer gradient (the parameters at the start of the round minus this
 // rank's parameters now, averaged over ranks) drives an outer optimizer, Nesterov SGD with lr 0.7
 // and momentum 0.9 by default. One parameter-sized exchange per H steps instead of one gradient
-// all_reduce per step; optionally in 16 bits or in 8 bits (per-tensor scaled int8).
+// all_reduce per step; optionally in 16 bits or in 8 bits (per-tensor scaled int8). The outer
+// state lives on the host; CUDA parameters are mirrored there at each outer step (one copy each
+// way per H steps), and a backend that takes device memory only (NCCL) exchanges through a
+// device copy.
 #pragma once
 
 #include <algorithm>
@@ -31,6 +34,7 @@
 #include <partrain/optim/state_io.hpp>
 #include <partrain/parallel/detail/ddp_elements.hpp>
 #include <partrain/parallel/detail/evaluate.hpp>
+#include <partrain/parallel/detail/host_staging.hpp>
 
 namespace partrain::inline v0 {
 
@@ -145,7 +149,7 @@ class outer_exchange {
       case outer_compression::none: {
         plain_.resize(n_);
         for (std::size_t i = 0; i < n_; ++i) plain_[i] = delta[i] / static_cast<T>(world_);
-        works_.push_back(comm.all_reduce(tensor_view<T>(plain_), reduce_op::sum));
+        launch(comm, std::span<T>(plain_), [&](auto v) { return comm.all_reduce(v, reduce_op::sum); });
         return;
       }
       case outer_compression::fp16: return start_16<half>(comm, delta, half_);
@@ -174,12 +178,26 @@ class outer_exchange {
   }
 
  private:
+  // A backend that takes host memory runs the collective while training goes on (finish() waits);
+  // one that takes device memory only (NCCL) runs it now, through a device copy.
+  template <class C, class... Spans>
+  void launch(C& comm, Spans... spans) {
+    auto keep = [&](work w) {
+      if (takes_host_memory(comm)) {
+        works_.push_back(std::move(w));
+      } else {
+        w.wait();
+      }
+    };
+    host_collective(comm, spans..., keep);
+  }
+
   // The fp16/bf16 hooks' casts (one home for them): H(x) / world in H, summed in H.
   template <class H, class C>
   void start_16(C& comm, std::span<const T> delta, std::vector<H>& h) {
     h.resize(n_);
     for_each_index(host_exec{}, n_, ddp::compress_16_fn<T, H>{delta.data(), h.data(), static_cast<float>(world_)});
-    works_.push_back(comm.all_reduce(tensor_view<H>(h), reduce_op::sum));
+    launch(comm, std::span<H>(h), [&](auto v) { return comm.all_reduce(v, reduce_op::sum); });
   }
 
   // int8 codes cannot be summed by the all_reduce itself: the sum of n codes leaves int8 at two
@@ -209,8 +227,10 @@ class outer_exchange {
     }
     all_codes_.resize(n_ * world);
     all_scales_.resize(tensors * world);
-    works_.push_back(comm.all_gather(tensor_view<const std::uint8_t>(codes_), tensor_view<std::uint8_t>(all_codes_)));
-    works_.push_back(comm.all_gather(tensor_view<const float>(scales_), tensor_view<float>(all_scales_)));
+    launch(comm, std::span<const std::uint8_t>(codes_), std::span<std::uint8_t>(all_codes_),
+           [&](auto in, auto out) { return comm.all_gather(in, out); });
+    launch(comm, std::span<const float>(scales_), std::span<float>(all_scales_),
+           [&](auto in, auto out) { return comm.all_gather(in, out); });
   }
   void finish_int8(std::span<T> out) {
     const std::size_t tensors = sizes_.size();
@@ -240,26 +260,25 @@ class outer_exchange {
   std::vector<float> scales_, all_scales_;
 };
 
-// Rank 0's parameters to every rank, after checking that every rank has as many parameters and
-// values (a rank with another model would otherwise receive garbage).
-template <class C, class M>
-void broadcast_parameters(C& comm, M& model, const char* who) {
-  std::vector<std::int64_t> mine{0, 0};
-  for (auto&& p : model.parameters()) {
-    ++mine[0];
-    mine[1] += static_cast<std::int64_t>(p.value().size());
-  }
+// Rank 0's parameter values to every rank (host views: the parameters, or their host mirror),
+// after checking that every rank has as many parameters and values (a rank with another model
+// would otherwise receive garbage).
+template <class C, class T>
+void broadcast_values(C& comm, std::span<const tensor_view<T>> values, const char* who) {
+  auto wait = [](auto&& w) { w.wait(); };
+  std::vector<std::int64_t> mine{static_cast<std::int64_t>(values.size()), 0};
+  for (const auto& v : values) mine[1] += static_cast<std::int64_t>(v.size());
   std::vector<std::int64_t> root = mine;
-  comm.broadcast(tensor_view<std::int64_t>(root), 0).wait();
+  host_collective(comm, std::span<std::int64_t>(root), [&](auto t) { return comm.broadcast(t, 0); }, wait);
   if (root != mine) {
     throw config_error("rank " + std::to_string(comm.rank()) + " " + who + ": this rank's model has " +
                        std::to_string(mine[0]) + " parameters with " + std::to_string(mine[1]) + " values, rank 0's has " +
                        std::to_string(root[0]) + " with " + std::to_string(root[1]) +
                        " (expected the same model on every rank)");
   }
-  std::vector<work> works;
-  for (auto&& p : model.parameters()) works.push_back(comm.broadcast(p.value(), 0));
-  for (auto& w : works) w.wait();
+  for (const auto& v : values) {
+    host_collective(comm, std::span<T>(v.data(), v.size()), [&](auto t) { return comm.broadcast(t, 0); }, wait);
+  }
 }
 
 // What a timeout says when join is off: uneven inputs are the usual cause.
@@ -274,9 +293,8 @@ void broadcast_parameters(C& comm, M& model, const char* who) {
 template <class C>
 void small_all_reduce(C& comm, std::span<std::int64_t> v, reduce_op op, const std::string& where, const char* what,
                       bool join, const char* options) {
-  auto w = comm.all_reduce(tensor_view<std::int64_t>(v.data(), shape{v.size()}), op);
   try {
-    w.wait();
+    host_collective(comm, v, [&](auto t) { return comm.all_reduce(t, op); }, [](auto&& w) { w.wait(); });
   } catch (const timeout_error& e) {
     throw timeout_error(where + what + " failed: " + e.what() + join_hint(join, options));
   }
@@ -288,15 +306,17 @@ template <model M, optimizer Inner, communicator C = process_group>
 class diloco {
   using P = param_t<M>;
   using T = param_element_t<P>;
-  static_assert(std::same_as<param_space_t<P>, host>,
-                "partrain: diloco keeps its outer state on the host (CUDA parameters are not supported yet)");
   static_assert(std::same_as<T, float> || std::same_as<T, double>, "partrain: diloco steps float or double parameters");
 
  public:
   diloco(M& m, Inner& inner, C& comm, diloco_options o = {})
-      : opts_((detail::diloco::validate(o), o)), model_(&m), inner_(&inner), comm_(&comm),
+      : opts_((detail::diloco::validate(o), o)), model_(&m), inner_(&inner), comm_(&comm), values_(m),
         outer_model_(make_outer_model()), outer_(outer_model_, outer_sgd_options()) {
-    if (opts_.broadcast_parameters) detail::diloco::broadcast_parameters(*comm_, *model_, "diloco");
+    values_.pull("diloco");
+    if (opts_.broadcast_parameters) {
+      detail::diloco::broadcast_values(*comm_, values_.views(), "diloco");
+      values_.push();
+    }
     snapshot();
   }
   diloco(const diloco&) = delete;
@@ -355,27 +375,25 @@ class diloco {
 
  private:
   void outer_step() {
-    std::size_t k = 0;
-    for (auto&& p : model_->parameters()) {
-      const auto v = p.value();
+    values_.pull("diloco");
+    const auto values = values_.views();
+    for (std::size_t k = 0; k < values.size(); ++k) {
+      const auto& v = values[k];
       const T* s = start_.data() + offsets_[k];
       T* d = delta_.data() + offsets_[k];
       for (std::size_t i = 0; i < v.size(); ++i) d[i] = s[i] - v[i];  // old minus new: the sign SGD expects
-      ++k;
     }
-    exchange_.start(*comm_, std::span<const T>(delta_), offsets_, sizes_);
     try {
+      exchange_.start(*comm_, std::span<const T>(delta_), offsets_, sizes_);
       exchange_.finish(std::span<T>(delta_));
     } catch (const timeout_error& e) {
       throw timeout_error(where() + "outer gradient exchange failed: " + e.what() + join_hint());
     }
-    k = 0;
-    for (auto&& p : model_->parameters()) {
-      auto v = p.value();
-      std::memcpy(v.data(), start_.data() + offsets_[k], v.size_bytes());
-      ++k;
+    for (std::size_t k = 0; k < values.size(); ++k) {
+      std::memcpy(values[k].data(), start_.data() + offsets_[k], values[k].size_bytes());
     }
     outer_.step();
+    values_.push();
     snapshot();
     inner_step_ = 0;
     ++outer_steps_;
@@ -452,35 +470,31 @@ class diloco {
             .nesterov = opts_.nesterov};
   }
 
-  // Offsets of every parameter in the flat buffers; the outer model's views into delta_.
+  // Offsets of every parameter in the flat buffers; the outer model's views into delta_ (its
+  // values are the host views: the parameters, or their mirror).
   detail::diloco::outer_model<T> make_outer_model() {
     std::size_t total = 0;
-    for (auto&& p : model_->parameters()) {
+    for (const auto& v : values_.views()) {
       offsets_.push_back(total);
-      sizes_.push_back(p.value().size());
-      total += p.value().size();
+      sizes_.push_back(v.size());
+      total += v.size();
     }
     start_.resize(total);
     delta_.resize(total);
     detail::diloco::outer_model<T> om;
     std::size_t k = 0;
-    for (auto&& p : model_->parameters()) {
-      om.params.push_back({p.value(), tensor_view<T>(delta_.data() + offsets_[k], p.value().shape())});
+    for (const auto& v : values_.views()) {
+      om.params.push_back({v, tensor_view<T>(delta_.data() + offsets_[k], v.shape())});
       ++k;
     }
     return om;
   }
 
+  // The round's start: the host values as they are now (pulled).
   void snapshot() {
-    std::size_t k = 0;
-    for (auto&& p : model_->parameters()) {
-      const auto v = p.value();
-      if (v.size() != sizes_[k]) {
-        throw invalid_argument_error("diloco: parameter #" + std::to_string(k) + " now has " + std::to_string(v.size()) +
-                                     " elements, it had " + std::to_string(sizes_[k]) + " at construction");
-      }
-      std::memcpy(start_.data() + offsets_[k], v.data(), v.size_bytes());
-      ++k;
+    const auto values = values_.views();
+    for (std::size_t k = 0; k < values.size(); ++k) {
+      std::memcpy(start_.data() + offsets_[k], values[k].data(), values[k].size_bytes());
     }
   }
 
@@ -488,6 +502,7 @@ class diloco {
   M* model_;
   Inner* inner_;
   C* comm_;
+  detail::host_values<M> values_;  // host views of the parameters (a mirror of CUDA ones)
   std::vector<std::size_t> offsets_, sizes_;
   std::vector<T> start_;  // the round's start: the parameters every rank agrees on
   std::vector<T> delta_;  // the outer gradient (the outer optimizer's grads view it)

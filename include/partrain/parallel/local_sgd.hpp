@@ -7,6 +7,7 @@
 // the same model at every step, and the models of the hosts are averaged every `period` steps.
 // Join (uneven inputs): a rank out of batches calls join() and takes part in the others'
 // averages (and, hierarchical, its host's gradient all_reduces) until every rank has joined.
+// CUDA parameters: DDP's steps as DDP runs them; the averages on a host mirror of the parameters.
 #pragma once
 
 #include <algorithm>
@@ -30,6 +31,7 @@
 #include <partrain/optim/state_io.hpp>
 #include <partrain/parallel/comm_hooks.hpp>
 #include <partrain/parallel/ddp.hpp>
+#include <partrain/parallel/detail/host_staging.hpp>
 
 namespace partrain::inline v0 {
 
@@ -95,14 +97,13 @@ template <model M, optimizer O, communicator C = process_group>
 class post_local_sgd {
   using P = param_t<M>;
   using T = param_element_t<P>;
-  static_assert(std::same_as<param_space_t<P>, host>,
-                "partrain: post_local_sgd averages host parameters (CUDA parameters are not supported yet)");
 
  public:
   post_local_sgd(M& m, O& opt, C& comm, local_sgd_options o = {})
       : opts_((detail::local_sgd::validate(o), std::move(o))),
         opt_(&opt),
         ddp_(m, comm, detail::local_sgd::warmup_ddp(opts_)),
+        values_(m),
         warmup_closed_(opts_.warmup_steps == 0) {}
 
   // Hierarchical post-local SGD: `comm` holds every rank of the job, `intra_host` the ranks of
@@ -196,24 +197,25 @@ class post_local_sgd {
   void average_parameters() {
     auto& comm = ddp_.comm();
     const int world = comm.size();
+    values_.pull("post_local_sgd");
+    const auto values = values_.views();
     flat_.clear();
-    for (auto&& p : ddp_.module().parameters()) {
-      const auto v = p.value();
-      flat_.insert(flat_.end(), v.begin(), v.end());
-    }
+    for (const auto& v : values) flat_.insert(flat_.end(), v.begin(), v.end());
     // PyTorch's average_parameters: divide first, then one all_reduce (sum) of the flat buffer.
     const T inv = T(1) / static_cast<T>(world);
     if (world > 1) {
       for (auto& x : flat_) x *= inv;
-      wait_named(comm.all_reduce(tensor_view<T>(flat_), reduce_op::sum), "parameter average all_reduce");
+      detail::host_collective(
+          comm, std::span<T>(flat_), [&](auto t) { return comm.all_reduce(t, reduce_op::sum); },
+          [&](auto&& w) { wait_named(std::forward<decltype(w)>(w), "parameter average all_reduce"); });
     }
     std::size_t off = 0;
-    for (auto&& p : ddp_.module().parameters()) {
-      auto v = p.value();
+    for (const auto& v : values) {
       std::copy(flat_.begin() + static_cast<std::ptrdiff_t>(off), flat_.begin() + static_cast<std::ptrdiff_t>(off + v.size()),
                 v.begin());
       off += v.size();
     }
+    values_.push();
   }
 
   // Each rank evaluates its own current parameters on its batches; the sums over all ranks (as
@@ -294,7 +296,10 @@ class post_local_sgd {
     }
   }
   void small_all_reduce(std::span<std::int64_t> v, reduce_op op, const char* what) {
-    wait_named(ddp_.comm().all_reduce(tensor_view<std::int64_t>(v.data(), shape{v.size()}), op), what);
+    auto& comm = ddp_.comm();
+    detail::host_collective(
+        comm, v, [&](auto t) { return comm.all_reduce(t, op); },
+        [&](auto&& w) { wait_named(std::forward<decltype(w)>(w), what); });
   }
 
   // PeriodicModelAverager.average_parameters: average when step >= warmup_steps and
@@ -316,6 +321,7 @@ class post_local_sgd {
   local_sgd_options opts_;
   O* opt_;
   distributed_data_parallel<M, C> ddp_;
+  detail::host_values<M> values_;  // host views of the parameters (a mirror of CUDA ones)
   std::unique_ptr<distributed_data_parallel<M, C>> intra_;  // hierarchical: the host's gradients
   std::int64_t step_ = 0;
   bool synced_last_ = false;

@@ -5,7 +5,9 @@
 // time. A fragment's exchange starts `fragment_sync_delay` (tau) inner steps before its outer
 // step and runs while those steps train: training does not wait for the network, at the price of
 // the tau steps of local progress on that fragment, which the outer step replaces. Join (uneven
-// inputs): a rank out of batches calls join() and takes part in the others' exchanges.
+// inputs): a rank out of batches calls join() and takes part in the others' exchanges. CUDA
+// parameters are mirrored on the host at each fragment's exchange and outer step; over NCCL the
+// exchange runs at its start, through a device copy (no overlap).
 #pragma once
 
 #include <array>
@@ -79,18 +81,19 @@ template <model M, optimizer Inner, communicator C = process_group>
 class streaming_diloco {
   using P = param_t<M>;
   using T = param_element_t<P>;
-  static_assert(std::same_as<param_space_t<P>, host>,
-                "partrain: streaming_diloco keeps its outer state on the host (CUDA parameters are not supported yet)");
   static_assert(std::same_as<T, float> || std::same_as<T, double>,
                 "partrain: streaming_diloco steps float or double parameters");
 
  public:
   streaming_diloco(M& m, Inner& inner, C& comm, streaming_diloco_options o = {})
-      : opts_(o), model_(&m), inner_(&inner), comm_(&comm), exchange_(o.compression) {
-    for (auto&& p : m.parameters()) values_.push_back(p.value());
+      : opts_(o), model_(&m), inner_(&inner), comm_(&comm), values_(m), exchange_(o.compression) {
     detail::diloco::validate(opts_, values_.size());
     build_fragments();
-    if (opts_.broadcast_parameters) detail::diloco::broadcast_parameters(*comm_, *model_, "streaming_diloco");
+    values_.pull("streaming_diloco");
+    if (opts_.broadcast_parameters) {
+      detail::diloco::broadcast_values(*comm_, values_.views(), "streaming_diloco");
+      values_.push();
+    }
     for (auto& f : fragments_) snapshot(*f);
   }
   streaming_diloco(const streaming_diloco&) = delete;
@@ -281,12 +284,13 @@ class streaming_diloco {
   void build_fragments() {
     const auto nf = static_cast<std::size_t>(opts_.fragments);
     for (std::size_t f = 0; f < nf; ++f) fragments_.push_back(std::make_unique<fragment_state>());
-    for (std::size_t k = 0; k < values_.size(); ++k) {
+    const auto values = values_.views();
+    for (std::size_t k = 0; k < values.size(); ++k) {
       auto& f = *fragments_[k % nf];
       f.params.push_back(k);
       f.offsets.push_back(f.start.size());
-      f.sizes.push_back(values_[k].size());
-      f.start.resize(f.start.size() + values_[k].size());
+      f.sizes.push_back(values[k].size());
+      f.start.resize(f.start.size() + values[k].size());
     }
     const sgd_options so{.lr = opts_.outer_lr, .momentum = opts_.outer_momentum, .dampening = 0, .weight_decay = 0,
                          .nesterov = opts_.nesterov};
@@ -294,7 +298,7 @@ class streaming_diloco {
       auto& f = *fp;
       f.grad.resize(f.start.size());
       for (std::size_t i = 0; i < f.params.size(); ++i) {
-        const auto& v = values_[f.params[i]];
+        const auto& v = values[f.params[i]];
         f.view.params.push_back({v, tensor_view<T>(f.grad.data() + f.offsets[i], v.shape())});
       }
       f.outer = std::make_unique<sgd<detail::diloco::outer_model<T>>>(f.view, so);
@@ -302,8 +306,9 @@ class streaming_diloco {
   }
 
   void snapshot(fragment_state& f) {
+    const auto values = values_.views();
     for (std::size_t i = 0; i < f.params.size(); ++i) {
-      const auto& v = values_[f.params[i]];
+      const auto& v = values[f.params[i]];
       std::memcpy(f.start.data() + f.offsets[i], v.data(), v.size_bytes());
     }
   }
@@ -311,9 +316,11 @@ class streaming_diloco {
   // The fragment's outer gradient (start - current) goes out; training goes on meanwhile.
   void prepare(std::size_t fi) {
     auto& f = *fragments_[fi];
+    values_.pull("streaming_diloco");
+    const auto values = values_.views();
     pending_delta_.resize(f.start.size());
     for (std::size_t i = 0; i < f.params.size(); ++i) {
-      const auto& v = values_[f.params[i]];
+      const auto& v = values[f.params[i]];
       const T* s = f.start.data() + f.offsets[i];
       T* d = pending_delta_.data() + f.offsets[i];
       for (std::size_t j = 0; j < v.size(); ++j) d[j] = s[j] - v[j];
@@ -322,7 +329,12 @@ class streaming_diloco {
     start_exchange(f);
   }
   void start_exchange(fragment_state& f) {
-    exchange_.start(*comm_, std::span<const T>(pending_delta_), f.offsets, f.sizes);
+    try {
+      exchange_.start(*comm_, std::span<const T>(pending_delta_), f.offsets, f.sizes);
+    } catch (const timeout_error& e) {  // NCCL: the exchange runs here, through a device copy
+      throw timeout_error(where() + "fragment " + std::to_string(pending_) + " exchange failed: " + e.what() +
+                          detail::diloco::join_hint(opts_.join, "streaming_diloco_options"));
+    }
   }
 
   // The exchange's mean arrives; the fragment goes back to its start and takes the outer step
@@ -339,11 +351,16 @@ class streaming_diloco {
       throw timeout_error(where() + "fragment " + std::to_string(fi) + " exchange failed: " + e.what() +
                           detail::diloco::join_hint(opts_.join, "streaming_diloco_options"));
     }
+    // CUDA parameters: the mirror takes every parameter's current values first, so pushing it
+    // back changes only this fragment's.
+    values_.pull("streaming_diloco");
+    const auto values = values_.views();
     for (std::size_t i = 0; i < f.params.size(); ++i) {
-      auto& v = values_[f.params[i]];
+      const auto& v = values[f.params[i]];
       std::memcpy(v.data(), f.start.data() + f.offsets[i], v.size_bytes());
     }
     f.outer->step();
+    values_.push();
     snapshot(f);
     pending_ = -1;
     ++outer_steps_;
@@ -353,7 +370,7 @@ class streaming_diloco {
   M* model_;
   Inner* inner_;
   C* comm_;
-  std::vector<tensor_view<T>> values_;
+  detail::host_values<M> values_;  // host views of the parameters (a mirror of CUDA ones)
   std::vector<std::unique_ptr<fragment_state>> fragments_;
   std::vector<T> pending_delta_;  // the outer gradient in flight (kept for save_state)
   std::int64_t pending_ = -1;

@@ -13,6 +13,7 @@
 #include <partrain/comm/reduce_op.hpp>
 #include <partrain/core/tensor_view.hpp>
 #include <partrain/model/concepts.hpp>
+#include <partrain/parallel/detail/host_staging.hpp>
 
 namespace partrain::inline v0::detail::ddp {
 
@@ -35,11 +36,13 @@ template <class AllReduce>
   return {sums[0], static_cast<std::size_t>(sums[1]), static_cast<std::size_t>(sums[2])};
 }
 
-// Both on a communicator whose own wait is the whole error handling (DiLoCo's).
+// Both on a communicator whose own wait is the whole error handling (DiLoCo's); on a backend
+// that takes device memory only (NCCL) the sums go through a device copy.
 template <class M, class C, class Range>
 [[nodiscard]] eval_result evaluate_summed(M& model, C& comm, Range&& batches) {
   return sum_over_ranks(evaluate_batches(model, std::forward<Range>(batches)), [&](std::span<double> sums) {
-    comm.all_reduce(tensor_view<double>(sums.data(), sums.size()), reduce_op::sum).wait();
+    host_collective(
+        comm, sums, [&](auto view) { return comm.all_reduce(view, reduce_op::sum); }, [](auto&& w) { w.wait(); });
   });
 }
 

@@ -66,18 +66,28 @@ class host_values {
   [[nodiscard]] std::size_t size() const noexcept { return views_.size(); }
 
   // CUDA: the parameters' current values into the mirror, after the work queued on the model's
-  // stream (its inner optimizer's steps). Host: nothing to do.
-  void pull() {
-    if constexpr (mirrored) {
+  // stream (its inner optimizer's steps). Host: the views are the parameters themselves. Either
+  // way the parameters must still be the ones seen at construction (`who` names the policy).
+  void pull(const char* who) {
+    std::size_t k = 0;
+    for (auto&& p : model_->parameters()) {
+      const auto v = p.value();
+      if (k >= views_.size() || v.size() != views_[k].size() || (!mirrored && v.data() != views_[k].data())) {
+        throw invalid_argument_error(std::string(who) + ": parameter #" + std::to_string(k) +
+                                     " is not the one it was at construction (moved, resized or added; the model's "
+                                     "parameters must not change while the policy holds them)");
+      }
+      if constexpr (mirrored) {
 #if PARTRAIN_HAS_CUDA
-      std::size_t k = 0;
-      for (auto&& p : model_->parameters()) {
-        const auto v = p.value();
         ddp::staged_copy(views_[k].data(), v.data(), v.size_bytes(), cudaMemcpyDeviceToHost, model_stream(*model_),
                          "cudaMemcpyAsync (parameters to the host mirror)");
-        ++k;
-      }
 #endif
+      }
+      ++k;
+    }
+    if (k != views_.size()) {
+      throw invalid_argument_error(std::string(who) + ": the model now has " + std::to_string(k) +
+                                   " parameters, it had " + std::to_string(views_.size()) + " at construction");
     }
   }
   // CUDA: the mirror back into the parameters, ordered on the model's stream. Host: nothing.
@@ -111,6 +121,20 @@ template <class C>
   }
 }
 
+// Where a device-only backend's staging copies go: its device (0 when it does not say).
+template <class C>
+[[nodiscard]] int staging_device(const C& comm) {
+  if constexpr (requires { comm.cuda_device_index(); }) {
+    if (const int d = comm.cuda_device_index(); d >= 0) return d;
+  }
+  return 0;
+}
+template <class C>
+[[noreturn]] void no_memory_for(const C& comm) {
+  throw config_error("rank " + std::to_string(comm.rank()) +
+                     ": the backend takes neither host nor (in this build) CUDA memory");
+}
+
 // op(view) issues one collective on `data` and returns its work; wait(work) waits for it (and
 // names its errors). On a backend that takes only CUDA memory the collective runs on a device
 // copy on the backend's device, and both copies are finished on return.
@@ -122,17 +146,34 @@ void host_collective(C& comm, std::span<E> data, Op&& op, Wait&& wait) {
     return;
   }
 #if PARTRAIN_HAS_CUDA
-  int device = -1;
-  if constexpr (requires { comm.cuda_device_index(); }) device = comm.cuda_device_index();
-  device_buffer<E> dev(data.size(), device >= 0 ? device : 0);
+  device_buffer<E> dev(data.size(), staging_device(comm));
   dev.copy_from(tensor_view<const E>(data.data(), data.size()));
   wait(op(dev.view()));
   dev.copy_to(tensor_view<E>(data.data(), data.size()));
 #else
   (void)op;
   (void)wait;
-  throw config_error("rank " + std::to_string(comm.rank()) +
-                     ": the backend takes neither host nor (in this build) CUDA memory");
+  no_memory_for(comm);
+#endif
+}
+
+// The same for a collective with an input and an output (all_gather): op(in_view, out_view).
+template <class C, class E, class F, class Op, class Wait>
+void host_collective(C& comm, std::span<const E> in, std::span<F> out, Op&& op, Wait&& wait) {
+  if (takes_host_memory(comm)) {
+    wait(op(tensor_view<const E>(in.data(), in.size()), tensor_view<F>(out.data(), out.size())));
+    return;
+  }
+#if PARTRAIN_HAS_CUDA
+  device_buffer<E> din(in.size(), staging_device(comm));
+  device_buffer<F> dout(out.size(), staging_device(comm));
+  din.copy_from(tensor_view<const E>(in.data(), in.size()));
+  wait(op(tensor_view<const E, cuda>(din.view()), dout.view()));
+  dout.copy_to(tensor_view<F>(out.data(), out.size()));
+#else
+  (void)op;
+  (void)wait;
+  no_memory_for(comm);
 #endif
 }
 
