@@ -118,6 +118,7 @@ int main(int argc, char** argv) {
       {"cast fp32 -> fp16", 6, [&] { cast(tensor_view<const float>(src), tensor_view<half>(h)); }},
       {"cast fp16 -> fp32", 6, [&] { cast(tensor_view<const half>(h), tensor_view<float>(dst)); }},
       {"cast fp32 -> bf16", 6, [&] { cast(tensor_view<const float>(src), tensor_view<partrain::bfloat16>(bf)); }},
+      {"cast bf16 -> fp32", 6, [&] { cast(tensor_view<const partrain::bfloat16>(bf), tensor_view<float>(dst)); }},
       {"ddp bucket divide", 8,
        [&] { detail::for_each_index(detail::host_exec{}, first, detail::ddp::divide_fn<float>{flat_grad, divisor}); }},
       {"ddp no_sync accumulate", 12,
