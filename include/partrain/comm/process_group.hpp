@@ -229,6 +229,7 @@ class process_group {
   [[nodiscard]] std::unique_ptr<process_group> split(int color) {
     const std::string site = "rank " + std::to_string(rank_) + " split (" + std::string(backend()) + ")";
     if (color < 0) throw invalid_argument_error(site + ": color must be >= 0, got " + std::to_string(color));
+    if (!accepts(device_kind::cpu)) throw split_refusal();  // the colors travel in host memory
     const std::int64_t mine = color;
     std::vector<std::int64_t> colors(static_cast<std::size_t>(size_));
     try {
@@ -266,8 +267,11 @@ class process_group {
   // The backend's new group for r; every member calls it with the same members and seq.
   virtual std::unique_ptr<process_group> do_split(const split_request& r) {
     (void)r;
-    throw config_error("rank " + std::to_string(rank_) + " split: the " + std::string(backend()) +
-                       " backend cannot split groups yet (expected local, gloo or mpi)");
+    throw split_refusal();
+  }
+  [[nodiscard]] config_error split_refusal() const {
+    return config_error("rank " + std::to_string(rank_) + " split: the " + std::string(backend()) +
+                        " backend cannot split groups yet (expected local, gloo or mpi)");
   }
   virtual work do_all_reduce(raw_tensor t, reduce_op op) = 0;
   virtual work do_broadcast(raw_tensor t, int root) = 0;
