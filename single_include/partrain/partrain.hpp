@@ -13104,6 +13104,7 @@ void stage_out(tensor_view<T, cuda> g, const T* src, void* stream) {
 
 #if PARTRAIN_HAS_CUDA
 // #include <partrain/cuda/device_buffer.hpp> (above)
+// #include <partrain/cuda/device_guard.hpp> (above)
 // #include <partrain/parallel/detail/ddp_staging.hpp> (above)
 #endif
 
@@ -13199,14 +13200,19 @@ template <class C>
   }
 }
 
-// Where a device-only backend's staging copies go: its device (0 when it does not say).
+#if PARTRAIN_HAS_CUDA
+// Where a device-only backend's staging copies go: `device` when the caller knows it (>= 0),
+// else the backend's, else the current one; never device 0 by omission (on rank N that is
+// another GPU than the backend's).
 template <class C>
-[[nodiscard]] int staging_device(const C& comm) {
+[[nodiscard]] int staging_device(const C& comm, int device) {
+  if (device >= 0) return device;
   if constexpr (requires { comm.cuda_device_index(); }) {
     if (const int d = comm.cuda_device_index(); d >= 0) return d;
   }
-  return 0;
+  return cuda_current_device();
 }
+#endif
 template <class C>
 [[noreturn]] void no_memory_for(const C& comm) {
   throw config_error("rank " + std::to_string(comm.rank()) +
@@ -13215,42 +13221,44 @@ template <class C>
 
 // op(view) issues one collective on `data` and returns its work; wait(work) waits for it (and
 // names its errors). On a backend that takes only CUDA memory the collective runs on a device
-// copy on the backend's device, and both copies are finished on return.
+// copy (on `device`, see staging_device), and both copies are finished on return.
 template <class C, class E, class Op, class Wait>
-void host_collective(C& comm, std::span<E> data, Op&& op, Wait&& wait) {
+void host_collective(C& comm, std::span<E> data, Op&& op, Wait&& wait, int device = -1) {
   if (data.empty()) return;
   if (takes_host_memory(comm)) {
     wait(op(tensor_view<E>(data.data(), data.size())));
     return;
   }
 #if PARTRAIN_HAS_CUDA
-  device_buffer<E> dev(data.size(), staging_device(comm));
+  device_buffer<E> dev(data.size(), staging_device(comm, device));
   dev.copy_from(tensor_view<const E>(data.data(), data.size()));
   wait(op(dev.view()));
   dev.copy_to(tensor_view<E>(data.data(), data.size()));
 #else
   (void)op;
   (void)wait;
+  (void)device;
   no_memory_for(comm);
 #endif
 }
 
 // The same for a collective with an input and an output (all_gather): op(in_view, out_view).
 template <class C, class E, class F, class Op, class Wait>
-void host_collective(C& comm, std::span<const E> in, std::span<F> out, Op&& op, Wait&& wait) {
+void host_collective(C& comm, std::span<const E> in, std::span<F> out, Op&& op, Wait&& wait, int device = -1) {
   if (takes_host_memory(comm)) {
     wait(op(tensor_view<const E>(in.data(), in.size()), tensor_view<F>(out.data(), out.size())));
     return;
   }
 #if PARTRAIN_HAS_CUDA
-  device_buffer<E> din(in.size(), staging_device(comm));
-  device_buffer<F> dout(out.size(), staging_device(comm));
+  device_buffer<E> din(in.size(), staging_device(comm, device));
+  device_buffer<F> dout(out.size(), staging_device(comm, device));
   din.copy_from(tensor_view<const E>(in.data(), in.size()));
   wait(op(tensor_view<const E, cuda>(din.view()), dout.view()));
   dout.copy_to(tensor_view<F>(out.data(), out.size()));
 #else
   (void)op;
   (void)wait;
+  (void)device;
   no_memory_for(comm);
 #endif
 }
@@ -14056,11 +14064,12 @@ class distributed_data_parallel {
   }
 
   // The few small host collectives DDP needs (shape check, join flags, evaluation sums); on a
-  // backend that only takes CUDA memory (NCCL) they go through a device copy.
+  // backend that only takes CUDA memory (NCCL) they go through a device copy on cuda_device_.
   template <class E, class Op>
   void small_collective(std::span<E> host_data, Op&& op, const char* what) {
-    detail::host_collective(*comm_, host_data, std::forward<Op>(op),
-                            [&](auto&& w) { wait_named(std::forward<decltype(w)>(w), what); });
+    detail::host_collective(
+        *comm_, host_data, std::forward<Op>(op), [&](auto&& w) { wait_named(std::forward<decltype(w)>(w), what); },
+        cuda_device_);
   }
   template <class E>
   void small_all_reduce(std::span<E> v, reduce_op op, const char* what) {
@@ -19347,6 +19356,7 @@ void cast(tensor_view<From, S> src, tensor_view<To, S> dst) {
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 // #include <partrain/comm/reduce_op.hpp> (above)
@@ -19359,6 +19369,7 @@ void cast(tensor_view<From, S> src, tensor_view<To, S> dst) {
 // #include <partrain/model/traits.hpp> (above)
 // #include <partrain/optim/optimizer.hpp> (above)
 // #include <partrain/optim/state_io.hpp> (above)
+// #include <partrain/parallel/detail/host_staging.hpp> (above)
 // #include <partrain/precision/detail/host_kernels.hpp> (above)
 // #include <partrain/precision/precision.hpp> (above)
 
@@ -19595,24 +19606,10 @@ class grad_scaler {
   template <class C>
   bool agree(C& comm, bool found, int cuda_device) {
     float flag = found ? 1.0f : 0.0f;
-    bool host_ok = true;
-    if constexpr (requires(const C& c) { { c.accepts(device_kind::cpu) } -> std::convertible_to<bool>; }) {
-      host_ok = comm.accepts(device_kind::cpu);
-    }
-    if (host_ok) {
-      wait_named(comm, comm.all_reduce(tensor_view<float>(&flag, 1), reduce_op::max));
-      return flag != 0.0f;
-    }
-#if PARTRAIN_HAS_CUDA
-    device_buffer<float> dev(std::size_t{1}, cuda_device);
-    dev.copy_from(tensor_view<const float>(&flag, 1));
-    wait_named(comm, comm.all_reduce(dev.view(), reduce_op::max));
-    dev.copy_to(tensor_view<float>(&flag, 1));
+    detail::host_collective(
+        comm, std::span<float>(&flag, 1), [&](auto t) { return comm.all_reduce(t, reduce_op::max); },
+        [&](work w) { wait_named(comm, std::move(w)); }, cuda_device);
     return flag != 0.0f;
-#else
-    (void)cuda_device;
-    throw config_error("grad_scaler: the communicator takes neither host nor (in this build) CUDA memory");
-#endif
   }
 
   grad_scaler_options opts_;

@@ -340,11 +340,12 @@ class distributed_data_parallel {
   }
 
   // The few small host collectives DDP needs (shape check, join flags, evaluation sums); on a
-  // backend that only takes CUDA memory (NCCL) they go through a device copy.
+  // backend that only takes CUDA memory (NCCL) they go through a device copy on cuda_device_.
   template <class E, class Op>
   void small_collective(std::span<E> host_data, Op&& op, const char* what) {
-    detail::host_collective(*comm_, host_data, std::forward<Op>(op),
-                            [&](auto&& w) { wait_named(std::forward<decltype(w)>(w), what); });
+    detail::host_collective(
+        *comm_, host_data, std::forward<Op>(op), [&](auto&& w) { wait_named(std::forward<decltype(w)>(w), what); },
+        cuda_device_);
   }
   template <class E>
   void small_all_reduce(std::span<E> v, reduce_op op, const char* what) {

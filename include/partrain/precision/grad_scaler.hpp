@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <partrain/comm/reduce_op.hpp>
@@ -27,6 +28,7 @@
 #include <partrain/model/traits.hpp>
 #include <partrain/optim/optimizer.hpp>
 #include <partrain/optim/state_io.hpp>
+#include <partrain/parallel/detail/host_staging.hpp>
 #include <partrain/precision/detail/host_kernels.hpp>
 #include <partrain/precision/precision.hpp>
 
@@ -263,24 +265,10 @@ class grad_scaler {
   template <class C>
   bool agree(C& comm, bool found, int cuda_device) {
     float flag = found ? 1.0f : 0.0f;
-    bool host_ok = true;
-    if constexpr (requires(const C& c) { { c.accepts(device_kind::cpu) } -> std::convertible_to<bool>; }) {
-      host_ok = comm.accepts(device_kind::cpu);
-    }
-    if (host_ok) {
-      wait_named(comm, comm.all_reduce(tensor_view<float>(&flag, 1), reduce_op::max));
-      return flag != 0.0f;
-    }
-#if PARTRAIN_HAS_CUDA
-    device_buffer<float> dev(std::size_t{1}, cuda_device);
-    dev.copy_from(tensor_view<const float>(&flag, 1));
-    wait_named(comm, comm.all_reduce(dev.view(), reduce_op::max));
-    dev.copy_to(tensor_view<float>(&flag, 1));
+    detail::host_collective(
+        comm, std::span<float>(&flag, 1), [&](auto t) { return comm.all_reduce(t, reduce_op::max); },
+        [&](work w) { wait_named(comm, std::move(w)); }, cuda_device);
     return flag != 0.0f;
-#else
-    (void)cuda_device;
-    throw config_error("grad_scaler: the communicator takes neither host nor (in this build) CUDA memory");
-#endif
   }
 
   grad_scaler_options opts_;

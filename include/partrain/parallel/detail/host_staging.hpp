@@ -26,6 +26,7 @@
 
 #if PARTRAIN_HAS_CUDA
 #include <partrain/cuda/device_buffer.hpp>
+#include <partrain/cuda/device_guard.hpp>
 #include <partrain/parallel/detail/ddp_staging.hpp>
 #endif
 
@@ -121,14 +122,19 @@ template <class C>
   }
 }
 
-// Where a device-only backend's staging copies go: its device (0 when it does not say).
+#if PARTRAIN_HAS_CUDA
+// Where a device-only backend's staging copies go: `device` when the caller knows it (>= 0),
+// else the backend's, else the current one; never device 0 by omission (on rank N that is
+// another GPU than the backend's).
 template <class C>
-[[nodiscard]] int staging_device(const C& comm) {
+[[nodiscard]] int staging_device(const C& comm, int device) {
+  if (device >= 0) return device;
   if constexpr (requires { comm.cuda_device_index(); }) {
     if (const int d = comm.cuda_device_index(); d >= 0) return d;
   }
-  return 0;
+  return cuda_current_device();
 }
+#endif
 template <class C>
 [[noreturn]] void no_memory_for(const C& comm) {
   throw config_error("rank " + std::to_string(comm.rank()) +
@@ -137,42 +143,44 @@ template <class C>
 
 // op(view) issues one collective on `data` and returns its work; wait(work) waits for it (and
 // names its errors). On a backend that takes only CUDA memory the collective runs on a device
-// copy on the backend's device, and both copies are finished on return.
+// copy (on `device`, see staging_device), and both copies are finished on return.
 template <class C, class E, class Op, class Wait>
-void host_collective(C& comm, std::span<E> data, Op&& op, Wait&& wait) {
+void host_collective(C& comm, std::span<E> data, Op&& op, Wait&& wait, int device = -1) {
   if (data.empty()) return;
   if (takes_host_memory(comm)) {
     wait(op(tensor_view<E>(data.data(), data.size())));
     return;
   }
 #if PARTRAIN_HAS_CUDA
-  device_buffer<E> dev(data.size(), staging_device(comm));
+  device_buffer<E> dev(data.size(), staging_device(comm, device));
   dev.copy_from(tensor_view<const E>(data.data(), data.size()));
   wait(op(dev.view()));
   dev.copy_to(tensor_view<E>(data.data(), data.size()));
 #else
   (void)op;
   (void)wait;
+  (void)device;
   no_memory_for(comm);
 #endif
 }
 
 // The same for a collective with an input and an output (all_gather): op(in_view, out_view).
 template <class C, class E, class F, class Op, class Wait>
-void host_collective(C& comm, std::span<const E> in, std::span<F> out, Op&& op, Wait&& wait) {
+void host_collective(C& comm, std::span<const E> in, std::span<F> out, Op&& op, Wait&& wait, int device = -1) {
   if (takes_host_memory(comm)) {
     wait(op(tensor_view<const E>(in.data(), in.size()), tensor_view<F>(out.data(), out.size())));
     return;
   }
 #if PARTRAIN_HAS_CUDA
-  device_buffer<E> din(in.size(), staging_device(comm));
-  device_buffer<F> dout(out.size(), staging_device(comm));
+  device_buffer<E> din(in.size(), staging_device(comm, device));
+  device_buffer<F> dout(out.size(), staging_device(comm, device));
   din.copy_from(tensor_view<const E>(in.data(), in.size()));
   wait(op(tensor_view<const E, cuda>(din.view()), dout.view()));
   dout.copy_to(tensor_view<F>(out.data(), out.size()));
 #else
   (void)op;
   (void)wait;
+  (void)device;
   no_memory_for(comm);
 #endif
 }
