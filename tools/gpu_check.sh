@@ -10,6 +10,11 @@
 #   tools/gpu_check.sh --prepare     copy what the GPU machine lacks (Catch2's header and CMake
 #                                    files, the Fashion-MNIST files) into .device/ (git-ignored),
 #                                    which travels with the working tree to the device machine
+#   tools/gpu_check.sh --pack DIR    pack a CUDA build folder built here (its executables, ctest
+#                                    files and the shared libraries they load from outside CUDA and
+#                                    the C runtime: gloo, OpenBLAS, Open MPI) into
+#                                    .device/prebuilt.tar.xz; the device machine then runs them
+#                                    without building (nvcc there spends device time)
 #   tools/gpu_check.sh [--only steps] [--build DIR] [--data DIR] [--jobs N]
 #        steps: configure,build,tests,example,bench,torch (comma-separated; default all). The
 #        build folder persists on a warm machine, so a run may be split to fit a command's limit:
@@ -28,12 +33,13 @@ precision_slack=0.01    # fp16/bf16 within this of fp32 (as the host mixed-preci
 while [ $# -gt 0 ]; do
   case $1 in
     --prepare) prepare=1 ;;
+    --pack) pack=$2; shift ;;
     --only) only=$2; shift ;;
     --build) build=$2; shift ;;
     --data) data=$2; shift ;;
     --jobs) jobs=$2; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
-    *) echo "gpu_check: unknown argument '$1' (expected --prepare, --only, --build, --data, --jobs)" >&2; exit 2 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    *) echo "gpu_check: unknown argument '$1' (expected --prepare, --pack, --only, --build, --data, --jobs)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -66,6 +72,69 @@ CONFIG
   exit 0
 fi
 
+# Pack a build folder made here; the tarball keeps paths relative to the repository root and the
+# root's absolute path, which the ctest files name (rewritten to the device machine's root).
+prebuilt=$device_dir/prebuilt.tar.xz
+if [ -n "${pack:-}" ]; then
+  set -e
+  dir=$(cd "$pack" && pwd)
+  rel=${dir#"$root"/}
+  [ "$rel" != "$dir" ] || { echo "gpu_check: --pack $pack: the build folder must lie inside $root" >&2; exit 2; }
+  [ -f "$dir/CTestTestfile.cmake" ] || { echo "gpu_check: --pack $pack: not a configured build folder" >&2; exit 2; }
+  staging=$(mktemp -d)
+  trap 'rm -rf "$staging"' EXIT
+  mkdir -p "$staging/lib"
+  mapfile -t exes < <(cd "$root" && find "$rel" -path '*/CMakeFiles' -prune -o -type f -perm -u+x -print |
+                      while read -r f; do head -c 4 "$f" | grep -q ELF && echo "$f"; done)
+  for f in "${exes[@]}"; do
+    ldd "$root/$f" | awk '$3 ~ /^\// {print $1, $3}' | while read -r name path; do
+      case $name in
+        libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|libstdc++.so*|libgcc_s.so*|ld-linux*|libcuda.so*) ;;
+        libcudart.so*|libnccl.so*|libcublas*) ;;  # the device machine's CUDA has its own
+        *) cp -Lu "$path" "$staging/lib/$name" ;;
+      esac
+    done
+  done
+  mkdir -p "$staging/.device/prebuilt"
+  mv "$staging/lib" "$staging/.device/prebuilt/lib"
+  echo "$root" >"$staging/.device/prebuilt/root"
+  echo "$rel" >"$staging/.device/prebuilt/build"
+  # ctest's files and those they include (catch_discover_tests' per-executable lists).
+  (cd "$root" && find "$rel" -path '*/CMakeFiles' -prune -o \( -name '*.cmake' -o -name CMakeCache.txt \) -print) >"$staging/files"
+  printf '%s\n' "${exes[@]}" >>"$staging/files"
+  tar -C "$root" -cf "$staging/build.tar" -T "$staging/files"
+  tar -C "$staging" -rf "$staging/build.tar" .device/prebuilt
+  mkdir -p "$device_dir"
+  xz -T0 -6 -c "$staging/build.tar" >"$prebuilt"
+  echo "gpu_check: packed ${#exes[@]} executables and $(ls "$staging/.device/prebuilt/lib" | wc -l) libraries from $rel into $prebuilt ($(du -h "$prebuilt" | cut -f1))"
+  exit 0
+fi
+
+# Unpack it on the device machine: the build folder back at its path, the libraries beside it.
+if [ -f "$prebuilt" ] && [ ! -f "$build/CMakeCache.txt" ]; then
+  tar -C "$root" -xJf "$prebuilt"
+  packed_root=$(cat "$device_dir/prebuilt/root")
+  packed_build=$(cat "$device_dir/prebuilt/build")
+  if [ "$packed_root" != "$root" ]; then  # the ctest files name the sources and the build by absolute path
+    find "$root/$packed_build" -path '*/CMakeFiles' -prune -o \( -name '*.cmake' -o -name CMakeCache.txt \) -print0 |
+      xargs -0 sed -i "s|$packed_root/|$root/|g"
+  fi
+  build=$root/$packed_build
+  # The CUDA libraries of this machine (the toolkit's, else the Python wheels PyTorch loads).
+  host_ld_path=${LD_LIBRARY_PATH:-}  # PyTorch's step keeps the machine's own (its wheels' CUDA libraries)
+  cuda_libs=$(find /usr/local/cuda/ /usr/local/cuda/lib64/ /usr/lib/x86_64-linux-gnu /opt /usr/local/lib -maxdepth 7 \
+                \( -name 'libnccl.so.2' -o -name 'libcublas.so.13' -o -name 'libcudart.so.13' \) 2>/dev/null |
+              xargs -r -n1 dirname | awk '!seen[$0]++' | paste -sd:)
+  export LD_LIBRARY_PATH=$device_dir/prebuilt/lib${cuda_libs:+:$cuda_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  cmake_cmd=$(sed -n 's/^CMAKE_COMMAND:INTERNAL=//p' "$build/CMakeCache.txt")
+  if [ -n "$cmake_cmd" ] && [ ! -x "$cmake_cmd" ] && command -v cmake >/dev/null; then
+    ln -s "$(command -v cmake)" "$cmake_cmd"  # the example tests run through it
+  fi
+  only=${only//configure,/}; only=${only//build,/}
+  echo "gpu_check: prebuilt $build from $prebuilt; LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  prebuilt_used=1
+fi
+
 mkdir -p "$build"
 out=$build/gpu_check
 mkdir -p "$out"
@@ -83,6 +152,7 @@ record() {  # step status detail
   echo "gpu_check: $1: $2 $3"
 }
 wants() { [[ ",$only," == *",$1,"* ]]; }
+[ -n "${prebuilt_used:-}" ] && record prebuilt ok "$build from $prebuilt (configure and build skipped)"
 
 # What this machine has.
 nvcc=${CUDACXX:-}
@@ -101,6 +171,7 @@ if [ -z "$data" ]; then
     data=$device_dir/fashion-mnist
   fi
 fi
+export PARTRAIN_FASHION_MNIST_DIR=${PARTRAIN_FASHION_MNIST_DIR:-$data}  # the tests' and benchmarks' data
 
 # 1. Configure: CUDA on, the native architecture where a GPU is (the default list otherwise).
 if wants configure; then
@@ -152,7 +223,7 @@ if wants tests; then
   if [ ! -f "$build/CTestTestfile.cmake" ]; then
     record gpu_tests SKIP "no build folder with tests"
   else
-    ctest --test-dir "$build" -L gpu --output-on-failure --timeout 300 >"$out/tests.log" 2>&1
+    ctest --test-dir "$build" -L gpu --output-on-failure --timeout 150 >"$out/tests.log" 2>&1
     rc=$?
     total=$(grep -oE 'out of [0-9]+' "$out/tests.log" | tail -n 1 | grep -oE '[0-9]+')
     nskip=$(grep -cE '\*\*\*Skipped|Not Run' "$out/tests.log")
@@ -221,7 +292,7 @@ if wants bench; then
     record bench_precision_cuda SKIP "no GPU"
   else
     if [ -x "$build/bench/collectives/bench_collectives" ] &&
-       timeout 600 "$build/bench/collectives/bench_collectives" >"$out/bench_collectives.log" 2>&1; then
+       timeout 600 "$build/bench/collectives/bench_collectives" --quick >"$out/bench_collectives.log" 2>&1; then
       if grep -qi '^nccl' "$out/bench_collectives.log" && ! grep -qi 'nccl: skipped' "$out/bench_collectives.log"; then
         record bench_collectives ok "$(grep -ci 'nccl' "$out/bench_collectives.log") nccl lines ($out/bench_collectives.log)"
       else
@@ -250,7 +321,7 @@ if wants torch; then
   elif [ ! -f "$data/train-images-idx3-ubyte.gz" ]; then
     record torch_eager FAIL "no Fashion-MNIST in $data"
   else
-    line=$(timeout 600 python3 - "$data" <<'PY' 2>"$out/torch.log"
+    line=$(LD_LIBRARY_PATH=${host_ld_path-${LD_LIBRARY_PATH:-}} timeout 600 python3 - "$data" <<'PY' 2>"$out/torch.log"
 import gzip, sys, time, torch
 d = sys.argv[1]
 def idx(name, offset):

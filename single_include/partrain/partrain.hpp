@@ -9634,6 +9634,7 @@ namespace detail::mpi {
 // Nothing a child started outlives it: its whole process group is killed when it is reaped,
 // and PR_SET_PDEATHSIG takes the child down if the supervisor itself dies.
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -9665,35 +9666,41 @@ namespace partrain::inline v0 {
 
 namespace detail::launch {
 
-// Whether a /proc/<pid>/maps text maps the CUDA driver (libcuda.so*; libcudart is not the driver).
-[[nodiscard]] inline bool maps_show_cuda_driver(std::string_view maps) noexcept {
-  for (std::size_t at = maps.find("libcuda.so"); at != std::string_view::npos; at = maps.find("libcuda.so", at + 1)) {
-    if (at == 0 || maps[at - 1] == '/' || maps[at - 1] == ' ') return true;
-  }
-  return false;
+// Whether a descriptor's target is one of the NVIDIA driver's device files (/dev/nvidiactl,
+// /dev/nvidia0, /dev/nvidia-uvm, ...).
+[[nodiscard]] inline bool is_nvidia_device_file(std::string_view target) noexcept {
+  return target.starts_with("/dev/nvidia");
 }
 
-// Whether the CUDA driver is loaded in this process: the runtime loads libcuda when CUDA is first
-// initialised, so a host-only build answers without linking CUDA. (A program linked against
-// libcuda directly is counted too, though it may not have called cuInit yet.) An unreadable maps
-// file (not Linux): false.
-[[nodiscard]] inline bool cuda_driver_loaded(const char* maps_path = "/proc/self/maps") {
-  std::FILE* f = std::fopen(maps_path, "r");
-  if (!f) return false;
-  std::string text;
-  char buf[4096];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
-  std::fclose(f);
-  return maps_show_cuda_driver(text);
+// Whether CUDA is initialised in this process: the driver opens its device files at cuInit and
+// keeps them open. Merely loading libcuda is not enough: the CUDA runtime loads it when a program
+// with device code starts (seen on an H200), before any CUDA call, and a fork then is harmless.
+// An unreadable descriptor folder (not Linux): false.
+[[nodiscard]] inline bool cuda_initialised(const char* fd_dir = "/proc/self/fd") {
+  DIR* dir = ::opendir(fd_dir);
+  if (!dir) return false;
+  bool found = false;
+  const std::string base = std::string(fd_dir) + "/";
+  while (const dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    char target[256];
+    const ssize_t n = ::readlink((base + e->d_name).c_str(), target, sizeof target - 1);
+    if (n > 0 && is_nvidia_device_file(std::string_view(target, static_cast<std::size_t>(n)))) {
+      found = true;
+      break;
+    }
+  }
+  ::closedir(dir);
+  return found;
 }
 
 // A forked child of a process with CUDA initialised inherits a driver state that does not work
 // there (every CUDA call fails, or hangs): refuse before forking, saying what to do instead.
-inline void refuse_fork_after_cuda(const char* maps_path = "/proc/self/maps") {
-  if (cuda_driver_loaded(maps_path)) {
+inline void refuse_fork_after_cuda(const char* fd_dir = "/proc/self/fd") {
+  if (cuda_initialised(fd_dir)) {
     throw config_error(
-        "spawn (child_process::fork): CUDA is already initialised in this process (the CUDA driver, libcuda.so, is "
-        "loaded), and a forked child cannot use CUDA. Launch the ranks with exec instead (partrun, or "
+        "spawn (child_process::fork): CUDA is already initialised in this process (it holds the driver's /dev/nvidia* "
+        "files open), and a forked child cannot use CUDA. Launch the ranks with exec instead (partrun, or "
         "child_process::exec), or make no CUDA call in the parent before spawn and initialise CUDA in each rank");
   }
 }
@@ -20185,6 +20192,7 @@ inline constexpr std::array<std::uint32_t, 256> crc32_table = [] {
 // #include <partrain/model/concepts.hpp> (above)
 // #include <partrain/optim/optimizer.hpp> (above)
 // #include <partrain/optim/state_io.hpp> (above)
+// #include <partrain/parallel/detail/host_staging.hpp> (above)
 // #include <partrain/train/detail/atomic_file.hpp> (above)
 // #include <partrain/train/detail/crc32.hpp> (above)
 
@@ -20412,21 +20420,24 @@ checkpoint_extra load_checkpoint(const std::filesystem::path& path, M& m, O& opt
   return load_checkpoint_bytes(file, m, opt, path.string());
 }
 
-// FNV-1a over every host parameter's bytes: equal checksums mean bit-identical parameters (what
-// a restart test compares between an interrupted and an uninterrupted run); 0 for device models.
+// FNV-1a over every parameter's bytes: equal checksums mean bit-identical parameters (what a
+// restart test compares between an interrupted and an uninterrupted run). CUDA parameters are
+// read through a host copy, after the work queued on the model's stream.
 template <model M>
 [[nodiscard]] std::uint64_t parameter_checksum(M& m) {
   std::uint64_t h = 0xcbf29ce484222325ull;
-  if constexpr (!std::same_as<model_space_t<M>, host>) {
-    return 0;
+  auto add = [&h](const auto& v) {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(v.data());
+    for (std::size_t i = 0; i < v.size_bytes(); ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
+  };
+  if constexpr (std::same_as<model_space_t<M>, host>) {
+    for (auto&& p : m.parameters()) add(p.value());
   } else {
-    for (auto&& p : m.parameters()) {
-      const auto v = p.value();
-      const auto* bytes = reinterpret_cast<const unsigned char*>(v.data());
-      for (std::size_t i = 0; i < v.size_bytes(); ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
-    }
-    return h;
+    detail::host_values<M> copy(m);
+    copy.pull("parameter_checksum");
+    for (const auto& v : copy.views()) add(v);
   }
+  return h;
 }
 
 }  // namespace partrain::inline v0
@@ -22156,6 +22167,7 @@ struct constant_lr {
 // #include <partrain/comm/reduce_op.hpp> (above)
 // #include <partrain/core/error.hpp> (above)
 // #include <partrain/core/tensor_view.hpp> (above)
+// #include <partrain/parallel/detail/host_staging.hpp> (above)
 // #include <partrain/train/detail/json_text.hpp> (above)
 
 namespace partrain::inline v0 {
@@ -22200,17 +22212,20 @@ void reduce_fields(C& comm, std::vector<metric_field>& fields) {
     if (f.reduce == across_ranks::mean || f.reduce == across_ranks::sum) sums.push_back(v);
     else maxes.push_back(f.reduce == across_ranks::min ? -v : v);
   }
+  // Host numbers; a backend that takes device memory only (nccl) reduces them on a device copy.
   auto run = [&](std::vector<double>& xs, reduce_op op, const char* what) {
-    if (xs.empty()) return;
-    auto w = comm.all_reduce(tensor_view<double>(xs.data(), shape{xs.size()}), op);
-    if constexpr (requires { comm.timeout(); }) {
-      if (!w.wait_for(comm.timeout())) {
-        throw timeout_error("rank " + std::to_string(comm.rank()) + " metrics " + what + " all_reduce: timed out after " +
-                            std::to_string(comm.timeout().count()) + " ms");
-      }
-    } else {
-      w.wait();
-    }
+    detail::host_collective(
+        comm, std::span<double>(xs), [&](auto view) { return comm.all_reduce(view, op); },
+        [&](auto w) {
+          if constexpr (requires { comm.timeout(); }) {
+            if (!w.wait_for(comm.timeout())) {
+              throw timeout_error("rank " + std::to_string(comm.rank()) + " metrics " + what +
+                                  " all_reduce: timed out after " + std::to_string(comm.timeout().count()) + " ms");
+            }
+          } else {
+            w.wait();
+          }
+        });
   };
   run(sums, reduce_op::sum, "sum");
   run(maxes, reduce_op::max, "max");
@@ -22819,6 +22834,7 @@ inline constexpr steps_t steps{};
 #include <iostream>
 #include <optional>
 #include <ostream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -22827,6 +22843,7 @@ inline constexpr steps_t steps{};
 // #include <partrain/core/task.hpp> (above)
 // #include <partrain/core/work.hpp> (above)
 // #include <partrain/optim/state_io.hpp> (above)
+// #include <partrain/parallel/detail/host_staging.hpp> (above)
 // #include <partrain/train/checkpoint.hpp> (above)
 // #include <partrain/train/detail/atomic_file.hpp> (above)
 // #include <partrain/train/epochs.hpp> (above)
@@ -23073,9 +23090,15 @@ class trainer {
   }
   void reduce_loss(detail::trainer::epoch_sums& s) {
     std::array<double, 2> sums{s.loss_sum, s.steps};
-    p_.loss_group().all_reduce(tensor_view<double>(sums), reduce_op::sum).wait();
+    sum_over_ranks(sums);
     s.loss_sum = sums[0];
     s.steps = sums[1];
+  }
+  // The loss sums are host numbers: a backend that takes device memory only (nccl) sums them on
+  // a device copy, synchronously.
+  void sum_over_ranks(std::span<double> v) {
+    auto& g = p_.loss_group();
+    detail::host_collective(g, v, [&](auto view) { return g.all_reduce(view, reduce_op::sum); }, [](work w) { w.wait(); });
   }
   auto batches() { return traced_batches(train_, o_.trace ? *o_.trace : untraced_); }
 
@@ -23140,7 +23163,12 @@ class trainer {
       samples = b.size();
       auto& slot = slots[k % 2];
       slot = {one_step(b, s), 1.0};
-      work w = p_.loss_group().all_reduce(tensor_view<double>(slot), reduce_op::sum);
+      work w = work::completed();
+      if (detail::takes_host_memory(p_.loss_group())) {
+        w = p_.loss_group().all_reduce(tensor_view<double>(slot), reduce_op::sum);
+      } else {
+        sum_over_ranks(slot);  // nccl: not overlapped with the next step
+      }
       if (k > 0) {
         co_await pending;  // the previous step's sums, reduced while this step computed
         settle(slots[(k - 1) % 2]);

@@ -9,7 +9,14 @@
 
 #include <cstdio>
 
+#include <partrain/launch/process.hpp>
+
+// Whether CUDA was initialised before main's first CUDA call (test_cuda_raii.cu checks it was not:
+// loading a program with device code must not count as initialising CUDA, or spawn refuses).
+bool partrain_test_cuda_initialised_at_start = false;
+
 int main(int argc, char** argv) {
+  partrain_test_cuda_initialised_at_start = partrain::detail::launch::cuda_initialised();
   int devices = 0;
   cudaError_t rc = cudaGetDeviceCount(&devices);  // an old driver answers cudaErrorInsufficientDriver
   if (rc != cudaSuccess || devices == 0) {

@@ -7,6 +7,7 @@
 #include <partrain/cuda/event.hpp>
 #include <partrain/cuda/pinned_buffer.hpp>
 #include <partrain/cuda/stream.hpp>
+#include <partrain/launch/process.hpp>
 
 #include <string>
 #include <thread>
@@ -36,6 +37,16 @@ void launch_scale_add(float* x, std::size_t n, float a, float b, cudaStream_t s)
 }
 
 }  // namespace
+
+extern bool partrain_test_cuda_initialised_at_start;  // tests/cuda/gpu_main.cpp
+
+// spawn forks only where CUDA is not initialised: a program with device code, loaded (libcuda
+// mapped by the runtime) but before its first CUDA call, may fork; after it, it may not.
+TEST_CASE("cuda_initialised: false until the first CUDA call, true after it", "[cuda][spawn]") {
+  CHECK_FALSE(partrain_test_cuda_initialised_at_start);
+  CHECK(detail::launch::cuda_initialised());  // gpu_main made a context
+  CHECK_THROWS_AS(detail::launch::refuse_fork_after_cuda(), config_error);
+}
 
 TEST_CASE("cuda_stream and cuda_event are RAII handles with noexcept moves", "[cuda][raii]") {
   static_assert(std::is_nothrow_move_constructible_v<cuda_stream>);

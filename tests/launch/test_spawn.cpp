@@ -315,40 +315,39 @@ TEST_CASE("child_process runs a program with an environment and keeps its last l
   CHECK_FALSE(alive(sleepers[0].pid()));
 }
 
-// The real condition (the CUDA driver loaded in the test process) cannot be made on a host
-// without a driver; the check reads a maps file, so a fake one stands in for /proc/self/maps.
+// The real condition (CUDA initialised in the test process) cannot be made on a host without a
+// driver; the check reads a descriptor folder, so a fake one (links to the driver's device files)
+// stands in for /proc/self/fd. tests/cuda/test_cuda_raii.cu checks the real one on a GPU.
 TEST_CASE("spawn refuses to fork once CUDA is initialised and says to use an exec launch", "[comm][spawn][cuda]") {
-  constexpr std::string_view with_driver =
-      "55d0c0a00000-55d0c0a01000 r--p 00000000 08:01 1 /usr/bin/trainer\n"
-      "7f0000000000-7f0000100000 r-xp 00000000 08:01 2 /usr/local/cuda/lib64/libcudart.so.13.0.88\n"
-      "7f0000200000-7f0000300000 r-xp 00000000 08:01 3 /usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06\n";
-  constexpr std::string_view runtime_only =
-      "7f0000000000-7f0000100000 r-xp 00000000 08:01 2 /usr/local/cuda/lib64/libcudart.so.13.0.88\n"
-      "7f0000400000-7f0000500000 r-xp 00000000 08:01 4 /opt/x/mylibcuda.so.1\n";
-  CHECK(detail::launch::maps_show_cuda_driver(with_driver));
-  CHECK_FALSE(detail::launch::maps_show_cuda_driver(runtime_only));  // the runtime alone initialises nothing
-  CHECK_FALSE(detail::launch::maps_show_cuda_driver(""));
+  CHECK(detail::launch::is_nvidia_device_file("/dev/nvidiactl"));
+  CHECK(detail::launch::is_nvidia_device_file("/dev/nvidia0"));
+  CHECK(detail::launch::is_nvidia_device_file("/dev/nvidia-uvm"));
+  CHECK_FALSE(detail::launch::is_nvidia_device_file("/usr/lib/x86_64-linux-gnu/libcuda.so.1"));  // loaded, not initialised
+  CHECK_FALSE(detail::launch::is_nvidia_device_file("/dev/null"));
+  CHECK_FALSE(detail::launch::is_nvidia_device_file(""));
 
-  const auto dir = scratch("maps");
-  const auto fake = (dir / "maps").string();
-  std::ofstream(fake) << with_driver;
-  CHECK(detail::launch::cuda_driver_loaded(fake.c_str()));
+  const auto dir = scratch("fds");
+  const auto fds = dir / "fd";
+  std::filesystem::create_directories(fds);
+  std::filesystem::create_symlink("/dev/null", fds / "0");
+  std::filesystem::create_symlink("socket:[12345]", fds / "3");
+  CHECK_FALSE(detail::launch::cuda_initialised(fds.c_str()));
+  CHECK_NOTHROW(detail::launch::refuse_fork_after_cuda(fds.c_str()));
+  std::filesystem::create_symlink("/dev/nvidiactl", fds / "7");
+  CHECK(detail::launch::cuda_initialised(fds.c_str()));
   try {
-    detail::launch::refuse_fork_after_cuda(fake.c_str());
-    FAIL("refuse_fork_after_cuda accepted a process with libcuda.so loaded");
+    detail::launch::refuse_fork_after_cuda(fds.c_str());
+    FAIL("refuse_fork_after_cuda accepted a process holding /dev/nvidiactl open");
   } catch (const config_error& e) {
     const std::string what = e.what();
     CHECK(what.find("spawn") != std::string::npos);
     CHECK(what.find("CUDA is already initialised") != std::string::npos);
     CHECK(what.find("partrun") != std::string::npos);
   }
-  std::ofstream(fake) << runtime_only;
-  CHECK_FALSE(detail::launch::cuda_driver_loaded(fake.c_str()));
-  CHECK_NOTHROW(detail::launch::refuse_fork_after_cuda(fake.c_str()));
-  CHECK_FALSE(detail::launch::cuda_driver_loaded((dir / "missing").c_str()));  // unreadable: not refused
+  CHECK_FALSE(detail::launch::cuda_initialised((dir / "missing").c_str()));  // unreadable: not refused
 
-  // This host test process never loads the driver, so its own check passes and spawn runs.
-  CHECK_FALSE(detail::launch::cuda_driver_loaded());
+  // This host test process never initialises CUDA, so its own check passes and spawn runs.
+  CHECK_FALSE(detail::launch::cuda_initialised());
   std::filesystem::remove_all(dir);
 }
 

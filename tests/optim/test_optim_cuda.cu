@@ -57,10 +57,16 @@ struct pair_models {
       dev.params.emplace_back(v, g);
     }
   }
-  void check_close(double tol) {
+  // The device fuses multiplies and adds (nvcc's default), the host does not: where an update
+  // nearly cancels a parameter (values and gradients are in [0, 1)), the two differ by an ulp of
+  // the terms, not of the result (seen on an H200), hence a margin at the terms' scale.
+  void check_close(double tol, double margin) {
     for (std::size_t p = 0; p < host.params.size(); ++p) {
       const auto d = dev.params[p].host_values();
-      for (std::size_t i = 0; i < d.size(); ++i) CHECK(d[i] == Approx(host.params[p].v[i]).epsilon(tol).margin(1e-7));
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < d.size(); ++i) bad += d[i] != Approx(host.params[p].v[i]).epsilon(tol).margin(margin);
+      CAPTURE(p, d.size());
+      CHECK(bad == 0);
     }
   }
 };
@@ -76,7 +82,7 @@ TEST_CASE("cuda sgd matches the host path", "[optim][cuda][gpu]") {
     hs.step();
     ds.step();
   }
-  m.check_close(1e-6);
+  m.check_close(1e-6, 2e-5);
 }
 
 TEST_CASE("cuda adamw matches the host path, and its state round-trips", "[optim][cuda][gpu]") {
@@ -87,7 +93,7 @@ TEST_CASE("cuda adamw matches the host path, and its state round-trips", "[optim
     ha.step();
     da.step();
   }
-  m.check_close(1e-5);
+  m.check_close(1e-5, 1e-5);
   state_writer w;
   da.save_state(w);
   adamw db(m.dev, {.lr = 0.01});

@@ -1,8 +1,11 @@
 // Post-local SGD, DiLoCo and streaming DiLoCo with parameters in CUDA memory: their host state
 // works on a host mirror of the parameters, copied at every average or outer step, so the result
-// must equal the host-parameter run exactly, over the local (host) backend and, at world size 1,
-// over NCCL (whose collectives take device memory only: the host exchanges go through a device
-// copy). gpu label; skips without a device.
+// must match the host-parameter run, over the local (host) backend and, at world size 1, over NCCL
+// (whose collectives take device memory only: the host exchanges go through a device copy).
+// Not bit for bit: the device MLP's kernels and the optimizer fuse multiplies and adds (nvcc's
+// default), the host does not, and 11 steps carry that rounding (about 1e-5 on an H200). A
+// mirror copied at the wrong time or not at all moves parameters by the ranks' spread (1e-2 and
+// more). gpu label; skips without a device.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime.h>
@@ -13,6 +16,7 @@
 #include <partrain/parallel/local_sgd.hpp>
 #include <partrain/parallel/streaming_diloco.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -57,6 +61,26 @@ std::vector<std::vector<float>> run_mode(int world, int steps, Make make) {
   return out;
 }
 
+// Every rank's parameters within `margin` of the host run's; the largest difference is reported.
+void check_close_runs(const std::vector<std::vector<float>>& dev, const std::vector<std::vector<float>>& host, float margin) {
+  REQUIRE(dev.size() == host.size());
+  for (std::size_t r = 0; r < dev.size(); ++r) {
+    REQUIRE(dev[r].size() == host[r].size());
+    float worst = 0;
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < dev[r].size(); ++i) {
+      const float d = std::fabs(dev[r][i] - host[r][i]);
+      if (!(d <= worst)) worst = d, at = i;  // a NaN on either side is the worst
+    }
+    CAPTURE(r, at, dev[r][at], host[r][at], margin);
+    CHECK(worst <= margin);
+  }
+}
+
+// Rounding differences before a compressed exchange may round a value to the neighbouring level
+// of the 16-bit or 8-bit grid: one level of an outer delta of about 0.1.
+float margin_for(outer_compression c) { return c == outer_compression::none ? 1e-4f : 2e-3f; }
+
 }  // namespace
 
 TEST_CASE("post-local SGD, DiLoCo and streaming DiLoCo with CUDA parameters equal the host run", "[parallel][diloco][local_sgd][cuda][gpu]") {
@@ -65,19 +89,19 @@ TEST_CASE("post-local SGD, DiLoCo and streaming DiLoCo with CUDA parameters equa
     return std::make_unique<post_local_sgd<std::remove_cvref_t<decltype(m)>, std::remove_cvref_t<decltype(opt)>, local_group>>(
         m, opt, g, local_sgd_options{.period = 3, .warmup_steps = 2});
   };
-  CHECK(run_mode<device_mlp>(world, steps, lsgd) == run_mode<toy_mlp<float>>(world, steps, lsgd));
+  check_close_runs(run_mode<device_mlp>(world, steps, lsgd), run_mode<toy_mlp<float>>(world, steps, lsgd), 1e-4f);
   for (auto c : {outer_compression::none, outer_compression::bf16, outer_compression::int8}) {
     CAPTURE(to_string(c));
     auto dl = [c](auto& m, auto& opt, local_group& g) {
       return std::make_unique<diloco<std::remove_cvref_t<decltype(m)>, std::remove_cvref_t<decltype(opt)>, local_group>>(
           m, opt, g, diloco_options{.inner_steps = 3, .compression = c});
     };
-    CHECK(run_mode<device_mlp>(world, steps, dl) == run_mode<toy_mlp<float>>(world, steps, dl));
+    check_close_runs(run_mode<device_mlp>(world, steps, dl), run_mode<toy_mlp<float>>(world, steps, dl), margin_for(c));
     auto sd = [c](auto& m, auto& opt, local_group& g) {
       return std::make_unique<streaming_diloco<std::remove_cvref_t<decltype(m)>, std::remove_cvref_t<decltype(opt)>, local_group>>(
           m, opt, g, streaming_diloco_options{.inner_steps = 4, .fragments = 2, .fragment_sync_delay = 1, .compression = c});
     };
-    CHECK(run_mode<device_mlp>(world, steps, sd) == run_mode<toy_mlp<float>>(world, steps, sd));
+    check_close_runs(run_mode<device_mlp>(world, steps, sd), run_mode<toy_mlp<float>>(world, steps, sd), margin_for(c));
   }
 }
 
@@ -117,7 +141,7 @@ TEST_CASE("DiLoCo and post-local SGD over NCCL at world size 1 (host exchanges t
       }
       host = m.flat_values();
     });
-    CHECK(dev == host);
+    check_close_runs({dev}, {host}, mode == 0 ? margin_for(outer_compression::int8) : 1e-4f);
   }
 }
 #endif

@@ -6,6 +6,7 @@
 // and PR_SET_PDEATHSIG takes the child down if the supervisor itself dies.
 #pragma once
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -37,35 +38,41 @@ namespace partrain::inline v0 {
 
 namespace detail::launch {
 
-// Whether a /proc/<pid>/maps text maps the CUDA driver (libcuda.so*; libcudart is not the driver).
-[[nodiscard]] inline bool maps_show_cuda_driver(std::string_view maps) noexcept {
-  for (std::size_t at = maps.find("libcuda.so"); at != std::string_view::npos; at = maps.find("libcuda.so", at + 1)) {
-    if (at == 0 || maps[at - 1] == '/' || maps[at - 1] == ' ') return true;
-  }
-  return false;
+// Whether a descriptor's target is one of the NVIDIA driver's device files (/dev/nvidiactl,
+// /dev/nvidia0, /dev/nvidia-uvm, ...).
+[[nodiscard]] inline bool is_nvidia_device_file(std::string_view target) noexcept {
+  return target.starts_with("/dev/nvidia");
 }
 
-// Whether the CUDA driver is loaded in this process: the runtime loads libcuda when CUDA is first
-// initialised, so a host-only build answers without linking CUDA. (A program linked against
-// libcuda directly is counted too, though it may not have called cuInit yet.) An unreadable maps
-// file (not Linux): false.
-[[nodiscard]] inline bool cuda_driver_loaded(const char* maps_path = "/proc/self/maps") {
-  std::FILE* f = std::fopen(maps_path, "r");
-  if (!f) return false;
-  std::string text;
-  char buf[4096];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
-  std::fclose(f);
-  return maps_show_cuda_driver(text);
+// Whether CUDA is initialised in this process: the driver opens its device files at cuInit and
+// keeps them open. Merely loading libcuda is not enough: the CUDA runtime loads it when a program
+// with device code starts (seen on an H200), before any CUDA call, and a fork then is harmless.
+// An unreadable descriptor folder (not Linux): false.
+[[nodiscard]] inline bool cuda_initialised(const char* fd_dir = "/proc/self/fd") {
+  DIR* dir = ::opendir(fd_dir);
+  if (!dir) return false;
+  bool found = false;
+  const std::string base = std::string(fd_dir) + "/";
+  while (const dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    char target[256];
+    const ssize_t n = ::readlink((base + e->d_name).c_str(), target, sizeof target - 1);
+    if (n > 0 && is_nvidia_device_file(std::string_view(target, static_cast<std::size_t>(n)))) {
+      found = true;
+      break;
+    }
+  }
+  ::closedir(dir);
+  return found;
 }
 
 // A forked child of a process with CUDA initialised inherits a driver state that does not work
 // there (every CUDA call fails, or hangs): refuse before forking, saying what to do instead.
-inline void refuse_fork_after_cuda(const char* maps_path = "/proc/self/maps") {
-  if (cuda_driver_loaded(maps_path)) {
+inline void refuse_fork_after_cuda(const char* fd_dir = "/proc/self/fd") {
+  if (cuda_initialised(fd_dir)) {
     throw config_error(
-        "spawn (child_process::fork): CUDA is already initialised in this process (the CUDA driver, libcuda.so, is "
-        "loaded), and a forked child cannot use CUDA. Launch the ranks with exec instead (partrun, or "
+        "spawn (child_process::fork): CUDA is already initialised in this process (it holds the driver's /dev/nvidia* "
+        "files open), and a forked child cannot use CUDA. Launch the ranks with exec instead (partrun, or "
         "child_process::exec), or make no CUDA call in the parent before spawn and initialise CUDA in each rank");
   }
 }

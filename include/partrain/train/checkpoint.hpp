@@ -27,6 +27,7 @@
 #include <partrain/model/concepts.hpp>
 #include <partrain/optim/optimizer.hpp>
 #include <partrain/optim/state_io.hpp>
+#include <partrain/parallel/detail/host_staging.hpp>
 #include <partrain/train/detail/atomic_file.hpp>
 #include <partrain/train/detail/crc32.hpp>
 
@@ -254,21 +255,24 @@ checkpoint_extra load_checkpoint(const std::filesystem::path& path, M& m, O& opt
   return load_checkpoint_bytes(file, m, opt, path.string());
 }
 
-// FNV-1a over every host parameter's bytes: equal checksums mean bit-identical parameters (what
-// a restart test compares between an interrupted and an uninterrupted run); 0 for device models.
+// FNV-1a over every parameter's bytes: equal checksums mean bit-identical parameters (what a
+// restart test compares between an interrupted and an uninterrupted run). CUDA parameters are
+// read through a host copy, after the work queued on the model's stream.
 template <model M>
 [[nodiscard]] std::uint64_t parameter_checksum(M& m) {
   std::uint64_t h = 0xcbf29ce484222325ull;
-  if constexpr (!std::same_as<model_space_t<M>, host>) {
-    return 0;
+  auto add = [&h](const auto& v) {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(v.data());
+    for (std::size_t i = 0; i < v.size_bytes(); ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
+  };
+  if constexpr (std::same_as<model_space_t<M>, host>) {
+    for (auto&& p : m.parameters()) add(p.value());
   } else {
-    for (auto&& p : m.parameters()) {
-      const auto v = p.value();
-      const auto* bytes = reinterpret_cast<const unsigned char*>(v.data());
-      for (std::size_t i = 0; i < v.size_bytes(); ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
-    }
-    return h;
+    detail::host_values<M> copy(m);
+    copy.pull("parameter_checksum");
+    for (const auto& v : copy.views()) add(v);
   }
+  return h;
 }
 
 }  // namespace partrain::inline v0

@@ -27,6 +27,7 @@
 #include <partrain/comm/reduce_op.hpp>
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
+#include <partrain/parallel/detail/host_staging.hpp>
 #include <partrain/train/detail/json_text.hpp>
 
 namespace partrain::inline v0 {
@@ -71,17 +72,20 @@ void reduce_fields(C& comm, std::vector<metric_field>& fields) {
     if (f.reduce == across_ranks::mean || f.reduce == across_ranks::sum) sums.push_back(v);
     else maxes.push_back(f.reduce == across_ranks::min ? -v : v);
   }
+  // Host numbers; a backend that takes device memory only (nccl) reduces them on a device copy.
   auto run = [&](std::vector<double>& xs, reduce_op op, const char* what) {
-    if (xs.empty()) return;
-    auto w = comm.all_reduce(tensor_view<double>(xs.data(), shape{xs.size()}), op);
-    if constexpr (requires { comm.timeout(); }) {
-      if (!w.wait_for(comm.timeout())) {
-        throw timeout_error("rank " + std::to_string(comm.rank()) + " metrics " + what + " all_reduce: timed out after " +
-                            std::to_string(comm.timeout().count()) + " ms");
-      }
-    } else {
-      w.wait();
-    }
+    detail::host_collective(
+        comm, std::span<double>(xs), [&](auto view) { return comm.all_reduce(view, op); },
+        [&](auto w) {
+          if constexpr (requires { comm.timeout(); }) {
+            if (!w.wait_for(comm.timeout())) {
+              throw timeout_error("rank " + std::to_string(comm.rank()) + " metrics " + what +
+                                  " all_reduce: timed out after " + std::to_string(comm.timeout().count()) + " ms");
+            }
+          } else {
+            w.wait();
+          }
+        });
   };
   run(sums, reduce_op::sum, "sum");
   run(maxes, reduce_op::max, "max");

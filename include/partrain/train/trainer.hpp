@@ -27,6 +27,7 @@
 #include <iostream>
 #include <optional>
 #include <ostream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,7 @@
 #include <partrain/core/task.hpp>
 #include <partrain/core/work.hpp>
 #include <partrain/optim/state_io.hpp>
+#include <partrain/parallel/detail/host_staging.hpp>
 #include <partrain/train/checkpoint.hpp>
 #include <partrain/train/detail/atomic_file.hpp>
 #include <partrain/train/epochs.hpp>
@@ -281,9 +283,15 @@ class trainer {
   }
   void reduce_loss(detail::trainer::epoch_sums& s) {
     std::array<double, 2> sums{s.loss_sum, s.steps};
-    p_.loss_group().all_reduce(tensor_view<double>(sums), reduce_op::sum).wait();
+    sum_over_ranks(sums);
     s.loss_sum = sums[0];
     s.steps = sums[1];
+  }
+  // The loss sums are host numbers: a backend that takes device memory only (nccl) sums them on
+  // a device copy, synchronously.
+  void sum_over_ranks(std::span<double> v) {
+    auto& g = p_.loss_group();
+    detail::host_collective(g, v, [&](auto view) { return g.all_reduce(view, reduce_op::sum); }, [](work w) { w.wait(); });
   }
   auto batches() { return traced_batches(train_, o_.trace ? *o_.trace : untraced_); }
 
@@ -348,7 +356,12 @@ class trainer {
       samples = b.size();
       auto& slot = slots[k % 2];
       slot = {one_step(b, s), 1.0};
-      work w = p_.loss_group().all_reduce(tensor_view<double>(slot), reduce_op::sum);
+      work w = work::completed();
+      if (detail::takes_host_memory(p_.loss_group())) {
+        w = p_.loss_group().all_reduce(tensor_view<double>(slot), reduce_op::sum);
+      } else {
+        sum_over_ranks(slot);  // nccl: not overlapped with the next step
+      }
       if (k > 0) {
         co_await pending;  // the previous step's sums, reduced while this step computed
         settle(slots[(k - 1) % 2]);
