@@ -284,7 +284,8 @@ else: print('ok')")
 fi
 
 # 5. The benchmarks' CUDA rows. bench_ddp has none yet (it says so itself); bench_collectives'
-# NCCL rows and bench_precision_cuda's cuda rows are recorded.
+# NCCL rows (--quick: one GPU makes NCCL a world of one, so its sizes matter little) and
+# bench_precision_cuda's cuda rows are recorded.
 if wants bench; then
   record bench_ddp SKIP "bench_ddp has no CUDA rows (the CUDA MLP step is timed by bench_precision_cuda)"
   if [ -z "$gpu_name" ]; then
