@@ -16,7 +16,9 @@
 // MLP), zero2_traffic_ratio (bytes per step at world 4 / DDP's, wide MLP), zero2_speed_ratio
 // (samples/s at world 2 / DDP's, wide MLP), fsdp_param_ratio (peak parameter bytes per rank at
 // world 4 / DDP's, deep MLP; FSDP holds its chunks plus two layers, so a model dominated by one
-// layer, as the other two, cannot go below that layer's share).
+// layer, as the other two, cannot go below that layer's share), fsdp_traffic_ratio and
+// fsdp_bf16_traffic_ratio (bytes per step at world 4 / DDP's, wide MLP; fsdp16 gathers and
+// reduces in bfloat16, fsdp_options' param_dtype and reduce_dtype).
 //   bench_sharding [--quick] [--steps N] [--batch-size N]
 #include <chrono>
 #include <cstdint>
@@ -71,9 +73,9 @@ struct synthetic_data {
   }
 };
 
-enum class mode { ddp, zero1, zero2, fsdp };
+enum class mode { ddp, zero1, zero2, fsdp, fsdp16 };
 constexpr std::string_view name(mode m) {
-  return m == mode::ddp ? "ddp" : m == mode::zero1 ? "zero1" : m == mode::zero2 ? "zero2" : "fsdp";
+  return m == mode::ddp ? "ddp" : m == mode::zero1 ? "zero1" : m == mode::zero2 ? "zero2" : m == mode::fsdp ? "fsdp" : "fsdp16";
 }
 
 struct row {
@@ -101,9 +103,11 @@ row measure(const models::mlp_layout& layout, mode md, int world, const config& 
       mine.sent_per_step = g.traffic().bytes_sent / c.steps;
       mine.samples_per_s = static_cast<double>(c.steps * c.batch * static_cast<std::size_t>(world)) / secs;
     };
-    if (md == mode::fsdp) {
+    if (md == mode::fsdp || md == mode::fsdp16) {
       auto layers = models::layers::make_mlp(layout.widths, 0);
-      fully_sharded_data_parallel fsdp(layers, g, models::layers::softmax_cross_entropy{}, opt_options);
+      const dtype wire = md == mode::fsdp16 ? dtype::bfloat16 : dtype::float32;
+      fully_sharded_data_parallel fsdp(layers, g, models::layers::softmax_cross_entropy{}, opt_options,
+                                       {.param_dtype = wire, .reduce_dtype = wire});
       timed([&](std::size_t s) { (void)fsdp.train_step(data.at(s, world, g.rank(), c.batch)); });
       const fsdp_memory m = fsdp.memory();
       mine.params = m.peak_parameter_bytes;
@@ -173,14 +177,14 @@ int main(int argc, char** argv) {
     models::mlp_layout layout;
     std::vector<mode> modes;
   };
-  const std::vector<mode> all_modes{mode::ddp, mode::zero1, mode::zero2, mode::fsdp};
+  const std::vector<mode> all_modes{mode::ddp, mode::zero1, mode::zero2, mode::fsdp, mode::fsdp16};
   std::vector<std::size_t> deep(12, 512);  // 784, 512 x 11 (ten 512-512 layers), 10
   deep.front() = 784;
   deep.push_back(10);
   const std::vector<model_case> cases{{"mlp", {{784, 256, 128, 10}}, all_modes},
                                       {"wide", {{784, 1024, 1024, 10}}, all_modes},
-                                      {"deep", {deep}, {mode::ddp, mode::fsdp}}};
-  double state_ratio = 0, traffic_ratio = 0, speed_ratio = 0, fsdp_param_ratio = 0;
+                                      {"deep", {deep}, {mode::ddp, mode::fsdp, mode::fsdp16}}};
+  double state_ratio = 0, traffic_ratio = 0, speed_ratio = 0, fsdp_param_ratio = 0, fsdp_traffic = 0, fsdp16_traffic = 0;
   std::printf("bench_sharding: AdamW, %zu steps of %zu samples per rank, local backend (threads)\n", c.steps, c.batch);
   std::printf("%-5s %5s %-6s %10s %11s %10s %10s %12s %10s\n", "model", "world", "mode", "params", "model grads",
               "grad bufs", "opt state", "sent/step", "samples/s");
@@ -204,10 +208,15 @@ int main(int argc, char** argv) {
         if (std::string_view(mc.label) == "deep" && md == mode::fsdp && world == 4) {
           fsdp_param_ratio = static_cast<double>(r.params) / static_cast<double>(ddp.params);
         }
+        if (std::string_view(mc.label) == "wide" && world == 4 && (md == mode::fsdp || md == mode::fsdp16)) {
+          (md == mode::fsdp ? fsdp_traffic : fsdp16_traffic) =
+              static_cast<double>(r.sent_per_step) / static_cast<double>(ddp.sent_per_step);
+        }
       }
     }
   }
-  std::printf("summary: zero2_state_ratio=%.4f zero2_traffic_ratio=%.4f zero2_speed_ratio=%.3f fsdp_param_ratio=%.4f\n",
-              state_ratio, traffic_ratio, speed_ratio, fsdp_param_ratio);
+  std::printf("summary: zero2_state_ratio=%.4f zero2_traffic_ratio=%.4f zero2_speed_ratio=%.3f fsdp_param_ratio=%.4f "
+              "fsdp_traffic_ratio=%.4f fsdp_bf16_traffic_ratio=%.4f\n",
+              state_ratio, traffic_ratio, speed_ratio, fsdp_param_ratio, fsdp_traffic, fsdp16_traffic);
   return 0;
 }

@@ -41,16 +41,20 @@ inline void train_zero(process_group& pg, const options& o, const datasets& data
 // and momentum) sharded over the ranks and gathered only around that layer's forward and backward.
 inline void train_fsdp(process_group& pg, const options& o, const datasets& data) {
   auto layers = models::layers::make_mlp({784, 256, 128, 10}, static_cast<std::uint32_t>(o.seed));
+  // --precision fp16|bf16: parameters gathered and gradients reduced in 16 bits (FSDP's
+  // MixedPrecision); the chunks, the optimizer and the layers' arithmetic stay fp32.
+  const dtype wire = o.precision == "bf16" ? dtype::bfloat16 : o.precision == "fp16" ? dtype::float16 : dtype::float32;
   fully_sharded_data_parallel fsdp(layers, pg, models::layers::softmax_cross_entropy{},
-                                   sgd_options{.lr = o.lr, .momentum = o.momentum});
+                                   sgd_options{.lr = o.lr, .momentum = o.momentum},
+                                   fsdp_options{.param_dtype = wire, .reduce_dtype = wire});
   trace_recorder trace = make_trace(o);
   fsdp_policy policy(fsdp, {.trace = &trace});
   loader train = rank_train(data, o, pg.rank(), pg.size());
   loader test = rank_test(data, pg.rank(), pg.size());
   if (pg.rank() == 0) {
     std::printf("fashion_mnist: fsdp, %d rank(s) over %s, MLP 784-256-128-10, batch %zu per rank, lr %g, %zu epochs, "
-                "%zu/%zu examples\n", pg.size(), std::string(pg.backend()).c_str(), o.batch_size, o.lr, o.epochs,
-                data.n_train, data.n_test);
+                "%zu/%zu examples, gathers and reductions in %s\n", pg.size(), std::string(pg.backend()).c_str(),
+                o.batch_size, o.lr, o.epochs, data.n_train, data.n_test, std::string(to_string(wire)).c_str());
   }
   fit(policy, train, test, fit_options(o, trace));
   const fsdp_memory m = fsdp.memory();

@@ -103,7 +103,8 @@ inline constexpr std::string_view usage_text =
     "  --micro-batches M         pipeline: micro-batches per batch (default 4)\n"
     "  --schedule gpipe|1f1b     pipeline schedule (default 1f1b)\n"
     "  --precision fp32|fp16|bf16  compute precision (default fp32); fp16 and bf16 keep fp32 master\n"
-    "                            weights and a 16-bit copy; fp16 scales the loss dynamically (GradScaler)\n"
+    "                            weights and a 16-bit copy; fp16 scales the loss dynamically (GradScaler);\n"
+    "                            with --parallel fsdp: parameters gathered, gradients reduced in 16 bits\n"
     "  --reduce-16bit            with fp16/bf16: all_reduce gradients in 16 bits (default fp32)\n";
 
 namespace detail {
@@ -264,12 +265,15 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
                         std::to_string(o.stages) + " (one rank per stage)");
     }
   }
-  if (o.precision != "fp32" && o.parallel != "ddp" && !zero) {
-    throw usage_error("--precision " + o.precision + ": mixed precision runs with --parallel ddp (this example's dp, "
-                      "pipeline and fsdp modes train in fp32)");
+  if (o.precision != "fp32" && o.parallel != "ddp" && o.parallel != "fsdp" && !zero) {
+    throw usage_error("--precision " + o.precision + ": mixed precision runs with --parallel ddp, zero1, zero2 and fsdp "
+                      "(this example's dp and pipeline modes train in fp32)");
   }
   if (o.reduce_16bit && o.precision == "fp32") throw usage_error("--reduce-16bit needs --precision fp16 or bf16");
-  if (o.reduce_16bit && zero) throw usage_error("--reduce-16bit: with --parallel ddp only (ZeRO reduces in fp32)");
+  if (o.reduce_16bit && (zero || o.parallel == "fsdp")) {
+    throw usage_error("--reduce-16bit: with --parallel ddp only (ZeRO reduces in fp32; fsdp with --precision already "
+                      "reduces in 16 bits)");
+  }
   if (o.backend == "nccl" && o.device != "cuda") throw usage_error("--backend nccl needs --device cuda");
   if (o.backend == "mpi" && o.nproc != 0) {
     throw usage_error("--backend mpi: mpirun or srun starts the ranks; run `mpirun -np " + std::to_string(o.nproc) +

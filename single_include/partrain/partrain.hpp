@@ -15326,8 +15326,9 @@ concept pipeline_loss = requires(F& f, tensor_view<const float> out, tensor_view
 // FSDP owns the layers' parameter storage while it lives (each parameter's bind(), as PyTorch's
 // parameters become views into its flat parameter): outside a layer's own compute, value() and
 // grad() are empty; summon_full_params() gathers them all for reading. Checkpoints are sharded
-// (train/sharded_checkpoint.hpp), uneven inputs take join(). Host float parameters only in this
-// release, no mixed precision yet (see docs/sharding.md).
+// (train/sharded_checkpoint.hpp), uneven inputs take join(), and fsdp_options' param_dtype and
+// reduce_dtype gather and reduce in 16 bits (FSDP's MixedPrecision). Host float parameters only
+// in this release (see docs/sharding.md).
 
 #include <algorithm>
 #include <array>
@@ -15349,6 +15350,7 @@ concept pipeline_loss = requires(F& f, tensor_view<const float> out, tensor_view
 // #include <partrain/comm/process_group.hpp> (above)
 // #include <partrain/config.hpp> (above)
 // #include <partrain/core/buffer.hpp> (above)
+// #include <partrain/core/dtype.hpp> (above)
 // #include <partrain/core/error.hpp> (above)
 // #include <partrain/core/for_each_index.hpp> (above)
 // #include <partrain/core/tensor_view.hpp> (above)
@@ -15423,6 +15425,14 @@ struct fsdp_options {
   // Under join: divide by the world size even when some ranks already joined (PyTorch's
   // divide_by_initial_world_size=True); false divides by the number of ranks still active.
   bool divide_by_initial_world_size = true;
+  // Mixed precision (PyTorch FSDP's MixedPrecision): dtype::float16 or dtype::bfloat16 halve the
+  // bytes of the all_gathers (param_dtype) or of the reduce_scatters (reduce_dtype); the chunks
+  // (the fp32 masters) and the optimizer state stay fp32. A 16-bit param_dtype gathers each chunk
+  // rounded to it, so forward and backward compute with the rounded values (held in fp32, the
+  // layers' type; summon_full_params gathers fp32). A 16-bit reduce_dtype casts each whole
+  // gradient to it, divides there and reduces in it, as DDP's 16-bit compression hooks do.
+  dtype param_dtype = dtype::float32;
+  dtype reduce_dtype = dtype::float32;
 };
 
 // What one rank holds, in bytes; the peaks are the most held at once since construction (or
@@ -15444,6 +15454,7 @@ class fully_sharded_data_parallel {
   static_assert(check_fsdp_layers<Layers>());
   using param_type = detail::fsdp::layer_param_t<Layers>;
   using buffer = detail::fsdp::counted_buffer<float>;
+  using buffer16 = detail::fsdp::counted_buffer<std::uint16_t>;  // half or bfloat16 bits
 
  public:
   // layers: the same model on every rank (checked); each rank's parameter values are replaced by
@@ -15455,6 +15466,12 @@ class fully_sharded_data_parallel {
     if (!(opts_.max_grad_norm >= 0) || !std::isfinite(opts_.max_grad_norm)) {
       throw invalid_argument_error(where() + "fsdp_options::max_grad_norm must be a finite number >= 0 (0: no clipping), got " +
                                    std::to_string(opts_.max_grad_norm));
+    }
+    for (const auto& [name, t] : {std::pair{"param_dtype", opts_.param_dtype}, std::pair{"reduce_dtype", opts_.reduce_dtype}}) {
+      if (t != dtype::float32 && t != dtype::float16 && t != dtype::bfloat16) {
+        throw invalid_argument_error(where() + "fsdp_options::" + name + " must be float32, float16 or bfloat16, got " +
+                                     std::string(to_string(t)));
+      }
     }
     if (std::ranges::size(layers) == 0) throw invalid_argument_error(where() + "the model has no layers");
     build_units();
@@ -15601,7 +15618,7 @@ class fully_sharded_data_parallel {
     explicit full_params_guard(fully_sharded_data_parallel& f) : f_(&f) {
       f.check_not_summoned("summon_full_params");
       f.guarded([&] {
-        for (std::size_t u = 0; u < f.units_.size(); ++u) f.issue_gather(u);
+        for (std::size_t u = 0; u < f.units_.size(); ++u) f.issue_gather(u, /*full_precision=*/true);
         for (std::size_t u = 0; u < f.units_.size(); ++u) {
           f.wait_gather(u);
           f.bind(u, false);
@@ -15734,7 +15751,24 @@ class fully_sharded_data_parallel {
     buffer full_grad;          // whole gradient: backward until its reduce_scatter is done (across no_sync)
     std::optional<work> gather;
     std::optional<work> scatter;
+    // A 16-bit param_dtype: the chunk rounded and the gathered layer, while the all_gather runs
+    // (then widened into full). A 16-bit reduce_dtype: the whole gradient and this rank's reduced
+    // chunk, while the reduce_scatter runs (then widened into the chunk's gradient).
+    buffer16 send16, full16, grad16, chunk16;
   };
+  // f.template operator()<H>() with H the 16-bit type of t.
+  template <class F>
+  static void with_16bit(dtype t, F&& f) {
+    if (t == dtype::float16) {
+      f.template operator()<half>();
+    } else {
+      f.template operator()<bfloat16>();
+    }
+  }
+  template <class H>
+  [[nodiscard]] static tensor_view<H> as16(buffer16& b) noexcept {
+    return tensor_view<H>(reinterpret_cast<H*>(b.data()), b.size());
+  }
 
   [[nodiscard]] std::string where() const {
     return "rank " + std::to_string(rank_) + " fully_sharded_data_parallel: ";
@@ -16005,22 +16039,45 @@ class fully_sharded_data_parallel {
     reshard(u);
     if (!sync) return;  // no_sync: the whole gradient stays, the next micro-step adds to it
     auto& x = units_[u];
-    if (divisor != 1.0f) {
-      detail::for_each_index(detail::host_exec{}, x.chunks.padded(), detail::ddp::divide_fn<float>{x.full_grad.data(), divisor});
-    }
     // Two whole gradients in flight at most: the oldest was issued a layer ago and is likely done.
     if (scattering_.size() >= 2) finish_scatter();
-    x.scatter = comm_->reduce_scatter(tensor_view<const float>(x.full_grad.data(), x.chunks.padded()),
-                                      tensor_view<float>(grads_.data() + x.chunk_at, x.chunks.chunk()), reduce_op::sum);
+    if (opts_.reduce_dtype == dtype::float32) {
+      if (divisor != 1.0f) {
+        detail::for_each_index(detail::host_exec{}, x.chunks.padded(), detail::ddp::divide_fn<float>{x.full_grad.data(), divisor});
+      }
+      x.scatter = comm_->reduce_scatter(tensor_view<const float>(x.full_grad.data(), x.chunks.padded()),
+                                        tensor_view<float>(grads_.data() + x.chunk_at, x.chunks.chunk()), reduce_op::sum);
+    } else {
+      with_16bit(opts_.reduce_dtype, [&]<class H>() {
+        x.grad16 = buffer16(grad_meter_, x.chunks.padded(), false);
+        x.chunk16 = buffer16(grad_meter_, x.chunks.chunk(), false);
+        const tensor_view<H> whole = as16<H>(x.grad16);
+        detail::for_each_index(detail::host_exec{}, x.chunks.padded(),
+                               detail::ddp::compress_16_fn<float, H>{x.full_grad.data(), whole.data(), divisor});
+        x.full_grad.release();  // the 16-bit copy is what is reduced
+        x.scatter = comm_->reduce_scatter(tensor_view<const H>(whole), as16<H>(x.chunk16), reduce_op::sum);
+      });
+    }
     scattering_.push_back(u);
   }
 
-  void issue_gather(std::size_t u) {
+  void issue_gather(std::size_t u, bool full_precision = false) {
     auto& x = units_[u];
-    if (x.full.held()) return;  // gathered, or on its way
-    x.full = buffer(param_meter_, x.chunks.padded(), false);  // the all_gather writes every element
-    x.gather = comm_->all_gather(tensor_view<const float>(values_.data() + x.chunk_at, x.chunks.chunk()),
-                                 tensor_view<float>(x.full.data(), x.chunks.padded()));
+    if (x.full.held() || x.full16.held()) return;  // gathered, or on its way
+    if (opts_.param_dtype == dtype::float32 || full_precision) {
+      x.full = buffer(param_meter_, x.chunks.padded(), false);  // the all_gather writes every element
+      x.gather = comm_->all_gather(tensor_view<const float>(values_.data() + x.chunk_at, x.chunks.chunk()),
+                                   tensor_view<float>(x.full.data(), x.chunks.padded()));
+      return;
+    }
+    with_16bit(opts_.param_dtype, [&]<class H>() {
+      x.send16 = buffer16(param_meter_, x.chunks.chunk(), false);
+      x.full16 = buffer16(param_meter_, x.chunks.padded(), false);
+      const tensor_view<H> mine = as16<H>(x.send16);
+      detail::for_each_index(detail::host_exec{}, x.chunks.chunk(),
+                             detail::ddp::compress_16_fn<float, H>{values_.data() + x.chunk_at, mine.data(), 1.0f});
+      x.gather = comm_->all_gather(tensor_view<const H>(mine), as16<H>(x.full16));
+    });
   }
   void wait_gather(std::size_t u) {
     auto& x = units_[u];
@@ -16028,6 +16085,16 @@ class fully_sharded_data_parallel {
     work w = std::move(*x.gather);
     x.gather.reset();
     wait_named(w, "parameter all_gather of layer " + std::to_string(x.layer));
+    if (x.full16.held()) {
+      // The fp32 layer only now: while the gather is in flight (a prefetch) only the 16-bit one is held.
+      x.full = buffer(param_meter_, x.chunks.padded(), false);  // the widening writes every element
+      with_16bit(opts_.param_dtype, [&]<class H>() {
+        detail::for_each_index(detail::host_exec{}, x.chunks.padded(),
+                               detail::ddp::decompress_16_fn<H, float>{as16<H>(x.full16).data(), x.full.data()});
+      });
+      x.send16.release();
+      x.full16.release();
+    }
   }
   void finish_scatter() {
     const std::size_t u = scattering_.front();
@@ -16039,6 +16106,14 @@ class fully_sharded_data_parallel {
       wait_named(w, "gradient reduce_scatter of layer " + std::to_string(x.layer));
     }
     x.full_grad.release();
+    if (x.chunk16.held()) {
+      with_16bit(opts_.reduce_dtype, [&]<class H>() {
+        detail::for_each_index(detail::host_exec{}, x.chunks.chunk(),
+                               detail::ddp::decompress_16_fn<H, float>{as16<H>(x.chunk16).data(), grads_.data() + x.chunk_at});
+      });
+      x.grad16.release();
+      x.chunk16.release();
+    }
   }
 
   // Points the layer's parameters into the gathered buffer (and the whole gradient, for backward).
@@ -16057,6 +16132,8 @@ class fully_sharded_data_parallel {
     auto& x = units_[u];
     for (auto&& p : layer(x.layer).parameters()) p.bind(tensor_view<float>{}, tensor_view<float>{});
     x.full.release();
+    x.send16.release();
+    x.full16.release();
   }
 
   // Global-norm clipping across ranks: Σg² of this rank's chunks, summed over ranks (one double
@@ -16102,6 +16179,8 @@ class fully_sharded_data_parallel {
     for (std::size_t u = 0; u < units_.size(); ++u) {
       reshard(u);
       units_[u].full_grad.release();
+      units_[u].grad16.release();
+      units_[u].chunk16.release();
     }
     scattering_.clear();
     accumulated_ = 0;

@@ -85,6 +85,9 @@ TEST_CASE("example options: --precision and --reduce-16bit", "[examples][options
   CHECK_THROWS_WITH(parse_options({"--precision", "fp16", "--parallel", "dp"}),
                     Catch::Contains("mixed precision runs with --parallel ddp"));
   CHECK_THROWS_WITH(parse_options({"--reduce-16bit"}), Catch::Contains("--reduce-16bit needs --precision fp16 or bf16"));
+  CHECK(parse_options({"--precision", "bf16", "--parallel", "fsdp"}).parallel == "fsdp");  // 16-bit gathers and reductions
+  CHECK_THROWS_WITH(parse_options({"--precision", "bf16", "--parallel", "fsdp", "--reduce-16bit"}),
+                    Catch::Contains("fsdp with --precision already reduces in 16 bits"));
 }
 
 TEST_CASE("example options: non-finite numbers and overflowing sizes are refused", "[examples][options]") {
