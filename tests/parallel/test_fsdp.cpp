@@ -746,6 +746,46 @@ TEST_CASE("fsdp join: ranks with fewer batches shadow the others and stay one mo
   }
 }
 
+TEST_CASE("fsdp join with 16-bit gathers and reductions: the ranks stay one model", "[parallel][fsdp][join][precision]") {
+  const std::vector<int> counts{4, 3, 1};
+  const int world = 3;
+  host_model ref = make_mlp(widths, seed);  // fp32, the active ranks' rows, divided by the world size
+  for (int s = 0; s < counts[0]; ++s) {
+    std::size_t k = 0;
+    for (int c : counts) k += c > s ? 1 : 0;
+    const auto b = step_batch(s, per_rank * world);
+    (void)reference_step(ref, softmax_cross_entropy{}, b.input().slice(0, k * per_rank), b.labels().slice(0, k * per_rank));
+    partrain::test::sgd_step(ref, 0.1f * static_cast<float>(k) / static_cast<float>(world));
+  }
+  layer_params want(ref);
+  std::vector<std::vector<float>> got(world);
+  std::vector<std::size_t> shadow_steps(world, 99);
+  run_local(world, [&](local_group& g) {
+    const auto r = static_cast<std::size_t>(g.rank());
+    host_model layers = make_mlp(widths, seed + static_cast<std::uint32_t>(r) * 100);
+    fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, sgd_options{.lr = 0.1},
+                                  {.join = true, .param_dtype = dtype::bfloat16, .reduce_dtype = dtype::bfloat16});
+    for (int s = 0; s < counts[r]; ++s) {
+      const auto b = step_batch(s, per_rank * world);
+      (void)f.train_step(rows_of(b, r), labels_of(b, r));
+    }
+    (void)f.join();
+    shadow_steps[r] = f.shadow_steps();
+    auto full = f.summon_full_params();
+    got[r] = flat_values(full);
+  });
+  CHECK(shadow_steps == std::vector<std::size_t>{0, 1, 3});
+  const auto ref_values = flat_values(want);
+  for (std::size_t r = 0; r < got.size(); ++r) {
+    CAPTURE(r);
+    REQUIRE(got[r].size() == ref_values.size());
+    CHECK(got[r] == got[0]);  // one model, bit for bit
+    std::size_t off = 0;
+    for (std::size_t i = 0; i < ref_values.size(); ++i) off += got[r][i] != Approx(ref_values[i]).margin(2e-3);
+    CHECK(off == 0);  // the fp32 run, within bfloat16's rounding of parameters and gradients
+  }
+}
+
 TEST_CASE("fsdp join: no_sync micro-steps of the others are shadowed too", "[parallel][fsdp][join]") {
   std::vector<std::vector<float>> got(2);
   std::vector<std::size_t> shadow_steps(2);
