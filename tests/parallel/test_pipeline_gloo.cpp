@@ -174,6 +174,9 @@ TEST_CASE("a pipeline rank that fails makes the job fail, naming it", "[parallel
     pipeline_options o;
     o.micro_batches = 2;
     pipeline_stage stage(model, g, o);
+    // Both ranks set up first: otherwise rank 1 could exit while rank 0 still connects, and rank
+    // 0's first error would be its rendezvous's (seen once in CI), not the failed stage's.
+    g.barrier().wait();
     if (rank == 1) throw std::runtime_error("stage 1 ran out of memory");
     test::softmax_cross_entropy loss;
     (void)stage.train_step(loss, batches[0].input(), batches[0].labels());
