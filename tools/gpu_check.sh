@@ -75,6 +75,10 @@ fi
 # Pack a build folder made here; the tarball keeps paths relative to the repository root and the
 # root's absolute path, which the ctest files name (rewritten to the device machine's root).
 prebuilt=$device_dir/prebuilt.tar.xz
+ctest_files() {  # $1: build folder, relative to the working directory; ctest's files and those they
+                 # include (catch_discover_tests' per-executable lists), NUL-terminated
+  find "$1" -path '*/CMakeFiles' -prune -o \( -name '*.cmake' -o -name CMakeCache.txt \) -print0
+}
 if [ -n "${pack:-}" ]; then
   set -e
   dir=$(cd "$pack" && pwd)
@@ -83,7 +87,8 @@ if [ -n "${pack:-}" ]; then
   [ -f "$dir/CTestTestfile.cmake" ] || { echo "gpu_check: --pack $pack: not a configured build folder" >&2; exit 2; }
   staging=$(mktemp -d)
   trap 'rm -rf "$staging"' EXIT
-  mkdir -p "$staging/lib"
+  libs=$staging/.device/prebuilt/lib
+  mkdir -p "$libs"
   mapfile -t exes < <(cd "$root" && find "$rel" -path '*/CMakeFiles' -prune -o -type f -perm -u+x -print |
                       while read -r f; do head -c 4 "$f" | grep -q ELF && echo "$f"; done)
   for f in "${exes[@]}"; do
@@ -91,22 +96,19 @@ if [ -n "${pack:-}" ]; then
       case $name in
         libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|libstdc++.so*|libgcc_s.so*|ld-linux*|libcuda.so*) ;;
         libcudart.so*|libnccl.so*|libcublas*) ;;  # the device machine's CUDA has its own
-        *) cp -Lu "$path" "$staging/lib/$name" ;;
+        *) cp -Lu "$path" "$libs/$name" ;;
       esac
     done
   done
-  mkdir -p "$staging/.device/prebuilt"
-  mv "$staging/lib" "$staging/.device/prebuilt/lib"
   echo "$root" >"$staging/.device/prebuilt/root"
   echo "$rel" >"$staging/.device/prebuilt/build"
-  # ctest's files and those they include (catch_discover_tests' per-executable lists).
-  (cd "$root" && find "$rel" -path '*/CMakeFiles' -prune -o \( -name '*.cmake' -o -name CMakeCache.txt \) -print) >"$staging/files"
-  printf '%s\n' "${exes[@]}" >>"$staging/files"
-  tar -C "$root" -cf "$staging/build.tar" -T "$staging/files"
+  (cd "$root" && ctest_files "$rel") >"$staging/files"
+  printf '%s\0' "${exes[@]}" >>"$staging/files"
+  tar -C "$root" --null -cf "$staging/build.tar" -T "$staging/files"
   tar -C "$staging" -rf "$staging/build.tar" .device/prebuilt
   mkdir -p "$device_dir"
   xz -T0 -6 -c "$staging/build.tar" >"$prebuilt"
-  echo "gpu_check: packed ${#exes[@]} executables and $(ls "$staging/.device/prebuilt/lib" | wc -l) libraries from $rel into $prebuilt ($(du -h "$prebuilt" | cut -f1))"
+  echo "gpu_check: packed ${#exes[@]} executables and $(ls "$libs" | wc -l) libraries from $rel into $prebuilt ($(du -h "$prebuilt" | cut -f1))"
   exit 0
 fi
 
@@ -116,8 +118,7 @@ if [ -f "$prebuilt" ] && [ ! -f "$build/CMakeCache.txt" ]; then
   packed_root=$(cat "$device_dir/prebuilt/root")
   packed_build=$(cat "$device_dir/prebuilt/build")
   if [ "$packed_root" != "$root" ]; then  # the ctest files name the sources and the build by absolute path
-    find "$root/$packed_build" -path '*/CMakeFiles' -prune -o \( -name '*.cmake' -o -name CMakeCache.txt \) -print0 |
-      xargs -0 sed -i "s|$packed_root/|$root/|g"
+    ctest_files "$root/$packed_build" | xargs -0 sed -i "s|$packed_root/|$root/|g"
   fi
   build=$root/$packed_build
   # The CUDA libraries of this machine (the toolkit's, else the Python wheels PyTorch loads).

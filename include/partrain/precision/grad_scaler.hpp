@@ -36,7 +36,6 @@
 #include <partrain/precision/detail/kernels.cuh>
 #endif
 #if PARTRAIN_HAS_CUDA
-#include <partrain/cuda/device_buffer.hpp>
 #include <partrain/cuda/device_guard.hpp>
 #endif
 
@@ -80,7 +79,7 @@ class grad_scaler {
   // an overflow when any rank had one, and skips the step with the others.
   template <model M, class C>
   [[nodiscard]] bool unscale(M& m, C& comm) {
-    return unscale_impl(m, [&comm, &m, this](bool found) { return agree(comm, found, flag_device(comm, m)); });
+    return unscale_impl(m, [&comm, &m, this](bool found) { return agree(comm, found, flag_device(m)); });
   }
 
   // Steps the optimizer unless this iteration's gradients overflowed; unscales first when
@@ -238,10 +237,10 @@ class grad_scaler {
   }
 
   // The device for the flag's device copy: that of the gradients' memory (cudaPointerGetAttributes;
-  // the model concepts expose no device), else the communicator's (nccl_group), else the
-  // current one. Never device 0 by omission: on rank N that is another GPU than NCCL's.
-  template <class C, model M>
-  [[nodiscard]] static int flag_device(C& comm, M& m) {
+  // the model concepts expose no device); -1 otherwise, and detail::host_collective takes the
+  // communicator's (nccl_group), else the current one, and only where a copy is needed.
+  template <model M>
+  [[nodiscard]] static int flag_device(M& m) {
     (void)m;
 #if PARTRAIN_HAS_CUDA
     if constexpr (std::same_as<model_space_t<M>, cuda>) {
@@ -250,18 +249,12 @@ class grad_scaler {
         if (!g.empty()) return cuda_device_of(g.data(), "grad_scaler (overflow flag placement)").index;
       }
     }
-    if constexpr (requires(const C& c) { { c.cuda_device_index() } -> std::convertible_to<int>; }) {
-      if (comm.cuda_device_index() >= 0) return comm.cuda_device_index();
-    }
-    return cuda_current_device();
-#else
-    (void)comm;
-    return -1;
 #endif
+    return -1;
   }
 
   // Max over ranks of the flag. A backend that takes only CUDA memory (NCCL) gets a device copy
-  // on `cuda_device`.
+  // on `cuda_device` (-1: see flag_device).
   template <class C>
   bool agree(C& comm, bool found, int cuda_device) {
     float flag = found ? 1.0f : 0.0f;
