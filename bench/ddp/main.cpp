@@ -6,10 +6,12 @@
 //   3. DDP at 2 ranks over each backend built in: gloo (two forked processes), mpi (two processes
 //      under mpirun, shared memory), local (two threads of one process); overlap on and off
 //   4. the gloo run with the timeline on (trace spans for every step and bucket all_reduce)
-// then where a step's time goes (compute, optimizer, waiting for communication, the rest), the
-// scaling at 2 ranks per backend, how much communication overlap hid, and what tracing costs.
+// then where a step's time goes (compute, optimizer, waiting for communication, the rest), how
+// much communication overlap hid, and what tracing costs; last, paired rounds (the GEMMs on one
+// and on two threads, one rank, two ranks per backend, back to back) for the scaling at 2 ranks
+// and the share of the GEMM-bound limit.
 //   bench_ddp [--quick] [--batch-size N] [--steps N]
-//   (bench_ddp --mpi-rank FILE ... is what it runs under mpirun for the mpi rows)
+//   (bench_ddp --mpi-rank FILE [--mpi-once] ... is what it runs under mpirun for the mpi rows)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,8 +19,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <latch>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unistd.h>
 #include <vector>
 
@@ -138,7 +142,7 @@ ddp_result ddp_loop(Group& pg, const std::vector<batch>& batches, const config& 
 // The GEMM-bound limit of one step: the eight sgemm calls the MLP makes for a batch (forward:
 // three; backward: three weight gradients and the two input gradients below the top), same
 // shapes, one OpenBLAS thread. Returns milliseconds per step (median of rounds).
-double gemm_ms_per_step(std::size_t batch, const config& c) {
+double gemm_ms_per_step(std::size_t batch, const config& c, int rounds = 3) {
   const int n = static_cast<int>(batch);
   const int w[] = {784, 256, 128, 10};
   std::vector<std::vector<float>> act(4), wt(3), gw(3), delta(4);
@@ -168,14 +172,47 @@ double gemm_ms_per_step(std::size_t batch, const config& c) {
   };
   openblas_set_num_threads(1);
   for (std::size_t i = 0; i < c.warmup; ++i) step();
-  std::vector<double> rounds;
-  for (int r = 0; r < std::max(3, c.repeats); ++r) {
+  std::vector<double> ms;
+  for (int r = 0; r < rounds; ++r) {
     const auto t0 = clock_type::now();
     for (std::size_t i = 0; i < c.steps; ++i) step();
-    rounds.push_back(1e3 * seconds_since(t0) / static_cast<double>(c.steps));
+    ms.push_back(1e3 * seconds_since(t0) / static_cast<double>(c.steps));
   }
-  std::sort(rounds.begin(), rounds.end());
-  return rounds[rounds.size() / 2];
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// The same GEMMs on two threads at once, each with its own buffers: what the two cores give when
+// both run GEMMs (shared caches, memory and clocks), the most two ranks here can reach. Returns
+// the samples/s of both together.
+double gemm_two_threads_sps(std::size_t batch, const config& c, int rounds = 3) {
+  double ms[2] = {0, 0};
+  std::latch start(2);
+  {
+    std::jthread other([&] {
+      start.arrive_and_wait();
+      ms[1] = gemm_ms_per_step(batch, c, rounds);
+    });
+    start.arrive_and_wait();
+    ms[0] = gemm_ms_per_step(batch, c, rounds);
+  }
+  return 1e3 * static_cast<double>(batch) / ms[0] + 1e3 * static_cast<double>(batch) / ms[1];
+}
+
+// The plain loop on two threads at once, each its own model and batches, nothing shared and no
+// communication: the most two ranks of this model can reach here. Samples/s of both together.
+double plain_two_threads_sps(const std::vector<batch>& a, const std::vector<batch>& b, const config& c) {
+  double sps[2] = {0, 0};
+  std::latch start(2);
+  {
+    std::jthread other([&] {
+      start.arrive_and_wait();
+      sps[1] = plain_loop(b, c);
+    });
+    start.arrive_and_wait();
+    sps[0] = plain_loop(a, c);
+  }
+  return sps[0] + sps[1];
 }
 
 double median(std::vector<double> v) {
@@ -185,13 +222,16 @@ double median(std::vector<double> v) {
 
 // Every rank of a 2-rank job, whatever its backend: overlap on (median of the repeats; traced
 // runs interleaved when asked), then off. Rank 0 writes on, off and traced to result_file.
+// `once`: one run with overlap on, nothing else (a paired round's).
 void measure_two_ranks(process_group& pg, const in_memory_dataset& train, const config& c, bool with_trace,
-                       const std::filesystem::path& result_file, const std::filesystem::path& trace_file) {
+                       const std::filesystem::path& result_file, const std::filesystem::path& trace_file,
+                       bool once = false) {
   const std::size_t need = c.warmup + c.steps;
   // Rank r starts r * need batches in, so the ranks train on different rows.
   const auto mine = dataset_batches(train, c.batch, need, static_cast<std::size_t>(pg.rank()) * need);
+  if (once) with_trace = false;
   std::vector<ddp_result> ons, traceds;
-  for (int r = 0; r < c.repeats; ++r) {
+  for (int r = 0; r < (once ? 1 : c.repeats); ++r) {
     ons.push_back(ddp_loop(pg, mine, c, true));
     if (with_trace) {
       trace_recorder rec(trace_file);
@@ -205,7 +245,7 @@ void measure_two_ranks(process_group& pg, const in_memory_dataset& train, const 
   std::sort(traceds.begin(), traceds.end(), by_rate);
   const ddp_result on = ons[ons.size() / 2];
   const ddp_result traced = with_trace ? traceds[traceds.size() / 2] : ddp_result{};
-  const ddp_result off = ddp_loop(pg, mine, c, false);
+  const ddp_result off = once ? ddp_result{} : ddp_loop(pg, mine, c, false);
   if (pg.rank() == 0) {
     const auto tmp = result_file.string() + ".tmp";
     {
@@ -257,6 +297,7 @@ bool gpu_present() {
 int main(int argc, char** argv) {
   config c;
   const char* mpi_result = nullptr;  // --mpi-rank FILE: one rank of the mpi rows, under mpirun
+  bool mpi_once = false;             // --mpi-once: that job is a paired round's single run
   std::string forwarded;             // the options, for the mpirun command line
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
@@ -286,6 +327,8 @@ int main(int argc, char** argv) {
       forwarded += " --steps " + std::to_string(c.steps);
     } else if (a == "--mpi-rank" && i + 1 < argc) {
       mpi_result = argv[++i];
+    } else if (a == "--mpi-once") {
+      mpi_once = true;
     } else {
       std::fprintf(stderr, "bench_ddp: unknown option '%s' (expected --quick, --batch-size N, --steps N)\n", argv[i]);
       return 2;
@@ -300,7 +343,7 @@ int main(int argc, char** argv) {
     if (mpi_result) {
 #if defined(PARTRAIN_WITH_MPI)
       auto pg = init_process_group("mpi://");
-      measure_two_ranks(*pg, train, c, false, mpi_result, {});
+      measure_two_ranks(*pg, train, c, false, mpi_result, {}, mpi_once);
       return 0;
 #else
       std::fprintf(stderr, "bench_ddp: --mpi-rank needs a build with MPI\n");
@@ -337,37 +380,40 @@ int main(int argc, char** argv) {
     row("DDP world 1 (local)", 1, c, ddp1_sps, &d1);
     std::fflush(stdout);
 
-    // 3: two ranks on each backend; rank 0 writes its figures for this process to print.
+    // 3: two ranks on each backend; rank 0 writes its figures for this process to print. `once`:
+    // one run with overlap on (a paired round's), otherwise the repeats, overlap off and tracing.
+    const std::filesystem::path trace_file = tmp / (tag + "_trace.json");
+    auto run_backend = [&](const char* name, bool once) -> two_rank_results {
+      const auto file = tmp / (tag + "_" + name + ".txt");
+      if (std::string_view(name) == "gloo") {
+        spawn(2, [&](int) {
+          auto pg = init_process_group("env://", {.backend = "gloo"});
+          measure_two_ranks(*pg, train, c, true, file, trace_file, once);
+        });
+        std::filesystem::remove(trace_file);
+      } else if (std::string_view(name) == "mpi") {
+#if defined(PARTRAIN_WITH_MPI)
+        const std::string cmd = std::string(PARTRAIN_MPIEXEC) + " -np 2 " + argv[0] + forwarded + " --mpi-rank " +
+                                file.string() + (once ? " --mpi-once" : "") + " 2>&1";
+        if (std::system(cmd.c_str()) != 0) throw error(error_kind::internal, "bench_ddp: the mpi job failed: " + cmd);
+#endif
+      } else {
+        run_local(2, [&](local_group& g) { measure_two_ranks(g, train, c, false, file, {}, once); });
+      }
+      return read_results(file, name);
+    };
     struct backend_run {
       const char* name;
       two_rank_results r;
-      bool ran = false;
+      std::vector<double> round_sps;  // the paired rounds' 2-rank samples/s
     };
     std::vector<backend_run> runs;
-    const std::filesystem::path trace_file = tmp / (tag + "_trace.json");
-    {
-      const auto file = tmp / (tag + "_gloo.txt");
-      spawn(2, [&](int) {
-        auto pg = init_process_group("env://", {.backend = "gloo"});
-        measure_two_ranks(*pg, train, c, true, file, trace_file);
-      });
-      runs.push_back({"gloo", read_results(file, "gloo"), true});
-      std::filesystem::remove(trace_file);
-    }
+    runs.push_back({"gloo", {}, {}});
 #if defined(PARTRAIN_WITH_MPI)
-    {
-      const auto file = tmp / (tag + "_mpi.txt");
-      const std::string cmd = std::string(PARTRAIN_MPIEXEC) + " -np 2 " + argv[0] + forwarded + " --mpi-rank " +
-                              file.string() + " 2>&1";
-      if (std::system(cmd.c_str()) != 0) throw error(error_kind::internal, "bench_ddp: the mpi job failed: " + cmd);
-      runs.push_back({"mpi", read_results(file, "mpi"), true});
-    }
+    runs.push_back({"mpi", {}, {}});
 #endif
-    {
-      const auto file = tmp / (tag + "_local.txt");
-      run_local(2, [&](local_group& g) { measure_two_ranks(g, train, c, false, file, {}); });
-      runs.push_back({"local", read_results(file, "local"), true});
-    }
+    runs.push_back({"local", {}, {}});
+    for (auto& b : runs) b.r = run_backend(b.name, false);
     for (auto& b : runs) {
       const std::string on = std::string("DDP 2 ranks ") + b.name + ", overlap on";
       const std::string off = std::string("DDP 2 ranks ") + b.name + ", overlap off";
@@ -407,26 +453,70 @@ int main(int argc, char** argv) {
     // busy machine can make it slightly negative.
     const double trace_overhead = gloo.on.samples_per_s / gloo.traced.samples_per_s - 1.0;
     std::printf("tracing (gloo): overhead %.4f of the step\n", trace_overhead);
-    // scaling_2 = 2-rank samples/s / (2 x one rank's), at the same per-rank batch.
+    // Paired rounds: the machine's speed drifts between runs (other tenants of its host: one
+    // rank's rate moved 30% from one run of this program to the next), so each ratio comes from
+    // runs made back to back, one thread's GEMMs, DDP at 1 rank, then 2 ranks on each backend,
+    // and the keys are the medians of the rounds' ratios.
+    const int rounds = c.quick ? 1 : 5;
+    std::vector<double> g1s, g2s, d1s, p2s;
+    const auto batches1 = dataset_batches(train, c.batch, need, need);
+    std::printf("\npaired rounds, samples/s (each: the GEMMs on 1 and on 2 threads, DDP at 1 rank, then 2 ranks on each "
+                "backend, back to back)\n%-6s %10s %10s %10s %10s", "round", "GEMMs 1t", "GEMMs 2t", "plain 2t", "DDP 1");
+    for (auto& b : runs) std::printf(" %10s", b.name);
+    std::printf("\n");
+    for (int r = 0; r < rounds; ++r) {
+      g1s.push_back(1e3 * static_cast<double>(c.batch) / gemm_ms_per_step(c.batch, c, 1));
+      g2s.push_back(gemm_two_threads_sps(c.batch, c, 1));
+      p2s.push_back(plain_two_threads_sps(batches0, batches1, c));
+      d1s.push_back(ddp_loop(*world1[0], batches0, c, true).samples_per_s);
+      std::printf("%-6d %10.0f %10.0f %10.0f %10.0f", r, g1s.back(), g2s.back(), p2s.back(), d1s.back());
+      for (auto& b : runs) {
+        b.round_sps.push_back(run_backend(b.name, true).on.samples_per_s);
+        std::printf(" %10.0f", b.round_sps.back());
+      }
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+    // Per round: scaling_2 = 2-rank samples/s / (2 x one rank's), at the same per-rank batch; the
+    // fastest backend against 2 x one thread's GEMMs and against the GEMMs on 2 threads at once.
+    auto median_of = [&](auto ratio) {
+      std::vector<double> v;
+      for (std::size_t r = 0; r < d1s.size(); ++r) v.push_back(ratio(r));
+      return median(v);
+    };
+    auto best_in = [&](std::size_t r) {
+      double best = 0;
+      for (auto& b : runs) best = std::max(best, b.round_sps[r]);
+      return best;
+    };
     std::string keys;
-    double best = 0;
-    const char* best_name = "";
+    std::string best_name;
+    double best_scaling = 0;
     for (auto& b : runs) {
+      const double scaling = median_of([&](std::size_t r) { return b.round_sps[r] / (2.0 * d1s[r]); });
       char buf[160];
-      std::snprintf(buf, sizeof buf, " scaling_2_%s=%.3f overlap_hidden_%s=%.3f", b.name,
-                    b.r.on.samples_per_s / (2.0 * ddp1_sps), b.name, b.r.on.hidden);
+      std::snprintf(buf, sizeof buf, " scaling_2_%s=%.3f overlap_hidden_%s=%.3f", b.name, scaling, b.name, b.r.on.hidden);
       keys += buf;
-      if (b.r.on.samples_per_s > best) {
-        best = b.r.on.samples_per_s;
+      if (scaling > best_scaling) {
+        best_scaling = scaling;
         best_name = b.name;
       }
     }
-    std::printf("fastest 2-rank backend here: %s, %.0f samples/s = %.3f of the 2-core GEMM-bound limit\n", best_name,
-                best, best / (2 * gemm_sps));
+    const double best_vs_limit = median_of([&](std::size_t r) { return best_in(r) / (2 * g1s[r]); });
+    const double best_vs_2t = median_of([&](std::size_t r) { return best_in(r) / g2s[r]; });
+    const double two_threads = median_of([&](std::size_t r) { return g2s[r] / (2 * g1s[r]); });
+    const double step_vs_gemm = median_of([&](std::size_t r) { return g1s[r] / d1s[r]; });
+    const double plain_2t = median_of([&](std::size_t r) { return p2s[r] / (2.0 * d1s[r]); });
+    std::printf("medians of the rounds: best scaling_2 %.3f (%s); the fastest 2-rank run at %.3f of the 2-core "
+                "GEMM-bound limit (2 x one thread's GEMMs) and %.3f of the GEMMs on 2 threads at once, which run at "
+                "%.3f of 2 x one thread's; the plain loop on 2 threads at once (no communication) at %.3f of 2 x DDP's "
+                "one rank\n",
+                best_scaling, best_name.c_str(), best_vs_limit, best_vs_2t, two_threads, plain_2t);
     std::printf("summary: ddp1_vs_plain=%.3f scaling_2=%.3f overlap_hidden=%.3f trace_overhead=%.4f%s "
-                "step_vs_gemm=%.3f best_vs_gemm_limit=%.3f\n",
-                ddp1_sps / plain_sps, gloo.on.samples_per_s / (2.0 * ddp1_sps), gloo.on.hidden, trace_overhead,
-                keys.c_str(), (1e3 * static_cast<double>(c.batch) / plain_sps) / gemm_ms, best / (2 * gemm_sps));
+                "step_vs_gemm=%.3f best_vs_gemm_limit=%.3f gemm_2threads_vs_limit=%.3f best_vs_gemm_2threads=%.3f "
+                "plain_2threads_scaling=%.3f\n",
+                ddp1_sps / plain_sps, best_scaling, gloo.on.hidden, trace_overhead, keys.c_str(), step_vs_gemm,
+                best_vs_limit, two_threads, best_vs_2t, plain_2t);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_ddp: %s\n", e.what());
     return 1;
