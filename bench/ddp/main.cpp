@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <latch>
 #include <string>
 #include <string_view>
@@ -63,19 +64,39 @@ double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
-double plain_loop(const std::vector<batch>& batches, const config& c) {
+// The loop without partrain's policy: model.train_step + sgd.step. `between` (if set) runs after
+// each backward, before the step: the ladder below puts a barrier or an all_reduce there.
+double plain_loop(const std::vector<batch>& batches, const config& c, const std::function<void(models::mlp_host&)>& between = {}) {
   models::mlp_host model({}, 0);
   sgd opt(model, {.lr = 0.05, .momentum = 0.9});
-  for (std::size_t i = 0; i < c.warmup; ++i) {
-    (void)model.train_step(batches[i]);
+  auto one = [&](const batch& b) {
+    (void)model.train_step(b);
+    if (between) between(model);
     opt.step();
-  }
+  };
+  for (std::size_t i = 0; i < c.warmup; ++i) one(batches[i]);
   const auto t0 = clock_type::now();
-  for (std::size_t i = 0; i < c.steps; ++i) {
-    (void)model.train_step(batches[c.warmup + i]);
-    opt.step();
-  }
+  for (std::size_t i = 0; i < c.steps; ++i) one(batches[c.warmup + i]);
   return static_cast<double>(c.steps * c.batch) / seconds_since(t0);
+}
+
+// Two local ranks running the plain loop with one thing of DDP's added per step: a barrier (the
+// ranks meet), or a sum all_reduce of all gradients (one flat buffer in this model; it meets too).
+// Samples/s of both ranks together (rank 0's clock, the slower rank decides).
+double ladder_sps(const std::vector<batch>& a, const std::vector<batch>& b, const config& c, bool all_reduce) {
+  double sps = 0;
+  run_local(2, [&](local_group& g) {
+    auto meet = [&](models::mlp_host& m) {
+      if (!all_reduce) {
+        g.barrier().wait();
+        return;
+      }
+      g.all_reduce(m.flat_grads(), reduce_op::sum).wait();
+    };
+    const double mine = plain_loop(g.rank() == 0 ? a : b, c, meet);
+    if (g.rank() == 0) sps = 2 * mine;
+  });
+  return sps;
 }
 
 struct ddp_result {
@@ -458,18 +479,23 @@ int main(int argc, char** argv) {
     // runs made back to back, one thread's GEMMs, DDP at 1 rank, then 2 ranks on each backend,
     // and the keys are the medians of the rounds' ratios.
     const int rounds = c.quick ? 1 : 5;
-    std::vector<double> g1s, g2s, d1s, p2s;
+    std::vector<double> g1s, g2s, d1s, p2s, bar2s, ar2s;
     const auto batches1 = dataset_batches(train, c.batch, need, need);
     std::printf("\npaired rounds, samples/s (each: the GEMMs on 1 and on 2 threads, DDP at 1 rank, then 2 ranks on each "
-                "backend, back to back)\n%-6s %10s %10s %10s %10s", "round", "GEMMs 1t", "GEMMs 2t", "plain 2t", "DDP 1");
+                "backend, back to back; 'barrier' and 'all_reduce': the plain loop as 2 local ranks that meet, or meet and sum their "
+                "gradients, each step)\n%-6s %10s %10s %10s %10s %10s %10s", "round", "GEMMs 1t", "GEMMs 2t", "plain 2t",
+                "barrier", "all_reduce", "DDP 1");
     for (auto& b : runs) std::printf(" %10s", b.name);
     std::printf("\n");
     for (int r = 0; r < rounds; ++r) {
       g1s.push_back(1e3 * static_cast<double>(c.batch) / gemm_ms_per_step(c.batch, c, 1));
       g2s.push_back(gemm_two_threads_sps(c.batch, c, 1));
       p2s.push_back(plain_two_threads_sps(batches0, batches1, c));
+      bar2s.push_back(ladder_sps(batches0, batches1, c, false));
+      ar2s.push_back(ladder_sps(batches0, batches1, c, true));
       d1s.push_back(ddp_loop(*world1[0], batches0, c, true).samples_per_s);
-      std::printf("%-6d %10.0f %10.0f %10.0f %10.0f", r, g1s.back(), g2s.back(), p2s.back(), d1s.back());
+      std::printf("%-6d %10.0f %10.0f %10.0f %10.0f %10.0f %10.0f", r, g1s.back(), g2s.back(), p2s.back(),
+                  bar2s.back(), ar2s.back(), d1s.back());
       for (auto& b : runs) {
         b.round_sps.push_back(run_backend(b.name, true).on.samples_per_s);
         std::printf(" %10.0f", b.round_sps.back());
@@ -507,16 +533,18 @@ int main(int argc, char** argv) {
     const double two_threads = median_of([&](std::size_t r) { return g2s[r] / (2 * g1s[r]); });
     const double step_vs_gemm = median_of([&](std::size_t r) { return g1s[r] / d1s[r]; });
     const double plain_2t = median_of([&](std::size_t r) { return p2s[r] / (2.0 * d1s[r]); });
+    const double barrier_2 = median_of([&](std::size_t r) { return bar2s[r] / (2.0 * d1s[r]); });
+    const double all_reduce_2 = median_of([&](std::size_t r) { return ar2s[r] / (2.0 * d1s[r]); });
     std::printf("medians of the rounds: best scaling_2 %.3f (%s); the fastest 2-rank run at %.3f of the 2-core "
                 "GEMM-bound limit (2 x one thread's GEMMs) and %.3f of the GEMMs on 2 threads at once, which run at "
                 "%.3f of 2 x one thread's; the plain loop on 2 threads at once (no communication) at %.3f of 2 x DDP's "
-                "one rank\n",
-                best_scaling, best_name.c_str(), best_vs_limit, best_vs_2t, two_threads, plain_2t);
+                "one rank, with a barrier per step at %.3f, with the gradients' all_reduce at %.3f\n",
+                best_scaling, best_name.c_str(), best_vs_limit, best_vs_2t, two_threads, plain_2t, barrier_2, all_reduce_2);
     std::printf("summary: ddp1_vs_plain=%.3f scaling_2=%.3f overlap_hidden=%.3f trace_overhead=%.4f%s "
                 "step_vs_gemm=%.3f best_vs_gemm_limit=%.3f gemm_2threads_vs_limit=%.3f best_vs_gemm_2threads=%.3f "
-                "plain_2threads_scaling=%.3f\n",
+                "plain_2threads_scaling=%.3f barrier_2ranks_scaling=%.3f allreduce_2ranks_scaling=%.3f\n",
                 ddp1_sps / plain_sps, best_scaling, gloo.on.hidden, trace_overhead, keys.c_str(), step_vs_gemm,
-                best_vs_limit, two_threads, best_vs_2t, plain_2t);
+                best_vs_limit, two_threads, best_vs_2t, plain_2t, barrier_2, all_reduce_2);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_ddp: %s\n", e.what());
     return 1;
