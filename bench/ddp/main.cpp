@@ -236,6 +236,67 @@ double plain_two_threads_sps(const std::vector<batch>& a, const std::vector<batc
   return sps[0] + sps[1];
 }
 
+// DDP's own cost: a model that computes nothing, with the MLP's parameter sizes and its gradients
+// back to back (as mlp_host keeps them), on 2 local ranks, overlap off. Per step: what
+// train_step costs (the bucket work, the all_reduce, the ranks meeting), and the local backend's
+// all_reduce of the same gradients alone. Microseconds, median of rounds.
+struct idle_model {
+  struct param {
+    float* v;
+    float* g;
+    std::size_t n;
+    [[nodiscard]] tensor_view<float> value() const { return {v, n}; }
+    [[nodiscard]] tensor_view<float> grad() const { return {g, n}; }
+  };
+  std::vector<float> values, grads;
+  std::vector<param> ps;
+  idle_model() {
+    const std::size_t sizes[] = {784 * 256, 256, 256 * 128, 128, 128 * 10, 10};
+    std::size_t total = 0;
+    for (auto n : sizes) total += n;
+    values.assign(total, 1.0f);
+    grads.assign(total, 0.5f);
+    std::size_t off = 0;
+    for (auto n : sizes) {
+      ps.push_back({values.data() + off, grads.data() + off, n});
+      off += n;
+    }
+  }
+  [[nodiscard]] std::vector<param>& parameters() noexcept { return ps; }
+  double train_step(const int&) { return 0; }
+  [[nodiscard]] eval_result eval_step(const int&) { return {}; }
+};
+
+std::pair<double, double> ddp_cost_us(const config& c) {
+  const int steps = c.quick ? 200 : 1000;
+  std::vector<double> ddp_us, ar_us;
+  for (int r = 0; r < (c.quick ? 1 : 7); ++r) {
+    run_local(2, [&](local_group& g) {
+      idle_model m;
+      distributed_data_parallel ddp(m, g, {.overlap = false});
+      auto timed = [&](auto&& f) {
+        for (int i = 0; i < steps / 10; ++i) f();
+        g.barrier().wait();
+        const auto t0 = clock_type::now();
+        for (int i = 0; i < steps; ++i) f();
+        g.barrier().wait();
+        return 1e6 * seconds_since(t0) / steps;
+      };
+      const double d = timed([&] { (void)ddp.train_step(0); });
+      const double a = timed([&] {
+        g.all_reduce(tensor_view<float>(m.grads.data(), m.grads.size()), reduce_op::sum).wait();
+      });
+      if (g.rank() == 0) {
+        ddp_us.push_back(d);
+        ar_us.push_back(a);
+      }
+    });
+  }
+  std::sort(ddp_us.begin(), ddp_us.end());
+  std::sort(ar_us.begin(), ar_us.end());
+  return {ddp_us[ddp_us.size() / 2], ar_us[ar_us.size() / 2]};
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -401,6 +462,11 @@ int main(int argc, char** argv) {
     row("DDP world 1 (local)", 1, c, ddp1_sps, &d1);
     std::fflush(stdout);
 
+    const auto [ddp_us, all_reduce_us] = ddp_cost_us(c);
+    std::printf("DDP's own cost on 2 local ranks (a model that computes nothing, the MLP's 235k gradients): %.1f us per "
+                "step, of which the all_reduce alone %.1f us\n",
+                ddp_us, all_reduce_us);
+
     // 3: two ranks on each backend; rank 0 writes its figures for this process to print. `once`:
     // one run with overlap on (a paired round's), otherwise the repeats, overlap off and tracing.
     const std::filesystem::path trace_file = tmp / (tag + "_trace.json");
@@ -542,9 +608,10 @@ int main(int argc, char** argv) {
                 best_scaling, best_name.c_str(), best_vs_limit, best_vs_2t, two_threads, plain_2t, barrier_2, all_reduce_2);
     std::printf("summary: ddp1_vs_plain=%.3f scaling_2=%.3f overlap_hidden=%.3f trace_overhead=%.4f%s "
                 "step_vs_gemm=%.3f best_vs_gemm_limit=%.3f gemm_2threads_vs_limit=%.3f best_vs_gemm_2threads=%.3f "
-                "plain_2threads_scaling=%.3f barrier_2ranks_scaling=%.3f allreduce_2ranks_scaling=%.3f\n",
+                "plain_2threads_scaling=%.3f barrier_2ranks_scaling=%.3f allreduce_2ranks_scaling=%.3f ddp2_cost_us=%.1f "
+                "allreduce_us=%.1f\n",
                 ddp1_sps / plain_sps, best_scaling, gloo.on.hidden, trace_overhead, keys.c_str(), step_vs_gemm,
-                best_vs_limit, two_threads, best_vs_2t, plain_2t, barrier_2, all_reduce_2);
+                best_vs_limit, two_threads, best_vs_2t, plain_2t, barrier_2, all_reduce_2, ddp_us, all_reduce_us);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_ddp: %s\n", e.what());
     return 1;

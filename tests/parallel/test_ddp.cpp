@@ -428,3 +428,126 @@ TEST_CASE("ddp: with overlap, buckets launch while the model's backward is still
     CHECK(during[1] == want);
   }
 }
+
+namespace {
+
+// toy_mlp with its gradients back to back in one buffer (as a model with a flat gradient buffer
+// keeps them): each gradient is copied into its slot before it is reported ready.
+template <class T>
+class flat_grad_mlp {
+ public:
+  struct param {
+    partrain::testing::toy_param<T>* inner;
+    T* flat;
+    [[nodiscard]] tensor_view<T> value() { return inner->value(); }
+    [[nodiscard]] tensor_view<T> grad() { return {flat, inner->value().shape()}; }
+    [[nodiscard]] const std::string& name() const noexcept { return inner->name(); }
+  };
+
+  explicit flat_grad_mlp(std::uint64_t seed) : inner_(seed) {
+    std::size_t n = 0;
+    for (auto& p : inner_.parameters()) n += p.values().size();
+    grads_.assign(n, T(0));
+    std::size_t off = 0;
+    for (auto& p : inner_.parameters()) {
+      params_.push_back({&p, grads_.data() + off});
+      off += p.values().size();
+    }
+  }
+  [[nodiscard]] std::vector<param>& parameters() noexcept { return params_; }
+  double train_step(const toy_batch<T>& b) {
+    const double loss = inner_.train_step(b);
+    for (std::size_t i = 0; i < params_.size(); ++i) publish(i);
+    return loss;
+  }
+  double train_step(const toy_batch<T>& b, const grad_ready_fn& ready) {
+    return inner_.train_step(b, [&](std::size_t i) {
+      publish(i);
+      ready(i);
+    });
+  }
+  [[nodiscard]] eval_result eval_step(const toy_batch<T>& b) { return inner_.eval_step(b); }
+  [[nodiscard]] std::vector<T> flat_values() const { return inner_.flat_values(); }
+  [[nodiscard]] const std::vector<T>& flat_grads() const noexcept { return grads_; }
+
+ private:
+  void publish(std::size_t i) {
+    const auto& g = inner_.parameters()[i].grads();
+    std::copy(g.begin(), g.end(), params_[i].flat);
+  }
+  toy_mlp<T> inner_;
+  std::vector<T> grads_;
+  std::vector<param> params_;
+};
+
+struct flat_run {
+  std::vector<double> values;
+  ddp_stats stats;
+};
+
+// 12 steps on `world` local ranks; every third step after two no_sync micro-steps if `micro`.
+template <class Model>
+flat_run run_for_in_place(int world, ddp_options o, bool micro = false) {
+  flat_run out;
+  std::mutex mu;
+  std::vector<std::vector<double>> values(static_cast<std::size_t>(world));
+  run_local(world, [&](local_group& g) {
+    Model m(7 + static_cast<std::uint64_t>(g.rank()));
+    distributed_data_parallel ddp(m, g, o);
+    sgd opt(m, opt_options);
+    for (int s = 0; s < 12; ++s) {
+      if (micro && s % 3 == 0) {
+        auto guard = ddp.no_sync();
+        for (int j = 0; j < 2; ++j) ddp.train_step(rank_batch<double>(100 + 2 * s + j, world, g.rank()));
+      }
+      ddp.train_step(rank_batch<double>(s, world, g.rank()));
+      opt.step();
+    }
+    std::lock_guard lock(mu);
+    values[static_cast<std::size_t>(g.rank())] = m.flat_values();
+    if (g.rank() == 0) out.stats = ddp.stats();
+  });
+  for (const auto& v : values) CHECK(v == values[0]);
+  out.values = values[0];
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("ddp: gradients back to back in the model's memory are reduced in place, bit for bit as through the buckets",
+          "[parallel][ddp][in_place]") {
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    for (bool overlap : {true, false}) {
+      CAPTURE(overlap);
+      // One bucket over the four gradients (reverse order, still one span of the flat buffer).
+      const ddp_options one{.bucket_cap_bytes = std::size_t{1} << 20, .first_bucket_bytes = std::size_t{1} << 20,
+                            .overlap = overlap};
+      const auto flat = run_for_in_place<flat_grad_mlp<double>>(world, one);
+      const auto separate = run_for_in_place<toy_mlp<double>>(world, one);
+      CHECK(flat.values == separate.values);
+      CHECK(flat.stats.in_place_buckets == 12);
+      CHECK(flat.stats.copied_buckets == 0);
+      // toy_mlp's gradients are four separate vectors: copied.
+      CHECK(separate.stats.in_place_buckets == 0);
+      CHECK(separate.stats.copied_buckets == 12);
+      // Any other hook than the built-in allreduce gets the bucket buffer, in bucket order.
+      auto wrapped = one;
+      const comm_hook builtin = comm_hooks::allreduce();
+      wrapped.hook = [builtin](grad_bucket& b) { return builtin(b); };
+      const auto hooked = run_for_in_place<flat_grad_mlp<double>>(world, wrapped);
+      CHECK(hooked.values == flat.values);
+      CHECK(hooked.stats.in_place_buckets == 0);
+    }
+  }
+}
+
+TEST_CASE("ddp: a step after no_sync micro-steps adds into the buckets, then the next reduces in place again",
+          "[parallel][ddp][in_place][no_sync]") {
+  const ddp_options one{.bucket_cap_bytes = std::size_t{1} << 20, .first_bucket_bytes = std::size_t{1} << 20};
+  const auto flat = run_for_in_place<flat_grad_mlp<double>>(2, one, true);
+  const auto separate = run_for_in_place<toy_mlp<double>>(2, one, true);
+  CHECK(flat.values == separate.values);
+  CHECK(flat.stats.copied_buckets == 4);    // steps 0, 3, 6, 9 follow micro-steps
+  CHECK(flat.stats.in_place_buckets == 8);  // the other eight
+}

@@ -86,6 +86,8 @@ class grad_bucket {
   [[nodiscard]] work all_reduce(raw_tensor t) const { return all_reduce_(t); }
 
   void set_divisor(double d) noexcept { divisor_ = d; }
+  // DDP points the built-in hook's bucket at the model's own gradients when they lie back to back.
+  void rebind(raw_tensor buffer) noexcept { buffer_ = buffer; }
   void set_cuda_placement(int device_index, void* stream) noexcept {
     cuda_device_ = device_index;
     cuda_stream_ = stream;

@@ -4,9 +4,11 @@
 // order; at the end of the step the averaged buckets are copied back into the gradients.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -85,6 +87,12 @@ struct device_placement {
 
 // Buckets live in host memory (CUDA gradients are staged through it), or, in device mode (CUDA
 // parameters and a backend that reduces CUDA memory, i.e. NCCL), in CUDA memory.
+// In place (`in_place`: host gradients and the built-in allreduce hook, which only needs the
+// bucket's elements, not their order): a bucket whose gradients lie back to back in the model's
+// memory is divided and reduced right there, with no copy in or out (PyTorch's
+// gradient_as_bucket_view); the same arithmetic on the same elements, so the same bits. Checked
+// at each launch (the model may hand out other views); a step after no_sync micro-steps adds into
+// the buckets, so it copies.
 template <class T, class S = host>
 class reducer {
   using clock = std::chrono::steady_clock;
@@ -92,9 +100,11 @@ class reducer {
  public:
   reducer(std::vector<std::size_t> numels, std::size_t first_bytes, std::size_t cap_bytes, comm_hook hook,
           grad_bucket::all_reduce_fn all_reduce, int rank, int world_size, ddp_stats& stats,
-          device_placement placement = {}, std::function<void(const work&, std::size_t)> on_launch = {})
+          device_placement placement = {}, std::function<void(const work&, std::size_t)> on_launch = {},
+          bool in_place = false)
       : numels_(std::move(numels)), hook_(std::move(hook)), on_launch_(std::move(on_launch)), rank_(rank),
-        stats_(&stats), placement_(std::move(placement)), device_(placement_.index >= 0) {
+        stats_(&stats), placement_(std::move(placement)), device_(placement_.index >= 0),
+        in_place_capable_(in_place && std::same_as<S, host> && !device_) {
     if (!hook_) throw invalid_argument_error("ddp_options::hook is empty (expected a comm_hook, e.g. comm_hooks::allreduce())");
 #if !defined(__CUDACC__)
     if (device_) {
@@ -107,6 +117,7 @@ class reducer {
     bucket_of_.resize(numels_.size());
     offset_of_.resize(numels_.size());
     ready_.assign(numels_.size(), 0);
+    ready_grads_.resize(numels_.size());
     for (std::size_t b = 0; b < layout.size(); ++b) {
       auto& bk = buckets_.emplace_back();
       bk.info = layout[b];
@@ -125,8 +136,8 @@ class reducer {
         offset_of_[p] = off;
         off += numels_[p];
       }
-      bk.gb = std::make_unique<grad_bucket>(b, raw_tensor{bucket_ptr(bk), bk.info.elements, dtype_of<T>, device_},
-                                            all_reduce, world_size);
+      bk.own = raw_tensor{bucket_ptr(bk), bk.info.elements, dtype_of<T>, device_};
+      bk.gb = std::make_unique<grad_bucket>(b, bk.own, all_reduce, world_size);
     }
     refresh_stream();
     stats_->buckets = layout;
@@ -156,6 +167,7 @@ class reducer {
     for (auto& b : buckets_) {
       b.pending = b.info.params.size();
       b.done.reset();
+      b.in_place = false;
     }
   }
 
@@ -176,7 +188,11 @@ class reducer {
     }
     ready_[i] = 1;
     auto& b = buckets_[bucket_of_[i]];
-    copy_in(bucket_ptr(b) + offset_of_[i], g, add_);
+    if (in_place_capable_) {
+      ready_grads_[i] = g;  // copied (or reduced in place) when its bucket launches
+    } else {
+      copy_in(bucket_ptr(b) + offset_of_[i], g, add_);
+    }
     if (--b.pending == 0) launch_ready();
   }
 
@@ -196,7 +212,10 @@ class reducer {
       last = std::max(last, b.finished);
     }
     stats_->record(std::chrono::duration<double>(last - first).count(), std::chrono::duration<double>(t1 - t0).count());
-    for (std::size_t p = 0; p < numels_.size(); ++p) copy_out(grads[p], bucket_ptr(buckets_[bucket_of_[p]]) + offset_of_[p]);
+    for (std::size_t p = 0; p < numels_.size(); ++p) {
+      auto& b = buckets_[bucket_of_[p]];
+      if (!b.in_place) copy_out(grads[p], bucket_ptr(b) + offset_of_[p]);
+    }
 #if PARTRAIN_HAS_CUDA
     if (device_) {
       // The step returns with the gradients in place, as on the host: the optimizer (or any
@@ -234,8 +253,10 @@ class reducer {
       std::fill(b.data.begin(), b.data.end(), T(0));
 #endif
       b.pending = 0;
+      b.shadow = true;  // the zeros in its own buffer, never the model's gradients
     }
     launch_ready();
+    for (auto& b : buckets_) b.shadow = false;
     wait_all_buckets("gradient all_reduce (shadowing for ranks that still have data)");
   }
 
@@ -260,6 +281,9 @@ class reducer {
     device_buffer<T> dev;  // device mode only
 #endif
     std::unique_ptr<grad_bucket> gb;  // stable address: hook callbacks may hold it
+    raw_tensor own{};                 // the bucket's own buffer, as the hook sees it
+    bool in_place = false;            // this step: reduced in the model's gradient memory
+    bool shadow = false;              // a joined rank's zero bucket
     std::size_t pending = 0;
     std::optional<work> done;
     clock::time_point launched{}, finished{};
@@ -310,6 +334,7 @@ class reducer {
   void launch_ready() {
     while (next_ < buckets_.size() && buckets_[next_].pending == 0) {
       auto& b = buckets_[next_++];
+      if (in_place_capable_ && !b.shadow) stage_bucket(b);
       b.gb->set_divisor(divisor_);
       b.launched = clock::now();
       work w = hook_(*b.gb);
@@ -317,6 +342,33 @@ class reducer {
       // The observer sees b.done: its callbacks run before the step's wait returns.
       if (on_launch_) on_launch_(*b.done, next_ - 1);
     }
+  }
+
+  // In-place mode, at launch: the bucket's gradients as one span of the model's memory if they
+  // lie back to back (in any order; none overlaps another, so a span as long as their sum is
+  // exactly them), else copied into the bucket's own buffer as mark_ready would have.
+  void stage_bucket(bucket& b) {
+    // Addresses as integers: the views may come from separate allocations.
+    std::uintptr_t lo = UINTPTR_MAX, hi = 0;
+    T* first = nullptr;
+    for (std::size_t p : b.info.params) {
+      const auto& g = ready_grads_[p];
+      const auto at = reinterpret_cast<std::uintptr_t>(g.data());
+      if (at < lo) {
+        lo = at;
+        first = const_cast<T*>(g.data());  // the model's own (mutable) gradient: mark_ready's views are const only by type
+      }
+      hi = std::max(hi, at + g.size_bytes());
+    }
+    b.in_place = !add_ && first && hi - lo == b.info.elements * sizeof(T);
+    if (b.in_place) {
+      b.gb->rebind(raw_tensor{first, b.info.elements, dtype_of<T>, false});
+      ++stats_->in_place_buckets;
+      return;
+    }
+    b.gb->rebind(b.own);
+    for (std::size_t p : b.info.params) copy_in(bucket_ptr(b) + offset_of_[p], ready_grads_[p], add_);
+    ++stats_->copied_buckets;
   }
 
   void wait_all_buckets(std::string_view what) {
@@ -375,6 +427,8 @@ class reducer {
   bool add_ = false;
   device_placement placement_;
   bool device_ = false;  // placement_.index >= 0
+  bool in_place_capable_ = false;
+  std::vector<tensor_view<const T, S>> ready_grads_;  // in-place mode: this step's reported gradients
   void* stream_ = nullptr;
   std::vector<T> tmp_;
 };
