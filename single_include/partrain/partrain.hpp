@@ -13688,7 +13688,11 @@ class reducer {
   void launch_ready() {
     while (next_ < buckets_.size() && buckets_[next_].pending == 0) {
       auto& b = buckets_[next_++];
-      if (in_place_capable_ && !b.shadow) stage_bucket(b);
+      if (b.shadow) {
+        b.gb->rebind(b.own);  // the zeros, never the model's gradients of an earlier in-place step
+      } else if (in_place_capable_) {
+        stage_bucket(b);
+      }
       b.gb->set_divisor(divisor_);
       b.launched = clock::now();
       work w = hook_(*b.gb);

@@ -551,3 +551,32 @@ TEST_CASE("ddp: a step after no_sync micro-steps adds into the buckets, then the
   CHECK(flat.stats.copied_buckets == 4);    // steps 0, 3, 6, 9 follow micro-steps
   CHECK(flat.stats.in_place_buckets == 8);  // the other eight
 }
+
+TEST_CASE("ddp: a joined rank shadows with zeros, not with the gradients its last in-place step reduced",
+          "[parallel][ddp][in_place][join]") {
+  // Rank 0 has 3 batches, rank 1 has 5: rank 0 shadows steps 4 and 5 after reducing in place.
+  auto run = [](auto model_tag) {
+    using Model = typename decltype(model_tag)::type;
+    std::vector<std::vector<double>> out(2);
+    std::vector<std::size_t> in_place(2);
+    run_local(2, [&](local_group& g) {
+      Model m(7);
+      distributed_data_parallel ddp(m, g, {.join = true});
+      sgd opt(m, opt_options);
+      for (int s = 0; s < (g.rank() == 0 ? 3 : 5); ++s) {
+        ddp.train_step(rank_batch<double>(s, 2, g.rank()));
+        opt.step();
+      }
+      (void)ddp.join();
+      out[static_cast<std::size_t>(g.rank())] = m.flat_values();
+      in_place[static_cast<std::size_t>(g.rank())] = ddp.stats().in_place_buckets;
+    });
+    CHECK(out[0] == out[1]);
+    return std::pair{out[1], in_place};
+  };
+  const auto [flat, flat_in_place] = run(std::type_identity<flat_grad_mlp<double>>{});
+  const auto [separate, separate_in_place] = run(std::type_identity<toy_mlp<double>>{});
+  CHECK(flat_in_place == std::vector<std::size_t>{3, 5});
+  CHECK(separate_in_place == std::vector<std::size_t>{0, 0});
+  CHECK(flat == separate);
+}
