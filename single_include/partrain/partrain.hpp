@@ -13703,22 +13703,25 @@ class reducer {
   }
 
   // In-place mode, at launch: the bucket's gradients as one span of the model's memory if they
-  // lie back to back (in any order; none overlaps another, so a span as long as their sum is
-  // exactly them), else copied into the bucket's own buffer as mark_ready would have.
+  // lie back to back (in any order, each starting where another ends, none overlapping), else
+  // copied into the bucket's own buffer as mark_ready would have.
   void stage_bucket(bucket& b) {
     // Addresses as integers: the views may come from separate allocations.
-    std::uintptr_t lo = UINTPTR_MAX, hi = 0;
-    T* first = nullptr;
+    spans_.clear();
     for (std::size_t p : b.info.params) {
       const auto& g = ready_grads_[p];
-      const auto at = reinterpret_cast<std::uintptr_t>(g.data());
-      if (at < lo) {
-        lo = at;
-        first = const_cast<T*>(g.data());  // the model's own (mutable) gradient: mark_ready's views are const only by type
-      }
-      hi = std::max(hi, at + g.size_bytes());
+      if (!g.empty()) spans_.emplace_back(reinterpret_cast<std::uintptr_t>(g.data()), g.size_bytes());
     }
-    b.in_place = !add_ && first && hi - lo == b.info.elements * sizeof(T);
+    std::sort(spans_.begin(), spans_.end());
+    bool back_to_back = !add_ && !spans_.empty();
+    std::size_t bytes = 0;
+    for (std::size_t k = 0; back_to_back && k < spans_.size(); ++k) {
+      back_to_back = k == 0 || spans_[k].first == spans_[k - 1].first + spans_[k - 1].second;
+      bytes += spans_[k].second;
+    }
+    // The model's own (mutable) gradients: mark_ready's views are const only by type.
+    T* first = back_to_back ? reinterpret_cast<T*>(spans_.front().first) : nullptr;
+    b.in_place = back_to_back && bytes == b.info.elements * sizeof(T);
     if (b.in_place) {
       b.gb->rebind(raw_tensor{first, b.info.elements, dtype_of<T>, false});
       ++stats_->in_place_buckets;
@@ -13787,6 +13790,7 @@ class reducer {
   bool device_ = false;  // placement_.index >= 0
   bool in_place_capable_ = false;
   std::vector<tensor_view<const T, S>> ready_grads_;  // in-place mode: this step's reported gradients
+  std::vector<std::pair<std::uintptr_t, std::size_t>> spans_;  // stage_bucket's scratch
   void* stream_ = nullptr;
   std::vector<T> tmp_;
 };
