@@ -45,7 +45,7 @@ sanitize=${PARTRAIN_TEST_SANITIZE-address;undefined}
 # A leak or an error stops the test with a stack (LeakSanitizer is on by default on Linux). Where
 # a GPU is, a host test that reaches the CUDA driver needs the shadow gap unprotected.
 asan_default=detect_leaks=1:abort_on_error=1
-[ ${#cuda_args[@]} -eq 0 ] && asan_default+=:protect_shadow_gap=0
+if [ ${#cuda_args[@]} -eq 0 ]; then asan_default+=:protect_shadow_gap=0; fi
 export ASAN_OPTIONS=${ASAN_OPTIONS:-$asan_default}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 

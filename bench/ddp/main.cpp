@@ -13,6 +13,7 @@
 //   bench_ddp [--quick] [--batch-size N] [--steps N]
 //   (bench_ddp --mpi-rank FILE [--mpi-once] ... is what it runs under mpirun for the mpi rows)
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +26,7 @@
 #include <string_view>
 #include <thread>
 #include <unistd.h>
+#include <utility>
 #include <vector>
 
 #if defined(PARTRAIN_WITH_CUDA)
@@ -62,6 +64,27 @@ using partrain::bench::dataset_batches;
 
 double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// f(0) and f(1) on two threads started together; their two results.
+template <class F>
+std::array<double, 2> on_two_threads(F f) {
+  std::array<double, 2> out{};
+  std::latch start(2);
+  {
+    std::jthread other([&] {
+      start.arrive_and_wait();
+      out[1] = f(1);
+    });
+    start.arrive_and_wait();
+    out[0] = f(0);
+  }
+  return out;
 }
 
 // The loop without partrain's policy: model.train_step + sgd.step. `between` (if set) runs after
@@ -199,40 +222,21 @@ double gemm_ms_per_step(std::size_t batch, const config& c, int rounds = 3) {
     for (std::size_t i = 0; i < c.steps; ++i) step();
     ms.push_back(1e3 * seconds_since(t0) / static_cast<double>(c.steps));
   }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return median(std::move(ms));
 }
 
 // The same GEMMs on two threads at once, each with its own buffers: what the two cores give when
 // both run GEMMs (shared caches, memory and clocks), the most two ranks here can reach. Returns
 // the samples/s of both together.
 double gemm_two_threads_sps(std::size_t batch, const config& c, int rounds = 3) {
-  double ms[2] = {0, 0};
-  std::latch start(2);
-  {
-    std::jthread other([&] {
-      start.arrive_and_wait();
-      ms[1] = gemm_ms_per_step(batch, c, rounds);
-    });
-    start.arrive_and_wait();
-    ms[0] = gemm_ms_per_step(batch, c, rounds);
-  }
+  const auto ms = on_two_threads([&](int) { return gemm_ms_per_step(batch, c, rounds); });
   return 1e3 * static_cast<double>(batch) / ms[0] + 1e3 * static_cast<double>(batch) / ms[1];
 }
 
 // The plain loop on two threads at once, each its own model and batches, nothing shared and no
 // communication: the most two ranks of this model can reach here. Samples/s of both together.
 double plain_two_threads_sps(const std::vector<batch>& a, const std::vector<batch>& b, const config& c) {
-  double sps[2] = {0, 0};
-  std::latch start(2);
-  {
-    std::jthread other([&] {
-      start.arrive_and_wait();
-      sps[1] = plain_loop(b, c);
-    });
-    start.arrive_and_wait();
-    sps[0] = plain_loop(a, c);
-  }
+  const auto sps = on_two_threads([&](int t) { return plain_loop(t == 0 ? a : b, c); });
   return sps[0] + sps[1];
 }
 
@@ -292,14 +296,7 @@ std::pair<double, double> ddp_cost_us(const config& c) {
       }
     });
   }
-  std::sort(ddp_us.begin(), ddp_us.end());
-  std::sort(ar_us.begin(), ar_us.end());
-  return {ddp_us[ddp_us.size() / 2], ar_us[ar_us.size() / 2]};
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  return {median(std::move(ddp_us)), median(std::move(ar_us))};
 }
 
 // Every rank of a 2-rank job, whatever its backend: overlap on (median of the repeats; traced
