@@ -18,8 +18,13 @@
 // world 4 / DDP's, deep MLP; FSDP holds its chunks plus two layers, so a model dominated by one
 // layer, as the other two, cannot go below that layer's share), fsdp_traffic_ratio and
 // fsdp_bf16_traffic_ratio (bytes per step at world 4 / DDP's, wide MLP; fsdp16 gathers and
-// reduces in bfloat16, fsdp_options' param_dtype and reduce_dtype).
+// reduces in bfloat16, fsdp_options' param_dtype and reduce_dtype), zero2_per_bucket_speedup
+// (ZeRO-2's samples/s with its default per-bucket partition, reduce_scatters in backward, over the
+// contiguous partition's, wide MLP at world 2: the median of alternated rounds) and
+// zero2_exposed_ms_per_bucket / _contiguous (ms per step rank 0 waited for reduce_scatters after
+// its backward, the same rounds' medians).
 //   bench_sharding [--quick] [--steps N] [--batch-size N]
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -73,15 +78,27 @@ struct synthetic_data {
   }
 };
 
-enum class mode { ddp, zero1, zero2, fsdp, fsdp16 };
+// zero2c: ZeRO-2 with zero_partition::contiguous (one range per rank, every reduce_scatter after
+// backward); zero1 and zero2 use the default, per bucket (each reduce_scatter in backward).
+enum class mode { ddp, zero1, zero2, zero2c, fsdp, fsdp16 };
 constexpr std::string_view name(mode m) {
-  return m == mode::ddp ? "ddp" : m == mode::zero1 ? "zero1" : m == mode::zero2 ? "zero2" : m == mode::fsdp ? "fsdp" : "fsdp16";
+  switch (m) {
+    case mode::ddp: return "ddp";
+    case mode::zero1: return "zero1";
+    case mode::zero2: return "zero2";
+    case mode::zero2c: return "zero2c";
+    case mode::fsdp: return "fsdp";
+    case mode::fsdp16: return "fsdp16";
+  }
+  return "?";
 }
 
 struct row {
   std::size_t params = 0, model_grads = 0, grad_bufs = 0, state = 0;
   std::uint64_t sent_per_step = 0;
   double samples_per_s = 0;
+  std::size_t buckets = 0, launched_in_backward = 0;  // ZeRO: reduce_scatters, and those launched in backward
+  double exposed_ms = 0;  // ZeRO: ms per step waiting for reduce_scatters after backward (rank 0)
 };
 
 row measure(const models::mlp_layout& layout, mode md, int world, const config& c, const synthetic_data& data) {
@@ -126,9 +143,13 @@ row measure(const models::mlp_layout& layout, mode md, int world, const config& 
       for (const auto& b : ddp.stats().buckets) mine.grad_bufs += b.bytes;
       mine.state = 2 * n * sizeof(float);  // AdamW's exp_avg and exp_avg_sq, whole
     } else {
+      const auto partition = md == mode::zero2c ? zero_partition::contiguous : zero_partition::per_bucket;
       sharded_data_parallel zero(model, g, opt_options,
-                                 {.stage = md == mode::zero1 ? 1 : 2, .bucket_cap_bytes = bucket_cap});
+                                 {.stage = md == mode::zero1 ? 1 : 2, .partition = partition, .bucket_cap_bytes = bucket_cap});
       timed([&](std::size_t s) { (void)zero.train_step(data.at(s, world, g.rank(), c.batch)); });
+      mine.buckets = zero.buckets();
+      mine.launched_in_backward = zero.buckets_launched_in_backward();
+      mine.exposed_ms = 1e3 * zero.exposed_reduce_seconds() / static_cast<double>(c.warmup + c.steps);
       const sharded_memory m = zero.memory();
       mine.params = m.parameter_bytes;
       mine.model_grads = m.model_gradient_bytes;
@@ -177,7 +198,7 @@ int main(int argc, char** argv) {
     models::mlp_layout layout;
     std::vector<mode> modes;
   };
-  const std::vector<mode> all_modes{mode::ddp, mode::zero1, mode::zero2, mode::fsdp, mode::fsdp16};
+  const std::vector<mode> all_modes{mode::ddp, mode::zero1, mode::zero2, mode::zero2c, mode::fsdp, mode::fsdp16};
   std::vector<std::size_t> deep(12, 512);  // 784, 512 x 11 (ten 512-512 layers), 10
   deep.front() = 784;
   deep.push_back(10);
@@ -215,8 +236,35 @@ int main(int argc, char** argv) {
       }
     }
   }
+  // Per bucket against contiguous, alternated so that both see the same machine: ZeRO-2 on the wide
+  // MLP at world 2; the ratio of each round's samples/s, and their median.
+  const std::size_t rounds = c.steps >= 10 ? 5 : 1;
+  const auto& wide = cases[1].layout;
+  std::vector<double> ratios;
+  std::printf("\nzero2, wide MLP, world 2: per bucket against contiguous, alternated\n");
+  std::printf("%5s %14s %14s %8s %14s %14s %12s\n", "round", "per bucket", "contiguous", "ratio", "exposed ms", "exposed ms",
+              "in backward");
+  std::printf("%5s %14s %14s %8s %14s %14s %12s\n", "", "samples/s", "samples/s", "", "per bucket", "contiguous",
+              "/ buckets");
+  std::vector<double> exposed_pb, exposed_c;
+  for (std::size_t k = 0; k < rounds; ++k) {
+    const row a = measure(wide, mode::zero2, 2, c, data);
+    const row b = measure(wide, mode::zero2c, 2, c, data);
+    ratios.push_back(a.samples_per_s / b.samples_per_s);
+    exposed_pb.push_back(a.exposed_ms);
+    exposed_c.push_back(b.exposed_ms);
+    std::printf("%5zu %14.0f %14.0f %8.3f %14.3f %14.3f %7zu / %zu\n", k + 1, a.samples_per_s, b.samples_per_s,
+                ratios.back(), a.exposed_ms, b.exposed_ms, a.launched_in_backward, a.buckets);
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double per_bucket_speedup = median(ratios);
   std::printf("summary: zero2_state_ratio=%.4f zero2_traffic_ratio=%.4f zero2_speed_ratio=%.3f fsdp_param_ratio=%.4f "
-              "fsdp_traffic_ratio=%.4f fsdp_bf16_traffic_ratio=%.4f\n",
-              state_ratio, traffic_ratio, speed_ratio, fsdp_param_ratio, fsdp_traffic, fsdp16_traffic);
+              "fsdp_traffic_ratio=%.4f fsdp_bf16_traffic_ratio=%.4f zero2_per_bucket_speedup=%.3f "
+              "zero2_exposed_ms_per_bucket=%.3f zero2_exposed_ms_contiguous=%.3f\n",
+              state_ratio, traffic_ratio, speed_ratio, fsdp_param_ratio, fsdp_traffic, fsdp16_traffic, per_bucket_speedup,
+              median(exposed_pb), median(exposed_c));
   return 0;
 }

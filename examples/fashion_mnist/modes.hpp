@@ -21,8 +21,9 @@ namespace example::fm {
 inline void train_zero(process_group& pg, const options& o, const datasets& data) {
   const auto compute = parse_precision(o.precision);
   models::mlp_host model({}, o.seed, compute);
-  sharded_data_parallel zero(model, pg, sgd_options{.lr = o.lr, .momentum = o.momentum},
-                             {.stage = o.parallel == "zero1" ? 1 : 2});
+  zero_options zopts{.stage = o.parallel == "zero1" ? 1 : 2, .overlap = o.overlap};
+  if (o.bucket_kb) zopts.bucket_cap_bytes = zopts.first_bucket_bytes = o.bucket_kb << 10;
+  sharded_data_parallel zero(model, pg, sgd_options{.lr = o.lr, .momentum = o.momentum}, zopts);
   grad_scaler scaler = mixed_precision_policy{.compute = compute}.make_scaler();
   trace_recorder trace = make_trace(o);
   zero_policy policy(zero, {.scaler = compute == precision::fp32 ? nullptr : &scaler, .trace = &trace});

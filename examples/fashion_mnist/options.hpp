@@ -47,8 +47,8 @@ struct options {
   std::size_t limit_train = 0;     // 0 = all 60,000
   std::size_t limit_test = 0;      // 0 = all 10,000
   std::size_t log_every = 200;     // steps between progress lines (rank 0)
-  bool overlap = true;             // DDP: start bucket all_reduces during backward
-  std::size_t bucket_kb = 0;       // DDP: bucket size limit in KiB (0: PyTorch's 1 MiB first, 25 MiB after)
+  bool overlap = true;             // DDP, ZeRO: start bucket all_reduces / reduce_scatters during backward
+  std::size_t bucket_kb = 0;       // DDP, ZeRO: bucket size limit in KiB (0: PyTorch's 1 MiB first, 25 MiB after)
   std::int64_t period = 8;          // local-sgd: average the parameters every N steps
   std::int64_t warmup_steps = 0;    // local-sgd: synchronous steps first
   int ranks_per_host = 0;           // local-sgd: hierarchical, hosts of N consecutive ranks (0: flat)
@@ -75,7 +75,7 @@ inline constexpr std::string_view usage_text =
     "  --seed N                  weights and shuffling (default 0)\n"
     "  --loop ranges|coroutine|plain  how the loop is written (same result)\n"
     "  --no-overlap              reduce gradients after backward instead of during it\n"
-    "  --bucket-kb N             DDP gradient buckets of at most N KiB (default: 1 MiB first, 25 MiB after)\n"
+    "  --bucket-kb N             DDP and ZeRO gradient buckets of at most N KiB (default: 1 MiB first, 25 MiB after)\n"
     "  --checkpoint DIR          save every epoch; resume from DIR when it holds a checkpoint\n"
     "  --metrics FILE            JSON lines: a step record (loss) every --log-every steps and an epoch\n"
     "                            record: epoch, step, train_loss, test_loss, test_accuracy, samples_per_s\n"

@@ -10960,7 +10960,11 @@ template <class P>
   if constexpr (requires { { p.name() } -> std::convertible_to<std::string>; }) {
     return std::string(p.name());
   } else {
-    return "#" + std::to_string(index);
+    // Appended, not "#" + to_string(): GCC 12 warns (-Wrestrict, a false positive) on the insert
+    // that operator+ inlines to.
+    std::string s = "#";
+    s += std::to_string(index);
+    return s;
   }
 }
 
@@ -14797,14 +14801,10 @@ class diloco {
 }  // namespace partrain::inline v0
 
 // #include <partrain/parallel/detail/zero_layout.hpp>
-// partrain/parallel/detail/zero_layout.hpp: where sharded data parallel's elements live. The flat
-// parameter space (every parameter concatenated in model order, N elements) is cut into n
-// contiguous shards, rank r owning [floor(r*N/n), floor((r+1)*N/n)); the shards differ by at most
-// one element. Communication runs over a padded, bucket-major space: each shard is padded to
-// L = ceil(N/n) and cut into windows of c elements; bucket k holds window k of every shard, rank
-// q's window as block q, so one reduce_scatter or all_gather per bucket moves equal blocks.
-// Padding elements are zero on the way in and dropped on the way out: they never reach a
-// parameter.
+// partrain/parallel/detail/zero_layout.hpp: where sharded data parallel's elements live: the
+// flat parameter space (every parameter concatenated in model order, N elements), the buckets
+// it is communicated in and each rank's blocks of them (see layout). Padding elements are zero
+// on the way in and dropped on the way out: they never reach a parameter.
 
 #include <algorithm>
 #include <cstddef>
@@ -14835,44 +14835,113 @@ struct flat_range {
   return {shard_begin(total, world, r), shard_begin(total, world, r + 1)};
 }
 
-// The shards and buckets of one model over one world.
+// The buckets of one model over one world, and each rank's blocks in them. Two partitions:
+//  - contiguous (layout(N, n, c)): rank r owns shard_of(N, n, r), padded to L = ceil(N/n) and cut
+//    into windows of c; bucket k holds window k of every shard. A rank's elements are one range,
+//    but the first layers' shard is final last in backward, so no reduce_scatter can start
+//    before backward ends.
+//  - per bucket (layout::per_bucket): the flat space is cut into buckets of whole parameters
+//    (DDP's, in backward order), and each bucket of M elements among the ranks, rank q owning
+//    shard_of(M, n, q) of it, padded to ceil(M/n). A bucket is reduced the moment its gradients
+//    are final; a rank's elements are one range per bucket.
+// Either way bucket k is n blocks of window_size(k) in the bucket-major space, rank q's block at
+// q * window_size(k), its real elements first and its padding after them.
 class layout {
  public:
   layout() = default;
-  // total: N; world: n; window: c, the elements of one rank's block in a bucket (>= 1).
-  layout(std::size_t total, std::size_t world, std::size_t window)
-      : total_(total), world_(world), padded_shard_((total + world - 1) / world),
-        window_(std::max<std::size_t>(window, 1)) {}
+  // Contiguous. total: N; world: n; window: c, the elements of one rank's block in a bucket (>= 1).
+  layout(std::size_t total, std::size_t world, std::size_t window) : total_(total), world_(world) {
+    const std::size_t shard = (total + world - 1) / world;
+    const std::size_t c = std::max<std::size_t>(window, 1);
+    for (std::size_t at = 0; at < shard; at += c) add_bucket({at, at}, std::min(c, shard - at));
+    finish();
+  }
+  // Per bucket: `buckets` are ranges of the flat space [0, total) in the order they are reduced,
+  // covering it once.
+  [[nodiscard]] static layout per_bucket(std::size_t total, std::size_t world, const std::vector<flat_range>& buckets) {
+    layout l;
+    l.total_ = total;
+    l.world_ = world;
+    l.per_bucket_ = true;
+    for (const auto& b : buckets) l.add_bucket(b, (b.size() + world - 1) / world);
+    l.finish();
+    return l;
+  }
 
   [[nodiscard]] constexpr std::size_t total() const noexcept { return total_; }
   [[nodiscard]] constexpr std::size_t world() const noexcept { return world_; }
-  [[nodiscard]] flat_range shard(std::size_t r) const noexcept { return shard_of(total_, world_, r); }
-  // L = ceil(N/n): every shard's padded length.
+  [[nodiscard]] constexpr bool is_per_bucket() const noexcept { return per_bucket_; }
+  // Every rank's padded share: the sum of the windows.
   [[nodiscard]] constexpr std::size_t padded_shard() const noexcept { return padded_shard_; }
-  // n*L: the padded flat space; padded() - total() elements are padding.
+  // n times that: the padded bucket-major space; padded() - total() elements are padding.
   [[nodiscard]] constexpr std::size_t padded() const noexcept { return padded_shard_ * world_; }
-  [[nodiscard]] constexpr std::size_t window() const noexcept { return window_; }
-  [[nodiscard]] constexpr std::size_t buckets() const noexcept { return (padded_shard_ + window_ - 1) / window_; }
-  // Bucket k's window within every shard: [k*c, min((k+1)*c, L)).
-  [[nodiscard]] constexpr std::size_t window_begin(std::size_t k) const noexcept { return k * window_; }
-  [[nodiscard]] constexpr std::size_t window_size(std::size_t k) const noexcept {
-    return std::min(window_, padded_shard_ - k * window_);
-  }
+  // The largest window: what one bucket slot per rank must hold.
+  [[nodiscard]] constexpr std::size_t window() const noexcept { return max_window_; }
+  [[nodiscard]] std::size_t buckets() const noexcept { return buckets_.size(); }
+  // Where bucket k's block lies in every rank's padded share, and its length.
+  [[nodiscard]] std::size_t window_begin(std::size_t k) const noexcept { return buckets_[k].window_begin; }
+  [[nodiscard]] std::size_t window_size(std::size_t k) const noexcept { return buckets_[k].window; }
   // Bucket k in the bucket-major padded space: n blocks of window_size(k), starting here.
-  [[nodiscard]] constexpr std::size_t bucket_offset(std::size_t k) const noexcept { return world_ * k * window_; }
+  [[nodiscard]] std::size_t bucket_offset(std::size_t k) const noexcept { return world_ * window_begin(k); }
   // The real (unpadded) part of rank q's block in bucket k, as a flat range.
   [[nodiscard]] flat_range real_block(std::size_t k, std::size_t q) const noexcept {
-    const auto s = shard(q);
-    const std::size_t from = std::min(s.begin + window_begin(k), s.end);
-    const std::size_t to = std::min(from + window_size(k), s.end);
-    return {from, to};
+    const auto& b = buckets_[k];
+    if (per_bucket_) {
+      const auto s = shard_of(b.span.size(), world_, q);
+      return {b.span.begin + s.begin, b.span.begin + s.end};
+    }
+    const auto s = shard_of(total_, world_, q);
+    const std::size_t from = std::min(s.begin + b.window_begin, s.end);
+    return {from, std::min(from + b.window, s.end)};
+  }
+  // The flat ranges rank q owns, ascending, adjacent ones merged (contiguous: one range).
+  [[nodiscard]] std::vector<flat_range> segments(std::size_t q) const {
+    std::vector<flat_range> out;
+    for (std::size_t k = 0; k < buckets(); ++k) {
+      if (const auto r = real_block(k, q); r.size()) out.push_back(r);
+    }
+    std::sort(out.begin(), out.end(), [](flat_range a, flat_range b) { return a.begin < b.begin; });
+    std::vector<flat_range> merged;
+    for (const auto& r : out) {
+      if (!merged.empty() && merged.back().end == r.begin) {
+        merged.back().end = r.end;
+      } else {
+        merged.push_back(r);
+      }
+    }
+    return merged;
+  }
+  // Where rank q's real elements of bucket k start among its elements laid end to end in flat
+  // order (the order of segments(q), of the shard's optimizer state and of its checkpoint).
+  [[nodiscard]] std::size_t element_offset(std::size_t k, std::size_t q) const noexcept {
+    const auto mine = real_block(k, q);
+    std::size_t at = 0;
+    for (std::size_t j = 0; j < buckets(); ++j) {
+      if (const auto r = real_block(j, q); r.begin < mine.begin) at += r.size();
+    }
+    return at;
   }
 
  private:
+  struct bucket {
+    flat_range span;  // per bucket: the flat range it covers (contiguous: unused)
+    std::size_t window = 0;
+    std::size_t window_begin = 0;
+  };
+  void add_bucket(flat_range span, std::size_t window) {
+    buckets_.push_back({span, window, padded_shard_});
+    padded_shard_ += window;
+  }
+  void finish() {
+    for (const auto& b : buckets_) max_window_ = std::max(max_window_, b.window);
+  }
+
   std::size_t total_ = 0;
   std::size_t world_ = 1;
+  bool per_bucket_ = false;
+  std::vector<bucket> buckets_;
   std::size_t padded_shard_ = 0;
-  std::size_t window_ = 1;
+  std::size_t max_window_ = 0;
 };
 
 // The model's tensors (values or gradients) seen as one flat space, without copying them.
@@ -18569,13 +18638,14 @@ class streaming_diloco {
 // #include <partrain/parallel/zero.hpp>
 // partrain/parallel/zero.hpp: sharded data parallel, ZeRO stages 1 and 2 (DeepSpeed's ZeRO-1/2,
 // PyTorch's ZeroRedundancyOptimizer without its extra broadcast). Every rank trains the whole
-// model on its batch, as under DDP; the flat parameter space is cut into contiguous shards, one
-// per rank (they need not divide evenly); gradients are averaged with a reduce_scatter bucket by
-// bucket, so each rank receives only its shard's; each rank keeps the optimizer state of its
-// shard only and steps its shard; the updated shards are all_gathered. That moves what one
-// all_reduce moves (reduce_scatter + all_gather), i.e. DDP's traffic, plus at most n-1 padding
-// elements. The whole step, optimizer included, is train_step (as data_parallel's); no_sync
-// accumulates, global-norm clipping spans the shards, join() handles uneven inputs.
+// model on its batch, as under DDP; the flat parameter space is cut among the ranks (by default
+// each of DDP's buckets among all of them, so a bucket's reduce_scatter starts in backward the
+// moment its gradients are final); gradients are averaged with a reduce_scatter bucket by
+// bucket, so each rank receives only its own elements'; each rank keeps the optimizer state of
+// its elements only and steps them; the updated elements are all_gathered. That moves what one
+// all_reduce moves (reduce_scatter + all_gather), i.e. DDP's traffic, plus under n padding
+// elements per bucket. The whole step, optimizer included, is train_step (as data_parallel's);
+// no_sync accumulates, global-norm clipping spans the shards, join() handles uneven inputs.
 //
 //   sharded_data_parallel zero(model, group, adamw_options{.lr = 1e-3}, {.stage = 2});
 //   for (auto& b : batches) zero.train_step(b);
@@ -18584,7 +18654,9 @@ class streaming_diloco {
 // (the model owns them), so ZeRO-1/2 save optimizer state (and, stage 2, gradient buffers), not
 // parameter memory; see docs/sharding.md.
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -18618,17 +18690,33 @@ class streaming_diloco {
 
 namespace partrain::inline v0 {
 
+// How the flat parameter space is cut among the ranks (docs/sharding.md).
+enum class zero_partition {
+  // The flat space, walked backwards, cut into buckets (first_bucket_bytes, then
+  // bucket_cap_bytes) and each bucket among all ranks: a bucket's reduce_scatter starts in
+  // backward the moment the gradients it holds are final (for a model whose train_step reports
+  // them, notifies_grad_ready). Each rank owns one range per bucket.
+  per_bucket,
+  // One contiguous range per rank; the reduce_scatters start after backward, since the shard of
+  // the first layers is final last.
+  contiguous,
+};
+
 struct zero_options {
   // 1: optimizer state sharded; the gradients are kept whole (bucket-major) between backward and
   // the reduce_scatter. 2: gradients sharded too; only the reduced shard and two bucket slots are
   // kept (a whole copy only while no_sync accumulates, as FSDP's no_sync).
   int stage = 2;
+  zero_partition partition = zero_partition::per_bucket;
   // All ranks' blocks of one bucket together (PyTorch's bucket_cap_mb = 25).
   std::size_t bucket_cap_bytes = std::size_t{25} << 20;
-  // Step each bucket's slice of the shard and launch its all_gather as soon as its reduce_scatter
-  // landed, while later buckets still reduce. (The reduce_scatters start after backward: a
-  // contiguous shard of the first layers is final last, see docs/sharding.md.) Clipping needs
-  // the global norm first, so it waits for every bucket either way.
+  // per_bucket: the first bucket's (the last elements, final first in backward), small so that
+  // communication starts early (as ddp_options::first_bucket_bytes).
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;
+  // per_bucket: launch each bucket's reduce_scatter in backward once its gradients are final
+  // (for a model whose train_step reports them). Both partitions: step each bucket's elements
+  // and launch its all_gather as soon as its reduce_scatter landed, while later buckets still
+  // reduce. Clipping needs the global norm first, so it waits for every bucket either way.
   bool overlap = true;
   // Copy rank 0's parameter values to every rank at construction.
   bool broadcast_parameters = true;
@@ -18653,7 +18741,7 @@ struct sharded_memory {
   std::size_t optimizer_state_bytes = 0;  // this rank's shard of momentum / Adam moments
   std::size_t communication_bytes = 0;    // all_gather slots
   std::size_t shard_elements = 0;         // this rank's shard
-  std::size_t padding_elements = 0;       // n * ceil(N/n) - N: communicated, never stored in a parameter
+  std::size_t padding_elements = 0;       // communicated to round each bucket up to n equal blocks, never stored in a parameter
 };
 
 template <model M, communicator C = process_group>
@@ -18675,7 +18763,15 @@ class sharded_data_parallel {
       throw invalid_argument_error(where() + "zero_options::stage must be 1 or 2, got " + std::to_string(opts_.stage) +
                                    " (stage 3, sharded parameters, is not in this release)");
     }
-    if (opts_.bucket_cap_bytes == 0) throw invalid_argument_error(where() + "zero_options::bucket_cap_bytes must be > 0");
+    if (opts_.bucket_cap_bytes == 0 || opts_.first_bucket_bytes == 0) {
+      throw invalid_argument_error(where() + "zero_options::bucket_cap_bytes and first_bucket_bytes must be > 0 (got " +
+                                   std::to_string(opts_.bucket_cap_bytes) + " and " +
+                                   std::to_string(opts_.first_bucket_bytes) + ")");
+    }
+    if (opts_.partition != zero_partition::per_bucket && opts_.partition != zero_partition::contiguous) {
+      throw invalid_argument_error(where() + "zero_options::partition must be per_bucket or contiguous, got " +
+                                   std::to_string(static_cast<int>(opts_.partition)));
+    }
     if (!(opts_.max_grad_norm >= 0) || !std::isfinite(opts_.max_grad_norm)) {
       throw invalid_argument_error(where() + "zero_options::max_grad_norm must be a finite number >= 0 (0: no clipping), got " +
                                    std::to_string(opts_.max_grad_norm));
@@ -18683,10 +18779,8 @@ class sharded_data_parallel {
     collect_views();
     verify_parameters();
     if (opts_.broadcast_parameters) broadcast_parameters();
-    const std::size_t window = opts_.bucket_cap_bytes / sizeof(T) / world_;
-    layout_ = detail::zero::layout(values_.total(), world_, window);
-    shard_ = layout_.shard(rank_);
-    optimizer_.emplace(optimizer, shard_.size());
+    make_layout();
+    optimizer_.emplace(optimizer, shard_elements_);
     shard_grad_.assign(layout_.padded_shard(), T(0));
     // Two buckets in flight need two slots; a model that fits one bucket needs one.
     const std::size_t slot = std::min(layout_.window(), layout_.padded_shard());
@@ -18716,26 +18810,26 @@ class sharded_data_parallel {
       detail::zero::check_active_ranks(flag, where());
       if (!opts_.divide_by_initial_world_size) ranks_ = static_cast<double>(flag[0]);
     }
+    if (require_sync_) {
+      try {
+        const double loss = synchronizing_step(batch);
+        accumulated_ = 0;
+        if (opts_.stage == 2) std::vector<T>().swap(whole_);
+        ++steps_;
+        return loss;
+      } catch (...) {
+        drain();
+        accumulated_ = 0;
+        throw;
+      }
+    }
     const double loss = model_->train_step(batch);
     collect_views();
-    if (!require_sync_) {
-      if (whole_.empty()) whole_.assign(layout_.padded(), T(0));
-      for (std::size_t k = 0; k < layout_.buckets(); ++k) {
-        detail::zero::pack_bucket(layout_, k, grads_, whole_.data() + layout_.bucket_offset(k), accumulated_ > 0);
-      }
-      ++accumulated_;
-      return loss;
+    if (whole_.empty()) whole_.assign(layout_.padded(), T(0));
+    for (std::size_t k = 0; k < layout_.buckets(); ++k) {
+      detail::zero::pack_bucket(layout_, k, grads_, whole_.data() + layout_.bucket_offset(k), accumulated_ > 0);
     }
-    try {
-      reduce_step_gather();
-    } catch (...) {
-      drain();
-      accumulated_ = 0;
-      throw;
-    }
-    accumulated_ = 0;
-    if (opts_.stage == 2) std::vector<T>().swap(whole_);
-    ++steps_;
+    ++accumulated_;
     return loss;
   }
 
@@ -18814,10 +18908,18 @@ class sharded_data_parallel {
   [[nodiscard]] M& module() noexcept { return *model_; }
   [[nodiscard]] C& comm() noexcept { return *comm_; }
   [[nodiscard]] const zero_options& options() const noexcept { return opts_; }
-  // This rank's shard of the flat parameter space, and the whole space's size.
-  [[nodiscard]] detail::zero::flat_range shard() const noexcept { return shard_; }
+  // The ranges of the flat parameter space rank r owns (ascending), this rank's element count,
+  // and the whole space's size.
+  [[nodiscard]] std::vector<detail::zero::flat_range> flat_segments(std::size_t r) const { return layout_.segments(r); }
+  [[nodiscard]] std::size_t shard_elements() const noexcept { return shard_elements_; }
   [[nodiscard]] std::size_t total_elements() const noexcept { return layout_.total(); }
   [[nodiscard]] std::size_t buckets() const noexcept { return layout_.buckets(); }
+  // Buckets whose reduce_scatter the last synchronizing step launched inside the model's backward.
+  [[nodiscard]] std::size_t buckets_launched_in_backward() const noexcept { return launched_in_backward_; }
+  // Seconds spent launching reduce_scatters (copy, divide, launch) and waiting for them once the
+  // last gradient was final (the model's last report, or its train_step's return), summed over
+  // all steps: the gradient communication backward did not hide.
+  [[nodiscard]] double exposed_reduce_seconds() const noexcept { return exposed_reduce_s_; }
 
   [[nodiscard]] sharded_memory memory() const noexcept {
     const auto bytes = [](const auto& v) { return v.size() * sizeof(T); };
@@ -18827,7 +18929,7 @@ class sharded_data_parallel {
     r.gradient_bytes = bytes(shard_grad_) + bytes(whole_) + bytes(scatter_[0]) + bytes(scatter_[1]);
     r.optimizer_state_bytes = optimizer_->state_bytes();
     r.communication_bytes = bytes(gather_[0]) + bytes(gather_[1]) + bytes(send_[0]) + bytes(send_[1]);
-    r.shard_elements = shard_.size();
+    r.shard_elements = shard_elements_;
     r.padding_elements = layout_.padded() - layout_.total();
     return r;
   }
@@ -18841,6 +18943,111 @@ class sharded_data_parallel {
 
  private:
   [[nodiscard]] std::string where() const { return "rank " + std::to_string(rank_) + " sharded_data_parallel: "; }
+
+  // Per bucket: the flat space walked backwards (the order backward finishes gradients in) and
+  // cut into ranges of first_bucket_bytes, then bucket_cap_bytes; a range may cut through a
+  // parameter, so one bucket slot never exceeds the cap. A bucket is final once every parameter
+  // it touches is.
+  void make_layout() {
+    const std::size_t total = values_.total();
+    if (opts_.partition == zero_partition::contiguous) {
+      layout_ = detail::zero::layout(total, world_, opts_.bucket_cap_bytes / sizeof(T) / world_);
+    } else {
+      const std::size_t first = std::max<std::size_t>(opts_.first_bucket_bytes / sizeof(T), 1);
+      const std::size_t cap = std::max<std::size_t>(opts_.bucket_cap_bytes / sizeof(T), 1);
+      std::vector<detail::zero::flat_range> spans;
+      for (std::size_t end = total; end > 0;) {
+        const std::size_t len = std::min(end, spans.empty() ? first : cap);
+        spans.push_back({end - len, end});
+        end -= len;
+      }
+      layout_ = detail::zero::layout::per_bucket(total, world_, spans);
+      // Each parameter's buckets: a run of consecutive ones (spans descend); none when empty.
+      param_buckets_.clear();
+      pending_start_.assign(spans.size(), 0);
+      std::size_t at = 0;
+      for (auto&& p : model_->parameters()) {
+        const std::size_t n = p.value().size();
+        std::pair<std::size_t, std::size_t> ks{0, 0};
+        if (n > 0) {
+          // Buckets holding the parameter's last and first elements.
+          const auto holding = [&](std::size_t e) {
+            return static_cast<std::size_t>(std::find_if(spans.begin(), spans.end(), [&](const auto& r) { return r.begin <= e; }) -
+                                            spans.begin());
+          };
+          ks = {holding(at + n - 1), holding(at) + 1};
+          for (std::size_t k = ks.first; k < ks.second; ++k) ++pending_start_[k];
+        }
+        param_buckets_.push_back(ks);
+        at += n;
+      }
+    }
+    shard_elements_ = 0;
+    element_at_.clear();
+    for (std::size_t k = 0; k < layout_.buckets(); ++k) {
+      element_at_.push_back(layout_.element_offset(k, rank_));
+      shard_elements_ += layout_.real_block(k, rank_).size();
+    }
+  }
+
+  // Forward, backward and the bucket's reduce_scatters (in backward where the model reports
+  // final gradients and the partition allows), then the step and the all_gathers.
+  template <class B>
+  double synchronizing_step(const B& batch) {
+    double loss = 0;
+    if constexpr (notifies_grad_ready<M, B>) {
+      if (opts_.overlap && layout_.is_per_bucket()) {
+        collect_views();  // the views the buckets are packed from while backward runs
+        begin_reduction();
+        pending_ = pending_start_;
+        param_ready_.assign(param_buckets_.size(), 0);
+        reported_ = 0;
+        const grad_ready_fn ready = [this](std::size_t i) { mark_ready(i); };
+        loss = model_->train_step(batch, ready);
+        launched_in_backward_ = launched_;
+        collect_views();
+        exposed([&] { launch_from(launched_); });
+        finish_reduction();
+        return loss;
+      }
+    }
+    loss = model_->train_step(batch);
+    collect_views();
+    launched_in_backward_ = 0;
+    reduce_step_gather();
+    return loss;
+  }
+
+  void mark_ready(std::size_t i) {
+    if (i >= param_ready_.size()) {
+      throw invalid_argument_error(where() + "grad-ready notification for parameter index " + std::to_string(i) +
+                                   ", but the model has " + std::to_string(param_ready_.size()) + " parameters");
+    }
+    if (param_ready_[i]) {
+      throw invalid_argument_error(where() + "grad-ready notification for parameter " + std::to_string(i) +
+                                   " came twice in one step (each gradient must be reported once, when final)");
+    }
+    param_ready_[i] = 1;
+    for (std::size_t k = param_buckets_[i].first; k < param_buckets_[i].second; ++k) --pending_[k];
+    // Buckets launch in order on every rank, whatever order their gradients became final in.
+    const auto launch = [&] {
+      while (launched_ < layout_.buckets() && pending_[launched_] == 0) launch_bucket(launched_++);
+    };
+    // After the last gradient nothing is left to hide the buckets it completes behind.
+    if (++reported_ == param_ready_.size()) {
+      exposed(launch);
+    } else {
+      launch();
+    }
+  }
+
+  // Runs f, counting its time as communication backward did not hide.
+  template <class F>
+  void exposed(F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    exposed_reduce_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
 
   void collect_views() {
     std::vector<tensor_view<T>> values, grads;
@@ -18908,44 +19115,62 @@ class sharded_data_parallel {
 
   // The reduce_scatters, the shard's step and the all_gathers of one synchronizing step.
   void reduce_step_gather() {
+    begin_reduction();
+    exposed([&] { launch_from(0); });
+    finish_reduction();
+  }
+
+  void begin_reduction() {
     const std::size_t nb = layout_.buckets();
     rs_.assign(nb, std::nullopt);
     ag_.assign(nb, std::nullopt);
-    const T divisor = static_cast<T>(ranks_ * (opts_.average_accumulated ? static_cast<double>(accumulated_ + 1) : 1.0));
-    const bool from_whole = !whole_.empty();  // stage 1, or stage 2 after no_sync micro-steps
-    if (from_whole) {
-      for (std::size_t k = 0; k < nb; ++k) {
-        detail::zero::pack_bucket(layout_, k, grads_, whole_.data() + layout_.bucket_offset(k), accumulated_ > 0);
-      }
+    launched_ = 0;
+    divisor_ = static_cast<T>(ranks_ * (opts_.average_accumulated ? static_cast<double>(accumulated_ + 1) : 1.0));
+  }
+
+  void launch_from(std::size_t first) {
+    for (std::size_t k = first; k < layout_.buckets(); ++k) launch_bucket(k);
+    launched_ = layout_.buckets();
+  }
+
+  // Bucket k packed (added to what no_sync accumulated, if anything), divided and reduce_scattered.
+  void launch_bucket(std::size_t k) {
+    const std::size_t w = layout_.window_size(k);
+    T* in = nullptr;
+    if (!whole_.empty()) {  // stage 1, or stage 2 after no_sync micro-steps
+      in = whole_.data() + layout_.bucket_offset(k);
+      detail::zero::pack_bucket(layout_, k, grads_, in, accumulated_ > 0);
+    } else {
+      if (k >= 2) wait_reduce(k - 2);  // its slot is free again
+      in = scatter_[k % 2].data();
+      detail::zero::pack_bucket(layout_, k, grads_, in, false);
     }
-    for (std::size_t k = 0; k < nb; ++k) {
-      const std::size_t w = layout_.window_size(k);
-      T* in = nullptr;
-      if (from_whole) {
-        in = whole_.data() + layout_.bucket_offset(k);
-      } else {
-        if (k >= 2) wait_bucket(rs_[k - 2], "gradient reduce_scatter", k - 2);  // its slot is free again
-        in = scatter_[k % 2].data();
-        detail::zero::pack_bucket(layout_, k, grads_, in, false);
-      }
-      // Divided before the reduction, as DDP's hooks do (keeps the sum in range).
-      if (divisor != T(1)) detail::for_each_index(detail::host_exec{}, world_ * w, detail::ddp::divide_fn<T>{in, divisor});
-      rs_[k] = comm_->reduce_scatter(tensor_view<const T>(in, world_ * w),
-                                     tensor_view<T>(shard_grad_.data() + layout_.window_begin(k), w), reduce_op::sum);
-    }
+    // Divided before the reduction, as DDP's hooks do (keeps the sum in range).
+    if (divisor_ != T(1)) detail::for_each_index(detail::host_exec{}, world_ * w, detail::ddp::divide_fn<T>{in, divisor_});
+    rs_[k] = comm_->reduce_scatter(tensor_view<const T>(in, world_ * w),
+                                   tensor_view<T>(shard_grad_.data() + layout_.window_begin(k), w), reduce_op::sum);
+  }
+
+  // After every reduce_scatter is launched: the hook, clipping, each bucket's step and all_gather.
+  void finish_reduction() {
+    const std::size_t nb = layout_.buckets();
     last_norm_ = std::nan("");
     skipped_ = false;
     if (opts_.max_grad_norm > 0 || !opts_.overlap || hook_) {
-      for (std::size_t k = 0; k < nb; ++k) wait_bucket(rs_[k], "gradient reduce_scatter", k);
+      exposed([&] {
+        for (std::size_t k = 0; k < nb; ++k) wait_reduce(k);
+      });
     }
-    if (hook_ && !hook_(tensor_view<T>(shard_grad_.data(), shard_.size()))) {
+    // The padded share: its padding elements are zero, so a norm or an overflow check over
+    // them is the real elements'.
+    if (hook_ && !hook_(tensor_view<T>(shard_grad_.data(), shard_grad_.size()))) {
       skipped_ = true;  // the parameters stay as they are on every rank: nothing to gather
       return;
     }
     if (opts_.max_grad_norm > 0) clip_shard();
     optimizer_->begin_step();
     for (std::size_t k = 0; k < nb; ++k) {
-      wait_bucket(rs_[k], "gradient reduce_scatter", k);
+      exposed([&] { wait_reduce(k); });
       step_bucket(k);
       if (k >= 2) finish_gather(k - 2);
       const std::size_t w = layout_.window_size(k);
@@ -18966,7 +19191,7 @@ class sharded_data_parallel {
       [[nodiscard]] tensor_view<T> value() const { return g; }
       [[nodiscard]] tensor_view<T> grad() const { return g; }
     };
-    const std::array<shard_param, 1> mine{shard_param{tensor_view<T>(shard_grad_.data(), shard_.size())}};
+    const std::array<shard_param, 1> mine{shard_param{tensor_view<T>(shard_grad_.data(), shard_grad_.size())}};
     std::array<double, 1> sum{detail::optim::grad_sum_squares(mine)};
     wait_named(comm_->all_reduce(tensor_view<double>(sum.data(), 1), reduce_op::sum), "gradient-norm all_reduce");
     last_norm_ = std::sqrt(sum[0]);
@@ -18976,11 +19201,14 @@ class sharded_data_parallel {
   // The optimizer on this rank's real elements of bucket k (they may span several parameters).
   void step_bucket(std::size_t k) {
     const auto mine = layout_.real_block(k, rank_);
-    const std::size_t at = mine.begin - shard_.begin;
+    const T* g = shard_grad_.data() + layout_.window_begin(k);
+    const std::size_t at = element_at_[k];
     values_.for_each_piece(mine, [&](T* v, std::size_t off, std::size_t len) {
-      optimizer_->update(v, shard_grad_.data() + at + off, at + off, len);
+      optimizer_->update(v, g + off, at + off, len);
     });
   }
+
+  void wait_reduce(std::size_t k) { wait_bucket(rs_[k], "gradient reduce_scatter", k); }
 
   void finish_gather(std::size_t k) {
     if (!ag_[k]) return;
@@ -19036,9 +19264,19 @@ class sharded_data_parallel {
   std::size_t rank_, world_;
   detail::zero::flat_views<T> values_, grads_;
   detail::zero::layout layout_;
-  detail::zero::flat_range shard_;
+  std::size_t shard_elements_ = 0;
+  std::vector<std::size_t> element_at_;    // bucket k's elements of this rank start here in its optimizer state
+  std::vector<std::pair<std::size_t, std::size_t>> param_buckets_;  // per bucket: each parameter's buckets [first, last)
+  std::vector<std::size_t> pending_start_; // per bucket: the parameters each bucket touches
+  std::vector<std::size_t> pending_;       // in backward: those it still waits for
+  std::vector<char> param_ready_;
+  std::size_t launched_ = 0;               // buckets whose reduce_scatter is launched, in order
+  std::size_t launched_in_backward_ = 0;
+  std::size_t reported_ = 0;               // in backward: gradients reported final so far
+  double exposed_reduce_s_ = 0;
+  T divisor_ = T(1);
   std::optional<detail::zero::shard_optimizer<T>> optimizer_;
-  std::vector<T> shard_grad_;              // the reduced gradient of this shard (padded to L)
+  std::vector<T> shard_grad_;              // the reduced gradient of this rank's blocks (padded, bucket order)
   std::vector<T> whole_;                   // bucket-major gradients: stage 1, or accumulation
   std::array<std::vector<T>, 2> scatter_;  // stage 2: the reduce_scatter inputs, two buckets in flight
   std::array<std::vector<T>, 2> gather_;   // all_gather outputs, two buckets in flight
@@ -21309,10 +21547,7 @@ template <class Fsdp>
 }
 
 template <class S>
-concept fully_sharded = requires(S& s, std::size_t r) {
-  s.flat_segments(r);
-  s.shard_values();
-};
+concept fully_sharded = requires(S& s) { s.shard_values(); };
 
 }  // namespace detail::zero_ckpt
 
@@ -21329,14 +21564,16 @@ void save_sharded_checkpoint(Sharded& z, const std::filesystem::path& index, con
   } else {
     auto& m = z.module();
     using T = model_element_t<std::remove_cvref_t<decltype(m)>>;
-    const auto shard = z.shard();
-    ck::shard_content<T> c{ck::param_entries(m), {shard}, std::vector<T>(shard.size()), z.optimizer_state()};
-    ck::value_views(m).read(shard, c.values.data(), false);
-    const auto total = z.total_elements();
-    const auto world = static_cast<std::size_t>(g.size());
-    ck::save(g, index, extra, c, [&](int q) {
-      return std::vector<ck::flat_range>{detail::zero::shard_of(total, world, static_cast<std::size_t>(q))};
-    });
+    auto segments = z.flat_segments(static_cast<std::size_t>(g.rank()));
+    ck::shard_content<T> c{ck::param_entries(m), segments, std::vector<T>(ck::elements_of(segments)),
+                           z.optimizer_state()};
+    const auto views = ck::value_views(m);
+    std::size_t at = 0;
+    for (const auto& seg : segments) {
+      views.read(seg, c.values.data() + at, false);
+      at += seg.size();
+    }
+    ck::save(g, index, extra, c, [&](int q) { return z.flat_segments(static_cast<std::size_t>(q)); });
   }
 }
 
@@ -21360,7 +21597,7 @@ checkpoint_extra load_sharded_checkpoint(Sharded& z, const std::filesystem::path
     using T = model_element_t<std::remove_cvref_t<decltype(m)>>;
     const std::vector<ck::flat_range> all{{0, z.total_elements()}};
     auto got = ck::read_together<T>(g, index, ck::param_entries(m), z.optimizer_kind(), all,
-                                    std::vector<ck::flat_range>{z.shard()});
+                                    z.flat_segments(static_cast<std::size_t>(g.rank())));
     z.load_optimizer_state(got.state, source);
     ck::value_views(m).write({0, got.values.size()}, got.values.data());
     return got.index.extra;

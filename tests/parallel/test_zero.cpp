@@ -62,6 +62,8 @@ struct rank_result {
   std::size_t state_bytes = 0;
   std::vector<double> norms;
   sharded_memory mem{};
+  std::size_t buckets = 0;
+  std::size_t launched_in_backward = 0;  // of the last step
 };
 
 toy_mlp<float> make_model(int rank, shape3 s) { return toy_mlp<float>(7 + static_cast<std::uint64_t>(rank), s.in, s.hidden, s.out); }
@@ -123,6 +125,8 @@ std::vector<rank_result> zero_run(int world, const run_config& c, zero_options o
     r.bytes_per_step = g.traffic().bytes_sent / steps;
     r.mem = zero.memory();
     r.state_bytes = r.mem.optimizer_state_bytes;
+    r.buckets = zero.buckets();
+    r.launched_in_backward = zero.buckets_launched_in_backward();
     r.values = m.flat_values();
   });
   return out;
@@ -136,15 +140,24 @@ void check_close(const std::vector<float>& got, const std::vector<float>& want, 
   }
 }
 
-// Every rank of the ZeRO run holds the same bytes, and they equal DDP's within float tolerance.
+// Every rank of the ZeRO run holds the same bytes, and they equal DDP's within float tolerance,
+// for both partitions (per bucket with the first bucket as small as the others, so that a small
+// cap gives several buckets, each launched in backward when overlap is on).
 void check_equivalent(int world, const run_config& c, zero_options o) {
   const auto want = ddp_run(world, c);
-  const auto got = zero_run(world, c, o);
-  for (const auto& r : got) CHECK(r.values == got[0].values);
-  check_close(got[0].values, want[0].values);
-  if (c.max_norm > 0) {
-    REQUIRE(got[0].norms.size() == want[0].norms.size());
-    for (std::size_t s = 0; s < got[0].norms.size(); ++s) CHECK(got[0].norms[s] == Approx(want[0].norms[s]).epsilon(1e-5));
+  for (const auto partition : {zero_partition::contiguous, zero_partition::per_bucket}) {
+    CAPTURE(static_cast<int>(partition));
+    o.partition = partition;
+    o.first_bucket_bytes = std::min(o.first_bucket_bytes, o.bucket_cap_bytes);
+    const auto got = zero_run(world, c, o);
+    for (const auto& r : got) CHECK(r.values == got[0].values);
+    check_close(got[0].values, want[0].values);
+    if (c.max_norm > 0) {
+      REQUIRE(got[0].norms.size() == want[0].norms.size());
+      for (std::size_t s = 0; s < got[0].norms.size(); ++s) CHECK(got[0].norms[s] == Approx(want[0].norms[s]).epsilon(1e-5));
+    }
+    const bool in_backward = partition == zero_partition::per_bucket && o.overlap;
+    CHECK(got[0].launched_in_backward == (in_backward ? got[0].buckets : 0));
   }
 }
 
@@ -249,31 +262,117 @@ TEST_CASE("zero: no_sync accumulation equals DDP's", "[parallel][zero][no_sync]"
   }
 }
 
-TEST_CASE("zero: each rank holds about 1/n of DDP's optimizer state", "[parallel][zero][memory]") {
-  for (int world = 1; world <= 4; ++world) {
-    for (const run_config& c : {run_config{.opt = sgd_momentum}, run_config{.opt = adamw_default}}) {
-      CAPTURE(world);
-      const auto ddp = ddp_run(world, c);
-      const auto z2 = zero_run(world, c, {.stage = 2, .bucket_cap_bytes = 32});
-      const auto z1 = zero_run(world, c, {.stage = 1, .bucket_cap_bytes = 32});
-      const std::size_t n = ddp[0].values.size();
-      const std::size_t per_elem = ddp[0].state_bytes / n;  // 4 (momentum) or 8 (two moments)
-      std::size_t sum = 0;
-      for (int r = 0; r < world; ++r) {
-        const auto& m = z2[static_cast<std::size_t>(r)];
-        const std::size_t shard = zl::shard_of(n, static_cast<std::size_t>(world), static_cast<std::size_t>(r)).size();
-        CHECK(m.mem.shard_elements == shard);
-        CHECK(m.state_bytes == shard * per_elem);
-        // At most ceil(N/n) elements' worth: 1/n of DDP's, rounded up to one element.
-        CHECK(m.state_bytes <= (n + static_cast<std::size_t>(world) - 1) / static_cast<std::size_t>(world) * per_elem);
-        CHECK(z1[static_cast<std::size_t>(r)].state_bytes == m.state_bytes);
-        sum += m.state_bytes;
+namespace {
+
+// toy_mlp that records, after each gradient it reports final, how many collectives its group
+// issued since its step began.
+struct probe_mlp : toy_mlp<float> {
+  using toy_mlp<float>::toy_mlp;
+  process_group* group = nullptr;
+  std::vector<std::uint64_t> calls;
+  double train_step(const toy_batch<float>& b) { return toy_mlp<float>::train_step(b); }
+  double train_step(const toy_batch<float>& b, const grad_ready_fn& ready) {
+    const auto start = group->traffic().calls;
+    calls.clear();
+    return toy_mlp<float>::train_step(b, [&](std::size_t i) {
+      ready(i);
+      calls.push_back(group->traffic().calls - start);
+    });
+  }
+};
+
+}  // namespace
+
+TEST_CASE("zero: per bucket, a bucket's reduce_scatter starts in backward once its gradients are final",
+          "[parallel][zero][overlap]") {
+  // toy_mlp's flat space: fc1.weight [0, 30), fc1.bias [30, 35), fc2.weight [35, 50), fc2.bias
+  // [50, 53). A first bucket of 3 elements, then 15: [50, 53) = fc2.bias, [35, 50) = fc2.weight,
+  // [20, 35) (fc1's), [5, 20) and [0, 5) (fc1.weight). toy_mlp reports fc2.bias, fc2.weight,
+  // fc1.bias, fc1.weight, the output layer's before the hidden layer's backward runs.
+  for (const auto partition : {zero_partition::per_bucket, zero_partition::contiguous}) {
+    for (int stage : {1, 2}) {
+      CAPTURE(static_cast<int>(partition), stage);
+      std::vector<std::vector<std::uint64_t>> calls(2);
+      std::vector<std::vector<float>> values(2);
+      std::vector<double> exposed(2);
+      run_local(2, [&](local_group& g) {
+        probe_mlp m(7 + static_cast<std::uint64_t>(g.rank()));
+        m.group = &g;
+        sharded_data_parallel zero(m, g, sgd_momentum,
+                                   {.stage = stage, .partition = partition, .bucket_cap_bytes = 60,
+                                    .first_bucket_bytes = 12});
+        for (int s = 0; s < 3; ++s) zero.train_step(rank_batch(s, 2, g.rank(), odd_shape));
+        exposed[static_cast<std::size_t>(g.rank())] = zero.exposed_reduce_seconds();
+        calls[static_cast<std::size_t>(g.rank())] = m.calls;
+        values[static_cast<std::size_t>(g.rank())] = m.flat_values();
+      });
+      CHECK(values[0] == values[1]);
+      CHECK(exposed[0] > 0);  // the last buckets' launches at least
+      if (partition == zero_partition::per_bucket) {
+        // fc2's two buckets are on their way while fc1's backward runs; fc1's three wait for
+        // fc1.weight.
+        CHECK(calls[0] == std::vector<std::uint64_t>{1, 2, 2, 5});
+      } else {
+        CHECK(calls[0].empty());  // the model's plain train_step: every reduce_scatter after backward
       }
-      CHECK(sum == ddp[0].state_bytes);  // the shards' state together is DDP's, once
-      CHECK(z2[0].mem.padding_elements == (n + static_cast<std::size_t>(world) - 1) / static_cast<std::size_t>(world) *
-                                              static_cast<std::size_t>(world) - n);
-      CHECK(z2[0].mem.parameter_bytes == n * sizeof(float));
-      if (world > 1) CHECK(z2[0].mem.gradient_bytes < z1[0].mem.gradient_bytes);  // stage 2 keeps no whole copy
+    }
+  }
+}
+
+TEST_CASE("zero: each rank holds about 1/n of DDP's optimizer state", "[parallel][zero][memory]") {
+  // toy_mlp's 53 elements in 32-byte buckets, per bucket: six of 8 elements, then 5.
+  const std::vector<std::size_t> bucket_elements{8, 8, 8, 8, 8, 8, 5};
+  for (const auto partition : {zero_partition::contiguous, zero_partition::per_bucket}) {
+    for (int world = 1; world <= 4; ++world) {
+      for (const run_config& c : {run_config{.opt = sgd_momentum}, run_config{.opt = adamw_default}}) {
+        CAPTURE(world, static_cast<int>(partition));
+        const auto ddp = ddp_run(world, c);
+        const zero_options o{.partition = partition, .bucket_cap_bytes = 32, .first_bucket_bytes = 32};
+        auto o1 = o;
+        o1.stage = 1;
+        const auto z2 = zero_run(world, c, o);
+        const auto z1 = zero_run(world, c, o1);
+        const std::size_t n = ddp[0].values.size();
+        const auto w = static_cast<std::size_t>(world);
+        const std::size_t per_elem = ddp[0].state_bytes / n;  // 4 (momentum) or 8 (two moments)
+        // Elements each rank owns and the most any may own: one balanced share of the whole space
+        // (contiguous), or of each bucket (per bucket).
+        const auto owned = [&](std::size_t r) {
+          if (partition == zero_partition::contiguous) return zl::shard_of(n, w, r).size();
+          std::size_t e = 0;
+          for (std::size_t b : bucket_elements) e += zl::shard_of(b, w, r).size();
+          return e;
+        };
+        std::size_t most = (n + w - 1) / w, padding = most * w - n;
+        if (partition == zero_partition::per_bucket) {
+          most = padding = 0;
+          for (std::size_t b : bucket_elements) {
+            most += (b + w - 1) / w;
+            padding += (b + w - 1) / w * w - b;
+          }
+        }
+        std::size_t sum = 0;
+        for (std::size_t r = 0; r < w; ++r) {
+          const auto& m = z2[r];
+          CHECK(m.mem.shard_elements == owned(r));
+          CHECK(m.state_bytes == owned(r) * per_elem);
+          CHECK(m.state_bytes <= most * per_elem);  // 1/n of DDP's, rounded up per bucket
+          CHECK(z1[r].state_bytes == m.state_bytes);
+          sum += m.state_bytes;
+        }
+        CHECK(sum == ddp[0].state_bytes);  // the shards' state together is DDP's, once
+        CHECK(z2[0].mem.padding_elements == padding);
+        CHECK(z2[0].mem.parameter_bytes == n * sizeof(float));
+        if (partition == zero_partition::contiguous) {
+          if (world > 1) CHECK(z2[0].mem.gradient_bytes < z1[0].mem.gradient_bytes);  // stage 2 keeps no whole copy
+        } else {
+          // Both: the reduced share (one window per bucket). Stage 1: every bucket whole, n
+          // windows each; stage 2: two slots of the largest bucket's n windows.
+          CHECK(z1[0].mem.gradient_bytes == (most + w * most) * sizeof(float));
+          CHECK(z2[0].mem.gradient_bytes == (most + 2 * w * ((8 + w - 1) / w)) * sizeof(float));
+          if (world > 1) CHECK(z2[0].mem.gradient_bytes < z1[0].mem.gradient_bytes);
+        }
+      }
     }
   }
 }
@@ -488,12 +587,42 @@ TEST_CASE("zero: bad input fails with a message naming what was wrong", "[parall
                       Catch::Contains("stage must be 1 or 2, got 3"));
     CHECK_THROWS_AS(sharded_data_parallel(m, g, sgd_momentum, {.stage = 0}), invalid_argument_error);
     CHECK_THROWS_WITH(sharded_data_parallel(m, g, sgd_momentum, {.bucket_cap_bytes = 0}),
-                      Catch::Contains("bucket_cap_bytes must be > 0"));
+                      Catch::Contains("bucket_cap_bytes and first_bucket_bytes must be > 0 (got 0 and"));
+    CHECK_THROWS_WITH(sharded_data_parallel(m, g, sgd_momentum, {.first_bucket_bytes = 0}),
+                      Catch::Contains("(got 26214400 and 0)"));
+    CHECK_THROWS_WITH(sharded_data_parallel(m, g, sgd_momentum, {.partition = static_cast<zero_partition>(7)}),
+                      Catch::Contains("partition must be per_bucket or contiguous, got 7"));
     CHECK_THROWS_WITH(sharded_data_parallel(m, g, sgd_momentum, {.max_grad_norm = -1}),
                       Catch::Contains("max_grad_norm must be a finite number >= 0"));
     CHECK_THROWS_WITH(sharded_data_parallel(m, g, sgd_options{.lr = -0.1}), Catch::Contains("lr must be >= 0"));
     CHECK_THROWS_WITH(sharded_data_parallel(m, g, adamw_options{.beta1 = 1.5}), Catch::Contains("beta1 must be in [0, 1)"));
   });
+  SECTION("a model that reports a gradient twice, or one it does not have") {
+    for (const std::size_t bad : {std::size_t{3}, std::size_t{9}}) {
+      struct twice_mlp : toy_mlp<float> {
+        using toy_mlp<float>::toy_mlp;
+        std::size_t extra = 3;
+        double train_step(const toy_batch<float>& b) { return toy_mlp<float>::train_step(b); }
+        double train_step(const toy_batch<float>& b, const grad_ready_fn& ready) {
+          ready(extra);
+          return toy_mlp<float>::train_step(b, ready);
+        }
+      };
+      std::string msg;
+      run_local(1, [&](local_group& g) {
+        twice_mlp m(7);
+        m.extra = bad;
+        sharded_data_parallel zero(m, g, sgd_momentum);
+        try {
+          zero.train_step(rank_batch(0, 1, 0, odd_shape));
+        } catch (const invalid_argument_error& e) {
+          msg = e.what();
+        }
+      });
+      CHECK_THAT(msg, Catch::Contains(bad == 3 ? "grad-ready notification for parameter 3 came twice in one step"
+                                               : "parameter index 9, but the model has 4 parameters"));
+    }
+  }
   SECTION("a rank with another model fails on every rank, naming it") {
     std::vector<std::string> messages(2);
     run_local(2, [&](local_group& g) {

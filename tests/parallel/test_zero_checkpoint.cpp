@@ -112,13 +112,20 @@ auto step_batch(int step, int world, int rank) {
 }
 
 // Trains steps [from, to) at `world`, optionally loading `load` first and saving to `save` after.
+// 96-byte buckets: per bucket, toy_mlp's 53 elements are three buckets (24, 24, 5 elements), so
+// each rank owns a range of each; contiguous, one range.
 std::vector<float> toy_run(int world, int from, int to, const std::filesystem::path& load = {},
-                           const std::filesystem::path& save = {}) {
+                           const std::filesystem::path& save = {},
+                           zero_partition partition = zero_partition::per_bucket) {
   std::vector<float> out;
   std::mutex mu;
   run_local(world, [&](local_group& g) {
     toy_mlp<float> m(7);
-    sharded_data_parallel zero(m, g, adamw_options{.lr = 0.01}, {.stage = 2, .bucket_cap_bytes = 24});
+    sharded_data_parallel zero(m, g, adamw_options{.lr = 0.01},
+                               {.stage = 2, .partition = partition, .bucket_cap_bytes = 96, .first_bucket_bytes = 96});
+    if (partition == zero_partition::per_bucket && world > 1 && zero.flat_segments(0).size() != 3) {
+      throw std::runtime_error("expected three ranges per rank");
+    }
     if (!load.empty() && load_sharded_checkpoint(zero, load).step != static_cast<std::uint64_t>(from)) {
       throw std::runtime_error("the checkpoint is not from step " + std::to_string(from));
     }
@@ -226,11 +233,21 @@ TEST_CASE("sharded checkpoint: saved at world 3, resumed at 3 bit for bit and at
   CHECK(half != straight);
   CHECK(toy_run(3, 4, 8, ck) == straight);  // same world, same reduction order: the same bytes
   for (int world : {1, 2, 4}) {
-    CAPTURE(world);
-    // Another world sums the ranks' gradients in another grouping: equal to float rounding.
-    const auto got = toy_run(world, 4, 8, ck);
-    REQUIRE(got.size() == straight.size());
-    for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(straight[i]).epsilon(1e-5).margin(1e-6));
+    for (const auto partition : {zero_partition::per_bucket, zero_partition::contiguous}) {
+      CAPTURE(world, static_cast<int>(partition));
+      // Another world sums the ranks' gradients in another grouping: equal to float rounding.
+      const auto got = toy_run(world, 4, 8, ck, {}, partition);
+      REQUIRE(got.size() == straight.size());
+      for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(straight[i]).epsilon(1e-5).margin(1e-6));
+    }
+  }
+  SECTION("saved contiguous, resumed per bucket at the same world") {
+    const auto ck2 = dir.path / "contiguous.ckpt";
+    const auto straight2 = toy_run(3, 0, 8, {}, {}, zero_partition::contiguous);
+    (void)toy_run(3, 0, 4, {}, ck2, zero_partition::contiguous);
+    const auto got = toy_run(3, 4, 8, ck2);
+    REQUIRE(got.size() == straight2.size());
+    for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(straight2[i]).epsilon(1e-5).margin(1e-6));
   }
 }
 
@@ -414,15 +431,17 @@ void rewrite_as_version_1(const std::filesystem::path& index) {
 TEST_CASE("sharded checkpoint: files of format version 1 still load", "[train][zero][checkpoint][threads]") {
   partrain::testing::temp_dir dir;
   const auto ck = dir.path / "toy.ckpt";
-  const auto straight = toy_run(3, 0, 4);
-  (void)toy_run(3, 0, 2, {}, ck);
+  // Version 1 knew one range per rank: ZeRO's contiguous partition.
+  const auto contiguous = zero_partition::contiguous;
+  const auto straight = toy_run(3, 0, 4, {}, {}, contiguous);
+  (void)toy_run(3, 0, 2, {}, ck, contiguous);
   rewrite_as_version_1(ck);
   std::uint32_t version = 0;
   const auto bytes = file_bytes(ck);
   (void)partrain::detail::ckpt::unframe(bytes, sharded_index_magic, partrain::detail::ckpt::frame_versions{1, 2}, "index", nullptr,
                                   &version);
   REQUIRE(version == 1);
-  CHECK(toy_run(3, 2, 4, ck) == straight);  // the same world size: bit for bit
+  CHECK(toy_run(3, 2, 4, ck, {}, contiguous) == straight);  // the same world size: bit for bit
   // A reader of version 2 only names both versions.
   CHECK_THROWS_WITH(partrain::detail::ckpt::unframe(bytes, sharded_index_magic, 2u, "index"),
                     Catch::Contains("has format version 1, this build reads version 2"));

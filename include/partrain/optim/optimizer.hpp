@@ -80,7 +80,11 @@ template <class P>
   if constexpr (requires { { p.name() } -> std::convertible_to<std::string>; }) {
     return std::string(p.name());
   } else {
-    return "#" + std::to_string(index);
+    // Appended, not "#" + to_string(): GCC 12 warns (-Wrestrict, a false positive) on the insert
+    // that operator+ inlines to.
+    std::string s = "#";
+    s += std::to_string(index);
+    return s;
   }
 }
 

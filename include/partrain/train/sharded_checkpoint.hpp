@@ -521,10 +521,7 @@ template <class Fsdp>
 }
 
 template <class S>
-concept fully_sharded = requires(S& s, std::size_t r) {
-  s.flat_segments(r);
-  s.shard_values();
-};
+concept fully_sharded = requires(S& s) { s.shard_values(); };
 
 }  // namespace detail::zero_ckpt
 
@@ -541,14 +538,16 @@ void save_sharded_checkpoint(Sharded& z, const std::filesystem::path& index, con
   } else {
     auto& m = z.module();
     using T = model_element_t<std::remove_cvref_t<decltype(m)>>;
-    const auto shard = z.shard();
-    ck::shard_content<T> c{ck::param_entries(m), {shard}, std::vector<T>(shard.size()), z.optimizer_state()};
-    ck::value_views(m).read(shard, c.values.data(), false);
-    const auto total = z.total_elements();
-    const auto world = static_cast<std::size_t>(g.size());
-    ck::save(g, index, extra, c, [&](int q) {
-      return std::vector<ck::flat_range>{detail::zero::shard_of(total, world, static_cast<std::size_t>(q))};
-    });
+    auto segments = z.flat_segments(static_cast<std::size_t>(g.rank()));
+    ck::shard_content<T> c{ck::param_entries(m), segments, std::vector<T>(ck::elements_of(segments)),
+                           z.optimizer_state()};
+    const auto views = ck::value_views(m);
+    std::size_t at = 0;
+    for (const auto& seg : segments) {
+      views.read(seg, c.values.data() + at, false);
+      at += seg.size();
+    }
+    ck::save(g, index, extra, c, [&](int q) { return z.flat_segments(static_cast<std::size_t>(q)); });
   }
 }
 
@@ -572,7 +571,7 @@ checkpoint_extra load_sharded_checkpoint(Sharded& z, const std::filesystem::path
     using T = model_element_t<std::remove_cvref_t<decltype(m)>>;
     const std::vector<ck::flat_range> all{{0, z.total_elements()}};
     auto got = ck::read_together<T>(g, index, ck::param_entries(m), z.optimizer_kind(), all,
-                                    std::vector<ck::flat_range>{z.shard()});
+                                    z.flat_segments(static_cast<std::size_t>(g.rank())));
     z.load_optimizer_state(got.state, source);
     ck::value_views(m).write({0, got.values.size()}, got.values.data());
     return got.index.extra;

@@ -1,11 +1,7 @@
-// partrain/parallel/detail/zero_layout.hpp: where sharded data parallel's elements live. The flat
-// parameter space (every parameter concatenated in model order, N elements) is cut into n
-// contiguous shards, rank r owning [floor(r*N/n), floor((r+1)*N/n)); the shards differ by at most
-// one element. Communication runs over a padded, bucket-major space: each shard is padded to
-// L = ceil(N/n) and cut into windows of c elements; bucket k holds window k of every shard, rank
-// q's window as block q, so one reduce_scatter or all_gather per bucket moves equal blocks.
-// Padding elements are zero on the way in and dropped on the way out: they never reach a
-// parameter.
+// partrain/parallel/detail/zero_layout.hpp: where sharded data parallel's elements live: the
+// flat parameter space (every parameter concatenated in model order, N elements), the buckets
+// it is communicated in and each rank's blocks of them (see layout). Padding elements are zero
+// on the way in and dropped on the way out: they never reach a parameter.
 #pragma once
 
 #include <algorithm>
@@ -37,44 +33,113 @@ struct flat_range {
   return {shard_begin(total, world, r), shard_begin(total, world, r + 1)};
 }
 
-// The shards and buckets of one model over one world.
+// The buckets of one model over one world, and each rank's blocks in them. Two partitions:
+//  - contiguous (layout(N, n, c)): rank r owns shard_of(N, n, r), padded to L = ceil(N/n) and cut
+//    into windows of c; bucket k holds window k of every shard. A rank's elements are one range,
+//    but the first layers' shard is final last in backward, so no reduce_scatter can start
+//    before backward ends.
+//  - per bucket (layout::per_bucket): the flat space is cut into buckets of whole parameters
+//    (DDP's, in backward order), and each bucket of M elements among the ranks, rank q owning
+//    shard_of(M, n, q) of it, padded to ceil(M/n). A bucket is reduced the moment its gradients
+//    are final; a rank's elements are one range per bucket.
+// Either way bucket k is n blocks of window_size(k) in the bucket-major space, rank q's block at
+// q * window_size(k), its real elements first and its padding after them.
 class layout {
  public:
   layout() = default;
-  // total: N; world: n; window: c, the elements of one rank's block in a bucket (>= 1).
-  layout(std::size_t total, std::size_t world, std::size_t window)
-      : total_(total), world_(world), padded_shard_((total + world - 1) / world),
-        window_(std::max<std::size_t>(window, 1)) {}
+  // Contiguous. total: N; world: n; window: c, the elements of one rank's block in a bucket (>= 1).
+  layout(std::size_t total, std::size_t world, std::size_t window) : total_(total), world_(world) {
+    const std::size_t shard = (total + world - 1) / world;
+    const std::size_t c = std::max<std::size_t>(window, 1);
+    for (std::size_t at = 0; at < shard; at += c) add_bucket({at, at}, std::min(c, shard - at));
+    finish();
+  }
+  // Per bucket: `buckets` are ranges of the flat space [0, total) in the order they are reduced,
+  // covering it once.
+  [[nodiscard]] static layout per_bucket(std::size_t total, std::size_t world, const std::vector<flat_range>& buckets) {
+    layout l;
+    l.total_ = total;
+    l.world_ = world;
+    l.per_bucket_ = true;
+    for (const auto& b : buckets) l.add_bucket(b, (b.size() + world - 1) / world);
+    l.finish();
+    return l;
+  }
 
   [[nodiscard]] constexpr std::size_t total() const noexcept { return total_; }
   [[nodiscard]] constexpr std::size_t world() const noexcept { return world_; }
-  [[nodiscard]] flat_range shard(std::size_t r) const noexcept { return shard_of(total_, world_, r); }
-  // L = ceil(N/n): every shard's padded length.
+  [[nodiscard]] constexpr bool is_per_bucket() const noexcept { return per_bucket_; }
+  // Every rank's padded share: the sum of the windows.
   [[nodiscard]] constexpr std::size_t padded_shard() const noexcept { return padded_shard_; }
-  // n*L: the padded flat space; padded() - total() elements are padding.
+  // n times that: the padded bucket-major space; padded() - total() elements are padding.
   [[nodiscard]] constexpr std::size_t padded() const noexcept { return padded_shard_ * world_; }
-  [[nodiscard]] constexpr std::size_t window() const noexcept { return window_; }
-  [[nodiscard]] constexpr std::size_t buckets() const noexcept { return (padded_shard_ + window_ - 1) / window_; }
-  // Bucket k's window within every shard: [k*c, min((k+1)*c, L)).
-  [[nodiscard]] constexpr std::size_t window_begin(std::size_t k) const noexcept { return k * window_; }
-  [[nodiscard]] constexpr std::size_t window_size(std::size_t k) const noexcept {
-    return std::min(window_, padded_shard_ - k * window_);
-  }
+  // The largest window: what one bucket slot per rank must hold.
+  [[nodiscard]] constexpr std::size_t window() const noexcept { return max_window_; }
+  [[nodiscard]] std::size_t buckets() const noexcept { return buckets_.size(); }
+  // Where bucket k's block lies in every rank's padded share, and its length.
+  [[nodiscard]] std::size_t window_begin(std::size_t k) const noexcept { return buckets_[k].window_begin; }
+  [[nodiscard]] std::size_t window_size(std::size_t k) const noexcept { return buckets_[k].window; }
   // Bucket k in the bucket-major padded space: n blocks of window_size(k), starting here.
-  [[nodiscard]] constexpr std::size_t bucket_offset(std::size_t k) const noexcept { return world_ * k * window_; }
+  [[nodiscard]] std::size_t bucket_offset(std::size_t k) const noexcept { return world_ * window_begin(k); }
   // The real (unpadded) part of rank q's block in bucket k, as a flat range.
   [[nodiscard]] flat_range real_block(std::size_t k, std::size_t q) const noexcept {
-    const auto s = shard(q);
-    const std::size_t from = std::min(s.begin + window_begin(k), s.end);
-    const std::size_t to = std::min(from + window_size(k), s.end);
-    return {from, to};
+    const auto& b = buckets_[k];
+    if (per_bucket_) {
+      const auto s = shard_of(b.span.size(), world_, q);
+      return {b.span.begin + s.begin, b.span.begin + s.end};
+    }
+    const auto s = shard_of(total_, world_, q);
+    const std::size_t from = std::min(s.begin + b.window_begin, s.end);
+    return {from, std::min(from + b.window, s.end)};
+  }
+  // The flat ranges rank q owns, ascending, adjacent ones merged (contiguous: one range).
+  [[nodiscard]] std::vector<flat_range> segments(std::size_t q) const {
+    std::vector<flat_range> out;
+    for (std::size_t k = 0; k < buckets(); ++k) {
+      if (const auto r = real_block(k, q); r.size()) out.push_back(r);
+    }
+    std::sort(out.begin(), out.end(), [](flat_range a, flat_range b) { return a.begin < b.begin; });
+    std::vector<flat_range> merged;
+    for (const auto& r : out) {
+      if (!merged.empty() && merged.back().end == r.begin) {
+        merged.back().end = r.end;
+      } else {
+        merged.push_back(r);
+      }
+    }
+    return merged;
+  }
+  // Where rank q's real elements of bucket k start among its elements laid end to end in flat
+  // order (the order of segments(q), of the shard's optimizer state and of its checkpoint).
+  [[nodiscard]] std::size_t element_offset(std::size_t k, std::size_t q) const noexcept {
+    const auto mine = real_block(k, q);
+    std::size_t at = 0;
+    for (std::size_t j = 0; j < buckets(); ++j) {
+      if (const auto r = real_block(j, q); r.begin < mine.begin) at += r.size();
+    }
+    return at;
   }
 
  private:
+  struct bucket {
+    flat_range span;  // per bucket: the flat range it covers (contiguous: unused)
+    std::size_t window = 0;
+    std::size_t window_begin = 0;
+  };
+  void add_bucket(flat_range span, std::size_t window) {
+    buckets_.push_back({span, window, padded_shard_});
+    padded_shard_ += window;
+  }
+  void finish() {
+    for (const auto& b : buckets_) max_window_ = std::max(max_window_, b.window);
+  }
+
   std::size_t total_ = 0;
   std::size_t world_ = 1;
+  bool per_bucket_ = false;
+  std::vector<bucket> buckets_;
   std::size_t padded_shard_ = 0;
-  std::size_t window_ = 1;
+  std::size_t max_window_ = 0;
 };
 
 // The model's tensors (values or gradients) seen as one flat space, without copying them.
