@@ -413,6 +413,55 @@ TEST_CASE("fsdp sends three passes of the parameters per step, two when kept fro
   }
 }
 
+TEST_CASE("fsdp units of several layers: the same steps in fewer, larger collectives", "[parallel][fsdp][units]") {
+  // widths' layers: 0 linear (35 elements), 1 relu, 2 linear (18), 3 relu, 4 linear (8), 5 relu,
+  // 6 linear (9). A unit closes once it holds min_unit_elements; the rest is the last unit.
+  struct grouping {
+    std::size_t min;
+    std::vector<std::pair<std::size_t, std::size_t>> layers;
+    std::vector<std::size_t> sizes;
+  };
+  const std::vector<grouping> groupings{{0, {{0, 0}, {2, 2}, {4, 4}, {6, 6}}, {35, 18, 8, 9}},
+                                        {20, {{0, 0}, {2, 4}, {6, 6}}, {35, 26, 9}},
+                                        {40, {{0, 2}, {4, 6}}, {53, 17}},
+                                        {1000, {{0, 6}}, {70}}};
+  for (const auto& gr : groupings) {
+    CAPTURE(gr.min);
+    std::vector<std::vector<std::pair<std::size_t, std::size_t>>> seen(2);
+    run_local(2, [&](local_group& g) {
+      host_model layers = make_mlp(widths, seed);
+      fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, sgd_momentum, {.min_unit_elements = gr.min});
+      for (std::size_t u = 0; u < f.units(); ++u) seen[static_cast<std::size_t>(g.rank())].push_back(f.unit_layers(u));
+    });
+    CHECK(seen[0] == gr.layers);
+    for (int world : {1, 2, 3, 4}) {
+      for (bool reshard : {true, false}) {
+        CAPTURE(world, reshard);
+        run_config c;
+        c.fsdp.min_unit_elements = gr.min;
+        c.fsdp.reshard_after_forward = reshard;
+        const auto got = fsdp_run(world, c);
+        check_equal_to_reference(got, reference_run(world, c), 2e-5);
+        // Three passes of each unit (two when kept), the last unit never resharded in between.
+        const auto n = static_cast<std::uint64_t>(world);
+        std::uint64_t pass = 0;
+        for (auto e : gr.sizes) pass += (n - 1) * chunk_of(e, world) * sizeof(float);
+        const std::uint64_t last = (n - 1) * chunk_of(gr.sizes.back(), world) * sizeof(float);
+        CHECK(got[0].bytes_per_step == (reshard ? 3 * pass - last : 2 * pass));
+        std::size_t padding = 0;
+        for (auto e : gr.sizes) padding += chunk_of(e, world) * static_cast<std::size_t>(world) - e;
+        CHECK(got[0].mem.padding_elements == padding);
+      }
+    }
+    run_config c;
+    c.fsdp.min_unit_elements = gr.min;
+    c.fsdp.max_grad_norm = 0.05;
+    c.micros = 2;
+    c.opt = adamw_default;
+    check_equal_to_reference(fsdp_run(3, c), reference_run(3, c), 2e-5);
+  }
+}
+
 TEST_CASE("fsdp mixed precision: 16-bit gathers compute with rounded parameters, the masters stay fp32", "[parallel][fsdp][precision]") {
   for (const dtype p16 : {dtype::bfloat16, dtype::float16}) {
     for (int world : {1, 2, 3}) {
@@ -594,12 +643,12 @@ constexpr std::size_t ck_rows = 12;
 // Steps [from, to) at `world` with AdamW, loading `load` first and saving to `save` after (when
 // given); every parameter value at the end.
 std::vector<float> ck_run(int world, int from, int to, const std::filesystem::path& load = {},
-                          const std::filesystem::path& save = {}) {
+                          const std::filesystem::path& save = {}, std::size_t min_unit = 0) {
   std::vector<float> out;
   std::mutex mu;
   run_local(world, [&](local_group& g) {
     host_model layers = make_mlp(widths, seed + (load.empty() ? 0u : 7u));  // a load replaces the values
-    fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, adamw_default);
+    fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, adamw_default, {.min_unit_elements = min_unit});
     if (!load.empty() && load_sharded_checkpoint(f, load).step != static_cast<std::uint64_t>(from)) {
       throw std::runtime_error("the checkpoint is not from step " + std::to_string(from));
     }
@@ -639,6 +688,20 @@ TEST_CASE("fsdp checkpoint: saved at world 3, resumed at 3 bit for bit and at 2 
     const auto resumed = ck_run(world, 3, 6, ck);
     REQUIRE(resumed.size() == straight.size());
     // Another world size sums the ranks' gradients in another grouping: float rounding only.
+    for (std::size_t i = 0; i < straight.size(); ++i) CHECK(resumed[i] == Approx(straight[i]).epsilon(1e-4).margin(1e-6));
+  }
+}
+
+TEST_CASE("fsdp checkpoint: single-layer units resume in units of several layers, and back", "[parallel][fsdp][checkpoint][units]") {
+  partrain::testing::temp_dir dir;
+  const auto straight = ck_run(2, 0, 6);
+  for (const std::size_t saved : {std::size_t{0}, std::size_t{40}}) {
+    CAPTURE(saved);
+    const auto ck = dir.path / ("fsdp-" + std::to_string(saved) + ".ckpt");
+    (void)ck_run(2, 0, 3, {}, ck, saved);
+    const auto resumed = ck_run(2, 3, 6, ck, {}, saved == 0 ? 40 : 0);
+    REQUIRE(resumed.size() == straight.size());
+    // Other units reduce other groupings of elements in one reduce_scatter: float rounding only.
     for (std::size_t i = 0; i < straight.size(); ++i) CHECK(resumed[i] == Approx(straight[i]).epsilon(1e-4).margin(1e-6));
   }
 }

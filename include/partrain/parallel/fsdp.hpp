@@ -7,6 +7,8 @@
 // runs the layer's backward into a whole gradient buffer and reduce_scatters (averages) it into
 // each rank's chunk. The next layer's all_gather is issued before this layer computes, so it
 // overlaps. step (inside train_step, as sharded_data_parallel's) updates the local chunks only.
+// fsdp_options::min_unit_elements makes units of several consecutive layers, gathered and
+// reduced as one.
 //
 //   auto layers = models::layers::make_mlp({784, 256, 128, 10}, seed);
 //   fully_sharded_data_parallel fsdp(layers, group, softmax_cross_entropy{}, adamw_options{.lr = 1e-3});
@@ -123,6 +125,11 @@ struct fsdp_options {
   // gradient to it, divides there and reduces in it, as DDP's 16-bit compression hooks do.
   dtype param_dtype = dtype::float32;
   dtype reduce_dtype = dtype::float32;
+  // Units of several layers (PyTorch's size_based_auto_wrap_policy, min_num_params): consecutive
+  // layers join one unit, gathered and reduce_scattered as one, until it holds at least this many
+  // parameter elements; the layers left at the end form the last unit. 0: every layer with
+  // parameters is its own unit. Fewer, larger collectives, for more parameters held at once.
+  std::size_t min_unit_elements = 0;
 };
 
 // What one rank holds, in bytes; the peaks are the most held at once since construction (or
@@ -317,7 +324,7 @@ class fully_sharded_data_parallel {
       });
       f.summoned_ = true;
       for (auto& u : f.units_) {
-        for (auto&& p : f.layer(u.layer).parameters()) refs_.push_back({&p});
+        f.for_each_param(u, [&](auto& p) { refs_.push_back({&p}); });
       }
     }
     full_params_guard(const full_params_guard&) = delete;
@@ -343,10 +350,15 @@ class fully_sharded_data_parallel {
   [[nodiscard]] C& comm() noexcept { return *comm_; }
   [[nodiscard]] Layers& layers() noexcept { return *layers_; }
   [[nodiscard]] const fsdp_options& options() const noexcept { return opts_; }
-  // Layers with parameters (each one unit of gathering and reduce_scatter).
+  // Units of gathering and reduce_scatter: each layer with parameters, or groups of consecutive
+  // layers (fsdp_options::min_unit_elements).
   [[nodiscard]] std::size_t units() const noexcept { return units_.size(); }
-  // Layer `i`'s chunk on this rank, within that layer's concatenated parameters (empty for a
-  // layer without parameters).
+  // The layers [first, last] of unit u (the first and the last with parameters).
+  [[nodiscard]] std::pair<std::size_t, std::size_t> unit_layers(std::size_t u) const {
+    return {units_.at(u).first, units_.at(u).last};
+  }
+  // This rank's chunk of the unit holding layer `i`, within that unit's concatenated parameters
+  // (empty for a layer without parameters).
   [[nodiscard]] detail::zero::flat_range owned(std::size_t layer_index) const {
     const auto u = unit_of_.at(layer_index);
     return u < 0 ? detail::zero::flat_range{} : units_[static_cast<std::size_t>(u)].mine;
@@ -378,9 +390,7 @@ class fully_sharded_data_parallel {
   [[nodiscard]] std::vector<std::string> parameter_names() {
     std::vector<std::string> out;
     std::size_t i = 0;
-    for (const auto& u : units_) {
-      for (auto&& p : layer(u.layer).parameters()) out.push_back(detail::param_name(p, i++));
-    }
+    for (const auto& u : units_) for_each_param(u, [&](auto& p) { out.push_back(detail::param_name(p, i++)); });
     return out;
   }
   [[nodiscard]] std::vector<shape> parameter_shapes() const {
@@ -428,10 +438,10 @@ class fully_sharded_data_parallel {
   }
 
  private:
-  // One layer with parameters: its chunking, its chunk's place in this rank's storage, and the
-  // whole buffers while they exist.
+  // One layer with parameters, or several consecutive layers: its chunking, its chunk's place in
+  // this rank's storage, and the whole buffers while they exist.
   struct unit {
-    std::size_t layer = 0;
+    std::size_t first = 0, last = 0;  // its first and last layer with parameters
     std::vector<shape> shapes;  // its parameters', in order
     detail::fsdp::chunking chunks;
     detail::zero::flat_range mine;
@@ -464,14 +474,35 @@ class fully_sharded_data_parallel {
     return "rank " + std::to_string(rank_) + " fully_sharded_data_parallel: ";
   }
   [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::pipeline::layer_of(std::ranges::begin(*layers_)[static_cast<std::ptrdiff_t>(i)]); }
+  // fn(p) for every parameter of unit x, in layer order.
+  template <class F>
+  void for_each_param(const unit& x, F&& fn) {
+    for (std::size_t i = x.first; i <= x.last; ++i) {
+      if (unit_of_[i] < 0) continue;  // no parameters, or only empty ones: in no unit
+      for (auto&& p : layer(i).parameters()) fn(p);
+    }
+  }
+  // "layer 3", or "layers 2-5": what a message calls unit x.
+  [[nodiscard]] static std::string unit_name(const unit& x) {
+    return x.first == x.last ? "layer " + std::to_string(x.first)
+                             : "layers " + std::to_string(x.first) + "-" + std::to_string(x.last);
+  }
 
   void build_units() {
     const std::size_t n = std::ranges::size(*layers_);
     unit_of_.assign(n, -1);
+    unit u;
+    std::size_t total = 0;
+    const auto close = [&] {
+      u.chunks = detail::fsdp::chunking(total, world_);
+      u.mine = u.chunks.owned(rank_);
+      unsharded_ += total;
+      units_.push_back(std::move(u));
+      u = unit{};
+      total = 0;
+    };
     for (std::size_t i = 0; i < n; ++i) {
-      unit u;
-      u.layer = i;
-      std::size_t total = 0, k = 0;
+      std::size_t here = 0, k = 0;
       for (auto&& p : layer(i).parameters()) {
         const tensor_view<float> v = p.value();
         const tensor_view<float> g = p.grad();
@@ -481,16 +512,20 @@ class fully_sharded_data_parallel {
                                        " gradient elements (expected the same shape)");
         }
         u.shapes.push_back(v.shape());
-        total += v.size();
+        here += v.size();
         ++k;
       }
-      if (total == 0) continue;  // nothing to gather: the layer runs as it is
-      u.chunks = detail::fsdp::chunking(total, world_);
-      u.mine = u.chunks.owned(rank_);
+      if (here == 0) {
+        u.shapes.resize(u.shapes.size() - k);  // empty parameters of a layer left out of every unit
+        continue;                              // nothing to gather: the layer runs as it is
+      }
+      if (total == 0) u.first = i;
+      u.last = i;
+      total += here;
       unit_of_[i] = static_cast<std::ptrdiff_t>(units_.size());
-      unsharded_ += total;
-      units_.push_back(std::move(u));
+      if (total >= opts_.min_unit_elements) close();
     }
+    if (total > 0) close();
   }
 
   // Every rank must hold the same layers with the same parameter shapes: each rank's layer count,
@@ -499,7 +534,8 @@ class fully_sharded_data_parallel {
     std::uint64_t h = 0xcbf29ce484222325ull;
     const auto mix = [&h](std::uint64_t x) { h = (h ^ x) * 0x100000001b3ull; };
     for (const auto& u : units_) {
-      mix(u.layer);
+      mix(u.first);
+      mix(u.last);
       for (const auto& s : u.shapes) {
         for (std::size_t d = 0; d < s.rank(); ++d) mix(s[d]);
         mix(0xff);
@@ -522,10 +558,10 @@ class fully_sharded_data_parallel {
   void broadcast_parameters() {
     std::vector<work> works;
     for (const auto& u : units_) {
-      for (auto&& p : layer(u.layer).parameters()) {
+      for_each_param(u, [&](auto& p) {
         const tensor_view<float> v = p.value();
         if (!v.empty()) works.push_back(comm_->broadcast(v, 0));
-      }
+      });
     }
     for (auto& w : works) wait_named(w, "parameter broadcast");
   }
@@ -545,20 +581,22 @@ class fully_sharded_data_parallel {
     optimizer_.emplace(optimizer, real);
     for (auto& u : units_) {
       std::vector<tensor_view<float>> views;
-      for (auto&& p : layer(u.layer).parameters()) views.push_back(p.value());
+      for_each_param(u, [&](auto& p) { views.push_back(p.value()); });
       detail::zero::flat_views<float>(std::move(views)).read(u.mine, values_.data() + u.chunk_at, false);
     }
     for (std::size_t u = 0; u < units_.size(); ++u) {
       reshard(u);
-      std::size_t k = 0;
-      for (auto&& p : layer(units_[u].layer).parameters()) {
-        if (p.value().size() != 0 || p.grad().size() != 0) {
-          throw invalid_argument_error(where() + "parameter " + std::to_string(k) + " of layer " +
-                                       std::to_string(units_[u].layer) +
-                                       " still views its own storage after bind() (bind must make value() and grad() "
-                                       "view the tensors it is given)");
+      for (std::size_t i = units_[u].first; i <= units_[u].last; ++i) {
+        if (unit_of_[i] < 0) continue;
+        std::size_t k = 0;
+        for (auto&& p : layer(i).parameters()) {
+          if (p.value().size() != 0 || p.grad().size() != 0) {
+            throw invalid_argument_error(where() + "parameter " + std::to_string(k) + " of layer " + std::to_string(i) +
+                                         " still views its own storage after bind() (bind must make value() and grad() "
+                                         "view the tensors it is given)");
+          }
+          ++k;
         }
-        ++k;
       }
     }
   }
@@ -679,21 +717,33 @@ class fully_sharded_data_parallel {
     return input ? eval_result(loss_.evaluate(x, target)) : eval_result{};
   }
 
+  // The next unit after layer i in forward order (starting after it) or in backward order
+  // (ending before it), or -1.
   [[nodiscard]] std::ptrdiff_t next_unit(std::size_t i, bool forward) const {
     if (forward) {
-      for (std::size_t k = i + 1; k < unit_of_.size(); ++k) {
-        if (unit_of_[k] >= 0) return unit_of_[k];
+      for (std::size_t u = 0; u < units_.size(); ++u) {
+        if (units_[u].first > i) return static_cast<std::ptrdiff_t>(u);
       }
     } else {
-      for (std::size_t k = i; k-- > 0;) {
-        if (unit_of_[k] >= 0) return unit_of_[k];
+      for (std::size_t u = units_.size(); u-- > 0;) {
+        if (units_[u].last < i) return static_cast<std::ptrdiff_t>(u);
       }
     }
     return -1;
   }
-
-  void before_forward(std::size_t i) {
+  // Layer i's unit when i is that unit's first (or last) layer with parameters, else -1.
+  [[nodiscard]] std::ptrdiff_t unit_starting(std::size_t i) const {
     const auto u = unit_of_[i];
+    return u >= 0 && units_[static_cast<std::size_t>(u)].first == i ? u : -1;
+  }
+  [[nodiscard]] std::ptrdiff_t unit_ending(std::size_t i) const {
+    const auto u = unit_of_[i];
+    return u >= 0 && units_[static_cast<std::size_t>(u)].last == i ? u : -1;
+  }
+
+  // A unit is gathered before its first layer's forward and resharded after its last one's.
+  void before_forward(std::size_t i) {
+    const auto u = unit_starting(i);
     if (u >= 0) issue_gather(static_cast<std::size_t>(u));
     if (opts_.prefetch) {
       if (const auto nx = next_unit(i, true); nx >= 0) issue_gather(static_cast<std::size_t>(nx));
@@ -704,14 +754,15 @@ class fully_sharded_data_parallel {
     }
   }
   void after_forward(std::size_t i, bool training) {
-    const auto u = unit_of_[i];
+    const auto u = unit_ending(i);
     if (u < 0) return;
     const bool last = static_cast<std::size_t>(u) + 1 == units_.size();
     if (!training || (opts_.reshard_after_forward && !last)) reshard(static_cast<std::size_t>(u));
   }
 
+  // In backward, before its last layer's backward and after its first one's.
   void before_backward(std::size_t j) {
-    const auto u = unit_of_[j];
+    const auto u = unit_ending(j);
     if (u >= 0) issue_gather(static_cast<std::size_t>(u));  // resharded after forward: again
     if (opts_.prefetch) {
       if (const auto pv = next_unit(j, false); pv >= 0) issue_gather(static_cast<std::size_t>(pv));
@@ -723,7 +774,7 @@ class fully_sharded_data_parallel {
     bind(static_cast<std::size_t>(u), true);
   }
   void after_backward(std::size_t j, bool sync, float divisor) {
-    const auto ui = unit_of_[j];
+    const auto ui = unit_starting(j);
     if (ui < 0) return;
     const auto u = static_cast<std::size_t>(ui);
     reshard(u);
@@ -774,7 +825,7 @@ class fully_sharded_data_parallel {
     if (!x.gather) return;
     work w = std::move(*x.gather);
     x.gather.reset();
-    wait_named(w, "parameter all_gather of layer " + std::to_string(x.layer));
+    wait_named(w, "parameter all_gather of " + unit_name(x));
     if (x.full16.held()) {
       // The fp32 layer only now: while the gather is in flight (a prefetch) only the 16-bit one is held.
       x.full = buffer(param_meter_, x.chunks.padded(), false);  // the widening writes every element
@@ -793,7 +844,7 @@ class fully_sharded_data_parallel {
     if (x.scatter) {
       work w = std::move(*x.scatter);
       x.scatter.reset();
-      wait_named(w, "gradient reduce_scatter of layer " + std::to_string(x.layer));
+      wait_named(w, "gradient reduce_scatter of " + unit_name(x));
     }
     x.full_grad.release();
     if (x.chunk16.held()) {
@@ -810,17 +861,17 @@ class fully_sharded_data_parallel {
   void bind(std::size_t u, bool with_grad) {
     auto& x = units_[u];
     std::size_t at = 0, k = 0;
-    for (auto&& p : layer(x.layer).parameters()) {
+    for_each_param(x, [&](auto& p) {
       const shape& s = x.shapes[k++];
       p.bind(tensor_view<float>(x.full.data() + at, s),
              with_grad ? tensor_view<float>(x.full_grad.data() + at, s) : tensor_view<float>{});
       at += s.numel();
-    }
+    });
   }
   // The layer holds nothing again; its gathered buffer is freed.
   void reshard(std::size_t u) noexcept {
     auto& x = units_[u];
-    for (auto&& p : layer(x.layer).parameters()) p.bind(tensor_view<float>{}, tensor_view<float>{});
+    for_each_param(x, [](auto& p) { p.bind(tensor_view<float>{}, tensor_view<float>{}); });
     x.full.release();
     x.send16.release();
     x.full16.release();
