@@ -14,7 +14,8 @@
 //
 // Host parameters only in this release; the model's own parameters and gradients stay whole
 // (the model owns them), so ZeRO-1/2 save optimizer state (and, stage 2, gradient buffers), not
-// parameter memory; see docs/sharding.md.
+// parameter memory. A model with 16-bit (half, bfloat16) parameters has its fp32 masters kept
+// sharded here, beside their optimizer state; see docs/sharding.md.
 #pragma once
 
 #include <algorithm>
@@ -38,6 +39,7 @@
 #include <partrain/config.hpp>
 #include <partrain/core/error.hpp>
 #include <partrain/core/for_each_index.hpp>
+#include <partrain/core/half.hpp>
 #include <partrain/core/tensor_view.hpp>
 #include <partrain/core/work.hpp>
 #include <partrain/model/concepts.hpp>
@@ -102,6 +104,7 @@ struct sharded_memory {
   std::size_t model_gradient_bytes = 0;   // the model's own gradients (its backward writes them whole)
   std::size_t gradient_bytes = 0;         // gradient buffers the policy holds (see zero_options::stage)
   std::size_t optimizer_state_bytes = 0;  // this rank's shard of momentum / Adam moments
+  std::size_t master_bytes = 0;           // 16-bit parameters: this rank's fp32 masters (else 0: the model's values are the masters)
   std::size_t communication_bytes = 0;    // all_gather slots
   std::size_t shard_elements = 0;         // this rank's shard
   std::size_t padding_elements = 0;       // communicated to round each bucket up to n equal blocks, never stored in a parameter
@@ -115,10 +118,17 @@ class sharded_data_parallel {
   static_assert(std::same_as<S, host>,
                 "partrain: sharded_data_parallel runs host parameters in this release (for CUDA parameters use "
                 "distributed_data_parallel)");
-  static_assert(std::same_as<T, float> || std::same_as<T, double>,
-                "partrain: sharded_data_parallel averages and steps float or double parameters");
+  static_assert(std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, half> || std::same_as<T, bfloat16>,
+                "partrain: sharded_data_parallel averages and steps float, double, half or bfloat16 parameters");
+  // 16-bit parameters: each rank keeps the fp32 masters of its own elements (the model holds
+  // only the 16-bit copy), reduces the gradients in fp32 and gathers the updated 16-bit values.
+  static constexpr bool sharded_masters = std::same_as<T, half> || std::same_as<T, bfloat16>;
+  using W = std::conditional_t<sharded_masters, float, T>;
 
  public:
+  // What the optimizer steps and a checkpoint saves: the parameters' type, or fp32 for 16-bit ones.
+  using master_type = W;
+
   sharded_data_parallel(M& m, C& comm, shard_optimizer_options optimizer, zero_options o = {})
       : model_(&m), comm_(&comm), opts_(o), rank_(static_cast<std::size_t>(comm.rank())),
         world_(static_cast<std::size_t>(comm.size())) {
@@ -144,16 +154,20 @@ class sharded_data_parallel {
     if (opts_.broadcast_parameters) broadcast_parameters();
     make_layout();
     optimizer_.emplace(optimizer, shard_elements_);
-    shard_grad_.assign(layout_.padded_shard(), T(0));
+    shard_grad_.assign(layout_.padded_shard(), W(0));
     // Two buckets in flight need two slots; a model that fits one bucket needs one.
     const std::size_t slot = std::min(layout_.window(), layout_.padded_shard());
     const std::size_t slots = std::min<std::size_t>(2, layout_.buckets());
     for (std::size_t i = 0; i < slots; ++i) {
       gather_[i].assign(world_ * slot, T(0));
       send_[i].assign(slot, T(0));
-      if (opts_.stage == 2) scatter_[i].assign(world_ * slot, T(0));
+      if (opts_.stage == 2) scatter_[i].assign(world_ * slot, W(0));
     }
-    if (opts_.stage == 1) whole_.assign(layout_.padded(), T(0));
+    if (opts_.stage == 1) whole_.assign(layout_.padded(), W(0));
+    if constexpr (sharded_masters) {
+      masters_.resize(shard_elements_);
+      for (std::size_t k = 0; k < layout_.buckets(); ++k) values_.read(layout_.real_block(k, rank_), masters_.data() + element_at_[k], false);
+    }
   }
   sharded_data_parallel(const sharded_data_parallel&) = delete;
   sharded_data_parallel& operator=(const sharded_data_parallel&) = delete;
@@ -177,7 +191,7 @@ class sharded_data_parallel {
       try {
         const double loss = synchronizing_step(batch);
         accumulated_ = 0;
-        if (opts_.stage == 2) std::vector<T>().swap(whole_);
+        if (opts_.stage == 2) std::vector<W>().swap(whole_);
         ++steps_;
         return loss;
       } catch (...) {
@@ -188,7 +202,7 @@ class sharded_data_parallel {
     }
     const double loss = model_->train_step(batch);
     collect_views();
-    if (whole_.empty()) whole_.assign(layout_.padded(), T(0));
+    if (whole_.empty()) whole_.assign(layout_.padded(), W(0));
     for (std::size_t k = 0; k < layout_.buckets(); ++k) {
       detail::zero::pack_bucket(layout_, k, grads_, whole_.data() + layout_.bucket_offset(k), accumulated_ > 0);
     }
@@ -223,7 +237,7 @@ class sharded_data_parallel {
           throw;
         }
         grads_ = real;
-        if (opts_.stage == 2) std::vector<T>().swap(whole_);
+        if (opts_.stage == 2) std::vector<W>().swap(whole_);
         ++steps_;
         ++shadow_steps_;
       }
@@ -257,7 +271,7 @@ class sharded_data_parallel {
   // clipping and the step; returning false skips this step's update and all_gather (every rank
   // must decide alike, e.g. by agreeing across ranks). What mixed precision's unscale and
   // overflow check plug into (precision/sharded_amp.hpp). Empty: none.
-  using gradient_hook = std::function<bool(tensor_view<T>)>;
+  using gradient_hook = std::function<bool(tensor_view<W>)>;
   void set_gradient_hook(gradient_hook h) { hook_ = std::move(h); }
   // Whether the last synchronizing step's update was skipped by the gradient hook.
   [[nodiscard]] bool last_step_skipped() const noexcept { return skipped_; }
@@ -285,12 +299,13 @@ class sharded_data_parallel {
   [[nodiscard]] double exposed_reduce_seconds() const noexcept { return exposed_reduce_s_; }
 
   [[nodiscard]] sharded_memory memory() const noexcept {
-    const auto bytes = [](const auto& v) { return v.size() * sizeof(T); };
+    const auto bytes = [](const auto& v) { return v.size() * sizeof(typename std::remove_cvref_t<decltype(v)>::value_type); };
     sharded_memory r;
     r.parameter_bytes = layout_.total() * sizeof(T);
     r.model_gradient_bytes = layout_.total() * sizeof(T);
     r.gradient_bytes = bytes(shard_grad_) + bytes(whole_) + bytes(scatter_[0]) + bytes(scatter_[1]);
     r.optimizer_state_bytes = optimizer_->state_bytes();
+    r.master_bytes = bytes(masters_);
     r.communication_bytes = bytes(gather_[0]) + bytes(gather_[1]) + bytes(send_[0]) + bytes(send_[1]);
     r.shard_elements = shard_elements_;
     r.padding_elements = layout_.padded() - layout_.total();
@@ -298,8 +313,44 @@ class sharded_data_parallel {
   }
 
   // This rank's optimizer state over its shard (what a sharded checkpoint writes), and back.
-  [[nodiscard]] shard_optimizer_state<T> optimizer_state() const { return optimizer_->state(); }
-  void load_optimizer_state(const shard_optimizer_state<T>& s, const std::string& source) {
+  // This rank's parameter values over flat_segments(rank), end to end, in the master type (the
+  // fp32 masters for 16-bit parameters): what a sharded checkpoint saves.
+  [[nodiscard]] std::vector<W> master_values() const {
+    std::vector<W> out;
+    if constexpr (sharded_masters) {
+      out = masters_;
+    } else {
+      for (const auto& seg : layout_.segments(rank_)) {
+        const std::size_t at = out.size();
+        out.resize(at + seg.size());
+        values_.read(seg, out.data() + at, false);
+      }
+    }
+    return out;
+  }
+  // Every parameter's value, the whole flat space (what a checkpoint load read): into the model
+  // (rounded for 16-bit parameters) and this rank's masters.
+  void load_values(std::span<const W> all) {
+    if (all.size() != layout_.total()) {
+      throw invalid_argument_error(where() + "load_values got " + std::to_string(all.size()) + " values, the model has " +
+                                   std::to_string(layout_.total()));
+    }
+    if constexpr (sharded_masters) {
+      std::vector<T> rounded(all.size());
+      for (std::size_t i = 0; i < all.size(); ++i) rounded[i] = T(static_cast<float>(all[i]));
+      values_.write({0, all.size()}, rounded.data());
+      for (std::size_t k = 0; k < layout_.buckets(); ++k) {
+        const auto mine = layout_.real_block(k, rank_);
+        std::copy(all.begin() + static_cast<std::ptrdiff_t>(mine.begin), all.begin() + static_cast<std::ptrdiff_t>(mine.end),
+                  masters_.begin() + static_cast<std::ptrdiff_t>(element_at_[k]));
+      }
+    } else {
+      values_.write({0, all.size()}, all.data());
+    }
+  }
+
+  [[nodiscard]] shard_optimizer_state<W> optimizer_state() const { return optimizer_->state(); }
+  void load_optimizer_state(const shard_optimizer_state<W>& s, const std::string& source) {
     optimizer_->load(s, source);
   }
   [[nodiscard]] std::string optimizer_kind() const { return optimizer_->kind(); }
@@ -314,10 +365,10 @@ class sharded_data_parallel {
   void make_layout() {
     const std::size_t total = values_.total();
     if (opts_.partition == zero_partition::contiguous) {
-      layout_ = detail::zero::layout(total, world_, opts_.bucket_cap_bytes / sizeof(T) / world_);
+      layout_ = detail::zero::layout(total, world_, opts_.bucket_cap_bytes / sizeof(W) / world_);
     } else {
-      const std::size_t first = std::max<std::size_t>(opts_.first_bucket_bytes / sizeof(T), 1);
-      const std::size_t cap = std::max<std::size_t>(opts_.bucket_cap_bytes / sizeof(T), 1);
+      const std::size_t first = std::max<std::size_t>(opts_.first_bucket_bytes / sizeof(W), 1);
+      const std::size_t cap = std::max<std::size_t>(opts_.bucket_cap_bytes / sizeof(W), 1);
       std::vector<detail::zero::flat_range> spans;
       for (std::size_t end = total; end > 0;) {
         const std::size_t len = std::min(end, spans.empty() ? first : cap);
@@ -488,7 +539,7 @@ class sharded_data_parallel {
     rs_.assign(nb, std::nullopt);
     ag_.assign(nb, std::nullopt);
     launched_ = 0;
-    divisor_ = static_cast<T>(ranks_ * (opts_.average_accumulated ? static_cast<double>(accumulated_ + 1) : 1.0));
+    divisor_ = static_cast<W>(ranks_ * (opts_.average_accumulated ? static_cast<double>(accumulated_ + 1) : 1.0));
   }
 
   void launch_from(std::size_t first) {
@@ -499,7 +550,7 @@ class sharded_data_parallel {
   // Bucket k packed (added to what no_sync accumulated, if anything), divided and reduce_scattered.
   void launch_bucket(std::size_t k) {
     const std::size_t w = layout_.window_size(k);
-    T* in = nullptr;
+    W* in = nullptr;
     if (!whole_.empty()) {  // stage 1, or stage 2 after no_sync micro-steps
       in = whole_.data() + layout_.bucket_offset(k);
       detail::zero::pack_bucket(layout_, k, grads_, in, accumulated_ > 0);
@@ -509,9 +560,9 @@ class sharded_data_parallel {
       detail::zero::pack_bucket(layout_, k, grads_, in, false);
     }
     // Divided before the reduction, as DDP's hooks do (keeps the sum in range).
-    if (divisor_ != T(1)) detail::for_each_index(detail::host_exec{}, world_ * w, detail::ddp::divide_fn<T>{in, divisor_});
-    rs_[k] = comm_->reduce_scatter(tensor_view<const T>(in, world_ * w),
-                                   tensor_view<T>(shard_grad_.data() + layout_.window_begin(k), w), reduce_op::sum);
+    if (divisor_ != W(1)) detail::for_each_index(detail::host_exec{}, world_ * w, detail::ddp::divide_fn<W>{in, divisor_});
+    rs_[k] = comm_->reduce_scatter(tensor_view<const W>(in, world_ * w),
+                                   tensor_view<W>(shard_grad_.data() + layout_.window_begin(k), w), reduce_op::sum);
   }
 
   // After every reduce_scatter is launched: the hook, clipping, each bucket's step and all_gather.
@@ -526,7 +577,7 @@ class sharded_data_parallel {
     }
     // The padded share: its padding elements are zero, so a norm or an overflow check over
     // them is the real elements'.
-    if (hook_ && !hook_(tensor_view<T>(shard_grad_.data(), shard_grad_.size()))) {
+    if (hook_ && !hook_(tensor_view<W>(shard_grad_.data(), shard_grad_.size()))) {
       skipped_ = true;  // the parameters stay as they are on every rank: nothing to gather
       return;
     }
@@ -539,7 +590,12 @@ class sharded_data_parallel {
       const std::size_t w = layout_.window_size(k);
       T* send = send_[k % 2].data();
       const auto mine = layout_.real_block(k, rank_);
-      values_.read(mine, send, false);
+      if constexpr (sharded_masters) {
+        const W* m = masters_.data() + element_at_[k];
+        for (std::size_t i = 0; i < mine.size(); ++i) send[i] = T(m[i]);
+      } else {
+        values_.read(mine, send, false);
+      }
       std::fill(send + mine.size(), send + w, T(0));
       ag_[k] = comm_->all_gather(tensor_view<const T>(send, w), tensor_view<T>(gather_[k % 2].data(), world_ * w));
     }
@@ -550,11 +606,11 @@ class sharded_data_parallel {
   // all_reduce), then clip_grad_norm's rule on the shard.
   void clip_shard() {
     struct shard_param {
-      tensor_view<T> g;
-      [[nodiscard]] tensor_view<T> value() const { return g; }
-      [[nodiscard]] tensor_view<T> grad() const { return g; }
+      tensor_view<W> g;
+      [[nodiscard]] tensor_view<W> value() const { return g; }
+      [[nodiscard]] tensor_view<W> grad() const { return g; }
     };
-    const std::array<shard_param, 1> mine{shard_param{tensor_view<T>(shard_grad_.data(), shard_grad_.size())}};
+    const std::array<shard_param, 1> mine{shard_param{tensor_view<W>(shard_grad_.data(), shard_grad_.size())}};
     std::array<double, 1> sum{detail::optim::grad_sum_squares(mine)};
     wait_named(comm_->all_reduce(tensor_view<double>(sum.data(), 1), reduce_op::sum), "gradient-norm all_reduce");
     last_norm_ = std::sqrt(sum[0]);
@@ -564,11 +620,15 @@ class sharded_data_parallel {
   // The optimizer on this rank's real elements of bucket k (they may span several parameters).
   void step_bucket(std::size_t k) {
     const auto mine = layout_.real_block(k, rank_);
-    const T* g = shard_grad_.data() + layout_.window_begin(k);
+    const W* g = shard_grad_.data() + layout_.window_begin(k);
     const std::size_t at = element_at_[k];
-    values_.for_each_piece(mine, [&](T* v, std::size_t off, std::size_t len) {
-      optimizer_->update(v, g + off, at + off, len);
-    });
+    if constexpr (sharded_masters) {
+      optimizer_->update(masters_.data() + at, g, at, mine.size());
+    } else {
+      values_.for_each_piece(mine, [&](T* v, std::size_t off, std::size_t len) {
+        optimizer_->update(v, g + off, at + off, len);
+      });
+    }
   }
 
   void wait_reduce(std::size_t k) { wait_bucket(rs_[k], "gradient reduce_scatter", k); }
@@ -576,7 +636,9 @@ class sharded_data_parallel {
   void finish_gather(std::size_t k) {
     if (!ag_[k]) return;
     wait_bucket(ag_[k], "parameter all_gather", k);
-    detail::zero::unpack_bucket(layout_, k, gather_[k % 2].data(), values_, rank_);
+    // With masters, this rank's own block comes back rounded like the others'; without, it is
+    // already in place.
+    detail::zero::unpack_bucket(layout_, k, gather_[k % 2].data(), values_, sharded_masters ? world_ : rank_);
   }
 
   void wait_bucket(std::optional<work>& w, std::string_view what, std::size_t k) {
@@ -637,11 +699,12 @@ class sharded_data_parallel {
   std::size_t launched_in_backward_ = 0;
   std::size_t reported_ = 0;               // in backward: gradients reported final so far
   double exposed_reduce_s_ = 0;
-  T divisor_ = T(1);
-  std::optional<detail::zero::shard_optimizer<T>> optimizer_;
-  std::vector<T> shard_grad_;              // the reduced gradient of this rank's blocks (padded, bucket order)
-  std::vector<T> whole_;                   // bucket-major gradients: stage 1, or accumulation
-  std::array<std::vector<T>, 2> scatter_;  // stage 2: the reduce_scatter inputs, two buckets in flight
+  W divisor_ = W(1);
+  std::optional<detail::zero::shard_optimizer<W>> optimizer_;
+  std::vector<W> masters_;                 // 16-bit parameters: this rank's fp32 masters (optimizer-state order)
+  std::vector<W> shard_grad_;              // the reduced gradient of this rank's blocks (padded, bucket order)
+  std::vector<W> whole_;                   // bucket-major gradients: stage 1, or accumulation
+  std::array<std::vector<W>, 2> scatter_;  // stage 2: the reduce_scatter inputs, two buckets in flight
   std::array<std::vector<T>, 2> gather_;   // all_gather outputs, two buckets in flight
   std::array<std::vector<T>, 2> send_;     // all_gather inputs
   std::vector<std::optional<work>> rs_, ag_;

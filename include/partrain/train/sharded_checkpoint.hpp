@@ -536,17 +536,10 @@ void save_sharded_checkpoint(Sharded& z, const std::filesystem::path& index, con
                                      z.shard_values(), z.optimizer_state()};
     ck::save(g, index, extra, c, [&](int q) { return z.flat_segments(static_cast<std::size_t>(q)); });
   } else {
-    auto& m = z.module();
-    using T = model_element_t<std::remove_cvref_t<decltype(m)>>;
-    auto segments = z.flat_segments(static_cast<std::size_t>(g.rank()));
-    ck::shard_content<T> c{ck::param_entries(m), segments, std::vector<T>(ck::elements_of(segments)),
-                           z.optimizer_state()};
-    const auto views = ck::value_views(m);
-    std::size_t at = 0;
-    for (const auto& seg : segments) {
-      views.read(seg, c.values.data() + at, false);
-      at += seg.size();
-    }
+    // The master type: fp32 for 16-bit parameters, whose masters the ranks hold in pieces.
+    using T = typename Sharded::master_type;
+    const ck::shard_content<T> c{ck::param_entries(z.module()), z.flat_segments(static_cast<std::size_t>(g.rank())),
+                                 z.master_values(), z.optimizer_state()};
     ck::save(g, index, extra, c, [&](int q) { return z.flat_segments(static_cast<std::size_t>(q)); });
   }
 }
@@ -567,13 +560,12 @@ checkpoint_extra load_sharded_checkpoint(Sharded& z, const std::filesystem::path
     z.load_shard_values(got.values);
     return got.index.extra;
   } else {
-    auto& m = z.module();
-    using T = model_element_t<std::remove_cvref_t<decltype(m)>>;
+    using T = typename Sharded::master_type;
     const std::vector<ck::flat_range> all{{0, z.total_elements()}};
-    auto got = ck::read_together<T>(g, index, ck::param_entries(m), z.optimizer_kind(), all,
+    auto got = ck::read_together<T>(g, index, ck::param_entries(z.module()), z.optimizer_kind(), all,
                                     z.flat_segments(static_cast<std::size_t>(g.rank())));
     z.load_optimizer_state(got.state, source);
-    ck::value_views(m).write({0, got.values.size()}, got.values.data());
+    z.load_values(got.values);
     return got.index.extra;
   }
 }

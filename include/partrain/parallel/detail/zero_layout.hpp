@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstring>
 #include <span>
@@ -176,13 +177,23 @@ class flat_views {
     }
   }
 
-  // dst[0, r.size()) = the flat range r (add: +=).
-  void read(flat_range r, T* dst, bool add) const {
+  // dst[0, r.size()) = the flat range r (add: +=), converted to U (16-bit gradients widened
+  // into float buckets).
+  template <class U>
+  void read(flat_range r, U* dst, bool add) const {
     for_each_piece(r, [&](const T* p, std::size_t off, std::size_t len) {
-      if (add) {
-        for_each_index(host_exec{}, len, ddp::accumulate_fn<T>{dst + off, p});
+      if constexpr (std::same_as<U, T>) {
+        if (add) {
+          for_each_index(host_exec{}, len, ddp::accumulate_fn<T>{dst + off, p});
+        } else {
+          std::memcpy(dst + off, p, len * sizeof(T));
+        }
       } else {
-        std::memcpy(dst + off, p, len * sizeof(T));
+        U* d = dst + off;
+        for (std::size_t i = 0; i < len; ++i) {
+          const U x = static_cast<U>(static_cast<float>(p[i]));
+          d[i] = add ? d[i] + x : x;
+        }
       }
     });
   }
@@ -198,14 +209,14 @@ class flat_views {
 
 // Bucket k of the flat space into `dst` (n blocks of window_size(k), bucket-major), padding
 // zeroed; add: accumulate into what dst holds (padding stays zero).
-template <class T>
-void pack_bucket(const layout& l, std::size_t k, const flat_views<T>& src, T* dst, bool add) {
+template <class T, class U>
+void pack_bucket(const layout& l, std::size_t k, const flat_views<T>& src, U* dst, bool add) {
   const std::size_t w = l.window_size(k);
   for (std::size_t q = 0; q < l.world(); ++q) {
     const auto real = l.real_block(k, q);
-    T* block = dst + q * w;
+    U* block = dst + q * w;
     src.read(real, block, add);
-    if (!add) std::fill(block + real.size(), block + w, T(0));
+    if (!add) std::fill(block + real.size(), block + w, U(0));
   }
 }
 
