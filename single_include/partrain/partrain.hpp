@@ -18795,6 +18795,9 @@ struct zero_options {
   // Under join: divide by the world size even when some ranks already joined (PyTorch's
   // divide_by_initial_world_size=True); false divides by the number of ranks still active.
   bool divide_by_initial_world_size = true;
+  // 16-bit parameters: reduce_scatter the gradients in fp32 (twice the bytes, no 16-bit rounding
+  // of the sum). false: in the parameters' type, as DDP on that model all_reduces them.
+  bool fp32_reduce = false;
 };
 
 // What one rank holds, in bytes (so a benchmark can print it beside DDP's).
@@ -18861,7 +18864,9 @@ class sharded_data_parallel {
       gather_[i].assign(world_ * slot, T(0));
       send_[i].assign(slot, T(0));
       if (opts_.stage == 2) scatter_[i].assign(world_ * slot, W(0));
+      if (reduce16()) slot16_[i].assign(world_ * slot, T(0));
     }
+    if (reduce16()) shard16_.assign(layout_.padded_shard(), T(0));
     if (opts_.stage == 1) whole_.assign(layout_.padded(), W(0));
     if constexpr (sharded_masters) {
       masters_.resize(shard_elements_);
@@ -19002,7 +19007,8 @@ class sharded_data_parallel {
     sharded_memory r;
     r.parameter_bytes = layout_.total() * sizeof(T);
     r.model_gradient_bytes = layout_.total() * sizeof(T);
-    r.gradient_bytes = bytes(shard_grad_) + bytes(whole_) + bytes(scatter_[0]) + bytes(scatter_[1]);
+    r.gradient_bytes = bytes(shard_grad_) + bytes(whole_) + bytes(scatter_[0]) + bytes(scatter_[1]) + bytes(slot16_[0]) +
+                       bytes(slot16_[1]) + bytes(shard16_);
     r.optimizer_state_bytes = optimizer_->state_bytes();
     r.master_bytes = bytes(masters_);
     r.communication_bytes = bytes(gather_[0]) + bytes(gather_[1]) + bytes(send_[0]) + bytes(send_[1]);
@@ -19260,6 +19266,15 @@ class sharded_data_parallel {
     }
     // Divided before the reduction, as DDP's hooks do (keeps the sum in range).
     if (divisor_ != W(1)) detail::for_each_index(detail::host_exec{}, world_ * w, detail::ddp::divide_fn<W>{in, divisor_});
+    if (reduce16()) {
+      // Rounded to the parameters' type and reduced in it; wait_reduce widens the result.
+      if (!whole_.empty() && k >= 2) wait_reduce(k - 2);  // its 16-bit slot is free again
+      T* h = slot16_[k % 2].data();
+      for (std::size_t i = 0; i < world_ * w; ++i) h[i] = T(static_cast<float>(in[i]));
+      rs_[k] = comm_->reduce_scatter(tensor_view<const T>(h, world_ * w),
+                                     tensor_view<T>(shard16_.data() + layout_.window_begin(k), w), reduce_op::sum);
+      return;
+    }
     rs_[k] = comm_->reduce_scatter(tensor_view<const W>(in, world_ * w),
                                    tensor_view<W>(shard_grad_.data() + layout_.window_begin(k), w), reduce_op::sum);
   }
@@ -19330,7 +19345,17 @@ class sharded_data_parallel {
     }
   }
 
-  void wait_reduce(std::size_t k) { wait_bucket(rs_[k], "gradient reduce_scatter", k); }
+  void wait_reduce(std::size_t k) {
+    if (!rs_[k]) return;
+    wait_bucket(rs_[k], "gradient reduce_scatter", k);
+    if (reduce16()) {
+      const T* h = shard16_.data() + layout_.window_begin(k);
+      W* g = shard_grad_.data() + layout_.window_begin(k);
+      for (std::size_t i = 0; i < layout_.window_size(k); ++i) g[i] = static_cast<W>(static_cast<float>(h[i]));
+    }
+  }
+  // 16-bit parameters, gradients reduced in their type.
+  [[nodiscard]] bool reduce16() const noexcept { return sharded_masters && !opts_.fp32_reduce; }
 
   void finish_gather(std::size_t k) {
     if (!ag_[k]) return;
@@ -19404,6 +19429,8 @@ class sharded_data_parallel {
   std::vector<W> shard_grad_;              // the reduced gradient of this rank's blocks (padded, bucket order)
   std::vector<W> whole_;                   // bucket-major gradients: stage 1, or accumulation
   std::array<std::vector<W>, 2> scatter_;  // stage 2: the reduce_scatter inputs, two buckets in flight
+  std::array<std::vector<T>, 2> slot16_;   // reduce16(): the 16-bit reduce_scatter inputs
+  std::vector<T> shard16_;                 // reduce16(): their outputs, widened into shard_grad_
   std::array<std::vector<T>, 2> gather_;   // all_gather outputs, two buckets in flight
   std::array<std::vector<T>, 2> send_;     // all_gather inputs
   std::vector<std::optional<work>> rs_, ag_;
