@@ -1,9 +1,7 @@
 # Sharded data parallel, ZeRO-1/2 (owned by the zero area; included from tests/parallel/CMakeLists.txt).
 partrain_add_test(test_zero SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_zero.cpp LABELS "parallel;threads")
-# 16-bit parameters with the fp32 masters sharded, and their checkpoints.
-partrain_add_test(test_zero_masters SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_zero_masters.cpp
-                  LABELS "parallel;train;threads")
-# zero_policy under fit() and the sharded checkpoints (train layer, threads backend).
+# zero_policy under fit() and the sharded checkpoints (train layer, threads backend); 16-bit
+# parameters with their fp32 masters sharded (one translation unit: they share its headers).
 partrain_add_test(test_zero_checkpoint SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_zero_checkpoint.cpp
                   LABELS "parallel;train;threads")
 if(TARGET partrain::gloo)
