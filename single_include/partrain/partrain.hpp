@@ -12944,10 +12944,15 @@ template <class M, class B>
 }  // namespace partrain::inline v0
 
 // #include <partrain/parallel/detail/buckets.hpp>
-// partrain/parallel/detail/buckets.hpp: assignment of parameters to gradient buckets.
+// partrain/parallel/detail/buckets.hpp: assignment of parameters to gradient buckets, and the check
+// of the grad-ready reports that fill them.
 
 #include <cstddef>
+#include <string>
+#include <string_view>
 #include <vector>
+
+// #include <partrain/core/error.hpp> (above)
 
 namespace partrain::inline v0 {
 
@@ -12982,6 +12987,19 @@ namespace detail::ddp {
   }
   if (!open.params.empty()) out.push_back(std::move(open));
   return out;
+}
+
+// The grad-ready contract (model/concepts.hpp) checked where DDP's and ZeRO's buckets take a
+// report: an index the model has, reported once per step. `who` begins the message.
+inline void check_grad_ready(std::string_view who, std::size_t i, std::size_t count, bool already_reported) {
+  if (i >= count) {
+    throw invalid_argument_error(std::string(who) + "grad-ready notification for parameter index " + std::to_string(i) +
+                                 ", but the model has " + std::to_string(count) + " parameters");
+  }
+  if (already_reported) {
+    throw invalid_argument_error(std::string(who) + "grad-ready notification for parameter " + std::to_string(i) +
+                                 " came twice in one step (each gradient must be reported once, when final)");
+  }
 }
 
 }  // namespace detail::ddp
@@ -13531,14 +13549,7 @@ class reducer {
 
   // Parameter i's gradient is final: copy it into its bucket; launch whatever is now launchable.
   void mark_ready(std::size_t i, tensor_view<const T, S> g) {
-    if (i >= numels_.size()) {
-      throw invalid_argument_error("DDP grad-ready notification for parameter index " + std::to_string(i) +
-                                   ", but the model has " + std::to_string(numels_.size()) + " parameters");
-    }
-    if (ready_[i]) {
-      throw invalid_argument_error("DDP grad-ready notification for parameter " + std::to_string(i) +
-                                   " came twice in one step (each gradient must be reported once, when final)");
-    }
+    check_grad_ready("DDP ", i, numels_.size(), i < numels_.size() && ready_[i]);
     if (g.size() != numels_[i]) {
       throw invalid_argument_error("DDP: parameter " + std::to_string(i) + "'s gradient has " +
                                    std::to_string(g.size()) + " elements, it had " + std::to_string(numels_[i]) +
@@ -18745,6 +18756,7 @@ class streaming_diloco {
 // #include <partrain/model/traits.hpp> (above)
 // #include <partrain/optim/clip.hpp> (above)
 // #include <partrain/optim/optimizer.hpp> (above)
+// #include <partrain/parallel/detail/buckets.hpp> (above)
 // #include <partrain/parallel/detail/ddp_elements.hpp> (above)
 // #include <partrain/parallel/detail/evaluate.hpp> (above)
 // #include <partrain/parallel/detail/no_sync_guard.hpp> (above)
@@ -19042,7 +19054,7 @@ class sharded_data_parallel {
     }
     if constexpr (sharded_masters) {
       std::vector<T> rounded(all.size());
-      for (std::size_t i = 0; i < all.size(); ++i) rounded[i] = T(static_cast<float>(all[i]));
+      detail::for_each_index(detail::host_exec{}, all.size(), detail::ddp::compress_16_fn<W, T>{all.data(), rounded.data(), 1.0f});
       values_.write({0, all.size()}, rounded.data());
       for (std::size_t k = 0; k < layout_.buckets(); ++k) {
         const auto mine = layout_.real_block(k, rank_);
@@ -19138,14 +19150,7 @@ class sharded_data_parallel {
   }
 
   void mark_ready(std::size_t i) {
-    if (i >= param_ready_.size()) {
-      throw invalid_argument_error(where() + "grad-ready notification for parameter index " + std::to_string(i) +
-                                   ", but the model has " + std::to_string(param_ready_.size()) + " parameters");
-    }
-    if (param_ready_[i]) {
-      throw invalid_argument_error(where() + "grad-ready notification for parameter " + std::to_string(i) +
-                                   " came twice in one step (each gradient must be reported once, when final)");
-    }
+    detail::ddp::check_grad_ready(where(), i, param_ready_.size(), i < param_ready_.size() && param_ready_[i]);
     param_ready_[i] = 1;
     for (std::size_t k = param_buckets_[i].first; k < param_buckets_[i].second; ++k) --pending_[k];
     // Buckets launch in order on every rank, whatever order their gradients became final in.
@@ -19270,7 +19275,7 @@ class sharded_data_parallel {
       // Rounded to the parameters' type and reduced in it; wait_reduce widens the result.
       if (!whole_.empty() && k >= 2) wait_reduce(k - 2);  // its 16-bit slot is free again
       T* h = slot16_[k % 2].data();
-      for (std::size_t i = 0; i < world_ * w; ++i) h[i] = T(static_cast<float>(in[i]));
+      detail::for_each_index(detail::host_exec{}, world_ * w, detail::ddp::compress_16_fn<W, T>{in, h, 1.0f});
       rs_[k] = comm_->reduce_scatter(tensor_view<const T>(h, world_ * w),
                                      tensor_view<T>(shard16_.data() + layout_.window_begin(k), w), reduce_op::sum);
       return;
@@ -19306,7 +19311,7 @@ class sharded_data_parallel {
       const auto mine = layout_.real_block(k, rank_);
       if constexpr (sharded_masters) {
         const W* m = masters_.data() + element_at_[k];
-        for (std::size_t i = 0; i < mine.size(); ++i) send[i] = T(m[i]);
+        detail::for_each_index(detail::host_exec{}, mine.size(), detail::ddp::compress_16_fn<W, T>{m, send, 1.0f});
       } else {
         values_.read(mine, send, false);
       }
@@ -19351,7 +19356,7 @@ class sharded_data_parallel {
     if (reduce16()) {
       const T* h = shard16_.data() + layout_.window_begin(k);
       W* g = shard_grad_.data() + layout_.window_begin(k);
-      for (std::size_t i = 0; i < layout_.window_size(k); ++i) g[i] = static_cast<W>(static_cast<float>(h[i]));
+      detail::for_each_index(detail::host_exec{}, layout_.window_size(k), detail::ddp::decompress_16_fn<T, W>{h, g});
     }
   }
   // 16-bit parameters, gradients reduced in their type.

@@ -1,8 +1,13 @@
-// partrain/parallel/detail/buckets.hpp: assignment of parameters to gradient buckets.
+// partrain/parallel/detail/buckets.hpp: assignment of parameters to gradient buckets, and the check
+// of the grad-ready reports that fill them.
 #pragma once
 
 #include <cstddef>
+#include <string>
+#include <string_view>
 #include <vector>
+
+#include <partrain/core/error.hpp>
 
 namespace partrain::inline v0 {
 
@@ -37,6 +42,19 @@ namespace detail::ddp {
   }
   if (!open.params.empty()) out.push_back(std::move(open));
   return out;
+}
+
+// The grad-ready contract (model/concepts.hpp) checked where DDP's and ZeRO's buckets take a
+// report: an index the model has, reported once per step. `who` begins the message.
+inline void check_grad_ready(std::string_view who, std::size_t i, std::size_t count, bool already_reported) {
+  if (i >= count) {
+    throw invalid_argument_error(std::string(who) + "grad-ready notification for parameter index " + std::to_string(i) +
+                                 ", but the model has " + std::to_string(count) + " parameters");
+  }
+  if (already_reported) {
+    throw invalid_argument_error(std::string(who) + "grad-ready notification for parameter " + std::to_string(i) +
+                                 " came twice in one step (each gradient must be reported once, when final)");
+  }
 }
 
 }  // namespace detail::ddp

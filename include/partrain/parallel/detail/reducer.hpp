@@ -173,14 +173,7 @@ class reducer {
 
   // Parameter i's gradient is final: copy it into its bucket; launch whatever is now launchable.
   void mark_ready(std::size_t i, tensor_view<const T, S> g) {
-    if (i >= numels_.size()) {
-      throw invalid_argument_error("DDP grad-ready notification for parameter index " + std::to_string(i) +
-                                   ", but the model has " + std::to_string(numels_.size()) + " parameters");
-    }
-    if (ready_[i]) {
-      throw invalid_argument_error("DDP grad-ready notification for parameter " + std::to_string(i) +
-                                   " came twice in one step (each gradient must be reported once, when final)");
-    }
+    check_grad_ready("DDP ", i, numels_.size(), i < numels_.size() && ready_[i]);
     if (g.size() != numels_[i]) {
       throw invalid_argument_error("DDP: parameter " + std::to_string(i) + "'s gradient has " +
                                    std::to_string(g.size()) + " elements, it had " + std::to_string(numels_[i]) +
