@@ -2072,6 +2072,7 @@ class device_buffer {
   [[nodiscard]] T* data() noexcept { return data_; }
   [[nodiscard]] const T* data() const noexcept { return data_; }
   [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
+  [[nodiscard]] bool empty() const noexcept { return size() == 0; }
   [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
   [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
   [[nodiscard]] int device_index() const noexcept { return device_; }
@@ -11568,6 +11569,14 @@ struct decompress_16_fn {
   PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const { x[i] = static_cast<T>(static_cast<float>(h[i])); }
 };
 
+// dst[i] += T(h[i]): 16-bit gradients accumulated into a wider bucket (ZeRO's no_sync).
+template <class H, class T>
+struct accumulate_widened_fn {
+  T* dst;
+  const H* h;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const { dst[i] = dst[i] + static_cast<T>(static_cast<float>(h[i])); }
+};
+
 }  // namespace partrain::inline v0::detail::ddp
 
 // #include <partrain/parallel/detail/ddp_kernels.cuh>
@@ -13235,6 +13244,16 @@ template <class C>
   }
 }
 
+// Whether comm's collectives take CUDA memory (a communicator without accepts() is assumed not to).
+template <class C>
+[[nodiscard]] bool takes_cuda_memory(const C& comm) {
+  if constexpr (requires { comm.accepts(device_kind::cuda); }) {
+    return comm.accepts(device_kind::cuda);
+  } else {
+    return false;
+  }
+}
+
 #if PARTRAIN_HAS_CUDA
 // Where a device-only backend's staging copies go: `device` when the caller knows it (>= 0),
 // else the backend's, else the current one; never device 0 by omission (on rank N that is
@@ -14811,6 +14830,73 @@ class diloco {
 
 }  // namespace partrain::inline v0
 
+// #include <partrain/parallel/detail/zero_space.hpp>
+// partrain/parallel/detail/zero_space.hpp: where sharded data parallel keeps its own buffers (the
+// shard's reduced gradient, fp32 masters, bucket slots, optimizer state) and how it moves elements
+// among them and the model's tensors: in the parameters' memory space, through a `place`.
+// place<host> is here; place<cuda> (device_buffers, the same functors as kernels, copies queued on
+// the communicator's input stream) is parallel/detail/zero_kernels.cuh, nvcc only. The element
+// loops are functors run through for_each_index, so the host path and the CPU tier run the code
+// a GPU runs.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+// #include <partrain/core/for_each_index.hpp> (above)
+// #include <partrain/core/memory_space.hpp> (above)
+
+namespace partrain::inline v0::detail::zero {
+
+template <class S>
+struct place;
+
+template <>
+struct place<host> {
+  template <class U>
+  using buffer = std::vector<U>;
+
+  [[nodiscard]] host_exec exec() const noexcept { return {}; }
+  // The stream the optimizer's element loops queue on (the CUDA twin's); none on the host.
+  [[nodiscard]] void* stream() const noexcept { return nullptr; }
+  [[nodiscard]] int device() const noexcept { return -1; }
+
+  // n zeros (a buffer's old contents are dropped).
+  template <class U>
+  void allocate(std::vector<U>& b, std::size_t n) const {
+    b.assign(n, U(0));
+  }
+  template <class U>
+  void release(std::vector<U>& b) const {
+    std::vector<U>().swap(b);
+  }
+  // Within the place.
+  template <class U>
+  void copy(U* dst, const U* src, std::size_t n) const {
+    if (n) std::memcpy(dst, src, n * sizeof(U));
+  }
+  template <class U>
+  void fill_zero(U* dst, std::size_t n) const {
+    std::fill(dst, dst + n, U(0));
+  }
+  // Between the place and host memory, finished on return.
+  template <class U>
+  void to_host(U* dst, const U* src, std::size_t n) const {
+    copy(dst, src, n);
+  }
+  template <class U>
+  void from_host(U* dst, const U* src, std::size_t n) const {
+    copy(dst, src, n);
+  }
+  // Orders the place's next work after what `stream` (the model's) has queued.
+  void after(void* /*stream*/) const noexcept {}
+  // Waits for everything queued on the place.
+  void finish() const noexcept {}
+};
+
+}  // namespace partrain::inline v0::detail::zero
+
 // #include <partrain/parallel/detail/zero_layout.hpp>
 // partrain/parallel/detail/zero_layout.hpp: where sharded data parallel's elements live: the
 // flat parameter space (every parameter concatenated in model order, N elements), the buckets
@@ -14820,13 +14906,14 @@ class diloco {
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
-#include <cstring>
 #include <span>
 #include <vector>
 
 // #include <partrain/core/for_each_index.hpp> (above)
+// #include <partrain/core/memory_space.hpp> (above)
 // #include <partrain/core/tensor_view.hpp> (above)
 // #include <partrain/parallel/detail/ddp_elements.hpp> (above)
+// #include <partrain/parallel/detail/zero_space.hpp> (above)
 
 namespace partrain::inline v0::detail::zero {
 
@@ -14956,12 +15043,13 @@ class layout {
   std::size_t max_window_ = 0;
 };
 
-// The model's tensors (values or gradients) seen as one flat space, without copying them.
-template <class T>
+// The model's tensors (values or gradients) seen as one flat space, without copying them; S is
+// their memory space, and every copy goes through a place of it (zero_space.hpp).
+template <class T, class S = host>
 class flat_views {
  public:
   flat_views() = default;
-  explicit flat_views(std::vector<tensor_view<T>> views) : views_(std::move(views)) {
+  explicit flat_views(std::vector<tensor_view<T, S>> views) : views_(std::move(views)) {
     starts_.reserve(views_.size() + 1);
     std::size_t at = 0;
     for (const auto& v : views_) {
@@ -14990,57 +15078,66 @@ class flat_views {
     }
   }
 
-  // dst[0, r.size()) = the flat range r (add: +=), converted to U (16-bit gradients widened
-  // into float buckets).
-  template <class U>
-  void read(flat_range r, U* dst, bool add) const {
+  // dst[0, r.size()) (in the same place) = the flat range r (add: +=), converted to U (16-bit
+  // gradients widened into float buckets).
+  template <class U, class P = place<S>>
+  void read(flat_range r, U* dst, bool add, const P& at = P{}) const {
     for_each_piece(r, [&](const T* p, std::size_t off, std::size_t len) {
       if constexpr (std::same_as<U, T>) {
         if (add) {
-          for_each_index(host_exec{}, len, ddp::accumulate_fn<T>{dst + off, p});
+          for_each_index(at.exec(), len, ddp::accumulate_fn<T>{dst + off, p});
         } else {
-          std::memcpy(dst + off, p, len * sizeof(T));
+          at.copy(dst + off, p, len);
         }
+      } else if (add) {
+        for_each_index(at.exec(), len, ddp::accumulate_widened_fn<T, U>{dst + off, p});
       } else {
-        U* d = dst + off;
-        for (std::size_t i = 0; i < len; ++i) {
-          const U x = static_cast<U>(static_cast<float>(p[i]));
-          d[i] = add ? d[i] + x : x;
-        }
+        for_each_index(at.exec(), len, ddp::decompress_16_fn<T, U>{p, dst + off});
       }
     });
   }
-  // The flat range r = src[0, r.size()).
-  void write(flat_range r, const T* src) const {
-    for_each_piece(r, [&](T* p, std::size_t off, std::size_t len) { std::memcpy(p, src + off, len * sizeof(T)); });
+  // The same with dst and src in host memory (a checkpoint's), finished on return.
+  template <class P = place<S>>
+  void read_to_host(flat_range r, T* dst, const P& at = P{}) const {
+    for_each_piece(r, [&](const T* p, std::size_t off, std::size_t len) { at.to_host(dst + off, p, len); });
+  }
+  template <class P = place<S>>
+  void write_from_host(flat_range r, const T* src, const P& at = P{}) const {
+    for_each_piece(r, [&](T* p, std::size_t off, std::size_t len) { at.from_host(p, src + off, len); });
+  }
+  // The flat range r = src[0, r.size()) (in the same place).
+  template <class P = place<S>>
+  void write(flat_range r, const T* src, const P& at = P{}) const {
+    for_each_piece(r, [&](T* p, std::size_t off, std::size_t len) { at.copy(p, src + off, len); });
   }
 
  private:
-  std::vector<tensor_view<T>> views_;
+  std::vector<tensor_view<T, S>> views_;
   std::vector<std::size_t> starts_;
 };
 
 // Bucket k of the flat space into `dst` (n blocks of window_size(k), bucket-major), padding
 // zeroed; add: accumulate into what dst holds (padding stays zero).
-template <class T, class U>
-void pack_bucket(const layout& l, std::size_t k, const flat_views<T>& src, U* dst, bool add) {
+template <class T, class S, class U, class P = place<S>>
+void pack_bucket(const layout& l, std::size_t k, const flat_views<T, S>& src, U* dst, bool add, const P& at = P{}) {
   const std::size_t w = l.window_size(k);
   for (std::size_t q = 0; q < l.world(); ++q) {
     const auto real = l.real_block(k, q);
     U* block = dst + q * w;
-    src.read(real, block, add);
-    if (!add) std::fill(block + real.size(), block + w, U(0));
+    src.read(real, block, add, at);
+    if (!add) at.fill_zero(block + real.size(), w - real.size());
   }
 }
 
 // Bucket k's blocks (as an all_gather leaves them) back into the flat space, except rank `skip`'s
 // (already in place); padding is dropped.
-template <class T>
-void unpack_bucket(const layout& l, std::size_t k, const T* src, const flat_views<T>& dst, std::size_t skip) {
+template <class T, class S, class P = place<S>>
+void unpack_bucket(const layout& l, std::size_t k, const T* src, const flat_views<T, S>& dst, std::size_t skip,
+                   const P& at = P{}) {
   const std::size_t w = l.window_size(k);
   for (std::size_t q = 0; q < l.world(); ++q) {
     if (q == skip) continue;
-    dst.write(l.real_block(k, q), src + q * w);
+    dst.write(l.real_block(k, q), src + q * w, at);
   }
 }
 
@@ -15260,10 +15357,13 @@ struct shard_optimizer_state {
 
 namespace detail::zero {
 
-template <class T>
+// S: where the shard's values, gradients and state live; on a CUDA device (device_index) the
+// element loops queue on `stream` and have finished on return (optim/detail/kernels.cuh).
+template <class T, class S = host>
 class shard_optimizer {
  public:
-  shard_optimizer(shard_optimizer_options o, std::size_t elements) : opts_(o), elements_(elements) {
+  shard_optimizer(shard_optimizer_options o, std::size_t elements, int device_index = -1, void* stream = nullptr)
+      : opts_(o), elements_(elements), device_(device_index), stream_(stream) {
     std::visit([](const auto& x) { optim::validate(x); }, opts_);
   }
 
@@ -15283,12 +15383,12 @@ class shard_optimizer {
     if (!has_state_) {
       if (is_sgd()) {
         if (std::get<sgd_options>(opts_).momentum != 0) {
-          a_.assign_zero(elements_);
+          a_.assign_zero(elements_, device_, stream_);
           has_state_ = true;
         }
       } else {
-        a_.assign_zero(elements_);
-        b_.assign_zero(elements_);
+        a_.assign_zero(elements_, device_, stream_);
+        b_.assign_zero(elements_, device_, stream_);
         has_state_ = true;
       }
     }
@@ -15301,12 +15401,12 @@ class shard_optimizer {
   }
   // Updates the values v (n elements) at shard offset `at`, with their gradients g.
   void update(T* v, const T* g, std::size_t at, std::size_t n) {
-    const tensor_view<T> vv(v, n);
-    const tensor_view<const T> gv(g, n);
+    const tensor_view<T, S> vv(v, n);
+    const tensor_view<const T, S> gv(g, n);
     if (is_sgd()) {
-      optim::sgd_update(vv, gv, has_state_ ? a_.data() + at : nullptr, sgd_, first_);
+      optim::sgd_update(vv, gv, has_state_ ? a_.data() + at : nullptr, sgd_, first_, stream_);
     } else {
-      optim::adamw_update(vv, gv, a_.data() + at, b_.data() + at, adamw_);
+      optim::adamw_update(vv, gv, a_.data() + at, b_.data() + at, adamw_, stream_);
     }
   }
 
@@ -15345,8 +15445,8 @@ class shard_optimizer {
     a_ = {};
     b_ = {};
     if (has_state_) {
-      a_.copy_from_host(s.arrays[0]);
-      if (s.arrays.size() > 1) b_.copy_from_host(s.arrays[1]);
+      a_.copy_from_host(s.arrays[0], device_);
+      if (s.arrays.size() > 1) b_.copy_from_host(s.arrays[1], device_);
     }
     steps_ = s.steps;
   }
@@ -15354,7 +15454,9 @@ class shard_optimizer {
  private:
   shard_optimizer_options opts_;
   std::size_t elements_;
-  optim::state_buffer<T, host> a_, b_;  // momentum | exp_avg, exp_avg_sq
+  int device_ = -1;
+  void* stream_ = nullptr;
+  optim::state_buffer<T, S> a_, b_;  // momentum | exp_avg, exp_avg_sq
   bool has_state_ = false;
   bool first_ = false;  // this step creates the momentum (SGD clones the gradient into it)
   std::int64_t steps_ = 0;
@@ -18708,6 +18810,108 @@ class streaming_diloco {
 
 }  // namespace partrain::inline v0
 
+// #include <partrain/parallel/detail/zero_kernels.cuh>
+#if PARTRAIN_HAS_CUDA && defined(__CUDACC__)
+// partrain/parallel/detail/zero_kernels.cuh: place<cuda>, sharded data parallel's buffers and
+// element moves for parameters in CUDA memory (the twin of place<host> in zero_space.hpp): buffers
+// are device_buffers on the parameters' device; copies, fills and the functors of
+// parallel/detail/ddp_elements.hpp are queued on one stream, the communicator's input stream, so
+// the collectives (which NCCL orders after that stream) see them, and the host waits for that
+// stream only where it hands memory back (finish, to_host, from_host). nvcc only.
+
+#if !defined(__CUDACC__)
+#error "partrain/parallel/detail/zero_kernels.cuh must be compiled by nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <optional>
+
+// #include <partrain/core/memory_space.hpp> (above)
+// #include <partrain/cuda/check.hpp> (above)
+// #include <partrain/cuda/device_buffer.hpp> (above)
+// #include <partrain/cuda/device_guard.hpp> (above)
+// #include <partrain/cuda/event.hpp> (above)
+// #include <partrain/cuda/launch.cuh> (above)
+// #include <partrain/parallel/detail/zero_space.hpp> (above)
+
+namespace partrain::inline v0::detail::zero {
+
+template <>
+struct place<cuda> {
+  template <class U>
+  using buffer = device_buffer<U>;
+
+  place() = default;
+  // device: the parameters' CUDA device; stream: a cudaStream_t of it (null: the legacy stream).
+  place(int device, void* stream) : device_(device), stream_(stream) {}
+
+  [[nodiscard]] cuda_exec exec() const noexcept { return {s(), device_}; }
+  [[nodiscard]] void* stream() const noexcept { return stream_; }
+  [[nodiscard]] int device() const noexcept { return device_; }
+
+  // n zeros, the fill queued on the stream (so work queued there next sees zeros).
+  template <class U>
+  void allocate(device_buffer<U>& b, std::size_t n) const {
+    b = device_buffer<U>(partrain::shape{n}, device_, s());
+  }
+  // cudaFree waits for the device's work, so nothing queued still uses the memory.
+  template <class U>
+  void release(device_buffer<U>& b) const {
+    b = device_buffer<U>();
+  }
+  template <class U>
+  void copy(U* dst, const U* src, std::size_t n) const {
+    if (n == 0) return;
+    cuda_device_guard guard(device_);
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(U), cudaMemcpyDeviceToDevice, s()));
+  }
+  template <class U>
+  void fill_zero(U* dst, std::size_t n) const {
+    if (n == 0) return;
+    cuda_device_guard guard(device_);
+    PARTRAIN_CUDA_CHECK(cudaMemsetAsync(dst, 0, n * sizeof(U), s()));
+  }
+  template <class U>
+  void to_host(U* dst, const U* src, std::size_t n) const {
+    if (n == 0) return;
+    cuda_device_guard guard(device_);
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(U), cudaMemcpyDeviceToHost, s()));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(s()));
+  }
+  template <class U>
+  void from_host(U* dst, const U* src, std::size_t n) const {
+    if (n == 0) return;
+    cuda_device_guard guard(device_);
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(U), cudaMemcpyHostToDevice, s()));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(s()));
+  }
+  // The stream's next work waits for what `stream` (the model's; null: the legacy one) queued.
+  void after(void* stream) const {
+    const cudaStream_t other = stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
+    if (other == s()) return;
+    cuda_device_guard guard(device_);
+    if (!ready_) ready_.emplace();
+    ready_->record(other);
+    ready_->block(s());
+  }
+  void finish() const {
+    cuda_device_guard guard(device_);
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(s()));
+  }
+
+ private:
+  [[nodiscard]] cudaStream_t s() const noexcept { return stream_or_legacy(stream_); }
+
+  int device_ = -1;
+  void* stream_ = nullptr;
+  mutable std::optional<cuda_event> ready_;  // created at the first after() that needs it
+};
+
+}  // namespace partrain::inline v0::detail::zero
+#endif  // PARTRAIN_HAS_CUDA && defined(__CUDACC__)
+
 // #include <partrain/parallel/zero.hpp>
 // partrain/parallel/zero.hpp: sharded data parallel, ZeRO stages 1 and 2 (DeepSpeed's ZeRO-1/2,
 // PyTorch's ZeroRedundancyOptimizer without its extra broadcast). Every rank trains the whole
@@ -18723,9 +18927,11 @@ class streaming_diloco {
 //   sharded_data_parallel zero(model, group, adamw_options{.lr = 1e-3}, {.stage = 2});
 //   for (auto& b : batches) zero.train_step(b);
 //
-// Host parameters only in this release; the model's own parameters and gradients stay whole
-// (the model owns them), so ZeRO-1/2 save optimizer state (and, stage 2, gradient buffers), not
-// parameter memory. A model with 16-bit (half, bfloat16) parameters has its fp32 masters kept
+// Host or CUDA parameters: the policy's buffers and the shard's optimizer state live where the
+// parameters do (CUDA: on their device, the element loops as kernels on the communicator's input
+// stream, so the backend must reduce CUDA memory: NCCL). The model's own parameters and gradients
+// stay whole (the model owns them), so ZeRO-1/2 save optimizer state (and, stage 2, gradient
+// buffers), not parameter memory. A model with 16-bit (half, bfloat16) parameters has its fp32 masters kept
 // sharded here, beside their optimizer state; see docs/sharding.md.
 
 #include <algorithm>
@@ -18759,10 +18965,19 @@ class streaming_diloco {
 // #include <partrain/parallel/detail/buckets.hpp> (above)
 // #include <partrain/parallel/detail/ddp_elements.hpp> (above)
 // #include <partrain/parallel/detail/evaluate.hpp> (above)
+// #include <partrain/parallel/detail/host_staging.hpp> (above)
 // #include <partrain/parallel/detail/no_sync_guard.hpp> (above)
 // #include <partrain/parallel/detail/sharded_join.hpp> (above)
 // #include <partrain/parallel/detail/zero_layout.hpp> (above)
 // #include <partrain/parallel/detail/zero_optimizer.hpp> (above)
+// #include <partrain/parallel/detail/zero_space.hpp> (above)
+
+#if PARTRAIN_HAS_CUDA
+// #include <partrain/cuda/device_guard.hpp> (above)
+#endif
+#if defined(__CUDACC__)
+// #include <partrain/parallel/detail/zero_kernels.cuh> (above)
+#endif
 
 namespace partrain::inline v0 {
 
@@ -18829,15 +19044,22 @@ class sharded_data_parallel {
   using P = param_t<M>;
   using T = param_element_t<P>;
   using S = param_space_t<P>;
+  static_assert(std::same_as<S, host> || std::same_as<S, cuda>, "partrain: parameters must be in host or CUDA memory");
+#if !defined(__CUDACC__)
   static_assert(std::same_as<S, host>,
-                "partrain: sharded_data_parallel runs host parameters in this release (for CUDA parameters use "
-                "distributed_data_parallel)");
+                "partrain: sharded_data_parallel with CUDA parameters must be compiled by nvcc (its element loops run "
+                "as kernels on the parameters' device)");
+#endif
   static_assert(std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, half> || std::same_as<T, bfloat16>,
                 "partrain: sharded_data_parallel averages and steps float, double, half or bfloat16 parameters");
   // 16-bit parameters: each rank keeps the fp32 masters of its own elements (the model holds
   // only the 16-bit copy), reduces the gradients in fp32 and gathers the updated 16-bit values.
   static constexpr bool sharded_masters = std::same_as<T, half> || std::same_as<T, bfloat16>;
   using W = std::conditional_t<sharded_masters, float, T>;
+  // Where the policy's buffers live and how elements move there (detail/zero_space.hpp).
+  using X = detail::zero::place<S>;
+  template <class U>
+  using buffer = typename X::template buffer<U>;
 
  public:
   // What the optimizer steps and a checkpoint saves: the parameters' type, or fp32 for 16-bit ones.
@@ -18864,26 +19086,32 @@ class sharded_data_parallel {
                                    std::to_string(opts_.max_grad_norm));
     }
     collect_views();
+    at_ = make_place();
+    model_stream_ = model_stream(m);
+    at_.after(model_stream_);  // the parameters as the model made them
     verify_parameters();
     if (opts_.broadcast_parameters) broadcast_parameters();
     make_layout();
-    optimizer_.emplace(optimizer, shard_elements_);
-    shard_grad_.assign(layout_.padded_shard(), W(0));
+    optimizer_.emplace(optimizer, shard_elements_, at_.device(), at_.stream());
+    at_.allocate(shard_grad_, layout_.padded_shard());
     // Two buckets in flight need two slots; a model that fits one bucket needs one.
     const std::size_t slot = std::min(layout_.window(), layout_.padded_shard());
     const std::size_t slots = std::min<std::size_t>(2, layout_.buckets());
     for (std::size_t i = 0; i < slots; ++i) {
-      gather_[i].assign(world_ * slot, T(0));
-      send_[i].assign(slot, T(0));
-      if (opts_.stage == 2) scatter_[i].assign(world_ * slot, W(0));
-      if (reduce16()) slot16_[i].assign(world_ * slot, T(0));
+      at_.allocate(gather_[i], world_ * slot);
+      at_.allocate(send_[i], slot);
+      if (opts_.stage == 2) at_.allocate(scatter_[i], world_ * slot);
+      if (reduce16()) at_.allocate(slot16_[i], world_ * slot);
     }
-    if (reduce16()) shard16_.assign(layout_.padded_shard(), T(0));
-    if (opts_.stage == 1) whole_.assign(layout_.padded(), W(0));
+    if (reduce16()) at_.allocate(shard16_, layout_.padded_shard());
+    if (opts_.stage == 1) at_.allocate(whole_, layout_.padded());
     if constexpr (sharded_masters) {
-      masters_.resize(shard_elements_);
-      for (std::size_t k = 0; k < layout_.buckets(); ++k) values_.read(layout_.real_block(k, rank_), masters_.data() + element_at_[k], false);
+      at_.allocate(masters_, shard_elements_);
+      for (std::size_t k = 0; k < layout_.buckets(); ++k) {
+        values_.read(layout_.real_block(k, rank_), masters_.data() + element_at_[k], false, at_);
+      }
     }
+    at_.finish();
   }
   sharded_data_parallel(const sharded_data_parallel&) = delete;
   sharded_data_parallel& operator=(const sharded_data_parallel&) = delete;
@@ -18907,7 +19135,7 @@ class sharded_data_parallel {
       try {
         const double loss = synchronizing_step(batch);
         accumulated_ = 0;
-        if (opts_.stage == 2) std::vector<W>().swap(whole_);
+        if (opts_.stage == 2) at_.release(whole_);
         ++steps_;
         return loss;
       } catch (...) {
@@ -18918,10 +19146,12 @@ class sharded_data_parallel {
     }
     const double loss = model_->train_step(batch);
     collect_views();
-    if (whole_.empty()) whole_.assign(layout_.padded(), W(0));
+    at_.after(model_stream_);
+    if (whole_.empty()) at_.allocate(whole_, layout_.padded());
     for (std::size_t k = 0; k < layout_.buckets(); ++k) {
-      detail::zero::pack_bucket(layout_, k, grads_, whole_.data() + layout_.bucket_offset(k), accumulated_ > 0);
+      detail::zero::pack_bucket(layout_, k, grads_, whole_.data() + layout_.bucket_offset(k), accumulated_ > 0, at_);
     }
+    at_.finish();  // read before the model's next backward overwrites its gradients
     ++accumulated_;
     return loss;
   }
@@ -18941,9 +19171,9 @@ class sharded_data_parallel {
         if (flag[0] == 0) break;
         shadowed = true;
         if (flag[1] == 0) continue;  // the active ranks accumulate: nothing is communicated
-        if (zeros_.size() != values_.total()) zeros_.assign(values_.total(), T(0));
+        if (zeros_.size() != values_.total()) at_.allocate(zeros_, values_.total());
         const auto real = grads_;
-        grads_ = detail::zero::flat_views<T>({tensor_view<T>(zeros_.data(), zeros_.size())});
+        grads_ = detail::zero::flat_views<T, S>({tensor_view<T, S>(zeros_.data(), zeros_.size())});
         ranks_ = opts_.divide_by_initial_world_size ? static_cast<double>(world_) : static_cast<double>(flag[0]);
         try {
           reduce_step_gather();
@@ -18953,7 +19183,7 @@ class sharded_data_parallel {
           throw;
         }
         grads_ = real;
-        if (opts_.stage == 2) std::vector<W>().swap(whole_);
+        if (opts_.stage == 2) at_.release(whole_);
         ++steps_;
         ++shadow_steps_;
       }
@@ -18962,7 +19192,7 @@ class sharded_data_parallel {
       throw;
     }
     joined_ = false;
-    std::vector<T>().swap(zeros_);
+    at_.release(zeros_);
     return shadowed;
   }
   // Steps this rank took part in after join() (all joins so far).
@@ -18976,18 +19206,15 @@ class sharded_data_parallel {
   template <class Range>
   [[nodiscard]] eval_result evaluate(Range&& batches) {
     return detail::ddp::sum_over_ranks(detail::ddp::evaluate_batches(*model_, std::forward<Range>(batches)),
-                                  [&](std::span<double> sums) {
-                                    wait_named(comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()),
-                                                                 reduce_op::sum),
-                                               "evaluation all_reduce");
-                                  });
+                                       [&](std::span<double> sums) { small_all_reduce(sums, "evaluation all_reduce"); });
   }
 
   // Called on every rank with its reduced gradient slice after the reduce_scatters, before
   // clipping and the step; returning false skips this step's update and all_gather (every rank
   // must decide alike, e.g. by agreeing across ranks). What mixed precision's unscale and
-  // overflow check plug into (precision/sharded_amp.hpp). Empty: none.
-  using gradient_hook = std::function<bool(tensor_view<W>)>;
+  // overflow check plug into (precision/sharded_amp.hpp). Empty: none. CUDA parameters: the slice
+  // is in device memory, finished when the hook runs.
+  using gradient_hook = std::function<bool(tensor_view<W, S>)>;
   void set_gradient_hook(gradient_hook h) { hook_ = std::move(h); }
   // Whether the last synchronizing step's update was skipped by the gradient hook.
   [[nodiscard]] bool last_step_skipped() const noexcept { return skipped_; }
@@ -19015,7 +19242,7 @@ class sharded_data_parallel {
   [[nodiscard]] double exposed_reduce_seconds() const noexcept { return exposed_reduce_s_; }
 
   [[nodiscard]] sharded_memory memory() const noexcept {
-    const auto bytes = [](const auto& v) { return v.size() * sizeof(typename std::remove_cvref_t<decltype(v)>::value_type); };
+    const auto bytes = [](const auto& v) { return v.size() * sizeof(*v.data()); };
     sharded_memory r;
     r.parameter_bytes = layout_.total() * sizeof(T);
     r.model_gradient_bytes = layout_.total() * sizeof(T);
@@ -19035,12 +19262,13 @@ class sharded_data_parallel {
   [[nodiscard]] std::vector<W> master_values() const {
     std::vector<W> out;
     if constexpr (sharded_masters) {
-      out = masters_;
+      out.resize(masters_.size());
+      at_.to_host(out.data(), masters_.data(), masters_.size());
     } else {
       for (const auto& seg : layout_.segments(rank_)) {
         const std::size_t at = out.size();
         out.resize(at + seg.size());
-        values_.read(seg, out.data() + at, false);
+        values_.read_to_host(seg, out.data() + at, at_);
       }
     }
     return out;
@@ -19055,14 +19283,13 @@ class sharded_data_parallel {
     if constexpr (sharded_masters) {
       std::vector<T> rounded(all.size());
       detail::for_each_index(detail::host_exec{}, all.size(), detail::ddp::compress_16_fn<W, T>{all.data(), rounded.data(), 1.0f});
-      values_.write({0, all.size()}, rounded.data());
+      values_.write_from_host({0, all.size()}, rounded.data(), at_);
       for (std::size_t k = 0; k < layout_.buckets(); ++k) {
         const auto mine = layout_.real_block(k, rank_);
-        std::copy(all.begin() + static_cast<std::ptrdiff_t>(mine.begin), all.begin() + static_cast<std::ptrdiff_t>(mine.end),
-                  masters_.begin() + static_cast<std::ptrdiff_t>(element_at_[k]));
+        at_.from_host(masters_.data() + element_at_[k], all.data() + mine.begin, mine.size());
       }
     } else {
-      values_.write({0, all.size()}, all.data());
+      values_.write_from_host({0, all.size()}, all.data(), at_);
     }
   }
 
@@ -19074,6 +19301,63 @@ class sharded_data_parallel {
 
  private:
   [[nodiscard]] std::string where() const { return "rank " + std::to_string(rank_) + " sharded_data_parallel: "; }
+
+  // Host: nothing to choose. CUDA: the parameters' device (all on one, the communicator's if it
+  // is bound to one) and the communicator's input stream, which it orders its collectives after.
+  [[nodiscard]] X make_place() {
+    if constexpr (std::same_as<S, host>) {
+      return {};
+    } else {
+#if defined(__CUDACC__)
+      if (!detail::takes_cuda_memory(*comm_)) {
+        throw config_error(where() + "the parameters are in CUDA memory but the communicator reduces host memory only "
+                                     "(sharded_data_parallel keeps its shards on the parameters' device: use an nccl "
+                                     "group, or distributed_data_parallel, which stages through the host)");
+      }
+      int dev = -1;
+      std::size_t i = 0;
+      for (auto&& p : model_->parameters()) {
+        const auto v = p.value();
+        if (!v.empty()) {
+          const int d = cuda_device_of(v.data(), "sharded_data_parallel (parameter placement)").index;
+          if (dev >= 0 && d != dev) {
+            throw config_error(where() + "parameter " + detail::param_name(p, i) + " is on cuda:" + std::to_string(d) +
+                               ", the ones before it on cuda:" + std::to_string(dev) +
+                               " (expected every parameter of a rank on one device)");
+          }
+          dev = d;
+        }
+        ++i;
+      }
+      int comm_dev = -1;
+      if constexpr (requires(const C& c) { { c.cuda_device_index() } -> std::convertible_to<int>; }) {
+        comm_dev = comm_->cuda_device_index();
+      }
+      void* stream = nullptr;  // the legacy stream
+      if constexpr (requires(const C& c) { { c.input_stream() } -> std::convertible_to<void*>; }) {
+        stream = comm_->input_stream();
+      }
+      if (dev < 0) dev = comm_dev >= 0 ? comm_dev : cuda_current_device();
+      if (comm_dev >= 0 && comm_dev != dev) {
+        throw config_error(where() + "the parameters are on cuda:" + std::to_string(dev) +
+                           " but the communicator runs on cuda:" + std::to_string(comm_dev) +
+                           " (expected the same device)");
+      }
+      return X(dev, stream);
+#else
+      return {};
+#endif
+    }
+  }
+
+  // A few host numbers summed over the ranks (through a device copy on a backend that reduces
+  // CUDA memory only); errors name this rank and `what`.
+  template <class E>
+  void small_all_reduce(std::span<E> data, const std::string& what) {
+    detail::host_collective(
+        *comm_, data, [&](auto view) { return comm_->all_reduce(view, reduce_op::sum); },
+        [&](const work& w) { wait_named(w, what); }, at_.device());
+  }
 
   // Per bucket: the flat space walked backwards (the order backward finishes gradients in) and
   // cut into ranges of first_bucket_bytes, then bucket_cap_bytes; a range may cut through a
@@ -19174,11 +19458,11 @@ class sharded_data_parallel {
   }
 
   void collect_views() {
-    std::vector<tensor_view<T>> values, grads;
+    std::vector<tensor_view<T, S>> values, grads;
     std::size_t i = 0;
     for (auto&& p : model_->parameters()) {
-      tensor_view<T> v = p.value();
-      tensor_view<T> g = p.grad();
+      tensor_view<T, S> v = p.value();
+      tensor_view<T, S> g = p.grad();
       if (v.size() != g.size()) {
         throw invalid_argument_error(where() + "parameter " + detail::param_name(p, i) + " has " +
                                      std::to_string(v.size()) + " values but " + std::to_string(g.size()) +
@@ -19189,8 +19473,8 @@ class sharded_data_parallel {
       ++i;
     }
     const std::size_t before = values_.total();
-    values_ = detail::zero::flat_views<T>(std::move(values));
-    grads_ = detail::zero::flat_views<T>(std::move(grads));
+    values_ = detail::zero::flat_views<T, S>(std::move(values));
+    grads_ = detail::zero::flat_views<T, S>(std::move(grads));
     if (optimizer_ && values_.total() != before) {
       throw invalid_argument_error(where() + "the model now has " + std::to_string(values_.total()) +
                                    " parameter elements, it had " + std::to_string(before) + " at construction");
@@ -19212,8 +19496,7 @@ class sharded_data_parallel {
     all[3 * rank_] = count;
     all[3 * rank_ + 1] = static_cast<std::int64_t>(values_.total());
     all[3 * rank_ + 2] = static_cast<std::int64_t>(h >> 1);
-    wait_named(comm_->all_reduce(tensor_view<std::int64_t>(all.data(), all.size()), reduce_op::sum),
-               "parameter check all_reduce");
+    small_all_reduce(std::span<std::int64_t>(all), "parameter check all_reduce");
     for (std::size_t q = 1; q < world_; ++q) {
       if (std::equal(all.begin(), all.begin() + 3, all.begin() + static_cast<std::ptrdiff_t>(3 * q))) continue;
       throw config_error(where() + "rank " + std::to_string(q) + " has " + std::to_string(all[3 * q]) +
@@ -19224,14 +19507,12 @@ class sharded_data_parallel {
     }
   }
 
-  void agree_flag(std::array<std::int64_t, 2>& flag, const char* what) {
-    wait_named(comm_->all_reduce(tensor_view<std::int64_t>(flag.data(), flag.size()), reduce_op::sum), what);
-  }
+  void agree_flag(std::array<std::int64_t, 2>& flag, const char* what) { small_all_reduce(std::span<std::int64_t>(flag), what); }
 
   void broadcast_parameters() {
     std::vector<work> works;
     for (auto&& p : model_->parameters()) {
-      tensor_view<T> v = p.value();
+      tensor_view<T, S> v = p.value();
       if (!v.empty()) works.push_back(comm_->broadcast(v, 0));
     }
     wait_all(works, "parameter broadcast");
@@ -19260,28 +19541,29 @@ class sharded_data_parallel {
   // Bucket k packed (added to what no_sync accumulated, if anything), divided and reduce_scattered.
   void launch_bucket(std::size_t k) {
     const std::size_t w = layout_.window_size(k);
+    at_.after(model_stream_);  // the gradients the model reported are made on its stream
     W* in = nullptr;
     if (!whole_.empty()) {  // stage 1, or stage 2 after no_sync micro-steps
       in = whole_.data() + layout_.bucket_offset(k);
-      detail::zero::pack_bucket(layout_, k, grads_, in, accumulated_ > 0);
+      detail::zero::pack_bucket(layout_, k, grads_, in, accumulated_ > 0, at_);
     } else {
       if (k >= 2) wait_reduce(k - 2);  // its slot is free again
       in = scatter_[k % 2].data();
-      detail::zero::pack_bucket(layout_, k, grads_, in, false);
+      detail::zero::pack_bucket(layout_, k, grads_, in, false, at_);
     }
     // Divided before the reduction, as DDP's hooks do (keeps the sum in range).
-    if (divisor_ != W(1)) detail::for_each_index(detail::host_exec{}, world_ * w, detail::ddp::divide_fn<W>{in, divisor_});
+    if (divisor_ != W(1)) detail::for_each_index(at_.exec(), world_ * w, detail::ddp::divide_fn<W>{in, divisor_});
     if (reduce16()) {
       // Rounded to the parameters' type and reduced in it; wait_reduce widens the result.
       if (!whole_.empty() && k >= 2) wait_reduce(k - 2);  // its 16-bit slot is free again
       T* h = slot16_[k % 2].data();
-      detail::for_each_index(detail::host_exec{}, world_ * w, detail::ddp::compress_16_fn<W, T>{in, h, 1.0f});
-      rs_[k] = comm_->reduce_scatter(tensor_view<const T>(h, world_ * w),
-                                     tensor_view<T>(shard16_.data() + layout_.window_begin(k), w), reduce_op::sum);
+      detail::for_each_index(at_.exec(), world_ * w, detail::ddp::compress_16_fn<W, T>{in, h, 1.0f});
+      rs_[k] = comm_->reduce_scatter(tensor_view<const T, S>(h, world_ * w),
+                                     tensor_view<T, S>(shard16_.data() + layout_.window_begin(k), w), reduce_op::sum);
       return;
     }
-    rs_[k] = comm_->reduce_scatter(tensor_view<const W>(in, world_ * w),
-                                   tensor_view<W>(shard_grad_.data() + layout_.window_begin(k), w), reduce_op::sum);
+    rs_[k] = comm_->reduce_scatter(tensor_view<const W, S>(in, world_ * w),
+                                   tensor_view<W, S>(shard_grad_.data() + layout_.window_begin(k), w), reduce_op::sum);
   }
 
   // After every reduce_scatter is launched: the hook, clipping, each bucket's step and all_gather.
@@ -19294,9 +19576,10 @@ class sharded_data_parallel {
         for (std::size_t k = 0; k < nb; ++k) wait_reduce(k);
       });
     }
+    if (hook_) at_.finish();  // the hook may read the slice on another stream
     // The padded share: its padding elements are zero, so a norm or an overflow check over
     // them is the real elements'.
-    if (hook_ && !hook_(tensor_view<W>(shard_grad_.data(), shard_grad_.size()))) {
+    if (hook_ && !hook_(tensor_view<W, S>(shard_grad_.data(), shard_grad_.size()))) {
       skipped_ = true;  // the parameters stay as they are on every rank: nothing to gather
       return;
     }
@@ -19311,29 +19594,30 @@ class sharded_data_parallel {
       const auto mine = layout_.real_block(k, rank_);
       if constexpr (sharded_masters) {
         const W* m = masters_.data() + element_at_[k];
-        detail::for_each_index(detail::host_exec{}, mine.size(), detail::ddp::compress_16_fn<W, T>{m, send, 1.0f});
+        detail::for_each_index(at_.exec(), mine.size(), detail::ddp::compress_16_fn<W, T>{m, send, 1.0f});
       } else {
-        values_.read(mine, send, false);
+        values_.read(mine, send, false, at_);
       }
-      std::fill(send + mine.size(), send + w, T(0));
-      ag_[k] = comm_->all_gather(tensor_view<const T>(send, w), tensor_view<T>(gather_[k % 2].data(), world_ * w));
+      at_.fill_zero(send + mine.size(), w - mine.size());
+      ag_[k] = comm_->all_gather(tensor_view<const T, S>(send, w), tensor_view<T, S>(gather_[k % 2].data(), world_ * w));
     }
     for (std::size_t k = nb >= 2 ? nb - 2 : 0; k < nb; ++k) finish_gather(k);
+    at_.finish();  // the parameters are whole before the model's next forward, on any stream
   }
 
   // Global-norm clipping across shards: Σg² of this shard, summed over ranks (one double
   // all_reduce), then clip_grad_norm's rule on the shard.
   void clip_shard() {
     struct shard_param {
-      tensor_view<W> g;
-      [[nodiscard]] tensor_view<W> value() const { return g; }
-      [[nodiscard]] tensor_view<W> grad() const { return g; }
+      tensor_view<W, S> g;
+      [[nodiscard]] tensor_view<W, S> value() const { return g; }
+      [[nodiscard]] tensor_view<W, S> grad() const { return g; }
     };
-    const std::array<shard_param, 1> mine{shard_param{tensor_view<W>(shard_grad_.data(), shard_grad_.size())}};
-    std::array<double, 1> sum{detail::optim::grad_sum_squares(mine)};
-    wait_named(comm_->all_reduce(tensor_view<double>(sum.data(), 1), reduce_op::sum), "gradient-norm all_reduce");
+    const std::array<shard_param, 1> mine{shard_param{tensor_view<W, S>(shard_grad_.data(), shard_grad_.size())}};
+    std::array<double, 1> sum{detail::optim::grad_sum_squares(mine, at_.stream())};
+    small_all_reduce(std::span<double>(sum), "gradient-norm all_reduce");
     last_norm_ = std::sqrt(sum[0]);
-    detail::optim::clip_to_norm(mine, last_norm_, opts_.max_grad_norm);
+    detail::optim::clip_to_norm(mine, last_norm_, opts_.max_grad_norm, at_.stream());
   }
 
   // The optimizer on this rank's real elements of bucket k (they may span several parameters).
@@ -19356,7 +19640,7 @@ class sharded_data_parallel {
     if (reduce16()) {
       const T* h = shard16_.data() + layout_.window_begin(k);
       W* g = shard_grad_.data() + layout_.window_begin(k);
-      detail::for_each_index(detail::host_exec{}, layout_.window_size(k), detail::ddp::decompress_16_fn<T, W>{h, g});
+      detail::for_each_index(at_.exec(), layout_.window_size(k), detail::ddp::decompress_16_fn<T, W>{h, g});
     }
   }
   // 16-bit parameters, gradients reduced in their type.
@@ -19367,7 +19651,7 @@ class sharded_data_parallel {
     wait_bucket(ag_[k], "parameter all_gather", k);
     // With masters, this rank's own block comes back rounded like the others'; without, it is
     // already in place.
-    detail::zero::unpack_bucket(layout_, k, gather_[k % 2].data(), values_, sharded_masters ? world_ : rank_);
+    detail::zero::unpack_bucket(layout_, k, gather_[k % 2].data(), values_, sharded_masters ? world_ : rank_, at_);
   }
 
   void wait_bucket(std::optional<work>& w, std::string_view what, std::size_t k) {
@@ -19416,7 +19700,9 @@ class sharded_data_parallel {
   C* comm_;
   zero_options opts_;
   std::size_t rank_, world_;
-  detail::zero::flat_views<T> values_, grads_;
+  X at_;                                   // where the buffers below live (the parameters' space)
+  void* model_stream_ = nullptr;          // CUDA: the stream the model makes its gradients on
+  detail::zero::flat_views<T, S> values_, grads_;
   detail::zero::layout layout_;
   std::size_t shard_elements_ = 0;
   std::vector<std::size_t> element_at_;    // bucket k's elements of this rank start here in its optimizer state
@@ -19429,19 +19715,19 @@ class sharded_data_parallel {
   std::size_t reported_ = 0;               // in backward: gradients reported final so far
   double exposed_reduce_s_ = 0;
   W divisor_ = W(1);
-  std::optional<detail::zero::shard_optimizer<W>> optimizer_;
-  std::vector<W> masters_;                 // 16-bit parameters: this rank's fp32 masters (optimizer-state order)
-  std::vector<W> shard_grad_;              // the reduced gradient of this rank's blocks (padded, bucket order)
-  std::vector<W> whole_;                   // bucket-major gradients: stage 1, or accumulation
-  std::array<std::vector<W>, 2> scatter_;  // stage 2: the reduce_scatter inputs, two buckets in flight
-  std::array<std::vector<T>, 2> slot16_;   // reduce16(): the 16-bit reduce_scatter inputs
-  std::vector<T> shard16_;                 // reduce16(): their outputs, widened into shard_grad_
-  std::array<std::vector<T>, 2> gather_;   // all_gather outputs, two buckets in flight
-  std::array<std::vector<T>, 2> send_;     // all_gather inputs
+  std::optional<detail::zero::shard_optimizer<W, S>> optimizer_;
+  buffer<W> masters_;                  // 16-bit parameters: this rank's fp32 masters (optimizer-state order)
+  buffer<W> shard_grad_;               // the reduced gradient of this rank's blocks (padded, bucket order)
+  buffer<W> whole_;                    // bucket-major gradients: stage 1, or accumulation
+  std::array<buffer<W>, 2> scatter_;   // stage 2: the reduce_scatter inputs, two buckets in flight
+  std::array<buffer<T>, 2> slot16_;    // reduce16(): the 16-bit reduce_scatter inputs
+  buffer<T> shard16_;                  // reduce16(): their outputs, widened into shard_grad_
+  std::array<buffer<T>, 2> gather_;    // all_gather outputs, two buckets in flight
+  std::array<buffer<T>, 2> send_;      // all_gather inputs
   std::vector<std::optional<work>> rs_, ag_;
   gradient_hook hook_;
   bool skipped_ = false;
-  std::vector<T> zeros_;                   // a joined rank's gradients while it shadows
+  buffer<T> zeros_;                    // a joined rank's gradients while it shadows
   std::size_t accumulated_ = 0;
   std::size_t shadow_steps_ = 0;
   double ranks_ = 1;                       // what the step's gradients are divided by (times micro-steps)
@@ -20493,13 +20779,14 @@ concept sharded_trainer = requires(Z& z) {
   z.set_gradient_hook({});
 };
 
-// One rank's reduced gradient slice as a model of one parameter, so the scaler's unscale (one
-// fused pass, flag agreed across ranks) runs on it unchanged.
+// One rank's reduced gradient slice (in host or CUDA memory, S) as a model of one parameter, so
+// the scaler's unscale (one fused pass, flag agreed across ranks) runs on it unchanged.
+template <class S>
 struct gradient_slice {
   struct param {
-    tensor_view<float> g;
-    [[nodiscard]] tensor_view<float> value() const { return g; }
-    [[nodiscard]] tensor_view<float> grad() const { return g; }
+    tensor_view<float, S> g;
+    [[nodiscard]] tensor_view<float, S> value() const { return g; }
+    [[nodiscard]] tensor_view<float, S> grad() const { return g; }
   };
   std::array<param, 1> ps;
   [[nodiscard]] std::array<param, 1>& parameters() noexcept { return ps; }
@@ -20525,8 +20812,8 @@ amp_step_result amp_step(Z& zero, grad_scaler& scaler, const B& batch) {
   }
   bool checked = false;
   if (scaler.enabled()) {
-    zero.set_gradient_hook([&](tensor_view<float> slice) {
-      detail::amp::gradient_slice s;
+    zero.set_gradient_hook([&]<class S>(tensor_view<float, S> slice) {
+      detail::amp::gradient_slice<S> s;
       s.ps[0].g = slice;
       checked = true;
       return !scaler.unscale(s, zero.comm());

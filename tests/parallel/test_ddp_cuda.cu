@@ -1,6 +1,7 @@
 // DDP with parameters in CUDA memory over the local (host) backend: gradients are staged through
 // the host buckets. The result must equal the host-parameter run exactly (gpu label; skips
-// without a device).
+// without a device). Also ZeRO-1/2 (sharded_data_parallel) with CUDA parameters: its shards and
+// optimizer state on the device, over NCCL, against the host run; refused over a host backend.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime.h>
@@ -10,6 +11,7 @@
 #include <partrain/cuda/stream.hpp>
 #include <partrain/optim/sgd.hpp>
 #include <partrain/parallel/ddp.hpp>
+#include <partrain/parallel/zero.hpp>
 
 #include <cstdio>
 #include <filesystem>
@@ -127,4 +129,76 @@ TEST_CASE("ddp with NCCL at world size 1 trains (device buckets; plain, fp16, bf
     for (std::size_t i = 0; i < dev_values.size(); ++i) CHECK(dev_values[i] == Approx(host_values[i]).margin(2e-2));
   }
 }
+
+// Every option that changes the device path: stage 1 and 2, both partitions (per bucket launches
+// in backward from the model's reports), SGD with momentum and AdamW, clipping, no_sync, the
+// model on its own stream; several buckets (64-byte cap) and padding (the MLP's 43 elements).
+TEST_CASE("zero with CUDA parameters over NCCL at world size 1 equals the host run", "[parallel][zero][cuda][nccl][gpu]") {
+  const auto store_path = std::filesystem::temp_directory_path() / ("partrain_zero_nccl_" + std::to_string(::getpid()));
+  const int stage = GENERATE(1, 2);
+  const auto partition = GENERATE(zero_partition::per_bucket, zero_partition::contiguous);
+  const bool adam = GENERATE(false, true);
+  const bool own_stream = GENERATE(false, true);
+  CAPTURE(stage, static_cast<int>(partition), adam, own_stream);
+  const shard_optimizer_options o =
+      adam ? shard_optimizer_options{adamw_options{.lr = 0.01}} : shard_optimizer_options{sgd_options{.lr = 0.05, .momentum = 0.9}};
+  const zero_options zo{.stage = stage, .partition = partition, .bucket_cap_bytes = 64, .first_bucket_bytes = 16,
+                        .max_grad_norm = 0.5};
+  auto train = [&](auto& zero) {
+    std::vector<double> losses;
+    {
+      auto guard = zero.no_sync();
+      zero.train_step(make_toy_batch<float>(1000, 4));
+    }
+    for (int s = 0; s < 12; ++s) losses.push_back(zero.train_step(make_toy_batch<float>(static_cast<std::size_t>(s % 5) * 4, 4)));
+    return losses;
+  };
+  std::vector<float> dev_values, host_values;
+  std::vector<double> dev_losses, host_losses;
+  std::size_t in_backward = 0, host_in_backward = 0;
+  std::vector<float> dev_masters;
+  {
+    std::filesystem::remove(store_path);
+    nccl_group g(std::make_shared<file_store>(store_path.string()), 0, 1, device::cuda(0));
+    device_mlp m(7, own_stream);
+    sharded_data_parallel zero(m, g, o, zo);
+    dev_losses = train(zero);
+    in_backward = zero.buckets_launched_in_backward();
+    dev_masters = zero.master_values();
+    CHECK(zero.buckets() > 1);
+    CHECK(std::isfinite(zero.last_grad_norm()));
+    dev_values = m.values();
+  }
+  std::filesystem::remove(store_path);
+  run_local(1, [&](local_group& g) {
+    toy_mlp<float> m(7);
+    sharded_data_parallel zero(m, g, o, zo);
+    host_losses = train(zero);
+    host_in_backward = zero.buckets_launched_in_backward();
+    host_values = m.flat_values();
+  });
+  CHECK(in_backward == host_in_backward);
+  CHECK((in_backward > 0) == (partition == zero_partition::per_bucket));
+  REQUIRE(dev_values.size() == host_values.size());
+  REQUIRE(dev_masters.size() == host_values.size());  // world 1: the shard is the whole model
+  REQUIRE(dev_losses.size() == host_losses.size());
+  for (std::size_t i = 0; i < dev_losses.size(); ++i) CHECK(dev_losses[i] == Approx(host_losses[i]).epsilon(1e-4));
+  // The device fuses multiply-adds: close, not bitwise; a missing step or all_gather is off by far more.
+  for (std::size_t i = 0; i < dev_values.size(); ++i) {
+    CHECK(dev_values[i] == Approx(host_values[i]).epsilon(1e-4).margin(1e-5));
+    CHECK(dev_masters[i] == dev_values[i]);
+  }
+}
 #endif
+
+TEST_CASE("zero with CUDA parameters over a host backend is refused, naming nccl", "[parallel][zero][cuda][gpu]") {
+  run_local(1, [&](local_group& g) {
+    device_mlp m(7);
+    REQUIRE_THROWS_AS((sharded_data_parallel(m, g, sgd_options{.lr = 0.1})), config_error);
+    try {
+      sharded_data_parallel zero(m, g, sgd_options{.lr = 0.1});
+    } catch (const config_error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("rank 0") && Catch::Contains("nccl") && Catch::Contains("CUDA memory"));
+    }
+  });
+}

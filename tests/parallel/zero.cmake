@@ -12,7 +12,7 @@ endif()
 # Concept failures read as one sentence: each snippet must fail to compile with its message.
 foreach(case_and_message
     "zero_batch_not_trainable|needs `double train_step\\(const Batch&\\)`"
-    "zero_cuda_parameters|sharded_data_parallel runs host parameters in this release")
+    "zero_cuda_parameters|sharded_data_parallel with CUDA parameters must be compiled by nvcc")
   string(REPLACE "|" ";" _pair "${case_and_message}")
   list(GET _pair 0 _case)
   list(GET _pair 1 _message)

@@ -81,6 +81,7 @@ class device_buffer {
   [[nodiscard]] T* data() noexcept { return data_; }
   [[nodiscard]] const T* data() const noexcept { return data_; }
   [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
+  [[nodiscard]] bool empty() const noexcept { return size() == 0; }
   [[nodiscard]] std::size_t size_bytes() const noexcept { return size() * sizeof(T); }
   [[nodiscard]] const partrain::shape& shape() const noexcept { return shape_; }
   [[nodiscard]] int device_index() const noexcept { return device_; }

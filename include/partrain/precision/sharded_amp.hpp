@@ -30,13 +30,14 @@ concept sharded_trainer = requires(Z& z) {
   z.set_gradient_hook({});
 };
 
-// One rank's reduced gradient slice as a model of one parameter, so the scaler's unscale (one
-// fused pass, flag agreed across ranks) runs on it unchanged.
+// One rank's reduced gradient slice (in host or CUDA memory, S) as a model of one parameter, so
+// the scaler's unscale (one fused pass, flag agreed across ranks) runs on it unchanged.
+template <class S>
 struct gradient_slice {
   struct param {
-    tensor_view<float> g;
-    [[nodiscard]] tensor_view<float> value() const { return g; }
-    [[nodiscard]] tensor_view<float> grad() const { return g; }
+    tensor_view<float, S> g;
+    [[nodiscard]] tensor_view<float, S> value() const { return g; }
+    [[nodiscard]] tensor_view<float, S> grad() const { return g; }
   };
   std::array<param, 1> ps;
   [[nodiscard]] std::array<param, 1>& parameters() noexcept { return ps; }
@@ -62,8 +63,8 @@ amp_step_result amp_step(Z& zero, grad_scaler& scaler, const B& batch) {
   }
   bool checked = false;
   if (scaler.enabled()) {
-    zero.set_gradient_hook([&](tensor_view<float> slice) {
-      detail::amp::gradient_slice s;
+    zero.set_gradient_hook([&]<class S>(tensor_view<float, S> slice) {
+      detail::amp::gradient_slice<S> s;
       s.ps[0].g = slice;
       checked = true;
       return !scaler.unscale(s, zero.comm());

@@ -1,4 +1,5 @@
-// Must not compile: sharded_data_parallel takes host parameters only in this release.
+// Must not compile: sharded_data_parallel with CUDA parameters runs its element loops as kernels,
+// so g++ (no nvcc) refuses it with a sentence naming nvcc.
 #include <partrain/comm/local.hpp>
 #include <partrain/parallel/zero.hpp>
 

@@ -50,4 +50,12 @@ struct decompress_16_fn {
   PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const { x[i] = static_cast<T>(static_cast<float>(h[i])); }
 };
 
+// dst[i] += T(h[i]): 16-bit gradients accumulated into a wider bucket (ZeRO's no_sync).
+template <class H, class T>
+struct accumulate_widened_fn {
+  T* dst;
+  const H* h;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const { dst[i] = dst[i] + static_cast<T>(static_cast<float>(h[i])); }
+};
+
 }  // namespace partrain::inline v0::detail::ddp

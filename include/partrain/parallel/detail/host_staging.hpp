@@ -122,6 +122,16 @@ template <class C>
   }
 }
 
+// Whether comm's collectives take CUDA memory (a communicator without accepts() is assumed not to).
+template <class C>
+[[nodiscard]] bool takes_cuda_memory(const C& comm) {
+  if constexpr (requires { comm.accepts(device_kind::cuda); }) {
+    return comm.accepts(device_kind::cuda);
+  } else {
+    return false;
+  }
+}
+
 #if PARTRAIN_HAS_CUDA
 // Where a device-only backend's staging copies go: `device` when the caller knows it (>= 0),
 // else the backend's, else the current one; never device 0 by omission (on rank N that is

@@ -7,13 +7,14 @@
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
-#include <cstring>
 #include <span>
 #include <vector>
 
 #include <partrain/core/for_each_index.hpp>
+#include <partrain/core/memory_space.hpp>
 #include <partrain/core/tensor_view.hpp>
 #include <partrain/parallel/detail/ddp_elements.hpp>
+#include <partrain/parallel/detail/zero_space.hpp>
 
 namespace partrain::inline v0::detail::zero {
 
@@ -143,12 +144,13 @@ class layout {
   std::size_t max_window_ = 0;
 };
 
-// The model's tensors (values or gradients) seen as one flat space, without copying them.
-template <class T>
+// The model's tensors (values or gradients) seen as one flat space, without copying them; S is
+// their memory space, and every copy goes through a place of it (zero_space.hpp).
+template <class T, class S = host>
 class flat_views {
  public:
   flat_views() = default;
-  explicit flat_views(std::vector<tensor_view<T>> views) : views_(std::move(views)) {
+  explicit flat_views(std::vector<tensor_view<T, S>> views) : views_(std::move(views)) {
     starts_.reserve(views_.size() + 1);
     std::size_t at = 0;
     for (const auto& v : views_) {
@@ -177,57 +179,66 @@ class flat_views {
     }
   }
 
-  // dst[0, r.size()) = the flat range r (add: +=), converted to U (16-bit gradients widened
-  // into float buckets).
-  template <class U>
-  void read(flat_range r, U* dst, bool add) const {
+  // dst[0, r.size()) (in the same place) = the flat range r (add: +=), converted to U (16-bit
+  // gradients widened into float buckets).
+  template <class U, class P = place<S>>
+  void read(flat_range r, U* dst, bool add, const P& at = P{}) const {
     for_each_piece(r, [&](const T* p, std::size_t off, std::size_t len) {
       if constexpr (std::same_as<U, T>) {
         if (add) {
-          for_each_index(host_exec{}, len, ddp::accumulate_fn<T>{dst + off, p});
+          for_each_index(at.exec(), len, ddp::accumulate_fn<T>{dst + off, p});
         } else {
-          std::memcpy(dst + off, p, len * sizeof(T));
+          at.copy(dst + off, p, len);
         }
+      } else if (add) {
+        for_each_index(at.exec(), len, ddp::accumulate_widened_fn<T, U>{dst + off, p});
       } else {
-        U* d = dst + off;
-        for (std::size_t i = 0; i < len; ++i) {
-          const U x = static_cast<U>(static_cast<float>(p[i]));
-          d[i] = add ? d[i] + x : x;
-        }
+        for_each_index(at.exec(), len, ddp::decompress_16_fn<T, U>{p, dst + off});
       }
     });
   }
-  // The flat range r = src[0, r.size()).
-  void write(flat_range r, const T* src) const {
-    for_each_piece(r, [&](T* p, std::size_t off, std::size_t len) { std::memcpy(p, src + off, len * sizeof(T)); });
+  // The same with dst and src in host memory (a checkpoint's), finished on return.
+  template <class P = place<S>>
+  void read_to_host(flat_range r, T* dst, const P& at = P{}) const {
+    for_each_piece(r, [&](const T* p, std::size_t off, std::size_t len) { at.to_host(dst + off, p, len); });
+  }
+  template <class P = place<S>>
+  void write_from_host(flat_range r, const T* src, const P& at = P{}) const {
+    for_each_piece(r, [&](T* p, std::size_t off, std::size_t len) { at.from_host(p, src + off, len); });
+  }
+  // The flat range r = src[0, r.size()) (in the same place).
+  template <class P = place<S>>
+  void write(flat_range r, const T* src, const P& at = P{}) const {
+    for_each_piece(r, [&](T* p, std::size_t off, std::size_t len) { at.copy(p, src + off, len); });
   }
 
  private:
-  std::vector<tensor_view<T>> views_;
+  std::vector<tensor_view<T, S>> views_;
   std::vector<std::size_t> starts_;
 };
 
 // Bucket k of the flat space into `dst` (n blocks of window_size(k), bucket-major), padding
 // zeroed; add: accumulate into what dst holds (padding stays zero).
-template <class T, class U>
-void pack_bucket(const layout& l, std::size_t k, const flat_views<T>& src, U* dst, bool add) {
+template <class T, class S, class U, class P = place<S>>
+void pack_bucket(const layout& l, std::size_t k, const flat_views<T, S>& src, U* dst, bool add, const P& at = P{}) {
   const std::size_t w = l.window_size(k);
   for (std::size_t q = 0; q < l.world(); ++q) {
     const auto real = l.real_block(k, q);
     U* block = dst + q * w;
-    src.read(real, block, add);
-    if (!add) std::fill(block + real.size(), block + w, U(0));
+    src.read(real, block, add, at);
+    if (!add) at.fill_zero(block + real.size(), w - real.size());
   }
 }
 
 // Bucket k's blocks (as an all_gather leaves them) back into the flat space, except rank `skip`'s
 // (already in place); padding is dropped.
-template <class T>
-void unpack_bucket(const layout& l, std::size_t k, const T* src, const flat_views<T>& dst, std::size_t skip) {
+template <class T, class S, class P = place<S>>
+void unpack_bucket(const layout& l, std::size_t k, const T* src, const flat_views<T, S>& dst, std::size_t skip,
+                   const P& at = P{}) {
   const std::size_t w = l.window_size(k);
   for (std::size_t q = 0; q < l.world(); ++q) {
     if (q == skip) continue;
-    dst.write(l.real_block(k, q), src + q * w);
+    dst.write(l.real_block(k, q), src + q * w, at);
   }
 }
 

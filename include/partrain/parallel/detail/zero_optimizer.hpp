@@ -32,10 +32,13 @@ struct shard_optimizer_state {
 
 namespace detail::zero {
 
-template <class T>
+// S: where the shard's values, gradients and state live; on a CUDA device (device_index) the
+// element loops queue on `stream` and have finished on return (optim/detail/kernels.cuh).
+template <class T, class S = host>
 class shard_optimizer {
  public:
-  shard_optimizer(shard_optimizer_options o, std::size_t elements) : opts_(o), elements_(elements) {
+  shard_optimizer(shard_optimizer_options o, std::size_t elements, int device_index = -1, void* stream = nullptr)
+      : opts_(o), elements_(elements), device_(device_index), stream_(stream) {
     std::visit([](const auto& x) { optim::validate(x); }, opts_);
   }
 
@@ -55,12 +58,12 @@ class shard_optimizer {
     if (!has_state_) {
       if (is_sgd()) {
         if (std::get<sgd_options>(opts_).momentum != 0) {
-          a_.assign_zero(elements_);
+          a_.assign_zero(elements_, device_, stream_);
           has_state_ = true;
         }
       } else {
-        a_.assign_zero(elements_);
-        b_.assign_zero(elements_);
+        a_.assign_zero(elements_, device_, stream_);
+        b_.assign_zero(elements_, device_, stream_);
         has_state_ = true;
       }
     }
@@ -73,12 +76,12 @@ class shard_optimizer {
   }
   // Updates the values v (n elements) at shard offset `at`, with their gradients g.
   void update(T* v, const T* g, std::size_t at, std::size_t n) {
-    const tensor_view<T> vv(v, n);
-    const tensor_view<const T> gv(g, n);
+    const tensor_view<T, S> vv(v, n);
+    const tensor_view<const T, S> gv(g, n);
     if (is_sgd()) {
-      optim::sgd_update(vv, gv, has_state_ ? a_.data() + at : nullptr, sgd_, first_);
+      optim::sgd_update(vv, gv, has_state_ ? a_.data() + at : nullptr, sgd_, first_, stream_);
     } else {
-      optim::adamw_update(vv, gv, a_.data() + at, b_.data() + at, adamw_);
+      optim::adamw_update(vv, gv, a_.data() + at, b_.data() + at, adamw_, stream_);
     }
   }
 
@@ -117,8 +120,8 @@ class shard_optimizer {
     a_ = {};
     b_ = {};
     if (has_state_) {
-      a_.copy_from_host(s.arrays[0]);
-      if (s.arrays.size() > 1) b_.copy_from_host(s.arrays[1]);
+      a_.copy_from_host(s.arrays[0], device_);
+      if (s.arrays.size() > 1) b_.copy_from_host(s.arrays[1], device_);
     }
     steps_ = s.steps;
   }
@@ -126,7 +129,9 @@ class shard_optimizer {
  private:
   shard_optimizer_options opts_;
   std::size_t elements_;
-  optim::state_buffer<T, host> a_, b_;  // momentum | exp_avg, exp_avg_sq
+  int device_ = -1;
+  void* stream_ = nullptr;
+  optim::state_buffer<T, S> a_, b_;  // momentum | exp_avg, exp_avg_sq
   bool has_state_ = false;
   bool first_ = false;  // this step creates the momentum (SGD clones the gradient into it)
   std::int64_t steps_ = 0;

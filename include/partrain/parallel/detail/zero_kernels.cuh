@@ -1,0 +1,99 @@
+// partrain/parallel/detail/zero_kernels.cuh: place<cuda>, sharded data parallel's buffers and
+// element moves for parameters in CUDA memory (the twin of place<host> in zero_space.hpp): buffers
+// are device_buffers on the parameters' device; copies, fills and the functors of
+// parallel/detail/ddp_elements.hpp are queued on one stream, the communicator's input stream, so
+// the collectives (which NCCL orders after that stream) see them, and the host waits for that
+// stream only where it hands memory back (finish, to_host, from_host). nvcc only.
+#pragma once
+
+#if !defined(__CUDACC__)
+#error "partrain/parallel/detail/zero_kernels.cuh must be compiled by nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <optional>
+
+#include <partrain/core/memory_space.hpp>
+#include <partrain/cuda/check.hpp>
+#include <partrain/cuda/device_buffer.hpp>
+#include <partrain/cuda/device_guard.hpp>
+#include <partrain/cuda/event.hpp>
+#include <partrain/cuda/launch.cuh>
+#include <partrain/parallel/detail/zero_space.hpp>
+
+namespace partrain::inline v0::detail::zero {
+
+template <>
+struct place<cuda> {
+  template <class U>
+  using buffer = device_buffer<U>;
+
+  place() = default;
+  // device: the parameters' CUDA device; stream: a cudaStream_t of it (null: the legacy stream).
+  place(int device, void* stream) : device_(device), stream_(stream) {}
+
+  [[nodiscard]] cuda_exec exec() const noexcept { return {s(), device_}; }
+  [[nodiscard]] void* stream() const noexcept { return stream_; }
+  [[nodiscard]] int device() const noexcept { return device_; }
+
+  // n zeros, the fill queued on the stream (so work queued there next sees zeros).
+  template <class U>
+  void allocate(device_buffer<U>& b, std::size_t n) const {
+    b = device_buffer<U>(partrain::shape{n}, device_, s());
+  }
+  // cudaFree waits for the device's work, so nothing queued still uses the memory.
+  template <class U>
+  void release(device_buffer<U>& b) const {
+    b = device_buffer<U>();
+  }
+  template <class U>
+  void copy(U* dst, const U* src, std::size_t n) const {
+    if (n == 0) return;
+    cuda_device_guard guard(device_);
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(U), cudaMemcpyDeviceToDevice, s()));
+  }
+  template <class U>
+  void fill_zero(U* dst, std::size_t n) const {
+    if (n == 0) return;
+    cuda_device_guard guard(device_);
+    PARTRAIN_CUDA_CHECK(cudaMemsetAsync(dst, 0, n * sizeof(U), s()));
+  }
+  template <class U>
+  void to_host(U* dst, const U* src, std::size_t n) const {
+    if (n == 0) return;
+    cuda_device_guard guard(device_);
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(U), cudaMemcpyDeviceToHost, s()));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(s()));
+  }
+  template <class U>
+  void from_host(U* dst, const U* src, std::size_t n) const {
+    if (n == 0) return;
+    cuda_device_guard guard(device_);
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(U), cudaMemcpyHostToDevice, s()));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(s()));
+  }
+  // The stream's next work waits for what `stream` (the model's; null: the legacy one) queued.
+  void after(void* stream) const {
+    const cudaStream_t other = stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
+    if (other == s()) return;
+    cuda_device_guard guard(device_);
+    if (!ready_) ready_.emplace();
+    ready_->record(other);
+    ready_->block(s());
+  }
+  void finish() const {
+    cuda_device_guard guard(device_);
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(s()));
+  }
+
+ private:
+  [[nodiscard]] cudaStream_t s() const noexcept { return stream_or_legacy(stream_); }
+
+  int device_ = -1;
+  void* stream_ = nullptr;
+  mutable std::optional<cuda_event> ready_;  // created at the first after() that needs it
+};
+
+}  // namespace partrain::inline v0::detail::zero
