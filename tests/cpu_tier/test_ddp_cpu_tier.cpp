@@ -1,5 +1,6 @@
 // DDP's bucket functors (parallel/detail/ddp_elements.hpp) through the launch helper: the division
-// before the all_reduce, no_sync accumulation, and the fp16/bf16 compression hooks' casts.
+// before the all_reduce, no_sync accumulation, the fp16/bf16 compression hooks' casts and ZeRO's
+// widened accumulation of 16-bit gradients.
 #include <catch2/catch.hpp>
 
 #include <bit>
@@ -65,6 +66,17 @@ void check_compress(std::uint16_t (*to16)(float), float (*from16)(std::uint16_t)
       bad += !(std::isnan(want) ? std::isnan(out[i]) : out[i] == want);
     }
     CHECK(bad == 0);
+    // ZeRO's no_sync with 16-bit gradients: widened and added into the float bucket.
+    tier::vec<T> acc(n);
+    for (std::size_t i = 0; i < n; ++i) acc[i] = static_cast<T>(i % 5);
+    pd::for_each_index(tier::exec(), n, pd::ddp::accumulate_widened_fn<H, T>{acc.data(), h.data()});
+    tier::finish();
+    bad = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const T want = static_cast<T>(i % 5) + static_cast<T>(from16(h[i].bits));
+      bad += !(std::isnan(want) ? std::isnan(acc[i]) : acc[i] == want);
+    }
+    CHECK(bad == 0);
   }
 }
 
@@ -75,7 +87,7 @@ TEST_CASE("divide_fn and accumulate_fn on float and double buckets", "[cpu_tier]
   ddp_cases::check_divide_accumulate<double>();
 }
 
-TEST_CASE("compress_16_fn / decompress_16_fn: fp16 and bf16 hooks, cast then divide", "[cpu_tier][parallel][ddp]") {
+TEST_CASE("compress_16_fn / decompress_16_fn / accumulate_widened_fn: fp16 and bf16 hooks, cast then divide; widened sums", "[cpu_tier][parallel][ddp]") {
   using partrain::bfloat16;
   using partrain::half;
   ddp_cases::check_compress<float, half>(tier::ref::float_to_half, tier::ref::half_to_float);
