@@ -272,11 +272,7 @@ class distributed_data_parallel {
   }
 
   [[nodiscard]] bool comm_accepts(device_kind k) const {
-    if constexpr (requires(const C& c) { { c.accepts(k) } -> std::convertible_to<bool>; }) {
-      return comm_->accepts(k);
-    } else {
-      return k == device_kind::cpu;
-    }
+    return k == device_kind::cuda ? detail::takes_cuda_memory(*comm_) : detail::takes_host_memory(*comm_);
   }
 
   // Device mode (CUDA parameters, a backend that reduces CUDA memory): buckets on the parameters'
