@@ -43,13 +43,15 @@ inline void train_zero(process_group& pg, const options& o, const datasets& data
 inline void train_fsdp(process_group& pg, const options& o, const datasets& data) {
   auto layers = models::layers::make_mlp({784, 256, 128, 10}, static_cast<std::uint32_t>(o.seed));
   // --precision fp16|bf16: parameters gathered and gradients reduced in 16 bits (FSDP's
-  // MixedPrecision); the chunks, the optimizer and the layers' arithmetic stay fp32.
+  // MixedPrecision); the chunks, the optimizer and the layers' arithmetic stay fp32. fp16 also
+  // scales the loss (a grad scaler, agreed across ranks) so small gradients survive the reduction.
   const dtype wire = o.precision == "bf16" ? dtype::bfloat16 : o.precision == "fp16" ? dtype::float16 : dtype::float32;
   fully_sharded_data_parallel fsdp(layers, pg, models::layers::softmax_cross_entropy{},
                                    sgd_options{.lr = o.lr, .momentum = o.momentum},
                                    fsdp_options{.param_dtype = wire, .reduce_dtype = wire});
   trace_recorder trace = make_trace(o);
-  fsdp_policy policy(fsdp, {.trace = &trace});
+  grad_scaler scaler = grad_scaler::for_precision(parse_precision(o.precision));
+  fsdp_policy policy(fsdp, {.scaler = scaler.enabled() ? &scaler : nullptr, .trace = &trace});
   loader train = rank_train(data, o, pg.rank(), pg.size());
   loader test = rank_test(data, pg.rank(), pg.size());
   if (pg.rank() == 0) {

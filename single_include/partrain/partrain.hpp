@@ -15596,6 +15596,7 @@ concept pipeline_loss = requires(F& f, tensor_view<const float> out, tensor_view
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <iterator>
 #include <optional>
 #include <ranges>
@@ -15911,6 +15912,24 @@ class fully_sharded_data_parallel {
 
   void set_lr(double lr) { optimizer_->set_lr(lr); }
   [[nodiscard]] double lr() const noexcept { return optimizer_->lr(); }
+
+  // Loss scaling (what a grad_scaler sets through amp_step, precision/sharded_amp.hpp): the loss's
+  // gradient is multiplied by s before backward, so small gradients survive a 16-bit
+  // reduce_dtype (PyTorch's ShardedGradScaler with FSDP). 1: none.
+  void set_loss_scale(float s) {
+    if (!(s > 0) || !std::isfinite(s)) {
+      throw invalid_argument_error(where() + "set_loss_scale: the scale must be a finite number > 0, got " + std::to_string(s));
+    }
+    loss_scale_ = s;
+  }
+  [[nodiscard]] float loss_scale() const noexcept { return loss_scale_; }
+  // Called on every rank with its reduced gradient chunks (padding zero) after the last
+  // reduce_scatter of a synchronizing step, before clipping and the step; returning false skips
+  // this step's update (every rank must decide alike: amp_step agrees across ranks). Empty: none.
+  using gradient_hook = std::function<bool(tensor_view<float>)>;
+  void set_gradient_hook(gradient_hook h) { hook_ = std::move(h); }
+  // Whether the last synchronizing step's update was skipped by the gradient hook.
+  [[nodiscard]] bool last_step_skipped() const noexcept { return skipped_; }
   // The global gradient norm of the last synchronizing step, before clipping (NaN without clipping).
   [[nodiscard]] double last_grad_norm() const noexcept { return last_norm_; }
   [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
@@ -16220,7 +16239,7 @@ class fully_sharded_data_parallel {
       x = tensor_view<const float>(outs.back().view());
     }
     host_buffer<float> grad(x.shape());
-    const double sum = loss_.forward_backward(x, target, grad.view(), 1.0f / static_cast<float>(rows));
+    const double sum = loss_.forward_backward(x, target, grad.view(), loss_scale_ / static_cast<float>(rows));
     const float divisor = gradient_divisor();
     for (std::size_t j = n; j-- > 0;) {
       const tensor_view<const float> in = j == 0 ? input : tensor_view<const float>(outs[j - 1].view());
@@ -16256,6 +16275,12 @@ class fully_sharded_data_parallel {
   // After the last reduce_scatter of a synchronizing step: clip and step this rank's chunks.
   void finish_step() {
     while (!scattering_.empty()) finish_scatter();
+    last_norm_ = std::nan("");
+    skipped_ = false;
+    if (hook_ && !hook_(tensor_view<float>(grads_.data(), grads_.size()))) {
+      skipped_ = true;  // the chunks stay as they are on every rank
+      return;
+    }
     if (opts_.max_grad_norm > 0) clip_chunks();
     step_chunks();
   }
@@ -16522,6 +16547,9 @@ class fully_sharded_data_parallel {
   bool joined_ = false;
   bool require_sync_ = true;
   bool summoned_ = false;
+  float loss_scale_ = 1.0f;
+  gradient_hook hook_;
+  bool skipped_ = false;
   std::int64_t steps_ = 0;
   double last_norm_ = std::nan("");
 };
@@ -20745,13 +20773,16 @@ amp_step_result amp_step(Trainer& trainer, O& opt, grad_scaler& scaler, const B&
 
 // #include <partrain/precision/sharded_amp.hpp>
 // partrain/precision/sharded_amp.hpp: mixed precision under sharded data parallel
-// (parallel/zero.hpp): amp_step's loss scaling, unscale and overflow check applied to each rank's
-// reduced gradient slice, the overflow flag agreed across ranks, so every rank skips a step that
-// overflowed anywhere. The model keeps fp32 masters (whole, as the model owns them; the
-// optimizer state is sharded) and a 16-bit copy that is refreshed after each update.
+// (parallel/zero.hpp, parallel/fsdp.hpp): amp_step's loss scaling, unscale and overflow check
+// applied to each rank's reduced gradient slice, the overflow flag agreed across ranks, so every
+// rank skips a step that overflowed anywhere (PyTorch's ShardedGradScaler). Under ZeRO the model
+// keeps fp32 masters (whole, as the model owns them; the optimizer state is sharded) and a 16-bit
+// copy that is refreshed after each update; FSDP scales its loss itself and its fp32 chunks are
+// the masters (its reduce_dtype float16 is what the scale protects).
 //
 //   grad_scaler scaler = mp.make_scaler();
-//   for (auto& b : batches) amp_step(zero, scaler, b);   // zero: a sharded_data_parallel
+//   for (auto& b : batches) amp_step(zero, scaler, b);   // a sharded_data_parallel or a
+//                                                        // fully_sharded_data_parallel
 
 #include <array>
 #include <limits>
@@ -20767,9 +20798,9 @@ namespace partrain::inline v0 {
 
 namespace detail::amp {
 
+// A sharded data parallel (ZeRO's module() is the model; FSDP scales the loss itself).
 template <class Z>
 concept sharded_trainer = requires(Z& z) {
-  z.module();
   z.comm();
   { z.last_step_skipped() } -> std::convertible_to<bool>;
   z.set_gradient_hook({});
@@ -20796,12 +20827,19 @@ struct gradient_slice {
 // refresh the 16-bit copy, update the scale. Outside no_sync only.
 template <detail::amp::sharded_trainer Z, class B>
 amp_step_result amp_step(Z& zero, grad_scaler& scaler, const B& batch) {
-  auto& m = zero.module();
-  using M = std::remove_cvref_t<decltype(m)>;
+  if constexpr (requires { zero.options().join; }) {
+    // The overflow agreement is a collective a joined rank (shadowing in join()) would not join.
+    if (zero.options().join && scaler.enabled()) {
+      throw config_error("amp_step: a grad scaler with join enabled is not supported (a rank that joined cannot "
+                         "take part in the overflow agreement); disable join or the scaler");
+    }
+  }
   amp_step_result r;
   r.scale = scaler.scale();
-  if constexpr (loss_scalable<M>) {
-    m.set_loss_scale(r.scale);
+  if constexpr (requires { zero.set_loss_scale(r.scale); }) {
+    zero.set_loss_scale(r.scale);  // FSDP: it runs the loss's backward itself
+  } else if constexpr (loss_scalable<std::remove_cvref_t<decltype(zero.module())>>) {
+    zero.module().set_loss_scale(r.scale);
   } else if (scaler.enabled()) {
     throw config_error("amp_step: the gradient scaler is enabled but the model has no `void set_loss_scale(float)` "
                        "to apply it in backward (add it, or disable loss scaling)");
@@ -20828,8 +20866,10 @@ amp_step_result amp_step(Z& zero, grad_scaler& scaler, const B& batch) {
   }
   r.skipped = zero.last_step_skipped();
   r.grad_norm = zero.last_grad_norm();
-  if (!r.skipped) {
-    if constexpr (has_low_precision_copy<M>) m.refresh_low_precision();
+  if constexpr (requires { zero.module(); }) {
+    if (!r.skipped) {
+      if constexpr (has_low_precision_copy<std::remove_cvref_t<decltype(zero.module())>>) zero.module().refresh_low_precision();
+    }
   }
   if (scaler.enabled()) scaler.update();
   return r;
@@ -22630,17 +22670,21 @@ inline void trace_span::end() noexcept {
 // partrain/train/fsdp_policy.hpp: fully sharded data parallel (ZeRO-3, parallel/fsdp.hpp) as a
 // training policy, so fit() drives it like DDP. Its train_step already holds the optimizer step;
 // checkpoints are sharded (train/sharded_checkpoint.hpp: every rank writes its chunks) and load
-// at any world size, into ZeRO, or into a replicated model.
+// at any world size, into ZeRO, or into a replicated model. With a grad scaler (for
+// fsdp_options::reduce_dtype float16), each step is amp_step and the scaler's state is checkpointed.
 //
 //   fully_sharded_data_parallel fsdp(layers, group, softmax_cross_entropy{}, sgd_options{.lr = 0.1});
 //   fsdp_policy policy(fsdp);
 //   fit(policy, train_loader, test_loader, {.epochs = 8, .checkpoint = "run/model.ckpt"});
 
+#include <cstddef>
 #include <filesystem>
 #include <utility>
 
 // #include <partrain/comm/process_group.hpp> (above)
 // #include <partrain/model/concepts.hpp> (above)
+// #include <partrain/precision/grad_scaler.hpp> (above)
+// #include <partrain/precision/sharded_amp.hpp> (above)
 // #include <partrain/train/checkpoint.hpp> (above)
 // #include <partrain/train/sharded_checkpoint.hpp> (above)
 // #include <partrain/train/trace.hpp> (above)
@@ -22648,6 +22692,7 @@ inline void trace_span::end() noexcept {
 namespace partrain::inline v0 {
 
 struct fsdp_policy_options {
+  grad_scaler* scaler = nullptr;    // loss scaling: amp_step (precision/sharded_amp.hpp) with it
   trace_recorder* trace = nullptr;  // one span per step ("fsdp_step": gathers, forward, backward, reduce_scatters, step)
 };
 
@@ -22659,8 +22704,14 @@ class fsdp_policy {
   template <class B>
   double train_step(const B& b) {
     auto span = o_.trace ? o_.trace->span("fsdp_step") : trace_span{};
+    if (o_.scaler) {
+      const amp_step_result r = amp_step(*fsdp_, *o_.scaler, b);
+      skipped_ += r.skipped ? 1 : 0;
+      return r.loss;
+    }
     return fsdp_->train_step(b);
   }
+  [[nodiscard]] std::size_t skipped_steps() const noexcept { return skipped_; }
   template <class R>
   eval_result evaluate(R&& batches) {
     return fsdp_->evaluate(std::forward<R>(batches));
@@ -22671,14 +22722,20 @@ class fsdp_policy {
   [[nodiscard]] int replicas() { return fsdp_->comm().size(); }
 
   // Collective: every rank writes its chunks, rank 0 the index at `file`.
-  void save_checkpoint(const std::filesystem::path& file, const checkpoint_extra& extra) {
+  void save_checkpoint(const std::filesystem::path& file, checkpoint_extra extra) {
+    if (o_.scaler && o_.scaler->enabled()) extra.scaler_state = o_.scaler->state_bytes();
     save_sharded_checkpoint(*fsdp_, file, extra);
   }
-  checkpoint_extra load_checkpoint(const std::filesystem::path& file) { return load_sharded_checkpoint(*fsdp_, file); }
+  checkpoint_extra load_checkpoint(const std::filesystem::path& file) {
+    checkpoint_extra extra = load_sharded_checkpoint(*fsdp_, file);
+    if (o_.scaler && o_.scaler->enabled()) o_.scaler->load_state_bytes(extra.scaler_state);
+    return extra;
+  }
 
  private:
   Fsdp* fsdp_;
   fsdp_policy_options o_;
+  std::size_t skipped_ = 0;
 };
 
 }  // namespace partrain::inline v0

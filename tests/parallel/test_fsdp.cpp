@@ -4,7 +4,7 @@
 // without prefetch, SGD with momentum and AdamW, clipping, no_sync accumulation; evaluation with
 // uneven batch counts; the measured peak parameter, gradient and optimizer-state bytes; the bytes
 // each step sends; the chunk arithmetic; bad input; sharded checkpoints that resume at another
-// world size and load into a replicated model.
+// world size and load into a replicated model; a grad scaler with float16 reductions (amp_step).
 #include <catch2/catch.hpp>
 
 #include <partrain/comm/local.hpp>
@@ -12,6 +12,8 @@
 #include <partrain/optim/clip.hpp>
 #include <partrain/optim/sgd.hpp>
 #include <partrain/parallel/fsdp.hpp>
+#include <partrain/precision/grad_scaler.hpp>
+#include <partrain/precision/sharded_amp.hpp>
 #include <partrain/train/checkpoint.hpp>
 #include <partrain/train/sharded_checkpoint.hpp>
 
@@ -22,6 +24,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -493,6 +496,105 @@ TEST_CASE("fsdp mixed precision: 16-bit reductions stay within their rounding of
   }
 }
 
+namespace {
+
+// The cross-entropy with its gradient multiplied by `factor`: with 2^-24 the gradients are small
+// enough that a float16 reduction flushes them to zero unless the loss is scaled.
+struct tiny_gradient_loss {
+  float factor = 1.0f;
+  double forward_backward(tensor_view<const float> z, tensor_view<const std::int32_t> y, tensor_view<float> g,
+                          float scale) const {
+    return softmax_cross_entropy{}.forward_backward(z, y, g, scale * factor);
+  }
+  eval_result evaluate(tensor_view<const float> z, tensor_view<const std::int32_t> y) const {
+    return softmax_cross_entropy{}.evaluate(z, y);
+  }
+};
+
+struct amp_rank {
+  std::vector<float> values;
+  std::vector<int> skipped;
+  std::vector<float> scales;
+};
+
+// AdamW, whose step hardly depends on the gradients' size, so tiny gradients still move the
+// parameters; with `scaling`, every step is amp_step with a grad scaler of those options.
+std::vector<amp_rank> fsdp_amp_run(int world, dtype reduce, std::optional<grad_scaler_options> scaling, float factor) {
+  std::vector<amp_rank> out(static_cast<std::size_t>(world));
+  run_local(world, [&](local_group& g) {
+    host_model layers = make_mlp(widths, seed);
+    fully_sharded_data_parallel f(layers, g, tiny_gradient_loss{factor}, adamw_options{.lr = 0.01, .eps = 1e-10},
+                                  {.reduce_dtype = reduce});
+    std::optional<grad_scaler> scaler;
+    if (scaling) scaler.emplace(*scaling);
+    auto& r = out[static_cast<std::size_t>(g.rank())];
+    for (int s = 0; s < steps; ++s) {
+      const auto b = step_batch(s, per_rank * static_cast<std::size_t>(world));
+      const auto me = static_cast<std::size_t>(g.rank());
+      const batch mine{rows_of(b, me), labels_of(b, me), {}};
+      if (scaler) {
+        const amp_step_result a = amp_step(f, *scaler, mine);
+        r.skipped.push_back(a.skipped ? 1 : 0);
+        r.scales.push_back(a.scale);
+      } else {
+        (void)f.train_step(mine);
+      }
+    }
+    auto full = f.summon_full_params();
+    r.values = flat_values(full);
+  });
+  return out;
+}
+
+double max_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(double(a[i]) - b[i]));
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("fsdp with a grad scaler: float16 reductions keep gradients that would underflow", "[parallel][fsdp][precision][amp]") {
+  constexpr int world = 3;
+  const float tiny = std::ldexp(1.0f, -24);
+  const auto exact = fsdp_amp_run(world, dtype::float32, std::nullopt, tiny);
+  const auto scaled = fsdp_amp_run(world, dtype::float16, grad_scaler_options{.init_scale = std::ldexp(1.0f, 24)}, tiny);
+  const auto flushed = fsdp_amp_run(world, dtype::float16, std::nullopt, tiny);
+  const double with_scale = max_difference(scaled[0].values, exact[0].values);
+  const double without = max_difference(flushed[0].values, exact[0].values);
+  CAPTURE(with_scale, without);
+  CHECK(with_scale < 1e-3);      // float16's rounding of the scaled gradients
+  CHECK(without > 20 * with_scale);  // unscaled, the reductions returned zeros: AdamW never moved
+  for (const auto& r : scaled) {
+    CHECK(r.values == scaled[0].values);
+    CHECK(r.skipped == std::vector<int>(steps, 0));
+    CHECK(r.scales == std::vector<float>(steps, std::ldexp(1.0f, 24)));
+  }
+}
+
+TEST_CASE("fsdp with a grad scaler: an overflow skips the step on every rank and backs the scale off", "[parallel][fsdp][precision][amp]") {
+  constexpr int world = 3;
+  // Gradients of about 1e-2 times 2^40 are far past float16's 65504: every step overflows.
+  const auto got = fsdp_amp_run(world, dtype::float16, grad_scaler_options{.init_scale = std::ldexp(1.0f, 40)}, 1.0f);
+  host_model untouched = make_mlp(widths, seed);
+  layer_params untouched_params(untouched);
+  const auto initial = flat_values(untouched_params);
+  std::vector<float> halving;
+  for (int s = 0; s < steps; ++s) halving.push_back(std::ldexp(1.0f, 40 - s));
+  for (const auto& r : got) {
+    CHECK(r.skipped == std::vector<int>(steps, 1));
+    CHECK(r.scales == halving);
+    CHECK(r.values == initial);  // no step reached the chunks
+  }
+  // Then a scale float16 holds: the steps run (and agree).
+  const auto fine = fsdp_amp_run(world, dtype::float16, grad_scaler_options{.init_scale = 1024.0f}, 1.0f);
+  for (const auto& r : fine) {
+    CHECK(r.skipped == std::vector<int>(steps, 0));
+    CHECK(r.values == fine[0].values);
+    CHECK(r.values != initial);
+  }
+}
+
 TEST_CASE("fsdp mixed precision: 16-bit gathers and reductions send half the bytes", "[parallel][fsdp][precision]") {
   constexpr int world = 4;
   const auto sizes = unit_sizes(widths);
@@ -550,6 +652,20 @@ std::string error_of(F&& f) {
     return e.what();
   }
   return "";
+}
+
+TEST_CASE("fsdp with a grad scaler: join and a bad loss scale are refused, naming them", "[parallel][fsdp][precision][amp]") {
+  std::string join_error, scale_error;
+  run_local(1, [&](local_group& g) {
+    host_model layers = make_mlp(widths, seed);
+    fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, sgd_momentum, {.join = true});
+    grad_scaler scaler;
+    const auto b = step_batch(0, per_rank);
+    join_error = error_of([&] { (void)amp_step(f, scaler, batch{b.input(), b.labels(), {}}); });
+    scale_error = error_of([&] { f.set_loss_scale(0.0f); });
+  });
+  CHECK_THAT(join_error, Catch::Contains("join") && Catch::Contains("grad scaler"));
+  CHECK_THAT(scale_error, Catch::Contains("rank 0") && Catch::Contains("set_loss_scale") && Catch::Contains("> 0"));
 }
 
 TEST_CASE("fsdp: bad input is refused with its reason, and the step leaves nothing gathered", "[parallel][fsdp]") {

@@ -29,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <iterator>
 #include <optional>
 #include <ranges>
@@ -344,6 +345,24 @@ class fully_sharded_data_parallel {
 
   void set_lr(double lr) { optimizer_->set_lr(lr); }
   [[nodiscard]] double lr() const noexcept { return optimizer_->lr(); }
+
+  // Loss scaling (what a grad_scaler sets through amp_step, precision/sharded_amp.hpp): the loss's
+  // gradient is multiplied by s before backward, so small gradients survive a 16-bit
+  // reduce_dtype (PyTorch's ShardedGradScaler with FSDP). 1: none.
+  void set_loss_scale(float s) {
+    if (!(s > 0) || !std::isfinite(s)) {
+      throw invalid_argument_error(where() + "set_loss_scale: the scale must be a finite number > 0, got " + std::to_string(s));
+    }
+    loss_scale_ = s;
+  }
+  [[nodiscard]] float loss_scale() const noexcept { return loss_scale_; }
+  // Called on every rank with its reduced gradient chunks (padding zero) after the last
+  // reduce_scatter of a synchronizing step, before clipping and the step; returning false skips
+  // this step's update (every rank must decide alike: amp_step agrees across ranks). Empty: none.
+  using gradient_hook = std::function<bool(tensor_view<float>)>;
+  void set_gradient_hook(gradient_hook h) { hook_ = std::move(h); }
+  // Whether the last synchronizing step's update was skipped by the gradient hook.
+  [[nodiscard]] bool last_step_skipped() const noexcept { return skipped_; }
   // The global gradient norm of the last synchronizing step, before clipping (NaN without clipping).
   [[nodiscard]] double last_grad_norm() const noexcept { return last_norm_; }
   [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
@@ -653,7 +672,7 @@ class fully_sharded_data_parallel {
       x = tensor_view<const float>(outs.back().view());
     }
     host_buffer<float> grad(x.shape());
-    const double sum = loss_.forward_backward(x, target, grad.view(), 1.0f / static_cast<float>(rows));
+    const double sum = loss_.forward_backward(x, target, grad.view(), loss_scale_ / static_cast<float>(rows));
     const float divisor = gradient_divisor();
     for (std::size_t j = n; j-- > 0;) {
       const tensor_view<const float> in = j == 0 ? input : tensor_view<const float>(outs[j - 1].view());
@@ -689,6 +708,12 @@ class fully_sharded_data_parallel {
   // After the last reduce_scatter of a synchronizing step: clip and step this rank's chunks.
   void finish_step() {
     while (!scattering_.empty()) finish_scatter();
+    last_norm_ = std::nan("");
+    skipped_ = false;
+    if (hook_ && !hook_(tensor_view<float>(grads_.data(), grads_.size()))) {
+      skipped_ = true;  // the chunks stay as they are on every rank
+      return;
+    }
     if (opts_.max_grad_norm > 0) clip_chunks();
     step_chunks();
   }
@@ -955,6 +980,9 @@ class fully_sharded_data_parallel {
   bool joined_ = false;
   bool require_sync_ = true;
   bool summoned_ = false;
+  float loss_scale_ = 1.0f;
+  gradient_hook hook_;
+  bool skipped_ = false;
   std::int64_t steps_ = 0;
   double last_norm_ = std::nan("");
 };

@@ -1,11 +1,14 @@
 // partrain/precision/sharded_amp.hpp: mixed precision under sharded data parallel
-// (parallel/zero.hpp): amp_step's loss scaling, unscale and overflow check applied to each rank's
-// reduced gradient slice, the overflow flag agreed across ranks, so every rank skips a step that
-// overflowed anywhere. The model keeps fp32 masters (whole, as the model owns them; the
-// optimizer state is sharded) and a 16-bit copy that is refreshed after each update.
+// (parallel/zero.hpp, parallel/fsdp.hpp): amp_step's loss scaling, unscale and overflow check
+// applied to each rank's reduced gradient slice, the overflow flag agreed across ranks, so every
+// rank skips a step that overflowed anywhere (PyTorch's ShardedGradScaler). Under ZeRO the model
+// keeps fp32 masters (whole, as the model owns them; the optimizer state is sharded) and a 16-bit
+// copy that is refreshed after each update; FSDP scales its loss itself and its fp32 chunks are
+// the masters (its reduce_dtype float16 is what the scale protects).
 //
 //   grad_scaler scaler = mp.make_scaler();
-//   for (auto& b : batches) amp_step(zero, scaler, b);   // zero: a sharded_data_parallel
+//   for (auto& b : batches) amp_step(zero, scaler, b);   // a sharded_data_parallel or a
+//                                                        // fully_sharded_data_parallel
 #pragma once
 
 #include <array>
@@ -22,9 +25,9 @@ namespace partrain::inline v0 {
 
 namespace detail::amp {
 
+// A sharded data parallel (ZeRO's module() is the model; FSDP scales the loss itself).
 template <class Z>
 concept sharded_trainer = requires(Z& z) {
-  z.module();
   z.comm();
   { z.last_step_skipped() } -> std::convertible_to<bool>;
   z.set_gradient_hook({});
@@ -51,12 +54,19 @@ struct gradient_slice {
 // refresh the 16-bit copy, update the scale. Outside no_sync only.
 template <detail::amp::sharded_trainer Z, class B>
 amp_step_result amp_step(Z& zero, grad_scaler& scaler, const B& batch) {
-  auto& m = zero.module();
-  using M = std::remove_cvref_t<decltype(m)>;
+  if constexpr (requires { zero.options().join; }) {
+    // The overflow agreement is a collective a joined rank (shadowing in join()) would not join.
+    if (zero.options().join && scaler.enabled()) {
+      throw config_error("amp_step: a grad scaler with join enabled is not supported (a rank that joined cannot "
+                         "take part in the overflow agreement); disable join or the scaler");
+    }
+  }
   amp_step_result r;
   r.scale = scaler.scale();
-  if constexpr (loss_scalable<M>) {
-    m.set_loss_scale(r.scale);
+  if constexpr (requires { zero.set_loss_scale(r.scale); }) {
+    zero.set_loss_scale(r.scale);  // FSDP: it runs the loss's backward itself
+  } else if constexpr (loss_scalable<std::remove_cvref_t<decltype(zero.module())>>) {
+    zero.module().set_loss_scale(r.scale);
   } else if (scaler.enabled()) {
     throw config_error("amp_step: the gradient scaler is enabled but the model has no `void set_loss_scale(float)` "
                        "to apply it in backward (add it, or disable loss scaling)");
@@ -83,8 +93,10 @@ amp_step_result amp_step(Z& zero, grad_scaler& scaler, const B& batch) {
   }
   r.skipped = zero.last_step_skipped();
   r.grad_norm = zero.last_grad_norm();
-  if (!r.skipped) {
-    if constexpr (has_low_precision_copy<M>) m.refresh_low_precision();
+  if constexpr (requires { zero.module(); }) {
+    if (!r.skipped) {
+      if constexpr (has_low_precision_copy<std::remove_cvref_t<decltype(zero.module())>>) zero.module().refresh_low_precision();
+    }
   }
   if (scaler.enabled()) scaler.update();
   return r;

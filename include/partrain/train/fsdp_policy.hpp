@@ -1,18 +1,22 @@
 // partrain/train/fsdp_policy.hpp: fully sharded data parallel (ZeRO-3, parallel/fsdp.hpp) as a
 // training policy, so fit() drives it like DDP. Its train_step already holds the optimizer step;
 // checkpoints are sharded (train/sharded_checkpoint.hpp: every rank writes its chunks) and load
-// at any world size, into ZeRO, or into a replicated model.
+// at any world size, into ZeRO, or into a replicated model. With a grad scaler (for
+// fsdp_options::reduce_dtype float16), each step is amp_step and the scaler's state is checkpointed.
 //
 //   fully_sharded_data_parallel fsdp(layers, group, softmax_cross_entropy{}, sgd_options{.lr = 0.1});
 //   fsdp_policy policy(fsdp);
 //   fit(policy, train_loader, test_loader, {.epochs = 8, .checkpoint = "run/model.ckpt"});
 #pragma once
 
+#include <cstddef>
 #include <filesystem>
 #include <utility>
 
 #include <partrain/comm/process_group.hpp>
 #include <partrain/model/concepts.hpp>
+#include <partrain/precision/grad_scaler.hpp>
+#include <partrain/precision/sharded_amp.hpp>
 #include <partrain/train/checkpoint.hpp>
 #include <partrain/train/sharded_checkpoint.hpp>
 #include <partrain/train/trace.hpp>
@@ -20,6 +24,7 @@
 namespace partrain::inline v0 {
 
 struct fsdp_policy_options {
+  grad_scaler* scaler = nullptr;    // loss scaling: amp_step (precision/sharded_amp.hpp) with it
   trace_recorder* trace = nullptr;  // one span per step ("fsdp_step": gathers, forward, backward, reduce_scatters, step)
 };
 
@@ -31,8 +36,14 @@ class fsdp_policy {
   template <class B>
   double train_step(const B& b) {
     auto span = o_.trace ? o_.trace->span("fsdp_step") : trace_span{};
+    if (o_.scaler) {
+      const amp_step_result r = amp_step(*fsdp_, *o_.scaler, b);
+      skipped_ += r.skipped ? 1 : 0;
+      return r.loss;
+    }
     return fsdp_->train_step(b);
   }
+  [[nodiscard]] std::size_t skipped_steps() const noexcept { return skipped_; }
   template <class R>
   eval_result evaluate(R&& batches) {
     return fsdp_->evaluate(std::forward<R>(batches));
@@ -43,14 +54,20 @@ class fsdp_policy {
   [[nodiscard]] int replicas() { return fsdp_->comm().size(); }
 
   // Collective: every rank writes its chunks, rank 0 the index at `file`.
-  void save_checkpoint(const std::filesystem::path& file, const checkpoint_extra& extra) {
+  void save_checkpoint(const std::filesystem::path& file, checkpoint_extra extra) {
+    if (o_.scaler && o_.scaler->enabled()) extra.scaler_state = o_.scaler->state_bytes();
     save_sharded_checkpoint(*fsdp_, file, extra);
   }
-  checkpoint_extra load_checkpoint(const std::filesystem::path& file) { return load_sharded_checkpoint(*fsdp_, file); }
+  checkpoint_extra load_checkpoint(const std::filesystem::path& file) {
+    checkpoint_extra extra = load_sharded_checkpoint(*fsdp_, file);
+    if (o_.scaler && o_.scaler->enabled()) o_.scaler->load_state_bytes(extra.scaler_state);
+    return extra;
+  }
 
  private:
   Fsdp* fsdp_;
   fsdp_policy_options o_;
+  std::size_t skipped_ = 0;
 };
 
 }  // namespace partrain::inline v0
