@@ -15,6 +15,7 @@
 #include <partrain/precision/grad_scaler.hpp>
 #include <partrain/precision/sharded_amp.hpp>
 #include <partrain/train/checkpoint.hpp>
+#include <partrain/train/fsdp_policy.hpp>
 #include <partrain/train/sharded_checkpoint.hpp>
 
 #include <algorithm>
@@ -666,6 +667,39 @@ TEST_CASE("fsdp with a grad scaler: join and a bad loss scale are refused, namin
   });
   CHECK_THAT(join_error, Catch::Contains("join") && Catch::Contains("grad scaler"));
   CHECK_THAT(scale_error, Catch::Contains("rank 0") && Catch::Contains("set_loss_scale") && Catch::Contains("> 0"));
+}
+
+TEST_CASE("fsdp_policy: a grad scaler makes each step amp_step and travels in the checkpoint", "[parallel][fsdp][amp][checkpoint]") {
+  partrain::testing::temp_dir dir;
+  const auto ck = dir.path / "amp.ckpt";
+  // Catch's assertions are not thread-safe: the ranks record, the test thread checks.
+  std::vector<std::size_t> skipped(2);
+  std::vector<float> saved_scale(2), loaded_scale(2);
+  run_local(2, [&](local_group& g) {
+    const auto r = static_cast<std::size_t>(g.rank());
+    {
+      host_model layers = make_mlp(widths, seed);
+      fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, adamw_default, {.reduce_dtype = dtype::float16});
+      grad_scaler scaler({.init_scale = std::ldexp(1.0f, 40)});  // overflows float16 at every step
+      fsdp_policy policy(f, {.scaler = &scaler});
+      for (int s = 0; s < 3; ++s) {
+        const auto b = step_batch(s, 2 * per_rank);
+        (void)policy.train_step(batch{rows_of(b, r), labels_of(b, r), {}});
+      }
+      skipped[r] = policy.skipped_steps();
+      saved_scale[r] = scaler.scale();
+      policy.save_checkpoint(ck, {.step = 3});
+    }
+    host_model layers = make_mlp(widths, seed + 1);
+    fully_sharded_data_parallel f(layers, g, softmax_cross_entropy{}, adamw_default, {.reduce_dtype = dtype::float16});
+    grad_scaler fresh({.init_scale = 1.0f});
+    fsdp_policy resumed(f, {.scaler = &fresh});
+    (void)resumed.load_checkpoint(ck);
+    loaded_scale[r] = fresh.scale();
+  });
+  CHECK(skipped == std::vector<std::size_t>{3, 3});
+  CHECK(saved_scale == std::vector<float>(2, std::ldexp(1.0f, 37)));
+  CHECK(loaded_scale == saved_scale);
 }
 
 TEST_CASE("fsdp: bad input is refused with its reason, and the step leaves nothing gathered", "[parallel][fsdp]") {
