@@ -15586,7 +15586,8 @@ concept pipeline_loss = requires(F& f, tensor_view<const float> out, tensor_view
 // parameters become views into its flat parameter): outside a layer's own compute, value() and
 // grad() are empty; summon_full_params() gathers them all for reading. Checkpoints are sharded
 // (train/sharded_checkpoint.hpp), uneven inputs take join(), and fsdp_options' param_dtype and
-// reduce_dtype gather and reduce in 16 bits (FSDP's MixedPrecision). Host float parameters only
+// reduce_dtype gather and reduce in 16 bits (FSDP's MixedPrecision; amp_step with a grad scaler,
+// precision/sharded_amp.hpp, scales the loss for float16 reductions). Host float parameters only
 // in this release (see docs/sharding.md).
 
 #include <algorithm>
