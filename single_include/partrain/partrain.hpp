@@ -11288,6 +11288,15 @@ namespace partrain::inline v0 {
 
 namespace detail::optim {
 
+// A flat gradient buffer (a rank's shard, its chunks, a reduced slice) seen as a parameter whose
+// value is the gradient itself, so clipping and the grad scaler's unscale run on it unchanged.
+template <class T, class S = host>
+struct gradient_only {
+  tensor_view<T, S> g;
+  [[nodiscard]] tensor_view<T, S> value() const { return g; }
+  [[nodiscard]] tensor_view<T, S> grad() const { return g; }
+};
+
 template <class R>
 concept parameter_range = std::ranges::forward_range<R> && parameter<std::ranges::range_value_t<R>>;
 
@@ -13234,24 +13243,19 @@ class host_values {
   std::vector<tensor_view<T>> views_;
 };
 
-// Whether comm's collectives take host memory (a communicator without accepts() is assumed to).
+// Whether comm's collectives take memory of kind k; a communicator without accepts() is taken to
+// reduce host memory only.
 template <class C>
-[[nodiscard]] bool takes_host_memory(const C& comm) {
-  if constexpr (requires { comm.accepts(device_kind::cpu); }) {
-    return comm.accepts(device_kind::cpu);
+[[nodiscard]] bool takes_memory(const C& comm, device_kind k) {
+  if constexpr (requires { comm.accepts(k); }) {
+    return comm.accepts(k);
   } else {
-    return true;
+    return k == device_kind::cpu;
   }
 }
-
-// Whether comm's collectives take CUDA memory (a communicator without accepts() is assumed not to).
 template <class C>
-[[nodiscard]] bool takes_cuda_memory(const C& comm) {
-  if constexpr (requires { comm.accepts(device_kind::cuda); }) {
-    return comm.accepts(device_kind::cuda);
-  } else {
-    return false;
-  }
+[[nodiscard]] bool takes_host_memory(const C& comm) {
+  return takes_memory(comm, device_kind::cpu);
 }
 
 #if PARTRAIN_HAS_CUDA
@@ -14104,14 +14108,10 @@ class distributed_data_parallel {
     small_all_reduce(std::span<std::int64_t>(flag), reduce_op::sum, what);
   }
 
-  [[nodiscard]] bool comm_accepts(device_kind k) const {
-    return k == device_kind::cuda ? detail::takes_cuda_memory(*comm_) : detail::takes_host_memory(*comm_);
-  }
-
   // Device mode (CUDA parameters, a backend that reduces CUDA memory): buckets on the parameters'
   // device, their work on the communicator's input stream.
   [[nodiscard]] detail::ddp::device_placement device_placement() {
-    if (!(std::same_as<S, cuda> && comm_accepts(device_kind::cuda))) {
+    if (!(std::same_as<S, cuda> && detail::takes_memory(*comm_, device_kind::cuda))) {
       detail::ddp::device_placement host_buckets;
       host_buckets.staging_stream = model_stream(*model_);
       return host_buckets;
@@ -14162,7 +14162,7 @@ class distributed_data_parallel {
     }
     if (dev >= 0) return dev;
     if (comm_dev >= 0) return comm_dev;
-    return comm_accepts(device_kind::cpu) ? -1 : cuda_current_device();
+    return detail::takes_memory(*comm_, device_kind::cpu) ? -1 : cuda_current_device();
 #else
     return -1;
 #endif
@@ -14266,7 +14266,7 @@ class distributed_data_parallel {
     // CUDA parameters travel through host copies (the host backends take host memory).
     std::vector<std::vector<T>> staged;
     std::vector<T> tmp;
-    const bool direct = std::same_as<S, host> || comm_accepts(device_kind::cuda);
+    const bool direct = std::same_as<S, host> || detail::takes_memory(*comm_, device_kind::cuda);
     for (auto&& p : model_->parameters()) {
       if (direct) {
         works.push_back(comm_->broadcast(p.value(), root));
@@ -16473,12 +16473,7 @@ class fully_sharded_data_parallel {
   // Global-norm clipping across ranks: Σg² of this rank's chunks, summed over ranks (one double
   // all_reduce), then clip_grad_norm's rule on the chunks.
   void clip_chunks() {
-    struct chunk_param {
-      tensor_view<float> g;
-      [[nodiscard]] tensor_view<float> value() const { return g; }
-      [[nodiscard]] tensor_view<float> grad() const { return g; }
-    };
-    std::vector<chunk_param> mine;
+    std::vector<detail::optim::gradient_only<float>> mine;
     for (const auto& x : units_) {
       if (x.mine.size()) mine.push_back({tensor_view<float>(grads_.data() + x.chunk_at, x.mine.size())});
     }
@@ -18900,17 +18895,11 @@ struct place<cuda> {
   }
   template <class U>
   void to_host(U* dst, const U* src, std::size_t n) const {
-    if (n == 0) return;
-    cuda_device_guard guard(device_);
-    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(U), cudaMemcpyDeviceToHost, s()));
-    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(s()));
+    copy_waited(dst, src, n * sizeof(U), cudaMemcpyDeviceToHost);
   }
   template <class U>
   void from_host(U* dst, const U* src, std::size_t n) const {
-    if (n == 0) return;
-    cuda_device_guard guard(device_);
-    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(U), cudaMemcpyHostToDevice, s()));
-    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(s()));
+    copy_waited(dst, src, n * sizeof(U), cudaMemcpyHostToDevice);
   }
   // The stream's next work waits for what `stream` (the model's; null: the legacy one) queued.
   void after(void* stream) const {
@@ -18928,6 +18917,13 @@ struct place<cuda> {
 
  private:
   [[nodiscard]] cudaStream_t s() const noexcept { return stream_or_legacy(stream_); }
+  // Queued after the stream's work, finished on return.
+  void copy_waited(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) const {
+    if (bytes == 0) return;
+    cuda_device_guard guard(device_);
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s()));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(s()));
+  }
 
   int device_ = -1;
   void* stream_ = nullptr;
@@ -19334,7 +19330,7 @@ class sharded_data_parallel {
       return {};
     } else {
 #if defined(__CUDACC__)
-      if (!detail::takes_cuda_memory(*comm_)) {
+      if (!detail::takes_memory(*comm_, device_kind::cuda)) {
         throw config_error(where() + "the parameters are in CUDA memory but the communicator reduces host memory only "
                                      "(sharded_data_parallel keeps its shards on the parameters' device: use an nccl "
                                      "group, or distributed_data_parallel, which stages through the host)");
@@ -19633,12 +19629,8 @@ class sharded_data_parallel {
   // Global-norm clipping across shards: Σg² of this shard, summed over ranks (one double
   // all_reduce), then clip_grad_norm's rule on the shard.
   void clip_shard() {
-    struct shard_param {
-      tensor_view<W, S> g;
-      [[nodiscard]] tensor_view<W, S> value() const { return g; }
-      [[nodiscard]] tensor_view<W, S> grad() const { return g; }
-    };
-    const std::array<shard_param, 1> mine{shard_param{tensor_view<W, S>(shard_grad_.data(), shard_grad_.size())}};
+    using shard = detail::optim::gradient_only<W, S>;
+    const std::array<shard, 1> mine{shard{tensor_view<W, S>(shard_grad_.data(), shard_grad_.size())}};
     std::array<double, 1> sum{detail::optim::grad_sum_squares(mine, at_.stream())};
     small_all_reduce(std::span<double>(sum), "gradient-norm all_reduce");
     last_norm_ = std::sqrt(sum[0]);
@@ -20792,6 +20784,7 @@ amp_step_result amp_step(Trainer& trainer, O& opt, grad_scaler& scaler, const B&
 
 // #include <partrain/core/error.hpp> (above)
 // #include <partrain/core/tensor_view.hpp> (above)
+// #include <partrain/optim/clip.hpp> (above)
 // #include <partrain/precision/grad_scaler.hpp> (above)
 // #include <partrain/precision/mixed_precision.hpp> (above)
 
@@ -20811,13 +20804,8 @@ concept sharded_trainer = requires(Z& z) {
 // the scaler's unscale (one fused pass, flag agreed across ranks) runs on it unchanged.
 template <class S>
 struct gradient_slice {
-  struct param {
-    tensor_view<float, S> g;
-    [[nodiscard]] tensor_view<float, S> value() const { return g; }
-    [[nodiscard]] tensor_view<float, S> grad() const { return g; }
-  };
-  std::array<param, 1> ps;
-  [[nodiscard]] std::array<param, 1>& parameters() noexcept { return ps; }
+  std::array<optim::gradient_only<float, S>, 1> ps;
+  [[nodiscard]] std::array<optim::gradient_only<float, S>, 1>& parameters() noexcept { return ps; }
 };
 
 }  // namespace detail::amp
@@ -21415,6 +21403,47 @@ inline constexpr every_t every{};
 
 }  // namespace views
 }  // namespace partrain::inline v0
+
+// #include <partrain/train/detail/sharded_scaler.hpp>
+// partrain/train/detail/sharded_scaler.hpp: the optional grad scaler the sharded policies
+// (zero_policy, fsdp_policy) share: with one, each step is amp_step (precision/sharded_amp.hpp)
+// and the skipped ones are counted; its state travels in the checkpoint's extra.
+
+#include <cstddef>
+
+// #include <partrain/precision/grad_scaler.hpp> (above)
+// #include <partrain/precision/sharded_amp.hpp> (above)
+// #include <partrain/train/checkpoint.hpp> (above)
+
+namespace partrain::inline v0::detail {
+
+class sharded_scaler {
+ public:
+  explicit sharded_scaler(grad_scaler* s) noexcept : s_(s) {}
+
+  // One step of the sharded policy z (its train_step holds the optimizer step); this rank's loss.
+  template <class Z, class B>
+  double step(Z& z, const B& b) {
+    if (!s_) return z.train_step(b);
+    const amp_step_result r = amp_step(z, *s_, b);
+    skipped_ += r.skipped ? 1 : 0;
+    return r.loss;
+  }
+  [[nodiscard]] std::size_t skipped() const noexcept { return skipped_; }
+
+  void save(checkpoint_extra& extra) const {
+    if (s_ && s_->enabled()) extra.scaler_state = s_->state_bytes();
+  }
+  void load(const checkpoint_extra& extra) {
+    if (s_ && s_->enabled()) s_->load_state_bytes(extra.scaler_state);
+  }
+
+ private:
+  grad_scaler* s_;
+  std::size_t skipped_ = 0;
+};
+
+}  // namespace partrain::inline v0::detail
 
 // #include <partrain/train/detail/framed_file.hpp>
 // partrain/train/detail/framed_file.hpp: the frame of partrain's binary files: an 8-byte magic,
@@ -22685,8 +22714,8 @@ inline void trace_span::end() noexcept {
 // #include <partrain/comm/process_group.hpp> (above)
 // #include <partrain/model/concepts.hpp> (above)
 // #include <partrain/precision/grad_scaler.hpp> (above)
-// #include <partrain/precision/sharded_amp.hpp> (above)
 // #include <partrain/train/checkpoint.hpp> (above)
+// #include <partrain/train/detail/sharded_scaler.hpp> (above)
 // #include <partrain/train/sharded_checkpoint.hpp> (above)
 // #include <partrain/train/trace.hpp> (above)
 
@@ -22705,14 +22734,9 @@ class fsdp_policy {
   template <class B>
   double train_step(const B& b) {
     auto span = o_.trace ? o_.trace->span("fsdp_step") : trace_span{};
-    if (o_.scaler) {
-      const amp_step_result r = amp_step(*fsdp_, *o_.scaler, b);
-      skipped_ += r.skipped ? 1 : 0;
-      return r.loss;
-    }
-    return fsdp_->train_step(b);
+    return scaler_.step(*fsdp_, b);
   }
-  [[nodiscard]] std::size_t skipped_steps() const noexcept { return skipped_; }
+  [[nodiscard]] std::size_t skipped_steps() const noexcept { return scaler_.skipped(); }
   template <class R>
   eval_result evaluate(R&& batches) {
     return fsdp_->evaluate(std::forward<R>(batches));
@@ -22724,19 +22748,19 @@ class fsdp_policy {
 
   // Collective: every rank writes its chunks, rank 0 the index at `file`.
   void save_checkpoint(const std::filesystem::path& file, checkpoint_extra extra) {
-    if (o_.scaler && o_.scaler->enabled()) extra.scaler_state = o_.scaler->state_bytes();
+    scaler_.save(extra);
     save_sharded_checkpoint(*fsdp_, file, extra);
   }
   checkpoint_extra load_checkpoint(const std::filesystem::path& file) {
     checkpoint_extra extra = load_sharded_checkpoint(*fsdp_, file);
-    if (o_.scaler && o_.scaler->enabled()) o_.scaler->load_state_bytes(extra.scaler_state);
+    scaler_.load(extra);
     return extra;
   }
 
  private:
   Fsdp* fsdp_;
   fsdp_policy_options o_;
-  std::size_t skipped_ = 0;
+  detail::sharded_scaler scaler_{o_.scaler};
 };
 
 }  // namespace partrain::inline v0
@@ -24114,8 +24138,8 @@ train_result fit(Policy& policy, Train& train, Test& test, trainer_options o) {
 // #include <partrain/model/concepts.hpp> (above)
 // #include <partrain/precision/grad_scaler.hpp> (above)
 // #include <partrain/precision/mixed_precision.hpp> (above)
-// #include <partrain/precision/sharded_amp.hpp> (above)
 // #include <partrain/train/checkpoint.hpp> (above)
+// #include <partrain/train/detail/sharded_scaler.hpp> (above)
 // #include <partrain/train/sharded_checkpoint.hpp> (above)
 // #include <partrain/train/trace.hpp> (above)
 
@@ -24134,14 +24158,9 @@ class zero_policy {
   template <class B>
   double train_step(const B& b) {
     auto span = o_.trace ? o_.trace->span("zero_step") : trace_span{};
-    if (o_.scaler) {
-      const amp_step_result r = amp_step(*zero_, *o_.scaler, b);
-      skipped_ += r.skipped ? 1 : 0;
-      return r.loss;
-    }
-    return zero_->train_step(b);
+    return scaler_.step(*zero_, b);
   }
-  [[nodiscard]] std::size_t skipped_steps() const noexcept { return skipped_; }
+  [[nodiscard]] std::size_t skipped_steps() const noexcept { return scaler_.skipped(); }
   template <class R>
   eval_result evaluate(R&& batches) {
     return zero_->evaluate(std::forward<R>(batches));
@@ -24154,12 +24173,12 @@ class zero_policy {
 
   // Collective: every rank writes its shard, rank 0 the index at `file`.
   void save_checkpoint(const std::filesystem::path& file, checkpoint_extra extra) {
-    if (o_.scaler && o_.scaler->enabled()) extra.scaler_state = o_.scaler->state_bytes();
+    scaler_.save(extra);
     save_sharded_checkpoint(*zero_, file, extra);
   }
   checkpoint_extra load_checkpoint(const std::filesystem::path& file) {
     checkpoint_extra extra = load_sharded_checkpoint(*zero_, file);
-    if (o_.scaler && o_.scaler->enabled()) o_.scaler->load_state_bytes(extra.scaler_state);
+    scaler_.load(extra);
     if constexpr (has_low_precision_copy<std::remove_cvref_t<decltype(zero_->module())>>) {
       zero_->module().refresh_low_precision();  // the 16-bit copy of the loaded masters
     }
@@ -24169,7 +24188,7 @@ class zero_policy {
  private:
   Zero* zero_;
   zero_policy_options o_;
-  std::size_t skipped_ = 0;
+  detail::sharded_scaler scaler_{o_.scaler};
 };
 
 }  // namespace partrain::inline v0

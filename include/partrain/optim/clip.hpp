@@ -23,6 +23,15 @@ namespace partrain::inline v0 {
 
 namespace detail::optim {
 
+// A flat gradient buffer (a rank's shard, its chunks, a reduced slice) seen as a parameter whose
+// value is the gradient itself, so clipping and the grad scaler's unscale run on it unchanged.
+template <class T, class S = host>
+struct gradient_only {
+  tensor_view<T, S> g;
+  [[nodiscard]] tensor_view<T, S> value() const { return g; }
+  [[nodiscard]] tensor_view<T, S> grad() const { return g; }
+};
+
 template <class R>
 concept parameter_range = std::ranges::forward_range<R> && parameter<std::ranges::range_value_t<R>>;
 

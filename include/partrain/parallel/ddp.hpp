@@ -271,14 +271,10 @@ class distributed_data_parallel {
     small_all_reduce(std::span<std::int64_t>(flag), reduce_op::sum, what);
   }
 
-  [[nodiscard]] bool comm_accepts(device_kind k) const {
-    return k == device_kind::cuda ? detail::takes_cuda_memory(*comm_) : detail::takes_host_memory(*comm_);
-  }
-
   // Device mode (CUDA parameters, a backend that reduces CUDA memory): buckets on the parameters'
   // device, their work on the communicator's input stream.
   [[nodiscard]] detail::ddp::device_placement device_placement() {
-    if (!(std::same_as<S, cuda> && comm_accepts(device_kind::cuda))) {
+    if (!(std::same_as<S, cuda> && detail::takes_memory(*comm_, device_kind::cuda))) {
       detail::ddp::device_placement host_buckets;
       host_buckets.staging_stream = model_stream(*model_);
       return host_buckets;
@@ -329,7 +325,7 @@ class distributed_data_parallel {
     }
     if (dev >= 0) return dev;
     if (comm_dev >= 0) return comm_dev;
-    return comm_accepts(device_kind::cpu) ? -1 : cuda_current_device();
+    return detail::takes_memory(*comm_, device_kind::cpu) ? -1 : cuda_current_device();
 #else
     return -1;
 #endif
@@ -433,7 +429,7 @@ class distributed_data_parallel {
     // CUDA parameters travel through host copies (the host backends take host memory).
     std::vector<std::vector<T>> staged;
     std::vector<T> tmp;
-    const bool direct = std::same_as<S, host> || comm_accepts(device_kind::cuda);
+    const bool direct = std::same_as<S, host> || detail::takes_memory(*comm_, device_kind::cuda);
     for (auto&& p : model_->parameters()) {
       if (direct) {
         works.push_back(comm_->broadcast(p.value(), root));

@@ -906,12 +906,7 @@ class fully_sharded_data_parallel {
   // Global-norm clipping across ranks: Σg² of this rank's chunks, summed over ranks (one double
   // all_reduce), then clip_grad_norm's rule on the chunks.
   void clip_chunks() {
-    struct chunk_param {
-      tensor_view<float> g;
-      [[nodiscard]] tensor_view<float> value() const { return g; }
-      [[nodiscard]] tensor_view<float> grad() const { return g; }
-    };
-    std::vector<chunk_param> mine;
+    std::vector<detail::optim::gradient_only<float>> mine;
     for (const auto& x : units_) {
       if (x.mine.size()) mine.push_back({tensor_view<float>(grads_.data() + x.chunk_at, x.mine.size())});
     }

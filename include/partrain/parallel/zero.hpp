@@ -395,7 +395,7 @@ class sharded_data_parallel {
       return {};
     } else {
 #if defined(__CUDACC__)
-      if (!detail::takes_cuda_memory(*comm_)) {
+      if (!detail::takes_memory(*comm_, device_kind::cuda)) {
         throw config_error(where() + "the parameters are in CUDA memory but the communicator reduces host memory only "
                                      "(sharded_data_parallel keeps its shards on the parameters' device: use an nccl "
                                      "group, or distributed_data_parallel, which stages through the host)");
@@ -694,12 +694,8 @@ class sharded_data_parallel {
   // Global-norm clipping across shards: Σg² of this shard, summed over ranks (one double
   // all_reduce), then clip_grad_norm's rule on the shard.
   void clip_shard() {
-    struct shard_param {
-      tensor_view<W, S> g;
-      [[nodiscard]] tensor_view<W, S> value() const { return g; }
-      [[nodiscard]] tensor_view<W, S> grad() const { return g; }
-    };
-    const std::array<shard_param, 1> mine{shard_param{tensor_view<W, S>(shard_grad_.data(), shard_grad_.size())}};
+    using shard = detail::optim::gradient_only<W, S>;
+    const std::array<shard, 1> mine{shard{tensor_view<W, S>(shard_grad_.data(), shard_grad_.size())}};
     std::array<double, 1> sum{detail::optim::grad_sum_squares(mine, at_.stream())};
     small_all_reduce(std::span<double>(sum), "gradient-norm all_reduce");
     last_norm_ = std::sqrt(sum[0]);

@@ -18,6 +18,7 @@
 
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
+#include <partrain/optim/clip.hpp>
 #include <partrain/precision/grad_scaler.hpp>
 #include <partrain/precision/mixed_precision.hpp>
 
@@ -37,13 +38,8 @@ concept sharded_trainer = requires(Z& z) {
 // the scaler's unscale (one fused pass, flag agreed across ranks) runs on it unchanged.
 template <class S>
 struct gradient_slice {
-  struct param {
-    tensor_view<float, S> g;
-    [[nodiscard]] tensor_view<float, S> value() const { return g; }
-    [[nodiscard]] tensor_view<float, S> grad() const { return g; }
-  };
-  std::array<param, 1> ps;
-  [[nodiscard]] std::array<param, 1>& parameters() noexcept { return ps; }
+  std::array<optim::gradient_only<float, S>, 1> ps;
+  [[nodiscard]] std::array<optim::gradient_only<float, S>, 1>& parameters() noexcept { return ps; }
 };
 
 }  // namespace detail::amp

@@ -16,8 +16,8 @@
 #include <partrain/comm/process_group.hpp>
 #include <partrain/model/concepts.hpp>
 #include <partrain/precision/grad_scaler.hpp>
-#include <partrain/precision/sharded_amp.hpp>
 #include <partrain/train/checkpoint.hpp>
+#include <partrain/train/detail/sharded_scaler.hpp>
 #include <partrain/train/sharded_checkpoint.hpp>
 #include <partrain/train/trace.hpp>
 
@@ -36,14 +36,9 @@ class fsdp_policy {
   template <class B>
   double train_step(const B& b) {
     auto span = o_.trace ? o_.trace->span("fsdp_step") : trace_span{};
-    if (o_.scaler) {
-      const amp_step_result r = amp_step(*fsdp_, *o_.scaler, b);
-      skipped_ += r.skipped ? 1 : 0;
-      return r.loss;
-    }
-    return fsdp_->train_step(b);
+    return scaler_.step(*fsdp_, b);
   }
-  [[nodiscard]] std::size_t skipped_steps() const noexcept { return skipped_; }
+  [[nodiscard]] std::size_t skipped_steps() const noexcept { return scaler_.skipped(); }
   template <class R>
   eval_result evaluate(R&& batches) {
     return fsdp_->evaluate(std::forward<R>(batches));
@@ -55,19 +50,19 @@ class fsdp_policy {
 
   // Collective: every rank writes its chunks, rank 0 the index at `file`.
   void save_checkpoint(const std::filesystem::path& file, checkpoint_extra extra) {
-    if (o_.scaler && o_.scaler->enabled()) extra.scaler_state = o_.scaler->state_bytes();
+    scaler_.save(extra);
     save_sharded_checkpoint(*fsdp_, file, extra);
   }
   checkpoint_extra load_checkpoint(const std::filesystem::path& file) {
     checkpoint_extra extra = load_sharded_checkpoint(*fsdp_, file);
-    if (o_.scaler && o_.scaler->enabled()) o_.scaler->load_state_bytes(extra.scaler_state);
+    scaler_.load(extra);
     return extra;
   }
 
  private:
   Fsdp* fsdp_;
   fsdp_policy_options o_;
-  std::size_t skipped_ = 0;
+  detail::sharded_scaler scaler_{o_.scaler};
 };
 
 }  // namespace partrain::inline v0

@@ -17,8 +17,8 @@
 #include <partrain/model/concepts.hpp>
 #include <partrain/precision/grad_scaler.hpp>
 #include <partrain/precision/mixed_precision.hpp>
-#include <partrain/precision/sharded_amp.hpp>
 #include <partrain/train/checkpoint.hpp>
+#include <partrain/train/detail/sharded_scaler.hpp>
 #include <partrain/train/sharded_checkpoint.hpp>
 #include <partrain/train/trace.hpp>
 
@@ -37,14 +37,9 @@ class zero_policy {
   template <class B>
   double train_step(const B& b) {
     auto span = o_.trace ? o_.trace->span("zero_step") : trace_span{};
-    if (o_.scaler) {
-      const amp_step_result r = amp_step(*zero_, *o_.scaler, b);
-      skipped_ += r.skipped ? 1 : 0;
-      return r.loss;
-    }
-    return zero_->train_step(b);
+    return scaler_.step(*zero_, b);
   }
-  [[nodiscard]] std::size_t skipped_steps() const noexcept { return skipped_; }
+  [[nodiscard]] std::size_t skipped_steps() const noexcept { return scaler_.skipped(); }
   template <class R>
   eval_result evaluate(R&& batches) {
     return zero_->evaluate(std::forward<R>(batches));
@@ -57,12 +52,12 @@ class zero_policy {
 
   // Collective: every rank writes its shard, rank 0 the index at `file`.
   void save_checkpoint(const std::filesystem::path& file, checkpoint_extra extra) {
-    if (o_.scaler && o_.scaler->enabled()) extra.scaler_state = o_.scaler->state_bytes();
+    scaler_.save(extra);
     save_sharded_checkpoint(*zero_, file, extra);
   }
   checkpoint_extra load_checkpoint(const std::filesystem::path& file) {
     checkpoint_extra extra = load_sharded_checkpoint(*zero_, file);
-    if (o_.scaler && o_.scaler->enabled()) o_.scaler->load_state_bytes(extra.scaler_state);
+    scaler_.load(extra);
     if constexpr (has_low_precision_copy<std::remove_cvref_t<decltype(zero_->module())>>) {
       zero_->module().refresh_low_precision();  // the 16-bit copy of the loaded masters
     }
@@ -72,7 +67,7 @@ class zero_policy {
  private:
   Zero* zero_;
   zero_policy_options o_;
-  std::size_t skipped_ = 0;
+  detail::sharded_scaler scaler_{o_.scaler};
 };
 
 }  // namespace partrain::inline v0

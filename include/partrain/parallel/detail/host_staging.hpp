@@ -112,24 +112,19 @@ class host_values {
   std::vector<tensor_view<T>> views_;
 };
 
-// Whether comm's collectives take host memory (a communicator without accepts() is assumed to).
+// Whether comm's collectives take memory of kind k; a communicator without accepts() is taken to
+// reduce host memory only.
 template <class C>
-[[nodiscard]] bool takes_host_memory(const C& comm) {
-  if constexpr (requires { comm.accepts(device_kind::cpu); }) {
-    return comm.accepts(device_kind::cpu);
+[[nodiscard]] bool takes_memory(const C& comm, device_kind k) {
+  if constexpr (requires { comm.accepts(k); }) {
+    return comm.accepts(k);
   } else {
-    return true;
+    return k == device_kind::cpu;
   }
 }
-
-// Whether comm's collectives take CUDA memory (a communicator without accepts() is assumed not to).
 template <class C>
-[[nodiscard]] bool takes_cuda_memory(const C& comm) {
-  if constexpr (requires { comm.accepts(device_kind::cuda); }) {
-    return comm.accepts(device_kind::cuda);
-  } else {
-    return false;
-  }
+[[nodiscard]] bool takes_host_memory(const C& comm) {
+  return takes_memory(comm, device_kind::cpu);
 }
 
 #if PARTRAIN_HAS_CUDA

@@ -62,17 +62,11 @@ struct place<cuda> {
   }
   template <class U>
   void to_host(U* dst, const U* src, std::size_t n) const {
-    if (n == 0) return;
-    cuda_device_guard guard(device_);
-    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(U), cudaMemcpyDeviceToHost, s()));
-    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(s()));
+    copy_waited(dst, src, n * sizeof(U), cudaMemcpyDeviceToHost);
   }
   template <class U>
   void from_host(U* dst, const U* src, std::size_t n) const {
-    if (n == 0) return;
-    cuda_device_guard guard(device_);
-    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(U), cudaMemcpyHostToDevice, s()));
-    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(s()));
+    copy_waited(dst, src, n * sizeof(U), cudaMemcpyHostToDevice);
   }
   // The stream's next work waits for what `stream` (the model's; null: the legacy one) queued.
   void after(void* stream) const {
@@ -90,6 +84,13 @@ struct place<cuda> {
 
  private:
   [[nodiscard]] cudaStream_t s() const noexcept { return stream_or_legacy(stream_); }
+  // Queued after the stream's work, finished on return.
+  void copy_waited(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) const {
+    if (bytes == 0) return;
+    cuda_device_guard guard(device_);
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s()));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(s()));
+  }
 
   int device_ = -1;
   void* stream_ = nullptr;
