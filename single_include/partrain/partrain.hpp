@@ -2055,12 +2055,12 @@ class device_buffer {
   }
 
   device_buffer(device_buffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})), device_(o.device_) {}
+      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, partrain::shape{0})), device_(o.device_) {}
   device_buffer& operator=(device_buffer&& o) noexcept {
     if (this != &o) {
       reset();
       data_ = std::exchange(o.data_, nullptr);
-      shape_ = std::exchange(o.shape_, {});
+      shape_ = std::exchange(o.shape_, partrain::shape{0});
       device_ = o.device_;
     }
     return *this;
@@ -2118,7 +2118,7 @@ class device_buffer {
   }
 
   T* data_ = nullptr;
-  partrain::shape shape_{};
+  partrain::shape shape_{0};  // empty: one dimension of extent 0 (a rank-0 shape is a scalar, one element)
   int device_ = -1;  // -1: an empty default-constructed buffer
 };
 
@@ -2403,12 +2403,12 @@ class pinned_buffer {
   pinned_buffer(std::size_t n, int device_index) : pinned_buffer(partrain::shape{n}, device_index) {}
 
   pinned_buffer(pinned_buffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})) {}
+      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, partrain::shape{0})) {}
   pinned_buffer& operator=(pinned_buffer&& o) noexcept {
     if (this != &o) {
       reset();
       data_ = std::exchange(o.data_, nullptr);
-      shape_ = std::exchange(o.shape_, {});
+      shape_ = std::exchange(o.shape_, partrain::shape{0});
     }
     return *this;
   }
@@ -2435,7 +2435,7 @@ class pinned_buffer {
   }
 
   T* data_ = nullptr;
-  partrain::shape shape_{};
+  partrain::shape shape_{0};  // empty: one dimension of extent 0 (a rank-0 shape is a scalar, one element)
 };
 
 }  // namespace partrain::inline v0

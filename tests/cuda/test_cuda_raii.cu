@@ -194,3 +194,25 @@ TEST_CASE("device memory says which device it is on; host memory is refused", "[
   CHECK_THROWS_AS(cuda_device_of(host.data(), "test"), config_error);
   CHECK_THROWS_AS(device_buffer<float>(std::size_t{8}, device::cpu()), invalid_argument_error);
 }
+
+// A rank-0 shape is a scalar (one element): an empty buffer must say empty, or code that tests
+// empty() before reusing one (ZeRO-2's accumulation buffer) copies into a null pointer.
+TEST_CASE("default-constructed, moved-from and zero-sized buffers are empty", "[cuda][buffer]") {
+  device_buffer<float> d;
+  CHECK(d.empty());
+  CHECK(d.size() == 0);
+  CHECK(d.view().empty());
+  device_buffer<float> full(std::size_t{4}, 0);
+  device_buffer<float> taken(std::move(full));
+  CHECK(taken.size() == 4);
+  CHECK(full.empty());  // NOLINT(bugprone-use-after-move): the moved-from state is what is checked
+  taken = device_buffer<float>();
+  CHECK(taken.empty());
+  CHECK(device_buffer<float>(std::size_t{0}, 0).empty());
+  pinned_buffer<float> p;
+  CHECK(p.size() == 0);
+  pinned_buffer<float> q(std::size_t{4}, 0);
+  pinned_buffer<float> r(std::move(q));
+  CHECK(r.size() == 4);
+  CHECK(q.size() == 0);  // NOLINT(bugprone-use-after-move)
+}

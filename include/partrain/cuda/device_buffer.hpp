@@ -64,12 +64,12 @@ class device_buffer {
   }
 
   device_buffer(device_buffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})), device_(o.device_) {}
+      : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, partrain::shape{0})), device_(o.device_) {}
   device_buffer& operator=(device_buffer&& o) noexcept {
     if (this != &o) {
       reset();
       data_ = std::exchange(o.data_, nullptr);
-      shape_ = std::exchange(o.shape_, {});
+      shape_ = std::exchange(o.shape_, partrain::shape{0});
       device_ = o.device_;
     }
     return *this;
@@ -127,7 +127,7 @@ class device_buffer {
   }
 
   T* data_ = nullptr;
-  partrain::shape shape_{};
+  partrain::shape shape_{0};  // empty: one dimension of extent 0 (a rank-0 shape is a scalar, one element)
   int device_ = -1;  // -1: an empty default-constructed buffer
 };
 
