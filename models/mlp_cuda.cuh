@@ -67,11 +67,11 @@ class cuda_backend {
   void launch(std::size_t n, const F& f) const {
     partrain::detail::for_each_index(partrain::detail::cuda_exec{compute_.get(), -1}, n, f);
   }
-  // Column-major C[m, n] = op(A) . op(B), fp32.
-  void sgemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
-             int ldc) const {
-    const float one = 1.0f, zero = 0.0f;
-    PARTRAIN_CUBLAS_CHECK(cublasSgemm(blas_.get(), op(ta), op(tb), m, n, k, &one, a, lda, b, ldb, &zero, c, ldc));
+  // Column-major C[m, n] = op(A) . op(B) (+ beta C), fp32.
+  void sgemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc,
+             float beta = 0.0f) const {
+    const float one = 1.0f;
+    PARTRAIN_CUBLAS_CHECK(cublasSgemm(blas_.get(), op(ta), op(tb), m, n, k, &one, a, lda, b, ldb, &beta, c, ldc));
   }
   // The same with A and B in the run's 16-bit type and fp32 accumulation (tensor cores).
   void gemm16(bool ta, bool tb, int m, int n, int k, const std::uint16_t* a, int lda, const std::uint16_t* b, int ldb,

@@ -85,17 +85,31 @@ struct softmax_cross_entropy_fn {
 };
 
 // gb[j] = sum over rows of delta[i, j], in row order (j over columns: a thread per column reads
-// coalesced across threads).
+// coalesced across threads); with add, gb[j] += that sum (a layer's backward accumulates).
 struct column_sums_fn {
   const float* delta;
   std::size_t rows;
   std::size_t cols;
   float* gb;
+  bool add = false;
   PARTRAIN_HOST_DEVICE void operator()(std::size_t j) const {
     float s = 0.0f;
     for (std::size_t i = 0; i < rows; ++i) s += delta[i * cols + j];
-    gb[j] = s;
+    gb[j] = add ? gb[j] + s : s;
   }
+};
+
+// y = max(x, 0), and its backward: gx = gy where x was positive, else 0 (a ReLU layer's).
+struct relu_fn {
+  const float* x;
+  float* y;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const { y[i] = x[i] > 0.0f ? x[i] : 0.0f; }
+};
+struct relu_grad_fn {
+  const float* x;
+  const float* gy;
+  float* gx;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const { gx[i] = x[i] > 0.0f ? gy[i] : 0.0f; }
 };
 
 // d[i] = 0 where the layer's ReLU output a[i] was 0 (its input was not positive).

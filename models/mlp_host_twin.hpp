@@ -55,11 +55,11 @@ class host_twin_backend {
   void launch(std::size_t n, const F& f) const {
     partrain::detail::for_each_index(partrain::detail::host_exec{}, n, f);
   }
-  // Column-major C[m, n] = op(A) . op(B), fp32: cublasSgemm's arguments, meaning and layout.
-  void sgemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
-             int ldc) const {
+  // Column-major C[m, n] = op(A) . op(B) (+ beta C), fp32: cublasSgemm's arguments, meaning and layout.
+  void sgemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc,
+             float beta = 0.0f) const {
     cblas_sgemm(CblasColMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, lda, b,
-                ldb, 0.0f, c, ldc);
+                ldb, beta, c, ldc);
   }
   // cublasGemmEx with 16-bit A and B and fp32 accumulation: the operands widened, then sgemm.
   void gemm16(bool ta, bool tb, int m, int n, int k, const std::uint16_t* a, int lda, const std::uint16_t* b, int ldb,

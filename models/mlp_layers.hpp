@@ -44,6 +44,16 @@ struct host_param {
   bool bound_ = false;
 };
 
+// A linear layer's initial weights w [out, in] and bias b [out]: uniform in +-1/sqrt(in), from
+// seed (every model built from these layers starts from the same values).
+inline void init_linear(std::size_t in, std::uint32_t seed, tensor_view<float> w, tensor_view<float> b) {
+  std::mt19937 gen(seed);
+  const float bound = 1.0f / std::sqrt(static_cast<float>(in));
+  std::uniform_real_distribution<float> d(-bound, bound);
+  for (auto& x : w) x = d(gen);
+  for (auto& x : b) x = d(gen);
+}
+
 // The polymorphic base, so one sequence can hold different layer types.
 class host_layer {
  public:
@@ -63,11 +73,7 @@ class linear final : public host_layer {
   linear(std::size_t in, std::size_t out, std::uint32_t seed) : in_(in), out_(out) {
     params_.emplace_back(shape{out, in});
     params_.emplace_back(shape{out});
-    std::mt19937 gen(seed);
-    const float bound = 1.0f / std::sqrt(static_cast<float>(in));
-    std::uniform_real_distribution<float> d(-bound, bound);
-    for (auto& w : params_[0].v) w = d(gen);
-    for (auto& b : params_[1].v) b = d(gen);
+    init_linear(in, seed, params_[0].v.view(), params_[1].v.view());
   }
   [[nodiscard]] shape output_shape(const shape& s) const override {
     if (s.rank() != 2 || s[1] != in_) {

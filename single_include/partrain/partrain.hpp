@@ -13154,6 +13154,7 @@ void stage_out(tensor_view<T, cuda> g, const T* src, void* stream) {
 // #include <partrain/core/tensor_view.hpp> (above)
 // #include <partrain/model/concepts.hpp> (above)
 // #include <partrain/model/traits.hpp> (above)
+// #include <partrain/optim/optimizer.hpp> (above)
 
 #if PARTRAIN_HAS_CUDA
 // #include <partrain/cuda/device_buffer.hpp> (above)
@@ -13259,16 +13260,55 @@ template <class C>
 }
 
 #if PARTRAIN_HAS_CUDA
+// The CUDA device a communicator is bound to (nccl_group), else -1.
+template <class C>
+[[nodiscard]] int comm_cuda_device(const C& comm) {
+  if constexpr (requires { { comm.cuda_device_index() } -> std::convertible_to<int>; }) {
+    return comm.cuda_device_index();
+  } else {
+    return -1;
+  }
+}
+
 // Where a device-only backend's staging copies go: `device` when the caller knows it (>= 0),
 // else the backend's, else the current one; never device 0 by omission (on rank N that is
 // another GPU than the backend's).
 template <class C>
 [[nodiscard]] int staging_device(const C& comm, int device) {
   if (device >= 0) return device;
-  if constexpr (requires { comm.cuda_device_index(); }) {
-    if (const int d = comm.cuda_device_index(); d >= 0) return d;
-  }
+  if (const int d = comm_cuda_device(comm); d >= 0) return d;
   return cuda_current_device();
+}
+
+// The one CUDA device a rank's parameters are on, asked of their memory (the model concepts
+// expose no device, and the memory is what every model has): every non-empty value must be on
+// it, and on the communicator's device if that is bound to one. for_each_param(fn) calls fn(p)
+// for each parameter in order. -1 when none is in CUDA memory. Errors start with `where`.
+template <class C, class ForEach>
+[[nodiscard]] int parameters_cuda_device(const C& comm, ForEach&& for_each_param, const std::string& where) {
+  int dev = -1;
+  std::size_t index = 0;
+  std::string first;
+  for_each_param([&](auto&& p) {
+    const auto v = p.value();
+    if (!v.empty()) {
+      const int d = cuda_device_of(v.data(), "parameter placement").index;
+      if (dev < 0) {
+        dev = d;
+        first = param_name(p, index);
+      } else if (d != dev) {
+        throw config_error(where + "parameter " + param_name(p, index) + " is on cuda:" + std::to_string(d) + " but " +
+                           first + " on cuda:" + std::to_string(dev) + " (expected every parameter of a rank on one device)");
+      }
+    }
+    ++index;
+  });
+  const int comm_dev = comm_cuda_device(comm);
+  if (dev >= 0 && comm_dev >= 0 && dev != comm_dev) {
+    throw config_error(where + "the parameters are on cuda:" + std::to_string(dev) + " but the communicator runs on cuda:" +
+                       std::to_string(comm_dev) + " (expected the same device: make the group with the model's device)");
+  }
+  return dev;
 }
 #endif
 template <class C>
@@ -14131,34 +14171,11 @@ class distributed_data_parallel {
   // parameters: the communicator's device, else the current one. -1: no CUDA in this build.
   [[nodiscard]] int resolve_cuda_device() const {
 #if PARTRAIN_HAS_CUDA
-    int comm_dev = -1;
-    if constexpr (requires(const C& c) { { c.cuda_device_index() } -> std::convertible_to<int>; }) {
-      comm_dev = comm_->cuda_device_index();
-    }
+    const int comm_dev = detail::comm_cuda_device(*comm_);
     int dev = -1;
     if constexpr (std::same_as<S, cuda>) {
-      std::size_t index = 0;
-      std::string first_name;
-      for (auto&& p : model_->parameters()) {
-        const auto v = p.value();
-        if (!v.empty()) {
-          const int d = cuda_device_of(v.data(), "DDP (parameter placement)").index;
-          if (dev < 0) {
-            dev = d;
-            first_name = detail::param_name(p, index);
-          } else if (d != dev) {
-            throw config_error(where() + "parameter " + detail::param_name(p, index) + " is on cuda:" +
-                               std::to_string(d) + " but " + first_name + " on cuda:" + std::to_string(dev) +
-                               " (DDP expects every parameter of a rank on one device)");
-          }
-        }
-        ++index;
-      }
-      if (dev >= 0 && comm_dev >= 0 && dev != comm_dev) {
-        throw config_error(where() + "the parameters are on cuda:" + std::to_string(dev) +
-                           " but the communicator runs on cuda:" + std::to_string(comm_dev) +
-                           " (expected the same device: make the group with the model's device)");
-      }
+      dev = detail::parameters_cuda_device(
+          *comm_, [&](auto&& fn) { for (auto&& p : model_->parameters()) fn(p); }, where());
     }
     if (dev >= 0) return dev;
     if (comm_dev >= 0) return comm_dev;
@@ -14840,8 +14857,10 @@ class diloco {
 #include <cstring>
 #include <vector>
 
+// #include <partrain/core/buffer.hpp> (above)
 // #include <partrain/core/for_each_index.hpp> (above)
 // #include <partrain/core/memory_space.hpp> (above)
+// #include <partrain/core/tensor_view.hpp> (above)
 
 namespace partrain::inline v0::detail::zero {
 
@@ -14885,8 +14904,18 @@ struct place<host> {
   void from_host(U* dst, const U* src, std::size_t n) const {
     copy(dst, src, n);
   }
+  // A shaped tensor for a model's own compute (fully sharded data parallel's activations), zeros
+  // in stream order of `stream` (the model's).
+  template <class U>
+  using tensor = host_buffer<U>;
+  template <class U>
+  [[nodiscard]] host_buffer<U> make_tensor(const shape& s, void* /*stream*/) const {
+    return host_buffer<U>(s);
+  }
   // Orders the place's next work after what `stream` (the model's) has queued.
   void after(void* /*stream*/) const noexcept {}
+  // Orders what `stream` (the model's) queues next after the place's work.
+  void ahead_of(void* /*stream*/) const noexcept {}
   // Waits for everything queued on the place.
   void finish() const noexcept {}
 };
@@ -15199,10 +15228,15 @@ static_assert(chunking_selftest());
 // while it lives, so the peak a rank held is measured rather than estimated.
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <utility>
+
+// #include <partrain/core/memory_space.hpp> (above)
+// #include <partrain/parallel/detail/zero_space.hpp> (above)
 
 namespace partrain::inline v0::detail::fsdp {
 
@@ -15218,14 +15252,26 @@ struct byte_meter {
   void reset_peak() noexcept { peak = now; }
 };
 
-// n elements of T, counted in a meter from allocation to release (or destruction).
-template <class T>
+// n elements of T in memory space S (host, or CUDA where the layers are), counted in a meter from
+// allocation to release (or destruction).
+template <class T, class S = host>
 class counted_buffer {
+  static constexpr bool on_host = std::same_as<S, host>;
+  using storage = std::conditional_t<on_host, std::unique_ptr<T[]>, typename zero::place<S>::template buffer<T>>;
+
  public:
   counted_buffer() = default;
-  // zeroed: the gradient buffers, which backward accumulates into; a gather target is overwritten whole.
-  counted_buffer(byte_meter& m, std::size_t n, bool zeroed) : data_(new T[n]), size_(n), meter_(&m) {
-    if (zeroed) std::memset(static_cast<void*>(data_.get()), 0, n * sizeof(T));
+  // zeroed: the gradient buffers, which backward accumulates into; a gather target is overwritten
+  // whole. On a device the place fills zeros either way, in its stream's order.
+  counted_buffer(byte_meter& m, std::size_t n, bool zeroed, const zero::place<S>& at = {}) : size_(n), meter_(&m) {
+    if constexpr (on_host) {
+      (void)at;
+      data_.reset(new T[n]);
+      if (zeroed) std::memset(static_cast<void*>(data_.get()), 0, n * sizeof(T));
+    } else {
+      (void)zeroed;
+      at.allocate(data_, n);
+    }
     meter_->add(n * sizeof(T));
   }
   counted_buffer(counted_buffer&& o) noexcept
@@ -15245,17 +15291,23 @@ class counted_buffer {
 
   void release() noexcept {
     if (meter_) meter_->sub(size_ * sizeof(T));
-    data_.reset();
+    data_ = storage{};  // a device buffer's cudaFree waits for the work still using it
     size_ = 0;
     meter_ = nullptr;
   }
-  [[nodiscard]] T* data() noexcept { return data_.get(); }
-  [[nodiscard]] const T* data() const noexcept { return data_.get(); }
+  [[nodiscard]] T* data() noexcept {
+    if constexpr (on_host) {
+      return data_.get();
+    } else {
+      return data_.data();
+    }
+  }
+  [[nodiscard]] const T* data() const noexcept { return const_cast<counted_buffer*>(this)->data(); }
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
   [[nodiscard]] bool held() const noexcept { return meter_ != nullptr; }
 
  private:
-  std::unique_ptr<T[]> data_;
+  storage data_{};
   std::size_t size_ = 0;
   byte_meter* meter_ = nullptr;
 };
@@ -15483,15 +15535,16 @@ class shard_optimizer {
 
 namespace partrain::inline v0 {
 
-// One stage-able part of a model.
+// One stage-able part of a model, computing on tensors in memory space S (host for the pipeline;
+// fully sharded data parallel also takes CUDA layers).
 //   output_shape(in)               the output shape for an input shape (batch dimension first)
 //   forward(in, out)               out = f(in)
 //   backward(in, out, gout, gin)   accumulates d loss / d parameters (+=) and writes gin = d loss / d in
 //   parameters()                   a forward range of parameters (may be empty)
-template <class L>
-concept pipeline_layer = requires(L& l, const L& cl, const shape& s, tensor_view<const float> in,
-                                  tensor_view<const float> out, tensor_view<const float> gout,
-                                  tensor_view<float> wout, tensor_view<float> gin) {
+template <class L, class S = host>
+concept pipeline_layer = requires(L& l, const L& cl, const shape& s, tensor_view<const float, S> in,
+                                  tensor_view<const float, S> out, tensor_view<const float, S> gout,
+                                  tensor_view<float, S> wout, tensor_view<float, S> gin) {
   { cl.output_shape(s) } -> std::convertible_to<shape>;
   l.forward(in, wout);
   l.backward(in, out, gout, gin);
@@ -15504,10 +15557,11 @@ template <class T>
 concept dereferenceable = requires(T& t) { *t; };
 
 // A layer sequence may hold layers by value or through pointers (unique_ptr to a base class is
-// how heterogeneous models are written); layer_of sees through either.
+// how heterogeneous models are written); layer_of sees through either. A layer is what has
+// parameters(), whatever memory it computes in.
 template <class E>
 [[nodiscard]] constexpr decltype(auto) layer_of(E& e) noexcept {
-  if constexpr (pipeline_layer<E>) {
+  if constexpr (requires { e.parameters(); }) {
     return (e);
   } else {
     return (*e);
@@ -15517,19 +15571,20 @@ template <class E>
 template <class R>
 using layer_t = std::remove_reference_t<decltype(layer_of(std::declval<std::ranges::range_reference_t<R>&>()))>;
 
-template <class E>
+template <class E, class S = host>
 concept layer_or_pointer_to_layer =
-    pipeline_layer<E> || (dereferenceable<E> && pipeline_layer<std::remove_reference_t<decltype(*std::declval<E&>())>>);
+    pipeline_layer<E, S> || (dereferenceable<E> && pipeline_layer<std::remove_reference_t<decltype(*std::declval<E&>())>, S>);
 
 }  // namespace detail::pipeline
 
 // A model as an indexable sequence of layers (std::vector<linear>, or std::vector<std::unique_ptr<layer_base>>).
-template <class R>
+template <class R, class S = host>
 concept layer_sequence = std::ranges::random_access_range<R> && std::ranges::sized_range<R> &&
-                         detail::pipeline::layer_or_pointer_to_layer<std::ranges::range_value_t<R>>;
+                         detail::pipeline::layer_or_pointer_to_layer<std::ranges::range_value_t<R>, S>;
 
-// Explains, one sentence each, why R is not a layer sequence. Called at the pipeline's entry points.
-template <class R>
+// Explains, one sentence each, why R is not a layer sequence (of layers computing in S). Called at
+// the pipeline's entry points and by fully sharded data parallel.
+template <class R, class S = host>
 consteval bool check_layer_sequence() {
   static_assert(std::ranges::random_access_range<R> && std::ranges::sized_range<R>,
                 "partrain: a pipeline model must be a sized random-access range of layers (a std::vector of layers, "
@@ -15539,15 +15594,15 @@ consteval bool check_layer_sequence() {
   static_assert(requires(const L& l, const shape& s) {
     { l.output_shape(s) } -> std::convertible_to<shape>;
   }, "partrain: a pipeline layer needs `shape output_shape(const shape& in) const`");
-  static_assert(requires(L& l, tensor_view<const float> in, tensor_view<float> out) { l.forward(in, out); },
+  static_assert(requires(L& l, tensor_view<const float, S> in, tensor_view<float, S> out) { l.forward(in, out); },
                 "partrain: a pipeline layer needs `void forward(tensor_view<const float> in, tensor_view<float> out)`");
-  static_assert(requires(L& l, tensor_view<const float> in, tensor_view<float> g) { l.backward(in, in, in, g); },
+  static_assert(requires(L& l, tensor_view<const float, S> in, tensor_view<float, S> g) { l.backward(in, in, in, g); },
                 "partrain: a pipeline layer needs `void backward(tensor_view<const float> in, tensor_view<const float> "
                 "out, tensor_view<const float> grad_out, tensor_view<float> grad_in)`");
   static_assert(requires(L& l) {
     { l.parameters() } -> std::ranges::forward_range;
   }, "partrain: a pipeline layer needs `parameters()` returning a forward range (empty for a layer without weights)");
-  static_assert(pipeline_layer<L>,
+  static_assert(pipeline_layer<L, S>,
                 "partrain: each element of a pipeline layer's `parameters()` needs `value()` and `grad()` views");
   return true;
 }
@@ -15555,15 +15610,161 @@ consteval bool check_layer_sequence() {
 // The loss on the last stage, per micro-batch. forward_backward returns the SUM of the
 // per-example losses and writes grad_out = scale * d(sum)/d(out); the pipeline passes
 // scale = 1 / batch size so accumulated gradients are those of the batch mean.
-// evaluate returns the summed loss, correct predictions and examples.
-template <class F, class Target>
-concept pipeline_loss = requires(F& f, tensor_view<const float> out, tensor_view<const Target> target,
-                                 tensor_view<float> grad_out, float scale) {
+// evaluate returns the summed loss, correct predictions and examples. S: where out, target and
+// grad_out live (CUDA for fully sharded data parallel's CUDA layers; the sums come back to the host).
+template <class F, class Target, class S = host>
+concept pipeline_loss = requires(F& f, tensor_view<const float, S> out, tensor_view<const Target, S> target,
+                                 tensor_view<float, S> grad_out, float scale) {
   { f.forward_backward(out, target, grad_out, scale) } -> std::convertible_to<double>;
   { f.evaluate(out, target) } -> std::convertible_to<eval_result>;
 };
 
 }  // namespace partrain::inline v0
+
+// #include <partrain/parallel/detail/zero_kernels.cuh>
+#if PARTRAIN_HAS_CUDA && defined(__CUDACC__)
+// partrain/parallel/detail/zero_kernels.cuh: place<cuda>, sharded data parallel's buffers and
+// element moves for parameters in CUDA memory (the twin of place<host> in zero_space.hpp): buffers
+// are device_buffers on the parameters' device; copies, fills and the functors of
+// parallel/detail/ddp_elements.hpp are queued on one stream, the communicator's input stream, so
+// the collectives (which NCCL orders after that stream) see them, and the host waits for that
+// stream only where it hands memory back (finish, to_host, from_host). nvcc only.
+
+#if !defined(__CUDACC__)
+#error "partrain/parallel/detail/zero_kernels.cuh must be compiled by nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <concepts>
+#include <cstddef>
+#include <optional>
+#include <string>
+
+// #include <partrain/core/memory_space.hpp> (above)
+// #include <partrain/cuda/check.hpp> (above)
+// #include <partrain/cuda/device_buffer.hpp> (above)
+// #include <partrain/cuda/device_guard.hpp> (above)
+// #include <partrain/cuda/event.hpp> (above)
+// #include <partrain/cuda/launch.cuh> (above)
+// #include <partrain/parallel/detail/host_staging.hpp> (above)
+// #include <partrain/parallel/detail/zero_space.hpp> (above)
+
+namespace partrain::inline v0::detail::zero {
+
+template <>
+struct place<cuda> {
+  template <class U>
+  using buffer = device_buffer<U>;
+
+  place() = default;
+  // device: the parameters' CUDA device; stream: a cudaStream_t of it (null: the legacy stream).
+  place(int device, void* stream) : device_(device), stream_(stream) {}
+
+  [[nodiscard]] cuda_exec exec() const noexcept { return {s(), device_}; }
+  [[nodiscard]] void* stream() const noexcept { return stream_; }
+  [[nodiscard]] int device() const noexcept { return device_; }
+
+  // n zeros, the fill queued on the stream (so work queued there next sees zeros).
+  template <class U>
+  void allocate(device_buffer<U>& b, std::size_t n) const {
+    b = device_buffer<U>(partrain::shape{n}, device_, s());
+  }
+  // cudaFree waits for the device's work, so nothing queued still uses the memory.
+  template <class U>
+  void release(device_buffer<U>& b) const {
+    b = device_buffer<U>();
+  }
+  template <class U>
+  void copy(U* dst, const U* src, std::size_t n) const {
+    if (n == 0) return;
+    cuda_device_guard guard(device_);
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(U), cudaMemcpyDeviceToDevice, s()));
+  }
+  template <class U>
+  void fill_zero(U* dst, std::size_t n) const {
+    if (n == 0) return;
+    cuda_device_guard guard(device_);
+    PARTRAIN_CUDA_CHECK(cudaMemsetAsync(dst, 0, n * sizeof(U), s()));
+  }
+  template <class U>
+  void to_host(U* dst, const U* src, std::size_t n) const {
+    copy_waited(dst, src, n * sizeof(U), cudaMemcpyDeviceToHost);
+  }
+  template <class U>
+  void from_host(U* dst, const U* src, std::size_t n) const {
+    copy_waited(dst, src, n * sizeof(U), cudaMemcpyHostToDevice);
+  }
+  // Zeros of shape s, filled on `stream` (the model's; null: the legacy one), not waited for:
+  // the model's work queued there next sees them.
+  template <class U>
+  using tensor = device_buffer<U>;
+  template <class U>
+  [[nodiscard]] device_buffer<U> make_tensor(const partrain::shape& sh, void* stream) const {
+    return device_buffer<U>(sh, device_, stream_or_legacy(stream));
+  }
+  // A device copy of host memory h (a batch), queued on `stream` (the model's). Pageable memory
+  // is staged before this returns; pinned memory must live until the model's work that follows.
+  template <class U>
+  [[nodiscard]] device_buffer<U> upload(tensor_view<const U> h, void* stream) const {
+    device_buffer<U> d(h.shape(), device_, stream_or_legacy(stream));
+    d.copy_from(h, stream_or_legacy(stream));
+    return d;
+  }
+  // The stream's next work waits for what `stream` (the model's; null: the legacy one) queued.
+  void after(void* stream) const { order(stream_or_legacy(stream), s()); }
+  // What `stream` (the model's) queues next waits for the stream's work.
+  void ahead_of(void* stream) const { order(s(), stream_or_legacy(stream)); }
+  void finish() const {
+    cuda_device_guard guard(device_);
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(s()));
+  }
+
+ private:
+  [[nodiscard]] cudaStream_t s() const noexcept { return stream_or_legacy(stream_); }
+  // `later`'s next work waits for what `first` has queued (one event, recorded anew each time).
+  void order(cudaStream_t first, cudaStream_t later) const {
+    if (first == later) return;
+    cuda_device_guard guard(device_);
+    if (!ready_) ready_.emplace();
+    ready_->record(first);
+    ready_->block(later);
+  }
+  // Queued after the stream's work, finished on return.
+  void copy_waited(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) const {
+    if (bytes == 0) return;
+    cuda_device_guard guard(device_);
+    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s()));
+    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(s()));
+  }
+
+  int device_ = -1;
+  void* stream_ = nullptr;
+  mutable std::optional<cuda_event> ready_;  // created at the first after() that needs it
+};
+
+// The place of a rank whose parameters are in CUDA memory: their one device (checked by
+// parameters_cuda_device; none in CUDA memory: the communicator's, else the current one) and the
+// communicator's input stream, which it orders its collectives after. A communicator that
+// reduces host memory only is refused with `advice` (what to use instead).
+template <class C, class ForEach>
+[[nodiscard]] place<cuda> cuda_place(C& comm, ForEach&& for_each_param, const std::string& where, const char* advice) {
+  if (!takes_memory(comm, device_kind::cuda)) {
+    throw config_error(where + "the parameters are in CUDA memory but the communicator reduces host memory only (" +
+                       advice + ")");
+  }
+  int dev = parameters_cuda_device(comm, for_each_param, where);
+  const int comm_dev = comm_cuda_device(comm);
+  void* stream = nullptr;  // the legacy stream
+  if constexpr (requires { { comm.input_stream() } -> std::convertible_to<void*>; }) {
+    stream = comm.input_stream();
+  }
+  if (dev < 0) dev = comm_dev >= 0 ? comm_dev : cuda_current_device();
+  return place<cuda>(dev, stream);
+}
+
+}  // namespace partrain::inline v0::detail::zero
+#endif  // PARTRAIN_HAS_CUDA && defined(__CUDACC__)
 
 // #include <partrain/parallel/fsdp.hpp>
 // partrain/parallel/fsdp.hpp: fully sharded data parallel (ZeRO-3; PyTorch's FSDP with FULL_SHARD)
@@ -15587,8 +15788,10 @@ concept pipeline_loss = requires(F& f, tensor_view<const float> out, tensor_view
 // grad() are empty; summon_full_params() gathers them all for reading. Checkpoints are sharded
 // (train/sharded_checkpoint.hpp), uneven inputs take join(), and fsdp_options' param_dtype and
 // reduce_dtype gather and reduce in 16 bits (FSDP's MixedPrecision; amp_step with a grad scaler,
-// precision/sharded_amp.hpp, scales the loss for float16 reductions). Host float parameters only
-// in this release (see docs/sharding.md).
+// precision/sharded_amp.hpp, scales the loss for float16 reductions). Float parameters, on the
+// host or (compiled by nvcc, over NCCL) on a CUDA device: there the chunks, the gathered layers,
+// the whole gradients and the activations live on the layers' device, the element loops run as
+// kernels and the layers compute on their stream (a layer's stream(), else the legacy one).
 
 #include <algorithm>
 #include <array>
@@ -15625,35 +15828,62 @@ concept pipeline_loss = requires(F& f, tensor_view<const float> out, tensor_view
 // #include <partrain/parallel/detail/evaluate.hpp> (above)
 // #include <partrain/parallel/detail/fsdp_layout.hpp> (above)
 // #include <partrain/parallel/detail/fsdp_memory.hpp> (above)
+// #include <partrain/parallel/detail/host_staging.hpp> (above)
 // #include <partrain/parallel/detail/no_sync_guard.hpp> (above)
 // #include <partrain/parallel/detail/sharded_join.hpp> (above)
 // #include <partrain/parallel/detail/zero_layout.hpp> (above)
 // #include <partrain/parallel/detail/zero_optimizer.hpp> (above)
+// #include <partrain/parallel/detail/zero_space.hpp> (above)
 // #include <partrain/parallel/pipeline/layer.hpp> (above)
+
+#if defined(__CUDACC__)
+// #include <partrain/parallel/detail/zero_kernels.cuh> (above)
+#endif
 
 namespace partrain::inline v0 {
 
 // A parameter whose storage can live elsewhere: after p.bind(value, grad), p.value() and p.grad()
-// view those tensors and the parameter's own storage is freed.
+// view those tensors (in the parameter's memory space) and the parameter's own storage is freed.
 template <class P>
-concept bindable_parameter = parameter<P> && requires(P& p, tensor_view<float> v) { p.bind(v, v); };
+concept bindable_parameter = parameter<P> && requires(P& p, tensor_view<float, param_space_t<P>> v) { p.bind(v, v); };
 
 namespace detail::fsdp {
 template <class R>
 using layer_param_t = std::ranges::range_value_t<decltype(std::declval<pipeline::layer_t<R>&>().parameters())>;
+// Where R's layers compute: their parameters' memory space (host while that is not known yet, so
+// check_fsdp_layers still explains a layer without parameters()).
+template <class R>
+struct layer_space {
+  using type = host;
+};
+template <class R>
+  requires requires { typename param_space_t<layer_param_t<R>>; }
+struct layer_space<R> {
+  using type = param_space_t<layer_param_t<R>>;
+};
+template <class R>
+using layer_space_t = typename layer_space<R>::type;
 }  // namespace detail::fsdp
 
-// A layer sequence fully sharded data parallel can shard: float parameters it can bind.
+// A layer sequence fully sharded data parallel can shard: layers computing where their float
+// parameters are, parameters it can bind.
 template <class R>
-concept fsdp_layer_sequence = layer_sequence<R> && bindable_parameter<detail::fsdp::layer_param_t<R>>;
+concept fsdp_layer_sequence = layer_sequence<R, detail::fsdp::layer_space_t<R>> &&
+                              bindable_parameter<detail::fsdp::layer_param_t<R>>;
 
 // Explains, one sentence each, why R cannot be fully sharded.
 template <class R>
 consteval bool check_fsdp_layers() {
-  static_assert(check_layer_sequence<R>());
+  using S = detail::fsdp::layer_space_t<R>;
+  static_assert(check_layer_sequence<R, S>());
   using P = detail::fsdp::layer_param_t<R>;
-  static_assert(std::same_as<param_element_t<P>, float> && std::same_as<param_space_t<P>, host>,
-                "partrain: fully_sharded_data_parallel shards host float parameters in this release");
+  static_assert(std::same_as<param_element_t<P>, float> && (std::same_as<S, host> || std::same_as<S, cuda>),
+                "partrain: fully_sharded_data_parallel shards float parameters in host or CUDA memory");
+#if !defined(__CUDACC__)
+  static_assert(std::same_as<S, host>,
+                "partrain: fully_sharded_data_parallel with CUDA layers must be compiled by nvcc (its element loops run "
+                "as kernels on the layers' device)");
+#endif
   static_assert(bindable_parameter<P>,
                 "partrain: fully_sharded_data_parallel owns its layers' parameter storage: each parameter needs "
                 "`void bind(tensor_view<float> value, tensor_view<float> grad)` (value() and grad() then view those "
@@ -15715,12 +15945,18 @@ struct fsdp_memory {
 };
 
 template <class Layers, class Loss, communicator C = process_group>
-  requires layer_sequence<Layers>
+  requires std::ranges::random_access_range<Layers>
 class fully_sharded_data_parallel {
   static_assert(check_fsdp_layers<Layers>());
   using param_type = detail::fsdp::layer_param_t<Layers>;
-  using buffer = detail::fsdp::counted_buffer<float>;
-  using buffer16 = detail::fsdp::counted_buffer<std::uint16_t>;  // half or bfloat16 bits
+  // Where the layers compute and this object's buffers live; X moves elements there
+  // (parallel/detail/zero_space.hpp, zero_kernels.cuh).
+  using S = detail::fsdp::layer_space_t<Layers>;
+  using X = detail::zero::place<S>;
+  using buffer = detail::fsdp::counted_buffer<float, S>;
+  using buffer16 = detail::fsdp::counted_buffer<std::uint16_t, S>;  // half or bfloat16 bits
+  template <class U>
+  using tensor = typename X::template tensor<U>;
 
  public:
   // layers: the same model on every rank (checked); each rank's parameter values are replaced by
@@ -15741,6 +15977,8 @@ class fully_sharded_data_parallel {
     }
     if (std::ranges::size(layers) == 0) throw invalid_argument_error(where() + "the model has no layers");
     build_units();
+    at_ = make_place();
+    at_.after(compute_stream_);  // the parameters as the layers made them
     verify_model();
     if (opts_.broadcast_parameters) broadcast_parameters();
     take_storage(optimizer);
@@ -15754,7 +15992,7 @@ class fully_sharded_data_parallel {
   // gradients averaged into every rank's chunks, clipped and stepped (outside no_sync). Every rank
   // must call it the same number of times. Returns this rank's mean loss.
   template <class Target>
-    requires pipeline_loss<Loss, Target>
+    requires pipeline_loss<Loss, Target, S>
   double train_step(tensor_view<const float> input, tensor_view<const Target> target) {
     check_not_summoned("train_step");
     if (joined_) throw invalid_argument_error(where() + "train_step after join() on this rank (join() ends this rank's steps until every rank joined)");
@@ -15769,7 +16007,9 @@ class fully_sharded_data_parallel {
         detail::zero::check_active_ranks(flag, where());
         if (!opts_.divide_by_initial_world_size) active_ = static_cast<std::size_t>(flag[0]);
       }
-      sum = forward_backward(input, target, rows, sync);
+      const auto in = on_place(input);
+      const auto tg = on_place(target);
+      sum = forward_backward(in.view, tg.view, rows, sync);
       if (sync) finish_step();
     } catch (...) {
       abandon_step();
@@ -15823,18 +16063,22 @@ class fully_sharded_data_parallel {
   // Steps this rank took part in after join() (all joins so far).
   [[nodiscard]] std::size_t shadow_steps() const noexcept { return shadow_steps_; }
   double train_step(const batch& b)
-    requires pipeline_loss<Loss, std::int32_t>
+    requires pipeline_loss<Loss, std::int32_t, S>
   {
     return train_step(b.features, b.labels);
   }
 
   // Forward only on this rank's batch (collective: every rank gathers each layer), this rank's sums.
   template <class Target>
-    requires pipeline_loss<Loss, Target>
+    requires pipeline_loss<Loss, Target, S>
   [[nodiscard]] eval_result eval_step(tensor_view<const float> input, tensor_view<const Target> target) {
     check_not_summoned("eval_step");
     (void)batch_rows(input, target, "eval_step");
-    return guarded([&] { return forward_only(&input, target); });
+    return guarded([&] {
+      const auto in = on_place(input);
+      const auto tg = on_place(target);
+      return forward_only(&in.view, tg.view);
+    });
   }
 
   // This rank's batches (with .features and .labels) evaluated, loss, correct and count summed
@@ -15848,21 +16092,23 @@ class fully_sharded_data_parallel {
     const auto end = std::ranges::end(batches);
     for (;;) {
       std::array<std::int64_t, 1> more{it != end ? 1 : 0};
-      wait_named(comm_->all_reduce(tensor_view<std::int64_t>(more.data(), 1), reduce_op::sum), "evaluation all_reduce");
+      small_all_reduce(std::span<std::int64_t>(more), "evaluation all_reduce");
       if (more[0] == 0) break;
       if (it != end) {
         auto&& b = *it;
         (void)batch_rows(b.features, b.labels, "evaluate");
-        local += guarded([&] { return forward_only(&b.features, b.labels); });
+        local += guarded([&] {
+          const auto in = on_place(tensor_view<const float>(b.features));
+          const auto tg = on_place(b.labels);
+          return forward_only(&in.view, tg.view);
+        });
         ++it;
       } else {
-        using labels_t = std::remove_cvref_t<decltype((*it).labels)>;  // unevaluated: the type only
-        (void)guarded([&] { return forward_only(nullptr, labels_t{}); });
+        using label_t = std::remove_const_t<typename std::remove_cvref_t<decltype((*it).labels)>::value_type>;
+        (void)guarded([&] { return forward_only(nullptr, tensor_view<const label_t, S>{}); });
       }
     }
-    return detail::ddp::sum_over_ranks(local, [&](std::span<double> sums) {
-      wait_named(comm_->all_reduce(tensor_view<double>(sums.data(), sums.size()), reduce_op::sum), "evaluation all_reduce");
-    });
+    return detail::ddp::sum_over_ranks(local, [&](std::span<double> sums) { small_all_reduce(sums, "evaluation all_reduce"); });
   }
 
   // RAII: steps inside keep each layer's whole gradient and accumulate into it (PyTorch FSDP's
@@ -15878,8 +16124,8 @@ class fully_sharded_data_parallel {
    public:
     struct parameter_ref {
       param_type* p;
-      [[nodiscard]] tensor_view<float> value() const { return p->value(); }
-      [[nodiscard]] tensor_view<float> grad() const { return p->grad(); }
+      [[nodiscard]] tensor_view<float, S> value() const { return p->value(); }
+      [[nodiscard]] tensor_view<float, S> grad() const { return p->grad(); }
     };
     explicit full_params_guard(fully_sharded_data_parallel& f) : f_(&f) {
       f.check_not_summoned("summon_full_params");
@@ -15889,6 +16135,7 @@ class fully_sharded_data_parallel {
           f.wait_gather(u);
           f.bind(u, false);
         }
+        f.at_.finish();  // readable from any stream, or through a host copy
         return 0;
       });
       f.summoned_ = true;
@@ -15927,7 +16174,8 @@ class fully_sharded_data_parallel {
   // Called on every rank with its reduced gradient chunks (padding zero) after the last
   // reduce_scatter of a synchronizing step, before clipping and the step; returning false skips
   // this step's update (every rank must decide alike: amp_step agrees across ranks). Empty: none.
-  using gradient_hook = std::function<bool(tensor_view<float>)>;
+  // CUDA layers: the chunks are in device memory, finished when the hook runs.
+  using gradient_hook = std::function<bool(tensor_view<float, S>)>;
   void set_gradient_hook(gradient_hook h) { hook_ = std::move(h); }
   // Whether the last synchronizing step's update was skipped by the gradient hook.
   [[nodiscard]] bool last_step_skipped() const noexcept { return skipped_; }
@@ -15999,8 +16247,14 @@ class fully_sharded_data_parallel {
   }
   // This rank's parameter values over flat_segments(rank), end to end, and back.
   [[nodiscard]] std::vector<float> shard_values() const {
-    std::vector<float> out;
-    for (const auto& u : units_) out.insert(out.end(), values_.data() + u.chunk_at, values_.data() + u.chunk_at + u.mine.size());
+    std::size_t n = 0;
+    for (const auto& u : units_) n += u.mine.size();
+    std::vector<float> out(n);
+    std::size_t at = 0;
+    for (const auto& u : units_) {
+      at_.to_host(out.data() + at, values_.data() + u.chunk_at, u.mine.size());
+      at += u.mine.size();
+    }
     return out;
   }
   void load_shard_values(std::span<const float> v) {
@@ -16013,13 +16267,15 @@ class fully_sharded_data_parallel {
     }
     std::size_t at = 0;
     for (const auto& u : units_) {
-      std::copy(v.begin() + static_cast<std::ptrdiff_t>(at), v.begin() + static_cast<std::ptrdiff_t>(at + u.mine.size()),
-                values_.data() + u.chunk_at);
+      at_.from_host(values_.data() + u.chunk_at, v.data() + at, u.mine.size());
       at += u.mine.size();
     }
   }
   // The optimizer state over flat_segments(rank), end to end, and back.
-  [[nodiscard]] shard_optimizer_state<float> optimizer_state() const { return optimizer_->state(); }
+  [[nodiscard]] shard_optimizer_state<float> optimizer_state() const {
+    at_.finish();  // the last step's state is written on the place's stream
+    return optimizer_->state();
+  }
   void load_optimizer_state(const shard_optimizer_state<float>& s, const std::string& source) {
     optimizer_->load(s, source);
   }
@@ -16053,12 +16309,47 @@ class fully_sharded_data_parallel {
     }
   }
   template <class H>
-  [[nodiscard]] static tensor_view<H> as16(buffer16& b) noexcept {
-    return tensor_view<H>(reinterpret_cast<H*>(b.data()), b.size());
+  [[nodiscard]] static tensor_view<H, S> as16(buffer16& b) noexcept {
+    return tensor_view<H, S>(reinterpret_cast<H*>(b.data()), b.size());
   }
 
   [[nodiscard]] std::string where() const {
     return "rank " + std::to_string(rank_) + " fully_sharded_data_parallel: ";
+  }
+
+  // The layers' stream (the first layer with a stream(); else the legacy one), and where this
+  // object's buffers go: the host, or the layers' one CUDA device and the communicator's input
+  // stream, which it orders its collectives after.
+  [[nodiscard]] X make_place() {
+    for (std::size_t i = 0; i < std::ranges::size(*layers_) && !compute_stream_; ++i) compute_stream_ = model_stream(layer(i));
+    if constexpr (std::same_as<S, host>) {
+      return {};
+    } else {
+#if defined(__CUDACC__)
+      return detail::zero::cuda_place(
+          *comm_, [&](auto&& fn) { for (const auto& u : units_) for_each_param(u, fn); }, where(),
+          "fully_sharded_data_parallel keeps its chunks and gathered layers on the layers' device: use an nccl group");
+#else
+      return {};
+#endif
+    }
+  }
+
+  // A batch's tensor where the layers compute: the host view itself, or a copy on their device.
+  template <class U>
+  struct placed {
+    tensor<U> owned;  // the device copy
+    tensor_view<const U, S> view;
+  };
+  template <class U>
+  [[nodiscard]] placed<U> on_place(tensor_view<const U> h) const {
+    if constexpr (std::same_as<S, host>) {
+      return {tensor<U>{}, h};
+    } else {
+      tensor<U> d = at_.template upload<U>(h, compute_stream_);
+      const tensor_view<const U, S> v(d.data(), h.shape());
+      return {std::move(d), v};
+    }
   }
   [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::pipeline::layer_of(std::ranges::begin(*layers_)[static_cast<std::ptrdiff_t>(i)]); }
   // fn(p) for every parameter of unit x, in layer order.
@@ -16091,8 +16382,8 @@ class fully_sharded_data_parallel {
     for (std::size_t i = 0; i < n; ++i) {
       std::size_t here = 0, k = 0;
       for (auto&& p : layer(i).parameters()) {
-        const tensor_view<float> v = p.value();
-        const tensor_view<float> g = p.grad();
+        const tensor_view<float, S> v = p.value();
+        const tensor_view<float, S> g = p.grad();
         if (v.size() != g.size()) {
           throw invalid_argument_error(where() + "parameter " + std::to_string(k) + " of layer " + std::to_string(i) +
                                        " has " + std::to_string(v.size()) + " values but " + std::to_string(g.size()) +
@@ -16132,7 +16423,7 @@ class fully_sharded_data_parallel {
     all[3 * rank_] = static_cast<std::int64_t>(std::ranges::size(*layers_));
     all[3 * rank_ + 1] = static_cast<std::int64_t>(unsharded_);
     all[3 * rank_ + 2] = static_cast<std::int64_t>(h >> 1);
-    wait_named(comm_->all_reduce(tensor_view<std::int64_t>(all.data(), all.size()), reduce_op::sum), "model check all_reduce");
+    small_all_reduce(std::span<std::int64_t>(all), "model check all_reduce");
     for (std::size_t q = 1; q < world_; ++q) {
       if (std::equal(all.begin(), all.begin() + 3, all.begin() + static_cast<std::ptrdiff_t>(3 * q))) continue;
       throw config_error(where() + "rank " + std::to_string(q) + " has " + std::to_string(all[3 * q]) + " layers of " +
@@ -16146,7 +16437,7 @@ class fully_sharded_data_parallel {
     std::vector<work> works;
     for (const auto& u : units_) {
       for_each_param(u, [&](auto& p) {
-        const tensor_view<float> v = p.value();
+        const tensor_view<float, S> v = p.value();
         if (!v.empty()) works.push_back(comm_->broadcast(v, 0));
       });
     }
@@ -16163,14 +16454,15 @@ class fully_sharded_data_parallel {
       chunks += u.chunks.chunk();
       real += u.mine.size();
     }
-    values_ = buffer(param_meter_, chunks, true);  // padding stays zero: it is what the all_gather sends
-    grads_ = buffer(grad_meter_, chunks, true);
-    optimizer_.emplace(optimizer, real);
+    values_ = buffer(param_meter_, chunks, true, at_);  // padding stays zero: it is what the all_gather sends
+    grads_ = buffer(grad_meter_, chunks, true, at_);
+    optimizer_.emplace(optimizer, real, at_.device(), at_.stream());
     for (auto& u : units_) {
-      std::vector<tensor_view<float>> views;
+      std::vector<tensor_view<float, S>> views;
       for_each_param(u, [&](auto& p) { views.push_back(p.value()); });
-      detail::zero::flat_views<float>(std::move(views)).read(u.mine, values_.data() + u.chunk_at, false);
+      detail::zero::flat_views<float, S>(std::move(views)).read(u.mine, values_.data() + u.chunk_at, false, at_);
     }
+    at_.finish();  // copied before the layers' own storage goes
     for (std::size_t u = 0; u < units_.size(); ++u) {
       reshard(u);
       for (std::size_t i = units_[u].first; i <= units_[u].last; ++i) {
@@ -16226,30 +16518,31 @@ class fully_sharded_data_parallel {
   }
 
   template <class Target>
-  double forward_backward(tensor_view<const float> input, tensor_view<const Target> target, std::size_t rows, bool sync) {
+  double forward_backward(tensor_view<const float, S> input, tensor_view<const Target, S> target, std::size_t rows,
+                          bool sync) {
     const std::size_t n = std::ranges::size(*layers_);
-    std::vector<host_buffer<float>> outs;
+    std::vector<tensor<float>> outs;
     outs.reserve(n);
-    tensor_view<const float> x = input;
+    tensor_view<const float, S> x = input;
     for (std::size_t i = 0; i < n; ++i) {
       const shape s = output_shape_of(i, x.shape());
       before_forward(i);
-      outs.emplace_back(s);
+      outs.push_back(at_.template make_tensor<float>(s, compute_stream_));
       layer(i).forward(x, outs.back().view());
       after_forward(i, /*training=*/true);
-      x = tensor_view<const float>(outs.back().view());
+      x = tensor_view<const float, S>(outs.back().view());
     }
-    host_buffer<float> grad(x.shape());
+    tensor<float> grad = at_.template make_tensor<float>(x.shape(), compute_stream_);
     const double sum = loss_.forward_backward(x, target, grad.view(), loss_scale_ / static_cast<float>(rows));
     const float divisor = gradient_divisor();
     for (std::size_t j = n; j-- > 0;) {
-      const tensor_view<const float> in = j == 0 ? input : tensor_view<const float>(outs[j - 1].view());
+      const tensor_view<const float, S> in = j == 0 ? input : tensor_view<const float, S>(outs[j - 1].view());
       before_backward(j);
-      host_buffer<float> gin(in.shape());
-      layer(j).backward(in, tensor_view<const float>(outs[j].view()), tensor_view<const float>(grad.view()), gin.view());
+      tensor<float> gin = at_.template make_tensor<float>(in.shape(), compute_stream_);
+      layer(j).backward(in, tensor_view<const float, S>(outs[j].view()), tensor_view<const float, S>(grad.view()), gin.view());
       after_backward(j, sync, divisor);
       grad = std::move(gin);
-      outs[j] = host_buffer<float>();  // this activation is done with
+      outs[j] = tensor<float>();  // this activation is done with
     }
     return sum;
   }
@@ -16278,32 +16571,39 @@ class fully_sharded_data_parallel {
     while (!scattering_.empty()) finish_scatter();
     last_norm_ = std::nan("");
     skipped_ = false;
-    if (hook_ && !hook_(tensor_view<float>(grads_.data(), grads_.size()))) {
+    if (hook_) at_.finish();  // the hook may read the chunks on another stream
+    if (hook_ && !hook_(tensor_view<float, S>(grads_.data(), grads_.size()))) {
       skipped_ = true;  // the chunks stay as they are on every rank
       return;
     }
     if (opts_.max_grad_norm > 0) clip_chunks();
     step_chunks();
   }
-  void agree_flag(std::array<std::int64_t, 2>& flag, const char* what) {
-    wait_named(comm_->all_reduce(tensor_view<std::int64_t>(flag.data(), flag.size()), reduce_op::sum), what);
+  void agree_flag(std::array<std::int64_t, 2>& flag, const char* what) { small_all_reduce(std::span<std::int64_t>(flag), what); }
+  // A few host numbers summed over the ranks (through a device copy on a backend that reduces
+  // CUDA memory only); errors name this rank and `what`.
+  template <class E>
+  void small_all_reduce(std::span<E> data, const std::string& what) {
+    detail::host_collective(
+        *comm_, data, [&](auto view) { return comm_->all_reduce(view, reduce_op::sum); },
+        [&](const work& w) { wait_named(w, what); }, at_.device());
   }
 
   // input null: this rank has no batch this round but joins the others' all_gathers.
   template <class Target>
-  eval_result forward_only(const tensor_view<const float>* input, tensor_view<const Target> target) {
+  eval_result forward_only(const tensor_view<const float, S>* input, tensor_view<const Target, S> target) {
     const std::size_t n = std::ranges::size(*layers_);
-    host_buffer<float> cur;
-    tensor_view<const float> x = input ? *input : tensor_view<const float>{};
+    tensor<float> cur;
+    tensor_view<const float, S> x = input ? *input : tensor_view<const float, S>{};
     for (std::size_t i = 0; i < n; ++i) {
       shape s;
       if (input) s = output_shape_of(i, x.shape());
       before_forward(i);
       if (input) {
-        host_buffer<float> y(s);
+        tensor<float> y = at_.template make_tensor<float>(s, compute_stream_);
         layer(i).forward(x, y.view());
         cur = std::move(y);
-        x = tensor_view<const float>(cur.view());
+        x = tensor_view<const float, S>(cur.view());
       }
       after_forward(i, /*training=*/false);
     }
@@ -16363,7 +16663,7 @@ class fully_sharded_data_parallel {
     if (u < 0) return;
     auto& x = units_[static_cast<std::size_t>(u)];
     wait_gather(static_cast<std::size_t>(u));
-    if (!x.full_grad.held()) x.full_grad = buffer(grad_meter_, x.chunks.padded(), true);  // zero: backward accumulates
+    if (!x.full_grad.held()) x.full_grad = buffer(grad_meter_, x.chunks.padded(), true, at_);  // zero: backward accumulates
     bind(static_cast<std::size_t>(u), true);
   }
   void after_backward(std::size_t j, bool sync, float divisor) {
@@ -16375,21 +16675,22 @@ class fully_sharded_data_parallel {
     auto& x = units_[u];
     // Two whole gradients in flight at most: the oldest was issued a layer ago and is likely done.
     if (scattering_.size() >= 2) finish_scatter();
+    at_.after(compute_stream_);  // the layers' backward wrote the whole gradient on their stream
     if (opts_.reduce_dtype == dtype::float32) {
       if (divisor != 1.0f) {
-        detail::for_each_index(detail::host_exec{}, x.chunks.padded(), detail::ddp::divide_fn<float>{x.full_grad.data(), divisor});
+        detail::for_each_index(at_.exec(), x.chunks.padded(), detail::ddp::divide_fn<float>{x.full_grad.data(), divisor});
       }
-      x.scatter = comm_->reduce_scatter(tensor_view<const float>(x.full_grad.data(), x.chunks.padded()),
-                                        tensor_view<float>(grads_.data() + x.chunk_at, x.chunks.chunk()), reduce_op::sum);
+      x.scatter = comm_->reduce_scatter(tensor_view<const float, S>(x.full_grad.data(), x.chunks.padded()),
+                                        tensor_view<float, S>(grads_.data() + x.chunk_at, x.chunks.chunk()), reduce_op::sum);
     } else {
       with_16bit(opts_.reduce_dtype, [&]<class H>() {
-        x.grad16 = buffer16(grad_meter_, x.chunks.padded(), false);
-        x.chunk16 = buffer16(grad_meter_, x.chunks.chunk(), false);
-        const tensor_view<H> whole = as16<H>(x.grad16);
-        detail::for_each_index(detail::host_exec{}, x.chunks.padded(),
+        x.grad16 = buffer16(grad_meter_, x.chunks.padded(), false, at_);
+        x.chunk16 = buffer16(grad_meter_, x.chunks.chunk(), false, at_);
+        const tensor_view<H, S> whole = as16<H>(x.grad16);
+        detail::for_each_index(at_.exec(), x.chunks.padded(),
                                detail::ddp::compress_16_fn<float, H>{x.full_grad.data(), whole.data(), divisor});
         x.full_grad.release();  // the 16-bit copy is what is reduced
-        x.scatter = comm_->reduce_scatter(tensor_view<const H>(whole), as16<H>(x.chunk16), reduce_op::sum);
+        x.scatter = comm_->reduce_scatter(tensor_view<const H, S>(whole), as16<H>(x.chunk16), reduce_op::sum);
       });
     }
     scattering_.push_back(u);
@@ -16399,18 +16700,18 @@ class fully_sharded_data_parallel {
     auto& x = units_[u];
     if (x.full.held() || x.full16.held()) return;  // gathered, or on its way
     if (opts_.param_dtype == dtype::float32 || full_precision) {
-      x.full = buffer(param_meter_, x.chunks.padded(), false);  // the all_gather writes every element
-      x.gather = comm_->all_gather(tensor_view<const float>(values_.data() + x.chunk_at, x.chunks.chunk()),
-                                   tensor_view<float>(x.full.data(), x.chunks.padded()));
+      x.full = buffer(param_meter_, x.chunks.padded(), false, at_);  // the all_gather writes every element
+      x.gather = comm_->all_gather(tensor_view<const float, S>(values_.data() + x.chunk_at, x.chunks.chunk()),
+                                   tensor_view<float, S>(x.full.data(), x.chunks.padded()));
       return;
     }
     with_16bit(opts_.param_dtype, [&]<class H>() {
-      x.send16 = buffer16(param_meter_, x.chunks.chunk(), false);
-      x.full16 = buffer16(param_meter_, x.chunks.padded(), false);
-      const tensor_view<H> mine = as16<H>(x.send16);
-      detail::for_each_index(detail::host_exec{}, x.chunks.chunk(),
+      x.send16 = buffer16(param_meter_, x.chunks.chunk(), false, at_);
+      x.full16 = buffer16(param_meter_, x.chunks.padded(), false, at_);
+      const tensor_view<H, S> mine = as16<H>(x.send16);
+      detail::for_each_index(at_.exec(), x.chunks.chunk(),
                              detail::ddp::compress_16_fn<float, H>{values_.data() + x.chunk_at, mine.data(), 1.0f});
-      x.gather = comm_->all_gather(tensor_view<const H>(mine), as16<H>(x.full16));
+      x.gather = comm_->all_gather(tensor_view<const H, S>(mine), as16<H>(x.full16));
     });
   }
   void wait_gather(std::size_t u) {
@@ -16421,9 +16722,9 @@ class fully_sharded_data_parallel {
     wait_named(w, "parameter all_gather of " + unit_name(x));
     if (x.full16.held()) {
       // The fp32 layer only now: while the gather is in flight (a prefetch) only the 16-bit one is held.
-      x.full = buffer(param_meter_, x.chunks.padded(), false);  // the widening writes every element
+      x.full = buffer(param_meter_, x.chunks.padded(), false, at_);  // the widening writes every element
       with_16bit(opts_.param_dtype, [&]<class H>() {
-        detail::for_each_index(detail::host_exec{}, x.chunks.padded(),
+        detail::for_each_index(at_.exec(), x.chunks.padded(),
                                detail::ddp::decompress_16_fn<H, float>{as16<H>(x.full16).data(), x.full.data()});
       });
       x.send16.release();
@@ -16442,7 +16743,7 @@ class fully_sharded_data_parallel {
     x.full_grad.release();
     if (x.chunk16.held()) {
       with_16bit(opts_.reduce_dtype, [&]<class H>() {
-        detail::for_each_index(detail::host_exec{}, x.chunks.chunk(),
+        detail::for_each_index(at_.exec(), x.chunks.chunk(),
                                detail::ddp::decompress_16_fn<H, float>{as16<H>(x.chunk16).data(), grads_.data() + x.chunk_at});
       });
       x.grad16.release();
@@ -16456,15 +16757,16 @@ class fully_sharded_data_parallel {
     std::size_t at = 0, k = 0;
     for_each_param(x, [&](auto& p) {
       const shape& s = x.shapes[k++];
-      p.bind(tensor_view<float>(x.full.data() + at, s),
-             with_grad ? tensor_view<float>(x.full_grad.data() + at, s) : tensor_view<float>{});
+      p.bind(tensor_view<float, S>(x.full.data() + at, s),
+             with_grad ? tensor_view<float, S>(x.full_grad.data() + at, s) : tensor_view<float, S>{});
       at += s.numel();
     });
+    at_.ahead_of(compute_stream_);  // the layers compute after the widening and the zeroed gradient
   }
   // The layer holds nothing again; its gathered buffer is freed.
   void reshard(std::size_t u) noexcept {
     auto& x = units_[u];
-    for_each_param(x, [](auto& p) { p.bind(tensor_view<float>{}, tensor_view<float>{}); });
+    for_each_param(x, [](auto& p) { p.bind(tensor_view<float, S>{}, tensor_view<float, S>{}); });
     x.full.release();
     x.send16.release();
     x.full16.release();
@@ -16473,14 +16775,14 @@ class fully_sharded_data_parallel {
   // Global-norm clipping across ranks: Σg² of this rank's chunks, summed over ranks (one double
   // all_reduce), then clip_grad_norm's rule on the chunks.
   void clip_chunks() {
-    std::vector<detail::optim::gradient_only<float>> mine;
+    std::vector<detail::optim::gradient_only<float, S>> mine;
     for (const auto& x : units_) {
-      if (x.mine.size()) mine.push_back({tensor_view<float>(grads_.data() + x.chunk_at, x.mine.size())});
+      if (x.mine.size()) mine.push_back({tensor_view<float, S>(grads_.data() + x.chunk_at, x.mine.size())});
     }
-    std::array<double, 1> sum{detail::optim::grad_sum_squares(mine)};
-    wait_named(comm_->all_reduce(tensor_view<double>(sum.data(), 1), reduce_op::sum), "gradient-norm all_reduce");
+    std::array<double, 1> sum{detail::optim::grad_sum_squares(mine, at_.stream())};
+    small_all_reduce(std::span<double>(sum), "gradient-norm all_reduce");
     last_norm_ = std::sqrt(sum[0]);
-    detail::optim::clip_to_norm(mine, last_norm_, opts_.max_grad_norm);
+    detail::optim::clip_to_norm(mine, last_norm_, opts_.max_grad_norm, at_.stream());
   }
 
   void step_chunks() {
@@ -16529,13 +16831,15 @@ class fully_sharded_data_parallel {
   Loss loss_;
   fsdp_options opts_;
   std::size_t rank_, world_;
+  X at_{};
+  void* compute_stream_ = nullptr;  // the layers' (a cudaStream_t; null: the legacy stream)
   std::vector<unit> units_;
   std::vector<std::ptrdiff_t> unit_of_;  // per layer: its unit, or -1 (no parameters)
   std::size_t unsharded_ = 0;            // the model's parameter elements
   detail::fsdp::byte_meter param_meter_, grad_meter_;
   buffer values_;  // this rank's chunk of every unit, chunk() elements each (padding zero)
   buffer grads_;   // their reduced gradients
-  std::optional<detail::zero::shard_optimizer<float>> optimizer_;
+  std::optional<detail::zero::shard_optimizer<float, S>> optimizer_;
   std::deque<std::size_t> scattering_;  // units whose reduce_scatter is in flight, oldest first
   std::size_t accumulated_ = 0;
   std::size_t active_ = 1;  // the divisor's rank count this step (world_ unless join divides by the active ranks)
@@ -18830,109 +19134,6 @@ class streaming_diloco {
 
 }  // namespace partrain::inline v0
 
-// #include <partrain/parallel/detail/zero_kernels.cuh>
-#if PARTRAIN_HAS_CUDA && defined(__CUDACC__)
-// partrain/parallel/detail/zero_kernels.cuh: place<cuda>, sharded data parallel's buffers and
-// element moves for parameters in CUDA memory (the twin of place<host> in zero_space.hpp): buffers
-// are device_buffers on the parameters' device; copies, fills and the functors of
-// parallel/detail/ddp_elements.hpp are queued on one stream, the communicator's input stream, so
-// the collectives (which NCCL orders after that stream) see them, and the host waits for that
-// stream only where it hands memory back (finish, to_host, from_host). nvcc only.
-
-#if !defined(__CUDACC__)
-#error "partrain/parallel/detail/zero_kernels.cuh must be compiled by nvcc"
-#endif
-
-#include <cuda_runtime.h>
-
-#include <cstddef>
-#include <optional>
-
-// #include <partrain/core/memory_space.hpp> (above)
-// #include <partrain/cuda/check.hpp> (above)
-// #include <partrain/cuda/device_buffer.hpp> (above)
-// #include <partrain/cuda/device_guard.hpp> (above)
-// #include <partrain/cuda/event.hpp> (above)
-// #include <partrain/cuda/launch.cuh> (above)
-// #include <partrain/parallel/detail/zero_space.hpp> (above)
-
-namespace partrain::inline v0::detail::zero {
-
-template <>
-struct place<cuda> {
-  template <class U>
-  using buffer = device_buffer<U>;
-
-  place() = default;
-  // device: the parameters' CUDA device; stream: a cudaStream_t of it (null: the legacy stream).
-  place(int device, void* stream) : device_(device), stream_(stream) {}
-
-  [[nodiscard]] cuda_exec exec() const noexcept { return {s(), device_}; }
-  [[nodiscard]] void* stream() const noexcept { return stream_; }
-  [[nodiscard]] int device() const noexcept { return device_; }
-
-  // n zeros, the fill queued on the stream (so work queued there next sees zeros).
-  template <class U>
-  void allocate(device_buffer<U>& b, std::size_t n) const {
-    b = device_buffer<U>(partrain::shape{n}, device_, s());
-  }
-  // cudaFree waits for the device's work, so nothing queued still uses the memory.
-  template <class U>
-  void release(device_buffer<U>& b) const {
-    b = device_buffer<U>();
-  }
-  template <class U>
-  void copy(U* dst, const U* src, std::size_t n) const {
-    if (n == 0) return;
-    cuda_device_guard guard(device_);
-    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(U), cudaMemcpyDeviceToDevice, s()));
-  }
-  template <class U>
-  void fill_zero(U* dst, std::size_t n) const {
-    if (n == 0) return;
-    cuda_device_guard guard(device_);
-    PARTRAIN_CUDA_CHECK(cudaMemsetAsync(dst, 0, n * sizeof(U), s()));
-  }
-  template <class U>
-  void to_host(U* dst, const U* src, std::size_t n) const {
-    copy_waited(dst, src, n * sizeof(U), cudaMemcpyDeviceToHost);
-  }
-  template <class U>
-  void from_host(U* dst, const U* src, std::size_t n) const {
-    copy_waited(dst, src, n * sizeof(U), cudaMemcpyHostToDevice);
-  }
-  // The stream's next work waits for what `stream` (the model's; null: the legacy one) queued.
-  void after(void* stream) const {
-    const cudaStream_t other = stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
-    if (other == s()) return;
-    cuda_device_guard guard(device_);
-    if (!ready_) ready_.emplace();
-    ready_->record(other);
-    ready_->block(s());
-  }
-  void finish() const {
-    cuda_device_guard guard(device_);
-    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(s()));
-  }
-
- private:
-  [[nodiscard]] cudaStream_t s() const noexcept { return stream_or_legacy(stream_); }
-  // Queued after the stream's work, finished on return.
-  void copy_waited(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) const {
-    if (bytes == 0) return;
-    cuda_device_guard guard(device_);
-    PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s()));
-    PARTRAIN_CUDA_CHECK(cudaStreamSynchronize(s()));
-  }
-
-  int device_ = -1;
-  void* stream_ = nullptr;
-  mutable std::optional<cuda_event> ready_;  // created at the first after() that needs it
-};
-
-}  // namespace partrain::inline v0::detail::zero
-#endif  // PARTRAIN_HAS_CUDA && defined(__CUDACC__)
-
 // #include <partrain/parallel/zero.hpp>
 // partrain/parallel/zero.hpp: sharded data parallel, ZeRO stages 1 and 2 (DeepSpeed's ZeRO-1/2,
 // PyTorch's ZeroRedundancyOptimizer without its extra broadcast). Every rank trains the whole
@@ -19330,41 +19531,10 @@ class sharded_data_parallel {
       return {};
     } else {
 #if defined(__CUDACC__)
-      if (!detail::takes_memory(*comm_, device_kind::cuda)) {
-        throw config_error(where() + "the parameters are in CUDA memory but the communicator reduces host memory only "
-                                     "(sharded_data_parallel keeps its shards on the parameters' device: use an nccl "
-                                     "group, or distributed_data_parallel, which stages through the host)");
-      }
-      int dev = -1;
-      std::size_t i = 0;
-      for (auto&& p : model_->parameters()) {
-        const auto v = p.value();
-        if (!v.empty()) {
-          const int d = cuda_device_of(v.data(), "sharded_data_parallel (parameter placement)").index;
-          if (dev >= 0 && d != dev) {
-            throw config_error(where() + "parameter " + detail::param_name(p, i) + " is on cuda:" + std::to_string(d) +
-                               ", the ones before it on cuda:" + std::to_string(dev) +
-                               " (expected every parameter of a rank on one device)");
-          }
-          dev = d;
-        }
-        ++i;
-      }
-      int comm_dev = -1;
-      if constexpr (requires(const C& c) { { c.cuda_device_index() } -> std::convertible_to<int>; }) {
-        comm_dev = comm_->cuda_device_index();
-      }
-      void* stream = nullptr;  // the legacy stream
-      if constexpr (requires(const C& c) { { c.input_stream() } -> std::convertible_to<void*>; }) {
-        stream = comm_->input_stream();
-      }
-      if (dev < 0) dev = comm_dev >= 0 ? comm_dev : cuda_current_device();
-      if (comm_dev >= 0 && comm_dev != dev) {
-        throw config_error(where() + "the parameters are on cuda:" + std::to_string(dev) +
-                           " but the communicator runs on cuda:" + std::to_string(comm_dev) +
-                           " (expected the same device)");
-      }
-      return X(dev, stream);
+      return detail::zero::cuda_place(
+          *comm_, [&](auto&& fn) { for (auto&& p : model_->parameters()) fn(p); }, where(),
+          "sharded_data_parallel keeps its shards on the parameters' device: use an nccl group, or "
+          "distributed_data_parallel, which stages through the host");
 #else
       return {};
 #endif

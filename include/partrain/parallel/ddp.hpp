@@ -294,34 +294,11 @@ class distributed_data_parallel {
   // parameters: the communicator's device, else the current one. -1: no CUDA in this build.
   [[nodiscard]] int resolve_cuda_device() const {
 #if PARTRAIN_HAS_CUDA
-    int comm_dev = -1;
-    if constexpr (requires(const C& c) { { c.cuda_device_index() } -> std::convertible_to<int>; }) {
-      comm_dev = comm_->cuda_device_index();
-    }
+    const int comm_dev = detail::comm_cuda_device(*comm_);
     int dev = -1;
     if constexpr (std::same_as<S, cuda>) {
-      std::size_t index = 0;
-      std::string first_name;
-      for (auto&& p : model_->parameters()) {
-        const auto v = p.value();
-        if (!v.empty()) {
-          const int d = cuda_device_of(v.data(), "DDP (parameter placement)").index;
-          if (dev < 0) {
-            dev = d;
-            first_name = detail::param_name(p, index);
-          } else if (d != dev) {
-            throw config_error(where() + "parameter " + detail::param_name(p, index) + " is on cuda:" +
-                               std::to_string(d) + " but " + first_name + " on cuda:" + std::to_string(dev) +
-                               " (DDP expects every parameter of a rank on one device)");
-          }
-        }
-        ++index;
-      }
-      if (dev >= 0 && comm_dev >= 0 && dev != comm_dev) {
-        throw config_error(where() + "the parameters are on cuda:" + std::to_string(dev) +
-                           " but the communicator runs on cuda:" + std::to_string(comm_dev) +
-                           " (expected the same device: make the group with the model's device)");
-      }
+      dev = detail::parameters_cuda_device(
+          *comm_, [&](auto&& fn) { for (auto&& p : model_->parameters()) fn(p); }, where());
     }
     if (dev >= 0) return dev;
     if (comm_dev >= 0) return comm_dev;

@@ -395,41 +395,10 @@ class sharded_data_parallel {
       return {};
     } else {
 #if defined(__CUDACC__)
-      if (!detail::takes_memory(*comm_, device_kind::cuda)) {
-        throw config_error(where() + "the parameters are in CUDA memory but the communicator reduces host memory only "
-                                     "(sharded_data_parallel keeps its shards on the parameters' device: use an nccl "
-                                     "group, or distributed_data_parallel, which stages through the host)");
-      }
-      int dev = -1;
-      std::size_t i = 0;
-      for (auto&& p : model_->parameters()) {
-        const auto v = p.value();
-        if (!v.empty()) {
-          const int d = cuda_device_of(v.data(), "sharded_data_parallel (parameter placement)").index;
-          if (dev >= 0 && d != dev) {
-            throw config_error(where() + "parameter " + detail::param_name(p, i) + " is on cuda:" + std::to_string(d) +
-                               ", the ones before it on cuda:" + std::to_string(dev) +
-                               " (expected every parameter of a rank on one device)");
-          }
-          dev = d;
-        }
-        ++i;
-      }
-      int comm_dev = -1;
-      if constexpr (requires(const C& c) { { c.cuda_device_index() } -> std::convertible_to<int>; }) {
-        comm_dev = comm_->cuda_device_index();
-      }
-      void* stream = nullptr;  // the legacy stream
-      if constexpr (requires(const C& c) { { c.input_stream() } -> std::convertible_to<void*>; }) {
-        stream = comm_->input_stream();
-      }
-      if (dev < 0) dev = comm_dev >= 0 ? comm_dev : cuda_current_device();
-      if (comm_dev >= 0 && comm_dev != dev) {
-        throw config_error(where() + "the parameters are on cuda:" + std::to_string(dev) +
-                           " but the communicator runs on cuda:" + std::to_string(comm_dev) +
-                           " (expected the same device)");
-      }
-      return X(dev, stream);
+      return detail::zero::cuda_place(
+          *comm_, [&](auto&& fn) { for (auto&& p : model_->parameters()) fn(p); }, where(),
+          "sharded_data_parallel keeps its shards on the parameters' device: use an nccl group, or "
+          "distributed_data_parallel, which stages through the host");
 #else
       return {};
 #endif

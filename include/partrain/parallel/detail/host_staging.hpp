@@ -23,6 +23,7 @@
 #include <partrain/core/tensor_view.hpp>
 #include <partrain/model/concepts.hpp>
 #include <partrain/model/traits.hpp>
+#include <partrain/optim/optimizer.hpp>
 
 #if PARTRAIN_HAS_CUDA
 #include <partrain/cuda/device_buffer.hpp>
@@ -128,16 +129,55 @@ template <class C>
 }
 
 #if PARTRAIN_HAS_CUDA
+// The CUDA device a communicator is bound to (nccl_group), else -1.
+template <class C>
+[[nodiscard]] int comm_cuda_device(const C& comm) {
+  if constexpr (requires { { comm.cuda_device_index() } -> std::convertible_to<int>; }) {
+    return comm.cuda_device_index();
+  } else {
+    return -1;
+  }
+}
+
 // Where a device-only backend's staging copies go: `device` when the caller knows it (>= 0),
 // else the backend's, else the current one; never device 0 by omission (on rank N that is
 // another GPU than the backend's).
 template <class C>
 [[nodiscard]] int staging_device(const C& comm, int device) {
   if (device >= 0) return device;
-  if constexpr (requires { comm.cuda_device_index(); }) {
-    if (const int d = comm.cuda_device_index(); d >= 0) return d;
-  }
+  if (const int d = comm_cuda_device(comm); d >= 0) return d;
   return cuda_current_device();
+}
+
+// The one CUDA device a rank's parameters are on, asked of their memory (the model concepts
+// expose no device, and the memory is what every model has): every non-empty value must be on
+// it, and on the communicator's device if that is bound to one. for_each_param(fn) calls fn(p)
+// for each parameter in order. -1 when none is in CUDA memory. Errors start with `where`.
+template <class C, class ForEach>
+[[nodiscard]] int parameters_cuda_device(const C& comm, ForEach&& for_each_param, const std::string& where) {
+  int dev = -1;
+  std::size_t index = 0;
+  std::string first;
+  for_each_param([&](auto&& p) {
+    const auto v = p.value();
+    if (!v.empty()) {
+      const int d = cuda_device_of(v.data(), "parameter placement").index;
+      if (dev < 0) {
+        dev = d;
+        first = param_name(p, index);
+      } else if (d != dev) {
+        throw config_error(where + "parameter " + param_name(p, index) + " is on cuda:" + std::to_string(d) + " but " +
+                           first + " on cuda:" + std::to_string(dev) + " (expected every parameter of a rank on one device)");
+      }
+    }
+    ++index;
+  });
+  const int comm_dev = comm_cuda_device(comm);
+  if (dev >= 0 && comm_dev >= 0 && dev != comm_dev) {
+    throw config_error(where + "the parameters are on cuda:" + std::to_string(dev) + " but the communicator runs on cuda:" +
+                       std::to_string(comm_dev) + " (expected the same device: make the group with the model's device)");
+  }
+  return dev;
 }
 #endif
 template <class C>

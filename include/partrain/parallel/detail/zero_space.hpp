@@ -12,8 +12,10 @@
 #include <cstring>
 #include <vector>
 
+#include <partrain/core/buffer.hpp>
 #include <partrain/core/for_each_index.hpp>
 #include <partrain/core/memory_space.hpp>
+#include <partrain/core/tensor_view.hpp>
 
 namespace partrain::inline v0::detail::zero {
 
@@ -57,8 +59,18 @@ struct place<host> {
   void from_host(U* dst, const U* src, std::size_t n) const {
     copy(dst, src, n);
   }
+  // A shaped tensor for a model's own compute (fully sharded data parallel's activations), zeros
+  // in stream order of `stream` (the model's).
+  template <class U>
+  using tensor = host_buffer<U>;
+  template <class U>
+  [[nodiscard]] host_buffer<U> make_tensor(const shape& s, void* /*stream*/) const {
+    return host_buffer<U>(s);
+  }
   // Orders the place's next work after what `stream` (the model's) has queued.
   void after(void* /*stream*/) const noexcept {}
+  // Orders what `stream` (the model's) queues next after the place's work.
+  void ahead_of(void* /*stream*/) const noexcept {}
   // Waits for everything queued on the place.
   void finish() const noexcept {}
 };
