@@ -209,6 +209,9 @@ class fully_sharded_data_parallel {
     }
     if (std::ranges::size(layers) == 0) throw invalid_argument_error(where() + "the model has no layers");
     build_units();
+    for (std::size_t i = 0; i < std::ranges::size(layers) && !compute_stream_; ++i) {
+      compute_stream_ = model_stream(layer(i));  // the layers' stream: the first one's stream()
+    }
     at_ = make_place();
     at_.after(compute_stream_);  // the parameters as the layers made them
     verify_model();
@@ -306,11 +309,7 @@ class fully_sharded_data_parallel {
   [[nodiscard]] eval_result eval_step(tensor_view<const float> input, tensor_view<const Target> target) {
     check_not_summoned("eval_step");
     (void)batch_rows(input, target, "eval_step");
-    return guarded([&] {
-      const auto in = on_place(input);
-      const auto tg = on_place(target);
-      return forward_only(&in.view, tg.view);
-    });
+    return guarded([&] { return forward_only_host(input, target); });
   }
 
   // This rank's batches (with .features and .labels) evaluated, loss, correct and count summed
@@ -329,11 +328,7 @@ class fully_sharded_data_parallel {
       if (it != end) {
         auto&& b = *it;
         (void)batch_rows(b.features, b.labels, "evaluate");
-        local += guarded([&] {
-          const auto in = on_place(tensor_view<const float>(b.features));
-          const auto tg = on_place(b.labels);
-          return forward_only(&in.view, tg.view);
-        });
+        local += guarded([&] { return forward_only_host(tensor_view<const float>(b.features), b.labels); });
         ++it;
       } else {
         using label_t = std::remove_const_t<typename std::remove_cvref_t<decltype((*it).labels)>::value_type>;
@@ -549,11 +544,9 @@ class fully_sharded_data_parallel {
     return "rank " + std::to_string(rank_) + " fully_sharded_data_parallel: ";
   }
 
-  // The layers' stream (the first layer with a stream(); else the legacy one), and where this
-  // object's buffers go: the host, or the layers' one CUDA device and the communicator's input
-  // stream, which it orders its collectives after.
+  // Where this object's buffers go: the host, or the layers' one CUDA device and the
+  // communicator's input stream, which it orders its collectives after.
   [[nodiscard]] X make_place() {
-    for (std::size_t i = 0; i < std::ranges::size(*layers_) && !compute_stream_; ++i) compute_stream_ = model_stream(layer(i));
     if constexpr (std::same_as<S, host>) {
       return {};
     } else {
@@ -821,6 +814,13 @@ class fully_sharded_data_parallel {
         [&](const work& w) { wait_named(w, what); }, at_.device());
   }
 
+  // forward_only on a host batch, copied where the layers compute.
+  template <class Target>
+  eval_result forward_only_host(tensor_view<const float> input, tensor_view<const Target> target) {
+    const auto in = on_place(input);
+    const auto tg = on_place(target);
+    return forward_only(&in.view, tg.view);
+  }
   // input null: this rank has no batch this round but joins the others' all_gathers.
   template <class Target>
   eval_result forward_only(const tensor_view<const float, S>* input, tensor_view<const Target, S> target) {
@@ -1064,7 +1064,7 @@ class fully_sharded_data_parallel {
   fsdp_options opts_;
   std::size_t rank_, world_;
   X at_{};
-  void* compute_stream_ = nullptr;  // the layers' (a cudaStream_t; null: the legacy stream)
+  void* compute_stream_ = nullptr;  // the first layer's stream() (a cudaStream_t; null: the legacy stream)
   std::vector<unit> units_;
   std::vector<std::ptrdiff_t> unit_of_;  // per layer: its unit, or -1 (no parameters)
   std::size_t unsharded_ = 0;            // the model's parameter elements

@@ -38,8 +38,9 @@ class counted_buffer {
  public:
   counted_buffer() = default;
   // zeroed: the gradient buffers, which backward accumulates into; a gather target is overwritten
-  // whole. On a device the place fills zeros either way, in its stream's order.
-  counted_buffer(byte_meter& m, std::size_t n, bool zeroed, const zero::place<S>& at = {}) : size_(n), meter_(&m) {
+  // whole. On a device `at` (the owner's place: its device and stream) fills zeros either way, in
+  // its stream's order.
+  counted_buffer(byte_meter& m, std::size_t n, bool zeroed, const zero::place<S>& at) : size_(n), meter_(&m) {
     if constexpr (on_host) {
       (void)at;
       data_.reset(new T[n]);
