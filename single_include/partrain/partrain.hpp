@@ -14855,6 +14855,7 @@ class diloco {
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <string>
 #include <vector>
 
 // #include <partrain/core/buffer.hpp> (above)
@@ -14871,6 +14872,13 @@ template <>
 struct place<host> {
   template <class U>
   using buffer = std::vector<U>;
+
+  // A rank's place (its parameters and communicator, for the CUDA twin's choice): the host's.
+  template <class C, class ForEach>
+  [[nodiscard]] static place make(C& /*comm*/, ForEach&& /*for_each_param*/, const std::string& /*where*/,
+                                  const char* /*advice*/) noexcept {
+    return {};
+  }
 
   [[nodiscard]] host_exec exec() const noexcept { return {}; }
   // The stream the optimizer's element loops queue on (the CUDA twin's); none on the host.
@@ -15661,6 +15669,26 @@ struct place<cuda> {
   place() = default;
   // device: the parameters' CUDA device; stream: a cudaStream_t of it (null: the legacy stream).
   place(int device, void* stream) : device_(device), stream_(stream) {}
+  // The place of a rank whose parameters are in CUDA memory: their one device (checked by
+  // parameters_cuda_device; none in CUDA memory: the communicator's, else the current one) and the
+  // communicator's input stream, which it orders its collectives after. for_each_param(fn) calls
+  // fn(p) for each parameter. A communicator that reduces host memory only is refused with
+  // `advice` (what to use instead).
+  template <class C, class ForEach>
+  [[nodiscard]] static place make(C& comm, ForEach&& for_each_param, const std::string& where, const char* advice) {
+    if (!takes_memory(comm, device_kind::cuda)) {
+      throw config_error(where + "the parameters are in CUDA memory but the communicator reduces host memory only (" +
+                         advice + ")");
+    }
+    int dev = parameters_cuda_device(comm, for_each_param, where);
+    const int comm_dev = comm_cuda_device(comm);
+    void* stream = nullptr;  // the legacy stream
+    if constexpr (requires { { comm.input_stream() } -> std::convertible_to<void*>; }) {
+      stream = comm.input_stream();
+    }
+    if (dev < 0) dev = comm_dev >= 0 ? comm_dev : cuda_current_device();
+    return place(dev, stream);
+  }
 
   [[nodiscard]] cuda_exec exec() const noexcept { return {s(), device_}; }
   [[nodiscard]] void* stream() const noexcept { return stream_; }
@@ -15743,26 +15771,6 @@ struct place<cuda> {
   void* stream_ = nullptr;
   mutable std::optional<cuda_event> ready_;  // created at the first after() that needs it
 };
-
-// The place of a rank whose parameters are in CUDA memory: their one device (checked by
-// parameters_cuda_device; none in CUDA memory: the communicator's, else the current one) and the
-// communicator's input stream, which it orders its collectives after. A communicator that
-// reduces host memory only is refused with `advice` (what to use instead).
-template <class C, class ForEach>
-[[nodiscard]] place<cuda> cuda_place(C& comm, ForEach&& for_each_param, const std::string& where, const char* advice) {
-  if (!takes_memory(comm, device_kind::cuda)) {
-    throw config_error(where + "the parameters are in CUDA memory but the communicator reduces host memory only (" +
-                       advice + ")");
-  }
-  int dev = parameters_cuda_device(comm, for_each_param, where);
-  const int comm_dev = comm_cuda_device(comm);
-  void* stream = nullptr;  // the legacy stream
-  if constexpr (requires { { comm.input_stream() } -> std::convertible_to<void*>; }) {
-    stream = comm.input_stream();
-  }
-  if (dev < 0) dev = comm_dev >= 0 ? comm_dev : cuda_current_device();
-  return place<cuda>(dev, stream);
-}
 
 }  // namespace partrain::inline v0::detail::zero
 #endif  // PARTRAIN_HAS_CUDA && defined(__CUDACC__)
@@ -16316,17 +16324,9 @@ class fully_sharded_data_parallel {
   // Where this object's buffers go: the host, or the layers' one CUDA device and the
   // communicator's input stream, which it orders its collectives after.
   [[nodiscard]] X make_place() {
-    if constexpr (std::same_as<S, host>) {
-      return {};
-    } else {
-#if defined(__CUDACC__)
-      return detail::zero::cuda_place(
-          *comm_, [&](auto&& fn) { for (const auto& u : units_) for_each_param(u, fn); }, where(),
-          "fully_sharded_data_parallel keeps its chunks and gathered layers on the layers' device: use an nccl group");
-#else
-      return {};
-#endif
-    }
+    return X::make(
+        *comm_, [&](auto&& fn) { for (const auto& u : units_) for_each_param(u, fn); }, where(),
+        "fully_sharded_data_parallel keeps its chunks and gathered layers on the layers' device: use an nccl group");
   }
 
   // A batch's tensor where the layers compute: the host view itself, or a copy on their device.
@@ -19528,18 +19528,10 @@ class sharded_data_parallel {
   // Host: nothing to choose. CUDA: the parameters' device (all on one, the communicator's if it
   // is bound to one) and the communicator's input stream, which it orders its collectives after.
   [[nodiscard]] X make_place() {
-    if constexpr (std::same_as<S, host>) {
-      return {};
-    } else {
-#if defined(__CUDACC__)
-      return detail::zero::cuda_place(
-          *comm_, [&](auto&& fn) { for (auto&& p : model_->parameters()) fn(p); }, where(),
-          "sharded_data_parallel keeps its shards on the parameters' device: use an nccl group, or "
-          "distributed_data_parallel, which stages through the host");
-#else
-      return {};
-#endif
-    }
+    return X::make(
+        *comm_, [&](auto&& fn) { for (auto&& p : model_->parameters()) fn(p); }, where(),
+        "sharded_data_parallel keeps its shards on the parameters' device: use an nccl group, or "
+        "distributed_data_parallel, which stages through the host");
   }
 
   // A few host numbers summed over the ranks (through a device copy on a backend that reduces

@@ -547,17 +547,9 @@ class fully_sharded_data_parallel {
   // Where this object's buffers go: the host, or the layers' one CUDA device and the
   // communicator's input stream, which it orders its collectives after.
   [[nodiscard]] X make_place() {
-    if constexpr (std::same_as<S, host>) {
-      return {};
-    } else {
-#if defined(__CUDACC__)
-      return detail::zero::cuda_place(
-          *comm_, [&](auto&& fn) { for (const auto& u : units_) for_each_param(u, fn); }, where(),
-          "fully_sharded_data_parallel keeps its chunks and gathered layers on the layers' device: use an nccl group");
-#else
-      return {};
-#endif
-    }
+    return X::make(
+        *comm_, [&](auto&& fn) { for (const auto& u : units_) for_each_param(u, fn); }, where(),
+        "fully_sharded_data_parallel keeps its chunks and gathered layers on the layers' device: use an nccl group");
   }
 
   // A batch's tensor where the layers compute: the host view itself, or a copy on their device.

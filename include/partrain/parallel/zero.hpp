@@ -391,18 +391,10 @@ class sharded_data_parallel {
   // Host: nothing to choose. CUDA: the parameters' device (all on one, the communicator's if it
   // is bound to one) and the communicator's input stream, which it orders its collectives after.
   [[nodiscard]] X make_place() {
-    if constexpr (std::same_as<S, host>) {
-      return {};
-    } else {
-#if defined(__CUDACC__)
-      return detail::zero::cuda_place(
-          *comm_, [&](auto&& fn) { for (auto&& p : model_->parameters()) fn(p); }, where(),
-          "sharded_data_parallel keeps its shards on the parameters' device: use an nccl group, or "
-          "distributed_data_parallel, which stages through the host");
-#else
-      return {};
-#endif
-    }
+    return X::make(
+        *comm_, [&](auto&& fn) { for (auto&& p : model_->parameters()) fn(p); }, where(),
+        "sharded_data_parallel keeps its shards on the parameters' device: use an nccl group, or "
+        "distributed_data_parallel, which stages through the host");
   }
 
   // A few host numbers summed over the ranks (through a device copy on a backend that reduces

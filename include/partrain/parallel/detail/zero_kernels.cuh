@@ -36,6 +36,26 @@ struct place<cuda> {
   place() = default;
   // device: the parameters' CUDA device; stream: a cudaStream_t of it (null: the legacy stream).
   place(int device, void* stream) : device_(device), stream_(stream) {}
+  // The place of a rank whose parameters are in CUDA memory: their one device (checked by
+  // parameters_cuda_device; none in CUDA memory: the communicator's, else the current one) and the
+  // communicator's input stream, which it orders its collectives after. for_each_param(fn) calls
+  // fn(p) for each parameter. A communicator that reduces host memory only is refused with
+  // `advice` (what to use instead).
+  template <class C, class ForEach>
+  [[nodiscard]] static place make(C& comm, ForEach&& for_each_param, const std::string& where, const char* advice) {
+    if (!takes_memory(comm, device_kind::cuda)) {
+      throw config_error(where + "the parameters are in CUDA memory but the communicator reduces host memory only (" +
+                         advice + ")");
+    }
+    int dev = parameters_cuda_device(comm, for_each_param, where);
+    const int comm_dev = comm_cuda_device(comm);
+    void* stream = nullptr;  // the legacy stream
+    if constexpr (requires { { comm.input_stream() } -> std::convertible_to<void*>; }) {
+      stream = comm.input_stream();
+    }
+    if (dev < 0) dev = comm_dev >= 0 ? comm_dev : cuda_current_device();
+    return place(dev, stream);
+  }
 
   [[nodiscard]] cuda_exec exec() const noexcept { return {s(), device_}; }
   [[nodiscard]] void* stream() const noexcept { return stream_; }
@@ -118,25 +138,5 @@ struct place<cuda> {
   void* stream_ = nullptr;
   mutable std::optional<cuda_event> ready_;  // created at the first after() that needs it
 };
-
-// The place of a rank whose parameters are in CUDA memory: their one device (checked by
-// parameters_cuda_device; none in CUDA memory: the communicator's, else the current one) and the
-// communicator's input stream, which it orders its collectives after. A communicator that
-// reduces host memory only is refused with `advice` (what to use instead).
-template <class C, class ForEach>
-[[nodiscard]] place<cuda> cuda_place(C& comm, ForEach&& for_each_param, const std::string& where, const char* advice) {
-  if (!takes_memory(comm, device_kind::cuda)) {
-    throw config_error(where + "the parameters are in CUDA memory but the communicator reduces host memory only (" +
-                       advice + ")");
-  }
-  int dev = parameters_cuda_device(comm, for_each_param, where);
-  const int comm_dev = comm_cuda_device(comm);
-  void* stream = nullptr;  // the legacy stream
-  if constexpr (requires { { comm.input_stream() } -> std::convertible_to<void*>; }) {
-    stream = comm.input_stream();
-  }
-  if (dev < 0) dev = comm_dev >= 0 ? comm_dev : cuda_current_device();
-  return place<cuda>(dev, stream);
-}
 
 }  // namespace partrain::inline v0::detail::zero

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include <partrain/core/buffer.hpp>
@@ -26,6 +27,13 @@ template <>
 struct place<host> {
   template <class U>
   using buffer = std::vector<U>;
+
+  // A rank's place (its parameters and communicator, for the CUDA twin's choice): the host's.
+  template <class C, class ForEach>
+  [[nodiscard]] static place make(C& /*comm*/, ForEach&& /*for_each_param*/, const std::string& /*where*/,
+                                  const char* /*advice*/) noexcept {
+    return {};
+  }
 
   [[nodiscard]] host_exec exec() const noexcept { return {}; }
   // The stream the optimizer's element loops queue on (the CUDA twin's); none on the host.
