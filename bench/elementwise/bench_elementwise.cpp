@@ -97,8 +97,13 @@ int main(int argc, char** argv) {
   adamw adam(model, {.lr = 1e-6});
   auto scaler = grad_scaler::for_precision(precision::fp16);
   float* flat_grad = model.parameters().front().grad().data();
-  volatile float one = 1.0f;  // a divisor the compiler cannot see (x / 1 would be folded away)
-  const float divisor = one;
+  // World sizes the compiler cannot see (x / 2 would be folded into a multiplication): 2, which
+  // DDP divides by as a multiplication (an exact reciprocal), and 3, which it divides by.
+  // Each call divides by d, the next by 1 / d (the same path: 0.5 is a power of two, 1/3 is not),
+  // so the gradients stay in range instead of sinking into slow subnormals.
+  volatile float two = 2.0f, three = 3.0f;
+  const float world2[] = {two, 1.0f / two}, world3[] = {three, 1.0f / three};
+  std::size_t flips = 0;
   const std::size_t first = model.parameters().front().grad().size();
 
   struct row_def {
@@ -119,8 +124,8 @@ int main(int argc, char** argv) {
       {"cast fp16 -> fp32", 6, [&] { cast(tensor_view<const half>(h), tensor_view<float>(dst)); }},
       {"cast fp32 -> bf16", 6, [&] { cast(tensor_view<const float>(src), tensor_view<partrain::bfloat16>(bf)); }},
       {"cast bf16 -> fp32", 6, [&] { cast(tensor_view<const partrain::bfloat16>(bf), tensor_view<float>(dst)); }},
-      {"ddp bucket divide", 8,
-       [&] { detail::for_each_index(detail::host_exec{}, first, detail::ddp::divide_fn<float>{flat_grad, divisor}); }},
+      {"ddp bucket divide (2)", 8, [&] { detail::ddp::divide_elements(detail::host_exec{}, first, flat_grad, world2[flips++ % 2]); }},
+      {"ddp bucket divide (3)", 8, [&] { detail::ddp::divide_elements(detail::host_exec{}, first, flat_grad, world3[flips++ % 2]); }},
       {"ddp no_sync accumulate", 12,
        [&] { detail::for_each_index(detail::host_exec{}, n, detail::ddp::accumulate_fn<float>{acc.data(), src.data()}); }},
   };
@@ -132,7 +137,7 @@ int main(int argc, char** argv) {
   std::string worst_name, keys;
   for (const auto& r : rows) {
     // Rows over one parameter tensor (the DDP divide) move fewer floats.
-    const double floats = std::string_view(r.name) == "ddp bucket divide" ? static_cast<double>(first) : static_cast<double>(n);
+    const double floats = std::string_view(r.name).starts_with("ddp bucket divide") ? static_cast<double>(first) : static_cast<double>(n);
     const auto [t, tc] = time_against(p, r.f, copy);
     const double gbs = r.bytes_per_float * floats / t / 1e9;
     const double copy_gbs = 8.0 * static_cast<double>(n) / tc / 1e9;

@@ -214,7 +214,7 @@ namespace comm_hooks {
     if (b.divisor() != 1.0) {
       detail::ddp::visit_float_bucket(b, [&b](auto buf) {
         using T = typename decltype(buf)::value_type;
-        detail::for_each_index(detail::host_exec{}, buf.size(), detail::ddp::divide_fn<T>{buf.data(), static_cast<T>(b.divisor())});
+        detail::ddp::divide_elements(detail::host_exec{}, buf.size(), buf.data(), static_cast<T>(b.divisor()));
         return 0;
       });
     }

@@ -902,7 +902,7 @@ class fully_sharded_data_parallel {
     at_.after(compute_stream_);  // the layers' backward wrote the whole gradient on their stream
     if (opts_.reduce_dtype == dtype::float32) {
       if (divisor != 1.0f) {
-        detail::for_each_index(at_.exec(), x.chunks.padded(), detail::ddp::divide_fn<float>{x.full_grad.data(), divisor});
+        detail::ddp::divide_elements(at_.exec(), x.chunks.padded(), x.full_grad.data(), divisor);
       }
       x.scatter = comm_->reduce_scatter(tensor_view<const float, S>(x.full_grad.data(), x.chunks.padded()),
                                         tensor_view<float, S>(grads_.data() + x.chunk_at, x.chunks.chunk()), reduce_op::sum);

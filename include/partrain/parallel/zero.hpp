@@ -599,7 +599,7 @@ class sharded_data_parallel {
       detail::zero::pack_bucket(layout_, k, grads_, in, false, at_);
     }
     // Divided before the reduction, as DDP's hooks do (keeps the sum in range).
-    if (divisor_ != W(1)) detail::for_each_index(at_.exec(), world_ * w, detail::ddp::divide_fn<W>{in, divisor_});
+    if (divisor_ != W(1)) detail::ddp::divide_elements(at_.exec(), world_ * w, in, divisor_);
     if (reduce16()) {
       // Rounded to the parameters' type and reduced in it; wait_reduce widens the result.
       if (!whole_.empty() && k >= 2) wait_reduce(k - 2);  // its 16-bit slot is free again

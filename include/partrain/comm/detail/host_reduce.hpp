@@ -6,8 +6,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include <partrain/comm/reduce_op.hpp>
+#include <partrain/core/detail/exact_reciprocal.hpp>
 #include <partrain/core/dtype.hpp>
 #include <partrain/core/error.hpp>
 
@@ -38,12 +40,18 @@ inline void reduce_typed(T* dst, const T* src, std::size_t n, reduce_op op) noex
 
 template <class T>
 inline void divide_typed(T* data, std::size_t n, int divisor) noexcept {
-  for (std::size_t i = 0; i < n; ++i) {
-    if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
-      data[i] = T(float(data[i]) / static_cast<float>(divisor));
-    } else {
-      data[i] = static_cast<T>(data[i] / static_cast<T>(divisor));
+  constexpr bool narrow = std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
+  if constexpr (narrow || std::is_floating_point_v<T>) {
+    // In float for 16-bit types; by a multiplication when it gives the division's bits.
+    using F = std::conditional_t<narrow, float, T>;
+    if (const auto r = exact_reciprocal(static_cast<F>(divisor))) {
+      const F s = *r;
+      for (std::size_t i = 0; i < n; ++i) data[i] = T(static_cast<F>(data[i]) * s);
+      return;
     }
+    for (std::size_t i = 0; i < n; ++i) data[i] = T(static_cast<F>(data[i]) / static_cast<F>(divisor));
+  } else {
+    for (std::size_t i = 0; i < n; ++i) data[i] = static_cast<T>(data[i] / static_cast<T>(divisor));
   }
 }
 

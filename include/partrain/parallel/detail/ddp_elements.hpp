@@ -7,10 +7,13 @@
 #pragma once
 
 #include <cstddef>
+#include <type_traits>
 
 #include <partrain/config.hpp>
+#include <partrain/core/detail/exact_reciprocal.hpp>
 #include <partrain/core/for_each_index.hpp>
 #include <partrain/core/half.hpp>
+#include <partrain/optim/detail/elements.hpp>
 
 namespace partrain::inline v0::detail::ddp {
 
@@ -21,6 +24,19 @@ struct divide_fn {
   T d;
   PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const { x[i] = x[i] / d; }
 };
+
+// x[i] /= d for i < n on exec: a multiplication where it gives the division's bits (a world size
+// that is a power of two), the division otherwise.
+template <class Exec, class T>
+void divide_elements(const Exec& exec, std::size_t n, T* x, T d) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (const auto r = exact_reciprocal(d)) {
+      for_each_index(exec, n, optim::scale_fn<T>{x, *r});  // x[i] * r: the division's bits
+      return;
+    }
+  }
+  for_each_index(exec, n, divide_fn<T>{x, d});
+}
 
 // dst[i] += src[i]: a gradient accumulated into its bucket slot (no_sync, or staged from a GPU).
 template <class T>

@@ -47,7 +47,7 @@ inline void device_divide(raw_tensor t, double d, cudaStream_t stream) {
   if (t.count == 0) return;
   visit_device_float(t, "device_divide", [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
-    for_each_index(cuda_exec{stream, -1}, t.count, divide_fn<T>{p, static_cast<T>(d)});
+    divide_elements(cuda_exec{stream, -1}, t.count, p, static_cast<T>(d));
   });
 }
 
