@@ -98,8 +98,12 @@ int run(options o) {
   }
   // A pipeline started by hand (not under a launcher) starts one rank per stage itself.
   if (o.parallel == "pipeline" && o.nproc == 0 && o.backend != "mpi" && !std::getenv("WORLD_SIZE")) o.nproc = o.stages;
+  // Threads (--backend local): each rank on a core of its own, meeting its peers on its own
+  // thread rather than through a worker that would compete with it for the cores.
+  process_group_options local;
+  local.inline_collectives = local.pin_threads = o.local_collectives == "inline";
   // Forks share the loaded data; the timeout only guards the whole run (collectives have their own).
-  run_ranks({.nproc = o.nproc, .backend = o.backend, .spawn = {.timeout = std::chrono::hours(2)}},
+  run_ranks({.nproc = o.nproc, .backend = o.backend, .spawn = {.timeout = std::chrono::hours(2)}, .local = local},
             [&](process_group& pg) { run_rank(pg, o, data); });
   return 0;
 }

@@ -48,6 +48,7 @@ struct options {
   std::size_t limit_test = 0;      // 0 = all 10,000
   std::size_t log_every = 200;     // steps between progress lines (rank 0)
   bool overlap = true;             // DDP, ZeRO: start bucket all_reduces / reduce_scatters during backward
+  std::string local_collectives = "inline";  // --backend local: inline (ranks' own threads, pinned) | worker
   std::size_t bucket_kb = 0;       // DDP, ZeRO: bucket size limit in KiB (0: PyTorch's 1 MiB first, 25 MiB after)
   std::int64_t period = 8;          // local-sgd: average the parameters every N steps
   std::int64_t warmup_steps = 0;    // local-sgd: synchronous steps first
@@ -75,6 +76,9 @@ inline constexpr std::string_view usage_text =
     "  --seed N                  weights and shuffling (default 0)\n"
     "  --loop ranges|coroutine|plain  how the loop is written (same result)\n"
     "  --no-overlap              reduce gradients after backward instead of during it\n"
+    "  --local-collectives inline|worker  with --backend local: collectives on the ranks' own threads,\n"
+    "                            each rank pinned to a core (default: fastest where ranks fill the cores),\n"
+    "                            or on a worker thread per rank\n"
     "  --bucket-kb N             DDP and ZeRO gradient buckets of at most N KiB (default: 1 MiB first, 25 MiB after)\n"
     "  --checkpoint DIR          save every epoch; resume from DIR when it holds a checkpoint\n"
     "  --metrics FILE            JSON lines: a step record (loss) every --log-every steps and an epoch\n"
@@ -233,6 +237,9 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
       o.reduce_16bit = true;
     } else if (flag == "--no-overlap") {
       o.overlap = false;
+    } else if (flag == "--local-collectives") {
+      o.local_collectives = value();
+      detail::check_choice(flag, o.local_collectives, {"inline", "worker"});
     } else if (flag == "--bucket-kb") {
       o.bucket_kb = positive(detail::parse_number<std::size_t>(flag, value()));
       // KiB to bytes must not overflow (2^54 + 1 KiB would wrap to 1 KiB buckets): at most 1 TiB.

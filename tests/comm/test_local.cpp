@@ -4,9 +4,12 @@
 
 #include "collective_reference.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 using namespace partrain;
 using namespace std::chrono_literals;
@@ -116,6 +119,114 @@ TEST_CASE("local: checking mode reports a different collective on another rank",
                     }, opts),
                     Catch::Contains("collective mismatch") && Catch::Contains("broadcast"));
 }
+
+TEST_CASE("local: inline collectives give the worker's results, finished when the call returns", "[comm][local][inline]") {
+  process_group_options opts;
+  opts.inline_collectives = true;
+  for (int world = 1; world <= 3; ++world) {
+    for (std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{10001}}) {
+      INFO("world " << world << " n " << n);
+      std::atomic<int> failures{0}, unfinished{0};
+      run_local(world, [&](local_group& g) {
+        failures += partrain::testing::collective_failures<float>(g, n);
+        failures += partrain::testing::collective_failures<half>(g, n);
+        std::vector<float> v(n, 1.0f);
+        const work w = g.all_reduce(tensor_view<float>(v), reduce_op::sum);
+        if (!w.is_completed()) ++unfinished;
+        w.wait();
+        if (v.front() != static_cast<float>(world)) ++failures;
+      }, opts);
+      CHECK(failures == 0);
+      CHECK(unfinished == 0);
+    }
+  }
+  // A split group inherits the mode.
+  std::atomic<int> wrong{0};
+  run_local(4, [&](local_group& g) {
+    auto sub = g.split(g.rank() % 2);
+    std::vector<float> v(3, static_cast<float>(g.rank()));
+    const work w = sub->all_reduce(tensor_view<float>(v), reduce_op::sum);
+    if (!w.is_completed() || v[0] != (g.rank() % 2 == 0 ? 2.0f : 4.0f)) ++wrong;
+  }, opts);
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("local: inline collectives time out naming the missing rank, and a failed rank releases its peers",
+          "[comm][local][inline][errors]") {
+  process_group_options opts;
+  opts.inline_collectives = true;
+  opts.timeout = 300ms;
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(run_local(3, [](local_group& g) {
+                      if (g.rank() == 2) return;  // never joins
+                      std::vector<float> v(4);
+                      g.all_reduce(tensor_view<float>(v)).wait();
+                    }, opts),
+                    Catch::Contains("timed out") && Catch::Contains("rank(s) 2") && Catch::Contains("all_reduce"));
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  // The error is the work's, rethrown by wait(), not thrown by the call itself.
+  std::atomic<int> thrown_by_call{0};
+  CHECK_THROWS_AS(run_local(2, [&](local_group& g) {
+                    if (g.rank() == 1) return;
+                    work w;
+                    try {
+                      w = g.barrier();
+                    } catch (...) {
+                      ++thrown_by_call;
+                      throw;
+                    }
+                    w.wait();
+                  }, opts),
+                  timeout_error);
+  CHECK(thrown_by_call == 0);
+  opts.timeout = 60s;  // release must come from the abort, not the deadline
+  const auto t1 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(run_local(2, [](local_group& g) {
+                      if (g.rank() == 1) throw std::runtime_error("model exploded");
+                      std::vector<float> v(4);
+                      g.all_reduce(tensor_view<float>(v)).wait();
+                    }, opts),
+                    Catch::Contains("model exploded"));
+  CHECK(std::chrono::steady_clock::now() - t1 < 10s);
+}
+
+#if defined(__linux__)
+namespace {
+// The CPUs the calling thread may run on.
+std::vector<int> thread_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(pthread_getaffinity_np(pthread_self(), sizeof set, &set) == 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  return cpus;
+}
+}  // namespace
+
+TEST_CASE("local: pin_threads puts each rank on its own allowed CPU when the world fits", "[comm][local][pin]") {
+  const std::vector<int> allowed = detail::local::allowed_cpus();
+  REQUIRE_FALSE(allowed.empty());
+  process_group_options opts;
+  opts.pin_threads = true;
+  const int fits = static_cast<int>(std::min<std::size_t>(allowed.size(), 4));
+  std::vector<std::vector<int>> seen(static_cast<std::size_t>(fits));
+  std::mutex m;
+  run_local(fits, [&](local_group& g) {
+    auto mine = thread_cpus();
+    std::lock_guard lock(m);
+    seen[static_cast<std::size_t>(g.rank())] = std::move(mine);
+  }, opts);
+  for (int r = 0; r < fits; ++r) CHECK(seen[static_cast<std::size_t>(r)] == std::vector<int>{allowed[static_cast<std::size_t>(r)]});
+  // One rank more than the CPUs: nothing is pinned.
+  std::atomic<int> narrowed{0};
+  run_local(static_cast<int>(allowed.size()) + 1, [&](local_group&) {
+    if (thread_cpus() != allowed) ++narrowed;
+  }, opts);
+  CHECK(narrowed == 0);
+}
+#endif
 
 TEST_CASE("traffic: every rank counts the bytes a ring algorithm sends", "[comm][local][traffic]") {
   constexpr int world = 4;

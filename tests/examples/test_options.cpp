@@ -29,6 +29,10 @@ TEST_CASE("example options: defaults and values", "[examples][options]") {
   CHECK(o.loop == "coroutine");
   CHECK_FALSE(o.overlap);
   CHECK(parse_options({"--backend", "local"}).nproc == 1);  // local without --nproc: one thread
+  CHECK(d.local_collectives == "inline");
+  CHECK(parse_options({"--local-collectives", "worker"}).local_collectives == "worker");
+  CHECK_THROWS_WITH(parse_options({"--local-collectives", "thread"}), Catch::Contains("--local-collectives") &&
+                                                                         Catch::Contains("inline"));
 }
 
 TEST_CASE("example options: timeline and bucket size", "[examples][options]") {

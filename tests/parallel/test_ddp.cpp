@@ -48,7 +48,7 @@ std::vector<T> reference_run(int world, int n_steps = steps) {
 // Runs DDP on `world` local ranks; every rank starts from its own seed (the broadcast from rank 0
 // must make them equal). Returns each rank's final parameters.
 template <class T, bool Notify = true>
-std::vector<std::vector<T>> ddp_run(int world, ddp_options o = {}, int n_steps = steps) {
+std::vector<std::vector<T>> ddp_run(int world, ddp_options o = {}, int n_steps = steps, process_group_options g_opts = {}) {
   std::vector<std::vector<T>> out(static_cast<std::size_t>(world));
   run_local(world, [&](local_group& g) {
     toy_mlp<T, Notify> m(7 + static_cast<std::uint64_t>(g.rank()));
@@ -59,7 +59,7 @@ std::vector<std::vector<T>> ddp_run(int world, ddp_options o = {}, int n_steps =
       opt.step();
     }
     out[static_cast<std::size_t>(g.rank())] = m.flat_values();
-  });
+  }, g_opts);
   return out;
 }
 
@@ -109,6 +109,22 @@ TEST_CASE("ddp: overlap on, overlap off and a model without notification give id
   const auto c = ddp_run<double, false>(2, on);
   CHECK(a[0] == b[0]);
   CHECK(a[0] == c[0]);
+}
+
+TEST_CASE("ddp: the local backend's inline collectives and pinned ranks give the worker's results, bit for bit",
+          "[parallel][ddp][inline]") {
+  process_group_options fast;
+  fast.inline_collectives = true;
+  fast.pin_threads = true;
+  for (int world : {2, 3}) {
+    for (bool overlap : {true, false}) {
+      CAPTURE(world, overlap);
+      const ddp_options o{.bucket_cap_bytes = 32, .first_bucket_bytes = 16, .overlap = overlap};
+      const auto worker = ddp_run<float>(world, o);
+      const auto in_line = ddp_run<float>(world, o, steps, fast);
+      for (const auto& r : in_line) CHECK(r == worker[0]);
+    }
+  }
 }
 
 TEST_CASE("ddp: bucket layout is reverse parameter order with a small first bucket", "[parallel][ddp][buckets]") {

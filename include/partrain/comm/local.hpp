@@ -1,7 +1,8 @@
 // partrain/comm/local.hpp: the `local` backend, a shared-memory group of threads in one
 // process. data_parallel and the fast tests use it. Each rank's collectives run on that
-// rank's own worker thread; ranks meet at a barrier with a deadline, so a rank that never
-// comes (or threw) makes the others fail with an error naming it, never a hang.
+// rank's own worker thread (or, with inline_collectives, on the calling thread); ranks meet at a
+// barrier with a deadline, so a rank that never comes (or threw) makes the others fail with an
+// error naming it, never a hang.
 #pragma once
 
 #include <algorithm>
@@ -21,6 +22,11 @@
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
 
 #include <partrain/comm/detail/host_reduce.hpp>
 #include <partrain/comm/process_group.hpp>
@@ -254,7 +260,7 @@ class local_group final : public process_group {
   template <class Body>
   work run(collective c, const void* in, void* out, raw_tensor t, int root, reduce_op op, Body body,
            bool root_only_phase = false) {
-    return worker_.submit([this, c, in, out, t, root, op, body, root_only_phase] {
+    auto meet = [this, c, in, out, t, root, op, body, root_only_phase] {
       auto& w = *world_;
       w.at(rank()) = {in, out, t.count, t.type, op, root, c};
       w.arrive_and_wait(rank(), c, "enter");
@@ -263,7 +269,14 @@ class local_group final : public process_group {
       // reduce: the root met the others once more inside body; keep the count of meetings equal.
       if (root_only_phase && rank() != root) w.arrive_and_wait(rank(), c, "reduce");
       w.arrive_and_wait(rank(), c, "exit");
-    });
+    };
+    if (!options().inline_collectives) return worker_.submit(std::move(meet));
+    try {
+      meet();
+    } catch (...) {
+      return work::completed(std::current_exception());
+    }
+    return work::completed();
   }
 
   void check_matching(detail::local::world_state& w, collective c) const {
@@ -297,17 +310,53 @@ class local_group final : public process_group {
   return ranks;
 }
 
+namespace detail::local {
+
+// The CPUs this process may run on (its affinity mask), lowest first; empty where unknown.
+[[nodiscard]] inline std::vector<int> allowed_cpus() {
+  std::vector<int> cpus;
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    }
+  }
+#endif
+  return cpus;
+}
+
+// Pins the calling thread to one CPU. A hint: where the system refuses, the thread runs unpinned.
+inline void pin_this_thread(int cpu) {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+#else
+  (void)cpu;
+#endif
+}
+
+}  // namespace detail::local
+
 // Runs fn(group) on world_size threads, one rank each, and waits for all. If a rank throws, the
 // world is aborted (peers stop waiting) and the first failure is rethrown, naming its rank.
+// opts.pin_threads: rank r's thread (and the worker it starts) runs on the r-th allowed CPU.
 template <class F>
   requires std::invocable<F&, local_group&>
 void run_local(int world_size, F fn, process_group_options opts = {}) {
   auto ranks = make_local_world(world_size, opts);
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world_size));
+  std::vector<int> cpus;
+  if (opts.pin_threads) cpus = detail::local::allowed_cpus();
+  const bool pin = world_size <= static_cast<int>(cpus.size());
   {
     std::vector<std::jthread> threads;
     for (int r = 0; r < world_size; ++r) {
       threads.emplace_back([&, r] {
+        if (pin) detail::local::pin_this_thread(cpus[static_cast<std::size_t>(r)]);
         auto& g = *ranks[static_cast<std::size_t>(r)];
         try {
           fn(g);

@@ -31,6 +31,15 @@ struct process_group_options {
   // Verify op, dtype, size and root across ranks before each collective (like
   // TORCH_DISTRIBUTED_DEBUG=DETAIL). Also switched on by PARTRAIN_DEBUG=detail.
   bool check_collectives = false;
+  // The local backend only (ranks as threads of one process). Run each collective on the calling
+  // thread, as a blocking MPI collective does: the call returns a finished work once the ranks have
+  // met, instead of handing the collective to the rank's worker thread. Where the ranks fill the
+  // cores the worker has no core of its own to overlap on; it only adds a hand-off and a wake-up
+  // to every collective (docs/performance.md). Send and recv stay asynchronous.
+  bool inline_collectives = false;
+  // The local backend only: run_local pins rank r's thread to the r-th CPU this process may run
+  // on, when the world has no more ranks than those CPUs (otherwise nothing is pinned). Linux.
+  bool pin_threads = false;
 };
 
 [[nodiscard]] inline bool debug_detail_from_env() {
