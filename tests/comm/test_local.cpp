@@ -61,14 +61,19 @@ TEST_CASE("local: mismatched sizes across ranks are reported, naming both", "[co
 TEST_CASE("local: a missing rank times out with an error naming it", "[comm][local][errors]") {
   process_group_options opts;
   opts.timeout = 300ms;
-  const auto t0 = std::chrono::steady_clock::now();
-  CHECK_THROWS_WITH(run_local(3, [](local_group& g) {
-                      if (g.rank() == 2) return;  // never joins
-                      std::vector<float> v(4);
-                      g.all_reduce(tensor_view<float>(v)).wait();
-                    }, opts),
-                    Catch::Contains("timed out") && Catch::Contains("rank(s) 2") && Catch::Contains("all_reduce"));
-  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  for (bool in_line : {false, true}) {  // on the worker, and inline_collectives
+    CAPTURE(in_line);
+    opts.inline_collectives = in_line;
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH(run_local(3, [](local_group& g) {
+                        if (g.rank() == 2) return;  // never joins
+                        std::vector<float> v(4);
+                        g.all_reduce(tensor_view<float>(v)).wait();
+                      }, opts),
+                      Catch::Contains("timed out") && Catch::Contains("rank(s) 2") && Catch::Contains("all_reduce"));
+    CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  }
+  opts.inline_collectives = false;
   // The same facts as fields: the rank that timed out, the operation, the missing peer, the deadline.
   try {
     run_local(2, [](local_group& g) {
@@ -87,14 +92,18 @@ TEST_CASE("local: a missing rank times out with an error naming it", "[comm][loc
 TEST_CASE("local: a rank that throws releases its peers at once", "[comm][local][errors]") {
   process_group_options opts;
   opts.timeout = 60s;  // far longer than the test may take: release must come from the abort
-  const auto t0 = std::chrono::steady_clock::now();
-  CHECK_THROWS_WITH(run_local(2, [](local_group& g) {
-                      if (g.rank() == 1) throw std::runtime_error("model exploded");
-                      std::vector<float> v(4);
-                      g.all_reduce(tensor_view<float>(v)).wait();
-                    }, opts),
-                    Catch::Contains("model exploded"));
-  CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+  for (bool in_line : {false, true}) {  // on the worker, and inline with pinned (polling) ranks
+    CAPTURE(in_line);
+    opts.inline_collectives = opts.pin_threads = in_line;
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH(run_local(2, [](local_group& g) {
+                        if (g.rank() == 1) throw std::runtime_error("model exploded");
+                        std::vector<float> v(4);
+                        g.all_reduce(tensor_view<float>(v)).wait();
+                      }, opts),
+                      Catch::Contains("model exploded"));
+    CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+  }
 }
 
 TEST_CASE("local: bad arguments are refused before any communication", "[comm][local][errors]") {
@@ -153,22 +162,12 @@ TEST_CASE("local: inline collectives give the worker's results, finished when th
   CHECK(wrong == 0);
 }
 
-TEST_CASE("local: inline collectives time out naming the missing rank, and a failed rank releases its peers",
-          "[comm][local][inline][errors]") {
+TEST_CASE("local: an inline collective's failure is its work's, rethrown by wait()", "[comm][local][inline][errors]") {
+  // Pinned ranks, which poll before sleeping, time out as the others do.
   process_group_options opts;
   opts.inline_collectives = true;
-  opts.timeout = 300ms;
-  const auto t0 = std::chrono::steady_clock::now();
-  CHECK_THROWS_WITH(run_local(3, [](local_group& g) {
-                      if (g.rank() == 2) return;  // never joins
-                      std::vector<float> v(4);
-                      g.all_reduce(tensor_view<float>(v)).wait();
-                    }, opts),
-                    Catch::Contains("timed out") && Catch::Contains("rank(s) 2") && Catch::Contains("all_reduce"));
-  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
-  // The error is the work's, rethrown by wait(), not thrown by the call itself; pinned ranks (which
-  // poll before sleeping) time out alike.
   opts.pin_threads = true;
+  opts.timeout = 300ms;
   std::atomic<int> thrown_by_call{0};
   CHECK_THROWS_AS(run_local(2, [&](local_group& g) {
                     if (g.rank() == 1) return;
@@ -183,15 +182,6 @@ TEST_CASE("local: inline collectives time out naming the missing rank, and a fai
                   }, opts),
                   timeout_error);
   CHECK(thrown_by_call == 0);
-  opts.timeout = 60s;  // release must come from the abort, not the deadline
-  const auto t1 = std::chrono::steady_clock::now();
-  CHECK_THROWS_WITH(run_local(2, [](local_group& g) {
-                      if (g.rank() == 1) throw std::runtime_error("model exploded");
-                      std::vector<float> v(4);
-                      g.all_reduce(tensor_view<float>(v)).wait();
-                    }, opts),
-                    Catch::Contains("model exploded"));
-  CHECK(std::chrono::steady_clock::now() - t1 < 10s);
 }
 
 #if defined(__linux__)
