@@ -136,6 +136,7 @@ TEST_CASE("local: inline collectives give the worker's results, finished when th
   for (int world = 1; world <= 3; ++world) {
     for (std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{10001}}) {
       opts.pin_threads = n != 1000;
+      opts.check_collectives = n == 10001;  // checking mode's fingerprints are inline collectives too
       INFO("world " << world << " n " << n << " pinned " << opts.pin_threads);
       std::atomic<int> failures{0}, unfinished{0};
       run_local(world, [&](local_group& g) {
@@ -182,6 +183,15 @@ TEST_CASE("local: an inline collective's failure is its work's, rethrown by wait
                   }, opts),
                   timeout_error);
   CHECK(thrown_by_call == 0);
+  // Checking mode still tells a different collective on another rank.
+  opts.check_collectives = true;
+  opts.timeout = 2s;
+  CHECK_THROWS_WITH(run_local(2, [](local_group& g) {
+                      std::vector<float> v(4);
+                      if (g.rank() == 0) g.all_reduce(tensor_view<float>(v)).wait();
+                      else g.broadcast(tensor_view<float>(v), 0).wait();
+                    }, opts),
+                    Catch::Contains("collective mismatch") && Catch::Contains("broadcast"));
 }
 
 #if defined(__linux__)

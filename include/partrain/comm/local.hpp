@@ -333,7 +333,6 @@ class local_group final : public process_group {
   detail::executor worker_;  // last: joined before world_ goes away
 };
 
-// Creates the ranks of a local world, for callers that manage their own threads.
 namespace detail::local {
 [[nodiscard]] inline std::shared_ptr<world_state> make_world(int world_size, const process_group_options& opts) {
   if (world_size <= 0) throw config_error("world size must be at least 1, got " + std::to_string(world_size));
@@ -347,6 +346,7 @@ namespace detail::local {
 }
 }  // namespace detail::local
 
+// Creates the ranks of a local world, for callers that manage their own threads.
 [[nodiscard]] inline std::vector<std::unique_ptr<local_group>> make_local_world(int world_size,
                                                                                process_group_options opts = {}) {
   return detail::local::make_ranks(detail::local::make_world(world_size, opts), opts);
