@@ -77,7 +77,7 @@ inline constexpr std::string_view usage_text =
     "  --loop ranges|coroutine|plain  how the loop is written (same result)\n"
     "  --no-overlap              reduce gradients after backward instead of during it\n"
     "  --local-collectives inline|worker  with --backend local: collectives on the ranks' own threads,\n"
-    "                            each rank pinned to a core (default: fastest where ranks fill the cores),\n"
+    "                            each pinned to a core when they fill the cores (default: fastest there),\n"
     "                            or on a worker thread per rank\n"
     "  --bucket-kb N             DDP and ZeRO gradient buckets of at most N KiB (default: 1 MiB first, 25 MiB after)\n"
     "  --checkpoint DIR          save every epoch; resume from DIR when it holds a checkpoint\n"

@@ -2948,7 +2948,8 @@ struct process_group_options {
   // to every collective (docs/performance.md). Send and recv stay asynchronous.
   bool inline_collectives = false;
   // The local backend only: run_local pins rank r's thread to the r-th CPU this process may run
-  // on, when the world has no more ranks than those CPUs (otherwise nothing is pinned). Linux.
+  // on when the ranks are exactly as many as those CPUs (otherwise nothing is pinned; threads a
+  // rank starts share its CPU, which would leave spare CPUs idle). Linux.
   bool pin_threads = false;
 };
 
@@ -4047,14 +4048,17 @@ inline void pin_this_thread(int cpu) {
 
 // Runs fn(group) on world_size threads, one rank each, and waits for all. If a rank throws, the
 // world is aborted (peers stop waiting) and the first failure is rethrown, naming its rank.
-// opts.pin_threads: rank r's thread (and the worker it starts) runs on the r-th allowed CPU.
+// opts.pin_threads: when the ranks are as many as the allowed CPUs, rank r's thread (and the
+// threads it starts) runs on the r-th of them.
 template <class F>
   requires std::invocable<F&, local_group&>
 void run_local(int world_size, F fn, process_group_options opts = {}) {
   auto state = detail::local::make_world(world_size, opts);
   std::vector<int> cpus;
   if (opts.pin_threads) cpus = detail::local::allowed_cpus();
-  const bool pin = world_size <= static_cast<int>(cpus.size());
+  // Only a world that fills the CPUs: the threads a rank starts (its loader's, its worker) inherit
+  // its one CPU, which costs nothing when no CPU is idle and would leave the spare ones unused.
+  const bool pin = world_size == static_cast<int>(cpus.size());
   // A rank alone on its core meets its peers on that core: polling there takes nobody's turn.
   if (pin && opts.inline_collectives) state->spin_before_blocking(std::chrono::microseconds(50));
   auto ranks = detail::local::make_ranks(state, opts);

@@ -38,7 +38,8 @@ struct process_group_options {
   // to every collective (docs/performance.md). Send and recv stay asynchronous.
   bool inline_collectives = false;
   // The local backend only: run_local pins rank r's thread to the r-th CPU this process may run
-  // on, when the world has no more ranks than those CPUs (otherwise nothing is pinned). Linux.
+  // on when the ranks are exactly as many as those CPUs (otherwise nothing is pinned; threads a
+  // rank starts share its CPU, which would leave spare CPUs idle). Linux.
   bool pin_threads = false;
 };
 
