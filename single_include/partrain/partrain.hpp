@@ -2947,7 +2947,7 @@ struct process_group_options {
   // cores the worker has no core of its own to overlap on; it only adds a hand-off and a wake-up
   // to every collective (docs/performance.md). Send and recv stay asynchronous.
   bool inline_collectives = false;
-  // The local backend only: run_local pins rank r's thread to the r-th CPU this process may run
+  // The local backend only: run_local pins rank r's thread to the r-th CPU its caller may run
   // on when the ranks are exactly as many as those CPUs (otherwise nothing is pinned; threads a
   // rank starts share its CPU, which would leave spare CPUs idle). Linux.
   bool pin_threads = false;
@@ -4017,7 +4017,8 @@ namespace detail::local {
 
 namespace detail::local {
 
-// The CPUs this process may run on (its affinity mask), lowest first; empty where unknown.
+// The CPUs the calling thread may run on (its affinity mask, which the threads it starts
+// inherit), lowest first; empty where unknown.
 [[nodiscard]] inline std::vector<int> allowed_cpus() {
   std::vector<int> cpus;
 #if defined(__linux__)

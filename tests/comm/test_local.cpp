@@ -4,7 +4,6 @@
 
 #include "collective_reference.hpp"
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -190,20 +189,6 @@ TEST_CASE("local: an inline collective's failure is its work's, rethrown by wait
 }
 
 #if defined(__linux__)
-namespace {
-// The CPUs the calling thread may run on.
-std::vector<int> thread_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  REQUIRE(pthread_getaffinity_np(pthread_self(), sizeof set, &set) == 0);
-  std::vector<int> cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  }
-  return cpus;
-}
-}  // namespace
-
 TEST_CASE("local: pin_threads puts each rank on its own allowed CPU when the ranks fill them", "[comm][local][pin]") {
   const std::vector<int> allowed = detail::local::allowed_cpus();
   REQUIRE_FALSE(allowed.empty());
@@ -213,7 +198,7 @@ TEST_CASE("local: pin_threads puts each rank on its own allowed CPU when the ran
   std::vector<std::vector<int>> seen(static_cast<std::size_t>(fits));
   std::mutex m;
   run_local(fits, [&](local_group& g) {
-    auto mine = thread_cpus();
+    auto mine = detail::local::allowed_cpus();  // this rank's thread's mask
     std::lock_guard lock(m);
     seen[static_cast<std::size_t>(g.rank())] = std::move(mine);
   }, opts);
@@ -224,7 +209,7 @@ TEST_CASE("local: pin_threads puts each rank on its own allowed CPU when the ran
     CAPTURE(world);
     std::atomic<int> narrowed{0};
     run_local(world, [&](local_group&) {
-      if (thread_cpus() != allowed) ++narrowed;
+      if (detail::local::allowed_cpus() != allowed) ++narrowed;
     }, opts);
     CHECK(narrowed == 0);
   }

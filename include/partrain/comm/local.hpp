@@ -354,7 +354,8 @@ namespace detail::local {
 
 namespace detail::local {
 
-// The CPUs this process may run on (its affinity mask), lowest first; empty where unknown.
+// The CPUs the calling thread may run on (its affinity mask, which the threads it starts
+// inherit), lowest first; empty where unknown.
 [[nodiscard]] inline std::vector<int> allowed_cpus() {
   std::vector<int> cpus;
 #if defined(__linux__)

@@ -37,7 +37,7 @@ struct process_group_options {
   // cores the worker has no core of its own to overlap on; it only adds a hand-off and a wake-up
   // to every collective (docs/performance.md). Send and recv stay asynchronous.
   bool inline_collectives = false;
-  // The local backend only: run_local pins rank r's thread to the r-th CPU this process may run
+  // The local backend only: run_local pins rank r's thread to the r-th CPU its caller may run
   // on when the ranks are exactly as many as those CPUs (otherwise nothing is pinned; threads a
   // rank starts share its CPU, which would leave spare CPUs idle). Linux.
   bool pin_threads = false;
