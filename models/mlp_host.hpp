@@ -393,9 +393,9 @@ class mlp_host {
     prev_.resize(n * static_cast<std::size_t>(in_w));
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n), in_w, out_w, 1.0f, delta_.data(), out_w,
                 w, in_w, 0.0f, prev_.data(), in_w);
-    for (std::size_t i = 0; i < prev_.size(); ++i) {
-      if (in[i] <= 0.0f) prev_[i] = 0.0f;
-    }
+    // A select rather than a conditional store: it vectorizes and does not branch on the sign,
+    // which a trained ReLU makes a coin toss (the branch cost 6% of the step in perf).
+    for (std::size_t i = 0; i < prev_.size(); ++i) prev_[i] = in[i] <= 0.0f ? 0.0f : prev_[i];
   }
 
   void backward32(const float* x, std::size_t n, const partrain::grad_ready_fn* ready) {
