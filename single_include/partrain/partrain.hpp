@@ -2722,6 +2722,46 @@ inline void divide_typed(T* data, std::size_t n, int divisor) noexcept {
   }
 }
 
+// dst[i] = src[i] / divisor (`first`), or dst[i] + src[i] / divisor: a rank's share of a sum of
+// divided inputs added in rank order, with the bits of dividing every input in place, then
+// summing (16-bit types: each quotient rounded to the type, the sum in float and rounded, as
+// divide_typed and reduce_typed do). The division is a multiplication where that gives its bits.
+template <class T>
+inline void add_divided_typed(T* dst, const T* src, std::size_t n, double divisor, bool first) noexcept {
+  constexpr bool narrow = std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
+  static_assert(narrow || std::is_floating_point_v<T>, "add_divided_typed: floating-point elements only");
+  using F = std::conditional_t<narrow, float, T>;
+  const F d = static_cast<F>(divisor);
+  auto run = [&](auto divide) {
+    if (first) {
+      for (std::size_t i = 0; i < n; ++i) dst[i] = T(divide(static_cast<F>(src[i])));
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        dst[i] = T(static_cast<F>(dst[i]) + static_cast<F>(T(divide(static_cast<F>(src[i])))));
+      }
+    }
+  };
+  if (const auto r = exact_reciprocal(d)) {
+    const F s = *r;
+    run([s](F x) { return x * s; });
+  } else {
+    run([d](F x) { return x / d; });
+  }
+}
+
+[[nodiscard]] constexpr bool is_floating(dtype t) noexcept {
+  return t == dtype::float32 || t == dtype::float64 || t == dtype::float16 || t == dtype::bfloat16;
+}
+
+// add_divided_typed on a dtype-tagged buffer (floating types; others are left alone: callers check).
+inline void host_add_divided(void* dst, const void* src, std::size_t n, dtype t, double divisor, bool first) {
+  visit_dtype(t, [&]<class T>(std::type_identity<T>) {
+    if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_floating_point_v<T>) {
+      add_divided_typed(static_cast<T*>(dst), static_cast<const T*>(src), n, divisor, first);
+    }
+  });
+}
+
 // dst[i] = dst[i] op src[i]
 inline void host_reduce(void* dst, const void* src, std::size_t n, dtype t, reduce_op op) {
   visit_dtype(t, [&]<class T>(std::type_identity<T>) { reduce_typed(static_cast<T*>(dst), static_cast<const T*>(src), n, op); });
@@ -2916,6 +2956,7 @@ inline bool survive_sigpipe() noexcept {
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <cstdlib>
@@ -2924,6 +2965,7 @@ inline bool survive_sigpipe() noexcept {
 #include <string_view>
 #include <vector>
 
+// #include <partrain/comm/detail/host_reduce.hpp> (above)
 // #include <partrain/comm/reduce_op.hpp> (above)
 // #include <partrain/core/device.hpp> (above)
 // #include <partrain/core/dtype.hpp> (above)
@@ -3073,6 +3115,30 @@ class process_group {
     count(collective::all_reduce, t.bytes());
     return do_all_reduce(t, op);
   }
+  // Each rank's elements divided by `divisor`, then summed over the ranks, in place: what DDP's
+  // built-in hook does to a bucket (PyTorch's PREMUL_SUM, dividing where it multiplies by
+  // 1/divisor, so any divisor gives the division's bits). Floating-point elements in host
+  // memory. The result is bit for bit that of dividing each rank's buffer, then all_reduce(sum);
+  // a backend may fold the division into its reduction (local does: one pass fewer).
+  [[nodiscard]] work all_reduce_divided(raw_tensor t, double divisor) {
+    check_space(collective::all_reduce, t.on_cuda);
+    if (t.on_cuda || !detail::is_floating(t.type)) {
+      throw invalid_argument_error(where(collective::all_reduce) + ": all_reduce_divided takes floating-point elements "
+                                   "in host memory, got " + std::string(to_string(t.type)) + " in " +
+                                   (t.on_cuda ? "CUDA" : "host") + " memory");
+    }
+    if (!(divisor > 0) || !std::isfinite(divisor)) {
+      throw invalid_argument_error(where(collective::all_reduce) + ": all_reduce_divided needs a finite divisor > 0, got " +
+                                   std::to_string(divisor));
+    }
+    if (opts_.check_collectives) check_across_ranks(collective::all_reduce, t.type, t.count, -1, reduce_op::sum);
+    count(collective::all_reduce, t.bytes());
+    return do_all_reduce_divided(t, divisor);
+  }
+  template <element_type T>
+  [[nodiscard]] work all_reduce_divided(tensor_view<T> t, double divisor) {
+    return all_reduce_divided(erase(t), divisor);
+  }
   template <element_type T, memory_space S>
   [[nodiscard]] work broadcast(tensor_view<T, S> t, int root = 0) {
     auto r = prepare(collective::broadcast, t, root, reduce_op::sum);
@@ -3194,6 +3260,12 @@ class process_group {
                         " backend cannot split groups yet (expected local, gloo or mpi)");
   }
   virtual work do_all_reduce(raw_tensor t, reduce_op op) = 0;
+  // all_reduce_divided's arguments are checked. The default divides on the calling thread, then
+  // sums through do_all_reduce.
+  virtual work do_all_reduce_divided(raw_tensor t, double divisor) {
+    detail::host_add_divided(t.data, t.data, t.count, t.type, divisor, true);
+    return do_all_reduce(t, reduce_op::sum);
+  }
   virtual work do_broadcast(raw_tensor t, int root) = 0;
   virtual work do_reduce(raw_tensor t, int root, reduce_op op) = 0;
   virtual work do_all_gather(raw_tensor in, raw_tensor out) = 0;
@@ -3710,6 +3782,7 @@ class world_state {
     reduce_op op = reduce_op::sum;
     int root = -1;
     collective kind = collective::barrier;
+    double divisor = 0;  // all_reduce_divided's; 0 for every other call
   };
 
   world_state(int n, std::chrono::milliseconds timeout)
@@ -3859,16 +3932,22 @@ class world_state {
 
 // Reduces elements [first, last) of every rank's `in` (in rank order, so every run and every
 // rank sees the same rounding) into each of outs (each receives element `first` at its start),
-// a block at a time so the accumulator stays in cache.
+// a block at a time so the accumulator stays in cache. divisor > 0: a sum of each input divided
+// by it (all_reduce_divided), the division done in the same pass.
 inline void reduce_ranks_into(world_state& w, std::span<void* const> outs, std::size_t first,
-                              std::size_t last, dtype t, reduce_op op) {
+                              std::size_t last, dtype t, reduce_op op, double divisor = 0) {
   constexpr std::size_t block = 4096;
   alignas(64) std::byte acc[block * 8];
   const std::size_t es = size_of(t);
   for (std::size_t b = first; b < last; b += block) {
     const std::size_t n = std::min(block, last - b);
-    std::memcpy(acc, static_cast<const std::byte*>(w.at(0).in) + b * es, n * es);
-    for (int q = 1; q < w.size(); ++q) host_reduce(acc, static_cast<const std::byte*>(w.at(q).in) + b * es, n, t, op);
+    auto in = [&](int q) { return static_cast<const std::byte*>(w.at(q).in) + b * es; };
+    if (divisor > 0) {
+      for (int q = 0; q < w.size(); ++q) host_add_divided(acc, in(q), n, t, divisor, q == 0);
+    } else {
+      std::memcpy(acc, in(0), n * es);
+      for (int q = 1; q < w.size(); ++q) host_reduce(acc, in(q), n, t, op);
+    }
     if (op == reduce_op::avg) host_divide(acc, n, t, w.size());
     for (void* out : outs) std::memcpy(static_cast<std::byte*>(out) + (b - first) * es, acc, n * es);
   }
@@ -3887,16 +3966,10 @@ class local_group final : public process_group {
   void abort(const std::string& why, int origin = -1) { world_->abort(why, origin); }
 
  protected:
-  work do_all_reduce(raw_tensor t, reduce_op op) override {
-    return run(collective::all_reduce, t.data, t.data, t, -1, op, [this, t, op](detail::local::world_state& w) {
-      // Rank r reduces chunk r of every input and writes the result into chunk r of every
-      // rank's buffer: one pass, no second copy phase. Safe because nobody else reads or
-      // writes chunk r, and each block is read from all ranks before it is overwritten.
-      const auto [lo, hi] = chunk(t.count, rank());
-      std::vector<void*> outs;
-      for (int q = 0; q < size(); ++q) outs.push_back(static_cast<std::byte*>(w.at(q).out) + lo * size_of(t.type));
-      detail::local::reduce_ranks_into(w, outs, lo, hi, t.type, op);
-    });
+  work do_all_reduce(raw_tensor t, reduce_op op) override { return all_reduce_chunks(t, op, 0); }
+  // The division folded into the reduction: each block of every input is divided as it is added.
+  work do_all_reduce_divided(raw_tensor t, double divisor) override {
+    return all_reduce_chunks(t, reduce_op::sum, divisor);
   }
   work do_broadcast(raw_tensor t, int root) override {
     return run(collective::broadcast, t.data, t.data, t, root, reduce_op::sum, [this, t, root](detail::local::world_state& w) {
@@ -3945,6 +4018,18 @@ class local_group final : public process_group {
   }
 
  private:
+  work all_reduce_chunks(raw_tensor t, reduce_op op, double divisor) {
+    return run(collective::all_reduce, t.data, t.data, t, -1, op, [this, t, op, divisor](detail::local::world_state& w) {
+      // Rank r reduces chunk r of every input and writes the result into chunk r of every
+      // rank's buffer: one pass, no second copy phase. Safe because nobody else reads or
+      // writes chunk r, and each block is read from all ranks before it is overwritten.
+      const auto [lo, hi] = chunk(t.count, rank());
+      std::vector<void*> outs;
+      for (int q = 0; q < size(); ++q) outs.push_back(static_cast<std::byte*>(w.at(q).out) + lo * size_of(t.type));
+      detail::local::reduce_ranks_into(w, outs, lo, hi, t.type, op, divisor);
+    }, false, divisor);
+  }
+
   [[nodiscard]] std::pair<std::size_t, std::size_t> chunk(std::size_t n, int r) const noexcept {
     const auto p = static_cast<std::size_t>(size());
     const auto q = static_cast<std::size_t>(r);
@@ -3955,10 +4040,10 @@ class local_group final : public process_group {
   // (nobody may reuse a buffer a peer still reads).
   template <class Body>
   work run(collective c, const void* in, void* out, raw_tensor t, int root, reduce_op op, Body body,
-           bool root_only_phase = false) {
-    auto meet = [this, c, in, out, t, root, op, body, root_only_phase] {
+           bool root_only_phase = false, double divisor = 0) {
+    auto meet = [this, c, in, out, t, root, op, body, root_only_phase, divisor] {
       auto& w = *world_;
-      w.at(rank()) = {in, out, t.count, t.type, op, root, c};
+      w.at(rank()) = {in, out, t.count, t.type, op, root, c, divisor};
       w.arrive_and_wait(rank(), c, "enter");
       check_matching(w, c);
       body(w);
@@ -3979,11 +4064,12 @@ class local_group final : public process_group {
     const auto& me = w.at(rank());
     for (int q = 0; q < size(); ++q) {
       const auto& o = w.at(q);
-      if (o.kind != me.kind || o.count != me.count || o.type != me.type || o.root != me.root || o.op != me.op) {
+      if (o.kind != me.kind || o.count != me.count || o.type != me.type || o.root != me.root || o.op != me.op ||
+          o.divisor != me.divisor) {
         auto describe = [](const detail::local::world_state::slot& s) {
           return std::string(to_string(s.kind)) + "(" + std::string(to_string(s.type)) + " x " +
                  std::to_string(s.count) + ", root " + std::to_string(s.root) + ", op " +
-                 std::string(to_string(s.op)) + ")";
+                 std::string(to_string(s.op)) + (s.divisor > 0 ? ", divided by " + std::to_string(s.divisor) : "") + ")";
         };
         throw communication_error(where(c) + ": rank " + std::to_string(rank()) + " called " + describe(me) +
                                   " but rank " + std::to_string(q) + " called " + describe(o) +
@@ -11891,9 +11977,13 @@ namespace partrain::inline v0 {
 class grad_bucket {
  public:
   using all_reduce_fn = std::function<work(raw_tensor)>;
+  // The communicator's all_reduce_divided (process_group's), where it has one.
+  using all_reduce_divided_fn = std::function<work(raw_tensor, double)>;
 
-  grad_bucket(std::size_t index, raw_tensor buffer, all_reduce_fn all_reduce, int world_size)
-      : index_(index), buffer_(buffer), all_reduce_(std::move(all_reduce)), world_size_(world_size) {}
+  grad_bucket(std::size_t index, raw_tensor buffer, all_reduce_fn all_reduce, int world_size,
+              all_reduce_divided_fn all_reduce_divided = {})
+      : index_(index), buffer_(buffer), all_reduce_(std::move(all_reduce)),
+        all_reduce_divided_(std::move(all_reduce_divided)), world_size_(world_size) {}
 
   [[nodiscard]] std::size_t index() const noexcept { return index_; }
   [[nodiscard]] raw_tensor buffer() const noexcept { return buffer_; }
@@ -11934,6 +12024,27 @@ class grad_bucket {
     return all_reduce_(erase(t));
   }
   [[nodiscard]] work all_reduce(raw_tensor t) const { return all_reduce_(t); }
+  // A host float or double buffer divided by `divisor`, then all_reduced (sum): in one call
+  // where the communicator folds the division into its reduction (process_group's
+  // all_reduce_divided), else the division here first. The same bits either way.
+  [[nodiscard]] work all_reduce_divided(raw_tensor t, double divisor) const {
+    if (t.on_cuda) {
+      throw invalid_argument_error("grad_bucket " + std::to_string(index_) + ": all_reduce_divided takes host memory "
+                                   "(a CUDA bucket is divided on its stream, then all_reduced)");
+    }
+    if (all_reduce_divided_) return all_reduce_divided_(t, divisor);
+    if (divisor != 1.0) {
+      visit_dtype(t.type, [&]<class T>(std::type_identity<T>) {
+        if constexpr (std::same_as<T, float> || std::same_as<T, double>) {
+          detail::ddp::divide_elements(detail::host_exec{}, t.count, static_cast<T*>(t.data), static_cast<T>(divisor));
+        } else {
+          throw invalid_argument_error("grad_bucket " + std::to_string(index_) + ": all_reduce_divided takes float32 or "
+                                       "float64, got " + std::string(to_string(t.type)));
+        }
+      });
+    }
+    return all_reduce_(t);
+  }
 
   void set_divisor(double d) noexcept { divisor_ = d; }
   // DDP points the built-in hook's bucket at the model's own gradients when they lie back to back.
@@ -11947,6 +12058,7 @@ class grad_bucket {
   std::size_t index_;
   raw_tensor buffer_;
   all_reduce_fn all_reduce_;
+  all_reduce_divided_fn all_reduce_divided_;
   int world_size_;
   double divisor_ = 1;
   int cuda_device_ = -1;
@@ -12061,14 +12173,11 @@ namespace comm_hooks {
       detail::ddp::needs_nvcc(b, "allreduce");
 #endif
     }
-    if (b.divisor() != 1.0) {
-      detail::ddp::visit_float_bucket(b, [&b](auto buf) {
-        using T = typename decltype(buf)::value_type;
-        detail::ddp::divide_elements(detail::host_exec{}, buf.size(), buf.data(), static_cast<T>(b.divisor()));
-        return 0;
-      });
-    }
-    return detail::ddp::visit_float_bucket(b, [&b](auto buf) { return b.all_reduce(buf); });
+    // Host: one call, so a backend that can fold the division into its reduction does (local).
+    return detail::ddp::visit_float_bucket(b, [&b](auto buf) {
+      if (b.divisor() == 1.0) return b.all_reduce(buf);
+      return b.all_reduce_divided(erase(buf), b.divisor());
+    });
   };
 }
 
@@ -13674,6 +13783,17 @@ template <class C>
   };
 }
 
+// The communicator's all_reduce_divided where it has one (process_group), else empty: the
+// bucket then divides before its all_reduce.
+template <class C>
+[[nodiscard]] grad_bucket::all_reduce_divided_fn make_all_reduce_divided_fn(C& comm) {
+  if constexpr (requires(raw_tensor t) { comm.all_reduce_divided(t, 2.0); }) {
+    return [&comm](raw_tensor t, double divisor) -> work { return comm.all_reduce_divided(t, divisor); };
+  } else {
+    return {};
+  }
+}
+
 // Device mode: the buckets live in CUDA memory on device `index` (where the parameters are), and
 // their copies and kernels are queued on the stream `stream()` returns (a cudaStream_t,
 // type-erased: the communicator's input stream, asked at each step since it may change).
@@ -13701,7 +13821,7 @@ class reducer {
   reducer(std::vector<std::size_t> numels, std::size_t first_bytes, std::size_t cap_bytes, comm_hook hook,
           grad_bucket::all_reduce_fn all_reduce, int rank, int world_size, ddp_stats& stats,
           device_placement placement = {}, std::function<void(const work&, std::size_t)> on_launch = {},
-          bool in_place = false)
+          bool in_place = false, grad_bucket::all_reduce_divided_fn all_reduce_divided = {})
       : numels_(std::move(numels)), hook_(std::move(hook)), on_launch_(std::move(on_launch)), rank_(rank),
         stats_(&stats), placement_(std::move(placement)), device_(placement_.index >= 0),
         in_place_capable_(in_place && std::same_as<S, host> && !device_) {
@@ -13737,7 +13857,7 @@ class reducer {
         off += numels_[p];
       }
       bk.own = raw_tensor{bucket_ptr(bk), bk.info.elements, dtype_of<T>, device_};
-      bk.gb = std::make_unique<grad_bucket>(b, bk.own, all_reduce, world_size);
+      bk.gb = std::make_unique<grad_bucket>(b, bk.own, all_reduce, world_size, all_reduce_divided);
     }
     refresh_stream();
     stats_->buckets = layout;
@@ -14152,7 +14272,8 @@ class distributed_data_parallel {
     reducer_ = std::make_unique<detail::ddp::reducer<T, S>>(std::move(numels), opts_.first_bucket_bytes,
                                                     opts_.bucket_cap_bytes, opts_.hook,
                                                     detail::ddp::make_all_reduce_fn(comm), comm.rank(), comm.size(), stats_,
-                                                    device_placement(), opts_.on_bucket_launch, plain_hook_);
+                                                    device_placement(), opts_.on_bucket_launch, plain_hook_,
+                                                    detail::ddp::make_all_reduce_divided_fn(comm));
     reducer_->set_param_shapes(shapes);
   }
   distributed_data_parallel(const distributed_data_parallel&) = delete;

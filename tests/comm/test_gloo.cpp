@@ -19,6 +19,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <signal.h>
@@ -70,6 +71,21 @@ void exercise_all(process_group& g, std::size_t n) {
     auto v = make_input<T>(r, n);
     g.all_reduce(tensor_view<T>(v), op).wait();
     check_reduced(v, world, 0, op, "all_reduce " + tag);
+  }
+  if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
+    // The default all_reduce_divided: each input divided, then the backend's sum.
+    auto v = make_input<T>(r, n);
+    g.all_reduce_divided(tensor_view<T>(v), 3.0).wait();
+    auto w = make_input<T>(r, n);
+    for (auto& x : w) {
+      if constexpr (std::is_same_v<T, double>) {
+        x = x / 3.0;
+      } else {
+        x = T(static_cast<float>(x) / 3.0f);
+      }
+    }
+    g.all_reduce(tensor_view<T>(w), reduce_op::sum).wait();
+    expect(v == w, "all_reduce_divided " + tag);
   }
   for (int root = 0; root < world; ++root) {
     auto v = make_input<T>(r, n);

@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <limits>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -114,6 +116,34 @@ TEST_CASE("local: bad arguments are refused before any communication", "[comm][l
     CHECK_THROWS_AS(g.send(tensor_view<float>(v), -1), invalid_argument_error);
   });
   CHECK_THROWS_AS(make_local_world(0), config_error);
+}
+
+TEST_CASE("local: all_reduce_divided refuses what it cannot divide, and a rank that does not divide", "[comm][local][errors]") {
+  run_local(2, [](local_group& g) {
+    std::vector<float> v(4, 1.0f);
+    std::vector<std::int32_t> ints(4, 1);
+    CHECK_THROWS_WITH(g.all_reduce_divided(tensor_view<std::int32_t>(ints), 2.0),
+                      Catch::Contains("floating-point elements") && Catch::Contains("int32"));
+    for (double d : {0.0, -2.0, std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
+      CAPTURE(d);
+      CHECK_THROWS_WITH(g.all_reduce_divided(tensor_view<float>(v), d), Catch::Contains("finite divisor > 0"));
+    }
+    CHECK(v == std::vector<float>(4, 1.0f));  // refused before anything was divided
+  });
+  for (bool in_line : {false, true}) {
+    CAPTURE(in_line);
+    process_group_options opts;
+    opts.inline_collectives = in_line;
+    opts.timeout = 2s;
+    // Folded into the reduction, a divisor that differs between ranks would divide half the
+    // elements only: the ranks compare it as they compare the sizes.
+    CHECK_THROWS_WITH(run_local(2, [](local_group& g) {
+                        std::vector<float> v(4, 1.0f);
+                        if (g.rank() == 0) g.all_reduce_divided(tensor_view<float>(v), 2.0).wait();
+                        else g.all_reduce(tensor_view<float>(v)).wait();
+                      }, opts),
+                      Catch::Contains("divided by 2") && Catch::Contains("(every rank must issue the same"));
+  }
 }
 
 TEST_CASE("local: checking mode reports a different collective on another rank", "[comm][local][errors]") {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <mutex>
 #include <span>
 #include <vector>
@@ -234,6 +235,34 @@ TEST_CASE("ddp: a user-supplied hook sees every bucket in order and its result i
   for (std::size_t i = 0; i < seen.size(); ++i) CHECK(seen[i] < 4);
   CHECK_THROWS_AS(grad_bucket(0, raw_tensor{nullptr, 0, dtype::float32, false}, {}, 1).buffer_as<double>(),
                   invalid_argument_error);
+}
+
+TEST_CASE("ddp: a bucket of a communicator without all_reduce_divided divides, then sums", "[parallel][ddp][hooks]") {
+  // What a user's communicator (no process_group) gets: the division in the bucket, then its sum.
+  std::vector<float> v{1.0f, 2.0f, 6.0f, -3.0f};
+  std::vector<float> seen;
+  grad_bucket b(0, raw_tensor{v.data(), v.size(), dtype::float32, false}, [&](raw_tensor t) {
+    const auto* p = static_cast<const float*>(t.data);
+    seen.assign(p, p + t.count);
+    return work::completed();
+  }, 2);
+  b.all_reduce_divided(b.buffer(), 3.0).wait();
+  CHECK(seen == std::vector<float>{1.0f / 3.0f, 2.0f / 3.0f, 2.0f, -1.0f});
+  std::vector<std::int32_t> ints(2);
+  CHECK_THROWS_WITH(b.all_reduce_divided(raw_tensor{ints.data(), 2, dtype::int32, false}, 2.0),
+                    Catch::Contains("float32 or float64") && Catch::Contains("int32"));
+  CHECK_THROWS_WITH(b.all_reduce_divided(raw_tensor{v.data(), v.size(), dtype::float32, true}, 2.0),
+                    Catch::Contains("host memory"));
+  // With a process_group's all_reduce_divided, the bucket hands the division over.
+  std::vector<double> got(2);
+  run_local(2, [&](local_group& g) {
+    std::vector<double> mine{3.0, 1.0};
+    grad_bucket gb(0, raw_tensor{mine.data(), 2, dtype::float64, false}, detail::ddp::make_all_reduce_fn(g), 2,
+                   detail::ddp::make_all_reduce_divided_fn(g));
+    gb.all_reduce_divided(gb.buffer(), 3.0).wait();
+    if (g.rank() == 0) got = mine;
+  });
+  CHECK(got == std::vector<double>{3.0 / 3.0 + 3.0 / 3.0, 1.0 / 3.0 + 1.0 / 3.0});
 }
 
 TEST_CASE("ddp: clip_grad_norm gives the same norm and gradients on every rank", "[parallel][ddp][clip]") {

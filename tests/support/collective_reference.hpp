@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <type_traits>
 #include <vector>
 
 namespace partrain::testing {
@@ -98,6 +99,28 @@ int collective_failures(process_group& g, std::size_t n) {
     g.reduce_scatter(tensor_view<T>(in), tensor_view<T>(out), op).wait();
     for (std::size_t i = 0; i < n; ++i) {
       expect(close(out[i], reference_reduce<T>(world, static_cast<std::size_t>(r) * n + i, op)));
+    }
+  }
+  // all_reduce_divided: the bits of dividing each rank's input (a true division here), then
+  // summing with the same backend, for a divisor whose division is a multiplication (the world
+  // size when a power of two, 0.5) and for 3, whose is not.
+  constexpr bool floating = std::is_floating_point_v<T> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
+  for (double d : {static_cast<double>(world), 3.0, 0.5}) {
+    if constexpr (!floating) break;
+    auto v = make_input<T>(r, n);
+    g.all_reduce_divided(tensor_view<T>(v), d).wait();
+    auto w = make_input<T>(r, n);
+    for (auto& x : w) {
+      if constexpr (std::is_same_v<T, double>) {
+        x = x / d;
+      } else {
+        x = T(static_cast<float>(x) / static_cast<float>(d));
+      }
+    }
+    g.all_reduce(tensor_view<T>(w), reduce_op::sum).wait();
+    expect(v == w);
+    for (std::size_t i = 0; i < n; ++i) {
+      expect(close(v[i], T(static_cast<float>(reference_reduce<T>(world, i, reduce_op::sum)) / static_cast<float>(d))));
     }
   }
   g.barrier().wait();

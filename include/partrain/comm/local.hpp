@@ -47,6 +47,7 @@ class world_state {
     reduce_op op = reduce_op::sum;
     int root = -1;
     collective kind = collective::barrier;
+    double divisor = 0;  // all_reduce_divided's; 0 for every other call
   };
 
   world_state(int n, std::chrono::milliseconds timeout)
@@ -196,16 +197,22 @@ class world_state {
 
 // Reduces elements [first, last) of every rank's `in` (in rank order, so every run and every
 // rank sees the same rounding) into each of outs (each receives element `first` at its start),
-// a block at a time so the accumulator stays in cache.
+// a block at a time so the accumulator stays in cache. divisor > 0: a sum of each input divided
+// by it (all_reduce_divided), the division done in the same pass.
 inline void reduce_ranks_into(world_state& w, std::span<void* const> outs, std::size_t first,
-                              std::size_t last, dtype t, reduce_op op) {
+                              std::size_t last, dtype t, reduce_op op, double divisor = 0) {
   constexpr std::size_t block = 4096;
   alignas(64) std::byte acc[block * 8];
   const std::size_t es = size_of(t);
   for (std::size_t b = first; b < last; b += block) {
     const std::size_t n = std::min(block, last - b);
-    std::memcpy(acc, static_cast<const std::byte*>(w.at(0).in) + b * es, n * es);
-    for (int q = 1; q < w.size(); ++q) host_reduce(acc, static_cast<const std::byte*>(w.at(q).in) + b * es, n, t, op);
+    auto in = [&](int q) { return static_cast<const std::byte*>(w.at(q).in) + b * es; };
+    if (divisor > 0) {
+      for (int q = 0; q < w.size(); ++q) host_add_divided(acc, in(q), n, t, divisor, q == 0);
+    } else {
+      std::memcpy(acc, in(0), n * es);
+      for (int q = 1; q < w.size(); ++q) host_reduce(acc, in(q), n, t, op);
+    }
     if (op == reduce_op::avg) host_divide(acc, n, t, w.size());
     for (void* out : outs) std::memcpy(static_cast<std::byte*>(out) + (b - first) * es, acc, n * es);
   }
@@ -224,16 +231,10 @@ class local_group final : public process_group {
   void abort(const std::string& why, int origin = -1) { world_->abort(why, origin); }
 
  protected:
-  work do_all_reduce(raw_tensor t, reduce_op op) override {
-    return run(collective::all_reduce, t.data, t.data, t, -1, op, [this, t, op](detail::local::world_state& w) {
-      // Rank r reduces chunk r of every input and writes the result into chunk r of every
-      // rank's buffer: one pass, no second copy phase. Safe because nobody else reads or
-      // writes chunk r, and each block is read from all ranks before it is overwritten.
-      const auto [lo, hi] = chunk(t.count, rank());
-      std::vector<void*> outs;
-      for (int q = 0; q < size(); ++q) outs.push_back(static_cast<std::byte*>(w.at(q).out) + lo * size_of(t.type));
-      detail::local::reduce_ranks_into(w, outs, lo, hi, t.type, op);
-    });
+  work do_all_reduce(raw_tensor t, reduce_op op) override { return all_reduce_chunks(t, op, 0); }
+  // The division folded into the reduction: each block of every input is divided as it is added.
+  work do_all_reduce_divided(raw_tensor t, double divisor) override {
+    return all_reduce_chunks(t, reduce_op::sum, divisor);
   }
   work do_broadcast(raw_tensor t, int root) override {
     return run(collective::broadcast, t.data, t.data, t, root, reduce_op::sum, [this, t, root](detail::local::world_state& w) {
@@ -282,6 +283,18 @@ class local_group final : public process_group {
   }
 
  private:
+  work all_reduce_chunks(raw_tensor t, reduce_op op, double divisor) {
+    return run(collective::all_reduce, t.data, t.data, t, -1, op, [this, t, op, divisor](detail::local::world_state& w) {
+      // Rank r reduces chunk r of every input and writes the result into chunk r of every
+      // rank's buffer: one pass, no second copy phase. Safe because nobody else reads or
+      // writes chunk r, and each block is read from all ranks before it is overwritten.
+      const auto [lo, hi] = chunk(t.count, rank());
+      std::vector<void*> outs;
+      for (int q = 0; q < size(); ++q) outs.push_back(static_cast<std::byte*>(w.at(q).out) + lo * size_of(t.type));
+      detail::local::reduce_ranks_into(w, outs, lo, hi, t.type, op, divisor);
+    }, false, divisor);
+  }
+
   [[nodiscard]] std::pair<std::size_t, std::size_t> chunk(std::size_t n, int r) const noexcept {
     const auto p = static_cast<std::size_t>(size());
     const auto q = static_cast<std::size_t>(r);
@@ -292,10 +305,10 @@ class local_group final : public process_group {
   // (nobody may reuse a buffer a peer still reads).
   template <class Body>
   work run(collective c, const void* in, void* out, raw_tensor t, int root, reduce_op op, Body body,
-           bool root_only_phase = false) {
-    auto meet = [this, c, in, out, t, root, op, body, root_only_phase] {
+           bool root_only_phase = false, double divisor = 0) {
+    auto meet = [this, c, in, out, t, root, op, body, root_only_phase, divisor] {
       auto& w = *world_;
-      w.at(rank()) = {in, out, t.count, t.type, op, root, c};
+      w.at(rank()) = {in, out, t.count, t.type, op, root, c, divisor};
       w.arrive_and_wait(rank(), c, "enter");
       check_matching(w, c);
       body(w);
@@ -316,11 +329,12 @@ class local_group final : public process_group {
     const auto& me = w.at(rank());
     for (int q = 0; q < size(); ++q) {
       const auto& o = w.at(q);
-      if (o.kind != me.kind || o.count != me.count || o.type != me.type || o.root != me.root || o.op != me.op) {
+      if (o.kind != me.kind || o.count != me.count || o.type != me.type || o.root != me.root || o.op != me.op ||
+          o.divisor != me.divisor) {
         auto describe = [](const detail::local::world_state::slot& s) {
           return std::string(to_string(s.kind)) + "(" + std::string(to_string(s.type)) + " x " +
                  std::to_string(s.count) + ", root " + std::to_string(s.root) + ", op " +
-                 std::string(to_string(s.op)) + ")";
+                 std::string(to_string(s.op)) + (s.divisor > 0 ? ", divided by " + std::to_string(s.divisor) : "") + ")";
         };
         throw communication_error(where(c) + ": rank " + std::to_string(rank()) + " called " + describe(me) +
                                   " but rank " + std::to_string(q) + " called " + describe(o) +

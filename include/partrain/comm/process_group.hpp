@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include <partrain/comm/detail/host_reduce.hpp>
 #include <partrain/comm/reduce_op.hpp>
 #include <partrain/core/device.hpp>
 #include <partrain/core/dtype.hpp>
@@ -163,6 +165,30 @@ class process_group {
     count(collective::all_reduce, t.bytes());
     return do_all_reduce(t, op);
   }
+  // Each rank's elements divided by `divisor`, then summed over the ranks, in place: what DDP's
+  // built-in hook does to a bucket (PyTorch's PREMUL_SUM, dividing where it multiplies by
+  // 1/divisor, so any divisor gives the division's bits). Floating-point elements in host
+  // memory. The result is bit for bit that of dividing each rank's buffer, then all_reduce(sum);
+  // a backend may fold the division into its reduction (local does: one pass fewer).
+  [[nodiscard]] work all_reduce_divided(raw_tensor t, double divisor) {
+    check_space(collective::all_reduce, t.on_cuda);
+    if (t.on_cuda || !detail::is_floating(t.type)) {
+      throw invalid_argument_error(where(collective::all_reduce) + ": all_reduce_divided takes floating-point elements "
+                                   "in host memory, got " + std::string(to_string(t.type)) + " in " +
+                                   (t.on_cuda ? "CUDA" : "host") + " memory");
+    }
+    if (!(divisor > 0) || !std::isfinite(divisor)) {
+      throw invalid_argument_error(where(collective::all_reduce) + ": all_reduce_divided needs a finite divisor > 0, got " +
+                                   std::to_string(divisor));
+    }
+    if (opts_.check_collectives) check_across_ranks(collective::all_reduce, t.type, t.count, -1, reduce_op::sum);
+    count(collective::all_reduce, t.bytes());
+    return do_all_reduce_divided(t, divisor);
+  }
+  template <element_type T>
+  [[nodiscard]] work all_reduce_divided(tensor_view<T> t, double divisor) {
+    return all_reduce_divided(erase(t), divisor);
+  }
   template <element_type T, memory_space S>
   [[nodiscard]] work broadcast(tensor_view<T, S> t, int root = 0) {
     auto r = prepare(collective::broadcast, t, root, reduce_op::sum);
@@ -284,6 +310,12 @@ class process_group {
                         " backend cannot split groups yet (expected local, gloo or mpi)");
   }
   virtual work do_all_reduce(raw_tensor t, reduce_op op) = 0;
+  // all_reduce_divided's arguments are checked. The default divides on the calling thread, then
+  // sums through do_all_reduce.
+  virtual work do_all_reduce_divided(raw_tensor t, double divisor) {
+    detail::host_add_divided(t.data, t.data, t.count, t.type, divisor, true);
+    return do_all_reduce(t, reduce_op::sum);
+  }
   virtual work do_broadcast(raw_tensor t, int root) = 0;
   virtual work do_reduce(raw_tensor t, int root, reduce_op op) = 0;
   virtual work do_all_gather(raw_tensor in, raw_tensor out) = 0;

@@ -41,9 +41,13 @@ namespace partrain::inline v0 {
 class grad_bucket {
  public:
   using all_reduce_fn = std::function<work(raw_tensor)>;
+  // The communicator's all_reduce_divided (process_group's), where it has one.
+  using all_reduce_divided_fn = std::function<work(raw_tensor, double)>;
 
-  grad_bucket(std::size_t index, raw_tensor buffer, all_reduce_fn all_reduce, int world_size)
-      : index_(index), buffer_(buffer), all_reduce_(std::move(all_reduce)), world_size_(world_size) {}
+  grad_bucket(std::size_t index, raw_tensor buffer, all_reduce_fn all_reduce, int world_size,
+              all_reduce_divided_fn all_reduce_divided = {})
+      : index_(index), buffer_(buffer), all_reduce_(std::move(all_reduce)),
+        all_reduce_divided_(std::move(all_reduce_divided)), world_size_(world_size) {}
 
   [[nodiscard]] std::size_t index() const noexcept { return index_; }
   [[nodiscard]] raw_tensor buffer() const noexcept { return buffer_; }
@@ -84,6 +88,27 @@ class grad_bucket {
     return all_reduce_(erase(t));
   }
   [[nodiscard]] work all_reduce(raw_tensor t) const { return all_reduce_(t); }
+  // A host float or double buffer divided by `divisor`, then all_reduced (sum): in one call
+  // where the communicator folds the division into its reduction (process_group's
+  // all_reduce_divided), else the division here first. The same bits either way.
+  [[nodiscard]] work all_reduce_divided(raw_tensor t, double divisor) const {
+    if (t.on_cuda) {
+      throw invalid_argument_error("grad_bucket " + std::to_string(index_) + ": all_reduce_divided takes host memory "
+                                   "(a CUDA bucket is divided on its stream, then all_reduced)");
+    }
+    if (all_reduce_divided_) return all_reduce_divided_(t, divisor);
+    if (divisor != 1.0) {
+      visit_dtype(t.type, [&]<class T>(std::type_identity<T>) {
+        if constexpr (std::same_as<T, float> || std::same_as<T, double>) {
+          detail::ddp::divide_elements(detail::host_exec{}, t.count, static_cast<T*>(t.data), static_cast<T>(divisor));
+        } else {
+          throw invalid_argument_error("grad_bucket " + std::to_string(index_) + ": all_reduce_divided takes float32 or "
+                                       "float64, got " + std::string(to_string(t.type)));
+        }
+      });
+    }
+    return all_reduce_(t);
+  }
 
   void set_divisor(double d) noexcept { divisor_ = d; }
   // DDP points the built-in hook's bucket at the model's own gradients when they lie back to back.
@@ -97,6 +122,7 @@ class grad_bucket {
   std::size_t index_;
   raw_tensor buffer_;
   all_reduce_fn all_reduce_;
+  all_reduce_divided_fn all_reduce_divided_;
   int world_size_;
   double divisor_ = 1;
   int cuda_device_ = -1;
@@ -211,14 +237,11 @@ namespace comm_hooks {
       detail::ddp::needs_nvcc(b, "allreduce");
 #endif
     }
-    if (b.divisor() != 1.0) {
-      detail::ddp::visit_float_bucket(b, [&b](auto buf) {
-        using T = typename decltype(buf)::value_type;
-        detail::ddp::divide_elements(detail::host_exec{}, buf.size(), buf.data(), static_cast<T>(b.divisor()));
-        return 0;
-      });
-    }
-    return detail::ddp::visit_float_bucket(b, [&b](auto buf) { return b.all_reduce(buf); });
+    // Host: one call, so a backend that can fold the division into its reduction does (local).
+    return detail::ddp::visit_float_bucket(b, [&b](auto buf) {
+      if (b.divisor() == 1.0) return b.all_reduce(buf);
+      return b.all_reduce_divided(erase(buf), b.divisor());
+    });
   };
 }
 

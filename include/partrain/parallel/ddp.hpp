@@ -114,7 +114,8 @@ class distributed_data_parallel {
     reducer_ = std::make_unique<detail::ddp::reducer<T, S>>(std::move(numels), opts_.first_bucket_bytes,
                                                     opts_.bucket_cap_bytes, opts_.hook,
                                                     detail::ddp::make_all_reduce_fn(comm), comm.rank(), comm.size(), stats_,
-                                                    device_placement(), opts_.on_bucket_launch, plain_hook_);
+                                                    device_placement(), opts_.on_bucket_launch, plain_hook_,
+                                                    detail::ddp::make_all_reduce_divided_fn(comm));
     reducer_->set_param_shapes(shapes);
   }
   distributed_data_parallel(const distributed_data_parallel&) = delete;

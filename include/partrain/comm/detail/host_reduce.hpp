@@ -55,6 +55,46 @@ inline void divide_typed(T* data, std::size_t n, int divisor) noexcept {
   }
 }
 
+// dst[i] = src[i] / divisor (`first`), or dst[i] + src[i] / divisor: a rank's share of a sum of
+// divided inputs added in rank order, with the bits of dividing every input in place, then
+// summing (16-bit types: each quotient rounded to the type, the sum in float and rounded, as
+// divide_typed and reduce_typed do). The division is a multiplication where that gives its bits.
+template <class T>
+inline void add_divided_typed(T* dst, const T* src, std::size_t n, double divisor, bool first) noexcept {
+  constexpr bool narrow = std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
+  static_assert(narrow || std::is_floating_point_v<T>, "add_divided_typed: floating-point elements only");
+  using F = std::conditional_t<narrow, float, T>;
+  const F d = static_cast<F>(divisor);
+  auto run = [&](auto divide) {
+    if (first) {
+      for (std::size_t i = 0; i < n; ++i) dst[i] = T(divide(static_cast<F>(src[i])));
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        dst[i] = T(static_cast<F>(dst[i]) + static_cast<F>(T(divide(static_cast<F>(src[i])))));
+      }
+    }
+  };
+  if (const auto r = exact_reciprocal(d)) {
+    const F s = *r;
+    run([s](F x) { return x * s; });
+  } else {
+    run([d](F x) { return x / d; });
+  }
+}
+
+[[nodiscard]] constexpr bool is_floating(dtype t) noexcept {
+  return t == dtype::float32 || t == dtype::float64 || t == dtype::float16 || t == dtype::bfloat16;
+}
+
+// add_divided_typed on a dtype-tagged buffer (floating types; others are left alone: callers check).
+inline void host_add_divided(void* dst, const void* src, std::size_t n, dtype t, double divisor, bool first) {
+  visit_dtype(t, [&]<class T>(std::type_identity<T>) {
+    if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_floating_point_v<T>) {
+      add_divided_typed(static_cast<T*>(dst), static_cast<const T*>(src), n, divisor, first);
+    }
+  });
+}
+
 // dst[i] = dst[i] op src[i]
 inline void host_reduce(void* dst, const void* src, std::size_t n, dtype t, reduce_op op) {
   visit_dtype(t, [&]<class T>(std::type_identity<T>) { reduce_typed(static_cast<T*>(dst), static_cast<const T*>(src), n, op); });

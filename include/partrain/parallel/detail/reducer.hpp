@@ -74,6 +74,17 @@ template <class C>
   };
 }
 
+// The communicator's all_reduce_divided where it has one (process_group), else empty: the
+// bucket then divides before its all_reduce.
+template <class C>
+[[nodiscard]] grad_bucket::all_reduce_divided_fn make_all_reduce_divided_fn(C& comm) {
+  if constexpr (requires(raw_tensor t) { comm.all_reduce_divided(t, 2.0); }) {
+    return [&comm](raw_tensor t, double divisor) -> work { return comm.all_reduce_divided(t, divisor); };
+  } else {
+    return {};
+  }
+}
+
 // Device mode: the buckets live in CUDA memory on device `index` (where the parameters are), and
 // their copies and kernels are queued on the stream `stream()` returns (a cudaStream_t,
 // type-erased: the communicator's input stream, asked at each step since it may change).
@@ -101,7 +112,7 @@ class reducer {
   reducer(std::vector<std::size_t> numels, std::size_t first_bytes, std::size_t cap_bytes, comm_hook hook,
           grad_bucket::all_reduce_fn all_reduce, int rank, int world_size, ddp_stats& stats,
           device_placement placement = {}, std::function<void(const work&, std::size_t)> on_launch = {},
-          bool in_place = false)
+          bool in_place = false, grad_bucket::all_reduce_divided_fn all_reduce_divided = {})
       : numels_(std::move(numels)), hook_(std::move(hook)), on_launch_(std::move(on_launch)), rank_(rank),
         stats_(&stats), placement_(std::move(placement)), device_(placement_.index >= 0),
         in_place_capable_(in_place && std::same_as<S, host> && !device_) {
@@ -137,7 +148,7 @@ class reducer {
         off += numels_[p];
       }
       bk.own = raw_tensor{bucket_ptr(bk), bk.info.elements, dtype_of<T>, device_};
-      bk.gb = std::make_unique<grad_bucket>(b, bk.own, all_reduce, world_size);
+      bk.gb = std::make_unique<grad_bucket>(b, bk.own, all_reduce, world_size, all_reduce_divided);
     }
     refresh_stream();
     stats_->buckets = layout;
