@@ -50,6 +50,7 @@ struct options {
   bool overlap = true;             // DDP, ZeRO: start bucket all_reduces / reduce_scatters during backward
   std::string local_collectives = "inline";  // --backend local: inline (ranks' own threads, pinned) | worker
   std::size_t bucket_kb = 0;       // DDP, ZeRO: bucket size limit in KiB (0: PyTorch's 1 MiB first, 25 MiB after)
+  int prefetch = -1;               // training batches assembled ahead on a loader thread (-1: see prefetch_batches)
   std::int64_t period = 8;          // local-sgd: average the parameters every N steps
   std::int64_t warmup_steps = 0;    // local-sgd: synchronous steps first
   int ranks_per_host = 0;           // local-sgd: hierarchical, hosts of N consecutive ranks (0: flat)
@@ -80,6 +81,9 @@ inline constexpr std::string_view usage_text =
     "                            each pinned to a core when they fill the cores (default: fastest there),\n"
     "                            or on a worker thread per rank\n"
     "  --bucket-kb N             DDP and ZeRO gradient buckets of at most N KiB (default: 1 MiB first, 25 MiB after)\n"
+    "  --prefetch N              training batches assembled ahead on a loader thread, 0-64 (0: on the rank's\n"
+    "                            own thread; default 0 for a rank pinned to one CPU, where a loader thread\n"
+    "                            could only take turns with it, else 2)\n"
     "  --checkpoint DIR          save every epoch; resume from DIR when it holds a checkpoint\n"
     "  --metrics FILE            JSON lines: a step record (loss) every --log-every steps and an epoch\n"
     "                            record: epoch, step, train_loss, test_loss, test_accuracy, samples_per_s\n"
@@ -240,6 +244,11 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
     } else if (flag == "--local-collectives") {
       o.local_collectives = value();
       detail::check_choice(flag, o.local_collectives, {"inline", "worker"});
+    } else if (flag == "--prefetch") {
+      o.prefetch = detail::parse_number<int>(flag, value());
+      if (o.prefetch < 0 || o.prefetch > 64) {
+        throw usage_error(flag + ": must be between 0 and 64, got " + std::to_string(o.prefetch));
+      }
     } else if (flag == "--bucket-kb") {
       o.bucket_kb = positive(detail::parse_number<std::size_t>(flag, value()));
       // KiB to bytes must not overflow (2^54 + 1 KiB would wrap to 1 KiB buckets): at most 1 TiB.
@@ -289,6 +298,15 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
   if (o.backend == "local" && o.device == "cuda") throw usage_error("--backend local runs host ranks; use --device cpu");
   if (o.backend == "local" && o.nproc == 0) o.nproc = o.parallel == "pipeline" ? o.stages : 1;
   return o;
+}
+
+// Training batches assembled ahead (--prefetch), by default none for a thread that may run on one
+// CPU only (cpus: its affinity mask's count; a rank pinned by --local-collectives inline, or bound
+// by mpirun): a loader thread there could only take turns with it on that CPU. Measured on the
+// main job (2 pinned ranks on 2 cores): 3-4% more samples/s than with 2 batches ahead.
+[[nodiscard]] inline std::size_t prefetch_batches(const options& o, int cpus) {
+  if (o.prefetch >= 0) return static_cast<std::size_t>(o.prefetch);
+  return cpus == 1 ? 0 : 2;
 }
 
 }  // namespace example

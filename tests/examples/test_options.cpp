@@ -35,6 +35,18 @@ TEST_CASE("example options: defaults and values", "[examples][options]") {
                                                                          Catch::Contains("inline"));
 }
 
+TEST_CASE("example options: batches prefetched, none by default for a rank on one CPU", "[examples][options]") {
+  const auto d = parse_options({});
+  CHECK(example::prefetch_batches(d, 1) == 0);  // pinned: a loader thread would take turns with it
+  CHECK(example::prefetch_batches(d, 2) == 2);
+  CHECK(example::prefetch_batches(d, 0) == 2);  // mask unknown
+  CHECK(example::prefetch_batches(parse_options({"--prefetch", "3"}), 1) == 3);
+  CHECK(example::prefetch_batches(parse_options({"--prefetch", "0"}), 16) == 0);
+  CHECK_THROWS_WITH(parse_options({"--prefetch", "65"}), Catch::Contains("--prefetch: must be between 0 and 64, got 65"));
+  CHECK_THROWS_WITH(parse_options({"--prefetch", "-1"}), Catch::Contains("--prefetch"));
+  CHECK_THROWS_WITH(parse_options({"--prefetch", "two"}), Catch::Contains("'two' is not a valid"));
+}
+
 TEST_CASE("example options: timeline and bucket size", "[examples][options]") {
   const auto d = parse_options({});
   CHECK(d.trace.empty());  // off unless --trace or PARTRAIN_TRACE
