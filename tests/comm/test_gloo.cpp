@@ -76,14 +76,7 @@ void exercise_all(process_group& g, std::size_t n) {
     // The default all_reduce_divided: each input divided, then the backend's sum.
     auto v = make_input<T>(r, n);
     g.all_reduce_divided(tensor_view<T>(v), 3.0).wait();
-    auto w = make_input<T>(r, n);
-    for (auto& x : w) {
-      if constexpr (std::is_same_v<T, double>) {
-        x = x / 3.0;
-      } else {
-        x = T(static_cast<float>(x) / 3.0f);
-      }
-    }
+    auto w = partrain::testing::divided_input<T>(r, n, 3.0);
     g.all_reduce(tensor_view<T>(w), reduce_op::sum).wait();
     expect(v == w, "all_reduce_divided " + tag);
   }

@@ -28,6 +28,21 @@ std::vector<T> make_input(int rank, std::size_t n) {
   return v;
 }
 
+// make_input divided by d with a true division (in float for the 16-bit types): what
+// all_reduce_divided must give the same bits as, once summed.
+template <class T>
+std::vector<T> divided_input(int rank, std::size_t n, double d) {
+  auto v = make_input<T>(rank, n);
+  for (auto& x : v) {
+    if constexpr (std::is_same_v<T, double>) {
+      x = x / d;
+    } else {
+      x = T(static_cast<float>(x) / static_cast<float>(d));
+    }
+  }
+  return v;
+}
+
 // Reduction of element i over ranks 0..world-1, in rank order.
 template <class T>
 T reference_reduce(int world, std::size_t i, reduce_op op) {
@@ -109,14 +124,7 @@ int collective_failures(process_group& g, std::size_t n) {
     if constexpr (!floating) break;
     auto v = make_input<T>(r, n);
     g.all_reduce_divided(tensor_view<T>(v), d).wait();
-    auto w = make_input<T>(r, n);
-    for (auto& x : w) {
-      if constexpr (std::is_same_v<T, double>) {
-        x = x / d;
-      } else {
-        x = T(static_cast<float>(x) / static_cast<float>(d));
-      }
-    }
+    auto w = divided_input<T>(r, n, d);
     g.all_reduce(tensor_view<T>(w), reduce_op::sum).wait();
     expect(v == w);
     for (std::size_t i = 0; i < n; ++i) {

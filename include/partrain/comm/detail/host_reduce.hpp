@@ -15,12 +15,18 @@
 
 namespace partrain::inline v0::detail {
 
+// The element types reduced in float (16 bits) or in their own floating type.
+template <class T>
+inline constexpr bool is_16bit_float_v = std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
+template <class T>
+inline constexpr bool is_float_element_v = is_16bit_float_v<T> || std::is_floating_point_v<T>;
+
 template <class T>
 inline void reduce_typed(T* dst, const T* src, std::size_t n, reduce_op op) noexcept {
   auto apply = [&](auto f) {
     for (std::size_t i = 0; i < n; ++i) dst[i] = f(dst[i], src[i]);
   };
-  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
+  if constexpr (is_16bit_float_v<T>) {
     auto wrap = [](auto g) { return [g](T a, T b) { return T(g(float(a), float(b))); }; };
     switch (op) {
       case reduce_op::sum: case reduce_op::avg: apply(wrap([](float a, float b) { return a + b; })); break;
@@ -38,32 +44,14 @@ inline void reduce_typed(T* dst, const T* src, std::size_t n, reduce_op op) noex
   }
 }
 
-template <class T>
-inline void divide_typed(T* data, std::size_t n, int divisor) noexcept {
-  constexpr bool narrow = std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
-  if constexpr (narrow || std::is_floating_point_v<T>) {
-    // In float for 16-bit types; by a multiplication when it gives the division's bits.
-    using F = std::conditional_t<narrow, float, T>;
-    if (const auto r = exact_reciprocal(static_cast<F>(divisor))) {
-      const F s = *r;
-      for (std::size_t i = 0; i < n; ++i) data[i] = T(static_cast<F>(data[i]) * s);
-      return;
-    }
-    for (std::size_t i = 0; i < n; ++i) data[i] = T(static_cast<F>(data[i]) / static_cast<F>(divisor));
-  } else {
-    for (std::size_t i = 0; i < n; ++i) data[i] = static_cast<T>(data[i] / static_cast<T>(divisor));
-  }
-}
-
 // dst[i] = src[i] / divisor (`first`), or dst[i] + src[i] / divisor: a rank's share of a sum of
 // divided inputs added in rank order, with the bits of dividing every input in place, then
 // summing (16-bit types: each quotient rounded to the type, the sum in float and rounded, as
 // divide_typed and reduce_typed do). The division is a multiplication where that gives its bits.
 template <class T>
 inline void add_divided_typed(T* dst, const T* src, std::size_t n, double divisor, bool first) noexcept {
-  constexpr bool narrow = std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
-  static_assert(narrow || std::is_floating_point_v<T>, "add_divided_typed: floating-point elements only");
-  using F = std::conditional_t<narrow, float, T>;
+  static_assert(is_float_element_v<T>, "add_divided_typed: floating-point elements only");
+  using F = std::conditional_t<is_16bit_float_v<T>, float, T>;
   const F d = static_cast<F>(divisor);
   auto run = [&](auto divide) {
     if (first) {
@@ -82,6 +70,16 @@ inline void add_divided_typed(T* dst, const T* src, std::size_t n, double diviso
   }
 }
 
+// data[i] /= divisor: floating types as add_divided_typed divides them, integers by integer division.
+template <class T>
+inline void divide_typed(T* data, std::size_t n, int divisor) noexcept {
+  if constexpr (is_float_element_v<T>) {
+    add_divided_typed(data, data, n, static_cast<double>(divisor), true);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) data[i] = static_cast<T>(data[i] / static_cast<T>(divisor));
+  }
+}
+
 [[nodiscard]] constexpr bool is_floating(dtype t) noexcept {
   return t == dtype::float32 || t == dtype::float64 || t == dtype::float16 || t == dtype::bfloat16;
 }
@@ -89,7 +87,7 @@ inline void add_divided_typed(T* dst, const T* src, std::size_t n, double diviso
 // add_divided_typed on a dtype-tagged buffer (floating types; others are left alone: callers check).
 inline void host_add_divided(void* dst, const void* src, std::size_t n, dtype t, double divisor, bool first) {
   visit_dtype(t, [&]<class T>(std::type_identity<T>) {
-    if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_floating_point_v<T>) {
+    if constexpr (is_float_element_v<T>) {
       add_divided_typed(static_cast<T*>(dst), static_cast<const T*>(src), n, divisor, first);
     }
   });
