@@ -3,8 +3,9 @@
 // over loopback) next to the same calls made on Gloo directly, a single-thread memcpy of the same
 // bytes, the mpi backend (2 processes under mpirun, shared memory) next to the same calls made on
 // MPI directly, and NCCL over the visible GPUs when there are any. Wrapper and raw engine are timed
-// call by call in alternation (up to 101 pairs per size) and each row reports the median call, so
-// that a slow moment (another process on the core) does not decide a ratio.
+// call by call in pairs (11 to 101 per size; Gloo's raw calls on the wrapper's own context): each
+// row reports the median call of each and the median pair's ratio, so that a slow moment (another
+// process on the core) does not decide a ratio.
 //
 //   size S = bytes of the whole buffer (for all_gather/reduce_scatter: count per rank x ranks)
 //   algbw = S / t;  busbw = algbw x {all_reduce 2(n-1)/n, all_gather/reduce_scatter (n-1)/n, broadcast 1}
@@ -106,35 +107,39 @@ double time_calls(const plan& p, std::size_t bytes, F&& f) {
   return std::chrono::duration<double>(clk::now() - t0).count() / n;
 }
 
-// Median seconds per call of a (our wrapper) and of b (the engine called directly), timed call
-// by call in alternation (a, b, a, b, ...; every rank runs the same calls). Loopback TCP on a
-// small VM swings by 2-3x from one millisecond to the next, so rounds of several calls (7 rounds
-// of 8 calls at 1 MiB, as before) gave wrapper/raw ratios from 0.3 to 1.3 between two runs of
-// the same binaries; alternating single calls puts both under the same conditions, and many of
-// them (up to 101, about 64 MiB moved per side) make the median stable.
+// One row of a wrapper-against-raw table: seconds per call of our wrapper (a) and of the engine
+// called directly (b), and each pair's b/a ratio (= wrapper/raw busbw).
+struct row_samples {
+  std::vector<double> ta, tb, ratio;
+};
+
+// Times `pairs` pairs of calls into `s`, every rank running the same calls, the order inside a
+// pair alternating (a b, b a, ...) so neither side always goes first after the other. Loopback
+// TCP on a small VM swings by 2-3x from one millisecond to the next, so rounds of several calls
+// (7 rounds of 8 calls at 1 MiB, as before) gave wrapper/raw ratios from 0.3 to 1.3 between two
+// runs of the same binaries; adjacent calls share their conditions, so each pair gives a ratio.
 template <class A, class B>
-std::pair<double, double> time_pair(const plan& p, std::size_t bytes, A&& a, B&& b) {
-  if (p.quick) return {time_calls(p, bytes, a), time_calls(p, bytes, b)};
-  if (p.warmup(bytes)) {
-    a();
-    b();
-  }
-  const int pairs = static_cast<int>(std::clamp<std::size_t>((64u << 20) / bytes, 5, 101));
-  std::vector<double> ta, tb;
+void time_pairs(int pairs, row_samples& s, A&& a, B&& b) {
   const auto once = [](auto& f) {
     const auto t0 = clk::now();
     f();
     return std::chrono::duration<double>(clk::now() - t0).count();
   };
   for (int i = 0; i < pairs; ++i) {
-    ta.push_back(once(a));
-    tb.push_back(once(b));
+    if (i % 2 == 0) {
+      s.ta.push_back(once(a));
+      s.tb.push_back(once(b));
+    } else {
+      s.tb.push_back(once(b));
+      s.ta.push_back(once(a));
+    }
+    s.ratio.push_back(s.tb.back() / s.ta.back());
   }
-  const auto median = [](std::vector<double>& t) {
-    std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
-    return t[t.size() / 2];
-  };
-  return {median(ta), median(tb)};
+}
+
+double median_of(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
 }
 
 double gbps(std::size_t bytes, double seconds) { return static_cast<double>(bytes) / seconds / 1e9; }
@@ -170,6 +175,63 @@ void run_op(G& g, op_kind k, buffers& buf) {
     case op_kind::reduce_scatter: g.reduce_scatter(tensor_view<float>(buf.a), tensor_view<float>(buf.b)).wait(); break;
     case op_kind::broadcast: g.broadcast(tensor_view<float>(buf.a), 0).wait(); break;
   }
+}
+
+// What a wrapper-against-raw sweep found (rank 0's view; -1 where nothing ran).
+struct engine_result {
+  double worst_vs_raw = -1;   // the lowest row's wrapper/raw busbw ratio at sizes >= 1 MiB
+  double median_vs_raw = -1;  // the median row's at those sizes: the rows' centre, where the
+                              // lowest also carries the rows' noise (a few % each on this VM)
+  double all_reduce_1mib_busbw = -1;
+};
+
+// Every op at every size, our wrapper against the engine called directly, on `n` ranks (all run
+// it; rank 0 prints the table under `label`). The pairs of a row (11 to 101, about 1 GiB moved
+// per side) are spread over 3 sweeps of the whole table, so a slow stretch of the machine (a
+// thread placed badly for a while) lands on a few pairs of many rows, not on all pairs of one:
+// with one sweep, the same 1 MiB row at 101 pairs gave 0.87 in one run and 0.98 in the next.
+// Each row reports the median call of each side and the median pair's ratio.
+template <class Barrier, class Wrapper, class Raw>
+engine_result sweep_against_raw(const plan& p, const char* label, int rank, int n, Barrier&& barrier, Wrapper&& wrapper,
+                                Raw&& raw) {
+  std::map<std::pair<int, std::size_t>, row_samples> rows;
+  const int sweeps = p.quick ? 1 : 3;
+  for (int sweep = 0; sweep < sweeps; ++sweep) {
+    for (auto k : all_ops) {
+      for (auto bytes : p.sizes) {
+        buffers buf(k, bytes, n, rank);
+        barrier();
+        auto a = [&] { wrapper(k, buf); };
+        auto b = [&] { raw(k, buf); };
+        if (sweep == 0 && p.warmup(bytes)) {
+          a();
+          b();
+        }
+        const int pairs = p.quick ? 1 : static_cast<int>(std::clamp<std::size_t>((1u << 30) / bytes, 11, 101));
+        time_pairs((pairs + sweeps - 1) / sweeps, rows[{static_cast<int>(k), bytes}], a, b);
+      }
+    }
+  }
+  engine_result res;
+  if (rank != 0) return res;
+  std::vector<double> ratios;  // rows >= 1 MiB
+  for (auto k : all_ops) {
+    for (auto bytes : p.sizes) {
+      auto& row = rows[{static_cast<int>(k), bytes}];
+      const double tw = median_of(row.ta), tr = median_of(row.tb), ratio = median_of(row.ratio);
+      const double f = bus_factor(k, n), bw = gbps(bytes, tw) * f, rbw = gbps(bytes, tr) * f;
+      std::printf("%-10s %-15s %10s %12.1f %10.3f %10.3f %12.1f %10.3f %8.3f\n", label, name(k), human(bytes).c_str(),
+                  tw * 1e6, gbps(bytes, tw), bw, tr * 1e6, rbw, ratio);
+      if (bytes >= (1u << 20)) ratios.push_back(ratio);
+      if (k == op_kind::all_reduce && bytes == (1u << 20)) res.all_reduce_1mib_busbw = bw;
+    }
+  }
+  std::fflush(stdout);
+  if (!ratios.empty()) {
+    res.worst_vs_raw = *std::min_element(ratios.begin(), ratios.end());
+    res.median_vs_raw = median_of(ratios);
+  }
+  return res;
 }
 
 // ---- memcpy -------------------------------------------------------------------------------
@@ -210,7 +272,7 @@ std::map<std::pair<int, std::size_t>, double> bench_local(const plan& p) {
 
 // ---- gloo ----------------------------------------------------------------------------------
 #if defined(PARTRAIN_WITH_GLOO)
-// The same operation issued on Gloo directly, on a context built the same way.
+// The same operation issued on Gloo directly (on the wrapper's context: see bench_gloo).
 void raw_gloo(const std::shared_ptr<gloo::Context>& ctx, op_kind k, buffers& buf, std::chrono::milliseconds timeout) {
   switch (k) {
     case op_kind::all_reduce: {
@@ -248,10 +310,6 @@ void raw_gloo(const std::shared_ptr<gloo::Context>& ctx, op_kind k, buffers& buf
   }
 }
 
-struct engine_result {
-  double worst_vs_raw = -1;  // lowest wrapper/raw busbw ratio at sizes >= 1 MiB (-1: none ran)
-  double all_reduce_1mib_busbw = -1;
-};
 
 engine_result bench_gloo(const plan& p) {
   std::printf("\ngloo (2 processes, loopback TCP): partrain wrapper vs the same call on Gloo directly\n");
@@ -274,24 +332,18 @@ engine_result bench_gloo(const plan& p) {
         gloo_options gopts;
         gopts.prefix = "wrapper/";
         gloo_group g(st, r, world, opts, gopts);
-        auto raw = detail::gloo::connect(st, "raw/", r, world, timeout, detail::gloo::device_attr("", ""));
-        double worst = -1, ar_1mib = -1;
-        for (auto k : all_ops) {
-          for (auto bytes : p.sizes) {
-            buffers buf(k, bytes, world, r);
-            g.barrier().wait();
-            const auto [tw, tr] = time_pair(p, bytes, [&] { run_op(g, k, buf); }, [&] { raw_gloo(raw, k, buf, timeout); });
-            if (r == 0) {
-              if (k == op_kind::all_reduce && bytes == (1u << 20)) ar_1mib = gbps(bytes, tw) * bus_factor(k, world);
-              const double f = bus_factor(k, world), bw = gbps(bytes, tw) * f, rbw = gbps(bytes, tr) * f;
-              std::printf("%-10s %-15s %10s %12.1f %10.3f %10.3f %12.1f %10.3f %8.3f\n", "gloo", name(k),
-                          human(bytes).c_str(), tw * 1e6, gbps(bytes, tw), bw, tr * 1e6, rbw, bw / rbw);
-              std::fflush(stdout);
-              if (bytes >= (1u << 20)) worst = worst < 0 ? bw / rbw : std::min(worst, bw / rbw);
-            }
-          }
+        // The raw calls run on the wrapper's own context (its connections and Gloo's loop thread),
+        // between two of the wrapper's calls, so a ratio measures the wrapper and nothing else:
+        // two contexts over loopback can each settle in a fast or a slow mode (~0.7 or ~2.9 ms
+        // at 1 MiB), which made the ratio of two contexts range from 0.28 to 1.2 between runs.
+        const auto& raw = g.context();
+        const auto res = sweep_against_raw(
+            p, "gloo", r, world, [&] { g.barrier().wait(); }, [&](op_kind k, buffers& buf) { run_op(g, k, buf); },
+            [&](op_kind k, buffers& buf) { raw_gloo(raw, k, buf, timeout); });
+        if (r == 0) {
+          std::ofstream(result_file) << res.worst_vs_raw << " " << res.median_vs_raw << " " << res.all_reduce_1mib_busbw
+                                     << "\n";
         }
-        if (r == 0) std::ofstream(result_file) << worst << " " << ar_1mib << "\n";
       } catch (const std::exception& e) {
         std::fprintf(stderr, "gloo rank %d failed: %s\n", r, e.what());
         code = 1;
@@ -307,7 +359,7 @@ engine_result bench_gloo(const plan& p) {
     ok = ok && WIFEXITED(st) && WEXITSTATUS(st) == 0;
   }
   engine_result res;
-  if (ok) std::ifstream(result_file) >> res.worst_vs_raw >> res.all_reduce_1mib_busbw;
+  if (ok) std::ifstream(result_file) >> res.worst_vs_raw >> res.median_vs_raw >> res.all_reduce_1mib_busbw;
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   return res;
@@ -333,7 +385,7 @@ void raw_mpi(MPI_Comm comm, op_kind k, buffers& buf) {
 }
 
 // One rank of the mpi part (this program under mpirun): rank 0 prints the rows and, last, a
-// line `mpi-result <worst wrapper/raw ratio >= 1 MiB> <all_reduce busbw at 1 MiB>`.
+// line `mpi-result <lowest wrapper/raw ratio >= 1 MiB> <median one> <all_reduce busbw at 1 MiB>`.
 int mpi_rank(const plan& p) {
   mpi_group g(process_group_options{.timeout = std::chrono::milliseconds(120'000)});
   MPI_Comm raw = MPI_COMM_NULL;
@@ -342,27 +394,16 @@ int mpi_rank(const plan& p) {
     MPI_Comm_dup(MPI_COMM_WORLD, &raw);
   }
   const int n = g.size();
-  double worst = -1, ar_1mib = -1;
-  for (auto k : all_ops) {
-    for (auto bytes : p.sizes) {
-      buffers buf(k, bytes, n, g.rank());
-      g.barrier().wait();
-      // The raw calls run on this thread while the group's progress thread sleeps (nothing pending).
-      const auto [tw, tr] = time_pair(p, bytes, [&] { run_op(g, k, buf); }, [&] {
+  // The raw calls run on this thread while the group's progress thread sleeps (nothing pending).
+  const auto res = sweep_against_raw(
+      p, "mpi", g.rank(), n, [&] { g.barrier().wait(); }, [&](op_kind k, buffers& buf) { run_op(g, k, buf); },
+      [&](op_kind k, buffers& buf) {
         std::lock_guard lock(detail::mpi::runtime::instance().mutex());
         raw_mpi(raw, k, buf);
       });
-      if (g.rank() == 0) {
-        const double f = bus_factor(k, n), bw = gbps(bytes, tw) * f, rbw = gbps(bytes, tr) * f;
-        std::printf("%-10s %-15s %10s %12.1f %10.3f %10.3f %12.1f %10.3f %8.3f\n", "mpi", name(k), human(bytes).c_str(),
-                    tw * 1e6, gbps(bytes, tw), bw, tr * 1e6, rbw, bw / rbw);
-        std::fflush(stdout);
-        if (bytes >= (1u << 20)) worst = worst < 0 ? bw / rbw : std::min(worst, bw / rbw);
-        if (k == op_kind::all_reduce && bytes == (1u << 20)) ar_1mib = bw;
-      }
-    }
+  if (g.rank() == 0) {
+    std::printf("mpi-result %.6f %.6f %.6f\n", res.worst_vs_raw, res.median_vs_raw, res.all_reduce_1mib_busbw);
   }
-  if (g.rank() == 0) std::printf("mpi-result %.6f %.6f\n", worst, ar_1mib);
   std::lock_guard lock(detail::mpi::runtime::instance().mutex());
   MPI_Comm_free(&raw);
   return 0;
@@ -380,7 +421,10 @@ engine_result bench_mpi(const plan& p, const char* self) {
   if (!pipe) return res;
   char line[512];
   while (std::fgets(line, sizeof line, pipe)) {
-    if (std::sscanf(line, "mpi-result %lf %lf", &res.worst_vs_raw, &res.all_reduce_1mib_busbw) == 2) continue;
+    if (std::sscanf(line, "mpi-result %lf %lf %lf", &res.worst_vs_raw, &res.median_vs_raw, &res.all_reduce_1mib_busbw) ==
+        3) {
+      continue;
+    }
     std::fputs(line, stdout);
   }
   std::fflush(stdout);
@@ -514,8 +558,10 @@ int main(int argc, char** argv) {
   // local all_reduce busbw vs memcpy at 64 MiB (the largest size run when --quick)
   const std::size_t ref = p.quick ? p.sizes.back() : (64u << 20);
   const double local_vs_memcpy = local_bw.at({static_cast<int>(op_kind::all_reduce), ref}) / copy_bw.at(ref);
-  std::printf("\nsummary: gloo_vs_raw=%.3f local_vs_memcpy=%.3f mpi_vs_gloo=%.3f mpi_vs_raw=%.3f\n", gloo_vs_raw,
-              local_vs_memcpy, mpi_vs_gloo, mpi.worst_vs_raw);
+  std::printf(
+      "\nsummary: gloo_vs_raw=%.3f local_vs_memcpy=%.3f mpi_vs_gloo=%.3f mpi_vs_raw=%.3f gloo_vs_raw_median=%.3f "
+      "mpi_vs_raw_median=%.3f\n",
+      gloo_vs_raw, local_vs_memcpy, mpi_vs_gloo, mpi.worst_vs_raw, gloo.median_vs_raw, mpi.median_vs_raw);
 #if defined(PARTRAIN_WITH_GLOO)
   if (gloo_vs_raw < 0) {
     std::fprintf(stderr, "bench_collectives: the gloo part failed (see above)\n");

@@ -1,6 +1,6 @@
 // partrain/comm/gloo.hpp: the `gloo` backend, processes (on one host or several) over TCP with
 // Gloo, the engine torch uses for CPU tensors. Collectives run in issue order on one worker
-// thread; send/recv are posted at once and each is waited on its own pooled thread, so a rank
+// thread (or on the thread that waits for one before it started); send/recv are posted at once and each is waited on its own pooled thread, so a rank
 // may post sends and receives to a peer in any order before waiting on them. Every operation carries the
 // group's timeout. After Gloo fails (a peer died, or stalled past the timeout) its context is
 // not reusable: later calls fail at once saying so, and the caller builds a new group. Building
@@ -330,7 +330,9 @@ class gloo_group final : public process_group {
   gloo_options gopts_;
   std::shared_ptr<gloo::Context> context_;
   // Destroyed (joined) before context_; each blocking call inside is bounded by the timeout.
-  std::unique_ptr<detail::executor> worker_ = std::make_unique<detail::executor>();
+  // A collective waited on before it started runs on the waiting thread (see executor).
+  std::unique_ptr<detail::executor> worker_ = std::make_unique<detail::executor>(
+      1, detail::executor::abandoned_operation, detail::executor::waiting::runs);
   std::unique_ptr<detail::executor> p2p_ =
       std::make_unique<detail::executor>(detail::executor::unbounded, "process group destroyed before the transfer was waited on");
 };

@@ -81,6 +81,21 @@ class work_state {
     std::lock_guard lock(mutex_);
     return error_;
   }
+  // An executor that can run the operation on the thread that waits for it (when it has not
+  // started yet) leaves that offer here; work::wait() takes it before blocking.
+  void set_runner(std::function<void(work_state&)> r) {
+    std::lock_guard lock(mutex_);
+    runner_ = std::move(r);
+  }
+  void run_here_if_waiting() {
+    std::function<void(work_state&)> r;
+    {
+      std::lock_guard lock(mutex_);
+      if (done_ || !runner_) return;
+      r = std::exchange(runner_, {});
+    }
+    r(*this);
+  }
 
  private:
   mutable std::mutex mutex_;
@@ -89,6 +104,7 @@ class work_state {
   std::exception_ptr error_;
   std::coroutine_handle<> continuation_;
   std::vector<std::function<void()>> callbacks_;
+  std::function<void(work_state&)> runner_;
 };
 
 }  // namespace detail
@@ -109,8 +125,12 @@ class work {
 
   [[nodiscard]] bool is_completed() const { return state_->done(); }
   // Blocks until the operation finishes; rethrows its error. Backends bound every operation
-  // with their timeout, so this never waits forever.
-  void wait() const { state_->wait(); }
+  // with their timeout, so this never waits forever. An operation queued behind nothing may run
+  // here, on the waiting thread, rather than wake a worker and be woken by it.
+  void wait() const {
+    state_->run_here_if_waiting();
+    state_->wait();
+  }
   // False when d passed first; rethrows the operation's error if it finished with one.
   [[nodiscard]] bool wait_for(std::chrono::nanoseconds d) const { return state_->wait_for(d); }
   // Runs f (on the completing thread, or now if already done) once the operation finished.
