@@ -730,9 +730,11 @@ class work_state {
   // The error is recorded first: a callback may read it (then_work passes it on).
   void complete(std::exception_ptr err = nullptr) noexcept {
     std::coroutine_handle<> cont;
+    std::function<void(work_state&)> runner;  // released outside the lock
     {
       std::lock_guard lock(mutex_);
       error_ = std::move(err);
+      runner.swap(runner_);  // nothing left to run here
     }
     for (;;) {
       std::vector<std::function<void()>> callbacks;
