@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <partrain/comm/local.hpp>
+#include <partrain/core/executor.hpp>
 #include <partrain/optim/sgd.hpp>
 #include <partrain/parallel/ddp.hpp>
 
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <mutex>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "toy_models.hpp"
@@ -235,6 +237,40 @@ TEST_CASE("ddp: a user-supplied hook sees every bucket in order and its result i
   for (std::size_t i = 0; i < seen.size(); ++i) CHECK(seen[i] < 4);
   CHECK_THROWS_AS(grad_bucket(0, raw_tensor{nullptr, 0, dtype::float32, false}, {}, 1).buffer_as<double>(),
                   invalid_argument_error);
+}
+
+TEST_CASE("ddp: waiting on a chained work runs its source on the waiter where the executor allows",
+          "[parallel][ddp][hooks]") {
+  // DDP waits on then_work(all_reduce, ...): the wait reaches the all_reduce's own offer, so a
+  // Gloo collective not yet started runs on the training thread, then the chained step. A fresh
+  // executor's worker is still starting, so the waiter wins nearly every time (see test_work).
+  using waiting = detail::executor::waiting;
+  for (const waiting mode : {waiting::runs, waiting::blocks}) {
+    CAPTURE(mode == waiting::runs);
+    int source_here = 0, after_here = 0;
+    for (int i = 0; i < 50; ++i) {
+      detail::executor ex(1, detail::executor::abandoned_operation, mode);
+      std::thread::id source_on, after_on;
+      work chained = detail::then_work(ex.submit([&] { source_on = std::this_thread::get_id(); }),
+                                       [&] { after_on = std::this_thread::get_id(); });
+      chained.wait();
+      source_here += source_on == std::this_thread::get_id() ? 1 : 0;
+      after_here += after_on == std::this_thread::get_id() ? 1 : 0;
+    }
+    CHECK(after_here == source_here);  // the chained step runs where the source completed
+    if (mode == waiting::runs) {
+      CHECK(source_here > 0);
+    } else {
+      CHECK(source_here == 0);
+    }
+  }
+  // A chained work whose source failed on the waiter carries the error.
+  detail::executor ex(1, detail::executor::abandoned_operation, waiting::runs);
+  bool after_ran = false;
+  work chained = detail::then_work(ex.submit([] { throw communication_error("rank 0 all_reduce: peer gone"); }),
+                                   [&] { after_ran = true; });
+  CHECK_THROWS_WITH(chained.wait(), Catch::Contains("peer gone"));
+  CHECK_FALSE(after_ran);
 }
 
 TEST_CASE("ddp: a bucket of a communicator without all_reduce_divided divides, then sums", "[parallel][ddp][hooks]") {

@@ -137,9 +137,14 @@ using comm_hook = std::function<work(grad_bucket&)>;
 namespace detail {
 
 // A work that completes after `w` did and `after` ran (on w's completing thread); an error of
-// w or of after completes it with that error.
+// w or of after completes it with that error. Waiting on it waits on w: if w's executor lets a
+// waiter run w (see executor), this thread does, then `after`.
 [[nodiscard]] inline work then_work(const work& w, std::function<void()> after) {
   work out;
+  // Weak: w's callbacks hold out's state until w completes; a strong pointer back would be a cycle.
+  out.state()->set_runner([src = std::weak_ptr<detail::work_state>(w.state())](detail::work_state&) {
+    if (auto s = src.lock()) s->run_here_if_waiting();
+  });
   w.then([src = w.state(), dst = out.state(), after = std::move(after)]() mutable {
     std::exception_ptr err = src->error();
     if (!err && after) {
