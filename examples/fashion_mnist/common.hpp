@@ -3,7 +3,6 @@
 // metrics, trace, the launcher's restart test hook) and the closing lines.
 #pragma once
 
-#include <sched.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -56,17 +55,10 @@ inline trainer_options fit_options(const options& o, trace_recorder& trace) {
   return t;
 }
 
-// The calling thread's CPUs (0 where unknown), for prefetch_batches.
-[[nodiscard]] inline int allowed_cpu_count() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
-}
-
 // dp and pipeline: every step sees the whole batch, so one shuffled order and the whole test set.
 inline auto shuffled_train(const datasets& d, const options& o) {
   return loader(d.train, views::shuffled(d.n_train, o.seed),
-                {.batch_size = o.batch_size, .prefetch = prefetch_batches(o, allowed_cpu_count())});
+                {.batch_size = o.batch_size, .prefetch = prefetch_batches(o, partrain::allowed_cpus().size())});
 }
 inline auto whole_test(const datasets& d) {
   return loader(d.test, std::views::iota(std::size_t{0}, d.n_test), {.batch_size = 1000, .prefetch = 0});
@@ -80,7 +72,7 @@ inline trace_recorder make_trace(const options& o) {
 // contiguous block of the test set (every example counted exactly once).
 inline auto rank_train(const datasets& d, const options& o, int rank, int world) {
   return loader(d.train, views::distributed(d.n_train, world, rank, {.shuffle = true, .seed = o.seed}),
-                {.batch_size = o.batch_size, .prefetch = prefetch_batches(o, allowed_cpu_count())});
+                {.batch_size = o.batch_size, .prefetch = prefetch_batches(o, partrain::allowed_cpus().size())});
 }
 inline auto rank_test(const datasets& d, int rank, int world) {
   const auto part = [&](int r) { return d.n_test * static_cast<std::size_t>(r) / static_cast<std::size_t>(world); };

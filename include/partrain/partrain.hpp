@@ -8,6 +8,7 @@
 #include <partrain/config.hpp>
 
 // core/
+#include <partrain/core/affinity.hpp>
 #include <partrain/core/buffer.hpp>
 #include <partrain/core/device.hpp>
 #include <partrain/core/dtype.hpp>

@@ -35,6 +35,55 @@
 #define PARTRAIN_HAS_CUDA 0
 #endif
 
+// #include <partrain/core/affinity.hpp>
+// partrain/core/affinity.hpp: which CPUs the calling thread may run on (what torchrun and
+// os.sched_getaffinity read), and pinning a thread to one of them. The local backend pins its
+// ranks with these; a program sizes its own threads by them (the example's loader does).
+
+#include <vector>
+
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
+
+namespace partrain::inline v0 {
+
+// The CPUs the calling thread may run on (its affinity mask, which the threads it starts
+// inherit), lowest first; empty where unknown. Under `mpirun --bind-to core` or a pinned local
+// rank, one CPU.
+[[nodiscard]] inline std::vector<int> allowed_cpus() {
+  std::vector<int> cpus;
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    }
+  }
+#endif
+  return cpus;
+}
+
+namespace detail {
+
+// Pins the calling thread to one CPU. A hint: where the system refuses, the thread runs unpinned.
+inline void pin_this_thread(int cpu) {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+#else
+  (void)cpu;
+#endif
+}
+
+}  // namespace detail
+
+}  // namespace partrain::inline v0
+
 // #include <partrain/core/error.hpp>
 // partrain/core/error.hpp: one error hierarchy. Messages say what was wrong, where
 // (rank, operation, name) and what was expected; where the place is known it is also kept in
@@ -983,7 +1032,13 @@ class executor {
     // One thread runs functions in order only if none starts while another runs.
     [[nodiscard]] bool may_start() const noexcept { return !queue.empty() && (max_threads > 1 || running == 0); }
 
-    static void execute(item& it) {
+    // With the lock held: takes the front function, runs it unlocked (counted in `running`),
+    // completes its work and takes the lock again.
+    void run_front(std::unique_lock<std::mutex>& lock) {
+      auto it = std::move(queue.front());
+      queue.pop_front();
+      ++running;
+      lock.unlock();
       std::exception_ptr err;
       try {
         it.second();
@@ -992,6 +1047,8 @@ class executor {
       }
       it.second = nullptr;
       it.first->complete(err);
+      lock.lock();
+      --running;
     }
 
     void run() {
@@ -1001,13 +1058,7 @@ class executor {
         cv.wait(lock, [&] { return stopping || may_start(); });
         --idle;
         if (stopping) return;
-        auto it = std::move(queue.front());
-        queue.pop_front();
-        ++running;
-        lock.unlock();
-        execute(it);
-        lock.lock();
-        --running;
+        run_front(lock);
       }
     }
 
@@ -1015,13 +1066,7 @@ class executor {
     void run_if_next(work_state& s) {
       std::unique_lock lock(mutex);
       if (stopping || running != 0 || queue.empty() || queue.front().first.get() != &s) return;
-      auto it = std::move(queue.front());
-      queue.pop_front();
-      ++running;
-      lock.unlock();
-      execute(it);
-      lock.lock();
-      --running;
+      run_front(lock);
       lock.unlock();
       cv.notify_all();  // the worker may start the next one; a destructor may wait for this
     }
@@ -3838,13 +3883,9 @@ static_assert(communicator<gloo_group>);
 #include <utility>
 #include <vector>
 
-#if defined(__linux__)
-#include <pthread.h>
-#include <sched.h>
-#endif
-
 // #include <partrain/comm/detail/host_reduce.hpp> (above)
 // #include <partrain/comm/process_group.hpp> (above)
+// #include <partrain/core/affinity.hpp> (above)
 // #include <partrain/core/executor.hpp> (above)
 
 namespace partrain::inline v0 {
@@ -4181,38 +4222,6 @@ namespace detail::local {
   return detail::local::make_ranks(detail::local::make_world(world_size, opts), opts);
 }
 
-namespace detail::local {
-
-// The CPUs the calling thread may run on (its affinity mask, which the threads it starts
-// inherit), lowest first; empty where unknown.
-[[nodiscard]] inline std::vector<int> allowed_cpus() {
-  std::vector<int> cpus;
-#if defined(__linux__)
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    for (int c = 0; c < CPU_SETSIZE; ++c) {
-      if (CPU_ISSET(c, &set)) cpus.push_back(c);
-    }
-  }
-#endif
-  return cpus;
-}
-
-// Pins the calling thread to one CPU. A hint: where the system refuses, the thread runs unpinned.
-inline void pin_this_thread(int cpu) {
-#if defined(__linux__)
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-#else
-  (void)cpu;
-#endif
-}
-
-}  // namespace detail::local
-
 // Runs fn(group) on world_size threads, one rank each, and waits for all. If a rank throws, the
 // world is aborted (peers stop waiting) and the first failure is rethrown, naming its rank.
 // opts.pin_threads: when the ranks are as many as the allowed CPUs, rank r's thread (and the
@@ -4222,7 +4231,7 @@ template <class F>
 void run_local(int world_size, F fn, process_group_options opts = {}) {
   auto state = detail::local::make_world(world_size, opts);
   std::vector<int> cpus;
-  if (opts.pin_threads) cpus = detail::local::allowed_cpus();
+  if (opts.pin_threads) cpus = allowed_cpus();
   // Only a world that fills the CPUs: the threads a rank starts (its loader's, its worker) inherit
   // its one CPU, which costs nothing when no CPU is idle and would leave the spare ones unused.
   const bool pin = world_size == static_cast<int>(cpus.size());
@@ -4234,7 +4243,7 @@ void run_local(int world_size, F fn, process_group_options opts = {}) {
     std::vector<std::jthread> threads;
     for (int r = 0; r < world_size; ++r) {
       threads.emplace_back([&, r] {
-        if (pin) detail::local::pin_this_thread(cpus[static_cast<std::size_t>(r)]);
+        if (pin) detail::pin_this_thread(cpus[static_cast<std::size_t>(r)]);
         auto& g = *ranks[static_cast<std::size_t>(r)];
         try {
           fn(g);

@@ -221,7 +221,7 @@ TEST_CASE("local: an inline collective's failure is its work's, rethrown by wait
 
 #if defined(__linux__)
 TEST_CASE("local: pin_threads puts each rank on its own allowed CPU when the ranks fill them", "[comm][local][pin]") {
-  const std::vector<int> allowed = detail::local::allowed_cpus();
+  const std::vector<int> allowed = allowed_cpus();
   REQUIRE_FALSE(allowed.empty());
   process_group_options opts;
   opts.pin_threads = true;
@@ -229,7 +229,7 @@ TEST_CASE("local: pin_threads puts each rank on its own allowed CPU when the ran
   std::vector<std::vector<int>> seen(static_cast<std::size_t>(fits));
   std::mutex m;
   run_local(fits, [&](local_group& g) {
-    auto mine = detail::local::allowed_cpus();  // this rank's thread's mask
+    auto mine = allowed_cpus();  // this rank's thread's mask
     std::lock_guard lock(m);
     seen[static_cast<std::size_t>(g.rank())] = std::move(mine);
   }, opts);
@@ -240,7 +240,7 @@ TEST_CASE("local: pin_threads puts each rank on its own allowed CPU when the ran
     CAPTURE(world);
     std::atomic<int> narrowed{0};
     run_local(world, [&](local_group&) {
-      if (detail::local::allowed_cpus() != allowed) ++narrowed;
+      if (allowed_cpus() != allowed) ++narrowed;
     }, opts);
     CHECK(narrowed == 0);
   }

@@ -1,8 +1,10 @@
 #include <catch2/catch.hpp>
 
+#include <partrain/core/affinity.hpp>
 #include <partrain/core/executor.hpp>
 #include <partrain/core/work.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <coroutine>
 #include <thread>
@@ -152,4 +154,25 @@ TEST_CASE("an executor that lets waiters run finishes the running function befor
   } catch (const communication_error& e) {
     CHECK_THAT(e.what(), Catch::Contains("destroyed before the operation ran"));
   }
+}
+
+TEST_CASE("allowed_cpus lists the calling thread's CPUs, and a pinned thread sees only its own", "[core][affinity]") {
+  const std::vector<int> cpus = allowed_cpus();
+#if defined(__linux__)
+  REQUIRE_FALSE(cpus.empty());
+  CHECK(std::is_sorted(cpus.begin(), cpus.end()));
+  CHECK(std::adjacent_find(cpus.begin(), cpus.end()) == cpus.end());
+  // A thread started here inherits the mask; pinned, it sees one CPU, and its parent keeps all.
+  std::vector<int> inherited, pinned;
+  std::thread([&] {
+    inherited = allowed_cpus();
+    detail::pin_this_thread(cpus.back());
+    pinned = allowed_cpus();
+  }).join();
+  CHECK(inherited == cpus);
+  CHECK(pinned == std::vector<int>{cpus.back()});
+  CHECK(allowed_cpus() == cpus);
+#else
+  CHECK(cpus.empty());
+#endif
 }

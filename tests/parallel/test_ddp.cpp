@@ -257,7 +257,9 @@ TEST_CASE("ddp: waiting on a chained work runs its source on the waiter where th
       source_here += source_on == std::this_thread::get_id() ? 1 : 0;
       after_here += after_on == std::this_thread::get_id() ? 1 : 0;
     }
-    CHECK(after_here == source_here);  // the chained step runs where the source completed
+    // The chained step runs where the source completed: on the waiter whenever the source did
+    // (and on the caller, too, when a worker finished the source before then_work chained it).
+    CHECK(after_here >= source_here);
     if (mode == waiting::runs) {
       CHECK(source_here > 0);
     } else {

@@ -23,13 +23,9 @@
 #include <utility>
 #include <vector>
 
-#if defined(__linux__)
-#include <pthread.h>
-#include <sched.h>
-#endif
-
 #include <partrain/comm/detail/host_reduce.hpp>
 #include <partrain/comm/process_group.hpp>
+#include <partrain/core/affinity.hpp>
 #include <partrain/core/executor.hpp>
 
 namespace partrain::inline v0 {
@@ -366,38 +362,6 @@ namespace detail::local {
   return detail::local::make_ranks(detail::local::make_world(world_size, opts), opts);
 }
 
-namespace detail::local {
-
-// The CPUs the calling thread may run on (its affinity mask, which the threads it starts
-// inherit), lowest first; empty where unknown.
-[[nodiscard]] inline std::vector<int> allowed_cpus() {
-  std::vector<int> cpus;
-#if defined(__linux__)
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    for (int c = 0; c < CPU_SETSIZE; ++c) {
-      if (CPU_ISSET(c, &set)) cpus.push_back(c);
-    }
-  }
-#endif
-  return cpus;
-}
-
-// Pins the calling thread to one CPU. A hint: where the system refuses, the thread runs unpinned.
-inline void pin_this_thread(int cpu) {
-#if defined(__linux__)
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-#else
-  (void)cpu;
-#endif
-}
-
-}  // namespace detail::local
-
 // Runs fn(group) on world_size threads, one rank each, and waits for all. If a rank throws, the
 // world is aborted (peers stop waiting) and the first failure is rethrown, naming its rank.
 // opts.pin_threads: when the ranks are as many as the allowed CPUs, rank r's thread (and the
@@ -407,7 +371,7 @@ template <class F>
 void run_local(int world_size, F fn, process_group_options opts = {}) {
   auto state = detail::local::make_world(world_size, opts);
   std::vector<int> cpus;
-  if (opts.pin_threads) cpus = detail::local::allowed_cpus();
+  if (opts.pin_threads) cpus = allowed_cpus();
   // Only a world that fills the CPUs: the threads a rank starts (its loader's, its worker) inherit
   // its one CPU, which costs nothing when no CPU is idle and would leave the spare ones unused.
   const bool pin = world_size == static_cast<int>(cpus.size());
@@ -419,7 +383,7 @@ void run_local(int world_size, F fn, process_group_options opts = {}) {
     std::vector<std::jthread> threads;
     for (int r = 0; r < world_size; ++r) {
       threads.emplace_back([&, r] {
-        if (pin) detail::local::pin_this_thread(cpus[static_cast<std::size_t>(r)]);
+        if (pin) detail::pin_this_thread(cpus[static_cast<std::size_t>(r)]);
         auto& g = *ranks[static_cast<std::size_t>(r)];
         try {
           fn(g);

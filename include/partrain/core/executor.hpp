@@ -100,7 +100,13 @@ class executor {
     // One thread runs functions in order only if none starts while another runs.
     [[nodiscard]] bool may_start() const noexcept { return !queue.empty() && (max_threads > 1 || running == 0); }
 
-    static void execute(item& it) {
+    // With the lock held: takes the front function, runs it unlocked (counted in `running`),
+    // completes its work and takes the lock again.
+    void run_front(std::unique_lock<std::mutex>& lock) {
+      auto it = std::move(queue.front());
+      queue.pop_front();
+      ++running;
+      lock.unlock();
       std::exception_ptr err;
       try {
         it.second();
@@ -109,6 +115,8 @@ class executor {
       }
       it.second = nullptr;
       it.first->complete(err);
+      lock.lock();
+      --running;
     }
 
     void run() {
@@ -118,13 +126,7 @@ class executor {
         cv.wait(lock, [&] { return stopping || may_start(); });
         --idle;
         if (stopping) return;
-        auto it = std::move(queue.front());
-        queue.pop_front();
-        ++running;
-        lock.unlock();
-        execute(it);
-        lock.lock();
-        --running;
+        run_front(lock);
       }
     }
 
@@ -132,13 +134,7 @@ class executor {
     void run_if_next(work_state& s) {
       std::unique_lock lock(mutex);
       if (stopping || running != 0 || queue.empty() || queue.front().first.get() != &s) return;
-      auto it = std::move(queue.front());
-      queue.pop_front();
-      ++running;
-      lock.unlock();
-      execute(it);
-      lock.lock();
-      --running;
+      run_front(lock);
       lock.unlock();
       cv.notify_all();  // the worker may start the next one; a destructor may wait for this
     }
