@@ -106,9 +106,12 @@ double plain_loop(const std::vector<batch>& batches, const config& c, const std:
 }
 
 // Two local ranks running the plain loop with one thing of DDP's added per step: a barrier (the
-// ranks meet), or a sum all_reduce of all gradients (one flat buffer in this model; it meets too).
-// Samples/s of both ranks together (rank 0's clock, the slower rank decides).
-double ladder_sps(const std::vector<batch>& a, const std::vector<batch>& b, const config& c, bool all_reduce) {
+// ranks meet), or the average of all gradients as DDP takes it (all_reduce_divided of one flat
+// buffer in this model; it meets too). `opts`: the local_inline row's (collectives on the ranks'
+// own threads, pinned), so the rungs take that row apart. Samples/s of both ranks together (rank
+// 0's clock, the slower rank decides).
+double ladder_sps(const std::vector<batch>& a, const std::vector<batch>& b, const config& c, bool all_reduce,
+                  const process_group_options& opts) {
   double sps = 0;
   run_local(2, [&](local_group& g) {
     auto meet = [&](models::mlp_host& m) {
@@ -116,11 +119,11 @@ double ladder_sps(const std::vector<batch>& a, const std::vector<batch>& b, cons
         g.barrier().wait();
         return;
       }
-      g.all_reduce(m.flat_grads(), reduce_op::sum).wait();
+      g.all_reduce_divided(m.flat_grads(), 2.0).wait();
     };
     const double mine = plain_loop(g.rank() == 0 ? a : b, c, meet);
     if (g.rank() == 0) sps = 2 * mine;
-  });
+  }, opts);
   return sps;
 }
 
@@ -555,8 +558,8 @@ int main(int argc, char** argv) {
     std::vector<double> g1s, g2s, d1s, p2s, bar2s, ar2s;
     const auto batches1 = dataset_batches(train, c.batch, need, need);
     std::printf("\npaired rounds, samples/s (each: the GEMMs on 1 and on 2 threads, DDP at 1 rank, then 2 ranks on each "
-                "backend, back to back; 'barrier' and 'all_reduce': the plain loop as 2 local ranks that meet, or meet and sum their "
-                "gradients, each step)\n%-6s %10s %10s %10s %10s %10s %10s", "round", "GEMMs 1t", "GEMMs 2t", "plain 2t",
+                "backend, back to back; 'barrier' and 'all_reduce': the plain loop as 2 local ranks, inline and pinned as "
+                "local_inline, that meet, or meet and average their gradients, each step)\n%-6s %10s %10s %10s %10s %10s %10s", "round", "GEMMs 1t", "GEMMs 2t", "plain 2t",
                 "barrier", "all_reduce", "DDP 1");
     for (auto& b : runs) std::printf(" %10s", b.name);
     std::printf("\n");
@@ -564,8 +567,8 @@ int main(int argc, char** argv) {
       g1s.push_back(1e3 * static_cast<double>(c.batch) / gemm_ms_per_step(c.batch, c, 1));
       g2s.push_back(gemm_two_threads_sps(c.batch, c, 1));
       p2s.push_back(plain_two_threads_sps(batches0, batches1, c));
-      bar2s.push_back(ladder_sps(batches0, batches1, c, false));
-      ar2s.push_back(ladder_sps(batches0, batches1, c, true));
+      bar2s.push_back(ladder_sps(batches0, batches1, c, false, local_inline));
+      ar2s.push_back(ladder_sps(batches0, batches1, c, true, local_inline));
       d1s.push_back(ddp_loop(*world1[0], batches0, c, true).samples_per_s);
       std::printf("%-6d %10.0f %10.0f %10.0f %10.0f %10.0f %10.0f", r, g1s.back(), g2s.back(), p2s.back(),
                   bar2s.back(), ar2s.back(), d1s.back());
