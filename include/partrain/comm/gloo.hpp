@@ -1,10 +1,11 @@
 // partrain/comm/gloo.hpp: the `gloo` backend, processes (on one host or several) over TCP with
 // Gloo, the engine torch uses for CPU tensors. Collectives run in issue order on one worker
-// thread (or on the thread that waits for one before it started); send/recv are posted at once and each is waited on its own pooled thread, so a rank
-// may post sends and receives to a peer in any order before waiting on them. Every operation carries the
-// group's timeout. After Gloo fails (a peer died, or stalled past the timeout) its context is
-// not reusable: later calls fail at once saying so, and the caller builds a new group. Building
-// one makes SIGPIPE harmless where it still has its default action (see detail/sigpipe.hpp).
+// thread (or on the thread that waits for one before it started); send/recv are posted at once
+// and each is waited on its own pooled thread, so a rank may post sends and receives to a peer
+// in any order before waiting on them. Every operation carries the group's timeout. After Gloo
+// fails (a peer died, or stalled past the timeout) its context is not reusable: later calls fail
+// at once saying so, and the caller builds a new group. Building one makes SIGPIPE harmless
+// where it still has its default action (see detail/sigpipe.hpp).
 #pragma once
 
 #if !__has_include(<gloo/allreduce.h>)
