@@ -303,8 +303,8 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
 // Training batches assembled ahead (--prefetch), by default none for a thread that may run on one
 // CPU only (cpus: partrain::allowed_cpus().size(), 0 where unknown; one for a rank pinned by
 // --local-collectives inline, or bound by mpirun): a loader thread there could only take turns
-// with it on that CPU. Measured on the
-// main job (2 pinned ranks on 2 cores): 2-4% more samples/s than with 2 batches ahead.
+// with it on that CPU. Measured on the main job (2 pinned ranks on 2 cores): 2-4% more
+// samples/s than with 2 batches ahead.
 [[nodiscard]] inline std::size_t prefetch_batches(const options& o, std::size_t cpus) {
   if (o.prefetch >= 0) return static_cast<std::size_t>(o.prefetch);
   return cpus == 1 ? 0 : 2;
