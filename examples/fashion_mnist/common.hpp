@@ -55,10 +55,15 @@ inline trainer_options fit_options(const options& o, trace_recorder& trace) {
   return t;
 }
 
+// prefetch_batches for the calling thread's CPUs: a rank asks on its own thread, after pinning.
+[[nodiscard]] inline std::size_t prefetch_here(const options& o) {
+  return prefetch_batches(o, partrain::allowed_cpus().size());
+}
+
 // dp and pipeline: every step sees the whole batch, so one shuffled order and the whole test set.
 inline auto shuffled_train(const datasets& d, const options& o) {
   return loader(d.train, views::shuffled(d.n_train, o.seed),
-                {.batch_size = o.batch_size, .prefetch = prefetch_batches(o, partrain::allowed_cpus().size())});
+                {.batch_size = o.batch_size, .prefetch = prefetch_here(o)});
 }
 inline auto whole_test(const datasets& d) {
   return loader(d.test, std::views::iota(std::size_t{0}, d.n_test), {.batch_size = 1000, .prefetch = 0});
@@ -72,7 +77,7 @@ inline trace_recorder make_trace(const options& o) {
 // contiguous block of the test set (every example counted exactly once).
 inline auto rank_train(const datasets& d, const options& o, int rank, int world) {
   return loader(d.train, views::distributed(d.n_train, world, rank, {.shuffle = true, .seed = o.seed}),
-                {.batch_size = o.batch_size, .prefetch = prefetch_batches(o, partrain::allowed_cpus().size())});
+                {.batch_size = o.batch_size, .prefetch = prefetch_here(o)});
 }
 inline auto rank_test(const datasets& d, int rank, int world) {
   const auto part = [&](int r) { return d.n_test * static_cast<std::size_t>(r) / static_cast<std::size_t>(world); };

@@ -54,7 +54,7 @@ void train_ddp(Model& model, process_group& pg, const options& o, const datasets
                 "%zu/%zu examples, loop %s, prefetch %zu, precision %s%s\n",
                 o.sync == "powersgd" ? "ddp with powersgd" : "ddp", world, std::string(pg.backend()).c_str(), o.batch_size,
                 o.lr, o.epochs, data.n_train, data.n_test,
-                o.loop.c_str(), prefetch_batches(o, partrain::allowed_cpus().size()), o.precision.c_str(),
+                o.loop.c_str(), prefetch_here(o), o.precision.c_str(),
                 mp.compute == precision::fp32 ? "" : (o.reduce_16bit ? " (gradients reduced in 16 bits)" : " (gradients reduced in fp32)"));
   }
   fit(policy, train, test, fit_options(o, trace));

@@ -12043,6 +12043,7 @@ inline void device_from_16(const void* src, raw_tensor dst, dtype h, cudaStream_
 #include <utility>
 #include <vector>
 
+// #include <partrain/comm/detail/host_reduce.hpp> (above)
 // #include <partrain/comm/process_group.hpp> (above)
 // #include <partrain/core/dtype.hpp> (above)
 // #include <partrain/core/error.hpp> (above)
@@ -12125,14 +12126,12 @@ class grad_bucket {
     }
     if (all_reduce_divided_) return all_reduce_divided_(t, divisor);
     if (divisor != 1.0) {
-      visit_dtype(t.type, [&]<class T>(std::type_identity<T>) {
-        if constexpr (std::same_as<T, float> || std::same_as<T, double>) {
-          detail::ddp::divide_elements(detail::host_exec{}, t.count, static_cast<T*>(t.data), static_cast<T>(divisor));
-        } else {
-          throw invalid_argument_error("grad_bucket " + std::to_string(index_) + ": all_reduce_divided takes float32 or "
-                                       "float64, got " + std::string(to_string(t.type)));
-        }
-      });
+      if (t.type != dtype::float32 && t.type != dtype::float64) {
+        throw invalid_argument_error("grad_bucket " + std::to_string(index_) + ": all_reduce_divided takes float32 or "
+                                     "float64, got " + std::string(to_string(t.type)));
+      }
+      // The division process_group's default makes before its sum, with the same bits.
+      detail::host_add_divided(t.data, t.data, t.count, t.type, divisor, true);
     }
     return all_reduce_(t);
   }

@@ -19,7 +19,6 @@
 #include <sstream>
 #include <string>
 #include <thread>
-#include <type_traits>
 #include <vector>
 
 #include <signal.h>
@@ -72,7 +71,7 @@ void exercise_all(process_group& g, std::size_t n) {
     g.all_reduce(tensor_view<T>(v), op).wait();
     check_reduced(v, world, 0, op, "all_reduce " + tag);
   }
-  if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
+  if constexpr (detail::is_float_element_v<T>) {
     // The default all_reduce_divided: each input divided, then the backend's sum.
     auto v = make_input<T>(r, n);
     g.all_reduce_divided(tensor_view<T>(v), 3.0).wait();
