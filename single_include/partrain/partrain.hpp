@@ -4698,7 +4698,8 @@ class mpi_group final : public process_group {
   }
 
   // The progress thread: posts queued operations in issue order, tests the active ones, completes
-  // the finished ones outside the MPI lock (their callbacks may issue more operations).
+  // the finished ones (collectives in issue order) outside the MPI lock (their callbacks may issue
+  // more operations).
   void progress_loop() {
     std::vector<op> active;
     std::vector<op> done;
@@ -4729,15 +4730,24 @@ class mpi_group final : public process_group {
             active.push_back(std::move(o));
           }
         }
+        bool collective_open = false;  // an earlier collective has not finished yet
         for (auto it = active.begin(); it != active.end();) {
+          const bool is_collective = it->what != collective::send && it->what != collective::recv;
           int flag = 0;
           const int rc = MPI_Test(&it->request, &flag, MPI_STATUS_IGNORE);
+          if (rc == MPI_SUCCESS && flag && is_collective && collective_open) {
+            // Finished before an earlier one: held so that collectives complete in issue order,
+            // as on the other backends. Its request is now null, so the next test says done.
+            ++it;
+            continue;
+          }
           if (rc != MPI_SUCCESS) {
             fail(*it, "MPI failed (a peer died or its connection broke): " + detail::mpi::error_string(rc), false);
           } else if (!flag && now > it->deadline) {
             fail(*it, "timed out after " + std::to_string(timeout().count()) +
                           " ms (a peer is stalled, died, or never joined this operation)", true);
           } else if (!flag) {
+            collective_open = collective_open || is_collective;
             ++it;
             continue;
           }

@@ -10,6 +10,8 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
+#include <numeric>
 #include <vector>
 
 using namespace partrain;
@@ -49,11 +51,20 @@ TEST_CASE("mpi: operations are asynchronous, overlap and complete in issue order
   std::vector<std::vector<float>> bufs(8, std::vector<float>(4096, 1.0f));
   std::vector<work> ws;
   for (auto& b : bufs) ws.push_back(g.all_reduce(tensor_view<float>(b)));
+  // A callback runs on the progress thread, or here when its work has already finished.
+  std::mutex order_mutex;
   std::vector<int> order;
-  for (std::size_t i = 0; i < ws.size(); ++i) ws[i].then([&order, i] { order.push_back(static_cast<int>(i)); });
+  for (std::size_t i = 0; i < ws.size(); ++i)
+    ws[i].then([&order, &order_mutex, i] {
+      std::lock_guard lock(order_mutex);
+      order.push_back(static_cast<int>(i));
+    });
   wait_all(ws);
   for (auto& b : bufs) CHECK(b[4095] == static_cast<float>(g.size()));
-  CHECK(order.size() == bufs.size());
+  std::lock_guard lock(order_mutex);
+  std::vector<int> issued(bufs.size());
+  std::iota(issued.begin(), issued.end(), 0);
+  CHECK(order == issued);
 }
 
 TEST_CASE("mpi: both ranks may send before either receives", "[comm][mpi]") {
