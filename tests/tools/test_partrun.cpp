@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <partrain/launch/process.hpp>
+#include <partrain/rendezvous/detail/socket.hpp>
 
 #include "../../tools/partrun/options.hpp"
 
@@ -145,7 +146,7 @@ TEST_CASE("partrun: restarts the whole group while restarts remain", "[tools][pa
 }
 
 TEST_CASE("partrun: two agents with --nnodes 2 form one world", "[tools][partrun]") {
-  const std::string port = std::to_string(20000 + ::getpid() % 20000);
+  const std::string port = std::to_string(partrain::detail::find_free_port());
   partrain::child_options co;
   std::string out1;
   co.capture_output = true;
@@ -169,7 +170,7 @@ TEST_CASE("partrun: two agents with --nnodes 2 form one world", "[tools][partrun
 TEST_CASE("partrun: when node 0's agent dies, node 1 stops within 10 s and says why", "[tools][partrun]") {
   // Node 0's agent hosts the store. Before the fix, node 1's agent reconnected to the vanished
   // store with its whole --rdzv-timeout (300 s) as the deadline.
-  const std::string port = std::to_string(20000 + (::getpid() + 13) % 20000);
+  const std::string port = std::to_string(partrain::detail::find_free_port());
   std::string out0, out1;
   auto start_node = [&](int node, std::string& out) {
     partrain::child_options co;
@@ -237,7 +238,7 @@ std::vector<std::string> run_agents(const std::vector<std::vector<std::string>>&
 }  // namespace
 
 TEST_CASE("partrun: agents that disagree on --nnodes or claim one node rank twice stop at once", "[tools][partrun]") {
-  const std::string port = std::to_string(20000 + (::getpid() + 17) % 20000);
+  const std::string port = std::to_string(partrain::detail::find_free_port());
   auto agent = [&](int nnodes, int node_rank) {
     return std::vector<std::string>{"--nnodes", std::to_string(nnodes), "--node-rank", std::to_string(node_rank),
                                     "--master-port", port, "--rdzv-timeout", "60", PROBE_EXE};
@@ -264,7 +265,7 @@ TEST_CASE("partrun: agents that disagree on --nnodes or claim one node rank twic
 }
 
 TEST_CASE("partrun: a node that never comes is named within the rendezvous timeout", "[tools][partrun]") {
-  auto r = launch({"--nnodes", "2", "--master-port", std::to_string(20000 + (::getpid() + 7) % 20000), "--rdzv-timeout",
+  auto r = launch({"--nnodes", "2", "--master-port", std::to_string(partrain::detail::find_free_port()), "--rdzv-timeout",
                    "1", PROBE_EXE},
                   {"PARTRAIN_JOB_TOKEN=x"});
   CHECK_FALSE(r.status.ok());
