@@ -6,7 +6,8 @@
 //   3. DDP at 2 ranks over each backend built in: gloo (two forked processes), mpi (two processes
 //      under mpirun, shared memory), local (two threads of one process) and local_inline (the
 //      same with collectives on the ranks' own threads and each rank pinned to a core, as the
-//      main job runs); overlap on and off
+//      main job runs); overlap on and off; and ZeRO-2 on local_inline (zero2_inline), whose step
+//      runs over shared memory (each rank averages, steps and hands out its half in one meeting)
 //   4. the gloo run with the timeline on (trace spans for every step and bucket all_reduce)
 // then where a step's time goes (compute, optimizer, waiting for communication, the rest), how
 // much communication overlap hid, and what tracing costs; last, paired rounds (the GEMMs on one
@@ -43,6 +44,7 @@
 #include <partrain/launch/spawn.hpp>
 #include <partrain/optim/sgd.hpp>
 #include <partrain/parallel/ddp.hpp>
+#include <partrain/parallel/zero.hpp>
 #include <partrain/rendezvous/init.hpp>
 #include <partrain/train/trace.hpp>
 
@@ -188,6 +190,27 @@ ddp_result ddp_loop(Group& pg, const std::vector<batch>& batches, const config& 
           1e3 * opt_s / n};
 }
 
+// ZeRO-2 on the same model and optimizer (on threads: the shared-memory step, which averages,
+// steps and hands out each rank's half in one meeting). Its train_step holds the whole step, so
+// the optimizer's time is in train_step_ms; comm_ms is what it reports as exposed reduction.
+ddp_result zero_loop(process_group& pg, const std::vector<batch>& batches, const config& c) {
+  models::mlp_host model({}, 0);
+  sharded_data_parallel zero(model, pg, sgd_options{.lr = 0.05, .momentum = 0.9}, {.stage = 2});
+  for (std::size_t i = 0; i < c.warmup; ++i) (void)zero.train_step(batches[i]);
+  pg.barrier().wait();
+  const double exposed0 = zero.exposed_reduce_seconds();
+  const auto t0 = clock_type::now();
+  for (std::size_t i = 0; i < c.steps; ++i) (void)zero.train_step(batches[c.warmup + i]);
+  pg.barrier().wait();
+  const double s = seconds_since(t0);
+  const double n = static_cast<double>(c.steps);
+  ddp_result r;
+  r.samples_per_s = static_cast<double>(c.steps * c.batch * static_cast<std::size_t>(pg.size())) / s;
+  r.comm_ms = 1e3 * (zero.exposed_reduce_seconds() - exposed0) / n;
+  r.step_ms = r.train_step_ms = 1e3 * s / n;
+  return r;
+}
+
 // The GEMM-bound limit of one step: the eight sgemm calls the MLP makes for a batch (forward:
 // three; backward: three weight gradients and the two input gradients below the top), same
 // shapes, one OpenBLAS thread. Returns milliseconds per step (median of rounds).
@@ -309,14 +332,14 @@ std::pair<double, double> ddp_cost_us(const config& c, process_group_options opt
 // `once`: one run with overlap on, nothing else (a paired round's).
 void measure_two_ranks(process_group& pg, const in_memory_dataset& train, const config& c, bool with_trace,
                        const std::filesystem::path& result_file, const std::filesystem::path& trace_file,
-                       bool once = false) {
+                       bool once = false, bool sharded = false) {
   const std::size_t need = c.warmup + c.steps;
   // Rank r starts r * need batches in, so the ranks train on different rows.
   const auto mine = dataset_batches(train, c.batch, need, static_cast<std::size_t>(pg.rank()) * need);
   if (once) with_trace = false;
   std::vector<ddp_result> ons, traceds;
   for (int r = 0; r < (once ? 1 : c.repeats); ++r) {
-    ons.push_back(ddp_loop(pg, mine, c, true));
+    ons.push_back(sharded ? zero_loop(pg, mine, c) : ddp_loop(pg, mine, c, true));
     if (with_trace) {
       trace_recorder rec(trace_file);
       rec.start(pg);
@@ -329,7 +352,7 @@ void measure_two_ranks(process_group& pg, const in_memory_dataset& train, const 
   std::sort(traceds.begin(), traceds.end(), by_rate);
   const ddp_result on = ons[ons.size() / 2];
   const ddp_result traced = with_trace ? traceds[traceds.size() / 2] : ddp_result{};
-  const ddp_result off = once ? ddp_result{} : ddp_loop(pg, mine, c, false);
+  const ddp_result off = once || sharded ? ddp_result{} : ddp_loop(pg, mine, c, false);
   if (pg.rank() == 0) {
     const auto tmp = result_file.string() + ".tmp";
     {
@@ -493,8 +516,9 @@ int main(int argc, char** argv) {
         if (std::system(cmd.c_str()) != 0) throw error(error_kind::internal, "bench_ddp: the mpi job failed: " + cmd);
 #endif
       } else {
-        run_local(2, [&](local_group& g) { measure_two_ranks(g, train, c, false, file, {}, once); },
-                  std::string_view(name) == "local_inline" ? local_inline : process_group_options{});
+        const std::string_view n = name;
+        run_local(2, [&](local_group& g) { measure_two_ranks(g, train, c, false, file, {}, once, n == "zero2_inline"); },
+                  n == "local" ? process_group_options{} : local_inline);
       }
       return read_results(file, name);
     };
@@ -510,8 +534,13 @@ int main(int argc, char** argv) {
 #endif
     runs.push_back({"local", {}, {}});
     runs.push_back({"local_inline", {}, {}});
+    runs.push_back({"zero2_inline", {}, {}});  // ZeRO-2 on local_inline: the shared-memory step
     for (auto& b : runs) b.r = run_backend(b.name, false);
     for (auto& b : runs) {
+      if (std::string_view(b.name) == "zero2_inline") {
+        row("ZeRO-2 2 ranks local_inline (shared)", 2, c, b.r.on.samples_per_s, &b.r.on);
+        continue;
+      }
       const std::string on = std::string("DDP 2 ranks ") + b.name + ", overlap on";
       const std::string off = std::string("DDP 2 ranks ") + b.name + ", overlap off";
       row(on.c_str(), 2, c, b.r.on.samples_per_s, &b.r.on);
@@ -530,12 +559,16 @@ int main(int argc, char** argv) {
                   d.step_ms - d.train_step_ms - d.opt_ms, d.step_ms / gemm_ms);
     };
     split("DDP world 1 (local)", d1);
-    for (auto& b : runs) split((std::string("DDP 2 ranks ") + b.name).c_str(), b.r.on);
+    for (auto& b : runs) {
+      const bool z = std::string_view(b.name) == "zero2_inline";
+      split(z ? "ZeRO-2 2 ranks (shared)" : (std::string("DDP 2 ranks ") + b.name).c_str(), b.r.on);
+    }
 
     // A second view of overlap that does not rely on DDP's own timers: the step time it saved,
     // against the communication time per step measured with overlap off.
     std::printf("\n");
     for (auto& b : runs) {
+      if (std::string_view(b.name) == "zero2_inline") continue;  // one meeting after backward: nothing to overlap
       const double step_ms_on = 1e3 * 2.0 * static_cast<double>(c.batch) / b.r.on.samples_per_s;
       const double step_ms_off = 1e3 * 2.0 * static_cast<double>(c.batch) / b.r.off.samples_per_s;
       std::printf("overlap %-12s step %.3f ms (on) vs %.3f ms (off); saved %.3f ms of %.3f ms communication per step\n",
@@ -599,7 +632,7 @@ int main(int argc, char** argv) {
       char buf[160];
       // Inline collectives finish inside the launch, so nothing is left to wait for: DDP's timers
       // would call all of it hidden, which is not overlap.
-      if (std::string_view(b.name) == "local_inline") {
+      if (std::string_view(b.name) == "local_inline" || std::string_view(b.name) == "zero2_inline") {
         std::snprintf(buf, sizeof buf, " scaling_2_%s=%.3f", b.name, scaling);
       } else {
         std::snprintf(buf, sizeof buf, " scaling_2_%s=%.3f overlap_hidden_%s=%.3f", b.name, scaling, b.name, b.r.on.hidden);

@@ -3,7 +3,8 @@
 on Fashion-MNIST, batch 64 per rank, SGD lr 0.05 momentum 0.9, cosine per epoch, the same initial
 weights) run by partrain and by PyTorch (torch_mlp.py), in alternation, with the medians printed:
 
-  partrain 2 ranks      the main job: 2 processes over the mpi backend (gloo where MPI is not built)
+  partrain 2 ranks      the main job (tools/run_main.sh): 2 ranks as threads of one process,
+                        ZeRO-2 with its step over shared memory (--backend local --nproc 2 --parallel zero2)
   partrain 1 rank       one process (--backend local --nproc 1)
   torch DDP 2 ranks     DistributedDataParallel over gloo, 1 thread per rank
   torch 1 process       one process at PyTorch's default threads (all cores)
@@ -27,6 +28,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = "/usr/share/datasets/fashion-mnist"
+MAIN_JOB = ["--backend", "local", "--nproc", "2", "--parallel", "zero2"]  # tools/run_main.sh's defaults
 
 
 def ensure_torch(venv):
@@ -90,13 +92,10 @@ def main():
     init = os.path.join(tmp, "init.bin")
     subprocess.run([export, init], check=True)
     help_text = subprocess.run([example, "--help"], capture_output=True, text=True).stdout
-    mpirun = shutil.which("mpirun")
     e = ["--epochs", str(a.epochs)]
-    if mpirun and "mpi" in help_text:
-        flags = ["--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
-        main_job = ("partrain 2 ranks (mpi)", [mpirun, *flags, "-np", "2", example, "--backend", "mpi", *e])
-    else:
-        main_job = ("partrain 2 ranks (gloo)", [example, "--nproc", "2", *e])
+    if "zero2" not in help_text:
+        raise SystemExit(f"peers: {example} has no --parallel zero2: rebuild it")
+    main_job = ("partrain 2 ranks", [example, *MAIN_JOB, *e])
     torch_cmd = [py, os.path.join(HERE, "torch_mlp.py"), "--data", DATA, "--init", init, *e]
     runs = [main_job,
             ("torch DDP 2 ranks (gloo)", torch_cmd + ["--ddp", "2", "--threads", "1"]),

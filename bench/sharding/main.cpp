@@ -144,8 +144,11 @@ row measure(const models::mlp_layout& layout, mode md, int world, const config& 
       mine.state = 2 * n * sizeof(float);  // AdamW's exp_avg and exp_avg_sq, whole
     } else {
       const auto partition = md == mode::zero2c ? zero_partition::contiguous : zero_partition::per_bucket;
+      // The reduce_scatter path, as every multi-process backend runs it (on threads the default is
+      // the shared-memory step, which bench_ddp measures): its buckets, overlap and buffers.
       sharded_data_parallel zero(model, g, opt_options,
-                                 {.stage = md == mode::zero1 ? 1 : 2, .partition = partition, .bucket_cap_bytes = bucket_cap});
+                                 {.stage = md == mode::zero1 ? 1 : 2, .partition = partition, .bucket_cap_bytes = bucket_cap,
+                                  .shared_memory_step = false});
       timed([&](std::size_t s) { (void)zero.train_step(data.at(s, world, g.rank(), c.batch)); });
       mine.buckets = zero.buckets();
       mine.launched_in_backward = zero.buckets_launched_in_backward();

@@ -3398,6 +3398,10 @@ class process_group {
   virtual work do_send(raw_tensor t, int dst, int tag) = 0;
   virtual work do_recv(raw_tensor t, int src, int tag) = 0;
 
+  // A backend's own collective beyond this interface (local_group::exchange), counted in
+  // traffic() as the collective c over `bytes` would be.
+  void count_traffic(collective c, std::size_t bytes) noexcept { count(c, bytes); }
+
   // Checking mode: exchange a fingerprint of the call and compare. The default all_gathers
   // host int64s through the backend; a backend without host collectives overrides it.
   virtual std::vector<std::int64_t> gather_fingerprints(std::span<const std::int64_t> mine) {
@@ -3906,6 +3910,7 @@ class world_state {
     int root = -1;
     collective kind = collective::barrier;
     double divisor = 0;  // all_reduce_divided's; 0 for every other call
+    bool exchange = false;  // local_group::exchange (matched only with another exchange)
   };
 
   world_state(int n, std::chrono::milliseconds timeout)
@@ -4084,6 +4089,34 @@ class local_group final : public process_group {
       : process_group(rank, world->size(), opts), world_(std::move(world)) {}
 
   [[nodiscard]] std::string_view backend() const noexcept override { return "local"; }
+  // One rank's buffers as exchange() shows them to every rank.
+  struct peer_buffers {
+    const void* in = nullptr;
+    void* out = nullptr;
+  };
+  // A collective only ranks in one address space can offer: every rank publishes `in` (count
+  // elements of type t) and `out`, the ranks meet, each runs body(peers) with every rank's pair
+  // (in rank order), and they meet again, so nobody reuses a buffer a peer still touches. body may
+  // read any rank's `in` and write any rank's `out` where the ranks agreed who writes what:
+  // sharded_data_parallel's step over shared memory has each rank reduce its own block of every
+  // rank's gradients, step it and write the result into every rank's parameters, one pass instead
+  // of a reduce_scatter, a step and an all_gather. Matched like any collective (an exchange of
+  // the same count and type on every rank); errors and timeouts name the operation as all_reduce,
+  // and traffic() counts it as the all_reduce of `in` it stands for.
+  work exchange(const void* in, void* out, std::size_t count, dtype t,
+                std::function<void(std::span<const peer_buffers>)> body) {
+    const raw_tensor shape{const_cast<void*>(in), count, t, false};
+    count_traffic(collective::all_reduce, shape.bytes());
+    return run(collective::all_reduce, in, out, shape, -1, reduce_op::sum,
+               [this, body = std::move(body)](detail::local::world_state& w) {
+                 std::vector<peer_buffers> peers;
+                 peers.reserve(static_cast<std::size_t>(size()));
+                 for (int q = 0; q < size(); ++q) peers.push_back({w.at(q).in, w.at(q).out});
+                 body(peers);
+               },
+               false, 0, true);
+  }
+
   // Marks the world failed, so peers blocked in a collective stop waiting (used when a rank throws).
   // `origin` is the rank whose failure this is (aborted_error::origin() in the peers).
   void abort(const std::string& why, int origin = -1) { world_->abort(why, origin); }
@@ -4163,10 +4196,10 @@ class local_group final : public process_group {
   // (nobody may reuse a buffer a peer still reads).
   template <class Body>
   work run(collective c, const void* in, void* out, raw_tensor t, int root, reduce_op op, Body body,
-           bool root_only_phase = false, double divisor = 0) {
-    auto meet = [this, c, in, out, t, root, op, body, root_only_phase, divisor] {
+           bool root_only_phase = false, double divisor = 0, bool exchange = false) {
+    auto meet = [this, c, in, out, t, root, op, body = std::move(body), root_only_phase, divisor, exchange] {
       auto& w = *world_;
-      w.at(rank()) = {in, out, t.count, t.type, op, root, c, divisor};
+      w.at(rank()) = {in, out, t.count, t.type, op, root, c, divisor, exchange};
       w.arrive_and_wait(rank(), c, "enter");
       check_matching(w, c);
       body(w);
@@ -4188,9 +4221,9 @@ class local_group final : public process_group {
     for (int q = 0; q < size(); ++q) {
       const auto& o = w.at(q);
       if (o.kind != me.kind || o.count != me.count || o.type != me.type || o.root != me.root || o.op != me.op ||
-          o.divisor != me.divisor) {
+          o.divisor != me.divisor || o.exchange != me.exchange) {
         auto describe = [](const detail::local::world_state::slot& s) {
-          return std::string(to_string(s.kind)) + "(" + std::string(to_string(s.type)) + " x " +
+          return std::string(s.exchange ? "exchange" : to_string(s.kind)) + "(" + std::string(to_string(s.type)) + " x " +
                  std::to_string(s.count) + ", root " + std::to_string(s.root) + ", op " +
                  std::string(to_string(s.op)) + (s.divisor > 0 ? ", divided by " + std::to_string(s.divisor) : "") + ")";
         };
@@ -15479,6 +15512,22 @@ class flat_views {
     starts_.push_back(at);
   }
   [[nodiscard]] std::size_t total() const noexcept { return starts_.empty() ? 0 : starts_.back(); }
+  // The first element when the tensors lie back to back in one buffer, in flat order (a model
+  // that keeps all its parameters in one allocation); else nullptr.
+  [[nodiscard]] T* contiguous_data() const noexcept {
+    T* next = nullptr;
+    T* first = nullptr;
+    for (const auto& v : views_) {
+      if (v.size() == 0) continue;
+      if (!first) {
+        first = v.data();
+      } else if (v.data() != next) {
+        return nullptr;
+      }
+      next = v.data() + v.size();
+    }
+    return first;
+  }
 
   // Calls fn(T* piece, std::size_t offset_in_range, std::size_t length) for each tensor's part of
   // the flat range r, in order.
@@ -19551,6 +19600,7 @@ class streaming_diloco {
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <optional>
@@ -19561,6 +19611,7 @@ class streaming_diloco {
 #include <utility>
 #include <vector>
 
+// #include <partrain/comm/local.hpp> (above)
 // #include <partrain/comm/process_group.hpp> (above)
 // #include <partrain/config.hpp> (above)
 // #include <partrain/core/error.hpp> (above)
@@ -19635,6 +19686,13 @@ struct zero_options {
   // 16-bit parameters: reduce_scatter the gradients in fp32 (twice the bytes, no 16-bit rounding
   // of the sum). false: in the parameters' type, as DDP on that model all_reduces them.
   bool fp32_reduce = false;
+  // Ranks that are threads of one process (the local backend), host parameters of the master
+  // type, each rank's values and gradients one buffer: the step runs over shared memory, each rank
+  // averaging its blocks of every rank's gradients a cache-sized piece at a time, stepping them
+  // and writing the new values into every rank's parameters, all in one meeting (no reduce_scatter
+  // buffer, no all_gather). The same arithmetic, so the same bits; the gradient hook, clipping and
+  // no_sync accumulation take the reduce_scatter path. false: always that path.
+  bool shared_memory_step = true;
 };
 
 // What one rank holds, in bytes (so a benchmark can print it beside DDP's).
@@ -19702,6 +19760,7 @@ class sharded_data_parallel {
     verify_parameters();
     if (opts_.broadcast_parameters) broadcast_parameters();
     make_layout();
+    decide_shared();
     optimizer_.emplace(optimizer, shard_elements_, at_.device(), at_.stream());
     at_.allocate(shard_grad_, layout_.padded_shard());
     // Two buckets in flight need two slots; a model that fits one bucket needs one.
@@ -19826,6 +19885,8 @@ class sharded_data_parallel {
   // is in device memory, finished when the hook runs.
   using gradient_hook = std::function<bool(tensor_view<W, S>)>;
   void set_gradient_hook(gradient_hook h) { hook_ = std::move(h); }
+  // Whether steps run over shared memory (zero_options::shared_memory_step; all ranks agree).
+  [[nodiscard]] bool shared_memory_step() const noexcept { return shared_ != nullptr; }
   // Whether the last synchronizing step's update was skipped by the gradient hook.
   [[nodiscard]] bool last_step_skipped() const noexcept { return skipped_; }
 
@@ -19848,7 +19909,8 @@ class sharded_data_parallel {
   [[nodiscard]] std::size_t buckets_launched_in_backward() const noexcept { return launched_in_backward_; }
   // Seconds spent launching reduce_scatters (copy, divide, launch) and waiting for them once the
   // last gradient was final (the model's last report, or its train_step's return), summed over
-  // all steps: the gradient communication backward did not hide.
+  // all steps: the gradient communication backward did not hide (the shared-memory step: all
+  // of it, the optimizer included).
   [[nodiscard]] double exposed_reduce_seconds() const noexcept { return exposed_reduce_s_; }
 
   [[nodiscard]] sharded_memory memory() const noexcept {
@@ -19982,7 +20044,7 @@ class sharded_data_parallel {
   double synchronizing_step(const B& batch) {
     double loss = 0;
     if constexpr (notifies_grad_ready<M, B>) {
-      if (opts_.overlap && layout_.is_per_bucket()) {
+      if (opts_.overlap && layout_.is_per_bucket() && !use_shared()) {
         collect_views();  // the views the buckets are packed from while backward runs
         begin_reduction();
         pending_ = pending_start_;
@@ -20091,9 +20153,69 @@ class sharded_data_parallel {
 
   // The reduce_scatters, the shard's step and the all_gathers of one synchronizing step.
   void reduce_step_gather() {
+    if (use_shared()) {
+      exposed([&] { shared_step(); });
+      return;
+    }
     begin_reduction();
     exposed([&] { launch_from(0); });
     finish_reduction();
+  }
+
+  // One process's threads, host parameters of the master type in one buffer on every rank: the
+  // step can run over shared memory. Every rank must agree, since the two paths communicate
+  // differently; a model whose buffers differ between ranks takes the reduce_scatter path.
+  void decide_shared() {
+    if constexpr (std::same_as<S, host> && !sharded_masters && std::derived_from<C, process_group>) {
+      auto* local = dynamic_cast<local_group*>(static_cast<process_group*>(comm_));
+      const bool can = opts_.shared_memory_step && local && values_.contiguous_data() && grads_.contiguous_data();
+      std::array<std::int64_t, 2> flag{can ? 1 : 0, 0};
+      agree_flag(flag, "shared-memory check all_reduce");
+      if (flag[0] == static_cast<std::int64_t>(world_)) shared_ = local;
+    }
+  }
+  [[nodiscard]] bool use_shared() const noexcept {
+    return shared_ && !hook_ && opts_.max_grad_norm == 0 && accumulated_ == 0;
+  }
+
+  // The step over shared memory (zero_options::shared_memory_step): one exchange in which this
+  // rank takes its blocks of every rank's gradients a piece at a time (small enough to stay in
+  // L1), divides and sums them in rank order as the reduce_scatter path does, steps the piece and
+  // writes the new values into every rank's parameters. Nothing else touches those blocks meanwhile.
+  void shared_step() {
+    if constexpr (std::same_as<S, host> && !sharded_masters) shared_step_host();
+  }
+  void shared_step_host() {
+    last_norm_ = std::nan("");
+    skipped_ = false;
+    T* mine = values_.contiguous_data();
+    const T* grads = grads_.contiguous_data();
+    if (layout_.total() > 0 && (!mine || !grads)) {
+      throw invalid_argument_error(where() + "the model's parameter values or gradients are no longer one buffer each, "
+                                   "as they were at construction (the shared-memory step needs them so; construct with "
+                                   "zero_options{.shared_memory_step = false})");
+    }
+    optimizer_->begin_step();
+    const double divisor = ranks_;  // no micro-steps accumulated on this path
+    using peers_t = std::span<const local_group::peer_buffers>;
+    auto body = [&](peers_t peers) {
+      constexpr std::size_t piece = 2048;
+      alignas(64) W g[piece];
+      for (std::size_t k = 0; k < layout_.buckets(); ++k) {
+        const auto r = layout_.real_block(k, rank_);
+        for (std::size_t b = r.begin; b < r.end; b += piece) {
+          const std::size_t n = std::min(piece, r.end - b);
+          for (std::size_t q = 0; q < peers.size(); ++q) {
+            detail::host_add_divided(g, static_cast<const W*>(peers[q].in) + b, n, dtype_of<W>, divisor, q == 0);
+          }
+          optimizer_->update(mine + b, g, element_at_[k] + (b - r.begin), n);
+          for (std::size_t q = 0; q < peers.size(); ++q) {
+            if (q != rank_) std::memcpy(static_cast<T*>(peers[q].out) + b, mine + b, n * sizeof(T));
+          }
+        }
+      }
+    };
+    wait_named(shared_->exchange(grads, mine, layout_.total(), dtype_of<T>, body), "shared-memory step");
   }
 
   void begin_reduction() {
@@ -20302,6 +20424,7 @@ class sharded_data_parallel {
   std::int64_t steps_ = 0;
   double last_norm_ = std::nan("");
   bool require_sync_ = true;
+  local_group* shared_ = nullptr;  // set when steps run over shared memory (decide_shared)
 };
 
 }  // namespace partrain::inline v0

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -270,4 +271,29 @@ TEST_CASE("traffic: every rank counts the bytes a ring algorithm sends", "[comm]
     if (g.traffic().calls != 1 || g.traffic().bytes_sent != 0) ++failures;
   });
   CHECK(failures == 0);
+}
+
+TEST_CASE("local exchange: every rank sees every rank's buffers, and a mismatched call is named", "[comm][local][shared]") {
+  std::vector<std::vector<int>> seen(3);
+  run_local(3, [&](local_group& g) {
+    std::vector<int> in(4, g.rank() + 1), out(4, 0);
+    g.reset_traffic();
+    g.exchange(in.data(), out.data(), in.size(), dtype::int32, [&](std::span<const local_group::peer_buffers> peers) {
+      // Each rank writes its rank into slot `rank` of every rank's out.
+      for (const auto& p : peers) static_cast<int*>(p.out)[g.rank()] = g.rank() + 10;
+      auto& s = seen[static_cast<std::size_t>(g.rank())];
+      for (const auto& p : peers) s.push_back(static_cast<const int*>(p.in)[3]);
+    }).wait();
+    CHECK(out == std::vector<int>{10, 11, 12, 0});
+    CHECK(g.traffic().bytes_sent == 2 * 2 * 16 / 3);  // as an all_reduce of 16 bytes over 3 ranks
+  });
+  for (const auto& s : seen) CHECK(s == std::vector<int>{1, 2, 3});
+  CHECK_THROWS_WITH(run_local(2, [](local_group& g) {
+    std::vector<float> v(8);
+    if (g.rank() == 0) {
+      g.exchange(v.data(), v.data(), v.size(), dtype::float32, [](auto) {}).wait();
+    } else {
+      g.all_reduce(tensor_view<float>(v)).wait();
+    }
+  }), Catch::Contains("exchange(float32 x 8"));
 }

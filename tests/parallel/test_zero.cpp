@@ -12,6 +12,7 @@
 #include <partrain/precision/mixed_precision.hpp>
 #include <partrain/precision/sharded_amp.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -638,4 +639,117 @@ TEST_CASE("zero: bad input fails with a message naming what was wrong", "[parall
       CHECK_THAT(msg, Catch::Contains("rank 0 has 4 of 53"));
     }
   }
+}
+
+namespace {
+
+// A linear model y = W x + b (least squares) that keeps all its values in one buffer and all its
+// gradients in another, as mlp_host does: what sharded_data_parallel's shared-memory step needs.
+class flat_linear {
+ public:
+  struct param {
+    tensor_view<float> v, g;
+    [[nodiscard]] tensor_view<float> value() const { return v; }
+    [[nodiscard]] tensor_view<float> grad() const { return g; }
+  };
+  flat_linear(std::uint64_t seed, shape3 s) : in_(s.in), out_(s.out), values_(s.out * (s.in + 1)), grads_(values_.size()) {
+    partrain::testing::toy_rng r(seed);
+    for (auto& v : values_) v = static_cast<float>(0.5 * r.uniform());
+    const std::size_t w = out_ * in_;
+    params_ = {{{values_.data(), w}, {grads_.data(), w}}, {{values_.data() + w, out_}, {grads_.data() + w, out_}}};
+  }
+  [[nodiscard]] std::vector<param>& parameters() noexcept { return params_; }
+  double train_step(const toy_batch<float>& b) {
+    std::fill(grads_.begin(), grads_.end(), 0.0f);
+    double loss = 0;
+    const float inv = 1.0f / static_cast<float>(b.n);
+    for (std::size_t s = 0; s < b.n; ++s) {
+      for (std::size_t o = 0; o < out_; ++o) {
+        float y = values_[out_ * in_ + o];
+        for (std::size_t i = 0; i < in_; ++i) y += values_[o * in_ + i] * b.x[s * in_ + i];
+        const float d = y - b.y[s * out_ + o];
+        loss += 0.5 * static_cast<double>(d) * static_cast<double>(d);
+        for (std::size_t i = 0; i < in_; ++i) grads_[o * in_ + i] += d * b.x[s * in_ + i] * inv;
+        grads_[out_ * in_ + o] += d * inv;
+      }
+    }
+    return loss / static_cast<double>(b.n);
+  }
+  [[nodiscard]] eval_result eval_step(const toy_batch<float>& b) { return {.count = b.n}; }
+  [[nodiscard]] const std::vector<float>& flat_values() const noexcept { return values_; }
+
+ private:
+  std::size_t in_, out_;
+  std::vector<float> values_, grads_;
+  std::vector<param> params_;
+};
+
+struct flat_result {
+  std::vector<float> values;  // rank 0's, after the steps
+  bool all_equal = true;      // every rank's values equal rank 0's
+  bool shared = false;        // rank 0's shared_memory_step()
+};
+
+// Rank r of `world` takes 6 - (join ? r : 0) steps of its own batches, then joins (with join).
+flat_result flat_run(int world, const shard_optimizer_options& opt, zero_options o, double max_norm = 0, bool join = false) {
+  o.max_grad_norm = max_norm;
+  o.join = join;
+  std::vector<std::vector<float>> values(static_cast<std::size_t>(world));
+  flat_result res;
+  run_local(world, [&](local_group& g) {
+    flat_linear m(7 + static_cast<std::uint64_t>(g.rank()), odd_shape);
+    sharded_data_parallel zero(m, g, opt, o);
+    const int mine = 6 - (join ? g.rank() : 0);
+    for (int s = 0; s < mine; ++s) zero.train_step(rank_batch(s, world, g.rank(), odd_shape));
+    if (join) (void)zero.join();
+    values[static_cast<std::size_t>(g.rank())] = m.flat_values();
+    if (g.rank() == 0) res.shared = zero.shared_memory_step();
+  }, {.timeout = std::chrono::seconds(20)});
+  res.values = values[0];
+  for (const auto& v : values) res.all_equal = res.all_equal && v == values[0];
+  return res;
+}
+
+}  // namespace
+
+TEST_CASE("zero: the shared-memory step on threads gives the reduce_scatter path's bits", "[parallel][zero][shared]") {
+  const std::vector<shard_optimizer_options> opts{sgd_momentum, adamw_default};
+  for (int world = 1; world <= 4; ++world) {
+    for (const auto& opt : opts) {
+      for (int stage : {1, 2}) {
+        for (const auto partition : {zero_partition::per_bucket, zero_partition::contiguous}) {
+          CAPTURE(world, stage, static_cast<int>(partition), opt.index());
+          // 12-byte buckets: several buckets, each rank's blocks spread over them.
+          zero_options o{.stage = stage, .partition = partition, .bucket_cap_bytes = 12, .first_bucket_bytes = 12};
+          const auto shared = flat_run(world, opt, o);
+          o.shared_memory_step = false;
+          const auto scattered = flat_run(world, opt, o);
+          CHECK(shared.shared);
+          CHECK_FALSE(scattered.shared);
+          CHECK(shared.all_equal);
+          CHECK(shared.values == scattered.values);
+        }
+      }
+    }
+  }
+  SECTION("clipping takes the reduce_scatter path; join shadows over shared memory") {
+    for (int world : {2, 3}) {
+      CAPTURE(world);
+      const auto clipped = flat_run(world, sgd_momentum, {}, 0.05);
+      const auto clipped_rs = flat_run(world, sgd_momentum, {.shared_memory_step = false}, 0.05);
+      CHECK(clipped.values == clipped_rs.values);
+      const auto joined = flat_run(world, adamw_default, {}, 0, true);
+      const auto joined_rs = flat_run(world, adamw_default, {.shared_memory_step = false}, 0, true);
+      CHECK(joined.all_equal);
+      CHECK(joined.values == joined_rs.values);
+    }
+  }
+}
+
+TEST_CASE("zero: models whose parameters are not one buffer take the reduce_scatter path", "[parallel][zero][shared]") {
+  run_local(2, [](local_group& g) {
+    auto m = make_model(g.rank(), odd_shape);  // toy_mlp: one allocation per parameter
+    sharded_data_parallel zero(m, g, sgd_momentum);
+    CHECK_FALSE(zero.shared_memory_step());
+  });
 }

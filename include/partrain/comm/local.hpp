@@ -44,6 +44,7 @@ class world_state {
     int root = -1;
     collective kind = collective::barrier;
     double divisor = 0;  // all_reduce_divided's; 0 for every other call
+    bool exchange = false;  // local_group::exchange (matched only with another exchange)
   };
 
   world_state(int n, std::chrono::milliseconds timeout)
@@ -222,6 +223,34 @@ class local_group final : public process_group {
       : process_group(rank, world->size(), opts), world_(std::move(world)) {}
 
   [[nodiscard]] std::string_view backend() const noexcept override { return "local"; }
+  // One rank's buffers as exchange() shows them to every rank.
+  struct peer_buffers {
+    const void* in = nullptr;
+    void* out = nullptr;
+  };
+  // A collective only ranks in one address space can offer: every rank publishes `in` (count
+  // elements of type t) and `out`, the ranks meet, each runs body(peers) with every rank's pair
+  // (in rank order), and they meet again, so nobody reuses a buffer a peer still touches. body may
+  // read any rank's `in` and write any rank's `out` where the ranks agreed who writes what:
+  // sharded_data_parallel's step over shared memory has each rank reduce its own block of every
+  // rank's gradients, step it and write the result into every rank's parameters, one pass instead
+  // of a reduce_scatter, a step and an all_gather. Matched like any collective (an exchange of
+  // the same count and type on every rank); errors and timeouts name the operation as all_reduce,
+  // and traffic() counts it as the all_reduce of `in` it stands for.
+  work exchange(const void* in, void* out, std::size_t count, dtype t,
+                std::function<void(std::span<const peer_buffers>)> body) {
+    const raw_tensor shape{const_cast<void*>(in), count, t, false};
+    count_traffic(collective::all_reduce, shape.bytes());
+    return run(collective::all_reduce, in, out, shape, -1, reduce_op::sum,
+               [this, body = std::move(body)](detail::local::world_state& w) {
+                 std::vector<peer_buffers> peers;
+                 peers.reserve(static_cast<std::size_t>(size()));
+                 for (int q = 0; q < size(); ++q) peers.push_back({w.at(q).in, w.at(q).out});
+                 body(peers);
+               },
+               false, 0, true);
+  }
+
   // Marks the world failed, so peers blocked in a collective stop waiting (used when a rank throws).
   // `origin` is the rank whose failure this is (aborted_error::origin() in the peers).
   void abort(const std::string& why, int origin = -1) { world_->abort(why, origin); }
@@ -301,10 +330,10 @@ class local_group final : public process_group {
   // (nobody may reuse a buffer a peer still reads).
   template <class Body>
   work run(collective c, const void* in, void* out, raw_tensor t, int root, reduce_op op, Body body,
-           bool root_only_phase = false, double divisor = 0) {
-    auto meet = [this, c, in, out, t, root, op, body, root_only_phase, divisor] {
+           bool root_only_phase = false, double divisor = 0, bool exchange = false) {
+    auto meet = [this, c, in, out, t, root, op, body = std::move(body), root_only_phase, divisor, exchange] {
       auto& w = *world_;
-      w.at(rank()) = {in, out, t.count, t.type, op, root, c, divisor};
+      w.at(rank()) = {in, out, t.count, t.type, op, root, c, divisor, exchange};
       w.arrive_and_wait(rank(), c, "enter");
       check_matching(w, c);
       body(w);
@@ -326,9 +355,9 @@ class local_group final : public process_group {
     for (int q = 0; q < size(); ++q) {
       const auto& o = w.at(q);
       if (o.kind != me.kind || o.count != me.count || o.type != me.type || o.root != me.root || o.op != me.op ||
-          o.divisor != me.divisor) {
+          o.divisor != me.divisor || o.exchange != me.exchange) {
         auto describe = [](const detail::local::world_state::slot& s) {
-          return std::string(to_string(s.kind)) + "(" + std::string(to_string(s.type)) + " x " +
+          return std::string(s.exchange ? "exchange" : to_string(s.kind)) + "(" + std::string(to_string(s.type)) + " x " +
                  std::to_string(s.count) + ", root " + std::to_string(s.root) + ", op " +
                  std::string(to_string(s.op)) + (s.divisor > 0 ? ", divided by " + std::to_string(s.divisor) : "") + ")";
         };

@@ -27,6 +27,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <optional>
@@ -37,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include <partrain/comm/local.hpp>
 #include <partrain/comm/process_group.hpp>
 #include <partrain/config.hpp>
 #include <partrain/core/error.hpp>
@@ -111,6 +113,13 @@ struct zero_options {
   // 16-bit parameters: reduce_scatter the gradients in fp32 (twice the bytes, no 16-bit rounding
   // of the sum). false: in the parameters' type, as DDP on that model all_reduces them.
   bool fp32_reduce = false;
+  // Ranks that are threads of one process (the local backend), host parameters of the master
+  // type, each rank's values and gradients one buffer: the step runs over shared memory, each rank
+  // averaging its blocks of every rank's gradients a cache-sized piece at a time, stepping them
+  // and writing the new values into every rank's parameters, all in one meeting (no reduce_scatter
+  // buffer, no all_gather). The same arithmetic, so the same bits; the gradient hook, clipping and
+  // no_sync accumulation take the reduce_scatter path. false: always that path.
+  bool shared_memory_step = true;
 };
 
 // What one rank holds, in bytes (so a benchmark can print it beside DDP's).
@@ -178,6 +187,7 @@ class sharded_data_parallel {
     verify_parameters();
     if (opts_.broadcast_parameters) broadcast_parameters();
     make_layout();
+    decide_shared();
     optimizer_.emplace(optimizer, shard_elements_, at_.device(), at_.stream());
     at_.allocate(shard_grad_, layout_.padded_shard());
     // Two buckets in flight need two slots; a model that fits one bucket needs one.
@@ -302,6 +312,8 @@ class sharded_data_parallel {
   // is in device memory, finished when the hook runs.
   using gradient_hook = std::function<bool(tensor_view<W, S>)>;
   void set_gradient_hook(gradient_hook h) { hook_ = std::move(h); }
+  // Whether steps run over shared memory (zero_options::shared_memory_step; all ranks agree).
+  [[nodiscard]] bool shared_memory_step() const noexcept { return shared_ != nullptr; }
   // Whether the last synchronizing step's update was skipped by the gradient hook.
   [[nodiscard]] bool last_step_skipped() const noexcept { return skipped_; }
 
@@ -324,7 +336,8 @@ class sharded_data_parallel {
   [[nodiscard]] std::size_t buckets_launched_in_backward() const noexcept { return launched_in_backward_; }
   // Seconds spent launching reduce_scatters (copy, divide, launch) and waiting for them once the
   // last gradient was final (the model's last report, or its train_step's return), summed over
-  // all steps: the gradient communication backward did not hide.
+  // all steps: the gradient communication backward did not hide (the shared-memory step: all
+  // of it, the optimizer included).
   [[nodiscard]] double exposed_reduce_seconds() const noexcept { return exposed_reduce_s_; }
 
   [[nodiscard]] sharded_memory memory() const noexcept {
@@ -458,7 +471,7 @@ class sharded_data_parallel {
   double synchronizing_step(const B& batch) {
     double loss = 0;
     if constexpr (notifies_grad_ready<M, B>) {
-      if (opts_.overlap && layout_.is_per_bucket()) {
+      if (opts_.overlap && layout_.is_per_bucket() && !use_shared()) {
         collect_views();  // the views the buckets are packed from while backward runs
         begin_reduction();
         pending_ = pending_start_;
@@ -567,9 +580,69 @@ class sharded_data_parallel {
 
   // The reduce_scatters, the shard's step and the all_gathers of one synchronizing step.
   void reduce_step_gather() {
+    if (use_shared()) {
+      exposed([&] { shared_step(); });
+      return;
+    }
     begin_reduction();
     exposed([&] { launch_from(0); });
     finish_reduction();
+  }
+
+  // One process's threads, host parameters of the master type in one buffer on every rank: the
+  // step can run over shared memory. Every rank must agree, since the two paths communicate
+  // differently; a model whose buffers differ between ranks takes the reduce_scatter path.
+  void decide_shared() {
+    if constexpr (std::same_as<S, host> && !sharded_masters && std::derived_from<C, process_group>) {
+      auto* local = dynamic_cast<local_group*>(static_cast<process_group*>(comm_));
+      const bool can = opts_.shared_memory_step && local && values_.contiguous_data() && grads_.contiguous_data();
+      std::array<std::int64_t, 2> flag{can ? 1 : 0, 0};
+      agree_flag(flag, "shared-memory check all_reduce");
+      if (flag[0] == static_cast<std::int64_t>(world_)) shared_ = local;
+    }
+  }
+  [[nodiscard]] bool use_shared() const noexcept {
+    return shared_ && !hook_ && opts_.max_grad_norm == 0 && accumulated_ == 0;
+  }
+
+  // The step over shared memory (zero_options::shared_memory_step): one exchange in which this
+  // rank takes its blocks of every rank's gradients a piece at a time (small enough to stay in
+  // L1), divides and sums them in rank order as the reduce_scatter path does, steps the piece and
+  // writes the new values into every rank's parameters. Nothing else touches those blocks meanwhile.
+  void shared_step() {
+    if constexpr (std::same_as<S, host> && !sharded_masters) shared_step_host();
+  }
+  void shared_step_host() {
+    last_norm_ = std::nan("");
+    skipped_ = false;
+    T* mine = values_.contiguous_data();
+    const T* grads = grads_.contiguous_data();
+    if (layout_.total() > 0 && (!mine || !grads)) {
+      throw invalid_argument_error(where() + "the model's parameter values or gradients are no longer one buffer each, "
+                                   "as they were at construction (the shared-memory step needs them so; construct with "
+                                   "zero_options{.shared_memory_step = false})");
+    }
+    optimizer_->begin_step();
+    const double divisor = ranks_;  // no micro-steps accumulated on this path
+    using peers_t = std::span<const local_group::peer_buffers>;
+    auto body = [&](peers_t peers) {
+      constexpr std::size_t piece = 2048;
+      alignas(64) W g[piece];
+      for (std::size_t k = 0; k < layout_.buckets(); ++k) {
+        const auto r = layout_.real_block(k, rank_);
+        for (std::size_t b = r.begin; b < r.end; b += piece) {
+          const std::size_t n = std::min(piece, r.end - b);
+          for (std::size_t q = 0; q < peers.size(); ++q) {
+            detail::host_add_divided(g, static_cast<const W*>(peers[q].in) + b, n, dtype_of<W>, divisor, q == 0);
+          }
+          optimizer_->update(mine + b, g, element_at_[k] + (b - r.begin), n);
+          for (std::size_t q = 0; q < peers.size(); ++q) {
+            if (q != rank_) std::memcpy(static_cast<T*>(peers[q].out) + b, mine + b, n * sizeof(T));
+          }
+        }
+      }
+    };
+    wait_named(shared_->exchange(grads, mine, layout_.total(), dtype_of<T>, body), "shared-memory step");
   }
 
   void begin_reduction() {
@@ -778,6 +851,7 @@ class sharded_data_parallel {
   std::int64_t steps_ = 0;
   double last_norm_ = std::nan("");
   bool require_sync_ = true;
+  local_group* shared_ = nullptr;  // set when steps run over shared memory (decide_shared)
 };
 
 }  // namespace partrain::inline v0

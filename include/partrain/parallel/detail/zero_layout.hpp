@@ -160,6 +160,22 @@ class flat_views {
     starts_.push_back(at);
   }
   [[nodiscard]] std::size_t total() const noexcept { return starts_.empty() ? 0 : starts_.back(); }
+  // The first element when the tensors lie back to back in one buffer, in flat order (a model
+  // that keeps all its parameters in one allocation); else nullptr.
+  [[nodiscard]] T* contiguous_data() const noexcept {
+    T* next = nullptr;
+    T* first = nullptr;
+    for (const auto& v : views_) {
+      if (v.size() == 0) continue;
+      if (!first) {
+        first = v.data();
+      } else if (v.data() != next) {
+        return nullptr;
+      }
+      next = v.data() + v.size();
+    }
+    return first;
+  }
 
   // Calls fn(T* piece, std::size_t offset_in_range, std::size_t length) for each tensor's part of
   // the flat range r, in order.
