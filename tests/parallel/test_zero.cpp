@@ -688,6 +688,7 @@ struct flat_result {
   std::vector<float> values;  // rank 0's, after the steps
   bool all_equal = true;      // every rank's values equal rank 0's
   bool shared = false;        // rank 0's shared_memory_step()
+  sharded_memory mem{};       // rank 0's, after the steps
 };
 
 // Rank r of `world` takes 6 - (join ? r : 0) steps of its own batches, then joins (with join).
@@ -703,7 +704,10 @@ flat_result flat_run(int world, const shard_optimizer_options& opt, zero_options
     for (int s = 0; s < mine; ++s) zero.train_step(rank_batch(s, world, g.rank(), odd_shape));
     if (join) (void)zero.join();
     values[static_cast<std::size_t>(g.rank())] = m.flat_values();
-    if (g.rank() == 0) res.shared = zero.shared_memory_step();
+    if (g.rank() == 0) {
+      res.shared = zero.shared_memory_step();
+      res.mem = zero.memory();
+    }
   }, {.timeout = std::chrono::seconds(20)});
   res.values = values[0];
   for (const auto& v : values) res.all_equal = res.all_equal && v == values[0];
@@ -728,6 +732,11 @@ TEST_CASE("zero: the shared-memory step on threads gives the reduce_scatter path
           CHECK_FALSE(scattered.shared);
           CHECK(shared.all_equal);
           CHECK(shared.values == scattered.values);
+          // No bucket slots, gathered blocks or reduced shard: the step needs none.
+          CHECK(shared.mem.gradient_bytes == 0);
+          CHECK(shared.mem.communication_bytes == 0);
+          CHECK(scattered.mem.communication_bytes > 0);
+          CHECK(shared.mem.optimizer_state_bytes == scattered.mem.optimizer_state_bytes);
         }
       }
     }
@@ -738,6 +747,7 @@ TEST_CASE("zero: the shared-memory step on threads gives the reduce_scatter path
       const auto clipped = flat_run(world, sgd_momentum, {}, 0.05);
       const auto clipped_rs = flat_run(world, sgd_momentum, {.shared_memory_step = false}, 0.05);
       CHECK(clipped.values == clipped_rs.values);
+      CHECK(clipped.mem.communication_bytes == clipped_rs.mem.communication_bytes);  // made at the first step
       const auto joined = flat_run(world, adamw_default, {}, 0, true);
       const auto joined_rs = flat_run(world, adamw_default, {.shared_memory_step = false}, 0, true);
       CHECK(joined.all_equal);

@@ -189,18 +189,7 @@ class sharded_data_parallel {
     make_layout();
     decide_shared();
     optimizer_.emplace(optimizer, shard_elements_, at_.device(), at_.stream());
-    at_.allocate(shard_grad_, layout_.padded_shard());
-    // Two buckets in flight need two slots; a model that fits one bucket needs one.
-    const std::size_t slot = std::min(layout_.window(), layout_.padded_shard());
-    const std::size_t slots = std::min<std::size_t>(2, layout_.buckets());
-    for (std::size_t i = 0; i < slots; ++i) {
-      at_.allocate(gather_[i], world_ * slot);
-      at_.allocate(send_[i], slot);
-      if (opts_.stage == 2) at_.allocate(scatter_[i], world_ * slot);
-      if (reduce16()) at_.allocate(slot16_[i], world_ * slot);
-    }
-    if (reduce16()) at_.allocate(shard16_, layout_.padded_shard());
-    if (opts_.stage == 1) at_.allocate(whole_, layout_.padded());
+    if (!shared_) make_reduce_buffers();  // the shared-memory step needs none of them
     if constexpr (sharded_masters) {
       at_.allocate(masters_, shard_elements_);
       for (std::size_t k = 0; k < layout_.buckets(); ++k) {
@@ -645,7 +634,27 @@ class sharded_data_parallel {
     wait_named(shared_->exchange(grads, mine, layout_.total(), dtype_of<T>, body), "shared-memory step");
   }
 
+  // The reduce_scatter path's buffers: at construction, or (where steps run over shared memory)
+  // the first time a step takes that path.
+  void make_reduce_buffers() {
+    if (!shard_grad_.empty() || layout_.padded_shard() == 0) return;
+    at_.allocate(shard_grad_, layout_.padded_shard());
+    // Two buckets in flight need two slots; a model that fits one bucket needs one.
+    const std::size_t slot = std::min(layout_.window(), layout_.padded_shard());
+    const std::size_t slots = std::min<std::size_t>(2, layout_.buckets());
+    for (std::size_t i = 0; i < slots; ++i) {
+      at_.allocate(gather_[i], world_ * slot);
+      at_.allocate(send_[i], slot);
+      if (opts_.stage == 2) at_.allocate(scatter_[i], world_ * slot);
+      if (reduce16()) at_.allocate(slot16_[i], world_ * slot);
+    }
+    if (reduce16()) at_.allocate(shard16_, layout_.padded_shard());
+    // Stage 1 keeps the gradients whole until reduced (no_sync may have made this copy already).
+    if (opts_.stage == 1 && whole_.empty()) at_.allocate(whole_, layout_.padded());
+  }
+
   void begin_reduction() {
+    make_reduce_buffers();
     const std::size_t nb = layout_.buckets();
     rs_.assign(nb, std::nullopt);
     ag_.assign(nb, std::nullopt);
