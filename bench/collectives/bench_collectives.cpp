@@ -3,7 +3,7 @@
 // over loopback) next to the same calls made on Gloo directly, a single-thread memcpy of the same
 // bytes, the mpi backend (2 processes under mpirun, shared memory) next to the same calls made on
 // MPI directly, and NCCL over the visible GPUs when there are any. Wrapper and raw engine are timed
-// call by call in pairs (11 to 101 per size; Gloo's raw calls on the wrapper's own context): each
+// call by call in pairs (31 to 301 per size; Gloo's raw calls on the wrapper's own context): each
 // row reports the median call of each and the median pair's ratio, so that a slow moment (another
 // process on the core) does not decide a ratio.
 //
@@ -186,10 +186,12 @@ struct engine_result {
 };
 
 // Every op at every size, our wrapper against the engine called directly, on `n` ranks (all run
-// it; rank 0 prints the table under `label`). The pairs of a row (11 to 101, about 1 GiB moved
+// it; rank 0 prints the table under `label`). The pairs of a row (31 to 301, about 4 GiB moved
 // per side) are spread over 3 sweeps of the whole table, so a slow stretch of the machine (a
 // thread placed badly for a while) lands on a few pairs of many rows, not on all pairs of one:
 // with one sweep, the same 1 MiB row at 101 pairs gave 0.87 in one run and 0.98 in the next.
+// With 11 to 101 pairs (1 GiB), the lowest row >= 1 MiB still moved from 0.88 to 0.95 between
+// runs: a 64 MiB row had 16 pairs.
 // Each row reports the median call of each side and the median pair's ratio.
 template <class Barrier, class Wrapper, class Raw>
 engine_result sweep_against_raw(const plan& p, const char* label, int rank, int n, Barrier&& barrier, Wrapper&& wrapper,
@@ -207,7 +209,7 @@ engine_result sweep_against_raw(const plan& p, const char* label, int rank, int 
           a();
           b();
         }
-        const int pairs = p.quick ? 1 : static_cast<int>(std::clamp<std::size_t>((1u << 30) / bytes, 11, 101));
+        const int pairs = p.quick ? 1 : static_cast<int>(std::clamp<std::size_t>((std::size_t{1} << 32) / bytes, 31, 301));
         time_pairs((pairs + sweeps - 1) / sweeps, rows[{static_cast<int>(k), bytes}], a, b);
       }
     }
