@@ -25,6 +25,9 @@ endfunction()
 
 small_example_test(ddp LABELS threads
   REGEX "final loss 0\\.000[0-9]+" "parameters bit-identical on all 2 ranks")
+small_example_test(zero LABELS threads
+  REGEX "rank 0 keeps momentum for 2 of the 5 parameter values; step over shared memory"
+        "final loss 0\\.000[0-9]+, parameters bit-identical on all 2 ranks")
 small_example_test(data_parallel LABELS threads
   REGEX "final loss 0\\.000[0-9]+ on 2 devices" "largest difference from one device")
 small_example_test(pipeline LABELS threads
