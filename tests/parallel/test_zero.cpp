@@ -675,7 +675,6 @@ class flat_linear {
     }
     return loss / static_cast<double>(b.n);
   }
-  [[nodiscard]] eval_result eval_step(const toy_batch<float>& b) { return {.count = b.n}; }
   [[nodiscard]] const std::vector<float>& flat_values() const noexcept { return values_; }
 
  private:
