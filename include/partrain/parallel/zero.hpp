@@ -622,7 +622,7 @@ class sharded_data_parallel {
         for (std::size_t b = r.begin; b < r.end; b += piece) {
           const std::size_t n = std::min(piece, r.end - b);
           for (std::size_t q = 0; q < peers.size(); ++q) {
-            detail::host_add_divided(g, static_cast<const W*>(peers[q].in) + b, n, dtype_of<W>, divisor, q == 0);
+            detail::add_divided_typed(g, static_cast<const W*>(peers[q].in) + b, n, divisor, q == 0);
           }
           optimizer_->update(mine + b, g, element_at_[k] + (b - r.begin), n);
           for (std::size_t q = 0; q < peers.size(); ++q) {
