@@ -1,6 +1,8 @@
 // bench_ddp: what distributed_data_parallel costs and gains on the example's host MLP
 // (784-256-128-10, OpenBLAS with one thread per rank), in samples/s over the same batches:
-//   0. the GEMM-bound limit: the step's eight GEMMs alone (same shapes, one thread)
+//   0. the GEMM-bound limit: the step's eight GEMMs alone (same shapes, one thread); in the
+//      paired rounds also with the optimizer's pass over the weights each step (the floor of a
+//      step whose optimizer runs as a pass of its own)
 //   1. a plain loop without partrain's policy: model.train_step + sgd.step
 //   2. DDP at world size 1 (local backend): the policy's own overhead
 //   3. DDP at 2 ranks over each backend built in: gloo (two forked processes), mpi (two processes
@@ -215,8 +217,12 @@ ddp_result zero_loop(process_group& pg, const std::vector<batch>& batches, const
 
 // The GEMM-bound limit of one step: the eight sgemm calls the MLP makes for a batch (forward:
 // three; backward: three weight gradients and the two input gradients below the top), same
-// shapes, one OpenBLAS thread. Returns milliseconds per step (median of rounds).
-double gemm_ms_per_step(std::size_t batch, const config& c, int rounds = 3) {
+// shapes, one OpenBLAS thread. Returns milliseconds per step (median of rounds). With sgd, each
+// step also runs the example's optimizer (SGD, momentum 0.9) over the weights and the gradients
+// the GEMMs wrote (233k of the MLP's 235k parameters; lr 0, so the values stay put while every
+// buffer is read and written as in training): the floor a step with an optimizer pass of its own
+// can reach, whatever its other passes cost.
+double gemm_ms_per_step(std::size_t batch, const config& c, int rounds = 3, bool sgd = false) {
   const int n = static_cast<int>(batch);
   const int w[] = {784, 256, 128, 10};
   std::vector<std::vector<float>> act(4), wt(3), gw(3), delta(4);
@@ -228,6 +234,9 @@ double gemm_ms_per_step(std::size_t batch, const config& c, int rounds = 3) {
     wt[static_cast<std::size_t>(l)].assign(static_cast<std::size_t>(w[l] * w[l + 1]), 0.01f);
     gw[static_cast<std::size_t>(l)].assign(static_cast<std::size_t>(w[l] * w[l + 1]), 0.0f);
   }
+  std::vector<std::vector<float>> momentum(3);
+  for (int l = 0; l < 3; ++l) momentum[static_cast<std::size_t>(l)].assign(wt[static_cast<std::size_t>(l)].size(), 0.0f);
+  const auto coeffs = detail::optim::sgd_coeffs_of<float>({.lr = 0, .momentum = 0.9});
   auto step = [&] {
     for (int l = 0; l < 3; ++l) {  // out[n, w1] = in[n, w0] . W[w1, w0]^T
       const auto L = static_cast<std::size_t>(l);
@@ -242,6 +251,11 @@ double gemm_ms_per_step(std::size_t batch, const config& c, int rounds = 3) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, w[l], w[l + 1], 1.0f, delta[L + 1].data(), w[l + 1],
                     wt[L].data(), w[l], 0.0f, delta[L].data(), w[l]);
       }
+    }
+    if (!sgd) return;
+    for (std::size_t l = 0; l < 3; ++l) {
+      detail::optim::sgd_update(tensor_view<float>(wt[l].data(), {wt[l].size()}),
+                                tensor_view<const float>(gw[l].data(), {gw[l].size()}), momentum[l].data(), coeffs, false);
     }
   };
   openblas_set_num_threads(1);
@@ -592,23 +606,25 @@ int main(int argc, char** argv) {
     // runs made back to back, one thread's GEMMs, DDP at 1 rank, then 2 ranks on each backend,
     // and the keys are the medians of the rounds' ratios.
     const int rounds = c.quick ? 1 : 5;
-    std::vector<double> g1s, g2s, d1s, p2s, bar2s, ar2s;
+    std::vector<double> g1s, gs1s, g2s, d1s, p2s, bar2s, ar2s;
     const auto batches1 = dataset_batches(train, c.batch, need, need);
     std::printf("\npaired rounds, samples/s (each: the GEMMs on 1 and on 2 threads, DDP at 1 rank, then 2 ranks on each "
                 "backend, back to back; 'barrier' and 'all_reduce': the plain loop as 2 local ranks, inline and pinned as "
-                "local_inline, that meet, or meet and average their gradients, each step)\n%-6s %10s %10s %10s %10s %10s %10s", "round", "GEMMs 1t", "GEMMs 2t", "plain 2t",
-                "barrier", "all_reduce", "DDP 1");
+                "local_inline, that meet, or meet and average their gradients, each step; 'GEMMs+SGD': one thread's GEMMs and the "
+                "optimizer's pass alone)\n%-6s %10s %10s %10s %10s %10s %10s %10s", "round", "GEMMs 1t", "GEMMs+SGD", "GEMMs 2t",
+                "plain 2t", "barrier", "all_reduce", "DDP 1");
     for (auto& b : runs) std::printf(" %10s", b.name);
     std::printf("\n");
     for (int r = 0; r < rounds; ++r) {
       g1s.push_back(1e3 * static_cast<double>(c.batch) / gemm_ms_per_step(c.batch, c, 1));
+      gs1s.push_back(1e3 * static_cast<double>(c.batch) / gemm_ms_per_step(c.batch, c, 1, true));
       g2s.push_back(gemm_two_threads_sps(c.batch, c, 1));
       p2s.push_back(plain_two_threads_sps(batches0, batches1, c));
       bar2s.push_back(ladder_sps(batches0, batches1, c, false, local_inline));
       ar2s.push_back(ladder_sps(batches0, batches1, c, true, local_inline));
       d1s.push_back(ddp_loop(*world1[0], batches0, c, true).samples_per_s);
-      std::printf("%-6d %10.0f %10.0f %10.0f %10.0f %10.0f %10.0f", r, g1s.back(), g2s.back(), p2s.back(),
-                  bar2s.back(), ar2s.back(), d1s.back());
+      std::printf("%-6d %10.0f %10.0f %10.0f %10.0f %10.0f %10.0f %10.0f", r, g1s.back(), gs1s.back(), g2s.back(),
+                  p2s.back(), bar2s.back(), ar2s.back(), d1s.back());
       for (auto& b : runs) {
         b.round_sps.push_back(run_backend(b.name, true).on.samples_per_s);
         std::printf(" %10.0f", b.round_sps.back());
@@ -651,19 +667,22 @@ int main(int argc, char** argv) {
     const double best_vs_2t = median_of([&](std::size_t r) { return best_in(r) / g2s[r]; });
     const double two_threads = median_of([&](std::size_t r) { return g2s[r] / (2 * g1s[r]); });
     const double step_vs_gemm = median_of([&](std::size_t r) { return g1s[r] / d1s[r]; });
+    const double sgd_floor = median_of([&](std::size_t r) { return g1s[r] / gs1s[r]; });
     const double plain_2t = median_of([&](std::size_t r) { return p2s[r] / (2.0 * d1s[r]); });
     const double barrier_2 = median_of([&](std::size_t r) { return bar2s[r] / (2.0 * d1s[r]); });
     const double all_reduce_2 = median_of([&](std::size_t r) { return ar2s[r] / (2.0 * d1s[r]); });
     std::printf("medians of the rounds: best scaling_2 %.3f (%s); the fastest 2-rank run at %.3f of the 2-core "
                 "GEMM-bound limit (2 x one thread's GEMMs) and %.3f of the GEMMs on 2 threads at once, which run at "
                 "%.3f of 2 x one thread's; the plain loop on 2 threads at once (no communication) at %.3f of 2 x DDP's "
-                "one rank, with a barrier per step at %.3f, with the gradients' all_reduce at %.3f\n",
-                best_scaling, best_name.c_str(), best_vs_limit, best_vs_2t, two_threads, plain_2t, barrier_2, all_reduce_2);
+                "one rank, with a barrier per step at %.3f, with the gradients' all_reduce at %.3f; one rank's step at %.3f of "
+                "its GEMMs' time, of which the GEMMs and the optimizer's pass alone take %.3f\n",
+                best_scaling, best_name.c_str(), best_vs_limit, best_vs_2t, two_threads, plain_2t, barrier_2, all_reduce_2,
+                step_vs_gemm, sgd_floor);
     std::printf("summary: ddp1_vs_plain=%.3f scaling_2=%.3f overlap_hidden=%.3f trace_overhead=%.4f%s "
-                "step_vs_gemm=%.3f best_vs_gemm_limit=%.3f gemm_2threads_vs_limit=%.3f best_vs_gemm_2threads=%.3f "
+                "step_vs_gemm=%.3f gemm_sgd_vs_gemm=%.3f best_vs_gemm_limit=%.3f gemm_2threads_vs_limit=%.3f best_vs_gemm_2threads=%.3f "
                 "plain_2threads_scaling=%.3f barrier_2ranks_scaling=%.3f allreduce_2ranks_scaling=%.3f ddp2_cost_us=%.1f "
                 "allreduce_us=%.1f ddp2_inline_cost_us=%.1f\n",
-                ddp1_sps / plain_sps, best_scaling, gloo.on.hidden, trace_overhead, keys.c_str(), step_vs_gemm,
+                ddp1_sps / plain_sps, best_scaling, gloo.on.hidden, trace_overhead, keys.c_str(), step_vs_gemm, sgd_floor,
                 best_vs_limit, two_threads, best_vs_2t, plain_2t, barrier_2, all_reduce_2, ddp_us, all_reduce_us,
                 ddp_inline_us);
   } catch (const std::exception& e) {
