@@ -7,6 +7,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <limits>
 #include <mutex>
 #include <span>
@@ -296,4 +298,45 @@ TEST_CASE("local exchange: every rank sees every rank's buffers, and a mismatche
       g.all_reduce(tensor_view<float>(v)).wait();
     }
   }), Catch::Contains("exchange(float32 x 8"));
+}
+
+TEMPLATE_TEST_CASE("host sum of divided inputs: the first pair in one pass gives the bits of one input at a time",
+                   "[comm][local][reduce]", float, double, half, bfloat16) {
+  using T = TestType;
+  using F = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  // Awkward values as well as plain ones: subnormals, the largest finite, infinities, NaN, zeros of
+  // both signs, values whose quotient rounds.
+  const std::vector<F> specials{F(0), -F(0), F(1), F(-3), F(0.1), F(1e-3), std::numeric_limits<F>::denorm_min(),
+                                std::numeric_limits<F>::min(), std::numeric_limits<F>::max(),
+                                std::numeric_limits<F>::infinity(), -std::numeric_limits<F>::infinity(),
+                                std::numeric_limits<F>::quiet_NaN(), F(65504), F(7.0 / 3.0)};
+  const std::size_t n = 1000;
+  std::vector<std::vector<T>> inputs(4, std::vector<T>(n));
+  for (std::size_t q = 0; q < inputs.size(); ++q) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const F v = i < specials.size() * specials.size() ? specials[(i + q * 5) % specials.size()]
+                                                        : F(static_cast<double>((i * 37 + q * 11) % 1001) / 7.0 - 60.0);
+      inputs[q][i] = T(v);
+    }
+  }
+  auto bits = [](const std::vector<T>& v) {
+    std::vector<unsigned char> b(v.size() * sizeof(T));
+    std::memcpy(b.data(), v.data(), b.size());
+    return b;
+  };
+  for (std::size_t count = 1; count <= inputs.size(); ++count) {
+    for (double d : {2.0, 3.0, 4.0, 0.5}) {
+      INFO("inputs " << count << ", divisor " << d);
+      std::vector<T> one_at_a_time(n), fused(n);
+      for (std::size_t q = 0; q < count; ++q) {
+        detail::add_divided_typed(one_at_a_time.data(), inputs[q].data(), n, d, q == 0);
+      }
+      detail::sum_divided_typed(fused.data(), [&](std::size_t q) { return inputs[q].data(); }, count, n, d);
+      CHECK(bits(fused) == bits(one_at_a_time));
+      std::vector<T> tagged(n);
+      detail::host_sum_divided(tagged.data(), [&](std::size_t q) -> const void* { return inputs[q].data(); }, count, n,
+                               dtype_of<T>, d);
+      CHECK(bits(tagged) == bits(one_at_a_time));
+    }
+  }
 }

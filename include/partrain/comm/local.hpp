@@ -205,7 +205,8 @@ inline void reduce_ranks_into(world_state& w, std::span<void* const> outs, std::
     const std::size_t n = std::min(block, last - b);
     auto in = [&](int q) { return static_cast<const std::byte*>(w.at(q).in) + b * es; };
     if (divisor > 0) {
-      for (int q = 0; q < w.size(); ++q) host_add_divided(acc, in(q), n, t, divisor, q == 0);
+      auto input = [&](std::size_t q) -> const void* { return in(static_cast<int>(q)); };
+      host_sum_divided(acc, input, static_cast<std::size_t>(w.size()), n, t, divisor);
     } else {
       std::memcpy(acc, in(0), n * es);
       for (int q = 1; q < w.size(); ++q) host_reduce(acc, in(q), n, t, op);

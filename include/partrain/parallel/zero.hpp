@@ -621,9 +621,8 @@ class sharded_data_parallel {
         const auto r = layout_.real_block(k, rank_);
         for (std::size_t b = r.begin; b < r.end; b += piece) {
           const std::size_t n = std::min(piece, r.end - b);
-          for (std::size_t q = 0; q < peers.size(); ++q) {
-            detail::add_divided_typed(g, static_cast<const W*>(peers[q].in) + b, n, divisor, q == 0);
-          }
+          detail::sum_divided_typed(g, [&](std::size_t q) { return static_cast<const W*>(peers[q].in) + b; }, peers.size(), n,
+                                    divisor);
           optimizer_->update(mine + b, g, element_at_[k] + (b - r.begin), n);
           for (std::size_t q = 0; q < peers.size(); ++q) {
             if (q != rank_) std::memcpy(static_cast<T*>(peers[q].out) + b, mine + b, n * sizeof(T));
