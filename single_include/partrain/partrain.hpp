@@ -2837,6 +2837,25 @@ inline void reduce_typed(T* dst, const T* src, std::size_t n, reduce_op op) noex
   }
 }
 
+// The element type a sum of T is computed in: float for the 16-bit types, T otherwise.
+template <class T>
+using float_compute_t = std::conditional_t<is_16bit_float_v<T>, float, T>;
+
+// Calls run(divide), divide(x) = x / divisor in T's compute type: a multiplication by the
+// reciprocal where that gives the division's bits (exact_reciprocal), the division otherwise.
+// Chosen once per call, so the element loop inside `run` has no branch.
+template <class T, class Run>
+inline void with_divide(double divisor, const Run& run) noexcept {
+  using F = float_compute_t<T>;
+  const F d = static_cast<F>(divisor);
+  if (const auto r = exact_reciprocal(d)) {
+    const F s = *r;
+    run([s](F x) { return x * s; });
+  } else {
+    run([d](F x) { return x / d; });
+  }
+}
+
 // dst[i] = src[i] / divisor (`first`), or dst[i] + src[i] / divisor: a rank's share of a sum of
 // divided inputs added in rank order, with the bits of dividing every input in place, then
 // summing (16-bit types: each quotient rounded to the type, the sum in float and rounded, as
@@ -2844,9 +2863,8 @@ inline void reduce_typed(T* dst, const T* src, std::size_t n, reduce_op op) noex
 template <class T>
 inline void add_divided_typed(T* dst, const T* src, std::size_t n, double divisor, bool first) noexcept {
   static_assert(is_float_element_v<T>, "add_divided_typed: floating-point elements only");
-  using F = std::conditional_t<is_16bit_float_v<T>, float, T>;
-  const F d = static_cast<F>(divisor);
-  auto run = [&](auto divide) {
+  using F = float_compute_t<T>;
+  with_divide<T>(divisor, [&](auto divide) {
     if (first) {
       for (std::size_t i = 0; i < n; ++i) dst[i] = T(divide(static_cast<F>(src[i])));
     } else {
@@ -2854,13 +2872,7 @@ inline void add_divided_typed(T* dst, const T* src, std::size_t n, double diviso
         dst[i] = T(static_cast<F>(dst[i]) + static_cast<F>(T(divide(static_cast<F>(src[i])))));
       }
     }
-  };
-  if (const auto r = exact_reciprocal(d)) {
-    const F s = *r;
-    run([s](F x) { return x * s; });
-  } else {
-    run([d](F x) { return x / d; });
-  }
+  });
 }
 
 // The first two inputs of such a sum in one pass: dst[i] = a[i] / divisor + b[i] / divisor, the
@@ -2870,20 +2882,13 @@ inline void add_divided_typed(T* dst, const T* src, std::size_t n, double diviso
 template <class T>
 inline void add_divided_pair_typed(T* dst, const T* a, const T* b, std::size_t n, double divisor) noexcept {
   static_assert(is_float_element_v<T>, "add_divided_pair_typed: floating-point elements only");
-  using F = std::conditional_t<is_16bit_float_v<T>, float, T>;
-  const F d = static_cast<F>(divisor);
-  auto run = [&](auto divide) {
+  using F = float_compute_t<T>;
+  with_divide<T>(divisor, [&](auto divide) {
     for (std::size_t i = 0; i < n; ++i) {
       const T first = T(divide(static_cast<F>(a[i])));
       dst[i] = T(static_cast<F>(first) + static_cast<F>(T(divide(static_cast<F>(b[i])))));
     }
-  };
-  if (const auto r = exact_reciprocal(d)) {
-    const F s = *r;
-    run([s](F x) { return x * s; });
-  } else {
-    run([d](F x) { return x / d; });
-  }
+  });
 }
 
 // dst[i] = the sum over q of srcs(q)[i] / divisor, in q order (count >= 1): the first two in one
