@@ -17,7 +17,7 @@
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
 #include <partrain/model/concepts.hpp>
-#include <partrain/parallel/pipeline/layer.hpp>
+#include <partrain/model/layer.hpp>
 
 namespace models::layers {
 
@@ -210,8 +210,8 @@ struct softmax_cross_entropy {
   }
 };
 
-static_assert(pipeline_layer<host_layer>);
+static_assert(layer<host_layer>);
 static_assert(layer_sequence<host_model>);
-static_assert(pipeline_loss<softmax_cross_entropy, std::int32_t>);
+static_assert(layer_loss<softmax_cross_entropy, std::int32_t>);
 
 }  // namespace models::layers

@@ -18,7 +18,7 @@
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
 #include <partrain/model/concepts.hpp>
-#include <partrain/parallel/pipeline/layer.hpp>
+#include <partrain/model/layer.hpp>
 
 #include "mlp_elements.hpp"
 #include "mlp_layers.hpp"

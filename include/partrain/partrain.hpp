@@ -76,6 +76,8 @@
 
 // model/
 #include <partrain/model/concepts.hpp>
+#include <partrain/model/layer.hpp>
+#include <partrain/model/sequential.hpp>
 #include <partrain/model/traits.hpp>
 
 // rendezvous/
@@ -108,7 +110,6 @@
 #include <partrain/parallel/diloco.hpp>
 #include <partrain/parallel/fsdp.hpp>
 #include <partrain/parallel/local_sgd.hpp>
-#include <partrain/parallel/pipeline/layer.hpp>
 #include <partrain/parallel/pipeline/local_grid.hpp>
 #include <partrain/parallel/pipeline/partition.hpp>
 #include <partrain/parallel/pipeline/pipeline.hpp>

@@ -7428,6 +7428,439 @@ consteval bool check_trainable() {
 
 }  // namespace partrain::inline v0
 
+// #include <partrain/model/layer.hpp>
+// partrain/model/layer.hpp: a model written as a sequence of layers plus a loss, the one
+// description every parallel mode takes. `sequential` (model/sequential.hpp) makes it a model for
+// DDP, ZeRO, data parallel, local SGD and DiLoCo; fully sharded data parallel and the pipeline cut
+// the same sequence into units and stages. Layers hold no per-batch state: whoever runs them keeps
+// every layer's input and output until its backward, so several micro-batches can be in flight
+// through one layer and the activation memory is visible to the runner.
+//
+// The gradient rule, stated once: a layer's backward ADDS d loss / d parameters to its
+// parameters' grad() and WRITES the gradient of its input; a model's train_step (sequential's
+// too) zeroes the gradients first, so after a step they hold that step's gradients only.
+
+#include <concepts>
+#include <cstddef>
+#include <memory>
+#include <ranges>
+#include <type_traits>
+#include <utility>
+
+// #include <partrain/core/tensor_view.hpp> (above)
+// #include <partrain/model/concepts.hpp> (above)
+
+namespace partrain::inline v0 {
+
+// One part of a model, computing on float tensors in memory space S (host; fully sharded data
+// parallel also takes CUDA layers).
+//   output_shape(in)               the output shape for an input shape (batch dimension first)
+//   forward(in, out)               out = f(in)
+//   backward(in, out, gout, gin)   accumulates d loss / d parameters (+=) and writes gin = d loss / d in
+//   parameters()                   a forward range of parameters (may be empty)
+template <class L, class S = host>
+concept layer = requires(L& l, const L& cl, const shape& s, tensor_view<const float, S> in,
+                         tensor_view<const float, S> out, tensor_view<const float, S> gout,
+                         tensor_view<float, S> wout, tensor_view<float, S> gin) {
+  { cl.output_shape(s) } -> std::convertible_to<shape>;
+  l.forward(in, wout);
+  l.backward(in, out, gout, gin);
+  { l.parameters() } -> std::ranges::forward_range;
+} && parameter<std::ranges::range_value_t<decltype(std::declval<L&>().parameters())>>;
+
+namespace detail::layers {
+
+template <class T>
+concept dereferenceable = requires(T& t) { *t; };
+
+// A layer sequence may hold layers by value or through pointers (unique_ptr to a base class is
+// how heterogeneous models are written); layer_of sees through either. A layer is what has
+// parameters(), whatever memory it computes in.
+template <class E>
+[[nodiscard]] constexpr decltype(auto) layer_of(E& e) noexcept {
+  if constexpr (requires { e.parameters(); }) {
+    return (e);
+  } else {
+    return (*e);
+  }
+}
+
+template <class R>
+using layer_t = std::remove_reference_t<decltype(layer_of(std::declval<std::ranges::range_reference_t<R>&>()))>;
+
+// The parameter type of R's layers (every layer of a sequence has the same one).
+template <class R>
+using layer_param_t = std::ranges::range_value_t<decltype(std::declval<layer_t<R>&>().parameters())>;
+
+template <class E, class S = host>
+concept layer_or_pointer_to_layer =
+    layer<E, S> || (dereferenceable<E> && layer<std::remove_reference_t<decltype(*std::declval<E&>())>, S>);
+
+}  // namespace detail::layers
+
+// A model as an indexable sequence of layers (std::vector<linear>, or std::vector<std::unique_ptr<layer_base>>).
+template <class R, class S = host>
+concept layer_sequence = std::ranges::random_access_range<R> && std::ranges::sized_range<R> &&
+                         detail::layers::layer_or_pointer_to_layer<std::ranges::range_value_t<R>, S>;
+
+// Explains, one sentence each, why R is not a layer sequence (of layers computing in S). Called by
+// sequential, the pipeline and fully sharded data parallel before anything else looks at R.
+template <class R, class S = host>
+consteval bool check_layer_sequence() {
+  static_assert(std::ranges::random_access_range<R> && std::ranges::sized_range<R>,
+                "partrain: a layered model must be a sized random-access range of layers (a std::vector of layers, "
+                "or of pointers to layers)");
+  using E = std::ranges::range_value_t<R>;
+  using L = std::remove_cvref_t<decltype(detail::layers::layer_of(std::declval<E&>()))>;
+  static_assert(requires(const L& l, const shape& s) {
+    { l.output_shape(s) } -> std::convertible_to<shape>;
+  }, "partrain: a layer needs `shape output_shape(const shape& in) const`");
+  static_assert(requires(L& l, tensor_view<const float, S> in, tensor_view<float, S> out) { l.forward(in, out); },
+                "partrain: a layer needs `void forward(tensor_view<const float> in, tensor_view<float> out)`");
+  static_assert(requires(L& l, tensor_view<const float, S> in, tensor_view<float, S> g) { l.backward(in, in, in, g); },
+                "partrain: a layer needs `void backward(tensor_view<const float> in, tensor_view<const float> "
+                "out, tensor_view<const float> grad_out, tensor_view<float> grad_in)`");
+  static_assert(requires(L& l) {
+    { l.parameters() } -> std::ranges::forward_range;
+  }, "partrain: a layer needs `parameters()` returning a forward range (empty for a layer without weights)");
+  static_assert(layer<L, S>, "partrain: each element of a layer's `parameters()` needs `value()` and `grad()` views");
+  return true;
+}
+
+// The loss after the last layer, per (micro-)batch. forward_backward returns the SUM of the
+// per-example losses and writes grad_out = scale * d(sum)/d(out); callers pass scale = 1 / batch
+// size so the layers' gradients are those of the batch mean. evaluate returns the summed loss,
+// correct predictions and examples. S: where out, target and grad_out live (CUDA for fully sharded
+// data parallel's CUDA layers; the sums come back to the host).
+template <class F, class Target, class S = host>
+concept layer_loss = requires(F& f, tensor_view<const float, S> out, tensor_view<const Target, S> target,
+                              tensor_view<float, S> grad_out, float scale) {
+  { f.forward_backward(out, target, grad_out, scale) } -> std::convertible_to<double>;
+  { f.evaluate(out, target) } -> std::convertible_to<eval_result>;
+};
+
+// Explains why F is not a loss on targets of type Target.
+template <class F, class Target, class S = host>
+consteval bool check_layer_loss() {
+  static_assert(requires(F& f, tensor_view<const float, S> out, tensor_view<const Target, S> target,
+                         tensor_view<float, S> grad_out, float scale) {
+    { f.forward_backward(out, target, grad_out, scale) } -> std::convertible_to<double>;
+  }, "partrain: a loss needs `double forward_backward(tensor_view<const float> out, tensor_view<const Target> "
+     "target, tensor_view<float> grad_out, float scale)` (returns the summed loss, writes scale * d sum / d out)");
+  static_assert(requires(F& f, tensor_view<const float, S> out, tensor_view<const Target, S> target) {
+    { f.evaluate(out, target) } -> std::convertible_to<eval_result>;
+  }, "partrain: a loss needs `eval_result evaluate(tensor_view<const float> out, tensor_view<const Target> target)` "
+     "(summed loss, correct predictions, examples)");
+  return true;
+}
+
+// A parameter of a layer, seen from a model that spans several layers (sequential, a pipeline
+// stage): its value() and grad() are the layer parameter's, read at each call, so a parameter
+// whose storage moved (fully sharded data parallel binds it) is seen where it is now.
+template <class P>
+struct parameter_ref {
+  P* p;
+  [[nodiscard]] auto value() const { return p->value(); }
+  [[nodiscard]] auto grad() const { return p->grad(); }
+  [[nodiscard]] auto name() const
+    requires requires(const P& q) { q.name(); }
+  {
+    return p->name();
+  }
+};
+
+}  // namespace partrain::inline v0
+
+// #include <partrain/model/sequential.hpp>
+// partrain/model/sequential.hpp: a layer sequence plus a loss as a model (PyTorch's
+// nn.Sequential with its loss). The one description of a layered model every mode takes: DDP,
+// ZeRO, data parallel, local SGD, DiLoCo and PowerSGD train it as a model (train_step writes the
+// gradients, reports each layer's parameters ready as its backward finishes, so DDP's buckets
+// overlap the rest of backward); fully sharded data parallel and the pipeline take it whole and
+// cut its layers into units and stages.
+//
+//   sequential model(models::layers::make_mlp({784, 256, 128, 10}, seed), softmax_cross_entropy{});
+//   distributed_data_parallel ddp(model, group);             // or sharded_data_parallel, diloco, ...
+//   fully_sharded_data_parallel fsdp(model, group, sgd_options{.lr = 0.05});
+//   pipeline_stage stage(model, group, {.micro_batches = 4});
+//
+// Host layers (float tensors in host memory). The activations of the last step are kept in
+// buffers reused from step to step (grown when a batch needs more).
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <limits>
+#include <memory>
+#include <ranges>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+// #include <partrain/core/buffer.hpp> (above)
+// #include <partrain/core/device.hpp> (above)
+// #include <partrain/core/error.hpp> (above)
+// #include <partrain/core/tensor_view.hpp> (above)
+// #include <partrain/model/concepts.hpp> (above)
+// #include <partrain/model/layer.hpp> (above)
+
+namespace partrain::inline v0 {
+
+namespace detail::layers {
+
+// A batch a layered model reads: features (the first layer's input) and labels (the loss's targets).
+template <class B>
+concept features_and_labels = requires(const B& b) {
+  tensor_view<const float>(b.features);
+  b.labels.data();
+  b.labels.size();
+};
+template <class B>
+using label_t = std::remove_cv_t<typename std::remove_cvref_t<decltype(std::declval<const B&>().labels)>::value_type>;
+
+// A sequence whose copy constructor works (std::vector<std::unique_ptr<T>> claims one it cannot
+// instantiate, hence the element check).
+template <class R>
+concept copyable_values = std::copy_constructible<R> && std::copy_constructible<std::ranges::range_value_t<R>>;
+
+// How a sequence is copied for another device: as a value, or (a sequence of pointers to a base)
+// layer by layer through each layer's clone().
+template <class R>
+concept copyable_sequence = copyable_values<R> || requires(const std::ranges::range_value_t<R>& e, R& r) {
+  { e->clone() } -> std::convertible_to<std::ranges::range_value_t<R>>;
+  r.push_back(e->clone());
+};
+
+template <class R>
+[[nodiscard]] R copy_sequence(const R& r) {
+  if constexpr (copyable_values<R>) {
+    return r;
+  } else {
+    R out;
+    for (const auto& e : r) out.push_back(e->clone());
+    return out;
+  }
+}
+
+// Host memory that keeps its capacity while the shapes it holds change.
+class activation {
+ public:
+  [[nodiscard]] tensor_view<float> reshape(const shape& s) {
+    if (s.numel() > mem_.size()) mem_ = host_buffer<float>(s.numel());
+    shape_ = s;
+    return view();
+  }
+  [[nodiscard]] tensor_view<float> view() noexcept { return {mem_.data(), shape_}; }
+  [[nodiscard]] tensor_view<const float> cview() noexcept { return {mem_.data(), shape_}; }
+  [[nodiscard]] std::size_t capacity_bytes() const noexcept { return mem_.size_bytes(); }
+
+ private:
+  host_buffer<float> mem_;
+  shape shape_{0};
+};
+
+}  // namespace detail::layers
+
+// Optional, on a layer: a train/eval switch (dropout, batch norm). sequential::eval_step runs the
+// layers in eval mode and puts them back.
+template <class L>
+concept has_training_mode = requires(L& l, bool on) { l.train(on); };
+
+template <class Layers, class Loss>
+class sequential {
+  static_assert(check_layer_sequence<Layers>(), "partrain: sequential takes a layer sequence (see above)");
+  using param_type = detail::layers::layer_param_t<Layers>;
+
+ public:
+  using layers_type = Layers;
+  using loss_type = Loss;
+
+  // Takes the layers (moved in: std::vector<std::unique_ptr<base>> is how heterogeneous models
+  // are written) and the loss after the last layer.
+  explicit sequential(Layers layers, Loss loss = {}) : layers_(std::move(layers)), loss_(std::move(loss)) {
+    if (std::ranges::size(layers_) == 0) {
+      throw invalid_argument_error("sequential: the layer sequence is empty (expected at least one layer)");
+    }
+    index_parameters();
+  }
+  sequential(const sequential& o)
+    requires detail::layers::copyable_values<Layers> && std::copy_constructible<Loss>
+      : layers_(o.layers_), loss_(o.loss_), loss_scale_(o.loss_scale_), training_(o.training_) {
+    index_parameters();
+  }
+  sequential(sequential&& o) noexcept(std::is_nothrow_move_constructible_v<Layers> &&
+                                      std::is_nothrow_move_constructible_v<Loss>)
+      : layers_(std::move(o.layers_)), loss_(std::move(o.loss_)), loss_scale_(o.loss_scale_), training_(o.training_) {
+    index_parameters();
+  }
+  sequential& operator=(const sequential&) = delete;
+  sequential& operator=(sequential&&) = delete;
+
+  [[nodiscard]] Layers& layers() noexcept { return layers_; }
+  [[nodiscard]] const Layers& layers() const noexcept { return layers_; }
+  [[nodiscard]] Loss& loss() noexcept { return loss_; }
+  [[nodiscard]] std::size_t size() const noexcept { return std::ranges::size(layers_); }
+  [[nodiscard]] decltype(auto) layer(std::size_t i) {
+    return detail::layers::layer_of(std::ranges::begin(layers_)[static_cast<std::ptrdiff_t>(i)]);
+  }
+
+  // Every layer's parameters, layer by layer, in the layers' own order: the same on every rank.
+  [[nodiscard]] std::vector<parameter_ref<param_type>>& parameters() noexcept { return refs_; }
+
+  // Forward through every layer, the loss, backward through every layer. The gradients are zeroed
+  // first, so they hold this batch's (of its mean loss) afterwards; returns the mean loss.
+  template <class B>
+  double train_step(const B& b) {
+    return step(b, nullptr);
+  }
+  // The same, calling ready(i) for parameter i (its index in parameters()) the moment its
+  // gradient is final: after its layer's backward, last layer first.
+  template <class B>
+  double train_step(const B& b, const grad_ready_fn& ready) {
+    return step(b, &ready);
+  }
+
+  // Forward only (layers in eval mode for the call): summed loss, correct predictions, examples.
+  template <class B>
+  [[nodiscard]] eval_result eval_step(const B& b) {
+    check_batch<B>();
+    const auto x = rows(b, "eval_step");
+    const bool was_training = training_;
+    train(false);
+    struct restore {
+      sequential* s;
+      bool mode;
+      ~restore() { s->train(mode); }
+    } back{this, was_training};
+    const tensor_view<const float> out = forward(x);
+    return loss_.evaluate(out, labels_of(b));
+  }
+
+  // PyTorch's module.train(mode) / eval(): passed to every layer that has a switch.
+  void train(bool on = true) {
+    training_ = on;
+    for (auto& e : layers_) {
+      auto& l = detail::layers::layer_of(e);
+      if constexpr (has_training_mode<std::remove_reference_t<decltype(l)>>) l.train(on);
+    }
+  }
+  void eval() { train(false); }
+  [[nodiscard]] bool training() const noexcept { return training_; }
+
+  // Mixed precision (amp_step with a grad scaler): the loss's gradient is multiplied by s.
+  void set_loss_scale(float s) {
+    if (!(s > 0) || !(s < std::numeric_limits<float>::infinity())) {
+      throw invalid_argument_error("sequential::set_loss_scale: the scale must be a finite number > 0, got " +
+                                   std::to_string(s));
+    }
+    loss_scale_ = s;
+  }
+
+  // A copy for another host device (what data_parallel replicates): the layers copied, or cloned
+  // one by one when the sequence holds pointers to a base with clone().
+  [[nodiscard]] sequential replicate_to(device d) const
+    requires detail::layers::copyable_sequence<Layers> && std::copy_constructible<Loss>
+  {
+    if (d.is_cuda()) {
+      throw invalid_argument_error("sequential::replicate_to(" + d.to_string() +
+                                   "): sequential runs host layers (expected a cpu device)");
+    }
+    sequential copy(detail::layers::copy_sequence(layers_), loss_);
+    copy.loss_scale_ = loss_scale_;
+    copy.train(training_);
+    return copy;
+  }
+
+  // The bytes the last step's activations and gradients occupy (kept for reuse by the next).
+  [[nodiscard]] std::size_t activation_bytes() const noexcept {
+    std::size_t n = grad_a_.capacity_bytes() + grad_b_.capacity_bytes();
+    for (const auto& a : outs_) n += a.capacity_bytes();
+    return n;
+  }
+
+ private:
+  template <class B>
+  static consteval void check_batch() {
+    static_assert(detail::layers::features_and_labels<B>,
+                  "partrain: sequential trains on a batch with `features` (a float tensor_view, the first layer's "
+                  "input) and `labels` (the loss's targets), like partrain::batch");
+    static_assert(check_layer_loss<Loss, detail::layers::label_t<B>>());
+  }
+  template <class B>
+  static tensor_view<const detail::layers::label_t<B>> labels_of(const B& b) {
+    return b.labels;
+  }
+  template <class B>
+  tensor_view<const float> rows(const B& b, const char* what) const {
+    const tensor_view<const float> x(b.features);
+    const std::size_t n = x.rank() ? x.extent(0) : 0;
+    if (n == 0) throw invalid_argument_error(std::string("sequential::") + what + ": the batch is empty (expected >= 1 example)");
+    if (b.labels.size() != n) {
+      throw invalid_argument_error(std::string("sequential::") + what + ": " + std::to_string(n) + " rows of features but " +
+                                   std::to_string(b.labels.size()) + " labels (expected one label per row)");
+    }
+    return x;
+  }
+
+  void index_parameters() {
+    refs_.clear();
+    first_param_.clear();
+    for (auto& e : layers_) {
+      first_param_.push_back(refs_.size());
+      for (auto& p : detail::layers::layer_of(e).parameters()) refs_.push_back({&p});
+    }
+    first_param_.push_back(refs_.size());
+    outs_.resize(size());
+  }
+
+  // Runs every layer forward into outs_; returns the last output.
+  tensor_view<const float> forward(tensor_view<const float> x) {
+    tensor_view<const float> cur = x;
+    for (std::size_t i = 0; i < size(); ++i) {
+      auto& l = layer(i);
+      const tensor_view<float> out = outs_[i].reshape(l.output_shape(cur.shape()));
+      l.forward(cur, out);
+      cur = out;
+    }
+    return cur;
+  }
+
+  template <class B>
+  double step(const B& b, const grad_ready_fn* ready) {
+    check_batch<B>();
+    const auto x = rows(b, "train_step");
+    for (auto& p : refs_) std::ranges::fill(p.grad(), 0.0f);
+    const tensor_view<const float> out = forward(x);
+    const std::size_t n = x.extent(0);
+    tensor_view<float> g = grad_a_.reshape(out.shape());
+    const double sum = loss_.forward_backward(out, labels_of(b), g, loss_scale_ / static_cast<float>(n));
+    detail::layers::activation* gin_mem = &grad_b_;
+    for (std::size_t j = size(); j-- > 0;) {
+      const tensor_view<const float> in = j == 0 ? x : outs_[j - 1].cview();
+      const tensor_view<float> gin = gin_mem->reshape(in.shape());
+      layer(j).backward(in, outs_[j].cview(), g, gin);
+      if (ready) {
+        for (std::size_t k = first_param_[j + 1]; k-- > first_param_[j];) (*ready)(k);
+      }
+      g = gin;
+      gin_mem = gin_mem == &grad_b_ ? &grad_a_ : &grad_b_;
+    }
+    return sum / static_cast<double>(n);
+  }
+
+  Layers layers_;
+  Loss loss_;
+  float loss_scale_ = 1.0f;
+  bool training_ = true;
+  std::vector<parameter_ref<param_type>> refs_;
+  std::vector<std::size_t> first_param_;  // per layer, the index of its first parameter (+ the end)
+  std::vector<detail::layers::activation> outs_;
+  detail::layers::activation grad_a_, grad_b_;
+};
+
+}  // namespace partrain::inline v0
+
 // #include <partrain/model/traits.hpp>
 // partrain/model/traits.hpp: the types a model's parameters reveal, named once for every layer
 // above (optimizers, DDP, data_parallel, mixed precision, checkpoints):
@@ -16014,111 +16447,6 @@ class shard_optimizer {
 
 }  // namespace partrain::inline v0
 
-// #include <partrain/parallel/pipeline/layer.hpp>
-// partrain/parallel/pipeline/layer.hpp: what a model must look like to be cut into pipeline
-// stages. A model is a sequence of layers; each layer maps a [batch, ...] float tensor to
-// another and back-propagates a gradient. Layers hold no per-micro-batch state: the pipeline
-// keeps every layer's input and output until the backward, so several micro-batches can be in
-// flight through the same layer and the activation memory a schedule needs is visible to it.
-
-#include <concepts>
-#include <cstddef>
-#include <memory>
-#include <ranges>
-#include <type_traits>
-#include <utility>
-
-// #include <partrain/core/tensor_view.hpp> (above)
-// #include <partrain/model/concepts.hpp> (above)
-
-namespace partrain::inline v0 {
-
-// One stage-able part of a model, computing on tensors in memory space S (host for the pipeline;
-// fully sharded data parallel also takes CUDA layers).
-//   output_shape(in)               the output shape for an input shape (batch dimension first)
-//   forward(in, out)               out = f(in)
-//   backward(in, out, gout, gin)   accumulates d loss / d parameters (+=) and writes gin = d loss / d in
-//   parameters()                   a forward range of parameters (may be empty)
-template <class L, class S = host>
-concept pipeline_layer = requires(L& l, const L& cl, const shape& s, tensor_view<const float, S> in,
-                                  tensor_view<const float, S> out, tensor_view<const float, S> gout,
-                                  tensor_view<float, S> wout, tensor_view<float, S> gin) {
-  { cl.output_shape(s) } -> std::convertible_to<shape>;
-  l.forward(in, wout);
-  l.backward(in, out, gout, gin);
-  { l.parameters() } -> std::ranges::forward_range;
-} && parameter<std::ranges::range_value_t<decltype(std::declval<L&>().parameters())>>;
-
-namespace detail::pipeline {
-
-template <class T>
-concept dereferenceable = requires(T& t) { *t; };
-
-// A layer sequence may hold layers by value or through pointers (unique_ptr to a base class is
-// how heterogeneous models are written); layer_of sees through either. A layer is what has
-// parameters(), whatever memory it computes in.
-template <class E>
-[[nodiscard]] constexpr decltype(auto) layer_of(E& e) noexcept {
-  if constexpr (requires { e.parameters(); }) {
-    return (e);
-  } else {
-    return (*e);
-  }
-}
-
-template <class R>
-using layer_t = std::remove_reference_t<decltype(layer_of(std::declval<std::ranges::range_reference_t<R>&>()))>;
-
-template <class E, class S = host>
-concept layer_or_pointer_to_layer =
-    pipeline_layer<E, S> || (dereferenceable<E> && pipeline_layer<std::remove_reference_t<decltype(*std::declval<E&>())>, S>);
-
-}  // namespace detail::pipeline
-
-// A model as an indexable sequence of layers (std::vector<linear>, or std::vector<std::unique_ptr<layer_base>>).
-template <class R, class S = host>
-concept layer_sequence = std::ranges::random_access_range<R> && std::ranges::sized_range<R> &&
-                         detail::pipeline::layer_or_pointer_to_layer<std::ranges::range_value_t<R>, S>;
-
-// Explains, one sentence each, why R is not a layer sequence (of layers computing in S). Called at
-// the pipeline's entry points and by fully sharded data parallel.
-template <class R, class S = host>
-consteval bool check_layer_sequence() {
-  static_assert(std::ranges::random_access_range<R> && std::ranges::sized_range<R>,
-                "partrain: a pipeline model must be a sized random-access range of layers (a std::vector of layers, "
-                "or of pointers to layers)");
-  using E = std::ranges::range_value_t<R>;
-  using L = std::remove_cvref_t<decltype(detail::pipeline::layer_of(std::declval<E&>()))>;
-  static_assert(requires(const L& l, const shape& s) {
-    { l.output_shape(s) } -> std::convertible_to<shape>;
-  }, "partrain: a pipeline layer needs `shape output_shape(const shape& in) const`");
-  static_assert(requires(L& l, tensor_view<const float, S> in, tensor_view<float, S> out) { l.forward(in, out); },
-                "partrain: a pipeline layer needs `void forward(tensor_view<const float> in, tensor_view<float> out)`");
-  static_assert(requires(L& l, tensor_view<const float, S> in, tensor_view<float, S> g) { l.backward(in, in, in, g); },
-                "partrain: a pipeline layer needs `void backward(tensor_view<const float> in, tensor_view<const float> "
-                "out, tensor_view<const float> grad_out, tensor_view<float> grad_in)`");
-  static_assert(requires(L& l) {
-    { l.parameters() } -> std::ranges::forward_range;
-  }, "partrain: a pipeline layer needs `parameters()` returning a forward range (empty for a layer without weights)");
-  static_assert(pipeline_layer<L, S>,
-                "partrain: each element of a pipeline layer's `parameters()` needs `value()` and `grad()` views");
-  return true;
-}
-
-// The loss on the last stage, per micro-batch. forward_backward returns the SUM of the
-// per-example losses and writes grad_out = scale * d(sum)/d(out); the pipeline passes
-// scale = 1 / batch size so accumulated gradients are those of the batch mean.
-// evaluate returns the summed loss, correct predictions and examples. S: where out, target and
-// grad_out live (CUDA for fully sharded data parallel's CUDA layers; the sums come back to the host).
-template <class F, class Target, class S = host>
-concept pipeline_loss = requires(F& f, tensor_view<const float, S> out, tensor_view<const Target, S> target,
-                                 tensor_view<float, S> grad_out, float scale) {
-  { f.forward_backward(out, target, grad_out, scale) } -> std::convertible_to<double>;
-  { f.evaluate(out, target) } -> std::convertible_to<eval_result>;
-};
-
-}  // namespace partrain::inline v0
-
 // #include <partrain/parallel/detail/zero_kernels.cuh>
 #if PARTRAIN_HAS_CUDA && defined(__CUDACC__)
 // partrain/parallel/detail/zero_kernels.cuh: place<cuda>, sharded data parallel's buffers and
@@ -16266,7 +16594,7 @@ struct place<cuda> {
 
 // #include <partrain/parallel/fsdp.hpp>
 // partrain/parallel/fsdp.hpp: fully sharded data parallel (ZeRO-3; PyTorch's FSDP with FULL_SHARD)
-// for a model given as a layer sequence (parallel/pipeline/layer.hpp). Every rank trains the
+// for a model given as a layer sequence (model/layer.hpp). Every rank trains the
 // whole model on its own batch, as under DDP, but holds only its chunk of each layer's parameters
 // (the layer's parameters concatenated and cut in n chunks, see detail/fsdp_layout.hpp), their
 // gradient and their optimizer state. Around each layer's forward its parameters are
@@ -16319,6 +16647,7 @@ struct place<cuda> {
 // #include <partrain/core/work.hpp> (above)
 // #include <partrain/data/batch.hpp> (above)
 // #include <partrain/model/concepts.hpp> (above)
+// #include <partrain/model/sequential.hpp> (above)
 // #include <partrain/model/traits.hpp> (above)
 // #include <partrain/optim/clip.hpp> (above)
 // #include <partrain/optim/optimizer.hpp> (above)
@@ -16332,7 +16661,7 @@ struct place<cuda> {
 // #include <partrain/parallel/detail/zero_layout.hpp> (above)
 // #include <partrain/parallel/detail/zero_optimizer.hpp> (above)
 // #include <partrain/parallel/detail/zero_space.hpp> (above)
-// #include <partrain/parallel/pipeline/layer.hpp> (above)
+// #include <partrain/model/layer.hpp> (above)
 
 #if defined(__CUDACC__)
 // #include <partrain/parallel/detail/zero_kernels.cuh> (above)
@@ -16346,8 +16675,7 @@ template <class P>
 concept bindable_parameter = parameter<P> && requires(P& p, tensor_view<float, param_space_t<P>> v) { p.bind(v, v); };
 
 namespace detail::fsdp {
-template <class R>
-using layer_param_t = std::ranges::range_value_t<decltype(std::declval<pipeline::layer_t<R>&>().parameters())>;
+using layers::layer_param_t;
 // Where R's layers compute: their parameters' memory space (host while that is not known yet, so
 // check_fsdp_layers still explains a layer without parameters()).
 template <class R>
@@ -16484,6 +16812,11 @@ class fully_sharded_data_parallel {
     if (opts_.broadcast_parameters) broadcast_parameters();
     take_storage(optimizer);
   }
+  // A sequential model: its layers, sharded, and its loss. The model's own train_step is not for
+  // use while this object holds the parameters; its parameters() see them where they are.
+  fully_sharded_data_parallel(sequential<Layers, Loss>& model, C& comm, shard_optimizer_options optimizer,
+                              fsdp_options o = {})
+      : fully_sharded_data_parallel(model.layers(), comm, model.loss(), std::move(optimizer), o) {}
   fully_sharded_data_parallel(const fully_sharded_data_parallel&) = delete;
   fully_sharded_data_parallel& operator=(const fully_sharded_data_parallel&) = delete;
   // The backend may still be reading or writing our buffers: wait for it before they go.
@@ -16493,7 +16826,7 @@ class fully_sharded_data_parallel {
   // gradients averaged into every rank's chunks, clipped and stepped (outside no_sync). Every rank
   // must call it the same number of times. Returns this rank's mean loss.
   template <class Target>
-    requires pipeline_loss<Loss, Target, S>
+    requires layer_loss<Loss, Target, S>
   double train_step(tensor_view<const float> input, tensor_view<const Target> target) {
     check_not_summoned("train_step");
     if (joined_) throw invalid_argument_error(where() + "train_step after join() on this rank (join() ends this rank's steps until every rank joined)");
@@ -16564,14 +16897,14 @@ class fully_sharded_data_parallel {
   // Steps this rank took part in after join() (all joins so far).
   [[nodiscard]] std::size_t shadow_steps() const noexcept { return shadow_steps_; }
   double train_step(const batch& b)
-    requires pipeline_loss<Loss, std::int32_t, S>
+    requires layer_loss<Loss, std::int32_t, S>
   {
     return train_step(b.features, b.labels);
   }
 
   // Forward only on this rank's batch (collective: every rank gathers each layer), this rank's sums.
   template <class Target>
-    requires pipeline_loss<Loss, Target, S>
+    requires layer_loss<Loss, Target, S>
   [[nodiscard]] eval_result eval_step(tensor_view<const float> input, tensor_view<const Target> target) {
     check_not_summoned("eval_step");
     (void)batch_rows(input, target, "eval_step");
@@ -16615,11 +16948,7 @@ class fully_sharded_data_parallel {
   // Collective on construction; holds the whole model.
   class full_params_guard {
    public:
-    struct parameter_ref {
-      param_type* p;
-      [[nodiscard]] tensor_view<float, S> value() const { return p->value(); }
-      [[nodiscard]] tensor_view<float, S> grad() const { return p->grad(); }
-    };
+    using parameter_ref = partrain::parameter_ref<param_type>;
     explicit full_params_guard(fully_sharded_data_parallel& f) : f_(&f) {
       f.check_not_summoned("summon_full_params");
       f.guarded([&] {
@@ -16834,7 +17163,7 @@ class fully_sharded_data_parallel {
       return {std::move(d), v};
     }
   }
-  [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::pipeline::layer_of(std::ranges::begin(*layers_)[static_cast<std::ptrdiff_t>(i)]); }
+  [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::layers::layer_of(std::ranges::begin(*layers_)[static_cast<std::ptrdiff_t>(i)]); }
   // fn(p) for every parameter of unit x, in layer order.
   template <class F>
   void for_each_param(const unit& x, F&& fn) {
@@ -17763,7 +18092,7 @@ void run_local_grid(int stages, int replicas, F fn, process_group_options opts =
 
 // #include <partrain/core/buffer.hpp> (above)
 // #include <partrain/core/error.hpp> (above)
-// #include <partrain/parallel/pipeline/layer.hpp> (above)
+// #include <partrain/model/layer.hpp> (above)
 
 namespace partrain::inline v0 {
 
@@ -17865,7 +18194,7 @@ template <class Layers>
   std::vector<double> c;
   for (auto& e : layers) {
     double n = 0;
-    for (auto&& prm : detail::pipeline::layer_of(e).parameters()) n += static_cast<double>(prm.value().size());
+    for (auto&& prm : detail::layers::layer_of(e).parameters()) n += static_cast<double>(prm.value().size());
     c.push_back(n);
   }
   return c;
@@ -17887,7 +18216,7 @@ template <class Layers>
   host_buffer<float> in(sample.shape());
   std::copy(sample.begin(), sample.end(), in.begin());
   for (auto& e : layers) {
-    auto& l = detail::pipeline::layer_of(e);
+    auto& l = detail::layers::layer_of(e);
     std::vector<host_buffer<float>> saved;
     for (auto&& prm : l.parameters()) {
       host_buffer<float> g(prm.grad().shape());
@@ -18288,7 +18617,8 @@ inline void check_schedule_args(const char* who, int p, int m, int v = 1) {
 // #include <partrain/core/tensor_view.hpp> (above)
 // #include <partrain/core/work.hpp> (above)
 // #include <partrain/model/concepts.hpp> (above)
-// #include <partrain/parallel/pipeline/layer.hpp> (above)
+// #include <partrain/model/layer.hpp> (above)
+// #include <partrain/model/sequential.hpp> (above)
 // #include <partrain/parallel/pipeline/partition.hpp> (above)
 // #include <partrain/parallel/pipeline/schedule.hpp> (above)
 
@@ -18370,6 +18700,11 @@ class pipeline_stage {
     }
   }
 
+  // A sequential model: its layers cut into stages (its loss goes to train_step or pipeline_policy).
+  template <class Loss>
+  pipeline_stage(sequential<Layers, Loss>& model, process_group& pp, pipeline_options opts = {})
+      : pipeline_stage(model.layers(), pp, std::move(opts)) {}
+
   pipeline_stage(const pipeline_stage&) = delete;
   pipeline_stage& operator=(const pipeline_stage&) = delete;
   // A step that failed half-way may leave sends queued in the backend, which still reads their
@@ -18412,14 +18747,8 @@ class pipeline_stage {
 
   // This rank's layers' parameters as a model (what partrain::sgd or adamw takes): references
   // into the layers, valid as long as the stage and its layers.
-  template <class Prm>
-  struct parameter_ref {
-    Prm* p;
-    [[nodiscard]] auto value() const { return p->value(); }
-    [[nodiscard]] auto grad() const { return p->grad(); }
-  };
   [[nodiscard]] auto parameters() {
-    using prm = std::remove_reference_t<decltype(*std::ranges::begin(layer(0).parameters()))>;
+    using prm = detail::layers::layer_param_t<Layers>;
     struct stage_parameters {
       std::vector<parameter_ref<prm>> refs;
       std::vector<parameter_ref<prm>>& parameters() { return refs; }
@@ -18434,7 +18763,7 @@ class pipeline_stage {
   // input is read on the first stage and target on the last; other ranks may pass empty views.
   // Returns the batch's mean loss on every rank (averaged over the data-parallel replicas).
   template <class Loss, class Target>
-    requires pipeline_loss<Loss, Target>
+    requires layer_loss<Loss, Target>
   double train_step(Loss& loss, tensor_view<const float> input, tensor_view<const Target> target) {
     const auto t0 = std::chrono::steady_clock::now();
     stats_ = {};
@@ -18487,7 +18816,7 @@ class pipeline_stage {
   // Forward only, micro-batch by micro-batch; activations are dropped as soon as they are sent.
   // Returns the batch's summed loss, correct count and examples on every rank of the pipeline.
   template <class Loss, class Target>
-    requires pipeline_loss<Loss, Target>
+    requires layer_loss<Loss, Target>
   [[nodiscard]] eval_result eval_step(Loss& loss, tensor_view<const float> input, tensor_view<const Target> target) {
     const int m = schedule_.micro_batches();
     const int v = schedule_.virtual_stages();
@@ -18535,7 +18864,7 @@ class pipeline_stage {
     int dst = -1;
   };
 
-  [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::pipeline::layer_of(std::ranges::begin(layers_)[static_cast<std::ptrdiff_t>(i)]); }
+  [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::layers::layer_of(std::ranges::begin(layers_)[static_cast<std::ptrdiff_t>(i)]); }
   [[nodiscard]] int last_global() const noexcept { return schedule_.global_stages() - 1; }
   [[nodiscard]] int next_rank(int g) const noexcept { return (g + 1) % stages(); }
   [[nodiscard]] int prev_rank(int g) const noexcept { return (g - 1 + stages()) % stages(); }
@@ -18754,7 +19083,7 @@ class pipeline_stage {
 // layer_sequence; partition_* cut it into stages; a pipeline_schedule (GPipe, 1F1B,
 // interleaved, or the user's own) orders the micro-batches; pipeline_stage runs one rank.
 
-// #include <partrain/parallel/pipeline/layer.hpp> (above)
+// #include <partrain/model/layer.hpp> (above)
 // #include <partrain/parallel/pipeline/local_grid.hpp> (above)
 // #include <partrain/parallel/pipeline/partition.hpp> (above)
 // #include <partrain/parallel/pipeline/schedule.hpp> (above)

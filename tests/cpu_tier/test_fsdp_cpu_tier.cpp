@@ -23,7 +23,7 @@ using models::host_twin_backend;
 namespace ml = models::layers;
 
 static_assert(fsdp_layer_sequence<ml::device_model<host_twin_backend>>);
-static_assert(pipeline_loss<ml::device_softmax_cross_entropy<host_twin_backend>, std::int32_t>);
+static_assert(layer_loss<ml::device_softmax_cross_entropy<host_twin_backend>, std::int32_t>);
 
 namespace {
 

@@ -78,9 +78,9 @@ struct not_a_layer {
 static_assert(layer_sequence<host_model>);
 static_assert(layer_sequence<std::vector<test::linear>>);
 static_assert(!layer_sequence<std::vector<not_a_layer>>);
-static_assert(!pipeline_layer<not_a_layer>);
-static_assert(pipeline_loss<test::softmax_cross_entropy, std::int32_t>);
-static_assert(!pipeline_loss<test::softmax_cross_entropy, float>);
+static_assert(!layer<not_a_layer>);
+static_assert(layer_loss<test::softmax_cross_entropy, std::int32_t>);
+static_assert(!layer_loss<test::softmax_cross_entropy, float>);
 
 }  // namespace
 

@@ -1,5 +1,5 @@
 // partrain/parallel/fsdp.hpp: fully sharded data parallel (ZeRO-3; PyTorch's FSDP with FULL_SHARD)
-// for a model given as a layer sequence (parallel/pipeline/layer.hpp). Every rank trains the
+// for a model given as a layer sequence (model/layer.hpp). Every rank trains the
 // whole model on its own batch, as under DDP, but holds only its chunk of each layer's parameters
 // (the layer's parameters concatenated and cut in n chunks, see detail/fsdp_layout.hpp), their
 // gradient and their optimizer state. Around each layer's forward its parameters are
@@ -53,6 +53,7 @@
 #include <partrain/core/work.hpp>
 #include <partrain/data/batch.hpp>
 #include <partrain/model/concepts.hpp>
+#include <partrain/model/sequential.hpp>
 #include <partrain/model/traits.hpp>
 #include <partrain/optim/clip.hpp>
 #include <partrain/optim/optimizer.hpp>
@@ -66,7 +67,7 @@
 #include <partrain/parallel/detail/zero_layout.hpp>
 #include <partrain/parallel/detail/zero_optimizer.hpp>
 #include <partrain/parallel/detail/zero_space.hpp>
-#include <partrain/parallel/pipeline/layer.hpp>
+#include <partrain/model/layer.hpp>
 
 #if defined(__CUDACC__)
 #include <partrain/parallel/detail/zero_kernels.cuh>
@@ -80,8 +81,7 @@ template <class P>
 concept bindable_parameter = parameter<P> && requires(P& p, tensor_view<float, param_space_t<P>> v) { p.bind(v, v); };
 
 namespace detail::fsdp {
-template <class R>
-using layer_param_t = std::ranges::range_value_t<decltype(std::declval<pipeline::layer_t<R>&>().parameters())>;
+using layers::layer_param_t;
 // Where R's layers compute: their parameters' memory space (host while that is not known yet, so
 // check_fsdp_layers still explains a layer without parameters()).
 template <class R>
@@ -218,6 +218,11 @@ class fully_sharded_data_parallel {
     if (opts_.broadcast_parameters) broadcast_parameters();
     take_storage(optimizer);
   }
+  // A sequential model: its layers, sharded, and its loss. The model's own train_step is not for
+  // use while this object holds the parameters; its parameters() see them where they are.
+  fully_sharded_data_parallel(sequential<Layers, Loss>& model, C& comm, shard_optimizer_options optimizer,
+                              fsdp_options o = {})
+      : fully_sharded_data_parallel(model.layers(), comm, model.loss(), std::move(optimizer), o) {}
   fully_sharded_data_parallel(const fully_sharded_data_parallel&) = delete;
   fully_sharded_data_parallel& operator=(const fully_sharded_data_parallel&) = delete;
   // The backend may still be reading or writing our buffers: wait for it before they go.
@@ -227,7 +232,7 @@ class fully_sharded_data_parallel {
   // gradients averaged into every rank's chunks, clipped and stepped (outside no_sync). Every rank
   // must call it the same number of times. Returns this rank's mean loss.
   template <class Target>
-    requires pipeline_loss<Loss, Target, S>
+    requires layer_loss<Loss, Target, S>
   double train_step(tensor_view<const float> input, tensor_view<const Target> target) {
     check_not_summoned("train_step");
     if (joined_) throw invalid_argument_error(where() + "train_step after join() on this rank (join() ends this rank's steps until every rank joined)");
@@ -298,14 +303,14 @@ class fully_sharded_data_parallel {
   // Steps this rank took part in after join() (all joins so far).
   [[nodiscard]] std::size_t shadow_steps() const noexcept { return shadow_steps_; }
   double train_step(const batch& b)
-    requires pipeline_loss<Loss, std::int32_t, S>
+    requires layer_loss<Loss, std::int32_t, S>
   {
     return train_step(b.features, b.labels);
   }
 
   // Forward only on this rank's batch (collective: every rank gathers each layer), this rank's sums.
   template <class Target>
-    requires pipeline_loss<Loss, Target, S>
+    requires layer_loss<Loss, Target, S>
   [[nodiscard]] eval_result eval_step(tensor_view<const float> input, tensor_view<const Target> target) {
     check_not_summoned("eval_step");
     (void)batch_rows(input, target, "eval_step");
@@ -349,11 +354,7 @@ class fully_sharded_data_parallel {
   // Collective on construction; holds the whole model.
   class full_params_guard {
    public:
-    struct parameter_ref {
-      param_type* p;
-      [[nodiscard]] tensor_view<float, S> value() const { return p->value(); }
-      [[nodiscard]] tensor_view<float, S> grad() const { return p->grad(); }
-    };
+    using parameter_ref = partrain::parameter_ref<param_type>;
     explicit full_params_guard(fully_sharded_data_parallel& f) : f_(&f) {
       f.check_not_summoned("summon_full_params");
       f.guarded([&] {
@@ -568,7 +569,7 @@ class fully_sharded_data_parallel {
       return {std::move(d), v};
     }
   }
-  [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::pipeline::layer_of(std::ranges::begin(*layers_)[static_cast<std::ptrdiff_t>(i)]); }
+  [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::layers::layer_of(std::ranges::begin(*layers_)[static_cast<std::ptrdiff_t>(i)]); }
   // fn(p) for every parameter of unit x, in layer order.
   template <class F>
   void for_each_param(const unit& x, F&& fn) {

@@ -17,7 +17,7 @@
 
 #include <partrain/core/buffer.hpp>
 #include <partrain/core/error.hpp>
-#include <partrain/parallel/pipeline/layer.hpp>
+#include <partrain/model/layer.hpp>
 
 namespace partrain::inline v0 {
 
@@ -119,7 +119,7 @@ template <class Layers>
   std::vector<double> c;
   for (auto& e : layers) {
     double n = 0;
-    for (auto&& prm : detail::pipeline::layer_of(e).parameters()) n += static_cast<double>(prm.value().size());
+    for (auto&& prm : detail::layers::layer_of(e).parameters()) n += static_cast<double>(prm.value().size());
     c.push_back(n);
   }
   return c;
@@ -141,7 +141,7 @@ template <class Layers>
   host_buffer<float> in(sample.shape());
   std::copy(sample.begin(), sample.end(), in.begin());
   for (auto& e : layers) {
-    auto& l = detail::pipeline::layer_of(e);
+    auto& l = detail::layers::layer_of(e);
     std::vector<host_buffer<float>> saved;
     for (auto&& prm : l.parameters()) {
       host_buffer<float> g(prm.grad().shape());

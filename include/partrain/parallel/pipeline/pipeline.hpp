@@ -3,7 +3,7 @@
 // interleaved, or the user's own) orders the micro-batches; pipeline_stage runs one rank.
 #pragma once
 
-#include <partrain/parallel/pipeline/layer.hpp>
+#include <partrain/model/layer.hpp>
 #include <partrain/parallel/pipeline/local_grid.hpp>
 #include <partrain/parallel/pipeline/partition.hpp>
 #include <partrain/parallel/pipeline/schedule.hpp>

@@ -25,7 +25,8 @@
 #include <partrain/core/tensor_view.hpp>
 #include <partrain/core/work.hpp>
 #include <partrain/model/concepts.hpp>
-#include <partrain/parallel/pipeline/layer.hpp>
+#include <partrain/model/layer.hpp>
+#include <partrain/model/sequential.hpp>
 #include <partrain/parallel/pipeline/partition.hpp>
 #include <partrain/parallel/pipeline/schedule.hpp>
 
@@ -107,6 +108,11 @@ class pipeline_stage {
     }
   }
 
+  // A sequential model: its layers cut into stages (its loss goes to train_step or pipeline_policy).
+  template <class Loss>
+  pipeline_stage(sequential<Layers, Loss>& model, process_group& pp, pipeline_options opts = {})
+      : pipeline_stage(model.layers(), pp, std::move(opts)) {}
+
   pipeline_stage(const pipeline_stage&) = delete;
   pipeline_stage& operator=(const pipeline_stage&) = delete;
   // A step that failed half-way may leave sends queued in the backend, which still reads their
@@ -149,14 +155,8 @@ class pipeline_stage {
 
   // This rank's layers' parameters as a model (what partrain::sgd or adamw takes): references
   // into the layers, valid as long as the stage and its layers.
-  template <class Prm>
-  struct parameter_ref {
-    Prm* p;
-    [[nodiscard]] auto value() const { return p->value(); }
-    [[nodiscard]] auto grad() const { return p->grad(); }
-  };
   [[nodiscard]] auto parameters() {
-    using prm = std::remove_reference_t<decltype(*std::ranges::begin(layer(0).parameters()))>;
+    using prm = detail::layers::layer_param_t<Layers>;
     struct stage_parameters {
       std::vector<parameter_ref<prm>> refs;
       std::vector<parameter_ref<prm>>& parameters() { return refs; }
@@ -171,7 +171,7 @@ class pipeline_stage {
   // input is read on the first stage and target on the last; other ranks may pass empty views.
   // Returns the batch's mean loss on every rank (averaged over the data-parallel replicas).
   template <class Loss, class Target>
-    requires pipeline_loss<Loss, Target>
+    requires layer_loss<Loss, Target>
   double train_step(Loss& loss, tensor_view<const float> input, tensor_view<const Target> target) {
     const auto t0 = std::chrono::steady_clock::now();
     stats_ = {};
@@ -224,7 +224,7 @@ class pipeline_stage {
   // Forward only, micro-batch by micro-batch; activations are dropped as soon as they are sent.
   // Returns the batch's summed loss, correct count and examples on every rank of the pipeline.
   template <class Loss, class Target>
-    requires pipeline_loss<Loss, Target>
+    requires layer_loss<Loss, Target>
   [[nodiscard]] eval_result eval_step(Loss& loss, tensor_view<const float> input, tensor_view<const Target> target) {
     const int m = schedule_.micro_batches();
     const int v = schedule_.virtual_stages();
@@ -272,7 +272,7 @@ class pipeline_stage {
     int dst = -1;
   };
 
-  [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::pipeline::layer_of(std::ranges::begin(layers_)[static_cast<std::ptrdiff_t>(i)]); }
+  [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::layers::layer_of(std::ranges::begin(layers_)[static_cast<std::ptrdiff_t>(i)]); }
   [[nodiscard]] int last_global() const noexcept { return schedule_.global_stages() - 1; }
   [[nodiscard]] int next_rank(int g) const noexcept { return (g + 1) % stages(); }
   [[nodiscard]] int prev_rank(int g) const noexcept { return (g - 1 + stages()) % stages(); }
