@@ -7411,18 +7411,30 @@ concept parameters_is_forward_range = requires(M& m) {
 };
 }  // namespace detail
 
+// Explains, in one sentence each, why M is not a model. Every public class that takes a model
+// asserts it first, so the sentence is the first error a mistake produces.
+template <class M>
+consteval bool check_model() {
+  static_assert(detail::has_parameters_member<M>,
+                "partrain: the model type needs a member `parameters()` returning its parameters in a stable order "
+                "(a sequence of layers becomes a model as partrain::sequential(layers, loss))");
+  static_assert(detail::parameters_is_forward_range<M>,
+                "partrain: `model.parameters()` must return a forward range of parameters (a std::vector<param>&, a "
+                "span, a view); a pipeline stage is not a model: give the optimizer `stage.parameters()`");
+  static_assert(model<M>,
+                "partrain: each element of `model.parameters()` needs `value()` and `grad()` returning tensor views");
+  return true;
+}
+
 // Explains, in one sentence each, why M is not a model trainable on B. Call it at a public
 // entry point: the first failed assertion names the missing member.
 template <class M, class B>
 consteval bool check_trainable() {
-  static_assert(detail::has_parameters_member<M>,
-                "partrain: the model type needs a member `parameters()` returning its parameters in a stable order");
-  static_assert(detail::parameters_is_forward_range<M>,
-                "partrain: `model.parameters()` must return a forward range (a std::vector<param>&, a span, a view)");
-  static_assert(model<M>,
-                "partrain: each element of `model.parameters()` needs `value()` and `grad()` returning tensor views");
+  static_assert(check_model<M>());
   static_assert(trainable_on<M, B>,
-                "partrain: the model type needs `double train_step(const Batch&)` (forward + backward, returns the loss)");
+                "partrain: the model has no `double train_step(const Batch&)` for this batch type (Batch is named in "
+                "the lines below; the step runs forward and backward, writes the gradients and returns the mean "
+                "loss); if its train_step takes another batch type, pass that one");
   return true;
 }
 
@@ -12010,8 +12022,9 @@ void put_adamw_state_entry(state_writer& w, std::span<const T> exp_avg, std::spa
 }
 }  // namespace detail::optim
 
-template <model M>
+template <class M>
 class adamw {
+  static_assert(check_model<M>(), "partrain: adamw steps a model's parameters");
   using T = model_element_t<M>;
   using S = model_space_t<M>;
   static_assert(detail::optim::check_optimizable<T, S>());
@@ -12280,8 +12293,9 @@ void put_sgd_state_entry(state_writer& w, bool has_momentum, std::span<const T> 
 }
 }  // namespace detail::optim
 
-template <model M>
+template <class M>
 class sgd {
+  static_assert(check_model<M>(), "partrain: sgd steps a model's parameters");
   using T = model_element_t<M>;
   using S = model_space_t<M>;
   static_assert(detail::optim::check_optimizable<T, S>());
@@ -14861,8 +14875,9 @@ inline constexpr std::size_t meta_width = 2 + max_rank;
 
 }  // namespace detail::ddp
 
-template <model M, communicator C = process_group>
+template <class M, communicator C = process_group>
 class distributed_data_parallel {
+  static_assert(check_model<M>(), "partrain: distributed_data_parallel takes a model");
   using P = param_t<M>;
   using T = param_element_t<P>;
   using S = param_space_t<P>;
@@ -15536,8 +15551,9 @@ void small_all_reduce(C& comm, std::span<std::int64_t> v, reduce_op op, const st
 
 }  // namespace detail::diloco
 
-template <model M, optimizer Inner, communicator C = process_group>
+template <class M, optimizer Inner, communicator C = process_group>
 class diloco {
+  static_assert(check_model<M>(), "partrain: diloco takes a model");
   using P = param_t<M>;
   using T = param_element_t<P>;
   static_assert(std::same_as<T, float> || std::same_as<T, double>, "partrain: diloco steps float or double parameters");
@@ -16826,8 +16842,8 @@ class fully_sharded_data_parallel {
   // gradients averaged into every rank's chunks, clipped and stepped (outside no_sync). Every rank
   // must call it the same number of times. Returns this rank's mean loss.
   template <class Target>
-    requires layer_loss<Loss, Target, S>
   double train_step(tensor_view<const float> input, tensor_view<const Target> target) {
+    static_assert(check_layer_loss<Loss, Target, S>());
     check_not_summoned("train_step");
     if (joined_) throw invalid_argument_error(where() + "train_step after join() on this rank (join() ends this rank's steps until every rank joined)");
     const std::size_t rows = batch_rows(input, target, "train_step");
@@ -16896,16 +16912,15 @@ class fully_sharded_data_parallel {
   }
   // Steps this rank took part in after join() (all joins so far).
   [[nodiscard]] std::size_t shadow_steps() const noexcept { return shadow_steps_; }
-  double train_step(const batch& b)
-    requires layer_loss<Loss, std::int32_t, S>
-  {
+  double train_step(const batch& b) {
+    static_assert(check_layer_loss<Loss, std::int32_t, S>());
     return train_step(b.features, b.labels);
   }
 
   // Forward only on this rank's batch (collective: every rank gathers each layer), this rank's sums.
   template <class Target>
-    requires layer_loss<Loss, Target, S>
   [[nodiscard]] eval_result eval_step(tensor_view<const float> input, tensor_view<const Target> target) {
+    static_assert(check_layer_loss<Loss, Target, S>());
     check_not_summoned("eval_step");
     (void)batch_rows(input, target, "eval_step");
     return guarded([&] { return forward_only_host(input, target); });
@@ -17770,8 +17785,9 @@ inline void validate(const local_sgd_options& o) {
 // host afterwards when hierarchical, its own otherwise), the optimizer's step, then the
 // parameter average when one is due. Only parameters are averaged; each rank (each host, when
 // hierarchical) keeps its own optimizer state (momentum), as in PyTorch.
-template <model M, optimizer O, communicator C = process_group>
+template <class M, optimizer O, communicator C = process_group>
 class post_local_sgd {
+  static_assert(check_model<M>(), "partrain: post_local_sgd takes a model");
   using P = param_t<M>;
   using T = param_element_t<P>;
 
@@ -18669,9 +18685,8 @@ struct pipeline_step_stats {
 }
 
 template <class Layers>
-  requires layer_sequence<Layers>
 class pipeline_stage {
-  static_assert(check_layer_sequence<Layers>());
+  static_assert(check_layer_sequence<Layers>(), "partrain: pipeline_stage cuts a layer sequence into stages");
 
  public:
   // layers: the whole model, the same sequence on every rank (only this rank's chunks are
@@ -18763,8 +18778,8 @@ class pipeline_stage {
   // input is read on the first stage and target on the last; other ranks may pass empty views.
   // Returns the batch's mean loss on every rank (averaged over the data-parallel replicas).
   template <class Loss, class Target>
-    requires layer_loss<Loss, Target>
   double train_step(Loss& loss, tensor_view<const float> input, tensor_view<const Target> target) {
+    static_assert(check_layer_loss<Loss, Target>());
     const auto t0 = std::chrono::steady_clock::now();
     stats_ = {};
     in_flight_ = 0;
@@ -18816,8 +18831,8 @@ class pipeline_stage {
   // Forward only, micro-batch by micro-batch; activations are dropped as soon as they are sent.
   // Returns the batch's summed loss, correct count and examples on every rank of the pipeline.
   template <class Loss, class Target>
-    requires layer_loss<Loss, Target>
   [[nodiscard]] eval_result eval_step(Loss& loss, tensor_view<const float> input, tensor_view<const Target> target) {
+    static_assert(check_layer_loss<Loss, Target>());
     const int m = schedule_.micro_batches();
     const int v = schedule_.virtual_stages();
     const auto rows = batch_rows(input, target, "eval_step");
@@ -19649,8 +19664,9 @@ inline void validate(const streaming_diloco_options& o, std::size_t params) {
 
 }  // namespace detail::diloco
 
-template <model M, optimizer Inner, communicator C = process_group>
+template <class M, optimizer Inner, communicator C = process_group>
 class streaming_diloco {
+  static_assert(check_model<M>(), "partrain: streaming_diloco takes a model");
   using P = param_t<M>;
   using T = param_element_t<P>;
   static_assert(std::same_as<T, float> || std::same_as<T, double>,
@@ -20089,8 +20105,9 @@ struct sharded_memory {
   std::size_t padding_elements = 0;       // communicated to round each bucket up to n equal blocks, never stored in a parameter
 };
 
-template <model M, communicator C = process_group>
+template <class M, communicator C = process_group>
 class sharded_data_parallel {
+  static_assert(check_model<M>(), "partrain: sharded_data_parallel takes a model");
   using P = param_t<M>;
   using T = param_element_t<P>;
   using S = param_space_t<P>;

@@ -15,17 +15,13 @@ if(PARTRAIN_HAVE_CUDA)
                         LABELS parallel gpu)
 endif()
 
-# Concept failures read as one sentence: each snippet must fail to compile with its message.
+# Concept failures read as one sentence: each snippet must fail to compile with its message first.
 foreach(case_and_message
     "sgd_int_parameters|optimizers and clipping update float or double parameters"
-    "ddp_batch_not_trainable|needs `double train_step\\(const Batch&\\)`"
     "ddp_evaluate_without_eval_step|evaluate needs `eval_result eval_step\\(const Batch&\\)`")
   string(REPLACE "|" ";" _pair "${case_and_message}")
   list(GET _pair 0 _case)
   list(GET _pair 1 _message)
-  add_test(NAME ddp_compile_fail_${_case}
-           COMMAND ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only ${partrain_include_args}
-                   ${CMAKE_CURRENT_LIST_DIR}/compile_fail/${_case}.cpp)
-  set_tests_properties(ddp_compile_fail_${_case} PROPERTIES LABELS "parallel;optim;compile_fail"
-                       PASS_REGULAR_EXPRESSION "${_message}" TIMEOUT 120)
+  partrain_compile_fail_test(ddp_compile_fail_${_case} ${CMAKE_CURRENT_LIST_DIR}/compile_fail/${_case}.cpp
+                             "${_message}" parallel optim)
 endforeach()

@@ -22,16 +22,12 @@ foreach(t test_fsdp test_fsdp_gloo test_fsdp_cuda)
   endif()
 endforeach()
 
-# Concept failures read as one sentence: each snippet must fail to compile with its message.
+# Concept failures read as one sentence: each snippet must fail to compile with its message first.
 foreach(case_and_message
-    "fsdp_unbindable_parameter|each parameter needs `void bind\\(tensor_view<float> value, tensor_view<float> grad\\)`"
     "fsdp_cuda_layers|fully_sharded_data_parallel with CUDA layers must be compiled by nvcc")
   string(REPLACE "|" ";" _pair "${case_and_message}")
   list(GET _pair 0 _case)
   list(GET _pair 1 _message)
-  add_test(NAME fsdp_compile_fail_${_case}
-           COMMAND ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only ${partrain_include_args}
-                   ${CMAKE_CURRENT_LIST_DIR}/compile_fail/${_case}.cpp)
-  set_tests_properties(fsdp_compile_fail_${_case} PROPERTIES LABELS "parallel;compile_fail"
-                       PASS_REGULAR_EXPRESSION "${_message}" TIMEOUT 120)
+  partrain_compile_fail_test(fsdp_compile_fail_${_case} ${CMAKE_CURRENT_LIST_DIR}/compile_fail/${_case}.cpp
+                             "${_message}" parallel)
 endforeach()

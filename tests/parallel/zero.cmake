@@ -9,16 +9,13 @@ if(TARGET partrain::gloo)
                     LABELS "parallel;processes")
 endif()
 
-# Concept failures read as one sentence: each snippet must fail to compile with its message.
+# Concept failures read as one sentence: each snippet must fail to compile with its message first.
 foreach(case_and_message
-    "zero_batch_not_trainable|needs `double train_step\\(const Batch&\\)`"
+    "zero_batch_not_trainable|has no `double train_step\\(const Batch&\\)` for this batch type"
     "zero_cuda_parameters|sharded_data_parallel with CUDA parameters must be compiled by nvcc")
   string(REPLACE "|" ";" _pair "${case_and_message}")
   list(GET _pair 0 _case)
   list(GET _pair 1 _message)
-  add_test(NAME zero_compile_fail_${_case}
-           COMMAND ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only ${partrain_include_args}
-                   ${CMAKE_CURRENT_LIST_DIR}/compile_fail/${_case}.cpp)
-  set_tests_properties(zero_compile_fail_${_case} PROPERTIES LABELS "parallel;compile_fail"
-                       PASS_REGULAR_EXPRESSION "${_message}" TIMEOUT 120)
+  partrain_compile_fail_test(zero_compile_fail_${_case} ${CMAKE_CURRENT_LIST_DIR}/compile_fail/${_case}.cpp
+                             "${_message}" parallel)
 endforeach()

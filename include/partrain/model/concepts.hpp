@@ -82,18 +82,30 @@ concept parameters_is_forward_range = requires(M& m) {
 };
 }  // namespace detail
 
+// Explains, in one sentence each, why M is not a model. Every public class that takes a model
+// asserts it first, so the sentence is the first error a mistake produces.
+template <class M>
+consteval bool check_model() {
+  static_assert(detail::has_parameters_member<M>,
+                "partrain: the model type needs a member `parameters()` returning its parameters in a stable order "
+                "(a sequence of layers becomes a model as partrain::sequential(layers, loss))");
+  static_assert(detail::parameters_is_forward_range<M>,
+                "partrain: `model.parameters()` must return a forward range of parameters (a std::vector<param>&, a "
+                "span, a view); a pipeline stage is not a model: give the optimizer `stage.parameters()`");
+  static_assert(model<M>,
+                "partrain: each element of `model.parameters()` needs `value()` and `grad()` returning tensor views");
+  return true;
+}
+
 // Explains, in one sentence each, why M is not a model trainable on B. Call it at a public
 // entry point: the first failed assertion names the missing member.
 template <class M, class B>
 consteval bool check_trainable() {
-  static_assert(detail::has_parameters_member<M>,
-                "partrain: the model type needs a member `parameters()` returning its parameters in a stable order");
-  static_assert(detail::parameters_is_forward_range<M>,
-                "partrain: `model.parameters()` must return a forward range (a std::vector<param>&, a span, a view)");
-  static_assert(model<M>,
-                "partrain: each element of `model.parameters()` needs `value()` and `grad()` returning tensor views");
+  static_assert(check_model<M>());
   static_assert(trainable_on<M, B>,
-                "partrain: the model type needs `double train_step(const Batch&)` (forward + backward, returns the loss)");
+                "partrain: the model has no `double train_step(const Batch&)` for this batch type (Batch is named in "
+                "the lines below; the step runs forward and backward, writes the gradients and returns the mean "
+                "loss); if its train_step takes another batch type, pass that one");
   return true;
 }
 

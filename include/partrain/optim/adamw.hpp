@@ -68,8 +68,9 @@ void put_adamw_state_entry(state_writer& w, std::span<const T> exp_avg, std::spa
 }
 }  // namespace detail::optim
 
-template <model M>
+template <class M>
 class adamw {
+  static_assert(check_model<M>(), "partrain: adamw steps a model's parameters");
   using T = model_element_t<M>;
   using S = model_space_t<M>;
   static_assert(detail::optim::check_optimizable<T, S>());

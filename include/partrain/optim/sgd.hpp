@@ -65,8 +65,9 @@ void put_sgd_state_entry(state_writer& w, bool has_momentum, std::span<const T> 
 }
 }  // namespace detail::optim
 
-template <model M>
+template <class M>
 class sgd {
+  static_assert(check_model<M>(), "partrain: sgd steps a model's parameters");
   using T = model_element_t<M>;
   using S = model_space_t<M>;
   static_assert(detail::optim::check_optimizable<T, S>());

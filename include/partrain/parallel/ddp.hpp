@@ -79,8 +79,9 @@ inline constexpr std::size_t meta_width = 2 + max_rank;
 
 }  // namespace detail::ddp
 
-template <model M, communicator C = process_group>
+template <class M, communicator C = process_group>
 class distributed_data_parallel {
+  static_assert(check_model<M>(), "partrain: distributed_data_parallel takes a model");
   using P = param_t<M>;
   using T = param_element_t<P>;
   using S = param_space_t<P>;

@@ -302,8 +302,9 @@ void small_all_reduce(C& comm, std::span<std::int64_t> v, reduce_op op, const st
 
 }  // namespace detail::diloco
 
-template <model M, optimizer Inner, communicator C = process_group>
+template <class M, optimizer Inner, communicator C = process_group>
 class diloco {
+  static_assert(check_model<M>(), "partrain: diloco takes a model");
   using P = param_t<M>;
   using T = param_element_t<P>;
   static_assert(std::same_as<T, float> || std::same_as<T, double>, "partrain: diloco steps float or double parameters");

@@ -232,8 +232,8 @@ class fully_sharded_data_parallel {
   // gradients averaged into every rank's chunks, clipped and stepped (outside no_sync). Every rank
   // must call it the same number of times. Returns this rank's mean loss.
   template <class Target>
-    requires layer_loss<Loss, Target, S>
   double train_step(tensor_view<const float> input, tensor_view<const Target> target) {
+    static_assert(check_layer_loss<Loss, Target, S>());
     check_not_summoned("train_step");
     if (joined_) throw invalid_argument_error(where() + "train_step after join() on this rank (join() ends this rank's steps until every rank joined)");
     const std::size_t rows = batch_rows(input, target, "train_step");
@@ -302,16 +302,15 @@ class fully_sharded_data_parallel {
   }
   // Steps this rank took part in after join() (all joins so far).
   [[nodiscard]] std::size_t shadow_steps() const noexcept { return shadow_steps_; }
-  double train_step(const batch& b)
-    requires layer_loss<Loss, std::int32_t, S>
-  {
+  double train_step(const batch& b) {
+    static_assert(check_layer_loss<Loss, std::int32_t, S>());
     return train_step(b.features, b.labels);
   }
 
   // Forward only on this rank's batch (collective: every rank gathers each layer), this rank's sums.
   template <class Target>
-    requires layer_loss<Loss, Target, S>
   [[nodiscard]] eval_result eval_step(tensor_view<const float> input, tensor_view<const Target> target) {
+    static_assert(check_layer_loss<Loss, Target, S>());
     check_not_summoned("eval_step");
     (void)batch_rows(input, target, "eval_step");
     return guarded([&] { return forward_only_host(input, target); });

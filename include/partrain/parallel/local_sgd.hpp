@@ -93,8 +93,9 @@ inline void validate(const local_sgd_options& o) {
 // host afterwards when hierarchical, its own otherwise), the optimizer's step, then the
 // parameter average when one is due. Only parameters are averaged; each rank (each host, when
 // hierarchical) keeps its own optimizer state (momentum), as in PyTorch.
-template <model M, optimizer O, communicator C = process_group>
+template <class M, optimizer O, communicator C = process_group>
 class post_local_sgd {
+  static_assert(check_model<M>(), "partrain: post_local_sgd takes a model");
   using P = param_t<M>;
   using T = param_element_t<P>;
 

@@ -77,8 +77,9 @@ inline void validate(const streaming_diloco_options& o, std::size_t params) {
 
 }  // namespace detail::diloco
 
-template <model M, optimizer Inner, communicator C = process_group>
+template <class M, optimizer Inner, communicator C = process_group>
 class streaming_diloco {
+  static_assert(check_model<M>(), "partrain: streaming_diloco takes a model");
   using P = param_t<M>;
   using T = param_element_t<P>;
   static_assert(std::same_as<T, float> || std::same_as<T, double>,

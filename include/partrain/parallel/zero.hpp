@@ -134,8 +134,9 @@ struct sharded_memory {
   std::size_t padding_elements = 0;       // communicated to round each bucket up to n equal blocks, never stored in a parameter
 };
 
-template <model M, communicator C = process_group>
+template <class M, communicator C = process_group>
 class sharded_data_parallel {
+  static_assert(check_model<M>(), "partrain: sharded_data_parallel takes a model");
   using P = param_t<M>;
   using T = param_element_t<P>;
   using S = param_space_t<P>;

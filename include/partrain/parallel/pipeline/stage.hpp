@@ -77,9 +77,8 @@ struct pipeline_step_stats {
 }
 
 template <class Layers>
-  requires layer_sequence<Layers>
 class pipeline_stage {
-  static_assert(check_layer_sequence<Layers>());
+  static_assert(check_layer_sequence<Layers>(), "partrain: pipeline_stage cuts a layer sequence into stages");
 
  public:
   // layers: the whole model, the same sequence on every rank (only this rank's chunks are
@@ -171,8 +170,8 @@ class pipeline_stage {
   // input is read on the first stage and target on the last; other ranks may pass empty views.
   // Returns the batch's mean loss on every rank (averaged over the data-parallel replicas).
   template <class Loss, class Target>
-    requires layer_loss<Loss, Target>
   double train_step(Loss& loss, tensor_view<const float> input, tensor_view<const Target> target) {
+    static_assert(check_layer_loss<Loss, Target>());
     const auto t0 = std::chrono::steady_clock::now();
     stats_ = {};
     in_flight_ = 0;
@@ -224,8 +223,8 @@ class pipeline_stage {
   // Forward only, micro-batch by micro-batch; activations are dropped as soon as they are sent.
   // Returns the batch's summed loss, correct count and examples on every rank of the pipeline.
   template <class Loss, class Target>
-    requires layer_loss<Loss, Target>
   [[nodiscard]] eval_result eval_step(Loss& loss, tensor_view<const float> input, tensor_view<const Target> target) {
+    static_assert(check_layer_loss<Loss, Target>());
     const int m = schedule_.micro_batches();
     const int v = schedule_.virtual_stages();
     const auto rows = batch_rows(input, target, "eval_step");
