@@ -12206,6 +12206,13 @@ inline void check_max_norm(double max_norm, const char* who) {
   }
 }
 
+// A clipping option (0: off): where several options take one, one message for all.
+inline void check_max_grad_norm(double v, const std::string& where) {
+  if (!(v >= 0) || !std::isfinite(v)) {
+    throw invalid_argument_error(where + " must be a finite number >= 0 (0: no clipping), got " + std::to_string(v));
+  }
+}
+
 }  // namespace detail::optim
 
 // Clips the gradients of a model (or of a range of parameters) to a global 2-norm of at most
@@ -16807,10 +16814,7 @@ class fully_sharded_data_parallel {
                               fsdp_options o = {})
       : layers_(&layers), comm_(&comm), loss_(std::move(loss)), opts_(o),
         rank_(static_cast<std::size_t>(comm.rank())), world_(static_cast<std::size_t>(comm.size())) {
-    if (!(opts_.max_grad_norm >= 0) || !std::isfinite(opts_.max_grad_norm)) {
-      throw invalid_argument_error(where() + "fsdp_options::max_grad_norm must be a finite number >= 0 (0: no clipping), got " +
-                                   std::to_string(opts_.max_grad_norm));
-    }
+    detail::optim::check_max_grad_norm(opts_.max_grad_norm, where() + "fsdp_options::max_grad_norm");
     for (const auto& [name, t] : {std::pair{"param_dtype", opts_.param_dtype}, std::pair{"reduce_dtype", opts_.reduce_dtype}}) {
       if (t != dtype::float32 && t != dtype::float16 && t != dtype::bfloat16) {
         throw invalid_argument_error(where() + "fsdp_options::" + name + " must be float32, float16 or bfloat16, got " +
@@ -16996,6 +17000,11 @@ class fully_sharded_data_parallel {
   [[nodiscard]] full_params_guard summon_full_params() { return full_params_guard(*this); }
 
   void set_lr(double lr) { optimizer_->set_lr(lr); }
+  // The clipping of fsdp_options::max_grad_norm from the next step on (fit's max_grad_norm).
+  void set_max_grad_norm(double v) {
+    detail::optim::check_max_grad_norm(v, where() + "set_max_grad_norm");
+    opts_.max_grad_norm = v;
+  }
   [[nodiscard]] double lr() const noexcept { return optimizer_->lr(); }
 
   // Loss scaling (what a grad_scaler sets through amp_step, precision/sharded_amp.hpp): the loss's
@@ -20148,10 +20157,7 @@ class sharded_data_parallel {
       throw invalid_argument_error(where() + "zero_options::partition must be per_bucket or contiguous, got " +
                                    std::to_string(static_cast<int>(opts_.partition)));
     }
-    if (!(opts_.max_grad_norm >= 0) || !std::isfinite(opts_.max_grad_norm)) {
-      throw invalid_argument_error(where() + "zero_options::max_grad_norm must be a finite number >= 0 (0: no clipping), got " +
-                                   std::to_string(opts_.max_grad_norm));
-    }
+    detail::optim::check_max_grad_norm(opts_.max_grad_norm, where() + "zero_options::max_grad_norm");
     collect_views();
     at_ = make_place();
     model_stream_ = model_stream(m);
@@ -20279,6 +20285,11 @@ class sharded_data_parallel {
   [[nodiscard]] bool last_step_skipped() const noexcept { return skipped_; }
 
   void set_lr(double lr) { optimizer_->set_lr(lr); }
+  // The clipping of zero_options::max_grad_norm from the next step on (fit's max_grad_norm).
+  void set_max_grad_norm(double v) {
+    detail::optim::check_max_grad_norm(v, where() + "set_max_grad_norm");
+    opts_.max_grad_norm = v;
+  }
   [[nodiscard]] double lr() const noexcept { return optimizer_->lr(); }
   // The global gradient norm of the last synchronizing step, before clipping (NaN without clipping).
   [[nodiscard]] double last_grad_norm() const noexcept { return last_norm_; }
@@ -22490,12 +22501,24 @@ inline constexpr every_t every{};
 // and the skipped ones are counted; its state travels in the checkpoint's extra.
 
 #include <cstddef>
+#include <string>
+
+// #include <partrain/core/error.hpp> (above)
 
 // #include <partrain/precision/grad_scaler.hpp> (above)
 // #include <partrain/precision/sharded_amp.hpp> (above)
 // #include <partrain/train/checkpoint.hpp> (above)
 
 namespace partrain::inline v0::detail {
+
+// The loss scale may change between micro-batches: accumulation runs without a scaler (every
+// policy that accumulates says so in these words).
+inline void refuse_scaled_accumulation(bool scaled, const char* policy) {
+  if (scaled) {
+    throw config_error(std::string(policy) + ": gradient accumulation with a grad scaler is not supported (the loss "
+                       "scale may change between micro-batches); use fp32, or bf16 without a scaler");
+  }
+}
 
 class sharded_scaler {
  public:
@@ -22510,6 +22533,13 @@ class sharded_scaler {
     return r.loss;
   }
   [[nodiscard]] std::size_t skipped() const noexcept { return skipped_; }
+  // A micro-batch of an accumulated step: inside z's no_sync, no optimizer step.
+  template <class Z, class B>
+  double accumulate(Z& z, const B& b, const char* policy) {
+    refuse_scaled_accumulation(s_ && s_->enabled(), policy);
+    auto guard = z.no_sync();
+    return z.train_step(b);
+  }
 
   void save(checkpoint_extra& extra) const {
     if (s_ && s_->enabled()) extra.scaler_state = s_->state_bytes();
@@ -23817,6 +23847,15 @@ class fsdp_policy {
     return scaler_.step(*fsdp_, b);
   }
   [[nodiscard]] std::size_t skipped_steps() const noexcept { return scaler_.skipped(); }
+  // One micro-batch of a step fit accumulates (gradient_accumulation_steps): inside no_sync, the
+  // gradients kept whole on this rank; the step's last micro-batch is train_step, which reduces
+  // them all (averaged over the micro-batches) and steps.
+  template <class B>
+  double accumulate_step(const B& b) {
+    return scaler_.accumulate(*fsdp_, b, "fsdp_policy");
+  }
+  // Clipping of the global gradient norm, over every rank's shard, from the next step on.
+  void set_max_grad_norm(double v) { fsdp_->set_max_grad_norm(v); }
   template <class R>
   eval_result evaluate(R&& batches) {
     return fsdp_->evaluate(std::forward<R>(batches));
@@ -24086,10 +24125,13 @@ class local_sgd_policy {
 
 // #include <partrain/train/lr_schedule.hpp>
 // partrain/train/lr_schedule.hpp: learning-rate schedules as functions of the epoch, which the
-// trainer calls before each epoch (so a resumed run continues on the same curve).
+// trainer calls before each epoch (trainer_options::lr), or of the global step, called before
+// every optimizer step (trainer_options::step_lr); a resumed run continues on the same curve.
 //   cosine_lr{.base = 0.05, .epochs = 8}   base * (1 + cos(pi * epoch / epochs)) / 2, down to 0
 //   constant_lr{.base = 0.01}
+//   warmup_cosine_lr{.base = 0.05, .warmup_steps = 100, .total_steps = 7500}   per step
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <numbers>
@@ -24126,6 +24168,31 @@ struct constant_lr {
   }
 };
 
+// Per step: a linear warm-up to base over warmup_steps (base * (step + 1) / (warmup_steps + 1),
+// torchtitan's), then a cosine from base down to min at total_steps (and min after it).
+struct warmup_cosine_lr {
+  double base = 0;
+  std::size_t warmup_steps = 0;
+  std::size_t total_steps = 0;
+  double min = 0;
+  [[nodiscard]] double operator()(std::size_t step) const {
+    detail::lr::check_base(base, "warmup_cosine_lr");
+    if (total_steps <= warmup_steps) {
+      throw invalid_argument_error("warmup_cosine_lr: total_steps (" + std::to_string(total_steps) +
+                                   ") must be greater than warmup_steps (" + std::to_string(warmup_steps) + ")");
+    }
+    if (!(min >= 0) || !(min <= base)) {
+      throw invalid_argument_error("warmup_cosine_lr: min must be in [0, base], got " + std::to_string(min));
+    }
+    if (step < warmup_steps) {
+      return base * static_cast<double>(step + 1) / static_cast<double>(warmup_steps + 1);
+    }
+    const double progress = std::min(1.0, static_cast<double>(step - warmup_steps) /
+                                              static_cast<double>(total_steps - warmup_steps));
+    return min + (base - min) * 0.5 * (1 + std::cos(std::numbers::pi * progress));
+  }
+};
+
 }  // namespace partrain::inline v0
 
 // #include <partrain/train/metrics.hpp>
@@ -24137,6 +24204,7 @@ struct constant_lr {
 // (in the kernel's page cache) as soon as the call returns: a crash loses no finished record.
 
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <concepts>
 #include <cstdint>
@@ -24158,6 +24226,7 @@ struct constant_lr {
 // #include <partrain/core/error.hpp> (above)
 // #include <partrain/core/tensor_view.hpp> (above)
 // #include <partrain/parallel/detail/host_staging.hpp> (above)
+// #include <partrain/train/detail/atomic_file.hpp> (above)
 // #include <partrain/train/detail/json_text.hpp> (above)
 
 namespace partrain::inline v0 {
@@ -24251,7 +24320,41 @@ inline void append_field(std::string& out, const metric_field& f) {
       f.value);
 }
 
+// The record's counter when the line is a record of that kind as metrics_record writes it
+// ({"kind":"step","step":N,...}), else -1.
+[[nodiscard]] inline std::int64_t record_counter(std::string_view line, std::string_view kind) {
+  const std::string head = "{\"kind\":\"" + std::string(kind) + "\",\"" + std::string(kind) + "\":";
+  if (!line.starts_with(head)) return -1;
+  std::int64_t n = 0;
+  const char* first = line.data() + head.size();
+  const auto [end, ec] = std::from_chars(first, line.data() + line.size(), n);
+  return ec == std::errc{} && end != first ? n : -1;
+}
+
 }  // namespace detail::metrics
+
+// A resumed run continues a metrics file: the records a killed attempt wrote past the checkpoint
+// it resumes from (steps after `step`, epochs after `epoch`) are dropped, so no step is recorded
+// twice. Other lines are kept as they are. The file is rewritten atomically.
+inline void truncate_metrics_after(const std::filesystem::path& path, std::int64_t step, std::int64_t epoch) {
+  if (!std::filesystem::exists(path)) return;
+  const std::vector<std::byte> bytes = detail::ckpt::read_whole_file(path);
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  std::string kept;
+  bool dropped = false;
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t nl = text.find('\n', at);
+    const std::size_t end = nl == std::string_view::npos ? text.size() : nl + 1;
+    const std::string_view line = text.substr(at, end - at);
+    if (detail::metrics::record_counter(line, "step") > step || detail::metrics::record_counter(line, "epoch") > epoch) {
+      dropped = true;
+    } else {
+      kept += line;
+    }
+    at = end;
+  }
+  if (dropped) detail::ckpt::write_file_atomically(path, std::as_bytes(std::span(kept.data(), kept.size())));
+}
 
 // Builds one record's text: {"kind":..., "<counter>":n, "time":unix seconds, fields...}.
 [[nodiscard]] inline std::string metrics_record(std::string_view kind, std::string_view counter, std::int64_t n,
@@ -24369,12 +24472,14 @@ class metrics_writer {
 // #include <partrain/core/error.hpp> (above)
 // #include <partrain/data/batch.hpp> (above)
 // #include <partrain/model/concepts.hpp> (above)
+// #include <partrain/optim/clip.hpp> (above)
 // #include <partrain/optim/optimizer.hpp> (above)
 // #include <partrain/parallel/ddp.hpp> (above)
 // #include <partrain/parallel/powersgd.hpp> (above)
 // #include <partrain/precision/grad_scaler.hpp> (above)
 // #include <partrain/precision/mixed_precision.hpp> (above)
 // #include <partrain/train/checkpoint.hpp> (above)
+// #include <partrain/train/detail/sharded_scaler.hpp> (above)
 // #include <partrain/train/rank_checkpoint.hpp> (above)
 // #include <partrain/train/trace.hpp> (above)
 
@@ -24423,10 +24528,7 @@ class ddp_policy {
 
  public:
   ddp_policy(Ddp& ddp, Opt& opt, ddp_policy_options o = {}) : ddp_(&ddp), opt_(&opt), o_(o) {
-    if (o_.max_grad_norm < 0 || !(o_.max_grad_norm == o_.max_grad_norm)) {
-      throw invalid_argument_error("ddp_policy: max_grad_norm must be >= 0 (0 = no clipping), got " +
-                                   std::to_string(o_.max_grad_norm));
-    }
+    detail::optim::check_max_grad_norm(o_.max_grad_norm, "ddp_policy: max_grad_norm");
   }
 
   template <class B>
@@ -24450,6 +24552,21 @@ class ddp_policy {
     return ddp_->evaluate(std::forward<R>(batches));
   }
   void set_lr(double lr) { opt_->set_lr(lr); }
+  // One micro-batch of a step fit accumulates (gradient_accumulation_steps): forward and backward
+  // inside DDP's no_sync, the gradients kept on this rank; the step's last micro-batch is
+  // train_step, which reduces them all (averaged over the micro-batches) and steps.
+  template <class B>
+  double accumulate_step(const B& b) {
+    detail::refuse_scaled_accumulation(o_.scaler && o_.scaler->enabled(), "ddp_policy");
+    auto fb = o_.trace ? o_.trace->span("forward_backward") : trace_span{};
+    auto guard = ddp_->no_sync();
+    return ddp_->train_step(b);
+  }
+  // Clipping of the global gradient norm from the next step on (fit's max_grad_norm).
+  void set_max_grad_norm(double v) {
+    detail::optim::check_max_grad_norm(v, "ddp_policy: max_grad_norm");
+    o_.max_grad_norm = v;
+  }
   process_group& group() { return ddp_->comm(); }
   process_group& loss_group() { return ddp_->comm(); }
   [[nodiscard]] int replicas() { return ddp_->comm().size(); }
@@ -24812,6 +24929,7 @@ inline constexpr steps_t steps{};
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -24830,8 +24948,10 @@ inline constexpr steps_t steps{};
 
 // #include <partrain/comm/process_group.hpp> (above)
 // #include <partrain/core/error.hpp> (above)
+// #include <partrain/core/generator.hpp> (above)
 // #include <partrain/core/task.hpp> (above)
 // #include <partrain/core/work.hpp> (above)
+// #include <partrain/optim/clip.hpp> (above)
 // #include <partrain/optim/state_io.hpp> (above)
 // #include <partrain/parallel/detail/host_staging.hpp> (above)
 // #include <partrain/train/checkpoint.hpp> (above)
@@ -24865,6 +24985,16 @@ struct trainer_options {
   std::ostream* out = &std::cout;                 // rank 0's epoch lines (null: silent)
   int terminal_fd = STDOUT_FILENO;                // the progress line redraws in place on a terminal
   std::function<void(std::size_t global_step)> before_step{};  // e.g. fault injection, profiling
+  // Before every optimizer step, by global step (warmup_cosine_lr in train/lr_schedule.hpp);
+  // instead of the per-epoch lr, not with it.
+  std::function<double(std::size_t global_step)> step_lr{};
+  // Loader batches (micro-batches) per optimizer step: the first N - 1 of each step train inside
+  // the mode's no_sync, the last reduces and steps, as one batch N times larger would (the last
+  // step of an epoch takes what is left). ddp_policy, zero_policy and fsdp_policy.
+  std::size_t gradient_accumulation_steps = 1;
+  // > 0: the global gradient norm (over every rank's gradients or shards) clipped to this before
+  // each step (torch.nn.utils.clip_grad_norm_). ddp_policy, zero_policy and fsdp_policy.
+  double max_grad_norm = 0;
 };
 
 struct train_result {
@@ -24885,40 +25015,73 @@ struct epoch_sums {
   std::size_t samples = 0;   // this rank's
 };
 
-// The record kept in checkpoint_extra::trainer_state.
-inline std::vector<std::byte> encode(const train_result& r) {
+// The record kept in checkpoint_extra::trainer_state: the last epoch's results and the bytes
+// rank 0 had sent (so a resumed run's metrics count on from there).
+inline std::vector<std::byte> encode(const train_result& r, std::uint64_t bytes_sent) {
   state_writer w;
   w.put(r.train_loss);
   w.put(r.test_loss);
   w.put(r.test_accuracy);
+  w.put(bytes_sent);
   return w.release();
 }
-inline void decode(std::span<const std::byte> bytes, train_result& r) {
-  if (bytes.empty()) return;  // a checkpoint written without the trainer
+// Returns the bytes sent before the checkpoint (0 for a checkpoint written before they were kept).
+inline std::uint64_t decode(std::span<const std::byte> bytes, train_result& r) {
+  if (bytes.empty()) return 0;  // a checkpoint written without the trainer
   state_reader rd(bytes);
   r.train_loss = rd.get<double>("train loss");
   r.test_loss = rd.get<double>("test loss");
   r.test_accuracy = rd.get<double>("test accuracy");
+  return rd.remaining() >= sizeof(std::uint64_t) ? rd.get<std::uint64_t>("bytes sent") : 0;
 }
 
 inline void check(const trainer_options& o) {
   if (o.epochs == 0) throw invalid_argument_error("fit: epochs must be at least 1, got 0");
+  if (o.gradient_accumulation_steps == 0) {
+    throw invalid_argument_error("fit: gradient_accumulation_steps must be at least 1 (micro-batches per step), got 0");
+  }
+  optim::check_max_grad_norm(o.max_grad_norm, "fit: max_grad_norm");
+  if (o.lr && o.step_lr) {
+    throw invalid_argument_error("fit: both lr (per epoch) and step_lr (per step) are set; set one schedule");
+  }
 }
 
 }  // namespace detail::trainer
 
 template <class Policy, class Train, class Test>
 class trainer {
+  using batch_type = std::ranges::range_value_t<Train>;
+  static constexpr bool accumulates = requires(Policy& p, const batch_type& b) {
+    { p.accumulate_step(b) } -> std::convertible_to<double>;
+  };
+
  public:
   trainer(Policy& policy, Train& train, Test& test, trainer_options o)
       : p_(policy), train_(train), test_(test), o_(std::move(o)), leader_(policy.group().rank() == 0),
         prog_(leader_ ? 0 : 1, {.out = o_.out ? o_.out : &std::cout,
                                 .terminal_fd = o_.terminal_fd,
                                 .epochs = static_cast<std::int64_t>(o_.epochs),
-                                .steps_per_epoch = static_cast<std::int64_t>(train.size()),
+                                .steps_per_epoch = static_cast<std::int64_t>(
+                                    (train.size() + o.gradient_accumulation_steps - 1) /
+                                    std::max<std::size_t>(1, o.gradient_accumulation_steps)),
                                 .world_size = policy.replicas(),
                                 .plain_every_steps = static_cast<std::int64_t>(o_.log_every)}) {
     detail::trainer::check(o_);
+    if (o_.max_grad_norm > 0) {
+      if constexpr (requires(double v) { p_.set_max_grad_norm(v); }) {
+        p_.set_max_grad_norm(o_.max_grad_norm);
+      } else {
+        throw config_error("fit: max_grad_norm needs a policy that clips over every rank's gradients; supported: "
+                           "ddp_policy, zero_policy, fsdp_policy");
+      }
+    }
+    if constexpr (!accumulates) {
+      if (o_.gradient_accumulation_steps > 1) {
+        throw config_error("fit: gradient_accumulation_steps = " + std::to_string(o_.gradient_accumulation_steps) +
+                           " needs a policy with accumulate_step (a no_sync micro-batch); supported: ddp_policy, "
+                           "zero_policy, fsdp_policy");
+      }
+    }
   }
 
   train_result run() {
@@ -24928,8 +25091,12 @@ class trainer {
     start_trace();  // after the check above: a finished run records nothing, so it merges nothing
     bytes_at_start_ = policy_bytes_sent();
     if (!o_.metrics.empty()) {
-      // A fresh run starts a fresh file; a resumed one appends to what the earlier run wrote.
+      // A fresh run starts a fresh file; a resumed one appends to what the earlier run wrote up to
+      // its checkpoint (what a killed attempt wrote after it is dropped: no step twice).
       if (leader_ && result.first_epoch == 0) std::filesystem::remove(o_.metrics);
+      if (leader_ && result.first_epoch > 0) {
+        truncate_metrics_after(o_.metrics, static_cast<std::int64_t>(step_), static_cast<std::int64_t>(result.first_epoch));
+      }
       metrics_.emplace(o_.metrics, leader_ ? 0 : 1);
     }
     for (std::size_t e : views::epochs(result.first_epoch, o_.epochs)) {
@@ -25014,7 +25181,7 @@ class trainer {
       step_ = static_cast<std::size_t>(extra.step);
       r.steps = step_;
       r.epochs = r.first_epoch;
-      detail::trainer::decode(extra.trainer_state, r);
+      bytes_resumed_ = detail::trainer::decode(extra.trainer_state, r);
       if (r.first_epoch > o_.epochs) {
         throw config_error("fit: the checkpoint " + o_.checkpoint.string() + " is at epoch " + std::to_string(r.first_epoch) +
                            ", past epochs = " + std::to_string(o_.epochs));
@@ -25041,21 +25208,37 @@ class trainer {
       checkpoint_extra extra;
       extra.epoch = epoch_ + 1;  // epochs finished: where a resumed run starts
       extra.step = step_;
-      extra.trainer_state = detail::trainer::encode(r);
+      extra.trainer_state = detail::trainer::encode(r, static_cast<std::uint64_t>(bytes_sent()));
       p_.save_checkpoint(o_.checkpoint, extra);
     }
   }
 
+  // One optimizer step, b its last micro-batch (the others went through accumulate): the mean
+  // loss of its micro-batches.
   double one_step(const auto& b, detail::trainer::epoch_sums& s) {
     if (o_.before_step) o_.before_step(step_);
     auto sp = o_.trace ? o_.trace->span("step", trace_track::step, "step", static_cast<std::int64_t>(step_)) : trace_span{};
-    const double loss = p_.train_step(b);
+    if (o_.step_lr) p_.set_lr(o_.step_lr(step_));
+    const double loss = check_finite(p_.train_step(b));
+    const double mean = (micro_.loss_sum + loss) / (micro_.steps + 1);
+    s.samples += micro_.samples + b.size();
+    micro_ = {};
+    return mean;
+  }
+  // A micro-batch before a step's last (gradient accumulation).
+  void accumulate(const auto& b) {
+    if constexpr (accumulates) {
+      micro_.loss_sum += check_finite(p_.accumulate_step(b));
+      micro_.steps += 1;
+      micro_.samples += b.size();
+    }
+  }
+  double check_finite(double loss) const {
     if (!std::isfinite(loss)) {  // every rank sees it: DDP's loss is its own, the others' the batch's
       throw invalid_argument_error("fit: the training loss at step " + std::to_string(step_ + 1) + " (epoch " +
                                    std::to_string(epoch_ + 1) + ") is " + std::to_string(loss) +
                                    ": training diverged (lower the learning rate, or clip the gradients)");
     }
-    s.samples += b.size();
     return loss;
   }
   // The progress line: fed every step (it decides when to print).
@@ -25090,7 +25273,21 @@ class trainer {
     auto& g = p_.loss_group();
     detail::host_collective(g, v, [&](auto view) { return g.all_reduce(view, reduce_op::sum); }, [](work w) { w.wait(); });
   }
-  auto batches() { return traced_batches(train_, o_.trace ? *o_.trace : untraced_); }
+  // The batches that end a step. With gradient accumulation, the micro-batches before each are
+  // trained (accumulated) here as the loop advances, so the three loop spellings stay one step
+  // per element.
+  generator<const batch_type&> batches() {
+    const std::size_t n = o_.gradient_accumulation_steps, total = train_.size();
+    std::size_t k = 0;
+    for (const auto& b : traced_batches(train_, o_.trace ? *o_.trace : untraced_)) {
+      ++k;
+      if (n > 1 && k % n != 0 && k != total) {
+        accumulate(b);
+        continue;
+      }
+      co_yield b;
+    }
+  }
 
   // What this rank has sent (process_group::traffic()'s ring-algorithm bytes): the policy's own
   // count where it has one (a mode over several groups), else its group's.
@@ -25101,9 +25298,12 @@ class trainer {
       return p_.group().traffic().bytes_sent;
     }
   }
-  // The metrics records' bytes_sent: rank 0's bytes since this fit() started (evaluation and
-  // checkpoints included), the same on every rank of a symmetric mode.
-  [[nodiscard]] std::int64_t bytes_sent() { return static_cast<std::int64_t>(policy_bytes_sent() - bytes_at_start_); }
+  // The metrics records' bytes_sent: rank 0's bytes since the run started (evaluation and
+  // checkpoints included; a resumed run counts on from its checkpoint), the same on every rank of
+  // a symmetric mode.
+  [[nodiscard]] std::int64_t bytes_sent() {
+    return static_cast<std::int64_t>(bytes_resumed_ + policy_bytes_sent() - bytes_at_start_);
+  }
 
   detail::trainer::epoch_sums epoch_plain() {
     detail::trainer::epoch_sums s;
@@ -25183,7 +25383,9 @@ class trainer {
   std::optional<metrics_writer> metrics_;
   trace_recorder untraced_;  // traced_batches needs a recorder; a disabled one records nothing
   std::size_t epoch_ = 0, epoch_first_step_ = 0, step_ = 0;
+  detail::trainer::epoch_sums micro_;  // the accumulated micro-batches of the step under way
   std::uint64_t bytes_at_start_ = 0;
+  std::uint64_t bytes_resumed_ = 0;  // sent by the run this one resumed, up to its checkpoint
 };
 
 // Runs the epochs of `o` for `policy` over the train and test batch ranges (the train range
@@ -25241,6 +25443,15 @@ class zero_policy {
     return scaler_.step(*zero_, b);
   }
   [[nodiscard]] std::size_t skipped_steps() const noexcept { return scaler_.skipped(); }
+  // One micro-batch of a step fit accumulates (gradient_accumulation_steps): inside no_sync, the
+  // gradients kept whole on this rank; the step's last micro-batch is train_step, which reduces
+  // them all (averaged over the micro-batches) and steps.
+  template <class B>
+  double accumulate_step(const B& b) {
+    return scaler_.accumulate(*zero_, b, "zero_policy");
+  }
+  // Clipping of the global gradient norm, over every rank's shard, from the next step on.
+  void set_max_grad_norm(double v) { zero_->set_max_grad_norm(v); }
   template <class R>
   eval_result evaluate(R&& batches) {
     return zero_->evaluate(std::forward<R>(batches));

@@ -2,10 +2,13 @@
 // trained through fit under DDP, ZeRO-2, FSDP, a 2-stage pipeline, data parallel over two host
 // devices, post-local SGD and DiLoCo, each ending where one process training on the global batch
 // ends (within float rounding: the modes average per-rank means, the reference takes one mean).
+// The loop's options on the modes that take them: gradient accumulation equal to a batch N times
+// larger, clipping of the global norm across shards, a per-step schedule; the others refuse.
 #include <catch2/catch.hpp>
 
 #include <partrain/comm/local.hpp>
 #include <partrain/model/sequential.hpp>
+#include <partrain/optim/clip.hpp>
 #include <partrain/optim/sgd.hpp>
 #include <partrain/parallel/data_parallel.hpp>
 #include <partrain/parallel/ddp.hpp>
@@ -16,6 +19,7 @@
 #include <partrain/parallel/zero.hpp>
 #include <partrain/train/fsdp_policy.hpp>
 #include <partrain/train/local_sgd_policy.hpp>
+#include <partrain/train/lr_schedule.hpp>
 #include <partrain/train/policies.hpp>
 #include <partrain/train/trainer.hpp>
 #include <partrain/train/zero_policy.hpp>
@@ -63,10 +67,14 @@ batch_list global_batches(const dp_dataset& d) {
   for (std::size_t first = 0; first + global <= d.size(); first += global) l.batches.push_back(d.rows(first, global));
   return l;
 }
-batch_list rank_batches(const dp_dataset& d, int r) {
+// With micro > 1, each rank's rows of a step come as `micro` consecutive micro-batches.
+batch_list rank_batches(const dp_dataset& d, int r, std::size_t micro = 1) {
   batch_list l;
+  const std::size_t rows = per_rank / micro;
   for (std::size_t first = 0; first + global <= d.size(); first += global) {
-    l.batches.push_back(d.rows(first + static_cast<std::size_t>(r) * per_rank, per_rank));
+    for (std::size_t m = 0; m < micro; ++m) {
+      l.batches.push_back(d.rows(first + static_cast<std::size_t>(r) * per_rank + m * rows, rows));
+    }
   }
   return l;
 }
@@ -89,13 +97,23 @@ trainer_options quiet(std::ostringstream& sink) {
   return o;
 }
 
-std::vector<float> reference(const setup& s, const dp_dataset& data) {
+// What the loop adds to each step of the reference (one process, the global batch).
+struct loop_options {
+  double max_grad_norm = 0;
+  std::function<double(std::size_t)> step_lr{};
+};
+
+std::vector<float> reference(const setup& s, const dp_dataset& data, const loop_options& lo = {}) {
   model_t model(s.layers(), softmax_cross_entropy{});
   sgd opt(model, opt_options);
+  std::size_t step = 0;
   for (std::size_t e = 0; e < epochs; ++e) {
     for (const batch& b : global_batches(data).batches) {
+      if (lo.step_lr) opt.set_lr(lo.step_lr(step));
       (void)model.train_step(b);
+      if (lo.max_grad_norm > 0) (void)clip_grad_norm(model, lo.max_grad_norm);
       opt.step();
+      ++step;
     }
   }
   return flat_values(model);
@@ -194,6 +212,54 @@ std::map<std::string, std::vector<float>> every_mode(const setup& s, const dp_da
   return r;
 }
 
+void check_close(const std::map<std::string, std::vector<float>>& runs, const std::vector<float>& want, double margin) {
+  for (const auto& [mode, got] : runs) {
+    INFO("mode " << mode);
+    REQUIRE(got.size() == want.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, static_cast<double>(std::abs(got[i] - want[i])));
+    CHECK(worst <= margin);
+  }
+}
+
+// DDP, ZeRO-2 and FSDP through fit with the loop options o, each rank's rows of a step in `micro`
+// micro-batches.
+std::map<std::string, std::vector<float>> sharded_modes(const setup& s, const dp_dataset& data, trainer_options o,
+                                                        std::size_t micro) {
+  std::map<std::string, std::vector<float>> r;
+  o.epochs = epochs;
+  o.gradient_accumulation_steps = micro;
+  auto run = [&](auto body) {
+    return on_ranks(s, [&](local_group& g, model_t& model, std::ostringstream& sink) {
+      trainer_options t = o;
+      t.out = &sink;
+      auto train = rank_batches(data, g.rank(), micro);
+      return body(g, model, train, t);
+    });
+  };
+  r["ddp"] = run([&](local_group& g, model_t& model, batch_list& train, const trainer_options& t) {
+    distributed_data_parallel ddp(model, g);
+    sgd opt(model, opt_options);
+    ddp_policy policy(ddp, opt);
+    (void)fit(policy, train, train, t);
+    return flat_values(model);
+  });
+  r["zero2"] = run([&](local_group& g, model_t& model, batch_list& train, const trainer_options& t) {
+    sharded_data_parallel zero(model, g, opt_options, zero_options{.stage = 2});
+    zero_policy policy(zero);
+    (void)fit(policy, train, train, t);
+    return flat_values(model);
+  });
+  r["fsdp"] = run([&](local_group& g, model_t& model, batch_list& train, const trainer_options& t) {
+    fully_sharded_data_parallel fsdp(model, g, opt_options);
+    fsdp_policy policy(fsdp);
+    (void)fit(policy, train, train, t);
+    auto full = fsdp.summon_full_params();
+    return flat_values(full);
+  });
+  return r;
+}
+
 void check_every_mode(const setup& s) {
   const dp_dataset data(64, s.features, 3);
   const auto want = reference(s, data);
@@ -214,4 +280,102 @@ void check_every_mode(const setup& s) {
 
 TEST_CASE("one layer description: the MLP trains alike under every mode", "[train][sequential][threads]") {
   check_every_mode({[] { return partrain::test::make_mlp({5, 6, 4, 3}, 3); }, 5});
+}
+
+TEST_CASE("fit: gradient accumulation equals a batch N times larger", "[train][sequential][threads]") {
+  const setup s{[] { return partrain::test::make_mlp({5, 6, 4, 3}, 3); }, 5};
+  const dp_dataset data(64, s.features, 3);
+  const auto want = reference(s, data);
+  for (const std::size_t micro : {2, 4}) {
+    INFO(micro << " micro-batches per step");
+    check_close(sharded_modes(s, data, {}, micro), want, 1e-6);
+  }
+  // Without accumulation the same micro-batches are steps of their own: far from the reference.
+  std::vector<float> steps_alone;
+  run_local(world, [&](local_group& g) {
+    model_t model(s.layers(), softmax_cross_entropy{});
+    distributed_data_parallel ddp(model, g);
+    sgd opt(model, opt_options);
+    ddp_policy policy(ddp, opt);
+    auto train = rank_batches(data, g.rank(), 2);
+    std::ostringstream quiet_sink;
+    trainer_options o{.epochs = epochs};
+    o.out = &quiet_sink;
+    const train_result r = fit(policy, train, train, o);
+    if (g.rank() == 0) {
+      steps_alone = flat_values(model);
+      CHECK(r.steps == 16);  // every micro-batch a step
+    }
+  });
+  double far = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) far = std::max(far, static_cast<double>(std::abs(steps_alone[i] - want[i])));
+  CHECK(far > 1e-3);
+}
+
+TEST_CASE("fit: max_grad_norm clips the global norm across ranks and shards, as one process does", "[train][sequential][threads]") {
+  const setup s{[] { return partrain::test::make_mlp({5, 6, 4, 3}, 3); }, 5};
+  const dp_dataset data(64, s.features, 3);
+  const loop_options clipped{.max_grad_norm = 0.05};
+  const auto want = reference(s, data, clipped);
+  const auto unclipped = reference(s, data);
+  double apart = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) apart = std::max(apart, static_cast<double>(std::abs(want[i] - unclipped[i])));
+  REQUIRE(apart > 1e-2);  // the bound bites
+  trainer_options o;
+  o.max_grad_norm = clipped.max_grad_norm;
+  check_close(sharded_modes(s, data, o, 1), want, 2e-5);
+  check_close(sharded_modes(s, data, o, 2), want, 2e-5);  // and with accumulation
+}
+
+TEST_CASE("fit: step_lr sets the learning rate before every step", "[train][sequential][threads]") {
+  const setup s{[] { return partrain::test::make_mlp({5, 6, 4, 3}, 3); }, 5};
+  const dp_dataset data(64, s.features, 3);
+  const warmup_cosine_lr schedule{.base = 0.2, .warmup_steps = 3, .total_steps = 8};
+  const auto want = reference(s, data, {.step_lr = schedule});
+  trainer_options o;
+  o.step_lr = schedule;
+  check_close(sharded_modes(s, data, o, 1), want, 2e-5);
+  // Steps, not micro-batches: with 2 micro-batches per step the schedule still moves once a step.
+  check_close(sharded_modes(s, data, o, 2), want, 2e-5);
+}
+
+TEST_CASE("fit: the loop options a mode cannot honour are refused by name", "[train][sequential][threads]") {
+  const setup s{[] { return partrain::test::make_mlp({5, 6, 4, 3}, 3); }, 5};
+  const dp_dataset data(64, s.features, 3);
+  run_local(world, [&](local_group& g) {
+    model_t model(s.layers(), softmax_cross_entropy{});
+    sgd opt(model, opt_options);
+    post_local_sgd lsgd(model, opt, g, {.period = 1});
+    local_sgd_policy policy(lsgd);
+    auto train = rank_batches(data, g.rank());
+    std::ostringstream sink;
+    trainer_options clip{.epochs = 1};
+    clip.out = &sink;
+    clip.max_grad_norm = 1.0;
+    CHECK_THROWS_WITH(fit(policy, train, train, clip), Catch::Contains("max_grad_norm needs a policy that clips") &&
+                                                          Catch::Contains("ddp_policy, zero_policy, fsdp_policy"));
+    trainer_options acc{.epochs = 1};
+    acc.out = &sink;
+    acc.gradient_accumulation_steps = 2;
+    CHECK_THROWS_WITH(fit(policy, train, train, acc), Catch::Contains("gradient_accumulation_steps = 2 needs a policy with accumulate_step"));
+    trainer_options both{.epochs = 1, .lr = constant_lr{.base = 0.1}};
+    both.out = &sink;
+    both.step_lr = constant_lr{.base = 0.1};
+    CHECK_THROWS_WITH(fit(policy, train, train, both), Catch::Contains("set one schedule"));
+    trainer_options zero_micro{.epochs = 1};
+    zero_micro.gradient_accumulation_steps = 0;
+    CHECK_THROWS_WITH(fit(policy, train, train, zero_micro), Catch::Contains("gradient_accumulation_steps must be at least 1"));
+  });
+}
+
+TEST_CASE("warmup_cosine_lr: linear warm-up, cosine down to min, bad bounds refused", "[train][lr]") {
+  const warmup_cosine_lr s{.base = 1.0, .warmup_steps = 4, .total_steps = 14, .min = 0.1};
+  CHECK(s(0) == Approx(0.2));
+  CHECK(s(3) == Approx(0.8));
+  CHECK(s(4) == Approx(1.0));
+  CHECK(s(9) == Approx(0.1 + 0.9 * 0.5));
+  CHECK(s(14) == Approx(0.1));
+  CHECK(s(100) == Approx(0.1));
+  CHECK_THROWS_WITH((warmup_cosine_lr{.base = 1.0, .warmup_steps = 4, .total_steps = 4}(0)), Catch::Contains("greater than warmup_steps"));
+  CHECK_THROWS_WITH((warmup_cosine_lr{.base = 1.0, .warmup_steps = 0, .total_steps = 4, .min = 2}(0)), Catch::Contains("min must be in [0, base]"));
 }

@@ -139,6 +139,36 @@ TEST_CASE("fit: metrics records carry the bytes rank 0 sent, growing with the st
   CHECK(sent.back() >= 12 * 72);
 }
 
+TEST_CASE("fit: a resumed run continues the metrics file: no step twice, bytes_sent counted on", "[train][trainer][metrics][threads]") {
+  partrain::testing::temp_dir dir;
+  const auto file = dir.path / "m.jsonl";
+  const auto ck = dir.path / "run.ckpt";
+  const trainer_options two{.epochs = 2, .checkpoint = ck, .metrics = file, .log_every = 3};
+  trainer_options first = two;
+  first.epochs = 1;
+  (void)run_ddp(2, first);  // epoch 1: steps 1-6, records at steps 3 and 6, checkpoint at step 6
+  {
+    // A killed second attempt got as far as step 9 before dying: its record stays in the file.
+    std::ofstream killed(file, std::ios::app);
+    killed << "{\"kind\":\"step\",\"step\":9,\"time\":1,\"epoch\":2,\"loss\":1.5,\"bytes_sent\":1}\n";
+  }
+  (void)run_ddp(2, two);
+  std::ifstream in(file);
+  std::vector<long long> steps, sent;
+  int epochs = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto k = line.find("\"bytes_sent\":");
+    REQUIRE(k != std::string::npos);
+    sent.push_back(std::stoll(line.substr(k + 13)));
+    if (line.starts_with("{\"kind\":\"step\",\"step\":")) steps.push_back(std::stoll(line.substr(22)));
+    epochs += line.starts_with("{\"kind\":\"epoch\"") ? 1 : 0;
+  }
+  CHECK(steps == std::vector<long long>{3, 6, 9, 12});  // the killed attempt's step 9 replaced, not repeated
+  CHECK(epochs == 2);
+  CHECK(std::is_sorted(sent.begin(), sent.end()));  // the resumed run counts on from its checkpoint
+  CHECK(sent.back() >= 12 * 72);
+}
+
 TEST_CASE("fit: bad settings fail before training, with the reason", "[train][trainer][threads]") {
   partrain::testing::temp_dir dir;
   std::ofstream(dir.path / "a_file") << "x";

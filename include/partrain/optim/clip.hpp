@@ -77,6 +77,13 @@ inline void check_max_norm(double max_norm, const char* who) {
   }
 }
 
+// A clipping option (0: off): where several options take one, one message for all.
+inline void check_max_grad_norm(double v, const std::string& where) {
+  if (!(v >= 0) || !std::isfinite(v)) {
+    throw invalid_argument_error(where + " must be a finite number >= 0 (0: no clipping), got " + std::to_string(v));
+  }
+}
+
 }  // namespace detail::optim
 
 // Clips the gradients of a model (or of a range of parameters) to a global 2-norm of at most

@@ -197,10 +197,7 @@ class fully_sharded_data_parallel {
                               fsdp_options o = {})
       : layers_(&layers), comm_(&comm), loss_(std::move(loss)), opts_(o),
         rank_(static_cast<std::size_t>(comm.rank())), world_(static_cast<std::size_t>(comm.size())) {
-    if (!(opts_.max_grad_norm >= 0) || !std::isfinite(opts_.max_grad_norm)) {
-      throw invalid_argument_error(where() + "fsdp_options::max_grad_norm must be a finite number >= 0 (0: no clipping), got " +
-                                   std::to_string(opts_.max_grad_norm));
-    }
+    detail::optim::check_max_grad_norm(opts_.max_grad_norm, where() + "fsdp_options::max_grad_norm");
     for (const auto& [name, t] : {std::pair{"param_dtype", opts_.param_dtype}, std::pair{"reduce_dtype", opts_.reduce_dtype}}) {
       if (t != dtype::float32 && t != dtype::float16 && t != dtype::bfloat16) {
         throw invalid_argument_error(where() + "fsdp_options::" + name + " must be float32, float16 or bfloat16, got " +
@@ -386,6 +383,11 @@ class fully_sharded_data_parallel {
   [[nodiscard]] full_params_guard summon_full_params() { return full_params_guard(*this); }
 
   void set_lr(double lr) { optimizer_->set_lr(lr); }
+  // The clipping of fsdp_options::max_grad_norm from the next step on (fit's max_grad_norm).
+  void set_max_grad_norm(double v) {
+    detail::optim::check_max_grad_norm(v, where() + "set_max_grad_norm");
+    opts_.max_grad_norm = v;
+  }
   [[nodiscard]] double lr() const noexcept { return optimizer_->lr(); }
 
   // Loss scaling (what a grad_scaler sets through amp_step, precision/sharded_amp.hpp): the loss's

@@ -177,10 +177,7 @@ class sharded_data_parallel {
       throw invalid_argument_error(where() + "zero_options::partition must be per_bucket or contiguous, got " +
                                    std::to_string(static_cast<int>(opts_.partition)));
     }
-    if (!(opts_.max_grad_norm >= 0) || !std::isfinite(opts_.max_grad_norm)) {
-      throw invalid_argument_error(where() + "zero_options::max_grad_norm must be a finite number >= 0 (0: no clipping), got " +
-                                   std::to_string(opts_.max_grad_norm));
-    }
+    detail::optim::check_max_grad_norm(opts_.max_grad_norm, where() + "zero_options::max_grad_norm");
     collect_views();
     at_ = make_place();
     model_stream_ = model_stream(m);
@@ -308,6 +305,11 @@ class sharded_data_parallel {
   [[nodiscard]] bool last_step_skipped() const noexcept { return skipped_; }
 
   void set_lr(double lr) { optimizer_->set_lr(lr); }
+  // The clipping of zero_options::max_grad_norm from the next step on (fit's max_grad_norm).
+  void set_max_grad_norm(double v) {
+    detail::optim::check_max_grad_norm(v, where() + "set_max_grad_norm");
+    opts_.max_grad_norm = v;
+  }
   [[nodiscard]] double lr() const noexcept { return optimizer_->lr(); }
   // The global gradient norm of the last synchronizing step, before clipping (NaN without clipping).
   [[nodiscard]] double last_grad_norm() const noexcept { return last_norm_; }

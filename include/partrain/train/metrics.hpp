@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <concepts>
 #include <cstdint>
@@ -28,6 +29,7 @@
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
 #include <partrain/parallel/detail/host_staging.hpp>
+#include <partrain/train/detail/atomic_file.hpp>
 #include <partrain/train/detail/json_text.hpp>
 
 namespace partrain::inline v0 {
@@ -121,7 +123,41 @@ inline void append_field(std::string& out, const metric_field& f) {
       f.value);
 }
 
+// The record's counter when the line is a record of that kind as metrics_record writes it
+// ({"kind":"step","step":N,...}), else -1.
+[[nodiscard]] inline std::int64_t record_counter(std::string_view line, std::string_view kind) {
+  const std::string head = "{\"kind\":\"" + std::string(kind) + "\",\"" + std::string(kind) + "\":";
+  if (!line.starts_with(head)) return -1;
+  std::int64_t n = 0;
+  const char* first = line.data() + head.size();
+  const auto [end, ec] = std::from_chars(first, line.data() + line.size(), n);
+  return ec == std::errc{} && end != first ? n : -1;
+}
+
 }  // namespace detail::metrics
+
+// A resumed run continues a metrics file: the records a killed attempt wrote past the checkpoint
+// it resumes from (steps after `step`, epochs after `epoch`) are dropped, so no step is recorded
+// twice. Other lines are kept as they are. The file is rewritten atomically.
+inline void truncate_metrics_after(const std::filesystem::path& path, std::int64_t step, std::int64_t epoch) {
+  if (!std::filesystem::exists(path)) return;
+  const std::vector<std::byte> bytes = detail::ckpt::read_whole_file(path);
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  std::string kept;
+  bool dropped = false;
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t nl = text.find('\n', at);
+    const std::size_t end = nl == std::string_view::npos ? text.size() : nl + 1;
+    const std::string_view line = text.substr(at, end - at);
+    if (detail::metrics::record_counter(line, "step") > step || detail::metrics::record_counter(line, "epoch") > epoch) {
+      dropped = true;
+    } else {
+      kept += line;
+    }
+    at = end;
+  }
+  if (dropped) detail::ckpt::write_file_atomically(path, std::as_bytes(std::span(kept.data(), kept.size())));
+}
 
 // Builds one record's text: {"kind":..., "<counter>":n, "time":unix seconds, fields...}.
 [[nodiscard]] inline std::string metrics_record(std::string_view kind, std::string_view counter, std::int64_t n,

@@ -23,12 +23,14 @@
 #include <partrain/core/error.hpp>
 #include <partrain/data/batch.hpp>
 #include <partrain/model/concepts.hpp>
+#include <partrain/optim/clip.hpp>
 #include <partrain/optim/optimizer.hpp>
 #include <partrain/parallel/ddp.hpp>
 #include <partrain/parallel/powersgd.hpp>
 #include <partrain/precision/grad_scaler.hpp>
 #include <partrain/precision/mixed_precision.hpp>
 #include <partrain/train/checkpoint.hpp>
+#include <partrain/train/detail/sharded_scaler.hpp>
 #include <partrain/train/rank_checkpoint.hpp>
 #include <partrain/train/trace.hpp>
 
@@ -77,10 +79,7 @@ class ddp_policy {
 
  public:
   ddp_policy(Ddp& ddp, Opt& opt, ddp_policy_options o = {}) : ddp_(&ddp), opt_(&opt), o_(o) {
-    if (o_.max_grad_norm < 0 || !(o_.max_grad_norm == o_.max_grad_norm)) {
-      throw invalid_argument_error("ddp_policy: max_grad_norm must be >= 0 (0 = no clipping), got " +
-                                   std::to_string(o_.max_grad_norm));
-    }
+    detail::optim::check_max_grad_norm(o_.max_grad_norm, "ddp_policy: max_grad_norm");
   }
 
   template <class B>
@@ -104,6 +103,21 @@ class ddp_policy {
     return ddp_->evaluate(std::forward<R>(batches));
   }
   void set_lr(double lr) { opt_->set_lr(lr); }
+  // One micro-batch of a step fit accumulates (gradient_accumulation_steps): forward and backward
+  // inside DDP's no_sync, the gradients kept on this rank; the step's last micro-batch is
+  // train_step, which reduces them all (averaged over the micro-batches) and steps.
+  template <class B>
+  double accumulate_step(const B& b) {
+    detail::refuse_scaled_accumulation(o_.scaler && o_.scaler->enabled(), "ddp_policy");
+    auto fb = o_.trace ? o_.trace->span("forward_backward") : trace_span{};
+    auto guard = ddp_->no_sync();
+    return ddp_->train_step(b);
+  }
+  // Clipping of the global gradient norm from the next step on (fit's max_grad_norm).
+  void set_max_grad_norm(double v) {
+    detail::optim::check_max_grad_norm(v, "ddp_policy: max_grad_norm");
+    o_.max_grad_norm = v;
+  }
   process_group& group() { return ddp_->comm(); }
   process_group& loss_group() { return ddp_->comm(); }
   [[nodiscard]] int replicas() { return ddp_->comm().size(); }

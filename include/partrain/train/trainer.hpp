@@ -15,6 +15,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -33,8 +34,10 @@
 
 #include <partrain/comm/process_group.hpp>
 #include <partrain/core/error.hpp>
+#include <partrain/core/generator.hpp>
 #include <partrain/core/task.hpp>
 #include <partrain/core/work.hpp>
+#include <partrain/optim/clip.hpp>
 #include <partrain/optim/state_io.hpp>
 #include <partrain/parallel/detail/host_staging.hpp>
 #include <partrain/train/checkpoint.hpp>
@@ -68,6 +71,16 @@ struct trainer_options {
   std::ostream* out = &std::cout;                 // rank 0's epoch lines (null: silent)
   int terminal_fd = STDOUT_FILENO;                // the progress line redraws in place on a terminal
   std::function<void(std::size_t global_step)> before_step{};  // e.g. fault injection, profiling
+  // Before every optimizer step, by global step (warmup_cosine_lr in train/lr_schedule.hpp);
+  // instead of the per-epoch lr, not with it.
+  std::function<double(std::size_t global_step)> step_lr{};
+  // Loader batches (micro-batches) per optimizer step: the first N - 1 of each step train inside
+  // the mode's no_sync, the last reduces and steps, as one batch N times larger would (the last
+  // step of an epoch takes what is left). ddp_policy, zero_policy and fsdp_policy.
+  std::size_t gradient_accumulation_steps = 1;
+  // > 0: the global gradient norm (over every rank's gradients or shards) clipped to this before
+  // each step (torch.nn.utils.clip_grad_norm_). ddp_policy, zero_policy and fsdp_policy.
+  double max_grad_norm = 0;
 };
 
 struct train_result {
@@ -88,40 +101,73 @@ struct epoch_sums {
   std::size_t samples = 0;   // this rank's
 };
 
-// The record kept in checkpoint_extra::trainer_state.
-inline std::vector<std::byte> encode(const train_result& r) {
+// The record kept in checkpoint_extra::trainer_state: the last epoch's results and the bytes
+// rank 0 had sent (so a resumed run's metrics count on from there).
+inline std::vector<std::byte> encode(const train_result& r, std::uint64_t bytes_sent) {
   state_writer w;
   w.put(r.train_loss);
   w.put(r.test_loss);
   w.put(r.test_accuracy);
+  w.put(bytes_sent);
   return w.release();
 }
-inline void decode(std::span<const std::byte> bytes, train_result& r) {
-  if (bytes.empty()) return;  // a checkpoint written without the trainer
+// Returns the bytes sent before the checkpoint (0 for a checkpoint written before they were kept).
+inline std::uint64_t decode(std::span<const std::byte> bytes, train_result& r) {
+  if (bytes.empty()) return 0;  // a checkpoint written without the trainer
   state_reader rd(bytes);
   r.train_loss = rd.get<double>("train loss");
   r.test_loss = rd.get<double>("test loss");
   r.test_accuracy = rd.get<double>("test accuracy");
+  return rd.remaining() >= sizeof(std::uint64_t) ? rd.get<std::uint64_t>("bytes sent") : 0;
 }
 
 inline void check(const trainer_options& o) {
   if (o.epochs == 0) throw invalid_argument_error("fit: epochs must be at least 1, got 0");
+  if (o.gradient_accumulation_steps == 0) {
+    throw invalid_argument_error("fit: gradient_accumulation_steps must be at least 1 (micro-batches per step), got 0");
+  }
+  optim::check_max_grad_norm(o.max_grad_norm, "fit: max_grad_norm");
+  if (o.lr && o.step_lr) {
+    throw invalid_argument_error("fit: both lr (per epoch) and step_lr (per step) are set; set one schedule");
+  }
 }
 
 }  // namespace detail::trainer
 
 template <class Policy, class Train, class Test>
 class trainer {
+  using batch_type = std::ranges::range_value_t<Train>;
+  static constexpr bool accumulates = requires(Policy& p, const batch_type& b) {
+    { p.accumulate_step(b) } -> std::convertible_to<double>;
+  };
+
  public:
   trainer(Policy& policy, Train& train, Test& test, trainer_options o)
       : p_(policy), train_(train), test_(test), o_(std::move(o)), leader_(policy.group().rank() == 0),
         prog_(leader_ ? 0 : 1, {.out = o_.out ? o_.out : &std::cout,
                                 .terminal_fd = o_.terminal_fd,
                                 .epochs = static_cast<std::int64_t>(o_.epochs),
-                                .steps_per_epoch = static_cast<std::int64_t>(train.size()),
+                                .steps_per_epoch = static_cast<std::int64_t>(
+                                    (train.size() + o.gradient_accumulation_steps - 1) /
+                                    std::max<std::size_t>(1, o.gradient_accumulation_steps)),
                                 .world_size = policy.replicas(),
                                 .plain_every_steps = static_cast<std::int64_t>(o_.log_every)}) {
     detail::trainer::check(o_);
+    if (o_.max_grad_norm > 0) {
+      if constexpr (requires(double v) { p_.set_max_grad_norm(v); }) {
+        p_.set_max_grad_norm(o_.max_grad_norm);
+      } else {
+        throw config_error("fit: max_grad_norm needs a policy that clips over every rank's gradients; supported: "
+                           "ddp_policy, zero_policy, fsdp_policy");
+      }
+    }
+    if constexpr (!accumulates) {
+      if (o_.gradient_accumulation_steps > 1) {
+        throw config_error("fit: gradient_accumulation_steps = " + std::to_string(o_.gradient_accumulation_steps) +
+                           " needs a policy with accumulate_step (a no_sync micro-batch); supported: ddp_policy, "
+                           "zero_policy, fsdp_policy");
+      }
+    }
   }
 
   train_result run() {
@@ -131,8 +177,12 @@ class trainer {
     start_trace();  // after the check above: a finished run records nothing, so it merges nothing
     bytes_at_start_ = policy_bytes_sent();
     if (!o_.metrics.empty()) {
-      // A fresh run starts a fresh file; a resumed one appends to what the earlier run wrote.
+      // A fresh run starts a fresh file; a resumed one appends to what the earlier run wrote up to
+      // its checkpoint (what a killed attempt wrote after it is dropped: no step twice).
       if (leader_ && result.first_epoch == 0) std::filesystem::remove(o_.metrics);
+      if (leader_ && result.first_epoch > 0) {
+        truncate_metrics_after(o_.metrics, static_cast<std::int64_t>(step_), static_cast<std::int64_t>(result.first_epoch));
+      }
       metrics_.emplace(o_.metrics, leader_ ? 0 : 1);
     }
     for (std::size_t e : views::epochs(result.first_epoch, o_.epochs)) {
@@ -217,7 +267,7 @@ class trainer {
       step_ = static_cast<std::size_t>(extra.step);
       r.steps = step_;
       r.epochs = r.first_epoch;
-      detail::trainer::decode(extra.trainer_state, r);
+      bytes_resumed_ = detail::trainer::decode(extra.trainer_state, r);
       if (r.first_epoch > o_.epochs) {
         throw config_error("fit: the checkpoint " + o_.checkpoint.string() + " is at epoch " + std::to_string(r.first_epoch) +
                            ", past epochs = " + std::to_string(o_.epochs));
@@ -244,21 +294,37 @@ class trainer {
       checkpoint_extra extra;
       extra.epoch = epoch_ + 1;  // epochs finished: where a resumed run starts
       extra.step = step_;
-      extra.trainer_state = detail::trainer::encode(r);
+      extra.trainer_state = detail::trainer::encode(r, static_cast<std::uint64_t>(bytes_sent()));
       p_.save_checkpoint(o_.checkpoint, extra);
     }
   }
 
+  // One optimizer step, b its last micro-batch (the others went through accumulate): the mean
+  // loss of its micro-batches.
   double one_step(const auto& b, detail::trainer::epoch_sums& s) {
     if (o_.before_step) o_.before_step(step_);
     auto sp = o_.trace ? o_.trace->span("step", trace_track::step, "step", static_cast<std::int64_t>(step_)) : trace_span{};
-    const double loss = p_.train_step(b);
+    if (o_.step_lr) p_.set_lr(o_.step_lr(step_));
+    const double loss = check_finite(p_.train_step(b));
+    const double mean = (micro_.loss_sum + loss) / (micro_.steps + 1);
+    s.samples += micro_.samples + b.size();
+    micro_ = {};
+    return mean;
+  }
+  // A micro-batch before a step's last (gradient accumulation).
+  void accumulate(const auto& b) {
+    if constexpr (accumulates) {
+      micro_.loss_sum += check_finite(p_.accumulate_step(b));
+      micro_.steps += 1;
+      micro_.samples += b.size();
+    }
+  }
+  double check_finite(double loss) const {
     if (!std::isfinite(loss)) {  // every rank sees it: DDP's loss is its own, the others' the batch's
       throw invalid_argument_error("fit: the training loss at step " + std::to_string(step_ + 1) + " (epoch " +
                                    std::to_string(epoch_ + 1) + ") is " + std::to_string(loss) +
                                    ": training diverged (lower the learning rate, or clip the gradients)");
     }
-    s.samples += b.size();
     return loss;
   }
   // The progress line: fed every step (it decides when to print).
@@ -293,7 +359,21 @@ class trainer {
     auto& g = p_.loss_group();
     detail::host_collective(g, v, [&](auto view) { return g.all_reduce(view, reduce_op::sum); }, [](work w) { w.wait(); });
   }
-  auto batches() { return traced_batches(train_, o_.trace ? *o_.trace : untraced_); }
+  // The batches that end a step. With gradient accumulation, the micro-batches before each are
+  // trained (accumulated) here as the loop advances, so the three loop spellings stay one step
+  // per element.
+  generator<const batch_type&> batches() {
+    const std::size_t n = o_.gradient_accumulation_steps, total = train_.size();
+    std::size_t k = 0;
+    for (const auto& b : traced_batches(train_, o_.trace ? *o_.trace : untraced_)) {
+      ++k;
+      if (n > 1 && k % n != 0 && k != total) {
+        accumulate(b);
+        continue;
+      }
+      co_yield b;
+    }
+  }
 
   // What this rank has sent (process_group::traffic()'s ring-algorithm bytes): the policy's own
   // count where it has one (a mode over several groups), else its group's.
@@ -304,9 +384,12 @@ class trainer {
       return p_.group().traffic().bytes_sent;
     }
   }
-  // The metrics records' bytes_sent: rank 0's bytes since this fit() started (evaluation and
-  // checkpoints included), the same on every rank of a symmetric mode.
-  [[nodiscard]] std::int64_t bytes_sent() { return static_cast<std::int64_t>(policy_bytes_sent() - bytes_at_start_); }
+  // The metrics records' bytes_sent: rank 0's bytes since the run started (evaluation and
+  // checkpoints included; a resumed run counts on from its checkpoint), the same on every rank of
+  // a symmetric mode.
+  [[nodiscard]] std::int64_t bytes_sent() {
+    return static_cast<std::int64_t>(bytes_resumed_ + policy_bytes_sent() - bytes_at_start_);
+  }
 
   detail::trainer::epoch_sums epoch_plain() {
     detail::trainer::epoch_sums s;
@@ -386,7 +469,9 @@ class trainer {
   std::optional<metrics_writer> metrics_;
   trace_recorder untraced_;  // traced_batches needs a recorder; a disabled one records nothing
   std::size_t epoch_ = 0, epoch_first_step_ = 0, step_ = 0;
+  detail::trainer::epoch_sums micro_;  // the accumulated micro-batches of the step under way
   std::uint64_t bytes_at_start_ = 0;
+  std::uint64_t bytes_resumed_ = 0;  // sent by the run this one resumed, up to its checkpoint
 };
 
 // Runs the epochs of `o` for `policy` over the train and test batch ranges (the train range

@@ -40,6 +40,15 @@ class zero_policy {
     return scaler_.step(*zero_, b);
   }
   [[nodiscard]] std::size_t skipped_steps() const noexcept { return scaler_.skipped(); }
+  // One micro-batch of a step fit accumulates (gradient_accumulation_steps): inside no_sync, the
+  // gradients kept whole on this rank; the step's last micro-batch is train_step, which reduces
+  // them all (averaged over the micro-batches) and steps.
+  template <class B>
+  double accumulate_step(const B& b) {
+    return scaler_.accumulate(*zero_, b, "zero_policy");
+  }
+  // Clipping of the global gradient norm, over every rank's shard, from the next step on.
+  void set_max_grad_norm(double v) { zero_->set_max_grad_norm(v); }
   template <class R>
   eval_result evaluate(R&& batches) {
     return zero_->evaluate(std::forward<R>(batches));
