@@ -80,8 +80,7 @@ inline auto rank_train(const datasets& d, const options& o, int rank, int world)
                 {.batch_size = o.batch_size, .prefetch = prefetch_here(o)});
 }
 inline auto rank_test(const datasets& d, int rank, int world) {
-  const auto part = [&](int r) { return d.n_test * static_cast<std::size_t>(r) / static_cast<std::size_t>(world); };
-  return loader(d.test, std::views::iota(part(rank), part(rank + 1)), {.batch_size = 1000, .prefetch = 0});
+  return loader(d.test, views::shard(d.n_test, world, rank), {.batch_size = 1000, .prefetch = 0});
 }
 
 inline void print_end(process_group& pg, std::uint64_t checksum) {

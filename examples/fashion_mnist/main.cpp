@@ -1,4 +1,4 @@
-// examples/fashion_mnist/main.cpp: a user's program training its own MLP on Fashion-MNIST with
+// examples/fashion_mnist/main.cpp: a user's program training its own MLP or CNN on Fashion-MNIST with
 // DDP over ranks (or ZeRO-1/2/3, or communicating less: local SGD, DiLoCo, PowerSGD), data parallel
 // over host devices, or pipeline stages; partrain::fit runs the epochs (schedule, checkpoints,
 // metrics, progress, trace) for all of them:
@@ -50,9 +50,9 @@ void train_ddp(Model& model, process_group& pg, const options& o, const datasets
   loader train = rank_train(data, o, rank, world);
   loader test = rank_test(data, rank, world);
   if (rank == 0) {
-    std::printf("fashion_mnist: %s, %d rank(s) over %s, MLP 784-256-128-10, batch %zu per rank, lr %g, %zu epochs, "
+    std::printf("fashion_mnist: %s, %d rank(s) over %s, %s, batch %zu per rank, lr %g, %zu epochs, "
                 "%zu/%zu examples, loop %s, prefetch %zu, precision %s%s\n",
-                o.sync == "powersgd" ? "ddp with powersgd" : "ddp", world, std::string(pg.backend()).c_str(), o.batch_size,
+                o.sync == "powersgd" ? "ddp with powersgd" : "ddp", world, std::string(pg.backend()).c_str(), model_name(o), o.batch_size,
                 o.lr, o.epochs, data.n_train, data.n_test,
                 o.loop.c_str(), prefetch_here(o), o.precision.c_str(),
                 mp.compute == precision::fp32 ? "" : (o.reduce_16bit ? " (gradients reduced in 16 bits)" : " (gradients reduced in fp32)"));
@@ -85,8 +85,7 @@ void run_rank(process_group& pg, const options& o, const datasets& data) {
   } else if (o.sync == "local-sgd" || o.sync == "diloco") {
     train_local(pg, o, data);
   } else {
-    models::mlp_host model({}, o.seed, parse_precision(o.precision));
-    train_ddp(model, pg, o, data);
+    with_model(o, [&](auto& model) { train_ddp(model, pg, o, data); });
   }
 }
 

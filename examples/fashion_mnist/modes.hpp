@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cnn_layers.hpp"
 #include "common.hpp"
 #include "mlp_host.hpp"
 #include "mlp_layers.hpp"
@@ -16,11 +17,39 @@
 
 namespace example::fm {
 
+// --model: the layers of the model, one description for every mode.
+inline models::layers::host_model make_layers(const options& o) {
+  const auto seed = static_cast<std::uint32_t>(o.seed);
+  return o.model == "cnn" ? models::layers::make_cnn(seed) : models::layers::make_mlp({784, 256, 128, 10}, seed);
+}
+inline auto make_sequential(const options& o) {
+  return sequential(make_layers(o), models::layers::softmax_cross_entropy{});
+}
+[[nodiscard]] inline const char* model_name(const options& o) {
+  return o.model == "cnn" ? "CNN conv8-pool-conv16-pool-linear" : "MLP 784-256-128-10";
+}
+
+// The modes that take a model call f with it: the MLP as the example's own hand-fused step
+// (mlp_host, OpenBLAS, mixed precision), the CNN as its layers in a partrain::sequential.
+template <class F>
+void with_model(const options& o, F&& f) {
+  if (o.model == "cnn") {
+    auto model = make_sequential(o);
+    f(model);
+  } else {
+    models::mlp_host model({}, o.seed, parse_precision(o.precision));
+    f(model);
+  }
+}
+
 // --parallel zero1|zero2: DDP's step with the optimizer state (zero2: and the gradients) sharded
 // over the ranks; checkpoints are sharded too.
 inline void train_zero(process_group& pg, const options& o, const datasets& data) {
+  with_model(o, [&](auto& model) { train_zero(model, pg, o, data); });
+}
+template <class Model>
+void train_zero(Model& model, process_group& pg, const options& o, const datasets& data) {
   const auto compute = parse_precision(o.precision);
-  models::mlp_host model({}, o.seed, compute);
   zero_options zopts{.stage = o.parallel == "zero1" ? 1 : 2, .overlap = o.overlap};
   if (o.bucket_kb) zopts.bucket_cap_bytes = zopts.first_bucket_bytes = o.bucket_kb << 10;
   sharded_data_parallel zero(model, pg, sgd_options{.lr = o.lr, .momentum = o.momentum}, zopts);
@@ -30,24 +59,23 @@ inline void train_zero(process_group& pg, const options& o, const datasets& data
   loader train = rank_train(data, o, pg.rank(), pg.size());
   loader test = rank_test(data, pg.rank(), pg.size());
   if (pg.rank() == 0) {
-    std::printf("fashion_mnist: %s, %d rank(s) over %s, MLP 784-256-128-10, batch %zu per rank, lr %g, %zu epochs, "
+    std::printf("fashion_mnist: %s, %d rank(s) over %s, %s, batch %zu per rank, lr %g, %zu epochs, "
                 "%zu/%zu examples, precision %s\n", o.parallel.c_str(), pg.size(), std::string(pg.backend()).c_str(),
-                o.batch_size, o.lr, o.epochs, data.n_train, data.n_test, o.precision.c_str());
+                model_name(o), o.batch_size, o.lr, o.epochs, data.n_train, data.n_test, o.precision.c_str());
   }
   fit(policy, train, test, fit_options(o, trace));
   print_end(pg, parameter_checksum(model));
 }
 
-// --parallel fsdp: the MLP as a sequence of layers, each layer's parameters (and their gradients
-// and momentum) sharded over the ranks and gathered only around that layer's forward and backward.
+// --parallel fsdp: the model's layers, each layer's parameters (and their gradients and momentum)
+// sharded over the ranks and gathered only around that layer's forward and backward.
 inline void train_fsdp(process_group& pg, const options& o, const datasets& data) {
-  auto layers = models::layers::make_mlp({784, 256, 128, 10}, static_cast<std::uint32_t>(o.seed));
+  auto model = make_sequential(o);
   // --precision fp16|bf16: parameters gathered and gradients reduced in 16 bits (FSDP's
   // MixedPrecision); the chunks, the optimizer and the layers' arithmetic stay fp32. fp16 also
   // scales the loss (a grad scaler, agreed across ranks) so small gradients survive the reduction.
   const dtype wire = o.precision == "bf16" ? dtype::bfloat16 : o.precision == "fp16" ? dtype::float16 : dtype::float32;
-  fully_sharded_data_parallel fsdp(layers, pg, models::layers::softmax_cross_entropy{},
-                                   sgd_options{.lr = o.lr, .momentum = o.momentum},
+  fully_sharded_data_parallel fsdp(model, pg, sgd_options{.lr = o.lr, .momentum = o.momentum},
                                    fsdp_options{.param_dtype = wire, .reduce_dtype = wire});
   trace_recorder trace = make_trace(o);
   grad_scaler scaler = grad_scaler::for_precision(parse_precision(o.precision));
@@ -55,9 +83,9 @@ inline void train_fsdp(process_group& pg, const options& o, const datasets& data
   loader train = rank_train(data, o, pg.rank(), pg.size());
   loader test = rank_test(data, pg.rank(), pg.size());
   if (pg.rank() == 0) {
-    std::printf("fashion_mnist: fsdp, %d rank(s) over %s, MLP 784-256-128-10, batch %zu per rank, lr %g, %zu epochs, "
+    std::printf("fashion_mnist: fsdp, %d rank(s) over %s, %s, batch %zu per rank, lr %g, %zu epochs, "
                 "%zu/%zu examples, gathers and reductions in %s\n", pg.size(), std::string(pg.backend()).c_str(),
-                o.batch_size, o.lr, o.epochs, data.n_train, data.n_test, std::string(to_string(wire)).c_str());
+                model_name(o), o.batch_size, o.lr, o.epochs, data.n_train, data.n_test, std::string(to_string(wire)).c_str());
   }
   fit(policy, train, test, fit_options(o, trace));
   const fsdp_memory m = fsdp.memory();
@@ -71,7 +99,10 @@ inline void train_fsdp(process_group& pg, const options& o, const datasets& data
 
 // --sync local-sgd|diloco: ranks step alone and meet every --period (or --inner-steps) steps.
 inline void train_local(process_group& pg, const options& o, const datasets& data) {
-  models::mlp_host model({}, o.seed);
+  with_model(o, [&](auto& model) { train_local(model, pg, o, data); });
+}
+template <class Model>
+void train_local(Model& model, process_group& pg, const options& o, const datasets& data) {
   sgd opt(model, {.lr = o.lr, .momentum = o.momentum});
   trace_recorder trace = make_trace(o);
   loader train = rank_train(data, o, pg.rank(), pg.size());
@@ -80,9 +111,9 @@ inline void train_local(process_group& pg, const options& o, const datasets& dat
     const std::string hosts = o.ranks_per_host > 0 ? " as " + std::to_string(pg.size() / o.ranks_per_host) +
                                                          " hosts of " + std::to_string(o.ranks_per_host)
                                                    : "";
-    std::printf("fashion_mnist: %s, %d rank(s)%s over %s, MLP 784-256-128-10, batch %zu per rank, lr %g, %zu epochs, "
+    std::printf("fashion_mnist: %s, %d rank(s)%s over %s, %s, batch %zu per rank, lr %g, %zu epochs, "
                 "%zu/%zu examples\n", o.sync.c_str(), pg.size(), hosts.c_str(), std::string(pg.backend()).c_str(),
-                o.batch_size, o.lr, o.epochs, data.n_train, data.n_test);
+                model_name(o), o.batch_size, o.lr, o.epochs, data.n_train, data.n_test);
   }
   auto run = [&](auto& algorithm) {
     local_sgd_policy policy(algorithm);
@@ -108,40 +139,41 @@ inline void train_local(process_group& pg, const options& o, const datasets& dat
 
 // --parallel dp: one process, each batch scattered over --devices host devices (worker threads).
 inline void train_dp(const options& o, const datasets& data) {
-  models::mlp_host model({}, o.seed);
+  with_model(o, [&](auto& model) { train_dp(model, o, data); });
+}
+template <class Model>
+void train_dp(Model& model, const options& o, const datasets& data) {
   std::vector<device> devices;
   for (int i = 0; i < o.devices; ++i) devices.push_back(device::cpu(i));
-  data_parallel dp(model, devices, [&](models::mlp_host& replica) {
-    return sgd<models::mlp_host>(replica, {.lr = o.lr, .momentum = o.momentum});
-  });
+  data_parallel dp(model, devices, [&](Model& replica) { return sgd<Model>(replica, {.lr = o.lr, .momentum = o.momentum}); });
   data_parallel_policy policy(dp);
   loader train = shuffled_train(data, o);
   loader test = whole_test(data);
-  std::printf("fashion_mnist: dp, %d host device(s) in one process, MLP 784-256-128-10, batch %zu, lr %g, %zu epochs, %zu/%zu examples\n",
-              o.devices, o.batch_size, o.lr, o.epochs, data.n_train, data.n_test);
+  std::printf("fashion_mnist: dp, %d host device(s) in one process, %s, batch %zu, lr %g, %zu epochs, %zu/%zu examples\n",
+              o.devices, model_name(o), o.batch_size, o.lr, o.epochs, data.n_train, data.n_test);
   trace_recorder trace = make_trace(o);
   fit(policy, train, test, fit_options(o, trace));
   std::printf("final parameter checksum %016llx\n", static_cast<unsigned long long>(parameter_checksum(model)));
 }
 
-// --parallel pipeline: the MLP as a sequence of layers in --stages stages (one rank each); every
-// rank reads the same batches.
+// --parallel pipeline: the model's layers in --stages stages (one rank each); every rank reads the
+// same batches.
 inline void train_pipeline(process_group& pg, const options& o, const datasets& data) {
   if (pg.size() != o.stages) {
     throw config_error("--parallel pipeline --stages " + std::to_string(o.stages) + " needs " + std::to_string(o.stages) +
                        " ranks, the job has " + std::to_string(pg.size()));
   }
-  auto layers = models::layers::make_mlp({784, 256, 128, 10}, static_cast<std::uint32_t>(o.seed));
-  pipeline_stage stage(layers, pg, {.kind = o.schedule == "gpipe" ? pipeline_schedule_kind::gpipe : pipeline_schedule_kind::one_f_one_b,
+  auto model = make_sequential(o);
+  pipeline_stage stage(model, pg, {.kind = o.schedule == "gpipe" ? pipeline_schedule_kind::gpipe : pipeline_schedule_kind::one_f_one_b,
                                     .micro_batches = o.micro_batches});
   auto params = stage.parameters();  // this rank's layers' parameters, as a model for sgd
   sgd opt(params, {.lr = o.lr, .momentum = o.momentum});
-  pipeline_policy policy(stage, pg, opt, models::layers::softmax_cross_entropy{});
+  pipeline_policy policy(stage, pg, opt, model.loss());
   loader train = shuffled_train(data, o);
   loader test = whole_test(data);
   if (pg.rank() == 0) {
-    std::printf("fashion_mnist: pipeline, %d stage(s) over %s, %s with %d micro-batches, batch %zu, lr %g, %zu epochs, "
-                "%zu/%zu examples\n", pg.size(), std::string(pg.backend()).c_str(), o.schedule.c_str(), o.micro_batches,
+    std::printf("fashion_mnist: pipeline, %d stage(s) over %s, %s, %s with %d micro-batches, batch %zu, lr %g, %zu "
+                "epochs, %zu/%zu examples\n", pg.size(), std::string(pg.backend()).c_str(), model_name(o), o.schedule.c_str(), o.micro_batches,
                 o.batch_size, o.lr, o.epochs, data.n_train, data.n_test);
   }
   trace_recorder trace = make_trace(o);

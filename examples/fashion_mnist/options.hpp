@@ -24,6 +24,7 @@ class usage_error : public std::runtime_error {
 
 struct options {
   std::string device = "cpu";      // cpu | cuda
+  std::string model = "mlp";       // mlp | cnn (host layers: conv, relu, maxpool, linear)
   std::string backend = "gloo";    // gloo | mpi | nccl | local
   std::string parallel = "ddp";    // ddp | zero1 | zero2 | fsdp | dp (one process, --devices) | pipeline (--stages ranks)
   std::string sync = "ddp";        // ddp: every step; local-sgd | diloco | powersgd: communicate less
@@ -66,6 +67,9 @@ struct options {
 inline constexpr std::string_view usage_text =
     "usage: fashion_mnist [options]\n"
     "  --device cpu|cuda         where the model runs (default cpu)\n"
+    "  --model mlp|cnn           the MLP 784-256-128-10 (default) or a CNN (conv 3x3 1->8, relu, maxpool,\n"
+    "                            conv 3x3 8->16, relu, maxpool, linear 784->10): one layer description\n"
+    "                            that every --parallel and --sync mode trains\n"
     "  --backend gloo|mpi|nccl|local  communication backend (default gloo; local = threads of this process;\n"
     "                            mpi = ranks started by mpirun or srun, e.g. mpirun -np 2 fashion_mnist --backend mpi)\n"
     "  --nproc N                 start N ranks here (processes, or threads with --backend local);\n"
@@ -162,6 +166,9 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
     } else if (flag == "--device") {
       o.device = value();
       detail::check_choice(flag, o.device, {"cpu", "cuda"});
+    } else if (flag == "--model") {
+      o.model = value();
+      detail::check_choice(flag, o.model, {"mlp", "cnn"});
     } else if (flag == "--backend") {
       o.backend = value();
       detail::check_choice(flag, o.backend, {"gloo", "mpi", "nccl", "local"});
@@ -289,6 +296,13 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
   if (o.reduce_16bit && (zero || o.parallel == "fsdp")) {
     throw usage_error("--reduce-16bit: with --parallel ddp only (ZeRO reduces in fp32; fsdp with --precision already "
                       "reduces in 16 bits)");
+  }
+  if (o.model == "cnn") {
+    if (o.device != "cpu") throw usage_error("--model cnn: this example's CNN runs on the host (--device cpu)");
+    if (o.precision != "fp32" && o.parallel != "fsdp") {
+      throw usage_error("--model cnn: the CNN computes in fp32 (--precision " + o.precision +
+                        " with --parallel fsdp gathers and reduces in 16 bits)");
+    }
   }
   if (o.backend == "nccl" && o.device != "cuda") throw usage_error("--backend nccl needs --device cuda");
   if (o.backend == "mpi" && o.nproc != 0) {

@@ -71,6 +71,7 @@
 #include <partrain/data/in_memory_dataset.hpp>
 #include <partrain/data/loader.hpp>
 #include <partrain/data/sequential.hpp>
+#include <partrain/data/shard.hpp>
 #include <partrain/data/shuffled.hpp>
 #include <partrain/data/weighted_split.hpp>
 

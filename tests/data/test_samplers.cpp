@@ -5,6 +5,7 @@
 #include <partrain/data/batched.hpp>
 #include <partrain/data/distributed.hpp>
 #include <partrain/data/sequential.hpp>
+#include <partrain/data/shard.hpp>
 #include <partrain/data/shuffled.hpp>
 #include <partrain/data/weighted_split.hpp>
 
@@ -14,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <limits>
 #include <numeric>
 #include <ranges>
 #include <set>
@@ -278,4 +280,30 @@ TEST_CASE("weighted_split: ranks' shares tile every batch in order", "[data][sam
   const auto reference = views::shuffled(20, 4).set_epoch(2) | views::batched(8);
   mine.set_epoch(2);
   CHECK(to_vector(mine[1]) == indices(reference[1].begin() + 4, reference[1].end()));
+}
+
+TEST_CASE("shard: contiguous blocks that hold every index once, without padding", "[data][sampler][shard]") {
+  for (const std::size_t n : {0u, 1u, 5u, 10u, 10000u, 10001u}) {
+    for (int w = 1; w <= 7; ++w) {
+      std::vector<std::size_t> all;
+      std::size_t smallest = n, largest = 0;
+      for (int r = 0; r < w; ++r) {
+        const auto v = views::shard(n, w, r);
+        smallest = std::min(smallest, v.size());
+        largest = std::max(largest, v.size());
+        for (const std::size_t i : v) all.push_back(i);
+      }
+      INFO("n " << n << ", world " << w);
+      std::vector<std::size_t> want(n);
+      std::iota(want.begin(), want.end(), std::size_t{0});
+      CHECK(all == want);  // in order, each once
+      CHECK(largest - smallest <= 1);
+    }
+  }
+  CHECK(std::ranges::equal(views::shard(10, 3, 1), std::vector<std::size_t>{3, 4, 5}));
+  // Near the top of size_t: no overflow in the block bounds.
+  const std::size_t huge = std::numeric_limits<std::size_t>::max() - 1;
+  CHECK(views::shard(huge, 3, 2).element(views::shard(huge, 3, 2).size() - 1) == huge - 1);
+  CHECK_THROWS_WITH(views::shard(10, 0, 0), Catch::Contains("world_size is 0"));
+  CHECK_THROWS_WITH(views::shard(10, 2, 2), Catch::Contains("rank 2 is out of range"));
 }

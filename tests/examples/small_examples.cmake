@@ -32,6 +32,8 @@ small_example_test(data_parallel LABELS threads
   REGEX "final loss 0\\.000[0-9]+ on 2 devices" "largest difference from one device")
 small_example_test(pipeline LABELS threads
   REGEX "stage 0: F0 F1 B0 F2 B1 F3 B2 B3" "final loss 0\\.0[0-4][0-9]* \\(from [1-9]")
+small_example_test(one_model LABELS threads
+  REGEX "fsdp +test_accuracy [01]\\.[0-9]+" "lowest test_accuracy (0\\.9[5-9][0-9]|1\\.000) over 7 mode")
 small_example_test(mixed_precision LABELS threads precision
   REGEX "step +0 +skipped: a gradient overflowed fp16 at scale 65536, scale now 32768"
         "final loss 0\\.000[0-9]+, loss scale [0-9]+, [1-9][0-9]* step\\(s\\) skipped")

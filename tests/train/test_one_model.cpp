@@ -35,6 +35,9 @@
 
 #include "dp_models.hpp"
 #include "pipeline_layers.hpp"
+#if PARTRAIN_TEST_HAVE_OPENBLAS
+#include "cnn_layers.hpp"
+#endif
 
 using namespace partrain;
 using partrain::test::dp_dataset;
@@ -281,6 +284,23 @@ void check_every_mode(const setup& s) {
 TEST_CASE("one layer description: the MLP trains alike under every mode", "[train][sequential][threads]") {
   check_every_mode({[] { return partrain::test::make_mlp({5, 6, 4, 3}, 3); }, 5});
 }
+
+#if PARTRAIN_TEST_HAVE_OPENBLAS
+TEST_CASE("one layer description: a CNN trains alike under every mode", "[train][sequential][threads]") {
+  namespace ml = models::layers;
+  // 1x6x6 images: conv 3x3 1->2, relu, maxpool (2x3x3), flatten, linear 18->3.
+  check_every_mode({[] {
+                      host_model m;
+                      m.push_back(std::make_unique<ml::conv2d>(1, 2, 6, 6, 4));
+                      m.push_back(std::make_unique<ml::relu>());
+                      m.push_back(std::make_unique<ml::maxpool2d>(2, 6, 6));
+                      m.push_back(std::make_unique<ml::flatten>());
+                      m.push_back(std::make_unique<ml::linear>(18, 3, 5));
+                      return m;
+                    },
+                    36});
+}
+#endif
 
 TEST_CASE("fit: gradient accumulation equals a batch N times larger", "[train][sequential][threads]") {
   const setup s{[] { return partrain::test::make_mlp({5, 6, 4, 3}, 3); }, 5};
