@@ -193,7 +193,7 @@ TEST_CASE("fit: a policy that cannot checkpoint refuses a checkpoint path", "[tr
   CHECK(r.steps == 4);
   CHECK(sink.str().find("final test_accuracy") != std::string::npos);
   CHECK_THROWS_WITH(fit(policy, train, train, {.epochs = 1, .checkpoint = "x.ckpt", .out = &sink}),
-                    Catch::Contains("not supported by this parallel mode"));
+                    Catch::Contains("need a policy with save_checkpoint and load_checkpoint") && Catch::Contains("fsdp_policy"));
 }
 
 TEST_CASE("learning-rate schedules", "[train][trainer]") {

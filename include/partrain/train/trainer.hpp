@@ -256,8 +256,8 @@ class trainer {
     if (o_.checkpoint.empty()) return;
     if constexpr (!checkpointable_policy<Policy>) {
       throw config_error("fit: checkpoints (" + o_.checkpoint.string() +
-                         ") are not supported by this parallel mode; supported: ddp_policy, zero_policy, "
-                         "local_sgd_policy");
+                         ") need a policy with save_checkpoint and load_checkpoint; supported: ddp_policy, zero_policy, "
+                         "fsdp_policy, local_sgd_policy");
     } else {
       // Fail before training, not after the first epoch: the folder must be writable.
       check_writable(o_.checkpoint.has_parent_path() ? o_.checkpoint.parent_path() : std::filesystem::path("."));
