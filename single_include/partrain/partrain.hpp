@@ -3137,6 +3137,7 @@ inline bool survive_sigpipe() noexcept {
 #include <functional>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -3164,11 +3165,15 @@ struct process_group_options {
   // met, instead of handing the collective to the rank's worker thread. Where the ranks fill the
   // cores the worker has no core of its own to overlap on; it only adds a hand-off and a wake-up
   // to every collective (docs/performance.md). Send and recv stay asynchronous.
-  bool inline_collectives = false;
+  // Unset (the default): run_local, and run_ranks' local backend, turn it on when the ranks do not
+  // outnumber the CPUs the process may use, and leave it off when they do (then a rank waiting in
+  // a collective would hold a core another rank needs); make_local_world leaves it off.
+  std::optional<bool> inline_collectives{};
   // The local backend only: run_local pins rank r's thread to the r-th CPU its caller may run
   // on when the ranks are exactly as many as those CPUs (otherwise nothing is pinned; threads a
-  // rank starts share its CPU, which would leave spare CPUs idle). Linux.
-  bool pin_threads = false;
+  // rank starts share its CPU, which would leave spare CPUs idle). Linux. Unset (the default):
+  // on, where that rule allows it.
+  std::optional<bool> pin_threads{};
 };
 
 [[nodiscard]] inline bool debug_detail_from_env() {
@@ -4260,7 +4265,7 @@ class local_group final : public process_group {
       if (root_only_phase && rank() != root) w.arrive_and_wait(rank(), c, "reduce");
       w.arrive_and_wait(rank(), c, "exit");
     };
-    if (!options().inline_collectives) return worker_.submit(std::move(meet));
+    if (!options().inline_collectives.value_or(false)) return worker_.submit(std::move(meet));
     try {
       meet();
     } catch (...) {
@@ -4317,14 +4322,19 @@ namespace detail::local {
 template <class F>
   requires std::invocable<F&, local_group&>
 void run_local(int world_size, F fn, process_group_options opts = {}) {
+  // The fastest safe defaults: ranks that each have a CPU meet on their own threads, pinned.
+  const std::vector<int> allowed = allowed_cpus();
+  const bool fits = !allowed.empty() && world_size <= static_cast<int>(allowed.size());
+  if (!opts.inline_collectives) opts.inline_collectives = fits;
+  if (!opts.pin_threads) opts.pin_threads = fits;
   auto state = detail::local::make_world(world_size, opts);
   std::vector<int> cpus;
-  if (opts.pin_threads) cpus = allowed_cpus();
+  if (*opts.pin_threads) cpus = allowed;
   // Only a world that fills the CPUs: the threads a rank starts (its loader's, its worker) inherit
   // its one CPU, which costs nothing when no CPU is idle and would leave the spare ones unused.
   const bool pin = world_size == static_cast<int>(cpus.size());
   // A rank alone on its core meets its peers on that core: polling there takes nobody's turn.
-  if (pin && opts.inline_collectives) state->spin_before_blocking(std::chrono::microseconds(50));
+  if (pin && *opts.inline_collectives) state->spin_before_blocking(std::chrono::microseconds(50));
   auto ranks = detail::local::make_ranks(state, opts);
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world_size));
   {

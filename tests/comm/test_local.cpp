@@ -174,7 +174,7 @@ TEST_CASE("local: inline collectives give the worker's results, finished when th
     for (std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{10001}}) {
       opts.pin_threads = n != 1000;
       opts.check_collectives = n == 10001;  // checking mode's fingerprints are inline collectives too
-      INFO("world " << world << " n " << n << " pinned " << opts.pin_threads);
+      INFO("world " << world << " n " << n << " pinned " << *opts.pin_threads);
       std::atomic<int> failures{0}, unfinished{0};
       run_local(world, [&](local_group& g) {
         failures += partrain::testing::collective_failures<float>(g, n);
@@ -223,6 +223,36 @@ TEST_CASE("local: an inline collective's failure is its work's, rethrown by wait
 }
 
 #if defined(__linux__)
+TEST_CASE("local: by default run_local runs collectives inline and pins when the ranks fit the CPUs", "[comm][local][pin]") {
+  const std::vector<int> allowed = allowed_cpus();
+  REQUIRE_FALSE(allowed.empty());
+  const int fits = static_cast<int>(allowed.size());
+  for (const int world : {fits, fits + 1}) {
+    CAPTURE(world);
+    std::atomic<int> done_on_return{0}, pinned{0};
+    run_local(world, [&](local_group& g) {
+      std::vector<float> x{1.0f};
+      work w = g.all_reduce(tensor_view<float>(x), reduce_op::sum);
+      done_on_return += w.is_completed() ? 1 : 0;  // inline: finished when the call returns
+      w.wait();
+      pinned += allowed_cpus().size() == 1 && fits > 1 ? 1 : 0;
+    });
+    if (world == fits) {
+      CHECK(done_on_return == world);
+      if (fits > 1) CHECK(pinned == world);
+    } else {
+      CHECK(pinned == 0);  // more ranks than CPUs: nothing pinned, collectives on the workers
+    }
+  }
+  // An explicit false is kept.
+  process_group_options worker;
+  worker.inline_collectives = false;
+  worker.pin_threads = false;
+  std::atomic<int> narrowed{0};
+  run_local(fits, [&](local_group&) { narrowed += allowed_cpus() != allowed ? 1 : 0; }, worker);
+  CHECK(narrowed == 0);
+}
+
 TEST_CASE("local: pin_threads puts each rank on its own allowed CPU when the ranks fill them", "[comm][local][pin]") {
   const std::vector<int> allowed = allowed_cpus();
   REQUIRE_FALSE(allowed.empty());

@@ -11,6 +11,7 @@
 #include <functional>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,11 +39,15 @@ struct process_group_options {
   // met, instead of handing the collective to the rank's worker thread. Where the ranks fill the
   // cores the worker has no core of its own to overlap on; it only adds a hand-off and a wake-up
   // to every collective (docs/performance.md). Send and recv stay asynchronous.
-  bool inline_collectives = false;
+  // Unset (the default): run_local, and run_ranks' local backend, turn it on when the ranks do not
+  // outnumber the CPUs the process may use, and leave it off when they do (then a rank waiting in
+  // a collective would hold a core another rank needs); make_local_world leaves it off.
+  std::optional<bool> inline_collectives{};
   // The local backend only: run_local pins rank r's thread to the r-th CPU its caller may run
   // on when the ranks are exactly as many as those CPUs (otherwise nothing is pinned; threads a
-  // rank starts share its CPU, which would leave spare CPUs idle). Linux.
-  bool pin_threads = false;
+  // rank starts share its CPU, which would leave spare CPUs idle). Linux. Unset (the default):
+  // on, where that rule allows it.
+  std::optional<bool> pin_threads{};
 };
 
 [[nodiscard]] inline bool debug_detail_from_env() {
