@@ -3,6 +3,7 @@
 // Each builds its policy and hands it to partrain::fit.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <partrain/partrain.hpp>
@@ -164,8 +165,11 @@ inline void train_pipeline(process_group& pg, const options& o, const datasets& 
                        " ranks, the job has " + std::to_string(pg.size()));
   }
   auto model = make_sequential(o);
+  // The stages balanced by each layer's time on one micro-batch of real inputs (rank 0 measures).
+  const std::size_t probe_rows = std::max<std::size_t>(1, std::min(data.n_train, o.batch_size) / static_cast<std::size_t>(o.micro_batches));
   pipeline_stage stage(model, pg, {.kind = o.schedule == "gpipe" ? pipeline_schedule_kind::gpipe : pipeline_schedule_kind::one_f_one_b,
-                                    .micro_batches = o.micro_batches});
+                                    .micro_batches = o.micro_batches,
+                                    .probe = data.train.features().slice(0, probe_rows)});
   auto params = stage.parameters();  // this rank's layers' parameters, as a model for sgd
   sgd opt(params, {.lr = o.lr, .momentum = o.momentum});
   pipeline_policy policy(stage, pg, opt, model.loss());
@@ -175,6 +179,7 @@ inline void train_pipeline(process_group& pg, const options& o, const datasets& 
     std::printf("fashion_mnist: pipeline, %d stage(s) over %s, %s, %s with %d micro-batches, batch %zu, lr %g, %zu "
                 "epochs, %zu/%zu examples\n", pg.size(), std::string(pg.backend()).c_str(), model_name(o), o.schedule.c_str(), o.micro_batches,
                 o.batch_size, o.lr, o.epochs, data.n_train, data.n_test);
+    std::printf("%s", stage.layout().to_string().c_str());  // which layers each stage runs
   }
   trace_recorder trace = make_trace(o);
   fit(policy, train, test, fit_options(o, trace));

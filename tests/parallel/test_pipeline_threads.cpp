@@ -316,3 +316,25 @@ TEST_CASE("partition by measured time leaves the gradients alone and covers the 
   CHECK(part.bounds.back() == model.size());
   CHECK_THROWS_WITH(partition_by_time(model, b.input(), 8), Catch::Contains("cannot split 7 layers into 8 stages"));
 }
+
+TEST_CASE("without a layout the stages balance by cost: parameters, or rank 0's timing of a probe", "[parallel][pipeline][threads]") {
+  // linear 4->64 (320), relu, linear 64->64 (4160), relu, linear 64->2 (130): by parameters the
+  // big middle layer gets a stage to itself, unlike partition_uniform's 3 + 2 layers.
+  const std::vector<std::size_t> widths{4, 64, 64, 2};
+  host_model reference = test::make_mlp(widths, 1);
+  const partition by_params = partition_balanced(parameter_costs(reference), 2);
+  REQUIRE(by_params.bounds != partition_uniform(reference.size(), 2).bounds);
+  const test::synthetic_batch probe(16, widths.front(), 2, 3);
+  std::vector<std::vector<std::size_t>> plain(2), probed(2);
+  run_local(2, [&](local_group& g) {
+    host_model model = test::make_mlp(widths, 1);
+    pipeline_stage by_default(model, g);
+    plain[static_cast<std::size_t>(g.rank())] = by_default.layout().bounds;
+    pipeline_stage timed(model, g, {.probe = probe.input()});
+    probed[static_cast<std::size_t>(g.rank())] = timed.layout().bounds;
+  });
+  CHECK(plain[0] == by_params.bounds);
+  CHECK(plain[1] == by_params.bounds);
+  CHECK(probed[0] == probed[1]);  // rank 0's measurement, every rank's partition
+  CHECK(probed[0].size() == 3);
+}

@@ -40,8 +40,14 @@ struct pipeline_options {
   int virtual_stages = 1;  // chunks per rank; more than 1 only with interleaved_1f1b
   // A user's own order (overrides kind, micro_batches and virtual_stages when set).
   std::optional<pipeline_schedule> schedule{};
-  // Layers per global stage (stages x virtual stages parts); uniform by count when unset.
+  // Layers per global stage (stages x virtual stages parts). Unset: balanced by cost, the costs
+  // being each layer's forward + backward seconds on `probe` measured by rank 0 (every rank takes
+  // its partition), or, without a probe, each layer's parameter count (DeepSpeed's default).
+  // partition_uniform(layers, parts) is still there for a split by layer count.
   std::optional<partition> layout{};
+  // A batch of the first stage's input (e.g. one micro-batch of features), for the timed default
+  // layout above. Rank 0 runs every layer on it, so its layers must all be real.
+  tensor_view<const float> probe{};
   // The replicas of this stage, for pipeline x data parallel; gradients are averaged over it.
   process_group* data_parallel = nullptr;
 };
@@ -88,8 +94,7 @@ class pipeline_stage {
         pp_(pp),
         dp_(opts.data_parallel),
         schedule_(make_schedule(opts, pp.size())),
-        layout_(opts.layout ? *opts.layout
-                            : partition_uniform(std::ranges::size(layers), schedule_.global_stages())) {
+        layout_(opts.layout ? *opts.layout : default_layout(layers, pp, opts.probe, schedule_.global_stages())) {
     if (layout_.stages() != schedule_.global_stages()) {
       throw invalid_argument_error("pipeline: the layout has " + std::to_string(layout_.stages()) +
                                    " parts, expected stages x virtual stages = " +
@@ -270,6 +275,24 @@ class pipeline_stage {
     std::array<std::int64_t, 8> header{};
     int dst = -1;
   };
+
+  // The layout when none is given: by the layers' measured time on the probe (rank 0 measures and
+  // broadcasts, so every rank cuts alike), else by their parameter counts (uniform when no layer
+  // has parameters).
+  static partition default_layout(Layers& layers, process_group& pp, tensor_view<const float> probe, int parts) {
+    const std::size_t n = std::ranges::size(layers);
+    if (n == 0) return partition_uniform(n, parts);  // refused there, with the reason
+    std::vector<double> costs;
+    if (probe.size() > 0) {
+      costs = pp.rank() == 0 ? measure_layer_costs(layers, probe) : std::vector<double>(n, 0.0);
+      if (pp.size() > 1) pp.broadcast(tensor_view<double>(costs.data(), costs.size()), 0).wait();
+    } else {
+      costs = parameter_costs(layers);
+    }
+    double total = 0;
+    for (const double c : costs) total += c;
+    return total > 0 ? partition_balanced(costs, parts) : partition_uniform(n, parts);
+  }
 
   [[nodiscard]] decltype(auto) layer(std::size_t i) { return detail::layers::layer_of(std::ranges::begin(layers_)[static_cast<std::ptrdiff_t>(i)]); }
   [[nodiscard]] int last_global() const noexcept { return schedule_.global_stages() - 1; }
