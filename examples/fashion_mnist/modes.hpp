@@ -165,11 +165,13 @@ inline void train_pipeline(process_group& pg, const options& o, const datasets& 
                        " ranks, the job has " + std::to_string(pg.size()));
   }
   auto model = make_sequential(o);
-  // The stages balanced by each layer's time on one micro-batch of real inputs (rank 0 measures).
+  // The stages balanced by each layer's time on one micro-batch of real inputs (rank 0 measures),
+  // or, when resuming must find the same cut, by the layers' parameter counts.
   const std::size_t probe_rows = std::max<std::size_t>(1, std::min(data.n_train, o.batch_size) / static_cast<std::size_t>(o.micro_batches));
+  const auto probe = o.checkpoint.empty() ? data.train.features().slice(0, probe_rows) : tensor_view<const float>{};
   pipeline_stage stage(model, pg, {.kind = o.schedule == "gpipe" ? pipeline_schedule_kind::gpipe : pipeline_schedule_kind::one_f_one_b,
                                     .micro_batches = o.micro_batches,
-                                    .probe = data.train.features().slice(0, probe_rows)});
+                                    .probe = probe});
   auto params = stage.parameters();  // this rank's layers' parameters, as a model for sgd
   sgd opt(params, {.lr = o.lr, .momentum = o.momentum});
   pipeline_policy policy(stage, pg, opt, model.loss());

@@ -268,8 +268,8 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
   const bool zero = o.parallel == "zero1" || o.parallel == "zero2";
   if (o.parallel != "ddp") {
     if (o.device != "cpu") throw usage_error("--parallel " + o.parallel + ": this example runs it on the host (--device cpu)");
-    if (!o.checkpoint.empty() && !zero && o.parallel != "fsdp") {
-      throw usage_error("--checkpoint: supported with --parallel ddp, zero1, zero2 and fsdp only");
+    if (!o.checkpoint.empty() && !zero && o.parallel != "fsdp" && o.parallel != "pipeline") {
+      throw usage_error("--checkpoint: supported with --parallel ddp, zero1, zero2, fsdp and pipeline (not dp)");
     }
   }
   if (o.sync != "ddp") {

@@ -25,6 +25,7 @@
 #include <partrain/train/zero_policy.hpp>
 
 #include <cstddef>
+#include <filesystem>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -34,6 +35,7 @@
 #include <vector>
 
 #include "dp_models.hpp"
+#include "temp_dir.hpp"
 #include "pipeline_layers.hpp"
 #if PARTRAIN_TEST_HAVE_OPENBLAS
 #include "cnn_layers.hpp"
@@ -398,4 +400,36 @@ TEST_CASE("warmup_cosine_lr: linear warm-up, cosine down to min, bad bounds refu
   CHECK(s(100) == Approx(0.1));
   CHECK_THROWS_WITH((warmup_cosine_lr{.base = 1.0, .warmup_steps = 4, .total_steps = 4}(0)), Catch::Contains("greater than warmup_steps"));
   CHECK_THROWS_WITH((warmup_cosine_lr{.base = 1.0, .warmup_steps = 0, .total_steps = 4, .min = 2}(0)), Catch::Contains("min must be in [0, base]"));
+}
+
+TEST_CASE("fit: a pipeline checkpoints stage by stage and resumes bit for bit", "[train][sequential][threads]") {
+  const setup s{[] { return partrain::test::make_mlp({5, 6, 4, 3}, 3); }, 5};
+  const dp_dataset data(64, s.features, 3);
+  partrain::testing::temp_dir dir;
+  auto run = [&](std::size_t epochs_to_run, const std::filesystem::path& ck) {
+    std::map<std::size_t, std::vector<float>> by_layer;
+    std::mutex m;
+    run_local(world, [&](local_group& g) {
+      model_t model(s.layers(), softmax_cross_entropy{});
+      pipeline_stage stage(model, g, {.micro_batches = 2});
+      auto params = stage.parameters();
+      sgd opt(params, opt_options);
+      pipeline_policy policy(stage, g, opt, model.loss());
+      auto train = global_batches(data);
+      std::ostringstream sink;
+      trainer_options o{.epochs = epochs_to_run, .checkpoint = ck};
+      o.out = &sink;
+      (void)fit(policy, train, train, o);
+      std::lock_guard lock(m);
+      for (const std::size_t i : stage.owned_layers()) {
+        for (auto& p : model.layers()[i]->parameters()) by_layer[i].insert(by_layer[i].end(), p.value().begin(), p.value().end());
+      }
+    });
+    return by_layer;
+  };
+  const auto straight = run(2, dir.path / "straight.ckpt");
+  (void)run(1, dir.path / "resumed.ckpt");  // epoch 1, then a new run resumes for epoch 2
+  const auto resumed = run(2, dir.path / "resumed.ckpt");
+  REQUIRE(straight.size() == 3);  // the three linear layers, on their stages
+  CHECK(resumed == straight);
 }

@@ -229,6 +229,22 @@ class pipeline_policy {
   process_group& loss_group() { return *solo_; }  // every stage returns the whole batch's loss
   [[nodiscard]] int replicas() const noexcept { return 1; }
 
+  // Collective: a rank checkpoint (train/rank_checkpoint.hpp), each stage's section holding its
+  // own layers' parameters and its optimizer's state; it resumes with the same stages and layout.
+  void save_checkpoint(const std::filesystem::path& file, const checkpoint_extra& extra)
+    requires rank_state<Opt>
+  {
+    auto params = stage_->parameters();
+    if (pg_->rank() == 0 && file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+    save_rank_checkpoint(*pg_, file, params, *opt_, extra);
+  }
+  checkpoint_extra load_checkpoint(const std::filesystem::path& file)
+    requires rank_state<Opt>
+  {
+    auto params = stage_->parameters();
+    return load_rank_checkpoint(*pg_, file, params, *opt_);
+  }
+
  private:
   Stage* stage_;
   process_group* pg_;

@@ -257,7 +257,7 @@ class trainer {
     if constexpr (!checkpointable_policy<Policy>) {
       throw config_error("fit: checkpoints (" + o_.checkpoint.string() +
                          ") need a policy with save_checkpoint and load_checkpoint; supported: ddp_policy, zero_policy, "
-                         "fsdp_policy, local_sgd_policy");
+                         "fsdp_policy, local_sgd_policy, pipeline_policy");
     } else {
       // Fail before training, not after the first epoch: the folder must be writable.
       check_writable(o_.checkpoint.has_parent_path() ? o_.checkpoint.parent_path() : std::filesystem::path("."));
