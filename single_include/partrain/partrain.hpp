@@ -7459,6 +7459,15 @@ concept evaluable_on = requires(M& m, const B& b) {
   { m.eval_step(b) } -> std::convertible_to<eval_result>;
 };
 
+// Optional: non-trainable state (PyTorch's buffers: batch norm's running statistics), host float
+// tensors in the same order on every rank. DDP copies rank 0's at construction and, with
+// ddp_options::broadcast_buffers (the default), before every step; checkpoints keep them.
+template <class M>
+concept has_buffers = requires(M& m) {
+  { m.buffers() } -> std::ranges::forward_range;
+  requires std::convertible_to<std::ranges::range_reference_t<decltype(m.buffers())>, tensor_view<float>>;
+};
+
 // Optional: a copy of the model on another device (what data_parallel replicates).
 template <class M>
 concept replicable = requires(const M& m, device d) {
@@ -7510,6 +7519,9 @@ consteval bool check_trainable() {
 // the same sequence into units and stages. Layers hold no per-batch state: whoever runs them keeps
 // every layer's input and output until its backward, so several micro-batches can be in flight
 // through one layer and the activation memory is visible to the runner.
+//
+// Optional on a layer: train(bool) (a train/eval switch; evaluation runs in eval mode) and
+// buffers() (non-trainable state as tensor_view<float>s; see has_buffers in model/concepts.hpp).
 //
 // The gradient rule, stated once: a layer's backward ADDS d loss / d parameters to its
 // parameters' grad() and WRITES the gradient of its input; a model's train_step (sequential's
@@ -7782,6 +7794,17 @@ class sequential {
 
   // Every layer's parameters, layer by layer, in the layers' own order: the same on every rank.
   [[nodiscard]] std::vector<parameter_ref<param_type>>& parameters() noexcept { return refs_; }
+
+  // Every layer's buffers (non-trainable state), layer by layer, when the layers have them.
+  [[nodiscard]] std::vector<tensor_view<float>> buffers()
+    requires has_buffers<detail::layers::layer_t<Layers>>
+  {
+    std::vector<tensor_view<float>> out;
+    for (auto& e : layers_) {
+      for (auto&& b : detail::layers::layer_of(e).buffers()) out.push_back(b);
+    }
+    return out;
+  }
 
   // Forward through every layer, the loss, backward through every layer. The gradients are zeroed
   // first, so they hold this batch's (of its mean loss) afterwards; returns the mean loss.
@@ -14048,6 +14071,33 @@ struct ddp_stats {
 
 }  // namespace partrain::inline v0
 
+// #include <partrain/parallel/detail/buffers.hpp>
+// partrain/parallel/detail/buffers.hpp: a model's buffers (non-trainable state, has_buffers)
+// copied from rank 0 to every rank, for the modes that keep them replicated (DDP, ZeRO).
+
+#include <vector>
+
+// #include <partrain/core/tensor_view.hpp> (above)
+// #include <partrain/core/work.hpp> (above)
+// #include <partrain/model/concepts.hpp> (above)
+
+namespace partrain::inline v0::detail {
+
+// Issues one broadcast from rank 0 per buffer; the caller waits (none for a model without buffers).
+template <class C, class M>
+[[nodiscard]] std::vector<work> broadcast_buffers(C& comm, M& m) {
+  std::vector<work> works;
+  if constexpr (has_buffers<M>) {
+    for (auto&& b : m.buffers()) {
+      const tensor_view<float> v(b);
+      if (!v.empty()) works.push_back(comm.broadcast(v, 0));
+    }
+  }
+  return works;
+}
+
+}  // namespace partrain::inline v0::detail
+
 // #include <partrain/parallel/detail/ddp_staging.hpp>
 #if PARTRAIN_HAS_CUDA
 // partrain/parallel/detail/ddp_staging.hpp: DDP with parameters in CUDA memory over a host backend (local,
@@ -14896,6 +14946,7 @@ class reducer {
 // #include <partrain/optim/optimizer.hpp> (above)
 // #include <partrain/parallel/comm_hooks.hpp> (above)
 // #include <partrain/parallel/ddp_stats.hpp> (above)
+// #include <partrain/parallel/detail/buffers.hpp> (above)
 // #include <partrain/parallel/detail/evaluate.hpp> (above)
 // #include <partrain/parallel/detail/host_staging.hpp> (above)
 // #include <partrain/parallel/detail/no_sync_guard.hpp> (above)
@@ -14916,6 +14967,10 @@ struct ddp_options {
   bool overlap = true;
   // Copy rank 0's parameter values to every rank at construction.
   bool broadcast_parameters = true;
+  // A model with buffers (has_buffers: running statistics): rank 0's are copied to every rank at
+  // construction and, when true, before every step (PyTorch's broadcast_buffers=True), so the
+  // ranks compute with the same ones.
+  bool broadcast_buffers = true;
   // Uneven inputs: ranks that ran out of data call join() and shadow the others (PyTorch Join).
   bool join = false;
   // Under join: divide by the world size even when some ranks already joined (PyTorch's
@@ -14978,6 +15033,7 @@ class distributed_data_parallel {
     cuda_device_ = resolve_cuda_device();
     verify_parameters();
     if (opts_.broadcast_parameters) broadcast_parameters_from(0);
+    sync_buffers();
     reducer_ = std::make_unique<detail::ddp::reducer<T, S>>(std::move(numels), opts_.first_bucket_bytes,
                                                     opts_.bucket_cap_bytes, opts_.hook,
                                                     detail::ddp::make_all_reduce_fn(comm), comm.rank(), comm.size(), stats_,
@@ -14994,6 +15050,7 @@ class distributed_data_parallel {
   double train_step(const B& batch) {
     static_assert(check_trainable<M, B>());
     if (joined_) throw invalid_argument_error(where() + "train_step after join() on this rank (join() ends this rank's steps until every rank joined)");
+    if (opts_.broadcast_buffers) sync_buffers();
     const int world = comm_->size();
     double active = world;
     if (opts_.join) {
@@ -15269,6 +15326,26 @@ class distributed_data_parallel {
     }
   }
 
+  // Rank 0's buffers to every rank (a model without buffers: nothing).
+  void sync_buffers() {
+    if constexpr (has_buffers<M>) {
+      auto works = detail::broadcast_buffers(*comm_, *model_);
+      wait_all(works, "buffer broadcast");
+    }
+  }
+  // Waits for every work (none is left reading our buffers), then rethrows the first failure.
+  void wait_all(std::vector<work>& works, const char* what) {
+    std::exception_ptr first;
+    for (auto& w : works) {
+      try {
+        wait_named(w, what);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
+  }
+
   void broadcast_parameters_from(int root) {
     std::vector<work> works;
     // CUDA parameters travel through host copies (the host backends take host memory).
@@ -15284,15 +15361,7 @@ class distributed_data_parallel {
         works.push_back(comm_->broadcast(tensor_view<T>(h), root));
       }
     }
-    std::exception_ptr first;
-    for (auto& w : works) {
-      try {
-        wait_named(w, "parameter broadcast");
-      } catch (...) {
-        if (!first) first = std::current_exception();
-      }
-    }
-    if (first) std::rethrow_exception(first);
+    wait_all(works, "parameter broadcast");
     if constexpr (!std::same_as<S, host>) {
       std::size_t k = 0;
       if (!direct) {
@@ -20120,6 +20189,7 @@ class streaming_diloco {
 // #include <partrain/parallel/detail/ddp_elements.hpp> (above)
 // #include <partrain/parallel/detail/evaluate.hpp> (above)
 // #include <partrain/parallel/detail/host_staging.hpp> (above)
+// #include <partrain/parallel/detail/buffers.hpp> (above)
 // #include <partrain/parallel/detail/no_sync_guard.hpp> (above)
 // #include <partrain/parallel/detail/sharded_join.hpp> (above)
 // #include <partrain/parallel/detail/zero_layout.hpp> (above)
@@ -20165,6 +20235,9 @@ struct zero_options {
   bool overlap = true;
   // Copy rank 0's parameter values to every rank at construction.
   bool broadcast_parameters = true;
+  // A model with buffers (has_buffers): rank 0's are copied to every rank at construction and,
+  // when true, before every step, as ddp_options::broadcast_buffers; they stay whole on every rank.
+  bool broadcast_buffers = true;
   // > 0: clip the global gradient norm (over every shard) to this before the step.
   double max_grad_norm = 0;
   // no_sync accumulation: true averages the k micro-steps, false sums them (as ddp_options).
@@ -20250,6 +20323,7 @@ class sharded_data_parallel {
     at_.after(model_stream_);  // the parameters as the model made them
     verify_parameters();
     if (opts_.broadcast_parameters) broadcast_parameters();
+    sync_buffers();
     make_layout();
     decide_shared();
     optimizer_.emplace(optimizer, shard_elements_, at_.device(), at_.stream());
@@ -20273,6 +20347,7 @@ class sharded_data_parallel {
   double train_step(const B& batch) {
     static_assert(check_trainable<M, B>());
     if (joined_) throw invalid_argument_error(where() + "train_step after join() on this rank (join() ends this rank's steps until every rank joined)");
+    if (opts_.broadcast_buffers) sync_buffers();
     ranks_ = static_cast<double>(world_);
     if (opts_.join) {
       std::array<std::int64_t, 2> flag{1, require_sync_ ? 1 : 0};
@@ -20627,6 +20702,12 @@ class sharded_data_parallel {
 
   void agree_flag(std::array<std::int64_t, 2>& flag, const char* what) { small_all_reduce(std::span<std::int64_t>(flag), what); }
 
+  void sync_buffers() {
+    if constexpr (has_buffers<M>) {
+      auto works = detail::broadcast_buffers(*comm_, *model_);
+      wait_all(works, "buffer broadcast");
+    }
+  }
   void broadcast_parameters() {
     std::vector<work> works;
     for (auto&& p : model_->parameters()) {
@@ -22215,7 +22296,7 @@ inline constexpr std::array<std::uint32_t, 256> crc32_table = [] {
 //
 // Layout (little-endian): "PTRNCKPT" | u32 version | u32 crc32(payload) | u64 payload bytes |
 // payload = u8 dtype, u64 count, per parameter (name, u8 rank, u64 extents), per parameter its
-// values, the optimizer state, then the extra fields.
+// values, the optimizer state, the extra fields, then (version 3) the model's buffers.
 
 #include <array>
 #include <cstddef>
@@ -22257,7 +22338,8 @@ struct checkpoint_extra {
 };
 
 inline constexpr std::array<char, 8> checkpoint_magic{'P', 'T', 'R', 'N', 'C', 'K', 'P', 'T'};
-inline constexpr std::uint32_t checkpoint_version = 2;  // 2 added trainer_state; 1 is still read
+// 2 added trainer_state, 3 the model's buffers; 1 and 2 are still read.
+inline constexpr std::uint32_t checkpoint_version = 3;
 inline constexpr std::size_t checkpoint_header_bytes = 8 + 4 + 4 + 8;
 
 namespace detail::ckpt {
@@ -22297,6 +22379,67 @@ inline void put_extra(state_writer& w, const checkpoint_extra& e) {
   return e;
 }
 
+// The model's buffers (has_buffers): their count, then each one's values. Empty for a model
+// without buffers.
+template <class M>
+[[nodiscard]] std::vector<std::byte> buffer_bytes(M& m) {
+  state_writer w;
+  if constexpr (has_buffers<M>) {
+    std::uint64_t n = 0;
+    for (auto&& b : m.buffers()) {
+      (void)b;
+      ++n;
+    }
+    w.put(n);
+    for (auto&& b : m.buffers()) {
+      const tensor_view<float> v(b);
+      w.put_array(std::span<const float>(v.data(), v.size()));
+    }
+  }
+  return w.release();
+}
+// Checks what buffer_bytes wrote against the model before anything changes; returns the values.
+template <class M>
+[[nodiscard]] std::vector<std::vector<float>> read_buffers(std::span<const std::byte> bytes, M& m, const std::string& where) {
+  std::vector<std::vector<float>> out;
+  if constexpr (has_buffers<M>) {
+    std::size_t have = 0;
+    for (auto&& b : m.buffers()) {
+      (void)b;
+      ++have;
+    }
+    if (bytes.empty()) {
+      if (have == 0) return out;
+      throw checkpoint_error(where + " holds no buffers, the model has " + std::to_string(have) +
+                             " (saved by a build or model without them?)");
+    }
+    state_reader r(bytes, where + " (buffers)");
+    const auto n = r.get<std::uint64_t>("buffer count");
+    if (n != have) {
+      throw checkpoint_error(where + " does not match the model: " + std::to_string(n) + " buffers in the checkpoint, " +
+                             std::to_string(have) + " in the model");
+    }
+    for (auto&& b : m.buffers()) {
+      auto& dst = out.emplace_back(tensor_view<float>(b).size());
+      r.get_array(std::span<float>(dst), "values of buffer #" + std::to_string(out.size() - 1));
+    }
+  } else if (!bytes.empty()) {
+    throw checkpoint_error(where + " holds buffers (non-trainable state) this model does not have");
+  }
+  return out;
+}
+template <class M>
+void restore_buffers(M& m, const std::vector<std::vector<float>>& values) {
+  if constexpr (has_buffers<M>) {
+    std::size_t k = 0;
+    for (auto&& b : m.buffers()) {
+      const tensor_view<float> v(b);
+      if (v.size()) std::memcpy(v.data(), values[k].data(), v.size_bytes());
+      ++k;
+    }
+  }
+}
+
 template <std::size_t N>
 void put_raw(std::vector<std::byte>& out, const void* p) {
   const auto* b = static_cast<const std::byte*>(p);
@@ -22328,6 +22471,7 @@ template <model M, stateful_optimizer O>
   opt.save_state(ow);
   w.put_bytes(ow.bytes());
   detail::ckpt::put_extra(w, extra);
+  w.put_bytes(detail::ckpt::buffer_bytes(m));
 
   const auto& payload = w.bytes();
   const std::uint32_t version = checkpoint_version;
@@ -22387,7 +22531,7 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
   std::memcpy(&version, file.data() + 8, 4);
   std::memcpy(&crc, file.data() + 12, 4);
   std::memcpy(&size, file.data() + 16, 8);
-  if (version != checkpoint_version && version != 1) {
+  if (version < 1 || version > checkpoint_version) {
     throw checkpoint_error(where + " has format version " + std::to_string(version) + "; this build reads versions 1 to " +
                            std::to_string(checkpoint_version));
   }
@@ -22443,7 +22587,9 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
   }
   const auto opt_state = r.get_bytes("optimizer state");
   const checkpoint_extra extra = detail::ckpt::get_extra(r, version >= 2);
+  const std::span<const std::byte> buffers = version >= 3 ? r.get_bytes("buffers") : std::span<const std::byte>{};
   if (r.remaining() != 0) throw checkpoint_error(where + " is malformed: " + std::to_string(r.remaining()) + " unread bytes");
+  const auto buffer_values = detail::ckpt::read_buffers(buffers, m, where);
 
   state_reader orr(opt_state, where + " (optimizer state)");
   opt.load_state(orr);
@@ -22453,6 +22599,7 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
     if (v.size()) std::memcpy(v.data(), values[k].data(), v.size_bytes());
     ++k;
   }
+  detail::ckpt::restore_buffers(m, buffer_values);
   return extra;
 }
 

@@ -190,7 +190,7 @@ TEST_CASE("checkpoint: bad files are refused with the reason", "[train][checkpoi
   SECTION("wrong version") {
     auto b = good;
     b[8] = std::byte{7};
-    refused(b, "has format version 7; this build reads versions 1 to 2");
+    refused(b, "has format version 7; this build reads versions 1 to 3");
   }
   SECTION("a valid CRC over a huge name length names the file and the field") {
     // A hostile or buggy writer: the payload checks out, but parameter #0's name claims 2^62 bytes.
@@ -267,9 +267,10 @@ TEST_CASE("checkpoint: a version 1 file (no trainer state) is still read", "[tra
   toy_mlp<float, false> back(5);
   sgd bopt(back, {.lr = 0.1, .momentum = 0.9});
   CHECK(load_checkpoint(file, back, bopt).trainer_state == std::vector<std::byte>{std::byte{4}, std::byte{5}});
-  // Version 1 is version 2 without the trailing trainer-state field (a u64 length and its bytes).
+  // Version 1 is version 3 without the trailing buffers (a u64 length, 0 here) and trainer-state
+  // field (a u64 length and its bytes).
   auto v1 = read(file);
-  v1.resize(v1.size() - 8 - 2);
+  v1.resize(v1.size() - 8 - 8 - 2);
   const std::uint32_t version = 1;
   const std::uint64_t size = v1.size() - checkpoint_header_bytes;
   const std::uint32_t crc = detail::crc32(std::span<const std::byte>(v1).subspan(checkpoint_header_bytes));

@@ -20,6 +20,7 @@
 #include <partrain/train/fsdp_policy.hpp>
 #include <partrain/train/local_sgd_policy.hpp>
 #include <partrain/train/lr_schedule.hpp>
+#include <partrain/train/checkpoint.hpp>
 #include <partrain/train/policies.hpp>
 #include <partrain/train/trainer.hpp>
 #include <partrain/train/zero_policy.hpp>
@@ -32,6 +33,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "dp_models.hpp"
@@ -432,4 +434,131 @@ TEST_CASE("fit: a pipeline checkpoints stage by stage and resumes bit for bit", 
   const auto resumed = run(2, dir.path / "resumed.ckpt");
   REQUIRE(straight.size() == 3);  // the three linear layers, on their stages
   CHECK(resumed == straight);
+}
+
+namespace {
+
+// A layer with a buffer: a running mean of its input's features (momentum 0.1, as batch norm's),
+// updated by each training forward and subtracted in eval mode. Training output = input.
+struct running_mean {
+  std::vector<models::layers::host_param> none;
+  std::vector<float> mean;
+  bool training = true;
+  explicit running_mean(std::size_t features, float start) : mean(features, start) {}
+  [[nodiscard]] shape output_shape(const shape& s) const { return s; }
+  void forward(tensor_view<const float> in, tensor_view<float> out) {
+    const std::size_t rows = in.extent(0), f = mean.size();
+    for (std::size_t i = 0; i < in.size(); ++i) out[i] = training ? in[i] : in[i] - mean[i % f];
+    if (!training) return;
+    for (std::size_t j = 0; j < f; ++j) {
+      double sum = 0;
+      for (std::size_t r = 0; r < rows; ++r) sum += in[r * f + j];
+      mean[j] = 0.9f * mean[j] + 0.1f * static_cast<float>(sum / static_cast<double>(rows));
+    }
+  }
+  void backward(tensor_view<const float>, tensor_view<const float>, tensor_view<const float> gout, tensor_view<float> gin) {
+    std::ranges::copy(gout, gin.begin());
+  }
+  std::vector<models::layers::host_param>& parameters() { return none; }
+  std::vector<tensor_view<float>> buffers() { return {tensor_view<float>(mean)}; }
+  void train(bool on) { training = on; }
+};
+
+// The running mean first, then a linear layer (the one with parameters), as a variant sequence.
+struct with_buffer_layer {
+  std::variant<running_mean, models::layers::linear> l;
+  [[nodiscard]] shape output_shape(const shape& s) const { return std::visit([&](auto& x) { return x.output_shape(s); }, l); }
+  void forward(tensor_view<const float> in, tensor_view<float> out) { std::visit([&](auto& x) { x.forward(in, out); }, l); }
+  void backward(tensor_view<const float> in, tensor_view<const float> out, tensor_view<const float> g, tensor_view<float> gi) {
+    std::visit([&](auto& x) { x.backward(in, out, g, gi); }, l);
+  }
+  std::vector<models::layers::host_param>& parameters() { return std::visit([](auto& x) -> auto& { return x.parameters(); }, l); }
+  std::vector<tensor_view<float>> buffers() {
+    if (auto* r = std::get_if<running_mean>(&l)) return r->buffers();
+    return {};
+  }
+  void train(bool on) {
+    if (auto* r = std::get_if<running_mean>(&l)) r->train(on);
+  }
+};
+
+using buffered_t = sequential<std::vector<with_buffer_layer>, softmax_cross_entropy>;
+
+buffered_t buffered_model(float start) {
+  std::vector<with_buffer_layer> layers;
+  layers.push_back({running_mean(5, start)});
+  layers.push_back({models::layers::linear(5, 3, 7)});
+  return buffered_t(std::move(layers), softmax_cross_entropy{});
+}
+
+double feature_mean(const batch& b, std::size_t j) {
+  double sum = 0;
+  for (std::size_t r = 0; r < b.size(); ++r) sum += b.features[r * 5 + j];
+  return sum / static_cast<double>(b.size());
+}
+
+}  // namespace
+
+static_assert(has_buffers<buffered_t>);
+static_assert(!has_buffers<model_t>);
+
+TEST_CASE("buffers: DDP and ZeRO copy rank 0's at construction and before every step, checkpoints keep them", "[train][sequential][threads]") {
+  const dp_dataset data(64, 5, 3);
+  for (const bool every_step : {true, false}) {
+    INFO("broadcast_buffers " << every_step);
+    std::vector<float> at_start(2), after(2);
+    run_local(world, [&](local_group& g) {
+      auto model = buffered_model(g.rank() == 0 ? 0.0f : 5.0f);
+      ddp_options o;
+      o.broadcast_buffers = every_step;
+      distributed_data_parallel ddp(model, g, o);
+      const auto r = static_cast<std::size_t>(g.rank());
+      at_start[r] = model.buffers()[0][0];
+      (void)ddp.train_step(rank_batches(data, g.rank()).batches[0]);
+      (void)ddp.train_step(rank_batches(data, g.rank()).batches[1]);
+      after[r] = model.buffers()[0][0];
+    });
+    CHECK(at_start == std::vector<float>{0.0f, 0.0f});  // rank 1's 5 replaced by rank 0's 0
+    const double own1 = 0.1 * feature_mean(rank_batches(data, 1).batches[0], 0);
+    const double from0 = 0.1 * feature_mean(rank_batches(data, 0).batches[0], 0);
+    const double step2 = 0.1 * feature_mean(rank_batches(data, 1).batches[1], 0);
+    // Step 2 starts from rank 0's running mean when broadcasting every step, else from rank 1's own.
+    CHECK(after[1] == Approx(0.9 * (every_step ? from0 : own1) + step2).margin(1e-6));
+  }
+
+  // ZeRO keeps them whole on every rank, copied from rank 0 as DDP does.
+  std::vector<float> zero_start(2), zero_after(2);
+  run_local(world, [&](local_group& g) {
+    auto model = buffered_model(g.rank() == 0 ? 0.0f : 5.0f);
+    sharded_data_parallel zero(model, g, opt_options, zero_options{.stage = 2});
+    const auto r = static_cast<std::size_t>(g.rank());
+    zero_start[r] = model.buffers()[0][0];
+    (void)zero.train_step(rank_batches(data, g.rank()).batches[0]);
+    (void)zero.train_step(rank_batches(data, g.rank()).batches[1]);
+    zero_after[r] = model.buffers()[0][0];
+  });
+  CHECK(zero_start == std::vector<float>{0.0f, 0.0f});
+  CHECK(zero_after[1] == Approx(0.9 * 0.1 * feature_mean(rank_batches(data, 0).batches[0], 0) +
+                                0.1 * feature_mean(rank_batches(data, 1).batches[1], 0)).margin(1e-6));
+
+  partrain::testing::temp_dir dir;
+  auto saved = buffered_model(0.0f);
+  (void)saved.train_step(rank_batches(data, 0).batches[0]);
+  sgd opt(saved, opt_options);
+  save_checkpoint(dir.path / "b.ckpt", saved, opt);
+  auto loaded = buffered_model(0.0f);
+  sgd lopt(loaded, opt_options);
+  (void)load_checkpoint(dir.path / "b.ckpt", loaded, lopt);
+  CHECK(loaded.buffers()[0][0] == saved.buffers()[0][0]);
+  CHECK(loaded.buffers()[0][0] != 0.0f);
+  // Evaluation runs in eval mode: the running mean is subtracted, and not updated.
+  const float before = loaded.buffers()[0][0];
+  (void)loaded.eval_step(rank_batches(data, 0).batches[1]);
+  CHECK(loaded.buffers()[0][0] == before);
+  // A checkpoint with buffers does not load into a model without them, and the other way round.
+  model_t plain(partrain::test::make_mlp({5, 3}, 7), softmax_cross_entropy{});
+  sgd popt(plain, opt_options);
+  CHECK_THROWS_WITH(load_checkpoint(dir.path / "b.ckpt", plain, popt), Catch::Contains("holds buffers"));
+  save_checkpoint(dir.path / "p.ckpt", plain, popt);
+  CHECK_THROWS_WITH(load_checkpoint(dir.path / "p.ckpt", loaded, lopt), Catch::Contains("holds no buffers, the model has 1"));
 }

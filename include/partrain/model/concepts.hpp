@@ -67,6 +67,15 @@ concept evaluable_on = requires(M& m, const B& b) {
   { m.eval_step(b) } -> std::convertible_to<eval_result>;
 };
 
+// Optional: non-trainable state (PyTorch's buffers: batch norm's running statistics), host float
+// tensors in the same order on every rank. DDP copies rank 0's at construction and, with
+// ddp_options::broadcast_buffers (the default), before every step; checkpoints keep them.
+template <class M>
+concept has_buffers = requires(M& m) {
+  { m.buffers() } -> std::ranges::forward_range;
+  requires std::convertible_to<std::ranges::range_reference_t<decltype(m.buffers())>, tensor_view<float>>;
+};
+
 // Optional: a copy of the model on another device (what data_parallel replicates).
 template <class M>
 concept replicable = requires(const M& m, device d) {

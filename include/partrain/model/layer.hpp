@@ -5,6 +5,9 @@
 // every layer's input and output until its backward, so several micro-batches can be in flight
 // through one layer and the activation memory is visible to the runner.
 //
+// Optional on a layer: train(bool) (a train/eval switch; evaluation runs in eval mode) and
+// buffers() (non-trainable state as tensor_view<float>s; see has_buffers in model/concepts.hpp).
+//
 // The gradient rule, stated once: a layer's backward ADDS d loss / d parameters to its
 // parameters' grad() and WRITES the gradient of its input; a model's train_step (sequential's
 // too) zeroes the gradients first, so after a step they hold that step's gradients only.

@@ -135,6 +135,17 @@ class sequential {
   // Every layer's parameters, layer by layer, in the layers' own order: the same on every rank.
   [[nodiscard]] std::vector<parameter_ref<param_type>>& parameters() noexcept { return refs_; }
 
+  // Every layer's buffers (non-trainable state), layer by layer, when the layers have them.
+  [[nodiscard]] std::vector<tensor_view<float>> buffers()
+    requires has_buffers<detail::layers::layer_t<Layers>>
+  {
+    std::vector<tensor_view<float>> out;
+    for (auto& e : layers_) {
+      for (auto&& b : detail::layers::layer_of(e).buffers()) out.push_back(b);
+    }
+    return out;
+  }
+
   // Forward through every layer, the loss, backward through every layer. The gradients are zeroed
   // first, so they hold this batch's (of its mean loss) afterwards; returns the mean loss.
   template <class B>

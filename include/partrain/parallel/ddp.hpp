@@ -30,6 +30,7 @@
 #include <partrain/optim/optimizer.hpp>
 #include <partrain/parallel/comm_hooks.hpp>
 #include <partrain/parallel/ddp_stats.hpp>
+#include <partrain/parallel/detail/buffers.hpp>
 #include <partrain/parallel/detail/evaluate.hpp>
 #include <partrain/parallel/detail/host_staging.hpp>
 #include <partrain/parallel/detail/no_sync_guard.hpp>
@@ -50,6 +51,10 @@ struct ddp_options {
   bool overlap = true;
   // Copy rank 0's parameter values to every rank at construction.
   bool broadcast_parameters = true;
+  // A model with buffers (has_buffers: running statistics): rank 0's are copied to every rank at
+  // construction and, when true, before every step (PyTorch's broadcast_buffers=True), so the
+  // ranks compute with the same ones.
+  bool broadcast_buffers = true;
   // Uneven inputs: ranks that ran out of data call join() and shadow the others (PyTorch Join).
   bool join = false;
   // Under join: divide by the world size even when some ranks already joined (PyTorch's
@@ -112,6 +117,7 @@ class distributed_data_parallel {
     cuda_device_ = resolve_cuda_device();
     verify_parameters();
     if (opts_.broadcast_parameters) broadcast_parameters_from(0);
+    sync_buffers();
     reducer_ = std::make_unique<detail::ddp::reducer<T, S>>(std::move(numels), opts_.first_bucket_bytes,
                                                     opts_.bucket_cap_bytes, opts_.hook,
                                                     detail::ddp::make_all_reduce_fn(comm), comm.rank(), comm.size(), stats_,
@@ -128,6 +134,7 @@ class distributed_data_parallel {
   double train_step(const B& batch) {
     static_assert(check_trainable<M, B>());
     if (joined_) throw invalid_argument_error(where() + "train_step after join() on this rank (join() ends this rank's steps until every rank joined)");
+    if (opts_.broadcast_buffers) sync_buffers();
     const int world = comm_->size();
     double active = world;
     if (opts_.join) {
@@ -403,6 +410,26 @@ class distributed_data_parallel {
     }
   }
 
+  // Rank 0's buffers to every rank (a model without buffers: nothing).
+  void sync_buffers() {
+    if constexpr (has_buffers<M>) {
+      auto works = detail::broadcast_buffers(*comm_, *model_);
+      wait_all(works, "buffer broadcast");
+    }
+  }
+  // Waits for every work (none is left reading our buffers), then rethrows the first failure.
+  void wait_all(std::vector<work>& works, const char* what) {
+    std::exception_ptr first;
+    for (auto& w : works) {
+      try {
+        wait_named(w, what);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
+  }
+
   void broadcast_parameters_from(int root) {
     std::vector<work> works;
     // CUDA parameters travel through host copies (the host backends take host memory).
@@ -418,15 +445,7 @@ class distributed_data_parallel {
         works.push_back(comm_->broadcast(tensor_view<T>(h), root));
       }
     }
-    std::exception_ptr first;
-    for (auto& w : works) {
-      try {
-        wait_named(w, "parameter broadcast");
-      } catch (...) {
-        if (!first) first = std::current_exception();
-      }
-    }
-    if (first) std::rethrow_exception(first);
+    wait_all(works, "parameter broadcast");
     if constexpr (!std::same_as<S, host>) {
       std::size_t k = 0;
       if (!direct) {

@@ -54,6 +54,7 @@
 #include <partrain/parallel/detail/ddp_elements.hpp>
 #include <partrain/parallel/detail/evaluate.hpp>
 #include <partrain/parallel/detail/host_staging.hpp>
+#include <partrain/parallel/detail/buffers.hpp>
 #include <partrain/parallel/detail/no_sync_guard.hpp>
 #include <partrain/parallel/detail/sharded_join.hpp>
 #include <partrain/parallel/detail/zero_layout.hpp>
@@ -99,6 +100,9 @@ struct zero_options {
   bool overlap = true;
   // Copy rank 0's parameter values to every rank at construction.
   bool broadcast_parameters = true;
+  // A model with buffers (has_buffers): rank 0's are copied to every rank at construction and,
+  // when true, before every step, as ddp_options::broadcast_buffers; they stay whole on every rank.
+  bool broadcast_buffers = true;
   // > 0: clip the global gradient norm (over every shard) to this before the step.
   double max_grad_norm = 0;
   // no_sync accumulation: true averages the k micro-steps, false sums them (as ddp_options).
@@ -184,6 +188,7 @@ class sharded_data_parallel {
     at_.after(model_stream_);  // the parameters as the model made them
     verify_parameters();
     if (opts_.broadcast_parameters) broadcast_parameters();
+    sync_buffers();
     make_layout();
     decide_shared();
     optimizer_.emplace(optimizer, shard_elements_, at_.device(), at_.stream());
@@ -207,6 +212,7 @@ class sharded_data_parallel {
   double train_step(const B& batch) {
     static_assert(check_trainable<M, B>());
     if (joined_) throw invalid_argument_error(where() + "train_step after join() on this rank (join() ends this rank's steps until every rank joined)");
+    if (opts_.broadcast_buffers) sync_buffers();
     ranks_ = static_cast<double>(world_);
     if (opts_.join) {
       std::array<std::int64_t, 2> flag{1, require_sync_ ? 1 : 0};
@@ -561,6 +567,12 @@ class sharded_data_parallel {
 
   void agree_flag(std::array<std::int64_t, 2>& flag, const char* what) { small_all_reduce(std::span<std::int64_t>(flag), what); }
 
+  void sync_buffers() {
+    if constexpr (has_buffers<M>) {
+      auto works = detail::broadcast_buffers(*comm_, *model_);
+      wait_all(works, "buffer broadcast");
+    }
+  }
   void broadcast_parameters() {
     std::vector<work> works;
     for (auto&& p : model_->parameters()) {

@@ -6,7 +6,7 @@
 //
 // Layout (little-endian): "PTRNCKPT" | u32 version | u32 crc32(payload) | u64 payload bytes |
 // payload = u8 dtype, u64 count, per parameter (name, u8 rank, u64 extents), per parameter its
-// values, the optimizer state, then the extra fields.
+// values, the optimizer state, the extra fields, then (version 3) the model's buffers.
 #pragma once
 
 #include <array>
@@ -49,7 +49,8 @@ struct checkpoint_extra {
 };
 
 inline constexpr std::array<char, 8> checkpoint_magic{'P', 'T', 'R', 'N', 'C', 'K', 'P', 'T'};
-inline constexpr std::uint32_t checkpoint_version = 2;  // 2 added trainer_state; 1 is still read
+// 2 added trainer_state, 3 the model's buffers; 1 and 2 are still read.
+inline constexpr std::uint32_t checkpoint_version = 3;
 inline constexpr std::size_t checkpoint_header_bytes = 8 + 4 + 4 + 8;
 
 namespace detail::ckpt {
@@ -89,6 +90,67 @@ inline void put_extra(state_writer& w, const checkpoint_extra& e) {
   return e;
 }
 
+// The model's buffers (has_buffers): their count, then each one's values. Empty for a model
+// without buffers.
+template <class M>
+[[nodiscard]] std::vector<std::byte> buffer_bytes(M& m) {
+  state_writer w;
+  if constexpr (has_buffers<M>) {
+    std::uint64_t n = 0;
+    for (auto&& b : m.buffers()) {
+      (void)b;
+      ++n;
+    }
+    w.put(n);
+    for (auto&& b : m.buffers()) {
+      const tensor_view<float> v(b);
+      w.put_array(std::span<const float>(v.data(), v.size()));
+    }
+  }
+  return w.release();
+}
+// Checks what buffer_bytes wrote against the model before anything changes; returns the values.
+template <class M>
+[[nodiscard]] std::vector<std::vector<float>> read_buffers(std::span<const std::byte> bytes, M& m, const std::string& where) {
+  std::vector<std::vector<float>> out;
+  if constexpr (has_buffers<M>) {
+    std::size_t have = 0;
+    for (auto&& b : m.buffers()) {
+      (void)b;
+      ++have;
+    }
+    if (bytes.empty()) {
+      if (have == 0) return out;
+      throw checkpoint_error(where + " holds no buffers, the model has " + std::to_string(have) +
+                             " (saved by a build or model without them?)");
+    }
+    state_reader r(bytes, where + " (buffers)");
+    const auto n = r.get<std::uint64_t>("buffer count");
+    if (n != have) {
+      throw checkpoint_error(where + " does not match the model: " + std::to_string(n) + " buffers in the checkpoint, " +
+                             std::to_string(have) + " in the model");
+    }
+    for (auto&& b : m.buffers()) {
+      auto& dst = out.emplace_back(tensor_view<float>(b).size());
+      r.get_array(std::span<float>(dst), "values of buffer #" + std::to_string(out.size() - 1));
+    }
+  } else if (!bytes.empty()) {
+    throw checkpoint_error(where + " holds buffers (non-trainable state) this model does not have");
+  }
+  return out;
+}
+template <class M>
+void restore_buffers(M& m, const std::vector<std::vector<float>>& values) {
+  if constexpr (has_buffers<M>) {
+    std::size_t k = 0;
+    for (auto&& b : m.buffers()) {
+      const tensor_view<float> v(b);
+      if (v.size()) std::memcpy(v.data(), values[k].data(), v.size_bytes());
+      ++k;
+    }
+  }
+}
+
 template <std::size_t N>
 void put_raw(std::vector<std::byte>& out, const void* p) {
   const auto* b = static_cast<const std::byte*>(p);
@@ -120,6 +182,7 @@ template <model M, stateful_optimizer O>
   opt.save_state(ow);
   w.put_bytes(ow.bytes());
   detail::ckpt::put_extra(w, extra);
+  w.put_bytes(detail::ckpt::buffer_bytes(m));
 
   const auto& payload = w.bytes();
   const std::uint32_t version = checkpoint_version;
@@ -179,7 +242,7 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
   std::memcpy(&version, file.data() + 8, 4);
   std::memcpy(&crc, file.data() + 12, 4);
   std::memcpy(&size, file.data() + 16, 8);
-  if (version != checkpoint_version && version != 1) {
+  if (version < 1 || version > checkpoint_version) {
     throw checkpoint_error(where + " has format version " + std::to_string(version) + "; this build reads versions 1 to " +
                            std::to_string(checkpoint_version));
   }
@@ -235,7 +298,9 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
   }
   const auto opt_state = r.get_bytes("optimizer state");
   const checkpoint_extra extra = detail::ckpt::get_extra(r, version >= 2);
+  const std::span<const std::byte> buffers = version >= 3 ? r.get_bytes("buffers") : std::span<const std::byte>{};
   if (r.remaining() != 0) throw checkpoint_error(where + " is malformed: " + std::to_string(r.remaining()) + " unread bytes");
+  const auto buffer_values = detail::ckpt::read_buffers(buffers, m, where);
 
   state_reader orr(opt_state, where + " (optimizer state)");
   opt.load_state(orr);
@@ -245,6 +310,7 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
     if (v.size()) std::memcpy(v.data(), values[k].data(), v.size_bytes());
     ++k;
   }
+  detail::ckpt::restore_buffers(m, buffer_values);
   return extra;
 }
 
