@@ -21968,6 +21968,18 @@ struct amp_step_result {
 
 namespace detail::amp {
 
+// An enabled scaler needs a model that applies the scale in backward: checked where the two first
+// meet (a policy's construction, before any step; amp_step), in one sentence.
+template <class M>
+void require_loss_scale(const grad_scaler* s, const char* who) {
+  if constexpr (!loss_scalable<M>) {
+    if (s && s->enabled()) {
+      throw config_error(std::string(who) + ": the gradient scaler is enabled but the model has no `void "
+                         "set_loss_scale(float)` to apply it in backward (add it, or disable loss scaling)");
+    }
+  }
+}
+
 template <class T>
 concept ddp_like = requires(T& t) {
   t.module();
@@ -21997,9 +22009,8 @@ amp_step_result amp_step(Trainer& trainer, O& opt, grad_scaler& scaler, const B&
   r.scale = scaler.scale();
   if constexpr (loss_scalable<M>) {
     m.set_loss_scale(r.scale);
-  } else if (scaler.enabled()) {
-    throw config_error("amp_step: the gradient scaler is enabled but the model has no `void set_loss_scale(float)` "
-                       "to apply it in backward (add it, or disable loss scaling)");
+  } else {
+    detail::amp::require_loss_scale<M>(&scaler, "amp_step");
   }
   r.loss = trainer.train_step(batch);
   bool found = false;
@@ -22087,9 +22098,8 @@ amp_step_result amp_step(Z& zero, grad_scaler& scaler, const B& batch) {
     zero.set_loss_scale(r.scale);  // FSDP: it runs the loss's backward itself
   } else if constexpr (loss_scalable<std::remove_cvref_t<decltype(zero.module())>>) {
     zero.module().set_loss_scale(r.scale);
-  } else if (scaler.enabled()) {
-    throw config_error("amp_step: the gradient scaler is enabled but the model has no `void set_loss_scale(float)` "
-                       "to apply it in backward (add it, or disable loss scaling)");
+  } else {
+    detail::amp::require_loss_scale<std::remove_cvref_t<decltype(zero.module())>>(&scaler, "amp_step");
   }
   bool checked = false;
   if (scaler.enabled()) {
@@ -24762,6 +24772,7 @@ class ddp_policy {
  public:
   ddp_policy(Ddp& ddp, Opt& opt, ddp_policy_options o = {}) : ddp_(&ddp), opt_(&opt), o_(o) {
     detail::optim::check_max_grad_norm(o_.max_grad_norm, "ddp_policy: max_grad_norm");
+    detail::amp::require_loss_scale<model_type>(o_.scaler, "ddp_policy");
   }
 
   template <class B>
@@ -25684,7 +25695,9 @@ struct zero_policy_options {
 template <class Zero>
 class zero_policy {
  public:
-  explicit zero_policy(Zero& zero, zero_policy_options o = {}) : zero_(&zero), o_(o) {}
+  explicit zero_policy(Zero& zero, zero_policy_options o = {}) : zero_(&zero), o_(o) {
+    detail::amp::require_loss_scale<std::remove_cvref_t<decltype(zero.module())>>(o_.scaler, "zero_policy");
+  }
 
   template <class B>
   double train_step(const B& b) {

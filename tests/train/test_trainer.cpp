@@ -205,3 +205,16 @@ TEST_CASE("learning-rate schedules", "[train][trainer]") {
   CHECK_THROWS_WITH((cosine_lr{.base = std::nan(""), .epochs = 4})(0), Catch::Contains("finite number > 0"));
   CHECK_THROWS_WITH((cosine_lr{.base = 0.1, .epochs = 0})(0), Catch::Contains("epochs must be at least 1"));
 }
+
+TEST_CASE("fit: a policy refuses an enabled grad scaler on a model without set_loss_scale when built", "[train][trainer][threads]") {
+  run_local(1, [&](local_group& g) {
+    dp_softmax_model model(5, 3);
+    distributed_data_parallel ddp(model, g);
+    sgd opt(model, {.lr = 0.1});
+    grad_scaler fp16;
+    CHECK_THROWS_WITH(ddp_policy(ddp, opt, {.scaler = &fp16}), Catch::Contains("ddp_policy: the gradient scaler is enabled") &&
+                                                               Catch::Contains("`void set_loss_scale(float)`"));
+    grad_scaler bf16 = grad_scaler::for_precision(precision::bf16);  // no loss scaling: nothing to apply
+    CHECK_NOTHROW(ddp_policy(ddp, opt, {.scaler = &bf16}));
+  });
+}

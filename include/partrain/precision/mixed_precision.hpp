@@ -68,6 +68,18 @@ struct amp_step_result {
 
 namespace detail::amp {
 
+// An enabled scaler needs a model that applies the scale in backward: checked where the two first
+// meet (a policy's construction, before any step; amp_step), in one sentence.
+template <class M>
+void require_loss_scale(const grad_scaler* s, const char* who) {
+  if constexpr (!loss_scalable<M>) {
+    if (s && s->enabled()) {
+      throw config_error(std::string(who) + ": the gradient scaler is enabled but the model has no `void "
+                         "set_loss_scale(float)` to apply it in backward (add it, or disable loss scaling)");
+    }
+  }
+}
+
 template <class T>
 concept ddp_like = requires(T& t) {
   t.module();
@@ -97,9 +109,8 @@ amp_step_result amp_step(Trainer& trainer, O& opt, grad_scaler& scaler, const B&
   r.scale = scaler.scale();
   if constexpr (loss_scalable<M>) {
     m.set_loss_scale(r.scale);
-  } else if (scaler.enabled()) {
-    throw config_error("amp_step: the gradient scaler is enabled but the model has no `void set_loss_scale(float)` "
-                       "to apply it in backward (add it, or disable loss scaling)");
+  } else {
+    detail::amp::require_loss_scale<M>(&scaler, "amp_step");
   }
   r.loss = trainer.train_step(batch);
   bool found = false;

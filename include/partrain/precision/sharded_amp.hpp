@@ -63,9 +63,8 @@ amp_step_result amp_step(Z& zero, grad_scaler& scaler, const B& batch) {
     zero.set_loss_scale(r.scale);  // FSDP: it runs the loss's backward itself
   } else if constexpr (loss_scalable<std::remove_cvref_t<decltype(zero.module())>>) {
     zero.module().set_loss_scale(r.scale);
-  } else if (scaler.enabled()) {
-    throw config_error("amp_step: the gradient scaler is enabled but the model has no `void set_loss_scale(float)` "
-                       "to apply it in backward (add it, or disable loss scaling)");
+  } else {
+    detail::amp::require_loss_scale<std::remove_cvref_t<decltype(zero.module())>>(&scaler, "amp_step");
   }
   bool checked = false;
   if (scaler.enabled()) {

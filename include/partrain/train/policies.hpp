@@ -80,6 +80,7 @@ class ddp_policy {
  public:
   ddp_policy(Ddp& ddp, Opt& opt, ddp_policy_options o = {}) : ddp_(&ddp), opt_(&opt), o_(o) {
     detail::optim::check_max_grad_norm(o_.max_grad_norm, "ddp_policy: max_grad_norm");
+    detail::amp::require_loss_scale<model_type>(o_.scaler, "ddp_policy");
   }
 
   template <class B>

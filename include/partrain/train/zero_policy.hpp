@@ -32,7 +32,9 @@ struct zero_policy_options {
 template <class Zero>
 class zero_policy {
  public:
-  explicit zero_policy(Zero& zero, zero_policy_options o = {}) : zero_(&zero), o_(o) {}
+  explicit zero_policy(Zero& zero, zero_policy_options o = {}) : zero_(&zero), o_(o) {
+    detail::amp::require_loss_scale<std::remove_cvref_t<decltype(zero.module())>>(o_.scaler, "zero_policy");
+  }
 
   template <class B>
   double train_step(const B& b) {
