@@ -914,18 +914,23 @@ concept awaitable_work = requires(W& w, std::coroutine_handle<> h) {
   w.await_resume();
 };
 
-// Waits for every work in the range (or list), rethrowing the first error after all finished.
-template <class R>
-void wait_all(R&& works) {
+// Waits for every work in the range (or list), each through wait_one(w) (which may give a failure
+// its context), rethrowing the first error after all finished: none is left reading its buffers.
+template <class R, class F>
+void wait_all(R&& works, F wait_one) {
   std::exception_ptr first;
   for (auto& w : works) {
     try {
-      w.wait();
+      wait_one(w);
     } catch (...) {
       if (!first) first = std::current_exception();
     }
   }
   if (first) std::rethrow_exception(first);
+}
+template <class R>
+void wait_all(R&& works) {
+  wait_all(works, [](auto& w) { w.wait(); });
 }
 
 }  // namespace partrain::inline v0
@@ -15335,15 +15340,7 @@ class distributed_data_parallel {
   }
   // Waits for every work (none is left reading our buffers), then rethrows the first failure.
   void wait_all(std::vector<work>& works, const char* what) {
-    std::exception_ptr first;
-    for (auto& w : works) {
-      try {
-        wait_named(w, what);
-      } catch (...) {
-        if (!first) first = std::current_exception();
-      }
-    }
-    if (first) std::rethrow_exception(first);
+    partrain::wait_all(works, [&](work& w) { wait_named(w, what); });
   }
 
   void broadcast_parameters_from(int root) {
@@ -20937,15 +20934,7 @@ class sharded_data_parallel {
   }
 
   void wait_all(std::vector<work>& works, const std::string& what) {
-    std::exception_ptr first;
-    for (auto& w : works) {
-      try {
-        wait_named(w, what);
-      } catch (...) {
-        if (!first) first = std::current_exception();
-      }
-    }
-    if (first) std::rethrow_exception(first);
+    partrain::wait_all(works, [&](work& w) { wait_named(w, what); });
   }
 
   // Waits, and names this rank and the operation in a communication failure (keeping its type).

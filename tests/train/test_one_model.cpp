@@ -143,6 +143,30 @@ std::vector<float> on_ranks(const setup& s, Body body) {
   return out;
 }
 
+// The pipeline: every rank reads the whole batch and holds its stage's layers; returns each layer's
+// values (from the rank that owns it), by layer.
+std::map<std::size_t, std::vector<float>> pipeline_run(const setup& s, const dp_dataset& data, trainer_options o) {
+  std::map<std::size_t, std::vector<float>> by_layer;
+  std::mutex m;
+  run_local(world, [&](local_group& g) {
+    model_t model(s.layers(), softmax_cross_entropy{});
+    pipeline_stage stage(model, g, {.micro_batches = 2});
+    auto params = stage.parameters();
+    sgd opt(params, opt_options);
+    pipeline_policy policy(stage, g, opt, model.loss());
+    auto train = global_batches(data);
+    std::ostringstream sink;
+    trainer_options t = o;
+    t.out = &sink;
+    (void)fit(policy, train, train, t);
+    std::lock_guard lock(m);
+    for (const std::size_t i : stage.owned_layers()) {
+      for (auto& p : model.layers()[i]->parameters()) by_layer[i].insert(by_layer[i].end(), p.value().begin(), p.value().end());
+    }
+  });
+  return by_layer;
+}
+
 std::map<std::string, std::vector<float>> every_mode(const setup& s, const dp_dataset& data) {
   std::map<std::string, std::vector<float>> r;
   r["ddp"] = on_ranks(s, [&](local_group& g, model_t& model, std::ostringstream& sink) {
@@ -185,27 +209,7 @@ std::map<std::string, std::vector<float>> every_mode(const setup& s, const dp_da
     (void)fit(policy, train, train, quiet(sink));
     return flat_values(model);
   });
-  {
-    // The pipeline: every rank reads the whole batch; each holds its stage's layers.
-    std::map<std::size_t, std::vector<float>> by_layer;
-    std::mutex m;
-    run_local(world, [&](local_group& g) {
-      model_t model(s.layers(), softmax_cross_entropy{});
-      pipeline_stage stage(model, g, {.micro_batches = 2});
-      auto params = stage.parameters();
-      sgd opt(params, opt_options);
-      pipeline_policy policy(stage, g, opt, model.loss());
-      auto train = global_batches(data);
-      std::ostringstream sink;
-      (void)fit(policy, train, train, quiet(sink));
-      std::lock_guard lock(m);
-      for (const std::size_t i : stage.owned_layers()) {
-        auto& l = *model.layers()[i];
-        for (auto& p : l.parameters()) by_layer[i].insert(by_layer[i].end(), p.value().begin(), p.value().end());
-      }
-    });
-    for (auto& [i, v] : by_layer) r["pipeline"].insert(r["pipeline"].end(), v.begin(), v.end());
-  }
+  for (auto& [i, v] : pipeline_run(s, data, {.epochs = epochs})) r["pipeline"].insert(r["pipeline"].end(), v.begin(), v.end());
   {
     // Data parallel: one process, two host devices, the global batch scattered over them.
     model_t model(s.layers(), softmax_cross_entropy{});
@@ -409,25 +413,7 @@ TEST_CASE("fit: a pipeline checkpoints stage by stage and resumes bit for bit", 
   const dp_dataset data(64, s.features, 3);
   partrain::testing::temp_dir dir;
   auto run = [&](std::size_t epochs_to_run, const std::filesystem::path& ck) {
-    std::map<std::size_t, std::vector<float>> by_layer;
-    std::mutex m;
-    run_local(world, [&](local_group& g) {
-      model_t model(s.layers(), softmax_cross_entropy{});
-      pipeline_stage stage(model, g, {.micro_batches = 2});
-      auto params = stage.parameters();
-      sgd opt(params, opt_options);
-      pipeline_policy policy(stage, g, opt, model.loss());
-      auto train = global_batches(data);
-      std::ostringstream sink;
-      trainer_options o{.epochs = epochs_to_run, .checkpoint = ck};
-      o.out = &sink;
-      (void)fit(policy, train, train, o);
-      std::lock_guard lock(m);
-      for (const std::size_t i : stage.owned_layers()) {
-        for (auto& p : model.layers()[i]->parameters()) by_layer[i].insert(by_layer[i].end(), p.value().begin(), p.value().end());
-      }
-    });
-    return by_layer;
+    return pipeline_run(s, data, {.epochs = epochs_to_run, .checkpoint = ck});
   };
   const auto straight = run(2, dir.path / "straight.ckpt");
   (void)run(1, dir.path / "resumed.ckpt");  // epoch 1, then a new run resumes for epoch 2

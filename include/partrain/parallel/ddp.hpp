@@ -419,15 +419,7 @@ class distributed_data_parallel {
   }
   // Waits for every work (none is left reading our buffers), then rethrows the first failure.
   void wait_all(std::vector<work>& works, const char* what) {
-    std::exception_ptr first;
-    for (auto& w : works) {
-      try {
-        wait_named(w, what);
-      } catch (...) {
-        if (!first) first = std::current_exception();
-      }
-    }
-    if (first) std::rethrow_exception(first);
+    partrain::wait_all(works, [&](work& w) { wait_named(w, what); });
   }
 
   void broadcast_parameters_from(int root) {

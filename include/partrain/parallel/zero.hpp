@@ -802,15 +802,7 @@ class sharded_data_parallel {
   }
 
   void wait_all(std::vector<work>& works, const std::string& what) {
-    std::exception_ptr first;
-    for (auto& w : works) {
-      try {
-        wait_named(w, what);
-      } catch (...) {
-        if (!first) first = std::current_exception();
-      }
-    }
-    if (first) std::rethrow_exception(first);
+    partrain::wait_all(works, [&](work& w) { wait_named(w, what); });
   }
 
   // Waits, and names this rank and the operation in a communication failure (keeping its type).
