@@ -22397,35 +22397,49 @@ template <class M>
   }
   return w.release();
 }
-// Checks what buffer_bytes wrote against the model before anything changes; returns the values.
+// What buffer_bytes wrote, as values (no model needed).
+[[nodiscard]] inline std::vector<std::vector<float>> decode_buffers(std::span<const std::byte> bytes, const std::string& where) {
+  std::vector<std::vector<float>> out;
+  if (bytes.empty()) return out;
+  state_reader r(bytes, where + " (buffers)");
+  const auto n = r.get<std::uint64_t>("buffer count");
+  if (n > (1u << 24)) throw checkpoint_error(where + " is malformed: " + std::to_string(n) + " buffers");
+  for (std::uint64_t k = 0; k < n; ++k) {
+    const auto b = r.get_bytes("buffer values");
+    if (b.size() % sizeof(float) != 0) throw checkpoint_error(where + " is malformed: buffer #" + std::to_string(k) + " is not floats");
+    auto& v = out.emplace_back(b.size() / sizeof(float));
+    if (!b.empty()) std::memcpy(v.data(), b.data(), b.size());
+  }
+  if (r.remaining() != 0) throw checkpoint_error(where + " is malformed: " + std::to_string(r.remaining()) + " bytes after the buffers");
+  return out;
+}
+// The saved buffers checked against the model's before anything changes: the same count and sizes.
 template <class M>
 [[nodiscard]] std::vector<std::vector<float>> read_buffers(std::span<const std::byte> bytes, M& m, const std::string& where) {
-  std::vector<std::vector<float>> out;
+  auto saved = decode_buffers(bytes, where);
+  std::vector<std::size_t> sizes;
   if constexpr (has_buffers<M>) {
-    std::size_t have = 0;
-    for (auto&& b : m.buffers()) {
-      (void)b;
-      ++have;
-    }
-    if (bytes.empty()) {
-      if (have == 0) return out;
-      throw checkpoint_error(where + " holds no buffers, the model has " + std::to_string(have) +
-                             " (saved by a build or model without them?)");
-    }
-    state_reader r(bytes, where + " (buffers)");
-    const auto n = r.get<std::uint64_t>("buffer count");
-    if (n != have) {
-      throw checkpoint_error(where + " does not match the model: " + std::to_string(n) + " buffers in the checkpoint, " +
-                             std::to_string(have) + " in the model");
-    }
-    for (auto&& b : m.buffers()) {
-      auto& dst = out.emplace_back(tensor_view<float>(b).size());
-      r.get_array(std::span<float>(dst), "values of buffer #" + std::to_string(out.size() - 1));
-    }
-  } else if (!bytes.empty()) {
+    for (auto&& b : m.buffers()) sizes.push_back(tensor_view<float>(b).size());
+  }
+  if (saved.empty() && !sizes.empty()) {
+    throw checkpoint_error(where + " holds no buffers, the model has " + std::to_string(sizes.size()) +
+                           " (saved by a build or model without them?)");
+  }
+  if (!saved.empty() && sizes.empty()) {
     throw checkpoint_error(where + " holds buffers (non-trainable state) this model does not have");
   }
-  return out;
+  if (saved.size() != sizes.size()) {
+    throw checkpoint_error(where + " does not match the model: " + std::to_string(saved.size()) +
+                           " buffers in the checkpoint, " + std::to_string(sizes.size()) + " in the model");
+  }
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    if (saved[k].size() != sizes[k]) {
+      throw checkpoint_error(where + " does not match the model: buffer #" + std::to_string(k) + " has " +
+                             std::to_string(saved[k].size()) + " values in the checkpoint, " + std::to_string(sizes[k]) +
+                             " in the model");
+    }
+  }
+  return saved;
 }
 template <class M>
 void restore_buffers(M& m, const std::vector<std::vector<float>>& values) {
@@ -22909,6 +22923,7 @@ struct frame_versions {
 // #include <partrain/comm/process_group.hpp> (above)
 // #include <partrain/core/dtype.hpp> (above)
 // #include <partrain/core/error.hpp> (above)
+// #include <partrain/model/layer.hpp> (above)
 // #include <partrain/model/traits.hpp> (above)
 // #include <partrain/optim/adamw.hpp> (above)
 // #include <partrain/optim/optimizer.hpp> (above)
@@ -22925,8 +22940,9 @@ namespace partrain::inline v0 {
 inline constexpr std::array<char, 8> sharded_index_magic{'P', 'T', 'R', 'N', 'Z', 'I', 'D', 'X'};
 inline constexpr std::array<char, 8> shard_file_magic{'P', 'T', 'R', 'N', 'Z', 'S', 'H', 'D'};
 // Version 2: a shard holds a list of slices (segments) of the flat space, not one (FSDP's rank
-// owns a chunk of every layer). Version 1 files (one slice per shard) are still read.
-inline constexpr std::uint32_t sharded_checkpoint_version = 2;
+// owns a chunk of every layer). Version 3: the index ends with the model's buffers (rank 0's;
+// they are replicated). Versions 1 and 2 are still read.
+inline constexpr std::uint32_t sharded_checkpoint_version = 3;
 
 namespace detail::zero_ckpt {
 
@@ -22998,6 +23014,7 @@ struct index_record {
   std::vector<shard_entry> shards;
   checkpoint_extra extra;
   std::vector<param_entry> names;  // every parameter's name and shape (what consolidation writes)
+  std::vector<std::byte> buffers;  // the model's buffers (train/checkpoint.hpp's buffer_bytes)
 };
 
 inline void put_segments(state_writer& w, const std::vector<flat_range>& segments) {
@@ -23045,6 +23062,7 @@ inline void put_segments(state_writer& w, const std::vector<flat_range>& segment
     w.put(static_cast<std::uint8_t>(e.dims.rank()));
     for (std::size_t d = 0; d < e.dims.rank(); ++d) w.put(static_cast<std::uint64_t>(e.dims[d]));
   }
+  w.put_bytes(x.buffers);
   return w.release();
 }
 [[nodiscard]] inline index_record decode_index(std::span<const std::byte> payload, std::uint32_t version,
@@ -23077,6 +23095,10 @@ inline void put_segments(state_writer& w, const std::vector<flat_range>& segment
     for (std::size_t d = 0; d < rank; ++d) dims[d] = static_cast<std::size_t>(r.get<std::uint64_t>("parameter extent"));
     e.dims = shape(std::span<const std::size_t>(dims.data(), rank));
     x.names.push_back(std::move(e));
+  }
+  if (version >= 3) {
+    const auto b = r.get_bytes("buffers");
+    x.buffers.assign(b.begin(), b.end());
   }
   if (r.remaining() != 0) throw checkpoint_error(where + " is malformed: " + std::to_string(r.remaining()) + " unread bytes");
   return x;
@@ -23145,6 +23167,13 @@ struct flat_model {
   flat_model(const flat_model&) = delete;
   flat_model& operator=(const flat_model&) = delete;
   [[nodiscard]] std::vector<param>& parameters() { return ps; }
+  // The saved model's buffers, so a consolidated checkpoint keeps them (none: an empty list).
+  [[nodiscard]] std::vector<tensor_view<float>> buffers() {
+    std::vector<tensor_view<float>> out;
+    for (auto& b : buffer_values) out.emplace_back(b.data(), b.size());
+    return out;
+  }
+  std::vector<std::vector<float>> buffer_values;
   [[nodiscard]] std::size_t total() const noexcept { return values.size(); }
   [[nodiscard]] std::vector<std::size_t> sizes() const {
     std::vector<std::size_t> out;
@@ -23189,6 +23218,7 @@ struct shard_content {
   std::vector<flat_range> segments;
   std::vector<T> values;
   shard_optimizer_state<T> state;
+  std::vector<std::byte> buffers{};  // rank 0's go into the index
 };
 
 // Collective: every rank writes its shard, then rank 0 the index, which names every rank's
@@ -23238,7 +23268,7 @@ void save(process_group& g, const std::filesystem::path& index, const checkpoint
   if (rank == 0) {
     try {
       index_record x{static_cast<std::uint8_t>(dtype_of<T>), total, c.entries.size(), fingerprint,
-                     static_cast<std::uint64_t>(world), extra.step, c.state.kind, {}, extra, c.entries};
+                     static_cast<std::uint64_t>(world), extra.step, c.state.kind, {}, extra, c.entries, c.buffers};
       for (int q = 0; q < world; ++q) {
         x.shards.push_back({shard_path(index, extra.step, q, world).filename().string(), segments_of(q),
                             static_cast<std::uint32_t>(crcs[static_cast<std::size_t>(q)])});
@@ -23410,6 +23440,17 @@ void save_sharded_checkpoint(Sharded& z, const std::filesystem::path& index, con
   namespace ck = detail::zero_ckpt;
   process_group& g = z.comm();
   if constexpr (ck::fully_sharded<Sharded>) {
+    using layer_type = detail::layers::layer_t<std::remove_cvref_t<decltype(z.layers())>>;
+    if constexpr (has_buffers<layer_type>) {
+      for (auto& e : z.layers()) {
+        for (auto&& b : detail::layers::layer_of(e).buffers()) {
+          if (tensor_view<float>(b).size() != 0) {
+            throw checkpoint_error("save_sharded_checkpoint: the layers have buffers (non-trainable state), which a "
+                                   "fully_sharded_data_parallel checkpoint does not hold yet; nothing was written");
+          }
+        }
+      }
+    }
     const ck::shard_content<float> c{ck::fsdp_entries(z), z.flat_segments(static_cast<std::size_t>(g.rank())),
                                      z.shard_values(), z.optimizer_state()};
     ck::save(g, index, extra, c, [&](int q) { return z.flat_segments(static_cast<std::size_t>(q)); });
@@ -23417,7 +23458,7 @@ void save_sharded_checkpoint(Sharded& z, const std::filesystem::path& index, con
     // The master type: fp32 for 16-bit parameters, whose masters the ranks hold in pieces.
     using T = typename Sharded::master_type;
     const ck::shard_content<T> c{ck::param_entries(z.module()), z.flat_segments(static_cast<std::size_t>(g.rank())),
-                                 z.master_values(), z.optimizer_state()};
+                                 z.master_values(), z.optimizer_state(), detail::ckpt::buffer_bytes(z.module())};
     ck::save(g, index, extra, c, [&](int q) { return z.flat_segments(static_cast<std::size_t>(q)); });
   }
 }
@@ -23434,6 +23475,10 @@ checkpoint_extra load_sharded_checkpoint(Sharded& z, const std::filesystem::path
   if constexpr (ck::fully_sharded<Sharded>) {
     const auto mine = z.flat_segments(static_cast<std::size_t>(g.rank()));
     auto got = ck::read_together<float>(g, index, ck::fsdp_entries(z), z.optimizer_kind(), mine, mine);
+    if (!detail::ckpt::decode_buffers(got.index.buffers, source).empty()) {
+      throw checkpoint_error(source + " holds the model's buffers; fully_sharded_data_parallel does not restore "
+                             "buffers (load it into sharded_data_parallel or a replicated model)");
+    }
     z.load_optimizer_state(got.state, source);
     z.load_shard_values(got.values);
     return got.index.extra;
@@ -23442,8 +23487,10 @@ checkpoint_extra load_sharded_checkpoint(Sharded& z, const std::filesystem::path
     const std::vector<ck::flat_range> all{{0, z.total_elements()}};
     auto got = ck::read_together<T>(g, index, ck::param_entries(z.module()), z.optimizer_kind(), all,
                                     z.flat_segments(static_cast<std::size_t>(g.rank())));
+    const auto buffers = detail::ckpt::read_buffers(got.index.buffers, z.module(), source);
     z.load_optimizer_state(got.state, source);
     z.load_values(got.values);
+    detail::ckpt::restore_buffers(z.module(), buffers);
     return got.index.extra;
   }
 }
@@ -23463,6 +23510,7 @@ checkpoint_extra load_sharded_checkpoint(const std::filesystem::path& index, M& 
   auto views = ck::value_views(m);
   const std::vector<ck::flat_range> all{{0, views.total()}};
   const auto got = ck::read<T>(index, ck::param_entries(m), is_sgd ? "sgd" : "adamw", all, all);
+  const auto buffers = detail::ckpt::read_buffers(got.index.buffers, m, "sharded checkpoint '" + index.string() + "'");
   std::vector<std::size_t> sizes;
   for (auto&& p : m.parameters()) sizes.push_back(p.value().size());
   state_writer w;
@@ -23470,6 +23518,7 @@ checkpoint_extra load_sharded_checkpoint(const std::filesystem::path& index, M& 
   state_reader r(w.bytes());
   opt.load_state(r);
   views.write({0, got.values.size()}, got.values.data());
+  detail::ckpt::restore_buffers(m, buffers);
   return got.index.extra;
 }
 
@@ -23483,6 +23532,7 @@ inline void consolidate_sharded_checkpoint(const std::filesystem::path& index, c
   const auto x = ck::read_index(index, where);
   const auto run = [&]<class T>(std::type_identity<T>) {
     ck::flat_model<T> m(x.names);
+    m.buffer_values = detail::ckpt::decode_buffers(x.buffers, where);
     const std::vector<ck::flat_range> all{{0, m.total()}};
     const auto got = ck::read<T>(index, x.names, x.optimizer, all, all);
     m.values = got.values;

@@ -381,7 +381,8 @@ void write_bytes(const std::filesystem::path& p, const std::vector<std::byte>& b
 }
 
 // Rewrites a ZeRO checkpoint as format version 1 wrote it: each shard's one slice as (begin, end)
-// where version 2 writes a count and the slices. The rest of every file is unchanged.
+// where versions 2 and 3 write a count and the slices (3 also ends the index with the model's
+// buffers, none here). The rest of every file is unchanged.
 void rewrite_as_version_1(const std::filesystem::path& index) {
   namespace ck = partrain::detail::zero_ckpt;
   namespace pd = partrain::detail;
@@ -390,7 +391,7 @@ void rewrite_as_version_1(const std::filesystem::path& index) {
     REQUIRE(e.segments.size() == 1);
     const auto path = index.parent_path() / e.file;
     const auto bytes = file_bytes(path);
-    const auto payload = pd::ckpt::unframe(bytes, shard_file_magic, 2u, "shard");
+    const auto payload = pd::ckpt::unframe(bytes, shard_file_magic, sharded_checkpoint_version, "shard");
     // dtype, element count, fingerprint, world size, rank | segment count, (begin, end)... | the rest
     const std::size_t fixed = 1 + 4 * 8;
     const std::size_t skip = fixed + 8 + 16;

@@ -21,6 +21,7 @@
 #include <partrain/train/local_sgd_policy.hpp>
 #include <partrain/train/lr_schedule.hpp>
 #include <partrain/train/checkpoint.hpp>
+#include <partrain/train/sharded_checkpoint.hpp>
 #include <partrain/train/policies.hpp>
 #include <partrain/train/trainer.hpp>
 #include <partrain/train/zero_policy.hpp>
@@ -547,4 +548,40 @@ TEST_CASE("buffers: DDP and ZeRO copy rank 0's at construction and before every 
   CHECK_THROWS_WITH(load_checkpoint(dir.path / "b.ckpt", plain, popt), Catch::Contains("holds buffers"));
   save_checkpoint(dir.path / "p.ckpt", plain, popt);
   CHECK_THROWS_WITH(load_checkpoint(dir.path / "p.ckpt", loaded, lopt), Catch::Contains("holds no buffers, the model has 1"));
+}
+
+TEST_CASE("buffers: ZeRO's sharded checkpoints keep them, into ZeRO, a replicated model or a consolidated file", "[train][sequential][threads]") {
+  const dp_dataset data(64, 5, 3);
+  partrain::testing::temp_dir dir;
+  const auto index = dir.path / "zero.idx";
+  std::vector<float> saved(2);
+  run_local(world, [&](local_group& g) {
+    auto model = buffered_model(0.0f);
+    sharded_data_parallel zero(model, g, opt_options, zero_options{.stage = 2});
+    (void)zero.train_step(rank_batches(data, g.rank()).batches[0]);
+    save_sharded_checkpoint(zero, index, {.step = 1});
+    saved[static_cast<std::size_t>(g.rank())] = model.buffers()[0][0];
+  });
+  REQUIRE(saved[0] != 0.0f);
+  std::vector<float> loaded(2);
+  run_local(world, [&](local_group& g) {
+    auto model = buffered_model(3.0f);
+    sharded_data_parallel zero(model, g, opt_options, zero_options{.stage = 2, .broadcast_buffers = false});
+    (void)load_sharded_checkpoint(zero, index);
+    loaded[static_cast<std::size_t>(g.rank())] = model.buffers()[0][0];
+  });
+  CHECK(loaded == std::vector<float>{saved[0], saved[0]});  // rank 0's, on every rank
+  auto replicated = buffered_model(3.0f);
+  sgd opt(replicated, opt_options);
+  (void)load_sharded_checkpoint(index, replicated, opt);
+  CHECK(replicated.buffers()[0][0] == saved[0]);
+  consolidate_sharded_checkpoint(index, dir.path / "one.ckpt");
+  auto plain = buffered_model(3.0f);
+  sgd popt(plain, opt_options);
+  (void)load_checkpoint(dir.path / "one.ckpt", plain, popt);
+  CHECK(plain.buffers()[0][0] == saved[0]);
+  // A model without buffers refuses the checkpoint that has them.
+  model_t none(partrain::test::make_mlp({5, 3}, 7), softmax_cross_entropy{});
+  sgd nopt(none, opt_options);
+  CHECK_THROWS_WITH(load_sharded_checkpoint(index, none, nopt), Catch::Contains("holds buffers"));
 }

@@ -109,35 +109,49 @@ template <class M>
   }
   return w.release();
 }
-// Checks what buffer_bytes wrote against the model before anything changes; returns the values.
+// What buffer_bytes wrote, as values (no model needed).
+[[nodiscard]] inline std::vector<std::vector<float>> decode_buffers(std::span<const std::byte> bytes, const std::string& where) {
+  std::vector<std::vector<float>> out;
+  if (bytes.empty()) return out;
+  state_reader r(bytes, where + " (buffers)");
+  const auto n = r.get<std::uint64_t>("buffer count");
+  if (n > (1u << 24)) throw checkpoint_error(where + " is malformed: " + std::to_string(n) + " buffers");
+  for (std::uint64_t k = 0; k < n; ++k) {
+    const auto b = r.get_bytes("buffer values");
+    if (b.size() % sizeof(float) != 0) throw checkpoint_error(where + " is malformed: buffer #" + std::to_string(k) + " is not floats");
+    auto& v = out.emplace_back(b.size() / sizeof(float));
+    if (!b.empty()) std::memcpy(v.data(), b.data(), b.size());
+  }
+  if (r.remaining() != 0) throw checkpoint_error(where + " is malformed: " + std::to_string(r.remaining()) + " bytes after the buffers");
+  return out;
+}
+// The saved buffers checked against the model's before anything changes: the same count and sizes.
 template <class M>
 [[nodiscard]] std::vector<std::vector<float>> read_buffers(std::span<const std::byte> bytes, M& m, const std::string& where) {
-  std::vector<std::vector<float>> out;
+  auto saved = decode_buffers(bytes, where);
+  std::vector<std::size_t> sizes;
   if constexpr (has_buffers<M>) {
-    std::size_t have = 0;
-    for (auto&& b : m.buffers()) {
-      (void)b;
-      ++have;
-    }
-    if (bytes.empty()) {
-      if (have == 0) return out;
-      throw checkpoint_error(where + " holds no buffers, the model has " + std::to_string(have) +
-                             " (saved by a build or model without them?)");
-    }
-    state_reader r(bytes, where + " (buffers)");
-    const auto n = r.get<std::uint64_t>("buffer count");
-    if (n != have) {
-      throw checkpoint_error(where + " does not match the model: " + std::to_string(n) + " buffers in the checkpoint, " +
-                             std::to_string(have) + " in the model");
-    }
-    for (auto&& b : m.buffers()) {
-      auto& dst = out.emplace_back(tensor_view<float>(b).size());
-      r.get_array(std::span<float>(dst), "values of buffer #" + std::to_string(out.size() - 1));
-    }
-  } else if (!bytes.empty()) {
+    for (auto&& b : m.buffers()) sizes.push_back(tensor_view<float>(b).size());
+  }
+  if (saved.empty() && !sizes.empty()) {
+    throw checkpoint_error(where + " holds no buffers, the model has " + std::to_string(sizes.size()) +
+                           " (saved by a build or model without them?)");
+  }
+  if (!saved.empty() && sizes.empty()) {
     throw checkpoint_error(where + " holds buffers (non-trainable state) this model does not have");
   }
-  return out;
+  if (saved.size() != sizes.size()) {
+    throw checkpoint_error(where + " does not match the model: " + std::to_string(saved.size()) +
+                           " buffers in the checkpoint, " + std::to_string(sizes.size()) + " in the model");
+  }
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    if (saved[k].size() != sizes[k]) {
+      throw checkpoint_error(where + " does not match the model: buffer #" + std::to_string(k) + " has " +
+                             std::to_string(saved[k].size()) + " values in the checkpoint, " + std::to_string(sizes[k]) +
+                             " in the model");
+    }
+  }
+  return saved;
 }
 template <class M>
 void restore_buffers(M& m, const std::vector<std::vector<float>>& values) {

@@ -31,6 +31,7 @@
 #include <partrain/comm/process_group.hpp>
 #include <partrain/core/dtype.hpp>
 #include <partrain/core/error.hpp>
+#include <partrain/model/layer.hpp>
 #include <partrain/model/traits.hpp>
 #include <partrain/optim/adamw.hpp>
 #include <partrain/optim/optimizer.hpp>
@@ -47,8 +48,9 @@ namespace partrain::inline v0 {
 inline constexpr std::array<char, 8> sharded_index_magic{'P', 'T', 'R', 'N', 'Z', 'I', 'D', 'X'};
 inline constexpr std::array<char, 8> shard_file_magic{'P', 'T', 'R', 'N', 'Z', 'S', 'H', 'D'};
 // Version 2: a shard holds a list of slices (segments) of the flat space, not one (FSDP's rank
-// owns a chunk of every layer). Version 1 files (one slice per shard) are still read.
-inline constexpr std::uint32_t sharded_checkpoint_version = 2;
+// owns a chunk of every layer). Version 3: the index ends with the model's buffers (rank 0's;
+// they are replicated). Versions 1 and 2 are still read.
+inline constexpr std::uint32_t sharded_checkpoint_version = 3;
 
 namespace detail::zero_ckpt {
 
@@ -120,6 +122,7 @@ struct index_record {
   std::vector<shard_entry> shards;
   checkpoint_extra extra;
   std::vector<param_entry> names;  // every parameter's name and shape (what consolidation writes)
+  std::vector<std::byte> buffers;  // the model's buffers (train/checkpoint.hpp's buffer_bytes)
 };
 
 inline void put_segments(state_writer& w, const std::vector<flat_range>& segments) {
@@ -167,6 +170,7 @@ inline void put_segments(state_writer& w, const std::vector<flat_range>& segment
     w.put(static_cast<std::uint8_t>(e.dims.rank()));
     for (std::size_t d = 0; d < e.dims.rank(); ++d) w.put(static_cast<std::uint64_t>(e.dims[d]));
   }
+  w.put_bytes(x.buffers);
   return w.release();
 }
 [[nodiscard]] inline index_record decode_index(std::span<const std::byte> payload, std::uint32_t version,
@@ -199,6 +203,10 @@ inline void put_segments(state_writer& w, const std::vector<flat_range>& segment
     for (std::size_t d = 0; d < rank; ++d) dims[d] = static_cast<std::size_t>(r.get<std::uint64_t>("parameter extent"));
     e.dims = shape(std::span<const std::size_t>(dims.data(), rank));
     x.names.push_back(std::move(e));
+  }
+  if (version >= 3) {
+    const auto b = r.get_bytes("buffers");
+    x.buffers.assign(b.begin(), b.end());
   }
   if (r.remaining() != 0) throw checkpoint_error(where + " is malformed: " + std::to_string(r.remaining()) + " unread bytes");
   return x;
@@ -267,6 +275,13 @@ struct flat_model {
   flat_model(const flat_model&) = delete;
   flat_model& operator=(const flat_model&) = delete;
   [[nodiscard]] std::vector<param>& parameters() { return ps; }
+  // The saved model's buffers, so a consolidated checkpoint keeps them (none: an empty list).
+  [[nodiscard]] std::vector<tensor_view<float>> buffers() {
+    std::vector<tensor_view<float>> out;
+    for (auto& b : buffer_values) out.emplace_back(b.data(), b.size());
+    return out;
+  }
+  std::vector<std::vector<float>> buffer_values;
   [[nodiscard]] std::size_t total() const noexcept { return values.size(); }
   [[nodiscard]] std::vector<std::size_t> sizes() const {
     std::vector<std::size_t> out;
@@ -311,6 +326,7 @@ struct shard_content {
   std::vector<flat_range> segments;
   std::vector<T> values;
   shard_optimizer_state<T> state;
+  std::vector<std::byte> buffers{};  // rank 0's go into the index
 };
 
 // Collective: every rank writes its shard, then rank 0 the index, which names every rank's
@@ -360,7 +376,7 @@ void save(process_group& g, const std::filesystem::path& index, const checkpoint
   if (rank == 0) {
     try {
       index_record x{static_cast<std::uint8_t>(dtype_of<T>), total, c.entries.size(), fingerprint,
-                     static_cast<std::uint64_t>(world), extra.step, c.state.kind, {}, extra, c.entries};
+                     static_cast<std::uint64_t>(world), extra.step, c.state.kind, {}, extra, c.entries, c.buffers};
       for (int q = 0; q < world; ++q) {
         x.shards.push_back({shard_path(index, extra.step, q, world).filename().string(), segments_of(q),
                             static_cast<std::uint32_t>(crcs[static_cast<std::size_t>(q)])});
@@ -532,6 +548,17 @@ void save_sharded_checkpoint(Sharded& z, const std::filesystem::path& index, con
   namespace ck = detail::zero_ckpt;
   process_group& g = z.comm();
   if constexpr (ck::fully_sharded<Sharded>) {
+    using layer_type = detail::layers::layer_t<std::remove_cvref_t<decltype(z.layers())>>;
+    if constexpr (has_buffers<layer_type>) {
+      for (auto& e : z.layers()) {
+        for (auto&& b : detail::layers::layer_of(e).buffers()) {
+          if (tensor_view<float>(b).size() != 0) {
+            throw checkpoint_error("save_sharded_checkpoint: the layers have buffers (non-trainable state), which a "
+                                   "fully_sharded_data_parallel checkpoint does not hold yet; nothing was written");
+          }
+        }
+      }
+    }
     const ck::shard_content<float> c{ck::fsdp_entries(z), z.flat_segments(static_cast<std::size_t>(g.rank())),
                                      z.shard_values(), z.optimizer_state()};
     ck::save(g, index, extra, c, [&](int q) { return z.flat_segments(static_cast<std::size_t>(q)); });
@@ -539,7 +566,7 @@ void save_sharded_checkpoint(Sharded& z, const std::filesystem::path& index, con
     // The master type: fp32 for 16-bit parameters, whose masters the ranks hold in pieces.
     using T = typename Sharded::master_type;
     const ck::shard_content<T> c{ck::param_entries(z.module()), z.flat_segments(static_cast<std::size_t>(g.rank())),
-                                 z.master_values(), z.optimizer_state()};
+                                 z.master_values(), z.optimizer_state(), detail::ckpt::buffer_bytes(z.module())};
     ck::save(g, index, extra, c, [&](int q) { return z.flat_segments(static_cast<std::size_t>(q)); });
   }
 }
@@ -556,6 +583,10 @@ checkpoint_extra load_sharded_checkpoint(Sharded& z, const std::filesystem::path
   if constexpr (ck::fully_sharded<Sharded>) {
     const auto mine = z.flat_segments(static_cast<std::size_t>(g.rank()));
     auto got = ck::read_together<float>(g, index, ck::fsdp_entries(z), z.optimizer_kind(), mine, mine);
+    if (!detail::ckpt::decode_buffers(got.index.buffers, source).empty()) {
+      throw checkpoint_error(source + " holds the model's buffers; fully_sharded_data_parallel does not restore "
+                             "buffers (load it into sharded_data_parallel or a replicated model)");
+    }
     z.load_optimizer_state(got.state, source);
     z.load_shard_values(got.values);
     return got.index.extra;
@@ -564,8 +595,10 @@ checkpoint_extra load_sharded_checkpoint(Sharded& z, const std::filesystem::path
     const std::vector<ck::flat_range> all{{0, z.total_elements()}};
     auto got = ck::read_together<T>(g, index, ck::param_entries(z.module()), z.optimizer_kind(), all,
                                     z.flat_segments(static_cast<std::size_t>(g.rank())));
+    const auto buffers = detail::ckpt::read_buffers(got.index.buffers, z.module(), source);
     z.load_optimizer_state(got.state, source);
     z.load_values(got.values);
+    detail::ckpt::restore_buffers(z.module(), buffers);
     return got.index.extra;
   }
 }
@@ -585,6 +618,7 @@ checkpoint_extra load_sharded_checkpoint(const std::filesystem::path& index, M& 
   auto views = ck::value_views(m);
   const std::vector<ck::flat_range> all{{0, views.total()}};
   const auto got = ck::read<T>(index, ck::param_entries(m), is_sgd ? "sgd" : "adamw", all, all);
+  const auto buffers = detail::ckpt::read_buffers(got.index.buffers, m, "sharded checkpoint '" + index.string() + "'");
   std::vector<std::size_t> sizes;
   for (auto&& p : m.parameters()) sizes.push_back(p.value().size());
   state_writer w;
@@ -592,6 +626,7 @@ checkpoint_extra load_sharded_checkpoint(const std::filesystem::path& index, M& 
   state_reader r(w.bytes());
   opt.load_state(r);
   views.write({0, got.values.size()}, got.values.data());
+  detail::ckpt::restore_buffers(m, buffers);
   return got.index.extra;
 }
 
@@ -605,6 +640,7 @@ inline void consolidate_sharded_checkpoint(const std::filesystem::path& index, c
   const auto x = ck::read_index(index, where);
   const auto run = [&]<class T>(std::type_identity<T>) {
     ck::flat_model<T> m(x.names);
+    m.buffer_values = detail::ckpt::decode_buffers(x.buffers, where);
     const std::vector<ck::flat_range> all{{0, m.total()}};
     const auto got = ck::read<T>(index, x.names, x.optimizer, all, all);
     m.values = got.values;
