@@ -16804,6 +16804,7 @@ struct place<cuda> {
 // #include <partrain/optim/clip.hpp> (above)
 // #include <partrain/optim/optimizer.hpp> (above)
 // #include <partrain/parallel/detail/ddp_elements.hpp> (above)
+// #include <partrain/parallel/detail/buffers.hpp> (above)
 // #include <partrain/parallel/detail/evaluate.hpp> (above)
 // #include <partrain/parallel/detail/fsdp_layout.hpp> (above)
 // #include <partrain/parallel/detail/fsdp_memory.hpp> (above)
@@ -16959,6 +16960,7 @@ class fully_sharded_data_parallel {
     at_.after(compute_stream_);  // the parameters as the layers made them
     verify_model();
     if (opts_.broadcast_parameters) broadcast_parameters();
+    broadcast_buffers();
     take_storage(optimizer);
   }
   // A sequential model: its layers, sharded, and its loss. The model's own train_step is not for
@@ -17407,6 +17409,17 @@ class fully_sharded_data_parallel {
       });
     }
     for (auto& w : works) wait_named(w, "parameter broadcast");
+  }
+  // Host layers' buffers (non-trainable state) stay whole on every rank: rank 0's at construction.
+  void broadcast_buffers() {
+    if constexpr (std::same_as<S, host> && has_buffers<detail::layers::layer_t<Layers>>) {
+      std::vector<work> works;
+      for (std::size_t i = 0; i < std::ranges::size(*layers_); ++i) {
+        auto more = detail::broadcast_buffers(*comm_, layer(i));
+        for (auto& w : more) works.push_back(std::move(w));
+      }
+      partrain::wait_all(works, [&](work& w) { wait_named(w, "buffer broadcast"); });
+    }
   }
 
   // Copies this rank's chunk of every layer into its own storage, then binds the layers'

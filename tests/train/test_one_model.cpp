@@ -525,6 +525,14 @@ TEST_CASE("buffers: DDP and ZeRO copy rank 0's at construction and before every 
     zero_after[r] = model.buffers()[0][0];
   });
   CHECK(zero_start == std::vector<float>{0.0f, 0.0f});
+  // FSDP shards the parameters; the layers' buffers stay whole, rank 0's at construction.
+  std::vector<float> fsdp_start(2);
+  run_local(world, [&](local_group& g) {
+    auto model = buffered_model(g.rank() == 0 ? 0.0f : 5.0f);
+    fully_sharded_data_parallel fsdp(model, g, opt_options);
+    fsdp_start[static_cast<std::size_t>(g.rank())] = model.buffers()[0][0];
+  });
+  CHECK(fsdp_start == std::vector<float>{0.0f, 0.0f});
   CHECK(zero_after[1] == Approx(0.9 * 0.1 * feature_mean(rank_batches(data, 0).batches[0], 0) +
                                 0.1 * feature_mean(rank_batches(data, 1).batches[1], 0)).margin(1e-6));
 
