@@ -18933,8 +18933,10 @@ class pipeline_stage {
   // (written, not accumulated across steps), averaged over the data-parallel group if any.
   // input is read on the first stage and target on the last; other ranks may pass empty views.
   // Returns the batch's mean loss on every rank (averaged over the data-parallel replicas).
+  // accumulate: add this batch's gradients to those already there instead of writing them
+  // (gradient accumulation over several batches; the caller averages them before its step).
   template <class Loss, class Target>
-  double train_step(Loss& loss, tensor_view<const float> input, tensor_view<const Target> target) {
+  double train_step(Loss& loss, tensor_view<const float> input, tensor_view<const Target> target, bool accumulate = false) {
     static_assert(check_layer_loss<Loss, Target>());
     const auto t0 = std::chrono::steady_clock::now();
     stats_ = {};
@@ -18943,7 +18945,7 @@ class pipeline_stage {
     const int m = schedule_.micro_batches();
     const int v = schedule_.virtual_stages();
     const auto rows = batch_rows(input, target, "train_step");
-    for_each_parameter([](auto& prm) { std::ranges::fill(prm.grad(), 0.0f); });
+    if (!accumulate) for_each_parameter([](auto& prm) { std::ranges::fill(prm.grad(), 0.0f); });
 
     states_.clear();
     states_.resize(static_cast<std::size_t>(m * v));  // never copies: a default host_buffer claims one element
@@ -24959,8 +24961,23 @@ class pipeline_policy {
       : stage_(&stage), pg_(&pg), opt_(&opt), loss_(std::move(loss)), solo_(std::move(make_local_world(1).front())) {}
 
   double train_step(const batch& b) {
-    const double l = stage_->train_step(loss_, b.features, b.labels);
+    const double l = stage_->train_step(loss_, b.features, b.labels, /*accumulate=*/accumulated_ > 0);
+    if (accumulated_ > 0) {  // the mean of the accumulated batches' gradients, as one larger batch's
+      const float scale = 1.0f / static_cast<float>(accumulated_ + 1);
+      stage_->for_each_parameter([scale](auto& prm) {
+        for (float& g : prm.grad()) g *= scale;
+      });
+      accumulated_ = 0;
+    }
     opt_->step();
+    return l;
+  }
+  // A batch of a step fit accumulates (gradient_accumulation_steps): the whole schedule runs and
+  // the gradients add up on every stage; the step's last batch is train_step, which averages
+  // them and steps.
+  double accumulate_step(const batch& b) {
+    const double l = stage_->train_step(loss_, b.features, b.labels, /*accumulate=*/accumulated_ > 0);
+    ++accumulated_;
     return l;
   }
   template <class R>
@@ -24996,6 +25013,7 @@ class pipeline_policy {
   Opt* opt_;
   Loss loss_;
   std::unique_ptr<local_group> solo_;
+  std::size_t accumulated_ = 0;  // batches accumulated into the step under way
 };
 
 }  // namespace partrain::inline v0
@@ -25302,7 +25320,7 @@ struct trainer_options {
   std::function<double(std::size_t global_step)> step_lr{};
   // Loader batches (micro-batches) per optimizer step: the first N - 1 of each step train inside
   // the mode's no_sync, the last reduces and steps, as one batch N times larger would (the last
-  // step of an epoch takes what is left). ddp_policy, zero_policy and fsdp_policy.
+  // step of an epoch takes what is left). ddp_policy, zero_policy, fsdp_policy and pipeline_policy.
   std::size_t gradient_accumulation_steps = 1;
   // > 0: the global gradient norm (over every rank's gradients or shards) clipped to this before
   // each step (torch.nn.utils.clip_grad_norm_). ddp_policy, zero_policy and fsdp_policy.
@@ -25390,8 +25408,8 @@ class trainer {
     if constexpr (!accumulates) {
       if (o_.gradient_accumulation_steps > 1) {
         throw config_error("fit: gradient_accumulation_steps = " + std::to_string(o_.gradient_accumulation_steps) +
-                           " needs a policy with accumulate_step (a no_sync micro-batch); supported: ddp_policy, "
-                           "zero_policy, fsdp_policy");
+                           " needs a policy with accumulate_step; supported: ddp_policy, zero_policy, fsdp_policy, "
+                           "pipeline_policy");
       }
     }
   }

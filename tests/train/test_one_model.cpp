@@ -146,7 +146,8 @@ std::vector<float> on_ranks(const setup& s, Body body) {
 
 // The pipeline: every rank reads the whole batch and holds its stage's layers; returns each layer's
 // values (from the rank that owns it), by layer.
-std::map<std::size_t, std::vector<float>> pipeline_run(const setup& s, const dp_dataset& data, trainer_options o) {
+std::map<std::size_t, std::vector<float>> pipeline_run(const setup& s, const dp_dataset& data, trainer_options o,
+                                                       std::size_t micro = 1) {
   std::map<std::size_t, std::vector<float>> by_layer;
   std::mutex m;
   run_local(world, [&](local_group& g) {
@@ -155,9 +156,13 @@ std::map<std::size_t, std::vector<float>> pipeline_run(const setup& s, const dp_
     auto params = stage.parameters();
     sgd opt(params, opt_options);
     pipeline_policy policy(stage, g, opt, model.loss());
-    auto train = global_batches(data);
+    batch_list train;  // each global batch in `micro` consecutive pieces
+    for (const batch& b : global_batches(data).batches) {
+      for (std::size_t m = 0; m < micro; ++m) train.batches.push_back(data.rows(b.indices[0] + m * global / micro, global / micro));
+    }
     std::ostringstream sink;
     trainer_options t = o;
+    t.gradient_accumulation_steps = micro;
     t.out = &sink;
     (void)fit(policy, train, train, t);
     std::lock_guard lock(m);
@@ -318,6 +323,9 @@ TEST_CASE("fit: gradient accumulation equals a batch N times larger", "[train][s
   for (const std::size_t micro : {2, 4}) {
     INFO(micro << " micro-batches per step");
     check_close(sharded_modes(s, data, {}, micro), want, 1e-6);
+    std::vector<float> piped;
+    for (auto& [i, v] : pipeline_run(s, data, {.epochs = epochs}, micro)) piped.insert(piped.end(), v.begin(), v.end());
+    check_close({{"pipeline", piped}}, want, 1e-6);
   }
   // Without accumulation the same micro-batches are steps of their own: far from the reference.
   std::vector<float> steps_alone;
@@ -386,7 +394,8 @@ TEST_CASE("fit: the loop options a mode cannot honour are refused by name", "[tr
     trainer_options acc{.epochs = 1};
     acc.out = &sink;
     acc.gradient_accumulation_steps = 2;
-    CHECK_THROWS_WITH(fit(policy, train, train, acc), Catch::Contains("gradient_accumulation_steps = 2 needs a policy with accumulate_step"));
+    CHECK_THROWS_WITH(fit(policy, train, train, acc), Catch::Contains("gradient_accumulation_steps = 2 needs a policy with accumulate_step") &&
+                                                         Catch::Contains("pipeline_policy"));
     trainer_options both{.epochs = 1, .lr = constant_lr{.base = 0.1}};
     both.out = &sink;
     both.step_lr = constant_lr{.base = 0.1};

@@ -215,8 +215,23 @@ class pipeline_policy {
       : stage_(&stage), pg_(&pg), opt_(&opt), loss_(std::move(loss)), solo_(std::move(make_local_world(1).front())) {}
 
   double train_step(const batch& b) {
-    const double l = stage_->train_step(loss_, b.features, b.labels);
+    const double l = stage_->train_step(loss_, b.features, b.labels, /*accumulate=*/accumulated_ > 0);
+    if (accumulated_ > 0) {  // the mean of the accumulated batches' gradients, as one larger batch's
+      const float scale = 1.0f / static_cast<float>(accumulated_ + 1);
+      stage_->for_each_parameter([scale](auto& prm) {
+        for (float& g : prm.grad()) g *= scale;
+      });
+      accumulated_ = 0;
+    }
     opt_->step();
+    return l;
+  }
+  // A batch of a step fit accumulates (gradient_accumulation_steps): the whole schedule runs and
+  // the gradients add up on every stage; the step's last batch is train_step, which averages
+  // them and steps.
+  double accumulate_step(const batch& b) {
+    const double l = stage_->train_step(loss_, b.features, b.labels, /*accumulate=*/accumulated_ > 0);
+    ++accumulated_;
     return l;
   }
   template <class R>
@@ -252,6 +267,7 @@ class pipeline_policy {
   Opt* opt_;
   Loss loss_;
   std::unique_ptr<local_group> solo_;
+  std::size_t accumulated_ = 0;  // batches accumulated into the step under way
 };
 
 }  // namespace partrain::inline v0

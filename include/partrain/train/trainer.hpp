@@ -76,7 +76,7 @@ struct trainer_options {
   std::function<double(std::size_t global_step)> step_lr{};
   // Loader batches (micro-batches) per optimizer step: the first N - 1 of each step train inside
   // the mode's no_sync, the last reduces and steps, as one batch N times larger would (the last
-  // step of an epoch takes what is left). ddp_policy, zero_policy and fsdp_policy.
+  // step of an epoch takes what is left). ddp_policy, zero_policy, fsdp_policy and pipeline_policy.
   std::size_t gradient_accumulation_steps = 1;
   // > 0: the global gradient norm (over every rank's gradients or shards) clipped to this before
   // each step (torch.nn.utils.clip_grad_norm_). ddp_policy, zero_policy and fsdp_policy.
@@ -164,8 +164,8 @@ class trainer {
     if constexpr (!accumulates) {
       if (o_.gradient_accumulation_steps > 1) {
         throw config_error("fit: gradient_accumulation_steps = " + std::to_string(o_.gradient_accumulation_steps) +
-                           " needs a policy with accumulate_step (a no_sync micro-batch); supported: ddp_policy, "
-                           "zero_policy, fsdp_policy");
+                           " needs a policy with accumulate_step; supported: ddp_policy, zero_policy, fsdp_policy, "
+                           "pipeline_policy");
       }
     }
   }

@@ -174,8 +174,10 @@ class pipeline_stage {
   // (written, not accumulated across steps), averaged over the data-parallel group if any.
   // input is read on the first stage and target on the last; other ranks may pass empty views.
   // Returns the batch's mean loss on every rank (averaged over the data-parallel replicas).
+  // accumulate: add this batch's gradients to those already there instead of writing them
+  // (gradient accumulation over several batches; the caller averages them before its step).
   template <class Loss, class Target>
-  double train_step(Loss& loss, tensor_view<const float> input, tensor_view<const Target> target) {
+  double train_step(Loss& loss, tensor_view<const float> input, tensor_view<const Target> target, bool accumulate = false) {
     static_assert(check_layer_loss<Loss, Target>());
     const auto t0 = std::chrono::steady_clock::now();
     stats_ = {};
@@ -184,7 +186,7 @@ class pipeline_stage {
     const int m = schedule_.micro_batches();
     const int v = schedule_.virtual_stages();
     const auto rows = batch_rows(input, target, "train_step");
-    for_each_parameter([](auto& prm) { std::ranges::fill(prm.grad(), 0.0f); });
+    if (!accumulate) for_each_parameter([](auto& prm) { std::ranges::fill(prm.grad(), 0.0f); });
 
     states_.clear();
     states_.resize(static_cast<std::size_t>(m * v));  // never copies: a default host_buffer claims one element
