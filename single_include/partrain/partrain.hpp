@@ -24755,6 +24755,8 @@ class metrics_writer {
 //   pipeline_policy policy(stage, opt, loss);           // the same partrain::batch as DDP
 //   fit(policy, train_loader, test_loader, {...});      // train/trainer.hpp
 
+#include <array>
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <filesystem>
@@ -24969,8 +24971,15 @@ class pipeline_policy {
       });
       accumulated_ = 0;
     }
+    if (max_grad_norm_ > 0) clip_across_stages();
     opt_->step();
     return l;
+  }
+  // Clipping of the global gradient norm, over every stage's gradients, from the next step on
+  // (fit's max_grad_norm): each stage's sum of squares, summed over the pipeline group.
+  void set_max_grad_norm(double v) {
+    detail::optim::check_max_grad_norm(v, "pipeline_policy: max_grad_norm");
+    max_grad_norm_ = v;
   }
   // A batch of a step fit accumulates (gradient_accumulation_steps): the whole schedule runs and
   // the gradients add up on every stage; the step's last batch is train_step, which averages
@@ -25014,6 +25023,16 @@ class pipeline_policy {
   Loss loss_;
   std::unique_ptr<local_group> solo_;
   std::size_t accumulated_ = 0;  // batches accumulated into the step under way
+  double max_grad_norm_ = 0;
+
+  void clip_across_stages() {
+    auto params = stage_->parameters();
+    std::array<double, 1> sum{detail::optim::grad_sum_squares(params.parameters())};
+    // The replicas of a stage (pipeline x data parallel) hold the same averaged gradients: the
+    // pipeline group alone covers the model once.
+    if (pg_->size() > 1) pg_->all_reduce(tensor_view<double>(sum.data(), 1), reduce_op::sum).wait();
+    detail::optim::clip_to_norm(params.parameters(), std::sqrt(sum[0]), max_grad_norm_);
+  }
 };
 
 }  // namespace partrain::inline v0
@@ -25323,7 +25342,7 @@ struct trainer_options {
   // step of an epoch takes what is left). ddp_policy, zero_policy, fsdp_policy and pipeline_policy.
   std::size_t gradient_accumulation_steps = 1;
   // > 0: the global gradient norm (over every rank's gradients or shards) clipped to this before
-  // each step (torch.nn.utils.clip_grad_norm_). ddp_policy, zero_policy and fsdp_policy.
+  // each step (torch.nn.utils.clip_grad_norm_). ddp_policy, zero_policy, fsdp_policy, pipeline_policy.
   double max_grad_norm = 0;
 };
 
@@ -25402,7 +25421,7 @@ class trainer {
         p_.set_max_grad_norm(o_.max_grad_norm);
       } else {
         throw config_error("fit: max_grad_norm needs a policy that clips over every rank's gradients; supported: "
-                           "ddp_policy, zero_policy, fsdp_policy");
+                           "ddp_policy, zero_policy, fsdp_policy, pipeline_policy");
       }
     }
     if constexpr (!accumulates) {

@@ -362,6 +362,12 @@ TEST_CASE("fit: max_grad_norm clips the global norm across ranks and shards, as 
   o.max_grad_norm = clipped.max_grad_norm;
   check_close(sharded_modes(s, data, o, 1), want, 2e-5);
   check_close(sharded_modes(s, data, o, 2), want, 2e-5);  // and with accumulation
+  o.epochs = epochs;
+  for (const std::size_t micro : {1, 2}) {  // the pipeline: the norm over every stage's gradients
+    std::vector<float> piped;
+    for (auto& [i, v] : pipeline_run(s, data, o, micro)) piped.insert(piped.end(), v.begin(), v.end());
+    check_close({{"pipeline", piped}}, want, 2e-5);
+  }
 }
 
 TEST_CASE("fit: step_lr sets the learning rate before every step", "[train][sequential][threads]") {
@@ -390,7 +396,7 @@ TEST_CASE("fit: the loop options a mode cannot honour are refused by name", "[tr
     clip.out = &sink;
     clip.max_grad_norm = 1.0;
     CHECK_THROWS_WITH(fit(policy, train, train, clip), Catch::Contains("max_grad_norm needs a policy that clips") &&
-                                                          Catch::Contains("ddp_policy, zero_policy, fsdp_policy"));
+                                                          Catch::Contains("ddp_policy, zero_policy, fsdp_policy, pipeline_policy"));
     trainer_options acc{.epochs = 1};
     acc.out = &sink;
     acc.gradient_accumulation_steps = 2;

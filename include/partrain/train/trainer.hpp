@@ -79,7 +79,7 @@ struct trainer_options {
   // step of an epoch takes what is left). ddp_policy, zero_policy, fsdp_policy and pipeline_policy.
   std::size_t gradient_accumulation_steps = 1;
   // > 0: the global gradient norm (over every rank's gradients or shards) clipped to this before
-  // each step (torch.nn.utils.clip_grad_norm_). ddp_policy, zero_policy and fsdp_policy.
+  // each step (torch.nn.utils.clip_grad_norm_). ddp_policy, zero_policy, fsdp_policy, pipeline_policy.
   double max_grad_norm = 0;
 };
 
@@ -158,7 +158,7 @@ class trainer {
         p_.set_max_grad_norm(o_.max_grad_norm);
       } else {
         throw config_error("fit: max_grad_norm needs a policy that clips over every rank's gradients; supported: "
-                           "ddp_policy, zero_policy, fsdp_policy");
+                           "ddp_policy, zero_policy, fsdp_policy, pipeline_policy");
       }
     }
     if constexpr (!accumulates) {
