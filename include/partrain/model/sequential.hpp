@@ -116,8 +116,8 @@ class sequential {
       : layers_(o.layers_), loss_(o.loss_), loss_scale_(o.loss_scale_), training_(o.training_) {
     index_parameters();
   }
-  sequential(sequential&& o) noexcept(std::is_nothrow_move_constructible_v<Layers> &&
-                                      std::is_nothrow_move_constructible_v<Loss>)
+  // Not noexcept: the parameter index is rebuilt for the moved layers (an allocation).
+  sequential(sequential&& o)
       : layers_(std::move(o.layers_)), loss_(std::move(o.loss_)), loss_scale_(o.loss_scale_), training_(o.training_) {
     index_parameters();
   }
