@@ -18890,6 +18890,8 @@ class pipeline_stage {
     }
   }
 
+  // The pipeline's group: one rank per stage (a stage's data-parallel replicas are not in it).
+  [[nodiscard]] process_group& pipeline_group() noexcept { return pp_; }
   [[nodiscard]] int stage() const noexcept { return pp_.rank(); }
   [[nodiscard]] int stages() const noexcept { return pp_.size(); }
   [[nodiscard]] bool is_first() const noexcept { return stage() == 0; }
@@ -25030,7 +25032,8 @@ class pipeline_policy {
     std::array<double, 1> sum{detail::optim::grad_sum_squares(params.parameters())};
     // The replicas of a stage (pipeline x data parallel) hold the same averaged gradients: the
     // pipeline group alone covers the model once.
-    if (pg_->size() > 1) pg_->all_reduce(tensor_view<double>(sum.data(), 1), reduce_op::sum).wait();
+    process_group& pp = stage_->pipeline_group();
+    if (pp.size() > 1) pp.all_reduce(tensor_view<double>(sum.data(), 1), reduce_op::sum).wait();
     detail::optim::clip_to_norm(params.parameters(), std::sqrt(sum[0]), max_grad_norm_);
   }
 };
