@@ -14088,17 +14088,18 @@ struct ddp_stats {
 
 namespace partrain::inline v0::detail {
 
-// Issues one broadcast from rank 0 per buffer; the caller waits (none for a model without buffers).
-template <class C, class M>
-[[nodiscard]] std::vector<work> broadcast_buffers(C& comm, M& m) {
-  std::vector<work> works;
+// One broadcast from rank 0 per buffer, each waited through wait_one(work&) (the mode's waits
+// name the rank and the operation); nothing for a model (or layer) without buffers.
+template <class C, class M, class Wait>
+void broadcast_buffers(C& comm, M& m, Wait wait_one) {
   if constexpr (has_buffers<M>) {
+    std::vector<work> works;
     for (auto&& b : m.buffers()) {
       const tensor_view<float> v(b);
       if (!v.empty()) works.push_back(comm.broadcast(v, 0));
     }
+    wait_all(works, wait_one);
   }
-  return works;
 }
 
 }  // namespace partrain::inline v0::detail
@@ -15333,10 +15334,7 @@ class distributed_data_parallel {
 
   // Rank 0's buffers to every rank (a model without buffers: nothing).
   void sync_buffers() {
-    if constexpr (has_buffers<M>) {
-      auto works = detail::broadcast_buffers(*comm_, *model_);
-      wait_all(works, "buffer broadcast");
-    }
+    detail::broadcast_buffers(*comm_, *model_, [&](work& w) { wait_named(w, "buffer broadcast"); });
   }
   // Waits for every work (none is left reading our buffers), then rethrows the first failure.
   void wait_all(std::vector<work>& works, const char* what) {
@@ -17412,13 +17410,10 @@ class fully_sharded_data_parallel {
   }
   // Host layers' buffers (non-trainable state) stay whole on every rank: rank 0's at construction.
   void broadcast_buffers() {
-    if constexpr (std::same_as<S, host> && has_buffers<detail::layers::layer_t<Layers>>) {
-      std::vector<work> works;
+    if constexpr (std::same_as<S, host>) {
       for (std::size_t i = 0; i < std::ranges::size(*layers_); ++i) {
-        auto more = detail::broadcast_buffers(*comm_, layer(i));
-        for (auto& w : more) works.push_back(std::move(w));
+        detail::broadcast_buffers(*comm_, layer(i), [&](work& w) { wait_named(w, "buffer broadcast"); });
       }
-      partrain::wait_all(works, [&](work& w) { wait_named(w, "buffer broadcast"); });
     }
   }
 
@@ -20717,10 +20712,7 @@ class sharded_data_parallel {
   void agree_flag(std::array<std::int64_t, 2>& flag, const char* what) { small_all_reduce(std::span<std::int64_t>(flag), what); }
 
   void sync_buffers() {
-    if constexpr (has_buffers<M>) {
-      auto works = detail::broadcast_buffers(*comm_, *model_);
-      wait_all(works, "buffer broadcast");
-    }
+    detail::broadcast_buffers(*comm_, *model_, [&](work& w) { wait_named(w, "buffer broadcast"); });
   }
   void broadcast_parameters() {
     std::vector<work> works;
@@ -24774,6 +24766,7 @@ class metrics_writer {
 // #include <partrain/data/batch.hpp> (above)
 // #include <partrain/model/concepts.hpp> (above)
 // #include <partrain/optim/clip.hpp> (above)
+// #include <partrain/optim/detail/state_buffer.hpp> (above)
 // #include <partrain/optim/optimizer.hpp> (above)
 // #include <partrain/parallel/ddp.hpp> (above)
 // #include <partrain/parallel/powersgd.hpp> (above)
@@ -24968,9 +24961,7 @@ class pipeline_policy {
     const double l = stage_->train_step(loss_, b.features, b.labels, /*accumulate=*/accumulated_ > 0);
     if (accumulated_ > 0) {  // the mean of the accumulated batches' gradients, as one larger batch's
       const float scale = 1.0f / static_cast<float>(accumulated_ + 1);
-      stage_->for_each_parameter([scale](auto& prm) {
-        for (float& g : prm.grad()) g *= scale;
-      });
+      stage_->for_each_parameter([scale](auto& prm) { detail::optim::scale_in_place(prm.grad(), scale); });
       accumulated_ = 0;
     }
     if (max_grad_norm_ > 0) clip_across_stages();

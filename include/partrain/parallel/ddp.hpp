@@ -412,10 +412,7 @@ class distributed_data_parallel {
 
   // Rank 0's buffers to every rank (a model without buffers: nothing).
   void sync_buffers() {
-    if constexpr (has_buffers<M>) {
-      auto works = detail::broadcast_buffers(*comm_, *model_);
-      wait_all(works, "buffer broadcast");
-    }
+    detail::broadcast_buffers(*comm_, *model_, [&](work& w) { wait_named(w, "buffer broadcast"); });
   }
   // Waits for every work (none is left reading our buffers), then rethrows the first failure.
   void wait_all(std::vector<work>& works, const char* what) {

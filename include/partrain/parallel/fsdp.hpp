@@ -666,13 +666,10 @@ class fully_sharded_data_parallel {
   }
   // Host layers' buffers (non-trainable state) stay whole on every rank: rank 0's at construction.
   void broadcast_buffers() {
-    if constexpr (std::same_as<S, host> && has_buffers<detail::layers::layer_t<Layers>>) {
-      std::vector<work> works;
+    if constexpr (std::same_as<S, host>) {
       for (std::size_t i = 0; i < std::ranges::size(*layers_); ++i) {
-        auto more = detail::broadcast_buffers(*comm_, layer(i));
-        for (auto& w : more) works.push_back(std::move(w));
+        detail::broadcast_buffers(*comm_, layer(i), [&](work& w) { wait_named(w, "buffer broadcast"); });
       }
-      partrain::wait_all(works, [&](work& w) { wait_named(w, "buffer broadcast"); });
     }
   }
 

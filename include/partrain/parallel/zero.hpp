@@ -568,10 +568,7 @@ class sharded_data_parallel {
   void agree_flag(std::array<std::int64_t, 2>& flag, const char* what) { small_all_reduce(std::span<std::int64_t>(flag), what); }
 
   void sync_buffers() {
-    if constexpr (has_buffers<M>) {
-      auto works = detail::broadcast_buffers(*comm_, *model_);
-      wait_all(works, "buffer broadcast");
-    }
+    detail::broadcast_buffers(*comm_, *model_, [&](work& w) { wait_named(w, "buffer broadcast"); });
   }
   void broadcast_parameters() {
     std::vector<work> works;

@@ -26,6 +26,7 @@
 #include <partrain/data/batch.hpp>
 #include <partrain/model/concepts.hpp>
 #include <partrain/optim/clip.hpp>
+#include <partrain/optim/detail/state_buffer.hpp>
 #include <partrain/optim/optimizer.hpp>
 #include <partrain/parallel/ddp.hpp>
 #include <partrain/parallel/powersgd.hpp>
@@ -220,9 +221,7 @@ class pipeline_policy {
     const double l = stage_->train_step(loss_, b.features, b.labels, /*accumulate=*/accumulated_ > 0);
     if (accumulated_ > 0) {  // the mean of the accumulated batches' gradients, as one larger batch's
       const float scale = 1.0f / static_cast<float>(accumulated_ + 1);
-      stage_->for_each_parameter([scale](auto& prm) {
-        for (float& g : prm.grad()) g *= scale;
-      });
+      stage_->for_each_parameter([scale](auto& prm) { detail::optim::scale_in_place(prm.grad(), scale); });
       accumulated_ = 0;
     }
     if (max_grad_norm_ > 0) clip_across_stages();

@@ -10,17 +10,18 @@
 
 namespace partrain::inline v0::detail {
 
-// Issues one broadcast from rank 0 per buffer; the caller waits (none for a model without buffers).
-template <class C, class M>
-[[nodiscard]] std::vector<work> broadcast_buffers(C& comm, M& m) {
-  std::vector<work> works;
+// One broadcast from rank 0 per buffer, each waited through wait_one(work&) (the mode's waits
+// name the rank and the operation); nothing for a model (or layer) without buffers.
+template <class C, class M, class Wait>
+void broadcast_buffers(C& comm, M& m, Wait wait_one) {
   if constexpr (has_buffers<M>) {
+    std::vector<work> works;
     for (auto&& b : m.buffers()) {
       const tensor_view<float> v(b);
       if (!v.empty()) works.push_back(comm.broadcast(v, 0));
     }
+    wait_all(works, wait_one);
   }
-  return works;
 }
 
 }  // namespace partrain::inline v0::detail
