@@ -84,6 +84,11 @@ TEST_CASE("example options: bad input names the flag and what was expected", "[e
   CHECK_THROWS_WITH(parse_options({"--parallel", "pipeline", "--stages", "2", "--nproc", "3"}),
                     Catch::Contains("must equal --stages 2"));
   CHECK(parse_options({"--parallel", "pipeline", "--checkpoint", "d"}).checkpoint == "d");  // stage by stage
+  CHECK(parse_options({"--model", "cnn", "--parallel", "fsdp", "--precision", "bf16"}).model == "cnn");
+  CHECK_THROWS_WITH(parse_options({"--model", "vit"}), Catch::Contains("not one of: mlp, cnn"));
+  CHECK_THROWS_WITH(parse_options({"--model"}), Catch::Contains("--model: needs a value"));
+  CHECK_THROWS_WITH(parse_options({"--model", "cnn", "--device", "cuda"}), Catch::Contains("runs on the host"));
+  CHECK_THROWS_WITH(parse_options({"--model", "cnn", "--precision", "fp16"}), Catch::Contains("the CNN computes in fp32"));
   CHECK_THROWS_WITH(parse_options({"--schedule", "zb"}), Catch::Contains("not one of: gpipe, 1f1b"));
   CHECK(parse_options({"--parallel", "dp", "--devices", "3"}).devices == 3);
   CHECK_THROWS_WITH(parse_options({"--momentum", "1.5"}), Catch::Contains("[0, 1)"));
