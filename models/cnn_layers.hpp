@@ -164,6 +164,8 @@ inline void col2im(float* col, std::size_t ld, std::size_t c, std::size_t h, std
 // side-by-side im2col columns: with one GEMM per image the 1-channel layer took 1.5x as long.
 class conv2d final : public host_layer {
  public:
+  using host_layer::backward;  // the saved-activation forms stay visible
+  using host_layer::forward;
   conv2d(std::size_t in_channels, std::size_t out_channels, std::size_t height, std::size_t width, std::uint32_t seed)
       : c_(in_channels), m_(out_channels), h_(height), w_(width) {
     if (c_ == 0 || m_ == 0 || h_ == 0 || w_ == 0) {
@@ -265,6 +267,8 @@ class conv2d final : public host_layer {
 // input: the layer keeps nothing between the two).
 class maxpool2d final : public host_layer {
  public:
+  using host_layer::backward;  // the saved-activation forms stay visible
+  using host_layer::forward;
   maxpool2d(std::size_t channels, std::size_t height, std::size_t width) : c_(channels), h_(height), w_(width) {
     if (c_ == 0 || h_ == 0 || w_ == 0 || h_ % 2 != 0 || w_ % 2 != 0) {
       throw invalid_argument_error("maxpool2d: " + std::to_string(c_) + " channels of " + std::to_string(h_) + "x" +
@@ -351,6 +355,8 @@ class maxpool2d final : public host_layer {
 // [n, d1, d2, ...] -> [n, d1*d2*...]: the same elements, copied.
 class flatten final : public host_layer {
  public:
+  using host_layer::backward;  // the saved-activation forms stay visible
+  using host_layer::forward;
   [[nodiscard]] shape output_shape(const shape& s) const override {
     if (s.rank() < 1) throw invalid_argument_error("flatten: input shape " + s.to_string() + ", expected [batch, ...]");
     return {s[0], s.row_numel()};

@@ -64,12 +64,42 @@ class host_layer {
                         tensor_view<float> gin) = 0;
   [[nodiscard]] virtual std::vector<host_param>& parameters() = 0;
   [[nodiscard]] virtual std::unique_ptr<host_layer> clone() const = 0;
+
+  // Saved activations (partrain::keeps_activations): none unless a layer overrides these three.
+  [[nodiscard]] virtual std::size_t saved_size(const shape&) const { return 0; }
+  virtual void forward(tensor_view<const float> in, tensor_view<float> out, const layer_call<>&) { forward(in, out); }
+  virtual void backward(tensor_view<const float> in, tensor_view<const float> out, const layer_call<>&,
+                        tensor_view<const float> gout, tensor_view<float> gin) {
+    backward(in, out, gout, gin);
+  }
+};
+
+// The base of a layer that keeps activations: it writes the three saved-activation members, and
+// the plain forward and backward (for callers that keep nothing) run through them, the backward
+// after recomputing the forward.
+class host_saving_layer : public host_layer {
+ public:
+  using host_layer::backward;
+  using host_layer::forward;
+  void forward(tensor_view<const float> in, tensor_view<float> out) final {
+    std::vector<float> saved(saved_size(in.shape()));
+    forward(in, out, layer_call<>{tensor_view<float>(saved.data(), shape{saved.size()}), 0});
+  }
+  void backward(tensor_view<const float> in, tensor_view<const float> out, tensor_view<const float> gout,
+                tensor_view<float> gin) final {
+    std::vector<float> saved(saved_size(in.shape())), again(out.size());
+    const layer_call<> call{tensor_view<float>(saved.data(), shape{saved.size()}), 0};
+    forward(in, tensor_view<float>(again.data(), out.shape()), call);
+    backward(in, out, call, gout, gin);
+  }
 };
 
 // y = x W^T + b, W is [out, in]. Sums over the batch in double, so the result barely depends
 // on how the batch was split into micro-batches.
 class linear final : public host_layer {
  public:
+  using host_layer::backward;  // the saved-activation forms stay visible
+  using host_layer::forward;
   linear(std::size_t in, std::size_t out, std::uint32_t seed) : in_(in), out_(out) {
     params_.emplace_back(shape{out, in});
     params_.emplace_back(shape{out});
@@ -130,6 +160,8 @@ class linear final : public host_layer {
 
 class relu final : public host_layer {
  public:
+  using host_layer::backward;  // the saved-activation forms stay visible
+  using host_layer::forward;
   [[nodiscard]] shape output_shape(const shape& s) const override { return s; }
   // Raw pointers and the size read once: tensor_view::size() multiplies out the shape, and a
   // loop that calls it each time does not vectorize (6x slower on a CNN's [32, 8, 28, 28]).

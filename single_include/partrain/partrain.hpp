@@ -7525,24 +7525,53 @@ consteval bool check_trainable() {
 // every layer's input and output until its backward, so several micro-batches can be in flight
 // through one layer and the activation memory is visible to the runner.
 //
-// Optional on a layer: train(bool) (a train/eval switch; evaluation runs in eval mode) and
-// buffers() (non-trainable state as tensor_view<float>s; see has_buffers in model/concepts.hpp).
+// Optional on a layer: train(bool) (a train/eval switch; evaluation runs in eval mode),
+// buffers() (non-trainable state as tensor_view<float>s; see has_buffers in model/concepts.hpp),
+// and saved activations: a layer with internals (a transformer block) declares saved_size and
+// takes a layer_call, memory the runner owns for what its backward needs, so the runner can count
+// it, keep one per micro-batch in flight, or drop it and recompute (recompute_options).
 //
 // The gradient rule, stated once: a layer's backward ADDS d loss / d parameters to its
 // parameters' grad() and WRITES the gradient of its input; a model's train_step (sequential's
 // too) zeroes the gradients first, so after a step they hold that step's gradients only.
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <ranges>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 // #include <partrain/core/tensor_view.hpp> (above)
 // #include <partrain/model/concepts.hpp> (above)
 
 namespace partrain::inline v0 {
+
+// What a runner passes to a layer that keeps activations (see keeps_activations): `saved` holds
+// saved_size(in) floats of this call's own (several micro-batches may be in flight through one
+// layer); forward writes there what backward needs, backward reads it and may overwrite it.
+// `seed` is this call's own and the same when the forward is recomputed: random draws (dropout)
+// come from it, so a recomputed forward repeats the original bit for bit.
+template <class S = host>
+struct layer_call {
+  tensor_view<float, S> saved;
+  std::uint64_t seed = 0;
+};
+
+// A layer that keeps activations beyond its output:
+//   saved_size(in)                       floats it keeps from forward for backward
+//   forward(in, out, call)               out = f(in), writes call.saved
+//   backward(in, out, call, gout, gin)   as below, reading call.saved
+template <class L, class S = host>
+concept keeps_activations = requires(L& l, const L& cl, const shape& s, tensor_view<const float, S> in,
+                                     tensor_view<float, S> wout, const layer_call<S>& c) {
+  { cl.saved_size(s) } -> std::convertible_to<std::size_t>;
+  l.forward(in, wout, c);
+  l.backward(in, in, c, in, wout);
+};
 
 // One part of a model, computing on float tensors in memory space S (host; fully sharded data
 // parallel also takes CUDA layers).
@@ -7550,15 +7579,34 @@ namespace partrain::inline v0 {
 //   forward(in, out)               out = f(in)
 //   backward(in, out, gout, gin)   accumulates d loss / d parameters (+=) and writes gin = d loss / d in
 //   parameters()                   a forward range of parameters (may be empty)
+// or, instead of that forward and backward, the three of keeps_activations.
 template <class L, class S = host>
-concept layer = requires(L& l, const L& cl, const shape& s, tensor_view<const float, S> in,
-                         tensor_view<const float, S> out, tensor_view<const float, S> gout,
-                         tensor_view<float, S> wout, tensor_view<float, S> gin) {
+concept layer = requires(L& l, const L& cl, const shape& s) {
   { cl.output_shape(s) } -> std::convertible_to<shape>;
-  l.forward(in, wout);
-  l.backward(in, out, gout, gin);
   { l.parameters() } -> std::ranges::forward_range;
-} && parameter<std::ranges::range_value_t<decltype(std::declval<L&>().parameters())>>;
+} && (keeps_activations<L, S> ||
+      requires(L& l, tensor_view<const float, S> in, tensor_view<const float, S> out, tensor_view<const float, S> gout,
+               tensor_view<float, S> wout, tensor_view<float, S> gin) {
+        l.forward(in, wout);
+        l.backward(in, out, gout, gin);
+      }) && parameter<std::ranges::range_value_t<decltype(std::declval<L&>().parameters())>>;
+
+// Activation recomputation (PyTorch's checkpoint, Megatron's full recompute granularity): a
+// selected layer that keeps activations drops them after its forward and runs its forward again,
+// with the same seed, just before its backward. Gradients are bit-identical either way; the
+// activation memory of a selected layer shrinks to its input and output (which the neighbouring
+// layers keep anyway), at the cost of a second forward. No communication is repeated: a runner
+// recomputes from parameters it holds for the backward anyway.
+struct recompute_options {
+  std::size_t every = 0;    // 0: none; 1: every layer; k: layers 0, k, 2k, ...
+  std::vector<bool> layers; // per layer, by index (overrides every when not empty)
+
+  [[nodiscard]] bool selects(std::size_t i) const noexcept {
+    if (!layers.empty()) return i < layers.size() && layers[i];
+    return every > 0 && i % every == 0;
+  }
+  [[nodiscard]] bool any() const noexcept { return every > 0 || std::ranges::find(layers, true) != layers.end(); }
+};
 
 namespace detail::layers {
 
@@ -7584,6 +7632,49 @@ using layer_t = std::remove_reference_t<decltype(layer_of(std::declval<std::rang
 template <class R>
 using layer_param_t = std::ranges::range_value_t<decltype(std::declval<layer_t<R>&>().parameters())>;
 
+// How runners call any layer: with the saved memory and seed where the layer keeps activations,
+// plainly where it does not (its saved size is then 0).
+template <class S, class L>
+[[nodiscard]] std::size_t saved_size(const L& l, const shape& in) {
+  if constexpr (keeps_activations<L, S>) {
+    return static_cast<std::size_t>(l.saved_size(in));
+  } else {
+    return 0;
+  }
+}
+template <class S, class L>
+void forward(L& l, tensor_view<const float, S> in, tensor_view<float, S> out, const layer_call<S>& c) {
+  if constexpr (keeps_activations<L, S>) {
+    l.forward(in, out, c);
+  } else {
+    l.forward(in, out);
+  }
+}
+template <class S, class L>
+void backward(L& l, tensor_view<const float, S> in, tensor_view<const float, S> out, const layer_call<S>& c,
+              tensor_view<const float, S> gout, tensor_view<float, S> gin) {
+  if constexpr (keeps_activations<L, S>) {
+    l.backward(in, out, c, gout, gin);
+  } else {
+    l.backward(in, out, gout, gin);
+  }
+}
+
+// A call's seed from the model's seed, the runner's step count, the micro-batch and the layer
+// index (splitmix64 rounds over each): distinct per call, the same when that call's forward is
+// recomputed.
+[[nodiscard]] constexpr std::uint64_t call_seed(std::uint64_t seed, std::uint64_t step, std::uint64_t micro,
+                                                std::uint64_t layer) noexcept {
+  std::uint64_t x = seed;
+  for (const std::uint64_t v : {step, micro, layer}) {
+    x += 0x9E3779B97F4A7C15ull + v;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    x ^= x >> 31;
+  }
+  return x;
+}
+
 template <class E, class S = host>
 concept layer_or_pointer_to_layer =
     layer<E, S> || (dereferenceable<E> && layer<std::remove_reference_t<decltype(*std::declval<E&>())>, S>);
@@ -7607,11 +7698,22 @@ consteval bool check_layer_sequence() {
   static_assert(requires(const L& l, const shape& s) {
     { l.output_shape(s) } -> std::convertible_to<shape>;
   }, "partrain: a layer needs `shape output_shape(const shape& in) const`");
-  static_assert(requires(L& l, tensor_view<const float, S> in, tensor_view<float, S> out) { l.forward(in, out); },
-                "partrain: a layer needs `void forward(tensor_view<const float> in, tensor_view<float> out)`");
-  static_assert(requires(L& l, tensor_view<const float, S> in, tensor_view<float, S> g) { l.backward(in, in, in, g); },
-                "partrain: a layer needs `void backward(tensor_view<const float> in, tensor_view<const float> "
-                "out, tensor_view<const float> grad_out, tensor_view<float> grad_in)`");
+  if constexpr (requires(const L& l, const shape& s) { l.saved_size(s); }) {
+    static_assert(requires(L& l, tensor_view<const float, S> in, tensor_view<float, S> out, const layer_call<S>& c) {
+      l.forward(in, out, c);
+    }, "partrain: a layer with `saved_size` needs `void forward(tensor_view<const float> in, tensor_view<float> out, "
+       "const layer_call<>& call)`");
+    static_assert(requires(L& l, tensor_view<const float, S> in, tensor_view<float, S> g, const layer_call<S>& c) {
+      l.backward(in, in, c, in, g);
+    }, "partrain: a layer with `saved_size` needs `void backward(tensor_view<const float> in, tensor_view<const float> "
+       "out, const layer_call<>& call, tensor_view<const float> grad_out, tensor_view<float> grad_in)`");
+  } else {
+    static_assert(requires(L& l, tensor_view<const float, S> in, tensor_view<float, S> out) { l.forward(in, out); },
+                  "partrain: a layer needs `void forward(tensor_view<const float> in, tensor_view<float> out)`");
+    static_assert(requires(L& l, tensor_view<const float, S> in, tensor_view<float, S> g) { l.backward(in, in, in, g); },
+                  "partrain: a layer needs `void backward(tensor_view<const float> in, tensor_view<const float> "
+                  "out, tensor_view<const float> grad_out, tensor_view<float> grad_in)`");
+  }
   static_assert(requires(L& l) {
     { l.parameters() } -> std::ranges::forward_range;
   }, "partrain: a layer needs `parameters()` returning a forward range (empty for a layer without weights)");
@@ -7677,11 +7779,14 @@ struct parameter_ref {
 //   pipeline_stage stage(model, group, {.micro_batches = 4});
 //
 // Host layers (float tensors in host memory). The activations of the last step are kept in
-// buffers reused from step to step (grown when a batch needs more).
+// buffers reused from step to step (grown when a batch needs more). Layers that keep activations
+// (saved_size) get theirs from here too, or recompute them in backward (set_recompute); fully
+// sharded data parallel and the pipeline take the setting with the layers.
 
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <memory>
 #include <ranges>
@@ -7778,12 +7883,14 @@ class sequential {
   }
   sequential(const sequential& o)
     requires detail::layers::copyable_values<Layers> && std::copy_constructible<Loss>
-      : layers_(o.layers_), loss_(o.loss_), loss_scale_(o.loss_scale_), training_(o.training_) {
+      : layers_(o.layers_), loss_(o.loss_), loss_scale_(o.loss_scale_), training_(o.training_),
+        recompute_(o.recompute_), seed_(o.seed_) {
     index_parameters();
   }
   // Not noexcept: the parameter index is rebuilt for the moved layers (an allocation).
   sequential(sequential&& o)
-      : layers_(std::move(o.layers_)), loss_(std::move(o.loss_)), loss_scale_(o.loss_scale_), training_(o.training_) {
+      : layers_(std::move(o.layers_)), loss_(std::move(o.loss_)), loss_scale_(o.loss_scale_), training_(o.training_),
+        recompute_(std::move(o.recompute_)), seed_(o.seed_) {
     index_parameters();
   }
   sequential& operator=(const sequential&) = delete;
@@ -7851,6 +7958,21 @@ class sequential {
   void eval() { train(false); }
   [[nodiscard]] bool training() const noexcept { return training_; }
 
+  // Activation recomputation for the layers `r` selects (see recompute_options), under every mode
+  // that runs these layers.
+  void set_recompute(recompute_options r) {
+    if (!r.layers.empty() && r.layers.size() != size()) {
+      throw invalid_argument_error("sequential::set_recompute: " + std::to_string(r.layers.size()) +
+                                   " per-layer flags for " + std::to_string(size()) + " layers (expected one per layer)");
+    }
+    recompute_ = std::move(r);
+  }
+  [[nodiscard]] const recompute_options& recompute() const noexcept { return recompute_; }
+
+  // The seed layers' random draws (dropout) start from; each step's calls get their own seeds.
+  void set_seed(std::uint64_t s) noexcept { seed_ = s; }
+  [[nodiscard]] std::uint64_t seed() const noexcept { return seed_; }
+
   // Mixed precision (amp_step with a grad scaler): the loss's gradient is multiplied by s.
   void set_loss_scale(float s) {
     if (!(s > 0) || !(s < std::numeric_limits<float>::infinity())) {
@@ -7871,14 +7993,19 @@ class sequential {
     }
     sequential copy(detail::layers::copy_sequence(layers_), loss_);
     copy.loss_scale_ = loss_scale_;
+    copy.recompute_ = recompute_;
+    copy.seed_ = seed_;
     copy.train(training_);
     return copy;
   }
 
-  // The bytes the last step's activations and gradients occupy (kept for reuse by the next).
+  // The bytes the activations and their gradients occupy at the most (kept for reuse from step to
+  // step): layer outputs, saved activations, the recomputation's scratch.
   [[nodiscard]] std::size_t activation_bytes() const noexcept {
-    std::size_t n = grad_a_.capacity_bytes() + grad_b_.capacity_bytes();
+    std::size_t n = grad_a_.capacity_bytes() + grad_b_.capacity_bytes() + scratch_saved_.capacity_bytes() +
+                    scratch_out_.capacity_bytes();
     for (const auto& a : outs_) n += a.capacity_bytes();
+    for (const auto& a : saved_) n += a.capacity_bytes();
     return n;
   }
 
@@ -7915,15 +8042,24 @@ class sequential {
     }
     first_param_.push_back(refs_.size());
     outs_.resize(size());
+    saved_.resize(size());
   }
 
-  // Runs every layer forward into outs_; returns the last output.
+  // Whether layer i's saved activations are dropped after forward (and recomputed in backward).
+  [[nodiscard]] bool recomputed(std::size_t i) const noexcept { return training_ && recompute_.selects(i); }
+  [[nodiscard]] layer_call<> call(std::size_t i, std::size_t floats) {
+    auto& mem = recomputed(i) || !training_ ? scratch_saved_ : saved_[i];
+    return {mem.reshape(shape{floats}), detail::layers::call_seed(seed_, steps_, 0, i)};
+  }
+
+  // Runs every layer forward into outs_; returns the last output. Saved activations go to saved_
+  // (training, kept) or the scratch (evaluation, or a recomputed layer).
   tensor_view<const float> forward(tensor_view<const float> x) {
     tensor_view<const float> cur = x;
     for (std::size_t i = 0; i < size(); ++i) {
       auto& l = layer(i);
       const tensor_view<float> out = outs_[i].reshape(l.output_shape(cur.shape()));
-      l.forward(cur, out);
+      detail::layers::forward<host>(l, cur, out, call(i, detail::layers::saved_size<host>(l, cur.shape())));
       cur = out;
     }
     return cur;
@@ -7942,13 +8078,19 @@ class sequential {
     for (std::size_t j = size(); j-- > 0;) {
       const tensor_view<const float> in = j == 0 ? x : outs_[j - 1].cview();
       const tensor_view<float> gin = gin_mem->reshape(in.shape());
-      layer(j).backward(in, outs_[j].cview(), g, gin);
+      auto& l = layer(j);
+      const std::size_t floats = detail::layers::saved_size<host>(l, in.shape());
+      // The forward's call (memory, seed): a recomputed forward writes the same activations.
+      const layer_call<> c = call(j, floats);
+      if (recomputed(j) && floats > 0) detail::layers::forward<host>(l, in, scratch_out_.reshape(outs_[j].view().shape()), c);
+      detail::layers::backward<host>(l, in, outs_[j].cview(), c, g, gin);
       if (ready) {
         for (std::size_t k = first_param_[j + 1]; k-- > first_param_[j];) (*ready)(k);
       }
       g = gin;
       gin_mem = gin_mem == &grad_b_ ? &grad_a_ : &grad_b_;
     }
+    ++steps_;
     return sum / static_cast<double>(n);
   }
 
@@ -7958,7 +8100,12 @@ class sequential {
   bool training_ = true;
   std::vector<parameter_ref<param_type>> refs_;
   std::vector<std::size_t> first_param_;  // per layer, the index of its first parameter (+ the end)
+  recompute_options recompute_;
+  std::uint64_t seed_ = 0;
+  std::uint64_t steps_ = 0;  // train steps taken: each step's layer calls draw from their own seeds
   std::vector<detail::layers::activation> outs_;
+  std::vector<detail::layers::activation> saved_;  // per layer, what forward kept for backward
+  detail::layers::activation scratch_saved_, scratch_out_;  // evaluation's and recomputation's
   detail::layers::activation grad_a_, grad_b_;
 };
 
@@ -16916,6 +17063,7 @@ struct fsdp_memory {
   std::size_t unsharded_parameter_bytes = 0;  // the whole model: what a DDP (or ZeRO-1/2) replica holds
   std::size_t gradient_bytes = 0;             // now: the gradient chunks (+ whole gradients kept by no_sync)
   std::size_t peak_gradient_bytes = 0;        // + whole layer gradients until their reduce_scatter is done
+  std::size_t peak_activation_bytes = 0;      // layer outputs, saved activations and their gradients in a step
   std::size_t optimizer_state_bytes = 0;      // this rank's chunks of momentum / Adam moments
   std::size_t shard_elements = 0;             // this rank's real elements over every layer
   std::size_t padding_elements = 0;           // sum over layers of n*L - N: sent, never stored in a parameter
@@ -16965,7 +17113,10 @@ class fully_sharded_data_parallel {
   // use while this object holds the parameters; its parameters() see them where they are.
   fully_sharded_data_parallel(sequential<Layers, Loss>& model, C& comm, shard_optimizer_options optimizer,
                               fsdp_options o = {})
-      : fully_sharded_data_parallel(model.layers(), comm, model.loss(), std::move(optimizer), o) {}
+      : fully_sharded_data_parallel(model.layers(), comm, model.loss(), std::move(optimizer), o) {
+    recompute_ = model.recompute();
+    seed_ = model.seed();
+  }
   fully_sharded_data_parallel(const fully_sharded_data_parallel&) = delete;
   fully_sharded_data_parallel& operator=(const fully_sharded_data_parallel&) = delete;
   // The backend may still be reading or writing our buffers: wait for it before they go.
@@ -17181,6 +17332,7 @@ class fully_sharded_data_parallel {
     m.unsharded_parameter_bytes = unsharded_ * sizeof(float);
     m.gradient_bytes = grad_meter_.now;
     m.peak_gradient_bytes = grad_meter_.peak;
+    m.peak_activation_bytes = act_meter_.peak;
     m.optimizer_state_bytes = optimizer_->state_bytes();
     for (const auto& u : units_) {
       m.shard_elements += u.mine.size();
@@ -17191,6 +17343,7 @@ class fully_sharded_data_parallel {
   void reset_peak_memory() noexcept {
     param_meter_.reset_peak();
     grad_meter_.reset_peak();
+    act_meter_.reset_peak();
   }
 
   [[nodiscard]] std::string optimizer_kind() const { return optimizer_->kind(); }
@@ -17490,33 +17643,74 @@ class fully_sharded_data_parallel {
     }
   }
 
+  // A layer's saved activations, counted (none allocated for a layer that keeps none).
+  [[nodiscard]] buffer activation_buffer(std::size_t floats) {
+    return floats ? buffer(act_meter_, floats, false, at_) : buffer();
+  }
+
   template <class Target>
   double forward_backward(tensor_view<const float, S> input, tensor_view<const Target, S> target, std::size_t rows,
                           bool sync) {
     const std::size_t n = std::ranges::size(*layers_);
     std::vector<tensor<float>> outs;
+    std::vector<buffer> saved(n);  // what each layer keeps for its backward (none where recomputed)
     outs.reserve(n);
+    const auto call = [&](std::size_t i) {
+      return layer_call<S>{tensor_view<float, S>(saved[i].data(), shape{saved[i].size()}),
+                           detail::layers::call_seed(seed_, calls_, 0, i)};
+    };
+    // Bytes of each output, and of the gradient in hand: they leave the meter however the step ends.
+    std::vector<std::size_t> out_bytes(n, 0);
+    std::size_t grad_bytes = 0;
+    struct uncount {
+      detail::fsdp::byte_meter& m;
+      std::vector<std::size_t>& outs;
+      std::size_t& grad;
+      ~uncount() {
+        for (const auto b : outs) m.sub(b);
+        m.sub(grad);
+      }
+    } guard{act_meter_, out_bytes, grad_bytes};
     tensor_view<const float, S> x = input;
     for (std::size_t i = 0; i < n; ++i) {
       const shape s = output_shape_of(i, x.shape());
       before_forward(i);
       outs.push_back(at_.template make_tensor<float>(s, compute_stream_));
-      layer(i).forward(x, outs.back().view());
+      out_bytes[i] = s.numel() * sizeof(float);
+      act_meter_.add(out_bytes[i]);
+      saved[i] = activation_buffer(detail::layers::saved_size<S>(layer(i), x.shape()));
+      detail::layers::forward<S>(layer(i), x, outs.back().view(), call(i));
+      if (recompute_.selects(i)) saved[i].release();
       after_forward(i, /*training=*/true);
       x = tensor_view<const float, S>(outs.back().view());
     }
     tensor<float> grad = at_.template make_tensor<float>(x.shape(), compute_stream_);
+    grad_bytes = x.size() * sizeof(float);
+    act_meter_.add(grad_bytes);
     const double sum = loss_.forward_backward(x, target, grad.view(), loss_scale_ / static_cast<float>(rows));
     const float divisor = gradient_divisor();
     for (std::size_t j = n; j-- > 0;) {
       const tensor_view<const float, S> in = j == 0 ? input : tensor_view<const float, S>(outs[j - 1].view());
       before_backward(j);
+      const std::size_t floats = detail::layers::saved_size<S>(layer(j), in.shape());
+      if (floats > 0 && recompute_.selects(j)) {
+        // The layer's parameters are gathered for its backward anyway: recomputing sends nothing.
+        saved[j] = activation_buffer(floats);
+        tensor<float> again = at_.template make_tensor<float>(outs[j].view().shape(), compute_stream_);
+        detail::layers::forward<S>(layer(j), in, again.view(), call(j));
+      }
       tensor<float> gin = at_.template make_tensor<float>(in.shape(), compute_stream_);
-      layer(j).backward(in, tensor_view<const float, S>(outs[j].view()), tensor_view<const float, S>(grad.view()), gin.view());
+      act_meter_.add(in.size() * sizeof(float));
+      detail::layers::backward<S>(layer(j), in, tensor_view<const float, S>(outs[j].view()), call(j),
+                                  tensor_view<const float, S>(grad.view()), gin.view());
       after_backward(j, sync, divisor);
       grad = std::move(gin);
+      act_meter_.sub(std::exchange(grad_bytes, in.size() * sizeof(float)));
+      saved[j].release();
       outs[j] = tensor<float>();  // this activation is done with
+      act_meter_.sub(std::exchange(out_bytes[j], 0));
     }
+    ++calls_;
     return sum;
   }
   // A joined rank's part in the others' step: the same all_gathers and reduce_scatters in the
@@ -17581,7 +17775,9 @@ class fully_sharded_data_parallel {
       before_forward(i);
       if (input) {
         tensor<float> y = at_.template make_tensor<float>(s, compute_stream_);
-        layer(i).forward(x, y.view());
+        buffer kept = activation_buffer(detail::layers::saved_size<S>(layer(i), x.shape()));
+        detail::layers::forward<S>(layer(i), x, y.view(),
+                                   layer_call<S>{tensor_view<float, S>(kept.data(), shape{kept.size()}), 0});
         cur = std::move(y);
         x = tensor_view<const float, S>(cur.view());
       }
@@ -17816,7 +18012,10 @@ class fully_sharded_data_parallel {
   std::vector<unit> units_;
   std::vector<std::ptrdiff_t> unit_of_;  // per layer: its unit, or -1 (no parameters)
   std::size_t unsharded_ = 0;            // the model's parameter elements
-  detail::fsdp::byte_meter param_meter_, grad_meter_;
+  detail::fsdp::byte_meter param_meter_, grad_meter_, act_meter_;
+  recompute_options recompute_;  // the sequential model's, when made from one
+  std::uint64_t seed_ = 0;
+  std::uint64_t calls_ = 0;  // forward_backward calls: each draws from its own seeds
   buffer values_;  // this rank's chunk of every unit, chunk() elements each (padding zero)
   buffer grads_;   // their reduced gradients
   std::optional<detail::zero::shard_optimizer<float, S>> optimizer_;
@@ -18389,12 +18588,14 @@ template <class Layers>
     host_buffer<float> gy(y.shape());
     std::fill(gy.begin(), gy.end(), 1.0f / static_cast<float>(std::max<std::size_t>(1, gy.size())));
     host_buffer<float> gx(in.shape());
+    host_buffer<float> kept(shape{detail::layers::saved_size<host>(l, in.shape())});
+    const layer_call<> call{kept.view(), 0};
     double best = std::numeric_limits<double>::infinity();
     for (int r = 0; r < repeats; ++r) {
       const auto t0 = std::chrono::steady_clock::now();
-      l.forward(tensor_view<const float>(in.view()), y.view());
-      l.backward(tensor_view<const float>(in.view()), tensor_view<const float>(y.view()),
-                 tensor_view<const float>(gy.view()), gx.view());
+      detail::layers::forward<host>(l, tensor_view<const float>(in.view()), y.view(), call);
+      detail::layers::backward<host>(l, tensor_view<const float>(in.view()), tensor_view<const float>(y.view()), call,
+                                     tensor_view<const float>(gy.view()), gx.view());
       best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     std::size_t i = 0;
@@ -18869,7 +19070,10 @@ class pipeline_stage {
   // A sequential model: its layers cut into stages (its loss goes to train_step or pipeline_policy).
   template <class Loss>
   pipeline_stage(sequential<Layers, Loss>& model, process_group& pp, pipeline_options opts = {})
-      : pipeline_stage(model.layers(), pp, std::move(opts)) {}
+      : pipeline_stage(model.layers(), pp, std::move(opts)) {
+    recompute_ = model.recompute();
+    seed_ = model.seed();
+  }
 
   pipeline_stage(const pipeline_stage&) = delete;
   pipeline_stage& operator=(const pipeline_stage&) = delete;
@@ -18957,7 +19161,7 @@ class pipeline_stage {
       auto& st = state(a);
       if (a.op == pipeline_op::forward) {
         receive_input(st, input, rows, g, a.micro_batch);
-        run_forward(st, g, /*keep=*/true);
+        run_forward(st, g, a.micro_batch, /*keep=*/true);
         if (g == last_global()) {
           const auto& out = st.outputs.back();
           st.loss_grad = host_buffer<float>(out.shape());
@@ -18979,6 +19183,7 @@ class pipeline_stage {
     wait_all(dp_works);
     states_.clear();
     const double mean = share_from_last(rows.total ? loss_sum / static_cast<double>(rows.total) : 0.0);
+    ++steps_;
     stats_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return mean;
   }
@@ -18998,7 +19203,7 @@ class pipeline_stage {
         const int g = schedule_.global_stage(stage(), c);
         mb_state st;
         receive_input(st, input, rows, g, i);
-        run_forward(st, g, /*keep=*/false);
+        run_forward(st, g, i, /*keep=*/false);
         if (g == last_global()) {
           res += loss.evaluate(tensor_view<const float>(st.outputs.back().view()), target_rows(target, rows, i));
         } else {
@@ -19019,6 +19224,7 @@ class pipeline_stage {
     tensor_view<const float> input;   // the stage's input (user memory on stage 0)
     host_buffer<float> received;      // owns input when it came from the previous stage
     std::vector<host_buffer<float>> outputs;  // one per layer of the chunk
+    std::vector<host_buffer<float>> saved;    // per layer of the chunk: kept activations (empty: recomputed)
     host_buffer<float> loss_grad;     // last stage: d loss / d output
     std::size_t bytes = 0;
   };
@@ -19117,17 +19323,29 @@ class pipeline_stage {
     add_live(st.received.size_bytes());
   }
 
-  void run_forward(mb_state& st, int g, bool keep) {
+  // Layer i's call for micro-batch mb: its saved memory and its seed (the same when recomputed).
+  [[nodiscard]] layer_call<> call(host_buffer<float>& saved, std::size_t i, int mb) const {
+    return {saved.view(), detail::layers::call_seed(seed_, steps_, static_cast<std::uint64_t>(mb), i)};
+  }
+
+  // keep (training): the outputs and the saved activations of layers not recomputed stay until
+  // the backward; eval drops each as soon as the next layer has read it.
+  void run_forward(mb_state& st, int g, int mb, bool keep) {
     tensor_view<const float> x = st.input;
     for (std::size_t i = layout_.first(g); i < layout_.last(g); ++i) {
       auto& l = layer(i);
       host_buffer<float> y(l.output_shape(x.shape()));
-      l.forward(x, y.view());
+      host_buffer<float> saved(shape{detail::layers::saved_size<host>(l, x.shape())});
+      detail::layers::forward<host>(l, x, y.view(), call(saved, i, mb));
+      add_live(saved.size_bytes());  // held during the call at least
+      live_bytes_ -= saved.size_bytes();
       st.outputs.push_back(std::move(y));
       x = tensor_view<const float>(st.outputs.back().view());
       if (keep) {
-        st.bytes += st.outputs.back().size_bytes();
-        add_live(st.outputs.back().size_bytes());
+        const bool drop = recompute_.selects(i);
+        st.bytes += st.outputs.back().size_bytes() + (drop ? 0 : saved.size_bytes());
+        add_live(st.outputs.back().size_bytes() + (drop ? 0 : saved.size_bytes()));
+        st.saved.push_back(drop ? host_buffer<float>() : std::move(saved));
       } else if (st.outputs.size() > 1) {
         st.outputs.erase(st.outputs.begin());  // eval: only the newest output is needed
       }
@@ -19151,8 +19369,25 @@ class pipeline_stage {
     for (std::size_t j = n; j-- > 0;) {
       auto& l = layer(layout_.first(g) + j);
       const tensor_view<const float> in = j == 0 ? st.input : tensor_view<const float>(st.outputs[j - 1].view());
+      const std::size_t i = layout_.first(g) + j;
+      const std::size_t floats = detail::layers::saved_size<host>(l, in.shape());
+      host_buffer<float>& saved = st.saved[j];
+      const bool again = floats > 0 && recompute_.selects(i);
+      if (again) {
+        // The forward again with the original call's seed: the same activations, no communication.
+        saved = host_buffer<float>(shape{floats});
+        host_buffer<float> y(st.outputs[j].shape());
+        add_live(saved.size_bytes() + y.size_bytes());
+        detail::layers::forward<host>(l, in, y.view(), call(saved, i, mb));
+        live_bytes_ -= y.size_bytes();
+      }
       host_buffer<float> gin(in.shape());
-      l.backward(in, tensor_view<const float>(st.outputs[j].view()), tensor_view<const float>(grad.view()), gin.view());
+      detail::layers::backward<host>(l, in, tensor_view<const float>(st.outputs[j].view()), call(saved, i, mb),
+                                     tensor_view<const float>(grad.view()), gin.view());
+      if (again) {
+        live_bytes_ -= saved.size_bytes();
+        saved = host_buffer<float>();
+      }
       grad = std::move(gin);
     }
     if (g > 0) send(grad, prev_rank(g), tag(1, g, mb));
@@ -19261,6 +19496,9 @@ class pipeline_stage {
   std::list<pending_send> sends_;
   int in_flight_ = 0;
   std::size_t live_bytes_ = 0;
+  recompute_options recompute_;  // the sequential model's, when the stage was made from one
+  std::uint64_t seed_ = 0;
+  std::uint64_t steps_ = 0;
   pipeline_step_stats stats_;
 };
 

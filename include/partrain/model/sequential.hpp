@@ -11,12 +11,15 @@
 //   pipeline_stage stage(model, group, {.micro_batches = 4});
 //
 // Host layers (float tensors in host memory). The activations of the last step are kept in
-// buffers reused from step to step (grown when a batch needs more).
+// buffers reused from step to step (grown when a batch needs more). Layers that keep activations
+// (saved_size) get theirs from here too, or recompute them in backward (set_recompute); fully
+// sharded data parallel and the pipeline take the setting with the layers.
 #pragma once
 
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <memory>
 #include <ranges>
@@ -113,12 +116,14 @@ class sequential {
   }
   sequential(const sequential& o)
     requires detail::layers::copyable_values<Layers> && std::copy_constructible<Loss>
-      : layers_(o.layers_), loss_(o.loss_), loss_scale_(o.loss_scale_), training_(o.training_) {
+      : layers_(o.layers_), loss_(o.loss_), loss_scale_(o.loss_scale_), training_(o.training_),
+        recompute_(o.recompute_), seed_(o.seed_) {
     index_parameters();
   }
   // Not noexcept: the parameter index is rebuilt for the moved layers (an allocation).
   sequential(sequential&& o)
-      : layers_(std::move(o.layers_)), loss_(std::move(o.loss_)), loss_scale_(o.loss_scale_), training_(o.training_) {
+      : layers_(std::move(o.layers_)), loss_(std::move(o.loss_)), loss_scale_(o.loss_scale_), training_(o.training_),
+        recompute_(std::move(o.recompute_)), seed_(o.seed_) {
     index_parameters();
   }
   sequential& operator=(const sequential&) = delete;
@@ -186,6 +191,21 @@ class sequential {
   void eval() { train(false); }
   [[nodiscard]] bool training() const noexcept { return training_; }
 
+  // Activation recomputation for the layers `r` selects (see recompute_options), under every mode
+  // that runs these layers.
+  void set_recompute(recompute_options r) {
+    if (!r.layers.empty() && r.layers.size() != size()) {
+      throw invalid_argument_error("sequential::set_recompute: " + std::to_string(r.layers.size()) +
+                                   " per-layer flags for " + std::to_string(size()) + " layers (expected one per layer)");
+    }
+    recompute_ = std::move(r);
+  }
+  [[nodiscard]] const recompute_options& recompute() const noexcept { return recompute_; }
+
+  // The seed layers' random draws (dropout) start from; each step's calls get their own seeds.
+  void set_seed(std::uint64_t s) noexcept { seed_ = s; }
+  [[nodiscard]] std::uint64_t seed() const noexcept { return seed_; }
+
   // Mixed precision (amp_step with a grad scaler): the loss's gradient is multiplied by s.
   void set_loss_scale(float s) {
     if (!(s > 0) || !(s < std::numeric_limits<float>::infinity())) {
@@ -206,14 +226,19 @@ class sequential {
     }
     sequential copy(detail::layers::copy_sequence(layers_), loss_);
     copy.loss_scale_ = loss_scale_;
+    copy.recompute_ = recompute_;
+    copy.seed_ = seed_;
     copy.train(training_);
     return copy;
   }
 
-  // The bytes the last step's activations and gradients occupy (kept for reuse by the next).
+  // The bytes the activations and their gradients occupy at the most (kept for reuse from step to
+  // step): layer outputs, saved activations, the recomputation's scratch.
   [[nodiscard]] std::size_t activation_bytes() const noexcept {
-    std::size_t n = grad_a_.capacity_bytes() + grad_b_.capacity_bytes();
+    std::size_t n = grad_a_.capacity_bytes() + grad_b_.capacity_bytes() + scratch_saved_.capacity_bytes() +
+                    scratch_out_.capacity_bytes();
     for (const auto& a : outs_) n += a.capacity_bytes();
+    for (const auto& a : saved_) n += a.capacity_bytes();
     return n;
   }
 
@@ -250,15 +275,24 @@ class sequential {
     }
     first_param_.push_back(refs_.size());
     outs_.resize(size());
+    saved_.resize(size());
   }
 
-  // Runs every layer forward into outs_; returns the last output.
+  // Whether layer i's saved activations are dropped after forward (and recomputed in backward).
+  [[nodiscard]] bool recomputed(std::size_t i) const noexcept { return training_ && recompute_.selects(i); }
+  [[nodiscard]] layer_call<> call(std::size_t i, std::size_t floats) {
+    auto& mem = recomputed(i) || !training_ ? scratch_saved_ : saved_[i];
+    return {mem.reshape(shape{floats}), detail::layers::call_seed(seed_, steps_, 0, i)};
+  }
+
+  // Runs every layer forward into outs_; returns the last output. Saved activations go to saved_
+  // (training, kept) or the scratch (evaluation, or a recomputed layer).
   tensor_view<const float> forward(tensor_view<const float> x) {
     tensor_view<const float> cur = x;
     for (std::size_t i = 0; i < size(); ++i) {
       auto& l = layer(i);
       const tensor_view<float> out = outs_[i].reshape(l.output_shape(cur.shape()));
-      l.forward(cur, out);
+      detail::layers::forward<host>(l, cur, out, call(i, detail::layers::saved_size<host>(l, cur.shape())));
       cur = out;
     }
     return cur;
@@ -277,13 +311,19 @@ class sequential {
     for (std::size_t j = size(); j-- > 0;) {
       const tensor_view<const float> in = j == 0 ? x : outs_[j - 1].cview();
       const tensor_view<float> gin = gin_mem->reshape(in.shape());
-      layer(j).backward(in, outs_[j].cview(), g, gin);
+      auto& l = layer(j);
+      const std::size_t floats = detail::layers::saved_size<host>(l, in.shape());
+      // The forward's call (memory, seed): a recomputed forward writes the same activations.
+      const layer_call<> c = call(j, floats);
+      if (recomputed(j) && floats > 0) detail::layers::forward<host>(l, in, scratch_out_.reshape(outs_[j].view().shape()), c);
+      detail::layers::backward<host>(l, in, outs_[j].cview(), c, g, gin);
       if (ready) {
         for (std::size_t k = first_param_[j + 1]; k-- > first_param_[j];) (*ready)(k);
       }
       g = gin;
       gin_mem = gin_mem == &grad_b_ ? &grad_a_ : &grad_b_;
     }
+    ++steps_;
     return sum / static_cast<double>(n);
   }
 
@@ -293,7 +333,12 @@ class sequential {
   bool training_ = true;
   std::vector<parameter_ref<param_type>> refs_;
   std::vector<std::size_t> first_param_;  // per layer, the index of its first parameter (+ the end)
+  recompute_options recompute_;
+  std::uint64_t seed_ = 0;
+  std::uint64_t steps_ = 0;  // train steps taken: each step's layer calls draw from their own seeds
   std::vector<detail::layers::activation> outs_;
+  std::vector<detail::layers::activation> saved_;  // per layer, what forward kept for backward
+  detail::layers::activation scratch_saved_, scratch_out_;  // evaluation's and recomputation's
   detail::layers::activation grad_a_, grad_b_;
 };
 

@@ -172,6 +172,7 @@ struct fsdp_memory {
   std::size_t unsharded_parameter_bytes = 0;  // the whole model: what a DDP (or ZeRO-1/2) replica holds
   std::size_t gradient_bytes = 0;             // now: the gradient chunks (+ whole gradients kept by no_sync)
   std::size_t peak_gradient_bytes = 0;        // + whole layer gradients until their reduce_scatter is done
+  std::size_t peak_activation_bytes = 0;      // layer outputs, saved activations and their gradients in a step
   std::size_t optimizer_state_bytes = 0;      // this rank's chunks of momentum / Adam moments
   std::size_t shard_elements = 0;             // this rank's real elements over every layer
   std::size_t padding_elements = 0;           // sum over layers of n*L - N: sent, never stored in a parameter
@@ -221,7 +222,10 @@ class fully_sharded_data_parallel {
   // use while this object holds the parameters; its parameters() see them where they are.
   fully_sharded_data_parallel(sequential<Layers, Loss>& model, C& comm, shard_optimizer_options optimizer,
                               fsdp_options o = {})
-      : fully_sharded_data_parallel(model.layers(), comm, model.loss(), std::move(optimizer), o) {}
+      : fully_sharded_data_parallel(model.layers(), comm, model.loss(), std::move(optimizer), o) {
+    recompute_ = model.recompute();
+    seed_ = model.seed();
+  }
   fully_sharded_data_parallel(const fully_sharded_data_parallel&) = delete;
   fully_sharded_data_parallel& operator=(const fully_sharded_data_parallel&) = delete;
   // The backend may still be reading or writing our buffers: wait for it before they go.
@@ -437,6 +441,7 @@ class fully_sharded_data_parallel {
     m.unsharded_parameter_bytes = unsharded_ * sizeof(float);
     m.gradient_bytes = grad_meter_.now;
     m.peak_gradient_bytes = grad_meter_.peak;
+    m.peak_activation_bytes = act_meter_.peak;
     m.optimizer_state_bytes = optimizer_->state_bytes();
     for (const auto& u : units_) {
       m.shard_elements += u.mine.size();
@@ -447,6 +452,7 @@ class fully_sharded_data_parallel {
   void reset_peak_memory() noexcept {
     param_meter_.reset_peak();
     grad_meter_.reset_peak();
+    act_meter_.reset_peak();
   }
 
   [[nodiscard]] std::string optimizer_kind() const { return optimizer_->kind(); }
@@ -746,33 +752,74 @@ class fully_sharded_data_parallel {
     }
   }
 
+  // A layer's saved activations, counted (none allocated for a layer that keeps none).
+  [[nodiscard]] buffer activation_buffer(std::size_t floats) {
+    return floats ? buffer(act_meter_, floats, false, at_) : buffer();
+  }
+
   template <class Target>
   double forward_backward(tensor_view<const float, S> input, tensor_view<const Target, S> target, std::size_t rows,
                           bool sync) {
     const std::size_t n = std::ranges::size(*layers_);
     std::vector<tensor<float>> outs;
+    std::vector<buffer> saved(n);  // what each layer keeps for its backward (none where recomputed)
     outs.reserve(n);
+    const auto call = [&](std::size_t i) {
+      return layer_call<S>{tensor_view<float, S>(saved[i].data(), shape{saved[i].size()}),
+                           detail::layers::call_seed(seed_, calls_, 0, i)};
+    };
+    // Bytes of each output, and of the gradient in hand: they leave the meter however the step ends.
+    std::vector<std::size_t> out_bytes(n, 0);
+    std::size_t grad_bytes = 0;
+    struct uncount {
+      detail::fsdp::byte_meter& m;
+      std::vector<std::size_t>& outs;
+      std::size_t& grad;
+      ~uncount() {
+        for (const auto b : outs) m.sub(b);
+        m.sub(grad);
+      }
+    } guard{act_meter_, out_bytes, grad_bytes};
     tensor_view<const float, S> x = input;
     for (std::size_t i = 0; i < n; ++i) {
       const shape s = output_shape_of(i, x.shape());
       before_forward(i);
       outs.push_back(at_.template make_tensor<float>(s, compute_stream_));
-      layer(i).forward(x, outs.back().view());
+      out_bytes[i] = s.numel() * sizeof(float);
+      act_meter_.add(out_bytes[i]);
+      saved[i] = activation_buffer(detail::layers::saved_size<S>(layer(i), x.shape()));
+      detail::layers::forward<S>(layer(i), x, outs.back().view(), call(i));
+      if (recompute_.selects(i)) saved[i].release();
       after_forward(i, /*training=*/true);
       x = tensor_view<const float, S>(outs.back().view());
     }
     tensor<float> grad = at_.template make_tensor<float>(x.shape(), compute_stream_);
+    grad_bytes = x.size() * sizeof(float);
+    act_meter_.add(grad_bytes);
     const double sum = loss_.forward_backward(x, target, grad.view(), loss_scale_ / static_cast<float>(rows));
     const float divisor = gradient_divisor();
     for (std::size_t j = n; j-- > 0;) {
       const tensor_view<const float, S> in = j == 0 ? input : tensor_view<const float, S>(outs[j - 1].view());
       before_backward(j);
+      const std::size_t floats = detail::layers::saved_size<S>(layer(j), in.shape());
+      if (floats > 0 && recompute_.selects(j)) {
+        // The layer's parameters are gathered for its backward anyway: recomputing sends nothing.
+        saved[j] = activation_buffer(floats);
+        tensor<float> again = at_.template make_tensor<float>(outs[j].view().shape(), compute_stream_);
+        detail::layers::forward<S>(layer(j), in, again.view(), call(j));
+      }
       tensor<float> gin = at_.template make_tensor<float>(in.shape(), compute_stream_);
-      layer(j).backward(in, tensor_view<const float, S>(outs[j].view()), tensor_view<const float, S>(grad.view()), gin.view());
+      act_meter_.add(in.size() * sizeof(float));
+      detail::layers::backward<S>(layer(j), in, tensor_view<const float, S>(outs[j].view()), call(j),
+                                  tensor_view<const float, S>(grad.view()), gin.view());
       after_backward(j, sync, divisor);
       grad = std::move(gin);
+      act_meter_.sub(std::exchange(grad_bytes, in.size() * sizeof(float)));
+      saved[j].release();
       outs[j] = tensor<float>();  // this activation is done with
+      act_meter_.sub(std::exchange(out_bytes[j], 0));
     }
+    ++calls_;
     return sum;
   }
   // A joined rank's part in the others' step: the same all_gathers and reduce_scatters in the
@@ -837,7 +884,9 @@ class fully_sharded_data_parallel {
       before_forward(i);
       if (input) {
         tensor<float> y = at_.template make_tensor<float>(s, compute_stream_);
-        layer(i).forward(x, y.view());
+        buffer kept = activation_buffer(detail::layers::saved_size<S>(layer(i), x.shape()));
+        detail::layers::forward<S>(layer(i), x, y.view(),
+                                   layer_call<S>{tensor_view<float, S>(kept.data(), shape{kept.size()}), 0});
         cur = std::move(y);
         x = tensor_view<const float, S>(cur.view());
       }
@@ -1072,7 +1121,10 @@ class fully_sharded_data_parallel {
   std::vector<unit> units_;
   std::vector<std::ptrdiff_t> unit_of_;  // per layer: its unit, or -1 (no parameters)
   std::size_t unsharded_ = 0;            // the model's parameter elements
-  detail::fsdp::byte_meter param_meter_, grad_meter_;
+  detail::fsdp::byte_meter param_meter_, grad_meter_, act_meter_;
+  recompute_options recompute_;  // the sequential model's, when made from one
+  std::uint64_t seed_ = 0;
+  std::uint64_t calls_ = 0;  // forward_backward calls: each draws from its own seeds
   buffer values_;  // this rank's chunk of every unit, chunk() elements each (padding zero)
   buffer grads_;   // their reduced gradients
   std::optional<detail::zero::shard_optimizer<float, S>> optimizer_;

@@ -115,7 +115,10 @@ class pipeline_stage {
   // A sequential model: its layers cut into stages (its loss goes to train_step or pipeline_policy).
   template <class Loss>
   pipeline_stage(sequential<Layers, Loss>& model, process_group& pp, pipeline_options opts = {})
-      : pipeline_stage(model.layers(), pp, std::move(opts)) {}
+      : pipeline_stage(model.layers(), pp, std::move(opts)) {
+    recompute_ = model.recompute();
+    seed_ = model.seed();
+  }
 
   pipeline_stage(const pipeline_stage&) = delete;
   pipeline_stage& operator=(const pipeline_stage&) = delete;
@@ -203,7 +206,7 @@ class pipeline_stage {
       auto& st = state(a);
       if (a.op == pipeline_op::forward) {
         receive_input(st, input, rows, g, a.micro_batch);
-        run_forward(st, g, /*keep=*/true);
+        run_forward(st, g, a.micro_batch, /*keep=*/true);
         if (g == last_global()) {
           const auto& out = st.outputs.back();
           st.loss_grad = host_buffer<float>(out.shape());
@@ -225,6 +228,7 @@ class pipeline_stage {
     wait_all(dp_works);
     states_.clear();
     const double mean = share_from_last(rows.total ? loss_sum / static_cast<double>(rows.total) : 0.0);
+    ++steps_;
     stats_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return mean;
   }
@@ -244,7 +248,7 @@ class pipeline_stage {
         const int g = schedule_.global_stage(stage(), c);
         mb_state st;
         receive_input(st, input, rows, g, i);
-        run_forward(st, g, /*keep=*/false);
+        run_forward(st, g, i, /*keep=*/false);
         if (g == last_global()) {
           res += loss.evaluate(tensor_view<const float>(st.outputs.back().view()), target_rows(target, rows, i));
         } else {
@@ -265,6 +269,7 @@ class pipeline_stage {
     tensor_view<const float> input;   // the stage's input (user memory on stage 0)
     host_buffer<float> received;      // owns input when it came from the previous stage
     std::vector<host_buffer<float>> outputs;  // one per layer of the chunk
+    std::vector<host_buffer<float>> saved;    // per layer of the chunk: kept activations (empty: recomputed)
     host_buffer<float> loss_grad;     // last stage: d loss / d output
     std::size_t bytes = 0;
   };
@@ -363,17 +368,29 @@ class pipeline_stage {
     add_live(st.received.size_bytes());
   }
 
-  void run_forward(mb_state& st, int g, bool keep) {
+  // Layer i's call for micro-batch mb: its saved memory and its seed (the same when recomputed).
+  [[nodiscard]] layer_call<> call(host_buffer<float>& saved, std::size_t i, int mb) const {
+    return {saved.view(), detail::layers::call_seed(seed_, steps_, static_cast<std::uint64_t>(mb), i)};
+  }
+
+  // keep (training): the outputs and the saved activations of layers not recomputed stay until
+  // the backward; eval drops each as soon as the next layer has read it.
+  void run_forward(mb_state& st, int g, int mb, bool keep) {
     tensor_view<const float> x = st.input;
     for (std::size_t i = layout_.first(g); i < layout_.last(g); ++i) {
       auto& l = layer(i);
       host_buffer<float> y(l.output_shape(x.shape()));
-      l.forward(x, y.view());
+      host_buffer<float> saved(shape{detail::layers::saved_size<host>(l, x.shape())});
+      detail::layers::forward<host>(l, x, y.view(), call(saved, i, mb));
+      add_live(saved.size_bytes());  // held during the call at least
+      live_bytes_ -= saved.size_bytes();
       st.outputs.push_back(std::move(y));
       x = tensor_view<const float>(st.outputs.back().view());
       if (keep) {
-        st.bytes += st.outputs.back().size_bytes();
-        add_live(st.outputs.back().size_bytes());
+        const bool drop = recompute_.selects(i);
+        st.bytes += st.outputs.back().size_bytes() + (drop ? 0 : saved.size_bytes());
+        add_live(st.outputs.back().size_bytes() + (drop ? 0 : saved.size_bytes()));
+        st.saved.push_back(drop ? host_buffer<float>() : std::move(saved));
       } else if (st.outputs.size() > 1) {
         st.outputs.erase(st.outputs.begin());  // eval: only the newest output is needed
       }
@@ -397,8 +414,25 @@ class pipeline_stage {
     for (std::size_t j = n; j-- > 0;) {
       auto& l = layer(layout_.first(g) + j);
       const tensor_view<const float> in = j == 0 ? st.input : tensor_view<const float>(st.outputs[j - 1].view());
+      const std::size_t i = layout_.first(g) + j;
+      const std::size_t floats = detail::layers::saved_size<host>(l, in.shape());
+      host_buffer<float>& saved = st.saved[j];
+      const bool again = floats > 0 && recompute_.selects(i);
+      if (again) {
+        // The forward again with the original call's seed: the same activations, no communication.
+        saved = host_buffer<float>(shape{floats});
+        host_buffer<float> y(st.outputs[j].shape());
+        add_live(saved.size_bytes() + y.size_bytes());
+        detail::layers::forward<host>(l, in, y.view(), call(saved, i, mb));
+        live_bytes_ -= y.size_bytes();
+      }
       host_buffer<float> gin(in.shape());
-      l.backward(in, tensor_view<const float>(st.outputs[j].view()), tensor_view<const float>(grad.view()), gin.view());
+      detail::layers::backward<host>(l, in, tensor_view<const float>(st.outputs[j].view()), call(saved, i, mb),
+                                     tensor_view<const float>(grad.view()), gin.view());
+      if (again) {
+        live_bytes_ -= saved.size_bytes();
+        saved = host_buffer<float>();
+      }
       grad = std::move(gin);
     }
     if (g > 0) send(grad, prev_rank(g), tag(1, g, mb));
@@ -507,6 +541,9 @@ class pipeline_stage {
   std::list<pending_send> sends_;
   int in_flight_ = 0;
   std::size_t live_bytes_ = 0;
+  recompute_options recompute_;  // the sequential model's, when the stage was made from one
+  std::uint64_t seed_ = 0;
+  std::uint64_t steps_ = 0;
   pipeline_step_stats stats_;
 };
 
