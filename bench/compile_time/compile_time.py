@@ -5,7 +5,9 @@
   (b) examples/ddp (the facade, Gloo when found),
   (c) the Fashion-MNIST example, every mode in one file,
 
-at -fsyntax-only, -O0 and -O2, each the median of --repeats runs taken in turns, then the
+at -fsyntax-only, -O0 and -O2, header-only and in the compiled mode (-DPARTRAIN_COMPILED=1: the
+CMake option PARTRAIN_COMPILED, whose library src/compiled.cpp is compiled once, its own row),
+each the median of --repeats runs taken in turns, then the
 partrain headers that cost most on their own (-fsyntax-only of a file including just that header,
 less the same for an empty file). Prints a table, then `summary: facade_syntax_s=... ddp_example_o2_s=...`.
 
@@ -75,6 +77,10 @@ def main():
         cases.append(("fashion_mnist (every mode)",
                       base + gloo + ["-I", os.path.join(ROOT, "models"), "-I", os.path.join(ROOT, "examples/fashion_mnist"),
                                      "-I", blas, os.path.join(ROOT, "examples/fashion_mnist/main.cpp")]))
+    compiled = ["-DPARTRAIN_COMPILED=1"]
+    cases += [(name + " (compiled mode)", compiled + args) for name, args in cases]
+    cases.append(("the compiled mode's library (once)",
+                  base + gloo + compiled + [os.path.join(ROOT, "src/compiled.cpp")]))
     levels = [("syntax", ["-fsyntax-only"]), ("-O0", ["-O0", "-c", "-o", os.devnull]), ("-O2", ["-O2", "-c", "-o", os.devnull])]
 
     runs = {}
@@ -122,7 +128,11 @@ def main():
     m = lambda name, level: statistics.median(w for w, _ in runs[(name, level)])
     summary = [f"facade_syntax_s={m('facade', 'syntax'):.2f}", f"facade_o0_s={m('facade', '-O0'):.2f}",
                f"ddp_example_o2_s={m('examples/ddp', '-O2'):.2f}", f"ddp_example_o0_s={m('examples/ddp', '-O0'):.2f}"]
+    summary += [f"facade_syntax_compiled_s={m('facade (compiled mode)', 'syntax'):.2f}",
+                f"ddp_example_o2_compiled_s={m('examples/ddp (compiled mode)', '-O2'):.2f}",
+                f"compiled_library_o2_s={m(cases[-1][0], '-O2'):.2f}"]
     if blas:
+        summary.append(f"fashion_mnist_o2_compiled_s={m('fashion_mnist (every mode) (compiled mode)', '-O2'):.2f}")
         summary.append(f"fashion_mnist_o2_s={m('fashion_mnist (every mode)', '-O2'):.2f}")
         summary.append(f"fashion_mnist_o2_peak_mib={max(k for _, k in runs[('fashion_mnist (every mode)', '-O2')]) / 1024:.0f}")
     print("summary: " + " ".join(summary))

@@ -28,3 +28,24 @@
 #else
 #define PARTRAIN_HAS_CUDA 0
 #endif
+
+// The compiled mode (CMake option PARTRAIN_COMPILED, which defines PARTRAIN_COMPILED=1 for every
+// user of partrain::partrain and links the partrain_compiled library): a few large non-template
+// entry points (init_process_group, the thread and process starters behind run_local and spawn)
+// are only declared in the headers and compiled once, in that library, instead of in each of the
+// user's translation units (fmt's and spdlog's choice). Header-only otherwise.
+//   PARTRAIN_DEFINITIONS  1 where those functions' bodies are compiled: header-only, or the library
+//   PARTRAIN_LINKAGE      their linkage: inline header-only, external in the compiled mode
+#ifndef PARTRAIN_COMPILED
+#define PARTRAIN_COMPILED 0
+#endif
+#if PARTRAIN_COMPILED && !defined(PARTRAIN_COMPILED_SOURCE)
+#define PARTRAIN_DEFINITIONS 0
+#else
+#define PARTRAIN_DEFINITIONS 1
+#endif
+#if PARTRAIN_COMPILED
+#define PARTRAIN_LINKAGE
+#else
+#define PARTRAIN_LINKAGE inline
+#endif

@@ -35,6 +35,27 @@
 #define PARTRAIN_HAS_CUDA 0
 #endif
 
+// The compiled mode (CMake option PARTRAIN_COMPILED, which defines PARTRAIN_COMPILED=1 for every
+// user of partrain::partrain and links the partrain_compiled library): a few large non-template
+// entry points (init_process_group, the thread and process starters behind run_local and spawn)
+// are only declared in the headers and compiled once, in that library, instead of in each of the
+// user's translation units (fmt's and spdlog's choice). Header-only otherwise.
+//   PARTRAIN_DEFINITIONS  1 where those functions' bodies are compiled: header-only, or the library
+//   PARTRAIN_LINKAGE      their linkage: inline header-only, external in the compiled mode
+#ifndef PARTRAIN_COMPILED
+#define PARTRAIN_COMPILED 0
+#endif
+#if PARTRAIN_COMPILED && !defined(PARTRAIN_COMPILED_SOURCE)
+#define PARTRAIN_DEFINITIONS 0
+#else
+#define PARTRAIN_DEFINITIONS 1
+#endif
+#if PARTRAIN_COMPILED
+#define PARTRAIN_LINKAGE
+#else
+#define PARTRAIN_LINKAGE inline
+#endif
+
 // #include <partrain/core/affinity.hpp>
 // partrain/core/affinity.hpp: which CPUs the calling thread may run on (what torchrun and
 // os.sched_getaffinity read), and pinning a thread to one of them. The local backend pins its
@@ -3953,6 +3974,7 @@ static_assert(communicator<gloo_group>);
 
 // #include <partrain/comm/detail/host_reduce.hpp> (above)
 // #include <partrain/comm/process_group.hpp> (above)
+// #include <partrain/config.hpp> (above)
 // #include <partrain/core/affinity.hpp> (above)
 // #include <partrain/core/executor.hpp> (above)
 
@@ -4320,6 +4342,11 @@ namespace detail::local {
   return detail::local::make_ranks(detail::local::make_world(world_size, opts), opts);
 }
 
+namespace detail::local {
+// run_local's body, for any fn: one definition (compiled once in PARTRAIN_COMPILED mode).
+PARTRAIN_LINKAGE void run_threads(int world_size, const std::function<void(local_group&)>& fn, process_group_options opts);
+}  // namespace detail::local
+
 // Runs fn(group) on world_size threads, one rank each, and waits for all. If a rank throws, the
 // world is aborted (peers stop waiting) and the first failure is rethrown, naming its rank.
 // opts.pin_threads: when the ranks are as many as the allowed CPUs, rank r's thread (and the
@@ -4327,12 +4354,18 @@ namespace detail::local {
 template <class F>
   requires std::invocable<F&, local_group&>
 void run_local(int world_size, F fn, process_group_options opts = {}) {
+  detail::local::run_threads(world_size, [&fn](local_group& g) { fn(g); }, std::move(opts));
+}
+
+#if PARTRAIN_DEFINITIONS
+PARTRAIN_LINKAGE void detail::local::run_threads(int world_size, const std::function<void(local_group&)>& fn,
+                                                 process_group_options opts) {
   // The fastest safe defaults: ranks that each have a CPU meet on their own threads, pinned.
   const std::vector<int> allowed = allowed_cpus();
   const bool fits = !allowed.empty() && world_size <= static_cast<int>(allowed.size());
   if (!opts.inline_collectives) opts.inline_collectives = fits;
   if (!opts.pin_threads) opts.pin_threads = fits;
-  auto state = detail::local::make_world(world_size, opts);
+  auto state = make_world(world_size, opts);
   std::vector<int> cpus;
   if (*opts.pin_threads) cpus = allowed;
   // Only a world that fills the CPUs: the threads a rank starts (its loader's, its worker) inherit
@@ -4340,13 +4373,13 @@ void run_local(int world_size, F fn, process_group_options opts = {}) {
   const bool pin = world_size == static_cast<int>(cpus.size());
   // A rank alone on its core meets its peers on that core: polling there takes nobody's turn.
   if (pin && *opts.inline_collectives) state->spin_before_blocking(std::chrono::microseconds(50));
-  auto ranks = detail::local::make_ranks(state, opts);
+  auto ranks = make_ranks(state, opts);
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world_size));
   {
     std::vector<std::jthread> threads;
     for (int r = 0; r < world_size; ++r) {
       threads.emplace_back([&, r] {
-        if (pin) detail::pin_this_thread(cpus[static_cast<std::size_t>(r)]);
+        if (pin) pin_this_thread(cpus[static_cast<std::size_t>(r)]);
         auto& g = *ranks[static_cast<std::size_t>(r)];
         try {
           fn(g);
@@ -4361,8 +4394,9 @@ void run_local(int world_size, F fn, process_group_options opts = {}) {
     }
   }
   // Prefer the root cause: a rank whose error is not an aborted_error echo of another's.
-  if (auto first = detail::root_cause(errors)) std::rethrow_exception(first);
+  if (auto first = root_cause(errors)) std::rethrow_exception(first);
 }
+#endif
 
 }  // namespace partrain::inline v0
 
@@ -10597,9 +10631,13 @@ class liveness_watch {
 // #include <partrain/rendezvous/liveness.hpp> (above)
 // #include <partrain/rendezvous/rendezvous.hpp> (above)
 
-// Plain macro tests (no __has_include): the single header carries these backends inline.
+// Plain macro tests (no __has_include): the single header carries these backends inline. The
+// engines' headers only where init_process_group is defined (not for its users in the compiled
+// mode: Gloo's alone take a second to parse).
 #if defined(PARTRAIN_WITH_GLOO)
+#if PARTRAIN_DEFINITIONS
 // #include <partrain/comm/gloo.hpp> (above)
+#endif
 #define PARTRAIN_INIT_HAS_GLOO 1
 #else
 #define PARTRAIN_INIT_HAS_GLOO 0
@@ -10611,7 +10649,9 @@ class liveness_watch {
 #define PARTRAIN_INIT_HAS_MPI 0
 #endif
 #if defined(PARTRAIN_WITH_NCCL) && PARTRAIN_HAS_CUDA
+#if PARTRAIN_DEFINITIONS
 // #include <partrain/comm/nccl.hpp> (above)
+#endif
 #define PARTRAIN_INIT_HAS_NCCL 1
 #else
 #define PARTRAIN_INIT_HAS_NCCL 0
@@ -10666,7 +10706,17 @@ namespace detail::mpi {
 }  // namespace detail::mpi
 
 // Builds the backend's group on an already connected rendezvous.
-[[nodiscard]] inline std::unique_ptr<process_group> make_process_group(const rendezvous_info& info, const init_options& opts = {}) {
+[[nodiscard]] PARTRAIN_LINKAGE std::unique_ptr<process_group> make_process_group(const rendezvous_info& info,
+                                                                                 const init_options& opts = {});
+
+// torch.distributed.init_process_group: rendezvous on url, then the backend's group. The
+// store is not kept; to build more groups on it, use rendezvous() + make_process_group()
+// and keep rendezvous_info::store alive (on rank 0, until every rank is done with it).
+[[nodiscard]] PARTRAIN_LINKAGE std::unique_ptr<process_group> init_process_group(std::string_view url = "env://",
+                                                                                 const init_options& opts = {});
+
+#if PARTRAIN_DEFINITIONS
+PARTRAIN_LINKAGE std::unique_ptr<process_group> make_process_group(const rendezvous_info& info, const init_options& opts) {
   if (!info.store) throw invalid_argument_error("make_process_group: the rendezvous has no store (call connect_store first)");
   std::string backend = opts.backend;
   if (backend.empty()) backend = opts.device && opts.device->is_cuda() ? "nccl" : "gloo";
@@ -10695,11 +10745,7 @@ namespace detail::mpi {
   throw config_error("unknown backend '" + backend + "' (expected 'gloo', 'mpi' or 'nccl')");
 }
 
-// torch.distributed.init_process_group: rendezvous on url, then the backend's group. The
-// store is not kept; to build more groups on it, use rendezvous() + make_process_group()
-// and keep rendezvous_info::store alive (on rank 0, until every rank is done with it).
-[[nodiscard]] inline std::unique_ptr<process_group> init_process_group(std::string_view url = "env://",
-                                                                       const init_options& opts = {}) {
+PARTRAIN_LINKAGE std::unique_ptr<process_group> init_process_group(std::string_view url, const init_options& opts) {
   // Check the backend name before anyone binds a port or waits on a peer.
   detail::rdzv::check_backend_name(opts.backend);
   // mpi:// (or backend "mpi" on env://): MPI's own rendezvous, no store.
@@ -10725,6 +10771,7 @@ namespace detail::mpi {
   detail::rdzv::release_store_host(info);
   return group;
 }
+#endif
 
 }  // namespace partrain::inline v0
 
@@ -11288,11 +11335,13 @@ inline void stop_all(std::span<child_process> children, std::chrono::millisecond
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+// #include <partrain/config.hpp> (above)
 // #include <partrain/core/error.hpp> (above)
 // #include <partrain/launch/process.hpp> (above)
 // #include <partrain/rendezvous/detail/socket.hpp> (above)
@@ -11341,11 +11390,39 @@ struct spawn_result {
 };
 
 namespace detail::launch {
+// spawn's body, for any fn: one definition (compiled once in PARTRAIN_COMPILED mode).
+PARTRAIN_LINKAGE spawn_result spawn_ranks(int nprocs, const std::function<int(int)>& fn, spawn_options opts);
+}  // namespace detail::launch
+
+// fn(rank) runs in n forked processes; its return value (if an int) is the exit code. Refused
+// with a config_error when CUDA is already initialised in this process (use partrun then).
+// Returns when every rank exited 0; otherwise throws process_error naming the first rank that
+// failed (exit code or signal, and its last output lines), or timeout_error naming the ranks
+// still running. No rank survives the call either way.
+template <class F>
+spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
+  static_assert(std::invocable<F&, int>, "partrain::spawn: fn must be callable as fn(int rank)");
+  static_assert(std::is_void_v<std::invoke_result_t<F&, int>> || std::convertible_to<std::invoke_result_t<F&, int>, int>,
+                "partrain::spawn: fn(rank) must return void or an exit code convertible to int");
+  return detail::launch::spawn_ranks(
+      nprocs,
+      [&fn](int rank) -> int {
+        if constexpr (std::is_void_v<std::invoke_result_t<F&, int>>) {
+          fn(rank);
+          return 0;
+        } else {
+          return static_cast<int>(fn(rank));
+        }
+      },
+      std::move(opts));
+}
+
+#if PARTRAIN_DEFINITIONS
+namespace detail::launch {
 
 // Runs in the child: the rank's environment, then fn; an exception is printed and becomes exit 1.
-template <class F>
-int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16_t port, const std::string& token,
-             int listen_fd) {
+PARTRAIN_LINKAGE int run_rank(const std::function<int(int)>& fn, int rank, int nprocs, const spawn_options& opts,
+                              std::uint16_t port, const std::string& token, int listen_fd) {
   ::setenv("RANK", std::to_string(rank).c_str(), 1);
   ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
   ::setenv("WORLD_SIZE", std::to_string(nprocs).c_str(), 1);
@@ -11366,12 +11443,7 @@ int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16
   }
   for (const auto& [k, v] : opts.env) ::setenv(k.c_str(), v.c_str(), 1);
   try {
-    if constexpr (std::is_void_v<std::invoke_result_t<F&, int>>) {
-      fn(rank);
-      return 0;
-    } else {
-      return static_cast<int>(fn(rank));
-    }
+    return fn(rank);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d failed: %s\n", rank, e.what());
   } catch (...) {
@@ -11380,24 +11452,13 @@ int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16
   return 1;
 }
 
-}  // namespace detail::launch
-
-// fn(rank) runs in n forked processes; its return value (if an int) is the exit code. Refused
-// with a config_error when CUDA is already initialised in this process (use partrun then).
-// Returns when every rank exited 0; otherwise throws process_error naming the first rank that
-// failed (exit code or signal, and its last output lines), or timeout_error naming the ranks
-// still running. No rank survives the call either way.
-template <class F>
-spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
-  static_assert(std::invocable<F&, int>, "partrain::spawn: fn must be callable as fn(int rank)");
-  static_assert(std::is_void_v<std::invoke_result_t<F&, int>> || std::convertible_to<std::invoke_result_t<F&, int>, int>,
-                "partrain::spawn: fn(rank) must return void or an exit code convertible to int");
+PARTRAIN_LINKAGE spawn_result spawn_ranks(int nprocs, const std::function<int(int)>& fn, spawn_options opts) {
   if (nprocs < 1) throw config_error("spawn: nprocs must be at least 1, got " + std::to_string(nprocs));
   // Bound here, before any rank starts: a port in use is reported now, and a port we chose
   // cannot be taken by another program before rank 0's store listens on it.
-  detail::unique_fd listener = detail::listen_tcp(opts.master_addr, opts.master_port);
-  const std::uint16_t port = detail::local_port(listener.get());
-  const std::string token = detail::rdzv::random_token();
+  unique_fd listener = listen_tcp(opts.master_addr, opts.master_port);
+  const std::uint16_t port = local_port(listener.get());
+  const std::string token = rdzv::random_token();
 
   std::vector<child_process> children;
   children.reserve(static_cast<std::size_t>(nprocs));
@@ -11412,7 +11473,7 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
       };
     }
     children.push_back(
-        child_process::fork([&, r] { return detail::launch::run_rank(fn, r, nprocs, opts, port, token, listener.get()); },
+        child_process::fork([&, r] { return run_rank(fn, r, nprocs, opts, port, token, listener.get()); },
                             std::move(co)));
     result.pids.push_back(children.back().pid());
   }
@@ -11448,6 +11509,9 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
   }
   throw process_error(msg, bad, st, {tail.begin(), tail.end()}, result.pids);
 }
+
+}  // namespace detail::launch
+#endif
 
 }  // namespace partrain::inline v0
 

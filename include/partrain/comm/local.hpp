@@ -25,6 +25,7 @@
 
 #include <partrain/comm/detail/host_reduce.hpp>
 #include <partrain/comm/process_group.hpp>
+#include <partrain/config.hpp>
 #include <partrain/core/affinity.hpp>
 #include <partrain/core/executor.hpp>
 
@@ -392,6 +393,11 @@ namespace detail::local {
   return detail::local::make_ranks(detail::local::make_world(world_size, opts), opts);
 }
 
+namespace detail::local {
+// run_local's body, for any fn: one definition (compiled once in PARTRAIN_COMPILED mode).
+PARTRAIN_LINKAGE void run_threads(int world_size, const std::function<void(local_group&)>& fn, process_group_options opts);
+}  // namespace detail::local
+
 // Runs fn(group) on world_size threads, one rank each, and waits for all. If a rank throws, the
 // world is aborted (peers stop waiting) and the first failure is rethrown, naming its rank.
 // opts.pin_threads: when the ranks are as many as the allowed CPUs, rank r's thread (and the
@@ -399,12 +405,18 @@ namespace detail::local {
 template <class F>
   requires std::invocable<F&, local_group&>
 void run_local(int world_size, F fn, process_group_options opts = {}) {
+  detail::local::run_threads(world_size, [&fn](local_group& g) { fn(g); }, std::move(opts));
+}
+
+#if PARTRAIN_DEFINITIONS
+PARTRAIN_LINKAGE void detail::local::run_threads(int world_size, const std::function<void(local_group&)>& fn,
+                                                 process_group_options opts) {
   // The fastest safe defaults: ranks that each have a CPU meet on their own threads, pinned.
   const std::vector<int> allowed = allowed_cpus();
   const bool fits = !allowed.empty() && world_size <= static_cast<int>(allowed.size());
   if (!opts.inline_collectives) opts.inline_collectives = fits;
   if (!opts.pin_threads) opts.pin_threads = fits;
-  auto state = detail::local::make_world(world_size, opts);
+  auto state = make_world(world_size, opts);
   std::vector<int> cpus;
   if (*opts.pin_threads) cpus = allowed;
   // Only a world that fills the CPUs: the threads a rank starts (its loader's, its worker) inherit
@@ -412,13 +424,13 @@ void run_local(int world_size, F fn, process_group_options opts = {}) {
   const bool pin = world_size == static_cast<int>(cpus.size());
   // A rank alone on its core meets its peers on that core: polling there takes nobody's turn.
   if (pin && *opts.inline_collectives) state->spin_before_blocking(std::chrono::microseconds(50));
-  auto ranks = detail::local::make_ranks(state, opts);
+  auto ranks = make_ranks(state, opts);
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world_size));
   {
     std::vector<std::jthread> threads;
     for (int r = 0; r < world_size; ++r) {
       threads.emplace_back([&, r] {
-        if (pin) detail::pin_this_thread(cpus[static_cast<std::size_t>(r)]);
+        if (pin) pin_this_thread(cpus[static_cast<std::size_t>(r)]);
         auto& g = *ranks[static_cast<std::size_t>(r)];
         try {
           fn(g);
@@ -433,7 +445,8 @@ void run_local(int world_size, F fn, process_group_options opts = {}) {
     }
   }
   // Prefer the root cause: a rank whose error is not an aborted_error echo of another's.
-  if (auto first = detail::root_cause(errors)) std::rethrow_exception(first);
+  if (auto first = root_cause(errors)) std::rethrow_exception(first);
 }
+#endif
 
 }  // namespace partrain::inline v0

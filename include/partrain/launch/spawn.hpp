@@ -13,11 +13,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include <partrain/config.hpp>
 #include <partrain/core/error.hpp>
 #include <partrain/launch/process.hpp>
 #include <partrain/rendezvous/detail/socket.hpp>
@@ -66,11 +68,39 @@ struct spawn_result {
 };
 
 namespace detail::launch {
+// spawn's body, for any fn: one definition (compiled once in PARTRAIN_COMPILED mode).
+PARTRAIN_LINKAGE spawn_result spawn_ranks(int nprocs, const std::function<int(int)>& fn, spawn_options opts);
+}  // namespace detail::launch
+
+// fn(rank) runs in n forked processes; its return value (if an int) is the exit code. Refused
+// with a config_error when CUDA is already initialised in this process (use partrun then).
+// Returns when every rank exited 0; otherwise throws process_error naming the first rank that
+// failed (exit code or signal, and its last output lines), or timeout_error naming the ranks
+// still running. No rank survives the call either way.
+template <class F>
+spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
+  static_assert(std::invocable<F&, int>, "partrain::spawn: fn must be callable as fn(int rank)");
+  static_assert(std::is_void_v<std::invoke_result_t<F&, int>> || std::convertible_to<std::invoke_result_t<F&, int>, int>,
+                "partrain::spawn: fn(rank) must return void or an exit code convertible to int");
+  return detail::launch::spawn_ranks(
+      nprocs,
+      [&fn](int rank) -> int {
+        if constexpr (std::is_void_v<std::invoke_result_t<F&, int>>) {
+          fn(rank);
+          return 0;
+        } else {
+          return static_cast<int>(fn(rank));
+        }
+      },
+      std::move(opts));
+}
+
+#if PARTRAIN_DEFINITIONS
+namespace detail::launch {
 
 // Runs in the child: the rank's environment, then fn; an exception is printed and becomes exit 1.
-template <class F>
-int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16_t port, const std::string& token,
-             int listen_fd) {
+PARTRAIN_LINKAGE int run_rank(const std::function<int(int)>& fn, int rank, int nprocs, const spawn_options& opts,
+                              std::uint16_t port, const std::string& token, int listen_fd) {
   ::setenv("RANK", std::to_string(rank).c_str(), 1);
   ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
   ::setenv("WORLD_SIZE", std::to_string(nprocs).c_str(), 1);
@@ -91,12 +121,7 @@ int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16
   }
   for (const auto& [k, v] : opts.env) ::setenv(k.c_str(), v.c_str(), 1);
   try {
-    if constexpr (std::is_void_v<std::invoke_result_t<F&, int>>) {
-      fn(rank);
-      return 0;
-    } else {
-      return static_cast<int>(fn(rank));
-    }
+    return fn(rank);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d failed: %s\n", rank, e.what());
   } catch (...) {
@@ -105,24 +130,13 @@ int run_rank(F& fn, int rank, int nprocs, const spawn_options& opts, std::uint16
   return 1;
 }
 
-}  // namespace detail::launch
-
-// fn(rank) runs in n forked processes; its return value (if an int) is the exit code. Refused
-// with a config_error when CUDA is already initialised in this process (use partrun then).
-// Returns when every rank exited 0; otherwise throws process_error naming the first rank that
-// failed (exit code or signal, and its last output lines), or timeout_error naming the ranks
-// still running. No rank survives the call either way.
-template <class F>
-spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
-  static_assert(std::invocable<F&, int>, "partrain::spawn: fn must be callable as fn(int rank)");
-  static_assert(std::is_void_v<std::invoke_result_t<F&, int>> || std::convertible_to<std::invoke_result_t<F&, int>, int>,
-                "partrain::spawn: fn(rank) must return void or an exit code convertible to int");
+PARTRAIN_LINKAGE spawn_result spawn_ranks(int nprocs, const std::function<int(int)>& fn, spawn_options opts) {
   if (nprocs < 1) throw config_error("spawn: nprocs must be at least 1, got " + std::to_string(nprocs));
   // Bound here, before any rank starts: a port in use is reported now, and a port we chose
   // cannot be taken by another program before rank 0's store listens on it.
-  detail::unique_fd listener = detail::listen_tcp(opts.master_addr, opts.master_port);
-  const std::uint16_t port = detail::local_port(listener.get());
-  const std::string token = detail::rdzv::random_token();
+  unique_fd listener = listen_tcp(opts.master_addr, opts.master_port);
+  const std::uint16_t port = local_port(listener.get());
+  const std::string token = rdzv::random_token();
 
   std::vector<child_process> children;
   children.reserve(static_cast<std::size_t>(nprocs));
@@ -137,7 +151,7 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
       };
     }
     children.push_back(
-        child_process::fork([&, r] { return detail::launch::run_rank(fn, r, nprocs, opts, port, token, listener.get()); },
+        child_process::fork([&, r] { return run_rank(fn, r, nprocs, opts, port, token, listener.get()); },
                             std::move(co)));
     result.pids.push_back(children.back().pid());
   }
@@ -173,5 +187,8 @@ spawn_result spawn(int nprocs, F&& fn, spawn_options opts = {}) {
   }
   throw process_error(msg, bad, st, {tail.begin(), tail.end()}, result.pids);
 }
+
+}  // namespace detail::launch
+#endif
 
 }  // namespace partrain::inline v0

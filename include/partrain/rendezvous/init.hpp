@@ -14,9 +14,13 @@
 #include <partrain/rendezvous/liveness.hpp>
 #include <partrain/rendezvous/rendezvous.hpp>
 
-// Plain macro tests (no __has_include): the single header carries these backends inline.
+// Plain macro tests (no __has_include): the single header carries these backends inline. The
+// engines' headers only where init_process_group is defined (not for its users in the compiled
+// mode: Gloo's alone take a second to parse).
 #if defined(PARTRAIN_WITH_GLOO)
+#if PARTRAIN_DEFINITIONS
 #include <partrain/comm/gloo.hpp>
+#endif
 #define PARTRAIN_INIT_HAS_GLOO 1
 #else
 #define PARTRAIN_INIT_HAS_GLOO 0
@@ -28,7 +32,9 @@
 #define PARTRAIN_INIT_HAS_MPI 0
 #endif
 #if defined(PARTRAIN_WITH_NCCL) && PARTRAIN_HAS_CUDA
+#if PARTRAIN_DEFINITIONS
 #include <partrain/comm/nccl.hpp>
+#endif
 #define PARTRAIN_INIT_HAS_NCCL 1
 #else
 #define PARTRAIN_INIT_HAS_NCCL 0
@@ -83,7 +89,17 @@ namespace detail::mpi {
 }  // namespace detail::mpi
 
 // Builds the backend's group on an already connected rendezvous.
-[[nodiscard]] inline std::unique_ptr<process_group> make_process_group(const rendezvous_info& info, const init_options& opts = {}) {
+[[nodiscard]] PARTRAIN_LINKAGE std::unique_ptr<process_group> make_process_group(const rendezvous_info& info,
+                                                                                 const init_options& opts = {});
+
+// torch.distributed.init_process_group: rendezvous on url, then the backend's group. The
+// store is not kept; to build more groups on it, use rendezvous() + make_process_group()
+// and keep rendezvous_info::store alive (on rank 0, until every rank is done with it).
+[[nodiscard]] PARTRAIN_LINKAGE std::unique_ptr<process_group> init_process_group(std::string_view url = "env://",
+                                                                                 const init_options& opts = {});
+
+#if PARTRAIN_DEFINITIONS
+PARTRAIN_LINKAGE std::unique_ptr<process_group> make_process_group(const rendezvous_info& info, const init_options& opts) {
   if (!info.store) throw invalid_argument_error("make_process_group: the rendezvous has no store (call connect_store first)");
   std::string backend = opts.backend;
   if (backend.empty()) backend = opts.device && opts.device->is_cuda() ? "nccl" : "gloo";
@@ -112,11 +128,7 @@ namespace detail::mpi {
   throw config_error("unknown backend '" + backend + "' (expected 'gloo', 'mpi' or 'nccl')");
 }
 
-// torch.distributed.init_process_group: rendezvous on url, then the backend's group. The
-// store is not kept; to build more groups on it, use rendezvous() + make_process_group()
-// and keep rendezvous_info::store alive (on rank 0, until every rank is done with it).
-[[nodiscard]] inline std::unique_ptr<process_group> init_process_group(std::string_view url = "env://",
-                                                                       const init_options& opts = {}) {
+PARTRAIN_LINKAGE std::unique_ptr<process_group> init_process_group(std::string_view url, const init_options& opts) {
   // Check the backend name before anyone binds a port or waits on a peer.
   detail::rdzv::check_backend_name(opts.backend);
   // mpi:// (or backend "mpi" on env://): MPI's own rendezvous, no store.
@@ -142,5 +154,6 @@ namespace detail::mpi {
   detail::rdzv::release_store_host(info);
   return group;
 }
+#endif
 
 }  // namespace partrain::inline v0

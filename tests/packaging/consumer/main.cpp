@@ -1,4 +1,6 @@
-// A user's program: one include, two ranks on threads, an all_reduce checked against the sum.
+// A user's program: one include, two ranks on threads, an all_reduce checked against the sum; with
+// PARTRAIN_CONSUMER_SPAWN (the compiled-mode consumer, which has Gloo), also two processes that
+// meet through init_process_group: the compiled mode's library bodies, each run.
 #include <partrain/partrain.hpp>
 
 #include <atomic>
@@ -18,6 +20,23 @@ int main() {
       if (x != 3.0f) ++wrong;  // 1 + 2
     }
   });
+#if defined(PARTRAIN_CONSUMER_SPAWN)
+  static_assert(PARTRAIN_COMPILED, "the spawning consumer is the compiled mode's");
+  try {
+    partrain::spawn(2, [](int rank) {
+      auto g = partrain::init_process_group("env://", {.backend = "gloo", .timeout = std::chrono::milliseconds(60'000)});
+      std::vector<float> v(5, static_cast<float>(rank + 1));
+      g->all_reduce(partrain::tensor_view<float>(v), partrain::reduce_op::sum).wait();
+      for (float x : v) {
+        if (x != 3.0f) return 1;  // 1 + 2
+      }
+      return 0;
+    });
+  } catch (const partrain::error& e) {
+    std::printf("consumer FAILED (%s): spawn over gloo: %s\n", PARTRAIN_CONSUMER_MODE, e.what());
+    return 1;
+  }
+#endif
   if (wrong != 0) {
     std::printf("consumer FAILED (%s): %d wrong elements\n", PARTRAIN_CONSUMER_MODE, wrong.load());
     return 1;
