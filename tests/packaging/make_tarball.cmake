@@ -1,5 +1,5 @@
 # A slim source tarball of partrain (what a FetchContent URL consumer downloads, as nlohmann's
-# json.tar.xz): CMakeLists.txt, cmake/, include/, single_include/, README.md.
+# json.tar.xz): CMakeLists.txt, cmake/, include/, single_include/, src/ (the compiled mode), README.md.
 #   cmake -DSOURCE_DIR= -DOUTPUT=path.tar.gz -P this
 get_filename_component(out_dir ${OUTPUT} DIRECTORY)
 set(tree ${out_dir}/partrain-src)
@@ -8,7 +8,7 @@ file(MAKE_DIRECTORY ${tree})
 foreach(item CMakeLists.txt README.md)
   file(COPY ${SOURCE_DIR}/${item} DESTINATION ${tree})
 endforeach()
-foreach(dir cmake include single_include)
+foreach(dir cmake include single_include src)
   file(COPY ${SOURCE_DIR}/${dir} DESTINATION ${tree})
 endforeach()
 # Examples, benchmarks and tests are not shipped: the options that add them must not fail.
