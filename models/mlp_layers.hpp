@@ -65,6 +65,10 @@ class host_layer {
   [[nodiscard]] virtual std::vector<host_param>& parameters() = 0;
   [[nodiscard]] virtual std::unique_ptr<host_layer> clone() const = 0;
 
+  // Training or evaluation (sequential's train(bool) and eval_step reach every layer through it):
+  // only layers that behave differently (dropout) override it.
+  virtual void train(bool) {}
+
   // Saved activations (partrain::keeps_activations): none unless a layer overrides these three.
   [[nodiscard]] virtual std::size_t saved_size(const shape&) const { return 0; }
   virtual void forward(tensor_view<const float> in, tensor_view<float> out, const layer_call<>&) { forward(in, out); }

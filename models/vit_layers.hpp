@@ -1,0 +1,719 @@
+// models/vit_layers.hpp: a small Vision Transformer as stage-able host layers, beside the CNN's in
+// cnn_layers.hpp (same base, parameters and loss): patch_embed (patches, a linear projection,
+// learned positions), transformer_block (pre-norm multi-head self-attention and a GELU MLP; it
+// keeps activations for its backward), vit_head (mean pool, LayerNorm, classifier) and make_vit.
+// Every layer is a template on its scalar, basic_*<T>: float is the model (the host layers below
+// wrap it), double is its finite-difference gradient check. The element math is vit_elements.hpp;
+// the GEMMs go through OpenBLAS (cblas_sgemm or cblas_dgemm, as T says).
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <cblas.h>
+
+#include <partrain/core/buffer.hpp>
+#include <partrain/core/error.hpp>
+#include <partrain/core/tensor_view.hpp>
+
+#include "cnn_layers.hpp"
+#include "mlp_layers.hpp"
+#include "vit_elements.hpp"
+
+namespace models::layers {
+
+// The defaults (139k parameters) reach 0.883 Fashion-MNIST test accuracy after 9 epochs, 2.5
+// minutes on one thread of a busy 2-core machine (AdamW lr 1e-3, weight decay 0.01, batch 64, no
+// schedule; 0.864 after 4 epochs, 0.878 to 0.883 over epochs 9 to 12). A forward and backward of a
+// batch of 64 takes 15 to 18 ms there (OpenBLAS, one thread).
+struct vit_config {
+  // 7x7 patches: 16 tokens of 49 pixels. 4x4 patches (49 tokens) took 3.8x as long per batch
+  // (attention is quadratic in the tokens, the rest linear) and trained no better in the same
+  // number of epochs (0.850 against 0.864 after 4): on 2 cores, the minutes decide.
+  std::size_t patch = 7;
+  std::size_t dim = 64;
+  std::size_t depth = 4;
+  std::size_t heads = 4;
+  // The MLP's hidden width is mlp_ratio * dim: 2, not the original ViT's 4, which took 1.5x as
+  // long per batch (24 ms against 16).
+  std::size_t mlp_ratio = 2;
+  float dropout = 0.0f;       // on the attention probabilities and both residual branches
+  std::size_t image = 28;     // square grey images, given as [batch, image * image]
+  std::size_t classes = 10;
+};
+
+namespace vit_detail {
+
+namespace el = models::vit_elements;
+
+inline constexpr double layernorm_eps = 1e-5;  // PyTorch's LayerNorm default
+
+// A parameter of a double layer (the gradient check's twin): host_param's value() and grad().
+template <class T>
+struct basic_param {
+  host_buffer<T> v, g;
+  explicit basic_param(shape s) : v(s), g(s) {}
+  [[nodiscard]] tensor_view<T> value() { return v.view(); }
+  [[nodiscard]] tensor_view<T> grad() { return g.view(); }
+};
+// float layers hold host_param, what host_layer::parameters() returns (and what FSDP binds).
+template <class T>
+using param_t = std::conditional_t<std::is_same_v<T, float>, host_param, basic_param<T>>;
+
+// Row-major C = alpha * op(A) op(B) + beta * C, through OpenBLAS in T's precision.
+template <class T>
+void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a,
+          std::size_t lda, const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "vit layers compute in float or double");
+  const auto i = [](std::size_t v) { return static_cast<blasint>(v); };
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, ta, tb, i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c, i(ldc));
+  } else {
+    cblas_dgemm(CblasRowMajor, ta, tb, i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c, i(ldc));
+  }
+}
+
+// Per-thread scratch for temporaries that do not outlive one layer call (as cnn_detail::scratch,
+// with more slots and any T): grown on demand, reused by every later call on this thread.
+template <class T>
+T* scratch(std::size_t slot, std::size_t n) {
+  thread_local std::array<std::vector<T>, 8> buffers;
+  auto& b = buffers[slot];
+  if (b.size() < n) b.resize(n);
+  return b.data();
+}
+
+// Initial values are drawn in float whatever T is, so a double layer built from a seed holds
+// exactly the float layer's values (what the gradient checks compare).
+// Uniform in +-1/sqrt(fan_in), as init_linear (PyTorch's nn.Linear default).
+template <class T>
+void fill_uniform(std::mt19937& gen, std::size_t fan_in, tensor_view<T> v) {
+  const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
+  std::uniform_real_distribution<float> d(-bound, bound);
+  for (auto& x : v) x = static_cast<T>(d(gen));
+}
+// Normal(0, 0.02): the original ViT's embedding initialization.
+template <class T>
+void fill_normal(std::mt19937& gen, tensor_view<T> v) {
+  std::normal_distribution<float> d(0.0f, 0.02f);
+  for (auto& x : v) x = static_cast<T>(d(gen));
+}
+template <class T>
+void fill(tensor_view<T> v, T value) {
+  for (auto& x : v) x = value;
+}
+
+// Adds double sums to a gradient (bias and LayerNorm gradients are summed over rows in double).
+template <class T>
+void add_sums(tensor_view<T> grad, const std::vector<double>& sums) {
+  for (std::size_t i = 0; i < sums.size(); ++i) grad[i] += static_cast<T>(sums[i]);
+}
+
+// Checks that s is [batch, tokens, dim] (tokens >= 1); returns batch and tokens.
+struct token_batch {
+  std::size_t n, t;
+  token_batch(const shape& s, std::size_t dim, const char* layer) {
+    if (s.rank() != 3 || s[1] == 0 || s[2] != dim) {
+      throw invalid_argument_error(std::string(layer) + ": input shape " + s.to_string() +
+                                   ", expected [batch, tokens, " + std::to_string(dim) + "] with tokens >= 1");
+    }
+    n = s[0];
+    t = s[1];
+  }
+};
+
+inline void check_saved(const char* what, std::size_t got, std::size_t expected) {
+  if (got < expected) {
+    throw invalid_argument_error(std::string(what) + ": the saved buffer has " + std::to_string(got) +
+                                 " elements, expected at least " + std::to_string(expected) + " (saved_size)");
+  }
+}
+
+inline void check_dropout(const char* layer, float p) {
+  if (!(p >= 0.0f && p < 1.0f)) {
+    throw invalid_argument_error(std::string(layer) + ": dropout " + std::to_string(p) + " (expected 0 <= dropout < 1)");
+  }
+}
+
+}  // namespace vit_detail
+
+// Non-overlapping patch x patch patches of an image x image grey image, each projected to dim
+// (PyTorch's Conv2d(1, dim, patch, stride=patch) as a GEMM over the gathered patches), plus a
+// learned position embedding per patch: [n, image^2] or [n, 1, image, image] -> [n, tokens, dim].
+// No class token: vit_head mean-pools the tokens instead, which trains as well or better on small
+// ViTs (Beyer et al. 2022, "Better plain ViT baselines") and keeps 16 tokens, not 17. Parameters:
+// projection [dim, patch^2] (a patch's pixels row-major), bias [dim], positions [tokens, dim].
+template <class T>
+class basic_patch_embed {
+ public:
+  basic_patch_embed(std::size_t image, std::size_t patch, std::size_t dim, std::uint32_t seed)
+      : image_(image), patch_(patch), dim_(dim), grid_(patch ? image / patch : 0) {
+    if (image_ == 0 || patch_ == 0 || image_ % patch_ != 0 || dim_ == 0) {
+      throw invalid_argument_error("patch_embed: " + std::to_string(patch_) + "x" + std::to_string(patch_) +
+                                   " patches of a " + std::to_string(image_) + "x" + std::to_string(image_) +
+                                   " image to dim " + std::to_string(dim_) +
+                                   " (expected a patch size > 0 that divides the image side, and dim > 0)");
+    }
+    params_.emplace_back(shape{dim_, patch_ * patch_});
+    params_.emplace_back(shape{dim_});
+    params_.emplace_back(shape{tokens(), dim_});
+    std::mt19937 gen(seed);
+    vit_detail::fill_uniform(gen, patch_ * patch_, params_[0].value());
+    vit_detail::fill_uniform(gen, patch_ * patch_, params_[1].value());
+    vit_detail::fill_normal(gen, params_[2].value());
+  }
+
+  [[nodiscard]] std::size_t tokens() const noexcept { return grid_ * grid_; }
+  [[nodiscard]] shape output_shape(const shape& s) const {
+    return {cnn_detail::image_batch(s, 1, image_, image_, "patch_embed"), tokens(), dim_};
+  }
+
+  void forward(tensor_view<const T> x, tensor_view<T> y) {
+    const std::size_t n = output_shape(x.shape())[0], pp = patch_ * patch_, rows = n * tokens();
+    cnn_detail::check_size("patch_embed::forward: the output", y.size(), rows * dim_);
+    T* patches = vit_detail::scratch<T>(0, rows * pp);
+    move_patches<true>(x.data(), patches, n);
+    const T* w = params_[0].value().data();  // value(), not v: the storage may be bound elsewhere
+    const T* b = params_[1].value().data();
+    const T* pos = params_[2].value().data();
+    vit_detail::gemm<T>(CblasNoTrans, CblasTrans, rows, dim_, pp, T(1), patches, pp, w, pp, T(0), y.data(), dim_);
+    for (std::size_t r = 0; r < rows; ++r) {
+      vit_detail::el::add_bias_row(y.data() + r * dim_, b, dim_);
+      vit_detail::el::add_bias_row(y.data() + r * dim_, pos + (r % tokens()) * dim_, dim_);
+    }
+  }
+
+  void backward(tensor_view<const T> x, tensor_view<const T>, tensor_view<const T> gy, tensor_view<T> gx) {
+    const std::size_t n = output_shape(x.shape())[0], pp = patch_ * patch_, rows = n * tokens();
+    cnn_detail::check_size("patch_embed::backward: the output gradient", gy.size(), rows * dim_);
+    cnn_detail::check_size("patch_embed::backward: the input gradient", gx.size(), x.size());
+    T* patches = vit_detail::scratch<T>(0, rows * pp);
+    T* gpatches = vit_detail::scratch<T>(1, rows * pp);
+    move_patches<true>(x.data(), patches, n);
+    const T* w = params_[0].value().data();
+    // grad W [dim, pp] += gy^T [dim, rows] x patches [rows, pp]
+    vit_detail::gemm<T>(CblasTrans, CblasNoTrans, dim_, pp, rows, T(1), gy.data(), dim_, patches, pp, T(1),
+                        params_[0].grad().data(), pp);
+    std::vector<double> sb(dim_, 0.0), spos(tokens() * dim_, 0.0);
+    for (std::size_t r = 0; r < rows; ++r) {
+      vit_detail::el::add_row_to_sums(gy.data() + r * dim_, dim_, sb.data());
+      vit_detail::el::add_row_to_sums(gy.data() + r * dim_, dim_, spos.data() + (r % tokens()) * dim_);
+    }
+    vit_detail::add_sums(params_[1].grad(), sb);
+    vit_detail::add_sums(params_[2].grad(), spos);
+    // gpatches [rows, pp] = gy [rows, dim] x W [dim, pp]; the patches tile the image, so every
+    // pixel of gx is written once.
+    vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, rows, pp, dim_, T(1), gy.data(), dim_, w, pp, T(0), gpatches, pp);
+    move_patches<false>(gx.data(), gpatches, n);
+  }
+
+  [[nodiscard]] std::vector<vit_detail::param_t<T>>& parameters() noexcept { return params_; }
+
+ private:
+  // patches[(e * tokens + py * grid + px) * patch^2 + r * patch + c] is pixel (py * patch + r,
+  // px * patch + c) of image e; copied that way (ToPatches) or back.
+  template <bool ToPatches>
+  void move_patches(std::conditional_t<ToPatches, const T*, T*> img, std::conditional_t<ToPatches, T*, const T*> patches,
+                    std::size_t n) const {
+    const std::size_t pp = patch_ * patch_;
+    for (std::size_t e = 0; e < n; ++e) {
+      for (std::size_t py = 0; py < grid_; ++py) {
+        for (std::size_t px = 0; px < grid_; ++px) {
+          for (std::size_t r = 0; r < patch_; ++r) {
+            const std::size_t pixel = e * image_ * image_ + (py * patch_ + r) * image_ + px * patch_;
+            const std::size_t at = ((e * tokens() + py * grid_ + px) * pp) + r * patch_;
+            for (std::size_t c = 0; c < patch_; ++c) {
+              if constexpr (ToPatches) {
+                patches[at + c] = img[pixel + c];
+              } else {
+                img[pixel + c] = patches[at + c];
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  std::size_t image_, patch_, dim_, grid_;
+  std::vector<vit_detail::param_t<T>> params_;
+};
+
+// A pre-norm transformer encoder block on [n, tokens, dim]:
+//   x1  = x  + drop(proj(attention(LN1(x))))
+//   out = x1 + drop(fc2(gelu(fc1(LN2(x1)))))
+// attention: heads of dim / heads, one QKV projection [3 dim, dim], softmax(q k^T / sqrt(dh)) with
+// dropout on its probabilities, then v. GELU is the tanh form (vit_elements.hpp says why). Dropout
+// masks are a pure function of (call seed, site, element index), so a recomputed forward and the
+// backward redraw the same masks; train(false) turns dropout off.
+// Parameters, in order: LN1 gamma, beta [dim]; qkv W [3 dim, dim], b [3 dim]; proj W [dim, dim],
+// b [dim]; LN2 gamma, beta [dim]; fc1 W [hidden, dim], b [hidden]; fc2 W [dim, hidden], b [dim].
+template <class T>
+class basic_transformer_block {
+ public:
+  enum param_index : std::size_t { ln1_g, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_g, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b };
+
+  basic_transformer_block(std::size_t dim, std::size_t heads, std::size_t hidden, float dropout, std::uint32_t seed)
+      : dim_(dim), heads_(heads), hidden_(hidden), dropout_(dropout) {
+    if (dim_ == 0 || heads_ == 0 || dim_ % heads_ != 0 || hidden_ == 0) {
+      throw invalid_argument_error("transformer_block: dim " + std::to_string(dim_) + ", " + std::to_string(heads_) +
+                                   " heads, hidden " + std::to_string(hidden_) +
+                                   " (expected heads > 0 dividing dim > 0, and hidden > 0)");
+    }
+    vit_detail::check_dropout("transformer_block", dropout_);
+    threshold_ = vit_detail::el::dropout_threshold(dropout_);
+    keep_scale_ = T(1) / (T(1) - static_cast<T>(dropout_));
+    const std::size_t d = dim_, f = hidden_;
+    for (const auto& s : {shape{d}, shape{d}, shape{3 * d, d}, shape{3 * d}, shape{d, d}, shape{d}, shape{d}, shape{d},
+                         shape{f, d}, shape{f}, shape{d, f}, shape{d}}) {
+      params_.emplace_back(s);
+    }
+    std::mt19937 gen(seed);
+    for (const auto g : {ln1_g, ln2_g}) vit_detail::fill(params_[g].value(), T(1));  // betas stay 0
+    for (const auto& [w, fan_in] : {std::pair{qkv_w, d}, std::pair{proj_w, d}, std::pair{fc1_w, d}, std::pair{fc2_w, f}}) {
+      vit_detail::fill_uniform(gen, fan_in, params_[w].value());
+      vit_detail::fill_uniform(gen, fan_in, params_[w + 1].value());
+    }
+  }
+
+  [[nodiscard]] shape output_shape(const shape& s) const {
+    (void)vit_detail::token_batch(s, dim_, "transformer_block");
+    return s;
+  }
+
+  // What forward keeps for backward (T elements at these offsets), n examples of t tokens, M = n t
+  // rows, D = dim, H = heads, F = hidden:
+  //   mean1, rstd1 [M]    LN1's statistics (its output is recomputed from the input)
+  //   qkv [M, 3D]         queries | keys | values per row; head h at columns h dh .. (h + 1) dh
+  //   probs [n, H, t, t]  attention probabilities before dropout (the mask is redrawn)
+  //   ctx [M, D]          the heads' outputs side by side (the output projection's input)
+  //   x1 [M, D]           input + attention branch (LN2's input)
+  //   mean2, rstd2 [M]    LN2's statistics
+  //   hidden [M, F]       fc1's output before GELU (GELU is recomputed)
+  // 4M + 5MD + MF + nHt^2 in all: 528,384 floats (2.1 MB) at n 64, t 16, D 64, H 4, F 128.
+  struct layout {
+    std::size_t mean1, rstd1, qkv, probs, ctx, x1, mean2, rstd2, hidden, total;
+    layout(std::size_t n, std::size_t t, std::size_t d, std::size_t h, std::size_t f) {
+      const std::size_t m = n * t;
+      mean1 = 0;
+      rstd1 = mean1 + m;
+      qkv = rstd1 + m;
+      probs = qkv + 3 * m * d;
+      ctx = probs + n * h * t * t;
+      x1 = ctx + m * d;
+      mean2 = x1 + m * d;
+      rstd2 = mean2 + m;
+      hidden = rstd2 + m;
+      total = hidden + m * f;
+    }
+  };
+  [[nodiscard]] std::size_t saved_size(const shape& s) const {
+    const vit_detail::token_batch b(s, dim_, "transformer_block");
+    return layout(b.n, b.t, dim_, heads_, hidden_).total;
+  }
+
+  void forward(tensor_view<const T> x, tensor_view<T> y, tensor_view<T> saved, std::uint64_t seed) {
+    namespace el = vit_detail::el;
+    const vit_detail::token_batch b(x.shape(), dim_, "transformer_block");
+    const std::size_t m = b.n * b.t, d = dim_, f = hidden_;
+    const layout at(b.n, b.t, d, heads_, f);
+    cnn_detail::check_size("transformer_block::forward: the output", y.size(), m * d);
+    vit_detail::check_saved("transformer_block::forward", saved.size(), at.total);
+    T* s = saved.data();
+    T *mean1 = s + at.mean1, *rstd1 = s + at.rstd1, *qkv = s + at.qkv, *x1 = s + at.x1, *mean2 = s + at.mean2,
+      *rstd2 = s + at.rstd2, *hid = s + at.hidden;
+    T* a = vit_detail::scratch<T>(0, m * d);  // LN outputs
+    T* g = vit_detail::scratch<T>(1, m * f);  // GELU outputs
+    const T eps = static_cast<T>(vit_detail::layernorm_eps);
+    T* out = y.data();
+
+    // x1 = x + drop(proj(attention(LN1(x))))
+    for (std::size_t r = 0; r < m; ++r) {
+      el::layernorm_stats(x.data() + r * d, d, eps, mean1[r], rstd1[r]);
+      el::layernorm_apply(x.data() + r * d, d, mean1[r], rstd1[r], w(ln1_g), w(ln1_b), a + r * d);
+    }
+    linear_forward(a, m, d, 3 * d, qkv_w, qkv);
+    attention_forward(b.n, b.t, qkv, s + at.probs, s + at.ctx, seed);
+    linear_forward(s + at.ctx, m, d, d, proj_w, out);
+    if (dropping()) el::dropout_row(out, out, m * d, el::dropout_stream(seed, 1), 0, threshold_, keep_scale_);
+    el::residual_add(x.data(), out, x1, m * d);
+
+    // out = x1 + drop(fc2(gelu(fc1(LN2(x1)))))
+    for (std::size_t r = 0; r < m; ++r) {
+      el::layernorm_stats(x1 + r * d, d, eps, mean2[r], rstd2[r]);
+      el::layernorm_apply(x1 + r * d, d, mean2[r], rstd2[r], w(ln2_g), w(ln2_b), a + r * d);
+    }
+    linear_forward(a, m, d, f, fc1_w, hid);
+    for (std::size_t i = 0; i < m * f; ++i) g[i] = el::gelu(hid[i]);
+    linear_forward(g, m, f, d, fc2_w, out);
+    if (dropping()) el::dropout_row(out, out, m * d, el::dropout_stream(seed, 2), 0, threshold_, keep_scale_);
+    el::residual_add(x1, out, out, m * d);
+  }
+
+  // Reads what forward saved (with the same seed); leaves it unchanged.
+  void backward(tensor_view<const T> x, tensor_view<const T>, tensor_view<T> saved, std::uint64_t seed,
+                tensor_view<const T> gy, tensor_view<T> gx) {
+    namespace el = vit_detail::el;
+    const vit_detail::token_batch b(x.shape(), dim_, "transformer_block");
+    const std::size_t m = b.n * b.t, d = dim_, f = hidden_;
+    const layout at(b.n, b.t, d, heads_, f);
+    cnn_detail::check_size("transformer_block::backward: the output gradient", gy.size(), m * d);
+    cnn_detail::check_size("transformer_block::backward: the input gradient", gx.size(), m * d);
+    vit_detail::check_saved("transformer_block::backward", saved.size(), at.total);
+    const T* s = saved.data();
+    const T *mean1 = s + at.mean1, *rstd1 = s + at.rstd1, *x1 = s + at.x1, *mean2 = s + at.mean2,
+            *rstd2 = s + at.rstd2, *hid = s + at.hidden;
+    T* a = vit_detail::scratch<T>(0, m * d);      // LN outputs, recomputed
+    T* g = vit_detail::scratch<T>(1, m * f);      // GELU outputs, then the gradient of fc1's output
+    T* slope = vit_detail::scratch<T>(2, m * f);  // GELU's derivative
+    T* dbranch = vit_detail::scratch<T>(3, m * d);  // a branch's gradient (dropped out, through an LN, ...)
+    T* dctx = vit_detail::scratch<T>(4, m * d);
+    T* dqkv = vit_detail::scratch<T>(5, 3 * m * d);
+    T* out_grad = gx.data();  // gx holds d loss / d x1 until LN1's part is added
+    std::vector<double> sg(d, 0.0), sb(d, 0.0);
+
+    // The MLP branch: out = x1 + drop(fc2(gelu(fc1(LN2(x1))))).
+    const T* dm = gy.data();
+    if (dropping()) {
+      el::dropout_row(gy.data(), dbranch, m * d, el::dropout_stream(seed, 2), 0, threshold_, keep_scale_);
+      dm = dbranch;
+    }
+    for (std::size_t i = 0; i < m * f; ++i) el::gelu_and_grad(hid[i], g[i], slope[i]);
+    linear_backward_params(dm, g, m, f, d, fc2_w);
+    vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, m, f, d, T(1), dm, d, w(fc2_w), f, T(0), g, f);
+    for (std::size_t i = 0; i < m * f; ++i) g[i] *= slope[i];
+    for (std::size_t r = 0; r < m; ++r) el::layernorm_apply(x1 + r * d, d, mean2[r], rstd2[r], w(ln2_g), w(ln2_b), a + r * d);
+    linear_backward_params(g, a, m, d, f, fc1_w);
+    vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, m, d, f, T(1), g, f, w(fc1_w), d, T(0), dbranch, d);
+    for (std::size_t r = 0; r < m; ++r) {
+      el::layernorm_param_grads(x1 + r * d, dbranch + r * d, d, mean2[r], rstd2[r], sg.data(), sb.data());
+      std::copy(gy.data() + r * d, gy.data() + (r + 1) * d, out_grad + r * d);
+      el::layernorm_backward(x1 + r * d, dbranch + r * d, d, mean2[r], rstd2[r], w(ln2_g), out_grad + r * d, true);
+    }
+    vit_detail::add_sums(params_[ln2_g].grad(), sg);
+    vit_detail::add_sums(params_[ln2_b].grad(), sb);
+
+    // The attention branch: x1 = x + drop(proj(attention(LN1(x)))).
+    const T* dattn = out_grad;
+    if (dropping()) {
+      el::dropout_row(out_grad, dbranch, m * d, el::dropout_stream(seed, 1), 0, threshold_, keep_scale_);
+      dattn = dbranch;
+    }
+    linear_backward_params(dattn, s + at.ctx, m, d, d, proj_w);
+    vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, m, d, d, T(1), dattn, d, w(proj_w), d, T(0), dctx, d);
+    attention_backward(b.n, b.t, s + at.qkv, s + at.probs, dctx, dqkv, seed);
+    for (std::size_t r = 0; r < m; ++r) el::layernorm_apply(x.data() + r * d, d, mean1[r], rstd1[r], w(ln1_g), w(ln1_b), a + r * d);
+    linear_backward_params(dqkv, a, m, d, 3 * d, qkv_w);
+    vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, m, d, 3 * d, T(1), dqkv, 3 * d, w(qkv_w), d, T(0), dbranch, d);
+    std::ranges::fill(sg, 0.0);
+    std::ranges::fill(sb, 0.0);
+    for (std::size_t r = 0; r < m; ++r) {
+      el::layernorm_param_grads(x.data() + r * d, dbranch + r * d, d, mean1[r], rstd1[r], sg.data(), sb.data());
+      el::layernorm_backward(x.data() + r * d, dbranch + r * d, d, mean1[r], rstd1[r], w(ln1_g), out_grad + r * d, true);
+    }
+    vit_detail::add_sums(params_[ln1_g].grad(), sg);
+    vit_detail::add_sums(params_[ln1_b].grad(), sb);
+  }
+
+  [[nodiscard]] std::vector<vit_detail::param_t<T>>& parameters() noexcept { return params_; }
+  void train(bool on) noexcept { training_ = on; }
+  [[nodiscard]] bool training() const noexcept { return training_; }
+
+ private:
+  [[nodiscard]] bool dropping() const noexcept { return training_ && threshold_ > 0; }
+  // A parameter's values, read at each call: the storage may be bound elsewhere (FSDP).
+  [[nodiscard]] const T* w(std::size_t i) { return params_[i].value().data(); }
+
+  // y [m, out] = x [m, in] W^T + b, W = params_[wi] [out, in], b = params_[wi + 1].
+  void linear_forward(const T* x, std::size_t m, std::size_t in, std::size_t out, std::size_t wi, T* y) {
+    vit_detail::gemm<T>(CblasNoTrans, CblasTrans, m, out, in, T(1), x, in, w(wi), in, T(0), y, out);
+    for (std::size_t r = 0; r < m; ++r) vit_detail::el::add_bias_row(y + r * out, w(wi + 1), out);
+  }
+  // grad W [out, in] += dy^T x, grad b += the rows of dy [m, out] (in double).
+  void linear_backward_params(const T* dy, const T* x, std::size_t m, std::size_t in, std::size_t out, std::size_t wi) {
+    vit_detail::gemm<T>(CblasTrans, CblasNoTrans, out, in, m, T(1), dy, out, x, in, T(1), params_[wi].grad().data(), in);
+    std::vector<double> sums(out, 0.0);
+    for (std::size_t r = 0; r < m; ++r) vit_detail::el::add_row_to_sums(dy + r * out, out, sums.data());
+    vit_detail::add_sums(params_[wi + 1].grad(), sums);
+  }
+
+  // One small GEMM per (example, head): the heads are strided column blocks of qkv and ctx, which
+  // the BLAS reads in place through its leading dimensions.
+  void attention_forward(std::size_t n, std::size_t t, const T* qkv, T* probs, T* ctx, std::uint64_t seed) {
+    namespace el = vit_detail::el;
+    const std::size_t d = dim_, dh = dim_ / heads_;
+    const T scale = T(1) / std::sqrt(static_cast<T>(dh));
+    const std::uint64_t stream = el::dropout_stream(seed, 0);
+    T* dropped = vit_detail::scratch<T>(6, t * t);
+    for (std::size_t e = 0; e < n; ++e) {
+      for (std::size_t h = 0; h < heads_; ++h) {
+        const T* q = qkv + e * t * 3 * d + h * dh;
+        T* p = probs + (e * heads_ + h) * t * t;
+        vit_detail::gemm<T>(CblasNoTrans, CblasTrans, t, t, dh, T(1), q, 3 * d, q + d, 3 * d, T(0), p, t);
+        for (std::size_t i = 0; i < t; ++i) el::softmax_row(p + i * t, t, scale);
+        const T* pv = p;
+        if (dropping()) {
+          el::dropout_row(p, dropped, t * t, stream, (e * heads_ + h) * t * t, threshold_, keep_scale_);
+          pv = dropped;
+        }
+        vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, t, dh, t, T(1), pv, t, q + 2 * d, 3 * d, T(0),
+                            ctx + e * t * d + h * dh, d);
+      }
+    }
+  }
+
+  // dqkv from dctx: with P the probabilities and Pd = drop(P), ctx_h = Pd v_h gives dv_h = Pd^T dctx_h
+  // and dPd = dctx_h v_h^T; then dP = drop(dPd), dS = softmax'(dP), dq_h = dS k_h / sqrt(dh),
+  // dk_h = dS^T q_h / sqrt(dh).
+  void attention_backward(std::size_t n, std::size_t t, const T* qkv, const T* probs, const T* dctx, T* dqkv,
+                          std::uint64_t seed) {
+    namespace el = vit_detail::el;
+    const std::size_t d = dim_, dh = dim_ / heads_;
+    const T scale = T(1) / std::sqrt(static_cast<T>(dh));
+    const std::uint64_t stream = el::dropout_stream(seed, 0);
+    T* dropped = vit_detail::scratch<T>(6, t * t);
+    T* dp = vit_detail::scratch<T>(7, t * t);
+    for (std::size_t e = 0; e < n; ++e) {
+      for (std::size_t h = 0; h < heads_; ++h) {
+        const T* q = qkv + e * t * 3 * d + h * dh;
+        const T* p = probs + (e * heads_ + h) * t * t;
+        const T* dc = dctx + e * t * d + h * dh;
+        T* dq = dqkv + e * t * 3 * d + h * dh;
+        const std::size_t first = (e * heads_ + h) * t * t;
+        const T* pv = p;
+        if (dropping()) {
+          el::dropout_row(p, dropped, t * t, stream, first, threshold_, keep_scale_);
+          pv = dropped;
+        }
+        vit_detail::gemm<T>(CblasTrans, CblasNoTrans, t, dh, t, T(1), pv, t, dc, d, T(0), dq + 2 * d, 3 * d);
+        vit_detail::gemm<T>(CblasNoTrans, CblasTrans, t, t, dh, T(1), dc, d, q + 2 * d, 3 * d, T(0), dp, t);
+        if (dropping()) el::dropout_row(dp, dp, t * t, stream, first, threshold_, keep_scale_);
+        for (std::size_t i = 0; i < t; ++i) el::softmax_backward_row(p + i * t, dp + i * t, t);
+        vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, t, dh, t, scale, dp, t, q + d, 3 * d, T(0), dq, 3 * d);
+        vit_detail::gemm<T>(CblasTrans, CblasNoTrans, t, dh, t, scale, dp, t, q, 3 * d, T(0), dq + d, 3 * d);
+      }
+    }
+  }
+
+  std::size_t dim_, heads_, hidden_;
+  float dropout_;
+  std::uint32_t threshold_ = 0;
+  T keep_scale_ = T(1);
+  bool training_ = true;
+  std::vector<vit_detail::param_t<T>> params_;
+};
+
+// The classifier on [n, tokens, dim]: the mean over tokens, a LayerNorm, a linear map to the
+// classes: [n, classes] logits for softmax_cross_entropy. Keeps nothing: backward recomputes the
+// pooled rows and their LayerNorm ([n, dim], cheap). Parameters: LN gamma, beta [dim]; W
+// [classes, dim], b [classes].
+template <class T>
+class basic_vit_head {
+ public:
+  basic_vit_head(std::size_t dim, std::size_t classes, std::uint32_t seed) : dim_(dim), classes_(classes) {
+    if (dim_ == 0 || classes_ == 0) {
+      throw invalid_argument_error("vit_head: dim " + std::to_string(dim_) + " to " + std::to_string(classes_) +
+                                   " classes (expected both > 0)");
+    }
+    params_.emplace_back(shape{dim_});
+    params_.emplace_back(shape{dim_});
+    params_.emplace_back(shape{classes_, dim_});
+    params_.emplace_back(shape{classes_});
+    vit_detail::fill(params_[0].value(), T(1));
+    std::mt19937 gen(seed);
+    vit_detail::fill_uniform(gen, dim_, params_[2].value());
+    vit_detail::fill_uniform(gen, dim_, params_[3].value());
+  }
+
+  [[nodiscard]] shape output_shape(const shape& s) const {
+    return {vit_detail::token_batch(s, dim_, "vit_head").n, classes_};
+  }
+
+  void forward(tensor_view<const T> x, tensor_view<T> y) {
+    const vit_detail::token_batch b(x.shape(), dim_, "vit_head");
+    cnn_detail::check_size("vit_head::forward: the output", y.size(), b.n * classes_);
+    T* normed = normalize(x.data(), b.n, b.t);
+    vit_detail::gemm<T>(CblasNoTrans, CblasTrans, b.n, classes_, dim_, T(1), normed, dim_, params_[2].value().data(),
+                        dim_, T(0), y.data(), classes_);
+    for (std::size_t e = 0; e < b.n; ++e) vit_detail::el::add_bias_row(y.data() + e * classes_, params_[3].value().data(), classes_);
+  }
+
+  void backward(tensor_view<const T> x, tensor_view<const T>, tensor_view<const T> gy, tensor_view<T> gx) {
+    namespace el = vit_detail::el;
+    const vit_detail::token_batch b(x.shape(), dim_, "vit_head");
+    cnn_detail::check_size("vit_head::backward: the output gradient", gy.size(), b.n * classes_);
+    cnn_detail::check_size("vit_head::backward: the input gradient", gx.size(), x.size());
+    T* normed = normalize(x.data(), b.n, b.t);
+    const T* pooled = vit_detail::scratch<T>(0, b.n * dim_);
+    const T* stats = vit_detail::scratch<T>(2, 2 * b.n);
+    T* dnormed = vit_detail::scratch<T>(3, b.n * dim_);
+    // grad W [classes, dim] += gy^T normed; dnormed = gy W
+    vit_detail::gemm<T>(CblasTrans, CblasNoTrans, classes_, dim_, b.n, T(1), gy.data(), classes_, normed, dim_, T(1),
+                        params_[2].grad().data(), dim_);
+    vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, b.n, dim_, classes_, T(1), gy.data(), classes_,
+                        params_[2].value().data(), dim_, T(0), dnormed, dim_);
+    std::vector<double> sg(dim_, 0.0), sb(dim_, 0.0), sc(classes_, 0.0);
+    T* dpooled = normed;  // normed is used up
+    for (std::size_t e = 0; e < b.n; ++e) {
+      el::add_row_to_sums(gy.data() + e * classes_, classes_, sc.data());
+      const T* row = pooled + e * dim_;
+      el::layernorm_param_grads(row, dnormed + e * dim_, dim_, stats[2 * e], stats[2 * e + 1], sg.data(), sb.data());
+      el::layernorm_backward(row, dnormed + e * dim_, dim_, stats[2 * e], stats[2 * e + 1], params_[0].value().data(),
+                             dpooled + e * dim_, false);
+      // Each token had weight 1 / tokens in the mean.
+      for (std::size_t t = 0; t < b.t; ++t) {
+        for (std::size_t j = 0; j < dim_; ++j) gx[(e * b.t + t) * dim_ + j] = dpooled[e * dim_ + j] / static_cast<T>(b.t);
+      }
+    }
+    vit_detail::add_sums(params_[0].grad(), sg);
+    vit_detail::add_sums(params_[1].grad(), sb);
+    vit_detail::add_sums(params_[3].grad(), sc);
+  }
+
+  [[nodiscard]] std::vector<vit_detail::param_t<T>>& parameters() noexcept { return params_; }
+
+ private:
+  // The mean over tokens (scratch 0), its LayerNorm statistics (scratch 2, mean and rstd per
+  // example) and output (scratch 1, returned).
+  T* normalize(const T* x, std::size_t n, std::size_t t) {
+    T* pooled = vit_detail::scratch<T>(0, n * dim_);
+    T* normed = vit_detail::scratch<T>(1, n * dim_);
+    T* stats = vit_detail::scratch<T>(2, 2 * n);
+    std::vector<double> sum(dim_);
+    for (std::size_t e = 0; e < n; ++e) {
+      std::ranges::fill(sum, 0.0);
+      for (std::size_t k = 0; k < t; ++k) vit_detail::el::add_row_to_sums(x + (e * t + k) * dim_, dim_, sum.data());
+      for (std::size_t j = 0; j < dim_; ++j) pooled[e * dim_ + j] = static_cast<T>(sum[j] / static_cast<double>(t));
+      vit_detail::el::layernorm_stats(pooled + e * dim_, dim_, static_cast<T>(vit_detail::layernorm_eps), stats[2 * e],
+                                      stats[2 * e + 1]);
+      vit_detail::el::layernorm_apply(pooled + e * dim_, dim_, stats[2 * e], stats[2 * e + 1], params_[0].value().data(),
+                                      params_[1].value().data(), normed + e * dim_);
+    }
+    return normed;
+  }
+
+  std::size_t dim_, classes_;
+  std::vector<vit_detail::param_t<T>> params_;
+};
+
+namespace vit_detail {
+
+// A float layer of this file as a host layer that keeps nothing (the plain forward and backward).
+template <class Impl>
+class plain_layer final : public host_layer {
+ public:
+  using host_layer::backward;  // the saved-activation forms stay visible
+  using host_layer::forward;
+  template <class... A>
+    requires std::constructible_from<Impl, A...>
+  explicit plain_layer(A&&... a) : impl_(std::forward<A>(a)...) {}
+
+  [[nodiscard]] shape output_shape(const shape& s) const override { return impl_.output_shape(s); }
+  void forward(tensor_view<const float> in, tensor_view<float> out) override { impl_.forward(in, out); }
+  void backward(tensor_view<const float> in, tensor_view<const float> out, tensor_view<const float> gout,
+                tensor_view<float> gin) override {
+    impl_.backward(in, out, gout, gin);
+  }
+  [[nodiscard]] std::vector<host_param>& parameters() override { return impl_.parameters(); }
+  [[nodiscard]] std::unique_ptr<host_layer> clone() const override { return std::make_unique<plain_layer>(*this); }
+  [[nodiscard]] Impl& impl() noexcept { return impl_; }
+
+ private:
+  Impl impl_;
+};
+
+// A float layer of this file that keeps activations, as a host_saving_layer (which supplies the
+// plain forms: a backward through them recomputes the forward with seed 0).
+template <class Impl>
+class saving_layer final : public host_saving_layer {
+ public:
+  using host_saving_layer::backward;
+  using host_saving_layer::forward;
+  template <class... A>
+    requires std::constructible_from<Impl, A...>
+  explicit saving_layer(A&&... a) : impl_(std::forward<A>(a)...) {}
+
+  [[nodiscard]] shape output_shape(const shape& s) const override { return impl_.output_shape(s); }
+  [[nodiscard]] std::size_t saved_size(const shape& s) const override { return impl_.saved_size(s); }
+  void forward(tensor_view<const float> in, tensor_view<float> out, const layer_call<>& call) override {
+    impl_.forward(in, out, call.saved, call.seed);
+  }
+  void backward(tensor_view<const float> in, tensor_view<const float> out, const layer_call<>& call,
+                tensor_view<const float> gout, tensor_view<float> gin) override {
+    impl_.backward(in, out, call.saved, call.seed, gout, gin);
+  }
+  [[nodiscard]] std::vector<host_param>& parameters() override { return impl_.parameters(); }
+  [[nodiscard]] std::unique_ptr<host_layer> clone() const override { return std::make_unique<saving_layer>(*this); }
+  // Dropout on (training) or off: sequential's train(bool) and eval_step reach it through host_layer.
+  void train(bool on) override { impl_.train(on); }
+  [[nodiscard]] Impl& impl() noexcept { return impl_; }
+
+ private:
+  Impl impl_;
+};
+
+inline const vit_config& checked(const vit_config& c) {
+  auto bad = [](const std::string& what) { throw invalid_argument_error("vit_config: " + what); };
+  if (c.image == 0 || c.patch == 0 || c.image % c.patch != 0) {
+    bad("patch " + std::to_string(c.patch) + " on a " + std::to_string(c.image) + "x" + std::to_string(c.image) +
+        " image (expected a patch size > 0 that divides the image side)");
+  }
+  if (c.dim == 0 || c.heads == 0 || c.dim % c.heads != 0) {
+    bad("dim " + std::to_string(c.dim) + " with " + std::to_string(c.heads) +
+        " heads (expected heads > 0 dividing dim > 0)");
+  }
+  if (c.mlp_ratio == 0) bad("mlp_ratio 0 (expected >= 1)");
+  if (c.classes == 0) bad("classes 0 (expected >= 1)");
+  if (!(c.dropout >= 0.0f && c.dropout < 1.0f)) {
+    bad("dropout " + std::to_string(c.dropout) + " (expected 0 <= dropout < 1)");
+  }
+  return c;
+}
+
+}  // namespace vit_detail
+
+using patch_embed = vit_detail::plain_layer<basic_patch_embed<float>>;
+using transformer_block = vit_detail::saving_layer<basic_transformer_block<float>>;
+using vit_head = vit_detail::plain_layer<basic_vit_head<float>>;
+
+// The ViT's layers in T: patch embedding (seed), depth blocks (seed + 1 + i), head (seed + 1 +
+// depth). make_vit builds the float model from these; the gradient check builds the double one
+// from the same seed and gets the same values.
+template <class T>
+struct basic_vit {
+  basic_patch_embed<T> embed;
+  std::vector<basic_transformer_block<T>> blocks;
+  basic_vit_head<T> head;
+
+  basic_vit(const vit_config& c, std::uint32_t seed)
+      : embed(vit_detail::checked(c).image, c.patch, c.dim, seed),
+        head(c.dim, c.classes, seed + 1 + static_cast<std::uint32_t>(c.depth)) {
+    for (std::size_t i = 0; i < c.depth; ++i) {
+      blocks.emplace_back(c.dim, c.heads, c.mlp_ratio * c.dim, c.dropout, seed + 1 + static_cast<std::uint32_t>(i));
+    }
+  }
+};
+
+// [n, 784] grey images -> [n, 10] logits for softmax_cross_entropy: patch_embed, c.depth
+// transformer_blocks, vit_head (c.depth + 2 layers). Sets OpenBLAS to one thread, as conv2d: the
+// ranks (processes or threads) already use the cores.
+[[nodiscard]] inline host_model make_vit(const vit_config& c, std::uint32_t seed) {
+  openblas_set_num_threads(1);
+  basic_vit<float> v(c, seed);
+  host_model m;
+  m.push_back(std::make_unique<patch_embed>(std::move(v.embed)));
+  for (auto& b : v.blocks) m.push_back(std::make_unique<transformer_block>(std::move(b)));
+  m.push_back(std::make_unique<vit_head>(std::move(v.head)));
+  return m;
+}
+
+}  // namespace models::layers
