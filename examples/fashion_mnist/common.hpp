@@ -34,11 +34,18 @@ inline datasets load_data(const options& o) {
   return d;
 }
 
-// What every mode shares: the schedule, checkpoint, metrics, trace and the launcher's restart
+// What every mode shares: the schedule (cosine by epoch, or --lr-warmup steps then cosine by step
+// over the run's steps_per_epoch * epochs), checkpoint, metrics, trace and the launcher's restart
 // test hook (PARTRAIN_EXAMPLE_KILL_AT_STEP=k: rank 1 SIGKILLs itself at step k of attempt 0).
-inline trainer_options fit_options(const options& o, trace_recorder& trace) {
+inline trainer_options fit_options(const options& o, trace_recorder& trace, std::size_t steps_per_epoch) {
   trainer_options t{.epochs = o.epochs, .lr = cosine_lr{.base = o.lr, .epochs = o.epochs}, .metrics = o.metrics,
                     .log_every = o.log_every, .trace = &trace};
+  if (o.lr_warmup > 0) {
+    const auto warmup = static_cast<std::size_t>(o.lr_warmup);
+    t.lr = {};
+    t.step_lr = warmup_cosine_lr{.base = o.lr, .warmup_steps = warmup,
+                                 .total_steps = std::max(warmup + 1, steps_per_epoch * o.epochs)};
+  }
   t.loop = o.loop == "plain" ? loop_style::plain : o.loop == "coroutine" ? loop_style::coroutine : loop_style::ranges;
   if (!o.checkpoint.empty()) t.checkpoint = std::filesystem::path(o.checkpoint) / "fashion_mnist.ckpt";
   const char* kill_at = std::getenv("PARTRAIN_EXAMPLE_KILL_AT_STEP");
@@ -53,6 +60,18 @@ inline trainer_options fit_options(const options& o, trace_recorder& trace) {
     };
   }
   return t;
+}
+
+// --optimizer: the sharded modes' optimizer options, and an optimizer over a model's parameters
+// for the others (one type, any_optimizer, so each mode's policy is compiled once).
+[[nodiscard]] inline shard_optimizer_options optimizer_options(const options& o) {
+  if (o.optimizer == "adamw") return adamw_options{.lr = o.lr, .weight_decay = o.weight_decay};
+  return sgd_options{.lr = o.lr, .momentum = o.momentum};
+}
+template <class Model>
+[[nodiscard]] any_optimizer make_optimizer(Model& model, const options& o) {
+  if (o.optimizer == "adamw") return adamw(model, {.lr = o.lr, .weight_decay = o.weight_decay});
+  return sgd(model, {.lr = o.lr, .momentum = o.momentum});
 }
 
 // prefetch_batches for the calling thread's CPUs: a rank asks on its own thread, after pinning.

@@ -44,7 +44,7 @@ void train_ddp(Model& model, process_group& pg, const options& o, const datasets
   if (o.bucket_kb) dopts.bucket_cap_bytes = dopts.first_bucket_bytes = o.bucket_kb << 10;
   distributed_data_parallel ddp(model, pg, dopts);
   grad_scaler scaler = mp.make_scaler();
-  sgd opt(model, {.lr = o.lr, .momentum = o.momentum});
+  any_optimizer opt = make_optimizer(model, o);
   ddp_policy policy(ddp, opt, {.scaler = mp.compute == precision::fp32 ? nullptr : &scaler, .trace = &trace,
                                .powersgd = psgd.get()});
   loader train = rank_train(data, o, rank, world);
@@ -57,7 +57,7 @@ void train_ddp(Model& model, process_group& pg, const options& o, const datasets
                 o.loop.c_str(), prefetch_here(o), o.precision.c_str(),
                 mp.compute == precision::fp32 ? "" : (o.reduce_16bit ? " (gradients reduced in 16 bits)" : " (gradients reduced in fp32)"));
   }
-  fit(policy, train, test, fit_options(o, trace));
+  fit(policy, train, test, fit_options(o, trace, train.size()));
   if (rank == 0 && scaler.enabled()) {
     std::printf("mixed precision: %zu step(s) skipped for inf/NaN gradients, loss scale now %g\n", policy.skipped_steps(),
                 static_cast<double>(scaler.scale()));

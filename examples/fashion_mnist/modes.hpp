@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cnn_layers.hpp"
+#include "vit_layers.hpp"
 #include "common.hpp"
 #include "mlp_host.hpp"
 #include "mlp_layers.hpp"
@@ -21,20 +22,31 @@ namespace example::fm {
 // --model: the layers of the model, one description for every mode.
 inline models::layers::host_model make_layers(const options& o) {
   const auto seed = static_cast<std::uint32_t>(o.seed);
+  if (o.model == "vit") return models::layers::make_vit({}, seed);
   return o.model == "cnn" ? models::layers::make_cnn(seed) : models::layers::make_mlp({784, 256, 128, 10}, seed);
 }
+// --recompute: none, full (every layer), every:K (layers 0, K, 2K, ...).
+[[nodiscard]] inline recompute_options recompute_choice(const options& o) {
+  if (o.recompute == "full") return {.every = 1, .layers = {}};
+  if (o.recompute.starts_with("every:")) return {.every = std::stoul(o.recompute.substr(6)), .layers = {}};
+  return {};
+}
 inline auto make_sequential(const options& o) {
-  return sequential(make_layers(o), models::layers::softmax_cross_entropy{});
+  sequential model(make_layers(o), models::layers::softmax_cross_entropy{});
+  model.set_recompute(recompute_choice(o));
+  return model;
 }
 [[nodiscard]] inline const char* model_name(const options& o) {
+  if (o.model == "vit") return "ViT 7x7 patches, dim 64, 4 blocks of 4 heads";
   return o.model == "cnn" ? "CNN conv8-pool-conv16-pool-linear" : "MLP 784-256-128-10";
 }
 
 // The modes that take a model call f with it: the MLP as the example's own hand-fused step
-// (mlp_host, OpenBLAS, mixed precision), the CNN as its layers in a partrain::sequential.
+// (mlp_host, OpenBLAS, mixed precision), the CNN and the ViT as their layers in a
+// partrain::sequential.
 template <class F>
 void with_model(const options& o, F&& f) {
-  if (o.model == "cnn") {
+  if (o.model != "mlp") {
     auto model = make_sequential(o);
     f(model);
   } else {
@@ -53,7 +65,7 @@ void train_zero(Model& model, process_group& pg, const options& o, const dataset
   const auto compute = parse_precision(o.precision);
   zero_options zopts{.stage = o.parallel == "zero1" ? 1 : 2, .overlap = o.overlap};
   if (o.bucket_kb) zopts.bucket_cap_bytes = zopts.first_bucket_bytes = o.bucket_kb << 10;
-  sharded_data_parallel zero(model, pg, sgd_options{.lr = o.lr, .momentum = o.momentum}, zopts);
+  sharded_data_parallel zero(model, pg, optimizer_options(o), zopts);
   grad_scaler scaler = mixed_precision_policy{.compute = compute}.make_scaler();
   trace_recorder trace = make_trace(o);
   zero_policy policy(zero, {.scaler = compute == precision::fp32 ? nullptr : &scaler, .trace = &trace});
@@ -64,7 +76,7 @@ void train_zero(Model& model, process_group& pg, const options& o, const dataset
                 "%zu/%zu examples, precision %s\n", o.parallel.c_str(), pg.size(), std::string(pg.backend()).c_str(),
                 model_name(o), o.batch_size, o.lr, o.epochs, data.n_train, data.n_test, o.precision.c_str());
   }
-  fit(policy, train, test, fit_options(o, trace));
+  fit(policy, train, test, fit_options(o, trace, train.size()));
   print_end(pg, parameter_checksum(model));
 }
 
@@ -76,7 +88,7 @@ inline void train_fsdp(process_group& pg, const options& o, const datasets& data
   // MixedPrecision); the chunks, the optimizer and the layers' arithmetic stay fp32. fp16 also
   // scales the loss (a grad scaler, agreed across ranks) so small gradients survive the reduction.
   const dtype wire = o.precision == "bf16" ? dtype::bfloat16 : o.precision == "fp16" ? dtype::float16 : dtype::float32;
-  fully_sharded_data_parallel fsdp(model, pg, sgd_options{.lr = o.lr, .momentum = o.momentum},
+  fully_sharded_data_parallel fsdp(model, pg, optimizer_options(o),
                                    fsdp_options{.param_dtype = wire, .reduce_dtype = wire});
   trace_recorder trace = make_trace(o);
   grad_scaler scaler = grad_scaler::for_precision(parse_precision(o.precision));
@@ -88,7 +100,7 @@ inline void train_fsdp(process_group& pg, const options& o, const datasets& data
                 "%zu/%zu examples, gathers and reductions in %s\n", pg.size(), std::string(pg.backend()).c_str(),
                 model_name(o), o.batch_size, o.lr, o.epochs, data.n_train, data.n_test, std::string(to_string(wire)).c_str());
   }
-  fit(policy, train, test, fit_options(o, trace));
+  fit(policy, train, test, fit_options(o, trace, train.size()));
   const fsdp_memory m = fsdp.memory();
   if (pg.rank() == 0) {
     std::printf("rank 0 held at most %.2f MB of parameters (the whole model: %.2f MB)\n",
@@ -104,7 +116,7 @@ inline void train_local(process_group& pg, const options& o, const datasets& dat
 }
 template <class Model>
 void train_local(Model& model, process_group& pg, const options& o, const datasets& data) {
-  sgd opt(model, {.lr = o.lr, .momentum = o.momentum});
+  any_optimizer opt = make_optimizer(model, o);
   trace_recorder trace = make_trace(o);
   loader train = rank_train(data, o, pg.rank(), pg.size());
   loader test = rank_test(data, pg.rank(), pg.size());
@@ -118,7 +130,7 @@ void train_local(Model& model, process_group& pg, const options& o, const datase
   }
   auto run = [&](auto& algorithm) {
     local_sgd_policy policy(algorithm);
-    fit(policy, train, test, fit_options(o, trace));
+    fit(policy, train, test, fit_options(o, trace, train.size()));
   };
   if (o.sync == "local-sgd" && o.ranks_per_host > 0) {
     // Hierarchical: this rank's host is the group of ranks_per_host consecutive ranks.
@@ -146,14 +158,14 @@ template <class Model>
 void train_dp(Model& model, const options& o, const datasets& data) {
   std::vector<device> devices;
   for (int i = 0; i < o.devices; ++i) devices.push_back(device::cpu(i));
-  data_parallel dp(model, devices, [&](Model& replica) { return sgd<Model>(replica, {.lr = o.lr, .momentum = o.momentum}); });
+  data_parallel dp(model, devices, [&](Model& replica) { return make_optimizer(replica, o); });
   data_parallel_policy policy(dp);
   loader train = shuffled_train(data, o);
   loader test = whole_test(data);
   std::printf("fashion_mnist: dp, %d host device(s) in one process, %s, batch %zu, lr %g, %zu epochs, %zu/%zu examples\n",
               o.devices, model_name(o), o.batch_size, o.lr, o.epochs, data.n_train, data.n_test);
   trace_recorder trace = make_trace(o);
-  fit(policy, train, test, fit_options(o, trace));
+  fit(policy, train, test, fit_options(o, trace, train.size()));
   std::printf("final parameter checksum %016llx\n", static_cast<unsigned long long>(parameter_checksum(model)));
 }
 
@@ -173,7 +185,7 @@ inline void train_pipeline(process_group& pg, const options& o, const datasets& 
                                     .micro_batches = o.micro_batches,
                                     .probe = probe});
   auto params = stage.parameters();  // this rank's layers' parameters, as a model for sgd
-  sgd opt(params, {.lr = o.lr, .momentum = o.momentum});
+  any_optimizer opt = make_optimizer(params, o);
   pipeline_policy policy(stage, pg, opt, model.loss());
   loader train = shuffled_train(data, o);
   loader test = whole_test(data);
@@ -184,7 +196,7 @@ inline void train_pipeline(process_group& pg, const options& o, const datasets& 
     std::printf("%s", stage.layout().to_string().c_str());  // which layers each stage runs
   }
   trace_recorder trace = make_trace(o);
-  fit(policy, train, test, fit_options(o, trace));
+  fit(policy, train, test, fit_options(o, trace, train.size()));
 }
 
 }  // namespace example::fm

@@ -24,7 +24,7 @@ class usage_error : public std::runtime_error {
 
 struct options {
   std::string device = "cpu";      // cpu | cuda
-  std::string model = "mlp";       // mlp | cnn (host layers: conv, relu, maxpool, linear)
+  std::string model = "mlp";       // mlp | cnn | vit (host layers: conv, relu, maxpool, linear; a ViT)
   std::string backend = "gloo";    // gloo | mpi | nccl | local
   std::string parallel = "ddp";    // ddp | zero1 | zero2 | fsdp | dp (one process, --devices) | pipeline (--stages ranks)
   std::string sync = "ddp";        // ddp: every step; local-sgd | diloco | powersgd: communicate less
@@ -33,8 +33,13 @@ struct options {
   bool reduce_16bit = false;       // mixed precision: all_reduce gradients in the 16-bit type
   std::size_t epochs = 8;
   std::size_t batch_size = 64;     // per rank
-  double lr = 0.05;
+  double lr = 0.05;                // 1e-3 with --optimizer adamw unless --lr is given
+  bool lr_given = false;
   double momentum = 0.9;
+  std::string optimizer;           // sgd | adamw (default: adamw for the ViT, sgd otherwise)
+  double weight_decay = 0.01;      // adamw
+  std::int64_t lr_warmup = -1;     // steps of linear warm-up, then cosine by step (-1: 200 for the ViT; 0: cosine by epoch)
+  std::string recompute = "none";  // none | full | every:K  (activation recomputation of the layers)
   std::uint64_t seed = 0;
   int nproc = 0;                   // 0: take rank and world size from the environment
   int devices = 2;                 // dp: host devices (worker threads) in this process
@@ -67,17 +72,24 @@ struct options {
 inline constexpr std::string_view usage_text =
     "usage: fashion_mnist [options]\n"
     "  --device cpu|cuda         where the model runs (default cpu)\n"
-    "  --model mlp|cnn           the MLP 784-256-128-10 (default) or a CNN (conv 3x3 1->8, relu, maxpool,\n"
-    "                            conv 3x3 8->16, relu, maxpool, linear 784->10): one layer description\n"
+    "  --model mlp|cnn|vit       the MLP 784-256-128-10 (default), a CNN (conv 3x3 1->8, relu, maxpool,\n"
+    "                            conv 3x3 8->16, relu, maxpool, linear 784->10) or a Vision Transformer\n"
+    "                            (7x7 patches, dim 64, 4 blocks of 4 heads): one layer description\n"
     "                            that every --parallel and --sync mode trains\n"
+    "  --recompute none|full|every:K  the layers' activations dropped after forward and recomputed in\n"
+    "                            backward: every layer, or layers 0, K, 2K, ... (default none)\n"
     "  --backend gloo|mpi|nccl|local  communication backend (default gloo; local = threads of this process;\n"
     "                            mpi = ranks started by mpirun or srun, e.g. mpirun -np 2 fashion_mnist --backend mpi)\n"
     "  --nproc N                 start N ranks here (processes, or threads with --backend local);\n"
     "                            without it, rank and world size come from the environment (partrun, torchrun, Slurm)\n"
     "  --epochs N                (default 8)\n"
     "  --batch-size N            per rank (default 64)\n"
-    "  --lr X                    SGD learning rate (default 0.05, momentum 0.9)\n"
-    "  --momentum X              (default 0.9)\n"
+    "  --optimizer sgd|adamw     (default adamw for --model vit, sgd otherwise)\n"
+    "  --lr X                    learning rate (default 0.05 for sgd, 1e-3 for adamw)\n"
+    "  --momentum X              sgd (default 0.9)\n"
+    "  --weight-decay X          adamw (default 0.01)\n"
+    "  --lr-warmup N             N steps of linear warm-up, then cosine by step (default 200 for --model\n"
+    "                            vit; 0: cosine by epoch, the default otherwise)\n"
     "  --seed N                  weights and shuffling (default 0)\n"
     "  --loop ranges|coroutine|plain  how the loop is written (same result)\n"
     "  --no-overlap              reduce gradients after backward instead of during it\n"
@@ -168,7 +180,23 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
       detail::check_choice(flag, o.device, {"cpu", "cuda"});
     } else if (flag == "--model") {
       o.model = value();
-      detail::check_choice(flag, o.model, {"mlp", "cnn"});
+      detail::check_choice(flag, o.model, {"mlp", "cnn", "vit"});
+    } else if (flag == "--optimizer") {
+      o.optimizer = value();
+      detail::check_choice(flag, o.optimizer, {"sgd", "adamw"});
+    } else if (flag == "--weight-decay") {
+      o.weight_decay = detail::parse_number<double>(flag, value());
+      if (o.weight_decay < 0) throw usage_error(flag + ": must be >= 0");
+    } else if (flag == "--lr-warmup") {
+      o.lr_warmup = detail::parse_number<std::int64_t>(flag, value());
+      if (o.lr_warmup < 0) throw usage_error(flag + ": must be >= 0");
+    } else if (flag == "--recompute") {
+      o.recompute = value();
+      if (o.recompute != "none" && o.recompute != "full" &&
+          !(o.recompute.starts_with("every:") && o.recompute.size() > 6 &&
+            o.recompute.find_first_not_of("0123456789", 6) == std::string::npos && std::stoul(o.recompute.substr(6)) > 0)) {
+        throw usage_error(flag + ": '" + o.recompute + "' is not one of: none, full, every:K (K >= 1)");
+      }
     } else if (flag == "--backend") {
       o.backend = value();
       detail::check_choice(flag, o.backend, {"gloo", "mpi", "nccl", "local"});
@@ -214,6 +242,7 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
       o.batch_size = positive(detail::parse_number<std::size_t>(flag, value()));
     } else if (flag == "--lr") {
       o.lr = positive(detail::parse_number<double>(flag, value()));
+      o.lr_given = true;
     } else if (flag == "--momentum") {
       o.momentum = detail::parse_number<double>(flag, value());
       if (o.momentum < 0 || o.momentum >= 1) throw usage_error(flag + ": expected a value in [0, 1)");
@@ -297,13 +326,20 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
     throw usage_error("--reduce-16bit: with --parallel ddp only (ZeRO reduces in fp32; fsdp with --precision already "
                       "reduces in 16 bits)");
   }
-  if (o.model == "cnn") {
-    if (o.device != "cpu") throw usage_error("--model cnn: this example's CNN runs on the host (--device cpu)");
+  if (o.model != "mlp") {
+    const std::string what = "--model " + o.model + ": this example's " + (o.model == "cnn" ? "CNN" : "ViT");
+    if (o.device != "cpu") throw usage_error(what + " runs on the host (--device cpu)");
     if (o.precision != "fp32" && o.parallel != "fsdp") {
-      throw usage_error("--model cnn: the CNN computes in fp32 (--precision " + o.precision +
+      throw usage_error(what + " computes in fp32 (--precision " + o.precision +
                         " with --parallel fsdp gathers and reduces in 16 bits)");
     }
   }
+  if (o.recompute != "none" && o.model == "mlp") {
+    throw usage_error("--recompute: the MLP's layers keep no activations to drop (use --model cnn or vit)");
+  }
+  if (o.optimizer.empty()) o.optimizer = o.model == "vit" ? "adamw" : "sgd";
+  if (o.optimizer == "adamw" && !o.lr_given) o.lr = 1e-3;
+  if (o.lr_warmup < 0) o.lr_warmup = o.model == "vit" ? 200 : 0;
   if (o.backend == "nccl" && o.device != "cuda") throw usage_error("--backend nccl needs --device cuda");
   if (o.backend == "mpi" && o.nproc != 0) {
     throw usage_error("--backend mpi: mpirun or srun starts the ranks; run `mpirun -np " + std::to_string(o.nproc) +

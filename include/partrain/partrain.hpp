@@ -98,6 +98,7 @@
 
 // optim/
 #include <partrain/optim/adamw.hpp>
+#include <partrain/optim/any_optimizer.hpp>
 #include <partrain/optim/clip.hpp>
 #include <partrain/optim/optimizer.hpp>
 #include <partrain/optim/sgd.hpp>

@@ -85,10 +85,24 @@ TEST_CASE("example options: bad input names the flag and what was expected", "[e
                     Catch::Contains("must equal --stages 2"));
   CHECK(parse_options({"--parallel", "pipeline", "--checkpoint", "d"}).checkpoint == "d");  // stage by stage
   CHECK(parse_options({"--model", "cnn", "--parallel", "fsdp", "--precision", "bf16"}).model == "cnn");
-  CHECK_THROWS_WITH(parse_options({"--model", "vit"}), Catch::Contains("not one of: mlp, cnn"));
+  CHECK_THROWS_WITH(parse_options({"--model", "transformer"}), Catch::Contains("not one of: mlp, cnn, vit"));
   CHECK_THROWS_WITH(parse_options({"--model"}), Catch::Contains("--model: needs a value"));
   CHECK_THROWS_WITH(parse_options({"--model", "cnn", "--device", "cuda"}), Catch::Contains("runs on the host"));
-  CHECK_THROWS_WITH(parse_options({"--model", "cnn", "--precision", "fp16"}), Catch::Contains("the CNN computes in fp32"));
+  CHECK_THROWS_WITH(parse_options({"--model", "cnn", "--precision", "fp16"}), Catch::Contains("CNN computes in fp32"));
+  CHECK_THROWS_WITH(parse_options({"--model", "vit", "--device", "cuda"}), Catch::Contains("ViT runs on the host"));
+  // The ViT's defaults: AdamW at 1e-3 with 200 warm-up steps; the others keep SGD at 0.05.
+  const auto vit = parse_options({"--model", "vit"});
+  CHECK((vit.optimizer == "adamw" && vit.lr == 1e-3 && vit.lr_warmup == 200));
+  const auto mlp = parse_options({});
+  CHECK((mlp.optimizer == "sgd" && mlp.lr == 0.05 && mlp.lr_warmup == 0));
+  CHECK(parse_options({"--model", "vit", "--lr", "0.002", "--optimizer", "sgd"}).lr == 0.002);
+  CHECK(parse_options({"--optimizer", "adamw"}).lr == 1e-3);
+  CHECK_THROWS_WITH(parse_options({"--optimizer", "lion"}), Catch::Contains("not one of: sgd, adamw"));
+  CHECK(parse_options({"--model", "vit", "--recompute", "every:2"}).recompute == "every:2");
+  CHECK_THROWS_WITH(parse_options({"--model", "vit", "--recompute", "every:0"}), Catch::Contains("none, full, every:K"));
+  CHECK_THROWS_WITH(parse_options({"--model", "vit", "--recompute", "some"}), Catch::Contains("none, full, every:K"));
+  CHECK_THROWS_WITH(parse_options({"--recompute", "full"}), Catch::Contains("the MLP's layers keep no activations"));
+  CHECK_THROWS_WITH(parse_options({"--lr-warmup", "-1"}), Catch::Contains("must be >= 0"));
   CHECK_THROWS_WITH(parse_options({"--schedule", "zb"}), Catch::Contains("not one of: gpipe, 1f1b"));
   CHECK(parse_options({"--parallel", "dp", "--devices", "3"}).devices == 3);
   CHECK_THROWS_WITH(parse_options({"--momentum", "1.5"}), Catch::Contains("[0, 1)"));

@@ -42,6 +42,7 @@
 #include "pipeline_layers.hpp"
 #if PARTRAIN_TEST_HAVE_OPENBLAS
 #include "cnn_layers.hpp"
+#include "vit_layers.hpp"
 #endif
 
 using namespace partrain;
@@ -97,7 +98,14 @@ std::vector<float> flat_values(M& m) {
 struct setup {
   std::function<host_model()> layers;
   std::size_t features;
+  recompute_options recompute{};  // the model's activation recomputation (the reference's too)
 };
+
+model_t make_model(const setup& s) {
+  model_t m(s.layers(), softmax_cross_entropy{});
+  m.set_recompute(s.recompute);
+  return m;
+}
 
 trainer_options quiet(std::ostringstream& sink) {
   trainer_options o{.epochs = epochs};
@@ -112,7 +120,7 @@ struct loop_options {
 };
 
 std::vector<float> reference(const setup& s, const dp_dataset& data, const loop_options& lo = {}) {
-  model_t model(s.layers(), softmax_cross_entropy{});
+  model_t model = make_model(s);
   sgd opt(model, opt_options);
   std::size_t step = 0;
   for (std::size_t e = 0; e < epochs; ++e) {
@@ -133,7 +141,7 @@ std::vector<float> on_ranks(const setup& s, Body body) {
   std::vector<float> out;
   std::mutex m;
   run_local(world, [&](local_group& g) {
-    model_t model(s.layers(), softmax_cross_entropy{});
+    model_t model = make_model(s);
     std::ostringstream sink;
     std::vector<float> v = body(g, model, sink);
     if (g.rank() == 0) {
@@ -151,7 +159,7 @@ std::map<std::size_t, std::vector<float>> pipeline_run(const setup& s, const dp_
   std::map<std::size_t, std::vector<float>> by_layer;
   std::mutex m;
   run_local(world, [&](local_group& g) {
-    model_t model(s.layers(), softmax_cross_entropy{});
+    model_t model = make_model(s);
     pipeline_stage stage(model, g, {.micro_batches = 2});
     auto params = stage.parameters();
     sgd opt(params, opt_options);
@@ -218,7 +226,7 @@ std::map<std::string, std::vector<float>> every_mode(const setup& s, const dp_da
   for (auto& [i, v] : pipeline_run(s, data, {.epochs = epochs})) r["pipeline"].insert(r["pipeline"].end(), v.begin(), v.end());
   {
     // Data parallel: one process, two host devices, the global batch scattered over them.
-    model_t model(s.layers(), softmax_cross_entropy{});
+    model_t model = make_model(s);
     data_parallel dp(model, {device::cpu(0), device::cpu(1)}, [](model_t& replica) { return sgd<model_t>(replica, opt_options); });
     data_parallel_policy policy(dp);
     auto train = global_batches(data);
@@ -314,10 +322,35 @@ TEST_CASE("one layer description: a CNN trains alike under every mode", "[train]
                     },
                     36});
 }
+
+// A ViT on 8x8 images: 4x4 patches (4 tokens of dim 8), 2 blocks of 2 heads, 3 classes.
+static host_model tiny_vit() {
+  return models::layers::make_vit({.patch = 4, .dim = 8, .depth = 2, .heads = 2, .mlp_ratio = 2, .dropout = 0.0f,
+                                   .image = 8, .classes = 3},
+                                  7);
+}
+
+TEST_CASE("one layer description: a ViT trains alike under every mode", "[train][sequential][threads]") {
+  check_every_mode({tiny_vit, 64});
+}
+
+TEST_CASE("one layer description: a ViT recomputing its blocks trains alike under every mode", "[train][sequential][threads]") {
+  check_every_mode({tiny_vit, 64, {.every = 1, .layers = {}}});
+}
 #endif
 
+// The loop's options on two models: 0 the MLP, 1 the tiny ViT.
+static setup mlp_or_vit(int which) {
+#if PARTRAIN_TEST_HAVE_OPENBLAS
+  if (which == 1) return {tiny_vit, 64};
+#endif
+  (void)which;
+  return {[] { return partrain::test::make_mlp({5, 6, 4, 3}, 3); }, 5};
+}
+
 TEST_CASE("fit: gradient accumulation equals a batch N times larger", "[train][sequential][threads]") {
-  const setup s{[] { return partrain::test::make_mlp({5, 6, 4, 3}, 3); }, 5};
+  const setup s = mlp_or_vit(GENERATE(0, PARTRAIN_TEST_HAVE_OPENBLAS));  // the MLP, then the ViT where it builds
+  INFO((s.features == 5 ? "the MLP" : "the ViT"));
   const dp_dataset data(64, s.features, 3);
   const auto want = reference(s, data);
   for (const std::size_t micro : {2, 4}) {
@@ -330,7 +363,7 @@ TEST_CASE("fit: gradient accumulation equals a batch N times larger", "[train][s
   // Without accumulation the same micro-batches are steps of their own: far from the reference.
   std::vector<float> steps_alone;
   run_local(world, [&](local_group& g) {
-    model_t model(s.layers(), softmax_cross_entropy{});
+    model_t model = make_model(s);
     distributed_data_parallel ddp(model, g);
     sgd opt(model, opt_options);
     ddp_policy policy(ddp, opt);
@@ -350,7 +383,8 @@ TEST_CASE("fit: gradient accumulation equals a batch N times larger", "[train][s
 }
 
 TEST_CASE("fit: max_grad_norm clips the global norm across ranks and shards, as one process does", "[train][sequential][threads]") {
-  const setup s{[] { return partrain::test::make_mlp({5, 6, 4, 3}, 3); }, 5};
+  const setup s = mlp_or_vit(GENERATE(0, PARTRAIN_TEST_HAVE_OPENBLAS));  // the MLP, then the ViT where it builds
+  INFO((s.features == 5 ? "the MLP" : "the ViT"));
   const dp_dataset data(64, s.features, 3);
   const loop_options clipped{.max_grad_norm = 0.05};
   const auto want = reference(s, data, clipped);
@@ -386,7 +420,7 @@ TEST_CASE("fit: the loop options a mode cannot honour are refused by name", "[tr
   const setup s{[] { return partrain::test::make_mlp({5, 6, 4, 3}, 3); }, 5};
   const dp_dataset data(64, s.features, 3);
   run_local(world, [&](local_group& g) {
-    model_t model(s.layers(), softmax_cross_entropy{});
+    model_t model = make_model(s);
     sgd opt(model, opt_options);
     post_local_sgd lsgd(model, opt, g, {.period = 1});
     local_sgd_policy policy(lsgd);
