@@ -4,6 +4,7 @@
 #define PARTRAIN_COMPILED_SOURCE 1
 
 #include <partrain/comm/local.hpp>
+#include <partrain/comm/process_group.hpp>
 #include <partrain/launch/spawn.hpp>
 #include <partrain/rendezvous/init.hpp>
 

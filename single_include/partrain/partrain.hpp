@@ -3170,6 +3170,7 @@ inline bool survive_sigpipe() noexcept {
 
 // #include <partrain/comm/detail/host_reduce.hpp> (above)
 // #include <partrain/comm/reduce_op.hpp> (above)
+// #include <partrain/config.hpp> (above)
 // #include <partrain/core/device.hpp> (above)
 // #include <partrain/core/dtype.hpp> (above)
 // #include <partrain/core/error.hpp> (above)
@@ -3327,21 +3328,7 @@ class process_group {
   // 1/divisor, so any divisor gives the division's bits). Floating-point elements in host
   // memory. The result is bit for bit that of dividing each rank's buffer, then all_reduce(sum);
   // a backend may fold the division into its reduction (local does: one pass fewer).
-  [[nodiscard]] work all_reduce_divided(raw_tensor t, double divisor) {
-    check_space(collective::all_reduce, t.on_cuda);
-    if (t.on_cuda || !detail::is_floating(t.type)) {
-      throw invalid_argument_error(where(collective::all_reduce) + ": all_reduce_divided takes floating-point elements "
-                                   "in host memory, got " + std::string(to_string(t.type)) + " in " +
-                                   (t.on_cuda ? "CUDA" : "host") + " memory");
-    }
-    if (!(divisor > 0) || !std::isfinite(divisor)) {
-      throw invalid_argument_error(where(collective::all_reduce) + ": all_reduce_divided needs a finite divisor > 0, got " +
-                                   std::to_string(divisor));
-    }
-    if (opts_.check_collectives) check_across_ranks(collective::all_reduce, t.type, t.count, -1, reduce_op::sum);
-    count(collective::all_reduce, t.bytes());
-    return do_all_reduce_divided(t, divisor);
-  }
+  [[nodiscard]] work all_reduce_divided(raw_tensor t, double divisor);
   template <element_type T>
   [[nodiscard]] work all_reduce_divided(tensor_view<T> t, double divisor) {
     return all_reduce_divided(erase(t), divisor);
@@ -3419,34 +3406,9 @@ class process_group {
   // the same color (>= 0) form a new group of this backend, ranked in their order here, with this
   // group's options; each rank gets its own. comm/subgroups.hpp has the typed forms
   // (split_group, new_subgroups). Backends: local, gloo, mpi.
-  [[nodiscard]] std::unique_ptr<process_group> split(int color) {
-    const std::string site = "rank " + std::to_string(rank_) + " split (" + std::string(backend()) + ")";
-    if (color < 0) throw invalid_argument_error(site + ": color must be >= 0, got " + std::to_string(color));
-    if (!accepts(device_kind::cpu)) throw split_refusal();  // the colors travel in host memory
-    const std::int64_t mine = color;
-    std::vector<std::int64_t> colors(static_cast<std::size_t>(size_));
-    try {
-      all_gather(tensor_view<const std::int64_t>(&mine, shape{1}), tensor_view<std::int64_t>(colors)).wait();
-    } catch (const timeout_error& e) {
-      throw timeout_error({.rank = rank_, .operation = "split", .timeout = opts_.timeout},
-                          "not every rank of the group reached it (every rank must call split, in the same order "
-                          "as its other collectives): " + std::string(e.what()));
-    }
-    split_request r;
-    r.color = color;
-    r.seq = splits_++;
-    for (int q = 0; q < size_; ++q) {
-      if (colors[static_cast<std::size_t>(q)] != color) continue;
-      if (q == rank_) r.index = static_cast<int>(r.members.size());
-      r.members.push_back(q);
-    }
-    return do_split(r);
-  }
+  [[nodiscard]] std::unique_ptr<process_group> split(int color);
 
-  [[nodiscard]] std::string where(collective c) const {
-    return "rank " + std::to_string(rank_) + " " + std::string(to_string(c)) + " (" + std::string(backend()) +
-           ", world size " + std::to_string(size_) + ")";
-  }
+  [[nodiscard]] std::string where(collective c) const;
 
  protected:
   // What split() agreed on: this rank's color, the ranks (here) that share it in order, this
@@ -3528,45 +3490,21 @@ class process_group {
     if (opts_.check_collectives) check_across_ranks(c, dtype_of<T>, t.size(), root, op);
     return erase(t);
   }
+  // The checks every call makes; their errors are built out of line (compiled once in the
+  // compiled mode).
   void check_space(collective c, bool on_cuda) const {
-    const auto k = on_cuda ? device_kind::cuda : device_kind::cpu;
-    if (!accepts(k)) {
-      throw invalid_argument_error(where(c) + ": the " + std::string(backend()) + " backend does not take " +
-                                   (on_cuda ? "CUDA" : "host") + " tensors");
-    }
+    if (!accepts(on_cuda ? device_kind::cuda : device_kind::cpu)) refuse_space(c, on_cuda);
   }
   void check_peer(collective c, int peer, const char* what) const {
-    if (peer < 0 || peer >= size_) {
-      throw invalid_argument_error(where(c) + ": " + what + " " + std::to_string(peer) +
-                                   " is out of range (expected 0 <= " + what + " < " + std::to_string(size_) + ")");
-    }
+    if (peer < 0 || peer >= size_) refuse_peer(c, peer, what);
   }
   void check_blocks(collective c, std::size_t block, std::size_t total, const char* big, const char* small) const {
-    if (block * static_cast<std::size_t>(size_) != total) {
-      throw invalid_argument_error(where(c) + ": '" + big + "' has " + std::to_string(total) + " elements, expected " +
-                                   std::to_string(size_) + " x " + std::to_string(block) + " (world size x '" + small +
-                                   "')");
-    }
+    if (block * static_cast<std::size_t>(size_) != total) refuse_blocks(c, block, total, big, small);
   }
-  void check_across_ranks(collective c, dtype t, std::size_t count, int root, reduce_op op) {
-    const std::array<std::int64_t, 6> mine{static_cast<std::int64_t>(seq_++), static_cast<std::int64_t>(c),
-                                           static_cast<std::int64_t>(t), static_cast<std::int64_t>(count), root,
-                                           static_cast<std::int64_t>(op)};
-    const auto all = gather_fingerprints(mine);
-    for (int q = 0; q < size_; ++q) {
-      const auto* theirs = all.data() + static_cast<std::size_t>(q) * mine.size();
-      if (!std::equal(mine.begin(), mine.end(), theirs)) {
-        auto describe = [](const std::int64_t* f) {
-          return "#" + std::to_string(f[0]) + " " + std::string(to_string(static_cast<collective>(f[1]))) + "(" +
-                 std::string(to_string(static_cast<dtype>(f[2]))) + " x " + std::to_string(f[3]) +
-                 ", root " + std::to_string(f[4]) + ", op " + std::string(to_string(static_cast<reduce_op>(f[5]))) + ")";
-        };
-        throw communication_error("collective mismatch: rank " + std::to_string(rank_) + " called " +
-                                  describe(mine.data()) + " but rank " + std::to_string(q) + " called " +
-                                  describe(theirs));
-      }
-    }
-  }
+  [[noreturn]] void refuse_space(collective c, bool on_cuda) const;
+  [[noreturn]] void refuse_peer(collective c, int peer, const char* what) const;
+  [[noreturn]] void refuse_blocks(collective c, std::size_t block, std::size_t total, const char* big, const char* small) const;
+  void check_across_ranks(collective c, dtype t, std::size_t count, int root, reduce_op op);
 
   int rank_;
   int size_;
@@ -3598,6 +3536,90 @@ concept communicator = requires(C& c, tensor_view<float> t, tensor_view<const fl
 };
 
 static_assert(communicator<process_group>);
+
+// process_group's out-of-line members: the rare paths (errors, checking mode, split), compiled once
+// in the compiled mode (partrain/config.hpp).
+#if PARTRAIN_DEFINITIONS
+PARTRAIN_LINKAGE work process_group::all_reduce_divided(raw_tensor t, double divisor) {
+  check_space(collective::all_reduce, t.on_cuda);
+  if (t.on_cuda || !detail::is_floating(t.type)) {
+    throw invalid_argument_error(where(collective::all_reduce) + ": all_reduce_divided takes floating-point elements "
+                                 "in host memory, got " + std::string(to_string(t.type)) + " in " +
+                                 (t.on_cuda ? "CUDA" : "host") + " memory");
+  }
+  if (!(divisor > 0) || !std::isfinite(divisor)) {
+    throw invalid_argument_error(where(collective::all_reduce) + ": all_reduce_divided needs a finite divisor > 0, got " +
+                                 std::to_string(divisor));
+  }
+  if (opts_.check_collectives) check_across_ranks(collective::all_reduce, t.type, t.count, -1, reduce_op::sum);
+  count(collective::all_reduce, t.bytes());
+  return do_all_reduce_divided(t, divisor);
+}
+
+PARTRAIN_LINKAGE std::unique_ptr<process_group> process_group::split(int color) {
+  const std::string site = "rank " + std::to_string(rank_) + " split (" + std::string(backend()) + ")";
+  if (color < 0) throw invalid_argument_error(site + ": color must be >= 0, got " + std::to_string(color));
+  if (!accepts(device_kind::cpu)) throw split_refusal();  // the colors travel in host memory
+  const std::int64_t mine = color;
+  std::vector<std::int64_t> colors(static_cast<std::size_t>(size_));
+  try {
+    all_gather(tensor_view<const std::int64_t>(&mine, shape{1}), tensor_view<std::int64_t>(colors)).wait();
+  } catch (const timeout_error& e) {
+    throw timeout_error({.rank = rank_, .operation = "split", .timeout = opts_.timeout},
+                        "not every rank of the group reached it (every rank must call split, in the same order "
+                        "as its other collectives): " + std::string(e.what()));
+  }
+  split_request r;
+  r.color = color;
+  r.seq = splits_++;
+  for (int q = 0; q < size_; ++q) {
+    if (colors[static_cast<std::size_t>(q)] != color) continue;
+    if (q == rank_) r.index = static_cast<int>(r.members.size());
+    r.members.push_back(q);
+  }
+  return do_split(r);
+}
+
+PARTRAIN_LINKAGE std::string process_group::where(collective c) const {
+  return "rank " + std::to_string(rank_) + " " + std::string(to_string(c)) + " (" + std::string(backend()) +
+         ", world size " + std::to_string(size_) + ")";
+}
+
+PARTRAIN_LINKAGE void process_group::refuse_space(collective c, bool on_cuda) const {
+  throw invalid_argument_error(where(c) + ": the " + std::string(backend()) + " backend does not take " +
+                               (on_cuda ? "CUDA" : "host") + " tensors");
+}
+PARTRAIN_LINKAGE void process_group::refuse_peer(collective c, int peer, const char* what) const {
+  throw invalid_argument_error(where(c) + ": " + what + " " + std::to_string(peer) +
+                               " is out of range (expected 0 <= " + what + " < " + std::to_string(size_) + ")");
+}
+PARTRAIN_LINKAGE void process_group::refuse_blocks(collective c, std::size_t block, std::size_t total, const char* big,
+                                                   const char* small) const {
+  throw invalid_argument_error(where(c) + ": '" + big + "' has " + std::to_string(total) + " elements, expected " +
+                               std::to_string(size_) + " x " + std::to_string(block) + " (world size x '" + small +
+                               "')");
+}
+
+PARTRAIN_LINKAGE void process_group::check_across_ranks(collective c, dtype t, std::size_t count, int root, reduce_op op) {
+  const std::array<std::int64_t, 6> mine{static_cast<std::int64_t>(seq_++), static_cast<std::int64_t>(c),
+                                         static_cast<std::int64_t>(t), static_cast<std::int64_t>(count), root,
+                                         static_cast<std::int64_t>(op)};
+  const auto all = gather_fingerprints(mine);
+  for (int q = 0; q < size_; ++q) {
+    const auto* theirs = all.data() + static_cast<std::size_t>(q) * mine.size();
+    if (!std::equal(mine.begin(), mine.end(), theirs)) {
+      auto describe = [](const std::int64_t* f) {
+        return "#" + std::to_string(f[0]) + " " + std::string(to_string(static_cast<collective>(f[1]))) + "(" +
+               std::string(to_string(static_cast<dtype>(f[2]))) + " x " + std::to_string(f[3]) +
+               ", root " + std::to_string(f[4]) + ", op " + std::string(to_string(static_cast<reduce_op>(f[5]))) + ")";
+      };
+      throw communication_error("collective mismatch: rank " + std::to_string(rank_) + " called " +
+                                describe(mine.data()) + " but rank " + std::to_string(q) + " called " +
+                                describe(theirs));
+    }
+  }
+}
+#endif
 
 }  // namespace partrain::inline v0
 
