@@ -459,7 +459,8 @@ TEST_CASE("warmup_cosine_lr: linear warm-up, cosine down to min, bad bounds refu
 }
 
 TEST_CASE("fit: a pipeline checkpoints stage by stage and resumes bit for bit", "[train][sequential][threads]") {
-  const setup s{[] { return partrain::test::make_mlp({5, 6, 4, 3}, 3); }, 5};
+  const setup s = mlp_or_vit(GENERATE(0, PARTRAIN_TEST_HAVE_OPENBLAS));
+  INFO((s.features == 5 ? "the MLP" : "the ViT"));
   const dp_dataset data(64, s.features, 3);
   partrain::testing::temp_dir dir;
   auto run = [&](std::size_t epochs_to_run, const std::filesystem::path& ck) {
@@ -468,9 +469,46 @@ TEST_CASE("fit: a pipeline checkpoints stage by stage and resumes bit for bit", 
   const auto straight = run(2, dir.path / "straight.ckpt");
   (void)run(1, dir.path / "resumed.ckpt");  // epoch 1, then a new run resumes for epoch 2
   const auto resumed = run(2, dir.path / "resumed.ckpt");
-  REQUIRE(straight.size() == 3);  // the three linear layers, on their stages
+  REQUIRE(straight.size() == (s.features == 5 ? 3u : 4u));  // the layers with parameters, on their stages
   CHECK(resumed == straight);
 }
+
+#if PARTRAIN_TEST_HAVE_OPENBLAS
+TEST_CASE("fit: DDP and FSDP checkpoint the ViT and resume bit for bit", "[train][sequential][threads]") {
+  const setup s = mlp_or_vit(1);
+  const dp_dataset data(64, s.features, 3);
+  partrain::testing::temp_dir dir;
+  for (const bool sharded : {false, true}) {
+    INFO((sharded ? "fsdp" : "ddp"));
+    auto run = [&](std::size_t epochs_to_run, const std::filesystem::path& ck) {
+      return on_ranks(s, [&](local_group& g, model_t& model, std::ostringstream& sink) {
+        trainer_options o = quiet(sink);
+        o.epochs = epochs_to_run;
+        o.checkpoint = ck;
+        auto train = rank_batches(data, g.rank());
+        if (sharded) {
+          fully_sharded_data_parallel fsdp(model, g, opt_options);
+          fsdp_policy policy(fsdp);
+          (void)fit(policy, train, train, o);
+          auto full = fsdp.summon_full_params();
+          return flat_values(full);
+        }
+        distributed_data_parallel ddp(model, g);
+        sgd opt(model, opt_options);
+        ddp_policy policy(ddp, opt);
+        (void)fit(policy, train, train, o);
+        return flat_values(model);
+      });
+    };
+    const std::string tag = sharded ? "fsdp" : "ddp";
+    const auto straight = run(2, dir.path / (tag + "_straight.ckpt"));
+    (void)run(1, dir.path / (tag + "_resumed.ckpt"));  // epoch 1, then a new run resumes for epoch 2
+    const auto resumed = run(2, dir.path / (tag + "_resumed.ckpt"));
+    REQUIRE(!straight.empty());
+    CHECK(resumed == straight);
+  }
+}
+#endif
 
 namespace {
 
