@@ -24,6 +24,7 @@
 #include <partrain/model/sequential.hpp>
 
 #include "vit_layers.hpp"
+#include "pipeline_layers.hpp"
 
 namespace {
 
@@ -510,17 +511,9 @@ TEST_CASE("make_vit maps 784 features to 10 logits, and clone_model copies it in
 TEST_CASE("ViT layers read and write parameters bound elsewhere through value() and grad()", "[examples][vit]") {
   auto m = make_vit(tiny(0.1f), 3);
   auto ref = clone_model(m);
-  // As fully sharded data parallel does: the values and gradients move to storage of its own (and
-  // the layer's buffers are freed, so a layer reading them directly would fail).
-  std::vector<host_buffer<float>> values, grads;
+  const auto [values, grads] = partrain::test::bind_elsewhere(m);
   for (auto& l : m) {
-    for (auto& p : l->parameters()) {
-      values.emplace_back(p.value().shape());
-      grads.emplace_back(p.value().shape());
-      std::ranges::copy(p.value(), values.back().begin());
-      p.bind(values.back().view(), grads.back().view());
-      CHECK(p.v.size() == 0);
-    }
+    for (auto& p : l->parameters()) CHECK(p.v.size() == 0);
   }
   const auto x = random_buffer({3, 784}, 9);
   zero_grads(ref);

@@ -85,4 +85,23 @@ struct synthetic_batch {
   [[nodiscard]] tensor_view<const std::int32_t> labels() const { return {y.data(), y.size()}; }
 };
 
+// Moves every parameter's values to storage of its own, as fully sharded data parallel's bind
+// does (the layer's own buffers are freed, so a layer reading them directly would fail); returns
+// that storage, values and gradients, parameter by parameter.
+struct bound_storage {
+  std::vector<host_buffer<float>> values, grads;
+};
+inline bound_storage bind_elsewhere(host_model& m) {
+  bound_storage b;
+  for (auto& l : m) {
+    for (auto& p : l->parameters()) {
+      b.values.emplace_back(p.value().shape());
+      b.grads.emplace_back(p.value().shape());
+      std::ranges::copy(p.value(), b.values.back().begin());
+      p.bind(b.values.back().view(), b.grads.back().view());
+    }
+  }
+  return b;
+}
+
 }  // namespace partrain::test

@@ -5,7 +5,10 @@
 
 #include <atomic>
 #include <cstdio>
+#include <string>
 #include <vector>
+
+#include "spawn_check.hpp"
 
 #ifndef PARTRAIN_CONSUMER_MODE
 #define PARTRAIN_CONSUMER_MODE "unknown"
@@ -22,18 +25,8 @@ int main() {
   });
 #if defined(PARTRAIN_CONSUMER_SPAWN)
   static_assert(PARTRAIN_COMPILED, "the spawning consumer is the compiled mode's");
-  try {
-    partrain::spawn(2, [](int rank) {
-      auto g = partrain::init_process_group("env://", {.backend = "gloo", .timeout = std::chrono::milliseconds(60'000)});
-      std::vector<float> v(5, static_cast<float>(rank + 1));
-      g->all_reduce(partrain::tensor_view<float>(v), partrain::reduce_op::sum).wait();
-      for (float x : v) {
-        if (x != 3.0f) return 1;  // 1 + 2
-      }
-      return 0;
-    });
-  } catch (const partrain::error& e) {
-    std::printf("consumer FAILED (%s): spawn over gloo: %s\n", PARTRAIN_CONSUMER_MODE, e.what());
+  if (const std::string failed = gloo_all_reduce_over_two_processes(); !failed.empty()) {
+    std::printf("consumer FAILED (%s): spawn over gloo: %s\n", PARTRAIN_CONSUMER_MODE, failed.c_str());
     return 1;
   }
 #endif
