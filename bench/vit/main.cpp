@@ -78,6 +78,7 @@ struct config {
   std::size_t windows = 2;   // timed windows per mode and round
   std::size_t rounds = 4;    // alternated rounds (of the modes; of the one-rank figures)
   std::uint32_t seed = 0;    // make_vit's
+  std::size_t depth = 4;     // transformer blocks (--depth; the example's 4 by default)
   std::size_t train_epochs = 0;
   bool train_only = false;
   std::size_t check_steps = 0;
@@ -94,8 +95,14 @@ double median(std::vector<double> v) {
 
 double mib(std::size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
+models::layers::vit_config vit_of(const config& c) {
+  models::layers::vit_config v;
+  v.depth = c.depth;
+  return v;
+}
+
 model_t make_model(const config& c, bool recompute) {
-  model_t m(models::layers::make_vit({}, c.seed), models::layers::softmax_cross_entropy{});
+  model_t m(models::layers::make_vit(vit_of(c), c.seed), models::layers::softmax_cross_entropy{});
   if (recompute) m.set_recompute(full_recompute);
   return m;
 }
@@ -278,7 +285,7 @@ one_rank_result one_rank(const in_memory_dataset& train, const config& c) {
   const auto batches = bench::dataset_batches(train, c.batch, c.warmup + c.steps, 0);
   model_t plain = make_model(c, false), again = make_model(c, true);
   adamw opt_plain(plain, adamw_opts), opt_again(again, adamw_opts);
-  bench::vit::gemm_replay replay(bench::vit::vit_step_gemms({}, c.batch));
+  bench::vit::gemm_replay replay(bench::vit::vit_step_gemms(vit_of(c), c.batch));
   r.gemm_calls = replay.plan().calls.size();
   r.gemm_flops = replay.plan().flops();
   (void)time_steps(plain, opt_plain, batches, 0, c.warmup);
@@ -415,6 +422,12 @@ int main(int argc, char** argv) {
       c.windows = next();
     } else if (a == "--rounds") {
       c.rounds = next();
+    } else if (a == "--depth") {
+      c.depth = next();
+      if (c.depth == 0) {
+        std::fprintf(stderr, "bench_vit: --depth must be at least 1\n");
+        return 2;
+      }
     } else if (a == "--seed") {
       c.seed = static_cast<std::uint32_t>(next());
     } else if (a == "--train-epochs") {
@@ -433,7 +446,7 @@ int main(int argc, char** argv) {
       c.modes.push_back(*m);
     } else {
       std::fprintf(stderr,
-                   "usage: bench_vit [--quick] [--warmup N] [--steps N] [--windows N] [--rounds N] [--seed N] "
+                   "usage: bench_vit [--quick] [--warmup N] [--steps N] [--windows N] [--rounds N] [--seed N] [--depth N] "
                    "[--mode NAME]... [--train-epochs N] [--train-only] [--check-steps K]\n");
       return 2;
     }
@@ -453,10 +466,10 @@ int main(int argc, char** argv) {
     const std::size_t params = parameter_count(probe);
     double load[1] = {0};
     if (getloadavg(load, 1) != 1) load[0] = -1;
-    std::printf("bench_vit: ViT (vit_config{}: 16 tokens of 7x7 patches, dim 64, depth 4, 4 heads, MLP 128; %zu "
+    std::printf("bench_vit: ViT (16 tokens of 7x7 patches, dim 64, depth %zu, 4 heads, MLP 128; %zu "
                 "parameters) on Fashion-MNIST, AdamW lr 1e-3 wd 0.01, batch %zu per rank, OpenBLAS 1 thread per rank, "
                 "%ld cores, load average %.2f at the start\n",
-                params, c.batch, sysconf(_SC_NPROCESSORS_ONLN), load[0]);
+                c.depth, params, c.batch, sysconf(_SC_NPROCESSORS_ONLN), load[0]);
     std::string keys;
     char buf[256];
     if (!c.train_only) {
