@@ -6180,6 +6180,191 @@ inline constexpr distributed_t distributed{};
 
 }  // namespace partrain::inline v0
 
+// #include <partrain/core/detail/fd.hpp>
+// partrain/core/detail/fd.hpp: an owned POSIX file descriptor and the small helpers around it
+// (errno text, non-blocking mode, the clock every deadline is counted on).
+
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <utility>
+
+// #include <partrain/core/error.hpp> (above)
+
+namespace partrain::inline v0::detail {
+
+using deadline_clock = std::chrono::steady_clock;
+
+// An owned file descriptor; closed on destruction.
+class unique_fd {
+ public:
+  unique_fd() noexcept = default;
+  explicit unique_fd(int fd) noexcept : fd_(fd) {}
+  unique_fd(unique_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  unique_fd& operator=(unique_fd&& o) noexcept {
+    if (this != &o) reset(std::exchange(o.fd_, -1));
+    return *this;
+  }
+  unique_fd(const unique_fd&) = delete;
+  unique_fd& operator=(const unique_fd&) = delete;
+  ~unique_fd() { reset(); }
+
+  [[nodiscard]] int get() const noexcept { return fd_; }
+  [[nodiscard]] explicit operator bool() const noexcept { return fd_ >= 0; }
+  [[nodiscard]] int release() noexcept { return std::exchange(fd_, -1); }
+  void reset(int fd = -1) noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+[[nodiscard]] inline std::string errno_text(int err) { return std::string(std::strerror(err)); }
+
+inline void set_nonblocking(int fd, bool on) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK)) < 0) {
+    throw communication_error("fcntl(O_NONBLOCK) failed: " + errno_text(errno));
+  }
+}
+
+// Waits for events on fd until deadline; false on timeout.
+[[nodiscard]] inline bool wait_fd(int fd, short events, deadline_clock::time_point deadline) {
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - deadline_clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{fd, events, 0};
+    const int rc = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000)));
+    if (rc > 0) return true;
+    if (rc < 0 && errno != EINTR) throw communication_error("poll failed: " + errno_text(errno));
+  }
+}
+
+}  // namespace partrain::inline v0::detail
+
+// #include <partrain/core/detail/regular_file.hpp>
+// partrain/core/detail/regular_file.hpp: the one way partrain reads a file a user named (a data
+// file, a checkpoint, a metrics file): only a regular file, refused by name before open() when it
+// is anything else (a FIFO would block open() forever, /dev/zero never ends, a folder reads as
+// EISDIR), and never more bytes than the caller asks for. Each reader names its own error type,
+// so a data file still fails with a data_error and a checkpoint with a checkpoint_error.
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// #include <partrain/core/detail/fd.hpp> (above)
+// #include <partrain/core/error.hpp> (above)
+
+namespace partrain::inline v0::detail {
+
+// What a file of this mode is, in a sentence's words ("a FIFO"); empty for a regular file.
+[[nodiscard]] constexpr std::string_view special_file_kind(mode_t mode) noexcept {
+  if (S_ISREG(mode)) return {};
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// "'<path>' is a FIFO, expected a regular file": what every reader says of a special file. `what`
+// names the file's role ("checkpoint", "IDX file").
+[[nodiscard]] inline std::string special_file_message(std::string_view what, const std::filesystem::path& path,
+                                                      std::string_view kind) {
+  return std::string(what) + " '" + path.string() + "' is " + std::string(kind) + ", expected a regular file";
+}
+
+// When `path` exists and is not a regular file (symbolic links followed): the message saying so;
+// empty when it is one or does not exist. For paths that are created when missing (a store's file).
+[[nodiscard]] inline std::string refuse_special_file(std::string_view what, const std::filesystem::path& path) {
+  struct ::stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {};
+  const auto kind = special_file_kind(st.st_mode);
+  return kind.empty() ? std::string() : special_file_message(what, path, kind);
+}
+
+// A regular file open for reading, and its size when it was opened.
+struct regular_file {
+  unique_fd fd;
+  std::uint64_t size = 0;
+};
+
+// Opens `path` for reading if it is a regular file; else throws Error naming the path and what it
+// is. The kind is checked by name before open() (which would block on a FIFO) and again on the
+// descriptor (opened non-blocking, so a FIFO swapped in between cannot block it either).
+template <class Error>
+[[nodiscard]] regular_file open_regular_file(const std::filesystem::path& path, std::string_view what) {
+  const auto cannot_open = [&](int err) {
+    return Error("cannot open " + std::string(what) + " '" + path.string() + "': " + errno_text(err));
+  };
+  struct ::stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw cannot_open(errno);
+  if (const auto kind = special_file_kind(st.st_mode); !kind.empty()) throw Error(special_file_message(what, path, kind));
+  regular_file f;
+  f.fd.reset(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+  if (!f.fd) throw cannot_open(errno);
+  if (::fstat(f.fd.get(), &st) != 0) throw cannot_open(errno);
+  if (const auto kind = special_file_kind(st.st_mode); !kind.empty()) throw Error(special_file_message(what, path, kind));
+  f.size = static_cast<std::uint64_t>(st.st_size);
+  return f;
+}
+
+// Reads up to `n` bytes from where `f` stands: fewer only where the file ends.
+template <class Error>
+[[nodiscard]] std::vector<std::byte> read_up_to(const regular_file& f, std::uint64_t n, const std::filesystem::path& path,
+                                                std::string_view what) {
+  if (n > std::numeric_limits<std::size_t>::max()) n = std::numeric_limits<std::size_t>::max();
+  std::vector<std::byte> out;
+  out.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(n, f.size)));
+  std::byte chunk[1 << 16];
+  while (out.size() < n) {
+    const auto want = static_cast<std::size_t>(std::min<std::uint64_t>(n - out.size(), sizeof chunk));
+    const ::ssize_t got = ::read(f.fd.get(), chunk, want);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      throw Error("cannot read " + std::string(what) + " '" + path.string() + "': " + errno_text(errno));
+    }
+    if (got == 0) break;
+    out.insert(out.end(), chunk, chunk + got);
+  }
+  return out;
+}
+
+// The whole of a regular file, refused unread when it holds more than max_bytes.
+template <class Error>
+[[nodiscard]] std::vector<std::byte> read_regular_file(const std::filesystem::path& path, std::string_view what,
+                                                       std::uint64_t max_bytes = std::numeric_limits<std::uint64_t>::max()) {
+  const regular_file f = open_regular_file<Error>(path, what);
+  if (f.size > max_bytes) {
+    throw Error(std::string(what) + " '" + path.string() + "' is " + std::to_string(f.size) + " bytes, more than the limit of " +
+                std::to_string(max_bytes));
+  }
+  // The size seen at open bounds the read: a file that grows meanwhile (or never ends) is not followed.
+  return read_up_to<Error>(f, f.size, path, what);
+}
+
+}  // namespace partrain::inline v0::detail
+
 // #include <partrain/data/detail/gzip.hpp>
 // partrain/data/detail/gzip.hpp: whole-buffer gzip inflate and deflate over zlib. Needs zlib at
 // link time (the partrain::data CMake target brings ZLIB::ZLIB). Without zlib's header, plain IDX
@@ -6191,6 +6376,7 @@ inline constexpr distributed_t distributed{};
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -6238,9 +6424,12 @@ class zstream {
 };
 
 // Inflates every gzip member of `in` (concatenated members are one stream, as gzip -d reads them).
-// Refuses to produce more than max_bytes, so a small hostile file cannot exhaust memory.
+// Refuses to produce more than max_bytes, so a small hostile file cannot exhaust memory. `watch`,
+// when set, sees the output so far after every inflate step and may throw to stop early (a format
+// whose header declares its size stops at that size).
 [[nodiscard]] inline std::vector<std::byte> gunzip(std::span<const std::byte> in, std::size_t max_bytes,
-                                                   std::string_view name) {
+                                                   std::string_view name,
+                                                   const std::function<void(std::span<const std::byte>)>& watch = {}) {
   std::vector<std::byte> out;
   // The trailer's ISIZE (size mod 2^32 of the last member) is a good first guess, but only a
   // guess: a hostile or truncated file can say anything, so it is capped by deflate's best
@@ -6288,6 +6477,7 @@ class zstream {
       if (rc == Z_BUF_ERROR && s->avail_in != 0 && s->avail_out != 0) {
         throw data_error(std::string(name) + ": corrupt gzip data (no progress)");
       }
+      if (watch) watch(out);
     }
     // Rewind to the first byte after this member; a following member starts there.
     pos -= s->avail_in;
@@ -6313,7 +6503,8 @@ class zstream {
 
 #else
 
-[[nodiscard]] inline std::vector<std::byte> gunzip(std::span<const std::byte>, std::size_t, std::string_view name) {
+[[nodiscard]] inline std::vector<std::byte> gunzip(std::span<const std::byte>, std::size_t, std::string_view name,
+                                                   const std::function<void(std::span<const std::byte>)>& = {}) {
   throw data_error(std::string(name) + ": is gzip-compressed, and partrain was built without zlib (install zlib, "
                    "link partrain::data)");
 }
@@ -6332,7 +6523,8 @@ class zstream {
 //   dimension; then the elements, big-endian, row-major.
 // read_idx reads plain or gzip-compressed files (detected by the gzip magic, so either name
 // works) and checks everything before trusting it: a hostile file gets a data_error naming the
-// file and the problem, never a crash or an allocation larger than the data present.
+// file and the problem, never a crash or an allocation larger than the data present; a FIFO or a
+// device is refused by name, and no file is read (or inflated) past what its header declares.
 // Needs zlib: link partrain::data (or ZLIB::ZLIB).
 
 #include <bit>
@@ -6344,6 +6536,7 @@ class zstream {
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -6351,6 +6544,7 @@ class zstream {
 #include <type_traits>
 #include <vector>
 
+// #include <partrain/core/detail/regular_file.hpp> (above)
 // #include <partrain/core/error.hpp> (above)
 // #include <partrain/core/tensor_view.hpp> (above)
 // #include <partrain/data/detail/gzip.hpp> (above)
@@ -6505,59 +6699,89 @@ class idx_array {
   std::size_t offset_ = 0;  // header bytes at the front of storage_ (kept to avoid a copy)
 };
 
-// Parses a whole IDX image (already decompressed). `name` (a path) appears in every error.
-[[nodiscard]] inline idx_array parse_idx(std::vector<std::byte>&& bytes, std::string_view name) {
-  const auto fail = [&](const std::string& what) { return data_error("IDX file '" + std::string(name) + "': " + what); };
+namespace detail::data {
+// What an IDX header declares: the element type, the dimensions, and the bytes of header and of
+// data that a well-formed file holds.
+struct idx_header {
+  idx_type type = idx_type::u8;
+  partrain::shape dims{};
+  std::size_t header_bytes = 0;
+  std::size_t data_bytes = 0;
+};
+
+[[nodiscard]] inline data_error idx_error(std::string_view name, const std::string& what) {
+  return data_error("IDX file '" + std::string(name) + "': " + what);
+}
+
+// The most header bytes an IDX file can have (4 + 4 per dimension).
+inline constexpr std::size_t idx_max_header_bytes = 4 + 4 * max_rank;
+
+// Parses the header at the front of `bytes` (the whole file, or at least its first
+// idx_max_header_bytes; `file_bytes` is the whole file's size, for messages), checking everything.
+[[nodiscard]] inline idx_header parse_idx_header(std::span<const std::byte> bytes, std::size_t file_bytes,
+                                                 std::string_view name) {
   if (bytes.size() < 4) {
-    throw fail("truncated: " + std::to_string(bytes.size()) + " bytes, expected at least a 4-byte header");
+    throw idx_error(name, "truncated: " + std::to_string(file_bytes) + " bytes, expected at least a 4-byte header");
   }
   if (bytes[0] != std::byte{0} || bytes[1] != std::byte{0}) {
     char hex[16];
     std::snprintf(hex, sizeof hex, "0x%02x%02x%02x%02x", static_cast<unsigned>(bytes[0]), static_cast<unsigned>(bytes[1]),
                   static_cast<unsigned>(bytes[2]), static_cast<unsigned>(bytes[3]));
-    throw fail(std::string("wrong magic ") + hex + ", expected two zero bytes, a type code and a dimension count");
+    throw idx_error(name, std::string("wrong magic ") + hex + ", expected two zero bytes, a type code and a dimension count");
   }
   const auto code = static_cast<unsigned>(bytes[2]);
   if (code != 0x08 && code != 0x09 && code != 0x0B && code != 0x0C && code != 0x0D && code != 0x0E) {
-    throw fail("unsupported element type code " + std::to_string(code) +
-               ", expected 0x08 (ubyte), 0x09 (sbyte), 0x0B (int16), 0x0C (int32), 0x0D (float32) or 0x0E (float64)");
+    throw idx_error(name, "unsupported element type code " + std::to_string(code) +
+                              ", expected 0x08 (ubyte), 0x09 (sbyte), 0x0B (int16), 0x0C (int32), 0x0D (float32) or "
+                              "0x0E (float64)");
   }
-  const auto type = static_cast<idx_type>(code);
+  idx_header h;
+  h.type = static_cast<idx_type>(code);
   const std::size_t rank = static_cast<std::size_t>(bytes[3]);
   if (rank == 0 || rank > max_rank) {
-    throw fail(std::to_string(rank) + " dimensions, expected 1 to " + std::to_string(max_rank));
+    throw idx_error(name, std::to_string(rank) + " dimensions, expected 1 to " + std::to_string(max_rank));
   }
-  const std::size_t header = 4 + 4 * rank;
-  if (bytes.size() < header) {
-    throw fail("truncated header: " + std::to_string(rank) + " dimensions need " + std::to_string(header) +
-               " bytes, the file has " + std::to_string(bytes.size()));
+  h.header_bytes = 4 + 4 * rank;
+  if (bytes.size() < h.header_bytes) {
+    throw idx_error(name, "truncated header: " + std::to_string(rank) + " dimensions need " +
+                              std::to_string(h.header_bytes) + " bytes, the file has " + std::to_string(file_bytes));
   }
-  partrain::shape dims;
   std::vector<std::size_t> d(rank);
   std::size_t numel = 1;
   bool overflow = false;
   for (std::size_t i = 0; i < rank; ++i) {
-    d[i] = detail::data::load_be<std::uint32_t>(bytes.data() + 4 + 4 * i);
-    if (d[i] != 0 && numel > std::numeric_limits<std::size_t>::max() / size_of(type) / d[i]) overflow = true;
+    d[i] = load_be<std::uint32_t>(bytes.data() + 4 + 4 * i);
+    if (d[i] != 0 && numel > std::numeric_limits<std::size_t>::max() / size_of(h.type) / d[i]) overflow = true;
     else numel *= d[i];
   }
-  dims = partrain::shape(std::span<const std::size_t>(d));
-  if (overflow) throw fail("dimensions " + dims.to_string() + " describe more data than can be addressed");
-  const std::size_t expected = numel * size_of(type);
-  const std::size_t present = bytes.size() - header;
-  if (present < expected) {
-    throw fail("truncated: " + dims.to_string() + " " + std::string(to_string(type)) + " needs " +
-               std::to_string(expected) + " bytes of data, the file has " + std::to_string(present));
+  h.dims = partrain::shape(std::span<const std::size_t>(d));
+  if (overflow) throw idx_error(name, "dimensions " + h.dims.to_string() + " describe more data than can be addressed");
+  h.data_bytes = numel * size_of(h.type);
+  return h;
+}
+
+// The data after the header must be exactly what the header declares.
+inline void check_idx_data_size(const idx_header& h, std::size_t present, std::string_view name) {
+  if (present < h.data_bytes) {
+    throw idx_error(name, "truncated: " + h.dims.to_string() + " " + std::string(to_string(h.type)) + " needs " +
+                              std::to_string(h.data_bytes) + " bytes of data, the file has " + std::to_string(present));
   }
-  if (present > expected) {
-    throw fail(std::to_string(present - expected) + " unexpected bytes after the " + std::to_string(expected) +
-               " bytes of data for " + dims.to_string());
+  if (present > h.data_bytes) {
+    throw idx_error(name, std::to_string(present - h.data_bytes) + " unexpected bytes after the " +
+                              std::to_string(h.data_bytes) + " bytes of data for " + h.dims.to_string());
   }
+}
+}  // namespace detail::data
+
+// Parses a whole IDX image (already decompressed). `name` (a path) appears in every error.
+[[nodiscard]] inline idx_array parse_idx(std::vector<std::byte>&& bytes, std::string_view name) {
+  const auto h = detail::data::parse_idx_header(bytes, bytes.size(), name);
+  detail::data::check_idx_data_size(h, bytes.size() - h.header_bytes, name);
   idx_array a;
-  a.type_ = type;
-  a.shape_ = dims;
+  a.type_ = h.type;
+  a.shape_ = h.dims;
   a.storage_ = std::move(bytes);
-  a.offset_ = header;
+  a.offset_ = h.header_bytes;
   return a;
 }
 
@@ -6575,49 +6799,55 @@ struct file_closer {
   void operator()(std::FILE* f) const noexcept { std::fclose(f); }
 };
 
-[[nodiscard]] inline std::vector<std::byte> read_file(const std::filesystem::path& path, std::size_t max_bytes) {
-  // fopen opens a directory for reading on Linux; its reads then fail with only EISDIR.
-  if (std::error_code ec; std::filesystem::is_directory(path, ec)) {
-    throw data_error("'" + path.string() + "' is a directory, expected an IDX file (e.g. train-images-idx3-ubyte.gz)");
-  }
-  std::unique_ptr<std::FILE, file_closer> f(std::fopen(path.c_str(), "rb"));
-  if (!f) {
-    const int e = errno;
-    throw data_error("cannot open '" + path.string() + "': " + std::generic_category().message(e));
-  }
-  std::vector<std::byte> out;
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  if (!ec) out.reserve(static_cast<std::size_t>(std::min<std::uintmax_t>(size, max_bytes)));
-  std::byte chunk[1 << 16];
-  for (;;) {
-    const std::size_t n = std::fread(chunk, 1, sizeof chunk, f.get());
-    if (out.size() + n > max_bytes) {
-      throw data_error("'" + path.string() + "' is larger than " + std::to_string(max_bytes) + " bytes, the limit");
+// Inflates a gzip IDX image, stopping as soon as its header is bad or the output runs past what
+// the header declares: a gzip file is never inflated beyond the data it says it holds.
+[[nodiscard]] inline std::vector<std::byte> gunzip_idx(std::span<const std::byte> gz, std::size_t max_bytes,
+                                                       std::string_view name) {
+  std::optional<idx_header> h;
+  return gunzip(gz, max_bytes, name, [&](std::span<const std::byte> out) {
+    if (!h) {
+      if (out.size() < 4 || out.size() < std::min(idx_max_header_bytes, 4 + 4 * std::to_integer<std::size_t>(out[3]))) {
+        return;  // the header is not all out yet
+      }
+      h = parse_idx_header(out, out.size(), name);
     }
-    out.insert(out.end(), chunk, chunk + n);
-    if (n < sizeof chunk) break;
-  }
-  if (std::ferror(f.get())) {
-    const int e = errno;
-    throw data_error("cannot read '" + path.string() + "': " + std::generic_category().message(e));
-  }
-  return out;
+    if (out.size() > h->header_bytes + h->data_bytes) {
+      throw idx_error(name, "the gzip data decompresses past the " + std::to_string(h->data_bytes) +
+                                " bytes of data its header declares for " + h->dims.to_string());
+    }
+  });
 }
 }  // namespace detail::data
 
 // Decodes an IDX image from memory, inflating it first if it is gzip data.
 [[nodiscard]] inline idx_array decode_idx(std::span<const std::byte> bytes, std::string_view name,
                                           const idx_read_options& options = {}) {
-  if (detail::data::is_gzip(bytes)) return parse_idx(detail::data::gunzip(bytes, options.max_bytes, name), name);
+  if (detail::data::is_gzip(bytes)) return parse_idx(detail::data::gunzip_idx(bytes, options.max_bytes, name), name);
   return parse_idx(bytes, name);
 }
 
-// Reads a plain or gzip-compressed IDX file.
+// Reads a plain or gzip-compressed IDX file: a regular file only (a FIFO or a device is refused by
+// name before it is opened), and no more of it than its header declares.
 [[nodiscard]] inline idx_array read_idx(const std::filesystem::path& path, const idx_read_options& options = {}) {
-  auto raw = detail::data::read_file(path, options.max_bytes);
-  if (detail::data::is_gzip(raw)) return parse_idx(detail::data::gunzip(raw, options.max_bytes, path.string()), path.string());
-  return parse_idx(std::move(raw), path.string());
+  constexpr std::string_view what = "IDX file";
+  const std::string name = path.string();
+  const auto f = detail::open_regular_file<data_error>(path, what);
+  if (f.size > options.max_bytes) {
+    throw data_error("IDX file '" + name + "' is " + std::to_string(f.size) + " bytes, more than " +
+                     std::to_string(options.max_bytes) + " bytes, the limit");
+  }
+  auto bytes = detail::read_up_to<data_error>(f, std::min<std::uint64_t>(f.size, detail::data::idx_max_header_bytes), path, what);
+  if (detail::data::is_gzip(bytes)) {
+    const auto rest = detail::read_up_to<data_error>(f, f.size - bytes.size(), path, what);
+    bytes.insert(bytes.end(), rest.begin(), rest.end());
+    return parse_idx(detail::data::gunzip_idx(bytes, options.max_bytes, name), name);
+  }
+  // A plain file: its size is checked against the header before the data is read.
+  const auto h = detail::data::parse_idx_header(bytes, static_cast<std::size_t>(f.size), name);
+  detail::data::check_idx_data_size(h, static_cast<std::size_t>(f.size) - h.header_bytes, name);
+  const auto rest = detail::read_up_to<data_error>(f, h.header_bytes + h.data_bytes - bytes.size(), path, what);
+  bytes.insert(bytes.end(), rest.begin(), rest.end());
+  return parse_idx(std::move(bytes), name);
 }
 
 // Writes an IDX file atomically (a temporary beside it, then rename), gzip-compressed if asked.
@@ -6744,6 +6974,8 @@ static_assert(dataset<in_memory_dataset>);
 // files (MNIST layout: images [N, rows, cols] ubyte, labels [N] ubyte) into an in_memory_dataset
 // with features [N, rows * cols] as float. Normalisation follows torchvision's ToTensor then
 // Normalize: ubyte pixels are scaled to [0, 1], then (x - mean) / std when both are given.
+// What cannot train is refused here, naming the file: no images, images of another size than
+// asked, pixels of a type that /255 does not scale to [0, 1], labels outside the classes.
 
 #include <cmath>
 #include <cstddef>
@@ -6761,10 +6993,13 @@ static_assert(dataset<in_memory_dataset>);
 namespace partrain::inline v0 {
 
 struct normalize_options {
-  bool scale = true;            // ubyte pixels / 255 (other element types are taken as they are)
+  // ubyte pixels / 255. Images of another element type are refused while this is set (/255 would
+  // not bring them to [0, 1]); false takes any type's values as they are.
+  bool scale = true;
   std::optional<float> mean{};  // then (x - mean) / std (fashion_mnist_normalization() has Fashion-MNIST's)
   std::optional<float> std{};
   std::int32_t num_classes = 10;  // labels must lie in [0, num_classes)
+  partrain::shape image_shape{};  // each image's dimensions, e.g. {28, 28}; rank 0: any
 };
 
 // Builds the dataset from two arrays already read; the names appear in errors.
@@ -6772,6 +7007,23 @@ struct normalize_options {
                                                         const normalize_options& options = {},
                                                         const std::string& images_name = "images",
                                                         const std::string& labels_name = "labels") {
+  const auto image_error = [&](const std::string& what) { return data_error("IDX file '" + images_name + "': " + what); };
+  if (images.shape()[0] == 0) {
+    throw image_error("holds no images (shape " + images.shape().to_string() + "), expected at least one");
+  }
+  if (options.image_shape.rank() > 0) {
+    bool same = images.shape().rank() == options.image_shape.rank() + 1;
+    for (std::size_t d = 0; same && d < options.image_shape.rank(); ++d) same = images.shape()[d + 1] == options.image_shape[d];
+    if (!same) {
+      throw image_error("images have shape " + images.shape().to_string() + ", expected [N, " +
+                        options.image_shape.to_string().substr(1));
+    }
+  }
+  if (options.scale && images.type() != idx_type::u8) {
+    throw image_error("images are " + std::string(to_string(images.type())) +
+                      ", expected ubyte pixels (0 to 255, scaled by 1/255 to [0, 1]); convert the file to ubyte, "
+                      "or set normalize_options::scale = false to take the values as they are");
+  }
   if (labels.shape().rank() != 1) {
     throw data_error("IDX file '" + labels_name + "': labels have shape " + labels.shape().to_string() +
                      ", expected one dimension [N]");
@@ -6805,8 +7057,16 @@ struct normalize_options {
   }
   const std::size_t row = images.shape().row_numel();
   host_buffer<float> x(shape{n, row});
-  const float scale = options.scale && images.type() == idx_type::u8 ? 1.0f / 255.0f : 1.0f;
+  const float scale = options.scale ? 1.0f / 255.0f : 1.0f;  // ubyte only, checked above
   images.to_float({x.data(), x.size()}, scale);
+  if (images.type() == idx_type::f32 || images.type() == idx_type::f64) {
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      if (!std::isfinite(x.data()[i])) {
+        throw image_error("value " + std::to_string(i) + " (image " + std::to_string(i / row) + ") is " +
+                          std::to_string(x.data()[i]) + ", expected a finite number");
+      }
+    }
+  }
   if (options.mean) {
     const float mean = *options.mean;
     const float inv_std = 1.0f / *options.std;
@@ -6857,12 +7117,16 @@ enum class fashion_mnist_split { train, test };
   return norm;
 }
 
-// 60,000 training or 10,000 test examples, features [N, 784].
+// 60,000 training or 10,000 test examples, features [N, 784]. Either split's files are checked
+// for what Fashion-MNIST is (28x28 ubyte images, labels 0 to 9, unless options say otherwise), so
+// the splits cannot disagree with each other or with a model made for the data set.
 [[nodiscard]] inline in_memory_dataset load_fashion_mnist(fashion_mnist_split split, const normalize_options& options = {},
                                                           const std::filesystem::path& dir = fashion_mnist_dir()) {
   const std::string_view prefix = split == fashion_mnist_split::train ? "train" : "t10k";
+  normalize_options o = options;
+  if (o.image_shape.rank() == 0) o.image_shape = {28, 28};
   return load_idx_dataset(dir / (std::string(prefix) + "-images-idx3-ubyte.gz"),
-                          dir / (std::string(prefix) + "-labels-idx1-ubyte.gz"), options);
+                          dir / (std::string(prefix) + "-labels-idx1-ubyte.gz"), o);
 }
 
 }  // namespace partrain::inline v0
@@ -8230,76 +8494,6 @@ template <class M>
 
 }  // namespace partrain::inline v0
 
-// #include <partrain/core/detail/fd.hpp>
-// partrain/core/detail/fd.hpp: an owned POSIX file descriptor and the small helpers around it
-// (errno text, non-blocking mode, the clock every deadline is counted on).
-
-#include <fcntl.h>
-#include <poll.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <algorithm>
-#include <chrono>
-#include <cstring>
-#include <string>
-#include <utility>
-
-// #include <partrain/core/error.hpp> (above)
-
-namespace partrain::inline v0::detail {
-
-using deadline_clock = std::chrono::steady_clock;
-
-// An owned file descriptor; closed on destruction.
-class unique_fd {
- public:
-  unique_fd() noexcept = default;
-  explicit unique_fd(int fd) noexcept : fd_(fd) {}
-  unique_fd(unique_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  unique_fd& operator=(unique_fd&& o) noexcept {
-    if (this != &o) reset(std::exchange(o.fd_, -1));
-    return *this;
-  }
-  unique_fd(const unique_fd&) = delete;
-  unique_fd& operator=(const unique_fd&) = delete;
-  ~unique_fd() { reset(); }
-
-  [[nodiscard]] int get() const noexcept { return fd_; }
-  [[nodiscard]] explicit operator bool() const noexcept { return fd_ >= 0; }
-  [[nodiscard]] int release() noexcept { return std::exchange(fd_, -1); }
-  void reset(int fd = -1) noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-[[nodiscard]] inline std::string errno_text(int err) { return std::string(std::strerror(err)); }
-
-inline void set_nonblocking(int fd, bool on) {
-  const int flags = ::fcntl(fd, F_GETFL, 0);
-  if (flags < 0 || ::fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK)) < 0) {
-    throw communication_error("fcntl(O_NONBLOCK) failed: " + errno_text(errno));
-  }
-}
-
-// Waits for events on fd until deadline; false on timeout.
-[[nodiscard]] inline bool wait_fd(int fd, short events, deadline_clock::time_point deadline) {
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - deadline_clock::now()).count();
-    if (left <= 0) return false;
-    pollfd p{fd, events, 0};
-    const int rc = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000)));
-    if (rc > 0) return true;
-    if (rc < 0 && errno != EINTR) throw communication_error("poll failed: " + errno_text(errno));
-  }
-}
-
-}  // namespace partrain::inline v0::detail
-
 // #include <partrain/rendezvous/file_store.hpp>
 // partrain/rendezvous/file_store.hpp: a rendezvous store in one file on a filesystem every rank can
 // see (torch's FileStore; the file:// init method). The file is an append-only log of
@@ -8330,6 +8524,7 @@ inline void set_nonblocking(int fd, bool on) {
 
 // #include <partrain/comm/store.hpp> (above)
 // #include <partrain/core/detail/fd.hpp> (above)
+// #include <partrain/core/detail/regular_file.hpp> (above)
 // #include <partrain/core/error.hpp> (above)
 
 namespace partrain::inline v0 {
@@ -8342,6 +8537,10 @@ class file_store final : public store {
                       std::string who = {}, int rank = -1)
       : path_(std::move(path)), timeout_(timeout), who_(who.empty() ? std::string() : std::move(who) + ": "), rank_(rank) {
     if (path_.empty()) throw config_error("file_store: empty path (expected a file on a filesystem all ranks share)");
+    // A FIFO or a device would block or never end the store's reads.
+    if (auto special = detail::refuse_special_file("file_store: the store file", path_); !special.empty()) {
+      throw config_error(special);
+    }
     fd_.reset(::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
     if (!fd_) {
       throw config_error("file_store: cannot open '" + path_ + "': " + detail::errno_text(errno) +
@@ -22524,8 +22723,9 @@ amp_step_result amp_step(Z& zero, grad_scaler& scaler, const B& batch) {
 
 // #include <partrain/train/detail/atomic_file.hpp>
 // partrain/train/detail/atomic_file.hpp: whole-file writes that a crash cannot leave half done
-// (temporary file in the same folder, fsync, rename over the target, fsync the folder), and
-// whole-file reads. POSIX. A save also removes the temporaries that killed savers left behind.
+// (temporary file in the same folder, fsync, rename over the target, fsync the folder). POSIX. A
+// save also removes the temporaries that killed savers left behind. (Reads: detail/framed_file.hpp
+// for checkpoints, core/detail/regular_file.hpp for any file.)
 
 #include <cerrno>
 #include <cstddef>
@@ -22631,28 +22831,6 @@ inline void write_file_atomically(const std::filesystem::path& path, std::span<c
   }
 }
 
-[[nodiscard]] inline std::vector<std::byte> read_whole_file(const std::filesystem::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw checkpoint_error("cannot open checkpoint '" + path.string() + "': " + errno_text());
-  std::vector<std::byte> out;
-  struct ::stat st {};
-  if (::fstat(fd, &st) == 0 && st.st_size > 0) out.reserve(static_cast<std::size_t>(st.st_size));
-  std::byte chunk[1 << 16];
-  for (;;) {
-    const ::ssize_t n = ::read(fd, chunk, sizeof chunk);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const std::string why = errno_text();
-      ::close(fd);
-      throw checkpoint_error("cannot read checkpoint '" + path.string() + "': " + why);
-    }
-    if (n == 0) break;
-    out.insert(out.end(), chunk, chunk + n);
-  }
-  ::close(fd);
-  return out;
-}
-
 }  // namespace partrain::inline v0::detail::ckpt
 
 // #include <partrain/train/detail/crc32.hpp>
@@ -22684,6 +22862,128 @@ inline constexpr std::array<std::uint32_t, 256> crc32_table = [] {
 }
 
 }  // namespace partrain::inline v0::detail
+
+// #include <partrain/train/detail/framed_file.hpp>
+// partrain/train/detail/framed_file.hpp: the frame of partrain's binary files (checkpoints, their
+// shards and indexes): an 8-byte magic, a format version, the payload's CRC-32 and size, then the
+// payload. Reading checks all four before a byte of the payload is trusted, naming the file in
+// every refusal; a file is read only when it is a regular file, and past its header only when the
+// header is partrain's.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// #include <partrain/core/detail/regular_file.hpp> (above)
+// #include <partrain/core/error.hpp> (above)
+// #include <partrain/train/detail/crc32.hpp> (above)
+
+namespace partrain::inline v0::detail::ckpt {
+
+inline constexpr std::size_t frame_header_bytes = 8 + 4 + 4 + 8;
+
+[[nodiscard]] inline std::vector<std::byte> frame(const std::array<char, 8>& magic, std::uint32_t version,
+                                                  std::span<const std::byte> payload) {
+  const std::uint32_t crc = crc32(payload);
+  const std::uint64_t size = payload.size();
+  std::vector<std::byte> out(frame_header_bytes + payload.size());
+  std::memcpy(out.data(), magic.data(), 8);
+  std::memcpy(out.data() + 8, &version, 4);
+  std::memcpy(out.data() + 12, &crc, 4);
+  std::memcpy(out.data() + 16, &size, 8);
+  if (!payload.empty()) std::memcpy(out.data() + frame_header_bytes, payload.data(), payload.size());
+  return out;
+}
+
+// Every partrain frame's magic starts so ("PTRNCKPT", "PTRNZIDX", ...).
+inline constexpr std::array<char, 4> frame_magic_prefix{'P', 'T', 'R', 'N'};
+
+// The bytes of the framed file at `path` (`what` names its role: "checkpoint", "rank checkpoint"),
+// for unframe or load_checkpoint_bytes to check. A FIFO, a device or a folder is refused by name
+// before it is opened; a file whose header is not partrain's is read no further than the header
+// (the caller's check then says so), and a partrain file no further than its header declares, so
+// a large file given by mistake is never loaded whole.
+[[nodiscard]] inline std::vector<std::byte> read_framed_file(const std::filesystem::path& path, std::string_view what) {
+  const regular_file f = open_regular_file<checkpoint_error>(path, what);
+  auto out = read_up_to<checkpoint_error>(f, frame_header_bytes, path, what);
+  if (out.size() < frame_header_bytes || f.size < frame_header_bytes ||
+      std::memcmp(out.data(), frame_magic_prefix.data(), frame_magic_prefix.size()) != 0) {
+    return out;
+  }
+  // The payload: no more than the header declares (fewer bytes than that are the parser's to
+  // report as truncated; more are refused here, unread).
+  std::uint64_t declared = 0;
+  std::memcpy(&declared, out.data() + 16, 8);
+  const std::uint64_t have = f.size - frame_header_bytes;
+  if (have > declared) {
+    throw checkpoint_error(std::string(what) + " '" + path.string() + "' has trailing bytes: the header says " +
+                           std::to_string(declared) + " payload bytes, the file has " + std::to_string(have));
+  }
+  const auto rest = read_up_to<checkpoint_error>(f, have, path, what);
+  out.insert(out.end(), rest.begin(), rest.end());
+  return out;
+}
+
+// The versions a reader accepts (a newer format keeps reading the files of the older ones).
+struct frame_versions {
+  std::uint32_t oldest = 0;
+  std::uint32_t newest = 0;
+};
+
+// The payload of a framed file whose version is in `accepted` (the version found in
+// *version_out); `what` names it ("sharded checkpoint index 'run/m.ckpt'").
+[[nodiscard]] inline std::span<const std::byte> unframe(std::span<const std::byte> file, const std::array<char, 8>& magic,
+                                                        frame_versions accepted, std::string_view what,
+                                                        std::uint32_t* crc_out = nullptr,
+                                                        std::uint32_t* version_out = nullptr) {
+  const std::string w(what);
+  if (file.size() < frame_header_bytes) {
+    throw checkpoint_error(w + " is truncated: " + std::to_string(file.size()) + " bytes, less than the " +
+                           std::to_string(frame_header_bytes) + "-byte header");
+  }
+  if (std::memcmp(file.data(), magic.data(), 8) != 0) {
+    throw checkpoint_error(w + " has the wrong magic (expected \"" + std::string(magic.data(), 8) + "\")");
+  }
+  std::uint32_t v = 0, crc = 0;
+  std::uint64_t size = 0;
+  std::memcpy(&v, file.data() + 8, 4);
+  std::memcpy(&crc, file.data() + 12, 4);
+  std::memcpy(&size, file.data() + 16, 8);
+  if (v < accepted.oldest || v > accepted.newest) {
+    throw checkpoint_error(w + " has format version " + std::to_string(v) + ", this build reads version" +
+                           (accepted.oldest == accepted.newest
+                                ? " " + std::to_string(accepted.newest)
+                                : "s " + std::to_string(accepted.oldest) + " to " + std::to_string(accepted.newest)));
+  }
+  if (version_out) *version_out = v;
+  const std::size_t have = file.size() - frame_header_bytes;
+  if (size != have) {
+    throw checkpoint_error(w + (have < size ? " is truncated" : " has trailing bytes") + ": the header says " +
+                           std::to_string(size) + " payload bytes, the file has " + std::to_string(have));
+  }
+  const auto payload = file.subspan(frame_header_bytes);
+  if (const auto got = crc32(payload); got != crc) {
+    throw checkpoint_error(w + " is corrupted: the payload's CRC-32 is " + std::to_string(got) + ", the header says " +
+                           std::to_string(crc));
+  }
+  if (crc_out) *crc_out = crc;
+  return payload;
+}
+
+// The payload of a framed file of exactly `version`.
+[[nodiscard]] inline std::span<const std::byte> unframe(std::span<const std::byte> file, const std::array<char, 8>& magic,
+                                                        std::uint32_t version, std::string_view what,
+                                                        std::uint32_t* crc_out = nullptr) {
+  return unframe(file, magic, frame_versions{version, version}, what, crc_out);
+}
+
+}  // namespace partrain::inline v0::detail::ckpt
 
 // #include <partrain/train/checkpoint.hpp>
 // partrain/train/checkpoint.hpp: training checkpoints. One file holds the model's parameters
@@ -22717,6 +23017,7 @@ inline constexpr std::array<std::uint32_t, 256> crc32_table = [] {
 // #include <partrain/parallel/detail/host_staging.hpp> (above)
 // #include <partrain/train/detail/atomic_file.hpp> (above)
 // #include <partrain/train/detail/crc32.hpp> (above)
+// #include <partrain/train/detail/framed_file.hpp> (above)
 
 namespace partrain::inline v0 {
 
@@ -23018,7 +23319,7 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
 // Reads `path` (every rank does) and restores model and optimizer; returns the extra fields.
 template <model M, stateful_optimizer O>
 checkpoint_extra load_checkpoint(const std::filesystem::path& path, M& m, O& opt) {
-  const auto file = detail::ckpt::read_whole_file(path);
+  const auto file = detail::ckpt::read_framed_file(path, "checkpoint");
   return load_checkpoint_bytes(file, m, opt, path.string());
 }
 
@@ -23199,95 +23500,6 @@ class sharded_scaler {
 };
 
 }  // namespace partrain::inline v0::detail
-
-// #include <partrain/train/detail/framed_file.hpp>
-// partrain/train/detail/framed_file.hpp: the frame of partrain's binary files: an 8-byte magic,
-// a format version, the payload's CRC-32 and size, then the payload. Reading checks all four
-// before a byte of the payload is trusted, naming the file in every refusal.
-
-#include <array>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <span>
-#include <string>
-#include <string_view>
-#include <vector>
-
-// #include <partrain/core/error.hpp> (above)
-// #include <partrain/train/detail/crc32.hpp> (above)
-
-namespace partrain::inline v0::detail::ckpt {
-
-inline constexpr std::size_t frame_header_bytes = 8 + 4 + 4 + 8;
-
-[[nodiscard]] inline std::vector<std::byte> frame(const std::array<char, 8>& magic, std::uint32_t version,
-                                                  std::span<const std::byte> payload) {
-  const std::uint32_t crc = crc32(payload);
-  const std::uint64_t size = payload.size();
-  std::vector<std::byte> out(frame_header_bytes + payload.size());
-  std::memcpy(out.data(), magic.data(), 8);
-  std::memcpy(out.data() + 8, &version, 4);
-  std::memcpy(out.data() + 12, &crc, 4);
-  std::memcpy(out.data() + 16, &size, 8);
-  if (!payload.empty()) std::memcpy(out.data() + frame_header_bytes, payload.data(), payload.size());
-  return out;
-}
-
-// The versions a reader accepts (a newer format keeps reading the files of the older ones).
-struct frame_versions {
-  std::uint32_t oldest = 0;
-  std::uint32_t newest = 0;
-};
-
-// The payload of a framed file whose version is in `accepted` (the version found in
-// *version_out); `what` names it ("sharded checkpoint index 'run/m.ckpt'").
-[[nodiscard]] inline std::span<const std::byte> unframe(std::span<const std::byte> file, const std::array<char, 8>& magic,
-                                                        frame_versions accepted, std::string_view what,
-                                                        std::uint32_t* crc_out = nullptr,
-                                                        std::uint32_t* version_out = nullptr) {
-  const std::string w(what);
-  if (file.size() < frame_header_bytes) {
-    throw checkpoint_error(w + " is truncated: " + std::to_string(file.size()) + " bytes, less than the " +
-                           std::to_string(frame_header_bytes) + "-byte header");
-  }
-  if (std::memcmp(file.data(), magic.data(), 8) != 0) {
-    throw checkpoint_error(w + " has the wrong magic (expected \"" + std::string(magic.data(), 8) + "\")");
-  }
-  std::uint32_t v = 0, crc = 0;
-  std::uint64_t size = 0;
-  std::memcpy(&v, file.data() + 8, 4);
-  std::memcpy(&crc, file.data() + 12, 4);
-  std::memcpy(&size, file.data() + 16, 8);
-  if (v < accepted.oldest || v > accepted.newest) {
-    throw checkpoint_error(w + " has format version " + std::to_string(v) + ", this build reads version" +
-                           (accepted.oldest == accepted.newest
-                                ? " " + std::to_string(accepted.newest)
-                                : "s " + std::to_string(accepted.oldest) + " to " + std::to_string(accepted.newest)));
-  }
-  if (version_out) *version_out = v;
-  const std::size_t have = file.size() - frame_header_bytes;
-  if (size != have) {
-    throw checkpoint_error(w + (have < size ? " is truncated" : " has trailing bytes") + ": the header says " +
-                           std::to_string(size) + " payload bytes, the file has " + std::to_string(have));
-  }
-  const auto payload = file.subspan(frame_header_bytes);
-  if (const auto got = crc32(payload); got != crc) {
-    throw checkpoint_error(w + " is corrupted: the payload's CRC-32 is " + std::to_string(got) + ", the header says " +
-                           std::to_string(crc));
-  }
-  if (crc_out) *crc_out = crc;
-  return payload;
-}
-
-// The payload of a framed file of exactly `version`.
-[[nodiscard]] inline std::span<const std::byte> unframe(std::span<const std::byte> file, const std::array<char, 8>& magic,
-                                                        std::uint32_t version, std::string_view what,
-                                                        std::uint32_t* crc_out = nullptr) {
-  return unframe(file, magic, frame_versions{version, version}, what, crc_out);
-}
-
-}  // namespace partrain::inline v0::detail::ckpt
 
 // #include <partrain/train/sharded_checkpoint.hpp>
 // partrain/train/sharded_checkpoint.hpp: checkpoints of a sharded_data_parallel (ZeRO-1/2) or a
@@ -23504,7 +23716,7 @@ inline void put_segments(state_writer& w, const std::vector<flat_range>& segment
 }
 
 [[nodiscard]] inline index_record read_index(const std::filesystem::path& index, const std::string& where) {
-  const auto file = detail::ckpt::read_whole_file(index);
+  const auto file = detail::ckpt::read_framed_file(index, "sharded checkpoint index");
   std::uint32_t version = 0;
   const auto payload = ckpt::unframe(file, sharded_index_magic, readable, where, nullptr, &version);
   return decode_index(payload, version, where);
@@ -23753,7 +23965,7 @@ template <class T>
       throw checkpoint_error(where + " names " + sw + ", which is missing (expected one shard file per rank of the "
                              "saving run)");
     }
-    const auto bytes = detail::ckpt::read_whole_file(path);
+    const auto bytes = detail::ckpt::read_framed_file(path, "checkpoint shard");
     std::uint32_t crc = 0, version = 0;
     state_reader r(ckpt::unframe(bytes, shard_file_magic, readable, sw, &crc, &version), sw);
     (void)r.get<std::uint8_t>("dtype");
@@ -24703,7 +24915,7 @@ checkpoint_extra load_rank_checkpoint(process_group& g, const std::filesystem::p
   checkpoint_extra extra;
   try {
     const std::string what = "rank checkpoint '" + path.string() + "'";
-    const auto file = detail::ckpt::read_whole_file(path);
+    const auto file = detail::ckpt::read_framed_file(path, "rank checkpoint");
     state_reader r(detail::ckpt::unframe(file, rank_checkpoint_magic, rank_checkpoint_version, what));
     const auto world = r.get<std::uint32_t>("world size");
     if (world != static_cast<std::uint32_t>(g.size())) {
@@ -24904,6 +25116,7 @@ struct warmup_cosine_lr {
 
 // #include <partrain/comm/process_group.hpp> (above)
 // #include <partrain/comm/reduce_op.hpp> (above)
+// #include <partrain/core/detail/regular_file.hpp> (above)
 // #include <partrain/core/error.hpp> (above)
 // #include <partrain/core/tensor_view.hpp> (above)
 // #include <partrain/parallel/detail/host_staging.hpp> (above)
@@ -25019,7 +25232,7 @@ inline void append_field(std::string& out, const metric_field& f) {
 // twice. Other lines are kept as they are. The file is rewritten atomically.
 inline void truncate_metrics_after(const std::filesystem::path& path, std::int64_t step, std::int64_t epoch) {
   if (!std::filesystem::exists(path)) return;
-  const std::vector<std::byte> bytes = detail::ckpt::read_whole_file(path);
+  const std::vector<std::byte> bytes = detail::read_regular_file<config_error>(path, "metrics file");
   const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   std::string kept;
   bool dropped = false;
@@ -25675,6 +25888,7 @@ inline constexpr steps_t steps{};
 #include <iostream>
 #include <optional>
 #include <ostream>
+#include <ranges>
 #include <span>
 #include <string>
 #include <vector>
@@ -25768,6 +25982,20 @@ inline std::uint64_t decode(std::span<const std::byte> bytes, train_result& r) {
   return rd.remaining() >= sizeof(std::uint64_t) ? rd.get<std::uint64_t>("bytes sent") : 0;
 }
 
+// fit's data must hold something: a training source that gives this rank no batch would train
+// nothing and report an untrained model's accuracy; a test set with no sample, an accuracy of 0.
+inline void check_train_source(std::size_t batches, int rank) {
+  if (batches == 0) {
+    throw data_error("fit: the training data gives rank " + std::to_string(rank) +
+                     " no batches (an empty training set, or fewer samples than ranks, or than one batch with "
+                     "drop_last); expected at least one batch per rank");
+  }
+}
+inline data_error empty_test_error() {
+  return data_error("fit: the test data holds no samples (an empty test set); expected at least one sample to "
+                    "evaluate on");
+}
+
 inline void check(const trainer_options& o) {
   if (o.epochs == 0) throw invalid_argument_error("fit: epochs must be at least 1, got 0");
   if (o.gradient_accumulation_steps == 0) {
@@ -25800,6 +26028,12 @@ class trainer {
                                 .world_size = policy.replicas(),
                                 .plain_every_steps = static_cast<std::int64_t>(o_.log_every)}) {
     detail::trainer::check(o_);
+    detail::trainer::check_train_source(train_.size(), policy.group().rank());
+    // A test set may be empty on one rank (a shard of fewer samples than ranks) and not on the
+    // others; alone, an empty one is refused now, else when the first evaluation counts none.
+    if constexpr (std::ranges::sized_range<Test>) {
+      if (std::ranges::size(test_) == 0 && policy.group().size() == 1) throw detail::trainer::empty_test_error();
+    }
     if (o_.max_grad_norm > 0) {
       if constexpr (requires(double v) { p_.set_max_grad_norm(v); }) {
         p_.set_max_grad_norm(o_.max_grad_norm);
@@ -25849,6 +26083,7 @@ class trainer {
       auto eval_span = span("evaluate");
       const eval_result ev = p_.evaluate(test_);
       eval_span.end();
+      if (ev.count == 0) throw detail::trainer::empty_test_error();  // every rank's count: all ranks throw
       result.train_loss = s.steps > 0 ? s.loss_sum / s.steps : 0.0;
       result.test_loss = ev.mean_loss();
       result.test_accuracy = ev.accuracy();

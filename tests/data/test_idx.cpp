@@ -6,7 +6,12 @@
 #include <partrain/data/idx.hpp>
 #include <partrain/data/idx_dataset.hpp>
 
+#include "fifo.hpp"
+
 #include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -129,7 +134,7 @@ TEST_CASE("idx: each kind of bad file gets an error naming the file and the prob
   };
   expect_error(dir / "missing.idx", "cannot open");
   fs::create_directories(dir / "a_directory");
-  expect_error(dir / "a_directory", "is a directory, expected an IDX file");
+  expect_error(dir / "a_directory", "is a directory, expected a regular file");
   write_bytes(dir / "magic", {0x12, 0x34, 0x08, 0x01, 0, 0, 0, 1, 7});
   expect_error(dir / "magic", "wrong magic 0x12340801");
   write_bytes(dir / "dtype", {0, 0, 0x0A, 0x01, 0, 0, 0, 1, 7});
@@ -178,6 +183,94 @@ TEST_CASE("idx: each kind of bad file gets an error naming the file and the prob
   CHECK_THROWS_WITH(load_idx_dataset(dir / "img3", dir / "lbl"),
                     Catch::Contains("label 2 is 12") && Catch::Contains("expected 0 <= label < 10"));
   CHECK_NOTHROW(load_idx_dataset(dir / "img3", dir / "lbl", {.num_classes = 13}));
+}
+
+TEST_CASE("idx: a FIFO or a device is refused by name before it is opened", "[data][idx][hostile]") {
+  using namespace std::chrono_literals;
+  temp_dir dir;
+  // A FIFO blocks open() until a writer comes: the reader must not open it at all.
+  const auto fifo = partrain::testing::make_fifo(dir / "train-images-idx3-ubyte.gz");
+  const std::string refused = "IDX file '" + fifo.string() + "' is a FIFO, expected a regular file";
+  CHECK_THAT(partrain::testing::error_within(5s, fifo, [&] { (void)read_idx(fifo); }), Catch::Contains(refused));
+  write_idx(dir / "lbl", idx_array::from(std::span<const std::uint8_t>(std::vector<std::uint8_t>{1}), shape{1}));
+  CHECK_THAT(partrain::testing::error_within(5s, fifo, [&] { (void)load_idx_dataset(fifo, dir / "lbl"); }),
+             Catch::Contains(refused));
+  // A device that never ends, refused by name (the limit only keeps a broken reader quick).
+  CHECK_THROWS_AS(read_idx("/dev/zero", {.max_bytes = 1 << 20}), data_error);
+  CHECK_THROWS_WITH(read_idx("/dev/zero", {.max_bytes = 1 << 20}),
+                    Catch::Contains("IDX file '/dev/zero' is a character device, expected a regular file"));
+  // A plain file larger than the limit is refused unread, by its size.
+  write_idx(dir / "big.idx", idx_array::from(std::span<const std::uint8_t>(pixel_pattern(5000)), shape{5000}));
+  CHECK_THROWS_WITH(read_idx(dir / "big.idx", {.max_bytes = 1000}), Catch::Contains("is 5008 bytes, more than 1000 bytes"));
+}
+
+TEST_CASE("idx: a gzip file is inflated no further than its header declares", "[data][idx][hostile]") {
+  temp_dir dir;
+  // The header declares 2 bytes of data; the stream holds 100,000 more.
+  std::vector<std::byte> image = idx_array::from(std::span<const std::uint8_t>(std::vector<std::uint8_t>{1, 2}), shape{2}).serialize();
+  image.resize(image.size() + 100000, std::byte{7});
+  const auto gz = detail::data::gzip(image, "memory");
+  CHECK_THROWS_WITH(decode_idx(gz, "extra.gz"),
+                    Catch::Contains("IDX file 'extra.gz'") &&
+                        Catch::Contains("decompresses past the 2 bytes of data its header declares for [2]"));
+  // A stream whose header is wrong stops at the header: ten megabytes of zeros are refused by
+  // their type code, not after inflating up to the limit.
+  const auto zeros = detail::data::gzip(std::vector<std::byte>(10 << 20), "memory");
+  CHECK_THROWS_WITH(decode_idx(zeros, "zeros.gz", {.max_bytes = 1 << 16}), Catch::Contains("unsupported element type code 0"));
+  // read_idx takes the same path.
+  {
+    std::ofstream f(dir / "extra.gz", std::ios::binary);
+    f.write(reinterpret_cast<const char*>(gz.data()), static_cast<std::streamsize>(gz.size()));
+  }
+  CHECK_THROWS_WITH(read_idx(dir / "extra.gz"), Catch::Contains("decompresses past the 2 bytes"));
+}
+
+TEST_CASE("idx: data that cannot train is refused where it is loaded, naming the file", "[data][idx][hostile]") {
+  temp_dir dir;
+  const std::vector<std::uint8_t> two_labels{1, 2};
+  write_idx(dir / "lbl2", idx_array::from(std::span<const std::uint8_t>(two_labels), shape{2}));
+
+  // A valid header of 0 images (and 0 labels): nothing to train on.
+  write_idx(dir / "img0", idx_array::from(std::span<const std::uint8_t>(), shape{0, 28, 28}), true);
+  write_idx(dir / "lbl0", idx_array::from(std::span<const std::uint8_t>(), shape{0}));
+  CHECK_THROWS_AS(load_idx_dataset(dir / "img0", dir / "lbl0"), data_error);
+  CHECK_THROWS_WITH(load_idx_dataset(dir / "img0", dir / "lbl0"),
+                    Catch::Contains((dir / "img0").string()) && Catch::Contains("holds no images (shape [0, 28, 28])"));
+
+  // Pixels /255 does not scale: refused by type unless the caller takes the values as they are.
+  const std::vector<float> f32{0.f, 127.5f, 255.f, 1.f, 2.f, 3.f, 4.f, 5.f};
+  write_idx(dir / "f32", idx_array::from(std::span<const float>(f32), shape{2, 2, 2}));
+  CHECK_THROWS_WITH(load_idx_dataset(dir / "f32", dir / "lbl2"),
+                    Catch::Contains((dir / "f32").string()) && Catch::Contains("images are float32, expected ubyte pixels"));
+  const std::vector<std::int8_t> i8{-128, -1, 0, 1, 2, 3, 4, 127};
+  write_idx(dir / "i8", idx_array::from(std::span<const std::int8_t>(i8), shape{2, 2, 2}));
+  CHECK_THROWS_WITH(load_idx_dataset(dir / "i8", dir / "lbl2"), Catch::Contains("images are sbyte, expected ubyte pixels"));
+  const auto raw = load_idx_dataset(dir / "f32", dir / "lbl2", {.scale = false});
+  CHECK(raw.features()[1] == 127.5f);
+  CHECK(load_idx_dataset(dir / "i8", dir / "lbl2", {.scale = false}).features()[0] == -128.f);
+  // ... and a value that is not a number is refused, naming the image.
+  auto with_nan = f32;
+  with_nan[5] = std::numeric_limits<float>::quiet_NaN();
+  write_idx(dir / "nan", idx_array::from(std::span<const float>(with_nan), shape{2, 2, 2}));
+  CHECK_THROWS_WITH(load_idx_dataset(dir / "nan", dir / "lbl2", {.scale = false}),
+                    Catch::Contains("value 5 (image 1) is nan, expected a finite number"));
+
+  // Images of another size than asked.
+  write_idx(dir / "u8", idx_array::from(std::span<const std::uint8_t>(pixel_pattern(8)), shape{2, 2, 2}));
+  CHECK_NOTHROW(load_idx_dataset(dir / "u8", dir / "lbl2", {.image_shape = {2, 2}}));
+  CHECK_THROWS_WITH(load_idx_dataset(dir / "u8", dir / "lbl2", {.image_shape = {2, 3}}),
+                    Catch::Contains("images have shape [2, 2, 2], expected [N, 2, 3]"));
+
+  // Fashion-MNIST's files: a test split of 32x32 images beside 28x28 training images is refused
+  // when loaded, naming the test file (the two splits could not feed one model).
+  write_idx(dir / "train-images-idx3-ubyte.gz", idx_array::from(std::span<const std::uint8_t>(pixel_pattern(2 * 784)), shape{2, 28, 28}), true);
+  write_idx(dir / "train-labels-idx1-ubyte.gz", idx_array::from(std::span<const std::uint8_t>(two_labels), shape{2}), true);
+  write_idx(dir / "t10k-images-idx3-ubyte.gz", idx_array::from(std::span<const std::uint8_t>(pixel_pattern(2 * 1024)), shape{2, 32, 32}), true);
+  write_idx(dir / "t10k-labels-idx1-ubyte.gz", idx_array::from(std::span<const std::uint8_t>(two_labels), shape{2}), true);
+  CHECK(load_fashion_mnist(fashion_mnist_split::train, fashion_mnist_normalization(), dir.path).size() == 2);
+  CHECK_THROWS_WITH(load_fashion_mnist(fashion_mnist_split::test, fashion_mnist_normalization(), dir.path),
+                    Catch::Contains((dir / "t10k-images-idx3-ubyte.gz").string()) &&
+                        Catch::Contains("images have shape [2, 32, 32], expected [N, 28, 28]"));
 }
 
 TEST_CASE("idx: the real Fashion-MNIST training set", "[data][idx][fashion_mnist]") {

@@ -19,9 +19,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (std::size_t i = 0; i < a.size(); ++i) sum += a.at(i);
     std::vector<float> f(a.size());
     a.to_float(f, 1.0f / 255.0f);
-    // As labels (1-D) or as images paired with themselves as labels.
+    // As labels (1-D) or as images paired with themselves as labels (other types than ubyte taken
+    // as they are, so their checks run too: scaled, they are refused by type).
     if (a.shape().rank() == 1 && a.type() != partrain::idx_type::f32 && a.type() != partrain::idx_type::f64) {
-      (void)partrain::make_idx_dataset(a, a, {.num_classes = 256}, "images", "labels");
+      (void)partrain::make_idx_dataset(a, a, {.scale = a.type() == partrain::idx_type::u8, .num_classes = 256}, "images",
+                                       "labels");
     }
     (void)sum;
   } catch (const partrain::data_error&) {

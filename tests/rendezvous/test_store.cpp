@@ -6,6 +6,7 @@
 #include <partrain/rendezvous/prefix_store.hpp>
 #include <partrain/rendezvous/tcp_store.hpp>
 
+#include "fifo.hpp"
 #include "fork_ranks.hpp"
 
 #include <atomic>
@@ -497,6 +498,15 @@ TEST_CASE("file_store set/get/add/wait/check in one process", "[comm][store][fil
     CHECK(e.timeout() == 30ms);
   }
   std::filesystem::remove(path);
+}
+
+TEST_CASE("file_store refuses a FIFO or a device by name", "[comm][store][file][hostile]") {
+  const auto fifo = partrain::testing::make_fifo(std::filesystem::temp_directory_path() /
+                                                 ("partrain_store_fifo_" + std::to_string(::getpid())));
+  CHECK_THROWS_AS(file_store(fifo.string()), config_error);
+  CHECK_THROWS_WITH(file_store(fifo.string()), Catch::Contains("'" + fifo.string() + "' is a FIFO, expected a regular file"));
+  std::filesystem::remove(fifo);
+  CHECK_THROWS_WITH(file_store("/dev/zero"), Catch::Contains("'/dev/zero' is a character device, expected a regular file"));
 }
 
 TEST_CASE("file_store works across processes", "[comm][store][file][processes]") {

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include "fifo.hpp"
 #include "temp_dir.hpp"
 
 #include <partrain/comm/local.hpp>
@@ -7,8 +8,11 @@
 #include <partrain/optim/sgd.hpp>
 #include <partrain/parallel/ddp.hpp>
 #include <partrain/train/checkpoint.hpp>
+#include <partrain/train/rank_checkpoint.hpp>
+#include <partrain/train/sharded_checkpoint.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -227,6 +231,57 @@ TEST_CASE("checkpoint: bad files are refused with the reason", "[train][checkpoi
     CHECK(extra.user == std::vector<std::byte>{std::byte{1}, std::byte{2}});
     CHECK(target.flat_values() == m.flat_values());
   }
+}
+
+TEST_CASE("checkpoint: a FIFO, a device or a folder is refused by name before it is opened", "[train][checkpoint][hostile]") {
+  using namespace std::chrono_literals;
+  using partrain::testing::error_within;
+  temp_dir dir;
+  toy_mlp<float, false> m(5);
+  sgd opt(m, {.lr = 0.1});
+  const auto before = m.flat_values();
+  // A FIFO blocks open() until a writer comes: every checkpoint reader must refuse it unopened.
+  const auto fifo = partrain::testing::make_fifo(dir.path / "run.ckpt");
+  const std::string is_fifo = "'" + fifo.string() + "' is a FIFO, expected a regular file";
+  CHECK_THAT(error_within(5s, fifo, [&] { (void)load_checkpoint(fifo, m, opt); }), Catch::Contains("checkpoint " + is_fifo));
+  CHECK_THAT(error_within(5s, fifo, [&] {
+               run_local(1, [&](local_group& g) { (void)load_rank_checkpoint(g, fifo, m, opt); });
+             }),
+             Catch::Contains("rank checkpoint " + is_fifo));
+  CHECK_THAT(error_within(5s, fifo, [&] { consolidate_sharded_checkpoint(fifo, dir.path / "out.ckpt"); }),
+             Catch::Contains("sharded checkpoint index " + is_fifo));
+  // /dev/zero never ends: read whole, it would exhaust memory.
+  CHECK_THROWS_AS(load_checkpoint("/dev/zero", m, opt), checkpoint_error);
+  CHECK_THROWS_WITH(load_checkpoint("/dev/zero", m, opt),
+                    Catch::Contains("checkpoint '/dev/zero' is a character device, expected a regular file"));
+  CHECK_THROWS_WITH(load_checkpoint(dir.path, m, opt), Catch::Contains("is a directory, expected a regular file"));
+  CHECK(m.flat_values() == before);
+}
+
+TEST_CASE("checkpoint: a file is read no further than a partrain header declares", "[train][checkpoint][hostile]") {
+  temp_dir dir;
+  toy_mlp<float, false> m(5);
+  sgd opt(m, {.lr = 0.1});
+  // Sparse files of a terabyte: read whole, each would exhaust memory.
+  const auto huge = std::uintmax_t{1} << 40;
+  const auto other = dir.path / "not_a_checkpoint";
+  std::ofstream(other) << "not a checkpoint, and then a terabyte of zeros";
+  std::error_code ec;
+  fs::resize_file(other, huge, ec);
+  if (ec) {
+    WARN("no sparse files here (" << ec.message() << "); skipped");
+    return;
+  }
+  // Another kind of file: its first 24 bytes say so.
+  CHECK_THROWS_WITH(load_checkpoint(other, m, opt), Catch::Contains("is not a partrain checkpoint (bad magic"));
+  // A checkpoint's header with a terabyte after it: the header says how much is payload.
+  const auto padded = dir.path / "padded.ckpt";
+  save_checkpoint(padded, m, opt);
+  const auto saved = fs::file_size(padded);
+  fs::resize_file(padded, huge);
+  CHECK_THROWS_WITH(load_checkpoint(padded, m, opt),
+                    Catch::Contains("checkpoint '" + padded.string() + "' has trailing bytes: the header says " +
+                                    std::to_string(saved - 24) + " payload bytes, the file has " + std::to_string(huge - 24)));
 }
 
 TEST_CASE("checkpoint: a save removes the temporaries that dead processes left behind", "[train][checkpoint]") {

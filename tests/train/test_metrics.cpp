@@ -2,6 +2,7 @@
 // reduced across ranks (mean loss, total samples/s) written once by rank 0.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -12,7 +13,9 @@
 #include <partrain/comm/local.hpp>
 #include <partrain/train/metrics.hpp>
 
+#include "fifo.hpp"
 #include "mini_json.hpp"
+#include "temp_dir.hpp"
 
 using namespace partrain;
 namespace fs = std::filesystem;
@@ -136,4 +139,15 @@ TEST_CASE("bad metrics input is reported clearly", "[train][metrics]") {
     phase.reduce = across_ranks::mean;  // a string cannot be averaged
     CHECK_THROWS_WITH(w.step(pg, 0, {phase}), Catch::Contains("'phase'") && Catch::Contains("not a number"));
   });
+}
+
+TEST_CASE("a resumed run refuses a metrics path that is a FIFO or a device, by name", "[train][metrics][hostile]") {
+  using namespace std::chrono_literals;
+  partrain::testing::temp_dir dir("partrain_obs_fifo");
+  // Resuming reads the metrics file back (to drop what a killed attempt wrote after the checkpoint).
+  const auto fifo = partrain::testing::make_fifo(dir.path / "metrics.jsonl");
+  CHECK_THAT(partrain::testing::error_within(5s, fifo, [&] { truncate_metrics_after(fifo, 0, 0); }),
+             Catch::Contains("metrics file '" + fifo.string() + "' is a FIFO, expected a regular file"));
+  CHECK_THROWS_WITH(truncate_metrics_after("/dev/zero", 0, 0),
+                    Catch::Contains("metrics file '/dev/zero' is a character device, expected a regular file"));
 }

@@ -8,6 +8,7 @@
 #include <partrain/train/trainer.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -179,6 +180,40 @@ TEST_CASE("fit: bad settings fail before training, with the reason", "[train][tr
   // A diverging run stops at the step whose loss is not finite instead of reporting NaN.
   CHECK_THROWS_WITH(run_ddp(1, {.epochs = 1}, std::numeric_limits<double>::infinity()),
                     Catch::Contains("training loss at step 2 (epoch 1) is") && Catch::Contains("diverged"));
+}
+
+TEST_CASE("fit: an empty training or test source is refused, saying which", "[train][trainer][threads][hostile]") {
+  const dp_dataset data(32, 5, 3);
+  std::atomic<int> steps{0};
+  // fit over DDP on `ranks` local ranks, each rank's train and test batches made by the functions.
+  const auto go = [&](int ranks, auto make_train, auto make_test) {
+    steps = 0;
+    run_local(ranks, [&](local_group& g) {
+      dp_softmax_model model(5, 3);
+      distributed_data_parallel ddp(model, g);
+      sgd opt(model, {.lr = 0.1});
+      ddp_policy policy(ddp, opt);
+      auto train = make_train(g.rank(), g.size());
+      auto test = make_test(g.rank(), g.size());
+      std::ostringstream sink;
+      (void)fit(policy, train, test, {.epochs = 1, .out = &sink, .before_step = [&](std::size_t) { ++steps; }});
+    });
+  };
+  const auto none = [](int, int) { return batch_list{}; };
+  const auto sharded = [&](int r, int w) { return shard(data, r, w); };
+  // No training batch (a training set of 0 images): refused before a step, not "trained" to an
+  // untrained model's accuracy.
+  CHECK_THROWS_AS(go(1, none, sharded), data_error);
+  CHECK_THROWS_WITH(go(1, none, sharded), Catch::Contains("the training data gives rank 0 no batches"));
+  CHECK(steps == 0);
+  // One process and no test sample: refused before a step, not reported as accuracy 0.
+  CHECK_THROWS_WITH(go(1, sharded, none), Catch::Contains("the test data holds no samples"));
+  CHECK(steps == 0);
+  // Two ranks with no test sample between them: every rank refuses at the first evaluation.
+  CHECK_THROWS_WITH(go(2, sharded, none), Catch::Contains("the test data holds no samples"));
+  // A test shard empty on one rank only (fewer test samples than ranks) is not an empty test set.
+  CHECK_NOTHROW(go(2, sharded, [&](int r, int) { return r == 0 ? shard(data, 0, 1) : batch_list{}; }));
+  CHECK(steps > 0);
 }
 
 TEST_CASE("fit: a policy that cannot checkpoint refuses a checkpoint path", "[train][trainer][threads]") {

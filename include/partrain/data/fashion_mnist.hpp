@@ -29,12 +29,16 @@ enum class fashion_mnist_split { train, test };
   return norm;
 }
 
-// 60,000 training or 10,000 test examples, features [N, 784].
+// 60,000 training or 10,000 test examples, features [N, 784]. Either split's files are checked
+// for what Fashion-MNIST is (28x28 ubyte images, labels 0 to 9, unless options say otherwise), so
+// the splits cannot disagree with each other or with a model made for the data set.
 [[nodiscard]] inline in_memory_dataset load_fashion_mnist(fashion_mnist_split split, const normalize_options& options = {},
                                                           const std::filesystem::path& dir = fashion_mnist_dir()) {
   const std::string_view prefix = split == fashion_mnist_split::train ? "train" : "t10k";
+  normalize_options o = options;
+  if (o.image_shape.rank() == 0) o.image_shape = {28, 28};
   return load_idx_dataset(dir / (std::string(prefix) + "-images-idx3-ubyte.gz"),
-                          dir / (std::string(prefix) + "-labels-idx1-ubyte.gz"), options);
+                          dir / (std::string(prefix) + "-labels-idx1-ubyte.gz"), o);
 }
 
 }  // namespace partrain::inline v0

@@ -4,7 +4,8 @@
 //   dimension; then the elements, big-endian, row-major.
 // read_idx reads plain or gzip-compressed files (detected by the gzip magic, so either name
 // works) and checks everything before trusting it: a hostile file gets a data_error naming the
-// file and the problem, never a crash or an allocation larger than the data present.
+// file and the problem, never a crash or an allocation larger than the data present; a FIFO or a
+// device is refused by name, and no file is read (or inflated) past what its header declares.
 // Needs zlib: link partrain::data (or ZLIB::ZLIB).
 #pragma once
 
@@ -17,6 +18,7 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -24,6 +26,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <partrain/core/detail/regular_file.hpp>
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
 #include <partrain/data/detail/gzip.hpp>
@@ -178,59 +181,89 @@ class idx_array {
   std::size_t offset_ = 0;  // header bytes at the front of storage_ (kept to avoid a copy)
 };
 
-// Parses a whole IDX image (already decompressed). `name` (a path) appears in every error.
-[[nodiscard]] inline idx_array parse_idx(std::vector<std::byte>&& bytes, std::string_view name) {
-  const auto fail = [&](const std::string& what) { return data_error("IDX file '" + std::string(name) + "': " + what); };
+namespace detail::data {
+// What an IDX header declares: the element type, the dimensions, and the bytes of header and of
+// data that a well-formed file holds.
+struct idx_header {
+  idx_type type = idx_type::u8;
+  partrain::shape dims{};
+  std::size_t header_bytes = 0;
+  std::size_t data_bytes = 0;
+};
+
+[[nodiscard]] inline data_error idx_error(std::string_view name, const std::string& what) {
+  return data_error("IDX file '" + std::string(name) + "': " + what);
+}
+
+// The most header bytes an IDX file can have (4 + 4 per dimension).
+inline constexpr std::size_t idx_max_header_bytes = 4 + 4 * max_rank;
+
+// Parses the header at the front of `bytes` (the whole file, or at least its first
+// idx_max_header_bytes; `file_bytes` is the whole file's size, for messages), checking everything.
+[[nodiscard]] inline idx_header parse_idx_header(std::span<const std::byte> bytes, std::size_t file_bytes,
+                                                 std::string_view name) {
   if (bytes.size() < 4) {
-    throw fail("truncated: " + std::to_string(bytes.size()) + " bytes, expected at least a 4-byte header");
+    throw idx_error(name, "truncated: " + std::to_string(file_bytes) + " bytes, expected at least a 4-byte header");
   }
   if (bytes[0] != std::byte{0} || bytes[1] != std::byte{0}) {
     char hex[16];
     std::snprintf(hex, sizeof hex, "0x%02x%02x%02x%02x", static_cast<unsigned>(bytes[0]), static_cast<unsigned>(bytes[1]),
                   static_cast<unsigned>(bytes[2]), static_cast<unsigned>(bytes[3]));
-    throw fail(std::string("wrong magic ") + hex + ", expected two zero bytes, a type code and a dimension count");
+    throw idx_error(name, std::string("wrong magic ") + hex + ", expected two zero bytes, a type code and a dimension count");
   }
   const auto code = static_cast<unsigned>(bytes[2]);
   if (code != 0x08 && code != 0x09 && code != 0x0B && code != 0x0C && code != 0x0D && code != 0x0E) {
-    throw fail("unsupported element type code " + std::to_string(code) +
-               ", expected 0x08 (ubyte), 0x09 (sbyte), 0x0B (int16), 0x0C (int32), 0x0D (float32) or 0x0E (float64)");
+    throw idx_error(name, "unsupported element type code " + std::to_string(code) +
+                              ", expected 0x08 (ubyte), 0x09 (sbyte), 0x0B (int16), 0x0C (int32), 0x0D (float32) or "
+                              "0x0E (float64)");
   }
-  const auto type = static_cast<idx_type>(code);
+  idx_header h;
+  h.type = static_cast<idx_type>(code);
   const std::size_t rank = static_cast<std::size_t>(bytes[3]);
   if (rank == 0 || rank > max_rank) {
-    throw fail(std::to_string(rank) + " dimensions, expected 1 to " + std::to_string(max_rank));
+    throw idx_error(name, std::to_string(rank) + " dimensions, expected 1 to " + std::to_string(max_rank));
   }
-  const std::size_t header = 4 + 4 * rank;
-  if (bytes.size() < header) {
-    throw fail("truncated header: " + std::to_string(rank) + " dimensions need " + std::to_string(header) +
-               " bytes, the file has " + std::to_string(bytes.size()));
+  h.header_bytes = 4 + 4 * rank;
+  if (bytes.size() < h.header_bytes) {
+    throw idx_error(name, "truncated header: " + std::to_string(rank) + " dimensions need " +
+                              std::to_string(h.header_bytes) + " bytes, the file has " + std::to_string(file_bytes));
   }
-  partrain::shape dims;
   std::vector<std::size_t> d(rank);
   std::size_t numel = 1;
   bool overflow = false;
   for (std::size_t i = 0; i < rank; ++i) {
-    d[i] = detail::data::load_be<std::uint32_t>(bytes.data() + 4 + 4 * i);
-    if (d[i] != 0 && numel > std::numeric_limits<std::size_t>::max() / size_of(type) / d[i]) overflow = true;
+    d[i] = load_be<std::uint32_t>(bytes.data() + 4 + 4 * i);
+    if (d[i] != 0 && numel > std::numeric_limits<std::size_t>::max() / size_of(h.type) / d[i]) overflow = true;
     else numel *= d[i];
   }
-  dims = partrain::shape(std::span<const std::size_t>(d));
-  if (overflow) throw fail("dimensions " + dims.to_string() + " describe more data than can be addressed");
-  const std::size_t expected = numel * size_of(type);
-  const std::size_t present = bytes.size() - header;
-  if (present < expected) {
-    throw fail("truncated: " + dims.to_string() + " " + std::string(to_string(type)) + " needs " +
-               std::to_string(expected) + " bytes of data, the file has " + std::to_string(present));
+  h.dims = partrain::shape(std::span<const std::size_t>(d));
+  if (overflow) throw idx_error(name, "dimensions " + h.dims.to_string() + " describe more data than can be addressed");
+  h.data_bytes = numel * size_of(h.type);
+  return h;
+}
+
+// The data after the header must be exactly what the header declares.
+inline void check_idx_data_size(const idx_header& h, std::size_t present, std::string_view name) {
+  if (present < h.data_bytes) {
+    throw idx_error(name, "truncated: " + h.dims.to_string() + " " + std::string(to_string(h.type)) + " needs " +
+                              std::to_string(h.data_bytes) + " bytes of data, the file has " + std::to_string(present));
   }
-  if (present > expected) {
-    throw fail(std::to_string(present - expected) + " unexpected bytes after the " + std::to_string(expected) +
-               " bytes of data for " + dims.to_string());
+  if (present > h.data_bytes) {
+    throw idx_error(name, std::to_string(present - h.data_bytes) + " unexpected bytes after the " +
+                              std::to_string(h.data_bytes) + " bytes of data for " + h.dims.to_string());
   }
+}
+}  // namespace detail::data
+
+// Parses a whole IDX image (already decompressed). `name` (a path) appears in every error.
+[[nodiscard]] inline idx_array parse_idx(std::vector<std::byte>&& bytes, std::string_view name) {
+  const auto h = detail::data::parse_idx_header(bytes, bytes.size(), name);
+  detail::data::check_idx_data_size(h, bytes.size() - h.header_bytes, name);
   idx_array a;
-  a.type_ = type;
-  a.shape_ = dims;
+  a.type_ = h.type;
+  a.shape_ = h.dims;
   a.storage_ = std::move(bytes);
-  a.offset_ = header;
+  a.offset_ = h.header_bytes;
   return a;
 }
 
@@ -248,49 +281,55 @@ struct file_closer {
   void operator()(std::FILE* f) const noexcept { std::fclose(f); }
 };
 
-[[nodiscard]] inline std::vector<std::byte> read_file(const std::filesystem::path& path, std::size_t max_bytes) {
-  // fopen opens a directory for reading on Linux; its reads then fail with only EISDIR.
-  if (std::error_code ec; std::filesystem::is_directory(path, ec)) {
-    throw data_error("'" + path.string() + "' is a directory, expected an IDX file (e.g. train-images-idx3-ubyte.gz)");
-  }
-  std::unique_ptr<std::FILE, file_closer> f(std::fopen(path.c_str(), "rb"));
-  if (!f) {
-    const int e = errno;
-    throw data_error("cannot open '" + path.string() + "': " + std::generic_category().message(e));
-  }
-  std::vector<std::byte> out;
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  if (!ec) out.reserve(static_cast<std::size_t>(std::min<std::uintmax_t>(size, max_bytes)));
-  std::byte chunk[1 << 16];
-  for (;;) {
-    const std::size_t n = std::fread(chunk, 1, sizeof chunk, f.get());
-    if (out.size() + n > max_bytes) {
-      throw data_error("'" + path.string() + "' is larger than " + std::to_string(max_bytes) + " bytes, the limit");
+// Inflates a gzip IDX image, stopping as soon as its header is bad or the output runs past what
+// the header declares: a gzip file is never inflated beyond the data it says it holds.
+[[nodiscard]] inline std::vector<std::byte> gunzip_idx(std::span<const std::byte> gz, std::size_t max_bytes,
+                                                       std::string_view name) {
+  std::optional<idx_header> h;
+  return gunzip(gz, max_bytes, name, [&](std::span<const std::byte> out) {
+    if (!h) {
+      if (out.size() < 4 || out.size() < std::min(idx_max_header_bytes, 4 + 4 * std::to_integer<std::size_t>(out[3]))) {
+        return;  // the header is not all out yet
+      }
+      h = parse_idx_header(out, out.size(), name);
     }
-    out.insert(out.end(), chunk, chunk + n);
-    if (n < sizeof chunk) break;
-  }
-  if (std::ferror(f.get())) {
-    const int e = errno;
-    throw data_error("cannot read '" + path.string() + "': " + std::generic_category().message(e));
-  }
-  return out;
+    if (out.size() > h->header_bytes + h->data_bytes) {
+      throw idx_error(name, "the gzip data decompresses past the " + std::to_string(h->data_bytes) +
+                                " bytes of data its header declares for " + h->dims.to_string());
+    }
+  });
 }
 }  // namespace detail::data
 
 // Decodes an IDX image from memory, inflating it first if it is gzip data.
 [[nodiscard]] inline idx_array decode_idx(std::span<const std::byte> bytes, std::string_view name,
                                           const idx_read_options& options = {}) {
-  if (detail::data::is_gzip(bytes)) return parse_idx(detail::data::gunzip(bytes, options.max_bytes, name), name);
+  if (detail::data::is_gzip(bytes)) return parse_idx(detail::data::gunzip_idx(bytes, options.max_bytes, name), name);
   return parse_idx(bytes, name);
 }
 
-// Reads a plain or gzip-compressed IDX file.
+// Reads a plain or gzip-compressed IDX file: a regular file only (a FIFO or a device is refused by
+// name before it is opened), and no more of it than its header declares.
 [[nodiscard]] inline idx_array read_idx(const std::filesystem::path& path, const idx_read_options& options = {}) {
-  auto raw = detail::data::read_file(path, options.max_bytes);
-  if (detail::data::is_gzip(raw)) return parse_idx(detail::data::gunzip(raw, options.max_bytes, path.string()), path.string());
-  return parse_idx(std::move(raw), path.string());
+  constexpr std::string_view what = "IDX file";
+  const std::string name = path.string();
+  const auto f = detail::open_regular_file<data_error>(path, what);
+  if (f.size > options.max_bytes) {
+    throw data_error("IDX file '" + name + "' is " + std::to_string(f.size) + " bytes, more than " +
+                     std::to_string(options.max_bytes) + " bytes, the limit");
+  }
+  auto bytes = detail::read_up_to<data_error>(f, std::min<std::uint64_t>(f.size, detail::data::idx_max_header_bytes), path, what);
+  if (detail::data::is_gzip(bytes)) {
+    const auto rest = detail::read_up_to<data_error>(f, f.size - bytes.size(), path, what);
+    bytes.insert(bytes.end(), rest.begin(), rest.end());
+    return parse_idx(detail::data::gunzip_idx(bytes, options.max_bytes, name), name);
+  }
+  // A plain file: its size is checked against the header before the data is read.
+  const auto h = detail::data::parse_idx_header(bytes, static_cast<std::size_t>(f.size), name);
+  detail::data::check_idx_data_size(h, static_cast<std::size_t>(f.size) - h.header_bytes, name);
+  const auto rest = detail::read_up_to<data_error>(f, h.header_bytes + h.data_bytes - bytes.size(), path, what);
+  bytes.insert(bytes.end(), rest.begin(), rest.end());
+  return parse_idx(std::move(bytes), name);
 }
 
 // Writes an IDX file atomically (a temporary beside it, then rename), gzip-compressed if asked.

@@ -28,6 +28,7 @@
 
 #include <partrain/comm/store.hpp>
 #include <partrain/core/detail/fd.hpp>
+#include <partrain/core/detail/regular_file.hpp>
 #include <partrain/core/error.hpp>
 
 namespace partrain::inline v0 {
@@ -40,6 +41,10 @@ class file_store final : public store {
                       std::string who = {}, int rank = -1)
       : path_(std::move(path)), timeout_(timeout), who_(who.empty() ? std::string() : std::move(who) + ": "), rank_(rank) {
     if (path_.empty()) throw config_error("file_store: empty path (expected a file on a filesystem all ranks share)");
+    // A FIFO or a device would block or never end the store's reads.
+    if (auto special = detail::refuse_special_file("file_store: the store file", path_); !special.empty()) {
+      throw config_error(special);
+    }
     fd_.reset(::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
     if (!fd_) {
       throw config_error("file_store: cannot open '" + path_ + "': " + detail::errno_text(errno) +

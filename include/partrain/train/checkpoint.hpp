@@ -30,6 +30,7 @@
 #include <partrain/parallel/detail/host_staging.hpp>
 #include <partrain/train/detail/atomic_file.hpp>
 #include <partrain/train/detail/crc32.hpp>
+#include <partrain/train/detail/framed_file.hpp>
 
 namespace partrain::inline v0 {
 
@@ -331,7 +332,7 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
 // Reads `path` (every rank does) and restores model and optimizer; returns the extra fields.
 template <model M, stateful_optimizer O>
 checkpoint_extra load_checkpoint(const std::filesystem::path& path, M& m, O& opt) {
-  const auto file = detail::ckpt::read_whole_file(path);
+  const auto file = detail::ckpt::read_framed_file(path, "checkpoint");
   return load_checkpoint_bytes(file, m, opt, path.string());
 }
 

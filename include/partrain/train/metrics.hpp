@@ -26,6 +26,7 @@
 
 #include <partrain/comm/process_group.hpp>
 #include <partrain/comm/reduce_op.hpp>
+#include <partrain/core/detail/regular_file.hpp>
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
 #include <partrain/parallel/detail/host_staging.hpp>
@@ -141,7 +142,7 @@ inline void append_field(std::string& out, const metric_field& f) {
 // twice. Other lines are kept as they are. The file is rewritten atomically.
 inline void truncate_metrics_after(const std::filesystem::path& path, std::int64_t step, std::int64_t epoch) {
   if (!std::filesystem::exists(path)) return;
-  const std::vector<std::byte> bytes = detail::ckpt::read_whole_file(path);
+  const std::vector<std::byte> bytes = detail::read_regular_file<config_error>(path, "metrics file");
   const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   std::string kept;
   bool dropped = false;

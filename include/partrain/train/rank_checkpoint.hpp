@@ -136,7 +136,7 @@ checkpoint_extra load_rank_checkpoint(process_group& g, const std::filesystem::p
   checkpoint_extra extra;
   try {
     const std::string what = "rank checkpoint '" + path.string() + "'";
-    const auto file = detail::ckpt::read_whole_file(path);
+    const auto file = detail::ckpt::read_framed_file(path, "rank checkpoint");
     state_reader r(detail::ckpt::unframe(file, rank_checkpoint_magic, rank_checkpoint_version, what));
     const auto world = r.get<std::uint32_t>("world size");
     if (world != static_cast<std::uint32_t>(g.size())) {

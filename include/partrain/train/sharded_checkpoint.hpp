@@ -213,7 +213,7 @@ inline void put_segments(state_writer& w, const std::vector<flat_range>& segment
 }
 
 [[nodiscard]] inline index_record read_index(const std::filesystem::path& index, const std::string& where) {
-  const auto file = detail::ckpt::read_whole_file(index);
+  const auto file = detail::ckpt::read_framed_file(index, "sharded checkpoint index");
   std::uint32_t version = 0;
   const auto payload = ckpt::unframe(file, sharded_index_magic, readable, where, nullptr, &version);
   return decode_index(payload, version, where);
@@ -462,7 +462,7 @@ template <class T>
       throw checkpoint_error(where + " names " + sw + ", which is missing (expected one shard file per rank of the "
                              "saving run)");
     }
-    const auto bytes = detail::ckpt::read_whole_file(path);
+    const auto bytes = detail::ckpt::read_framed_file(path, "checkpoint shard");
     std::uint32_t crc = 0, version = 0;
     state_reader r(ckpt::unframe(bytes, shard_file_magic, readable, sw, &crc, &version), sw);
     (void)r.get<std::uint8_t>("dtype");

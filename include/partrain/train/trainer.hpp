@@ -28,6 +28,7 @@
 #include <iostream>
 #include <optional>
 #include <ostream>
+#include <ranges>
 #include <span>
 #include <string>
 #include <vector>
@@ -121,6 +122,20 @@ inline std::uint64_t decode(std::span<const std::byte> bytes, train_result& r) {
   return rd.remaining() >= sizeof(std::uint64_t) ? rd.get<std::uint64_t>("bytes sent") : 0;
 }
 
+// fit's data must hold something: a training source that gives this rank no batch would train
+// nothing and report an untrained model's accuracy; a test set with no sample, an accuracy of 0.
+inline void check_train_source(std::size_t batches, int rank) {
+  if (batches == 0) {
+    throw data_error("fit: the training data gives rank " + std::to_string(rank) +
+                     " no batches (an empty training set, or fewer samples than ranks, or than one batch with "
+                     "drop_last); expected at least one batch per rank");
+  }
+}
+inline data_error empty_test_error() {
+  return data_error("fit: the test data holds no samples (an empty test set); expected at least one sample to "
+                    "evaluate on");
+}
+
 inline void check(const trainer_options& o) {
   if (o.epochs == 0) throw invalid_argument_error("fit: epochs must be at least 1, got 0");
   if (o.gradient_accumulation_steps == 0) {
@@ -153,6 +168,12 @@ class trainer {
                                 .world_size = policy.replicas(),
                                 .plain_every_steps = static_cast<std::int64_t>(o_.log_every)}) {
     detail::trainer::check(o_);
+    detail::trainer::check_train_source(train_.size(), policy.group().rank());
+    // A test set may be empty on one rank (a shard of fewer samples than ranks) and not on the
+    // others; alone, an empty one is refused now, else when the first evaluation counts none.
+    if constexpr (std::ranges::sized_range<Test>) {
+      if (std::ranges::size(test_) == 0 && policy.group().size() == 1) throw detail::trainer::empty_test_error();
+    }
     if (o_.max_grad_norm > 0) {
       if constexpr (requires(double v) { p_.set_max_grad_norm(v); }) {
         p_.set_max_grad_norm(o_.max_grad_norm);
@@ -202,6 +223,7 @@ class trainer {
       auto eval_span = span("evaluate");
       const eval_result ev = p_.evaluate(test_);
       eval_span.end();
+      if (ev.count == 0) throw detail::trainer::empty_test_error();  // every rank's count: all ranks throw
       result.train_loss = s.steps > 0 ? s.loss_sum / s.steps : 0.0;
       result.test_loss = ev.mean_loss();
       result.test_accuracy = ev.accuracy();

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -56,9 +57,12 @@ class zstream {
 };
 
 // Inflates every gzip member of `in` (concatenated members are one stream, as gzip -d reads them).
-// Refuses to produce more than max_bytes, so a small hostile file cannot exhaust memory.
+// Refuses to produce more than max_bytes, so a small hostile file cannot exhaust memory. `watch`,
+// when set, sees the output so far after every inflate step and may throw to stop early (a format
+// whose header declares its size stops at that size).
 [[nodiscard]] inline std::vector<std::byte> gunzip(std::span<const std::byte> in, std::size_t max_bytes,
-                                                   std::string_view name) {
+                                                   std::string_view name,
+                                                   const std::function<void(std::span<const std::byte>)>& watch = {}) {
   std::vector<std::byte> out;
   // The trailer's ISIZE (size mod 2^32 of the last member) is a good first guess, but only a
   // guess: a hostile or truncated file can say anything, so it is capped by deflate's best
@@ -106,6 +110,7 @@ class zstream {
       if (rc == Z_BUF_ERROR && s->avail_in != 0 && s->avail_out != 0) {
         throw data_error(std::string(name) + ": corrupt gzip data (no progress)");
       }
+      if (watch) watch(out);
     }
     // Rewind to the first byte after this member; a following member starts there.
     pos -= s->avail_in;
@@ -131,7 +136,8 @@ class zstream {
 
 #else
 
-[[nodiscard]] inline std::vector<std::byte> gunzip(std::span<const std::byte>, std::size_t, std::string_view name) {
+[[nodiscard]] inline std::vector<std::byte> gunzip(std::span<const std::byte>, std::size_t, std::string_view name,
+                                                   const std::function<void(std::span<const std::byte>)>& = {}) {
   throw data_error(std::string(name) + ": is gzip-compressed, and partrain was built without zlib (install zlib, "
                    "link partrain::data)");
 }

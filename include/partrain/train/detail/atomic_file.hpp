@@ -1,6 +1,7 @@
 // partrain/train/detail/atomic_file.hpp: whole-file writes that a crash cannot leave half done
-// (temporary file in the same folder, fsync, rename over the target, fsync the folder), and
-// whole-file reads. POSIX. A save also removes the temporaries that killed savers left behind.
+// (temporary file in the same folder, fsync, rename over the target, fsync the folder). POSIX. A
+// save also removes the temporaries that killed savers left behind. (Reads: detail/framed_file.hpp
+// for checkpoints, core/detail/regular_file.hpp for any file.)
 #pragma once
 
 #include <cerrno>
@@ -105,28 +106,6 @@ inline void write_file_atomically(const std::filesystem::path& path, std::span<c
     (void)::fsync(dfd);
     ::close(dfd);
   }
-}
-
-[[nodiscard]] inline std::vector<std::byte> read_whole_file(const std::filesystem::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw checkpoint_error("cannot open checkpoint '" + path.string() + "': " + errno_text());
-  std::vector<std::byte> out;
-  struct ::stat st {};
-  if (::fstat(fd, &st) == 0 && st.st_size > 0) out.reserve(static_cast<std::size_t>(st.st_size));
-  std::byte chunk[1 << 16];
-  for (;;) {
-    const ::ssize_t n = ::read(fd, chunk, sizeof chunk);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const std::string why = errno_text();
-      ::close(fd);
-      throw checkpoint_error("cannot read checkpoint '" + path.string() + "': " + why);
-    }
-    if (n == 0) break;
-    out.insert(out.end(), chunk, chunk + n);
-  }
-  ::close(fd);
-  return out;
 }
 
 }  // namespace partrain::inline v0::detail::ckpt

@@ -1,17 +1,21 @@
-// partrain/train/detail/framed_file.hpp: the frame of partrain's binary files: an 8-byte magic,
-// a format version, the payload's CRC-32 and size, then the payload. Reading checks all four
-// before a byte of the payload is trusted, naming the file in every refusal.
+// partrain/train/detail/framed_file.hpp: the frame of partrain's binary files (checkpoints, their
+// shards and indexes): an 8-byte magic, a format version, the payload's CRC-32 and size, then the
+// payload. Reading checks all four before a byte of the payload is trusted, naming the file in
+// every refusal; a file is read only when it is a regular file, and past its header only when the
+// header is partrain's.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include <partrain/core/detail/regular_file.hpp>
 #include <partrain/core/error.hpp>
 #include <partrain/train/detail/crc32.hpp>
 
@@ -29,6 +33,35 @@ inline constexpr std::size_t frame_header_bytes = 8 + 4 + 4 + 8;
   std::memcpy(out.data() + 12, &crc, 4);
   std::memcpy(out.data() + 16, &size, 8);
   if (!payload.empty()) std::memcpy(out.data() + frame_header_bytes, payload.data(), payload.size());
+  return out;
+}
+
+// Every partrain frame's magic starts so ("PTRNCKPT", "PTRNZIDX", ...).
+inline constexpr std::array<char, 4> frame_magic_prefix{'P', 'T', 'R', 'N'};
+
+// The bytes of the framed file at `path` (`what` names its role: "checkpoint", "rank checkpoint"),
+// for unframe or load_checkpoint_bytes to check. A FIFO, a device or a folder is refused by name
+// before it is opened; a file whose header is not partrain's is read no further than the header
+// (the caller's check then says so), and a partrain file no further than its header declares, so
+// a large file given by mistake is never loaded whole.
+[[nodiscard]] inline std::vector<std::byte> read_framed_file(const std::filesystem::path& path, std::string_view what) {
+  const regular_file f = open_regular_file<checkpoint_error>(path, what);
+  auto out = read_up_to<checkpoint_error>(f, frame_header_bytes, path, what);
+  if (out.size() < frame_header_bytes || f.size < frame_header_bytes ||
+      std::memcmp(out.data(), frame_magic_prefix.data(), frame_magic_prefix.size()) != 0) {
+    return out;
+  }
+  // The payload: no more than the header declares (fewer bytes than that are the parser's to
+  // report as truncated; more are refused here, unread).
+  std::uint64_t declared = 0;
+  std::memcpy(&declared, out.data() + 16, 8);
+  const std::uint64_t have = f.size - frame_header_bytes;
+  if (have > declared) {
+    throw checkpoint_error(std::string(what) + " '" + path.string() + "' has trailing bytes: the header says " +
+                           std::to_string(declared) + " payload bytes, the file has " + std::to_string(have));
+  }
+  const auto rest = read_up_to<checkpoint_error>(f, have, path, what);
+  out.insert(out.end(), rest.begin(), rest.end());
   return out;
 }
 
