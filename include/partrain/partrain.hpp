@@ -84,6 +84,7 @@
 // rendezvous/
 #include <partrain/rendezvous/file_store.hpp>
 #include <partrain/rendezvous/init.hpp>
+#include <partrain/rendezvous/init_options.hpp>
 #include <partrain/rendezvous/job.hpp>
 #include <partrain/rendezvous/liveness.hpp>
 #include <partrain/rendezvous/prefix_store.hpp>

@@ -8786,6 +8786,71 @@ class file_store final : public store {
 
 }  // namespace partrain::inline v0
 
+// #include <partrain/rendezvous/init_options.hpp>
+// partrain/rendezvous/init_options.hpp: what init_process_group and rendezvous take and give
+// (init_options, rendezvous_info) and how the environment is read (env_lookup, process_env), apart
+// from the rendezvous itself, so that declaring init_process_group needs no stores.
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+// #include <partrain/comm/process_group.hpp> (above)
+// #include <partrain/comm/store.hpp> (above)
+// #include <partrain/core/device.hpp> (above)
+
+namespace partrain::inline v0 {
+
+struct init_options {
+  // "gloo", "mpi" or "nccl"; empty = "nccl" when device is a GPU, else "gloo". "mpi" meets its
+  // peers through MPI (ranks started by mpirun or srun), not through a store.
+  std::string backend{};
+  // Bound on every blocking step. Unset: PARTRAIN_TIMEOUT_MS from the environment, else 300 s.
+  std::optional<std::chrono::milliseconds> timeout{};
+  // For tcp:// and file:// (env:// reads them from the environment); -1 = not given.
+  int rank = -1;
+  int world_size = -1;
+  // nccl: the GPU of this rank; unset = cuda:LOCAL_RANK.
+  std::optional<partrain::device> device{};
+  bool check_collectives = false;
+  // The store's job token; empty = PARTRAIN_STORE_TOKEN from the environment (may be empty).
+  std::string token{};
+};
+
+// What a rendezvous URL and the environment say, and (after connect_store) the store.
+struct rendezvous_info {
+  std::string scheme;  // "env", "tcp" or "file"
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr;  // env, tcp
+  std::uint16_t port = 0;   // env, tcp
+  std::string path;         // file
+  std::string source;       // where rank and world size came from: torchrun, slurm, openmpi, pmi, url, options
+  std::string token;
+  std::string bind_address;  // PARTRAIN_STORE_BIND: what rank 0's server binds (default: master_addr)
+  bool agent_store = false;  // a launcher hosts the store; every rank is a client
+  int restart_count = 0;
+  std::chrono::milliseconds timeout = default_timeout;
+  std::shared_ptr<partrain::store> store;  // set by connect_store
+};
+
+// Looks up an environment variable; tests pass their own.
+using env_lookup = std::function<std::optional<std::string>(const std::string&)>;
+
+[[nodiscard]] inline std::optional<std::string> process_env(const std::string& name) {
+  const char* v = std::getenv(name.c_str());
+  if (!v) return std::nullopt;
+  return std::string(v);
+}
+
+}  // namespace partrain::inline v0
+
 // #include <partrain/rendezvous/prefix_store.hpp>
 // partrain/rendezvous/prefix_store.hpp: a view of another store whose keys all live under
 // "<prefix>/" (torch's PrefixStore). A restarted job uses a prefix per attempt, and
@@ -10083,54 +10148,11 @@ class tcp_store final : public store {
 // #include <partrain/core/error.hpp> (above)
 // #include <partrain/core/log.hpp> (above)
 // #include <partrain/rendezvous/file_store.hpp> (above)
+// #include <partrain/rendezvous/init_options.hpp> (above)
 // #include <partrain/rendezvous/prefix_store.hpp> (above)
 // #include <partrain/rendezvous/tcp_store.hpp> (above)
 
 namespace partrain::inline v0 {
-
-struct init_options {
-  // "gloo", "mpi" or "nccl"; empty = "nccl" when device is a GPU, else "gloo". "mpi" meets its
-  // peers through MPI (ranks started by mpirun or srun), not through a store.
-  std::string backend{};
-  // Bound on every blocking step. Unset: PARTRAIN_TIMEOUT_MS from the environment, else 300 s.
-  std::optional<std::chrono::milliseconds> timeout{};
-  // For tcp:// and file:// (env:// reads them from the environment); -1 = not given.
-  int rank = -1;
-  int world_size = -1;
-  // nccl: the GPU of this rank; unset = cuda:LOCAL_RANK.
-  std::optional<partrain::device> device{};
-  bool check_collectives = false;
-  // The store's job token; empty = PARTRAIN_STORE_TOKEN from the environment (may be empty).
-  std::string token{};
-};
-
-// What a rendezvous URL and the environment say, and (after connect_store) the store.
-struct rendezvous_info {
-  std::string scheme;  // "env", "tcp" or "file"
-  int rank = 0;
-  int world_size = 1;
-  int local_rank = 0;
-  int local_world_size = 1;
-  std::string master_addr;  // env, tcp
-  std::uint16_t port = 0;   // env, tcp
-  std::string path;         // file
-  std::string source;       // where rank and world size came from: torchrun, slurm, openmpi, pmi, url, options
-  std::string token;
-  std::string bind_address;  // PARTRAIN_STORE_BIND: what rank 0's server binds (default: master_addr)
-  bool agent_store = false;  // a launcher hosts the store; every rank is a client
-  int restart_count = 0;
-  std::chrono::milliseconds timeout = default_timeout;
-  std::shared_ptr<partrain::store> store;  // set by connect_store
-};
-
-// Looks up an environment variable; tests pass their own.
-using env_lookup = std::function<std::optional<std::string>(const std::string&)>;
-
-[[nodiscard]] inline std::optional<std::string> process_env(const std::string& name) {
-  const char* v = std::getenv(name.c_str());
-  if (!v) return std::nullopt;
-  return std::string(v);
-}
 
 namespace detail::rdzv {
 
@@ -10846,11 +10868,16 @@ class liveness_watch {
 
 // #include <partrain/comm/process_group.hpp> (above)
 // #include <partrain/config.hpp> (above)
+// #include <partrain/rendezvous/init_options.hpp> (above)
+// The rendezvous, its stores and the liveness watch only where the functions below are defined:
+// in the compiled mode their users parse the declarations alone.
+#if PARTRAIN_DEFINITIONS
 // #include <partrain/core/device.hpp> (above)
 // #include <partrain/core/error.hpp> (above)
 // #include <partrain/rendezvous/job.hpp> (above)
 // #include <partrain/rendezvous/liveness.hpp> (above)
 // #include <partrain/rendezvous/rendezvous.hpp> (above)
+#endif
 
 // Plain macro tests (no __has_include): the single header carries these backends inline. The
 // engines' headers only where init_process_group is defined (not for its users in the compiled
@@ -10880,6 +10907,17 @@ class liveness_watch {
 
 namespace partrain::inline v0 {
 
+// Builds the backend's group on an already connected rendezvous.
+[[nodiscard]] PARTRAIN_LINKAGE std::unique_ptr<process_group> make_process_group(const rendezvous_info& info,
+                                                                                 const init_options& opts = {});
+
+// torch.distributed.init_process_group: rendezvous on url, then the backend's group. The
+// store is not kept; to build more groups on it, use rendezvous() + make_process_group()
+// and keep rendezvous_info::store alive (on rank 0, until every rank is done with it).
+[[nodiscard]] PARTRAIN_LINKAGE std::unique_ptr<process_group> init_process_group(std::string_view url = "env://",
+                                                                                 const init_options& opts = {});
+
+#if PARTRAIN_DEFINITIONS
 namespace detail::rdzv {
 
 inline void check_backend_name(const std::string& backend) {
@@ -10926,17 +10964,6 @@ namespace detail::mpi {
 
 }  // namespace detail::mpi
 
-// Builds the backend's group on an already connected rendezvous.
-[[nodiscard]] PARTRAIN_LINKAGE std::unique_ptr<process_group> make_process_group(const rendezvous_info& info,
-                                                                                 const init_options& opts = {});
-
-// torch.distributed.init_process_group: rendezvous on url, then the backend's group. The
-// store is not kept; to build more groups on it, use rendezvous() + make_process_group()
-// and keep rendezvous_info::store alive (on rank 0, until every rank is done with it).
-[[nodiscard]] PARTRAIN_LINKAGE std::unique_ptr<process_group> init_process_group(std::string_view url = "env://",
-                                                                                 const init_options& opts = {});
-
-#if PARTRAIN_DEFINITIONS
 PARTRAIN_LINKAGE std::unique_ptr<process_group> make_process_group(const rendezvous_info& info, const init_options& opts) {
   if (!info.store) throw invalid_argument_error("make_process_group: the rendezvous has no store (call connect_store first)");
   std::string backend = opts.backend;
@@ -11565,8 +11592,11 @@ inline void stop_all(std::span<child_process> children, std::chrono::millisecond
 // #include <partrain/config.hpp> (above)
 // #include <partrain/core/error.hpp> (above)
 // #include <partrain/launch/process.hpp> (above)
+// The listener and the job token only where spawn's body is compiled (see partrain/config.hpp).
+#if PARTRAIN_DEFINITIONS
 // #include <partrain/rendezvous/detail/socket.hpp> (above)
 // #include <partrain/rendezvous/job.hpp> (above)
+#endif
 
 namespace partrain::inline v0 {
 

@@ -22,8 +22,11 @@
 #include <partrain/config.hpp>
 #include <partrain/core/error.hpp>
 #include <partrain/launch/process.hpp>
+// The listener and the job token only where spawn's body is compiled (see partrain/config.hpp).
+#if PARTRAIN_DEFINITIONS
 #include <partrain/rendezvous/detail/socket.hpp>
 #include <partrain/rendezvous/job.hpp>
+#endif
 
 namespace partrain::inline v0 {
 

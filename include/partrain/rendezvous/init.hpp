@@ -8,11 +8,16 @@
 
 #include <partrain/comm/process_group.hpp>
 #include <partrain/config.hpp>
+#include <partrain/rendezvous/init_options.hpp>
+// The rendezvous, its stores and the liveness watch only where the functions below are defined:
+// in the compiled mode their users parse the declarations alone.
+#if PARTRAIN_DEFINITIONS
 #include <partrain/core/device.hpp>
 #include <partrain/core/error.hpp>
 #include <partrain/rendezvous/job.hpp>
 #include <partrain/rendezvous/liveness.hpp>
 #include <partrain/rendezvous/rendezvous.hpp>
+#endif
 
 // Plain macro tests (no __has_include): the single header carries these backends inline. The
 // engines' headers only where init_process_group is defined (not for its users in the compiled
@@ -42,6 +47,17 @@
 
 namespace partrain::inline v0 {
 
+// Builds the backend's group on an already connected rendezvous.
+[[nodiscard]] PARTRAIN_LINKAGE std::unique_ptr<process_group> make_process_group(const rendezvous_info& info,
+                                                                                 const init_options& opts = {});
+
+// torch.distributed.init_process_group: rendezvous on url, then the backend's group. The
+// store is not kept; to build more groups on it, use rendezvous() + make_process_group()
+// and keep rendezvous_info::store alive (on rank 0, until every rank is done with it).
+[[nodiscard]] PARTRAIN_LINKAGE std::unique_ptr<process_group> init_process_group(std::string_view url = "env://",
+                                                                                 const init_options& opts = {});
+
+#if PARTRAIN_DEFINITIONS
 namespace detail::rdzv {
 
 inline void check_backend_name(const std::string& backend) {
@@ -88,17 +104,6 @@ namespace detail::mpi {
 
 }  // namespace detail::mpi
 
-// Builds the backend's group on an already connected rendezvous.
-[[nodiscard]] PARTRAIN_LINKAGE std::unique_ptr<process_group> make_process_group(const rendezvous_info& info,
-                                                                                 const init_options& opts = {});
-
-// torch.distributed.init_process_group: rendezvous on url, then the backend's group. The
-// store is not kept; to build more groups on it, use rendezvous() + make_process_group()
-// and keep rendezvous_info::store alive (on rank 0, until every rank is done with it).
-[[nodiscard]] PARTRAIN_LINKAGE std::unique_ptr<process_group> init_process_group(std::string_view url = "env://",
-                                                                                 const init_options& opts = {});
-
-#if PARTRAIN_DEFINITIONS
 PARTRAIN_LINKAGE std::unique_ptr<process_group> make_process_group(const rendezvous_info& info, const init_options& opts) {
   if (!info.store) throw invalid_argument_error("make_process_group: the rendezvous has no store (call connect_store first)");
   std::string backend = opts.backend;
