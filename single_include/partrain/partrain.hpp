@@ -1324,6 +1324,7 @@ inline constexpr bool std::ranges::enable_view<partrain::generator<T>> = true;
 // so lines from several threads never interleave.
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
@@ -1348,14 +1349,16 @@ enum class log_level : int { error = 0, warn = 1, info = 2, debug = 3 };
   return "unknown";
 }
 
-// Throws config_error naming the text and the accepted values.
+// Any case ("DEBUG" too); throws config_error naming the text and the accepted values.
 [[nodiscard]] inline log_level parse_log_level(std::string_view text) {
-  if (text == "error") return log_level::error;
-  if (text == "warn" || text == "warning") return log_level::warn;
-  if (text == "info") return log_level::info;
-  if (text == "debug") return log_level::debug;
+  std::string t(text);
+  for (char& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (t == "error") return log_level::error;
+  if (t == "warn" || t == "warning") return log_level::warn;
+  if (t == "info") return log_level::info;
+  if (t == "debug") return log_level::debug;
   throw config_error("PARTRAIN_LOG_LEVEL is '" + std::string(text) +
-                     "', expected one of error, warn, info, debug");
+                     "', expected one of error, warn, info, debug (any case)");
 }
 
 // The level PARTRAIN_LOG_LEVEL asks for; warn when unset or empty.
@@ -3157,6 +3160,7 @@ inline bool survive_sigpipe() noexcept {
 
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -3203,9 +3207,19 @@ struct process_group_options {
   std::optional<bool> pin_threads{};
 };
 
+// PARTRAIN_DEBUG, TORCH_DISTRIBUTED_DEBUG's values in any case: OFF (or unset, or empty), INFO
+// (nothing more yet), DETAIL (every collective's fingerprint compared across ranks). Anything else
+// is refused by name rather than ignored.
+[[nodiscard]] inline bool debug_detail(std::string_view v) {
+  std::string t(v);
+  for (char& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (t.empty() || t == "off" || t == "info") return false;
+  if (t == "detail") return true;
+  throw config_error("PARTRAIN_DEBUG is '" + std::string(v) + "', expected OFF, INFO or DETAIL (any case)");
+}
 [[nodiscard]] inline bool debug_detail_from_env() {
   const char* v = std::getenv("PARTRAIN_DEBUG");
-  return v && std::string_view(v) == "detail";
+  return v && debug_detail(v);
 }
 
 enum class collective { all_reduce, broadcast, reduce, all_gather, reduce_scatter, barrier, send, recv };
@@ -10366,8 +10380,10 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
     }
     return *opts.timeout;
   }
-  if (auto t = int_var(env, "PARTRAIN_TIMEOUT_MS", 1, std::numeric_limits<int>::max(), "init_process_group",
-                       "a positive number of milliseconds")) {
+  // At least a second: no rendezvous completes faster, and a shorter bound only turns a healthy
+  // start into "cannot connect to the store".
+  if (auto t = int_var(env, "PARTRAIN_TIMEOUT_MS", 1000, std::numeric_limits<int>::max(), "init_process_group",
+                       "milliseconds, at least 1000")) {
     return std::chrono::milliseconds(*t);
   }
   return fallback;
@@ -10699,11 +10715,21 @@ struct liveness_options {
   std::chrono::milliseconds interval{500};  // how often a rank beats and looks
 };
 
+// The shortest silence a job may be given: heartbeats come every 50 ms at the fastest, so a
+// window shorter than five of them would stop a healthy job.
+inline constexpr std::chrono::milliseconds min_silence{250};
+
 // PARTRAIN_SILENCE_MS, validated; silence 0 means off.
 [[nodiscard]] inline liveness_options liveness_options_from_env(const env_lookup& env = process_env) {
   liveness_options o;
   if (auto ms = detail::rdzv::int_var(env, "PARTRAIN_SILENCE_MS", 0, 3'600'000, "PARTRAIN_SILENCE_MS",
                                 "milliseconds in [0, 3600000] (0 turns the liveness watch off)")) {
+    if (*ms != 0 && *ms < min_silence.count()) {
+      throw config_error("PARTRAIN_SILENCE_MS=" + std::to_string(*ms) + " is shorter than " +
+                         std::to_string(min_silence.count()) + " ms: heartbeats come every 50 ms at the fastest, so "
+                         "a healthy job would be stopped (expected 0, which turns the watch off, or " +
+                         std::to_string(min_silence.count()) + " to 3600000)");
+    }
     o.silence = std::chrono::milliseconds(*ms);
   }
   o.interval = std::clamp(o.silence / 5, std::chrono::milliseconds(50), std::chrono::milliseconds(1000));

@@ -418,6 +418,30 @@ TEST_CASE("liveness: ranks that finish at different times are not taken for sile
                     Catch::Contains("PARTRAIN_SILENCE_MS") && Catch::Contains("[0, 3600000]"));
 }
 
+TEST_CASE("environment values that cannot work are refused by name", "[comm][init]") {
+  const auto silence = [](std::string v) {
+    return liveness_options_from_env([v](const std::string& k) -> std::optional<std::string> {
+      return k == "PARTRAIN_SILENCE_MS" ? std::optional(v) : std::nullopt;
+    });
+  };
+  // A window shorter than five of the fastest heartbeats would stop a healthy job.
+  CHECK_THROWS_WITH(silence("10"), Catch::Contains("PARTRAIN_SILENCE_MS=10 is shorter than 250 ms"));
+  CHECK(silence("0").silence.count() == 0);  // off
+  CHECK(silence("250").silence.count() == 250);
+  // A timeout no rendezvous can meet.
+  auto vars = torchrun_vars();
+  vars["PARTRAIN_TIMEOUT_MS"] = "1";
+  CHECK_THAT(config_message("env://", {}, vars),
+             Catch::Contains("PARTRAIN_TIMEOUT_MS=1 is out of range") && Catch::Contains("at least 1000"));
+  // PARTRAIN_DEBUG takes TORCH_DISTRIBUTED_DEBUG's values in any case, and nothing else.
+  CHECK(partrain::debug_detail("DETAIL"));
+  CHECK(partrain::debug_detail("detail"));
+  CHECK(!partrain::debug_detail("OFF"));
+  CHECK(!partrain::debug_detail("info"));
+  CHECK(!partrain::debug_detail(""));
+  CHECK_THROWS_WITH(partrain::debug_detail("verbose"), Catch::Contains("PARTRAIN_DEBUG is 'verbose', expected OFF, INFO or DETAIL"));
+}
+
 TEST_CASE("a collective timeout names the peers that never reached the operation", "[comm][init][gloo][processes][liveness]") {
   // Rank 2 is alive (its heartbeat goes on) but stuck in its own code before the second
   // all_reduce: the liveness watch leaves it alone, and the collective timeout names it.

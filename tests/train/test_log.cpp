@@ -49,6 +49,8 @@ TEST_CASE("PARTRAIN_LOG_LEVEL is parsed, and a bad value is named", "[train][log
   CHECK_THROWS_WITH(log_level_from_env(), Catch::Contains("'verbose'") && Catch::Contains("error, warn, info, debug"));
   ::unsetenv("PARTRAIN_LOG_LEVEL");
   CHECK(parse_log_level("warning") == log_level::warn);
+  CHECK(parse_log_level("DEBUG") == log_level::debug);  // any case
+  CHECK(parse_log_level("Info") == log_level::info);
 }
 
 TEST_CASE("lines from many threads never interleave", "[train][log][threads]") {

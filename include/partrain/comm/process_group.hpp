@@ -5,6 +5,7 @@
 
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -51,9 +52,19 @@ struct process_group_options {
   std::optional<bool> pin_threads{};
 };
 
+// PARTRAIN_DEBUG, TORCH_DISTRIBUTED_DEBUG's values in any case: OFF (or unset, or empty), INFO
+// (nothing more yet), DETAIL (every collective's fingerprint compared across ranks). Anything else
+// is refused by name rather than ignored.
+[[nodiscard]] inline bool debug_detail(std::string_view v) {
+  std::string t(v);
+  for (char& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (t.empty() || t == "off" || t == "info") return false;
+  if (t == "detail") return true;
+  throw config_error("PARTRAIN_DEBUG is '" + std::string(v) + "', expected OFF, INFO or DETAIL (any case)");
+}
 [[nodiscard]] inline bool debug_detail_from_env() {
   const char* v = std::getenv("PARTRAIN_DEBUG");
-  return v && std::string_view(v) == "detail";
+  return v && debug_detail(v);
 }
 
 enum class collective { all_reduce, broadcast, reduce, all_gather, reduce_scatter, barrier, send, recv };

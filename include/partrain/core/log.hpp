@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
@@ -29,14 +30,16 @@ enum class log_level : int { error = 0, warn = 1, info = 2, debug = 3 };
   return "unknown";
 }
 
-// Throws config_error naming the text and the accepted values.
+// Any case ("DEBUG" too); throws config_error naming the text and the accepted values.
 [[nodiscard]] inline log_level parse_log_level(std::string_view text) {
-  if (text == "error") return log_level::error;
-  if (text == "warn" || text == "warning") return log_level::warn;
-  if (text == "info") return log_level::info;
-  if (text == "debug") return log_level::debug;
+  std::string t(text);
+  for (char& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (t == "error") return log_level::error;
+  if (t == "warn" || t == "warning") return log_level::warn;
+  if (t == "info") return log_level::info;
+  if (t == "debug") return log_level::debug;
   throw config_error("PARTRAIN_LOG_LEVEL is '" + std::string(text) +
-                     "', expected one of error, warn, info, debug");
+                     "', expected one of error, warn, info, debug (any case)");
 }
 
 // The level PARTRAIN_LOG_LEVEL asks for; warn when unset or empty.

@@ -43,11 +43,21 @@ struct liveness_options {
   std::chrono::milliseconds interval{500};  // how often a rank beats and looks
 };
 
+// The shortest silence a job may be given: heartbeats come every 50 ms at the fastest, so a
+// window shorter than five of them would stop a healthy job.
+inline constexpr std::chrono::milliseconds min_silence{250};
+
 // PARTRAIN_SILENCE_MS, validated; silence 0 means off.
 [[nodiscard]] inline liveness_options liveness_options_from_env(const env_lookup& env = process_env) {
   liveness_options o;
   if (auto ms = detail::rdzv::int_var(env, "PARTRAIN_SILENCE_MS", 0, 3'600'000, "PARTRAIN_SILENCE_MS",
                                 "milliseconds in [0, 3600000] (0 turns the liveness watch off)")) {
+    if (*ms != 0 && *ms < min_silence.count()) {
+      throw config_error("PARTRAIN_SILENCE_MS=" + std::to_string(*ms) + " is shorter than " +
+                         std::to_string(min_silence.count()) + " ms: heartbeats come every 50 ms at the fastest, so "
+                         "a healthy job would be stopped (expected 0, which turns the watch off, or " +
+                         std::to_string(min_silence.count()) + " to 3600000)");
+    }
     o.silence = std::chrono::milliseconds(*ms);
   }
   o.interval = std::clamp(o.silence / 5, std::chrono::milliseconds(50), std::chrono::milliseconds(1000));

@@ -249,8 +249,10 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
     }
     return *opts.timeout;
   }
-  if (auto t = int_var(env, "PARTRAIN_TIMEOUT_MS", 1, std::numeric_limits<int>::max(), "init_process_group",
-                       "a positive number of milliseconds")) {
+  // At least a second: no rendezvous completes faster, and a shorter bound only turns a healthy
+  // start into "cannot connect to the store".
+  if (auto t = int_var(env, "PARTRAIN_TIMEOUT_MS", 1000, std::numeric_limits<int>::max(), "init_process_group",
+                       "milliseconds, at least 1000")) {
     return std::chrono::milliseconds(*t);
   }
   return fallback;
