@@ -35,6 +35,8 @@ struct options {
   std::size_t batch_size = 64;     // per rank
   double lr = 0.05;                // 1e-3 with --optimizer adamw unless --lr is given
   bool lr_given = false;
+  bool momentum_given = false;     // --momentum, which adamw does not read
+  bool weight_decay_given = false; // --weight-decay, which sgd does not read
   double momentum = 0.9;
   std::string optimizer;           // sgd | adamw (default: adamw for the ViT, sgd otherwise)
   double weight_decay = 0.01;      // adamw
@@ -186,6 +188,7 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
       detail::check_choice(flag, o.optimizer, {"sgd", "adamw"});
     } else if (flag == "--weight-decay") {
       o.weight_decay = detail::parse_number<double>(flag, value());
+      o.weight_decay_given = true;
       if (o.weight_decay < 0) throw usage_error(flag + ": must be >= 0");
     } else if (flag == "--lr-warmup") {
       o.lr_warmup = detail::parse_number<std::int64_t>(flag, value());
@@ -245,6 +248,7 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
       o.lr_given = true;
     } else if (flag == "--momentum") {
       o.momentum = detail::parse_number<double>(flag, value());
+      o.momentum_given = true;
       if (o.momentum < 0 || o.momentum >= 1) throw usage_error(flag + ": expected a value in [0, 1)");
     } else if (flag == "--seed") {
       o.seed = detail::parse_number<std::uint64_t>(flag, value());
@@ -334,10 +338,17 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
                         " with --parallel fsdp gathers and reduces in 16 bits)");
     }
   }
-  if (o.recompute != "none" && o.model == "mlp") {
-    throw usage_error("--recompute: the MLP's layers keep no activations to drop (use --model cnn or vit)");
+  if (o.recompute != "none" && o.model != "vit") {
+    throw usage_error("--recompute: the " + std::string(o.model == "mlp" ? "MLP" : "CNN") +
+                      "'s layers keep no activations to drop (use --model vit)");
   }
   if (o.optimizer.empty()) o.optimizer = o.model == "vit" ? "adamw" : "sgd";
+  if (o.optimizer == "adamw" && o.momentum_given) {
+    throw usage_error("--momentum: adamw does not read it (its moments are fixed at beta1 0.9, beta2 0.999); use --optimizer sgd");
+  }
+  if (o.optimizer == "sgd" && o.weight_decay_given) {
+    throw usage_error("--weight-decay: sgd here does not read it; use --optimizer adamw");
+  }
   if (o.optimizer == "adamw" && !o.lr_given) o.lr = 1e-3;
   if (o.lr_warmup < 0) o.lr_warmup = o.model == "vit" ? 200 : 0;
   if (o.backend == "nccl" && o.device != "cuda") throw usage_error("--backend nccl needs --device cuda");

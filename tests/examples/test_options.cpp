@@ -102,6 +102,13 @@ TEST_CASE("example options: bad input names the flag and what was expected", "[e
   CHECK_THROWS_WITH(parse_options({"--model", "vit", "--recompute", "every:0"}), Catch::Contains("none, full, every:K"));
   CHECK_THROWS_WITH(parse_options({"--model", "vit", "--recompute", "some"}), Catch::Contains("none, full, every:K"));
   CHECK_THROWS_WITH(parse_options({"--recompute", "full"}), Catch::Contains("the MLP's layers keep no activations"));
+  CHECK_THROWS_WITH(parse_options({"--model", "cnn", "--recompute", "full"}),
+                    Catch::Contains("the CNN's layers keep no activations"));
+  // An optimizer's option given to the other optimizer is refused, not ignored.
+  CHECK_THROWS_WITH(parse_options({"--model", "vit", "--momentum", "0.5"}), Catch::Contains("--momentum: adamw does not read it"));
+  CHECK_THROWS_WITH(parse_options({"--weight-decay", "0.1"}), Catch::Contains("--weight-decay: sgd here does not read it"));
+  CHECK(parse_options({"--model", "vit", "--weight-decay", "0.1"}).weight_decay == 0.1);
+  CHECK(parse_options({"--optimizer", "sgd", "--model", "vit", "--momentum", "0.5"}).momentum == 0.5);
   CHECK_THROWS_WITH(parse_options({"--lr-warmup", "-1"}), Catch::Contains("must be >= 0"));
   CHECK_THROWS_WITH(parse_options({"--schedule", "zb"}), Catch::Contains("not one of: gpipe, 1f1b"));
   CHECK(parse_options({"--parallel", "dp", "--devices", "3"}).devices == 3);
