@@ -101,13 +101,17 @@ def main():
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.05)
-    args = p.parse_args()
+    run(train, p.parse_args())
+
+
+def run(train_fn, args):
+    """train_fn(rank, world, args) on args.ddp processes over gloo (DDP), or in this process."""
     if args.ddp > 1:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 20000))
-        mp.spawn(train, args=(args.ddp, args), nprocs=args.ddp)
+        mp.spawn(train_fn, args=(args.ddp, args), nprocs=args.ddp)
     else:
-        train(0, 1, args)
+        train_fn(0, 1, args)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ one process over the batches rank 0 of 2 reads in epoch 0: `check step k loss L`
 --check-steps prints the same).
 """
 import argparse
-import gzip
 import math
 import os
 import time
@@ -29,23 +28,16 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
+
+from torch_mlp import read_idx, run  # the same IDX reader and process launch as the MLP's
 
 SKIP = 10  # steps of each epoch left out of its samples/s, as bench_vit
 MASK = (1 << 64) - 1
 
 
 # ---- data: as partrain reads and orders it ----
-
-def read_idx(path):
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    dims = data[3]
-    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
-
 
 def standardise(u8):
     # partrain: float(pixel) * (1/255 in float), then (v - mean) * (1 / std in float).
@@ -252,12 +244,8 @@ def main():
     args = p.parse_args()
     if args.check_steps > 0:
         check(args)
-    elif args.ddp > 1:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 20000))
-        mp.spawn(train, args=(args.ddp, args), nprocs=args.ddp)
     else:
-        train(0, 1, args)
+        run(train, args)
 
 
 if __name__ == "__main__":
