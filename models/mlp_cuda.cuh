@@ -73,6 +73,13 @@ class cuda_backend {
     const float one = 1.0f;
     PARTRAIN_CUBLAS_CHECK(cublasSgemm(blas_.get(), op(ta), op(tb), m, n, k, &one, a, lda, b, ldb, &beta, c, ldc));
   }
+  // Column-major C_i = alpha op(A_i) op(B_i) + beta C_i for i < batch, X_i = X + i * stride_x
+  // (the ViT's attention: one call per head over the images).
+  void sgemm_strided(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, long long sa,
+                     const float* b, int ldb, long long sb, float beta, float* c, int ldc, long long sc, int batch) const {
+    PARTRAIN_CUBLAS_CHECK(cublasSgemmStridedBatched(blas_.get(), op(ta), op(tb), m, n, k, &alpha, a, lda, sa, b, ldb, sb,
+                                                    &beta, c, ldc, sc, batch));
+  }
   // The same with A and B in the run's 16-bit type and fp32 accumulation (tensor cores).
   void gemm16(bool ta, bool tb, int m, int n, int k, const std::uint16_t* a, int lda, const std::uint16_t* b, int ldb,
               float* c, int ldc, bool bf16) const {

@@ -16,7 +16,8 @@
 //   B::space, B::array<T> (data(), size()), B::model_name, B::check_device(device), B(device)
 //   make<T>(n) zero-filled, reserve(array, n) grows, activate() makes the device current,
 //   launch(n, f) runs f(i) for i < n in stream order, sgemm / gemm16 (column-major,
-//   C = op(A) op(B)), upload / download (queued in stream order), synchronize().
+//   C = op(A) op(B); sgemm_strided, a strided batch of them, for the ViT's layers), upload /
+//   download (queued in stream order), synchronize().
 #pragma once
 
 #include <cstddef>

@@ -61,6 +61,14 @@ class host_twin_backend {
     cblas_sgemm(CblasColMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, lda, b,
                 ldb, beta, c, ldc);
   }
+  // cublasSgemmStridedBatched: batch column-major GEMMs, X_i = X + i * stride_x.
+  void sgemm_strided(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, long long sa,
+                     const float* b, int ldb, long long sb, float beta, float* c, int ldc, long long sc, int batch) const {
+    for (int i = 0; i < batch; ++i) {
+      cblas_sgemm(CblasColMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a + i * sa,
+                  lda, b + i * sb, ldb, beta, c + i * sc, ldc);
+    }
+  }
   // cublasGemmEx with 16-bit A and B and fp32 accumulation: the operands widened, then sgemm.
   void gemm16(bool ta, bool tb, int m, int n, int k, const std::uint16_t* a, int lda, const std::uint16_t* b, int ldb,
               float* c, int ldc, bool bf16) const {

@@ -67,6 +67,14 @@ class device_layer {
   virtual void forward(in_view in, out_view out) = 0;
   virtual void backward(in_view in, in_view out, in_view gout, out_view gin) = 0;
   [[nodiscard]] virtual std::vector<device_param<Backend>>& parameters() = 0;
+  // Training or evaluation: only layers with dropout override it.
+  virtual void train(bool) {}
+  // Saved activations (partrain::keeps_activations), as host_layer's: none unless a layer
+  // overrides these three (device_saving_layer).
+  using call = partrain::layer_call<space>;
+  [[nodiscard]] virtual std::size_t saved_size(const shape&) const { return 0; }
+  virtual void forward(in_view in, out_view out, const call&) { forward(in, out); }
+  virtual void backward(in_view in, in_view out, const call&, in_view gout, out_view gin) { backward(in, out, gout, gin); }
   // The stream the layer's work is queued on (null: none, or the legacy one).
   [[nodiscard]] void* stream() const noexcept { return static_cast<void*>(be_->stream()); }
   [[nodiscard]] const std::shared_ptr<Backend>& backend() const noexcept { return be_; }
@@ -75,12 +83,41 @@ class device_layer {
   std::shared_ptr<Backend> be_;
 };
 
+// The base of a device layer that keeps activations: it writes the three saved-activation
+// members, and the plain forward and backward run through them in memory of their own (the
+// backward after recomputing the forward), as host_saving_layer does.
+template <class Backend>
+class device_saving_layer : public device_layer<Backend> {
+  using base = device_layer<Backend>;
+
+ public:
+  using base::backward;
+  using base::base;
+  using base::forward;
+  void forward(typename base::in_view in, typename base::out_view out) final {
+    auto saved = this->be_->template make<float>(this->saved_size(in.shape()));
+    forward(in, out, typename base::call{typename base::out_view(saved.data(), shape{saved.size()}), 0});
+    this->be_->synchronize();  // saved is freed on return
+  }
+  void backward(typename base::in_view in, typename base::in_view out, typename base::in_view gout,
+                typename base::out_view gin) final {
+    auto saved = this->be_->template make<float>(this->saved_size(in.shape()));
+    auto again = this->be_->template make<float>(out.size());
+    const typename base::call c{typename base::out_view(saved.data(), shape{saved.size()}), 0};
+    forward(in, typename base::out_view(again.data(), out.shape()), c);
+    backward(in, out, c, gout, gin);
+    this->be_->synchronize();
+  }
+};
+
 // y = x W^T + b, W is [out, in]: in cuBLAS's column-major terms y^T = W'^T x^T with W' = W^T.
 template <class Backend>
 class device_linear final : public device_layer<Backend> {
   using base = device_layer<Backend>;
 
  public:
+  using base::backward;  // the saved-activation forms stay visible
+  using base::forward;
   device_linear(std::shared_ptr<Backend> be, std::size_t in, std::size_t out, std::uint32_t seed)
       : base(std::move(be)), in_(in), out_(out) {
     params_.emplace_back(*this->be_, shape{out, in});
@@ -123,7 +160,9 @@ class device_relu final : public device_layer<Backend> {
   using base = device_layer<Backend>;
 
  public:
+  using base::backward;
   using base::base;
+  using base::forward;
   [[nodiscard]] shape output_shape(const shape& s) const override { return s; }
   void forward(typename base::in_view x, typename base::out_view y) override {
     this->be_->launch(x.size(), elements::relu_fn{x.data(), y.data()});

@@ -186,4 +186,196 @@ PARTRAIN_HOST_DEVICE void dropout_row(const T* x, T* y, std::size_t n, std::uint
   for (std::size_t i = 0; i < n; ++i) y[i] = dropout_keep(stream, first + i, threshold) ? x[i] * scale : T(0);
 }
 
+// ---- the same math as functors for a launch helper (f(i) for i < n; vit_layers_device.hpp) ----
+// One row or one element per index, so a CUDA kernel runs a thread per row or element and the
+// host twin loops over them; the sums stay in double (A) as in the host layers, so the two
+// paths differ only by the GEMMs' rounding.
+
+// Row r of x [rows, d]: its LayerNorm statistics (kept) and output.
+struct layernorm_forward_fn {
+  const float* x;
+  const float* gamma;
+  const float* beta;
+  std::size_t d;
+  float eps;
+  float* mean;
+  float* rstd;
+  float* y;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t r) const {
+    layernorm_stats(x + r * d, d, eps, mean[r], rstd[r]);
+    layernorm_apply(x + r * d, d, mean[r], rstd[r], gamma, beta, y + r * d);
+  }
+};
+// Row r again from kept statistics (a backward's recomputation).
+struct layernorm_apply_fn {
+  const float* x;
+  const float* gamma;
+  const float* beta;
+  std::size_t d;
+  const float* mean;
+  const float* rstd;
+  float* y;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t r) const {
+    layernorm_apply(x + r * d, d, mean[r], rstd[r], gamma, beta, y + r * d);
+  }
+};
+// Row r's input gradient: dx = base + LN'(dy) (base null: dx = LN'(dy); base may be dx).
+struct layernorm_backward_fn {
+  const float* x;
+  const float* dy;
+  const float* gamma;
+  std::size_t d;
+  const float* mean;
+  const float* rstd;
+  const float* base;
+  float* dx;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t r) const {
+    if (base && base != dx) {
+      for (std::size_t i = 0; i < d; ++i) dx[r * d + i] = base[r * d + i];
+    }
+    layernorm_backward(x + r * d, dy + r * d, d, mean[r], rstd[r], gamma, dx + r * d, base != nullptr);
+  }
+};
+// Column j of the LayerNorm's parameter gradients over all rows: dgamma[j] += sum dy * xhat,
+// dbeta[j] += sum dy (summed in double, added once).
+struct layernorm_param_grads_fn {
+  const float* x;
+  const float* dy;
+  std::size_t rows;
+  std::size_t d;
+  const float* mean;
+  const float* rstd;
+  float* dgamma;
+  float* dbeta;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t j) const {
+    double sg = 0, sb = 0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      const float g = dy[r * d + j];
+      sg += static_cast<double>(g) * static_cast<double>((x[r * d + j] - mean[r]) * rstd[r]);
+      sb += static_cast<double>(g);
+    }
+    dgamma[j] += static_cast<float>(sg);
+    dbeta[j] += static_cast<float>(sb);
+  }
+};
+// sums[j] += the sum over rows of g[r * stride + j] (j < cols), in double: a bias's gradient
+// (stride = cols), or a position embedding's (one column per token and feature, a row per image).
+struct column_sums_fn {
+  const float* g;
+  std::size_t rows;
+  std::size_t stride;
+  float* sums;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t j) const {
+    double s = 0;
+    for (std::size_t r = 0; r < rows; ++r) s += static_cast<double>(g[r * stride + j]);
+    sums[j] += static_cast<float>(s);
+  }
+};
+// Row r of s [rows, n]: softmax(scale * row), in place.
+struct softmax_fn {
+  float* s;
+  std::size_t n;
+  float scale;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t r) const { softmax_row(s + r * n, n, scale); }
+};
+// Row r: g = p * (g - sum(p * g)), in place.
+struct softmax_backward_fn {
+  const float* p;
+  float* g;
+  std::size_t n;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t r) const { softmax_backward_row(p + r * n, g + r * n, n); }
+};
+// y[i] = x[i] + b[i % cols] (+ pos[(i / cols) % tokens * cols + i % cols] when pos is given).
+struct bias_fn {
+  float* y;
+  const float* b;
+  std::size_t cols;
+  const float* pos = nullptr;
+  std::size_t tokens = 1;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const std::size_t j = i % cols;
+    float v = y[i] + b[j];
+    if (pos) v += pos[(i / cols) % tokens * cols + j];
+    y[i] = v;
+  }
+};
+struct gelu_fn {
+  const float* x;
+  float* y;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const { y[i] = gelu(x[i]); }
+};
+struct gelu_and_grad_fn {
+  const float* x;
+  float* value;
+  float* grad;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const { gelu_and_grad(x[i], value[i], grad[i]); }
+};
+// y[i] *= s[i].
+struct multiply_fn {
+  float* y;
+  const float* s;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const { y[i] *= s[i]; }
+};
+// out[i] = x[i] + branch[i].
+struct residual_fn {
+  const float* x;
+  const float* branch;
+  float* out;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const { out[i] = x[i] + branch[i]; }
+};
+// Element i of a dropout site: y[i] = x[i] * scale where kept, else 0 (y may be x).
+struct dropout_fn {
+  const float* x;
+  float* y;
+  std::uint64_t stream;
+  std::uint32_t threshold;
+  float scale;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    y[i] = dropout_keep(stream, i, threshold) ? x[i] * scale : 0.0f;
+  }
+};
+// Element i of the gathered patches [images * tokens, patch^2] from the images [images, side^2]
+// (to_patches), or back (each pixel belongs to exactly one patch).
+struct patches_fn {
+  float* image;
+  float* patches;
+  std::size_t side;
+  std::size_t patch;
+  bool to_patches;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const std::size_t pp = patch * patch, grid = side / patch, tokens = grid * grid;
+    const std::size_t row = i / pp, within = i % pp, e = row / tokens, tok = row % tokens;
+    const std::size_t pixel = e * side * side + (tok / grid * patch + within / patch) * side + tok % grid * patch +
+                              within % patch;
+    if (to_patches) {
+      patches[i] = image[pixel];
+    } else {
+      image[pixel] = patches[i];
+    }
+  }
+};
+// Element (e, j) of the mean over tokens of x [images, tokens, d].
+struct token_mean_fn {
+  const float* x;
+  std::size_t tokens;
+  std::size_t d;
+  float* mean;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const std::size_t e = i / d, j = i % d;
+    double s = 0;
+    for (std::size_t k = 0; k < tokens; ++k) s += static_cast<double>(x[(e * tokens + k) * d + j]);
+    mean[i] = static_cast<float>(s / static_cast<double>(tokens));
+  }
+};
+// Element i of the gradient of x [images, tokens, d] through that mean.
+struct token_mean_backward_fn {
+  const float* dmean;
+  std::size_t tokens;
+  std::size_t d;
+  float* dx;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    dx[i] = dmean[i / (tokens * d) * d + i % d] / static_cast<float>(tokens);
+  }
+};
+
 }  // namespace models::vit_elements

@@ -4,7 +4,8 @@
 # the native architecture, builds what the checks need, runs every gpu-labelled test (each runs
 # with -w NoAssertions: a case that checks nothing fails), trains the example on one GPU in fp32,
 # fp16 and bf16 to full accuracy, runs the CUDA rows of the benchmarks, trains the same MLP in
-# PyTorch eager when torch imports, and prints one table and a `summary:` line. Exit 1 when any
+# PyTorch eager when torch imports, trains the CUDA ViT under FSDP (fp32 and bf16 gathers) and the
+# same ViT in PyTorch eager and torch.compile, and prints one table and a `summary:` line. Exit 1 when any
 # step failed; a step that cannot run here (no GPU, no nvcc, no torch) is SKIP with the reason.
 #
 #   tools/gpu_check.sh --prepare     copy what the GPU machine lacks (Catch2's header and CMake
@@ -16,9 +17,9 @@
 #                                    .device/prebuilt.tar.xz; the device machine then runs them
 #                                    without building (nvcc there spends device time)
 #   tools/gpu_check.sh [--only steps] [--build DIR] [--data DIR] [--jobs N]
-#        steps: configure,build,tests,example,bench,torch (comma-separated; default all). The
+#        steps: configure,build,tests,example,bench,torch,vit (comma-separated; default all). The
 #        build folder persists on a warm machine, so a run may be split to fit a command's limit:
-#        --only configure,build   then   --only tests,example,bench,torch
+#        --only configure,build   then   --only tests,example,bench,torch,vit
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -26,7 +27,8 @@ device_dir=$root/.device
 build=$root/build-gpu
 data=""
 jobs=$(nproc 2>/dev/null || echo 2)
-only="configure,build,tests,example,bench,torch"
+only="configure,build,tests,example,bench,torch,vit"
+torch_vit_epochs=2      # PyTorch's ViT rows time its steps; our ViT trains the example's 8 epochs
 accuracy_floor=0.85     # the host example reaches 0.89 after 8 epochs; a wrong gradient stays far below
 precision_slack=0.01    # fp16/bf16 within this of fp32 (as the host mixed-precision test)
 
@@ -38,7 +40,7 @@ while [ $# -gt 0 ]; do
     --build) build=$2; shift ;;
     --data) data=$2; shift ;;
     --jobs) jobs=$2; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument '$1' (expected --prepare, --pack, --only, --build, --data, --jobs)" >&2; exit 2 ;;
   esac
   shift
@@ -196,7 +198,7 @@ if wants configure; then
 fi
 
 # 2. Build only what the checks run: the gpu-labelled tests, the example, the benchmarks.
-targets=(partrain_label_gpu fashion_mnist_cuda bench_collectives bench_precision_cuda)
+targets=(partrain_label_gpu fashion_mnist_cuda bench_collectives bench_precision_cuda peers_export_vit_init)
 if wants build; then
   if [ -z "$nvcc" ]; then
     record build SKIP "no nvcc"
@@ -244,44 +246,62 @@ if wants tests; then
   fi
 fi
 
-# 4. The example on one GPU, full data and epochs, in each precision.
+# 4. The example on one GPU, full data and epochs, in each precision: the MLP under DDP, then
+# (step vit) the ViT under FSDP. Each row: test accuracy >= the floor, and the 16-bit runs within
+# the slack of their fp32 run.
 example=$build/examples/fashion_mnist/fashion_mnist_cuda
 backend=gloo
 grep -q 'PARTRAIN_WITH_NCCL:BOOL=ON\|NCCL_LIBRARY:FILEPATH=/' "$build/CMakeCache.txt" 2>/dev/null && backend=nccl
-if wants example; then
-  fp32_acc=""
-  for p in fp32 fp16 bf16; do
-    if [ -z "$gpu_name" ]; then
-      record "example_$p" SKIP "no GPU"
-      continue
-    elif [ ! -x "$example" ]; then
-      record "example_$p" FAIL "fashion_mnist_cuda not built"
-      continue
-    elif [ ! -f "$data/train-images-idx3-ubyte.gz" ]; then
-      record "example_$p" FAIL "no Fashion-MNIST in $data (run --prepare where it is, or pass --data)"
-      continue
-    fi
-    rm -f "$out/example_$p.jsonl"
-    if "$example" --device cuda --backend "$backend" --nproc 1 --precision "$p" --data "$data" --log-every 0 \
-         --metrics "$out/example_$p.jsonl" >"$out/example_$p.log" 2>&1; then
-      read -r acc sps < <(python3 - "$out/example_$p.jsonl" <<'PY'
+train_example() {  # row precision fp32_accuracy_var example_args...
+  local row=$1 p=$2 ref_var=$3
+  shift 3
+  if [ -z "$gpu_name" ]; then
+    record "$row" SKIP "no GPU"
+    return
+  elif [ ! -x "$example" ]; then
+    record "$row" FAIL "fashion_mnist_cuda not built"
+    return
+  elif [ ! -f "$data/train-images-idx3-ubyte.gz" ]; then
+    record "$row" FAIL "no Fashion-MNIST in $data (run --prepare where it is, or pass --data)"
+    return
+  fi
+  rm -f "$out/$row.jsonl"
+  local start=$SECONDS
+  if "$example" --device cuda --nproc 1 --precision "$p" --data "$data" --log-every 0 --metrics "$out/$row.jsonl" "$@" \
+       >"$out/$row.log" 2>&1; then
+    read -r acc sps < <(python3 - "$out/$row.jsonl" <<'PY'
 import json, sys
 epochs = [json.loads(l) for l in open(sys.argv[1]) if '"test_accuracy"' in l]
 print(epochs[-1]["test_accuracy"], epochs[-1].get("samples_per_s", 0)) if epochs else print("none 0")
 PY
-      )
-      [ "$p" = fp32 ] && fp32_acc=$acc
-      verdict=$(python3 -c "
-a='$acc'; f='$fp32_acc'
+    )
+    [ "$p" = fp32 ] && printf -v "$ref_var" '%s' "$acc"
+    local ref=${!ref_var}
+    verdict=$(python3 -c "
+a='$acc'; f='$ref'
 if a == 'none': print('FAIL no epoch record')
 elif float(a) < $accuracy_floor: print('FAIL below $accuracy_floor')
 elif f and abs(float(a) - float(f)) > $precision_slack: print('FAIL more than $precision_slack from fp32')
 else: print('ok')")
-      record "example_$p" "${verdict%% *}" "test_accuracy $acc, $sps samples/s over $backend ${verdict#* }"
-    else
-      record "example_$p" FAIL "exit status $? ($out/example_$p.log)"
-    fi
-  done
+    record "$row" "${verdict%% *}" "test_accuracy $acc, $sps samples/s, $((SECONDS - start)) s over $backend ${verdict#* }"
+  else
+    record "$row" FAIL "exit status $? ($out/$row.log)"
+  fi
+}
+if wants example; then
+  mlp_fp32_acc=""
+  for p in fp32 fp16 bf16; do train_example "example_$p" "$p" mlp_fp32_acc --backend "$backend"; done
+fi
+if wants vit; then
+  vit_fp32_acc=""
+  if [ "$backend" != nccl ]; then
+    record vit_fp32 SKIP "built without NCCL: FSDP over CUDA layers reduces with NCCL"
+  else
+    # bf16: FSDP gathers the parameters and reduces the gradients in bf16; the layers compute in fp32.
+    for p in fp32 bf16; do
+      train_example "vit_$p" "$p" vit_fp32_acc --backend nccl --model vit --parallel fsdp
+    done
+  fi
 fi
 
 # 5. The benchmarks' CUDA rows. bench_ddp has none yet (it says so itself); bench_collectives'
@@ -360,6 +380,37 @@ PY
       record torch_eager FAIL "the PyTorch run failed ($out/torch.log)"
     fi
   fi
+fi
+
+# 7. The same ViT in PyTorch on the GPU, eager and through torch.compile (bench/peers/torch_vit.py
+# from the CUDA ViT's initial weights, peers_export_vit_init), $torch_vit_epochs epochs each: its
+# samples/s beside vit_fp32's.
+if wants vit; then
+  export_init=$build/bench/peers/peers_export_vit_init
+  for mode in eager compile; do
+    row=torch_vit_$mode
+    if ! python3 -c 'import torch' >/dev/null 2>&1; then
+      record "$row" SKIP "torch does not import"
+    elif ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+      record "$row" SKIP "torch imports, but sees no CUDA device"
+    elif [ ! -x "$export_init" ]; then
+      record "$row" FAIL "peers_export_vit_init not built"
+    elif [ ! -f "$out/vit_init.bin" ] && ! "$export_init" "$out/vit_init.bin" >"$out/vit_init.log" 2>&1; then
+      record "$row" FAIL "peers_export_vit_init failed ($out/vit_init.log)"
+    else
+      flags=(--device cuda --epochs "$torch_vit_epochs")
+      [ "$mode" = compile ] && flags+=(--compile)
+      start=$SECONDS
+      LD_LIBRARY_PATH=${host_ld_path-${LD_LIBRARY_PATH:-}} PYTHONUNBUFFERED=1 timeout 600 python3 \
+        "$root/bench/peers/torch_vit.py" --data "$data" --init "$out/vit_init.bin" "${flags[@]}" >"$out/$row.log" 2>&1
+      line=$(grep '^epoch' "$out/$row.log" | tail -n 1)
+      if [ -n "$line" ]; then
+        record "$row" ok "${line% (rank 0)}, $((SECONDS - start)) s (torch $(python3 -c 'import torch; print(torch.__version__)'))"
+      else
+        record "$row" FAIL "the PyTorch run failed ($out/$row.log)"
+      fi
+    fi
+  done
 fi
 
 echo

@@ -13,7 +13,12 @@ do, batches of --batch-size with drop_last), AdamW (lr 1e-3, betas 0.9/0.999, ep
 decay 0.01) and partrain's warmup_cosine_lr per step (5% warm-up, cosine to 0).
 
   torch_vit.py --data DIR --init FILE [--ddp N] [--threads T] [--epochs E] [--batch-size B]
+  torch_vit.py --data DIR --init FILE --device cuda [--compile] [--epochs E]
   torch_vit.py --data DIR --init FILE --check-steps K
+
+--device cuda trains one process on GPU 0 (the data moved there once), eagerly or, with
+--compile, through torch.compile (its first steps compile: the epoch's samples/s skips them as
+it skips the first 10 steps anywhere); tools/gpu_check.sh runs both beside the CUDA ViT.
 
 Prints per epoch `epoch e/E samples/s X test_accuracy A train_loss L` (rank 0; samples/s of all
 ranks after the epoch's first 10 steps), or with --check-steps, K AdamW steps at constant lr on
@@ -195,20 +200,25 @@ def train(rank, world, args):
         torch.set_num_threads(args.threads)
     if world > 1:
         dist.init_process_group("gloo", rank=rank, world_size=world)
-    x, y, tx, ty = load(args.data)
-    model = make_model(args.init)
+    dev = torch.device(args.device)
+    x, y, tx, ty = (t.to(dev) for t in load(args.data))
+    model = make_model(args.init).to(dev)
     net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    opt = make_optimizer(net.parameters(), args.lr)
+    if args.compile:
+        net = torch.compile(net)
+    opt = make_optimizer(model.parameters(), args.lr)
     per_epoch = (len(x) // world) // args.batch_size
     total = per_epoch * args.epochs
     warmup = max(1, total // 20)
     step = 0
     for epoch in range(args.epochs):
-        batches = rank_batches(len(x), world, rank, args.batch_size, epoch)
+        batches = [b.to(dev) for b in rank_batches(len(x), world, rank, args.batch_size, epoch)]
         loss_sum = 0.0
         t0 = time.perf_counter()
         for k, idx in enumerate(batches):
             if k == SKIP:
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
                 t0 = time.perf_counter()
             for g in opt.param_groups:
                 g["lr"] = warmup_cosine(args.lr, warmup, total, step)
@@ -241,7 +251,11 @@ def main():
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--check-steps", type=int, default=0)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--compile", action="store_true")
     args = p.parse_args()
+    if args.device == "cuda" and args.ddp != 1:
+        raise SystemExit("torch_vit: --device cuda trains one process (--ddp 1)")
     if args.check_steps > 0:
         check(args)
     else:

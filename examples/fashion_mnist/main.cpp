@@ -68,7 +68,7 @@ void train_ddp(Model& model, process_group& pg, const options& o, const datasets
 // The model lives where the options say: the host MLP, or (in the nvcc build of this file,
 // fashion_mnist_cuda) the CUDA MLP on GPU LOCAL_RANK.
 void run_rank(process_group& pg, const options& o, const datasets& data) {
-  if (o.device == "cuda") {
+  if (o.device == "cuda" && o.parallel == "ddp") {
 #if defined(__CUDACC__)
     const char* local = std::getenv("LOCAL_RANK");
     models::mlp_cuda model({}, o.seed, device::cuda(local ? std::atoi(local) : 0), parse_precision(o.precision));

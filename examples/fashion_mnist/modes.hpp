@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <partrain/partrain.hpp>
 #include <string>
@@ -13,6 +14,10 @@
 #include "cnn_layers.hpp"
 #include "vit_layers.hpp"
 #include "common.hpp"
+#if defined(__CUDACC__)
+#include "mlp_cuda.cuh"
+#include "vit_layers_device.hpp"
+#endif
 #include "mlp_host.hpp"
 #include "mlp_layers.hpp"
 #include "options.hpp"
@@ -80,25 +85,19 @@ void train_zero(Model& model, process_group& pg, const options& o, const dataset
   print_end(pg, parameter_checksum(model));
 }
 
-// --parallel fsdp: the model's layers, each layer's parameters (and their gradients and momentum)
-// sharded over the ranks and gathered only around that layer's forward and backward.
-inline void train_fsdp(process_group& pg, const options& o, const datasets& data) {
-  auto model = make_sequential(o);
-  // --precision fp16|bf16: parameters gathered and gradients reduced in 16 bits (FSDP's
-  // MixedPrecision); the chunks, the optimizer and the layers' arithmetic stay fp32. fp16 also
-  // scales the loss (a grad scaler, agreed across ranks) so small gradients survive the reduction.
-  const dtype wire = o.precision == "bf16" ? dtype::bfloat16 : o.precision == "fp16" ? dtype::float16 : dtype::float32;
-  fully_sharded_data_parallel fsdp(model, pg, optimizer_options(o),
-                                   fsdp_options{.param_dtype = wire, .reduce_dtype = wire});
+// fit() over fully sharded data parallel, whatever layers it holds.
+template <class Fsdp>
+void fit_fsdp(Fsdp& fsdp, process_group& pg, const options& o, const datasets& data, dtype wire) {
   trace_recorder trace = make_trace(o);
   grad_scaler scaler = grad_scaler::for_precision(parse_precision(o.precision));
   fsdp_policy policy(fsdp, {.scaler = scaler.enabled() ? &scaler : nullptr, .trace = &trace});
   loader train = rank_train(data, o, pg.rank(), pg.size());
   loader test = rank_test(data, pg.rank(), pg.size());
   if (pg.rank() == 0) {
-    std::printf("fashion_mnist: fsdp, %d rank(s) over %s, %s, batch %zu per rank, lr %g, %zu epochs, "
+    std::printf("fashion_mnist: fsdp, %d rank(s) over %s, %s%s, batch %zu per rank, lr %g, %zu epochs, "
                 "%zu/%zu examples, gathers and reductions in %s\n", pg.size(), std::string(pg.backend()).c_str(),
-                model_name(o), o.batch_size, o.lr, o.epochs, data.n_train, data.n_test, std::string(to_string(wire)).c_str());
+                model_name(o), o.device == "cuda" ? " on CUDA" : "", o.batch_size, o.lr, o.epochs, data.n_train,
+                data.n_test, std::string(to_string(wire)).c_str());
   }
   fit(policy, train, test, fit_options(o, trace, train.size()));
   const fsdp_memory m = fsdp.memory();
@@ -108,6 +107,34 @@ inline void train_fsdp(process_group& pg, const options& o, const datasets& data
   }
   auto full = fsdp.summon_full_params();  // collective: the checksum reads the whole model
   print_end(pg, parameter_checksum(full));
+}
+
+// --parallel fsdp: the model's layers, each layer's parameters (and their gradients and momentum)
+// sharded over the ranks and gathered only around that layer's forward and backward.
+// --precision fp16|bf16: parameters gathered and gradients reduced in 16 bits (FSDP's
+// MixedPrecision); the chunks, the optimizer and the layers' arithmetic stay fp32. fp16 also
+// scales the loss (a grad scaler, agreed across ranks) so small gradients survive the reduction.
+// With --device cuda (fashion_mnist_cuda): the ViT's CUDA layers on GPU LOCAL_RANK, from the host
+// ViT's initial weights.
+inline void train_fsdp(process_group& pg, const options& o, const datasets& data) {
+  const dtype wire = o.precision == "bf16" ? dtype::bfloat16 : o.precision == "fp16" ? dtype::float16 : dtype::float32;
+  const fsdp_options fo{.param_dtype = wire, .reduce_dtype = wire};
+  if (o.device == "cuda") {
+#if defined(__CUDACC__)
+    const char* local = std::getenv("LOCAL_RANK");
+    auto layers = models::layers::make_device_vit<models::cuda_backend>({}, static_cast<std::uint32_t>(o.seed),
+                                                                         device::cuda(local ? std::atoi(local) : 0));
+    models::layers::device_softmax_cross_entropy<models::cuda_backend> loss(layers);
+    fully_sharded_data_parallel fsdp(layers, pg, std::move(loss), optimizer_options(o), fo);
+    fit_fsdp(fsdp, pg, o, data, wire);
+    return;
+#else
+    throw config_error("--device cuda: this is the host build; run fashion_mnist_cuda (built where nvcc is found)");
+#endif
+  }
+  auto model = make_sequential(o);
+  fully_sharded_data_parallel fsdp(model, pg, optimizer_options(o), fo);
+  fit_fsdp(fsdp, pg, o, data, wire);
 }
 
 // --sync local-sgd|diloco: ranks step alone and meet every --period (or --inner-steps) steps.

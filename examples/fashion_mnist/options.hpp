@@ -73,7 +73,8 @@ struct options {
 
 inline constexpr std::string_view usage_text =
     "usage: fashion_mnist [options]\n"
-    "  --device cpu|cuda         where the model runs (default cpu)\n"
+    "  --device cpu|cuda         where the model runs (default cpu; cuda: the MLP under ddp, or the ViT\n"
+    "                            under --parallel fsdp --backend nccl; fashion_mnist_cuda only)\n"
     "  --model mlp|cnn|vit       the MLP 784-256-128-10 (default), a CNN (conv 3x3 1->8, relu, maxpool,\n"
     "                            conv 3x3 8->16, relu, maxpool, linear 784->10) or a Vision Transformer\n"
     "                            (7x7 patches, dim 64, 4 blocks of 4 heads): one layer description\n"
@@ -299,7 +300,20 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
   }
   // Combinations this program cannot run (yet), refused before anything starts.
   const bool zero = o.parallel == "zero1" || o.parallel == "zero2";
-  if (o.parallel != "ddp") {
+  // On a GPU: the MLP under DDP, the ViT under FSDP (its CUDA layers, models/vit_layers_device.hpp).
+  const bool cuda_vit = o.device == "cuda" && o.model == "vit";
+  if (cuda_vit && o.parallel != "fsdp") {
+    throw usage_error("--device cuda --model vit: this example trains the CUDA ViT with --parallel fsdp (got --parallel " +
+                      o.parallel + ")");
+  }
+  if (cuda_vit && o.backend != "nccl") {
+    throw usage_error("--device cuda --model vit: fsdp over CUDA layers reduces on the GPU; use --backend nccl (got " +
+                      o.backend + ")");
+  }
+  if (cuda_vit && o.recompute != "none") {
+    throw usage_error("--recompute: with the host layers only (--device cpu); the CUDA ViT keeps its activations");
+  }
+  if (o.parallel != "ddp" && !cuda_vit) {
     if (o.device != "cpu") throw usage_error("--parallel " + o.parallel + ": this example runs it on the host (--device cpu)");
     if (!o.checkpoint.empty() && !zero && o.parallel != "fsdp" && o.parallel != "pipeline") {
       throw usage_error("--checkpoint: supported with --parallel ddp, zero1, zero2, fsdp and pipeline (not dp)");
@@ -332,7 +346,7 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
   }
   if (o.model != "mlp") {
     const std::string what = "--model " + o.model + ": this example's " + (o.model == "cnn" ? "CNN" : "ViT");
-    if (o.device != "cpu") throw usage_error(what + " runs on the host (--device cpu)");
+    if (o.device != "cpu" && !cuda_vit) throw usage_error(what + " runs on the host (--device cpu)");
     if (o.precision != "fp32" && o.parallel != "fsdp") {
       throw usage_error(what + " computes in fp32 (--precision " + o.precision +
                         " with --parallel fsdp gathers and reduces in 16 bits)");

@@ -89,7 +89,17 @@ TEST_CASE("example options: bad input names the flag and what was expected", "[e
   CHECK_THROWS_WITH(parse_options({"--model"}), Catch::Contains("--model: needs a value"));
   CHECK_THROWS_WITH(parse_options({"--model", "cnn", "--device", "cuda"}), Catch::Contains("runs on the host"));
   CHECK_THROWS_WITH(parse_options({"--model", "cnn", "--precision", "fp16"}), Catch::Contains("CNN computes in fp32"));
-  CHECK_THROWS_WITH(parse_options({"--model", "vit", "--device", "cuda"}), Catch::Contains("ViT runs on the host"));
+  // The CUDA ViT trains under fsdp over NCCL, and nowhere else.
+  CHECK_THROWS_WITH(parse_options({"--model", "vit", "--device", "cuda"}), Catch::Contains("with --parallel fsdp (got --parallel ddp)"));
+  CHECK_THROWS_WITH(parse_options({"--model", "vit", "--device", "cuda", "--parallel", "fsdp"}),
+                    Catch::Contains("use --backend nccl (got gloo)"));
+  CHECK_THROWS_WITH(parse_options({"--model", "vit", "--device", "cuda", "--parallel", "fsdp", "--backend", "nccl",
+                                   "--recompute", "full"}),
+                    Catch::Contains("the CUDA ViT keeps its activations"));
+  CHECK(parse_options({"--model", "vit", "--device", "cuda", "--parallel", "fsdp", "--backend", "nccl", "--precision", "bf16"})
+            .device == "cuda");
+  CHECK_THROWS_WITH(parse_options({"--device", "cuda", "--parallel", "fsdp", "--backend", "nccl"}),
+                    Catch::Contains("--parallel fsdp: this example runs it on the host"));
   // The ViT's defaults: AdamW at 1e-3 with 200 warm-up steps; the others keep SGD at 0.05.
   const auto vit = parse_options({"--model", "vit"});
   CHECK((vit.optimizer == "adamw" && vit.lr == 1e-3 && vit.lr_warmup == 200));

@@ -1,0 +1,390 @@
+// models/vit_layers_device.hpp: the Vision Transformer of vit_layers.hpp as device layers (the
+// base of mlp_layers_device.hpp), computing where a backend of mlp_device.hpp runs: on a CUDA
+// device (mlp_cuda.cuh: cuBLAS, strided batched GEMMs for the attention's heads, the functors of
+// vit_elements.hpp as kernels on the backend's stream) or on its host twin (mlp_host_twin.hpp:
+// OpenBLAS, the same functors in host loops), so the CPU tier runs the CUDA ViT's code. Same
+// layers, saved activations, dropout masks and initial weights (make_device_vit uploads
+// make_vit's values for the same seed) as the host ViT; fully sharded data parallel trains them.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <partrain/core/device.hpp>
+#include <partrain/core/error.hpp>
+#include <partrain/core/tensor_view.hpp>
+#include <partrain/model/layer.hpp>
+
+#include "mlp_layers_device.hpp"
+#include "vit_elements.hpp"
+#include "vit_layers.hpp"
+
+namespace models::layers {
+
+namespace vit_device_detail {
+
+namespace el = models::vit_elements;
+
+// Row-major C [m, n] = alpha op(A) op(B) + beta C, for `batch` matrices at element strides sa, sb,
+// sc, on a backend whose GEMMs are column-major (cuBLAS's): a row-major matrix read column-major
+// is its transpose, so C^T = op(B)^T op(A)^T, which is the same call with A and B swapped.
+template <class Backend>
+void gemm(const Backend& be, bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+          std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc, std::size_t batch = 1,
+          std::size_t sa = 0, std::size_t sb = 0, std::size_t sc = 0) {
+  const auto i = [](std::size_t v) { return static_cast<int>(v); };
+  const auto l = [](std::size_t v) { return static_cast<long long>(v); };
+  be.sgemm_strided(tb, ta, i(n), i(m), i(k), alpha, b, i(ldb), l(sb), a, i(lda), l(sa), beta, c, i(ldc), l(sc), i(batch));
+}
+
+// A host layer's parameters in the backend's memory (same shapes and values).
+template <class Backend>
+std::vector<device_param<Backend>> upload_parameters(const Backend& be, std::vector<host_param>& host) {
+  std::vector<device_param<Backend>> out;
+  for (auto& p : host) {
+    out.emplace_back(be, p.value().shape());
+    be.upload(out.back().value().data(), p.value().data(), p.value().size_bytes());
+  }
+  be.synchronize();  // the host copies go when this returns
+  return out;
+}
+
+// y [m, out] = x [m, in] W^T + b, and its parameter gradients: W += dy^T x, b += the rows of dy.
+template <class Backend>
+void linear_forward(const Backend& be, const float* x, std::size_t m, std::size_t in, std::size_t out, device_param<Backend>& w,
+                    device_param<Backend>& b, float* y) {
+  gemm(be, false, true, m, out, in, 1.0f, x, in, w.value().data(), in, 0.0f, y, out);
+  be.launch(m * out, el::bias_fn{y, b.value().data(), out});
+}
+template <class Backend>
+void linear_backward_params(const Backend& be, const float* dy, const float* x, std::size_t m, std::size_t in,
+                            std::size_t out, device_param<Backend>& w, device_param<Backend>& b) {
+  gemm(be, true, false, out, in, m, 1.0f, dy, out, x, in, 1.0f, w.grad().data(), in);
+  be.launch(out, el::column_sums_fn{dy, m, out, b.grad().data()});
+}
+
+}  // namespace vit_device_detail
+
+// patch_embed on the device: the patches gathered by a kernel, one GEMM, bias and positions.
+template <class Backend>
+class device_patch_embed final : public device_layer<Backend> {
+  using base = device_layer<Backend>;
+
+ public:
+  using base::backward;
+  using base::forward;
+  device_patch_embed(std::shared_ptr<Backend> be, const vit_config& c, basic_patch_embed<float>& host)
+      : base(std::move(be)), image_(c.image), patch_(c.patch), dim_(c.dim), tokens_(host.tokens()),
+        params_(vit_device_detail::upload_parameters(*this->be_, host.parameters())) {}
+
+  [[nodiscard]] shape output_shape(const shape& s) const override {
+    return {cnn_detail::image_batch(s, 1, image_, image_, "patch_embed"), tokens_, dim_};
+  }
+  void forward(typename base::in_view x, typename base::out_view y) override {
+    namespace el = vit_device_detail::el;
+    const std::size_t rows = output_shape(x.shape())[0] * tokens_, pp = patch_ * patch_;
+    cnn_detail::check_size("patch_embed::forward: the output", y.size(), rows * dim_);
+    const float* patches = gather(x, rows);
+    vit_device_detail::gemm(*this->be_, false, true, rows, dim_, pp, 1.0f, patches, pp, params_[0].value().data(), pp, 0.0f,
+                            y.data(), dim_);
+    this->be_->launch(rows * dim_, el::bias_fn{y.data(), params_[1].value().data(), dim_, params_[2].value().data(), tokens_});
+  }
+  void backward(typename base::in_view x, typename base::in_view, typename base::in_view gy,
+                typename base::out_view gx) override {
+    namespace el = vit_device_detail::el;
+    const std::size_t n = output_shape(x.shape())[0], rows = n * tokens_, pp = patch_ * patch_;
+    cnn_detail::check_size("patch_embed::backward: the output gradient", gy.size(), rows * dim_);
+    cnn_detail::check_size("patch_embed::backward: the input gradient", gx.size(), x.size());
+    const float* patches = gather(x, rows);
+    const auto& be = *this->be_;
+    vit_device_detail::gemm(be, true, false, dim_, pp, rows, 1.0f, gy.data(), dim_, patches, pp, 1.0f,
+                            params_[0].grad().data(), pp);
+    be.launch(dim_, el::column_sums_fn{gy.data(), rows, dim_, params_[1].grad().data()});
+    be.launch(tokens_ * dim_, el::column_sums_fn{gy.data(), n, tokens_ * dim_, params_[2].grad().data()});
+    be.reserve(gpatches_, rows * pp);
+    vit_device_detail::gemm(be, false, false, rows, pp, dim_, 1.0f, gy.data(), dim_, params_[0].value().data(), pp, 0.0f,
+                            gpatches_.data(), pp);
+    be.launch(rows * pp, el::patches_fn{gx.data(), gpatches_.data(), image_, patch_, false});
+  }
+  [[nodiscard]] std::vector<device_param<Backend>>& parameters() override { return params_; }
+
+ private:
+  const float* gather(typename base::in_view x, std::size_t rows) {
+    const std::size_t pp = patch_ * patch_;
+    this->be_->reserve(patches_, rows * pp);
+    // patches_fn reads the image when to_patches (the one functor serves both directions).
+    this->be_->launch(rows * pp,
+                      vit_device_detail::el::patches_fn{const_cast<float*>(x.data()), patches_.data(), image_, patch_, true});
+    return patches_.data();
+  }
+
+  std::size_t image_, patch_, dim_, tokens_;
+  std::vector<device_param<Backend>> params_;
+  typename Backend::template array<float> patches_, gpatches_;
+};
+
+// transformer_block on the device: the host block's math and saved layout
+// (basic_transformer_block::layout), the attention as one strided batched GEMM per head over the
+// images, every row and element loop a kernel.
+template <class Backend>
+class device_transformer_block final : public device_saving_layer<Backend> {
+  using base = device_layer<Backend>;
+  using host_block = basic_transformer_block<float>;
+
+ public:
+  using device_saving_layer<Backend>::backward;
+  using device_saving_layer<Backend>::forward;
+  device_transformer_block(std::shared_ptr<Backend> be, const vit_config& c, host_block& host)
+      : device_saving_layer<Backend>(std::move(be)), dim_(c.dim), heads_(c.heads), hidden_(c.mlp_ratio * c.dim),
+        threshold_(vit_device_detail::el::dropout_threshold(c.dropout)), keep_scale_(1.0f / (1.0f - c.dropout)),
+        params_(vit_device_detail::upload_parameters(*this->be_, host.parameters())) {}
+
+  [[nodiscard]] shape output_shape(const shape& s) const override {
+    (void)vit_detail::token_batch(s, dim_, "transformer_block");
+    return s;
+  }
+  [[nodiscard]] std::size_t saved_size(const shape& s) const override {
+    const vit_detail::token_batch b(s, dim_, "transformer_block");
+    return typename host_block::layout(b.n, b.t, dim_, heads_, hidden_).total;
+  }
+  void train(bool on) override { training_ = on; }
+
+  void forward(typename base::in_view x, typename base::out_view y, const typename base::call& call) override {
+    namespace el = vit_device_detail::el;
+    const vit_detail::token_batch b(x.shape(), dim_, "transformer_block");
+    const std::size_t m = b.n * b.t, d = dim_, f = hidden_;
+    const typename host_block::layout at(b.n, b.t, d, heads_, f);
+    cnn_detail::check_size("transformer_block::forward: the output", y.size(), m * d);
+    vit_detail::check_saved("transformer_block::forward", call.saved.size(), at.total);
+    const auto& be = *this->be_;
+    float* s = call.saved.data();
+    float* out = y.data();
+    be.reserve(a_, m * d);
+    be.reserve(g_, m * f);
+    const float eps = static_cast<float>(vit_detail::layernorm_eps);
+
+    // x1 = x + drop(proj(attention(LN1(x))))
+    be.launch(m, el::layernorm_forward_fn{x.data(), w(ln1_g), w(ln1_b), d, eps, s + at.mean1, s + at.rstd1, a_.data()});
+    vit_device_detail::linear_forward(be, a_.data(), m, d, 3 * d, params_[qkv_w], params_[qkv_b], s + at.qkv);
+    attention_forward(b.n, b.t, s + at.qkv, s + at.probs, s + at.ctx, call.seed);
+    vit_device_detail::linear_forward(be, s + at.ctx, m, d, d, params_[proj_w], params_[proj_b], out);
+    if (dropping()) be.launch(m * d, el::dropout_fn{out, out, el::dropout_stream(call.seed, 1), threshold_, keep_scale_});
+    be.launch(m * d, el::residual_fn{x.data(), out, s + at.x1});
+
+    // out = x1 + drop(fc2(gelu(fc1(LN2(x1)))))
+    be.launch(m, el::layernorm_forward_fn{s + at.x1, w(ln2_g), w(ln2_b), d, eps, s + at.mean2, s + at.rstd2, a_.data()});
+    vit_device_detail::linear_forward(be, a_.data(), m, d, f, params_[fc1_w], params_[fc1_b], s + at.hidden);
+    be.launch(m * f, el::gelu_fn{s + at.hidden, g_.data()});
+    vit_device_detail::linear_forward(be, g_.data(), m, f, d, params_[fc2_w], params_[fc2_b], out);
+    if (dropping()) be.launch(m * d, el::dropout_fn{out, out, el::dropout_stream(call.seed, 2), threshold_, keep_scale_});
+    be.launch(m * d, el::residual_fn{s + at.x1, out, out});
+  }
+
+  void backward(typename base::in_view x, typename base::in_view, const typename base::call& call,
+                typename base::in_view gy, typename base::out_view gx) override {
+    namespace el = vit_device_detail::el;
+    const vit_detail::token_batch b(x.shape(), dim_, "transformer_block");
+    const std::size_t m = b.n * b.t, d = dim_, f = hidden_;
+    const typename host_block::layout at(b.n, b.t, d, heads_, f);
+    cnn_detail::check_size("transformer_block::backward: the output gradient", gy.size(), m * d);
+    cnn_detail::check_size("transformer_block::backward: the input gradient", gx.size(), m * d);
+    vit_detail::check_saved("transformer_block::backward", call.saved.size(), at.total);
+    const auto& be = *this->be_;
+    const float* s = call.saved.data();
+    be.reserve(a_, m * d);
+    be.reserve(g_, m * f);
+    be.reserve(slope_, m * f);
+    be.reserve(dbranch_, m * d);
+    be.reserve(dctx_, m * d);
+    be.reserve(dqkv_, 3 * m * d);
+    float* out_grad = gx.data();  // d loss / d x1 until LN1's part is added
+
+    // The MLP branch.
+    const float* dm = gy.data();
+    if (dropping()) {
+      be.launch(m * d, el::dropout_fn{gy.data(), dbranch_.data(), el::dropout_stream(call.seed, 2), threshold_, keep_scale_});
+      dm = dbranch_.data();
+    }
+    be.launch(m * f, el::gelu_and_grad_fn{s + at.hidden, g_.data(), slope_.data()});
+    vit_device_detail::linear_backward_params(be, dm, g_.data(), m, f, d, params_[fc2_w], params_[fc2_b]);
+    vit_device_detail::gemm(be, false, false, m, f, d, 1.0f, dm, d, w(fc2_w), f, 0.0f, g_.data(), f);
+    be.launch(m * f, el::multiply_fn{g_.data(), slope_.data()});
+    be.launch(m, el::layernorm_apply_fn{s + at.x1, w(ln2_g), w(ln2_b), d, s + at.mean2, s + at.rstd2, a_.data()});
+    vit_device_detail::linear_backward_params(be, g_.data(), a_.data(), m, d, f, params_[fc1_w], params_[fc1_b]);
+    vit_device_detail::gemm(be, false, false, m, d, f, 1.0f, g_.data(), f, w(fc1_w), d, 0.0f, dbranch_.data(), d);
+    be.launch(d, el::layernorm_param_grads_fn{s + at.x1, dbranch_.data(), m, d, s + at.mean2, s + at.rstd2,
+                                              params_[ln2_g].grad().data(), params_[ln2_b].grad().data()});
+    be.launch(m, el::layernorm_backward_fn{s + at.x1, dbranch_.data(), w(ln2_g), d, s + at.mean2, s + at.rstd2, gy.data(),
+                                           out_grad});
+
+    // The attention branch.
+    const float* dattn = out_grad;
+    if (dropping()) {
+      be.launch(m * d, el::dropout_fn{out_grad, dbranch_.data(), el::dropout_stream(call.seed, 1), threshold_, keep_scale_});
+      dattn = dbranch_.data();
+    }
+    vit_device_detail::linear_backward_params(be, dattn, s + at.ctx, m, d, d, params_[proj_w], params_[proj_b]);
+    vit_device_detail::gemm(be, false, false, m, d, d, 1.0f, dattn, d, w(proj_w), d, 0.0f, dctx_.data(), d);
+    attention_backward(b.n, b.t, s + at.qkv, s + at.probs, dctx_.data(), dqkv_.data(), call.seed);
+    be.launch(m, el::layernorm_apply_fn{x.data(), w(ln1_g), w(ln1_b), d, s + at.mean1, s + at.rstd1, a_.data()});
+    vit_device_detail::linear_backward_params(be, dqkv_.data(), a_.data(), m, d, 3 * d, params_[qkv_w], params_[qkv_b]);
+    vit_device_detail::gemm(be, false, false, m, d, 3 * d, 1.0f, dqkv_.data(), 3 * d, w(qkv_w), d, 0.0f, dbranch_.data(), d);
+    be.launch(d, el::layernorm_param_grads_fn{x.data(), dbranch_.data(), m, d, s + at.mean1, s + at.rstd1,
+                                              params_[ln1_g].grad().data(), params_[ln1_b].grad().data()});
+    be.launch(m, el::layernorm_backward_fn{x.data(), dbranch_.data(), w(ln1_g), d, s + at.mean1, s + at.rstd1, out_grad,
+                                           out_grad});
+  }
+
+  [[nodiscard]] std::vector<device_param<Backend>>& parameters() override { return params_; }
+
+ private:
+  enum param_index : std::size_t { ln1_g, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_g, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b };
+  [[nodiscard]] bool dropping() const noexcept { return training_ && threshold_ > 0; }
+  [[nodiscard]] const float* w(std::size_t i) { return params_[i].value().data(); }
+
+  // Per head h, over the n images at once: S = q_h k_h^T, P = softmax(S / sqrt(dh)) (every row of
+  // every head in one launch), ctx_h = drop(P) v_h. The heads are strided column blocks of qkv
+  // and ctx; probs is [n, H, t, t].
+  void attention_forward(std::size_t n, std::size_t t, const float* qkv, float* probs, float* ctx, std::uint64_t seed) {
+    namespace el = vit_device_detail::el;
+    const auto& be = *this->be_;
+    const std::size_t d = dim_, dh = dim_ / heads_, tt = t * t, htt = heads_ * tt;
+    for (std::size_t h = 0; h < heads_; ++h) {
+      vit_device_detail::gemm(be, false, true, t, t, dh, 1.0f, qkv + h * dh, 3 * d, qkv + d + h * dh, 3 * d, 0.0f,
+                              probs + h * tt, t, n, t * 3 * d, t * 3 * d, htt);
+    }
+    be.launch(n * heads_ * t, el::softmax_fn{probs, t, 1.0f / std::sqrt(static_cast<float>(dh))});
+    const float* pv = dropped(probs, n * htt, seed);
+    for (std::size_t h = 0; h < heads_; ++h) {
+      vit_device_detail::gemm(be, false, false, t, dh, t, 1.0f, pv + h * tt, t, qkv + 2 * d + h * dh, 3 * d, 0.0f,
+                              ctx + h * dh, d, n, htt, t * 3 * d, t * d);
+    }
+  }
+  // dv_h = Pd^T dctx_h, dPd = dctx_h v_h^T, dP = drop(dPd), dS = softmax'(dP), dq_h = dS k_h /
+  // sqrt(dh), dk_h = dS^T q_h / sqrt(dh): the host block's per-(image, head) steps, a head at a time.
+  void attention_backward(std::size_t n, std::size_t t, const float* qkv, const float* probs, const float* dctx,
+                          float* dqkv, std::uint64_t seed) {
+    namespace el = vit_device_detail::el;
+    const auto& be = *this->be_;
+    const std::size_t d = dim_, dh = dim_ / heads_, tt = t * t, htt = heads_ * tt;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
+    be.reserve(dp_, n * htt);
+    const float* pv = dropped(probs, n * htt, seed);
+    for (std::size_t h = 0; h < heads_; ++h) {
+      vit_device_detail::gemm(be, true, false, t, dh, t, 1.0f, pv + h * tt, t, dctx + h * dh, d, 0.0f,
+                              dqkv + 2 * d + h * dh, 3 * d, n, htt, t * d, t * 3 * d);
+      vit_device_detail::gemm(be, false, true, t, t, dh, 1.0f, dctx + h * dh, d, qkv + 2 * d + h * dh, 3 * d, 0.0f,
+                              dp_.data() + h * tt, t, n, t * d, t * 3 * d, htt);
+    }
+    if (dropping()) {
+      be.launch(n * htt, el::dropout_fn{dp_.data(), dp_.data(), el::dropout_stream(seed, 0), threshold_, keep_scale_});
+    }
+    be.launch(n * heads_ * t, el::softmax_backward_fn{probs, dp_.data(), t});
+    for (std::size_t h = 0; h < heads_; ++h) {
+      vit_device_detail::gemm(be, false, false, t, dh, t, scale, dp_.data() + h * tt, t, qkv + d + h * dh, 3 * d, 0.0f,
+                              dqkv + h * dh, 3 * d, n, htt, t * 3 * d, t * 3 * d);
+      vit_device_detail::gemm(be, true, false, t, dh, t, scale, dp_.data() + h * tt, t, qkv + h * dh, 3 * d, 0.0f,
+                              dqkv + d + h * dh, 3 * d, n, htt, t * 3 * d, t * 3 * d);
+    }
+  }
+  // The probabilities with the attention's dropout applied (its mask drawn from the call's seed,
+  // element index = position in probs), or probs itself when nothing drops.
+  const float* dropped(const float* probs, std::size_t count, std::uint64_t seed) {
+    if (!dropping()) return probs;
+    namespace el = vit_device_detail::el;
+    this->be_->reserve(dropped_, count);
+    this->be_->launch(count, el::dropout_fn{probs, dropped_.data(), el::dropout_stream(seed, 0), threshold_, keep_scale_});
+    return dropped_.data();
+  }
+
+  std::size_t dim_, heads_, hidden_;
+  std::uint32_t threshold_;
+  float keep_scale_;
+  bool training_ = true;
+  std::vector<device_param<Backend>> params_;
+  typename Backend::template array<float> a_, g_, slope_, dbranch_, dctx_, dqkv_, dropped_, dp_;
+};
+
+// vit_head on the device: token mean, LayerNorm, classifier; keeps nothing (backward recomputes
+// the pooled rows and their LayerNorm).
+template <class Backend>
+class device_vit_head final : public device_layer<Backend> {
+  using base = device_layer<Backend>;
+
+ public:
+  using base::backward;
+  using base::forward;
+  device_vit_head(std::shared_ptr<Backend> be, const vit_config& c, basic_vit_head<float>& host)
+      : base(std::move(be)), dim_(c.dim), classes_(c.classes),
+        params_(vit_device_detail::upload_parameters(*this->be_, host.parameters())) {}
+
+  [[nodiscard]] shape output_shape(const shape& s) const override {
+    return {vit_detail::token_batch(s, dim_, "vit_head").n, classes_};
+  }
+  void forward(typename base::in_view x, typename base::out_view y) override {
+    const vit_detail::token_batch b(x.shape(), dim_, "vit_head");
+    cnn_detail::check_size("vit_head::forward: the output", y.size(), b.n * classes_);
+    normalize(x.data(), b.n, b.t);
+    vit_device_detail::linear_forward(*this->be_, normed_.data(), b.n, dim_, classes_, params_[2], params_[3], y.data());
+  }
+  void backward(typename base::in_view x, typename base::in_view, typename base::in_view gy,
+                typename base::out_view gx) override {
+    namespace el = vit_device_detail::el;
+    const vit_detail::token_batch b(x.shape(), dim_, "vit_head");
+    cnn_detail::check_size("vit_head::backward: the output gradient", gy.size(), b.n * classes_);
+    cnn_detail::check_size("vit_head::backward: the input gradient", gx.size(), x.size());
+    const auto& be = *this->be_;
+    normalize(x.data(), b.n, b.t);
+    vit_device_detail::linear_backward_params(be, gy.data(), normed_.data(), b.n, dim_, classes_, params_[2], params_[3]);
+    // dnormed = gy W, into normed_ (used up); the LayerNorm's backward then runs in place (a
+    // row's gradient reads each element before writing it), after its parameters' share.
+    float* dnormed = normed_.data();
+    vit_device_detail::gemm(be, false, false, b.n, dim_, classes_, 1.0f, gy.data(), classes_, params_[2].value().data(),
+                            dim_, 0.0f, dnormed, dim_);
+    be.launch(dim_, el::layernorm_param_grads_fn{pooled_.data(), dnormed, b.n, dim_, mean_.data(), rstd_.data(),
+                                                 params_[0].grad().data(), params_[1].grad().data()});
+    be.launch(b.n, el::layernorm_backward_fn{pooled_.data(), dnormed, params_[0].value().data(), dim_, mean_.data(),
+                                             rstd_.data(), nullptr, dnormed});
+    be.launch(x.size(), el::token_mean_backward_fn{dnormed, b.t, dim_, gx.data()});
+  }
+  [[nodiscard]] std::vector<device_param<Backend>>& parameters() override { return params_; }
+
+ private:
+  // The token mean (pooled_), its LayerNorm statistics (mean_, rstd_) and output (normed_).
+  void normalize(const float* x, std::size_t n, std::size_t t) {
+    namespace el = vit_device_detail::el;
+    const auto& be = *this->be_;
+    be.reserve(pooled_, n * dim_);
+    be.reserve(normed_, n * dim_);
+    be.reserve(mean_, n);
+    be.reserve(rstd_, n);
+    be.launch(n * dim_, el::token_mean_fn{x, t, dim_, pooled_.data()});
+    be.launch(n, el::layernorm_forward_fn{pooled_.data(), params_[0].value().data(), params_[1].value().data(), dim_,
+                                          static_cast<float>(vit_detail::layernorm_eps), mean_.data(), rstd_.data(),
+                                          normed_.data()});
+  }
+  std::size_t dim_, classes_;
+  std::vector<device_param<Backend>> params_;
+  typename Backend::template array<float> pooled_, normed_, mean_, rstd_;
+};
+
+// make_vit's layers and weights (for the same config and seed) on the backend's device:
+// device_patch_embed, c.depth device_transformer_blocks, device_vit_head.
+template <class Backend>
+[[nodiscard]] device_model<Backend> make_device_vit(const vit_config& c, std::uint32_t seed, const partrain::device& where) {
+  Backend::check_device(where);
+  auto be = std::make_shared<Backend>(where);
+  basic_vit<float> host(c, seed);
+  device_model<Backend> m;
+  m.push_back(std::make_unique<device_patch_embed<Backend>>(be, c, host.embed));
+  for (auto& b : host.blocks) m.push_back(std::make_unique<device_transformer_block<Backend>>(be, c, b));
+  m.push_back(std::make_unique<device_vit_head<Backend>>(be, c, host.head));
+  return m;
+}
+
+}  // namespace models::layers

@@ -1,0 +1,142 @@
+// The CUDA ViT's layers (models/vit_layers_device.hpp) on their host twin, so the CPU tier runs
+// the code they run on a GPU (the GEMMs in cuBLAS's column-major conventions and strided batches,
+// the element and row functors of vit_elements.hpp): one step against the host ViT
+// (models/vit_layers.hpp), whose gradients are checked against finite differences in
+// tests/examples/test_vit_layers.cpp, with and without dropout; the plain forms recompute; and
+// fully sharded data parallel over the twin equals it over the host layers.
+// tests/cuda/test_vit_cuda.cu runs the same step on a GPU.
+#include <catch2/catch.hpp>
+
+#include <partrain/comm/local.hpp>
+#include <partrain/parallel/fsdp.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "mlp_host_twin.hpp"
+#include "mlp_layers_device.hpp"
+#include "pipeline_layers.hpp"
+#include "vit_device_step.hpp"
+#include "vit_layers_device.hpp"
+
+using namespace partrain;
+using models::host_twin_backend;
+namespace ml = models::layers;
+
+static_assert(fsdp_layer_sequence<ml::device_model<host_twin_backend>>);
+static_assert(keeps_activations<ml::device_layer<host_twin_backend>, host>);
+
+namespace {
+
+// The twin sums in the same order as the host layers but calls the BLAS with other shapes.
+constexpr double step_tolerance = 2e-5;
+
+}  // namespace
+
+TEST_CASE("the device ViT on its host twin computes the host ViT's step", "[examples][vit][cpu_tier]") {
+  const float dropout = GENERATE(0.0f, 0.2f);
+  CAPTURE(dropout);
+  const auto c = test::tiny_vit(dropout);
+  auto host = ml::make_vit(c, 7);
+  auto twin = ml::make_device_vit<host_twin_backend>(c, 7, device::cpu());
+  REQUIRE(twin.size() == host.size());
+  ml::softmax_cross_entropy host_loss;
+  ml::device_softmax_cross_entropy<host_twin_backend> twin_loss(twin);
+  const host_twin_backend memory(device::cpu());
+  const test::synthetic_batch b(5, c.image * c.image, static_cast<std::int32_t>(c.classes), 3);
+  const auto h = test::run_vit_step(memory, host, host_loss, b, 11);
+  const auto t = test::run_vit_step(memory, twin, twin_loss, b, 11);
+  REQUIRE(h.grads.size() == 3 + 12 * c.depth + 4);
+  test::check_same_step(t, h, step_tolerance);
+  // Not vacuous: every parameter has a gradient somewhere, and dropout changed the step.
+  for (const auto& g : h.grads) CHECK(test::relative_difference(g, std::vector<float>(g.size(), 0.0f)) > 0);
+  if (dropout > 0) {
+    auto plain = ml::make_vit(test::tiny_vit(0.0f), 7);
+    const auto p = test::run_vit_step(memory, plain, host_loss, b, 11);
+    CHECK(test::relative_difference(p.logits, h.logits) > 1e-3);
+  }
+}
+
+TEST_CASE("the device ViT's plain forward and backward recompute what the saved forms keep", "[examples][vit][cpu_tier]") {
+  // The seed-0 call is what the plain forms use (device_saving_layer), so the steps agree exactly.
+  const auto c = test::tiny_vit(0.1f);
+  auto twin = ml::make_device_vit<host_twin_backend>(c, 5, device::cpu());
+  auto& block = *twin[1];
+  const test::synthetic_batch b(3 * 16, c.dim, 10, 9);  // 3 images of 16 tokens
+  const shape s{3, 16, c.dim};
+  std::vector<float> y(s.numel()), saved(block.saved_size(s)), gin_saved(s.numel()), gin_plain(s.numel()), y2(s.numel());
+  const tensor_view<const float> x(b.x.data(), s);
+  block.forward(x, tensor_view<float>(y.data(), s), layer_call<>{tensor_view<float>(saved.data(), shape{saved.size()}), 0});
+  block.forward(x, tensor_view<float>(y2.data(), s));
+  CHECK(y == y2);
+  std::vector<float> gy(s.numel(), 0.01f);
+  for (std::size_t i = 0; i < gy.size(); ++i) gy[i] *= static_cast<float>(i % 7) - 3.0f;
+  const tensor_view<const float> gyv(gy.data(), s), yv(y.data(), s);
+  block.backward(x, yv, layer_call<>{tensor_view<float>(saved.data(), shape{saved.size()}), 0}, gyv,
+                 tensor_view<float>(gin_saved.data(), s));
+  block.backward(x, yv, gyv, tensor_view<float>(gin_plain.data(), s));
+  CHECK(gin_saved == gin_plain);
+  CHECK(test::relative_difference(gin_plain, std::vector<float>(gin_plain.size(), 0.0f)) > 0);
+}
+
+TEST_CASE("the device ViT's layers refuse shapes they cannot take", "[examples][vit][cpu_tier]") {
+  const auto c = test::tiny_vit(0.0f);
+  auto twin = ml::make_device_vit<host_twin_backend>(c, 5, device::cpu());
+  CHECK_THROWS_WITH(twin[0]->output_shape(shape{4, 100}), Catch::Contains("patch_embed"));
+  CHECK_THROWS_WITH(twin[1]->output_shape(shape{4, 16, 8}), Catch::Contains("expected [batch, tokens, 16]"));
+  CHECK_THROWS_WITH(twin[1]->saved_size(shape{4, 0, 16}), Catch::Contains("tokens >= 1"));
+  std::vector<float> x(2 * 16 * 16), y(x.size()), saved(10);
+  const shape s{2, 16, 16};
+  CHECK_THROWS_WITH(twin[1]->forward(tensor_view<const float>(x.data(), s), tensor_view<float>(y.data(), s),
+                                     layer_call<>{tensor_view<float>(saved.data(), shape{saved.size()}), 0}),
+                    Catch::Contains("saved buffer has 10 elements"));
+  CHECK_THROWS_WITH(ml::make_device_vit<host_twin_backend>(c, 5, device::cuda(0)), Catch::Contains("not the CPU"));
+}
+
+namespace {
+
+struct fsdp_vit_run {
+  std::vector<double> losses;
+  std::vector<float> values;
+};
+
+template <class Layers, class Loss>
+fsdp_vit_run run_fsdp_vit(Layers& layers, Loss loss, local_group& g) {
+  // SGD: its update is proportional to the gradient, so float rounding stays float rounding
+  // (AdamW divides by the root of the second moment and magnifies it where gradients are ~0).
+  fully_sharded_data_parallel fsdp(layers, g, std::move(loss), shard_optimizer_options{sgd_options{.lr = 0.1, .momentum = 0.9}});
+  fsdp_vit_run out;
+  const auto rank = static_cast<std::uint32_t>(g.rank());
+  for (std::uint32_t s = 0; s < 3; ++s) {
+    const test::synthetic_batch b(3, 784, 10, 40 * s + rank);
+    out.losses.push_back(fsdp.train_step(b.input(), b.labels()));
+  }
+  auto full = fsdp.summon_full_params();
+  for (auto& p : full.parameters()) out.values.insert(out.values.end(), p.value().begin(), p.value().end());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("fsdp over the device ViT's host twin equals fsdp over the host ViT", "[parallel][fsdp][vit][cpu_tier]") {
+  const int world = 2;
+  const float dropout = GENERATE(0.0f, 0.1f);
+  CAPTURE(dropout);
+  std::vector<fsdp_vit_run> twin(world), host(world);
+  run_local(world, [&](local_group& g) {
+    auto layers = ml::make_device_vit<host_twin_backend>(test::tiny_vit(dropout), 3, device::cpu());
+    ml::device_softmax_cross_entropy<host_twin_backend> loss(layers);
+    twin[static_cast<std::size_t>(g.rank())] = run_fsdp_vit(layers, std::move(loss), g);
+  });
+  run_local(world, [&](local_group& g) {
+    auto layers = ml::make_vit(test::tiny_vit(dropout), 3);
+    host[static_cast<std::size_t>(g.rank())] = run_fsdp_vit(layers, ml::softmax_cross_entropy{}, g);
+  });
+  for (std::size_t r = 0; r < static_cast<std::size_t>(world); ++r) {
+    REQUIRE(twin[r].losses.size() == host[r].losses.size());
+    for (std::size_t i = 0; i < host[r].losses.size(); ++i) CHECK(twin[r].losses[i] == Approx(host[r].losses[i]).epsilon(1e-5));
+    CHECK(test::relative_difference(twin[r].values, host[r].values) <= 1e-5);
+  }
+  CHECK(host[0].losses != host[1].losses);  // each rank its own batches
+}

@@ -1,0 +1,40 @@
+// The CUDA ViT (models/vit_layers_device.hpp on mlp_cuda.cuh's backend: cuBLAS, strided batched
+// GEMMs for the heads, vit_elements.hpp's functors as kernels) against the host ViT
+// (models/vit_layers.hpp): one step, same weights, batch and call seeds, with and without dropout,
+// at the tiny size and at the example's (16 tokens of width 64, 4 heads, batch 64). The CPU tier
+// runs the same step on the layers' host twin (tests/cpu_tier/test_vit_cpu_tier.cpp). Skips
+// without a CUDA device (gpu label).
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+
+#include "mlp_cuda.cuh"
+#include "mlp_host_twin.hpp"
+#include "mlp_layers_device.hpp"
+#include "pipeline_layers.hpp"
+#include "vit_device_step.hpp"
+#include "vit_layers_device.hpp"
+
+using namespace partrain;
+using models::cuda_backend;
+namespace ml = models::layers;
+
+static_assert(keeps_activations<ml::device_layer<cuda_backend>, cuda>);
+
+TEST_CASE("the CUDA ViT computes the host ViT's step", "[examples][vit][gpu]") {
+  const float dropout = GENERATE(0.0f, 0.2f);
+  const bool example_size = GENERATE(false, true);
+  CAPTURE(dropout, example_size);
+  const ml::vit_config c = example_size ? ml::vit_config{.dropout = dropout} : test::tiny_vit(dropout);
+  const std::size_t n = example_size ? 64 : 5;
+  auto host = ml::make_vit(c, 7);
+  auto gpu = ml::make_device_vit<cuda_backend>(c, 7, device::cuda(0));
+  ml::softmax_cross_entropy host_loss;
+  ml::device_softmax_cross_entropy<cuda_backend> gpu_loss(gpu);
+  const test::synthetic_batch b(n, c.image * c.image, static_cast<std::int32_t>(c.classes), 3);
+  const auto h = test::run_vit_step(models::host_twin_backend(device::cpu()), host, host_loss, b, 11);
+  const auto g = test::run_vit_step(*gpu.front()->backend(), gpu, gpu_loss, b, 11);
+  // cuBLAS sums in other orders and the GPU fuses multiply-adds: float rounding, a little more
+  // than the twin's at the larger size.
+  test::check_same_step(g, h, example_size ? 1e-4 : 2e-5);
+}
