@@ -110,6 +110,7 @@ int main() try {
     std::printf("parameters %s on all %d ranks\n", agree ? "bit-identical" : "DIFFER", pg.size());
   });
 } catch (const std::exception& e) {
+  partrain::write_error_file(e);  // under torchrun: its failure summary shows this error
   std::fprintf(stderr, "ddp: %s\n", e.what());
   return 1;
 }

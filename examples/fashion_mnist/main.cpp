@@ -124,6 +124,7 @@ int main(int argc, char** argv) {
   try {
     return run(o);
   } catch (const std::exception& e) {
+    partrain::write_error_file(e);  // under torchrun: its failure summary shows this error
     std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
     return 1;
   }

@@ -91,8 +91,10 @@
 #include <partrain/rendezvous/rendezvous.hpp>
 #include <partrain/rendezvous/tcp_store.hpp>
 #include <partrain/rendezvous/tcp_store_server.hpp>
+#include <partrain/rendezvous/torch_store.hpp>
 
 // launch/
+#include <partrain/launch/error_file.hpp>
 #include <partrain/launch/process.hpp>
 #include <partrain/launch/run_ranks.hpp>
 #include <partrain/launch/spawn.hpp>

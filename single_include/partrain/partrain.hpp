@@ -8849,6 +8849,7 @@ struct rendezvous_info {
   std::string token;
   std::string bind_address;  // PARTRAIN_STORE_BIND: what rank 0's server binds (default: master_addr)
   bool agent_store = false;  // a launcher hosts the store; every rank is a client
+  bool torch_agent_store = false;  // that launcher is torchrun: its store is PyTorch's TCPStore
   int restart_count = 0;
   std::chrono::milliseconds timeout = default_timeout;
   std::shared_ptr<partrain::store> store;  // set by connect_store
@@ -10129,6 +10130,353 @@ class tcp_store final : public store {
 
 }  // namespace partrain::inline v0
 
+// #include <partrain/rendezvous/torch_store.hpp>
+// partrain/rendezvous/torch_store.hpp: a client of PyTorch's own TCPStore (c10d's, PyTorch 2.5
+// and later), meeting partrain's store interface. Under torchrun the launcher's agent hosts such
+// a store on MASTER_ADDR:MASTER_PORT and tells every worker so (TORCHELASTIC_USE_AGENT_STORE=True);
+// env:// then rendezvouses through it with this client, so Gloo's, NCCL's and partrain's own keys
+// go through the agent's store and no rank tries to host one on the agent's port.
+//
+// The wire protocol (torch/csrc/distributed/c10d/TCPStore*.cpp; facts in
+// ../shared/reference/launchers-checkpoints-interop.md 1.3): a request is one query-type byte
+// and its arguments in native byte order (little-endian here); a string is a u64 length and its
+// bytes. A connection first sends VALIDATE with the magic number (the libuv server ignores a
+// connection until then), then PING. Keys travel as PyTorch's client sends them, "/" + key, so
+// PyTorch processes on the same store see the same keys; ADD keeps its counter as decimal text.
+// A GET is a WAIT then a GET; a WAIT that outlives its timeout is withdrawn with CANCEL_WAIT.
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <poll.h>
+
+// #include <partrain/comm/store.hpp> (above)
+// #include <partrain/core/error.hpp> (above)
+// #include <partrain/rendezvous/detail/socket.hpp> (above)
+
+namespace partrain::inline v0 {
+
+namespace detail::torch_store {
+
+static_assert(std::endian::native == std::endian::little, "PyTorch's TCPStore speaks in the host's byte order; "
+                                                          "this client is written for little-endian hosts");
+
+enum class query : std::uint8_t {
+  validate = 0,
+  set = 1,
+  compare_set = 2,
+  get = 3,
+  add = 4,
+  check = 5,
+  wait = 6,
+  get_num_keys = 7,
+  delete_key = 8,
+  append = 9,
+  multi_get = 10,
+  multi_set = 11,
+  cancel_wait = 12,
+  ping = 13,
+};
+inline constexpr std::uint32_t validation_magic = 0x3C85F7CE;
+inline constexpr std::uint8_t check_ready = 0;     // CHECK's reply when every key exists
+inline constexpr std::uint8_t stop_waiting = 0;    // WAIT's reply once every key exists
+inline constexpr std::uint8_t wait_canceled = 1;   // CANCEL_WAIT's reply
+// The libuv server's limits (larger messages are dropped with the connection).
+inline constexpr std::size_t max_key_bytes = 8 << 10;
+inline constexpr std::size_t max_value_bytes = 8 << 20;
+// A reply's length field above this is a broken stream, not a value (the server sends at most
+// max_value_bytes).
+inline constexpr std::uint64_t max_reply_bytes = 64ull << 20;
+
+// One request, built in the server's framing.
+class request {
+ public:
+  explicit request(query q) { out_.push_back(static_cast<std::byte>(q)); }
+  request& u32(std::uint32_t v) { return raw(&v, sizeof v); }
+  request& i64(std::int64_t v) { return raw(&v, sizeof v); }
+  request& u64(std::uint64_t v) { return raw(&v, sizeof v); }
+  request& bytes(std::span<const std::byte> v) {
+    u64(v.size());
+    out_.insert(out_.end(), v.begin(), v.end());
+    return *this;
+  }
+  request& str(const std::string& s) { return bytes(std::as_bytes(std::span(s.data(), s.size()))); }
+  [[nodiscard]] std::span<const std::byte> data() const noexcept { return out_; }
+
+ private:
+  request& raw(const void* p, std::size_t n) {
+    const auto* b = static_cast<const std::byte*>(p);
+    out_.insert(out_.end(), b, b + n);
+    return *this;
+  }
+  std::vector<std::byte> out_;
+};
+
+}  // namespace detail::torch_store
+
+struct torch_store_options {
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 0;
+  // Connecting (with retries while the agent's server comes up) and every call but get/wait,
+  // which take their own, are bounded by this.
+  std::chrono::milliseconds timeout = std::chrono::milliseconds(300'000);
+  std::string who{};  // names the caller in errors' text, e.g. "rank 3"
+  int rank = -1;      // the caller's rank, kept in errors' rank()
+};
+
+class torch_tcp_store final : public store {
+  using query = detail::torch_store::query;
+  using request = detail::torch_store::request;
+
+ public:
+  explicit torch_tcp_store(torch_store_options opts) : opts_(std::move(opts)) {
+    if (opts_.port == 0) {
+      throw config_error(prefix() + "a client of PyTorch's TCPStore needs the server's port (got 0; expected 1..65535)");
+    }
+    if (opts_.timeout.count() <= 0) {
+      throw config_error(prefix() + "torch_tcp_store timeout must be positive (got " + std::to_string(opts_.timeout.count()) +
+                         " ms)");
+    }
+    std::lock_guard lock(mutex_);
+    const auto deadline = detail::deadline_clock::now() + opts_.timeout;
+    const std::string op = prefix() + "store connect to PyTorch's TCPStore at " + endpoint();
+    try {
+      fd_ = detail::connect_tcp(opts_.host, opts_.port, deadline, prefix());
+      send_locked(request(query::validate).u32(detail::torch_store::validation_magic), deadline, op);
+      // PING proves that the peer is a TCPStore that accepted the validation: anything else
+      // (our own store, a web server) would not echo the nonce. A fixed nonce keeps the bytes
+      // of a session the same on every run (the tests replay a recorded one).
+      const std::uint32_t nonce = 0x70617274u;  // "part"
+      send_locked(request(query::ping).u32(nonce), deadline, op);
+      if (const auto echo = read_locked<std::uint32_t>(deadline, op); echo != nonce) {
+        throw communication_error(prefix() + "the server at " + endpoint() + " answered PING with " + std::to_string(echo) +
+                                  " instead of " + std::to_string(nonce) + ": it is not a PyTorch TCPStore (2.5 or later)");
+      }
+    } catch (const communication_error&) {
+      fd_.reset();
+      rethrow_sited("store connect", opts_.timeout);
+    }
+  }
+
+  [[nodiscard]] const std::string& host() const noexcept { return opts_.host; }
+  [[nodiscard]] std::uint16_t port() const noexcept { return opts_.port; }
+
+  using store::set;
+  void set(const std::string& key, std::span<const std::byte> value) override {
+    check_sizes("set", key, value.size());
+    call("store set('" + key + "')", opts_.timeout, [&](auto deadline, const std::string& op) {
+      send_locked(request(query::set).str(wire(key)).bytes(value), deadline, op);
+    });
+  }
+
+  [[nodiscard]] std::vector<std::byte> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    wait({key}, timeout);
+    check_sizes("get", key, 0);
+    return call("store get('" + key + "')", opts_.timeout, [&](auto deadline, const std::string& op) {
+      send_locked(request(query::get).str(wire(key)), deadline, op);
+      return read_bytes_locked(deadline, op);
+    });
+  }
+
+  std::int64_t add(const std::string& key, std::int64_t delta) override {
+    check_sizes("add", key, 0);
+    return call("store add('" + key + "')", opts_.timeout, [&](auto deadline, const std::string& op) {
+      send_locked(request(query::add).str(wire(key)).i64(delta), deadline, op);
+      return read_locked<std::int64_t>(deadline, op);
+    });
+  }
+
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    if (timeout.count() < 0) throw invalid_argument_error(prefix() + "store wait: negative timeout");
+    for (const auto& k : keys) check_sizes("wait", k, 0);
+    const bool all_there = call("store wait", timeout + io_allowance(), [&](auto deadline, const std::string& op) {
+      send_locked(keys_request(query::wait, keys), deadline, op);
+      const auto until = detail::deadline_clock::now() + timeout;
+      if (detail::wait_fd(fd_.get(), POLLIN, until)) {
+        expect_byte(read_locked<std::uint8_t>(deadline, op), detail::torch_store::stop_waiting, op);
+        return true;
+      }
+      // Withdraw the wait; the keys may have come meanwhile, then STOP_WAITING precedes the
+      // cancellation's reply.
+      send_locked(request(query::cancel_wait), deadline, op);
+      auto reply = read_locked<std::uint8_t>(deadline, op);
+      const bool came = reply == detail::torch_store::stop_waiting;
+      if (came) reply = read_locked<std::uint8_t>(deadline, op);
+      expect_byte(reply, detail::torch_store::wait_canceled, op);
+      return came;
+    });
+    if (all_there) return;
+    std::string missing;
+    for (const auto& k : keys) {
+      if (!check({k})) missing += (missing.empty() ? "'" : ", '") + k + "'";
+    }
+    throw timeout_error(prefix() + "store wait timed out after " + std::to_string(timeout.count()) + " ms at " + endpoint() +
+                            " (PyTorch's TCPStore): still missing " + (missing.empty() ? std::string("nothing now") : missing),
+                        site("store wait", timeout));
+  }
+
+  [[nodiscard]] bool check(const std::vector<std::string>& keys) override {
+    for (const auto& k : keys) check_sizes("check", k, 0);
+    return call("store check", opts_.timeout, [&](auto deadline, const std::string& op) {
+      send_locked(keys_request(query::check, keys), deadline, op);
+      return read_locked<std::uint8_t>(deadline, op) == detail::torch_store::check_ready;
+    });
+  }
+
+  // The rest of PyTorch's commands, for programs that share the agent's store with PyTorch code.
+  // Sets key to desired when its value is expected (or when it is absent and expected is
+  // empty); returns the value now stored.
+  [[nodiscard]] std::vector<std::byte> compare_set(const std::string& key, std::span<const std::byte> expected,
+                                                   std::span<const std::byte> desired) {
+    check_sizes("compare_set", key, std::max(expected.size(), desired.size()));
+    return call("store compare_set('" + key + "')", opts_.timeout, [&](auto deadline, const std::string& op) {
+      send_locked(request(query::compare_set).str(wire(key)).bytes(expected).bytes(desired), deadline, op);
+      return read_bytes_locked(deadline, op);
+    });
+  }
+  // Removes key; false when it did not exist.
+  bool delete_key(const std::string& key) {
+    check_sizes("delete_key", key, 0);
+    return call("store delete_key('" + key + "')", opts_.timeout, [&](auto deadline, const std::string& op) {
+      send_locked(request(query::delete_key).str(wire(key)), deadline, op);
+      return read_locked<std::int64_t>(deadline, op) > 0;
+    });
+  }
+  [[nodiscard]] std::int64_t num_keys() {
+    return call("store num_keys", opts_.timeout, [&](auto deadline, const std::string& op) {
+      send_locked(request(query::get_num_keys), deadline, op);
+      return read_locked<std::int64_t>(deadline, op);
+    });
+  }
+  // Several keys' values at once, waiting for them first (PyTorch's multi_get).
+  [[nodiscard]] std::vector<std::vector<std::byte>> multi_get(const std::vector<std::string>& keys,
+                                                              std::chrono::milliseconds timeout) {
+    wait(keys, timeout);
+    return call("store multi_get", opts_.timeout, [&](auto deadline, const std::string& op) {
+      send_locked(keys_request(query::multi_get, keys), deadline, op);
+      std::vector<std::vector<std::byte>> out;
+      out.reserve(keys.size());
+      for (std::size_t i = 0; i < keys.size(); ++i) out.push_back(read_bytes_locked(deadline, op));
+      return out;
+    });
+  }
+  void multi_set(const std::vector<std::string>& keys, const std::vector<std::vector<std::byte>>& values) {
+    if (keys.size() != values.size()) {
+      throw invalid_argument_error(prefix() + "store multi_set: " + std::to_string(keys.size()) + " keys and " +
+                                   std::to_string(values.size()) + " values (expected one value per key)");
+    }
+    for (std::size_t i = 0; i < keys.size(); ++i) check_sizes("multi_set", keys[i], values[i].size());
+    call("store multi_set", opts_.timeout, [&](auto deadline, const std::string& op) {
+      request r(query::multi_set);
+      r.u64(keys.size());
+      for (std::size_t i = 0; i < keys.size(); ++i) r.str(wire(keys[i])).bytes(values[i]);
+      send_locked(r, deadline, op);
+    });
+  }
+
+ private:
+  // PyTorch's client prefixes every user key with "/".
+  [[nodiscard]] static std::string wire(const std::string& key) { return "/" + key; }
+  [[nodiscard]] static request keys_request(query q, const std::vector<std::string>& keys) {
+    request r(q);
+    r.u64(keys.size());
+    for (const auto& k : keys) r.str(wire(k));
+    return r;
+  }
+  [[nodiscard]] std::string prefix() const { return opts_.who.empty() ? std::string() : opts_.who + ": "; }
+  [[nodiscard]] std::string endpoint() const { return detail::endpoint_name(opts_.host, opts_.port); }
+  [[nodiscard]] error_site site(std::string operation, std::chrono::milliseconds timeout = {}) const {
+    return {.rank = opts_.rank, .operation = std::move(operation), .timeout = timeout};
+  }
+  [[nodiscard]] std::chrono::milliseconds io_allowance() const { return std::min(opts_.timeout, std::chrono::milliseconds(30'000)); }
+
+  void check_sizes(const char* op, const std::string& key, std::size_t value_bytes) const {
+    if (key.size() + 1 > detail::torch_store::max_key_bytes || value_bytes > detail::torch_store::max_value_bytes) {
+      throw invalid_argument_error(prefix() + "store " + op + "('" + key.substr(0, 64) + "'): a key of " +
+                                   std::to_string(key.size()) + " bytes and a value of " + std::to_string(value_bytes) +
+                                   " bytes; PyTorch's TCPStore takes keys under " +
+                                   std::to_string(detail::torch_store::max_key_bytes) + " bytes and values up to " +
+                                   std::to_string(detail::torch_store::max_value_bytes));
+    }
+  }
+
+  [[noreturn]] void rethrow_sited(std::string operation, std::chrono::milliseconds timeout) const {
+    try {
+      throw;
+    } catch (const timeout_error& e) {
+      throw timeout_error(detail::unprefixed(e.what()), site(std::move(operation), timeout));
+    } catch (const communication_error& e) {
+      throw communication_error(detail::unprefixed(e.what()), site(std::move(operation)));
+    }
+  }
+
+  // One exchange under the lock, within `budget`. A broken or timed-out exchange leaves the
+  // stream mid-message, so the connection is dropped; the agent's store does not come back for
+  // a client (a restarted agent makes a new one), so a later call says so.
+  template <class F>
+  auto call(const std::string& operation, std::chrono::milliseconds budget, F&& f)
+      -> std::invoke_result_t<F&, detail::deadline_clock::time_point, const std::string&> {
+    std::lock_guard lock(mutex_);
+    if (!fd_) {
+      throw communication_error(prefix() + operation + ": the connection to PyTorch's TCPStore at " + endpoint() +
+                                    " was lost earlier (the torchrun agent hosting it has probably ended)",
+                                site(operation));
+    }
+    const std::string op = prefix() + operation + " at " + endpoint();
+    try {
+      return f(detail::deadline_clock::now() + budget, op);
+    } catch (const communication_error&) {
+      fd_.reset();
+      rethrow_sited(operation, budget);
+    }
+  }
+
+  void send_locked(const request& r, detail::deadline_clock::time_point deadline, const std::string& op) {
+    detail::send_all(fd_.get(), r.data(), deadline, op);
+  }
+  template <class T>
+  T read_locked(detail::deadline_clock::time_point deadline, const std::string& op) {
+    std::array<std::byte, sizeof(T)> b{};
+    detail::recv_all(fd_.get(), b, deadline, op);
+    T v;
+    std::memcpy(&v, b.data(), sizeof v);
+    return v;
+  }
+  std::vector<std::byte> read_bytes_locked(detail::deadline_clock::time_point deadline, const std::string& op) {
+    const auto n = read_locked<std::uint64_t>(deadline, op);
+    if (n > detail::torch_store::max_reply_bytes) {
+      throw communication_error(op + ": a reply of " + std::to_string(n) + " bytes (more than the store ever sends: the "
+                                     "stream is broken)");
+    }
+    std::vector<std::byte> v(static_cast<std::size_t>(n));
+    detail::recv_all(fd_.get(), v, deadline, op);
+    return v;
+  }
+  void expect_byte(std::uint8_t got, std::uint8_t want, const std::string& op) const {
+    if (got != want) {
+      throw communication_error(op + ": reply " + std::to_string(got) + " where " + std::to_string(want) +
+                                " was expected (not the TCPStore protocol of PyTorch 2.5 or later)");
+    }
+  }
+
+  torch_store_options opts_;
+  std::mutex mutex_;
+  detail::unique_fd fd_;
+};
+
+}  // namespace partrain::inline v0
+
 // #include <partrain/rendezvous/rendezvous.hpp>
 // partrain/rendezvous/rendezvous.hpp: where a job's processes meet, as torch.distributed's
 // rendezvous handlers: a URL and the environment give rank, world size and a store.
@@ -10138,8 +10486,10 @@ class tcp_store final : public store {
 //   tcp://host:port  rank and world size from the options (or ?rank=R&world_size=N)
 //   file://path      a file_store at path; rank and world size as for tcp://
 // Rank 0 hosts the TCP store (bound to the master address) unless PARTRAIN_USE_AGENT_STORE=1
-// says a launcher hosts it; then every rank is a client and keys live under the attempt's
-// prefix (PARTRAIN_RESTART_COUNT), so a restarted group never reads the last attempt's keys.
+// says a launcher (partrun) hosts it, or TORCHELASTIC_USE_AGENT_STORE=True that torchrun's agent
+// hosts a PyTorch TCPStore (rendezvous/torch_store.hpp is its client); then every rank is a
+// client and keys live under the attempt's prefix (PARTRAIN_RESTART_COUNT, else
+// TORCHELASTIC_RESTART_COUNT), so a restarted group never reads the last attempt's keys.
 // The parsing is separate (parse_rendezvous, rendezvous_from_env) for launchers and examples;
 // init_process_group (rendezvous/init.hpp) is this plus a backend.
 
@@ -10165,6 +10515,7 @@ class tcp_store final : public store {
 // #include <partrain/rendezvous/init_options.hpp> (above)
 // #include <partrain/rendezvous/prefix_store.hpp> (above)
 // #include <partrain/rendezvous/tcp_store.hpp> (above)
+// #include <partrain/rendezvous/torch_store.hpp> (above)
 
 namespace partrain::inline v0 {
 
@@ -10409,8 +10760,14 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
   info.token = !opts.token.empty() ? opts.token : env("PARTRAIN_STORE_TOKEN").value_or("");
   info.bind_address = env("PARTRAIN_STORE_BIND").value_or("");
   info.agent_store = env("PARTRAIN_USE_AGENT_STORE").value_or("0") == "1";
-  info.restart_count = detail::rdzv::int_var(env, "PARTRAIN_RESTART_COUNT", 0, big, "init_process_group", "a non-negative integer")
-                           .value_or(0);
+  // torchrun's agent hosts a PyTorch TCPStore on MASTER_ADDR:MASTER_PORT and says so with the
+  // Python string "True" (as torch's own _create_c10d_store reads it); partrun's flag wins.
+  if (!info.agent_store && env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True") {
+    info.agent_store = info.torch_agent_store = true;
+  }
+  const char* restarts = env("PARTRAIN_RESTART_COUNT") ? "PARTRAIN_RESTART_COUNT" : "TORCHELASTIC_RESTART_COUNT";
+  info.restart_count =
+      detail::rdzv::int_var(env, restarts, 0, big, "init_process_group", "a non-negative integer").value_or(0);
 
   if (info.scheme == "env") {
     if (!rest.empty()) {
@@ -10509,6 +10866,9 @@ namespace detail::rdzv {
   std::shared_ptr<store> s;
   if (info.scheme == "file") {
     s = std::make_shared<file_store>(info.path, timeout, who, info.rank);
+  } else if (info.torch_agent_store) {
+    s = std::make_shared<torch_tcp_store>(
+        torch_store_options{.host = info.master_addr, .port = info.port, .timeout = timeout, .who = who, .rank = info.rank});
   } else {
     tcp_store_options o;
     o.host = info.master_addr;
@@ -11046,6 +11406,177 @@ PARTRAIN_LINKAGE std::unique_ptr<process_group> init_process_group(std::string_v
   return group;
 }
 #endif
+
+}  // namespace partrain::inline v0
+
+// #include <partrain/core/detail/json_text.hpp>
+// partrain/core/detail/json_text.hpp: the small amount of JSON that the metrics and trace writers
+// and torchrun's error file emit. Strings are escaped per RFC 8259; numbers use the shortest text
+// that reads back to the same double (std::to_chars), and NaN or infinity become null (JSON has no
+// such numbers).
+
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+namespace partrain::inline v0::detail::json {
+
+inline void append_string(std::string& out, std::string_view s) {
+  static constexpr char hex[] = "0123456789abcdef";
+  out += '"';
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {  // other control characters must be \u escaped
+          out += "\\u00";
+          out += hex[c >> 4];
+          out += hex[c & 0xf];
+        } else {
+          out += ch;  // UTF-8 passes through unchanged
+        }
+    }
+  }
+  out += '"';
+}
+
+inline void append_number(std::string& out, double v) {
+  if (!std::isfinite(v)) {
+    out += "null";
+    return;
+  }
+  char buf[32];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  if (ec != std::errc{}) {
+    out += "null";
+    return;
+  }
+  out.append(buf, end);
+}
+
+inline void append_number(std::string& out, std::int64_t v) {
+  char buf[24];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  (void)ec;  // 24 characters always hold an int64
+  out.append(buf, end);
+}
+
+// A fixed-point number with `decimals` digits after the point (trace timestamps in microseconds
+// with nanosecond resolution: integer arithmetic, so no rounding drift on long runs).
+inline void append_fixed_point(std::string& out, std::int64_t value, std::int64_t scale, int decimals) {
+  if (value < 0) {
+    out += '-';
+    value = -value;
+  }
+  append_number(out, value / scale);
+  if (decimals > 0) {
+    std::string frac = std::to_string(value % scale);
+    out += '.';
+    out.append(static_cast<std::size_t>(decimals) - frac.size(), '0');
+    out += frac;
+  }
+}
+
+}  // namespace partrain::inline v0::detail::json
+
+// #include <partrain/launch/error_file.hpp>
+// partrain/launch/error_file.hpp: a failing rank's error where torchrun looks for it. torchrun
+// gives each worker a path in TORCHELASTIC_ERROR_FILE; a worker that fails writes JSON there
+// ({"message": {"message": ..., "extraInfo": {"py_callstack": ..., "timestamp": ...}}}, the form
+// of torch.distributed.elastic's record()), and torchrun's failure summary then shows it as the
+// root cause instead of "error_file: <N/A>". run_ranks writes it for a rank's failure; a program
+// that fails before run_ranks (its data, its options) calls write_error_file in its own catch.
+
+#include <cxxabi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <typeinfo>
+
+// #include <partrain/core/detail/json_text.hpp> (above)
+// #include <partrain/core/error.hpp> (above)
+// #include <partrain/rendezvous/init_options.hpp> (above)
+
+namespace partrain::inline v0 {
+
+namespace detail::launch {
+
+// "partrain::timeout_error" for the exception's dynamic type (the mangled name if demangling fails).
+[[nodiscard]] inline std::string type_name(const std::exception& e) {
+  const char* mangled = typeid(e).name();
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> name(abi::__cxa_demangle(mangled, nullptr, nullptr, &status), std::free);
+  std::string out = status == 0 && name ? name.get() : mangled;
+  for (const std::string inline_ns : {"::v0::", "::v0"}) {
+    if (const auto at = out.find(inline_ns); at != std::string::npos) out.erase(at, inline_ns.size() - 2);
+  }
+  return out;
+}
+
+// The error file's text: the type and message, and (where torchrun's summary shows a Python
+// traceback, the only field it prints) the same with a partrain error's site fields.
+[[nodiscard]] inline std::string error_file_json(const std::exception& e, std::int64_t unix_seconds) {
+  std::string site = type_name(e) + ": " + e.what();
+  if (const auto* pe = dynamic_cast<const partrain::error*>(&e)) {
+    const error_site& s = pe->site();
+    if (s.rank >= 0) site += "\n  rank: " + std::to_string(s.rank);
+    if (!s.operation.empty()) site += "\n  operation: " + s.operation;
+    if (s.peer >= 0) site += "\n  peer: " + std::to_string(s.peer);
+    if (s.timeout.count() > 0) site += "\n  timeout: " + std::to_string(s.timeout.count()) + " ms";
+  }
+  std::string out = "{\"message\": {\"message\": ";
+  json::append_string(out, type_name(e) + ": " + e.what());
+  out += ", \"extraInfo\": {\"py_callstack\": ";
+  json::append_string(out, site);
+  out += ", \"timestamp\": ";
+  json::append_string(out, std::to_string(unix_seconds));
+  out += "}}}\n";
+  return out;
+}
+
+}  // namespace detail::launch
+
+// Writes e to the file torchrun named in TORCHELASTIC_ERROR_FILE (whole or not at all: a
+// temporary beside it, then renamed). Returns whether it wrote; false where torchrun set no file
+// or the file cannot be written. Never throws: it runs while an error is already on its way out.
+inline bool write_error_file(const std::exception& e, const env_lookup& env = process_env) noexcept {
+  try {
+    const auto path = env("TORCHELASTIC_ERROR_FILE");
+    if (!path || path->empty()) return false;
+    const auto now = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch());
+    const std::string text = detail::launch::error_file_json(e, now.count());
+    const std::string tmp = *path + ".partrain.tmp";
+    std::FILE* f = std::fopen(tmp.c_str(), "w");
+    if (!f) return false;
+    const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    if (std::fclose(f) != 0 || !written) {
+      std::remove(tmp.c_str());
+      return false;
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, *path, ec);
+    if (ec) std::remove(tmp.c_str());
+    return !ec;
+  } catch (...) {
+    return false;
+  }
+}
 
 }  // namespace partrain::inline v0
 
@@ -11817,6 +12348,7 @@ PARTRAIN_LINKAGE spawn_result spawn_ranks(int nprocs, const std::function<int(in
 // #include <partrain/comm/local.hpp> (above)
 // #include <partrain/comm/process_group.hpp> (above)
 // #include <partrain/core/error.hpp> (above)
+// #include <partrain/launch/error_file.hpp> (above)
 // #include <partrain/launch/spawn.hpp> (above)
 // #include <partrain/rendezvous/init.hpp> (above)
 
@@ -11923,8 +12455,13 @@ void run_ranks(run_ranks_options o, F fn) {
   };
   if (o.nproc > 0) {
     spawn(o.nproc, [&](int) { rank_main(); }, std::move(o.spawn));
-  } else {
+    return;
+  }
+  try {
     rank_main();
+  } catch (const std::exception& e) {
+    write_error_file(e);  // torchrun's summary names this rank's error (no-op elsewhere)
+    throw;
   }
 }
 
@@ -24218,85 +24755,6 @@ inline void consolidate_sharded_checkpoint(const std::filesystem::path& index, c
 
 }  // namespace partrain::inline v0
 
-// #include <partrain/train/detail/json_text.hpp>
-// partrain/train/detail/json_text.hpp: the small amount of JSON the metrics and trace writers
-// emit. Strings are escaped per RFC 8259; numbers use the shortest text that reads back to the
-// same double (std::to_chars), and NaN or infinity become null (JSON has no such numbers).
-
-#include <charconv>
-#include <cmath>
-#include <cstdint>
-#include <string>
-#include <string_view>
-#include <system_error>
-
-namespace partrain::inline v0::detail::json {
-
-inline void append_string(std::string& out, std::string_view s) {
-  static constexpr char hex[] = "0123456789abcdef";
-  out += '"';
-  for (const char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20 || c == 0x7f) {  // other control characters must be \u escaped
-          out += "\\u00";
-          out += hex[c >> 4];
-          out += hex[c & 0xf];
-        } else {
-          out += ch;  // UTF-8 passes through unchanged
-        }
-    }
-  }
-  out += '"';
-}
-
-inline void append_number(std::string& out, double v) {
-  if (!std::isfinite(v)) {
-    out += "null";
-    return;
-  }
-  char buf[32];
-  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
-  if (ec != std::errc{}) {
-    out += "null";
-    return;
-  }
-  out.append(buf, end);
-}
-
-inline void append_number(std::string& out, std::int64_t v) {
-  char buf[24];
-  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
-  (void)ec;  // 24 characters always hold an int64
-  out.append(buf, end);
-}
-
-// A fixed-point number with `decimals` digits after the point (trace timestamps in microseconds
-// with nanosecond resolution: integer arithmetic, so no rounding drift on long runs).
-inline void append_fixed_point(std::string& out, std::int64_t value, std::int64_t scale, int decimals) {
-  if (value < 0) {
-    out += '-';
-    value = -value;
-  }
-  append_number(out, value / scale);
-  if (decimals > 0) {
-    std::string frac = std::to_string(value % scale);
-    out += '.';
-    out.append(static_cast<std::size_t>(decimals) - frac.size(), '0');
-    out += frac;
-  }
-}
-
-}  // namespace partrain::inline v0::detail::json
-
 // #include <partrain/train/trace.hpp>
 // partrain/train/trace.hpp: a per-rank timeline (spans) merged by rank 0 into one Chrome-trace
 // JSON file that Perfetto and chrome://tracing open, one process per rank (Horovod's timeline,
@@ -24338,7 +24796,7 @@ inline void append_fixed_point(std::string& out, std::int64_t value, std::int64_
 // #include <partrain/core/tensor_view.hpp> (above)
 // #include <partrain/core/work.hpp> (above)
 // #include <partrain/train/detail/atomic_file.hpp> (above)
-// #include <partrain/train/detail/json_text.hpp> (above)
+// #include <partrain/core/detail/json_text.hpp> (above)
 
 namespace partrain::inline v0 {
 
@@ -25177,7 +25635,7 @@ struct warmup_cosine_lr {
 // #include <partrain/core/tensor_view.hpp> (above)
 // #include <partrain/parallel/detail/host_staging.hpp> (above)
 // #include <partrain/train/detail/atomic_file.hpp> (above)
-// #include <partrain/train/detail/json_text.hpp> (above)
+// #include <partrain/core/detail/json_text.hpp> (above)
 
 namespace partrain::inline v0 {
 

@@ -23,6 +23,7 @@
 #include <partrain/comm/local.hpp>
 #include <partrain/comm/process_group.hpp>
 #include <partrain/core/error.hpp>
+#include <partrain/launch/error_file.hpp>
 #include <partrain/launch/spawn.hpp>
 #include <partrain/rendezvous/init.hpp>
 
@@ -129,8 +130,13 @@ void run_ranks(run_ranks_options o, F fn) {
   };
   if (o.nproc > 0) {
     spawn(o.nproc, [&](int) { rank_main(); }, std::move(o.spawn));
-  } else {
+    return;
+  }
+  try {
     rank_main();
+  } catch (const std::exception& e) {
+    write_error_file(e);  // torchrun's summary names this rank's error (no-op elsewhere)
+    throw;
   }
 }
 

@@ -47,6 +47,7 @@ struct rendezvous_info {
   std::string token;
   std::string bind_address;  // PARTRAIN_STORE_BIND: what rank 0's server binds (default: master_addr)
   bool agent_store = false;  // a launcher hosts the store; every rank is a client
+  bool torch_agent_store = false;  // that launcher is torchrun: its store is PyTorch's TCPStore
   int restart_count = 0;
   std::chrono::milliseconds timeout = default_timeout;
   std::shared_ptr<partrain::store> store;  // set by connect_store

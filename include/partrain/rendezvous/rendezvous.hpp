@@ -6,8 +6,10 @@
 //   tcp://host:port  rank and world size from the options (or ?rank=R&world_size=N)
 //   file://path      a file_store at path; rank and world size as for tcp://
 // Rank 0 hosts the TCP store (bound to the master address) unless PARTRAIN_USE_AGENT_STORE=1
-// says a launcher hosts it; then every rank is a client and keys live under the attempt's
-// prefix (PARTRAIN_RESTART_COUNT), so a restarted group never reads the last attempt's keys.
+// says a launcher (partrun) hosts it, or TORCHELASTIC_USE_AGENT_STORE=True that torchrun's agent
+// hosts a PyTorch TCPStore (rendezvous/torch_store.hpp is its client); then every rank is a
+// client and keys live under the attempt's prefix (PARTRAIN_RESTART_COUNT, else
+// TORCHELASTIC_RESTART_COUNT), so a restarted group never reads the last attempt's keys.
 // The parsing is separate (parse_rendezvous, rendezvous_from_env) for launchers and examples;
 // init_process_group (rendezvous/init.hpp) is this plus a backend.
 #pragma once
@@ -34,6 +36,7 @@
 #include <partrain/rendezvous/init_options.hpp>
 #include <partrain/rendezvous/prefix_store.hpp>
 #include <partrain/rendezvous/tcp_store.hpp>
+#include <partrain/rendezvous/torch_store.hpp>
 
 namespace partrain::inline v0 {
 
@@ -278,8 +281,14 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
   info.token = !opts.token.empty() ? opts.token : env("PARTRAIN_STORE_TOKEN").value_or("");
   info.bind_address = env("PARTRAIN_STORE_BIND").value_or("");
   info.agent_store = env("PARTRAIN_USE_AGENT_STORE").value_or("0") == "1";
-  info.restart_count = detail::rdzv::int_var(env, "PARTRAIN_RESTART_COUNT", 0, big, "init_process_group", "a non-negative integer")
-                           .value_or(0);
+  // torchrun's agent hosts a PyTorch TCPStore on MASTER_ADDR:MASTER_PORT and says so with the
+  // Python string "True" (as torch's own _create_c10d_store reads it); partrun's flag wins.
+  if (!info.agent_store && env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True") {
+    info.agent_store = info.torch_agent_store = true;
+  }
+  const char* restarts = env("PARTRAIN_RESTART_COUNT") ? "PARTRAIN_RESTART_COUNT" : "TORCHELASTIC_RESTART_COUNT";
+  info.restart_count =
+      detail::rdzv::int_var(env, restarts, 0, big, "init_process_group", "a non-negative integer").value_or(0);
 
   if (info.scheme == "env") {
     if (!rest.empty()) {
@@ -378,6 +387,9 @@ namespace detail::rdzv {
   std::shared_ptr<store> s;
   if (info.scheme == "file") {
     s = std::make_shared<file_store>(info.path, timeout, who, info.rank);
+  } else if (info.torch_agent_store) {
+    s = std::make_shared<torch_tcp_store>(
+        torch_store_options{.host = info.master_addr, .port = info.port, .timeout = timeout, .who = who, .rank = info.rank});
   } else {
     tcp_store_options o;
     o.host = info.master_addr;

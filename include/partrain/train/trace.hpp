@@ -39,7 +39,7 @@
 #include <partrain/core/tensor_view.hpp>
 #include <partrain/core/work.hpp>
 #include <partrain/train/detail/atomic_file.hpp>
-#include <partrain/train/detail/json_text.hpp>
+#include <partrain/core/detail/json_text.hpp>
 
 namespace partrain::inline v0 {
 

@@ -1,6 +1,7 @@
-// partrain/train/detail/json_text.hpp: the small amount of JSON the metrics and trace writers
-// emit. Strings are escaped per RFC 8259; numbers use the shortest text that reads back to the
-// same double (std::to_chars), and NaN or infinity become null (JSON has no such numbers).
+// partrain/core/detail/json_text.hpp: the small amount of JSON that the metrics and trace writers
+// and torchrun's error file emit. Strings are escaped per RFC 8259; numbers use the shortest text
+// that reads back to the same double (std::to_chars), and NaN or infinity become null (JSON has no
+// such numbers).
 #pragma once
 
 #include <charconv>
