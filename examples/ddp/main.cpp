@@ -86,9 +86,9 @@ bool parameters_agree(linear_regression& model, partrain::process_group& pg) {
 }  // namespace
 
 int main() try {
-  // Under a launcher (partrun, torchrun, Slurm) the environment names this process's rank and the
-  // job joins over Gloo; started by hand, the program runs 2 ranks as threads.
-  const bool launched = std::getenv("WORLD_SIZE") != nullptr;
+  // Under a launcher (partrun, torchrun, srun, mpirun) the environment names this process's rank
+  // and the job joins over Gloo; started by hand, the program runs 2 ranks as threads.
+  const bool launched = partrain::detect_launch().launched();
   const partrain::run_ranks_options ranks = launched ? partrain::run_ranks_options{.nproc = 0, .backend = "gloo"}
                                                      : partrain::run_ranks_options{.nproc = 2, .backend = "local"};
   partrain::run_ranks(ranks, [](partrain::process_group& pg) {

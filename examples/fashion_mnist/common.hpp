@@ -49,7 +49,7 @@ inline trainer_options fit_options(const options& o, trace_recorder& trace, std:
   t.loop = o.loop == "plain" ? loop_style::plain : o.loop == "coroutine" ? loop_style::coroutine : loop_style::ranges;
   if (!o.checkpoint.empty()) t.checkpoint = std::filesystem::path(o.checkpoint) / "fashion_mnist.ckpt";
   const char* kill_at = std::getenv("PARTRAIN_EXAMPLE_KILL_AT_STEP");
-  const char* rank = std::getenv("RANK");
+  const char* rank = std::getenv("RANK");  // partrun's and torchrun's (the restart tests' launchers)
   const char* attempt = std::getenv("PARTRAIN_RESTART_COUNT");  // partrun's, else torchrun's
   if (!attempt) attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
   if (kill_at && rank && std::string_view(rank) == "1" && attempt && std::string_view(attempt) == "0") {

@@ -96,7 +96,7 @@ int run(options o) {
     return 0;
   }
   // A pipeline started by hand (not under a launcher) starts one rank per stage itself.
-  if (o.parallel == "pipeline" && o.nproc == 0 && o.backend != "mpi" && !std::getenv("WORLD_SIZE")) o.nproc = o.stages;
+  if (o.parallel == "pipeline" && o.nproc == 0 && o.backend != "mpi" && !detect_launch().launched()) o.nproc = o.stages;
   // Threads (--backend local): each rank on a core of its own, meeting its peers on its own
   // thread rather than through a worker that would compete with it for the cores.
   process_group_options local;

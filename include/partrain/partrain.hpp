@@ -86,6 +86,7 @@
 #include <partrain/rendezvous/init.hpp>
 #include <partrain/rendezvous/init_options.hpp>
 #include <partrain/rendezvous/job.hpp>
+#include <partrain/rendezvous/launcher.hpp>
 #include <partrain/rendezvous/liveness.hpp>
 #include <partrain/rendezvous/prefix_store.hpp>
 #include <partrain/rendezvous/rendezvous.hpp>

@@ -8866,6 +8866,213 @@ using env_lookup = std::function<std::optional<std::string>(const std::string&)>
 
 }  // namespace partrain::inline v0
 
+// #include <partrain/rendezvous/launcher.hpp>
+// partrain/rendezvous/launcher.hpp: the one place that knows whether and by what this process
+// was launched, and as which rank: partrun, torchrun, RANK and WORLD_SIZE set by hand (or by any
+// other tool), Slurm's srun, Open MPI's mpirun, or a PMI launcher. env:// (rendezvous.hpp),
+// run_ranks and the examples all ask detect_launch, so they never disagree about it: a program
+// under `srun -n 2` or `mpirun -np 2` forms one job of 2 ranks wherever it asks.
+
+#include <algorithm>
+#include <charconv>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <tuple>
+
+// #include <partrain/core/error.hpp> (above)
+// #include <partrain/rendezvous/init_options.hpp> (above)
+
+namespace partrain::inline v0 {
+
+namespace detail::rdzv {
+
+[[nodiscard]] inline std::optional<long long> parse_integer(std::string_view s) {
+  long long v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+// Reads an integer variable within [lo, hi]; nullopt when it is not set.
+[[nodiscard]] inline std::optional<int> int_var(const env_lookup& env, const std::string& name, long long lo, long long hi,
+                                                std::string_view context, std::string_view expected) {
+  auto v = env(name);
+  if (!v) return std::nullopt;
+  auto n = parse_integer(*v);
+  if (!n) {
+    throw config_error(std::string(context) + ": " + name + "='" + *v + "' is not an integer (expected " +
+                       std::string(expected) + ")");
+  }
+  if (*n < lo || *n > hi) {
+    throw config_error(std::string(context) + ": " + name + "=" + *v + " is out of range (expected " + std::string(expected) +
+                       ")");
+  }
+  return static_cast<int>(*n);
+}
+
+[[nodiscard]] inline int require_int(const env_lookup& env, const std::string& name, long long lo, long long hi,
+                                     std::string_view context, std::string_view expected, std::string_view how) {
+  auto v = int_var(env, name, lo, hi, context, expected);
+  if (!v) throw config_error(std::string(context) + ": " + name + " is not set (" + std::string(how) + ")");
+  return *v;
+}
+
+// The first host of a Slurm hostlist: "node[03-05,9],gpu1" -> "node03".
+[[nodiscard]] inline std::string first_slurm_host(std::string_view list) {
+  const auto bracket = list.find('[');
+  const auto comma = list.find(',');
+  if (bracket == std::string_view::npos || (comma != std::string_view::npos && comma < bracket)) {
+    return std::string(list.substr(0, comma));
+  }
+  const auto close = list.find(']', bracket);
+  if (close == std::string_view::npos) return std::string(list.substr(0, bracket));
+  auto range = list.substr(bracket + 1, close - bracket - 1);
+  range = range.substr(0, std::min(range.find(','), range.find('-')));
+  auto suffix = list.substr(close + 1);
+  suffix = suffix.substr(0, suffix.find(','));
+  return std::string(list.substr(0, bracket)) + std::string(range) + std::string(suffix);
+}
+
+// Tasks on node `node` from SLURM_STEP_TASKS_PER_NODE's "2(x3),1" form.
+[[nodiscard]] inline std::optional<int> slurm_tasks_on_node(std::string_view spec, int node) {
+  int seen = 0;
+  while (!spec.empty()) {
+    auto item = spec.substr(0, spec.find(','));
+    spec.remove_prefix(std::min(spec.size(), item.size() + 1));
+    int repeat = 1;
+    if (auto paren = item.find("(x"); paren != std::string_view::npos && item.back() == ')') {
+      auto r = parse_integer(item.substr(paren + 2, item.size() - paren - 3));
+      if (!r || *r < 1) return std::nullopt;
+      repeat = static_cast<int>(*r);
+      item = item.substr(0, paren);
+    }
+    auto n = parse_integer(item);
+    if (!n || *n < 1) return std::nullopt;
+    if (node < seen + repeat) return static_cast<int>(*n);
+    seen += repeat;
+  }
+  return std::nullopt;
+}
+
+inline void check_rank(std::string_view context, int rank, int world) {
+  if (world < 1) {
+    throw config_error(std::string(context) + ": world size must be at least 1, got " + std::to_string(world));
+  }
+  if (rank < 0 || rank >= world) {
+    throw config_error(std::string(context) + ": rank " + std::to_string(rank) + " is out of range for world size " +
+                       std::to_string(world) + " (expected 0 <= rank < world size)");
+  }
+}
+
+}  // namespace detail::rdzv
+
+// What the launch environment says about this process.
+struct launch_env {
+  // Who started it: "partrun", "torchrun", "env" (RANK and WORLD_SIZE set by hand or by another
+  // tool), "slurm" (srun), "openmpi" (mpirun), "pmi"; empty when no launcher did.
+  std::string launcher;
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+
+  [[nodiscard]] bool launched() const noexcept { return !launcher.empty(); }
+  // "rank 1 of 2 (srun)".
+  [[nodiscard]] std::string to_string() const {
+    const std::string by = launcher == "slurm"   ? "srun"
+                           : launcher == "openmpi" ? "mpirun"
+                           : launcher == "env"     ? "RANK and WORLD_SIZE are set"
+                                                   : launcher;
+    return "rank " + std::to_string(rank) + " of " + std::to_string(world_size) + " (" + by + ")";
+  }
+};
+
+// The variables detect_launch reads, for errors that say what was expected.
+inline constexpr std::string_view launch_variables =
+    "expected RANK and WORLD_SIZE as torchrun/partrun set them, or Slurm's SLURM_PROCID/SLURM_NTASKS, or Open MPI's "
+    "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE";
+
+// The first launcher whose variables are present: RANK and WORLD_SIZE (partrun's and torchrun's,
+// or a user's), then srun's, mpirun's, PMI's. Only one of RANK and WORLD_SIZE set is an error
+// unless a batch system's variables give the rank (`WORLD_SIZE=2 srun -n 2 ...`); then they must
+// agree. Malformed or out-of-range values are errors naming the variable.
+[[nodiscard]] inline launch_env detect_launch(const env_lookup& env = process_env) {
+  constexpr long long big = std::numeric_limits<int>::max();
+  const std::string ctx = "env://";
+  launch_env l;
+  auto read = [&](const char* rank, const char* size, const char* local_rank, const char* local_size, const char* who) {
+    l.world_size = detail::rdzv::require_int(env, size, 1, big, ctx, std::string(size) + " >= 1", launch_variables);
+    l.rank = detail::rdzv::require_int(env, rank, 0, big, ctx, "0 <= " + std::string(rank) + " < " + size, launch_variables);
+    detail::rdzv::check_rank(ctx + " (" + rank + ", " + size + ")", l.rank, l.world_size);
+    l.launcher = who;
+    auto lr = local_rank ? detail::rdzv::int_var(env, local_rank, 0, big, ctx, "a non-negative integer") : std::nullopt;
+    auto lws = local_size ? detail::rdzv::int_var(env, local_size, 1, big, ctx, "a positive integer") : std::nullopt;
+    // Without local variables assume one node (what mp.spawn-style single-node runs mean).
+    l.local_rank = lr.value_or(l.rank);
+    l.local_world_size = lws.value_or(lr ? l.local_rank + 1 : l.world_size);
+    if (lr && !lws) l.local_world_size = std::max(l.local_world_size, l.local_rank + 1);
+  };
+  const bool rank_set = env("RANK").has_value(), size_set = env("WORLD_SIZE").has_value();
+  if (rank_set && size_set) {
+    const char* who = env("PARTRAIN_USE_AGENT_STORE").value_or("0") == "1"                       ? "partrun"
+                      : env("TORCHELASTIC_RUN_ID") || env("TORCHELASTIC_USE_AGENT_STORE") ? "torchrun"
+                                                                                            : "env";
+    read("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", who);
+  } else if (env("SLURM_PROCID")) {
+    read("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, "slurm");
+    const int node = detail::rdzv::int_var(env, "SLURM_NODEID", 0, big, ctx, "a non-negative integer").value_or(0);
+    std::optional<int> local;
+    for (const char* v : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
+      if (auto per = env(v); per && !local) local = detail::rdzv::slurm_tasks_on_node(*per, node);
+    }
+    if (auto per = env("SLURM_NTASKS_PER_NODE"); per && !local) local = detail::rdzv::slurm_tasks_on_node(*per, 0);
+    if (local) l.local_world_size = *local;
+  } else if (env("OMPI_COMM_WORLD_RANK")) {
+    read("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+         "openmpi");
+  } else if (env("PMI_RANK")) {
+    read("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "pmi");
+  } else if (rank_set || size_set) {
+    throw config_error(ctx + ": " + (rank_set ? "WORLD_SIZE" : "RANK") + " is not set, but " +
+                       (rank_set ? "RANK" : "WORLD_SIZE") + " is (" + std::string(launch_variables) + ")");
+  } else {
+    return l;
+  }
+  // RANK or WORLD_SIZE alone beside a batch system's rank: it must say the same.
+  for (const auto& [var, set, value] : {std::tuple{"RANK", rank_set, l.rank}, std::tuple{"WORLD_SIZE", size_set, l.world_size}}) {
+    if (!set) continue;
+    const int said = detail::rdzv::require_int(env, var, 0, big, ctx, "a non-negative integer", launch_variables);
+    if (said != value) {
+      throw config_error(ctx + ": " + var + "=" + std::to_string(said) + " disagrees with " + l.to_string() + " (unset " +
+                         var + ", or make it match the launcher's)");
+    }
+  }
+  if (l.local_rank >= l.local_world_size) {
+    throw config_error(ctx + ": local rank " + std::to_string(l.local_rank) + " is out of range for local world size " +
+                       std::to_string(l.local_world_size) + " (expected 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE)");
+  }
+  return l;
+}
+
+// The mpi backend under srun needs a PMI plugin to tell MPI its rank: without one (no --mpi=pmix)
+// each task would start as an MPI job of one, or abort with Open MPI's "not built with SLURM's
+// PMI support", which misleads. Refused first, saying what to add.
+inline void check_mpi_launch(const env_lookup& env = process_env) {
+  const launch_env l = detect_launch(env);
+  if (l.launcher != "slurm" || l.world_size < 2) return;
+  for (const char* v : {"PMIX_RANK", "PMI_RANK", "PMI_FD", "OMPI_COMM_WORLD_RANK"}) {
+    if (env(v)) return;
+  }
+  throw config_error("backend 'mpi': this process is " + l.to_string() +
+                     " but srun started it without a PMI plugin, so MPI cannot learn its rank; run `srun --mpi=pmix "
+                     "...` (or set MpiDefault=pmix in slurm.conf), or use the gloo backend under plain srun");
+}
+
+}  // namespace partrain::inline v0
+
 // #include <partrain/rendezvous/prefix_store.hpp>
 // partrain/rendezvous/prefix_store.hpp: a view of another store whose keys all live under
 // "<prefix>/" (torch's PrefixStore). A restarted job uses a prefix per attempt, and
@@ -10513,6 +10720,7 @@ class torch_tcp_store final : public store {
 // #include <partrain/core/log.hpp> (above)
 // #include <partrain/rendezvous/file_store.hpp> (above)
 // #include <partrain/rendezvous/init_options.hpp> (above)
+// #include <partrain/rendezvous/launcher.hpp> (above)
 // #include <partrain/rendezvous/prefix_store.hpp> (above)
 // #include <partrain/rendezvous/tcp_store.hpp> (above)
 // #include <partrain/rendezvous/torch_store.hpp> (above)
@@ -10520,74 +10728,6 @@ class torch_tcp_store final : public store {
 namespace partrain::inline v0 {
 
 namespace detail::rdzv {
-
-[[nodiscard]] inline std::optional<long long> parse_integer(std::string_view s) {
-  long long v = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
-  return v;
-}
-
-// Reads an integer variable within [lo, hi]; nullopt when it is not set.
-[[nodiscard]] inline std::optional<int> int_var(const env_lookup& env, const std::string& name, long long lo, long long hi,
-                                                std::string_view context, std::string_view expected) {
-  auto v = env(name);
-  if (!v) return std::nullopt;
-  auto n = parse_integer(*v);
-  if (!n) {
-    throw config_error(std::string(context) + ": " + name + "='" + *v + "' is not an integer (expected " +
-                       std::string(expected) + ")");
-  }
-  if (*n < lo || *n > hi) {
-    throw config_error(std::string(context) + ": " + name + "=" + *v + " is out of range (expected " + std::string(expected) +
-                       ")");
-  }
-  return static_cast<int>(*n);
-}
-
-[[nodiscard]] inline int require_int(const env_lookup& env, const std::string& name, long long lo, long long hi,
-                                     std::string_view context, std::string_view expected, std::string_view how) {
-  auto v = int_var(env, name, lo, hi, context, expected);
-  if (!v) throw config_error(std::string(context) + ": " + name + " is not set (" + std::string(how) + ")");
-  return *v;
-}
-
-// The first host of a Slurm hostlist: "node[03-05,9],gpu1" -> "node03".
-[[nodiscard]] inline std::string first_slurm_host(std::string_view list) {
-  const auto bracket = list.find('[');
-  const auto comma = list.find(',');
-  if (bracket == std::string_view::npos || (comma != std::string_view::npos && comma < bracket)) {
-    return std::string(list.substr(0, comma));
-  }
-  const auto close = list.find(']', bracket);
-  if (close == std::string_view::npos) return std::string(list.substr(0, bracket));
-  auto range = list.substr(bracket + 1, close - bracket - 1);
-  range = range.substr(0, std::min(range.find(','), range.find('-')));
-  auto suffix = list.substr(close + 1);
-  suffix = suffix.substr(0, suffix.find(','));
-  return std::string(list.substr(0, bracket)) + std::string(range) + std::string(suffix);
-}
-
-// Tasks on node `node` from SLURM_STEP_TASKS_PER_NODE's "2(x3),1" form.
-[[nodiscard]] inline std::optional<int> slurm_tasks_on_node(std::string_view spec, int node) {
-  int seen = 0;
-  while (!spec.empty()) {
-    auto item = spec.substr(0, spec.find(','));
-    spec.remove_prefix(std::min(spec.size(), item.size() + 1));
-    int repeat = 1;
-    if (auto paren = item.find("(x"); paren != std::string_view::npos && item.back() == ')') {
-      auto r = parse_integer(item.substr(paren + 2, item.size() - paren - 3));
-      if (!r || *r < 1) return std::nullopt;
-      repeat = static_cast<int>(*r);
-      item = item.substr(0, paren);
-    }
-    auto n = parse_integer(item);
-    if (!n || *n < 1) return std::nullopt;
-    if (node < seen + repeat) return static_cast<int>(*n);
-    seen += repeat;
-  }
-  return std::nullopt;
-}
 
 // "host:port" or "[v6]:port" -> (host, port); the URL's query is already cut off.
 inline void parse_host_port(std::string_view url, std::string_view hp, std::string& host, std::uint16_t& port) {
@@ -10633,61 +10773,16 @@ inline void parse_query(std::string_view url, std::string_view query, int& rank,
   }
 }
 
-inline void check_rank(std::string_view context, int rank, int world) {
-  if (world < 1) {
-    throw config_error(std::string(context) + ": world size must be at least 1, got " + std::to_string(world));
-  }
-  if (rank < 0 || rank >= world) {
-    throw config_error(std::string(context) + ": rank " + std::to_string(rank) + " is out of range for world size " +
-                       std::to_string(world) + " (expected 0 <= rank < world size)");
-  }
-}
-
-// The rank variables of env://, from the first launcher whose variables are present.
+// The rank variables of env://: detect_launch's (rendezvous/launcher.hpp), or a clear error when
+// no launcher set any.
 inline void read_rank_env(rendezvous_info& info, const env_lookup& env) {
-  constexpr long long big = std::numeric_limits<int>::max();
-  const std::string ctx = "env://";
-  const std::string how =
-      "expected RANK and WORLD_SIZE as torchrun/partrun set them, or Slurm's SLURM_PROCID/SLURM_NTASKS, or Open "
-      "MPI's OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE";
-  auto read = [&](const char* rank, const char* size, const char* local_rank, const char* local_size, const char* source) {
-    info.world_size = require_int(env, size, 1, big, ctx, std::string(size) + " >= 1", how);
-    info.rank = require_int(env, rank, 0, big, ctx, "0 <= " + std::string(rank) + " < " + size, how);
-    check_rank(ctx + " (" + rank + ", " + size + ")", info.rank, info.world_size);
-    info.source = source;
-    auto lr = local_rank ? int_var(env, local_rank, 0, big, ctx, "a non-negative integer") : std::nullopt;
-    auto lws = local_size ? int_var(env, local_size, 1, big, ctx, "a positive integer") : std::nullopt;
-    // Without local variables assume one node (what mp.spawn-style single-node runs mean).
-    info.local_rank = lr.value_or(info.rank);
-    info.local_world_size = lws.value_or(lr ? info.local_rank + 1 : info.world_size);
-    if (lr && !lws) info.local_world_size = std::max(info.local_world_size, info.local_rank + 1);
-  };
-  if (env("RANK") || env("WORLD_SIZE")) {
-    read("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "torchrun");
-  } else if (env("SLURM_PROCID")) {
-    read("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, "slurm");
-    const int node = int_var(env, "SLURM_NODEID", 0, big, ctx, "a non-negative integer").value_or(0);
-    std::optional<int> local;
-    if (auto per = env("SLURM_STEP_TASKS_PER_NODE")) local = slurm_tasks_on_node(*per, node);
-    if (!local) {
-      if (auto per = env("SLURM_TASKS_PER_NODE")) local = slurm_tasks_on_node(*per, node);
-    }
-    if (!local) {
-      if (auto per = env("SLURM_NTASKS_PER_NODE")) local = slurm_tasks_on_node(*per, 0);
-    }
-    if (local) info.local_world_size = *local;
-  } else if (env("OMPI_COMM_WORLD_RANK")) {
-    read("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-         "openmpi");
-  } else if (env("PMI_RANK")) {
-    read("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "pmi");
-  } else {
-    throw config_error(ctx + ": RANK is not set (" + how + ")");
-  }
-  if (info.local_rank >= info.local_world_size) {
-    throw config_error(ctx + ": local rank " + std::to_string(info.local_rank) + " is out of range for local world size " +
-                       std::to_string(info.local_world_size) + " (expected 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE)");
-  }
+  const launch_env l = detect_launch(env);
+  if (!l.launched()) throw config_error("env://: RANK is not set (" + std::string(launch_variables) + ")");
+  info.rank = l.rank;
+  info.world_size = l.world_size;
+  info.local_rank = l.local_rank;
+  info.local_world_size = l.local_world_size;
+  info.source = l.launcher;
 }
 
 }  // namespace detail::rdzv
@@ -10788,6 +10883,9 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
         addr = detail::rdzv::first_slurm_host(*nodes);
       }
     }
+    if (!addr && info.source == "openmpi" && info.local_world_size == info.world_size) {
+      addr = "127.0.0.1";  // mpirun on one host: every rank is here
+    }
     if (!addr || addr->empty()) {
       throw config_error("env://: MASTER_ADDR is not set (expected the address or host name of the rank 0 host, e.g. "
                          "MASTER_ADDR=127.0.0.1 on one machine)");
@@ -10798,6 +10896,11 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
       // Every rank of the job derives the same port from the job id (torch users usually
       // compute one this way in their sbatch script).
       if (auto job = detail::rdzv::int_var(env, "SLURM_JOB_ID", 0, big, "env://", "an integer")) port = 20000 + *job % 20000;
+    }
+    if (!port && info.source == "openmpi") {  // likewise from Open MPI's job id
+      if (auto job = detail::rdzv::parse_integer(env("OMPI_MCA_ess_base_jobid").value_or("")); job && *job >= 0) {
+        port = static_cast<int>(20000 + *job % 20000);
+      }
     }
     if (!port) {
       throw config_error("env://: MASTER_PORT is not set (expected a free TCP port on the master, e.g. MASTER_PORT=29500)");
@@ -11320,6 +11423,7 @@ namespace detail::mpi {
 // What the URL, the options and a torchrun-style environment say must agree with MPI.
 [[nodiscard]] inline std::unique_ptr<process_group> make_group(const init_options& opts, std::chrono::milliseconds timeout) {
 #if PARTRAIN_INIT_HAS_MPI
+  check_mpi_launch();
   process_group_options po;
   po.timeout = timeout;
   po.check_collectives = opts.check_collectives;
@@ -12351,6 +12455,7 @@ PARTRAIN_LINKAGE spawn_result spawn_ranks(int nprocs, const std::function<int(in
 // #include <partrain/launch/error_file.hpp> (above)
 // #include <partrain/launch/spawn.hpp> (above)
 // #include <partrain/rendezvous/init.hpp> (above)
+// #include <partrain/rendezvous/launcher.hpp> (above)
 
 namespace partrain::inline v0 {
 
@@ -12366,19 +12471,10 @@ struct run_ranks_options {
 namespace detail::launch {
 
 // "" when this process is not a rank of a job some launcher started with several ranks; else
-// who started it and as which rank.
+// who started it and as which rank (detect_launch's).
 [[nodiscard]] inline std::string launched_rank(const env_lookup& env = process_env) {
-  auto several = [&](const char* var) {
-    const auto v = env(var);
-    return v && v->find_first_not_of("0123456789") == std::string::npos && !v->empty() && std::stoll(*v) > 1 ? v : std::nullopt;
-  };
-  if (auto w = several("OMPI_COMM_WORLD_SIZE")) return "rank " + env("OMPI_COMM_WORLD_RANK").value_or("?") + " of " + *w + " (mpirun)";
-  if (auto w = several("SLURM_NTASKS")) return "rank " + env("SLURM_PROCID").value_or("?") + " of " + *w + " (srun)";
-  if (auto w = several("WORLD_SIZE"); w && env("RANK")) {
-    const bool partrun = env("PARTRAIN_USE_AGENT_STORE").value_or("0") == "1";
-    return "rank " + *env("RANK") + " of " + *w + (partrun ? " (partrun)" : " (WORLD_SIZE and RANK are set)");
-  }
-  return {};
+  const launch_env l = detect_launch(env);
+  return l.world_size > 1 ? l.to_string() : std::string();
 }
 
 // Refuses, before anything starts, a number of ranks on one host that a process backend cannot
@@ -12420,19 +12516,21 @@ template <class F>
 void run_ranks(run_ranks_options o, F fn) {
   static_assert(std::invocable<F&, process_group&>, "partrain::run_ranks: fn must be callable as fn(process_group&)");
   if (o.nproc < 0) throw config_error("run_ranks: nproc must be >= 0 (0: ranks from the environment), got " + std::to_string(o.nproc));
+  if (o.nproc > 0) {
+    // Starting ranks (threads or processes) inside a rank would make a second job beside the
+    // launcher's, silently (threads) or waiting for peers of the outer one; say so at once.
+    if (auto outer = detail::launch::launched_rank(); !outer.empty()) {
+      throw config_error("run_ranks: nproc " + std::to_string(o.nproc) + " asks to start " +
+                         (o.backend == "local" ? "threads" : "ranks") + " here, but this process is already " + outer +
+                         "; let the launcher start the ranks (nproc 0 with a process backend such as gloo or mpi, "
+                         "e.g. drop --nproc)");
+    }
+    if (o.backend != "local") detail::launch::check_host_capacity(o.nproc, o.backend);
+  }
   if (o.backend == "local") {
     if (o.nproc == 0) throw config_error("run_ranks: the local backend needs nproc >= 1 (its ranks are threads of this process)");
     run_local(o.nproc, [&](local_group& g) { fn(g); }, o.local);
     return;
-  }
-  if (o.nproc > 0) {
-    // Starting ranks inside a rank would make a second job, and its ranks would wait for peers
-    // of the outer one; say so at once.
-    if (auto outer = detail::launch::launched_rank(); !outer.empty()) {
-      throw config_error("run_ranks: nproc " + std::to_string(o.nproc) + " asks to start ranks here, but this process is "
-                         "already " + outer + "; let the launcher start the ranks (nproc 0, e.g. drop --nproc)");
-    }
-    detail::launch::check_host_capacity(o.nproc, o.backend);
   }
   if (o.backend == "mpi") {
     if (o.nproc > 0) {

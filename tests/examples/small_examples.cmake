@@ -38,6 +38,18 @@ small_example_test(mixed_precision LABELS threads precision
   REGEX "step +0 +skipped: a gradient overflowed fp16 at scale 65536, scale now 32768"
         "final loss 0\\.000[0-9]+, loss scale [0-9]+, [1-9][0-9]* step\\(s\\) skipped")
 
+# Under mpirun with no other variables: one job of 3 ranks over Gloo (detect_launch), the store on
+# this host at a port from Open MPI's job id; not three jobs of 2 threads each (which print "all 2").
+if(TARGET partrain::gloo AND MPIEXEC_EXECUTABLE)
+  set(_mpi_args "${PARTRAIN_MPIEXEC_FLAGS};-np;3;$<TARGET_FILE:ddp>")
+  add_test(NAME example_ddp_mpirun
+           COMMAND ${CMAKE_COMMAND} -DPROGRAM=${MPIEXEC_EXECUTABLE} "-DARGS=${_mpi_args}" -DEXPECT_RC=0
+                   "-DEXPECT_REGEX=final loss 0\\.000[0-9]+"
+                   "-DEXPECT_REGEX2=parameters bit-identical on all 3 ranks"
+                   -P ${CMAKE_CURRENT_LIST_DIR}/run_example.cmake)
+  set_tests_properties(example_ddp_mpirun PROPERTIES LABELS "examples;processes;mpi" TIMEOUT 120)
+endif()
+
 # The same program as two processes started by the launcher, as a user runs it.
 if(TARGET partrain::gloo AND TARGET partrun)
   add_test(NAME example_ddp_partrun

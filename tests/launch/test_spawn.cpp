@@ -375,6 +375,24 @@ TEST_CASE("run_ranks refuses to start ranks inside a rank a launcher started", "
         "rank 2 of 4 (partrun)");
   CHECK(detail::launch::launched_rank(env_of({{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"}})) ==
         "rank 1 of 2 (mpirun)");
+  CHECK(detail::launch::launched_rank(env_of({{"SLURM_NTASKS", "2"}, {"SLURM_PROCID", "1"}, {"WORLD_SIZE", "2"}})) ==
+        "rank 1 of 2 (srun)");
+  // Threads too: a program asking for 2 threads in each of srun's 2 tasks would be two jobs.
+  auto threads = child_process::fork([] {
+    ::setenv("SLURM_NTASKS", "2", 1);
+    ::setenv("SLURM_PROCID", "0", 1);
+    bool ran = false;
+    try {
+      run_ranks({.nproc = 2, .backend = "local"}, [&](process_group&) { ran = true; });
+    } catch (const config_error& e) {
+      return !ran && std::string(e.what()).find("asks to start threads here, but this process is already rank 0 of 2 "
+                                                "(srun)") != std::string::npos
+                 ? 0
+                 : 3;
+    }
+    return 4;
+  });
+  CHECK(threads.wait_blocking().ok());
   // The whole call, in a child whose environment says it is rank 1 of 2 under partrun.
   auto child = child_process::fork([] {
     ::setenv("WORLD_SIZE", "2", 1);

@@ -58,7 +58,7 @@ TEST_CASE("env:// reads the torchrun variables", "[comm][init]") {
   CHECK(info.local_world_size == 4);
   CHECK(info.master_addr == "10.1.2.3");
   CHECK(info.port == 29500);
-  CHECK(info.source == "torchrun");
+  CHECK(info.source == "env");  // RANK and WORLD_SIZE with no launcher's marks: set by hand
   CHECK(info.timeout == default_timeout);
   CHECK(info.token.empty());
   CHECK_FALSE(info.agent_store);
@@ -139,7 +139,20 @@ TEST_CASE("env:// falls back to Slurm, Open MPI and PMI variables", "[comm][init
   auto both = torchrun_vars();
   both["SLURM_PROCID"] = "0";
   both["SLURM_NTASKS"] = "1";
-  CHECK(parse_rendezvous("env://", {}, fake_env(both)).source == "torchrun");
+  CHECK(parse_rendezvous("env://", {}, fake_env(both)).source == "env");
+
+  // mpirun on one host: the store on this host, its port from Open MPI's job id.
+  auto mpirun = parse_rendezvous("env://", {}, fake_env({{"OMPI_COMM_WORLD_RANK", "1"},
+                                                         {"OMPI_COMM_WORLD_SIZE", "2"},
+                                                         {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                                         {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                                         {"OMPI_MCA_ess_base_jobid", "1402208257"}}));
+  CHECK(mpirun.master_addr == "127.0.0.1");
+  CHECK(mpirun.port == 20000 + 1402208257 % 20000);
+  CHECK(mpirun.token == "ompi-1402208257");
+  CHECK_THAT(config_message("env://", {}, {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+                                           {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}),
+             Catch::Contains("MASTER_ADDR is not set"));  // several hosts: which one is rank 0's is not known
 
   CHECK(detail::rdzv::first_slurm_host("node1,node2") == "node1");
   CHECK(detail::rdzv::first_slurm_host("node[009-012,20]-ib,x") == "node009-ib");
@@ -570,4 +583,40 @@ TEST_CASE("join_job: a rank claimed twice is refused, naming the process that ha
   const int refused = static_cast<int>((errors[1].find("already claimed") != std::string::npos)) +
                       static_cast<int>((errors[2].find("already claimed") != std::string::npos));
   CHECK(refused >= 1);
+}
+
+TEST_CASE("detect_launch: one answer to who launched this process, and as which rank", "[comm][init]") {
+  CHECK_FALSE(detect_launch(fake_env({})).launched());
+  auto vars = torchrun_vars();
+  CHECK(detect_launch(fake_env(vars)).launcher == "env");
+  vars["TORCHELASTIC_RUN_ID"] = "none";
+  CHECK(detect_launch(fake_env(vars)).to_string() == "rank 5 of 8 (torchrun)");
+  vars["PARTRAIN_USE_AGENT_STORE"] = "1";
+  CHECK(detect_launch(fake_env(vars)).launcher == "partrun");
+  // srun with WORLD_SIZE set by the batch script (it used to say RANK is not set).
+  const std::map<std::string, std::string> srun{{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "1"},
+                                                {"SLURM_STEP_TASKS_PER_NODE", "2"}};
+  auto with = srun;
+  with["WORLD_SIZE"] = "2";
+  const auto l = detect_launch(fake_env(with));
+  CHECK(l.to_string() == "rank 1 of 2 (srun)");
+  CHECK((l.local_rank == 1 && l.local_world_size == 2));
+  with["WORLD_SIZE"] = "3";
+  CHECK_THROWS_WITH(detect_launch(fake_env(with)), Catch::Contains("WORLD_SIZE=3 disagrees with rank 1 of 2 (srun)"));
+  with = srun;
+  with["RANK"] = "0";
+  CHECK_THROWS_WITH(detect_launch(fake_env(with)), Catch::Contains("RANK=0 disagrees with rank 1 of 2 (srun)"));
+  // One of the two by hand, and nothing else: named.
+  CHECK_THROWS_WITH(detect_launch(fake_env({{"WORLD_SIZE", "2"}})), Catch::Contains("RANK is not set, but WORLD_SIZE is"));
+  CHECK_THROWS_WITH(detect_launch(fake_env({{"RANK", "0"}})), Catch::Contains("WORLD_SIZE is not set, but RANK is"));
+  CHECK(detect_launch(fake_env({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "3"}})).to_string() ==
+        "rank 0 of 3 (mpirun)");
+
+  // The mpi backend under srun without a PMI plugin is refused before MPI starts, saying what to add.
+  CHECK_THROWS_WITH(check_mpi_launch(fake_env(srun)), Catch::Contains("srun --mpi=pmix"));
+  auto pmix = srun;
+  pmix["PMIX_RANK"] = "1";
+  CHECK_NOTHROW(check_mpi_launch(fake_env(pmix)));
+  CHECK_NOTHROW(check_mpi_launch(fake_env({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}})));
+  CHECK_NOTHROW(check_mpi_launch(fake_env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}})));  // a job of one
 }

@@ -26,6 +26,7 @@
 #include <partrain/launch/error_file.hpp>
 #include <partrain/launch/spawn.hpp>
 #include <partrain/rendezvous/init.hpp>
+#include <partrain/rendezvous/launcher.hpp>
 
 namespace partrain::inline v0 {
 
@@ -41,19 +42,10 @@ struct run_ranks_options {
 namespace detail::launch {
 
 // "" when this process is not a rank of a job some launcher started with several ranks; else
-// who started it and as which rank.
+// who started it and as which rank (detect_launch's).
 [[nodiscard]] inline std::string launched_rank(const env_lookup& env = process_env) {
-  auto several = [&](const char* var) {
-    const auto v = env(var);
-    return v && v->find_first_not_of("0123456789") == std::string::npos && !v->empty() && std::stoll(*v) > 1 ? v : std::nullopt;
-  };
-  if (auto w = several("OMPI_COMM_WORLD_SIZE")) return "rank " + env("OMPI_COMM_WORLD_RANK").value_or("?") + " of " + *w + " (mpirun)";
-  if (auto w = several("SLURM_NTASKS")) return "rank " + env("SLURM_PROCID").value_or("?") + " of " + *w + " (srun)";
-  if (auto w = several("WORLD_SIZE"); w && env("RANK")) {
-    const bool partrun = env("PARTRAIN_USE_AGENT_STORE").value_or("0") == "1";
-    return "rank " + *env("RANK") + " of " + *w + (partrun ? " (partrun)" : " (WORLD_SIZE and RANK are set)");
-  }
-  return {};
+  const launch_env l = detect_launch(env);
+  return l.world_size > 1 ? l.to_string() : std::string();
 }
 
 // Refuses, before anything starts, a number of ranks on one host that a process backend cannot
@@ -95,19 +87,21 @@ template <class F>
 void run_ranks(run_ranks_options o, F fn) {
   static_assert(std::invocable<F&, process_group&>, "partrain::run_ranks: fn must be callable as fn(process_group&)");
   if (o.nproc < 0) throw config_error("run_ranks: nproc must be >= 0 (0: ranks from the environment), got " + std::to_string(o.nproc));
+  if (o.nproc > 0) {
+    // Starting ranks (threads or processes) inside a rank would make a second job beside the
+    // launcher's, silently (threads) or waiting for peers of the outer one; say so at once.
+    if (auto outer = detail::launch::launched_rank(); !outer.empty()) {
+      throw config_error("run_ranks: nproc " + std::to_string(o.nproc) + " asks to start " +
+                         (o.backend == "local" ? "threads" : "ranks") + " here, but this process is already " + outer +
+                         "; let the launcher start the ranks (nproc 0 with a process backend such as gloo or mpi, "
+                         "e.g. drop --nproc)");
+    }
+    if (o.backend != "local") detail::launch::check_host_capacity(o.nproc, o.backend);
+  }
   if (o.backend == "local") {
     if (o.nproc == 0) throw config_error("run_ranks: the local backend needs nproc >= 1 (its ranks are threads of this process)");
     run_local(o.nproc, [&](local_group& g) { fn(g); }, o.local);
     return;
-  }
-  if (o.nproc > 0) {
-    // Starting ranks inside a rank would make a second job, and its ranks would wait for peers
-    // of the outer one; say so at once.
-    if (auto outer = detail::launch::launched_rank(); !outer.empty()) {
-      throw config_error("run_ranks: nproc " + std::to_string(o.nproc) + " asks to start ranks here, but this process is "
-                         "already " + outer + "; let the launcher start the ranks (nproc 0, e.g. drop --nproc)");
-    }
-    detail::launch::check_host_capacity(o.nproc, o.backend);
   }
   if (o.backend == "mpi") {
     if (o.nproc > 0) {

@@ -74,6 +74,7 @@ namespace detail::mpi {
 // What the URL, the options and a torchrun-style environment say must agree with MPI.
 [[nodiscard]] inline std::unique_ptr<process_group> make_group(const init_options& opts, std::chrono::milliseconds timeout) {
 #if PARTRAIN_INIT_HAS_MPI
+  check_mpi_launch();
   process_group_options po;
   po.timeout = timeout;
   po.check_collectives = opts.check_collectives;

@@ -34,6 +34,7 @@
 #include <partrain/core/log.hpp>
 #include <partrain/rendezvous/file_store.hpp>
 #include <partrain/rendezvous/init_options.hpp>
+#include <partrain/rendezvous/launcher.hpp>
 #include <partrain/rendezvous/prefix_store.hpp>
 #include <partrain/rendezvous/tcp_store.hpp>
 #include <partrain/rendezvous/torch_store.hpp>
@@ -41,74 +42,6 @@
 namespace partrain::inline v0 {
 
 namespace detail::rdzv {
-
-[[nodiscard]] inline std::optional<long long> parse_integer(std::string_view s) {
-  long long v = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
-  return v;
-}
-
-// Reads an integer variable within [lo, hi]; nullopt when it is not set.
-[[nodiscard]] inline std::optional<int> int_var(const env_lookup& env, const std::string& name, long long lo, long long hi,
-                                                std::string_view context, std::string_view expected) {
-  auto v = env(name);
-  if (!v) return std::nullopt;
-  auto n = parse_integer(*v);
-  if (!n) {
-    throw config_error(std::string(context) + ": " + name + "='" + *v + "' is not an integer (expected " +
-                       std::string(expected) + ")");
-  }
-  if (*n < lo || *n > hi) {
-    throw config_error(std::string(context) + ": " + name + "=" + *v + " is out of range (expected " + std::string(expected) +
-                       ")");
-  }
-  return static_cast<int>(*n);
-}
-
-[[nodiscard]] inline int require_int(const env_lookup& env, const std::string& name, long long lo, long long hi,
-                                     std::string_view context, std::string_view expected, std::string_view how) {
-  auto v = int_var(env, name, lo, hi, context, expected);
-  if (!v) throw config_error(std::string(context) + ": " + name + " is not set (" + std::string(how) + ")");
-  return *v;
-}
-
-// The first host of a Slurm hostlist: "node[03-05,9],gpu1" -> "node03".
-[[nodiscard]] inline std::string first_slurm_host(std::string_view list) {
-  const auto bracket = list.find('[');
-  const auto comma = list.find(',');
-  if (bracket == std::string_view::npos || (comma != std::string_view::npos && comma < bracket)) {
-    return std::string(list.substr(0, comma));
-  }
-  const auto close = list.find(']', bracket);
-  if (close == std::string_view::npos) return std::string(list.substr(0, bracket));
-  auto range = list.substr(bracket + 1, close - bracket - 1);
-  range = range.substr(0, std::min(range.find(','), range.find('-')));
-  auto suffix = list.substr(close + 1);
-  suffix = suffix.substr(0, suffix.find(','));
-  return std::string(list.substr(0, bracket)) + std::string(range) + std::string(suffix);
-}
-
-// Tasks on node `node` from SLURM_STEP_TASKS_PER_NODE's "2(x3),1" form.
-[[nodiscard]] inline std::optional<int> slurm_tasks_on_node(std::string_view spec, int node) {
-  int seen = 0;
-  while (!spec.empty()) {
-    auto item = spec.substr(0, spec.find(','));
-    spec.remove_prefix(std::min(spec.size(), item.size() + 1));
-    int repeat = 1;
-    if (auto paren = item.find("(x"); paren != std::string_view::npos && item.back() == ')') {
-      auto r = parse_integer(item.substr(paren + 2, item.size() - paren - 3));
-      if (!r || *r < 1) return std::nullopt;
-      repeat = static_cast<int>(*r);
-      item = item.substr(0, paren);
-    }
-    auto n = parse_integer(item);
-    if (!n || *n < 1) return std::nullopt;
-    if (node < seen + repeat) return static_cast<int>(*n);
-    seen += repeat;
-  }
-  return std::nullopt;
-}
 
 // "host:port" or "[v6]:port" -> (host, port); the URL's query is already cut off.
 inline void parse_host_port(std::string_view url, std::string_view hp, std::string& host, std::uint16_t& port) {
@@ -154,61 +87,17 @@ inline void parse_query(std::string_view url, std::string_view query, int& rank,
   }
 }
 
-inline void check_rank(std::string_view context, int rank, int world) {
-  if (world < 1) {
-    throw config_error(std::string(context) + ": world size must be at least 1, got " + std::to_string(world));
-  }
-  if (rank < 0 || rank >= world) {
-    throw config_error(std::string(context) + ": rank " + std::to_string(rank) + " is out of range for world size " +
-                       std::to_string(world) + " (expected 0 <= rank < world size)");
-  }
-}
 
-// The rank variables of env://, from the first launcher whose variables are present.
+// The rank variables of env://: detect_launch's (rendezvous/launcher.hpp), or a clear error when
+// no launcher set any.
 inline void read_rank_env(rendezvous_info& info, const env_lookup& env) {
-  constexpr long long big = std::numeric_limits<int>::max();
-  const std::string ctx = "env://";
-  const std::string how =
-      "expected RANK and WORLD_SIZE as torchrun/partrun set them, or Slurm's SLURM_PROCID/SLURM_NTASKS, or Open "
-      "MPI's OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE";
-  auto read = [&](const char* rank, const char* size, const char* local_rank, const char* local_size, const char* source) {
-    info.world_size = require_int(env, size, 1, big, ctx, std::string(size) + " >= 1", how);
-    info.rank = require_int(env, rank, 0, big, ctx, "0 <= " + std::string(rank) + " < " + size, how);
-    check_rank(ctx + " (" + rank + ", " + size + ")", info.rank, info.world_size);
-    info.source = source;
-    auto lr = local_rank ? int_var(env, local_rank, 0, big, ctx, "a non-negative integer") : std::nullopt;
-    auto lws = local_size ? int_var(env, local_size, 1, big, ctx, "a positive integer") : std::nullopt;
-    // Without local variables assume one node (what mp.spawn-style single-node runs mean).
-    info.local_rank = lr.value_or(info.rank);
-    info.local_world_size = lws.value_or(lr ? info.local_rank + 1 : info.world_size);
-    if (lr && !lws) info.local_world_size = std::max(info.local_world_size, info.local_rank + 1);
-  };
-  if (env("RANK") || env("WORLD_SIZE")) {
-    read("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "torchrun");
-  } else if (env("SLURM_PROCID")) {
-    read("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, "slurm");
-    const int node = int_var(env, "SLURM_NODEID", 0, big, ctx, "a non-negative integer").value_or(0);
-    std::optional<int> local;
-    if (auto per = env("SLURM_STEP_TASKS_PER_NODE")) local = slurm_tasks_on_node(*per, node);
-    if (!local) {
-      if (auto per = env("SLURM_TASKS_PER_NODE")) local = slurm_tasks_on_node(*per, node);
-    }
-    if (!local) {
-      if (auto per = env("SLURM_NTASKS_PER_NODE")) local = slurm_tasks_on_node(*per, 0);
-    }
-    if (local) info.local_world_size = *local;
-  } else if (env("OMPI_COMM_WORLD_RANK")) {
-    read("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-         "openmpi");
-  } else if (env("PMI_RANK")) {
-    read("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "pmi");
-  } else {
-    throw config_error(ctx + ": RANK is not set (" + how + ")");
-  }
-  if (info.local_rank >= info.local_world_size) {
-    throw config_error(ctx + ": local rank " + std::to_string(info.local_rank) + " is out of range for local world size " +
-                       std::to_string(info.local_world_size) + " (expected 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE)");
-  }
+  const launch_env l = detect_launch(env);
+  if (!l.launched()) throw config_error("env://: RANK is not set (" + std::string(launch_variables) + ")");
+  info.rank = l.rank;
+  info.world_size = l.world_size;
+  info.local_rank = l.local_rank;
+  info.local_world_size = l.local_world_size;
+  info.source = l.launcher;
 }
 
 }  // namespace detail::rdzv
@@ -309,6 +198,9 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
         addr = detail::rdzv::first_slurm_host(*nodes);
       }
     }
+    if (!addr && info.source == "openmpi" && info.local_world_size == info.world_size) {
+      addr = "127.0.0.1";  // mpirun on one host: every rank is here
+    }
     if (!addr || addr->empty()) {
       throw config_error("env://: MASTER_ADDR is not set (expected the address or host name of the rank 0 host, e.g. "
                          "MASTER_ADDR=127.0.0.1 on one machine)");
@@ -319,6 +211,11 @@ inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
       // Every rank of the job derives the same port from the job id (torch users usually
       // compute one this way in their sbatch script).
       if (auto job = detail::rdzv::int_var(env, "SLURM_JOB_ID", 0, big, "env://", "an integer")) port = 20000 + *job % 20000;
+    }
+    if (!port && info.source == "openmpi") {  // likewise from Open MPI's job id
+      if (auto job = detail::rdzv::parse_integer(env("OMPI_MCA_ess_base_jobid").value_or("")); job && *job >= 0) {
+        port = static_cast<int>(20000 + *job % 20000);
+      }
     }
     if (!port) {
       throw config_error("env://: MASTER_PORT is not set (expected a free TCP port on the master, e.g. MASTER_PORT=29500)");
