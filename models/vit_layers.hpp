@@ -21,6 +21,7 @@
 
 #include <cblas.h>
 
+#include <partrain/comm/process_group.hpp>
 #include <partrain/core/buffer.hpp>
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
@@ -248,6 +249,14 @@ class basic_patch_embed {
   std::vector<vit_detail::param_t<T>> params_;
 };
 
+// A layer's place in a tensor-parallel group: rank `rank` of `size`, whose partial sums `group`
+// adds up (group may be null when size is 1).
+struct tp_shard {
+  partrain::process_group* group = nullptr;
+  std::size_t rank = 0;
+  std::size_t size = 1;
+};
+
 // A pre-norm transformer encoder block on [n, tokens, dim]:
 //   x1  = x  + drop(proj(attention(LN1(x))))
 //   out = x1 + drop(fc2(gelu(fc1(LN2(x1)))))
@@ -257,13 +266,24 @@ class basic_patch_embed {
 // backward redraw the same masks; train(false) turns dropout off.
 // Parameters, in order: LN1 gamma, beta [dim]; qkv W [3 dim, dim], b [3 dim]; proj W [dim, dim],
 // b [dim]; LN2 gamma, beta [dim]; fc1 W [hidden, dim], b [hidden]; fc2 W [dim, hidden], b [dim].
+//
+// Tensor parallel (Megatron-LM's split; the constructor from a whole block and a tp_shard): rank r
+// of a group of size p holds heads r H/p .. (r + 1) H/p (their rows of the qkv projection and
+// columns of the output projection: [3 dim/p, dim] and [dim, dim/p]) and hidden units r F/p ..
+// (fc1's rows, fc2's columns). The block's input and output are whole on every rank; the group
+// sums the two row-parallel outputs in forward and the two partial input gradients of the
+// column-parallel projections in backward (4 all-reduces of batch x tokens x dim per block and
+// step). LayerNorms and the row-parallel biases are replicated; their gradients are the same on
+// every rank without a reduction, as the inputs they see are. Dropout masks are drawn by global
+// head, so a sharded run drops what the whole block drops.
 template <class T>
 class basic_transformer_block {
  public:
   enum param_index : std::size_t { ln1_g, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_g, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b };
+  static constexpr std::size_t param_count = 12;
 
   basic_transformer_block(std::size_t dim, std::size_t heads, std::size_t hidden, float dropout, std::uint32_t seed)
-      : dim_(dim), heads_(heads), hidden_(hidden), dropout_(dropout) {
+      : dim_(dim), heads_(heads), hidden_(hidden), width_(dim), dropout_(dropout) {
     if (dim_ == 0 || heads_ == 0 || dim_ % heads_ != 0 || hidden_ == 0) {
       throw invalid_argument_error("transformer_block: dim " + std::to_string(dim_) + ", " + std::to_string(heads_) +
                                    " heads, hidden " + std::to_string(hidden_) +
@@ -285,6 +305,60 @@ class basic_transformer_block {
     }
   }
 
+  // Rank tp.rank's shard of `full`, a whole block: a tensor-parallel run starts where a
+  // one-process run starts. The heads and the hidden width must divide by the group's size.
+  basic_transformer_block(const basic_transformer_block& full, tp_shard tp)
+      : dim_(full.dim_), heads_(full.heads_), hidden_(full.hidden_), width_(full.dim_), dropout_(full.dropout_),
+        threshold_(full.threshold_), keep_scale_(full.keep_scale_), training_(full.training_), tp_(tp) {
+    const auto sizes = [&] {
+      return std::to_string(full.heads_) + " heads and hidden width " + std::to_string(full.hidden_) + " over " +
+             std::to_string(tp.size) + " tensor-parallel ranks";
+    };
+    if (full.tp_.size != 1) throw invalid_argument_error("transformer_block: shards are made from a whole block, not a shard");
+    if (tp.size == 0 || tp.rank >= tp.size) {
+      throw invalid_argument_error("transformer_block: tensor-parallel rank " + std::to_string(tp.rank) + " of " +
+                                   std::to_string(tp.size) + " (expected 0 <= rank < size)");
+    }
+    if (full.heads_ % tp.size != 0 || full.hidden_ % tp.size != 0) {
+      throw invalid_argument_error("transformer_block: " + sizes() +
+                                   ": each rank must hold whole heads and an equal share of the hidden units (expected "
+                                   "both divisible by the tensor-parallel size)");
+    }
+    if (tp.size > 1 && (!tp.group || static_cast<std::size_t>(tp.group->size()) != tp.size)) {
+      throw invalid_argument_error("transformer_block: " + sizes() + " need their group of that size (got " +
+                                   (tp.group ? std::to_string(tp.group->size()) + " ranks" : std::string("none")) + ")");
+    }
+    heads_ = full.heads_ / tp.size;
+    hidden_ = full.hidden_ / tp.size;
+    width_ = full.dim_ / tp.size;
+    const std::size_t d = dim_, w = width_, f = hidden_, r = tp.rank;
+    auto& src = const_cast<basic_transformer_block&>(full).params_;
+    // rows [row0, row0 + rows) of an [R, cols] matrix, or columns [col0, col0 + n) of every row.
+    auto rows_of = [&](std::size_t i, std::size_t row0, std::size_t rows, std::size_t cols, T* to) {
+      const T* from = src[i].value().data() + row0 * cols;
+      std::copy(from, from + rows * cols, to);
+    };
+    auto cols_of = [&](std::size_t i, std::size_t rows, std::size_t cols, std::size_t col0, std::size_t n, T* to) {
+      for (std::size_t k = 0; k < rows; ++k) {
+        const T* from = src[i].value().data() + k * cols + col0;
+        std::copy(from, from + n, to + k * n);
+      }
+    };
+    for (const auto& sh : {shape{d}, shape{d}, shape{3 * w, d}, shape{3 * w}, shape{d, w}, shape{d}, shape{d}, shape{d},
+                          shape{f, d}, shape{f}, shape{d, f}, shape{d}}) {
+      params_.emplace_back(sh);
+    }
+    for (const auto i : {ln1_g, ln1_b, proj_b, ln2_g, ln2_b, fc2_b}) rows_of(i, 0, 1, d, params_[i].value().data());
+    for (std::size_t part = 0; part < 3; ++part) {  // this rank's queries, keys and values
+      rows_of(qkv_w, part * d + r * w, w, d, params_[qkv_w].value().data() + part * w * d);
+      rows_of(qkv_b, part * d + r * w, w, 1, params_[qkv_b].value().data() + part * w);
+    }
+    cols_of(proj_w, d, d, r * w, w, params_[proj_w].value().data());
+    rows_of(fc1_w, r * f, f, d, params_[fc1_w].value().data());
+    rows_of(fc1_b, r * f, f, 1, params_[fc1_b].value().data());
+    cols_of(fc2_w, d, full.hidden_, r * f, f, params_[fc2_w].value().data());
+  }
+
   [[nodiscard]] shape output_shape(const shape& s) const {
     (void)vit_detail::token_batch(s, dim_, "transformer_block");
     return s;
@@ -300,16 +374,19 @@ class basic_transformer_block {
   //   mean2, rstd2 [M]    LN2's statistics
   //   hidden [M, F]       fc1's output before GELU (GELU is recomputed)
   // 4M + 5MD + MF + nHt^2 in all: 528,384 floats (2.1 MB) at n 64, t 16, D 64, H 4, F 128.
+  // A tensor-parallel shard keeps its own heads' part: qkv [M, 3W], ctx [M, W] with W = D/p, and
+  // H and F its own heads and hidden units (w: W, or D when 0).
   struct layout {
     std::size_t mean1, rstd1, qkv, probs, ctx, x1, mean2, rstd2, hidden, total;
-    layout(std::size_t n, std::size_t t, std::size_t d, std::size_t h, std::size_t f) {
+    layout(std::size_t n, std::size_t t, std::size_t d, std::size_t h, std::size_t f, std::size_t w = 0) {
       const std::size_t m = n * t;
+      if (w == 0) w = d;
       mean1 = 0;
       rstd1 = mean1 + m;
       qkv = rstd1 + m;
-      probs = qkv + 3 * m * d;
+      probs = qkv + 3 * m * w;
       ctx = probs + n * h * t * t;
-      x1 = ctx + m * d;
+      x1 = ctx + m * w;
       mean2 = x1 + m * d;
       rstd2 = mean2 + m;
       hidden = rstd2 + m;
@@ -318,14 +395,14 @@ class basic_transformer_block {
   };
   [[nodiscard]] std::size_t saved_size(const shape& s) const {
     const vit_detail::token_batch b(s, dim_, "transformer_block");
-    return layout(b.n, b.t, dim_, heads_, hidden_).total;
+    return layout(b.n, b.t, dim_, heads_, hidden_, width_).total;
   }
 
   void forward(tensor_view<const T> x, tensor_view<T> y, tensor_view<T> saved, std::uint64_t seed) {
     namespace el = vit_detail::el;
     const vit_detail::token_batch b(x.shape(), dim_, "transformer_block");
     const std::size_t m = b.n * b.t, d = dim_, f = hidden_;
-    const layout at(b.n, b.t, d, heads_, f);
+    const layout at(b.n, b.t, d, heads_, f, width_);
     cnn_detail::check_size("transformer_block::forward: the output", y.size(), m * d);
     vit_detail::check_saved("transformer_block::forward", saved.size(), at.total);
     T* s = saved.data();
@@ -341,9 +418,9 @@ class basic_transformer_block {
       el::layernorm_stats(x.data() + r * d, d, eps, mean1[r], rstd1[r]);
       el::layernorm_apply(x.data() + r * d, d, mean1[r], rstd1[r], w(ln1_g), w(ln1_b), a + r * d);
     }
-    linear_forward(a, m, d, 3 * d, qkv_w, qkv);
+    linear_forward(a, m, d, 3 * width_, qkv_w, qkv);
     attention_forward(b.n, b.t, qkv, s + at.probs, s + at.ctx, seed);
-    linear_forward(s + at.ctx, m, d, d, proj_w, out);
+    row_parallel_forward(s + at.ctx, m, width_, d, proj_w, out);
     if (dropping()) el::dropout_row(out, out, m * d, el::dropout_stream(seed, 1), 0, threshold_, keep_scale_);
     el::residual_add(x.data(), out, x1, m * d);
 
@@ -354,7 +431,7 @@ class basic_transformer_block {
     }
     linear_forward(a, m, d, f, fc1_w, hid);
     for (std::size_t i = 0; i < m * f; ++i) g[i] = el::gelu(hid[i]);
-    linear_forward(g, m, f, d, fc2_w, out);
+    row_parallel_forward(g, m, f, d, fc2_w, out);
     if (dropping()) el::dropout_row(out, out, m * d, el::dropout_stream(seed, 2), 0, threshold_, keep_scale_);
     el::residual_add(x1, out, out, m * d);
   }
@@ -365,7 +442,7 @@ class basic_transformer_block {
     namespace el = vit_detail::el;
     const vit_detail::token_batch b(x.shape(), dim_, "transformer_block");
     const std::size_t m = b.n * b.t, d = dim_, f = hidden_;
-    const layout at(b.n, b.t, d, heads_, f);
+    const layout at(b.n, b.t, d, heads_, f, width_);
     cnn_detail::check_size("transformer_block::backward: the output gradient", gy.size(), m * d);
     cnn_detail::check_size("transformer_block::backward: the input gradient", gx.size(), m * d);
     vit_detail::check_saved("transformer_block::backward", saved.size(), at.total);
@@ -394,6 +471,7 @@ class basic_transformer_block {
     for (std::size_t r = 0; r < m; ++r) el::layernorm_apply(x1 + r * d, d, mean2[r], rstd2[r], w(ln2_g), w(ln2_b), a + r * d);
     linear_backward_params(g, a, m, d, f, fc1_w);
     vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, m, d, f, T(1), g, f, w(fc1_w), d, T(0), dbranch, d);
+    tp_sum(dbranch, m * d);  // each rank's hidden units' part of LN2's output gradient
     for (std::size_t r = 0; r < m; ++r) {
       el::layernorm_param_grads(x1 + r * d, dbranch + r * d, d, mean2[r], rstd2[r], sg.data(), sb.data());
       std::copy(gy.data() + r * d, gy.data() + (r + 1) * d, out_grad + r * d);
@@ -408,12 +486,13 @@ class basic_transformer_block {
       el::dropout_row(out_grad, dbranch, m * d, el::dropout_stream(seed, 1), 0, threshold_, keep_scale_);
       dattn = dbranch;
     }
-    linear_backward_params(dattn, s + at.ctx, m, d, d, proj_w);
-    vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, m, d, d, T(1), dattn, d, w(proj_w), d, T(0), dctx, d);
+    linear_backward_params(dattn, s + at.ctx, m, width_, d, proj_w);
+    vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, m, width_, d, T(1), dattn, d, w(proj_w), width_, T(0), dctx, width_);
     attention_backward(b.n, b.t, s + at.qkv, s + at.probs, dctx, dqkv, seed);
     for (std::size_t r = 0; r < m; ++r) el::layernorm_apply(x.data() + r * d, d, mean1[r], rstd1[r], w(ln1_g), w(ln1_b), a + r * d);
-    linear_backward_params(dqkv, a, m, d, 3 * d, qkv_w);
-    vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, m, d, 3 * d, T(1), dqkv, 3 * d, w(qkv_w), d, T(0), dbranch, d);
+    linear_backward_params(dqkv, a, m, d, 3 * width_, qkv_w);
+    vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, m, d, 3 * width_, T(1), dqkv, 3 * width_, w(qkv_w), d, T(0), dbranch, d);
+    tp_sum(dbranch, m * d);  // each rank's heads' part of LN1's output gradient
     std::ranges::fill(sg, 0.0);
     std::ranges::fill(sb, 0.0);
     for (std::size_t r = 0; r < m; ++r) {
@@ -433,6 +512,26 @@ class basic_transformer_block {
   // A parameter's values, read at each call: the storage may be bound elsewhere (FSDP).
   [[nodiscard]] const T* w(std::size_t i) { return params_[i].value().data(); }
 
+  // Image e's head h here as the whole block numbers it (its dropout mask's place).
+  [[nodiscard]] std::size_t global_head(std::size_t e, std::size_t h) const noexcept {
+    return e * heads_ * tp_.size + tp_.rank * heads_ + h;
+  }
+  // The tensor-parallel group's sum of n values, in place (nothing to do without a group).
+  void tp_sum(T* p, std::size_t n) {
+    if (tp_.size == 1) return;
+    if constexpr (std::is_same_v<T, float>) {
+      tp_.group->all_reduce(tensor_view<float>(p, shape{n})).wait();
+    } else {
+      throw invalid_argument_error("transformer_block: tensor parallelism computes in float");
+    }
+  }
+  // y [m, out] = sum over the group of x [m, in] W^T (this rank's columns of W), then + b.
+  void row_parallel_forward(const T* x, std::size_t m, std::size_t in, std::size_t out, std::size_t wi, T* y) {
+    vit_detail::gemm<T>(CblasNoTrans, CblasTrans, m, out, in, T(1), x, in, w(wi), in, T(0), y, out);
+    tp_sum(y, m * out);
+    for (std::size_t r = 0; r < m; ++r) vit_detail::el::add_bias_row(y + r * out, w(wi + 1), out);
+  }
+
   // y [m, out] = x [m, in] W^T + b, W = params_[wi] [out, in], b = params_[wi + 1].
   void linear_forward(const T* x, std::size_t m, std::size_t in, std::size_t out, std::size_t wi, T* y) {
     vit_detail::gemm<T>(CblasNoTrans, CblasTrans, m, out, in, T(1), x, in, w(wi), in, T(0), y, out);
@@ -450,7 +549,7 @@ class basic_transformer_block {
   // the BLAS reads in place through its leading dimensions.
   void attention_forward(std::size_t n, std::size_t t, const T* qkv, T* probs, T* ctx, std::uint64_t seed) {
     namespace el = vit_detail::el;
-    const std::size_t d = dim_, dh = dim_ / heads_;
+    const std::size_t d = width_, dh = width_ / heads_;
     const T scale = T(1) / std::sqrt(static_cast<T>(dh));
     const std::uint64_t stream = el::dropout_stream(seed, 0);
     T* dropped = vit_detail::scratch<T>(6, t * t);
@@ -462,7 +561,7 @@ class basic_transformer_block {
         for (std::size_t i = 0; i < t; ++i) el::softmax_row(p + i * t, t, scale);
         const T* pv = p;
         if (dropping()) {
-          el::dropout_row(p, dropped, t * t, stream, (e * heads_ + h) * t * t, threshold_, keep_scale_);
+          el::dropout_row(p, dropped, t * t, stream, global_head(e, h) * t * t, threshold_, keep_scale_);
           pv = dropped;
         }
         vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, t, dh, t, T(1), pv, t, q + 2 * d, 3 * d, T(0),
@@ -477,7 +576,7 @@ class basic_transformer_block {
   void attention_backward(std::size_t n, std::size_t t, const T* qkv, const T* probs, const T* dctx, T* dqkv,
                           std::uint64_t seed) {
     namespace el = vit_detail::el;
-    const std::size_t d = dim_, dh = dim_ / heads_;
+    const std::size_t d = width_, dh = width_ / heads_;
     const T scale = T(1) / std::sqrt(static_cast<T>(dh));
     const std::uint64_t stream = el::dropout_stream(seed, 0);
     T* dropped = vit_detail::scratch<T>(6, t * t);
@@ -488,7 +587,7 @@ class basic_transformer_block {
         const T* p = probs + (e * heads_ + h) * t * t;
         const T* dc = dctx + e * t * d + h * dh;
         T* dq = dqkv + e * t * 3 * d + h * dh;
-        const std::size_t first = (e * heads_ + h) * t * t;
+        const std::size_t first = global_head(e, h) * t * t;
         const T* pv = p;
         if (dropping()) {
           el::dropout_row(p, dropped, t * t, stream, first, threshold_, keep_scale_);
@@ -504,11 +603,13 @@ class basic_transformer_block {
     }
   }
 
-  std::size_t dim_, heads_, hidden_;
+  std::size_t dim_, heads_, hidden_;  // heads and hidden units here (a shard's own)
+  std::size_t width_;                 // heads_ * head width: dim_, or dim_ / p in a shard
   float dropout_;
   std::uint32_t threshold_ = 0;
   T keep_scale_ = T(1);
   bool training_ = true;
+  tp_shard tp_{};
   std::vector<vit_detail::param_t<T>> params_;
 };
 
@@ -705,13 +806,23 @@ struct basic_vit {
 
 // [n, 784] grey images -> [n, 10] logits for softmax_cross_entropy: patch_embed, c.depth
 // transformer_blocks, vit_head (c.depth + 2 layers). Sets OpenBLAS to one thread, as conv2d: the
-// ranks (processes or threads) already use the cores.
-[[nodiscard]] inline host_model make_vit(const vit_config& c, std::uint32_t seed) {
+// ranks (processes or threads) already use the cores. With a tp_shard: the same model as rank
+// tp.rank of a tensor-parallel group, each block holding its share of the heads and hidden units
+// (see basic_transformer_block); the patch embedding and the head are whole on every rank (they
+// are 10% of the parameters and their work, and replicated they need no communication). Every
+// rank of the group takes the same batch.
+[[nodiscard]] inline host_model make_vit(const vit_config& c, std::uint32_t seed, tp_shard tp = {}) {
   openblas_set_num_threads(1);
   basic_vit<float> v(c, seed);
   host_model m;
   m.push_back(std::make_unique<patch_embed>(std::move(v.embed)));
-  for (auto& b : v.blocks) m.push_back(std::make_unique<transformer_block>(std::move(b)));
+  for (auto& b : v.blocks) {
+    if (tp.size == 1) {
+      m.push_back(std::make_unique<transformer_block>(std::move(b)));
+    } else {
+      m.push_back(std::make_unique<transformer_block>(basic_transformer_block<float>(b, tp)));
+    }
+  }
   m.push_back(std::make_unique<vit_head>(std::move(v.head)));
   return m;
 }

@@ -42,6 +42,7 @@
 #endif
 
 // comm/
+#include <partrain/comm/device_mesh.hpp>
 #if defined(PARTRAIN_WITH_GLOO)
 #include <partrain/comm/gloo.hpp>
 #endif

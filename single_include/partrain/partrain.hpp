@@ -2667,108 +2667,6 @@ class cuda_stream {
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_HAS_CUDA
 
-// #include <partrain/comm/store.hpp>
-// partrain/comm/store.hpp: the rendezvous key-value store (torch's c10d Store). Ranks exchange
-// bootstrap data through it: Gloo's addresses, the NCCL unique id. Every call has a deadline.
-
-#include <chrono>
-#include <cstdint>
-#include <memory>
-#include <span>
-#include <string>
-#include <vector>
-
-namespace partrain::inline v0 {
-
-class store {
- public:
-  store() = default;
-  store(const store&) = delete;
-  store& operator=(const store&) = delete;
-  virtual ~store() = default;
-
-  virtual void set(const std::string& key, std::span<const std::byte> value) = 0;
-  // Blocks until key exists (or the timeout passes: timeout_error naming the key).
-  [[nodiscard]] virtual std::vector<std::byte> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
-  // Atomically adds delta to the integer at key (0 if absent) and returns the new value.
-  virtual std::int64_t add(const std::string& key, std::int64_t delta) = 0;
-  // Blocks until every key exists; timeout_error names the keys still missing.
-  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
-  [[nodiscard]] virtual bool check(const std::vector<std::string>& keys) = 0;
-
-  // Conveniences over the byte interface.
-  void set(const std::string& key, const std::string& value) {
-    set(key, std::span(reinterpret_cast<const std::byte*>(value.data()), value.size()));
-  }
-  [[nodiscard]] std::string get_string(const std::string& key, std::chrono::milliseconds timeout) {
-    auto v = get(key, timeout);
-    return {reinterpret_cast<const char*>(v.data()), v.size()};
-  }
-};
-
-}  // namespace partrain::inline v0
-
-// #include <partrain/comm/detail/gloo_store.hpp>
-#if defined(PARTRAIN_WITH_GLOO)
-// partrain/comm/detail/gloo_store.hpp: Gloo's rendezvous Store implemented over partrain's
-// store, so Gloo's full-mesh connect exchanges its addresses through whatever store the job
-// uses (TCP, file, in-memory). Keys get a prefix so several groups can share one store.
-
-#if !__has_include(<gloo/rendezvous/store.h>)
-#error "partrain/comm/detail/gloo_store.hpp needs Gloo (Debian libgloo-dev); link partrain::gloo"
-#endif
-
-#include <algorithm>
-#include <chrono>
-#include <cstddef>
-#include <cstring>
-#include <memory>
-#include <span>
-#include <string>
-#include <utility>
-#include <vector>
-
-#include <gloo/rendezvous/store.h>
-
-// #include <partrain/comm/store.hpp> (above)
-// #include <partrain/core/error.hpp> (above)
-
-namespace partrain::inline v0::detail::gloo {
-
-class store_adapter final : public ::gloo::rendezvous::Store {
- public:
-  store_adapter(std::shared_ptr<store> s, std::string prefix, std::chrono::milliseconds timeout)
-      : store_(std::move(s)), prefix_(std::move(prefix)), timeout_(timeout) {
-    if (!store_) throw invalid_argument_error("gloo rendezvous: the store is null (expected a connected store)");
-  }
-
-  void set(const std::string& key, const std::vector<char>& data) override {
-    store_->set(prefix_ + key, std::span(reinterpret_cast<const std::byte*>(data.data()), data.size()));
-  }
-  std::vector<char> get(const std::string& key) override {
-    auto bytes = store_->get(prefix_ + key, timeout_);
-    std::vector<char> out(bytes.size());
-    if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
-    return out;
-  }
-  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
-    std::vector<std::string> full;
-    full.reserve(keys.size());
-    for (const auto& k : keys) full.push_back(prefix_ + k);
-    // Gloo passes its context timeout; never wait longer than the group's own bound.
-    store_->wait(full, timeout.count() > 0 ? std::min(timeout, timeout_) : timeout_);
-  }
-
- private:
-  std::shared_ptr<store> store_;
-  std::string prefix_;
-  std::chrono::milliseconds timeout_;
-};
-
-}  // namespace partrain::inline v0::detail::gloo
-#endif  // defined(PARTRAIN_WITH_GLOO)
-
 // #include <partrain/comm/reduce_op.hpp>
 // partrain/comm/reduce_op.hpp: reduction operators of the collectives (torch ReduceOp names).
 
@@ -2978,180 +2876,6 @@ inline void host_divide(void* data, std::size_t n, dtype t, int divisor) {
 }
 
 }  // namespace partrain::inline v0::detail
-
-// #include <partrain/comm/detail/gloo_context.hpp>
-#if defined(PARTRAIN_WITH_GLOO)
-// partrain/comm/detail/gloo_context.hpp: building a connected Gloo context (TCP device,
-// full mesh through our store, timeouts) and the element-wise reduce functions Gloo calls.
-// Shared by gloo_group and by bench_collectives, which times raw Gloo on the same setup.
-
-#if !__has_include(<gloo/rendezvous/context.h>)
-#error "partrain/comm/detail/gloo_context.hpp needs Gloo (Debian libgloo-dev); link partrain::gloo"
-#endif
-
-#include <chrono>
-#include <cstdlib>
-#include <cstring>
-#include <exception>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <string>
-#include <type_traits>
-#include <utility>
-
-#include <gloo/allreduce.h>
-#include <gloo/common/error.h>
-#include <gloo/math.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/transport/tcp/device.h>
-
-// #include <partrain/comm/detail/gloo_store.hpp> (above)
-// #include <partrain/comm/detail/host_reduce.hpp> (above)
-// #include <partrain/comm/reduce_op.hpp> (above)
-// #include <partrain/comm/store.hpp> (above)
-// #include <partrain/core/dtype.hpp> (above)
-// #include <partrain/core/error.hpp> (above)
-
-namespace partrain::inline v0::detail::gloo {
-
-[[nodiscard]] inline std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return (v && *v) ? std::string(v) : fallback;
-}
-
-// Where the TCP device listens: an explicit interface or host wins, then the environment
-// (PARTRAIN_GLOO_IFNAME, PARTRAIN_GLOO_HOST), then loopback (single-host default).
-[[nodiscard]] inline ::gloo::transport::tcp::attr device_attr(const std::string& ifname, const std::string& hostname) {
-  ::gloo::transport::tcp::attr attr;
-  if (!ifname.empty() || !hostname.empty()) {
-    attr.iface = ifname;
-    attr.hostname = hostname;
-    return attr;
-  }
-  attr.iface = env_or("PARTRAIN_GLOO_IFNAME", "");
-  attr.hostname = env_or("PARTRAIN_GLOO_HOST", "");
-  if (attr.iface.empty() && attr.hostname.empty()) attr.hostname = "127.0.0.1";
-  return attr;
-}
-
-// "gloo/<n>/" where n counts the groups this rank built on this store: every rank builds its
-// groups in the same order (as in torch), so the n-th group meets under the same prefix.
-[[nodiscard]] inline std::string next_prefix(const std::shared_ptr<store>& s, int rank) {
-  static std::mutex m;
-  static std::map<std::pair<const store*, int>, std::pair<std::weak_ptr<store>, int>> counters;
-  std::lock_guard lock(m);
-  auto& [owner, n] = counters[{s.get(), rank}];
-  if (owner.expired()) {  // a new store at a recycled address starts over
-    owner = s;
-    n = 0;
-  }
-  return "gloo/" + std::to_string(n++) + "/";
-}
-
-[[nodiscard]] inline std::string describe_attr(const ::gloo::transport::tcp::attr& a) {
-  std::string s;
-  if (!a.iface.empty()) s += "interface '" + a.iface + "'";
-  if (!a.hostname.empty()) s += (s.empty() ? "" : ", ") + std::string("host '") + a.hostname + "'";
-  return s.empty() ? "default address" : s;
-}
-
-// Creates the TCP device and a full-mesh context with the timeout on it. Every rank must call
-// this concurrently with the same prefix; it returns once all pairs are connected.
-[[nodiscard]] inline std::shared_ptr<::gloo::Context> connect(const std::shared_ptr<store>& s, const std::string& prefix,
-                                                               int rank, int size, std::chrono::milliseconds timeout,
-                                                               const ::gloo::transport::tcp::attr& attr) {
-  const std::string where = "rank " + std::to_string(rank) + " gloo rendezvous (world size " + std::to_string(size) +
-                            ", store prefix '" + prefix + "', " + describe_attr(attr) + ")";
-  std::shared_ptr<::gloo::transport::Device> dev;
-  try {
-    dev = ::gloo::transport::tcp::CreateDevice(attr);
-  } catch (const std::exception& e) {
-    throw config_error(where + ": cannot create the TCP device: " + e.what() +
-                       " (set PARTRAIN_GLOO_IFNAME to an interface or PARTRAIN_GLOO_HOST to a local address)");
-  }
-  auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);
-  ctx->setTimeout(timeout);  // connectFullMesh waits on the store with this timeout
-  store_adapter adapter(s, prefix, timeout);
-  try {
-    ctx->connectFullMesh(adapter, dev);
-  } catch (const timeout_error& e) {
-    throw timeout_error(where + ": " + e.what());
-  } catch (const partrain::error&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw communication_error(where + ": connecting to the peers failed: " + e.what());
-  }
-  return ctx;
-}
-
-using reduce_fn = ::gloo::AllreduceOptions::Func;
-
-// Gloo's typed kernels where it has them; the 16-bit types reduce through float via
-// host_reduce. Gloo calls fn(out, a, b, n) with out == a allowed.
-[[nodiscard]] inline reduce_fn make_reduce_fn(dtype t, reduce_op op) {
-  if (t == dtype::float16 || t == dtype::bfloat16) {
-    return [t, op](void* c, const void* a, const void* b, std::size_t n) {
-      const std::size_t bytes = n * size_of(t);
-      if (c == a) {
-        host_reduce(c, b, n, t, op);
-      } else if (c == b) {
-        host_reduce(c, a, n, t, op);  // every op here is commutative
-      } else {
-        std::memcpy(c, a, bytes);
-        host_reduce(c, b, n, t, op);
-      }
-    };
-  }
-  return visit_dtype(t, [op]<class T>(std::type_identity<T>) -> reduce_fn {
-    if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
-      throw invalid_argument_error("internal: 16-bit types take the host_reduce path");
-    } else {
-    switch (op) {
-      case reduce_op::sum: case reduce_op::avg: return [](void* c, const void* a, const void* b, std::size_t n) { ::gloo::sum<T>(c, a, b, n); };
-      case reduce_op::prod: return [](void* c, const void* a, const void* b, std::size_t n) { ::gloo::product<T>(c, a, b, n); };
-      case reduce_op::min: return [](void* c, const void* a, const void* b, std::size_t n) { ::gloo::min<T>(c, a, b, n); };
-      case reduce_op::max: return [](void* c, const void* a, const void* b, std::size_t n) { ::gloo::max<T>(c, a, b, n); };
-    }
-    throw invalid_argument_error("unknown reduce_op code " + std::to_string(static_cast<int>(op)));
-    }
-  });
-}
-
-}  // namespace partrain::inline v0::detail::gloo
-#endif  // defined(PARTRAIN_WITH_GLOO)
-
-// #include <partrain/comm/detail/sigpipe.hpp>
-#if defined(PARTRAIN_WITH_GLOO)
-// partrain/comm/detail/sigpipe.hpp: keeps a write to a dead peer's socket from killing the rank.
-// Gloo writes with writev(), which cannot pass MSG_NOSIGNAL: when the peer has just died, the
-// kernel raises SIGPIPE, whose default action ends the process before Gloo can report the broken
-// connection (and before our error can name the rank and operation). Python ignores SIGPIPE at
-// start-up, so torch.distributed never meets this; a C++ program must opt out itself.
-
-#include <signal.h>
-
-namespace partrain::inline v0::detail::gloo {
-
-inline void swallow_signal(int) noexcept {}
-
-// Where SIGPIPE still has its default action, installs a handler that does nothing: the write
-// then fails with EPIPE. A user's own choice (SIG_IGN or a handler) is kept. A handler rather
-// than SIG_IGN because exec resets handlers but keeps SIG_IGN: programs the rank starts later
-// still get the default behaviour. Returns whether it installed the handler.
-inline bool survive_sigpipe() noexcept {
-  struct sigaction current {};
-  if (::sigaction(SIGPIPE, nullptr, &current) != 0) return false;
-  if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) return false;
-  struct sigaction mine {};
-  mine.sa_handler = &swallow_signal;
-  mine.sa_flags = SA_RESTART;  // other system calls of the writing thread go on undisturbed
-  ::sigemptyset(&mine.sa_mask);
-  return ::sigaction(SIGPIPE, &mine, nullptr) == 0;
-}
-
-}  // namespace partrain::inline v0::detail::gloo
-#endif  // defined(PARTRAIN_WITH_GLOO)
 
 // #include <partrain/comm/process_group.hpp>
 // partrain/comm/process_group.hpp: the polymorphic base of the backends (local, gloo, nccl).
@@ -3636,6 +3360,464 @@ PARTRAIN_LINKAGE void process_group::check_across_ranks(collective c, dtype t, s
 #endif
 
 }  // namespace partrain::inline v0
+
+// #include <partrain/comm/subgroups.hpp>
+// partrain/comm/subgroups.hpp: groups made from a group, as torch.distributed.new_group and
+// new_subgroups make them. Both are collective over the parent (every rank calls them, in the
+// same order as its other collectives) and return a group of the parent's own backend type, so
+// policies that take two groups of one type (hierarchical post-local SGD) get one:
+//
+//   auto host = new_subgroups(*world, 4);   // ranks 0-3, 4-7, ...: this rank's host group
+//   post_local_sgd lsgd(model, opt, *world, *host, {.period = 16});
+
+#include <concepts>
+#include <memory>
+#include <string>
+#include <utility>
+
+// #include <partrain/comm/process_group.hpp> (above)
+// #include <partrain/core/error.hpp> (above)
+
+namespace partrain::inline v0 {
+
+// The ranks of g that pass the same color (>= 0) form a new group, ranked in their order in g
+// (MPI_Comm_split with the parent's rank as key).
+template <std::derived_from<process_group> G>
+[[nodiscard]] std::unique_ptr<G> split_group(G& g, int color) {
+  auto made = g.split(color);
+  auto* typed = dynamic_cast<G*>(made.get());
+  if (!typed) {
+    throw error(error_kind::internal, "split_group: the " + std::string(g.backend()) +
+                                          " backend returned a group of another type (expected its own)");
+  }
+  (void)made.release();
+  return std::unique_ptr<G>(typed);
+}
+
+// torch.distributed.new_subgroups(group_size): consecutive ranks of g in groups of group_size
+// (ranks 0..group_size-1, then the next group_size, ...); this rank's group. group_size must
+// divide g's size (a host's ranks: its local world size).
+template <std::derived_from<process_group> G>
+[[nodiscard]] std::unique_ptr<G> new_subgroups(G& g, int group_size) {
+  if (group_size < 1 || g.size() % group_size != 0) {
+    throw invalid_argument_error("rank " + std::to_string(g.rank()) + " new_subgroups: group_size " +
+                                 std::to_string(group_size) + " does not divide the group's " + std::to_string(g.size()) +
+                                 " ranks (expected a divisor, e.g. the ranks per host)");
+  }
+  return split_group(g, g.rank() / group_size);
+}
+
+}  // namespace partrain::inline v0
+
+// #include <partrain/comm/device_mesh.hpp>
+// partrain/comm/device_mesh.hpp: the job's ranks as an N-dimensional grid with named dimensions
+// (PyTorch's DeviceMesh), row-major with the last dimension innermost: with {"pp", 2}, {"dp", 2},
+// {"tp", 2}, ranks 0 and 1 differ only in tp, ranks 0 and 2 only in dp. Put the dimension that
+// talks most innermost (tensor parallel: consecutive ranks, one host). Every group it hands out,
+// one per dimension and one per pair of dimensions flattened (e.g. dp x tp for FSDP over both),
+// is made at construction through the backend's split, collectively and in one order on every
+// rank, so no later call creates a group behind the others' backs.
+//
+//   device_mesh mesh(world, {{"dp", 2}, {"tp", 2}});
+//   mesh.group("tp")          // this rank's tensor-parallel group (2 consecutive ranks)
+//   mesh.coordinate("dp")     // which data-parallel replica this rank belongs to
+//   distributed_data_parallel ddp(model, mesh.group("dp"));
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+// #include <partrain/comm/process_group.hpp> (above)
+// #include <partrain/comm/subgroups.hpp> (above)
+// #include <partrain/core/error.hpp> (above)
+
+namespace partrain::inline v0 {
+
+struct mesh_dim {
+  std::string name;
+  int size = 1;
+};
+
+template <std::derived_from<process_group> G>
+class device_mesh {
+ public:
+  // Collective over `world`: every rank constructs its mesh with the same dimensions.
+  device_mesh(G& world, std::vector<mesh_dim> dims) : world_(&world), dims_(std::move(dims)) {
+    check();
+    coords_.resize(dims_.size());
+    int rest = world.rank();
+    for (std::size_t i = dims_.size(); i-- > 0;) {
+      coords_[i] = rest % dims_[i].size;
+      rest /= dims_[i].size;
+    }
+    for (std::size_t i = 0; i < dims_.size(); ++i) add_group({i});
+    for (std::size_t i = 0; i < dims_.size(); ++i) {
+      for (std::size_t j = i + 1; j < dims_.size(); ++j) add_group({i, j});
+    }
+  }
+
+  [[nodiscard]] G& world() noexcept { return *world_; }
+  [[nodiscard]] const std::vector<mesh_dim>& dims() const noexcept { return dims_; }
+  [[nodiscard]] int size(std::string_view dim) const { return dims_[index(dim)].size; }
+  // This rank's place along dim (0 .. size(dim) - 1).
+  [[nodiscard]] int coordinate(std::string_view dim) const { return coords_[index(dim)]; }
+  // The ranks that differ from this one only along dim, ranked by their coordinate there.
+  [[nodiscard]] G& group(std::string_view dim) { return *find({index(dim)}); }
+  // The ranks that differ from this one only along the two dimensions, row-major in mesh order.
+  [[nodiscard]] G& group(std::string_view a, std::string_view b) {
+    auto i = index(a), j = index(b);
+    if (i == j) throw invalid_argument_error(where() + "group('" + std::string(a) + "', '" + std::string(b) + "'): the same dimension twice");
+    if (i > j) std::swap(i, j);
+    return *find({i, j});
+  }
+
+ private:
+  struct entry {
+    std::vector<std::size_t> dims;
+    std::unique_ptr<G> group;
+  };
+
+  [[nodiscard]] std::string where() const { return "rank " + std::to_string(world_->rank()) + " device_mesh: "; }
+  [[nodiscard]] std::string shape_text() const {
+    std::string s;
+    for (const auto& d : dims_) s += (s.empty() ? "" : " x ") + d.name + " " + std::to_string(d.size);
+    return s.empty() ? "no dimensions" : s;
+  }
+
+  void check() const {
+    if (dims_.empty()) throw invalid_argument_error(where() + "no dimensions (expected at least one, e.g. {\"dp\", 2})");
+    long long product = 1;
+    for (std::size_t i = 0; i < dims_.size(); ++i) {
+      if (dims_[i].name.empty()) throw invalid_argument_error(where() + "dimension " + std::to_string(i) + " has no name");
+      if (dims_[i].size < 1) {
+        throw invalid_argument_error(where() + "dimension '" + dims_[i].name + "' has size " + std::to_string(dims_[i].size) +
+                                     " (expected >= 1)");
+      }
+      for (std::size_t j = 0; j < i; ++j) {
+        if (dims_[j].name == dims_[i].name) {
+          throw invalid_argument_error(where() + "dimension name '" + dims_[i].name + "' used twice (" + shape_text() + ")");
+        }
+      }
+      product *= dims_[i].size;
+    }
+    if (product != world_->size()) {
+      throw invalid_argument_error(where() + shape_text() + " is " + std::to_string(product) + " ranks, but the world has " +
+                                   std::to_string(world_->size()) + " (expected the product of the sizes to be the world size)");
+    }
+  }
+
+  [[nodiscard]] std::size_t index(std::string_view dim) const {
+    for (std::size_t i = 0; i < dims_.size(); ++i) {
+      if (dims_[i].name == dim) return i;
+    }
+    throw invalid_argument_error(where() + "no dimension '" + std::string(dim) + "' in " + shape_text());
+  }
+
+  // The group of ranks that share this rank's coordinates outside `free`: the color is those
+  // coordinates, row-major.
+  void add_group(std::vector<std::size_t> free) {
+    int color = 0;
+    for (std::size_t i = 0; i < dims_.size(); ++i) {
+      const bool varies = std::find(free.begin(), free.end(), i) != free.end();
+      color = color * dims_[i].size + (varies ? 0 : coords_[i]);
+    }
+    groups_.push_back({std::move(free), split_group(*world_, color)});
+  }
+  [[nodiscard]] G* find(const std::vector<std::size_t>& dims) {
+    for (auto& e : groups_) {
+      if (e.dims == dims) return e.group.get();
+    }
+    throw error(error_kind::internal, where() + "a group was not made at construction");
+  }
+
+  G* world_;
+  std::vector<mesh_dim> dims_;
+  std::vector<int> coords_;
+  std::vector<entry> groups_;
+};
+
+}  // namespace partrain::inline v0
+
+// #include <partrain/comm/store.hpp>
+// partrain/comm/store.hpp: the rendezvous key-value store (torch's c10d Store). Ranks exchange
+// bootstrap data through it: Gloo's addresses, the NCCL unique id. Every call has a deadline.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace partrain::inline v0 {
+
+class store {
+ public:
+  store() = default;
+  store(const store&) = delete;
+  store& operator=(const store&) = delete;
+  virtual ~store() = default;
+
+  virtual void set(const std::string& key, std::span<const std::byte> value) = 0;
+  // Blocks until key exists (or the timeout passes: timeout_error naming the key).
+  [[nodiscard]] virtual std::vector<std::byte> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // Atomically adds delta to the integer at key (0 if absent) and returns the new value.
+  virtual std::int64_t add(const std::string& key, std::int64_t delta) = 0;
+  // Blocks until every key exists; timeout_error names the keys still missing.
+  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+  [[nodiscard]] virtual bool check(const std::vector<std::string>& keys) = 0;
+
+  // Conveniences over the byte interface.
+  void set(const std::string& key, const std::string& value) {
+    set(key, std::span(reinterpret_cast<const std::byte*>(value.data()), value.size()));
+  }
+  [[nodiscard]] std::string get_string(const std::string& key, std::chrono::milliseconds timeout) {
+    auto v = get(key, timeout);
+    return {reinterpret_cast<const char*>(v.data()), v.size()};
+  }
+};
+
+}  // namespace partrain::inline v0
+
+// #include <partrain/comm/detail/gloo_store.hpp>
+#if defined(PARTRAIN_WITH_GLOO)
+// partrain/comm/detail/gloo_store.hpp: Gloo's rendezvous Store implemented over partrain's
+// store, so Gloo's full-mesh connect exchanges its addresses through whatever store the job
+// uses (TCP, file, in-memory). Keys get a prefix so several groups can share one store.
+
+#if !__has_include(<gloo/rendezvous/store.h>)
+#error "partrain/comm/detail/gloo_store.hpp needs Gloo (Debian libgloo-dev); link partrain::gloo"
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gloo/rendezvous/store.h>
+
+// #include <partrain/comm/store.hpp> (above)
+// #include <partrain/core/error.hpp> (above)
+
+namespace partrain::inline v0::detail::gloo {
+
+class store_adapter final : public ::gloo::rendezvous::Store {
+ public:
+  store_adapter(std::shared_ptr<store> s, std::string prefix, std::chrono::milliseconds timeout)
+      : store_(std::move(s)), prefix_(std::move(prefix)), timeout_(timeout) {
+    if (!store_) throw invalid_argument_error("gloo rendezvous: the store is null (expected a connected store)");
+  }
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(prefix_ + key, std::span(reinterpret_cast<const std::byte*>(data.data()), data.size()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    auto bytes = store_->get(prefix_ + key, timeout_);
+    std::vector<char> out(bytes.size());
+    if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+    return out;
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const auto& k : keys) full.push_back(prefix_ + k);
+    // Gloo passes its context timeout; never wait longer than the group's own bound.
+    store_->wait(full, timeout.count() > 0 ? std::min(timeout, timeout_) : timeout_);
+  }
+
+ private:
+  std::shared_ptr<store> store_;
+  std::string prefix_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace partrain::inline v0::detail::gloo
+#endif  // defined(PARTRAIN_WITH_GLOO)
+
+// #include <partrain/comm/detail/gloo_context.hpp>
+#if defined(PARTRAIN_WITH_GLOO)
+// partrain/comm/detail/gloo_context.hpp: building a connected Gloo context (TCP device,
+// full mesh through our store, timeouts) and the element-wise reduce functions Gloo calls.
+// Shared by gloo_group and by bench_collectives, which times raw Gloo on the same setup.
+
+#if !__has_include(<gloo/rendezvous/context.h>)
+#error "partrain/comm/detail/gloo_context.hpp needs Gloo (Debian libgloo-dev); link partrain::gloo"
+#endif
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include <gloo/allreduce.h>
+#include <gloo/common/error.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
+// #include <partrain/comm/detail/gloo_store.hpp> (above)
+// #include <partrain/comm/detail/host_reduce.hpp> (above)
+// #include <partrain/comm/reduce_op.hpp> (above)
+// #include <partrain/comm/store.hpp> (above)
+// #include <partrain/core/dtype.hpp> (above)
+// #include <partrain/core/error.hpp> (above)
+
+namespace partrain::inline v0::detail::gloo {
+
+[[nodiscard]] inline std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? std::string(v) : fallback;
+}
+
+// Where the TCP device listens: an explicit interface or host wins, then the environment
+// (PARTRAIN_GLOO_IFNAME, PARTRAIN_GLOO_HOST), then loopback (single-host default).
+[[nodiscard]] inline ::gloo::transport::tcp::attr device_attr(const std::string& ifname, const std::string& hostname) {
+  ::gloo::transport::tcp::attr attr;
+  if (!ifname.empty() || !hostname.empty()) {
+    attr.iface = ifname;
+    attr.hostname = hostname;
+    return attr;
+  }
+  attr.iface = env_or("PARTRAIN_GLOO_IFNAME", "");
+  attr.hostname = env_or("PARTRAIN_GLOO_HOST", "");
+  if (attr.iface.empty() && attr.hostname.empty()) attr.hostname = "127.0.0.1";
+  return attr;
+}
+
+// "gloo/<n>/" where n counts the groups this rank built on this store: every rank builds its
+// groups in the same order (as in torch), so the n-th group meets under the same prefix.
+[[nodiscard]] inline std::string next_prefix(const std::shared_ptr<store>& s, int rank) {
+  static std::mutex m;
+  static std::map<std::pair<const store*, int>, std::pair<std::weak_ptr<store>, int>> counters;
+  std::lock_guard lock(m);
+  auto& [owner, n] = counters[{s.get(), rank}];
+  if (owner.expired()) {  // a new store at a recycled address starts over
+    owner = s;
+    n = 0;
+  }
+  return "gloo/" + std::to_string(n++) + "/";
+}
+
+[[nodiscard]] inline std::string describe_attr(const ::gloo::transport::tcp::attr& a) {
+  std::string s;
+  if (!a.iface.empty()) s += "interface '" + a.iface + "'";
+  if (!a.hostname.empty()) s += (s.empty() ? "" : ", ") + std::string("host '") + a.hostname + "'";
+  return s.empty() ? "default address" : s;
+}
+
+// Creates the TCP device and a full-mesh context with the timeout on it. Every rank must call
+// this concurrently with the same prefix; it returns once all pairs are connected.
+[[nodiscard]] inline std::shared_ptr<::gloo::Context> connect(const std::shared_ptr<store>& s, const std::string& prefix,
+                                                               int rank, int size, std::chrono::milliseconds timeout,
+                                                               const ::gloo::transport::tcp::attr& attr) {
+  const std::string where = "rank " + std::to_string(rank) + " gloo rendezvous (world size " + std::to_string(size) +
+                            ", store prefix '" + prefix + "', " + describe_attr(attr) + ")";
+  std::shared_ptr<::gloo::transport::Device> dev;
+  try {
+    dev = ::gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    throw config_error(where + ": cannot create the TCP device: " + e.what() +
+                       " (set PARTRAIN_GLOO_IFNAME to an interface or PARTRAIN_GLOO_HOST to a local address)");
+  }
+  auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);
+  ctx->setTimeout(timeout);  // connectFullMesh waits on the store with this timeout
+  store_adapter adapter(s, prefix, timeout);
+  try {
+    ctx->connectFullMesh(adapter, dev);
+  } catch (const timeout_error& e) {
+    throw timeout_error(where + ": " + e.what());
+  } catch (const partrain::error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw communication_error(where + ": connecting to the peers failed: " + e.what());
+  }
+  return ctx;
+}
+
+using reduce_fn = ::gloo::AllreduceOptions::Func;
+
+// Gloo's typed kernels where it has them; the 16-bit types reduce through float via
+// host_reduce. Gloo calls fn(out, a, b, n) with out == a allowed.
+[[nodiscard]] inline reduce_fn make_reduce_fn(dtype t, reduce_op op) {
+  if (t == dtype::float16 || t == dtype::bfloat16) {
+    return [t, op](void* c, const void* a, const void* b, std::size_t n) {
+      const std::size_t bytes = n * size_of(t);
+      if (c == a) {
+        host_reduce(c, b, n, t, op);
+      } else if (c == b) {
+        host_reduce(c, a, n, t, op);  // every op here is commutative
+      } else {
+        std::memcpy(c, a, bytes);
+        host_reduce(c, b, n, t, op);
+      }
+    };
+  }
+  return visit_dtype(t, [op]<class T>(std::type_identity<T>) -> reduce_fn {
+    if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
+      throw invalid_argument_error("internal: 16-bit types take the host_reduce path");
+    } else {
+    switch (op) {
+      case reduce_op::sum: case reduce_op::avg: return [](void* c, const void* a, const void* b, std::size_t n) { ::gloo::sum<T>(c, a, b, n); };
+      case reduce_op::prod: return [](void* c, const void* a, const void* b, std::size_t n) { ::gloo::product<T>(c, a, b, n); };
+      case reduce_op::min: return [](void* c, const void* a, const void* b, std::size_t n) { ::gloo::min<T>(c, a, b, n); };
+      case reduce_op::max: return [](void* c, const void* a, const void* b, std::size_t n) { ::gloo::max<T>(c, a, b, n); };
+    }
+    throw invalid_argument_error("unknown reduce_op code " + std::to_string(static_cast<int>(op)));
+    }
+  });
+}
+
+}  // namespace partrain::inline v0::detail::gloo
+#endif  // defined(PARTRAIN_WITH_GLOO)
+
+// #include <partrain/comm/detail/sigpipe.hpp>
+#if defined(PARTRAIN_WITH_GLOO)
+// partrain/comm/detail/sigpipe.hpp: keeps a write to a dead peer's socket from killing the rank.
+// Gloo writes with writev(), which cannot pass MSG_NOSIGNAL: when the peer has just died, the
+// kernel raises SIGPIPE, whose default action ends the process before Gloo can report the broken
+// connection (and before our error can name the rank and operation). Python ignores SIGPIPE at
+// start-up, so torch.distributed never meets this; a C++ program must opt out itself.
+
+#include <signal.h>
+
+namespace partrain::inline v0::detail::gloo {
+
+inline void swallow_signal(int) noexcept {}
+
+// Where SIGPIPE still has its default action, installs a handler that does nothing: the write
+// then fails with EPIPE. A user's own choice (SIG_IGN or a handler) is kept. A handler rather
+// than SIG_IGN because exec resets handlers but keeps SIG_IGN: programs the rank starts later
+// still get the default behaviour. Returns whether it installed the handler.
+inline bool survive_sigpipe() noexcept {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) != 0) return false;
+  if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) return false;
+  struct sigaction mine {};
+  mine.sa_handler = &swallow_signal;
+  mine.sa_flags = SA_RESTART;  // other system calls of the writing thread go on undisturbed
+  ::sigemptyset(&mine.sa_mask);
+  return ::sigaction(SIGPIPE, &mine, nullptr) == 0;
+}
+
+}  // namespace partrain::inline v0::detail::gloo
+#endif  // defined(PARTRAIN_WITH_GLOO)
 
 // #include <partrain/comm/gloo.hpp>
 #if defined(PARTRAIN_WITH_GLOO)
@@ -5545,54 +5727,6 @@ class nccl_group final : public process_group {
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_HAS_CUDA && defined(PARTRAIN_WITH_NCCL)
-
-// #include <partrain/comm/subgroups.hpp>
-// partrain/comm/subgroups.hpp: groups made from a group, as torch.distributed.new_group and
-// new_subgroups make them. Both are collective over the parent (every rank calls them, in the
-// same order as its other collectives) and return a group of the parent's own backend type, so
-// policies that take two groups of one type (hierarchical post-local SGD) get one:
-//
-//   auto host = new_subgroups(*world, 4);   // ranks 0-3, 4-7, ...: this rank's host group
-//   post_local_sgd lsgd(model, opt, *world, *host, {.period = 16});
-
-#include <concepts>
-#include <memory>
-#include <string>
-#include <utility>
-
-// #include <partrain/comm/process_group.hpp> (above)
-// #include <partrain/core/error.hpp> (above)
-
-namespace partrain::inline v0 {
-
-// The ranks of g that pass the same color (>= 0) form a new group, ranked in their order in g
-// (MPI_Comm_split with the parent's rank as key).
-template <std::derived_from<process_group> G>
-[[nodiscard]] std::unique_ptr<G> split_group(G& g, int color) {
-  auto made = g.split(color);
-  auto* typed = dynamic_cast<G*>(made.get());
-  if (!typed) {
-    throw error(error_kind::internal, "split_group: the " + std::string(g.backend()) +
-                                          " backend returned a group of another type (expected its own)");
-  }
-  (void)made.release();
-  return std::unique_ptr<G>(typed);
-}
-
-// torch.distributed.new_subgroups(group_size): consecutive ranks of g in groups of group_size
-// (ranks 0..group_size-1, then the next group_size, ...); this rank's group. group_size must
-// divide g's size (a host's ranks: its local world size).
-template <std::derived_from<process_group> G>
-[[nodiscard]] std::unique_ptr<G> new_subgroups(G& g, int group_size) {
-  if (group_size < 1 || g.size() % group_size != 0) {
-    throw invalid_argument_error("rank " + std::to_string(g.rank()) + " new_subgroups: group_size " +
-                                 std::to_string(group_size) + " does not divide the group's " + std::to_string(g.size()) +
-                                 " ranks (expected a divisor, e.g. the ranks per host)");
-  }
-  return split_group(g, g.rank() / group_size);
-}
-
-}  // namespace partrain::inline v0
 
 // #include <partrain/data/batch.hpp>
 // partrain/data/batch.hpp: what the loader hands out. A view into the loader's buffer: valid until

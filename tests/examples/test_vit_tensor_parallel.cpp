@@ -1,0 +1,198 @@
+// The ViT's blocks split over a tensor-parallel group (models/vit_layers.hpp, Megatron's split:
+// heads and hidden units per rank, the row-parallel sums by all-reduce), on threads: one step on
+// every rank of groups of 2 and 4 equals the whole model's step (logits, loss, input gradient,
+// every parameter's gradient against its slice of the whole one), with and without dropout; a few
+// SGD steps follow the whole model's losses; DP x TP on a 2 x 2 device_mesh (DDP over dp, the
+// blocks split over tp) equals one process on the global batch; each step sends exactly 4
+// all-reduces of batch x tokens x dim per block; uneven splits are refused with the sizes.
+#include <catch2/catch.hpp>
+
+#include <partrain/comm/device_mesh.hpp>
+#include <partrain/comm/local.hpp>
+#include <partrain/model/sequential.hpp>
+#include <partrain/optim/sgd.hpp>
+#include <partrain/parallel/ddp.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "mlp_host_twin.hpp"
+#include "pipeline_layers.hpp"
+#include "vit_device_step.hpp"
+#include "vit_layers.hpp"
+
+using namespace partrain;
+namespace ml = models::layers;
+
+namespace {
+
+using block = ml::basic_transformer_block<float>;
+
+ml::vit_config tp_vit(float dropout) {
+  return {.patch = 7, .dim = 16, .depth = 2, .heads = 4, .mlp_ratio = 2, .dropout = dropout};
+}
+
+// The slice of a whole block's parameter i (a gradient here) that rank r of p holds.
+std::vector<float> slice(const std::vector<float>& whole, std::size_t i, std::size_t r, std::size_t p, std::size_t d,
+                         std::size_t f) {
+  const std::size_t w = d / p, fl = f / p;
+  std::vector<float> out;
+  auto rows = [&](std::size_t row0, std::size_t n, std::size_t cols) {
+    out.insert(out.end(), whole.begin() + static_cast<std::ptrdiff_t>(row0 * cols),
+               whole.begin() + static_cast<std::ptrdiff_t>((row0 + n) * cols));
+  };
+  auto cols = [&](std::size_t nrows, std::size_t ncols, std::size_t col0, std::size_t n) {
+    for (std::size_t k = 0; k < nrows; ++k) {
+      const auto at = whole.begin() + static_cast<std::ptrdiff_t>(k * ncols + col0);
+      out.insert(out.end(), at, at + static_cast<std::ptrdiff_t>(n));
+    }
+  };
+  switch (i) {
+    case block::qkv_w:
+    case block::qkv_b:
+      for (std::size_t part = 0; part < 3; ++part) rows(part * d + r * w, w, i == block::qkv_w ? d : 1);
+      return out;
+    case block::proj_w: cols(d, d, r * w, w); return out;
+    case block::fc1_w: rows(r * fl, fl, d); return out;
+    case block::fc1_b: rows(r * fl, fl, 1); return out;
+    case block::fc2_w: cols(d, f, r * fl, fl); return out;
+    default: return whole;  // replicated
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a tensor-parallel ViT step equals the whole model's", "[examples][vit][tensor_parallel]") {
+  const int p = GENERATE(2, 4);
+  const float dropout = GENERATE(0.0f, 0.2f);
+  CAPTURE(p, dropout);
+  const auto c = tp_vit(dropout);
+  const std::size_t f = c.mlp_ratio * c.dim;
+  const test::synthetic_batch b(3, c.image * c.image, 10, 5);
+  const models::host_twin_backend memory(device::cpu());
+  ml::softmax_cross_entropy loss;
+  auto whole = ml::make_vit(c, 9);
+  const auto ref = test::run_vit_step(memory, whole, loss, b, 21);
+
+  std::vector<test::vit_step> got(static_cast<std::size_t>(p));
+  std::vector<comm_traffic> traffic(static_cast<std::size_t>(p));
+  run_local(p, [&](local_group& g) {
+    const auto r = static_cast<std::size_t>(g.rank());
+    auto shard = ml::make_vit(c, 9, {.group = &g, .rank = r, .size = static_cast<std::size_t>(p)});
+    ml::softmax_cross_entropy l;
+    const auto before = g.traffic();
+    got[r] = test::run_vit_step(memory, shard, l, b, 21);
+    traffic[r] = {g.traffic().calls - before.calls, g.traffic().bytes_sent - before.bytes_sent};
+  });
+  const std::size_t per_block = ml::basic_transformer_block<float>::param_count;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(p); ++r) {
+    CAPTURE(r);
+    CHECK(got[r].loss_sum == Approx(ref.loss_sum).epsilon(1e-5));
+    CHECK(test::relative_difference(got[r].logits, ref.logits) <= 1e-5);
+    CHECK(test::relative_difference(got[r].input_grad, ref.input_grad) <= 1e-5);
+    REQUIRE(got[r].grads.size() == ref.grads.size());
+    for (std::size_t k = 0; k < ref.grads.size(); ++k) {
+      CAPTURE(k);
+      const bool in_block = k >= 3 && k < 3 + per_block * c.depth;
+      const auto want = in_block ? slice(ref.grads[k], (k - 3) % per_block, r, static_cast<std::size_t>(p), c.dim, f)
+                                 : ref.grads[k];
+      CHECK(test::relative_difference(got[r].grads[k], want) <= 2e-5);
+    }
+    // 2 all-reduces forward and 2 backward per block, each of batch x tokens x dim floats.
+    const std::uint64_t floats = 3 * 16 * c.dim, n = static_cast<std::uint64_t>(p);
+    CHECK(traffic[r].calls == 4 * c.depth);
+    CHECK(traffic[r].bytes_sent == 4 * c.depth * (2 * (n - 1) * floats * sizeof(float) / n));
+  }
+}
+
+TEST_CASE("tensor-parallel ViT training follows the whole model's", "[examples][vit][tensor_parallel]") {
+  const auto c = tp_vit(0.1f);
+  auto train = [&](ml::host_model layers, std::vector<double>& losses) {
+    sequential model(std::move(layers), ml::softmax_cross_entropy{});
+    model.set_seed(3);
+    sgd opt(model, {.lr = 0.1, .momentum = 0.9});
+    for (std::uint32_t s = 0; s < 4; ++s) {
+      const test::synthetic_batch b(4, c.image * c.image, 10, 70 + s);
+      struct {
+        tensor_view<const float> features;
+        std::vector<std::int32_t> labels;
+      } batch{b.input(), b.y};
+      losses.push_back(model.train_step(batch));
+      opt.step();
+    }
+  };
+  std::vector<double> ref;
+  train(ml::make_vit(c, 4), ref);
+  std::vector<std::vector<double>> got(2);
+  run_local(2, [&](local_group& g) {
+    const auto r = static_cast<std::size_t>(g.rank());
+    train(ml::make_vit(c, 4, {.group = &g, .rank = r, .size = 2}), got[r]);
+  });
+  for (const auto& run : got) {
+    REQUIRE(run.size() == ref.size());
+    for (std::size_t s = 0; s < ref.size(); ++s) CHECK(run[s] == Approx(ref[s]).epsilon(1e-5));
+  }
+  CHECK(ref.front() != Approx(ref.back()).epsilon(1e-3));  // it trained
+}
+
+namespace {
+
+struct rows_batch {
+  tensor_view<const float> features;
+  std::vector<std::int32_t> labels;
+};
+
+}  // namespace
+
+TEST_CASE("DP x TP on a 2 x 2 mesh equals one process on the global batch", "[examples][vit][tensor_parallel][ddp]") {
+  const auto c = tp_vit(0.0f);  // no dropout: a data-parallel rank's masks are drawn for its own rows
+  const std::size_t half = 3, pixels = c.image * c.image;
+  std::vector<test::synthetic_batch> batches;
+  for (std::uint32_t s = 0; s < 3; ++s) batches.emplace_back(2 * half, pixels, 10, 300 + s);
+  const test::synthetic_batch probe(5, pixels, 10, 999);
+  const rows_batch probe_rows{probe.input(), probe.y};
+
+  sequential whole(ml::make_vit(c, 6), ml::softmax_cross_entropy{});
+  sgd whole_opt(whole, {.lr = 0.1, .momentum = 0.9});
+  for (const auto& b : batches) {
+    (void)whole.train_step(rows_batch{b.input(), b.y});
+    whole_opt.step();
+  }
+  const eval_result want = whole.eval_step(probe_rows);
+
+  std::vector<eval_result> got(4);
+  run_local(4, [&](local_group& world) {
+    device_mesh mesh(world, {{"dp", 2}, {"tp", 2}});
+    sequential model(ml::make_vit(c, 6, {.group = &mesh.group("tp"), .rank = static_cast<std::size_t>(mesh.coordinate("tp")), .size = 2}),
+                     ml::softmax_cross_entropy{});
+    distributed_data_parallel ddp(model, mesh.group("dp"));
+    sgd opt(model, {.lr = 0.1, .momentum = 0.9});
+    const auto dp = static_cast<std::size_t>(mesh.coordinate("dp"));
+    for (const auto& b : batches) {  // data-parallel rank dp takes rows dp*half .. of the global batch
+      const tensor_view<const float> mine(b.x.data() + dp * half * pixels, shape{half, pixels});
+      (void)ddp.train_step(rows_batch{mine, std::vector<std::int32_t>(b.y.begin() + static_cast<std::ptrdiff_t>(dp * half),
+                                                                       b.y.begin() + static_cast<std::ptrdiff_t>((dp + 1) * half))});
+      opt.step();
+    }
+    got[static_cast<std::size_t>(world.rank())] = model.eval_step(probe_rows);
+  });
+  for (const auto& e : got) {
+    CHECK(e.count == want.count);
+    CHECK(e.correct == want.correct);
+    CHECK(e.loss_sum == Approx(want.loss_sum).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("a tensor-parallel block refuses a split it cannot make", "[examples][vit][tensor_parallel]") {
+  const block whole(16, 4, 32, 0.0f, 1);
+  CHECK_THROWS_WITH(block(whole, {.group = nullptr, .rank = 0, .size = 3}),
+                    Catch::Contains("4 heads and hidden width 32 over 3 tensor-parallel ranks") &&
+                        Catch::Contains("divisible"));
+  CHECK_THROWS_WITH(block(whole, {.group = nullptr, .rank = 2, .size = 2}), Catch::Contains("rank 2 of 2"));
+  CHECK_THROWS_WITH(block(whole, {.group = nullptr, .rank = 0, .size = 2}), Catch::Contains("need their group of that size"));
+  run_local(2, [&](local_group& g) {
+    const block shard(whole, {.group = &g, .rank = static_cast<std::size_t>(g.rank()), .size = 2});
+    if (g.rank() == 0) CHECK_THROWS_WITH(block(shard, {.group = &g, .rank = 0, .size = 2}), Catch::Contains("not a shard"));
+  });
+}
