@@ -1,7 +1,23 @@
 #!/usr/bin/env bash
-# Installs every Debian package partrain needs. Idempotent and non-interactive: when all are
-# present it does nothing (no apt-get at all), otherwise one `apt-get update` and one install.
+# Installs every Debian package partrain needs, then the Python packages of the safetensors interop
+# test (safetensors, numpy) in a venv of the repository, .cache/py-venv (git-ignored; CMake's
+# PARTRAIN_SAFETENSORS_PYTHON points there). Idempotent and non-interactive: when all are present
+# it does nothing (no apt-get, no pip at all), otherwise one `apt-get update` and one install.
 set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+# The venv, from PyPI (skipped quietly when it already imports both; a failure leaves the interop
+# test Skipped, not the setup failed).
+python_venv() {
+  local venv=$root/.cache/py-venv
+  if "$venv/bin/python" -c 'import safetensors, numpy' >/dev/null 2>&1; then
+    return
+  fi
+  echo "setup: creating $venv (safetensors, numpy)"
+  if ! { /usr/bin/python3 -m venv "$venv" && "$venv/bin/python" -m pip install -q safetensors numpy; }; then
+    echo "setup: could not make $venv; the safetensors interop test will report Skipped" >&2
+  fi
+}
 
 packages=(
   build-essential cmake ninja-build g++ git
@@ -13,6 +29,7 @@ packages=(
   zlib1g-dev                        # gzip IDX files
   dataset-fashion-mnist             # /usr/share/datasets/fashion-mnist/
   python3                           # tools/amalgamate.py
+  python3-venv                      # .cache/py-venv for the safetensors interop test
   gnuplot-nox                       # plots of benchmark figures
 )
 
@@ -25,6 +42,7 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} packages present"
+  python_venv
   exit 0
 fi
 
@@ -37,4 +55,5 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get update -q
 "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+python_venv
 echo "setup: done"

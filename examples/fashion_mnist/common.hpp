@@ -103,6 +103,26 @@ inline auto rank_test(const datasets& d, int rank, int world) {
   return loader(d.test, views::shard(d.n_test, world, rank), {.batch_size = 1000, .prefetch = 0});
 }
 
+// --init-from FILE: the weights of a safetensors file, loaded on every rank into the model before
+// a mode wraps it (DDP, ZeRO and FSDP start from the values they are given).
+template <class Model>
+void init_from(const options& o, Model& model, int rank) {
+  if (o.init_from.empty()) return;
+  load_safetensors(o.init_from, model);
+  if (rank == 0) {
+    std::printf("initialized from %s (parameter checksum %016llx)\n", o.init_from.c_str(),
+                static_cast<unsigned long long>(parameter_checksum(model)));
+  }
+}
+// --export FILE: rank 0 writes the whole trained model (under FSDP the summoned full parameters).
+template <class Model>
+void export_model(const options& o, Model& model, int rank) {
+  if (o.export_to.empty() || rank != 0) return;
+  save_safetensors(o.export_to, model, {.metadata = {{"model", o.model}}});
+  std::printf("exported %s (parameter checksum %016llx)\n", o.export_to.c_str(),
+              static_cast<unsigned long long>(parameter_checksum(model)));
+}
+
 inline void print_end(process_group& pg, std::uint64_t checksum) {
   // Bytes this rank sent (ring-algorithm bytes, comm_traffic), what the communication modes save.
   std::printf("rank %d sent %.1f MB\n", pg.rank(), static_cast<double>(pg.traffic().bytes_sent) / 1e6);

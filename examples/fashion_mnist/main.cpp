@@ -31,6 +31,7 @@ using namespace example::fm;
 template <class Model>
 void train_ddp(Model& model, process_group& pg, const options& o, const datasets& data) {
   const int rank = pg.rank(), world = pg.size();
+  init_from(o, model, rank);
   const mixed_precision_policy mp{.compute = parse_precision(o.precision), .reduce_in_low_precision = o.reduce_16bit};
   trace_recorder trace = make_trace(o);  // before the DDP: its bucket callbacks point here
   ddp_options dopts{.overlap = o.overlap, .hook = mp.ddp_hook()};
@@ -62,6 +63,7 @@ void train_ddp(Model& model, process_group& pg, const options& o, const datasets
     std::printf("mixed precision: %zu step(s) skipped for inf/NaN gradients, loss scale now %g\n", policy.skipped_steps(),
                 static_cast<double>(scaler.scale()));
   }
+  export_model(o, model, rank);
   print_end(pg, parameter_checksum(model));
 }
 

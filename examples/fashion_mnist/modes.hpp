@@ -67,6 +67,7 @@ inline void train_zero(process_group& pg, const options& o, const datasets& data
 }
 template <class Model>
 void train_zero(Model& model, process_group& pg, const options& o, const datasets& data) {
+  init_from(o, model, pg.rank());
   const auto compute = parse_precision(o.precision);
   zero_options zopts{.stage = o.parallel == "zero1" ? 1 : 2, .overlap = o.overlap};
   if (o.bucket_kb) zopts.bucket_cap_bytes = zopts.first_bucket_bytes = o.bucket_kb << 10;
@@ -82,6 +83,7 @@ void train_zero(Model& model, process_group& pg, const options& o, const dataset
                 model_name(o), o.batch_size, o.lr, o.epochs, data.n_train, data.n_test, o.precision.c_str());
   }
   fit(policy, train, test, fit_options(o, trace, train.size()));
+  export_model(o, model, pg.rank());
   print_end(pg, parameter_checksum(model));
 }
 
@@ -105,7 +107,8 @@ void fit_fsdp(Fsdp& fsdp, process_group& pg, const options& o, const datasets& d
     std::printf("rank 0 held at most %.2f MB of parameters (the whole model: %.2f MB)\n",
                 static_cast<double>(m.peak_parameter_bytes) / 1e6, static_cast<double>(m.unsharded_parameter_bytes) / 1e6);
   }
-  auto full = fsdp.summon_full_params();  // collective: the checksum reads the whole model
+  auto full = fsdp.summon_full_params();  // collective: the checksum and the export read the whole model
+  export_model(o, full, pg.rank());
   print_end(pg, parameter_checksum(full));
 }
 
@@ -133,6 +136,7 @@ inline void train_fsdp(process_group& pg, const options& o, const datasets& data
 #endif
   }
   auto model = make_sequential(o);
+  init_from(o, model, pg.rank());
   fully_sharded_data_parallel fsdp(model, pg, optimizer_options(o), fo);
   fit_fsdp(fsdp, pg, o, data, wire);
 }
@@ -143,6 +147,7 @@ inline void train_local(process_group& pg, const options& o, const datasets& dat
 }
 template <class Model>
 void train_local(Model& model, process_group& pg, const options& o, const datasets& data) {
+  init_from(o, model, pg.rank());
   any_optimizer opt = make_optimizer(model, o);
   trace_recorder trace = make_trace(o);
   loader train = rank_train(data, o, pg.rank(), pg.size());
@@ -174,6 +179,7 @@ void train_local(Model& model, process_group& pg, const options& o, const datase
                                .compression = bits});
     run(dl);
   }
+  export_model(o, model, pg.rank());
   print_end(pg, parameter_checksum(model));
 }
 
@@ -183,6 +189,7 @@ inline void train_dp(const options& o, const datasets& data) {
 }
 template <class Model>
 void train_dp(Model& model, const options& o, const datasets& data) {
+  init_from(o, model, 0);
   std::vector<device> devices;
   for (int i = 0; i < o.devices; ++i) devices.push_back(device::cpu(i));
   data_parallel dp(model, devices, [&](Model& replica) { return make_optimizer(replica, o); });
@@ -193,6 +200,7 @@ void train_dp(Model& model, const options& o, const datasets& data) {
               o.devices, model_name(o), o.batch_size, o.lr, o.epochs, data.n_train, data.n_test);
   trace_recorder trace = make_trace(o);
   fit(policy, train, test, fit_options(o, trace, train.size()));
+  export_model(o, model, 0);
   std::printf("final parameter checksum %016llx\n", static_cast<unsigned long long>(parameter_checksum(model)));
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace example {
@@ -49,6 +50,8 @@ struct options {
   int micro_batches = 4;           // pipeline: micro-batches per batch
   std::string schedule = "1f1b";   // pipeline: gpipe | 1f1b
   std::string checkpoint;          // directory; saved each epoch, resumed from when present
+  std::string init_from;           // safetensors file: the weights loaded before training
+  std::string export_to;           // safetensors file: the trained weights, written by rank 0
   std::string metrics;             // file of JSON lines: step records (every --log-every) and epoch records
   std::string trace;               // Chrome-trace JSON written by rank 0 (default: $PARTRAIN_TRACE)
   std::string data;                // Fashion-MNIST directory (default: partrain::fashion_mnist_dir())
@@ -104,6 +107,10 @@ inline constexpr std::string_view usage_text =
     "                            own thread; default 0 for a rank pinned to one CPU, where a loader thread\n"
     "                            could only take turns with it, else 2)\n"
     "  --checkpoint DIR          save every epoch; resume from DIR when it holds a checkpoint\n"
+    "  --init-from FILE          load the weights of a safetensors file (an --export of the same --model,\n"
+    "                            any mode) before training; a --checkpoint to resume from wins over it\n"
+    "  --export FILE             rank 0 writes the trained weights as a safetensors file (names params.<k>)\n"
+    "                            (--init-from and --export: host modes other than pipeline)\n"
     "  --metrics FILE            JSON lines: a step record (loss) every --log-every steps and an epoch\n"
     "                            record: epoch, step, train_loss, test_loss, test_accuracy, samples_per_s\n"
     "  --trace FILE              timeline of every rank (Chrome trace JSON, for Perfetto or chrome://tracing);\n"
@@ -266,6 +273,10 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
       detail::check_choice(flag, o.schedule, {"gpipe", "1f1b"});
     } else if (flag == "--checkpoint") {
       o.checkpoint = value();
+    } else if (flag == "--init-from") {
+      o.init_from = value();
+    } else if (flag == "--export") {
+      o.export_to = value();
     } else if (flag == "--metrics") {
       o.metrics = value();
     } else if (flag == "--trace") {
@@ -318,6 +329,13 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
     if (!o.checkpoint.empty() && !zero && o.parallel != "fsdp" && o.parallel != "pipeline") {
       throw usage_error("--checkpoint: supported with --parallel ddp, zero1, zero2, fsdp and pipeline (not dp)");
     }
+  }
+  for (const auto& [flag, given] : {std::pair{"--init-from", &o.init_from}, std::pair{"--export", &o.export_to}}) {
+    if (given->empty()) continue;
+    if (o.parallel == "pipeline") {
+      throw usage_error(std::string(flag) + ": not with --parallel pipeline (each stage holds only its own layers)");
+    }
+    if (o.device != "cpu") throw usage_error(std::string(flag) + ": with the host model only (--device cpu)");
   }
   if (o.sync != "ddp") {
     if (o.parallel != "ddp") throw usage_error("--sync " + o.sync + ": needs --parallel ddp");

@@ -148,3 +148,16 @@ TEST_CASE("example options: non-finite numbers and overflowing sizes are refused
   CHECK_THROWS_WITH(parse_options({"--bucket-kb", "18014398509481985"}), Catch::Contains("--bucket-kb: at most"));
   CHECK(parse_options({"--bucket-kb", "1073741824"}).bucket_kb == (std::size_t{1} << 30));
 }
+
+TEST_CASE("example options: --init-from and --export, host modes other than pipeline", "[examples][options]") {
+  const auto o = parse_options({"--init-from", "a.safetensors", "--export", "b.safetensors", "--parallel", "fsdp"});
+  CHECK(o.init_from == "a.safetensors");
+  CHECK(o.export_to == "b.safetensors");
+  CHECK(parse_options({"--parallel", "zero2", "--export", "b"}).export_to == "b");
+  CHECK(parse_options({"--sync", "diloco", "--init-from", "a"}).init_from == "a");
+  CHECK_THROWS_WITH(parse_options({"--parallel", "pipeline", "--init-from", "a"}),
+                    Catch::Contains("--init-from: not with --parallel pipeline"));
+  CHECK_THROWS_WITH(parse_options({"--device", "cuda", "--backend", "nccl", "--export", "b"}),
+                    Catch::Contains("--export: with the host model only (--device cpu)"));
+  CHECK_THROWS_WITH(parse_options({"--export"}), Catch::Contains("--export: needs a value"));
+}

@@ -281,6 +281,26 @@ TEST_CASE("rendezvous connects a store for one rank", "[comm][init][store]") {
   CHECK_THROWS_WITH(rendezvous("env://", {}, fake_env(vars)), Catch::Contains("unauthorized"));
 }
 
+TEST_CASE("env:// refuses a job of several ranks that nothing tells apart from another job", "[comm][init][errors]") {
+  // Two jobs on one port with RANK and WORLD_SIZE set by hand would merge: refused before any
+  // connection, saying how to give the job an identity.
+  auto vars = torchrun_vars();
+  vars["MASTER_ADDR"] = "127.0.0.1";
+  CHECK_THROWS_WITH(rendezvous("env://", {}, fake_env(vars)),
+                    Catch::Contains("rank 5 of 8 (RANK and WORLD_SIZE set by hand) has no job identity") &&
+                        Catch::Contains("set PARTRAIN_STORE_TOKEN"));
+  // A job of one merges with nothing; a batch system's job id or a token is an identity.
+  CHECK(parse_rendezvous("env://", {}, fake_env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
+                                                 {"MASTER_PORT", "1"}, {"SLURM_JOB_ID", "7"}}))
+            .token == "slurm-7.0");
+  vars["RANK"] = "0";
+  vars["WORLD_SIZE"] = "1";
+  CHECK_NOTHROW(detail::rdzv::refuse_anonymous_job(parse_rendezvous("env://", {}, fake_env(vars))));
+  vars["WORLD_SIZE"] = "2";
+  vars["PARTRAIN_STORE_TOKEN"] = "t";
+  CHECK_NOTHROW(detail::rdzv::refuse_anonymous_job(parse_rendezvous("env://", {}, fake_env(vars))));
+}
+
 TEST_CASE("init_process_group rejects backends that are unknown or not compiled in", "[comm][init][errors]") {
   init_options o = ranks(0, 1);
   o.backend = "mpl";

@@ -31,7 +31,6 @@
 #include <partrain/comm/store.hpp>
 #include <partrain/core/device.hpp>
 #include <partrain/core/error.hpp>
-#include <partrain/core/log.hpp>
 #include <partrain/rendezvous/file_store.hpp>
 #include <partrain/rendezvous/init_options.hpp>
 #include <partrain/rendezvous/launcher.hpp>
@@ -117,19 +116,25 @@ namespace detail::rdzv {
 }
 
 // The token a rank presents to its store when neither init_options::token nor
-// PARTRAIN_STORE_TOKEN gave one: the batch system's job id. Warns (once per process) when a job
-// of several ranks has no identity at all.
+// PARTRAIN_STORE_TOKEN gave one: the batch system's job id (empty when there is none;
+// connect_store then refuses a job of several ranks over env://).
 inline void default_job_token(rendezvous_info& info, const env_lookup& env) {
   if (!info.token.empty() || info.agent_store || info.scheme == "file") return;
   info.token = launcher_job_id(env);
-  if (info.token.empty() && info.world_size > 1) {
-    static bool warned = false;
-    if (!std::exchange(warned, true)) {
-      log(log_level::warn, "init_process_group: this job has no identity (no PARTRAIN_STORE_TOKEN and no Slurm, "
-                           "Open MPI or torchrun job id), so a second job started on the same MASTER_PORT could join "
-                           "it; set PARTRAIN_STORE_TOKEN to the same random value on every rank of a job");
-    }
-  }
+}
+
+// Two env:// jobs on one MASTER_PORT whose ranks share no identity would merge: job B's rank 1
+// joins job A's rank 0, and both train together. Nothing in the environment tells them apart
+// (same address, same port), so a job of several ranks without one does not start.
+inline void refuse_anonymous_job(const rendezvous_info& info) {
+  if (info.scheme != "env" || info.world_size < 2 || !info.token.empty() || info.agent_store) return;
+  throw config_error("env://: rank " + std::to_string(info.rank) + " of " + std::to_string(info.world_size) +
+                     " (" + (info.source == "env" ? std::string("RANK and WORLD_SIZE set by hand")
+                                                 : "from " + info.source) +
+                     ") has no job identity, so another job started on MASTER_PORT " + std::to_string(info.port) +
+                     " could join it; set PARTRAIN_STORE_TOKEN to the same random value on every rank of this job "
+                     "(e.g. PARTRAIN_STORE_TOKEN=$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')), or start it with "
+                     "partrun, torchrun, srun or mpirun, whose job ids serve");
 }
 
 // init_options::timeout, else PARTRAIN_TIMEOUT_MS, else `fallback`.
@@ -312,6 +317,7 @@ namespace detail::rdzv {
 // Creates info.store: rank 0 hosts the TCP server (unless a launcher's agent does), the
 // others connect to it with retries until the timeout; or opens the file store.
 inline void connect_store(rendezvous_info& info) {
+  detail::rdzv::refuse_anonymous_job(info);
   info.store = detail::rdzv::open_store(info, true, info.timeout, "rank " + std::to_string(info.rank), &info.port);
 }
 

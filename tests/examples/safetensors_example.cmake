@@ -1,0 +1,32 @@
+# --export then --init-from, across modes: run A trains under DDP and exports; run B loads that file
+# under FSDP. The checksum B prints right after loading must be the one A printed for its export
+# (the weights arrived bit for bit), and B's own export must hold its final weights.
+#   cmake -DPROGRAM=fashion_mnist -DARGS="common;args" -DFILE=dir/w.safetensors -P safetensors_example.cmake
+file(REMOVE ${FILE} ${FILE}.fsdp)
+function(run out)
+  execute_process(COMMAND ${PROGRAM} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE o ERROR_VARIABLE e TIMEOUT 300)
+  message("${o}${e}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "exit status ${rc}: ${PROGRAM} ${ARGN}")
+  endif()
+  set(${out} "${o}" PARENT_SCOPE)
+endfunction()
+function(checksum text pattern out)
+  if(NOT text MATCHES "${pattern} \\(parameter checksum ([0-9a-f]+)\\)")
+    message(FATAL_ERROR "no '${pattern} (parameter checksum ...)' line")
+  endif()
+  set(${out} ${CMAKE_MATCH_1} PARENT_SCOPE)
+endfunction()
+
+run(a ${ARGS} --parallel ddp --export ${FILE})
+checksum("${a}" "exported [^ ]+" exported)
+run(b ${ARGS} --parallel fsdp --init-from ${FILE} --export ${FILE}.fsdp)
+checksum("${b}" "initialized from [^ ]+" loaded)
+if(NOT loaded STREQUAL exported)
+  message(FATAL_ERROR "loaded weights have checksum ${loaded}, the exported ones ${exported}")
+endif()
+checksum("${b}" "exported [^ ]+" b_exported)
+if(NOT b MATCHES "final parameter checksum ${b_exported}")
+  message(FATAL_ERROR "run B exported ${b_exported}, which is not its final parameter checksum")
+endif()
+message(STATUS "ddp exported ${exported}, fsdp loaded ${loaded}, fsdp exported ${b_exported}")
