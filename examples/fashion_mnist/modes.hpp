@@ -141,6 +141,28 @@ inline void train_fsdp(process_group& pg, const options& o, const datasets& data
   fit_fsdp(fsdp, pg, o, data, wire);
 }
 
+// --deterministic S: every rank takes the whole global batch (the loader unsharded, the same order
+// everywhere) and computes its shards of it; deterministic_data_parallel sums the shards'
+// gradients exactly, so the trained parameters are the same bits at any world size up to S.
+template <class Model>
+void train_deterministic(Model& model, process_group& pg, const options& o, const datasets& data) {
+  init_from(o, model, pg.rank());
+  deterministic_data_parallel det(model, pg, {.shards = o.deterministic});
+  any_optimizer opt = make_optimizer(model, o);
+  deterministic_policy policy(det, opt);
+  trace_recorder trace = make_trace(o);
+  loader train = rank_train(data, o, 0, 1);
+  loader test = rank_test(data, pg.rank(), pg.size());
+  if (pg.rank() == 0) {
+    std::printf("fashion_mnist: deterministic data parallel, %d rank(s) over %s, %s, global batch %zu in %zu shards, "
+                "lr %g, %zu epochs, %zu/%zu examples\n", pg.size(), std::string(pg.backend()).c_str(), model_name(o),
+                o.batch_size, o.deterministic, o.lr, o.epochs, data.n_train, data.n_test);
+  }
+  fit(policy, train, test, fit_options(o, trace, train.size()));
+  export_model(o, model, pg.rank());
+  print_end(pg, parameter_checksum(model));
+}
+
 // --sync local-sgd|diloco: ranks step alone and meet every --period (or --inner-steps) steps.
 inline void train_local(process_group& pg, const options& o, const datasets& data) {
   with_model(o, [&](auto& model) { train_local(model, pg, o, data); });

@@ -65,6 +65,7 @@ struct options {
   std::int64_t period = 8;          // local-sgd: average the parameters every N steps
   std::int64_t warmup_steps = 0;    // local-sgd: synchronous steps first
   int ranks_per_host = 0;           // local-sgd: hierarchical, hosts of N consecutive ranks (0: flat)
+  std::size_t deterministic = 0;    // > 0: shards of the global batch (--batch-size); the same bits at any world size
   std::int64_t inner_steps = 50;    // diloco: inner steps per outer step (H)
   double outer_lr = 0.7;            // diloco: outer Nesterov SGD
   double outer_momentum = 0.9;
@@ -107,6 +108,9 @@ inline constexpr std::string_view usage_text =
     "                            own thread; default 0 for a rank pinned to one CPU, where a loader thread\n"
     "                            could only take turns with it, else 2)\n"
     "  --checkpoint DIR          save every epoch; resume from DIR when it holds a checkpoint\n"
+    "  --deterministic S         the same trained bits at any world size from 1 to S: --batch-size is then the\n"
+    "                            global batch, cut into S fixed shards whose gradients are summed exactly\n"
+    "                            (ddp, host, fp32)\n"
     "  --init-from FILE          load the weights of a safetensors file (an --export of the same --model,\n"
     "                            any mode) before training; a --checkpoint to resume from wins over it\n"
     "  --export FILE             rank 0 writes the trained weights as a safetensors file (names params.<k>)\n"
@@ -222,6 +226,8 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
     } else if (flag == "--warmup-steps") {
       o.warmup_steps = detail::parse_number<std::int64_t>(flag, value());
       if (o.warmup_steps < 0) throw usage_error(flag + ": must be >= 0");
+    } else if (flag == "--deterministic") {
+      o.deterministic = positive(detail::parse_number<std::size_t>(flag, value()));
     } else if (flag == "--ranks-per-host") {
       o.ranks_per_host = positive(detail::parse_number<int>(flag, value()));
     } else if (flag == "--inner-steps") {
@@ -343,6 +349,16 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
     if (o.precision != "fp32") throw usage_error("--sync " + o.sync + ": this example runs it in fp32");
   }
   if (o.ranks_per_host > 0 && o.sync != "local-sgd") throw usage_error("--ranks-per-host: with --sync local-sgd only");
+  if (o.deterministic > 0) {
+    if (o.parallel != "ddp" || o.sync != "ddp" || o.device != "cpu" || o.precision != "fp32") {
+      throw usage_error("--deterministic: data parallel on the host in fp32 only (--parallel ddp, --sync ddp, --device cpu, "
+                        "--precision fp32)");
+    }
+    if (o.batch_size % o.deterministic != 0) {
+      throw usage_error("--deterministic " + std::to_string(o.deterministic) + ": with it --batch-size is the global batch, "
+                        "and " + std::to_string(o.batch_size) + " rows do not split into that many equal shards");
+    }
+  }
   if (o.parallel == "dp" && o.nproc > 1) {
     throw usage_error("--parallel dp drives --devices N from one process; --nproc " + std::to_string(o.nproc) +
                       " asks for several ranks (use --parallel ddp for that)");

@@ -114,6 +114,7 @@
 #include <partrain/parallel/data_parallel.hpp>
 #include <partrain/parallel/ddp.hpp>
 #include <partrain/parallel/ddp_stats.hpp>
+#include <partrain/parallel/deterministic.hpp>
 #include <partrain/parallel/diloco.hpp>
 #include <partrain/parallel/fsdp.hpp>
 #include <partrain/parallel/local_sgd.hpp>
@@ -137,6 +138,7 @@
 
 // train/
 #include <partrain/train/checkpoint.hpp>
+#include <partrain/train/deterministic_policy.hpp>
 #include <partrain/train/epochs.hpp>
 #include <partrain/train/every.hpp>
 #include <partrain/train/fsdp_policy.hpp>

@@ -16710,6 +16710,197 @@ class distributed_data_parallel {
 
 }  // namespace partrain::inline v0
 
+// #include <partrain/parallel/deterministic.hpp>
+// partrain/parallel/deterministic.hpp: data parallel whose result does not depend on the layout.
+// The same global batch gives the same gradient, bit for bit, at any world size (1 up to the
+// number of shards), on any backend, and so the same trained parameters: a debugging run on one
+// rank equals the 8-rank run, a job resumed on fewer nodes goes on where it was.
+//
+// How: every rank is handed the whole global batch. It is cut into `shards` fixed micro-shards by
+// position alone (shard k: rows k B/S .. (k+1) B/S), and shard k is computed by rank
+// k * world / S. Each shard's gradient is the model's own train_step on those rows (the same
+// shapes, so the same bits, wherever it runs). The shards' gradients are then summed exactly: each
+// is turned into 64-bit fixed point at a scale the group agrees on (from the largest magnitude of
+// every parameter tensor over all shards, an all-reduce max, exact), integers add up the same in
+// any order, and one int64 all-reduce sums them over the ranks. The mean is that sum / S. Losses
+// likewise. Every rank then holds the same gradient and steps its optimizer identically.
+//
+// The contract: bit-identical results for any world size and backend on the same machine type
+// and library builds (the model's kernels, e.g. OpenBLAS's, must give the same bits for the same
+// shapes; another CPU's or GPU's kernels may not). The fixed-point sum keeps 62 bits below the
+// largest possible sum: elements below 2^-62 of their tensor's largest shard gradient x S are
+// rounded away (float keeps 24 bits of each). A model whose train_step draws random numbers per
+// call (dropout advancing with each call) must key them by the shard, not the call.
+//
+//   deterministic_data_parallel ddp(model, group, {.shards = 8});   // world 1, 2, 4 or 8
+//   double loss = ddp.train_step(global_batch);                     // the same batch on every rank
+//   opt.step();
+
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+// #include <partrain/comm/process_group.hpp> (above)
+// #include <partrain/core/error.hpp> (above)
+// #include <partrain/core/memory_space.hpp> (above)
+// #include <partrain/core/tensor_view.hpp> (above)
+// #include <partrain/data/batch.hpp> (above)
+// #include <partrain/model/concepts.hpp> (above)
+// #include <partrain/model/traits.hpp> (above)
+// #include <partrain/parallel/detail/evaluate.hpp> (above)
+
+namespace partrain::inline v0 {
+
+struct deterministic_options {
+  std::size_t shards = 0;  // fixed micro-shards per global batch (>= the world size; divides the batch)
+};
+
+namespace detail::deterministic {
+
+// 2^e with e the largest exponent such that `bound` x 2^e stays below 2^62 (1 when bound is 0).
+[[nodiscard]] inline double fixed_point_scale(double bound) {
+  if (!(bound > 0.0)) return 1.0;
+  int e = 0;
+  (void)std::frexp(bound, &e);  // bound < 2^e
+  return std::ldexp(1.0, 62 - e);
+}
+
+// v x scale (a power of two, so exact) to the nearest integer, halves away from zero: inline
+// arithmetic rather than std::llround's library call (a third of a step on the MLP).
+[[nodiscard]] inline std::int64_t to_fixed(double v, double scale) noexcept {
+  const double x = v * scale;
+  return static_cast<std::int64_t>(x + (x < 0.0 ? -0.5 : 0.5));
+}
+
+}  // namespace detail::deterministic
+
+template <class M, class C>
+class deterministic_data_parallel {
+  static_assert(model<M>, "partrain: deterministic_data_parallel takes a model (parameters() with value() and grad())");
+  static_assert(std::same_as<model_space_t<M>, host>,
+                "partrain: deterministic_data_parallel sums host gradients (the model's parameters live in host memory)");
+
+ public:
+  deterministic_data_parallel(M& m, C& comm, deterministic_options o) : model_(&m), comm_(&comm), opts_(o) {
+    const auto world = static_cast<std::size_t>(comm.size());
+    if (opts_.shards < world) {
+      throw invalid_argument_error(where() + std::to_string(opts_.shards) + " shard(s) for " + std::to_string(world) +
+                                   " ranks (expected at least one shard per rank; the shards, not the ranks, fix the result)");
+    }
+  }
+
+  [[nodiscard]] M& module() noexcept { return *model_; }
+  [[nodiscard]] C& comm() noexcept { return *comm_; }
+  [[nodiscard]] std::size_t shards() const noexcept { return opts_.shards; }
+  // This rank's test batches, summed over the ranks (as DDP evaluates).
+  template <class Range>
+  [[nodiscard]] eval_result evaluate(Range&& batches) {
+    return detail::ddp::evaluate_summed(*model_, *comm_, std::forward<Range>(batches));
+  }
+  // The shards rank r computes: k with k * world / S == r (contiguous, as even as S allows).
+  [[nodiscard]] std::vector<std::size_t> shards_of(int r) const {
+    std::vector<std::size_t> out;
+    const auto world = static_cast<std::size_t>(comm_->size());
+    for (std::size_t k = 0; k < opts_.shards; ++k) {
+      if (k * world / opts_.shards == static_cast<std::size_t>(r)) out.push_back(k);
+    }
+    return out;
+  }
+
+  // The global batch's mean loss and, in the model's gradients, its mean gradient: the same bits
+  // on every rank and at every world size. Every rank passes the same batch.
+  double train_step(const batch& global) {
+    const std::size_t n = global.size(), s = opts_.shards;
+    if (n == 0 || n % s != 0) {
+      throw invalid_argument_error(where() + "a global batch of " + std::to_string(n) + " rows in " + std::to_string(s) +
+                                   " shards (expected a non-empty batch whose size the shard count divides)");
+    }
+    auto& params = model_->parameters();
+    const std::size_t count = std::ranges::size(params);
+    const std::size_t rows = n / s;
+    const auto mine = shards_of(comm_->rank());
+
+    // 1. Each of this rank's shards: the model's own step, its gradients kept (in buffers kept
+    // from step to step: fresh ones cost a page fault per 4 KiB every step).
+    std::size_t total = 0;
+    for (auto&& p : params) total += p.grad().size();
+    stash_.resize(mine.size() * total);
+    std::vector<double> losses;
+    std::vector<float> largest(count, 0.0f);
+    for (std::size_t j = 0; j < mine.size(); ++j) {
+      const std::size_t first = mine[j] * rows;
+      const batch shard{global.features.slice(first, first + rows), global.labels.slice(first, first + rows),
+                        global.indices.empty() ? global.indices : global.indices.subspan(first, rows)};
+      losses.push_back(static_cast<double>(model_->train_step(shard)));
+      std::size_t i = 0;
+      float* to = stash_.data() + j * total;
+      for (auto&& p : params) {
+        const auto g = p.grad();
+        std::copy(g.begin(), g.end(), to);
+        to += g.size();
+        for (const float v : g) largest[i] = std::max(largest[i], std::abs(v));
+        ++i;
+      }
+    }
+    for (const float v : largest) {
+      if (!std::isfinite(v)) throw invalid_argument_error(where() + "a shard's gradient is not finite (inf or NaN): nothing exact can be summed");
+    }
+    // 2. The scale of each tensor, from its largest magnitude over every shard (max is exact).
+    comm_->all_reduce(tensor_view<float>(largest), reduce_op::max).wait();
+    // 3. Each tensor's shard gradients in fixed point, summed exactly; one int64 all-reduce.
+    sum_.assign(total + 1, 0);
+    auto& sum = sum_;
+    std::vector<double> scale(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      scale[i] = detail::deterministic::fixed_point_scale(static_cast<double>(largest[i]) * static_cast<double>(s));
+    }
+    for (std::size_t j = 0; j < mine.size(); ++j) {
+      std::size_t at = 0, i = 0;
+      for (auto&& p : params) {
+        const std::size_t len = p.grad().size();
+        const float* g = stash_.data() + j * total + at;
+        std::int64_t* acc = sum.data() + at;
+        const double k = scale[i];
+        for (std::size_t e = 0; e < len; ++e) acc[e] += detail::deterministic::to_fixed(static_cast<double>(g[e]), k);
+        at += len;
+        ++i;
+      }
+      sum[total] += detail::deterministic::to_fixed(losses[j], loss_scale);
+    }
+    comm_->all_reduce(tensor_view<std::int64_t>(sum)).wait();
+    // 4. The mean, into the model's gradients.
+    std::size_t at = 0, i = 0;
+    for (auto&& p : params) {
+      auto g = p.grad();
+      const double k = 1.0 / (scale[i] * static_cast<double>(s));  // the same on every rank
+      for (std::size_t e = 0; e < g.size(); ++e) g[e] = static_cast<float>(static_cast<double>(sum[at + e]) * k);
+      at += g.size();
+      ++i;
+    }
+    return static_cast<double>(sum[total]) / loss_scale / static_cast<double>(s);
+  }
+
+ private:
+  static constexpr double loss_scale = 1099511627776.0;  // 2^40: a loss up to 2^22 per shard
+  [[nodiscard]] std::string where() const {
+    return "rank " + std::to_string(comm_->rank()) + " deterministic_data_parallel: ";
+  }
+
+  M* model_;
+  C* comm_;
+  deterministic_options opts_;
+  std::vector<float> stash_;        // this rank's shards' gradients, shard after shard
+  std::vector<std::int64_t> sum_;   // their fixed-point sum, then the loss's
+};
+
+}  // namespace partrain::inline v0
+
 // #include <partrain/parallel/diloco.hpp>
 // partrain/parallel/diloco.hpp: DiLoCo (Douillard et al., arXiv:2311.08105) over any inner
 // optimizer and any communicator: every rank runs `inner_steps` (H) steps of its own optimizer
@@ -24173,6 +24364,64 @@ template <model M>
   }
   return h;
 }
+
+}  // namespace partrain::inline v0
+
+// #include <partrain/train/deterministic_policy.hpp>
+// partrain/train/deterministic_policy.hpp: deterministic_data_parallel (parallel/deterministic.hpp)
+// and its optimizer as a training policy, so fit() trains with results that do not depend on the
+// world size. Every rank takes the whole global batch (a loader that is not sharded, the same
+// seed on every rank); the test set is sharded as for DDP. Checkpoints as DDP's: the ranks hold
+// the same model and optimizer state, rank 0 writes it.
+//
+//   deterministic_data_parallel ddp(model, group, {.shards = 4});
+//   deterministic_policy policy(ddp, opt);
+//   fit(policy, whole_batches, test_shard, {.epochs = 8});
+
+#include <filesystem>
+#include <utility>
+
+// #include <partrain/comm/process_group.hpp> (above)
+// #include <partrain/parallel/deterministic.hpp> (above)
+// #include <partrain/train/checkpoint.hpp> (above)
+
+namespace partrain::inline v0 {
+
+template <class Det, class Opt>
+class deterministic_policy {
+ public:
+  deterministic_policy(Det& det, Opt& opt) : det_(&det), opt_(&opt) {}
+
+  template <class B>
+  double train_step(const B& b) {
+    const double loss = det_->train_step(b);
+    opt_->step();
+    return loss;
+  }
+  template <class R>
+  eval_result evaluate(R&& batches) {
+    return det_->evaluate(std::forward<R>(batches));
+  }
+  void set_lr(double lr) { opt_->set_lr(lr); }
+  process_group& group() { return det_->comm(); }
+  // Every rank's loss is the whole batch's: averaging them changes nothing.
+  process_group& loss_group() { return det_->comm(); }
+  // One copy of the data per step, however many ranks compute its shards.
+  [[nodiscard]] int replicas() { return 1; }
+  auto parameters() { return det_->module().parameters(); }
+
+  void save_checkpoint(const std::filesystem::path& file, const checkpoint_extra& extra) {
+    if (group().rank() == 0 && file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+    partrain::save_checkpoint(group(), file, det_->module(), *opt_, extra);
+  }
+  checkpoint_extra load_checkpoint(const std::filesystem::path& file) {
+    return partrain::load_checkpoint(file, det_->module(), *opt_);
+  }
+
+ private:
+  Det* det_;
+  Opt* opt_;
+};
 
 }  // namespace partrain::inline v0
 

@@ -89,6 +89,12 @@ TEST_CASE("example options: bad input names the flag and what was expected", "[e
   CHECK_THROWS_WITH(parse_options({"--model"}), Catch::Contains("--model: needs a value"));
   CHECK_THROWS_WITH(parse_options({"--model", "cnn", "--device", "cuda"}), Catch::Contains("runs on the host"));
   CHECK_THROWS_WITH(parse_options({"--model", "cnn", "--precision", "fp16"}), Catch::Contains("CNN computes in fp32"));
+  // --deterministic: data parallel on the host in fp32, a global batch its shards divide.
+  CHECK(parse_options({"--deterministic", "4"}).deterministic == 4);
+  CHECK_THROWS_WITH(parse_options({"--deterministic", "4", "--parallel", "zero1"}),
+                    Catch::Contains("--deterministic: data parallel on the host in fp32 only"));
+  CHECK_THROWS_WITH(parse_options({"--deterministic", "7"}), Catch::Contains("64 rows do not split into that many"));
+  CHECK_THROWS_WITH(parse_options({"--deterministic", "0"}), Catch::Contains("--deterministic"));
   // The CUDA ViT trains under fsdp over NCCL, and nowhere else.
   CHECK_THROWS_WITH(parse_options({"--model", "vit", "--device", "cuda"}), Catch::Contains("with --parallel fsdp (got --parallel ddp)"));
   CHECK_THROWS_WITH(parse_options({"--model", "vit", "--device", "cuda", "--parallel", "fsdp"}),

@@ -1,0 +1,36 @@
+# --deterministic S: the same global batches trained at world sizes 1, 2 and 3 (threads) and 2
+# (gloo processes, where built) end with the same final parameter checksum; the plain DDP run at
+# world 2 must not (or the test would pass without the mode doing anything).
+#   cmake -DPROGRAM=fashion_mnist -DARGS="common;args" [-DGLOO=1] -P deterministic_example.cmake
+function(checksum out)
+  execute_process(COMMAND ${PROGRAM} ${ARGS} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE o ERROR_VARIABLE e TIMEOUT 300)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "exit status ${rc}: ${PROGRAM} ${ARGS} ${ARGN}\n${o}${e}")
+  endif()
+  if(NOT "${o}${e}" MATCHES "final parameter checksum ([0-9a-f]+)")
+    message(FATAL_ERROR "no final parameter checksum: ${PROGRAM} ${ARGS} ${ARGN}\n${o}${e}")
+  endif()
+  set(${out} ${CMAKE_MATCH_1} PARENT_SCOPE)
+endfunction()
+
+checksum(one --backend local --nproc 1 --deterministic 6)
+set(runs "local 2" "local 3")
+if(GLOO)
+  list(APPEND runs "gloo 2")
+endif()
+foreach(run IN LISTS runs)
+  string(REPLACE " " ";" run_args "${run}")
+  list(GET run_args 0 backend)
+  list(GET run_args 1 n)
+  checksum(got --backend ${backend} --nproc ${n} --deterministic 6)
+  if(NOT got STREQUAL one)
+    message(FATAL_ERROR "--deterministic 6 over ${backend} with ${n} ranks ended at ${got}, one rank at ${one}")
+  endif()
+  message(STATUS "${backend} x ${n}: ${got}")
+endforeach()
+# Without the mode, 2 ranks of half the batch each sum in another order.
+checksum(plain --backend local --nproc 2)
+if(plain STREQUAL one)
+  message(FATAL_ERROR "plain DDP ended at the deterministic checksum ${one}: the comparison proves nothing")
+endif()
+message(STATUS "deterministic: ${one} at every world size; plain DDP at 2 ranks: ${plain}")

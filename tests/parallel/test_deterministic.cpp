@@ -1,0 +1,122 @@
+// deterministic_data_parallel (parallel/deterministic.hpp): the same global batches give the same
+// parameters, bit for bit, at world sizes 1 to 4 (threads), for the MLP and the ViT as layers
+// under SGD with momentum; the result is the plain mean gradient to float rounding; refusals.
+#include <catch2/catch.hpp>
+
+#include <partrain/comm/local.hpp>
+#include <partrain/data/batch.hpp>
+#include <partrain/model/sequential.hpp>
+#include <partrain/optim/sgd.hpp>
+#include <partrain/parallel/deterministic.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mlp_layers.hpp"
+#include "pipeline_layers.hpp"
+#include "vit_layers.hpp"
+
+using namespace partrain;
+namespace ml = models::layers;
+
+namespace {
+
+constexpr std::size_t global_rows = 12, shards = 6, steps = 4;
+
+template <class Make>
+std::vector<float> train(int world, Make make, std::size_t features, std::vector<double>* losses = nullptr) {
+  std::vector<std::vector<float>> values(static_cast<std::size_t>(world));
+  std::vector<std::vector<double>> seen(static_cast<std::size_t>(world));
+  run_local(world, [&](local_group& g) {
+    sequential model(make(), ml::softmax_cross_entropy{});
+    deterministic_data_parallel ddp(model, g, {.shards = shards});
+    sgd opt(model, {.lr = 0.1, .momentum = 0.9});
+    for (std::uint32_t s = 0; s < steps; ++s) {
+      const test::synthetic_batch b(global_rows, features, 10, 40 + s);
+      seen[static_cast<std::size_t>(g.rank())].push_back(ddp.train_step(batch{b.input(), b.labels(), {}}));
+      opt.step();
+    }
+    auto& v = values[static_cast<std::size_t>(g.rank())];
+    for (auto& p : model.parameters()) v.insert(v.end(), p.value().begin(), p.value().end());
+  });
+  for (int r = 1; r < world; ++r) {
+    REQUIRE(values[static_cast<std::size_t>(r)] == values[0]);  // every rank the same
+    REQUIRE(seen[static_cast<std::size_t>(r)] == seen[0]);
+  }
+  if (losses) *losses = seen[0];
+  return values[0];
+}
+
+}  // namespace
+
+TEST_CASE("deterministic data parallel: the same bits at world sizes 1 to 4", "[parallel][deterministic]") {
+  const bool vit = GENERATE(false, true);
+  CAPTURE(vit);
+  const std::size_t features = vit ? 784 : 6;
+  auto make = [&] {
+    return vit ? ml::make_vit({.patch = 7, .dim = 16, .depth = 1, .heads = 2, .mlp_ratio = 2}, 3)
+               : ml::make_mlp({6, 5, 4, 10}, 3);
+  };
+  std::vector<double> losses1, losses;
+  const auto one = train(1, make, features, &losses1);
+  for (const int world : {2, 3, 4}) {
+    CAPTURE(world);
+    CHECK(train(world, make, features, &losses) == one);
+    CHECK(losses == losses1);
+  }
+  CHECK(losses1.front() != losses1.back());  // it trained
+}
+
+TEST_CASE("deterministic data parallel's gradient is the global batch's mean gradient", "[parallel][deterministic]") {
+  const test::synthetic_batch b(global_rows, 6, 10, 5);
+  sequential plain(ml::make_mlp({6, 5, 4, 10}, 3), ml::softmax_cross_entropy{});
+  const double want_loss = plain.train_step(batch{b.input(), b.labels(), {}});
+  std::vector<float> want;
+  for (auto& p : plain.parameters()) want.insert(want.end(), p.grad().begin(), p.grad().end());
+  // Catch's assertions are not thread-safe: the ranks record, the test thread checks.
+  struct seen {
+    double loss = 0;
+    std::vector<float> grads;
+    std::vector<std::size_t> mine;
+  };
+  std::vector<seen> got(2);
+  run_local(2, [&](local_group& g) {
+    sequential model(ml::make_mlp({6, 5, 4, 10}, 3), ml::softmax_cross_entropy{});
+    deterministic_data_parallel ddp(model, g, {.shards = 4});
+    auto& out = got[static_cast<std::size_t>(g.rank())];
+    out.loss = ddp.train_step(batch{b.input(), b.labels(), {}});
+    for (auto& p : model.parameters()) out.grads.insert(out.grads.end(), p.grad().begin(), p.grad().end());
+    out.mine = ddp.shards_of(g.rank());
+  });
+  for (const auto& out : got) {
+    CHECK(out.loss == Approx(want_loss).epsilon(1e-6));
+    REQUIRE(out.grads.size() == want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) CHECK(out.grads[i] == Approx(want[i]).epsilon(1e-5).margin(1e-7));
+  }
+  CHECK(got[0].mine == std::vector<std::size_t>{0, 1});
+  CHECK(got[1].mine == std::vector<std::size_t>{2, 3});
+}
+
+TEST_CASE("deterministic data parallel refuses shard counts it cannot use", "[parallel][deterministic][errors]") {
+  std::vector<std::string> errors(2);
+  run_local(3, [&](local_group& g) {
+    sequential model(ml::make_mlp({6, 5, 10}, 1), ml::softmax_cross_entropy{});
+    if (g.rank() != 0) return;  // refusals before any collective: one rank is enough
+    try {
+      deterministic_data_parallel refused(model, g, {.shards = 2});
+    } catch (const invalid_argument_error& e) {
+      errors[0] = e.what();
+    }
+    deterministic_data_parallel ddp(model, g, {.shards = 3});
+    const test::synthetic_batch b(10, 6, 10, 1);
+    try {
+      (void)ddp.train_step(batch{b.input(), b.labels(), {}});
+    } catch (const invalid_argument_error& e) {
+      errors[1] = e.what();
+    }
+  });
+  CHECK_THAT(errors[0], Catch::Contains("2 shard(s) for 3 ranks"));
+  CHECK_THAT(errors[1], Catch::Contains("a global batch of 10 rows in 3 shards"));
+}
