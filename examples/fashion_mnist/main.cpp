@@ -78,6 +78,8 @@ void run_rank(process_group& pg, const options& o, const datasets& data) {
 #else
     throw config_error("--device cuda: this is the host build; run fashion_mnist_cuda (built where nvcc is found)");
 #endif
+  } else if (o.tp > 1) {
+    train_tp(pg, o, data);
   } else if (o.deterministic > 0) {
     with_model(o, [&](auto& model) { train_deterministic(model, pg, o, data); });
   } else if (o.parallel == "pipeline") {

@@ -141,6 +141,41 @@ inline void train_fsdp(process_group& pg, const options& o, const datasets& data
   fit_fsdp(fsdp, pg, o, data, wire);
 }
 
+// --tp N (the ViT): its blocks split over tensor-parallel groups of N consecutive ranks, on a
+// device_mesh {dp: world / N, tp: N}, DDP between the groups; the ranks of a group take the same
+// batches, and only the group's first rank prints and writes metrics.
+inline void train_tp(process_group& pg, const options& o, const datasets& data) {
+  if (pg.size() % o.tp != 0) {
+    throw config_error("--tp " + std::to_string(o.tp) + ": " + std::to_string(pg.size()) +
+                       " ranks do not make whole tensor-parallel groups of that size");
+  }
+  device_mesh mesh(pg, {{"dp", pg.size() / o.tp}, {"tp", o.tp}});
+  const int tp_rank = mesh.coordinate("tp"), dp_rank = mesh.coordinate("dp"), dp_size = mesh.size("dp");
+  sequential model(models::layers::make_vit({}, static_cast<std::uint32_t>(o.seed),
+                                            {.group = &mesh.group("tp"), .rank = static_cast<std::size_t>(tp_rank),
+                                             .size = static_cast<std::size_t>(o.tp)}),
+                   models::layers::softmax_cross_entropy{});
+  distributed_data_parallel ddp(model, mesh.group("dp"));
+  any_optimizer opt = make_optimizer(model, o);
+  ddp_policy policy(ddp, opt);
+  trace_recorder trace;
+  loader train = rank_train(data, o, dp_rank, dp_size);
+  loader test = rank_test(data, dp_rank, dp_size);
+  if (pg.rank() == 0) {
+    std::printf("fashion_mnist: tensor parallel %d x data parallel %d over %s, %s, batch %zu per replica, lr %g, "
+                "%zu epochs, %zu/%zu examples\n", o.tp, dp_size, std::string(pg.backend()).c_str(), model_name(o),
+                o.batch_size, o.lr, o.epochs, data.n_train, data.n_test);
+  }
+  trainer_options fo = fit_options(o, trace, train.size());
+  if (tp_rank != 0) {  // the group's other ranks see the same losses: one voice per replica
+    fo.out = nullptr;
+    fo.log_every = 0;
+    fo.metrics.clear();
+  }
+  fit(policy, train, test, fo);
+  print_end(pg, parameter_checksum(model));
+}
+
 // --deterministic S: every rank takes the whole global batch (the loader unsharded, the same order
 // everywhere) and computes its shards of it; deterministic_data_parallel sums the shards'
 // gradients exactly, so the trained parameters are the same bits at any world size up to S.

@@ -66,6 +66,7 @@ struct options {
   std::int64_t warmup_steps = 0;    // local-sgd: synchronous steps first
   int ranks_per_host = 0;           // local-sgd: hierarchical, hosts of N consecutive ranks (0: flat)
   std::size_t deterministic = 0;    // > 0: shards of the global batch (--batch-size); the same bits at any world size
+  int tp = 1;                       // the ViT's blocks split over tensor-parallel groups of this many ranks
   std::int64_t inner_steps = 50;    // diloco: inner steps per outer step (H)
   double outer_lr = 0.7;            // diloco: outer Nesterov SGD
   double outer_momentum = 0.9;
@@ -108,6 +109,8 @@ inline constexpr std::string_view usage_text =
     "                            own thread; default 0 for a rank pinned to one CPU, where a loader thread\n"
     "                            could only take turns with it, else 2)\n"
     "  --checkpoint DIR          save every epoch; resume from DIR when it holds a checkpoint\n"
+    "  --tp N                    --model vit: each block's heads and MLP split over N consecutive ranks\n"
+    "                            (tensor parallel), DDP over the world / N groups of them\n"
     "  --deterministic S         the same trained bits at any world size from 1 to S: --batch-size is then the\n"
     "                            global batch, cut into S fixed shards whose gradients are summed exactly\n"
     "                            (ddp, host, fp32)\n"
@@ -226,6 +229,8 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
     } else if (flag == "--warmup-steps") {
       o.warmup_steps = detail::parse_number<std::int64_t>(flag, value());
       if (o.warmup_steps < 0) throw usage_error(flag + ": must be >= 0");
+    } else if (flag == "--tp") {
+      o.tp = positive(detail::parse_number<int>(flag, value()));
     } else if (flag == "--deterministic") {
       o.deterministic = positive(detail::parse_number<std::size_t>(flag, value()));
     } else if (flag == "--ranks-per-host") {
@@ -349,6 +354,17 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
     if (o.precision != "fp32") throw usage_error("--sync " + o.sync + ": this example runs it in fp32");
   }
   if (o.ranks_per_host > 0 && o.sync != "local-sgd") throw usage_error("--ranks-per-host: with --sync local-sgd only");
+  if (o.tp > 1) {
+    if (o.model != "vit") throw usage_error("--tp " + std::to_string(o.tp) + ": tensor parallel splits the ViT's blocks (use --model vit)");
+    if (o.parallel != "ddp" || o.sync != "ddp" || o.device != "cpu" || o.precision != "fp32" || o.deterministic > 0) {
+      throw usage_error("--tp: with DDP over the data-parallel dimension, on the host in fp32 (--parallel ddp, --sync ddp, "
+                        "--device cpu, --precision fp32, no --deterministic)");
+    }
+    if (!o.checkpoint.empty() || !o.export_to.empty() || !o.init_from.empty() || !o.trace.empty() || o.recompute != "none") {
+      throw usage_error("--tp: not yet with --checkpoint, --export, --init-from, --trace or --recompute (each rank holds its "
+                        "own shard of the blocks; a recomputed block would repeat its all-reduces)");
+    }
+  }
   if (o.deterministic > 0) {
     if (o.parallel != "ddp" || o.sync != "ddp" || o.device != "cpu" || o.precision != "fp32") {
       throw usage_error("--deterministic: data parallel on the host in fp32 only (--parallel ddp, --sync ddp, --device cpu, "

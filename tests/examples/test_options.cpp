@@ -89,6 +89,12 @@ TEST_CASE("example options: bad input names the flag and what was expected", "[e
   CHECK_THROWS_WITH(parse_options({"--model"}), Catch::Contains("--model: needs a value"));
   CHECK_THROWS_WITH(parse_options({"--model", "cnn", "--device", "cuda"}), Catch::Contains("runs on the host"));
   CHECK_THROWS_WITH(parse_options({"--model", "cnn", "--precision", "fp16"}), Catch::Contains("CNN computes in fp32"));
+  // --tp: the ViT under DDP on the host, and none of the options that need whole blocks.
+  CHECK(parse_options({"--model", "vit", "--tp", "2"}).tp == 2);
+  CHECK_THROWS_WITH(parse_options({"--tp", "2"}), Catch::Contains("splits the ViT's blocks"));
+  CHECK_THROWS_WITH(parse_options({"--model", "vit", "--tp", "2", "--parallel", "fsdp"}),
+                    Catch::Contains("--tp: with DDP over the data-parallel dimension"));
+  CHECK_THROWS_WITH(parse_options({"--model", "vit", "--tp", "2", "--recompute", "full"}), Catch::Contains("--tp: not yet with"));
   // --deterministic: data parallel on the host in fp32, a global batch its shards divide.
   CHECK(parse_options({"--deterministic", "4"}).deterministic == 4);
   CHECK_THROWS_WITH(parse_options({"--deterministic", "4", "--parallel", "zero1"}),
