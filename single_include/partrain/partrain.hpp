@@ -27805,6 +27805,8 @@ inline constexpr steps_t steps{};
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <iterator>
+#include <system_error>
 #include <functional>
 #include <iostream>
 #include <optional>
@@ -27917,6 +27919,8 @@ inline data_error empty_test_error() {
                     "evaluate on");
 }
 
+inline void check_outputs(const trainer_options& o);
+
 inline void check(const trainer_options& o) {
   if (o.epochs == 0) throw invalid_argument_error("fit: epochs must be at least 1, got 0");
   if (o.gradient_accumulation_steps == 0) {
@@ -27925,6 +27929,39 @@ inline void check(const trainer_options& o) {
   optim::check_max_grad_norm(o.max_grad_norm, "fit: max_grad_norm");
   if (o.lr && o.step_lr) {
     throw invalid_argument_error("fit: both lr (per epoch) and step_lr (per step) are set; set one schedule");
+  }
+  check_outputs(o);
+}
+
+// The user's outputs must be files of their own: a metrics path that names a folder used to be
+// removed and replaced by the file, and two outputs on one path overwrote each other.
+inline void check_outputs(const trainer_options& o) {
+  namespace fs = std::filesystem;
+  if (!o.metrics.empty()) {
+    std::error_code ec;
+    const auto st = fs::status(o.metrics, ec);
+    if (!ec && fs::exists(st) && !fs::is_regular_file(st)) {
+      throw config_error("fit: the metrics path '" + o.metrics.string() + "' is " +
+                         (fs::is_directory(st) ? "a folder" : "not a regular file (a FIFO, device or socket)") +
+                         "; expected a file name (a fresh run replaces the file, a resumed one appends to it)");
+    }
+  }
+  const auto same = [](const fs::path& a, const fs::path& b) {
+    std::error_code ea, eb;
+    const auto ca = fs::weakly_canonical(a, ea), cb = fs::weakly_canonical(b, eb);
+    return !ea && !eb && ca == cb;
+  };
+  const fs::path trace = o.trace && o.trace->enabled() ? o.trace->path() : fs::path();
+  const std::pair<const char*, const fs::path*> outputs[] = {
+      {"metrics", &o.metrics}, {"checkpoint", &o.checkpoint}, {"trace", &trace}};
+  for (std::size_t i = 0; i < std::size(outputs); ++i) {
+    for (std::size_t j = i + 1; j < std::size(outputs); ++j) {
+      if (!outputs[i].second->empty() && !outputs[j].second->empty() && same(*outputs[i].second, *outputs[j].second)) {
+        throw config_error(std::string("fit: the ") + outputs[i].first + " and the " + outputs[j].first +
+                           " are the same file '" + outputs[i].second->string() +
+                           "' (each would overwrite the other); give each its own path");
+      }
+    }
   }
 }
 

@@ -177,6 +177,17 @@ TEST_CASE("fit: bad settings fail before training, with the reason", "[train][tr
   o.checkpoint = dir.path / "a_file" / "run.ckpt";  // its folder cannot exist: a file is in the way
   CHECK_THROWS_WITH(run_ddp(1, o), Catch::Contains("cannot write checkpoints in") && Catch::Contains("a_file"));
   CHECK_THROWS_WITH(run_ddp(1, {.epochs = 0}), Catch::Contains("epochs must be at least 1"));
+  // Outputs of their own: a metrics path that is a folder is refused (it used to be removed and
+  // replaced by the file), and two outputs on one path are refused (one overwrote the other).
+  std::filesystem::create_directory(dir.path / "a_folder");
+  CHECK_THROWS_WITH(run_ddp(1, {.epochs = 1, .metrics = dir.path / "a_folder"}),
+                    Catch::Contains("metrics path") && Catch::Contains("is a folder"));
+  CHECK(std::filesystem::is_directory(dir.path / "a_folder"));
+  CHECK_THROWS_WITH(run_ddp(1, {.epochs = 1, .checkpoint = dir.path / "run.x", .metrics = dir.path / "." / "run.x"}),
+                    Catch::Contains("the metrics and the checkpoint are the same file"));
+  trace_recorder trace(dir.path / "t.json");
+  CHECK_THROWS_WITH(run_ddp(1, {.epochs = 1, .metrics = dir.path / "t.json", .trace = &trace}),
+                    Catch::Contains("the metrics and the trace are the same file"));
   // A diverging run stops at the step whose loss is not finite instead of reporting NaN.
   CHECK_THROWS_WITH(run_ddp(1, {.epochs = 1}, std::numeric_limits<double>::infinity()),
                     Catch::Contains("training loss at step 2 (epoch 1) is") && Catch::Contains("diverged"));
