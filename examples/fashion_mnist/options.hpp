@@ -3,6 +3,7 @@
 // are already accepted here so that adding them touches this file and the code that uses them.
 #pragma once
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstddef>
@@ -180,8 +181,10 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
 // Parses argv[1..]; throws usage_error naming the flag and what was expected.
 [[nodiscard]] inline options parse_options(const std::vector<std::string>& args) {
   options o;
+  std::vector<std::string> given;  // every flag, to refuse those the chosen mode would not read
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
+    given.push_back(flag);
     auto value = [&]() -> std::string_view {
       if (i + 1 >= args.size()) throw usage_error(flag + ": needs a value");
       return args[++i];
@@ -318,6 +321,44 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
       if (o.bucket_kb > (std::size_t{1} << 30)) throw usage_error(flag + ": at most 1073741824 (1 TiB)");
     } else {
       throw usage_error("unknown option '" + flag + "'");
+    }
+  }
+  // A path option given an empty value would silently mean "off" or "the default": refused.
+  for (const auto& [flag, v] : {std::pair<const char*, const std::string*>{"--checkpoint", &o.checkpoint},
+                                {"--metrics", &o.metrics}, {"--trace", &o.trace}, {"--data", &o.data},
+                                {"--init-from", &o.init_from}, {"--export", &o.export_to}}) {
+    if (v->empty() && std::ranges::find(given, std::string(flag)) != given.end()) {
+      throw usage_error(std::string(flag) + ": needs a non-empty path (leave the option out for its default)");
+    }
+  }
+  // Options the chosen mode never reads are refused, not silently ignored.
+  const bool ddp_buckets = (o.parallel == "ddp" || o.parallel == "zero1" || o.parallel == "zero2") &&
+                           (o.sync == "ddp" || o.sync == "powersgd") && o.tp <= 1 && o.deterministic == 0;
+  const struct {
+    const char* flag;
+    bool read;
+    const char* for_whom;
+  } readers[] = {
+      {"--devices", o.parallel == "dp", "--parallel dp"},
+      {"--stages", o.parallel == "pipeline", "--parallel pipeline"},
+      {"--micro-batches", o.parallel == "pipeline", "--parallel pipeline"},
+      {"--schedule", o.parallel == "pipeline", "--parallel pipeline"},
+      {"--period", o.sync == "local-sgd", "--sync local-sgd"},
+      {"--warmup-steps", o.sync == "local-sgd", "--sync local-sgd"},
+      {"--inner-steps", o.sync == "diloco", "--sync diloco"},
+      {"--outer-lr", o.sync == "diloco", "--sync diloco"},
+      {"--outer-momentum", o.sync == "diloco", "--sync diloco"},
+      {"--outer-bits", o.sync == "diloco", "--sync diloco"},
+      {"--powersgd-rank", o.sync == "powersgd", "--sync powersgd"},
+      {"--powersgd-start", o.sync == "powersgd", "--sync powersgd"},
+      {"--bucket-kb", ddp_buckets, "DDP's and ZeRO's gradient buckets (--parallel ddp, zero1 or zero2)"},
+      {"--no-overlap", ddp_buckets, "DDP's and ZeRO's gradient buckets (--parallel ddp, zero1 or zero2)"},
+      {"--local-collectives", o.backend == "local", "--backend local"},
+  };
+  for (const auto& r : readers) {
+    if (!r.read && std::ranges::find(given, std::string(r.flag)) != given.end()) {
+      throw usage_error(std::string(r.flag) + ": this run (--parallel " + o.parallel + ", --sync " + o.sync + ", --backend " +
+                        o.backend + ") does not read it; it is for " + r.for_whom);
     }
   }
   // Combinations this program cannot run (yet), refused before anything starts.

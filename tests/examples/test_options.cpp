@@ -30,7 +30,7 @@ TEST_CASE("example options: defaults and values", "[examples][options]") {
   CHECK_FALSE(o.overlap);
   CHECK(parse_options({"--backend", "local"}).nproc == 1);  // local without --nproc: one thread
   CHECK(d.local_collectives == "inline");
-  CHECK(parse_options({"--local-collectives", "worker"}).local_collectives == "worker");
+  CHECK(parse_options({"--backend", "local", "--local-collectives", "worker"}).local_collectives == "worker");
   CHECK_THROWS_WITH(parse_options({"--local-collectives", "thread"}), Catch::Contains("--local-collectives") &&
                                                                          Catch::Contains("inline"));
 }
@@ -89,6 +89,20 @@ TEST_CASE("example options: bad input names the flag and what was expected", "[e
   CHECK_THROWS_WITH(parse_options({"--model"}), Catch::Contains("--model: needs a value"));
   CHECK_THROWS_WITH(parse_options({"--model", "cnn", "--device", "cuda"}), Catch::Contains("runs on the host"));
   CHECK_THROWS_WITH(parse_options({"--model", "cnn", "--precision", "fp16"}), Catch::Contains("CNN computes in fp32"));
+  // Options a mode never reads, and empty paths, are refused rather than ignored.
+  CHECK_THROWS_WITH(parse_options({"--devices", "3"}), Catch::Contains("--devices: this run (--parallel ddp") &&
+                                                           Catch::Contains("it is for --parallel dp"));
+  CHECK_THROWS_WITH(parse_options({"--stages", "2"}), Catch::Contains("it is for --parallel pipeline"));
+  CHECK_THROWS_WITH(parse_options({"--parallel", "zero1", "--schedule", "gpipe"}), Catch::Contains("--schedule: this run"));
+  CHECK_THROWS_WITH(parse_options({"--period", "4"}), Catch::Contains("it is for --sync local-sgd"));
+  CHECK_THROWS_WITH(parse_options({"--parallel", "pipeline", "--bucket-kb", "64"}), Catch::Contains("--bucket-kb: this run"));
+  CHECK_THROWS_WITH(parse_options({"--local-collectives", "worker"}), Catch::Contains("it is for --backend local"));
+  CHECK_THROWS_WITH(parse_options({"--outer-lr", "0.5"}), Catch::Contains("it is for --sync diloco"));
+  CHECK(parse_options({"--parallel", "dp", "--devices", "3"}).devices == 3);
+  CHECK(parse_options({"--parallel", "zero2", "--bucket-kb", "64", "--no-overlap"}).bucket_kb == 64);
+  CHECK_THROWS_WITH(parse_options({"--checkpoint", ""}), Catch::Contains("--checkpoint: needs a non-empty path"));
+  CHECK_THROWS_WITH(parse_options({"--metrics", ""}), Catch::Contains("--metrics: needs a non-empty path"));
+  CHECK_THROWS_WITH(parse_options({"--data", ""}), Catch::Contains("--data: needs a non-empty path"));
   // --tp: the ViT under DDP on the host, and none of the options that need whole blocks.
   CHECK(parse_options({"--model", "vit", "--tp", "2"}).tp == 2);
   CHECK_THROWS_WITH(parse_options({"--tp", "2"}), Catch::Contains("splits the ViT's blocks"));
