@@ -24068,6 +24068,9 @@ struct checkpoint_extra {
 };
 
 inline constexpr std::array<char, 8> checkpoint_magic{'P', 'T', 'R', 'N', 'C', 'K', 'P', 'T'};
+// The index of a sharded checkpoint (train/sharded_checkpoint.hpp): known here so that a reader
+// handed one says what it is.
+inline constexpr std::array<char, 8> sharded_checkpoint_magic{'P', 'T', 'R', 'N', 'Z', 'I', 'D', 'X'};
 // 2 added trainer_state, 3 the model's buffers; 1 and 2 are still read.
 inline constexpr std::uint32_t checkpoint_version = 3;
 inline constexpr std::size_t checkpoint_header_bytes = 8 + 4 + 4 + 8;
@@ -24266,6 +24269,12 @@ checkpoint_extra load_checkpoint_bytes(std::span<const std::byte> file, M& m, O&
   if (file.size() < checkpoint_header_bytes) {
     throw checkpoint_error(where + " is truncated: " + std::to_string(file.size()) + " bytes, less than the " +
                            std::to_string(checkpoint_header_bytes) + "-byte header");
+  }
+  if (std::memcmp(file.data(), sharded_checkpoint_magic.data(), sharded_checkpoint_magic.size()) == 0) {
+    throw checkpoint_error(where + " is the index of a sharded checkpoint (ZeRO or FSDP: one file per rank), not a "
+                                  "single-file one: resume it with that mode (any world size), load it into a "
+                                  "replicated model with load_sharded_checkpoint, or make one file of it with "
+                                  "partrain_consolidate");
   }
   if (std::memcmp(file.data(), checkpoint_magic.data(), checkpoint_magic.size()) != 0) {
     throw checkpoint_error(where + " is not a partrain checkpoint (bad magic; expected \"PTRNCKPT\")");
@@ -24637,7 +24646,7 @@ class sharded_scaler {
 
 namespace partrain::inline v0 {
 
-inline constexpr std::array<char, 8> sharded_index_magic{'P', 'T', 'R', 'N', 'Z', 'I', 'D', 'X'};
+inline constexpr const std::array<char, 8>& sharded_index_magic = sharded_checkpoint_magic;  // train/checkpoint.hpp
 inline constexpr std::array<char, 8> shard_file_magic{'P', 'T', 'R', 'N', 'Z', 'S', 'H', 'D'};
 // Version 2: a shard holds a list of slices (segments) of the flat space, not one (FSDP's rank
 // owns a chunk of every layer). Version 3: the index ends with the model's buffers (rank 0's;

@@ -286,6 +286,13 @@ TEST_CASE("sharded checkpoint: loads into plain DDP with a replicated optimizer"
     CHECK_THROWS_WITH(load_sharded_checkpoint(ck, m, opt),
                       Catch::Contains("holds adamw optimizer state, this run steps with sgd"));
   }
+  SECTION("through the single-file reader, which says what the file is and what reads it") {
+    toy_mlp<float> m(7);
+    adamw opt(m, {.lr = 0.01});
+    CHECK_THROWS_WITH(load_checkpoint(ck, m, opt), Catch::Contains("is the index of a sharded checkpoint") &&
+                                                      Catch::Contains("load_sharded_checkpoint") &&
+                                                      !Catch::Contains("bad magic"));
+  }
 }
 
 TEST_CASE("zero_policy: a grad scaler makes each step amp_step and travels in the checkpoint", "[train][zero][threads]") {

@@ -45,7 +45,7 @@
 
 namespace partrain::inline v0 {
 
-inline constexpr std::array<char, 8> sharded_index_magic{'P', 'T', 'R', 'N', 'Z', 'I', 'D', 'X'};
+inline constexpr const std::array<char, 8>& sharded_index_magic = sharded_checkpoint_magic;  // train/checkpoint.hpp
 inline constexpr std::array<char, 8> shard_file_magic{'P', 'T', 'R', 'N', 'Z', 'S', 'H', 'D'};
 // Version 2: a shard holds a list of slices (segments) of the flat space, not one (FSDP's rank
 // owns a chunk of every layer). Version 3: the index ends with the model's buffers (rank 0's;
