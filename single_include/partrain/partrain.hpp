@@ -9465,6 +9465,19 @@ inline void recv_all(int fd, std::span<std::byte> out, deadline_clock::time_poin
   }
 }
 
+// Rethrows the communication_error in flight (the socket layer's, which knows no caller) with
+// the calling client's rank and operation (and, for a timeout, the deadline); the text stays.
+// Both store clients (tcp_store.hpp, torch_store.hpp) call it from their catch blocks.
+[[noreturn]] inline void rethrow_sited(int rank, std::string operation, std::chrono::milliseconds timeout) {
+  try {
+    throw;
+  } catch (const timeout_error& e) {
+    throw timeout_error(unprefixed(e.what()), error_site{.rank = rank, .operation = std::move(operation), .timeout = timeout});
+  } catch (const communication_error& e) {
+    throw communication_error(unprefixed(e.what()), error_site{.rank = rank, .operation = std::move(operation)});
+  }
+}
+
 }  // namespace partrain::inline v0::detail
 
 // #include <partrain/rendezvous/detail/store_protocol.hpp>
@@ -10273,7 +10286,7 @@ class tcp_store final : public store {
     try {
       connect_locked(detail::deadline_clock::now() + opts_.timeout);
     } catch (const communication_error&) {
-      rethrow_sited("store connect", opts_.timeout);
+      detail::rethrow_sited(opts_.rank, "store connect", opts_.timeout);
     }
   }
 
@@ -10353,17 +10366,6 @@ class tcp_store final : public store {
   [[nodiscard]] static std::string operation_of(const detail::kvstore::request& r) {
     return "store " + std::string(to_string(r.type));
   }
-  // Rethrows the communication_error in flight (the socket layer's, which knows no caller) with
-  // this client's site; the text stays. `timeout`: the deadline of the call.
-  [[noreturn]] void rethrow_sited(std::string operation, std::chrono::milliseconds timeout) const {
-    try {
-      throw;
-    } catch (const timeout_error& e) {
-      throw timeout_error(detail::unprefixed(e.what()), site(std::move(operation), timeout));
-    } catch (const communication_error& e) {
-      throw communication_error(detail::unprefixed(e.what()), site(std::move(operation)));
-    }
-  }
 
   // The first connection may wait the whole timeout for a server that is still starting; later
   // ones are bounded by the caller (see call()).
@@ -10417,7 +10419,7 @@ class tcp_store final : public store {
       return round_trip_locked(r, detail::deadline_clock::now() + allowance);
     } catch (const communication_error&) {
       fd_.reset();  // the stream may be mid-message: never reuse it
-      rethrow_sited(operation_of(r), allowance);
+      detail::rethrow_sited(opts_.rank, operation_of(r), allowance);
     } catch (...) {
       fd_.reset();
       throw;
@@ -10606,7 +10608,7 @@ class torch_tcp_store final : public store {
       }
     } catch (const communication_error&) {
       fd_.reset();
-      rethrow_sited("store connect", opts_.timeout);
+      detail::rethrow_sited(opts_.rank, "store connect", opts_.timeout);
     }
   }
 
@@ -10752,16 +10754,6 @@ class torch_tcp_store final : public store {
     }
   }
 
-  [[noreturn]] void rethrow_sited(std::string operation, std::chrono::milliseconds timeout) const {
-    try {
-      throw;
-    } catch (const timeout_error& e) {
-      throw timeout_error(detail::unprefixed(e.what()), site(std::move(operation), timeout));
-    } catch (const communication_error& e) {
-      throw communication_error(detail::unprefixed(e.what()), site(std::move(operation)));
-    }
-  }
-
   // One exchange under the lock, within `budget`. A broken or timed-out exchange leaves the
   // stream mid-message, so the connection is dropped; the agent's store does not come back for
   // a client (a restarted agent makes a new one), so a later call says so.
@@ -10779,7 +10771,7 @@ class torch_tcp_store final : public store {
       return f(detail::deadline_clock::now() + budget, op);
     } catch (const communication_error&) {
       fd_.reset();
-      rethrow_sited(operation, budget);
+      detail::rethrow_sited(opts_.rank, operation, budget);
     }
   }
 

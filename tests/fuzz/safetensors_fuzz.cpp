@@ -33,29 +33,4 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   return 0;
 }
 
-#ifdef PARTRAIN_FUZZ_REPLAY_MAIN
-#include <filesystem>
-#include <fstream>
-#include <iostream>
-#include <iterator>
-
-// Replays every file named (or in every directory named) on the command line.
-int main(int argc, char** argv) {
-  std::size_t n = 0;
-  auto run = [&](const std::filesystem::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    LLVMFuzzerTestOneInput(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size());
-    ++n;
-  };
-  for (int i = 1; i < argc; ++i) {
-    if (std::filesystem::is_directory(argv[i])) {
-      for (const auto& e : std::filesystem::directory_iterator(argv[i])) run(e.path());
-    } else {
-      run(argv[i]);
-    }
-  }
-  std::cout << "replayed " << n << " input(s)\n";
-  return n > 0 ? 0 : 1;
-}
-#endif
+#include "replay_main.hpp"

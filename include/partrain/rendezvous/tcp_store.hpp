@@ -75,7 +75,7 @@ class tcp_store final : public store {
     try {
       connect_locked(detail::deadline_clock::now() + opts_.timeout);
     } catch (const communication_error&) {
-      rethrow_sited("store connect", opts_.timeout);
+      detail::rethrow_sited(opts_.rank, "store connect", opts_.timeout);
     }
   }
 
@@ -155,17 +155,6 @@ class tcp_store final : public store {
   [[nodiscard]] static std::string operation_of(const detail::kvstore::request& r) {
     return "store " + std::string(to_string(r.type));
   }
-  // Rethrows the communication_error in flight (the socket layer's, which knows no caller) with
-  // this client's site; the text stays. `timeout`: the deadline of the call.
-  [[noreturn]] void rethrow_sited(std::string operation, std::chrono::milliseconds timeout) const {
-    try {
-      throw;
-    } catch (const timeout_error& e) {
-      throw timeout_error(detail::unprefixed(e.what()), site(std::move(operation), timeout));
-    } catch (const communication_error& e) {
-      throw communication_error(detail::unprefixed(e.what()), site(std::move(operation)));
-    }
-  }
 
   // The first connection may wait the whole timeout for a server that is still starting; later
   // ones are bounded by the caller (see call()).
@@ -219,7 +208,7 @@ class tcp_store final : public store {
       return round_trip_locked(r, detail::deadline_clock::now() + allowance);
     } catch (const communication_error&) {
       fd_.reset();  // the stream may be mid-message: never reuse it
-      rethrow_sited(operation_of(r), allowance);
+      detail::rethrow_sited(opts_.rank, operation_of(r), allowance);
     } catch (...) {
       fd_.reset();
       throw;

@@ -133,7 +133,7 @@ class torch_tcp_store final : public store {
       }
     } catch (const communication_error&) {
       fd_.reset();
-      rethrow_sited("store connect", opts_.timeout);
+      detail::rethrow_sited(opts_.rank, "store connect", opts_.timeout);
     }
   }
 
@@ -279,16 +279,6 @@ class torch_tcp_store final : public store {
     }
   }
 
-  [[noreturn]] void rethrow_sited(std::string operation, std::chrono::milliseconds timeout) const {
-    try {
-      throw;
-    } catch (const timeout_error& e) {
-      throw timeout_error(detail::unprefixed(e.what()), site(std::move(operation), timeout));
-    } catch (const communication_error& e) {
-      throw communication_error(detail::unprefixed(e.what()), site(std::move(operation)));
-    }
-  }
-
   // One exchange under the lock, within `budget`. A broken or timed-out exchange leaves the
   // stream mid-message, so the connection is dropped; the agent's store does not come back for
   // a client (a restarted agent makes a new one), so a later call says so.
@@ -306,7 +296,7 @@ class torch_tcp_store final : public store {
       return f(detail::deadline_clock::now() + budget, op);
     } catch (const communication_error&) {
       fd_.reset();
-      rethrow_sited(operation, budget);
+      detail::rethrow_sited(opts_.rank, operation, budget);
     }
   }
 

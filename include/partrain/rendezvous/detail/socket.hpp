@@ -203,4 +203,17 @@ inline void recv_all(int fd, std::span<std::byte> out, deadline_clock::time_poin
   }
 }
 
+// Rethrows the communication_error in flight (the socket layer's, which knows no caller) with
+// the calling client's rank and operation (and, for a timeout, the deadline); the text stays.
+// Both store clients (tcp_store.hpp, torch_store.hpp) call it from their catch blocks.
+[[noreturn]] inline void rethrow_sited(int rank, std::string operation, std::chrono::milliseconds timeout) {
+  try {
+    throw;
+  } catch (const timeout_error& e) {
+    throw timeout_error(unprefixed(e.what()), error_site{.rank = rank, .operation = std::move(operation), .timeout = timeout});
+  } catch (const communication_error& e) {
+    throw communication_error(unprefixed(e.what()), error_site{.rank = rank, .operation = std::move(operation)});
+  }
+}
+
 }  // namespace partrain::inline v0::detail
