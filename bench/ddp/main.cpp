@@ -51,6 +51,7 @@
 #include <partrain/train/trace.hpp>
 
 #include "fashion_batches.hpp"
+#include "median.hpp"
 #include "mlp_host.hpp"
 
 namespace {
@@ -72,10 +73,7 @@ double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using ::partrain::bench::median;
 
 // f(0) and f(1) on two threads started together; their two results.
 template <class F>

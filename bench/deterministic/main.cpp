@@ -22,6 +22,7 @@
 #include <partrain/parallel/deterministic.hpp>
 
 #include "mlp_host.hpp"
+#include "median.hpp"
 #include "vit_layers.hpp"
 
 namespace {
@@ -31,10 +32,7 @@ namespace ml = models::layers;
 
 constexpr std::size_t per_rank = 64, world = 2, global = per_rank * world;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
+using ::partrain::bench::median;
 
 // Seconds per step (rank 0's window), after one warm-up step.
 template <class Make>

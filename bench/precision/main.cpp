@@ -22,6 +22,7 @@
 #include <partrain/precision/mixed_precision.hpp>
 
 #include "fashion_batches.hpp"
+#include "median.hpp"
 #include "mlp_host.hpp"
 #if defined(__CUDACC__)
 #include "mlp_cuda.cuh"
@@ -87,10 +88,7 @@ measurement timed_run(Model& model, precision p, const std::vector<batch>& batch
   return m;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using ::partrain::bench::median;
 
 std::string widths_text(const std::vector<std::size_t>& w) {
   std::string s;

@@ -22,6 +22,7 @@
 #include <partrain/model/sequential.hpp>
 #include <partrain/optim/sgd.hpp>
 
+#include "median.hpp"
 #include "vit_layers.hpp"
 
 namespace {
@@ -38,10 +39,7 @@ struct rows_batch {
   std::vector<std::int32_t> labels;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
+using ::partrain::bench::median;
 
 std::size_t parameter_bytes(ml::host_model& m) {
   std::size_t b = 0;
