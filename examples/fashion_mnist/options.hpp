@@ -354,6 +354,9 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
       {"--bucket-kb", ddp_buckets, "DDP's and ZeRO's gradient buckets (--parallel ddp, zero1 or zero2)"},
       {"--no-overlap", ddp_buckets, "DDP's and ZeRO's gradient buckets (--parallel ddp, zero1 or zero2)"},
       {"--local-collectives", o.backend == "local", "--backend local"},
+      // --tp above 1 outside these gets its own sentence below; --tp 1 there is a no-op.
+      {"--tp", o.tp > 1 || (o.model == "vit" && o.parallel == "ddp" && o.sync == "ddp" && o.device == "cpu"),
+       "--model vit with --parallel ddp on the host"},
   };
   for (const auto& r : readers) {
     if (!r.read && std::ranges::find(given, std::string(r.flag)) != given.end()) {

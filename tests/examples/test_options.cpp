@@ -105,6 +105,9 @@ TEST_CASE("example options: bad input names the flag and what was expected", "[e
   CHECK_THROWS_WITH(parse_options({"--data", ""}), Catch::Contains("--data: needs a non-empty path"));
   // --tp: the ViT under DDP on the host, and none of the options that need whole blocks.
   CHECK(parse_options({"--model", "vit", "--tp", "2"}).tp == 2);
+  CHECK(parse_options({"--model", "vit", "--tp", "1"}).tp == 1);
+  CHECK_THROWS_WITH(parse_options({"--tp", "1"}), Catch::Contains("--tp: this run") &&
+                                                   Catch::Contains("--model vit with --parallel ddp"));
   CHECK_THROWS_WITH(parse_options({"--tp", "2"}), Catch::Contains("splits the ViT's blocks"));
   CHECK_THROWS_WITH(parse_options({"--model", "vit", "--tp", "2", "--parallel", "fsdp"}),
                     Catch::Contains("--tp: with DDP over the data-parallel dimension"));
