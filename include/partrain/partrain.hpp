@@ -117,6 +117,7 @@
 #include <partrain/parallel/deterministic.hpp>
 #include <partrain/parallel/diloco.hpp>
 #include <partrain/parallel/fsdp.hpp>
+#include <partrain/parallel/lighthouse.hpp>
 #include <partrain/parallel/local_sgd.hpp>
 #include <partrain/parallel/pipeline/local_grid.hpp>
 #include <partrain/parallel/pipeline/partition.hpp>
@@ -125,6 +126,8 @@
 #include <partrain/parallel/pipeline/stage.hpp>
 #include <partrain/parallel/policy.hpp>
 #include <partrain/parallel/powersgd.hpp>
+#include <partrain/parallel/quorum.hpp>
+#include <partrain/parallel/replica_group.hpp>
 #include <partrain/parallel/streaming_diloco.hpp>
 #include <partrain/parallel/zero.hpp>
 

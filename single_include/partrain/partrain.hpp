@@ -4176,6 +4176,7 @@ static_assert(communicator<gloo_group>);
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -4219,6 +4220,11 @@ class world_state {
       : n_(n), timeout_(timeout), slots_(static_cast<std::size_t>(n)), arrivals_(static_cast<std::size_t>(n), 0) {}
 
   [[nodiscard]] int size() const noexcept { return n_; }
+
+  // A member that leaves (destroys its group) aborts the world, so its peers fail at once instead
+  // of at their timeout: groups made per quorum by local_group_registry.
+  void abort_on_leave() noexcept { abort_on_leave_ = true; }
+  [[nodiscard]] bool aborts_on_leave() const noexcept { return abort_on_leave_; }
 
   // Ranks that own a core (inline collectives, pinned) poll for up to d before sleeping at a
   // meeting: a peer a few microseconds behind then costs no sleep and wake-up, which on a
@@ -4352,6 +4358,7 @@ class world_state {
   std::atomic<std::uint64_t> published_{0};  // generation_, readable without the lock
   std::atomic<bool> abort_published_{false};  // aborted_, readable without the lock
   std::chrono::microseconds spin_{0};         // set before the ranks start
+  bool abort_on_leave_ = false;                // set before the ranks start
   std::vector<std::uint64_t> arrivals_;
   bool aborted_ = false;
   std::string abort_reason_;
@@ -4390,6 +4397,11 @@ class local_group final : public process_group {
  public:
   local_group(std::shared_ptr<detail::local::world_state> world, int rank, process_group_options opts)
       : process_group(rank, world->size(), opts), world_(std::move(world)) {}
+  local_group(const local_group&) = delete;
+  local_group& operator=(const local_group&) = delete;
+  ~local_group() override {
+    if (world_->aborts_on_leave()) world_->abort("rank " + std::to_string(rank()) + " left the group", rank());
+  }
 
   [[nodiscard]] std::string_view backend() const noexcept override { return "local"; }
   // One rank's buffers as exchange() shows them to every rank.
@@ -4559,6 +4571,44 @@ namespace detail::local {
                                                                                process_group_options opts = {}) {
   return detail::local::make_ranks(detail::local::make_world(world_size, opts), opts);
 }
+
+// Local groups made on demand by id, for callers whose groups change while their threads run
+// (replica_group's quorums): the first thread to ask for group `id` makes its world, each member
+// takes its own rank. A member that leaves such a group aborts it, so its peers fail at once.
+class local_group_registry {
+ public:
+  explicit local_group_registry(process_group_options opts = {}) : opts_(std::move(opts)) {}
+
+  [[nodiscard]] std::unique_ptr<process_group> make(std::int64_t id, int rank, int size) {
+    std::lock_guard lock(mutex_);
+    auto& ranks = worlds_[id];
+    if (ranks.empty()) {
+      auto world = detail::local::make_world(size, opts_);
+      world->abort_on_leave();
+      // Callers whose ranks each own a core (both flags set, as run_local sets them) meet there.
+      if (opts_.inline_collectives.value_or(false) && opts_.pin_threads.value_or(false)) {
+        world->spin_before_blocking(std::chrono::microseconds(50));
+      }
+      ranks = detail::local::make_ranks(world, opts_);
+    }
+    const std::string what = "local_group_registry: group " + std::to_string(id) + " rank " + std::to_string(rank);
+    if (static_cast<int>(ranks.size()) != size) {
+      throw invalid_argument_error(what + " asked with size " + std::to_string(size) + ", but the group was made with " +
+                                   std::to_string(ranks.size()));
+    }
+    if (rank < 0 || rank >= size || !ranks[static_cast<std::size_t>(rank)]) {
+      throw invalid_argument_error(what + ": out of range or taken twice (size " + std::to_string(size) + ")");
+    }
+    std::unique_ptr<process_group> g = std::move(ranks[static_cast<std::size_t>(rank)]);
+    if (std::ranges::all_of(ranks, [](const auto& p) { return p == nullptr; })) worlds_.erase(id);
+    return g;
+  }
+
+ private:
+  std::mutex mutex_;
+  process_group_options opts_;
+  std::map<std::int64_t, std::vector<std::unique_ptr<local_group>>> worlds_;
+};
 
 namespace detail::local {
 // run_local's body, for any fn: one definition (compiled once in PARTRAIN_COMPILED mode).
@@ -19409,6 +19459,439 @@ class fully_sharded_data_parallel {
 
 }  // namespace partrain::inline v0
 
+// #include <partrain/parallel/detail/replica_protocol.hpp>
+// What replicas and the lighthouse say to each other through the job's store: the key names and
+// each replica's heartbeat record. One home, so the two sides cannot drift apart.
+
+#include <charconv>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+// #include <partrain/comm/store.hpp> (above)
+// #include <partrain/core/error.hpp> (above)
+
+namespace partrain::inline v0::detail::ft {
+
+// Where a replica is. The lighthouse reads it with the heartbeat that carries it.
+enum class replica_phase : int {
+  joining = 0,  // waiting for a quorum that gives it a slot (a spare, a newcomer, a replacement)
+  forming = 1,  // building quorum `quorum`'s group, healing
+  member = 2,   // training in quorum `quorum`
+  failed = 3,   // quorum `quorum`'s group failed under it; ready for the next quorum
+  done = 4,     // finished the job
+  dead = 5,     // gave up (an error it could not absorb); never counted again
+};
+
+[[nodiscard]] inline std::string_view to_string(replica_phase p) noexcept {
+  constexpr std::string_view names[] = {"joining", "forming", "member", "failed", "done", "dead"};
+  const auto i = static_cast<int>(p);
+  return i >= 0 && i < 6 ? names[i] : "unknown";
+}
+
+// A heartbeat: a counter that moves every beat, the phase, the quorum it refers to, the step.
+struct beat {
+  std::int64_t counter = 0;
+  replica_phase phase = replica_phase::joining;
+  std::int64_t quorum = -1;
+  std::int64_t step = 0;
+
+  [[nodiscard]] std::string encode() const {
+    return std::to_string(counter) + " " + std::to_string(static_cast<int>(phase)) + " " + std::to_string(quorum) +
+           " " + std::to_string(step);
+  }
+  [[nodiscard]] static std::optional<beat> decode(std::string_view s) {
+    beat b;
+    int phase = 0;
+    auto field = [&](auto& out) {
+      while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+      const auto r = std::from_chars(s.data(), s.data() + s.size(), out);
+      if (r.ec != std::errc{}) return false;
+      s.remove_prefix(static_cast<std::size_t>(r.ptr - s.data()));
+      return true;
+    };
+    if (!field(b.counter) || !field(phase) || !field(b.quorum) || !field(b.step) || !s.empty()) return std::nullopt;
+    if (phase < 0 || phase > 5) return std::nullopt;
+    b.phase = static_cast<replica_phase>(phase);
+    return b;
+  }
+};
+
+[[nodiscard]] inline std::string beat_key(int replica) { return "ft/beat/" + std::to_string(replica); }
+[[nodiscard]] inline std::string quorum_key(std::int64_t id) { return "ft/quorum/" + std::to_string(id); }
+inline constexpr std::string_view latest_key = "ft/latest";      // the newest quorum's id, as text
+inline constexpr std::string_view finished_key = "ft/finished";  // set once every member is done
+
+// A key's value as text when it exists, nullopt when not; never blocks on a missing key.
+[[nodiscard]] inline std::optional<std::string> peek(store& s, const std::string& key) {
+  if (!s.check({key})) return std::nullopt;
+  return s.get_string(key, std::chrono::milliseconds(1000));
+}
+
+[[nodiscard]] inline std::int64_t latest_quorum(store& s) {
+  const auto v = peek(s, std::string(latest_key));
+  if (!v) return -1;
+  std::int64_t id = -1;
+  const auto r = std::from_chars(v->data(), v->data() + v->size(), id);
+  if (r.ec != std::errc{} || r.ptr != v->data() + v->size()) {
+    throw data_error("store key '" + std::string(latest_key) + "' holds '" + *v + "', expected a quorum number");
+  }
+  return id;
+}
+
+}  // namespace partrain::inline v0::detail::ft
+
+// #include <partrain/parallel/quorum.hpp>
+// partrain/parallel/quorum.hpp: who trains in the next step when replicas can die and join: the
+// quorum rule of fault-tolerant data parallelism (torchft's lighthouse rule, with its two world
+// size modes), as a pure function the lighthouse (lighthouse.hpp) applies and the tests check.
+
+#include <algorithm>
+#include <charconv>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// #include <partrain/core/error.hpp> (above)
+
+namespace partrain::inline v0 {
+
+enum class world_size_mode {
+  // The job's logical ranks ("slots") keep their data shards; a spare takes a lost member's slot,
+  // so every step sums the same gradients in the same order as a run without failures.
+  fixed_with_spares,
+  // Every healthy replica trains; the gradient averages over the members present.
+  dynamic,
+};
+
+struct quorum_policy {
+  world_size_mode mode = world_size_mode::fixed_with_spares;
+  int slots = 1;         // fixed_with_spares: the logical ranks every quorum fills
+  int min_replicas = 1;  // dynamic: the fewest members a quorum may have
+};
+
+// One membership. members[k] is the replica in slot (group rank) k; spares wait outside.
+struct quorum {
+  std::int64_t id = -1;  // -1: none yet
+  std::vector<int> members{};
+  std::vector<int> spares{};
+
+  [[nodiscard]] int slot_of(int replica) const noexcept {
+    const auto it = std::ranges::find(members, replica);
+    return it == members.end() ? -1 : static_cast<int>(it - members.begin());
+  }
+  [[nodiscard]] bool operator==(const quorum&) const = default;
+
+  // "id;m0,m1,...;s0,s1,..." (the store holds quorums as this text).
+  [[nodiscard]] std::string encode() const {
+    auto list = [](const std::vector<int>& v) {
+      std::string s;
+      for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+      return s;
+    };
+    return std::to_string(id) + ";" + list(members) + ";" + list(spares);
+  }
+  [[nodiscard]] static quorum decode(std::string_view text) {
+    auto bad = [&] { return data_error("quorum '" + std::string(text) + "': expected 'id;members;spares'"); };
+    auto number = [&](std::string_view s, auto& out) {
+      const auto r = std::from_chars(s.data(), s.data() + s.size(), out);
+      if (r.ec != std::errc{} || r.ptr != s.data() + s.size()) throw bad();
+    };
+    auto list = [&](std::string_view s) {
+      std::vector<int> v;
+      while (!s.empty()) {
+        const auto comma = s.find(',');
+        int x = 0;
+        number(s.substr(0, comma), x);
+        v.push_back(x);
+        s = comma == std::string_view::npos ? std::string_view{} : s.substr(comma + 1);
+      }
+      return v;
+    };
+    const auto a = text.find(';');
+    const auto b = a == std::string_view::npos ? a : text.find(';', a + 1);
+    if (b == std::string_view::npos) throw bad();
+    quorum q;
+    number(text.substr(0, a), q.id);
+    q.members = list(text.substr(a + 1, b - a - 1));
+    q.spares = list(text.substr(b + 1));
+    return q;
+  }
+};
+
+// The next quorum after `previous`, from the replicas that are alive and ready to take part
+// (`ready`, any order) out of `heartbeating` live replicas; nullopt while the policy cannot be met.
+//   fixed_with_spares: every member of `previous` still ready keeps its slot; an empty slot takes
+//     the lowest-numbered ready replica outside it (so replica r has slot r when all start);
+//     the other ready replicas are spares. Every slot must be filled.
+//   dynamic: the members still ready keep their order, joiners follow by number; at least
+//     min_replicas.
+// Both: the quorum (spares included) must hold more than half of the heartbeating replicas, so
+// two halves of a partitioned job can never both train.
+[[nodiscard]] inline std::optional<quorum> compute_quorum(const quorum& previous, std::span<const int> ready,
+                                                          int heartbeating, const quorum_policy& policy) {
+  std::vector<int> pool(ready.begin(), ready.end());
+  std::ranges::sort(pool);
+  pool.erase(std::ranges::unique(pool).begin(), pool.end());
+  auto is_ready = [&](int r) { return std::ranges::binary_search(pool, r); };
+  quorum next;
+  next.id = previous.id + 1;
+  std::vector<int> joiners;
+  for (int r : pool)
+    if (previous.slot_of(r) < 0) joiners.push_back(r);
+  if (policy.mode == world_size_mode::fixed_with_spares) {
+    if (policy.slots < 1) throw invalid_argument_error("quorum_policy: slots is " + std::to_string(policy.slots) + ", expected >= 1");
+    next.members.assign(static_cast<std::size_t>(policy.slots), -1);
+    for (std::size_t k = 0; k < previous.members.size() && k < next.members.size(); ++k)
+      if (is_ready(previous.members[k])) next.members[k] = previous.members[k];
+    auto j = joiners.begin();
+    for (int& m : next.members) {
+      if (m >= 0) continue;
+      if (j == joiners.end()) return std::nullopt;
+      m = *j++;
+    }
+    next.spares.assign(j, joiners.end());
+  } else {
+    for (int m : previous.members)
+      if (is_ready(m)) next.members.push_back(m);
+    next.members.insert(next.members.end(), joiners.begin(), joiners.end());
+    if (static_cast<int>(next.members.size()) < std::max(1, policy.min_replicas)) return std::nullopt;
+  }
+  const auto size = next.members.size() + next.spares.size();
+  if (2 * size <= static_cast<std::size_t>(heartbeating)) return std::nullopt;
+  return next;
+}
+
+}  // namespace partrain::inline v0
+
+// #include <partrain/parallel/lighthouse.hpp>
+// partrain/parallel/lighthouse.hpp: the one place a fault-tolerant job's quorums are decided
+// (torchft's lighthouse). It reads every replica's heartbeat from the job's store and publishes
+// each new quorum there; the replicas (replica_group.hpp) only read them. One decider means two
+// halves of a job can never each believe they are the job; its store's host is the single point of
+// failure, as the lighthouse is torchft's, and losing it stays the clear error it is without one.
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+// #include <partrain/comm/store.hpp> (above)
+// #include <partrain/core/error.hpp> (above)
+// #include <partrain/core/log.hpp> (above)
+// #include <partrain/parallel/detail/replica_protocol.hpp> (above)
+// #include <partrain/parallel/quorum.hpp> (above)
+
+namespace partrain::inline v0 {
+
+struct lighthouse_options {
+  int replicas = 1;  // every replica the job starts, spares included: ids 0 .. replicas-1
+  quorum_policy policy{};
+  // A replica whose heartbeat has not moved for this long is lost (torchft's default is 5 s; the
+  // replicas beat every 100 ms by default). Once a member's group has failed under its peers, a
+  // quarter of it is enough: so the replicas' heartbeat interval must stay well under a quarter.
+  std::chrono::milliseconds heartbeat_timeout{1000};
+  // The first quorum waits for every replica this long, then forms from those present.
+  std::chrono::milliseconds join_timeout{10000};
+  // How often it reads the heartbeats: 2 store round trips per replica a tick.
+  std::chrono::milliseconds tick{25};
+};
+
+class lighthouse {
+ public:
+  lighthouse(std::shared_ptr<store> s, lighthouse_options opts) : store_(std::move(s)), opts_(opts) {
+    if (!store_) throw invalid_argument_error("lighthouse: the store is null");
+    if (opts_.replicas < 1) {
+      throw invalid_argument_error("lighthouse: replicas is " + std::to_string(opts_.replicas) + ", expected >= 1");
+    }
+    if (opts_.policy.mode == world_size_mode::fixed_with_spares && opts_.policy.slots > opts_.replicas) {
+      throw invalid_argument_error("lighthouse: " + std::to_string(opts_.policy.slots) + " slots but only " +
+                                   std::to_string(opts_.replicas) + " replicas; every slot needs a replica");
+    }
+    seen_.resize(static_cast<std::size_t>(opts_.replicas));
+    thread_ = std::jthread([this](std::stop_token st) { run(st); });
+  }
+  lighthouse(const lighthouse&) = delete;
+  lighthouse& operator=(const lighthouse&) = delete;
+  ~lighthouse() = default;  // the jthread stops and joins
+
+  // The newest quorum published (id -1 before the first).
+  [[nodiscard]] quorum current() const {
+    std::lock_guard lock(mutex_);
+    return current_;
+  }
+  // What ended the lighthouse's thread (the store lost), or null.
+  [[nodiscard]] std::exception_ptr error() const {
+    std::lock_guard lock(mutex_);
+    return error_;
+  }
+
+ private:
+  struct seen {
+    bool known = false;
+    std::int64_t counter = -1;
+    std::chrono::steady_clock::time_point moved{};
+    detail::ft::beat last{};
+  };
+
+  void run(std::stop_token st) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      while (!st.stop_requested()) {
+        tick(start);
+        std::this_thread::sleep_for(opts_.tick);
+      }
+    } catch (const std::exception&) {
+      std::lock_guard lock(mutex_);
+      error_ = std::current_exception();
+      log_error("lighthouse stopped: " + detail::unprefixed(describe(error_)));
+    }
+  }
+
+  [[nodiscard]] static std::string describe(const std::exception_ptr& e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      return x.what();
+    }
+  }
+
+  [[nodiscard]] bool alive(int r, std::chrono::steady_clock::time_point now) const {
+    const auto& s = seen_[static_cast<std::size_t>(r)];
+    using detail::ft::replica_phase;
+    return s.known && now - s.moved < opts_.heartbeat_timeout && s.last.phase != replica_phase::dead &&
+           s.last.phase != replica_phase::done;
+  }
+  [[nodiscard]] const detail::ft::beat& beat_of(int r) const { return seen_[static_cast<std::size_t>(r)].last; }
+
+  void tick(std::chrono::steady_clock::time_point start) {
+    using detail::ft::replica_phase;
+    const auto now = std::chrono::steady_clock::now();
+    for (int r = 0; r < opts_.replicas; ++r) {
+      const auto text = detail::ft::peek(*store_, detail::ft::beat_key(r));
+      if (!text) continue;
+      const auto b = detail::ft::beat::decode(*text);
+      if (!b) throw data_error("lighthouse: replica " + std::to_string(r) + "'s heartbeat is '" + *text + "'");
+      auto& s = seen_[static_cast<std::size_t>(r)];
+      if (!s.known || b->counter != s.counter) s.moved = now;
+      s.known = true;
+      s.counter = b->counter;
+      s.last = *b;
+    }
+    int heartbeating = 0;
+    for (int r = 0; r < opts_.replicas; ++r) heartbeating += alive(r, now) ? 1 : 0;
+    const quorum cur = current();
+    std::vector<int> ready;
+    if (cur.id < 0) {
+      for (int r = 0; r < opts_.replicas; ++r)
+        if (alive(r, now) && beat_of(r).phase == replica_phase::joining) ready.push_back(r);
+      if (static_cast<int>(ready.size()) == opts_.replicas || now - start >= opts_.join_timeout) {
+        publish(compute_quorum(cur, ready, heartbeating, opts_.policy), "first quorum");
+      }
+      return;
+    }
+    bool all_done = !cur.members.empty();
+    bool broken = false;
+    std::vector<int> pending;  // alive members that have not (yet) left a broken group
+    std::string why;
+    std::string failed;  // members whose collectives failed
+    for (int m : cur.members) {
+      const auto& b = beat_of(m);
+      all_done = all_done && b.phase == replica_phase::done;
+      const bool failed_here = b.phase == replica_phase::failed && b.quorum == cur.id;
+      if (b.phase == replica_phase::done) continue;
+      if (!alive(m, now)) {
+        broken = true;
+        why += (why.empty() ? "" : ", ") + std::string("replica ") + std::to_string(m) +
+               (b.phase == replica_phase::dead ? " gave up" : " lost (no heartbeat)");
+      } else if (failed_here) {
+        broken = true;
+        failed += (failed.empty() ? "" : ", ") + std::to_string(m);
+      } else {
+        pending.push_back(m);
+      }
+    }
+    if (all_done) {
+      if (!finished_) store_->set(std::string(detail::ft::finished_key), std::string("1"));
+      finished_ = true;
+      return;
+    }
+    if (broken) {
+      // Members still inside the failed group's collectives leave them within their timeout; one
+      // that beats but has not left within a heartbeat timeout is stalled outside them: evicted.
+      // A pending member whose heartbeat has been quiet for a quarter of the timeout while its
+      // group is broken is gone (killed or stopped): its peers' errors are the evidence, so
+      // recovery need not wait out the whole timeout.
+      if (!broken_since_) broken_since_ = now;
+      std::erase_if(pending, [&](int m) {
+        if (now - seen_[static_cast<std::size_t>(m)].moved < opts_.heartbeat_timeout / 4) return false;
+        why += (why.empty() ? "" : ", ") + std::string("replica ") + std::to_string(m) + " silent since its group broke";
+        return true;
+      });
+      if (!pending.empty() && now - *broken_since_ < opts_.heartbeat_timeout) return;
+      // Ready: the members that left the broken group, and the waiting replicas outside it.
+      for (int r = 0; r < opts_.replicas; ++r) {
+        if (!alive(r, now)) continue;
+        const auto& b = beat_of(r);
+        const bool ready_here = cur.slot_of(r) >= 0 ? b.phase == replica_phase::failed && b.quorum == cur.id
+                                                     : b.phase == replica_phase::joining;
+        if (ready_here) ready.push_back(r);
+      }
+      if (!failed.empty()) why += (why.empty() ? "" : "; ") + std::string("the group failed under replica(s) ") + failed;
+      publish(compute_quorum(cur, ready, heartbeating, opts_.policy), why);
+      return;
+    }
+    if (opts_.policy.mode != world_size_mode::dynamic) return;
+    // Dynamic: admit healthy joiners once every member trains in the current quorum.
+    bool joiners = false;
+    for (int r = 0; r < opts_.replicas; ++r) {
+      if (!alive(r, now)) continue;
+      const auto& b = beat_of(r);
+      const bool in = cur.slot_of(r) >= 0;
+      if (in && !(b.phase == replica_phase::member && b.quorum == cur.id)) return;
+      if (in) ready.push_back(r);
+      if (!in && b.phase == replica_phase::joining) {
+        ready.push_back(r);
+        joiners = true;
+      }
+    }
+    if (joiners) publish(compute_quorum(cur, ready, heartbeating, opts_.policy), "replicas joined");
+  }
+
+  void publish(const std::optional<quorum>& next, const std::string& why) {
+    if (!next) return;
+    store_->set(detail::ft::quorum_key(next->id), next->encode());
+    store_->set(std::string(detail::ft::latest_key), std::to_string(next->id));
+    log_info("lighthouse: quorum " + next->encode() + " (" + why + ")");
+    broken_since_.reset();
+    std::lock_guard lock(mutex_);
+    current_ = *next;
+  }
+
+  std::shared_ptr<store> store_;
+  lighthouse_options opts_;
+  std::vector<seen> seen_;
+  bool finished_ = false;
+  std::optional<std::chrono::steady_clock::time_point> broken_since_{};
+  mutable std::mutex mutex_;
+  quorum current_{};
+  std::exception_ptr error_{};
+  std::jthread thread_;
+};
+
+}  // namespace partrain::inline v0
+
 // #include <partrain/parallel/local_sgd.hpp>
 // partrain/parallel/local_sgd.hpp: post-local SGD (PyTorch's PostLocalSGDState hook,
 // PeriodicModelAverager and PostLocalSGDOptimizer in one policy): synchronous DDP for
@@ -21367,6 +21850,312 @@ namespace comm_hooks {
 }
 
 }  // namespace comm_hooks
+
+}  // namespace partrain::inline v0
+
+// #include <partrain/parallel/replica_group.hpp>
+// partrain/parallel/replica_group.hpp: data-parallel training that survives a lost replica without
+// a restart (torchft's Manager, for any backend). Each replica heartbeats into the job's store; the
+// lighthouse (lighthouse.hpp) publishes quorums; a replica trains a step in its quorum's group and
+// commits it only when every collective of the step completed on it. A replica whose group fails
+// drops the step, waits for the next quorum, and the new group first brings every member to the
+// highest committed step by sending a healthy member's state to those behind (a replacement, a
+// spare, or a survivor whose last collective failed after a peer's completed), all live over the
+// backend, no checkpoint file. With world_size_mode::fixed_with_spares the slots keep their data,
+// so the run's result is bit-identical to one without failures.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+// #include <partrain/comm/process_group.hpp> (above)
+// #include <partrain/comm/reduce_op.hpp> (above)
+// #include <partrain/comm/store.hpp> (above)
+// #include <partrain/core/error.hpp> (above)
+// #include <partrain/core/log.hpp> (above)
+// #include <partrain/core/tensor_view.hpp> (above)
+// #include <partrain/parallel/detail/replica_protocol.hpp> (above)
+// #include <partrain/parallel/quorum.hpp> (above)
+
+namespace partrain::inline v0 {
+
+struct replica_group_options {
+  int replica = 0;  // this replica's id (its launch rank), 0 <= replica < the lighthouse's replicas
+  std::chrono::milliseconds heartbeat_interval{100};
+  // The longest a member whose group failed waits for a quorum that takes it in. A spare waits as
+  // long as the job runs (each of its polls is a bounded store call, so a lost store ends it).
+  std::chrono::milliseconds quorum_timeout{30000};
+  // Steps between the rounds (one 8-byte all-reduce) in which the members agree on the newest
+  // quorum: a replica that joins a running job waits at most this many steps.
+  int quorum_round_every = 8;
+};
+
+// What a joining replica receives from a healthy one: everything a step depends on (parameters,
+// optimizer and gradient-scaler state, the sampler's position, random state). save() runs on the
+// sender, load() on each receiver, between steps.
+struct replica_state_io {
+  std::function<std::vector<std::byte>()> save;
+  std::function<void(std::span<const std::byte>)> load;
+};
+
+// Makes quorum `quorum_id`'s group: rank `rank` of `size`, every member calling with the same id.
+// Gloo: a gloo_group under a store prefix of the id's own; threads: local_group_registry::make.
+using replica_group_factory = std::function<std::unique_ptr<process_group>(std::int64_t quorum_id, int rank, int size)>;
+
+// An event of the replica's life, logged (info) and kept for metrics and tests.
+struct replica_event {
+  enum class kind { joined, healed, sent_state, failed, left_as_spare } what{};
+  std::int64_t step = 0;
+  std::int64_t quorum = -1;
+  std::string reason{};
+  std::chrono::steady_clock::time_point at{};  // when it was recorded
+  double seconds = 0;                          // healed, sent_state: how long the transfer took
+  std::int64_t bytes = 0;                      // healed, sent_state: the state's size
+};
+
+class replica_group {
+ public:
+  // control: a store connection of this replica's own (its heartbeat thread polls it; the group
+  // factory's rendezvous should use another, so a long rendezvous never delays a heartbeat).
+  replica_group(std::shared_ptr<store> control, replica_group_factory make_group, replica_state_io state,
+                replica_group_options opts)
+      : store_(std::move(control)), make_group_(std::move(make_group)), state_(std::move(state)), opts_(opts) {
+    if (!store_) throw invalid_argument_error("replica_group: the control store is null");
+    if (!make_group_) throw invalid_argument_error("replica_group: the group factory is empty");
+    if (!state_.save || !state_.load) throw invalid_argument_error("replica_group: state save and load are both required");
+    if (opts_.replica < 0) throw invalid_argument_error("replica_group: replica is " + std::to_string(opts_.replica) + ", expected >= 0");
+    if (opts_.quorum_round_every < 1) {
+      throw invalid_argument_error("replica_group: quorum_round_every is " + std::to_string(opts_.quorum_round_every) +
+                                   ", expected >= 1");
+    }
+    beat_now();
+    heart_ = std::jthread([this](std::stop_token st) { beat_loop(st); });
+  }
+  replica_group(const replica_group&) = delete;
+  replica_group& operator=(const replica_group&) = delete;
+  // Without finish(), the replica says it gave up, so the lighthouse does not wait for its heartbeat
+  // to go stale.
+  ~replica_group() {
+    heart_.request_stop();
+    if (heart_.joinable()) heart_.join();
+    group_.reset();
+    try {
+      set_phase(finished_ ? detail::ft::replica_phase::done : detail::ft::replica_phase::dead, quorum_.id);
+    } catch (const std::exception&) {
+      // The store is gone: the lighthouse sees the heartbeat stop instead.
+    }
+  }
+
+  // Runs one step until a quorum commits it. compute(group, slot, step) computes this slot's
+  // gradients for `step` from scratch (zeroing what an earlier try left) and reduces them over
+  // `group`; apply() then steps the optimizer. A collective that fails (a member died, stalled or
+  // left) drops the step here; the replica waits for the next quorum, heals if it is behind, and
+  // runs the step again. Returns false when the job finished while this replica waited as a spare.
+  bool step(const std::function<void(process_group&, int slot, std::int64_t step)>& compute,
+            const std::function<void()>& apply) {
+    for (;;) {
+      if (!group_ && !join()) return false;
+      try {
+        compute(*group_, slot_, step_);
+        // Every quorum_round_every steps (all members count the same steps), the members agree on
+        // the newest quorum any of them has seen, so they all switch at the same boundary.
+        std::int64_t vote = quorum_.id;
+        if ((step_ + 1) % opts_.quorum_round_every == 0) {
+          vote = latest_seen_.load();
+          group_->all_reduce(tensor_view<std::int64_t>(&vote, 1), reduce_op::max).wait();
+        }
+        apply();
+        ++step_;
+        set_phase(detail::ft::replica_phase::member, quorum_.id);
+        if (vote > quorum_.id) {
+          want_ = vote;
+          group_.reset();
+        }
+        return true;
+      } catch (const communication_error& e) {
+        fail(e.what());
+      }
+    }
+  }
+
+  // Says this replica finished the job (every member calls it after its last step).
+  void finish() {
+    finished_ = true;
+    set_phase(detail::ft::replica_phase::done, quorum_.id);
+  }
+
+  [[nodiscard]] std::int64_t current_step() const noexcept { return step_; }
+  [[nodiscard]] int slot() const noexcept { return slot_; }  // -1 outside a quorum
+  [[nodiscard]] const quorum& current_quorum() const noexcept { return quorum_; }
+  [[nodiscard]] const std::vector<replica_event>& events() const noexcept { return events_; }
+  [[nodiscard]] int failures() const noexcept { return count(replica_event::kind::failed); }
+  [[nodiscard]] int heals() const noexcept { return count(replica_event::kind::healed); }
+
+ private:
+  using phase = detail::ft::replica_phase;
+
+  [[nodiscard]] int count(replica_event::kind k) const noexcept {
+    return static_cast<int>(std::ranges::count(events_, k, &replica_event::what));
+  }
+  void record(replica_event::kind k, std::string reason, double seconds = 0, std::int64_t bytes = 0) {
+    constexpr const char* names[] = {"joined", "healed", "sent state", "failed", "left as a spare"};
+    log_info("replica " + std::to_string(opts_.replica) + " " + names[static_cast<int>(k)] + " at step " +
+             std::to_string(step_) + " in quorum " + std::to_string(quorum_.id) + (reason.empty() ? "" : ": ") + reason);
+    events_.push_back({k, step_, quorum_.id, std::move(reason), std::chrono::steady_clock::now(), seconds, bytes});
+  }
+
+  // A change of phase or quorum is published at once (the lighthouse must never act on a stale
+  // one); the step alone rides on the next heartbeat.
+  void set_phase(phase p, std::int64_t q) {
+    std::lock_guard lock(beat_mutex_);
+    const bool changed = beat_.phase != p || beat_.quorum != q;
+    beat_.phase = p;
+    beat_.quorum = q;
+    beat_.step = step_;
+    if (changed) publish_locked();
+  }
+  void beat_now() {
+    std::lock_guard lock(beat_mutex_);
+    publish_locked();
+  }
+  void publish_locked() {
+    ++beat_.counter;
+    store_->set(detail::ft::beat_key(opts_.replica), beat_.encode());
+  }
+  void beat_loop(std::stop_token st) {
+    while (!st.stop_requested()) {
+      try {
+        beat_now();
+        const auto latest = detail::ft::latest_quorum(*store_);
+        latest_seen_.store(std::max(latest_seen_.load(), latest));
+      } catch (const std::exception& e) {
+        // The store's host is gone: the main thread meets the same error at its next store call.
+        log_warn("replica " + std::to_string(opts_.replica) + " heartbeat: " + detail::unprefixed(e.what()));
+      }
+      std::unique_lock lock(sleep_mutex_);
+      sleep_.wait_for(lock, st, opts_.heartbeat_interval, [] { return false; });
+    }
+  }
+
+  void fail(const std::string& why) {
+    record(replica_event::kind::failed, detail::unprefixed(why));
+    group_.reset();  // closes this replica's side of the group, so its peers fail fast too
+    want_ = quorum_.id + 1;
+    set_phase(phase::failed, quorum_.id);
+  }
+
+  // Waits for a quorum at or after want_ that gives this replica a slot, forms its group and heals.
+  // False when the job finished first (a spare).
+  bool join() {
+    const auto deadline = std::chrono::steady_clock::now() + opts_.quorum_timeout;
+    bool spare = false;
+    for (;;) {
+      const auto latest = detail::ft::latest_quorum(*store_);
+      if (latest >= want_) {
+        const auto next = quorum::decode(detail::ft::peek(*store_, detail::ft::quorum_key(latest)).value_or(""));
+        want_ = latest + 1;  // if this one does not take us in (or fails), the next one
+        if (next.slot_of(opts_.replica) >= 0) {
+          if (form(next)) return true;
+          continue;
+        }
+        if (!spare) record(replica_event::kind::left_as_spare, "quorum " + next.encode());
+        spare = true;
+        quorum_ = next;
+        slot_ = -1;
+        set_phase(phase::joining, -1);
+      }
+      if (store_->check({std::string(detail::ft::finished_key)})) return false;
+      if (!spare && quorum_.id >= 0 && std::chrono::steady_clock::now() > deadline) {
+        throw timeout_error("replica " + std::to_string(opts_.replica) + " waited " +
+                                std::to_string(opts_.quorum_timeout.count()) + " ms for a quorum after quorum " +
+                                std::to_string(quorum_.id) + " failed; is the lighthouse running, and are enough replicas alive?",
+                            {.rank = opts_.replica, .operation = "quorum", .timeout = opts_.quorum_timeout});
+      }
+      std::this_thread::sleep_for(opts_.heartbeat_interval / 10);
+    }
+  }
+
+  bool form(const quorum& q) {
+    const int rank = q.slot_of(opts_.replica);
+    set_phase(phase::forming, q.id);
+    quorum_ = q;
+    slot_ = rank;
+    try {
+      group_ = make_group_(q.id, rank, static_cast<int>(q.members.size()));
+      heal();
+    } catch (const communication_error& e) {
+      fail(e.what());
+      return false;
+    }
+    set_phase(phase::member, q.id);
+    record(replica_event::kind::joined, "slot " + std::to_string(rank) + " of " + std::to_string(q.members.size()));
+    return true;
+  }
+
+  // Brings every member to the highest committed step: the lowest-ranked member that has it
+  // broadcasts its state; the others (at that step already) keep theirs.
+  void heal() {
+    auto& g = *group_;
+    std::int64_t steps[2] = {step_, -step_};
+    g.all_reduce(tensor_view<std::int64_t>(steps, 2), reduce_op::max).wait();
+    const std::int64_t newest = steps[0];
+    const std::int64_t oldest = -steps[1];
+    if (oldest == newest) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::int64_t source = step_ == newest ? g.rank() : g.size();
+    g.all_reduce(tensor_view<std::int64_t>(&source, 1), reduce_op::min).wait();
+    std::vector<std::byte> blob;
+    if (g.rank() == source) blob = state_.save();
+    std::int64_t bytes = static_cast<std::int64_t>(blob.size());
+    g.broadcast(tensor_view<std::int64_t>(&bytes, 1), static_cast<int>(source)).wait();
+    blob.resize(static_cast<std::size_t>(bytes));
+    g.broadcast(tensor_view<std::uint8_t>(reinterpret_cast<std::uint8_t*>(blob.data()), blob.size()),
+                static_cast<int>(source))
+        .wait();
+    const auto took = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    if (g.rank() == source) {
+      record(replica_event::kind::sent_state, std::to_string(bytes) + " bytes at step " + std::to_string(newest), took(),
+             bytes);
+    } else if (step_ < newest) {
+      state_.load(blob);
+      const auto from = step_;
+      step_ = newest;
+      record(replica_event::kind::healed,
+             "from step " + std::to_string(from) + ", " + std::to_string(bytes) + " bytes from slot " + std::to_string(source),
+             took(), bytes);
+    }
+  }
+
+  std::shared_ptr<store> store_;
+  replica_group_factory make_group_;
+  replica_state_io state_;
+  replica_group_options opts_;
+  std::unique_ptr<process_group> group_{};
+  quorum quorum_{};
+  int slot_ = -1;
+  std::int64_t step_ = 0;
+  std::int64_t want_ = 0;  // the lowest quorum id this replica may still join
+  bool finished_ = false;
+  std::atomic<std::int64_t> latest_seen_{-1};
+  std::vector<replica_event> events_{};
+  std::mutex beat_mutex_;
+  detail::ft::beat beat_{};
+  std::mutex sleep_mutex_;
+  std::condition_variable_any sleep_;
+  std::jthread heart_{};
+};
 
 }  // namespace partrain::inline v0
 

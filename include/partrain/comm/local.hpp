@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -52,6 +53,11 @@ class world_state {
       : n_(n), timeout_(timeout), slots_(static_cast<std::size_t>(n)), arrivals_(static_cast<std::size_t>(n), 0) {}
 
   [[nodiscard]] int size() const noexcept { return n_; }
+
+  // A member that leaves (destroys its group) aborts the world, so its peers fail at once instead
+  // of at their timeout: groups made per quorum by local_group_registry.
+  void abort_on_leave() noexcept { abort_on_leave_ = true; }
+  [[nodiscard]] bool aborts_on_leave() const noexcept { return abort_on_leave_; }
 
   // Ranks that own a core (inline collectives, pinned) poll for up to d before sleeping at a
   // meeting: a peer a few microseconds behind then costs no sleep and wake-up, which on a
@@ -185,6 +191,7 @@ class world_state {
   std::atomic<std::uint64_t> published_{0};  // generation_, readable without the lock
   std::atomic<bool> abort_published_{false};  // aborted_, readable without the lock
   std::chrono::microseconds spin_{0};         // set before the ranks start
+  bool abort_on_leave_ = false;                // set before the ranks start
   std::vector<std::uint64_t> arrivals_;
   bool aborted_ = false;
   std::string abort_reason_;
@@ -223,6 +230,11 @@ class local_group final : public process_group {
  public:
   local_group(std::shared_ptr<detail::local::world_state> world, int rank, process_group_options opts)
       : process_group(rank, world->size(), opts), world_(std::move(world)) {}
+  local_group(const local_group&) = delete;
+  local_group& operator=(const local_group&) = delete;
+  ~local_group() override {
+    if (world_->aborts_on_leave()) world_->abort("rank " + std::to_string(rank()) + " left the group", rank());
+  }
 
   [[nodiscard]] std::string_view backend() const noexcept override { return "local"; }
   // One rank's buffers as exchange() shows them to every rank.
@@ -392,6 +404,44 @@ namespace detail::local {
                                                                                process_group_options opts = {}) {
   return detail::local::make_ranks(detail::local::make_world(world_size, opts), opts);
 }
+
+// Local groups made on demand by id, for callers whose groups change while their threads run
+// (replica_group's quorums): the first thread to ask for group `id` makes its world, each member
+// takes its own rank. A member that leaves such a group aborts it, so its peers fail at once.
+class local_group_registry {
+ public:
+  explicit local_group_registry(process_group_options opts = {}) : opts_(std::move(opts)) {}
+
+  [[nodiscard]] std::unique_ptr<process_group> make(std::int64_t id, int rank, int size) {
+    std::lock_guard lock(mutex_);
+    auto& ranks = worlds_[id];
+    if (ranks.empty()) {
+      auto world = detail::local::make_world(size, opts_);
+      world->abort_on_leave();
+      // Callers whose ranks each own a core (both flags set, as run_local sets them) meet there.
+      if (opts_.inline_collectives.value_or(false) && opts_.pin_threads.value_or(false)) {
+        world->spin_before_blocking(std::chrono::microseconds(50));
+      }
+      ranks = detail::local::make_ranks(world, opts_);
+    }
+    const std::string what = "local_group_registry: group " + std::to_string(id) + " rank " + std::to_string(rank);
+    if (static_cast<int>(ranks.size()) != size) {
+      throw invalid_argument_error(what + " asked with size " + std::to_string(size) + ", but the group was made with " +
+                                   std::to_string(ranks.size()));
+    }
+    if (rank < 0 || rank >= size || !ranks[static_cast<std::size_t>(rank)]) {
+      throw invalid_argument_error(what + ": out of range or taken twice (size " + std::to_string(size) + ")");
+    }
+    std::unique_ptr<process_group> g = std::move(ranks[static_cast<std::size_t>(rank)]);
+    if (std::ranges::all_of(ranks, [](const auto& p) { return p == nullptr; })) worlds_.erase(id);
+    return g;
+  }
+
+ private:
+  std::mutex mutex_;
+  process_group_options opts_;
+  std::map<std::int64_t, std::vector<std::unique_ptr<local_group>>> worlds_;
+};
 
 namespace detail::local {
 // run_local's body, for any fn: one definition (compiled once in PARTRAIN_COMPILED mode).

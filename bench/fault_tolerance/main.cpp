@@ -1,0 +1,295 @@
+// bench_fault_tolerance: fault-tolerant data parallelism (parallel/replica_group.hpp) on the
+// example MLP (784-256-128-10), DDP + SGD with momentum, 64 rows per rank.
+//   quorum_overhead  the fault-free cost of replica_group's step (its commit round, the heartbeat
+//                    thread) as a fraction of plain DDP's step: 2 ranks as threads, collectives
+//                    inline on pinned ranks (the main job's backend), alternated windows, medians
+//   recovery_s       2 slots + 1 spare as Gloo processes over loopback; slot 1's process SIGKILLs
+//                    itself mid-run: seconds from the kill to the next step slot 0 commits (median
+//                    of the runs), with the spare's heal (bytes, seconds) and the steps redone
+//   bench_fault_tolerance [--quick] [--steps N] [--windows N] [--kills N]
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <csignal>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <partrain/comm/gloo.hpp>
+#include <partrain/comm/local.hpp>
+#include <partrain/data/batch.hpp>
+#include <partrain/optim/sgd.hpp>
+#include <partrain/optim/state_io.hpp>
+#include <partrain/parallel/ddp.hpp>
+#include <partrain/parallel/lighthouse.hpp>
+#include <partrain/parallel/replica_group.hpp>
+#include <partrain/rendezvous/tcp_store.hpp>
+#include <partrain/rendezvous/tcp_store_server.hpp>
+
+#include "median.hpp"
+#include "mlp_host.hpp"
+
+namespace {
+
+using namespace partrain;
+using namespace std::chrono_literals;
+using ::partrain::bench::median;
+using mlp = models::mlp_host;
+
+constexpr std::size_t per_rank = 64;
+
+// Synthetic rows: the step's cost does not depend on the values.
+struct rows {
+  std::vector<float> x;
+  std::vector<std::int32_t> y;
+  explicit rows(std::size_t slots) : x(slots * per_rank * 784), y(slots * per_rank) {
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+    for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int32_t>((i * 7) % 10);
+  }
+  [[nodiscard]] batch of(int slot) const {
+    const auto s = static_cast<std::size_t>(slot);
+    return {tensor_view<const float>(x.data() + s * per_rank * 784, shape{per_rank, 784}),
+            tensor_view<const std::int32_t>(y.data() + s * per_rank, per_rank), {}};
+  }
+};
+
+// What a joining replica receives: the parameters and SGD's momentum.
+replica_state_io state_of(mlp& model, sgd<mlp>& opt) {
+  return {.save =
+              [&] {
+                state_writer w;
+                const auto v = model.flat_values();
+                w.put_array(std::span<const float>(v.data(), v.size()));
+                opt.save_state(w);
+                return w.release();
+              },
+          .load =
+              [&](std::span<const std::byte> b) {
+                state_reader r(b, "a peer's state");
+                const auto v = model.flat_values();
+                r.get_array(std::span<float>(v.data(), v.size()), "parameters");
+                opt.load_state(r);
+              }};
+}
+
+// DDP bound to the group of the replica's quorum: made anew when the quorum changes (a group
+// made later may sit at the address of one destroyed, so the quorum's id is what tells).
+struct ddp_in_quorum {
+  mlp& model;
+  const replica_group& rg;
+  std::optional<distributed_data_parallel<mlp>> ddp{};
+  std::int64_t bound = -1;
+  double step(process_group& g, const batch& b) {
+    if (rg.current_quorum().id != bound) {
+      ddp.reset();
+      ddp.emplace(model, g);
+      bound = rg.current_quorum().id;
+    }
+    return ddp->train_step(b);
+  }
+};
+
+tcp_store_options client(std::uint16_t port) { return {.port = port, .timeout = 30s, .reconnect_timeout = 1s}; }
+
+// Seconds per step on rank 0: plain DDP, or DDP inside replica_group.
+double window(bool ft, std::size_t steps, const rows& data) {
+  process_group_options o;
+  o.inline_collectives = o.pin_threads = true;
+  std::optional<tcp_store_server> server;
+  std::optional<lighthouse> lh;
+  if (ft) {
+    server.emplace();
+    lh.emplace(std::make_shared<tcp_store>(client(server->port())), lighthouse_options{.replicas = 2, .policy = {.slots = 2}});
+  }
+  local_group_registry registry(o);
+  std::vector<double> secs(2);
+  run_local(2, [&](local_group& g) {
+    mlp model({}, 1);
+    sgd opt(model, {.lr = 0.01, .momentum = 0.9});
+    const auto r = static_cast<std::size_t>(g.rank());
+    if (!ft) {
+      distributed_data_parallel ddp(model, g);
+      const auto b = data.of(g.rank());
+      (void)ddp.train_step(b);
+      opt.step();
+      g.barrier().wait();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (std::size_t s = 0; s < steps; ++s) {
+        (void)ddp.train_step(b);
+        opt.step();
+      }
+      g.barrier().wait();
+      secs[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(steps);
+      return;
+    }
+    replica_group rg(std::make_shared<tcp_store>(client(server->port())),
+                     [&](std::int64_t id, int rank, int size) { return registry.make(id, rank, size); }, state_of(model, opt),
+                     {.replica = g.rank()});
+    ddp_in_quorum d{model, rg};
+    auto compute = [&](process_group& pg, int slot, std::int64_t) { (void)d.step(pg, data.of(slot)); };
+    auto apply = [&] { opt.step(); };
+    rg.step(compute, apply);
+    g.barrier().wait();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::size_t s = 0; s < steps; ++s) rg.step(compute, apply);
+    g.barrier().wait();
+    secs[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(steps);
+    rg.finish();
+  }, o);
+  return secs[0];
+}
+
+// What one killed run measured, in shared memory the processes write.
+struct recovery_record {
+  double killed_at = 0;      // steady_clock seconds when the victim killed itself
+  double committed_at = 0;   // ... when slot 0 next committed a step
+  double heal_seconds = 0;   // the spare's transfer
+  std::int64_t heal_bytes = 0;
+  std::int64_t kill_step = 0;
+  std::int64_t resumed_step = 0;  // the step slot 0 committed after the failure
+  int ok = 0;
+};
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+recovery_record recovery_run(std::int64_t kill_step, std::int64_t steps) {
+  auto* rec = static_cast<recovery_record*>(
+      ::mmap(nullptr, sizeof(recovery_record), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  if (rec == MAP_FAILED) throw std::runtime_error("mmap failed");
+  *rec = {};
+  rec->kill_step = kill_step;
+  const rows data(2);
+  std::vector<pid_t> pids;
+  {
+    tcp_store_server server;
+    const auto port = server.port();
+    std::fflush(nullptr);
+    for (int r = 0; r < 3; ++r) {
+      const pid_t pid = ::fork();
+      if (pid < 0) throw std::runtime_error("fork failed");
+      if (pid > 0) {
+        pids.push_back(pid);
+        continue;
+      }
+      int code = 0;
+      try {
+        auto control = std::make_shared<tcp_store>(client(port));
+        auto rdzv = std::make_shared<tcp_store>(client(port));
+        mlp model({}, 1);
+        sgd opt(model, {.lr = 0.01, .momentum = 0.9});
+        replica_group rg(
+            control,
+            [&](std::int64_t id, int rank, int size) {
+              process_group_options o;
+              o.timeout = 5s;
+              return std::make_unique<gloo_group>(rdzv, rank, size, o, gloo_options{.prefix = "ft/g" + std::to_string(id) + "/"});
+            },
+            state_of(model, opt), {.replica = r});
+        ddp_in_quorum d{model, rg};
+        while (rg.current_step() < steps) {
+          const int failures = rg.failures();
+          const bool more = rg.step(
+              [&](process_group& pg, int slot, std::int64_t step) {
+                if (r == 1 && step == kill_step) {
+                  rec->killed_at = now_s();
+                  ::raise(SIGKILL);
+                }
+                (void)d.step(pg, data.of(slot));
+              },
+              [&] { opt.step(); });
+          if (!more) break;
+          if (r == 0 && failures == 0 && rg.failures() == 1) {
+            rec->committed_at = now_s();
+            rec->resumed_step = rg.current_step() - 1;
+          }
+        }
+        for (const auto& e : rg.events()) {
+          if (e.what == replica_event::kind::healed) {
+            rec->heal_seconds = e.seconds;
+            rec->heal_bytes = e.bytes;
+          }
+        }
+        rg.finish();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "replica %d: %s\n", r, e.what());
+        code = 1;
+      }
+      std::fflush(nullptr);
+      ::_exit(code);
+    }
+    auto s = std::make_shared<tcp_store>(client(port));
+    lighthouse lh(s, {.replicas = 3, .policy = {.slots = 2}});
+    int failed = 0;
+    for (std::size_t i = 0; i < pids.size(); ++i) {
+      int st = 0;
+      ::waitpid(pids[i], &st, 0);
+      const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+      if (i != 1 && !ok) ++failed;
+    }
+    rec->ok = failed == 0 ? 1 : 0;
+  }
+  const recovery_record out = *rec;
+  ::munmap(rec, sizeof(recovery_record));
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::size_t steps = 200, windows = 5, kills = 3;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--quick") {
+      steps = 5;
+      windows = 1;
+      kills = 1;
+    } else if ((a == "--steps" || a == "--windows" || a == "--kills") && i + 1 < argc) {
+      (a == "--steps" ? steps : a == "--windows" ? windows : kills) = std::max<std::size_t>(1, std::strtoull(argv[++i], nullptr, 10));
+    } else {
+      std::fprintf(stderr, "bench_fault_tolerance: unknown argument %s (expected --quick, --steps N, --windows N, --kills N)\n", argv[i]);
+      return 2;
+    }
+  }
+  const rows data(2);
+  std::vector<double> plain, ft;
+  for (std::size_t w = 0; w < windows; ++w) {  // alternated
+    plain.push_back(window(false, steps, data));
+    ft.push_back(window(true, steps, data));
+  }
+  const double overhead = median(ft) / median(plain) - 1.0;
+  std::printf("fault-free step, 2 ranks (threads, inline collectives), %zu rows per rank, DDP + SGD; medians of %zu alternated windows of %zu steps\n\n",
+              per_rank, windows, steps);
+  std::printf("%-28s %12s\n", "loop", "ms/step");
+  std::printf("%-28s %12.4f\n", "plain DDP", median(plain) * 1e3);
+  std::printf("%-28s %12.4f\n", "DDP in replica_group", median(ft) * 1e3);
+  std::printf("%-28s %12.4f\n\n", "overhead (fraction)", overhead);
+
+  std::printf("recovery: 2 slots + 1 spare (gloo processes), slot 1 SIGKILLed; heartbeat 100 ms, timeout 1000 ms\n\n");
+  std::printf("%-5s %10s %12s %12s %12s %14s\n", "run", "kill step", "recovery s", "heal s", "heal bytes", "steps redone");
+  std::vector<double> recoveries;
+  for (std::size_t k = 0; k < kills; ++k) {
+    const std::int64_t kill_step = 10 + static_cast<std::int64_t>(k) * 7;
+    const auto r = recovery_run(kill_step, kill_step + 10);
+    if (!r.ok || r.committed_at <= 0 || r.killed_at <= 0) {
+      std::fprintf(stderr, "bench_fault_tolerance: recovery run %zu did not recover\n", k);
+      return 1;
+    }
+    const double rec_s = r.committed_at - r.killed_at;
+    recoveries.push_back(rec_s);
+    std::printf("%-5zu %10lld %12.3f %12.4f %12lld %14lld\n", k, static_cast<long long>(r.kill_step), rec_s, r.heal_seconds,
+                static_cast<long long>(r.heal_bytes), static_cast<long long>(r.resumed_step - r.kill_step + 1));
+  }
+  std::printf("summary: quorum_overhead=%.4f recovery_s=%.3f\n", overhead, median(recoveries));
+  return 0;
+}

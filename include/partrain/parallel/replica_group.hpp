@@ -1,0 +1,305 @@
+// partrain/parallel/replica_group.hpp: data-parallel training that survives a lost replica without
+// a restart (torchft's Manager, for any backend). Each replica heartbeats into the job's store; the
+// lighthouse (lighthouse.hpp) publishes quorums; a replica trains a step in its quorum's group and
+// commits it only when every collective of the step completed on it. A replica whose group fails
+// drops the step, waits for the next quorum, and the new group first brings every member to the
+// highest committed step by sending a healthy member's state to those behind (a replacement, a
+// spare, or a survivor whose last collective failed after a peer's completed), all live over the
+// backend, no checkpoint file. With world_size_mode::fixed_with_spares the slots keep their data,
+// so the run's result is bit-identical to one without failures.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <partrain/comm/process_group.hpp>
+#include <partrain/comm/reduce_op.hpp>
+#include <partrain/comm/store.hpp>
+#include <partrain/core/error.hpp>
+#include <partrain/core/log.hpp>
+#include <partrain/core/tensor_view.hpp>
+#include <partrain/parallel/detail/replica_protocol.hpp>
+#include <partrain/parallel/quorum.hpp>
+
+namespace partrain::inline v0 {
+
+struct replica_group_options {
+  int replica = 0;  // this replica's id (its launch rank), 0 <= replica < the lighthouse's replicas
+  std::chrono::milliseconds heartbeat_interval{100};
+  // The longest a member whose group failed waits for a quorum that takes it in. A spare waits as
+  // long as the job runs (each of its polls is a bounded store call, so a lost store ends it).
+  std::chrono::milliseconds quorum_timeout{30000};
+  // Steps between the rounds (one 8-byte all-reduce) in which the members agree on the newest
+  // quorum: a replica that joins a running job waits at most this many steps.
+  int quorum_round_every = 8;
+};
+
+// What a joining replica receives from a healthy one: everything a step depends on (parameters,
+// optimizer and gradient-scaler state, the sampler's position, random state). save() runs on the
+// sender, load() on each receiver, between steps.
+struct replica_state_io {
+  std::function<std::vector<std::byte>()> save;
+  std::function<void(std::span<const std::byte>)> load;
+};
+
+// Makes quorum `quorum_id`'s group: rank `rank` of `size`, every member calling with the same id.
+// Gloo: a gloo_group under a store prefix of the id's own; threads: local_group_registry::make.
+using replica_group_factory = std::function<std::unique_ptr<process_group>(std::int64_t quorum_id, int rank, int size)>;
+
+// An event of the replica's life, logged (info) and kept for metrics and tests.
+struct replica_event {
+  enum class kind { joined, healed, sent_state, failed, left_as_spare } what{};
+  std::int64_t step = 0;
+  std::int64_t quorum = -1;
+  std::string reason{};
+  std::chrono::steady_clock::time_point at{};  // when it was recorded
+  double seconds = 0;                          // healed, sent_state: how long the transfer took
+  std::int64_t bytes = 0;                      // healed, sent_state: the state's size
+};
+
+class replica_group {
+ public:
+  // control: a store connection of this replica's own (its heartbeat thread polls it; the group
+  // factory's rendezvous should use another, so a long rendezvous never delays a heartbeat).
+  replica_group(std::shared_ptr<store> control, replica_group_factory make_group, replica_state_io state,
+                replica_group_options opts)
+      : store_(std::move(control)), make_group_(std::move(make_group)), state_(std::move(state)), opts_(opts) {
+    if (!store_) throw invalid_argument_error("replica_group: the control store is null");
+    if (!make_group_) throw invalid_argument_error("replica_group: the group factory is empty");
+    if (!state_.save || !state_.load) throw invalid_argument_error("replica_group: state save and load are both required");
+    if (opts_.replica < 0) throw invalid_argument_error("replica_group: replica is " + std::to_string(opts_.replica) + ", expected >= 0");
+    if (opts_.quorum_round_every < 1) {
+      throw invalid_argument_error("replica_group: quorum_round_every is " + std::to_string(opts_.quorum_round_every) +
+                                   ", expected >= 1");
+    }
+    beat_now();
+    heart_ = std::jthread([this](std::stop_token st) { beat_loop(st); });
+  }
+  replica_group(const replica_group&) = delete;
+  replica_group& operator=(const replica_group&) = delete;
+  // Without finish(), the replica says it gave up, so the lighthouse does not wait for its heartbeat
+  // to go stale.
+  ~replica_group() {
+    heart_.request_stop();
+    if (heart_.joinable()) heart_.join();
+    group_.reset();
+    try {
+      set_phase(finished_ ? detail::ft::replica_phase::done : detail::ft::replica_phase::dead, quorum_.id);
+    } catch (const std::exception&) {
+      // The store is gone: the lighthouse sees the heartbeat stop instead.
+    }
+  }
+
+  // Runs one step until a quorum commits it. compute(group, slot, step) computes this slot's
+  // gradients for `step` from scratch (zeroing what an earlier try left) and reduces them over
+  // `group`; apply() then steps the optimizer. A collective that fails (a member died, stalled or
+  // left) drops the step here; the replica waits for the next quorum, heals if it is behind, and
+  // runs the step again. Returns false when the job finished while this replica waited as a spare.
+  bool step(const std::function<void(process_group&, int slot, std::int64_t step)>& compute,
+            const std::function<void()>& apply) {
+    for (;;) {
+      if (!group_ && !join()) return false;
+      try {
+        compute(*group_, slot_, step_);
+        // Every quorum_round_every steps (all members count the same steps), the members agree on
+        // the newest quorum any of them has seen, so they all switch at the same boundary.
+        std::int64_t vote = quorum_.id;
+        if ((step_ + 1) % opts_.quorum_round_every == 0) {
+          vote = latest_seen_.load();
+          group_->all_reduce(tensor_view<std::int64_t>(&vote, 1), reduce_op::max).wait();
+        }
+        apply();
+        ++step_;
+        set_phase(detail::ft::replica_phase::member, quorum_.id);
+        if (vote > quorum_.id) {
+          want_ = vote;
+          group_.reset();
+        }
+        return true;
+      } catch (const communication_error& e) {
+        fail(e.what());
+      }
+    }
+  }
+
+  // Says this replica finished the job (every member calls it after its last step).
+  void finish() {
+    finished_ = true;
+    set_phase(detail::ft::replica_phase::done, quorum_.id);
+  }
+
+  [[nodiscard]] std::int64_t current_step() const noexcept { return step_; }
+  [[nodiscard]] int slot() const noexcept { return slot_; }  // -1 outside a quorum
+  [[nodiscard]] const quorum& current_quorum() const noexcept { return quorum_; }
+  [[nodiscard]] const std::vector<replica_event>& events() const noexcept { return events_; }
+  [[nodiscard]] int failures() const noexcept { return count(replica_event::kind::failed); }
+  [[nodiscard]] int heals() const noexcept { return count(replica_event::kind::healed); }
+
+ private:
+  using phase = detail::ft::replica_phase;
+
+  [[nodiscard]] int count(replica_event::kind k) const noexcept {
+    return static_cast<int>(std::ranges::count(events_, k, &replica_event::what));
+  }
+  void record(replica_event::kind k, std::string reason, double seconds = 0, std::int64_t bytes = 0) {
+    constexpr const char* names[] = {"joined", "healed", "sent state", "failed", "left as a spare"};
+    log_info("replica " + std::to_string(opts_.replica) + " " + names[static_cast<int>(k)] + " at step " +
+             std::to_string(step_) + " in quorum " + std::to_string(quorum_.id) + (reason.empty() ? "" : ": ") + reason);
+    events_.push_back({k, step_, quorum_.id, std::move(reason), std::chrono::steady_clock::now(), seconds, bytes});
+  }
+
+  // A change of phase or quorum is published at once (the lighthouse must never act on a stale
+  // one); the step alone rides on the next heartbeat.
+  void set_phase(phase p, std::int64_t q) {
+    std::lock_guard lock(beat_mutex_);
+    const bool changed = beat_.phase != p || beat_.quorum != q;
+    beat_.phase = p;
+    beat_.quorum = q;
+    beat_.step = step_;
+    if (changed) publish_locked();
+  }
+  void beat_now() {
+    std::lock_guard lock(beat_mutex_);
+    publish_locked();
+  }
+  void publish_locked() {
+    ++beat_.counter;
+    store_->set(detail::ft::beat_key(opts_.replica), beat_.encode());
+  }
+  void beat_loop(std::stop_token st) {
+    while (!st.stop_requested()) {
+      try {
+        beat_now();
+        const auto latest = detail::ft::latest_quorum(*store_);
+        latest_seen_.store(std::max(latest_seen_.load(), latest));
+      } catch (const std::exception& e) {
+        // The store's host is gone: the main thread meets the same error at its next store call.
+        log_warn("replica " + std::to_string(opts_.replica) + " heartbeat: " + detail::unprefixed(e.what()));
+      }
+      std::unique_lock lock(sleep_mutex_);
+      sleep_.wait_for(lock, st, opts_.heartbeat_interval, [] { return false; });
+    }
+  }
+
+  void fail(const std::string& why) {
+    record(replica_event::kind::failed, detail::unprefixed(why));
+    group_.reset();  // closes this replica's side of the group, so its peers fail fast too
+    want_ = quorum_.id + 1;
+    set_phase(phase::failed, quorum_.id);
+  }
+
+  // Waits for a quorum at or after want_ that gives this replica a slot, forms its group and heals.
+  // False when the job finished first (a spare).
+  bool join() {
+    const auto deadline = std::chrono::steady_clock::now() + opts_.quorum_timeout;
+    bool spare = false;
+    for (;;) {
+      const auto latest = detail::ft::latest_quorum(*store_);
+      if (latest >= want_) {
+        const auto next = quorum::decode(detail::ft::peek(*store_, detail::ft::quorum_key(latest)).value_or(""));
+        want_ = latest + 1;  // if this one does not take us in (or fails), the next one
+        if (next.slot_of(opts_.replica) >= 0) {
+          if (form(next)) return true;
+          continue;
+        }
+        if (!spare) record(replica_event::kind::left_as_spare, "quorum " + next.encode());
+        spare = true;
+        quorum_ = next;
+        slot_ = -1;
+        set_phase(phase::joining, -1);
+      }
+      if (store_->check({std::string(detail::ft::finished_key)})) return false;
+      if (!spare && quorum_.id >= 0 && std::chrono::steady_clock::now() > deadline) {
+        throw timeout_error("replica " + std::to_string(opts_.replica) + " waited " +
+                                std::to_string(opts_.quorum_timeout.count()) + " ms for a quorum after quorum " +
+                                std::to_string(quorum_.id) + " failed; is the lighthouse running, and are enough replicas alive?",
+                            {.rank = opts_.replica, .operation = "quorum", .timeout = opts_.quorum_timeout});
+      }
+      std::this_thread::sleep_for(opts_.heartbeat_interval / 10);
+    }
+  }
+
+  bool form(const quorum& q) {
+    const int rank = q.slot_of(opts_.replica);
+    set_phase(phase::forming, q.id);
+    quorum_ = q;
+    slot_ = rank;
+    try {
+      group_ = make_group_(q.id, rank, static_cast<int>(q.members.size()));
+      heal();
+    } catch (const communication_error& e) {
+      fail(e.what());
+      return false;
+    }
+    set_phase(phase::member, q.id);
+    record(replica_event::kind::joined, "slot " + std::to_string(rank) + " of " + std::to_string(q.members.size()));
+    return true;
+  }
+
+  // Brings every member to the highest committed step: the lowest-ranked member that has it
+  // broadcasts its state; the others (at that step already) keep theirs.
+  void heal() {
+    auto& g = *group_;
+    std::int64_t steps[2] = {step_, -step_};
+    g.all_reduce(tensor_view<std::int64_t>(steps, 2), reduce_op::max).wait();
+    const std::int64_t newest = steps[0];
+    const std::int64_t oldest = -steps[1];
+    if (oldest == newest) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::int64_t source = step_ == newest ? g.rank() : g.size();
+    g.all_reduce(tensor_view<std::int64_t>(&source, 1), reduce_op::min).wait();
+    std::vector<std::byte> blob;
+    if (g.rank() == source) blob = state_.save();
+    std::int64_t bytes = static_cast<std::int64_t>(blob.size());
+    g.broadcast(tensor_view<std::int64_t>(&bytes, 1), static_cast<int>(source)).wait();
+    blob.resize(static_cast<std::size_t>(bytes));
+    g.broadcast(tensor_view<std::uint8_t>(reinterpret_cast<std::uint8_t*>(blob.data()), blob.size()),
+                static_cast<int>(source))
+        .wait();
+    const auto took = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    if (g.rank() == source) {
+      record(replica_event::kind::sent_state, std::to_string(bytes) + " bytes at step " + std::to_string(newest), took(),
+             bytes);
+    } else if (step_ < newest) {
+      state_.load(blob);
+      const auto from = step_;
+      step_ = newest;
+      record(replica_event::kind::healed,
+             "from step " + std::to_string(from) + ", " + std::to_string(bytes) + " bytes from slot " + std::to_string(source),
+             took(), bytes);
+    }
+  }
+
+  std::shared_ptr<store> store_;
+  replica_group_factory make_group_;
+  replica_state_io state_;
+  replica_group_options opts_;
+  std::unique_ptr<process_group> group_{};
+  quorum quorum_{};
+  int slot_ = -1;
+  std::int64_t step_ = 0;
+  std::int64_t want_ = 0;  // the lowest quorum id this replica may still join
+  bool finished_ = false;
+  std::atomic<std::int64_t> latest_seen_{-1};
+  std::vector<replica_event> events_{};
+  std::mutex beat_mutex_;
+  detail::ft::beat beat_{};
+  std::mutex sleep_mutex_;
+  std::condition_variable_any sleep_;
+  std::jthread heart_{};
+};
+
+}  // namespace partrain::inline v0
