@@ -6,6 +6,9 @@
 //   recovery_s       2 slots + 1 spare as Gloo processes over loopback; slot 1's process SIGKILLs
 //                    itself mid-run: seconds from the kill to the next step slot 0 commits (median
 //                    of the runs), with the spare's heal (bytes, seconds) and the steps redone
+//   restart_s        for comparison, a restart: the Fashion-MNIST example (2 Gloo ranks, a checkpoint
+//                    each epoch) under partrun --max-restarts 1 with rank 1 SIGKILLed mid-epoch, its
+//                    whole run's time minus the same run's without the kill, and the steps redone
 //   bench_fault_tolerance [--quick] [--steps N] [--windows N] [--kills N]
 #include <algorithm>
 #include <chrono>
@@ -14,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,6 +31,7 @@
 #include <unistd.h>
 
 #include <partrain/comm/gloo.hpp>
+#include <partrain/launch/process.hpp>
 #include <partrain/comm/local.hpp>
 #include <partrain/data/batch.hpp>
 #include <partrain/optim/sgd.hpp>
@@ -39,6 +44,8 @@
 
 #include "median.hpp"
 #include "mlp_host.hpp"
+
+extern char** environ;
 
 namespace {
 
@@ -244,6 +251,27 @@ recovery_record recovery_run(std::int64_t kill_step, std::int64_t steps) {
   return out;
 }
 
+#if defined(PARTRAIN_BENCH_PARTRUN) && defined(PARTRAIN_BENCH_FASHION_MNIST)
+// Seconds of one partrun job of the example (its output dropped); -1 when it failed.
+double timed_job(const std::vector<std::string>& env_extra, const std::string& checkpoint_dir, int epochs) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  env.insert(env.end(), env_extra.begin(), env_extra.end());
+  std::filesystem::remove_all(checkpoint_dir);
+  std::vector<child_process> job;
+  const auto t0 = std::chrono::steady_clock::now();
+  job.push_back(child_process::exec(PARTRAIN_BENCH_PARTRUN,
+                                    {"--standalone", "--nproc-per-node", "2", "--max-restarts", "1", PARTRAIN_BENCH_FASHION_MNIST,
+                                     "--limit-train", "6400", "--limit-test", "500", "--epochs", std::to_string(epochs),
+                                     "--checkpoint", checkpoint_dir, "--log-every", "0"},
+                                    env, {.capture_output = true, .on_line = [](std::string_view) {}}));
+  const auto out = supervise(job, {.timeout = std::chrono::minutes(5)});
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::filesystem::remove_all(checkpoint_dir);
+  return out.ok() ? s : -1;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -290,6 +318,25 @@ int main(int argc, char** argv) {
     std::printf("%-5zu %10lld %12.3f %12.4f %12lld %14lld\n", k, static_cast<long long>(r.kill_step), rec_s, r.heal_seconds,
                 static_cast<long long>(r.heal_bytes), static_cast<long long>(r.resumed_step - r.kill_step + 1));
   }
-  std::printf("summary: quorum_overhead=%.4f recovery_s=%.3f\n", overhead, median(recoveries));
+  double restart_s = -1;
+#if defined(PARTRAIN_BENCH_PARTRUN) && defined(PARTRAIN_BENCH_FASHION_MNIST)
+  // 6400 images, 2 ranks of 64: an epoch is 50 steps; the kill at step 90 loses 40 steps of work
+  // (the checkpoint is at the epoch's end), then every rank's process starts again and resumes.
+  const std::string dir = (std::filesystem::temp_directory_path() / ("bench_ft_ckpt_" + std::to_string(::getpid()))).string();
+  std::vector<double> clean_s, killed_s;
+  for (std::size_t k = 0; k < (kills > 1 ? 2u : 1u); ++k) {
+    clean_s.push_back(timed_job({}, dir, 2));
+    killed_s.push_back(timed_job({"PARTRAIN_EXAMPLE_KILL_AT_STEP=90"}, dir, 2));
+  }
+  if (median(clean_s) > 0 && median(killed_s) > 0) restart_s = median(killed_s) - median(clean_s);
+  std::printf("\nrestart instead: the example, 2 gloo ranks, partrun --max-restarts 1, checkpoint each 50-step epoch, rank 1 killed at step 90\n\n");
+  std::printf("%-24s %10s\n", "run", "seconds");
+  std::printf("%-24s %10.3f\n", "without the kill", median(clean_s));
+  std::printf("%-24s %10.3f\n", "killed, restarted", median(killed_s));
+  std::printf("%-24s %10.3f   (40 steps redone, every process started again)\n", "cost of the failure", restart_s);
+#else
+  std::printf("\nrestart comparison left out: built without partrun or the Fashion-MNIST example\n");
+#endif
+  std::printf("summary: quorum_overhead=%.4f recovery_s=%.3f restart_s=%.3f\n", overhead, median(recoveries), restart_s);
   return 0;
 }

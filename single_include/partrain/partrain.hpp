@@ -817,7 +817,17 @@ class work_state {
         }
         callbacks.swap(callbacks_);
       }
-      for (auto& cb : callbacks) cb();  // one registered meanwhile is taken on the next turn
+      // One registered meanwhile is taken on the next turn. A callback that throws cannot end the
+      // process from this thread (often a backend's worker): its exception becomes the work's
+      // error, unless the work had failed already, and the other callbacks still run.
+      for (auto& cb : callbacks) {
+        try {
+          cb();
+        } catch (...) {
+          std::lock_guard lock(mutex_);
+          if (!error_) error_ = std::current_exception();
+        }
+      }
     }
     cv_.notify_all();
     if (cont) cont.resume();
@@ -909,7 +919,9 @@ class work {
   }
   // False when d passed first; rethrows the operation's error if it finished with one.
   [[nodiscard]] bool wait_for(std::chrono::nanoseconds d) const { return state_->wait_for(d); }
-  // Runs f (on the completing thread, or now if already done) once the operation finished.
+  // Runs f (on the completing thread, or now if already done) once the operation finished. An
+  // exception f throws on the completing thread becomes the work's error (wait() rethrows it),
+  // unless the operation had failed already.
   void then(std::function<void()> f) const { state_->on_complete(std::move(f)); }
   [[nodiscard]] std::exception_ptr error() const { return state_->error(); }
   [[nodiscard]] const std::shared_ptr<detail::work_state>& state() const noexcept { return state_; }
@@ -3655,6 +3667,7 @@ class store_adapter final : public ::gloo::rendezvous::Store {
 #error "partrain/comm/detail/gloo_context.hpp needs Gloo (Debian libgloo-dev); link partrain::gloo"
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -3663,13 +3676,16 @@ class store_adapter final : public ::gloo::rendezvous::Store {
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <gloo/allreduce.h>
 #include <gloo/common/error.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 
 // #include <partrain/comm/detail/gloo_store.hpp> (above)
@@ -3722,6 +3738,79 @@ namespace partrain::inline v0::detail::gloo {
   return s.empty() ? "default address" : s;
 }
 
+// Gloo's errors name a broken connection by the address its far end had ("Connection closed by
+// peer [127.0.0.1]:41234"), never by rank. That address is one of two: the far end's own end of
+// the connection, or (where this rank accepted the connection before it asked for it) the address
+// the far end listened on, which Gloo's rendezvous left in the store under the far end's rank.
+// So every rank also leaves, once connected, its own end of each pair ("<peer>=<address>;...").
+[[nodiscard]] inline std::string endpoints_key(const std::string& prefix, int rank) {
+  return prefix + "endpoints/" + std::to_string(rank);
+}
+
+inline void publish_endpoints(store& s, const std::string& prefix, ::gloo::Context& ctx) {
+  std::string record;
+  for (int peer = 0; peer < ctx.size; ++peer) {
+    if (peer == ctx.rank) continue;
+    record += std::to_string(peer) + "=" + ctx.getPair(peer)->address().str() + ";";
+  }
+  try {
+    s.set(endpoints_key(prefix, ctx.rank), record);
+  } catch (const std::exception&) {
+    // Only a later error's peer name depends on it.
+  }
+}
+
+// Whether `what` names `address` whole (":4123" is not ":41234").
+[[nodiscard]] inline bool names_address(std::string_view what, std::string_view address) {
+  if (address.empty()) return false;
+  for (auto at = what.find(address); at != std::string_view::npos; at = what.find(address, at + 1)) {
+    const auto end = at + address.size();
+    if (end == what.size() || what[end] < '0' || what[end] > '9') return true;
+  }
+  return false;
+}
+
+// The rank whose address in Gloo's message `what` is the far end of its connection with `rank`;
+// -1 when none is (or the store does not answer: then its host may be the one lost).
+[[nodiscard]] inline int rank_named_in(store& s, const std::string& prefix, int rank, int size, std::string_view what) {
+  if (what.find("]:") == std::string_view::npos || size < 2) return -1;
+  const std::string mine = std::to_string(rank) + "=";
+  const auto wait = std::chrono::milliseconds(500);
+  // Only keys that exist are read, and the first store error ends the search (its host may be the
+  // rank lost): naming the peer must never delay the error by more than a round trip or two.
+  try {
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      // Where r listened for this rank: Gloo's rendezvous value, one address per peer of r's.
+      const std::string listened = prefix + std::to_string(r);
+      if (s.check({listened})) {
+        const auto all = s.get(listened, wait);
+        const std::size_t each = all.size() / static_cast<std::size_t>(size - 1);
+        const std::size_t slot = static_cast<std::size_t>(rank > r ? rank - 1 : rank);
+        if (each > 0 && (slot + 1) * each <= all.size()) {
+          const auto* first = reinterpret_cast<const char*>(all.data()) + slot * each;
+          const std::vector<char> bytes(first, first + each);
+          try {  // Gloo's Address checks the size, and throws
+            if (names_address(what, ::gloo::transport::tcp::Address(bytes).str())) return r;
+          } catch (const std::exception&) {  // EnforceNotMet: not an address
+          }
+        }
+      }
+      if (s.check({endpoints_key(prefix, r)})) {
+        const std::string record = s.get_string(endpoints_key(prefix, r), wait);
+        for (std::size_t at = 0; at < record.size();) {
+          const auto end = std::min(record.find(';', at), record.size());
+          const std::string_view entry(record.data() + at, end - at);
+          if (entry.starts_with(mine) && names_address(what, entry.substr(mine.size()))) return r;
+          at = end + 1;
+        }
+      }
+    }
+  } catch (const std::exception&) {
+  }
+  return -1;
+}
+
 // Creates the TCP device and a full-mesh context with the timeout on it. Every rank must call
 // this concurrently with the same prefix; it returns once all pairs are connected.
 [[nodiscard]] inline std::shared_ptr<::gloo::Context> connect(const std::shared_ptr<store>& s, const std::string& prefix,
@@ -3748,6 +3837,7 @@ namespace partrain::inline v0::detail::gloo {
   } catch (const std::exception& e) {
     throw communication_error(where + ": connecting to the peers failed: " + e.what());
   }
+  publish_endpoints(*s, prefix, *ctx);
   return ctx;
 }
 
@@ -3862,6 +3952,7 @@ inline bool survive_sigpipe() noexcept {
 // #include <partrain/comm/process_group.hpp> (above)
 // #include <partrain/comm/store.hpp> (above)
 // #include <partrain/core/executor.hpp> (above)
+// #include <partrain/core/log.hpp> (above)
 
 namespace partrain::inline v0 {
 
@@ -3894,6 +3985,8 @@ class gloo_group final : public process_group {
     // env:// job it is the store's server).
     store_ = std::move(s);
     gopts_ = std::move(gopts);
+    PARTRAIN_LOG(debug, "rank " + std::to_string(rank) + " gloo group ready: world size " + std::to_string(size) +
+                            ", store prefix '" + gopts_.prefix + "', every pair connected");
   }
 
   ~gloo_group() override {
@@ -3925,7 +4018,7 @@ class gloo_group final : public process_group {
       gloo::AllreduceOptions o(context_);
       visit_dtype(t.type, [&]<class T>(std::type_identity<T>) { o.setOutput(static_cast<T*>(t.data), t.count); });
       o.setReduceFunction(detail::gloo::make_reduce_fn(t.type, op));
-      o.setTag(kCollectiveTag);
+      o.setTag(signature_tag(collective::all_reduce, t.type, t.count));
       o.setTimeout(timeout());
       gloo::allreduce(o);
       if (op == reduce_op::avg) detail::host_divide(t.data, t.count, t.type, size());
@@ -3938,7 +4031,7 @@ class gloo_group final : public process_group {
       gloo::BroadcastOptions o(context_);
       visit_dtype(t.type, [&]<class T>(std::type_identity<T>) { o.setOutput(static_cast<T*>(t.data), t.count); });
       o.setRoot(root);
-      o.setTag(kCollectiveTag);
+      o.setTag(signature_tag(collective::broadcast, t.type, t.count, root));
       o.setTimeout(timeout());
       gloo::broadcast(o);
     });
@@ -3961,7 +4054,7 @@ class gloo_group final : public process_group {
       });
       o.setRoot(root);
       o.setReduceFunction(detail::gloo::make_reduce_fn(t.type, op));
-      o.setTag(kCollectiveTag);
+      o.setTag(signature_tag(collective::reduce, t.type, t.count, root));
       o.setTimeout(timeout());
       gloo::reduce(o);
       if (op == reduce_op::avg && rank() == root) detail::host_divide(t.data, t.count, t.type, size());
@@ -3976,7 +4069,7 @@ class gloo_group final : public process_group {
         o.setInput(static_cast<T*>(in.data), in.count);
         o.setOutput(static_cast<T*>(out.data), out.count);
       });
-      o.setTag(kCollectiveTag);
+      o.setTag(signature_tag(collective::all_gather, in.type, in.count));
       o.setTimeout(timeout());
       gloo::allgather(o);
     });
@@ -3993,7 +4086,7 @@ class gloo_group final : public process_group {
       std::byte* acc = worker_scratch(in.bytes() + blk);  // the partial sums, then one incoming block
       std::byte* incoming = acc + in.bytes();
       std::memcpy(acc, in.data, in.bytes());
-      const auto slot = gloo::Slot::build(kRingSlotPrefix, kCollectiveTag);
+      const auto slot = gloo::Slot::build(kRingSlotPrefix, signature_tag(collective::reduce_scatter, out.type, out.count));
       const int next = static_cast<int>((r + 1) % n), prev = static_cast<int>((r + n - 1) % n);
       auto receive = context_->createUnboundBuffer(incoming, blk);
       // Step s sends block r-s-1 and reduces into block r-s-2 (mod n): after n-1 steps block r
@@ -4015,7 +4108,7 @@ class gloo_group final : public process_group {
   work do_barrier() override {
     return run(collective::barrier, "", [this] {
       gloo::BarrierOptions o(context_);
-      o.setTag(kCollectiveTag);
+      o.setTag(signature_tag(collective::barrier, dtype::uint8, 0));
       o.setTimeout(timeout());
       gloo::barrier(o);
     });
@@ -4029,11 +4122,34 @@ class gloo_group final : public process_group {
   }
 
  private:
-  // One collective runs at a time (one worker), so one tag is enough. Point-to-point slots are
-  // the user's tags; Gloo's collective slots carry a prefix in their top byte, so they never meet.
-  static constexpr std::uint32_t kCollectiveTag = 0;
   // The slot prefix of our own ring collectives (Gloo's use 0x01-0x08).
   static constexpr std::uint8_t kRingSlotPrefix = 0x7f;
+
+  // Gloo's I/O thread copies an incoming message into the buffer posted on its slot and, when the
+  // message is larger, throws on that thread of Gloo's, where nothing can catch it: the process
+  // ends with SIGABRT ("op.preamble.length <= op.nbytes"). So calls that differ between ranks must
+  // never meet on a slot. One collective runs at a time (one worker), so its tag (the 32 bits of
+  // its slot under Gloo's prefix byte) is free to carry a hash of what was called: kind, element
+  // type, count and root. Calls that differ then wait on different slots and fail at the group's
+  // timeout, on every rank, as this rank's sited error.
+  [[nodiscard]] static std::uint32_t signature_tag(collective c, dtype t, std::size_t count, int root = -1) noexcept {
+    std::uint32_t h = 2166136261u;  // FNV-1a
+    auto mix = [&](std::uint64_t v) {
+      for (int i = 0; i < 8; ++i, v >>= 8) h = (h ^ static_cast<std::uint32_t>(v & 0xff)) * 16777619u;
+    };
+    mix(static_cast<std::uint64_t>(c));
+    mix(static_cast<std::uint64_t>(t));
+    mix(count);
+    mix(static_cast<std::uint64_t>(static_cast<std::int64_t>(root)));
+    return h;
+  }
+  // A point-to-point slot: the user's tag (bits 0-30) and 24 bits of a hash of the byte count
+  // (bits 32-55), so a send and a recv of different sizes never meet either; the top byte stays
+  // 0, apart from Gloo's collective prefixes.
+  [[nodiscard]] static std::uint64_t p2p_slot(int tag, std::size_t bytes) noexcept {
+    const std::uint64_t h = signature_tag(collective::send, dtype::uint8, bytes) & 0xffffffu;
+    return (h << 32) | static_cast<std::uint64_t>(static_cast<std::uint32_t>(tag));
+  }
 
   // Scratch reused across calls (a fresh buffer per call costs page faults and a memset at
   // large sizes). Only the worker thread touches it.
@@ -4073,10 +4189,23 @@ class gloo_group final : public process_group {
   [[noreturn]] void fail(collective c, const std::string& peers, std::string_view gloo_what, int peer = -1,
                          std::uint64_t op = 0) {
     const bool timed_out = gloo_what.find("Timed out") != std::string_view::npos;
+    const bool p2p = c == collective::send || c == collective::recv;
+    // Gloo names a broken connection by its far end's address; the peers' records name the rank.
+    const int lost = timed_out ? -1 : detail::gloo::rank_named_in(*store_, gopts_.prefix, rank(), size(), gloo_what);
     std::string msg = describe(c, peers) + ": ";
-    msg += timed_out ? "timed out after " + std::to_string(timeout().count()) +
-                           " ms (a peer is stalled or never joined this operation): "
-                     : "Gloo failed (a peer died or its connection broke): ";
+    if (timed_out) {
+      msg += "timed out after " + std::to_string(timeout().count()) + " ms (" +
+             (p2p ? std::string("the peer is stalled, never joined this transfer, or posted one of another size: a "
+                                "send and a recv meet only at equal byte counts")
+                  : std::string("a peer is stalled, never joined this operation, or called another one: ranks whose "
+                                "calls differ in kind, size, element type or root wait apart; PARTRAIN_DEBUG=DETAIL "
+                                "names both calls")) +
+             "): ";
+    } else if (lost >= 0) {
+      msg += "Gloo failed: the connection with rank " + std::to_string(lost) + " broke (it died or left the group): ";
+    } else {
+      msg += "Gloo failed (a peer died or its connection broke): ";
+    }
     msg += gloo_what;
     if (timed_out) {
       if (auto who = arrival_report(op); !who.empty()) msg += "; " + who;
@@ -4085,7 +4214,7 @@ class gloo_group final : public process_group {
       std::lock_guard lock(mutex_);
       if (failure_.empty()) failure_ = msg;
     }
-    error_site site{.rank = rank(), .operation = std::string(to_string(c)), .peer = peer};
+    error_site site{.rank = rank(), .operation = std::string(to_string(c)), .peer = peer >= 0 ? peer : lost};
     if (timed_out) {
       site.timeout = timeout();
       throw timeout_error(msg, std::move(site));
@@ -4123,9 +4252,9 @@ class gloo_group final : public process_group {
     try {
       buf = context_->createUnboundBuffer(t.data, t.bytes());
       if (c == collective::send) {
-        buf->send(peer, static_cast<std::uint64_t>(tag));
+        buf->send(peer, p2p_slot(tag, t.bytes()));
       } else {
-        buf->recv(peer, static_cast<std::uint64_t>(tag));
+        buf->recv(peer, p2p_slot(tag, t.bytes()));
       }
     } catch (const std::exception& e) {
       try {
@@ -4186,6 +4315,7 @@ static_assert(communicator<gloo_group>);
 #include <mutex>
 #include <span>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -4643,24 +4773,37 @@ PARTRAIN_LINKAGE void detail::local::run_threads(int world_size, const std::func
   if (pin && *opts.inline_collectives) state->spin_before_blocking(std::chrono::microseconds(50));
   auto ranks = make_ranks(state, opts);
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world_size));
+  std::string not_started;  // why a rank's thread could not be created
   {
     std::vector<std::jthread> threads;
-    for (int r = 0; r < world_size; ++r) {
-      threads.emplace_back([&, r] {
-        if (pin) pin_this_thread(cpus[static_cast<std::size_t>(r)]);
-        auto& g = *ranks[static_cast<std::size_t>(r)];
-        try {
-          fn(g);
-        } catch (const std::exception& e) {
-          errors[static_cast<std::size_t>(r)] = std::current_exception();
-          g.abort("rank " + std::to_string(r) + " failed: " + e.what(), r);
-        } catch (...) {
-          errors[static_cast<std::size_t>(r)] = std::current_exception();
-          g.abort("rank " + std::to_string(r) + " failed", r);
-        }
-      });
+    threads.reserve(static_cast<std::size_t>(world_size));
+    auto rank_body = [&](int r) {
+      if (pin) pin_this_thread(cpus[static_cast<std::size_t>(r)]);
+      auto& g = *ranks[static_cast<std::size_t>(r)];
+      try {
+        fn(g);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        g.abort("rank " + std::to_string(r) + " failed: " + e.what(), r);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        g.abort("rank " + std::to_string(r) + " failed", r);
+      }
+    };
+    for (int r = 0; r < world_size && not_started.empty(); ++r) {
+      try {
+        threads.emplace_back(rank_body, r);
+      } catch (const std::system_error& e) {
+        // The started ranks would wait for this one until their timeout: they stop now.
+        not_started = "run_local: could not start rank " + std::to_string(r) + "'s thread (" + e.what() + "); " +
+                      std::to_string(r) + " of " + std::to_string(world_size) +
+                      " ranks started. Use fewer ranks, or raise the limit that stopped it (tasks: ulimit -u or the "
+                      "cgroup's pids.max; memory for thread stacks: ulimit -v)";
+        state->abort(not_started);
+      }
     }
   }
+  if (!not_started.empty()) throw config_error(not_started);
   // Prefer the root cause: a rank whose error is not an aborted_error echo of another's.
   if (auto first = root_cause(errors)) std::rethrow_exception(first);
 }
@@ -10893,6 +11036,7 @@ class torch_tcp_store final : public store {
 // #include <partrain/comm/store.hpp> (above)
 // #include <partrain/core/device.hpp> (above)
 // #include <partrain/core/error.hpp> (above)
+// #include <partrain/core/log.hpp> (above)
 // #include <partrain/rendezvous/file_store.hpp> (above)
 // #include <partrain/rendezvous/init_options.hpp> (above)
 // #include <partrain/rendezvous/launcher.hpp> (above)
@@ -11144,6 +11288,10 @@ namespace detail::rdzv {
 // A connection to the job's store: rank 0's hosts the TCP server when `host` (unless a
 // launcher's agent does), the others connect with retries until the timeout; or the file store.
 // `port`, when given, receives the TCP port (the one the server bound when rank 0 asked for 0).
+// Where a launcher's agent store keeps attempt N's keys (torchrun's layout, partrun's too): the
+// prefix of a prefix_store, which joins it to each key with '/'.
+[[nodiscard]] inline std::string agent_attempt_prefix(int attempt) { return "/worker/attempt_" + std::to_string(attempt); }
+
 [[nodiscard]] inline std::shared_ptr<store> open_store(const rendezvous_info& info, bool host,
                                                       std::chrono::milliseconds timeout, const std::string& who,
                                                       std::uint16_t* port = nullptr) {
@@ -11168,7 +11316,7 @@ namespace detail::rdzv {
     s = std::move(tcp);
   }
   if (info.agent_store) {
-    s = std::make_shared<prefix_store>("/worker/attempt_" + std::to_string(info.restart_count), std::move(s));
+    s = std::make_shared<prefix_store>(agent_attempt_prefix(info.restart_count), std::move(s));
   }
   return s;
 }
@@ -11187,6 +11335,16 @@ inline void connect_store(rendezvous_info& info) {
                                                 const env_lookup& env = process_env) {
   auto info = parse_rendezvous(url, opts, env);
   connect_store(info);
+  // Log lines carry the rank from here on (the process's latest: threads that each join as a rank
+  // of their own share one prefix, so the lines below also name the rank in their text).
+  set_log_rank(info.rank);
+  PARTRAIN_LOG(debug, "rank " + std::to_string(info.rank) + " of " + std::to_string(info.world_size) + ": " +
+                          info.scheme + ":// rendezvous done, store " +
+                          (info.scheme == "file" ? "file " + info.path
+                                                 : info.master_addr + ":" + std::to_string(info.port) + " hosted by " +
+                                                       (info.agent_store || info.torch_agent_store
+                                                            ? std::string("the launcher's agent")
+                                                            : std::string("rank 0"))));
   return info;
 }
 
@@ -11228,6 +11386,7 @@ inline void release_store_host(const rendezvous_info& info) {
 #include <chrono>
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include <unistd.h>
@@ -11260,19 +11419,24 @@ namespace partrain::inline v0::detail::rdzv {
   return "pid " + std::to_string(::getpid()) + " on " + host;
 }
 
+// The join check's keys, relative to the job's store prefix. A launcher that sees a rank end before
+// it claimed its key sets the failed key, so the others stop waiting at once (partrun does).
+[[nodiscard]] inline std::string join_claim_key(int rank) { return "partrain/join/rank/" + std::to_string(rank); }
+inline constexpr std::string_view join_failed_key = "partrain/join/failed";
+
 // The check every rank passes once connected, before building its backend (see the top).
 inline void join_job(const rendezvous_info& info) {
   if (info.world_size == 1 || !info.store) return;
   auto& s = *info.store;
   const std::string me = "rank " + std::to_string(info.rank);
-  const std::string failed_key = "partrain/join/failed";
+  const std::string failed_key(join_failed_key);
   auto fail = [&](const std::string& msg) {
     s.set(failed_key, msg);
     throw config_error(msg);
   };
 
   // A rank number claimed twice: a duplicated RANK, or a rank of another job on this store.
-  const std::string claim = "partrain/join/rank/" + std::to_string(info.rank);
+  const std::string claim = join_claim_key(info.rank);
   if (s.add(claim, 1) != 1) {
     std::string other = "another process";
     try {
@@ -11397,6 +11561,9 @@ class liveness_watch {
     for (int k = 1; k < n && (n <= 32 || k == 1); ++k) watched_.push_back((info.rank + k) % n);
     beat();
     thread_ = std::thread([this] { run(); });
+    PARTRAIN_LOG(debug, "rank " + std::to_string(info.rank) + " liveness watch started: a heartbeat every " +
+                            std::to_string(o_.interval.count()) + " ms, " + std::to_string(watched_.size()) +
+                            " rank(s) watched, silence of " + std::to_string(o_.silence.count()) + " ms ends the job");
   }
 
   // For a collective timeout of this rank's operation #op: the ranks whose last heartbeat shows
@@ -11417,7 +11584,11 @@ class liveness_watch {
       if (v == "done" || theirs >= op) continue;
       if (++count <= 16) names += (names.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " (heartbeat " + v + ")");
     }
-    if (count == 0) return "every rank's heartbeat shows it reached operation #" + std::to_string(op);
+    if (count == 0) {
+      return "every rank's heartbeat shows it reached operation #" + std::to_string(op) +
+             ", so none is missing: if they all wait there, their calls differ (kind, size, element type or root; "
+             "PARTRAIN_DEBUG=DETAIL names both calls)";
+    }
     return std::to_string(count) + " rank(s) had not reached operation #" + std::to_string(op) +
            " by their heartbeats: " + names + (count > 16 ? "; ..." : "");
   }
@@ -11435,6 +11606,8 @@ class liveness_watch {
       store_->set(key(info_.rank), std::string("done"));  // finished, not silent
     } catch (const std::exception&) {
     }
+    PARTRAIN_LOG(debug, "rank " + std::to_string(info_.rank) + " liveness watch ended (" + std::to_string(beats_) +
+                            " heartbeats)");
   }
 
  private:
@@ -12299,6 +12472,10 @@ struct supervise_options {
   std::chrono::milliseconds settle{2'000};
   std::chrono::milliseconds poll_interval{20};
   const std::atomic<bool>* stop = nullptr;  // set (e.g. by a SIGINT handler) to stop every child
+  // Called on supervise's thread once for each child that ends on its own (not stopped by us),
+  // with its index and status, before anything is stopped: a launcher tells the other ranks that
+  // one ended (partrun: a rank gone before it joined). Must not throw.
+  std::function<void(std::size_t, const exit_status&)> on_exit{};
 };
 
 struct supervise_outcome {
@@ -12374,6 +12551,7 @@ inline void stop_all(std::span<child_process> children, std::chrono::millisecond
       auto st = children[i].poll();
       if (!st) continue;
       ++done;
+      if (was_running && opts.on_exit) opts.on_exit(i, *st);
       if (was_running && !st->ok() && out.first_failed < 0) {
         out.first_failed = static_cast<int>(i);
         out.how = supervise_outcome::result::failed;
@@ -19477,7 +19655,8 @@ namespace partrain::inline v0::detail::ft {
 
 // Where a replica is. The lighthouse reads it with the heartbeat that carries it.
 enum class replica_phase : int {
-  joining = 0,  // waiting for a quorum that gives it a slot (a spare, a newcomer, a replacement)
+  joining = 0,  // waiting for a quorum that gives it a slot (a spare, a newcomer, a replacement);
+                // `quorum` is the newest it had seen when it started waiting
   forming = 1,  // building quorum `quorum`'s group, healing
   member = 2,   // training in quorum `quorum`
   failed = 3,   // quorum `quorum`'s group failed under it; ready for the next quorum
@@ -19801,17 +19980,20 @@ class lighthouse {
       }
       return;
     }
-    bool all_done = !cur.members.empty();
     bool broken = false;
     std::vector<int> pending;  // alive members that have not (yet) left a broken group
     std::string why;
     std::string failed;  // members whose collectives failed
     for (int m : cur.members) {
       const auto& b = beat_of(m);
-      all_done = all_done && b.phase == replica_phase::done;
       const bool failed_here = b.phase == replica_phase::failed && b.quorum == cur.id;
       if (b.phase == replica_phase::done) continue;
-      if (!alive(m, now)) {
+      if (alive(m, now) && b.phase == replica_phase::joining && b.quorum >= cur.id) {
+        // A process of this id that started after the quorum was published: the member the
+        // quorum counted is gone, replaced.
+        broken = true;
+        why += (why.empty() ? "" : ", ") + std::string("replica ") + std::to_string(m) + " restarted";
+      } else if (!alive(m, now)) {
         broken = true;
         why += (why.empty() ? "" : ", ") + std::string("replica ") + std::to_string(m) +
                (b.phase == replica_phase::dead ? " gave up" : " lost (no heartbeat)");
@@ -19822,7 +20004,17 @@ class lighthouse {
         pending.push_back(m);
       }
     }
-    if (all_done) {
+    // Finished: a replica is done and none trains or forms a group any more; a replica still
+    // waiting (a spare, a joiner, one whose last step failed after a peer committed it) learns
+    // that the job ended without it.
+    bool any_done = false;
+    bool training = false;
+    for (int r = 0; r < opts_.replicas; ++r) {
+      const auto& b = beat_of(r);
+      any_done = any_done || b.phase == replica_phase::done;
+      training = training || (alive(r, now) && (b.phase == replica_phase::member || b.phase == replica_phase::forming));
+    }
+    if (any_done && !training) {
       if (!finished_) store_->set(std::string(detail::ft::finished_key), std::string("1"));
       finished_ = true;
       return;
@@ -19844,8 +20036,8 @@ class lighthouse {
       for (int r = 0; r < opts_.replicas; ++r) {
         if (!alive(r, now)) continue;
         const auto& b = beat_of(r);
-        const bool ready_here = cur.slot_of(r) >= 0 ? b.phase == replica_phase::failed && b.quorum == cur.id
-                                                     : b.phase == replica_phase::joining;
+        const bool ready_here = b.phase == replica_phase::joining ||
+                                (cur.slot_of(r) >= 0 && b.phase == replica_phase::failed && b.quorum == cur.id);
         if (ready_here) ready.push_back(r);
       }
       if (!failed.empty()) why += (why.empty() ? "" : "; ") + std::string("the group failed under replica(s) ") + failed;
@@ -21886,6 +22078,7 @@ namespace comm_hooks {
 // #include <partrain/core/error.hpp> (above)
 // #include <partrain/core/log.hpp> (above)
 // #include <partrain/core/tensor_view.hpp> (above)
+// #include <partrain/core/weighted_shares.hpp> (above)
 // #include <partrain/parallel/detail/replica_protocol.hpp> (above)
 // #include <partrain/parallel/quorum.hpp> (above)
 
@@ -21914,6 +22107,28 @@ struct replica_state_io {
 // Gloo: a gloo_group under a store prefix of the id's own; threads: local_group_registry::make.
 using replica_group_factory = std::function<std::unique_ptr<process_group>(std::int64_t quorum_id, int rank, int size)>;
 
+// The rows of a global batch that the member in `slot` of `members` trains: the batch is fixed
+// and shared out afresh at every membership (weighted_shares' rule, equal weights), so in dynamic
+// mode every row of every step is trained exactly once whoever is present. Normalize the loss by
+// the global batch (sum over rows / global_batch): the step's gradient is then the same sum
+// whatever the membership, only its rounding differs.
+struct replica_rows_range {
+  std::size_t first = 0;
+  std::size_t count = 0;
+};
+[[nodiscard]] inline replica_rows_range replica_rows(std::size_t global_batch, int slot, int members) {
+  if (members < 1 || slot < 0 || slot >= members) {
+    throw invalid_argument_error("replica_rows: slot " + std::to_string(slot) + " of " + std::to_string(members) +
+                                 " members, expected 0 <= slot < members");
+  }
+  const std::vector<double> equal(static_cast<std::size_t>(members), 1.0);
+  const auto shares = weighted_shares(global_batch, equal, "replica_rows");
+  replica_rows_range r;
+  for (int k = 0; k < slot; ++k) r.first += shares[static_cast<std::size_t>(k)];
+  r.count = shares[static_cast<std::size_t>(slot)];
+  return r;
+}
+
 // An event of the replica's life, logged (info) and kept for metrics and tests.
 struct replica_event {
   enum class kind { joined, healed, sent_state, failed, left_as_spare } what{};
@@ -21940,6 +22155,12 @@ class replica_group {
       throw invalid_argument_error("replica_group: quorum_round_every is " + std::to_string(opts_.quorum_round_every) +
                                    ", expected >= 1");
     }
+    // A quorum published before this process first beat cannot have counted it in: if it names this
+    // replica, it means an earlier process of the same id (this one replaces it). The first beat
+    // says which quorums this process has seen, so the lighthouse can tell the two apart.
+    const auto seen = detail::ft::latest_quorum(*store_);
+    want_ = seen + 1;
+    beat_.quorum = seen;
     beat_now();
     heart_ = std::jthread([this](std::stop_token st) { beat_loop(st); });
   }
@@ -21962,7 +22183,8 @@ class replica_group {
   // gradients for `step` from scratch (zeroing what an earlier try left) and reduces them over
   // `group`; apply() then steps the optimizer. A collective that fails (a member died, stalled or
   // left) drops the step here; the replica waits for the next quorum, heals if it is behind, and
-  // runs the step again. Returns false when the job finished while this replica waited as a spare.
+  // runs the step again. Returns false when the job finished without this replica: it waited as
+  // a spare, or its last step failed after a peer committed it (its state is then not the job's).
   bool step(const std::function<void(process_group&, int slot, std::int64_t step)>& compute,
             const std::function<void()>& apply) {
     for (;;) {
@@ -21998,6 +22220,8 @@ class replica_group {
 
   [[nodiscard]] std::int64_t current_step() const noexcept { return step_; }
   [[nodiscard]] int slot() const noexcept { return slot_; }  // -1 outside a quorum
+  // The newest quorum id this replica's heartbeat has seen published (-1: none yet).
+  [[nodiscard]] std::int64_t newest_quorum_seen() const noexcept { return latest_seen_.load(); }
   [[nodiscard]] const quorum& current_quorum() const noexcept { return quorum_; }
   [[nodiscard]] const std::vector<replica_event>& events() const noexcept { return events_; }
   [[nodiscard]] int failures() const noexcept { return count(replica_event::kind::failed); }
@@ -22074,7 +22298,7 @@ class replica_group {
         spare = true;
         quorum_ = next;
         slot_ = -1;
-        set_phase(phase::joining, -1);
+        set_phase(phase::joining, next.id);
       }
       if (store_->check({std::string(detail::ft::finished_key)})) return false;
       if (!spare && quorum_.id >= 0 && std::chrono::steady_clock::now() > deadline) {
@@ -27576,6 +27800,82 @@ class progress {
   std::int64_t samples_ = 0;
   std::chrono::steady_clock::time_point first_{}, last_{}, last_print_{};
 };
+
+}  // namespace partrain::inline v0
+
+// #include <partrain/train/replica_launch.hpp>
+// partrain/train/replica_launch.hpp: what `partrun --spares N` (or `--min-replicas M`) tells each
+// process it starts, read from the environment: this replica's id, the job's replicas, the
+// quorum policy, and the job's store (partrun hosts it and runs the lighthouse on it). A process
+// started this way builds a replica_group (parallel/replica_group.hpp) instead of calling
+// init_process_group: its groups change with the quorums.
+
+#include <charconv>
+#include <memory>
+#include <optional>
+#include <string>
+
+// #include <partrain/comm/store.hpp> (above)
+// #include <partrain/core/error.hpp> (above)
+// #include <partrain/parallel/quorum.hpp> (above)
+// #include <partrain/rendezvous/init_options.hpp> (above)
+// #include <partrain/rendezvous/rendezvous.hpp> (above)
+
+namespace partrain::inline v0 {
+
+struct replica_launch {
+  int replica = 0;   // RANK: this process's replica id (a replacement keeps the lost one's)
+  int replicas = 1;  // WORLD_SIZE: every process of the job, spares included
+  quorum_policy policy{};
+  rendezvous_info where{};  // the job's store, not yet connected
+
+  // A new connection to the job's store: replica_group takes one for its heartbeats, the group
+  // factory's rendezvous another.
+  [[nodiscard]] std::shared_ptr<store> connect() const {
+    auto info = where;
+    connect_store(info);
+    return info.store;
+  }
+};
+
+// The launch of a fault-tolerant job's process, or nullopt when this process was not started as
+// one (neither PARTRAIN_FT_SLOTS nor PARTRAIN_FT_MIN_REPLICAS is set). Values that cannot work are
+// refused by name.
+[[nodiscard]] inline std::optional<replica_launch> replica_launch_from_env(const env_lookup& env = process_env) {
+  const auto slots = env("PARTRAIN_FT_SLOTS");
+  const auto min_replicas = env("PARTRAIN_FT_MIN_REPLICAS");
+  if (!slots && !min_replicas) return std::nullopt;
+  auto positive = [](const std::string& name, const std::string& v) {
+    int x = 0;
+    const auto r = std::from_chars(v.data(), v.data() + v.size(), x);
+    if (r.ec != std::errc{} || r.ptr != v.data() + v.size() || x < 1) {
+      throw config_error(name + " is '" + v + "', expected an integer >= 1");
+    }
+    return x;
+  };
+  if (slots && min_replicas) {
+    throw config_error("PARTRAIN_FT_SLOTS and PARTRAIN_FT_MIN_REPLICAS are both set; a job is either a fixed world with "
+                       "spares or a dynamic one");
+  }
+  replica_launch l;
+  l.where = parse_rendezvous("env://", {}, env);
+  if (!l.where.agent_store) {
+    throw config_error("a fault-tolerant process needs the launcher's store (PARTRAIN_USE_AGENT_STORE=1), where the "
+                       "lighthouse runs: start it with partrun --spares or --min-replicas");
+  }
+  l.replica = l.where.rank;
+  l.replicas = l.where.world_size;
+  if (slots) {
+    l.policy = {.mode = world_size_mode::fixed_with_spares, .slots = positive("PARTRAIN_FT_SLOTS", *slots)};
+    if (l.policy.slots > l.replicas) {
+      throw config_error("PARTRAIN_FT_SLOTS is " + *slots + " but WORLD_SIZE (every process, spares included) is " +
+                         std::to_string(l.replicas));
+    }
+  } else {
+    l.policy = {.mode = world_size_mode::dynamic, .min_replicas = positive("PARTRAIN_FT_MIN_REPLICAS", *min_replicas)};
+  }
+  return l;
+}
 
 }  // namespace partrain::inline v0
 

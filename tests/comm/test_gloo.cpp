@@ -332,6 +332,54 @@ TEST_CASE("gloo processes: mismatched sizes are caught in checking mode", "[comm
   CHECK(failures_of(out) == "");
 }
 
+// Gloo's I/O thread writes an incoming message into the buffer posted on its slot and throws,
+// on its own thread, when the message is larger: every rank posting a smaller buffer used to die
+// of SIGABRT ("op.preamble.length <= op.nbytes"). Calls that differ must end as our errors.
+TEST_CASE("gloo processes: collectives that differ between ranks fail as errors on every rank, not SIGABRT",
+          "[comm][gloo][processes]") {
+  const auto timeout = 1500ms;
+  const std::string kind = GENERATE(as<std::string>{}, "all_reduce", "broadcast", "all_gather", "reduce_scatter");
+  INFO(kind);
+  auto out = run_processes(2, [&](gloo_group& g) {
+    g.barrier().wait();
+    // Rank 0's buffer is the small one (2 elements, 8 bytes), rank 1's the large one.
+    const std::size_t n = g.rank() == 0 ? 2 : 58'788;
+    std::vector<float> in(n * 2, 1.0f), v(n, 1.0f);
+    try {
+      if (kind == "all_reduce") g.all_reduce(tensor_view<float>(v)).wait();
+      if (kind == "broadcast") g.broadcast(tensor_view<float>(v), 1).wait();
+      if (kind == "all_gather") g.all_gather(tensor_view<float>(v), tensor_view<float>(in)).wait();
+      if (kind == "reduce_scatter") g.reduce_scatter(tensor_view<float>(in), tensor_view<float>(v)).wait();
+      expect(false, kind + " of different sizes succeeded");
+    } catch (const timeout_error& e) {
+      const std::string what = e.what();
+      expect(e.rank() == g.rank() && e.operation() == kind && what.find("called another one") != std::string::npos,
+             "message: " + what);
+    }
+  }, quick_timeout(timeout), 30s);
+  CHECK(failures_of(out) == "");
+}
+
+TEST_CASE("gloo processes: a send larger than the receive fails as errors on both ranks, not SIGABRT",
+          "[comm][gloo][processes]") {
+  auto out = run_processes(2, [&](gloo_group& g) {
+    g.barrier().wait();
+    std::vector<float> v(g.rank() == 0 ? 1000 : 2, 1.0f);
+    try {
+      if (g.rank() == 0) {
+        g.send(tensor_view<float>(v), 1, 3).wait();
+      } else {
+        g.recv(tensor_view<float>(v), 0, 3).wait();
+      }
+      expect(false, "a send of 4000 bytes met a recv of 8");
+    } catch (const timeout_error& e) {
+      const std::string what = e.what();
+      expect(e.peer() == 1 - g.rank() && what.find("equal byte counts") != std::string::npos, "message: " + what);
+    }
+  }, quick_timeout(1s), 30s);
+  CHECK(failures_of(out) == "");
+}
+
 TEST_CASE("gloo processes: a dead peer fails the survivor at once, and the group stays failed", "[comm][gloo][processes]") {
   const auto timeout = 8s;
   auto out = run_processes(2, [&](gloo_group& g) {
@@ -350,6 +398,9 @@ TEST_CASE("gloo processes: a dead peer fails the survivor at once, and the group
     } catch (const communication_error& e) {
       const std::string what = e.what();
       expect(what.find("rank 0 all_reduce (gloo, world size 2)") != std::string::npos, "message: " + what);
+      // The dead rank is named (Gloo's own text names only an address), as text and as a field.
+      expect(what.find("the connection with rank 1 broke") != std::string::npos && e.peer() == 1,
+             "the dead peer is not named: " + what + " (peer field " + std::to_string(e.peer()) + ")");
     }
     // Hang guard, not a speed check: well under the timeout means Gloo noticed the death.
     expect(std::chrono::steady_clock::now() - t0 < timeout / 2, "the dead peer was noticed only late");
@@ -362,8 +413,8 @@ TEST_CASE("gloo processes: a dead peer fails the survivor at once, and the group
              "message: " + what);
     }
   }, quick_timeout(timeout));
-  CHECK(out[0].ok);
   INFO(out[0].message);
+  CHECK(out[0].ok);
   CHECK(out[1].ok);  // exited 0 on purpose
 }
 

@@ -45,6 +45,23 @@ TEST_CASE("work rethrows the operation's error", "[comm][work]") {
   CHECK_THROWS_WITH(w.await_resume(), Catch::Contains("rank 3 barrier"));
 }
 
+TEST_CASE("a then() callback that throws on the completing thread fails the work, not the process", "[comm][work]") {
+  work w;
+  int later = 0;
+  w.then([] { throw communication_error("rank 1 comm hook: copy back failed"); });
+  w.then([&] { ++later; });
+  std::thread t([s = w.state()] { s->complete(); });  // where nothing could catch it
+  t.join();
+  CHECK_THROWS_WITH(w.wait(), Catch::Contains("copy back failed"));
+  CHECK(later == 1);  // the other callbacks still ran
+  // An operation's own error stays the one reported.
+  work failed;
+  failed.then([] { throw communication_error("the callback's"); });
+  std::thread u([s = failed.state()] { s->complete(std::make_exception_ptr(timeout_error("the operation's"))); });
+  u.join();
+  CHECK_THROWS_WITH(failed.wait(), Catch::Contains("the operation's"));
+}
+
 TEST_CASE("a coroutine co_awaits a work and resumes on completion", "[comm][work]") {
   work w;
   std::atomic<int> stage{0};

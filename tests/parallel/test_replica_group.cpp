@@ -8,6 +8,8 @@
 #include <partrain/parallel/lighthouse.hpp>
 #include <partrain/parallel/quorum.hpp>
 #include <partrain/parallel/replica_group.hpp>
+#include <partrain/rendezvous/tcp_store.hpp>
+#include <partrain/rendezvous/tcp_store_server.hpp>
 
 #include "replica_toy.hpp"
 #include "test_stores.hpp"
@@ -43,13 +45,14 @@ struct replica_outcome {
 
 // `slots` + `spares` replicas as threads with a lighthouse; dies(replica, step) ends that
 // replica's thread before it computes that step.
+// save_fails(replica) true: that replica's state save throws (it dies while sending its state).
 std::vector<replica_outcome> run_threads(int slots, int spares, int steps,
                                          const std::function<bool(int, std::int64_t)>& dies,
-                                         world_size_mode mode = world_size_mode::fixed_with_spares) {
+                                         const std::function<bool(int)>& save_fails = [](int) { return false; }) {
   const int replicas = slots + spares;
   auto s = std::make_shared<testing::memory_store>();
   lighthouse lh(s, {.replicas = replicas,
-                    .policy = {.mode = mode, .slots = slots, .min_replicas = 1},
+                    .policy = {.mode = world_size_mode::fixed_with_spares, .slots = slots},
                     .heartbeat_timeout = 400ms,
                     .join_timeout = 5s,
                     .tick = 5ms});
@@ -61,9 +64,14 @@ std::vector<replica_outcome> run_threads(int slots, int spares, int steps,
       threads.emplace_back([&, r] {
         auto& o = out[static_cast<std::size_t>(r)];
         toy_model m;
+        auto io = m.io();
+        io.save = [&, save = io.save] {
+          if (save_fails(r)) throw killed{};
+          return save();
+        };
         try {
           replica_group rg(
-              s, [&](std::int64_t id, int rank, int size) { return registry.make(id, rank, size); }, m.io(),
+              s, [&](std::int64_t id, int rank, int size) { return registry.make(id, rank, size); }, io,
               {.replica = r, .heartbeat_interval = 20ms, .quorum_timeout = 10s});
           try {
             while (rg.current_step() < steps) {
@@ -199,4 +207,210 @@ TEST_CASE("replica_group on threads: with no spare left the survivors wait, then
     CHECK(rg.failures() == 1);
   }
   CHECK_THAT(error, Catch::Contains("replica 0 waited 1000 ms for a quorum after quorum 0 failed"));
+}
+
+TEST_CASE("replica_group on threads: two replicas lost at once, and a source lost while healing", "[parallel][ft][threads]") {
+  const int steps = 12;
+  const auto want = fault_free(3, steps);
+  SECTION("two at once") {
+    const auto out = run_threads(3, 2, steps, [](int r, std::int64_t s) { return (r == 1 || r == 2) && s == 4; });
+    for (int r : {0, 3, 4}) {
+      INFO("replica " << r << ": " << out[static_cast<std::size_t>(r)].error);
+      CHECK(out[static_cast<std::size_t>(r)].trained);
+      CHECK(out[static_cast<std::size_t>(r)].w == want);
+    }
+    CHECK(out[0].failures == 1);  // one new quorum filled both slots
+  }
+  SECTION("the replica sending the state dies") {
+    // Replica 1 is lost at step 5; replica 0, the source of the spare's heal, dies sending it;
+    // the next quorum heals both spares from replica 2.
+    const auto out = run_threads(3, 2, steps, [](int r, std::int64_t s) { return r == 1 && s == 5; },
+                                 [](int r) { return r == 0; });
+    CHECK_FALSE(out[0].trained);
+    for (int r : {2, 3, 4}) {
+      INFO("replica " << r << ": " << out[static_cast<std::size_t>(r)].error);
+      CHECK(out[static_cast<std::size_t>(r)].trained);
+      CHECK(out[static_cast<std::size_t>(r)].w == want);
+    }
+    CHECK(out[2].failures == 2);  // the step, then the heal
+    CHECK(out[3].heals == 1);     // healed once, from replica 2
+    CHECK(out[4].heals == 1);
+  }
+}
+
+TEST_CASE("replica_rows shares a global batch out exactly, whatever the membership", "[parallel][ft]") {
+  for (int members = 1; members <= 5; ++members) {
+    std::size_t next = 0;
+    for (int slot = 0; slot < members; ++slot) {
+      const auto r = replica_rows(13, slot, members);
+      CHECK(r.first == next);
+      CHECK(r.count + 1 >= 13 / static_cast<std::size_t>(members));
+      next += r.count;
+    }
+    CHECK(next == 13);
+  }
+  CHECK_THROWS_WITH(replica_rows(8, 2, 2), Catch::Contains("slot 2 of 2 members"));
+}
+
+namespace {
+// Dynamic mode's model: a gradient summed over rows (each row its own term), normalized by the
+// global batch, so any membership computes the same sum.
+struct row_model {
+  static constexpr std::size_t n = 8;
+  static constexpr std::size_t global = 12;
+  std::vector<float> w = std::vector<float>(n, 0.25f);
+  std::vector<float> grad = std::vector<float>(n, 0.0f);
+  std::vector<std::size_t> rows{};  // the rows of the step in flight
+
+  void compute(process_group& g, std::int64_t step) {
+    const auto share = replica_rows(global, g.rank(), g.size());
+    rows.clear();
+    std::ranges::fill(grad, 0.0f);
+    for (std::size_t k = 0; k < share.count; ++k) {
+      const std::size_t row = static_cast<std::size_t>(step) * global + share.first + k;
+      rows.push_back(row);
+      for (std::size_t i = 0; i < n; ++i) grad[i] += std::sin(w[i] + 0.01f * static_cast<float>(row + i));
+    }
+    g.all_reduce(tensor_view<float>(grad), reduce_op::sum).wait();
+  }
+  void apply() {
+    for (std::size_t i = 0; i < n; ++i) w[i] -= 0.1f * grad[i] / static_cast<float>(global);
+  }
+};
+}  // namespace
+
+TEST_CASE("replica_group dynamic: a lost member, a late joiner, every row trained exactly once", "[parallel][ft][threads]") {
+  constexpr int steps = 48;
+  constexpr std::int64_t join_at = 20;
+  // The reference: two members throughout.
+  std::vector<float> want;
+  run_local(2, [&](local_group& g) {
+    row_model m;
+    for (int s = 0; s < steps; ++s) {
+      m.compute(g, s);
+      m.apply();
+    }
+    if (g.rank() == 0) want = m.w;
+  });
+
+  auto s = std::make_shared<testing::memory_store>();
+  lighthouse lh(s, {.replicas = 4, .policy = {.mode = world_size_mode::dynamic, .min_replicas = 2},
+                    .heartbeat_timeout = 1000ms, .join_timeout = 300ms, .tick = 5ms});
+  local_group_registry registry({.timeout = 3000ms});
+  std::vector<std::atomic<int>> seen(static_cast<std::size_t>(steps) * row_model::global);
+  std::vector<std::vector<float>> final_w(4);
+  std::vector<std::string> errors(4);
+  std::vector<int> heals(4, 0);
+  std::atomic<bool> joiner_started{false};
+  auto replica = [&](int r) {
+    row_model m;
+    try {
+      replica_group rg(s, [&](std::int64_t id, int rank, int size) { return registry.make(id, rank, size); },
+                       {.save = [&] { return std::vector<std::byte>(reinterpret_cast<const std::byte*>(m.w.data()),
+                                                                    reinterpret_cast<const std::byte*>(m.w.data() + m.w.size())); },
+                        .load = [&](std::span<const std::byte> b) { std::memcpy(m.w.data(), b.data(), b.size()); }},
+                       {.replica = r, .heartbeat_interval = 20ms, .quorum_timeout = 10s});
+      while (rg.current_step() < steps) {
+        const bool more = rg.step(
+            [&](process_group& g, int, std::int64_t step) {
+              if (r == 2 && step == 5) throw killed{};
+              // The members wait at join_at until the lighthouse has admitted the joiner and their
+              // heartbeats have seen it, so the test does not depend on how fast the steps run.
+              if (step == join_at) {
+                joiner_started = true;
+                const auto until = std::chrono::steady_clock::now() + 10s;
+                auto admitted = [&] {
+                  const auto q = lh.current();
+                  return q.slot_of(3) >= 0 && rg.newest_quorum_seen() >= q.id;
+                };
+                while (!admitted() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(2ms);
+              }
+              m.compute(g, step);
+            },
+            [&] {
+              m.apply();
+              for (auto row : m.rows) ++seen[row];
+            });
+        if (!more) break;
+      }
+      heals[static_cast<std::size_t>(r)] = rg.heals();
+      rg.finish();
+      final_w[static_cast<std::size_t>(r)] = m.w;
+    } catch (const killed&) {
+    } catch (const std::exception& e) {
+      errors[static_cast<std::size_t>(r)] = e.what();
+    }
+  };
+  {
+    std::vector<std::jthread> threads;
+    for (int r = 0; r < 3; ++r) threads.emplace_back(replica, r);
+    const auto until = std::chrono::steady_clock::now() + 20s;
+    while (!joiner_started && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(2ms);
+    threads.emplace_back(replica, 3);
+  }
+  for (int r = 0; r < 4; ++r) {
+    INFO("replica " << r << ": " << errors[static_cast<std::size_t>(r)]);
+    CHECK(errors[static_cast<std::size_t>(r)].empty());
+  }
+  // Every row of every step trained exactly once.
+  int wrong = 0;
+  for (auto& c : seen) wrong += c.load() == 1 ? 0 : 1;
+  CHECK(wrong == 0);
+  // Members agree bit for bit; the joiner healed in; the sum equals two members' up to rounding.
+  CHECK(final_w[0] == final_w[1]);
+  CHECK(final_w[3] == final_w[0]);
+  CHECK(heals[3] == 1);
+  REQUIRE(final_w[0].size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) CHECK(final_w[0][i] == Approx(want[i]).epsilon(1e-5));
+}
+
+TEST_CASE("replica_group: the store's host dying is a clear error on every replica, not a hang", "[parallel][ft][threads]") {
+  auto server = std::make_unique<tcp_store_server>();
+  const auto port = server->port();
+  auto connect = [&] {
+    return std::make_shared<tcp_store>(tcp_store_options{.port = port, .timeout = 2000ms, .reconnect_timeout = 300ms});
+  };
+  lighthouse lh(connect(), {.replicas = 3, .policy = {.slots = 3}, .heartbeat_timeout = 1000ms, .tick = 5ms});
+  local_group_registry registry({.timeout = 3000ms});
+  std::atomic<bool> store_gone{false};
+  std::atomic<int> at_step_4{0};
+  std::vector<std::string> errors(3);
+  const auto start = std::chrono::steady_clock::now();
+  {
+    std::vector<std::jthread> threads;
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        toy_model m;
+        try {
+          replica_group rg(connect(), [&](std::int64_t id, int rank, int size) { return registry.make(id, rank, size); },
+                           m.io(), {.replica = r, .heartbeat_interval = 20ms, .quorum_timeout = 5s});
+          while (rg.current_step() < 40) {
+            rg.step(
+                [&](process_group& g, int slot, std::int64_t step) {
+                  if (step == 4) {
+                    ++at_step_4;
+                    while (!store_gone) std::this_thread::sleep_for(1ms);
+                    if (r == 1) throw killed{};  // a failure after the store is gone: recovery needs it
+                  }
+                  m.compute(g, slot, step);
+                },
+                [&] { m.apply(3); });
+          }
+          rg.finish();
+        } catch (const killed&) {
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(r)] = e.what();
+        }
+      });
+    }
+    while (at_step_4 < 3 && std::chrono::steady_clock::now() - start < 10s) std::this_thread::sleep_for(1ms);
+    server.reset();  // the store's host dies
+    store_gone = true;
+  }
+  for (int r : {0, 2}) {
+    INFO("replica " << r);
+    CHECK_THAT(errors[static_cast<std::size_t>(r)], Catch::Contains("store"));
+  }
+  CHECK(std::chrono::steady_clock::now() - start < 15s);
+  CHECK(lh.error() != nullptr);  // the lighthouse stopped with the store's error
 }

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -500,6 +501,33 @@ TEST_CASE("a collective timeout names the peers that never reached the operation
                         Catch::Contains("1 rank(s) had not reached operation #2 by their heartbeats: rank 2 (heartbeat ") &&
                         Catch::Contains("last operation all_reduce #1)"));
   }
+}
+
+TEST_CASE("PARTRAIN_LOG_LEVEL=debug prints per-rank lines, each prefixed with the rank", "[comm][init][gloo][processes]") {
+  // docs/troubleshooting.md promises them; nothing logged at debug before.
+  spawn_options so;
+  so.timeout = 60s;
+  so.grace = 1s;
+  so.echo_output = false;
+  so.env = {{"PARTRAIN_LOG_LEVEL", "DEBUG"}};
+  // spawn throws, naming the rank, when a rank did not find its lines.
+  CHECK_NOTHROW(spawn(2, [](int rank) {
+    std::ostringstream lines;
+    set_log_stream(lines);
+    set_log_level(log_level_from_env());  // the level the fork inherited may be cached already
+    {
+      auto pg = init_process_group("env://", {.backend = "gloo"});
+      std::vector<float> v(4, 1.0f);
+      pg->all_reduce(tensor_view<float>(v)).wait();
+    }
+    const std::string prefix = "[partrain rank " + std::to_string(rank) + "] debug: rank " + std::to_string(rank);
+    for (const char* what : {" of 2: env:// rendezvous done", " gloo group ready", " liveness watch started",
+                             " liveness watch ended"}) {
+      if (lines.str().find(prefix + what) == std::string::npos) {
+        throw std::runtime_error("no line '" + prefix + what + "' in:\n" + lines.str());
+      }
+    }
+  }, so));
 }
 
 TEST_CASE("init_process_group(file://) builds a gloo group", "[comm][init][gloo][processes]") {

@@ -4,6 +4,8 @@
 //   PROBE_FAIL_RANK=r        rank r misbehaves after PROBE_FAIL_STEP (default 2) all_reduces:
 //   PROBE_FAIL_MODE=exit3|sigkill|stall
 //   PROBE_STEPS=n            all_reduces to run (default 5)
+//   PROBE_EXIT_BEFORE_JOIN=r rank r exits 0 at once, before it joins the job
+//   PROBE_LINGER_RANK=r      rank r stays PROBE_LINGER_MS ms (default 60000) after its group ended
 #include <signal.h>
 #include <unistd.h>
 
@@ -28,6 +30,7 @@ int main() {
   if (const char* dir = std::getenv("PROBE_PID_DIR")) {
     std::ofstream(std::string(dir) + "/" + std::to_string(rank) + ".pid") << ::getpid() << "\n";
   }
+  if (rank == env_int("PROBE_EXIT_BEFORE_JOIN", -1)) return 0;
   try {
     auto pg = partrain::init_process_group("env://", {.backend = "gloo"});
     const int fail_rank = env_int("PROBE_FAIL_RANK", -1);
@@ -52,6 +55,11 @@ int main() {
       }
     }
     std::printf("probe rank=%d done\n", pg->rank());
+    std::fflush(stdout);
+    pg.reset();
+    if (rank == env_int("PROBE_LINGER_RANK", -1)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(env_int("PROBE_LINGER_MS", 60000)));
+    }
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "probe rank %d failed: %s\n", rank, e.what());

@@ -211,6 +211,86 @@ TEST_CASE("partrun: when node 0's agent dies, node 1 stops within 10 s and says 
   CHECK_THAT(out1, Catch::Contains("node 1: ") && Catch::Contains("node 0, which hosts the job's store, is unreachable"));
 }
 
+TEST_CASE("partrun: when node 1's agent dies after its ranks finished, node 0 stops within 15 s and names it",
+          "[tools][partrun]") {
+  // Node 0's ranks succeed, node 1's rank lingers after its group ended, and node 1's agent is
+  // killed then: node 0's agent used to wait for node 1's "done" forever.
+  const std::string port = std::to_string(partrain::detail::find_free_port());
+  std::string out0, out1;
+  auto start_node = [&](int node, std::string& out) {
+    partrain::child_options co;
+    co.capture_output = true;
+    co.on_line = [&out](std::string_view l) { out.append(l).push_back('\n'); };
+    return partrain::child_process::exec(
+        PARTRUN_EXE,
+        {"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "1", "--master-port", port,
+         "--grace", "1", PROBE_EXE},
+        base_env({"PARTRAIN_JOB_TOKEN=agent-loss", "PROBE_LINGER_RANK=1", "PROBE_LINGER_MS=60000"}), co);
+  };
+  auto node0 = start_node(0, out0);
+  auto node1 = start_node(1, out1);
+  const auto done_by = std::chrono::steady_clock::now() + 30s;
+  while ((out0.find("probe rank=0 done") == std::string::npos || out1.find("probe rank=1 done") == std::string::npos) &&
+         std::chrono::steady_clock::now() < done_by) {
+    node0.drain_output();
+    node1.drain_output();
+    std::this_thread::sleep_for(20ms);
+  }
+  INFO(out0 << "\n--- node 1 ---\n" << out1);
+  REQUIRE(out1.find("probe rank=1 done") != std::string::npos);
+  std::this_thread::sleep_for(300ms);  // node 0's rank exits and its agent waits for node 1
+  node1.signal_group(SIGKILL);  // the agent; its lingering rank goes with it (PDEATHSIG)
+  (void)node1.wait_blocking();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<partrain::child_process> rest;
+  rest.push_back(std::move(node0));
+  partrain::supervise_options so;
+  so.timeout = 40s;
+  auto o0 = partrain::supervise(rest, so);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  CHECK(o0.how != partrain::supervise_outcome::result::timed_out);
+  CHECK_FALSE(o0.ok());
+  CHECK(took < 15s);
+  CHECK_THAT(out0, Catch::Contains("node 1's agent has been silent for") &&
+                       Catch::Contains("before reporting its ranks' outcome"));
+}
+
+TEST_CASE("partrun: a rank that exits 0 before it joins is told to the others at once", "[tools][partrun]") {
+  // Rank 0 used to wait in the rendezvous for the whole timeout (300 s by default).
+  auto r = launch({"--standalone", "--nproc-per-node", "2", "--grace", "1", PROBE_EXE},
+                  {"PROBE_EXIT_BEFORE_JOIN=1", "PARTRAIN_TIMEOUT_MS=120000"}, 60s);
+  INFO(r.output);
+  CHECK_FALSE(r.status.ok());
+  CHECK(r.took < 20s);
+  CHECK_THAT(r.output, Catch::Contains("rank 1 (local rank 1 on node 0") &&
+                           Catch::Contains("exited with code 0 before it joined the job's rendezvous"));
+  CHECK_THAT(r.output, Catch::Contains("probe rank 0 failed"));
+}
+
+TEST_CASE("partrun: a --tee log that cannot be written is an error, not an empty file", "[tools][partrun]") {
+  const fs::path dir = fs::temp_directory_path() / ("partrun_tee_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "attempt_0");
+  SECTION("a folder where the log goes") {
+    fs::create_directories(dir / "attempt_0" / "rank_0.log");
+    auto r = launch({"--standalone", "--tee", "--log-dir", dir.string(), PROBE_EXE});
+    INFO(r.output);
+    CHECK_FALSE(r.status.ok());
+    CHECK_THAT(r.output, Catch::Contains("--tee: cannot write rank 0's log") && Catch::Contains("it is a folder"));
+    CHECK_THAT(r.output, !Catch::Contains("probe rank=0"));  // refused before any rank started
+  }
+  SECTION("a full disk (/dev/full)") {
+    fs::create_symlink("/dev/full", dir / "attempt_0" / "rank_0.log");
+    auto r = launch({"--standalone", "--tee", "--log-dir", dir.string(), PROBE_EXE});
+    INFO(r.output);
+    CHECK(r.status.code == 1);
+    CHECK_THAT(r.output, Catch::Contains("probe rank=0 done"));  // the output still reached the terminal
+    CHECK_THAT(r.output, Catch::Contains("--tee: writing rank 0's log") && Catch::Contains("No space left on device"));
+    CHECK_THAT(r.output, Catch::Contains("a --tee log is incomplete"));
+  }
+  fs::remove_all(dir);
+}
+
 namespace {
 // Starts one agent per argument list (same port and token) and waits for all of them.
 std::vector<std::string> run_agents(const std::vector<std::vector<std::string>>& agents, std::chrono::milliseconds& took) {

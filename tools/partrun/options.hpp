@@ -24,6 +24,10 @@ struct options {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;  // 0 = a free port (single node only)
   int max_restarts = 0;
+  // Fault tolerance (replica_group): spares > 0 or min_replicas > 0 turn it on.
+  int spares = 0;            // --spares: extra processes waiting to take a lost rank's slot
+  int min_replicas = 0;      // --min-replicas: dynamic membership, at least this many
+  int max_replacements = 0;  // --max-replacements: new processes started for lost ones
   std::chrono::milliseconds monitor_interval{100};
   std::chrono::milliseconds rdzv_timeout{300'000};  // how long nodes wait for each other
   std::chrono::milliseconds grace{5'000};           // SIGTERM to SIGKILL
@@ -49,6 +53,12 @@ options:
   --master-port PORT                node 0's store port (default 29500; 0 = free port, one node)
   --standalone                      one node, a free port, nothing else to set
   --max-restarts K                  restart the whole group up to K times (default 0)
+  --spares N                        fault tolerance, fixed world: N more processes wait to take a
+                                    lost rank's slot (healed from a live rank); the others go on
+  --min-replicas M                  fault tolerance, dynamic world: the ranks present train (at
+                                    least M); a lost rank does not stop the others
+  --max-replacements K              with --spares or --min-replicas: start a new process (same
+                                    RANK) for each of the first K that are lost (default 0)
   --monitor-interval SECONDS        how often ranks are checked (default 0.1)
   --rdzv-timeout SECONDS            how long nodes wait for each other (default 300)
   --grace SECONDS                   SIGTERM to SIGKILL when stopping ranks (default 5)
@@ -156,6 +166,12 @@ inline int nproc_from(std::string_view v) {
       port_given = true;
     } else if (f == "--max-restarts") {
       o.max_restarts = detail::to_int("--max-restarts", value(flag, inl, has_inline), 0);
+    } else if (f == "--spares") {
+      o.spares = detail::to_int("--spares", value(flag, inl, has_inline), 1);
+    } else if (f == "--min-replicas") {
+      o.min_replicas = detail::to_int("--min-replicas", value(flag, inl, has_inline), 1);
+    } else if (f == "--max-replacements") {
+      o.max_replacements = detail::to_int("--max-replacements", value(flag, inl, has_inline), 0);
     } else if (f == "--monitor-interval") {
       o.monitor_interval = detail::to_seconds("--monitor-interval", value(flag, inl, has_inline));
       if (o.monitor_interval.count() == 0) o.monitor_interval = std::chrono::milliseconds(1);
@@ -185,6 +201,28 @@ inline int nproc_from(std::string_view v) {
   if (o.node_rank >= o.nnodes) {
     throw partrain::config_error("partrun: --node-rank " + std::to_string(o.node_rank) + " is out of range for --nnodes " +
                                  std::to_string(o.nnodes) + " (expected 0..nnodes-1)");
+  }
+  if (o.spares > 0 && o.min_replicas > 0) {
+    throw partrain::config_error("partrun: --spares (a fixed world) and --min-replicas (a dynamic one) exclude each other; give one");
+  }
+  const bool ft = o.spares > 0 || o.min_replicas > 0;
+  if (!ft && o.max_replacements > 0) {
+    throw partrain::config_error("partrun: --max-replacements replaces lost ranks of a fault-tolerant job: give --spares or --min-replicas too");
+  }
+  if (ft && o.nnodes > 1) {
+    throw partrain::config_error("partrun: --spares and --min-replicas run on one node for now (got --nnodes " +
+                                 std::to_string(o.nnodes) + ")");
+  }
+  if (ft && o.tee) {
+    throw partrain::config_error("partrun: --tee is not offered with --spares or --min-replicas yet; redirect partrun's output instead");
+  }
+  if (ft && o.max_restarts > 0) {
+    throw partrain::config_error("partrun: --max-restarts restarts every rank; a fault-tolerant job (--spares, --min-replicas) "
+                                 "keeps its healthy ranks instead: give one or the other");
+  }
+  if (o.min_replicas > o.nproc_per_node) {
+    throw partrain::config_error("partrun: --min-replicas " + std::to_string(o.min_replicas) + " is more than the " +
+                                 std::to_string(o.nproc_per_node) + " processes --nproc-per-node starts");
   }
   if (o.nnodes > 1 && o.master_port == 0) {
     throw partrain::config_error("partrun: --master-port 0 (a free port) only works on one node; give every node the same port");

@@ -4,10 +4,13 @@
 // rank fails stops every rank of the job (on all nodes) and restarts while restarts remain.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -16,7 +19,10 @@
 #include <vector>
 
 #include <partrain/launch/process.hpp>
+#include <partrain/parallel/detail/replica_protocol.hpp>
+#include <partrain/parallel/lighthouse.hpp>
 #include <partrain/rendezvous/job.hpp>
+#include <partrain/rendezvous/prefix_store.hpp>
 #include <partrain/rendezvous/tcp_store.hpp>
 
 #include "options.hpp"
@@ -27,6 +33,9 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 volatile std::sig_atomic_t g_signal = 0;
+// A --tee log could not be written (a full disk, a folder in its place): the job goes on, its
+// output still reaches the terminal, but partrun's exit status says so.
+std::atomic<bool> g_tee_failed{false};
 
 extern "C" void on_signal(int sig) {
   g_signal = sig;
@@ -52,8 +61,9 @@ std::string key(int attempt, const std::string& rest) { return "partrun/attempt_
 
 // The environment of every rank: ours, with the torchrun variables set on top.
 std::vector<std::string> child_env(const partrun::options& o, int rank, int local_rank, int world_size, int attempt,
-                                   std::uint16_t port, const std::string& token) {
-  const std::vector<std::pair<std::string, std::string>> ours = {
+                                   std::uint16_t port, const std::string& token,
+                                   const std::vector<std::pair<std::string, std::string>>& extra = {}) {
+  std::vector<std::pair<std::string, std::string>> ours = {
       {"RANK", std::to_string(rank)},
       {"LOCAL_RANK", std::to_string(local_rank)},
       {"WORLD_SIZE", std::to_string(world_size)},
@@ -73,6 +83,14 @@ std::vector<std::string> child_env(const partrun::options& o, int rank, int loca
       {"PARTRAIN_USE_AGENT_STORE", "1"},
       {"PARTRAIN_STORE_TOKEN", token},
   };
+  for (const auto& [k, v] : extra) {
+    auto same = std::ranges::find(ours, k, &std::pair<std::string, std::string>::first);
+    if (same != ours.end()) {
+      same->second = v;
+    } else {
+      ours.emplace_back(k, v);
+    }
+  }
   std::vector<std::string> env;
   bool omp_set = false;
   for (char** e = environ; *e; ++e) {
@@ -204,38 +222,101 @@ attempt_result run_attempt(partrain::tcp_store& store, partrain::tcp_store& watc
   std::mutex out_mutex;
   std::vector<partrain::child_process> children;
   children.reserve(static_cast<std::size_t>(o.nproc_per_node));
-  if (o.tee) std::filesystem::create_directories(o.log_dir / ("attempt_" + std::to_string(attempt)));
+  // Every --tee log is opened before any rank starts: one that cannot be (a folder in its place,
+  // no permission) stops the job here, naming it, instead of leaving an empty file behind.
+  std::vector<std::shared_ptr<std::ofstream>> tees(static_cast<std::size_t>(o.nproc_per_node));
+  const auto tee_dir = o.log_dir / ("attempt_" + std::to_string(attempt));
+  if (o.tee) {
+    std::error_code ec;
+    std::filesystem::create_directories(tee_dir, ec);
+    if (ec) throw partrain::config_error("partrun: --tee: cannot create the log folder " + tee_dir.string() + ": " + ec.message());
+    for (int l = 0; l < o.nproc_per_node; ++l) {
+      const auto path = tee_dir / ("rank_" + std::to_string(layout.first_rank + l) + ".log");
+      auto f = std::make_shared<std::ofstream>(path);
+      if (!*f) {
+        const int err = errno;
+        throw partrain::config_error("partrun: --tee: cannot write rank " + std::to_string(layout.first_rank + l) +
+                                     "'s log " + path.string() + ": " +
+                                     (std::filesystem::is_directory(path) ? std::string("it is a folder")
+                                                                          : std::string(std::strerror(err))));
+      }
+      tees[static_cast<std::size_t>(l)] = std::move(f);
+    }
+  }
   for (int l = 0; l < o.nproc_per_node; ++l) {
     const int rank = layout.first_rank + l;
-    std::shared_ptr<std::ofstream> tee;
-    if (o.tee) {
-      tee = std::make_shared<std::ofstream>(o.log_dir / ("attempt_" + std::to_string(attempt)) /
-                                            ("rank_" + std::to_string(rank) + ".log"));
-    }
+    std::shared_ptr<std::ofstream> tee = tees[static_cast<std::size_t>(l)];
     partrain::child_options co;
     co.capture_output = true;
     co.keep_lines = 10;
-    co.on_line = [rank, tee, &out_mutex](std::string_view line) {
+    co.on_line = [rank, tee, &out_mutex, path = tee_dir / ("rank_" + std::to_string(rank) + ".log")](std::string_view line) {
       std::lock_guard lock(out_mutex);
       std::printf("[rank %d] %.*s\n", rank, static_cast<int>(line.size()), line.data());
       std::fflush(stdout);
-      if (tee) *tee << line << '\n' << std::flush;
+      if (!tee || !*tee) return;  // a log that failed once is reported once
+      errno = 0;
+      *tee << line << '\n' << std::flush;
+      if (!*tee) {
+        const int err = errno;
+        g_tee_failed = true;
+        log("--tee: writing rank " + std::to_string(rank) + "'s log " + path.string() + " failed (" +
+            (err ? std::string(std::strerror(err)) : std::string("write error")) +
+            "); its output goes on to this terminal only, and partrun will exit with status 1");
+      }
     };
     children.push_back(partrain::child_process::exec(
         o.program, o.args, child_env(o, rank, l, layout.world_size, attempt, port, token), std::move(co)));
   }
 
-  // Another node's failure (or the end of the whole job) reaches us through the store.
+  // Another node's failure (or the end of the whole job) reaches us through the store, and so
+  // does the life of the other agents: each beats a counter there for as long as it runs (through
+  // the outcome's wait below), so an agent killed, stopped or lost before it reported is noticed
+  // in seconds, not waited for forever.
   const std::string failed_key = key(attempt, "failed");
   std::atomic<bool> remote_failure{false};
   std::atomic<bool> stop{false};
+  std::atomic<bool> awaiting_outcome{false};
+  std::mutex silent_mutex;
+  std::string silent_node;  // why another agent is taken for lost; empty while none is
+  const auto agent_silence = std::max<std::chrono::milliseconds>(std::chrono::seconds(5), 10 * o.monitor_interval);
+  auto agent_key = [&](int n) { return key(attempt, "agent_" + std::to_string(n)); };
+  auto done_key = [&](int n) { return key(attempt, "done_" + std::to_string(n)); };
   std::jthread watcher([&](std::stop_token st) {
+    std::uint64_t beats = 0;
+    const auto started = std::chrono::steady_clock::now();
+    std::vector<std::pair<std::string, std::chrono::steady_clock::time_point>> seen(
+        static_cast<std::size_t>(o.nnodes), {std::string(), started});
     while (!st.stop_requested()) {
       if (g_stop.load()) stop = true;
       try {
-        if (o.nnodes > 1 && watch_store.check({failed_key})) {
-          remote_failure = true;
-          stop = true;
+        if (o.nnodes > 1) {
+          watch_store.set(agent_key(o.node_rank), std::to_string(++beats));
+          if (watch_store.check({failed_key})) {
+            remote_failure = true;
+            stop = true;
+          }
+          const auto now = std::chrono::steady_clock::now();
+          // While ranks run, their own failures (and their heartbeats) tell of a lost node; once
+          // they finished, only the agents' beats can.
+          for (int n = 0; n < o.nnodes && awaiting_outcome.load(); ++n) {
+            if (n == o.node_rank || watch_store.check({done_key(n)})) continue;
+            const std::string v = watch_store.check({agent_key(n)}) ? watch_store.get_string(agent_key(n), o.rdzv_timeout) : "";
+            auto& [last, since] = seen[static_cast<std::size_t>(n)];
+            if (v != last) {
+              last = v;
+              since = now;
+            } else if (now - since > agent_silence) {
+              std::lock_guard lock(silent_mutex);
+              if (silent_node.empty()) {
+                silent_node = "node " + std::to_string(n) + "'s agent has been silent for " +
+                              std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - since).count()) +
+                              " ms before reporting its ranks' outcome (killed, stopped or lost; noticed by node " +
+                              std::to_string(o.node_rank) + ")";
+              }
+              remote_failure = true;
+              stop = true;
+            }
+          }
         }
       } catch (const std::exception&) {
         remote_failure = true;  // the store (node 0) is gone: the job cannot go on
@@ -244,24 +325,59 @@ attempt_result run_attempt(partrain::tcp_store& store, partrain::tcp_store& watc
       std::this_thread::sleep_for(o.monitor_interval);
     }
   });
+  auto silent = [&] {
+    std::lock_guard lock(silent_mutex);
+    return silent_node;
+  };
+  // A lost agent's failure, told to the other nodes as any failure is.
+  auto report_silent = [&](const std::string& why) {
+    log("node " + std::to_string(o.node_rank) + ": " + why);
+    try {
+      store.set(failed_key, "node " + std::to_string(o.node_rank) + ": " + why);
+    } catch (const std::exception&) {
+    }
+  };
 
   partrain::supervise_options so;
   so.grace = o.grace;
   so.poll_interval = o.monitor_interval;
   so.stop = &stop;
+  // A rank that ends, even with status 0, before it joined the job's rendezvous leaves the others
+  // waiting there for the whole rendezvous timeout: partrun saw it end, so it tells them through
+  // the key init_process_group's join check (rendezvous/job.hpp) watches, under the ranks' prefix.
+  so.on_exit = [&](std::size_t i, const partrain::exit_status& st) {
+    if (!st.ok()) return;  // a failure stops the whole job anyway
+    const int rank = layout.first_rank + static_cast<int>(i);
+    const std::string ranks_prefix = partrain::detail::rdzv::agent_attempt_prefix(attempt) + "/";
+    try {
+      if (store.check({ranks_prefix + partrain::detail::rdzv::join_claim_key(rank)})) return;  // it had joined
+      const std::string why = "rank " + std::to_string(rank) + " (local rank " + std::to_string(i) + " on node " +
+                              std::to_string(o.node_rank) + ", pid " + std::to_string(children[i].pid()) + ") " +
+                              st.describe() + " before it joined the job's rendezvous (partrun saw it end); the job "
+                              "cannot form without it";
+      store.set(ranks_prefix + std::string(partrain::detail::rdzv::join_failed_key), why);
+      log(why);
+    } catch (const std::exception&) {
+    }
+  };
   auto outcome = partrain::supervise(children, so);
-  watcher.request_stop();
-  watcher.join();
 
   if (outcome.ok()) {
     if (o.nnodes == 1) return attempt_result::success;
     // Every node waits for the job's outcome: a node whose ranks finished must still restart
     // with the others if another node fails. Node 0 hosts the store, so it announces success
-    // only when all nodes are done and leaves only after every node has read it.
+    // only when all nodes are done and leaves only after every node has read it. The watcher
+    // goes on beating meanwhile, and names an agent that stops before it reported.
+    store.set(done_key(o.node_rank), "1");
     store.add(key(attempt, "done"), 1);
+    awaiting_outcome = true;
     const std::string success_key = key(attempt, "success");
     for (;;) {
       if (store.check({failed_key})) break;
+      if (const auto why = silent(); !why.empty()) {
+        report_silent(why);
+        return attempt_result::failed;
+      }
       if (o.node_rank == 0) {
         if (store.add(key(attempt, "done"), 0) >= o.nnodes) {
           store.set(success_key, "1");
@@ -282,6 +398,8 @@ attempt_result run_attempt(partrain::tcp_store& store, partrain::tcp_store& watc
     log("node " + std::to_string(o.node_rank) + ": another node failed: " + store.get_string(failed_key, o.rdzv_timeout));
     return attempt_result::failed;
   }
+  watcher.request_stop();
+  watcher.join();
   if (outcome.how == partrain::supervise_outcome::result::failed) {
     // Report every rank that ended on its own: the one noticed first is not always the cause
     // (a rank that exits makes its peers' collectives fail a moment later).
@@ -324,6 +442,116 @@ attempt_result run_attempt(partrain::tcp_store& store, partrain::tcp_store& watc
   return attempt_result::interrupted;
 }
 
+// A fault-tolerant job (--spares, --min-replicas; one node). partrun runs the lighthouse on its
+// store and starts every replica (RANK = replica id, WORLD_SIZE = every process, spares included;
+// PARTRAIN_FT_SLOTS or PARTRAIN_FT_MIN_REPLICAS say the policy). A replica that is lost does not
+// stop the others: partrun marks it gone in the store at once (the lighthouse need not wait for
+// its heartbeat to go stale) and, while --max-replacements allows, starts a new process with its
+// RANK, which heals in from a live replica. The job succeeds when the lighthouse saw it finish.
+int run_fault_tolerant(const partrun::options& o, std::uint16_t port, const std::string& token,
+                       const std::function<partrain::tcp_store_options(const std::string&)>& client) {
+  const int replicas = o.nproc_per_node + o.spares;
+  partrain::quorum_policy policy;
+  std::vector<std::pair<std::string, std::string>> extra = {{"LOCAL_WORLD_SIZE", std::to_string(replicas)}};
+  if (o.spares > 0) {
+    policy = {.mode = partrain::world_size_mode::fixed_with_spares, .slots = o.nproc_per_node};
+    extra.emplace_back("PARTRAIN_FT_SLOTS", std::to_string(o.nproc_per_node));
+  } else {
+    policy = {.mode = partrain::world_size_mode::dynamic, .min_replicas = o.min_replicas};
+    extra.emplace_back("PARTRAIN_FT_MIN_REPLICAS", std::to_string(o.min_replicas));
+  }
+  // The ranks see the agent store under attempt 0's prefix (rendezvous.hpp), so partrun does too.
+  auto under_prefix = [&](const std::string& who) {
+    return std::make_shared<partrain::prefix_store>(partrain::detail::rdzv::agent_attempt_prefix(0),
+                                                    std::make_shared<partrain::tcp_store>(client(who)));
+  };
+  partrain::lighthouse lh(under_prefix("partrun lighthouse"), {.replicas = replicas, .policy = policy});
+  auto store_ptr = under_prefix("partrun");
+  partrain::store& store = *store_ptr;
+  std::mutex out_mutex;
+  std::vector<partrain::child_process> children;  // a replacement is appended; replica_of says whose
+  std::vector<int> replica_of;
+  auto start = [&](int r) {
+    partrain::child_options co;
+    co.capture_output = true;
+    co.keep_lines = 10;
+    co.on_line = [r, &out_mutex](std::string_view line) {
+      std::lock_guard lock(out_mutex);
+      std::printf("[rank %d] %.*s\n", r, static_cast<int>(line.size()), line.data());
+      std::fflush(stdout);
+    };
+    children.push_back(partrain::child_process::exec(o.program, o.args, child_env(o, r, r, replicas, 0, port, token, extra),
+                                                     std::move(co)));
+    replica_of.push_back(r);
+  };
+  children.reserve(static_cast<std::size_t>(replicas + o.max_replacements));
+  for (int r = 0; r < replicas; ++r) start(r);
+  log("fault-tolerant job: " + std::to_string(replicas) + " processes, " +
+      (o.spares > 0 ? std::to_string(o.nproc_per_node) + " ranks and " + std::to_string(o.spares) + " spare(s)"
+                    : "at least " + std::to_string(o.min_replicas) + " training") +
+      ", up to " + std::to_string(o.max_replacements) + " replacement(s)");
+  int absorbed = 0, replaced = 0;
+  bool failed_after_finish = false;
+  for (;;) {
+    if (g_stop.load()) {
+      partrain::stop_all(children, o.grace);
+      log("interrupted by " + partrain::signal_name(g_signal) + "; every rank was stopped");
+      return 128 + (g_signal ? static_cast<int>(g_signal) : SIGTERM);
+    }
+    if (lh.error()) {
+      partrain::stop_all(children, o.grace);
+      log("the lighthouse stopped (see above); every rank was stopped");
+      return 1;
+    }
+    bool running = false;
+    for (std::size_t i = 0; i < children.size(); ++i) {
+      const bool was_running = children[i].running();
+      const auto st = children[i].poll();
+      if (!st) {
+        running = true;
+        continue;
+      }
+      if (!was_running) continue;
+      const int r = replica_of[i];
+      const bool finished = store.check({std::string(partrain::detail::ft::finished_key)});
+      if (st->ok()) continue;  // a member done, or a spare the job did not need
+      if (finished) {
+        failed_after_finish = true;
+        log("rank " + std::to_string(r) + " (pid " + std::to_string(children[i].pid()) + ") " + st->describe() +
+            " after the job finished");
+        continue;
+      }
+      ++absorbed;
+      // Gone now, whatever its last heartbeat said.
+      partrain::detail::ft::beat gone{.counter = -1, .phase = partrain::detail::ft::replica_phase::dead};
+      store.set(partrain::detail::ft::beat_key(r), gone.encode());
+      std::string line = "rank " + std::to_string(r) + " (pid " + std::to_string(children[i].pid()) + ") " + st->describe() +
+                         "; the others go on (failure " + std::to_string(absorbed) + " absorbed)";
+      if (replaced < o.max_replacements) {
+        ++replaced;
+        start(r);
+        running = true;
+        line += "; started a replacement, pid " + std::to_string(children.back().pid());
+      }
+      log(line);
+    }
+    if (!running) break;
+    partrain::pump_output(children, o.monitor_interval);
+  }
+  for (auto& c : children) c.finish_output();
+  const std::string tally = std::to_string(absorbed) + " failure(s) absorbed, " + std::to_string(replaced) + " replacement(s) started";
+  if (!store.check({std::string(partrain::detail::ft::finished_key)})) {
+    log("the job did not finish: every process ended first (" + tally + ")");
+    return 1;
+  }
+  if (failed_after_finish) {
+    log("the job finished, but a process failed after it (" + tally + ")");
+    return 1;
+  }
+  log("the job finished (" + tally + ")");
+  return 0;
+}
+
 int run(const partrun::options& o) {
   install_signal_handlers();
   std::string token = o.token;
@@ -350,12 +578,19 @@ int run(const partrun::options& o) {
     return partrain::tcp_store_options{
         .host = o.master_addr, .port = port, .token = token, .timeout = o.rdzv_timeout, .who = who};
   };
+  if (o.spares > 0 || o.min_replicas > 0) return run_fault_tolerant(o, port, token, client);
   const std::string node = "partrun node " + std::to_string(o.node_rank);
   partrain::tcp_store store(client(node));
   partrain::tcp_store watch_store(client(node + " (watcher)"));
   for (int attempt = 0;; ++attempt) {
     const auto r = run_attempt(store, watch_store, o, attempt, port, token);
-    if (r == attempt_result::success) return 0;
+    if (r == attempt_result::success) {
+      if (g_tee_failed) {
+        log("the job succeeded, but a --tee log is incomplete (see above)");
+        return 1;
+      }
+      return 0;
+    }
     if (r == attempt_result::interrupted) {
       log("interrupted by " + partrain::signal_name(g_signal) + "; every rank was stopped");
       return 128 + (g_signal ? static_cast<int>(g_signal) : SIGTERM);

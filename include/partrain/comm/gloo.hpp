@@ -40,6 +40,7 @@
 #include <partrain/comm/process_group.hpp>
 #include <partrain/comm/store.hpp>
 #include <partrain/core/executor.hpp>
+#include <partrain/core/log.hpp>
 
 namespace partrain::inline v0 {
 
@@ -72,6 +73,8 @@ class gloo_group final : public process_group {
     // env:// job it is the store's server).
     store_ = std::move(s);
     gopts_ = std::move(gopts);
+    PARTRAIN_LOG(debug, "rank " + std::to_string(rank) + " gloo group ready: world size " + std::to_string(size) +
+                            ", store prefix '" + gopts_.prefix + "', every pair connected");
   }
 
   ~gloo_group() override {
@@ -103,7 +106,7 @@ class gloo_group final : public process_group {
       gloo::AllreduceOptions o(context_);
       visit_dtype(t.type, [&]<class T>(std::type_identity<T>) { o.setOutput(static_cast<T*>(t.data), t.count); });
       o.setReduceFunction(detail::gloo::make_reduce_fn(t.type, op));
-      o.setTag(kCollectiveTag);
+      o.setTag(signature_tag(collective::all_reduce, t.type, t.count));
       o.setTimeout(timeout());
       gloo::allreduce(o);
       if (op == reduce_op::avg) detail::host_divide(t.data, t.count, t.type, size());
@@ -116,7 +119,7 @@ class gloo_group final : public process_group {
       gloo::BroadcastOptions o(context_);
       visit_dtype(t.type, [&]<class T>(std::type_identity<T>) { o.setOutput(static_cast<T*>(t.data), t.count); });
       o.setRoot(root);
-      o.setTag(kCollectiveTag);
+      o.setTag(signature_tag(collective::broadcast, t.type, t.count, root));
       o.setTimeout(timeout());
       gloo::broadcast(o);
     });
@@ -139,7 +142,7 @@ class gloo_group final : public process_group {
       });
       o.setRoot(root);
       o.setReduceFunction(detail::gloo::make_reduce_fn(t.type, op));
-      o.setTag(kCollectiveTag);
+      o.setTag(signature_tag(collective::reduce, t.type, t.count, root));
       o.setTimeout(timeout());
       gloo::reduce(o);
       if (op == reduce_op::avg && rank() == root) detail::host_divide(t.data, t.count, t.type, size());
@@ -154,7 +157,7 @@ class gloo_group final : public process_group {
         o.setInput(static_cast<T*>(in.data), in.count);
         o.setOutput(static_cast<T*>(out.data), out.count);
       });
-      o.setTag(kCollectiveTag);
+      o.setTag(signature_tag(collective::all_gather, in.type, in.count));
       o.setTimeout(timeout());
       gloo::allgather(o);
     });
@@ -171,7 +174,7 @@ class gloo_group final : public process_group {
       std::byte* acc = worker_scratch(in.bytes() + blk);  // the partial sums, then one incoming block
       std::byte* incoming = acc + in.bytes();
       std::memcpy(acc, in.data, in.bytes());
-      const auto slot = gloo::Slot::build(kRingSlotPrefix, kCollectiveTag);
+      const auto slot = gloo::Slot::build(kRingSlotPrefix, signature_tag(collective::reduce_scatter, out.type, out.count));
       const int next = static_cast<int>((r + 1) % n), prev = static_cast<int>((r + n - 1) % n);
       auto receive = context_->createUnboundBuffer(incoming, blk);
       // Step s sends block r-s-1 and reduces into block r-s-2 (mod n): after n-1 steps block r
@@ -193,7 +196,7 @@ class gloo_group final : public process_group {
   work do_barrier() override {
     return run(collective::barrier, "", [this] {
       gloo::BarrierOptions o(context_);
-      o.setTag(kCollectiveTag);
+      o.setTag(signature_tag(collective::barrier, dtype::uint8, 0));
       o.setTimeout(timeout());
       gloo::barrier(o);
     });
@@ -207,11 +210,34 @@ class gloo_group final : public process_group {
   }
 
  private:
-  // One collective runs at a time (one worker), so one tag is enough. Point-to-point slots are
-  // the user's tags; Gloo's collective slots carry a prefix in their top byte, so they never meet.
-  static constexpr std::uint32_t kCollectiveTag = 0;
   // The slot prefix of our own ring collectives (Gloo's use 0x01-0x08).
   static constexpr std::uint8_t kRingSlotPrefix = 0x7f;
+
+  // Gloo's I/O thread copies an incoming message into the buffer posted on its slot and, when the
+  // message is larger, throws on that thread of Gloo's, where nothing can catch it: the process
+  // ends with SIGABRT ("op.preamble.length <= op.nbytes"). So calls that differ between ranks must
+  // never meet on a slot. One collective runs at a time (one worker), so its tag (the 32 bits of
+  // its slot under Gloo's prefix byte) is free to carry a hash of what was called: kind, element
+  // type, count and root. Calls that differ then wait on different slots and fail at the group's
+  // timeout, on every rank, as this rank's sited error.
+  [[nodiscard]] static std::uint32_t signature_tag(collective c, dtype t, std::size_t count, int root = -1) noexcept {
+    std::uint32_t h = 2166136261u;  // FNV-1a
+    auto mix = [&](std::uint64_t v) {
+      for (int i = 0; i < 8; ++i, v >>= 8) h = (h ^ static_cast<std::uint32_t>(v & 0xff)) * 16777619u;
+    };
+    mix(static_cast<std::uint64_t>(c));
+    mix(static_cast<std::uint64_t>(t));
+    mix(count);
+    mix(static_cast<std::uint64_t>(static_cast<std::int64_t>(root)));
+    return h;
+  }
+  // A point-to-point slot: the user's tag (bits 0-30) and 24 bits of a hash of the byte count
+  // (bits 32-55), so a send and a recv of different sizes never meet either; the top byte stays
+  // 0, apart from Gloo's collective prefixes.
+  [[nodiscard]] static std::uint64_t p2p_slot(int tag, std::size_t bytes) noexcept {
+    const std::uint64_t h = signature_tag(collective::send, dtype::uint8, bytes) & 0xffffffu;
+    return (h << 32) | static_cast<std::uint64_t>(static_cast<std::uint32_t>(tag));
+  }
 
   // Scratch reused across calls (a fresh buffer per call costs page faults and a memset at
   // large sizes). Only the worker thread touches it.
@@ -251,10 +277,23 @@ class gloo_group final : public process_group {
   [[noreturn]] void fail(collective c, const std::string& peers, std::string_view gloo_what, int peer = -1,
                          std::uint64_t op = 0) {
     const bool timed_out = gloo_what.find("Timed out") != std::string_view::npos;
+    const bool p2p = c == collective::send || c == collective::recv;
+    // Gloo names a broken connection by its far end's address; the peers' records name the rank.
+    const int lost = timed_out ? -1 : detail::gloo::rank_named_in(*store_, gopts_.prefix, rank(), size(), gloo_what);
     std::string msg = describe(c, peers) + ": ";
-    msg += timed_out ? "timed out after " + std::to_string(timeout().count()) +
-                           " ms (a peer is stalled or never joined this operation): "
-                     : "Gloo failed (a peer died or its connection broke): ";
+    if (timed_out) {
+      msg += "timed out after " + std::to_string(timeout().count()) + " ms (" +
+             (p2p ? std::string("the peer is stalled, never joined this transfer, or posted one of another size: a "
+                                "send and a recv meet only at equal byte counts")
+                  : std::string("a peer is stalled, never joined this operation, or called another one: ranks whose "
+                                "calls differ in kind, size, element type or root wait apart; PARTRAIN_DEBUG=DETAIL "
+                                "names both calls")) +
+             "): ";
+    } else if (lost >= 0) {
+      msg += "Gloo failed: the connection with rank " + std::to_string(lost) + " broke (it died or left the group): ";
+    } else {
+      msg += "Gloo failed (a peer died or its connection broke): ";
+    }
     msg += gloo_what;
     if (timed_out) {
       if (auto who = arrival_report(op); !who.empty()) msg += "; " + who;
@@ -263,7 +302,7 @@ class gloo_group final : public process_group {
       std::lock_guard lock(mutex_);
       if (failure_.empty()) failure_ = msg;
     }
-    error_site site{.rank = rank(), .operation = std::string(to_string(c)), .peer = peer};
+    error_site site{.rank = rank(), .operation = std::string(to_string(c)), .peer = peer >= 0 ? peer : lost};
     if (timed_out) {
       site.timeout = timeout();
       throw timeout_error(msg, std::move(site));
@@ -301,9 +340,9 @@ class gloo_group final : public process_group {
     try {
       buf = context_->createUnboundBuffer(t.data, t.bytes());
       if (c == collective::send) {
-        buf->send(peer, static_cast<std::uint64_t>(tag));
+        buf->send(peer, p2p_slot(tag, t.bytes()));
       } else {
-        buf->recv(peer, static_cast<std::uint64_t>(tag));
+        buf->recv(peer, p2p_slot(tag, t.bytes()));
       }
     } catch (const std::exception& e) {
       try {

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -476,24 +477,37 @@ PARTRAIN_LINKAGE void detail::local::run_threads(int world_size, const std::func
   if (pin && *opts.inline_collectives) state->spin_before_blocking(std::chrono::microseconds(50));
   auto ranks = make_ranks(state, opts);
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world_size));
+  std::string not_started;  // why a rank's thread could not be created
   {
     std::vector<std::jthread> threads;
-    for (int r = 0; r < world_size; ++r) {
-      threads.emplace_back([&, r] {
-        if (pin) pin_this_thread(cpus[static_cast<std::size_t>(r)]);
-        auto& g = *ranks[static_cast<std::size_t>(r)];
-        try {
-          fn(g);
-        } catch (const std::exception& e) {
-          errors[static_cast<std::size_t>(r)] = std::current_exception();
-          g.abort("rank " + std::to_string(r) + " failed: " + e.what(), r);
-        } catch (...) {
-          errors[static_cast<std::size_t>(r)] = std::current_exception();
-          g.abort("rank " + std::to_string(r) + " failed", r);
-        }
-      });
+    threads.reserve(static_cast<std::size_t>(world_size));
+    auto rank_body = [&](int r) {
+      if (pin) pin_this_thread(cpus[static_cast<std::size_t>(r)]);
+      auto& g = *ranks[static_cast<std::size_t>(r)];
+      try {
+        fn(g);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        g.abort("rank " + std::to_string(r) + " failed: " + e.what(), r);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        g.abort("rank " + std::to_string(r) + " failed", r);
+      }
+    };
+    for (int r = 0; r < world_size && not_started.empty(); ++r) {
+      try {
+        threads.emplace_back(rank_body, r);
+      } catch (const std::system_error& e) {
+        // The started ranks would wait for this one until their timeout: they stop now.
+        not_started = "run_local: could not start rank " + std::to_string(r) + "'s thread (" + e.what() + "); " +
+                      std::to_string(r) + " of " + std::to_string(world_size) +
+                      " ranks started. Use fewer ranks, or raise the limit that stopped it (tasks: ulimit -u or the "
+                      "cgroup's pids.max; memory for thread stacks: ulimit -v)";
+        state->abort(not_started);
+      }
     }
   }
+  if (!not_started.empty()) throw config_error(not_started);
   // Prefer the root cause: a rank whose error is not an aborted_error echo of another's.
   if (auto first = root_cause(errors)) std::rethrow_exception(first);
 }

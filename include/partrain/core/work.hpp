@@ -43,7 +43,17 @@ class work_state {
         }
         callbacks.swap(callbacks_);
       }
-      for (auto& cb : callbacks) cb();  // one registered meanwhile is taken on the next turn
+      // One registered meanwhile is taken on the next turn. A callback that throws cannot end the
+      // process from this thread (often a backend's worker): its exception becomes the work's
+      // error, unless the work had failed already, and the other callbacks still run.
+      for (auto& cb : callbacks) {
+        try {
+          cb();
+        } catch (...) {
+          std::lock_guard lock(mutex_);
+          if (!error_) error_ = std::current_exception();
+        }
+      }
     }
     cv_.notify_all();
     if (cont) cont.resume();
@@ -135,7 +145,9 @@ class work {
   }
   // False when d passed first; rethrows the operation's error if it finished with one.
   [[nodiscard]] bool wait_for(std::chrono::nanoseconds d) const { return state_->wait_for(d); }
-  // Runs f (on the completing thread, or now if already done) once the operation finished.
+  // Runs f (on the completing thread, or now if already done) once the operation finished. An
+  // exception f throws on the completing thread becomes the work's error (wait() rethrows it),
+  // unless the operation had failed already.
   void then(std::function<void()> f) const { state_->on_complete(std::move(f)); }
   [[nodiscard]] std::exception_ptr error() const { return state_->error(); }
   [[nodiscard]] const std::shared_ptr<detail::work_state>& state() const noexcept { return state_; }

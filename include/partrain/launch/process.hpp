@@ -431,6 +431,10 @@ struct supervise_options {
   std::chrono::milliseconds settle{2'000};
   std::chrono::milliseconds poll_interval{20};
   const std::atomic<bool>* stop = nullptr;  // set (e.g. by a SIGINT handler) to stop every child
+  // Called on supervise's thread once for each child that ends on its own (not stopped by us),
+  // with its index and status, before anything is stopped: a launcher tells the other ranks that
+  // one ended (partrun: a rank gone before it joined). Must not throw.
+  std::function<void(std::size_t, const exit_status&)> on_exit{};
 };
 
 struct supervise_outcome {
@@ -506,6 +510,7 @@ inline void stop_all(std::span<child_process> children, std::chrono::millisecond
       auto st = children[i].poll();
       if (!st) continue;
       ++done;
+      if (was_running && opts.on_exit) opts.on_exit(i, *st);
       if (was_running && !st->ok() && out.first_failed < 0) {
         out.first_failed = static_cast<int>(i);
         out.how = supervise_outcome::result::failed;

@@ -130,17 +130,20 @@ class lighthouse {
       }
       return;
     }
-    bool all_done = !cur.members.empty();
     bool broken = false;
     std::vector<int> pending;  // alive members that have not (yet) left a broken group
     std::string why;
     std::string failed;  // members whose collectives failed
     for (int m : cur.members) {
       const auto& b = beat_of(m);
-      all_done = all_done && b.phase == replica_phase::done;
       const bool failed_here = b.phase == replica_phase::failed && b.quorum == cur.id;
       if (b.phase == replica_phase::done) continue;
-      if (!alive(m, now)) {
+      if (alive(m, now) && b.phase == replica_phase::joining && b.quorum >= cur.id) {
+        // A process of this id that started after the quorum was published: the member the
+        // quorum counted is gone, replaced.
+        broken = true;
+        why += (why.empty() ? "" : ", ") + std::string("replica ") + std::to_string(m) + " restarted";
+      } else if (!alive(m, now)) {
         broken = true;
         why += (why.empty() ? "" : ", ") + std::string("replica ") + std::to_string(m) +
                (b.phase == replica_phase::dead ? " gave up" : " lost (no heartbeat)");
@@ -151,7 +154,17 @@ class lighthouse {
         pending.push_back(m);
       }
     }
-    if (all_done) {
+    // Finished: a replica is done and none trains or forms a group any more; a replica still
+    // waiting (a spare, a joiner, one whose last step failed after a peer committed it) learns
+    // that the job ended without it.
+    bool any_done = false;
+    bool training = false;
+    for (int r = 0; r < opts_.replicas; ++r) {
+      const auto& b = beat_of(r);
+      any_done = any_done || b.phase == replica_phase::done;
+      training = training || (alive(r, now) && (b.phase == replica_phase::member || b.phase == replica_phase::forming));
+    }
+    if (any_done && !training) {
       if (!finished_) store_->set(std::string(detail::ft::finished_key), std::string("1"));
       finished_ = true;
       return;
@@ -173,8 +186,8 @@ class lighthouse {
       for (int r = 0; r < opts_.replicas; ++r) {
         if (!alive(r, now)) continue;
         const auto& b = beat_of(r);
-        const bool ready_here = cur.slot_of(r) >= 0 ? b.phase == replica_phase::failed && b.quorum == cur.id
-                                                     : b.phase == replica_phase::joining;
+        const bool ready_here = b.phase == replica_phase::joining ||
+                                (cur.slot_of(r) >= 0 && b.phase == replica_phase::failed && b.quorum == cur.id);
         if (ready_here) ready.push_back(r);
       }
       if (!failed.empty()) why += (why.empty() ? "" : "; ") + std::string("the group failed under replica(s) ") + failed;

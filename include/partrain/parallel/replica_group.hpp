@@ -31,6 +31,7 @@
 #include <partrain/core/error.hpp>
 #include <partrain/core/log.hpp>
 #include <partrain/core/tensor_view.hpp>
+#include <partrain/core/weighted_shares.hpp>
 #include <partrain/parallel/detail/replica_protocol.hpp>
 #include <partrain/parallel/quorum.hpp>
 
@@ -59,6 +60,28 @@ struct replica_state_io {
 // Gloo: a gloo_group under a store prefix of the id's own; threads: local_group_registry::make.
 using replica_group_factory = std::function<std::unique_ptr<process_group>(std::int64_t quorum_id, int rank, int size)>;
 
+// The rows of a global batch that the member in `slot` of `members` trains: the batch is fixed
+// and shared out afresh at every membership (weighted_shares' rule, equal weights), so in dynamic
+// mode every row of every step is trained exactly once whoever is present. Normalize the loss by
+// the global batch (sum over rows / global_batch): the step's gradient is then the same sum
+// whatever the membership, only its rounding differs.
+struct replica_rows_range {
+  std::size_t first = 0;
+  std::size_t count = 0;
+};
+[[nodiscard]] inline replica_rows_range replica_rows(std::size_t global_batch, int slot, int members) {
+  if (members < 1 || slot < 0 || slot >= members) {
+    throw invalid_argument_error("replica_rows: slot " + std::to_string(slot) + " of " + std::to_string(members) +
+                                 " members, expected 0 <= slot < members");
+  }
+  const std::vector<double> equal(static_cast<std::size_t>(members), 1.0);
+  const auto shares = weighted_shares(global_batch, equal, "replica_rows");
+  replica_rows_range r;
+  for (int k = 0; k < slot; ++k) r.first += shares[static_cast<std::size_t>(k)];
+  r.count = shares[static_cast<std::size_t>(slot)];
+  return r;
+}
+
 // An event of the replica's life, logged (info) and kept for metrics and tests.
 struct replica_event {
   enum class kind { joined, healed, sent_state, failed, left_as_spare } what{};
@@ -85,6 +108,12 @@ class replica_group {
       throw invalid_argument_error("replica_group: quorum_round_every is " + std::to_string(opts_.quorum_round_every) +
                                    ", expected >= 1");
     }
+    // A quorum published before this process first beat cannot have counted it in: if it names this
+    // replica, it means an earlier process of the same id (this one replaces it). The first beat
+    // says which quorums this process has seen, so the lighthouse can tell the two apart.
+    const auto seen = detail::ft::latest_quorum(*store_);
+    want_ = seen + 1;
+    beat_.quorum = seen;
     beat_now();
     heart_ = std::jthread([this](std::stop_token st) { beat_loop(st); });
   }
@@ -107,7 +136,8 @@ class replica_group {
   // gradients for `step` from scratch (zeroing what an earlier try left) and reduces them over
   // `group`; apply() then steps the optimizer. A collective that fails (a member died, stalled or
   // left) drops the step here; the replica waits for the next quorum, heals if it is behind, and
-  // runs the step again. Returns false when the job finished while this replica waited as a spare.
+  // runs the step again. Returns false when the job finished without this replica: it waited as
+  // a spare, or its last step failed after a peer committed it (its state is then not the job's).
   bool step(const std::function<void(process_group&, int slot, std::int64_t step)>& compute,
             const std::function<void()>& apply) {
     for (;;) {
@@ -143,6 +173,8 @@ class replica_group {
 
   [[nodiscard]] std::int64_t current_step() const noexcept { return step_; }
   [[nodiscard]] int slot() const noexcept { return slot_; }  // -1 outside a quorum
+  // The newest quorum id this replica's heartbeat has seen published (-1: none yet).
+  [[nodiscard]] std::int64_t newest_quorum_seen() const noexcept { return latest_seen_.load(); }
   [[nodiscard]] const quorum& current_quorum() const noexcept { return quorum_; }
   [[nodiscard]] const std::vector<replica_event>& events() const noexcept { return events_; }
   [[nodiscard]] int failures() const noexcept { return count(replica_event::kind::failed); }
@@ -219,7 +251,7 @@ class replica_group {
         spare = true;
         quorum_ = next;
         slot_ = -1;
-        set_phase(phase::joining, -1);
+        set_phase(phase::joining, next.id);
       }
       if (store_->check({std::string(detail::ft::finished_key)})) return false;
       if (!spare && quorum_.id >= 0 && std::chrono::steady_clock::now() > deadline) {

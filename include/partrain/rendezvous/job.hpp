@@ -11,6 +11,7 @@
 #include <chrono>
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include <unistd.h>
@@ -43,19 +44,24 @@ namespace partrain::inline v0::detail::rdzv {
   return "pid " + std::to_string(::getpid()) + " on " + host;
 }
 
+// The join check's keys, relative to the job's store prefix. A launcher that sees a rank end before
+// it claimed its key sets the failed key, so the others stop waiting at once (partrun does).
+[[nodiscard]] inline std::string join_claim_key(int rank) { return "partrain/join/rank/" + std::to_string(rank); }
+inline constexpr std::string_view join_failed_key = "partrain/join/failed";
+
 // The check every rank passes once connected, before building its backend (see the top).
 inline void join_job(const rendezvous_info& info) {
   if (info.world_size == 1 || !info.store) return;
   auto& s = *info.store;
   const std::string me = "rank " + std::to_string(info.rank);
-  const std::string failed_key = "partrain/join/failed";
+  const std::string failed_key(join_failed_key);
   auto fail = [&](const std::string& msg) {
     s.set(failed_key, msg);
     throw config_error(msg);
   };
 
   // A rank number claimed twice: a duplicated RANK, or a rank of another job on this store.
-  const std::string claim = "partrain/join/rank/" + std::to_string(info.rank);
+  const std::string claim = join_claim_key(info.rank);
   if (s.add(claim, 1) != 1) {
     std::string other = "another process";
     try {

@@ -80,6 +80,9 @@ class liveness_watch {
     for (int k = 1; k < n && (n <= 32 || k == 1); ++k) watched_.push_back((info.rank + k) % n);
     beat();
     thread_ = std::thread([this] { run(); });
+    PARTRAIN_LOG(debug, "rank " + std::to_string(info.rank) + " liveness watch started: a heartbeat every " +
+                            std::to_string(o_.interval.count()) + " ms, " + std::to_string(watched_.size()) +
+                            " rank(s) watched, silence of " + std::to_string(o_.silence.count()) + " ms ends the job");
   }
 
   // For a collective timeout of this rank's operation #op: the ranks whose last heartbeat shows
@@ -100,7 +103,11 @@ class liveness_watch {
       if (v == "done" || theirs >= op) continue;
       if (++count <= 16) names += (names.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " (heartbeat " + v + ")");
     }
-    if (count == 0) return "every rank's heartbeat shows it reached operation #" + std::to_string(op);
+    if (count == 0) {
+      return "every rank's heartbeat shows it reached operation #" + std::to_string(op) +
+             ", so none is missing: if they all wait there, their calls differ (kind, size, element type or root; "
+             "PARTRAIN_DEBUG=DETAIL names both calls)";
+    }
     return std::to_string(count) + " rank(s) had not reached operation #" + std::to_string(op) +
            " by their heartbeats: " + names + (count > 16 ? "; ..." : "");
   }
@@ -118,6 +125,8 @@ class liveness_watch {
       store_->set(key(info_.rank), std::string("done"));  // finished, not silent
     } catch (const std::exception&) {
     }
+    PARTRAIN_LOG(debug, "rank " + std::to_string(info_.rank) + " liveness watch ended (" + std::to_string(beats_) +
+                            " heartbeats)");
   }
 
  private:

@@ -31,6 +31,7 @@
 #include <partrain/comm/store.hpp>
 #include <partrain/core/device.hpp>
 #include <partrain/core/error.hpp>
+#include <partrain/core/log.hpp>
 #include <partrain/rendezvous/file_store.hpp>
 #include <partrain/rendezvous/init_options.hpp>
 #include <partrain/rendezvous/launcher.hpp>
@@ -283,6 +284,10 @@ namespace detail::rdzv {
 // A connection to the job's store: rank 0's hosts the TCP server when `host` (unless a
 // launcher's agent does), the others connect with retries until the timeout; or the file store.
 // `port`, when given, receives the TCP port (the one the server bound when rank 0 asked for 0).
+// Where a launcher's agent store keeps attempt N's keys (torchrun's layout, partrun's too): the
+// prefix of a prefix_store, which joins it to each key with '/'.
+[[nodiscard]] inline std::string agent_attempt_prefix(int attempt) { return "/worker/attempt_" + std::to_string(attempt); }
+
 [[nodiscard]] inline std::shared_ptr<store> open_store(const rendezvous_info& info, bool host,
                                                       std::chrono::milliseconds timeout, const std::string& who,
                                                       std::uint16_t* port = nullptr) {
@@ -307,7 +312,7 @@ namespace detail::rdzv {
     s = std::move(tcp);
   }
   if (info.agent_store) {
-    s = std::make_shared<prefix_store>("/worker/attempt_" + std::to_string(info.restart_count), std::move(s));
+    s = std::make_shared<prefix_store>(agent_attempt_prefix(info.restart_count), std::move(s));
   }
   return s;
 }
@@ -326,6 +331,16 @@ inline void connect_store(rendezvous_info& info) {
                                                 const env_lookup& env = process_env) {
   auto info = parse_rendezvous(url, opts, env);
   connect_store(info);
+  // Log lines carry the rank from here on (the process's latest: threads that each join as a rank
+  // of their own share one prefix, so the lines below also name the rank in their text).
+  set_log_rank(info.rank);
+  PARTRAIN_LOG(debug, "rank " + std::to_string(info.rank) + " of " + std::to_string(info.world_size) + ": " +
+                          info.scheme + ":// rendezvous done, store " +
+                          (info.scheme == "file" ? "file " + info.path
+                                                 : info.master_addr + ":" + std::to_string(info.port) + " hosted by " +
+                                                       (info.agent_store || info.torch_agent_store
+                                                            ? std::string("the launcher's agent")
+                                                            : std::string("rank 0"))));
   return info;
 }
 

@@ -7,6 +7,7 @@
 #error "partrain/comm/detail/gloo_context.hpp needs Gloo (Debian libgloo-dev); link partrain::gloo"
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -15,13 +16,16 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <gloo/allreduce.h>
 #include <gloo/common/error.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 
 #include <partrain/comm/detail/gloo_store.hpp>
@@ -74,6 +78,79 @@ namespace partrain::inline v0::detail::gloo {
   return s.empty() ? "default address" : s;
 }
 
+// Gloo's errors name a broken connection by the address its far end had ("Connection closed by
+// peer [127.0.0.1]:41234"), never by rank. That address is one of two: the far end's own end of
+// the connection, or (where this rank accepted the connection before it asked for it) the address
+// the far end listened on, which Gloo's rendezvous left in the store under the far end's rank.
+// So every rank also leaves, once connected, its own end of each pair ("<peer>=<address>;...").
+[[nodiscard]] inline std::string endpoints_key(const std::string& prefix, int rank) {
+  return prefix + "endpoints/" + std::to_string(rank);
+}
+
+inline void publish_endpoints(store& s, const std::string& prefix, ::gloo::Context& ctx) {
+  std::string record;
+  for (int peer = 0; peer < ctx.size; ++peer) {
+    if (peer == ctx.rank) continue;
+    record += std::to_string(peer) + "=" + ctx.getPair(peer)->address().str() + ";";
+  }
+  try {
+    s.set(endpoints_key(prefix, ctx.rank), record);
+  } catch (const std::exception&) {
+    // Only a later error's peer name depends on it.
+  }
+}
+
+// Whether `what` names `address` whole (":4123" is not ":41234").
+[[nodiscard]] inline bool names_address(std::string_view what, std::string_view address) {
+  if (address.empty()) return false;
+  for (auto at = what.find(address); at != std::string_view::npos; at = what.find(address, at + 1)) {
+    const auto end = at + address.size();
+    if (end == what.size() || what[end] < '0' || what[end] > '9') return true;
+  }
+  return false;
+}
+
+// The rank whose address in Gloo's message `what` is the far end of its connection with `rank`;
+// -1 when none is (or the store does not answer: then its host may be the one lost).
+[[nodiscard]] inline int rank_named_in(store& s, const std::string& prefix, int rank, int size, std::string_view what) {
+  if (what.find("]:") == std::string_view::npos || size < 2) return -1;
+  const std::string mine = std::to_string(rank) + "=";
+  const auto wait = std::chrono::milliseconds(500);
+  // Only keys that exist are read, and the first store error ends the search (its host may be the
+  // rank lost): naming the peer must never delay the error by more than a round trip or two.
+  try {
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      // Where r listened for this rank: Gloo's rendezvous value, one address per peer of r's.
+      const std::string listened = prefix + std::to_string(r);
+      if (s.check({listened})) {
+        const auto all = s.get(listened, wait);
+        const std::size_t each = all.size() / static_cast<std::size_t>(size - 1);
+        const std::size_t slot = static_cast<std::size_t>(rank > r ? rank - 1 : rank);
+        if (each > 0 && (slot + 1) * each <= all.size()) {
+          const auto* first = reinterpret_cast<const char*>(all.data()) + slot * each;
+          const std::vector<char> bytes(first, first + each);
+          try {  // Gloo's Address checks the size, and throws
+            if (names_address(what, ::gloo::transport::tcp::Address(bytes).str())) return r;
+          } catch (const std::exception&) {  // EnforceNotMet: not an address
+          }
+        }
+      }
+      if (s.check({endpoints_key(prefix, r)})) {
+        const std::string record = s.get_string(endpoints_key(prefix, r), wait);
+        for (std::size_t at = 0; at < record.size();) {
+          const auto end = std::min(record.find(';', at), record.size());
+          const std::string_view entry(record.data() + at, end - at);
+          if (entry.starts_with(mine) && names_address(what, entry.substr(mine.size()))) return r;
+          at = end + 1;
+        }
+      }
+    }
+  } catch (const std::exception&) {
+  }
+  return -1;
+}
+
 // Creates the TCP device and a full-mesh context with the timeout on it. Every rank must call
 // this concurrently with the same prefix; it returns once all pairs are connected.
 [[nodiscard]] inline std::shared_ptr<::gloo::Context> connect(const std::shared_ptr<store>& s, const std::string& prefix,
@@ -100,6 +177,7 @@ namespace partrain::inline v0::detail::gloo {
   } catch (const std::exception& e) {
     throw communication_error(where + ": connecting to the peers failed: " + e.what());
   }
+  publish_endpoints(*s, prefix, *ctx);
   return ctx;
 }
 

@@ -16,7 +16,8 @@ namespace partrain::inline v0::detail::ft {
 
 // Where a replica is. The lighthouse reads it with the heartbeat that carries it.
 enum class replica_phase : int {
-  joining = 0,  // waiting for a quorum that gives it a slot (a spare, a newcomer, a replacement)
+  joining = 0,  // waiting for a quorum that gives it a slot (a spare, a newcomer, a replacement);
+                // `quorum` is the newest it had seen when it started waiting
   forming = 1,  // building quorum `quorum`'s group, healing
   member = 2,   // training in quorum `quorum`
   failed = 3,   // quorum `quorum`'s group failed under it; ready for the next quorum
