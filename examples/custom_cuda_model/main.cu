@@ -2,8 +2,7 @@
 // device memory (device_buffer, on a device you name), forward and backward are its own kernels,
 // and value()/grad() hand partrain tensor_view<float, cuda>: DDP averages the gradients (over NCCL,
 // or staged through host memory for local and Gloo) and sgd steps them on the device.
-//   custom_cuda_model                                             2 threads sharing the GPUs (local)
-//   partrun --standalone --nproc-per-node gpu custom_cuda_model   one process per GPU (NCCL)
+// How to run it: `usage` below, which --help prints.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -11,6 +10,7 @@
 #include <exception>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <partrain/cuda/device_buffer.hpp>
@@ -105,9 +105,28 @@ batch make_batch(int rank, int step) {
   return data;
 }
 
+constexpr char usage[] =
+    "usage: custom_cuda_model [--help]\n"
+    "Fits y = w.x + b with your own CUDA kernels under DDP; exits 77 (skipped) where no GPU answers.\n"
+    "  build/examples/custom_cuda_model/custom_cuda_model      2 ranks as threads sharing the GPUs\n"
+    "  partrun --standalone --nproc-per-node gpu build/examples/custom_cuda_model/custom_cuda_model\n"
+    "                                                          one process per GPU (NCCL, else Gloo)\n"
+    "Under a launcher (WORLD_SIZE set) it is one rank of the launcher's job on GPU LOCAL_RANK: it reads\n"
+    "RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.\n";
+
 }  // namespace
 
-int main() try {
+int main(int argc, char** argv) try {
+  for (int i = 1; i < argc; ++i) {  // no options but --help; anything else is refused by name
+    if (std::string_view(argv[i]) != "--help" && std::string_view(argv[i]) != "-h") {
+      std::fprintf(stderr, "custom_cuda_model: unknown argument '%s' (it takes no arguments but --help)\n", argv[i]);
+      return 2;
+    }
+  }
+  if (argc > 1) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
   int gpus = 0;
   if (const cudaError_t rc = cudaGetDeviceCount(&gpus); rc != cudaSuccess || gpus == 0) {
     std::printf("custom_cuda_model: skipped, no CUDA-capable device answers (%s)\n",

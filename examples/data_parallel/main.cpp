@@ -3,12 +3,13 @@
 // (replicate_to); data_parallel scatters each batch over the replicas, runs their steps at once,
 // averages the gradients weighted by each replica's rows and steps every replica's optimizer.
 // The result is one device's training on the whole batch, within float rounding.
-//   build/examples/data_parallel/data_parallel
+// How to run it: `usage` below, which --help prints.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <exception>
 #include <random>
+#include <string_view>
 #include <vector>
 
 #include <partrain/optim/sgd.hpp>
@@ -74,9 +75,26 @@ struct batch_data {
   rows view() const { return {tensor_view<const float>(x.data(), partrain::shape{y.size(), features}), y}; }
 };
 
+constexpr char usage[] =
+    "usage: data_parallel [--help]\n"
+    "Fits y = w.x + b in one process on 2 host devices (data parallel, as torch.nn.DataParallel) and\n"
+    "compares the result with one device's training; exits 1 if they differ by more than 1e-5.\n"
+    "  build/examples/data_parallel/data_parallel\n"
+    "One process, no launcher; it reads no environment variables.\n";
+
 }  // namespace
 
-int main() try {
+int main(int argc, char** argv) try {
+  for (int i = 1; i < argc; ++i) {  // no options but --help; anything else is refused by name
+    if (std::string_view(argv[i]) != "--help" && std::string_view(argv[i]) != "-h") {
+      std::fprintf(stderr, "data_parallel: unknown argument '%s' (it takes no arguments but --help)\n", argv[i]);
+      return 2;
+    }
+  }
+  if (argc > 1) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
   linear_regression model;      // replica 0: after training it holds the trained parameters
   linear_regression reference;  // the same model trained on one device, for comparison
   partrain::data_parallel dp(model, {partrain::device::cpu(0), partrain::device::cpu(1)},

@@ -1,13 +1,13 @@
 // examples/ddp: distributed data parallel of your own model, a linear regression y = w.x + b
 // whose parameters are plain std::vectors seen through tensor_views. Each rank fits its own part
 // of every batch; DDP averages the gradients, so the replicas take the same SGD steps and stay
-// bit-identical. The same program runs its ranks as threads or as processes a launcher starts:
-//   build/examples/ddp/ddp                        # 2 threads of this process (the local backend)
-//   build/tools/partrun/partrun --standalone --nproc-per-node 2 build/examples/ddp/ddp   # 2 processes, Gloo
+// bit-identical. The same program runs its ranks as threads or as processes a launcher starts
+// (`usage` below, which --help prints).
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <random>
+#include <string_view>
 #include <vector>
 
 #include <partrain/launch/run_ranks.hpp>
@@ -83,9 +83,27 @@ bool parameters_agree(linear_regression& model, partrain::process_group& pg) {
   return same[0] == 1;
 }
 
+constexpr char usage[] =
+    "usage: ddp [--help]\n"
+    "Fits y = w.x + b with distributed data parallel; the ranks' parameters stay bit-identical.\n"
+    "  build/examples/ddp/ddp                         2 ranks as threads of this process (local backend)\n"
+    "  partrun --standalone --nproc-per-node 2 build/examples/ddp/ddp    2 processes over Gloo\n"
+    "Under a launcher (partrun, torchrun, srun, mpirun) it is one rank of the launcher's job: it reads\n"
+    "RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, or srun's or mpirun's own variables.\n";
+
 }  // namespace
 
-int main() try {
+int main(int argc, char** argv) try {
+  for (int i = 1; i < argc; ++i) {  // no options but --help; anything else is refused by name
+    if (std::string_view(argv[i]) != "--help" && std::string_view(argv[i]) != "-h") {
+      std::fprintf(stderr, "ddp: unknown argument '%s' (it takes no arguments but --help)\n", argv[i]);
+      return 2;
+    }
+  }
+  if (argc > 1) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
   // Under a launcher (partrun, torchrun, srun, mpirun) the environment names this process's rank
   // and the job joins over Gloo; started by hand, the program runs 2 ranks as threads.
   const bool launched = partrain::detect_launch().launched();

@@ -3,10 +3,11 @@
 // gradients in fp16; the loss is scaled so that small gradients survive in 16 bits. When a scaled
 // gradient overflows fp16 (inf), amp_step skips that step and halves the scale; after
 // growth_interval good steps it doubles the scale again.
-//   build/examples/mixed_precision/mixed_precision
+// How to run it: `usage` below, which --help prints.
 #include <cstdio>
 #include <exception>
 #include <random>
+#include <string_view>
 #include <vector>
 
 #include <partrain/core/half.hpp>
@@ -77,9 +78,26 @@ batch make_batch(int step) {
   return data;
 }
 
+constexpr char usage[] =
+    "usage: mixed_precision [--help]\n"
+    "Fits y = w.x + b in fp16 with fp32 master weights and a gradient scaler (PyTorch's autocast +\n"
+    "GradScaler), printing the steps it skips when a gradient overflows fp16.\n"
+    "  build/examples/mixed_precision/mixed_precision\n"
+    "One process, no launcher; it reads no environment variables.\n";
+
 }  // namespace
 
-int main() try {
+int main(int argc, char** argv) try {
+  for (int i = 1; i < argc; ++i) {  // no options but --help; anything else is refused by name
+    if (std::string_view(argv[i]) != "--help" && std::string_view(argv[i]) != "-h") {
+      std::fprintf(stderr, "mixed_precision: unknown argument '%s' (it takes no arguments but --help)\n", argv[i]);
+      return 2;
+    }
+  }
+  if (argc > 1) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
   const partrain::mixed_precision_policy mp{.compute = partrain::precision::fp16, .scaler = {.growth_interval = 50}};
   linear_fp16 model;
   partrain::sgd opt(model, {.lr = 0.1});

@@ -2,9 +2,7 @@
 // is a std::vector of layers plus a loss; partrain::sequential makes it a model for DDP, ZeRO,
 // data parallel, local SGD and DiLoCo, and FSDP and the pipeline take it whole. fit() runs the
 // epochs of each on 2 threads (the `local` backend) over the same data, and each ends near the
-// same accuracy.
-//   build/examples/one_model/one_model             # every mode
-//   build/examples/one_model/one_model fsdp        # one of ddp zero2 fsdp pipeline dp local-sgd diloco
+// same accuracy. How to run it: `usage` below, which --help prints.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -38,11 +36,31 @@ in_memory_dataset rings(std::size_t n, unsigned seed) {
   return {std::move(x), std::move(y), 3};
 }
 
+constexpr char usage[] =
+    "usage: one_model [MODE...] [--help]\n"
+    "Trains one layer description under each MODE (default: every one) on 2 threads of this process\n"
+    "and prints its test accuracy. MODE: ddp zero2 fsdp pipeline dp local-sgd diloco.\n"
+    "  build/examples/one_model/one_model             every mode\n"
+    "  build/examples/one_model/one_model fsdp dp     two of them\n"
+    "It starts its own ranks: run it directly (under partrun, torchrun, srun or mpirun it refuses).\n";
+const std::vector<std::string> all_modes{"ddp", "zero2", "fsdp", "pipeline", "dp", "local-sgd", "diloco"};
+
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const std::vector<std::string> modes = argc > 1 ? std::vector<std::string>(argv + 1, argv + argc)
-      : std::vector<std::string>{"ddp", "zero2", "fsdp", "pipeline", "dp", "local-sgd", "diloco"};
+  std::vector<std::string> modes(argv + 1, argv + argc);
+  for (const std::string& a : modes) {  // checked before any mode trains
+    if (a == "--help" || a == "-h") {
+      std::fputs(usage, stdout);
+      return 0;
+    }
+    if (std::ranges::find(all_modes, a) == all_modes.end()) {
+      std::fprintf(stderr, "one_model: unknown argument '%s' (it takes modes: ddp zero2 fsdp pipeline dp "
+                           "local-sgd diloco; or --help)\n", a.c_str());
+      return 2;
+    }
+  }
+  if (modes.empty()) modes = all_modes;
   const in_memory_dataset train_set = rings(3072, 1), test_set = rings(600, 2);
   double lowest = 1;
   auto report = [&](const std::string& mode, const train_result& r) {

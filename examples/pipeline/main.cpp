@@ -2,12 +2,13 @@
 // on 2 threads (the `local` backend). Each batch is split into 4 micro-batches that flow through
 // the stages in the 1F1B order: stage 0 works on micro-batch 1 while stage 1 works on micro-batch 0.
 // Stage 0 reads the inputs, stage 1 the targets and computes the loss; each steps its own layers.
-//   build/examples/pipeline/pipeline
+// How to run it: `usage` below, which --help prints.
 #include <cmath>
 #include <cstdio>
 #include <exception>
 #include <iostream>
 #include <random>
+#include <string_view>
 #include <vector>
 
 #include <partrain/launch/run_ranks.hpp>
@@ -86,9 +87,26 @@ struct squared_error {
   }
 };
 
+constexpr char usage[] =
+    "usage: pipeline [--help]\n"
+    "Trains a 4-layer network cut into 2 pipeline stages on 2 threads of this process (the local\n"
+    "backend), 1F1B over 4 micro-batches, and prints stage 0's schedule and the loss.\n"
+    "  build/examples/pipeline/pipeline\n"
+    "It starts its own ranks: run it directly (under partrun, torchrun, srun or mpirun it refuses).\n";
+
 }  // namespace
 
-int main() try {
+int main(int argc, char** argv) try {
+  for (int i = 1; i < argc; ++i) {  // no options but --help; anything else is refused by name
+    if (std::string_view(argv[i]) != "--help" && std::string_view(argv[i]) != "-h") {
+      std::fprintf(stderr, "pipeline: unknown argument '%s' (it takes no arguments but --help)\n", argv[i]);
+      return 2;
+    }
+  }
+  if (argc > 1) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
   // 2 -> 16 -> 16 -> 16 -> 1, four layers: two per stage. Every stage sees the whole sequence and
   // touches only its own layers, so both threads share this one object.
   std::vector<dense> model{{2, 16, true, 1}, {16, 16, true, 2}, {16, 16, true, 3}, {16, 1, false, 4}};

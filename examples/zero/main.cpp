@@ -3,10 +3,11 @@
 // and steps only that half. The model keeps all its values in one buffer and all its gradients
 // in another, so on threads the whole step is one pass over shared memory: each rank averages
 // its half of both ranks' gradients, steps it and writes it into both ranks' parameters.
-//   build/examples/zero/zero
+// How to run it: `usage` below, which --help prints.
 #include <cstdio>
 #include <exception>
 #include <random>
+#include <string_view>
 #include <vector>
 
 #include <partrain/launch/run_ranks.hpp>
@@ -68,9 +69,26 @@ batch make_batch(int rank, int step, std::size_t rows) {
   return data;
 }
 
+constexpr char usage[] =
+    "usage: zero [--help]\n"
+    "Fits y = w.x + b with sharded data parallel (ZeRO-2) on 2 threads of this process (the local\n"
+    "backend), each rank keeping and stepping half of the optimizer state.\n"
+    "  build/examples/zero/zero\n"
+    "It starts its own ranks: run it directly (under partrun, torchrun, srun or mpirun it refuses).\n";
+
 }  // namespace
 
-int main() try {
+int main(int argc, char** argv) try {
+  for (int i = 1; i < argc; ++i) {  // no options but --help; anything else is refused by name
+    if (std::string_view(argv[i]) != "--help" && std::string_view(argv[i]) != "-h") {
+      std::fprintf(stderr, "zero: unknown argument '%s' (it takes no arguments but --help)\n", argv[i]);
+      return 2;
+    }
+  }
+  if (argc > 1) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
   partrain::run_ranks({.nproc = 2, .backend = "local"}, [](partrain::process_group& pg) {
     linear_regression model;
     // Rank 0's weights everywhere; averaged gradients; each rank steps its shard with SGD.

@@ -4984,8 +4984,19 @@ class runtime {
 // one fails, so a timeout ends the job: the error (rank, operation, timeout) is printed and
 // MPI_Abort tears every rank down, as mpirun does when a rank dies. abort_on_timeout = false
 // throws a timeout_error instead and leaves the group unusable (for tests and callers that exit).
+// MPI cannot say which peer a collective waits for either, so the group asks the others, on a
+// communicator of its own answered by each rank's status thread (it runs beside the rank's own
+// code and never runs a caller's callback, so a rank busy in its own code still answers):
+// - while an operation has waited longer than the silence window (mpi_options::silence, 5 s), it
+//   asks the peers it waits for, about once a second, whether they are alive; one that leaves
+//   a query unanswered for two rounds (its whole process is stopped, hung or dead) fails the
+//   operation at once, as its timeout would (abort_on_timeout), naming that rank;
+// - before it reports a timeout, how many operations each issued and finished: the error names
+//   the ranks that never reached the operation and those that did not answer at all.
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <condition_variable>
@@ -4994,8 +5005,10 @@ class runtime {
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -5018,6 +5031,10 @@ struct mpi_options {
   // A timed-out operation aborts the MPI job (the only way no rank hangs); false throws
   // timeout_error and leaves this group unusable.
   bool abort_on_timeout = true;
+  // While an operation has waited this long, the group asks its peers whether they are alive; a
+  // silent one fails it about two seconds later, as a timeout does. 0 turns the watch off.
+  // init_process_group takes it from PARTRAIN_SILENCE_MS, as Gloo's heartbeats do.
+  std::chrono::milliseconds silence{5000};
 };
 
 namespace detail::mpi {
@@ -5090,9 +5107,22 @@ class mpi_group final : public process_group {
     }
     cv_.notify_all();
     if (progress_.joinable()) progress_.join();  // pending operations end by completion or timeout
+    status_.request_stop();
+    if (status_.joinable()) status_.join();
     std::lock_guard lock(detail::mpi::runtime::instance().mutex());
     int finalized = 0;
     MPI_Finalized(&finalized);
+    if (!finalized && status_comm_ != MPI_COMM_NULL) {
+      auto cancel = [](MPI_Request& r) {
+        if (r == MPI_REQUEST_NULL) return;
+        MPI_Cancel(&r);
+        MPI_Request_free(&r);
+      };
+      cancel(query_req_);
+      for (auto& w : watched_) cancel(w.second.reply);
+      for (auto& r : replies_) MPI_Request_free(&r.second);
+      if (!abandoned_) MPI_Comm_free(&status_comm_);
+    }
     // A request MPI never finished (abort_on_timeout = false) still uses the communicator.
     if (!finalized && !abandoned_) MPI_Comm_free(&comm_.comm);
   }
@@ -5177,6 +5207,8 @@ class mpi_group final : public process_group {
     MPI_Request request = MPI_REQUEST_NULL;
     std::chrono::steady_clock::time_point deadline{};
     std::exception_ptr error{};
+    std::uint64_t number = 0;  // this rank's operation number (issued_operations() when posted)
+    std::chrono::steady_clock::time_point started{};
   };
 
   mpi_group(detail::mpi::comm_handle c, process_group_options opts, mpi_options mopts)
@@ -5189,8 +5221,175 @@ class mpi_group final : public process_group {
     if (mopts.spin.count() < 0 || mopts.max_sleep.count() < 0) {
       throw config_error("mpi_options: spin and max_sleep must be >= 0 microseconds");
     }
+    if (mopts.silence.count() < 0) {
+      throw config_error("mpi_options: silence must be >= 0 ms (0 turns the watch off), got " +
+                         std::to_string(mopts.silence.count()));
+    }
     mopts_ = mopts;
+    {
+      std::lock_guard lock(rt_->mutex());
+      if (int rc = MPI_Comm_dup(comm_.comm, &status_comm_); rc != MPI_SUCCESS) {
+        throw communication_error("mpi_group: MPI_Comm_dup (the status communicator) failed: " +
+                                  detail::mpi::error_string(rc));
+      }
+      MPI_Comm_set_errhandler(status_comm_, MPI_ERRORS_RETURN);
+      post_query_recv();
+    }
     progress_ = std::thread([this] { progress_loop(); });
+    status_ = std::jthread([this](std::stop_token stop) {  // answers every 50 ms; woken at once to stop
+      std::mutex m;
+      std::condition_variable_any cv;
+      std::unique_lock lock(m);
+      while (!cv.wait_for(lock, stop, std::chrono::milliseconds(50), [&] { return stop.stop_requested(); })) {
+        std::lock_guard mpi_lock(rt_->mutex());
+        serve_queries();
+      }
+    });
+  }
+
+  // The status protocol: a query (tag 1, one int64: the tag to answer with) asks a rank for
+  // {operations issued, operations finished}, answered with tag 2 (a timeout's report) or 3 (the
+  // silence watch). Called under the MPI lock by the status thread, and by the progress thread
+  // while it reports a timeout.
+  static constexpr int kQueryTag = 1, kReplyTag = 2, kWatchReplyTag = 3;
+  void post_query_recv() {
+    if (MPI_Irecv(&query_in_, 1, MPI_INT64_T, MPI_ANY_SOURCE, kQueryTag, status_comm_, &query_req_) != MPI_SUCCESS) {
+      query_req_ = MPI_REQUEST_NULL;  // no answers from this rank: its peers' reports say so
+    }
+  }
+  void serve_queries() {
+    for (int flag = 0;;) {
+      MPI_Status st;
+      if (query_req_ == MPI_REQUEST_NULL || MPI_Test(&query_req_, &flag, &st) != MPI_SUCCESS || !flag) break;
+      auto& r = replies_.emplace_back();
+      r.first = {static_cast<std::int64_t>(issued_operations()), static_cast<std::int64_t>(finished_.load())};
+      const int tag = query_in_ == kWatchReplyTag ? kWatchReplyTag : kReplyTag;
+      if (MPI_Isend(r.first.data(), 2, MPI_INT64_T, st.MPI_SOURCE, tag, status_comm_, &r.second) != MPI_SUCCESS) {
+        replies_.pop_back();
+      }
+      post_query_recv();
+    }
+    while (!replies_.empty()) {
+      int flag = 0;
+      if (MPI_Test(&replies_.front().second, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag) {
+        replies_.pop_front();
+      } else {
+        break;
+      }
+    }
+  }
+  // Asks every other rank where it is, waiting up to a second (answering their questions
+  // meanwhile: they time out too): what a timeout of operation #number can say about its peers.
+  std::string ask_peers(std::uint64_t number) {
+    const int n = size();
+    std::vector<std::array<std::int64_t, 2>> answers(static_cast<std::size_t>(n));
+    std::vector<MPI_Request> recvs(static_cast<std::size_t>(n), MPI_REQUEST_NULL), sends;
+    for (int r = 0; r < n; ++r) {
+      if (r == rank()) continue;
+      const auto i = static_cast<std::size_t>(r);
+      MPI_Request q = MPI_REQUEST_NULL;
+      if (MPI_Irecv(answers[i].data(), 2, MPI_INT64_T, r, kReplyTag, status_comm_, &recvs[i]) != MPI_SUCCESS ||
+          MPI_Isend(&query_out_, 1, MPI_INT64_T, r, kQueryTag, status_comm_, &q) != MPI_SUCCESS) {
+        continue;
+      }
+      sends.push_back(q);
+    }
+    const auto wait = std::min<std::chrono::milliseconds>(std::chrono::seconds(1), timeout());
+    const auto until = std::chrono::steady_clock::now() + wait;
+    std::vector<bool> answered(static_cast<std::size_t>(n), false);
+    for (int left = n - 1; left > 0 && std::chrono::steady_clock::now() < until;) {
+      serve_queries();
+      for (int r = 0; r < n; ++r) {
+        const auto i = static_cast<std::size_t>(r);
+        int flag = 0;
+        if (r == rank() || answered[i] || recvs[i] == MPI_REQUEST_NULL) continue;
+        if (MPI_Test(&recvs[i], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) {
+          answered[i] = true;
+          --left;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::string behind, silent;
+    int n_behind = 0, n_silent = 0;
+    for (int r = 0; r < n; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      if (r == rank()) continue;
+      if (!answered[i]) {
+        if (recvs[i] != MPI_REQUEST_NULL) {
+          MPI_Cancel(&recvs[i]);
+          MPI_Request_free(&recvs[i]);
+        }
+        if (++n_silent <= 16) silent += (silent.empty() ? "" : ", ") + std::to_string(r);
+      } else if (answers[i][0] < static_cast<std::int64_t>(number)) {
+        if (++n_behind <= 16) {
+          behind += (behind.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " (issued " +
+                                                    std::to_string(answers[i][0]) + ", finished " +
+                                                    std::to_string(answers[i][1]) + ")");
+        }
+      }
+    }
+    for (auto& q : sends) MPI_Request_free(&q);
+    std::string out;
+    if (n_silent > 0) {
+      out += "rank(s) " + silent + (n_silent > 16 ? ", ..." : "") + " did not answer within " +
+             std::to_string(wait.count()) + " ms (stopped, hung or dead)";
+    }
+    if (n_behind > 0) {
+      out += (out.empty() ? "" : "; ") + std::to_string(n_behind) + " rank(s) never issued operation #" +
+             std::to_string(number) + ": " + behind + (n_behind > 16 ? "; ..." : "");
+    }
+    if (out.empty()) {
+      out = "every rank answered and had issued operation #" + std::to_string(number) +
+            ", so none is missing: their calls differ (kind, size, element type or root; PARTRAIN_DEBUG=DETAIL names both)";
+    }
+    return "this rank's operation #" + std::to_string(number) + "; " + out;
+  }
+
+  // The silence watch, on the progress thread under the MPI lock: while an operation has waited
+  // longer than the silence window, a round about once a second asks the peers it waits for (a
+  // collective: every other rank up to 32, else the ring neighbour; a send or recv: its peer
+  // alone, so a rank that finished early is not asked), one query outstanding per peer. Returns a
+  // peer whose query went unanswered for two rounds, or -1.
+  int watch_peers(const std::vector<op>& active, std::chrono::steady_clock::time_point now) {
+    for (auto& [peer, w] : watched_) {
+      int flag = 0;
+      if (w.reply != MPI_REQUEST_NULL && MPI_Test(&w.reply, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) {
+        w.missed = 0;
+      }
+    }
+    if (now < next_round_) return -1;
+    std::vector<int> peers;
+    bool collective = false;
+    for (const op& o : active) {
+      if (now - o.started <= mopts_.silence) continue;
+      if (o.peer >= 0) {
+        peers.push_back(o.peer);
+      } else {
+        collective = true;
+      }
+    }
+    const int n = size();
+    for (int k = 1; collective && k < n && (n <= 32 || k == 1); ++k) peers.push_back((rank() + k) % n);
+    if (peers.empty()) return -1;
+    next_round_ = now + std::chrono::seconds(1);
+    std::ranges::sort(peers);
+    const auto [first, last] = std::ranges::unique(peers);
+    peers.erase(first, last);
+    for (const int r : peers) {
+      peer_watch& w = watched_[r];
+      if (w.reply != MPI_REQUEST_NULL) {
+        if (++w.missed >= 2) return r;
+        continue;
+      }
+      MPI_Request q = MPI_REQUEST_NULL;
+      w.asked = now;
+      if (MPI_Irecv(w.answer.data(), 2, MPI_INT64_T, r, kWatchReplyTag, status_comm_, &w.reply) == MPI_SUCCESS &&
+          MPI_Isend(&watch_query_, 1, MPI_INT64_T, r, kQueryTag, status_comm_, &q) == MPI_SUCCESS) {
+        MPI_Request_free(&q);
+      }
+    }
+    return -1;
   }
 
   [[nodiscard]] static MPI_Datatype type(raw_tensor t) noexcept { return detail::mpi::runtime::type_of(t.type); }
@@ -5238,6 +5437,7 @@ class mpi_group final : public process_group {
             error_site{.rank = rank(), .operation = std::string(to_string(c)), .peer = peer})));
       }
       queue_.push_back(op{c, std::move(peers), peer, std::move(start), std::move(finish), state});
+      queue_.back().number = issued_operations();
     }
     cv_.notify_one();
     return work(state);
@@ -5268,6 +5468,7 @@ class mpi_group final : public process_group {
       {
         std::lock_guard mpi_lock(rt_->mutex());
         for (auto& o : fresh) {
+          o.started = now;
           o.deadline = now + timeout();
           if (int rc = o.start(&o.request); rc != MPI_SUCCESS) {
             fail(o, "MPI failed to start it: " + detail::mpi::error_string(rc), false);
@@ -5300,11 +5501,15 @@ class mpi_group final : public process_group {
           done.push_back(std::move(*it));
           it = active.erase(it);
         }
+        if (mopts_.silence.count() > 0 && size() > 1) {
+          if (const int silent = watch_peers(active, now); silent >= 0) fail_waiting(active, done, silent, now);
+        }
       }
       if (!fresh.empty() || !done.empty()) {
         last_progress = now;
         sleep = std::chrono::microseconds{10};
       }
+      finished_ += done.size();
       for (auto& o : done) {
         std::exception_ptr err = o.error;
         if (!err && o.finish) {
@@ -5320,14 +5525,40 @@ class mpi_group final : public process_group {
     }
   }
 
-  // Called by the progress thread, under the MPI lock: records why `o` failed. The request, if any,
+  // The silence watch found `silent`: fails the operations that waited for it longer than the
+  // window (the others keep their own deadlines).
+  void fail_waiting(std::vector<op>& active, std::vector<op>& done, int silent,
+                    std::chrono::steady_clock::time_point now) {
+    const auto ms = [](auto d) {
+      return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) + " ms";
+    };
+    const std::string who = "rank " + std::to_string(silent);
+    for (auto it = active.begin(); it != active.end();) {
+      if (now - it->started <= mopts_.silence || (it->peer >= 0 && it->peer != silent)) {
+        ++it;
+        continue;
+      }
+      fail(*it, who + " is silent: this operation waited " + ms(now - it->started) + ", and " + who +
+                    " left a status query unanswered for " + ms(now - watched_[silent].asked) +
+                    " (its process is stopped, hung or dead, or it destroyed this group; a rank busy in its own code "
+                    "still answers; peers are asked after " + ms(mopts_.silence) + ", PARTRAIN_SILENCE_MS)",
+           true, silent);
+      done.push_back(std::move(*it));
+      it = active.erase(it);
+    }
+  }
+
+  // Called by the progress thread, under the MPI lock: records why `o` failed (timed out: its
+  // deadline passed, or, when silent_peer >= 0, that peer went silent). The request, if any,
   // stays with MPI (nothing can cancel a collective), so the communicator is never freed.
-  void fail(op& o, const std::string& why, bool timed_out) {
-    const std::string msg = describe(o.what, o.peers) + ": " + why;
-    error_site site{.rank = rank(), .operation = std::string(to_string(o.what)), .peer = o.peer};
+  void fail(op& o, const std::string& why, bool timed_out, int silent_peer = -1) {
+    std::string msg = describe(o.what, o.peers) + ": " + why;
+    if (timed_out && silent_peer < 0 && size() > 1) msg += "; " + ask_peers(o.number);
+    error_site site{.rank = rank(), .operation = std::string(to_string(o.what)),
+                    .peer = silent_peer >= 0 ? silent_peer : o.peer};
     if (timed_out) {
       if (mopts_.abort_on_timeout) detail::mpi::runtime::abort_job(msg);
-      site.timeout = timeout();
+      site.timeout = silent_peer >= 0 ? mopts_.silence : timeout();
       o.error = std::make_exception_ptr(timeout_error(msg, std::move(site)));
     } else {
       o.error = std::make_exception_ptr(communication_error(msg, std::move(site)));
@@ -5339,6 +5570,25 @@ class mpi_group final : public process_group {
 
   mpi_options mopts_{};
   detail::mpi::comm_handle comm_;
+  // The status protocol's own communicator (queries never meet the group's operations), the
+  // posted query receive and its buffer, answers in flight, and what the progress thread finished.
+  MPI_Comm status_comm_ = MPI_COMM_NULL;
+  MPI_Request query_req_ = MPI_REQUEST_NULL;
+  std::int64_t query_in_ = 0;
+  std::int64_t query_out_ = kReplyTag;
+  std::int64_t watch_query_ = kWatchReplyTag;
+  std::deque<std::pair<std::array<std::int64_t, 2>, MPI_Request>> replies_;
+  std::atomic<std::uint64_t> finished_{0};
+  // The silence watch's peers (the progress thread's alone): the outstanding query, when it was
+  // sent, how many rounds it has gone unanswered. A map: the answers MPI writes never move.
+  struct peer_watch {
+    MPI_Request reply = MPI_REQUEST_NULL;
+    std::array<std::int64_t, 2> answer{};
+    std::chrono::steady_clock::time_point asked{};
+    int missed = 0;
+  };
+  std::map<int, peer_watch> watched_;
+  std::chrono::steady_clock::time_point next_round_{};
   detail::mpi::runtime* rt_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
@@ -5347,6 +5597,7 @@ class mpi_group final : public process_group {
   bool abandoned_ = false;
   std::string failure_;
   std::thread progress_;
+  std::jthread status_;  // answers the other ranks' status queries
 };
 
 static_assert(communicator<mpi_group>);
@@ -11782,7 +12033,8 @@ namespace detail::mpi {
   process_group_options po;
   po.timeout = timeout;
   po.check_collectives = opts.check_collectives;
-  auto g = std::make_unique<mpi_group>(po);
+  // PARTRAIN_SILENCE_MS, as the store backends' heartbeats read it: a stopped rank is named in seconds.
+  auto g = std::make_unique<mpi_group>(po, mpi_options{.silence = liveness_options_from_env().silence});
   auto check = [&](const char* what, int given, int mpi) {
     if (given >= 0 && given != mpi) {
       throw config_error("backend 'mpi': " + std::string(what) + " " + std::to_string(given) + " disagrees with MPI's " +

@@ -1,6 +1,8 @@
 # The small examples (examples/<name>/, one idea each) as tests: each program runs at its own small
 # size and must exit 0 and print the lines that prove it worked (a final loss below a threshold,
 # ranks that agree bit for bit, ...). None of them needs OpenBLAS. Included by CMakeLists.txt here.
+# Each also answers --help with its usage (exit 0) and refuses an argument it does not take by
+# name, saying what it takes (exit 2), before it trains anything.
 if(NOT PARTRAIN_BUILD_EXAMPLES)
   return()  # ends this file only
 endif()
@@ -21,6 +23,16 @@ function(small_example_test name)
   if(COMMAND partrain_register_test_target)  # CI builds a label's executables
     partrain_register_test_target(${name} ${ARG_LABELS})
   endif()
+  add_test(NAME example_${name}_help
+           COMMAND ${CMAKE_COMMAND} -DPROGRAM=${ARG_PROGRAM} -DARGS=--help -DEXPECT_RC=0
+                   "-DEXPECT_REGEX=^usage: ${name} " "-DEXPECT_REGEX2=build/examples/${name}/${name}"
+                   -P ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/run_example.cmake)
+  add_test(NAME example_${name}_unknown_argument
+           COMMAND ${CMAKE_COMMAND} -DPROGRAM=${ARG_PROGRAM} -DARGS=--no-such-option -DEXPECT_RC=2
+                   "-DEXPECT_REGEX=^${name}: unknown argument '--no-such-option' \\(it takes [^)]+\\)"
+                   -P ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/run_example.cmake)
+  set_tests_properties(example_${name}_help example_${name}_unknown_argument PROPERTIES
+                       LABELS "examples;${ARG_LABELS}" TIMEOUT 30)
 endfunction()
 
 small_example_test(ddp LABELS threads
@@ -34,6 +46,12 @@ small_example_test(pipeline LABELS threads
   REGEX "stage 0: F0 F1 B0 F2 B1 F3 B2 B3" "final loss 0\\.0[0-4][0-9]* \\(from [1-9]")
 small_example_test(one_model LABELS threads
   REGEX "fsdp +test_accuracy [01]\\.[0-9]+" "lowest test_accuracy (0\\.9[5-9][0-9]|1\\.000) over 7 mode")
+# Its modes are checked before the first one trains.
+add_test(NAME example_one_model_unknown_mode
+         COMMAND ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:one_model> "-DARGS=ddp;fsdpp" -DEXPECT_RC=2
+                 "-DEXPECT_REGEX=^one_model: unknown argument 'fsdpp' \\(it takes modes: ddp zero2 fsdp pipeline dp local-sgd diloco; or --help\\)"
+                 -P ${CMAKE_CURRENT_LIST_DIR}/run_example.cmake)
+set_tests_properties(example_one_model_unknown_mode PROPERTIES LABELS "examples;threads" TIMEOUT 30)
 small_example_test(mixed_precision LABELS threads precision
   REGEX "step +0 +skipped: a gradient overflowed fp16 at scale 65536, scale now 32768"
         "final loss 0\\.000[0-9]+, loss scale [0-9]+, [1-9][0-9]* step\\(s\\) skipped")

@@ -78,7 +78,8 @@ namespace detail::mpi {
   process_group_options po;
   po.timeout = timeout;
   po.check_collectives = opts.check_collectives;
-  auto g = std::make_unique<mpi_group>(po);
+  // PARTRAIN_SILENCE_MS, as the store backends' heartbeats read it: a stopped rank is named in seconds.
+  auto g = std::make_unique<mpi_group>(po, mpi_options{.silence = liveness_options_from_env().silence});
   auto check = [&](const char* what, int given, int mpi) {
     if (given >= 0 && given != mpi) {
       throw config_error("backend 'mpi': " + std::string(what) + " " + std::to_string(given) + " disagrees with MPI's " +
