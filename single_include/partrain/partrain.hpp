@@ -19954,6 +19954,8 @@ struct beat {
 [[nodiscard]] inline std::string quorum_key(std::int64_t id) { return "ft/quorum/" + std::to_string(id); }
 inline constexpr std::string_view latest_key = "ft/latest";      // the newest quorum's id, as text
 inline constexpr std::string_view finished_key = "ft/finished";  // set once every member is done
+inline constexpr std::string_view abandoned_key = "ft/abandoned";  // why no quorum can be formed any more
+inline constexpr std::string_view lighthouse_key = "ft/lighthouse";  // a counter the lighthouse moves each tick
 
 // A key's value as text when it exists, nullopt when not; never blocks on a missing key.
 [[nodiscard]] inline std::optional<std::string> peek(store& s, const std::string& key) {
@@ -20137,6 +20139,9 @@ struct lighthouse_options {
   std::chrono::milliseconds join_timeout{10000};
   // How often it reads the heartbeats: 2 store round trips per replica a tick.
   std::chrono::milliseconds tick{25};
+  // A failed quorum that no new one can replace for this long (too few replicas left for the
+  // policy) ends the job: the reason goes to the store, and every waiting replica fails with it.
+  std::chrono::milliseconds recovery_timeout{60000};
 };
 
 class lighthouse {
@@ -20209,6 +20214,7 @@ class lighthouse {
   void tick(std::chrono::steady_clock::time_point start) {
     using detail::ft::replica_phase;
     const auto now = std::chrono::steady_clock::now();
+    store_->set(std::string(detail::ft::lighthouse_key), std::to_string(++ticks_));  // replicas watch it
     for (int r = 0; r < opts_.replicas; ++r) {
       const auto text = detail::ft::peek(*store_, detail::ft::beat_key(r));
       if (!text) continue;
@@ -20293,7 +20299,21 @@ class lighthouse {
         if (ready_here) ready.push_back(r);
       }
       if (!failed.empty()) why += (why.empty() ? "" : "; ") + std::string("the group failed under replica(s) ") + failed;
-      publish(compute_quorum(cur, ready, heartbeating, opts_.policy), why);
+      const auto next = compute_quorum(cur, ready, heartbeating, opts_.policy);
+      if (!next && now - *broken_since_ >= opts_.recovery_timeout && !abandoned_) {
+        abandoned_ = true;
+        const std::string reason =
+            "no quorum could replace quorum " + std::to_string(cur.id) + " for " +
+            std::to_string(opts_.recovery_timeout.count()) + " ms (" + why + "): " + std::to_string(ready.size()) +
+            " replica(s) ready of " + std::to_string(heartbeating) + " alive, " +
+            (opts_.policy.mode == world_size_mode::fixed_with_spares
+                 ? std::to_string(opts_.policy.slots) + " slots to fill"
+                 : "at least " + std::to_string(opts_.policy.min_replicas) + " needed") +
+            ", and more than half of the live replicas";
+        store_->set(std::string(detail::ft::abandoned_key), reason);
+        log_error("lighthouse: " + reason);
+      }
+      publish(next, why);
       return;
     }
     if (opts_.policy.mode != world_size_mode::dynamic) return;
@@ -20327,6 +20347,8 @@ class lighthouse {
   lighthouse_options opts_;
   std::vector<seen> seen_;
   bool finished_ = false;
+  bool abandoned_ = false;
+  std::int64_t ticks_ = 0;
   std::optional<std::chrono::steady_clock::time_point> broken_since_{};
   mutable std::mutex mutex_;
   quorum current_{};
@@ -22533,11 +22555,29 @@ class replica_group {
   }
 
   // Waits for a quorum at or after want_ that gives this replica a slot, forms its group and heals.
-  // False when the job finished first (a spare).
+  // False when the job finished first (a spare). Bounded: a member waits quorum_timeout; a spare as
+  // long as the lighthouse ticks (quorum_timeout of silence ends it), and any replica stops when the
+  // lighthouse gives the job up.
   bool join() {
     const auto deadline = std::chrono::steady_clock::now() + opts_.quorum_timeout;
     bool spare = false;
+    std::string lighthouse_ticks;
+    auto lighthouse_moved = std::chrono::steady_clock::now();
     for (;;) {
+      if (const auto why = detail::ft::peek(*store_, std::string(detail::ft::abandoned_key))) {
+        throw communication_error("replica " + std::to_string(opts_.replica) + ": the lighthouse gave the job up: " + *why,
+                                  {.rank = opts_.replica, .operation = "quorum"});
+      }
+      if (auto ticks = detail::ft::peek(*store_, std::string(detail::ft::lighthouse_key)).value_or("");
+          ticks != lighthouse_ticks) {
+        lighthouse_ticks = std::move(ticks);
+        lighthouse_moved = std::chrono::steady_clock::now();
+      } else if (std::chrono::steady_clock::now() - lighthouse_moved > opts_.quorum_timeout) {
+        throw timeout_error("replica " + std::to_string(opts_.replica) + ": the lighthouse has been silent for " +
+                                std::to_string(opts_.quorum_timeout.count()) +
+                                " ms while this replica waited for a quorum; is it running on the job's store?",
+                            {.rank = opts_.replica, .operation = "quorum", .timeout = opts_.quorum_timeout});
+      }
       const auto latest = detail::ft::latest_quorum(*store_);
       if (latest >= want_) {
         const auto next = quorum::decode(detail::ft::peek(*store_, detail::ft::quorum_key(latest)).value_or(""));

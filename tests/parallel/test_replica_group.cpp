@@ -209,6 +209,45 @@ TEST_CASE("replica_group on threads: with no spare left the survivors wait, then
   CHECK_THAT(error, Catch::Contains("replica 0 waited 1000 ms for a quorum after quorum 0 failed"));
 }
 
+TEST_CASE("replica_group on threads: a lighthouse that cannot form a quorum gives the job up, and every replica says why",
+          "[parallel][ft][threads]") {
+  auto s = std::make_shared<testing::memory_store>();
+  lighthouse lh(s, {.replicas = 3, .policy = {.slots = 2}, .heartbeat_timeout = 300ms, .join_timeout = 5s, .tick = 5ms,
+                    .recovery_timeout = 300ms});
+  local_group_registry registry({.timeout = 3000ms});
+  std::vector<std::string> errors(3);
+  const auto start = std::chrono::steady_clock::now();
+  {
+    std::vector<std::jthread> threads;
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        toy_model m;
+        try {
+          // Long waits of their own: only the lighthouse's verdict can end them in time.
+          replica_group rg(s, [&](std::int64_t id, int rank, int size) { return registry.make(id, rank, size); }, m.io(),
+                           {.replica = r, .heartbeat_interval = 20ms, .quorum_timeout = 20s});
+          while (rg.current_step() < 10) {
+            if (!rg.step(
+                    [&](process_group& g, int slot, std::int64_t step) {
+                      if ((r == 0 && step == 3) || (r == 2 && step == 6)) throw killed{};  // the spare goes too
+                      m.compute(g, slot, step);
+                    },
+                    [&] { m.apply(2); }))
+              break;
+          }
+        } catch (const killed&) {
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(r)] = e.what();
+        }
+      });
+    }
+  }
+  INFO(errors[1]);
+  CHECK_THAT(errors[1], Catch::Contains("the lighthouse gave the job up: no quorum could replace quorum") &&
+                            Catch::Contains("2 slots to fill"));
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+}
+
 TEST_CASE("replica_group on threads: two replicas lost at once, and a source lost while healing", "[parallel][ft][threads]") {
   const int steps = 12;
   const auto want = fault_free(3, steps);

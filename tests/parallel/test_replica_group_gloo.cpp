@@ -63,11 +63,11 @@ std::vector<replica_result> run_job(const faults& f) {
   auto outcomes = testing::fork_ranks(replicas + 1, [&](int r) {
     if (r == replicas) {  // the host: lighthouse, and the alarm clock of a stopped replica
       auto s = std::make_shared<tcp_store>(client(port, r));
-      lighthouse lh(s, {.replicas = replicas, .policy = {.slots = slots}, .heartbeat_timeout = 500ms, .tick = 5ms});
+      lighthouse lh(s, {.replicas = replicas, .policy = {.slots = slots}, .heartbeat_timeout = 1500ms, .tick = 5ms});
       bool woke = f.stop_replica < 0;
-      const auto deadline = std::chrono::steady_clock::now() + 50s;
+      const auto deadline = std::chrono::steady_clock::now() + 70s;
       while (!s->check({"ft/finished"})) {
-        if (std::chrono::steady_clock::now() > deadline) throw std::runtime_error("host: the job did not finish in 50 s");
+        if (std::chrono::steady_clock::now() > deadline) throw std::runtime_error("host: the job did not finish in 70 s");
         if (!woke && s->check({"test/stopped"})) {
           const auto pid = std::stoi(s->get_string("test/stopped", 1s));
           std::this_thread::sleep_for(f.stop_for);
@@ -85,7 +85,7 @@ std::vector<replica_result> run_job(const faults& f) {
         control,
         [&](std::int64_t id, int rank, int size) {
           process_group_options o;
-          o.timeout = 1000ms;
+          o.timeout = 2000ms;
           return std::make_unique<gloo_group>(rdzv, rank, size, o, gloo_options{.prefix = "ft/g" + std::to_string(id) + "/"});
         },
         m.io(), {.replica = r, .heartbeat_interval = 50ms, .quorum_timeout = 20s});
@@ -144,7 +144,7 @@ TEST_CASE("replica_group over gloo: a stopped replica is evicted, a killed one r
   std::mt19937 pick(std::random_device{}());
   const auto kill_step = std::uniform_int_distribution<std::int64_t>(12, 20)(pick);
   INFO("replica 1 is killed before step " << kill_step);
-  const auto got = run_job({.stop_replica = 2, .stop_step = 4, .stop_for = 2500ms, .kill_replica = 1, .kill_step = kill_step});
+  const auto got = run_job({.stop_replica = 2, .stop_step = 4, .stop_for = 5000ms, .kill_replica = 1, .kill_step = kill_step});
   // Replicas 0 and 3 never stopped; 4 (the spare) took slot 2, then 2 (woken) took slot 1.
   for (int r : {0, 2, 3, 4}) {
     INFO("replica " << r << " events: " << got[static_cast<std::size_t>(r)].events);

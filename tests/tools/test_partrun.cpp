@@ -167,20 +167,27 @@ TEST_CASE("partrun: two agents with --nnodes 2 form one world", "[tools][partrun
   CHECK_THAT(out1, Catch::Contains("probe rank=2 world=3 local_rank=1 sum_ranks=3"));
 }
 
+namespace {
+// One agent of a two-node job (one rank each, --grace 1) whose output lines collect in `out`.
+partrain::child_process start_agent(const std::string& port, int node, std::string& out,
+                                    const std::vector<std::string>& env) {
+  partrain::child_options co;
+  co.capture_output = true;
+  co.on_line = [&out](std::string_view l) { out.append(l).push_back('\n'); };
+  return partrain::child_process::exec(PARTRUN_EXE,
+                                       {"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "1",
+                                        "--master-port", port, "--grace", "1", PROBE_EXE},
+                                       base_env(env), co);
+}
+}  // namespace
+
 TEST_CASE("partrun: when node 0's agent dies, node 1 stops within 10 s and says why", "[tools][partrun]") {
   // Node 0's agent hosts the store. Before the fix, node 1's agent reconnected to the vanished
   // store with its whole --rdzv-timeout (300 s) as the deadline.
   const std::string port = std::to_string(partrain::detail::find_free_port());
   std::string out0, out1;
   auto start_node = [&](int node, std::string& out) {
-    partrain::child_options co;
-    co.capture_output = true;
-    co.on_line = [&out](std::string_view l) { out.append(l).push_back('\n'); };
-    return partrain::child_process::exec(
-        PARTRUN_EXE,
-        {"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "1", "--master-port", port,
-         "--grace", "1", PROBE_EXE},
-        base_env({"PARTRAIN_JOB_TOKEN=n0de-loss", "PROBE_STEPS=100000000"}), co);
+    return start_agent(port, node, out, {"PARTRAIN_JOB_TOKEN=n0de-loss", "PROBE_STEPS=100000000"});
   };
   auto node0 = start_node(0, out0);
   auto node1 = start_node(1, out1);
@@ -218,14 +225,7 @@ TEST_CASE("partrun: when node 1's agent dies after its ranks finished, node 0 st
   const std::string port = std::to_string(partrain::detail::find_free_port());
   std::string out0, out1;
   auto start_node = [&](int node, std::string& out) {
-    partrain::child_options co;
-    co.capture_output = true;
-    co.on_line = [&out](std::string_view l) { out.append(l).push_back('\n'); };
-    return partrain::child_process::exec(
-        PARTRUN_EXE,
-        {"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "1", "--master-port", port,
-         "--grace", "1", PROBE_EXE},
-        base_env({"PARTRAIN_JOB_TOKEN=agent-loss", "PROBE_LINGER_RANK=1", "PROBE_LINGER_MS=60000"}), co);
+    return start_agent(port, node, out, {"PARTRAIN_JOB_TOKEN=agent-loss", "PROBE_LINGER_RANK=1", "PROBE_LINGER_MS=60000"});
   };
   auto node0 = start_node(0, out0);
   auto node1 = start_node(1, out1);

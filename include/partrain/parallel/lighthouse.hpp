@@ -35,6 +35,9 @@ struct lighthouse_options {
   std::chrono::milliseconds join_timeout{10000};
   // How often it reads the heartbeats: 2 store round trips per replica a tick.
   std::chrono::milliseconds tick{25};
+  // A failed quorum that no new one can replace for this long (too few replicas left for the
+  // policy) ends the job: the reason goes to the store, and every waiting replica fails with it.
+  std::chrono::milliseconds recovery_timeout{60000};
 };
 
 class lighthouse {
@@ -107,6 +110,7 @@ class lighthouse {
   void tick(std::chrono::steady_clock::time_point start) {
     using detail::ft::replica_phase;
     const auto now = std::chrono::steady_clock::now();
+    store_->set(std::string(detail::ft::lighthouse_key), std::to_string(++ticks_));  // replicas watch it
     for (int r = 0; r < opts_.replicas; ++r) {
       const auto text = detail::ft::peek(*store_, detail::ft::beat_key(r));
       if (!text) continue;
@@ -191,7 +195,21 @@ class lighthouse {
         if (ready_here) ready.push_back(r);
       }
       if (!failed.empty()) why += (why.empty() ? "" : "; ") + std::string("the group failed under replica(s) ") + failed;
-      publish(compute_quorum(cur, ready, heartbeating, opts_.policy), why);
+      const auto next = compute_quorum(cur, ready, heartbeating, opts_.policy);
+      if (!next && now - *broken_since_ >= opts_.recovery_timeout && !abandoned_) {
+        abandoned_ = true;
+        const std::string reason =
+            "no quorum could replace quorum " + std::to_string(cur.id) + " for " +
+            std::to_string(opts_.recovery_timeout.count()) + " ms (" + why + "): " + std::to_string(ready.size()) +
+            " replica(s) ready of " + std::to_string(heartbeating) + " alive, " +
+            (opts_.policy.mode == world_size_mode::fixed_with_spares
+                 ? std::to_string(opts_.policy.slots) + " slots to fill"
+                 : "at least " + std::to_string(opts_.policy.min_replicas) + " needed") +
+            ", and more than half of the live replicas";
+        store_->set(std::string(detail::ft::abandoned_key), reason);
+        log_error("lighthouse: " + reason);
+      }
+      publish(next, why);
       return;
     }
     if (opts_.policy.mode != world_size_mode::dynamic) return;
@@ -225,6 +243,8 @@ class lighthouse {
   lighthouse_options opts_;
   std::vector<seen> seen_;
   bool finished_ = false;
+  bool abandoned_ = false;
+  std::int64_t ticks_ = 0;
   std::optional<std::chrono::steady_clock::time_point> broken_since_{};
   mutable std::mutex mutex_;
   quorum current_{};

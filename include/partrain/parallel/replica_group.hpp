@@ -234,11 +234,29 @@ class replica_group {
   }
 
   // Waits for a quorum at or after want_ that gives this replica a slot, forms its group and heals.
-  // False when the job finished first (a spare).
+  // False when the job finished first (a spare). Bounded: a member waits quorum_timeout; a spare as
+  // long as the lighthouse ticks (quorum_timeout of silence ends it), and any replica stops when the
+  // lighthouse gives the job up.
   bool join() {
     const auto deadline = std::chrono::steady_clock::now() + opts_.quorum_timeout;
     bool spare = false;
+    std::string lighthouse_ticks;
+    auto lighthouse_moved = std::chrono::steady_clock::now();
     for (;;) {
+      if (const auto why = detail::ft::peek(*store_, std::string(detail::ft::abandoned_key))) {
+        throw communication_error("replica " + std::to_string(opts_.replica) + ": the lighthouse gave the job up: " + *why,
+                                  {.rank = opts_.replica, .operation = "quorum"});
+      }
+      if (auto ticks = detail::ft::peek(*store_, std::string(detail::ft::lighthouse_key)).value_or("");
+          ticks != lighthouse_ticks) {
+        lighthouse_ticks = std::move(ticks);
+        lighthouse_moved = std::chrono::steady_clock::now();
+      } else if (std::chrono::steady_clock::now() - lighthouse_moved > opts_.quorum_timeout) {
+        throw timeout_error("replica " + std::to_string(opts_.replica) + ": the lighthouse has been silent for " +
+                                std::to_string(opts_.quorum_timeout.count()) +
+                                " ms while this replica waited for a quorum; is it running on the job's store?",
+                            {.rank = opts_.replica, .operation = "quorum", .timeout = opts_.quorum_timeout});
+      }
       const auto latest = detail::ft::latest_quorum(*store_);
       if (latest >= want_) {
         const auto next = quorum::decode(detail::ft::peek(*store_, detail::ft::quorum_key(latest)).value_or(""));

@@ -63,6 +63,8 @@ struct beat {
 [[nodiscard]] inline std::string quorum_key(std::int64_t id) { return "ft/quorum/" + std::to_string(id); }
 inline constexpr std::string_view latest_key = "ft/latest";      // the newest quorum's id, as text
 inline constexpr std::string_view finished_key = "ft/finished";  // set once every member is done
+inline constexpr std::string_view abandoned_key = "ft/abandoned";  // why no quorum can be formed any more
+inline constexpr std::string_view lighthouse_key = "ft/lighthouse";  // a counter the lighthouse moves each tick
 
 // A key's value as text when it exists, nullopt when not; never blocks on a missing key.
 [[nodiscard]] inline std::optional<std::string> peek(store& s, const std::string& key) {
