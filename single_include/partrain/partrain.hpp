@@ -10702,6 +10702,11 @@ struct tcp_store_options {
   // is gone (within the call's own deadline). Short, so a vanished rank 0 or node-0 agent is
   // reported in seconds instead of after the whole timeout.
   std::chrono::milliseconds reconnect_timeout = std::chrono::milliseconds(3'000);
+  // How long a call waits for the reply beyond what the server itself may hold it (a get's or
+  // wait's timeout; set, add and check it answers at once): a server that is stopped (SIGSTOP),
+  // not gone, keeps the connection and answers nothing, so this alone bounds such a call. 0: set,
+  // add and check wait up to timeout, then min(timeout, 30 s) more.
+  std::chrono::milliseconds io_timeout = std::chrono::milliseconds(0);
   std::size_t max_message_bytes = detail::kvstore::default_max_message;
   std::string who{};  // names the caller in errors' text, e.g. "rank 3"
   int rank = -1;       // the caller's rank, kept in errors' rank() (-1: not a rank)
@@ -10743,7 +10748,7 @@ class tcp_store final : public store {
   void set(const std::string& key, std::span<const std::byte> value) override {
     detail::kvstore::request r{.type = detail::kvstore::request_type::set, .key = key};
     r.value.assign(value.begin(), value.end());
-    expect(call(r, opts_.timeout), detail::kvstore::response_type::ok, r);
+    expect(call(r, instant_wait()), detail::kvstore::response_type::ok, r);
   }
 
   [[nodiscard]] std::vector<std::byte> get(const std::string& key, std::chrono::milliseconds timeout) override {
@@ -10760,7 +10765,7 @@ class tcp_store final : public store {
 
   std::int64_t add(const std::string& key, std::int64_t delta) override {
     detail::kvstore::request r{.type = detail::kvstore::request_type::add, .key = key, .number = delta};
-    auto resp = call(r, opts_.timeout);
+    auto resp = call(r, instant_wait());
     expect(resp, detail::kvstore::response_type::integer, r);
     return resp.number;
   }
@@ -10780,7 +10785,7 @@ class tcp_store final : public store {
 
   [[nodiscard]] bool check(const std::vector<std::string>& keys) override {
     detail::kvstore::request r{.type = detail::kvstore::request_type::check, .keys = keys};
-    auto resp = call(r, opts_.timeout);
+    auto resp = call(r, instant_wait());
     expect(resp, detail::kvstore::response_type::boolean, r);
     return resp.number != 0;
   }
@@ -10806,6 +10811,11 @@ class tcp_store final : public store {
   // The text names the caller through `who`; the fields through rank.
   [[nodiscard]] error_site site(std::string operation, std::chrono::milliseconds timeout = {}) const {
     return {.rank = opts_.rank, .operation = std::move(operation), .timeout = timeout};
+  }
+  // What set, add and check may wait on the server (which answers them at once): nothing when
+  // io_timeout bounds the reply, else the whole timeout, as before io_timeout existed.
+  [[nodiscard]] std::chrono::milliseconds instant_wait() const noexcept {
+    return opts_.io_timeout.count() > 0 ? std::chrono::milliseconds(0) : opts_.timeout;
   }
   [[nodiscard]] static std::string operation_of(const detail::kvstore::request& r) {
     return "store " + std::string(to_string(r.type));
@@ -10858,7 +10868,8 @@ class tcp_store final : public store {
     }
     std::lock_guard lock(mutex_);
     if (!fd_) reconnect_locked(r);
-    const auto allowance = server_wait + std::min(opts_.timeout, std::chrono::milliseconds(30'000));
+    const auto io = opts_.io_timeout.count() > 0 ? opts_.io_timeout : std::min(opts_.timeout, std::chrono::milliseconds(30'000));
+    const auto allowance = server_wait + io;
     try {
       return round_trip_locked(r, detail::deadline_clock::now() + allowance);
     } catch (const communication_error&) {

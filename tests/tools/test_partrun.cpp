@@ -218,6 +218,39 @@ TEST_CASE("partrun: when node 0's agent dies, node 1 stops within 10 s and says 
   CHECK_THAT(out1, Catch::Contains("node 1: ") && Catch::Contains("node 0, which hosts the job's store, is unreachable"));
 }
 
+TEST_CASE("partrun: when node 0's agent is stopped (SIGSTOP), node 1 stops within 25 s and names it", "[tools][partrun]") {
+  // A stopped agent keeps the store's connections open and answers nothing: node 1's store calls
+  // waited their whole allowance (30 s, then again), 45 s and more before node 1 stopped.
+  const std::string port = std::to_string(partrain::detail::find_free_port());
+  std::string out0, out1;
+  auto node0 = start_agent(port, 0, out0, {"PARTRAIN_JOB_TOKEN=n0de-st0p", "PROBE_STEPS=100000000"});
+  auto node1 = start_agent(port, 1, out1, {"PARTRAIN_JOB_TOKEN=n0de-st0p", "PROBE_STEPS=100000000"});
+  const auto joined_by = std::chrono::steady_clock::now() + 30s;
+  while (out1.find("probe rank=1 world=2") == std::string::npos && std::chrono::steady_clock::now() < joined_by) {
+    node0.drain_output();
+    node1.drain_output();
+    std::this_thread::sleep_for(20ms);
+  }
+  INFO(out0 << "\n--- node 1 ---\n" << out1);
+  REQUIRE(out1.find("probe rank=1 world=2") != std::string::npos);
+  ::kill(node0.pid(), SIGSTOP);  // the agent alone: its rank trains on, the store is frozen
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<partrain::child_process> rest;
+  rest.push_back(std::move(node1));
+  partrain::supervise_options so;
+  so.timeout = 90s;
+  auto o1 = partrain::supervise(rest, so);
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  ::kill(node0.pid(), SIGCONT);
+  node0.signal_group(SIGKILL);
+  (void)node0.wait_blocking();
+  UNSCOPED_INFO("node 1 stopped " << took.count() << " ms after node 0's agent was stopped");
+  CHECK(o1.how != partrain::supervise_outcome::result::timed_out);
+  CHECK_FALSE(o1.ok());
+  CHECK(took < 25s);
+  CHECK_THAT(out1, Catch::Contains("node 1: ") && Catch::Contains("node 0, which hosts the job's store, is unreachable"));
+}
+
 TEST_CASE("partrun: when node 1's agent dies after its ranks finished, node 0 stops within 15 s and names it",
           "[tools][partrun]") {
   // Node 0's ranks succeed, node 1's rank lingers after its group ended, and node 1's agent is

@@ -57,6 +57,12 @@ void log(const std::string& line) {
   std::fflush(stderr);
 }
 
+// How long another node's agent may be silent (its beats in the store, or the store's answers when
+// it is node 0, which hosts the store) before this agent takes it for lost.
+std::chrono::milliseconds agent_silence_of(const partrun::options& o) {
+  return std::max<std::chrono::milliseconds>(std::chrono::seconds(5), 10 * o.monitor_interval);
+}
+
 std::string key(int attempt, const std::string& rest) { return "partrun/attempt_" + std::to_string(attempt) + "/" + rest; }
 
 // The environment of every rank: ours, with the torchrun variables set on top.
@@ -278,7 +284,7 @@ attempt_result run_attempt(partrain::tcp_store& store, partrain::tcp_store& watc
   std::atomic<bool> awaiting_outcome{false};
   std::mutex silent_mutex;
   std::string silent_node;  // why another agent is taken for lost; empty while none is
-  const auto agent_silence = std::max<std::chrono::milliseconds>(std::chrono::seconds(5), 10 * o.monitor_interval);
+  const auto agent_silence = agent_silence_of(o);
   auto agent_key = [&](int n) { return key(attempt, "agent_" + std::to_string(n)); };
   auto done_key = [&](int n) { return key(attempt, "done_" + std::to_string(n)); };
   std::jthread watcher([&](std::stop_token st) {
@@ -574,9 +580,16 @@ int run(const partrun::options& o) {
         partrain::tcp_store_server_options{.host = o.master_addr, .port = port, .token = token});
     port = server->port();
   }
+  // A call the store does not answer (node 0's agent stopped, not gone) fails in the time an agent
+  // may be silent, not the rendezvous timeout: the agents then stop their ranks and say why.
+  const auto agent_silence = agent_silence_of(o);
   auto client = [&](const std::string& who) {
-    return partrain::tcp_store_options{
-        .host = o.master_addr, .port = port, .token = token, .timeout = o.rdzv_timeout, .who = who};
+    return partrain::tcp_store_options{.host = o.master_addr,
+                                       .port = port,
+                                       .token = token,
+                                       .timeout = o.rdzv_timeout,
+                                       .io_timeout = agent_silence,
+                                       .who = who};
   };
   if (o.spares > 0 || o.min_replicas > 0) return run_fault_tolerant(o, port, token, client);
   const std::string node = "partrun node " + std::to_string(o.node_rank);
