@@ -187,6 +187,7 @@ TEST_CASE("replica_group on threads: with no spare left the survivors wait, then
   lighthouse lh(s, {.replicas = 2, .policy = {.slots = 2}, .heartbeat_timeout = 300ms, .join_timeout = 5s, .tick = 5ms});
   local_group_registry registry({.timeout = 3000ms});
   std::string error;
+  std::vector<replica_event::kind> heard;
   std::thread lost([&] {
     toy_model m;
     replica_group rg(s, [&](std::int64_t id, int rank, int size) { return registry.make(id, rank, size); }, m.io(),
@@ -196,7 +197,10 @@ TEST_CASE("replica_group on threads: with no spare left the survivors wait, then
   {
     toy_model m;
     replica_group rg(s, [&](std::int64_t id, int rank, int size) { return registry.make(id, rank, size); }, m.io(),
-                     {.replica = 0, .heartbeat_interval = 20ms, .quorum_timeout = 1s});
+                     {.replica = 0,
+                      .heartbeat_interval = 20ms,
+                      .quorum_timeout = 1s,
+                      .on_event = [&](const replica_event& e) { heard.push_back(e.what); }});
     rg.step([&](process_group& g, int slot, std::int64_t step) { m.compute(g, slot, step); }, [&] { m.apply(2); });
     lost.join();  // replica 1 has left
     try {
@@ -205,6 +209,8 @@ TEST_CASE("replica_group on threads: with no spare left the survivors wait, then
       error = e.what();
     }
     CHECK(rg.failures() == 1);
+    // The callback heard every event as it happened: joined, then failed.
+    CHECK(heard == std::vector<replica_event::kind>{replica_event::kind::joined, replica_event::kind::failed});
   }
   CHECK_THAT(error, Catch::Contains("replica 0 waited 1000 ms for a quorum after quorum 0 failed"));
 }

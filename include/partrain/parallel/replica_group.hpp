@@ -37,6 +37,17 @@
 
 namespace partrain::inline v0 {
 
+// An event of the replica's life, logged (info) and kept for metrics and tests.
+struct replica_event {
+  enum class kind { joined, healed, sent_state, failed, left_as_spare } what{};
+  std::int64_t step = 0;
+  std::int64_t quorum = -1;
+  std::string reason{};
+  std::chrono::steady_clock::time_point at{};  // when it was recorded
+  double seconds = 0;                          // healed, sent_state: how long the transfer took
+  std::int64_t bytes = 0;                      // healed, sent_state: the state's size
+};
+
 struct replica_group_options {
   int replica = 0;  // this replica's id (its launch rank), 0 <= replica < the lighthouse's replicas
   std::chrono::milliseconds heartbeat_interval{100};
@@ -46,6 +57,9 @@ struct replica_group_options {
   // Steps between the rounds (one 8-byte all-reduce) in which the members agree on the newest
   // quorum: a replica that joins a running job waits at most this many steps.
   int quorum_round_every = 8;
+  // Called with each event as it happens (on the thread that calls step()), besides the info log
+  // line and events(): where a program records them in its metrics file or trace.
+  std::function<void(const replica_event&)> on_event{};
 };
 
 // What a joining replica receives from a healthy one: everything a step depends on (parameters,
@@ -82,16 +96,6 @@ struct replica_rows_range {
   return r;
 }
 
-// An event of the replica's life, logged (info) and kept for metrics and tests.
-struct replica_event {
-  enum class kind { joined, healed, sent_state, failed, left_as_spare } what{};
-  std::int64_t step = 0;
-  std::int64_t quorum = -1;
-  std::string reason{};
-  std::chrono::steady_clock::time_point at{};  // when it was recorded
-  double seconds = 0;                          // healed, sent_state: how long the transfer took
-  std::int64_t bytes = 0;                      // healed, sent_state: the state's size
-};
 
 class replica_group {
  public:
@@ -191,6 +195,7 @@ class replica_group {
     log_info("replica " + std::to_string(opts_.replica) + " " + names[static_cast<int>(k)] + " at step " +
              std::to_string(step_) + " in quorum " + std::to_string(quorum_.id) + (reason.empty() ? "" : ": ") + reason);
     events_.push_back({k, step_, quorum_.id, std::move(reason), std::chrono::steady_clock::now(), seconds, bytes});
+    if (opts_.on_event) opts_.on_event(events_.back());
   }
 
   // A change of phase or quorum is published at once (the lighthouse must never act on a stale
