@@ -179,6 +179,33 @@ partrain::child_process start_agent(const std::string& port, int node, std::stri
                                         "--master-port", port, "--grace", "1", PROBE_EXE},
                                        base_env(env), co);
 }
+
+// Drains both agents' output until done() holds or `within` passes.
+template <class Done>
+void drain_until(partrain::child_process& a, partrain::child_process& b, Done done, std::chrono::milliseconds within = 30s) {
+  const auto until = std::chrono::steady_clock::now() + within;
+  while (!done() && std::chrono::steady_clock::now() < until) {
+    a.drain_output();
+    b.drain_output();
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
+// The agent left after another was killed or stopped, supervised to its end (at most `limit`):
+// how it ended, and how long that took from now.
+struct survivor_end {
+  partrain::supervise_outcome outcome;
+  std::chrono::milliseconds took;
+};
+survivor_end supervise_survivor(partrain::child_process agent, std::chrono::milliseconds limit) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<partrain::child_process> rest;
+  rest.push_back(std::move(agent));
+  partrain::supervise_options so;
+  so.timeout = limit;
+  auto outcome = partrain::supervise(rest, so);
+  return {std::move(outcome), std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)};
+}
 }  // namespace
 
 TEST_CASE("partrun: when node 0's agent dies, node 1 stops within 10 s and says why", "[tools][partrun]") {
@@ -191,23 +218,12 @@ TEST_CASE("partrun: when node 0's agent dies, node 1 stops within 10 s and says 
   };
   auto node0 = start_node(0, out0);
   auto node1 = start_node(1, out1);
-  const auto joined_by = std::chrono::steady_clock::now() + 30s;
-  while (out1.find("probe rank=1 world=2") == std::string::npos && std::chrono::steady_clock::now() < joined_by) {
-    node0.drain_output();
-    node1.drain_output();
-    std::this_thread::sleep_for(20ms);
-  }
+  drain_until(node0, node1, [&] { return out1.find("probe rank=1 world=2") != std::string::npos; });
   INFO(out0 << "\n--- node 1 ---\n" << out1);
   REQUIRE(out1.find("probe rank=1 world=2") != std::string::npos);
   node0.signal_group(SIGKILL);  // the agent, not its rank: the rank goes with it (PDEATHSIG)
   (void)node0.wait_blocking();
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<partrain::child_process> rest;
-  rest.push_back(std::move(node1));
-  partrain::supervise_options so;
-  so.timeout = 60s;
-  auto o1 = partrain::supervise(rest, so);
-  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  const auto [o1, took] = supervise_survivor(std::move(node1), 60s);
   UNSCOPED_INFO("node 1 stopped " << took.count() << " ms after node 0's agent was killed");
   std::printf("node loss: node 1 stopped %lld ms after node 0's agent was killed\n", static_cast<long long>(took.count()));
   CHECK(o1.how != partrain::supervise_outcome::result::timed_out);
@@ -225,22 +241,11 @@ TEST_CASE("partrun: when node 0's agent is stopped (SIGSTOP), node 1 stops withi
   std::string out0, out1;
   auto node0 = start_agent(port, 0, out0, {"PARTRAIN_JOB_TOKEN=n0de-st0p", "PROBE_STEPS=100000000"});
   auto node1 = start_agent(port, 1, out1, {"PARTRAIN_JOB_TOKEN=n0de-st0p", "PROBE_STEPS=100000000"});
-  const auto joined_by = std::chrono::steady_clock::now() + 30s;
-  while (out1.find("probe rank=1 world=2") == std::string::npos && std::chrono::steady_clock::now() < joined_by) {
-    node0.drain_output();
-    node1.drain_output();
-    std::this_thread::sleep_for(20ms);
-  }
+  drain_until(node0, node1, [&] { return out1.find("probe rank=1 world=2") != std::string::npos; });
   INFO(out0 << "\n--- node 1 ---\n" << out1);
   REQUIRE(out1.find("probe rank=1 world=2") != std::string::npos);
   ::kill(node0.pid(), SIGSTOP);  // the agent alone: its rank trains on, the store is frozen
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<partrain::child_process> rest;
-  rest.push_back(std::move(node1));
-  partrain::supervise_options so;
-  so.timeout = 90s;
-  auto o1 = partrain::supervise(rest, so);
-  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  const auto [o1, took] = supervise_survivor(std::move(node1), 90s);
   ::kill(node0.pid(), SIGCONT);
   node0.signal_group(SIGKILL);
   (void)node0.wait_blocking();
@@ -262,25 +267,15 @@ TEST_CASE("partrun: when node 1's agent dies after its ranks finished, node 0 st
   };
   auto node0 = start_node(0, out0);
   auto node1 = start_node(1, out1);
-  const auto done_by = std::chrono::steady_clock::now() + 30s;
-  while ((out0.find("probe rank=0 done") == std::string::npos || out1.find("probe rank=1 done") == std::string::npos) &&
-         std::chrono::steady_clock::now() < done_by) {
-    node0.drain_output();
-    node1.drain_output();
-    std::this_thread::sleep_for(20ms);
-  }
+  drain_until(node0, node1, [&] {
+    return out0.find("probe rank=0 done") != std::string::npos && out1.find("probe rank=1 done") != std::string::npos;
+  });
   INFO(out0 << "\n--- node 1 ---\n" << out1);
   REQUIRE(out1.find("probe rank=1 done") != std::string::npos);
   std::this_thread::sleep_for(300ms);  // node 0's rank exits and its agent waits for node 1
   node1.signal_group(SIGKILL);  // the agent; its lingering rank goes with it (PDEATHSIG)
   (void)node1.wait_blocking();
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<partrain::child_process> rest;
-  rest.push_back(std::move(node0));
-  partrain::supervise_options so;
-  so.timeout = 40s;
-  auto o0 = partrain::supervise(rest, so);
-  const auto took = std::chrono::steady_clock::now() - t0;
+  const auto [o0, took] = supervise_survivor(std::move(node0), 40s);
   CHECK(o0.how != partrain::supervise_outcome::result::timed_out);
   CHECK_FALSE(o0.ok());
   CHECK(took < 15s);

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -55,6 +56,13 @@ void install_signal_handlers() {
 void log(const std::string& line) {
   std::fprintf(stderr, "partrun: %s\n", line.c_str());
   std::fflush(stderr);
+}
+
+// A rank's output line on partrun's stdout, prefixed with the rank (the caller holds `out_mutex`,
+// which keeps the ranks' lines whole).
+void print_rank_line(int rank, std::string_view line) {
+  std::printf("[rank %d] %.*s\n", rank, static_cast<int>(line.size()), line.data());
+  std::fflush(stdout);
 }
 
 // How long another node's agent may be silent (its beats in the store, or the store's answers when
@@ -257,8 +265,7 @@ attempt_result run_attempt(partrain::tcp_store& store, partrain::tcp_store& watc
     co.keep_lines = 10;
     co.on_line = [rank, tee, &out_mutex, path = tee_dir / ("rank_" + std::to_string(rank) + ".log")](std::string_view line) {
       std::lock_guard lock(out_mutex);
-      std::printf("[rank %d] %.*s\n", rank, static_cast<int>(line.size()), line.data());
-      std::fflush(stdout);
+      print_rank_line(rank, line);
       if (!tee || !*tee) return;  // a log that failed once is reported once
       errno = 0;
       *tee << line << '\n' << std::flush;
@@ -483,8 +490,7 @@ int run_fault_tolerant(const partrun::options& o, std::uint16_t port, const std:
     co.keep_lines = 10;
     co.on_line = [r, &out_mutex](std::string_view line) {
       std::lock_guard lock(out_mutex);
-      std::printf("[rank %d] %.*s\n", r, static_cast<int>(line.size()), line.data());
-      std::fflush(stdout);
+      print_rank_line(r, line);
     };
     children.push_back(partrain::child_process::exec(o.program, o.args, child_env(o, r, r, replicas, 0, port, token, extra),
                                                      std::move(co)));
@@ -519,9 +525,8 @@ int run_fault_tolerant(const partrun::options& o, std::uint16_t port, const std:
       }
       if (!was_running) continue;
       const int r = replica_of[i];
-      const bool finished = store.check({std::string(partrain::detail::ft::finished_key)});
       if (st->ok()) continue;  // a member done, or a spare the job did not need
-      if (finished) {
+      if (store.check({std::string(partrain::detail::ft::finished_key)})) {
         failed_after_finish = true;
         log("rank " + std::to_string(r) + " (pid " + std::to_string(children[i].pid()) + ") " + st->describe() +
             " after the job finished");

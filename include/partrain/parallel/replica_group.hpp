@@ -147,7 +147,7 @@ class replica_group {
     for (;;) {
       if (!group_ && !join()) return false;
       try {
-        compute(*group_, slot_, step_);
+        compute(*group_, group_->rank(), step_);  // the group's rank is this replica's slot
         // Every quorum_round_every steps (all members count the same steps), the members agree on
         // the newest quorum any of them has seen, so they all switch at the same boundary.
         std::int64_t vote = quorum_.id;
@@ -176,7 +176,7 @@ class replica_group {
   }
 
   [[nodiscard]] std::int64_t current_step() const noexcept { return step_; }
-  [[nodiscard]] int slot() const noexcept { return slot_; }  // -1 outside a quorum
+  [[nodiscard]] int slot() const noexcept { return quorum_.slot_of(opts_.replica); }  // -1 outside a quorum
   // The newest quorum id this replica's heartbeat has seen published (-1: none yet).
   [[nodiscard]] std::int64_t newest_quorum_seen() const noexcept { return latest_seen_.load(); }
   [[nodiscard]] const quorum& current_quorum() const noexcept { return quorum_; }
@@ -273,7 +273,6 @@ class replica_group {
         if (!spare) record(replica_event::kind::left_as_spare, "quorum " + next.encode());
         spare = true;
         quorum_ = next;
-        slot_ = -1;
         set_phase(phase::joining, next.id);
       }
       if (store_->check({std::string(detail::ft::finished_key)})) return false;
@@ -291,7 +290,6 @@ class replica_group {
     const int rank = q.slot_of(opts_.replica);
     set_phase(phase::forming, q.id);
     quorum_ = q;
-    slot_ = rank;
     try {
       group_ = make_group_(q.id, rank, static_cast<int>(q.members.size()));
       heal();
@@ -344,7 +342,6 @@ class replica_group {
   replica_group_options opts_;
   std::unique_ptr<process_group> group_{};
   quorum quorum_{};
-  int slot_ = -1;
   std::int64_t step_ = 0;
   std::int64_t want_ = 0;  // the lowest quorum id this replica may still join
   bool finished_ = false;

@@ -25,12 +25,6 @@ enum class replica_phase : int {
   dead = 5,     // gave up (an error it could not absorb); never counted again
 };
 
-[[nodiscard]] inline std::string_view to_string(replica_phase p) noexcept {
-  constexpr std::string_view names[] = {"joining", "forming", "member", "failed", "done", "dead"};
-  const auto i = static_cast<int>(p);
-  return i >= 0 && i < 6 ? names[i] : "unknown";
-}
-
 // A heartbeat: a counter that moves every beat, the phase, the quorum it refers to, the step.
 struct beat {
   std::int64_t counter = 0;
