@@ -104,15 +104,23 @@ int main(int argc, char** argv) {
       return help ? 0 : 2;
     }
     const std::string v = argv[++i];
+    const long long lo = a == "--steps" ? 1 : 0;  // a step count; a rank, a step or milliseconds
+    long long n = -1;
+    std::size_t used = 0;
     try {
-      if (a == "--steps") o.steps = std::stoll(v);
-      if (a == "--lose-rank") o.lose_rank = v == "none" ? -1 : std::stoi(v);
-      if (a == "--at-step") o.at_step = std::stoll(v);
-      if (a == "--step-ms") o.step_ms = std::stoi(v);
+      if (!(a == "--lose-rank" && v == "none")) n = std::stoll(v, &used);
     } catch (const std::logic_error&) {
-      std::fprintf(stderr, "fault_tolerant: %s '%s': expected an integer\n", a.c_str(), v.c_str());
+      used = 0;
+    }
+    if (!(a == "--lose-rank" && v == "none") && (used == 0 || used != v.size() || n < lo || n > 1'000'000'000)) {
+      std::fprintf(stderr, "fault_tolerant: %s '%s': expected an integer from %lld%s\n", a.c_str(), v.c_str(), lo,
+                   a == "--lose-rank" ? ", or none" : "");
       return 2;
     }
+    if (a == "--steps") o.steps = n;
+    if (a == "--lose-rank") o.lose_rank = static_cast<int>(n);
+    if (a == "--at-step") o.at_step = n;
+    if (a == "--step-ms") o.step_ms = static_cast<int>(n);
   }
   try {
     const auto launch = replica_launch_from_env();

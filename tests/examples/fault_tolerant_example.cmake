@@ -15,6 +15,10 @@ add_test(NAME example_fault_tolerant_bad_argument
          COMMAND ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:fault_tolerant> -DARGS=--lose -DEXPECT_RC=2
                  "-DEXPECT_REGEX=unknown argument '--lose'" -P ${_run})
 set_tests_properties(example_fault_tolerant_bad_argument PROPERTIES LABELS examples TIMEOUT 60)
+add_test(NAME example_fault_tolerant_bad_value
+         COMMAND ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:fault_tolerant> "-DARGS=--steps;12x" -DEXPECT_RC=2
+                 "-DEXPECT_REGEX=--steps '12x': expected an integer from 1" -P ${_run})
+set_tests_properties(example_fault_tolerant_bad_value PROPERTIES LABELS examples TIMEOUT 60)
 if(TARGET partrun)
   add_test(NAME example_fault_tolerant_partrun_spares
            COMMAND ${CMAKE_COMMAND} -DPARTRUN=$<TARGET_FILE:partrun> -DPROGRAM=$<TARGET_FILE:fault_tolerant>
