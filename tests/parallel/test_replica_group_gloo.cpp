@@ -8,10 +8,10 @@
 #include <partrain/parallel/lighthouse.hpp>
 #include <partrain/parallel/replica_group.hpp>
 #include <partrain/rendezvous/tcp_store.hpp>
-#include <partrain/rendezvous/tcp_store_server.hpp>
 
 #include "fork_ranks.hpp"
 #include "replica_toy.hpp"
+#include "store_process.hpp"
 #include "temp_dir.hpp"
 
 #include <chrono>
@@ -58,7 +58,7 @@ tcp_store_options client(std::uint16_t port, int who) {
 // stopped replica. Returns every replica's result; fails the test if a process failed.
 std::vector<replica_result> run_job(const faults& f) {
   testing::temp_dir dir("partrain_ft_gloo");
-  tcp_store_server server;  // lives in this process; the children reach it over loopback
+  testing::store_process server;  // its own process: this one stays single-threaded while it forks
   const auto port = server.port();
   auto outcomes = testing::fork_ranks(replicas + 1, [&](int r) {
     if (r == replicas) {  // the host: lighthouse, and the alarm clock of a stopped replica

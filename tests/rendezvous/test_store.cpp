@@ -8,6 +8,7 @@
 
 #include "fifo.hpp"
 #include "fork_ranks.hpp"
+#include "store_process.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -532,8 +533,8 @@ TEST_CASE("file_store works across processes", "[comm][store][file][processes]")
 }
 
 TEST_CASE("tcp_store works across processes", "[comm][store][tcp][processes]") {
-  tcp_store master(server_opts("tok"));
-  const auto port = master.port();
+  partrain::testing::store_process server({.token = "tok"});  // no server thread here while forking
+  const auto port = server.port();
   auto outcomes = partrain::testing::fork_ranks(2, [&](int rank) {
     tcp_store c(client_opts(port, "tok"));
     c.add("arrived", 1);
@@ -544,5 +545,6 @@ TEST_CASE("tcp_store works across processes", "[comm][store][tcp][processes]") {
     INFO(o.message);
     CHECK(o.ok);
   }
-  CHECK(master.get_string("arrived", 1s) == "2");
+  tcp_store reader(client_opts(port, "tok"));
+  CHECK(reader.get_string("arrived", 1s) == "2");
 }
