@@ -195,14 +195,7 @@ recovery_record recovery_run(std::int64_t kill_step, std::int64_t steps) {
         auto rdzv = std::make_shared<tcp_store>(client(port));
         mlp model({}, 1);
         sgd opt(model, {.lr = 0.01, .momentum = 0.9});
-        replica_group rg(
-            control,
-            [&](std::int64_t id, int rank, int size) {
-              process_group_options o;
-              o.timeout = 5s;
-              return std::make_unique<gloo_group>(rdzv, rank, size, o, gloo_options{.prefix = "ft/g" + std::to_string(id) + "/"});
-            },
-            state_of(model, opt), {.replica = r});
+        replica_group rg(control, gloo_groups_by_id(rdzv, {.timeout = 5s}), state_of(model, opt), {.replica = r});
         ddp_in_quorum d{model, rg};
         while (rg.current_step() < steps) {
           const int failures = rg.failures();

@@ -10,12 +10,15 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <partrain/comm/gloo.hpp>
 #include <partrain/parallel/replica_group.hpp>
+#include <partrain/train/metrics.hpp>
+#include <partrain/train/replica_events.hpp>
 #include <partrain/train/replica_launch.hpp>
 
 namespace {
@@ -26,7 +29,7 @@ using namespace std::chrono_literals;
 constexpr std::size_t features = 8, rows = 16;
 
 // y = w.x, mean squared error, SGD with momentum. state = {w, velocity}: what a joining rank receives.
-struct model {
+struct linear_model {
   std::vector<float> state = std::vector<float>(2 * features, 0.0f), grad = std::vector<float>(features);
   double loss = 0;
 
@@ -62,11 +65,12 @@ struct options {
   std::int64_t steps = 60, at_step = 20;
   int lose_rank = 1;  // -1: nobody is lost
   int step_ms = 0;    // a model's compute time, slept in every step
+  std::string metrics;  // a JSON-lines file every replica appends its events to
 };
 
 // One replica's run; lose() ends its process. Prints its end if in a slot; returns the weights
 // as text (empty for a spare the job did not need).
-std::string train(replica_group& rg, model& m, const options& o, int replica, const std::function<void()>& lose) {
+std::string train(replica_group& rg, linear_model& m, const options& o, int replica, const std::function<void()>& lose) {
   while (rg.current_step() < o.steps) {
     const bool more = rg.step(
         [&](process_group& g, int slot, std::int64_t step) {
@@ -96,14 +100,21 @@ int main(int argc, char** argv) {
   options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--help" || a == "-h" || i + 1 == argc || (a != "--steps" && a != "--lose-rank" && a != "--at-step" && a != "--step-ms")) {
+    if (a == "--help" || a == "-h" || i + 1 == argc ||
+        (a != "--steps" && a != "--lose-rank" && a != "--at-step" && a != "--step-ms" && a != "--metrics")) {
       const bool help = a == "--help" || a == "-h";
       if (!help) std::fprintf(stderr, "fault_tolerant: unknown argument '%s'\n", a.c_str());
-      std::fprintf(help ? stdout : stderr, "usage: fault_tolerant [--steps 60] [--lose-rank 1|none] [--at-step 20] [--step-ms 0]\n"
-                                           "  under partrun --spares N or --min-replicas M; --lose-rank R SIGKILLs rank R at --at-step\n");
+      std::fprintf(help ? stdout : stderr,
+                   "usage: fault_tolerant [--steps 60] [--lose-rank 1|none] [--at-step 20] [--step-ms 0] [--metrics FILE]\n"
+                   "  under partrun --spares N or --min-replicas M; --lose-rank R SIGKILLs rank R at --at-step;\n"
+                   "  --metrics: every replica appends its events (joined, healed, failed, ...) as JSON lines\n");
       return help ? 0 : 2;
     }
     const std::string v = argv[++i];
+    if (a == "--metrics") {
+      o.metrics = v;
+      continue;
+    }
     const long long lo = a == "--steps" ? 1 : 0;  // a step count; a rank, a step or milliseconds
     long long n = -1;
     std::size_t used = 0;
@@ -130,15 +141,12 @@ int main(int argc, char** argv) {
       return 2;
     }
     // Each quorum's group over Gloo, under a store prefix of its own; heartbeats on their own connection.
-    auto rendezvous = launch->connect();
-    model m;
-    replica_group rg(
-        launch->connect(),
-        [&](std::int64_t id, int rank, int n) {
-          return std::make_unique<gloo_group>(rendezvous, rank, n, process_group_options{.timeout = 10s},
-                                              gloo_options{.prefix = "ft/group" + std::to_string(id) + "/"});
-        },
-        m.io(), {.replica = launch->replica});
+    std::optional<metrics_writer> metrics;
+    if (!o.metrics.empty()) metrics.emplace(o.metrics);
+    linear_model m;
+    replica_group rg(launch->connect(), gloo_groups_by_id(launch->connect(), {.timeout = 10s}), m.io(),
+                     {.replica = launch->replica,
+                      .on_event = replica_event_sink(launch->replica, metrics ? &*metrics : nullptr, nullptr)});
     if (train(rg, m, o, launch->replica, [] { std::raise(SIGKILL); }).empty()) {
       std::printf("replica %d: the job finished without needing it\n", launch->replica);
     }

@@ -151,6 +151,7 @@
 #include <partrain/train/policies.hpp>
 #include <partrain/train/progress.hpp>
 #include <partrain/train/rank_checkpoint.hpp>
+#include <partrain/train/replica_events.hpp>
 #include <partrain/train/replica_launch.hpp>
 #include <partrain/train/safetensors.hpp>
 #include <partrain/train/sharded_checkpoint.hpp>

@@ -3929,6 +3929,7 @@ inline bool survive_sigpipe() noexcept {
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -4290,6 +4291,20 @@ class gloo_group final : public process_group {
 };
 
 static_assert(communicator<gloo_group>);
+
+// A factory of gloo_groups keyed by an id, each meeting under a store prefix of its own
+// (base.prefix + id + "/", base.prefix "ft/group" when empty): replica_group's factory, which
+// builds one group per quorum on the job's store, so successive quorums' rendezvous never mix.
+[[nodiscard]] inline std::function<std::unique_ptr<process_group>(std::int64_t id, int rank, int size)>
+gloo_groups_by_id(std::shared_ptr<store> rendezvous, process_group_options opts = {}, gloo_options base = {}) {
+  if (!rendezvous) throw invalid_argument_error("gloo_groups_by_id: the rendezvous store is null");
+  if (base.prefix.empty()) base.prefix = "ft/group";
+  return [rendezvous = std::move(rendezvous), opts, base](std::int64_t id, int rank, int size) {
+    auto g = base;
+    g.prefix += std::to_string(id) + "/";
+    return std::unique_ptr<process_group>(std::make_unique<gloo_group>(rendezvous, rank, size, opts, std::move(g)));
+  };
+}
 
 }  // namespace partrain::inline v0
 #endif  // defined(PARTRAIN_WITH_GLOO)
@@ -12032,6 +12047,21 @@ inline void check_backend_name(const std::string& backend) {
   }
 }
 
+// A process partrun started for a fault-tolerant job (--spares, --min-replicas) is one replica of
+// many, spares counted in WORLD_SIZE: a group over all of them would train the spares too and
+// end the job at the first loss. Such a program builds a replica_group instead.
+inline void refuse_replica_launch(const env_lookup& env) {
+  for (const char* var : {"PARTRAIN_FT_SLOTS", "PARTRAIN_FT_MIN_REPLICAS"}) {
+    if (!env(var)) continue;
+    throw config_error(std::string("init_process_group: this process was started for a fault-tolerant job (") + var +
+                       " is set, by partrun --spares or --min-replicas), whose groups change with its quorums: build a "
+                       "replica_group from replica_launch_from_env() instead (parallel/replica_group.hpp). It heals "
+                       "from one replica's whole state, so it takes the data-parallel modes (DDP, local SGD, DiLoCo), "
+                       "not ZeRO, FSDP or a pipeline (their state is sharded over the ranks), and gloo or threads, "
+                       "not mpi (Open MPI cannot rebuild a communicator after a rank dies)");
+  }
+}
+
 }  // namespace detail::rdzv
 
 namespace detail::mpi {
@@ -12104,6 +12134,7 @@ PARTRAIN_LINKAGE std::unique_ptr<process_group> make_process_group(const rendezv
 PARTRAIN_LINKAGE std::unique_ptr<process_group> init_process_group(std::string_view url, const init_options& opts) {
   // Check the backend name before anyone binds a port or waits on a peer.
   detail::rdzv::check_backend_name(opts.backend);
+  detail::rdzv::refuse_replica_launch(process_env);
   // mpi:// (or backend "mpi" on env://): MPI's own rendezvous, no store.
   if (url.starts_with("mpi://") || opts.backend == "mpi") {
     if (!opts.backend.empty() && opts.backend != "mpi") {
@@ -20029,7 +20060,10 @@ struct quorum {
   [[nodiscard]] std::string encode() const {
     auto list = [](const std::vector<int>& v) {
       std::string s;
-      for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        if (i) s += ',';
+        s += std::to_string(v[i]);
+      }
       return s;
     };
     return std::to_string(id) + ";" + list(members) + ";" + list(spares);
@@ -22348,6 +22382,7 @@ namespace comm_hooks {
 #include <span>
 #include <stop_token>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -22373,6 +22408,18 @@ struct replica_event {
   double seconds = 0;                          // healed, sent_state: how long the transfer took
   std::int64_t bytes = 0;                      // healed, sent_state: the state's size
 };
+
+// The event's name in logs, metrics records and traces.
+[[nodiscard]] constexpr std::string_view replica_event_name(replica_event::kind k) noexcept {
+  switch (k) {
+    case replica_event::kind::joined: return "joined";
+    case replica_event::kind::healed: return "healed";
+    case replica_event::kind::sent_state: return "sent_state";
+    case replica_event::kind::failed: return "failed";
+    case replica_event::kind::left_as_spare: return "left_as_spare";
+  }
+  return "unknown";
+}
 
 struct replica_group_options {
   int replica = 0;  // this replica's id (its launch rank), 0 <= replica < the lighthouse's replicas
@@ -22516,8 +22563,7 @@ class replica_group {
     return static_cast<int>(std::ranges::count(events_, k, &replica_event::what));
   }
   void record(replica_event::kind k, std::string reason, double seconds = 0, std::int64_t bytes = 0) {
-    constexpr const char* names[] = {"joined", "healed", "sent state", "failed", "left as a spare"};
-    log_info("replica " + std::to_string(opts_.replica) + " " + names[static_cast<int>(k)] + " at step " +
+    log_info("replica " + std::to_string(opts_.replica) + " " + std::string(replica_event_name(k)) + " at step " +
              std::to_string(step_) + " in quorum " + std::to_string(quorum_.id) + (reason.empty() ? "" : ": ") + reason);
     events_.push_back({k, step_, quorum_.id, std::move(reason), std::chrono::steady_clock::now(), seconds, bytes});
     if (opts_.on_event) opts_.on_event(events_.back());
@@ -22617,6 +22663,8 @@ class replica_group {
     quorum_ = q;
     try {
       group_ = make_group_(q.id, rank, static_cast<int>(q.members.size()));
+      if (!group_) throw invalid_argument_error("replica_group: the group factory returned no group for quorum " + std::to_string(q.id));
+      refuse_backend(*group_);
       heal();
     } catch (const communication_error& e) {
       fail(e.what());
@@ -22625,6 +22673,20 @@ class replica_group {
     set_phase(phase::member, q.id);
     record(replica_event::kind::joined, "slot " + std::to_string(rank) + " of " + std::to_string(q.members.size()));
     return true;
+  }
+
+  // A quorum's group carries host bytes (the step agreement, the state a joining replica receives)
+  // and is rebuilt after every loss.
+  static void refuse_backend(const process_group& g) {
+    if (g.backend() == "mpi") {
+      throw config_error("replica_group: an mpi group cannot be a quorum's group: Open MPI cannot rebuild a communicator "
+                         "after a rank dies (that needs ULFM); use gloo, or local groups for threads");
+    }
+    if (!g.accepts(device_kind::cpu)) {
+      throw config_error("replica_group: the " + std::string(g.backend()) +
+                         " backend carries device memory only, and a quorum's group also carries host bytes (the step "
+                         "agreement, the state sent to a joining replica); use gloo");
+    }
   }
 
   // Brings every member to the highest committed step: the lowest-ranked member that has it
@@ -26612,6 +26674,7 @@ namespace partrain::inline v0 {
 namespace trace_track {
 inline constexpr int step = 0;        // the loop: step, forward_backward, optimizer, checkpoint
 inline constexpr int data = 1;        // waiting for the next batch
+inline constexpr int recovery = 2;    // a fault-tolerant replica's events: joined, healed, failed, ...
 inline constexpr int bucket0 = 16;    // bucket i's all_reduce runs on track bucket0 + i
 [[nodiscard]] constexpr int bucket(std::size_t i) noexcept { return bucket0 + static_cast<int>(i); }
 }  // namespace trace_track
@@ -26663,6 +26726,7 @@ class event_store {
 [[nodiscard]] inline std::string track_name(int tid) {
   if (tid == trace_track::step) return "step";
   if (tid == trace_track::data) return "data";
+  if (tid == trace_track::recovery) return "recovery";
   if (tid >= trace_track::bucket0) return "bucket " + std::to_string(tid - trace_track::bucket0) + " all_reduce";
   return "track " + std::to_string(tid);
 }
@@ -27621,6 +27685,15 @@ class metrics_writer {
   // Local values only (no communicator): rank 0 writes what it was given.
   void step(std::int64_t step, std::vector<metric_field> fields) { write("step", "step", step, fields); }
   void epoch(std::int64_t epoch, std::vector<metric_field> fields) { write("epoch", "epoch", epoch, fields); }
+  // A record of another kind at a step ({"kind":kind,"step":n,...}, e.g. a replica's events),
+  // local values only.
+  void event(std::string_view kind, std::int64_t step, std::vector<metric_field> fields) {
+    if (kind == "step" || kind == "epoch") {
+      throw invalid_argument_error("metrics_writer::event: kind '" + std::string(kind) +
+                                   "' is step()'s or epoch()'s (expected another name)");
+    }
+    write(kind, "step", step, fields);
+  }
 
   // Collective: every rank calls it with the same keys; reduced fields are combined first.
   template <class C>
@@ -28098,6 +28171,54 @@ class progress {
   std::int64_t samples_ = 0;
   std::chrono::steady_clock::time_point first_{}, last_{}, last_print_{};
 };
+
+}  // namespace partrain::inline v0
+
+// #include <partrain/train/replica_events.hpp>
+// partrain/train/replica_events.hpp: a fault-tolerant replica's events (replica_group's joins,
+// heals, state sent, failures, waits as a spare) into the metrics file and the trace, where the
+// rest of the run's records are:
+//
+//   metrics_writer metrics("metrics.jsonl");   // every replica appends its own events
+//   replica_group rg(store, groups, io, {.replica = r, .on_event = replica_event_sink(r, &metrics, &trace)});
+//
+// A metrics record per event: {"kind":"replica_event","step":S,"time":...,"event":"healed",
+// "replica":r,"quorum":q,"seconds":x,"bytes":b,"reason":"..."}; each is one O_APPEND write, so
+// the replicas of a host can share one file. A trace span per event on trace_track::recovery:
+// a heal or a sent state spans its transfer, the others are instants.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+// #include <partrain/parallel/replica_group.hpp> (above)
+// #include <partrain/train/metrics.hpp> (above)
+// #include <partrain/train/trace.hpp> (above)
+
+namespace partrain::inline v0 {
+
+// replica_group_options::on_event writing each event to `metrics` and `trace` (either may be null;
+// both must outlive the replica_group).
+[[nodiscard]] inline std::function<void(const replica_event&)> replica_event_sink(int replica, metrics_writer* metrics,
+                                                                                   trace_recorder* trace) {
+  return [replica, metrics, trace](const replica_event& e) {
+    const auto name = replica_event_name(e.what);
+    if (metrics) {
+      metrics->event("replica_event", e.step, {{"event", std::string(name)},
+                              {"replica", replica},
+                              {"quorum", e.quorum},
+                              {"seconds", e.seconds},
+                              {"bytes", e.bytes},
+                              {"reason", e.reason}});
+    }
+    if (trace && trace->enabled()) {
+      const auto end = std::chrono::duration_cast<std::chrono::nanoseconds>(e.at.time_since_epoch()).count();
+      const auto took = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(e.seconds)).count();
+      trace->record(name, trace_track::recovery, end - took, end, "step", e.step);
+    }
+  };
+}
 
 }  // namespace partrain::inline v0
 

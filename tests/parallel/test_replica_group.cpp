@@ -20,7 +20,9 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -39,6 +41,7 @@ struct replica_outcome {
   bool ended = false;     // its thread was ended by the test
   int failures = 0;
   int heals = 0;
+  std::int64_t failed_at = -1;  // the step of its first failure
   std::int64_t step = 0;
   std::string error;
 };
@@ -46,9 +49,13 @@ struct replica_outcome {
 // `slots` + `spares` replicas as threads with a lighthouse; dies(replica, step) ends that
 // replica's thread before it computes that step.
 // save_fails(replica) true: that replica's state save throws (it dies while sending its state).
+// dies_after(replica, step) true: that replica's thread ends after computing the step, where its
+// peers are in the step's agreement round (every quorum_round_every-th step) or applying it.
 std::vector<replica_outcome> run_threads(int slots, int spares, int steps,
                                          const std::function<bool(int, std::int64_t)>& dies,
-                                         const std::function<bool(int)>& save_fails = [](int) { return false; }) {
+                                         const std::function<bool(int)>& save_fails = [](int) { return false; },
+                                         const std::function<bool(int, std::int64_t)>& dies_after =
+                                             [](int, std::int64_t) { return false; }) {
   const int replicas = slots + spares;
   auto s = std::make_shared<testing::memory_store>();
   lighthouse lh(s, {.replicas = replicas,
@@ -79,6 +86,7 @@ std::vector<replica_outcome> run_threads(int slots, int spares, int steps,
                   [&](process_group& g, int slot, std::int64_t step) {
                     if (dies(r, step)) throw killed{};
                     m.compute(g, slot, step);
+                    if (dies_after(r, step)) throw killed{};
                   },
                   [&] { m.apply(slots); });
               if (!more) break;
@@ -90,6 +98,9 @@ std::vector<replica_outcome> run_threads(int slots, int spares, int steps,
           }
           o.failures = rg.failures();
           o.heals = rg.heals();
+          for (const auto& e : rg.events()) {
+            if (e.what == replica_event::kind::failed && o.failed_at < 0) o.failed_at = e.step;
+          }
           o.step = rg.current_step();
           o.w = m.w;
         } catch (const std::exception& e) {
@@ -281,6 +292,70 @@ TEST_CASE("replica_group on threads: two replicas lost at once, and a source los
     CHECK(out[3].heals == 1);     // healed once, from replica 2
     CHECK(out[4].heals == 1);
   }
+  SECTION("a replica lost in the agreement round") {
+    // Step 7 is the first round (quorum_round_every 8): replica 1 computes it with its peers, then
+    // leaves while they all-reduce their votes. The step is applied nowhere; the spare heals to 7.
+    const auto out = run_threads(3, 1, steps, [](int, std::int64_t) { return false; }, [](int) { return false; },
+                                 [](int r, std::int64_t s) { return r == 1 && s == 7; });
+    CHECK(out[1].ended);
+    CHECK(out[1].step == 7);
+    for (int r : {0, 2, 3}) {
+      INFO("replica " << r << ": " << out[static_cast<std::size_t>(r)].error);
+      CHECK(out[static_cast<std::size_t>(r)].trained);
+      CHECK(out[static_cast<std::size_t>(r)].w == want);
+    }
+    CHECK(out[0].failures == 1);  // the round failed: the step was dropped, not applied
+    CHECK(out[0].failed_at == 7);
+    CHECK(out[2].failed_at == 7);
+    CHECK(out[3].heals == 1);
+  }
+}
+
+namespace {
+
+// A group of another backend, for the refusals: never asked to communicate.
+class other_backend final : public process_group {
+ public:
+  other_backend(std::string_view name, bool host_memory) : process_group(0, 1, {}), name_(name), host_(host_memory) {}
+  [[nodiscard]] std::string_view backend() const noexcept override { return name_; }
+  [[nodiscard]] bool accepts(device_kind k) const noexcept override { return (k == device_kind::cpu) == host_; }
+
+ protected:
+  work do_all_reduce(raw_tensor, reduce_op) override { throw std::logic_error("unused"); }
+  work do_broadcast(raw_tensor, int) override { throw std::logic_error("unused"); }
+  work do_reduce(raw_tensor, int, reduce_op) override { throw std::logic_error("unused"); }
+  work do_all_gather(raw_tensor, raw_tensor) override { throw std::logic_error("unused"); }
+  work do_reduce_scatter(raw_tensor, raw_tensor, reduce_op) override { throw std::logic_error("unused"); }
+  work do_barrier() override { throw std::logic_error("unused"); }
+  work do_send(raw_tensor, int, int) override { throw std::logic_error("unused"); }
+  work do_recv(raw_tensor, int, int) override { throw std::logic_error("unused"); }
+
+ private:
+  std::string_view name_;
+  bool host_;
+};
+
+}  // namespace
+
+TEST_CASE("replica_group refuses an mpi group and a device-only group by name", "[parallel][ft][errors]") {
+  const bool mpi = GENERATE(true, false);
+  CAPTURE(mpi);
+  auto s = std::make_shared<testing::memory_store>();
+  lighthouse lh(s, {.replicas = 1, .policy = {.slots = 1}, .tick = 5ms});
+  toy_model m;
+  replica_group rg(
+      s, [&](std::int64_t, int, int) { return std::make_unique<other_backend>(mpi ? "mpi" : "nccl", /*host_memory=*/mpi); }, m.io(),
+      {.replica = 0, .heartbeat_interval = 20ms, .quorum_timeout = 5s});
+  const auto step = [&] {
+    (void)rg.step([&](process_group& g, int slot, std::int64_t k) { m.compute(g, slot, k); }, [&] { m.apply(1); });
+  };
+  if (mpi) {
+    CHECK_THROWS_WITH(step(), Catch::Contains("an mpi group cannot be a quorum's group") &&
+                                  Catch::Contains("Open MPI cannot rebuild a communicator"));
+  } else {
+    CHECK_THROWS_WITH(step(), Catch::Contains("the nccl backend carries device memory only") && Catch::Contains("use gloo"));
+  }
+  CHECK(rg.current_step() == 0);
 }
 
 TEST_CASE("replica_rows shares a global batch out exactly, whatever the membership", "[parallel][ft]") {

@@ -81,14 +81,8 @@ std::vector<replica_result> run_job(const faults& f) {
     auto control = std::make_shared<tcp_store>(client(port, r));
     auto rdzv = std::make_shared<tcp_store>(client(port, r));
     toy_model m;
-    replica_group rg(
-        control,
-        [&](std::int64_t id, int rank, int size) {
-          process_group_options o;
-          o.timeout = 2000ms;
-          return std::make_unique<gloo_group>(rdzv, rank, size, o, gloo_options{.prefix = "ft/g" + std::to_string(id) + "/"});
-        },
-        m.io(), {.replica = r, .heartbeat_interval = 50ms, .quorum_timeout = 20s});
+    replica_group rg(control, gloo_groups_by_id(rdzv, {.timeout = 2000ms}), m.io(),
+                     {.replica = r, .heartbeat_interval = 50ms, .quorum_timeout = 20s});
     while (rg.current_step() < steps) {
       const bool more = rg.step(
           [&](process_group& g, int slot, std::int64_t step) {
@@ -151,7 +145,7 @@ TEST_CASE("replica_group over gloo: a stopped replica is evicted, a killed one r
     CHECK(got[static_cast<std::size_t>(r)].w == want[0].w);
   }
   CHECK(got[1].w.empty());
-  // Event kinds: 0 joined, 1 healed, 2 sent state, 3 failed, 4 left as a spare.
+  // Event kinds: 0 joined, 1 healed, 2 sent_state, 3 failed, 4 left_as_spare.
   CHECK_THAT(got[4].events, Catch::Contains("1@4"));  // the spare healed to step 4
   CHECK_THAT(got[2].events, Catch::Contains("3@4"));  // the woken replica failed its stale step ...
   CHECK_THAT(got[2].events, Catch::Contains("4@4"));  // ... waited as a spare ...

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <sstream>
@@ -326,6 +327,22 @@ TEST_CASE("init_process_group rejects backends that are unknown or not compiled 
   CHECK_THROWS_WITH(init_process_group("tcp://127.0.0.1:" + std::to_string(detail::find_free_port()), o),
                     Catch::Contains("backend 'gloo' is not compiled in") && Catch::Contains("libgloo-dev"));
 #endif
+}
+
+TEST_CASE("init_process_group refuses a process partrun started for a fault-tolerant job", "[comm][init][errors]") {
+  const char* var = GENERATE("PARTRAIN_FT_SLOTS", "PARTRAIN_FT_MIN_REPLICAS");
+  CAPTURE(var);
+  struct unset_after {
+    const char* name;
+    ~unset_after() { ::unsetenv(name); }
+  } guard{var};
+  ::setenv(var, "2", 1);
+  CHECK_THROWS_WITH(init_process_group("tcp://127.0.0.1:1", ranks(0, 1)),
+                    Catch::Contains(std::string(var) + " is set") && Catch::Contains("build a replica_group") &&
+                        Catch::Contains("not ZeRO, FSDP or a pipeline") && Catch::Contains("not mpi"));
+  init_options o = ranks(0, 1);
+  o.backend = "mpi";  // refused before MPI is asked
+  CHECK_THROWS_WITH(init_process_group("mpi://", o), Catch::Contains("build a replica_group"));
 }
 
 TEST_CASE("init_process_group: an unreachable master is a timeout naming host and port", "[comm][init][errors]") {

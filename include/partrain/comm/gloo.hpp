@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -378,5 +379,19 @@ class gloo_group final : public process_group {
 };
 
 static_assert(communicator<gloo_group>);
+
+// A factory of gloo_groups keyed by an id, each meeting under a store prefix of its own
+// (base.prefix + id + "/", base.prefix "ft/group" when empty): replica_group's factory, which
+// builds one group per quorum on the job's store, so successive quorums' rendezvous never mix.
+[[nodiscard]] inline std::function<std::unique_ptr<process_group>(std::int64_t id, int rank, int size)>
+gloo_groups_by_id(std::shared_ptr<store> rendezvous, process_group_options opts = {}, gloo_options base = {}) {
+  if (!rendezvous) throw invalid_argument_error("gloo_groups_by_id: the rendezvous store is null");
+  if (base.prefix.empty()) base.prefix = "ft/group";
+  return [rendezvous = std::move(rendezvous), opts, base](std::int64_t id, int rank, int size) {
+    auto g = base;
+    g.prefix += std::to_string(id) + "/";
+    return std::unique_ptr<process_group>(std::make_unique<gloo_group>(rendezvous, rank, size, opts, std::move(g)));
+  };
+}
 
 }  // namespace partrain::inline v0

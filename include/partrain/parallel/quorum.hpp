@@ -46,7 +46,10 @@ struct quorum {
   [[nodiscard]] std::string encode() const {
     auto list = [](const std::vector<int>& v) {
       std::string s;
-      for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        if (i) s += ',';
+        s += std::to_string(v[i]);
+      }
       return s;
     };
     return std::to_string(id) + ";" + list(members) + ";" + list(spares);

@@ -22,6 +22,7 @@
 #include <span>
 #include <stop_token>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -47,6 +48,18 @@ struct replica_event {
   double seconds = 0;                          // healed, sent_state: how long the transfer took
   std::int64_t bytes = 0;                      // healed, sent_state: the state's size
 };
+
+// The event's name in logs, metrics records and traces.
+[[nodiscard]] constexpr std::string_view replica_event_name(replica_event::kind k) noexcept {
+  switch (k) {
+    case replica_event::kind::joined: return "joined";
+    case replica_event::kind::healed: return "healed";
+    case replica_event::kind::sent_state: return "sent_state";
+    case replica_event::kind::failed: return "failed";
+    case replica_event::kind::left_as_spare: return "left_as_spare";
+  }
+  return "unknown";
+}
 
 struct replica_group_options {
   int replica = 0;  // this replica's id (its launch rank), 0 <= replica < the lighthouse's replicas
@@ -191,8 +204,7 @@ class replica_group {
     return static_cast<int>(std::ranges::count(events_, k, &replica_event::what));
   }
   void record(replica_event::kind k, std::string reason, double seconds = 0, std::int64_t bytes = 0) {
-    constexpr const char* names[] = {"joined", "healed", "sent state", "failed", "left as a spare"};
-    log_info("replica " + std::to_string(opts_.replica) + " " + names[static_cast<int>(k)] + " at step " +
+    log_info("replica " + std::to_string(opts_.replica) + " " + std::string(replica_event_name(k)) + " at step " +
              std::to_string(step_) + " in quorum " + std::to_string(quorum_.id) + (reason.empty() ? "" : ": ") + reason);
     events_.push_back({k, step_, quorum_.id, std::move(reason), std::chrono::steady_clock::now(), seconds, bytes});
     if (opts_.on_event) opts_.on_event(events_.back());
@@ -292,6 +304,8 @@ class replica_group {
     quorum_ = q;
     try {
       group_ = make_group_(q.id, rank, static_cast<int>(q.members.size()));
+      if (!group_) throw invalid_argument_error("replica_group: the group factory returned no group for quorum " + std::to_string(q.id));
+      refuse_backend(*group_);
       heal();
     } catch (const communication_error& e) {
       fail(e.what());
@@ -300,6 +314,20 @@ class replica_group {
     set_phase(phase::member, q.id);
     record(replica_event::kind::joined, "slot " + std::to_string(rank) + " of " + std::to_string(q.members.size()));
     return true;
+  }
+
+  // A quorum's group carries host bytes (the step agreement, the state a joining replica receives)
+  // and is rebuilt after every loss.
+  static void refuse_backend(const process_group& g) {
+    if (g.backend() == "mpi") {
+      throw config_error("replica_group: an mpi group cannot be a quorum's group: Open MPI cannot rebuild a communicator "
+                         "after a rank dies (that needs ULFM); use gloo, or local groups for threads");
+    }
+    if (!g.accepts(device_kind::cpu)) {
+      throw config_error("replica_group: the " + std::string(g.backend()) +
+                         " backend carries device memory only, and a quorum's group also carries host bytes (the step "
+                         "agreement, the state sent to a joining replica); use gloo");
+    }
   }
 
   // Brings every member to the highest committed step: the lowest-ranked member that has it

@@ -66,6 +66,21 @@ inline void check_backend_name(const std::string& backend) {
   }
 }
 
+// A process partrun started for a fault-tolerant job (--spares, --min-replicas) is one replica of
+// many, spares counted in WORLD_SIZE: a group over all of them would train the spares too and
+// end the job at the first loss. Such a program builds a replica_group instead.
+inline void refuse_replica_launch(const env_lookup& env) {
+  for (const char* var : {"PARTRAIN_FT_SLOTS", "PARTRAIN_FT_MIN_REPLICAS"}) {
+    if (!env(var)) continue;
+    throw config_error(std::string("init_process_group: this process was started for a fault-tolerant job (") + var +
+                       " is set, by partrun --spares or --min-replicas), whose groups change with its quorums: build a "
+                       "replica_group from replica_launch_from_env() instead (parallel/replica_group.hpp). It heals "
+                       "from one replica's whole state, so it takes the data-parallel modes (DDP, local SGD, DiLoCo), "
+                       "not ZeRO, FSDP or a pipeline (their state is sharded over the ranks), and gloo or threads, "
+                       "not mpi (Open MPI cannot rebuild a communicator after a rank dies)");
+  }
+}
+
 }  // namespace detail::rdzv
 
 namespace detail::mpi {
@@ -138,6 +153,7 @@ PARTRAIN_LINKAGE std::unique_ptr<process_group> make_process_group(const rendezv
 PARTRAIN_LINKAGE std::unique_ptr<process_group> init_process_group(std::string_view url, const init_options& opts) {
   // Check the backend name before anyone binds a port or waits on a peer.
   detail::rdzv::check_backend_name(opts.backend);
+  detail::rdzv::refuse_replica_launch(process_env);
   // mpi:// (or backend "mpi" on env://): MPI's own rendezvous, no store.
   if (url.starts_with("mpi://") || opts.backend == "mpi") {
     if (!opts.backend.empty() && opts.backend != "mpi") {

@@ -209,6 +209,15 @@ class metrics_writer {
   // Local values only (no communicator): rank 0 writes what it was given.
   void step(std::int64_t step, std::vector<metric_field> fields) { write("step", "step", step, fields); }
   void epoch(std::int64_t epoch, std::vector<metric_field> fields) { write("epoch", "epoch", epoch, fields); }
+  // A record of another kind at a step ({"kind":kind,"step":n,...}, e.g. a replica's events),
+  // local values only.
+  void event(std::string_view kind, std::int64_t step, std::vector<metric_field> fields) {
+    if (kind == "step" || kind == "epoch") {
+      throw invalid_argument_error("metrics_writer::event: kind '" + std::string(kind) +
+                                   "' is step()'s or epoch()'s (expected another name)");
+    }
+    write(kind, "step", step, fields);
+  }
 
   // Collective: every rank calls it with the same keys; reduced fields are combined first.
   template <class C>

@@ -47,6 +47,7 @@ namespace partrain::inline v0 {
 namespace trace_track {
 inline constexpr int step = 0;        // the loop: step, forward_backward, optimizer, checkpoint
 inline constexpr int data = 1;        // waiting for the next batch
+inline constexpr int recovery = 2;    // a fault-tolerant replica's events: joined, healed, failed, ...
 inline constexpr int bucket0 = 16;    // bucket i's all_reduce runs on track bucket0 + i
 [[nodiscard]] constexpr int bucket(std::size_t i) noexcept { return bucket0 + static_cast<int>(i); }
 }  // namespace trace_track
@@ -98,6 +99,7 @@ class event_store {
 [[nodiscard]] inline std::string track_name(int tid) {
   if (tid == trace_track::step) return "step";
   if (tid == trace_track::data) return "data";
+  if (tid == trace_track::recovery) return "recovery";
   if (tid >= trace_track::bucket0) return "bucket " + std::to_string(tid - trace_track::bucket0) + " all_reduce";
   return "track " + std::to_string(tid);
 }
