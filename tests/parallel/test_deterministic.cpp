@@ -8,6 +8,7 @@
 #include <partrain/model/sequential.hpp>
 #include <partrain/optim/sgd.hpp>
 #include <partrain/parallel/deterministic.hpp>
+#include <partrain/train/checkpoint.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +17,7 @@
 
 #include "mlp_layers.hpp"
 #include "pipeline_layers.hpp"
+#include "temp_dir.hpp"
 #include "vit_layers.hpp"
 
 using namespace partrain;
@@ -67,6 +69,37 @@ TEST_CASE("deterministic data parallel: the same bits at world sizes 1 to 4", "[
     CHECK(losses == losses1);
   }
   CHECK(losses1.front() != losses1.back());  // it trained
+}
+
+TEST_CASE("deterministic data parallel: a run checkpointed at 2 ranks and resumed at 3 ends with the 1-rank bits",
+          "[parallel][deterministic][checkpoint]") {
+  testing::temp_dir dir("partrain_det_resume");
+  const auto file = dir.path / "run.ckpt";
+  // Steps [from, to) at `world` ranks; optionally loaded from / saved to the checkpoint first / last.
+  auto run = [&](int world, std::uint32_t from, std::uint32_t to, bool load, bool save) {
+    std::vector<std::vector<float>> values(static_cast<std::size_t>(world));
+    run_local(world, [&](local_group& g) {
+      sequential model(ml::make_mlp({6, 5, 4, 10}, 3), ml::softmax_cross_entropy{});
+      deterministic_data_parallel ddp(model, g, {.shards = shards});
+      sgd opt(model, {.lr = 0.1, .momentum = 0.9});  // momentum: the optimizer's state must resume too
+      if (load) (void)load_checkpoint(file, model, opt);
+      for (std::uint32_t s = from; s < to; ++s) {
+        const test::synthetic_batch b(global_rows, 6, 10, 40 + s);
+        (void)ddp.train_step(batch{b.input(), b.labels(), {}});
+        opt.step();
+      }
+      if (save) save_checkpoint(g, file, model, opt);
+      auto& v = values[static_cast<std::size_t>(g.rank())];
+      for (auto& p : model.parameters()) v.insert(v.end(), p.value().begin(), p.value().end());
+    });
+    for (const auto& v : values) REQUIRE(v == values[0]);
+    return values[0];
+  };
+  const auto one = run(1, 0, steps, false, false);
+  const auto half = run(2, 0, steps / 2, false, true);
+  CHECK(half != one);
+  CHECK(run(3, steps / 2, steps, true, false) == one);
+  CHECK(run(4, steps / 2, steps, true, false) == one);
 }
 
 TEST_CASE("deterministic data parallel's gradient is the global batch's mean gradient", "[parallel][deterministic]") {
