@@ -39,6 +39,7 @@
 #include <partrain/parallel/ddp.hpp>
 #include <partrain/parallel/lighthouse.hpp>
 #include <partrain/parallel/replica_group.hpp>
+#include <partrain/train/replica_state.hpp>
 #include <partrain/rendezvous/tcp_store.hpp>
 #include <partrain/rendezvous/tcp_store_server.hpp>
 
@@ -70,25 +71,6 @@ struct rows {
             tensor_view<const std::int32_t>(y.data() + s * per_rank, per_rank), {}};
   }
 };
-
-// What a joining replica receives: the parameters and SGD's momentum.
-replica_state_io state_of(mlp& model, sgd<mlp>& opt) {
-  return {.save =
-              [&] {
-                state_writer w;
-                const auto v = model.flat_values();
-                w.put_array(std::span<const float>(v.data(), v.size()));
-                opt.save_state(w);
-                return w.release();
-              },
-          .load =
-              [&](std::span<const std::byte> b) {
-                state_reader r(b, "a peer's state");
-                const auto v = model.flat_values();
-                r.get_array(std::span<float>(v.data(), v.size()), "parameters");
-                opt.load_state(r);
-              }};
-}
 
 // DDP bound to the group of the replica's quorum: made anew when the quorum changes (a group
 // made later may sit at the address of one destroyed, so the quorum's id is what tells).
@@ -141,7 +123,7 @@ double window(bool ft, std::size_t steps, const rows& data) {
       return;
     }
     replica_group rg(std::make_shared<tcp_store>(client(server->port())),
-                     [&](std::int64_t id, int rank, int size) { return registry.make(id, rank, size); }, state_of(model, opt),
+                     [&](std::int64_t id, int rank, int size) { return registry.make(id, rank, size); }, replica_state_of(model, opt),
                      {.replica = g.rank()});
     ddp_in_quorum d{model, rg};
     auto compute = [&](process_group& pg, int slot, std::int64_t) { (void)d.step(pg, data.of(slot)); };
@@ -195,7 +177,7 @@ recovery_record recovery_run(std::int64_t kill_step, std::int64_t steps) {
         auto rdzv = std::make_shared<tcp_store>(client(port));
         mlp model({}, 1);
         sgd opt(model, {.lr = 0.01, .momentum = 0.9});
-        replica_group rg(control, gloo_groups_by_id(rdzv, {.timeout = 5s}), state_of(model, opt), {.replica = r});
+        replica_group rg(control, gloo_groups_by_id(rdzv, {.timeout = 5s}), replica_state_of(model, opt), {.replica = r});
         ddp_in_quorum d{model, rg};
         while (rg.current_step() < steps) {
           const int failures = rg.failures();

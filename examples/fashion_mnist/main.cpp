@@ -5,6 +5,7 @@
 //   fashion_mnist --nproc 2                     # 2 processes over Gloo, started here
 //   fashion_mnist --backend local --nproc 2     # 2 threads of this process
 //   partrun --nproc-per-node 2 fashion_mnist    # ranks from the launcher's environment
+//   partrun --nproc-per-node 3 --spares 1 fashion_mnist   # a fault-tolerant job (replicas.hpp)
 // The modes other than DDP are in modes.hpp, what they all share in common.hpp.
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "mlp_host.hpp"
 #include "modes.hpp"
 #include "options.hpp"
+#include "replicas.hpp"
 #if defined(__CUDACC__)
 #include "mlp_cuda.cuh"
 #endif
@@ -96,6 +98,13 @@ void run_rank(process_group& pg, const options& o, const datasets& data) {
 }
 
 int run(options o) {
+  // Under partrun --spares or --min-replicas: a replica of a fault-tolerant job (replicas.hpp).
+  if (const auto launch = replica_launch_from_env()) {
+    refuse_for_replicas(o);
+    const datasets data = load_data(o);
+    with_model(o, [&](auto& model) { train_replica(model, *launch, o, data); });
+    return 0;
+  }
   const datasets data = load_data(o);
   if (o.parallel == "dp") {
     train_dp(o, data);

@@ -153,12 +153,18 @@ class replica_group {
   // gradients for `step` from scratch (zeroing what an earlier try left) and reduces them over
   // `group`; apply() then steps the optimizer. A collective that fails (a member died, stalled or
   // left) drops the step here; the replica waits for the next quorum, heals if it is behind, and
-  // runs the step again. Returns false when the job finished without this replica: it waited as
-  // a spare, or its last step failed after a peer committed it (its state is then not the job's).
+  // runs the step again. Returns true when the step committed, or when this replica healed forward
+  // to a later step (current_step() says which runs next); false when the job finished without
+  // this replica: it waited as a spare, or its last step failed after a peer committed it (its
+  // state is then not the job's).
   bool step(const std::function<void(process_group&, int slot, std::int64_t step)>& compute,
             const std::function<void()>& apply) {
     for (;;) {
-      if (!group_ && !join()) return false;
+      if (!group_) {
+        const auto before = step_;
+        if (!join()) return false;
+        if (step_ != before) return true;  // healed forward: the caller's loop sees the new step first
+      }
       try {
         compute(*group_, group_->rank(), step_);  // the group's rank is this replica's slot
         // Every quorum_round_every steps (all members count the same steps), the members agree on
@@ -174,6 +180,7 @@ class replica_group {
         if (vote > quorum_.id) {
           want_ = vote;
           group_.reset();
+          switching_ = true;
         }
         return true;
       } catch (const communication_error& e) {
@@ -184,6 +191,13 @@ class replica_group {
 
   // Says this replica finished the job (every member calls it after its last step).
   void finish() {
+    // The members agreed on a newer quorum at the job's last round: form it still, so a replica
+    // it admits receives the final state instead of waiting for peers that are done.
+    if (!group_ && switching_) {
+      if (const auto text = detail::ft::peek(*store_, detail::ft::quorum_key(want_))) {
+        if (const auto q = quorum::decode(*text); q.slot_of(opts_.replica) >= 0) (void)form(q);
+      }
+    }
     finished_ = true;
     set_phase(detail::ft::replica_phase::done, quorum_.id);
   }
@@ -255,7 +269,7 @@ class replica_group {
   // long as the lighthouse ticks (quorum_timeout of silence ends it), and any replica stops when the
   // lighthouse gives the job up.
   bool join() {
-    const auto deadline = std::chrono::steady_clock::now() + opts_.quorum_timeout;
+    auto deadline = std::chrono::steady_clock::now() + opts_.quorum_timeout;
     bool spare = false;
     std::string lighthouse_ticks;
     auto lighthouse_moved = std::chrono::steady_clock::now();
@@ -280,6 +294,7 @@ class replica_group {
         want_ = latest + 1;  // if this one does not take us in (or fails), the next one
         if (next.slot_of(opts_.replica) >= 0) {
           if (form(next)) return true;
+          deadline = std::chrono::steady_clock::now() + opts_.quorum_timeout;  // the wait starts again
           continue;
         }
         if (!spare) record(replica_event::kind::left_as_spare, "quorum " + next.encode());
@@ -312,6 +327,7 @@ class replica_group {
       return false;
     }
     set_phase(phase::member, q.id);
+    switching_ = false;
     record(replica_event::kind::joined, "slot " + std::to_string(rank) + " of " + std::to_string(q.members.size()));
     return true;
   }
@@ -373,6 +389,7 @@ class replica_group {
   std::int64_t step_ = 0;
   std::int64_t want_ = 0;  // the lowest quorum id this replica may still join
   bool finished_ = false;
+  bool switching_ = false;  // left its group at a round for a newer quorum, not yet formed
   std::atomic<std::int64_t> latest_seen_{-1};
   std::vector<replica_event> events_{};
   std::mutex beat_mutex_;
