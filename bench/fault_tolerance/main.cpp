@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -34,6 +35,8 @@
 #include <partrain/launch/process.hpp>
 #include <partrain/comm/local.hpp>
 #include <partrain/data/batch.hpp>
+#include <partrain/model/sequential.hpp>
+#include <partrain/optim/adamw.hpp>
 #include <partrain/optim/sgd.hpp>
 #include <partrain/optim/state_io.hpp>
 #include <partrain/parallel/ddp.hpp>
@@ -45,6 +48,7 @@
 
 #include "median.hpp"
 #include "mlp_host.hpp"
+#include "vit_layers.hpp"
 
 extern char** environ;
 
@@ -74,10 +78,11 @@ struct rows {
 
 // DDP bound to the group of the replica's quorum: made anew when the quorum changes (a group
 // made later may sit at the address of one destroyed, so the quorum's id is what tells).
+template <class M>
 struct ddp_in_quorum {
-  mlp& model;
+  M& model;
   const replica_group& rg;
-  std::optional<distributed_data_parallel<mlp>> ddp{};
+  std::optional<distributed_data_parallel<M>> ddp{};
   std::int64_t bound = -1;
   double step(process_group& g, const batch& b) {
     if (rg.current_quorum().id != bound) {
@@ -125,7 +130,7 @@ double window(bool ft, std::size_t steps, const rows& data) {
     replica_group rg(std::make_shared<tcp_store>(client(server->port())),
                      [&](std::int64_t id, int rank, int size) { return registry.make(id, rank, size); }, replica_state_of(model, opt),
                      {.replica = g.rank()});
-    ddp_in_quorum d{model, rg};
+    ddp_in_quorum<mlp> d{model, rg};
     auto compute = [&](process_group& pg, int slot, std::int64_t) { (void)d.step(pg, data.of(slot)); };
     auto apply = [&] { opt.step(); };
     rg.step(compute, apply);
@@ -137,6 +142,58 @@ double window(bool ft, std::size_t steps, const rows& data) {
     rg.finish();
   }, o);
   return secs[0];
+}
+
+// The heal of a ViT replica (the example's ViT; its parameters and AdamW's two moments): 2 slots
+// and a spare as threads, slot 1's thread ends before step 2 and the spare heals from slot 0.
+struct heal_figure {
+  double seconds = -1;
+  std::int64_t bytes = 0;
+};
+heal_figure vit_heal() {
+  struct gone {};
+  tcp_store_server server;
+  lighthouse lh(std::make_shared<tcp_store>(client(server.port())),
+                {.replicas = 3, .policy = {.slots = 2}, .heartbeat_timeout = 1000ms});
+  local_group_registry registry({.timeout = 30s});
+  const rows data(2);
+  heal_figure out;
+  std::mutex mutex;
+  {
+    std::vector<std::jthread> threads;
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        using vit = sequential<models::layers::host_model, models::layers::softmax_cross_entropy>;
+        vit model(models::layers::make_vit({}, 1), models::layers::softmax_cross_entropy{});
+        adamw opt(model, {.lr = 1e-3});
+        try {
+          replica_group rg(std::make_shared<tcp_store>(client(server.port())),
+                           [&](std::int64_t id, int rank, int size) { return registry.make(id, rank, size); },
+                           replica_state_of(model, opt), {.replica = r});
+          ddp_in_quorum<vit> d{model, rg};
+          while (rg.current_step() < 4) {
+            const bool more = rg.step(
+                [&](process_group& pg, int slot, std::int64_t step) {
+                  if (r == 1 && step == 2) throw gone{};
+                  (void)d.step(pg, data.of(slot));
+                },
+                [&] { opt.step(); });
+            if (!more) break;
+          }
+          rg.finish();
+          for (const auto& e : rg.events()) {
+            if (e.what != replica_event::kind::healed) continue;
+            std::lock_guard lock(mutex);
+            out = {e.seconds, e.bytes};
+          }
+        } catch (const gone&) {
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "vit heal, replica %d: %s\n", r, e.what());
+        }
+      });
+    }
+  }
+  return out;
 }
 
 // What one killed run measured, in shared memory the processes write.
@@ -178,7 +235,7 @@ recovery_record recovery_run(std::int64_t kill_step, std::int64_t steps) {
         mlp model({}, 1);
         sgd opt(model, {.lr = 0.01, .momentum = 0.9});
         replica_group rg(control, gloo_groups_by_id(rdzv, {.timeout = 5s}), replica_state_of(model, opt), {.replica = r});
-        ddp_in_quorum d{model, rg};
+        ddp_in_quorum<mlp> d{model, rg};
         while (rg.current_step() < steps) {
           const int failures = rg.failures();
           const bool more = rg.step(
@@ -312,6 +369,11 @@ int main(int argc, char** argv) {
 #else
   std::printf("\nrestart comparison left out: built without partrun or the Fashion-MNIST example\n");
 #endif
-  std::printf("summary: quorum_overhead=%.4f recovery_s=%.3f restart_s=%.3f\n", overhead, median(recoveries), restart_s);
+  const auto vit = vit_heal();
+  std::printf("\nheal of the example's ViT (parameters and AdamW state as checkpoint bytes), 2 slots + 1 spare as threads\n\n");
+  std::printf("%-24s %10s %12s\n", "model", "heal s", "heal bytes");
+  std::printf("%-24s %10.4f %12lld\n", "ViT dim 64, 4 blocks", vit.seconds, static_cast<long long>(vit.bytes));
+  std::printf("summary: quorum_overhead=%.4f recovery_s=%.3f restart_s=%.3f vit_heal_s=%.4f\n", overhead, median(recoveries),
+              restart_s, vit.seconds);
   return 0;
 }
