@@ -157,7 +157,7 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
                    models::layers::softmax_cross_entropy{});
   distributed_data_parallel ddp(model, mesh.group("dp"));
   any_optimizer opt = make_optimizer(model, o);
-  ddp_policy policy(ddp, opt);
+  ddp_policy policy(ddp, opt, {.rank_sections = &pg});  // checkpoints: each rank its slice of the blocks
   trace_recorder trace;
   loader train = rank_train(data, o, dp_rank, dp_size);
   loader test = rank_test(data, dp_rank, dp_size);

@@ -27826,6 +27826,11 @@ struct ddp_policy_options {
   // The state of DDP's comm_hooks::powersgd hook: checkpoints then carry it, and since its error
   // feedback differs across ranks they become rank checkpoints (train/rank_checkpoint.hpp).
   powersgd_state* powersgd = nullptr;
+  // The ranks hold different parameters (tensor parallel on a device_mesh: each rank its slice of
+  // the blocks): checkpoints are rank checkpoints over this group, the whole mesh, each rank's
+  // section its own parameters and optimizer state, resumed on a mesh of the same shape. Null:
+  // every rank holds the same model (rank 0 writes it).
+  process_group* rank_sections = nullptr;
 };
 
 // distributed_data_parallel plus its optimizer (and grad scaler): a step is DDP's train_step
@@ -27891,7 +27896,11 @@ class ddp_policy {
   {
     if (o_.scaler && o_.scaler->enabled()) extra.scaler_state = o_.scaler->state_bytes();
     if (o_.powersgd) {
-      save_rank_checkpoint(group(), file, ddp_->module(), with_hook_state{opt_, o_.powersgd}, extra);
+      save_rank_checkpoint(sections(), file, ddp_->module(), with_hook_state{opt_, o_.powersgd}, extra);
+      return;
+    }
+    if (o_.rank_sections) {
+      save_rank_checkpoint(sections(), file, ddp_->module(), *opt_, extra);
       return;
     }
     if (group().rank() == 0 && file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
@@ -27903,7 +27912,9 @@ class ddp_policy {
     checkpoint_extra extra;
     if (o_.powersgd) {
       with_hook_state state{opt_, o_.powersgd};
-      extra = load_rank_checkpoint(group(), file, ddp_->module(), state);
+      extra = load_rank_checkpoint(sections(), file, ddp_->module(), state);
+    } else if (o_.rank_sections) {
+      extra = load_rank_checkpoint(sections(), file, ddp_->module(), *opt_);
     } else {
       extra = partrain::load_checkpoint(file, ddp_->module(), *opt_);
     }
@@ -27915,6 +27926,7 @@ class ddp_policy {
   }
 
  private:
+  [[nodiscard]] process_group& sections() { return o_.rank_sections ? *o_.rank_sections : group(); }
   // The optimizer's state, then the hook's, as one rank_state.
   struct with_hook_state {
     Opt* opt;
