@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include <partrain/comm/process_group.hpp>
 #include <partrain/core/buffer.hpp>
 #include <partrain/core/error.hpp>
 #include <partrain/core/tensor_view.hpp>
@@ -38,10 +39,15 @@ struct host_param {
     bound_grad_ = grad;
     bound_ = true;
   }
+  // Tensor parallel: the group this parameter is split across, each rank holding a slice (null:
+  // whole on every rank). Clipping over a mesh sums its squares over that group.
+  [[nodiscard]] partrain::process_group* shard_group() const noexcept { return shard_group_; }
+  void set_shard_group(partrain::process_group* g) noexcept { shard_group_ = g; }
 
  private:
   tensor_view<float> bound_value_, bound_grad_;
   bool bound_ = false;
+  partrain::process_group* shard_group_ = nullptr;
 };
 
 // A linear layer's initial weights w [out, in] and bias b [out]: uniform in +-1/sqrt(in), from

@@ -65,6 +65,11 @@ struct basic_param {
   explicit basic_param(shape s) : v(s), g(s) {}
   [[nodiscard]] tensor_view<T> value() { return v.view(); }
   [[nodiscard]] tensor_view<T> grad() { return g.view(); }
+  [[nodiscard]] partrain::process_group* shard_group() const noexcept { return shard_group_; }
+  void set_shard_group(partrain::process_group* g) noexcept { shard_group_ = g; }
+
+ private:
+  partrain::process_group* shard_group_ = nullptr;
 };
 // float layers hold host_param, what host_layer::parameters() returns (and what FSDP binds).
 template <class T>
@@ -357,6 +362,9 @@ class basic_transformer_block {
     rows_of(fc1_w, r * f, f, d, params_[fc1_w].value().data());
     rows_of(fc1_b, r * f, f, 1, params_[fc1_b].value().data());
     cols_of(fc2_w, d, full.hidden_, r * f, f, params_[fc2_w].value().data());
+    if (tp.size > 1) {
+      for (const auto i : {qkv_w, qkv_b, proj_w, fc1_w, fc1_b, fc2_w}) params_[i].set_shard_group(tp.group);
+    }
   }
 
   [[nodiscard]] shape output_shape(const shape& s) const {

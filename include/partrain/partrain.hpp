@@ -119,6 +119,7 @@
 #include <partrain/parallel/fsdp.hpp>
 #include <partrain/parallel/lighthouse.hpp>
 #include <partrain/parallel/local_sgd.hpp>
+#include <partrain/parallel/mesh_clip.hpp>
 #include <partrain/parallel/pipeline/local_grid.hpp>
 #include <partrain/parallel/pipeline/partition.hpp>
 #include <partrain/parallel/pipeline/pipeline.hpp>

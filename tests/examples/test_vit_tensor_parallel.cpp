@@ -12,6 +12,8 @@
 #include <partrain/model/sequential.hpp>
 #include <partrain/optim/sgd.hpp>
 #include <partrain/parallel/ddp.hpp>
+#include <partrain/parallel/mesh_clip.hpp>
+#include <partrain/optim/clip.hpp>
 #include <partrain/train/policies.hpp>
 
 #include <cstddef>
@@ -244,6 +246,69 @@ TEST_CASE("DP x TP checkpoints: each rank's slice saved and resumed, bit for bit
     }
   });
   CHECK_THAT(error, Catch::Contains("was saved by 4 ranks, this job has 2"));
+}
+
+TEST_CASE("clipping over DP x TP counts every parameter once and follows one process", "[examples][vit][tensor_parallel][clip]") {
+  const auto c = tp_vit(0.0f);
+  const std::size_t half = 3, pixels = c.image * c.image;
+  constexpr double max_norm = 0.05;  // well below the gradients' norm: every step clips
+  std::vector<test::synthetic_batch> batches;
+  for (std::uint32_t s = 0; s < 3; ++s) batches.emplace_back(2 * half, pixels, 10, 500 + s);
+  const test::synthetic_batch probe(5, pixels, 10, 998);
+  const rows_batch probe_rows{probe.input(), probe.y};
+
+  sequential whole(ml::make_vit(c, 6), ml::softmax_cross_entropy{});
+  sgd whole_opt(whole, {.lr = 0.1, .momentum = 0.9});
+  std::vector<double> want_norms;
+  for (const auto& b : batches) {
+    (void)whole.train_step(rows_batch{b.input(), b.y});
+    want_norms.push_back(clip_grad_norm(whole, max_norm));
+    whole_opt.step();
+  }
+  const eval_result want = whole.eval_step(probe_rows);
+
+  std::vector<eval_result> got(4);
+  std::vector<std::vector<double>> norms(4);
+  run_local(4, [&](local_group& world) {
+    device_mesh mesh(world, {{"dp", 2}, {"tp", 2}});
+    sequential model(ml::make_vit(c, 6, {.group = &mesh.group("tp"), .rank = static_cast<std::size_t>(mesh.coordinate("tp")), .size = 2}),
+                     ml::softmax_cross_entropy{});
+    distributed_data_parallel ddp(model, mesh.group("dp"));
+    sgd opt(model, {.lr = 0.1, .momentum = 0.9});
+    const auto dp = static_cast<std::size_t>(mesh.coordinate("dp"));
+    for (const auto& b : batches) {
+      const tensor_view<const float> mine(b.x.data() + dp * half * pixels, shape{half, pixels});
+      (void)ddp.train_step(rows_batch{mine, std::vector<std::int32_t>(b.y.begin() + static_cast<std::ptrdiff_t>(dp * half),
+                                                                       b.y.begin() + static_cast<std::ptrdiff_t>((dp + 1) * half))});
+      norms[static_cast<std::size_t>(world.rank())].push_back(ddp.clip_grad_norm(max_norm));
+      opt.step();
+    }
+    got[static_cast<std::size_t>(world.rank())] = model.eval_step(probe_rows);
+  });
+  for (std::size_t r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    REQUIRE(norms[r].size() == want_norms.size());
+    for (std::size_t k = 0; k < want_norms.size(); ++k) CHECK(norms[r][k] == Approx(want_norms[k]).epsilon(1e-5));
+    CHECK(got[r].correct == want.correct);
+    CHECK(got[r].loss_sum == Approx(want.loss_sum).epsilon(1e-5));
+  }
+  CHECK(want_norms.front() > 10 * max_norm);
+}
+
+TEST_CASE("clipping over disjoint parts of a model adds their squares", "[examples][clip]") {
+  // Two ranks, each a different model part (as pipeline stages are): the norm covers both.
+  std::vector<double> local(2), total(2);
+  run_local(2, [&](local_group& g) {
+    sequential part(ml::make_mlp({6, 5, 4}, 10 + static_cast<std::uint32_t>(g.rank())), ml::softmax_cross_entropy{});
+    const test::synthetic_batch b(4, 6, 4, 7);
+    (void)part.train_step(rows_batch{b.input(), b.y});
+    local[static_cast<std::size_t>(g.rank())] = mesh_grad_sum_squares(part);
+    process_group* stages[] = {&g};
+    total[static_cast<std::size_t>(g.rank())] = mesh_grad_sum_squares(part, stages);
+  });
+  CHECK(local[0] != local[1]);
+  CHECK(total[0] == total[1]);
+  CHECK(total[0] == Approx(local[0] + local[1]).epsilon(1e-12));
 }
 
 TEST_CASE("a tensor-parallel block refuses a split it cannot make", "[examples][vit][tensor_parallel]") {

@@ -242,6 +242,12 @@ struct parameter_ref {
   {
     return p->name();
   }
+  // The group a tensor-parallel parameter is split across (parallel/mesh_clip.hpp counts it there).
+  [[nodiscard]] auto shard_group() const
+    requires requires(const P& q) { q.shard_group(); }
+  {
+    return p->shard_group();
+  }
 };
 
 }  // namespace partrain::inline v0

@@ -32,6 +32,7 @@
 #include <partrain/parallel/ddp_stats.hpp>
 #include <partrain/parallel/detail/buffers.hpp>
 #include <partrain/parallel/detail/evaluate.hpp>
+#include <partrain/parallel/mesh_clip.hpp>
 #include <partrain/parallel/detail/host_staging.hpp>
 #include <partrain/parallel/detail/no_sync_guard.hpp>
 #include <partrain/parallel/detail/reducer.hpp>
@@ -250,8 +251,12 @@ class distributed_data_parallel {
 
   // Global-norm clipping of the averaged gradients; returns the norm before clipping. After a
   // synchronizing step every rank holds the same gradients (all_reduce gives every rank the same
-  // bytes), so every rank computes the same norm and the same scale without communicating.
-  double clip_grad_norm(double max_norm) { return partrain::clip_grad_norm(*model_, max_norm); }
+  // bytes), so every rank computes the same norm and the same scale without communicating; a
+  // tensor-parallel model's sharded parameters add their slices over their group
+  // (parallel/mesh_clip.hpp), so DP x TP counts every parameter once.
+  double clip_grad_norm(double max_norm) {
+    return partrain::clip_grad_norm(*model_, max_norm, std::span<process_group* const>{});
+  }
 
   [[nodiscard]] M& module() noexcept { return *model_; }
   [[nodiscard]] C& comm() noexcept { return *comm_; }
