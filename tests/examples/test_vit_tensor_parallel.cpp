@@ -149,6 +149,20 @@ struct rows_batch {
   std::vector<std::int32_t> labels;
 };
 
+// This rank's ViT on a dp x tp mesh: its tensor-parallel slice of the whole model (seed 6).
+template <class Mesh>
+auto mesh_vit(const ml::vit_config& c, Mesh& mesh) {
+  return sequential(ml::make_vit(c, 6, {.group = &mesh.group("tp"), .rank = static_cast<std::size_t>(mesh.coordinate("tp")),
+                                        .size = static_cast<std::size_t>(mesh.size("tp"))}),
+                    ml::softmax_cross_entropy{});
+}
+// The rows of a global batch of 2 x half that data-parallel rank dp takes.
+rows_batch dp_rows(const test::synthetic_batch& b, std::size_t dp, std::size_t half, std::size_t pixels) {
+  return {tensor_view<const float>(b.x.data() + dp * half * pixels, shape{half, pixels}),
+          std::vector<std::int32_t>(b.y.begin() + static_cast<std::ptrdiff_t>(dp * half),
+                                    b.y.begin() + static_cast<std::ptrdiff_t>((dp + 1) * half))};
+}
+
 }  // namespace
 
 TEST_CASE("DP x TP on a 2 x 2 mesh equals one process on the global batch", "[examples][vit][tensor_parallel][ddp]") {
@@ -170,15 +184,12 @@ TEST_CASE("DP x TP on a 2 x 2 mesh equals one process on the global batch", "[ex
   std::vector<eval_result> got(4);
   run_local(4, [&](local_group& world) {
     device_mesh mesh(world, {{"dp", 2}, {"tp", 2}});
-    sequential model(ml::make_vit(c, 6, {.group = &mesh.group("tp"), .rank = static_cast<std::size_t>(mesh.coordinate("tp")), .size = 2}),
-                     ml::softmax_cross_entropy{});
+    auto model = mesh_vit(c, mesh);
     distributed_data_parallel ddp(model, mesh.group("dp"));
     sgd opt(model, {.lr = 0.1, .momentum = 0.9});
     const auto dp = static_cast<std::size_t>(mesh.coordinate("dp"));
     for (const auto& b : batches) {  // data-parallel rank dp takes rows dp*half .. of the global batch
-      const tensor_view<const float> mine(b.x.data() + dp * half * pixels, shape{half, pixels});
-      (void)ddp.train_step(rows_batch{mine, std::vector<std::int32_t>(b.y.begin() + static_cast<std::ptrdiff_t>(dp * half),
-                                                                       b.y.begin() + static_cast<std::ptrdiff_t>((dp + 1) * half))});
+      (void)ddp.train_step(dp_rows(b, dp, half, pixels));
       opt.step();
     }
     got[static_cast<std::size_t>(world.rank())] = model.eval_step(probe_rows);
@@ -203,19 +214,13 @@ TEST_CASE("DP x TP checkpoints: each rank's slice saved and resumed, bit for bit
     std::vector<std::vector<float>> values(4);
     run_local(4, [&](local_group& world) {
       device_mesh mesh(world, {{"dp", 2}, {"tp", 2}});
-      sequential model(ml::make_vit(c, 6, {.group = &mesh.group("tp"), .rank = static_cast<std::size_t>(mesh.coordinate("tp")), .size = 2}),
-                       ml::softmax_cross_entropy{});
+      auto model = mesh_vit(c, mesh);
       distributed_data_parallel ddp(model, mesh.group("dp"));
       sgd opt(model, {.lr = 0.1, .momentum = 0.9});
       ddp_policy policy(ddp, opt, {.rank_sections = &world});
       if (load) (void)policy.load_checkpoint(file);
       const auto dp = static_cast<std::size_t>(mesh.coordinate("dp"));
-      for (std::size_t s = from; s < to; ++s) {
-        const auto& b = batches[s];
-        const tensor_view<const float> mine(b.x.data() + dp * half * pixels, shape{half, pixels});
-        (void)policy.train_step(rows_batch{mine, std::vector<std::int32_t>(b.y.begin() + static_cast<std::ptrdiff_t>(dp * half),
-                                                                            b.y.begin() + static_cast<std::ptrdiff_t>((dp + 1) * half))});
-      }
+      for (std::size_t s = from; s < to; ++s) (void)policy.train_step(dp_rows(batches[s], dp, half, pixels));
       if (save) policy.save_checkpoint(file, {});
       auto& v = values[static_cast<std::size_t>(world.rank())];
       for (auto& p : model.parameters()) v.insert(v.end(), p.value().begin(), p.value().end());
@@ -234,8 +239,7 @@ TEST_CASE("DP x TP checkpoints: each rank's slice saved and resumed, bit for bit
   std::string error;
   run_local(2, [&](local_group& world) {
     device_mesh mesh(world, {{"dp", 1}, {"tp", 2}});
-    sequential model(ml::make_vit(c, 6, {.group = &mesh.group("tp"), .rank = static_cast<std::size_t>(mesh.coordinate("tp")), .size = 2}),
-                     ml::softmax_cross_entropy{});
+    auto model = mesh_vit(c, mesh);
     distributed_data_parallel ddp(model, mesh.group("dp"));
     sgd opt(model, {.lr = 0.1, .momentum = 0.9});
     ddp_policy policy(ddp, opt, {.rank_sections = &world});
@@ -271,15 +275,12 @@ TEST_CASE("clipping over DP x TP counts every parameter once and follows one pro
   std::vector<std::vector<double>> norms(4);
   run_local(4, [&](local_group& world) {
     device_mesh mesh(world, {{"dp", 2}, {"tp", 2}});
-    sequential model(ml::make_vit(c, 6, {.group = &mesh.group("tp"), .rank = static_cast<std::size_t>(mesh.coordinate("tp")), .size = 2}),
-                     ml::softmax_cross_entropy{});
+    auto model = mesh_vit(c, mesh);
     distributed_data_parallel ddp(model, mesh.group("dp"));
     sgd opt(model, {.lr = 0.1, .momentum = 0.9});
     const auto dp = static_cast<std::size_t>(mesh.coordinate("dp"));
     for (const auto& b : batches) {
-      const tensor_view<const float> mine(b.x.data() + dp * half * pixels, shape{half, pixels});
-      (void)ddp.train_step(rows_batch{mine, std::vector<std::int32_t>(b.y.begin() + static_cast<std::ptrdiff_t>(dp * half),
-                                                                       b.y.begin() + static_cast<std::ptrdiff_t>((dp + 1) * half))});
+      (void)ddp.train_step(dp_rows(b, dp, half, pixels));
       norms[static_cast<std::size_t>(world.rank())].push_back(ddp.clip_grad_norm(max_norm));
       opt.step();
     }
