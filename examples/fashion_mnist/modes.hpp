@@ -178,22 +178,32 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
 
 // --deterministic S: every rank takes the whole global batch (the loader unsharded, the same order
 // everywhere) and computes its shards of it; deterministic_data_parallel sums the shards'
-// gradients exactly, so the trained parameters are the same bits at any world size up to S.
+// gradients exactly, so the trained parameters are the same bits at any world size up to S. With
+// --parallel zero1 each rank steps its slice of the parameters (the optimizer state sharded).
 template <class Model>
 void train_deterministic(Model& model, process_group& pg, const options& o, const datasets& data) {
   init_from(o, model, pg.rank());
-  deterministic_data_parallel det(model, pg, {.shards = o.deterministic});
-  any_optimizer opt = make_optimizer(model, o);
-  deterministic_policy policy(det, opt);
   trace_recorder trace = make_trace(o);
   loader train = rank_train(data, o, 0, 1);
   loader test = rank_test(data, pg.rank(), pg.size());
-  if (pg.rank() == 0) {
-    std::printf("fashion_mnist: deterministic data parallel, %d rank(s) over %s, %s, global batch %zu in %zu shards, "
-                "lr %g, %zu epochs, %zu/%zu examples\n", pg.size(), std::string(pg.backend()).c_str(), model_name(o),
-                o.batch_size, o.deterministic, o.lr, o.epochs, data.n_train, data.n_test);
+  auto run = [&](auto& policy, const char* mode) {
+    if (pg.rank() == 0) {
+      std::printf("fashion_mnist: deterministic %s, %d rank(s) over %s, %s, global batch %zu in %zu shards, "
+                  "lr %g, %zu epochs, %zu/%zu examples\n", mode, pg.size(), std::string(pg.backend()).c_str(), model_name(o),
+                  o.batch_size, o.deterministic, o.lr, o.epochs, data.n_train, data.n_test);
+    }
+    fit(policy, train, test, fit_options(o, trace, train.size()));
+  };
+  if (o.parallel == "zero1") {  // the optimizer state sharded over the ranks, the same bits
+    deterministic_sharded_data_parallel det(model, pg, optimizer_options(o), {.shards = o.deterministic});
+    deterministic_sharded_policy policy(det);
+    run(policy, "ZeRO-1");
+  } else {
+    deterministic_data_parallel det(model, pg, {.shards = o.deterministic});
+    any_optimizer opt = make_optimizer(model, o);
+    deterministic_policy policy(det, opt);
+    run(policy, "data parallel");
   }
-  fit(policy, train, test, fit_options(o, trace, train.size()));
   export_model(o, model, pg.rank());
   print_end(pg, parameter_checksum(model));
 }

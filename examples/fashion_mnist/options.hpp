@@ -116,7 +116,7 @@ inline constexpr std::string_view usage_text =
     "                            (tensor parallel), DDP over the world / N groups of them\n"
     "  --deterministic S         the same trained bits at any world size from 1 to S: --batch-size is then the\n"
     "                            global batch, cut into S fixed shards whose gradients are summed exactly\n"
-    "                            (ddp, host, fp32)\n"
+    "                            (ddp, or zero1: the optimizer state sharded; host, fp32)\n"
     "  --init-from FILE          load the weights of a safetensors file (an --export of the same --model,\n"
     "                            any mode) before training; a --checkpoint to resume from wins over it\n"
     "  --export FILE             rank 0 writes the trained weights as a safetensors file (names params.<k>)\n"
@@ -412,9 +412,9 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
     }
   }
   if (o.deterministic > 0) {
-    if (o.parallel != "ddp" || o.sync != "ddp" || o.device != "cpu" || o.precision != "fp32") {
-      throw usage_error("--deterministic: data parallel on the host in fp32 only (--parallel ddp, --sync ddp, --device cpu, "
-                        "--precision fp32)");
+    if ((o.parallel != "ddp" && o.parallel != "zero1") || o.sync != "ddp" || o.device != "cpu" || o.precision != "fp32") {
+      throw usage_error("--deterministic: data parallel on the host in fp32 only (--parallel ddp or zero1, --sync ddp, "
+                        "--device cpu, --precision fp32)");
     }
     if (o.batch_size % o.deterministic != 0) {
       throw usage_error("--deterministic " + std::to_string(o.deterministic) + ": with it --batch-size is the global batch, "

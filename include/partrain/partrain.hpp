@@ -115,6 +115,7 @@
 #include <partrain/parallel/ddp.hpp>
 #include <partrain/parallel/ddp_stats.hpp>
 #include <partrain/parallel/deterministic.hpp>
+#include <partrain/parallel/deterministic_sharded.hpp>
 #include <partrain/parallel/diloco.hpp>
 #include <partrain/parallel/fsdp.hpp>
 #include <partrain/parallel/lighthouse.hpp>

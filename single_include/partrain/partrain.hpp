@@ -17530,6 +17530,288 @@ class deterministic_data_parallel {
 
 }  // namespace partrain::inline v0
 
+// #include <partrain/parallel/detail/zero_optimizer.hpp>
+// partrain/parallel/detail/zero_optimizer.hpp: the optimizer state of one rank's shard (SGD's
+// momentum or AdamW's moments over the shard's elements only) and its update, through the same
+// coefficients and element functions as optim/sgd.hpp and optim/adamw.hpp, so a sharded step is
+// the replicated step's arithmetic on a slice.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+// #include <partrain/core/error.hpp> (above)
+// #include <partrain/core/tensor_view.hpp> (above)
+// #include <partrain/optim/adamw.hpp> (above)
+// #include <partrain/optim/detail/state_buffer.hpp> (above)
+// #include <partrain/optim/sgd.hpp> (above)
+
+namespace partrain::inline v0 {
+
+// The optimizer a sharded data parallel steps its shard with (PyTorch's ZeroRedundancyOptimizer
+// takes the optimizer class the same way).
+using shard_optimizer_options = std::variant<sgd_options, adamw_options>;
+
+// One rank's optimizer state, as flat arrays over its shard (what a sharded checkpoint stores).
+template <class T>
+struct shard_optimizer_state {
+  std::string kind;                   // "sgd" or "adamw"
+  std::int64_t steps = 0;
+  std::vector<std::vector<T>> arrays;  // sgd: {momentum} once it exists; adamw: {exp_avg, exp_avg_sq} once stepped
+};
+
+namespace detail::zero {
+
+// S: where the shard's values, gradients and state live; on a CUDA device (device_index) the
+// element loops queue on `stream` and have finished on return (optim/detail/kernels.cuh).
+template <class T, class S = host>
+class shard_optimizer {
+ public:
+  shard_optimizer(shard_optimizer_options o, std::size_t elements, int device_index = -1, void* stream = nullptr)
+      : opts_(o), elements_(elements), device_(device_index), stream_(stream) {
+    std::visit([](const auto& x) { optim::validate(x); }, opts_);
+  }
+
+  [[nodiscard]] bool is_sgd() const noexcept { return std::holds_alternative<sgd_options>(opts_); }
+  [[nodiscard]] std::string kind() const { return is_sgd() ? "sgd" : "adamw"; }
+  [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
+  [[nodiscard]] double lr() const noexcept { return std::visit([](const auto& x) { return x.lr; }, opts_); }
+  void set_lr(double lr) {
+    if (!(lr >= 0)) throw invalid_argument_error("sharded_data_parallel::set_lr: lr must be >= 0, got " + std::to_string(lr));
+    std::visit([lr](auto& x) { x.lr = lr; }, opts_);
+  }
+  [[nodiscard]] const shard_optimizer_options& options() const noexcept { return opts_; }
+
+  // Starts a step: allocates the state the first step needs and fixes the coefficients.
+  void begin_step() {
+    first_ = !has_state_;
+    if (!has_state_) {
+      if (is_sgd()) {
+        if (std::get<sgd_options>(opts_).momentum != 0) {
+          a_.assign_zero(elements_, device_, stream_);
+          has_state_ = true;
+        }
+      } else {
+        a_.assign_zero(elements_, device_, stream_);
+        b_.assign_zero(elements_, device_, stream_);
+        has_state_ = true;
+      }
+    }
+    ++steps_;
+    if (is_sgd()) {
+      sgd_ = optim::sgd_coeffs_of<T>(std::get<sgd_options>(opts_));
+    } else {
+      adamw_ = optim::adamw_coeffs_of<T>(std::get<adamw_options>(opts_), steps_);
+    }
+  }
+  // Updates the values v (n elements) at shard offset `at`, with their gradients g.
+  void update(T* v, const T* g, std::size_t at, std::size_t n) {
+    const tensor_view<T, S> vv(v, n);
+    const tensor_view<const T, S> gv(g, n);
+    if (is_sgd()) {
+      optim::sgd_update(vv, gv, has_state_ ? a_.data() + at : nullptr, sgd_, first_, stream_);
+    } else {
+      optim::adamw_update(vv, gv, a_.data() + at, b_.data() + at, adamw_, stream_);
+    }
+  }
+
+  [[nodiscard]] std::size_t state_bytes() const noexcept { return (a_.size() + b_.size()) * sizeof(T); }
+
+  [[nodiscard]] shard_optimizer_state<T> state() const {
+    shard_optimizer_state<T> s{kind(), steps_, {}};
+    if (!has_state_) return s;
+    s.arrays.emplace_back(elements_);
+    a_.copy_to_host(s.arrays.back());
+    if (!is_sgd()) {
+      s.arrays.emplace_back(elements_);
+      b_.copy_to_host(s.arrays.back());
+    }
+    return s;
+  }
+  // Restores what state() returned (possibly assembled from other shards: same kind, arrays of
+  // this shard's length). `source` names where it came from in messages.
+  void load(const shard_optimizer_state<T>& s, const std::string& source) {
+    if (s.kind != kind()) {
+      throw checkpoint_error(source + " holds " + s.kind + " optimizer state, this run steps with " + kind());
+    }
+    const bool momentum = is_sgd() && std::get<sgd_options>(opts_).momentum != 0;
+    const std::size_t want = is_sgd() ? (momentum ? 1 : 0) : 2;
+    if (!s.arrays.empty() && s.arrays.size() != want) {
+      throw checkpoint_error(source + " holds " + std::to_string(s.arrays.size()) + " " + s.kind +
+                             " state arrays, expected " + std::to_string(want));
+    }
+    for (const auto& a : s.arrays) {
+      if (a.size() != elements_) {
+        throw checkpoint_error(source + " holds optimizer state of " + std::to_string(a.size()) +
+                               " elements for this rank's shard of " + std::to_string(elements_));
+      }
+    }
+    has_state_ = !s.arrays.empty();
+    a_ = {};
+    b_ = {};
+    if (has_state_) {
+      a_.copy_from_host(s.arrays[0], device_);
+      if (s.arrays.size() > 1) b_.copy_from_host(s.arrays[1], device_);
+    }
+    steps_ = s.steps;
+  }
+
+ private:
+  shard_optimizer_options opts_;
+  std::size_t elements_;
+  int device_ = -1;
+  void* stream_ = nullptr;
+  optim::state_buffer<T, S> a_, b_;  // momentum | exp_avg, exp_avg_sq
+  bool has_state_ = false;
+  bool first_ = false;  // this step creates the momentum (SGD clones the gradient into it)
+  std::int64_t steps_ = 0;
+  optim::sgd_coeffs<T> sgd_{};
+  optim::adamw_coeffs<T> adamw_{};
+};
+
+}  // namespace detail::zero
+
+}  // namespace partrain::inline v0
+
+// #include <partrain/parallel/deterministic_sharded.hpp>
+// partrain/parallel/deterministic_sharded.hpp: deterministic data parallel (deterministic.hpp)
+// with the optimizer state sharded over the ranks, as ZeRO-1 shards it: the same bits at any
+// world size, and 1/world of the optimizer's state per rank.
+//
+// The exact gradient is deterministic_data_parallel's (fixed shards of the global batch, summed in
+// fixed point: every rank holds the same mean gradient). Rank r then steps only its contiguous
+// slice of the flattened parameters, with the optimizer's own element rules (SGD's momentum,
+// AdamW's moments over that slice), and an all_gather of the slices gives every rank the new
+// values. The update is element by element, so who steps an element does not change its bits: the
+// result equals deterministic_data_parallel plus the replicated optimizer, at any world size.
+//
+//   deterministic_sharded_data_parallel zero(model, group, sgd_options{.lr = 0.1, .momentum = 0.9}, {.shards = 8});
+//   double loss = zero.train_step(global_batch);   // gradient, this rank's slice stepped, parameters gathered
+//
+// Checkpoints hold the whole optimizer state (gather_state: every rank's slice, collective), so a
+// run resumes at another world size (load_state takes this rank's new slice).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+// #include <partrain/comm/process_group.hpp> (above)
+// #include <partrain/core/error.hpp> (above)
+// #include <partrain/core/tensor_view.hpp> (above)
+// #include <partrain/data/batch.hpp> (above)
+// #include <partrain/model/concepts.hpp> (above)
+// #include <partrain/parallel/deterministic.hpp> (above)
+// #include <partrain/parallel/detail/zero_optimizer.hpp> (above)
+
+namespace partrain::inline v0 {
+
+template <class M, class C>
+class deterministic_sharded_data_parallel {
+ public:
+  deterministic_sharded_data_parallel(M& m, C& comm, shard_optimizer_options opt, deterministic_options o)
+      : det_(m, comm, o), total_(count(m)), chunk_((total_ + static_cast<std::size_t>(comm.size()) - 1) /
+                                                     static_cast<std::size_t>(comm.size())),
+        first_(std::min(total_, chunk_ * static_cast<std::size_t>(comm.rank()))),
+        last_(std::min(total_, first_ + chunk_)),
+        opt_(opt, last_ - first_) {}
+
+  [[nodiscard]] M& module() noexcept { return det_.module(); }
+  [[nodiscard]] C& comm() noexcept { return det_.comm(); }
+  [[nodiscard]] std::size_t shards() const noexcept { return det_.shards(); }
+  // This rank's slice of the flattened parameters: [first, last).
+  [[nodiscard]] std::pair<std::size_t, std::size_t> slice() const noexcept { return {first_, last_}; }
+  [[nodiscard]] std::size_t optimizer_state_bytes() const noexcept { return opt_.state_bytes(); }
+  [[nodiscard]] double lr() const noexcept { return opt_.lr(); }
+  void set_lr(double lr) { opt_.set_lr(lr); }
+  template <class Range>
+  [[nodiscard]] eval_result evaluate(Range&& batches) {
+    return det_.evaluate(std::forward<Range>(batches));
+  }
+
+  // The global batch's mean loss; the parameters stepped, the same on every rank and at every
+  // world size. Every rank passes the same batch.
+  double train_step(const batch& global) {
+    const double loss = det_.train_step(global);
+    // This rank's slice: the optimizer's element rules over the parameters' pieces in it.
+    opt_.begin_step();
+    for_each_piece([&](float* v, const float* g, std::size_t at, std::size_t n) { opt_.update(v, g, at, n); });
+    // Every slice to every rank (padded to equal blocks).
+    mine_.assign(chunk_, 0.0f);
+    for_each_piece([&](float* v, const float*, std::size_t at, std::size_t n) { std::copy(v, v + n, mine_.begin() + static_cast<std::ptrdiff_t>(at)); });
+    all_.resize(chunk_ * static_cast<std::size_t>(comm().size()));
+    comm().all_gather(tensor_view<const float>(mine_), tensor_view<float>(all_)).wait();
+    std::size_t at = 0;
+    for (auto&& p : module().parameters()) {
+      auto v = p.value();
+      std::copy(all_.begin() + static_cast<std::ptrdiff_t>(at), all_.begin() + static_cast<std::ptrdiff_t>(at + v.size()), v.begin());
+      at += v.size();
+    }
+    return loss;
+  }
+
+  // Collective: the whole optimizer state, every rank's slice gathered (what a checkpoint holds).
+  [[nodiscard]] shard_optimizer_state<float> gather_state() {
+    shard_optimizer_state<float> mine = opt_.state();
+    // Ranks agree on whether there is state (every rank stepped the same steps, so they do).
+    shard_optimizer_state<float> whole{mine.kind, mine.steps, {}};
+    for (const auto& a : mine.arrays) {
+      std::vector<float> padded(chunk_, 0.0f);
+      std::copy(a.begin(), a.end(), padded.begin());
+      std::vector<float> gathered(chunk_ * static_cast<std::size_t>(comm().size()));
+      comm().all_gather(tensor_view<const float>(padded), tensor_view<float>(gathered)).wait();
+      gathered.resize(total_);
+      whole.arrays.push_back(std::move(gathered));
+    }
+    return whole;
+  }
+  // Restores this rank's slice of a whole state (saved at any world size).
+  void load_state(const shard_optimizer_state<float>& whole, const std::string& source) {
+    shard_optimizer_state<float> mine{whole.kind, whole.steps, {}};
+    for (const auto& a : whole.arrays) {
+      if (a.size() != total_) {
+        throw checkpoint_error(source + " holds optimizer state of " + std::to_string(a.size()) + " elements, this model has " +
+                               std::to_string(total_) + " parameters");
+      }
+      mine.arrays.emplace_back(a.begin() + static_cast<std::ptrdiff_t>(first_), a.begin() + static_cast<std::ptrdiff_t>(last_));
+    }
+    opt_.load(mine, source);
+  }
+
+ private:
+  static std::size_t count(M& m) {
+    static_assert(std::same_as<model_element_t<M>, float>,
+                  "partrain: deterministic_sharded_data_parallel steps float parameters");
+    std::size_t n = 0;
+    for (auto&& p : m.parameters()) n += p.value().size();
+    return n;
+  }
+  // f(value, grad, offset in this rank's slice, n) for each parameter's piece inside the slice.
+  template <class F>
+  void for_each_piece(F&& f) {
+    std::size_t begin = 0;
+    for (auto&& p : module().parameters()) {
+      auto v = p.value();
+      auto g = p.grad();
+      const std::size_t end = begin + v.size();
+      const std::size_t lo = std::max(begin, first_), hi = std::min(end, last_);
+      if (lo < hi) f(v.data() + (lo - begin), g.data() + (lo - begin), lo - first_, hi - lo);
+      begin = end;
+    }
+  }
+
+  deterministic_data_parallel<M, C> det_;
+  std::size_t total_, chunk_, first_, last_;
+  detail::zero::shard_optimizer<float> opt_;
+  std::vector<float> mine_, all_;
+};
+
+}  // namespace partrain::inline v0
+
 // #include <partrain/parallel/diloco.hpp>
 // partrain/parallel/diloco.hpp: DiLoCo (Douillard et al., arXiv:2311.08105) over any inner
 // optimizer and any communicator: every rank runs `inner_steps` (H) steps of its own optimizer
@@ -18600,151 +18882,6 @@ inline void wait_named(const work& w, const std::string& context, int rank, std:
 }
 
 }  // namespace partrain::inline v0::detail::zero
-
-// #include <partrain/parallel/detail/zero_optimizer.hpp>
-// partrain/parallel/detail/zero_optimizer.hpp: the optimizer state of one rank's shard (SGD's
-// momentum or AdamW's moments over the shard's elements only) and its update, through the same
-// coefficients and element functions as optim/sgd.hpp and optim/adamw.hpp, so a sharded step is
-// the replicated step's arithmetic on a slice.
-
-#include <cstddef>
-#include <cstdint>
-#include <string>
-#include <variant>
-#include <vector>
-
-// #include <partrain/core/error.hpp> (above)
-// #include <partrain/core/tensor_view.hpp> (above)
-// #include <partrain/optim/adamw.hpp> (above)
-// #include <partrain/optim/detail/state_buffer.hpp> (above)
-// #include <partrain/optim/sgd.hpp> (above)
-
-namespace partrain::inline v0 {
-
-// The optimizer a sharded data parallel steps its shard with (PyTorch's ZeroRedundancyOptimizer
-// takes the optimizer class the same way).
-using shard_optimizer_options = std::variant<sgd_options, adamw_options>;
-
-// One rank's optimizer state, as flat arrays over its shard (what a sharded checkpoint stores).
-template <class T>
-struct shard_optimizer_state {
-  std::string kind;                   // "sgd" or "adamw"
-  std::int64_t steps = 0;
-  std::vector<std::vector<T>> arrays;  // sgd: {momentum} once it exists; adamw: {exp_avg, exp_avg_sq} once stepped
-};
-
-namespace detail::zero {
-
-// S: where the shard's values, gradients and state live; on a CUDA device (device_index) the
-// element loops queue on `stream` and have finished on return (optim/detail/kernels.cuh).
-template <class T, class S = host>
-class shard_optimizer {
- public:
-  shard_optimizer(shard_optimizer_options o, std::size_t elements, int device_index = -1, void* stream = nullptr)
-      : opts_(o), elements_(elements), device_(device_index), stream_(stream) {
-    std::visit([](const auto& x) { optim::validate(x); }, opts_);
-  }
-
-  [[nodiscard]] bool is_sgd() const noexcept { return std::holds_alternative<sgd_options>(opts_); }
-  [[nodiscard]] std::string kind() const { return is_sgd() ? "sgd" : "adamw"; }
-  [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
-  [[nodiscard]] double lr() const noexcept { return std::visit([](const auto& x) { return x.lr; }, opts_); }
-  void set_lr(double lr) {
-    if (!(lr >= 0)) throw invalid_argument_error("sharded_data_parallel::set_lr: lr must be >= 0, got " + std::to_string(lr));
-    std::visit([lr](auto& x) { x.lr = lr; }, opts_);
-  }
-  [[nodiscard]] const shard_optimizer_options& options() const noexcept { return opts_; }
-
-  // Starts a step: allocates the state the first step needs and fixes the coefficients.
-  void begin_step() {
-    first_ = !has_state_;
-    if (!has_state_) {
-      if (is_sgd()) {
-        if (std::get<sgd_options>(opts_).momentum != 0) {
-          a_.assign_zero(elements_, device_, stream_);
-          has_state_ = true;
-        }
-      } else {
-        a_.assign_zero(elements_, device_, stream_);
-        b_.assign_zero(elements_, device_, stream_);
-        has_state_ = true;
-      }
-    }
-    ++steps_;
-    if (is_sgd()) {
-      sgd_ = optim::sgd_coeffs_of<T>(std::get<sgd_options>(opts_));
-    } else {
-      adamw_ = optim::adamw_coeffs_of<T>(std::get<adamw_options>(opts_), steps_);
-    }
-  }
-  // Updates the values v (n elements) at shard offset `at`, with their gradients g.
-  void update(T* v, const T* g, std::size_t at, std::size_t n) {
-    const tensor_view<T, S> vv(v, n);
-    const tensor_view<const T, S> gv(g, n);
-    if (is_sgd()) {
-      optim::sgd_update(vv, gv, has_state_ ? a_.data() + at : nullptr, sgd_, first_, stream_);
-    } else {
-      optim::adamw_update(vv, gv, a_.data() + at, b_.data() + at, adamw_, stream_);
-    }
-  }
-
-  [[nodiscard]] std::size_t state_bytes() const noexcept { return (a_.size() + b_.size()) * sizeof(T); }
-
-  [[nodiscard]] shard_optimizer_state<T> state() const {
-    shard_optimizer_state<T> s{kind(), steps_, {}};
-    if (!has_state_) return s;
-    s.arrays.emplace_back(elements_);
-    a_.copy_to_host(s.arrays.back());
-    if (!is_sgd()) {
-      s.arrays.emplace_back(elements_);
-      b_.copy_to_host(s.arrays.back());
-    }
-    return s;
-  }
-  // Restores what state() returned (possibly assembled from other shards: same kind, arrays of
-  // this shard's length). `source` names where it came from in messages.
-  void load(const shard_optimizer_state<T>& s, const std::string& source) {
-    if (s.kind != kind()) {
-      throw checkpoint_error(source + " holds " + s.kind + " optimizer state, this run steps with " + kind());
-    }
-    const bool momentum = is_sgd() && std::get<sgd_options>(opts_).momentum != 0;
-    const std::size_t want = is_sgd() ? (momentum ? 1 : 0) : 2;
-    if (!s.arrays.empty() && s.arrays.size() != want) {
-      throw checkpoint_error(source + " holds " + std::to_string(s.arrays.size()) + " " + s.kind +
-                             " state arrays, expected " + std::to_string(want));
-    }
-    for (const auto& a : s.arrays) {
-      if (a.size() != elements_) {
-        throw checkpoint_error(source + " holds optimizer state of " + std::to_string(a.size()) +
-                               " elements for this rank's shard of " + std::to_string(elements_));
-      }
-    }
-    has_state_ = !s.arrays.empty();
-    a_ = {};
-    b_ = {};
-    if (has_state_) {
-      a_.copy_from_host(s.arrays[0], device_);
-      if (s.arrays.size() > 1) b_.copy_from_host(s.arrays[1], device_);
-    }
-    steps_ = s.steps;
-  }
-
- private:
-  shard_optimizer_options opts_;
-  std::size_t elements_;
-  int device_ = -1;
-  void* stream_ = nullptr;
-  optim::state_buffer<T, S> a_, b_;  // momentum | exp_avg, exp_avg_sq
-  bool has_state_ = false;
-  bool first_ = false;  // this step creates the momentum (SGD clones the gradient into it)
-  std::int64_t steps_ = 0;
-  optim::sgd_coeffs<T> sgd_{};
-  optim::adamw_coeffs<T> adamw_{};
-};
-
-}  // namespace detail::zero
-
-}  // namespace partrain::inline v0
 
 // #include <partrain/parallel/detail/zero_kernels.cuh>
 #if PARTRAIN_HAS_CUDA && defined(__CUDACC__)
@@ -25884,11 +26021,16 @@ template <model M>
 //   deterministic_policy policy(ddp, opt);
 //   fit(policy, whole_batches, test_shard, {.epochs = 8});
 
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
+#include <span>
+#include <string>
 #include <utility>
 
 // #include <partrain/comm/process_group.hpp> (above)
 // #include <partrain/parallel/deterministic.hpp> (above)
+// #include <partrain/parallel/deterministic_sharded.hpp> (above)
 // #include <partrain/train/checkpoint.hpp> (above)
 
 namespace partrain::inline v0 {
@@ -25927,6 +26069,72 @@ class deterministic_policy {
  private:
   Det* det_;
   Opt* opt_;
+};
+
+// deterministic_sharded_data_parallel (parallel/deterministic_sharded.hpp) as a training policy:
+// its step includes the optimizer's (each rank its slice). Checkpoints: rank 0 writes the model
+// and the whole optimizer state (every rank's slice gathered first), so a run resumes at another
+// world size, each rank taking its new slice.
+template <class Det>
+class deterministic_sharded_policy {
+ public:
+  explicit deterministic_sharded_policy(Det& det) : det_(&det) {}
+
+  template <class B>
+  double train_step(const B& b) {
+    return det_->train_step(b);
+  }
+  template <class R>
+  eval_result evaluate(R&& batches) {
+    return det_->evaluate(std::forward<R>(batches));
+  }
+  void set_lr(double lr) { det_->set_lr(lr); }
+  process_group& group() { return det_->comm(); }
+  process_group& loss_group() { return det_->comm(); }
+  [[nodiscard]] int replicas() { return 1; }
+  auto parameters() { return det_->module().parameters(); }
+
+  void save_checkpoint(const std::filesystem::path& file, const checkpoint_extra& extra) {
+    auto whole = det_->gather_state();  // collective
+    if (group().rank() == 0 && file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+    partrain::save_checkpoint(group(), file, det_->module(), whole_state{&whole}, extra);
+  }
+  checkpoint_extra load_checkpoint(const std::filesystem::path& file) {
+    shard_optimizer_state<float> whole;
+    whole_state slot{&whole};
+    const checkpoint_extra extra = partrain::load_checkpoint(file, det_->module(), slot);
+    det_->load_state(whole, "checkpoint '" + file.string() + "'");
+    return extra;
+  }
+
+ private:
+  // The whole optimizer state in the optimizer's place in the checkpoint.
+  struct whole_state {
+    shard_optimizer_state<float>* s;
+    void step() noexcept {}
+    void zero_grad() noexcept {}
+    void save_state(state_writer& w) const {
+      w.put_string(s->kind);
+      w.put(s->steps);
+      w.put(static_cast<std::uint64_t>(s->arrays.size()));
+      for (const auto& a : s->arrays) w.put_array(std::span<const float>(a));
+    }
+    void load_state(state_reader& r) {
+      s->kind = r.get_string("optimizer kind");
+      s->steps = r.get<std::int64_t>("optimizer steps");
+      const auto n = r.get<std::uint64_t>("optimizer state arrays");
+      if (n > 2) throw checkpoint_error("the optimizer state has " + std::to_string(n) + " arrays, expected at most 2");
+      s->arrays.assign(static_cast<std::size_t>(n), {});
+      for (auto& a : s->arrays) {
+        const auto bytes = r.get_bytes("optimizer state array");
+        if (bytes.size() % sizeof(float) != 0) throw checkpoint_error("an optimizer state array of " + std::to_string(bytes.size()) + " bytes");
+        a.resize(bytes.size() / sizeof(float));
+        std::memcpy(a.data(), bytes.data(), bytes.size());
+      }
+    }
+  };
+
+  Det* det_;
 };
 
 }  // namespace partrain::inline v0

@@ -1,7 +1,8 @@
 # --deterministic S: the same global batches trained at world sizes 1, 2 and 3 (threads) and 2
-# (gloo processes, where built) end with the same final parameter checksum; the plain DDP run at
-# world 2 must not (or the test would pass without the mode doing anything).
-#   cmake -DPROGRAM=fashion_mnist -DARGS="common;args" [-DGLOO=1] -P deterministic_example.cmake
+# (gloo processes, where built) end with the same final parameter checksum, as does ZeRO-1 at 2 and
+# 3 and a ZeRO-1 run saved at 2 ranks and resumed at 3; the plain DDP run at world 2 must not (or
+# the test would pass without the mode doing anything).
+#   cmake -DPROGRAM=fashion_mnist -DARGS="common;args" -DCKPT=dir [-DGLOO=1] -P deterministic_example.cmake
 function(checksum out)
   execute_process(COMMAND ${PROGRAM} ${ARGS} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE o ERROR_VARIABLE e TIMEOUT 300)
   if(NOT rc EQUAL 0)
@@ -28,6 +29,30 @@ foreach(run IN LISTS runs)
   endif()
   message(STATUS "${backend} x ${n}: ${got}")
 endforeach()
+# ZeRO-1 (the optimizer state sharded over the ranks): the same bits at 2 and 3 ranks, and a run
+# checkpointed after its first epoch at 2 ranks and resumed at 3 (ARGS trains 2 epochs; cosine
+# by epoch gives epoch 0 the same rate either way).
+foreach(n 2 3)
+  checksum(got --backend local --nproc ${n} --deterministic 6 --parallel zero1)
+  if(NOT got STREQUAL one)
+    message(FATAL_ERROR "--deterministic 6 --parallel zero1 with ${n} ranks ended at ${got}, one rank at ${one}")
+  endif()
+endforeach()
+if(NOT DEFINED CKPT)
+  message(FATAL_ERROR "pass -DCKPT=dir for the checkpoint runs")
+endif()
+file(REMOVE_RECURSE ${CKPT})
+string(REPLACE "--epochs;2" "--epochs;1" first "${ARGS}")
+execute_process(COMMAND ${PROGRAM} ${first} --backend local --nproc 2 --deterministic 6 --parallel zero1 --checkpoint ${CKPT}
+                RESULT_VARIABLE rc OUTPUT_VARIABLE o ERROR_VARIABLE e TIMEOUT 300)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the first epoch at 2 ranks failed (${rc}):\n${o}${e}")
+endif()
+checksum(resumed --backend local --nproc 3 --deterministic 6 --parallel zero1 --checkpoint ${CKPT})
+if(NOT resumed STREQUAL one)
+  message(FATAL_ERROR "saved at 2 ranks, resumed at 3: ended at ${resumed}, one rank straight through at ${one}")
+endif()
+message(STATUS "zero1 at 2 and 3 ranks, and resumed from 2 at 3: ${one}")
 # Without the mode, 2 ranks of half the batch each sum in another order.
 checksum(plain --backend local --nproc 2)
 if(plain STREQUAL one)

@@ -114,8 +114,9 @@ TEST_CASE("example options: bad input names the flag and what was expected", "[e
   CHECK_THROWS_WITH(parse_options({"--model", "vit", "--tp", "2", "--recompute", "full"}), Catch::Contains("--tp: not yet with"));
   // --deterministic: data parallel on the host in fp32, a global batch its shards divide.
   CHECK(parse_options({"--deterministic", "4"}).deterministic == 4);
-  CHECK_THROWS_WITH(parse_options({"--deterministic", "4", "--parallel", "zero1"}),
-                    Catch::Contains("--deterministic: data parallel on the host in fp32 only"));
+  CHECK(parse_options({"--deterministic", "4", "--parallel", "zero1"}).parallel == "zero1");  // the state sharded
+  CHECK_THROWS_WITH(parse_options({"--deterministic", "4", "--parallel", "fsdp"}),
+                    Catch::Contains("--deterministic: data parallel on the host in fp32 only (--parallel ddp or zero1"));
   CHECK_THROWS_WITH(parse_options({"--deterministic", "7"}), Catch::Contains("64 rows do not split into that many"));
   CHECK_THROWS_WITH(parse_options({"--deterministic", "0"}), Catch::Contains("--deterministic"));
   // The CUDA ViT trains under fsdp over NCCL, and nowhere else.

@@ -7,12 +7,17 @@
 #include <partrain/data/batch.hpp>
 #include <partrain/model/sequential.hpp>
 #include <partrain/optim/sgd.hpp>
+#include <partrain/optim/adamw.hpp>
+#include <partrain/optim/any_optimizer.hpp>
 #include <partrain/parallel/deterministic.hpp>
+#include <partrain/parallel/deterministic_sharded.hpp>
 #include <partrain/train/checkpoint.hpp>
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mlp_layers.hpp"
@@ -100,6 +105,80 @@ TEST_CASE("deterministic data parallel: a run checkpointed at 2 ranks and resume
   CHECK(half != one);
   CHECK(run(3, steps / 2, steps, true, false) == one);
   CHECK(run(4, steps / 2, steps, true, false) == one);
+}
+
+TEST_CASE("deterministic ZeRO-1: the optimizer state sharded, deterministic DDP's bits at world sizes 1 to 4",
+          "[parallel][deterministic][zero]") {
+  const bool vit = GENERATE(false, true);
+  const bool use_adamw = GENERATE(false, true);
+  CAPTURE(vit, use_adamw);
+  const std::size_t features = vit ? 784 : 6;
+  auto make = [&] {
+    return vit ? ml::make_vit({.patch = 7, .dim = 16, .depth = 1, .heads = 2, .mlp_ratio = 2}, 3)
+               : ml::make_mlp({6, 5, 4, 10}, 3);
+  };
+  const sgd_options sgd_o{.lr = 0.1, .momentum = 0.9};
+  const adamw_options adamw_o{.lr = 0.01};
+  // The reference: deterministic DDP at one rank with the replicated optimizer.
+  std::vector<float> want;
+  run_local(1, [&](local_group& g) {
+    sequential model(make(), ml::softmax_cross_entropy{});
+    deterministic_data_parallel ddp(model, g, {.shards = shards});
+    any_optimizer opt = use_adamw ? any_optimizer(adamw(model, adamw_o)) : any_optimizer(sgd(model, sgd_o));
+    for (std::uint32_t s = 0; s < steps; ++s) {
+      const test::synthetic_batch b(global_rows, features, 10, 40 + s);
+      (void)ddp.train_step(batch{b.input(), b.labels(), {}});
+      opt.step();
+    }
+    for (auto& p : model.parameters()) want.insert(want.end(), p.value().begin(), p.value().end());
+  });
+  // Steps [from, to) at `world` ranks, the optimizer state first loaded from `state` when given,
+  // and gathered into it at the end.
+  auto run = [&](int world, std::uint32_t from, std::uint32_t to, std::vector<float>* values,
+                 shard_optimizer_state<float>* state) {
+    std::vector<std::vector<float>> out(static_cast<std::size_t>(world));
+    std::vector<std::size_t> state_bytes(static_cast<std::size_t>(world));
+    run_local(world, [&](local_group& g) {
+      sequential model(make(), ml::softmax_cross_entropy{});
+      shard_optimizer_options o = sgd_o;
+      if (use_adamw) o = adamw_o;
+      deterministic_sharded_data_parallel zero(model, g, o, {.shards = shards});
+      auto& v = out[static_cast<std::size_t>(g.rank())];
+      if (values && !values->empty()) {  // resume: the parameters as they were
+        std::size_t at = 0;
+        for (auto& p : model.parameters()) {
+          std::copy_n(values->begin() + static_cast<std::ptrdiff_t>(at), p.value().size(), p.value().begin());
+          at += p.value().size();
+        }
+        zero.load_state(*state, "the test's state");
+      }
+      for (std::uint32_t s = from; s < to; ++s) {
+        const test::synthetic_batch b(global_rows, features, 10, 40 + s);
+        (void)zero.train_step(batch{b.input(), b.labels(), {}});
+      }
+      state_bytes[static_cast<std::size_t>(g.rank())] = zero.optimizer_state_bytes();
+      auto whole = zero.gather_state();
+      if (state && g.rank() == 0) *state = std::move(whole);
+      for (auto& p : model.parameters()) v.insert(v.end(), p.value().begin(), p.value().end());
+    });
+    for (const auto& v : out) REQUIRE(v == out[0]);
+    if (world > 1) CHECK(state_bytes[0] < state_bytes.back() * 2 + 64);  // about 1/world each
+    if (values) *values = out[0];
+    return std::pair{out[0], state_bytes[0]};
+  };
+  std::size_t one_rank_bytes = 0;
+  for (const int world : {1, 2, 3, 4}) {
+    CAPTURE(world);
+    const auto [got, bytes] = run(world, 0, steps, nullptr, nullptr);
+    CHECK(got == want);
+    if (world == 1) one_rank_bytes = bytes;
+    CHECK(bytes * static_cast<std::size_t>(world) <= one_rank_bytes + static_cast<std::size_t>(world) * 8 * sizeof(float));
+  }
+  // Two steps at 2 ranks, the rest at 3: the state gathered and resliced.
+  std::vector<float> values;
+  shard_optimizer_state<float> state;
+  (void)run(2, 0, steps / 2, &values, &state);
+  CHECK(run(3, steps / 2, steps, &values, &state).first == want);
 }
 
 TEST_CASE("deterministic data parallel's gradient is the global batch's mean gradient", "[parallel][deterministic]") {

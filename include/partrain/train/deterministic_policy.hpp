@@ -9,11 +9,16 @@
 //   fit(policy, whole_batches, test_shard, {.epochs = 8});
 #pragma once
 
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
+#include <span>
+#include <string>
 #include <utility>
 
 #include <partrain/comm/process_group.hpp>
 #include <partrain/parallel/deterministic.hpp>
+#include <partrain/parallel/deterministic_sharded.hpp>
 #include <partrain/train/checkpoint.hpp>
 
 namespace partrain::inline v0 {
@@ -52,6 +57,72 @@ class deterministic_policy {
  private:
   Det* det_;
   Opt* opt_;
+};
+
+// deterministic_sharded_data_parallel (parallel/deterministic_sharded.hpp) as a training policy:
+// its step includes the optimizer's (each rank its slice). Checkpoints: rank 0 writes the model
+// and the whole optimizer state (every rank's slice gathered first), so a run resumes at another
+// world size, each rank taking its new slice.
+template <class Det>
+class deterministic_sharded_policy {
+ public:
+  explicit deterministic_sharded_policy(Det& det) : det_(&det) {}
+
+  template <class B>
+  double train_step(const B& b) {
+    return det_->train_step(b);
+  }
+  template <class R>
+  eval_result evaluate(R&& batches) {
+    return det_->evaluate(std::forward<R>(batches));
+  }
+  void set_lr(double lr) { det_->set_lr(lr); }
+  process_group& group() { return det_->comm(); }
+  process_group& loss_group() { return det_->comm(); }
+  [[nodiscard]] int replicas() { return 1; }
+  auto parameters() { return det_->module().parameters(); }
+
+  void save_checkpoint(const std::filesystem::path& file, const checkpoint_extra& extra) {
+    auto whole = det_->gather_state();  // collective
+    if (group().rank() == 0 && file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+    partrain::save_checkpoint(group(), file, det_->module(), whole_state{&whole}, extra);
+  }
+  checkpoint_extra load_checkpoint(const std::filesystem::path& file) {
+    shard_optimizer_state<float> whole;
+    whole_state slot{&whole};
+    const checkpoint_extra extra = partrain::load_checkpoint(file, det_->module(), slot);
+    det_->load_state(whole, "checkpoint '" + file.string() + "'");
+    return extra;
+  }
+
+ private:
+  // The whole optimizer state in the optimizer's place in the checkpoint.
+  struct whole_state {
+    shard_optimizer_state<float>* s;
+    void step() noexcept {}
+    void zero_grad() noexcept {}
+    void save_state(state_writer& w) const {
+      w.put_string(s->kind);
+      w.put(s->steps);
+      w.put(static_cast<std::uint64_t>(s->arrays.size()));
+      for (const auto& a : s->arrays) w.put_array(std::span<const float>(a));
+    }
+    void load_state(state_reader& r) {
+      s->kind = r.get_string("optimizer kind");
+      s->steps = r.get<std::int64_t>("optimizer steps");
+      const auto n = r.get<std::uint64_t>("optimizer state arrays");
+      if (n > 2) throw checkpoint_error("the optimizer state has " + std::to_string(n) + " arrays, expected at most 2");
+      s->arrays.assign(static_cast<std::size_t>(n), {});
+      for (auto& a : s->arrays) {
+        const auto bytes = r.get_bytes("optimizer state array");
+        if (bytes.size() % sizeof(float) != 0) throw checkpoint_error("an optimizer state array of " + std::to_string(bytes.size()) + " bytes");
+        a.resize(bytes.size() / sizeof(float));
+        std::memcpy(a.data(), bytes.data(), bytes.size());
+      }
+    }
+  };
+
+  Det* det_;
 };
 
 }  // namespace partrain::inline v0
