@@ -20422,7 +20422,8 @@ struct lighthouse_options {
   // How often it reads the heartbeats: 2 store round trips per replica a tick.
   std::chrono::milliseconds tick{25};
   // A failed quorum that no new one can replace for this long (too few replicas left for the
-  // policy) ends the job: the reason goes to the store, and every waiting replica fails with it.
+  // policy), or a first quorum that cannot form for join_timeout plus this long, ends the job: the
+  // reason goes to the store, and every waiting replica fails with it.
   std::chrono::milliseconds recovery_timeout{60000};
 };
 
@@ -20516,7 +20517,12 @@ class lighthouse {
       for (int r = 0; r < opts_.replicas; ++r)
         if (alive(r, now) && beat_of(r).phase == replica_phase::joining) ready.push_back(r);
       if (static_cast<int>(ready.size()) == opts_.replicas || now - start >= opts_.join_timeout) {
-        publish(compute_quorum(cur, ready, heartbeating, opts_.policy), "first quorum");
+        const auto first = compute_quorum(cur, ready, heartbeating, opts_.policy);
+        if (!first && now - start >= opts_.join_timeout + opts_.recovery_timeout) {
+          give_up("the first quorum could not form in " +
+                  std::to_string((opts_.join_timeout + opts_.recovery_timeout).count()) + " ms: " + shortfall(ready.size(), heartbeating));
+        }
+        publish(first, "first quorum");
       }
       return;
     }
@@ -20582,18 +20588,9 @@ class lighthouse {
       }
       if (!failed.empty()) why += (why.empty() ? "" : "; ") + std::string("the group failed under replica(s) ") + failed;
       const auto next = compute_quorum(cur, ready, heartbeating, opts_.policy);
-      if (!next && now - *broken_since_ >= opts_.recovery_timeout && !abandoned_) {
-        abandoned_ = true;
-        const std::string reason =
-            "no quorum could replace quorum " + std::to_string(cur.id) + " for " +
-            std::to_string(opts_.recovery_timeout.count()) + " ms (" + why + "): " + std::to_string(ready.size()) +
-            " replica(s) ready of " + std::to_string(heartbeating) + " alive, " +
-            (opts_.policy.mode == world_size_mode::fixed_with_spares
-                 ? std::to_string(opts_.policy.slots) + " slots to fill"
-                 : "at least " + std::to_string(opts_.policy.min_replicas) + " needed") +
-            ", and more than half of the live replicas";
-        store_->set(std::string(detail::ft::abandoned_key), reason);
-        log_error("lighthouse: " + reason);
+      if (!next && now - *broken_since_ >= opts_.recovery_timeout) {
+        give_up("no quorum could replace quorum " + std::to_string(cur.id) + " for " +
+                std::to_string(opts_.recovery_timeout.count()) + " ms (" + why + "): " + shortfall(ready.size(), heartbeating));
       }
       publish(next, why);
       return;
@@ -20613,6 +20610,21 @@ class lighthouse {
       }
     }
     if (joiners) publish(compute_quorum(cur, ready, heartbeating, opts_.policy), "replicas joined");
+  }
+
+  [[nodiscard]] std::string shortfall(std::size_t ready, int heartbeating) const {
+    return std::to_string(ready) + " replica(s) ready of " + std::to_string(heartbeating) + " alive, " +
+           (opts_.policy.mode == world_size_mode::fixed_with_spares
+                ? std::to_string(opts_.policy.slots) + " slots to fill"
+                : "at least " + std::to_string(opts_.policy.min_replicas) + " needed") +
+           ", and more than half of the live replicas";
+  }
+  // Ends the job: the reason goes to the store, where every waiting replica reads it.
+  void give_up(const std::string& reason) {
+    if (abandoned_) return;
+    abandoned_ = true;
+    store_->set(std::string(detail::ft::abandoned_key), reason);
+    log_error("lighthouse: " + reason);
   }
 
   void publish(const std::optional<quorum>& next, const std::string& why) {

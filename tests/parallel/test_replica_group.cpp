@@ -265,6 +265,36 @@ TEST_CASE("replica_group on threads: a lighthouse that cannot form a quorum give
   CHECK(std::chrono::steady_clock::now() - start < 10s);
 }
 
+TEST_CASE("replica_group on threads: a first quorum that cannot form ends the job with the reason", "[parallel][ft][threads]") {
+  // Three slots, two replicas ever start: the lighthouse gives up after join_timeout + recovery_timeout.
+  auto s = std::make_shared<testing::memory_store>();
+  lighthouse lh(s, {.replicas = 3, .policy = {.slots = 3}, .heartbeat_timeout = 300ms, .join_timeout = 200ms, .tick = 5ms,
+                    .recovery_timeout = 300ms});
+  local_group_registry registry({.timeout = 3000ms});
+  std::vector<std::string> errors(2);
+  const auto start = std::chrono::steady_clock::now();
+  {
+    std::vector<std::jthread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        toy_model m;
+        try {
+          replica_group rg(s, [&](std::int64_t id, int rank, int size) { return registry.make(id, rank, size); }, m.io(),
+                           {.replica = r, .heartbeat_interval = 20ms, .quorum_timeout = 20s});
+          (void)rg.step([&](process_group& g, int slot, std::int64_t step) { m.compute(g, slot, step); }, [&] { m.apply(3); });
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(r)] = e.what();
+        }
+      });
+    }
+  }
+  for (const auto& e : errors) {
+    CHECK_THAT(e, Catch::Contains("the lighthouse gave the job up: the first quorum could not form in 500 ms") &&
+                      Catch::Contains("2 replica(s) ready of 2 alive, 3 slots to fill"));
+  }
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+}
+
 TEST_CASE("replica_group on threads: two replicas lost at once, and a source lost while healing", "[parallel][ft][threads]") {
   const int steps = 12;
   const auto want = fault_free(3, steps);

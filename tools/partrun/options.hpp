@@ -53,12 +53,12 @@ options:
   --master-port PORT                node 0's store port (default 29500; 0 = free port, one node)
   --standalone                      one node, a free port, nothing else to set
   --max-restarts K                  restart the whole group up to K times (default 0)
-  --spares N                        fault tolerance, fixed world: N more processes wait to take a
-                                    lost rank's slot (healed from a live rank); the others go on
+  --spares N                        fault tolerance, fixed world: N more processes (per node) wait to
+                                    take a lost rank's slot (healed from a live rank); the others go on
   --min-replicas M                  fault tolerance, dynamic world: the ranks present train (at
                                     least M); a lost rank does not stop the others
   --max-replacements K              with --spares or --min-replicas: start a new process (same
-                                    RANK) for each of the first K that are lost (default 0)
+                                    RANK) for each of the first K that are lost on this node (default 0)
   --monitor-interval SECONDS        how often ranks are checked (default 0.1)
   --rdzv-timeout SECONDS            how long nodes wait for each other (default 300)
   --grace SECONDS                   SIGTERM to SIGKILL when stopping ranks (default 5)
@@ -209,10 +209,6 @@ inline int nproc_from(std::string_view v) {
   if (!ft && o.max_replacements > 0) {
     throw partrain::config_error("partrun: --max-replacements replaces lost ranks of a fault-tolerant job: give --spares or --min-replicas too");
   }
-  if (ft && o.nnodes > 1) {
-    throw partrain::config_error("partrun: --spares and --min-replicas run on one node for now (got --nnodes " +
-                                 std::to_string(o.nnodes) + ")");
-  }
   if (ft && o.tee) {
     throw partrain::config_error("partrun: --tee is not offered with --spares or --min-replicas yet; redirect partrun's output instead");
   }
@@ -220,9 +216,10 @@ inline int nproc_from(std::string_view v) {
     throw partrain::config_error("partrun: --max-restarts restarts every rank; a fault-tolerant job (--spares, --min-replicas) "
                                  "keeps its healthy ranks instead: give one or the other");
   }
-  if (o.min_replicas > o.nproc_per_node) {
+  if (o.min_replicas > o.nproc_per_node * o.nnodes) {
     throw partrain::config_error("partrun: --min-replicas " + std::to_string(o.min_replicas) + " is more than the " +
-                                 std::to_string(o.nproc_per_node) + " processes --nproc-per-node starts");
+                                 std::to_string(o.nproc_per_node * o.nnodes) + " processes --nproc-per-node starts on " +
+                                 std::to_string(o.nnodes) + " node(s)");
   }
   if (o.nnodes > 1 && o.master_port == 0) {
     throw partrain::config_error("partrun: --master-port 0 (a free port) only works on one node; give every node the same port");

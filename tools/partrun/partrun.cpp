@@ -14,6 +14,7 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -455,20 +456,24 @@ attempt_result run_attempt(partrain::tcp_store& store, partrain::tcp_store& watc
   return attempt_result::interrupted;
 }
 
-// A fault-tolerant job (--spares, --min-replicas; one node). partrun runs the lighthouse on its
-// store and starts every replica (RANK = replica id, WORLD_SIZE = every process, spares included;
-// PARTRAIN_FT_SLOTS or PARTRAIN_FT_MIN_REPLICAS say the policy). A replica that is lost does not
-// stop the others: partrun marks it gone in the store at once (the lighthouse need not wait for
-// its heartbeat to go stale) and, while --max-replacements allows, starts a new process with its
-// RANK, which heals in from a live replica. The job succeeds when the lighthouse saw it finish.
+// A fault-tolerant job (--spares, --min-replicas). Node 0's partrun runs the lighthouse on its
+// store; every node's partrun starts its replicas (RANK = replica id, node n holding ids
+// n * P .. n * P + P - 1 with P = --nproc-per-node + --spares; WORLD_SIZE = every process of the
+// job, spares included; PARTRAIN_FT_SLOTS or PARTRAIN_FT_MIN_REPLICAS say the policy). A replica
+// that is lost does not stop the others: its node's partrun marks it gone in the store at once
+// (the lighthouse need not wait for its heartbeat to go stale) and, while --max-replacements
+// allows (per node), starts a new process with its RANK, which heals in from a live replica. The
+// job succeeds when the lighthouse saw it finish.
 int run_fault_tolerant(const partrun::options& o, std::uint16_t port, const std::string& token,
                        const std::function<partrain::tcp_store_options(const std::string&)>& client) {
-  const int replicas = o.nproc_per_node + o.spares;
+  const int per_node = o.nproc_per_node + o.spares;
+  const int replicas = per_node * o.nnodes;
+  const int first_id = per_node * o.node_rank;
   partrain::quorum_policy policy;
-  std::vector<std::pair<std::string, std::string>> extra = {{"LOCAL_WORLD_SIZE", std::to_string(replicas)}};
+  std::vector<std::pair<std::string, std::string>> extra = {{"LOCAL_WORLD_SIZE", std::to_string(per_node)}};
   if (o.spares > 0) {
-    policy = {.mode = partrain::world_size_mode::fixed_with_spares, .slots = o.nproc_per_node};
-    extra.emplace_back("PARTRAIN_FT_SLOTS", std::to_string(o.nproc_per_node));
+    policy = {.mode = partrain::world_size_mode::fixed_with_spares, .slots = o.nproc_per_node * o.nnodes};
+    extra.emplace_back("PARTRAIN_FT_SLOTS", std::to_string(policy.slots));
   } else {
     policy = {.mode = partrain::world_size_mode::dynamic, .min_replicas = o.min_replicas};
     extra.emplace_back("PARTRAIN_FT_MIN_REPLICAS", std::to_string(o.min_replicas));
@@ -478,9 +483,26 @@ int run_fault_tolerant(const partrun::options& o, std::uint16_t port, const std:
     return std::make_shared<partrain::prefix_store>(partrain::detail::rdzv::agent_attempt_prefix(0),
                                                     std::make_shared<partrain::tcp_store>(client(who)));
   };
-  partrain::lighthouse lh(under_prefix("partrun lighthouse"), {.replicas = replicas, .policy = policy});
-  auto store_ptr = under_prefix("partrun");
+  const std::string node = "partrun node " + std::to_string(o.node_rank);
+  auto store_ptr = under_prefix(node);
   partrain::store& store = *store_ptr;
+  // Node 0 says the job's shape; every other node must have been started for the same one.
+  const std::string shape = std::to_string(o.nnodes) + " node(s) of " + std::to_string(o.nproc_per_node) + " rank(s)" +
+                            (o.spares > 0 ? " and " + std::to_string(o.spares) + " spare(s)"
+                                          : ", at least " + std::to_string(o.min_replicas) + " training");
+  const std::string shape_key = "partrun/ft_shape";
+  std::optional<partrain::lighthouse> lh;
+  if (o.node_rank == 0) {
+    lh.emplace(under_prefix("partrun lighthouse"), partrain::lighthouse_options{.replicas = replicas, .policy = policy});
+    store.set(shape_key, shape);
+  } else {
+    const std::string theirs = store.get_string(shape_key, o.rdzv_timeout);
+    if (theirs != shape) {
+      throw partrain::config_error("partrun: node 0 runs a fault-tolerant job of " + theirs + ", this node (" +
+                                   std::to_string(o.node_rank) + ") was started for " + shape +
+                                   ": give every node the same --nnodes, --nproc-per-node and --spares or --min-replicas");
+    }
+  }
   std::mutex out_mutex;
   std::vector<partrain::child_process> children;  // a replacement is appended; replica_of says whose
   std::vector<int> replica_of;
@@ -492,66 +514,99 @@ int run_fault_tolerant(const partrun::options& o, std::uint16_t port, const std:
       std::lock_guard lock(out_mutex);
       print_rank_line(r, line);
     };
-    children.push_back(partrain::child_process::exec(o.program, o.args, child_env(o, r, r, replicas, 0, port, token, extra),
-                                                     std::move(co)));
+    children.push_back(partrain::child_process::exec(
+        o.program, o.args, child_env(o, r, r - first_id, replicas, 0, port, token, extra), std::move(co)));
     replica_of.push_back(r);
   };
-  children.reserve(static_cast<std::size_t>(replicas + o.max_replacements));
-  for (int r = 0; r < replicas; ++r) start(r);
-  log("fault-tolerant job: " + std::to_string(replicas) + " processes, " +
-      (o.spares > 0 ? std::to_string(o.nproc_per_node) + " ranks and " + std::to_string(o.spares) + " spare(s)"
-                    : "at least " + std::to_string(o.min_replicas) + " training") +
-      ", up to " + std::to_string(o.max_replacements) + " replacement(s)");
+  children.reserve(static_cast<std::size_t>(per_node + o.max_replacements));
+  for (int r = first_id; r < first_id + per_node; ++r) start(r);
+  log(o.nnodes == 1 ? "fault-tolerant job: " + std::to_string(replicas) + " processes, " +
+                         (o.spares > 0 ? std::to_string(o.nproc_per_node) + " ranks and " + std::to_string(o.spares) + " spare(s)"
+                                       : "at least " + std::to_string(o.min_replicas) + " training") +
+                         ", up to " + std::to_string(o.max_replacements) + " replacement(s)"
+                   : "fault-tolerant job of " + shape + ": node " + std::to_string(o.node_rank) + " starts replicas " +
+                         std::to_string(first_id) + ".." + std::to_string(first_id + per_node - 1) + " of " +
+                         std::to_string(replicas) + ", up to " + std::to_string(o.max_replacements) + " replacement(s)");
   int absorbed = 0, replaced = 0;
   bool failed_after_finish = false;
-  for (;;) {
-    if (g_stop.load()) {
-      partrain::stop_all(children, o.grace);
-      log("interrupted by " + partrain::signal_name(g_signal) + "; every rank was stopped");
-      return 128 + (g_signal ? static_cast<int>(g_signal) : SIGTERM);
-    }
-    if (lh.error()) {
-      partrain::stop_all(children, o.grace);
-      log("the lighthouse stopped (see above); every rank was stopped");
-      return 1;
-    }
-    bool running = false;
-    for (std::size_t i = 0; i < children.size(); ++i) {
-      const bool was_running = children[i].running();
-      const auto st = children[i].poll();
-      if (!st) {
-        running = true;
-        continue;
+  try {
+    for (;;) {
+      if (g_stop.load()) {
+        partrain::stop_all(children, o.grace);
+        log("interrupted by " + partrain::signal_name(g_signal) + "; every rank was stopped");
+        return 128 + (g_signal ? static_cast<int>(g_signal) : SIGTERM);
       }
-      if (!was_running) continue;
-      const int r = replica_of[i];
-      if (st->ok()) continue;  // a member done, or a spare the job did not need
-      if (store.check({std::string(partrain::detail::ft::finished_key)})) {
-        failed_after_finish = true;
-        log("rank " + std::to_string(r) + " (pid " + std::to_string(children[i].pid()) + ") " + st->describe() +
-            " after the job finished");
-        continue;
+      if (lh && lh->error()) {
+        partrain::stop_all(children, o.grace);
+        log("the lighthouse stopped (see above); every rank was stopped");
+        return 1;
       }
-      ++absorbed;
-      // Gone now, whatever its last heartbeat said.
-      partrain::detail::ft::beat gone{.counter = -1, .phase = partrain::detail::ft::replica_phase::dead};
-      store.set(partrain::detail::ft::beat_key(r), gone.encode());
-      std::string line = "rank " + std::to_string(r) + " (pid " + std::to_string(children[i].pid()) + ") " + st->describe() +
-                         "; the others go on (failure " + std::to_string(absorbed) + " absorbed)";
-      if (replaced < o.max_replacements) {
-        ++replaced;
-        start(r);
-        running = true;
-        line += "; started a replacement, pid " + std::to_string(children.back().pid());
+      bool running = false;
+      for (std::size_t i = 0; i < children.size(); ++i) {
+        const bool was_running = children[i].running();
+        const auto st = children[i].poll();
+        if (!st) {
+          running = true;
+          continue;
+        }
+        if (!was_running) continue;
+        const int r = replica_of[i];
+        if (st->ok()) continue;  // a member done, or a spare the job did not need
+        if (store.check({std::string(partrain::detail::ft::finished_key)})) {
+          failed_after_finish = true;
+          log("rank " + std::to_string(r) + " (pid " + std::to_string(children[i].pid()) + ") " + st->describe() +
+              " after the job finished");
+          continue;
+        }
+        ++absorbed;
+        // Gone now, whatever its last heartbeat said.
+        partrain::detail::ft::beat gone{.counter = -1, .phase = partrain::detail::ft::replica_phase::dead};
+        store.set(partrain::detail::ft::beat_key(r), gone.encode());
+        std::string line = "rank " + std::to_string(r) + " (pid " + std::to_string(children[i].pid()) + ") " + st->describe() +
+                           "; the others go on (failure " + std::to_string(absorbed) + " absorbed)";
+        if (replaced < o.max_replacements) {
+          ++replaced;
+          start(r);
+          running = true;
+          line += "; started a replacement, pid " + std::to_string(children.back().pid());
+        }
+        log(line);
       }
-      log(line);
+      if (!running) break;
+      partrain::pump_output(children, o.monitor_interval);
     }
-    if (!running) break;
-    partrain::pump_output(children, o.monitor_interval);
+  } catch (const std::exception& e) {  // the job's store is gone (node 0 died): stop ours, say why
+    partrain::stop_all(children, o.grace);
+    for (auto& c : children) c.finish_output();
+    log(node + ": " + partrain::detail::unprefixed(e.what()) + "; every local rank was stopped");
+    return 1;
   }
   for (auto& c : children) c.finish_output();
   const std::string tally = std::to_string(absorbed) + " failure(s) absorbed, " + std::to_string(replaced) + " replacement(s) started";
-  if (!store.check({std::string(partrain::detail::ft::finished_key)})) {
+  bool finished = false;
+  try {
+    finished = store.check({std::string(partrain::detail::ft::finished_key)});
+    // Node 0 hosts the store: it stays until every other node has read the verdict (bounded).
+    const std::string done_key = "partrun/ft_nodes_done";
+    if (o.node_rank != 0) {
+      (void)store.add(done_key, 1);
+    } else if (o.nnodes > 1) {
+      const auto limit = std::min<std::chrono::milliseconds>(o.rdzv_timeout, std::chrono::seconds(60));
+      const auto deadline = std::chrono::steady_clock::now() + limit;
+      while (store.add(done_key, 0) < o.nnodes - 1) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          log("node 0: " + std::to_string(o.nnodes - 1 - store.add(done_key, 0)) + " other node(s) did not report their end within " +
+              std::to_string(limit.count()) + " ms; closing the store");
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+  } catch (const std::exception& e) {
+    log(node + ": could not read the job's end from node 0's store: " + partrain::detail::unprefixed(e.what()));
+    return 1;
+  }
+  if (!finished) {
     log("the job did not finish: every process ended first (" + tally + ")");
     return 1;
   }
