@@ -80,7 +80,7 @@ void run_rank(process_group& pg, const options& o, const datasets& data) {
 #else
     throw config_error("--device cuda: this is the host build; run fashion_mnist_cuda (built where nvcc is found)");
 #endif
-  } else if (o.tp > 1) {
+  } else if (o.tp > 1 && o.parallel != "pipeline") {
     train_tp(pg, o, data);
   } else if (o.deterministic > 0) {
     with_model(o, [&](auto& model) { train_deterministic(model, pg, o, data); });
@@ -111,7 +111,7 @@ int run(options o) {
     return 0;
   }
   // A pipeline started by hand (not under a launcher) starts one rank per stage itself.
-  if (o.parallel == "pipeline" && o.nproc == 0 && o.backend != "mpi" && !detect_launch().launched()) o.nproc = o.stages;
+  if (o.parallel == "pipeline" && o.nproc == 0 && o.backend != "mpi" && !detect_launch().launched()) o.nproc = o.stages * o.tp;
   // Threads (--backend local): each rank on a core of its own, meeting its peers on its own
   // thread rather than through a worker that would compete with it for the cores.
   process_group_options local;

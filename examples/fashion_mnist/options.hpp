@@ -113,7 +113,8 @@ inline constexpr std::string_view usage_text =
     "                            could only take turns with it, else 2)\n"
     "  --checkpoint DIR          save every epoch; resume from DIR when it holds a checkpoint\n"
     "  --tp N                    --model vit: each block's heads and MLP split over N consecutive ranks\n"
-    "                            (tensor parallel), DDP over the world / N groups of them\n"
+    "                            (tensor parallel), DDP over the world / N groups of them; with\n"
+    "                            --parallel pipeline, each of the --stages stages is N such ranks\n"
     "  --deterministic S         the same trained bits at any world size from 1 to S: --batch-size is then the\n"
     "                            global batch, cut into S fixed shards whose gradients are summed exactly\n"
     "                            (ddp, or zero1: the optimizer state sharded; host, fp32)\n"
@@ -402,9 +403,14 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
   if (o.ranks_per_host > 0 && o.sync != "local-sgd") throw usage_error("--ranks-per-host: with --sync local-sgd only");
   if (o.tp > 1) {
     if (o.model != "vit") throw usage_error("--tp " + std::to_string(o.tp) + ": tensor parallel splits the ViT's blocks (use --model vit)");
-    if (o.parallel != "ddp" || o.sync != "ddp" || o.device != "cpu" || o.precision != "fp32" || o.deterministic > 0) {
-      throw usage_error("--tp: with DDP over the data-parallel dimension, on the host in fp32 (--parallel ddp, --sync ddp, "
-                        "--device cpu, --precision fp32, no --deterministic)");
+    if ((o.parallel != "ddp" && o.parallel != "pipeline") || o.sync != "ddp" || o.device != "cpu" || o.precision != "fp32" ||
+        o.deterministic > 0) {
+      throw usage_error("--tp: with DDP over the data-parallel dimension or pipeline stages, on the host in fp32 (--parallel "
+                        "ddp or pipeline, --sync ddp, --device cpu, --precision fp32, no --deterministic)");
+    }
+    if (o.parallel == "pipeline" && !o.checkpoint.empty()) {
+      throw usage_error("--tp with --parallel pipeline: not yet with --checkpoint (a stage's files are per stage, and its "
+                        "tensor-parallel ranks hold different slices)");
     }
     if (!o.export_to.empty() || !o.init_from.empty() || !o.trace.empty() || o.recompute != "none") {
       throw usage_error("--tp: not yet with --export, --init-from, --trace or --recompute (each rank holds its own shard "
@@ -426,9 +432,10 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
                       " asks for several ranks (use --parallel ddp for that)");
   }
   if (o.parallel == "pipeline") {
-    if (o.nproc != 0 && o.nproc != o.stages) {
+    if (o.nproc != 0 && o.nproc != o.stages * o.tp) {
       throw usage_error("--parallel pipeline: --nproc " + std::to_string(o.nproc) + " must equal --stages " +
-                        std::to_string(o.stages) + " (one rank per stage)");
+                        std::to_string(o.stages) + (o.tp > 1 ? " x --tp " + std::to_string(o.tp) + " (" + std::to_string(o.tp) + " ranks per stage)"
+                                                             : " (one rank per stage)"));
     }
   }
   if (o.precision != "fp32" && o.parallel != "ddp" && o.parallel != "fsdp" && !zero) {
@@ -467,7 +474,7 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
                       " fashion_mnist --backend mpi ...` without --nproc");
   }
   if (o.backend == "local" && o.device == "cuda") throw usage_error("--backend local runs host ranks; use --device cpu");
-  if (o.backend == "local" && o.nproc == 0) o.nproc = o.parallel == "pipeline" ? o.stages : 1;
+  if (o.backend == "local" && o.nproc == 0) o.nproc = o.parallel == "pipeline" ? o.stages * o.tp : 1;
   return o;
 }
 

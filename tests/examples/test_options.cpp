@@ -112,6 +112,13 @@ TEST_CASE("example options: bad input names the flag and what was expected", "[e
   CHECK_THROWS_WITH(parse_options({"--model", "vit", "--tp", "2", "--parallel", "fsdp"}),
                     Catch::Contains("--tp: with DDP over the data-parallel dimension"));
   CHECK_THROWS_WITH(parse_options({"--model", "vit", "--tp", "2", "--recompute", "full"}), Catch::Contains("--tp: not yet with"));
+  // --tp with pipeline stages: tp ranks per stage, no checkpoint yet.
+  const auto pp_tp = parse_options({"--model", "vit", "--tp", "2", "--parallel", "pipeline", "--stages", "2", "--backend", "local"});
+  CHECK(pp_tp.nproc == 4);
+  CHECK_THROWS_WITH(parse_options({"--model", "vit", "--tp", "2", "--parallel", "pipeline", "--nproc", "2"}),
+                    Catch::Contains("--nproc 2 must equal --stages 2 x --tp 2 (2 ranks per stage)"));
+  CHECK_THROWS_WITH(parse_options({"--model", "vit", "--tp", "2", "--parallel", "pipeline", "--checkpoint", "d"}),
+                    Catch::Contains("--tp with --parallel pipeline: not yet with --checkpoint"));
   // --deterministic: data parallel on the host in fp32, a global batch its shards divide.
   CHECK(parse_options({"--deterministic", "4"}).deterministic == 4);
   CHECK(parse_options({"--deterministic", "4", "--parallel", "zero1"}).parallel == "zero1");  // the state sharded

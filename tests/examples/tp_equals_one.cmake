@@ -1,6 +1,7 @@
-# --tp 2 over two Gloo processes: the epoch's losses and accuracy equal one process's, to the
-# printed digits (test_vit_tensor_parallel proves the numbers on threads; this, over processes).
-#   cmake -DPROGRAM=fashion_mnist -DARGS="common;args" -P tp_processes.cmake
+# A tensor-parallel run (SPLIT: e.g. --nproc 2 --tp 2 over Gloo processes, or pipeline stages of
+# tensor-parallel ranks) ends its epoch with one process's losses and accuracy, to the printed
+# digits (test_vit_tensor_parallel proves the numbers on threads; this, the example's wiring).
+#   cmake -DPROGRAM=fashion_mnist -DARGS="common;args" -DSPLIT="split;args" -P tp_equals_one.cmake
 function(epoch_line out)
   execute_process(COMMAND ${PROGRAM} ${ARGS} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE o ERROR_VARIABLE e TIMEOUT 300)
   if(NOT rc EQUAL 0)
@@ -12,8 +13,8 @@ function(epoch_line out)
   set(${out} "${CMAKE_MATCH_1}" PARENT_SCOPE)
   message(STATUS "${ARGN}: ${CMAKE_MATCH_1}")
 endfunction()
-epoch_line(tp --nproc 2 --tp 2)
+epoch_line(tp ${SPLIT})
 epoch_line(one --backend local --nproc 1)
 if(NOT tp STREQUAL one)
-  message(FATAL_ERROR "--tp 2 over 2 gloo processes: '${tp}', one process: '${one}'")
+  message(FATAL_ERROR "${SPLIT}: '${tp}', one process: '${one}'")
 endif()
