@@ -165,7 +165,11 @@ rows_batch dp_rows(const test::synthetic_batch& b, std::size_t dp, std::size_t h
 
 }  // namespace
 
-TEST_CASE("DP x TP on a 2 x 2 mesh equals one process on the global batch", "[examples][vit][tensor_parallel][ddp]") {
+TEST_CASE("DP x TP on a 2 x 2 mesh equals one process on the global batch, clipped or not", "[examples][vit][tensor_parallel][ddp]") {
+  // Clipping at 0.05 (well below the gradients' norm: every step clips) needs the norm over every
+  // parameter once: the split ones summed over their tp group, the whole ones counted once.
+  const double max_norm = GENERATE(0.0, 0.05);
+  CAPTURE(max_norm);
   const auto c = tp_vit(0.0f);  // no dropout: a data-parallel rank's masks are drawn for its own rows
   const std::size_t half = 3, pixels = c.image * c.image;
   std::vector<test::synthetic_batch> batches;
@@ -175,13 +179,16 @@ TEST_CASE("DP x TP on a 2 x 2 mesh equals one process on the global batch", "[ex
 
   sequential whole(ml::make_vit(c, 6), ml::softmax_cross_entropy{});
   sgd whole_opt(whole, {.lr = 0.1, .momentum = 0.9});
+  std::vector<double> want_norms;
   for (const auto& b : batches) {
     (void)whole.train_step(rows_batch{b.input(), b.y});
+    if (max_norm > 0) want_norms.push_back(clip_grad_norm(whole, max_norm));
     whole_opt.step();
   }
   const eval_result want = whole.eval_step(probe_rows);
 
   std::vector<eval_result> got(4);
+  std::vector<std::vector<double>> norms(4);
   run_local(4, [&](local_group& world) {
     device_mesh mesh(world, {{"dp", 2}, {"tp", 2}});
     auto model = mesh_vit(c, mesh);
@@ -190,15 +197,20 @@ TEST_CASE("DP x TP on a 2 x 2 mesh equals one process on the global batch", "[ex
     const auto dp = static_cast<std::size_t>(mesh.coordinate("dp"));
     for (const auto& b : batches) {  // data-parallel rank dp takes rows dp*half .. of the global batch
       (void)ddp.train_step(dp_rows(b, dp, half, pixels));
+      if (max_norm > 0) norms[static_cast<std::size_t>(world.rank())].push_back(ddp.clip_grad_norm(max_norm));
       opt.step();
     }
     got[static_cast<std::size_t>(world.rank())] = model.eval_step(probe_rows);
   });
-  for (const auto& e : got) {
-    CHECK(e.count == want.count);
-    CHECK(e.correct == want.correct);
-    CHECK(e.loss_sum == Approx(want.loss_sum).epsilon(1e-5));
+  for (std::size_t r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    CHECK(got[r].count == want.count);
+    CHECK(got[r].correct == want.correct);
+    CHECK(got[r].loss_sum == Approx(want.loss_sum).epsilon(1e-5));
+    REQUIRE(norms[r].size() == want_norms.size());
+    for (std::size_t k = 0; k < want_norms.size(); ++k) CHECK(norms[r][k] == Approx(want_norms[k]).epsilon(1e-5));
   }
+  if (max_norm > 0) CHECK(want_norms.front() > 10 * max_norm);
 }
 
 TEST_CASE("DP x TP checkpoints: each rank's slice saved and resumed, bit for bit", "[examples][vit][tensor_parallel][checkpoint]") {
@@ -250,50 +262,6 @@ TEST_CASE("DP x TP checkpoints: each rank's slice saved and resumed, bit for bit
     }
   });
   CHECK_THAT(error, Catch::Contains("was saved by 4 ranks, this job has 2"));
-}
-
-TEST_CASE("clipping over DP x TP counts every parameter once and follows one process", "[examples][vit][tensor_parallel][clip]") {
-  const auto c = tp_vit(0.0f);
-  const std::size_t half = 3, pixels = c.image * c.image;
-  constexpr double max_norm = 0.05;  // well below the gradients' norm: every step clips
-  std::vector<test::synthetic_batch> batches;
-  for (std::uint32_t s = 0; s < 3; ++s) batches.emplace_back(2 * half, pixels, 10, 500 + s);
-  const test::synthetic_batch probe(5, pixels, 10, 998);
-  const rows_batch probe_rows{probe.input(), probe.y};
-
-  sequential whole(ml::make_vit(c, 6), ml::softmax_cross_entropy{});
-  sgd whole_opt(whole, {.lr = 0.1, .momentum = 0.9});
-  std::vector<double> want_norms;
-  for (const auto& b : batches) {
-    (void)whole.train_step(rows_batch{b.input(), b.y});
-    want_norms.push_back(clip_grad_norm(whole, max_norm));
-    whole_opt.step();
-  }
-  const eval_result want = whole.eval_step(probe_rows);
-
-  std::vector<eval_result> got(4);
-  std::vector<std::vector<double>> norms(4);
-  run_local(4, [&](local_group& world) {
-    device_mesh mesh(world, {{"dp", 2}, {"tp", 2}});
-    auto model = mesh_vit(c, mesh);
-    distributed_data_parallel ddp(model, mesh.group("dp"));
-    sgd opt(model, {.lr = 0.1, .momentum = 0.9});
-    const auto dp = static_cast<std::size_t>(mesh.coordinate("dp"));
-    for (const auto& b : batches) {
-      (void)ddp.train_step(dp_rows(b, dp, half, pixels));
-      norms[static_cast<std::size_t>(world.rank())].push_back(ddp.clip_grad_norm(max_norm));
-      opt.step();
-    }
-    got[static_cast<std::size_t>(world.rank())] = model.eval_step(probe_rows);
-  });
-  for (std::size_t r = 0; r < 4; ++r) {
-    CAPTURE(r);
-    REQUIRE(norms[r].size() == want_norms.size());
-    for (std::size_t k = 0; k < want_norms.size(); ++k) CHECK(norms[r][k] == Approx(want_norms[k]).epsilon(1e-5));
-    CHECK(got[r].correct == want.correct);
-    CHECK(got[r].loss_sum == Approx(want.loss_sum).epsilon(1e-5));
-  }
-  CHECK(want_norms.front() > 10 * max_norm);
 }
 
 TEST_CASE("clipping over disjoint parts of a model adds their squares", "[examples][clip]") {
