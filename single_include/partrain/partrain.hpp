@@ -17342,8 +17342,10 @@ class distributed_data_parallel {
 // shapes, so the same bits, wherever it runs). The shards' gradients are then summed exactly: each
 // is turned into 64-bit fixed point at a scale the group agrees on (from the largest magnitude of
 // every parameter tensor over all shards, an all-reduce max, exact), integers add up the same in
-// any order, and one int64 all-reduce sums them over the ranks. The mean is that sum / S. Losses
-// likewise. Every rank then holds the same gradient and steps its optimizer identically.
+// any order, and an int64 reduce_scatter sums each rank's block of them over the ranks. The mean
+// is that sum / S, and an all_gather of the blocks' means (floats) gives every rank all of it.
+// Losses likewise (one int64 all-reduce). Every rank then holds the same gradient and steps its
+// optimizer identically.
 //
 // The contract: bit-identical results for any world size and backend on the same machine type
 // and library builds (the model's kernels, e.g. OpenBLAS's, must give the same bits for the same
@@ -17444,7 +17446,23 @@ class deterministic_data_parallel {
 
   // The global batch's mean loss and, in the model's gradients, its mean gradient: the same bits
   // on every rank and at every world size. Every rank passes the same batch.
-  double train_step(const batch& global) {
+  double train_step(const batch& global) { return step(global, true); }
+
+  // The same, but only this rank's block of the flattened gradients ([r B, min(N, (r + 1) B)),
+  // B = ceil(N / world), block()) holds the mean; the rest hold this rank's last shard's gradient.
+  // For a mode that steps only that block (deterministic_sharded.hpp): no all_gather.
+  double train_step_block(const batch& global) { return step(global, false); }
+  // This rank's block of the flattened gradients: [first, last).
+  [[nodiscard]] std::pair<std::size_t, std::size_t> block() {
+    std::size_t total = 0;
+    for (auto&& p : model_->parameters()) total += p.grad().size();
+    const auto world = static_cast<std::size_t>(comm_->size());
+    const std::size_t b = (total + world - 1) / world, first = std::min(total, b * static_cast<std::size_t>(comm_->rank()));
+    return {first, std::min(total, first + b)};
+  }
+
+ private:
+  double step(const batch& global, bool gather) {
     const std::size_t n = global.size(), s = opts_.shards;
     if (n == 0 || n % s != 0) {
       throw invalid_argument_error(where() + "a global batch of " + std::to_string(n) + " rows in " + std::to_string(s) +
@@ -17455,11 +17473,12 @@ class deterministic_data_parallel {
     const std::size_t rows = n / s;
     const auto mine = shards_of(comm_->rank());
 
-    // 1. Each of this rank's shards: the model's own step, its gradients kept (in buffers kept
-    // from step to step: fresh ones cost a page fault per 4 KiB every step).
+    // 1. Each of this rank's shards: the model's own step. The gradients of all but the last are
+    // kept (in buffers kept from step to step: fresh ones cost a page fault per 4 KiB every
+    // step); the last one's stay in the model.
     std::size_t total = 0;
     for (auto&& p : params) total += p.grad().size();
-    stash_.resize(mine.size() * total);
+    stash_.resize((mine.size() - 1) * total);
     std::vector<double> losses;
     std::vector<float> largest(count, 0.0f);
     for (std::size_t j = 0; j < mine.size(); ++j) {
@@ -17468,11 +17487,13 @@ class deterministic_data_parallel {
                         global.indices.empty() ? global.indices : global.indices.subspan(first, rows)};
       losses.push_back(static_cast<double>(model_->train_step(shard)));
       std::size_t i = 0;
-      float* to = stash_.data() + j * total;
+      float* to = j + 1 < mine.size() ? stash_.data() + j * total : nullptr;
       for (auto&& p : params) {
         const auto g = p.grad();
-        std::copy(g.begin(), g.end(), to);
-        to += g.size();
+        if (to) {
+          std::copy(g.begin(), g.end(), to);
+          to += g.size();
+        }
         for (const float v : g) largest[i] = std::max(largest[i], std::abs(v));
         ++i;
       }
@@ -17482,40 +17503,62 @@ class deterministic_data_parallel {
     }
     // 2. The scale of each tensor, from its largest magnitude over every shard (max is exact).
     comm_->all_reduce(tensor_view<float>(largest), reduce_op::max).wait();
-    // 3. Each tensor's shard gradients in fixed point, summed exactly; one int64 all-reduce.
-    sum_.assign(total + 1, 0);
-    auto& sum = sum_;
+    // 3. Each tensor's shard gradients in fixed point, summed exactly: an int64 reduce_scatter
+    // gives each rank the sums of its block of elements (integers add up the same in any order).
+    const auto world = static_cast<std::size_t>(comm_->size());
+    const std::size_t b = (total + world - 1) / world;
+    sum_.assign(b * world, 0);
     std::vector<double> scale(count);
     for (std::size_t i = 0; i < count; ++i) {
       scale[i] = detail::deterministic::fixed_point_scale(static_cast<double>(largest[i]) * static_cast<double>(s));
     }
+    std::int64_t loss_sum = 0;
     for (std::size_t j = 0; j < mine.size(); ++j) {
       std::size_t at = 0, i = 0;
       for (auto&& p : params) {
         const std::size_t len = p.grad().size();
-        const float* g = stash_.data() + j * total + at;
-        std::int64_t* acc = sum.data() + at;
+        const float* g = j + 1 < mine.size() ? stash_.data() + j * total + at : p.grad().data();
+        std::int64_t* acc = sum_.data() + at;
         const double k = scale[i];
         for (std::size_t e = 0; e < len; ++e) acc[e] += detail::deterministic::to_fixed(static_cast<double>(g[e]), k);
         at += len;
         ++i;
       }
-      sum[total] += detail::deterministic::to_fixed(losses[j], loss_scale);
+      loss_sum += detail::deterministic::to_fixed(losses[j], loss_scale);
     }
-    comm_->all_reduce(tensor_view<std::int64_t>(sum)).wait();
-    // 4. The mean, into the model's gradients.
-    std::size_t at = 0, i = 0;
+    part_.resize(b);
+    comm_->reduce_scatter(tensor_view<const std::int64_t>(sum_), tensor_view<std::int64_t>(part_)).wait();
+    comm_->all_reduce(tensor_view<std::int64_t>(&loss_sum, 1)).wait();
+    // 4. This rank's block as the mean (the same on every rank); then, unless only the block is
+    // wanted, every block to every rank as floats, into the model's gradients.
+    const std::size_t lo0 = std::min(total, b * static_cast<std::size_t>(comm_->rank())), hi0 = std::min(total, lo0 + b);
+    if (gather) mean_.assign(b, 0.0f);
+    std::size_t begin = 0, i = 0;
     for (auto&& p : params) {
       auto g = p.grad();
+      const std::size_t end = begin + g.size(), lo = std::max(begin, lo0), hi = std::min(end, hi0);
       const double k = 1.0 / (scale[i] * static_cast<double>(s));  // the same on every rank
-      for (std::size_t e = 0; e < g.size(); ++e) g[e] = static_cast<float>(detail::deterministic::from_fixed(sum[at + e]) * k);
-      at += g.size();
+      if (lo < hi) {
+        float* to = gather ? mean_.data() + (lo - lo0) : g.data() + (lo - begin);
+        const std::int64_t* from = part_.data() + (lo - lo0);
+        for (std::size_t e = 0; e < hi - lo; ++e) to[e] = static_cast<float>(detail::deterministic::from_fixed(from[e]) * k);
+      }
+      begin = end;
       ++i;
     }
-    return detail::deterministic::from_fixed(sum[total]) / loss_scale / static_cast<double>(s);
+    if (gather) {
+      all_.resize(b * world);
+      comm_->all_gather(tensor_view<const float>(mean_), tensor_view<float>(all_)).wait();
+      std::size_t at = 0;
+      for (auto&& p : params) {
+        auto g = p.grad();
+        std::copy_n(all_.begin() + static_cast<std::ptrdiff_t>(at), g.size(), g.begin());
+        at += g.size();
+      }
+    }
+    return detail::deterministic::from_fixed(loss_sum) / loss_scale / static_cast<double>(s);
   }
 
- private:
   static constexpr double loss_scale = 4294967296.0;  // 2^32: the shards' losses may sum up to 2^19
   [[nodiscard]] std::string where() const {
     return "rank " + std::to_string(comm_->rank()) + " deterministic_data_parallel: ";
@@ -17524,8 +17567,10 @@ class deterministic_data_parallel {
   M* model_;
   C* comm_;
   deterministic_options opts_;
-  std::vector<float> stash_;        // this rank's shards' gradients, shard after shard
-  std::vector<std::int64_t> sum_;   // their fixed-point sum, then the loss's
+  std::vector<float> stash_;          // this rank's shards' gradients but the last, shard after shard
+  std::vector<std::int64_t> sum_;     // their fixed-point sum, padded to whole blocks
+  std::vector<std::int64_t> part_;    // this rank's block of every rank's sums
+  std::vector<float> mean_, all_;     // this rank's block as the mean; every block
 };
 
 }  // namespace partrain::inline v0
@@ -17681,10 +17726,10 @@ class shard_optimizer {
 // world size, and 1/world of the optimizer's state per rank.
 //
 // The exact gradient is deterministic_data_parallel's (fixed shards of the global batch, summed in
-// fixed point: every rank holds the same mean gradient). Rank r then steps only its contiguous
-// slice of the flattened parameters, with the optimizer's own element rules (SGD's momentum,
-// AdamW's moments over that slice), and an all_gather of the slices gives every rank the new
-// values. The update is element by element, so who steps an element does not change its bits: the
+// fixed point by an int64 reduce_scatter), of which rank r takes only its contiguous slice of the
+// flattened parameters (no all_gather of gradients). It steps that slice with the optimizer's own
+// element rules (SGD's momentum, AdamW's moments over that slice), and an all_gather of the slices
+// gives every rank the new values. The update is element by element, so who steps an element does not change its bits: the
 // result equals deterministic_data_parallel plus the replicated optimizer, at any world size.
 //
 //   deterministic_sharded_data_parallel zero(model, group, sgd_options{.lr = 0.1, .momentum = 0.9}, {.shards = 8});
@@ -17716,9 +17761,7 @@ class deterministic_sharded_data_parallel {
   deterministic_sharded_data_parallel(M& m, C& comm, shard_optimizer_options opt, deterministic_options o)
       : det_(m, comm, o), total_(count(m)), chunk_((total_ + static_cast<std::size_t>(comm.size()) - 1) /
                                                      static_cast<std::size_t>(comm.size())),
-        first_(std::min(total_, chunk_ * static_cast<std::size_t>(comm.rank()))),
-        last_(std::min(total_, first_ + chunk_)),
-        opt_(opt, last_ - first_) {}
+        first_(det_.block().first), last_(det_.block().second), opt_(opt, last_ - first_) {}
 
   [[nodiscard]] M& module() noexcept { return det_.module(); }
   [[nodiscard]] C& comm() noexcept { return det_.comm(); }
@@ -17736,7 +17779,7 @@ class deterministic_sharded_data_parallel {
   // The global batch's mean loss; the parameters stepped, the same on every rank and at every
   // world size. Every rank passes the same batch.
   double train_step(const batch& global) {
-    const double loss = det_.train_step(global);
+    const double loss = det_.train_step_block(global);  // this rank's slice of the mean gradient
     // This rank's slice: the optimizer's element rules over the parameters' pieces in it.
     opt_.begin_step();
     for_each_piece([&](float* v, const float* g, std::size_t at, std::size_t n) { opt_.update(v, g, at, n); });

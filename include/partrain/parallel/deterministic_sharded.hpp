@@ -3,10 +3,10 @@
 // world size, and 1/world of the optimizer's state per rank.
 //
 // The exact gradient is deterministic_data_parallel's (fixed shards of the global batch, summed in
-// fixed point: every rank holds the same mean gradient). Rank r then steps only its contiguous
-// slice of the flattened parameters, with the optimizer's own element rules (SGD's momentum,
-// AdamW's moments over that slice), and an all_gather of the slices gives every rank the new
-// values. The update is element by element, so who steps an element does not change its bits: the
+// fixed point by an int64 reduce_scatter), of which rank r takes only its contiguous slice of the
+// flattened parameters (no all_gather of gradients). It steps that slice with the optimizer's own
+// element rules (SGD's momentum, AdamW's moments over that slice), and an all_gather of the slices
+// gives every rank the new values. The update is element by element, so who steps an element does not change its bits: the
 // result equals deterministic_data_parallel plus the replicated optimizer, at any world size.
 //
 //   deterministic_sharded_data_parallel zero(model, group, sgd_options{.lr = 0.1, .momentum = 0.9}, {.shards = 8});
@@ -39,9 +39,7 @@ class deterministic_sharded_data_parallel {
   deterministic_sharded_data_parallel(M& m, C& comm, shard_optimizer_options opt, deterministic_options o)
       : det_(m, comm, o), total_(count(m)), chunk_((total_ + static_cast<std::size_t>(comm.size()) - 1) /
                                                      static_cast<std::size_t>(comm.size())),
-        first_(std::min(total_, chunk_ * static_cast<std::size_t>(comm.rank()))),
-        last_(std::min(total_, first_ + chunk_)),
-        opt_(opt, last_ - first_) {}
+        first_(det_.block().first), last_(det_.block().second), opt_(opt, last_ - first_) {}
 
   [[nodiscard]] M& module() noexcept { return det_.module(); }
   [[nodiscard]] C& comm() noexcept { return det_.comm(); }
@@ -59,7 +57,7 @@ class deterministic_sharded_data_parallel {
   // The global batch's mean loss; the parameters stepped, the same on every rank and at every
   // world size. Every rank passes the same batch.
   double train_step(const batch& global) {
-    const double loss = det_.train_step(global);
+    const double loss = det_.train_step_block(global);  // this rank's slice of the mean gradient
     // This rank's slice: the optimizer's element rules over the parameters' pieces in it.
     opt_.begin_step();
     for_each_piece([&](float* v, const float* g, std::size_t at, std::size_t n) { opt_.update(v, g, at, n); });
