@@ -1,6 +1,7 @@
-// deterministic_data_parallel (parallel/deterministic.hpp): the same global batches give the same
-// parameters, bit for bit, at world sizes 1 to 4 (threads), for the MLP and the ViT as layers
-// under SGD with momentum; the result is the plain mean gradient to float rounding; refusals.
+// deterministic_data_parallel (parallel/deterministic.hpp) and its ZeRO-1 form: the same global
+// batches give the same parameters, bit for bit, at world sizes 1 to 4 (threads), for the MLP, the
+// CNN and the ViT as layers under SGD with momentum (and AdamW), resumed at another world size too;
+// the result is the plain mean gradient to float rounding; refusals.
 #include <catch2/catch.hpp>
 
 #include <partrain/comm/local.hpp>
@@ -20,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "cnn_layers.hpp"
 #include "mlp_layers.hpp"
 #include "pipeline_layers.hpp"
 #include "temp_dir.hpp"
@@ -31,6 +33,16 @@ namespace ml = models::layers;
 namespace {
 
 constexpr std::size_t global_rows = 12, shards = 6, steps = 4;
+
+// The example's three models as layers: a small MLP, the CNN and a small ViT.
+enum class layers { mlp, cnn, vit };
+const char* name_of(layers k) { return k == layers::mlp ? "mlp" : k == layers::cnn ? "cnn" : "vit"; }
+std::size_t features_of(layers k) { return k == layers::mlp ? 6 : 784; }
+ml::host_model make_layers(layers k) {
+  if (k == layers::cnn) return ml::make_cnn(3);
+  if (k == layers::vit) return ml::make_vit({.patch = 7, .dim = 16, .depth = 1, .heads = 2, .mlp_ratio = 2}, 3);
+  return ml::make_mlp({6, 5, 4, 10}, 3);
+}
 
 template <class Make>
 std::vector<float> train(int world, Make make, std::size_t features, std::vector<double>* losses = nullptr) {
@@ -59,13 +71,10 @@ std::vector<float> train(int world, Make make, std::size_t features, std::vector
 }  // namespace
 
 TEST_CASE("deterministic data parallel: the same bits at world sizes 1 to 4", "[parallel][deterministic]") {
-  const bool vit = GENERATE(false, true);
-  CAPTURE(vit);
-  const std::size_t features = vit ? 784 : 6;
-  auto make = [&] {
-    return vit ? ml::make_vit({.patch = 7, .dim = 16, .depth = 1, .heads = 2, .mlp_ratio = 2}, 3)
-               : ml::make_mlp({6, 5, 4, 10}, 3);
-  };
+  const auto kind = GENERATE(layers::mlp, layers::cnn, layers::vit);
+  CAPTURE(name_of(kind));
+  const std::size_t features = features_of(kind);
+  auto make = [&] { return make_layers(kind); };
   std::vector<double> losses1, losses;
   const auto one = train(1, make, features, &losses1);
   for (const int world : {2, 3, 4}) {
@@ -109,14 +118,11 @@ TEST_CASE("deterministic data parallel: a run checkpointed at 2 ranks and resume
 
 TEST_CASE("deterministic ZeRO-1: the optimizer state sharded, deterministic DDP's bits at world sizes 1 to 4",
           "[parallel][deterministic][zero]") {
-  const bool vit = GENERATE(false, true);
+  const auto kind = GENERATE(layers::mlp, layers::cnn, layers::vit);
   const bool use_adamw = GENERATE(false, true);
-  CAPTURE(vit, use_adamw);
-  const std::size_t features = vit ? 784 : 6;
-  auto make = [&] {
-    return vit ? ml::make_vit({.patch = 7, .dim = 16, .depth = 1, .heads = 2, .mlp_ratio = 2}, 3)
-               : ml::make_mlp({6, 5, 4, 10}, 3);
-  };
+  CAPTURE(name_of(kind), use_adamw);
+  const std::size_t features = features_of(kind);
+  auto make = [&] { return make_layers(kind); };
   const sgd_options sgd_o{.lr = 0.1, .momentum = 0.9};
   const adamw_options adamw_o{.lr = 0.01};
   // The reference: deterministic DDP at one rank with the replicated optimizer.
