@@ -53,6 +53,18 @@ if(NOT resumed STREQUAL one)
   message(FATAL_ERROR "saved at 2 ranks, resumed at 3: ended at ${resumed}, one rank straight through at ${one}")
 endif()
 message(STATUS "zero1 at 2 and 3 ranks, and resumed from 2 at 3: ${one}")
+# A checkpoint of the replicated optimizer (no --parallel zero1) is refused by ZeRO-1, by name.
+file(REMOVE_RECURSE ${CKPT})
+execute_process(COMMAND ${PROGRAM} ${first} --backend local --nproc 2 --deterministic 6 --checkpoint ${CKPT}
+                RESULT_VARIABLE rc OUTPUT_VARIABLE o ERROR_VARIABLE e TIMEOUT 300)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the first epoch without zero1 failed (${rc}):\n${o}${e}")
+endif()
+execute_process(COMMAND ${PROGRAM} ${ARGS} --backend local --nproc 2 --deterministic 6 --parallel zero1 --checkpoint ${CKPT}
+                RESULT_VARIABLE rc OUTPUT_VARIABLE o ERROR_VARIABLE e TIMEOUT 300)
+if(rc EQUAL 0 OR NOT "${o}${e}" MATCHES "is not a deterministic ZeRO-1 one")
+  message(FATAL_ERROR "zero1 resumed a replicated optimizer's checkpoint (exit ${rc}):\n${o}${e}")
+endif()
 # Without the mode, 2 ranks of half the batch each sum in another order.
 checksum(plain --backend local --nproc 2)
 if(plain STREQUAL one)

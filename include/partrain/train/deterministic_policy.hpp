@@ -108,10 +108,17 @@ class deterministic_sharded_policy {
       for (const auto& a : s->arrays) w.put_array(std::span<const float>(a));
     }
     void load_state(state_reader& r) {
+      // What another mode saved there (a replicated optimizer's per-parameter state) does not parse as this.
+      const auto other = [](const std::string& what) {
+        return checkpoint_error("the checkpoint's optimizer state is not a deterministic ZeRO-1 one (" + what +
+                                "): was it saved by another mode, e.g. deterministic data parallel without the "
+                                "sharded optimizer? Resume it with the mode that saved it");
+      };
       s->kind = r.get_string("optimizer kind");
+      if (s->kind != "sgd" && s->kind != "adamw") throw other("kind '" + s->kind.substr(0, 16) + "'");
       s->steps = r.get<std::int64_t>("optimizer steps");
       const auto n = r.get<std::uint64_t>("optimizer state arrays");
-      if (n > 2) throw checkpoint_error("the optimizer state has " + std::to_string(n) + " arrays, expected at most 2");
+      if (n > 2) throw other(std::to_string(n) + " arrays, expected at most 2");
       s->arrays.assign(static_cast<std::size_t>(n), {});
       for (auto& a : s->arrays) {
         const auto bytes = r.get_bytes("optimizer state array");
@@ -119,6 +126,7 @@ class deterministic_sharded_policy {
         a.resize(bytes.size() / sizeof(float));
         std::memcpy(a.data(), bytes.data(), bytes.size());
       }
+      if (r.remaining() != 0) throw other(std::to_string(r.remaining()) + " bytes more than it reads");
     }
   };
 
