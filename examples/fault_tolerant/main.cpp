@@ -112,6 +112,10 @@ int main(int argc, char** argv) {
     }
     const std::string v = argv[++i];
     if (a == "--metrics") {
+      if (v.empty()) {
+        std::fprintf(stderr, "fault_tolerant: --metrics '': expected a file name\n");
+        return 2;
+      }
       o.metrics = v;
       continue;
     }
