@@ -17452,13 +17452,15 @@ class deterministic_data_parallel {
   // B = ceil(N / world), block()) holds the mean; the rest hold this rank's last shard's gradient.
   // For a mode that steps only that block (deterministic_sharded.hpp): no all_gather.
   double train_step_block(const batch& global) { return step(global, false); }
-  // This rank's block of the flattened gradients: [first, last).
-  [[nodiscard]] std::pair<std::size_t, std::size_t> block() {
+  // This rank's block of the flattened gradients: [first, last) of total elements, in blocks of
+  // `width` (the last ones padded) on every rank.
+  struct block_layout {
+    std::size_t first = 0, last = 0, width = 0, total = 0;
+  };
+  [[nodiscard]] block_layout block() {
     std::size_t total = 0;
     for (auto&& p : model_->parameters()) total += p.grad().size();
-    const auto world = static_cast<std::size_t>(comm_->size());
-    const std::size_t b = (total + world - 1) / world, first = std::min(total, b * static_cast<std::size_t>(comm_->rank()));
-    return {first, std::min(total, first + b)};
+    return layout(total);
   }
 
  private:
@@ -17506,7 +17508,8 @@ class deterministic_data_parallel {
     // 3. Each tensor's shard gradients in fixed point, summed exactly: an int64 reduce_scatter
     // gives each rank the sums of its block of elements (integers add up the same in any order).
     const auto world = static_cast<std::size_t>(comm_->size());
-    const std::size_t b = (total + world - 1) / world;
+    const block_layout mine_block = layout(total);
+    const std::size_t b = mine_block.width;
     sum_.assign(b * world, 0);
     std::vector<double> scale(count);
     for (std::size_t i = 0; i < count; ++i) {
@@ -17531,7 +17534,7 @@ class deterministic_data_parallel {
     comm_->all_reduce(tensor_view<std::int64_t>(&loss_sum, 1)).wait();
     // 4. This rank's block as the mean (the same on every rank); then, unless only the block is
     // wanted, every block to every rank as floats, into the model's gradients.
-    const std::size_t lo0 = std::min(total, b * static_cast<std::size_t>(comm_->rank())), hi0 = std::min(total, lo0 + b);
+    const std::size_t lo0 = mine_block.first, hi0 = mine_block.last;
     if (gather) mean_.assign(b, 0.0f);
     std::size_t begin = 0, i = 0;
     for (auto&& p : params) {
@@ -17557,6 +17560,13 @@ class deterministic_data_parallel {
       }
     }
     return detail::deterministic::from_fixed(loss_sum) / loss_scale / static_cast<double>(s);
+  }
+
+  [[nodiscard]] block_layout layout(std::size_t total) const {
+    const auto world = static_cast<std::size_t>(comm_->size());
+    const std::size_t width = (total + world - 1) / world;
+    const std::size_t first = std::min(total, width * static_cast<std::size_t>(comm_->rank()));
+    return {first, std::min(total, first + width), width, total};
   }
 
   static constexpr double loss_scale = 4294967296.0;  // 2^32: the shards' losses may sum up to 2^19
@@ -17739,6 +17749,7 @@ class shard_optimizer {
 // run resumes at another world size (load_state takes this rank's new slice).
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -17757,17 +17768,17 @@ namespace partrain::inline v0 {
 
 template <class M, class C>
 class deterministic_sharded_data_parallel {
+  static_assert(std::same_as<model_element_t<M>, float>, "partrain: deterministic_sharded_data_parallel steps float parameters");
+
  public:
   deterministic_sharded_data_parallel(M& m, C& comm, shard_optimizer_options opt, deterministic_options o)
-      : det_(m, comm, o), total_(count(m)), chunk_((total_ + static_cast<std::size_t>(comm.size()) - 1) /
-                                                     static_cast<std::size_t>(comm.size())),
-        first_(det_.block().first), last_(det_.block().second), opt_(opt, last_ - first_) {}
+      : det_(m, comm, o), block_(det_.block()), opt_(opt, block_.last - block_.first) {}
 
   [[nodiscard]] M& module() noexcept { return det_.module(); }
   [[nodiscard]] C& comm() noexcept { return det_.comm(); }
   [[nodiscard]] std::size_t shards() const noexcept { return det_.shards(); }
   // This rank's slice of the flattened parameters: [first, last).
-  [[nodiscard]] std::pair<std::size_t, std::size_t> slice() const noexcept { return {first_, last_}; }
+  [[nodiscard]] std::pair<std::size_t, std::size_t> slice() const noexcept { return {block_.first, block_.last}; }
   [[nodiscard]] std::size_t optimizer_state_bytes() const noexcept { return opt_.state_bytes(); }
   [[nodiscard]] double lr() const noexcept { return opt_.lr(); }
   void set_lr(double lr) { opt_.set_lr(lr); }
@@ -17784,9 +17795,9 @@ class deterministic_sharded_data_parallel {
     opt_.begin_step();
     for_each_piece([&](float* v, const float* g, std::size_t at, std::size_t n) { opt_.update(v, g, at, n); });
     // Every slice to every rank (padded to equal blocks).
-    mine_.assign(chunk_, 0.0f);
+    mine_.assign(block_.width, 0.0f);
     for_each_piece([&](float* v, const float*, std::size_t at, std::size_t n) { std::copy(v, v + n, mine_.begin() + static_cast<std::ptrdiff_t>(at)); });
-    all_.resize(chunk_ * static_cast<std::size_t>(comm().size()));
+    all_.resize(block_.width * static_cast<std::size_t>(comm().size()));
     comm().all_gather(tensor_view<const float>(mine_), tensor_view<float>(all_)).wait();
     std::size_t at = 0;
     for (auto&& p : module().parameters()) {
@@ -17803,11 +17814,11 @@ class deterministic_sharded_data_parallel {
     // Ranks agree on whether there is state (every rank stepped the same steps, so they do).
     shard_optimizer_state<float> whole{mine.kind, mine.steps, {}};
     for (const auto& a : mine.arrays) {
-      std::vector<float> padded(chunk_, 0.0f);
+      std::vector<float> padded(block_.width, 0.0f);
       std::copy(a.begin(), a.end(), padded.begin());
-      std::vector<float> gathered(chunk_ * static_cast<std::size_t>(comm().size()));
+      std::vector<float> gathered(block_.width * static_cast<std::size_t>(comm().size()));
       comm().all_gather(tensor_view<const float>(padded), tensor_view<float>(gathered)).wait();
-      gathered.resize(total_);
+      gathered.resize(block_.total);
       whole.arrays.push_back(std::move(gathered));
     }
     return whole;
@@ -17816,23 +17827,16 @@ class deterministic_sharded_data_parallel {
   void load_state(const shard_optimizer_state<float>& whole, const std::string& source) {
     shard_optimizer_state<float> mine{whole.kind, whole.steps, {}};
     for (const auto& a : whole.arrays) {
-      if (a.size() != total_) {
+      if (a.size() != block_.total) {
         throw checkpoint_error(source + " holds optimizer state of " + std::to_string(a.size()) + " elements, this model has " +
-                               std::to_string(total_) + " parameters");
+                               std::to_string(block_.total) + " parameters");
       }
-      mine.arrays.emplace_back(a.begin() + static_cast<std::ptrdiff_t>(first_), a.begin() + static_cast<std::ptrdiff_t>(last_));
+      mine.arrays.emplace_back(a.begin() + static_cast<std::ptrdiff_t>(block_.first), a.begin() + static_cast<std::ptrdiff_t>(block_.last));
     }
     opt_.load(mine, source);
   }
 
  private:
-  static std::size_t count(M& m) {
-    static_assert(std::same_as<model_element_t<M>, float>,
-                  "partrain: deterministic_sharded_data_parallel steps float parameters");
-    std::size_t n = 0;
-    for (auto&& p : m.parameters()) n += p.value().size();
-    return n;
-  }
   // f(value, grad, offset in this rank's slice, n) for each parameter's piece inside the slice.
   template <class F>
   void for_each_piece(F&& f) {
@@ -17841,14 +17845,14 @@ class deterministic_sharded_data_parallel {
       auto v = p.value();
       auto g = p.grad();
       const std::size_t end = begin + v.size();
-      const std::size_t lo = std::max(begin, first_), hi = std::min(end, last_);
-      if (lo < hi) f(v.data() + (lo - begin), g.data() + (lo - begin), lo - first_, hi - lo);
+      const std::size_t lo = std::max(begin, block_.first), hi = std::min(end, block_.last);
+      if (lo < hi) f(v.data() + (lo - begin), g.data() + (lo - begin), lo - block_.first, hi - lo);
       begin = end;
     }
   }
 
   deterministic_data_parallel<M, C> det_;
-  std::size_t total_, chunk_, first_, last_;
+  typename deterministic_data_parallel<M, C>::block_layout block_;  // this rank's slice, the same as its gradient block
   detail::zero::shard_optimizer<float> opt_;
   std::vector<float> mine_, all_;
 };

@@ -120,13 +120,15 @@ class deterministic_data_parallel {
   // B = ceil(N / world), block()) holds the mean; the rest hold this rank's last shard's gradient.
   // For a mode that steps only that block (deterministic_sharded.hpp): no all_gather.
   double train_step_block(const batch& global) { return step(global, false); }
-  // This rank's block of the flattened gradients: [first, last).
-  [[nodiscard]] std::pair<std::size_t, std::size_t> block() {
+  // This rank's block of the flattened gradients: [first, last) of total elements, in blocks of
+  // `width` (the last ones padded) on every rank.
+  struct block_layout {
+    std::size_t first = 0, last = 0, width = 0, total = 0;
+  };
+  [[nodiscard]] block_layout block() {
     std::size_t total = 0;
     for (auto&& p : model_->parameters()) total += p.grad().size();
-    const auto world = static_cast<std::size_t>(comm_->size());
-    const std::size_t b = (total + world - 1) / world, first = std::min(total, b * static_cast<std::size_t>(comm_->rank()));
-    return {first, std::min(total, first + b)};
+    return layout(total);
   }
 
  private:
@@ -174,7 +176,8 @@ class deterministic_data_parallel {
     // 3. Each tensor's shard gradients in fixed point, summed exactly: an int64 reduce_scatter
     // gives each rank the sums of its block of elements (integers add up the same in any order).
     const auto world = static_cast<std::size_t>(comm_->size());
-    const std::size_t b = (total + world - 1) / world;
+    const block_layout mine_block = layout(total);
+    const std::size_t b = mine_block.width;
     sum_.assign(b * world, 0);
     std::vector<double> scale(count);
     for (std::size_t i = 0; i < count; ++i) {
@@ -199,7 +202,7 @@ class deterministic_data_parallel {
     comm_->all_reduce(tensor_view<std::int64_t>(&loss_sum, 1)).wait();
     // 4. This rank's block as the mean (the same on every rank); then, unless only the block is
     // wanted, every block to every rank as floats, into the model's gradients.
-    const std::size_t lo0 = std::min(total, b * static_cast<std::size_t>(comm_->rank())), hi0 = std::min(total, lo0 + b);
+    const std::size_t lo0 = mine_block.first, hi0 = mine_block.last;
     if (gather) mean_.assign(b, 0.0f);
     std::size_t begin = 0, i = 0;
     for (auto&& p : params) {
@@ -225,6 +228,13 @@ class deterministic_data_parallel {
       }
     }
     return detail::deterministic::from_fixed(loss_sum) / loss_scale / static_cast<double>(s);
+  }
+
+  [[nodiscard]] block_layout layout(std::size_t total) const {
+    const auto world = static_cast<std::size_t>(comm_->size());
+    const std::size_t width = (total + world - 1) / world;
+    const std::size_t first = std::min(total, width * static_cast<std::size_t>(comm_->rank()));
+    return {first, std::min(total, first + width), width, total};
   }
 
   static constexpr double loss_scale = 4294967296.0;  // 2^32: the shards' losses may sum up to 2^19
