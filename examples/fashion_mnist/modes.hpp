@@ -272,45 +272,53 @@ void train_dp(Model& model, const options& o, const datasets& data) {
 }
 
 // --parallel pipeline: the model's layers in --stages stages (one rank each); every rank reads the
-// same batches. With --tp N (the ViT) each stage is N ranks, its blocks split over them: a mesh
-// {pp: stages, tp: N}, a pipeline per tensor-parallel coordinate.
+// same batches. With --tp N (the ViT) each stage is N ranks, its blocks split over them; with more
+// ranks than stages x N, the pipeline is replicated: world / (stages x N) data-parallel replicas,
+// each its own share of the batches, every stage's gradients averaged over its replicas. The mesh
+// is {pp, dp, tp} (tensor parallel innermost, pipeline outermost, as torchtitan lays it out).
 inline void train_pipeline(process_group& pg, const options& o, const datasets& data) {
-  if (pg.size() != o.stages * o.tp) {
+  const int per_replica = o.stages * o.tp;
+  if (pg.size() % per_replica != 0) {
     throw config_error("--parallel pipeline --stages " + std::to_string(o.stages) + (o.tp > 1 ? " --tp " + std::to_string(o.tp) : "") +
-                       " needs " + std::to_string(o.stages * o.tp) + " ranks, the job has " + std::to_string(pg.size()));
+                       " needs a multiple of " + std::to_string(per_replica) + " ranks (data-parallel replicas of " +
+                       std::to_string(per_replica) + "), the job has " + std::to_string(pg.size()));
   }
+  const int dp_size = pg.size() / per_replica;
+  check_pipeline_replicas(o, dp_size);
   std::optional<device_mesh<process_group>> mesh;
-  if (o.tp > 1) mesh.emplace(pg, std::vector<mesh_dim>{{"pp", o.stages}, {"tp", o.tp}});
+  if (pg.size() > o.stages) mesh.emplace(pg, std::vector<mesh_dim>{{"pp", o.stages}, {"dp", dp_size}, {"tp", o.tp}});
   process_group& stages = mesh ? mesh->group("pp") : pg;
-  const int tp_rank = mesh ? mesh->coordinate("tp") : 0;
-  auto model = mesh ? sequential(models::layers::make_vit({}, static_cast<std::uint32_t>(o.seed),
+  const int tp_rank = mesh ? mesh->coordinate("tp") : 0, dp_rank = mesh ? mesh->coordinate("dp") : 0;
+  auto model = o.tp > 1 ? sequential(models::layers::make_vit({}, static_cast<std::uint32_t>(o.seed),
                                                           {.group = &mesh->group("tp"), .rank = static_cast<std::size_t>(tp_rank),
                                                            .size = static_cast<std::size_t>(o.tp)}),
                                  models::layers::softmax_cross_entropy{})
                     : make_sequential(o);
   // The stages balanced by each layer's time on one micro-batch of real inputs (rank 0 measures),
-  // or, when resuming must find the same cut (and under --tp, where every tensor-parallel
-  // coordinate must cut the same), by the layers' parameter counts.
+  // or, when resuming must find the same cut (and on a mesh, where every tensor-parallel
+  // coordinate and every replica must cut the same), by the layers' parameter counts.
   const std::size_t probe_rows = std::max<std::size_t>(1, std::min(data.n_train, o.batch_size) / static_cast<std::size_t>(o.micro_batches));
   const auto probe = o.checkpoint.empty() && !mesh ? data.train.features().slice(0, probe_rows) : tensor_view<const float>{};
   pipeline_stage stage(model, stages, {.kind = o.schedule == "gpipe" ? pipeline_schedule_kind::gpipe : pipeline_schedule_kind::one_f_one_b,
                                         .micro_batches = o.micro_batches,
-                                        .probe = probe});
+                                        .probe = probe,
+                                        .data_parallel = dp_size > 1 ? &mesh->group("dp") : nullptr});
   auto params = stage.parameters();  // this rank's layers' parameters, as a model for sgd
   any_optimizer opt = make_optimizer(params, o);
   pipeline_policy policy(stage, stages, opt, model.loss());
-  loader train = shuffled_train(data, o);
+  loader train = rank_train(data, o, dp_rank, dp_size);  // at one replica, the whole shuffled order
   loader test = whole_test(data);
   if (pg.rank() == 0) {
-    std::printf("fashion_mnist: pipeline, %d stage(s)%s over %s, %s, %s with %d micro-batches, batch %zu, lr %g, %zu "
-                "epochs, %zu/%zu examples\n", o.stages, o.tp > 1 ? (" x tensor parallel " + std::to_string(o.tp)).c_str() : "",
-                std::string(pg.backend()).c_str(), model_name(o), o.schedule.c_str(), o.micro_batches,
-                o.batch_size, o.lr, o.epochs, data.n_train, data.n_test);
+    const std::string tp = o.tp > 1 ? " x tensor parallel " + std::to_string(o.tp) : "";
+    const std::string dp = dp_size > 1 ? " x data parallel " + std::to_string(dp_size) : "";
+    std::printf("fashion_mnist: pipeline, %d stage(s)%s%s over %s, %s, %s with %d micro-batches, batch %zu per replica, "
+                "lr %g, %zu epochs, %zu/%zu examples\n", o.stages, dp.c_str(), tp.c_str(), std::string(pg.backend()).c_str(),
+                model_name(o), o.schedule.c_str(), o.micro_batches, o.batch_size, o.lr, o.epochs, data.n_train, data.n_test);
     std::printf("%s", stage.layout().to_string().c_str());  // which layers each stage runs
   }
   trace_recorder trace = make_trace(o);
   trainer_options fo = fit_options(o, trace, train.size());
-  if (tp_rank != 0) {  // a stage's other tensor-parallel ranks see the same losses: one voice
+  if (tp_rank != 0 || dp_rank != 0) {  // a stage's other ranks see the same losses: one voice
     fo.out = nullptr;
     fo.log_every = 0;
     fo.metrics.clear();

@@ -144,7 +144,8 @@ inline constexpr std::string_view usage_text =
     "                            outer gradients of --outer-bits 32|16|8; or PowerSGD gradients of\n"
     "                            --powersgd-rank R after --powersgd-start N plain steps\n"
     "  --devices N               dp: host devices (worker threads; default 2)\n"
-    "  --stages S                pipeline: stages (default 2); --nproc defaults to S\n"
+    "  --stages S                pipeline: stages (default 2); --nproc defaults to S (x --tp); a multiple\n"
+    "                            of that runs data-parallel replicas of the pipeline, --batch-size each\n"
     "  --micro-batches M         pipeline: micro-batches per batch (default 4)\n"
     "  --schedule gpipe|1f1b     pipeline schedule (default 1f1b)\n"
     "  --precision fp32|fp16|bf16  compute precision (default fp32); fp16 and bf16 keep fp32 master\n"
@@ -180,6 +181,15 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
 }
 
 }  // namespace detail
+
+// --parallel pipeline replicated over data-parallel groups: checked when parsing where --nproc is
+// given, and again by the ranks where a launcher chose the world size.
+inline void check_pipeline_replicas(const options& o, int replicas) {
+  if (replicas > 1 && !o.checkpoint.empty()) {
+    throw usage_error("--parallel pipeline with " + std::to_string(replicas) +
+                      " data-parallel replicas: not yet with --checkpoint (every replica would write the same stage files)");
+  }
+}
 
 // Parses argv[1..]; throws usage_error naming the flag and what was expected.
 [[nodiscard]] inline options parse_options(const std::vector<std::string>& args) {
@@ -432,11 +442,13 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
                       " asks for several ranks (use --parallel ddp for that)");
   }
   if (o.parallel == "pipeline") {
-    if (o.nproc != 0 && o.nproc != o.stages * o.tp) {
-      throw usage_error("--parallel pipeline: --nproc " + std::to_string(o.nproc) + " must equal --stages " +
+    if (o.nproc != 0 && o.nproc % (o.stages * o.tp) != 0) {
+      throw usage_error("--parallel pipeline: --nproc " + std::to_string(o.nproc) + " must be a multiple of --stages " +
                         std::to_string(o.stages) + (o.tp > 1 ? " x --tp " + std::to_string(o.tp) + " (" + std::to_string(o.tp) + " ranks per stage)"
-                                                             : " (one rank per stage)"));
+                                                             : " (one rank per stage)") +
+                        ": one pipeline, or several as data-parallel replicas");
     }
+    check_pipeline_replicas(o, o.nproc / (o.stages * o.tp));
   }
   if (o.precision != "fp32" && o.parallel != "ddp" && o.parallel != "fsdp" && !zero) {
     throw usage_error("--precision " + o.precision + ": mixed precision runs with --parallel ddp, zero1, zero2 and fsdp "

@@ -21755,6 +21755,8 @@ class pipeline_stage {
 
   // The pipeline's group: one rank per stage (a stage's data-parallel replicas are not in it).
   [[nodiscard]] process_group& pipeline_group() noexcept { return pp_; }
+  // The stage's data-parallel replicas (pipeline_options::data_parallel), or null.
+  [[nodiscard]] process_group* data_parallel_group() noexcept { return dp_; }
   [[nodiscard]] int stage() const noexcept { return pp_.rank(); }
   [[nodiscard]] int stages() const noexcept { return pp_.size(); }
   [[nodiscard]] bool is_first() const noexcept { return stage() == 0; }
@@ -28165,6 +28167,7 @@ class metrics_writer {
 // #include <partrain/optim/detail/state_buffer.hpp> (above)
 // #include <partrain/optim/optimizer.hpp> (above)
 // #include <partrain/parallel/ddp.hpp> (above)
+// #include <partrain/parallel/mesh_clip.hpp> (above)
 // #include <partrain/parallel/powersgd.hpp> (above)
 // #include <partrain/precision/grad_scaler.hpp> (above)
 // #include <partrain/precision/mixed_precision.hpp> (above)
@@ -28399,7 +28402,8 @@ class pipeline_policy {
   void set_lr(double lr) { opt_->set_lr(lr); }
   process_group& group() { return *pg_; }
   process_group& loss_group() { return *solo_; }  // every stage returns the whole batch's loss
-  [[nodiscard]] int replicas() const noexcept { return 1; }
+  // Pipeline x data parallel: every replica of the pipeline its own samples.
+  [[nodiscard]] int replicas() { return stage_->data_parallel_group() ? stage_->data_parallel_group()->size() : 1; }
 
   // Collective: a rank checkpoint (train/rank_checkpoint.hpp), each stage's section holding its
   // own layers' parameters and its optimizer's state; it resumes with the same stages and layout.
@@ -28428,12 +28432,11 @@ class pipeline_policy {
 
   void clip_across_stages() {
     auto params = stage_->parameters();
-    std::array<double, 1> sum{detail::optim::grad_sum_squares(params.parameters())};
-    // The replicas of a stage (pipeline x data parallel) hold the same averaged gradients: the
-    // pipeline group alone covers the model once.
-    process_group& pp = stage_->pipeline_group();
-    if (pp.size() > 1) pp.all_reduce(tensor_view<double>(sum.data(), 1), reduce_op::sum).wait();
-    detail::optim::clip_to_norm(params.parameters(), std::sqrt(sum[0]), max_grad_norm_);
+    // Each parameter once: a tensor-parallel slice summed over its shard group, the stages over
+    // the pipeline group. The replicas of a stage (pipeline x data parallel) hold the same
+    // averaged gradients, so they are left out.
+    const std::array<process_group*, 1> stages{&stage_->pipeline_group()};
+    (void)clip_grad_norm(params, max_grad_norm_, stages);
   }
 };
 

@@ -82,7 +82,10 @@ TEST_CASE("example options: bad input names the flag and what was expected", "[e
   CHECK_THROWS_WITH(parse_options({"--backend", "nccl"}), Catch::Contains("needs --device cuda"));
   CHECK_THROWS_WITH(parse_options({"--parallel", "dp", "--nproc", "2"}), Catch::Contains("use --parallel ddp"));
   CHECK_THROWS_WITH(parse_options({"--parallel", "pipeline", "--stages", "2", "--nproc", "3"}),
-                    Catch::Contains("must equal --stages 2"));
+                    Catch::Contains("must be a multiple of --stages 2"));
+  CHECK(parse_options({"--parallel", "pipeline", "--stages", "2", "--nproc", "4"}).nproc == 4);  // 2 replicas
+  CHECK_THROWS_WITH(parse_options({"--parallel", "pipeline", "--nproc", "4", "--checkpoint", "d"}),
+                    Catch::Contains("2 data-parallel replicas: not yet with --checkpoint"));
   CHECK(parse_options({"--parallel", "pipeline", "--checkpoint", "d"}).checkpoint == "d");  // stage by stage
   CHECK(parse_options({"--model", "cnn", "--parallel", "fsdp", "--precision", "bf16"}).model == "cnn");
   CHECK_THROWS_WITH(parse_options({"--model", "transformer"}), Catch::Contains("not one of: mlp, cnn, vit"));
@@ -116,7 +119,8 @@ TEST_CASE("example options: bad input names the flag and what was expected", "[e
   const auto pp_tp = parse_options({"--model", "vit", "--tp", "2", "--parallel", "pipeline", "--stages", "2", "--backend", "local"});
   CHECK(pp_tp.nproc == 4);
   CHECK_THROWS_WITH(parse_options({"--model", "vit", "--tp", "2", "--parallel", "pipeline", "--nproc", "2"}),
-                    Catch::Contains("--nproc 2 must equal --stages 2 x --tp 2 (2 ranks per stage)"));
+                    Catch::Contains("--nproc 2 must be a multiple of --stages 2 x --tp 2 (2 ranks per stage)"));
+  CHECK(parse_options({"--model", "vit", "--tp", "2", "--parallel", "pipeline", "--nproc", "8"}).nproc == 8);  // 3D
   CHECK_THROWS_WITH(parse_options({"--model", "vit", "--tp", "2", "--parallel", "pipeline", "--checkpoint", "d"}),
                     Catch::Contains("--tp with --parallel pipeline: not yet with --checkpoint"));
   // --deterministic: data parallel on the host in fp32, a global batch its shards divide.

@@ -13,6 +13,7 @@
 #include <partrain/optim/sgd.hpp>
 #include <partrain/parallel/ddp.hpp>
 #include <partrain/parallel/mesh_clip.hpp>
+#include <partrain/parallel/pipeline/stage.hpp>
 #include <partrain/optim/clip.hpp>
 #include <partrain/train/policies.hpp>
 
@@ -291,4 +292,55 @@ TEST_CASE("a tensor-parallel block refuses a split it cannot make", "[examples][
     const block shard(whole, {.group = &g, .rank = static_cast<std::size_t>(g.rank()), .size = 2});
     if (g.rank() == 0) CHECK_THROWS_WITH(block(shard, {.group = &g, .rank = 0, .size = 2}), Catch::Contains("not a shard"));
   });
+}
+
+TEST_CASE("DP x PP x TP on a 2 x 2 x 2 mesh equals one process on the global batch, clipped or not",
+          "[examples][vit][tensor_parallel][pipeline]") {
+  // 8 threads: pipelines of 2 stages whose ranks hold tensor-parallel slices, 2 replicas of them.
+  // Clipping needs every parameter once: the slices over tp, the stages over pp, not the replicas.
+  const double max_norm = GENERATE(0.0, 0.05);
+  CAPTURE(max_norm);
+  const auto c = tp_vit(0.0f);
+  const std::size_t half = 4, pixels = c.image * c.image;
+  std::vector<test::synthetic_batch> batches;
+  for (std::uint32_t s = 0; s < 3; ++s) batches.emplace_back(2 * half, pixels, 10, 400 + s);
+  const test::synthetic_batch probe(6, pixels, 10, 998);
+
+  sequential whole(ml::make_vit(c, 6), ml::softmax_cross_entropy{});
+  sgd whole_opt(whole, {.lr = 0.1, .momentum = 0.9});
+  double first_norm = 0;
+  for (const auto& b : batches) {
+    (void)whole.train_step(rows_batch{b.input(), b.y});
+    if (max_norm > 0) {
+      const double n = clip_grad_norm(whole, max_norm);
+      if (first_norm == 0) first_norm = n;
+    }
+    whole_opt.step();
+  }
+  const eval_result want = whole.eval_step(rows_batch{probe.input(), probe.y});
+
+  std::vector<eval_result> got(8);
+  run_local(8, [&](local_group& world) {
+    device_mesh mesh(world, {{"pp", 2}, {"dp", 2}, {"tp", 2}});
+    auto model = mesh_vit(c, mesh);
+    pipeline_stage stage(model, mesh.group("pp"), {.micro_batches = 2, .data_parallel = &mesh.group("dp")});
+    auto params = stage.parameters();
+    sgd opt(params, {.lr = 0.1, .momentum = 0.9});
+    pipeline_policy policy(stage, mesh.group("pp"), opt, model.loss());
+    if (max_norm > 0) policy.set_max_grad_norm(max_norm);
+    const auto dp = static_cast<std::size_t>(mesh.coordinate("dp"));
+    for (const auto& b : batches) {
+      const rows_batch mine = dp_rows(b, dp, half, pixels);
+      (void)policy.train_step(batch{mine.features, tensor_view<const std::int32_t>(mine.labels), {}});
+    }
+    got[static_cast<std::size_t>(world.rank())] =
+        stage.eval_step(model.loss(), probe.input(), tensor_view<const std::int32_t>(probe.y));
+  });
+  for (std::size_t r = 0; r < 8; ++r) {
+    CAPTURE(r);
+    CHECK(got[r].count == want.count);
+    CHECK(got[r].correct == want.correct);
+    CHECK(got[r].loss_sum == Approx(want.loss_sum).epsilon(1e-5));
+  }
+  if (max_norm > 0) CHECK(first_norm > 10 * max_norm);
 }

@@ -29,6 +29,7 @@
 #include <partrain/optim/detail/state_buffer.hpp>
 #include <partrain/optim/optimizer.hpp>
 #include <partrain/parallel/ddp.hpp>
+#include <partrain/parallel/mesh_clip.hpp>
 #include <partrain/parallel/powersgd.hpp>
 #include <partrain/precision/grad_scaler.hpp>
 #include <partrain/precision/mixed_precision.hpp>
@@ -263,7 +264,8 @@ class pipeline_policy {
   void set_lr(double lr) { opt_->set_lr(lr); }
   process_group& group() { return *pg_; }
   process_group& loss_group() { return *solo_; }  // every stage returns the whole batch's loss
-  [[nodiscard]] int replicas() const noexcept { return 1; }
+  // Pipeline x data parallel: every replica of the pipeline its own samples.
+  [[nodiscard]] int replicas() { return stage_->data_parallel_group() ? stage_->data_parallel_group()->size() : 1; }
 
   // Collective: a rank checkpoint (train/rank_checkpoint.hpp), each stage's section holding its
   // own layers' parameters and its optimizer's state; it resumes with the same stages and layout.
@@ -292,12 +294,11 @@ class pipeline_policy {
 
   void clip_across_stages() {
     auto params = stage_->parameters();
-    std::array<double, 1> sum{detail::optim::grad_sum_squares(params.parameters())};
-    // The replicas of a stage (pipeline x data parallel) hold the same averaged gradients: the
-    // pipeline group alone covers the model once.
-    process_group& pp = stage_->pipeline_group();
-    if (pp.size() > 1) pp.all_reduce(tensor_view<double>(sum.data(), 1), reduce_op::sum).wait();
-    detail::optim::clip_to_norm(params.parameters(), std::sqrt(sum[0]), max_grad_norm_);
+    // Each parameter once: a tensor-parallel slice summed over its shard group, the stages over
+    // the pipeline group. The replicas of a stage (pipeline x data parallel) hold the same
+    // averaged gradients, so they are left out.
+    const std::array<process_group*, 1> stages{&stage_->pipeline_group()};
+    (void)clip_grad_norm(params, max_grad_norm_, stages);
   }
 };
 

@@ -136,6 +136,8 @@ class pipeline_stage {
 
   // The pipeline's group: one rank per stage (a stage's data-parallel replicas are not in it).
   [[nodiscard]] process_group& pipeline_group() noexcept { return pp_; }
+  // The stage's data-parallel replicas (pipeline_options::data_parallel), or null.
+  [[nodiscard]] process_group* data_parallel_group() noexcept { return dp_; }
   [[nodiscard]] int stage() const noexcept { return pp_.rank(); }
   [[nodiscard]] int stages() const noexcept { return pp_.size(); }
   [[nodiscard]] bool is_first() const noexcept { return stage() == 0; }
