@@ -35,16 +35,18 @@ inline datasets load_data(const options& o) {
 }
 
 // What every mode shares: the schedule (cosine by epoch, or --lr-warmup steps then cosine by step
-// over the run's steps_per_epoch * epochs), checkpoint, metrics, trace and the launcher's restart
-// test hook (PARTRAIN_EXAMPLE_KILL_AT_STEP=k: rank 1 SIGKILLs itself at step k of attempt 0).
-inline trainer_options fit_options(const options& o, trace_recorder& trace, std::size_t steps_per_epoch) {
+// over the run's optimizer steps: batches_per_epoch / --accumulate, times the epochs), gradient
+// accumulation, checkpoint, metrics, trace and the launcher's restart test hook
+// (PARTRAIN_EXAMPLE_KILL_AT_STEP=k: rank 1 SIGKILLs itself at step k of attempt 0).
+inline trainer_options fit_options(const options& o, trace_recorder& trace, std::size_t batches_per_epoch) {
   trainer_options t{.epochs = o.epochs, .lr = cosine_lr{.base = o.lr, .epochs = o.epochs}, .metrics = o.metrics,
                     .log_every = o.log_every, .trace = &trace};
+  t.gradient_accumulation_steps = o.accumulate;
   if (o.lr_warmup > 0) {
     const auto warmup = static_cast<std::size_t>(o.lr_warmup);
+    const std::size_t steps = (batches_per_epoch + o.accumulate - 1) / o.accumulate;
     t.lr = {};
-    t.step_lr = warmup_cosine_lr{.base = o.lr, .warmup_steps = warmup,
-                                 .total_steps = std::max(warmup + 1, steps_per_epoch * o.epochs)};
+    t.step_lr = warmup_cosine_lr{.base = o.lr, .warmup_steps = warmup, .total_steps = std::max(warmup + 1, steps * o.epochs)};
   }
   t.loop = o.loop == "plain" ? loop_style::plain : o.loop == "coroutine" ? loop_style::coroutine : loop_style::ranges;
   if (!o.checkpoint.empty()) t.checkpoint = std::filesystem::path(o.checkpoint) / "fashion_mnist.ckpt";

@@ -188,9 +188,10 @@ void train_deterministic(Model& model, process_group& pg, const options& o, cons
   loader test = rank_test(data, pg.rank(), pg.size());
   auto run = [&](auto& policy, const char* mode) {
     if (pg.rank() == 0) {
-      std::printf("fashion_mnist: deterministic %s, %d rank(s) over %s, %s, global batch %zu in %zu shards, "
-                  "lr %g, %zu epochs, %zu/%zu examples\n", mode, pg.size(), std::string(pg.backend()).c_str(), model_name(o),
-                  o.batch_size, o.deterministic, o.lr, o.epochs, data.n_train, data.n_test);
+      std::printf("fashion_mnist: deterministic %s, %d rank(s) over %s, %s, global batch %zu in %zu shards (%zu a "
+                  "batch, %zu batch(es) a step), lr %g, %zu epochs, %zu/%zu examples\n", mode, pg.size(),
+                  std::string(pg.backend()).c_str(), model_name(o), o.batch_size * o.accumulate, o.deterministic,
+                  o.deterministic / o.accumulate, o.accumulate, o.lr, o.epochs, data.n_train, data.n_test);
     }
     fit(policy, train, test, fit_options(o, trace, train.size()));
   };

@@ -35,6 +35,7 @@ struct options {
   bool reduce_16bit = false;       // mixed precision: all_reduce gradients in the 16-bit type
   std::size_t epochs = 8;
   std::size_t batch_size = 64;     // per rank
+  std::size_t accumulate = 1;      // micro-batches of batch_size per optimizer step (gradient accumulation)
   double lr = 0.05;                // 1e-3 with --optimizer adamw unless --lr is given
   bool lr_given = false;
   bool momentum_given = false;     // --momentum, which adamw does not read
@@ -95,6 +96,8 @@ inline constexpr std::string_view usage_text =
     "                            fault-tolerant job: a lost rank costs a step, not the job (docs/fault_tolerance.md)\n"
     "  --epochs N                (default 8)\n"
     "  --batch-size N            per rank (default 64)\n"
+    "  --accumulate A            A batches per optimizer step, their gradients accumulated (default 1;\n"
+    "                            not with --parallel dp or --sync local-sgd|diloco)\n"
     "  --optimizer sgd|adamw     (default adamw for --model vit, sgd otherwise)\n"
     "  --lr X                    learning rate (default 0.05 for sgd, 1e-3 for adamw)\n"
     "  --momentum X              sgd (default 0.9)\n"
@@ -116,7 +119,8 @@ inline constexpr std::string_view usage_text =
     "                            (tensor parallel), DDP over the world / N groups of them; with\n"
     "                            --parallel pipeline, each of the --stages stages is N such ranks\n"
     "  --deterministic S         the same trained bits at any world size from 1 to S: --batch-size is then the\n"
-    "                            global batch, cut into S fixed shards whose gradients are summed exactly\n"
+    "                            global batch (x --accumulate), cut into S fixed shards whose gradients are\n"
+    "                            summed exactly; the same bits for any --accumulate that divides S\n"
     "                            (ddp, or zero1: the optimizer state sharded; host, fp32)\n"
     "  --init-from FILE          load the weights of a safetensors file (an --export of the same --model,\n"
     "                            any mode) before training; a --checkpoint to resume from wins over it\n"
@@ -278,6 +282,8 @@ inline void check_pipeline_replicas(const options& o, int replicas) {
       o.epochs = positive(detail::parse_number<std::size_t>(flag, value()));
     } else if (flag == "--batch-size") {
       o.batch_size = positive(detail::parse_number<std::size_t>(flag, value()));
+    } else if (flag == "--accumulate") {
+      o.accumulate = positive(detail::parse_number<std::size_t>(flag, value()));
     } else if (flag == "--lr") {
       o.lr = positive(detail::parse_number<double>(flag, value()));
       o.lr_given = true;
@@ -367,6 +373,8 @@ inline void check_pipeline_replicas(const options& o, int replicas) {
       {"--bucket-kb", ddp_buckets, "DDP's and ZeRO's gradient buckets (--parallel ddp, zero1 or zero2)"},
       {"--no-overlap", ddp_buckets, "DDP's and ZeRO's gradient buckets (--parallel ddp, zero1 or zero2)"},
       {"--local-collectives", o.backend == "local", "--backend local"},
+      {"--accumulate", o.parallel != "dp" && (o.sync == "ddp" || o.sync == "powersgd"),
+       "the modes fit steps (--parallel ddp, zero1, zero2, fsdp or pipeline, --sync ddp or powersgd)"},
       // --tp above 1 outside these gets its own sentence below; --tp 1 there is a no-op.
       {"--tp", o.tp > 1 || (o.model == "vit" && o.parallel == "ddp" && o.sync == "ddp" && o.device == "cpu"),
        "--model vit with --parallel ddp on the host"},
@@ -432,9 +440,16 @@ inline void check_pipeline_replicas(const options& o, int replicas) {
       throw usage_error("--deterministic: data parallel on the host in fp32 only (--parallel ddp or zero1, --sync ddp, "
                         "--device cpu, --precision fp32)");
     }
-    if (o.batch_size % o.deterministic != 0) {
-      throw usage_error("--deterministic " + std::to_string(o.deterministic) + ": with it --batch-size is the global batch, "
-                        "and " + std::to_string(o.batch_size) + " rows do not split into that many equal shards");
+    if (o.deterministic % o.accumulate != 0) {
+      throw usage_error("--deterministic " + std::to_string(o.deterministic) + " --accumulate " + std::to_string(o.accumulate) +
+                        ": each batch carries whole shards, so the batches a step must divide the shards");
+    }
+    const std::size_t per_batch = o.deterministic / o.accumulate;
+    if (o.batch_size % per_batch != 0) {
+      throw usage_error("--deterministic " + std::to_string(o.deterministic) + ": with it --batch-size" +
+                        (o.accumulate > 1 ? " x --accumulate" : "") + " is the global batch, and a batch of " +
+                        std::to_string(o.batch_size) + " rows does not split into " + std::to_string(per_batch) +
+                        " equal shards");
     }
   }
   if (o.parallel == "dp" && o.nproc > 1) {

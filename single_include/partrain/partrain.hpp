@@ -17354,6 +17354,13 @@ class distributed_data_parallel {
 // rounded away (float keeps 24 bits of each). A model whose train_step draws random numbers per
 // call (dropout advancing with each call) must key them by the shard, not the call.
 //
+// Gradient accumulation: with set_gradient_accumulation_steps(A) a step's global batch comes in A
+// micro-batches (accumulate_step for all but the last, then train_step), each cut into S / A of
+// the step's S shards. A shard is the same rows whichever micro-batch carries it, every shard's
+// gradient is kept until the step's last micro-batch, and the exact sum covers them all: the
+// result is the same bits for any A that divides S (and any world size), as long as the global
+// batches are the same rows.
+//
 //   deterministic_data_parallel ddp(model, group, {.shards = 8});   // world 1, 2, 4 or 8
 //   double loss = ddp.train_step(global_batch);                     // the same batch on every rank
 //   opt.step();
@@ -17434,24 +17441,57 @@ class deterministic_data_parallel {
   [[nodiscard]] eval_result evaluate(Range&& batches) {
     return detail::ddp::evaluate_summed(*model_, *comm_, std::forward<Range>(batches));
   }
-  // The shards rank r computes: k with k * world / S == r (contiguous, as even as S allows).
+  // The micro-batches of one step (fit's gradient_accumulation_steps): each carries S / A of the
+  // step's shards, so A must divide S. Between steps only.
+  void set_gradient_accumulation_steps(std::size_t a) {
+    if (a == 0 || opts_.shards % a != 0) {
+      throw invalid_argument_error(where() + std::to_string(a) + " micro-batches a step for " + std::to_string(opts_.shards) +
+                                   " shards (expected a count that divides the shards: each micro-batch carries whole shards)");
+    }
+    if (pending_ > 0) {
+      throw invalid_argument_error(where() + "set_gradient_accumulation_steps inside a step (after " +
+                                   std::to_string(pending_) + " micro-batch(es)); call it between steps");
+    }
+    micro_batches_ = a;
+  }
+  // The shards of a micro-batch rank r computes: k with k * world / (S / A) == r (contiguous, as
+  // even as the count allows; with fewer shards in a micro-batch than ranks, some ranks wait).
   [[nodiscard]] std::vector<std::size_t> shards_of(int r) const {
     std::vector<std::size_t> out;
     const auto world = static_cast<std::size_t>(comm_->size());
-    for (std::size_t k = 0; k < opts_.shards; ++k) {
-      if (k * world / opts_.shards == static_cast<std::size_t>(r)) out.push_back(k);
+    const std::size_t s = per_call();
+    for (std::size_t k = 0; k < s; ++k) {
+      if (k * world / s == static_cast<std::size_t>(r)) out.push_back(k);
     }
     return out;
   }
 
   // The global batch's mean loss and, in the model's gradients, its mean gradient: the same bits
-  // on every rank and at every world size. Every rank passes the same batch.
-  double train_step(const batch& global) { return step(global, true); }
+  // on every rank and at every world size. Every rank passes the same batch. Under accumulation,
+  // the step's last micro-batch: the gradient is the mean over every shard of the step, the loss
+  // this micro-batch's.
+  double train_step(const batch& global) {
+    const double loss = compute(global, true);
+    reduce(true);
+    return loss;
+  }
+  // A micro-batch before a step's last: its shards' gradients kept for the step's sum; returns its
+  // mean loss (the same on every rank).
+  double accumulate_step(const batch& micro) {
+    const double loss = compute(micro, false);
+    ++pending_;
+    return loss;
+  }
 
-  // The same, but only this rank's block of the flattened gradients ([r B, min(N, (r + 1) B)),
-  // B = ceil(N / world), block()) holds the mean; the rest hold this rank's last shard's gradient.
-  // For a mode that steps only that block (deterministic_sharded.hpp): no all_gather.
-  double train_step_block(const batch& global) { return step(global, false); }
+  // The same as train_step, but only this rank's block of the flattened gradients ([r B,
+  // min(N, (r + 1) B)), B = ceil(N / world), block()) holds the mean; the rest hold this rank's
+  // last shard's gradient. For a mode that steps only that block (deterministic_sharded.hpp): no
+  // all_gather.
+  double train_step_block(const batch& global) {
+    const double loss = compute(global, true);
+    reduce(false);
+    return loss;
+  }
   // This rank's block of the flattened gradients: [first, last) of total elements, in blocks of
   // `width` (the last ones padded) on every rank.
   struct block_layout {
@@ -17464,47 +17504,75 @@ class deterministic_data_parallel {
   }
 
  private:
-  double step(const batch& global, bool gather) {
-    const std::size_t n = global.size(), s = opts_.shards;
+  [[nodiscard]] std::size_t per_call() const noexcept { return opts_.shards / micro_batches_; }
+
+  // 1. This rank's shards of one micro-batch (the whole global batch without accumulation): the
+  // model's own step on each. Their gradients are kept for reduce() (in buffers kept from step to
+  // step: fresh ones cost a page fault per 4 KiB every step), but the step's very last one, which
+  // stays in the model. Returns the micro-batch's mean loss, summed exactly over the ranks.
+  double compute(const batch& part, bool last_call) {
+    const std::size_t n = part.size(), s = per_call();
     if (n == 0 || n % s != 0) {
-      throw invalid_argument_error(where() + "a global batch of " + std::to_string(n) + " rows in " + std::to_string(s) +
+      pending_ = 0;  // the step is abandoned: the next call starts a new one
+      throw invalid_argument_error(where() + "a " + (micro_batches_ > 1 ? "micro-batch" : "global batch") + " of " +
+                                   std::to_string(n) + " rows in " + std::to_string(s) +
                                    " shards (expected a non-empty batch whose size the shard count divides)");
     }
-    auto& params = model_->parameters();
-    const std::size_t count = std::ranges::size(params);
     const std::size_t rows = n / s;
+    if (pending_ > 0 && rows != rows_) {
+      pending_ = 0;
+      throw invalid_argument_error(where() + "a micro-batch of " + std::to_string(n) + " rows after ones of " +
+                                   std::to_string(rows_ * s) + " (expected the same size for every micro-batch of a step)");
+    }
+    auto& params = model_->parameters();
+    if (pending_ == 0) {
+      total_ = 0;
+      for (auto&& p : params) total_ += p.grad().size();
+      largest_.assign(std::ranges::size(params), 0.0f);
+      stashed_ = 0;
+      rows_ = rows;
+    }
     const auto mine = shards_of(comm_->rank());
-
-    // 1. Each of this rank's shards: the model's own step. The gradients of all but the last are
-    // kept (in buffers kept from step to step: fresh ones cost a page fault per 4 KiB every
-    // step); the last one's stay in the model.
-    std::size_t total = 0;
-    for (auto&& p : params) total += p.grad().size();
-    stash_.resize((mine.size() - 1) * total);
-    std::vector<double> losses;
-    std::vector<float> largest(count, 0.0f);
+    in_model_ = last_call && !mine.empty();
+    std::int64_t loss_sum = 0;
     for (std::size_t j = 0; j < mine.size(); ++j) {
       const std::size_t first = mine[j] * rows;
-      const batch shard{global.features.slice(first, first + rows), global.labels.slice(first, first + rows),
-                        global.indices.empty() ? global.indices : global.indices.subspan(first, rows)};
-      losses.push_back(static_cast<double>(model_->train_step(shard)));
+      const batch shard{part.features.slice(first, first + rows), part.labels.slice(first, first + rows),
+                        part.indices.empty() ? part.indices : part.indices.subspan(first, rows)};
+      loss_sum += detail::deterministic::to_fixed(static_cast<double>(model_->train_step(shard)), loss_scale);
+      const bool keep = !(last_call && j + 1 == mine.size());
+      if (keep && stash_.size() < (stashed_ + 1) * total_) stash_.resize((stashed_ + 1) * total_);
+      float* to = keep ? stash_.data() + stashed_ * total_ : nullptr;
       std::size_t i = 0;
-      float* to = j + 1 < mine.size() ? stash_.data() + j * total : nullptr;
       for (auto&& p : params) {
         const auto g = p.grad();
         if (to) {
           std::copy(g.begin(), g.end(), to);
           to += g.size();
         }
-        for (const float v : g) largest[i] = std::max(largest[i], std::abs(v));
+        for (const float v : g) largest_[i] = std::max(largest_[i], std::abs(v));
         ++i;
       }
+      if (keep) ++stashed_;
     }
-    for (const float v : largest) {
-      if (!std::isfinite(v)) throw invalid_argument_error(where() + "a shard's gradient is not finite (inf or NaN): nothing exact can be summed");
+    for (const float v : largest_) {
+      if (!std::isfinite(v)) {
+        pending_ = 0;
+        throw invalid_argument_error(where() + "a shard's gradient is not finite (inf or NaN): nothing exact can be summed");
+      }
     }
+    comm_->all_reduce(tensor_view<std::int64_t>(&loss_sum, 1)).wait();
+    return detail::deterministic::from_fixed(loss_sum) / loss_scale / static_cast<double>(s);
+  }
+
+  // 2-4. The step's sum over every shard of its micro-batches, exact, and its mean.
+  void reduce(bool gather) {
+    const std::size_t s = (pending_ + 1) * per_call();  // the step's shards (fewer if its last micro-batches are missing)
+    pending_ = 0;
+    auto& params = model_->parameters();
+    const std::size_t count = std::ranges::size(params), total = total_;
     // 2. The scale of each tensor, from its largest magnitude over every shard (max is exact).
-    comm_->all_reduce(tensor_view<float>(largest), reduce_op::max).wait();
+    comm_->all_reduce(tensor_view<float>(largest_), reduce_op::max).wait();
     // 3. Each tensor's shard gradients in fixed point, summed exactly: an int64 reduce_scatter
     // gives each rank the sums of its block of elements (integers add up the same in any order).
     const auto world = static_cast<std::size_t>(comm_->size());
@@ -17513,25 +17581,22 @@ class deterministic_data_parallel {
     sum_.assign(b * world, 0);
     std::vector<double> scale(count);
     for (std::size_t i = 0; i < count; ++i) {
-      scale[i] = detail::deterministic::fixed_point_scale(static_cast<double>(largest[i]) * static_cast<double>(s));
+      scale[i] = detail::deterministic::fixed_point_scale(static_cast<double>(largest_[i]) * static_cast<double>(s));
     }
-    std::int64_t loss_sum = 0;
-    for (std::size_t j = 0; j < mine.size(); ++j) {
+    for (std::size_t j = 0; j < stashed_ + (in_model_ ? 1 : 0); ++j) {
       std::size_t at = 0, i = 0;
       for (auto&& p : params) {
         const std::size_t len = p.grad().size();
-        const float* g = j + 1 < mine.size() ? stash_.data() + j * total + at : p.grad().data();
+        const float* g = j < stashed_ ? stash_.data() + j * total + at : p.grad().data();
         std::int64_t* acc = sum_.data() + at;
         const double k = scale[i];
         for (std::size_t e = 0; e < len; ++e) acc[e] += detail::deterministic::to_fixed(static_cast<double>(g[e]), k);
         at += len;
         ++i;
       }
-      loss_sum += detail::deterministic::to_fixed(losses[j], loss_scale);
     }
     part_.resize(b);
     comm_->reduce_scatter(tensor_view<const std::int64_t>(sum_), tensor_view<std::int64_t>(part_)).wait();
-    comm_->all_reduce(tensor_view<std::int64_t>(&loss_sum, 1)).wait();
     // 4. This rank's block as the mean (the same on every rank); then, unless only the block is
     // wanted, every block to every rank as floats, into the model's gradients.
     const std::size_t lo0 = mine_block.first, hi0 = mine_block.last;
@@ -17559,7 +17624,6 @@ class deterministic_data_parallel {
         at += g.size();
       }
     }
-    return detail::deterministic::from_fixed(loss_sum) / loss_scale / static_cast<double>(s);
   }
 
   [[nodiscard]] block_layout layout(std::size_t total) const {
@@ -17577,6 +17641,13 @@ class deterministic_data_parallel {
   M* model_;
   C* comm_;
   deterministic_options opts_;
+  std::size_t micro_batches_ = 1;     // a step's micro-batches (gradient accumulation)
+  std::size_t pending_ = 0;           // micro-batches of the step under way already computed
+  std::size_t rows_ = 0;              // its shards' rows
+  std::size_t total_ = 0;             // the model's gradient elements
+  std::size_t stashed_ = 0;           // shard gradients in stash_ this step
+  bool in_model_ = false;             // the step's last shard gradient is in the model's gradients
+  std::vector<float> largest_;        // each tensor's largest magnitude over the step's shards so far
   std::vector<float> stash_;          // this rank's shards' gradients but the last, shard after shard
   std::vector<std::int64_t> sum_;     // their fixed-point sum, padded to whole blocks
   std::vector<std::int64_t> part_;    // this rank's block of every rank's sums
@@ -17787,8 +17858,14 @@ class deterministic_sharded_data_parallel {
     return det_.evaluate(std::forward<Range>(batches));
   }
 
-  // The global batch's mean loss; the parameters stepped, the same on every rank and at every
-  // world size. Every rank passes the same batch.
+  // Gradient accumulation, as deterministic_data_parallel's: A micro-batches a step, A dividing S.
+  void set_gradient_accumulation_steps(std::size_t a) { det_.set_gradient_accumulation_steps(a); }
+  // A micro-batch before a step's last: its shards' gradients kept; its mean loss.
+  double accumulate_step(const batch& micro) { return det_.accumulate_step(micro); }
+
+  // The global batch's mean loss (under accumulation: the step's last micro-batch, its loss); the
+  // parameters stepped, the same on every rank and at every world size. Every rank passes the
+  // same batch.
   double train_step(const batch& global) {
     const double loss = det_.train_step_block(global);  // this rank's slice of the mean gradient
     // This rank's slice: the optimizer's element rules over the parameters' pieces in it.
@@ -26107,6 +26184,13 @@ class deterministic_policy {
     opt_->step();
     return loss;
   }
+  // Gradient accumulation (fit's gradient_accumulation_steps, which it passes here): every shard
+  // of the step's micro-batches in one exact sum, the same bits as one call on the whole batch.
+  template <class B>
+  double accumulate_step(const B& b) {
+    return det_->accumulate_step(b);
+  }
+  void set_gradient_accumulation_steps(std::size_t a) { det_->set_gradient_accumulation_steps(a); }
   template <class R>
   eval_result evaluate(R&& batches) {
     return det_->evaluate(std::forward<R>(batches));
@@ -26145,6 +26229,11 @@ class deterministic_sharded_policy {
   double train_step(const B& b) {
     return det_->train_step(b);
   }
+  template <class B>
+  double accumulate_step(const B& b) {
+    return det_->accumulate_step(b);
+  }
+  void set_gradient_accumulation_steps(std::size_t a) { det_->set_gradient_accumulation_steps(a); }
   template <class R>
   eval_result evaluate(R&& batches) {
     return det_->evaluate(std::forward<R>(batches));
@@ -29960,8 +30049,12 @@ class trainer {
       if (o_.gradient_accumulation_steps > 1) {
         throw config_error("fit: gradient_accumulation_steps = " + std::to_string(o_.gradient_accumulation_steps) +
                            " needs a policy with accumulate_step; supported: ddp_policy, zero_policy, fsdp_policy, "
-                           "pipeline_policy");
+                           "pipeline_policy, deterministic_policy, deterministic_sharded_policy");
       }
+    }
+    // A policy that cuts its micro-batches by the count (the deterministic ones) is told it.
+    if constexpr (requires(std::size_t a) { p_.set_gradient_accumulation_steps(a); }) {
+      p_.set_gradient_accumulation_steps(std::max<std::size_t>(1, o_.gradient_accumulation_steps));
     }
   }
 

@@ -125,10 +125,17 @@ TEST_CASE("example options: bad input names the flag and what was expected", "[e
                     Catch::Contains("--tp with --parallel pipeline: not yet with --checkpoint"));
   // --deterministic: data parallel on the host in fp32, a global batch its shards divide.
   CHECK(parse_options({"--deterministic", "4"}).deterministic == 4);
+  CHECK(parse_options({"--deterministic", "4", "--batch-size", "32", "--accumulate", "2"}).accumulate == 2);
+  CHECK_THROWS_WITH(parse_options({"--deterministic", "4", "--accumulate", "3"}),
+                    Catch::Contains("the batches a step must divide the shards"));
+  CHECK_THROWS_WITH(parse_options({"--deterministic", "4", "--batch-size", "3", "--accumulate", "2"}),
+                    Catch::Contains("--batch-size x --accumulate is the global batch, and a batch of 3 rows does not split into 2"));
+  CHECK_THROWS_WITH(parse_options({"--accumulate", "2", "--sync", "diloco"}), Catch::Contains("--accumulate: this run"));
+  CHECK_THROWS_WITH(parse_options({"--accumulate", "0"}), Catch::Contains("--accumulate"));
   CHECK(parse_options({"--deterministic", "4", "--parallel", "zero1"}).parallel == "zero1");  // the state sharded
   CHECK_THROWS_WITH(parse_options({"--deterministic", "4", "--parallel", "fsdp"}),
                     Catch::Contains("--deterministic: data parallel on the host in fp32 only (--parallel ddp or zero1"));
-  CHECK_THROWS_WITH(parse_options({"--deterministic", "7"}), Catch::Contains("64 rows do not split into that many"));
+  CHECK_THROWS_WITH(parse_options({"--deterministic", "7"}), Catch::Contains("a batch of 64 rows does not split into 7 equal shards"));
   CHECK_THROWS_WITH(parse_options({"--deterministic", "0"}), Catch::Contains("--deterministic"));
   // The CUDA ViT trains under fsdp over NCCL, and nowhere else.
   CHECK_THROWS_WITH(parse_options({"--model", "vit", "--device", "cuda"}), Catch::Contains("with --parallel fsdp (got --parallel ddp)"));

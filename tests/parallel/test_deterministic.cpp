@@ -1,7 +1,8 @@
 // deterministic_data_parallel (parallel/deterministic.hpp) and its ZeRO-1 form: the same global
 // batches give the same parameters, bit for bit, at world sizes 1 to 4 (threads), for the MLP, the
-// CNN and the ViT as layers under SGD with momentum (and AdamW), resumed at another world size too;
-// the result is the plain mean gradient to float rounding; refusals.
+// CNN and the ViT as layers under SGD with momentum (and AdamW), resumed at another world size too,
+// and for any gradient-accumulation split of the global batch; the result is the plain mean
+// gradient to float rounding; refusals.
 #include <catch2/catch.hpp>
 
 #include <partrain/comm/local.hpp>
@@ -44,17 +45,28 @@ ml::host_model make_layers(layers k) {
   return ml::make_mlp({6, 5, 4, 10}, 3);
 }
 
+// The rows [first, first + n) of a batch.
+batch rows_of(const test::synthetic_batch& b, std::size_t first, std::size_t n) {
+  return batch{b.input().slice(first, first + n), b.labels().slice(first, first + n), {}};
+}
+
+// `steps` steps at `world` ranks, each global batch in `micro` micro-batches (gradient
+// accumulation: micro - 1 accumulate_steps, then train_step).
 template <class Make>
-std::vector<float> train(int world, Make make, std::size_t features, std::vector<double>* losses = nullptr) {
+std::vector<float> train(int world, Make make, std::size_t features, std::vector<double>* losses = nullptr,
+                         std::size_t micro = 1) {
   std::vector<std::vector<float>> values(static_cast<std::size_t>(world));
   std::vector<std::vector<double>> seen(static_cast<std::size_t>(world));
   run_local(world, [&](local_group& g) {
     sequential model(make(), ml::softmax_cross_entropy{});
     deterministic_data_parallel ddp(model, g, {.shards = shards});
+    ddp.set_gradient_accumulation_steps(micro);
     sgd opt(model, {.lr = 0.1, .momentum = 0.9});
+    const std::size_t rows = global_rows / micro;
     for (std::uint32_t s = 0; s < steps; ++s) {
       const test::synthetic_batch b(global_rows, features, 10, 40 + s);
-      seen[static_cast<std::size_t>(g.rank())].push_back(ddp.train_step(batch{b.input(), b.labels(), {}}));
+      for (std::size_t m = 0; m + 1 < micro; ++m) (void)ddp.accumulate_step(rows_of(b, m * rows, rows));
+      seen[static_cast<std::size_t>(g.rank())].push_back(ddp.train_step(rows_of(b, (micro - 1) * rows, rows)));
       opt.step();
     }
     auto& v = values[static_cast<std::size_t>(g.rank())];
@@ -83,6 +95,41 @@ TEST_CASE("deterministic data parallel: the same bits at world sizes 1 to 4", "[
     CHECK(losses == losses1);
   }
   CHECK(losses1.front() != losses1.back());  // it trained
+}
+
+TEST_CASE("deterministic data parallel: any gradient-accumulation split of the global batch gives the same bits",
+          "[parallel][deterministic][accumulation]") {
+  // 6 shards of 12 rows: 2, 3 or 6 micro-batches of 3, 2 or 1 shards, at 1 to 4 ranks (more ranks
+  // than a micro-batch's shards: some wait), each the 1-rank, 1-micro-batch bits.
+  const auto kind = GENERATE(layers::mlp, layers::vit);
+  CAPTURE(name_of(kind));
+  const std::size_t features = features_of(kind);
+  auto make = [&] { return make_layers(kind); };
+  const auto one = train(1, make, features);
+  for (const std::size_t micro : {2, 3, 6}) {
+    for (const int world : {1, 2, 3, 4}) {
+      CAPTURE(micro, world);
+      CHECK(train(world, make, features, nullptr, micro) == one);
+    }
+  }
+}
+
+TEST_CASE("deterministic ZeRO-1 accumulates as deterministic data parallel does", "[parallel][deterministic][accumulation]") {
+  const auto want = train(1, [] { return make_layers(layers::mlp); }, 6);
+  std::vector<std::vector<float>> out(3);
+  run_local(3, [&](local_group& g) {
+    sequential model(make_layers(layers::mlp), ml::softmax_cross_entropy{});
+    deterministic_sharded_data_parallel zero(model, g, sgd_options{.lr = 0.1, .momentum = 0.9}, {.shards = shards});
+    zero.set_gradient_accumulation_steps(2);
+    for (std::uint32_t s = 0; s < steps; ++s) {
+      const test::synthetic_batch b(global_rows, 6, 10, 40 + s);
+      (void)zero.accumulate_step(rows_of(b, 0, global_rows / 2));
+      (void)zero.train_step(rows_of(b, global_rows / 2, global_rows / 2));
+    }
+    auto& v = out[static_cast<std::size_t>(g.rank())];
+    for (auto& p : model.parameters()) v.insert(v.end(), p.value().begin(), p.value().end());
+  });
+  for (const auto& v : out) CHECK(v == want);
 }
 
 TEST_CASE("deterministic data parallel: a run checkpointed at 2 ranks and resumed at 3 ends with the 1-rank bits",
@@ -237,4 +284,34 @@ TEST_CASE("deterministic data parallel refuses shard counts it cannot use", "[pa
   });
   CHECK_THAT(errors[0], Catch::Contains("2 shard(s) for 3 ranks"));
   CHECK_THAT(errors[1], Catch::Contains("a global batch of 10 rows in 3 shards"));
+}
+
+TEST_CASE("deterministic accumulation refuses splits that cut a shard", "[parallel][deterministic][accumulation][errors]") {
+  std::vector<std::string> errors(3);
+  run_local(1, [&](local_group& g) {
+    sequential model(ml::make_mlp({6, 5, 10}, 1), ml::softmax_cross_entropy{});
+    deterministic_data_parallel ddp(model, g, {.shards = 6});
+    try {
+      ddp.set_gradient_accumulation_steps(4);
+    } catch (const invalid_argument_error& e) {
+      errors[0] = e.what();
+    }
+    ddp.set_gradient_accumulation_steps(2);
+    const test::synthetic_batch b(12, 6, 10, 1);
+    (void)ddp.accumulate_step(rows_of(b, 0, 6));
+    try {
+      ddp.set_gradient_accumulation_steps(3);
+    } catch (const invalid_argument_error& e) {
+      errors[1] = e.what();
+    }
+    try {
+      (void)ddp.train_step(rows_of(b, 6, 3));
+    } catch (const invalid_argument_error& e) {
+      errors[2] = e.what();
+    }
+    (void)ddp.train_step(rows_of(b, 0, 6));  // the refused step was dropped: this one starts afresh
+  });
+  CHECK_THAT(errors[0], Catch::Contains("4 micro-batches a step for 6 shards"));
+  CHECK_THAT(errors[1], Catch::Contains("inside a step (after 1 micro-batch(es))"));
+  CHECK_THAT(errors[2], Catch::Contains("a micro-batch of 3 rows after ones of 6"));
 }

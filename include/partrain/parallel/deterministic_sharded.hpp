@@ -55,8 +55,14 @@ class deterministic_sharded_data_parallel {
     return det_.evaluate(std::forward<Range>(batches));
   }
 
-  // The global batch's mean loss; the parameters stepped, the same on every rank and at every
-  // world size. Every rank passes the same batch.
+  // Gradient accumulation, as deterministic_data_parallel's: A micro-batches a step, A dividing S.
+  void set_gradient_accumulation_steps(std::size_t a) { det_.set_gradient_accumulation_steps(a); }
+  // A micro-batch before a step's last: its shards' gradients kept; its mean loss.
+  double accumulate_step(const batch& micro) { return det_.accumulate_step(micro); }
+
+  // The global batch's mean loss (under accumulation: the step's last micro-batch, its loss); the
+  // parameters stepped, the same on every rank and at every world size. Every rank passes the
+  // same batch.
   double train_step(const batch& global) {
     const double loss = det_.train_step_block(global);  // this rank's slice of the mean gradient
     // This rank's slice: the optimizer's element rules over the parameters' pieces in it.

@@ -34,6 +34,13 @@ class deterministic_policy {
     opt_->step();
     return loss;
   }
+  // Gradient accumulation (fit's gradient_accumulation_steps, which it passes here): every shard
+  // of the step's micro-batches in one exact sum, the same bits as one call on the whole batch.
+  template <class B>
+  double accumulate_step(const B& b) {
+    return det_->accumulate_step(b);
+  }
+  void set_gradient_accumulation_steps(std::size_t a) { det_->set_gradient_accumulation_steps(a); }
   template <class R>
   eval_result evaluate(R&& batches) {
     return det_->evaluate(std::forward<R>(batches));
@@ -72,6 +79,11 @@ class deterministic_sharded_policy {
   double train_step(const B& b) {
     return det_->train_step(b);
   }
+  template <class B>
+  double accumulate_step(const B& b) {
+    return det_->accumulate_step(b);
+  }
+  void set_gradient_accumulation_steps(std::size_t a) { det_->set_gradient_accumulation_steps(a); }
   template <class R>
   eval_result evaluate(R&& batches) {
     return det_->evaluate(std::forward<R>(batches));

@@ -223,8 +223,12 @@ class trainer {
       if (o_.gradient_accumulation_steps > 1) {
         throw config_error("fit: gradient_accumulation_steps = " + std::to_string(o_.gradient_accumulation_steps) +
                            " needs a policy with accumulate_step; supported: ddp_policy, zero_policy, fsdp_policy, "
-                           "pipeline_policy");
+                           "pipeline_policy, deterministic_policy, deterministic_sharded_policy");
       }
+    }
+    // A policy that cuts its micro-batches by the count (the deterministic ones) is told it.
+    if constexpr (requires(std::size_t a) { p_.set_gradient_accumulation_steps(a); }) {
+      p_.set_gradient_accumulation_steps(std::max<std::size_t>(1, o_.gradient_accumulation_steps));
     }
   }
 
