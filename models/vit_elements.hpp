@@ -6,22 +6,126 @@
 // g++ compiles it.
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <type_traits>
 
 #include <partrain/config.hpp>
 
 namespace models::vit_elements {
 
-// std:: on the host, CUDA's overloads on the device (a host function is not callable there).
+// ---- host lanes: four floats as one value (GCC's and Clang's vector types) ----
+// The element rules below are templates, so a host loop can run them on four elements at once:
+// every lane does the IEEE operations the scalar rule does, in the same order, so the lanes and a
+// scalar tail give the same bits. (GCC does not vectorise these loops itself: the selects and the
+// exponential stop it.) Elsewhere (another compiler, device code) the loops stay scalar.
+#if !defined(__CUDA_ARCH__) && (defined(__GNUC__) || defined(__clang__))
+#define MODELS_VIT_HOST_LANES 1
+using lanes4f = float __attribute__((vector_size(16)));
+using lanes4i = std::int32_t __attribute__((vector_size(16)));
+#else
+#define MODELS_VIT_HOST_LANES 0
+#endif
+
+// A constant of a rule, as T (or, for lanes, as a float every lane takes).
+template <class T>
+struct element_of {
+  using type = T;
+};
+#if MODELS_VIT_HOST_LANES
+template <>
+struct element_of<lanes4f> {
+  using type = float;
+};
+#endif
+template <class T>
+PARTRAIN_HOST_DEVICE constexpr typename element_of<T>::type k(double c) {
+  return static_cast<typename element_of<T>::type>(c);
+}
+
+// e^x in float on the host (and its lanes) as arithmetic alone: glibc's expf is a call per
+// element, and the softmax and GELU loops spent most of their time in it (a seventh of a ViT
+// step). Cody and Waite's reduction x = n ln 2 + r, |r| <= ln 2 / 2 (ln 2 in two parts, so n ln 2
+// is exact), e^r by Cephes' expf polynomial (within 2 ulp), 2^n built in the exponent bits.
+// Overflow gives inf, underflow 0 (no subnormals), NaN stays NaN.
+template <class F>
+inline F exp_host(F x) noexcept {
+  constexpr float hi = 88.3762626647949f, lo = -87.3365447505531f;  // e^hi < FLT_MAX, e^lo = 2^-126
+  F c = x > lo ? x : lo;  // NaN -> lo here: the integer conversion below must see a number
+  c = c < hi ? c : hi;
+  constexpr float round = 12582912.0f;  // 1.5 x 2^23: adding it rounds to an integer, ties to even
+  const F n = (c * 1.44269504088896341f + round) - round;
+  const F r = (c - n * 0.693359375f) + n * 2.12194440e-4f;
+  F p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const F er = p * r * r + r + 1.0f;
+  F y;
+  if constexpr (std::is_same_v<F, float>) {
+    y = er * std::bit_cast<float>((static_cast<std::int32_t>(n) + 127) << 23);
+  } else {
+    y = er * std::bit_cast<F>((__builtin_convertvector(n, lanes4i) + 127) << 23);
+  }
+  y = x > hi ? std::numeric_limits<float>::infinity() : y;
+  y = x < lo ? 0.0f : y;
+  return x != x ? x : y;
+}
+
+// std:: on the host (exp_host for float and its lanes), CUDA's overloads on the device (a host
+// function is not callable there).
 template <class T>
 PARTRAIN_HOST_DEVICE T exp_t(T x) {
 #if defined(__CUDA_ARCH__)
   return ::exp(x);
 #else
-  return std::exp(x);
+  if constexpr (std::is_same_v<typename element_of<T>::type, float>) {
+    return exp_host(x);
+  } else {
+    return std::exp(x);
+  }
 #endif
+}
+
+// body(i, V{}) over n elements of T: V = lanes4f for i = 0, 4, 8, ... where the host has lanes
+// and T is float, then V = T one at a time (everywhere else, all of them). body reads and
+// writes with load<V> and store.
+template <class T, class Body>
+PARTRAIN_HOST_DEVICE void for_lanes(std::size_t n, Body body) {
+  std::size_t i = 0;
+#if MODELS_VIT_HOST_LANES
+  if constexpr (std::is_same_v<T, float>) {
+    for (; i + 4 <= n; i += 4) body(i, lanes4f{});
+  }
+#endif
+  for (; i < n; ++i) body(i, T{});
+}
+template <class V, class T>
+PARTRAIN_HOST_DEVICE V load(const T* p) {
+  if constexpr (std::is_same_v<V, T>) {
+    return *p;
+  } else {
+    V v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+  }
+}
+template <class T, class V>
+PARTRAIN_HOST_DEVICE void store(T* p, const V& v) {
+  if constexpr (std::is_same_v<V, T>) {
+    *p = v;
+  } else {
+    __builtin_memcpy(p, &v, sizeof v);
+  }
+}
+// y[i] = rule(x[i]) over n elements (y may be x), in lanes on the host.
+template <class T, class Rule>
+PARTRAIN_HOST_DEVICE void map_lanes(const T* x, T* y, std::size_t n, Rule rule) {
+  for_lanes<T>(n, [&](std::size_t i, auto lanes) { store(y + i, rule(load<decltype(lanes)>(x + i))); });
 }
 template <class T>
 PARTRAIN_HOST_DEVICE T sqrt_t(T x) {
@@ -92,11 +196,9 @@ template <class T, class A = double>
 PARTRAIN_HOST_DEVICE void softmax_row(T* s, std::size_t n, T scale) {
   T mx = s[0];
   for (std::size_t i = 1; i < n; ++i) mx = s[i] > mx ? s[i] : mx;
+  map_lanes(s, s, n, [mx, scale](auto v) { return exp_t((v - mx) * scale); });
   A sum = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    s[i] = exp_t((s[i] - mx) * scale);
-    sum += static_cast<A>(s[i]);
-  }
+  for (std::size_t i = 0; i < n; ++i) sum += static_cast<A>(s[i]);
   const T inv = static_cast<T>(A(1) / sum);
   for (std::size_t i = 0; i < n; ++i) s[i] *= inv;
 }
@@ -118,14 +220,15 @@ PARTRAIN_HOST_DEVICE void softmax_backward_row(const T* p, T* g, std::size_t n) 
 // Evaluated as x sigmoid(2u): one exp (glibc's tanhf took half of a block's time), and no
 // cancellation in 1 + tanh(u) where x is negative.
 
+// The rules take T or host lanes of it (constants through k<T>, which are T(c) for a scalar).
 template <class T>
 PARTRAIN_HOST_DEVICE T gelu_inner(T x) {
-  return T(0.7978845608028654) * (x + T(0.044715) * x * x * x);
+  return k<T>(0.7978845608028654) * (x + k<T>(0.044715) * x * x * x);
 }
 // sigmoid(2u), which is (1 + tanh(u)) / 2: 0 (not NaN) where exp overflows.
 template <class T>
 PARTRAIN_HOST_DEVICE T gelu_gate(T x) {
-  return T(1) / (T(1) + exp_t(T(-2) * gelu_inner(x)));
+  return k<T>(1) / (k<T>(1) + exp_t(k<T>(-2) * gelu_inner(x)));
 }
 template <class T>
 PARTRAIN_HOST_DEVICE T gelu(T x) {
@@ -135,10 +238,28 @@ PARTRAIN_HOST_DEVICE T gelu(T x) {
 // the slope for fc1's output gradient). With s = sigmoid(2u):
 // d gelu / dx = s + 2 x s (1 - s) sqrt(2/pi) (1 + 3 * 0.044715 x^2).
 template <class T>
+PARTRAIN_HOST_DEVICE T gelu_slope(T x, T s) {
+  return s + k<T>(2) * x * s * (k<T>(1) - s) * k<T>(0.7978845608028654) * (k<T>(1) + k<T>(3 * 0.044715) * x * x);
+}
+template <class T>
 PARTRAIN_HOST_DEVICE void gelu_and_grad(T x, T& value, T& grad) {
   const T s = gelu_gate(x);
   value = x * s;
-  grad = s + T(2) * x * s * (T(1) - s) * T(0.7978845608028654) * (T(1) + T(3 * 0.044715) * x * x);
+  grad = gelu_slope(x, s);
+}
+// Over n elements, in lanes on the host: y = gelu(x); or value, grad = gelu_and_grad(x).
+template <class T>
+PARTRAIN_HOST_DEVICE void gelu_n(const T* x, T* y, std::size_t n) {
+  map_lanes(x, y, n, [](auto v) { return gelu(v); });
+}
+template <class T>
+PARTRAIN_HOST_DEVICE void gelu_and_grad_n(const T* x, T* value, T* grad, std::size_t n) {
+  for_lanes<T>(n, [&](std::size_t i, auto lanes) {
+    using V = decltype(lanes);
+    const V v = load<V>(x + i), s = gelu_gate(v);
+    store(value + i, v * s);
+    store(grad + i, gelu_slope(v, s));
+  });
 }
 
 // ---- bias and residual adds ----

@@ -438,7 +438,7 @@ class basic_transformer_block {
       el::layernorm_apply(x1 + r * d, d, mean2[r], rstd2[r], w(ln2_g), w(ln2_b), a + r * d);
     }
     linear_forward(a, m, d, f, fc1_w, hid);
-    for (std::size_t i = 0; i < m * f; ++i) g[i] = el::gelu(hid[i]);
+    el::gelu_n(hid, g, m * f);
     row_parallel_forward(g, m, f, d, fc2_w, out);
     if (dropping()) el::dropout_row(out, out, m * d, el::dropout_stream(seed, 2), 0, threshold_, keep_scale_);
     el::residual_add(x1, out, out, m * d);
@@ -472,7 +472,7 @@ class basic_transformer_block {
       el::dropout_row(gy.data(), dbranch, m * d, el::dropout_stream(seed, 2), 0, threshold_, keep_scale_);
       dm = dbranch;
     }
-    for (std::size_t i = 0; i < m * f; ++i) el::gelu_and_grad(hid[i], g[i], slope[i]);
+    el::gelu_and_grad_n(hid, g, slope, m * f);
     linear_backward_params(dm, g, m, f, d, fc2_w);
     vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, m, f, d, T(1), dm, d, w(fc2_w), f, T(0), g, f);
     for (std::size_t i = 0; i < m * f; ++i) g[i] *= slope[i];

@@ -545,3 +545,57 @@ TEST_CASE("sequential's eval_step switches the ViT's dropout off, and train_step
   // Training: dropout on, so the loss is not the dropout-free one.
   CHECK(with.train_step(b) != Approx(without.train_step(b)).epsilon(1e-9));
 }
+
+TEST_CASE("the host float exp is within 2 ulp of std::exp, inf above the range, 0 below, NaN kept", "[examples][vit]") {
+  namespace el = models::vit_elements;
+  // Every 2^12-th float from -87.3 to 88.3 (about 500 thousand values, the dense range softmax and
+  // GELU use included), as ulps of the correctly rounded value (std::exp in double, rounded).
+  float worst = 0;
+  float at = 0;
+  for (float x = -87.3f; x < 88.3f; x = std::nextafter(x + std::abs(x) * 0x1p-12f, 100.0f)) {
+    const auto want = static_cast<float>(std::exp(static_cast<double>(x)));
+    const float ulp = std::nextafter(want, std::numeric_limits<float>::infinity()) - want;
+    const float err = std::abs(el::exp_host(x) - want) / ulp;
+    if (err > worst) {
+      worst = err;
+      at = x;
+    }
+  }
+  CAPTURE(at);
+  CHECK(worst <= 2.0f);
+  CHECK(el::exp_host(0.0f) == 1.0f);
+  CHECK(el::exp_host(1.0f) == Approx(std::exp(1.0)).epsilon(2e-7));
+  CHECK(el::exp_host(100.0f) == std::numeric_limits<float>::infinity());
+  CHECK(el::exp_host(-100.0f) == 0.0f);
+  CHECK(std::isnan(el::exp_host(std::numeric_limits<float>::quiet_NaN())));
+  CHECK(el::exp_host(-std::numeric_limits<float>::infinity()) == 0.0f);
+  // The element rules use it: GELU's gate saturates to 0 and 1 without NaN.
+  CHECK(el::gelu(-200.0f) == 0.0f);
+  CHECK(el::gelu(200.0f) == 200.0f);
+}
+
+TEST_CASE("the host lanes of GELU give the scalar rule's bits", "[examples][vit]") {
+  namespace el = models::vit_elements;
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> u(-12.0f, 12.0f);
+  std::vector<float> x(1027);  // 256 lanes of 4 and a tail of 3
+  for (auto& v : x) v = u(gen);
+  x[5] = -200.0f;  // the gate's saturated ends inside the lanes
+  x[6] = 200.0f;
+  std::vector<float> y(x.size()), value(x.size()), grad(x.size());
+  el::gelu_n(x.data(), y.data(), x.size());
+  el::gelu_and_grad_n(x.data(), value.data(), grad.data(), x.size());
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    float v = 0, g = 0;
+    el::gelu_and_grad(x[i], v, g);
+    if (std::bit_cast<std::uint32_t>(y[i]) != std::bit_cast<std::uint32_t>(el::gelu(x[i])) ||
+        std::bit_cast<std::uint32_t>(value[i]) != std::bit_cast<std::uint32_t>(v) ||
+        std::bit_cast<std::uint32_t>(grad[i]) != std::bit_cast<std::uint32_t>(g)) {
+      ++differ;
+    }
+  }
+  CHECK(differ == 0);
+  CHECK(y[5] == 0.0f);
+  CHECK(y[6] == 200.0f);
+}
