@@ -7,6 +7,7 @@
 // the GEMMs go through OpenBLAS (cblas_sgemm or cblas_dgemm, as T says).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <concepts>
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -92,7 +94,7 @@ void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, std::size_t m, std::size_t n, 
 // with more slots and any T): grown on demand, reused by every later call on this thread.
 template <class T>
 T* scratch(std::size_t slot, std::size_t n) {
-  thread_local std::array<std::vector<T>, 8> buffers;
+  thread_local std::array<std::vector<T>, 16> buffers;
   auto& b = buffers[slot];
   if (b.size() < n) b.resize(n);
   return b.data();
@@ -120,7 +122,7 @@ void fill(tensor_view<T> v, T value) {
 
 // Adds double sums to a gradient (bias and LayerNorm gradients are summed over rows in double).
 template <class T>
-void add_sums(tensor_view<T> grad, const std::vector<double>& sums) {
+void add_sums(tensor_view<T> grad, std::span<const double> sums) {
   for (std::size_t i = 0; i < sums.size(); ++i) grad[i] += static_cast<T>(sums[i]);
 }
 
@@ -255,12 +257,70 @@ class basic_patch_embed {
 };
 
 // A layer's place in a tensor-parallel group: rank `rank` of `size`, whose partial sums `group`
-// adds up (group may be null when size is 1).
+// adds up (group may be null when size is 1). With sequence_parallel, the blocks' inputs and
+// outputs are this rank's slice of the tokens (see basic_transformer_block).
 struct tp_shard {
   partrain::process_group* group = nullptr;
   std::size_t rank = 0;
   std::size_t size = 1;
+  bool sequence_parallel = false;
 };
+
+namespace vit_detail {
+
+// Sequence parallelism's two exchanges of tokens over a tensor-parallel group of p ranks, rank r
+// holding tokens r ts .. (r + 1) ts of each of n examples ([n, ts, dim] slices of [n, p ts, dim]):
+// the collectives move rank-major blocks, so the rows are staged through scratch slot 13.
+inline void check_float_tp(bool is_float) {
+  if (!is_float) throw invalid_argument_error("transformer_block: tensor parallelism computes in float");
+}
+// Every rank's slice into the whole sequence (an all-gather).
+template <class T>
+void all_gather_tokens(const tp_shard& tp, const T* part, T* whole, std::size_t n, std::size_t ts, std::size_t dim) {
+  check_float_tp(std::is_same_v<T, float>);
+  const std::size_t p = tp.size, run = ts * dim, chunk = n * run;
+  T* staged = scratch<T>(13, p * chunk);
+  if constexpr (std::is_same_v<T, float>) {
+    tp.group->all_gather(tensor_view<const float>(part, shape{chunk}), tensor_view<float>(staged, shape{p * chunk})).wait();
+  }
+  for (std::size_t q = 0; q < p; ++q) {
+    for (std::size_t e = 0; e < n; ++e) std::copy_n(staged + q * chunk + e * run, run, whole + (e * p + q) * run);
+  }
+}
+// The group's sum of whole-sequence partial sums, this rank's slice of it (a reduce-scatter).
+template <class T>
+void reduce_scatter_tokens(const tp_shard& tp, const T* whole, T* part, std::size_t n, std::size_t ts, std::size_t dim) {
+  check_float_tp(std::is_same_v<T, float>);
+  const std::size_t p = tp.size, run = ts * dim, chunk = n * run;
+  T* staged = scratch<T>(13, p * chunk);
+  for (std::size_t q = 0; q < p; ++q) {
+    for (std::size_t e = 0; e < n; ++e) std::copy_n(whole + (e * p + q) * run, run, staged + q * chunk + e * run);
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    tp.group->reduce_scatter(tensor_view<const float>(staged, shape{p * chunk}), tensor_view<float>(part, shape{chunk})).wait();
+  }
+}
+inline void check_sequence_group(const tp_shard& tp) {
+  if (tp.size < 2 || !tp.group || static_cast<std::size_t>(tp.group->size()) != tp.size) {
+    throw invalid_argument_error("sequence parallel: needs a tensor-parallel group of 2 or more ranks (got size " +
+                                 std::to_string(tp.size) + (tp.group ? "" : ", no group") + ")");
+  }
+}
+inline void check_sequence_split(std::size_t tokens, std::size_t p) {
+  if (tokens % p != 0) {
+    throw invalid_argument_error("sequence parallel: " + std::to_string(tokens) + " tokens over " + std::to_string(p) +
+                                 " tensor-parallel ranks (expected the tokens to divide evenly: each rank holds an "
+                                 "equal slice of the sequence)");
+  }
+}
+// Rank r's slice of the whole sequence (no communication).
+template <class T>
+void slice_tokens(const tp_shard& tp, const T* whole, T* part, std::size_t n, std::size_t ts, std::size_t dim) {
+  const std::size_t run = ts * dim;
+  for (std::size_t e = 0; e < n; ++e) std::copy_n(whole + (e * tp.size + tp.rank) * run, run, part + e * run);
+}
+
+}  // namespace vit_detail
 
 // A pre-norm transformer encoder block on [n, tokens, dim]:
 //   x1  = x  + drop(proj(attention(LN1(x))))
@@ -281,6 +341,15 @@ struct tp_shard {
 // step). LayerNorms and the row-parallel biases are replicated; their gradients are the same on
 // every rank without a reduction, as the inputs they see are. Dropout masks are drawn by global
 // head, so a sharded run drops what the whole block drops.
+//
+// Sequence parallel (tp_shard::sequence_parallel, Megatron-LM's): the block's input and output are
+// [n, t / p, dim], rank r's tokens r t/p .. (r + 1) t/p of each example, and the LayerNorms,
+// residuals, biases and dropout run on that slice alone. An all-gather of the tokens feeds each
+// column-parallel projection, and a reduce-scatter replaces each all-reduce after a row-parallel
+// one (forward: 2 all-gathers and 2 reduce-scatters; backward: the 2 output gradients gathered,
+// the 2 LayerNorm outputs gathered again (recomputed from the saved slices, as the input's), 2
+// reduce-scatters, and one all-reduce of the LayerNorms' gradients, which each rank has for its
+// tokens only). Activation memory outside the attention falls by p.
 template <class T>
 class basic_transformer_block {
  public:
@@ -384,131 +453,148 @@ class basic_transformer_block {
   // 4M + 5MD + MF + nHt^2 in all: 528,384 floats (2.1 MB) at n 64, t 16, D 64, H 4, F 128.
   // A tensor-parallel shard keeps its own heads' part: qkv [M, 3W], ctx [M, W] with W = D/p, and
   // H and F its own heads and hidden units (w: W, or D when 0).
+  // Under sequence parallelism mean1, rstd1, x1, mean2 and rstd2 hold this rank's ms = M/p rows
+  // (ms: M, or those rows when nonzero).
   struct layout {
     std::size_t mean1, rstd1, qkv, probs, ctx, x1, mean2, rstd2, hidden, total;
-    layout(std::size_t n, std::size_t t, std::size_t d, std::size_t h, std::size_t f, std::size_t w = 0) {
+    layout(std::size_t n, std::size_t t, std::size_t d, std::size_t h, std::size_t f, std::size_t w = 0,
+           std::size_t ms = 0) {
       const std::size_t m = n * t;
       if (w == 0) w = d;
+      if (ms == 0) ms = m;
       mean1 = 0;
-      rstd1 = mean1 + m;
-      qkv = rstd1 + m;
+      rstd1 = mean1 + ms;
+      qkv = rstd1 + ms;
       probs = qkv + 3 * m * w;
       ctx = probs + n * h * t * t;
       x1 = ctx + m * w;
-      mean2 = x1 + m * d;
-      rstd2 = mean2 + m;
-      hidden = rstd2 + m;
+      mean2 = x1 + ms * d;
+      rstd2 = mean2 + ms;
+      hidden = rstd2 + ms;
       total = hidden + m * f;
     }
   };
-  [[nodiscard]] std::size_t saved_size(const shape& s) const {
-    const vit_detail::token_batch b(s, dim_, "transformer_block");
-    return layout(b.n, b.t, dim_, heads_, hidden_, width_).total;
+  // An input's tokens: n examples, ts of them here, t in the whole sequence (t = ts p under
+  // sequence parallelism).
+  struct tokens {
+    std::size_t n, ts, t;
+  };
+  [[nodiscard]] tokens tokens_of(const shape& s, const char* where) const {
+    const vit_detail::token_batch b(s, dim_, where);
+    return {b.n, b.t, sp() ? b.t * tp_.size : b.t};
   }
+  [[nodiscard]] layout layout_of(const tokens& k) const {
+    return layout(k.n, k.t, dim_, heads_, hidden_, width_, k.n * k.ts);
+  }
+  [[nodiscard]] std::size_t saved_size(const shape& s) const { return layout_of(tokens_of(s, "transformer_block")).total; }
 
   void forward(tensor_view<const T> x, tensor_view<T> y, tensor_view<T> saved, std::uint64_t seed) {
     namespace el = vit_detail::el;
-    const vit_detail::token_batch b(x.shape(), dim_, "transformer_block");
-    const std::size_t m = b.n * b.t, d = dim_, f = hidden_;
-    const layout at(b.n, b.t, d, heads_, f, width_);
-    cnn_detail::check_size("transformer_block::forward: the output", y.size(), m * d);
+    const tokens k = tokens_of(x.shape(), "transformer_block");
+    const std::size_t m = k.n * k.t, ms = k.n * k.ts, d = dim_, f = hidden_;  // ms: this rank's rows
+    const layout at = layout_of(k);
+    cnn_detail::check_size("transformer_block::forward: the output", y.size(), ms * d);
     vit_detail::check_saved("transformer_block::forward", saved.size(), at.total);
     T* s = saved.data();
     T *mean1 = s + at.mean1, *rstd1 = s + at.rstd1, *qkv = s + at.qkv, *x1 = s + at.x1, *mean2 = s + at.mean2,
       *rstd2 = s + at.rstd2, *hid = s + at.hidden;
-    T* a = vit_detail::scratch<T>(0, m * d);  // LN outputs
-    T* g = vit_detail::scratch<T>(1, m * f);  // GELU outputs
+    T* a = vit_detail::scratch<T>(0, ms * d);               // LN outputs of this rank's rows
+    T* whole = sp() ? vit_detail::scratch<T>(8, m * d) : a;  // ... of every row (gathered)
+    T* g = vit_detail::scratch<T>(1, m * f);                // GELU outputs
     const T eps = static_cast<T>(vit_detail::layernorm_eps);
     T* out = y.data();
 
     // x1 = x + drop(proj(attention(LN1(x))))
-    for (std::size_t r = 0; r < m; ++r) {
+    for (std::size_t r = 0; r < ms; ++r) {
       el::layernorm_stats(x.data() + r * d, d, eps, mean1[r], rstd1[r]);
       el::layernorm_apply(x.data() + r * d, d, mean1[r], rstd1[r], w(ln1_g), w(ln1_b), a + r * d);
     }
-    linear_forward(a, m, d, 3 * width_, qkv_w, qkv);
-    attention_forward(b.n, b.t, qkv, s + at.probs, s + at.ctx, seed);
-    row_parallel_forward(s + at.ctx, m, width_, d, proj_w, out);
-    if (dropping()) el::dropout_row(out, out, m * d, el::dropout_stream(seed, 1), 0, threshold_, keep_scale_);
-    el::residual_add(x.data(), out, x1, m * d);
+    gather_tokens(a, whole, k);
+    linear_forward(whole, m, d, 3 * width_, qkv_w, qkv);
+    attention_forward(k.n, k.t, qkv, s + at.probs, s + at.ctx, seed);
+    row_parallel_forward(s + at.ctx, k, width_, proj_w, out);
+    drop(out, out, k, 1, seed);
+    el::residual_add(x.data(), out, x1, ms * d);
 
     // out = x1 + drop(fc2(gelu(fc1(LN2(x1)))))
-    for (std::size_t r = 0; r < m; ++r) {
+    for (std::size_t r = 0; r < ms; ++r) {
       el::layernorm_stats(x1 + r * d, d, eps, mean2[r], rstd2[r]);
       el::layernorm_apply(x1 + r * d, d, mean2[r], rstd2[r], w(ln2_g), w(ln2_b), a + r * d);
     }
-    linear_forward(a, m, d, f, fc1_w, hid);
+    gather_tokens(a, whole, k);
+    linear_forward(whole, m, d, f, fc1_w, hid);
     el::gelu_n(hid, g, m * f);
-    row_parallel_forward(g, m, f, d, fc2_w, out);
-    if (dropping()) el::dropout_row(out, out, m * d, el::dropout_stream(seed, 2), 0, threshold_, keep_scale_);
-    el::residual_add(x1, out, out, m * d);
+    row_parallel_forward(g, k, f, fc2_w, out);
+    drop(out, out, k, 2, seed);
+    el::residual_add(x1, out, out, ms * d);
   }
 
   // Reads what forward saved (with the same seed); leaves it unchanged.
   void backward(tensor_view<const T> x, tensor_view<const T>, tensor_view<T> saved, std::uint64_t seed,
                 tensor_view<const T> gy, tensor_view<T> gx) {
     namespace el = vit_detail::el;
-    const vit_detail::token_batch b(x.shape(), dim_, "transformer_block");
-    const std::size_t m = b.n * b.t, d = dim_, f = hidden_;
-    const layout at(b.n, b.t, d, heads_, f, width_);
-    cnn_detail::check_size("transformer_block::backward: the output gradient", gy.size(), m * d);
-    cnn_detail::check_size("transformer_block::backward: the input gradient", gx.size(), m * d);
+    const tokens k = tokens_of(x.shape(), "transformer_block");
+    const std::size_t m = k.n * k.t, ms = k.n * k.ts, d = dim_, f = hidden_;
+    const layout at = layout_of(k);
+    cnn_detail::check_size("transformer_block::backward: the output gradient", gy.size(), ms * d);
+    cnn_detail::check_size("transformer_block::backward: the input gradient", gx.size(), ms * d);
     vit_detail::check_saved("transformer_block::backward", saved.size(), at.total);
     const T* s = saved.data();
     const T *mean1 = s + at.mean1, *rstd1 = s + at.rstd1, *x1 = s + at.x1, *mean2 = s + at.mean2,
             *rstd2 = s + at.rstd2, *hid = s + at.hidden;
-    T* a = vit_detail::scratch<T>(0, m * d);      // LN outputs, recomputed
-    T* g = vit_detail::scratch<T>(1, m * f);      // GELU outputs, then the gradient of fc1's output
-    T* slope = vit_detail::scratch<T>(2, m * f);  // GELU's derivative
-    T* dbranch = vit_detail::scratch<T>(3, m * d);  // a branch's gradient (dropped out, through an LN, ...)
+    T* a = vit_detail::scratch<T>(0, ms * d);               // LN outputs of this rank's rows, recomputed
+    T* whole = sp() ? vit_detail::scratch<T>(8, m * d) : a;  // ... of every row (gathered)
+    T* g = vit_detail::scratch<T>(1, m * f);                // GELU outputs, then the gradient of fc1's output
+    T* slope = vit_detail::scratch<T>(2, m * f);            // GELU's derivative
+    T* dbranch = vit_detail::scratch<T>(3, m * d);          // a branch's input gradient, every row (partial over tp)
     T* dctx = vit_detail::scratch<T>(4, m * d);
     T* dqkv = vit_detail::scratch<T>(5, 3 * m * d);
+    T* dropped = vit_detail::scratch<T>(9, ms * d);          // an output gradient through dropout
+    T* dout = sp() ? vit_detail::scratch<T>(10, m * d) : nullptr;  // ... gathered
+    T* dln = sp() ? vit_detail::scratch<T>(11, ms * d) : dbranch;  // an LN's output gradient, this rank's rows
     T* out_grad = gx.data();  // gx holds d loss / d x1 until LN1's part is added
-    std::vector<double> sg(d, 0.0), sb(d, 0.0);
+    std::vector<double> sums(4 * d, 0.0);  // LN2 gamma, beta, LN1 gamma, beta
+    double *sg2 = sums.data(), *sb2 = sg2 + d, *sg1 = sb2 + d, *sb1 = sg1 + d;
 
     // The MLP branch: out = x1 + drop(fc2(gelu(fc1(LN2(x1))))).
     const T* dm = gy.data();
-    if (dropping()) {
-      el::dropout_row(gy.data(), dbranch, m * d, el::dropout_stream(seed, 2), 0, threshold_, keep_scale_);
-      dm = dbranch;
-    }
+    if (dropping()) dm = drop(gy.data(), dropped, k, 2, seed);
+    dm = gather_tokens(dm, dout, k);
     el::gelu_and_grad_n(hid, g, slope, m * f);
     linear_backward_params(dm, g, m, f, d, fc2_w);
     vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, m, f, d, T(1), dm, d, w(fc2_w), f, T(0), g, f);
     for (std::size_t i = 0; i < m * f; ++i) g[i] *= slope[i];
-    for (std::size_t r = 0; r < m; ++r) el::layernorm_apply(x1 + r * d, d, mean2[r], rstd2[r], w(ln2_g), w(ln2_b), a + r * d);
-    linear_backward_params(g, a, m, d, f, fc1_w);
+    for (std::size_t r = 0; r < ms; ++r) el::layernorm_apply(x1 + r * d, d, mean2[r], rstd2[r], w(ln2_g), w(ln2_b), a + r * d);
+    linear_backward_params(g, gather_tokens(a, whole, k), m, d, f, fc1_w);
     vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, m, d, f, T(1), g, f, w(fc1_w), d, T(0), dbranch, d);
-    tp_sum(dbranch, m * d);  // each rank's hidden units' part of LN2's output gradient
-    for (std::size_t r = 0; r < m; ++r) {
-      el::layernorm_param_grads(x1 + r * d, dbranch + r * d, d, mean2[r], rstd2[r], sg.data(), sb.data());
+    sum_tokens(dbranch, dln, k);  // each rank's hidden units' part of LN2's output gradient
+    for (std::size_t r = 0; r < ms; ++r) {
+      el::layernorm_param_grads(x1 + r * d, dln + r * d, d, mean2[r], rstd2[r], sg2, sb2);
       std::copy(gy.data() + r * d, gy.data() + (r + 1) * d, out_grad + r * d);
-      el::layernorm_backward(x1 + r * d, dbranch + r * d, d, mean2[r], rstd2[r], w(ln2_g), out_grad + r * d, true);
+      el::layernorm_backward(x1 + r * d, dln + r * d, d, mean2[r], rstd2[r], w(ln2_g), out_grad + r * d, true);
     }
-    vit_detail::add_sums(params_[ln2_g].grad(), sg);
-    vit_detail::add_sums(params_[ln2_b].grad(), sb);
 
     // The attention branch: x1 = x + drop(proj(attention(LN1(x)))).
     const T* dattn = out_grad;
-    if (dropping()) {
-      el::dropout_row(out_grad, dbranch, m * d, el::dropout_stream(seed, 1), 0, threshold_, keep_scale_);
-      dattn = dbranch;
-    }
+    if (dropping()) dattn = drop(out_grad, dropped, k, 1, seed);
+    dattn = gather_tokens(dattn, dout, k);
     linear_backward_params(dattn, s + at.ctx, m, width_, d, proj_w);
     vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, m, width_, d, T(1), dattn, d, w(proj_w), width_, T(0), dctx, width_);
-    attention_backward(b.n, b.t, s + at.qkv, s + at.probs, dctx, dqkv, seed);
-    for (std::size_t r = 0; r < m; ++r) el::layernorm_apply(x.data() + r * d, d, mean1[r], rstd1[r], w(ln1_g), w(ln1_b), a + r * d);
-    linear_backward_params(dqkv, a, m, d, 3 * width_, qkv_w);
+    attention_backward(k.n, k.t, s + at.qkv, s + at.probs, dctx, dqkv, seed);
+    for (std::size_t r = 0; r < ms; ++r) el::layernorm_apply(x.data() + r * d, d, mean1[r], rstd1[r], w(ln1_g), w(ln1_b), a + r * d);
+    linear_backward_params(dqkv, gather_tokens(a, whole, k), m, d, 3 * width_, qkv_w);
     vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, m, d, 3 * width_, T(1), dqkv, 3 * width_, w(qkv_w), d, T(0), dbranch, d);
-    tp_sum(dbranch, m * d);  // each rank's heads' part of LN1's output gradient
-    std::ranges::fill(sg, 0.0);
-    std::ranges::fill(sb, 0.0);
-    for (std::size_t r = 0; r < m; ++r) {
-      el::layernorm_param_grads(x.data() + r * d, dbranch + r * d, d, mean1[r], rstd1[r], sg.data(), sb.data());
-      el::layernorm_backward(x.data() + r * d, dbranch + r * d, d, mean1[r], rstd1[r], w(ln1_g), out_grad + r * d, true);
+    sum_tokens(dbranch, dln, k);  // each rank's heads' part of LN1's output gradient
+    for (std::size_t r = 0; r < ms; ++r) {
+      el::layernorm_param_grads(x.data() + r * d, dln + r * d, d, mean1[r], rstd1[r], sg1, sb1);
+      el::layernorm_backward(x.data() + r * d, dln + r * d, d, mean1[r], rstd1[r], w(ln1_g), out_grad + r * d, true);
     }
-    vit_detail::add_sums(params_[ln1_g].grad(), sg);
-    vit_detail::add_sums(params_[ln1_b].grad(), sb);
+    // Under sequence parallelism each rank's LN gradients cover its tokens only: one sum of all four.
+    if (sp()) tp_sum_doubles(sums);
+    vit_detail::add_sums(params_[ln2_g].grad(), std::span<const double>(sg2, d));
+    vit_detail::add_sums(params_[ln2_b].grad(), std::span<const double>(sb2, d));
+    vit_detail::add_sums(params_[ln1_g].grad(), std::span<const double>(sg1, d));
+    vit_detail::add_sums(params_[ln1_b].grad(), std::span<const double>(sb1, d));
   }
 
   [[nodiscard]] std::vector<vit_detail::param_t<T>>& parameters() noexcept { return params_; }
@@ -533,11 +619,49 @@ class basic_transformer_block {
       throw invalid_argument_error("transformer_block: tensor parallelism computes in float");
     }
   }
-  // y [m, out] = sum over the group of x [m, in] W^T (this rank's columns of W), then + b.
-  void row_parallel_forward(const T* x, std::size_t m, std::size_t in, std::size_t out, std::size_t wi, T* y) {
-    vit_detail::gemm<T>(CblasNoTrans, CblasTrans, m, out, in, T(1), x, in, w(wi), in, T(0), y, out);
-    tp_sum(y, m * out);
-    for (std::size_t r = 0; r < m; ++r) vit_detail::el::add_bias_row(y + r * out, w(wi + 1), out);
+  [[nodiscard]] bool sp() const noexcept { return tp_.size > 1 && tp_.sequence_parallel; }
+
+  // y [ms, dim] = this rank's rows of the group's sum of x [m, in] W^T (this rank's columns of
+  // W), then + b: an all-reduce, or under sequence parallelism a reduce-scatter of the tokens.
+  void row_parallel_forward(const T* x, const tokens& k, std::size_t in, std::size_t wi, T* y) {
+    const std::size_t m = k.n * k.t, ms = k.n * k.ts, out = dim_;
+    T* partial = sp() ? vit_detail::scratch<T>(12, m * out) : y;
+    vit_detail::gemm<T>(CblasNoTrans, CblasTrans, m, out, in, T(1), x, in, w(wi), in, T(0), partial, out);
+    sum_tokens(partial, y, k);
+    for (std::size_t r = 0; r < ms; ++r) vit_detail::el::add_bias_row(y + r * out, w(wi + 1), out);
+  }
+  // Dropout at `site` on this rank's rows [ms, dim], in to out; each element keeps its place in
+  // the whole sequence, so the masks are the whole block's. Returns out.
+  T* drop(const T* in, T* out, const tokens& k, std::uint64_t site, std::uint64_t seed) {
+    if (!dropping()) return out;
+    const std::size_t d = dim_, first = sp() ? tp_.rank * k.ts : 0;
+    for (std::size_t e = 0; e < k.n; ++e) {
+      vit_detail::el::dropout_row(in + e * k.ts * d, out + e * k.ts * d, k.ts * d, vit_detail::el::dropout_stream(seed, site),
+                                  (e * k.t + first) * d, threshold_, keep_scale_);
+    }
+    return out;
+  }
+  // Every rank's tokens [n, ts, dim] into the whole sequence [n, t, dim]; returns whole. Without
+  // sequence parallelism the rows are already whole: returns part.
+  const T* gather_tokens(const T* part, T* whole, const tokens& k) {
+    if (!sp()) return part;
+    vit_detail::all_gather_tokens(tp_, part, whole, k.n, k.ts, dim_);
+    return whole;
+  }
+  // The group's sum of whole [m, dim] partial sums into this rank's rows: a reduce-scatter of the
+  // tokens under sequence parallelism (into part), else an all-reduce in place (part is whole).
+  void sum_tokens(T* whole, T* part, const tokens& k) {
+    if (sp()) {
+      vit_detail::reduce_scatter_tokens(tp_, whole, part, k.n, k.ts, dim_);
+    } else {
+      tp_sum(whole, k.n * k.t * dim_);
+    }
+  }
+  // The group's sum of a few gradient sums (in float on the wire).
+  void tp_sum_doubles(std::vector<double>& v) {
+    std::vector<T> f(v.begin(), v.end());
+    tp_sum(f.data(), f.size());
+    std::ranges::copy(f, v.begin());
   }
 
   // y [m, out] = x [m, in] W^T + b, W = params_[wi] [out, in], b = params_[wi + 1].
@@ -619,6 +743,81 @@ class basic_transformer_block {
   bool training_ = true;
   tp_shard tp_{};
   std::vector<vit_detail::param_t<T>> params_;
+};
+
+// Sequence parallelism's ends (tp_shard::sequence_parallel), each wrapping a replicated layer
+// (not a layer of its own, which would move every later layer's index and so its dropout seed):
+// - sequence_split<Embed>: the embedding's whole sequence [n, t, dim] (computed on every rank)
+//   becomes this rank's tokens [n, t/p, dim]; backward all-gathers the slices' gradients, as
+//   the embedding needs all of them;
+// - sequence_gather<Head>: every rank's tokens become the whole sequence for the head; backward
+//   takes this rank's slice of the head's input gradient (which every rank computed whole), after
+//   gathering the input again (kept nowhere between the calls).
+template <class Inner>
+class sequence_split {
+ public:
+  sequence_split(Inner inner, std::size_t dim, tp_shard tp) : inner_(std::move(inner)), dim_(dim), tp_(tp) {
+    vit_detail::check_sequence_group(tp_);
+  }
+  [[nodiscard]] shape output_shape(const shape& s) const {
+    const shape whole = inner_.output_shape(s);
+    vit_detail::check_sequence_split(whole[1], tp_.size);
+    return {whole[0], whole[1] / tp_.size, dim_};
+  }
+  void forward(tensor_view<const float> x, tensor_view<float> y) {
+    const shape out = output_shape(x.shape());
+    cnn_detail::check_size("sequence_split::forward: the output", y.size(), out.numel());
+    whole_.resize(out.numel() * tp_.size);
+    inner_.forward(x, tensor_view<float>(whole_.data(), shape{out[0], out[1] * tp_.size, dim_}));
+    vit_detail::slice_tokens(tp_, whole_.data(), y.data(), out[0], out[1], dim_);
+  }
+  void backward(tensor_view<const float> x, tensor_view<const float>, tensor_view<const float> gy, tensor_view<float> gx) {
+    const shape out = output_shape(x.shape());
+    cnn_detail::check_size("sequence_split::backward: the output gradient", gy.size(), out.numel());
+    whole_.resize(out.numel() * tp_.size);
+    vit_detail::all_gather_tokens(tp_, gy.data(), whole_.data(), out[0], out[1], dim_);
+    const tensor_view<const float> g(whole_.data(), shape{out[0], out[1] * tp_.size, dim_});
+    inner_.backward(x, g, g, gx);  // the embedding reads no output
+  }
+  [[nodiscard]] auto& parameters() noexcept { return inner_.parameters(); }
+
+ private:
+  Inner inner_;
+  std::size_t dim_;
+  tp_shard tp_;
+  std::vector<float> whole_;
+};
+
+template <class Inner>
+class sequence_gather {
+ public:
+  sequence_gather(Inner inner, std::size_t dim, tp_shard tp) : inner_(std::move(inner)), dim_(dim), tp_(tp) {
+    vit_detail::check_sequence_group(tp_);
+  }
+  [[nodiscard]] shape output_shape(const shape& s) const {
+    const vit_detail::token_batch b(s, dim_, "sequence_gather");
+    return inner_.output_shape(shape{b.n, b.t * tp_.size, dim_});
+  }
+  void forward(tensor_view<const float> x, tensor_view<float> y) { inner_.forward(gather(x), y); }
+  void backward(tensor_view<const float> x, tensor_view<const float> y, tensor_view<const float> gy, tensor_view<float> gx) {
+    const tensor_view<const float> whole = gather(x);
+    grad_.resize(whole.size());
+    inner_.backward(whole, y, gy, tensor_view<float>(grad_.data(), whole.shape()));
+    vit_detail::slice_tokens(tp_, grad_.data(), gx.data(), x.shape()[0], x.shape()[1], dim_);
+  }
+  [[nodiscard]] auto& parameters() noexcept { return inner_.parameters(); }
+
+ private:
+  tensor_view<const float> gather(tensor_view<const float> x) {
+    const vit_detail::token_batch b(x.shape(), dim_, "sequence_gather");
+    whole_.resize(x.size() * tp_.size);
+    vit_detail::all_gather_tokens(tp_, x.data(), whole_.data(), b.n, b.t, dim_);
+    return tensor_view<const float>(whole_.data(), shape{b.n, b.t * tp_.size, dim_});
+  }
+  Inner inner_;
+  std::size_t dim_;
+  tp_shard tp_;
+  std::vector<float> whole_, grad_;
 };
 
 // The classifier on [n, tokens, dim]: the mean over tokens, a LayerNorm, a linear map to the
@@ -793,6 +992,8 @@ inline const vit_config& checked(const vit_config& c) {
 using patch_embed = vit_detail::plain_layer<basic_patch_embed<float>>;
 using transformer_block = vit_detail::saving_layer<basic_transformer_block<float>>;
 using vit_head = vit_detail::plain_layer<basic_vit_head<float>>;
+using split_patch_embed = vit_detail::plain_layer<sequence_split<basic_patch_embed<float>>>;
+using gathered_vit_head = vit_detail::plain_layer<sequence_gather<basic_vit_head<float>>>;
 
 // The ViT's layers in T: patch embedding (seed), depth blocks (seed + 1 + i), head (seed + 1 +
 // depth). make_vit builds the float model from these; the gradient check builds the double one
@@ -818,12 +1019,19 @@ struct basic_vit {
 // tp.rank of a tensor-parallel group, each block holding its share of the heads and hidden units
 // (see basic_transformer_block); the patch embedding and the head are whole on every rank (they
 // are 10% of the parameters and their work, and replicated they need no communication). Every
-// rank of the group takes the same batch.
+// rank of the group takes the same batch. With tp.sequence_parallel, the embedding hands each rank
+// its slice of the tokens and the head gathers them (sequence_split, sequence_gather).
 [[nodiscard]] inline host_model make_vit(const vit_config& c, std::uint32_t seed, tp_shard tp = {}) {
   openblas_set_num_threads(1);
   basic_vit<float> v(c, seed);
+  const bool sp = tp.size > 1 && tp.sequence_parallel;
+  if (sp) vit_detail::check_sequence_split((c.image / c.patch) * (c.image / c.patch), tp.size);  // before any batch
   host_model m;
-  m.push_back(std::make_unique<patch_embed>(std::move(v.embed)));
+  if (sp) {
+    m.push_back(std::make_unique<split_patch_embed>(std::move(v.embed), c.dim, tp));
+  } else {
+    m.push_back(std::make_unique<patch_embed>(std::move(v.embed)));
+  }
   for (auto& b : v.blocks) {
     if (tp.size == 1) {
       m.push_back(std::make_unique<transformer_block>(std::move(b)));
@@ -831,7 +1039,11 @@ struct basic_vit {
       m.push_back(std::make_unique<transformer_block>(basic_transformer_block<float>(b, tp)));
     }
   }
-  m.push_back(std::make_unique<vit_head>(std::move(v.head)));
+  if (sp) {
+    m.push_back(std::make_unique<gathered_vit_head>(std::move(v.head), c.dim, tp));
+  } else {
+    m.push_back(std::make_unique<vit_head>(std::move(v.head)));
+  }
   return m;
 }
 

@@ -7,6 +7,13 @@
 //   tp2_param_memory_ratio parameter bytes a tp-2 rank holds / the whole model's
 //   tp2_bytes_per_step     bytes one tp-2 rank sent in a step (the local backend's ring count)
 //   tp2_bytes_formula      4 all-reduces per block of batch x tokens x dim floats, 2 (p-1)/p each
+// and with sequence parallelism (tp 2 + sp, the same model):
+//   tp2_sp_speedup           samples/s at tp 2 + sp / samples/s at tp 1
+//   tp2_sp_activation_ratio  activation bytes a tp 2 + sp rank holds / a tp 2 rank's
+//   tp2_sp_bytes_per_step    bytes one rank sent in a step
+//   tp2_sp_bytes_formula     per block 10 exchanges of (p-1)/p of batch x tokens x dim floats (forward
+//                            2 all-gathers, 2 reduce-scatters; backward 4 all-gathers, 2
+//                            reduce-scatters) and an all-reduce of 4 dim floats; 3 exchanges at the ends
 //   bench_tensor_parallel [--quick] [--dim D] [--steps N] [--windows N]
 #include <algorithm>
 #include <chrono>
@@ -53,16 +60,19 @@ struct result {
   double samples_per_s = 0;
   std::size_t param_bytes = 0;
   std::uint64_t bytes_per_step = 0;
+  std::size_t activation_bytes = 0;
 };
 
-// One window of `steps` steps after one warm-up step, at tensor-parallel size p (1: the whole model).
-result run(const ml::vit_config& vc, const config& c, int p, const rows_batch& b) {
+// One window of `steps` steps after one warm-up step, at tensor-parallel size p (1: the whole
+// model), with sequence parallelism or not.
+result run(const ml::vit_config& vc, const config& c, int p, const rows_batch& b, bool sp = false) {
   std::vector<result> out(static_cast<std::size_t>(p));
   process_group_options o;
   o.inline_collectives = o.pin_threads = true;
   run_local(p, [&](local_group& g) {
     const auto r = static_cast<std::size_t>(g.rank());
-    auto layers = ml::make_vit(vc, 1, {.group = p > 1 ? &g : nullptr, .rank = r, .size = static_cast<std::size_t>(p)});
+    auto layers = ml::make_vit(vc, 1, {.group = p > 1 ? &g : nullptr, .rank = r, .size = static_cast<std::size_t>(p),
+                                       .sequence_parallel = sp});
     const std::size_t pb = parameter_bytes(layers);
     sequential model(std::move(layers), ml::softmax_cross_entropy{});
     sgd opt(model, {.lr = 0.01, .momentum = 0.9});
@@ -77,7 +87,8 @@ result run(const ml::vit_config& vc, const config& c, int p, const rows_batch& b
     }
     g.barrier().wait();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    out[r] = {static_cast<double>(c.steps * c.batch) / secs, pb, (g.traffic().bytes_sent - before) / c.steps};
+    out[r] = {static_cast<double>(c.steps * c.batch) / secs, pb, (g.traffic().bytes_sent - before) / c.steps,
+              model.activation_bytes()};
   }, o);
   return out[0];
 }
@@ -121,27 +132,40 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int32_t>(i % 10);
   const rows_batch b{tensor_view<const float>(x.data(), shape{c.batch, 784}), y};
 
-  std::vector<double> sps1, sps2;
-  result r1, r2;
-  for (std::size_t w = 0; w < c.windows; ++w) {  // alternated: tp 1, tp 2, tp 1, ...
+  std::vector<double> sps1, sps2, sps3;
+  result r1, r2, r3;
+  for (std::size_t w = 0; w < c.windows; ++w) {  // alternated: tp 1, tp 2, tp 2 + sp, tp 1, ...
     r1 = run(vc, c, 1, b);
     r2 = run(vc, c, 2, b);
+    r3 = run(vc, c, 2, b, true);
     sps1.push_back(r1.samples_per_s);
     sps2.push_back(r2.samples_per_s);
+    sps3.push_back(r3.samples_per_s);
   }
   const std::uint64_t tokens = 16, floats = c.batch * tokens * c.dim;
   const std::uint64_t formula = 4 * vc.depth * (2 * (2 - 1) * floats * sizeof(float) / 2);
+  const std::uint64_t exchange = (2 - 1) * floats * sizeof(float) / 2, ln = 2 * (2 - 1) * (4 * c.dim * sizeof(float)) / 2;
+  const std::uint64_t sp_formula = vc.depth * (10 * exchange + ln) + 3 * exchange;
   const double speedup = median(sps2) / median(sps1);
   const double mem_ratio = static_cast<double>(r2.param_bytes) / static_cast<double>(r1.param_bytes);
   std::printf("ViT dim %zu, 8 heads, MLP %zu, 4 blocks, 16 tokens, batch %zu; train_step + SGD; medians of %zu "
               "alternated windows of %zu steps\n\n",
               c.dim, 4 * c.dim, c.batch, c.windows, c.steps);
-  std::printf("%-8s %12s %16s %18s\n", "tp", "samples/s", "param MB/rank", "bytes sent/step");
-  std::printf("%-8d %12.0f %16.2f %18llu\n", 1, median(sps1), static_cast<double>(r1.param_bytes) / 1e6, 0ull);
-  std::printf("%-8d %12.0f %16.2f %18llu   (formula %llu)\n", 2, median(sps2), static_cast<double>(r2.param_bytes) / 1e6,
-              static_cast<unsigned long long>(r2.bytes_per_step), static_cast<unsigned long long>(formula));
-  std::printf("summary: tp2_speedup=%.3f tp2_param_memory_ratio=%.3f tp2_bytes_per_step=%llu tp2_bytes_formula=%llu\n",
+  const double act_ratio = static_cast<double>(r3.activation_bytes) / static_cast<double>(r2.activation_bytes);
+  std::printf("%-8s %12s %16s %18s %20s\n", "tp", "samples/s", "param MB/rank", "activation MB/rank", "bytes sent/step");
+  auto row = [](const char* name, double sps, const result& r, std::uint64_t f) {
+    std::printf("%-8s %12.0f %16.2f %18.2f %20llu", name, sps, static_cast<double>(r.param_bytes) / 1e6,
+                static_cast<double>(r.activation_bytes) / 1e6, static_cast<unsigned long long>(r.bytes_per_step));
+    if (f > 0) std::printf("   (formula %llu)", static_cast<unsigned long long>(f));
+    std::printf("\n");
+  };
+  row("1", median(sps1), r1, 0);
+  row("2", median(sps2), r2, formula);
+  row("2 + sp", median(sps3), r3, sp_formula);
+  std::printf("summary: tp2_speedup=%.3f tp2_param_memory_ratio=%.3f tp2_bytes_per_step=%llu tp2_bytes_formula=%llu "
+              "tp2_sp_speedup=%.3f tp2_sp_activation_ratio=%.3f tp2_sp_bytes_per_step=%llu tp2_sp_bytes_formula=%llu\n",
               speedup, mem_ratio, static_cast<unsigned long long>(r2.bytes_per_step),
-              static_cast<unsigned long long>(formula));
+              static_cast<unsigned long long>(formula), median(sps3) / median(sps1), act_ratio,
+              static_cast<unsigned long long>(r3.bytes_per_step), static_cast<unsigned long long>(sp_formula));
   return 0;
 }

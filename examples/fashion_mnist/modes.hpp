@@ -153,7 +153,8 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
   const int tp_rank = mesh.coordinate("tp"), dp_rank = mesh.coordinate("dp"), dp_size = mesh.size("dp");
   sequential model(models::layers::make_vit({}, static_cast<std::uint32_t>(o.seed),
                                             {.group = &mesh.group("tp"), .rank = static_cast<std::size_t>(tp_rank),
-                                             .size = static_cast<std::size_t>(o.tp)}),
+                                             .size = static_cast<std::size_t>(o.tp),
+                                             .sequence_parallel = o.sequence_parallel}),
                    models::layers::softmax_cross_entropy{});
   distributed_data_parallel ddp(model, mesh.group("dp"));
   any_optimizer opt = make_optimizer(model, o);
@@ -162,8 +163,9 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
   loader train = rank_train(data, o, dp_rank, dp_size);
   loader test = rank_test(data, dp_rank, dp_size);
   if (pg.rank() == 0) {
-    std::printf("fashion_mnist: tensor parallel %d x data parallel %d over %s, %s, batch %zu per replica, lr %g, "
-                "%zu epochs, %zu/%zu examples\n", o.tp, dp_size, std::string(pg.backend()).c_str(), model_name(o),
+    std::printf("fashion_mnist: tensor parallel %d%s x data parallel %d over %s, %s, batch %zu per replica, lr %g, "
+                "%zu epochs, %zu/%zu examples\n", o.tp, o.sequence_parallel ? " (sequence parallel)" : "", dp_size,
+                std::string(pg.backend()).c_str(), model_name(o),
                 o.batch_size, o.lr, o.epochs, data.n_train, data.n_test);
   }
   trainer_options fo = fit_options(o, trace, train.size());
@@ -292,7 +294,8 @@ inline void train_pipeline(process_group& pg, const options& o, const datasets& 
   const int tp_rank = mesh ? mesh->coordinate("tp") : 0, dp_rank = mesh ? mesh->coordinate("dp") : 0;
   auto model = o.tp > 1 ? sequential(models::layers::make_vit({}, static_cast<std::uint32_t>(o.seed),
                                                           {.group = &mesh->group("tp"), .rank = static_cast<std::size_t>(tp_rank),
-                                                           .size = static_cast<std::size_t>(o.tp)}),
+                                                           .size = static_cast<std::size_t>(o.tp),
+                                                           .sequence_parallel = o.sequence_parallel}),
                                  models::layers::softmax_cross_entropy{})
                     : make_sequential(o);
   // The stages balanced by each layer's time on one micro-batch of real inputs (rank 0 measures),
@@ -310,7 +313,7 @@ inline void train_pipeline(process_group& pg, const options& o, const datasets& 
   loader train = rank_train(data, o, dp_rank, dp_size);  // at one replica, the whole shuffled order
   loader test = whole_test(data);
   if (pg.rank() == 0) {
-    const std::string tp = o.tp > 1 ? " x tensor parallel " + std::to_string(o.tp) : "";
+    const std::string tp = o.tp > 1 ? " x tensor parallel " + std::to_string(o.tp) + (o.sequence_parallel ? " (sequence parallel)" : "") : "";
     const std::string dp = dp_size > 1 ? " x data parallel " + std::to_string(dp_size) : "";
     std::printf("fashion_mnist: pipeline, %d stage(s)%s%s over %s, %s, %s with %d micro-batches, batch %zu per replica, "
                 "lr %g, %zu epochs, %zu/%zu examples\n", o.stages, dp.c_str(), tp.c_str(), std::string(pg.backend()).c_str(),

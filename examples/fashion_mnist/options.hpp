@@ -69,6 +69,7 @@ struct options {
   int ranks_per_host = 0;           // local-sgd: hierarchical, hosts of N consecutive ranks (0: flat)
   std::size_t deterministic = 0;    // > 0: shards of the global batch (--batch-size); the same bits at any world size
   int tp = 1;                       // the ViT's blocks split over tensor-parallel groups of this many ranks
+  bool sequence_parallel = false;   // with tp: the blocks' LayerNorms, residuals and dropout on a slice of the tokens
   std::int64_t inner_steps = 50;    // diloco: inner steps per outer step (H)
   double outer_lr = 0.7;            // diloco: outer Nesterov SGD
   double outer_momentum = 0.9;
@@ -118,6 +119,8 @@ inline constexpr std::string_view usage_text =
     "  --tp N                    --model vit: each block's heads and MLP split over N consecutive ranks\n"
     "                            (tensor parallel), DDP over the world / N groups of them; with\n"
     "                            --parallel pipeline, each of the --stages stages is N such ranks\n"
+    "  --sequence-parallel       with --tp N: each rank keeps 1/N of the tokens between the blocks' matrix\n"
+    "                            products (all-gathers and reduce-scatters instead of all-reduces)\n"
     "  --deterministic S         the same trained bits at any world size from 1 to S: --batch-size is then the\n"
     "                            global batch (x --accumulate), cut into S fixed shards whose gradients are\n"
     "                            summed exactly; the same bits for any --accumulate that divides S\n"
@@ -249,6 +252,8 @@ inline void check_pipeline_replicas(const options& o, int replicas) {
     } else if (flag == "--warmup-steps") {
       o.warmup_steps = detail::parse_number<std::int64_t>(flag, value());
       if (o.warmup_steps < 0) throw usage_error(flag + ": must be >= 0");
+    } else if (flag == "--sequence-parallel") {
+      o.sequence_parallel = true;
     } else if (flag == "--tp") {
       o.tp = positive(detail::parse_number<int>(flag, value()));
     } else if (flag == "--deterministic") {
@@ -373,6 +378,7 @@ inline void check_pipeline_replicas(const options& o, int replicas) {
       {"--bucket-kb", ddp_buckets, "DDP's and ZeRO's gradient buckets (--parallel ddp, zero1 or zero2)"},
       {"--no-overlap", ddp_buckets, "DDP's and ZeRO's gradient buckets (--parallel ddp, zero1 or zero2)"},
       {"--local-collectives", o.backend == "local", "--backend local"},
+      {"--sequence-parallel", o.tp > 1, "--tp N above 1"},
       {"--accumulate", o.parallel != "dp" && (o.sync == "ddp" || o.sync == "powersgd"),
        "the modes fit steps (--parallel ddp, zero1, zero2, fsdp or pipeline, --sync ddp or powersgd)"},
       // --tp above 1 outside these gets its own sentence below; --tp 1 there is a no-op.

@@ -121,6 +121,8 @@ TEST_CASE("example options: bad input names the flag and what was expected", "[e
   CHECK_THROWS_WITH(parse_options({"--model", "vit", "--tp", "2", "--parallel", "pipeline", "--nproc", "2"}),
                     Catch::Contains("--nproc 2 must be a multiple of --stages 2 x --tp 2 (2 ranks per stage)"));
   CHECK(parse_options({"--model", "vit", "--tp", "2", "--parallel", "pipeline", "--nproc", "8"}).nproc == 8);  // 3D
+  CHECK(parse_options({"--model", "vit", "--tp", "2", "--sequence-parallel"}).sequence_parallel);
+  CHECK_THROWS_WITH(parse_options({"--model", "vit", "--sequence-parallel"}), Catch::Contains("it is for --tp N above 1"));
   CHECK_THROWS_WITH(parse_options({"--model", "vit", "--tp", "2", "--parallel", "pipeline", "--checkpoint", "d"}),
                     Catch::Contains("--tp with --parallel pipeline: not yet with --checkpoint"));
   // --deterministic: data parallel on the host in fp32, a global batch its shards divide.

@@ -70,10 +70,12 @@ std::vector<float> slice(const std::vector<float>& whole, std::size_t i, std::si
 
 }  // namespace
 
-TEST_CASE("a tensor-parallel ViT step equals the whole model's", "[examples][vit][tensor_parallel]") {
+TEST_CASE("a tensor-parallel ViT step equals the whole model's, with and without sequence parallelism",
+          "[examples][vit][tensor_parallel]") {
   const int p = GENERATE(2, 4);
   const float dropout = GENERATE(0.0f, 0.2f);
-  CAPTURE(p, dropout);
+  const bool sp = GENERATE(false, true);
+  CAPTURE(p, dropout, sp);
   const auto c = tp_vit(dropout);
   const std::size_t f = c.mlp_ratio * c.dim;
   const test::synthetic_batch b(3, c.image * c.image, 10, 5);
@@ -86,7 +88,7 @@ TEST_CASE("a tensor-parallel ViT step equals the whole model's", "[examples][vit
   std::vector<comm_traffic> traffic(static_cast<std::size_t>(p));
   run_local(p, [&](local_group& g) {
     const auto r = static_cast<std::size_t>(g.rank());
-    auto shard = ml::make_vit(c, 9, {.group = &g, .rank = r, .size = static_cast<std::size_t>(p)});
+    auto shard = ml::make_vit(c, 9, {.group = &g, .rank = r, .size = static_cast<std::size_t>(p), .sequence_parallel = sp});
     ml::softmax_cross_entropy l;
     const auto before = g.traffic();
     got[r] = test::run_vit_step(memory, shard, l, b, 21);
@@ -106,14 +108,27 @@ TEST_CASE("a tensor-parallel ViT step equals the whole model's", "[examples][vit
                                  : ref.grads[k];
       CHECK(test::relative_difference(got[r].grads[k], want) <= 2e-5);
     }
-    // 2 all-reduces forward and 2 backward per block, each of batch x tokens x dim floats.
-    const std::uint64_t floats = 3 * 16 * c.dim, n = static_cast<std::uint64_t>(p);
-    CHECK(traffic[r].calls == 4 * c.depth);
-    CHECK(traffic[r].bytes_sent == 4 * c.depth * (2 * (n - 1) * floats * sizeof(float) / n));
+    const std::uint64_t floats = 3 * 16 * c.dim, n = static_cast<std::uint64_t>(p), bytes = floats * sizeof(float);
+    if (!sp) {
+      // 2 all-reduces forward and 2 backward per block, each of batch x tokens x dim floats.
+      CHECK(traffic[r].calls == 4 * c.depth);
+      CHECK(traffic[r].bytes_sent == 4 * c.depth * (2 * (n - 1) * bytes / n));
+    } else {
+      // Per block, each a ring exchange of (p - 1) / p of batch x tokens x dim floats: forward 2
+      // all-gathers and 2 reduce-scatters; backward 2 output gradients and 2 LayerNorm outputs
+      // gathered, 2 reduce-scatters; and an all-reduce of the 4 LayerNorm gradients [dim]. Plus
+      // the ends: the split's backward, and the gather's forward and backward (which gathers the
+      // head's input again), an all-gather each.
+      const std::uint64_t exchange = (n - 1) * bytes / n, ln = 2 * (n - 1) * (4 * c.dim * sizeof(float)) / n;
+      CHECK(traffic[r].calls == 11 * c.depth + 3);
+      CHECK(traffic[r].bytes_sent == c.depth * (10 * exchange + ln) + 3 * exchange);
+    }
   }
 }
 
 TEST_CASE("tensor-parallel ViT training follows the whole model's", "[examples][vit][tensor_parallel]") {
+  const bool sp = GENERATE(false, true);
+  CAPTURE(sp);
   const auto c = tp_vit(0.1f);
   auto train = [&](ml::host_model layers, std::vector<double>& losses) {
     sequential model(std::move(layers), ml::softmax_cross_entropy{});
@@ -134,7 +149,7 @@ TEST_CASE("tensor-parallel ViT training follows the whole model's", "[examples][
   std::vector<std::vector<double>> got(2);
   run_local(2, [&](local_group& g) {
     const auto r = static_cast<std::size_t>(g.rank());
-    train(ml::make_vit(c, 4, {.group = &g, .rank = r, .size = 2}), got[r]);
+    train(ml::make_vit(c, 4, {.group = &g, .rank = r, .size = 2, .sequence_parallel = sp}), got[r]);
   });
   for (const auto& run : got) {
     REQUIRE(run.size() == ref.size());
