@@ -142,8 +142,9 @@ inline void train_fsdp(process_group& pg, const options& o, const datasets& data
 }
 
 // --tp N (the ViT): its blocks split over tensor-parallel groups of N consecutive ranks, on a
-// device_mesh {dp: world / N, tp: N}, DDP between the groups; the ranks of a group take the same
-// batches, and only the group's first rank prints and writes metrics.
+// device_mesh {dp: world / N, tp: N}, DDP (or with --parallel zero1|zero2, ZeRO) between the
+// groups; the ranks of a group take the same batches, and only the group's first rank prints
+// and writes metrics.
 inline void train_tp(process_group& pg, const options& o, const datasets& data) {
   if (pg.size() % o.tp != 0) {
     throw config_error("--tp " + std::to_string(o.tp) + ": " + std::to_string(pg.size()) +
@@ -156,17 +157,14 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
                                              .size = static_cast<std::size_t>(o.tp),
                                              .sequence_parallel = o.sequence_parallel}),
                    models::layers::softmax_cross_entropy{});
-  distributed_data_parallel ddp(model, mesh.group("dp"));
-  any_optimizer opt = make_optimizer(model, o);
-  ddp_policy policy(ddp, opt, {.rank_sections = &pg});  // checkpoints: each rank its slice of the blocks
   trace_recorder trace;
   loader train = rank_train(data, o, dp_rank, dp_size);
   loader test = rank_test(data, dp_rank, dp_size);
   if (pg.rank() == 0) {
-    std::printf("fashion_mnist: tensor parallel %d%s x data parallel %d over %s, %s, batch %zu per replica, lr %g, "
-                "%zu epochs, %zu/%zu examples\n", o.tp, o.sequence_parallel ? " (sequence parallel)" : "", dp_size,
-                std::string(pg.backend()).c_str(), model_name(o),
-                o.batch_size, o.lr, o.epochs, data.n_train, data.n_test);
+    std::printf("fashion_mnist: tensor parallel %d%s x %s %d over %s, %s, batch %zu per replica, lr %g, "
+                "%zu epochs, %zu/%zu examples\n", o.tp, o.sequence_parallel ? " (sequence parallel)" : "",
+                o.parallel == "ddp" ? "data parallel" : o.parallel.c_str(), dp_size, std::string(pg.backend()).c_str(),
+                model_name(o), o.batch_size, o.lr, o.epochs, data.n_train, data.n_test);
   }
   trainer_options fo = fit_options(o, trace, train.size());
   if (tp_rank != 0) {  // the group's other ranks see the same losses: one voice per replica
@@ -174,7 +172,16 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
     fo.log_every = 0;
     fo.metrics.clear();
   }
-  fit(policy, train, test, fo);
+  if (o.parallel == "zero1" || o.parallel == "zero2") {  // the optimizer state (zero2: gradients) sharded over dp
+    sharded_data_parallel zero(model, mesh.group("dp"), optimizer_options(o), {.stage = o.parallel == "zero1" ? 1 : 2});
+    zero_policy policy(zero);
+    fit(policy, train, test, fo);
+  } else {
+    distributed_data_parallel ddp(model, mesh.group("dp"));
+    any_optimizer opt = make_optimizer(model, o);
+    ddp_policy policy(ddp, opt, {.rank_sections = &pg});  // checkpoints: each rank its slice of the blocks
+    fit(policy, train, test, fo);
+  }
   print_end(pg, parameter_checksum(model));
 }
 

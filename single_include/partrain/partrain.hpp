@@ -23587,6 +23587,7 @@ class streaming_diloco {
 // #include <partrain/parallel/detail/zero_layout.hpp> (above)
 // #include <partrain/parallel/detail/zero_optimizer.hpp> (above)
 // #include <partrain/parallel/detail/zero_space.hpp> (above)
+// #include <partrain/parallel/mesh_clip.hpp> (above)
 
 #if PARTRAIN_HAS_CUDA
 // #include <partrain/cuda/device_guard.hpp> (above)
@@ -23709,6 +23710,7 @@ class sharded_data_parallel {
                                    std::to_string(static_cast<int>(opts_.partition)));
     }
     detail::optim::check_max_grad_norm(opts_.max_grad_norm, where() + "zero_options::max_grad_norm");
+    refuse_split_clipping(opts_.max_grad_norm);
     collect_views();
     at_ = make_place();
     model_stream_ = model_stream(m);
@@ -23841,6 +23843,7 @@ class sharded_data_parallel {
   // The clipping of zero_options::max_grad_norm from the next step on (fit's max_grad_norm).
   void set_max_grad_norm(double v) {
     detail::optim::check_max_grad_norm(v, where() + "set_max_grad_norm");
+    refuse_split_clipping(v);
     opts_.max_grad_norm = v;
   }
   [[nodiscard]] double lr() const noexcept { return optimizer_->lr(); }
@@ -24040,6 +24043,22 @@ class sharded_data_parallel {
     const auto t0 = std::chrono::steady_clock::now();
     f();
     exposed_reduce_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  // A shard mixes slices of tensor-parallel parameters (whose squares add over their group) with
+  // replicated ones (counted once): the norm needs each element's kind, which the flat shard
+  // does not keep yet.
+  void refuse_split_clipping(double max_norm) {
+    if (!(max_norm > 0)) return;
+    for (auto&& p : model_->parameters()) {
+      process_group* g = detail::mesh_clip::shard_group_of(p);
+      if (g && g->size() > 1) {
+        throw config_error(where() + "gradient clipping of a model split over a tensor-parallel group (a parameter names "
+                           "a shard group of " + std::to_string(g->size()) + " ranks) is not supported yet; clip under DDP "
+                           "over the data-parallel dimension (clip_grad_norm counts each parameter once), or train "
+                           "without clipping");
+      }
+    }
   }
 
   void collect_views() {

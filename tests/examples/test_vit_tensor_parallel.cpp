@@ -14,6 +14,7 @@
 #include <partrain/parallel/ddp.hpp>
 #include <partrain/parallel/mesh_clip.hpp>
 #include <partrain/parallel/pipeline/stage.hpp>
+#include <partrain/parallel/zero.hpp>
 #include <partrain/optim/clip.hpp>
 #include <partrain/train/policies.hpp>
 
@@ -227,6 +228,48 @@ TEST_CASE("DP x TP on a 2 x 2 mesh equals one process on the global batch, clipp
     for (std::size_t k = 0; k < want_norms.size(); ++k) CHECK(norms[r][k] == Approx(want_norms[k]).epsilon(1e-5));
   }
   if (max_norm > 0) CHECK(want_norms.front() > 10 * max_norm);
+}
+
+TEST_CASE("DP x TP with ZeRO-1 and ZeRO-2 over dp equals one process on the global batch", "[examples][vit][tensor_parallel][zero]") {
+  const int stage = GENERATE(1, 2);
+  CAPTURE(stage);
+  const auto c = tp_vit(0.0f);
+  const std::size_t half = 3, pixels = c.image * c.image;
+  std::vector<test::synthetic_batch> batches;
+  for (std::uint32_t s = 0; s < 3; ++s) batches.emplace_back(2 * half, pixels, 10, 500 + s);
+  const test::synthetic_batch probe(5, pixels, 10, 997);
+  const rows_batch probe_rows{probe.input(), probe.y};
+
+  sequential whole(ml::make_vit(c, 6), ml::softmax_cross_entropy{});
+  sgd whole_opt(whole, {.lr = 0.1, .momentum = 0.9});
+  for (const auto& b : batches) {
+    (void)whole.train_step(rows_batch{b.input(), b.y});
+    whole_opt.step();
+  }
+  const eval_result want = whole.eval_step(probe_rows);
+
+  std::vector<eval_result> got(4);
+  std::vector<std::string> refused(4);
+  run_local(4, [&](local_group& world) {
+    device_mesh mesh(world, {{"dp", 2}, {"tp", 2}});
+    auto model = mesh_vit(c, mesh);
+    sharded_data_parallel zero(model, mesh.group("dp"), sgd_options{.lr = 0.1, .momentum = 0.9}, {.stage = stage});
+    const auto dp = static_cast<std::size_t>(mesh.coordinate("dp"));
+    for (const auto& b : batches) (void)zero.train_step(dp_rows(b, dp, half, pixels));
+    got[static_cast<std::size_t>(world.rank())] = model.eval_step(probe_rows);
+    try {  // a shard mixes split and replicated parameters: clipping is refused, not miscounted
+      zero.set_max_grad_norm(1.0);
+    } catch (const config_error& e) {
+      refused[static_cast<std::size_t>(world.rank())] = e.what();
+    }
+  });
+  for (std::size_t r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    CHECK(got[r].count == want.count);
+    CHECK(got[r].correct == want.correct);
+    CHECK(got[r].loss_sum == Approx(want.loss_sum).epsilon(1e-5));
+    CHECK_THAT(refused[r], Catch::Contains("gradient clipping of a model split over a tensor-parallel group"));
+  }
 }
 
 TEST_CASE("DP x TP checkpoints: each rank's slice saved and resumed, bit for bit", "[examples][vit][tensor_parallel][checkpoint]") {
