@@ -23710,8 +23710,8 @@ class sharded_data_parallel {
                                    std::to_string(static_cast<int>(opts_.partition)));
     }
     detail::optim::check_max_grad_norm(opts_.max_grad_norm, where() + "zero_options::max_grad_norm");
-    refuse_split_clipping(opts_.max_grad_norm);
     collect_views();
+    note_split_parameters();
     at_ = make_place();
     model_stream_ = model_stream(m);
     at_.after(model_stream_);  // the parameters as the model made them
@@ -23843,7 +23843,6 @@ class sharded_data_parallel {
   // The clipping of zero_options::max_grad_norm from the next step on (fit's max_grad_norm).
   void set_max_grad_norm(double v) {
     detail::optim::check_max_grad_norm(v, where() + "set_max_grad_norm");
-    refuse_split_clipping(v);
     opts_.max_grad_norm = v;
   }
   [[nodiscard]] double lr() const noexcept { return optimizer_->lr(); }
@@ -24045,19 +24044,24 @@ class sharded_data_parallel {
     exposed_reduce_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
-  // A shard mixes slices of tensor-parallel parameters (whose squares add over their group) with
-  // replicated ones (counted once): the norm needs each element's kind, which the flat shard
-  // does not keep yet.
-  void refuse_split_clipping(double max_norm) {
-    if (!(max_norm > 0)) return;
+  // Parameters split over a tensor-parallel group (shard_group(), parallel/mesh_clip.hpp): their
+  // flat ranges, so that clipping adds their squares over that group and counts the replicated
+  // ones once. One group for the whole model.
+  void note_split_parameters() {
+    std::size_t at = 0, i = 0;
     for (auto&& p : model_->parameters()) {
+      const std::size_t n = p.grad().size();
       process_group* g = detail::mesh_clip::shard_group_of(p);
       if (g && g->size() > 1) {
-        throw config_error(where() + "gradient clipping of a model split over a tensor-parallel group (a parameter names "
-                           "a shard group of " + std::to_string(g->size()) + " ranks) is not supported yet; clip under DDP "
-                           "over the data-parallel dimension (clip_grad_norm counts each parameter once), or train "
-                           "without clipping");
+        if (split_group_ && split_group_ != g) {
+          throw invalid_argument_error(where() + "parameter " + detail::param_name(p, i) + " is split over another "
+                                       "tensor-parallel group than the parameters before it (expected one group)");
+        }
+        split_group_ = g;
+        split_.push_back({at, at + n});
       }
+      at += n;
+      ++i;
     }
   }
 
@@ -24293,12 +24297,38 @@ class sharded_data_parallel {
 
   // Global-norm clipping across shards: Σg² of this shard, summed over ranks (one double
   // all_reduce), then clip_grad_norm's rule on the shard.
+  // A model split over a tensor-parallel group: the squares of this shard's elements of split
+  // parameters, summed over the ranks and then over that group, plus the others', summed over
+  // the ranks only (each replicated element counted once).
   void clip_shard() {
     using shard = detail::optim::gradient_only<W, S>;
     const std::array<shard, 1> mine{shard{tensor_view<W, S>(shard_grad_.data(), shard_grad_.size())}};
-    std::array<double, 1> sum{detail::optim::grad_sum_squares(mine, at_.stream())};
-    small_all_reduce(std::span<double>(sum), "gradient-norm all_reduce");
-    last_norm_ = std::sqrt(sum[0]);
+    if (!split_group_) {
+      std::array<double, 1> sum{detail::optim::grad_sum_squares(mine, at_.stream())};
+      small_all_reduce(std::span<double>(sum), "gradient-norm all_reduce");
+      last_norm_ = std::sqrt(sum[0]);
+    } else {
+      std::array<double, 2> sum{0.0, 0.0};  // split, replicated
+      auto squares = [&](std::size_t at, std::size_t n) {
+        return n ? detail::optim::sum_squares(tensor_view<const W, S>(shard_grad_.data() + at, n), at_.stream()) : 0.0;
+      };
+      for (std::size_t k = 0; k < layout_.buckets(); ++k) {
+        const auto r = layout_.real_block(k, rank_);
+        const std::size_t base = layout_.window_begin(k);  // r.begin's place in the shard
+        std::size_t at = r.begin;
+        for (const auto& sp : split_) {
+          const std::size_t lo = std::max(sp.begin, r.begin), hi = std::min(sp.end, r.end);
+          if (lo >= hi) continue;
+          sum[1] += squares(base + (at - r.begin), lo - at);
+          sum[0] += squares(base + (lo - r.begin), hi - lo);
+          at = hi;
+        }
+        sum[1] += squares(base + (at - r.begin), r.end - at);
+      }
+      small_all_reduce(std::span<double>(sum), "gradient-norm all_reduce");
+      detail::mesh_clip::sum_over(*split_group_, sum[0]);
+      last_norm_ = std::sqrt(sum[0] + sum[1]);
+    }
     detail::optim::clip_to_norm(mine, last_norm_, opts_.max_grad_norm, at_.stream());
   }
 
@@ -24410,6 +24440,8 @@ class sharded_data_parallel {
   double last_norm_ = std::nan("");
   bool require_sync_ = true;
   local_group* shared_ = nullptr;  // set when steps run over shared memory (decide_shared)
+  std::vector<detail::zero::flat_range> split_;  // tensor-parallel parameters' flat ranges, ascending
+  process_group* split_group_ = nullptr;         // their group (note_split_parameters)
 };
 
 }  // namespace partrain::inline v0
