@@ -142,7 +142,7 @@ inline void train_fsdp(process_group& pg, const options& o, const datasets& data
 }
 
 // --tp N (the ViT): its blocks split over tensor-parallel groups of N consecutive ranks, on a
-// device_mesh {dp: world / N, tp: N}, DDP (or with --parallel zero1|zero2, ZeRO) between the
+// device_mesh {dp: world / N, tp: N}, DDP (or with --parallel zero1|zero2|fsdp, ZeRO or FSDP) between the
 // groups; the ranks of a group take the same batches, and only the group's first rank prints
 // and writes metrics.
 inline void train_tp(process_group& pg, const options& o, const datasets& data) {
@@ -175,6 +175,10 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
   if (o.parallel == "zero1" || o.parallel == "zero2") {  // the optimizer state (zero2: gradients) sharded over dp
     sharded_data_parallel zero(model, mesh.group("dp"), optimizer_options(o), {.stage = o.parallel == "zero1" ? 1 : 2});
     zero_policy policy(zero);
+    fit(policy, train, test, fo);
+  } else if (o.parallel == "fsdp") {  // parameters too, each layer gathered over dp around its use
+    fully_sharded_data_parallel fsdp(model, mesh.group("dp"), optimizer_options(o), fsdp_options{});
+    fsdp_policy policy(fsdp);
     fit(policy, train, test, fo);
   } else {
     distributed_data_parallel ddp(model, mesh.group("dp"));

@@ -117,7 +117,7 @@ inline constexpr std::string_view usage_text =
     "                            could only take turns with it, else 2)\n"
     "  --checkpoint DIR          save every epoch; resume from DIR when it holds a checkpoint\n"
     "  --tp N                    --model vit: each block's heads and MLP split over N consecutive ranks\n"
-    "                            (tensor parallel), DDP (or --parallel zero1|zero2) over the world / N\n"
+    "                            (tensor parallel), DDP (or --parallel zero1|zero2|fsdp) over the world / N\n"
     "                            groups of them; with\n"
     "                            --parallel pipeline, each of the --stages stages is N such ranks\n"
     "  --sequence-parallel       with --tp N: each rank keeps 1/N of the tokens between the blocks' matrix\n"
@@ -428,15 +428,14 @@ inline void check_pipeline_replicas(const options& o, int replicas) {
   if (o.ranks_per_host > 0 && o.sync != "local-sgd") throw usage_error("--ranks-per-host: with --sync local-sgd only");
   if (o.tp > 1) {
     if (o.model != "vit") throw usage_error("--tp " + std::to_string(o.tp) + ": tensor parallel splits the ViT's blocks (use --model vit)");
-    if ((o.parallel != "ddp" && o.parallel != "zero1" && o.parallel != "zero2" && o.parallel != "pipeline") ||
-        o.sync != "ddp" || o.device != "cpu" || o.precision != "fp32" || o.deterministic > 0) {
-      throw usage_error("--tp: with DDP or ZeRO over the data-parallel dimension, or pipeline stages, on the host in fp32 "
-                        "(--parallel ddp, zero1, zero2 or pipeline, --sync ddp, --device cpu, --precision fp32, no "
-                        "--deterministic)");
+    if (o.parallel == "dp" || o.sync != "ddp" || o.device != "cpu" || o.precision != "fp32" || o.deterministic > 0) {
+      throw usage_error("--tp: with DDP, ZeRO or FSDP over the data-parallel dimension, or pipeline stages, on the host "
+                        "in fp32 (--parallel ddp, zero1, zero2, fsdp or pipeline, --sync ddp, --device cpu, --precision "
+                        "fp32, no --deterministic)");
     }
-    if ((o.parallel == "zero1" || o.parallel == "zero2") && !o.checkpoint.empty()) {
+    if ((o.parallel == "zero1" || o.parallel == "zero2" || o.parallel == "fsdp") && !o.checkpoint.empty()) {
       throw usage_error("--tp with --parallel " + o.parallel + ": not yet with --checkpoint (each tensor-parallel "
-                        "coordinate's ZeRO shards would write the same files)");
+                        "coordinate's shards would write the same files)");
     }
     if (o.parallel == "pipeline" && !o.checkpoint.empty()) {
       throw usage_error("--tp with --parallel pipeline: not yet with --checkpoint (a stage's files are per stage, and its "

@@ -16308,15 +16308,19 @@ template <class M, class C, class Range>
 //
 //   clip_grad_norm(model, 1.0, std::array{&mesh.group("pp")});   // PP x TP (x DP under DDP)
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 // #include <partrain/comm/process_group.hpp> (above)
 // #include <partrain/comm/reduce_op.hpp> (above)
+// #include <partrain/core/error.hpp> (above)
 // #include <partrain/model/concepts.hpp> (above)
 // #include <partrain/model/traits.hpp> (above)
 // #include <partrain/optim/clip.hpp> (above)
@@ -16338,6 +16342,76 @@ template <class P>
 inline void sum_over(process_group& g, double& v) {
   host_collective(
       g, std::span<double>(&v, 1), [&](auto view) { return g.all_reduce(view, reduce_op::sum); }, [](auto&& w) { w.wait(); });
+}
+
+// For the sharded modes (ZeRO, FSDP), whose shards are ranges of a flat parameter space that mix
+// elements of split and replicated parameters:
+
+// [begin, end) of a flat parameter space.
+struct flat_span {
+  std::size_t begin = 0, end = 0;
+};
+// The flat ranges of the parameters that name a shard group of 2 or more ranks, ascending, and
+// that group (null when none; one group for all of them, or add throws). add() takes the
+// parameters in flat order.
+struct split_parameters {
+  std::vector<flat_span> ranges;
+  process_group* group = nullptr;
+  std::size_t at = 0;  // the flat space so far
+
+  template <class P>
+  void add(P&& p, const std::string& where) {
+    const std::size_t n = p.grad().size();
+    process_group* g = shard_group_of(p);
+    if (g && g->size() > 1) {
+      if (group && group != g) {
+        throw invalid_argument_error(where + "parameters split over two different tensor-parallel groups (expected "
+                                     "one group for the model)");
+      }
+      group = g;
+      ranges.push_back({at, at + n});
+    }
+    at += n;
+  }
+};
+template <class Params>
+[[nodiscard]] split_parameters find_split(Params&& params, const std::string& where) {
+  split_parameters out;
+  for (auto&& p : params) out.add(p, where);
+  return out;
+}
+// The squares of a shard's gradient elements [begin, end) of that flat space (data: the element
+// at begin), as {inside the split ranges, the rest}.
+template <class T, class S>
+[[nodiscard]] std::array<double, 2> split_squares(const T* data, std::size_t begin, std::size_t end,
+                                                  const std::vector<flat_span>& split, void* stream) {
+  std::array<double, 2> sum{0.0, 0.0};
+  auto squares = [&](std::size_t from, std::size_t to) {
+    return to > from ? detail::optim::sum_squares(tensor_view<const T, S>(data + (from - begin), to - from), stream) : 0.0;
+  };
+  std::size_t at = begin;
+  for (const auto& sp : split) {
+    const std::size_t lo = std::max(sp.begin, begin), hi = std::min(sp.end, end);
+    if (lo >= hi) continue;
+    sum[1] += squares(at, lo);
+    sum[0] += squares(lo, hi);
+    at = hi;
+  }
+  sum[1] += squares(at, end);
+  return sum;
+}
+// The global norm from every shard's {split, rest} squares: sum_ranks adds them over the shards'
+// ranks, then the split part adds over the tensor-parallel group (its ranks hold different
+// slices), the rest not (its ranks hold copies).
+template <class SumRanks>
+[[nodiscard]] double split_norm(std::array<double, 2> sums, SumRanks&& sum_ranks, process_group* group) {
+  if (!group) {  // nothing split: one double over the ranks, as before there was tensor parallelism
+    sum_ranks(std::span<double>(&sums[1], 1));
+    return std::sqrt(sums[1]);
+  }
+  sum_ranks(std::span<double>(sums));
+  sum_over(*group, sums[0]);
+  return std::sqrt(sums[0] + sums[1]);
 }
 
 }  // namespace detail::mesh_clip
@@ -19210,6 +19284,7 @@ struct place<cuda> {
 // #include <partrain/model/sequential.hpp> (above)
 // #include <partrain/model/traits.hpp> (above)
 // #include <partrain/optim/clip.hpp> (above)
+// #include <partrain/parallel/mesh_clip.hpp> (above)
 // #include <partrain/optim/optimizer.hpp> (above)
 // #include <partrain/parallel/detail/ddp_elements.hpp> (above)
 // #include <partrain/parallel/detail/buffers.hpp> (above)
@@ -19679,6 +19754,7 @@ class fully_sharded_data_parallel {
     std::vector<shape> shapes;  // its parameters', in order
     detail::fsdp::chunking chunks;
     detail::zero::flat_range mine;
+    detail::mesh_clip::split_parameters split;  // its tensor-parallel parameters' ranges (clipping)
     std::size_t chunk_at = 0;  // of its chunk in values_ and grads_ (chunk() elements each)
     std::size_t state_at = 0;  // of its real elements in the optimizer's state
     buffer full;               // gathered parameters (also while the all_gather is in flight)
@@ -19771,6 +19847,7 @@ class fully_sharded_data_parallel {
                                        " gradient elements (expected the same shape)");
         }
         u.shapes.push_back(v.shape());
+        u.split.add(p, where());  // (a layer of empty parameters adds nothing)
         here += v.size();
         ++k;
       }
@@ -20212,15 +20289,29 @@ class fully_sharded_data_parallel {
   }
 
   // Global-norm clipping across ranks: Σg² of this rank's chunks, summed over ranks (one double
-  // all_reduce), then clip_grad_norm's rule on the chunks.
+  // all_reduce), then clip_grad_norm's rule on the chunks. Layers split over a tensor-parallel
+  // group: their split parameters' squares add over that group too, the replicated ones' do not.
   void clip_chunks() {
     std::vector<detail::optim::gradient_only<float, S>> mine;
-    for (const auto& x : units_) {
-      if (x.mine.size()) mine.push_back({tensor_view<float, S>(grads_.data() + x.chunk_at, x.mine.size())});
+    std::array<double, 2> sum{0.0, 0.0};  // split parameters' elements, the rest
+    process_group* group = nullptr;
+    for (auto& x : units_) {
+      if (!x.mine.size()) continue;
+      const tensor_view<float, S> g(grads_.data() + x.chunk_at, x.mine.size());
+      mine.push_back({g});
+      if (x.split.group) {
+        if (group && group != x.split.group) {
+          throw invalid_argument_error(where() + unit_name(x) + " is split over another tensor-parallel group than the "
+                                       "layers before it (expected one group for the model)");
+        }
+        group = x.split.group;
+      }
+      const auto s = detail::mesh_clip::split_squares<float, S>(g.data(), x.mine.begin, x.mine.end, x.split.ranges, at_.stream());
+      sum[0] += s[0];
+      sum[1] += s[1];
     }
-    std::array<double, 1> sum{detail::optim::grad_sum_squares(mine, at_.stream())};
-    small_all_reduce(std::span<double>(sum), "gradient-norm all_reduce");
-    last_norm_ = std::sqrt(sum[0]);
+    last_norm_ = detail::mesh_clip::split_norm(
+        sum, [&](std::span<double> v) { small_all_reduce(v, "gradient-norm all_reduce"); }, group);
     detail::optim::clip_to_norm(mine, last_norm_, opts_.max_grad_norm, at_.stream());
   }
 
@@ -24046,24 +24137,8 @@ class sharded_data_parallel {
 
   // Parameters split over a tensor-parallel group (shard_group(), parallel/mesh_clip.hpp): their
   // flat ranges, so that clipping adds their squares over that group and counts the replicated
-  // ones once. One group for the whole model.
-  void note_split_parameters() {
-    std::size_t at = 0, i = 0;
-    for (auto&& p : model_->parameters()) {
-      const std::size_t n = p.grad().size();
-      process_group* g = detail::mesh_clip::shard_group_of(p);
-      if (g && g->size() > 1) {
-        if (split_group_ && split_group_ != g) {
-          throw invalid_argument_error(where() + "parameter " + detail::param_name(p, i) + " is split over another "
-                                       "tensor-parallel group than the parameters before it (expected one group)");
-        }
-        split_group_ = g;
-        split_.push_back({at, at + n});
-      }
-      at += n;
-      ++i;
-    }
-  }
+  // ones once.
+  void note_split_parameters() { split_ = detail::mesh_clip::find_split(model_->parameters(), where()); }
 
   void collect_views() {
     std::vector<tensor_view<T, S>> values, grads;
@@ -24297,38 +24372,26 @@ class sharded_data_parallel {
 
   // Global-norm clipping across shards: Σg² of this shard, summed over ranks (one double
   // all_reduce), then clip_grad_norm's rule on the shard.
-  // A model split over a tensor-parallel group: the squares of this shard's elements of split
-  // parameters, summed over the ranks and then over that group, plus the others', summed over
-  // the ranks only (each replicated element counted once).
+  // Global-norm clipping across shards: Σg² of this shard, summed over ranks (one double
+  // all_reduce), then clip_grad_norm's rule on the shard. A model split over a tensor-parallel
+  // group: its split parameters' squares add over that group too, the replicated ones' do not.
   void clip_shard() {
     using shard = detail::optim::gradient_only<W, S>;
     const std::array<shard, 1> mine{shard{tensor_view<W, S>(shard_grad_.data(), shard_grad_.size())}};
-    if (!split_group_) {
-      std::array<double, 1> sum{detail::optim::grad_sum_squares(mine, at_.stream())};
-      small_all_reduce(std::span<double>(sum), "gradient-norm all_reduce");
-      last_norm_ = std::sqrt(sum[0]);
+    std::array<double, 2> sum{0.0, 0.0};  // split parameters' elements, the rest
+    if (!split_.group) {
+      sum[1] = detail::optim::grad_sum_squares(mine, at_.stream());
     } else {
-      std::array<double, 2> sum{0.0, 0.0};  // split, replicated
-      auto squares = [&](std::size_t at, std::size_t n) {
-        return n ? detail::optim::sum_squares(tensor_view<const W, S>(shard_grad_.data() + at, n), at_.stream()) : 0.0;
-      };
       for (std::size_t k = 0; k < layout_.buckets(); ++k) {
         const auto r = layout_.real_block(k, rank_);
-        const std::size_t base = layout_.window_begin(k);  // r.begin's place in the shard
-        std::size_t at = r.begin;
-        for (const auto& sp : split_) {
-          const std::size_t lo = std::max(sp.begin, r.begin), hi = std::min(sp.end, r.end);
-          if (lo >= hi) continue;
-          sum[1] += squares(base + (at - r.begin), lo - at);
-          sum[0] += squares(base + (lo - r.begin), hi - lo);
-          at = hi;
-        }
-        sum[1] += squares(base + (at - r.begin), r.end - at);
+        const auto s = detail::mesh_clip::split_squares<W, S>(shard_grad_.data() + layout_.window_begin(k), r.begin, r.end,
+                                                               split_.ranges, at_.stream());
+        sum[0] += s[0];
+        sum[1] += s[1];
       }
-      small_all_reduce(std::span<double>(sum), "gradient-norm all_reduce");
-      detail::mesh_clip::sum_over(*split_group_, sum[0]);
-      last_norm_ = std::sqrt(sum[0] + sum[1]);
     }
+    last_norm_ = detail::mesh_clip::split_norm(
+        sum, [&](std::span<double> v) { small_all_reduce(v, "gradient-norm all_reduce"); }, split_.group);
     detail::optim::clip_to_norm(mine, last_norm_, opts_.max_grad_norm, at_.stream());
   }
 
@@ -24440,8 +24503,7 @@ class sharded_data_parallel {
   double last_norm_ = std::nan("");
   bool require_sync_ = true;
   local_group* shared_ = nullptr;  // set when steps run over shared memory (decide_shared)
-  std::vector<detail::zero::flat_range> split_;  // tensor-parallel parameters' flat ranges, ascending
-  process_group* split_group_ = nullptr;         // their group (note_split_parameters)
+  detail::mesh_clip::split_parameters split_;  // tensor-parallel parameters' flat ranges and group
 };
 
 }  // namespace partrain::inline v0

@@ -112,11 +112,14 @@ TEST_CASE("example options: bad input names the flag and what was expected", "[e
   CHECK_THROWS_WITH(parse_options({"--tp", "1"}), Catch::Contains("--tp: this run") &&
                                                    Catch::Contains("--model vit with --parallel ddp"));
   CHECK_THROWS_WITH(parse_options({"--tp", "2"}), Catch::Contains("splits the ViT's blocks"));
-  CHECK_THROWS_WITH(parse_options({"--model", "vit", "--tp", "2", "--parallel", "fsdp"}),
-                    Catch::Contains("--tp: with DDP or ZeRO over the data-parallel dimension"));
+  CHECK(parse_options({"--model", "vit", "--tp", "2", "--parallel", "fsdp"}).parallel == "fsdp");
+  CHECK_THROWS_WITH(parse_options({"--model", "vit", "--tp", "2", "--sync", "diloco"}),
+                    Catch::Contains("--tp: with DDP, ZeRO or FSDP over the data-parallel dimension"));
   CHECK(parse_options({"--model", "vit", "--tp", "2", "--parallel", "zero2"}).parallel == "zero2");
   CHECK_THROWS_WITH(parse_options({"--model", "vit", "--tp", "2", "--parallel", "zero1", "--checkpoint", "d"}),
                     Catch::Contains("--tp with --parallel zero1: not yet with --checkpoint"));
+  CHECK_THROWS_WITH(parse_options({"--model", "vit", "--tp", "2", "--parallel", "fsdp", "--checkpoint", "d"}),
+                    Catch::Contains("--tp with --parallel fsdp: not yet with --checkpoint"));
   CHECK_THROWS_WITH(parse_options({"--model", "vit", "--tp", "2", "--recompute", "full"}), Catch::Contains("--tp: not yet with"));
   // --tp with pipeline stages: tp ranks per stage, no checkpoint yet.
   const auto pp_tp = parse_options({"--model", "vit", "--tp", "2", "--parallel", "pipeline", "--stages", "2", "--backend", "local"});

@@ -14,6 +14,7 @@
 #include <partrain/parallel/ddp.hpp>
 #include <partrain/parallel/mesh_clip.hpp>
 #include <partrain/parallel/pipeline/stage.hpp>
+#include <partrain/parallel/fsdp.hpp>
 #include <partrain/parallel/zero.hpp>
 #include <partrain/optim/clip.hpp>
 #include <partrain/train/policies.hpp>
@@ -230,11 +231,11 @@ TEST_CASE("DP x TP on a 2 x 2 mesh equals one process on the global batch, clipp
   if (max_norm > 0) CHECK(want_norms.front() > 10 * max_norm);
 }
 
-TEST_CASE("DP x TP with ZeRO-1 and ZeRO-2 over dp equals one process on the global batch, clipped or not",
-          "[examples][vit][tensor_parallel][zero]") {
-  // ZeRO's shards mix split parameters' elements (their squares add over tp) with replicated ones
+TEST_CASE("DP x TP with ZeRO-1, ZeRO-2 or FSDP over dp equals one process on the global batch, clipped or not",
+          "[examples][vit][tensor_parallel][zero][fsdp]") {
+  // The shards mix split parameters' elements (their squares add over tp) with replicated ones
   // (counted once): clipping at 0.05 (every step clips) needs both right.
-  const int stage = GENERATE(1, 2);
+  const int stage = GENERATE(1, 2, 3);  // 3: FSDP
   const double max_norm = GENERATE(0.0, 0.05);
   CAPTURE(stage, max_norm);
   const auto c = tp_vit(0.0f);
@@ -259,14 +260,26 @@ TEST_CASE("DP x TP with ZeRO-1 and ZeRO-2 over dp equals one process on the glob
   run_local(4, [&](local_group& world) {
     device_mesh mesh(world, {{"dp", 2}, {"tp", 2}});
     auto model = mesh_vit(c, mesh);
-    sharded_data_parallel zero(model, mesh.group("dp"), sgd_options{.lr = 0.1, .momentum = 0.9},
-                               {.stage = stage, .max_grad_norm = max_norm});
     const auto dp = static_cast<std::size_t>(mesh.coordinate("dp"));
-    for (const auto& b : batches) {
-      (void)zero.train_step(dp_rows(b, dp, half, pixels));
-      if (max_norm > 0) norms[static_cast<std::size_t>(world.rank())].push_back(zero.last_grad_norm());
+    const sgd_options o{.lr = 0.1, .momentum = 0.9};
+    auto train = [&](auto& mode) {
+      for (const auto& b : batches) {
+        const rows_batch mine = dp_rows(b, dp, half, pixels);
+        (void)mode.train_step(batch{mine.features, tensor_view<const std::int32_t>(mine.labels), {}});
+        if (max_norm > 0) norms[static_cast<std::size_t>(world.rank())].push_back(mode.last_grad_norm());
+      }
+    };
+    if (stage == 3) {
+      fully_sharded_data_parallel fsdp(model, mesh.group("dp"), o, {.max_grad_norm = max_norm});
+      train(fsdp);
+      std::vector<batch> mine;  // FSDP sums its ranks' evaluations: the probe on one replica
+      if (dp == 0) mine.push_back(batch{probe.input(), probe.labels(), {}});
+      got[static_cast<std::size_t>(world.rank())] = fsdp.evaluate(mine);
+    } else {
+      sharded_data_parallel zero(model, mesh.group("dp"), o, {.stage = stage, .max_grad_norm = max_norm});
+      train(zero);
+      got[static_cast<std::size_t>(world.rank())] = model.eval_step(probe_rows);
     }
-    got[static_cast<std::size_t>(world.rank())] = model.eval_step(probe_rows);
   });
   for (std::size_t r = 0; r < 4; ++r) {
     CAPTURE(r);

@@ -56,6 +56,7 @@
 #include <partrain/model/sequential.hpp>
 #include <partrain/model/traits.hpp>
 #include <partrain/optim/clip.hpp>
+#include <partrain/parallel/mesh_clip.hpp>
 #include <partrain/optim/optimizer.hpp>
 #include <partrain/parallel/detail/ddp_elements.hpp>
 #include <partrain/parallel/detail/buffers.hpp>
@@ -525,6 +526,7 @@ class fully_sharded_data_parallel {
     std::vector<shape> shapes;  // its parameters', in order
     detail::fsdp::chunking chunks;
     detail::zero::flat_range mine;
+    detail::mesh_clip::split_parameters split;  // its tensor-parallel parameters' ranges (clipping)
     std::size_t chunk_at = 0;  // of its chunk in values_ and grads_ (chunk() elements each)
     std::size_t state_at = 0;  // of its real elements in the optimizer's state
     buffer full;               // gathered parameters (also while the all_gather is in flight)
@@ -617,6 +619,7 @@ class fully_sharded_data_parallel {
                                        " gradient elements (expected the same shape)");
         }
         u.shapes.push_back(v.shape());
+        u.split.add(p, where());  // (a layer of empty parameters adds nothing)
         here += v.size();
         ++k;
       }
@@ -1058,15 +1061,29 @@ class fully_sharded_data_parallel {
   }
 
   // Global-norm clipping across ranks: Σg² of this rank's chunks, summed over ranks (one double
-  // all_reduce), then clip_grad_norm's rule on the chunks.
+  // all_reduce), then clip_grad_norm's rule on the chunks. Layers split over a tensor-parallel
+  // group: their split parameters' squares add over that group too, the replicated ones' do not.
   void clip_chunks() {
     std::vector<detail::optim::gradient_only<float, S>> mine;
-    for (const auto& x : units_) {
-      if (x.mine.size()) mine.push_back({tensor_view<float, S>(grads_.data() + x.chunk_at, x.mine.size())});
+    std::array<double, 2> sum{0.0, 0.0};  // split parameters' elements, the rest
+    process_group* group = nullptr;
+    for (auto& x : units_) {
+      if (!x.mine.size()) continue;
+      const tensor_view<float, S> g(grads_.data() + x.chunk_at, x.mine.size());
+      mine.push_back({g});
+      if (x.split.group) {
+        if (group && group != x.split.group) {
+          throw invalid_argument_error(where() + unit_name(x) + " is split over another tensor-parallel group than the "
+                                       "layers before it (expected one group for the model)");
+        }
+        group = x.split.group;
+      }
+      const auto s = detail::mesh_clip::split_squares<float, S>(g.data(), x.mine.begin, x.mine.end, x.split.ranges, at_.stream());
+      sum[0] += s[0];
+      sum[1] += s[1];
     }
-    std::array<double, 1> sum{detail::optim::grad_sum_squares(mine, at_.stream())};
-    small_all_reduce(std::span<double>(sum), "gradient-norm all_reduce");
-    last_norm_ = std::sqrt(sum[0]);
+    last_norm_ = detail::mesh_clip::split_norm(
+        sum, [&](std::span<double> v) { small_all_reduce(v, "gradient-norm all_reduce"); }, group);
     detail::optim::clip_to_norm(mine, last_norm_, opts_.max_grad_norm, at_.stream());
   }
 

@@ -10,15 +10,19 @@
 //   clip_grad_norm(model, 1.0, std::array{&mesh.group("pp")});   // PP x TP (x DP under DDP)
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <partrain/comm/process_group.hpp>
 #include <partrain/comm/reduce_op.hpp>
+#include <partrain/core/error.hpp>
 #include <partrain/model/concepts.hpp>
 #include <partrain/model/traits.hpp>
 #include <partrain/optim/clip.hpp>
@@ -40,6 +44,76 @@ template <class P>
 inline void sum_over(process_group& g, double& v) {
   host_collective(
       g, std::span<double>(&v, 1), [&](auto view) { return g.all_reduce(view, reduce_op::sum); }, [](auto&& w) { w.wait(); });
+}
+
+// For the sharded modes (ZeRO, FSDP), whose shards are ranges of a flat parameter space that mix
+// elements of split and replicated parameters:
+
+// [begin, end) of a flat parameter space.
+struct flat_span {
+  std::size_t begin = 0, end = 0;
+};
+// The flat ranges of the parameters that name a shard group of 2 or more ranks, ascending, and
+// that group (null when none; one group for all of them, or add throws). add() takes the
+// parameters in flat order.
+struct split_parameters {
+  std::vector<flat_span> ranges;
+  process_group* group = nullptr;
+  std::size_t at = 0;  // the flat space so far
+
+  template <class P>
+  void add(P&& p, const std::string& where) {
+    const std::size_t n = p.grad().size();
+    process_group* g = shard_group_of(p);
+    if (g && g->size() > 1) {
+      if (group && group != g) {
+        throw invalid_argument_error(where + "parameters split over two different tensor-parallel groups (expected "
+                                     "one group for the model)");
+      }
+      group = g;
+      ranges.push_back({at, at + n});
+    }
+    at += n;
+  }
+};
+template <class Params>
+[[nodiscard]] split_parameters find_split(Params&& params, const std::string& where) {
+  split_parameters out;
+  for (auto&& p : params) out.add(p, where);
+  return out;
+}
+// The squares of a shard's gradient elements [begin, end) of that flat space (data: the element
+// at begin), as {inside the split ranges, the rest}.
+template <class T, class S>
+[[nodiscard]] std::array<double, 2> split_squares(const T* data, std::size_t begin, std::size_t end,
+                                                  const std::vector<flat_span>& split, void* stream) {
+  std::array<double, 2> sum{0.0, 0.0};
+  auto squares = [&](std::size_t from, std::size_t to) {
+    return to > from ? detail::optim::sum_squares(tensor_view<const T, S>(data + (from - begin), to - from), stream) : 0.0;
+  };
+  std::size_t at = begin;
+  for (const auto& sp : split) {
+    const std::size_t lo = std::max(sp.begin, begin), hi = std::min(sp.end, end);
+    if (lo >= hi) continue;
+    sum[1] += squares(at, lo);
+    sum[0] += squares(lo, hi);
+    at = hi;
+  }
+  sum[1] += squares(at, end);
+  return sum;
+}
+// The global norm from every shard's {split, rest} squares: sum_ranks adds them over the shards'
+// ranks, then the split part adds over the tensor-parallel group (its ranks hold different
+// slices), the rest not (its ranks hold copies).
+template <class SumRanks>
+[[nodiscard]] double split_norm(std::array<double, 2> sums, SumRanks&& sum_ranks, process_group* group) {
+  if (!group) {  // nothing split: one double over the ranks, as before there was tensor parallelism
+    sum_ranks(std::span<double>(&sums[1], 1));
+    return std::sqrt(sums[1]);
+  }
+  sum_ranks(std::span<double>(sums));
+  sum_over(*group, sums[0]);
+  return std::sqrt(sums[0] + sums[1]);
 }
 
 }  // namespace detail::mesh_clip

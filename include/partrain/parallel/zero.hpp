@@ -519,24 +519,8 @@ class sharded_data_parallel {
 
   // Parameters split over a tensor-parallel group (shard_group(), parallel/mesh_clip.hpp): their
   // flat ranges, so that clipping adds their squares over that group and counts the replicated
-  // ones once. One group for the whole model.
-  void note_split_parameters() {
-    std::size_t at = 0, i = 0;
-    for (auto&& p : model_->parameters()) {
-      const std::size_t n = p.grad().size();
-      process_group* g = detail::mesh_clip::shard_group_of(p);
-      if (g && g->size() > 1) {
-        if (split_group_ && split_group_ != g) {
-          throw invalid_argument_error(where() + "parameter " + detail::param_name(p, i) + " is split over another "
-                                       "tensor-parallel group than the parameters before it (expected one group)");
-        }
-        split_group_ = g;
-        split_.push_back({at, at + n});
-      }
-      at += n;
-      ++i;
-    }
-  }
+  // ones once.
+  void note_split_parameters() { split_ = detail::mesh_clip::find_split(model_->parameters(), where()); }
 
   void collect_views() {
     std::vector<tensor_view<T, S>> values, grads;
@@ -770,38 +754,26 @@ class sharded_data_parallel {
 
   // Global-norm clipping across shards: Σg² of this shard, summed over ranks (one double
   // all_reduce), then clip_grad_norm's rule on the shard.
-  // A model split over a tensor-parallel group: the squares of this shard's elements of split
-  // parameters, summed over the ranks and then over that group, plus the others', summed over
-  // the ranks only (each replicated element counted once).
+  // Global-norm clipping across shards: Σg² of this shard, summed over ranks (one double
+  // all_reduce), then clip_grad_norm's rule on the shard. A model split over a tensor-parallel
+  // group: its split parameters' squares add over that group too, the replicated ones' do not.
   void clip_shard() {
     using shard = detail::optim::gradient_only<W, S>;
     const std::array<shard, 1> mine{shard{tensor_view<W, S>(shard_grad_.data(), shard_grad_.size())}};
-    if (!split_group_) {
-      std::array<double, 1> sum{detail::optim::grad_sum_squares(mine, at_.stream())};
-      small_all_reduce(std::span<double>(sum), "gradient-norm all_reduce");
-      last_norm_ = std::sqrt(sum[0]);
+    std::array<double, 2> sum{0.0, 0.0};  // split parameters' elements, the rest
+    if (!split_.group) {
+      sum[1] = detail::optim::grad_sum_squares(mine, at_.stream());
     } else {
-      std::array<double, 2> sum{0.0, 0.0};  // split, replicated
-      auto squares = [&](std::size_t at, std::size_t n) {
-        return n ? detail::optim::sum_squares(tensor_view<const W, S>(shard_grad_.data() + at, n), at_.stream()) : 0.0;
-      };
       for (std::size_t k = 0; k < layout_.buckets(); ++k) {
         const auto r = layout_.real_block(k, rank_);
-        const std::size_t base = layout_.window_begin(k);  // r.begin's place in the shard
-        std::size_t at = r.begin;
-        for (const auto& sp : split_) {
-          const std::size_t lo = std::max(sp.begin, r.begin), hi = std::min(sp.end, r.end);
-          if (lo >= hi) continue;
-          sum[1] += squares(base + (at - r.begin), lo - at);
-          sum[0] += squares(base + (lo - r.begin), hi - lo);
-          at = hi;
-        }
-        sum[1] += squares(base + (at - r.begin), r.end - at);
+        const auto s = detail::mesh_clip::split_squares<W, S>(shard_grad_.data() + layout_.window_begin(k), r.begin, r.end,
+                                                               split_.ranges, at_.stream());
+        sum[0] += s[0];
+        sum[1] += s[1];
       }
-      small_all_reduce(std::span<double>(sum), "gradient-norm all_reduce");
-      detail::mesh_clip::sum_over(*split_group_, sum[0]);
-      last_norm_ = std::sqrt(sum[0] + sum[1]);
     }
+    last_norm_ = detail::mesh_clip::split_norm(
+        sum, [&](std::span<double> v) { small_all_reduce(v, "gradient-norm all_reduce"); }, split_.group);
     detail::optim::clip_to_norm(mine, last_norm_, opts_.max_grad_norm, at_.stream());
   }
 
@@ -913,8 +885,7 @@ class sharded_data_parallel {
   double last_norm_ = std::nan("");
   bool require_sync_ = true;
   local_group* shared_ = nullptr;  // set when steps run over shared memory (decide_shared)
-  std::vector<detail::zero::flat_range> split_;  // tensor-parallel parameters' flat ranges, ascending
-  process_group* split_group_ = nullptr;         // their group (note_split_parameters)
+  detail::mesh_clip::split_parameters split_;  // tensor-parallel parameters' flat ranges and group
 };
 
 }  // namespace partrain::inline v0
