@@ -405,34 +405,49 @@ class basic_transformer_block {
     heads_ = full.heads_ / tp.size;
     hidden_ = full.hidden_ / tp.size;
     width_ = full.dim_ / tp.size;
-    const std::size_t d = dim_, w = width_, f = hidden_, r = tp.rank;
-    auto& src = const_cast<basic_transformer_block&>(full).params_;
-    // rows [row0, row0 + rows) of an [R, cols] matrix, or columns [col0, col0 + n) of every row.
-    auto rows_of = [&](std::size_t i, std::size_t row0, std::size_t rows, std::size_t cols, T* to) {
-      const T* from = src[i].value().data() + row0 * cols;
-      std::copy(from, from + rows * cols, to);
-    };
-    auto cols_of = [&](std::size_t i, std::size_t rows, std::size_t cols, std::size_t col0, std::size_t n, T* to) {
-      for (std::size_t k = 0; k < rows; ++k) {
-        const T* from = src[i].value().data() + k * cols + col0;
-        std::copy(from, from + n, to + k * n);
-      }
-    };
+    const std::size_t d = dim_, w = width_, f = hidden_;
     for (const auto& sh : {shape{d}, shape{d}, shape{3 * w, d}, shape{3 * w}, shape{d, w}, shape{d}, shape{d}, shape{d},
                           shape{f, d}, shape{f}, shape{d, f}, shape{d}}) {
       params_.emplace_back(sh);
     }
-    for (const auto i : {ln1_g, ln1_b, proj_b, ln2_g, ln2_b, fc2_b}) rows_of(i, 0, 1, d, params_[i].value().data());
-    for (std::size_t part = 0; part < 3; ++part) {  // this rank's queries, keys and values
-      rows_of(qkv_w, part * d + r * w, w, d, params_[qkv_w].value().data() + part * w * d);
-      rows_of(qkv_b, part * d + r * w, w, 1, params_[qkv_b].value().data() + part * w);
+    auto& src = const_cast<basic_transformer_block&>(full).params_;
+    for (std::size_t i = 0; i < param_count; ++i) {
+      const T* from = src[i].value().data();
+      T* to = params_[i].value().data();
+      for_each_run(i, tp.rank, [&](std::size_t at_whole, std::size_t at_part, std::size_t n) {
+        std::copy_n(from + at_whole, n, to + at_part);
+      });
     }
-    cols_of(proj_w, d, d, r * w, w, params_[proj_w].value().data());
-    rows_of(fc1_w, r * f, f, d, params_[fc1_w].value().data());
-    rows_of(fc1_b, r * f, f, 1, params_[fc1_b].value().data());
-    cols_of(fc2_w, d, full.hidden_, r * f, f, params_[fc2_w].value().data());
     if (tp.size > 1) {
       for (const auto i : {qkv_w, qkv_b, proj_w, fc1_w, fc1_b, fc2_w}) params_[i].set_shard_group(tp.group);
+    }
+  }
+
+  // Collective over the tensor-parallel group: every rank's slices put together into `whole`, a
+  // whole block of the same sizes (what an export of a tensor-parallel run writes).
+  void gather_into(basic_transformer_block& whole) {
+    if (whole.tp_.size != 1 || whole.dim_ != dim_ || whole.heads_ != heads_ * tp_.size || whole.hidden_ != hidden_ * tp_.size) {
+      throw invalid_argument_error("transformer_block::gather_into: a whole block of dim " + std::to_string(dim_) + ", " +
+                                   std::to_string(heads_ * tp_.size) + " heads and hidden width " +
+                                   std::to_string(hidden_ * tp_.size) + " (got another)");
+    }
+    for (std::size_t i = 0; i < param_count; ++i) {
+      const auto mine = params_[i].value();
+      T* to = whole.params_[i].value().data();
+      if (!is_split(i) || tp_.size == 1) {
+        std::copy_n(mine.data(), mine.size(), to);  // replicated: every rank's copy is the same
+        continue;
+      }
+      std::vector<T> all(mine.size() * tp_.size);
+      vit_detail::check_float_tp(std::is_same_v<T, float>);
+      if constexpr (std::is_same_v<T, float>) {
+        tp_.group->all_gather(tensor_view<const float>(mine.data(), shape{mine.size()}), tensor_view<float>(all.data(), shape{all.size()})).wait();
+      }
+      for (std::size_t q = 0; q < tp_.size; ++q) {
+        for_each_run(i, q, [&](std::size_t at_whole, std::size_t at_part, std::size_t n) {
+          std::copy_n(all.data() + q * mine.size() + at_part, n, to + at_whole);
+        });
+      }
     }
   }
 
@@ -620,6 +635,37 @@ class basic_transformer_block {
     }
   }
   [[nodiscard]] bool sp() const noexcept { return tp_.size > 1 && tp_.sequence_parallel; }
+
+  // Parameter i is split over the tensor-parallel group (else replicated).
+  [[nodiscard]] static bool is_split(std::size_t i) noexcept {
+    return i == qkv_w || i == qkv_b || i == proj_w || i == fc1_w || i == fc1_b || i == fc2_w;
+  }
+  // Where rank r's slice of parameter i lies in the whole parameter, as runs f(at in the whole,
+  // at in the slice, count): its heads' rows of each of the query, key and value parts of qkv,
+  // its heads' columns of proj, its hidden units' rows of fc1 and columns of fc2; a replicated
+  // parameter is one run. The one map the shard constructor and gather_into both read.
+  template <class F>
+  void for_each_run(std::size_t i, std::size_t r, F&& f) {
+    const std::size_t d = dim_, w = width_, fl = hidden_, full_f = hidden_ * tp_size(), n = params_[i].value().size();
+    switch (i) {
+      case qkv_w:
+      case qkv_b: {
+        const std::size_t cols = i == qkv_w ? d : 1;
+        for (std::size_t part = 0; part < 3; ++part) f((part * d + r * w) * cols, part * w * cols, w * cols);
+        return;
+      }
+      case proj_w:
+        for (std::size_t k = 0; k < d; ++k) f(k * d + r * w, k * w, w);
+        return;
+      case fc1_w: f(r * fl * d, 0, fl * d); return;
+      case fc1_b: f(r * fl, 0, fl); return;
+      case fc2_w:
+        for (std::size_t k = 0; k < d; ++k) f(k * full_f + r * fl, k * fl, fl);
+        return;
+      default: f(0, 0, n); return;  // replicated
+    }
+  }
+  [[nodiscard]] std::size_t tp_size() const noexcept { return dim_ / width_; }
 
   // y [ms, dim] = this rank's rows of the group's sum of x [m, in] W^T (this rank's columns of
   // W), then + b: an all-reduce, or under sequence parallelism a reduce-scatter of the tokens.
@@ -1013,6 +1059,58 @@ struct basic_vit {
   }
 };
 
+namespace vit_detail {
+
+// make_vit's whole model, its layers as they are: the embedding, the blocks, the head.
+struct vit_parts {
+  patch_embed* embed;
+  std::vector<transformer_block*> blocks;
+  vit_head* head;
+};
+inline vit_parts parts_of(host_model& m, const vit_config& c, const char* where) {
+  vit_parts out{m.empty() ? nullptr : dynamic_cast<patch_embed*>(m.front().get()), {},
+                m.empty() ? nullptr : dynamic_cast<vit_head*>(m.back().get())};
+  for (std::size_t i = 1; i + 1 < m.size(); ++i) out.blocks.push_back(dynamic_cast<transformer_block*>(m[i].get()));
+  const bool ok = out.embed && out.head && out.blocks.size() == c.depth &&
+                  std::ranges::none_of(out.blocks, [](auto* b) { return b == nullptr; });
+  if (!ok) {
+    throw invalid_argument_error(std::string(where) + ": expected make_vit's whole model (a patch_embed, " +
+                                 std::to_string(c.depth) + " transformer_blocks, a vit_head), got " +
+                                 std::to_string(m.size()) + " layers of other kinds");
+  }
+  return out;
+}
+
+}  // namespace vit_detail
+
+// Rank tp.rank's shard of a whole ViT (make_vit's, e.g. loaded from an export): each block cut
+// as make_vit cuts it, the embedding and the head copied (wrapped under sequence parallelism).
+// `whole` is left as it was.
+[[nodiscard]] inline host_model shard_vit(host_model& whole, const vit_config& c, tp_shard tp) {
+  const vit_detail::vit_parts w = vit_detail::parts_of(whole, c, "shard_vit");
+  const bool sp = tp.size > 1 && tp.sequence_parallel;
+  if (sp) vit_detail::check_sequence_split((c.image / c.patch) * (c.image / c.patch), tp.size);  // before any batch
+  host_model m;
+  if (sp) {
+    m.push_back(std::make_unique<split_patch_embed>(w.embed->impl(), c.dim, tp));
+  } else {
+    m.push_back(std::make_unique<patch_embed>(w.embed->impl()));
+  }
+  for (auto* b : w.blocks) {
+    if (tp.size == 1) {
+      m.push_back(std::make_unique<transformer_block>(b->impl()));
+    } else {
+      m.push_back(std::make_unique<transformer_block>(basic_transformer_block<float>(b->impl(), tp)));
+    }
+  }
+  if (sp) {
+    m.push_back(std::make_unique<gathered_vit_head>(w.head->impl(), c.dim, tp));
+  } else {
+    m.push_back(std::make_unique<vit_head>(w.head->impl()));
+  }
+  return m;
+}
+
 // [n, 784] grey images -> [n, 10] logits for softmax_cross_entropy: patch_embed, c.depth
 // transformer_blocks, vit_head (c.depth + 2 layers). Sets OpenBLAS to one thread, as conv2d: the
 // ranks (processes or threads) already use the cores. With a tp_shard: the same model as rank
@@ -1024,27 +1122,42 @@ struct basic_vit {
 [[nodiscard]] inline host_model make_vit(const vit_config& c, std::uint32_t seed, tp_shard tp = {}) {
   openblas_set_num_threads(1);
   basic_vit<float> v(c, seed);
-  const bool sp = tp.size > 1 && tp.sequence_parallel;
-  if (sp) vit_detail::check_sequence_split((c.image / c.patch) * (c.image / c.patch), tp.size);  // before any batch
   host_model m;
-  if (sp) {
-    m.push_back(std::make_unique<split_patch_embed>(std::move(v.embed), c.dim, tp));
-  } else {
-    m.push_back(std::make_unique<patch_embed>(std::move(v.embed)));
+  m.push_back(std::make_unique<patch_embed>(std::move(v.embed)));
+  for (auto& b : v.blocks) m.push_back(std::make_unique<transformer_block>(std::move(b)));
+  m.push_back(std::make_unique<vit_head>(std::move(v.head)));
+  return tp.size == 1 ? std::move(m) : shard_vit(m, c, tp);
+}
+
+// Collective over the tensor-parallel group: the whole ViT from rank tp.rank's shard (make_vit's
+// or shard_vit's, trained or not), every block's slices gathered; what an export of a
+// tensor-parallel run writes, readable by a one-process run or shard_vit at another size.
+[[nodiscard]] inline host_model gather_vit(host_model& shard, const vit_config& c, tp_shard tp) {
+  host_model whole = make_vit(c, 0);
+  const vit_detail::vit_parts w = vit_detail::parts_of(whole, c, "gather_vit");
+  if (shard.size() != whole.size()) {
+    throw invalid_argument_error("gather_vit: a shard of " + std::to_string(shard.size()) + " layers for a ViT of " +
+                                 std::to_string(whole.size()));
   }
-  for (auto& b : v.blocks) {
+  auto copy_params = [](host_layer& from, host_layer& to) {
+    auto& a = from.parameters();
+    auto& b = to.parameters();
+    for (std::size_t k = 0; k < a.size() && k < b.size(); ++k) {
+      std::copy_n(a[k].value().data(), std::min(a[k].value().size(), b[k].value().size()), b[k].value().data());
+    }
+  };
+  copy_params(*shard.front(), *w.embed);
+  copy_params(*shard.back(), *w.head);
+  for (std::size_t i = 0; i < c.depth; ++i) {
+    auto* b = dynamic_cast<transformer_block*>(shard[i + 1].get());
+    if (!b) throw invalid_argument_error("gather_vit: layer " + std::to_string(i + 1) + " of the shard is not a transformer_block");
     if (tp.size == 1) {
-      m.push_back(std::make_unique<transformer_block>(std::move(b)));
+      copy_params(*b, *w.blocks[i]);
     } else {
-      m.push_back(std::make_unique<transformer_block>(basic_transformer_block<float>(b, tp)));
+      b->impl().gather_into(w.blocks[i]->impl());
     }
   }
-  if (sp) {
-    m.push_back(std::make_unique<gathered_vit_head>(std::move(v.head), c.dim, tp));
-  } else {
-    m.push_back(std::make_unique<vit_head>(std::move(v.head)));
-  }
-  return m;
+  return whole;
 }
 
 }  // namespace models::layers

@@ -152,11 +152,13 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
   }
   device_mesh mesh(pg, {{"dp", pg.size() / o.tp}, {"tp", o.tp}});
   const int tp_rank = mesh.coordinate("tp"), dp_rank = mesh.coordinate("dp"), dp_size = mesh.size("dp");
-  sequential model(models::layers::make_vit({}, static_cast<std::uint32_t>(o.seed),
-                                            {.group = &mesh.group("tp"), .rank = static_cast<std::size_t>(tp_rank),
-                                             .size = static_cast<std::size_t>(o.tp),
-                                             .sequence_parallel = o.sequence_parallel}),
-                   models::layers::softmax_cross_entropy{});
+  const models::layers::tp_shard tp{.group = &mesh.group("tp"), .rank = static_cast<std::size_t>(tp_rank),
+                                    .size = static_cast<std::size_t>(o.tp), .sequence_parallel = o.sequence_parallel};
+  // The whole model (from --init-from when given, any tensor-parallel size's export), then this
+  // rank's slice of it.
+  sequential whole(models::layers::make_vit({}, static_cast<std::uint32_t>(o.seed)), models::layers::softmax_cross_entropy{});
+  init_from(o, whole, pg.rank());
+  sequential model(models::layers::shard_vit(whole.layers(), {}, tp), models::layers::softmax_cross_entropy{});
   trace_recorder trace;
   loader train = rank_train(data, o, dp_rank, dp_size);
   loader test = rank_test(data, dp_rank, dp_size);
@@ -185,6 +187,10 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
     any_optimizer opt = make_optimizer(model, o);
     ddp_policy policy(ddp, opt, {.rank_sections = &pg});  // checkpoints: each rank its slice of the blocks
     fit(policy, train, test, fo);
+  }
+  if (!o.export_to.empty()) {  // the whole model, every group's slices gathered (each group the same)
+    sequential gathered(models::layers::gather_vit(model.layers(), {}, tp), models::layers::softmax_cross_entropy{});
+    export_model(o, gathered, pg.rank());
   }
   print_end(pg, parameter_checksum(model));
 }

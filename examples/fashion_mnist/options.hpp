@@ -129,7 +129,8 @@ inline constexpr std::string_view usage_text =
     "  --init-from FILE          load the weights of a safetensors file (an --export of the same --model,\n"
     "                            any mode) before training; a --checkpoint to resume from wins over it\n"
     "  --export FILE             rank 0 writes the trained weights as a safetensors file (names params.<k>)\n"
-    "                            (--init-from and --export: host modes other than pipeline)\n"
+    "                            (--init-from and --export: host modes other than pipeline; with --tp the\n"
+    "                            whole model, its slices gathered, and --init-from slices a whole one)\n"
     "  --metrics FILE            JSON lines: a step record (loss) every --log-every steps and an epoch\n"
     "                            record: epoch, step, train_loss, test_loss, test_accuracy, samples_per_s\n"
     "  --trace FILE              timeline of every rank (Chrome trace JSON, for Perfetto or chrome://tracing);\n"
@@ -441,9 +442,13 @@ inline void check_pipeline_replicas(const options& o, int replicas) {
       throw usage_error("--tp with --parallel pipeline: not yet with --checkpoint (a stage's files are per stage, and its "
                         "tensor-parallel ranks hold different slices)");
     }
-    if (!o.export_to.empty() || !o.init_from.empty() || !o.trace.empty() || o.recompute != "none") {
-      throw usage_error("--tp: not yet with --export, --init-from, --trace or --recompute (each rank holds its own shard "
-                        "of the blocks; a recomputed block would repeat its all-reduces)");
+    if (!o.trace.empty() || o.recompute != "none") {
+      throw usage_error("--tp: not yet with --trace or --recompute (each rank holds its own shard of the blocks; a "
+                        "recomputed block would repeat its all-reduces)");
+    }
+    if (!o.export_to.empty() && o.parallel == "fsdp") {
+      throw usage_error("--tp with --parallel fsdp: not yet with --export (the shards' parameters would be gathered "
+                        "over both dimensions)");
     }
   }
   if (o.deterministic > 0) {

@@ -422,3 +422,66 @@ TEST_CASE("DP x PP x TP on a 2 x 2 x 2 mesh equals one process on the global bat
   }
   if (max_norm > 0) CHECK(first_norm > 10 * max_norm);
 }
+
+namespace {
+
+std::vector<float> flat_values(ml::host_model& m) {
+  std::vector<float> out;
+  for (auto& l : m) {
+    for (auto& p : l->parameters()) out.insert(out.end(), p.value().begin(), p.value().end());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a tensor-parallel ViT gathers into the whole model, which shards again at another size",
+          "[examples][vit][tensor_parallel][checkpoint]") {
+  const bool sp = GENERATE(false, true);
+  CAPTURE(sp);
+  const auto c = tp_vit(0.0f);
+  auto whole = ml::make_vit(c, 9);
+  const auto want = flat_values(whole);
+  // Cut and put back together, bit for bit, at 2 and 4 ranks.
+  for (const int p : {2, 4}) {
+    CAPTURE(p);
+    std::vector<std::vector<float>> back(static_cast<std::size_t>(p));
+    run_local(p, [&](local_group& g) {
+      const ml::tp_shard tp{.group = &g, .rank = static_cast<std::size_t>(g.rank()), .size = static_cast<std::size_t>(p),
+                            .sequence_parallel = sp};
+      auto shard = ml::make_vit(c, 9, tp);
+      auto gathered = ml::gather_vit(shard, c, tp);
+      back[static_cast<std::size_t>(g.rank())] = flat_values(gathered);
+    });
+    for (const auto& v : back) CHECK(v == want);
+  }
+  // Trained at 2 ranks, gathered, resharded at 4: its evaluation is the whole model's trained the same.
+  const test::synthetic_batch b(4, c.image * c.image, 10, 61), probe(5, c.image * c.image, 10, 62);
+  auto train2 = [&](ml::host_model layers) {
+    sequential model(std::move(layers), ml::softmax_cross_entropy{});
+    sgd opt(model, {.lr = 0.1, .momentum = 0.9});
+    for (int s = 0; s < 2; ++s) {
+      (void)model.train_step(rows_batch{b.input(), b.y});
+      opt.step();
+    }
+    return model;
+  };
+  const eval_result ref = train2(ml::make_vit(c, 9)).eval_step(rows_batch{probe.input(), probe.y});
+  ml::host_model trained;
+  run_local(2, [&](local_group& g) {
+    const ml::tp_shard tp{.group = &g, .rank = static_cast<std::size_t>(g.rank()), .size = 2, .sequence_parallel = sp};
+    auto model = train2(ml::make_vit(c, 9, tp));
+    auto gathered = ml::gather_vit(model.layers(), c, tp);
+    if (g.rank() == 0) trained = std::move(gathered);
+  });
+  std::vector<eval_result> got(4);
+  run_local(4, [&](local_group& g) {
+    const ml::tp_shard tp{.group = &g, .rank = static_cast<std::size_t>(g.rank()), .size = 4, .sequence_parallel = sp};
+    sequential model(ml::shard_vit(trained, c, tp), ml::softmax_cross_entropy{});
+    got[static_cast<std::size_t>(g.rank())] = model.eval_step(rows_batch{probe.input(), probe.y});
+  });
+  for (const auto& r : got) {
+    CHECK(r.correct == ref.correct);
+    CHECK(r.loss_sum == Approx(ref.loss_sum).epsilon(1e-5));
+  }
+}

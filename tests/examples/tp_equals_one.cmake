@@ -3,7 +3,8 @@
 # digits (test_vit_tensor_parallel proves the numbers on threads; this, the example's wiring).
 # ONE is the one-process run (--backend local --nproc 1, with the global batch where the split
 # run's replicas take --batch-size each).
-#   cmake -DPROGRAM=fashion_mnist -DARGS="common;args" -DSPLIT="split;args" -DONE="one;args" -P tp_equals_one.cmake
+#   cmake -DPROGRAM=fashion_mnist -DARGS="common;args" -DSPLIT="split;args" -DONE="one;args" [-DBEFORE="args"]
+#         -P tp_equals_one.cmake
 function(epoch_line out)
   execute_process(COMMAND ${PROGRAM} ${ARGS} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE o ERROR_VARIABLE e TIMEOUT 300)
   if(NOT rc EQUAL 0)
@@ -15,6 +16,10 @@ function(epoch_line out)
   set(${out} "${CMAKE_MATCH_1}" PARENT_SCOPE)
   message(STATUS "${ARGN}: ${CMAKE_MATCH_1}")
 endfunction()
+# BEFORE: a run made first (e.g. an --export that SPLIT and ONE start from).
+if(DEFINED BEFORE)
+  epoch_line(before ${BEFORE})
+endif()
 epoch_line(tp ${SPLIT})
 epoch_line(one ${ONE})
 if(NOT tp STREQUAL one)
