@@ -183,11 +183,14 @@ rows_batch dp_rows(const test::synthetic_batch& b, std::size_t dp, std::size_t h
 
 }  // namespace
 
-TEST_CASE("DP x TP on a 2 x 2 mesh equals one process on the global batch, clipped or not", "[examples][vit][tensor_parallel][ddp]") {
+TEST_CASE("DP x TP on a 2 x 2 mesh, DDP, ZeRO-1, ZeRO-2 or FSDP over dp, equals one process on the global batch, "
+          "clipped or not", "[examples][vit][tensor_parallel][ddp][zero][fsdp]") {
   // Clipping at 0.05 (well below the gradients' norm: every step clips) needs the norm over every
-  // parameter once: the split ones summed over their tp group, the whole ones counted once.
+  // parameter once: the split ones summed over their tp group, the whole ones counted once (and
+  // ZeRO's and FSDP's shards mix the two kinds of element).
+  const std::string mode = GENERATE("ddp", "zero1", "zero2", "fsdp");
   const double max_norm = GENERATE(0.0, 0.05);
-  CAPTURE(max_norm);
+  CAPTURE(mode, max_norm);
   const auto c = tp_vit(0.0f);  // no dropout: a data-parallel rank's masks are drawn for its own rows
   const std::size_t half = 3, pixels = c.image * c.image;
   std::vector<test::synthetic_batch> batches;
@@ -210,75 +213,42 @@ TEST_CASE("DP x TP on a 2 x 2 mesh equals one process on the global batch, clipp
   run_local(4, [&](local_group& world) {
     device_mesh mesh(world, {{"dp", 2}, {"tp", 2}});
     auto model = mesh_vit(c, mesh);
-    distributed_data_parallel ddp(model, mesh.group("dp"));
-    sgd opt(model, {.lr = 0.1, .momentum = 0.9});
-    const auto dp = static_cast<std::size_t>(mesh.coordinate("dp"));
-    for (const auto& b : batches) {  // data-parallel rank dp takes rows dp*half .. of the global batch
-      (void)ddp.train_step(dp_rows(b, dp, half, pixels));
-      if (max_norm > 0) norms[static_cast<std::size_t>(world.rank())].push_back(ddp.clip_grad_norm(max_norm));
-      opt.step();
-    }
-    got[static_cast<std::size_t>(world.rank())] = model.eval_step(probe_rows);
-  });
-  for (std::size_t r = 0; r < 4; ++r) {
-    CAPTURE(r);
-    CHECK(got[r].count == want.count);
-    CHECK(got[r].correct == want.correct);
-    CHECK(got[r].loss_sum == Approx(want.loss_sum).epsilon(1e-5));
-    REQUIRE(norms[r].size() == want_norms.size());
-    for (std::size_t k = 0; k < want_norms.size(); ++k) CHECK(norms[r][k] == Approx(want_norms[k]).epsilon(1e-5));
-  }
-  if (max_norm > 0) CHECK(want_norms.front() > 10 * max_norm);
-}
-
-TEST_CASE("DP x TP with ZeRO-1, ZeRO-2 or FSDP over dp equals one process on the global batch, clipped or not",
-          "[examples][vit][tensor_parallel][zero][fsdp]") {
-  // The shards mix split parameters' elements (their squares add over tp) with replicated ones
-  // (counted once): clipping at 0.05 (every step clips) needs both right.
-  const int stage = GENERATE(1, 2, 3);  // 3: FSDP
-  const double max_norm = GENERATE(0.0, 0.05);
-  CAPTURE(stage, max_norm);
-  const auto c = tp_vit(0.0f);
-  const std::size_t half = 3, pixels = c.image * c.image;
-  std::vector<test::synthetic_batch> batches;
-  for (std::uint32_t s = 0; s < 3; ++s) batches.emplace_back(2 * half, pixels, 10, 500 + s);
-  const test::synthetic_batch probe(5, pixels, 10, 997);
-  const rows_batch probe_rows{probe.input(), probe.y};
-
-  sequential whole(ml::make_vit(c, 6), ml::softmax_cross_entropy{});
-  sgd whole_opt(whole, {.lr = 0.1, .momentum = 0.9});
-  std::vector<double> want_norms;
-  for (const auto& b : batches) {
-    (void)whole.train_step(rows_batch{b.input(), b.y});
-    if (max_norm > 0) want_norms.push_back(clip_grad_norm(whole, max_norm));
-    whole_opt.step();
-  }
-  const eval_result want = whole.eval_step(probe_rows);
-
-  std::vector<eval_result> got(4);
-  std::vector<std::vector<double>> norms(4);
-  run_local(4, [&](local_group& world) {
-    device_mesh mesh(world, {{"dp", 2}, {"tp", 2}});
-    auto model = mesh_vit(c, mesh);
+    const auto r = static_cast<std::size_t>(world.rank());
     const auto dp = static_cast<std::size_t>(mesh.coordinate("dp"));
     const sgd_options o{.lr = 0.1, .momentum = 0.9};
-    auto train = [&](auto& mode) {
+    // Data-parallel rank dp takes rows dp*half .. of the global batch; step(rows) returns the norm.
+    auto train = [&](auto&& step) {
       for (const auto& b : batches) {
-        const rows_batch mine = dp_rows(b, dp, half, pixels);
-        (void)mode.train_step(batch{mine.features, tensor_view<const std::int32_t>(mine.labels), {}});
-        if (max_norm > 0) norms[static_cast<std::size_t>(world.rank())].push_back(mode.last_grad_norm());
+        const double norm = step(dp_rows(b, dp, half, pixels));
+        if (max_norm > 0) norms[r].push_back(norm);
       }
     };
-    if (stage == 3) {
+    if (mode == "ddp") {
+      distributed_data_parallel ddp(model, mesh.group("dp"));
+      sgd opt(model, o);
+      train([&](const rows_batch& mine) {
+        (void)ddp.train_step(mine);
+        const double norm = max_norm > 0 ? ddp.clip_grad_norm(max_norm) : 0.0;
+        opt.step();
+        return norm;
+      });
+      got[r] = model.eval_step(probe_rows);
+    } else if (mode == "fsdp") {
       fully_sharded_data_parallel fsdp(model, mesh.group("dp"), o, {.max_grad_norm = max_norm});
-      train(fsdp);
-      std::vector<batch> mine;  // FSDP sums its ranks' evaluations: the probe on one replica
-      if (dp == 0) mine.push_back(batch{probe.input(), probe.labels(), {}});
-      got[static_cast<std::size_t>(world.rank())] = fsdp.evaluate(mine);
+      train([&](const rows_batch& mine) {
+        (void)fsdp.train_step(batch{mine.features, tensor_view<const std::int32_t>(mine.labels), {}});
+        return fsdp.last_grad_norm();
+      });
+      std::vector<batch> probes;  // FSDP sums its ranks' evaluations: the probe on one replica
+      if (dp == 0) probes.push_back(batch{probe.input(), probe.labels(), {}});
+      got[r] = fsdp.evaluate(probes);
     } else {
-      sharded_data_parallel zero(model, mesh.group("dp"), o, {.stage = stage, .max_grad_norm = max_norm});
-      train(zero);
-      got[static_cast<std::size_t>(world.rank())] = model.eval_step(probe_rows);
+      sharded_data_parallel zero(model, mesh.group("dp"), o, {.stage = mode == "zero1" ? 1 : 2, .max_grad_norm = max_norm});
+      train([&](const rows_batch& mine) {
+        (void)zero.train_step(mine);
+        return zero.last_grad_norm();
+      });
+      got[r] = model.eval_step(probe_rows);
     }
   });
   for (std::size_t r = 0; r < 4; ++r) {
