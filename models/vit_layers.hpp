@@ -349,7 +349,9 @@ void slice_tokens(const tp_shard& tp, const T* whole, T* part, std::size_t n, st
 // one (forward: 2 all-gathers and 2 reduce-scatters; backward: the 2 output gradients gathered,
 // the 2 LayerNorm outputs gathered again (recomputed from the saved slices, as the input's), 2
 // reduce-scatters, and one all-reduce of the LayerNorms' gradients, which each rank has for its
-// tokens only). Activation memory outside the attention falls by p.
+// tokens only). The block's input and output, its LayerNorm statistics and the residual sum x1
+// are kept for 1/p of the tokens; the attention's and the MLP's activations are already split by
+// heads and hidden units.
 template <class T>
 class basic_transformer_block {
  public:
@@ -469,7 +471,7 @@ class basic_transformer_block {
   // A tensor-parallel shard keeps its own heads' part: qkv [M, 3W], ctx [M, W] with W = D/p, and
   // H and F its own heads and hidden units (w: W, or D when 0).
   // Under sequence parallelism mean1, rstd1, x1, mean2 and rstd2 hold this rank's ms = M/p rows
-  // (ms: M, or those rows when nonzero).
+  // (ms = 0: all M).
   struct layout {
     std::size_t mean1, rstd1, qkv, probs, ctx, x1, mean2, rstd2, hidden, total;
     layout(std::size_t n, std::size_t t, std::size_t d, std::size_t h, std::size_t f, std::size_t w = 0,
