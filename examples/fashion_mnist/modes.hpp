@@ -304,7 +304,6 @@ inline void train_pipeline(process_group& pg, const options& o, const datasets& 
                        std::to_string(per_replica) + "), the job has " + std::to_string(pg.size()));
   }
   const int dp_size = pg.size() / per_replica;
-  check_pipeline_replicas(o, dp_size);
   std::optional<device_mesh<process_group>> mesh;
   if (pg.size() > o.stages) mesh.emplace(pg, std::vector<mesh_dim>{{"pp", o.stages}, {"dp", dp_size}, {"tp", o.tp}});
   process_group& stages = mesh ? mesh->group("pp") : pg;
@@ -326,7 +325,8 @@ inline void train_pipeline(process_group& pg, const options& o, const datasets& 
                                         .data_parallel = dp_size > 1 ? &mesh->group("dp") : nullptr});
   auto params = stage.parameters();  // this rank's layers' parameters, as a model for sgd
   any_optimizer opt = make_optimizer(params, o);
-  pipeline_policy policy(stage, stages, opt, model.loss());
+  // On a mesh, checkpoints hold a section per rank of the whole job (each its slice of its stage).
+  pipeline_policy policy(stage, stages, opt, model.loss(), {.rank_sections = mesh ? &pg : nullptr});
   loader train = rank_train(data, o, dp_rank, dp_size);  // at one replica, the whole shuffled order
   loader test = whole_test(data);
   if (pg.rank() == 0) {

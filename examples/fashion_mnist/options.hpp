@@ -191,15 +191,6 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
 
 }  // namespace detail
 
-// --parallel pipeline replicated over data-parallel groups: checked when parsing where --nproc is
-// given, and again by the ranks where a launcher chose the world size.
-inline void check_pipeline_replicas(const options& o, int replicas) {
-  if (replicas > 1 && !o.checkpoint.empty()) {
-    throw usage_error("--parallel pipeline with " + std::to_string(replicas) +
-                      " data-parallel replicas: not yet with --checkpoint (every replica would write the same stage files)");
-  }
-}
-
 // Parses argv[1..]; throws usage_error naming the flag and what was expected.
 [[nodiscard]] inline options parse_options(const std::vector<std::string>& args) {
   options o;
@@ -438,10 +429,6 @@ inline void check_pipeline_replicas(const options& o, int replicas) {
       throw usage_error("--tp with --parallel " + o.parallel + ": not yet with --checkpoint (each tensor-parallel "
                         "coordinate's shards would write the same files)");
     }
-    if (o.parallel == "pipeline" && !o.checkpoint.empty()) {
-      throw usage_error("--tp with --parallel pipeline: not yet with --checkpoint (a stage's files are per stage, and its "
-                        "tensor-parallel ranks hold different slices)");
-    }
     if (!o.trace.empty() || o.recompute != "none") {
       throw usage_error("--tp: not yet with --trace or --recompute (each rank holds its own shard of the blocks; a "
                         "recomputed block would repeat its all-reduces)");
@@ -479,7 +466,6 @@ inline void check_pipeline_replicas(const options& o, int replicas) {
                                                              : " (one rank per stage)") +
                         ": one pipeline, or several as data-parallel replicas");
     }
-    check_pipeline_replicas(o, o.nproc / (o.stages * o.tp));
   }
   if (o.precision != "fp32" && o.parallel != "ddp" && o.parallel != "fsdp" && !zero) {
     throw usage_error("--precision " + o.precision + ": mixed precision runs with --parallel ddp, zero1, zero2 and fsdp "

@@ -221,14 +221,22 @@ class data_parallel_policy {
   std::unique_ptr<local_group> solo_;
 };
 
+struct pipeline_policy_options {
+  // The pipeline is one of several on a device_mesh (each tensor-parallel coordinate's, each
+  // data-parallel replica's): checkpoints are rank checkpoints over this group, the whole mesh,
+  // each rank's section its own layers' slice and optimizer state, resumed on a mesh of the same
+  // shape. Null: the pipeline group's ranks alone.
+  process_group* rank_sections = nullptr;
+};
+
 // A pipeline stage with the optimizer of its own layers' parameters, on the same batch type as
 // DDP (features and labels): every stage reads the same batches, the first uses the features,
 // the last the labels; every stage returns the batch's loss.
 template <class Stage, class Opt, class Loss>
 class pipeline_policy {
  public:
-  pipeline_policy(Stage& stage, process_group& pg, Opt& opt, Loss loss = {})
-      : stage_(&stage), pg_(&pg), opt_(&opt), loss_(std::move(loss)), solo_(std::move(make_local_world(1).front())) {}
+  pipeline_policy(Stage& stage, process_group& pg, Opt& opt, Loss loss = {}, pipeline_policy_options o = {})
+      : stage_(&stage), pg_(&pg), opt_(&opt), loss_(std::move(loss)), solo_(std::move(make_local_world(1).front())), o_(o) {}
 
   double train_step(const batch& b) {
     const double l = stage_->train_step(loss_, b.features, b.labels, /*accumulate=*/accumulated_ > 0);
@@ -268,19 +276,20 @@ class pipeline_policy {
   [[nodiscard]] int replicas() { return stage_->data_parallel_group() ? stage_->data_parallel_group()->size() : 1; }
 
   // Collective: a rank checkpoint (train/rank_checkpoint.hpp), each stage's section holding its
-  // own layers' parameters and its optimizer's state; it resumes with the same stages and layout.
+  // own layers' parameters and its optimizer's state (over rank_sections, each rank's); it
+  // resumes with the same stages and layout.
   void save_checkpoint(const std::filesystem::path& file, const checkpoint_extra& extra)
     requires rank_state<Opt>
   {
     auto params = stage_->parameters();
-    if (pg_->rank() == 0 && file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
-    save_rank_checkpoint(*pg_, file, params, *opt_, extra);
+    if (sections().rank() == 0 && file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+    save_rank_checkpoint(sections(), file, params, *opt_, extra);
   }
   checkpoint_extra load_checkpoint(const std::filesystem::path& file)
     requires rank_state<Opt>
   {
     auto params = stage_->parameters();
-    return load_rank_checkpoint(*pg_, file, params, *opt_);
+    return load_rank_checkpoint(sections(), file, params, *opt_);
   }
 
  private:
@@ -289,8 +298,11 @@ class pipeline_policy {
   Opt* opt_;
   Loss loss_;
   std::unique_ptr<local_group> solo_;
+  pipeline_policy_options o_;
   std::size_t accumulated_ = 0;  // batches accumulated into the step under way
   double max_grad_norm_ = 0;
+
+  [[nodiscard]] process_group& sections() { return o_.rank_sections ? *o_.rank_sections : *pg_; }
 
   void clip_across_stages() {
     auto params = stage_->parameters();
