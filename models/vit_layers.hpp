@@ -268,12 +268,13 @@ struct tp_shard {
 
 namespace vit_detail {
 
-// Sequence parallelism's two exchanges of tokens over a tensor-parallel group of p ranks, rank r
-// holding tokens r ts .. (r + 1) ts of each of n examples ([n, ts, dim] slices of [n, p ts, dim]):
-// the collectives move rank-major blocks, so the rows are staged through scratch slot 13.
+// The collectives of tensor parallelism move floats (the double twin is for gradient checks).
 inline void check_float_tp(bool is_float) {
   if (!is_float) throw invalid_argument_error("transformer_block: tensor parallelism computes in float");
 }
+// Sequence parallelism's two exchanges of tokens over a tensor-parallel group of p ranks, rank r
+// holding tokens r ts .. (r + 1) ts of each of n examples ([n, ts, dim] slices of [n, p ts, dim]):
+// the collectives move rank-major blocks, so the rows are staged through scratch slot 13.
 // Every rank's slice into the whole sequence (an all-gather).
 template <class T>
 void all_gather_tokens(const tp_shard& tp, const T* part, T* whole, std::size_t n, std::size_t ts, std::size_t dim) {
@@ -630,11 +631,8 @@ class basic_transformer_block {
   // The tensor-parallel group's sum of n values, in place (nothing to do without a group).
   void tp_sum(T* p, std::size_t n) {
     if (tp_.size == 1) return;
-    if constexpr (std::is_same_v<T, float>) {
-      tp_.group->all_reduce(tensor_view<float>(p, shape{n})).wait();
-    } else {
-      throw invalid_argument_error("transformer_block: tensor parallelism computes in float");
-    }
+    vit_detail::check_float_tp(std::is_same_v<T, float>);
+    if constexpr (std::is_same_v<T, float>) tp_.group->all_reduce(tensor_view<float>(p, shape{n})).wait();
   }
   [[nodiscard]] bool sp() const noexcept { return tp_.size > 1 && tp_.sequence_parallel; }
 

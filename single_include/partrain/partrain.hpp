@@ -16351,6 +16351,16 @@ inline void sum_over(process_group& g, double& v) {
 struct flat_span {
   std::size_t begin = 0, end = 0;
 };
+// `group`, or g where group is still null: a model's parameters are split over one
+// tensor-parallel group at most.
+[[nodiscard]] inline process_group* one_split_group(process_group* group, process_group* g, const std::string& where) {
+  if (g && group && g != group) {
+    throw invalid_argument_error(where + "parameters split over two different tensor-parallel groups (expected one "
+                                 "group for the model)");
+  }
+  return group ? group : g;
+}
+
 // The flat ranges of the parameters that name a shard group of 2 or more ranks, ascending, and
 // that group (null when none; one group for all of them, or add throws). add() takes the
 // parameters in flat order.
@@ -16364,11 +16374,7 @@ struct split_parameters {
     const std::size_t n = p.grad().size();
     process_group* g = shard_group_of(p);
     if (g && g->size() > 1) {
-      if (group && group != g) {
-        throw invalid_argument_error(where + "parameters split over two different tensor-parallel groups (expected "
-                                     "one group for the model)");
-      }
-      group = g;
+      group = one_split_group(group, g, where);
       ranges.push_back({at, at + n});
     }
     at += n;
@@ -19831,6 +19837,8 @@ class fully_sharded_data_parallel {
     const auto close = [&] {
       u.chunks = detail::fsdp::chunking(total, world_);
       u.mine = u.chunks.owned(rank_);
+      // From every unit, not only those this rank holds chunks of: every rank must clip alike.
+      split_group_ = detail::mesh_clip::one_split_group(split_group_, u.split.group, where());
       unsharded_ += total;
       units_.push_back(std::move(u));
       u = unit{};
@@ -20294,24 +20302,16 @@ class fully_sharded_data_parallel {
   void clip_chunks() {
     std::vector<detail::optim::gradient_only<float, S>> mine;
     std::array<double, 2> sum{0.0, 0.0};  // split parameters' elements, the rest
-    process_group* group = nullptr;
     for (auto& x : units_) {
       if (!x.mine.size()) continue;
       const tensor_view<float, S> g(grads_.data() + x.chunk_at, x.mine.size());
       mine.push_back({g});
-      if (x.split.group) {
-        if (group && group != x.split.group) {
-          throw invalid_argument_error(where() + unit_name(x) + " is split over another tensor-parallel group than the "
-                                       "layers before it (expected one group for the model)");
-        }
-        group = x.split.group;
-      }
       const auto s = detail::mesh_clip::split_squares<float, S>(g.data(), x.mine.begin, x.mine.end, x.split.ranges, at_.stream());
       sum[0] += s[0];
       sum[1] += s[1];
     }
     last_norm_ = detail::mesh_clip::split_norm(
-        sum, [&](std::span<double> v) { small_all_reduce(v, "gradient-norm all_reduce"); }, group);
+        sum, [&](std::span<double> v) { small_all_reduce(v, "gradient-norm all_reduce"); }, split_group_);
     detail::optim::clip_to_norm(mine, last_norm_, opts_.max_grad_norm, at_.stream());
   }
 
@@ -20364,6 +20364,7 @@ class fully_sharded_data_parallel {
   X at_{};
   void* compute_stream_ = nullptr;  // the first layer's stream() (a cudaStream_t; null: the legacy stream)
   std::vector<unit> units_;
+  process_group* split_group_ = nullptr;  // the tensor-parallel group of split parameters (build_units)
   std::vector<std::ptrdiff_t> unit_of_;  // per layer: its unit, or -1 (no parameters)
   std::size_t unsharded_ = 0;            // the model's parameter elements
   detail::fsdp::byte_meter param_meter_, grad_meter_, act_meter_;

@@ -4,15 +4,10 @@
 # at 3; the plain DDP run at world 2 must not (or the test would pass without the mode doing
 # anything).
 #   cmake -DPROGRAM=fashion_mnist -DARGS="common;args" -DCKPT=dir [-DGLOO=1] -P deterministic_example.cmake
+include(${CMAKE_CURRENT_LIST_DIR}/example_capture.cmake)
 function(checksum out)
-  execute_process(COMMAND ${PROGRAM} ${ARGS} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE o ERROR_VARIABLE e TIMEOUT 300)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "exit status ${rc}: ${PROGRAM} ${ARGS} ${ARGN}\n${o}${e}")
-  endif()
-  if(NOT "${o}${e}" MATCHES "final parameter checksum ([0-9a-f]+)")
-    message(FATAL_ERROR "no final parameter checksum: ${PROGRAM} ${ARGS} ${ARGN}\n${o}${e}")
-  endif()
-  set(${out} ${CMAKE_MATCH_1} PARENT_SCOPE)
+  run_capture(sum "final parameter checksum ([0-9a-f]+)" "no final parameter checksum" ${ARGN})
+  set(${out} ${sum} PARENT_SCOPE)
 endfunction()
 
 checksum(one --backend local --nproc 1 --deterministic 6)

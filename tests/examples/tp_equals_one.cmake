@@ -5,16 +5,11 @@
 # run's replicas take --batch-size each).
 #   cmake -DPROGRAM=fashion_mnist -DARGS="common;args" -DSPLIT="split;args" -DONE="one;args" [-DBEFORE="args"]
 #         -P tp_equals_one.cmake
+include(${CMAKE_CURRENT_LIST_DIR}/example_capture.cmake)
 function(epoch_line out)
-  execute_process(COMMAND ${PROGRAM} ${ARGS} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE o ERROR_VARIABLE e TIMEOUT 300)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "exit status ${rc}: ${PROGRAM} ${ARGS} ${ARGN}\n${o}${e}")
-  endif()
-  if(NOT "${o}${e}" MATCHES "epoch 1/1 +(train_loss [0-9.]+ +test_loss [0-9.]+ +test_accuracy [0-9.]+)")
-    message(FATAL_ERROR "no epoch line: ${PROGRAM} ${ARGS} ${ARGN}\n${o}${e}")
-  endif()
-  set(${out} "${CMAKE_MATCH_1}" PARENT_SCOPE)
-  message(STATUS "${ARGN}: ${CMAKE_MATCH_1}")
+  run_capture(line "epoch 1/1 +(train_loss [0-9.]+ +test_loss [0-9.]+ +test_accuracy [0-9.]+)" "no epoch line" ${ARGN})
+  set(${out} "${line}" PARENT_SCOPE)
+  message(STATUS "${ARGN}: ${line}")
 endfunction()
 # BEFORE: a run made first (e.g. an --export that SPLIT and ONE start from).
 if(DEFINED BEFORE)

@@ -53,6 +53,16 @@ inline void sum_over(process_group& g, double& v) {
 struct flat_span {
   std::size_t begin = 0, end = 0;
 };
+// `group`, or g where group is still null: a model's parameters are split over one
+// tensor-parallel group at most.
+[[nodiscard]] inline process_group* one_split_group(process_group* group, process_group* g, const std::string& where) {
+  if (g && group && g != group) {
+    throw invalid_argument_error(where + "parameters split over two different tensor-parallel groups (expected one "
+                                 "group for the model)");
+  }
+  return group ? group : g;
+}
+
 // The flat ranges of the parameters that name a shard group of 2 or more ranks, ascending, and
 // that group (null when none; one group for all of them, or add throws). add() takes the
 // parameters in flat order.
@@ -66,11 +76,7 @@ struct split_parameters {
     const std::size_t n = p.grad().size();
     process_group* g = shard_group_of(p);
     if (g && g->size() > 1) {
-      if (group && group != g) {
-        throw invalid_argument_error(where + "parameters split over two different tensor-parallel groups (expected "
-                                     "one group for the model)");
-      }
-      group = g;
+      group = one_split_group(group, g, where);
       ranges.push_back({at, at + n});
     }
     at += n;
