@@ -1,6 +1,7 @@
 // models/mlp_host_twin.hpp: the CUDA MLP's step (mlp_device.hpp) on the host backend, so the CPU
-// tier runs every line of it without a GPU: the element functors go through
-// for_each_index(host_exec), as the CUDA backend launches them; the GEMMs go through OpenBLAS in
+// tier runs every line of it without a GPU: the element functors go through for_each_index on
+// Thrust's host system (the thrust::for_each_n the CUDA backend calls; the plain host loop where
+// the build has no Thrust, PARTRAIN_THRUST_HOST unset); the GEMMs go through OpenBLAS in
 // cuBLAS's column-major conventions (the 16-bit GEMMs widen their operands to fp32 first: products
 // of 16-bit values are exact in fp32, so only the summation order can differ from cuBLAS's
 // fp32-accumulating GemmEx); copies are memcpy, in program order. Not a model to train with:
@@ -18,6 +19,9 @@
 #include <partrain/core/error.hpp>
 #include <partrain/core/for_each_index.hpp>
 #include <partrain/core/half.hpp>
+#if defined(PARTRAIN_THRUST_HOST)
+#include <partrain/core/detail/thrust_index.hpp>
+#endif
 #include <partrain/core/memory_space.hpp>
 
 #include "mlp_device.hpp"
@@ -53,7 +57,11 @@ class host_twin_backend {
 
   template <class F>
   void launch(std::size_t n, const F& f) const {
+#if defined(PARTRAIN_THRUST_HOST)
+    partrain::detail::for_each_index(partrain::detail::thrust_host_exec{}, n, f);
+#else
     partrain::detail::for_each_index(partrain::detail::host_exec{}, n, f);
+#endif
   }
   // Column-major C[m, n] = op(A) . op(B) (+ beta C), fp32: cublasSgemm's arguments, meaning and layout.
   void sgemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc,

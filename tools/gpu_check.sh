@@ -17,7 +17,8 @@
 #                                    .device/prebuilt.tar.xz; the device machine then runs them
 #                                    without building (nvcc there spends device time)
 #   tools/gpu_check.sh [--only steps] [--build DIR] [--data DIR] [--jobs N]
-#        steps: configure,build,tests,example,bench,torch,vit (comma-separated; default all). The
+#        steps: configure,build,tests,example,bench,torch,vit,determinism (comma-separated; default
+#        all). The
 #        build folder persists on a warm machine, so a run may be split to fit a command's limit:
 #        --only configure,build   then   --only tests,example,bench,torch,vit
 set -uo pipefail
@@ -27,7 +28,7 @@ device_dir=$root/.device
 build=$root/build-gpu
 data=""
 jobs=$(nproc 2>/dev/null || echo 2)
-only="configure,build,tests,example,bench,torch,vit"
+only="configure,build,tests,example,bench,torch,vit,determinism"
 torch_vit_epochs=2      # PyTorch's ViT rows time its steps; our ViT trains the example's 8 epochs
 accuracy_floor=0.85     # the host example reaches 0.89 after 8 epochs; a wrong gradient stays far below
 precision_slack=0.01    # fp16/bf16 within this of fp32 (as the host mixed-precision test)
@@ -301,6 +302,41 @@ if wants vit; then
     for p in fp32 bf16; do
       train_example "vit_$p" "$p" vit_fp32_acc --backend nccl --model vit --parallel fsdp
     done
+  fi
+fi
+
+# 4b. Determinism on one GPU: the launch helper's reduction (CUB's, through Thrust) gives the same
+# bits run after run, and the CUDA example trained twice ends on the same parameter checksum.
+if wants determinism; then
+  tier=$build/tests/cuda/test_cpu_tier_cuda
+  if [ -z "$gpu_name" ]; then
+    record determinism_reductions SKIP "no GPU"
+    record determinism_example SKIP "no GPU"
+  else
+    if [ ! -x "$tier" ]; then
+      record determinism_reductions FAIL "test_cpu_tier_cuda not built"
+    elif "$tier" "[launch]" >"$out/determinism_reductions.log" 2>&1; then
+      record determinism_reductions ok "$(grep -m1 -E 'passed|assertions' "$out/determinism_reductions.log")"
+    else
+      record determinism_reductions FAIL "exit status $? ($out/determinism_reductions.log)"
+    fi
+    if [ ! -x "$example" ] || [ ! -f "$data/train-images-idx3-ubyte.gz" ]; then
+      record determinism_example FAIL "fashion_mnist_cuda not built or no Fashion-MNIST in $data"
+    else
+      sums=()
+      for run in 1 2; do
+        "$example" --device cuda --nproc 1 --backend "$backend" --data "$data" --epochs 1 --limit-train 6000 \
+          --limit-test 1000 --log-every 0 >"$out/determinism_example_$run.log" 2>&1
+        sums+=("$(grep -m1 -oE 'final parameter checksum [0-9a-f]+' "$out/determinism_example_$run.log" | awk '{print $4}')")
+      done
+      if [ -z "${sums[0]}" ] || [ -z "${sums[1]}" ]; then
+        record determinism_example FAIL "no checksum printed ($out/determinism_example_1.log)"
+      elif [ "${sums[0]}" = "${sums[1]}" ]; then
+        record determinism_example ok "two runs, checksum ${sums[0]} both"
+      else
+        record determinism_example FAIL "two runs differ: ${sums[0]} and ${sums[1]}"
+      fi
+    fi
   fi
 fi
 

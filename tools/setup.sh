@@ -32,6 +32,11 @@ packages=(
   python3-venv                      # .cache/py-venv for the safetensors interop test
   gnuplot-nox                       # plots of benchmark figures
 )
+# Thrust's headers for the CPU tier (Thrust's host system runs the device loops there): the CUDA
+# toolkit's CCCL when it is installed, so g++ and nvcc see the same Thrust; Debian's otherwise.
+if [ ! -e /usr/local/cuda/include/cccl/thrust/version.h ] && [ ! -e /usr/include/thrust/version.h ]; then
+  packages+=(libthrust-dev)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

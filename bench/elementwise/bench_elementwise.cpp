@@ -9,6 +9,10 @@
 // finite check, fp32 <-> fp16/bf16 casts, DDP's bucket division and no_sync accumulation.
 // Each row is the median of alternating rounds (row, its memcpy, row, ...), then the one-buffer
 // memcpy alternated with the row the same way.
+// A second table (where the build found Thrust: PARTRAIN_THRUST_HOST) runs the same element
+// functors through Thrust's sequential host system, the calls the CUDA path makes and the CPU
+// tier runs, alternated with the host loop the training paths use: time of Thrust / time of the
+// loop per row, summary key thrust_host_vs_loop (the largest).
 //   bench_elementwise [--quick] [--params N]   (N floats instead of the MLP's layout)
 #include <algorithm>
 #include <chrono>
@@ -21,10 +25,15 @@
 #include <vector>
 
 #include <partrain/core/for_each_index.hpp>
+#if defined(PARTRAIN_THRUST_HOST)
+#include <partrain/core/detail/thrust_index.hpp>
+#endif
 #include <partrain/optim/adamw.hpp>
 #include <partrain/optim/clip.hpp>
+#include <partrain/optim/detail/elements.hpp>
 #include <partrain/optim/sgd.hpp>
 #include <partrain/parallel/detail/ddp_elements.hpp>
+#include <partrain/precision/detail/elements.hpp>
 #include <partrain/precision/cast.hpp>
 #include <partrain/precision/grad_scaler.hpp>
 
@@ -59,6 +68,51 @@ std::pair<double, double> time_against(const plan& p, const std::function<void()
   return {tf[static_cast<std::size_t>(p.rounds / 2)], tc[static_cast<std::size_t>(p.rounds / 2)]};
 }
 
+#if defined(PARTRAIN_THRUST_HOST)
+// The same functor through both host loops, alternated; prints a row, returns Thrust / loop.
+template <class Run>
+double thrust_row(const plan& p, const char* name, const Run& run) {
+  const auto [thrust_t, loop_t] = time_against(p, [&] { run(detail::thrust_host_exec{}); }, [&] { run(detail::host_exec{}); });
+  std::printf("%-26s %12.1f %12.1f %10.3f\n", name, loop_t * 1e6, thrust_t * 1e6, thrust_t / loop_t);
+  return thrust_t / loop_t;
+}
+
+// The element functors of the optimizers, clipping, the scaler, the casts and DDP's buckets over
+// n floats, through Thrust's host system and through the host loop. Returns the largest ratio.
+double thrust_rows(const plan& p, std::size_t n) {
+  std::vector<float> v(n, 1.0f), g(n, 1e-3f), m(n, 0.0f), s(n, 0.0f), acc(n, 0.5f);
+  std::vector<partrain::bfloat16> low(n);
+  const detail::optim::sgd_coeffs<float> sc{1e-6f, 0.9f, 1.0f, 0.0f, false, true, false};
+  const detail::optim::adamw_coeffs<float> ac{1.0f, 0.1f, 0.9f, 0.999f, 0.001f, 1.0f, 1e-8f, -1e-6f};
+  volatile double sink = 0;
+  std::printf("\nthe same functors through Thrust's host system (the CPU tier's calls) and the host loop\n");
+  std::printf("%-26s %12s %12s %10s\n", "functor", "loop_us", "thrust_us", "thrust/loop");
+  double worst = 0;
+  auto row = [&](const char* name, const auto& run) { worst = std::max(worst, thrust_row(p, name, run)); };
+  row("sgd momentum", [&](auto exec) {
+    detail::for_each_index(exec, n, detail::optim::sgd_update_fn<float>{v.data(), g.data(), m.data(), sc, false});
+  });
+  row("adamw", [&](auto exec) {
+    detail::for_each_index(exec, n, detail::optim::adamw_update_fn<float>{v.data(), g.data(), m.data(), s.data(), ac});
+  });
+  row("sum of squares (double)", [&](auto exec) {
+    sink = sink + detail::transform_reduce_index(exec, n, 0.0, detail::optim::square_as_double_fn<float>{g.data()},
+                                                 detail::plus_fn{});
+  });
+  row("unscale + finite check", [&](auto exec) {
+    sink = sink + detail::transform_reduce_index(exec, n, 0, detail::amp::unscale_check_fn{g.data(), 1.0f},
+                                                 detail::bit_or_fn{});
+  });
+  row("cast fp32 -> bf16", [&](auto exec) {
+    detail::for_each_index(exec, n, detail::amp::cast_fn<float, partrain::bfloat16>{v.data(), low.data()});
+  });
+  row("ddp accumulate", [&](auto exec) {
+    detail::for_each_index(exec, n, detail::ddp::accumulate_fn<float>{acc.data(), g.data()});
+  });
+  return worst;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -90,7 +144,7 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < g.size(); ++i) g[i] = 1e-3f * static_cast<float>(i % 7);
   }
   std::vector<float> src(n, 1.0f), dst(n), acc(n, 0.5f);
-  std::vector<half> h(n);
+  std::vector<partrain::half> h(n);
   std::vector<partrain::bfloat16> bf(n);
   // The largest row moves 28 bytes per float (AdamW): its memcpy copies 14 bytes per float.
   std::vector<char> big_src(14 * n, 1), big_dst(14 * n);
@@ -133,8 +187,8 @@ int main(int argc, char** argv) {
          (void)scaler.unscale(model);
          scaler.update();
        }},
-      {"cast fp32 -> fp16", 6, [&] { cast(tensor_view<const float>(src), tensor_view<half>(h)); }},
-      {"cast fp16 -> fp32", 6, [&] { cast(tensor_view<const half>(h), tensor_view<float>(dst)); }},
+      {"cast fp32 -> fp16", 6, [&] { cast(tensor_view<const float>(src), tensor_view<partrain::half>(h)); }},
+      {"cast fp16 -> fp32", 6, [&] { cast(tensor_view<const partrain::half>(h), tensor_view<float>(dst)); }},
       {"cast fp32 -> bf16", 6, [&] { cast(tensor_view<const float>(src), tensor_view<partrain::bfloat16>(bf)); }},
       {"cast bf16 -> fp32", 6, [&] { cast(tensor_view<const partrain::bfloat16>(bf), tensor_view<float>(dst)); }},
       {"ddp bucket divide (2)", 8, [&] { detail::ddp::divide_elements(detail::host_exec{}, first, flat_grad, world2[flips++ % 2]); }},
@@ -174,6 +228,11 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("slowest against memcpy of the same bytes: %s\n", worst_name.c_str());
+#if defined(PARTRAIN_THRUST_HOST)
+  char thrust_key[64];
+  std::snprintf(thrust_key, sizeof thrust_key, " thrust_host_vs_loop=%.3f", thrust_rows(p, n));
+  keys += thrust_key;
+#endif
   std::printf("summary: slowest_vs_memcpy=%.3f%s slowest_vs_buffer_memcpy=%.3f\n", worst, keys.c_str(), worst_buffer);
   return 0;
 }

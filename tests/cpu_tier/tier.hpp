@@ -1,8 +1,10 @@
 // tests/cpu_tier/tier.hpp: what the element-functor tests need from the place they run. g++
-// builds them for the host tier (for_each_index(host_exec), host vectors; ctest label cpu_tier);
-// nvcc builds the same test files into tests/cuda/test_cpu_tier_cuda.cu, where exec() is a CUDA
-// stream and vec<T> managed memory (label gpu). The references the tests compare with are written
-// in the tests, never the functors under test.
+// builds them for the host tier (ctest label cpu_tier), where exec() is Thrust's sequential host
+// system: the thrust::for_each_n and thrust::transform_reduce calls the GPU makes
+// (core/detail/thrust_index.hpp), on host vectors; where Thrust's headers are missing, the plain
+// host loop. nvcc builds the same test files into tests/cuda/test_cpu_tier_cuda.cu, where exec()
+// is a CUDA stream and vec<T> managed memory (label gpu). The references the tests compare with
+// are written in the tests, never the functors under test.
 #pragma once
 
 #include <bit>
@@ -22,6 +24,8 @@
 #include <string>
 
 #include <partrain/cuda/launch.cuh>
+#elif defined(PARTRAIN_THRUST_HOST)
+#include <partrain/core/detail/thrust_index.hpp>
 #endif
 
 namespace tier {
@@ -59,8 +63,13 @@ class vec {
 // The device may fuse a multiply and an add (nvcc's default --fmad=true): a few ulps apart.
 inline constexpr float float_rel = 4e-7f * 4;
 #else
+#if defined(PARTRAIN_THRUST_HOST)
+inline constexpr const char* name = "thrust-host";
+inline partrain::detail::thrust_host_exec exec() { return {}; }
+#else
 inline constexpr const char* name = "host";
 inline partrain::detail::host_exec exec() { return {}; }
+#endif
 inline void finish() {}
 template <class T>
 class vec {

@@ -104,7 +104,7 @@ void check_cast_bits() {
   const auto src = cast_inputs();
   auto d_src = to_device(src);
   device_buffer<T16> d_low(src.size(), 0);
-  cast(tensor_view<const float, cuda>(d_src.data(), src.size()), d_low.view());
+  cast(tensor_view<const float, partrain::cuda>(d_src.data(), src.size()), d_low.view());
   const auto low = to_host(d_low);
   std::size_t mismatches = 0;
   for (std::size_t i = 0; i < src.size(); ++i) {
@@ -119,7 +119,7 @@ void check_cast_bits() {
   for (std::uint32_t b = 0; b < 65536; ++b) all[b] = T16::from_bits(static_cast<std::uint16_t>(b));
   auto d_all = to_device(all);
   device_buffer<float> d_wide(all.size(), 0);
-  cast(tensor_view<const T16, cuda>(d_all.data(), all.size()), d_wide.view());
+  cast(tensor_view<const T16, partrain::cuda>(d_all.data(), all.size()), d_wide.view());
   const auto wide = to_host(d_wide);
   mismatches = 0;
   for (std::uint32_t b = 0; b < 65536; ++b) {
@@ -157,14 +157,14 @@ TEST_CASE("CUDA cast_views converts many tensors of many sizes in fused launches
   std::vector<partrain::half> init(total, partrain::half::from_bits(guard));
   auto d_dst = to_device(init);
 
-  std::vector<tensor_view<const float, cuda>> sv;
-  std::vector<tensor_view<partrain::half, cuda>> dv;
+  std::vector<tensor_view<const float, partrain::cuda>> sv;
+  std::vector<tensor_view<partrain::half, partrain::cuda>> dv;
   for (std::size_t k = 0; k < tensors; ++k) {
     sv.emplace_back(d_src.data() + offsets[k], sizes[k]);
     dv.emplace_back(d_dst.data() + offsets[k], sizes[k]);
   }
-  detail::amp::cast_views<float, partrain::half>(std::span<const tensor_view<const float, cuda>>(sv),
-                                  std::span<const tensor_view<partrain::half, cuda>>(dv));
+  detail::amp::cast_views<float, partrain::half>(std::span<const tensor_view<const float, partrain::cuda>>(sv),
+                                  std::span<const tensor_view<partrain::half, partrain::cuda>>(dv));
   const auto dst = to_host(d_dst);
   std::size_t wrong = 0, guards = 0;
   for (std::size_t k = 0; k < tensors; ++k) {
@@ -175,9 +175,9 @@ TEST_CASE("CUDA cast_views converts many tensors of many sizes in fused launches
   CHECK(guards == tensors);
 
   // Mismatched pairs are refused by name before anything runs.
-  std::vector<tensor_view<partrain::half, cuda>> short_dst(dv.begin(), dv.end() - 1);
-  CHECK_THROWS_WITH((detail::amp::cast_views<float, partrain::half>(std::span<const tensor_view<const float, cuda>>(sv),
-                                                     std::span<const tensor_view<partrain::half, cuda>>(short_dst))),
+  std::vector<tensor_view<partrain::half, partrain::cuda>> short_dst(dv.begin(), dv.end() - 1);
+  CHECK_THROWS_WITH((detail::amp::cast_views<float, partrain::half>(std::span<const tensor_view<const float, partrain::cuda>>(sv),
+                                                     std::span<const tensor_view<partrain::half, partrain::cuda>>(short_dst))),
                     Catch::Contains("destination"));
 }
 
@@ -188,7 +188,7 @@ namespace {
 // multiplication, and nothing reads them).
 std::pair<bool, bool> unscale_both(const std::vector<std::vector<float>>& grads, float inv_scale) {
   std::vector<device_buffer<float>> dev;
-  std::vector<tensor_view<float, cuda>> dv;
+  std::vector<tensor_view<float, partrain::cuda>> dv;
   std::vector<std::vector<float>> host = grads;
   std::vector<tensor_view<float>> hv;
   for (std::size_t k = 0; k < grads.size(); ++k) {
@@ -196,7 +196,7 @@ std::pair<bool, bool> unscale_both(const std::vector<std::vector<float>>& grads,
     dv.push_back(dev.back().view());
     hv.emplace_back(host[k].data(), host[k].size());
   }
-  const bool d_found = detail::amp::unscale_and_check(std::span<const tensor_view<float, cuda>>(dv), inv_scale);
+  const bool d_found = detail::amp::unscale_and_check(std::span<const tensor_view<float, partrain::cuda>>(dv), inv_scale);
   const bool h_found = detail::amp::unscale_and_check(std::span<const tensor_view<float>>(hv), inv_scale);
   std::size_t wrong = 0;
   for (std::size_t k = 0; k < grads.size(); ++k) {
@@ -248,7 +248,7 @@ TEST_CASE("CUDA unscale_and_check scales and finds inf/NaN as the host does", "[
     CHECK_FALSE(d);
   }
   SECTION("no gradients at all") {
-    CHECK_FALSE(detail::amp::unscale_and_check(std::span<const tensor_view<float, cuda>>(), inv));
+    CHECK_FALSE(detail::amp::unscale_and_check(std::span<const tensor_view<float, partrain::cuda>>(), inv));
   }
 }
 
@@ -257,7 +257,7 @@ TEST_CASE("a low_precision_copy in CUDA memory lives on the current device and r
   REQUIRE(cudaGetDevice(&dev) == cudaSuccess);
   std::vector<float> masters{1.0f, 1.0f + std::ldexp(1.0f, -11), -2.5f, 70000.0f, 1e-9f};
   auto d = to_device(masters);
-  low_precision_copy<cuda> copy(precision::fp16, {d.view()});
+  low_precision_copy<partrain::cuda> copy(precision::fp16, {d.view()});
   cudaPointerAttributes attr{};
   REQUIRE(cudaPointerGetAttributes(&attr, copy.data(0)) == cudaSuccess);
   CHECK(attr.type == cudaMemoryTypeDevice);

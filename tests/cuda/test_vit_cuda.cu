@@ -19,7 +19,7 @@ using namespace partrain;
 using models::cuda_backend;
 namespace ml = models::layers;
 
-static_assert(keeps_activations<ml::device_layer<cuda_backend>, cuda>);
+static_assert(keeps_activations<ml::device_layer<cuda_backend>, partrain::cuda>);
 
 TEST_CASE("the CUDA ViT computes the host ViT's step", "[examples][vit][gpu]") {
   const float dropout = GENERATE(0.0f, 0.2f);

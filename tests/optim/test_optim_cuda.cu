@@ -26,8 +26,8 @@ struct cuda_param {
     v.copy_from(tensor_view<const float>(hv.data(), hv.size()));
     g.copy_from(tensor_view<const float>(hg.data(), hg.size()));
   }
-  tensor_view<float, cuda> value() { return v.view(); }
-  tensor_view<float, cuda> grad() { return g.view(); }
+  tensor_view<float, partrain::cuda> value() { return v.view(); }
+  tensor_view<float, partrain::cuda> grad() { return g.view(); }
   std::vector<float> host_values() const { return to_host(v); }
   std::vector<float> host_grads() const { return to_host(g); }
 

@@ -41,7 +41,7 @@ static_assert(fsdp_layer_sequence<ml::device_model<cuda_backend>>);
 
 namespace {
 
-std::vector<float> device_copy(tensor_view<float, cuda> v) {
+std::vector<float> device_copy(tensor_view<float, partrain::cuda> v) {
   std::vector<float> h(v.size());
   if (!h.empty()) PARTRAIN_CUDA_CHECK(cudaMemcpy(h.data(), v.data(), v.size_bytes(), cudaMemcpyDeviceToHost));
   return h;

@@ -1,9 +1,10 @@
 // partrain/cuda/launch.cuh: the CUDA half of the one launch helper (the host half is
-// partrain/core/for_each_index.hpp). for_each_index(cuda_exec{stream, device}, n, f) queues a
-// grid-stride kernel that calls f(i) for every i in [0, n) on `stream` of `device`;
-// transform_reduce_index folds per block, then the blocks' partials in block order on the host, so
-// its result is the same on every run. The element functors are the library's plain headers
-// (optim/detail/elements.hpp, ...), the ones the host path and the CPU tier run. nvcc only.
+// partrain/core/for_each_index.hpp). for_each_index(cuda_exec{stream, device}, n, f) calls f(i) for
+// every i in [0, n) on `stream` of `device` through thrust::for_each_n (CUB's device-wide for, tuned
+// per architecture), queued and not waited for; transform_reduce_index is thrust::transform_reduce
+// (CUB's device reduction: the same result run to run on one GPU model). Both are
+// core/detail/thrust_index.hpp's calls, which the CPU tier runs on Thrust's host system. The
+// element functors are the library's plain headers (optim/detail/elements.hpp, ...). nvcc only.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -15,9 +16,12 @@
 #include <cstddef>
 #include <string>
 #include <type_traits>
-#include <vector>
+
+#include <thrust/system/cuda/execution_policy.h>
+#include <thrust/system_error.h>
 
 #include <partrain/config.hpp>
+#include <partrain/core/detail/thrust_index.hpp>
 #include <partrain/core/for_each_index.hpp>
 #include <partrain/cuda/check.hpp>
 #include <partrain/cuda/device_guard.hpp>
@@ -37,59 +41,28 @@ struct cuda_exec {
   return stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
 }
 
-// The one launch geometry: 256 threads a block (a power of two: the block reduce halves it), at
-// most 2048 blocks (16 per SM on a 132-SM H100, enough to cover the latency of a grid-stride
-// loop), never 0 blocks.
-inline constexpr unsigned launch_block = 256;
-inline constexpr std::size_t launch_max_blocks = 2048;
+// Thrust's temporary storage (a reduction's partials) in stream-ordered memory: its default,
+// cudaMalloc and cudaFree, would synchronise the whole device at every reduction.
+struct stream_ordered_allocator {
+  using value_type = char;
+  cudaStream_t stream;
+  char* allocate(std::ptrdiff_t bytes) {
+    void* p = nullptr;
+    PARTRAIN_CUDA_CHECK(cudaMallocAsync(&p, static_cast<std::size_t>(bytes), stream));
+    return static_cast<char*>(p);
+  }
+  void deallocate(char* p, std::size_t) noexcept { (void)cudaFreeAsync(p, stream); }
+};
 
-[[nodiscard]] constexpr unsigned launch_blocks(std::size_t n) noexcept {
-  const std::size_t b = (n + launch_block - 1) / launch_block;
-  return static_cast<unsigned>(b == 0 ? 1 : (b < launch_max_blocks ? b : launch_max_blocks));
-}
-static_assert(launch_blocks(0) == 1 && launch_blocks(257) == 2 && launch_blocks(std::size_t{1} << 40) == 2048);
-
+// A Thrust failure (it throws thrust::system_error carrying the CUDA code) as partrain's
+// cuda_error, naming the loop by its functor's type and the element count.
 template <class F>
-__global__ void for_each_index_kernel(std::size_t n, F f) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
-    f(i);
-  }
-}
-
-// Thread t of the grid folds map(t), map(t + stride), ... starting from its first element (no
-// identity is needed); a block then folds its threads pairwise in shared memory. Indices below
-// n are a prefix, so after each halving the threads holding a value are still a prefix of the
-// block: `valid` tracks its length. Every block has at least one index (launch_blocks).
-template <class T, class Map, class Combine>
-__global__ void transform_reduce_index_kernel(std::size_t n, Map map, Combine combine, T* partial) {
-  __shared__ T tile[launch_block];
-  const std::size_t first = blockIdx.x * static_cast<std::size_t>(blockDim.x);
-  const std::size_t stride = static_cast<std::size_t>(blockDim.x) * gridDim.x;
-  const std::size_t start = first + threadIdx.x;
-  if (start < n) {
-    T acc = map(start);
-    for (std::size_t i = start + stride; i < n; i += stride) acc = combine(acc, map(i));
-    tile[threadIdx.x] = acc;
-  }
-  __syncthreads();
-  unsigned valid = n - first < blockDim.x ? static_cast<unsigned>(n - first) : blockDim.x;
-  for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s && threadIdx.x + s < valid) tile[threadIdx.x] = combine(tile[threadIdx.x], tile[threadIdx.x + s]);
-    __syncthreads();
-    if (valid > s) valid = s;
-  }
-  if (threadIdx.x == 0) partial[blockIdx.x] = tile[0];
-}
-
-// The kernel's name in a launch failure: the functor's type, which says which element loop it was.
-template <class F>
-void check_launch(std::size_t n, unsigned blocks) {
-  const cudaError_t rc = cudaGetLastError();
-  if (rc == cudaSuccess) return;
-  const std::string call = std::string("launch of ") + __PRETTY_FUNCTION__ + " over " + std::to_string(n) +
-                           " elements in " + std::to_string(blocks) + " blocks";
-  cuda_check(rc, call.c_str(), __FILE__, __LINE__);
+[[noreturn]] void throw_launch_failure(const thrust::system_error& e, const char* what, std::size_t n) {
+  const std::string call = std::string(what) + " (" + __PRETTY_FUNCTION__ + ") over " + std::to_string(n) +
+                           " elements: " + e.what();
+  const auto rc = static_cast<cudaError_t>(e.code().value());
+  cuda_check(rc == cudaSuccess ? cudaErrorUnknown : rc, call.c_str(), __FILE__, __LINE__);
+  throw;  // not reached: cuda_check threw
 }
 
 template <class F>
@@ -104,42 +77,29 @@ void for_each_index(cuda_exec exec, std::size_t n, const F& f) {
                 "the kernel's parameters): hold pointers and values, not containers");
   if (n == 0) return;
   cuda_device_guard guard(exec.device >= 0 ? exec.device : cuda_current_device());
-  const unsigned blocks = launch_blocks(n);
-  for_each_index_kernel<F><<<blocks, launch_block, 0, exec.stream>>>(n, f);
-  check_launch<F>(n, blocks);
+  try {
+    thrust_for_each_index(thrust::cuda::par_nosync.on(exec.stream), n, f);
+  } catch (const thrust::system_error& e) {
+    throw_launch_failure<F>(e, "for_each_index", n);
+  }
 }
 
-// The partials live in stream-ordered memory (cudaMallocAsync: no device-wide synchronisation,
-// unlike cudaFree); returns with exec.stream synchronised.
+// Returns with exec.stream synchronised (the result is on the host).
 template <class T, class Map, class Combine>
 [[nodiscard]] T transform_reduce_index(cuda_exec exec, std::size_t n, T init, const Map& map, const Combine& combine) {
-  static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_default_constructible_v<T>,
-                "partrain: transform_reduce_index on CUDA needs a trivially copyable, trivially constructible "
-                "result type (it lives in shared memory)");
+  static_assert(std::is_trivially_copyable_v<T>,
+                "partrain: transform_reduce_index on CUDA needs a trivially copyable result type (it is copied "
+                "between the device and the host)");
   static_assert(launchable_functor<Map> && launchable_functor<Combine>,
                 "partrain: the map and combine of a CUDA reduction must be trivially copyable");
   if (n == 0) return init;
   cuda_device_guard guard(exec.device >= 0 ? exec.device : cuda_current_device());
-  const unsigned blocks = launch_blocks(n);
-  T* partial = nullptr;
-  PARTRAIN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial), blocks * sizeof(T), exec.stream));
-  std::vector<T> host(blocks);
-  cudaError_t rc = cudaSuccess;
-  transform_reduce_index_kernel<T, Map, Combine><<<blocks, launch_block, 0, exec.stream>>>(n, map, combine, partial);
-  rc = cudaGetLastError();
-  if (rc == cudaSuccess) {
-    rc = cudaMemcpyAsync(host.data(), partial, blocks * sizeof(T), cudaMemcpyDeviceToHost, exec.stream);
+  stream_ordered_allocator temporary{exec.stream};
+  try {
+    return thrust_transform_reduce_index(thrust::cuda::par(temporary).on(exec.stream), n, init, map, combine);
+  } catch (const thrust::system_error& e) {
+    throw_launch_failure<Map>(e, "transform_reduce_index", n);
   }
-  (void)cudaFreeAsync(partial, exec.stream);
-  if (rc == cudaSuccess) rc = cudaStreamSynchronize(exec.stream);
-  if (rc != cudaSuccess) {
-    const std::string call = std::string("transform_reduce_index (") + __PRETTY_FUNCTION__ + ") over " +
-                             std::to_string(n) + " elements";
-    cuda_check(rc, call.c_str(), __FILE__, __LINE__);
-  }
-  T acc = init;
-  for (const T& p : host) acc = combine(acc, p);
-  return acc;
 }
 
 // Waits until everything queued on exec.stream has run (errors of the kernels surface here).
