@@ -198,7 +198,8 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
 // --deterministic S: every rank takes the whole global batch (the loader unsharded, the same order
 // everywhere) and computes its shards of it; deterministic_data_parallel sums the shards'
 // gradients exactly, so the trained parameters are the same bits at any world size up to S. With
-// --parallel zero1 each rank steps its slice of the parameters (the optimizer state sharded).
+// --parallel zero1 each rank steps its slice of the parameters (the optimizer state sharded);
+// zero2 also reduce-scatters the exact sum a bucket at a time.
 template <class Model>
 void train_deterministic(Model& model, process_group& pg, const options& o, const datasets& data) {
   init_from(o, model, pg.rank());
@@ -214,10 +215,17 @@ void train_deterministic(Model& model, process_group& pg, const options& o, cons
     }
     fit(policy, train, test, fit_options(o, trace, train.size()));
   };
-  if (o.parallel == "zero1") {  // the optimizer state sharded over the ranks, the same bits
-    deterministic_sharded_data_parallel det(model, pg, optimizer_options(o), {.shards = o.deterministic});
+  if (o.parallel == "zero1" || o.parallel == "zero2") {  // the optimizer state sharded over the ranks, the same bits
+    // zero2: the exact sum reduce-scattered a bucket at a time (ZeRO's 25 MiB, or --bucket-kb).
+    const std::size_t bucket_bytes = o.bucket_kb > 0 ? o.bucket_kb << 10 : std::size_t{25} << 20;
+    const std::size_t bucket = o.parallel == "zero2" ? bucket_bytes / sizeof(std::int64_t) : 0;
+    deterministic_sharded_data_parallel det(model, pg, optimizer_options(o),
+                                            {.shards = o.deterministic, .bucket_elements = bucket});
     deterministic_sharded_policy policy(det);
-    run(policy, "ZeRO-1");
+    run(policy, o.parallel == "zero2" ? "ZeRO-2" : "ZeRO-1");
+    if (o.parallel == "zero2") {
+      std::printf("rank %d exact-sum scratch %.1f KB\n", pg.rank(), static_cast<double>(det.reduction_scratch_bytes()) / 1e3);
+    }
   } else {
     deterministic_data_parallel det(model, pg, {.shards = o.deterministic});
     any_optimizer opt = make_optimizer(model, o);

@@ -125,7 +125,8 @@ inline constexpr std::string_view usage_text =
     "  --deterministic S         the same trained bits at any world size from 1 to S: --batch-size is then the\n"
     "                            global batch (x --accumulate), cut into S fixed shards whose gradients are\n"
     "                            summed exactly; the same bits for any --accumulate that divides S\n"
-    "                            (ddp, or zero1: the optimizer state sharded; host, fp32)\n"
+    "                            (ddp; zero1: the optimizer state sharded; zero2: the exact sum reduce-\n"
+    "                            scattered a --bucket-kb bucket at a time too; host, fp32)\n"
     "  --init-from FILE          load the weights of a safetensors file (an --export of the same --model,\n"
     "                            any mode) before training; a --checkpoint to resume from wins over it\n"
     "  --export FILE             rank 0 writes the trained weights as a safetensors file (names params.<k>)\n"
@@ -368,7 +369,8 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
       {"--outer-bits", o.sync == "diloco", "--sync diloco"},
       {"--powersgd-rank", o.sync == "powersgd", "--sync powersgd"},
       {"--powersgd-start", o.sync == "powersgd", "--sync powersgd"},
-      {"--bucket-kb", ddp_buckets, "DDP's and ZeRO's gradient buckets (--parallel ddp, zero1 or zero2)"},
+      {"--bucket-kb", ddp_buckets || (o.deterministic > 0 && o.parallel == "zero2"),
+       "DDP's and ZeRO's gradient buckets (--parallel ddp, zero1 or zero2; with --deterministic, zero2)"},
       {"--no-overlap", ddp_buckets, "DDP's and ZeRO's gradient buckets (--parallel ddp, zero1 or zero2)"},
       {"--local-collectives", o.backend == "local", "--backend local"},
       {"--sequence-parallel", o.tp > 1, "--tp N above 1"},
@@ -439,8 +441,9 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
     }
   }
   if (o.deterministic > 0) {
-    if ((o.parallel != "ddp" && o.parallel != "zero1") || o.sync != "ddp" || o.device != "cpu" || o.precision != "fp32") {
-      throw usage_error("--deterministic: data parallel on the host in fp32 only (--parallel ddp or zero1, --sync ddp, "
+    if ((o.parallel != "ddp" && o.parallel != "zero1" && o.parallel != "zero2") || o.sync != "ddp" || o.device != "cpu" ||
+        o.precision != "fp32") {
+      throw usage_error("--deterministic: data parallel on the host in fp32 only (--parallel ddp, zero1 or zero2, --sync ddp, "
                         "--device cpu, --precision fp32)");
     }
     if (o.deterministic % o.accumulate != 0) {

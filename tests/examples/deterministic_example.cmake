@@ -1,6 +1,6 @@
 # --deterministic S: the same global batches trained at world sizes 1, 2 and 3 (threads) and 2
 # (gloo processes, where built) end with the same final parameter checksum, as do ZeRO-1 at 2 and
-# 3, the global batch in 2 or 3 accumulated batches, and a ZeRO-1 run saved at 2 ranks and resumed
+# 3, ZeRO-2 in small buckets at 3, the global batch in 2 or 3 accumulated batches, and a ZeRO-1 run saved at 2 ranks and resumed
 # at 3; the plain DDP run at world 2 must not (or the test would pass without the mode doing
 # anything).
 #   cmake -DPROGRAM=fashion_mnist -DARGS="common;args" -DCKPT=dir [-DGLOO=1] -P deterministic_example.cmake
@@ -34,6 +34,11 @@ foreach(n 2 3)
     message(FATAL_ERROR "--deterministic 6 --parallel zero1 with ${n} ranks ended at ${got}, one rank at ${one}")
   endif()
 endforeach()
+# ZeRO-2 (the exact sum reduce-scattered 64 KiB at a time: 29 buckets a step at 3 ranks) at 3.
+checksum(got --backend local --nproc 3 --deterministic 6 --parallel zero2 --bucket-kb 64)
+if(NOT got STREQUAL one)
+  message(FATAL_ERROR "--deterministic 6 --parallel zero2 --bucket-kb 64 with 3 ranks ended at ${got}, one rank at ${one}")
+endif()
 # Gradient accumulation: the global batch of 60 as 2 batches of 30 (3 shards each) at 2 ranks, and
 # as 3 of 20 (2 shards each) at 3 ranks under ZeRO-1, the same bits (a later --batch-size wins).
 foreach(run "2;--batch-size;30;--accumulate;2" "3;--batch-size;20;--accumulate;3;--parallel;zero1")

@@ -142,8 +142,11 @@ TEST_CASE("example options: bad input names the flag and what was expected", "[e
   CHECK_THROWS_WITH(parse_options({"--accumulate", "2", "--sync", "diloco"}), Catch::Contains("--accumulate: this run"));
   CHECK_THROWS_WITH(parse_options({"--accumulate", "0"}), Catch::Contains("--accumulate"));
   CHECK(parse_options({"--deterministic", "4", "--parallel", "zero1"}).parallel == "zero1");  // the state sharded
+  CHECK(parse_options({"--deterministic", "4", "--parallel", "zero2", "--bucket-kb", "64"}).bucket_kb == 64);
+  CHECK_THROWS_WITH(parse_options({"--deterministic", "4", "--parallel", "zero1", "--bucket-kb", "64"}),
+                    Catch::Contains("--bucket-kb"));
   CHECK_THROWS_WITH(parse_options({"--deterministic", "4", "--parallel", "fsdp"}),
-                    Catch::Contains("--deterministic: data parallel on the host in fp32 only (--parallel ddp or zero1"));
+                    Catch::Contains("--deterministic: data parallel on the host in fp32 only (--parallel ddp, zero1 or zero2"));
   CHECK_THROWS_WITH(parse_options({"--deterministic", "7"}), Catch::Contains("a batch of 64 rows does not split into 7 equal shards"));
   CHECK_THROWS_WITH(parse_options({"--deterministic", "0"}), Catch::Contains("--deterministic"));
   // The CUDA ViT trains under fsdp over NCCL, and nowhere else.

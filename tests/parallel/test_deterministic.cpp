@@ -163,11 +163,14 @@ TEST_CASE("deterministic data parallel: a run checkpointed at 2 ranks and resume
   CHECK(run(4, steps / 2, steps, true, false) == one);
 }
 
-TEST_CASE("deterministic ZeRO-1: the optimizer state sharded, deterministic DDP's bits at world sizes 1 to 4",
+TEST_CASE("deterministic ZeRO-1 and ZeRO-2: the optimizer state sharded, deterministic DDP's bits at world sizes 1 to 4",
           "[parallel][deterministic][zero]") {
   const auto kind = GENERATE(layers::mlp, layers::cnn, layers::vit);
   const bool use_adamw = GENERATE(false, true);
-  CAPTURE(name_of(kind), use_adamw);
+  // 0: ZeRO-1's one reduce_scatter of the whole gradient; 64: ZeRO-2's buckets of 64 int64
+  // elements (chunks of 64 / world of every block, the last one ragged).
+  const std::size_t bucket = GENERATE(std::size_t{0}, std::size_t{64});
+  CAPTURE(name_of(kind), use_adamw, bucket);
   const std::size_t features = features_of(kind);
   auto make = [&] { return make_layers(kind); };
   const sgd_options sgd_o{.lr = 0.1, .momentum = 0.9};
@@ -190,12 +193,12 @@ TEST_CASE("deterministic ZeRO-1: the optimizer state sharded, deterministic DDP'
   auto run = [&](int world, std::uint32_t from, std::uint32_t to, std::vector<float>* values,
                  shard_optimizer_state<float>* state) {
     std::vector<std::vector<float>> out(static_cast<std::size_t>(world));
-    std::vector<std::size_t> state_bytes(static_cast<std::size_t>(world));
+    std::vector<std::size_t> state_bytes(static_cast<std::size_t>(world)), scratch_bytes(state_bytes);
     run_local(world, [&](local_group& g) {
       sequential model(make(), ml::softmax_cross_entropy{});
       shard_optimizer_options o = sgd_o;
       if (use_adamw) o = adamw_o;
-      deterministic_sharded_data_parallel zero(model, g, o, {.shards = shards});
+      deterministic_sharded_data_parallel zero(model, g, o, {.shards = shards, .bucket_elements = bucket});
       auto& v = out[static_cast<std::size_t>(g.rank())];
       if (values && !values->empty()) {  // resume: the parameters as they were
         std::size_t at = 0;
@@ -210,12 +213,19 @@ TEST_CASE("deterministic ZeRO-1: the optimizer state sharded, deterministic DDP'
         (void)zero.train_step(batch{b.input(), b.labels(), {}});
       }
       state_bytes[static_cast<std::size_t>(g.rank())] = zero.optimizer_state_bytes();
+      scratch_bytes[static_cast<std::size_t>(g.rank())] = zero.reduction_scratch_bytes();
       auto whole = zero.gather_state();
       if (state && g.rank() == 0) *state = std::move(whole);
       for (auto& p : model.parameters()) v.insert(v.end(), p.value().begin(), p.value().end());
     });
     for (const auto& v : out) REQUIRE(v == out[0]);
     if (world > 1) CHECK(state_bytes[0] < state_bytes.back() * 2 + 64);  // about 1/world each
+    // The exact sum's scratch: the whole gradient (ZeRO-1), or a bucket and this rank's block.
+    const auto w = static_cast<std::size_t>(world), block = (out[0].size() + w - 1) / w;
+    for (const std::size_t bytes : scratch_bytes) {
+      if (bucket == 0) CHECK(bytes >= out[0].size() * sizeof(std::int64_t));
+      if (bucket > 0) CHECK(bytes <= (bucket + block) * sizeof(std::int64_t));
+    }
     if (values) *values = out[0];
     return std::pair{out[0], state_bytes[0]};
   };

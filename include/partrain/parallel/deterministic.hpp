@@ -57,6 +57,11 @@ namespace partrain::inline v0 {
 
 struct deterministic_options {
   std::size_t shards = 0;  // fixed micro-shards per global batch (>= the world size; divides the batch)
+  // The int64 elements one reduce_scatter of the exact sum takes from a rank (every rank's piece
+  // of a chunk of the blocks); 0: the whole flattened gradient in one. With a bucket the sum's
+  // scratch is at most the bucket plus this rank's block, not the whole gradient (ZeRO-2's
+  // bounded gradient memory); integers add up the same in any grouping, so the bits do not change.
+  std::size_t bucket_elements = 0;
 };
 
 namespace detail::deterministic {
@@ -165,6 +170,11 @@ class deterministic_data_parallel {
   struct block_layout {
     std::size_t first = 0, last = 0, width = 0, total = 0;
   };
+  // The exact sum's int64 scratch this rank holds: one reduce_scatter's input (all ranks' blocks,
+  // or one bucket of them: deterministic_options::bucket_elements) and this rank's block of sums.
+  [[nodiscard]] std::size_t reduction_scratch_bytes() const noexcept {
+    return (sum_.capacity() + part_.capacity()) * sizeof(std::int64_t);
+  }
   [[nodiscard]] block_layout block() {
     std::size_t total = 0;
     for (auto&& p : model_->parameters()) total += p.grad().size();
@@ -241,30 +251,26 @@ class deterministic_data_parallel {
     const std::size_t count = std::ranges::size(params), total = total_;
     // 2. The scale of each tensor, from its largest magnitude over every shard (max is exact).
     comm_->all_reduce(tensor_view<float>(largest_), reduce_op::max).wait();
-    // 3. Each tensor's shard gradients in fixed point, summed exactly: an int64 reduce_scatter
-    // gives each rank the sums of its block of elements (integers add up the same in any order).
+    // 3. Each tensor's shard gradients in fixed point, summed exactly: int64 reduce_scatters give
+    // each rank the sums of its block of elements (integers add up the same in any order).
     const auto world = static_cast<std::size_t>(comm_->size());
     const block_layout mine_block = layout(total);
     const std::size_t b = mine_block.width;
-    sum_.assign(b * world, 0);
     std::vector<double> scale(count);
     for (std::size_t i = 0; i < count; ++i) {
       scale[i] = detail::deterministic::fixed_point_scale(static_cast<double>(largest_[i]) * static_cast<double>(s));
     }
-    for (std::size_t j = 0; j < stashed_ + (in_model_ ? 1 : 0); ++j) {
-      std::size_t at = 0, i = 0;
-      for (auto&& p : params) {
-        const std::size_t len = p.grad().size();
-        const float* g = j < stashed_ ? stash_.data() + j * total + at : p.grad().data();
-        std::int64_t* acc = sum_.data() + at;
-        const double k = scale[i];
-        for (std::size_t e = 0; e < len; ++e) acc[e] += detail::deterministic::to_fixed(static_cast<double>(g[e]), k);
-        at += len;
-        ++i;
-      }
-    }
+    // Chunks of every rank's block: reduce_scatter c sums elements [r b + c0, r b + c0 + len) of
+    // each rank r into this rank's part_[c0, c0 + len).
+    const std::size_t chunk =
+        opts_.bucket_elements == 0 ? b : std::clamp<std::size_t>(opts_.bucket_elements / world, 1, std::max<std::size_t>(b, 1));
     part_.resize(b);
-    comm_->reduce_scatter(tensor_view<const std::int64_t>(sum_), tensor_view<std::int64_t>(part_)).wait();
+    for (std::size_t c0 = 0; c0 < b; c0 += chunk) {
+      const std::size_t len = std::min(chunk, b - c0);
+      sum_.assign(len * world, 0);
+      for (std::size_t r = 0; r < world; ++r) add_fixed(r * b + c0, r * b + c0 + len, scale, sum_.data() + r * len);
+      comm_->reduce_scatter(tensor_view<const std::int64_t>(sum_), tensor_view<std::int64_t>(part_.data() + c0, len)).wait();
+    }
     // 4. This rank's block as the mean (the same on every rank); then, unless only the block is
     // wanted, every block to every rank as floats, into the model's gradients.
     const std::size_t lo0 = mine_block.first, hi0 = mine_block.last;
@@ -294,6 +300,27 @@ class deterministic_data_parallel {
     }
   }
 
+  // Adds every shard gradient of the step (the stashed ones, then the model's) at the flattened
+  // elements [lo, hi) in fixed point into to[0, hi - lo); elements past the gradients (the last
+  // block's padding) add nothing.
+  void add_fixed(std::size_t lo, std::size_t hi, const std::vector<double>& scale, std::int64_t* to) {
+    auto& params = model_->parameters();
+    for (std::size_t j = 0; j < stashed_ + (in_model_ ? 1 : 0); ++j) {
+      std::size_t begin = 0, i = 0;
+      for (auto&& p : params) {
+        const std::size_t len = p.grad().size(), from = std::max(begin, lo), until = std::min(begin + len, hi);
+        if (from < until) {
+          const float* g = (j < stashed_ ? stash_.data() + j * total_ + begin : p.grad().data()) + (from - begin);
+          std::int64_t* acc = to + (from - lo);
+          const double k = scale[i];
+          for (std::size_t e = 0; e < until - from; ++e) acc[e] += detail::deterministic::to_fixed(static_cast<double>(g[e]), k);
+        }
+        begin += len;
+        ++i;
+      }
+    }
+  }
+
   [[nodiscard]] block_layout layout(std::size_t total) const {
     const auto world = static_cast<std::size_t>(comm_->size());
     const std::size_t width = (total + world - 1) / world;
@@ -317,7 +344,7 @@ class deterministic_data_parallel {
   bool in_model_ = false;             // the step's last shard gradient is in the model's gradients
   std::vector<float> largest_;        // each tensor's largest magnitude over the step's shards so far
   std::vector<float> stash_;          // this rank's shards' gradients but the last, shard after shard
-  std::vector<std::int64_t> sum_;     // their fixed-point sum, padded to whole blocks
+  std::vector<std::int64_t> sum_;     // their fixed-point sum over one chunk of every block
   std::vector<std::int64_t> part_;    // this rank's block of every rank's sums
   std::vector<float> mean_, all_;     // this rank's block as the mean; every block
 };

@@ -14,6 +14,13 @@
 //
 // Checkpoints hold the whole optimizer state (gather_state: every rank's slice, collective), so a
 // run resumes at another world size (load_state takes this rank's new slice).
+//
+// ZeRO-2: with deterministic_options::bucket_elements the exact sum is reduce-scattered a bucket
+// at a time, so the reduced gradient exists only as this rank's block and the int64 scratch is a
+// bucket plus that block instead of the whole gradient (reduction_scratch_bytes()). The bits do
+// not change. The model's own gradients stay whole (each shard's backward writes them, as ZeRO-2's
+// backward does), and a rank computing several shards keeps all but its last shard's gradient
+// until the step's sum.
 #pragma once
 
 #include <algorithm>
@@ -48,6 +55,7 @@ class deterministic_sharded_data_parallel {
   // This rank's slice of the flattened parameters: [first, last).
   [[nodiscard]] std::pair<std::size_t, std::size_t> slice() const noexcept { return {block_.first, block_.last}; }
   [[nodiscard]] std::size_t optimizer_state_bytes() const noexcept { return opt_.state_bytes(); }
+  [[nodiscard]] std::size_t reduction_scratch_bytes() const noexcept { return det_.reduction_scratch_bytes(); }
   [[nodiscard]] double lr() const noexcept { return opt_.lr(); }
   void set_lr(double lr) { opt_.set_lr(lr); }
   template <class Range>
