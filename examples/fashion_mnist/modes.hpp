@@ -176,7 +176,7 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
   }
   if (o.parallel == "zero1" || o.parallel == "zero2") {  // the optimizer state (zero2: gradients) sharded over dp
     sharded_data_parallel zero(model, mesh.group("dp"), optimizer_options(o), {.stage = o.parallel == "zero1" ? 1 : 2});
-    zero_policy policy(zero);
+    zero_policy policy(zero, {.rank_sections = &pg});  // checkpoints: each rank its slice and its optimizer shard
     fit(policy, train, test, fo);
   } else if (o.parallel == "fsdp") {  // parameters too, each layer gathered over dp around its use
     fully_sharded_data_parallel fsdp(model, mesh.group("dp"), optimizer_options(o), fsdp_options{});

@@ -26312,6 +26312,58 @@ template <model M>
 
 }  // namespace partrain::inline v0
 
+// #include <partrain/train/detail/shard_state_slot.hpp>
+// partrain/train/detail/shard_state_slot.hpp: a sharded optimizer's state (shard_optimizer_state:
+// its kind, step count and arrays) in the optimizer's place of an ordinary checkpoint or a rank
+// checkpoint's section. Deterministic ZeRO saves the whole state there (every slice gathered);
+// ZeRO over a tensor-parallel mesh saves each rank's own slice in its section.
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+
+// #include <partrain/core/error.hpp> (above)
+// #include <partrain/optim/state_io.hpp> (above)
+// #include <partrain/parallel/detail/zero_optimizer.hpp> (above)
+
+namespace partrain::inline v0::detail::ckpt {
+
+struct shard_state_slot {
+  shard_optimizer_state<float>* s;
+  const char* mode;  // the mode whose state this is, for the error when another mode's state is read
+  void step() noexcept {}
+  void zero_grad() noexcept {}
+  void save_state(state_writer& w) const {
+    w.put_string(s->kind);
+    w.put(s->steps);
+    w.put(static_cast<std::uint64_t>(s->arrays.size()));
+    for (const auto& a : s->arrays) w.put_array(std::span<const float>(a));
+  }
+  void load_state(state_reader& r) {
+    // What another mode saved there (a replicated optimizer's per-parameter state) does not parse as this.
+    const auto other = [this](const std::string& what) {
+      return checkpoint_error(std::string("the checkpoint's optimizer state is not a ") + mode + " one (" + what +
+                              "): was it saved by another mode? Resume it with the mode that saved it");
+    };
+    s->kind = r.get_string("optimizer kind");
+    if (s->kind != "sgd" && s->kind != "adamw") throw other("kind '" + s->kind.substr(0, 16) + "'");
+    s->steps = r.get<std::int64_t>("optimizer steps");
+    const auto n = r.get<std::uint64_t>("optimizer state arrays");
+    if (n > 2) throw other(std::to_string(n) + " arrays, expected at most 2");
+    s->arrays.assign(static_cast<std::size_t>(n), {});
+    for (auto& a : s->arrays) {
+      const auto bytes = r.get_bytes("optimizer state array");
+      if (bytes.size() % sizeof(float) != 0) throw checkpoint_error("an optimizer state array of " + std::to_string(bytes.size()) + " bytes");
+      a.resize(bytes.size() / sizeof(float));
+      std::memcpy(a.data(), bytes.data(), bytes.size());
+    }
+    if (r.remaining() != 0) throw other(std::to_string(r.remaining()) + " bytes more than it reads");
+  }
+};
+
+}  // namespace partrain::inline v0::detail::ckpt
+
 // #include <partrain/train/deterministic_policy.hpp>
 // partrain/train/deterministic_policy.hpp: deterministic_data_parallel (parallel/deterministic.hpp)
 // and its optimizer as a training policy, so fit() trains with results that do not depend on the
@@ -26334,6 +26386,7 @@ template <model M>
 // #include <partrain/parallel/deterministic.hpp> (above)
 // #include <partrain/parallel/deterministic_sharded.hpp> (above)
 // #include <partrain/train/checkpoint.hpp> (above)
+// #include <partrain/train/detail/shard_state_slot.hpp> (above)
 
 namespace partrain::inline v0 {
 
@@ -26411,51 +26464,17 @@ class deterministic_sharded_policy {
   void save_checkpoint(const std::filesystem::path& file, const checkpoint_extra& extra) {
     auto whole = det_->gather_state();  // collective
     if (group().rank() == 0 && file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
-    partrain::save_checkpoint(group(), file, det_->module(), whole_state{&whole}, extra);
+    partrain::save_checkpoint(group(), file, det_->module(), detail::ckpt::shard_state_slot{&whole, "deterministic ZeRO-1"}, extra);
   }
   checkpoint_extra load_checkpoint(const std::filesystem::path& file) {
     shard_optimizer_state<float> whole;
-    whole_state slot{&whole};
+    detail::ckpt::shard_state_slot slot{&whole, "deterministic ZeRO-1"};
     const checkpoint_extra extra = partrain::load_checkpoint(file, det_->module(), slot);
     det_->load_state(whole, "checkpoint '" + file.string() + "'");
     return extra;
   }
 
  private:
-  // The whole optimizer state in the optimizer's place in the checkpoint.
-  struct whole_state {
-    shard_optimizer_state<float>* s;
-    void step() noexcept {}
-    void zero_grad() noexcept {}
-    void save_state(state_writer& w) const {
-      w.put_string(s->kind);
-      w.put(s->steps);
-      w.put(static_cast<std::uint64_t>(s->arrays.size()));
-      for (const auto& a : s->arrays) w.put_array(std::span<const float>(a));
-    }
-    void load_state(state_reader& r) {
-      // What another mode saved there (a replicated optimizer's per-parameter state) does not parse as this.
-      const auto other = [](const std::string& what) {
-        return checkpoint_error("the checkpoint's optimizer state is not a deterministic ZeRO-1 one (" + what +
-                                "): was it saved by another mode, e.g. deterministic data parallel without the "
-                                "sharded optimizer? Resume it with the mode that saved it");
-      };
-      s->kind = r.get_string("optimizer kind");
-      if (s->kind != "sgd" && s->kind != "adamw") throw other("kind '" + s->kind.substr(0, 16) + "'");
-      s->steps = r.get<std::int64_t>("optimizer steps");
-      const auto n = r.get<std::uint64_t>("optimizer state arrays");
-      if (n > 2) throw other(std::to_string(n) + " arrays, expected at most 2");
-      s->arrays.assign(static_cast<std::size_t>(n), {});
-      for (auto& a : s->arrays) {
-        const auto bytes = r.get_bytes("optimizer state array");
-        if (bytes.size() % sizeof(float) != 0) throw checkpoint_error("an optimizer state array of " + std::to_string(bytes.size()) + " bytes");
-        a.resize(bytes.size() / sizeof(float));
-        std::memcpy(a.data(), bytes.data(), bytes.size());
-      }
-      if (r.remaining() != 0) throw other(std::to_string(r.remaining()) + " bytes more than it reads");
-    }
-  };
-
   Det* det_;
 };
 
@@ -30557,22 +30576,32 @@ train_result fit(Policy& policy, Train& train, Test& test, trainer_options o) {
 // training policy, so fit() drives it like DDP. Its train_step already holds the optimizer step;
 // checkpoints are sharded (every rank writes its own slice, train/sharded_checkpoint.hpp) and load
 // at any world size. With a grad scaler, each step is amp_step (the scaler's state is checkpointed).
+// Over a tensor-parallel mesh (the ZeRO group is the mesh's dp dimension, each tp coordinate a
+// different slice of the model), rank_sections = the whole job's group: one file with a section
+// per rank (train/rank_checkpoint.hpp: its parameters and its optimizer shard), resumed by a job of
+// the same mesh.
 //
 //   sharded_data_parallel zero(model, group, adamw_options{.lr = 1e-3}, {.stage = 2});
 //   zero_policy policy(zero);
 //   fit(policy, train_loader, test_loader, {.epochs = 8, .checkpoint = "run/model.ckpt"});
 
+#include <concepts>
 #include <cstddef>
 #include <filesystem>
 #include <type_traits>
 #include <utility>
 
 // #include <partrain/comm/process_group.hpp> (above)
+// #include <partrain/core/error.hpp> (above)
+// #include <partrain/core/memory_space.hpp> (above)
 // #include <partrain/model/concepts.hpp> (above)
+// #include <partrain/model/traits.hpp> (above)
 // #include <partrain/precision/grad_scaler.hpp> (above)
 // #include <partrain/precision/mixed_precision.hpp> (above)
 // #include <partrain/train/checkpoint.hpp> (above)
+// #include <partrain/train/detail/shard_state_slot.hpp> (above)
 // #include <partrain/train/detail/sharded_scaler.hpp> (above)
+// #include <partrain/train/rank_checkpoint.hpp> (above)
 // #include <partrain/train/sharded_checkpoint.hpp> (above)
 // #include <partrain/train/trace.hpp> (above)
 
@@ -30581,6 +30610,8 @@ namespace partrain::inline v0 {
 struct zero_policy_options {
   grad_scaler* scaler = nullptr;    // mixed precision: amp_step (precision/sharded_amp.hpp) with it
   trace_recorder* trace = nullptr;  // one span per step ("zero_step": forward, backward, reduce, step, gather)
+  // Checkpoints as a section per rank of this group (host fp32 parameters), not sharded files.
+  process_group* rank_sections = nullptr;
 };
 
 template <class Zero>
@@ -30615,12 +30646,34 @@ class zero_policy {
   [[nodiscard]] int replicas() { return zero_->comm().size(); }
   auto parameters() { return zero_->module().parameters(); }
 
-  // Collective: every rank writes its shard, rank 0 the index at `file`.
+  // Collective: every rank writes its shard, rank 0 the index at `file` (with rank_sections, rank
+  // 0 of that group the one file).
   void save_checkpoint(const std::filesystem::path& file, checkpoint_extra extra) {
     scaler_.save(extra);
+    if (o_.rank_sections) {
+      if constexpr (sections_possible) {
+        auto state = zero_->optimizer_state();
+        save_rank_checkpoint(*o_.rank_sections, file, zero_->module(), detail::ckpt::shard_state_slot{&state, "ZeRO"}, extra);
+        return;
+      } else {
+        refuse_sections();
+      }
+    }
     save_sharded_checkpoint(*zero_, file, extra);
   }
   checkpoint_extra load_checkpoint(const std::filesystem::path& file) {
+    if (o_.rank_sections) {
+      if constexpr (sections_possible) {
+        shard_optimizer_state<float> state;
+        detail::ckpt::shard_state_slot slot{&state, "ZeRO"};
+        checkpoint_extra extra = load_rank_checkpoint(*o_.rank_sections, file, zero_->module(), slot);
+        zero_->load_optimizer_state(state, "rank checkpoint '" + file.string() + "'");
+        scaler_.load(extra);
+        return extra;
+      } else {
+        refuse_sections();
+      }
+    }
     checkpoint_extra extra = load_sharded_checkpoint(*zero_, file);
     scaler_.load(extra);
     if constexpr (has_low_precision_copy<std::remove_cvref_t<decltype(zero_->module())>>) {
@@ -30630,6 +30683,17 @@ class zero_policy {
   }
 
  private:
+  using module_type = std::remove_cvref_t<decltype(std::declval<Zero&>().module())>;
+  // A section holds the model's parameters, which are the optimizer's values only for host fp32
+  // parameters (16-bit ones have fp32 masters in shards).
+  static constexpr bool sections_possible = std::same_as<model_space_t<module_type>, host> &&
+                                            std::same_as<model_element_t<module_type>, float> &&
+                                            std::same_as<typename Zero::master_type, float>;
+  [[noreturn]] static void refuse_sections() {
+    throw config_error("zero_policy: rank_sections checkpoints need host fp32 parameters (this model's live on a device "
+                       "or in 16 bits); leave rank_sections unset for sharded checkpoints");
+  }
+
   Zero* zero_;
   zero_policy_options o_;
   detail::sharded_scaler scaler_{o_.scaler};

@@ -18,6 +18,7 @@
 #include <partrain/parallel/zero.hpp>
 #include <partrain/optim/clip.hpp>
 #include <partrain/train/policies.hpp>
+#include <partrain/train/zero_policy.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -277,7 +278,10 @@ TEST_CASE("DP x TP on a 2 x 2 mesh, DDP, ZeRO-1, ZeRO-2 or FSDP over dp, equals 
   if (max_norm > 0) CHECK(want_norms.front() > 10 * max_norm);
 }
 
-TEST_CASE("DP x TP checkpoints: each rank's slice saved and resumed, bit for bit", "[examples][vit][tensor_parallel][checkpoint]") {
+TEST_CASE("DP x TP checkpoints: each rank's slice saved and resumed, bit for bit, under DDP, ZeRO-1 or ZeRO-2",
+          "[examples][vit][tensor_parallel][checkpoint][zero]") {
+  const std::string mode = GENERATE("ddp", "zero1", "zero2");
+  CAPTURE(mode);
   const auto c = tp_vit(0.0f);
   const std::size_t half = 3, pixels = c.image * c.image;
   std::vector<test::synthetic_batch> batches;
@@ -291,13 +295,23 @@ TEST_CASE("DP x TP checkpoints: each rank's slice saved and resumed, bit for bit
     run_local(4, [&](local_group& world) {
       device_mesh mesh(world, {{"dp", 2}, {"tp", 2}});
       auto model = mesh_vit(c, mesh);
-      distributed_data_parallel ddp(model, mesh.group("dp"));
-      sgd opt(model, {.lr = 0.1, .momentum = 0.9});
-      ddp_policy policy(ddp, opt, {.rank_sections = &world});
-      if (load) (void)policy.load_checkpoint(file);
       const auto dp = static_cast<std::size_t>(mesh.coordinate("dp"));
-      for (std::size_t s = from; s < to; ++s) (void)policy.train_step(dp_rows(batches[s], dp, half, pixels));
-      if (save) policy.save_checkpoint(file, {});
+      auto steps = [&](auto& policy) {
+        if (load) (void)policy.load_checkpoint(file);
+        for (std::size_t s = from; s < to; ++s) (void)policy.train_step(dp_rows(batches[s], dp, half, pixels));
+        if (save) policy.save_checkpoint(file, {});
+      };
+      if (mode == "ddp") {
+        distributed_data_parallel ddp(model, mesh.group("dp"));
+        sgd opt(model, {.lr = 0.1, .momentum = 0.9});
+        ddp_policy policy(ddp, opt, {.rank_sections = &world});
+        steps(policy);
+      } else {  // the optimizer state (zero2: the gradients too) sharded over dp: each rank its shard's momentum
+        sharded_data_parallel zero(model, mesh.group("dp"), sgd_options{.lr = 0.1, .momentum = 0.9},
+                                   {.stage = mode == "zero1" ? 1 : 2});
+        zero_policy policy(zero, {.rank_sections = &world});
+        steps(policy);
+      }
       auto& v = values[static_cast<std::size_t>(world.rank())];
       for (auto& p : model.parameters()) v.insert(v.end(), p.value().begin(), p.value().end());
     });

@@ -20,6 +20,7 @@
 #include <partrain/parallel/deterministic.hpp>
 #include <partrain/parallel/deterministic_sharded.hpp>
 #include <partrain/train/checkpoint.hpp>
+#include <partrain/train/detail/shard_state_slot.hpp>
 
 namespace partrain::inline v0 {
 
@@ -97,51 +98,17 @@ class deterministic_sharded_policy {
   void save_checkpoint(const std::filesystem::path& file, const checkpoint_extra& extra) {
     auto whole = det_->gather_state();  // collective
     if (group().rank() == 0 && file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
-    partrain::save_checkpoint(group(), file, det_->module(), whole_state{&whole}, extra);
+    partrain::save_checkpoint(group(), file, det_->module(), detail::ckpt::shard_state_slot{&whole, "deterministic ZeRO-1"}, extra);
   }
   checkpoint_extra load_checkpoint(const std::filesystem::path& file) {
     shard_optimizer_state<float> whole;
-    whole_state slot{&whole};
+    detail::ckpt::shard_state_slot slot{&whole, "deterministic ZeRO-1"};
     const checkpoint_extra extra = partrain::load_checkpoint(file, det_->module(), slot);
     det_->load_state(whole, "checkpoint '" + file.string() + "'");
     return extra;
   }
 
  private:
-  // The whole optimizer state in the optimizer's place in the checkpoint.
-  struct whole_state {
-    shard_optimizer_state<float>* s;
-    void step() noexcept {}
-    void zero_grad() noexcept {}
-    void save_state(state_writer& w) const {
-      w.put_string(s->kind);
-      w.put(s->steps);
-      w.put(static_cast<std::uint64_t>(s->arrays.size()));
-      for (const auto& a : s->arrays) w.put_array(std::span<const float>(a));
-    }
-    void load_state(state_reader& r) {
-      // What another mode saved there (a replicated optimizer's per-parameter state) does not parse as this.
-      const auto other = [](const std::string& what) {
-        return checkpoint_error("the checkpoint's optimizer state is not a deterministic ZeRO-1 one (" + what +
-                                "): was it saved by another mode, e.g. deterministic data parallel without the "
-                                "sharded optimizer? Resume it with the mode that saved it");
-      };
-      s->kind = r.get_string("optimizer kind");
-      if (s->kind != "sgd" && s->kind != "adamw") throw other("kind '" + s->kind.substr(0, 16) + "'");
-      s->steps = r.get<std::int64_t>("optimizer steps");
-      const auto n = r.get<std::uint64_t>("optimizer state arrays");
-      if (n > 2) throw other(std::to_string(n) + " arrays, expected at most 2");
-      s->arrays.assign(static_cast<std::size_t>(n), {});
-      for (auto& a : s->arrays) {
-        const auto bytes = r.get_bytes("optimizer state array");
-        if (bytes.size() % sizeof(float) != 0) throw checkpoint_error("an optimizer state array of " + std::to_string(bytes.size()) + " bytes");
-        a.resize(bytes.size() / sizeof(float));
-        std::memcpy(a.data(), bytes.data(), bytes.size());
-      }
-      if (r.remaining() != 0) throw other(std::to_string(r.remaining()) + " bytes more than it reads");
-    }
-  };
-
   Det* det_;
 };
 
