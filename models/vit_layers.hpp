@@ -272,6 +272,16 @@ namespace vit_detail {
 inline void check_float_tp(bool is_float) {
   if (!is_float) throw invalid_argument_error("transformer_block: tensor parallelism computes in float");
 }
+// Gathering a shard into the whole model: parameter k of a layer holds `got` values where its
+// slice of the whole one holds `want`.
+inline void check_gathered_size(std::size_t got, std::size_t want, std::size_t k) {
+  if (got != want) {
+    throw invalid_argument_error("gather_vit: parameter " + std::to_string(k) + " of a layer holds " + std::to_string(got) +
+                                 " values, its slice of the whole model " + std::to_string(want) +
+                                 " (a shard of another configuration? An FSDP model's layers hold their values only "
+                                 "inside summon_full_params)");
+  }
+}
 // Sequence parallelism's two exchanges of tokens over a tensor-parallel group of p ranks, rank r
 // holding tokens r ts .. (r + 1) ts of each of n examples ([n, ts, dim] slices of [n, p ts, dim]):
 // the collectives move rank-major blocks, so the rows are staged through scratch slot 13.
@@ -437,6 +447,8 @@ class basic_transformer_block {
     for (std::size_t i = 0; i < param_count; ++i) {
       const auto mine = params_[i].value();
       T* to = whole.params_[i].value().data();
+      const std::size_t whole_size = whole.params_[i].value().size();
+      vit_detail::check_gathered_size(mine.size(), is_split(i) ? whole_size / tp_.size : whole_size, i);
       if (!is_split(i) || tp_.size == 1) {
         std::copy_n(mine.data(), mine.size(), to);  // replicated: every rank's copy is the same
         continue;
@@ -1143,7 +1155,8 @@ inline vit_parts parts_of(host_model& m, const vit_config& c, const char* where)
     auto& a = from.parameters();
     auto& b = to.parameters();
     for (std::size_t k = 0; k < a.size() && k < b.size(); ++k) {
-      std::copy_n(a[k].value().data(), std::min(a[k].value().size(), b[k].value().size()), b[k].value().data());
+      vit_detail::check_gathered_size(a[k].value().size(), b[k].value().size(), k);
+      std::copy_n(a[k].value().data(), a[k].value().size(), b[k].value().data());
     }
   };
   copy_params(*shard.front(), *w.embed);

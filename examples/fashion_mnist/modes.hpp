@@ -174,6 +174,12 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
     fo.log_every = 0;
     fo.metrics.clear();
   }
+  // --export: the whole model, every tensor-parallel group's slices gathered (each group the same).
+  auto export_whole = [&] {
+    if (o.export_to.empty()) return;
+    sequential gathered(models::layers::gather_vit(model.layers(), {}, tp), models::layers::softmax_cross_entropy{});
+    export_model(o, gathered, pg.rank());
+  };
   if (o.parallel == "zero1" || o.parallel == "zero2") {  // the optimizer state (zero2: gradients) sharded over dp
     sharded_data_parallel zero(model, mesh.group("dp"), optimizer_options(o), {.stage = o.parallel == "zero1" ? 1 : 2});
     zero_policy policy(zero, {.rank_sections = &pg});  // checkpoints: each rank its slice and its optimizer shard
@@ -182,16 +188,17 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
     fully_sharded_data_parallel fsdp(model, mesh.group("dp"), optimizer_options(o), fsdp_options{});
     fsdp_policy policy(fsdp);
     fit(policy, train, test, fo);
+    auto full = fsdp.summon_full_params();  // the layers hold their values only while summoned (collective)
+    export_whole();
+    print_end(pg, parameter_checksum(model));
+    return;
   } else {
     distributed_data_parallel ddp(model, mesh.group("dp"));
     any_optimizer opt = make_optimizer(model, o);
     ddp_policy policy(ddp, opt, {.rank_sections = &pg});  // checkpoints: each rank its slice of the blocks
     fit(policy, train, test, fo);
   }
-  if (!o.export_to.empty()) {  // the whole model, every group's slices gathered (each group the same)
-    sequential gathered(models::layers::gather_vit(model.layers(), {}, tp), models::layers::softmax_cross_entropy{});
-    export_model(o, gathered, pg.rank());
-  }
+  export_whole();
   print_end(pg, parameter_checksum(model));
 }
 

@@ -435,10 +435,6 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
       throw usage_error("--tp: not yet with --trace or --recompute (each rank holds its own shard of the blocks; a "
                         "recomputed block would repeat its all-reduces)");
     }
-    if (!o.export_to.empty() && o.parallel == "fsdp") {
-      throw usage_error("--tp with --parallel fsdp: not yet with --export (the shards' parameters would be gathered "
-                        "over both dimensions)");
-    }
   }
   if (o.deterministic > 0) {
     if ((o.parallel != "ddp" && o.parallel != "zero1" && o.parallel != "zero2") || o.sync != "ddp" || o.device != "cpu" ||

@@ -20,6 +20,7 @@
 #include <partrain/train/policies.hpp>
 #include <partrain/train/zero_policy.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -226,6 +227,7 @@ TEST_CASE("DP x TP on a 2 x 2 mesh, DDP, ZeRO-1, ZeRO-2 or FSDP over dp, equals 
 
   std::vector<eval_result> got(4);
   std::vector<std::vector<double>> norms(4);
+  std::vector<std::vector<float>> exported(4);  // FSDP: every rank's gathered whole weights
   run_local(4, [&](local_group& world) {
     device_mesh mesh(world, {{"dp", 2}, {"tp", 2}});
     auto model = mesh_vit(c, mesh);
@@ -258,6 +260,13 @@ TEST_CASE("DP x TP on a 2 x 2 mesh, DDP, ZeRO-1, ZeRO-2 or FSDP over dp, equals 
       std::vector<batch> probes;  // FSDP sums its ranks' evaluations: the probe on one replica
       if (dp == 0) probes.push_back(batch{probe.input(), probe.labels(), {}});
       got[r] = fsdp.evaluate(probes);
+      // The whole weights (the example's --export): the layers summoned over dp, then gathered over tp.
+      auto full = fsdp.summon_full_params();
+      sequential gathered(ml::gather_vit(model.layers(), c,
+                                         {.group = &mesh.group("tp"), .rank = static_cast<std::size_t>(mesh.coordinate("tp")),
+                                          .size = static_cast<std::size_t>(mesh.size("tp"))}),
+                          ml::softmax_cross_entropy{});
+      for (auto& p : gathered.parameters()) exported[r].insert(exported[r].end(), p.value().begin(), p.value().end());
     } else {
       sharded_data_parallel zero(model, mesh.group("dp"), o, {.stage = mode == "zero1" ? 1 : 2, .max_grad_norm = max_norm});
       train([&](const rows_batch& mine) {
@@ -276,6 +285,17 @@ TEST_CASE("DP x TP on a 2 x 2 mesh, DDP, ZeRO-1, ZeRO-2 or FSDP over dp, equals 
     for (std::size_t k = 0; k < want_norms.size(); ++k) CHECK(norms[r][k] == Approx(want_norms[k]).epsilon(1e-5));
   }
   if (max_norm > 0) CHECK(want_norms.front() > 10 * max_norm);
+  if (mode == "fsdp") {
+    std::vector<float> w;
+    for (auto& p : whole.parameters()) w.insert(w.end(), p.value().begin(), p.value().end());
+    for (std::size_t r = 0; r < 4; ++r) {
+      CAPTURE(r);
+      REQUIRE(exported[r].size() == w.size());
+      std::size_t far = 0;
+      for (std::size_t i = 0; i < w.size(); ++i) far += std::fabs(exported[r][i] - w[i]) > 1e-5f * (1.0f + std::fabs(w[i]));
+      CHECK(far == 0);
+    }
+  }
 }
 
 TEST_CASE("DP x TP checkpoints: each rank's slice saved and resumed, bit for bit, under DDP, ZeRO-1 or ZeRO-2",
