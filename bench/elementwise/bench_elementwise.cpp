@@ -228,11 +228,13 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("slowest against memcpy of the same bytes: %s\n", worst_name.c_str());
+  std::string last_keys;
 #if defined(PARTRAIN_THRUST_HOST)
   char thrust_key[64];
   std::snprintf(thrust_key, sizeof thrust_key, " thrust_host_vs_loop=%.3f", thrust_rows(p, n));
-  keys += thrust_key;
+  last_keys = thrust_key;
 #endif
-  std::printf("summary: slowest_vs_memcpy=%.3f%s slowest_vs_buffer_memcpy=%.3f\n", worst, keys.c_str(), worst_buffer);
+  std::printf("summary: slowest_vs_memcpy=%.3f%s slowest_vs_buffer_memcpy=%.3f%s\n", worst, keys.c_str(), worst_buffer,
+              last_keys.c_str());
   return 0;
 }

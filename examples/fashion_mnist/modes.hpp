@@ -186,7 +186,7 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
     fit(policy, train, test, fo);
   } else if (o.parallel == "fsdp") {  // parameters too, each layer gathered over dp around its use
     fully_sharded_data_parallel fsdp(model, mesh.group("dp"), optimizer_options(o), fsdp_options{});
-    fsdp_policy policy(fsdp);
+    fsdp_policy policy(fsdp, {.rank_sections = &pg});  // checkpoints: each rank its shards
     fit(policy, train, test, fo);
     auto full = fsdp.summon_full_params();  // the layers hold their values only while summoned (collective)
     export_whole();

@@ -427,10 +427,6 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
                         "in fp32 (--parallel ddp, zero1, zero2, fsdp or pipeline, --sync ddp, --device cpu, --precision "
                         "fp32, no --deterministic)");
     }
-    if (o.parallel == "fsdp" && !o.checkpoint.empty()) {
-      throw usage_error("--tp with --parallel fsdp: not yet with --checkpoint (each tensor-parallel coordinate's "
-                        "shards would write the same files; ddp, zero1 and zero2 write a section per rank)");
-    }
     if (!o.trace.empty() || o.recompute != "none") {
       throw usage_error("--tp: not yet with --trace or --recompute (each rank holds its own shard of the blocks; a "
                         "recomputed block would repeat its all-reduces)");

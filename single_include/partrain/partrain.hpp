@@ -26313,17 +26313,21 @@ template <model M>
 }  // namespace partrain::inline v0
 
 // #include <partrain/train/detail/shard_state_slot.hpp>
-// partrain/train/detail/shard_state_slot.hpp: a sharded optimizer's state (shard_optimizer_state:
-// its kind, step count and arrays) in the optimizer's place of an ordinary checkpoint or a rank
-// checkpoint's section. Deterministic ZeRO saves the whole state there (every slice gathered);
-// ZeRO over a tensor-parallel mesh saves each rank's own slice in its section.
+// partrain/train/detail/shard_state_slot.hpp: a sharded mode's state in the places of an ordinary
+// checkpoint or of a rank checkpoint's section. shard_state_slot: a sharded optimizer's state
+// (shard_optimizer_state: its kind, step count and arrays) in the optimizer's place; deterministic
+// ZeRO saves the whole state there (every slice gathered), ZeRO and FSDP over a tensor-parallel
+// mesh each rank's own slice. shard_values_model: an FSDP rank's parameter shard in the model's
+// place, as one parameter.
 
 #include <cstdint>
 #include <cstring>
 #include <span>
 #include <string>
+#include <vector>
 
 // #include <partrain/core/error.hpp> (above)
+// #include <partrain/core/tensor_view.hpp> (above)
 // #include <partrain/optim/state_io.hpp> (above)
 // #include <partrain/parallel/detail/zero_optimizer.hpp> (above)
 
@@ -26360,6 +26364,20 @@ struct shard_state_slot {
     }
     if (r.remaining() != 0) throw other(std::to_string(r.remaining()) + " bytes more than it reads");
   }
+};
+
+// A fully sharded model holds no whole parameter between steps: a rank's section holds its
+// shard's values (over its flat segments, end to end) as one parameter named "fsdp shard", whose
+// shape is the shard's length (a mesh of another layout fails the shape check by name).
+struct shard_values_model {
+  struct param {
+    std::vector<float>* v;
+    [[nodiscard]] std::string name() const { return "fsdp shard"; }
+    [[nodiscard]] tensor_view<float> value() const { return tensor_view<float>(v->data(), shape{v->size()}); }
+    [[nodiscard]] tensor_view<float> grad() const { return {}; }
+  };
+  std::vector<param> params;
+  [[nodiscard]] std::vector<param>& parameters() noexcept { return params; }
 };
 
 }  // namespace partrain::inline v0::detail::ckpt
@@ -26635,6 +26653,168 @@ class sharded_scaler {
 };
 
 }  // namespace partrain::inline v0::detail
+
+// #include <partrain/train/rank_checkpoint.hpp>
+// partrain/train/rank_checkpoint.hpp: checkpoints of modes whose ranks hold different state:
+// post-local SGD and DiLoCo between syncs (each rank its own parameters and optimizer state),
+// PowerSGD (each rank its own error feedback). One file, written atomically by rank 0, holds one
+// section per rank; a section is an ordinary checkpoint (train/checkpoint.hpp: that rank's
+// parameters with names and shapes, then in the optimizer's place the mode's whole state, then
+// the extra fields), so every check of a plain checkpoint applies to it. Every rank reads the
+// file and restores its own section; the world size must be the one it was saved with.
+//
+// Layout: the frame of detail/framed_file.hpp (magic "PTRNRCKP", version, CRC-32, size) around
+// u32 world size, then per rank its section's bytes (u64 length first).
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+// #include <partrain/comm/process_group.hpp> (above)
+// #include <partrain/core/error.hpp> (above)
+// #include <partrain/core/memory_space.hpp> (above)
+// #include <partrain/core/tensor_view.hpp> (above)
+// #include <partrain/model/concepts.hpp> (above)
+// #include <partrain/optim/state_io.hpp> (above)
+// #include <partrain/train/checkpoint.hpp> (above)
+// #include <partrain/train/detail/atomic_file.hpp> (above)
+// #include <partrain/train/detail/framed_file.hpp> (above)
+
+namespace partrain::inline v0 {
+
+inline constexpr std::array<char, 8> rank_checkpoint_magic{'P', 'T', 'R', 'N', 'R', 'C', 'K', 'P'};
+inline constexpr std::uint32_t rank_checkpoint_version = 1;
+
+// What a rank saves beside its parameters: anything with save_state and load_state (post_local_sgd,
+// diloco, streaming_diloco, powersgd_state, an optimizer).
+template <class S>
+concept rank_state = requires(const S& cs, S& s, state_writer& w, state_reader& r) {
+  cs.save_state(w);
+  s.load_state(r);
+};
+
+namespace detail::rank_ckpt {
+
+// checkpoint_bytes stores an optimizer's state; the mode's state (its inner optimizer included)
+// takes that place. Loading checks that the state read all of its bytes.
+template <class S>
+struct state_slot {
+  S* s;
+  void step() noexcept {}
+  void zero_grad() noexcept {}
+  void save_state(state_writer& w) const { s->save_state(w); }
+  void load_state(state_reader& r) {
+    s->load_state(r);
+    if (r.remaining() != 0) {
+      throw checkpoint_error("the saved state has " + std::to_string(r.remaining()) +
+                             " bytes more than this run's state reads (saved by another mode or model?)");
+    }
+  }
+};
+
+inline constexpr int gather_tag = 0x52434b;  // "RCK": the sections' sends to rank 0
+
+// Every rank learns whether some rank failed (the highest failing rank, or -1), so all fail
+// together instead of the healthy ones waiting for the failed one in a later collective.
+[[nodiscard]] inline int failed_rank(process_group& g, bool failed) {
+  std::array<std::int64_t, 1> f{failed ? g.rank() : -1};
+  g.all_reduce(tensor_view<std::int64_t>(f), reduce_op::max).wait();
+  return static_cast<int>(f[0]);
+}
+
+}  // namespace detail::rank_ckpt
+
+// Collective: every rank's section goes to rank 0, which writes the file atomically (temporary
+// file, fsync, rename); then every rank learns whether it worked.
+template <model M, rank_state S>
+void save_rank_checkpoint(process_group& g, const std::filesystem::path& path, M& m, const S& state,
+                          const checkpoint_extra& extra = {}) {
+  static_assert(detail::ckpt::check_checkpointable<M>());
+  std::exception_ptr err;
+  std::vector<std::byte> mine;
+  try {
+    mine = checkpoint_bytes(m, detail::rank_ckpt::state_slot<const S>{&state}, extra);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  if (const int bad = detail::rank_ckpt::failed_rank(g, err != nullptr); bad >= 0) {
+    if (err) std::rethrow_exception(err);
+    throw checkpoint_error("rank checkpoint '" + path.string() + "': rank " + std::to_string(bad) +
+                           " could not serialize its state (its own error says why)");
+  }
+  // The sections' sizes first, so rank 0 can post its receives.
+  const auto world = static_cast<std::size_t>(g.size());
+  std::vector<std::int64_t> sizes(world);
+  std::array<std::int64_t, 1> my_size{static_cast<std::int64_t>(mine.size())};
+  g.all_gather(tensor_view<const std::int64_t>(my_size.data(), 1), tensor_view<std::int64_t>(sizes)).wait();
+  const auto as_u8 = [](std::vector<std::byte>& b) {
+    return tensor_view<std::uint8_t>(reinterpret_cast<std::uint8_t*>(b.data()), b.size());
+  };
+  if (g.rank() != 0) {
+    g.send(tensor_view<const std::uint8_t>(as_u8(mine)), 0, detail::rank_ckpt::gather_tag).wait();
+  } else {
+    try {
+      state_writer w;
+      w.put(static_cast<std::uint32_t>(world));
+      w.put_bytes(mine);
+      std::vector<std::byte> other;
+      for (std::size_t r = 1; r < world; ++r) {
+        other.resize(static_cast<std::size_t>(sizes[r]));
+        g.recv(as_u8(other), static_cast<int>(r), detail::rank_ckpt::gather_tag).wait();
+        w.put_bytes(other);
+      }
+      if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+      detail::ckpt::write_file_atomically(path, detail::ckpt::frame(rank_checkpoint_magic, rank_checkpoint_version, w.bytes()));
+    } catch (const communication_error&) {
+      throw;  // the group is broken: the peers see it in their own operations
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  if (const int bad = detail::rank_ckpt::failed_rank(g, err != nullptr); bad >= 0) {
+    if (err) std::rethrow_exception(err);
+    throw checkpoint_error("rank checkpoint '" + path.string() + "': rank 0 could not write it (its own error says why)");
+  }
+}
+
+// Collective: every rank reads `path` and restores its parameters and state from its section;
+// returns the extra fields. The parameters change only once the whole section parsed; if any
+// rank fails, every rank throws.
+template <model M, rank_state S>
+checkpoint_extra load_rank_checkpoint(process_group& g, const std::filesystem::path& path, M& m, S& state) {
+  static_assert(detail::ckpt::check_checkpointable<M>());
+  std::exception_ptr err;
+  checkpoint_extra extra;
+  try {
+    const std::string what = "rank checkpoint '" + path.string() + "'";
+    const auto file = detail::ckpt::read_framed_file(path, "rank checkpoint");
+    state_reader r(detail::ckpt::unframe(file, rank_checkpoint_magic, rank_checkpoint_version, what));
+    const auto world = r.get<std::uint32_t>("world size");
+    if (world != static_cast<std::uint32_t>(g.size())) {
+      throw checkpoint_error(what + " was saved by " + std::to_string(world) + " ranks, this job has " +
+                             std::to_string(g.size()) + " (each rank resumes its own state: expected the same world size)");
+    }
+    std::span<const std::byte> section;
+    for (int k = 0; k <= g.rank(); ++k) section = r.get_bytes("section of rank " + std::to_string(k));
+    detail::rank_ckpt::state_slot<S> slot{&state};
+    extra = load_checkpoint_bytes(section, m, slot, what + " (section of rank " + std::to_string(g.rank()) + ")");
+  } catch (...) {
+    err = std::current_exception();
+  }
+  if (const int bad = detail::rank_ckpt::failed_rank(g, err != nullptr); bad >= 0) {
+    if (err) std::rethrow_exception(err);
+    throw checkpoint_error("rank checkpoint '" + path.string() + "': rank " + std::to_string(bad) +
+                           " could not load its section (its own error says why)");
+  }
+  return extra;
+}
+
+}  // namespace partrain::inline v0
 
 // #include <partrain/train/sharded_checkpoint.hpp>
 // partrain/train/sharded_checkpoint.hpp: checkpoints of a sharded_data_parallel (ZeRO-1/2) or a
@@ -27177,6 +27357,23 @@ template <class Fsdp>
 template <class S>
 concept fully_sharded = requires(S& s) { s.shard_values(); };
 
+// A fully sharded model's checkpoint holds its parameters, not its layers' buffers (non-trainable
+// state): layers that have some are refused before anything is written.
+template <class Fsdp>
+void check_no_buffers(Fsdp& z, const std::string& who) {
+  using layer_type = detail::layers::layer_t<std::remove_cvref_t<decltype(z.layers())>>;
+  if constexpr (has_buffers<layer_type>) {
+    for (auto& e : z.layers()) {
+      for (auto&& b : detail::layers::layer_of(e).buffers()) {
+        if (tensor_view<float>(b).size() != 0) {
+          throw checkpoint_error(who + ": the layers have buffers (non-trainable state), which a "
+                                 "fully_sharded_data_parallel checkpoint does not hold yet; nothing was written");
+        }
+      }
+    }
+  }
+}
+
 }  // namespace detail::zero_ckpt
 
 // Every rank calls it, for a sharded_data_parallel (ZeRO-1/2) or a fully_sharded_data_parallel.
@@ -27186,17 +27383,7 @@ void save_sharded_checkpoint(Sharded& z, const std::filesystem::path& index, con
   namespace ck = detail::zero_ckpt;
   process_group& g = z.comm();
   if constexpr (ck::fully_sharded<Sharded>) {
-    using layer_type = detail::layers::layer_t<std::remove_cvref_t<decltype(z.layers())>>;
-    if constexpr (has_buffers<layer_type>) {
-      for (auto& e : z.layers()) {
-        for (auto&& b : detail::layers::layer_of(e).buffers()) {
-          if (tensor_view<float>(b).size() != 0) {
-            throw checkpoint_error("save_sharded_checkpoint: the layers have buffers (non-trainable state), which a "
-                                   "fully_sharded_data_parallel checkpoint does not hold yet; nothing was written");
-          }
-        }
-      }
-    }
+    ck::check_no_buffers(z, "save_sharded_checkpoint");
     const ck::shard_content<float> c{ck::fsdp_entries(z), z.flat_segments(static_cast<std::size_t>(g.rank())),
                                      z.shard_values(), z.optimizer_state()};
     ck::save(g, index, extra, c, [&](int q) { return z.flat_segments(static_cast<std::size_t>(q)); });
@@ -27763,6 +27950,7 @@ inline void trace_span::end() noexcept {
 // checkpoints are sharded (train/sharded_checkpoint.hpp: every rank writes its chunks) and load
 // at any world size, into ZeRO, or into a replicated model. With a grad scaler (for
 // fsdp_options::reduce_dtype float16), each step is amp_step and the scaler's state is checkpointed.
+// Over a tensor-parallel mesh, rank_sections: one file with a section per rank (its shards).
 //
 //   fully_sharded_data_parallel fsdp(layers, group, softmax_cross_entropy{}, sgd_options{.lr = 0.1});
 //   fsdp_policy policy(fsdp);
@@ -27771,12 +27959,15 @@ inline void trace_span::end() noexcept {
 #include <cstddef>
 #include <filesystem>
 #include <utility>
+#include <vector>
 
 // #include <partrain/comm/process_group.hpp> (above)
 // #include <partrain/model/concepts.hpp> (above)
 // #include <partrain/precision/grad_scaler.hpp> (above)
 // #include <partrain/train/checkpoint.hpp> (above)
+// #include <partrain/train/detail/shard_state_slot.hpp> (above)
 // #include <partrain/train/detail/sharded_scaler.hpp> (above)
+// #include <partrain/train/rank_checkpoint.hpp> (above)
 // #include <partrain/train/sharded_checkpoint.hpp> (above)
 // #include <partrain/train/trace.hpp> (above)
 
@@ -27785,6 +27976,10 @@ namespace partrain::inline v0 {
 struct fsdp_policy_options {
   grad_scaler* scaler = nullptr;    // loss scaling: amp_step (precision/sharded_amp.hpp) with it
   trace_recorder* trace = nullptr;  // one span per step ("fsdp_step": gathers, forward, backward, reduce_scatters, step)
+  // Checkpoints as a section per rank of this group (each rank's shard of the parameters and of
+  // the optimizer state), not sharded files: over a tensor-parallel mesh, where each tp
+  // coordinate's dp group shards a different slice of the model. Resumed on the same mesh.
+  process_group* rank_sections = nullptr;
 };
 
 template <class Fsdp>
@@ -27819,9 +28014,28 @@ class fsdp_policy {
   // Collective: every rank writes its chunks, rank 0 the index at `file`.
   void save_checkpoint(const std::filesystem::path& file, checkpoint_extra extra) {
     scaler_.save(extra);
+    if (o_.rank_sections) {
+      detail::zero_ckpt::check_no_buffers(*fsdp_, "fsdp_policy");
+      std::vector<float> values = fsdp_->shard_values();
+      detail::ckpt::shard_values_model shard{{{&values}}};
+      auto state = fsdp_->optimizer_state();
+      save_rank_checkpoint(*o_.rank_sections, file, shard, detail::ckpt::shard_state_slot{&state, "FSDP"}, extra);
+      return;
+    }
     save_sharded_checkpoint(*fsdp_, file, extra);
   }
   checkpoint_extra load_checkpoint(const std::filesystem::path& file) {
+    if (o_.rank_sections) {
+      std::vector<float> values(fsdp_->shard_values().size());
+      detail::ckpt::shard_values_model shard{{{&values}}};
+      shard_optimizer_state<float> state;
+      detail::ckpt::shard_state_slot slot{&state, "FSDP"};
+      checkpoint_extra extra = load_rank_checkpoint(*o_.rank_sections, file, shard, slot);
+      fsdp_->load_optimizer_state(state, "rank checkpoint '" + file.string() + "'");
+      fsdp_->load_shard_values(values);
+      scaler_.load(extra);
+      return extra;
+    }
     checkpoint_extra extra = load_sharded_checkpoint(*fsdp_, file);
     scaler_.load(extra);
     return extra;
@@ -27832,168 +28046,6 @@ class fsdp_policy {
   fsdp_policy_options o_;
   detail::sharded_scaler scaler_{o_.scaler};
 };
-
-}  // namespace partrain::inline v0
-
-// #include <partrain/train/rank_checkpoint.hpp>
-// partrain/train/rank_checkpoint.hpp: checkpoints of modes whose ranks hold different state:
-// post-local SGD and DiLoCo between syncs (each rank its own parameters and optimizer state),
-// PowerSGD (each rank its own error feedback). One file, written atomically by rank 0, holds one
-// section per rank; a section is an ordinary checkpoint (train/checkpoint.hpp: that rank's
-// parameters with names and shapes, then in the optimizer's place the mode's whole state, then
-// the extra fields), so every check of a plain checkpoint applies to it. Every rank reads the
-// file and restores its own section; the world size must be the one it was saved with.
-//
-// Layout: the frame of detail/framed_file.hpp (magic "PTRNRCKP", version, CRC-32, size) around
-// u32 world size, then per rank its section's bytes (u64 length first).
-
-#include <array>
-#include <cstddef>
-#include <cstdint>
-#include <exception>
-#include <filesystem>
-#include <span>
-#include <string>
-#include <vector>
-
-// #include <partrain/comm/process_group.hpp> (above)
-// #include <partrain/core/error.hpp> (above)
-// #include <partrain/core/memory_space.hpp> (above)
-// #include <partrain/core/tensor_view.hpp> (above)
-// #include <partrain/model/concepts.hpp> (above)
-// #include <partrain/optim/state_io.hpp> (above)
-// #include <partrain/train/checkpoint.hpp> (above)
-// #include <partrain/train/detail/atomic_file.hpp> (above)
-// #include <partrain/train/detail/framed_file.hpp> (above)
-
-namespace partrain::inline v0 {
-
-inline constexpr std::array<char, 8> rank_checkpoint_magic{'P', 'T', 'R', 'N', 'R', 'C', 'K', 'P'};
-inline constexpr std::uint32_t rank_checkpoint_version = 1;
-
-// What a rank saves beside its parameters: anything with save_state and load_state (post_local_sgd,
-// diloco, streaming_diloco, powersgd_state, an optimizer).
-template <class S>
-concept rank_state = requires(const S& cs, S& s, state_writer& w, state_reader& r) {
-  cs.save_state(w);
-  s.load_state(r);
-};
-
-namespace detail::rank_ckpt {
-
-// checkpoint_bytes stores an optimizer's state; the mode's state (its inner optimizer included)
-// takes that place. Loading checks that the state read all of its bytes.
-template <class S>
-struct state_slot {
-  S* s;
-  void step() noexcept {}
-  void zero_grad() noexcept {}
-  void save_state(state_writer& w) const { s->save_state(w); }
-  void load_state(state_reader& r) {
-    s->load_state(r);
-    if (r.remaining() != 0) {
-      throw checkpoint_error("the saved state has " + std::to_string(r.remaining()) +
-                             " bytes more than this run's state reads (saved by another mode or model?)");
-    }
-  }
-};
-
-inline constexpr int gather_tag = 0x52434b;  // "RCK": the sections' sends to rank 0
-
-// Every rank learns whether some rank failed (the highest failing rank, or -1), so all fail
-// together instead of the healthy ones waiting for the failed one in a later collective.
-[[nodiscard]] inline int failed_rank(process_group& g, bool failed) {
-  std::array<std::int64_t, 1> f{failed ? g.rank() : -1};
-  g.all_reduce(tensor_view<std::int64_t>(f), reduce_op::max).wait();
-  return static_cast<int>(f[0]);
-}
-
-}  // namespace detail::rank_ckpt
-
-// Collective: every rank's section goes to rank 0, which writes the file atomically (temporary
-// file, fsync, rename); then every rank learns whether it worked.
-template <model M, rank_state S>
-void save_rank_checkpoint(process_group& g, const std::filesystem::path& path, M& m, const S& state,
-                          const checkpoint_extra& extra = {}) {
-  static_assert(detail::ckpt::check_checkpointable<M>());
-  std::exception_ptr err;
-  std::vector<std::byte> mine;
-  try {
-    mine = checkpoint_bytes(m, detail::rank_ckpt::state_slot<const S>{&state}, extra);
-  } catch (...) {
-    err = std::current_exception();
-  }
-  if (const int bad = detail::rank_ckpt::failed_rank(g, err != nullptr); bad >= 0) {
-    if (err) std::rethrow_exception(err);
-    throw checkpoint_error("rank checkpoint '" + path.string() + "': rank " + std::to_string(bad) +
-                           " could not serialize its state (its own error says why)");
-  }
-  // The sections' sizes first, so rank 0 can post its receives.
-  const auto world = static_cast<std::size_t>(g.size());
-  std::vector<std::int64_t> sizes(world);
-  std::array<std::int64_t, 1> my_size{static_cast<std::int64_t>(mine.size())};
-  g.all_gather(tensor_view<const std::int64_t>(my_size.data(), 1), tensor_view<std::int64_t>(sizes)).wait();
-  const auto as_u8 = [](std::vector<std::byte>& b) {
-    return tensor_view<std::uint8_t>(reinterpret_cast<std::uint8_t*>(b.data()), b.size());
-  };
-  if (g.rank() != 0) {
-    g.send(tensor_view<const std::uint8_t>(as_u8(mine)), 0, detail::rank_ckpt::gather_tag).wait();
-  } else {
-    try {
-      state_writer w;
-      w.put(static_cast<std::uint32_t>(world));
-      w.put_bytes(mine);
-      std::vector<std::byte> other;
-      for (std::size_t r = 1; r < world; ++r) {
-        other.resize(static_cast<std::size_t>(sizes[r]));
-        g.recv(as_u8(other), static_cast<int>(r), detail::rank_ckpt::gather_tag).wait();
-        w.put_bytes(other);
-      }
-      if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
-      detail::ckpt::write_file_atomically(path, detail::ckpt::frame(rank_checkpoint_magic, rank_checkpoint_version, w.bytes()));
-    } catch (const communication_error&) {
-      throw;  // the group is broken: the peers see it in their own operations
-    } catch (...) {
-      err = std::current_exception();
-    }
-  }
-  if (const int bad = detail::rank_ckpt::failed_rank(g, err != nullptr); bad >= 0) {
-    if (err) std::rethrow_exception(err);
-    throw checkpoint_error("rank checkpoint '" + path.string() + "': rank 0 could not write it (its own error says why)");
-  }
-}
-
-// Collective: every rank reads `path` and restores its parameters and state from its section;
-// returns the extra fields. The parameters change only once the whole section parsed; if any
-// rank fails, every rank throws.
-template <model M, rank_state S>
-checkpoint_extra load_rank_checkpoint(process_group& g, const std::filesystem::path& path, M& m, S& state) {
-  static_assert(detail::ckpt::check_checkpointable<M>());
-  std::exception_ptr err;
-  checkpoint_extra extra;
-  try {
-    const std::string what = "rank checkpoint '" + path.string() + "'";
-    const auto file = detail::ckpt::read_framed_file(path, "rank checkpoint");
-    state_reader r(detail::ckpt::unframe(file, rank_checkpoint_magic, rank_checkpoint_version, what));
-    const auto world = r.get<std::uint32_t>("world size");
-    if (world != static_cast<std::uint32_t>(g.size())) {
-      throw checkpoint_error(what + " was saved by " + std::to_string(world) + " ranks, this job has " +
-                             std::to_string(g.size()) + " (each rank resumes its own state: expected the same world size)");
-    }
-    std::span<const std::byte> section;
-    for (int k = 0; k <= g.rank(); ++k) section = r.get_bytes("section of rank " + std::to_string(k));
-    detail::rank_ckpt::state_slot<S> slot{&state};
-    extra = load_checkpoint_bytes(section, m, slot, what + " (section of rank " + std::to_string(g.rank()) + ")");
-  } catch (...) {
-    err = std::current_exception();
-  }
-  if (const int bad = detail::rank_ckpt::failed_rank(g, err != nullptr); bad >= 0) {
-    if (err) std::rethrow_exception(err);
-    throw checkpoint_error("rank checkpoint '" + path.string() + "': rank " + std::to_string(bad) +
-                           " could not load its section (its own error says why)");
-  }
-  return extra;
-}
 
 }  // namespace partrain::inline v0
 

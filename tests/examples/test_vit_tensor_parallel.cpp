@@ -18,6 +18,7 @@
 #include <partrain/parallel/zero.hpp>
 #include <partrain/optim/clip.hpp>
 #include <partrain/train/policies.hpp>
+#include <partrain/train/fsdp_policy.hpp>
 #include <partrain/train/zero_policy.hpp>
 
 #include <cmath>
@@ -300,7 +301,7 @@ TEST_CASE("DP x TP on a 2 x 2 mesh, DDP, ZeRO-1, ZeRO-2 or FSDP over dp, equals 
 
 TEST_CASE("DP x TP checkpoints: each rank's slice saved and resumed, bit for bit, under DDP, ZeRO-1 or ZeRO-2",
           "[examples][vit][tensor_parallel][checkpoint][zero]") {
-  const std::string mode = GENERATE("ddp", "zero1", "zero2");
+  const std::string mode = GENERATE("ddp", "zero1", "zero2", "fsdp");
   CAPTURE(mode);
   const auto c = tp_vit(0.0f);
   const std::size_t half = 3, pixels = c.image * c.image;
@@ -318,7 +319,10 @@ TEST_CASE("DP x TP checkpoints: each rank's slice saved and resumed, bit for bit
       const auto dp = static_cast<std::size_t>(mesh.coordinate("dp"));
       auto steps = [&](auto& policy) {
         if (load) (void)policy.load_checkpoint(file);
-        for (std::size_t s = from; s < to; ++s) (void)policy.train_step(dp_rows(batches[s], dp, half, pixels));
+        for (std::size_t s = from; s < to; ++s) {
+          const rows_batch mine = dp_rows(batches[s], dp, half, pixels);
+          (void)policy.train_step(batch{mine.features, tensor_view<const std::int32_t>(mine.labels), {}});
+        }
         if (save) policy.save_checkpoint(file, {});
       };
       if (mode == "ddp") {
@@ -326,6 +330,14 @@ TEST_CASE("DP x TP checkpoints: each rank's slice saved and resumed, bit for bit
         sgd opt(model, {.lr = 0.1, .momentum = 0.9});
         ddp_policy policy(ddp, opt, {.rank_sections = &world});
         steps(policy);
+      } else if (mode == "fsdp") {  // the parameters sharded too: each rank its shard of the values and momentum
+        fully_sharded_data_parallel fsdp(model, mesh.group("dp"), sgd_options{.lr = 0.1, .momentum = 0.9}, {});
+        fsdp_policy policy(fsdp, {.rank_sections = &world});
+        steps(policy);
+        auto full = fsdp.summon_full_params();  // the layers hold their values only while summoned
+        auto& v = values[static_cast<std::size_t>(world.rank())];
+        for (auto& p : model.parameters()) v.insert(v.end(), p.value().begin(), p.value().end());
+        return;
       } else {  // the optimizer state (zero2: the gradients too) sharded over dp: each rank its shard's momentum
         sharded_data_parallel zero(model, mesh.group("dp"), sgd_options{.lr = 0.1, .momentum = 0.9},
                                    {.stage = mode == "zero1" ? 1 : 2});

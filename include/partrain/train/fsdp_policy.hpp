@@ -3,6 +3,7 @@
 // checkpoints are sharded (train/sharded_checkpoint.hpp: every rank writes its chunks) and load
 // at any world size, into ZeRO, or into a replicated model. With a grad scaler (for
 // fsdp_options::reduce_dtype float16), each step is amp_step and the scaler's state is checkpointed.
+// Over a tensor-parallel mesh, rank_sections: one file with a section per rank (its shards).
 //
 //   fully_sharded_data_parallel fsdp(layers, group, softmax_cross_entropy{}, sgd_options{.lr = 0.1});
 //   fsdp_policy policy(fsdp);
@@ -12,12 +13,15 @@
 #include <cstddef>
 #include <filesystem>
 #include <utility>
+#include <vector>
 
 #include <partrain/comm/process_group.hpp>
 #include <partrain/model/concepts.hpp>
 #include <partrain/precision/grad_scaler.hpp>
 #include <partrain/train/checkpoint.hpp>
+#include <partrain/train/detail/shard_state_slot.hpp>
 #include <partrain/train/detail/sharded_scaler.hpp>
+#include <partrain/train/rank_checkpoint.hpp>
 #include <partrain/train/sharded_checkpoint.hpp>
 #include <partrain/train/trace.hpp>
 
@@ -26,6 +30,10 @@ namespace partrain::inline v0 {
 struct fsdp_policy_options {
   grad_scaler* scaler = nullptr;    // loss scaling: amp_step (precision/sharded_amp.hpp) with it
   trace_recorder* trace = nullptr;  // one span per step ("fsdp_step": gathers, forward, backward, reduce_scatters, step)
+  // Checkpoints as a section per rank of this group (each rank's shard of the parameters and of
+  // the optimizer state), not sharded files: over a tensor-parallel mesh, where each tp
+  // coordinate's dp group shards a different slice of the model. Resumed on the same mesh.
+  process_group* rank_sections = nullptr;
 };
 
 template <class Fsdp>
@@ -60,9 +68,28 @@ class fsdp_policy {
   // Collective: every rank writes its chunks, rank 0 the index at `file`.
   void save_checkpoint(const std::filesystem::path& file, checkpoint_extra extra) {
     scaler_.save(extra);
+    if (o_.rank_sections) {
+      detail::zero_ckpt::check_no_buffers(*fsdp_, "fsdp_policy");
+      std::vector<float> values = fsdp_->shard_values();
+      detail::ckpt::shard_values_model shard{{{&values}}};
+      auto state = fsdp_->optimizer_state();
+      save_rank_checkpoint(*o_.rank_sections, file, shard, detail::ckpt::shard_state_slot{&state, "FSDP"}, extra);
+      return;
+    }
     save_sharded_checkpoint(*fsdp_, file, extra);
   }
   checkpoint_extra load_checkpoint(const std::filesystem::path& file) {
+    if (o_.rank_sections) {
+      std::vector<float> values(fsdp_->shard_values().size());
+      detail::ckpt::shard_values_model shard{{{&values}}};
+      shard_optimizer_state<float> state;
+      detail::ckpt::shard_state_slot slot{&state, "FSDP"};
+      checkpoint_extra extra = load_rank_checkpoint(*o_.rank_sections, file, shard, slot);
+      fsdp_->load_optimizer_state(state, "rank checkpoint '" + file.string() + "'");
+      fsdp_->load_shard_values(values);
+      scaler_.load(extra);
+      return extra;
+    }
     checkpoint_extra extra = load_sharded_checkpoint(*fsdp_, file);
     scaler_.load(extra);
     return extra;

@@ -539,6 +539,23 @@ template <class Fsdp>
 template <class S>
 concept fully_sharded = requires(S& s) { s.shard_values(); };
 
+// A fully sharded model's checkpoint holds its parameters, not its layers' buffers (non-trainable
+// state): layers that have some are refused before anything is written.
+template <class Fsdp>
+void check_no_buffers(Fsdp& z, const std::string& who) {
+  using layer_type = detail::layers::layer_t<std::remove_cvref_t<decltype(z.layers())>>;
+  if constexpr (has_buffers<layer_type>) {
+    for (auto& e : z.layers()) {
+      for (auto&& b : detail::layers::layer_of(e).buffers()) {
+        if (tensor_view<float>(b).size() != 0) {
+          throw checkpoint_error(who + ": the layers have buffers (non-trainable state), which a "
+                                 "fully_sharded_data_parallel checkpoint does not hold yet; nothing was written");
+        }
+      }
+    }
+  }
+}
+
 }  // namespace detail::zero_ckpt
 
 // Every rank calls it, for a sharded_data_parallel (ZeRO-1/2) or a fully_sharded_data_parallel.
@@ -548,17 +565,7 @@ void save_sharded_checkpoint(Sharded& z, const std::filesystem::path& index, con
   namespace ck = detail::zero_ckpt;
   process_group& g = z.comm();
   if constexpr (ck::fully_sharded<Sharded>) {
-    using layer_type = detail::layers::layer_t<std::remove_cvref_t<decltype(z.layers())>>;
-    if constexpr (has_buffers<layer_type>) {
-      for (auto& e : z.layers()) {
-        for (auto&& b : detail::layers::layer_of(e).buffers()) {
-          if (tensor_view<float>(b).size() != 0) {
-            throw checkpoint_error("save_sharded_checkpoint: the layers have buffers (non-trainable state), which a "
-                                   "fully_sharded_data_parallel checkpoint does not hold yet; nothing was written");
-          }
-        }
-      }
-    }
+    ck::check_no_buffers(z, "save_sharded_checkpoint");
     const ck::shard_content<float> c{ck::fsdp_entries(z), z.flat_segments(static_cast<std::size_t>(g.rank())),
                                      z.shard_values(), z.optimizer_state()};
     ck::save(g, index, extra, c, [&](int q) { return z.flat_segments(static_cast<std::size_t>(q)); });

@@ -1,15 +1,19 @@
-// partrain/train/detail/shard_state_slot.hpp: a sharded optimizer's state (shard_optimizer_state:
-// its kind, step count and arrays) in the optimizer's place of an ordinary checkpoint or a rank
-// checkpoint's section. Deterministic ZeRO saves the whole state there (every slice gathered);
-// ZeRO over a tensor-parallel mesh saves each rank's own slice in its section.
+// partrain/train/detail/shard_state_slot.hpp: a sharded mode's state in the places of an ordinary
+// checkpoint or of a rank checkpoint's section. shard_state_slot: a sharded optimizer's state
+// (shard_optimizer_state: its kind, step count and arrays) in the optimizer's place; deterministic
+// ZeRO saves the whole state there (every slice gathered), ZeRO and FSDP over a tensor-parallel
+// mesh each rank's own slice. shard_values_model: an FSDP rank's parameter shard in the model's
+// place, as one parameter.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <partrain/core/error.hpp>
+#include <partrain/core/tensor_view.hpp>
 #include <partrain/optim/state_io.hpp>
 #include <partrain/parallel/detail/zero_optimizer.hpp>
 
@@ -46,6 +50,20 @@ struct shard_state_slot {
     }
     if (r.remaining() != 0) throw other(std::to_string(r.remaining()) + " bytes more than it reads");
   }
+};
+
+// A fully sharded model holds no whole parameter between steps: a rank's section holds its
+// shard's values (over its flat segments, end to end) as one parameter named "fsdp shard", whose
+// shape is the shard's length (a mesh of another layout fails the shape check by name).
+struct shard_values_model {
+  struct param {
+    std::vector<float>* v;
+    [[nodiscard]] std::string name() const { return "fsdp shard"; }
+    [[nodiscard]] tensor_view<float> value() const { return tensor_view<float>(v->data(), shape{v->size()}); }
+    [[nodiscard]] tensor_view<float> grad() const { return {}; }
+  };
+  std::vector<param> params;
+  [[nodiscard]] std::vector<param>& parameters() noexcept { return params; }
 };
 
 }  // namespace partrain::inline v0::detail::ckpt
