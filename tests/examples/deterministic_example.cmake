@@ -1,9 +1,10 @@
 # --deterministic S: the same global batches trained at world sizes 1, 2 and 3 (threads) and 2
 # (gloo processes, where built) end with the same final parameter checksum, as do ZeRO-1 at 2 and
-# 3, ZeRO-2 in small buckets at 3, the global batch in 2 or 3 accumulated batches, and a ZeRO-1 run saved at 2 ranks and resumed
+# 3, ZeRO-2 in small buckets at 3 (threads, and MPI processes where MPIEXEC is given), the global batch in 2 or 3 accumulated batches, and a ZeRO-1 run saved at 2 ranks and resumed
 # at 3; the plain DDP run at world 2 must not (or the test would pass without the mode doing
 # anything).
-#   cmake -DPROGRAM=fashion_mnist -DARGS="common;args" -DCKPT=dir [-DGLOO=1] -P deterministic_example.cmake
+#   cmake -DPROGRAM=fashion_mnist -DARGS="common;args" -DCKPT=dir [-DGLOO=1] [-DMPIEXEC="mpiexec;flags"]
+#         -P deterministic_example.cmake
 include(${CMAKE_CURRENT_LIST_DIR}/example_capture.cmake)
 function(checksum out)
   run_capture(sum "final parameter checksum ([0-9a-f]+)" "no final parameter checksum" ${ARGN})
@@ -38,6 +39,17 @@ endforeach()
 checksum(got --backend local --nproc 3 --deterministic 6 --parallel zero2 --bucket-kb 64)
 if(NOT got STREQUAL one)
   message(FATAL_ERROR "--deterministic 6 --parallel zero2 --bucket-kb 64 with 3 ranks ended at ${got}, one rank at ${one}")
+endif()
+# Three MPI processes under mpirun (MPIEXEC: the launcher and its flags), ZeRO-2 in small buckets.
+if(DEFINED MPIEXEC)
+  set(program ${PROGRAM})
+  set(PROGRAM ${MPIEXEC} -np 3 ${program})
+  checksum(got --backend mpi --deterministic 6 --parallel zero2 --bucket-kb 64)
+  set(PROGRAM ${program})
+  if(NOT got STREQUAL one)
+    message(FATAL_ERROR "--deterministic 6 --parallel zero2 under mpirun -np 3 ended at ${got}, one rank at ${one}")
+  endif()
+  message(STATUS "mpi x 3, zero2: ${got}")
 endif()
 # Gradient accumulation: the global batch of 60 as 2 batches of 30 (3 shards each) at 2 ranks, and
 # as 3 of 20 (2 shards each) at 3 ranks under ZeRO-1, the same bits (a later --batch-size wins).
