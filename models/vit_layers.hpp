@@ -25,8 +25,11 @@
 
 #include <partrain/comm/process_group.hpp>
 #include <partrain/core/buffer.hpp>
+#include <partrain/core/dtype.hpp>
 #include <partrain/core/error.hpp>
+#include <partrain/core/half.hpp>
 #include <partrain/core/tensor_view.hpp>
+#include <partrain/precision/cast.hpp>
 
 #include "cnn_layers.hpp"
 #include "mlp_layers.hpp"
@@ -264,6 +267,10 @@ struct tp_shard {
   std::size_t rank = 0;
   std::size_t size = 1;
   bool sequence_parallel = false;
+  // The activations' collectives (and their gradients'): float32, or bfloat16 (each rank's values
+  // rounded before they move, the result widened back: half the bytes, as Megatron's bf16
+  // training moves them). The LayerNorm gradients' sums and the weights' gathers stay float32.
+  partrain::dtype wire = partrain::dtype::float32;
 };
 
 namespace vit_detail {
@@ -282,6 +289,43 @@ inline void check_gathered_size(std::size_t got, std::size_t want, std::size_t k
                                  "inside summon_full_params)");
   }
 }
+// The activation collectives over the tensor-parallel group, on tp.wire.
+inline void wire_all_reduce(const tp_shard& tp, float* p, std::size_t n) {
+  if (tp.wire != partrain::dtype::bfloat16) {
+    tp.group->all_reduce(tensor_view<float>(p, shape{n})).wait();
+    return;
+  }
+  partrain::bfloat16* b = scratch<partrain::bfloat16>(0, n);
+  partrain::cast(tensor_view<const float>(p, shape{n}), tensor_view<partrain::bfloat16>(b, shape{n}));
+  tp.group->all_reduce(tensor_view<partrain::bfloat16>(b, shape{n})).wait();
+  partrain::cast(tensor_view<const partrain::bfloat16>(b, shape{n}), tensor_view<float>(p, shape{n}));
+}
+// Every rank's chunk of floats into all [p chunk], in rank order.
+inline void wire_all_gather(const tp_shard& tp, const float* part, float* all, std::size_t chunk) {
+  const std::size_t n = tp.size * chunk;
+  if (tp.wire != partrain::dtype::bfloat16) {
+    tp.group->all_gather(tensor_view<const float>(part, shape{chunk}), tensor_view<float>(all, shape{n})).wait();
+    return;
+  }
+  partrain::bfloat16* mine = scratch<partrain::bfloat16>(0, chunk);
+  partrain::bfloat16* every = scratch<partrain::bfloat16>(1, n);
+  partrain::cast(tensor_view<const float>(part, shape{chunk}), tensor_view<partrain::bfloat16>(mine, shape{chunk}));
+  tp.group->all_gather(tensor_view<const partrain::bfloat16>(mine, shape{chunk}), tensor_view<partrain::bfloat16>(every, shape{n})).wait();
+  partrain::cast(tensor_view<const partrain::bfloat16>(every, shape{n}), tensor_view<float>(all, shape{n}));
+}
+// The group's sum of all [p chunk], chunk r of it into rank r's part.
+inline void wire_reduce_scatter(const tp_shard& tp, const float* all, float* part, std::size_t chunk) {
+  const std::size_t n = tp.size * chunk;
+  if (tp.wire != partrain::dtype::bfloat16) {
+    tp.group->reduce_scatter(tensor_view<const float>(all, shape{n}), tensor_view<float>(part, shape{chunk})).wait();
+    return;
+  }
+  partrain::bfloat16* every = scratch<partrain::bfloat16>(1, n);
+  partrain::bfloat16* mine = scratch<partrain::bfloat16>(0, chunk);
+  partrain::cast(tensor_view<const float>(all, shape{n}), tensor_view<partrain::bfloat16>(every, shape{n}));
+  tp.group->reduce_scatter(tensor_view<const partrain::bfloat16>(every, shape{n}), tensor_view<partrain::bfloat16>(mine, shape{chunk})).wait();
+  partrain::cast(tensor_view<const partrain::bfloat16>(mine, shape{chunk}), tensor_view<float>(part, shape{chunk}));
+}
 // Sequence parallelism's two exchanges of tokens over a tensor-parallel group of p ranks, rank r
 // holding tokens r ts .. (r + 1) ts of each of n examples ([n, ts, dim] slices of [n, p ts, dim]):
 // the collectives move rank-major blocks, so the rows are staged through scratch slot 13.
@@ -291,9 +335,7 @@ void all_gather_tokens(const tp_shard& tp, const T* part, T* whole, std::size_t 
   check_float_tp(std::is_same_v<T, float>);
   const std::size_t p = tp.size, run = ts * dim, chunk = n * run;
   T* staged = scratch<T>(13, p * chunk);
-  if constexpr (std::is_same_v<T, float>) {
-    tp.group->all_gather(tensor_view<const float>(part, shape{chunk}), tensor_view<float>(staged, shape{p * chunk})).wait();
-  }
+  if constexpr (std::is_same_v<T, float>) wire_all_gather(tp, part, staged, chunk);
   for (std::size_t q = 0; q < p; ++q) {
     for (std::size_t e = 0; e < n; ++e) std::copy_n(staged + q * chunk + e * run, run, whole + (e * p + q) * run);
   }
@@ -307,9 +349,7 @@ void reduce_scatter_tokens(const tp_shard& tp, const T* whole, T* part, std::siz
   for (std::size_t q = 0; q < p; ++q) {
     for (std::size_t e = 0; e < n; ++e) std::copy_n(whole + (e * p + q) * run, run, staged + q * chunk + e * run);
   }
-  if constexpr (std::is_same_v<T, float>) {
-    tp.group->reduce_scatter(tensor_view<const float>(staged, shape{p * chunk}), tensor_view<float>(part, shape{chunk})).wait();
-  }
+  if constexpr (std::is_same_v<T, float>) wire_reduce_scatter(tp, staged, part, chunk);
 }
 inline void check_sequence_group(const tp_shard& tp) {
   if (tp.size < 2 || !tp.group || static_cast<std::size_t>(tp.group->size()) != tp.size) {
@@ -414,6 +454,10 @@ class basic_transformer_block {
     if (tp.size > 1 && (!tp.group || static_cast<std::size_t>(tp.group->size()) != tp.size)) {
       throw invalid_argument_error("transformer_block: " + sizes() + " need their group of that size (got " +
                                    (tp.group ? std::to_string(tp.group->size()) + " ranks" : std::string("none")) + ")");
+    }
+    if (tp.wire != partrain::dtype::float32 && tp.wire != partrain::dtype::bfloat16) {
+      throw invalid_argument_error("transformer_block: tensor-parallel collectives in " + std::string(partrain::to_string(tp.wire)) +
+                                   " (expected float32 or bfloat16)");
     }
     heads_ = full.heads_ / tp.size;
     hidden_ = full.hidden_ / tp.size;
@@ -640,11 +684,12 @@ class basic_transformer_block {
   [[nodiscard]] std::size_t global_head(std::size_t e, std::size_t h) const noexcept {
     return e * heads_ * tp_.size + tp_.rank * heads_ + h;
   }
-  // The tensor-parallel group's sum of n values, in place (nothing to do without a group).
+  // The tensor-parallel group's sum of n activations (or their gradients), in place, on the
+  // group's wire (nothing to do without a group).
   void tp_sum(T* p, std::size_t n) {
     if (tp_.size == 1) return;
     vit_detail::check_float_tp(std::is_same_v<T, float>);
-    if constexpr (std::is_same_v<T, float>) tp_.group->all_reduce(tensor_view<float>(p, shape{n})).wait();
+    if constexpr (std::is_same_v<T, float>) vit_detail::wire_all_reduce(tp_, p, n);
   }
   [[nodiscard]] bool sp() const noexcept { return tp_.size > 1 && tp_.sequence_parallel; }
 
@@ -715,10 +760,11 @@ class basic_transformer_block {
       tp_sum(whole, k.n * k.t * dim_);
     }
   }
-  // The group's sum of a few gradient sums (in float on the wire).
+  // The group's sum of a few gradient sums (in float on the wire, whatever tp_.wire says).
   void tp_sum_doubles(std::vector<double>& v) {
-    std::vector<T> f(v.begin(), v.end());
-    tp_sum(f.data(), f.size());
+    if (tp_.size == 1) return;
+    std::vector<float> f(v.begin(), v.end());
+    tp_.group->all_reduce(tensor_view<float>(f)).wait();
     std::ranges::copy(f, v.begin());
   }
 

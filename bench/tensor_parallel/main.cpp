@@ -14,6 +14,9 @@
 //   tp2_sp_bytes_formula     per block 10 exchanges of (p-1)/p of batch x tokens x dim floats (forward
 //                            2 all-gathers, 2 reduce-scatters; backward 4 all-gathers, 2
 //                            reduce-scatters) and an all-reduce of 4 dim floats; 3 exchanges at the ends
+// and with the activations' collectives in bf16 (tp 2, tp_shard::wire):
+//   tp2_bf16_speedup         samples/s at tp 2 in bf16 / samples/s at tp 1
+//   tp2_bf16_bytes_per_step  bytes one rank sent in a step (the formula's half)
 //   bench_tensor_parallel [--quick] [--dim D] [--steps N] [--windows N]
 #include <algorithm>
 #include <chrono>
@@ -65,14 +68,15 @@ struct result {
 
 // One window of `steps` steps after one warm-up step, at tensor-parallel size p (1: the whole
 // model), with sequence parallelism or not.
-result run(const ml::vit_config& vc, const config& c, int p, const rows_batch& b, bool sp = false) {
+result run(const ml::vit_config& vc, const config& c, int p, const rows_batch& b, bool sp = false,
+           dtype wire = dtype::float32) {
   std::vector<result> out(static_cast<std::size_t>(p));
   process_group_options o;
   o.inline_collectives = o.pin_threads = true;
   run_local(p, [&](local_group& g) {
     const auto r = static_cast<std::size_t>(g.rank());
     auto layers = ml::make_vit(vc, 1, {.group = p > 1 ? &g : nullptr, .rank = r, .size = static_cast<std::size_t>(p),
-                                       .sequence_parallel = sp});
+                                       .sequence_parallel = sp, .wire = wire});
     const std::size_t pb = parameter_bytes(layers);
     sequential model(std::move(layers), ml::softmax_cross_entropy{});
     sgd opt(model, {.lr = 0.01, .momentum = 0.9});
@@ -132,15 +136,17 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int32_t>(i % 10);
   const rows_batch b{tensor_view<const float>(x.data(), shape{c.batch, 784}), y};
 
-  std::vector<double> sps1, sps2, sps3;
-  result r1, r2, r3;
-  for (std::size_t w = 0; w < c.windows; ++w) {  // alternated: tp 1, tp 2, tp 2 + sp, tp 1, ...
+  std::vector<double> sps1, sps2, sps3, sps4;
+  result r1, r2, r3, r4;
+  for (std::size_t w = 0; w < c.windows; ++w) {  // alternated: tp 1, tp 2, tp 2 + sp, tp 2 bf16, tp 1, ...
     r1 = run(vc, c, 1, b);
     r2 = run(vc, c, 2, b);
     r3 = run(vc, c, 2, b, true);
+    r4 = run(vc, c, 2, b, false, dtype::bfloat16);
     sps1.push_back(r1.samples_per_s);
     sps2.push_back(r2.samples_per_s);
     sps3.push_back(r3.samples_per_s);
+    sps4.push_back(r4.samples_per_s);
   }
   const std::uint64_t tokens = 16, floats = c.batch * tokens * c.dim;
   const std::uint64_t formula = 4 * vc.depth * (2 * (2 - 1) * floats * sizeof(float) / 2);
@@ -162,10 +168,13 @@ int main(int argc, char** argv) {
   row("1", median(sps1), r1, 0);
   row("2", median(sps2), r2, formula);
   row("2 + sp", median(sps3), r3, sp_formula);
+  row("2 bf16", median(sps4), r4, formula / 2);
   std::printf("summary: tp2_speedup=%.3f tp2_param_memory_ratio=%.3f tp2_bytes_per_step=%llu tp2_bytes_formula=%llu "
-              "tp2_sp_speedup=%.3f tp2_sp_activation_ratio=%.3f tp2_sp_bytes_per_step=%llu tp2_sp_bytes_formula=%llu\n",
+              "tp2_sp_speedup=%.3f tp2_sp_activation_ratio=%.3f tp2_sp_bytes_per_step=%llu tp2_sp_bytes_formula=%llu "
+              "tp2_bf16_speedup=%.3f tp2_bf16_bytes_per_step=%llu\n",
               speedup, mem_ratio, static_cast<unsigned long long>(r2.bytes_per_step),
               static_cast<unsigned long long>(formula), median(sps3) / median(sps1), act_ratio,
-              static_cast<unsigned long long>(r3.bytes_per_step), static_cast<unsigned long long>(sp_formula));
+              static_cast<unsigned long long>(r3.bytes_per_step), static_cast<unsigned long long>(sp_formula),
+              median(sps4) / median(sps1), static_cast<unsigned long long>(r4.bytes_per_step));
   return 0;
 }

@@ -152,8 +152,10 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
   }
   device_mesh mesh(pg, {{"dp", pg.size() / o.tp}, {"tp", o.tp}});
   const int tp_rank = mesh.coordinate("tp"), dp_rank = mesh.coordinate("dp"), dp_size = mesh.size("dp");
+  const bool bf16 = o.precision == "bf16";  // the tensor-parallel collectives (and FSDP's) in bf16
   const models::layers::tp_shard tp{.group = &mesh.group("tp"), .rank = static_cast<std::size_t>(tp_rank),
-                                    .size = static_cast<std::size_t>(o.tp), .sequence_parallel = o.sequence_parallel};
+                                    .size = static_cast<std::size_t>(o.tp), .sequence_parallel = o.sequence_parallel,
+                                    .wire = bf16 ? dtype::bfloat16 : dtype::float32};
   // The whole model (from --init-from when given, any tensor-parallel size's export), then this
   // rank's slice of it.
   sequential whole(models::layers::make_vit({}, static_cast<std::uint32_t>(o.seed)), models::layers::softmax_cross_entropy{});
@@ -163,8 +165,9 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
   loader train = rank_train(data, o, dp_rank, dp_size);
   loader test = rank_test(data, dp_rank, dp_size);
   if (pg.rank() == 0) {
-    std::printf("fashion_mnist: tensor parallel %d%s x %s %d over %s, %s, batch %zu per replica, lr %g, "
+    std::printf("fashion_mnist: tensor parallel %d%s%s x %s %d over %s, %s, batch %zu per replica, lr %g, "
                 "%zu epochs, %zu/%zu examples\n", o.tp, o.sequence_parallel ? " (sequence parallel)" : "",
+                bf16 ? " (bf16 collectives)" : "",
                 o.parallel == "ddp" ? "data parallel" : o.parallel.c_str(), dp_size, std::string(pg.backend()).c_str(),
                 model_name(o), o.batch_size, o.lr, o.epochs, data.n_train, data.n_test);
   }
@@ -185,7 +188,9 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
     zero_policy policy(zero, {.rank_sections = &pg});  // checkpoints: each rank its slice and its optimizer shard
     fit(policy, train, test, fo);
   } else if (o.parallel == "fsdp") {  // parameters too, each layer gathered over dp around its use
-    fully_sharded_data_parallel fsdp(model, mesh.group("dp"), optimizer_options(o), fsdp_options{});
+    const dtype wire = bf16 ? dtype::bfloat16 : dtype::float32;
+    fully_sharded_data_parallel fsdp(model, mesh.group("dp"), optimizer_options(o),
+                                     fsdp_options{.param_dtype = wire, .reduce_dtype = wire});
     fsdp_policy policy(fsdp, {.rank_sections = &pg});  // checkpoints: each rank its shards
     fit(policy, train, test, fo);
     auto full = fsdp.summon_full_params();  // the layers hold their values only while summoned (collective)
@@ -326,7 +331,8 @@ inline void train_pipeline(process_group& pg, const options& o, const datasets& 
   auto model = o.tp > 1 ? sequential(models::layers::make_vit({}, static_cast<std::uint32_t>(o.seed),
                                                           {.group = &mesh->group("tp"), .rank = static_cast<std::size_t>(tp_rank),
                                                            .size = static_cast<std::size_t>(o.tp),
-                                                           .sequence_parallel = o.sequence_parallel}),
+                                                           .sequence_parallel = o.sequence_parallel,
+                                                           .wire = o.precision == "bf16" ? dtype::bfloat16 : dtype::float32}),
                                  models::layers::softmax_cross_entropy{})
                     : make_sequential(o);
   // The stages balanced by each layer's time on one micro-batch of real inputs (rank 0 measures),
@@ -345,7 +351,9 @@ inline void train_pipeline(process_group& pg, const options& o, const datasets& 
   loader train = rank_train(data, o, dp_rank, dp_size);  // at one replica, the whole shuffled order
   loader test = whole_test(data);
   if (pg.rank() == 0) {
-    const std::string tp = o.tp > 1 ? " x tensor parallel " + std::to_string(o.tp) + (o.sequence_parallel ? " (sequence parallel)" : "") : "";
+    const std::string tp = o.tp > 1 ? " x tensor parallel " + std::to_string(o.tp) + (o.sequence_parallel ? " (sequence parallel)" : "") +
+                                          (o.precision == "bf16" ? " (bf16 collectives)" : "")
+                                    : "";
     const std::string dp = dp_size > 1 ? " x data parallel " + std::to_string(dp_size) : "";
     std::printf("fashion_mnist: pipeline, %d stage(s)%s%s over %s, %s, %s with %d micro-batches, batch %zu per replica, "
                 "lr %g, %zu epochs, %zu/%zu examples\n", o.stages, dp.c_str(), tp.c_str(), std::string(pg.backend()).c_str(),

@@ -160,7 +160,8 @@ inline constexpr std::string_view usage_text =
     "  --schedule gpipe|1f1b     pipeline schedule (default 1f1b)\n"
     "  --precision fp32|fp16|bf16  compute precision (default fp32); fp16 and bf16 keep fp32 master\n"
     "                            weights and a 16-bit copy; fp16 scales the loss dynamically (GradScaler);\n"
-    "                            with --parallel fsdp: parameters gathered, gradients reduced in 16 bits\n"
+    "                            with --parallel fsdp: parameters gathered, gradients reduced in 16 bits;\n"
+    "                            bf16 with --tp: the tensor-parallel collectives of the activations in bf16\n"
     "  --reduce-16bit            with fp16/bf16: all_reduce gradients in 16 bits (default fp32)\n";
 
 namespace detail {
@@ -422,10 +423,10 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
   if (o.ranks_per_host > 0 && o.sync != "local-sgd") throw usage_error("--ranks-per-host: with --sync local-sgd only");
   if (o.tp > 1) {
     if (o.model != "vit") throw usage_error("--tp " + std::to_string(o.tp) + ": tensor parallel splits the ViT's blocks (use --model vit)");
-    if (o.parallel == "dp" || o.sync != "ddp" || o.device != "cpu" || o.precision != "fp32" || o.deterministic > 0) {
+    if (o.parallel == "dp" || o.sync != "ddp" || o.device != "cpu" || o.precision == "fp16" || o.deterministic > 0) {
       throw usage_error("--tp: with DDP, ZeRO or FSDP over the data-parallel dimension, or pipeline stages, on the host "
-                        "in fp32 (--parallel ddp, zero1, zero2, fsdp or pipeline, --sync ddp, --device cpu, --precision "
-                        "fp32, no --deterministic)");
+                        "in fp32 or with bf16 collectives (--parallel ddp, zero1, zero2, fsdp or pipeline, --sync ddp, "
+                        "--device cpu, --precision fp32 or bf16, no --deterministic)");
     }
     if (!o.trace.empty() || o.recompute != "none") {
       throw usage_error("--tp: not yet with --trace or --recompute (each rank holds its own shard of the blocks; a "
@@ -462,7 +463,7 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
                         ": one pipeline, or several as data-parallel replicas");
     }
   }
-  if (o.precision != "fp32" && o.parallel != "ddp" && o.parallel != "fsdp" && !zero) {
+  if (o.precision != "fp32" && o.parallel != "ddp" && o.parallel != "fsdp" && !zero && o.tp <= 1) {
     throw usage_error("--precision " + o.precision + ": mixed precision runs with --parallel ddp, zero1, zero2 and fsdp "
                       "(this example's dp and pipeline modes train in fp32)");
   }
@@ -474,9 +475,10 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
   if (o.model != "mlp") {
     const std::string what = "--model " + o.model + ": this example's " + (o.model == "cnn" ? "CNN" : "ViT");
     if (o.device != "cpu" && !cuda_vit) throw usage_error(what + " runs on the host (--device cpu)");
-    if (o.precision != "fp32" && o.parallel != "fsdp") {
+    if (o.precision != "fp32" && o.parallel != "fsdp" && o.tp <= 1) {
       throw usage_error(what + " computes in fp32 (--precision " + o.precision +
-                        " with --parallel fsdp gathers and reduces in 16 bits)");
+                        " with --parallel fsdp gathers and reduces in 16 bits; bf16 with --tp moves the tensor-parallel "
+                        "collectives in bf16)");
     }
   }
   if (o.recompute != "none" && o.model != "vit") {

@@ -115,6 +115,12 @@ TEST_CASE("example options: bad input names the flag and what was expected", "[e
   CHECK_THROWS_WITH(parse_options({"--model", "vit", "--tp", "2", "--sync", "diloco"}),
                     Catch::Contains("--tp: with DDP, ZeRO or FSDP over the data-parallel dimension"));
   CHECK(parse_options({"--model", "vit", "--tp", "2", "--parallel", "zero2"}).parallel == "zero2");
+  // bf16: the tensor-parallel collectives in bf16, under every mode (fp16 is refused).
+  CHECK(parse_options({"--model", "vit", "--tp", "2", "--precision", "bf16"}).precision == "bf16");
+  CHECK(parse_options({"--model", "vit", "--tp", "2", "--precision", "bf16", "--parallel", "pipeline", "--nproc", "4"}).tp == 2);
+  CHECK_THROWS_WITH(parse_options({"--model", "vit", "--tp", "2", "--precision", "fp16"}),
+                    Catch::Contains("--precision fp32 or bf16"));
+  CHECK_THROWS_WITH(parse_options({"--model", "vit", "--precision", "bf16"}), Catch::Contains("computes in fp32"));
   CHECK(parse_options({"--model", "vit", "--tp", "2", "--parallel", "zero1", "--checkpoint", "d"}).checkpoint == "d");
   CHECK(parse_options({"--model", "vit", "--tp", "2", "--parallel", "fsdp", "--checkpoint", "d"}).checkpoint == "d");
   CHECK_THROWS_WITH(parse_options({"--model", "vit", "--tp", "2", "--recompute", "full"}), Catch::Contains("--tp: not yet with"));

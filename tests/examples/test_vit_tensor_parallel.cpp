@@ -80,7 +80,10 @@ TEST_CASE("a tensor-parallel ViT step equals the whole model's, with and without
   const int p = GENERATE(2, 4);
   const float dropout = GENERATE(0.0f, 0.2f);
   const bool sp = GENERATE(false, true);
-  CAPTURE(p, dropout, sp);
+  // bfloat16: the activations' collectives round each rank's values to 8 bits of mantissa.
+  const dtype wire = GENERATE(dtype::float32, dtype::bfloat16);
+  const bool bf16 = wire == dtype::bfloat16;
+  CAPTURE(p, dropout, sp, bf16);
   const auto c = tp_vit(dropout);
   const std::size_t f = c.mlp_ratio * c.dim;
   const test::synthetic_batch b(3, c.image * c.image, 10, 5);
@@ -93,7 +96,8 @@ TEST_CASE("a tensor-parallel ViT step equals the whole model's, with and without
   std::vector<comm_traffic> traffic(static_cast<std::size_t>(p));
   run_local(p, [&](local_group& g) {
     const auto r = static_cast<std::size_t>(g.rank());
-    auto shard = ml::make_vit(c, 9, {.group = &g, .rank = r, .size = static_cast<std::size_t>(p), .sequence_parallel = sp});
+    auto shard = ml::make_vit(c, 9, {.group = &g, .rank = r, .size = static_cast<std::size_t>(p), .sequence_parallel = sp,
+                                     .wire = wire});
     ml::softmax_cross_entropy l;
     const auto before = g.traffic();
     got[r] = test::run_vit_step(memory, shard, l, b, 21);
@@ -102,18 +106,20 @@ TEST_CASE("a tensor-parallel ViT step equals the whole model's, with and without
   const std::size_t per_block = ml::basic_transformer_block<float>::param_count;
   for (std::size_t r = 0; r < static_cast<std::size_t>(p); ++r) {
     CAPTURE(r);
-    CHECK(got[r].loss_sum == Approx(ref.loss_sum).epsilon(1e-5));
-    CHECK(test::relative_difference(got[r].logits, ref.logits) <= 1e-5);
-    CHECK(test::relative_difference(got[r].input_grad, ref.input_grad) <= 1e-5);
+    const double tol = bf16 ? 1e-2 : 1e-5;  // bf16 measured: at most 6.2e-3 (the input gradient at p 4)
+    CHECK(got[r].loss_sum == Approx(ref.loss_sum).epsilon(tol));
+    CHECK(test::relative_difference(got[r].logits, ref.logits) <= tol);
+    CHECK(test::relative_difference(got[r].input_grad, ref.input_grad) <= tol);
     REQUIRE(got[r].grads.size() == ref.grads.size());
     for (std::size_t k = 0; k < ref.grads.size(); ++k) {
       CAPTURE(k);
       const bool in_block = k >= 3 && k < 3 + per_block * c.depth;
       const auto want = in_block ? slice(ref.grads[k], (k - 3) % per_block, r, static_cast<std::size_t>(p), c.dim, f)
                                  : ref.grads[k];
-      CHECK(test::relative_difference(got[r].grads[k], want) <= 2e-5);
+      CHECK(test::relative_difference(got[r].grads[k], want) <= (bf16 ? 2 * tol : 2e-5));
     }
-    const std::uint64_t floats = 3 * 16 * c.dim, n = static_cast<std::uint64_t>(p), bytes = floats * sizeof(float);
+    // Activations move in the wire's width; the LayerNorm gradients' sums below stay float.
+    const std::uint64_t floats = 3 * 16 * c.dim, n = static_cast<std::uint64_t>(p), bytes = floats * (bf16 ? 2 : sizeof(float));
     if (!sp) {
       // 2 all-reduces forward and 2 backward per block, each of batch x tokens x dim floats.
       CHECK(traffic[r].calls == 4 * c.depth);
@@ -422,6 +428,8 @@ TEST_CASE("a tensor-parallel block refuses a split it cannot make", "[examples][
                         Catch::Contains("divisible"));
   CHECK_THROWS_WITH(block(whole, {.group = nullptr, .rank = 2, .size = 2}), Catch::Contains("rank 2 of 2"));
   CHECK_THROWS_WITH(block(whole, {.group = nullptr, .rank = 0, .size = 2}), Catch::Contains("need their group of that size"));
+  CHECK_THROWS_WITH(block(whole, {.group = nullptr, .rank = 0, .size = 1, .wire = dtype::float16}),
+                    Catch::Contains("tensor-parallel collectives in float16 (expected float32 or bfloat16)"));
   run_local(2, [&](local_group& g) {
     const block shard(whole, {.group = &g, .rank = static_cast<std::size_t>(g.rank()), .size = 2});
     if (g.rank() == 0) CHECK_THROWS_WITH(block(shard, {.group = &g, .rank = 0, .size = 2}), Catch::Contains("not a shard"));
