@@ -650,6 +650,24 @@ TEST_CASE("buffers: DDP and ZeRO copy rank 0's at construction and before every 
     fsdp_start[static_cast<std::size_t>(g.rank())] = model.buffers()[0][0];
   });
   CHECK(fsdp_start == std::vector<float>{0.0f, 0.0f});
+  // FSDP's checkpoints (sharded files, or a section per rank over a mesh) do not hold buffers yet:
+  // both forms refuse them on every rank before writing anything.
+  partrain::testing::temp_dir fsdp_dir;
+  std::vector<std::string> refusals(2 * world);
+  run_local(world, [&](local_group& g) {
+    auto model = buffered_model(0.0f);
+    fully_sharded_data_parallel fsdp(model, g, opt_options);
+    fsdp_policy sharded(fsdp), sections(fsdp, {.rank_sections = &g});
+    for (std::size_t k = 0; k < 2; ++k) {
+      try {
+        (k == 0 ? sharded : sections).save_checkpoint(fsdp_dir.path / "f.ckpt", {});
+      } catch (const checkpoint_error& e) {
+        refusals[2 * static_cast<std::size_t>(g.rank()) + k] = e.what();
+      }
+    }
+  });
+  for (const auto& r : refusals) CHECK_THAT(r, Catch::Contains("the layers have buffers (non-trainable state)"));
+  CHECK(std::filesystem::is_empty(fsdp_dir.path));
   CHECK(zero_after[1] == Approx(0.9 * 0.1 * feature_mean(rank_batches(data, 0).batches[0], 0) +
                                 0.1 * feature_mean(rank_batches(data, 1).batches[1], 0)).margin(1e-6));
 
