@@ -28011,7 +28011,8 @@ class fsdp_policy {
   process_group& loss_group() { return fsdp_->comm(); }  // each rank's loss is its own batch's
   [[nodiscard]] int replicas() { return fsdp_->comm().size(); }
 
-  // Collective: every rank writes its chunks, rank 0 the index at `file`.
+  // Collective: every rank writes its chunks, rank 0 the index at `file` (with rank_sections,
+  // rank 0 of that group the one file).
   void save_checkpoint(const std::filesystem::path& file, checkpoint_extra extra) {
     scaler_.save(extra);
     if (o_.rank_sections) {
