@@ -289,16 +289,25 @@ inline void check_gathered_size(std::size_t got, std::size_t want, std::size_t k
                                  "inside summon_full_params)");
   }
 }
-// The activation collectives over the tensor-parallel group, on tp.wire.
+// The activation collectives over the tensor-parallel group, on tp.wire. With bfloat16 each
+// rank's values are rounded into scratch slot `slot` before they move (rounded) and the result
+// widened back (widen).
+inline partrain::bfloat16* rounded(const float* x, std::size_t n, std::size_t slot) {
+  partrain::bfloat16* b = scratch<partrain::bfloat16>(slot, n);
+  partrain::cast(tensor_view<const float>(x, shape{n}), tensor_view<partrain::bfloat16>(b, shape{n}));
+  return b;
+}
+inline void widen(const partrain::bfloat16* b, float* x, std::size_t n) {
+  partrain::cast(tensor_view<const partrain::bfloat16>(b, shape{n}), tensor_view<float>(x, shape{n}));
+}
 inline void wire_all_reduce(const tp_shard& tp, float* p, std::size_t n) {
   if (tp.wire != partrain::dtype::bfloat16) {
     tp.group->all_reduce(tensor_view<float>(p, shape{n})).wait();
     return;
   }
-  partrain::bfloat16* b = scratch<partrain::bfloat16>(0, n);
-  partrain::cast(tensor_view<const float>(p, shape{n}), tensor_view<partrain::bfloat16>(b, shape{n}));
+  partrain::bfloat16* b = rounded(p, n, 0);
   tp.group->all_reduce(tensor_view<partrain::bfloat16>(b, shape{n})).wait();
-  partrain::cast(tensor_view<const partrain::bfloat16>(b, shape{n}), tensor_view<float>(p, shape{n}));
+  widen(b, p, n);
 }
 // Every rank's chunk of floats into all [p chunk], in rank order.
 inline void wire_all_gather(const tp_shard& tp, const float* part, float* all, std::size_t chunk) {
@@ -307,11 +316,10 @@ inline void wire_all_gather(const tp_shard& tp, const float* part, float* all, s
     tp.group->all_gather(tensor_view<const float>(part, shape{chunk}), tensor_view<float>(all, shape{n})).wait();
     return;
   }
-  partrain::bfloat16* mine = scratch<partrain::bfloat16>(0, chunk);
   partrain::bfloat16* every = scratch<partrain::bfloat16>(1, n);
-  partrain::cast(tensor_view<const float>(part, shape{chunk}), tensor_view<partrain::bfloat16>(mine, shape{chunk}));
-  tp.group->all_gather(tensor_view<const partrain::bfloat16>(mine, shape{chunk}), tensor_view<partrain::bfloat16>(every, shape{n})).wait();
-  partrain::cast(tensor_view<const partrain::bfloat16>(every, shape{n}), tensor_view<float>(all, shape{n}));
+  tp.group->all_gather(tensor_view<const partrain::bfloat16>(rounded(part, chunk, 0), shape{chunk}),
+                       tensor_view<partrain::bfloat16>(every, shape{n})).wait();
+  widen(every, all, n);
 }
 // The group's sum of all [p chunk], chunk r of it into rank r's part.
 inline void wire_reduce_scatter(const tp_shard& tp, const float* all, float* part, std::size_t chunk) {
@@ -320,11 +328,10 @@ inline void wire_reduce_scatter(const tp_shard& tp, const float* all, float* par
     tp.group->reduce_scatter(tensor_view<const float>(all, shape{n}), tensor_view<float>(part, shape{chunk})).wait();
     return;
   }
-  partrain::bfloat16* every = scratch<partrain::bfloat16>(1, n);
   partrain::bfloat16* mine = scratch<partrain::bfloat16>(0, chunk);
-  partrain::cast(tensor_view<const float>(all, shape{n}), tensor_view<partrain::bfloat16>(every, shape{n}));
-  tp.group->reduce_scatter(tensor_view<const partrain::bfloat16>(every, shape{n}), tensor_view<partrain::bfloat16>(mine, shape{chunk})).wait();
-  partrain::cast(tensor_view<const partrain::bfloat16>(mine, shape{chunk}), tensor_view<float>(part, shape{chunk}));
+  tp.group->reduce_scatter(tensor_view<const partrain::bfloat16>(rounded(all, n, 1), shape{n}),
+                           tensor_view<partrain::bfloat16>(mine, shape{chunk})).wait();
+  widen(mine, part, chunk);
 }
 // Sequence parallelism's two exchanges of tokens over a tensor-parallel group of p ranks, rank r
 // holding tokens r ts .. (r + 1) ts of each of n examples ([n, ts, dim] slices of [n, p ts, dim]):

@@ -112,6 +112,12 @@ void fit_fsdp(Fsdp& fsdp, process_group& pg, const options& o, const datasets& d
   print_end(pg, parameter_checksum(full));
 }
 
+// The dtype --precision gives the collectives that carry 16 bits (FSDP's gathers and reductions,
+// the tensor-parallel activations): fp32 unless fp16 or bf16.
+inline dtype collective_dtype(const options& o) {
+  return o.precision == "bf16" ? dtype::bfloat16 : o.precision == "fp16" ? dtype::float16 : dtype::float32;
+}
+
 // --parallel fsdp: the model's layers, each layer's parameters (and their gradients and momentum)
 // sharded over the ranks and gathered only around that layer's forward and backward.
 // --precision fp16|bf16: parameters gathered and gradients reduced in 16 bits (FSDP's
@@ -120,7 +126,7 @@ void fit_fsdp(Fsdp& fsdp, process_group& pg, const options& o, const datasets& d
 // With --device cuda (fashion_mnist_cuda): the ViT's CUDA layers on GPU LOCAL_RANK, from the host
 // ViT's initial weights.
 inline void train_fsdp(process_group& pg, const options& o, const datasets& data) {
-  const dtype wire = o.precision == "bf16" ? dtype::bfloat16 : o.precision == "fp16" ? dtype::float16 : dtype::float32;
+  const dtype wire = collective_dtype(o);
   const fsdp_options fo{.param_dtype = wire, .reduce_dtype = wire};
   if (o.device == "cuda") {
 #if defined(__CUDACC__)
@@ -152,10 +158,10 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
   }
   device_mesh mesh(pg, {{"dp", pg.size() / o.tp}, {"tp", o.tp}});
   const int tp_rank = mesh.coordinate("tp"), dp_rank = mesh.coordinate("dp"), dp_size = mesh.size("dp");
-  const bool bf16 = o.precision == "bf16";  // the tensor-parallel collectives (and FSDP's) in bf16
+  // --precision bf16: the tensor-parallel collectives (and FSDP's) in bf16 (fp16 is refused with --tp).
   const models::layers::tp_shard tp{.group = &mesh.group("tp"), .rank = static_cast<std::size_t>(tp_rank),
                                     .size = static_cast<std::size_t>(o.tp), .sequence_parallel = o.sequence_parallel,
-                                    .wire = bf16 ? dtype::bfloat16 : dtype::float32};
+                                    .wire = collective_dtype(o)};
   // The whole model (from --init-from when given, any tensor-parallel size's export), then this
   // rank's slice of it.
   sequential whole(models::layers::make_vit({}, static_cast<std::uint32_t>(o.seed)), models::layers::softmax_cross_entropy{});
@@ -167,7 +173,7 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
   if (pg.rank() == 0) {
     std::printf("fashion_mnist: tensor parallel %d%s%s x %s %d over %s, %s, batch %zu per replica, lr %g, "
                 "%zu epochs, %zu/%zu examples\n", o.tp, o.sequence_parallel ? " (sequence parallel)" : "",
-                bf16 ? " (bf16 collectives)" : "",
+                tp.wire == dtype::bfloat16 ? " (bf16 collectives)" : "",
                 o.parallel == "ddp" ? "data parallel" : o.parallel.c_str(), dp_size, std::string(pg.backend()).c_str(),
                 model_name(o), o.batch_size, o.lr, o.epochs, data.n_train, data.n_test);
   }
@@ -188,9 +194,8 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
     zero_policy policy(zero, {.rank_sections = &pg});  // checkpoints: each rank its slice and its optimizer shard
     fit(policy, train, test, fo);
   } else if (o.parallel == "fsdp") {  // parameters too, each layer gathered over dp around its use
-    const dtype wire = bf16 ? dtype::bfloat16 : dtype::float32;
     fully_sharded_data_parallel fsdp(model, mesh.group("dp"), optimizer_options(o),
-                                     fsdp_options{.param_dtype = wire, .reduce_dtype = wire});
+                                     fsdp_options{.param_dtype = tp.wire, .reduce_dtype = tp.wire});
     fsdp_policy policy(fsdp, {.rank_sections = &pg});  // checkpoints: each rank its shards
     fit(policy, train, test, fo);
     auto full = fsdp.summon_full_params();  // the layers hold their values only while summoned (collective)
@@ -229,7 +234,7 @@ void train_deterministic(Model& model, process_group& pg, const options& o, cons
   };
   if (o.parallel == "zero1" || o.parallel == "zero2") {  // the optimizer state sharded over the ranks, the same bits
     // zero2: the exact sum reduce-scattered a bucket at a time (ZeRO's 25 MiB, or --bucket-kb).
-    const std::size_t bucket_bytes = o.bucket_kb > 0 ? o.bucket_kb << 10 : std::size_t{25} << 20;
+    const std::size_t bucket_bytes = o.bucket_kb > 0 ? o.bucket_kb << 10 : zero_options{}.bucket_cap_bytes;
     const std::size_t bucket = o.parallel == "zero2" ? bucket_bytes / sizeof(std::int64_t) : 0;
     deterministic_sharded_data_parallel det(model, pg, optimizer_options(o),
                                             {.shards = o.deterministic, .bucket_elements = bucket});
@@ -332,7 +337,7 @@ inline void train_pipeline(process_group& pg, const options& o, const datasets& 
                                                           {.group = &mesh->group("tp"), .rank = static_cast<std::size_t>(tp_rank),
                                                            .size = static_cast<std::size_t>(o.tp),
                                                            .sequence_parallel = o.sequence_parallel,
-                                                           .wire = o.precision == "bf16" ? dtype::bfloat16 : dtype::float32}),
+                                                           .wire = collective_dtype(o)}),
                                  models::layers::softmax_cross_entropy{})
                     : make_sequential(o);
   // The stages balanced by each layer's time on one micro-batch of real inputs (rank 0 measures),
