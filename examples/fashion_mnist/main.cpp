@@ -83,7 +83,11 @@ void run_rank(process_group& pg, const options& o, const datasets& data) {
   } else if (o.tp > 1 && o.parallel != "pipeline") {
     train_tp(pg, o, data);
   } else if (o.deterministic > 0) {
-    with_model(o, [&](auto& model) { train_deterministic(model, pg, o, data); });
+    if (o.parallel == "fsdp") {
+      train_deterministic_fsdp(pg, o, data);
+    } else {
+      with_model(o, [&](auto& model) { train_deterministic(model, pg, o, data); });
+    }
   } else if (o.parallel == "pipeline") {
     train_pipeline(pg, o, data);
   } else if (o.parallel == "zero1" || o.parallel == "zero2") {

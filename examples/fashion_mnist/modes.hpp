@@ -217,21 +217,25 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
 // gradients exactly, so the trained parameters are the same bits at any world size up to S. With
 // --parallel zero1 each rank steps its slice of the parameters (the optimizer state sharded);
 // zero2 also reduce-scatters the exact sum a bucket at a time.
+// fit() over a deterministic policy: every rank reads the whole global batch, the test set sharded.
+template <class Policy>
+void fit_deterministic(Policy& policy, process_group& pg, const options& o, const datasets& data, trace_recorder& trace,
+                       const char* mode) {
+  loader train = rank_train(data, o, 0, 1);
+  loader test = rank_test(data, pg.rank(), pg.size());
+  if (pg.rank() == 0) {
+    std::printf("fashion_mnist: deterministic %s, %d rank(s) over %s, %s, global batch %zu in %zu shards (%zu a "
+                "batch, %zu batch(es) a step), lr %g, %zu epochs, %zu/%zu examples\n", mode, pg.size(),
+                std::string(pg.backend()).c_str(), model_name(o), o.batch_size * o.accumulate, o.deterministic,
+                o.deterministic / o.accumulate, o.accumulate, o.lr, o.epochs, data.n_train, data.n_test);
+  }
+  fit(policy, train, test, fit_options(o, trace, train.size()));
+}
 template <class Model>
 void train_deterministic(Model& model, process_group& pg, const options& o, const datasets& data) {
   init_from(o, model, pg.rank());
   trace_recorder trace = make_trace(o);
-  loader train = rank_train(data, o, 0, 1);
-  loader test = rank_test(data, pg.rank(), pg.size());
-  auto run = [&](auto& policy, const char* mode) {
-    if (pg.rank() == 0) {
-      std::printf("fashion_mnist: deterministic %s, %d rank(s) over %s, %s, global batch %zu in %zu shards (%zu a "
-                  "batch, %zu batch(es) a step), lr %g, %zu epochs, %zu/%zu examples\n", mode, pg.size(),
-                  std::string(pg.backend()).c_str(), model_name(o), o.batch_size * o.accumulate, o.deterministic,
-                  o.deterministic / o.accumulate, o.accumulate, o.lr, o.epochs, data.n_train, data.n_test);
-    }
-    fit(policy, train, test, fit_options(o, trace, train.size()));
-  };
+  auto run = [&](auto& policy, const char* mode) { fit_deterministic(policy, pg, o, data, trace, mode); };
   if (o.parallel == "zero1" || o.parallel == "zero2") {  // the optimizer state sharded over the ranks, the same bits
     // zero2: the exact sum reduce-scattered a bucket at a time (ZeRO's 25 MiB, or --bucket-kb).
     const std::size_t bucket_bytes = o.bucket_kb > 0 ? o.bucket_kb << 10 : zero_options{}.bucket_cap_bytes;
@@ -251,6 +255,20 @@ void train_deterministic(Model& model, process_group& pg, const options& o, cons
   }
   export_model(o, model, pg.rank());
   print_end(pg, parameter_checksum(model));
+}
+// --deterministic S --parallel fsdp: the model's layers sharded as --parallel fsdp shards them; each
+// rank computes its shards of the whole global batch and FSDP sums each layer's shard gradients
+// exactly into the ranks' chunks (its own exact sum, so its own bits, the same at any world size).
+inline void train_deterministic_fsdp(process_group& pg, const options& o, const datasets& data) {
+  auto model = make_sequential(o);
+  init_from(o, model, pg.rank());
+  fully_sharded_data_parallel fsdp(model, pg, optimizer_options(o), {.deterministic_shards = o.deterministic});
+  trace_recorder trace = make_trace(o);
+  fsdp_policy policy(fsdp, {.trace = &trace});
+  fit_deterministic(policy, pg, o, data, trace, "FSDP");
+  auto full = fsdp.summon_full_params();  // collective: the checksum and the export read the whole model
+  export_model(o, full, pg.rank());
+  print_end(pg, parameter_checksum(full));
 }
 
 // --sync local-sgd|diloco: ranks step alone and meet every --period (or --inner-steps) steps.

@@ -126,7 +126,8 @@ inline constexpr std::string_view usage_text =
     "                            global batch (x --accumulate), cut into S fixed shards whose gradients are\n"
     "                            summed exactly; the same bits for any --accumulate that divides S\n"
     "                            (ddp; zero1: the optimizer state sharded; zero2: the exact sum reduce-\n"
-    "                            scattered a --bucket-kb bucket at a time too; host, fp32)\n"
+    "                            scattered a --bucket-kb bucket at a time too; fsdp: the layers sharded,\n"
+    "                            each one's shard gradients summed exactly, bits of its own; host, fp32)\n"
     "  --init-from FILE          load the weights of a safetensors file (an --export of the same --model,\n"
     "                            any mode) before training; a --checkpoint to resume from wins over it\n"
     "  --export FILE             rank 0 writes the trained weights as a safetensors file (names params.<k>)\n"
@@ -434,10 +435,10 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
     }
   }
   if (o.deterministic > 0) {
-    if ((o.parallel != "ddp" && o.parallel != "zero1" && o.parallel != "zero2") || o.sync != "ddp" || o.device != "cpu" ||
-        o.precision != "fp32") {
-      throw usage_error("--deterministic: data parallel on the host in fp32 only (--parallel ddp, zero1 or zero2, --sync ddp, "
-                        "--device cpu, --precision fp32)");
+    if ((o.parallel != "ddp" && o.parallel != "zero1" && o.parallel != "zero2" && o.parallel != "fsdp") || o.sync != "ddp" ||
+        o.device != "cpu" || o.precision != "fp32") {
+      throw usage_error("--deterministic: data parallel on the host in fp32 only (--parallel ddp, zero1, zero2 or fsdp, "
+                        "--sync ddp, --device cpu, --precision fp32)");
     }
     if (o.deterministic % o.accumulate != 0) {
       throw usage_error("--deterministic " + std::to_string(o.deterministic) + " --accumulate " + std::to_string(o.accumulate) +

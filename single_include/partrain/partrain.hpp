@@ -18584,6 +18584,89 @@ class diloco {
 
 }  // namespace partrain::inline v0
 
+// #include <partrain/parallel/detail/binned_sum.hpp>
+// partrain/parallel/detail/binned_sum.hpp: an exact sum of float gradients whose result does not
+// depend on the order or grouping of its adds, built up one group at a time (the binned
+// accumulation ReproBLAS uses, cut down to two bins): what deterministic FSDP folds its shards'
+// gradients with, round after round, without knowing the largest gradient of the step ahead.
+//
+// Magnitudes are cut into bins of `bin_bits` bits on one fixed grid (bin t: [2^(tW), 2^((t+1)W))).
+// A tensor's values are added in the bin of its largest magnitude, t, and the one below: each
+// value v as n = trunc(v / 2^((t-1)W)), split into hi = trunc(n / 2^W) (bin t) and lo = n - hi 2^W
+// (bin t - 1), two integer counters. Counters of the same bin add exactly, in any order. When a
+// later group's largest value lies in a higher bin, the accumulator moves up: bin t - 1 is dropped,
+// bin t becomes the low one. Truncation toward zero nests (trunc(trunc(x / a) / b) =
+// trunc(x / (ab))), so what survives is each value truncated at the final low bin whichever group
+// it came in: the same integers, so the same sum, for any order, grouping or world size. Every
+// value keeps at least W - 1 = 30 bits below the largest one's bin (a float has 24).
+
+#include <climits>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+namespace partrain::inline v0::detail::deterministic {
+
+inline constexpr int bin_bits = 31;
+inline constexpr int no_bin = INT_MIN;  // an accumulator (or a group) of zeros only
+inline constexpr std::int64_t bin_unit = std::int64_t{1} << bin_bits;
+
+// The bin of a tensor whose largest magnitude is `largest` (finite, > 0): the t with
+// 2^(tW) <= 2^e <= 2^((t+1)W - 1), largest < 2^e, so every |v| <= largest gives |hi| < 2^(W-1)
+// and |n| < 2^(2W-1), inside an int64.
+[[nodiscard]] inline int bin_of(float largest) noexcept {
+  int e = 0;
+  (void)std::frexp(static_cast<double>(largest), &e);
+  return e >= 0 ? e / bin_bits : -((-e + bin_bits - 1) / bin_bits);  // floor(e / W)
+}
+
+// Adds the two digits of v[0, n) in bin t (t != no_bin) to hi[0, n) and lo[0, n). The scaling by a
+// power of two is exact in double for every float (t lies in [-5, 4]).
+inline void add_digits(const float* v, std::size_t n, int t, std::int64_t* hi, std::int64_t* lo) noexcept {
+  const double s = std::ldexp(1.0, -(t - 1) * bin_bits);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto q = static_cast<std::int64_t>(static_cast<double>(v[i]) * s);  // truncates toward zero
+    const std::int64_t h = q / bin_unit;
+    hi[i] += h;
+    lo[i] += q - h * bin_unit;
+  }
+}
+
+// Adds a group's digit sums, made in bin t_in, to an accumulator in bin t (no_bin: empty so far),
+// which moves up to t_in when that is higher. Counters stay far inside an int64 for fewer than
+// 2^30 groups.
+inline void merge_bins(int& t, std::int64_t* hi, std::int64_t* lo, const std::int64_t* hi_in, const std::int64_t* lo_in,
+                       std::size_t n, int t_in) noexcept {
+  if (t_in == no_bin) return;
+  if (t == no_bin || t_in >= t + 2) {  // nothing kept survives below the new low bin
+    for (std::size_t i = 0; i < n; ++i) {
+      hi[i] = hi_in[i];
+      lo[i] = lo_in[i];
+    }
+  } else if (t_in == t + 1) {  // bin t becomes the low one, bin t - 1 is dropped
+    for (std::size_t i = 0; i < n; ++i) {
+      lo[i] = hi[i] + lo_in[i];
+      hi[i] = hi_in[i];
+    }
+  } else if (t_in == t) {
+    for (std::size_t i = 0; i < n; ++i) {
+      hi[i] += hi_in[i];
+      lo[i] += lo_in[i];
+    }
+  } else if (t_in == t - 1) {  // the group's high bin is our low one; its low bin is dropped
+    for (std::size_t i = 0; i < n; ++i) lo[i] += hi_in[i];
+  }  // else the whole group lies below our low bin
+  if (t == no_bin || t_in > t) t = t_in;
+}
+
+// The accumulated sum of one element as a double (one rounding: hi 2^W is exact, adding lo rounds).
+[[nodiscard]] inline double bins_value(int t, std::int64_t hi, std::int64_t lo) noexcept {
+  if (t == no_bin) return 0.0;
+  return std::ldexp(static_cast<double>(hi) * static_cast<double>(bin_unit) + static_cast<double>(lo), (t - 1) * bin_bits);
+}
+
+}  // namespace partrain::inline v0::detail::deterministic
+
 // #include <partrain/parallel/detail/zero_space.hpp>
 // partrain/parallel/detail/zero_space.hpp: where sharded data parallel keeps its own buffers (the
 // shard's reduced gradient, fp32 masters, bucket slots, optimizer state) and how it moves elements
@@ -19342,6 +19425,8 @@ struct place<cuda> {
 // #include <partrain/optim/clip.hpp> (above)
 // #include <partrain/parallel/mesh_clip.hpp> (above)
 // #include <partrain/optim/optimizer.hpp> (above)
+// #include <partrain/parallel/deterministic.hpp> (above)
+// #include <partrain/parallel/detail/binned_sum.hpp> (above)
 // #include <partrain/parallel/detail/ddp_elements.hpp> (above)
 // #include <partrain/parallel/detail/buffers.hpp> (above)
 // #include <partrain/parallel/detail/evaluate.hpp> (above)
@@ -19447,6 +19532,14 @@ struct fsdp_options {
   // parameter elements; the layers left at the end form the last unit. 0: every layer with
   // parameters is its own unit. Fewer, larger collectives, for more parameters held at once.
   std::size_t min_unit_elements = 0;
+  // > 0: the deterministic mode (parallel/deterministic.hpp's contract, sharded): every rank passes
+  // the same global batch to train_step, cut by position into this many fixed shards; rank r
+  // computes the shards k with k * world / S == r, each on its own, and each unit's shard
+  // gradients are summed exactly (detail/binned_sum.hpp: integers, in any order) into the ranks'
+  // chunks. The trained parameters are then the same bits at any world size up to S and on any
+  // backend, and for any gradient-accumulation split (set_gradient_accumulation_steps); dropout
+  // draws from the step and the shard, not the rank. Host layers, float32 reductions, no join.
+  std::size_t deterministic_shards = 0;
 };
 
 // What one rank holds, in bytes; the peaks are the most held at once since construction (or
@@ -19493,6 +19586,7 @@ class fully_sharded_data_parallel {
     }
     if (std::ranges::size(layers) == 0) throw invalid_argument_error(where() + "the model has no layers");
     build_units();
+    if (exact()) check_exact();  // before the model's storage is taken: a refusal leaves it whole
     for (std::size_t i = 0; i < std::ranges::size(layers) && !compute_stream_; ++i) {
       compute_stream_ = model_stream(layer(i));  // the layers' stream: the first one's stream()
     }
@@ -19524,6 +19618,7 @@ class fully_sharded_data_parallel {
     static_assert(check_layer_loss<Loss, Target, S>());
     check_not_summoned("train_step");
     if (joined_) throw invalid_argument_error(where() + "train_step after join() on this rank (join() ends this rank's steps until every rank joined)");
+    if (exact()) return exact_micro_batch(input, target, /*last=*/true);
     const std::size_t rows = batch_rows(input, target, "train_step");
     const bool sync = require_sync_;
     double sum = 0;
@@ -19594,6 +19689,35 @@ class fully_sharded_data_parallel {
     static_assert(check_layer_loss<Loss, std::int32_t, S>());
     return train_step(b.features, b.labels);
   }
+  // A micro-batch before a step's last (gradient accumulation): in the deterministic mode its
+  // shards join the step's exact sum; otherwise a train_step inside no_sync. Its mean loss.
+  double accumulate_step(const batch& b) {
+    static_assert(check_layer_loss<Loss, std::int32_t, S>());
+    if (!exact()) {
+      auto guard = no_sync();
+      return train_step(b);
+    }
+    check_not_summoned("accumulate_step");
+    return exact_micro_batch(b.features, b.labels, /*last=*/false);
+  }
+  // The micro-batches of a step (fit's gradient_accumulation_steps). The deterministic mode cuts
+  // each into S / a of the step's S shards, so a must divide S; no_sync needs no count. Between steps.
+  void set_gradient_accumulation_steps(std::size_t a) {
+    if (a == 0 || (exact() && opts_.deterministic_shards % a != 0)) {
+      throw invalid_argument_error(where() + std::to_string(a) + " micro-batches a step" +
+                                   (exact() ? " for " + std::to_string(opts_.deterministic_shards) +
+                                                  " deterministic shards (expected a count that divides the shards: each "
+                                                  "micro-batch carries whole shards)"
+                                            : " (expected at least 1)"));
+    }
+    if (exact_pending_ > 0) {
+      throw invalid_argument_error(where() + "set_gradient_accumulation_steps inside a step (after " +
+                                   std::to_string(exact_pending_) + " micro-batch(es)); call it between steps");
+    }
+    micro_batches_ = a;
+  }
+  // Whether fsdp_options::deterministic_shards is set: train_step takes the global batch.
+  [[nodiscard]] bool deterministic() const noexcept { return exact(); }
 
   // Forward only on this rank's batch (collective: every rank gathers each layer), this rank's sums.
   template <class Target>
@@ -19821,6 +19945,10 @@ class fully_sharded_data_parallel {
     // (then widened into full). A 16-bit reduce_dtype: the whole gradient and this rank's reduced
     // chunk, while the reduce_scatter runs (then widened into the chunk's gradient).
     buffer16 send16, full16, grad16, chunk16;
+    // The deterministic mode: the step's exact sum over this rank's chunk so far (two bin
+    // counters an element, detail/binned_sum.hpp) and each of the unit's parameters' bin.
+    std::vector<std::int64_t> exact_hi, exact_lo;
+    std::vector<int> exact_bin;
   };
   // f.template operator()<H>() with H the 16-bit type of t.
   template <class F>
@@ -20054,8 +20182,11 @@ class fully_sharded_data_parallel {
     std::vector<buffer> saved(n);  // what each layer keeps for its backward (none where recomputed)
     outs.reserve(n);
     const auto call = [&](std::size_t i) {
+      // The deterministic mode keys dropout by the optimizer's step (checkpointed with its state)
+      // and the shard, whichever rank computes it.
       return layer_call<S>{tensor_view<float, S>(saved[i].data(), shape{saved[i].size()}),
-                           detail::layers::call_seed(seed_, calls_, 0, i)};
+                           exact() ? detail::layers::call_seed(seed_, static_cast<std::uint64_t>(optimizer_->steps()), exact_shard_, i)
+                                   : detail::layers::call_seed(seed_, calls_, 0, i)};
     };
     // Bytes of each output, and of the gradient in hand: they leave the meter however the step ends.
     std::vector<std::size_t> out_bytes(n, 0);
@@ -20245,6 +20376,10 @@ class fully_sharded_data_parallel {
     if (ui < 0) return;
     const auto u = static_cast<std::size_t>(ui);
     reshard(u);
+    if (exact()) {
+      exact_scatter(u);
+      return;
+    }
     if (!sync) return;  // no_sync: the whole gradient stays, the next micro-step adds to it
     auto& x = units_[u];
     // Two whole gradients in flight at most: the oldest was issued a layer ago and is likely done.
@@ -20360,8 +20495,9 @@ class fully_sharded_data_parallel {
       sum[0] += s[0];
       sum[1] += s[1];
     }
-    last_norm_ = detail::mesh_clip::split_norm(
-        sum, [&](std::span<double> v) { small_all_reduce(v, "gradient-norm all_reduce"); }, split_group_);
+    last_norm_ = exact() ? exact_norm()
+                         : detail::mesh_clip::split_norm(
+                               sum, [&](std::span<double> v) { small_all_reduce(v, "gradient-norm all_reduce"); }, split_group_);
     detail::optim::clip_to_norm(mine, last_norm_, opts_.max_grad_norm, at_.stream());
   }
 
@@ -20395,6 +20531,197 @@ class fully_sharded_data_parallel {
     }
     scattering_.clear();
     accumulated_ = 0;
+    reset_exact();
+  }
+
+  // The deterministic mode (fsdp_options::deterministic_shards).
+  [[nodiscard]] bool exact() const noexcept { return opts_.deterministic_shards > 0; }
+  void check_exact() {
+    const auto refuse = [&](const std::string& why) {
+      throw config_error(where() + "fsdp_options::deterministic_shards = " + std::to_string(opts_.deterministic_shards) +
+                         ": " + why);
+    };
+    if constexpr (!std::same_as<S, host>) {
+      refuse("the deterministic mode sums host gradients (expected layers in host memory)");
+    }
+    if (opts_.deterministic_shards < world_) {
+      refuse("fewer shards than the " + std::to_string(world_) +
+             " ranks (expected at least one shard per rank; the shards, not the ranks, fix the result)");
+    }
+    if (opts_.reduce_dtype != dtype::float32) refuse("the exact sum takes float32 gradients (expected reduce_dtype float32)");
+    if (opts_.join) refuse("every rank takes the whole global batch, so there are no uneven inputs to join (expected join = false)");
+    if (split_group_) refuse("tensor-parallel layers are not summed exactly yet (expected layers without a split group)");
+    std::size_t bytes = 0;
+    for (auto& x : units_) {
+      x.exact_hi.assign(x.mine.size(), 0);
+      x.exact_lo.assign(x.mine.size(), 0);
+      x.exact_bin.assign(x.shapes.size(), detail::deterministic::no_bin);
+      bytes += 2 * x.mine.size() * sizeof(std::int64_t);
+    }
+    grad_meter_.add(bytes);  // held for the object's life, as the gradient chunks are
+  }
+  // Zero sums, no bins, no micro-batch under way: a new step.
+  void reset_exact() noexcept {
+    exact_pending_ = 0;
+    for (auto& x : units_) {
+      std::ranges::fill(x.exact_hi, 0);
+      std::ranges::fill(x.exact_lo, 0);
+      std::ranges::fill(x.exact_bin, detail::deterministic::no_bin);
+    }
+  }
+
+  // One micro-batch (the whole global batch without accumulation) in the deterministic mode: this
+  // rank's shards of it, one forward and backward each, every unit's shard gradients summed
+  // exactly into the chunks after its backward (exact_scatter); in rounds of one shard per rank,
+  // a rank without a shard in a round taking part in its collectives with zero gradients. The
+  // step's last micro-batch then steps. Returns the micro-batch's mean loss, summed exactly over
+  // the ranks (the same bits on every rank).
+  template <class Target>
+  double exact_micro_batch(tensor_view<const float> input, tensor_view<const Target> target, bool last) {
+    if (!require_sync_) {
+      throw invalid_argument_error(where() + "no_sync() in the deterministic mode (use accumulate_step and "
+                                   "set_gradient_accumulation_steps: the exact sum needs every shard's own gradient)");
+    }
+    const std::size_t n = batch_rows(input, target, last ? "train_step" : "accumulate_step");
+    const std::size_t s = opts_.deterministic_shards / micro_batches_;
+    if (n % s != 0 || (exact_pending_ > 0 && n / s != exact_rows_)) {
+      const std::string expected = exact_pending_ > 0 ? "the micro-batches of a step all of " + std::to_string(exact_rows_ * s) + " rows"
+                                                      : "a batch whose size the shard count divides";
+      reset_exact();  // the step is abandoned: the next call starts a new one
+      throw invalid_argument_error(where() + "a " + (micro_batches_ > 1 ? "micro-batch" : "global batch") + " of " +
+                                   std::to_string(n) + " rows in " + std::to_string(s) + " deterministic shards (expected " +
+                                   expected + ")");
+    }
+    const std::size_t rows = n / s;
+    exact_rows_ = rows;
+    std::vector<std::size_t> mine;  // k with k * world / s == rank: contiguous
+    for (std::size_t k = 0; k < s; ++k) {
+      if (k * world_ / s == rank_) mine.push_back(k);
+    }
+    std::int64_t loss = 0;
+    double result = 0;
+    try {
+      for (std::size_t j = 0; j < (s + world_ - 1) / world_; ++j) {
+        if (j < mine.size()) {
+          const std::size_t k = mine[j], first = k * rows;
+          exact_shard_ = exact_pending_ * s + k;
+          const auto in = on_place(input.slice(first, first + rows));
+          const auto tg = on_place(target.slice(first, first + rows));
+          const double sum = forward_backward(in.view, tg.view, rows, true);
+          loss += detail::deterministic::to_fixed(sum / static_cast<double>(rows), exact_loss_scale);
+        } else {
+          shadow_forward_backward(true);
+        }
+      }
+      small_all_reduce(std::span<std::int64_t>(&loss, 1), "loss all_reduce");
+      result = detail::deterministic::from_fixed(loss) / exact_loss_scale / static_cast<double>(s);
+      ++exact_pending_;
+      if (last) {
+        exact_to_chunks(exact_pending_ * s);
+        finish_step();
+        ++steps_;
+      }
+    } catch (...) {
+      abandon_step();
+      throw;
+    }
+    return result;
+  }
+  // After unit u's backward of one round: each parameter's largest magnitude over every rank's
+  // shard (an all_reduce max), its values as two bin digits per element (int64), their
+  // reduce_scatter, and this rank's block merged into the step's sum.
+  void exact_scatter(std::size_t u) {
+    if constexpr (std::same_as<S, host>) {
+      namespace det = detail::deterministic;
+      auto& x = units_[u];
+      const float* g = x.full_grad.data();
+      const std::size_t chunk = x.chunks.chunk(), count = x.shapes.size();
+      exact_largest_.assign(count, 0.0f);
+      for (std::size_t k = 0, at = 0; k < count; at += x.shapes[k].numel(), ++k) {
+        for (std::size_t e = at; e < at + x.shapes[k].numel(); ++e) exact_largest_[k] = std::max(exact_largest_[k], std::abs(g[e]));
+      }
+      wait_named(comm_->all_reduce(tensor_view<float>(exact_largest_), reduce_op::max), "largest-gradient all_reduce of " + unit_name(x));
+      exact_send_.assign(2 * x.chunks.padded(), 0);  // rank r's block: its chunk's high digits, then its low ones
+      exact_round_bin_.assign(count, det::no_bin);
+      for (std::size_t k = 0, at = 0; k < count; at += x.shapes[k].numel(), ++k) {
+        if (!std::isfinite(exact_largest_[k])) {
+          throw invalid_argument_error(where() + "a shard's gradient of parameter " + std::to_string(k) + " of " + unit_name(x) +
+                                       " is not finite (inf or NaN): nothing exact can be summed");
+        }
+        if (exact_largest_[k] == 0.0f) continue;  // zeros add nothing, in any bin
+        const int t = exact_round_bin_[k] = det::bin_of(exact_largest_[k]);
+        for (std::size_t e = at, end = at + x.shapes[k].numel(); e < end;) {
+          const std::size_t r = e / chunk, stop = std::min(end, (r + 1) * chunk);
+          std::int64_t* block = exact_send_.data() + 2 * r * chunk + (e - r * chunk);
+          det::add_digits(g + e, stop - e, t, block, block + chunk);
+          e = stop;
+        }
+      }
+      exact_recv_.resize(2 * chunk);
+      struct counted {  // the digits in flight count as gradient bytes, however the step ends
+        detail::fsdp::byte_meter& m;
+        std::size_t bytes;
+        ~counted() { m.sub(bytes); }
+      } guard{grad_meter_, (exact_send_.size() + exact_recv_.size()) * sizeof(std::int64_t)};
+      grad_meter_.add(guard.bytes);
+      const work w = comm_->reduce_scatter(tensor_view<const std::int64_t>(exact_send_), tensor_view<std::int64_t>(exact_recv_));
+      wait_named(w, "exact gradient reduce_scatter of " + unit_name(x));
+      x.full_grad.release();
+      // This rank's chunk [mine.begin, mine.end) of the unit, parameter by parameter.
+      for (std::size_t k = 0, at = 0; k < count; at += x.shapes[k].numel(), ++k) {
+        const std::size_t lo = std::max(at, x.mine.begin), hi = std::min(at + x.shapes[k].numel(), x.mine.end);
+        if (lo >= hi) continue;
+        const std::size_t o = lo - x.mine.begin;
+        det::merge_bins(x.exact_bin[k], x.exact_hi.data() + o, x.exact_lo.data() + o, exact_recv_.data() + o,
+                        exact_recv_.data() + chunk + o, hi - lo, exact_round_bin_[k]);
+      }
+    } else {
+      (void)u;
+    }
+  }
+  // The step's exact sums as the mean gradient of its `shards` shards, into the gradient chunks;
+  // the sums start again.
+  void exact_to_chunks(std::size_t shards) {
+    if constexpr (std::same_as<S, host>) {
+      for (auto& x : units_) {
+        float* g = grads_.data() + x.chunk_at;
+        for (std::size_t k = 0, at = 0; k < x.shapes.size(); at += x.shapes[k].numel(), ++k) {
+          const std::size_t lo = std::max(at, x.mine.begin), hi = std::min(at + x.shapes[k].numel(), x.mine.end);
+          if (lo >= hi) continue;
+          for (std::size_t e = lo - x.mine.begin; e < hi - x.mine.begin; ++e) {
+            g[e] = static_cast<float>(detail::deterministic::bins_value(x.exact_bin[k], x.exact_hi[e], x.exact_lo[e]) /
+                                      static_cast<double>(shards));
+          }
+        }
+      }
+    } else {
+      (void)shards;
+    }
+    reset_exact();
+  }
+  // The global gradient norm the same at any world size: every chunk element's square in 64-bit
+  // fixed point at one scale (from the largest magnitude anywhere, an all_reduce max) so that
+  // their sum stays below 2^51, summed exactly over the ranks.
+  [[nodiscard]] double exact_norm() {
+    if constexpr (std::same_as<S, host>) {
+      float largest = 0;
+      for (const auto& x : units_) {
+        for (const float v : std::span<const float>(grads_.data() + x.chunk_at, x.mine.size())) largest = std::max(largest, std::abs(v));
+      }
+      wait_named(comm_->all_reduce(tensor_view<float>(&largest, 1), reduce_op::max), "largest-gradient all_reduce");
+      const double big = static_cast<double>(largest);
+      const double scale = detail::deterministic::fixed_point_scale(big * big * static_cast<double>(std::max<std::size_t>(unsharded_, 1)));
+      std::int64_t q = 0;
+      for (const auto& x : units_) {
+        for (const float v : std::span<const float>(grads_.data() + x.chunk_at, x.mine.size())) {
+          q += detail::deterministic::to_fixed(static_cast<double>(v) * static_cast<double>(v), scale);
+        }
+      }
+      small_all_reduce(std::span<std::int64_t>(&q, 1), "gradient-norm all_reduce");
+      return std::sqrt(detail::deterministic::from_fixed(q) / scale);
+    } else {
+      return 0.0;
+    }
   }
 
   // Waits, and names this rank and the operation in a communication failure (keeping its type).
@@ -20436,6 +20763,16 @@ class fully_sharded_data_parallel {
   bool skipped_ = false;
   std::int64_t steps_ = 0;
   double last_norm_ = std::nan("");
+  // The deterministic mode: micro-batches a step, those of the step under way already summed,
+  // their shards' rows, the global index in the step of the shard being computed, and scratch.
+  static constexpr double exact_loss_scale = 4294967296.0;  // 2^32: the shards' mean losses may sum up to 2^19
+  std::size_t micro_batches_ = 1;
+  std::size_t exact_pending_ = 0;
+  std::size_t exact_rows_ = 0;
+  std::uint64_t exact_shard_ = 0;
+  std::vector<float> exact_largest_;
+  std::vector<int> exact_round_bin_;
+  std::vector<std::int64_t> exact_send_, exact_recv_;
 };
 
 }  // namespace partrain::inline v0
@@ -27995,11 +28332,16 @@ class fsdp_policy {
   [[nodiscard]] std::size_t skipped_steps() const noexcept { return scaler_.skipped(); }
   // One micro-batch of a step fit accumulates (gradient_accumulation_steps): inside no_sync, the
   // gradients kept whole on this rank; the step's last micro-batch is train_step, which reduces
-  // them all (averaged over the micro-batches) and steps.
+  // them all (averaged over the micro-batches) and steps. In the deterministic mode its shards
+  // join the step's exact sum instead.
   template <class B>
   double accumulate_step(const B& b) {
-    return scaler_.accumulate(*fsdp_, b, "fsdp_policy");
+    if (!fsdp_->deterministic()) return scaler_.accumulate(*fsdp_, b, "fsdp_policy");
+    detail::refuse_scaled_accumulation(o_.scaler && o_.scaler->enabled(), "fsdp_policy");
+    return fsdp_->accumulate_step(b);
   }
+  // fit's gradient_accumulation_steps: the deterministic mode cuts each micro-batch by it.
+  void set_gradient_accumulation_steps(std::size_t a) { fsdp_->set_gradient_accumulation_steps(a); }
   // Clipping of the global gradient norm, over every rank's shard, from the next step on.
   void set_max_grad_norm(double v) { fsdp_->set_max_grad_norm(v); }
   template <class R>
@@ -28008,8 +28350,10 @@ class fsdp_policy {
   }
   void set_lr(double lr) { fsdp_->set_lr(lr); }
   process_group& group() { return fsdp_->comm(); }
-  process_group& loss_group() { return fsdp_->comm(); }  // each rank's loss is its own batch's
-  [[nodiscard]] int replicas() { return fsdp_->comm().size(); }
+  process_group& loss_group() { return fsdp_->comm(); }  // each rank's loss is its own batch's (or all the global batch's)
+  // The copies of the data a step reads: one per rank, or one in the deterministic mode (every
+  // rank takes the global batch).
+  [[nodiscard]] int replicas() { return fsdp_->deterministic() ? 1 : fsdp_->comm().size(); }
 
   // Collective: every rank writes its chunks, rank 0 the index at `file` (with rank_sections,
   // rank 0 of that group the one file).

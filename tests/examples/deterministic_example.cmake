@@ -1,8 +1,9 @@
 # --deterministic S: the same global batches trained at world sizes 1, 2 and 3 (threads) and 2
 # (gloo processes, where built) end with the same final parameter checksum, as do ZeRO-1 at 2 and
-# 3, ZeRO-2 in small buckets at 3 (threads, and MPI processes where MPIEXEC is given), the global batch in 2 or 3 accumulated batches, and a ZeRO-1 run saved at 2 ranks and resumed
-# at 3; the plain DDP run at world 2 must not (or the test would pass without the mode doing
-# anything).
+# 3, ZeRO-2 in small buckets at 3 (threads, and MPI processes where MPIEXEC is given), the global
+# batch in 2 or 3 accumulated batches, and a ZeRO-1 run saved at 2 ranks and resumed at 3; FSDP's
+# own checksum at 1, 2 and 3 ranks (threads, gloo, MPI); the plain DDP run at world 2 must not
+# (or the test would pass without the mode doing anything).
 #   cmake -DPROGRAM=fashion_mnist -DARGS="common;args" -DCKPT=dir [-DGLOO=1] [-DMPIEXEC="mpiexec;flags"]
 #         -P deterministic_example.cmake
 include(${CMAKE_CURRENT_LIST_DIR}/example_capture.cmake)
@@ -60,6 +61,31 @@ foreach(run "2;--batch-size;30;--accumulate;2" "3;--batch-size;20;--accumulate;3
     message(FATAL_ERROR "--deterministic 6 ${run} with ${n} ranks ended at ${got}, one rank at ${one}")
   endif()
 endforeach()
+# FSDP (the layers sharded, each unit's shard gradients summed in exact bins: bits of its own) at 1
+# and 3 ranks, 2 ranks in 2 accumulated batches, 2 gloo processes and 3 MPI ones where built.
+checksum(fsdp_one --backend local --nproc 1 --deterministic 6 --parallel fsdp)
+set(fsdp_runs "local 3" "local 2 --batch-size 30 --accumulate 2")
+if(GLOO)
+  list(APPEND fsdp_runs "gloo 2")
+endif()
+foreach(run IN LISTS fsdp_runs)
+  string(REPLACE " " ";" run "${run}")
+  list(POP_FRONT run backend n)
+  checksum(got --backend ${backend} --nproc ${n} --deterministic 6 --parallel fsdp ${run})
+  if(NOT got STREQUAL fsdp_one)
+    message(FATAL_ERROR "--deterministic 6 --parallel fsdp ${run} over ${backend} with ${n} ranks ended at ${got}, one rank at ${fsdp_one}")
+  endif()
+endforeach()
+if(DEFINED MPIEXEC)
+  set(program ${PROGRAM})
+  set(PROGRAM ${MPIEXEC} -np 3 ${program})
+  checksum(got --backend mpi --deterministic 6 --parallel fsdp)
+  set(PROGRAM ${program})
+  if(NOT got STREQUAL fsdp_one)
+    message(FATAL_ERROR "--deterministic 6 --parallel fsdp under mpirun -np 3 ended at ${got}, one rank at ${fsdp_one}")
+  endif()
+endif()
+message(STATUS "fsdp at 1, 2 (accumulating) and 3 ranks, threads and processes: ${fsdp_one}")
 if(NOT DEFINED CKPT)
   message(FATAL_ERROR "pass -DCKPT=dir for the checkpoint runs")
 endif()

@@ -148,8 +148,9 @@ TEST_CASE("example options: bad input names the flag and what was expected", "[e
   CHECK(parse_options({"--deterministic", "4", "--parallel", "zero2", "--bucket-kb", "64"}).bucket_kb == 64);
   CHECK_THROWS_WITH(parse_options({"--deterministic", "4", "--parallel", "zero1", "--bucket-kb", "64"}),
                     Catch::Contains("--bucket-kb"));
-  CHECK_THROWS_WITH(parse_options({"--deterministic", "4", "--parallel", "fsdp"}),
-                    Catch::Contains("--deterministic: data parallel on the host in fp32 only (--parallel ddp, zero1 or zero2"));
+  CHECK(parse_options({"--deterministic", "4", "--parallel", "fsdp"}).parallel == "fsdp");  // the layers sharded
+  CHECK_THROWS_WITH(parse_options({"--deterministic", "4", "--parallel", "pipeline"}),
+                    Catch::Contains("--deterministic: data parallel on the host in fp32 only (--parallel ddp, zero1, zero2 or fsdp"));
   CHECK_THROWS_WITH(parse_options({"--deterministic", "7"}), Catch::Contains("a batch of 64 rows does not split into 7 equal shards"));
   CHECK_THROWS_WITH(parse_options({"--deterministic", "0"}), Catch::Contains("--deterministic"));
   // The CUDA ViT trains under fsdp over NCCL, and nowhere else.

@@ -6,3 +6,8 @@ if(PARTRAIN_EXAMPLE_HAVE_OPENBLAS)
                     LIBS partrain_example_openblas LABELS "parallel;threads")
   target_include_directories(test_deterministic PRIVATE ${PROJECT_SOURCE_DIR}/models)
 endif()
+if(PARTRAIN_EXAMPLE_HAVE_OPENBLAS)
+  partrain_add_test(test_deterministic_fsdp SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_deterministic_fsdp.cpp
+                    LIBS partrain_example_openblas LABELS "parallel;threads")
+  target_include_directories(test_deterministic_fsdp PRIVATE ${PROJECT_SOURCE_DIR}/models)
+endif()

@@ -49,11 +49,16 @@ class fsdp_policy {
   [[nodiscard]] std::size_t skipped_steps() const noexcept { return scaler_.skipped(); }
   // One micro-batch of a step fit accumulates (gradient_accumulation_steps): inside no_sync, the
   // gradients kept whole on this rank; the step's last micro-batch is train_step, which reduces
-  // them all (averaged over the micro-batches) and steps.
+  // them all (averaged over the micro-batches) and steps. In the deterministic mode its shards
+  // join the step's exact sum instead.
   template <class B>
   double accumulate_step(const B& b) {
-    return scaler_.accumulate(*fsdp_, b, "fsdp_policy");
+    if (!fsdp_->deterministic()) return scaler_.accumulate(*fsdp_, b, "fsdp_policy");
+    detail::refuse_scaled_accumulation(o_.scaler && o_.scaler->enabled(), "fsdp_policy");
+    return fsdp_->accumulate_step(b);
   }
+  // fit's gradient_accumulation_steps: the deterministic mode cuts each micro-batch by it.
+  void set_gradient_accumulation_steps(std::size_t a) { fsdp_->set_gradient_accumulation_steps(a); }
   // Clipping of the global gradient norm, over every rank's shard, from the next step on.
   void set_max_grad_norm(double v) { fsdp_->set_max_grad_norm(v); }
   template <class R>
@@ -62,8 +67,10 @@ class fsdp_policy {
   }
   void set_lr(double lr) { fsdp_->set_lr(lr); }
   process_group& group() { return fsdp_->comm(); }
-  process_group& loss_group() { return fsdp_->comm(); }  // each rank's loss is its own batch's
-  [[nodiscard]] int replicas() { return fsdp_->comm().size(); }
+  process_group& loss_group() { return fsdp_->comm(); }  // each rank's loss is its own batch's (or all the global batch's)
+  // The copies of the data a step reads: one per rank, or one in the deterministic mode (every
+  // rank takes the global batch).
+  [[nodiscard]] int replicas() { return fsdp_->deterministic() ? 1 : fsdp_->comm().size(); }
 
   // Collective: every rank writes its chunks, rank 0 the index at `file` (with rank_sections,
   // rank 0 of that group the one file).
