@@ -17531,6 +17531,7 @@ class deterministic_data_parallel {
       throw invalid_argument_error(where() + std::to_string(opts_.shards) + " shard(s) for " + std::to_string(world) +
                                    " ranks (expected at least one shard per rank; the shards, not the ranks, fix the result)");
     }
+    check_agreed();
   }
 
   [[nodiscard]] M& module() noexcept { return *model_; }
@@ -17610,6 +17611,23 @@ class deterministic_data_parallel {
 
  private:
   [[nodiscard]] std::size_t per_call() const noexcept { return opts_.shards / micro_batches_; }
+
+  // Every rank's options, gathered through one all_reduce: ranks that disagree on the shards or the
+  // bucket would run different collectives (or cut the batch differently), so all of them fail here.
+  void check_agreed() {
+    const auto world = static_cast<std::size_t>(comm_->size()), r = static_cast<std::size_t>(comm_->rank());
+    std::vector<std::int64_t> all(2 * world, 0);
+    all[2 * r] = static_cast<std::int64_t>(opts_.shards);
+    all[2 * r + 1] = static_cast<std::int64_t>(opts_.bucket_elements);
+    comm_->all_reduce(tensor_view<std::int64_t>(all)).wait();
+    for (std::size_t q = 1; q < world; ++q) {
+      if (all[2 * q] == all[0] && all[2 * q + 1] == all[1]) continue;
+      throw config_error(where() + "rank " + std::to_string(q) + " has deterministic_options{.shards = " +
+                         std::to_string(all[2 * q]) + ", .bucket_elements = " + std::to_string(all[2 * q + 1]) +
+                         "}, rank 0 {" + std::to_string(all[0]) + ", " + std::to_string(all[1]) +
+                         "} (expected the same options on every rank)");
+    }
+  }
 
   // 1. This rank's shards of one micro-batch (the whole global batch without accumulation): the
   // model's own step on each. Their gradients are kept for reduce() (in buffers kept from step to
@@ -20063,16 +20081,23 @@ class fully_sharded_data_parallel {
         mix(0xff);
       }
     }
-    std::vector<std::int64_t> all(3 * world_, 0);
-    all[3 * rank_] = static_cast<std::int64_t>(std::ranges::size(*layers_));
-    all[3 * rank_ + 1] = static_cast<std::int64_t>(unsharded_);
-    all[3 * rank_ + 2] = static_cast<std::int64_t>(h >> 1);
+    // And the deterministic mode's shards: ranks that disagree would run different collectives.
+    std::vector<std::int64_t> all(4 * world_, 0);
+    all[4 * rank_] = static_cast<std::int64_t>(std::ranges::size(*layers_));
+    all[4 * rank_ + 1] = static_cast<std::int64_t>(unsharded_);
+    all[4 * rank_ + 2] = static_cast<std::int64_t>(h >> 1);
+    all[4 * rank_ + 3] = static_cast<std::int64_t>(opts_.deterministic_shards);
     small_all_reduce(std::span<std::int64_t>(all), "model check all_reduce");
     for (std::size_t q = 1; q < world_; ++q) {
-      if (std::equal(all.begin(), all.begin() + 3, all.begin() + static_cast<std::ptrdiff_t>(3 * q))) continue;
-      throw config_error(where() + "rank " + std::to_string(q) + " has " + std::to_string(all[3 * q]) + " layers of " +
-                         std::to_string(all[3 * q + 1]) + " parameter elements" +
-                         (all[3 * q + 2] != all[2] ? " (other shapes)" : "") + ", rank 0 has " + std::to_string(all[0]) +
+      if (all[4 * q + 3] != all[3]) {
+        throw config_error(where() + "rank " + std::to_string(q) + " has fsdp_options::deterministic_shards = " +
+                           std::to_string(all[4 * q + 3]) + ", rank 0 " + std::to_string(all[3]) +
+                           " (expected the same on every rank)");
+      }
+      if (std::equal(all.begin(), all.begin() + 3, all.begin() + static_cast<std::ptrdiff_t>(4 * q))) continue;
+      throw config_error(where() + "rank " + std::to_string(q) + " has " + std::to_string(all[4 * q]) + " layers of " +
+                         std::to_string(all[4 * q + 1]) + " parameter elements" +
+                         (all[4 * q + 2] != all[2] ? " (other shapes)" : "") + ", rank 0 has " + std::to_string(all[0]) +
                          " of " + std::to_string(all[1]) + " (fully_sharded_data_parallel expects the same model on every rank)");
     }
   }

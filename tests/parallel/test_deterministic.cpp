@@ -274,26 +274,41 @@ TEST_CASE("deterministic data parallel's gradient is the global batch's mean gra
   CHECK(got[1].mine == std::vector<std::size_t>{2, 3});
 }
 
-TEST_CASE("deterministic data parallel refuses shard counts it cannot use", "[parallel][deterministic][errors]") {
-  std::vector<std::string> errors(2);
+TEST_CASE("deterministic data parallel refuses shard counts it cannot use, and options the ranks disagree on",
+          "[parallel][deterministic][errors]") {
+  std::vector<std::string> errors(4);
+  std::vector<std::vector<int>> thrown(2, std::vector<int>(3, 0));  // each rank writes its own
   run_local(3, [&](local_group& g) {
+    const bool leader = g.rank() == 0;
     sequential model(ml::make_mlp({6, 5, 10}, 1), ml::softmax_cross_entropy{});
-    if (g.rank() != 0) return;  // refusals before any collective: one rank is enough
     try {
-      deterministic_data_parallel refused(model, g, {.shards = 2});
+      deterministic_data_parallel refused(model, g, {.shards = 2});  // every rank, before any collective
     } catch (const invalid_argument_error& e) {
-      errors[0] = e.what();
+      if (leader) errors[0] = e.what();
     }
     deterministic_data_parallel ddp(model, g, {.shards = 3});
     const test::synthetic_batch b(10, 6, 10, 1);
     try {
       (void)ddp.train_step(batch{b.input(), b.labels(), {}});
     } catch (const invalid_argument_error& e) {
-      errors[1] = e.what();
+      if (leader) errors[1] = e.what();
+    }
+    // Rank 2 alone with other shards, then another bucket: every rank fails, none hangs.
+    for (const std::size_t i : {2, 3}) {
+      const deterministic_options o{.shards = i == 2 && g.rank() == 2 ? 6u : 3u, .bucket_elements = i == 3 && g.rank() == 2 ? 64u : 0u};
+      try {
+        deterministic_data_parallel disagreed(model, g, o);
+      } catch (const config_error& e) {
+        thrown[i - 2][static_cast<std::size_t>(g.rank())] = 1;
+        if (leader) errors[i] = e.what();
+      }
     }
   });
   CHECK_THAT(errors[0], Catch::Contains("2 shard(s) for 3 ranks"));
   CHECK_THAT(errors[1], Catch::Contains("a global batch of 10 rows in 3 shards"));
+  CHECK_THAT(errors[2], Catch::Contains("rank 2 has deterministic_options{.shards = 6, .bucket_elements = 0}, rank 0 {3, 0}"));
+  CHECK_THAT(errors[3], Catch::Contains("rank 2 has deterministic_options{.shards = 3, .bucket_elements = 64}, rank 0 {3, 0}"));
+  CHECK(thrown == std::vector<std::vector<int>>(2, std::vector<int>(3, 1)));
 }
 
 TEST_CASE("deterministic accumulation refuses splits that cut a shard", "[parallel][deterministic][accumulation][errors]") {

@@ -242,6 +242,7 @@ TEST_CASE("deterministic FSDP follows deterministic DDP to float rounding", "[pa
 TEST_CASE("deterministic FSDP refuses what it cannot sum exactly", "[parallel][deterministic][fsdp][errors]") {
   std::vector<std::string> errors(6);
   std::vector<std::size_t> kept(3);
+  std::vector<std::string> disagreed(2);
   run_local(2, [&](local_group& g) {
     const bool leader = g.rank() == 0;
     auto refused = [&](std::size_t i, fsdp_options fo) {
@@ -256,6 +257,12 @@ TEST_CASE("deterministic FSDP refuses what it cannot sum exactly", "[parallel][d
     refused(0, {.deterministic_shards = 1});
     refused(1, {.reduce_dtype = dtype::bfloat16, .deterministic_shards = 2});
     refused(2, {.join = true, .deterministic_shards = 2});
+    try {  // the ranks disagree: both fail in the model check
+      sequential model(ml::make_mlp({6, 5, 10}, 1), ml::softmax_cross_entropy{});
+      fully_sharded_data_parallel f(model, g, sgd_options{.lr = 0.1}, {.deterministic_shards = leader ? 2u : 4u});
+    } catch (const config_error& e) {
+      disagreed[static_cast<std::size_t>(g.rank())] = e.what();
+    }
     sequential model(ml::make_mlp({6, 5, 10}, 1), ml::softmax_cross_entropy{});
     fully_sharded_data_parallel f(model, g, sgd_options{.lr = 0.1}, {.deterministic_shards = 4});
     const test::synthetic_batch b(12, 6, 10, 1);
@@ -278,6 +285,7 @@ TEST_CASE("deterministic FSDP refuses what it cannot sum exactly", "[parallel][d
     (void)f.train_step(rows_of(b, 0, 12));  // the refused calls left nothing behind
   });
   CHECK(kept == std::vector<std::size_t>(3, 6 * 5));
+  for (const auto& e : disagreed) CHECK_THAT(e, Catch::Contains("rank 1 has fsdp_options::deterministic_shards = 4, rank 0 2"));
   CHECK_THAT(errors[0], Catch::Contains("deterministic_shards = 1: fewer shards than the 2 ranks"));
   CHECK_THAT(errors[1], Catch::Contains("expected reduce_dtype float32"));
   CHECK_THAT(errors[2], Catch::Contains("expected join = false"));

@@ -696,16 +696,23 @@ class fully_sharded_data_parallel {
         mix(0xff);
       }
     }
-    std::vector<std::int64_t> all(3 * world_, 0);
-    all[3 * rank_] = static_cast<std::int64_t>(std::ranges::size(*layers_));
-    all[3 * rank_ + 1] = static_cast<std::int64_t>(unsharded_);
-    all[3 * rank_ + 2] = static_cast<std::int64_t>(h >> 1);
+    // And the deterministic mode's shards: ranks that disagree would run different collectives.
+    std::vector<std::int64_t> all(4 * world_, 0);
+    all[4 * rank_] = static_cast<std::int64_t>(std::ranges::size(*layers_));
+    all[4 * rank_ + 1] = static_cast<std::int64_t>(unsharded_);
+    all[4 * rank_ + 2] = static_cast<std::int64_t>(h >> 1);
+    all[4 * rank_ + 3] = static_cast<std::int64_t>(opts_.deterministic_shards);
     small_all_reduce(std::span<std::int64_t>(all), "model check all_reduce");
     for (std::size_t q = 1; q < world_; ++q) {
-      if (std::equal(all.begin(), all.begin() + 3, all.begin() + static_cast<std::ptrdiff_t>(3 * q))) continue;
-      throw config_error(where() + "rank " + std::to_string(q) + " has " + std::to_string(all[3 * q]) + " layers of " +
-                         std::to_string(all[3 * q + 1]) + " parameter elements" +
-                         (all[3 * q + 2] != all[2] ? " (other shapes)" : "") + ", rank 0 has " + std::to_string(all[0]) +
+      if (all[4 * q + 3] != all[3]) {
+        throw config_error(where() + "rank " + std::to_string(q) + " has fsdp_options::deterministic_shards = " +
+                           std::to_string(all[4 * q + 3]) + ", rank 0 " + std::to_string(all[3]) +
+                           " (expected the same on every rank)");
+      }
+      if (std::equal(all.begin(), all.begin() + 3, all.begin() + static_cast<std::ptrdiff_t>(4 * q))) continue;
+      throw config_error(where() + "rank " + std::to_string(q) + " has " + std::to_string(all[4 * q]) + " layers of " +
+                         std::to_string(all[4 * q + 1]) + " parameter elements" +
+                         (all[4 * q + 2] != all[2] ? " (other shapes)" : "") + ", rank 0 has " + std::to_string(all[0]) +
                          " of " + std::to_string(all[1]) + " (fully_sharded_data_parallel expects the same model on every rank)");
     }
   }
