@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -292,4 +293,21 @@ TEST_CASE("deterministic FSDP refuses what it cannot sum exactly", "[parallel][d
   CHECK_THAT(errors[3], Catch::Contains("a global batch of 10 rows in 4 deterministic shards"));
   CHECK_THAT(errors[4], Catch::Contains("3 micro-batches a step for 4 deterministic shards"));
   CHECK_THAT(errors[5], Catch::Contains("no_sync() in the deterministic mode"));
+}
+
+TEST_CASE("deterministic FSDP: a NaN gradient on one rank fails every rank", "[parallel][deterministic][fsdp][errors]") {
+  const test::synthetic_batch b(12, 6, 10, 1);
+  std::vector<float> x(b.input().begin(), b.input().end());
+  x[7 * 6] = std::numeric_limits<float>::quiet_NaN();  // row 7: shard 1 of 2, rank 1's
+  std::vector<std::string> errors(2);
+  run_local(2, [&](local_group& g) {
+    sequential model(ml::make_mlp({6, 5, 10}, 1), ml::softmax_cross_entropy{});
+    fully_sharded_data_parallel f(model, g, sgd_options{.lr = 0.1}, {.deterministic_shards = 2});
+    try {
+      (void)f.train_step(batch{tensor_view<const float>(x.data(), shape{12, 6}), b.labels(), {}});
+    } catch (const invalid_argument_error& e) {
+      errors[static_cast<std::size_t>(g.rank())] = e.what();
+    }
+  });
+  for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("is not finite (inf or NaN)"));
 }

@@ -89,6 +89,34 @@ inline constexpr int fixed_bits = 51;
   return std::bit_cast<double>(q + std::bit_cast<std::int64_t>(magic)) - magic;
 }
 
+// The largest magnitude of v[0, n), or +inf when any element is inf or NaN: what the exact sums'
+// scales come from. NaN is reported as inf because an all_reduce max may drop a NaN (max(x, NaN)
+// is x) but never an inf, so every rank sees the bad gradient and fails alike. Eight independent
+// lanes, so the loop vectorises (one running max is a chain of dependent instructions); a lane
+// adding v x 0 turns NaN at the first inf or NaN.
+[[nodiscard]] inline float largest_magnitude(const float* v, std::size_t n) noexcept {
+  float m[8] = {}, bad[8] = {};
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (std::size_t k = 0; k < 8; ++k) {
+      const float a = std::abs(v[i + k]);
+      m[k] = a > m[k] ? a : m[k];
+      bad[k] += v[i + k] * 0.0f;
+    }
+  }
+  for (; i < n; ++i) {
+    const float a = std::abs(v[i]);
+    m[0] = a > m[0] ? a : m[0];
+    bad[0] += v[i] * 0.0f;
+  }
+  float out = 0.0f;
+  for (std::size_t k = 0; k < 8; ++k) {
+    if (bad[k] != 0.0f) return std::numeric_limits<float>::infinity();  // NaN compares unequal
+    out = m[k] > out ? m[k] : out;
+  }
+  return out;
+}
+
 }  // namespace detail::deterministic
 
 template <class M, class C>
@@ -246,16 +274,10 @@ class deterministic_data_parallel {
           std::copy(g.begin(), g.end(), to);
           to += g.size();
         }
-        for (const float v : g) largest_[i] = std::max(largest_[i], std::abs(v));
+        largest_[i] = std::max(largest_[i], detail::deterministic::largest_magnitude(g.data(), g.size()));
         ++i;
       }
       if (keep) ++stashed_;
-    }
-    for (const float v : largest_) {
-      if (!std::isfinite(v)) {
-        pending_ = 0;
-        throw invalid_argument_error(where() + "a shard's gradient is not finite (inf or NaN): nothing exact can be summed");
-      }
     }
     comm_->all_reduce(tensor_view<std::int64_t>(&loss_sum, 1)).wait();
     return detail::deterministic::from_fixed(loss_sum) / loss_scale / static_cast<double>(s);
@@ -269,6 +291,11 @@ class deterministic_data_parallel {
     const std::size_t count = std::ranges::size(params), total = total_;
     // 2. The scale of each tensor, from its largest magnitude over every shard (max is exact).
     comm_->all_reduce(tensor_view<float>(largest_), reduce_op::max).wait();
+    for (const float v : largest_) {  // inf for any rank's inf or NaN: every rank fails here alike
+      if (!std::isfinite(v)) {
+        throw invalid_argument_error(where() + "a shard's gradient is not finite (inf or NaN) on some rank: nothing exact can be summed");
+      }
+    }
     // 3. Each tensor's shard gradients in fixed point, summed exactly: int64 reduce_scatters give
     // each rank the sums of its block of elements (integers add up the same in any order).
     const auto world = static_cast<std::size_t>(comm_->size());

@@ -1278,7 +1278,7 @@ class fully_sharded_data_parallel {
       const std::size_t chunk = x.chunks.chunk(), count = x.shapes.size();
       exact_largest_.assign(count, 0.0f);
       for (std::size_t k = 0, at = 0; k < count; at += x.shapes[k].numel(), ++k) {
-        for (std::size_t e = at; e < at + x.shapes[k].numel(); ++e) exact_largest_[k] = std::max(exact_largest_[k], std::abs(g[e]));
+        exact_largest_[k] = det::largest_magnitude(g + at, x.shapes[k].numel());  // inf for any inf or NaN
       }
       wait_named(comm_->all_reduce(tensor_view<float>(exact_largest_), reduce_op::max), "largest-gradient all_reduce of " + unit_name(x));
       exact_send_.assign(2 * x.chunks.padded(), 0);  // rank r's block: its chunk's high digits, then its low ones
@@ -1346,7 +1346,7 @@ class fully_sharded_data_parallel {
     if constexpr (std::same_as<S, host>) {
       float largest = 0;
       for (const auto& x : units_) {
-        for (const float v : std::span<const float>(grads_.data() + x.chunk_at, x.mine.size())) largest = std::max(largest, std::abs(v));
+        largest = std::max(largest, detail::deterministic::largest_magnitude(grads_.data() + x.chunk_at, x.mine.size()));
       }
       wait_named(comm_->all_reduce(tensor_view<float>(&largest, 1), reduce_op::max), "largest-gradient all_reduce");
       const double big = static_cast<double>(largest);
