@@ -2,7 +2,8 @@
 # (gloo processes, where built) end with the same final parameter checksum, as do ZeRO-1 at 2 and
 # 3, ZeRO-2 in small buckets at 3 (threads, and MPI processes where MPIEXEC is given), the global
 # batch in 2 or 3 accumulated batches, and a ZeRO-1 run saved at 2 ranks and resumed at 3; FSDP's
-# own checksum at 1, 2 and 3 ranks (threads, gloo, MPI); the plain DDP run at world 2 must not
+# own checksum at 1, 2 and 3 ranks (threads, gloo, MPI); the CNN and the ViT under DDP and FSDP
+# at 1 to 3 ranks, threads and processes; the plain DDP run at world 2 must not
 # (or the test would pass without the mode doing anything).
 #   cmake -DPROGRAM=fashion_mnist -DARGS="common;args" -DCKPT=dir [-DGLOO=1] [-DMPIEXEC="mpiexec;flags"]
 #         -P deterministic_example.cmake
@@ -86,6 +87,24 @@ if(DEFINED MPIEXEC)
   endif()
 endif()
 message(STATUS "fsdp at 1, 2 (accumulating) and 3 ranks, threads and processes: ${fsdp_one}")
+# The CNN and the ViT: DDP at 1 thread and 2 processes (gloo, where built, else 2 threads), and
+# FSDP at 1 and 3 threads and 2 processes, each model's own bits.
+set(two "--backend;local;--nproc;2")
+if(GLOO)
+  set(two "--backend;gloo;--nproc;2")
+endif()
+foreach(model cnn vit)
+  checksum(ddp_1 --model ${model} --backend local --nproc 1 --deterministic 6)
+  checksum(ddp_2 --model ${model} ${two} --deterministic 6)
+  checksum(fsdp_1 --model ${model} --backend local --nproc 1 --deterministic 6 --parallel fsdp)
+  checksum(fsdp_3 --model ${model} --backend local --nproc 3 --deterministic 6 --parallel fsdp)
+  checksum(fsdp_2 --model ${model} ${two} --deterministic 6 --parallel fsdp)
+  if(NOT ddp_2 STREQUAL ddp_1 OR NOT fsdp_3 STREQUAL fsdp_1 OR NOT fsdp_2 STREQUAL fsdp_1)
+    message(FATAL_ERROR "--model ${model} --deterministic 6: DDP at 1 and 2 ranks ended at ${ddp_1} and ${ddp_2}, "
+                        "FSDP at 1, 3 and 2 at ${fsdp_1}, ${fsdp_3} and ${fsdp_2}")
+  endif()
+  message(STATUS "${model}: DDP ${ddp_1}, FSDP ${fsdp_1} at every world size")
+endforeach()
 if(NOT DEFINED CKPT)
   message(FATAL_ERROR "pass -DCKPT=dir for the checkpoint runs")
 endif()
