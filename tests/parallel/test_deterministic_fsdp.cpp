@@ -3,7 +3,8 @@
 // FSDP's trained parameters are the same bits at world sizes 1 to 4 (threads), for the MLP, the
 // CNN and the ViT as layers, under SGD with momentum and AdamW, for any gradient-accumulation split,
 // with dropout, clipping and several layers a unit, resumed from a sharded checkpoint at another
-// world size; they follow deterministic DDP's to float rounding; refusals.
+// world size; they follow deterministic DDP's to float rounding; refusals, and a NaN gradient
+// failing every rank under both modes.
 #include <catch2/catch.hpp>
 
 #include <partrain/comm/local.hpp>
@@ -295,16 +296,25 @@ TEST_CASE("deterministic FSDP refuses what it cannot sum exactly", "[parallel][d
   CHECK_THAT(errors[5], Catch::Contains("no_sync() in the deterministic mode"));
 }
 
-TEST_CASE("deterministic FSDP: a NaN gradient on one rank fails every rank", "[parallel][deterministic][fsdp][errors]") {
+
+TEST_CASE("deterministic DDP and FSDP: a NaN gradient on one rank fails every rank", "[parallel][deterministic][fsdp][errors]") {
+  const bool fsdp = GENERATE(false, true);
+  CAPTURE(fsdp);
   const test::synthetic_batch b(12, 6, 10, 1);
   std::vector<float> x(b.input().begin(), b.input().end());
   x[7 * 6] = std::numeric_limits<float>::quiet_NaN();  // row 7: shard 1 of 2, rank 1's
+  const batch bad{tensor_view<const float>(x.data(), shape{12, 6}), b.labels(), {}};
   std::vector<std::string> errors(2);
   run_local(2, [&](local_group& g) {
     sequential model(ml::make_mlp({6, 5, 10}, 1), ml::softmax_cross_entropy{});
-    fully_sharded_data_parallel f(model, g, sgd_options{.lr = 0.1}, {.deterministic_shards = 2});
     try {
-      (void)f.train_step(batch{tensor_view<const float>(x.data(), shape{12, 6}), b.labels(), {}});
+      if (fsdp) {
+        fully_sharded_data_parallel f(model, g, sgd_options{.lr = 0.1}, {.deterministic_shards = 2});
+        (void)f.train_step(bad);
+      } else {
+        deterministic_data_parallel ddp(model, g, {.shards = 2});
+        (void)ddp.train_step(bad);
+      }
     } catch (const invalid_argument_error& e) {
       errors[static_cast<std::size_t>(g.rank())] = e.what();
     }
