@@ -115,6 +115,8 @@ struct run_options {
   std::size_t min_unit_elements = 0;   // FSDP's units
   float dropout = 0.0f;
   double max_grad_norm = 0;
+  bool recompute = false;              // every layer's activations recomputed in backward
+  dtype param_dtype = dtype::float32;  // FSDP's gathers
   std::uint32_t from = 0, to = steps;  // the steps run
   const std::filesystem::path* load = nullptr;
   const std::filesystem::path* save = nullptr;
@@ -129,11 +131,12 @@ std::vector<float> train_fsdp(int world, const run_options& o, std::vector<doubl
   run_local(world, [&](local_group& g) {
     sequential model(make_layers(o.kind, o.dropout), ml::softmax_cross_entropy{});
     model.set_seed(11);
+    if (o.recompute) model.set_recompute({.every = 1, .layers = {}});
     shard_optimizer_options opt = sgd_options{.lr = 0.1, .momentum = 0.9};
     if (o.adamw) opt = adamw_options{.lr = 0.01};
     fully_sharded_data_parallel fsdp(model, g, opt,
-                                     {.max_grad_norm = o.max_grad_norm, .min_unit_elements = o.min_unit_elements,
-                                      .deterministic_shards = shards});
+                                     {.max_grad_norm = o.max_grad_norm, .param_dtype = o.param_dtype,
+                                      .min_unit_elements = o.min_unit_elements, .deterministic_shards = shards});
     if (o.load) (void)load_sharded_checkpoint(fsdp, *o.load);
     fsdp.set_gradient_accumulation_steps(o.micro);
     const std::size_t rows = global_rows / o.micro;
@@ -191,6 +194,17 @@ TEST_CASE("deterministic FSDP: any gradient-accumulation split, any units, dropo
     const auto one = train_fsdp(1, {.kind = layers::vit, .min_unit_elements = 3000});
     CHECK(train_fsdp(3, {.kind = layers::vit, .min_unit_elements = 3000}) == one);
     CHECK(train_fsdp(3, {.kind = layers::vit}) == one);  // the units do not change the sum either
+  }
+  SECTION("recomputation and bf16 gathers: the same bits too") {
+    const run_options recomputed{.kind = layers::vit, .dropout = 0.2f, .recompute = true};
+    const auto one = train_fsdp(1, recomputed);
+    CHECK(one == train_fsdp(1, {.kind = layers::vit, .dropout = 0.2f}));  // recomputing changes no bit
+    CHECK(train_fsdp(3, recomputed) == one);
+    const run_options bf16{.kind = layers::vit, .param_dtype = dtype::bfloat16};
+    const auto rounded = train_fsdp(1, bf16);
+    CHECK(rounded != train_fsdp(1, {.kind = layers::vit}));  // the gathers round
+    CHECK(train_fsdp(2, bf16) == rounded);
+    CHECK(train_fsdp(4, bf16) == rounded);
   }
   SECTION("dropout: drawn per step and shard, whichever rank computes the shard") {
     const run_options o{.kind = layers::vit, .dropout = 0.2f};
