@@ -92,8 +92,8 @@ inline constexpr int fixed_bits = 51;
 // The largest magnitude of v[0, n), or +inf when any element is inf or NaN: what the exact sums'
 // scales come from. NaN is reported as inf because an all_reduce max may drop a NaN (max(x, NaN)
 // is x) but never an inf, so every rank sees the bad gradient and fails alike. Eight independent
-// lanes, so the loop vectorises (one running max is a chain of dependent instructions); a lane
-// adding v x 0 turns NaN at the first inf or NaN.
+// running maxima, not one chain of dependent max instructions; a lane adding v x 0 turns NaN at
+// the first inf or NaN.
 [[nodiscard]] inline float largest_magnitude(const float* v, std::size_t n) noexcept {
   float m[8] = {}, bad[8] = {};
   std::size_t i = 0;
