@@ -17499,6 +17499,8 @@ namespace detail::deterministic {
 // it still sum well inside an int64.
 inline constexpr double magic = 6755399441055744.0;  // 1.5 x 2^52
 inline constexpr int fixed_bits = 51;
+// The scale of the shards' mean losses in fixed point: 2^32, so their sum may reach 2^19.
+inline constexpr double loss_scale = 4294967296.0;
 
 // 2^e with e the largest exponent such that `bound` x 2^e stays below 2^51 (1 when bound is 0).
 [[nodiscard]] inline double fixed_point_scale(double bound) {
@@ -17690,7 +17692,7 @@ class deterministic_data_parallel {
       const std::size_t first = mine[j] * rows;
       const batch shard{part.features.slice(first, first + rows), part.labels.slice(first, first + rows),
                         part.indices.empty() ? part.indices : part.indices.subspan(first, rows)};
-      loss_sum += detail::deterministic::to_fixed(static_cast<double>(model_->train_step(shard)), loss_scale);
+      loss_sum += detail::deterministic::to_fixed(static_cast<double>(model_->train_step(shard)), detail::deterministic::loss_scale);
       const bool keep = !(last_call && j + 1 == mine.size());
       if (keep && stash_.size() < (stashed_ + 1) * total_) stash_.resize((stashed_ + 1) * total_);
       float* to = keep ? stash_.data() + stashed_ * total_ : nullptr;
@@ -17707,7 +17709,7 @@ class deterministic_data_parallel {
       if (keep) ++stashed_;
     }
     comm_->all_reduce(tensor_view<std::int64_t>(&loss_sum, 1)).wait();
-    return detail::deterministic::from_fixed(loss_sum) / loss_scale / static_cast<double>(s);
+    return detail::deterministic::from_fixed(loss_sum) / detail::deterministic::loss_scale / static_cast<double>(s);
   }
 
   // 2-4. The step's sum over every shard of its micro-batches, exact, and its mean.
@@ -17800,7 +17802,6 @@ class deterministic_data_parallel {
     return {first, std::min(total, first + width), width, total};
   }
 
-  static constexpr double loss_scale = 4294967296.0;  // 2^32: the shards' losses may sum up to 2^19
   [[nodiscard]] std::string where() const {
     return "rank " + std::to_string(comm_->rank()) + " deterministic_data_parallel: ";
   }
@@ -19446,6 +19447,7 @@ struct place<cuda> {
 #include <deque>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <optional>
 #include <ranges>
 #include <span>
@@ -20660,13 +20662,13 @@ class fully_sharded_data_parallel {
           const auto in = on_place(input.slice(first, first + rows));
           const auto tg = on_place(target.slice(first, first + rows));
           const double sum = forward_backward(in.view, tg.view, rows, true);
-          loss += detail::deterministic::to_fixed(sum / static_cast<double>(rows), exact_loss_scale);
+          loss += detail::deterministic::to_fixed(sum / static_cast<double>(rows), detail::deterministic::loss_scale);
         } else {
           shadow_forward_backward(true);
         }
       }
       small_all_reduce(std::span<std::int64_t>(&loss, 1), "loss all_reduce");
-      result = detail::deterministic::from_fixed(loss) / exact_loss_scale / static_cast<double>(s);
+      result = detail::deterministic::from_fixed(loss) / detail::deterministic::loss_scale / static_cast<double>(s);
       ++exact_pending_;
       if (last) {
         exact_to_chunks(exact_pending_ * s);
@@ -20761,6 +20763,7 @@ class fully_sharded_data_parallel {
         largest = std::max(largest, detail::deterministic::largest_magnitude(grads_.data() + x.chunk_at, x.mine.size()));
       }
       wait_named(comm_->all_reduce(tensor_view<float>(&largest, 1), reduce_op::max), "largest-gradient all_reduce");
+      if (!std::isfinite(largest)) return std::numeric_limits<double>::infinity();  // every rank alike
       const double big = static_cast<double>(largest);
       const double scale = detail::deterministic::fixed_point_scale(big * big * static_cast<double>(std::max<std::size_t>(unsharded_, 1)));
       std::int64_t q = 0;
@@ -20817,7 +20820,6 @@ class fully_sharded_data_parallel {
   double last_norm_ = std::nan("");
   // The deterministic mode: micro-batches a step, those of the step under way already summed,
   // their shards' rows, the global index in the step of the shard being computed, and scratch.
-  static constexpr double exact_loss_scale = 4294967296.0;  // 2^32: the shards' mean losses may sum up to 2^19
   std::size_t micro_batches_ = 1;
   std::size_t exact_pending_ = 0;
   std::size_t exact_rows_ = 0;

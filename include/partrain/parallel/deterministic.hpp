@@ -72,6 +72,8 @@ namespace detail::deterministic {
 // it still sum well inside an int64.
 inline constexpr double magic = 6755399441055744.0;  // 1.5 x 2^52
 inline constexpr int fixed_bits = 51;
+// The scale of the shards' mean losses in fixed point: 2^32, so their sum may reach 2^19.
+inline constexpr double loss_scale = 4294967296.0;
 
 // 2^e with e the largest exponent such that `bound` x 2^e stays below 2^51 (1 when bound is 0).
 [[nodiscard]] inline double fixed_point_scale(double bound) {
@@ -263,7 +265,7 @@ class deterministic_data_parallel {
       const std::size_t first = mine[j] * rows;
       const batch shard{part.features.slice(first, first + rows), part.labels.slice(first, first + rows),
                         part.indices.empty() ? part.indices : part.indices.subspan(first, rows)};
-      loss_sum += detail::deterministic::to_fixed(static_cast<double>(model_->train_step(shard)), loss_scale);
+      loss_sum += detail::deterministic::to_fixed(static_cast<double>(model_->train_step(shard)), detail::deterministic::loss_scale);
       const bool keep = !(last_call && j + 1 == mine.size());
       if (keep && stash_.size() < (stashed_ + 1) * total_) stash_.resize((stashed_ + 1) * total_);
       float* to = keep ? stash_.data() + stashed_ * total_ : nullptr;
@@ -280,7 +282,7 @@ class deterministic_data_parallel {
       if (keep) ++stashed_;
     }
     comm_->all_reduce(tensor_view<std::int64_t>(&loss_sum, 1)).wait();
-    return detail::deterministic::from_fixed(loss_sum) / loss_scale / static_cast<double>(s);
+    return detail::deterministic::from_fixed(loss_sum) / detail::deterministic::loss_scale / static_cast<double>(s);
   }
 
   // 2-4. The step's sum over every shard of its micro-batches, exact, and its mean.
@@ -373,7 +375,6 @@ class deterministic_data_parallel {
     return {first, std::min(total, first + width), width, total};
   }
 
-  static constexpr double loss_scale = 4294967296.0;  // 2^32: the shards' losses may sum up to 2^19
   [[nodiscard]] std::string where() const {
     return "rank " + std::to_string(comm_->rank()) + " deterministic_data_parallel: ";
   }

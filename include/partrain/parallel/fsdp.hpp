@@ -34,6 +34,7 @@
 #include <deque>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <optional>
 #include <ranges>
 #include <span>
@@ -1248,13 +1249,13 @@ class fully_sharded_data_parallel {
           const auto in = on_place(input.slice(first, first + rows));
           const auto tg = on_place(target.slice(first, first + rows));
           const double sum = forward_backward(in.view, tg.view, rows, true);
-          loss += detail::deterministic::to_fixed(sum / static_cast<double>(rows), exact_loss_scale);
+          loss += detail::deterministic::to_fixed(sum / static_cast<double>(rows), detail::deterministic::loss_scale);
         } else {
           shadow_forward_backward(true);
         }
       }
       small_all_reduce(std::span<std::int64_t>(&loss, 1), "loss all_reduce");
-      result = detail::deterministic::from_fixed(loss) / exact_loss_scale / static_cast<double>(s);
+      result = detail::deterministic::from_fixed(loss) / detail::deterministic::loss_scale / static_cast<double>(s);
       ++exact_pending_;
       if (last) {
         exact_to_chunks(exact_pending_ * s);
@@ -1349,6 +1350,7 @@ class fully_sharded_data_parallel {
         largest = std::max(largest, detail::deterministic::largest_magnitude(grads_.data() + x.chunk_at, x.mine.size()));
       }
       wait_named(comm_->all_reduce(tensor_view<float>(&largest, 1), reduce_op::max), "largest-gradient all_reduce");
+      if (!std::isfinite(largest)) return std::numeric_limits<double>::infinity();  // every rank alike
       const double big = static_cast<double>(largest);
       const double scale = detail::deterministic::fixed_point_scale(big * big * static_cast<double>(std::max<std::size_t>(unsharded_, 1)));
       std::int64_t q = 0;
@@ -1405,7 +1407,6 @@ class fully_sharded_data_parallel {
   double last_norm_ = std::nan("");
   // The deterministic mode: micro-batches a step, those of the step under way already summed,
   // their shards' rows, the global index in the step of the shard being computed, and scratch.
-  static constexpr double exact_loss_scale = 4294967296.0;  // 2^32: the shards' mean losses may sum up to 2^19
   std::size_t micro_batches_ = 1;
   std::size_t exact_pending_ = 0;
   std::size_t exact_rows_ = 0;
