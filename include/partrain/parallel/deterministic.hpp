@@ -100,7 +100,7 @@ inline constexpr double loss_scale = 4294967296.0;
 [[nodiscard]] inline float largest_magnitude(const float* v, std::size_t n) noexcept {
   float m[8] = {}, bad[8] = {};
   std::size_t i = 0;
-#if defined(__GNUC__)
+#if defined(__GNUC__) && !defined(__CUDA_ARCH__)
   typedef float f32x4 __attribute__((vector_size(16)));
   typedef std::int32_t i32x4 __attribute__((vector_size(16)));
   f32x4 m0{}, m1{}, b0{}, b1{};
