@@ -309,29 +309,32 @@ inline void wire_all_reduce(const tp_shard& tp, float* p, std::size_t n) {
   tp.group->all_reduce(tensor_view<partrain::bfloat16>(b, shape{n})).wait();
   widen(b, p, n);
 }
+// c(in, out) over the group on tp.wire, with in (in_n values) and out (out_n) in float32 or
+// bfloat16: float32 as they are; bfloat16 with `in` rounded into scratch slot 1 and c's result
+// (slot 0) widened into `out`.
+template <class Collective>
+void on_wire(const tp_shard& tp, const float* in, std::size_t in_n, float* out, std::size_t out_n, Collective c) {
+  if (tp.wire != partrain::dtype::bfloat16) {
+    c(in, out);
+    return;
+  }
+  partrain::bfloat16* result = scratch<partrain::bfloat16>(0, out_n);
+  c(static_cast<const partrain::bfloat16*>(rounded(in, in_n, 1)), result);
+  widen(result, out, out_n);
+}
 // Every rank's chunk of floats into all [p chunk], in rank order.
 inline void wire_all_gather(const tp_shard& tp, const float* part, float* all, std::size_t chunk) {
   const std::size_t n = tp.size * chunk;
-  if (tp.wire != partrain::dtype::bfloat16) {
-    tp.group->all_gather(tensor_view<const float>(part, shape{chunk}), tensor_view<float>(all, shape{n})).wait();
-    return;
-  }
-  partrain::bfloat16* every = scratch<partrain::bfloat16>(1, n);
-  tp.group->all_gather(tensor_view<const partrain::bfloat16>(rounded(part, chunk, 0), shape{chunk}),
-                       tensor_view<partrain::bfloat16>(every, shape{n})).wait();
-  widen(every, all, n);
+  on_wire(tp, part, chunk, all, n, [&]<class E>(const E* in, E* out) {
+    tp.group->all_gather(tensor_view<const E>(in, shape{chunk}), tensor_view<E>(out, shape{n})).wait();
+  });
 }
 // The group's sum of all [p chunk], chunk r of it into rank r's part.
 inline void wire_reduce_scatter(const tp_shard& tp, const float* all, float* part, std::size_t chunk) {
   const std::size_t n = tp.size * chunk;
-  if (tp.wire != partrain::dtype::bfloat16) {
-    tp.group->reduce_scatter(tensor_view<const float>(all, shape{n}), tensor_view<float>(part, shape{chunk})).wait();
-    return;
-  }
-  partrain::bfloat16* mine = scratch<partrain::bfloat16>(0, chunk);
-  tp.group->reduce_scatter(tensor_view<const partrain::bfloat16>(rounded(all, n, 1), shape{n}),
-                           tensor_view<partrain::bfloat16>(mine, shape{chunk})).wait();
-  widen(mine, part, chunk);
+  on_wire(tp, all, n, part, chunk, [&]<class E>(const E* in, E* out) {
+    tp.group->reduce_scatter(tensor_view<const E>(in, shape{n}), tensor_view<E>(out, shape{chunk})).wait();
+  });
 }
 // Sequence parallelism's two exchanges of tokens over a tensor-parallel group of p ranks, rank r
 // holding tokens r ts .. (r + 1) ts of each of n examples ([n, ts, dim] slices of [n, p ts, dim]):
