@@ -91,6 +91,16 @@ inline constexpr double loss_scale = 4294967296.0;
   return std::bit_cast<double>(q + std::bit_cast<std::int64_t>(magic)) - magic;
 }
 
+// The shards of `shards` that rank r of `world` computes: k with k * world / shards == r
+// (contiguous, as even as the count allows; with fewer shards than ranks, some ranks get none).
+[[nodiscard]] inline std::vector<std::size_t> shards_of(std::size_t r, std::size_t world, std::size_t shards) {
+  std::vector<std::size_t> out;
+  for (std::size_t k = 0; k < shards; ++k) {
+    if (k * world / shards == r) out.push_back(k);
+  }
+  return out;
+}
+
 // The largest magnitude of v[0, n), or +inf when any element is inf or NaN: what the exact sums'
 // scales come from. NaN is reported as inf because an all_reduce max may drop a NaN (max(x, NaN)
 // is x) but never an inf, so every rank sees the bad gradient and fails alike. A lane adding v x 0
@@ -176,13 +186,7 @@ class deterministic_data_parallel {
   // The shards of a micro-batch rank r computes: k with k * world / (S / A) == r (contiguous, as
   // even as the count allows; with fewer shards in a micro-batch than ranks, some ranks wait).
   [[nodiscard]] std::vector<std::size_t> shards_of(int r) const {
-    std::vector<std::size_t> out;
-    const auto world = static_cast<std::size_t>(comm_->size());
-    const std::size_t s = per_call();
-    for (std::size_t k = 0; k < s; ++k) {
-      if (k * world / s == static_cast<std::size_t>(r)) out.push_back(k);
-    }
-    return out;
+    return detail::deterministic::shards_of(static_cast<std::size_t>(r), static_cast<std::size_t>(comm_->size()), per_call());
   }
 
   // The global batch's mean loss and, in the model's gradients, its mean gradient: the same bits

@@ -220,7 +220,7 @@ class fully_sharded_data_parallel {
     }
     if (std::ranges::size(layers) == 0) throw invalid_argument_error(where() + "the model has no layers");
     build_units();
-    if (exact()) check_exact();  // before the model's storage is taken: a refusal leaves it whole
+    if (deterministic()) check_exact();  // before the model's storage is taken: a refusal leaves it whole
     for (std::size_t i = 0; i < std::ranges::size(layers) && !compute_stream_; ++i) {
       compute_stream_ = model_stream(layer(i));  // the layers' stream: the first one's stream()
     }
@@ -252,7 +252,7 @@ class fully_sharded_data_parallel {
     static_assert(check_layer_loss<Loss, Target, S>());
     check_not_summoned("train_step");
     if (joined_) throw invalid_argument_error(where() + "train_step after join() on this rank (join() ends this rank's steps until every rank joined)");
-    if (exact()) return exact_micro_batch(input, target, /*last=*/true);
+    if (deterministic()) return exact_micro_batch(input, target, /*last=*/true);
     const std::size_t rows = batch_rows(input, target, "train_step");
     const bool sync = require_sync_;
     double sum = 0;
@@ -327,7 +327,7 @@ class fully_sharded_data_parallel {
   // shards join the step's exact sum; otherwise a train_step inside no_sync. Its mean loss.
   double accumulate_step(const batch& b) {
     static_assert(check_layer_loss<Loss, std::int32_t, S>());
-    if (!exact()) {
+    if (!deterministic()) {
       auto guard = no_sync();
       return train_step(b);
     }
@@ -337,9 +337,9 @@ class fully_sharded_data_parallel {
   // The micro-batches of a step (fit's gradient_accumulation_steps). The deterministic mode cuts
   // each into S / a of the step's S shards, so a must divide S; no_sync needs no count. Between steps.
   void set_gradient_accumulation_steps(std::size_t a) {
-    if (a == 0 || (exact() && opts_.deterministic_shards % a != 0)) {
+    if (a == 0 || (deterministic() && opts_.deterministic_shards % a != 0)) {
       throw invalid_argument_error(where() + std::to_string(a) + " micro-batches a step" +
-                                   (exact() ? " for " + std::to_string(opts_.deterministic_shards) +
+                                   (deterministic() ? " for " + std::to_string(opts_.deterministic_shards) +
                                                   " deterministic shards (expected a count that divides the shards: each "
                                                   "micro-batch carries whole shards)"
                                             : " (expected at least 1)"));
@@ -351,7 +351,7 @@ class fully_sharded_data_parallel {
     micro_batches_ = a;
   }
   // Whether fsdp_options::deterministic_shards is set: train_step takes the global batch.
-  [[nodiscard]] bool deterministic() const noexcept { return exact(); }
+  [[nodiscard]] bool deterministic() const noexcept { return opts_.deterministic_shards > 0; }
 
   // Forward only on this rank's batch (collective: every rank gathers each layer), this rank's sums.
   template <class Target>
@@ -826,7 +826,7 @@ class fully_sharded_data_parallel {
       // The deterministic mode keys dropout by the optimizer's step (checkpointed with its state)
       // and the shard, whichever rank computes it.
       return layer_call<S>{tensor_view<float, S>(saved[i].data(), shape{saved[i].size()}),
-                           exact() ? detail::layers::call_seed(seed_, static_cast<std::uint64_t>(optimizer_->steps()), exact_shard_, i)
+                           deterministic() ? detail::layers::call_seed(seed_, static_cast<std::uint64_t>(optimizer_->steps()), exact_shard_, i)
                                    : detail::layers::call_seed(seed_, calls_, 0, i)};
     };
     // Bytes of each output, and of the gradient in hand: they leave the meter however the step ends.
@@ -1017,7 +1017,7 @@ class fully_sharded_data_parallel {
     if (ui < 0) return;
     const auto u = static_cast<std::size_t>(ui);
     reshard(u);
-    if (exact()) {
+    if (deterministic()) {
       exact_scatter(u);
       return;
     }
@@ -1136,7 +1136,7 @@ class fully_sharded_data_parallel {
       sum[0] += s[0];
       sum[1] += s[1];
     }
-    last_norm_ = exact() ? exact_norm()
+    last_norm_ = deterministic() ? exact_norm()
                          : detail::mesh_clip::split_norm(
                                sum, [&](std::span<double> v) { small_all_reduce(v, "gradient-norm all_reduce"); }, split_group_);
     detail::optim::clip_to_norm(mine, last_norm_, opts_.max_grad_norm, at_.stream());
@@ -1175,8 +1175,7 @@ class fully_sharded_data_parallel {
     reset_exact();
   }
 
-  // The deterministic mode (fsdp_options::deterministic_shards).
-  [[nodiscard]] bool exact() const noexcept { return opts_.deterministic_shards > 0; }
+  // The deterministic mode's refusals, before anything is taken, and its per-unit sums.
   void check_exact() {
     const auto refuse = [&](const std::string& why) {
       throw config_error(where() + "fsdp_options::deterministic_shards = " + std::to_string(opts_.deterministic_shards) +
@@ -1235,10 +1234,7 @@ class fully_sharded_data_parallel {
     }
     const std::size_t rows = n / s;
     exact_rows_ = rows;
-    std::vector<std::size_t> mine;  // k with k * world / s == rank: contiguous
-    for (std::size_t k = 0; k < s; ++k) {
-      if (k * world_ / s == rank_) mine.push_back(k);
-    }
+    const auto mine = detail::deterministic::shards_of(rank_, world_, s);
     std::int64_t loss = 0;
     double result = 0;
     try {
@@ -1308,16 +1304,21 @@ class fully_sharded_data_parallel {
       const work w = comm_->reduce_scatter(tensor_view<const std::int64_t>(exact_send_), tensor_view<std::int64_t>(exact_recv_));
       wait_named(w, "exact gradient reduce_scatter of " + unit_name(x));
       x.full_grad.release();
-      // This rank's chunk [mine.begin, mine.end) of the unit, parameter by parameter.
-      for (std::size_t k = 0, at = 0; k < count; at += x.shapes[k].numel(), ++k) {
-        const std::size_t lo = std::max(at, x.mine.begin), hi = std::min(at + x.shapes[k].numel(), x.mine.end);
-        if (lo >= hi) continue;
-        const std::size_t o = lo - x.mine.begin;
+      for_each_owned_piece(x, [&](std::size_t k, std::size_t o, std::size_t len) {
         det::merge_bins(x.exact_bin[k], x.exact_hi.data() + o, x.exact_lo.data() + o, exact_recv_.data() + o,
-                        exact_recv_.data() + chunk + o, hi - lo, exact_round_bin_[k]);
-      }
+                        exact_recv_.data() + chunk + o, len, exact_round_bin_[k]);
+      });
     } else {
       (void)u;
+    }
+  }
+  // f(k, offset, n) for each parameter k of unit x with elements in this rank's chunk: its
+  // n elements there start `offset` elements into the chunk.
+  template <class F>
+  static void for_each_owned_piece(const unit& x, F&& f) {
+    for (std::size_t k = 0, at = 0; k < x.shapes.size(); at += x.shapes[k].numel(), ++k) {
+      const std::size_t lo = std::max(at, x.mine.begin), hi = std::min(at + x.shapes[k].numel(), x.mine.end);
+      if (lo < hi) f(k, lo - x.mine.begin, hi - lo);
     }
   }
   // The step's exact sums as the mean gradient of its `shards` shards, into the gradient chunks;
@@ -1326,14 +1327,12 @@ class fully_sharded_data_parallel {
     if constexpr (std::same_as<S, host>) {
       for (auto& x : units_) {
         float* g = grads_.data() + x.chunk_at;
-        for (std::size_t k = 0, at = 0; k < x.shapes.size(); at += x.shapes[k].numel(), ++k) {
-          const std::size_t lo = std::max(at, x.mine.begin), hi = std::min(at + x.shapes[k].numel(), x.mine.end);
-          if (lo >= hi) continue;
-          for (std::size_t e = lo - x.mine.begin; e < hi - x.mine.begin; ++e) {
+        for_each_owned_piece(x, [&](std::size_t k, std::size_t o, std::size_t len) {
+          for (std::size_t e = o; e < o + len; ++e) {
             g[e] = static_cast<float>(detail::deterministic::bins_value(x.exact_bin[k], x.exact_hi[e], x.exact_lo[e]) /
                                       static_cast<double>(shards));
           }
-        }
+        });
       }
     } else {
       (void)shards;
