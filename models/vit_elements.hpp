@@ -1,9 +1,11 @@
 // models/vit_elements.hpp: the element math of the Vision Transformer in vit_layers.hpp (LayerNorm,
 // softmax, GELU, bias and residual adds, dropout masks), as free function templates on the element
-// type T, one row or one element per call. vit_layers.hpp runs them in host loops, in float for the
-// model and in double for its gradient check; a CUDA kernel can run the same functions one row per
-// thread. Sums over a row accumulate in A (double by default; a kernel may pick float). Plain C++:
-// g++ compiles it.
+// type T, one row or one element per call; a CUDA kernel can run the same functions one row or
+// element per thread. vit_layers.hpp runs them in float for the model and in double for its
+// gradient check, through the host loops of vit_lane_rules.inc: in lanes of 4, 8 or 16 floats
+// (the widest the CPU has) and several rows at a time, with the bits of the one-row functions.
+// Sums over a row accumulate in A (double by default; a kernel may pick float). Plain C++: g++
+// compiles it.
 #pragma once
 
 #include <bit>
@@ -17,11 +19,14 @@
 
 namespace models::vit_elements {
 
-// ---- host lanes: four floats as one value (GCC's and Clang's vector types) ----
-// The element rules below are templates, so a host loop can run them on four elements at once:
-// every lane does the IEEE operations the scalar rule does, in the same order, so the lanes and a
-// scalar tail give the same bits. (GCC does not vectorise these loops itself: the selects and the
-// exponential stop it.) Elsewhere (another compiler, device code) the loops stay scalar.
+// ---- host lanes: 4, 8 or 16 floats as one value (GCC's and Clang's vector types) ----
+// The element rules of vit_lane_rules.inc are templates, so a host loop can run them on several
+// elements at once: every lane does the IEEE operations the scalar rule does, in the same order,
+// so the lanes and a scalar tail give the same bits. (GCC does not vectorise these loops itself:
+// the selects and the exponential stop it.) The build targets baseline x86-64 (SSE2: 4 lanes);
+// with GCC on x86-64 the same rules are compiled again for AVX2 (8 lanes) and AVX-512 (16), and
+// the loops take the widest the CPU has, picked once at run time. Elsewhere (another compiler,
+// device code) the loops stay scalar.
 #if !defined(__CUDA_ARCH__) && (defined(__GNUC__) || defined(__clang__))
 #define MODELS_VIT_HOST_LANES 1
 using lanes4f = float __attribute__((vector_size(16)));
@@ -29,8 +34,20 @@ using lanes4i = std::int32_t __attribute__((vector_size(16)));
 #else
 #define MODELS_VIT_HOST_LANES 0
 #endif
+// Clang is left out: it has no optimize("fp-contract=off"), and with AVX-512's FMA it would fuse
+// a * b + c, which rounds once where the scalar rule rounds twice.
+#if MODELS_VIT_HOST_LANES && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MODELS_VIT_WIDE_LANES 1
+using lanes8f = float __attribute__((vector_size(32)));
+using lanes8i = std::int32_t __attribute__((vector_size(32)));
+using lanes16f = float __attribute__((vector_size(64)));
+using lanes16i = std::int32_t __attribute__((vector_size(64)));
+#else
+#define MODELS_VIT_WIDE_LANES 0
+#endif
 
-// A constant of a rule, as T (or, for lanes, as a float every lane takes).
+// A constant of a rule, as T (or, for lanes, as a float every lane takes); for lanes, also their
+// int32 counterpart.
 template <class T>
 struct element_of {
   using type = T;
@@ -39,6 +56,19 @@ struct element_of {
 template <>
 struct element_of<lanes4f> {
   using type = float;
+  using int_lanes = lanes4i;
+};
+#endif
+#if MODELS_VIT_WIDE_LANES
+template <>
+struct element_of<lanes8f> {
+  using type = float;
+  using int_lanes = lanes8i;
+};
+template <>
+struct element_of<lanes16f> {
+  using type = float;
+  using int_lanes = lanes16i;
 };
 #endif
 template <class T>
@@ -46,87 +76,67 @@ PARTRAIN_HOST_DEVICE constexpr typename element_of<T>::type k(double c) {
   return static_cast<typename element_of<T>::type>(c);
 }
 
-// e^x in float on the host (and its lanes) as arithmetic alone: glibc's expf is a call per
-// element, and the softmax and GELU loops spent most of their time in it (a seventh of a ViT
-// step). Cody and Waite's reduction x = n ln 2 + r, |r| <= ln 2 / 2 (ln 2 in two parts, so n ln 2
-// is exact), e^r by Cephes' expf polynomial (within 2 ulp), 2^n built in the exponent bits.
-// Overflow gives inf, underflow 0 (no subnormals), NaN stays NaN.
-template <class F>
-inline F exp_host(F x) noexcept {
-  constexpr float hi = 88.3762626647949f, lo = -87.3365447505531f;  // e^hi < FLT_MAX, e^lo = 2^-126
-  F c = x > lo ? x : lo;  // NaN -> lo here: the integer conversion below must see a number
-  c = c < hi ? c : hi;
-  constexpr float round = 12582912.0f;  // 1.5 x 2^23: adding it rounds to an integer, ties to even
-  const F n = (c * 1.44269504088896341f + round) - round;
-  const F r = (c - n * 0.693359375f) + n * 2.12194440e-4f;
-  F p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const F er = p * r * r + r + 1.0f;
-  F y;
-  if constexpr (std::is_same_v<F, float>) {
-    y = er * std::bit_cast<float>((static_cast<std::int32_t>(n) + 127) << 23);
-  } else {
-    y = er * std::bit_cast<F>((__builtin_convertvector(n, lanes4i) + 127) << 23);
-  }
-  y = x > hi ? std::numeric_limits<float>::infinity() : y;
-  y = x < lo ? 0.0f : y;
-  return x != x ? x : y;
-}
+// The host's row loops take this many rows at a time (vit_lane_rules.inc's host_loops).
+inline constexpr std::size_t row_group = 8;
 
-// std:: on the host (exp_host for float and its lanes), CUDA's overloads on the device (a host
-// function is not callable there).
-template <class T>
-PARTRAIN_HOST_DEVICE T exp_t(T x) {
-#if defined(__CUDA_ARCH__)
-  return ::exp(x);
-#else
-  if constexpr (std::is_same_v<typename element_of<T>::type, float>) {
-    return exp_host(x);
-  } else {
-    return std::exp(x);
-  }
-#endif
-}
-
-// body(i, V{}) over n elements of T: V = lanes4f for i = 0, 4, 8, ... where the host has lanes
-// and T is float, then V = T one at a time (everywhere else, all of them). body reads and
-// writes with load<V> and store.
-template <class T, class Body>
-PARTRAIN_HOST_DEVICE void for_lanes(std::size_t n, Body body) {
-  std::size_t i = 0;
+// The rules and their loops in 4 lanes (and scalar, and on the device) ...
+#define MODELS_VIT_LANE_FN PARTRAIN_HOST_DEVICE
 #if MODELS_VIT_HOST_LANES
-  if constexpr (std::is_same_v<T, float>) {
-    for (; i + 4 <= n; i += 4) body(i, lanes4f{});
-  }
+using lanes = lanes4f;
 #endif
-  for (; i < n; ++i) body(i, T{});
+#include "vit_lane_rules.inc"
+#undef MODELS_VIT_LANE_FN
+
+// ... and in 8 and 16. fp-contract=off: GCC's default would fuse a * b + c into one FMA where the
+// target has it (AVX-512 does), changing the bits.
+#if MODELS_VIT_WIDE_LANES
+namespace wide8 {
+using lanes = lanes8f;
+#define MODELS_VIT_LANE_FN __attribute__((target("avx2"), optimize("fp-contract=off")))
+#include "vit_lane_rules.inc"
+#undef MODELS_VIT_LANE_FN
+}  // namespace wide8
+namespace wide16 {
+using lanes = lanes16f;
+#define MODELS_VIT_LANE_FN __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw"), optimize("fp-contract=off")))
+#include "vit_lane_rules.inc"
+#undef MODELS_VIT_LANE_FN
+}  // namespace wide16
+#endif
+
+// The widest lanes this CPU runs: 16 (AVX-512 F, VL, DQ and BW: x86-64-v4), 8 (AVX2) or 4; read once.
+[[nodiscard]] inline int host_lane_width() noexcept {
+#if MODELS_VIT_WIDE_LANES
+  static const int width = [] {
+    __builtin_cpu_init();  // before any constructor that may call this has run it
+    const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
+    return avx512 ? 16 : __builtin_cpu_supports("avx2") ? 8 : 4;
+  }();
+  return width;
+#else
+  return 4;
+#endif
 }
-template <class V, class T>
-PARTRAIN_HOST_DEVICE V load(const T* p) {
-  if constexpr (std::is_same_v<V, T>) {
-    return *p;
-  } else {
-    V v;
-    __builtin_memcpy(&v, p, sizeof v);
-    return v;
-  }
+
+#if MODELS_VIT_HOST_LANES
+// f(loops), loops the host_loops of the widest lanes this CPU runs.
+template <class F>
+void with_host_loops(F&& f) {
+#if MODELS_VIT_WIDE_LANES
+  if (host_lane_width() == 16) return f(wide16::host_loops{});
+  if (host_lane_width() == 8) return f(wide8::host_loops{});
+#endif
+  f(host_loops{});
 }
-template <class T, class V>
-PARTRAIN_HOST_DEVICE void store(T* p, const V& v) {
-  if constexpr (std::is_same_v<V, T>) {
-    *p = v;
-  } else {
-    __builtin_memcpy(p, &v, sizeof v);
-  }
-}
-// y[i] = rule(x[i]) over n elements (y may be x), in lanes on the host.
-template <class T, class Rule>
-PARTRAIN_HOST_DEVICE void map_lanes(const T* x, T* y, std::size_t n, Rule rule) {
-  for_lanes<T>(n, [&](std::size_t i, auto lanes) { store(y + i, rule(load<decltype(lanes)>(x + i))); });
-}
+// The host loops run for float values with double sums; other types take the one-row functions.
+template <class T, class A = double>
+inline constexpr bool has_host_loops = std::is_same_v<T, float> && std::is_same_v<A, double>;
+#else
+template <class T, class A = double>
+inline constexpr bool has_host_loops = false;
+#endif
+
 template <class T>
 PARTRAIN_HOST_DEVICE T sqrt_t(T x) {
 #if defined(__CUDA_ARCH__)
@@ -154,15 +164,9 @@ PARTRAIN_HOST_DEVICE void layernorm_stats(const T* x, std::size_t d, T eps, T& m
   rstd = static_cast<T>(A(1) / sqrt_t(v / static_cast<A>(d) + static_cast<A>(eps)));
 }
 
-// y = (x - mean) * rstd * gamma + beta.
-template <class T>
-PARTRAIN_HOST_DEVICE void layernorm_apply(const T* x, std::size_t d, T mean, T rstd, const T* gamma, const T* beta,
-                                          T* y) {
-  for (std::size_t i = 0; i < d; ++i) y[i] = (x[i] - mean) * rstd * gamma[i] + beta[i];
-}
-
 // The input gradient of one row, given dy: with xhat = (x - mean) * rstd and g = dy * gamma,
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)). Written to dx, or added to it when `add`.
+// (The second pass is layernorm_backward_apply, in vit_lane_rules.inc.)
 template <class T, class A = double>
 PARTRAIN_HOST_DEVICE void layernorm_backward(const T* x, const T* dy, std::size_t d, T mean, T rstd, const T* gamma,
                                              T* dx, bool add) {
@@ -172,11 +176,8 @@ PARTRAIN_HOST_DEVICE void layernorm_backward(const T* x, const T* dy, std::size_
     sg += g;
     sgx += g * static_cast<A>((x[i] - mean) * rstd);
   }
-  const T mg = static_cast<T>(sg / static_cast<A>(d)), mgx = static_cast<T>(sgx / static_cast<A>(d));
-  for (std::size_t i = 0; i < d; ++i) {
-    const T v = rstd * (dy[i] * gamma[i] - mg - (x[i] - mean) * rstd * mgx);
-    dx[i] = add ? dx[i] + v : v;
-  }
+  layernorm_backward_apply(x, dy, d, mean, rstd, gamma, static_cast<T>(sg / static_cast<A>(d)),
+                           static_cast<T>(sgx / static_cast<A>(d)), dx, add);
 }
 
 // One row's share of the parameter gradients: dgamma += dy * xhat, dbeta += dy (sums over rows in A).
@@ -196,7 +197,7 @@ template <class T, class A = double>
 PARTRAIN_HOST_DEVICE void softmax_row(T* s, std::size_t n, T scale) {
   T mx = s[0];
   for (std::size_t i = 1; i < n; ++i) mx = s[i] > mx ? s[i] : mx;
-  map_lanes(s, s, n, [mx, scale](auto v) { return exp_t((v - mx) * scale); });
+  for (std::size_t i = 0; i < n; ++i) s[i] = exp_t((s[i] - mx) * scale);
   A sum = 0;
   for (std::size_t i = 0; i < n; ++i) sum += static_cast<A>(s[i]);
   const T inv = static_cast<T>(A(1) / sum);
@@ -213,53 +214,77 @@ PARTRAIN_HOST_DEVICE void softmax_backward_row(const T* p, T* g, std::size_t n) 
   for (std::size_t i = 0; i < n; ++i) g[i] = p[i] * (g[i] - t);
 }
 
-// ---- GELU, the tanh approximation (PyTorch's GELU(approximate="tanh"), GPT-2's and BERT's) ----
-// gelu(x) = x/2 (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3). The tanh form,
-// not the erf one: the value and the slope come from one exponential, so the backward's
-// recomputation costs one exp per element, not erf and exp; the two forms differ by < 5e-4.
-// Evaluated as x sigmoid(2u): one exp (glibc's tanhf took half of a block's time), and no
-// cancellation in 1 + tanh(u) where x is negative.
+// ---- GELU over arrays (the rules are in vit_lane_rules.inc) ----
 
-// The rules take T or host lanes of it (constants through k<T>, which are T(c) for a scalar).
-template <class T>
-PARTRAIN_HOST_DEVICE T gelu_inner(T x) {
-  return k<T>(0.7978845608028654) * (x + k<T>(0.044715) * x * x * x);
-}
-// sigmoid(2u), which is (1 + tanh(u)) / 2: 0 (not NaN) where exp overflows.
-template <class T>
-PARTRAIN_HOST_DEVICE T gelu_gate(T x) {
-  return k<T>(1) / (k<T>(1) + exp_t(k<T>(-2) * gelu_inner(x)));
-}
-template <class T>
-PARTRAIN_HOST_DEVICE T gelu(T x) {
-  return x * gelu_gate(x);
-}
-// gelu(x) and its slope together (the backward needs both: the value for fc2's weight gradient,
-// the slope for fc1's output gradient). With s = sigmoid(2u):
-// d gelu / dx = s + 2 x s (1 - s) sqrt(2/pi) (1 + 3 * 0.044715 x^2).
-template <class T>
-PARTRAIN_HOST_DEVICE T gelu_slope(T x, T s) {
-  return s + k<T>(2) * x * s * (k<T>(1) - s) * k<T>(0.7978845608028654) * (k<T>(1) + k<T>(3 * 0.044715) * x * x);
-}
-template <class T>
-PARTRAIN_HOST_DEVICE void gelu_and_grad(T x, T& value, T& grad) {
-  const T s = gelu_gate(x);
-  value = x * s;
-  grad = gelu_slope(x, s);
-}
-// Over n elements, in lanes on the host: y = gelu(x); or value, grad = gelu_and_grad(x).
+// Over n elements, in the widest lanes on the host: y = gelu(x); or value, grad = gelu_and_grad(x).
 template <class T>
 PARTRAIN_HOST_DEVICE void gelu_n(const T* x, T* y, std::size_t n) {
-  map_lanes(x, y, n, [](auto v) { return gelu(v); });
+#if MODELS_VIT_HOST_LANES
+  if constexpr (has_host_loops<T>) return with_host_loops([&](auto loops) { loops.gelu_n(x, y, n); });
+#endif
+  for (std::size_t i = 0; i < n; ++i) y[i] = gelu(x[i]);
 }
 template <class T>
 PARTRAIN_HOST_DEVICE void gelu_and_grad_n(const T* x, T* value, T* grad, std::size_t n) {
-  for_lanes<T>(n, [&](std::size_t i, auto lanes) {
-    using V = decltype(lanes);
-    const V v = load<V>(x + i), s = gelu_gate(v);
-    store(value + i, v * s);
-    store(grad + i, gelu_slope(v, s));
-  });
+#if MODELS_VIT_HOST_LANES
+  if constexpr (has_host_loops<T>) return with_host_loops([&](auto loops) { loops.gelu_and_grad_n(x, value, grad, n); });
+#endif
+  for (std::size_t i = 0; i < n; ++i) gelu_and_grad(x[i], value[i], grad[i]);
+}
+
+// ---- the row functions over many rows on the host ----
+// The same bits as calling the one-row function for each row (host_loops says how they are
+// faster); other types than float do exactly that.
+
+// layernorm_stats of each row of x [rows, d] into mean[r], rstd[r].
+template <class T, class A = double>
+void layernorm_stats_rows(const T* x, std::size_t rows, std::size_t d, T eps, T* mean, T* rstd) {
+#if MODELS_VIT_HOST_LANES
+  if constexpr (has_host_loops<T, A>) {
+    return with_host_loops([&](auto loops) { loops.layernorm_stats_rows(x, rows, d, eps, mean, rstd); });
+  }
+#endif
+  for (std::size_t r = 0; r < rows; ++r) layernorm_stats<T, A>(x + r * d, d, eps, mean[r], rstd[r]);
+}
+// layernorm_apply of each row of x [rows, d] into y.
+template <class T>
+void layernorm_apply_rows(const T* x, std::size_t rows, std::size_t d, const T* mean, const T* rstd, const T* gamma,
+                          const T* beta, T* y) {
+#if MODELS_VIT_HOST_LANES
+  if constexpr (has_host_loops<T>) {
+    return with_host_loops([&](auto loops) { loops.layernorm_apply_rows(x, rows, d, mean, rstd, gamma, beta, y); });
+  }
+#endif
+  for (std::size_t r = 0; r < rows; ++r) layernorm_apply(x + r * d, d, mean[r], rstd[r], gamma, beta, y + r * d);
+}
+// layernorm_backward of each row of x and dy [rows, d] into dx (added when `add`).
+template <class T, class A = double>
+void layernorm_backward_rows(const T* x, const T* dy, std::size_t rows, std::size_t d, const T* mean, const T* rstd,
+                             const T* gamma, T* dx, bool add) {
+#if MODELS_VIT_HOST_LANES
+  if constexpr (has_host_loops<T, A>) {
+    return with_host_loops([&](auto loops) { loops.layernorm_backward_rows(x, dy, rows, d, mean, rstd, gamma, dx, add); });
+  }
+#endif
+  for (std::size_t r = 0; r < rows; ++r) {
+    layernorm_backward<T, A>(x + r * d, dy + r * d, d, mean[r], rstd[r], gamma, dx + r * d, add);
+  }
+}
+// softmax_row of each row of s [rows, n].
+template <class T, class A = double>
+void softmax_rows(T* s, std::size_t rows, std::size_t n, T scale) {
+#if MODELS_VIT_HOST_LANES
+  if constexpr (has_host_loops<T, A>) return with_host_loops([&](auto loops) { loops.softmax_rows(s, rows, n, scale); });
+#endif
+  for (std::size_t r = 0; r < rows; ++r) softmax_row<T, A>(s + r * n, n, scale);
+}
+// softmax_backward_row of each row of p and g [rows, n].
+template <class T, class A = double>
+void softmax_backward_rows(const T* p, T* g, std::size_t rows, std::size_t n) {
+#if MODELS_VIT_HOST_LANES
+  if constexpr (has_host_loops<T, A>) return with_host_loops([&](auto loops) { loops.softmax_backward_rows(p, g, rows, n); });
+#endif
+  for (std::size_t r = 0; r < rows; ++r) softmax_backward_row<T, A>(p + r * n, g + r * n, n);
 }
 
 // ---- bias and residual adds ----
@@ -277,7 +302,33 @@ PARTRAIN_HOST_DEVICE void add_row_to_sums(const T* g, std::size_t n, A* sums) {
 // out[i] = x[i] + branch[i] (a residual connection; out may be branch).
 template <class T>
 PARTRAIN_HOST_DEVICE void residual_add(const T* x, const T* branch, T* out, std::size_t n) {
+#if MODELS_VIT_HOST_LANES
+  if constexpr (has_host_loops<T>) return with_host_loops([&](auto loops) { loops.residual_add(x, branch, out, n); });
+#endif
   for (std::size_t i = 0; i < n; ++i) out[i] = x[i] + branch[i];
+}
+// The same over many rows, on the host: add_bias_row for each row of y [rows, n]; add_row_to_sums
+// for each row of g [rows, n]; and y[i] *= s[i] over n.
+template <class T>
+void add_bias_rows(T* y, std::size_t rows, std::size_t n, const T* b) {
+#if MODELS_VIT_HOST_LANES
+  if constexpr (has_host_loops<T>) return with_host_loops([&](auto loops) { loops.add_bias_rows(y, rows, n, b); });
+#endif
+  for (std::size_t r = 0; r < rows; ++r) add_bias_row(y + r * n, b, n);
+}
+template <class T, class A = double>
+void column_sums(const T* g, std::size_t rows, std::size_t n, A* sums) {
+#if MODELS_VIT_HOST_LANES
+  if constexpr (has_host_loops<T, A>) return with_host_loops([&](auto loops) { loops.column_sums(g, rows, n, sums); });
+#endif
+  for (std::size_t r = 0; r < rows; ++r) add_row_to_sums(g + r * n, n, sums);
+}
+template <class T>
+void multiply_n(T* y, const T* s, std::size_t n) {
+#if MODELS_VIT_HOST_LANES
+  if constexpr (has_host_loops<T>) return with_host_loops([&](auto loops) { loops.multiply(y, s, n); });
+#endif
+  for (std::size_t i = 0; i < n; ++i) y[i] *= s[i];
 }
 
 // ---- dropout: a keep bit that is a pure function of (stream, element index) ----

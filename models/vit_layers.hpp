@@ -589,10 +589,8 @@ class basic_transformer_block {
     T* out = y.data();
 
     // x1 = x + drop(proj(attention(LN1(x))))
-    for (std::size_t r = 0; r < ms; ++r) {
-      el::layernorm_stats(x.data() + r * d, d, eps, mean1[r], rstd1[r]);
-      el::layernorm_apply(x.data() + r * d, d, mean1[r], rstd1[r], w(ln1_g), w(ln1_b), a + r * d);
-    }
+    el::layernorm_stats_rows(x.data(), ms, d, eps, mean1, rstd1);
+    el::layernorm_apply_rows(x.data(), ms, d, mean1, rstd1, w(ln1_g), w(ln1_b), a);
     gather_tokens(a, whole, k);
     linear_forward(whole, m, d, 3 * width_, qkv_w, qkv);
     attention_forward(k.n, k.t, qkv, s + at.probs, s + at.ctx, seed);
@@ -601,10 +599,8 @@ class basic_transformer_block {
     el::residual_add(x.data(), out, x1, ms * d);
 
     // out = x1 + drop(fc2(gelu(fc1(LN2(x1)))))
-    for (std::size_t r = 0; r < ms; ++r) {
-      el::layernorm_stats(x1 + r * d, d, eps, mean2[r], rstd2[r]);
-      el::layernorm_apply(x1 + r * d, d, mean2[r], rstd2[r], w(ln2_g), w(ln2_b), a + r * d);
-    }
+    el::layernorm_stats_rows(x1, ms, d, eps, mean2, rstd2);
+    el::layernorm_apply_rows(x1, ms, d, mean2, rstd2, w(ln2_g), w(ln2_b), a);
     gather_tokens(a, whole, k);
     linear_forward(whole, m, d, f, fc1_w, hid);
     el::gelu_n(hid, g, m * f);
@@ -647,16 +643,14 @@ class basic_transformer_block {
     el::gelu_and_grad_n(hid, g, slope, m * f);
     linear_backward_params(dm, g, m, f, d, fc2_w);
     vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, m, f, d, T(1), dm, d, w(fc2_w), f, T(0), g, f);
-    for (std::size_t i = 0; i < m * f; ++i) g[i] *= slope[i];
-    for (std::size_t r = 0; r < ms; ++r) el::layernorm_apply(x1 + r * d, d, mean2[r], rstd2[r], w(ln2_g), w(ln2_b), a + r * d);
+    el::multiply_n(g, slope, m * f);
+    el::layernorm_apply_rows(x1, ms, d, mean2, rstd2, w(ln2_g), w(ln2_b), a);
     linear_backward_params(g, gather_tokens(a, whole, k), m, d, f, fc1_w);
     vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, m, d, f, T(1), g, f, w(fc1_w), d, T(0), dbranch, d);
     sum_tokens(dbranch, dln, k);  // each rank's hidden units' part of LN2's output gradient
-    for (std::size_t r = 0; r < ms; ++r) {
-      el::layernorm_param_grads(x1 + r * d, dln + r * d, d, mean2[r], rstd2[r], sg2, sb2);
-      std::copy(gy.data() + r * d, gy.data() + (r + 1) * d, out_grad + r * d);
-      el::layernorm_backward(x1 + r * d, dln + r * d, d, mean2[r], rstd2[r], w(ln2_g), out_grad + r * d, true);
-    }
+    for (std::size_t r = 0; r < ms; ++r) el::layernorm_param_grads(x1 + r * d, dln + r * d, d, mean2[r], rstd2[r], sg2, sb2);
+    std::copy_n(gy.data(), ms * d, out_grad);
+    el::layernorm_backward_rows(x1, dln, ms, d, mean2, rstd2, w(ln2_g), out_grad, true);
 
     // The attention branch: x1 = x + drop(proj(attention(LN1(x)))).
     const T* dattn = out_grad;
@@ -665,14 +659,14 @@ class basic_transformer_block {
     linear_backward_params(dattn, s + at.ctx, m, width_, d, proj_w);
     vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, m, width_, d, T(1), dattn, d, w(proj_w), width_, T(0), dctx, width_);
     attention_backward(k.n, k.t, s + at.qkv, s + at.probs, dctx, dqkv, seed);
-    for (std::size_t r = 0; r < ms; ++r) el::layernorm_apply(x.data() + r * d, d, mean1[r], rstd1[r], w(ln1_g), w(ln1_b), a + r * d);
+    el::layernorm_apply_rows(x.data(), ms, d, mean1, rstd1, w(ln1_g), w(ln1_b), a);
     linear_backward_params(dqkv, gather_tokens(a, whole, k), m, d, 3 * width_, qkv_w);
     vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, m, d, 3 * width_, T(1), dqkv, 3 * width_, w(qkv_w), d, T(0), dbranch, d);
     sum_tokens(dbranch, dln, k);  // each rank's heads' part of LN1's output gradient
     for (std::size_t r = 0; r < ms; ++r) {
       el::layernorm_param_grads(x.data() + r * d, dln + r * d, d, mean1[r], rstd1[r], sg1, sb1);
-      el::layernorm_backward(x.data() + r * d, dln + r * d, d, mean1[r], rstd1[r], w(ln1_g), out_grad + r * d, true);
     }
+    el::layernorm_backward_rows(x.data(), dln, ms, d, mean1, rstd1, w(ln1_g), out_grad, true);
     // Under sequence parallelism each rank's LN gradients cover its tokens only: one sum of all four.
     if (sp()) tp_sum_doubles(sums);
     vit_detail::add_sums(params_[ln2_g].grad(), std::span<const double>(sg2, d));
@@ -741,7 +735,7 @@ class basic_transformer_block {
     T* partial = sp() ? vit_detail::scratch<T>(12, m * out) : y;
     vit_detail::gemm<T>(CblasNoTrans, CblasTrans, m, out, in, T(1), x, in, w(wi), in, T(0), partial, out);
     sum_tokens(partial, y, k);
-    for (std::size_t r = 0; r < ms; ++r) vit_detail::el::add_bias_row(y + r * out, w(wi + 1), out);
+    vit_detail::el::add_bias_rows(y, ms, out, w(wi + 1));
   }
   // Dropout at `site` on this rank's rows [ms, dim], in to out; each element keeps its place in
   // the whole sequence, so the masks are the whole block's. Returns out.
@@ -781,13 +775,13 @@ class basic_transformer_block {
   // y [m, out] = x [m, in] W^T + b, W = params_[wi] [out, in], b = params_[wi + 1].
   void linear_forward(const T* x, std::size_t m, std::size_t in, std::size_t out, std::size_t wi, T* y) {
     vit_detail::gemm<T>(CblasNoTrans, CblasTrans, m, out, in, T(1), x, in, w(wi), in, T(0), y, out);
-    for (std::size_t r = 0; r < m; ++r) vit_detail::el::add_bias_row(y + r * out, w(wi + 1), out);
+    vit_detail::el::add_bias_rows(y, m, out, w(wi + 1));
   }
   // grad W [out, in] += dy^T x, grad b += the rows of dy [m, out] (in double).
   void linear_backward_params(const T* dy, const T* x, std::size_t m, std::size_t in, std::size_t out, std::size_t wi) {
     vit_detail::gemm<T>(CblasTrans, CblasNoTrans, out, in, m, T(1), dy, out, x, in, T(1), params_[wi].grad().data(), in);
     std::vector<double> sums(out, 0.0);
-    for (std::size_t r = 0; r < m; ++r) vit_detail::el::add_row_to_sums(dy + r * out, out, sums.data());
+    vit_detail::el::column_sums(dy, m, out, sums.data());
     vit_detail::add_sums(params_[wi + 1].grad(), sums);
   }
 
@@ -804,7 +798,7 @@ class basic_transformer_block {
         const T* q = qkv + e * t * 3 * d + h * dh;
         T* p = probs + (e * heads_ + h) * t * t;
         vit_detail::gemm<T>(CblasNoTrans, CblasTrans, t, t, dh, T(1), q, 3 * d, q + d, 3 * d, T(0), p, t);
-        for (std::size_t i = 0; i < t; ++i) el::softmax_row(p + i * t, t, scale);
+        el::softmax_rows(p, t, t, scale);
         const T* pv = p;
         if (dropping()) {
           el::dropout_row(p, dropped, t * t, stream, global_head(e, h) * t * t, threshold_, keep_scale_);
@@ -842,7 +836,7 @@ class basic_transformer_block {
         vit_detail::gemm<T>(CblasTrans, CblasNoTrans, t, dh, t, T(1), pv, t, dc, d, T(0), dq + 2 * d, 3 * d);
         vit_detail::gemm<T>(CblasNoTrans, CblasTrans, t, t, dh, T(1), dc, d, q + 2 * d, 3 * d, T(0), dp, t);
         if (dropping()) el::dropout_row(dp, dp, t * t, stream, first, threshold_, keep_scale_);
-        for (std::size_t i = 0; i < t; ++i) el::softmax_backward_row(p + i * t, dp + i * t, t);
+        el::softmax_backward_rows(p, dp, t, t);
         vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, t, dh, t, scale, dp, t, q + d, 3 * d, T(0), dq, 3 * d);
         vit_detail::gemm<T>(CblasTrans, CblasNoTrans, t, dh, t, scale, dp, t, q, 3 * d, T(0), dq + d, 3 * d);
       }
