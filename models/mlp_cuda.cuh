@@ -88,6 +88,16 @@ class cuda_backend {
     PARTRAIN_CUBLAS_CHECK(cublasGemmEx(blas_.get(), op(ta), op(tb), m, n, k, &one, a, t, lda, b, t, ldb, &zero, c,
                                        CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
+  // sgemm_strided with A and B in the run's 16-bit type, fp32 C and accumulation (the ViT's
+  // bfloat16 matrix products).
+  void gemm16_strided(bool ta, bool tb, int m, int n, int k, float alpha, const std::uint16_t* a, int lda, long long sa,
+                      const std::uint16_t* b, int ldb, long long sb, float beta, float* c, int ldc, long long sc,
+                      int batch, bool bf16) const {
+    const cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+    PARTRAIN_CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas_.get(), op(ta), op(tb), m, n, k, &alpha, a, t, lda, sa, b, t,
+                                                     ldb, sb, &beta, c, CUDA_R_32F, ldc, sc, batch, CUBLAS_COMPUTE_32F,
+                                                     CUBLAS_GEMM_DEFAULT));
+  }
   void upload(void* dst, const void* src, std::size_t bytes) const {
     PARTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, compute_.get()));
   }

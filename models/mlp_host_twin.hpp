@@ -85,6 +85,21 @@ class host_twin_backend {
     const auto wb = widen(b, static_cast<std::size_t>(ldb) * static_cast<std::size_t>(tb ? k : n), bf16);
     sgemm(ta, tb, m, n, k, wa.data(), lda, wb.data(), ldb, c, ldc);
   }
+  // cublasGemmStridedBatchedEx with 16-bit A and B: every batch's operands widened, then sgemm_strided.
+  void gemm16_strided(bool ta, bool tb, int m, int n, int k, float alpha, const std::uint16_t* a, int lda, long long sa,
+                      const std::uint16_t* b, int ldb, long long sb, float beta, float* c, int ldc, long long sc,
+                      int batch, bool bf16) const {
+    // Column-major op(A) is m x k: A has (ta ? m : k) columns of (ta ? k : m) rows; the last
+    // batch's last column ends the elements read.
+    const auto extent = [&](int rows, int cols, int ld, long long stride) {
+      return static_cast<std::size_t>(batch - 1) * static_cast<std::size_t>(stride) +
+             static_cast<std::size_t>(cols - 1) * static_cast<std::size_t>(ld) + static_cast<std::size_t>(rows);
+    };
+    if (batch <= 0 || m <= 0 || n <= 0 || k <= 0) return;
+    const auto wa = widen(a, extent(ta ? k : m, ta ? m : k, lda, sa), bf16);
+    const auto wb = widen(b, extent(tb ? n : k, tb ? k : n, ldb, sb), bf16);
+    sgemm_strided(ta, tb, m, n, k, alpha, wa.data(), lda, sa, wb.data(), ldb, sb, beta, c, ldc, sc, batch);
+  }
   void upload(void* dst, const void* src, std::size_t bytes) const {
     if (bytes) std::memcpy(dst, src, bytes);
   }

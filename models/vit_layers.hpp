@@ -55,6 +55,12 @@ struct vit_config {
   float dropout = 0.0f;       // on the attention probabilities and both residual branches
   std::size_t image = 28;     // square grey images, given as [batch, image * image]
   std::size_t classes = 10;
+  // The matrix products' operands: float32, or bfloat16 (each operand rounded to bfloat16, the
+  // products summed in float32: tensor cores' arithmetic, and what PyTorch's autocast gives
+  // linear layers and attention's batched products). Parameters, gradients, LayerNorms, softmax,
+  // GELU and residuals stay float32 either way. A double layer (the gradient check's) rounds the
+  // same way.
+  partrain::dtype compute = partrain::dtype::float32;
 };
 
 namespace vit_detail {
@@ -103,6 +109,29 @@ T* scratch(std::size_t slot, std::size_t n) {
   return b.data();
 }
 
+// The elements of a row-major matrix [rows, cols] with leading dimension ld (all of them up to its
+// last element), rounded to bfloat16 and kept in T, in scratch slot `slot`.
+template <class T>
+const T* bf16_rounded(std::size_t slot, const T* p, std::size_t rows, std::size_t cols, std::size_t ld) {
+  const std::size_t n = rows == 0 || cols == 0 ? 0 : (rows - 1) * ld + cols;
+  T* out = scratch<T>(slot, n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<T>(static_cast<float>(partrain::bfloat16(static_cast<float>(p[i]))));
+  return out;
+}
+// gemm in vit_config::compute's arithmetic: float32 as gemm; bfloat16 with A and B rounded first
+// (scratch slots 14 and 15). A product of two bfloat16 values is exact in float, so this is the
+// device's bfloat16 GEMM (fp32 accumulation) up to the order of the sums.
+template <class T>
+void gemm_as(partrain::dtype compute, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, std::size_t m, std::size_t n,
+             std::size_t k, T alpha, const T* a, std::size_t lda, const T* b, std::size_t ldb, T beta, T* c,
+             std::size_t ldc) {
+  if (compute == partrain::dtype::bfloat16) {
+    a = bf16_rounded(14, a, ta == CblasNoTrans ? m : k, ta == CblasNoTrans ? k : m, lda);
+    b = bf16_rounded(15, b, tb == CblasNoTrans ? k : n, tb == CblasNoTrans ? n : k, ldb);
+  }
+  gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 // Initial values are drawn in float whatever T is, so a double layer built from a seed holds
 // exactly the float layer's values (what the gradient checks compare).
 // Uniform in +-1/sqrt(fan_in), as init_linear (PyTorch's nn.Linear default).
@@ -142,6 +171,13 @@ struct token_batch {
   }
 };
 
+// vit_config::compute: float32 or bfloat16.
+inline void check_compute(const char* layer, partrain::dtype compute) {
+  if (compute != partrain::dtype::float32 && compute != partrain::dtype::bfloat16) {
+    throw invalid_argument_error(std::string(layer) + ": matrix products in " + std::string(partrain::to_string(compute)) +
+                                 " (expected float32 or bfloat16)");
+  }
+}
 inline void check_saved(const char* what, std::size_t got, std::size_t expected) {
   if (got < expected) {
     throw invalid_argument_error(std::string(what) + ": the saved buffer has " + std::to_string(got) +
@@ -166,8 +202,10 @@ inline void check_dropout(const char* layer, float p) {
 template <class T>
 class basic_patch_embed {
  public:
-  basic_patch_embed(std::size_t image, std::size_t patch, std::size_t dim, std::uint32_t seed)
-      : image_(image), patch_(patch), dim_(dim), grid_(patch ? image / patch : 0) {
+  basic_patch_embed(std::size_t image, std::size_t patch, std::size_t dim, std::uint32_t seed,
+                    partrain::dtype compute = partrain::dtype::float32)
+      : image_(image), patch_(patch), dim_(dim), grid_(patch ? image / patch : 0), compute_(compute) {
+    vit_detail::check_compute("patch_embed", compute_);
     if (image_ == 0 || patch_ == 0 || image_ % patch_ != 0 || dim_ == 0) {
       throw invalid_argument_error("patch_embed: " + std::to_string(patch_) + "x" + std::to_string(patch_) +
                                    " patches of a " + std::to_string(image_) + "x" + std::to_string(image_) +
@@ -196,7 +234,7 @@ class basic_patch_embed {
     const T* w = params_[0].value().data();  // value(), not v: the storage may be bound elsewhere
     const T* b = params_[1].value().data();
     const T* pos = params_[2].value().data();
-    vit_detail::gemm<T>(CblasNoTrans, CblasTrans, rows, dim_, pp, T(1), patches, pp, w, pp, T(0), y.data(), dim_);
+    vit_detail::gemm_as<T>(compute_, CblasNoTrans, CblasTrans, rows, dim_, pp, T(1), patches, pp, w, pp, T(0), y.data(), dim_);
     for (std::size_t r = 0; r < rows; ++r) {
       vit_detail::el::add_bias_row(y.data() + r * dim_, b, dim_);
       vit_detail::el::add_bias_row(y.data() + r * dim_, pos + (r % tokens()) * dim_, dim_);
@@ -212,7 +250,7 @@ class basic_patch_embed {
     move_patches<true>(x.data(), patches, n);
     const T* w = params_[0].value().data();
     // grad W [dim, pp] += gy^T [dim, rows] x patches [rows, pp]
-    vit_detail::gemm<T>(CblasTrans, CblasNoTrans, dim_, pp, rows, T(1), gy.data(), dim_, patches, pp, T(1),
+    vit_detail::gemm_as<T>(compute_, CblasTrans, CblasNoTrans, dim_, pp, rows, T(1), gy.data(), dim_, patches, pp, T(1),
                         params_[0].grad().data(), pp);
     std::vector<double> sb(dim_, 0.0), spos(tokens() * dim_, 0.0);
     for (std::size_t r = 0; r < rows; ++r) {
@@ -223,7 +261,7 @@ class basic_patch_embed {
     vit_detail::add_sums(params_[2].grad(), spos);
     // gpatches [rows, pp] = gy [rows, dim] x W [dim, pp]; the patches tile the image, so every
     // pixel of gx is written once.
-    vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, rows, pp, dim_, T(1), gy.data(), dim_, w, pp, T(0), gpatches, pp);
+    vit_detail::gemm_as<T>(compute_, CblasNoTrans, CblasNoTrans, rows, pp, dim_, T(1), gy.data(), dim_, w, pp, T(0), gpatches, pp);
     move_patches<false>(gx.data(), gpatches, n);
   }
 
@@ -256,6 +294,7 @@ class basic_patch_embed {
   }
 
   std::size_t image_, patch_, dim_, grid_;
+  partrain::dtype compute_;
   std::vector<vit_detail::param_t<T>> params_;
 };
 
@@ -419,8 +458,10 @@ class basic_transformer_block {
   enum param_index : std::size_t { ln1_g, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_g, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b };
   static constexpr std::size_t param_count = 12;
 
-  basic_transformer_block(std::size_t dim, std::size_t heads, std::size_t hidden, float dropout, std::uint32_t seed)
-      : dim_(dim), heads_(heads), hidden_(hidden), width_(dim), dropout_(dropout) {
+  basic_transformer_block(std::size_t dim, std::size_t heads, std::size_t hidden, float dropout, std::uint32_t seed,
+                          partrain::dtype compute = partrain::dtype::float32)
+      : dim_(dim), heads_(heads), hidden_(hidden), width_(dim), dropout_(dropout), compute_(compute) {
+    vit_detail::check_compute("transformer_block", compute_);
     if (dim_ == 0 || heads_ == 0 || dim_ % heads_ != 0 || hidden_ == 0) {
       throw invalid_argument_error("transformer_block: dim " + std::to_string(dim_) + ", " + std::to_string(heads_) +
                                    " heads, hidden " + std::to_string(hidden_) +
@@ -446,7 +487,8 @@ class basic_transformer_block {
   // one-process run starts. The heads and the hidden width must divide by the group's size.
   basic_transformer_block(const basic_transformer_block& full, tp_shard tp)
       : dim_(full.dim_), heads_(full.heads_), hidden_(full.hidden_), width_(full.dim_), dropout_(full.dropout_),
-        threshold_(full.threshold_), keep_scale_(full.keep_scale_), training_(full.training_), tp_(tp) {
+        compute_(full.compute_), threshold_(full.threshold_), keep_scale_(full.keep_scale_), training_(full.training_),
+        tp_(tp) {
     const auto sizes = [&] {
       return std::to_string(full.heads_) + " heads and hidden width " + std::to_string(full.hidden_) + " over " +
              std::to_string(tp.size) + " tensor-parallel ranks";
@@ -642,11 +684,11 @@ class basic_transformer_block {
     dm = gather_tokens(dm, dout, k);
     el::gelu_and_grad_n(hid, g, slope, m * f);
     linear_backward_params(dm, g, m, f, d, fc2_w);
-    vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, m, f, d, T(1), dm, d, w(fc2_w), f, T(0), g, f);
+    vit_detail::gemm_as<T>(compute_, CblasNoTrans, CblasNoTrans, m, f, d, T(1), dm, d, w(fc2_w), f, T(0), g, f);
     el::multiply_n(g, slope, m * f);
     el::layernorm_apply_rows(x1, ms, d, mean2, rstd2, w(ln2_g), w(ln2_b), a);
     linear_backward_params(g, gather_tokens(a, whole, k), m, d, f, fc1_w);
-    vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, m, d, f, T(1), g, f, w(fc1_w), d, T(0), dbranch, d);
+    vit_detail::gemm_as<T>(compute_, CblasNoTrans, CblasNoTrans, m, d, f, T(1), g, f, w(fc1_w), d, T(0), dbranch, d);
     sum_tokens(dbranch, dln, k);  // each rank's hidden units' part of LN2's output gradient
     for (std::size_t r = 0; r < ms; ++r) el::layernorm_param_grads(x1 + r * d, dln + r * d, d, mean2[r], rstd2[r], sg2, sb2);
     std::copy_n(gy.data(), ms * d, out_grad);
@@ -657,11 +699,11 @@ class basic_transformer_block {
     if (dropping()) dattn = drop(out_grad, dropped, k, 1, seed);
     dattn = gather_tokens(dattn, dout, k);
     linear_backward_params(dattn, s + at.ctx, m, width_, d, proj_w);
-    vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, m, width_, d, T(1), dattn, d, w(proj_w), width_, T(0), dctx, width_);
+    vit_detail::gemm_as<T>(compute_, CblasNoTrans, CblasNoTrans, m, width_, d, T(1), dattn, d, w(proj_w), width_, T(0), dctx, width_);
     attention_backward(k.n, k.t, s + at.qkv, s + at.probs, dctx, dqkv, seed);
     el::layernorm_apply_rows(x.data(), ms, d, mean1, rstd1, w(ln1_g), w(ln1_b), a);
     linear_backward_params(dqkv, gather_tokens(a, whole, k), m, d, 3 * width_, qkv_w);
-    vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, m, d, 3 * width_, T(1), dqkv, 3 * width_, w(qkv_w), d, T(0), dbranch, d);
+    vit_detail::gemm_as<T>(compute_, CblasNoTrans, CblasNoTrans, m, d, 3 * width_, T(1), dqkv, 3 * width_, w(qkv_w), d, T(0), dbranch, d);
     sum_tokens(dbranch, dln, k);  // each rank's heads' part of LN1's output gradient
     for (std::size_t r = 0; r < ms; ++r) {
       el::layernorm_param_grads(x.data() + r * d, dln + r * d, d, mean1[r], rstd1[r], sg1, sb1);
@@ -733,7 +775,7 @@ class basic_transformer_block {
   void row_parallel_forward(const T* x, const tokens& k, std::size_t in, std::size_t wi, T* y) {
     const std::size_t m = k.n * k.t, ms = k.n * k.ts, out = dim_;
     T* partial = sp() ? vit_detail::scratch<T>(12, m * out) : y;
-    vit_detail::gemm<T>(CblasNoTrans, CblasTrans, m, out, in, T(1), x, in, w(wi), in, T(0), partial, out);
+    vit_detail::gemm_as<T>(compute_, CblasNoTrans, CblasTrans, m, out, in, T(1), x, in, w(wi), in, T(0), partial, out);
     sum_tokens(partial, y, k);
     vit_detail::el::add_bias_rows(y, ms, out, w(wi + 1));
   }
@@ -774,12 +816,12 @@ class basic_transformer_block {
 
   // y [m, out] = x [m, in] W^T + b, W = params_[wi] [out, in], b = params_[wi + 1].
   void linear_forward(const T* x, std::size_t m, std::size_t in, std::size_t out, std::size_t wi, T* y) {
-    vit_detail::gemm<T>(CblasNoTrans, CblasTrans, m, out, in, T(1), x, in, w(wi), in, T(0), y, out);
+    vit_detail::gemm_as<T>(compute_, CblasNoTrans, CblasTrans, m, out, in, T(1), x, in, w(wi), in, T(0), y, out);
     vit_detail::el::add_bias_rows(y, m, out, w(wi + 1));
   }
   // grad W [out, in] += dy^T x, grad b += the rows of dy [m, out] (in double).
   void linear_backward_params(const T* dy, const T* x, std::size_t m, std::size_t in, std::size_t out, std::size_t wi) {
-    vit_detail::gemm<T>(CblasTrans, CblasNoTrans, out, in, m, T(1), dy, out, x, in, T(1), params_[wi].grad().data(), in);
+    vit_detail::gemm_as<T>(compute_, CblasTrans, CblasNoTrans, out, in, m, T(1), dy, out, x, in, T(1), params_[wi].grad().data(), in);
     std::vector<double> sums(out, 0.0);
     vit_detail::el::column_sums(dy, m, out, sums.data());
     vit_detail::add_sums(params_[wi + 1].grad(), sums);
@@ -797,14 +839,14 @@ class basic_transformer_block {
       for (std::size_t h = 0; h < heads_; ++h) {
         const T* q = qkv + e * t * 3 * d + h * dh;
         T* p = probs + (e * heads_ + h) * t * t;
-        vit_detail::gemm<T>(CblasNoTrans, CblasTrans, t, t, dh, T(1), q, 3 * d, q + d, 3 * d, T(0), p, t);
+        vit_detail::gemm_as<T>(compute_, CblasNoTrans, CblasTrans, t, t, dh, T(1), q, 3 * d, q + d, 3 * d, T(0), p, t);
         el::softmax_rows(p, t, t, scale);
         const T* pv = p;
         if (dropping()) {
           el::dropout_row(p, dropped, t * t, stream, global_head(e, h) * t * t, threshold_, keep_scale_);
           pv = dropped;
         }
-        vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, t, dh, t, T(1), pv, t, q + 2 * d, 3 * d, T(0),
+        vit_detail::gemm_as<T>(compute_, CblasNoTrans, CblasNoTrans, t, dh, t, T(1), pv, t, q + 2 * d, 3 * d, T(0),
                             ctx + e * t * d + h * dh, d);
       }
     }
@@ -833,12 +875,12 @@ class basic_transformer_block {
           el::dropout_row(p, dropped, t * t, stream, first, threshold_, keep_scale_);
           pv = dropped;
         }
-        vit_detail::gemm<T>(CblasTrans, CblasNoTrans, t, dh, t, T(1), pv, t, dc, d, T(0), dq + 2 * d, 3 * d);
-        vit_detail::gemm<T>(CblasNoTrans, CblasTrans, t, t, dh, T(1), dc, d, q + 2 * d, 3 * d, T(0), dp, t);
+        vit_detail::gemm_as<T>(compute_, CblasTrans, CblasNoTrans, t, dh, t, T(1), pv, t, dc, d, T(0), dq + 2 * d, 3 * d);
+        vit_detail::gemm_as<T>(compute_, CblasNoTrans, CblasTrans, t, t, dh, T(1), dc, d, q + 2 * d, 3 * d, T(0), dp, t);
         if (dropping()) el::dropout_row(dp, dp, t * t, stream, first, threshold_, keep_scale_);
         el::softmax_backward_rows(p, dp, t, t);
-        vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, t, dh, t, scale, dp, t, q + d, 3 * d, T(0), dq, 3 * d);
-        vit_detail::gemm<T>(CblasTrans, CblasNoTrans, t, dh, t, scale, dp, t, q, 3 * d, T(0), dq + d, 3 * d);
+        vit_detail::gemm_as<T>(compute_, CblasNoTrans, CblasNoTrans, t, dh, t, scale, dp, t, q + d, 3 * d, T(0), dq, 3 * d);
+        vit_detail::gemm_as<T>(compute_, CblasTrans, CblasNoTrans, t, dh, t, scale, dp, t, q, 3 * d, T(0), dq + d, 3 * d);
       }
     }
   }
@@ -846,6 +888,7 @@ class basic_transformer_block {
   std::size_t dim_, heads_, hidden_;  // heads and hidden units here (a shard's own)
   std::size_t width_;                 // heads_ * head width: dim_, or dim_ / p in a shard
   float dropout_;
+  partrain::dtype compute_;
   std::uint32_t threshold_ = 0;
   T keep_scale_ = T(1);
   bool training_ = true;
@@ -935,7 +978,10 @@ class sequence_gather {
 template <class T>
 class basic_vit_head {
  public:
-  basic_vit_head(std::size_t dim, std::size_t classes, std::uint32_t seed) : dim_(dim), classes_(classes) {
+  basic_vit_head(std::size_t dim, std::size_t classes, std::uint32_t seed,
+                 partrain::dtype compute = partrain::dtype::float32)
+      : dim_(dim), classes_(classes), compute_(compute) {
+    vit_detail::check_compute("vit_head", compute_);
     if (dim_ == 0 || classes_ == 0) {
       throw invalid_argument_error("vit_head: dim " + std::to_string(dim_) + " to " + std::to_string(classes_) +
                                    " classes (expected both > 0)");
@@ -958,7 +1004,7 @@ class basic_vit_head {
     const vit_detail::token_batch b(x.shape(), dim_, "vit_head");
     cnn_detail::check_size("vit_head::forward: the output", y.size(), b.n * classes_);
     T* normed = normalize(x.data(), b.n, b.t);
-    vit_detail::gemm<T>(CblasNoTrans, CblasTrans, b.n, classes_, dim_, T(1), normed, dim_, params_[2].value().data(),
+    vit_detail::gemm_as<T>(compute_, CblasNoTrans, CblasTrans, b.n, classes_, dim_, T(1), normed, dim_, params_[2].value().data(),
                         dim_, T(0), y.data(), classes_);
     for (std::size_t e = 0; e < b.n; ++e) vit_detail::el::add_bias_row(y.data() + e * classes_, params_[3].value().data(), classes_);
   }
@@ -973,9 +1019,9 @@ class basic_vit_head {
     const T* stats = vit_detail::scratch<T>(2, 2 * b.n);
     T* dnormed = vit_detail::scratch<T>(3, b.n * dim_);
     // grad W [classes, dim] += gy^T normed; dnormed = gy W
-    vit_detail::gemm<T>(CblasTrans, CblasNoTrans, classes_, dim_, b.n, T(1), gy.data(), classes_, normed, dim_, T(1),
+    vit_detail::gemm_as<T>(compute_, CblasTrans, CblasNoTrans, classes_, dim_, b.n, T(1), gy.data(), classes_, normed, dim_, T(1),
                         params_[2].grad().data(), dim_);
-    vit_detail::gemm<T>(CblasNoTrans, CblasNoTrans, b.n, dim_, classes_, T(1), gy.data(), classes_,
+    vit_detail::gemm_as<T>(compute_, CblasNoTrans, CblasNoTrans, b.n, dim_, classes_, T(1), gy.data(), classes_,
                         params_[2].value().data(), dim_, T(0), dnormed, dim_);
     std::vector<double> sg(dim_, 0.0), sb(dim_, 0.0), sc(classes_, 0.0);
     T* dpooled = normed;  // normed is used up
@@ -1018,6 +1064,7 @@ class basic_vit_head {
   }
 
   std::size_t dim_, classes_;
+  partrain::dtype compute_;
   std::vector<vit_detail::param_t<T>> params_;
 };
 
@@ -1092,6 +1139,9 @@ inline const vit_config& checked(const vit_config& c) {
   if (!(c.dropout >= 0.0f && c.dropout < 1.0f)) {
     bad("dropout " + std::to_string(c.dropout) + " (expected 0 <= dropout < 1)");
   }
+  if (c.compute != partrain::dtype::float32 && c.compute != partrain::dtype::bfloat16) {
+    bad("compute " + std::string(partrain::to_string(c.compute)) + " (expected float32 or bfloat16)");
+  }
   return c;
 }
 
@@ -1113,10 +1163,11 @@ struct basic_vit {
   basic_vit_head<T> head;
 
   basic_vit(const vit_config& c, std::uint32_t seed)
-      : embed(vit_detail::checked(c).image, c.patch, c.dim, seed),
-        head(c.dim, c.classes, seed + 1 + static_cast<std::uint32_t>(c.depth)) {
+      : embed(vit_detail::checked(c).image, c.patch, c.dim, seed, c.compute),
+        head(c.dim, c.classes, seed + 1 + static_cast<std::uint32_t>(c.depth), c.compute) {
     for (std::size_t i = 0; i < c.depth; ++i) {
-      blocks.emplace_back(c.dim, c.heads, c.mlp_ratio * c.dim, c.dropout, seed + 1 + static_cast<std::uint32_t>(i));
+      blocks.emplace_back(c.dim, c.heads, c.mlp_ratio * c.dim, c.dropout, seed + 1 + static_cast<std::uint32_t>(i),
+                          c.compute);
     }
   }
 };

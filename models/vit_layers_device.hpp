@@ -30,17 +30,42 @@ namespace vit_device_detail {
 
 namespace el = models::vit_elements;
 
+// A layer's bfloat16 copies of a GEMM's operands (vit_config::compute bfloat16), grown on demand.
+template <class Backend>
+struct low_operands {
+  typename Backend::template array<std::uint16_t> a, b;
+};
+
 // Row-major C [m, n] = alpha op(A) op(B) + beta C, for `batch` matrices at element strides sa, sb,
 // sc, on a backend whose GEMMs are column-major (cuBLAS's): a row-major matrix read column-major
 // is its transpose, so C^T = op(B)^T op(A)^T, which is the same call with A and B swapped.
+// With `low` (bfloat16 matrix products): A and B rounded to bfloat16 into it first (every element
+// the strided batches reach), then a 16-bit GEMM with fp32 accumulation, as the host ViT's gemm_as.
 template <class Backend>
-void gemm(const Backend& be, bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
-          std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc, std::size_t batch = 1,
-          std::size_t sa = 0, std::size_t sb = 0, std::size_t sc = 0) {
+void gemm(const Backend& be, low_operands<Backend>* low, bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k,
+          float alpha, const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
+          std::size_t ldc, std::size_t batch = 1, std::size_t sa = 0, std::size_t sb = 0, std::size_t sc = 0) {
   const auto i = [](std::size_t v) { return static_cast<int>(v); };
   const auto l = [](std::size_t v) { return static_cast<long long>(v); };
-  be.sgemm_strided(tb, ta, i(n), i(m), i(k), alpha, b, i(ldb), l(sb), a, i(lda), l(sa), beta, c, i(ldc), l(sc), i(batch));
+  if (!low) {
+    be.sgemm_strided(tb, ta, i(n), i(m), i(k), alpha, b, i(ldb), l(sb), a, i(lda), l(sa), beta, c, i(ldc), l(sc), i(batch));
+    return;
+  }
+  // Row-major extents: A is [m, k] ([k, m] when ta) with leading dimension lda, batch times at sa.
+  const auto extent = [&](std::size_t rows, std::size_t cols, std::size_t ld, std::size_t stride) {
+    return rows == 0 || cols == 0 || batch == 0 ? std::size_t{0} : (batch - 1) * stride + (rows - 1) * ld + cols;
+  };
+  const std::size_t na = extent(ta ? k : m, ta ? m : k, lda, sa), nb = extent(tb ? n : k, tb ? k : n, ldb, sb);
+  be.reserve(low->a, na);
+  be.reserve(low->b, nb);
+  be.launch(na, models::elements::to_16_fn{a, low->a.data(), true});
+  be.launch(nb, models::elements::to_16_fn{b, low->b.data(), true});
+  be.gemm16_strided(tb, ta, i(n), i(m), i(k), alpha, low->b.data(), i(ldb), l(sb), low->a.data(), i(lda), l(sa), beta, c,
+                    i(ldc), l(sc), i(batch), true);
 }
+
+// vit_config::compute is bfloat16 (the host ViT's constructors have refused anything but it and float32).
+inline bool bf16_products(const vit_config& c) { return c.compute == partrain::dtype::bfloat16; }
 
 // A host layer's parameters in the backend's memory (same shapes and values).
 template <class Backend>
@@ -56,15 +81,15 @@ std::vector<device_param<Backend>> upload_parameters(const Backend& be, std::vec
 
 // y [m, out] = x [m, in] W^T + b, and its parameter gradients: W += dy^T x, b += the rows of dy.
 template <class Backend>
-void linear_forward(const Backend& be, const float* x, std::size_t m, std::size_t in, std::size_t out, device_param<Backend>& w,
-                    device_param<Backend>& b, float* y) {
-  gemm(be, false, true, m, out, in, 1.0f, x, in, w.value().data(), in, 0.0f, y, out);
+void linear_forward(const Backend& be, low_operands<Backend>* low, const float* x, std::size_t m, std::size_t in,
+                    std::size_t out, device_param<Backend>& w, device_param<Backend>& b, float* y) {
+  gemm(be, low, false, true, m, out, in, 1.0f, x, in, w.value().data(), in, 0.0f, y, out);
   be.launch(m * out, el::bias_fn{y, b.value().data(), out});
 }
 template <class Backend>
-void linear_backward_params(const Backend& be, const float* dy, const float* x, std::size_t m, std::size_t in,
-                            std::size_t out, device_param<Backend>& w, device_param<Backend>& b) {
-  gemm(be, true, false, out, in, m, 1.0f, dy, out, x, in, 1.0f, w.grad().data(), in);
+void linear_backward_params(const Backend& be, low_operands<Backend>* low, const float* dy, const float* x, std::size_t m,
+                            std::size_t in, std::size_t out, device_param<Backend>& w, device_param<Backend>& b) {
+  gemm(be, low, true, false, out, in, m, 1.0f, dy, out, x, in, 1.0f, w.grad().data(), in);
   be.launch(out, el::column_sums_fn{dy, m, out, b.grad().data()});
 }
 
@@ -80,6 +105,7 @@ class device_patch_embed final : public device_layer<Backend> {
   using base::forward;
   device_patch_embed(std::shared_ptr<Backend> be, const vit_config& c, basic_patch_embed<float>& host)
       : base(std::move(be)), image_(c.image), patch_(c.patch), dim_(c.dim), tokens_(host.tokens()),
+        bf16_(vit_device_detail::bf16_products(c)),
         params_(vit_device_detail::upload_parameters(*this->be_, host.parameters())) {}
 
   [[nodiscard]] shape output_shape(const shape& s) const override {
@@ -90,7 +116,7 @@ class device_patch_embed final : public device_layer<Backend> {
     const std::size_t rows = output_shape(x.shape())[0] * tokens_, pp = patch_ * patch_;
     cnn_detail::check_size("patch_embed::forward: the output", y.size(), rows * dim_);
     const float* patches = gather(x, rows);
-    vit_device_detail::gemm(*this->be_, false, true, rows, dim_, pp, 1.0f, patches, pp, params_[0].value().data(), pp, 0.0f,
+    vit_device_detail::gemm(*this->be_, low(), false, true, rows, dim_, pp, 1.0f, patches, pp, params_[0].value().data(), pp, 0.0f,
                             y.data(), dim_);
     this->be_->launch(rows * dim_, el::bias_fn{y.data(), params_[1].value().data(), dim_, params_[2].value().data(), tokens_});
   }
@@ -102,12 +128,12 @@ class device_patch_embed final : public device_layer<Backend> {
     cnn_detail::check_size("patch_embed::backward: the input gradient", gx.size(), x.size());
     const float* patches = gather(x, rows);
     const auto& be = *this->be_;
-    vit_device_detail::gemm(be, true, false, dim_, pp, rows, 1.0f, gy.data(), dim_, patches, pp, 1.0f,
+    vit_device_detail::gemm(be, low(), true, false, dim_, pp, rows, 1.0f, gy.data(), dim_, patches, pp, 1.0f,
                             params_[0].grad().data(), pp);
     be.launch(dim_, el::column_sums_fn{gy.data(), rows, dim_, params_[1].grad().data()});
     be.launch(tokens_ * dim_, el::column_sums_fn{gy.data(), n, tokens_ * dim_, params_[2].grad().data()});
     be.reserve(gpatches_, rows * pp);
-    vit_device_detail::gemm(be, false, false, rows, pp, dim_, 1.0f, gy.data(), dim_, params_[0].value().data(), pp, 0.0f,
+    vit_device_detail::gemm(be, low(), false, false, rows, pp, dim_, 1.0f, gy.data(), dim_, params_[0].value().data(), pp, 0.0f,
                             gpatches_.data(), pp);
     be.launch(rows * pp, el::patches_fn{gx.data(), gpatches_.data(), image_, patch_, false});
   }
@@ -123,9 +149,13 @@ class device_patch_embed final : public device_layer<Backend> {
     return patches_.data();
   }
 
+  [[nodiscard]] vit_device_detail::low_operands<Backend>* low() noexcept { return bf16_ ? &low_ : nullptr; }
+
   std::size_t image_, patch_, dim_, tokens_;
+  bool bf16_;
   std::vector<device_param<Backend>> params_;
   typename Backend::template array<float> patches_, gpatches_;
+  vit_device_detail::low_operands<Backend> low_;
 };
 
 // transformer_block on the device: the host block's math and saved layout
@@ -142,7 +172,7 @@ class device_transformer_block final : public device_saving_layer<Backend> {
   device_transformer_block(std::shared_ptr<Backend> be, const vit_config& c, host_block& host)
       : device_saving_layer<Backend>(std::move(be)), dim_(c.dim), heads_(c.heads), hidden_(c.mlp_ratio * c.dim),
         threshold_(vit_device_detail::el::dropout_threshold(c.dropout)), keep_scale_(1.0f / (1.0f - c.dropout)),
-        params_(vit_device_detail::upload_parameters(*this->be_, host.parameters())) {}
+        bf16_(vit_device_detail::bf16_products(c)), params_(vit_device_detail::upload_parameters(*this->be_, host.parameters())) {}
 
   [[nodiscard]] shape output_shape(const shape& s) const override {
     (void)vit_detail::token_batch(s, dim_, "transformer_block");
@@ -170,17 +200,17 @@ class device_transformer_block final : public device_saving_layer<Backend> {
 
     // x1 = x + drop(proj(attention(LN1(x))))
     be.launch(m, el::layernorm_forward_fn{x.data(), w(ln1_g), w(ln1_b), d, eps, s + at.mean1, s + at.rstd1, a_.data()});
-    vit_device_detail::linear_forward(be, a_.data(), m, d, 3 * d, params_[qkv_w], params_[qkv_b], s + at.qkv);
+    vit_device_detail::linear_forward(be, low(), a_.data(), m, d, 3 * d, params_[qkv_w], params_[qkv_b], s + at.qkv);
     attention_forward(b.n, b.t, s + at.qkv, s + at.probs, s + at.ctx, call.seed);
-    vit_device_detail::linear_forward(be, s + at.ctx, m, d, d, params_[proj_w], params_[proj_b], out);
+    vit_device_detail::linear_forward(be, low(), s + at.ctx, m, d, d, params_[proj_w], params_[proj_b], out);
     if (dropping()) be.launch(m * d, el::dropout_fn{out, out, el::dropout_stream(call.seed, 1), threshold_, keep_scale_});
     be.launch(m * d, el::residual_fn{x.data(), out, s + at.x1});
 
     // out = x1 + drop(fc2(gelu(fc1(LN2(x1)))))
     be.launch(m, el::layernorm_forward_fn{s + at.x1, w(ln2_g), w(ln2_b), d, eps, s + at.mean2, s + at.rstd2, a_.data()});
-    vit_device_detail::linear_forward(be, a_.data(), m, d, f, params_[fc1_w], params_[fc1_b], s + at.hidden);
+    vit_device_detail::linear_forward(be, low(), a_.data(), m, d, f, params_[fc1_w], params_[fc1_b], s + at.hidden);
     be.launch(m * f, el::gelu_fn{s + at.hidden, g_.data()});
-    vit_device_detail::linear_forward(be, g_.data(), m, f, d, params_[fc2_w], params_[fc2_b], out);
+    vit_device_detail::linear_forward(be, low(), g_.data(), m, f, d, params_[fc2_w], params_[fc2_b], out);
     if (dropping()) be.launch(m * d, el::dropout_fn{out, out, el::dropout_stream(call.seed, 2), threshold_, keep_scale_});
     be.launch(m * d, el::residual_fn{s + at.x1, out, out});
   }
@@ -211,12 +241,12 @@ class device_transformer_block final : public device_saving_layer<Backend> {
       dm = dbranch_.data();
     }
     be.launch(m * f, el::gelu_and_grad_fn{s + at.hidden, g_.data(), slope_.data()});
-    vit_device_detail::linear_backward_params(be, dm, g_.data(), m, f, d, params_[fc2_w], params_[fc2_b]);
-    vit_device_detail::gemm(be, false, false, m, f, d, 1.0f, dm, d, w(fc2_w), f, 0.0f, g_.data(), f);
+    vit_device_detail::linear_backward_params(be, low(), dm, g_.data(), m, f, d, params_[fc2_w], params_[fc2_b]);
+    vit_device_detail::gemm(be, low(), false, false, m, f, d, 1.0f, dm, d, w(fc2_w), f, 0.0f, g_.data(), f);
     be.launch(m * f, el::multiply_fn{g_.data(), slope_.data()});
     be.launch(m, el::layernorm_apply_fn{s + at.x1, w(ln2_g), w(ln2_b), d, s + at.mean2, s + at.rstd2, a_.data()});
-    vit_device_detail::linear_backward_params(be, g_.data(), a_.data(), m, d, f, params_[fc1_w], params_[fc1_b]);
-    vit_device_detail::gemm(be, false, false, m, d, f, 1.0f, g_.data(), f, w(fc1_w), d, 0.0f, dbranch_.data(), d);
+    vit_device_detail::linear_backward_params(be, low(), g_.data(), a_.data(), m, d, f, params_[fc1_w], params_[fc1_b]);
+    vit_device_detail::gemm(be, low(), false, false, m, d, f, 1.0f, g_.data(), f, w(fc1_w), d, 0.0f, dbranch_.data(), d);
     be.launch(d, el::layernorm_param_grads_fn{s + at.x1, dbranch_.data(), m, d, s + at.mean2, s + at.rstd2,
                                               params_[ln2_g].grad().data(), params_[ln2_b].grad().data()});
     be.launch(m, el::layernorm_backward_fn{s + at.x1, dbranch_.data(), w(ln2_g), d, s + at.mean2, s + at.rstd2, gy.data(),
@@ -228,12 +258,12 @@ class device_transformer_block final : public device_saving_layer<Backend> {
       be.launch(m * d, el::dropout_fn{out_grad, dbranch_.data(), el::dropout_stream(call.seed, 1), threshold_, keep_scale_});
       dattn = dbranch_.data();
     }
-    vit_device_detail::linear_backward_params(be, dattn, s + at.ctx, m, d, d, params_[proj_w], params_[proj_b]);
-    vit_device_detail::gemm(be, false, false, m, d, d, 1.0f, dattn, d, w(proj_w), d, 0.0f, dctx_.data(), d);
+    vit_device_detail::linear_backward_params(be, low(), dattn, s + at.ctx, m, d, d, params_[proj_w], params_[proj_b]);
+    vit_device_detail::gemm(be, low(), false, false, m, d, d, 1.0f, dattn, d, w(proj_w), d, 0.0f, dctx_.data(), d);
     attention_backward(b.n, b.t, s + at.qkv, s + at.probs, dctx_.data(), dqkv_.data(), call.seed);
     be.launch(m, el::layernorm_apply_fn{x.data(), w(ln1_g), w(ln1_b), d, s + at.mean1, s + at.rstd1, a_.data()});
-    vit_device_detail::linear_backward_params(be, dqkv_.data(), a_.data(), m, d, 3 * d, params_[qkv_w], params_[qkv_b]);
-    vit_device_detail::gemm(be, false, false, m, d, 3 * d, 1.0f, dqkv_.data(), 3 * d, w(qkv_w), d, 0.0f, dbranch_.data(), d);
+    vit_device_detail::linear_backward_params(be, low(), dqkv_.data(), a_.data(), m, d, 3 * d, params_[qkv_w], params_[qkv_b]);
+    vit_device_detail::gemm(be, low(), false, false, m, d, 3 * d, 1.0f, dqkv_.data(), 3 * d, w(qkv_w), d, 0.0f, dbranch_.data(), d);
     be.launch(d, el::layernorm_param_grads_fn{x.data(), dbranch_.data(), m, d, s + at.mean1, s + at.rstd1,
                                               params_[ln1_g].grad().data(), params_[ln1_b].grad().data()});
     be.launch(m, el::layernorm_backward_fn{x.data(), dbranch_.data(), w(ln1_g), d, s + at.mean1, s + at.rstd1, out_grad,
@@ -255,13 +285,13 @@ class device_transformer_block final : public device_saving_layer<Backend> {
     const auto& be = *this->be_;
     const std::size_t d = dim_, dh = dim_ / heads_, tt = t * t, htt = heads_ * tt;
     for (std::size_t h = 0; h < heads_; ++h) {
-      vit_device_detail::gemm(be, false, true, t, t, dh, 1.0f, qkv + h * dh, 3 * d, qkv + d + h * dh, 3 * d, 0.0f,
+      vit_device_detail::gemm(be, low(), false, true, t, t, dh, 1.0f, qkv + h * dh, 3 * d, qkv + d + h * dh, 3 * d, 0.0f,
                               probs + h * tt, t, n, t * 3 * d, t * 3 * d, htt);
     }
     be.launch(n * heads_ * t, el::softmax_fn{probs, t, 1.0f / std::sqrt(static_cast<float>(dh))});
     const float* pv = dropped(probs, n * htt, seed);
     for (std::size_t h = 0; h < heads_; ++h) {
-      vit_device_detail::gemm(be, false, false, t, dh, t, 1.0f, pv + h * tt, t, qkv + 2 * d + h * dh, 3 * d, 0.0f,
+      vit_device_detail::gemm(be, low(), false, false, t, dh, t, 1.0f, pv + h * tt, t, qkv + 2 * d + h * dh, 3 * d, 0.0f,
                               ctx + h * dh, d, n, htt, t * 3 * d, t * d);
     }
   }
@@ -276,9 +306,9 @@ class device_transformer_block final : public device_saving_layer<Backend> {
     be.reserve(dp_, n * htt);
     const float* pv = dropped(probs, n * htt, seed);
     for (std::size_t h = 0; h < heads_; ++h) {
-      vit_device_detail::gemm(be, true, false, t, dh, t, 1.0f, pv + h * tt, t, dctx + h * dh, d, 0.0f,
+      vit_device_detail::gemm(be, low(), true, false, t, dh, t, 1.0f, pv + h * tt, t, dctx + h * dh, d, 0.0f,
                               dqkv + 2 * d + h * dh, 3 * d, n, htt, t * d, t * 3 * d);
-      vit_device_detail::gemm(be, false, true, t, t, dh, 1.0f, dctx + h * dh, d, qkv + 2 * d + h * dh, 3 * d, 0.0f,
+      vit_device_detail::gemm(be, low(), false, true, t, t, dh, 1.0f, dctx + h * dh, d, qkv + 2 * d + h * dh, 3 * d, 0.0f,
                               dp_.data() + h * tt, t, n, t * d, t * 3 * d, htt);
     }
     if (dropping()) {
@@ -286,9 +316,9 @@ class device_transformer_block final : public device_saving_layer<Backend> {
     }
     be.launch(n * heads_ * t, el::softmax_backward_fn{probs, dp_.data(), t});
     for (std::size_t h = 0; h < heads_; ++h) {
-      vit_device_detail::gemm(be, false, false, t, dh, t, scale, dp_.data() + h * tt, t, qkv + d + h * dh, 3 * d, 0.0f,
+      vit_device_detail::gemm(be, low(), false, false, t, dh, t, scale, dp_.data() + h * tt, t, qkv + d + h * dh, 3 * d, 0.0f,
                               dqkv + h * dh, 3 * d, n, htt, t * 3 * d, t * 3 * d);
-      vit_device_detail::gemm(be, true, false, t, dh, t, scale, dp_.data() + h * tt, t, qkv + h * dh, 3 * d, 0.0f,
+      vit_device_detail::gemm(be, low(), true, false, t, dh, t, scale, dp_.data() + h * tt, t, qkv + h * dh, 3 * d, 0.0f,
                               dqkv + d + h * dh, 3 * d, n, htt, t * 3 * d, t * 3 * d);
     }
   }
@@ -303,11 +333,15 @@ class device_transformer_block final : public device_saving_layer<Backend> {
   }
 
   std::size_t dim_, heads_, hidden_;
+  [[nodiscard]] vit_device_detail::low_operands<Backend>* low() noexcept { return bf16_ ? &low_ : nullptr; }
+
   std::uint32_t threshold_;
   float keep_scale_;
+  bool bf16_;
   bool training_ = true;
   std::vector<device_param<Backend>> params_;
   typename Backend::template array<float> a_, g_, slope_, dbranch_, dctx_, dqkv_, dropped_, dp_;
+  vit_device_detail::low_operands<Backend> low_;
 };
 
 // vit_head on the device: token mean, LayerNorm, classifier; keeps nothing (backward recomputes
@@ -320,7 +354,7 @@ class device_vit_head final : public device_layer<Backend> {
   using base::backward;
   using base::forward;
   device_vit_head(std::shared_ptr<Backend> be, const vit_config& c, basic_vit_head<float>& host)
-      : base(std::move(be)), dim_(c.dim), classes_(c.classes),
+      : base(std::move(be)), dim_(c.dim), classes_(c.classes), bf16_(vit_device_detail::bf16_products(c)),
         params_(vit_device_detail::upload_parameters(*this->be_, host.parameters())) {}
 
   [[nodiscard]] shape output_shape(const shape& s) const override {
@@ -330,7 +364,7 @@ class device_vit_head final : public device_layer<Backend> {
     const vit_detail::token_batch b(x.shape(), dim_, "vit_head");
     cnn_detail::check_size("vit_head::forward: the output", y.size(), b.n * classes_);
     normalize(x.data(), b.n, b.t);
-    vit_device_detail::linear_forward(*this->be_, normed_.data(), b.n, dim_, classes_, params_[2], params_[3], y.data());
+    vit_device_detail::linear_forward(*this->be_, low(), normed_.data(), b.n, dim_, classes_, params_[2], params_[3], y.data());
   }
   void backward(typename base::in_view x, typename base::in_view, typename base::in_view gy,
                 typename base::out_view gx) override {
@@ -340,11 +374,11 @@ class device_vit_head final : public device_layer<Backend> {
     cnn_detail::check_size("vit_head::backward: the input gradient", gx.size(), x.size());
     const auto& be = *this->be_;
     normalize(x.data(), b.n, b.t);
-    vit_device_detail::linear_backward_params(be, gy.data(), normed_.data(), b.n, dim_, classes_, params_[2], params_[3]);
+    vit_device_detail::linear_backward_params(be, low(), gy.data(), normed_.data(), b.n, dim_, classes_, params_[2], params_[3]);
     // dnormed = gy W, into normed_ (used up); the LayerNorm's backward then runs in place (a
     // row's gradient reads each element before writing it), after its parameters' share.
     float* dnormed = normed_.data();
-    vit_device_detail::gemm(be, false, false, b.n, dim_, classes_, 1.0f, gy.data(), classes_, params_[2].value().data(),
+    vit_device_detail::gemm(be, low(), false, false, b.n, dim_, classes_, 1.0f, gy.data(), classes_, params_[2].value().data(),
                             dim_, 0.0f, dnormed, dim_);
     be.launch(dim_, el::layernorm_param_grads_fn{pooled_.data(), dnormed, b.n, dim_, mean_.data(), rstd_.data(),
                                                  params_[0].grad().data(), params_[1].grad().data()});
@@ -368,9 +402,13 @@ class device_vit_head final : public device_layer<Backend> {
                                           static_cast<float>(vit_detail::layernorm_eps), mean_.data(), rstd_.data(),
                                           normed_.data()});
   }
+  [[nodiscard]] vit_device_detail::low_operands<Backend>* low() noexcept { return bf16_ ? &low_ : nullptr; }
+
   std::size_t dim_, classes_;
+  bool bf16_;
   std::vector<device_param<Backend>> params_;
   typename Backend::template array<float> pooled_, normed_, mean_, rstd_;
+  vit_device_detail::low_operands<Backend> low_;
 };
 
 // make_vit's layers and weights (for the same config and seed) on the backend's device:

@@ -298,7 +298,8 @@ if wants vit; then
   if [ "$backend" != nccl ]; then
     record vit_fp32 SKIP "built without NCCL: FSDP over CUDA layers reduces with NCCL"
   else
-    # bf16: FSDP gathers the parameters and reduces the gradients in bf16; the layers compute in fp32.
+    # bf16: the layers' matrix products in bf16 on the tensor cores (fp32 accumulation), and FSDP
+    # gathers the parameters and reduces the gradients in bf16.
     for p in fp32 bf16; do
       train_example "vit_$p" "$p" vit_fp32_acc --backend nccl --model vit --parallel fsdp
     done

@@ -24,10 +24,18 @@
 
 namespace example::fm {
 
+// The ViT's configuration: the defaults, with --precision bf16 its matrix products in bfloat16
+// (fp32 accumulation; everything else fp32).
+inline models::layers::vit_config vit_of(const options& o) {
+  models::layers::vit_config c;
+  if (o.precision == "bf16") c.compute = dtype::bfloat16;
+  return c;
+}
+
 // --model: the layers of the model, one description for every mode.
 inline models::layers::host_model make_layers(const options& o) {
   const auto seed = static_cast<std::uint32_t>(o.seed);
-  if (o.model == "vit") return models::layers::make_vit({}, seed);
+  if (o.model == "vit") return models::layers::make_vit(vit_of(o), seed);
   return o.model == "cnn" ? models::layers::make_cnn(seed) : models::layers::make_mlp({784, 256, 128, 10}, seed);
 }
 // --recompute: none, full (every layer), every:K (layers 0, K, 2K, ...).
@@ -131,7 +139,7 @@ inline void train_fsdp(process_group& pg, const options& o, const datasets& data
   if (o.device == "cuda") {
 #if defined(__CUDACC__)
     const char* local = std::getenv("LOCAL_RANK");
-    auto layers = models::layers::make_device_vit<models::cuda_backend>({}, static_cast<std::uint32_t>(o.seed),
+    auto layers = models::layers::make_device_vit<models::cuda_backend>(vit_of(o), static_cast<std::uint32_t>(o.seed),
                                                                          device::cuda(local ? std::atoi(local) : 0));
     models::layers::device_softmax_cross_entropy<models::cuda_backend> loss(layers);
     fully_sharded_data_parallel fsdp(layers, pg, std::move(loss), optimizer_options(o), fo);
@@ -164,9 +172,9 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
                                     .wire = collective_dtype(o)};
   // The whole model (from --init-from when given, any tensor-parallel size's export), then this
   // rank's slice of it.
-  sequential whole(models::layers::make_vit({}, static_cast<std::uint32_t>(o.seed)), models::layers::softmax_cross_entropy{});
+  sequential whole(models::layers::make_vit(vit_of(o), static_cast<std::uint32_t>(o.seed)), models::layers::softmax_cross_entropy{});
   init_from(o, whole, pg.rank());
-  sequential model(models::layers::shard_vit(whole.layers(), {}, tp), models::layers::softmax_cross_entropy{});
+  sequential model(models::layers::shard_vit(whole.layers(), vit_of(o), tp), models::layers::softmax_cross_entropy{});
   trace_recorder trace;
   loader train = rank_train(data, o, dp_rank, dp_size);
   loader test = rank_test(data, dp_rank, dp_size);
@@ -186,7 +194,7 @@ inline void train_tp(process_group& pg, const options& o, const datasets& data) 
   // --export: the whole model, every tensor-parallel group's slices gathered (each group the same).
   auto export_whole = [&] {
     if (o.export_to.empty()) return;
-    sequential gathered(models::layers::gather_vit(model.layers(), {}, tp), models::layers::softmax_cross_entropy{});
+    sequential gathered(models::layers::gather_vit(model.layers(), vit_of(o), tp), models::layers::softmax_cross_entropy{});
     export_model(o, gathered, pg.rank());
   };
   if (o.parallel == "zero1" || o.parallel == "zero2") {  // the optimizer state (zero2: gradients) sharded over dp
@@ -351,7 +359,7 @@ inline void train_pipeline(process_group& pg, const options& o, const datasets& 
   if (pg.size() > o.stages) mesh.emplace(pg, std::vector<mesh_dim>{{"pp", o.stages}, {"dp", dp_size}, {"tp", o.tp}});
   process_group& stages = mesh ? mesh->group("pp") : pg;
   const int tp_rank = mesh ? mesh->coordinate("tp") : 0, dp_rank = mesh ? mesh->coordinate("dp") : 0;
-  auto model = o.tp > 1 ? sequential(models::layers::make_vit({}, static_cast<std::uint32_t>(o.seed),
+  auto model = o.tp > 1 ? sequential(models::layers::make_vit(vit_of(o), static_cast<std::uint32_t>(o.seed),
                                                           {.group = &mesh->group("tp"), .rank = static_cast<std::size_t>(tp_rank),
                                                            .size = static_cast<std::size_t>(o.tp),
                                                            .sequence_parallel = o.sequence_parallel,

@@ -162,7 +162,8 @@ inline constexpr std::string_view usage_text =
     "  --precision fp32|fp16|bf16  compute precision (default fp32); fp16 and bf16 keep fp32 master\n"
     "                            weights and a 16-bit copy; fp16 scales the loss dynamically (GradScaler);\n"
     "                            with --parallel fsdp: parameters gathered, gradients reduced in 16 bits;\n"
-    "                            bf16 with --tp: the tensor-parallel collectives of the activations in bf16\n"
+    "                            bf16 with --tp: the tensor-parallel collectives of the activations in bf16;\n"
+    "                            the ViT with bf16: its matrix products in bf16 (fp32 accumulation)\n"
     "  --reduce-16bit            with fp16/bf16: all_reduce gradients in 16 bits (default fp32)\n";
 
 namespace detail {
@@ -476,10 +477,11 @@ inline void check_choice(std::string_view flag, const std::string& v, std::initi
   if (o.model != "mlp") {
     const std::string what = "--model " + o.model + ": this example's " + (o.model == "cnn" ? "CNN" : "ViT");
     if (o.device != "cpu" && !cuda_vit) throw usage_error(what + " runs on the host (--device cpu)");
-    if (o.precision != "fp32" && o.parallel != "fsdp" && o.tp <= 1) {
+    const bool vit_bf16 = o.model == "vit" && o.precision == "bf16";  // its matrix products in bf16
+    if (o.precision != "fp32" && !vit_bf16 && o.parallel != "fsdp" && o.tp <= 1) {
       throw usage_error(what + " computes in fp32 (--precision " + o.precision +
-                        " with --parallel fsdp gathers and reduces in 16 bits; bf16 with --tp moves the tensor-parallel "
-                        "collectives in bf16)");
+                        " with --parallel fsdp gathers and reduces in 16 bits; the ViT takes --precision bf16 "
+                        "everywhere: its matrix products in bf16)");
     }
   }
   if (o.recompute != "none" && o.model != "vit") {

@@ -10,6 +10,7 @@
 #include <partrain/comm/local.hpp>
 #include <partrain/parallel/fsdp.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -36,8 +37,11 @@ constexpr double step_tolerance = 2e-5;
 
 TEST_CASE("the device ViT on its host twin computes the host ViT's step", "[examples][vit][cpu_tier]") {
   const float dropout = GENERATE(0.0f, 0.2f);
-  CAPTURE(dropout);
-  const auto c = test::tiny_vit(dropout);
+  // bfloat16: both round every GEMM operand (vit_config::compute); the sums still differ only in order.
+  const dtype compute = GENERATE(dtype::float32, dtype::bfloat16);
+  CAPTURE(dropout, to_string(compute));
+  auto c = test::tiny_vit(dropout);
+  c.compute = compute;
   auto host = ml::make_vit(c, 7);
   auto twin = ml::make_device_vit<host_twin_backend>(c, 7, device::cpu());
   REQUIRE(twin.size() == host.size());
@@ -52,9 +56,23 @@ TEST_CASE("the device ViT on its host twin computes the host ViT's step", "[exam
   // Not vacuous: every parameter has a gradient somewhere, and dropout changed the step.
   for (const auto& g : h.grads) CHECK(test::relative_difference(g, std::vector<float>(g.size(), 0.0f)) > 0);
   if (dropout > 0) {
-    auto plain = ml::make_vit(test::tiny_vit(0.0f), 7);
+    auto plain_c = test::tiny_vit(0.0f);
+    plain_c.compute = compute;
+    auto plain = ml::make_vit(plain_c, 7);
     const auto p = test::run_vit_step(memory, plain, host_loss, b, 11);
     CHECK(test::relative_difference(p.logits, h.logits) > 1e-3);
+  }
+  if (compute == dtype::bfloat16) {
+    // Rounded: about bfloat16's 2^-8 away from the float32 step (1e-2 of the largest value here),
+    // far beyond the tolerance above, so a side that skipped the rounding would fail it.
+    auto fp32_c = c;
+    fp32_c.compute = dtype::float32;
+    auto fp32 = ml::make_vit(fp32_c, 7);
+    const auto f = test::run_vit_step(memory, fp32, host_loss, b, 11);
+    double worst = test::relative_difference(f.logits, h.logits);
+    for (std::size_t i = 0; i < h.grads.size(); ++i) worst = std::max(worst, test::relative_difference(f.grads[i], h.grads[i]));
+    CHECK(worst > 100 * step_tolerance);
+    CHECK(worst < 0x1p-4);
   }
 }
 

@@ -24,8 +24,11 @@ static_assert(keeps_activations<ml::device_layer<cuda_backend>, partrain::cuda>)
 TEST_CASE("the CUDA ViT computes the host ViT's step", "[examples][vit][gpu]") {
   const float dropout = GENERATE(0.0f, 0.2f);
   const bool example_size = GENERATE(false, true);
-  CAPTURE(dropout, example_size);
-  const ml::vit_config c = example_size ? ml::vit_config{.dropout = dropout} : test::tiny_vit(dropout);
+  // bfloat16 matrix products (tensor cores) against the host's rounded operands.
+  const dtype compute = GENERATE(dtype::float32, dtype::bfloat16);
+  CAPTURE(dropout, example_size, to_string(compute));
+  ml::vit_config c = example_size ? ml::vit_config{.dropout = dropout} : test::tiny_vit(dropout);
+  c.compute = compute;
   const std::size_t n = example_size ? 64 : 5;
   auto host = ml::make_vit(c, 7);
   auto gpu = ml::make_device_vit<cuda_backend>(c, 7, device::cuda(0));
@@ -35,6 +38,8 @@ TEST_CASE("the CUDA ViT computes the host ViT's step", "[examples][vit][gpu]") {
   const auto h = test::run_vit_step(models::host_twin_backend(device::cpu()), host, host_loss, b, 11);
   const auto g = test::run_vit_step(*gpu.front()->backend(), gpu, gpu_loss, b, 11);
   // cuBLAS sums in other orders and the GPU fuses multiply-adds: float rounding, a little more
-  // than the twin's at the larger size.
-  test::check_same_step(g, h, example_size ? 1e-4 : 2e-5);
+  // than the twin's at the larger size. In bfloat16 those differences move a few operands across
+  // a rounding boundary (one bf16 step, 2^-8): still well inside the 1e-2 between bf16 and fp32.
+  const double fp32_tolerance = example_size ? 1e-4 : 2e-5;
+  test::check_same_step(g, h, compute == dtype::bfloat16 ? 2e-3 : fp32_tolerance);
 }

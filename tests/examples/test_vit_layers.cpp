@@ -468,6 +468,10 @@ TEST_CASE("ViT layers refuse wrong shapes and configurations with a message nami
                     Catch::Contains("transformer_block: dropout -0.500000 (expected 0 <= dropout < 1)"));
   CHECK_THROWS_WITH(patch_embed(28, 6, 64, 0), Catch::Contains("patch_embed: 6x6 patches of a 28x28 image to dim 64"));
   CHECK_THROWS_WITH(vit_head(64, 0, 0), Catch::Contains("vit_head: dim 64 to 0 classes (expected both > 0)"));
+  CHECK_THROWS_WITH(make_vit({.compute = partrain::dtype::float16}, 0),
+                    Catch::Contains("vit_config: compute float16 (expected float32 or bfloat16)"));
+  CHECK_THROWS_WITH(vit_head(64, 10, 0, partrain::dtype::float16),
+                    Catch::Contains("vit_head: matrix products in float16 (expected float32 or bfloat16)"));
 }
 
 TEST_CASE("make_vit maps 784 features to 10 logits, and clone_model copies it independently", "[examples][vit]") {
