@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include <partrain/comm/process_group.hpp>
 #include <partrain/core/buffer.hpp>
 #include <partrain/core/device.hpp>
 #include <partrain/core/error.hpp>
@@ -45,6 +46,10 @@ class device_param {
     bound_grad_ = grad;
     bound_ = true;
   }
+  // Tensor parallel: the group over which each rank holds a slice of this parameter (clipping
+  // counts each element once), as host_param's.
+  [[nodiscard]] partrain::process_group* shard_group() const noexcept { return shard_group_; }
+  void set_shard_group(partrain::process_group* g) noexcept { shard_group_ = g; }
 
  private:
   using array = typename Backend::template array<float>;
@@ -52,6 +57,7 @@ class device_param {
   shape shape_;
   partrain::tensor_view<float, space> bound_value_, bound_grad_;
   bool bound_ = false;
+  partrain::process_group* shard_group_ = nullptr;
 };
 
 // The polymorphic base; every layer of a model shares one backend (its stream and cuBLAS handle).

@@ -506,6 +506,25 @@ struct dropout_fn {
     y[i] = dropout_keep(stream, i, threshold) ? x[i] * scale : 0.0f;
   }
 };
+// Element i of attention probabilities [n, heads, t, t] held by a tensor-parallel shard (heads
+// head0 .. head0 + heads of every image's total): dropout_fn with the element's place in the
+// whole block's probabilities [n, total, t, t], so a shard drops what the whole block drops.
+struct head_dropout_fn {
+  const float* x;
+  float* y;
+  std::uint64_t stream;
+  std::uint32_t threshold;
+  float scale;
+  std::size_t tt;  // t * t
+  std::size_t heads;
+  std::size_t total;
+  std::size_t head0;
+  PARTRAIN_HOST_DEVICE void operator()(std::size_t i) const {
+    const std::size_t per_image = heads * tt, e = i / per_image, h = i % per_image / tt;
+    const std::size_t whole = (e * total + head0 + h) * tt + i % tt;
+    y[i] = dropout_keep(stream, whole, threshold) ? x[i] * scale : 0.0f;
+  }
+};
 // Element i of the gathered patches [images * tokens, patch^2] from the images [images, side^2]
 // (to_patches), or back (each pixel belongs to exactly one patch).
 struct patches_fn {

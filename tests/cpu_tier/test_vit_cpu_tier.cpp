@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <string>
 #include <vector>
 
 #include "mlp_host_twin.hpp"
@@ -110,6 +112,61 @@ TEST_CASE("the device ViT's layers refuse shapes they cannot take", "[examples][
                                      layer_call<>{tensor_view<float>(saved.data(), shape{saved.size()}), 0}),
                     Catch::Contains("saved buffer has 10 elements"));
   CHECK_THROWS_WITH(ml::make_device_vit<host_twin_backend>(c, 5, device::cuda(0)), Catch::Contains("not the CPU"));
+}
+
+TEST_CASE("the device ViT split over a tensor-parallel group computes the whole host ViT's step",
+          "[examples][vit][tensor_parallel][cpu_tier]") {
+  const int p = GENERATE(2, 4);
+  const float dropout = GENERATE(0.0f, 0.2f);
+  // bfloat16: the activations' sums move rounded to bf16 (the host blocks' wire).
+  const dtype wire = GENERATE(dtype::float32, dtype::bfloat16);
+  CAPTURE(p, dropout, to_string(wire));
+  const ml::vit_config c{.patch = 7, .dim = 16, .depth = 2, .heads = 4, .mlp_ratio = 2, .dropout = dropout};
+  const auto ranks = static_cast<std::size_t>(p);
+  const test::synthetic_batch b(3, c.image * c.image, 10, 5);
+  const host_twin_backend memory(device::cpu());
+  ml::softmax_cross_entropy loss;
+  auto whole = ml::make_vit(c, 9);
+  const auto ref = test::run_vit_step(memory, whole, loss, b, 21);
+  std::vector<test::vit_step> got(ranks);
+  std::vector<std::uint64_t> calls(ranks);
+  std::vector<std::size_t> sharded(ranks);
+  run_local(p, [&](local_group& g) {
+    const auto r = static_cast<std::size_t>(g.rank());
+    auto shard = ml::make_device_vit<host_twin_backend>(c, 9, device::cpu(), {.group = &g, .rank = r, .size = ranks, .wire = wire});
+    ml::device_softmax_cross_entropy<host_twin_backend> l(shard);
+    const auto before = g.traffic().calls;
+    got[r] = test::run_vit_step(memory, shard, l, b, 21);
+    calls[r] = g.traffic().calls - before;
+    for (auto& layer : shard) {
+      for (auto& param : layer->parameters()) sharded[r] += param.shard_group() == &g ? 1 : 0;
+    }
+  });
+  const double tol = wire == dtype::bfloat16 ? 1e-2 : 1e-5;  // the host blocks' tolerances (test_vit_tensor_parallel)
+  for (std::size_t r = 0; r < ranks; ++r) {
+    CAPTURE(r);
+    test::check_tp_step(got[r], ref, r, ranks, c, tol, 2 * tol);
+    CHECK(calls[r] == 4 * c.depth);        // 2 all-reduces forward, 2 backward, per block
+    CHECK(sharded[r] == 6 * c.depth);      // qkv W and b, proj W, fc1 W and b, fc2 W: each rank a slice
+  }
+}
+
+TEST_CASE("the device ViT refuses sequence parallelism and splits it cannot make", "[examples][vit][tensor_parallel][cpu_tier]") {
+  std::vector<std::string> errors(2);
+  run_local(2, [&](local_group& g) {
+    const auto r = static_cast<std::size_t>(g.rank());
+    try {
+      (void)ml::make_device_vit<host_twin_backend>(test::tiny_vit(0.0f), 1, device::cpu(),
+                                                   {.group = &g, .rank = r, .size = 2, .sequence_parallel = true});
+    } catch (const std::exception& e) {
+      errors[r] = e.what();
+    }
+  });
+  for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("sequence parallelism over 2 ranks runs in the host layers only"));
+  // tiny_vit has 2 heads: 4 ranks cannot each hold whole heads (the host shard's check).
+  CHECK_THROWS_WITH(ml::make_device_vit<host_twin_backend>(test::tiny_vit(0.0f), 1, device::cpu(),
+                                                           {.group = nullptr, .rank = 0, .size = 4}),
+                    Catch::Contains("expected both divisible by the tensor-parallel size"));
 }
 
 namespace {

@@ -7,6 +7,9 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <vector>
+
+#include <partrain/comm/local.hpp>
 
 #include "mlp_cuda.cuh"
 #include "mlp_host_twin.hpp"
@@ -42,4 +45,28 @@ TEST_CASE("the CUDA ViT computes the host ViT's step", "[examples][vit][gpu]") {
   // a rounding boundary (one bf16 step, 2^-8): still well inside the 1e-2 between bf16 and fp32.
   const double fp32_tolerance = example_size ? 1e-4 : 2e-5;
   test::check_same_step(g, h, compute == dtype::bfloat16 ? 2e-3 : fp32_tolerance);
+}
+
+TEST_CASE("the CUDA ViT split over 2 tensor-parallel ranks as threads on one GPU computes the whole host ViT's step",
+          "[examples][vit][tensor_parallel][gpu]") {
+  // The local backend takes host memory: each block's 4 sums per step pass through it (download,
+  // all-reduce, upload); NCCL would sum in place.
+  const float dropout = GENERATE(0.0f, 0.2f);
+  CAPTURE(dropout);
+  const ml::vit_config c{.patch = 7, .dim = 16, .depth = 2, .heads = 4, .mlp_ratio = 2, .dropout = dropout};
+  const test::synthetic_batch b(3, c.image * c.image, 10, 5);
+  auto whole = ml::make_vit(c, 9);
+  ml::softmax_cross_entropy loss;
+  const auto ref = test::run_vit_step(models::host_twin_backend(device::cpu()), whole, loss, b, 21);
+  std::vector<test::vit_step> got(2);
+  run_local(2, [&](local_group& g) {
+    const auto r = static_cast<std::size_t>(g.rank());
+    auto shard = ml::make_device_vit<cuda_backend>(c, 9, device::cuda(0), {.group = &g, .rank = r, .size = 2});
+    ml::device_softmax_cross_entropy<cuda_backend> l(shard);
+    got[r] = test::run_vit_step(*shard.front()->backend(), shard, l, b, 21);
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    test::check_tp_step(got[r], ref, r, 2, c, 1e-4, 2e-4);  // cuBLAS's sums in other orders
+  }
 }

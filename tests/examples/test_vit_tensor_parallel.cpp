@@ -45,34 +45,6 @@ ml::vit_config tp_vit(float dropout) {
   return {.patch = 7, .dim = 16, .depth = 2, .heads = 4, .mlp_ratio = 2, .dropout = dropout};
 }
 
-// The slice of a whole block's parameter i (a gradient here) that rank r of p holds.
-std::vector<float> slice(const std::vector<float>& whole, std::size_t i, std::size_t r, std::size_t p, std::size_t d,
-                         std::size_t f) {
-  const std::size_t w = d / p, fl = f / p;
-  std::vector<float> out;
-  auto rows = [&](std::size_t row0, std::size_t n, std::size_t cols) {
-    out.insert(out.end(), whole.begin() + static_cast<std::ptrdiff_t>(row0 * cols),
-               whole.begin() + static_cast<std::ptrdiff_t>((row0 + n) * cols));
-  };
-  auto cols = [&](std::size_t nrows, std::size_t ncols, std::size_t col0, std::size_t n) {
-    for (std::size_t k = 0; k < nrows; ++k) {
-      const auto at = whole.begin() + static_cast<std::ptrdiff_t>(k * ncols + col0);
-      out.insert(out.end(), at, at + static_cast<std::ptrdiff_t>(n));
-    }
-  };
-  switch (i) {
-    case block::qkv_w:
-    case block::qkv_b:
-      for (std::size_t part = 0; part < 3; ++part) rows(part * d + r * w, w, i == block::qkv_w ? d : 1);
-      return out;
-    case block::proj_w: cols(d, d, r * w, w); return out;
-    case block::fc1_w: rows(r * fl, fl, d); return out;
-    case block::fc1_b: rows(r * fl, fl, 1); return out;
-    case block::fc2_w: cols(d, f, r * fl, fl); return out;
-    default: return whole;  // replicated
-  }
-}
-
 }  // namespace
 
 TEST_CASE("a tensor-parallel ViT step equals the whole model's, with and without sequence parallelism",
@@ -85,7 +57,6 @@ TEST_CASE("a tensor-parallel ViT step equals the whole model's, with and without
   const bool bf16 = wire == dtype::bfloat16;
   CAPTURE(p, dropout, sp, bf16);
   const auto c = tp_vit(dropout);
-  const std::size_t f = c.mlp_ratio * c.dim;
   const test::synthetic_batch b(3, c.image * c.image, 10, 5);
   const models::host_twin_backend memory(device::cpu());
   ml::softmax_cross_entropy loss;
@@ -103,21 +74,10 @@ TEST_CASE("a tensor-parallel ViT step equals the whole model's, with and without
     got[r] = test::run_vit_step(memory, shard, l, b, 21);
     traffic[r] = {g.traffic().calls - before.calls, g.traffic().bytes_sent - before.bytes_sent};
   });
-  const std::size_t per_block = ml::basic_transformer_block<float>::param_count;
   for (std::size_t r = 0; r < static_cast<std::size_t>(p); ++r) {
     CAPTURE(r);
     const double tol = bf16 ? 1e-2 : 1e-5;  // bf16 measured: at most 6.2e-3 (the input gradient at p 4)
-    CHECK(got[r].loss_sum == Approx(ref.loss_sum).epsilon(tol));
-    CHECK(test::relative_difference(got[r].logits, ref.logits) <= tol);
-    CHECK(test::relative_difference(got[r].input_grad, ref.input_grad) <= tol);
-    REQUIRE(got[r].grads.size() == ref.grads.size());
-    for (std::size_t k = 0; k < ref.grads.size(); ++k) {
-      CAPTURE(k);
-      const bool in_block = k >= 3 && k < 3 + per_block * c.depth;
-      const auto want = in_block ? slice(ref.grads[k], (k - 3) % per_block, r, static_cast<std::size_t>(p), c.dim, f)
-                                 : ref.grads[k];
-      CHECK(test::relative_difference(got[r].grads[k], want) <= (bf16 ? 2 * tol : 2e-5));
-    }
+    test::check_tp_step(got[r], ref, r, static_cast<std::size_t>(p), c, tol, bf16 ? 2 * tol : 2e-5);
     // Activations move in the wire's width; the LayerNorm gradients' sums below stay float.
     const std::uint64_t floats = 3 * 16 * c.dim, n = static_cast<std::uint64_t>(p), bytes = floats * (bf16 ? 2 : sizeof(float));
     if (!sp) {

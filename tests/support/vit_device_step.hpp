@@ -29,6 +29,35 @@ struct vit_step {
   std::vector<float> input_grad;
 };
 
+// The slice of a whole block's parameter i (a gradient here) that rank r of p holds.
+inline std::vector<float> tp_slice(const std::vector<float>& whole, std::size_t i, std::size_t r, std::size_t p,
+                                   std::size_t d, std::size_t f) {
+  const std::size_t w = d / p, fl = f / p;
+  std::vector<float> out;
+  auto rows = [&](std::size_t row0, std::size_t n, std::size_t cols) {
+    out.insert(out.end(), whole.begin() + static_cast<std::ptrdiff_t>(row0 * cols),
+               whole.begin() + static_cast<std::ptrdiff_t>((row0 + n) * cols));
+  };
+  auto cols = [&](std::size_t nrows, std::size_t ncols, std::size_t col0, std::size_t n) {
+    for (std::size_t k = 0; k < nrows; ++k) {
+      const auto at = whole.begin() + static_cast<std::ptrdiff_t>(k * ncols + col0);
+      out.insert(out.end(), at, at + static_cast<std::ptrdiff_t>(n));
+    }
+  };
+  switch (i) {
+    case models::layers::basic_transformer_block<float>::qkv_w:
+    case models::layers::basic_transformer_block<float>::qkv_b:
+      for (std::size_t part = 0; part < 3; ++part) rows(part * d + r * w, w, i == models::layers::basic_transformer_block<float>::qkv_w ? d : 1);
+      return out;
+    case models::layers::basic_transformer_block<float>::proj_w: cols(d, d, r * w, w); return out;
+    case models::layers::basic_transformer_block<float>::fc1_w: rows(r * fl, fl, d); return out;
+    case models::layers::basic_transformer_block<float>::fc1_b: rows(r * fl, fl, 1); return out;
+    case models::layers::basic_transformer_block<float>::fc2_w: cols(d, f, r * fl, fl); return out;
+    default: return whole;  // replicated
+  }
+}
+
+
 // The tiny ViT the checks share: 2 blocks of width 16, 2 heads, on 28x28 images.
 inline models::layers::vit_config tiny_vit(float dropout) {
   return {.patch = 7, .dim = 16, .depth = 2, .heads = 2, .mlp_ratio = 2, .dropout = dropout};
@@ -116,6 +145,24 @@ inline void check_same_step(const vit_step& a, const vit_step& b, double tol) {
   for (std::size_t i = 0; i < a.grads.size(); ++i) {
     INFO("parameter " << i);
     CHECK(relative_difference(a.grads[i], b.grads[i]) <= tol);
+  }
+}
+
+// Rank r of p's step of a tensor-parallel ViT (config c) against the whole model's: loss, logits
+// and input gradient within tol of the largest value, every parameter's gradient within grad_tol
+// of its slice of the whole gradient (the blocks' split ones) or of the whole (the rest).
+inline void check_tp_step(const vit_step& got, const vit_step& ref, std::size_t r, std::size_t p,
+                          const models::layers::vit_config& c, double tol, double grad_tol) {
+  const std::size_t per_block = models::layers::basic_transformer_block<float>::param_count;
+  CHECK(got.loss_sum == Approx(ref.loss_sum).epsilon(tol));
+  CHECK(relative_difference(got.logits, ref.logits) <= tol);
+  CHECK(relative_difference(got.input_grad, ref.input_grad) <= tol);
+  REQUIRE(got.grads.size() == ref.grads.size());
+  for (std::size_t k = 0; k < ref.grads.size(); ++k) {
+    CAPTURE(k);
+    const bool in_block = k >= 3 && k < 3 + per_block * c.depth;
+    const auto want = in_block ? tp_slice(ref.grads[k], (k - 3) % per_block, r, p, c.dim, c.mlp_ratio * c.dim) : ref.grads[k];
+    CHECK(relative_difference(got.grads[k], want) <= grad_tol);
   }
 }
 
