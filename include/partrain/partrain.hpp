@@ -156,6 +156,7 @@
 #include <partrain/train/replica_events.hpp>
 #include <partrain/train/replica_launch.hpp>
 #include <partrain/train/replica_state.hpp>
+#include <partrain/train/replica_trainer.hpp>
 #include <partrain/train/safetensors.hpp>
 #include <partrain/train/sharded_checkpoint.hpp>
 #include <partrain/train/steps.hpp>

@@ -5,3 +5,5 @@ if(TARGET partrain::gloo)
   partrain_add_test(test_replica_group_gloo SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_replica_group_gloo.cpp
                     LIBS partrain::gloo LABELS "parallel;processes")
 endif()
+# replica_trainer, the loop over a replica_group, on threads.
+partrain_add_test(test_replica_trainer SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_replica_trainer.cpp LABELS "parallel;threads")

@@ -1,0 +1,211 @@
+// replica_trainer (train/replica_trainer.hpp), the training loop of a fault-tolerant job, on threads
+// with a lighthouse: a fixed world whose spare takes a lost replica's slot ends on the parameters
+// of a run without failures, bit for bit; a dynamic world that loses a member still trains every
+// row of every epoch exactly once; bad options are refused by name.
+#include <catch2/catch.hpp>
+
+#include <partrain/comm/local.hpp>
+#include <partrain/data/in_memory_dataset.hpp>
+#include <partrain/optim/sgd.hpp>
+#include <partrain/parallel/lighthouse.hpp>
+#include <partrain/train/replica_trainer.hpp>
+
+#include "dp_models.hpp"
+#include "test_stores.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace partrain;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct killed {};  // thrown by a replica the test ends
+
+constexpr std::size_t examples = 91, features = 6, classes = 3;  // the last global batch splits 2 + 1
+
+in_memory_dataset make_data() {
+  const test::dp_dataset d(examples, features, classes);
+  host_buffer<float> x(shape{examples, features});
+  std::copy(d.features.begin(), d.features.end(), x.data());
+  return in_memory_dataset(std::move(x), d.labels, static_cast<std::int32_t>(classes));
+}
+
+struct replica_result {
+  std::vector<float> w;  // parameters at the end (replicas that trained the job)
+  bool finished = false;
+  bool ended = false;
+  int heals = 0;
+  std::string error;
+};
+
+struct job_result {
+  std::vector<replica_result> replicas;
+  std::vector<replica_epoch> epochs;  // slot 0's reports
+};
+
+// `replicas` processes as threads under `policy`, 3 epochs of batch 4 per slot over `slots`;
+// dies(replica, step) ends that replica's thread before it computes that step.
+job_result run_job(int replicas, quorum_policy policy, std::size_t slots, bool (*dies)(int, std::int64_t)) {
+  const in_memory_dataset data = make_data();
+  auto s = std::make_shared<testing::memory_store>();
+  lighthouse lh(s, {.replicas = replicas, .policy = policy, .heartbeat_timeout = 400ms, .join_timeout = 300ms, .tick = 5ms});
+  local_group_registry registry({.timeout = 3000ms});
+  job_result out;
+  out.replicas.resize(static_cast<std::size_t>(replicas));
+  std::mutex mu;
+  {
+    std::vector<std::jthread> threads;
+    for (int r = 0; r < replicas; ++r) {
+      threads.emplace_back([&, r] {
+        auto& o = out.replicas[static_cast<std::size_t>(r)];
+        test::dp_softmax_model model(features, classes, 3);
+        sgd opt(model, {.lr = 0.5, .momentum = 0.9});
+        try {
+          replica_trainer trainer(model, opt, data,
+                                  {.batch_size = 4,
+                                   .slots = slots,
+                                   .epochs = 3,
+                                   .seed = 11,
+                                   .lr = [](std::size_t, std::size_t epoch) { return 0.5 / static_cast<double>(epoch + 1); },
+                                   .before_step = [r, dies](std::int64_t step) {
+                                     if (dies(r, step)) throw killed{};
+                                   }});
+          replica_group rg(s, [&](std::int64_t id, int rank, int size) { return registry.make(id, rank, size); },
+                           trainer.state(), {.replica = r, .heartbeat_interval = 20ms, .quorum_timeout = 10s});
+          try {
+            o.finished = trainer.run(rg, [&](const replica_epoch& e) {
+              if (e.slot != 0) return;
+              std::lock_guard lock(mu);
+              out.epochs.push_back(e);
+            });
+            rg.finish();
+          } catch (const killed&) {
+            o.ended = true;
+          }
+          o.heals = rg.heals();
+          for (auto& p : model.parameters()) o.w.insert(o.w.end(), p.value().begin(), p.value().end());
+        } catch (const std::exception& e) {
+          o.error = e.what();
+        }
+      });
+    }
+  }
+  return out;
+}
+
+bool never(int, std::int64_t) { return false; }
+
+// One process on the same global batches (the shuffled order of each epoch, batch_size x slots
+// rows a step): what the replicas' weighted sum of their rows' mean gradients must equal.
+std::vector<float> one_process(std::size_t slots) {
+  const in_memory_dataset data = make_data();
+  test::dp_softmax_model model(features, classes, 3);
+  sgd opt(model, {.lr = 0.5, .momentum = 0.9});
+  const std::size_t global = 4 * slots, per_epoch = (examples + global - 1) / global;
+  shuffled_view order(examples, 11);
+  std::vector<std::size_t> rows;
+  std::vector<float> x;
+  std::vector<std::int32_t> y;
+  for (std::size_t step = 0; step < 3 * per_epoch; ++step) {
+    const std::size_t epoch = step / per_epoch, first = step % per_epoch * global, n = std::min(global, examples - first);
+    order.set_epoch(epoch);
+    opt.set_lr(0.5 / static_cast<double>(epoch + 1));
+    rows.resize(n);
+    for (std::size_t i = 0; i < n; ++i) rows[i] = order.element(first + i);
+    x.resize(n * features);
+    y.resize(n);
+    data.fetch(rows, tensor_view<float>(x.data(), shape{n, features}), tensor_view<std::int32_t>(y.data(), n));
+    (void)model.train_step(batch{tensor_view<const float>(x.data(), shape{n, features}), tensor_view<const std::int32_t>(y.data(), n), rows});
+    opt.step();
+  }
+  std::vector<float> w;
+  for (auto& p : model.parameters()) w.insert(w.end(), p.value().begin(), p.value().end());
+  return w;
+}
+
+double max_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, std::abs(static_cast<double>(a[i]) - b[i]));
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("replica_trainer: a spare takes a lost replica's slot and the run ends bit-identical to one without failures",
+          "[parallel][ft][threads]") {
+  const quorum_policy fixed{.mode = world_size_mode::fixed_with_spares, .slots = 2};
+  const job_result clean = run_job(2, fixed, 2, never);
+  // Replica 1 ends before step 7 (of 36: 12 a epoch, 8 rows a step): spare 2 takes its slot.
+  const job_result lost = run_job(3, fixed, 2, [](int r, std::int64_t s) { return r == 1 && s == 7; });
+  for (const auto& r : clean.replicas) {
+    INFO(r.error);
+    CHECK(r.finished);
+  }
+  REQUIRE(clean.replicas[0].w.size() == features * classes + classes);
+  CHECK(clean.replicas[1].w == clean.replicas[0].w);
+  // The replicas' step is one process's step on the global batch, up to float rounding.
+  CHECK(max_difference(clean.replicas[0].w, one_process(2)) < 1e-5);
+  for (const int r : {0, 2}) {
+    const auto& o = lost.replicas[static_cast<std::size_t>(r)];
+    INFO("replica " << r << ": " << o.error);
+    CHECK(o.finished);
+    CHECK(o.w == clean.replicas[0].w);
+  }
+  CHECK(lost.replicas[1].ended);
+  CHECK(lost.replicas[2].heals == 1);
+  // Every epoch trained every example once, and reported the same loss as the clean run.
+  for (const auto* job : {&clean, &lost}) {
+    REQUIRE(job->epochs.size() == 3);
+    for (std::size_t e = 0; e < 3; ++e) {
+      CHECK(job->epochs[e].epoch == e + 1);
+      CHECK(job->epochs[e].trained == examples);
+      CHECK(job->epochs[e].train_loss == clean.epochs[e].train_loss);
+    }
+  }
+  CHECK(clean.epochs[2].train_loss < clean.epochs[0].train_loss);  // it learns
+}
+
+TEST_CASE("replica_trainer: a dynamic world that loses a member trains every row of every epoch once",
+          "[parallel][ft][threads]") {
+  const job_result out = run_job(3, {.mode = world_size_mode::dynamic, .min_replicas = 2}, 3,
+                                 [](int r, std::int64_t s) { return r == 2 && s == 4; });
+  for (const int r : {0, 1}) {
+    const auto& o = out.replicas[static_cast<std::size_t>(r)];
+    INFO("replica " << r << ": " << o.error);
+    CHECK(o.finished);
+  }
+  CHECK(out.replicas[0].w == out.replicas[1].w);
+  // The members present share each global batch: still one process's steps, whatever the membership.
+  CHECK(max_difference(out.replicas[0].w, one_process(3)) < 1e-5);
+  CHECK(out.replicas[2].ended);
+  REQUIRE(out.epochs.size() == 3);
+  for (const auto& e : out.epochs) CHECK(e.trained == examples);
+}
+
+TEST_CASE("replica_trainer refuses options it cannot train with, by name", "[parallel][ft]") {
+  const in_memory_dataset data = make_data();
+  test::dp_softmax_model model(features, classes);
+  sgd opt(model, {.lr = 0.1});
+  using trainer = replica_trainer<test::dp_softmax_model, sgd<test::dp_softmax_model>, in_memory_dataset>;
+  CHECK_THROWS_WITH(trainer(model, opt, data, {.batch_size = 0, .slots = 2}), Catch::Contains("batch_size is 0"));
+  CHECK_THROWS_WITH(trainer(model, opt, data, {.batch_size = 4, .slots = 0}), Catch::Contains("slots is 0"));
+  CHECK_THROWS_WITH(trainer(model, opt, data, {.batch_size = 4, .slots = 2, .epochs = 0}), Catch::Contains("epochs is 0"));
+  const in_memory_dataset empty(host_buffer<float>(shape{0, features}), {}, 3);
+  CHECK_THROWS_WITH(trainer(model, opt, empty, {.batch_size = 4, .slots = 2}), Catch::Contains("the training set is empty"));
+  CHECK_THROWS_WITH(trainer(model, opt, data, {.batch_size = 4, .slots = 2, .examples = 92}),
+                    Catch::Contains("examples is 92 but the training set holds 91"));
+  CHECK(trainer(model, opt, data, {.batch_size = 4, .slots = 2, .examples = 40}).steps_per_epoch() == 5);
+  const trainer t(model, opt, data, {.batch_size = 4, .slots = 2, .epochs = 3});
+  CHECK(t.steps_per_epoch() == 12);  // ceil(91 / 8): the last global batch holds 3 rows
+  CHECK(t.total_steps() == 36);
+}
