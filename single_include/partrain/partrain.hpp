@@ -29543,7 +29543,7 @@ namespace partrain::inline v0 {
 // An epoch that ended: what every member of the quorum that committed its last step reports.
 struct replica_epoch {
   std::size_t epoch = 0;      // 1-based
-  std::uint64_t trained = 0;  // rows the epoch's committed steps trained (the dataset's size: each once)
+  std::uint64_t trained = 0;  // rows the epoch's committed steps trained (all the examples: each once)
   double train_loss = 0;      // their mean loss
   int slot = 0;               // this replica's slot (slot 0 is where a program evaluates and prints)
 };
@@ -29553,6 +29553,7 @@ struct replica_trainer_options {
   std::size_t slots = 0;       // a fixed world's slots; a dynamic world's replicas
   std::size_t epochs = 1;
   std::uint64_t seed = 0;      // the shuffled order's
+  std::size_t examples = 0;    // train on the dataset's first `examples` (0: all of it)
   // The learning rate of each global step (set through the optimizer's set_lr); empty: left as is.
   std::function<double(std::size_t step, std::size_t epoch)> lr{};
   // Called at every try of a step, before its compute (where a test or a program injects a fault).
@@ -29566,14 +29567,19 @@ class replica_trainer {
   // model, opt and train must outlive the trainer; the trainer must outlive the replica_group
   // built on its state().
   replica_trainer(M& model, O& opt, const D& train, replica_trainer_options o)
-      : model_(model), opt_(opt), train_(train), o_(std::move(o)), order_(train.size(), o_.seed) {
+      : model_(model), opt_(opt), train_(train), o_(std::move(o)), n_(o_.examples ? o_.examples : train.size()),
+        order_(n_, o_.seed) {
     auto bad = [](const std::string& what) { throw invalid_argument_error("replica_trainer: " + what); };
     if (train.size() == 0) bad("the training set is empty (expected at least one example)");
+    if (n_ > train.size()) {
+      bad("examples is " + std::to_string(n_) + " but the training set holds " + std::to_string(train.size()) +
+          " (expected 0, all of them, or at most that many)");
+    }
     if (o_.batch_size == 0) bad("batch_size is 0 (expected the rows of each slot, >= 1)");
     if (o_.slots == 0) bad("slots is 0 (expected the job's slots, or a dynamic job's replicas, >= 1)");
     if (o_.epochs == 0) bad("epochs is 0 (expected >= 1)");
     global_ = o_.batch_size * o_.slots;
-    per_epoch_ = (train.size() + global_ - 1) / global_;
+    per_epoch_ = (n_ + global_ - 1) / global_;
   }
   replica_trainer(const replica_trainer&) = delete;
   replica_trainer& operator=(const replica_trainer&) = delete;
@@ -29604,7 +29610,7 @@ class replica_trainer {
     if (o_.before_step) o_.before_step(step);
     const auto s = static_cast<std::size_t>(step);
     const std::size_t epoch = s / per_epoch_, first = (s % per_epoch_) * global_;
-    const std::size_t n = std::min(global_, train_.size() - first);
+    const std::size_t n = std::min(global_, n_ - first);
     if constexpr (requires { opt_.set_lr(1.0); }) {
       if (o_.lr) opt_.set_lr(o_.lr(s, epoch));
     }
@@ -29671,6 +29677,7 @@ class replica_trainer {
   O& opt_;
   const D& train_;
   replica_trainer_options o_;
+  std::size_t n_;  // the examples trained each epoch
   shuffled_view order_;
   std::size_t global_ = 0, per_epoch_ = 0;
   checkpoint_extra extra_;  // sampler_position: this epoch's trained rows; user: their loss sum
