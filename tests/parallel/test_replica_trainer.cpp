@@ -205,6 +205,16 @@ TEST_CASE("replica_trainer refuses options it cannot train with, by name", "[par
   CHECK_THROWS_WITH(trainer(model, opt, data, {.batch_size = 4, .slots = 2, .examples = 92}),
                     Catch::Contains("examples is 92 but the training set holds 91"));
   CHECK(trainer(model, opt, data, {.batch_size = 4, .slots = 2, .examples = 40}).steps_per_epoch() == 5);
+  // A schedule needs an optimizer that takes a learning rate.
+  struct fixed_rate {
+    void step() {}
+    void zero_grad() {}
+    void save_state(state_writer&) const {}
+    void load_state(state_reader&) {}
+  } plain;
+  CHECK_THROWS_WITH((replica_trainer<test::dp_softmax_model, fixed_rate, in_memory_dataset>(
+                        model, plain, data, {.batch_size = 4, .slots = 2, .lr = [](std::size_t, std::size_t) { return 0.1; }})),
+                    Catch::Contains("the optimizer has no set_lr(double)"));
   const trainer t(model, opt, data, {.batch_size = 4, .slots = 2, .epochs = 3});
   CHECK(t.steps_per_epoch() == 12);  // ceil(91 / 8): the last global batch holds 3 rows
   CHECK(t.total_steps() == 36);

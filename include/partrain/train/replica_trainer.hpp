@@ -78,6 +78,9 @@ class replica_trainer {
     if (o_.batch_size == 0) bad("batch_size is 0 (expected the rows of each slot, >= 1)");
     if (o_.slots == 0) bad("slots is 0 (expected the job's slots, or a dynamic job's replicas, >= 1)");
     if (o_.epochs == 0) bad("epochs is 0 (expected >= 1)");
+    if constexpr (!requires { opt.set_lr(1.0); }) {
+      if (o_.lr) bad("a learning-rate schedule was given, but the optimizer has no set_lr(double) to take it");
+    }
     global_ = o_.batch_size * o_.slots;
     per_epoch_ = (n_ + global_ - 1) / global_;
   }
