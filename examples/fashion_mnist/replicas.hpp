@@ -7,7 +7,8 @@
 // partrain's replica_trainer runs the loop: the data order is a function of the global step
 // alone (epoch e's shuffled order, cut into global batches of --batch-size x the job's slots, each
 // shared out among the members present), so every example of every epoch is trained exactly once,
-// whoever is present; slot 0 prints each epoch's count of trained rows.
+// whoever is present; slot 0 prints each epoch's count of trained rows. With --sync local-sgd
+// (--period N) or diloco (--inner-steps H), each replica step is a round of local steps.
 #pragma once
 
 #include <signal.h>
@@ -39,7 +40,10 @@ inline void refuse_for_replicas(const options& o) {
            "is not offered: a joining replica heals from one live replica's whole state, and ZeRO, FSDP and pipeline "
            "stages spread theirs over the ranks");
   }
-  if (o.sync != "ddp") refuse("--sync " + o.sync, "is not offered: the replicas reduce their gradients every step");
+  if (o.sync == "powersgd") refuse("--sync powersgd", "is not offered: its error feedback is each rank's own state");
+  if (o.sync == "local-sgd" && o.warmup_steps > 0) refuse("--warmup-steps", "is not offered: the rounds start at once");
+  if (o.sync == "local-sgd" && o.ranks_per_host > 0) refuse("--ranks-per-host", "is not offered: a replica is one rank");
+  if (o.sync == "diloco" && o.outer_bits != 32) refuse("--outer-bits", "is not offered: the average travels in 32 bits");
   if (o.tp > 1) refuse("--tp", "is not offered: tensor parallel groups cannot change at a step boundary yet");
   if (o.deterministic > 0) refuse("--deterministic", "is not offered with replicas");
   if (o.accumulate > 1) refuse("--accumulate", "is not offered: a replica's step is one batch");
@@ -84,15 +88,26 @@ void train_replica(Model& model, const replica_launch& launch, const options& o,
            std::fflush(stdout);
            ::raise(SIGKILL);
          }
-       }});
+       },
+       .sync_every = o.sync == "local-sgd" ? static_cast<std::size_t>(o.period)
+                     : o.sync == "diloco"  ? static_cast<std::size_t>(o.inner_steps)
+                                           : 1,
+       .outer = o.sync == "diloco" ? std::optional<sgd_options>(sgd_options{.lr = o.outer_lr,
+                                                                             .momentum = o.outer_momentum,
+                                                                             .nesterov = o.outer_momentum > 0})
+                                   : std::nullopt});
   replica_group rg(launch.connect(), gloo_groups_by_id(launch.connect(), {.timeout = std::chrono::seconds(30)}),
                    trainer.state(),
                    {.replica = me, .on_event = replica_event_sink(me, metrics ? &*metrics : nullptr, nullptr)});
   live = &rg;
   if (me == 0) {
-    std::printf("fashion_mnist: fault-tolerant data parallel, %s, %zu slot(s)%s, global batch %zu, lr %g, %zu epochs, "
-                "%zu/%zu examples\n", model_name(o), slots, fixed ? " (spares wait)" : " (dynamic: any members present)",
-                global, o.lr, o.epochs, data.n_train, data.n_test);
+    const std::string rounds = trainer.steps_per_epoch() == trainer.batches_per_epoch()
+                                   ? std::string()
+                                   : ", " + o.sync + " rounds of " + std::to_string(o.sync == "diloco" ? o.inner_steps : o.period) + " batches";
+    std::printf("fashion_mnist: fault-tolerant data parallel%s, %s, %zu slot(s)%s, global batch %zu, lr %g, %zu epochs, "
+                "%zu/%zu examples\n", rounds.c_str(), model_name(o), slots,
+                fixed ? " (spares wait)" : " (dynamic: any members present)", global, o.lr, o.epochs, data.n_train,
+                data.n_test);
   }
   (void)trainer.run(rg, [&](const replica_epoch& e) {
     if (e.slot != 0) return;  // slot 0 evaluates and reports

@@ -4,20 +4,29 @@
 # - MODE=dynamic: 4 replicas, at least 3; replica 1 SIGKILLed at step 12 and a replacement started,
 #   which heals in (its events in --metrics): the final test accuracy within 0.005 of the job
 #   without the kill.
-# Both: every epoch reports every training example trained exactly once ("N of N").
-#   cmake -DPARTRUN=partrun -DPROGRAM=fashion_mnist -DMODE=spares|dynamic -DOUT=dir -P fashion_mnist_replicas.cmake
-if(MODE STREQUAL "spares")
+# - MODE=diloco: as spares, in DiLoCo's rounds of 4 batches (--sync diloco); replica 1 SIGKILLed
+#   at round 5, mid-way through its local steps' round: the spare resumes slot 1's own inner
+#   optimizer state, and the checksum is again the one without the kill.
+# All: every epoch reports every training example trained exactly once ("N of N").
+#   cmake -DPARTRUN=partrun -DPROGRAM=fashion_mnist -DMODE=spares|dynamic|diloco -DOUT=dir -P fashion_mnist_replicas.cmake
+set(fixed_world OFF)
+if(MODE STREQUAL "spares" OR MODE STREQUAL "diloco")
+  set(fixed_world ON)
   set(examples 3000)
   set(launch --standalone --nproc-per-node 3 --spares 1)
   set(kill_step 20)
   set(absorbed "1 failure\\(s\\) absorbed, 0 replacement\\(s\\) started")
+  if(MODE STREQUAL "diloco")
+    set(rounds --sync diloco --inner-steps 4)
+    set(kill_step 5)  # of 16 rounds (8 an epoch)
+  endif()
 else()
   set(examples 12000)  # long enough (188 steps) for the replacement to start and join mid-run
   set(launch --standalone --nproc-per-node 4 --min-replicas 3 --max-replacements 1)
   set(kill_step 12)
   set(absorbed "1 failure\\(s\\) absorbed, 1 replacement\\(s\\) started")
 endif()
-set(args --limit-train ${examples} --limit-test 1000 --epochs 2 --batch-size 32 --log-every 0)
+set(args --limit-train ${examples} --limit-test 1000 --epochs 2 --batch-size 32 --log-every 0 ${rounds})
 
 function(run out_var)
   execute_process(COMMAND ${PARTRUN} ${launch} ${PROGRAM} ${args} ${ARGN}
@@ -60,7 +69,7 @@ if(NOT faulty MATCHES "the job finished \\(${absorbed}\\)")
   message(FATAL_ERROR "partrun did not report the absorbed failure (${absorbed})")
 endif()
 file(READ ${events} recorded)
-if(MODE STREQUAL "spares")
+if(fixed_world)
   field("${clean}" "final parameter checksum ([0-9a-f]+)" want)
   field("${faulty}" "final parameter checksum ([0-9a-f]+)" got)
   if(NOT got STREQUAL want)

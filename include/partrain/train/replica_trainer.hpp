@@ -7,6 +7,14 @@
 // to a run without failures. The members count the rows and losses of each committed step in the
 // step's own all-reduce; those counters move with the state a joining replica receives.
 //
+// Local SGD and DiLoCo (sync_every = H > 1): a replica_group step is a round of H global batches,
+// in which each slot steps alone on its rows of each batch; the round ends in one all-reduce of
+// the parameters, weighted by the rows each slot trained (local SGD takes the average; DiLoCo's
+// outer SGD steps on the round's start minus it). A failed round is rolled back to its start
+// (torchft's backup of the parameters) and run again. The slots' inner optimizer states, which
+// differ, are all-gathered at every round's end and kept by every member, so a spare that takes
+// a lost slot resumes with that slot's own state and the result stays bit-identical.
+//
 //   replica_trainer trainer(model, opt, train_set, {.batch_size = 64, .slots = 4, .epochs = 8});
 //   replica_group rg(store, groups, trainer.state(), {.replica = r});
 //   const bool finished = trainer.run(rg, [&](const replica_epoch& e) {
@@ -20,6 +28,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -34,9 +43,11 @@
 #include <partrain/data/shuffled.hpp>
 #include <partrain/model/concepts.hpp>
 #include <partrain/optim/optimizer.hpp>
+#include <partrain/optim/sgd.hpp>
+#include <partrain/optim/state_io.hpp>
+#include <partrain/parallel/diloco.hpp>
 #include <partrain/parallel/replica_group.hpp>
 #include <partrain/train/checkpoint.hpp>
-#include <partrain/train/replica_state.hpp>
 
 namespace partrain::inline v0 {
 
@@ -54,15 +65,26 @@ struct replica_trainer_options {
   std::size_t epochs = 1;
   std::uint64_t seed = 0;      // the shuffled order's
   std::size_t examples = 0;    // train on the dataset's first `examples` (0: all of it)
-  // The learning rate of each global step (set through the optimizer's set_lr); empty: left as is.
+  // The learning rate of each global batch (set through the optimizer's set_lr; with sync_every > 1,
+  // the inner optimizer's at each of its steps); empty: left as is.
   std::function<double(std::size_t step, std::size_t epoch)> lr{};
   // Called at every try of a step, before its compute (where a test or a program injects a fault).
   std::function<void(std::int64_t step)> before_step{};
+  // Local SGD / DiLoCo: global batches per round (H), each slot stepping alone on its rows; the
+  // round ends in a weighted average of the parameters. 1: the gradients are summed every batch.
+  // A round never spans two epochs (an epoch's last round may be shorter).
+  std::size_t sync_every = 1;
+  // DiLoCo (needs sync_every > 1): the round's start minus the average is the outer gradient of
+  // this SGD (torch.optim.SGD's rule; DiLoCo's is lr 0.7, momentum 0.9, Nesterov). Empty: the
+  // parameters take the average (local SGD).
+  std::optional<sgd_options> outer{};
 };
 
 template <class M, class O, class D>
   requires trainable_on<M, batch> && stateful_optimizer<O> && dataset<D>
 class replica_trainer {
+  using outer_model = detail::diloco::outer_model<float>;
+
  public:
   // model, opt and train must outlive the trainer; the trainer must outlive the replica_group
   // built on its state().
@@ -78,102 +100,313 @@ class replica_trainer {
     if (o_.batch_size == 0) bad("batch_size is 0 (expected the rows of each slot, >= 1)");
     if (o_.slots == 0) bad("slots is 0 (expected the job's slots, or a dynamic job's replicas, >= 1)");
     if (o_.epochs == 0) bad("epochs is 0 (expected >= 1)");
+    if (o_.sync_every == 0) bad("sync_every is 0 (expected the global batches per round, >= 1; 1: every batch)");
+    if (o_.outer && o_.sync_every == 1) {
+      bad("an outer optimizer (DiLoCo) was given with sync_every 1 (expected sync_every > 1: the rounds of local "
+          "steps whose average it steps on)");
+    }
     if constexpr (!requires { opt.set_lr(1.0); }) {
       if (o_.lr) bad("a learning-rate schedule was given, but the optimizer has no set_lr(double) to take it");
     }
     global_ = o_.batch_size * o_.slots;
-    per_epoch_ = (n_ + global_ - 1) / global_;
+    batches_ = (n_ + global_ - 1) / global_;
+    rounds_ = (batches_ + o_.sync_every - 1) / o_.sync_every;
+    if (local()) {
+      for (auto&& p : model_.parameters()) {
+        const auto v = p.value();
+        committed_.insert(committed_.end(), v.begin(), v.end());
+      }
+      state_writer w;
+      opt_.save_state(w);
+      initial_inner_ = w.release();
+      if (o_.outer) {
+        delta_.resize(committed_.size());
+        std::size_t at = 0;
+        for (auto&& p : model_.parameters()) {
+          const auto v = p.value();
+          outer_model_.params.push_back({v, tensor_view<float>(delta_.data() + at, v.shape())});
+          at += v.size();
+        }
+        outer_.emplace(outer_model_, *o_.outer);
+      }
+    }
   }
   replica_trainer(const replica_trainer&) = delete;
   replica_trainer& operator=(const replica_trainer&) = delete;
 
-  // What replica_group sends a joining replica: the model, the optimizer, and this trainer's
-  // counters of the epoch in progress (rows trained, loss sum), as a checkpoint's bytes.
-  [[nodiscard]] replica_state_io state() { return replica_state_of(model_, opt_, &extra_); }
+  // What replica_group sends a joining replica, as a checkpoint's bytes: the model and the
+  // optimizer, this trainer's counters of the epoch in progress (rows trained, loss sum) and, in
+  // rounds, the outer optimizer's state and every slot's inner optimizer state, all as committed.
+  [[nodiscard]] replica_state_io state() {
+    return {.save =
+                [this] {
+                  roll_back();  // a failed round's local steps are not the job's state
+                  checkpoint_extra e;
+                  e.sampler_position = epoch_rows_;
+                  e.user = pack();
+                  return checkpoint_bytes(model_, opt_, e);
+                },
+            .load =
+                [this](std::span<const std::byte> bytes) {
+                  const checkpoint_extra e = load_checkpoint_bytes(bytes, model_, opt_, "a healthy replica's state");
+                  epoch_rows_ = e.sampler_position;
+                  unpack(e.user);
+                  if (local()) {
+                    std::size_t at = 0;
+                    for (auto&& p : model_.parameters()) {
+                      const auto v = p.value();
+                      std::copy(v.begin(), v.end(), committed_.begin() + static_cast<std::ptrdiff_t>(at));
+                      at += v.size();
+                    }
+                    dirty_ = false;
+                    holder_ = -1;  // the optimizer holds the sender's slot's state: the next round loads this slot's
+                  }
+                }};
+  }
 
-  [[nodiscard]] std::size_t steps_per_epoch() const noexcept { return per_epoch_; }
-  [[nodiscard]] std::int64_t total_steps() const noexcept { return static_cast<std::int64_t>(per_epoch_ * o_.epochs); }
+  // replica_group steps per epoch: global batches, or rounds of sync_every of them.
+  [[nodiscard]] std::size_t steps_per_epoch() const noexcept { return rounds_; }
+  [[nodiscard]] std::size_t batches_per_epoch() const noexcept { return batches_; }
+  [[nodiscard]] std::int64_t total_steps() const noexcept { return static_cast<std::int64_t>(rounds_ * o_.epochs); }
 
   // Runs rg's steps up to total_steps(); on_epoch(e) on every member at each epoch's end. Returns
   // true when this replica trained the job to its end, false when rg gave it up (it waited as a
   // spare, or the job finished without it): then its state is not the job's.
   bool run(replica_group& rg, const std::function<void(const replica_epoch&)>& on_epoch = {}) {
     while (rg.current_step() < total_steps()) {
-      const bool more = rg.step([&](process_group& g, int slot, std::int64_t step) { compute(g, slot, step); },
-                                [&] { apply(rg, on_epoch); });
+      const bool more = rg.step(
+          [&](process_group& g, int slot, std::int64_t step) {
+            if (o_.before_step) o_.before_step(step);
+            if (local()) {
+              compute_round(g, slot, step);
+            } else {
+              compute(g, slot, step);
+            }
+          },
+          [&] { apply(rg, on_epoch); });
       if (!more) return false;
     }
     return true;
   }
 
  private:
-  // This slot's gradient of global step `step`, weighted by its share of the batch's rows and
-  // summed over the group: the global batch's mean gradient, whoever is present.
-  void compute(process_group& g, int slot, std::int64_t step) {
-    if (o_.before_step) o_.before_step(step);
-    const auto s = static_cast<std::size_t>(step);
-    const std::size_t epoch = s / per_epoch_, first = (s % per_epoch_) * global_;
-    const std::size_t n = std::min(global_, n_ - first);
+  [[nodiscard]] bool local() const noexcept { return o_.sync_every > 1; }
+
+  // Global batch b (of the epoch's batches_): its first row in the epoch's order and its rows.
+  struct global_batch {
+    std::size_t epoch = 0, index = 0, first = 0, rows = 0;
+  };
+  [[nodiscard]] global_batch batch_at(std::size_t epoch, std::size_t b) const noexcept {
+    const std::size_t first = b * global_;
+    return {epoch, epoch * batches_ + b, first, std::min(global_, n_ - first)};
+  }
+
+  // The rows `mine` of batch g trained on this replica (its loss, mean over those rows); the
+  // gradients are zeroed when it has none.
+  double train_rows(const global_batch& gb, replica_rows_range mine) {
     if constexpr (requires { opt_.set_lr(1.0); }) {
-      if (o_.lr) opt_.set_lr(o_.lr(s, epoch));
+      if (o_.lr) opt_.set_lr(o_.lr(gb.index, gb.epoch));
     }
-    if (order_.epoch() != epoch) order_.set_epoch(epoch);
-    const replica_rows_range mine = replica_rows(n, slot, g.size());
-    double loss = 0;
     if (mine.count == 0) {
       for (auto&& p : model_.parameters()) {
         auto gr = p.grad();
         std::fill(gr.begin(), gr.end(), 0.0f);
       }
-    } else {
-      rows_.resize(mine.count);
-      for (std::size_t i = 0; i < mine.count; ++i) rows_[i] = order_.element(first + mine.first + i);
-      const shape one = train_.example_shape();
-      const std::size_t width = one.numel();
-      features_.resize(mine.count * width);
-      labels_.resize(mine.count);
-      train_.fetch(rows_, tensor_view<float>(features_.data(), shape{mine.count, width}),
-                   tensor_view<std::int32_t>(labels_.data(), mine.count));
-      loss = model_.train_step(batch{tensor_view<const float>(features_.data(), shape{mine.count, width}),
-                                     tensor_view<const std::int32_t>(labels_.data(), mine.count), rows_});
+      return 0;
     }
-    const float share = static_cast<float>(mine.count) / static_cast<float>(n);
+    if (order_.epoch() != gb.epoch) order_.set_epoch(gb.epoch);
+    rows_.resize(mine.count);
+    for (std::size_t i = 0; i < mine.count; ++i) rows_[i] = order_.element(gb.first + mine.first + i);
+    const shape one = train_.example_shape();
+    const std::size_t width = one.numel();
+    features_.resize(mine.count * width);
+    labels_.resize(mine.count);
+    train_.fetch(rows_, tensor_view<float>(features_.data(), shape{mine.count, width}),
+                 tensor_view<std::int32_t>(labels_.data(), mine.count));
+    return model_.train_step(batch{tensor_view<const float>(features_.data(), shape{mine.count, width}),
+                                   tensor_view<const std::int32_t>(labels_.data(), mine.count), rows_});
+  }
+
+  // Copies every parameter's values (or gradients) times `scale` into reduced_, then the step's loss
+  // sum and rows, which ride along in the same all-reduce.
+  template <class Get>
+  void gather_scaled(Get get, float scale, double loss_sum, std::size_t rows) {
     reduced_.clear();
     for (auto&& p : model_.parameters()) {
-      for (const float v : p.grad()) reduced_.push_back(v * share);
+      for (const float v : get(p)) reduced_.push_back(v * scale);
     }
-    // The step's loss sum and rows ride along in the same all-reduce.
-    reduced_.push_back(static_cast<float>(loss * static_cast<double>(mine.count)));
-    reduced_.push_back(static_cast<float>(mine.count));
-    g.all_reduce(tensor_view<float>(reduced_), reduce_op::sum).wait();
+    reduced_.push_back(static_cast<float>(loss_sum));
+    reduced_.push_back(static_cast<float>(rows));
+  }
+  // The all-reduced values back into every parameter's values (or gradients); the loss and rows.
+  template <class Get>
+  void scatter_reduced(Get get) {
     std::size_t at = 0;
     for (auto&& p : model_.parameters()) {
-      auto gr = p.grad();
-      std::copy_n(reduced_.begin() + static_cast<std::ptrdiff_t>(at), gr.size(), gr.begin());
-      at += gr.size();
+      auto t = get(p);
+      std::copy_n(reduced_.begin() + static_cast<std::ptrdiff_t>(at), t.size(), t.begin());
+      at += t.size();
     }
     step_loss_ = reduced_[at];
     step_rows_ = reduced_[at + 1];
   }
+  static constexpr auto grads = [](auto&& p) { return p.grad(); };
+  static constexpr auto values = [](auto&& p) { return p.value(); };
+
+  // This slot's gradient of global batch `step`, weighted by its share of the batch's rows and
+  // summed over the group: the global batch's mean gradient, whoever is present.
+  void compute(process_group& g, int slot, std::int64_t step) {
+    const auto s = static_cast<std::size_t>(step);
+    const global_batch gb = batch_at(s / batches_, s % batches_);
+    const replica_rows_range mine = replica_rows(gb.rows, slot, g.size());
+    const double loss = train_rows(gb, mine);
+    gather_scaled(grads, static_cast<float>(mine.count) / static_cast<float>(gb.rows),
+                  loss * static_cast<double>(mine.count), mine.count);
+    g.all_reduce(tensor_view<float>(reduced_), reduce_op::sum).wait();
+    scatter_reduced(grads);
+  }
+
+  // Round `step`: from the committed parameters and this slot's inner optimizer state, a step of
+  // the inner optimizer on this slot's rows of each of the round's global batches; then the
+  // parameters averaged, weighted by the rows each slot trained, and every slot's inner state
+  // gathered. The parameters stay local until apply() (a failed round is rolled back).
+  void compute_round(process_group& g, int slot, std::int64_t step) {
+    roll_back();
+    if (holder_ != slot) {
+      const auto& inner = inner_.empty() ? initial_inner_ : inner_[static_cast<std::size_t>(slot) % inner_.size()];
+      state_reader r(inner, "slot " + std::to_string(slot) + "'s inner optimizer state");
+      opt_.load_state(r);
+      holder_ = slot;
+    }
+    const auto s = static_cast<std::size_t>(step);
+    const std::size_t epoch = s / rounds_, first = (s % rounds_) * o_.sync_every;
+    const std::size_t last = std::min(first + o_.sync_every, batches_);
+    double loss_sum = 0;
+    std::size_t mine_rows = 0, round_rows = 0;
+    dirty_ = true;
+    for (std::size_t b = first; b < last; ++b) {
+      const global_batch gb = batch_at(epoch, b);
+      const replica_rows_range mine = replica_rows(gb.rows, slot, g.size());
+      round_rows += gb.rows;
+      if (mine.count == 0) continue;  // no rows of this batch: no step (its weight below counts none)
+      loss_sum += train_rows(gb, mine) * static_cast<double>(mine.count);
+      opt_.step();
+      mine_rows += mine.count;
+    }
+    gather_scaled(values, static_cast<float>(mine_rows) / static_cast<float>(round_rows), loss_sum, mine_rows);
+    g.all_reduce(tensor_view<float>(reduced_), reduce_op::sum).wait();
+    gather_inner(g);
+  }
+
+  // Every slot's inner optimizer state after the round, on every member (sizes, then the bytes
+  // padded to the largest).
+  void gather_inner(process_group& g) {
+    state_writer w;
+    opt_.save_state(w);
+    const std::vector<std::byte> mine = w.release();
+    const auto members = static_cast<std::size_t>(g.size());
+    std::int64_t size = static_cast<std::int64_t>(mine.size());
+    std::vector<std::int64_t> sizes(members);
+    g.all_gather(tensor_view<const std::int64_t>(&size, 1), tensor_view<std::int64_t>(sizes)).wait();
+    const auto widest = static_cast<std::size_t>(*std::ranges::max_element(sizes));
+    std::vector<std::uint8_t> padded(widest), all(widest * members);
+    std::memcpy(padded.data(), mine.data(), mine.size());
+    g.all_gather(tensor_view<const std::uint8_t>(padded), tensor_view<std::uint8_t>(all)).wait();
+    gathered_.resize(members);
+    for (std::size_t k = 0; k < members; ++k) {
+      const auto* from = reinterpret_cast<const std::byte*>(all.data() + k * widest);
+      gathered_[k].assign(from, from + sizes[k]);
+    }
+  }
+
+  // Back to the last committed round's parameters when a round's local steps changed them.
+  void roll_back() {
+    if (!dirty_) return;
+    std::size_t at = 0;
+    for (auto&& p : model_.parameters()) {
+      auto v = p.value();
+      std::copy_n(committed_.begin() + static_cast<std::ptrdiff_t>(at), v.size(), v.begin());
+      at += v.size();
+    }
+    dirty_ = false;
+    holder_ = -1;  // the optimizer stepped too
+  }
+
+  // A round commits: local SGD takes the average; DiLoCo steps its outer SGD on start - average.
+  void commit_round() {
+    if (!o_.outer) {
+      scatter_reduced(values);
+    } else {
+      const std::vector<float> mean(reduced_.begin(), reduced_.begin() + static_cast<std::ptrdiff_t>(committed_.size()));
+      for (std::size_t i = 0; i < committed_.size(); ++i) delta_[i] = committed_[i] - mean[i];  // old minus new
+      reduced_.erase(reduced_.begin(), reduced_.begin() + static_cast<std::ptrdiff_t>(committed_.size()));
+      std::size_t at = 0;
+      for (auto&& p : model_.parameters()) {
+        auto v = p.value();
+        std::copy_n(committed_.begin() + static_cast<std::ptrdiff_t>(at), v.size(), v.begin());
+        at += v.size();
+      }
+      outer_->step();
+      step_loss_ = reduced_[0];
+      step_rows_ = reduced_[1];
+    }
+    std::size_t at = 0;
+    for (auto&& p : model_.parameters()) {
+      const auto v = p.value();
+      std::copy(v.begin(), v.end(), committed_.begin() + static_cast<std::ptrdiff_t>(at));
+      at += v.size();
+    }
+    inner_.swap(gathered_);
+    dirty_ = false;  // holder_ stays: the optimizer holds this slot's state, as gathered
+  }
 
   void apply(replica_group& rg, const std::function<void(const replica_epoch&)>& on_epoch) {
-    opt_.step();
-    extra_.sampler_position += static_cast<std::uint64_t>(step_rows_);
-    double loss_sum = 0;
-    if (extra_.user.size() == sizeof loss_sum) std::memcpy(&loss_sum, extra_.user.data(), sizeof loss_sum);
-    loss_sum += step_loss_;
-    extra_.user.resize(sizeof loss_sum);
-    std::memcpy(extra_.user.data(), &loss_sum, sizeof loss_sum);
+    if (local()) {
+      commit_round();
+    } else {
+      opt_.step();
+    }
+    epoch_rows_ += static_cast<std::uint64_t>(step_rows_);
+    epoch_loss_ += step_loss_;
     const auto done = static_cast<std::size_t>(rg.current_step() + 1);  // the step just applied, counted
-    if (done % per_epoch_ != 0) return;
+    if (done % rounds_ != 0) return;
     if (on_epoch) {
-      on_epoch({.epoch = done / per_epoch_,
-                .trained = extra_.sampler_position,
-                .train_loss = loss_sum / static_cast<double>(std::max<std::uint64_t>(1, extra_.sampler_position)),
+      on_epoch({.epoch = done / rounds_,
+                .trained = epoch_rows_,
+                .train_loss = epoch_loss_ / static_cast<double>(std::max<std::uint64_t>(1, epoch_rows_)),
                 .slot = rg.slot()});
     }
-    extra_.sampler_position = 0;  // every member starts the next epoch's count
-    extra_.user.clear();
+    epoch_rows_ = 0;  // every member starts the next epoch's count
+    epoch_loss_ = 0;
+  }
+
+  // The epoch's loss sum and, in rounds, the outer optimizer's state and every slot's inner one.
+  [[nodiscard]] std::vector<std::byte> pack() const {
+    state_writer w;
+    w.put(epoch_loss_);
+    if (local()) {
+      state_writer ow;
+      if (outer_) outer_->save_state(ow);
+      w.put_bytes(ow.bytes());
+      w.put(static_cast<std::uint64_t>(inner_.size()));
+      for (const auto& b : inner_) w.put_bytes(b);
+    }
+    return w.release();
+  }
+  void unpack(std::span<const std::byte> user) {
+    state_reader r(user, "a healthy replica's trainer state");
+    epoch_loss_ = r.get<double>("the epoch's loss sum");
+    if (!local()) return;
+    const auto outer = r.get_bytes("the outer optimizer's state");
+    if (outer_) {
+      state_reader orr(outer, "a healthy replica's outer optimizer state");
+      outer_->load_state(orr);
+    }
+    inner_.resize(r.get<std::uint64_t>("the slots' inner optimizer states"));
+    for (auto& b : inner_) {
+      const auto bytes = r.get_bytes("a slot's inner optimizer state");
+      b.assign(bytes.begin(), bytes.end());
+    }
   }
 
   M& model_;
@@ -182,12 +415,22 @@ class replica_trainer {
   replica_trainer_options o_;
   std::size_t n_;  // the examples trained each epoch
   shuffled_view order_;
-  std::size_t global_ = 0, per_epoch_ = 0;
-  checkpoint_extra extra_;  // sampler_position: this epoch's trained rows; user: their loss sum
+  std::size_t global_ = 0, batches_ = 0, rounds_ = 0;
+  std::uint64_t epoch_rows_ = 0;  // the epoch's committed steps: rows trained, and their loss sum
+  double epoch_loss_ = 0;
   std::vector<std::size_t> rows_;
   std::vector<float> features_, reduced_;
   std::vector<std::int32_t> labels_;
   double step_loss_ = 0, step_rows_ = 0;
+  // Rounds (sync_every > 1): the committed parameters, every slot's inner optimizer state as
+  // committed (and as gathered by a round not yet committed), the optimizer's state at the start.
+  std::vector<float> committed_, delta_;
+  std::vector<std::vector<std::byte>> inner_, gathered_;
+  std::vector<std::byte> initial_inner_;
+  int holder_ = -1;     // the slot whose committed inner state the optimizer holds (-1: none)
+  bool dirty_ = false;  // the parameters and optimizer moved since the last commit
+  outer_model outer_model_;
+  std::optional<sgd<outer_model>> outer_;
 };
 
 }  // namespace partrain::inline v0
