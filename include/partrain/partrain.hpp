@@ -46,6 +46,7 @@
 #if defined(PARTRAIN_WITH_GLOO)
 #include <partrain/comm/gloo.hpp>
 #endif
+#include <partrain/comm/hybrid_group.hpp>
 #include <partrain/comm/local.hpp>
 #if defined(PARTRAIN_WITH_MPI)
 #include <partrain/comm/mpi.hpp>

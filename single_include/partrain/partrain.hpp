@@ -4324,6 +4324,132 @@ gloo_groups_by_id(std::shared_ptr<store> rendezvous, process_group_options opts 
 }  // namespace partrain::inline v0
 #endif  // defined(PARTRAIN_WITH_GLOO)
 
+// #include <partrain/comm/hybrid_group.hpp>
+// partrain/comm/hybrid_group.hpp: one group over two backends of the same ranks: host memory
+// travels on one (gloo, local), device memory on the other (nccl). What a fault-tolerant quorum
+// of CUDA replicas needs: the gradients go over NCCL, while the step agreement and the state a
+// joining replica receives are host bytes. torch.distributed keeps a gloo group beside an NCCL one
+// for the same reason (its "cpu:gloo,cuda:nccl" backend string).
+//
+//   auto groups = hybrid_groups_by_id(gloo_groups_by_id(store), nccl_groups_by_id(store, device::cuda(0)));
+//   replica_group rg(control, groups, state, {.replica = r});   // a new NCCL communicator per quorum
+
+#include <concepts>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+// #include <partrain/comm/process_group.hpp> (above)
+// #include <partrain/core/dtype.hpp> (above)
+// #include <partrain/core/error.hpp> (above)
+// #include <partrain/core/memory_space.hpp> (above)
+// #include <partrain/core/tensor_view.hpp> (above)
+// #include <partrain/core/work.hpp> (above)
+
+namespace partrain::inline v0 {
+
+class hybrid_group final : public process_group {
+ public:
+  // host_memory: a group that takes host memory; device_memory: one of the same ranks that takes
+  // CUDA memory. Both are owned; the device group is destroyed first.
+  hybrid_group(std::unique_ptr<process_group> host_memory, std::unique_ptr<process_group> device_memory)
+      : process_group(checked(host_memory, device_memory), device_memory->size(), host_memory->options()),
+        host_(std::move(host_memory)), device_(std::move(device_memory)),
+        name_(std::string(host_->backend()) + "+" + std::string(device_->backend())) {}
+
+  [[nodiscard]] std::string_view backend() const noexcept override { return name_; }
+  [[nodiscard]] bool accepts(device_kind) const noexcept override { return true; }
+  [[nodiscard]] int cuda_device_index() const noexcept override { return device_->cuda_device_index(); }
+  [[nodiscard]] void* input_stream() const noexcept override { return device_->input_stream(); }
+  [[nodiscard]] process_group& host_group() noexcept { return *host_; }
+  [[nodiscard]] process_group& device_group() noexcept { return *device_; }
+
+ protected:
+  work do_all_reduce(raw_tensor t, reduce_op op) override {
+    return routed(t, [&](process_group& g, auto v) { return g.all_reduce(v, op); });
+  }
+  work do_all_reduce_divided(raw_tensor t, double divisor) override {
+    return host_->all_reduce_divided(t, divisor);  // host memory only (process_group checked it)
+  }
+  work do_broadcast(raw_tensor t, int root) override {
+    return routed(t, [&](process_group& g, auto v) { return g.broadcast(v, root); });
+  }
+  work do_reduce(raw_tensor t, int root, reduce_op op) override {
+    return routed(t, [&](process_group& g, auto v) { return g.reduce(v, root, op); });
+  }
+  work do_all_gather(raw_tensor in, raw_tensor out) override {
+    return routed(in, [&](process_group& g, auto v) { return g.all_gather(v, like(v, out)); });
+  }
+  work do_reduce_scatter(raw_tensor in, raw_tensor out, reduce_op op) override {
+    return routed(in, [&](process_group& g, auto v) { return g.reduce_scatter(v, like(v, out), op); });
+  }
+  work do_barrier() override { return host_->barrier(); }
+  work do_send(raw_tensor t, int dst, int tag) override {
+    return routed(t, [&](process_group& g, auto v) { return g.send(v, dst, tag); });
+  }
+  work do_recv(raw_tensor t, int src, int tag) override {
+    return routed(t, [&](process_group& g, auto v) { return g.recv(v, src, tag); });
+  }
+
+ private:
+  // The rank both groups agree on, or a config_error naming what does not fit.
+  static int checked(const std::unique_ptr<process_group>& host, const std::unique_ptr<process_group>& device) {
+    if (!host || !device) throw invalid_argument_error("hybrid_group: a group is null (expected a host group and a device group)");
+    if (!host->accepts(device_kind::cpu)) {
+      throw config_error("hybrid_group: the host group (" + std::string(host->backend()) +
+                         ") does not take host memory (expected gloo or local)");
+    }
+    if (!device->accepts(device_kind::cuda)) {
+      throw config_error("hybrid_group: the device group (" + std::string(device->backend()) +
+                         ") does not take CUDA memory (expected nccl)");
+    }
+    if (host->rank() != device->rank() || host->size() != device->size()) {
+      throw config_error("hybrid_group: the host group is rank " + std::to_string(host->rank()) + " of " +
+                         std::to_string(host->size()) + " and the device group rank " + std::to_string(device->rank()) +
+                         " of " + std::to_string(device->size()) + " (expected the same ranks)");
+    }
+    return host->rank();
+  }
+
+  // Host memory to the host group, CUDA memory to the device group, through their typed calls (so
+  // each keeps its own count of operations for its errors).
+  template <class F>
+  work routed(raw_tensor t, F&& f) {
+    return visit_dtype(t.type, [&]<class T>(std::type_identity<T>) -> work {
+      if (t.on_cuda) return f(*device_, tensor_view<T, cuda>(static_cast<T*>(t.data), t.count));
+      return f(*host_, tensor_view<T, host>(static_cast<T*>(t.data), t.count));
+    });
+  }
+  // `out` as a view of v's element type and memory.
+  template <class T, class S>
+  static tensor_view<T, S> like(tensor_view<T, S>, raw_tensor out) noexcept {
+    return tensor_view<T, S>(static_cast<T*>(out.data), out.count);
+  }
+
+  std::unique_ptr<process_group> host_;
+  std::unique_ptr<process_group> device_;
+  std::string name_;
+};
+
+// A replica_group factory of hybrid groups: quorum `id`'s host group from host_groups, its device
+// group from device_groups (each, e.g., under a store prefix of the id's own), so every quorum
+// gets a new communicator of each.
+template <class HostFactory, class DeviceFactory>
+  requires std::invocable<HostFactory&, std::int64_t, int, int> && std::invocable<DeviceFactory&, std::int64_t, int, int>
+[[nodiscard]] auto hybrid_groups_by_id(HostFactory host_groups, DeviceFactory device_groups) {
+  return [host_groups = std::move(host_groups), device_groups = std::move(device_groups)](
+             std::int64_t id, int rank, int size) mutable -> std::unique_ptr<process_group> {
+    std::unique_ptr<process_group> h = host_groups(id, rank, size);
+    std::unique_ptr<process_group> d = device_groups(id, rank, size);
+    return std::make_unique<hybrid_group>(std::move(h), std::move(d));
+  };
+}
+
+}  // namespace partrain::inline v0
+
 // #include <partrain/comm/local.hpp>
 // partrain/comm/local.hpp: the `local` backend, a shared-memory group of threads in one
 // process. data_parallel and the fast tests use it. Each rank's collectives run on that
@@ -5674,6 +5800,7 @@ static_assert(communicator<mpi_group>);
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -5805,9 +5932,15 @@ class nccl_group final : public process_group {
  public:
   using clock = std::chrono::steady_clock;
 
-  nccl_group(std::shared_ptr<store> s, int rank, int size, device dev, process_group_options opts = {})
+  // key_prefix: where in the store the ranks meet (the unique id's key). Groups made on one store
+  // under one prefix meet in the order each rank makes them; a prefix of its own per group (what
+  // nccl_groups_by_id gives each quorum) keeps a group whose making failed on some rank from
+  // shifting the next one.
+  nccl_group(std::shared_ptr<store> s, int rank, int size, device dev, process_group_options opts = {},
+             std::string key_prefix = "partrain/nccl/")
       : process_group(rank, size, opts),
         store_(std::move(s)),
+        prefix_(std::move(key_prefix)),
         device_(checked_device(dev, rank)),
         stream_(device_.index),
         input_ready_(event_on(device_.index)) {
@@ -5966,8 +6099,8 @@ class nccl_group final : public process_group {
   [[nodiscard]] detail::nccl::comm make_comm(std::unique_lock<std::mutex>& lock) {
     // Each rank counts the groups it made on this store; every rank makes them in the same order,
     // so the n-th group of each rank meets under the n-th key (threads or processes alike).
-    const std::int64_t n = store_->add("partrain/nccl/groups_made_by_rank_" + std::to_string(rank()), 1);
-    const std::string key = "partrain/nccl/" + std::to_string(n) + "/unique_id";
+    const std::int64_t n = store_->add(prefix_ + "groups_made_by_rank_" + std::to_string(rank()), 1);
+    const std::string key = prefix_ + std::to_string(n) + "/unique_id";
     ncclUniqueId id{};
     if (rank() == 0) {
       const ncclResult_t rc = ncclGetUniqueId(&id);
@@ -6184,6 +6317,7 @@ class nccl_group final : public process_group {
   }
 
   std::shared_ptr<store> store_;
+  std::string prefix_;
   partrain::device device_;
   cuda_stream stream_;
   cuda_event input_ready_;
@@ -6198,6 +6332,19 @@ class nccl_group final : public process_group {
   bool issuing_ = false;  // an issue() is between its NCCL call and its pending_op (see wait_ready)
   std::jthread watchdog_;
 };
+
+// A factory of nccl_groups keyed by an id, each meeting under a store key prefix of its own
+// (prefix + id + "/"): a new communicator per quorum for replica_group, beside a host group
+// (hybrid_groups_by_id in hybrid_group.hpp), since a quorum also carries host bytes.
+[[nodiscard]] inline std::function<std::unique_ptr<process_group>(std::int64_t id, int rank, int size)>
+nccl_groups_by_id(std::shared_ptr<store> rendezvous, device dev, process_group_options opts = {},
+                  std::string prefix = "ft/nccl") {
+  if (!rendezvous) throw invalid_argument_error("nccl_groups_by_id: the rendezvous store is null");
+  return [rendezvous = std::move(rendezvous), dev, opts, prefix = std::move(prefix)](std::int64_t id, int rank, int size) {
+    return std::unique_ptr<process_group>(
+        std::make_unique<nccl_group>(rendezvous, rank, size, dev, opts, prefix + std::to_string(id) + "/"));
+  };
+}
 
 }  // namespace partrain::inline v0
 #endif  // PARTRAIN_HAS_CUDA && defined(PARTRAIN_WITH_NCCL)
@@ -23626,14 +23773,15 @@ class replica_group {
   // A quorum's group carries host bytes (the step agreement, the state a joining replica receives)
   // and is rebuilt after every loss.
   static void refuse_backend(const process_group& g) {
-    if (g.backend() == "mpi") {
+    if (g.backend().starts_with("mpi")) {
       throw config_error("replica_group: an mpi group cannot be a quorum's group: Open MPI cannot rebuild a communicator "
                          "after a rank dies (that needs ULFM); use gloo, or local groups for threads");
     }
     if (!g.accepts(device_kind::cpu)) {
       throw config_error("replica_group: the " + std::string(g.backend()) +
                          " backend carries device memory only, and a quorum's group also carries host bytes (the step "
-                         "agreement, the state sent to a joining replica); use gloo");
+                         "agreement, the state sent to a joining replica); use gloo, or a hybrid_group of gloo and "
+                         "nccl (hybrid_groups_by_id(gloo_groups_by_id(...), nccl_groups_by_id(...)))");
     }
   }
 

@@ -9,6 +9,8 @@
 // and a collective queued behind long compute that must not time out.
 #include <catch2/catch.hpp>
 
+#include <partrain/comm/hybrid_group.hpp>
+#include <partrain/comm/local.hpp>
 #include <partrain/comm/nccl.hpp>
 #include <partrain/cuda/device_buffer.hpp>
 #include <partrain/cuda/stream.hpp>
@@ -205,4 +207,30 @@ TEST_CASE("several nccl groups on one store each meet under their own unique id"
   device_buffer<float> d(std::size_t{8}, gpu);
   a.all_reduce(d.view()).wait();
   b.all_reduce(d.view()).wait();
+}
+
+TEST_CASE("nccl_groups_by_id: each quorum's communicator meets under its own prefix, beside a host group",
+          "[comm][nccl][hybrid]") {
+  auto store = std::make_shared<testing::memory_store>();
+  local_group_registry registry({.timeout = 60s});
+  auto groups = hybrid_groups_by_id([&](std::int64_t id, int rank, int size) { return registry.make(id, rank, size); },
+                                    nccl_groups_by_id(store, device::cuda(0), {.timeout = 60s}));
+  for (const std::int64_t id : {0, 1}) {
+    auto g = groups(id, 0, 1);
+    CHECK(g->backend() == "local+nccl");
+    CHECK(g->cuda_device_index() == 0);
+    CHECK(store->check({"ft/nccl" + std::to_string(id) + "/1/unique_id"}));
+    // Device memory through NCCL, host memory through the local group.
+    auto& pair = static_cast<hybrid_group&>(*g);
+    const std::vector<float> values = iota_values<float>(8);
+    device_buffer<float> d(std::size_t{8}, gpu);
+    d.copy_from(tensor_view<const float>(values));
+    g->all_reduce(d.view()).wait();
+    CHECK(same(to_host(d), values));
+    std::vector<float> h(values);
+    g->all_reduce(tensor_view<float>(h)).wait();
+    CHECK(h == values);
+    CHECK(pair.device_group().traffic().calls == 1);
+    CHECK(pair.host_group().traffic().calls == 1);
+  }
 }

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -167,9 +168,15 @@ class nccl_group final : public process_group {
  public:
   using clock = std::chrono::steady_clock;
 
-  nccl_group(std::shared_ptr<store> s, int rank, int size, device dev, process_group_options opts = {})
+  // key_prefix: where in the store the ranks meet (the unique id's key). Groups made on one store
+  // under one prefix meet in the order each rank makes them; a prefix of its own per group (what
+  // nccl_groups_by_id gives each quorum) keeps a group whose making failed on some rank from
+  // shifting the next one.
+  nccl_group(std::shared_ptr<store> s, int rank, int size, device dev, process_group_options opts = {},
+             std::string key_prefix = "partrain/nccl/")
       : process_group(rank, size, opts),
         store_(std::move(s)),
+        prefix_(std::move(key_prefix)),
         device_(checked_device(dev, rank)),
         stream_(device_.index),
         input_ready_(event_on(device_.index)) {
@@ -328,8 +335,8 @@ class nccl_group final : public process_group {
   [[nodiscard]] detail::nccl::comm make_comm(std::unique_lock<std::mutex>& lock) {
     // Each rank counts the groups it made on this store; every rank makes them in the same order,
     // so the n-th group of each rank meets under the n-th key (threads or processes alike).
-    const std::int64_t n = store_->add("partrain/nccl/groups_made_by_rank_" + std::to_string(rank()), 1);
-    const std::string key = "partrain/nccl/" + std::to_string(n) + "/unique_id";
+    const std::int64_t n = store_->add(prefix_ + "groups_made_by_rank_" + std::to_string(rank()), 1);
+    const std::string key = prefix_ + std::to_string(n) + "/unique_id";
     ncclUniqueId id{};
     if (rank() == 0) {
       const ncclResult_t rc = ncclGetUniqueId(&id);
@@ -546,6 +553,7 @@ class nccl_group final : public process_group {
   }
 
   std::shared_ptr<store> store_;
+  std::string prefix_;
   partrain::device device_;
   cuda_stream stream_;
   cuda_event input_ready_;
@@ -560,5 +568,18 @@ class nccl_group final : public process_group {
   bool issuing_ = false;  // an issue() is between its NCCL call and its pending_op (see wait_ready)
   std::jthread watchdog_;
 };
+
+// A factory of nccl_groups keyed by an id, each meeting under a store key prefix of its own
+// (prefix + id + "/"): a new communicator per quorum for replica_group, beside a host group
+// (hybrid_groups_by_id in hybrid_group.hpp), since a quorum also carries host bytes.
+[[nodiscard]] inline std::function<std::unique_ptr<process_group>(std::int64_t id, int rank, int size)>
+nccl_groups_by_id(std::shared_ptr<store> rendezvous, device dev, process_group_options opts = {},
+                  std::string prefix = "ft/nccl") {
+  if (!rendezvous) throw invalid_argument_error("nccl_groups_by_id: the rendezvous store is null");
+  return [rendezvous = std::move(rendezvous), dev, opts, prefix = std::move(prefix)](std::int64_t id, int rank, int size) {
+    return std::unique_ptr<process_group>(
+        std::make_unique<nccl_group>(rendezvous, rank, size, dev, opts, prefix + std::to_string(id) + "/"));
+  };
+}
 
 }  // namespace partrain::inline v0

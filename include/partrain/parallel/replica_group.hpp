@@ -335,14 +335,15 @@ class replica_group {
   // A quorum's group carries host bytes (the step agreement, the state a joining replica receives)
   // and is rebuilt after every loss.
   static void refuse_backend(const process_group& g) {
-    if (g.backend() == "mpi") {
+    if (g.backend().starts_with("mpi")) {
       throw config_error("replica_group: an mpi group cannot be a quorum's group: Open MPI cannot rebuild a communicator "
                          "after a rank dies (that needs ULFM); use gloo, or local groups for threads");
     }
     if (!g.accepts(device_kind::cpu)) {
       throw config_error("replica_group: the " + std::string(g.backend()) +
                          " backend carries device memory only, and a quorum's group also carries host bytes (the step "
-                         "agreement, the state sent to a joining replica); use gloo");
+                         "agreement, the state sent to a joining replica); use gloo, or a hybrid_group of gloo and "
+                         "nccl (hybrid_groups_by_id(gloo_groups_by_id(...), nccl_groups_by_id(...)))");
     }
   }
 
