@@ -137,47 +137,21 @@ template <class T, class A = double>
 inline constexpr bool has_host_loops = false;
 #endif
 
-template <class T>
-PARTRAIN_HOST_DEVICE T sqrt_t(T x) {
-#if defined(__CUDA_ARCH__)
-  return ::sqrt(x);
-#else
-  return std::sqrt(x);
-#endif
-}
-
 // ---- LayerNorm over one row of d values (PyTorch's: biased variance, eps inside the root) ----
 
 // The row's mean and 1 / sqrt(variance + eps), stored in T: forward and the backward's
 // recomputation both normalize with these stored values, so they agree bit for bit.
 template <class T, class A = double>
 PARTRAIN_HOST_DEVICE void layernorm_stats(const T* x, std::size_t d, T eps, T& mean, T& rstd) {
-  A s = 0;
-  for (std::size_t i = 0; i < d; ++i) s += static_cast<A>(x[i]);
-  const A mu = s / static_cast<A>(d);
-  A v = 0;  // two passes: one pass (E[x^2] - mu^2) cancels badly when |mu| >> std
-  for (std::size_t i = 0; i < d; ++i) {
-    const A c = static_cast<A>(x[i]) - mu;
-    v += c * c;
-  }
-  mean = static_cast<T>(mu);
-  rstd = static_cast<T>(A(1) / sqrt_t(v / static_cast<A>(d) + static_cast<A>(eps)));
+  layernorm_stats_group<1, T, A>(x, d, eps, &mean, &rstd);
 }
 
 // The input gradient of one row, given dy: with xhat = (x - mean) * rstd and g = dy * gamma,
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)). Written to dx, or added to it when `add`.
-// (The second pass is layernorm_backward_apply, in vit_lane_rules.inc.)
 template <class T, class A = double>
 PARTRAIN_HOST_DEVICE void layernorm_backward(const T* x, const T* dy, std::size_t d, T mean, T rstd, const T* gamma,
                                              T* dx, bool add) {
-  A sg = 0, sgx = 0;
-  for (std::size_t i = 0; i < d; ++i) {
-    const A g = static_cast<A>(dy[i]) * static_cast<A>(gamma[i]);
-    sg += g;
-    sgx += g * static_cast<A>((x[i] - mean) * rstd);
-  }
-  layernorm_backward_apply(x, dy, d, mean, rstd, gamma, static_cast<T>(sg / static_cast<A>(d)),
-                           static_cast<T>(sgx / static_cast<A>(d)), dx, add);
+  layernorm_backward_group<1, T, A>(x, dy, d, &mean, &rstd, gamma, dx, add);
 }
 
 // One row's share of the parameter gradients: dgamma += dy * xhat, dbeta += dy (sums over rows in A).
@@ -192,26 +166,18 @@ PARTRAIN_HOST_DEVICE void layernorm_param_grads(const T* x, const T* dy, std::si
 
 // ---- softmax over one row of n values ----
 
-// s = softmax(scale * s), in place (the maximum subtracted first, so exp never overflows).
+// s = softmax(scale * s), in place (the maximum subtracted first, so exp never overflows), one
+// element at a time (the host loops take the lanes).
 template <class T, class A = double>
 PARTRAIN_HOST_DEVICE void softmax_row(T* s, std::size_t n, T scale) {
-  T mx = s[0];
-  for (std::size_t i = 1; i < n; ++i) mx = s[i] > mx ? s[i] : mx;
-  for (std::size_t i = 0; i < n; ++i) s[i] = exp_t((s[i] - mx) * scale);
-  A sum = 0;
-  for (std::size_t i = 0; i < n; ++i) sum += static_cast<A>(s[i]);
-  const T inv = static_cast<T>(A(1) / sum);
-  for (std::size_t i = 0; i < n; ++i) s[i] *= inv;
+  softmax_group<1, false, T, A>(s, n, scale);
 }
 
 // The gradient of the softmax's input from that of its output p, in place:
 // g = p * (g - sum(p * g)) (the scale the forward applied is left to the caller).
 template <class T, class A = double>
 PARTRAIN_HOST_DEVICE void softmax_backward_row(const T* p, T* g, std::size_t n) {
-  A dot = 0;
-  for (std::size_t i = 0; i < n; ++i) dot += static_cast<A>(p[i]) * static_cast<A>(g[i]);
-  const T t = static_cast<T>(dot);
-  for (std::size_t i = 0; i < n; ++i) g[i] = p[i] * (g[i] - t);
+  softmax_backward_group<1, T, A>(p, g, n);
 }
 
 // ---- GELU over arrays (the rules are in vit_lane_rules.inc) ----
@@ -289,16 +255,7 @@ void softmax_backward_rows(const T* p, T* g, std::size_t rows, std::size_t n) {
 
 // ---- bias and residual adds ----
 
-// y[j] += b[j] over one row of n.
-template <class T>
-PARTRAIN_HOST_DEVICE void add_bias_row(T* y, const T* b, std::size_t n) {
-  for (std::size_t j = 0; j < n; ++j) y[j] += b[j];
-}
-// sums[j] += g[j] over one row of n: a bias's gradient is the sum over rows (kept in A).
-template <class T, class A = double>
-PARTRAIN_HOST_DEVICE void add_row_to_sums(const T* g, std::size_t n, A* sums) {
-  for (std::size_t j = 0; j < n; ++j) sums[j] += static_cast<A>(g[j]);
-}
+// (add_bias_row and add_row_to_sums, one row each, are in vit_lane_rules.inc.)
 // out[i] = x[i] + branch[i] (a residual connection; out may be branch).
 template <class T>
 PARTRAIN_HOST_DEVICE void residual_add(const T* x, const T* branch, T* out, std::size_t n) {

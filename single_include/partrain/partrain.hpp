@@ -13702,12 +13702,11 @@ class state_writer {
   template <class T>
     requires std::is_trivially_copyable_v<T>
   void put(const T& v) {
-    const auto* p = reinterpret_cast<const std::byte*>(&v);
-    bytes_.insert(bytes_.end(), p, p + sizeof(T));
+    append(&v, sizeof(T));
   }
   void put_bytes(std::span<const std::byte> b) {
     put(static_cast<std::uint64_t>(b.size()));
-    bytes_.insert(bytes_.end(), b.begin(), b.end());
+    append(b.data(), b.size());
   }
   void put_string(std::string_view s) { put_bytes(std::as_bytes(std::span(s.data(), s.size()))); }
   // An array whose element count the reader checks against what it expects.
@@ -13720,6 +13719,14 @@ class state_writer {
   [[nodiscard]] std::vector<std::byte> release() noexcept { return std::move(bytes_); }
 
  private:
+  // resize + memcpy, not vector::insert: GCC 12 at -O3 (nvcc's host pass) warns, wrongly, that
+  // insert's memmove may get the empty vector's null pointer.
+  void append(const void* p, std::size_t n) {
+    if (n == 0) return;
+    const std::size_t at = bytes_.size();
+    bytes_.resize(at + n);
+    std::memcpy(bytes_.data() + at, p, n);
+  }
   std::vector<std::byte> bytes_;
 };
 
@@ -23627,13 +23634,34 @@ class replica_group {
     }
   }
 
-  // Says this replica finished the job (every member calls it after its last step).
+  // Says this replica finished the job (every member calls it after its last step). The members
+  // first agree that each committed the last step (one 8-byte all-reduce): a member whose last step
+  // failed where this one's committed has left the group, so the agreement fails here; this
+  // replica then joins the next quorum, where that member heals from it, and they agree again. When
+  // no quorum forms any more (the lighthouse gave the job up, or only this replica is left), this
+  // replica ends as it is: it committed the last step, so its state is the job's.
   void finish() {
     // The members agreed on a newer quorum at the job's last round: form it still, so a replica
     // it admits receives the final state instead of waiting for peers that are done.
     if (!group_ && switching_) {
       if (const auto text = detail::ft::peek(*store_, detail::ft::quorum_key(want_))) {
         if (const auto q = quorum::decode(*text); q.slot_of(opts_.replica) >= 0) (void)form(q);
+      }
+    }
+    while (group_) {
+      try {
+        std::int64_t last = step_;
+        group_->all_reduce(tensor_view<std::int64_t>(&last, 1), reduce_op::min).wait();
+        break;
+      } catch (const communication_error& e) {
+        fail("the last step's agreement: " + std::string(e.what()));
+      }
+      try {
+        if (!join()) break;
+      } catch (const communication_error& e) {
+        log_info("replica " + std::to_string(opts_.replica) + " ends at step " + std::to_string(step_) +
+                 " without the last step's agreement: " + detail::unprefixed(e.what()));
+        break;
       }
     }
     finished_ = true;

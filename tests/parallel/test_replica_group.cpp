@@ -226,6 +226,61 @@ TEST_CASE("replica_group on threads: with no spare left the survivors wait, then
   CHECK_THAT(error, Catch::Contains("replica 0 waited 1000 ms for a quorum after quorum 0 failed"));
 }
 
+TEST_CASE("replica_group on threads: a last step that commits on one member and fails on the other still ends "
+          "with both at the job's end", "[parallel][ft][threads]") {
+  // Two slots, no spare. Replica 1's last step fails after its all-reduce completed everywhere
+  // (its peer commits and finishes): the last step's agreement fails on replica 0, which joins the
+  // next quorum, where replica 1 heals from it.
+  constexpr int steps = 6;
+  auto s = std::make_shared<testing::memory_store>();
+  lighthouse lh(s, {.replicas = 2, .policy = {.slots = 2}, .heartbeat_timeout = 400ms, .join_timeout = 5s, .tick = 5ms,
+                    .recovery_timeout = 3s});
+  local_group_registry registry({.timeout = 3000ms});
+  replica_outcome out[2];
+  {
+    std::vector<std::jthread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        auto& o = out[r];
+        toy_model m;
+        try {
+          replica_group rg(s, [&](std::int64_t id, int rank, int size) { return registry.make(id, rank, size); }, m.io(),
+                           {.replica = r, .heartbeat_interval = 20ms, .quorum_timeout = 10s});
+          bool failed_once = false;
+          while (rg.current_step() < steps) {
+            if (!rg.step(
+                    [&](process_group& g, int slot, std::int64_t step) {
+                      m.compute(g, slot, step);
+                      if (r == 1 && step == steps - 1 && !failed_once) {
+                        failed_once = true;
+                        throw communication_error("injected: the last step's collective failed on replica 1 alone");
+                      }
+                    },
+                    [&] { m.apply(2); }))
+              break;
+          }
+          o.trained = rg.current_step() == steps && rg.slot() >= 0;
+          rg.finish();
+          o.failures = rg.failures();
+          o.heals = rg.heals();
+          o.w = m.w;
+        } catch (const std::exception& e) {
+          o.error = e.what();
+        }
+      });
+    }
+  }
+  const auto want = fault_free(2, steps);
+  for (int r = 0; r < 2; ++r) {
+    INFO("replica " << r << ": " << out[r].error);
+    CHECK(out[r].error.empty());
+    CHECK(out[r].trained);
+    CHECK(out[r].w == want);
+    CHECK(out[r].failures == 1);  // replica 1 its last step; replica 0 the agreement
+  }
+  CHECK(out[1].heals == 1);
+}
+
 namespace {
 
 // `started` replicas (ids 0 ..) as threads under a lighthouse of `lo`, each training 10 steps of

@@ -231,6 +231,30 @@ double max_difference(const std::vector<float>& a, const std::vector<float>& b) 
   return d;
 }
 
+// A job that lost replica `lost_replica` and whose spare `spare` took its slot ended as the clean
+// job did: every other replica finished on the clean parameters, bit for bit, the spare healed
+// once, and every epoch trained every example once with the clean run's loss (which fell).
+void check_spare_run(const job_result& clean, const job_result& lost, int lost_replica, int spare) {
+  for (int r = 0; r < static_cast<int>(lost.replicas.size()); ++r) {
+    if (r == lost_replica) continue;
+    const auto& o = lost.replicas[static_cast<std::size_t>(r)];
+    INFO("replica " << r << ": " << o.error);
+    CHECK(o.finished);
+    CHECK(o.w == clean.replicas[0].w);
+  }
+  CHECK(lost.replicas[static_cast<std::size_t>(lost_replica)].ended);
+  CHECK(lost.replicas[static_cast<std::size_t>(spare)].heals == 1);
+  for (const auto* job : {&clean, &lost}) {
+    REQUIRE(job->epochs.size() == 3);
+    for (std::size_t e = 0; e < 3; ++e) {
+      CHECK(job->epochs[e].epoch == e + 1);
+      CHECK(job->epochs[e].trained == examples);
+      CHECK(job->epochs[e].train_loss == clean.epochs[e].train_loss);
+    }
+  }
+  CHECK(clean.epochs[2].train_loss < clean.epochs[0].train_loss);  // it learns
+}
+
 }  // namespace
 
 TEST_CASE("replica_trainer: a spare takes a lost replica's slot and the run ends bit-identical to one without failures",
@@ -247,24 +271,7 @@ TEST_CASE("replica_trainer: a spare takes a lost replica's slot and the run ends
   CHECK(clean.replicas[1].w == clean.replicas[0].w);
   // The replicas' step is one process's step on the global batch, up to float rounding.
   CHECK(max_difference(clean.replicas[0].w, one_process(2)) < 1e-5);
-  for (const int r : {0, 2}) {
-    const auto& o = lost.replicas[static_cast<std::size_t>(r)];
-    INFO("replica " << r << ": " << o.error);
-    CHECK(o.finished);
-    CHECK(o.w == clean.replicas[0].w);
-  }
-  CHECK(lost.replicas[1].ended);
-  CHECK(lost.replicas[2].heals == 1);
-  // Every epoch trained every example once, and reported the same loss as the clean run.
-  for (const auto* job : {&clean, &lost}) {
-    REQUIRE(job->epochs.size() == 3);
-    for (std::size_t e = 0; e < 3; ++e) {
-      CHECK(job->epochs[e].epoch == e + 1);
-      CHECK(job->epochs[e].trained == examples);
-      CHECK(job->epochs[e].train_loss == clean.epochs[e].train_loss);
-    }
-  }
-  CHECK(clean.epochs[2].train_loss < clean.epochs[0].train_loss);  // it learns
+  check_spare_run(clean, lost, 1, 2);
 }
 
 TEST_CASE("replica_trainer: a dynamic world that loses a member trains every row of every epoch once",
@@ -346,22 +353,7 @@ TEST_CASE("replica_trainer in rounds of local steps: local SGD and DiLoCo are th
     const job_result lost = run_job(4, fixed, 3, [](int r, std::int64_t s) { return r == 1 && s == 4; }, local);
     REQUIRE(clean.replicas[0].w.size() == features * classes + classes);
     CHECK(max_difference(clean.replicas[0].w, rounds_reference(3, local)) < 1e-5);
-    for (const int r : {0, 2, 3}) {
-      const auto& o = lost.replicas[static_cast<std::size_t>(r)];
-      INFO("replica " << r << ": " << o.error);
-      CHECK(o.finished);
-      CHECK(o.w == clean.replicas[0].w);
-    }
-    CHECK(lost.replicas[1].ended);
-    CHECK(lost.replicas[3].heals == 1);
-    for (const auto* job : {&clean, &lost}) {
-      REQUIRE(job->epochs.size() == 3);
-      for (std::size_t e = 0; e < 3; ++e) {
-        CHECK(job->epochs[e].trained == examples);
-        CHECK(job->epochs[e].train_loss == clean.epochs[e].train_loss);
-      }
-    }
-    CHECK(clean.epochs[2].train_loss < clean.epochs[0].train_loss);
+    check_spare_run(clean, lost, 1, 3);
   }
 }
 
