@@ -112,10 +112,8 @@ class replica_trainer {
     batches_ = (n_ + global_ - 1) / global_;
     rounds_ = (batches_ + o_.sync_every - 1) / o_.sync_every;
     if (local()) {
-      for (auto&& p : model_.parameters()) {
-        const auto v = p.value();
-        committed_.insert(committed_.end(), v.begin(), v.end());
-      }
+      for (auto&& p : model_.parameters()) committed_.resize(committed_.size() + p.value().size());
+      keep_values();
       state_writer w;
       opt_.save_state(w);
       initial_inner_ = w.release();
@@ -152,12 +150,7 @@ class replica_trainer {
                   epoch_rows_ = e.sampler_position;
                   unpack(e.user);
                   if (local()) {
-                    std::size_t at = 0;
-                    for (auto&& p : model_.parameters()) {
-                      const auto v = p.value();
-                      std::copy(v.begin(), v.end(), committed_.begin() + static_cast<std::ptrdiff_t>(at));
-                      at += v.size();
-                    }
+                    keep_values();
                     dirty_ = false;
                     holder_ = -1;  // the optimizer holds the sender's slot's state: the next round loads this slot's
                   }
@@ -201,8 +194,8 @@ class replica_trainer {
     return {epoch, epoch * batches_ + b, first, std::min(global_, n_ - first)};
   }
 
-  // The rows `mine` of batch g trained on this replica (its loss, mean over those rows); the
-  // gradients are zeroed when it has none.
+  // The rows `mine` of global batch gb through the model's train_step (returns their mean loss);
+  // the gradients are zeroed when there are none.
   double train_rows(const global_batch& gb, replica_rows_range mine) {
     if constexpr (requires { opt_.set_lr(1.0); }) {
       if (o_.lr) opt_.set_lr(o_.lr(gb.index, gb.epoch));
@@ -310,8 +303,10 @@ class replica_trainer {
     g.all_gather(tensor_view<const std::int64_t>(&size, 1), tensor_view<std::int64_t>(sizes)).wait();
     const auto widest = static_cast<std::size_t>(*std::ranges::max_element(sizes));
     std::vector<std::uint8_t> padded(widest), all(widest * members);
-    std::memcpy(padded.data(), mine.data(), mine.size());
-    g.all_gather(tensor_view<const std::uint8_t>(padded), tensor_view<std::uint8_t>(all)).wait();
+    if (widest > 0) {  // an optimizer without state (plain SGD) has nothing to send
+      std::memcpy(padded.data(), mine.data(), mine.size());
+      g.all_gather(tensor_view<const std::uint8_t>(padded), tensor_view<std::uint8_t>(all)).wait();
+    }
     gathered_.resize(members);
     for (std::size_t k = 0; k < members; ++k) {
       const auto* from = reinterpret_cast<const std::byte*>(all.data() + k * widest);
@@ -319,15 +314,28 @@ class replica_trainer {
     }
   }
 
-  // Back to the last committed round's parameters when a round's local steps changed them.
-  void roll_back() {
-    if (!dirty_) return;
+  // The parameters' values into committed_, and back.
+  void keep_values() {
+    std::size_t at = 0;
+    for (auto&& p : model_.parameters()) {
+      const auto v = p.value();
+      std::copy(v.begin(), v.end(), committed_.begin() + static_cast<std::ptrdiff_t>(at));
+      at += v.size();
+    }
+  }
+  void restore_values() {
     std::size_t at = 0;
     for (auto&& p : model_.parameters()) {
       auto v = p.value();
       std::copy_n(committed_.begin() + static_cast<std::ptrdiff_t>(at), v.size(), v.begin());
       at += v.size();
     }
+  }
+
+  // Back to the last committed round's parameters when a round's local steps changed them.
+  void roll_back() {
+    if (!dirty_) return;
+    restore_values();
     dirty_ = false;
     holder_ = -1;  // the optimizer stepped too
   }
@@ -340,22 +348,12 @@ class replica_trainer {
       const std::vector<float> mean(reduced_.begin(), reduced_.begin() + static_cast<std::ptrdiff_t>(committed_.size()));
       for (std::size_t i = 0; i < committed_.size(); ++i) delta_[i] = committed_[i] - mean[i];  // old minus new
       reduced_.erase(reduced_.begin(), reduced_.begin() + static_cast<std::ptrdiff_t>(committed_.size()));
-      std::size_t at = 0;
-      for (auto&& p : model_.parameters()) {
-        auto v = p.value();
-        std::copy_n(committed_.begin() + static_cast<std::ptrdiff_t>(at), v.size(), v.begin());
-        at += v.size();
-      }
+      restore_values();
       outer_->step();
       step_loss_ = reduced_[0];
       step_rows_ = reduced_[1];
     }
-    std::size_t at = 0;
-    for (auto&& p : model_.parameters()) {
-      const auto v = p.value();
-      std::copy(v.begin(), v.end(), committed_.begin() + static_cast<std::ptrdiff_t>(at));
-      at += v.size();
-    }
+    keep_values();
     inner_.swap(gathered_);
     dirty_ = false;  // holder_ stays: the optimizer holds this slot's state, as gathered
   }
