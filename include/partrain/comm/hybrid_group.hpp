@@ -30,9 +30,7 @@ class hybrid_group final : public process_group {
   // host_memory: a group that takes host memory; device_memory: one of the same ranks that takes
   // CUDA memory. Both are owned; the device group is destroyed first.
   hybrid_group(std::unique_ptr<process_group> host_memory, std::unique_ptr<process_group> device_memory)
-      : process_group(checked(host_memory, device_memory), device_memory->size(), host_memory->options()),
-        host_(std::move(host_memory)), device_(std::move(device_memory)),
-        name_(std::string(host_->backend()) + "+" + std::string(device_->backend())) {}
+      : hybrid_group(checked(host_memory, device_memory), std::move(host_memory), std::move(device_memory)) {}
 
   [[nodiscard]] std::string_view backend() const noexcept override { return name_; }
   [[nodiscard]] bool accepts(device_kind) const noexcept override { return true; }
@@ -69,8 +67,16 @@ class hybrid_group final : public process_group {
   }
 
  private:
-  // The rank both groups agree on, or a config_error naming what does not fit.
-  static int checked(const std::unique_ptr<process_group>& host, const std::unique_ptr<process_group>& device) {
+  // The groups, checked before anything reads them (the references are moved from only after).
+  hybrid_group(const process_group& checked_host, std::unique_ptr<process_group>&& host_memory,
+               std::unique_ptr<process_group>&& device_memory)
+      : process_group(checked_host.rank(), checked_host.size(), checked_host.options()),
+        host_(std::move(host_memory)), device_(std::move(device_memory)),
+        name_(std::string(host_->backend()) + "+" + std::string(device_->backend())) {}
+
+  // The host group, once both are known to fit; else a config_error naming what does not.
+  static const process_group& checked(const std::unique_ptr<process_group>& host,
+                                      const std::unique_ptr<process_group>& device) {
     if (!host || !device) throw invalid_argument_error("hybrid_group: a group is null (expected a host group and a device group)");
     if (!host->accepts(device_kind::cpu)) {
       throw config_error("hybrid_group: the host group (" + std::string(host->backend()) +
@@ -85,7 +91,7 @@ class hybrid_group final : public process_group {
                          std::to_string(host->size()) + " and the device group rank " + std::to_string(device->rank()) +
                          " of " + std::to_string(device->size()) + " (expected the same ranks)");
     }
-    return host->rank();
+    return *host;
   }
 
   // Host memory to the host group, CUDA memory to the device group, through their typed calls (so
