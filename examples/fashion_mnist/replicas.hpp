@@ -44,6 +44,10 @@ inline void refuse_for_replicas(const options& o) {
   if (o.sync == "local-sgd" && o.warmup_steps > 0) refuse("--warmup-steps", "is not offered: the rounds start at once");
   if (o.sync == "local-sgd" && o.ranks_per_host > 0) refuse("--ranks-per-host", "is not offered: a replica is one rank");
   if (o.sync == "diloco" && o.outer_bits != 32) refuse("--outer-bits", "is not offered: the average travels in 32 bits");
+  if ((o.sync == "local-sgd" && o.period == 1) || (o.sync == "diloco" && o.inner_steps == 1)) {
+    refuse("--sync " + o.sync + " with rounds of 1 batch",
+           "is not offered: a replica's step of one batch sums the gradients (use --sync ddp, or rounds of 2 or more)");
+  }
   if (o.tp > 1) refuse("--tp", "is not offered: tensor parallel groups cannot change at a step boundary yet");
   if (o.deterministic > 0) refuse("--deterministic", "is not offered with replicas");
   if (o.accumulate > 1) refuse("--accumulate", "is not offered: a replica's step is one batch");
@@ -68,6 +72,10 @@ void train_replica(Model& model, const replica_launch& launch, const options& o,
   const std::size_t slots = static_cast<std::size_t>(fixed ? launch.policy.slots : launch.replicas);
   const std::size_t global = o.batch_size * slots, per_epoch = (data.n_train + global - 1) / global;
   const std::size_t warmup = o.lr_warmup > 0 ? static_cast<std::size_t>(o.lr_warmup) : 0;
+  // --sync local-sgd / diloco: rounds of --period / --inner-steps batches, each slot stepping alone.
+  const std::size_t sync_every = o.sync == "local-sgd" ? static_cast<std::size_t>(o.period)
+                                 : o.sync == "diloco"  ? static_cast<std::size_t>(o.inner_steps)
+                                                       : 1;
   const char* kill_at = std::getenv("PARTRAIN_EXAMPLE_KILL_AT_STEP");  // the tests' fault: RANK 1 dies there
   replica_group* live = nullptr;  // the group below, once built: a replacement (healed) must not die again
 
@@ -89,9 +97,7 @@ void train_replica(Model& model, const replica_launch& launch, const options& o,
            ::raise(SIGKILL);
          }
        },
-       .sync_every = o.sync == "local-sgd" ? static_cast<std::size_t>(o.period)
-                     : o.sync == "diloco"  ? static_cast<std::size_t>(o.inner_steps)
-                                           : 1,
+       .sync_every = sync_every,
        .outer = o.sync == "diloco" ? std::optional<sgd_options>(sgd_options{.lr = o.outer_lr,
                                                                              .momentum = o.outer_momentum,
                                                                              .nesterov = o.outer_momentum > 0})
@@ -101,9 +107,8 @@ void train_replica(Model& model, const replica_launch& launch, const options& o,
                    {.replica = me, .on_event = replica_event_sink(me, metrics ? &*metrics : nullptr, nullptr)});
   live = &rg;
   if (me == 0) {
-    const std::string rounds = trainer.steps_per_epoch() == trainer.batches_per_epoch()
-                                   ? std::string()
-                                   : ", " + o.sync + " rounds of " + std::to_string(o.sync == "diloco" ? o.inner_steps : o.period) + " batches";
+    const std::string rounds =
+        sync_every == 1 ? std::string() : ", " + o.sync + " rounds of " + std::to_string(sync_every) + " batches";
     std::printf("fashion_mnist: fault-tolerant data parallel%s, %s, %zu slot(s)%s, global batch %zu, lr %g, %zu epochs, "
                 "%zu/%zu examples\n", rounds.c_str(), model_name(o), slots,
                 fixed ? " (spares wait)" : " (dynamic: any members present)", global, o.lr, o.epochs, data.n_train,

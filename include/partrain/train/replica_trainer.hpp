@@ -48,6 +48,7 @@
 #include <partrain/parallel/diloco.hpp>
 #include <partrain/parallel/replica_group.hpp>
 #include <partrain/train/checkpoint.hpp>
+#include <partrain/train/replica_state.hpp>
 
 namespace partrain::inline v0 {
 
@@ -135,20 +136,22 @@ class replica_trainer {
   // What replica_group sends a joining replica, as a checkpoint's bytes: the model and the
   // optimizer, this trainer's counters of the epoch in progress (rows trained, loss sum) and, in
   // rounds, the outer optimizer's state and every slot's inner optimizer state, all as committed.
+  // replica_state_of's bytes, with this trainer's part in their extra.
   [[nodiscard]] replica_state_io state() {
+    replica_state_io io = replica_state_of(model_, opt_, &extra_);
     return {.save =
-                [this] {
+                [this, save = std::move(io.save)] {
                   roll_back();  // a failed round's local steps are not the job's state
-                  checkpoint_extra e;
-                  e.sampler_position = epoch_rows_;
-                  e.user = pack();
-                  return checkpoint_bytes(model_, opt_, e);
+                  extra_ = {};
+                  extra_.sampler_position = epoch_rows_;
+                  extra_.user = pack();
+                  return save();
                 },
             .load =
-                [this](std::span<const std::byte> bytes) {
-                  const checkpoint_extra e = load_checkpoint_bytes(bytes, model_, opt_, "a healthy replica's state");
-                  epoch_rows_ = e.sampler_position;
-                  unpack(e.user);
+                [this, load = std::move(io.load)](std::span<const std::byte> bytes) {
+                  load(bytes);
+                  epoch_rows_ = extra_.sampler_position;
+                  unpack(extra_.user);
                   if (local()) {
                     keep_values();
                     dirty_ = false;
@@ -345,13 +348,12 @@ class replica_trainer {
     if (!o_.outer) {
       scatter_reduced(values);
     } else {
-      const std::vector<float> mean(reduced_.begin(), reduced_.begin() + static_cast<std::ptrdiff_t>(committed_.size()));
-      for (std::size_t i = 0; i < committed_.size(); ++i) delta_[i] = committed_[i] - mean[i];  // old minus new
-      reduced_.erase(reduced_.begin(), reduced_.begin() + static_cast<std::ptrdiff_t>(committed_.size()));
+      const std::size_t n = committed_.size();  // reduced_: the average, then the loss sum and rows
+      for (std::size_t i = 0; i < n; ++i) delta_[i] = committed_[i] - reduced_[i];  // old minus new
+      step_loss_ = reduced_[n];
+      step_rows_ = reduced_[n + 1];
       restore_values();
       outer_->step();
-      step_loss_ = reduced_[0];
-      step_rows_ = reduced_[1];
     }
     keep_values();
     inner_.swap(gathered_);
@@ -416,6 +418,7 @@ class replica_trainer {
   std::size_t global_ = 0, batches_ = 0, rounds_ = 0;
   std::uint64_t epoch_rows_ = 0;  // the epoch's committed steps: rows trained, and their loss sum
   double epoch_loss_ = 0;
+  checkpoint_extra extra_;  // those counters and pack()'s bytes, as a joiner's state carries them
   std::vector<std::size_t> rows_;
   std::vector<float> features_, reduced_;
   std::vector<std::int32_t> labels_;
