@@ -242,13 +242,16 @@ TEST_CASE("ddp: a user-supplied hook sees every bucket in order and its result i
 TEST_CASE("ddp: waiting on a chained work runs its source on the waiter where the executor allows",
           "[parallel][ddp][hooks]") {
   // DDP waits on then_work(all_reduce, ...): the wait reaches the all_reduce's own offer, so a
-  // Gloo collective not yet started runs on the training thread, then the chained step. A fresh
-  // executor's worker is still starting, so the waiter wins nearly every time (see test_work).
+  // Gloo collective not yet started runs on the training thread, then the chained step. Who wins
+  // is a race with a fresh executor's starting worker, usually the waiter; under TSan on a busy
+  // machine the worker won 50 in a row once, so a waiting::runs executor gets up to 2000 tries
+  // to show the waiter winning one (see test_work), a blocking one 50 to show it never does.
   using waiting = detail::executor::waiting;
   for (const waiting mode : {waiting::runs, waiting::blocks}) {
     CAPTURE(mode == waiting::runs);
     int source_here = 0, after_here = 0;
-    for (int i = 0; i < 50; ++i) {
+    const int tries = mode == waiting::runs ? 2000 : 50;
+    for (int i = 0; i < tries && !(mode == waiting::runs && source_here > 0); ++i) {
       detail::executor ex(1, detail::executor::abandoned_operation, mode);
       std::thread::id source_on, after_on;
       work chained = detail::then_work(ex.submit([&] { source_on = std::this_thread::get_id(); }),
