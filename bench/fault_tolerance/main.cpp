@@ -3,6 +3,8 @@
 //   quorum_overhead  the fault-free cost of replica_group's step (its commit round, the heartbeat
 //                    thread) as a fraction of plain DDP's step: 2 ranks as threads, collectives
 //                    inline on pinned ranks (the main job's backend), alternated windows, medians
+//   trainer_overhead the same for replica_trainer, the loop the example runs (its rows fetched from
+//                    a dataset, its loss and rows counted in the step's reduction)
 //   recovery_s       2 slots + 1 spare as Gloo processes over loopback; slot 1's process SIGKILLs
 //                    itself mid-run: seconds from the kill to the next step slot 0 commits (median
 //                    of the runs), with the spare's heal (bytes, seconds) and the steps redone
@@ -34,6 +36,7 @@
 #include <partrain/comm/gloo.hpp>
 #include <partrain/launch/process.hpp>
 #include <partrain/comm/local.hpp>
+#include <partrain/data/in_memory_dataset.hpp>
 #include <partrain/data/batch.hpp>
 #include <partrain/model/sequential.hpp>
 #include <partrain/optim/adamw.hpp>
@@ -43,6 +46,7 @@
 #include <partrain/parallel/lighthouse.hpp>
 #include <partrain/parallel/replica_group.hpp>
 #include <partrain/train/replica_state.hpp>
+#include <partrain/train/replica_trainer.hpp>
 #include <partrain/rendezvous/tcp_store.hpp>
 #include <partrain/rendezvous/tcp_store_server.hpp>
 
@@ -96,8 +100,13 @@ struct ddp_in_quorum {
 
 tcp_store_options client(std::uint16_t port) { return {.port = port, .timeout = 30s, .reconnect_timeout = 1s}; }
 
-// Seconds per step on rank 0: plain DDP, or DDP inside replica_group.
-double window(bool ft, std::size_t steps, const rows& data) {
+// The loops a window times: plain DDP, DDP inside replica_group (a hand-written step), and
+// replica_trainer (the loop the example runs: its rows fetched from a dataset, its loss counted).
+enum class loop { plain, in_group, trainer };
+
+// Seconds per step on rank 0 of a window of `steps` steps (after one untimed step).
+double window(loop kind, std::size_t steps, const rows& data) {
+  const bool ft = kind != loop::plain;
   process_group_options o;
   o.inline_collectives = o.pin_threads = true;
   std::optional<tcp_store_server> server;
@@ -127,8 +136,25 @@ double window(bool ft, std::size_t steps, const rows& data) {
       secs[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(steps);
       return;
     }
-    replica_group rg(std::make_shared<tcp_store>(client(server->port())),
-                     [&](std::int64_t id, int rank, int size) { return registry.make(id, rank, size); }, replica_state_of(model, opt),
+    auto groups = [&](std::int64_t id, int rank, int size) { return registry.make(id, rank, size); };
+    if (kind == loop::trainer) {
+      // One epoch of steps + 1 global batches of the same 128 rows (the step's cost does not depend
+      // on which rows); the clock starts at step 1.
+      host_buffer<float> x(shape{data.y.size(), 784});
+      std::copy(data.x.begin(), data.x.end(), x.data());
+      const in_memory_dataset set(std::move(x), data.y, 10);
+      std::chrono::steady_clock::time_point t0;
+      replica_trainer trainer(model, opt, set,
+                              {.batch_size = per_rank, .slots = 2, .epochs = steps + 1, .before_step = [&](std::int64_t s) {
+                                 if (s == 1) t0 = std::chrono::steady_clock::now();
+                               }});
+      replica_group rg(std::make_shared<tcp_store>(client(server->port())), groups, trainer.state(), {.replica = g.rank()});
+      trainer.run(rg);
+      secs[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(steps);
+      rg.finish();
+      return;
+    }
+    replica_group rg(std::make_shared<tcp_store>(client(server->port())), groups, replica_state_of(model, opt),
                      {.replica = g.rank()});
     ddp_in_quorum<mlp> d{model, rg};
     auto compute = [&](process_group& pg, int slot, std::int64_t) { (void)d.step(pg, data.of(slot)); };
@@ -322,18 +348,22 @@ int main(int argc, char** argv) {
     }
   }
   const rows data(2);
-  std::vector<double> plain, ft;
+  std::vector<double> plain, ft, trained;
   for (std::size_t w = 0; w < windows; ++w) {  // alternated
-    plain.push_back(window(false, steps, data));
-    ft.push_back(window(true, steps, data));
+    plain.push_back(window(loop::plain, steps, data));
+    ft.push_back(window(loop::in_group, steps, data));
+    trained.push_back(window(loop::trainer, steps, data));
   }
   const double overhead = median(ft) / median(plain) - 1.0;
+  const double trainer_overhead = median(trained) / median(plain) - 1.0;
   std::printf("fault-free step, 2 ranks (threads, inline collectives), %zu rows per rank, DDP + SGD; medians of %zu alternated windows of %zu steps\n\n",
               per_rank, windows, steps);
   std::printf("%-28s %12s\n", "loop", "ms/step");
   std::printf("%-28s %12.4f\n", "plain DDP", median(plain) * 1e3);
   std::printf("%-28s %12.4f\n", "DDP in replica_group", median(ft) * 1e3);
-  std::printf("%-28s %12.4f\n\n", "overhead (fraction)", overhead);
+  std::printf("%-28s %12.4f\n", "replica_trainer", median(trained) * 1e3);
+  std::printf("%-28s %12.4f\n", "overhead (fraction)", overhead);
+  std::printf("%-28s %12.4f\n\n", "trainer's (fraction)", trainer_overhead);
 
   std::printf("recovery: 2 slots + 1 spare (gloo processes), slot 1 SIGKILLed; heartbeat 100 ms, timeout 1000 ms\n\n");
   std::printf("%-5s %10s %12s %12s %12s %14s\n", "run", "kill step", "recovery s", "heal s", "heal bytes", "steps redone");
@@ -373,7 +403,7 @@ int main(int argc, char** argv) {
   std::printf("\nheal of the example's ViT (parameters and AdamW state as checkpoint bytes), 2 slots + 1 spare as threads\n\n");
   std::printf("%-24s %10s %12s\n", "model", "heal s", "heal bytes");
   std::printf("%-24s %10.4f %12lld\n", "ViT dim 64, 4 blocks", vit.seconds, static_cast<long long>(vit.bytes));
-  std::printf("summary: quorum_overhead=%.4f recovery_s=%.3f restart_s=%.3f vit_heal_s=%.4f\n", overhead, median(recoveries),
-              restart_s, vit.seconds);
+  std::printf("summary: quorum_overhead=%.4f trainer_overhead=%.4f recovery_s=%.3f restart_s=%.3f vit_heal_s=%.4f\n",
+              overhead, trainer_overhead, median(recoveries), restart_s, vit.seconds);
   return 0;
 }

@@ -51,6 +51,10 @@ inline void refuse_for_replicas(const options& o) {
   if (o.tp > 1) refuse("--tp", "is not offered: tensor parallel groups cannot change at a step boundary yet");
   if (o.deterministic > 0) refuse("--deterministic", "is not offered with replicas");
   if (o.accumulate > 1) refuse("--accumulate", "is not offered: a replica's step is one batch");
+  if (o.bucket_kb > 0) {
+    refuse("--bucket-kb " + std::to_string(o.bucket_kb),
+           "is not offered: a replica's step reduces its gradients, loss and rows in one all-reduce, after the backward");
+  }
   if (o.device != "cpu") refuse("--device " + o.device, "is not offered: the replicas train on the host");
   if (o.precision != "fp32") refuse("--precision " + o.precision, "is not offered: a grad scaler's state is not sent yet");
   if (o.backend != "gloo") refuse("--backend " + o.backend, "is not offered: the quorums' groups are gloo groups");

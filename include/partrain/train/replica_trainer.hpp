@@ -227,12 +227,16 @@ class replica_trainer {
   // sum and rows, which ride along in the same all-reduce.
   template <class Get>
   void gather_scaled(Get get, float scale, double loss_sum, std::size_t rows) {
-    reduced_.clear();
+    std::size_t n = 0;
+    for (auto&& p : model_.parameters()) n += get(p).size();
+    reduced_.resize(n + 2);
+    auto out = reduced_.begin();
     for (auto&& p : model_.parameters()) {
-      for (const float v : get(p)) reduced_.push_back(v * scale);
+      const auto t = get(p);
+      out = std::transform(t.begin(), t.end(), out, [scale](float v) { return v * scale; });  // vectorized, unlike push_back
     }
-    reduced_.push_back(static_cast<float>(loss_sum));
-    reduced_.push_back(static_cast<float>(rows));
+    reduced_[n] = static_cast<float>(loss_sum);
+    reduced_[n + 1] = static_cast<float>(rows);
   }
   // The all-reduced values back into every parameter's values (or gradients); the loss and rows.
   template <class Get>
