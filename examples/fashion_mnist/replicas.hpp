@@ -65,6 +65,26 @@ inline void refuse_for_replicas(const options& o) {
   if (!o.trace.empty()) refuse("--trace", "is not offered with replicas yet (each replica's events go to --metrics)");
 }
 
+// The tests' faults: PARTRAIN_EXAMPLE_KILL_AT_STEP=k (replica 1 SIGKILLs itself before step k), or
+// a list R:k,R:k,... (replica R before step k). The step `replica` dies at; -1: none. A replica
+// that healed in (a replacement keeps the lost process's RANK) never dies again.
+[[nodiscard]] inline std::int64_t injected_failure_step(int replica) {
+  const char* env = std::getenv("PARTRAIN_EXAMPLE_KILL_AT_STEP");
+  if (!env) return -1;
+  const std::string_view list = env;
+  if (list.find(':') == std::string_view::npos) return replica == 1 ? std::strtoll(env, nullptr, 10) : -1;
+  for (std::size_t at = 0; at < list.size();) {
+    const std::size_t end = std::min(list.find(',', at), list.size());
+    const std::string item(list.substr(at, end - at));
+    const std::size_t colon = item.find(':');
+    if (colon != std::string::npos && std::strtol(item.c_str(), nullptr, 10) == replica) {
+      return std::strtoll(item.c_str() + colon + 1, nullptr, 10);
+    }
+    at = end + 1;
+  }
+  return -1;
+}
+
 template <class Model>
 void train_replica(Model& model, const replica_launch& launch, const options& o, const datasets& data) {
   const int me = launch.replica;
@@ -80,7 +100,7 @@ void train_replica(Model& model, const replica_launch& launch, const options& o,
   const std::size_t sync_every = o.sync == "local-sgd" ? static_cast<std::size_t>(o.period)
                                  : o.sync == "diloco"  ? static_cast<std::size_t>(o.inner_steps)
                                                        : 1;
-  const char* kill_at = std::getenv("PARTRAIN_EXAMPLE_KILL_AT_STEP");  // the tests' fault: RANK 1 dies there
+  const std::int64_t kill_at = injected_failure_step(me);  // the tests' fault: -1, none for this replica
   replica_group* live = nullptr;  // the group below, once built: a replacement (healed) must not die again
 
   replica_trainer trainer(
@@ -95,8 +115,8 @@ void train_replica(Model& model, const replica_launch& launch, const options& o,
                        : cosine_lr{.base = o.lr, .epochs = o.epochs}(epoch);
        },
        .before_step = [&](std::int64_t step) {
-         if (kill_at && me == 1 && std::strtoll(kill_at, nullptr, 10) == step && live && live->heals() == 0) {
-           std::printf("replica 1: injected failure at step %lld\n", static_cast<long long>(step));
+         if (kill_at == step && live && live->heals() == 0) {
+           std::printf("replica %d: injected failure at step %lld\n", me, static_cast<long long>(step));
            std::fflush(stdout);
            ::raise(SIGKILL);
          }

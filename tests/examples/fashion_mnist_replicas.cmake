@@ -7,18 +7,30 @@
 # - MODE=diloco: as spares, in DiLoCo's rounds of 4 batches (--sync diloco); replica 1 SIGKILLed
 #   at round 5, mid-way through its local steps' round: the spare resumes slot 1's own inner
 #   optimizer state, and the checksum is again the one without the kill.
+# - MODE=two_kills: 4 slots and a spare, one replacement allowed; replica 1 SIGKILLed at step 10
+#   (the spare takes its slot, partrun starts a replacement, which waits as a spare), then replica 2
+#   at step 30 (the replacement takes that slot): the other processes never restart, and the
+#   checksum is the one without the kills.
 # All: every epoch reports every training example trained exactly once ("N of N").
-#   cmake -DPARTRUN=partrun -DPROGRAM=fashion_mnist -DMODE=spares|dynamic|diloco -DOUT=dir -P fashion_mnist_replicas.cmake
+#   cmake -DPARTRUN=partrun -DPROGRAM=fashion_mnist -DMODE=spares|dynamic|diloco|two_kills -DOUT=dir -P fashion_mnist_replicas.cmake
 set(fixed_world OFF)
-if(MODE STREQUAL "spares" OR MODE STREQUAL "diloco")
+set(killed 1)
+if(MODE STREQUAL "spares" OR MODE STREQUAL "diloco" OR MODE STREQUAL "two_kills")
   set(fixed_world ON)
   set(examples 3000)
   set(launch --standalone --nproc-per-node 3 --spares 1)
   set(kill_step 20)
   set(absorbed "1 failure\\(s\\) absorbed, 0 replacement\\(s\\) started")
+  set(healers 3)  # the spare took slot 1
   if(MODE STREQUAL "diloco")
     set(rounds --sync diloco --inner-steps 4)
     set(kill_step 5)  # of 16 rounds (8 an epoch)
+  elseif(MODE STREQUAL "two_kills")
+    set(launch --standalone --nproc-per-node 4 --spares 1 --max-replacements 1)
+    set(kill_step "1:10,2:30")  # of 48 steps (24 an epoch)
+    set(killed 1 2)
+    set(absorbed "2 failure\\(s\\) absorbed, 1 replacement\\(s\\) started")
+    set(healers 4 1)  # the spare took slot 1, then replica 1's replacement took slot 2
   endif()
 else()
   set(examples 12000)  # long enough (188 steps) for the replacement to start and join mid-run
@@ -62,9 +74,11 @@ set(ENV{PARTRAIN_EXAMPLE_KILL_AT_STEP} ${kill_step})
 run(faulty --metrics ${events})
 unset(ENV{PARTRAIN_EXAMPLE_KILL_AT_STEP})
 message("${faulty}")
-if(NOT faulty MATCHES "rank 1 \\(pid [0-9]+\\) was killed by signal SIGKILL")
-  message(FATAL_ERROR "replica 1 was not killed")
-endif()
+foreach(r IN LISTS killed)
+  if(NOT faulty MATCHES "rank ${r} \\(pid [0-9]+\\) was killed by signal SIGKILL")
+    message(FATAL_ERROR "replica ${r} was not killed")
+  endif()
+endforeach()
 if(NOT faulty MATCHES "the job finished \\(${absorbed}\\)")
   message(FATAL_ERROR "partrun did not report the absorbed failure (${absorbed})")
 endif()
@@ -73,9 +87,12 @@ if(fixed_world)
   field("${clean}" "final parameter checksum ([0-9a-f]+)" want)
   field("${faulty}" "final parameter checksum ([0-9a-f]+)" got)
   if(NOT got STREQUAL want)
-    message(FATAL_ERROR "with replica 1 lost the job ended at ${got}, without the loss at ${want}")
+    message(FATAL_ERROR "with replica(s) ${killed} lost the job ended at ${got}, without the loss at ${want}")
   endif()
-  set(healed "\"event\":\"healed\",\"replica\":3")  # the spare took slot 1
+  set(healed)
+  foreach(r IN LISTS healers)
+    list(APPEND healed "\"event\":\"healed\",\"replica\":${r}")
+  endforeach()
   message(STATUS "both runs end at ${got}")
 else()
   field("${clean}" "final test_accuracy ([0-9.]+)" want)
@@ -92,7 +109,9 @@ else()
   set(healed "\"event\":\"healed\",\"replica\":1")  # the replacement healed in
   message(STATUS "test accuracy ${got} (replaced) against ${want}")
 endif()
-string(FIND "${recorded}" "${healed}" at)
-if(at EQUAL -1)
-  message(FATAL_ERROR "no ${healed} record in ${events}:\n${recorded}")
-endif()
+foreach(h IN LISTS healed)
+  string(FIND "${recorded}" "${h}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "no ${h} record in ${events}:\n${recorded}")
+  endif()
+endforeach()
