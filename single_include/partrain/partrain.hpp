@@ -18395,6 +18395,22 @@ struct outer_model {
   [[nodiscard]] std::vector<outer_param<T>>& parameters() noexcept { return params; }
 };
 
+// The outer model over `values` (each parameter's values), its gradients views of `delta`,
+// resized to hold them back to back in that order.
+template <class T, class Views>
+[[nodiscard]] outer_model<T> outer_model_over(const Views& values, std::vector<T>& delta) {
+  std::size_t total = 0;
+  for (const auto& v : values) total += v.size();
+  delta.resize(total);
+  outer_model<T> om;
+  std::size_t at = 0;
+  for (const auto& v : values) {
+    om.params.push_back({v, tensor_view<T>(delta.data() + at, v.shape())});
+    at += v.size();
+  }
+  return om;
+}
+
 // The int8 code of x with scale s = max|x| / 127: round to nearest even, clamp to +-127 (-128 is
 // never used, so the code is symmetric), stored as the byte's bits.
 template <class T>
@@ -18774,14 +18790,7 @@ class diloco {
       total += v.size();
     }
     start_.resize(total);
-    delta_.resize(total);
-    detail::diloco::outer_model<T> om;
-    std::size_t k = 0;
-    for (const auto& v : values_.views()) {
-      om.params.push_back({v, tensor_view<T>(delta_.data() + offsets_[k], v.shape())});
-      ++k;
-    }
-    return om;
+    return detail::diloco::outer_model_over(values_.views(), delta_);
   }
 
   // The round's start: the host values as they are now (pulled).
@@ -29801,13 +29810,9 @@ class replica_trainer {
       opt_.save_state(w);
       initial_inner_ = w.release();
       if (o_.outer) {
-        delta_.resize(committed_.size());
-        std::size_t at = 0;
-        for (auto&& p : model_.parameters()) {
-          const auto v = p.value();
-          outer_model_.params.push_back({v, tensor_view<float>(delta_.data() + at, v.shape())});
-          at += v.size();
-        }
+        std::vector<tensor_view<float>> values;
+        for (auto&& p : model_.parameters()) values.push_back(p.value());
+        outer_model_ = detail::diloco::outer_model_over(values, delta_);
         outer_.emplace(outer_model_, *o_.outer);
       }
     }

@@ -119,13 +119,9 @@ class replica_trainer {
       opt_.save_state(w);
       initial_inner_ = w.release();
       if (o_.outer) {
-        delta_.resize(committed_.size());
-        std::size_t at = 0;
-        for (auto&& p : model_.parameters()) {
-          const auto v = p.value();
-          outer_model_.params.push_back({v, tensor_view<float>(delta_.data() + at, v.shape())});
-          at += v.size();
-        }
+        std::vector<tensor_view<float>> values;
+        for (auto&& p : model_.parameters()) values.push_back(p.value());
+        outer_model_ = detail::diloco::outer_model_over(values, delta_);
         outer_.emplace(outer_model_, *o_.outer);
       }
     }
