@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -62,7 +63,6 @@ inline void refuse_for_replicas(const options& o) {
   if (!o.checkpoint.empty()) {
     refuse("--checkpoint", "is not offered: a replica that joins heals from a live one, not from a file");
   }
-  if (!o.trace.empty()) refuse("--trace", "is not offered with replicas yet (each replica's events go to --metrics)");
 }
 
 // The tests' faults: PARTRAIN_EXAMPLE_KILL_AT_STEP=k (replica 1 SIGKILLs itself before step k), or
@@ -85,6 +85,20 @@ inline void refuse_for_replicas(const options& o) {
   return -1;
 }
 
+// --trace FILE (or PARTRAIN_TRACE) under replicas: each replica writes its own events (joins,
+// heals, failures on the recovery track) to FILE with ".replica<R>" before its extension, as no
+// group of every replica is left at the end to merge them over.
+[[nodiscard]] inline trace_recorder replica_trace(const options& o, int replica) {
+  const char* env = std::getenv("PARTRAIN_TRACE");
+  std::filesystem::path path = !o.trace.empty() ? std::filesystem::path(o.trace) : std::filesystem::path(env ? env : "");
+  if (path.empty()) return trace_recorder();
+  const auto ext = path.extension();
+  path.replace_extension();
+  path += ".replica" + std::to_string(replica);
+  path += ext;
+  return trace_recorder(path);
+}
+
 template <class Model>
 void train_replica(Model& model, const replica_launch& launch, const options& o, const datasets& data) {
   const int me = launch.replica;
@@ -92,6 +106,7 @@ void train_replica(Model& model, const replica_launch& launch, const options& o,
   any_optimizer opt = make_optimizer(model, o);
   std::optional<metrics_writer> metrics;
   if (!o.metrics.empty()) metrics.emplace(o.metrics);
+  trace_recorder trace = replica_trace(o, me);
   const bool fixed = launch.policy.mode == world_size_mode::fixed_with_spares;
   const std::size_t slots = static_cast<std::size_t>(fixed ? launch.policy.slots : launch.replicas);
   const std::size_t global = o.batch_size * slots, per_epoch = (data.n_train + global - 1) / global;
@@ -128,7 +143,7 @@ void train_replica(Model& model, const replica_launch& launch, const options& o,
                                    : std::nullopt});
   replica_group rg(launch.connect(), gloo_groups_by_id(launch.connect(), {.timeout = std::chrono::seconds(30)}),
                    trainer.state(),
-                   {.replica = me, .on_event = replica_event_sink(me, metrics ? &*metrics : nullptr, nullptr)});
+                   {.replica = me, .on_event = replica_event_sink(me, metrics ? &*metrics : nullptr, &trace)});
   live = &rg;
   if (me == 0) {
     const std::string rounds =
@@ -154,6 +169,7 @@ void train_replica(Model& model, const replica_launch& launch, const options& o,
     }
   });
   rg.finish();
+  trace.finish_alone(me);
   if (rg.slot() != 0) return;  // slot 0 of the last quorum closes the run
   eval_result r;
   for (auto&& b : whole_test(data)) r += model.eval_step(b);

@@ -280,6 +280,28 @@ TEST_CASE("span names are JSON-escaped in the trace", "[train][trace]") {
   CHECK(found);
 }
 
+TEST_CASE("a process's trace alone: no group, its events under its own id", "[train][trace]") {
+  // What a fault-tolerant replica writes: its groups come and go, so it merges with nobody.
+  trace_recorder off;
+  CHECK_FALSE(off.finish_alone(3));
+  const auto path = temp_path("alone.json");
+  fs::remove(path);
+  trace_recorder rec(path);
+  rec.record("healed", trace_track::recovery, 1000, 5000, "step", 20);
+  REQUIRE(rec.finish_alone(7));
+  CHECK_FALSE(rec.enabled());  // finished: later events are not recorded
+  const auto doc = mini_json::parse(slurp(path));
+  bool healed = false, named = false;
+  for (const auto& e : doc["traceEvents"].arr()) {
+    CHECK(e["pid"].num() == 7);
+    healed |= e["ph"].str() == "X" && e["name"].str() == "healed" && e["args"]["step"].num() == 20;
+    named |= e["name"].str() == "process_name";
+  }
+  CHECK(healed);
+  CHECK(named);
+  fs::remove(path);
+}
+
 // Hidden: run by ctest with PARTRAIN_TRACE set, then the file is checked by python3 -m json.tool.
 TEST_CASE("write a sample trace where PARTRAIN_TRACE says", "[.][trace_sample]") {
   REQUIRE(std::getenv("PARTRAIN_TRACE") != nullptr);

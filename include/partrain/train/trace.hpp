@@ -298,19 +298,32 @@ class trace_recorder {
       }
       return false;
     }
-    std::string json = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
-    json += mine;
+    std::string json = mine;
     for (int r = 1; r < pg.size(); ++r) {
       const auto n = static_cast<std::size_t>(sizes[static_cast<std::size_t>(r)]);
       if (n == 0) continue;
       std::string theirs(n, '\0');
       wait_named(pg.recv(tensor_view<std::uint8_t>(reinterpret_cast<std::uint8_t*>(theirs.data()), shape{n}), r, tag),
                  pg, "trace events recv from rank " + std::to_string(r));
-      json += ',';
+      if (!json.empty()) json += ',';
       json += theirs;
     }
-    json += "]}\n";
-    detail::ckpt::write_file_atomically(path_, std::as_bytes(std::span(json.data(), json.size())));
+    write(json);
+    return true;
+  }
+
+  // Not collective: this process's events alone into the file, its events labelled `id` (what a
+  // fault-tolerant replica writes, each to a file of its own: its groups change with failures, so
+  // no group of every replica is left at the end to merge them over). Returns false when off.
+  bool finish_alone(int id, std::chrono::milliseconds timeout = default_timeout) {
+    if (!enabled()) return false;
+    if (!wait_idle(timeout)) {
+      throw timeout_error("trace finish of process " + std::to_string(id) + ": traced work still running after " +
+                          std::to_string(timeout.count()) + " ms");
+    }
+    disable();
+    rank_ = id;
+    write(fragment());
     return true;
   }
 
@@ -363,6 +376,12 @@ class trace_recorder {
   }
 
  private:
+  // The Chrome-trace file around `events` (JSON objects separated by commas), written atomically
+  // (a temporary file, then a rename).
+  void write(const std::string& events) const {
+    const std::string json = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[" + events + "]}\n";
+    detail::ckpt::write_file_atomically(path_, std::as_bytes(std::span(json.data(), json.size())));
+  }
   // The exchange moves host integers and bytes; a CUDA-only group (nccl) cannot carry them.
   static void require_host(process_group& pg, const char* what) {
     if (!pg.accepts(device_kind::cpu)) {
