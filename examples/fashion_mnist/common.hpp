@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <partrain/partrain.hpp>
 #include <ranges>
+#include <string>
 #include <string_view>
 
 #include "options.hpp"
@@ -34,10 +35,29 @@ inline datasets load_data(const options& o) {
   return d;
 }
 
+// The tests' faults: PARTRAIN_EXAMPLE_KILL_AT_STEP=k (rank 1 SIGKILLs itself at step k), or a list
+// R:k,R:k,... (rank, or replica, R at step k). The step `replica` dies at; -1: none.
+[[nodiscard]] inline std::int64_t injected_failure_step(int replica) {
+  const char* env = std::getenv("PARTRAIN_EXAMPLE_KILL_AT_STEP");
+  if (!env) return -1;
+  const std::string_view list = env;
+  if (list.find(':') == std::string_view::npos) return replica == 1 ? std::strtoll(env, nullptr, 10) : -1;
+  for (std::size_t at = 0; at < list.size();) {
+    const std::size_t end = std::min(list.find(',', at), list.size());
+    const std::string item(list.substr(at, end - at));
+    const std::size_t colon = item.find(':');
+    if (colon != std::string::npos && std::strtol(item.c_str(), nullptr, 10) == replica) {
+      return std::strtoll(item.c_str() + colon + 1, nullptr, 10);
+    }
+    at = end + 1;
+  }
+  return -1;
+}
+
 // What every mode shares: the schedule (cosine by epoch, or --lr-warmup steps then cosine by step
 // over the run's optimizer steps: batches_per_epoch / --accumulate, times the epochs), gradient
 // accumulation, checkpoint, metrics, trace and the launcher's restart test hook
-// (PARTRAIN_EXAMPLE_KILL_AT_STEP=k: rank 1 SIGKILLs itself at step k of attempt 0).
+// (PARTRAIN_EXAMPLE_KILL_AT_STEP, injected_failure_step: at attempt 0 only).
 inline trainer_options fit_options(const options& o, trace_recorder& trace, std::size_t batches_per_epoch) {
   trainer_options t{.epochs = o.epochs, .lr = cosine_lr{.base = o.lr, .epochs = o.epochs}, .metrics = o.metrics,
                     .log_every = o.log_every, .trace = &trace};
@@ -50,14 +70,15 @@ inline trainer_options fit_options(const options& o, trace_recorder& trace, std:
   }
   t.loop = o.loop == "plain" ? loop_style::plain : o.loop == "coroutine" ? loop_style::coroutine : loop_style::ranges;
   if (!o.checkpoint.empty()) t.checkpoint = std::filesystem::path(o.checkpoint) / "fashion_mnist.ckpt";
-  const char* kill_at = std::getenv("PARTRAIN_EXAMPLE_KILL_AT_STEP");
   const char* rank = std::getenv("RANK");  // partrun's and torchrun's (the restart tests' launchers)
   const char* attempt = std::getenv("PARTRAIN_RESTART_COUNT");  // partrun's, else torchrun's
   if (!attempt) attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  if (kill_at && rank && std::string_view(rank) == "1" && attempt && std::string_view(attempt) == "0") {
-    t.before_step = [k = std::strtoul(kill_at, nullptr, 10)](std::size_t step) {
+  const int me = rank ? std::atoi(rank) : -1;
+  const std::int64_t kill_at = me >= 0 ? injected_failure_step(me) : -1;
+  if (kill_at >= 0 && attempt && std::string_view(attempt) == "0") {
+    t.before_step = [k = static_cast<std::size_t>(kill_at), me](std::size_t step) {
       if (step != k) return;
-      std::printf("rank 1: injected failure at step %zu\n", step);
+      std::printf("rank %d: injected failure at step %zu\n", me, step);
       std::fflush(stdout);
       ::raise(SIGKILL);
     };

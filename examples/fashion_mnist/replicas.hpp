@@ -65,33 +65,13 @@ inline void refuse_for_replicas(const options& o) {
   }
 }
 
-// The tests' faults: PARTRAIN_EXAMPLE_KILL_AT_STEP=k (replica 1 SIGKILLs itself before step k), or
-// a list R:k,R:k,... (replica R before step k). The step `replica` dies at; -1: none. A replica
-// that healed in (a replacement keeps the lost process's RANK) never dies again.
-[[nodiscard]] inline std::int64_t injected_failure_step(int replica) {
-  const char* env = std::getenv("PARTRAIN_EXAMPLE_KILL_AT_STEP");
-  if (!env) return -1;
-  const std::string_view list = env;
-  if (list.find(':') == std::string_view::npos) return replica == 1 ? std::strtoll(env, nullptr, 10) : -1;
-  for (std::size_t at = 0; at < list.size();) {
-    const std::size_t end = std::min(list.find(',', at), list.size());
-    const std::string item(list.substr(at, end - at));
-    const std::size_t colon = item.find(':');
-    if (colon != std::string::npos && std::strtol(item.c_str(), nullptr, 10) == replica) {
-      return std::strtoll(item.c_str() + colon + 1, nullptr, 10);
-    }
-    at = end + 1;
-  }
-  return -1;
-}
-
 // --trace FILE (or PARTRAIN_TRACE) under replicas: each replica writes its own events (joins,
 // heals, failures on the recovery track) to FILE with ".replica<R>" before its extension, as no
 // group of every replica is left at the end to merge them over.
 [[nodiscard]] inline trace_recorder replica_trace(const options& o, int replica) {
-  const char* env = std::getenv("PARTRAIN_TRACE");
-  std::filesystem::path path = !o.trace.empty() ? std::filesystem::path(o.trace) : std::filesystem::path(env ? env : "");
-  if (path.empty()) return trace_recorder();
+  const trace_recorder job = make_trace(o);  // the file a rank 0 would merge every rank into
+  if (!job.enabled()) return trace_recorder();
+  std::filesystem::path path = job.path();
   const auto ext = path.extension();
   path.replace_extension();
   path += ".replica" + std::to_string(replica);
